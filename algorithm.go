@@ -1,0 +1,106 @@
+package sluice
+
+import (
+	"fmt"
+	"strings"
+)
+
+// Algorithm selects how a Limit is enforced. The zero value is GCRA.
+//
+// Choosing one (see the README for the full table):
+//
+//   - GCRA: the default. One number per key, smooth, allows bursts up to
+//     Burst. Token bucket and leaky bucket make exactly the same decisions
+//     and differ only in what they store.
+//   - FixedWindow: cheapest and easiest to explain ("100 per calendar
+//     minute"), but admits up to 2× the rate across a window boundary.
+//   - SlidingWindowLog: exact "at most N in any period", memory O(N) per key.
+//   - SlidingWindowCounter: near-exact sliding window in constant memory.
+type Algorithm uint8
+
+const (
+	// GCRA is the generic cell rate algorithm (as in redis_rate and
+	// redis-cell): one key holding one value, the theoretical arrival time.
+	GCRA Algorithm = iota
+	// TokenBucket holds Burst tokens refilled one per Period/Rate. State is a
+	// hash of whole tokens and the time of the last whole refill.
+	TokenBucket
+	// LeakyBucket (as a meter) holds up to Burst units draining one per
+	// Period/Rate. State is a hash of the level and the time of the last leak.
+	LeakyBucket
+	// FixedWindow counts units per calendar window of Period: one counter
+	// per window, reset when the window ends.
+	FixedWindow
+	// SlidingWindowLog logs every admitted unit and admits while fewer than
+	// Rate units fall in the last Period.
+	SlidingWindowLog
+	// SlidingWindowCounter estimates the last Period's count from the current
+	// and previous fixed windows, weighting the previous by its overlap.
+	SlidingWindowCounter
+
+	numAlgorithms
+)
+
+var algorithmNames = [numAlgorithms]string{
+	GCRA:                 "gcra",
+	TokenBucket:          "token_bucket",
+	LeakyBucket:          "leaky_bucket",
+	FixedWindow:          "fixed_window",
+	SlidingWindowLog:     "sliding_window_log",
+	SlidingWindowCounter: "sliding_window_counter",
+}
+
+// Algorithms returns every algorithm, in a stable order.
+func Algorithms() []Algorithm {
+	all := make([]Algorithm, numAlgorithms)
+	for i := range all {
+		all[i] = Algorithm(i)
+	}
+	return all
+}
+
+// String returns the algorithm's config name, such as "fixed_window".
+func (a Algorithm) String() string {
+	if a < numAlgorithms {
+		return algorithmNames[a]
+	}
+	return fmt.Sprintf("Algorithm(%d)", uint8(a))
+}
+
+// Valid reports whether a is one of the defined algorithms.
+func (a Algorithm) Valid() bool { return a < numAlgorithms }
+
+// windowed reports whether the algorithm counts per window (no separate burst).
+func (a Algorithm) windowed() bool {
+	return a == FixedWindow || a == SlidingWindowLog || a == SlidingWindowCounter
+}
+
+// ParseAlgorithm parses a config name such as "token_bucket". Hyphens and
+// case are accepted ("Token-Bucket").
+func ParseAlgorithm(s string) (Algorithm, error) {
+	norm := strings.ReplaceAll(strings.ToLower(strings.TrimSpace(s)), "-", "_")
+	for i, name := range algorithmNames {
+		if norm == name {
+			return Algorithm(i), nil
+		}
+	}
+	return 0, fmt.Errorf("%w: unknown algorithm %q (want one of %s)", ErrInvalidLimit, s, strings.Join(algorithmNames[:], ", "))
+}
+
+// MarshalText implements encoding.TextMarshaler.
+func (a Algorithm) MarshalText() ([]byte, error) {
+	if !a.Valid() {
+		return nil, fmt.Errorf("%w: unknown algorithm %d", ErrInvalidLimit, uint8(a))
+	}
+	return []byte(a.String()), nil
+}
+
+// UnmarshalText implements encoding.TextUnmarshaler.
+func (a *Algorithm) UnmarshalText(b []byte) error {
+	v, err := ParseAlgorithm(string(b))
+	if err != nil {
+		return err
+	}
+	*a = v
+	return nil
+}

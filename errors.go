@@ -1,0 +1,18 @@
+package sluice
+
+import "errors"
+
+// Errors for bad input. Every store returns them (wrapped with detail) before
+// touching its backend, so a rejected call never changes state. Test with
+// errors.Is.
+var (
+	// ErrInvalidLimit: a Limit failed Validate or could not be parsed.
+	ErrInvalidLimit = errors.New("sluice: invalid limit")
+	// ErrInvalidKey: the key is empty or longer than MaxKeyLen bytes.
+	ErrInvalidKey = errors.New("sluice: invalid key")
+	// ErrInvalidCost: the cost is zero or negative.
+	ErrInvalidCost = errors.New("sluice: invalid cost")
+	// ErrCostExceedsBurst: the cost is larger than the limit's capacity, so
+	// the request could never be admitted, however long the caller waited.
+	ErrCostExceedsBurst = errors.New("sluice: cost exceeds burst")
+)

@@ -1,0 +1,73 @@
+package memory
+
+import (
+	"time"
+
+	"sluice"
+)
+
+// params are a Limit in the integer microseconds every algorithm computes in.
+type params struct {
+	alg      sluice.Algorithm
+	rate     int64 // units per period
+	period   int64 // µs
+	interval int64 // µs per unit (bucket algorithms and GCRA), rounded up
+	capacity int64
+}
+
+func newParams(l sluice.Limit) params {
+	return params{
+		alg:      l.Algorithm,
+		rate:     l.Rate,
+		period:   l.Period.Microseconds(),
+		interval: l.Interval().Microseconds(),
+		capacity: l.Capacity(),
+	}
+}
+
+// result is a decision in microseconds, as the Lua scripts return it.
+type result struct {
+	allowed   bool
+	remaining int64
+	retry     int64 // µs
+	reset     int64 // µs
+}
+
+func (r result) decision(l sluice.Limit) sluice.Decision {
+	return sluice.Decision{
+		Allowed:    r.allowed,
+		Limit:      l,
+		Remaining:  max(r.remaining, 0),
+		RetryAfter: time.Duration(r.retry) * time.Microsecond,
+		ResetAfter: time.Duration(max(r.reset, 0)) * time.Microsecond,
+	}
+}
+
+// decide runs the limit's algorithm on st at now. With commit it takes cost
+// units when they are available (mutating st); without, st is left as it was.
+func decide(st *state, now int64, p *params, cost int64, commit bool) result {
+	switch p.alg {
+	case sluice.TokenBucket:
+		return tokenBucket(st, now, p, cost, commit)
+	case sluice.LeakyBucket:
+		return leakyBucket(st, now, p, cost, commit)
+	case sluice.FixedWindow:
+		return fixedWindow(st, now, p, cost, commit)
+	case sluice.SlidingWindowLog:
+		return slidingWindowLog(st, now, p, cost, commit)
+	case sluice.SlidingWindowCounter:
+		return slidingWindowCounter(st, now, p, cost, commit)
+	default:
+		return gcra(st, now, p, cost, commit)
+	}
+}
+
+// floorDiv is a/b rounded toward negative infinity (b > 0), as Lua's
+// math.floor(a / b) is for the exact integers the scripts use.
+func floorDiv(a, b int64) int64 {
+	q := a / b
+	if a%b != 0 && a < 0 {
+		q--
+	}
+	return q
+}

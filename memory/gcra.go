@@ -1,0 +1,29 @@
+package memory
+
+// gcra is the generic cell rate algorithm. State: a = TAT, the theoretical
+// arrival time (µs) at which the key would be fresh again.
+//
+// Taking n units moves TAT to max(TAT, now) + n·interval; that is allowed
+// while it stays within capacity·interval of now. One integer per key, no
+// floating point, no drift. Mirrors redis/scripts/gcra.lua.
+func gcra(st *state, now int64, p *params, cost int64, commit bool) result {
+	span := p.capacity * p.interval // the furthest TAT may run ahead of now
+	tat := st.a
+	if st.expires == 0 || tat < now {
+		tat = now
+	}
+	next := tat + cost*p.interval
+	var r result
+	if next-now <= span {
+		r.allowed = true
+		tat = next
+		if commit {
+			st.a = tat
+		}
+	} else {
+		r.retry = next - now - span
+	}
+	r.remaining = floorDiv(now+span-tat, p.interval)
+	r.reset = tat - now
+	return r
+}

@@ -1,0 +1,34 @@
+package sluice
+
+import "context"
+
+// Store keeps rate-limit state and makes decisions atomically. The memory
+// store (package sluice/memory) is exact within one process; the Redis store
+// (package sluice/redis) shares state across a fleet. Every store passes the
+// conformance suite in package sluice/storetest.
+//
+// Contract:
+//   - Keys are opaque and compared byte for byte. A key's state is kept per
+//     algorithm, so one key under two algorithms is two independent states.
+//     Use one key per policy (Limiter's Prefix does this).
+//   - Bad input (ValidateRequest fails) returns the wrapped sentinel error
+//     and changes nothing.
+//   - Errors are backend failures only. A denial is a Decision with Allowed
+//     false, never an error.
+//   - Every key the store writes expires once its state is back to fresh.
+//   - Implementations are safe for concurrent use.
+//
+// Rate-limit keys often carry client identities; consider hashing raw IPs
+// or API keys before they reach a shared store.
+type Store interface {
+	// Take takes cost units for key under limit if they are available and
+	// reports the decision.
+	Take(ctx context.Context, key string, limit Limit, cost int64) (Decision, error)
+
+	// Peek reports what Take would decide for cost units now, without
+	// taking anything. Remaining is the units available now.
+	Peek(ctx context.Context, key string, limit Limit, cost int64) (Decision, error)
+
+	// Reset returns key to its fresh state under limit.
+	Reset(ctx context.Context, key string, limit Limit) error
+}
