@@ -32,3 +32,24 @@ type Store interface {
 	// Reset returns key to its fresh state under limit.
 	Reset(ctx context.Context, key string, limit Limit) error
 }
+
+// Request is one limit to check in Store.TakeAll.
+type Request struct {
+	Key   string
+	Limit Limit
+	Cost  int64
+}
+
+// MultiStore is implemented by stores that can check several limits for one
+// request all-or-nothing: either every request's units are taken, or none
+// are. The Redis store does it in
+// one script when the keys share a hash slot, and otherwise takes in turn
+// and gives back what it took when a later limit denies.
+type MultiStore interface {
+	Store
+	// TakeAll returns one Decision per request, in order: each is that
+	// limit's own verdict. Units are taken only when every verdict is
+	// Allowed; otherwise nothing is taken, and the allowing verdicts report
+	// Remaining as Peek would (nothing was taken from them).
+	TakeAll(ctx context.Context, reqs []Request) ([]Decision, error)
+}
