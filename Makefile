@@ -1,0 +1,5 @@
+.PHONY: test
+
+# test runs every check against real Redis (see scripts/test).
+test:
+	scripts/test
