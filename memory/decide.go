@@ -44,7 +44,9 @@ func (r result) decision(l sluice.Limit) sluice.Decision {
 }
 
 // decide runs the limit's algorithm on st at now. With commit it takes cost
-// units when they are available (mutating st); without, st is left as it was.
+// units when they are available (mutating st) and reports the state after.
+// Without commit (Peek) st is left as it was and Remaining and ResetAfter
+// describe it as it is: only Allowed and RetryAfter depend on cost.
 func decide(st *state, now int64, p *params, cost int64, commit bool) result {
 	switch p.alg {
 	case sluice.TokenBucket:

@@ -14,8 +14,8 @@ func fixedWindow(st *state, now int64, p *params, cost int64, commit bool) resul
 	var r result
 	if count+cost <= p.rate {
 		r.allowed = true
-		count += cost
 		if commit {
+			count += cost
 			st.a, st.b = w, count
 		}
 	} else {

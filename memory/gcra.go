@@ -16,8 +16,8 @@ func gcra(st *state, now int64, p *params, cost int64, commit bool) result {
 	var r result
 	if next-now <= span {
 		r.allowed = true
-		tat = next
 		if commit {
+			tat = next
 			st.a = tat
 		}
 	} else {

@@ -23,8 +23,8 @@ func leakyBucket(st *state, now int64, p *params, cost int64, commit bool) resul
 	var r result
 	if level+cost <= p.capacity {
 		r.allowed = true
-		level += cost
 		if commit {
+			level += cost
 			st.a, st.b = level, last
 		}
 	} else {

@@ -17,8 +17,8 @@ func slidingWindowCounter(st *state, now int64, p *params, cost int64, commit bo
 	var r result
 	if swcEstimate(prev, cur, now-w*p.period, p.period)+float64(cost) <= float64(p.rate) {
 		r.allowed = true
-		cur += cost
 		if commit {
+			cur += cost
 			st.a, st.b, st.c = w, cur, prev
 		}
 	} else {

@@ -18,8 +18,8 @@ func slidingWindowLog(st *state, now int64, p *params, cost int64, commit bool) 
 	var r result
 	if count+cost <= p.rate {
 		r.allowed = true
-		count += cost
 		if commit {
+			count += cost
 			for i := int64(0); i < cost; i++ {
 				lg.insert(now, p.rate)
 			}
@@ -33,7 +33,7 @@ func slidingWindowLog(st *state, now int64, p *params, cost int64, commit bool) 
 		if lg.n > 0 {
 			newest = lg.at(lg.n - 1)
 		}
-		if r.allowed {
+		if r.allowed && commit {
 			newest = max(newest, now)
 		}
 		r.reset = newest + p.period - now

@@ -125,9 +125,9 @@ func (s *Store) Len() int {
 	return total
 }
 
-func (s *Store) shard(key string) *shard {
-	return &s.shards[maphash.String(s.seed, key)&s.mask]
-}
+func (s *Store) shardIndex(key string) uint64 { return maphash.String(s.seed, key) & s.mask }
+
+func (s *Store) shard(key string) *shard { return &s.shards[s.shardIndex(key)] }
 
 func (s *Store) now() int64 { return s.clock().UnixMicro() }
 

@@ -22,8 +22,8 @@ func tokenBucket(st *state, now int64, p *params, cost int64, commit bool) resul
 	var r result
 	if tokens >= cost {
 		r.allowed = true
-		tokens -= cost
 		if commit {
+			tokens -= cost
 			st.a, st.b = tokens, last
 		}
 	} else {

@@ -1,0 +1,74 @@
+package memory
+
+import (
+	"context"
+	"fmt"
+	"slices"
+
+	"sluice"
+)
+
+var _ sluice.MultiStore = (*Store)(nil)
+
+// TakeAll implements sluice.MultiStore: it locks every shard involved (in
+// index order, so concurrent calls cannot deadlock), checks every limit, and
+// takes from all of them only if all allow.
+func (s *Store) TakeAll(_ context.Context, reqs []sluice.Request) ([]sluice.Decision, error) {
+	idx := make([]int, len(reqs))
+	for i, r := range reqs {
+		if err := sluice.ValidateRequest(r.Key, r.Limit, r.Cost); err != nil {
+			return nil, fmt.Errorf("request %d: %w", i, err)
+		}
+		for _, prev := range reqs[:i] {
+			if prev.Key == r.Key && prev.Limit.Algorithm == r.Limit.Algorithm {
+				return nil, fmt.Errorf("%w: %q appears twice under %v", sluice.ErrInvalidKey, r.Key, r.Limit.Algorithm)
+			}
+		}
+		idx[i] = int(s.shardIndex(r.Key))
+	}
+	locked := slices.Clone(idx)
+	slices.Sort(locked)
+	locked = slices.Compact(locked)
+	for _, i := range locked {
+		s.shards[i].mu.Lock()
+	}
+	defer func() {
+		for _, i := range locked {
+			s.shards[i].mu.Unlock()
+		}
+	}()
+
+	now := s.now()
+	out := make([]sluice.Decision, len(reqs))
+	params := make([]params, len(reqs))
+	all := true
+	for i, r := range reqs {
+		params[i] = newParams(r.Limit)
+		var cp state
+		if st := s.shards[idx[i]].maps[r.Limit.Algorithm][r.Key]; st != nil && st.expires > now {
+			cp = *st
+		}
+		res := decide(&cp, now, &params[i], r.Cost, false)
+		out[i] = res.decision(r.Limit)
+		all = all && res.allowed
+	}
+	if !all {
+		return out, nil
+	}
+	for i, r := range reqs {
+		sh := &s.shards[idx[i]]
+		m := sh.maps[r.Limit.Algorithm]
+		st := m[r.Key]
+		if st == nil {
+			st = &state{}
+			sh.insert(m, r.Key, st, now)
+		} else if st.expires <= now {
+			st.a, st.b, st.c, st.expires = 0, 0, 0, 0
+			st.log.clear()
+		}
+		res := decide(st, now, &params[i], r.Cost, true)
+		st.expires = now + res.reset
+		out[i] = res.decision(r.Limit)
+	}
+	return out, nil
+}
