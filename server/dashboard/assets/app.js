@@ -1,0 +1,495 @@
+// sluice dashboard: plain browser JavaScript, no dependencies, no build step.
+// It speaks only to the service's JSON API on the same origin.
+"use strict";
+
+(() => {
+  const MAX_RESULTS = 50; // per card; older results scroll away
+  const BURST = 10;
+  const POLL_MS = 2000;
+  const TOKEN_STORE = "sluice.adminToken";
+  const KEY_STORE = "sluice.key";
+  const SVG_NS = "http://www.w3.org/2000/svg";
+  const CHART_W = 300;
+  const CHART_H = 90;
+
+  // ---- pure helpers (exported on window.sluiceDashboard for tests) ----
+
+  // formatDuration renders milliseconds for people: "350 ms", "4.2 s",
+  // "1 min 5 s", "2 h 3 min".
+  function formatDuration(ms) {
+    ms = Number(ms);
+    if (!Number.isFinite(ms) || ms <= 0) return "0 ms";
+    if (ms < 1000) return Math.ceil(ms) + " ms";
+    if (ms < 10000) return (Math.ceil(ms / 100) / 10).toFixed(1) + " s";
+    let s = Math.ceil(ms / 1000);
+    if (s < 60) return s + " s";
+    let m = Math.floor(s / 60);
+    s %= 60;
+    if (m < 60) return s ? `${m} min ${s} s` : `${m} min`;
+    const h = Math.floor(m / 60);
+    m %= 60;
+    if (h < 48) return m ? `${h} h ${m} min` : `${h} h`;
+    return Math.round(h / 24) + " days";
+  }
+
+  // formatPeriod names a policy period: "second", "minute", "10 s".
+  function formatPeriod(ms) {
+    switch (Number(ms)) {
+      case 1000: return "second";
+      case 60000: return "minute";
+      case 3600000: return "hour";
+      case 86400000: return "day";
+    }
+    return formatDuration(ms);
+  }
+
+  const WINDOWED = new Set(["fixed_window", "sliding_window_log", "sliding_window_counter"]);
+
+  // capacity is the most units a fresh key admits at once: the burst for
+  // the bucket algorithms and GCRA, the rate for the window algorithms.
+  function capacity(p) {
+    const rate = Number(p.rate) || 0;
+    const burst = Number(p.burst) || 0;
+    if (!burst || WINDOWED.has(p.algorithm)) return rate;
+    return burst;
+  }
+
+  // describeLimit prefers the server's own wording of the limit and builds
+  // one from rate, period and burst otherwise.
+  function describeLimit(p) {
+    let text;
+    if (typeof p.limit === "string" && p.limit) {
+      // The algorithm has its own badge; do not repeat it ("fixed_window 5/min").
+      text = p.algorithm && p.limit.startsWith(p.algorithm + " ") ? p.limit.slice(p.algorithm.length + 1) : p.limit;
+    } else {
+      text = `${p.rate} per ${formatPeriod(p.period_ms)}`;
+      const c = capacity(p);
+      if (c && c !== Number(p.rate)) text += `, burst ${c}`;
+    }
+    return text;
+  }
+
+  // niceMax rounds a chart's top up to 1, 2 or 5 × 10^k so the scale does not
+  // jitter with every new request.
+  function niceMax(n) {
+    if (!(n > 0)) return 1;
+    const mag = Math.pow(10, Math.floor(Math.log10(n)));
+    for (const f of [1, 2, 5, 10]) if (n <= f * mag) return f * mag;
+    return 10 * mag;
+  }
+
+  // chartBars lays out stacked bars (allowed below, denied above) in a
+  // CHART_W × CHART_H box; one bar per bucket, oldest on the left.
+  function chartBars(allowed, denied, width, height) {
+    const n = Math.max(allowed.length, denied.length, 1);
+    const totals = [];
+    for (let i = 0; i < n; i++) totals.push((allowed[i] || 0) + (denied[i] || 0));
+    const top = niceMax(Math.max(0, ...totals));
+    const slot = width / n;
+    const gap = slot > 3 ? Math.min(1, slot / 4) : 0;
+    const bars = [];
+    for (let i = 0; i < n; i++) {
+      const a = allowed[i] || 0;
+      const d = denied[i] || 0;
+      const ha = (a / top) * height;
+      const hd = (d / top) * height;
+      bars.push({
+        x: i * slot + gap / 2, w: slot - gap,
+        allowed: a, denied: d,
+        ya: height - ha, ha,
+        yd: height - ha - hd, hd,
+      });
+    }
+    return { top, bars };
+  }
+
+  function sum(xs) { return xs.reduce((s, x) => s + (Number(x) || 0), 0); }
+
+  // problemMessage extracts a readable message from an API error body
+  // (problem+json or a plain {"error": ...}).
+  function problemMessage(status, data) {
+    if (data && typeof data === "object") {
+      const parts = [data.title, data.detail || data.error || data.message].filter(Boolean);
+      if (parts.length) return parts.join(": ");
+    }
+    return `HTTP ${status}`;
+  }
+
+  // adminMessage explains a refused admin action.
+  function adminMessage(status, data) {
+    const why = data ? " (" + problemMessage(status, data) + ")" : "";
+    if (status === 401) {
+      return "Reset needs an admin token: enter the server's token in \u201cAdmin token\u201d and try again." + why;
+    }
+    if (status === 403) {
+      return "Reset was refused: the admin token is wrong, or this server allows resets only from its own machine." + why;
+    }
+    return "Reset failed: " + problemMessage(status, data);
+  }
+
+  window.sluiceDashboard = {
+    formatDuration, formatPeriod, capacity, describeLimit, niceMax, chartBars, problemMessage, adminMessage,
+  };
+
+  // ---- page state ----
+
+  const cards = new Map(); // policy name → card record
+  let policies = [];
+  let seq = 0;
+  let statsTimer = 0;
+  let statsSoon = 0;
+  let statsBusy = false;
+  let statsAgain = false; // an action finished while a poll was in flight
+  let polls = 0;
+
+  const $ = (id) => document.getElementById(id);
+
+  function session(name, value) {
+    try {
+      if (value === undefined) return sessionStorage.getItem(name) || "";
+      if (value) sessionStorage.setItem(name, value); else sessionStorage.removeItem(name);
+    } catch {
+      // Storage may be disabled; the page still works without it.
+    }
+    return "";
+  }
+
+  function currentKey() { return $("key").value.trim(); }
+
+  function setStatus(text, kind) {
+    const el = $("status");
+    el.textContent = text;
+    el.dataset.kind = kind || "info";
+  }
+
+  async function api(method, path, body, admin) {
+    const headers = { Accept: "application/json" };
+    if (body !== undefined) headers["Content-Type"] = "application/json";
+    if (admin) {
+      const t = $("admin-token").value.trim();
+      if (t) headers.Authorization = "Bearer " + t;
+    }
+    const res = await fetch(path, {
+      method, headers, cache: "no-store", credentials: "same-origin",
+      body: body === undefined ? undefined : JSON.stringify(body),
+    });
+    let data = null;
+    if (res.status !== 204 && /json/i.test(res.headers.get("Content-Type") || "")) {
+      try { data = await res.json(); } catch { data = null; }
+    }
+    return { status: res.status, data };
+  }
+
+  // ---- cards ----
+
+  function buildCard(p, index) {
+    const tpl = $("card-template").content.firstElementChild.cloneNode(true);
+    const id = "policy-" + index;
+    tpl.id = id;
+    tpl.dataset.policy = p.name;
+    tpl.dataset.algorithm = p.algorithm || "";
+    tpl.dataset.capacity = String(capacity(p));
+    tpl.setAttribute("aria-labelledby", id + "-title");
+    const title = tpl.querySelector(".card-title");
+    title.id = id + "-title";
+    title.textContent = p.name;
+    tpl.querySelector(".algorithm").textContent = (p.algorithm || "").replaceAll("_", " ");
+    tpl.querySelector(".shadow").hidden = !p.shadow;
+    tpl.querySelector(".limit").textContent = describeLimit(p);
+    const results = tpl.querySelector(".results");
+    results.id = id + "-results";
+    results.setAttribute("aria-label", "Responses for " + p.name);
+    const chart = tpl.querySelector(".chart");
+    chart.id = id + "-chart";
+    chart.dataset.policy = p.name;
+    chart.dataset.renders = "0";
+    chart.setAttribute("aria-label", "Allowed and denied requests for " + p.name + ": no data yet");
+    tpl.querySelector(".chart-caption").textContent = "Waiting for statistics…";
+
+    const card = {
+      policy: p, el: tpl, results, chart,
+      remainingNow: tpl.querySelector(".remaining-now"),
+      tallyAllowed: tpl.querySelector(".tally-allowed"),
+      tallyDenied: tpl.querySelector(".tally-denied"),
+      allowed: 0, denied: 0,
+    };
+    for (const b of tpl.querySelectorAll("button[data-action]")) {
+      b.setAttribute("aria-describedby", title.id);
+      b.addEventListener("click", () => run(card, b.dataset.action === "burst" ? BURST : 1));
+    }
+    return card;
+  }
+
+  function setBusy(card, busy) {
+    card.el.dataset.busy = busy ? "true" : "false";
+    card.el.setAttribute("aria-busy", busy ? "true" : "false");
+    for (const b of card.el.querySelectorAll("button[data-action]")) b.disabled = busy;
+  }
+
+  function setRemaining(card, remaining) {
+    if (remaining === undefined || remaining === null) return;
+    card.remainingNow.textContent = `${remaining} of ${capacity(card.policy)}`;
+    card.el.dataset.remaining = String(remaining);
+  }
+
+  function clearResults(card) {
+    card.results.replaceChildren();
+    card.allowed = card.denied = 0;
+    card.tallyAllowed.textContent = "0";
+    card.tallyDenied.textContent = "0";
+    card.el.dataset.allowedCount = "0";
+    card.el.dataset.deniedCount = "0";
+  }
+
+  // addResult shows one /v1/check response at the top of the card's list.
+  function addResult(card, res) {
+    const li = document.createElement("li");
+    li.className = "result";
+    li.dataset.seq = String(++seq);
+    li.dataset.status = String(res.status);
+    const num = document.createElement("span");
+    num.className = "seq";
+    num.textContent = "#" + seq;
+    const verdict = document.createElement("span");
+    verdict.className = "verdict";
+    const detail = document.createElement("span");
+    detail.className = "detail";
+
+    const d = res.data;
+    if ((res.status === 200 || res.status === 429) && d && typeof d === "object") {
+      const allowed = res.status === 200;
+      const shadow = allowed && d.shadow_denied === true;
+      li.dataset.allowed = String(allowed);
+      li.dataset.remaining = String(d.remaining ?? "");
+      li.dataset.retryAfterMs = String(d.retry_after_ms ?? 0);
+      li.dataset.resetAfterMs = String(d.reset_after_ms ?? 0);
+      if (shadow) li.dataset.shadowDenied = "true";
+      verdict.textContent = shadow ? "allowed (shadow deny)" : allowed ? "allowed" : "denied";
+      let text = `${d.remaining ?? "?"} left`;
+      if (!allowed || shadow) text += ` · retry in ${formatDuration(d.retry_after_ms)}`;
+      detail.textContent = text;
+      li.title = `reset in ${formatDuration(d.reset_after_ms)}`;
+      if (allowed) card.allowed++; else card.denied++;
+      card.tallyAllowed.textContent = String(card.allowed);
+      card.tallyDenied.textContent = String(card.denied);
+      card.el.dataset.allowedCount = String(card.allowed);
+      card.el.dataset.deniedCount = String(card.denied);
+      setRemaining(card, d.remaining);
+    } else {
+      li.classList.add("error");
+      li.dataset.error = "true";
+      verdict.textContent = "error";
+      detail.textContent = res.error || problemMessage(res.status, d);
+    }
+    li.append(num, verdict, detail);
+    card.results.prepend(li);
+    while (card.results.children.length > MAX_RESULTS) card.results.lastElementChild.remove();
+  }
+
+  // run sends n checks one after another, as a client would, and shows each
+  // response as it arrives.
+  async function run(card, n) {
+    const key = currentKey();
+    if (!key) {
+      setStatus("Enter a key first.", "error");
+      $("key").focus();
+      return;
+    }
+    setBusy(card, true);
+    try {
+      for (let i = 0; i < n; i++) {
+        let res;
+        try {
+          res = await api("POST", "/v1/check", { policy: card.policy.name, key, cost: 1 });
+        } catch (e) {
+          res = { status: 0, data: null, error: "network error: " + e.message };
+        }
+        addResult(card, res);
+        if (res.status === 0) break;
+      }
+    } finally {
+      setBusy(card, false);
+      scheduleStats(150);
+    }
+  }
+
+  async function peekAll() {
+    const key = currentKey();
+    if (!key) return;
+    await Promise.all(policies.map(async (p) => {
+      const card = cards.get(p.name);
+      try {
+        const res = await api("POST", "/v1/peek", { policy: p.name, key, cost: 1 });
+        if (res.status === 200 && res.data) setRemaining(card, res.data.remaining);
+      } catch {
+        // Leave the old value; the next action refreshes it.
+      }
+    }));
+  }
+
+  async function resetAll() {
+    const key = currentKey();
+    if (!key) {
+      setStatus("Enter a key first.", "error");
+      return;
+    }
+    const btn = $("reset-all");
+    btn.disabled = true;
+    setStatus("Resetting…", "info");
+    try {
+      let done = 0;
+      for (const p of policies) {
+        let res;
+        try {
+          res = await api("POST", "/v1/reset", { policy: p.name, key }, true);
+        } catch (e) {
+          setStatus("Reset failed: network error: " + e.message, "error");
+          return;
+        }
+        if (res.status === 401 || res.status === 403) {
+          setStatus(adminMessage(res.status, res.data), "error");
+          if (res.status === 401) $("admin-token").focus();
+          return;
+        }
+        if (res.status < 200 || res.status > 299) {
+          setStatus(`Reset of ${p.name} failed: ${problemMessage(res.status, res.data)}`, "error");
+          return;
+        }
+        clearResults(cards.get(p.name));
+        done++;
+      }
+      setStatus(`Reset key \u201c${key}\u201d for ${done} ${done === 1 ? "policy" : "policies"}.`, "ok");
+      await peekAll();
+    } finally {
+      btn.disabled = false;
+    }
+  }
+
+  // ---- charts ----
+
+  function svg(name, attrs) {
+    const el = document.createElementNS(SVG_NS, name);
+    for (const [k, v] of Object.entries(attrs)) el.setAttribute(k, String(v));
+    return el;
+  }
+
+  function drawChart(card, allowed, denied, bucketMs) {
+    const { top, bars } = chartBars(allowed, denied, CHART_W, CHART_H);
+    const nodes = [];
+    for (let i = 0; i < bars.length; i++) {
+      const b = bars[i];
+      if (b.ha > 0) nodes.push(svg("rect", { class: "bar allowed", x: b.x, y: b.ya, width: b.w, height: b.ha }));
+      if (b.hd > 0) nodes.push(svg("rect", { class: "bar denied", x: b.x, y: b.yd, width: b.w, height: b.hd }));
+    }
+    nodes.push(svg("line", { class: "baseline", x1: 0, y1: CHART_H - 0.5, x2: CHART_W, y2: CHART_H - 0.5 }));
+    card.chart.replaceChildren(...nodes);
+
+    const a = sum(allowed);
+    const d = sum(denied);
+    const span = formatDuration(bucketMs * Math.max(allowed.length, denied.length));
+    const c = card.chart.dataset;
+    c.seriesAllowed = JSON.stringify(allowed);
+    c.seriesDenied = JSON.stringify(denied);
+    c.allowedTotal = String(a);
+    c.deniedTotal = String(d);
+    c.bucketMs = String(bucketMs);
+    c.scaleMax = String(top);
+    c.renders = String(Number(c.renders || 0) + 1);
+    const summary = `Last ${span}: ${a} allowed, ${d} denied`;
+    card.chart.setAttribute("aria-label", `Allowed and denied requests for ${card.policy.name}. ${summary}.`);
+    card.el.querySelector(".chart-caption").textContent =
+      `${summary} · bars of ${formatDuration(bucketMs)}, scale ${top}`;
+  }
+
+  async function pollStats() {
+    if (statsBusy) {
+      statsAgain = true;
+      return;
+    }
+    statsBusy = true;
+    statsAgain = false;
+    clearTimeout(statsTimer);
+    try {
+      const res = await api("GET", "/v1/stats");
+      if (res.status !== 200 || !res.data || !Array.isArray(res.data.series)) {
+        $("stats-note").textContent = "Statistics unavailable: " + problemMessage(res.status, res.data);
+        return;
+      }
+      const bucketMs = Number(res.data.bucket_ms) || 0;
+      for (const s of res.data.series) {
+        const card = cards.get(s.policy);
+        if (!card) continue;
+        drawChart(card, (s.allowed || []).map(Number), (s.denied || []).map(Number), bucketMs);
+      }
+      polls++;
+      document.body.dataset.statsPolls = String(polls);
+      $("stats-note").textContent = `Charts: last ${formatDuration(bucketMs * (Number(res.data.buckets) || 0))}, updated every ${POLL_MS / 1000} s.`;
+    } catch (e) {
+      $("stats-note").textContent = "Statistics unavailable: " + e.message;
+    } finally {
+      statsBusy = false;
+      statsTimer = setTimeout(tick, statsAgain ? 0 : POLL_MS);
+    }
+  }
+
+  function tick() {
+    // A hidden tab does not poll; it catches up when shown again.
+    if (document.hidden) {
+      statsTimer = setTimeout(tick, POLL_MS);
+      return;
+    }
+    pollStats();
+  }
+
+  // scheduleStats refreshes the charts soon after an action, so a burst shows
+  // up without waiting for the next poll.
+  function scheduleStats(ms) {
+    clearTimeout(statsSoon);
+    statsSoon = setTimeout(pollStats, ms);
+  }
+
+  // ---- start ----
+
+  async function start() {
+    const savedKey = session(KEY_STORE);
+    if (savedKey) $("key").value = savedKey;
+    $("admin-token").value = session(TOKEN_STORE);
+    $("admin-token").addEventListener("input", (e) => session(TOKEN_STORE, e.target.value.trim()));
+    $("key").addEventListener("change", () => {
+      session(KEY_STORE, currentKey());
+      for (const c of cards.values()) clearResults(c);
+      peekAll();
+    });
+    $("controls").addEventListener("submit", (e) => e.preventDefault());
+    $("reset-all").addEventListener("click", resetAll);
+    document.addEventListener("visibilitychange", () => { if (!document.hidden) scheduleStats(0); });
+
+    let res;
+    try {
+      res = await api("GET", "/v1/policies");
+    } catch (e) {
+      res = { status: 0, data: null, error: e.message };
+    }
+    if (res.status !== 200 || !res.data || !Array.isArray(res.data.policies)) {
+      $("loading").textContent = "Could not load policies: " + (res.error || problemMessage(res.status, res.data));
+      $("loading").classList.add("error");
+      return;
+    }
+    policies = res.data.policies;
+    const list = $("cards");
+    policies.forEach((p, i) => {
+      const card = buildCard(p, i);
+      cards.set(p.name, card);
+      clearResults(card);
+      setBusy(card, false);
+      list.append(card.el);
+    });
+    $("loading").remove();
+    if (!policies.length) setStatus("The server has no policies configured.", "info");
+    document.body.dataset.ready = "true";
+    peekAll();
+    pollStats();
+  }
+
+  document.addEventListener("DOMContentLoaded", start);
+})();
