@@ -11,11 +11,11 @@ import (
 // in Redis Lua's double-precision numbers (below 2^53) and keep per-key
 // memory sane.
 const (
-	MaxRate       = 1_000_000_000     // Rate and Burst upper bound
-	MaxLogEntries = 100_000           // SlidingWindowLog: at most this many entries per key
-	MinPeriod     = time.Millisecond  // shortest Period
+	MaxRate       = 1_000_000_000    // Rate and Burst upper bound
+	MaxLogEntries = 100_000          // SlidingWindowLog: at most this many entries per key
+	MinPeriod     = time.Millisecond // shortest Period
 	MaxPeriod     = 366 * 24 * time.Hour
-	MaxKeyLen     = 512 // bytes, before any prefix
+	MaxKeyLen     = 512            // bytes, before any prefix
 	maxBurstSpan  = int64(1) << 52 // µs; Burst×Interval must stay below this
 )
 
