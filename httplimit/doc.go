@@ -1,0 +1,19 @@
+// Package httplimit puts net/http handlers behind sluice rate limits.
+//
+// A Middleware holds Rules. Each Rule names a policy, a sluice.Limit, a
+// KeyFunc that says whom the request is counted against (client IP behind
+// trusted proxies, API key, user, route, or a composition), a cost, and a
+// strategy for requests over the limit: reject, delay, shadow or penalty.
+// All the enforcing rules that match a request are checked all-or-nothing:
+// a request denied by one consumes nothing from the others.
+//
+// Responses carry Retry-After, X-RateLimit-* and the IETF draft's
+// RateLimit and RateLimit-Policy fields (see SetHeaders); denials are 429
+// with an application/problem+json body naming the violated policy.
+//
+// Transport is the outbound side: an http.RoundTripper that waits for quota
+// before calling a rate-limited third-party API.
+//
+// For a shared limit across a fleet, pass a Redis store, wrapped by package
+// resilient to choose what happens when Redis fails.
+package httplimit

@@ -1,0 +1,111 @@
+package httplimit
+
+import (
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"sluice"
+)
+
+// Header names written by SetHeaders.
+const (
+	HeaderRetryAfter      = "Retry-After"
+	HeaderLimit           = "X-RateLimit-Limit"
+	HeaderRemaining       = "X-RateLimit-Remaining"
+	HeaderReset           = "X-RateLimit-Reset"
+	HeaderRateLimit       = "RateLimit"
+	HeaderRateLimitPolicy = "RateLimit-Policy"
+)
+
+// SetHeaders writes the rate-limit header fields for decision d of the
+// policy named policy, as the middleware does, so that other front ends (a
+// JSON API, a proxy) answer the same way. now is the current time; it only
+// anchors X-RateLimit-Reset.
+//
+//	Retry-After: 12                        denied only: seconds, rounded up
+//	X-RateLimit-Limit: 100                 d.Limit.Capacity()
+//	X-RateLimit-Remaining: 0               d.Remaining
+//	X-RateLimit-Reset: 1700000012          Unix seconds when the key is fresh, rounded up
+//	RateLimit-Policy: "api";q=100;w=60     quota Rate per window Period (seconds, rounded up)
+//	RateLimit: "api";r=0;t=12              remaining; seconds until Retry-After when denied,
+//	                                       until the key is fresh when allowed
+//
+// The last two are the structured fields of the IETF draft
+// draft-ietf-httpapi-ratelimit-headers. Retry-After is rounded up so that a
+// client waiting exactly that long is admitted, never told to come back too
+// early. The policy name is written as a structured-field string: quotes and
+// backslashes are escaped and other bytes outside printable ASCII replaced
+// with '?'.
+func SetHeaders(h http.Header, policy string, d sluice.Decision, now time.Time) {
+	q := quoteSF(policy)
+	writeHeaders(h, policyField(q, d.Limit), q, d, now)
+}
+
+// writeHeaders is SetHeaders with the policy's field values precomputed, as
+// the middleware keeps them per rule.
+func writeHeaders(h http.Header, policyValue, quoted string, d sluice.Decision, now time.Time) {
+	var t int64
+	if d.Allowed {
+		t = ceilSeconds(d.ResetAfter)
+	} else {
+		t = max(ceilSeconds(d.RetryAfter), 1) // a denial always means "wait"
+		h.Set(HeaderRetryAfter, strconv.FormatInt(t, 10))
+	}
+	h.Set(HeaderLimit, strconv.FormatInt(d.Limit.Capacity(), 10))
+	h.Set(HeaderRemaining, strconv.FormatInt(d.Remaining, 10))
+	h.Set(HeaderReset, strconv.FormatInt(resetUnix(now, d.ResetAfter), 10))
+	h.Set(HeaderRateLimitPolicy, policyValue)
+	var b [64]byte
+	buf := append(b[:0], quoted...)
+	buf = append(buf, ";r="...)
+	buf = strconv.AppendInt(buf, d.Remaining, 10)
+	buf = append(buf, ";t="...)
+	buf = strconv.AppendInt(buf, t, 10)
+	h.Set(HeaderRateLimit, string(buf))
+}
+
+// policyField is the RateLimit-Policy value: `"name";q=RATE;w=SECONDS`.
+func policyField(quoted string, l sluice.Limit) string {
+	return quoted + ";q=" + strconv.FormatInt(l.Rate, 10) + ";w=" + strconv.FormatInt(max(ceilSeconds(l.Period), 1), 10)
+}
+
+// ceilSeconds rounds d up to whole seconds; negative durations give 0.
+func ceilSeconds(d time.Duration) int64 {
+	if d <= 0 {
+		return 0
+	}
+	return int64((d + time.Second - 1) / time.Second)
+}
+
+// resetUnix is now+after in Unix seconds, rounded up.
+func resetUnix(now time.Time, after time.Duration) int64 {
+	t := now.Add(max(after, 0))
+	s := t.Unix()
+	if t.Nanosecond() > 0 {
+		s++
+	}
+	return s
+}
+
+// quoteSF formats s as a structured-field string (RFC 8941 §3.3.3).
+func quoteSF(s string) string {
+	var b strings.Builder
+	b.Grow(len(s) + 2)
+	b.WriteByte('"')
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case c == '"' || c == '\\':
+			b.WriteByte('\\')
+			b.WriteByte(c)
+		case c < 0x20 || c > 0x7e:
+			b.WriteByte('?')
+		default:
+			b.WriteByte(c)
+		}
+	}
+	b.WriteByte('"')
+	return b.String()
+}

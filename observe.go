@@ -1,0 +1,134 @@
+package sluice
+
+import "time"
+
+// Observer receives what the middleware (packages httplimit and grpclimit)
+// and the failure-policy wrapper (package resilient) see, so that metrics
+// can be kept without the core depending on a metrics library. Package
+// promsluice implements it for Prometheus.
+//
+// Methods are called on the request path, from many goroutines at once:
+// implementations must be safe for concurrent use, fast, and must not
+// block. A nil Observer is valid wherever one is accepted and observes
+// nothing.
+type Observer interface {
+	// ObserveDecision is called once per policy per request.
+	ObserveDecision(DecisionEvent)
+	// ObserveStore is called once per call of a wrapped store.
+	ObserveStore(StoreEvent)
+	// ObserveBreaker is called when a circuit breaker changes state.
+	ObserveBreaker(BreakerEvent)
+}
+
+// Outcome is what a policy did to a request.
+type Outcome uint8
+
+const (
+	// OutcomeAllowed: the policy admitted the request.
+	OutcomeAllowed Outcome = iota
+	// OutcomeDenied: the policy refused the request (or delayed it past
+	// its maximum).
+	OutcomeDenied
+	// OutcomeShadowDenied: a shadow (dry-run) policy would have refused the
+	// request, but let it through.
+	OutcomeShadowDenied
+	// OutcomeError: the policy could not decide (a store failure that no
+	// failure policy absorbed).
+	OutcomeError
+)
+
+var outcomeNames = [...]string{"allowed", "denied", "shadow_denied", "error"}
+
+// String returns the outcome's metric label: "allowed", "denied",
+// "shadow_denied" or "error".
+func (o Outcome) String() string {
+	if int(o) < len(outcomeNames) {
+		return outcomeNames[o]
+	}
+	return "unknown"
+}
+
+// DecisionEvent reports one policy's verdict on one request.
+type DecisionEvent struct {
+	// Policy is the rule's name, as in the RateLimit-Policy header.
+	Policy string
+	// Outcome is what the policy did.
+	Outcome Outcome
+	// Decision is the store's verdict; zero when Outcome is OutcomeError.
+	Decision Decision
+}
+
+// Source says who answered a store call.
+type Source uint8
+
+const (
+	// SourceBackend: the wrapped store answered.
+	SourceBackend Source = iota
+	// SourceDenyCache: a cached denial answered; the backend was not called.
+	SourceDenyCache
+	// SourceFallback: the backend failed (or its breaker is open) and the
+	// local fallback store answered.
+	SourceFallback
+	// SourceFailOpen: the backend failed and the request was allowed.
+	SourceFailOpen
+	// SourceFailClosed: the backend failed and the request was denied.
+	SourceFailClosed
+)
+
+var sourceNames = [...]string{"backend", "deny_cache", "fallback", "fail_open", "fail_closed"}
+
+// String returns the source's metric label, such as "deny_cache".
+func (s Source) String() string {
+	if int(s) < len(sourceNames) {
+		return sourceNames[s]
+	}
+	return "unknown"
+}
+
+// StoreEvent reports one call of a wrapped store.
+type StoreEvent struct {
+	// Store names the wrapped store, for metric labels.
+	Store string
+	// Op is "take", "take_all", "peek" or "reset".
+	Op string
+	// Source says who answered.
+	Source Source
+	// Latency is how long the backend call took, including a timed-out
+	// wait; zero when the backend was not called.
+	Latency time.Duration
+	// Err is the backend's error, nil when it answered or was not called.
+	// The caller may still have received a decision (from the failure
+	// policy).
+	Err error
+}
+
+// BreakerState is a circuit breaker's state.
+type BreakerState uint8
+
+const (
+	// BreakerClosed: calls go to the backend.
+	BreakerClosed BreakerState = iota
+	// BreakerHalfOpen: one probe call is testing whether the backend is back.
+	BreakerHalfOpen
+	// BreakerOpen: the backend is considered down; the failure policy
+	// answers without calling it.
+	BreakerOpen
+)
+
+var breakerNames = [...]string{"closed", "half_open", "open"}
+
+// String returns "closed", "half_open" or "open".
+func (s BreakerState) String() string {
+	if int(s) < len(breakerNames) {
+		return breakerNames[s]
+	}
+	return "unknown"
+}
+
+// BreakerEvent reports a circuit breaker's change of state.
+type BreakerEvent struct {
+	// Store names the wrapped store.
+	Store string
+	// From and To are the states before and after the change.
+	From, To BreakerState
+}
