@@ -25,8 +25,9 @@ type Limiter struct {
 // Options configures a Limiter. A nil *Options is valid.
 type Options struct {
 	// Prefix is prepended to every key, so that several policies can share
-	// one store ("login:", "api:"). Default: none. A non-empty prefix costs
-	// one small allocation per call for the joined key.
+	// one store ("login:", "api:"). MaxKeyLen applies to the joined key.
+	// Default: none. A non-empty prefix costs one small allocation per call
+	// for the joined key.
 	Prefix string
 }
 
@@ -49,11 +50,11 @@ func NewLimiter(store Store, limit Limit, opts *Options) (*Limiter, error) {
 // Limit returns the limit l enforces.
 func (l *Limiter) Limit() Limit { return l.limit }
 
-// key validates the caller's key (before the prefix, so MaxKeyLen is what the
-// caller controls) and joins the prefix.
+// key joins the prefix. An empty caller key is rejected here (the joined
+// key would not be empty); the store enforces MaxKeyLen on the joined key.
 func (l *Limiter) key(key string) (string, error) {
-	if err := ValidateKey(key); err != nil {
-		return "", err
+	if key == "" {
+		return "", ValidateKey(key)
 	}
 	if l.prefix == "" {
 		return key, nil

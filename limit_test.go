@@ -1,0 +1,157 @@
+package sluice_test
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	"sluice"
+)
+
+func TestParseLimit(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		in   string
+		want sluice.Limit
+		str  string
+	}{
+		{"100/min", sluice.PerMinute(100), "100/min"},
+		{"10/s", sluice.PerSecond(10), "10/s"},
+		{"5000/1h", sluice.PerHour(5000), "5000/h"},
+		{"10/s burst 20", sluice.PerSecond(10).WithBurst(20), "10/s burst 20"},
+		{"10 / sec  burst 10", sluice.PerSecond(10).WithBurst(10), "10/s"},
+		{"30/90s", sluice.Limit{Rate: 30, Period: 90 * time.Second}, "30/1m30s"},
+		{"1000/day", sluice.Limit{Rate: 1000, Period: 24 * time.Hour}, "1000/day"},
+		{"7/2days", sluice.Limit{Rate: 7, Period: 48 * time.Hour}, "7/2day"},
+		{"3/500ms", sluice.Limit{Rate: 3, Period: 500 * time.Millisecond}, "3/500ms"},
+		{"fixed_window 60/min", sluice.PerMinute(60).With(sluice.FixedWindow), "fixed_window 60/min"},
+		{"Token-Bucket 1/s burst 5", sluice.PerSecond(1).WithBurst(5).With(sluice.TokenBucket), "token_bucket 1/s burst 5"},
+		{"sliding_window_log 300/5m", sluice.Limit{Algorithm: sluice.SlidingWindowLog, Rate: 300, Period: 5 * time.Minute}, "sliding_window_log 300/5m"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.in, func(t *testing.T) {
+			got, err := sluice.ParseLimit(tt.in)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got != tt.want {
+				t.Errorf("ParseLimit(%q) = %#v, want %#v", tt.in, got, tt.want)
+			}
+			if s := got.String(); s != tt.str {
+				t.Errorf("String() = %q, want %q", s, tt.str)
+			}
+			back, err := sluice.ParseLimit(got.String())
+			if err != nil || back.String() != got.String() || back.Capacity() != got.Capacity() {
+				t.Errorf("round trip of %q: %#v %v", got.String(), back, err)
+			}
+		})
+	}
+}
+
+func TestParseLimitErrors(t *testing.T) {
+	t.Parallel()
+	for _, in := range []string{
+		"", "100", "/min", "x/min", "100/fortnight", "0/s", "-1/s", "10/0s", "10/-1s",
+		"10/500us", "10/s burst", "10/s burst 0", "10/s burst -2", "10/s burst x", "10/s burst 1 2",
+		"bogus 10/s", "fixed_window 10/s burst 20", "2000000000/s", "10/400days",
+		"sliding_window_log 1000000/day", "10000000/s", "10/1.5us",
+	} {
+		t.Run(in, func(t *testing.T) {
+			if l, err := sluice.ParseLimit(in); !errors.Is(err, sluice.ErrInvalidLimit) {
+				t.Errorf("ParseLimit(%q) = %v, %v; want ErrInvalidLimit", in, l, err)
+			}
+		})
+	}
+}
+
+func TestValidate(t *testing.T) {
+	t.Parallel()
+	ok := []sluice.Limit{
+		sluice.PerSecond(1),
+		{Algorithm: sluice.FixedWindow, Rate: sluice.MaxRate, Period: time.Second},
+		{Rate: 1_000_000, Period: time.Second},
+		{Rate: 1, Period: sluice.MaxPeriod},
+		{Algorithm: sluice.SlidingWindowLog, Rate: sluice.MaxLogEntries, Period: time.Hour},
+	}
+	for _, l := range ok {
+		if err := l.Validate(); err != nil {
+			t.Errorf("%#v: %v", l, err)
+		}
+	}
+	bad := []sluice.Limit{
+		{},
+		{Rate: 1},
+		{Period: time.Second},
+		{Rate: 1, Period: time.Millisecond - 1},
+		{Rate: 1, Period: sluice.MaxPeriod + time.Hour},
+		{Rate: 1, Period: time.Second, Burst: -1},
+		{Rate: 1, Period: time.Second, Burst: sluice.MaxRate + 1},
+		{Rate: 2_000_000, Period: time.Second},                       // faster than 1/µs
+		{Rate: 1, Period: sluice.MaxPeriod, Burst: 1_000_000},        // burst span absurd
+		{Algorithm: 200, Rate: 1, Period: time.Second},               // unknown algorithm
+		{Algorithm: sluice.SlidingWindowCounter, Rate: 5, Period: time.Second, Burst: 6},
+	}
+	for _, l := range bad {
+		if err := l.Validate(); !errors.Is(err, sluice.ErrInvalidLimit) {
+			t.Errorf("%#v: got %v, want ErrInvalidLimit", l, err)
+		}
+	}
+}
+
+func TestCapacityAndInterval(t *testing.T) {
+	t.Parallel()
+	if got := sluice.PerSecond(3).Interval(); got != 333334*time.Microsecond {
+		t.Errorf("3/s interval = %v, want 333.334ms (rounded up)", got)
+	}
+	if got := sluice.PerMinute(100).Interval(); got != 600*time.Millisecond {
+		t.Errorf("100/min interval = %v", got)
+	}
+	if got := sluice.PerSecond(2).WithBurst(7).Capacity(); got != 7 {
+		t.Errorf("capacity = %d, want 7", got)
+	}
+	if got := sluice.PerSecond(2).With(sluice.FixedWindow).Capacity(); got != 2 {
+		t.Errorf("fixed window capacity = %d, want 2", got)
+	}
+}
+
+func TestAlgorithmText(t *testing.T) {
+	t.Parallel()
+	for _, a := range sluice.Algorithms() {
+		b, err := a.MarshalText()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var back sluice.Algorithm
+		if err := back.UnmarshalText(b); err != nil || back != a {
+			t.Errorf("%v: round trip gave %v, %v", a, back, err)
+		}
+	}
+	if _, err := sluice.ParseAlgorithm("bogus"); !errors.Is(err, sluice.ErrInvalidLimit) {
+		t.Errorf("bogus algorithm: %v", err)
+	}
+	var l sluice.Limit
+	if err := l.UnmarshalText([]byte("leaky_bucket 5/s burst 9")); err != nil || l.Burst != 9 || l.Algorithm != sluice.LeakyBucket {
+		t.Errorf("UnmarshalText: %#v %v", l, err)
+	}
+}
+
+func TestValidateRequest(t *testing.T) {
+	t.Parallel()
+	l := sluice.PerMinute(10)
+	cases := []struct {
+		key  string
+		cost int64
+		want error
+	}{
+		{"", 1, sluice.ErrInvalidKey},
+		{string(make([]byte, sluice.MaxKeyLen+1)), 1, sluice.ErrInvalidKey},
+		{"k", 0, sluice.ErrInvalidCost},
+		{"k", 11, sluice.ErrCostExceedsBurst},
+		{"k", 10, nil},
+	}
+	for _, c := range cases {
+		if err := sluice.ValidateRequest(c.key, l, c.cost); !errors.Is(err, c.want) || (c.want == nil) != (err == nil) {
+			t.Errorf("ValidateRequest(len %d, cost %d) = %v, want %v", len(c.key), c.cost, err, c.want)
+		}
+	}
+}

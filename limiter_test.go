@@ -1,0 +1,120 @@
+package sluice_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"sluice"
+	"sluice/memory"
+	"sluice/storetest"
+)
+
+func newMemory(t *testing.T, now func() time.Time) *memory.Store {
+	s := memory.New(&memory.Options{Clock: now})
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+func TestNewLimiterErrors(t *testing.T) {
+	t.Parallel()
+	if _, err := sluice.NewLimiter(nil, sluice.PerSecond(1), nil); !errors.Is(err, sluice.ErrInvalidLimit) {
+		t.Errorf("nil store: %v", err)
+	}
+	if _, err := sluice.NewLimiter(newMemory(t, nil), sluice.Limit{}, nil); !errors.Is(err, sluice.ErrInvalidLimit) {
+		t.Errorf("zero limit: %v", err)
+	}
+}
+
+func TestLimiterPrefixAndMethods(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	clock := storetest.NewClock(storetest.T0)
+	s := newMemory(t, clock.Now)
+	login, err := sluice.NewLimiter(s, sluice.PerMinute(3), &sluice.Options{Prefix: "login:"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	api, _ := sluice.NewLimiter(s, sluice.PerMinute(3), &sluice.Options{Prefix: "api:"})
+
+	if d, err := login.AllowN(ctx, "alice", 3); err != nil || !d.Allowed || d.Remaining != 0 {
+		t.Fatalf("AllowN: %+v %v", d, err)
+	}
+	if d, _ := login.Allow(ctx, "alice"); d.Allowed || d.RetryAfter != 20*time.Second {
+		t.Fatalf("Allow on exhausted key: %+v", d)
+	}
+	// Same key under another prefix is another state.
+	if d, _ := api.Peek(ctx, "alice"); d.Remaining != 3 {
+		t.Errorf("prefixes share state: %+v", d)
+	}
+	if d, _ := s.Peek(ctx, "login:alice", login.Limit(), 1); d.Remaining != 0 {
+		t.Errorf("prefix not applied: %+v", d)
+	}
+	if err := login.Reset(ctx, "alice"); err != nil {
+		t.Fatal(err)
+	}
+	if d, _ := login.Peek(ctx, "alice"); d.Remaining != 3 {
+		t.Errorf("after Reset: %+v", d)
+	}
+	// The key bound applies to the joined key.
+	long := strings.Repeat("k", sluice.MaxKeyLen-len("login:"))
+	if _, err := login.Allow(ctx, long); err != nil {
+		t.Errorf("key of MaxKeyLen bytes: %v", err)
+	}
+	for _, f := range []func() error{
+		func() error { _, err := login.Allow(ctx, ""); return err },
+		func() error { _, err := login.Peek(ctx, long+"k"); return err },
+		func() error { return login.Reset(ctx, "") },
+		func() error { _, err := login.Wait(ctx, ""); return err },
+	} {
+		if err := f(); !errors.Is(err, sluice.ErrInvalidKey) {
+			t.Errorf("bad key: %v", err)
+		}
+	}
+	if _, err := login.AllowN(ctx, "bob", 4); !errors.Is(err, sluice.ErrCostExceedsBurst) {
+		t.Errorf("cost over burst: %v", err)
+	}
+}
+
+func TestWait(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	l, _ := sluice.NewLimiter(newMemory(t, nil), sluice.PerSecond(50).WithBurst(1), nil)
+	for i := range 3 { // the 2nd and 3rd each wait about 20ms
+		d, err := l.Wait(ctx, "k")
+		if err != nil || !d.Allowed {
+			t.Fatalf("Wait %d: %+v %v", i, d, err)
+		}
+	}
+}
+
+func TestWaitDeadline(t *testing.T) {
+	t.Parallel()
+	l, _ := sluice.NewLimiter(newMemory(t, nil), sluice.PerHour(1), nil)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if _, err := l.Wait(ctx, "k"); err != nil {
+		t.Fatal(err)
+	}
+	// The next unit is an hour away: WaitN gives up at once rather than
+	// sleeping until the deadline.
+	d, err := l.Wait(ctx, "k")
+	if !errors.Is(err, context.DeadlineExceeded) || d.Allowed || d.RetryAfter < 59*time.Minute {
+		t.Errorf("Wait past deadline = %+v, %v", d, err)
+	}
+}
+
+func TestWaitCancel(t *testing.T) {
+	t.Parallel()
+	l, _ := sluice.NewLimiter(newMemory(t, nil), sluice.PerHour(1), nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	if _, err := l.Wait(ctx, "k"); err != nil {
+		t.Fatal(err)
+	}
+	go func() { time.Sleep(10 * time.Millisecond); cancel() }()
+	if _, err := l.Wait(ctx, "k"); !errors.Is(err, context.Canceled) {
+		t.Errorf("Wait after cancel: %v", err)
+	}
+}

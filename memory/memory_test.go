@@ -1,0 +1,141 @@
+package memory_test
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"sluice"
+	"sluice/memory"
+	"sluice/storetest"
+)
+
+// GCRA, the token bucket and the leaky bucket store different things but
+// must make the same decisions whenever time moves forward.
+func TestBucketsAgree(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	seed := uint64(time.Now().UnixNano())
+	rng := rand.New(rand.NewPCG(seed, 1))
+	clock := storetest.NewClock(storetest.T0)
+	s := memory.New(&memory.Options{Clock: clock.Now})
+	defer s.Close()
+	limits := []sluice.Limit{
+		sluice.PerSecond(3).WithBurst(5),
+		sluice.PerMinute(100),
+		{Rate: 7, Period: 13 * time.Second, Burst: 2},
+	}
+	for step := range 20000 {
+		switch rng.IntN(4) {
+		case 0:
+		case 1:
+			clock.Advance(time.Duration(rng.IntN(1000)) * time.Microsecond)
+		case 2:
+			clock.Advance(time.Duration(rng.IntN(2000)) * time.Millisecond)
+		case 3:
+			clock.Advance(time.Duration(rng.IntN(60)) * time.Second)
+		}
+		li := rng.IntN(len(limits))
+		l := limits[li]
+		key := fmt.Sprint("k", li, "-", rng.IntN(4)) // one state per (key, limit)
+		cost := 1 + rng.Int64N(l.Capacity())
+		peek := rng.IntN(5) == 0
+		var got [3]sluice.Decision
+		for i, a := range []sluice.Algorithm{sluice.GCRA, sluice.TokenBucket, sluice.LeakyBucket} {
+			var err error
+			if peek {
+				got[i], err = s.Peek(ctx, key, l.With(a), cost)
+			} else {
+				got[i], err = s.Take(ctx, key, l.With(a), cost)
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			got[i].Limit = sluice.Limit{}
+		}
+		if got[0] != got[1] || got[0] != got[2] {
+			t.Fatalf("seed %d step %d (%v, key %s, cost %d, peek %v):\n gcra  %+v\n token %+v\n leaky %+v",
+				seed, step, l, key, cost, peek, got[0], got[1], got[2])
+		}
+	}
+}
+
+func TestMaxKeysBoundsMemory(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s := memory.New(&memory.Options{MaxKeys: 1000, Shards: 4, SweepInterval: -1})
+	defer s.Close()
+	for i := range 100_000 { // a flood of random keys
+		if _, err := s.Take(ctx, fmt.Sprint("flood-", i), sluice.PerHour(10), 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := s.Len(); n > 1000 {
+		t.Errorf("holding %d keys, want at most 1000", n)
+	}
+}
+
+func TestSweepRemovesExpiredKeys(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	clock := storetest.NewClock(storetest.T0)
+	s := memory.New(&memory.Options{Clock: clock.Now, SweepInterval: -1})
+	defer s.Close()
+	for _, a := range sluice.Algorithms() {
+		for i := range 10 {
+			if _, err := s.Take(ctx, fmt.Sprint("k", i), sluice.PerMinute(5).With(a), 1); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if n := s.Len(); n != 60 {
+		t.Fatalf("Len = %d, want 60", n)
+	}
+	clock.Advance(time.Minute) // everything but the sliding counter is fresh
+	s.Sweep()
+	if n := s.Len(); n != 10 {
+		t.Errorf("after a minute Len = %d, want the 10 sliding-counter keys", n)
+	}
+	clock.Advance(time.Minute)
+	s.Sweep()
+	if n := s.Len(); n != 0 {
+		t.Errorf("after two minutes Len = %d, want 0", n)
+	}
+}
+
+func TestSweeperRuns(t *testing.T) {
+	t.Parallel()
+	clock := storetest.NewClock(storetest.T0)
+	s := memory.New(&memory.Options{Clock: clock.Now, SweepInterval: time.Millisecond})
+	defer s.Close()
+	s.Take(context.Background(), "k", sluice.PerSecond(1), 1)
+	clock.Advance(time.Hour)
+	for s.Len() != 0 {
+		time.Sleep(time.Millisecond) // the test's own timeout bounds this
+	}
+}
+
+// The hot path (an existing key) allocates nothing, for every algorithm,
+// directly and through a Limiter without a prefix.
+func TestHotPathAllocatesNothing(t *testing.T) {
+	ctx := context.Background()
+	clock := storetest.NewClock(storetest.T0)
+	s := memory.New(&memory.Options{Clock: clock.Now})
+	defer s.Close()
+	for _, a := range sluice.Algorithms() {
+		l := sluice.Limit{Algorithm: a, Rate: 1000, Period: time.Hour}
+		lim, _ := sluice.NewLimiter(s, l, nil)
+		lim.Allow(ctx, "hot")
+		if n := testing.AllocsPerRun(200, func() { s.Take(ctx, "hot", l, 1) }); n != 0 {
+			t.Errorf("%v: Take allocates %v per call", a, n)
+		}
+		if n := testing.AllocsPerRun(200, func() { lim.Allow(ctx, "hot") }); n != 0 {
+			t.Errorf("%v: Limiter.Allow allocates %v per call", a, n)
+		}
+		if n := testing.AllocsPerRun(200, func() { s.Peek(ctx, "hot", l, 1) }); n != 0 {
+			t.Errorf("%v: Peek allocates %v per call", a, n)
+		}
+	}
+}
