@@ -86,9 +86,9 @@ func TestValidate(t *testing.T) {
 		{Rate: 1, Period: sluice.MaxPeriod + time.Hour},
 		{Rate: 1, Period: time.Second, Burst: -1},
 		{Rate: 1, Period: time.Second, Burst: sluice.MaxRate + 1},
-		{Rate: 2_000_000, Period: time.Second},                       // faster than 1/µs
-		{Rate: 1, Period: sluice.MaxPeriod, Burst: 1_000_000},        // burst span absurd
-		{Algorithm: 200, Rate: 1, Period: time.Second},               // unknown algorithm
+		{Rate: 2_000_000, Period: time.Second},                // faster than 1/µs
+		{Rate: 1, Period: sluice.MaxPeriod, Burst: 1_000_000}, // burst span absurd
+		{Algorithm: 200, Rate: 1, Period: time.Second},        // unknown algorithm
 		{Algorithm: sluice.SlidingWindowCounter, Rate: 5, Period: time.Second, Burst: 6},
 	}
 	for _, l := range bad {

@@ -596,7 +596,7 @@ func testTakeAll(t *testing.T, newStore NewStore) {
 				}
 			}
 			ds, err := ms.TakeAll(ctx, reqs)
-			if err != nil || ds[0].Allowed == false || ds[1].Allowed {
+			if err != nil || !ds[0].Allowed || ds[1].Allowed {
 				t.Fatalf("4th: want user allowing, ip denying: %+v %v", ds, err)
 			}
 			if ds[0].Remaining != 97 {
