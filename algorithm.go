@@ -20,22 +20,32 @@ type Algorithm uint8
 
 const (
 	// GCRA is the generic cell rate algorithm (as in redis_rate and
-	// redis-cell): one key holding one value, the theoretical arrival time.
+	// redis-cell). State: one number, the theoretical arrival time (TAT).
+	// Exact; bursts up to Burst, then one unit per Interval; the smallest
+	// state of all. The default.
 	GCRA Algorithm = iota
-	// TokenBucket holds Burst tokens refilled one per Period/Rate. State is a
-	// hash of whole tokens and the time of the last whole refill.
+	// TokenBucket holds Burst tokens, one returning every Interval. State:
+	// whole tokens and the time of the last whole refill (a hash). Exact and
+	// drift-free (integer time); decides exactly as GCRA does.
 	TokenBucket
-	// LeakyBucket (as a meter) holds up to Burst units draining one per
-	// Period/Rate. State is a hash of the level and the time of the last leak.
+	// LeakyBucket is the leaky bucket as a meter: units fill a bucket of
+	// Burst that drains one per Interval; a request fits while
+	// level + cost <= capacity. State: level and time of the last leak (a
+	// hash). Decides exactly as GCRA does.
 	LeakyBucket
-	// FixedWindow counts units per calendar window of Period: one counter
-	// per window, reset when the window ends.
+	// FixedWindow counts units per calendar window of Period. State: the
+	// window number and its count. Cheapest and easiest to explain, but a
+	// client can pass 2× Rate across a window edge (Rate at the end of one
+	// window, Rate at the start of the next).
 	FixedWindow
-	// SlidingWindowLog logs every admitted unit and admits while fewer than
-	// Rate units fall in the last Period.
+	// SlidingWindowLog records each admitted unit's time and admits while
+	// fewer than Rate fall in the last Period. Exact, no edge bursts, but
+	// memory grows with Rate: O(Rate) entries per key.
 	SlidingWindowLog
-	// SlidingWindowCounter estimates the last Period's count from the current
-	// and previous fixed windows, weighting the previous by its overlap.
+	// SlidingWindowCounter estimates the last Period's count as the current
+	// fixed window's count plus the previous window's, weighted by how much
+	// of it the sliding period still overlaps. Constant memory and smoothed
+	// edges; approximate where traffic within a window was uneven.
 	SlidingWindowCounter
 
 	numAlgorithms
