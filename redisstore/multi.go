@@ -1,0 +1,146 @@
+package redisstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/redis/go-redis/v9"
+
+	"sluice"
+)
+
+// TakeAll implements sluice.MultiStore: either every request's units are
+// taken or none are.
+//
+// When every key lives in one hash slot (always on a standalone or Sentinel
+// client; on a Cluster when the keys share a slot) one script checks all the
+// limits and then takes from all of them: atomic.
+//
+// Otherwise the requests are taken in turn, and on a denial (or error) the
+// units already taken are given back. No quota leaks, but this path is not
+// atomic: between a take and its refund, concurrent callers see those units
+// gone and may be denied. To stay on the atomic path in a Cluster, give
+// related keys a common hash tag ("{tenant42}:user7").
+//
+// Two requests on the same key and algorithm are rejected with
+// sluice.ErrInvalidKey, as by the memory store.
+func (s *Store) TakeAll(ctx context.Context, reqs []sluice.Request) ([]sluice.Decision, error) {
+	keys := make([]string, len(reqs))
+	for i, r := range reqs {
+		if err := sluice.ValidateRequest(r.Key, r.Limit, r.Cost); err != nil {
+			return nil, fmt.Errorf("redisstore: request %d: %w", i, err)
+		}
+		keys[i] = s.redisKey(r.Key, r.Limit.Algorithm)
+		for _, k := range keys[:i] {
+			if k == keys[i] {
+				return nil, fmt.Errorf("redisstore: request %d: %w: %q appears twice under %v", i, sluice.ErrInvalidKey, r.Key, r.Limit.Algorithm)
+			}
+		}
+	}
+	switch {
+	case len(reqs) == 0:
+		return []sluice.Decision{}, nil
+	case len(reqs) == 1:
+		d, err := s.Take(ctx, reqs[0].Key, reqs[0].Limit, reqs[0].Cost)
+		if err != nil {
+			return nil, err
+		}
+		return []sluice.Decision{d}, nil
+	case s.oneSlot(keys):
+		return s.takeAtomic(ctx, reqs, keys)
+	default:
+		return s.takeInTurn(ctx, reqs)
+	}
+}
+
+// oneSlot reports whether one script may touch all of keys.
+func (s *Store) oneSlot(keys []string) bool {
+	switch s.client.(type) {
+	case *redis.Client: // standalone or Sentinel failover: one server
+		return true
+	case *redis.ClusterClient:
+		first := slot(keys[0])
+		for _, k := range keys[1:] {
+			if slot(k) != first {
+				return false
+			}
+		}
+		return true
+	default: // Ring or unknown sharding: only a common hash tag is safe
+		first := hashTag(keys[0])
+		for _, k := range keys[1:] {
+			if hashTag(k) != first {
+				return false
+			}
+		}
+		return true
+	}
+}
+
+func (s *Store) takeAtomic(ctx context.Context, reqs []sluice.Request, keys []string) ([]sluice.Decision, error) {
+	now, err := s.now()
+	if err != nil {
+		return nil, err
+	}
+	args := make([]any, 0, 1+6*len(reqs))
+	args = append(args, now)
+	for _, r := range reqs {
+		la := limitArgs(r.Limit)
+		args = append(args, int64(r.Limit.Algorithm), la[0], la[1], la[2], la[3], r.Cost)
+	}
+	v, err := takeAllLua.Run(ctx, s.client, keys, args...).Result()
+	if err != nil {
+		return nil, fmt.Errorf("redisstore: take all: %w", err)
+	}
+	_, rs, err := parseAll(v, len(reqs))
+	if err != nil {
+		return nil, fmt.Errorf("redisstore: take all: %w", err)
+	}
+	out := make([]sluice.Decision, len(reqs))
+	for i, r := range rs {
+		out[i] = r.decision(reqs[i].Limit)
+	}
+	return out, nil
+}
+
+// takeInTurn takes each request in order; on a denial it refunds what it
+// took and reports the other verdicts as Peek sees them.
+func (s *Store) takeInTurn(ctx context.Context, reqs []sluice.Request) ([]sluice.Decision, error) {
+	out := make([]sluice.Decision, len(reqs))
+	taken := make([]result, 0, len(reqs))
+	// Refunds must run even if ctx ends mid-way, or quota would leak.
+	undo := func() error {
+		var errs []error
+		for i := len(taken) - 1; i >= 0; i-- {
+			errs = append(errs, s.refund(context.WithoutCancel(ctx), reqs[i], taken[i]))
+		}
+		return errors.Join(errs...)
+	}
+	for i, req := range reqs {
+		r, err := s.decide(ctx, modeTake, req.Key, req.Limit, req.Cost)
+		if err != nil {
+			return nil, errors.Join(err, undo())
+		}
+		out[i] = r.decision(req.Limit)
+		if r.allowed {
+			taken = append(taken, r)
+			continue
+		}
+		if err := undo(); err != nil {
+			return nil, err
+		}
+		for j, q := range reqs {
+			if j == i {
+				continue
+			}
+			p, err := s.decide(ctx, modePeek, q.Key, q.Limit, q.Cost)
+			if err != nil {
+				return nil, err
+			}
+			out[j] = p.decision(q.Limit)
+		}
+		return out, nil
+	}
+	return out, nil
+}
