@@ -1,0 +1,107 @@
+package redisstore_test
+
+import (
+	"context"
+	"fmt"
+	"runtime"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"sluice"
+	"sluice/internal/redistest"
+	"sluice/redisstore"
+)
+
+// benchKeys is the wide key set, the size the bench module's comparison
+// uses.
+const benchKeys = 10_000
+
+// benchGoroutines is how many callers the parallel benchmarks run, as in the
+// bench module's comparison: one caller per core would measure round-trip
+// latency, not what Redis and the client sustain.
+const benchGoroutines = 64
+
+// BenchmarkTake measures Store.Take for every algorithm on the standalone
+// Redis with the server's clock (the default), on one hot key and over
+// 10,000 keys, serially and from 64 goroutines. The limit is 1,000/s: the
+// hot key is mostly denied, the wide set always allowed (allowed/op says
+// which path ran).
+func BenchmarkTake(b *testing.B) {
+	client := redistest.Client(b)
+	prefix := redistest.Prefix(b)
+	wide := make([]string, benchKeys)
+	seen := make(map[string]bool, benchKeys)
+	for i := range wide {
+		wide[i] = fmt.Sprintf("user:%08d", i)
+		seen[wide[i]] = true
+	}
+	if len(seen) != benchKeys {
+		b.Fatalf("%d distinct keys, want %d", len(seen), benchKeys)
+	}
+	keySets := []struct {
+		name string
+		keys []string
+	}{{"hot", []string{"hot"}}, {"10k", wide}}
+
+	for _, a := range sluice.Algorithms() {
+		l := sluice.Limit{Algorithm: a, Rate: 1000, Period: time.Second}
+		store := redisstore.New(client, &redisstore.Options{Prefix: prefix + a.String() + ":"})
+		for _, ks := range keySets {
+			b.Run(a.String()+"/"+ks.name, func(b *testing.B) {
+				b.Run("serial", func(b *testing.B) { benchSerial(b, store, l, ks.keys) })
+				b.Run("parallel", func(b *testing.B) { benchParallel(b, store, l, ks.keys) })
+			})
+		}
+	}
+}
+
+func benchSerial(b *testing.B, s *redisstore.Store, l sluice.Limit, keys []string) {
+	ctx := context.Background()
+	b.ReportAllocs()
+	allowed, n, i := 0, 0, 0
+	for b.Loop() {
+		d, err := s.Take(ctx, keys[i], l, 1)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if d.Allowed {
+			allowed++
+		}
+		n++
+		if i++; i == len(keys) {
+			i = 0
+		}
+	}
+	b.ReportMetric(float64(allowed)/float64(n), "allowed/op")
+}
+
+// benchParallel hands keys out in strict rotation through a shared counter,
+// so the first min(b.N, len(keys)) calls use distinct keys whatever the
+// scheduling.
+func benchParallel(b *testing.B, s *redisstore.Store, l sluice.Limit, keys []string) {
+	ctx := context.Background()
+	procs := runtime.GOMAXPROCS(0)
+	b.SetParallelism((benchGoroutines + procs - 1) / procs)
+	var next, allowed, failed atomic.Int64
+	b.ReportAllocs()
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		var ok int64
+		for pb.Next() {
+			key := keys[(next.Add(1)-1)%int64(len(keys))]
+			d, err := s.Take(ctx, key, l, 1)
+			if err != nil {
+				if failed.Add(1) == 1 {
+					b.Error(err)
+				}
+				continue
+			}
+			if d.Allowed {
+				ok++
+			}
+		}
+		allowed.Add(ok)
+	})
+	b.ReportMetric(float64(allowed.Load())/float64(b.N), "allowed/op")
+}
