@@ -264,7 +264,8 @@
       li.dataset.retryAfterMs = String(d.retry_after_ms ?? 0);
       li.dataset.resetAfterMs = String(d.reset_after_ms ?? 0);
       if (shadow) li.dataset.shadowDenied = "true";
-      verdict.textContent = shadow ? "allowed (shadow deny)" : allowed ? "allowed" : "denied";
+      verdict.textContent = shadow ? "shadow deny" : allowed ? "allowed" : "denied";
+      if (shadow) verdict.title = "Allowed: the policy is in shadow mode and would have denied this request";
       let text = `${d.remaining ?? "?"} left`;
       if (!allowed || shadow) text += ` · retry in ${formatDuration(d.retry_after_ms)}`;
       detail.textContent = text;
@@ -397,6 +398,7 @@
     c.renders = String(Number(c.renders || 0) + 1);
     const summary = `Last ${span}: ${a} allowed, ${d} denied`;
     card.chart.setAttribute("aria-label", `Allowed and denied requests for ${card.policy.name}. ${summary}.`);
+    card.el.querySelector(".axis-start").textContent = "\u2212" + span;
     card.el.querySelector(".chart-caption").textContent =
       `${summary} · bars of ${formatDuration(bucketMs)}, scale ${top}`;
   }

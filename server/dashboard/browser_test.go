@@ -1,0 +1,454 @@
+package dashboard
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/chromedp/chromedp"
+)
+
+// The browser test drives the real page in headless Chromium: it clicks
+// Burst 10 on the fixed-window card, reads the ten results and checks the
+// chart, the shadow display, Reset All with and without the admin token and
+// the narrow layout. Set SLUICE_CHROMIUM to use another browser binary.
+
+const adminToken = "s3cret-token"
+
+// demoPolicies mirror the service's demo config: one policy per algorithm,
+// plus a shadow policy.
+var demoPolicies = []demoPolicy{
+	{name: "gcra", limit: "gcra 10/min burst 5"},
+	{name: "token_bucket", limit: "token_bucket 10/min burst 5"},
+	{name: "leaky_bucket", limit: "leaky_bucket 10/min burst 5"},
+	{name: "fixed_window", limit: "fixed_window 4/min"},
+	{name: "sliding_window_log", limit: "sliding_window_log 6/min"},
+	{name: "sliding_window_counter", limit: "sliding_window_counter 6/min"},
+	{name: "shadow", limit: "3/min", shadow: true},
+}
+
+func chromiumPath(t *testing.T) string {
+	t.Helper()
+	if p := os.Getenv("SLUICE_CHROMIUM"); p != "" {
+		return p
+	}
+	for _, name := range []string{"chromium", "chromium-browser", "google-chrome"} {
+		if p, err := exec.LookPath(name); err == nil {
+			return p
+		}
+	}
+	if os.Getenv("CI") == "true" {
+		t.Fatal("chromium not found: install it (apt-get install -y chromium) or set SLUICE_CHROMIUM; CI requires the browser test")
+	}
+	t.Skip("chromium not found; install it (apt-get install -y chromium) to run the browser test")
+	return ""
+}
+
+// newBrowser starts a fresh headless Chromium with its own profile and
+// returns a tab. Console messages of the page are collected for checks.
+func newBrowser(t *testing.T) (context.Context, *consoleLog) {
+	t.Helper()
+	path := chromiumPath(t)
+	alloc, cancelAlloc := chromedp.NewExecAllocator(context.Background(),
+		chromedp.ExecPath(path),
+		chromedp.Flag("headless", true),
+		chromedp.NoSandbox,
+		chromedp.DisableGPU,
+		chromedp.Flag("disable-quic", true),
+		chromedp.NoFirstRun,
+		chromedp.Flag("disable-background-networking", true),
+		chromedp.Flag("disable-component-update", true),
+		chromedp.Flag("disable-sync", true),
+		chromedp.UserDataDir(t.TempDir()),
+		chromedp.WindowSize(1280, 900),
+	)
+	ctx, cancelTab := chromedp.NewContext(alloc)
+	t.Cleanup(func() {
+		cancelTab()
+		cancelAlloc()
+	})
+	if err := chromedp.Do(ctx); err != nil { // starts the browser, bound to ctx
+		t.Fatalf("starting %s: %v", path, err)
+	}
+	logs := &consoleLog{}
+	msgs := chromedp.Console(ctx)
+	go func() {
+		for m, err := range msgs {
+			if err != nil {
+				return
+			}
+			logs.add(m)
+		}
+	}()
+	return ctx, logs
+}
+
+type consoleLog struct {
+	mu   sync.Mutex
+	msgs []chromedp.ConsoleMessage
+}
+
+func (c *consoleLog) add(m chromedp.ConsoleMessage) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.msgs = append(c.msgs, m)
+}
+
+// problems returns exceptions, console.error calls and browser log errors
+// other than network ones: 401 and 429 responses are logged by the browser
+// as failed loads, and those are expected here.
+func (c *consoleLog) problems() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var out []string
+	for _, m := range c.msgs {
+		if m.IsException() || (m.Type == chromedp.ConsoleError && m.Source != "network") || m.Source == "security" {
+			out = append(out, fmt.Sprintf("%s %s:%d %s", m.Type, m.URL, m.Line+1, m.Text))
+		}
+	}
+	return out
+}
+
+// step runs actions with a bound, so a broken page fails the test quickly.
+func step(t *testing.T, ctx context.Context, what string, actions ...chromedp.Action[chromedp.Void]) {
+	t.Helper()
+	sctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	if err := chromedp.Do(sctx, actions...); err != nil {
+		t.Fatalf("%s: %v", what, err)
+	}
+}
+
+func eval[T any](t *testing.T, ctx context.Context, expr string) T {
+	t.Helper()
+	sctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	v, err := chromedp.Run(sctx, chromedp.Evaluate[T](expr))
+	if err != nil {
+		t.Fatalf("evaluating %s: %v", expr, err)
+	}
+	return v
+}
+
+// waitFor polls a JavaScript condition; on timeout it reports the condition
+// and what describe evaluates to, which is usually the state that was wrong.
+func waitFor(t *testing.T, ctx context.Context, cond, describe string) {
+	t.Helper()
+	sctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	if _, err := chromedp.Run(sctx, chromedp.Poll[chromedp.Void](cond, chromedp.WithPollingTimeout(15*time.Second))); err != nil {
+		got := eval[string](t, ctx, describe)
+		t.Fatalf("waiting for %s: %v; state: %s", cond, err, got)
+	}
+}
+
+type policyInfo struct {
+	Name      string `json:"name"`
+	Algorithm string `json:"algorithm"`
+	Rate      int64  `json:"rate"`
+	Burst     int64  `json:"burst"`
+	Shadow    bool   `json:"shadow"`
+}
+
+func fetchPolicies(t *testing.T, base string) []policyInfo {
+	t.Helper()
+	res, err := http.Get(base + "/v1/policies")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	var body struct{ Policies []policyInfo }
+	if err := json.NewDecoder(res.Body).Decode(&body); err != nil {
+		t.Fatal(err)
+	}
+	return body.Policies
+}
+
+// capacityOf is how many units a fresh key admits at once.
+func capacityOf(p policyInfo) int64 {
+	switch p.Algorithm {
+	case "fixed_window", "sliding_window_log", "sliding_window_counter":
+		return p.Rate
+	}
+	if p.Burst > 0 {
+		return p.Burst
+	}
+	return p.Rate
+}
+
+func cardSel(name string) string { return fmt.Sprintf(`.card[data-policy=%s]`, strconv.Quote(name)) }
+
+// jsCard is a JavaScript expression for the card of policy name.
+func jsCard(name string) string {
+	return fmt.Sprintf(`document.querySelector(%s)`, strconv.Quote(cardSel(name)))
+}
+
+type result struct {
+	Seq          int
+	Allowed      string
+	ShadowDenied string
+	Remaining    string
+	RetryAfterMS string
+	Status       string
+}
+
+// readResults returns the card's results, oldest first.
+func readResults(t *testing.T, ctx context.Context, name string) []result {
+	t.Helper()
+	raw := eval[[]map[string]string](t, ctx, fmt.Sprintf(
+		`[...%s.querySelectorAll(".result")].map(li => ({...li.dataset}))`, jsCard(name)))
+	out := make([]result, 0, len(raw))
+	for _, d := range raw {
+		seq, err := strconv.Atoi(d["seq"])
+		if err != nil {
+			t.Fatalf("result without a sequence number: %v", d)
+		}
+		out = append(out, result{
+			Seq: seq, Allowed: d["allowed"], ShadowDenied: d["shadowDenied"],
+			Remaining: d["remaining"], RetryAfterMS: d["retryAfterMs"], Status: d["status"],
+		})
+	}
+	slices.SortFunc(out, func(a, b result) int { return a.Seq - b.Seq })
+	return out
+}
+
+// burst clicks Burst 10 on the card and waits for its ten results.
+func burst(t *testing.T, ctx context.Context, name string) []result {
+	t.Helper()
+	card := jsCard(name)
+	step(t, ctx, "click Burst 10 on "+name, chromedp.Click(chromedp.CSS(cardSel(name)+` button[data-action="burst"]`)))
+	waitFor(t, ctx,
+		fmt.Sprintf(`%s.dataset.busy === "false" && %s.querySelectorAll(".result").length === 10`, card, card),
+		fmt.Sprintf(`%s.outerHTML`, card))
+	return readResults(t, ctx, name)
+}
+
+func TestBrowser(t *testing.T) {
+	t0 := time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC) // 5s into a minute: a burst stays in one window
+	api, err := newAPIServer(adminToken, t0, demoPolicies)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = api.Close() })
+	ts := httptest.NewServer(api.Handler())
+	t.Cleanup(ts.Close)
+
+	policies := fetchPolicies(t, ts.URL)
+	var fixed, shadow policyInfo
+	for _, p := range policies {
+		switch {
+		case p.Shadow:
+			shadow = p
+		case p.Algorithm == "fixed_window":
+			fixed = p
+		}
+	}
+	if fixed.Name == "" || shadow.Name == "" {
+		t.Fatalf("policies %+v lack a fixed-window or a shadow policy", policies)
+	}
+	fixedCap := capacityOf(fixed)
+	wantDenied := max(0, 10-fixedCap)
+	if wantDenied == 0 {
+		t.Fatalf("fixed-window capacity %d admits a whole burst; the test needs denials", fixedCap)
+	}
+
+	ctx, logs := newBrowser(t)
+	step(t, ctx, "open the dashboard", chromedp.Navigate(ts.URL))
+	waitFor(t, ctx, `document.body.dataset.ready === "true"`, `document.body.innerText`)
+
+	t.Run("one card per policy", func(t *testing.T) {
+		got := eval[[]string](t, ctx, `[...document.querySelectorAll(".card")].map(c => c.dataset.policy)`)
+		var want []string
+		for _, p := range policies {
+			want = append(want, p.Name)
+		}
+		if !slices.Equal(got, want) {
+			t.Errorf("cards %q, want %q", got, want)
+		}
+		// Each card peeks at its key on load.
+		waitFor(t, ctx, fmt.Sprintf(`%s.querySelector(".remaining-now").textContent === "%d of %d"`, jsCard(fixed.Name), fixedCap, fixedCap),
+			jsCard(fixed.Name)+`.outerHTML`)
+		// The charts are drawn from /v1/stats before anything is sent.
+		waitFor(t, ctx, fmt.Sprintf(`%s.querySelector(".chart").dataset.renders > 0`, jsCard(fixed.Name)), `document.body.innerHTML`)
+	})
+
+	chart := jsCard(fixed.Name) + `.querySelector(".chart")`
+
+	t.Run("burst 10 on the fixed window", func(t *testing.T) {
+		res := burst(t, ctx, fixed.Name)
+		var denied int64
+		for i, r := range res {
+			// Sequential checks in one window: the first fixedCap are
+			// admitted, the rest denied until the window ends.
+			wantAllowed := int64(i) < fixedCap
+			if got, want := r.Allowed, strconv.FormatBool(wantAllowed); got != want {
+				t.Errorf("result %d: allowed %s, want %s", i+1, got, want)
+			}
+			wantRemaining, wantStatus := fixedCap-int64(i)-1, "200"
+			if !wantAllowed {
+				wantRemaining, wantStatus = 0, "429"
+				denied++
+				if ms, _ := strconv.Atoi(r.RetryAfterMS); ms <= 0 {
+					t.Errorf("result %d: denied with retry-after %q", i+1, r.RetryAfterMS)
+				}
+			}
+			if got, want := r.Remaining, strconv.FormatInt(wantRemaining, 10); got != want {
+				t.Errorf("result %d: remaining %s, want %s", i+1, got, want)
+			}
+			if got, want := r.Status, wantStatus; got != want {
+				t.Errorf("result %d: status %s, want %s", i+1, got, want)
+			}
+		}
+		if denied != wantDenied {
+			t.Errorf("%d of 10 denied, want %d (capacity %d)", denied, wantDenied, fixedCap)
+		}
+		if got, want := eval[string](t, ctx, jsCard(fixed.Name)+`.dataset.deniedCount`), strconv.FormatInt(wantDenied, 10); got != want {
+			t.Errorf("card tally: %s denied, want %s", got, want)
+		}
+		retryText := eval[string](t, ctx, jsCard(fixed.Name)+`.querySelector('.result[data-allowed="false"] .detail').textContent`)
+		if !strings.Contains(retryText, "retry in 55 s") {
+			t.Errorf("denied result reads %q, want the 55 s to the end of the window", retryText)
+		}
+	})
+
+	t.Run("chart shows the denials", func(t *testing.T) {
+		waitFor(t, ctx,
+			fmt.Sprintf(`%s.dataset.deniedTotal === "%d" && %s.dataset.allowedTotal === "%d"`, chart, wantDenied, chart, fixedCap),
+			chart+`.outerHTML`)
+		var series []int64
+		if err := json.Unmarshal([]byte(eval[string](t, ctx, chart+`.dataset.seriesDenied`)), &series); err != nil {
+			t.Fatal(err)
+		}
+		if len(series) == 0 || series[len(series)-1] != wantDenied {
+			t.Errorf("denied series %v, want %d in the newest bucket", series, wantDenied)
+		}
+		if n := eval[int](t, ctx, chart+`.querySelectorAll("rect.bar.denied").length`); n != 1 {
+			t.Errorf("%d denied bars drawn, want 1", n)
+		}
+		// Other policies' charts saw nothing.
+		for _, p := range policies {
+			if p.Name == fixed.Name {
+				continue
+			}
+			c := jsCard(p.Name) + `.querySelector(".chart")`
+			if got := eval[string](t, ctx, c+`.dataset.allowedTotal + "/" + `+c+`.dataset.deniedTotal`); got != "0/0" {
+				t.Errorf("%s chart: allowed/denied %s, want 0/0", p.Name, got)
+			}
+		}
+	})
+
+	t.Run("shadow policy lets denials through", func(t *testing.T) {
+		res := burst(t, ctx, shadow.Name)
+		capShadow := capacityOf(shadow)
+		for i, r := range res {
+			if r.Allowed != "true" || r.Status != "200" {
+				t.Errorf("result %d: allowed %s status %s, want true 200", i+1, r.Allowed, r.Status)
+			}
+			if got, want := r.ShadowDenied == "true", int64(i) >= capShadow; got != want {
+				t.Errorf("result %d: shadow denied %v, want %v", i+1, got, want)
+			}
+		}
+	})
+
+	t.Run("reset needs the admin token", func(t *testing.T) {
+		step(t, ctx, "click Reset All", chromedp.Click(chromedp.ID("reset-all")))
+		waitFor(t, ctx, `document.getElementById("status").dataset.kind === "error"`, `document.getElementById("status").outerHTML`)
+		msg := eval[string](t, ctx, `document.getElementById("status").textContent`)
+		if !strings.Contains(msg, "admin token") {
+			t.Errorf("status %q does not mention the admin token", msg)
+		}
+		if n := len(readResults(t, ctx, fixed.Name)); n != 10 {
+			t.Errorf("a refused reset cleared results: %d left", n)
+		}
+
+		step(t, ctx, "enter a wrong token",
+			chromedp.SendKeys(chromedp.ID("admin-token"), "wrong"),
+			chromedp.Click(chromedp.ID("reset-all")))
+		waitFor(t, ctx, `document.getElementById("status").textContent.includes("refused")`, `document.getElementById("status").outerHTML`)
+
+		step(t, ctx, "enter the token",
+			// Clear sets the attribute, not what was typed; clear the property.
+			chromedp.Evaluate[chromedp.Void](`document.getElementById("admin-token").value = ""`),
+			chromedp.SendKeys(chromedp.ID("admin-token"), adminToken),
+			chromedp.Click(chromedp.ID("reset-all")))
+		waitFor(t, ctx, `document.getElementById("status").dataset.kind === "ok"`, `document.getElementById("status").outerHTML`)
+		if got := eval[string](t, ctx, `sessionStorage.getItem("sluice.adminToken")`); got != adminToken {
+			t.Errorf("session token %q, want %q", got, adminToken)
+		}
+		if n := eval[int](t, ctx, `document.querySelectorAll(".result").length`); n != 0 {
+			t.Errorf("%d results left after Reset All", n)
+		}
+		waitFor(t, ctx, fmt.Sprintf(`%s.querySelector(".remaining-now").textContent === "%d of %d"`, jsCard(fixed.Name), fixedCap, fixedCap),
+			jsCard(fixed.Name)+`.outerHTML`)
+
+		// The key is fresh again: the same burst gives the same verdicts.
+		var denied int64
+		for _, r := range burst(t, ctx, fixed.Name) {
+			if r.Allowed == "false" {
+				denied++
+			}
+		}
+		if denied != wantDenied {
+			t.Errorf("after reset: %d of 10 denied, want %d", denied, wantDenied)
+		}
+		waitFor(t, ctx, fmt.Sprintf(`%s.dataset.deniedTotal === "%d"`, chart, 2*wantDenied), chart+`.outerHTML`)
+	})
+
+	t.Run("narrow screen", func(t *testing.T) {
+		step(t, ctx, "narrow viewport", chromedp.EmulateViewport(360, 740, chromedp.EmulateMobile))
+		waitFor(t, ctx, `window.innerWidth === 360`, `String(window.innerWidth)`)
+		if got := eval[int](t, ctx, `document.documentElement.scrollWidth`); got > 360 {
+			t.Errorf("page is %dpx wide in a 360px viewport", got)
+		}
+		step(t, ctx, "reset viewport", chromedp.ResetViewport())
+	})
+
+	t.Run("helpers", func(t *testing.T) {
+		tests := []struct{ expr, want string }{
+			{`formatDuration(0)`, `"0 ms"`},
+			{`formatDuration(350)`, `"350 ms"`},
+			{`formatDuration(4201)`, `"4.3 s"`},
+			{`formatDuration(55000)`, `"55 s"`},
+			{`formatDuration(65000)`, `"1 min 5 s"`},
+			{`formatDuration(7380000)`, `"2 h 3 min"`},
+			{`formatPeriod(60000)`, `"minute"`},
+			{`formatPeriod(10000)`, `"10 s"`},
+			{`describeLimit({algorithm: "fixed_window", limit: "fixed_window 4/min"})`, `"4/min"`},
+			{`describeLimit({algorithm: "gcra", rate: 10, period_ms: 60000, burst: 5})`, `"10 per minute, burst 5"`},
+			{`describeLimit({algorithm: "fixed_window", rate: 4, period_ms: 1000, burst: 4})`, `"4 per second"`},
+			{`capacity({algorithm: "sliding_window_log", rate: 6, burst: 9})`, `6`},
+			{`capacity({algorithm: "token_bucket", rate: 6, burst: 9})`, `9`},
+			{`[niceMax(0), niceMax(1), niceMax(3), niceMax(7), niceMax(11), niceMax(200)]`, `[1,1,5,10,20,200]`},
+			{`chartBars([1, 0], [1, 2], 100, 10).bars.map(b => [b.ha, b.hd])`, `[[5,5],[0,10]]`},
+			{`problemMessage(400, {title: "Bad Request", detail: "malformed JSON"})`, `"Bad Request: malformed JSON"`},
+			{`problemMessage(502, null)`, `"HTTP 502"`},
+			{`adminMessage(401, null).includes("admin token")`, `true`},
+			{`adminMessage(403, null).includes("refused")`, `true`},
+		}
+		for _, tt := range tests {
+			t.Run(tt.expr, func(t *testing.T) {
+				got := eval[string](t, ctx, `(() => {
+					const {formatDuration, formatPeriod, capacity, describeLimit, niceMax, chartBars, problemMessage, adminMessage} = sluiceDashboard;
+					return JSON.stringify(`+tt.expr+`);
+				})()`)
+				if got != tt.want {
+					t.Errorf("%s = %s, want %s", tt.expr, got, tt.want)
+				}
+			})
+		}
+	})
+
+	if p := logs.problems(); len(p) > 0 {
+		t.Errorf("browser console reported problems:\n%s", strings.Join(p, "\n"))
+	}
+}
