@@ -1,0 +1,552 @@
+// Package resilient wraps a sluice.Store (typically Redis) with a failure
+// policy, so that what happens when the backend fails is a choice, not an
+// accident:
+//
+//   - FallbackLocal (the default): a local memory store enforces the same
+//     limits, optionally divided by the expected number of nodes, until the
+//     backend answers again.
+//   - FailOpen: requests are allowed.
+//   - FailClosed: requests are denied.
+//
+// Every backend call is bounded by a timeout (default 50ms), so a dead or
+// stalled Redis cannot hold requests for seconds. A circuit breaker stops
+// calling a backend that keeps failing and lets one probe through now and
+// then; when a probe succeeds, decisions return to the backend on their own.
+//
+// A local deny cache remembers denials: a key denied until T for cost c is
+// denied locally for cost c until T, without a backend call, so an abusive
+// client costs the backend nothing while it is blocked. This is exact for
+// every algorithm (see denyCache for why).
+package resilient
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"sluice"
+	"sluice/memory"
+)
+
+var (
+	_ sluice.Store      = (*Store)(nil)
+	_ sluice.MultiStore = (*MultiStore)(nil)
+)
+
+// Errors returned by this package. Test with errors.Is.
+var (
+	// ErrInvalidOptions: New was given a nil backend or an option out of range.
+	ErrInvalidOptions = errors.New("resilient: invalid options")
+	// ErrTimeout: the backend did not answer within Options.Timeout. It
+	// reaches the Observer (StoreEvent.Err); callers get the failure
+	// policy's decision instead.
+	ErrTimeout = errors.New("resilient: backend timeout")
+	// ErrUnknownPolicy: ParsePolicy was given an unknown name.
+	ErrUnknownPolicy = errors.New("resilient: unknown failure policy")
+)
+
+// Policy is what a Store does when its backend fails or its breaker is open.
+type Policy uint8
+
+const (
+	// FallbackLocal enforces the same limits in a local store, each divided
+	// by Options.Nodes, until the backend is back. The zero value.
+	FallbackLocal Policy = iota
+	// FailOpen allows every request, reporting Remaining as for a fresh key.
+	FailOpen
+	// FailClosed denies every request, with RetryAfter set to
+	// Options.ProbeInterval.
+	FailClosed
+)
+
+var policyNames = [...]string{"local", "open", "closed"}
+
+// String returns the policy's config name: "local", "open" or "closed".
+func (p Policy) String() string {
+	if int(p) < len(policyNames) {
+		return policyNames[p]
+	}
+	return fmt.Sprintf("Policy(%d)", uint8(p))
+}
+
+// ParsePolicy parses a config name: "local" (or "fallback"), "open" (or
+// "fail-open"), "closed" (or "fail-closed").
+func ParsePolicy(s string) (Policy, error) {
+	switch strings.ReplaceAll(strings.ToLower(strings.TrimSpace(s)), "_", "-") {
+	case "local", "fallback", "fallback-local":
+		return FallbackLocal, nil
+	case "open", "fail-open":
+		return FailOpen, nil
+	case "closed", "fail-closed":
+		return FailClosed, nil
+	}
+	return 0, fmt.Errorf("%w: %q (want local, open or closed)", ErrUnknownPolicy, s)
+}
+
+// MarshalText implements encoding.TextMarshaler.
+func (p Policy) MarshalText() ([]byte, error) { return []byte(p.String()), nil }
+
+// UnmarshalText implements encoding.TextUnmarshaler with ParsePolicy.
+func (p *Policy) UnmarshalText(b []byte) error {
+	v, err := ParsePolicy(string(b))
+	if err != nil {
+		return err
+	}
+	*p = v
+	return nil
+}
+
+// Options configures a Store. A nil *Options gives every default.
+type Options struct {
+	// Name labels this store in Observer events. Default: "store".
+	Name string
+
+	// Policy applies when the backend fails or the breaker is open.
+	// Default: FallbackLocal.
+	Policy Policy
+
+	// Timeout bounds each backend call. When it passes, the policy answers
+	// at once; the abandoned call may still complete on the backend (a
+	// Take may then count). Set the Redis client's ContextTimeoutEnabled so
+	// that it stops too. Default: 50ms.
+	Timeout time.Duration
+
+	// Nodes is the expected number of processes sharing the limits. Under
+	// FallbackLocal each process enforces Rate/Nodes and Burst/Nodes
+	// (at least 1, and at least the request's cost), so the fleet as a
+	// whole stays near the global limit. Default: 1.
+	Nodes int
+
+	// Fallback is the local store for FallbackLocal. For a MultiStore it
+	// must implement sluice.MultiStore. Default: a memory.Store that the
+	// Store owns and closes in Close.
+	Fallback sluice.Store
+
+	// FailureThreshold is how many consecutive backend failures open the
+	// breaker. Default: 3.
+	FailureThreshold int
+
+	// ProbeInterval is how long the breaker stays open before one call is
+	// let through to probe the backend. Default: 1s.
+	ProbeInterval time.Duration
+
+	// DenyCacheSize bounds the deny cache's entries. Default: 100,000. A
+	// negative value disables the cache.
+	DenyCacheSize int
+
+	// Observer receives store events and breaker changes. Default: none.
+	Observer sluice.Observer
+
+	// Clock returns the current time, for the deny cache and the breaker.
+	// Default: time.Now.
+	Clock func() time.Time
+}
+
+// Store is a sluice.Store that applies a failure policy around a backend
+// store. Build one with New (or NewMulti for layered limits) and Close it
+// when done. It is safe for concurrent use.
+//
+// Bad input (sluice.ValidateRequest fails) is returned as the backend would
+// return it and never counts as a backend failure. When the caller's
+// context ends, the error wraps the context's error and no policy applies.
+// Otherwise errors are the fallback store's own failures only.
+type Store struct {
+	backend  sluice.Store
+	fallback sluice.Store
+	owned    *memory.Store // the default fallback, closed by Close
+	name     string
+	policy   Policy
+	timeout  time.Duration
+	nodes    int64
+	probe    time.Duration
+	observer sluice.Observer
+	clock    func() time.Time
+	br       breaker
+	cache    *denyCache // nil when disabled
+}
+
+// MultiStore is a Store over a sluice.MultiStore backend: it also checks
+// layered limits all-or-nothing with TakeAll.
+type MultiStore struct {
+	*Store
+	multi   sluice.MultiStore
+	fbMulti sluice.MultiStore
+}
+
+// New returns a Store applying opts around backend.
+func New(backend sluice.Store, opts *Options) (*Store, error) {
+	if backend == nil {
+		return nil, fmt.Errorf("%w: nil backend", ErrInvalidOptions)
+	}
+	var o Options
+	if opts != nil {
+		o = *opts
+	}
+	switch {
+	case o.Policy > FailClosed:
+		return nil, fmt.Errorf("%w: unknown policy %d", ErrInvalidOptions, o.Policy)
+	case o.Timeout < 0:
+		return nil, fmt.Errorf("%w: negative timeout %v", ErrInvalidOptions, o.Timeout)
+	case o.Nodes < 0:
+		return nil, fmt.Errorf("%w: negative node count %d", ErrInvalidOptions, o.Nodes)
+	case o.FailureThreshold < 0:
+		return nil, fmt.Errorf("%w: negative failure threshold %d", ErrInvalidOptions, o.FailureThreshold)
+	case o.ProbeInterval < 0:
+		return nil, fmt.Errorf("%w: negative probe interval %v", ErrInvalidOptions, o.ProbeInterval)
+	}
+	s := &Store{
+		backend:  backend,
+		fallback: o.Fallback,
+		name:     orDefault(o.Name, "store"),
+		policy:   o.Policy,
+		timeout:  orDefault(o.Timeout, 50*time.Millisecond),
+		nodes:    int64(orDefault(o.Nodes, 1)),
+		probe:    orDefault(o.ProbeInterval, time.Second),
+		observer: o.Observer,
+		clock:    o.Clock,
+	}
+	if s.clock == nil {
+		s.clock = time.Now
+	}
+	s.br = breaker{threshold: orDefault(o.FailureThreshold, 3), interval: s.probe, name: s.name, observer: s.observer}
+	if o.DenyCacheSize >= 0 {
+		s.cache = newDenyCache(orDefault(o.DenyCacheSize, 100_000))
+	}
+	if s.policy == FallbackLocal && s.fallback == nil {
+		s.owned = memory.New(nil)
+		s.fallback = s.owned
+	}
+	return s, nil
+}
+
+// NewMulti returns a MultiStore applying opts around backend. Under
+// FallbackLocal, opts.Fallback (if set) must be a sluice.MultiStore.
+func NewMulti(backend sluice.MultiStore, opts *Options) (*MultiStore, error) {
+	if backend == nil {
+		return nil, fmt.Errorf("%w: nil backend", ErrInvalidOptions)
+	}
+	s, err := New(backend, opts)
+	if err != nil {
+		return nil, err
+	}
+	m := &MultiStore{Store: s, multi: backend}
+	if s.policy == FallbackLocal {
+		fb, ok := s.fallback.(sluice.MultiStore)
+		if !ok {
+			s.Close()
+			return nil, fmt.Errorf("%w: fallback %T is not a sluice.MultiStore", ErrInvalidOptions, s.fallback)
+		}
+		m.fbMulti = fb
+	}
+	return m, nil
+}
+
+// Close releases the default fallback store. The backend is the caller's
+// to close.
+func (s *Store) Close() error {
+	if s.owned != nil {
+		return s.owned.Close()
+	}
+	return nil
+}
+
+// State returns the breaker's current state.
+func (s *Store) State() sluice.BreakerState { return s.br.current() }
+
+// Take implements sluice.Store.
+func (s *Store) Take(ctx context.Context, key string, limit sluice.Limit, cost int64) (sluice.Decision, error) {
+	return s.decide(ctx, "take", key, limit, cost, true)
+}
+
+// Peek implements sluice.Store. Peeks are answered from the deny cache too:
+// a cached denial is what the backend would report.
+func (s *Store) Peek(ctx context.Context, key string, limit sluice.Limit, cost int64) (sluice.Decision, error) {
+	return s.decide(ctx, "peek", key, limit, cost, false)
+}
+
+func (s *Store) decide(ctx context.Context, op, key string, limit sluice.Limit, cost int64, take bool) (sluice.Decision, error) {
+	if err := sluice.ValidateRequest(key, limit, cost); err != nil {
+		return sluice.Decision{}, err
+	}
+	now := s.clock()
+	if s.cache != nil {
+		if d, ok := s.cache.get(key, limit, cost, now); ok {
+			s.observe(op, sluice.SourceDenyCache, 0, nil)
+			return d, nil
+		}
+	}
+	call, probe := s.br.allow(now)
+	if !call {
+		return s.failOne(ctx, op, key, limit, cost, take, 0, nil)
+	}
+	fn := s.backend.Peek
+	if take {
+		fn = s.backend.Take
+	}
+	d, lat, err := bounded(ctx, s.timeout, func(ctx context.Context) (sluice.Decision, error) {
+		return fn(ctx, key, limit, cost)
+	})
+	if err == nil {
+		s.br.success(probe)
+		if s.cache != nil {
+			switch {
+			case !d.Allowed:
+				s.cache.put(key, limit, cost, d, now)
+			case take:
+				s.cache.forget(key, limit)
+			}
+		}
+		s.observe(op, sluice.SourceBackend, lat, nil)
+		return d, nil
+	}
+	if cerr := ctx.Err(); cerr != nil {
+		s.br.release(probe, s.clock())
+		return sluice.Decision{}, fmt.Errorf("resilient: %s: %w", op, cerr)
+	}
+	if badInput(err) {
+		s.br.release(probe, s.clock())
+		return sluice.Decision{}, err
+	}
+	s.br.failure(probe, s.clock())
+	return s.failOne(ctx, op, key, limit, cost, take, lat, err)
+}
+
+// failOne answers one request by the policy. berr is the backend's error,
+// nil when the breaker kept the backend from being called.
+func (s *Store) failOne(ctx context.Context, op, key string, limit sluice.Limit, cost int64, take bool, lat time.Duration, berr error) (sluice.Decision, error) {
+	switch s.policy {
+	case FailOpen:
+		s.observe(op, sluice.SourceFailOpen, lat, berr)
+		return openDecision(limit, cost, take), nil
+	case FailClosed:
+		s.observe(op, sluice.SourceFailClosed, lat, berr)
+		return s.closedDecision(limit), nil
+	}
+	s.observe(op, sluice.SourceFallback, lat, berr)
+	ll := localLimit(limit, s.nodes, cost)
+	if take {
+		return s.fallback.Take(ctx, key, ll, cost)
+	}
+	return s.fallback.Peek(ctx, key, ll, cost)
+}
+
+// openDecision is what FailOpen reports: as for a fresh key.
+func openDecision(limit sluice.Limit, cost int64, take bool) sluice.Decision {
+	d := sluice.Decision{Allowed: true, Limit: limit, Remaining: limit.Capacity()}
+	if take {
+		d.Remaining -= cost
+	}
+	return d
+}
+
+func (s *Store) closedDecision(limit sluice.Limit) sluice.Decision {
+	return sluice.Decision{Limit: limit, RetryAfter: s.probe, ResetAfter: s.probe}
+}
+
+// Reset implements sluice.Store. It resets the key on the backend (bounded
+// by the timeout but not subject to the policy: a failure is returned), in
+// the fallback store, and in this process's deny cache. Other processes'
+// deny caches keep their entries until they expire.
+func (s *Store) Reset(ctx context.Context, key string, limit sluice.Limit) error {
+	if err := sluice.ValidateKey(key); err != nil {
+		return err
+	}
+	if err := limit.Validate(); err != nil {
+		return err
+	}
+	if s.cache != nil {
+		s.cache.forget(key, limit)
+	}
+	if s.fallback != nil {
+		if err := s.fallback.Reset(ctx, key, localLimit(limit, s.nodes, 1)); err != nil {
+			return fmt.Errorf("resilient: reset fallback: %w", err)
+		}
+	}
+	_, lat, err := bounded(ctx, s.timeout, func(ctx context.Context) (struct{}, error) {
+		return struct{}{}, s.backend.Reset(ctx, key, limit)
+	})
+	s.observe("reset", sluice.SourceBackend, lat, err)
+	if err != nil {
+		return fmt.Errorf("resilient: reset: %w", err)
+	}
+	return nil
+}
+
+// TakeAll implements sluice.MultiStore. When the deny cache answers for one
+// request, nothing is taken and the verdicts for the others, which the
+// backend was not asked about, report Remaining as for a fresh key; the
+// same holds under FailOpen.
+func (m *MultiStore) TakeAll(ctx context.Context, reqs []sluice.Request) ([]sluice.Decision, error) {
+	s := m.Store
+	for i, r := range reqs {
+		if err := sluice.ValidateRequest(r.Key, r.Limit, r.Cost); err != nil {
+			return nil, fmt.Errorf("request %d: %w", i, err)
+		}
+	}
+	now := s.clock()
+	if s.cache != nil {
+		hit := false
+		out := make([]sluice.Decision, len(reqs))
+		for i, r := range reqs {
+			d, ok := s.cache.get(r.Key, r.Limit, r.Cost, now)
+			if !ok {
+				d = openDecision(r.Limit, r.Cost, false)
+			}
+			hit = hit || ok
+			out[i] = d
+		}
+		if hit {
+			s.observe("take_all", sluice.SourceDenyCache, 0, nil)
+			return out, nil
+		}
+	}
+	call, probe := s.br.allow(now)
+	if !call {
+		return m.failAll(ctx, reqs, 0, nil)
+	}
+	ds, lat, err := bounded(ctx, s.timeout, func(ctx context.Context) ([]sluice.Decision, error) {
+		return m.multi.TakeAll(ctx, reqs)
+	})
+	if err == nil && len(ds) != len(reqs) {
+		err = fmt.Errorf("resilient: backend returned %d decisions for %d requests", len(ds), len(reqs))
+	}
+	if err == nil {
+		s.br.success(probe)
+		if s.cache != nil {
+			took := allowedAll(ds)
+			for i, d := range ds {
+				if !d.Allowed {
+					s.cache.put(reqs[i].Key, reqs[i].Limit, reqs[i].Cost, d, now)
+				} else if took {
+					s.cache.forget(reqs[i].Key, reqs[i].Limit)
+				}
+			}
+		}
+		s.observe("take_all", sluice.SourceBackend, lat, nil)
+		return ds, nil
+	}
+	if cerr := ctx.Err(); cerr != nil {
+		s.br.release(probe, s.clock())
+		return nil, fmt.Errorf("resilient: take_all: %w", cerr)
+	}
+	if badInput(err) {
+		s.br.release(probe, s.clock())
+		return nil, err
+	}
+	s.br.failure(probe, s.clock())
+	return m.failAll(ctx, reqs, lat, err)
+}
+
+func allowedAll(ds []sluice.Decision) bool {
+	for _, d := range ds {
+		if !d.Allowed {
+			return false
+		}
+	}
+	return true
+}
+
+func (m *MultiStore) failAll(ctx context.Context, reqs []sluice.Request, lat time.Duration, berr error) ([]sluice.Decision, error) {
+	s := m.Store
+	out := make([]sluice.Decision, len(reqs))
+	switch s.policy {
+	case FailOpen:
+		s.observe("take_all", sluice.SourceFailOpen, lat, berr)
+		for i, r := range reqs {
+			out[i] = openDecision(r.Limit, r.Cost, true)
+		}
+		return out, nil
+	case FailClosed:
+		s.observe("take_all", sluice.SourceFailClosed, lat, berr)
+		for i, r := range reqs {
+			out[i] = s.closedDecision(r.Limit)
+		}
+		return out, nil
+	}
+	s.observe("take_all", sluice.SourceFallback, lat, berr)
+	local := make([]sluice.Request, len(reqs))
+	for i, r := range reqs {
+		local[i] = sluice.Request{Key: r.Key, Limit: localLimit(r.Limit, s.nodes, r.Cost), Cost: r.Cost}
+	}
+	return m.fbMulti.TakeAll(ctx, local)
+}
+
+func (s *Store) observe(op string, src sluice.Source, lat time.Duration, err error) {
+	if s.observer != nil {
+		s.observer.ObserveStore(sluice.StoreEvent{Store: s.name, Op: op, Source: src, Latency: lat, Err: err})
+	}
+}
+
+// bounded runs fn with a timeout and stops waiting for it when the timeout
+// passes, even if fn ignores its context (a stalled connection can).
+func bounded[T any](ctx context.Context, timeout time.Duration, fn func(context.Context) (T, error)) (T, time.Duration, error) {
+	type result struct {
+		v   T
+		err error
+	}
+	cctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	done := make(chan result, 1) // buffered: an abandoned fn must not leak blocked
+	start := time.Now()
+	go func() {
+		v, err := fn(cctx)
+		done <- result{v, err}
+	}()
+	select {
+	case r := <-done:
+		return r.v, time.Since(start), r.err
+	case <-cctx.Done():
+		var zero T
+		if ctx.Err() != nil {
+			return zero, time.Since(start), ctx.Err()
+		}
+		return zero, time.Since(start), fmt.Errorf("%w after %v", ErrTimeout, timeout)
+	}
+}
+
+// badInput reports whether err is the caller's fault, not the backend's.
+func badInput(err error) bool {
+	return errors.Is(err, sluice.ErrInvalidKey) || errors.Is(err, sluice.ErrInvalidLimit) ||
+		errors.Is(err, sluice.ErrInvalidCost) || errors.Is(err, sluice.ErrCostExceedsBurst)
+}
+
+// localLimit divides l among nodes for the local fallback: Rate and Burst
+// each divided (at least 1), and the capacity kept at least cost so that a
+// request the global limit accepts is not an error locally. If the result
+// would not validate, l itself is enforced.
+func localLimit(l sluice.Limit, nodes, cost int64) sluice.Limit {
+	if nodes <= 1 {
+		return l
+	}
+	d := l
+	d.Rate = max(l.Rate/nodes, 1)
+	windowed := l.Algorithm == sluice.FixedWindow || l.Algorithm == sluice.SlidingWindowLog || l.Algorithm == sluice.SlidingWindowCounter
+	if windowed {
+		d.Rate = max(d.Rate, cost)
+		if l.Burst != 0 {
+			d.Burst = d.Rate
+		}
+	} else {
+		if l.Burst != 0 {
+			d.Burst = max(l.Burst/nodes, 1)
+		}
+		if d.Capacity() < cost {
+			d.Burst = cost
+		}
+	}
+	if d.Validate() != nil {
+		return l
+	}
+	return d
+}
+
+// orDefault returns v, or def when v is the zero value.
+func orDefault[T comparable](v, def T) T {
+	var zero T
+	if v == zero {
+		return def
+	}
+	return v
+}
