@@ -100,6 +100,9 @@ ALG[4] = {
       return
     end
     swl_members('ZREM', key, token - cost + 1, token)
+    if tonumber(redis.call('ZSCORE', key, '#')) == -token then
+      redis.call('ZINCRBY', key, fmt(cost), '#') -- nobody took since: rewind
+    end
     local newest = swl_newest(key)
     if newest == nil then
       redis.call('DEL', key) -- nothing logged: fresh

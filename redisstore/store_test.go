@@ -1,0 +1,487 @@
+package redisstore_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"sluice"
+	"sluice/internal/redistest"
+	"sluice/redisstore"
+	"sluice/storetest"
+)
+
+// servers are the shared test deployments every test below runs on.
+var servers = []struct {
+	name   string
+	client func(t *testing.T) redis.UniversalClient
+}{
+	{"standalone", func(t *testing.T) redis.UniversalClient { return redistest.Client(t) }},
+	{"cluster", func(t *testing.T) redis.UniversalClient { return redistest.ClusterClient(t) }},
+}
+
+// everyLimit has one limit per algorithm, long enough that nothing refills
+// or expires while a test runs.
+func everyLimit() []sluice.Limit {
+	var ls []sluice.Limit
+	for _, a := range sluice.Algorithms() {
+		ls = append(ls, sluice.PerMinute(10).With(a))
+	}
+	return ls
+}
+
+// existing returns the Redis keys that exist among keys.
+func existing(t *testing.T, c redis.UniversalClient, keys ...string) []string {
+	t.Helper()
+	var found []string
+	for _, k := range keys {
+		n, err := c.Exists(context.Background(), k).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n > 0 {
+			found = append(found, k)
+		}
+	}
+	return found
+}
+
+// scanPrefix returns every key under prefix, on every master.
+func scanPrefix(t *testing.T, c redis.UniversalClient, prefix string) []string {
+	t.Helper()
+	pattern := globEscape(prefix) + "*"
+	var (
+		keys []string
+		ctx  = context.Background()
+	)
+	scan := func(ctx context.Context, n *redis.Client) error {
+		it := n.Scan(ctx, 0, pattern, 1000).Iterator()
+		for it.Next(ctx) {
+			keys = append(keys, it.Val())
+		}
+		return it.Err()
+	}
+	var err error
+	switch c := c.(type) {
+	case *redis.ClusterClient:
+		var mu = make(chan struct{}, 1)
+		err = c.ForEachMaster(ctx, func(ctx context.Context, n *redis.Client) error {
+			mu <- struct{}{}
+			defer func() { <-mu }()
+			return scan(ctx, n)
+		})
+	case *redis.Client:
+		err = scan(ctx, c)
+	default:
+		t.Fatalf("scanPrefix: unsupported client %T", c)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return keys
+}
+
+func globEscape(s string) string {
+	var b strings.Builder
+	for _, r := range s {
+		if strings.ContainsRune(`*?[]\`, r) {
+			b.WriteByte('\\')
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
+}
+
+// TestNoScript: a flushed script cache costs nothing but a reload, for every
+// algorithm and for TakeAll, on a standalone server and a cluster.
+func TestNoScript(t *testing.T) {
+	ctx := context.Background()
+	for _, srv := range servers {
+		t.Run(srv.name, func(t *testing.T) {
+			c := srv.client(t)
+			clock := storetest.NewClock(storetest.T0)
+			s := redisstore.New(c, &redisstore.Options{Prefix: redistest.Prefix(t), Clock: clock.Now})
+			for _, l := range everyLimit() {
+				for i := range 3 {
+					if err := c.ScriptFlush(ctx).Err(); err != nil {
+						t.Fatal(err)
+					}
+					d, err := s.Take(ctx, "k", l, 1)
+					if err != nil {
+						t.Fatalf("%v take %d after SCRIPT FLUSH: %v", l, i, err)
+					}
+					if got, want := d.Remaining, int64(10-i-1); !d.Allowed || got != want {
+						t.Fatalf("%v take %d: %+v, want remaining %d", l, i, d, want)
+					}
+					c.ScriptFlush(ctx)
+					if p, err := s.Peek(ctx, "k", l, 1); err != nil || p.Remaining != d.Remaining {
+						t.Fatalf("%v peek after SCRIPT FLUSH: %+v %v", l, p, err)
+					}
+				}
+			}
+			c.ScriptFlush(ctx)
+			reqs := []sluice.Request{
+				{Key: "tenant}a", Limit: sluice.PerMinute(5), Cost: 1},
+				{Key: "tenant}b", Limit: sluice.PerMinute(5).With(sluice.FixedWindow), Cost: 2},
+			}
+			if ds, err := s.TakeAll(ctx, reqs); err != nil || !ds[0].Allowed || ds[1].Remaining != 3 {
+				t.Fatalf("TakeAll after SCRIPT FLUSH: %+v %v", ds, err)
+			}
+		})
+	}
+}
+
+// TestRestartedServer: a server that crashed and came back (empty script
+// cache, dead pooled connections) answers the next call without error.
+func TestRestartedServer(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.StartServer(t)
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	t.Cleanup(func() { c.Close() })
+	clock := storetest.NewClock(storetest.T0)
+	for _, name := range []string{"caller clock", "server clock"} {
+		t.Run(name, func(t *testing.T) {
+			opts := &redisstore.Options{Prefix: redistest.Prefix(t), Clock: clock.Now}
+			if name == "server clock" {
+				opts.Clock = nil
+			}
+			s := redisstore.New(c, opts)
+			for _, l := range everyLimit() {
+				if _, err := s.Take(ctx, "k", l, 3); err != nil {
+					t.Fatal(err)
+				}
+				srv.Stop()
+				srv.Start(t)
+				// Nothing is persisted: the key starts fresh.
+				d, err := s.Take(ctx, "k", l, 1)
+				if err != nil {
+					t.Fatalf("%v after restart: %v", l, err)
+				}
+				if !d.Allowed || d.Remaining != 9 {
+					t.Fatalf("%v after restart: %+v, want a fresh key", l, d)
+				}
+			}
+		})
+	}
+}
+
+// TestBadInput: typed errors and nothing written, for Take, Peek, Reset and
+// TakeAll, on every algorithm.
+func TestBadInput(t *testing.T) {
+	ctx := context.Background()
+	for _, srv := range servers {
+		t.Run(srv.name, func(t *testing.T) {
+			c := srv.client(t)
+			prefix := redistest.Prefix(t)
+			s := redisstore.New(c, &redisstore.Options{Prefix: prefix})
+			long := strings.Repeat("x", sluice.MaxKeyLen+1)
+			for _, good := range everyLimit() {
+				bad := good
+				bad.Rate = 0
+				cases := []struct {
+					name  string
+					key   string
+					limit sluice.Limit
+					cost  int64
+					want  error
+				}{
+					{"empty key", "", good, 1, sluice.ErrInvalidKey},
+					{"513-byte key", long, good, 1, sluice.ErrInvalidKey},
+					{"invalid limit", "k", bad, 1, sluice.ErrInvalidLimit},
+					{"unknown algorithm", "k", sluice.Limit{Algorithm: 42, Rate: 1, Period: time.Second}, 1, sluice.ErrInvalidLimit},
+					{"zero cost", "k", good, 0, sluice.ErrInvalidCost},
+					{"negative cost", "k", good, -1, sluice.ErrInvalidCost},
+					{"cost over burst", "k", good, 11, sluice.ErrCostExceedsBurst},
+				}
+				for _, tc := range cases {
+					t.Run(good.Algorithm.String()+"/"+strings.ReplaceAll(tc.name, " ", "_"), func(t *testing.T) {
+						if _, err := s.Take(ctx, tc.key, tc.limit, tc.cost); !errors.Is(err, tc.want) {
+							t.Errorf("Take: %v, want %v", err, tc.want)
+						}
+						if _, err := s.Peek(ctx, tc.key, tc.limit, tc.cost); !errors.Is(err, tc.want) {
+							t.Errorf("Peek: %v, want %v", err, tc.want)
+						}
+						reqs := []sluice.Request{{Key: "other", Limit: good, Cost: 1}, {Key: tc.key, Limit: tc.limit, Cost: tc.cost}}
+						if _, err := s.TakeAll(ctx, reqs); !errors.Is(err, tc.want) {
+							t.Errorf("TakeAll: %v, want %v", err, tc.want)
+						}
+						if tc.cost > 0 && tc.cost <= tc.limit.Capacity() { // Reset takes no cost
+							if err := s.Reset(ctx, tc.key, tc.limit); !errors.Is(err, tc.want) {
+								t.Errorf("Reset: %v, want %v", err, tc.want)
+							}
+						}
+					})
+				}
+			}
+			dup := []sluice.Request{{Key: "d", Limit: sluice.PerMinute(5), Cost: 1}, {Key: "d", Limit: sluice.PerSecond(5), Cost: 1}}
+			if _, err := s.TakeAll(ctx, dup); !errors.Is(err, sluice.ErrInvalidKey) {
+				t.Errorf("TakeAll with one key twice: %v, want ErrInvalidKey", err)
+			}
+			if keys := scanPrefix(t, c, prefix); len(keys) != 0 {
+				t.Errorf("rejected calls wrote %v", keys)
+			}
+		})
+	}
+}
+
+// TestPeekWritesNothing: Peek on a fresh key, and a denied Take, leave no
+// key behind.
+func TestPeekWritesNothing(t *testing.T) {
+	ctx := context.Background()
+	for _, srv := range servers {
+		t.Run(srv.name, func(t *testing.T) {
+			c := srv.client(t)
+			s := redisstore.New(c, &redisstore.Options{Prefix: redistest.Prefix(t)})
+			for _, l := range everyLimit() {
+				if d, err := s.Peek(ctx, "fresh", l, 10); err != nil || !d.Allowed || d.Remaining != 10 {
+					t.Fatalf("%v: Peek of a fresh key: %+v %v", l, d, err)
+				}
+				if got := existing(t, c, s.Keys("fresh", l)...); len(got) != 0 {
+					t.Errorf("%v: Peek wrote %v", l, got)
+				}
+			}
+		})
+	}
+}
+
+// TestTTL: every key a take writes expires when its state is fresh again:
+// 0 < PTTL <= ResetAfter rounded up to a millisecond.
+func TestTTL(t *testing.T) {
+	ctx := context.Background()
+	for _, srv := range servers {
+		for _, clockName := range []string{"caller_clock", "server_clock"} {
+			t.Run(srv.name+"/"+clockName, func(t *testing.T) {
+				c := srv.client(t)
+				opts := &redisstore.Options{Prefix: redistest.Prefix(t)}
+				if clockName == "caller_clock" {
+					opts.Clock = storetest.NewClock(storetest.T0.Add(1234567 * time.Microsecond)).Now
+				}
+				s := redisstore.New(c, opts)
+				limits := everyLimit()
+				for _, a := range sluice.Algorithms() {
+					limits = append(limits, sluice.Limit{Algorithm: a, Rate: 3, Period: 7 * time.Hour})
+				}
+				for i, l := range limits {
+					key := fmt.Sprintf("k%d", i)
+					for _, cost := range []int64{1, 2} {
+						d, err := s.Take(ctx, key, l, cost)
+						if err != nil || !d.Allowed {
+							t.Fatalf("%v: %+v %v", l, d, err)
+						}
+						for _, k := range s.Keys(key, l) {
+							pttl, err := c.PTTL(ctx, k).Result()
+							if err != nil {
+								t.Fatal(err)
+							}
+							if pttl <= 0 || pttl > d.ResetAfter+time.Millisecond {
+								t.Errorf("%v cost %d: PTTL %v, want in (0, %v]", l, cost, pttl, d.ResetAfter+time.Millisecond)
+							}
+						}
+					}
+				}
+			})
+		}
+	}
+}
+
+// TestServerClock: with no Clock the scripts read Redis's TIME, and every
+// algorithm still counts down, denies and reports a wait within the period.
+func TestServerClock(t *testing.T) {
+	ctx := context.Background()
+	for _, srv := range servers {
+		t.Run(srv.name, func(t *testing.T) {
+			c := srv.client(t)
+			s := redisstore.New(c, &redisstore.Options{Prefix: redistest.Prefix(t)})
+			for _, a := range sluice.Algorithms() {
+				l := sluice.PerHour(3).With(a)
+				for i := range 3 {
+					d, err := s.Take(ctx, "k", l, 1)
+					if err != nil || !d.Allowed || d.Remaining != int64(2-i) {
+						t.Fatalf("%v take %d: %+v %v", l, i, d, err)
+					}
+				}
+				d, err := s.Take(ctx, "k", l, 1)
+				if err != nil || d.Allowed || d.RetryAfter <= 0 || d.RetryAfter > time.Hour || d.ResetAfter <= 0 {
+					t.Fatalf("%v 4th take: %+v %v, want denied with a wait within the hour", l, d, err)
+				}
+				reqs := []sluice.Request{{Key: "t}1", Limit: l, Cost: 1}, {Key: "t}2", Limit: l, Cost: 3}}
+				ds, err := s.TakeAll(ctx, reqs)
+				if err != nil || !ds[0].Allowed || !ds[1].Allowed || ds[0].Remaining != 2 || ds[1].Remaining != 0 {
+					t.Fatalf("%v TakeAll: %+v %v", l, ds, err)
+				}
+			}
+		})
+	}
+}
+
+// TestTakeAll covers both paths: one script when the keys share a slot (on
+// a cluster, through a common hash tag), and take-then-refund across slots.
+// Either way a denial anywhere leaves every key as it was.
+func TestTakeAll(t *testing.T) {
+	ctx := context.Background()
+	for _, srv := range servers {
+		for _, tc := range []struct {
+			name string
+			keys [2]string
+		}{
+			{"shared_tag", [2]string{"{tenant}:user", "{tenant}:ip"}}, // one slot
+			{"two_slots", [2]string{"user", "ip"}},                    // apart on the cluster
+		} {
+			keys := tc.keys
+			t.Run(srv.name+"/"+tc.name, func(t *testing.T) {
+				c := srv.client(t)
+				clock := storetest.NewClock(storetest.T0)
+				s := redisstore.New(c, &redisstore.Options{Prefix: redistest.Prefix(t), Clock: clock.Now})
+				for _, a := range sluice.Algorithms() {
+					user := sluice.Request{Key: keys[0], Limit: sluice.PerMinute(10).With(a), Cost: 2}
+					ip := sluice.Request{Key: keys[1], Limit: sluice.PerMinute(5).With(a), Cost: 2}
+					before := make(map[string]string)
+					for _, order := range [][]sluice.Request{{user, ip}, {ip, user}} {
+						ds, err := s.TakeAll(ctx, order)
+						if err != nil || !ds[0].Allowed || !ds[1].Allowed {
+							t.Fatalf("%v: %+v %v", a, ds, err)
+						}
+					}
+					// user has 6 left, ip 1: asking 2 of each denies on ip.
+					for _, r := range []sluice.Request{user, ip} {
+						before[r.Key] = dumpState(t, c, s.Keys(r.Key, r.Limit)[0])
+					}
+					for _, order := range [][]sluice.Request{{user, ip}, {ip, user}} {
+						ds, err := s.TakeAll(ctx, order)
+						if err != nil {
+							t.Fatal(err)
+						}
+						u, i := ds[0], ds[1]
+						if order[0].Key == ip.Key {
+							u, i = i, u
+						}
+						if !u.Allowed || u.Remaining != 6 || i.Allowed || i.Remaining != 1 || i.RetryAfter <= 0 {
+							t.Errorf("%v: user %+v, ip %+v; want user allowing with 6 left, ip denying", a, u, i)
+						}
+					}
+					for _, r := range []sluice.Request{user, ip} {
+						if got := dumpState(t, c, s.Keys(r.Key, r.Limit)[0]); got != before[r.Key] {
+							t.Errorf("%v %s: a denied TakeAll changed\n%s\nto\n%s", a, r.Key, before[r.Key], got)
+						}
+					}
+				}
+			})
+		}
+	}
+}
+
+// dumpState prints a key's value, whatever its type, for comparisons.
+func dumpState(t *testing.T, c redis.UniversalClient, key string) string {
+	t.Helper()
+	ctx := context.Background()
+	typ, err := c.Type(ctx, key).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var v any
+	switch typ {
+	case "string":
+		v, err = c.Get(ctx, key).Result()
+	case "hash":
+		v, err = c.HGetAll(ctx, key).Result()
+	case "zset":
+		v, err = c.ZRangeWithScores(ctx, key, 0, -1).Result()
+	case "none":
+	default:
+		t.Fatalf("%s has type %s", key, typ)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fmt.Sprintf("%s %v", typ, v)
+}
+
+// TestForeignState: a sluice key holding the wrong type or a corrupt value
+// is an error, never a panic and never a silent fresh start.
+func TestForeignState(t *testing.T) {
+	ctx := context.Background()
+	c := redistest.Client(t)
+	s := redisstore.New(c, &redisstore.Options{Prefix: redistest.Prefix(t)})
+	for _, l := range everyLimit() {
+		key := s.Keys("k", l)[0]
+		for _, tc := range []struct {
+			name string
+			set  func() error
+		}{
+			{"list", func() error { return c.RPush(ctx, key, "x").Err() }},
+			{"corrupt", func() error {
+				switch l.Algorithm {
+				case sluice.GCRA:
+					return c.Set(ctx, key, "not a number", 0).Err()
+				case sluice.SlidingWindowLog:
+					return c.Set(ctx, key, "a string", 0).Err()
+				default:
+					return c.HSet(ctx, key, "tokens", "x", "level", "x", "w", "x", "c", "x", "last", "x").Err()
+				}
+			}},
+		} {
+			t.Run(l.Algorithm.String()+"/"+tc.name, func(t *testing.T) {
+				c.Del(ctx, key)
+				if err := tc.set(); err != nil {
+					t.Fatal(err)
+				}
+				if d, err := s.Take(ctx, "k", l, 1); err == nil {
+					t.Errorf("Take on a %s: %+v, want an error", tc.name, d)
+				}
+				if d, err := s.Peek(ctx, "k", l, 1); err == nil {
+					t.Errorf("Peek on a %s: %+v, want an error", tc.name, d)
+				}
+			})
+		}
+		c.Del(ctx, key)
+	}
+}
+
+// TestLogMembers: weighted takes add one member per unit, all distinct even
+// within one microsecond, plus the sequence sentinel.
+func TestLogMembers(t *testing.T) {
+	ctx := context.Background()
+	c := redistest.Client(t)
+	clock := storetest.NewClock(storetest.T0)
+	s := redisstore.New(c, &redisstore.Options{Prefix: redistest.Prefix(t), Clock: clock.Now})
+	l := sluice.Limit{Algorithm: sluice.SlidingWindowLog, Rate: 2500, Period: time.Minute}
+	for _, cost := range []int64{1, 1, 1200, 1297} { // 1200 crosses a ZADD batch
+		if d, err := s.Take(ctx, "k", l, cost); err != nil || !d.Allowed {
+			t.Fatalf("cost %d: %+v %v", cost, d, err)
+		}
+	}
+	key := s.Keys("k", l)[0]
+	if n, err := c.ZCount(ctx, key, "0", "+inf").Result(); err != nil || n != 2499 {
+		t.Errorf("%d entries (%v), want 2499", n, err)
+	}
+	if n, _ := c.ZCard(ctx, key).Result(); n != 2500 {
+		t.Errorf("ZCARD %d, want 2499 entries and the sentinel", n)
+	}
+	if d, err := s.Take(ctx, "k", l, 2); err != nil || d.Allowed || d.RetryAfter != time.Minute {
+		t.Errorf("over the limit: %+v %v, want denied for a minute", d, err)
+	}
+}
+
+// TestBackendError: a failing server is an error wrapped by the store, not
+// a denial.
+func TestBackendError(t *testing.T) {
+	srv := redistest.StartServer(t)
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr, MaxRetries: -1, DialerRetries: 1})
+	t.Cleanup(func() { c.Close() })
+	s := redisstore.New(c, nil)
+	srv.Stop()
+	for _, l := range everyLimit() {
+		if d, err := s.Take(context.Background(), "k", l, 1); err == nil || !strings.HasPrefix(err.Error(), "redisstore: ") {
+			t.Errorf("%v on a dead server: %+v %v", l, d, err)
+		}
+	}
+	reqs := []sluice.Request{{Key: "a", Limit: sluice.PerMinute(1), Cost: 1}, {Key: "b", Limit: sluice.PerMinute(1), Cost: 1}}
+	if _, err := s.TakeAll(context.Background(), reqs); err == nil {
+		t.Error("TakeAll on a dead server: no error")
+	}
+}
