@@ -1,0 +1,176 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+)
+
+const usage = `sluice: distributed rate limiting
+
+Usage:
+  sluice serve [flags]          run the service (no flags: demo policies on the memory store)
+  sluice check-config FILE      validate a configuration and print what it holds
+
+Run "sluice serve -h" for the serve flags.
+`
+
+// Main runs the sluice command line (args without the program name) and
+// returns the process exit code.
+func Main(args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, usage)
+		return 2
+	}
+	switch args[0] {
+	case "serve":
+		return serve(args[1:], stdout, stderr)
+	case "check-config":
+		return checkConfig(args[1:], stdout, stderr)
+	case "help", "-h", "-help", "--help":
+		fmt.Fprint(stdout, usage)
+		return 0
+	}
+	fmt.Fprintf(stderr, "sluice: unknown command %q\n\n%s", args[0], usage)
+	return 2
+}
+
+func checkConfig(args []string, stdout, stderr io.Writer) int {
+	if len(args) != 1 {
+		fmt.Fprintln(stderr, "usage: sluice check-config FILE")
+		return 2
+	}
+	cfg, err := LoadConfig(args[0])
+	if err != nil {
+		printErrors(stderr, err)
+		return 1
+	}
+	fmt.Fprintf(stdout, "%s: OK\n", args[0])
+	cfg.Describe(stdout)
+	return 0
+}
+
+// printErrors prints one configuration error per line.
+func printErrors(w io.Writer, err error) {
+	var joined interface{ Unwrap() []error }
+	if errors.As(err, &joined) {
+		for _, e := range joined.Unwrap() {
+			fmt.Fprintf(w, "sluice: %v\n", e)
+		}
+		return
+	}
+	fmt.Fprintf(w, "sluice: %v\n", err)
+}
+
+func env(name, def string) string {
+	if v, ok := os.LookupEnv(name); ok {
+		return v
+	}
+	return def
+}
+
+func serve(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("sluice serve", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var (
+		configFile = fs.String("config", env("SLUICE_CONFIG", ""), "configuration `file` or directory (env SLUICE_CONFIG); default: the built-in demo")
+		redisURL   = fs.String("redis", env("SLUICE_REDIS_URL", ""), "Redis `URL` (env SLUICE_REDIS_URL): redis://, rediss://, redis+cluster://, redis+sentinel://; default: the embedded memory store")
+		httpAddr   = fs.String("http", env("SLUICE_HTTP_ADDR", ":8080"), "JSON API, dashboard and metrics `address` (env SLUICE_HTTP_ADDR)")
+		grpcAddr   = fs.String("grpc", env("SLUICE_GRPC_ADDR", ":8081"), "Envoy rate limit service `address` (env SLUICE_GRPC_ADDR)")
+		failure    = fs.String("failure-policy", env("SLUICE_FAILURE_POLICY", "error"), "when Redis fails: error, open, closed or local (env SLUICE_FAILURE_POLICY)")
+		adminToken = fs.String("admin-token", env("SLUICE_ADMIN_TOKEN", ""), "bearer `token` for admin endpoints (env SLUICE_ADMIN_TOKEN); default: loopback clients only")
+		watch      = fs.Duration("watch-interval", 2*time.Second, "how often to check the config file for changes (0: never)")
+	)
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "sluice serve: unexpected argument %q\n", fs.Arg(0))
+		return 2
+	}
+	fp, err := ParseFailurePolicy(*failure)
+	if err != nil {
+		fmt.Fprintln(stderr, "sluice serve:", err)
+		return 2
+	}
+	if *watch == 0 {
+		*watch = -1
+	}
+	log := slog.New(slog.NewTextHandler(stderr, nil))
+	srv, err := New(Options{
+		ConfigFile: *configFile, RedisURL: *redisURL, HTTPAddr: *httpAddr, GRPCAddr: *grpcAddr,
+		FailurePolicy: fp, AdminToken: *adminToken, WatchInterval: *watch, Logger: log,
+	})
+	if err != nil {
+		printErrors(stderr, err)
+		return 1
+	}
+	if err := srv.Start(); err != nil {
+		fmt.Fprintln(stderr, "sluice serve:", err)
+		srv.Shutdown(context.Background())
+		return 1
+	}
+	store := "memory"
+	if *redisURL != "" {
+		store = "redis"
+	}
+	config := "built-in demo"
+	if *configFile != "" {
+		config = *configFile
+	}
+	fmt.Fprintf(stdout, "sluice serve: config %s, store %s, %d policies\n", config, store, len(srv.Service().Config().Policies))
+	fmt.Fprintf(stdout, "sluice serve: http %s (dashboard http://%s/)\n", srv.HTTPAddr(), browsable(srv.HTTPAddr()))
+	fmt.Fprintf(stdout, "sluice serve: grpc %s (envoy.service.ratelimit.v3.RateLimitService)\n", srv.GRPCAddr())
+
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
+	defer signal.Stop(sigs)
+	for sig := range sigs {
+		if sig == syscall.SIGHUP {
+			if err := srv.Reload(); err != nil {
+				printErrors(stderr, err)
+			} else {
+				fmt.Fprintln(stdout, "sluice serve: config reloaded")
+			}
+			continue
+		}
+		log.Info("shutting down", "signal", sig.String())
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		err := srv.Shutdown(ctx)
+		cancel()
+		if err != nil {
+			fmt.Fprintln(stderr, "sluice serve: shutdown:", err)
+			return 1
+		}
+		fmt.Fprintln(stdout, "sluice serve: stopped")
+		return 0
+	}
+	return 0
+}
+
+// browsable turns a listener address into one a browser can open.
+func browsable(addr string) string {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return addr
+	}
+	if ip := net.ParseIP(host); ip == nil || ip.IsUnspecified() {
+		host = "localhost"
+	}
+	if strings.Contains(host, ":") {
+		host = "[" + host + "]"
+	}
+	return host + ":" + port
+}

@@ -1,0 +1,124 @@
+package server
+
+import (
+	"net/http"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// NearLimitRatio: an allowed decision leaving less than this share of the
+// capacity counts as near the limit (envoyproxy/ratelimit's default 0.8
+// used, seen from the other side).
+const NearLimitRatio = 0.2
+
+// Metrics are the service's Prometheus metrics. A nil *Metrics records
+// nothing, so tests and embedders can leave it out.
+type Metrics struct {
+	reg          *prometheus.Registry
+	decisions    *prometheus.CounterVec
+	nearLimit    *prometheus.CounterVec
+	storeLatency *prometheus.HistogramVec
+	storeErrors  *prometheus.CounterVec
+	fallback     prometheus.Gauge
+	reloads      *prometheus.CounterVec
+	configTime   prometheus.Gauge
+}
+
+// NewMetrics registers the service's metrics, plus the Go and process
+// collectors, in a new registry.
+func NewMetrics() *Metrics {
+	m := &Metrics{
+		reg: prometheus.NewRegistry(),
+		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sluice_decisions_total",
+			Help: "Rate-limit decisions by policy and outcome (allowed, denied, shadow_denied).",
+		}, []string{"policy", "outcome"}),
+		nearLimit: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sluice_near_limit_total",
+			Help: "Allowed decisions that left less than 20% of the policy's capacity.",
+		}, []string{"policy"}),
+		storeLatency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "sluice_store_latency_seconds",
+			Help:    "Latency of store operations.",
+			Buckets: []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, 1},
+		}, []string{"op"}),
+		storeErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sluice_store_errors_total",
+			Help: "Store operations that failed.",
+		}, []string{"op"}),
+		fallback: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "sluice_fallback_active",
+			Help: "1 while decisions are made by the failure policy instead of the primary store.",
+		}),
+		reloads: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sluice_config_reloads_total",
+			Help: "Configuration reloads by result (success, failure).",
+		}, []string{"result"}),
+		configTime: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "sluice_config_last_reload_success_timestamp_seconds",
+			Help: "When the configuration in force was loaded.",
+		}),
+	}
+	m.reg.MustRegister(m.decisions, m.nearLimit, m.storeLatency, m.storeErrors, m.fallback, m.reloads, m.configTime,
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	m.reloads.WithLabelValues("success")
+	m.reloads.WithLabelValues("failure")
+	return m
+}
+
+// Registry returns the registry, so embedders can add their collectors.
+func (m *Metrics) Registry() *prometheus.Registry { return m.reg }
+
+// Handler serves the metrics in the Prometheus exposition format.
+func (m *Metrics) Handler() http.Handler {
+	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{Registry: m.reg})
+}
+
+func (m *Metrics) decision(r Result) {
+	if m == nil {
+		return
+	}
+	m.decisions.WithLabelValues(r.Policy.Name, r.Outcome.String()).Inc()
+	if r.Decision.Allowed {
+		if c := r.Decision.Limit.Capacity(); float64(r.Decision.Remaining) < NearLimitRatio*float64(c) {
+			m.nearLimit.WithLabelValues(r.Policy.Name).Inc()
+		}
+	}
+}
+
+func (m *Metrics) store(op string, d time.Duration, err error) {
+	if m == nil {
+		return
+	}
+	m.storeLatency.WithLabelValues(op).Observe(d.Seconds())
+	if err != nil {
+		m.storeErrors.WithLabelValues(op).Inc()
+	}
+}
+
+// SetFallback records whether the failure policy is deciding.
+func (m *Metrics) SetFallback(active bool) {
+	if m == nil {
+		return
+	}
+	v := 0.0
+	if active {
+		v = 1
+	}
+	m.fallback.Set(v)
+}
+
+func (m *Metrics) reload(ok bool) {
+	if m == nil {
+		return
+	}
+	if ok {
+		m.reloads.WithLabelValues("success").Inc()
+		m.configTime.SetToCurrentTime()
+	} else {
+		m.reloads.WithLabelValues("failure").Inc()
+	}
+}

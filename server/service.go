@@ -1,0 +1,302 @@
+package server
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"sluice"
+)
+
+// Errors the service returns for bad requests. Store failures are returned
+// as they come, wrapped.
+var (
+	// ErrUnknownPolicy: no policy has the requested name.
+	ErrUnknownPolicy = errors.New("server: unknown policy")
+	// ErrBadRequest: a request the service cannot answer (empty key, bad
+	// cost); it also wraps the sluice error saying why.
+	ErrBadRequest = errors.New("server: bad request")
+)
+
+// Outcome is how a decision is counted.
+type Outcome uint8
+
+const (
+	Allowed Outcome = iota
+	Denied
+	// ShadowDenied: over the limit under a shadow policy, so let through.
+	ShadowDenied
+)
+
+func (o Outcome) String() string {
+	switch o {
+	case Denied:
+		return "denied"
+	case ShadowDenied:
+		return "shadow_denied"
+	}
+	return "allowed"
+}
+
+// Result is a policy's decision for one key.
+type Result struct {
+	Policy   *Policy
+	Key      string
+	Decision sluice.Decision
+	Outcome  Outcome
+}
+
+// Service makes the decisions behind both transports (Envoy RLS over gRPC
+// and the JSON API): policy lookup, store keys, all-or-nothing checks,
+// shadow policies, statistics and metrics. It is safe for concurrent use;
+// the configuration can be swapped at any time without disturbing
+// requests in flight, which keep the snapshot they started with.
+type Service struct {
+	store   sluice.Store
+	multi   sluice.MultiStore // nil if store cannot TakeAll
+	cfg     atomic.Pointer[Config]
+	prefix  string
+	clock   func() time.Time
+	stats   *Stats
+	metrics *Metrics
+
+	// When the store has no TakeAll, multi-limit checks take this lock
+	// exclusively (peek all, then take all) while single takes share it, so
+	// no other take can slip in between. It only makes sense for a store
+	// private to this process, such as the memory store.
+	takeMu sync.RWMutex
+}
+
+// ServiceOptions configures a Service. A nil *ServiceOptions is valid.
+type ServiceOptions struct {
+	// KeyPrefix is prepended to every store key. Default "sluice:".
+	KeyPrefix string
+	// Clock is used for statistics buckets and Envoy reset times.
+	// Default time.Now.
+	Clock func() time.Time
+	// Metrics receives decision and store metrics. Default: none.
+	Metrics *Metrics
+}
+
+// NewService returns a Service deciding with store under cfg.
+func NewService(store sluice.Store, cfg *Config, opts *ServiceOptions) *Service {
+	var o ServiceOptions
+	if opts != nil {
+		o = *opts
+	}
+	if o.KeyPrefix == "" {
+		o.KeyPrefix = "sluice:"
+	}
+	if o.Clock == nil {
+		o.Clock = time.Now
+	}
+	s := &Service{store: store, prefix: o.KeyPrefix, clock: o.Clock, metrics: o.Metrics}
+	s.multi, _ = store.(sluice.MultiStore)
+	s.stats = newStats(o.Clock)
+	s.SetConfig(cfg)
+	return s
+}
+
+// Config returns the configuration in force.
+func (s *Service) Config() *Config { return s.cfg.Load() }
+
+// SetConfig swaps in a new configuration.
+func (s *Service) SetConfig(cfg *Config) {
+	s.cfg.Store(cfg)
+	s.stats.setPolicies(cfg.Policies)
+}
+
+// Stats returns the rolling decision statistics.
+func (s *Service) Stats() *Stats { return s.stats }
+
+// storeKey is the store key of a policy's key: prefix, policy name
+// (escaped, so it cannot run into the key) and key. Keys that would be too
+// long for the store are hashed.
+func (s *Service) storeKey(p *Policy, key string) string {
+	var b strings.Builder
+	b.WriteString(s.prefix)
+	escapeTo(&b, p.Name)
+	b.WriteByte('|')
+	if b.Len()+len(key) > sluice.MaxKeyLen {
+		sum := sha256.Sum256([]byte(key))
+		b.WriteByte('#')
+		b.WriteString(hex.EncodeToString(sum[:]))
+		return b.String()
+	}
+	b.WriteString(key)
+	return b.String()
+}
+
+func (s *Service) policy(name string) (*Config, *Policy, error) {
+	cfg := s.cfg.Load()
+	p := cfg.Policy(name)
+	if p == nil {
+		return cfg, nil, fmt.Errorf("%w: %q", ErrUnknownPolicy, name)
+	}
+	return cfg, p, nil
+}
+
+func checkKey(key string) error {
+	if err := sluice.ValidateKey(key); err != nil {
+		return fmt.Errorf("%w: %w", ErrBadRequest, err)
+	}
+	return nil
+}
+
+// Check takes cost units (the policy's cost when cost is 0) for key under
+// the named policy. A shadow policy's denial is reported with Outcome
+// ShadowDenied and Decision.Allowed false; the caller lets it through.
+func (s *Service) Check(ctx context.Context, policy, key string, cost int64) (Result, error) {
+	return s.decide(ctx, policy, key, cost, true)
+}
+
+// Peek reports what Check would decide without taking anything. It is
+// not counted in statistics.
+func (s *Service) Peek(ctx context.Context, policy, key string, cost int64) (Result, error) {
+	return s.decide(ctx, policy, key, cost, false)
+}
+
+func (s *Service) decide(ctx context.Context, policy, key string, cost int64, take bool) (Result, error) {
+	_, p, err := s.policy(policy)
+	if err != nil {
+		return Result{}, err
+	}
+	if err := checkKey(key); err != nil {
+		return Result{}, err
+	}
+	if cost == 0 {
+		cost = p.Cost
+	}
+	lim := p.limitFor(key)
+	if err := lim.ValidateCost(cost); err != nil {
+		return Result{}, fmt.Errorf("%w: %w", ErrBadRequest, err)
+	}
+	var d sluice.Decision
+	if take {
+		d, err = s.take(ctx, p, s.storeKey(p, key), lim, cost)
+	} else {
+		d, err = s.peek(ctx, p, s.storeKey(p, key), lim, cost)
+	}
+	if err != nil {
+		return Result{}, err
+	}
+	r := Result{Policy: p, Key: key, Decision: d, Outcome: outcome(p, d)}
+	if take {
+		s.record(r)
+	}
+	return r, nil
+}
+
+func outcome(p *Policy, d sluice.Decision) Outcome {
+	switch {
+	case d.Allowed:
+		return Allowed
+	case p.Strategy == Shadow:
+		return ShadowDenied
+	}
+	return Denied
+}
+
+// Reset returns key to its fresh state under the named policy.
+func (s *Service) Reset(ctx context.Context, policy, key string) error {
+	_, p, err := s.policy(policy)
+	if err != nil {
+		return err
+	}
+	if err := checkKey(key); err != nil {
+		return err
+	}
+	sk := s.storeKey(p, key)
+	lim := p.limitFor(key)
+	if err := s.observe("reset", func() error { return s.store.Reset(ctx, sk, lim) }); err != nil {
+		return err
+	}
+	return nil
+}
+
+func (s *Service) record(r Result) {
+	s.stats.add(r.Policy.Name, r.Outcome != Allowed)
+	s.metrics.decision(r)
+}
+
+func (s *Service) observe(op string, f func() error) error {
+	start := time.Now()
+	err := f()
+	s.metrics.store(op, time.Since(start), err)
+	if err != nil {
+		return fmt.Errorf("server: store %s: %w", op, err)
+	}
+	return nil
+}
+
+func (s *Service) take(ctx context.Context, p *Policy, key string, lim sluice.Limit, cost int64) (sluice.Decision, error) {
+	var d sluice.Decision
+	err := s.observe("take", func() error {
+		if s.multi == nil {
+			s.takeMu.RLock()
+			defer s.takeMu.RUnlock()
+		}
+		var err error
+		d, err = s.store.Take(ctx, key, lim, cost)
+		return err
+	})
+	return d, err
+}
+
+func (s *Service) peek(ctx context.Context, p *Policy, key string, lim sluice.Limit, cost int64) (sluice.Decision, error) {
+	var d sluice.Decision
+	err := s.observe("peek", func() error {
+		var err error
+		d, err = s.store.Peek(ctx, key, lim, cost)
+		return err
+	})
+	return d, err
+}
+
+// takeAll takes every request's units or none, through the store's TakeAll
+// when it has one.
+func (s *Service) takeAll(ctx context.Context, reqs []sluice.Request) ([]sluice.Decision, error) {
+	if len(reqs) == 1 {
+		d, err := s.take(ctx, nil, reqs[0].Key, reqs[0].Limit, reqs[0].Cost)
+		if err != nil {
+			return nil, err
+		}
+		return []sluice.Decision{d}, nil
+	}
+	var out []sluice.Decision
+	err := s.observe("take_all", func() error {
+		var err error
+		if s.multi != nil {
+			out, err = s.multi.TakeAll(ctx, reqs)
+			return err
+		}
+		s.takeMu.Lock()
+		defer s.takeMu.Unlock()
+		out = make([]sluice.Decision, len(reqs))
+		all := true
+		for i, r := range reqs {
+			if out[i], err = s.store.Peek(ctx, r.Key, r.Limit, r.Cost); err != nil {
+				return err
+			}
+			all = all && out[i].Allowed
+		}
+		if !all {
+			return nil
+		}
+		// Under the lock nothing else takes, and time only gives units
+		// back, so every take succeeds.
+		for i, r := range reqs {
+			if out[i], err = s.store.Take(ctx, r.Key, r.Limit, r.Cost); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	return out, err
+}
