@@ -86,7 +86,7 @@ func serve(args []string, stdout, stderr io.Writer) int {
 		redisURL   = fs.String("redis", env("SLUICE_REDIS_URL", ""), "Redis `URL` (env SLUICE_REDIS_URL): redis://, rediss://, redis+cluster://, redis+sentinel://; default: the embedded memory store")
 		httpAddr   = fs.String("http", env("SLUICE_HTTP_ADDR", ":8080"), "JSON API, dashboard and metrics `address` (env SLUICE_HTTP_ADDR)")
 		grpcAddr   = fs.String("grpc", env("SLUICE_GRPC_ADDR", ":8081"), "Envoy rate limit service `address` (env SLUICE_GRPC_ADDR)")
-		failure    = fs.String("failure-policy", env("SLUICE_FAILURE_POLICY", "error"), "when Redis fails: error, open, closed or local (env SLUICE_FAILURE_POLICY)")
+		failure    = fs.String("failure-policy", env("SLUICE_FAILURE_POLICY", "local"), "when Redis fails: local (enforce in this process), open, closed, or error (report it; Envoy decides) (env SLUICE_FAILURE_POLICY)")
 		adminToken = fs.String("admin-token", env("SLUICE_ADMIN_TOKEN", ""), "bearer `token` for admin endpoints (env SLUICE_ADMIN_TOKEN); default: loopback clients only")
 		watch      = fs.Duration("watch-interval", 2*time.Second, "how often to check the config file for changes (0: never)")
 	)
@@ -100,7 +100,7 @@ func serve(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "sluice serve: unexpected argument %q\n", fs.Arg(0))
 		return 2
 	}
-	fp, err := ParseFailurePolicy(*failure)
+	fp, withPolicy, err := ParseFailurePolicy(*failure)
 	if err != nil {
 		fmt.Fprintln(stderr, "sluice serve:", err)
 		return 2
@@ -111,7 +111,7 @@ func serve(args []string, stdout, stderr io.Writer) int {
 	log := slog.New(slog.NewTextHandler(stderr, nil))
 	srv, err := New(Options{
 		ConfigFile: *configFile, RedisURL: *redisURL, HTTPAddr: *httpAddr, GRPCAddr: *grpcAddr,
-		FailurePolicy: fp, AdminToken: *adminToken, WatchInterval: *watch, Logger: log,
+		FailurePolicy: fp, NoFailurePolicy: !withPolicy, AdminToken: *adminToken, WatchInterval: *watch, Logger: log,
 	})
 	if err != nil {
 		printErrors(stderr, err)

@@ -7,6 +7,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"sluice"
 )
 
 // NearLimitRatio: an allowed decision leaving less than this share of the
@@ -25,7 +27,15 @@ type Metrics struct {
 	fallback     prometheus.Gauge
 	reloads      *prometheus.CounterVec
 	configTime   prometheus.Gauge
+	answers      *prometheus.CounterVec
+	breaker      prometheus.Gauge
+
+	// wrapped: a failure-policy store reports store errors through
+	// ObserveStore, so the service must not count them again.
+	wrapped bool
 }
+
+var _ sluice.Observer = (*Metrics)(nil)
 
 // NewMetrics registers the service's metrics, plus the Go and process
 // collectors, in a new registry.
@@ -61,8 +71,16 @@ func NewMetrics() *Metrics {
 			Name: "sluice_config_last_reload_success_timestamp_seconds",
 			Help: "When the configuration in force was loaded.",
 		}),
+		answers: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sluice_store_answers_total",
+			Help: "Store calls by who answered: backend, deny_cache, fallback, fail_open, fail_closed.",
+		}, []string{"source"}),
+		breaker: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "sluice_breaker_state",
+			Help: "The Redis circuit breaker: 0 closed, 1 half open, 2 open.",
+		}),
 	}
-	m.reg.MustRegister(m.decisions, m.nearLimit, m.storeLatency, m.storeErrors, m.fallback, m.reloads, m.configTime,
+	m.reg.MustRegister(m.decisions, m.answers, m.breaker, m.nearLimit, m.storeLatency, m.storeErrors, m.fallback, m.reloads, m.configTime,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m.reloads.WithLabelValues("success")
 	m.reloads.WithLabelValues("failure")
@@ -94,7 +112,7 @@ func (m *Metrics) store(op string, d time.Duration, err error) {
 		return
 	}
 	m.storeLatency.WithLabelValues(op).Observe(d.Seconds())
-	if err != nil {
+	if err != nil && !m.wrapped {
 		m.storeErrors.WithLabelValues(op).Inc()
 	}
 }
@@ -121,4 +139,31 @@ func (m *Metrics) reload(ok bool) {
 	} else {
 		m.reloads.WithLabelValues("failure").Inc()
 	}
+}
+
+// ObserveDecision implements sluice.Observer. The service counts its own
+// decisions; this is for middleware sharing the registry.
+func (m *Metrics) ObserveDecision(e sluice.DecisionEvent) {
+	m.decisions.WithLabelValues(e.Policy, e.Outcome.String()).Inc()
+}
+
+// ObserveStore implements sluice.Observer for the failure-policy store:
+// errors, who answered, and whether the fallback is deciding.
+func (m *Metrics) ObserveStore(e sluice.StoreEvent) {
+	m.answers.WithLabelValues(e.Source.String()).Inc()
+	if e.Err != nil {
+		m.storeErrors.WithLabelValues(e.Op).Inc()
+	}
+	switch e.Source {
+	case sluice.SourceBackend:
+		m.SetFallback(false)
+	case sluice.SourceFallback, sluice.SourceFailOpen, sluice.SourceFailClosed:
+		m.SetFallback(true)
+	}
+}
+
+// ObserveBreaker implements sluice.Observer.
+func (m *Metrics) ObserveBreaker(e sluice.BreakerEvent) {
+	m.breaker.Set(float64(e.To))
+	m.SetFallback(e.To != sluice.BreakerClosed)
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"math"
 	"net/http"
-	"sort"
 	"time"
 
 	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -320,13 +319,12 @@ func (s *Service) response(states []descriptorState) *rlsv3.RateLimitResponse {
 			d.Allowed, d.RetryAfter = true, 0
 		}
 		httplimit.SetHeaders(h, name, d, now)
-		keys := make([]string, 0, len(h))
-		for k := range h {
-			keys = append(keys, k)
-		}
-		sort.Strings(keys)
-		for _, k := range keys {
-			resp.ResponseHeadersToAdd = append(resp.ResponseHeadersToAdd, &core.HeaderValue{Key: k, Value: h.Get(k)})
+		// Envoy passes names through as written: keep the usual spelling.
+		for _, k := range []string{httplimit.HeaderLimit, httplimit.HeaderRemaining, httplimit.HeaderReset,
+			httplimit.HeaderRateLimitPolicy, httplimit.HeaderRateLimit, httplimit.HeaderRetryAfter} {
+			if v := h.Get(k); v != "" {
+				resp.ResponseHeadersToAdd = append(resp.ResponseHeadersToAdd, &core.HeaderValue{Key: k, Value: v})
+			}
 		}
 	}
 	return resp

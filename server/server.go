@@ -32,6 +32,8 @@ import (
 	"sluice"
 	"sluice/memory"
 	"sluice/redisstore"
+	"sluice/resilient"
+	"sluice/server/dashboard"
 )
 
 // Options configures a Server. The zero value runs the demo configuration
@@ -51,10 +53,15 @@ type Options struct {
 	HTTPAddr string
 	// GRPCAddr is the Envoy rate limit service address. Default ":8081".
 	GRPCAddr string
-	// FailurePolicy applies when Redis fails. Default FailError.
-	FailurePolicy FailurePolicy
-	// DecisionTimeout bounds one store call when a failure policy is set.
-	// Default 100ms.
+	// FailurePolicy applies when Redis fails (package resilient): the
+	// local fallback by default.
+	FailurePolicy resilient.Policy
+	// NoFailurePolicy reports Redis failures as errors instead (gRPC
+	// UNAVAILABLE, HTTP 503), leaving the choice to Envoy's
+	// failure_mode_deny.
+	NoFailurePolicy bool
+	// DecisionTimeout bounds one Redis call under the failure policy.
+	// Default: resilient's (50ms).
 	DecisionTimeout time.Duration
 	// AdminToken guards admin endpoints; see HandlerOptions.
 	AdminToken string
@@ -97,14 +104,11 @@ func New(opts Options) (*Server, error) {
 	if opts.GRPCAddr == "" {
 		opts.GRPCAddr = ":8081"
 	}
-	if opts.FailurePolicy == "" {
-		opts.FailurePolicy = FailError
-	}
-	if opts.DecisionTimeout == 0 {
-		opts.DecisionTimeout = 100 * time.Millisecond
-	}
 	if opts.WatchInterval == 0 {
 		opts.WatchInterval = 2 * time.Second
+	}
+	if opts.Dashboard == nil {
+		opts.Dashboard = dashboard.Handler()
 	}
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.NewTextHandler(os.Stderr, nil))
@@ -144,12 +148,18 @@ func (s *Server) openStore() (sluice.Store, error) {
 		}
 		s.closers = append(s.closers, func() { client.Close() })
 		s.ready = redisPing(client)
-		var store sluice.Store = redisstore.New(client, nil)
-		if s.opts.FailurePolicy != FailError {
-			f := newFailover(store, s.opts.FailurePolicy, s.opts.DecisionTimeout, s.metrics)
-			s.closers = append(s.closers, f.Close)
-			store = f
+		rs := redisstore.New(client, nil)
+		if s.opts.NoFailurePolicy {
+			return rs, nil
 		}
+		s.metrics.wrapped = true
+		store, err := resilient.NewMulti(rs, &resilient.Options{
+			Name: "redis", Policy: s.opts.FailurePolicy, Timeout: s.opts.DecisionTimeout, Observer: s.metrics,
+		})
+		if err != nil {
+			return nil, fmt.Errorf("server: failure policy: %w", err)
+		}
+		s.closers = append(s.closers, func() { store.Close() })
 		return store, nil
 	}
 	m := memory.New(nil)
