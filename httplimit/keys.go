@@ -1,0 +1,177 @@
+package httplimit
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+
+	"sluice/internal/ipkey"
+)
+
+// KeyFunc says whom a request is counted against: a client IP, an API key,
+// a user. It returns ErrNoKey when the request carries no such key (no API
+// key header, no session cookie); the rule then does not apply to it, so
+// that, say, anonymous requests fall to a per-IP rule. Any other error
+// fails the request (see Options.ErrorHandler).
+//
+// Keys are opaque: the middleware prefixes them with the rule's name, and
+// hashes them when Options.HashKey is set or when they are too long.
+type KeyFunc func(r *http.Request) (string, error)
+
+// ErrNoKey is returned by a KeyFunc when the request has no key of its kind.
+var ErrNoKey = errors.New("httplimit: no key")
+
+// IPOptions configures ClientIP. A nil *IPOptions is valid: the peer
+// address is the key, whatever the headers say.
+type IPOptions struct {
+	// TrustedProxies lists the CIDRs (or single addresses) of the proxies
+	// in front of the server. Only when the direct peer is one of them is
+	// the forwarding header read, and then the client is the rightmost hop
+	// that is not a trusted proxy: hops further left were written by the
+	// client and may be forged. Default: none.
+	TrustedProxies []string
+
+	// Header is the forwarding header the trusted proxies set:
+	// "X-Forwarded-For" (default) or "Forwarded" (RFC 7239).
+	Header string
+
+	// IPv6Prefix groups IPv6 clients by this prefix length, since one host
+	// commonly owns a whole /64. Default: 64. 128 keys each address.
+	IPv6Prefix int
+
+	// IPv4Prefix groups IPv4 clients likewise. Default: 32 (each address).
+	IPv4Prefix int
+}
+
+// ClientIP returns a KeyFunc for the client's IP address (or its IPv6
+// prefix), spoof-proof as IPOptions describes. It fails on a bad CIDR or
+// prefix length.
+func ClientIP(opts *IPOptions) (KeyFunc, error) {
+	var o IPOptions
+	if opts != nil {
+		o = *opts
+	}
+	res, err := ipkey.New(o.TrustedProxies, o.Header, o.IPv4Prefix, o.IPv6Prefix)
+	if err != nil {
+		return nil, fmt.Errorf("httplimit: %w", err)
+	}
+	header := res.Header()
+	return func(r *http.Request) (string, error) {
+		peer, err := ipkey.ParsePeer(r.RemoteAddr)
+		if err != nil {
+			return "", fmt.Errorf("httplimit: %w", err)
+		}
+		return res.Key(res.Client(peer, r.Header.Values(header))), nil
+	}, nil
+}
+
+// PeerIP returns a KeyFunc for the direct peer's address, IPv6 grouped by
+// /64: ClientIP with no trusted proxies.
+func PeerIP() KeyFunc {
+	f, _ := ClientIP(nil) // the defaults cannot fail
+	return f
+}
+
+// Header returns a KeyFunc for the first value of the named request header,
+// such as an API key. A missing or empty header is ErrNoKey.
+func Header(name string) KeyFunc {
+	name = http.CanonicalHeaderKey(name)
+	return func(r *http.Request) (string, error) {
+		if v := r.Header[name]; len(v) > 0 && v[0] != "" {
+			return v[0], nil
+		}
+		return "", ErrNoKey
+	}
+}
+
+// Cookie returns a KeyFunc for the value of the named cookie, such as a
+// session id. A missing or empty cookie is ErrNoKey.
+func Cookie(name string) KeyFunc {
+	return func(r *http.Request) (string, error) {
+		c, err := r.Cookie(name)
+		if err != nil || c.Value == "" {
+			return "", ErrNoKey
+		}
+		return c.Value, nil
+	}
+}
+
+// ContextValue returns a KeyFunc for the value stored under key in the
+// request's context, typically the authenticated user or account that an
+// earlier middleware put there. Strings, fmt.Stringers and integers are
+// accepted; a missing (nil) value is ErrNoKey; any other type is an error.
+func ContextValue(key any) KeyFunc {
+	return func(r *http.Request) (string, error) {
+		switch v := r.Context().Value(key).(type) {
+		case nil:
+			return "", ErrNoKey
+		case string:
+			if v == "" {
+				return "", ErrNoKey
+			}
+			return v, nil
+		case fmt.Stringer:
+			return v.String(), nil
+		case int:
+			return strconv.Itoa(v), nil
+		case int64:
+			return strconv.FormatInt(v, 10), nil
+		case uint64:
+			return strconv.FormatUint(v, 10), nil
+		default:
+			return "", fmt.Errorf("httplimit: context value %T is not a string", v)
+		}
+	}
+}
+
+// Route returns a KeyFunc for the method and route: "GET /items/{id}" when
+// the middleware runs inside an http.ServeMux route (r.Pattern is set),
+// else the method and URL path. Paths come from clients, so wrapping a
+// whole mux with a Route key lets clients create keys at will; the store's
+// key bound then applies.
+func Route() KeyFunc {
+	return func(r *http.Request) (string, error) {
+		p := r.Pattern
+		if p == "" {
+			p = r.URL.Path
+		} else if i := strings.IndexByte(p, ' '); i >= 0 {
+			p = p[i+1:] // the pattern's own method, if any, is r.Method
+		}
+		return r.Method + " " + p, nil
+	}
+}
+
+// Global returns a KeyFunc that puts every request under one key: a limit
+// for the whole endpoint or service.
+func Global() KeyFunc {
+	return func(*http.Request) (string, error) { return "*", nil }
+}
+
+// Compose returns a KeyFunc for the combination of fns, such as "per API
+// key per route": Compose(Header("X-API-Key"), Route()). If any part is
+// ErrNoKey (or another error), so is the whole. Parts are length-prefixed,
+// so no two different combinations can produce the same key.
+func Compose(fns ...KeyFunc) KeyFunc {
+	for _, f := range fns {
+		if f == nil {
+			return func(*http.Request) (string, error) {
+				return "", errors.New("httplimit: Compose was given a nil KeyFunc")
+			}
+		}
+	}
+	return func(r *http.Request) (string, error) {
+		var b strings.Builder
+		for _, f := range fns {
+			k, err := f(r)
+			if err != nil {
+				return "", err
+			}
+			b.WriteString(strconv.Itoa(len(k)))
+			b.WriteByte(':')
+			b.WriteString(k)
+		}
+		return b.String(), nil
+	}
+}

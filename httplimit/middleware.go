@@ -1,0 +1,321 @@
+package httplimit
+
+import (
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"hash"
+	"net/http"
+	"sync"
+	"time"
+
+	"sluice"
+	"sluice/internal/enforce"
+)
+
+// Strategy is what a rule does with a request over its limit.
+type Strategy = enforce.Strategy
+
+// Strategies.
+const (
+	// Reject answers 429 at once. The zero value.
+	Reject = enforce.Reject
+	// Delay holds the request until quota is available, up to the rule's
+	// MaxDelay, then serves it; a request that would need longer is
+	// rejected at once rather than held in vain.
+	Delay = enforce.Delay
+	// Shadow decides and records (see Options.Observer) but never blocks
+	// and sets no headers: a dry run before enforcing a new limit.
+	Shadow = enforce.Shadow
+	// Penalty rejects, and after a violation blocks the key for the rule's
+	// Penalty duration, whatever its limit says: the defence for abused
+	// endpoints such as one-time-password requests. The block lives in the
+	// store, so it holds across a fleet sharing a Redis store.
+	Penalty = enforce.Penalty
+)
+
+// ParseStrategy parses a strategy's config name: "reject", "delay",
+// "shadow" (or "dry_run") or "penalty".
+func ParseStrategy(s string) (Strategy, error) { return enforce.ParseStrategy(s) }
+
+// Errors. Construction errors wrap ErrInvalidConfig; the errors passed to
+// Options.ErrorHandler wrap ErrKey or ErrStore.
+var (
+	ErrInvalidConfig = errors.New("httplimit: invalid configuration")
+	// ErrKey: a rule's KeyFunc or Cost failed for a request.
+	ErrKey = errors.New("httplimit: cannot key request")
+	// ErrStore: the store failed (and no failure policy absorbed it).
+	ErrStore = errors.New("httplimit: store failed")
+)
+
+// Rule is one rate-limit policy for the requests it matches.
+type Rule struct {
+	// Name identifies the policy in headers, the 429 body and metrics:
+	// 1 to 64 letters, digits, '_', '-' or '.'. Names are unique within a
+	// Middleware. Required.
+	Name string
+
+	// Limit is the policy's limit. Required.
+	Limit sluice.Limit
+
+	// Key says whom the request is counted against. Required.
+	Key KeyFunc
+
+	// Cost weighs a request in units of Limit, so that expensive endpoints
+	// use more quota. It must be between 1 and Limit.Capacity(). Default:
+	// 1 per request.
+	Cost func(*http.Request) int64
+
+	// Match selects the requests the rule applies to. Default: all.
+	Match func(*http.Request) bool
+
+	// Strategy applies over the limit. Default: Reject.
+	Strategy Strategy
+
+	// MaxDelay is the longest a Delay rule holds a request.
+	MaxDelay time.Duration
+
+	// Penalty is how long a Penalty rule blocks a key after a violation
+	// (1ms to sluice.MaxPeriod).
+	Penalty time.Duration
+}
+
+// Denial describes a rejected request to a DenyHandler.
+type Denial struct {
+	// Policy is the name of the violated rule.
+	Policy string
+	// Decision is its decision; RetryAfter is how long to wait.
+	Decision sluice.Decision
+}
+
+// Options configures a Middleware. A nil *Options is valid.
+type Options struct {
+	// Prefix starts every store key, so several middlewares or services can
+	// share a store. Keys are Prefix + rule name + a separator + the key.
+	// Default: "httplimit:".
+	Prefix string
+
+	// HashKey, when set, replaces every key with its HMAC-SHA-256 under
+	// this secret, so raw IPs and API keys never sit in the store. Keys
+	// longer than the store allows are hashed (SHA-256) in any case.
+	// Default: none.
+	HashKey []byte
+
+	// Exempt exempts requests from every rule: health checks, allow-listed
+	// clients. Default: none.
+	Exempt func(*http.Request) bool
+
+	// OmitAllowedHeaders leaves the rate-limit headers off allowed
+	// responses. Denied responses always carry them. Default: false.
+	OmitAllowedHeaders bool
+
+	// DenyHandler writes the response to a denied request. The rate-limit
+	// headers are already set. Default: DefaultDenyHandler (429 with an
+	// application/problem+json body).
+	DenyHandler func(w http.ResponseWriter, r *http.Request, d Denial)
+
+	// ErrorHandler writes the response when a request cannot be decided:
+	// err wraps ErrKey (a KeyFunc or Cost failed) or ErrStore. To choose
+	// between failing open and closed when Redis is down, wrap the store
+	// with package resilient rather than here. Default: DefaultErrorHandler.
+	ErrorHandler func(w http.ResponseWriter, r *http.Request, err error)
+
+	// Observer receives every rule's decisions. Default: none.
+	Observer sluice.Observer
+
+	// Clock anchors X-RateLimit-Reset. Default: time.Now.
+	Clock func() time.Time
+}
+
+// Middleware enforces Rules on HTTP requests. Build one with New and wrap
+// handlers with Handler. It is safe for concurrent use.
+//
+// For each request it keeps the rules whose Match accepts it and whose Key
+// finds a key, then checks the enforcing ones (Reject, Delay, Penalty)
+// all-or-nothing through sluice.MultiStore.TakeAll: a request denied by
+// one rule takes nothing from the others. Shadow rules are checked apart
+// and never block. Headers describe the violated rule with the longest
+// wait, or, when allowed, the rule closest to exhaustion.
+type Middleware struct {
+	eng         *enforce.Engine
+	rules       []rule
+	hashKey     []byte
+	hmacs       sync.Pool
+	exempt      func(*http.Request) bool
+	omitAllowed bool
+	deny        func(http.ResponseWriter, *http.Request, Denial)
+	onError     func(http.ResponseWriter, *http.Request, error)
+	clock       func() time.Time
+}
+
+type rule struct {
+	enforce.Rule
+	key   KeyFunc
+	cost  func(*http.Request) int64
+	match func(*http.Request) bool
+	// Key layouts: base + ':' + key, base + '#' + hash; penalty keys put
+	// '!' first. Names cannot contain these bytes, so no two rules' keys,
+	// nor a key and a penalty key, can collide.
+	base        string
+	quoted      string // the name as a structured-field string
+	policyValue string // RateLimit-Policy
+}
+
+// New returns a Middleware enforcing rules on store. Layered limits (more
+// than one enforcing rule) need a store that implements sluice.MultiStore,
+// as the memory and Redis stores do. For a fleet, wrap the Redis store
+// with package resilient to choose the failure policy.
+func New(store sluice.Store, rules []Rule, opts *Options) (*Middleware, error) {
+	if store == nil {
+		return nil, fmt.Errorf("%w: nil store", ErrInvalidConfig)
+	}
+	if len(rules) == 0 {
+		return nil, fmt.Errorf("%w: no rules", ErrInvalidConfig)
+	}
+	var o Options
+	if opts != nil {
+		o = *opts
+	}
+	if o.Prefix == "" {
+		o.Prefix = "httplimit:"
+	}
+	if len(o.Prefix) > 128 {
+		return nil, fmt.Errorf("%w: prefix of %d bytes (at most 128)", ErrInvalidConfig, len(o.Prefix))
+	}
+	m := &Middleware{
+		eng:         enforce.New(store, o.Observer),
+		hashKey:     o.HashKey,
+		exempt:      o.Exempt,
+		omitAllowed: o.OmitAllowedHeaders,
+		deny:        o.DenyHandler,
+		onError:     o.ErrorHandler,
+		clock:       o.Clock,
+	}
+	if m.deny == nil {
+		m.deny = DefaultDenyHandler
+	}
+	if m.onError == nil {
+		m.onError = DefaultErrorHandler
+	}
+	if m.clock == nil {
+		m.clock = time.Now
+	}
+	if len(m.hashKey) > 0 {
+		key := append([]byte(nil), m.hashKey...)
+		m.hashKey = key
+		m.hmacs.New = func() any { return hmac.New(sha256.New, key) }
+	}
+	seen := make(map[string]bool, len(rules))
+	enforcing := 0
+	for i, r := range rules {
+		er := enforce.Rule{Name: r.Name, Limit: r.Limit, Strategy: r.Strategy, MaxDelay: r.MaxDelay, Penalty: r.Penalty}
+		if err := er.Validate(); err != nil {
+			return nil, fmt.Errorf("%w: rule %d: %w", ErrInvalidConfig, i, err)
+		}
+		if r.Key == nil {
+			return nil, fmt.Errorf("%w: rule %q has no Key", ErrInvalidConfig, r.Name)
+		}
+		if seen[r.Name] {
+			return nil, fmt.Errorf("%w: two rules named %q", ErrInvalidConfig, r.Name)
+		}
+		seen[r.Name] = true
+		if r.Strategy != Shadow {
+			enforcing++
+		}
+		q := quoteSF(r.Name)
+		m.rules = append(m.rules, rule{
+			Rule: er, key: r.Key, cost: r.Cost, match: r.Match,
+			base: o.Prefix + r.Name, quoted: q, policyValue: policyField(q, r.Limit),
+		})
+	}
+	if enforcing > 1 && !m.eng.Multi() {
+		return nil, fmt.Errorf("%w: %d enforcing rules on %T: %w", ErrInvalidConfig, enforcing, store, enforce.ErrNeedMultiStore)
+	}
+	return m, nil
+}
+
+// Handler returns next behind the middleware's rules.
+func (m *Middleware) Handler(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		m.serve(w, r, next)
+	})
+}
+
+func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Handler) {
+	if m.exempt != nil && m.exempt(r) {
+		next.ServeHTTP(w, r)
+		return
+	}
+	var buf [4]enforce.Check
+	checks := buf[:0]
+	for i := range m.rules {
+		ru := &m.rules[i]
+		if ru.match != nil && !ru.match(r) {
+			continue
+		}
+		id, err := ru.key(r)
+		if errors.Is(err, ErrNoKey) {
+			continue
+		}
+		if err != nil {
+			m.onError(w, r, fmt.Errorf("%w: rule %q: %w", ErrKey, ru.Name, err))
+			return
+		}
+		cost := int64(1)
+		if ru.cost != nil {
+			cost = ru.cost(r)
+			if err := ru.Limit.ValidateCost(cost); err != nil {
+				m.onError(w, r, fmt.Errorf("%w: rule %q: %w", ErrKey, ru.Name, err))
+				return
+			}
+		}
+		c := enforce.Check{Rule: &ru.Rule, Cost: cost, Tag: i}
+		c.Key, c.PenaltyKey = m.keys(ru, id)
+		checks = append(checks, c)
+	}
+	if len(checks) == 0 {
+		next.ServeHTTP(w, r)
+		return
+	}
+	v, err := m.eng.Enforce(r.Context(), checks)
+	if err != nil {
+		m.onError(w, r, fmt.Errorf("%w: %w", ErrStore, err))
+		return
+	}
+	if v.Report >= 0 && (!v.Allowed || !m.omitAllowed) {
+		ru := &m.rules[checks[v.Report].Tag]
+		writeHeaders(w.Header(), ru.policyValue, ru.quoted, v.Decision, m.clock())
+	}
+	if v.Allowed {
+		next.ServeHTTP(w, r)
+		return
+	}
+	m.deny(w, r, Denial{Policy: m.rules[checks[v.Report].Tag].Name, Decision: v.Decision})
+}
+
+// keys returns the store key and, for Penalty rules, the block key of id
+// under ru.
+func (m *Middleware) keys(ru *rule, id string) (key, penalty string) {
+	sep := byte(':')
+	switch {
+	case len(m.hashKey) > 0:
+		h := m.hmacs.Get().(hash.Hash)
+		h.Reset()
+		h.Write([]byte(id))
+		var sum [sha256.Size]byte
+		id = hex.EncodeToString(h.Sum(sum[:0])[:16])
+		m.hmacs.Put(h)
+		sep = '#'
+	case len(ru.base)+2+len(id) > sluice.MaxKeyLen:
+		sum := sha256.Sum256([]byte(id))
+		id = hex.EncodeToString(sum[:16])
+		sep = '#'
+	}
+	key = ru.base + string(sep) + id
+	if ru.Strategy == Penalty {
+		penalty = ru.base + "!" + string(sep) + id
+	}
+	return key, penalty
+}

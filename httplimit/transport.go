@@ -1,0 +1,70 @@
+package httplimit
+
+import (
+	"fmt"
+	"net/http"
+
+	"sluice"
+)
+
+// Transport is an http.RoundTripper that waits for quota before each
+// request, for clients of rate-limited third-party APIs: it keeps a
+// service within the provider's limit instead of collecting 429s. The
+// wait honours the request's context: a request whose deadline would pass
+// while waiting fails at once with an error wrapping
+// context.DeadlineExceeded, and the provider is never called.
+//
+// With a Redis store, a whole fleet shares the provider's quota.
+type Transport struct {
+	base    http.RoundTripper
+	limiter *sluice.Limiter
+	key     func(*http.Request) string
+	cost    func(*http.Request) int64
+}
+
+// TransportOptions configures a Transport. A nil *TransportOptions is valid.
+type TransportOptions struct {
+	// Base performs the requests. Default: http.DefaultTransport.
+	Base http.RoundTripper
+	// Key is the quota a request draws on. Default: its URL's host, so one
+	// Transport can call several providers, each with its own quota.
+	Key func(*http.Request) string
+	// Cost is a request's weight. Default: 1.
+	Cost func(*http.Request) int64
+}
+
+var _ http.RoundTripper = (*Transport)(nil)
+
+// NewTransport returns a Transport drawing on limiter.
+func NewTransport(limiter *sluice.Limiter, opts *TransportOptions) (*Transport, error) {
+	if limiter == nil {
+		return nil, fmt.Errorf("%w: nil limiter", ErrInvalidConfig)
+	}
+	t := &Transport{base: http.DefaultTransport, limiter: limiter}
+	if opts != nil {
+		if opts.Base != nil {
+			t.base = opts.Base
+		}
+		t.key, t.cost = opts.Key, opts.Cost
+	}
+	return t, nil
+}
+
+// RoundTrip waits for quota (Limiter.WaitN) and then sends req.
+func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
+	key := req.URL.Host
+	if t.key != nil {
+		key = t.key(req)
+	}
+	cost := int64(1)
+	if t.cost != nil {
+		cost = t.cost(req)
+	}
+	if _, err := t.limiter.WaitN(req.Context(), key, cost); err != nil {
+		if req.Body != nil {
+			req.Body.Close() // a RoundTripper must close the body, even on error
+		}
+		return nil, fmt.Errorf("httplimit: waiting for quota for %q: %w", key, err)
+	}
+	return t.base.RoundTrip(req)
+}

@@ -1,0 +1,202 @@
+// Package ipkey turns client addresses into rate-limit keys: it finds the
+// client behind trusted proxies (rightmost untrusted hop of
+// X-Forwarded-For or Forwarded) and groups IPv6 clients by prefix, so that
+// one host cannot rotate through its /64.
+package ipkey
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"strings"
+)
+
+// ErrConfig: a bad CIDR or prefix length.
+var ErrConfig = errors.New("invalid client IP configuration")
+
+// Header formats understood by Resolver.
+const (
+	XForwardedFor = "X-Forwarded-For"
+	Forwarded     = "Forwarded"
+)
+
+// MaxHops bounds how many trusted hops are walked, so an enormous header
+// costs little even from a trusted peer.
+const MaxHops = 32
+
+// Resolver finds and groups client addresses. The zero value is not
+// usable; build one with New.
+type Resolver struct {
+	trusted   []netip.Prefix
+	forwarded bool // parse Forwarded (RFC 7239), else X-Forwarded-For
+	v4, v6    int
+}
+
+// New returns a Resolver. trusted holds CIDRs or single addresses of the
+// proxies whose forwarding headers are believed; header is XForwardedFor
+// (default when empty) or Forwarded; v4 and v6 are the prefix lengths
+// clients are grouped by (0 means 32 and 64).
+func New(trusted []string, header string, v4, v6 int) (*Resolver, error) {
+	r := &Resolver{v4: v4, v6: v6}
+	if r.v4 == 0 {
+		r.v4 = 32
+	}
+	if r.v6 == 0 {
+		r.v6 = 64
+	}
+	if r.v4 < 1 || r.v4 > 32 {
+		return nil, fmt.Errorf("%w: IPv4 prefix /%d (want 1 to 32)", ErrConfig, r.v4)
+	}
+	if r.v6 < 1 || r.v6 > 128 {
+		return nil, fmt.Errorf("%w: IPv6 prefix /%d (want 1 to 128)", ErrConfig, r.v6)
+	}
+	switch {
+	case header == "" || strings.EqualFold(header, XForwardedFor):
+	case strings.EqualFold(header, Forwarded):
+		r.forwarded = true
+	default:
+		return nil, fmt.Errorf("%w: header %q (want %s or %s)", ErrConfig, header, XForwardedFor, Forwarded)
+	}
+	for _, s := range trusted {
+		p, err := netip.ParsePrefix(s)
+		if err != nil {
+			a, aerr := netip.ParseAddr(s)
+			if aerr != nil {
+				return nil, fmt.Errorf("%w: trusted proxy %q is neither a CIDR nor an address", ErrConfig, s)
+			}
+			a = a.Unmap()
+			p = netip.PrefixFrom(a, a.BitLen())
+		}
+		if p.Addr().Is4In6() {
+			p = netip.PrefixFrom(p.Addr().Unmap(), max(p.Bits()-96, 0))
+		}
+		r.trusted = append(r.trusted, p.Masked())
+	}
+	return r, nil
+}
+
+// Header returns the forwarding header the resolver reads.
+func (r *Resolver) Header() string {
+	if r.forwarded {
+		return Forwarded
+	}
+	return XForwardedFor
+}
+
+// Trusts reports whether a is a trusted proxy.
+func (r *Resolver) Trusts(a netip.Addr) bool {
+	for _, p := range r.trusted {
+		if p.Contains(a) {
+			return true
+		}
+	}
+	return false
+}
+
+// Client returns the client address for a request from peer carrying the
+// given forwarding header lines (in order). With no trusted proxies, or an
+// untrusted peer, it is the peer. Otherwise it is the rightmost hop that is
+// not a trusted proxy; a hop that cannot be parsed ends the walk at the
+// trusted hop that reported it.
+func (r *Resolver) Client(peer netip.Addr, lines []string) netip.Addr {
+	peer = peer.Unmap()
+	if len(r.trusted) == 0 || !r.Trusts(peer) {
+		return peer
+	}
+	client := peer
+	hops := 0
+	for i := len(lines) - 1; i >= 0; i-- {
+		rest := lines[i]
+		for rest != "" {
+			var hop string
+			if j := strings.LastIndexByte(rest, ','); j >= 0 {
+				hop, rest = rest[j+1:], rest[:j]
+			} else {
+				hop, rest = rest, ""
+			}
+			hop = strings.TrimSpace(hop)
+			if hop == "" {
+				continue
+			}
+			a, ok := r.parseHop(hop)
+			if !ok {
+				return client
+			}
+			client = a
+			if hops++; !r.Trusts(a) || hops >= MaxHops {
+				return client
+			}
+		}
+	}
+	return client
+}
+
+func (r *Resolver) parseHop(hop string) (netip.Addr, bool) {
+	if r.forwarded {
+		return forwardedFor(hop)
+	}
+	return parseAddr(hop)
+}
+
+// forwardedFor extracts the for= node of one Forwarded element
+// (RFC 7239 §4): for=192.0.2.60;proto=http, for="[2001:db8::1]:4711".
+func forwardedFor(elem string) (netip.Addr, bool) {
+	for elem != "" {
+		var pair string
+		pair, elem, _ = strings.Cut(elem, ";")
+		name, value, ok := strings.Cut(strings.TrimSpace(pair), "=")
+		if !ok || !strings.EqualFold(strings.TrimSpace(name), "for") {
+			continue
+		}
+		value = strings.TrimSpace(value)
+		if len(value) >= 2 && value[0] == '"' && value[len(value)-1] == '"' {
+			value = value[1 : len(value)-1]
+		}
+		return parseAddr(value)
+	}
+	return netip.Addr{}, false
+}
+
+// parseAddr accepts an address, optionally with a port, IPv6 optionally
+// bracketed: 192.0.2.1, 192.0.2.1:80, 2001:db8::1, [2001:db8::1]:443.
+func parseAddr(s string) (netip.Addr, bool) {
+	if a, err := netip.ParseAddr(s); err == nil {
+		return a.Unmap().WithZone(""), true
+	}
+	if ap, err := netip.ParseAddrPort(s); err == nil {
+		return ap.Addr().Unmap().WithZone(""), true
+	}
+	if len(s) > 2 && s[0] == '[' && s[len(s)-1] == ']' {
+		if a, err := netip.ParseAddr(s[1 : len(s)-1]); err == nil && a.Is6() {
+			return a.Unmap().WithZone(""), true
+		}
+	}
+	return netip.Addr{}, false
+}
+
+// ParsePeer parses a net/http RemoteAddr or gRPC peer address
+// ("192.0.2.1:1234", "[2001:db8::1]:443", or a bare address).
+func ParsePeer(s string) (netip.Addr, error) {
+	if a, ok := parseAddr(s); ok {
+		return a, nil
+	}
+	return netip.Addr{}, fmt.Errorf("peer address %q is not an IP address", s)
+}
+
+// Key returns a's group as a key: the address itself for a full-length
+// prefix ("192.0.2.1"), else the masked prefix ("2001:db8:1:2::/64").
+func (r *Resolver) Key(a netip.Addr) string {
+	a = a.Unmap().WithZone("")
+	bits := r.v6
+	if a.Is4() {
+		bits = r.v4
+	}
+	if bits >= a.BitLen() {
+		return a.String()
+	}
+	p, err := a.Prefix(bits)
+	if err != nil { // cannot happen: bits is within range
+		return a.String()
+	}
+	return p.String()
+}
