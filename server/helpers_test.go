@@ -1,0 +1,136 @@
+package server
+
+import (
+	"context"
+	"net"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"sluice"
+	"sluice/memory"
+)
+
+// t0 starts a day, so every fixed window the tests use (second to day)
+// starts there too.
+var t0 = time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
+
+// fakeClock is a settable clock shared by the store and the service.
+type fakeClock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func newFakeClock() *fakeClock { return &fakeClock{now: t0} }
+
+func (c *fakeClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *fakeClock) Set(t time.Time) {
+	c.mu.Lock()
+	c.now = t
+	c.mu.Unlock()
+}
+
+func mustConfig(t testing.TB, yaml string) *Config {
+	t.Helper()
+	cfg, err := ParseConfig("test.yaml", []byte(strings.TrimLeft(yaml, "\n")))
+	if err != nil {
+		t.Fatalf("config: %v", err)
+	}
+	return cfg
+}
+
+// newMemService returns a Service on a memory store driven by clock.
+func newMemService(t testing.TB, yaml string, clock *fakeClock) *Service {
+	t.Helper()
+	store := memory.New(&memory.Options{Clock: clock.Now, SweepInterval: -1})
+	t.Cleanup(func() { store.Close() })
+	return NewService(store, mustConfig(t, yaml), &ServiceOptions{Clock: clock.Now})
+}
+
+// serveRLS serves svc's RLS on a real loopback listener and returns a
+// go-control-plane client.
+func serveRLS(t testing.TB, svc *Service) rlsv3.RateLimitServiceClient {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := grpc.NewServer()
+	svc.RegisterRLS(g)
+	go g.Serve(ln)
+	t.Cleanup(g.Stop)
+	conn, err := grpc.NewClient(ln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return rlsv3.NewRateLimitServiceClient(conn)
+}
+
+// desc builds a descriptor from "k=v" pairs.
+func desc(pairs ...string) *rlcommon.RateLimitDescriptor {
+	d := &rlcommon.RateLimitDescriptor{}
+	for _, p := range pairs {
+		k, v, _ := strings.Cut(p, "=")
+		d.Entries = append(d.Entries, &rlcommon.RateLimitDescriptor_Entry{Key: k, Value: v})
+	}
+	return d
+}
+
+func rlsRequest(domain string, ds ...*rlcommon.RateLimitDescriptor) *rlsv3.RateLimitRequest {
+	return &rlsv3.RateLimitRequest{Domain: domain, Descriptors: ds}
+}
+
+func call(t testing.TB, c rlsv3.RateLimitServiceClient, req *rlsv3.RateLimitRequest) *rlsv3.RateLimitResponse {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	resp, err := c.ShouldRateLimit(ctx, req)
+	if err != nil {
+		t.Fatalf("ShouldRateLimit: %v", err)
+	}
+	return resp
+}
+
+// render renders a response as "OVERALL: code/remaining code/remaining ..."
+// with "-" for a descriptor without a limit and "unl" for unlimited.
+func render(r *rlsv3.RateLimitResponse) string {
+	var b strings.Builder
+	b.WriteString(r.OverallCode.String())
+	b.WriteString(":")
+	for _, s := range r.Statuses {
+		b.WriteString(" ")
+		switch {
+		case s.LimitRemaining == 1<<32-1:
+			b.WriteString("unl")
+		case s.CurrentLimit == nil:
+			b.WriteString(short(s.Code) + "/-")
+		default:
+			b.WriteString(short(s.Code) + "/" + itoa(int64(s.LimitRemaining)))
+		}
+	}
+	return b.String()
+}
+
+func short(c rlsv3.RateLimitResponse_Code) string {
+	if c == rlsv3.RateLimitResponse_OVER_LIMIT {
+		return "OVER"
+	}
+	return c.String()
+}
+
+func itoa(n int64) string { return strconv.FormatInt(n, 10) }
+
+var _ sluice.MultiStore = (*memory.Store)(nil)
