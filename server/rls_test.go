@@ -152,7 +152,7 @@ func TestEnvoyExampleConfig(t *testing.T) {
 		{0, "rl", [][]string{{"foo=x", "bar=y"}}, 0, "OK: OK/2"},
 		{0, "rl", [][]string{{"foo=x", "bar=banned"}}, 0, "OVER_LIMIT: OVER/0"},
 		{0, "rl", [][]string{{"foo=x", "baz=shady"}}, 3, "OK: OK/0"},
-		{0, "rl", [][]string{{"foo=x", "baz=shady"}}, 0, "OK: OK/0"},          // shadow_mode
+		{0, "rl", [][]string{{"foo=x", "baz=shady"}}, 0, "OK: OK/0"},                  // shadow_mode
 		{0, "rl", [][]string{{"foo=x", "baz=not-so-shady"}}, 4, "OVER_LIMIT: OVER/3"}, // 4 > 3: never admissible
 		{0, "rl", [][]string{{"foo=x", "bay=z"}}, 0, "OK: unl"},
 		{0, "rl", [][]string{{"qux=anything"}}, 0, "OK: unl"},
