@@ -43,6 +43,9 @@ var (
 	// ErrClock: Options.Clock returned a time before 1970, which the
 	// sliding window log cannot store.
 	ErrClock = errors.New("redisstore: clock before 1970")
+	// ErrNoClient: the Store was built with a nil client, or is a zero
+	// value.
+	ErrNoClient = errors.New("redisstore: no client")
 )
 
 // Options configures a Store. A nil *Options gives every default.
@@ -53,12 +56,17 @@ type Options struct {
 	// that rejects TIME, and for deterministic tests). Nil (the default)
 	// means the scripts read Redis's own TIME, so clock skew between
 	// application hosts cannot matter.
+	//
+	// Key TTLs still run on the server's clock, so a caller's clock must not
+	// fall behind real time by more than a key's ResetAfter (a fake clock in
+	// a test may jump ahead freely).
 	Clock func() time.Time
 }
 
 // Store is a sluice.Store and sluice.MultiStore on Redis. It is safe for
 // concurrent use and holds no state of its own: any number of Stores, in any
-// number of processes, may share a server.
+// number of processes, may share a server. Build one with New; the zero
+// value answers every call with ErrNoClient.
 type Store struct {
 	client redis.UniversalClient
 	prefix string
@@ -107,6 +115,9 @@ func (s *Store) redisKey(key string, a sluice.Algorithm) string {
 // now returns the script's now argument: µs from the caller's clock, or ""
 // for the server's TIME.
 func (s *Store) now() (any, error) {
+	if s.client == nil {
+		return nil, ErrNoClient
+	}
 	if s.clock == nil {
 		return "", nil
 	}
@@ -155,6 +166,9 @@ func (s *Store) Reset(ctx context.Context, key string, limit sluice.Limit) error
 	}
 	if err := limit.Validate(); err != nil {
 		return err
+	}
+	if s.client == nil {
+		return ErrNoClient
 	}
 	if err := s.client.Del(ctx, s.redisKey(key, limit.Algorithm)).Err(); err != nil {
 		return fmt.Errorf("redisstore: reset: %w", err)
