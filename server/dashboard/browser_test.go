@@ -1,4 +1,4 @@
-package dashboard
+package dashboard_test
 
 import (
 	"context"
@@ -16,25 +16,46 @@ import (
 	"time"
 
 	"github.com/chromedp/chromedp"
+
+	"sluice/memory"
+	"sluice/server"
+	"sluice/server/dashboard"
 )
 
-// The browser test drives the real page in headless Chromium: it clicks
-// Burst 10 on the fixed-window card, reads the ten results and checks the
-// chart, the shadow display, Reset All with and without the admin token and
-// the narrow layout. Set SLUICE_CHROMIUM to use another browser binary.
+// The browser test drives the real page in headless Chromium against the
+// real service (the server package's JSON API on the memory store): it
+// clicks Burst 10 on the fixed-window card, reads the ten results and checks
+// the chart, the shadow display, Reset All with and without the admin token
+// and the narrow layout. Set SLUICE_CHROMIUM to use another browser binary.
 
 const adminToken = "s3cret-token"
 
-// demoPolicies mirror the service's demo config: one policy per algorithm,
-// plus a shadow policy.
-var demoPolicies = []demoPolicy{
-	{name: "gcra", limit: "gcra 10/min burst 5"},
-	{name: "token_bucket", limit: "token_bucket 10/min burst 5"},
-	{name: "leaky_bucket", limit: "leaky_bucket 10/min burst 5"},
-	{name: "fixed_window", limit: "fixed_window 4/min"},
-	{name: "sliding_window_log", limit: "sliding_window_log 6/min"},
-	{name: "sliding_window_counter", limit: "sliding_window_counter 6/min"},
-	{name: "shadow", limit: "3/min", shadow: true},
+// t0 is the frozen time of the store and the statistics: a burst never
+// straddles a window edge, so the verdicts are exact.
+var t0 = time.Date(2030, 1, 2, 3, 4, 1, 0, time.UTC)
+
+// startService serves the service's HTTP API with this dashboard mounted at
+// "/", as `sluice serve` does, on the demo configuration plus one shadow
+// policy.
+func startService(t *testing.T) string {
+	t.Helper()
+	var b strings.Builder
+	b.WriteString("policies:\n")
+	for _, p := range server.DemoConfig().Policies {
+		fmt.Fprintf(&b, "  - name: %s\n    limit: %s\n", p.Name, p.Limit)
+	}
+	b.WriteString("  - name: shadow\n    limit: 3/min\n    strategy: shadow\n")
+	cfg, err := server.ParseConfig("dashboard-test.yaml", []byte(b.String()))
+	if err != nil {
+		t.Fatalf("config:\n%s\n%v", b.String(), err)
+	}
+	clock := func() time.Time { return t0 }
+	store := memory.New(&memory.Options{Clock: clock, SweepInterval: -1})
+	t.Cleanup(func() { _ = store.Close() })
+	svc := server.NewService(store, cfg, &server.ServiceOptions{Clock: clock})
+	ts := httptest.NewServer(svc.Handler(&server.HandlerOptions{AdminToken: adminToken, Dashboard: dashboard.Handler()}))
+	t.Cleanup(ts.Close)
+	return ts.URL
 }
 
 func chromiumPath(t *testing.T) string {
@@ -156,6 +177,7 @@ type policyInfo struct {
 	Name      string `json:"name"`
 	Algorithm string `json:"algorithm"`
 	Rate      int64  `json:"rate"`
+	PeriodMS  int64  `json:"period_ms"`
 	Burst     int64  `json:"burst"`
 	Shadow    bool   `json:"shadow"`
 }
@@ -234,16 +256,8 @@ func burst(t *testing.T, ctx context.Context, name string) []result {
 }
 
 func TestBrowser(t *testing.T) {
-	t0 := time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC) // 5s into a minute: a burst stays in one window
-	api, err := newAPIServer(adminToken, t0, demoPolicies)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = api.Close() })
-	ts := httptest.NewServer(api.Handler())
-	t.Cleanup(ts.Close)
-
-	policies := fetchPolicies(t, ts.URL)
+	base := startService(t)
+	policies := fetchPolicies(t, base)
 	var fixed, shadow policyInfo
 	for _, p := range policies {
 		switch {
@@ -263,7 +277,7 @@ func TestBrowser(t *testing.T) {
 	}
 
 	ctx, logs := newBrowser(t)
-	step(t, ctx, "open the dashboard", chromedp.Navigate(ts.URL))
+	step(t, ctx, "open the dashboard", chromedp.Navigate(base))
 	waitFor(t, ctx, `document.body.dataset.ready === "true"`, `document.body.innerText`)
 
 	t.Run("one card per policy", func(t *testing.T) {
@@ -298,9 +312,6 @@ func TestBrowser(t *testing.T) {
 			if !wantAllowed {
 				wantRemaining, wantStatus = 0, "429"
 				denied++
-				if ms, _ := strconv.Atoi(r.RetryAfterMS); ms <= 0 {
-					t.Errorf("result %d: denied with retry-after %q", i+1, r.RetryAfterMS)
-				}
 			}
 			if got, want := r.Remaining, strconv.FormatInt(wantRemaining, 10); got != want {
 				t.Errorf("result %d: remaining %s, want %s", i+1, got, want)
@@ -315,9 +326,16 @@ func TestBrowser(t *testing.T) {
 		if got, want := eval[string](t, ctx, jsCard(fixed.Name)+`.dataset.deniedCount`), strconv.FormatInt(wantDenied, 10); got != want {
 			t.Errorf("card tally: %s denied, want %s", got, want)
 		}
+		// A denial waits for the end of the window.
+		wantRetry := fixed.PeriodMS - t0.UnixMilli()%fixed.PeriodMS
+		for i, r := range res[fixedCap:] {
+			if got, want := r.RetryAfterMS, strconv.FormatInt(wantRetry, 10); got != want {
+				t.Errorf("result %d: retry after %s ms, want %s", int(fixedCap)+i+1, got, want)
+			}
+		}
 		retryText := eval[string](t, ctx, jsCard(fixed.Name)+`.querySelector('.result[data-allowed="false"] .detail').textContent`)
-		if !strings.Contains(retryText, "retry in 55 s") {
-			t.Errorf("denied result reads %q, want the 55 s to the end of the window", retryText)
+		if !strings.Contains(retryText, "retry in ") {
+			t.Errorf("denied result reads %q, want its retry-after", retryText)
 		}
 	})
 
