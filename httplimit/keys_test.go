@@ -1,0 +1,146 @@
+package httplimit
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+
+	"sluice"
+	"sluice/memory"
+)
+
+// A spoofed X-Forwarded-For from an untrusted peer does not change the key;
+// the same header from a trusted proxy does. End to end: the peer of an
+// httptest server is 127.0.0.1.
+func TestSpoofedForwardedFor(t *testing.T) {
+	t.Parallel()
+	untrusted, err := ClientIP(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	trusted, err := ClientIP(&IPOptions{TrustedProxies: []string{"127.0.0.0/8", "::1"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name string
+		key  KeyFunc
+		want []int // statuses for the XFF values below, one request each
+	}{
+		// Every request counts against 127.0.0.1, whatever it claims.
+		{"untrusted peer", untrusted, []int{200, 429, 429, 429}},
+		// Each claimed client has its own quota; a repeat is denied.
+		{"trusted proxy", trusted, []int{200, 200, 429, 200}},
+	}
+	xff := []string{"198.51.100.1", "198.51.100.2", "198.51.100.2", "6.6.6.6, 198.51.100.3"}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			e := newEnv(t, []Rule{{Name: "ip", Limit: sluice.PerHour(1), Key: tt.key}}, nil)
+			for i, v := range xff {
+				if r := e.get("/", "X-Forwarded-For", v); r.status != tt.want[i] {
+					t.Errorf("X-Forwarded-For %q: %d, want %d", v, r.status, tt.want[i])
+				}
+			}
+		})
+	}
+}
+
+func TestKeyFuncs(t *testing.T) {
+	t.Parallel()
+	type userID int
+	req := func(f func(r *http.Request)) *http.Request {
+		r := httptest.NewRequest("POST", "/items/42?x=1", nil)
+		r.RemoteAddr = "[2001:db8:1:2:3:4:5:6]:5555"
+		if f != nil {
+			f(r)
+		}
+		return r
+	}
+	withCtx := func(v any) func(r *http.Request) {
+		return func(r *http.Request) { *r = *r.WithContext(context.WithValue(r.Context(), ctxKey{}, v)) }
+	}
+	tests := []struct {
+		name    string
+		fn      KeyFunc
+		f       func(r *http.Request)
+		want    string
+		wantErr error // ErrNoKey, or errAny for any other error
+	}{
+		{"peer ip /64", PeerIP(), nil, "2001:db8:1:2::/64", nil},
+		{"peer ipv4", PeerIP(), func(r *http.Request) { r.RemoteAddr = "192.0.2.1:80" }, "192.0.2.1", nil},
+		{"bad peer", PeerIP(), func(r *http.Request) { r.RemoteAddr = "@" }, "", errAny},
+		{"header", Header("x-api-key"), func(r *http.Request) { r.Header.Set("X-API-Key", "k1") }, "k1", nil},
+		{"missing header", Header("X-API-Key"), nil, "", ErrNoKey},
+		{"empty header", Header("X-API-Key"), func(r *http.Request) { r.Header.Set("X-API-Key", "") }, "", ErrNoKey},
+		{"cookie", Cookie("sid"), func(r *http.Request) { r.AddCookie(&http.Cookie{Name: "sid", Value: "s1"}) }, "s1", nil},
+		{"missing cookie", Cookie("sid"), nil, "", ErrNoKey},
+		{"malformed cookie header", Cookie("sid"), func(r *http.Request) { r.Header.Set("Cookie", "===;;;") }, "", ErrNoKey},
+		{"context string", ContextValue(ctxKey{}), withCtx("alice"), "alice", nil},
+		{"context int", ContextValue(ctxKey{}), withCtx(42), "42", nil},
+		{"context missing", ContextValue(ctxKey{}), nil, "", ErrNoKey},
+		{"context wrong type", ContextValue(ctxKey{}), withCtx(userID(1)), "", errAny},
+		{"route from path", Route(), nil, "POST /items/42", nil},
+		{"route from pattern", Route(), func(r *http.Request) { r.Pattern = "POST /items/{id}" }, "POST /items/{id}", nil},
+		{"route from hostless pattern", Route(), func(r *http.Request) { r.Pattern = "/items/" }, "POST /items/", nil},
+		{"global", Global(), nil, "*", nil},
+		{"compose", Compose(Header("X-API-Key"), Route()), func(r *http.Request) { r.Header.Set("X-API-Key", "k1") }, "2:k114:POST /items/42", nil},
+		{"compose missing part", Compose(Header("X-API-Key"), Route()), nil, "", ErrNoKey},
+		{"compose nil", Compose(nil), nil, "", errAny},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := tt.fn(req(tt.f))
+			switch {
+			case tt.wantErr == errAny:
+				if err == nil || errors.Is(err, ErrNoKey) {
+					t.Errorf("err = %v, want an error other than ErrNoKey", err)
+				}
+			case !errors.Is(err, tt.wantErr):
+				t.Errorf("err = %v, want %v", err, tt.wantErr)
+			case got != tt.want:
+				t.Errorf("key = %q, want %q", got, tt.want)
+			}
+		})
+	}
+}
+
+var errAny = errors.New("any error")
+
+// Compositions are unambiguous: ("a:b", "c") and ("a", "b:c") differ.
+func TestComposeUnambiguous(t *testing.T) {
+	t.Parallel()
+	k := Compose(Header("A"), Header("B"))
+	r1 := httptest.NewRequest("GET", "/", nil)
+	r1.Header.Set("A", "x:1")
+	r1.Header.Set("B", "y")
+	r2 := httptest.NewRequest("GET", "/", nil)
+	r2.Header.Set("A", "x")
+	r2.Header.Set("B", "1:y")
+	k1, _ := k(r1)
+	k2, _ := k(r2)
+	if k1 == k2 {
+		t.Errorf("both compose to %q", k1)
+	}
+}
+
+// A key function error is answered by the error handler, not the next
+// handler.
+func TestKeyErrorHandled(t *testing.T) {
+	t.Parallel()
+	store := memory.New(nil)
+	t.Cleanup(func() { store.Close() })
+	m, err := New(store, []Rule{{Name: "p", Limit: sluice.PerMinute(1), Key: PeerIP()}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := httptest.NewRequest("GET", "/", nil)
+	r.RemoteAddr = "not-an-address"
+	rec := httptest.NewRecorder()
+	m.Handler(okHandler).ServeHTTP(rec, r)
+	if rec.Code != 500 || rec.Header().Get("Content-Type") != "application/problem+json" {
+		t.Errorf("bad peer: %d %q %q", rec.Code, rec.Header().Get("Content-Type"), rec.Body.String())
+	}
+}

@@ -1,0 +1,131 @@
+package ipkey
+
+import (
+	"errors"
+	"net/netip"
+	"strings"
+	"testing"
+)
+
+func TestClient(t *testing.T) {
+	t.Parallel()
+	proxies := []string{"10.0.0.0/8", "2001:db8:ffff::/48", "192.0.2.7"}
+	tests := []struct {
+		name    string
+		trusted []string
+		header  string
+		peer    string
+		lines   []string
+		want    string
+	}{
+		{"no proxies: peer, whatever the header", nil, "", "203.0.113.9", []string{"1.1.1.1"}, "203.0.113.9"},
+		{"untrusted peer: spoofed header ignored", proxies, "", "203.0.113.9", []string{"1.1.1.1"}, "203.0.113.9"},
+		{"trusted peer: rightmost hop", proxies, "", "10.1.2.3", []string{"198.51.100.1"}, "198.51.100.1"},
+		{"client-forged hops left of the real one", proxies, "", "10.1.2.3", []string{"6.6.6.6, 7.7.7.7, 198.51.100.1"}, "198.51.100.1"},
+		{"chain of trusted proxies", proxies, "", "10.1.2.3", []string{"6.6.6.6, 198.51.100.1, 10.9.9.9, 192.0.2.7"}, "198.51.100.1"},
+		{"several header lines", proxies, "", "10.1.2.3", []string{"6.6.6.6, 198.51.100.1", "10.9.9.9"}, "198.51.100.1"},
+		{"all trusted: leftmost", proxies, "", "10.1.2.3", []string{"10.0.0.1, 10.0.0.2"}, "10.0.0.1"},
+		{"no header: peer", proxies, "", "10.1.2.3", nil, "10.1.2.3"},
+		{"garbage hop: the proxy that reported it", proxies, "", "10.1.2.3", []string{"garbage, 10.0.0.5"}, "10.0.0.5"},
+		{"garbage left of the client is never read", proxies, "", "10.1.2.3", []string{"garbage, 198.51.100.1"}, "198.51.100.1"},
+		{"ports and brackets", proxies, "", "10.1.2.3", []string{"[2001:db8::1]:443, 10.0.0.9:8080"}, "2001:db8::1"},
+		{"empty hops skipped", proxies, "", "10.1.2.3", []string{" , 198.51.100.1 ,, "}, "198.51.100.1"},
+		{"ipv4-mapped peer and hops", proxies, "", "::ffff:10.1.2.3", []string{"::ffff:198.51.100.1"}, "198.51.100.1"},
+		{"ipv6 proxy", proxies, "", "2001:db8:ffff::1", []string{"198.51.100.1"}, "198.51.100.1"},
+		{"Forwarded", proxies, "Forwarded", "10.1.2.3", []string{`for=6.6.6.6, for="[2001:db8:cafe::17]:4711";proto=https, for=10.0.0.1;by=10.0.0.2`}, "2001:db8:cafe::17"},
+		{"Forwarded obfuscated", proxies, "Forwarded", "10.1.2.3", []string{`for=_hidden, for=10.0.0.1`}, "10.0.0.1"},
+		{"Forwarded without for", proxies, "Forwarded", "10.1.2.3", []string{`proto=https`}, "10.1.2.3"},
+		{"Forwarded ignored when XFF configured", proxies, "", "10.1.2.3", nil, "10.1.2.3"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r, err := New(tt.trusted, tt.header, 0, 128)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := r.Client(netip.MustParseAddr(tt.peer), tt.lines)
+			if got.String() != tt.want {
+				t.Errorf("Client = %v, want %s", got, tt.want)
+			}
+		})
+	}
+}
+
+func TestClientBoundedWalk(t *testing.T) {
+	t.Parallel()
+	r, err := New([]string{"10.0.0.0/8"}, "", 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	line := "198.51.100.1," + strings.Repeat("10.0.0.1,", 100_000) + "10.0.0.2"
+	if got := r.Client(netip.MustParseAddr("10.1.1.1"), []string{line}); got.String() == "198.51.100.1" || !r.Trusts(got) {
+		t.Errorf("Client = %v: want the walk to stop after %d trusted hops", got, MaxHops)
+	}
+}
+
+func TestKey(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		v4, v6 int
+		addr   string
+		want   string
+	}{
+		{0, 0, "192.0.2.1", "192.0.2.1"},
+		{0, 0, "2001:db8:1:2:3:4:5:6", "2001:db8:1:2::/64"},
+		{0, 0, "2001:db8:1:2:ffff::", "2001:db8:1:2::/64"},
+		{0, 0, "fe80::1%eth0", "fe80::/64"},
+		{0, 128, "2001:db8:1:2:3:4:5:6", "2001:db8:1:2:3:4:5:6"},
+		{0, 48, "2001:db8:1:2:3:4:5:6", "2001:db8:1::/48"},
+		{24, 0, "192.0.2.200", "192.0.2.0/24"},
+		{0, 0, "::ffff:192.0.2.1", "192.0.2.1"},
+	}
+	for _, tt := range tests {
+		r, err := New(nil, "", tt.v4, tt.v6)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := r.Key(netip.MustParseAddr(tt.addr)); got != tt.want {
+			t.Errorf("Key(%s, /%d, /%d) = %q, want %q", tt.addr, tt.v4, tt.v6, got, tt.want)
+		}
+	}
+}
+
+func TestNewErrors(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		trusted []string
+		header  string
+		v4, v6  int
+	}{
+		{[]string{"10.0.0.0/33"}, "", 0, 0},
+		{[]string{"not-an-ip"}, "", 0, 0},
+		{nil, "X-Real-IP", 0, 0},
+		{nil, "", 33, 0},
+		{nil, "", 0, 129},
+		{nil, "", -1, 0},
+	} {
+		if _, err := New(tt.trusted, tt.header, tt.v4, tt.v6); !errors.Is(err, ErrConfig) {
+			t.Errorf("New(%v, %q, %d, %d) = %v, want ErrConfig", tt.trusted, tt.header, tt.v4, tt.v6, err)
+		}
+	}
+}
+
+func TestParsePeer(t *testing.T) {
+	t.Parallel()
+	for in, want := range map[string]string{
+		"192.0.2.1:1234":       "192.0.2.1",
+		"[2001:db8::1]:443":    "2001:db8::1",
+		"192.0.2.1":            "192.0.2.1",
+		"[::ffff:10.0.0.1]:80": "10.0.0.1",
+	} {
+		got, err := ParsePeer(in)
+		if err != nil || got.String() != want {
+			t.Errorf("ParsePeer(%q) = %v, %v; want %s", in, got, err, want)
+		}
+	}
+	for _, in := range []string{"", "@", "pipe", "host:80"} {
+		if _, err := ParsePeer(in); err == nil {
+			t.Errorf("ParsePeer(%q) succeeded", in)
+		}
+	}
+}
