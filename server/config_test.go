@@ -1,0 +1,197 @@
+package server
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"sluice"
+)
+
+func TestParseSluiceConfig(t *testing.T) {
+	cfg := mustConfig(t, `
+domain: edge
+policies:
+  - name: api
+    limit: 100/min burst 20
+    key: "{api_key}"
+    overrides:
+      - match: premium-*
+        limit: 1000/min
+      - match: [partner-a, partner-b]
+        limit: token_bucket 50/s
+  - name: login
+    algorithm: sliding_window_log
+    limit: 5/15m
+    cost: 1
+    strategy: shadow
+  - name: export
+    limit: 10/h
+    burst: 3
+    cost: 2
+`)
+	if got, want := len(cfg.Policies), 3; got != want {
+		t.Fatalf("%d policies, want %d", got, want)
+	}
+	api, login, export := cfg.Policy("api"), cfg.Policy("login"), cfg.Policy("export")
+	tests := []struct {
+		name      string
+		got, want any
+	}{
+		{"api limit", api.Limit, sluice.Limit{Rate: 100, Period: time.Minute, Burst: 20}},
+		{"api key", api.Key, "{api_key}"},
+		{"api domain", api.Domain, "edge"},
+		{"premium override keeps GCRA", api.limitFor("premium-42"), sluice.Limit{Rate: 1000, Period: time.Minute}},
+		{"partner override names its algorithm", api.limitFor("partner-b"), sluice.Limit{Algorithm: sluice.TokenBucket, Rate: 50, Period: time.Second}},
+		{"others get the policy's limit", api.limitFor("partner-c"), api.Limit},
+		{"login algorithm field", login.Limit, sluice.Limit{Algorithm: sluice.SlidingWindowLog, Rate: 5, Period: 15 * time.Minute}},
+		{"login strategy", login.Strategy, Shadow},
+		{"login default key", login.Key, "{key}"},
+		{"export burst field", export.Limit, sluice.Limit{Rate: 10, Period: time.Hour, Burst: 3}},
+		{"export cost", export.Cost, int64(2)},
+		{"domains", strings.Join(cfg.Domains(), ","), "edge"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if tt.got != tt.want {
+				t.Errorf("got %v, want %v", tt.got, tt.want)
+			}
+		})
+	}
+}
+
+// TestConfigErrors: every error names file:line:column, and decoding is
+// strict.
+func TestConfigErrors(t *testing.T) {
+	tests := []struct {
+		name string
+		yaml string
+		want string // substring, after "test.yaml:"
+	}{
+		{"unknown top-level field", "policies: []\nlimits: 3\n", `2:1: unknown field "limits"`},
+		{"unknown policy field", "policies:\n  - name: a\n    limit: 1/s\n    burts: 3\n", `4:5: unknown field "burts"`},
+		{"unknown envoy field", "domain: d\ndescriptors:\n  - key: a\n    rate_limit:\n      unit: second\n      request_per_unit: 3\n", `6:7: unknown field "request_per_unit"`},
+		{"bad limit", "policies:\n  - name: a\n    limit: 10/fortnight\n", `3:12: sluice: invalid limit`},
+		{"bad algorithm", "policies:\n  - name: a\n    limit: 1/s\n    algorithm: bogus\n", `4:16: sluice: invalid limit: unknown algorithm "bogus"`},
+		{"algorithm contradicts limit", "policies:\n  - name: a\n    limit: token_bucket 1/s\n    algorithm: gcra\n", `4:16: algorithm gcra contradicts`},
+		{"window with burst", "policies:\n  - name: a\n    limit: fixed_window 5/s\n    burst: 9\n", `4:12: sluice: invalid limit`},
+		{"missing name", "policies:\n  - limit: 1/s\n", `2:5: policy needs a name`},
+		{"missing limit", "policies:\n  - name: a\n", `2:5: policy "a" needs a limit`},
+		{"bad name", "policies:\n  - name: 'a b'\n    limit: 1/s\n", `2:11: policy name "a b"`},
+		{"duplicate name", "policies:\n  - name: a\n    limit: 1/s\n  - name: a\n    limit: 2/s\n", `4:11: duplicate policy name "a" (first at test.yaml:2)`},
+		{"duplicate field", "policies:\n  - name: a\n    limit: 1/s\n    limit: 2/s\n", `4:5: duplicate field "limit"`},
+		{"bad strategy", "policies:\n  - name: a\n    limit: 1/s\n    strategy: delay\n", `4:15: strategy "delay": want reject or shadow`},
+		{"cost above burst", "policies:\n  - name: a\n    limit: 1/s\n    cost: 2\n", `4:11: sluice: cost exceeds burst`},
+		{"cost not a number", "policies:\n  - name: a\n    limit: 1/s\n    cost: lots\n", `4:11: want an integer`},
+		{"bad key template", "policies:\n  - name: a\n    limit: 1/s\n    key: '{user'\n", `4:10: key "{user": unclosed '{'`},
+		{"template without variables", "policies:\n  - name: a\n    limit: 1/s\n    key: fixed\n", `4:10: key "fixed": needs at least one {variable}`},
+		{"same descriptor keys", "policies:\n  - name: a\n    limit: 1/s\n    key: '{u}:{r}'\n  - name: b\n    limit: 1/s\n    key: '{r}/{u}'\n", `7:10: key "{r}/{u}" takes the same descriptor entries as policy "a"`},
+		{"override without match", "policies:\n  - name: a\n    limit: 1/s\n    overrides:\n      - limit: 2/s\n", `5:9: override needs match and limit`},
+		{"envoy without domain", "descriptors:\n  - key: a\n", `1:1: envoy ratelimit config needs a domain`},
+		{"envoy empty key", "domain: d\ndescriptors:\n  - value: a\n", `3:5: descriptor has empty key`},
+		{"envoy bad unit", "domain: d\ndescriptors:\n  - key: a\n    rate_limit:\n      unit: fortnight\n      requests_per_unit: 3\n", `5:13: invalid rate limit unit 'fortnight'`},
+		{"envoy unlimited with unit", "domain: d\ndescriptors:\n  - key: a\n    rate_limit:\n      unlimited: true\n      unit: second\n", `6:13: should not specify rate limit unit when unlimited`},
+		{"envoy duplicate descriptor", "domain: d\ndescriptors:\n  - key: a\n    value: b\n  - key: a\n    value: b\n", `5:5: duplicate descriptor composite key 'd.a_b'`},
+		{"envoy share_threshold needs a wildcard", "domain: d\ndescriptors:\n  - key: a\n    value: b\n    share_threshold: true\n", `5:22: share_threshold can only be used with wildcard values`},
+		{"envoy replaces itself", "domain: d\ndescriptors:\n  - key: a\n    rate_limit:\n      name: x\n      replaces: [{name: x}]\n      unit: second\n      requests_per_unit: 1\n", `6:25: replaces should not contain name of same descriptor`},
+		{"envoy bad algorithm", "domain: d\ndescriptors:\n  - key: a\n    rate_limit:\n      unit: second\n      requests_per_unit: 1\n      algorithm: magic\n", `7:18: sluice: invalid limit: unknown algorithm "magic"`},
+		{"envoy limit beyond sluice's bounds", "domain: d\ndescriptors:\n  - key: a\n    rate_limit:\n      unit: second\n      requests_per_unit: 4000000000\n", `6:26: sluice: invalid limit: rate 4000000000 exceeds`},
+		{"duplicate domain", "domain: d\n---\ndomain: d\n", `3:9: duplicate domain "d" (first at test.yaml:1)`},
+		{"yaml syntax", "policies:\n  - name: a\n    limit: \"unclosed\n", `3:1: found unexpected end of stream`},
+		{"yaml tab", "policies:\n  - name: a\n\tlimit: 1/s\n", `2:1: found a tab character`},
+		{"not a mapping", "- a\n- b\n", `1:1: want a mapping`},
+		{"empty", "# nothing\n", ` empty configuration`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := ParseConfig("test.yaml", []byte(tt.yaml))
+			if err == nil {
+				t.Fatal("no error")
+			}
+			if !errors.Is(err, ErrConfig) {
+				t.Errorf("error %v does not wrap ErrConfig", err)
+			}
+			if !strings.Contains(err.Error(), "test.yaml:"+tt.want) {
+				t.Errorf("error:\n  %v\nwant it to contain:\n  test.yaml:%s", err, tt.want)
+			}
+		})
+	}
+}
+
+func TestConfigCollectsSeveralErrors(t *testing.T) {
+	_, err := ParseConfig("x.yaml", []byte("policies:\n  - name: a\n    limit: nope\n  - name: b\n    limit: 1/s\n    colour: red\n"))
+	var joined interface{ Unwrap() []error }
+	if !errors.As(err, &joined) || len(joined.Unwrap()) != 2 {
+		t.Fatalf("err = %v, want two errors", err)
+	}
+	var ce *ConfigError
+	if !errors.As(joined.Unwrap()[1], &ce) || ce.File != "x.yaml" || ce.Line != 6 {
+		t.Errorf("second error = %#v, want x.yaml line 6", ce)
+	}
+}
+
+func TestLoadConfigDirectory(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, text string) {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("a.yaml", "domain: one\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1}\n")
+	write("b.yml", "policies:\n  - name: p\n    limit: 1/s\n")
+	write("notes.txt", "not yaml: [")
+	cfg, err := LoadConfig(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := strings.Join(cfg.Domains(), ","), "one,sluice"; got != want {
+		t.Errorf("domains %q, want %q", got, want)
+	}
+	if got, want := len(cfg.Files), 2; got != want {
+		t.Errorf("%d files, want %d", got, want)
+	}
+	write("c.yaml", "domain: one\n")
+	if _, err := LoadConfig(dir); err == nil || !strings.Contains(err.Error(), filepath.Join(dir, "c.yaml")+":1:9: duplicate domain") {
+		t.Errorf("err = %v, want a duplicate domain in c.yaml", err)
+	}
+	if _, err := LoadConfig(filepath.Join(dir, "missing.yaml")); !errors.Is(err, ErrConfig) {
+		t.Errorf("missing file: err = %v, want ErrConfig", err)
+	}
+}
+
+func TestDemoConfig(t *testing.T) {
+	cfg := DemoConfig()
+	seen := map[sluice.Algorithm]bool{}
+	for _, p := range cfg.Policies {
+		seen[p.Limit.Algorithm] = true
+		if p.Limit.Capacity() >= 10 {
+			t.Errorf("%s: capacity %d: Burst 10 would show no denial", p.Name, p.Limit.Capacity())
+		}
+	}
+	for _, a := range sluice.Algorithms() {
+		if !seen[a] {
+			t.Errorf("no demo policy for %v", a)
+		}
+	}
+}
+
+func TestDescribe(t *testing.T) {
+	cfg := mustConfig(t, readFile(t, "testdata/envoy-example.yaml"))
+	var b strings.Builder
+	cfg.Describe(&b)
+	for _, want := range []string{
+		"domain rl\n",
+		"  foo: fixed_window 2/min\n",
+		"    bar=banned: blocked (0 per 1m0s), name banned_limit\n",
+		"    baz=shady: fixed_window 3/min, shadow_mode\n",
+		"    bay: unlimited\n",
+		"  category=account: fixed_window 4/min, replaces bkthomps, fake_name\n",
+	} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("Describe lacks %q:\n%s", want, b.String())
+		}
+	}
+}
