@@ -29,7 +29,7 @@ var okHandler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 type env struct {
 	t     *testing.T
 	clk   *storetest.Clock
-	store *memory.Store
+	store sluice.Store
 	srv   *httptest.Server
 	obs   *recorder
 }
@@ -42,7 +42,7 @@ func newEnv(t *testing.T, rules []Rule, opts *Options) *env {
 	return newEnvStore(t, clk, store, rules, opts)
 }
 
-func newEnvStore(t *testing.T, clk *storetest.Clock, store *memory.Store, rules []Rule, opts *Options) *env {
+func newEnvStore(t *testing.T, clk *storetest.Clock, store sluice.Store, rules []Rule, opts *Options) *env {
 	t.Helper()
 	e := &env{t: t, clk: clk, store: store, obs: &recorder{}}
 	var o Options
@@ -168,48 +168,54 @@ func TestOmitAllowedHeaders(t *testing.T) {
 	}
 }
 
+// retryLimits are limits whose waits are mostly not whole seconds.
+var retryLimits = []sluice.Limit{
+	sluice.PerSecond(3),
+	sluice.PerMinute(7),
+	{Rate: 10, Period: 90 * time.Second, Burst: 4},
+	{Algorithm: sluice.TokenBucket, Rate: 5, Period: 7 * time.Second},
+	{Algorithm: sluice.LeakyBucket, Rate: 13, Period: time.Minute},
+	{Algorithm: sluice.FixedWindow, Rate: 3, Period: 10 * time.Second},
+	{Algorithm: sluice.SlidingWindowLog, Rate: 4, Period: 11 * time.Second},
+	{Algorithm: sluice.SlidingWindowCounter, Rate: 6, Period: 13 * time.Second},
+}
+
 // A client that waits exactly Retry-After seconds is admitted, for every
-// algorithm and for limits whose waits are not whole seconds.
+// algorithm.
 func TestRetryAfterIsEnough(t *testing.T) {
 	t.Parallel()
-	limits := []sluice.Limit{
-		sluice.PerSecond(3),
-		sluice.PerMinute(7),
-		{Rate: 10, Period: 90 * time.Second, Burst: 4},
-		{Algorithm: sluice.TokenBucket, Rate: 5, Period: 7 * time.Second},
-		{Algorithm: sluice.LeakyBucket, Rate: 13, Period: time.Minute},
-		{Algorithm: sluice.FixedWindow, Rate: 3, Period: 10 * time.Second},
-		{Algorithm: sluice.SlidingWindowLog, Rate: 4, Period: 11 * time.Second},
-		{Algorithm: sluice.SlidingWindowCounter, Rate: 6, Period: 13 * time.Second},
-	}
-	for _, lim := range limits {
+	for _, lim := range retryLimits {
 		t.Run(lim.String(), func(t *testing.T) {
 			t.Parallel()
-			e := newEnv(t, []Rule{{Name: "p", Limit: lim, Key: PeerIP()}}, nil)
-			e.clk.Advance(123457 * time.Microsecond) // off any window edge
-			admitted, denied := 0, 0
-			for i := 0; i < 60 && denied < 12; i++ {
-				r := e.get("/")
-				if r.status == 200 {
-					admitted++
-					e.clk.Advance(time.Duration(i%3) * 100 * time.Millisecond)
-					continue
-				}
-				denied++
-				secs, err := strconv.Atoi(r.header.Get(HeaderRetryAfter))
-				if err != nil || secs < 1 {
-					t.Fatalf("Retry-After %q", r.header.Get(HeaderRetryAfter))
-				}
-				e.clk.Advance(time.Duration(secs) * time.Second)
-				if r := e.get("/"); r.status != 200 {
-					t.Fatalf("after waiting Retry-After %ds: status %d", secs, r.status)
-				}
-				admitted++
-			}
-			if denied == 0 {
-				t.Fatal("never denied: the test proves nothing")
-			}
+			checkRetryAfter(t, newEnv(t, []Rule{{Name: "p", Limit: lim, Key: PeerIP()}}, nil))
 		})
+	}
+}
+
+// checkRetryAfter drives a client that, whenever denied, waits exactly
+// Retry-After (on the fake clock) and tries again: it must be admitted.
+func checkRetryAfter(t *testing.T, e *env) {
+	t.Helper()
+	e.clk.Advance(123457 * time.Microsecond) // off any window edge
+	denied := 0
+	for i := 0; i < 60 && denied < 12; i++ {
+		r := e.get("/")
+		if r.status == 200 {
+			e.clk.Advance(time.Duration(i%3) * 100 * time.Millisecond)
+			continue
+		}
+		denied++
+		secs, err := strconv.Atoi(r.header.Get(HeaderRetryAfter))
+		if err != nil || secs < 1 {
+			t.Fatalf("Retry-After %q", r.header.Get(HeaderRetryAfter))
+		}
+		e.clk.Advance(time.Duration(secs) * time.Second)
+		if r := e.get("/"); r.status != 200 {
+			t.Fatalf("after waiting Retry-After %ds: status %d", secs, r.status)
+		}
+	}
+	if denied == 0 {
+		t.Fatal("never denied: the test proves nothing")
 	}
 }
 

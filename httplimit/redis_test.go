@@ -1,0 +1,183 @@
+package httplimit
+
+import (
+	"context"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"sluice"
+	"sluice/internal/redistest"
+	"sluice/redisstore"
+	"sluice/resilient"
+	"sluice/storetest"
+)
+
+// redisBackends returns the standalone server and the cluster, each with a
+// store on the caller's fake clock.
+func redisBackends(t *testing.T) map[string]redis.UniversalClient {
+	return map[string]redis.UniversalClient{
+		"standalone": redistest.Client(t),
+		"cluster":    redistest.ClusterClient(t),
+	}
+}
+
+func TestRedisHeadersAndRetryAfter(t *testing.T) {
+	t.Parallel()
+	for name, client := range redisBackends(t) {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			for _, lim := range retryLimits {
+				t.Run(lim.String(), func(t *testing.T) {
+					t.Parallel()
+					clk := storetest.NewClock(time.Now().Truncate(time.Second))
+					store := redisstore.New(client, &redisstore.Options{Prefix: redistest.Prefix(t), Clock: clk.Now})
+					checkRetryAfter(t, newEnvStore(t, clk, store, []Rule{{Name: "p", Limit: lim, Key: PeerIP()}}, nil))
+				})
+			}
+			t.Run("headers", func(t *testing.T) {
+				t.Parallel()
+				clk := storetest.NewClock(time.Now().Truncate(time.Second))
+				store := redisstore.New(client, &redisstore.Options{Prefix: redistest.Prefix(t), Clock: clk.Now})
+				e := newEnvStore(t, clk, store, []Rule{{Name: "api", Limit: sluice.PerMinute(2), Key: PeerIP()}}, nil)
+				for i, want := range []string{`"api";r=1;t=30`, `"api";r=0;t=60`, `"api";r=0;t=30`} {
+					r := e.get("/")
+					if got := r.header.Get(HeaderRateLimit); got != want {
+						t.Errorf("request %d: RateLimit %q, want %q", i, got, want)
+					}
+					if i == 2 && (r.status != 429 || r.header.Get(HeaderRetryAfter) != "30") {
+						t.Errorf("denial: %d, Retry-After %q", r.status, r.header.Get(HeaderRetryAfter))
+					}
+				}
+			})
+		})
+	}
+}
+
+// Layered limits on Redis leak no quota under concurrency: on the cluster
+// the two keys live in different slots (take in turn, refund on denial); on
+// the standalone server one script takes both.
+func TestRedisLayeredNoLeak(t *testing.T) {
+	t.Parallel()
+	for name, client := range redisBackends(t) {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			store := redisstore.New(client, &redisstore.Options{Prefix: redistest.Prefix(t)})
+			account := sluice.PerHour(1000)
+			rules := []Rule{
+				{Name: "account", Limit: account, Key: Header("X-Account")},
+				{Name: "ip", Limit: sluice.PerHour(25).With(sluice.SlidingWindowLog), Key: PeerIP()},
+			}
+			e := newEnvStore(t, storetest.NewClock(time.Now()), store, rules, nil)
+			var ok, denied atomic.Int64
+			var wg sync.WaitGroup
+			for range 8 {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for range 10 {
+						req, _ := http.NewRequest("GET", e.srv.URL, nil)
+						req.Header.Set("X-Account", "acme")
+						resp, err := e.srv.Client().Do(req)
+						if err != nil {
+							t.Error(err)
+							return
+						}
+						resp.Body.Close()
+						switch resp.StatusCode {
+						case 200:
+							ok.Add(1)
+						case 429:
+							denied.Add(1)
+						default:
+							t.Errorf("status %d", resp.StatusCode)
+						}
+					}
+				}()
+			}
+			wg.Wait()
+			if got := ok.Load(); got != 25 {
+				t.Errorf("admitted %d, want exactly 25", got)
+			}
+			d, err := store.Peek(context.Background(), "httplimit:account:acme", account, 1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got, want := d.Remaining, account.Capacity()-ok.Load(); got != want {
+				t.Errorf("account remaining %d, want %d: %d denied requests leaked quota", got, want, denied.Load())
+			}
+		})
+	}
+}
+
+// With HashKey, no raw client identity reaches Redis.
+func TestRedisHashedKeys(t *testing.T) {
+	t.Parallel()
+	client := redistest.Client(t)
+	prefix := redistest.Prefix(t)
+	store := redisstore.New(client, &redisstore.Options{Prefix: prefix})
+	e := newEnvStore(t, storetest.NewClock(time.Now()), store, []Rule{
+		{Name: "ip", Limit: sluice.PerMinute(5), Key: PeerIP()},
+		{Name: "key", Limit: sluice.PerMinute(5), Key: Header("X-API-Key"), Strategy: Penalty, Penalty: time.Minute},
+	}, &Options{HashKey: []byte("a secret")})
+	for range 7 {
+		e.get("/", "X-API-Key", "sk_live_12345")
+	}
+	keys, err := client.Keys(context.Background(), prefix+"*").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(keys) < 3 { // ip, key and the penalty block
+		t.Fatalf("keys %q: expected the limits and the block", keys)
+	}
+	for _, k := range keys {
+		if strings.Contains(k, "127.0.0.1") || strings.Contains(k, "sk_live") {
+			t.Errorf("raw identity in Redis key %q", k)
+		}
+	}
+}
+
+// A dead Redis without a failure policy is an error response, at once;
+// wrapped by resilient it is the policy's answer.
+func TestRedisUnavailable(t *testing.T) {
+	t.Parallel()
+	srv := redistest.StartServer(t)
+	client := redis.NewClient(&redis.Options{Addr: srv.Addr, MaxRetries: -1})
+	t.Cleanup(func() { client.Close() })
+	srv.Stop()
+	rule := []Rule{{Name: "api", Limit: sluice.PerMinute(5), Key: PeerIP()}}
+	clk := storetest.NewClock(time.Now())
+
+	bare := newEnvStore(t, clk, redisstore.New(client, nil), rule, nil)
+	if r := bare.get("/"); r.status != http.StatusServiceUnavailable || !strings.Contains(r.body, "unavailable") {
+		t.Errorf("bare store: %d %q", r.status, r.body)
+	}
+
+	for _, tt := range []struct {
+		policy resilient.Policy
+		want   []int
+	}{
+		{resilient.FailOpen, []int{200, 200, 200, 200, 200, 200, 200}},
+		{resilient.FailClosed, []int{429}},
+		{resilient.FallbackLocal, []int{200, 200, 200, 200, 200, 429}},
+	} {
+		t.Run(tt.policy.String(), func(t *testing.T) {
+			rs, err := resilient.NewMulti(redisstore.New(client, nil), &resilient.Options{Policy: tt.policy})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { rs.Close() })
+			e := newEnvStore(t, clk, rs, rule, nil)
+			for i, want := range tt.want {
+				if r := e.get("/"); r.status != want {
+					t.Errorf("request %d: %d, want %d", i, r.status, want)
+				}
+			}
+		})
+	}
+}
