@@ -34,10 +34,9 @@ const adminToken = "s3cret-token"
 // straddles a window edge, so the verdicts are exact.
 var t0 = time.Date(2030, 1, 2, 3, 4, 1, 0, time.UTC)
 
-// startService serves the service's HTTP API with this dashboard mounted at
-// "/", as `sluice serve` does, on the demo configuration plus one shadow
-// policy.
-func startService(t *testing.T) string {
+// testConfig is the demo configuration plus one shadow policy and any
+// extra policies given as YAML list items.
+func testConfig(t *testing.T, extra string) *server.Config {
 	t.Helper()
 	var b strings.Builder
 	b.WriteString("policies:\n")
@@ -45,17 +44,26 @@ func startService(t *testing.T) string {
 		fmt.Fprintf(&b, "  - name: %s\n    limit: %s\n", p.Name, p.Limit)
 	}
 	b.WriteString("  - name: shadow\n    limit: 3/min\n    strategy: shadow\n")
+	b.WriteString(extra)
 	cfg, err := server.ParseConfig("dashboard-test.yaml", []byte(b.String()))
 	if err != nil {
 		t.Fatalf("config:\n%s\n%v", b.String(), err)
 	}
+	return cfg
+}
+
+// startService serves the service's HTTP API with this dashboard mounted at
+// "/", as `sluice serve` does, on testConfig.
+func startService(t *testing.T) (string, *server.Service) {
+	t.Helper()
+	cfg := testConfig(t, "")
 	clock := func() time.Time { return t0 }
 	store := memory.New(&memory.Options{Clock: clock, SweepInterval: -1})
 	t.Cleanup(func() { _ = store.Close() })
 	svc := server.NewService(store, cfg, &server.ServiceOptions{Clock: clock})
 	ts := httptest.NewServer(svc.Handler(&server.HandlerOptions{AdminToken: adminToken, Dashboard: dashboard.Handler()}))
 	t.Cleanup(ts.Close)
-	return ts.URL
+	return ts.URL, svc
 }
 
 func chromiumPath(t *testing.T) string {
@@ -256,7 +264,7 @@ func burst(t *testing.T, ctx context.Context, name string) []result {
 }
 
 func TestBrowser(t *testing.T) {
-	base := startService(t)
+	base, svc := startService(t)
 	policies := fetchPolicies(t, base)
 	var fixed, shadow policyInfo
 	for _, p := range policies {
@@ -463,6 +471,20 @@ func TestBrowser(t *testing.T) {
 					t.Errorf("%s = %s, want %s", tt.expr, got, tt.want)
 				}
 			})
+		}
+	})
+
+	t.Run("config reload adds a card", func(t *testing.T) {
+		svc.SetConfig(testConfig(t, "  - name: added\n    limit: sliding_window_log 2/min\n"))
+		// The next statistics poll names the new policy and the page
+		// reloads its policies.
+		waitFor(t, ctx, jsCard("added")+` !== null && document.body.dataset.policies === "`+strconv.Itoa(len(policies)+1)+`"`,
+			`document.body.dataset.policies + " " + document.getElementById("status").textContent`)
+		if n := len(readResults(t, ctx, fixed.Name)); n != 10 {
+			t.Errorf("the unchanged fixed-window card kept %d results, want 10", n)
+		}
+		if got, want := eval[string](t, ctx, jsCard("added")+`.querySelector(".limit").textContent`), "2/min"; got != want {
+			t.Errorf("new card's limit %q, want %q", got, want)
 		}
 	})
 

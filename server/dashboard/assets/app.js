@@ -141,6 +141,9 @@
   let statsBusy = false;
   let statsAgain = false; // an action finished while a poll was in flight
   let polls = 0;
+  let cardSeq = 0;
+  let loading = null; // the policies request in flight
+  let seenSeries = ""; // policy names of the last stats reply that differed from the cards
 
   const $ = (id) => document.getElementById(id);
 
@@ -182,9 +185,9 @@
 
   // ---- cards ----
 
-  function buildCard(p, index) {
+  function buildCard(p) {
     const tpl = $("card-template").content.firstElementChild.cloneNode(true);
-    const id = "policy-" + index;
+    const id = "policy-" + ++cardSeq;
     tpl.id = id;
     tpl.dataset.policy = p.name;
     tpl.dataset.algorithm = p.algorithm || "";
@@ -301,7 +304,8 @@
       for (let i = 0; i < n; i++) {
         let res;
         try {
-          res = await api("POST", "/v1/check", { policy: card.policy.name, key, cost: 1 });
+          // No cost: the server applies the policy's own cost, as for any client.
+          res = await api("POST", "/v1/check", { policy: card.policy.name, key });
         } catch (e) {
           res = { status: 0, data: null, error: "network error: " + e.message };
         }
@@ -320,7 +324,7 @@
     await Promise.all(policies.map(async (p) => {
       const card = cards.get(p.name);
       try {
-        const res = await api("POST", "/v1/peek", { policy: p.name, key, cost: 1 });
+        const res = await api("POST", "/v1/peek", { policy: p.name, key });
         if (res.status === 200 && res.data) setRemaining(card, res.data.remaining);
       } catch {
         // Leave the old value; the next action refreshes it.
@@ -418,6 +422,14 @@
         return;
       }
       const bucketMs = Number(res.data.bucket_ms) || 0;
+      // The statistics follow the server's configuration; a policy the
+      // cards do not know means it was reloaded. Reload once per change.
+      const names = res.data.series.map((s) => s.policy);
+      const sig = JSON.stringify(names);
+      if ((names.length !== cards.size || names.some((n) => !cards.has(n))) && sig !== seenSeries) {
+        seenSeries = sig;
+        loadPolicies().then((ok) => { if (ok) scheduleStats(0); });
+      }
       for (const s of res.data.series) {
         const card = cards.get(s.policy);
         if (!card) continue;
@@ -466,6 +478,27 @@
     $("reset-all").addEventListener("click", resetAll);
     document.addEventListener("visibilitychange", () => { if (!document.hidden) scheduleStats(0); });
 
+    // Until the API answers (the server may be starting), try again.
+    while (!(await loadPolicies())) await new Promise((r) => setTimeout(r, 3000));
+    document.body.dataset.ready = "true";
+    pollStats();
+  }
+
+  // sameDefinition reports whether a reloaded policy is unchanged, so its
+  // card (and its results) can stay.
+  function sameDefinition(a, b) {
+    const f = (p) => JSON.stringify([p.name, p.algorithm, p.limit, p.rate, p.period_ms, p.burst, p.shadow]);
+    return f(a) === f(b);
+  }
+
+  function loadPolicies() {
+    if (!loading) loading = fetchPolicies().finally(() => { loading = null; });
+    return loading;
+  }
+
+  // fetchPolicies builds one card per policy. On a reload (the server's
+  // configuration changed) unchanged cards are kept as they are.
+  async function fetchPolicies() {
     let res;
     try {
       res = await api("GET", "/v1/policies");
@@ -473,24 +506,39 @@
       res = { status: 0, data: null, error: e.message };
     }
     if (res.status !== 200 || !res.data || !Array.isArray(res.data.policies)) {
-      $("loading").textContent = "Could not load policies: " + (res.error || problemMessage(res.status, res.data));
-      $("loading").classList.add("error");
-      return;
+      const msg = "Could not load policies: " + (res.error || problemMessage(res.status, res.data));
+      const el = $("loading");
+      if (el) {
+        el.textContent = msg;
+        el.classList.add("error");
+      } else {
+        setStatus(msg, "error");
+      }
+      return false;
     }
-    policies = res.data.policies;
-    const list = $("cards");
-    policies.forEach((p, i) => {
-      const card = buildCard(p, i);
-      cards.set(p.name, card);
-      clearResults(card);
-      setBusy(card, false);
-      list.append(card.el);
-    });
-    $("loading").remove();
+    const next = res.data.policies;
+    const kept = new Map();
+    for (const p of next) {
+      const old = cards.get(p.name);
+      let card = old;
+      if (!old || !sameDefinition(old.policy, p)) {
+        card = buildCard(p);
+        clearResults(card);
+        setBusy(card, false);
+      }
+      kept.set(p.name, card);
+    }
+    const reload = policies.length > 0 || cards.size > 0;
+    $("cards").replaceChildren(...[...kept.values()].map((c) => c.el));
+    cards.clear();
+    for (const [name, card] of kept) cards.set(name, card);
+    policies = next;
+    $("loading")?.remove();
     if (!policies.length) setStatus("The server has no policies configured.", "info");
-    document.body.dataset.ready = "true";
+    else if (reload) setStatus("The server's policies changed; the cards were updated.", "info");
+    document.body.dataset.policies = String(policies.length);
     peekAll();
-    pollStats();
+    return true;
   }
 
   document.addEventListener("DOMContentLoaded", start);
