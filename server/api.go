@@ -60,7 +60,13 @@ func (s *Service) Handler(opts *HandlerOptions) http.Handler {
 	if o.Metrics != nil {
 		mux.Handle("GET /metrics", o.Metrics.Handler())
 	}
+	allow := map[string]string{"/v1/policies": "GET", "/v1/stats": "GET", "/v1/check": "POST", "/v1/peek": "POST", "/v1/reset": "POST"}
 	mux.HandleFunc("/v1/", func(w http.ResponseWriter, r *http.Request) {
+		if m, ok := allow[r.URL.Path]; ok {
+			w.Header().Set("Allow", m)
+			problem(w, http.StatusMethodNotAllowed, r.Method+" "+r.URL.Path+": use "+m)
+			return
+		}
 		problem(w, http.StatusNotFound, "no such endpoint: "+r.URL.Path)
 	})
 	if o.Dashboard == nil {

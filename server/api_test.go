@@ -1,0 +1,344 @@
+package server
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+)
+
+const apiConfig = `
+domain: web
+policies:
+  - name: fw
+    limit: fixed_window 3/10s
+  - name: dry
+    limit: 1/min
+    strategy: shadow
+  - name: heavy
+    limit: token_bucket 10/s burst 4
+    cost: 2
+`
+
+type apiEnv struct {
+	svc   *Service
+	h     http.Handler
+	clock *fakeClock
+}
+
+func newAPI(t *testing.T, opts *HandlerOptions) *apiEnv {
+	t.Helper()
+	clock := newFakeClock()
+	svc := newMemService(t, apiConfig, clock)
+	return &apiEnv{svc: svc, h: svc.Handler(opts), clock: clock}
+}
+
+// do sends one request as a loopback client unless remote is set.
+func (e *apiEnv) do(t *testing.T, method, path, body string, hdr map[string]string, remote string) *httptest.ResponseRecorder {
+	t.Helper()
+	r := httptest.NewRequest(method, path, strings.NewReader(body))
+	r.RemoteAddr = "127.0.0.1:40000"
+	if remote != "" {
+		r.RemoteAddr = remote
+	}
+	for k, v := range hdr {
+		r.Header.Set(k, v)
+	}
+	w := httptest.NewRecorder()
+	e.h.ServeHTTP(w, r)
+	return w
+}
+
+func decodeBody(t *testing.T, w *httptest.ResponseRecorder) map[string]any {
+	t.Helper()
+	var m map[string]any
+	if err := json.Unmarshal(w.Body.Bytes(), &m); err != nil {
+		t.Fatalf("body %q: %v", w.Body.String(), err)
+	}
+	return m
+}
+
+func TestAPIPolicies(t *testing.T) {
+	e := newAPI(t, nil)
+	w := e.do(t, "GET", "/v1/policies", "", nil, "")
+	if w.Code != 200 {
+		t.Fatalf("status %d", w.Code)
+	}
+	var got struct{ Policies []policyJSON }
+	if err := json.Unmarshal(w.Body.Bytes(), &got); err != nil {
+		t.Fatal(err)
+	}
+	want := []policyJSON{
+		{"fw", "fixed_window", "fixed_window 3/10s", 3, 10000, 3, false},
+		{"dry", "gcra", "1/min", 1, 60000, 1, true},
+		{"heavy", "token_bucket", "token_bucket 10/s burst 4", 10, 1000, 4, false},
+	}
+	if len(got.Policies) != len(want) {
+		t.Fatalf("got %+v", got.Policies)
+	}
+	for i := range want {
+		if got.Policies[i] != want[i] {
+			t.Errorf("policy %d = %+v, want %+v", i, got.Policies[i], want[i])
+		}
+	}
+}
+
+func TestAPICheck(t *testing.T) {
+	e := newAPI(t, nil)
+	e.clock.Set(t0.Add(4 * time.Second))
+	steps := []struct {
+		name, path, body string
+		code             int
+		want             string // compact JSON of the body
+		retryAfter       string
+	}{
+		{"allowed", "/v1/check", `{"policy":"fw","key":"k"}`, 200,
+			`{"policy":"fw","key":"k","allowed":true,"limit":3,"remaining":2,"retry_after_ms":0,"reset_after_ms":6000}`, ""},
+		{"cost", "/v1/check", `{"policy":"fw","key":"k","cost":2}`, 200,
+			`{"policy":"fw","key":"k","allowed":true,"limit":3,"remaining":0,"retry_after_ms":0,"reset_after_ms":6000}`, ""},
+		{"denied", "/v1/check", `{"policy":"fw","key":"k"}`, 429,
+			`{"policy":"fw","key":"k","allowed":false,"limit":3,"remaining":0,"retry_after_ms":6000,"reset_after_ms":6000}`, "6"},
+		{"peek is 200 and takes nothing", "/v1/peek", `{"policy":"fw","key":"other"}`, 200,
+			`{"policy":"fw","key":"other","allowed":true,"limit":3,"remaining":3,"retry_after_ms":0,"reset_after_ms":0}`, ""},
+		{"peek of a denied key", "/v1/peek", `{"policy":"fw","key":"k"}`, 200,
+			`{"policy":"fw","key":"k","allowed":false,"limit":3,"remaining":0,"retry_after_ms":6000,"reset_after_ms":6000}`, "6"},
+		{"shadow allows", "/v1/check", `{"policy":"dry","key":"k"}`, 200,
+			`{"policy":"dry","key":"k","allowed":true,"limit":1,"remaining":0,"retry_after_ms":0,"reset_after_ms":60000}`, ""},
+		{"shadow denial is 200", "/v1/check", `{"policy":"dry","key":"k"}`, 200,
+			`{"policy":"dry","key":"k","allowed":false,"shadow_denied":true,"limit":1,"remaining":0,"retry_after_ms":60000,"reset_after_ms":60000}`, ""},
+		{"policy cost by default", "/v1/check", `{"policy":"heavy","key":"k"}`, 200,
+			`{"policy":"heavy","key":"k","allowed":true,"limit":4,"remaining":2,"retry_after_ms":0,"reset_after_ms":200}`, ""},
+	}
+	for _, s := range steps {
+		t.Run(s.name, func(t *testing.T) {
+			w := e.do(t, "POST", s.path, s.body, nil, "")
+			if w.Code != s.code {
+				t.Errorf("status %d, want %d", w.Code, s.code)
+			}
+			if got := strings.TrimSpace(w.Body.String()); got != s.want {
+				t.Errorf("body\n  %s\nwant\n  %s", got, s.want)
+			}
+			if got := w.Header().Get("Retry-After"); got != s.retryAfter {
+				t.Errorf("Retry-After %q, want %q", got, s.retryAfter)
+			}
+			if w.Header().Get("X-RateLimit-Limit") == "" || w.Header().Get("RateLimit-Policy") == "" {
+				t.Errorf("rate-limit headers missing: %v", w.Header())
+			}
+		})
+	}
+}
+
+func TestAPIErrors(t *testing.T) {
+	e := newAPI(t, nil)
+	tests := []struct {
+		name, method, path, body string
+		code                     int
+		detail                   string
+	}{
+		{"malformed JSON", "POST", "/v1/check", `{"policy":`, 400, "malformed JSON"},
+		{"not an object", "POST", "/v1/check", `[1]`, 400, "malformed JSON"},
+		{"unknown field", "POST", "/v1/check", `{"policy":"fw","key":"k","weight":3}`, 400, `unknown field "weight"`},
+		{"trailing data", "POST", "/v1/check", `{"policy":"fw","key":"k"} {}`, 400, "unexpected data"},
+		{"empty body", "POST", "/v1/check", ``, 400, "empty body"},
+		{"too large", "POST", "/v1/check", `{"policy":"fw","key":"` + strings.Repeat("x", MaxBodyBytes) + `"}`, 413, "exceeds"},
+		{"unknown policy", "POST", "/v1/check", `{"policy":"nope","key":"k"}`, 404, `unknown policy: "nope"`},
+		{"no policy", "POST", "/v1/check", `{"key":"k"}`, 400, "policy is required"},
+		{"empty key", "POST", "/v1/check", `{"policy":"fw","key":""}`, 400, "empty key"},
+		{"long key", "POST", "/v1/check", `{"policy":"fw","key":"` + strings.Repeat("k", 600) + `"}`, 400, "exceeds 512"},
+		{"negative cost", "POST", "/v1/check", `{"policy":"fw","key":"k","cost":-1}`, 400, "cost -1"},
+		{"cost above capacity", "POST", "/v1/check", `{"policy":"fw","key":"k","cost":4}`, 400, "cost exceeds burst"},
+		{"unknown endpoint", "GET", "/v1/nothing", ``, 404, "no such endpoint"},
+		{"reset unknown policy", "POST", "/v1/reset", `{"policy":"nope","key":"k"}`, 404, "unknown policy"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			w := e.do(t, tt.method, tt.path, tt.body, nil, "")
+			if w.Code != tt.code {
+				t.Errorf("status %d, want %d", w.Code, tt.code)
+			}
+			if ct := w.Header().Get("Content-Type"); ct != "application/problem+json" {
+				t.Errorf("Content-Type %q", ct)
+			}
+			m := decodeBody(t, w)
+			if d, _ := m["detail"].(string); !strings.Contains(d, tt.detail) {
+				t.Errorf("detail %q, want it to contain %q", d, tt.detail)
+			}
+			if m["status"] != float64(tt.code) {
+				t.Errorf("status field %v", m["status"])
+			}
+		})
+	}
+	if w := e.do(t, "GET", "/v1/check", "", nil, ""); w.Code != http.StatusMethodNotAllowed {
+		t.Errorf("GET /v1/check: %d, want 405", w.Code)
+	}
+}
+
+func TestAPIAdmin(t *testing.T) {
+	body := `{"policy":"fw","key":"k"}`
+	tests := []struct {
+		name   string
+		token  string
+		auth   string
+		remote string
+		code   int
+	}{
+		{"no token configured, loopback", "", "", "127.0.0.1:5000", 204},
+		{"no token configured, IPv6 loopback", "", "", "[::1]:5000", 204},
+		{"no token configured, remote", "", "", "203.0.113.9:5000", 403},
+		{"no token configured, forged forwarding header ignored", "", "", "203.0.113.9:5000", 403},
+		{"token, none sent", "s3cret", "", "127.0.0.1:5000", 401},
+		{"token, wrong", "s3cret", "Bearer nope", "127.0.0.1:5000", 403},
+		{"token, wrong scheme", "s3cret", "Basic czNjcmV0", "203.0.113.9:5000", 401},
+		{"token, right, from anywhere", "s3cret", "Bearer s3cret", "203.0.113.9:5000", 204},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			e := newAPI(t, &HandlerOptions{AdminToken: tt.token})
+			for range 3 {
+				e.do(t, "POST", "/v1/check", body, nil, "")
+			}
+			hdr := map[string]string{"X-Forwarded-For": "127.0.0.1"}
+			if tt.auth != "" {
+				hdr["Authorization"] = tt.auth
+			}
+			w := e.do(t, "POST", "/v1/reset", body, hdr, tt.remote)
+			if w.Code != tt.code {
+				t.Fatalf("status %d, want %d: %s", w.Code, tt.code, w.Body.String())
+			}
+			if tt.code == 401 && w.Header().Get("WWW-Authenticate") == "" {
+				t.Error("401 without WWW-Authenticate")
+			}
+			after := e.do(t, "POST", "/v1/check", body, nil, "")
+			if reset := tt.code == 204; (after.Code == 200) != reset {
+				t.Errorf("after reset (%v): check got %d", reset, after.Code)
+			}
+		})
+	}
+}
+
+// TestAPIStats: /v1/stats counts decisions of /v1/check and of RLS (not
+// peeks) in 5s buckets, oldest first, the last being the current one.
+func TestAPIStats(t *testing.T) {
+	e := newAPI(t, nil)
+	e.clock.Set(t0.Add(-3 * time.Second)) // the bucket before the current one
+	for range 4 {
+		e.do(t, "POST", "/v1/check", `{"policy":"fw","key":"a"}`, nil, "")
+	}
+	e.clock.Set(t0.Add(2 * time.Second))
+	e.do(t, "POST", "/v1/check", `{"policy":"fw","key":"a"}`, nil, "")
+	e.do(t, "POST", "/v1/peek", `{"policy":"fw","key":"a"}`, nil, "")
+	e.svc.ShouldRateLimit(t.Context(), rlsRequest("web", desc("policy=dry", "key=z")))
+	w := e.do(t, "GET", "/v1/stats", "", nil, "")
+	var got struct {
+		BucketMS int64 `json:"bucket_ms"`
+		Buckets  int   `json:"buckets"`
+		Series   []Series
+	}
+	if err := json.Unmarshal(w.Body.Bytes(), &got); err != nil {
+		t.Fatal(err)
+	}
+	if got.BucketMS != 5000 || got.Buckets != 60 || len(got.Series) != 3 {
+		t.Fatalf("got %+v", got)
+	}
+	fw, dry := got.Series[0], got.Series[1]
+	if fw.Policy != "fw" || len(fw.Allowed) != 60 || len(fw.Denied) != 60 {
+		t.Fatalf("fw series %+v", fw)
+	}
+	last := func(s []int64, back int) int64 { return s[len(s)-1-back] }
+	if a, d := last(fw.Allowed, 1), last(fw.Denied, 1); a != 3 || d != 1 {
+		t.Errorf("previous bucket: %d allowed, %d denied; want 3, 1", a, d)
+	}
+	if a, d := last(fw.Allowed, 0), last(fw.Denied, 0); a != 1 || d != 0 {
+		t.Errorf("current bucket: %d allowed, %d denied; want 1, 0 (the window turned)", a, d)
+	}
+	if a := last(dry.Allowed, 0); a != 1 {
+		t.Errorf("RLS decision not counted: %v", dry.Allowed)
+	}
+	// Five minutes later the counts have aged out.
+	e.clock.Set(t0.Add(6 * time.Minute))
+	w = e.do(t, "GET", "/v1/stats", "", nil, "")
+	var again struct{ Series []Series }
+	if err := json.Unmarshal(w.Body.Bytes(), &again); err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range again.Series {
+		for i := range s.Allowed {
+			if s.Allowed[i] != 0 || s.Denied[i] != 0 {
+				t.Fatalf("%s: stale counts %v %v", s.Policy, s.Allowed, s.Denied)
+			}
+		}
+	}
+}
+
+func TestAPIHealth(t *testing.T) {
+	down := errors.New("connection refused")
+	var ready error
+	m := NewMetrics()
+	e := newAPI(t, &HandlerOptions{Metrics: m, Ready: func(context.Context) error { return ready }})
+	e.svc.metrics = m
+	if w := e.do(t, "GET", "/healthz", "", nil, ""); w.Code != 200 {
+		t.Errorf("healthz %d", w.Code)
+	}
+	if w := e.do(t, "GET", "/readyz", "", nil, ""); w.Code != 200 {
+		t.Errorf("readyz %d", w.Code)
+	}
+	ready = down
+	if w := e.do(t, "GET", "/readyz", "", nil, ""); w.Code != 503 || !strings.Contains(w.Body.String(), "connection refused") {
+		t.Errorf("readyz with the store down: %d %s", w.Code, w.Body.String())
+	}
+	for range 4 {
+		e.do(t, "POST", "/v1/check", `{"policy":"fw","key":"m"}`, nil, "")
+	}
+	w := e.do(t, "GET", "/metrics", "", nil, "")
+	body := w.Body.String()
+	for _, want := range []string{
+		`sluice_decisions_total{outcome="allowed",policy="fw"} 3`,
+		`sluice_decisions_total{outcome="denied",policy="fw"} 1`,
+		`sluice_near_limit_total{policy="fw"} 1`,
+		`sluice_store_latency_seconds_count{op="take"} 4`,
+		`sluice_config_reloads_total{result="failure"} 0`,
+		`sluice_fallback_active 0`,
+	} {
+		if !strings.Contains(body, want) {
+			t.Errorf("metrics lack %q", want)
+		}
+	}
+}
+
+func TestAPIDashboardMount(t *testing.T) {
+	e := newAPI(t, nil)
+	w := e.do(t, "GET", "/", "", nil, "")
+	if w.Code != 200 || !strings.Contains(w.Body.String(), "<html") {
+		t.Errorf("placeholder: %d %q", w.Code, w.Body.String())
+	}
+	dash := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "dashboard "+r.URL.Path) })
+	e = newAPI(t, &HandlerOptions{Dashboard: dash})
+	if w := e.do(t, "GET", "/app.js", "", nil, ""); w.Body.String() != "dashboard /app.js" {
+		t.Errorf("dashboard mount: %q", w.Body.String())
+	}
+	if w := e.do(t, "GET", "/v1/policies", "", nil, ""); !strings.Contains(w.Body.String(), `"policies"`) {
+		t.Errorf("API shadowed by the dashboard: %q", w.Body.String())
+	}
+}
+
+// TestEnvoyJSONEndpoint: POST /json answers like envoyproxy/ratelimit's.
+func TestEnvoyJSONEndpoint(t *testing.T) {
+	e := newAPI(t, nil)
+	body := `{"domain":"web","descriptors":[{"entries":[{"key":"policy","value":"fw"},{"key":"key","value":"j"}]}],"hitsAddend":3}`
+	w := e.do(t, "POST", "/json", body, nil, "")
+	if w.Code != 200 || !strings.Contains(w.Body.String(), `"overallCode":"OK"`) {
+		t.Errorf("first: %d %s", w.Code, w.Body.String())
+	}
+	w = e.do(t, "POST", "/json", body, nil, "")
+	if w.Code != 429 || !strings.Contains(w.Body.String(), `"overallCode":"OVER_LIMIT"`) {
+		t.Errorf("second: %d %s", w.Code, w.Body.String())
+	}
+	if w := e.do(t, "POST", "/json", `{"domain":`, nil, ""); w.Code != 400 {
+		t.Errorf("malformed: %d", w.Code)
+	}
+}
