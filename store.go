@@ -4,7 +4,7 @@ import "context"
 
 // Store keeps rate-limit state and makes decisions atomically. The memory
 // store (package sluice/memory) is exact within one process; the Redis store
-// (package sluice/redis) shares state across a fleet. Every store passes the
+// (package sluice/redisstore) shares state across a fleet. Every store passes the
 // conformance suite in package sluice/storetest.
 //
 // Contract:

@@ -3,7 +3,7 @@ package memory
 // fixedWindow counts units per calendar window [w·period, (w+1)·period).
 // State: a = window number w, b = units taken in it. A denied request adds
 // nothing, so the count never passes rate. Mirrors
-// redis/scripts/fixed_window.lua.
+// redisstore/scripts/fixed_window.lua.
 func fixedWindow(st *state, now int64, p *params, cost int64, commit bool) result {
 	w := floorDiv(now, p.period)
 	count := st.b

@@ -5,7 +5,7 @@ package memory
 //
 // Taking n units moves TAT to max(TAT, now) + n·interval; that is allowed
 // while it stays within capacity·interval of now. One integer per key, no
-// floating point, no drift. Mirrors redis/scripts/gcra.lua.
+// floating point, no drift. Mirrors redisstore/scripts/gcra.lua.
 func gcra(st *state, now int64, p *params, cost int64, commit bool) result {
 	span := p.capacity * p.interval // the furthest TAT may run ahead of now
 	tat := st.a

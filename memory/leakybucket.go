@@ -5,7 +5,7 @@ package memory
 // level + cost <= capacity. State: a = level, b = time (µs) of the last
 // whole leak, or when the bucket was last found empty. Integer throughout,
 // so the remaining count is the floored one. It decides exactly as GCRA and
-// the token bucket do. Mirrors redis/scripts/leaky_bucket.lua.
+// the token bucket do. Mirrors redisstore/scripts/leaky_bucket.lua.
 func leakyBucket(st *state, now int64, p *params, cost int64, commit bool) result {
 	level, last := st.a, st.b
 	if st.expires == 0 {

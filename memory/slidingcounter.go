@@ -9,7 +9,7 @@ import "math"
 // State: a = current window number, b = cur, c = prev: constant memory.
 //
 // The estimate is a float64 computed with exactly the operations, in exactly
-// the order, of redis/scripts/sliding_window_counter.lua (explicit float64
+// the order, of redisstore/scripts/sliding_window_counter.lua (explicit float64
 // conversions stop Go from fusing them), so both agree bit for bit.
 func slidingWindowCounter(st *state, now int64, p *params, cost int64, commit bool) result {
 	w := floorDiv(now, p.period)

@@ -6,7 +6,7 @@ import "math"
 // fewer than rate units fall in (now−period, now]. A denied request records
 // nothing. The retry time comes from the entry that must expire for cost
 // units to fit. State: the log (sorted ascending); memory O(rate) per key.
-// Mirrors redis/scripts/sliding_window_log.lua.
+// Mirrors redisstore/scripts/sliding_window_log.lua.
 func slidingWindowLog(st *state, now int64, p *params, cost int64, commit bool) result {
 	lg := &st.log
 	threshold := now - p.period // entries at or before it have expired

@@ -3,7 +3,7 @@
 // It is the embedded default and the local fallback when Redis fails.
 //
 // Each algorithm lives in a file named like its Redis script
-// (redis/scripts/gcra.lua beside gcra.go): both implement the same integer
+// (redisstore/scripts/gcra.lua beside gcra.go): both implement the same integer
 // arithmetic and a differential test holds them to the same decisions.
 package memory
 

@@ -4,7 +4,7 @@ package memory
 // interval. State: a = tokens, b = time (µs) the last whole token arrived,
 // or the time the bucket was last found full. Whole tokens and integer
 // microseconds: no floating-point drift. It decides exactly as GCRA does.
-// Mirrors redis/scripts/token_bucket.lua.
+// Mirrors redisstore/scripts/token_bucket.lua.
 func tokenBucket(st *state, now int64, p *params, cost int64, commit bool) result {
 	tokens, last := st.a, st.b
 	if st.expires == 0 {
