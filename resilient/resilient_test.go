@@ -15,6 +15,10 @@ import (
 
 var t0 = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 
+// slow is the timeout of tests that are not about timeouts: long enough
+// that a busy machine never trips it.
+const slow = time.Minute
+
 // flaky wraps a real memory store and fails, or stalls, on demand: the
 // breaker and the timeout are about how a backend fails, not what it
 // computes. Real Redis failures are in fault_test.go.
@@ -117,6 +121,7 @@ func TestPolicies(t *testing.T) {
 			b.mode.Store(1)
 			o := tt.opts
 			o.Clock = clk.Now
+			o.Timeout = slow
 			if o.Policy == FallbackLocal {
 				fb := memory.New(&memory.Options{Clock: clk.Now, SweepInterval: -1})
 				t.Cleanup(func() { fb.Close() })
@@ -154,7 +159,7 @@ func TestBreaker(t *testing.T) {
 	clk := storetest.NewClock(t0)
 	b := newFlaky(clk.Now)
 	rec := &recorder{}
-	s, err := New(b, &Options{Policy: FailOpen, FailureThreshold: 3, ProbeInterval: time.Second, Clock: clk.Now, Observer: rec})
+	s, err := New(b, &Options{Policy: FailOpen, FailureThreshold: 3, ProbeInterval: time.Second, Clock: clk.Now, Observer: rec, Timeout: slow})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -255,7 +260,7 @@ func TestDenyCache(t *testing.T) {
 	t.Parallel()
 	clk := storetest.NewClock(t0)
 	b := newFlaky(clk.Now)
-	s, err := New(b, &Options{Clock: clk.Now})
+	s, err := New(b, &Options{Clock: clk.Now, Timeout: slow})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -329,7 +334,7 @@ func TestDenyCacheMatchesBackend(t *testing.T) {
 		t.Run(a.String(), func(t *testing.T) {
 			t.Parallel()
 			clk := storetest.NewClock(t0)
-			cached, err := New(memory.New(&memory.Options{Clock: clk.Now, SweepInterval: -1}), &Options{Clock: clk.Now})
+			cached, err := New(memory.New(&memory.Options{Clock: clk.Now, SweepInterval: -1}), &Options{Clock: clk.Now, Timeout: slow})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -378,7 +383,7 @@ func TestDenyCacheBounded(t *testing.T) {
 func TestBadInputIsNotAFailure(t *testing.T) {
 	t.Parallel()
 	b := newFlaky(time.Now)
-	s, err := New(b, &Options{Policy: FailClosed, FailureThreshold: 1})
+	s, err := New(b, &Options{Policy: FailClosed, FailureThreshold: 1, Timeout: slow})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -436,7 +441,7 @@ func TestTakeAll(t *testing.T) {
 	clk := storetest.NewClock(t0)
 	b := newFlaky(clk.Now)
 	rec := &recorder{}
-	s, err := NewMulti(b, &Options{Clock: clk.Now, Observer: rec})
+	s, err := NewMulti(b, &Options{Clock: clk.Now, Observer: rec, Timeout: slow})
 	if err != nil {
 		t.Fatal(err)
 	}
