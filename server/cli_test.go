@@ -1,0 +1,320 @@
+package server
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// TestMain lets the test binary act as the sluice command: a test runs
+// os.Args[0] with SLUICE_TEST_MAIN=1 and gets the real program, signals and
+// exit codes included.
+func TestMain(m *testing.M) {
+	if os.Getenv("SLUICE_TEST_MAIN") == "1" {
+		os.Exit(Main(os.Args[1:], os.Stdout, os.Stderr))
+	}
+	os.Exit(m.Run())
+}
+
+// proc is a running sluice process.
+type proc struct {
+	cmd    *exec.Cmd
+	lines  chan string // stdout, line by line
+	stderr *syncBuffer
+	http   string
+	grpc   string
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+func sluiceCmd(env []string, args ...string) *exec.Cmd {
+	cmd := exec.Command(os.Args[0], args...)
+	cmd.Env = append(os.Environ(), "SLUICE_TEST_MAIN=1")
+	cmd.Env = append(cmd.Env, env...)
+	return cmd
+}
+
+// startSluice runs `sluice serve` and waits until it prints its addresses.
+func startSluice(t *testing.T, env []string, args ...string) *proc {
+	t.Helper()
+	p := &proc{cmd: sluiceCmd(env, append([]string{"serve"}, args...)...), lines: make(chan string, 100), stderr: &syncBuffer{}}
+	out, err := p.cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.cmd.Stderr = p.stderr
+	if err := p.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if p.cmd.ProcessState == nil {
+			p.cmd.Process.Kill()
+			p.cmd.Wait()
+		}
+	})
+	go func() {
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			p.lines <- sc.Text()
+		}
+		close(p.lines)
+	}()
+	for p.http == "" || p.grpc == "" {
+		line := p.expect(t, "sluice serve: ")
+		if rest, ok := strings.CutPrefix(line, "sluice serve: http "); ok {
+			p.http, _, _ = strings.Cut(rest, " ")
+		}
+		if rest, ok := strings.CutPrefix(line, "sluice serve: grpc "); ok {
+			p.grpc, _, _ = strings.Cut(rest, " ")
+		}
+	}
+	return p
+}
+
+// expect returns the next stdout line that starts with prefix.
+func (p *proc) expect(t *testing.T, prefix string) string {
+	t.Helper()
+	timeout := time.After(30 * time.Second)
+	for {
+		select {
+		case line, ok := <-p.lines:
+			if !ok {
+				t.Fatalf("sluice exited before printing %q; stderr:\n%s", prefix, p.stderr.String())
+			}
+			if strings.HasPrefix(line, prefix) {
+				return line
+			}
+		case <-timeout:
+			t.Fatalf("sluice did not print %q; stderr:\n%s", prefix, p.stderr.String())
+		}
+	}
+}
+
+func (p *proc) signal(t *testing.T, sig os.Signal) {
+	t.Helper()
+	if err := p.cmd.Process.Signal(sig); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func (p *proc) post(t *testing.T, path, body string) (int, map[string]any) {
+	t.Helper()
+	resp, err := http.Post("http://"+p.http+path, "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var m map[string]any
+	json.NewDecoder(resp.Body).Decode(&m)
+	return resp.StatusCode, m
+}
+
+func (p *proc) get(t *testing.T, path string) (int, string) {
+	t.Helper()
+	resp, err := http.Get("http://" + p.http + path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+func (p *proc) policies(t *testing.T) string {
+	t.Helper()
+	_, body := p.get(t, "/v1/policies")
+	var got struct{ Policies []policyJSON }
+	if err := json.Unmarshal([]byte(body), &got); err != nil {
+		t.Fatalf("policies %q: %v", body, err)
+	}
+	var names []string
+	for _, p := range got.Policies {
+		names = append(names, p.Name+"="+p.Limit)
+	}
+	return strings.Join(names, ",")
+}
+
+func (p *proc) stop(t *testing.T) {
+	t.Helper()
+	p.signal(t, syscall.SIGTERM)
+	p.expect(t, "sluice serve: stopped")
+	if err := p.cmd.Wait(); err != nil {
+		t.Errorf("exit after SIGTERM: %v; stderr:\n%s", err, p.stderr.String())
+	}
+}
+
+// TestCLIServeWithoutFlags: the README's first command. The addresses come
+// from the environment (port 0), so no flag is given.
+func TestCLIServeWithoutFlags(t *testing.T) {
+	p := startSluice(t, []string{"SLUICE_HTTP_ADDR=127.0.0.1:0", "SLUICE_GRPC_ADDR=127.0.0.1:0"})
+	code, page := p.get(t, "/")
+	if code != 200 || !strings.Contains(page, "<html") {
+		t.Errorf("dashboard: %d %.200q", code, page)
+	}
+	if got := p.policies(t); !strings.Contains(got, "fixed_window=fixed_window 5/10s") || strings.Count(got, "=") != 6 {
+		t.Errorf("demo policies: %s", got)
+	}
+	// Burst 10 as the dashboard sends it: a sliding log admits exactly 5
+	// of 10 in any 10 seconds, wherever the burst falls.
+	allowed, denied := 0, 0
+	for range 10 {
+		switch code, _ := p.post(t, "/v1/check", `{"policy":"sliding_window_log","key":"burst"}`); code {
+		case 200:
+			allowed++
+		case 429:
+			denied++
+		default:
+			t.Fatalf("check: %d", code)
+		}
+	}
+	if allowed != 5 || denied != 5 {
+		t.Errorf("burst of 10: %d allowed, %d denied; want 5, 5", allowed, denied)
+	}
+	if code, body := p.post(t, "/v1/reset", `{"policy":"sliding_window_log","key":"burst"}`); code != 204 {
+		t.Errorf("reset from loopback: %d %v", code, body)
+	}
+	if code, _ := p.get(t, "/readyz"); code != 200 {
+		t.Errorf("readyz %d", code)
+	}
+	if code, body := p.get(t, "/metrics"); code != 200 || !strings.Contains(body, `sluice_decisions_total{outcome="denied",policy="sliding_window_log"} 5`) {
+		t.Errorf("metrics: %d", code)
+	}
+	p.stop(t)
+}
+
+func TestCLIBadConfig(t *testing.T) {
+	dir := t.TempDir()
+	bad := filepath.Join(dir, "bad.yaml")
+	os.WriteFile(bad, []byte("policies:\n  - name: api\n    limit: 10/fortnight\n"), 0o644)
+	good := filepath.Join(dir, "good.yaml")
+	os.WriteFile(good, []byte("policies:\n  - name: api\n    limit: 10/min\n"), 0o644)
+	tests := []struct {
+		name   string
+		args   []string
+		code   int
+		stdout string
+		stderr string
+	}{
+		{"serve refuses a bad config", []string{"serve", "--config", bad, "--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0"}, 1, "", bad + ":3:12: sluice: invalid limit"},
+		{"check-config names file:line", []string{"check-config", bad}, 1, "", bad + ":3:12:"},
+		{"check-config prints what it understood", []string{"check-config", good}, 0, "policy api: 10/min", ""},
+		{"check-config reads envoy's format", []string{"check-config", "testdata/envoy-example.yaml"}, 0, "foo: fixed_window 2/min", ""},
+		{"missing file", []string{"check-config", filepath.Join(dir, "none.yaml")}, 1, "", "no such file"},
+		{"bad redis URL", []string{"serve", "--redis", "http://x", "--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0"}, 1, "", "invalid redis URL"},
+		{"bad failure policy", []string{"serve", "--failure-policy", "maybe"}, 2, "", "failure policy"},
+		{"unknown command", []string{"launch"}, 2, "", "unknown command"},
+		{"no command", nil, 2, "", "Usage:"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var stdout, stderr bytes.Buffer
+			cmd := sluiceCmd(nil, tt.args...)
+			cmd.Stdout, cmd.Stderr = &stdout, &stderr
+			err := cmd.Run()
+			code := 0
+			if ee, ok := err.(*exec.ExitError); ok {
+				code = ee.ExitCode()
+			} else if err != nil {
+				t.Fatal(err)
+			}
+			if code != tt.code {
+				t.Errorf("exit code %d, want %d; stderr:\n%s", code, tt.code, stderr.String())
+			}
+			if !strings.Contains(stdout.String(), tt.stdout) {
+				t.Errorf("stdout lacks %q:\n%s", tt.stdout, stdout.String())
+			}
+			if !strings.Contains(stderr.String(), tt.stderr) {
+				t.Errorf("stderr lacks %q:\n%s", tt.stderr, stderr.String())
+			}
+		})
+	}
+}
+
+// TestCLIReload: SIGHUP reloads; a bad new config is rejected and the old
+// one stays; with watching on, editing the file is enough.
+func TestCLIReload(t *testing.T) {
+	dir := t.TempDir()
+	cfgFile := filepath.Join(dir, "sluice.yaml")
+	write := func(s string) {
+		t.Helper()
+		// Write beside and rename, as editors and config management do, so
+		// the watcher never reads half a file.
+		tmp := cfgFile + ".tmp"
+		if err := os.WriteFile(tmp, []byte(s), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(tmp, cfgFile); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("policies:\n  - name: a\n    limit: sliding_window_log 1/h\n")
+	t.Run("SIGHUP", func(t *testing.T) {
+		p := startSluice(t, nil, "--config", cfgFile, "--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0", "--watch-interval", "0")
+		if code, _ := p.post(t, "/v1/check", `{"policy":"a","key":"k"}`); code != 200 {
+			t.Fatalf("first check %d", code)
+		}
+		if code, _ := p.post(t, "/v1/check", `{"policy":"a","key":"k"}`); code != 429 {
+			t.Fatalf("second check %d", code)
+		}
+		write("policies:\n  - name: a\n    limit: sliding_window_log 3/h\n  - name: b\n    limit: fixed_window 2/s\n")
+		p.signal(t, syscall.SIGHUP)
+		p.expect(t, "sluice serve: config reloaded")
+		if got, want := p.policies(t), "a=sliding_window_log 3/h,b=fixed_window 2/s"; got != want {
+			t.Errorf("after reload: %s, want %s", got, want)
+		}
+		// The key's state survives the reload: 1 of 3 is used.
+		if code, m := p.post(t, "/v1/check", `{"policy":"a","key":"k"}`); code != 200 || m["remaining"] != float64(1) {
+			t.Errorf("after reload: %d %v", code, m)
+		}
+		write("policies:\n  - name: a\n    limit: sliding_window_log 3/h\n  - name: b\n    limit: 2/s\n    colour: blue\n")
+		p.signal(t, syscall.SIGHUP)
+		for deadline := time.Now().Add(20 * time.Second); !strings.Contains(p.stderr.String(), cfgFile+":6:5: unknown field \"colour\""); {
+			if time.Now().After(deadline) {
+				t.Fatalf("bad config not reported; stderr:\n%s", p.stderr.String())
+			}
+			time.Sleep(10 * time.Millisecond) // the error is logged, not printed to stdout
+		}
+		if got, want := p.policies(t), "a=sliding_window_log 3/h,b=fixed_window 2/s"; got != want {
+			t.Errorf("after a bad reload: %s, want the old %s", got, want)
+		}
+		p.stop(t)
+	})
+	t.Run("file change", func(t *testing.T) {
+		write("policies:\n  - name: a\n    limit: 1/min\n")
+		p := startSluice(t, nil, "--config", cfgFile, "--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0", "--watch-interval", "50ms")
+		write("policies:\n  - name: c\n    limit: 7/h\n")
+		deadline := time.Now().Add(20 * time.Second)
+		for p.policies(t) != "c=7/h" {
+			if time.Now().After(deadline) {
+				t.Fatalf("no reload after the file changed; policies %s", p.policies(t))
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		p.stop(t)
+	})
+}
