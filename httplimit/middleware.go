@@ -1,14 +1,9 @@
 package httplimit
 
 import (
-	"crypto/hmac"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
-	"hash"
 	"net/http"
-	"sync"
 	"time"
 
 	"sluice"
@@ -140,9 +135,8 @@ type Options struct {
 // wait, or, when allowed, the rule closest to exhaustion.
 type Middleware struct {
 	eng         *enforce.Engine
+	keyer       *enforce.Keyer
 	rules       []rule
-	hashKey     []byte
-	hmacs       sync.Pool
 	exempt      func(*http.Request) bool
 	omitAllowed bool
 	deny        func(http.ResponseWriter, *http.Request, Denial)
@@ -155,10 +149,7 @@ type rule struct {
 	key   KeyFunc
 	cost  func(*http.Request) int64
 	match func(*http.Request) bool
-	// Key layouts: base + ':' + key, base + '#' + hash; penalty keys put
-	// '!' first. Names cannot contain these bytes, so no two rules' keys,
-	// nor a key and a penalty key, can collide.
-	base        string
+	base        string // the key stem (see enforce.Keyer)
 	quoted      string // the name as a structured-field string
 	policyValue string // RateLimit-Policy
 }
@@ -186,7 +177,7 @@ func New(store sluice.Store, rules []Rule, opts *Options) (*Middleware, error) {
 	}
 	m := &Middleware{
 		eng:         enforce.New(store, o.Observer),
-		hashKey:     o.HashKey,
+		keyer:       enforce.NewKeyer(o.Prefix, o.HashKey),
 		exempt:      o.Exempt,
 		omitAllowed: o.OmitAllowedHeaders,
 		deny:        o.DenyHandler,
@@ -201,11 +192,6 @@ func New(store sluice.Store, rules []Rule, opts *Options) (*Middleware, error) {
 	}
 	if m.clock == nil {
 		m.clock = time.Now
-	}
-	if len(m.hashKey) > 0 {
-		key := append([]byte(nil), m.hashKey...)
-		m.hashKey = key
-		m.hmacs.New = func() any { return hmac.New(sha256.New, key) }
 	}
 	seen := make(map[string]bool, len(rules))
 	enforcing := 0
@@ -227,7 +213,7 @@ func New(store sluice.Store, rules []Rule, opts *Options) (*Middleware, error) {
 		q := quoteSF(r.Name)
 		m.rules = append(m.rules, rule{
 			Rule: er, key: r.Key, cost: r.Cost, match: r.Match,
-			base: o.Prefix + r.Name, quoted: q, policyValue: policyField(q, r.Limit),
+			base: m.keyer.Base(r.Name), quoted: q, policyValue: policyField(q, r.Limit),
 		})
 	}
 	if enforcing > 1 && !m.eng.Multi() {
@@ -272,7 +258,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 			}
 		}
 		c := enforce.Check{Rule: &ru.Rule, Cost: cost, Tag: i}
-		c.Key, c.PenaltyKey = m.keys(ru, id)
+		c.Key, c.PenaltyKey = m.keyer.Keys(ru.base, id, ru.Strategy == Penalty)
 		checks = append(checks, c)
 	}
 	if len(checks) == 0 {
@@ -293,29 +279,4 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		return
 	}
 	m.deny(w, r, Denial{Policy: m.rules[checks[v.Report].Tag].Name, Decision: v.Decision})
-}
-
-// keys returns the store key and, for Penalty rules, the block key of id
-// under ru.
-func (m *Middleware) keys(ru *rule, id string) (key, penalty string) {
-	sep := byte(':')
-	switch {
-	case len(m.hashKey) > 0:
-		h := m.hmacs.Get().(hash.Hash)
-		h.Reset()
-		h.Write([]byte(id))
-		var sum [sha256.Size]byte
-		id = hex.EncodeToString(h.Sum(sum[:0])[:16])
-		m.hmacs.Put(h)
-		sep = '#'
-	case len(ru.base)+2+len(id) > sluice.MaxKeyLen:
-		sum := sha256.Sum256([]byte(id))
-		id = hex.EncodeToString(sum[:16])
-		sep = '#'
-	}
-	key = ru.base + string(sep) + id
-	if ru.Strategy == Penalty {
-		penalty = ru.base + "!" + string(sep) + id
-	}
-	return key, penalty
 }

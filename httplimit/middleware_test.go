@@ -466,22 +466,23 @@ func TestHashKey(t *testing.T) {
 		t.Fatal(err)
 	}
 	ru := &m.rules[0]
-	k1, p1 := m.keys(ru, "192.0.2.1")
-	k2, _ := m.keys(ru, "192.0.2.2")
+	keys := func(m *Middleware, ru *rule, id string) (string, string) { return m.keyer.Keys(ru.base, id, true) }
+	k1, p1 := keys(m, ru, "192.0.2.1")
+	k2, _ := keys(m, ru, "192.0.2.2")
 	if strings.Contains(k1, "192.0.2.1") || strings.Contains(p1, "192.0.2.1") {
 		t.Errorf("raw IP in key %q / %q", k1, p1)
 	}
 	if k1 == k2 || k1 == p1 || !strings.HasPrefix(k1, "httplimit:ip#") {
 		t.Errorf("keys %q, %q, penalty %q", k1, k2, p1)
 	}
-	if again, _ := m.keys(ru, "192.0.2.1"); again != k1 {
+	if again, _ := keys(m, ru, "192.0.2.1"); again != k1 {
 		t.Errorf("hash not stable: %q vs %q", again, k1)
 	}
 	other, err := New(store, []Rule{{Name: "ip", Limit: sluice.PerMinute(1), Key: PeerIP()}}, &Options{HashKey: []byte("other")})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if k, _ := other.keys(&other.rules[0], "192.0.2.1"); k == k1 {
+	if k, _ := keys(other, &other.rules[0], "192.0.2.1"); k == k1 {
 		t.Error("different secrets give the same key")
 	}
 }

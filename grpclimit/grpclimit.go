@@ -1,0 +1,264 @@
+// Package grpclimit puts gRPC servers behind sluice rate limits, with the
+// same rules, strategies and all-or-nothing layering as package httplimit.
+//
+// A denied call fails with codes.ResourceExhausted carrying an
+// errdetails.RetryInfo (how long to wait) and an errdetails.QuotaFailure
+// naming the violated policy; the response header metadata carries the
+// rate-limit fields of httplimit.SetHeaders in lower case ("retry-after",
+// "ratelimit", "ratelimit-policy", ...). Stream calls are checked once, when
+// the stream opens.
+package grpclimit
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"sluice"
+	"sluice/httplimit"
+	"sluice/internal/enforce"
+)
+
+// Strategy is what a rule does with a call over its limit; see httplimit.
+type Strategy = enforce.Strategy
+
+// Strategies, as in httplimit.
+const (
+	Reject  = enforce.Reject
+	Delay   = enforce.Delay
+	Shadow  = enforce.Shadow
+	Penalty = enforce.Penalty
+)
+
+// Errors. Construction errors wrap ErrInvalidConfig.
+var ErrInvalidConfig = errors.New("grpclimit: invalid configuration")
+
+// Rule is one rate-limit policy for the calls it matches.
+type Rule struct {
+	// Name identifies the policy in metadata, status details and metrics:
+	// 1 to 64 letters, digits, '_', '-' or '.', unique. Required.
+	Name string
+	// Limit is the policy's limit. Required.
+	Limit sluice.Limit
+	// Key says whom the call is counted against. Required.
+	Key KeyFunc
+	// Cost weighs a call (1 to Limit.Capacity()). Default: 1.
+	Cost func(ctx context.Context, fullMethod string) int64
+	// Match selects the calls the rule applies to, by full method name
+	// ("/pkg.Service/Method"). Default: all.
+	Match func(ctx context.Context, fullMethod string) bool
+	// Strategy applies over the limit. Default: Reject.
+	Strategy Strategy
+	// MaxDelay is the longest a Delay rule holds a call.
+	MaxDelay time.Duration
+	// Penalty is how long a Penalty rule blocks a key after a violation.
+	Penalty time.Duration
+}
+
+// Options configures an Interceptor. A nil *Options is valid.
+type Options struct {
+	// Prefix starts every store key. Default: "grpclimit:".
+	Prefix string
+	// HashKey, when set, replaces every key with its HMAC-SHA-256 under this
+	// secret. Default: none.
+	HashKey []byte
+	// Exempt exempts calls from every rule (health checks, reflection).
+	// Default: none.
+	Exempt func(ctx context.Context, fullMethod string) bool
+	// OmitAllowedHeaders leaves the rate-limit metadata off allowed calls.
+	// Default: false.
+	OmitAllowedHeaders bool
+	// Observer receives every rule's decisions. Default: none.
+	Observer sluice.Observer
+	// Clock anchors x-ratelimit-reset. Default: time.Now.
+	Clock func() time.Time
+}
+
+// Interceptor enforces Rules on gRPC calls. Build one with New and install
+// Unary and Stream on a grpc.Server. It is safe for concurrent use.
+type Interceptor struct {
+	eng         *enforce.Engine
+	keyer       *enforce.Keyer
+	rules       []rule
+	exempt      func(context.Context, string) bool
+	omitAllowed bool
+	clock       func() time.Time
+}
+
+type rule struct {
+	enforce.Rule
+	key   KeyFunc
+	cost  func(context.Context, string) int64
+	match func(context.Context, string) bool
+	base  string
+}
+
+// New returns an Interceptor enforcing rules on store. Layered limits need
+// a sluice.MultiStore (memory and Redis stores are).
+func New(store sluice.Store, rules []Rule, opts *Options) (*Interceptor, error) {
+	if store == nil {
+		return nil, fmt.Errorf("%w: nil store", ErrInvalidConfig)
+	}
+	if len(rules) == 0 {
+		return nil, fmt.Errorf("%w: no rules", ErrInvalidConfig)
+	}
+	var o Options
+	if opts != nil {
+		o = *opts
+	}
+	if o.Prefix == "" {
+		o.Prefix = "grpclimit:"
+	}
+	if len(o.Prefix) > 128 {
+		return nil, fmt.Errorf("%w: prefix of %d bytes (at most 128)", ErrInvalidConfig, len(o.Prefix))
+	}
+	in := &Interceptor{
+		eng:         enforce.New(store, o.Observer),
+		keyer:       enforce.NewKeyer(o.Prefix, o.HashKey),
+		exempt:      o.Exempt,
+		omitAllowed: o.OmitAllowedHeaders,
+		clock:       o.Clock,
+	}
+	if in.clock == nil {
+		in.clock = time.Now
+	}
+	seen := map[string]bool{}
+	enforcing := 0
+	for i, r := range rules {
+		er := enforce.Rule{Name: r.Name, Limit: r.Limit, Strategy: r.Strategy, MaxDelay: r.MaxDelay, Penalty: r.Penalty}
+		if err := er.Validate(); err != nil {
+			return nil, fmt.Errorf("%w: rule %d: %w", ErrInvalidConfig, i, err)
+		}
+		if r.Key == nil {
+			return nil, fmt.Errorf("%w: rule %q has no Key", ErrInvalidConfig, r.Name)
+		}
+		if seen[r.Name] {
+			return nil, fmt.Errorf("%w: two rules named %q", ErrInvalidConfig, r.Name)
+		}
+		seen[r.Name] = true
+		if r.Strategy != Shadow {
+			enforcing++
+		}
+		in.rules = append(in.rules, rule{Rule: er, key: r.Key, cost: r.Cost, match: r.Match, base: in.keyer.Base(r.Name)})
+	}
+	if enforcing > 1 && !in.eng.Multi() {
+		return nil, fmt.Errorf("%w: %d enforcing rules on %T: %w", ErrInvalidConfig, enforcing, store, enforce.ErrNeedMultiStore)
+	}
+	return in, nil
+}
+
+// Unary returns the unary server interceptor.
+func (in *Interceptor) Unary() grpc.UnaryServerInterceptor {
+	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+		md, err := in.check(ctx, info.FullMethod)
+		if md != nil {
+			grpc.SetHeader(ctx, md) // best effort: fails only if headers were already sent
+		}
+		if err != nil {
+			return nil, err
+		}
+		return handler(ctx, req)
+	}
+}
+
+// Stream returns the stream server interceptor. A stream is checked once,
+// when it opens, at the rule's cost.
+func (in *Interceptor) Stream() grpc.StreamServerInterceptor {
+	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+		md, err := in.check(ss.Context(), info.FullMethod)
+		if md != nil {
+			ss.SetHeader(md)
+		}
+		if err != nil {
+			return err
+		}
+		return handler(srv, ss)
+	}
+}
+
+// check decides a call: a nil error admits it. md is the rate-limit
+// metadata to send, if any.
+func (in *Interceptor) check(ctx context.Context, method string) (metadata.MD, error) {
+	if in.exempt != nil && in.exempt(ctx, method) {
+		return nil, nil
+	}
+	var buf [4]enforce.Check
+	checks := buf[:0]
+	for i := range in.rules {
+		ru := &in.rules[i]
+		if ru.match != nil && !ru.match(ctx, method) {
+			continue
+		}
+		id, err := ru.key(ctx, method)
+		if errors.Is(err, ErrNoKey) {
+			continue
+		}
+		if err != nil {
+			return nil, status.Errorf(codes.Internal, "grpclimit: rule %q: cannot key call: %v", ru.Name, err)
+		}
+		cost := int64(1)
+		if ru.cost != nil {
+			cost = ru.cost(ctx, method)
+			if err := ru.Limit.ValidateCost(cost); err != nil {
+				return nil, status.Errorf(codes.Internal, "grpclimit: rule %q: %v", ru.Name, err)
+			}
+		}
+		c := enforce.Check{Rule: &ru.Rule, Cost: cost, Tag: i}
+		c.Key, c.PenaltyKey = in.keyer.Keys(ru.base, id, ru.Strategy == Penalty)
+		checks = append(checks, c)
+	}
+	if len(checks) == 0 {
+		return nil, nil
+	}
+	v, err := in.eng.Enforce(ctx, checks)
+	if err != nil {
+		return nil, status.Error(codes.Unavailable, "grpclimit: rate limiter unavailable")
+	}
+	var md metadata.MD
+	if v.Report >= 0 && (!v.Allowed || !in.omitAllowed) {
+		md = headers(in.rules[checks[v.Report].Tag].Name, v.Decision, in.clock())
+	}
+	if v.Allowed {
+		return md, nil
+	}
+	return md, denial(in.rules[checks[v.Report].Tag].Name, v.Decision)
+}
+
+// headers is httplimit.SetHeaders as gRPC metadata (lower-case keys).
+func headers(policy string, d sluice.Decision, now time.Time) metadata.MD {
+	h := http.Header{}
+	httplimit.SetHeaders(h, policy, d, now)
+	md := make(metadata.MD, len(h))
+	for k, v := range h {
+		md[strings.ToLower(k)] = v
+	}
+	return md
+}
+
+// denial is the ResourceExhausted status for a denied call.
+func denial(policy string, d sluice.Decision) error {
+	secs := max((d.RetryAfter+time.Second-1)/time.Second, 1)
+	st := status.New(codes.ResourceExhausted, "grpclimit: rate limit "+strconv.Quote(policy)+" exceeded; retry in "+strconv.FormatInt(int64(secs), 10)+"s")
+	withDetails, err := st.WithDetails(
+		&errdetails.RetryInfo{RetryDelay: durationpb.New(d.RetryAfter)},
+		&errdetails.QuotaFailure{Violations: []*errdetails.QuotaFailure_Violation{{
+			Subject:     policy,
+			Description: "rate limit " + d.Limit.String() + " exceeded",
+		}}},
+	)
+	if err != nil { // cannot happen: both details are well-formed messages
+		return st.Err()
+	}
+	return withDetails.Err()
+}
