@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"math/bits"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -299,6 +300,36 @@ func Run(ctx context.Context, name string, take TakeFunc, keys []string, gorouti
 		return r, fmt.Errorf("%w: %s used %d distinct keys, want %d", ErrBench, name, r.Keys, len(keys))
 	}
 	return r, nil
+}
+
+// RedisCPU returns the CPU time the Redis server has used since it started
+// (user and system, all threads), from INFO cpu. The difference across a run
+// divided by the calls is Redis's cost per call, which a busy machine blurs
+// far less than throughput; it counts every client of the server, so use a
+// server of your own.
+func RedisCPU(ctx context.Context, client redis.UniversalClient) (time.Duration, error) {
+	info, err := client.Info(ctx, "cpu").Result()
+	if err != nil {
+		return 0, err
+	}
+	var total float64
+	found := 0
+	for _, line := range strings.Split(info, "\n") {
+		k, v, ok := strings.Cut(strings.TrimSpace(line), ":")
+		if !ok || (k != "used_cpu_sys" && k != "used_cpu_user") {
+			continue
+		}
+		f, err := strconv.ParseFloat(v, 64)
+		if err != nil {
+			return 0, fmt.Errorf("%w: INFO cpu %s: %q", ErrBench, k, v)
+		}
+		total += f
+		found++
+	}
+	if found != 2 {
+		return 0, fmt.Errorf("%w: INFO cpu lacks used_cpu_sys or used_cpu_user", ErrBench)
+	}
+	return time.Duration(total * float64(time.Second)), nil
 }
 
 // Median returns the median of xs (the mean of the middle two for an even

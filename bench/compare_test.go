@@ -7,6 +7,7 @@ import (
 	"runtime"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -44,7 +45,7 @@ func compare(b *testing.B, client redis.UniversalClient, contenders []Contender)
 			b.Fatalf("%s: %v", c.Name, err)
 		}
 		b.Run(c.Name, func(b *testing.B) {
-			ops := runParallel(b, take, keys)
+			ops := runParallel(b, client, take, keys)
 			if c.Peer {
 				latest[c.Name] = ops
 				return
@@ -61,13 +62,22 @@ func compare(b *testing.B, client redis.UniversalClient, contenders []Contender)
 }
 
 // runParallel runs take on Goroutines goroutines (GOMAXPROCS × parallelism,
-// rounded up) and returns the throughput.
-func runParallel(b *testing.B, take TakeFunc, keys []string) float64 {
+// rounded up) and returns the throughput. With a client it also reports the
+// Redis server's CPU per call (redis-cpu-us/op), which counts every client
+// of that server: meaningful on a server of the benchmark's own.
+func runParallel(b *testing.B, client redis.UniversalClient, take TakeFunc, keys []string) float64 {
 	procs := runtime.GOMAXPROCS(0)
 	b.SetParallelism((Goroutines + procs - 1) / procs)
 	set := NewKeySet(keys)
 	ctx := context.Background()
 	var allowed, failed atomic.Int64
+	var cpu0 time.Duration
+	if client != nil {
+		var err error
+		if cpu0, err = RedisCPU(ctx, client); err != nil {
+			b.Fatal(err)
+		}
+	}
 	b.ReportAllocs()
 	b.ResetTimer()
 	b.RunParallel(func(pb *testing.PB) {
@@ -96,6 +106,13 @@ func runParallel(b *testing.B, take TakeFunc, keys []string) float64 {
 		b.Fatalf("used %d distinct keys, want %d", got, want)
 	}
 	ops := float64(b.N) / b.Elapsed().Seconds()
+	if client != nil {
+		cpu1, err := RedisCPU(ctx, client)
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.ReportMetric(float64((cpu1-cpu0).Microseconds())/float64(b.N), "redis-cpu-us/op")
+	}
 	b.ReportMetric(ops, "ops/s")
 	b.ReportMetric(float64(allowed.Load())/float64(b.N), "allowed/op")
 	b.ReportMetric(float64(set.Distinct()), "keys")

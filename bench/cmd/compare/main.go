@@ -1,9 +1,13 @@
 // Command compare runs the Redis contenders of package bench in interleaved
 // rounds (every contender once per round, so a noisy neighbour hurts all of
-// them alike) and prints the median throughput of each, its ratio to the
-// best peer, and Redis memory per key.
+// them alike) and prints, per contender, the median throughput, its ratio to
+// the best peer's median, and the median CPU cost per call on each side:
+// this process (the client) and the Redis server. CPU per call is far less
+// sensitive to a busy machine than throughput, and says where the time goes.
+// Give it a Redis server of its own: the server's CPU counts every client.
 //
-//	SLUICE_REDIS_ADDR=127.0.0.1:6379 go run ./cmd/compare -rounds 5 -duration 5s
+//	redis-server --port 16391 --save '' --appendonly no &
+//	SLUICE_REDIS_ADDR=127.0.0.1:16391 go run ./cmd/compare -rounds 9
 package main
 
 import (
@@ -25,6 +29,12 @@ func main() {
 		fmt.Fprintln(os.Stderr, "compare:", err)
 		os.Exit(1)
 	}
+}
+
+// sample is one contender's measurements across rounds.
+type sample struct {
+	ops, clientUS, redisUS []float64
+	calls, allowed         int64
 }
 
 func run() error {
@@ -58,38 +68,53 @@ func run() error {
 			return fmt.Errorf("%s: %w", c.Name, err)
 		}
 	}
-	ops := make([][]float64, len(contenders))
-	allowed := make([]float64, len(contenders))
+	samples := make([]sample, len(contenders))
 	for r := range *rounds {
 		for i, c := range contenders {
+			rc0, err := bench.RedisCPU(ctx, client)
+			if err != nil {
+				return err
+			}
+			pc0 := processCPU()
 			res, err := bench.Run(ctx, c.Name, takes[i], keys, *goroutines, *duration)
 			if err != nil {
 				return err
 			}
-			ops[i] = append(ops[i], res.OpsPerSec())
-			allowed[i] = float64(res.Allowed) / float64(res.Calls)
+			pc1 := processCPU()
+			rc1, err := bench.RedisCPU(ctx, client)
+			if err != nil {
+				return err
+			}
+			s := &samples[i]
+			n := float64(res.Calls)
+			s.ops = append(s.ops, res.OpsPerSec())
+			s.clientUS = append(s.clientUS, float64((pc1-pc0).Microseconds())/n)
+			s.redisUS = append(s.redisUS, float64((rc1-rc0).Microseconds())/n)
+			s.calls += res.Calls
+			s.allowed += res.Allowed
 			fmt.Fprintf(os.Stderr, "round %d/%d %-22s %8.0f ops/s\n", r+1, *rounds, c.Name, res.OpsPerSec())
 		}
 	}
 
-	med := make([]float64, len(contenders))
 	best := 0.0
 	for i, c := range contenders {
-		med[i] = bench.Median(append([]float64(nil), ops[i]...))
 		if c.Peer {
-			best = max(best, med[i])
+			best = max(best, median(samples[i].ops))
 		}
 	}
-	fmt.Printf("%d goroutines, %d keys, %d rounds of %v, limit %d/%v\n\n", *goroutines, len(keys), *rounds, *duration, bench.Rate, bench.Period)
+	fmt.Printf("%d goroutines, %d keys, %d rounds of %v, limit %d per %v\n\n",
+		*goroutines, len(keys), *rounds, *duration, bench.Rate, bench.Period)
 	tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "contender\tmedian ops/s\tmin\tmax\tallowed\t× best peer\t")
+	fmt.Fprintln(tw, "contender\tmedian ops/s\tmin\tmax\t× best peer\tclient CPU µs/op\tRedis CPU µs/op\tallowed\t")
 	for i, c := range contenders {
-		lo, hi := minMax(ops[i])
+		s := samples[i]
+		lo, hi := minMax(s.ops)
 		ratio := "-"
 		if !c.Peer && best > 0 {
-			ratio = fmt.Sprintf("%.2f", med[i]/best)
+			ratio = fmt.Sprintf("%.2f", median(s.ops)/best)
 		}
-		fmt.Fprintf(tw, "%s\t%.0f\t%.0f\t%.0f\t%.2f\t%s\t\n", c.Name, med[i], lo, hi, allowed[i], ratio)
+		fmt.Fprintf(tw, "%s\t%.0f\t%.0f\t%.0f\t%s\t%.1f\t%.1f\t%.2f\t\n", c.Name, median(s.ops), lo, hi, ratio,
+			median(s.clientUS), median(s.redisUS), float64(s.allowed)/float64(s.calls))
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -102,14 +127,16 @@ func run() error {
 	if err != nil {
 		return err
 	}
-	fmt.Printf("\nRedis MEMORY USAGE per limiter key (key %q, prefix of 14 bytes)\n\n", bench.MemoryKey)
+	fmt.Printf("\nRedis MEMORY USAGE per limiter key (key %q, 14-byte prefix)\n\n", bench.MemoryKey)
 	tw = tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "algorithm\tRedis keys\tbytes\t")
+	fmt.Fprintln(tw, "limiter\tRedis keys\tbytes\t")
 	for _, r := range rows {
 		fmt.Fprintf(tw, "%s\t%d\t%d\t\n", r.Name, r.RedisKeys, r.Bytes)
 	}
 	return tw.Flush()
 }
+
+func median(xs []float64) float64 { return bench.Median(append([]float64(nil), xs...)) }
 
 func minMax(xs []float64) (lo, hi float64) {
 	for i, x := range xs {
