@@ -75,7 +75,8 @@ type Service struct {
 
 // ServiceOptions configures a Service. A nil *ServiceOptions is valid.
 type ServiceOptions struct {
-	// KeyPrefix is prepended to every store key. Default "sluice:".
+	// KeyPrefix is prepended to every store key. Default: none (the Redis
+	// store adds its own prefix).
 	KeyPrefix string
 	// Clock is used for statistics buckets and Envoy reset times.
 	// Default time.Now.
@@ -89,9 +90,6 @@ func NewService(store sluice.Store, cfg *Config, opts *ServiceOptions) *Service 
 	var o ServiceOptions
 	if opts != nil {
 		o = *opts
-	}
-	if o.KeyPrefix == "" {
-		o.KeyPrefix = "sluice:"
 	}
 	if o.Clock == nil {
 		o.Clock = time.Now
@@ -116,7 +114,7 @@ func (s *Service) SetConfig(cfg *Config) {
 func (s *Service) Stats() *Stats { return s.stats }
 
 // storeKey is the store key of a policy's key: prefix, policy name
-// (escaped, so it cannot run into the key) and key. Keys that would be too
+// (escaped, so it cannot run into the key), '|' and key. Keys that would be too
 // long for the store are hashed.
 func (s *Service) storeKey(p *Policy, key string) string {
 	var b strings.Builder

@@ -1,0 +1,204 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"net/url"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"github.com/redis/go-redis/v9"
+
+	"sluice/internal/redistest"
+	"sluice/redisstore"
+)
+
+// TestRLSExactUnderConcurrencyRedis: many goroutines send two-descriptor
+// requests over gRPC to services sharing one Redis (standalone, then the
+// cluster, where the two keys sit in different slots). Exactly the
+// smaller limit is admitted, and the larger one loses nothing to the
+// denied requests.
+func TestRLSExactUnderConcurrencyRedis(t *testing.T) {
+	const cfg = `
+domain: conc
+descriptors:
+  - key: user
+    rate_limit: {unit: hour, requests_per_unit: 50, algorithm: sliding_window_log}
+  - key: tenant
+    rate_limit: {unit: hour, requests_per_unit: 80, algorithm: sliding_window_log}
+`
+	for _, tt := range []struct {
+		name   string
+		client func(testing.TB) redis.UniversalClient
+	}{
+		{"standalone", func(t testing.TB) redis.UniversalClient { return redistest.Client(t) }},
+		{"cluster", func(t testing.TB) redis.UniversalClient { return redistest.ClusterClient(t) }},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			client := tt.client(t)
+			prefix := redistest.Prefix(t)
+			// Two service instances, as two replicas behind Envoy would be.
+			var clients []rlsv3.RateLimitServiceClient
+			for range 2 {
+				store := redisstore.New(client, &redisstore.Options{Prefix: prefix})
+				clients = append(clients, serveRLS(t, NewService(store, mustConfig(t, cfg), nil)))
+			}
+			var allowed atomic.Int64
+			var wg sync.WaitGroup
+			for g := range 32 {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					c := clients[g%len(clients)]
+					for range 5 {
+						resp, err := c.ShouldRateLimit(context.Background(), rlsRequest("conc", desc("user=u1"), desc("tenant=t1")))
+						if err != nil {
+							t.Error(err)
+							return
+						}
+						if resp.OverallCode == rlsv3.RateLimitResponse_OK {
+							allowed.Add(1)
+						}
+					}
+				}()
+			}
+			wg.Wait()
+			if got := allowed.Load(); got != 50 {
+				t.Errorf("%d of 160 admitted, want exactly 50", got)
+			}
+			// The tenant limit was charged only for admitted requests.
+			var tenant atomic.Int64
+			for g := range 16 {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for range 4 {
+						resp, err := clients[g%2].ShouldRateLimit(context.Background(), rlsRequest("conc", desc("tenant=t1")))
+						if err == nil && resp.OverallCode == rlsv3.RateLimitResponse_OK {
+							tenant.Add(1)
+						}
+					}
+				}()
+			}
+			wg.Wait()
+			if got := tenant.Load(); got != 30 {
+				t.Errorf("tenant alone: %d of 64 admitted, want the 30 left", got)
+			}
+		})
+	}
+}
+
+// TestServerOnRedis runs the service through --redis: readiness pings
+// Redis, decisions are shared, and a dead Redis is handled by the failure
+// policy (local fallback) or reported (error).
+func TestServerOnRedis(t *testing.T) {
+	r := redistest.StartServer(t)
+	for _, tt := range []struct {
+		policy     string
+		downStatus int // /v1/check while Redis is down
+	}{
+		{"local", 200},
+		{"error", 503},
+	} {
+		t.Run(tt.policy, func(t *testing.T) {
+			fp, ok, err := ParseFailurePolicy(tt.policy)
+			if err != nil {
+				t.Fatal(err)
+			}
+			srv, err := New(Options{
+				ConfigFile: "testdata/envoy-example.yaml", RedisURL: "redis://" + r.Addr + "/0",
+				HTTPAddr: "127.0.0.1:0", GRPCAddr: "127.0.0.1:0", FailurePolicy: fp, NoFailurePolicy: !ok,
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := srv.Start(); err != nil {
+				t.Fatal(err)
+			}
+			defer srv.Shutdown(context.Background())
+			p := &proc{http: srv.HTTPAddr()}
+			if code, _ := p.get(t, "/readyz"); code != 200 {
+				t.Errorf("readyz with Redis up: %d", code)
+			}
+			if code, _ := p.post(t, "/v1/check", `{"policy":"rl.foo","key":"foo=`+tt.policy+`"}`); code != 200 {
+				t.Errorf("check: %d", code)
+			}
+			r.Stop()
+			defer r.Start(t)
+			if code, _ := p.get(t, "/readyz"); code != 503 {
+				t.Errorf("readyz with Redis down: %d", code)
+			}
+			if code, body := p.post(t, "/v1/check", `{"policy":"rl.foo","key":"foo=`+tt.policy+`"}`); code != tt.downStatus {
+				t.Errorf("check with Redis down: %d %v, want %d", code, body, tt.downStatus)
+			}
+		})
+	}
+}
+
+func TestNewRedisClient(t *testing.T) {
+	tests := []struct {
+		url  string
+		kind string // standalone, cluster, failover, or an error substring
+	}{
+		{"redis://localhost:6379/0", "standalone"},
+		{"rediss://user:pw@localhost:6380", "standalone"},
+		{"redis+cluster://localhost:7000?addr=localhost:7001&addr=localhost:7002", "cluster"},
+		{"redis://localhost:7000?addr=localhost:7001", "cluster"},
+		{"rediss+cluster://u:p@localhost:7000", "cluster"},
+		{"redis+sentinel://localhost:26379?master_name=mymaster&addr=localhost:26380", "failover"},
+		{"redis://localhost:26379?master_name=mymaster", "failover"},
+		{"redis+sentinel://localhost:26379", "needs master_name"},
+		{"http://localhost", "scheme"},
+		{"redis+ring://localhost", "scheme"},
+		{"redis://:topsecret@localhost:6379?bogus_option=1", "bogus_option"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.url, func(t *testing.T) {
+			c, err := NewRedisClient(tt.url)
+			if err != nil {
+				if !errors.Is(err, ErrRedisURL) || !strings.Contains(err.Error(), tt.kind) {
+					t.Fatalf("err = %v, want ErrRedisURL about %q", err, tt.kind)
+				}
+				if u, _ := url.Parse(tt.url); u != nil && u.User != nil {
+					if pw, _ := u.User.Password(); strings.Contains(err.Error(), pw) {
+						t.Errorf("error leaks the password: %v", err)
+					}
+				}
+				return
+			}
+			defer c.Close()
+			kind := "cluster"
+			if rc, ok := c.(*redis.Client); ok {
+				kind = "standalone"
+				if strings.Contains(tt.url, "master_name") {
+					kind = "failover" // NewFailoverClient returns a *redis.Client too
+				}
+				if !rc.Options().ContextTimeoutEnabled {
+					t.Error("ContextTimeoutEnabled off: the failure policy's timeout would not stop calls")
+				}
+			}
+			if kind != tt.kind {
+				t.Errorf("%T, want %s", c, tt.kind)
+			}
+		})
+	}
+}
+
+func TestParseFailurePolicy(t *testing.T) {
+	for in, want := range map[string]string{"": "local", "local": "local", "fallback": "local", "open": "open", "fail-closed": "closed", "error": "none"} {
+		p, ok, err := ParseFailurePolicy(in)
+		got := "none"
+		if ok {
+			got = p.String()
+		}
+		if err != nil || got != want {
+			t.Errorf("ParseFailurePolicy(%q) = %v, %v, %v; want %s", in, p, ok, err, want)
+		}
+	}
+	if _, _, err := ParseFailurePolicy("sometimes"); err == nil {
+		t.Error("no error for an unknown policy")
+	}
+}
