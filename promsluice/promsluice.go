@@ -1,0 +1,141 @@
+// Package promsluice exposes what sluice's middleware and failure-policy
+// wrapper observe as Prometheus metrics. A Collector is a sluice.Observer
+// (pass it as the Observer option of httplimit, grpclimit and resilient)
+// and a prometheus.Collector (register it once):
+//
+//	sluice_decisions_total{policy,outcome}      outcome: allowed, denied, shadow_denied, error
+//	sluice_near_limit_total{policy}             allowed with Remaining <= NearLimitRatio × capacity
+//	sluice_store_calls_total{store,op,source}   source: backend, deny_cache, fallback, fail_open, fail_closed
+//	sluice_store_errors_total{store,op}         backend failures (timeouts included)
+//	sluice_store_latency_seconds{store,op}      backend latency, when the backend was called
+//	sluice_breaker_state{store}                 0 closed, 1 half-open, 2 open
+//
+// Label values come from configuration (rule and store names), never from
+// requests, so cardinality stays bounded.
+package promsluice
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+
+	"sluice"
+)
+
+var (
+	_ sluice.Observer      = (*Collector)(nil)
+	_ prometheus.Collector = (*Collector)(nil)
+)
+
+// Options configures a Collector. A nil *Options is valid.
+type Options struct {
+	// Namespace prefixes every metric name. Default: "sluice".
+	Namespace string
+	// NearLimitRatio: an allowed decision whose Remaining is at most this
+	// share of the limit's capacity counts as near the limit. Default: 0.1.
+	NearLimitRatio float64
+	// LatencyBuckets are the store latency histogram's buckets in seconds.
+	// Default: 0.5ms to 1s, suited to a Redis round trip with a timeout of
+	// tens of milliseconds.
+	LatencyBuckets []float64
+}
+
+// Collector is a sluice.Observer that keeps Prometheus metrics. It is safe
+// for concurrent use.
+type Collector struct {
+	ratio       float64
+	decisions   *prometheus.CounterVec
+	nearLimit   *prometheus.CounterVec
+	storeCalls  *prometheus.CounterVec
+	storeErrors *prometheus.CounterVec
+	latency     *prometheus.HistogramVec
+	breaker     *prometheus.GaugeVec
+}
+
+// New returns a Collector. Register it with a prometheus.Registerer.
+func New(opts *Options) *Collector {
+	var o Options
+	if opts != nil {
+		o = *opts
+	}
+	if o.Namespace == "" {
+		o.Namespace = "sluice"
+	}
+	if o.NearLimitRatio <= 0 {
+		o.NearLimitRatio = 0.1
+	}
+	if len(o.LatencyBuckets) == 0 {
+		o.LatencyBuckets = []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, 1}
+	}
+	ns := o.Namespace
+	return &Collector{
+		ratio: o.NearLimitRatio,
+		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Name: "decisions_total",
+			Help: "Rate-limit decisions by policy and outcome (allowed, denied, shadow_denied, error).",
+		}, []string{"policy", "outcome"}),
+		nearLimit: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Name: "near_limit_total",
+			Help: "Allowed decisions that left little quota (Remaining at most the near-limit share of capacity).",
+		}, []string{"policy"}),
+		storeCalls: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Name: "store_calls_total",
+			Help: "Calls of a wrapped store by operation and by who answered (backend, deny_cache, fallback, fail_open, fail_closed).",
+		}, []string{"store", "op", "source"}),
+		storeErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Name: "store_errors_total",
+			Help: "Backend failures of a wrapped store, timeouts included.",
+		}, []string{"store", "op"}),
+		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: ns, Name: "store_latency_seconds",
+			Help:    "Latency of backend calls of a wrapped store.",
+			Buckets: o.LatencyBuckets,
+		}, []string{"store", "op"}),
+		breaker: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: ns, Name: "breaker_state",
+			Help: "Circuit breaker state of a wrapped store: 0 closed, 1 half-open, 2 open.",
+		}, []string{"store"}),
+	}
+}
+
+// ObserveDecision implements sluice.Observer.
+func (c *Collector) ObserveDecision(e sluice.DecisionEvent) {
+	c.decisions.WithLabelValues(e.Policy, e.Outcome.String()).Inc()
+	if e.Outcome == sluice.OutcomeAllowed && float64(e.Decision.Remaining) <= c.ratio*float64(e.Decision.Limit.Capacity()) {
+		c.nearLimit.WithLabelValues(e.Policy).Inc()
+	}
+}
+
+// ObserveStore implements sluice.Observer.
+func (c *Collector) ObserveStore(e sluice.StoreEvent) {
+	c.storeCalls.WithLabelValues(e.Store, e.Op, e.Source.String()).Inc()
+	if e.Err != nil {
+		c.storeErrors.WithLabelValues(e.Store, e.Op).Inc()
+	}
+	if e.Latency > 0 {
+		c.latency.WithLabelValues(e.Store, e.Op).Observe(e.Latency.Seconds())
+	}
+}
+
+// ObserveBreaker implements sluice.Observer.
+func (c *Collector) ObserveBreaker(e sluice.BreakerEvent) {
+	c.breaker.WithLabelValues(e.Store).Set(float64(e.To))
+}
+
+// Describe implements prometheus.Collector.
+func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
+	c.decisions.Describe(ch)
+	c.nearLimit.Describe(ch)
+	c.storeCalls.Describe(ch)
+	c.storeErrors.Describe(ch)
+	c.latency.Describe(ch)
+	c.breaker.Describe(ch)
+}
+
+// Collect implements prometheus.Collector.
+func (c *Collector) Collect(ch chan<- prometheus.Metric) {
+	c.decisions.Collect(ch)
+	c.nearLimit.Collect(ch)
+	c.storeCalls.Collect(ch)
+	c.storeErrors.Collect(ch)
+	c.latency.Collect(ch)
+	c.breaker.Collect(ch)
+}

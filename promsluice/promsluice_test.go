@@ -1,0 +1,172 @@
+package promsluice_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"sluice"
+	"sluice/httplimit"
+	"sluice/memory"
+	"sluice/promsluice"
+	"sluice/resilient"
+)
+
+// failing is a store whose backend is down.
+type failing struct{ sluice.Store }
+
+func (failing) Take(context.Context, string, sluice.Limit, int64) (sluice.Decision, error) {
+	return sluice.Decision{}, errors.New("connection refused")
+}
+
+func TestCollector(t *testing.T) {
+	t.Parallel()
+	c := promsluice.New(nil)
+	reg := prometheus.NewPedanticRegistry()
+	if err := reg.Register(c); err != nil {
+		t.Fatal(err)
+	}
+	store := memory.New(nil)
+	t.Cleanup(func() { store.Close() })
+
+	// Decisions through the middleware.
+	mw, err := httplimit.New(store, []httplimit.Rule{
+		{Name: "api", Limit: sluice.PerMinute(10), Key: httplimit.Global()},
+		{Name: "dark", Limit: sluice.PerMinute(1), Key: httplimit.Global(), Strategy: httplimit.Shadow},
+	}, &httplimit.Options{Observer: c})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := mw.Handler(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+	for range 12 {
+		h.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest("GET", "/", nil))
+	}
+
+	// Store calls through the failure-policy wrapper: a dead backend.
+	rs, err := resilient.New(failing{store}, &resilient.Options{Name: "redis", Observer: c, FailureThreshold: 2, Timeout: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { rs.Close() })
+	for range 3 {
+		if _, err := rs.Take(context.Background(), "k", sluice.PerSecond(5), 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	for _, tt := range []struct {
+		metric string
+		want   float64
+	}{
+		{"api allowed", 10},
+		{"api denied", 2},
+		{"dark allowed", 1},
+		{"dark shadow_denied", 11},
+	} {
+		policy, outcome, _ := strings.Cut(tt.metric, " ")
+		got := gather(t, reg, "sluice_decisions_total", map[string]string{"policy": policy, "outcome": outcome})
+		if got != tt.want {
+			t.Errorf("decisions %s = %v, want %v", tt.metric, got, tt.want)
+		}
+	}
+	// 10/min: allowed with 1 and 0 left are near the limit (<= 10%).
+	if got := gather(t, reg, "sluice_near_limit_total", map[string]string{"policy": "api"}); got != 2 {
+		t.Errorf("near limit = %v, want 2", got)
+	}
+	if got := gather(t, reg, "sluice_store_calls_total", map[string]string{"store": "redis", "op": "take", "source": "fallback"}); got != 3 {
+		t.Errorf("fallback calls = %v, want 3", got)
+	}
+	if got := gather(t, reg, "sluice_store_errors_total", map[string]string{"store": "redis", "op": "take"}); got != 2 {
+		t.Errorf("store errors = %v, want 2 (the third call found the breaker open)", got)
+	}
+	if got := gather(t, reg, "sluice_breaker_state", map[string]string{"store": "redis"}); got != float64(sluice.BreakerOpen) {
+		t.Errorf("breaker state = %v, want open", got)
+	}
+
+	// The pedantic registry checked the metrics for consistency; and they
+	// scrape.
+	rec := httptest.NewRecorder()
+	promhttp.HandlerFor(reg, promhttp.HandlerOpts{}).ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+	body, _ := io.ReadAll(rec.Body)
+	for _, name := range []string{"sluice_decisions_total", "sluice_store_latency_seconds_bucket", "sluice_breaker_state"} {
+		if !strings.Contains(string(body), name) {
+			t.Errorf("scrape lacks %s", name)
+		}
+	}
+}
+
+// gather returns the value of the metric with exactly these labels.
+func gather(t *testing.T, g prometheus.Gatherer, name string, labels map[string]string) float64 {
+	t.Helper()
+	mfs, err := g.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+	metrics:
+		for _, m := range mf.GetMetric() {
+			if len(m.GetLabel()) != len(labels) {
+				continue
+			}
+			for _, l := range m.GetLabel() {
+				if labels[l.GetName()] != l.GetValue() {
+					continue metrics
+				}
+			}
+			switch {
+			case m.Counter != nil:
+				return m.Counter.GetValue()
+			case m.Gauge != nil:
+				return m.Gauge.GetValue()
+			}
+		}
+	}
+	return 0
+}
+
+func Example() {
+	metrics := promsluice.New(nil)
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(metrics)
+
+	store := memory.New(nil)
+	defer store.Close()
+	mw, err := httplimit.New(store, []httplimit.Rule{
+		{Name: "api", Limit: sluice.PerMinute(3), Key: httplimit.PeerIP()},
+	}, &httplimit.Options{Observer: metrics})
+	if err != nil {
+		log.Fatal(err)
+	}
+	h := mw.Handler(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+	for range 5 {
+		h.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest("GET", "/", nil))
+	}
+	// Serve reg with promhttp.HandlerFor(reg, promhttp.HandlerOpts{}).
+	mfs, _ := reg.Gather()
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			var labels []string
+			for _, l := range m.GetLabel() {
+				labels = append(labels, l.GetName()+"="+l.GetValue())
+			}
+			fmt.Printf("%s{%s} %v\n", mf.GetName(), strings.Join(labels, ","), m.GetCounter().GetValue())
+		}
+	}
+	// Output:
+	// sluice_decisions_total{outcome=allowed,policy=api} 3
+	// sluice_decisions_total{outcome=denied,policy=api} 2
+	// sluice_near_limit_total{policy=api} 1
+}
