@@ -213,7 +213,6 @@ type loader struct {
 	errs    []error
 	cfg     *Config
 	domPos  map[string]pos
-	pending []*Policy
 }
 
 func newLoader() *loader {

@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"net/url"
 	"strings"
 	"sync"
@@ -111,6 +112,7 @@ func TestServerOnRedis(t *testing.T) {
 			srv, err := New(Options{
 				ConfigFile: "testdata/envoy-example.yaml", RedisURL: "redis://" + r.Addr + "/0",
 				HTTPAddr: "127.0.0.1:0", GRPCAddr: "127.0.0.1:0", FailurePolicy: fp, NoFailurePolicy: !ok,
+				Logger: slog.New(slog.DiscardHandler),
 			})
 			if err != nil {
 				t.Fatal(err)
