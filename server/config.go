@@ -209,10 +209,10 @@ func (p pos) String() string { return fmt.Sprintf("%s:%d", p.file, p.line) }
 const maxConfigErrors = 20
 
 type loader struct {
-	file    string
-	errs    []error
-	cfg     *Config
-	domPos  map[string]pos
+	file   string
+	errs   []error
+	cfg    *Config
+	domPos map[string]pos
 }
 
 func newLoader() *loader {
