@@ -19,6 +19,17 @@ const (
 	HeaderRateLimitPolicy = "RateLimit-Policy"
 )
 
+// Canonical forms of the header names, for direct map assignment: h.Set
+// would canonicalize them again on every response.
+var (
+	canonRetryAfter = http.CanonicalHeaderKey(HeaderRetryAfter)
+	canonLimit      = http.CanonicalHeaderKey(HeaderLimit)
+	canonRemaining  = http.CanonicalHeaderKey(HeaderRemaining)
+	canonReset      = http.CanonicalHeaderKey(HeaderReset)
+	canonRateLimit  = http.CanonicalHeaderKey(HeaderRateLimit)
+	canonPolicy     = http.CanonicalHeaderKey(HeaderRateLimitPolicy)
+)
+
 // SetHeaders writes the rate-limit header fields for decision d of the
 // policy named policy, as the middleware does, so that other front ends (a
 // JSON API, a proxy) answer the same way. now is the current time; it only
@@ -46,24 +57,34 @@ func SetHeaders(h http.Header, policy string, d sluice.Decision, now time.Time) 
 // writeHeaders is SetHeaders with the policy's field values precomputed, as
 // the middleware keeps them per rule.
 func writeHeaders(h http.Header, policyValue, quoted string, d sluice.Decision, now time.Time) {
+	// One backing array for all the values: one allocation, not six. Each
+	// value is a full slice (cap 1), so an append by a later handler copies
+	// rather than overwriting its neighbour.
+	vals := make([]string, 6)
 	var t int64
 	if d.Allowed {
 		t = ceilSeconds(d.ResetAfter)
 	} else {
 		t = max(ceilSeconds(d.RetryAfter), 1) // a denial always means "wait"
-		h.Set(HeaderRetryAfter, strconv.FormatInt(t, 10))
+		vals[5] = strconv.FormatInt(t, 10)
+		h[canonRetryAfter] = vals[5:6:6]
 	}
-	h.Set(HeaderLimit, strconv.FormatInt(d.Limit.Capacity(), 10))
-	h.Set(HeaderRemaining, strconv.FormatInt(d.Remaining, 10))
-	h.Set(HeaderReset, strconv.FormatInt(resetUnix(now, d.ResetAfter), 10))
-	h.Set(HeaderRateLimitPolicy, policyValue)
+	vals[0] = strconv.FormatInt(d.Limit.Capacity(), 10)
+	vals[1] = strconv.FormatInt(d.Remaining, 10)
+	vals[2] = strconv.FormatInt(resetUnix(now, d.ResetAfter), 10)
+	vals[3] = policyValue
 	var b [64]byte
 	buf := append(b[:0], quoted...)
 	buf = append(buf, ";r="...)
 	buf = strconv.AppendInt(buf, d.Remaining, 10)
 	buf = append(buf, ";t="...)
 	buf = strconv.AppendInt(buf, t, 10)
-	h.Set(HeaderRateLimit, string(buf))
+	vals[4] = string(buf)
+	h[canonLimit] = vals[0:1:1]
+	h[canonRemaining] = vals[1:2:2]
+	h[canonReset] = vals[2:3:3]
+	h[canonPolicy] = vals[3:4:4]
+	h[canonRateLimit] = vals[4:5:5]
 }
 
 // policyField is the RateLimit-Policy value: `"name";q=RATE;w=SECONDS`.
