@@ -146,9 +146,9 @@ type Middleware struct {
 
 type rule struct {
 	enforce.Rule
-	key   KeyFunc
-	cost  func(*http.Request) int64
-	match func(*http.Request) bool
+	key         KeyFunc
+	cost        func(*http.Request) int64
+	match       func(*http.Request) bool
 	base        string // the key stem (see enforce.Keyer)
 	quoted      string // the name as a structured-field string
 	policyValue string // RateLimit-Policy
