@@ -1,0 +1,120 @@
+package enforce
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"sluice"
+	"sluice/memory"
+)
+
+func TestClosest(t *testing.T) {
+	t.Parallel()
+	d := func(rem, capacity int64, reset time.Duration) sluice.Decision {
+		return sluice.Decision{Allowed: true, Remaining: rem, Limit: sluice.PerMinute(capacity), ResetAfter: reset}
+	}
+	tests := []struct {
+		name string
+		ds   []sluice.Decision
+		want int
+	}{
+		{"one", []sluice.Decision{d(5, 10, 0)}, 0},
+		{"smaller share", []sluice.Decision{d(50, 100, 0), d(3, 10, 0)}, 1},
+		{"equal share, fewer units", []sluice.Decision{d(10, 100, 0), d(1, 10, 0)}, 1},
+		{"all equal, longer reset", []sluice.Decision{d(1, 10, time.Second), d(1, 10, time.Minute)}, 1},
+		{"huge limits do not overflow", []sluice.Decision{d(999_999_999, 1_000_000_000, 0), d(1, 1_000_000_000, 0)}, 1},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := closest(tt.ds); got != tt.want {
+				t.Errorf("closest = %d, want %d", got, tt.want)
+			}
+		})
+	}
+}
+
+type plain struct{ sluice.Store }
+
+func TestEnforceNeedsMulti(t *testing.T) {
+	t.Parallel()
+	m := memory.New(nil)
+	t.Cleanup(func() { m.Close() })
+	r1 := &Rule{Name: "a", Limit: sluice.PerSecond(1)}
+	r2 := &Rule{Name: "b", Limit: sluice.PerSecond(1)}
+	checks := []Check{{Rule: r1, Key: "a", Cost: 1}, {Rule: r2, Key: "b", Cost: 1}}
+	if _, err := New(plain{m}, nil).Enforce(context.Background(), checks); !errors.Is(err, ErrNeedMultiStore) {
+		t.Errorf("Enforce on a plain store = %v, want ErrNeedMultiStore", err)
+	}
+	v, err := New(m, nil).Enforce(context.Background(), checks)
+	if err != nil || !v.Allowed {
+		t.Errorf("Enforce on a MultiStore = %+v, %v", v, err)
+	}
+	v, err = New(m, nil).Enforce(context.Background(), nil)
+	if err != nil || !v.Allowed || v.Report != -1 {
+		t.Errorf("no checks = %+v, %v", v, err)
+	}
+}
+
+func TestRuleValidate(t *testing.T) {
+	t.Parallel()
+	lim := sluice.PerSecond(1)
+	for _, tt := range []struct {
+		r  Rule
+		ok bool
+	}{
+		{Rule{Name: "ok", Limit: lim}, true},
+		{Rule{Name: "a.b-c_D9", Limit: lim, Strategy: Shadow}, true},
+		{Rule{Name: "d", Limit: lim, Strategy: Delay, MaxDelay: time.Second}, true},
+		{Rule{Name: "p", Limit: lim, Strategy: Penalty, Penalty: time.Hour}, true},
+		{Rule{Name: "", Limit: lim}, false},
+		{Rule{Name: strings.Repeat("x", MaxNameLen+1), Limit: lim}, false},
+		{Rule{Name: "a:b", Limit: lim}, false},
+		{Rule{Name: "a!b", Limit: lim}, false},
+		{Rule{Name: "a#b", Limit: lim}, false},
+		{Rule{Name: `a"b`, Limit: lim}, false},
+		{Rule{Name: "bad-limit"}, false},
+		{Rule{Name: "d", Limit: lim, Strategy: Delay}, false},
+		{Rule{Name: "p", Limit: lim, Strategy: Penalty}, false},
+		{Rule{Name: "p", Limit: lim, Strategy: Penalty, Penalty: time.Microsecond}, false},
+		{Rule{Name: "p", Limit: lim, Strategy: Penalty, Penalty: 400 * 24 * time.Hour}, false},
+		{Rule{Name: "s", Limit: lim, Strategy: 9}, false},
+	} {
+		if err := tt.r.Validate(); (err == nil) != tt.ok {
+			t.Errorf("Validate(%+v) = %v", tt.r, err)
+		}
+	}
+	for in, want := range map[string]Strategy{"": Reject, "reject": Reject, "delay": Delay, "shadow": Shadow, "dry_run": Shadow, "penalty": Penalty} {
+		if got, err := ParseStrategy(in); err != nil || got != want {
+			t.Errorf("ParseStrategy(%q) = %v, %v", in, got, err)
+		}
+	}
+	if _, err := ParseStrategy("queue"); !errors.Is(err, ErrInvalidRule) {
+		t.Errorf("ParseStrategy(queue) = %v", err)
+	}
+}
+
+func TestKeyer(t *testing.T) {
+	t.Parallel()
+	plainK := NewKeyer("p:", nil)
+	base := plainK.Base("rule")
+	k, b := plainK.Keys(base, "1.2.3.4", true)
+	if k != "p:rule:1.2.3.4" || b != "p:rule!:1.2.3.4" {
+		t.Errorf("plain keys %q %q", k, b)
+	}
+	if _, b := plainK.Keys(base, "x", false); b != "" {
+		t.Errorf("block key without penalty: %q", b)
+	}
+	long := strings.Repeat("k", sluice.MaxKeyLen)
+	k, b = plainK.Keys(base, long, true)
+	if len(k) > sluice.MaxKeyLen || len(b) > sluice.MaxKeyLen || !strings.HasPrefix(k, "p:rule#") {
+		t.Errorf("long id: %q, %q", k, b)
+	}
+	secret := NewKeyer("p:", []byte("s"))
+	k, _ = secret.Keys(base, "1.2.3.4", false)
+	if strings.Contains(k, "1.2.3.4") || !strings.HasPrefix(k, "p:rule#") || len(k) != len("p:rule#")+32 {
+		t.Errorf("hashed key %q", k)
+	}
+}
