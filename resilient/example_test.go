@@ -1,0 +1,76 @@
+package resilient_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log"
+
+	"sluice"
+	"sluice/memory"
+	"sluice/resilient"
+)
+
+// down is a backend that fails every call, as a dead Redis would.
+type down struct{ sluice.Store }
+
+func (down) Take(context.Context, string, sluice.Limit, int64) (sluice.Decision, error) {
+	return sluice.Decision{}, errors.New("dial tcp 10.0.0.7:6379: connection refused")
+}
+
+// With the backend down, each of 4 nodes enforces a quarter of the limit
+// locally, so the fleet stays near 8/min.
+func Example() {
+	store, err := resilient.New(down{}, &resilient.Options{
+		Policy: resilient.FallbackLocal,
+		Nodes:  4,
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer store.Close()
+	limiter, err := sluice.NewLimiter(store, sluice.PerMinute(8), nil)
+	if err != nil {
+		log.Fatal(err)
+	}
+	for range 3 {
+		d, err := limiter.Allow(context.Background(), "client-1")
+		if err != nil {
+			log.Fatal(err)
+		}
+		fmt.Println(d.Allowed, d.Limit, d.Remaining)
+	}
+	fmt.Println(store.State())
+	// Output:
+	// true 2/min 1
+	// true 2/min 0
+	// false 2/min 0
+	// open
+}
+
+// sources prints who answered each call.
+type sources struct{}
+
+func (sources) ObserveDecision(sluice.DecisionEvent) {}
+func (sources) ObserveBreaker(sluice.BreakerEvent)   {}
+func (sources) ObserveStore(e sluice.StoreEvent)     { fmt.Print(e.Source, " ") }
+
+// A healthy backend answers; once it denies a key, the denial is answered
+// locally until its RetryAfter has passed.
+func Example_denyCache() {
+	backend := memory.New(nil)
+	defer backend.Close()
+	store, err := resilient.New(backend, &resilient.Options{Observer: sources{}})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer store.Close()
+	for range 3 {
+		d, _ := store.Take(context.Background(), "k", sluice.PerHour(1), 1)
+		fmt.Println(d.Allowed)
+	}
+	// Output:
+	// backend true
+	// backend false
+	// deny_cache false
+}
