@@ -507,15 +507,19 @@ func (l *loader) limit(limit, alg, burst *yaml.Node, def sluice.Algorithm) (slui
 		}
 		a = v
 	}
-	if named, ok := leadingAlgorithm(s); ok {
-		if alg != nil && named != a {
-			l.errorf(alg, "algorithm %s contradicts the limit's %s", a, named)
-			return sluice.Limit{}, false
-		}
-	} else {
-		s = a.String() + " " + s
+	named, hasAlg := leadingAlgorithm(s)
+	if hasAlg && alg != nil && named != a {
+		l.errorf(alg, "algorithm %s contradicts the limit's %s", a, named)
+		return sluice.Limit{}, false
 	}
 	lim, err := sluice.ParseLimit(s)
+	if !hasAlg {
+		// Validate under the right algorithm: "2000000/s" is too fast for
+		// GCRA but fine for a fixed window.
+		if l2, err2 := sluice.ParseLimit(a.String() + " " + s); err2 == nil || err == nil {
+			lim, err = l2, err2
+		}
+	}
 	if err != nil {
 		l.errorf(limit, "%v", err)
 		return lim, false
