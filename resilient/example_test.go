@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log"
+	"time"
 
 	"sluice"
 	"sluice/memory"
@@ -60,7 +61,7 @@ func (sources) ObserveStore(e sluice.StoreEvent)     { fmt.Print(e.Source, " ") 
 func Example_denyCache() {
 	backend := memory.New(nil)
 	defer backend.Close()
-	store, err := resilient.New(backend, &resilient.Options{Observer: sources{}})
+	store, err := resilient.New(backend, &resilient.Options{Observer: sources{}, Timeout: time.Second})
 	if err != nil {
 		log.Fatal(err)
 	}
