@@ -181,3 +181,42 @@ func TestRedisUnavailable(t *testing.T) {
 		})
 	}
 }
+
+// A penalty started on one node blocks the key on every node sharing the
+// Redis store: two middlewares stand for two processes of a fleet.
+func TestRedisPenaltyAcrossFleet(t *testing.T) {
+	t.Parallel()
+	client := redistest.Client(t)
+	clk := storetest.NewClock(time.Now().Truncate(time.Second))
+	prefix := redistest.Prefix(t)
+	rule := []Rule{{Name: "otp", Limit: sluice.PerMinute(2), Key: Header("X-Phone"), Strategy: Penalty, Penalty: 10 * time.Minute}}
+	var nodes [2]*env
+	for i := range nodes {
+		rs, err := resilient.NewMulti(redisstore.New(client, &redisstore.Options{Prefix: prefix, Clock: clk.Now}), &resilient.Options{Clock: clk.Now, Timeout: 5 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { rs.Close() })
+		nodes[i] = newEnvStore(t, clk, rs, rule, nil)
+	}
+	steps := []struct {
+		node    int
+		advance time.Duration
+		status  int
+		retry   string
+	}{
+		{0, 0, 200, ""},
+		{1, 0, 200, ""},
+		{0, 0, 429, "600"}, // the violation starts the block
+		{1, 0, 429, "600"}, // seen by the other node
+		{1, 2 * time.Minute, 429, "480"},
+		{0, 8 * time.Minute, 200, ""},
+	}
+	for i, st := range steps {
+		clk.Advance(st.advance)
+		r := nodes[st.node].get("/otp", "X-Phone", "+15550100")
+		if r.status != st.status || r.header.Get(HeaderRetryAfter) != st.retry {
+			t.Errorf("step %d (node %d): %d Retry-After %q, want %d %q", i, st.node, r.status, r.header.Get(HeaderRetryAfter), st.status, st.retry)
+		}
+	}
+}
