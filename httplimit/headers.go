@@ -51,12 +51,24 @@ var (
 // with '?'.
 func SetHeaders(h http.Header, policy string, d sluice.Decision, now time.Time) {
 	q := quoteSF(policy)
-	writeHeaders(h, policyField(q, d.Limit), q, d, now)
+	writeHeaders(h, fields{quoted: q, policy: policyField(q, d.Limit)}, d, now)
 }
 
-// writeHeaders is SetHeaders with the policy's field values precomputed, as
-// the middleware keeps them per rule.
-func writeHeaders(h http.Header, policyValue, quoted string, d sluice.Decision, now time.Time) {
+// fields are a rule's header values that do not change per request.
+type fields struct {
+	quoted   string       // the policy name as a structured-field string
+	policy   string       // RateLimit-Policy
+	limit    sluice.Limit // the rule's limit, for which capacity holds
+	capacity string       // X-RateLimit-Limit under limit; "" to compute
+}
+
+func newFields(name string, l sluice.Limit) fields {
+	q := quoteSF(name)
+	return fields{quoted: q, policy: policyField(q, l), limit: l, capacity: strconv.FormatInt(l.Capacity(), 10)}
+}
+
+// writeHeaders is SetHeaders with the rule's fixed values precomputed.
+func writeHeaders(h http.Header, f fields, d sluice.Decision, now time.Time) {
 	// One backing array for all the values: one allocation, not six. Each
 	// value is a full slice (cap 1), so an append by a later handler copies
 	// rather than overwriting its neighbour.
@@ -69,12 +81,15 @@ func writeHeaders(h http.Header, policyValue, quoted string, d sluice.Decision, 
 		vals[5] = strconv.FormatInt(t, 10)
 		h[canonRetryAfter] = vals[5:6:6]
 	}
-	vals[0] = strconv.FormatInt(d.Limit.Capacity(), 10)
+	vals[0] = f.capacity
+	if f.capacity == "" || d.Limit != f.limit { // a fallback may report another limit
+		vals[0] = strconv.FormatInt(d.Limit.Capacity(), 10)
+	}
 	vals[1] = strconv.FormatInt(d.Remaining, 10)
 	vals[2] = strconv.FormatInt(resetUnix(now, d.ResetAfter), 10)
-	vals[3] = policyValue
+	vals[3] = f.policy
 	var b [64]byte
-	buf := append(b[:0], quoted...)
+	buf := append(b[:0], f.quoted...)
 	buf = append(buf, ";r="...)
 	buf = strconv.AppendInt(buf, d.Remaining, 10)
 	buf = append(buf, ";t="...)

@@ -146,12 +146,11 @@ type Middleware struct {
 
 type rule struct {
 	enforce.Rule
-	key         KeyFunc
-	cost        func(*http.Request) int64
-	match       func(*http.Request) bool
-	base        string // the key stem (see enforce.Keyer)
-	quoted      string // the name as a structured-field string
-	policyValue string // RateLimit-Policy
+	key    KeyFunc
+	cost   func(*http.Request) int64
+	match  func(*http.Request) bool
+	base   string // the key stem (see enforce.Keyer)
+	fields fields
 }
 
 // New returns a Middleware enforcing rules on store. Layered limits (more
@@ -210,10 +209,9 @@ func New(store sluice.Store, rules []Rule, opts *Options) (*Middleware, error) {
 		if r.Strategy != Shadow {
 			enforcing++
 		}
-		q := quoteSF(r.Name)
 		m.rules = append(m.rules, rule{
 			Rule: er, key: r.Key, cost: r.Cost, match: r.Match,
-			base: m.keyer.Base(r.Name), quoted: q, policyValue: policyField(q, r.Limit),
+			base: m.keyer.Base(r.Name), fields: newFields(r.Name, r.Limit),
 		})
 	}
 	if enforcing > 1 && !m.eng.Multi() {
@@ -272,7 +270,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	}
 	if v.Report >= 0 && (!v.Allowed || !m.omitAllowed) {
 		ru := &m.rules[checks[v.Report].Tag]
-		writeHeaders(w.Header(), ru.policyValue, ru.quoted, v.Decision, m.clock())
+		writeHeaders(w.Header(), ru.fields, v.Decision, m.clock())
 	}
 	if v.Allowed {
 		next.ServeHTTP(w, r)
