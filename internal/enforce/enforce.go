@@ -190,14 +190,14 @@ func (e *Engine) Enforce(ctx context.Context, checks []Check) (Verdict, error) {
 			enforcing++
 		}
 	}
-	v := Verdict{Allowed: true, Report: -1}
+	failed := Verdict{Report: -1} // returned with every error: never Allowed
 	switch enforcing {
 	case 0:
-		return v, nil
+		return Verdict{Allowed: true, Report: -1}, nil
 	case 1:
 	default:
 		if e.multi == nil {
-			return v, ErrNeedMultiStore
+			return failed, ErrNeedMultiStore
 		}
 	}
 	for i := range checks {
@@ -208,7 +208,7 @@ func (e *Engine) Enforce(ctx context.Context, checks []Check) (Verdict, error) {
 		d, err := e.store.Peek(ctx, c.PenaltyKey, c.Rule.PenaltyLimit(), 1)
 		if err != nil {
 			e.observeErrors(checks)
-			return v, err
+			return failed, err
 		}
 		if !d.Allowed { // blocked
 			blocked := sluice.Decision{Limit: c.Rule.Limit, RetryAfter: d.RetryAfter, ResetAfter: d.RetryAfter}
@@ -234,6 +234,7 @@ func (e *Engine) Enforce(ctx context.Context, checks []Check) (Verdict, error) {
 			}
 		}
 	}
+	var waited time.Duration
 	var timer *time.Timer
 	defer func() {
 		if timer != nil {
@@ -254,7 +255,7 @@ func (e *Engine) Enforce(ctx context.Context, checks []Check) (Verdict, error) {
 		}
 		if err != nil {
 			e.observeErrors(checks)
-			return v, err
+			return failed, err
 		}
 		deny, wait := -1, true
 		var longest time.Duration
@@ -278,9 +279,9 @@ func (e *Engine) Enforce(ctx context.Context, checks []Check) (Verdict, error) {
 				e.observe(checks[idx[j]].Rule.Name, sluice.OutcomeAllowed, d)
 			}
 			j := closest(ds)
-			return Verdict{Allowed: true, Report: idx[j], Decision: ds[j], Waited: v.Waited}, nil
+			return Verdict{Allowed: true, Report: idx[j], Decision: ds[j], Waited: waited}, nil
 		}
-		if wait && v.Waited+longest <= maxWait && ctx.Err() == nil {
+		if wait && waited+longest <= maxWait && ctx.Err() == nil {
 			if timer == nil {
 				timer = time.NewTimer(longest)
 			} else {
@@ -288,21 +289,23 @@ func (e *Engine) Enforce(ctx context.Context, checks []Check) (Verdict, error) {
 			}
 			select {
 			case <-timer.C:
-				v.Waited += longest
+				waited += longest
 				continue
 			case <-ctx.Done():
 			}
 		}
-		out := Verdict{Report: idx[deny], Decision: ds[deny], Waited: v.Waited}
+		out := Verdict{Report: idx[deny], Decision: ds[deny], Waited: waited}
 		for j, d := range ds {
 			if d.Allowed {
 				continue
 			}
 			c := &checks[idx[j]]
+			// Start the block. If the store fails here the request is
+			// still denied, just without the block.
 			if c.Rule.Strategy == Penalty {
 				if _, err := e.store.Take(ctx, c.PenaltyKey, c.Rule.PenaltyLimit(), 1); err != nil {
-					e.observeErrors(checks)
-					return v, err
+					e.observe(c.Rule.Name, sluice.OutcomeDenied, d)
+					continue
 				}
 				d.RetryAfter = max(d.RetryAfter, c.Rule.Penalty)
 				d.ResetAfter = max(d.ResetAfter, d.RetryAfter)
