@@ -280,7 +280,8 @@ func TestAPIHealth(t *testing.T) {
 	var ready error
 	m := NewMetrics()
 	e := newAPI(t, &HandlerOptions{Metrics: m, Ready: func(context.Context) error { return ready }})
-	e.svc.metrics = m
+	e.svc = NewService(e.svc.store, e.svc.Config(), &ServiceOptions{Clock: e.clock.Now, Metrics: m})
+	e.h = e.svc.Handler(&HandlerOptions{Metrics: m, Ready: func(context.Context) error { return ready }})
 	if w := e.do(t, "GET", "/healthz", "", nil, ""); w.Code != 200 {
 		t.Errorf("healthz %d", w.Code)
 	}

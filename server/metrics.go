@@ -29,6 +29,8 @@ type Metrics struct {
 	configTime   prometheus.Gauge
 	answers      *prometheus.CounterVec
 	breaker      prometheus.Gauge
+	latency      map[string]prometheus.Observer // by op, made once
+	errorsByOp   map[string]prometheus.Counter
 
 	// wrapped: a failure-policy store reports store errors through
 	// ObserveStore, so the service must not count them again.
@@ -84,6 +86,11 @@ func NewMetrics() *Metrics {
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m.reloads.WithLabelValues("success")
 	m.reloads.WithLabelValues("failure")
+	m.latency, m.errorsByOp = map[string]prometheus.Observer{}, map[string]prometheus.Counter{}
+	for _, op := range []string{"take", "take_all", "peek", "reset"} {
+		m.latency[op] = m.storeLatency.WithLabelValues(op)
+		m.errorsByOp[op] = m.storeErrors.WithLabelValues(op)
+	}
 	return m
 }
 
@@ -95,15 +102,38 @@ func (m *Metrics) Handler() http.Handler {
 	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{Registry: m.reg})
 }
 
-func (m *Metrics) decision(r Result) {
+// policyMetrics are one policy's counters, looked up once per
+// configuration rather than per decision.
+type policyMetrics struct {
+	allowed, denied, shadowDenied, nearLimit prometheus.Counter
+}
+
+func (m *Metrics) forPolicy(name string) *policyMetrics {
 	if m == nil {
+		return nil
+	}
+	return &policyMetrics{
+		allowed:      m.decisions.WithLabelValues(name, Allowed.String()),
+		denied:       m.decisions.WithLabelValues(name, Denied.String()),
+		shadowDenied: m.decisions.WithLabelValues(name, ShadowDenied.String()),
+		nearLimit:    m.nearLimit.WithLabelValues(name),
+	}
+}
+
+func (pm *policyMetrics) decision(r Result) {
+	if pm == nil {
 		return
 	}
-	m.decisions.WithLabelValues(r.Policy.Name, r.Outcome.String()).Inc()
-	if r.Decision.Allowed {
+	switch r.Outcome {
+	case Allowed:
+		pm.allowed.Inc()
 		if c := r.Decision.Limit.Capacity(); float64(r.Decision.Remaining) < NearLimitRatio*float64(c) {
-			m.nearLimit.WithLabelValues(r.Policy.Name).Inc()
+			pm.nearLimit.Inc()
 		}
+	case Denied:
+		pm.denied.Inc()
+	case ShadowDenied:
+		pm.shadowDenied.Inc()
 	}
 }
 
@@ -111,9 +141,9 @@ func (m *Metrics) store(op string, d time.Duration, err error) {
 	if m == nil {
 		return
 	}
-	m.storeLatency.WithLabelValues(op).Observe(d.Seconds())
+	m.latency[op].Observe(d.Seconds())
 	if err != nil && !m.wrapped {
-		m.storeErrors.WithLabelValues(op).Inc()
+		m.errorsByOp[op].Inc()
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"math"
 	"net/http"
+	"sync"
 	"time"
 
 	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -51,6 +52,18 @@ var periodByEnvoyUnit = func() map[rlsv3.RateLimitResponse_RateLimit_Unit]time.D
 	return m
 }()
 
+var headerPool = sync.Pool{New: func() any { return http.Header{} }}
+
+// rlsHeaders are the headers SetHeaders may write, in response order.
+var rlsHeaders = func() []struct{ name, canonical string } {
+	var out []struct{ name, canonical string }
+	for _, n := range []string{httplimit.HeaderLimit, httplimit.HeaderRemaining, httplimit.HeaderReset,
+		httplimit.HeaderRateLimitPolicy, httplimit.HeaderRateLimit, httplimit.HeaderRetryAfter} {
+		out = append(out, struct{ name, canonical string }{n, http.CanonicalHeaderKey(n)})
+	}
+	return out
+}()
+
 // descriptorState is one request descriptor on its way to a status.
 type descriptorState struct {
 	kind     int // none, unlimited, blocked, limited
@@ -88,8 +101,7 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 	if len(req.GetDescriptors()) == 0 {
 		return nil, status.Error(codes.InvalidArgument, "rate limit descriptor list must not be empty")
 	}
-	cfg := s.cfg.Load()
-	dom := cfg.domains[req.Domain]
+	dom := s.Config().domains[req.Domain]
 	states := make([]descriptorState, len(req.Descriptors))
 	replacing := map[string]bool{}
 	for i, d := range req.Descriptors {
@@ -313,19 +325,20 @@ func (s *Service) response(states []descriptorState) *rlsv3.RateLimitResponse {
 		} else if st.rule != nil {
 			name = st.rule.name
 		}
-		h := http.Header{}
+		h := headerPool.Get().(http.Header)
 		d := st.dec
 		if st.shadow {
 			d.Allowed, d.RetryAfter = true, 0
 		}
 		httplimit.SetHeaders(h, name, d, now)
 		// Envoy passes names through as written: keep the usual spelling.
-		for _, k := range []string{httplimit.HeaderLimit, httplimit.HeaderRemaining, httplimit.HeaderReset,
-			httplimit.HeaderRateLimitPolicy, httplimit.HeaderRateLimit, httplimit.HeaderRetryAfter} {
-			if v := h.Get(k); v != "" {
-				resp.ResponseHeadersToAdd = append(resp.ResponseHeadersToAdd, &core.HeaderValue{Key: k, Value: v})
+		for _, n := range rlsHeaders {
+			if v := h[n.canonical]; len(v) > 0 {
+				resp.ResponseHeadersToAdd = append(resp.ResponseHeadersToAdd, &core.HeaderValue{Key: n.name, Value: v[0]})
 			}
 		}
+		clear(h)
+		headerPool.Put(h)
 	}
 	return resp
 }

@@ -60,7 +60,7 @@ type Result struct {
 type Service struct {
 	store   sluice.Store
 	multi   sluice.MultiStore // nil if store cannot TakeAll
-	cfg     atomic.Pointer[Config]
+	snap    atomic.Pointer[snapshot]
 	prefix  string
 	clock   func() time.Time
 	stats   *Stats
@@ -101,13 +101,49 @@ func NewService(store sluice.Store, cfg *Config, opts *ServiceOptions) *Service 
 	return s
 }
 
+// snapshot is a configuration with what the service keeps per policy,
+// swapped in as one.
+type snapshot struct {
+	cfg *Config
+	rt  map[*Policy]*policyRuntime
+}
+
+// policyRuntime is a policy's precomputed key prefix, statistics ring and
+// metrics, so that a decision takes no lock and builds no label set.
+type policyRuntime struct {
+	keyPrefix string
+	stats     *ring
+	metrics   *policyMetrics
+}
+
 // Config returns the configuration in force.
-func (s *Service) Config() *Config { return s.cfg.Load() }
+func (s *Service) Config() *Config { return s.snap.Load().cfg }
 
 // SetConfig swaps in a new configuration.
 func (s *Service) SetConfig(cfg *Config) {
-	s.cfg.Store(cfg)
-	s.stats.setPolicies(cfg.Policies)
+	rings := s.stats.setPolicies(cfg.Policies)
+	snap := &snapshot{cfg: cfg, rt: make(map[*Policy]*policyRuntime, len(cfg.Policies))}
+	for _, p := range cfg.Policies {
+		snap.rt[p] = &policyRuntime{keyPrefix: s.keyPrefix(p), stats: rings[p.Name], metrics: s.metrics.forPolicy(p.Name)}
+	}
+	s.snap.Store(snap)
+}
+
+// runtime returns p's runtime state; policies made up per request (Envoy
+// limit overrides) get a fresh one without statistics.
+func (s *Service) runtime(p *Policy) *policyRuntime {
+	if rt := s.snap.Load().rt[p]; rt != nil {
+		return rt
+	}
+	return &policyRuntime{keyPrefix: s.keyPrefix(p), metrics: s.metrics.forPolicy(p.Name)}
+}
+
+func (s *Service) keyPrefix(p *Policy) string {
+	var b strings.Builder
+	b.WriteString(s.prefix)
+	escapeTo(&b, p.Name)
+	b.WriteByte('|')
+	return b.String()
 }
 
 // Stats returns the rolling decision statistics.
@@ -117,22 +153,16 @@ func (s *Service) Stats() *Stats { return s.stats }
 // (escaped, so it cannot run into the key), '|' and key. Keys that would be too
 // long for the store are hashed.
 func (s *Service) storeKey(p *Policy, key string) string {
-	var b strings.Builder
-	b.WriteString(s.prefix)
-	escapeTo(&b, p.Name)
-	b.WriteByte('|')
-	if b.Len()+len(key) > sluice.MaxKeyLen {
+	prefix := s.runtime(p).keyPrefix
+	if len(prefix)+len(key) > sluice.MaxKeyLen {
 		sum := sha256.Sum256([]byte(key))
-		b.WriteByte('#')
-		b.WriteString(hex.EncodeToString(sum[:]))
-		return b.String()
+		return prefix + "#" + hex.EncodeToString(sum[:])
 	}
-	b.WriteString(key)
-	return b.String()
+	return prefix + key
 }
 
 func (s *Service) policy(name string) (*Config, *Policy, error) {
-	cfg := s.cfg.Load()
+	cfg := s.Config()
 	p := cfg.Policy(name)
 	if p == nil {
 		return cfg, nil, fmt.Errorf("%w: %q", ErrUnknownPolicy, name)
@@ -219,8 +249,11 @@ func (s *Service) Reset(ctx context.Context, policy, key string) error {
 }
 
 func (s *Service) record(r Result) {
-	s.stats.add(r.Policy.Name, r.Outcome != Allowed)
-	s.metrics.decision(r)
+	rt := s.runtime(r.Policy)
+	if rt.stats != nil {
+		s.stats.add(rt.stats, r.Outcome != Allowed)
+	}
+	rt.metrics.decision(r)
 }
 
 func (s *Service) observe(op string, f func() error) error {

@@ -2,6 +2,7 @@ package server
 
 import (
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -13,62 +14,61 @@ const (
 )
 
 // Stats counts decisions made by the JSON API's check and by Envoy RLS in
-// a ring of time buckets per policy. Safe for concurrent use.
+// a ring of time buckets per policy. Safe for concurrent use; counting
+// takes no lock.
 type Stats struct {
 	clock  func() time.Time
-	mu     sync.Mutex
+	mu     sync.Mutex // guards order and series (not the counts)
 	order  []string
 	series map[string]*ring
 }
 
-type bucket struct {
-	n               int64 // bucket number: unix time / StatsBucket
-	allowed, denied int64
-}
-
+// ring is one policy's buckets. A bucket is reused when its number (unix
+// time / StatsBucket) moves on; a count racing with that reuse may be
+// lost, which a chart can afford and a lock on every decision cannot.
 type ring [StatsBuckets]bucket
+
+type bucket struct {
+	n, allowed, denied atomic.Int64
+}
 
 func newStats(clock func() time.Time) *Stats {
 	return &Stats{clock: clock, series: map[string]*ring{}}
 }
 
 // setPolicies keeps the counts of policies that survive a reload, in the
-// new configuration's order.
-func (s *Stats) setPolicies(ps []*Policy) {
+// new configuration's order, and returns each policy's ring.
+func (s *Stats) setPolicies(ps []*Policy) map[string]*ring {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	series := make(map[string]*ring, len(ps))
-	s.order = s.order[:0]
+	order := make([]string, 0, len(ps))
 	for _, p := range ps {
 		r := s.series[p.Name]
 		if r == nil {
 			r = new(ring)
 		}
 		series[p.Name] = r
-		s.order = append(s.order, p.Name)
+		order = append(order, p.Name)
 	}
-	s.series = series
+	s.series, s.order = series, order
+	return series
 }
 
 func (s *Stats) now() int64 { return s.clock().UnixNano() / int64(StatsBucket) }
 
-// add counts one decision; shadow denials count as denied.
-func (s *Stats) add(policy string, denied bool) {
+// add counts one decision in r; shadow denials count as denied.
+func (s *Stats) add(r *ring, denied bool) {
 	n := s.now()
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	r := s.series[policy]
-	if r == nil {
-		return
-	}
 	b := &r[slot(n)]
-	if b.n != n {
-		*b = bucket{n: n}
+	if old := b.n.Load(); old != n && b.n.CompareAndSwap(old, n) {
+		b.allowed.Store(0)
+		b.denied.Store(0)
 	}
 	if denied {
-		b.denied++
+		b.denied.Add(1)
 	} else {
-		b.allowed++
+		b.allowed.Add(1)
 	}
 }
 
@@ -91,8 +91,8 @@ func (s *Stats) Snapshot() []Series {
 		ser := Series{Policy: name, Allowed: make([]int64, StatsBuckets), Denied: make([]int64, StatsBuckets)}
 		for i := range StatsBuckets {
 			want := n - StatsBuckets + 1 + int64(i)
-			if b := r[slot(want)]; b.n == want {
-				ser.Allowed[i], ser.Denied[i] = b.allowed, b.denied
+			if b := &r[slot(want)]; b.n.Load() == want {
+				ser.Allowed[i], ser.Denied[i] = b.allowed.Load(), b.denied.Load()
 			}
 		}
 		out = append(out, ser)
