@@ -78,15 +78,32 @@ func env(name, def string) string {
 	return def
 }
 
+// envDuration reads a duration from the environment; a bad value is
+// reported once the flags are parsed.
+func envDuration(name string, def time.Duration, bad *error) time.Duration {
+	v, ok := os.LookupEnv(name)
+	if !ok {
+		return def
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil {
+		*bad = fmt.Errorf("%s: %w", name, err)
+		return def
+	}
+	return d
+}
+
 func serve(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("sluice serve", flag.ContinueOnError)
 	fs.SetOutput(stderr)
+	var envErr error
 	var (
 		configFile = fs.String("config", env("SLUICE_CONFIG", ""), "configuration `file` or directory (env SLUICE_CONFIG); default: the built-in demo")
 		redisURL   = fs.String("redis", env("SLUICE_REDIS_URL", ""), "Redis `URL` (env SLUICE_REDIS_URL): redis://, rediss://, redis+cluster://, redis+sentinel://; default: the embedded memory store")
 		httpAddr   = fs.String("http", env("SLUICE_HTTP_ADDR", ":8080"), "JSON API, dashboard and metrics `address` (env SLUICE_HTTP_ADDR)")
 		grpcAddr   = fs.String("grpc", env("SLUICE_GRPC_ADDR", ":8081"), "Envoy rate limit service `address` (env SLUICE_GRPC_ADDR)")
 		failure    = fs.String("failure-policy", env("SLUICE_FAILURE_POLICY", "local"), "when Redis fails: local (enforce in this process), open, closed, or error (report it; Envoy decides) (env SLUICE_FAILURE_POLICY)")
+		timeout    = fs.Duration("decision-timeout", envDuration("SLUICE_DECISION_TIMEOUT", 0, &envErr), "longest wait for Redis before the failure policy answers (env SLUICE_DECISION_TIMEOUT); default 50ms")
 		adminToken = fs.String("admin-token", env("SLUICE_ADMIN_TOKEN", ""), "bearer `token` for admin endpoints (env SLUICE_ADMIN_TOKEN); default: loopback clients only")
 		watch      = fs.Duration("watch-interval", 2*time.Second, "how often to check the config file for changes (0: never)")
 	)
@@ -94,6 +111,10 @@ func serve(args []string, stdout, stderr io.Writer) int {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
 		}
+		return 2
+	}
+	if envErr != nil {
+		fmt.Fprintln(stderr, "sluice serve:", envErr)
 		return 2
 	}
 	if fs.NArg() > 0 {
@@ -111,7 +132,7 @@ func serve(args []string, stdout, stderr io.Writer) int {
 	log := slog.New(slog.NewTextHandler(stderr, nil))
 	srv, err := New(Options{
 		ConfigFile: *configFile, RedisURL: *redisURL, HTTPAddr: *httpAddr, GRPCAddr: *grpcAddr,
-		FailurePolicy: fp, NoFailurePolicy: !withPolicy, AdminToken: *adminToken, WatchInterval: *watch, Logger: log,
+		FailurePolicy: fp, NoFailurePolicy: !withPolicy, DecisionTimeout: *timeout, AdminToken: *adminToken, WatchInterval: *watch, Logger: log,
 	})
 	if err != nil {
 		printErrors(stderr, err)

@@ -1,7 +1,10 @@
 package server
 
 import (
+	"context"
 	"os"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -11,6 +14,9 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"sluice"
+	"sluice/memory"
 )
 
 // rlsStep is one request at clock offset at, and the statuses it must get
@@ -340,5 +346,57 @@ policies:
 	r, err := svc.Peek(t.Context(), "per-user-route", "bob:/a", 1)
 	if err != nil || r.Decision.Allowed {
 		t.Errorf("Peek(bob:/a) = %+v, %v; want denied", r.Decision, err)
+	}
+}
+
+// plainStore hides the memory store's TakeAll, so the service must make
+// multi-descriptor checks all-or-nothing itself.
+type plainStore struct{ sluice.Store }
+
+func TestAllOrNothingWithoutTakeAll(t *testing.T) {
+	store := memory.New(&memory.Options{SweepInterval: -1})
+	defer store.Close()
+	svc := NewService(plainStore{store}, mustConfig(t, `
+domain: d
+descriptors:
+  - key: user
+    rate_limit: {unit: hour, requests_per_unit: 50, algorithm: sliding_window_log}
+  - key: tenant
+    rate_limit: {unit: hour, requests_per_unit: 80, algorithm: sliding_window_log}
+`), nil)
+	if svc.multi != nil {
+		t.Fatal("plainStore should hide TakeAll")
+	}
+	c := serveRLS(t, svc)
+	var allowed atomic.Int64
+	var wg sync.WaitGroup
+	for range 32 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range 5 {
+				// Interleave single-descriptor takes on the tenant limit.
+				for _, req := range []*rlsv3.RateLimitRequest{
+					rlsRequest("d", desc("user=u"), desc("tenant=t")),
+					rlsRequest("d", desc("tenant=other")),
+				} {
+					resp, err := c.ShouldRateLimit(context.Background(), req)
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					if len(req.Descriptors) == 2 && resp.OverallCode == rlsv3.RateLimitResponse_OK {
+						allowed.Add(1)
+					}
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if got := allowed.Load(); got != 50 {
+		t.Errorf("%d admitted, want 50", got)
+	}
+	if got, want := render(call(t, c, rlsRequest("d", desc("tenant=t")))), "OK: OK/29"; got != want {
+		t.Errorf("tenant afterwards: %s, want %s (nothing leaked)", got, want)
 	}
 }
