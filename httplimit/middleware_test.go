@@ -410,17 +410,19 @@ func TestDelay(t *testing.T) {
 	t.Parallel()
 	store := memory.New(nil)
 	t.Cleanup(func() { store.Close() })
-	lim := sluice.Limit{Rate: 20, Period: time.Second, Burst: 1} // one per 50ms
 	for _, tt := range []struct {
 		name     string
+		limit    sluice.Limit
 		maxDelay time.Duration
 		want     int
 	}{
-		{"within max", 10 * time.Second, 200},
-		{"past max", time.Millisecond, 429},
+		// One per 50ms: the second request waits for it.
+		{"within-max", sluice.Limit{Rate: 20, Period: time.Second, Burst: 1}, 10 * time.Second, 200},
+		// One per minute: the second would wait far past 1ms.
+		{"past-max", sluice.Limit{Rate: 1, Period: time.Minute}, time.Millisecond, 429},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			m, err := New(store, []Rule{{Name: "d-" + strings.ReplaceAll(tt.name, " ", "-"), Limit: lim, Key: PeerIP(), Strategy: Delay, MaxDelay: tt.maxDelay}}, nil)
+			m, err := New(store, []Rule{{Name: tt.name, Limit: tt.limit, Key: PeerIP(), Strategy: Delay, MaxDelay: tt.maxDelay}}, nil)
 			if err != nil {
 				t.Fatal(err)
 			}
