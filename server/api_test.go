@@ -301,7 +301,8 @@ func TestAPIHealth(t *testing.T) {
 		`sluice_decisions_total{outcome="allowed",policy="fw"} 3`,
 		`sluice_decisions_total{outcome="denied",policy="fw"} 1`,
 		`sluice_near_limit_total{policy="fw"} 1`,
-		`sluice_store_latency_seconds_count{op="take"} 4`,
+		`sluice_store_latency_seconds_count{op="take",store="memory"} 4`,
+		`sluice_store_calls_total{op="take",source="backend",store="memory"} 4`,
 		`sluice_config_reloads_total{result="failure"} 0`,
 		`sluice_fallback_active 0`,
 	} {

@@ -148,6 +148,7 @@ func (s *Server) openStore() (sluice.Store, error) {
 		}
 		s.closers = append(s.closers, func() { client.Close() })
 		s.ready = redisPing(client)
+		s.metrics.storeName = "redis"
 		rs := redisstore.New(client, nil)
 		if s.opts.NoFailurePolicy {
 			return rs, nil

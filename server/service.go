@@ -108,12 +108,11 @@ type snapshot struct {
 	rt  map[*Policy]*policyRuntime
 }
 
-// policyRuntime is a policy's precomputed key prefix, statistics ring and
-// metrics, so that a decision takes no lock and builds no label set.
+// policyRuntime is a policy's precomputed key prefix and statistics ring,
+// so that a decision takes no lock.
 type policyRuntime struct {
 	keyPrefix string
 	stats     *ring
-	metrics   *policyMetrics
 }
 
 // Config returns the configuration in force.
@@ -124,7 +123,7 @@ func (s *Service) SetConfig(cfg *Config) {
 	rings := s.stats.setPolicies(cfg.Policies)
 	snap := &snapshot{cfg: cfg, rt: make(map[*Policy]*policyRuntime, len(cfg.Policies))}
 	for _, p := range cfg.Policies {
-		snap.rt[p] = &policyRuntime{keyPrefix: s.keyPrefix(p), stats: rings[p.Name], metrics: s.metrics.forPolicy(p.Name)}
+		snap.rt[p] = &policyRuntime{keyPrefix: s.keyPrefix(p), stats: rings[p.Name]}
 	}
 	s.snap.Store(snap)
 }
@@ -135,7 +134,7 @@ func (s *Service) runtime(p *Policy) *policyRuntime {
 	if rt := s.snap.Load().rt[p]; rt != nil {
 		return rt
 	}
-	return &policyRuntime{keyPrefix: s.keyPrefix(p), metrics: s.metrics.forPolicy(p.Name)}
+	return &policyRuntime{keyPrefix: s.keyPrefix(p)}
 }
 
 func (s *Service) keyPrefix(p *Policy) string {
@@ -253,7 +252,7 @@ func (s *Service) record(r Result) {
 	if rt.stats != nil {
 		s.stats.add(rt.stats, r.Outcome != Allowed)
 	}
-	rt.metrics.decision(r)
+	s.metrics.decision(r)
 }
 
 func (s *Service) observe(op string, f func() error) error {
