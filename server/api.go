@@ -13,6 +13,8 @@ import (
 	"time"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protojson"
 
 	"sluice"
@@ -254,7 +256,11 @@ func (a *api) envoyJSON(w http.ResponseWriter, r *http.Request) {
 	}
 	resp, err := a.svc.ShouldRateLimit(r.Context(), &req)
 	if err != nil {
-		problem(w, http.StatusBadRequest, err.Error())
+		code := http.StatusBadRequest
+		if status.Code(err) == codes.Unavailable {
+			code = http.StatusServiceUnavailable
+		}
+		problem(w, code, status.Convert(err).Message())
 		return
 	}
 	out, err := protojson.Marshal(resp)

@@ -232,15 +232,18 @@ func (s *Server) Reload() error {
 	if s.opts.ConfigFile == "" {
 		return nil
 	}
+	// Stamp before reading: a change made while loading is seen next time,
+	// and a bad file is not retried until it changes again.
+	if files, err := configFiles(s.opts.ConfigFile); err == nil {
+		s.stamp = configStamp(files)
+	}
 	cfg, err := LoadConfig(s.opts.ConfigFile)
-	s.stamp = configStamp(s.svc.Config().Files)
 	if err != nil {
 		s.metrics.reload(false)
 		s.log.Error("config reload rejected; keeping the configuration in force", "err", err)
 		return err
 	}
 	s.svc.SetConfig(cfg)
-	s.stamp = configStamp(cfg.Files)
 	s.metrics.reload(true)
 	s.log.Info("config reloaded", "policies", len(cfg.Policies), "files", len(cfg.Files))
 	return nil
