@@ -13,7 +13,8 @@ import (
 
 // BenchmarkTakeRedis measures what the wrapper adds to a Redis Take (the
 // bounded call, the breaker and a deny-cache lookup) on allowed requests
-// over 1,000 keys.
+// over 1,000 keys, with the call in its own goroutine (the default) and in
+// the caller's (TrustContext).
 //
 //	go test -run '^$' -bench TakeRedis -benchmem ./resilient/
 func BenchmarkTakeRedis(b *testing.B) {
@@ -24,6 +25,11 @@ func BenchmarkTakeRedis(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer wrapped.Close()
+	inline, err := New(backend, &Options{Timeout: time.Second, TrustContext: true})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer inline.Close()
 	keys := make([]string, 1000)
 	for i := range keys {
 		keys[i] = fmt.Sprintf("k%d", i)
@@ -32,7 +38,7 @@ func BenchmarkTakeRedis(b *testing.B) {
 	for _, s := range []struct {
 		name  string
 		store sluice.Store
-	}{{"bare", backend}, {"resilient", wrapped}} {
+	}{{"bare", backend}, {"resilient", wrapped}, {"resilient-trust-context", inline}} {
 		b.Run(s.name, func(b *testing.B) {
 			b.ReportAllocs()
 			b.RunParallel(func(pb *testing.PB) {

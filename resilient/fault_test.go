@@ -193,16 +193,25 @@ func TestFaultUnreachable(t *testing.T) {
 	refusedAddr := refused.Addr().String()
 	refused.Close()
 
-	for name, addr := range map[string]string{"silent": silent.Addr().String(), "refused": refusedAddr} {
-		t.Run(name, func(t *testing.T) {
+	for _, tt := range []struct {
+		name  string
+		addr  string
+		trust bool // a client honouring contexts, called inline
+	}{
+		{"silent", silent.Addr().String(), false},
+		{"refused", refusedAddr, false},
+		{"silent, inline", silent.Addr().String(), true},
+		{"refused, inline", refusedAddr, true},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			// Default client options: a 3s read timeout that the
-			// Store's own timeout must cut short.
-			client := redis.NewClient(&redis.Options{Addr: addr})
+			// Otherwise default client options: a 3s read timeout
+			// that the Store's own timeout must cut short.
+			client := redis.NewClient(&redis.Options{Addr: tt.addr, ContextTimeoutEnabled: tt.trust})
 			t.Cleanup(func() { client.Close() })
 			const timeout = 50 * time.Millisecond
 			rec := &recorder{}
-			s, err := New(redisstore.New(client, nil), &Options{Policy: FailClosed, Timeout: timeout, Observer: rec})
+			s, err := New(redisstore.New(client, nil), &Options{Policy: FailClosed, Timeout: timeout, Observer: rec, TrustContext: tt.trust})
 			if err != nil {
 				t.Fatal(err)
 			}

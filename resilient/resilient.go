@@ -113,6 +113,14 @@ type Options struct {
 	// that it stops too. Default: 50ms.
 	Timeout time.Duration
 
+	// TrustContext runs backend calls in the caller's goroutine, bounded
+	// only by the context deadline. That saves a goroutine hand-off per
+	// call, but the Timeout then holds only if the backend honours
+	// contexts: for go-redis, set ContextTimeoutEnabled on the client.
+	// Default: false, a separate goroutine bounds every call whatever the
+	// backend does.
+	TrustContext bool
+
 	// Nodes is the expected number of processes sharing the limits. Under
 	// FallbackLocal each process enforces Rate/Nodes and Burst/Nodes
 	// (at least 1, and at least the request's cost), so the fleet as a
@@ -159,6 +167,7 @@ type Store struct {
 	name     string
 	policy   Policy
 	timeout  time.Duration
+	inline   bool
 	nodes    int64
 	probe    time.Duration
 	observer sluice.Observer
@@ -202,6 +211,7 @@ func New(backend sluice.Store, opts *Options) (*Store, error) {
 		name:     orDefault(o.Name, "store"),
 		policy:   o.Policy,
 		timeout:  orDefault(o.Timeout, 50*time.Millisecond),
+		inline:   o.TrustContext,
 		nodes:    int64(orDefault(o.Nodes, 1)),
 		probe:    orDefault(o.ProbeInterval, time.Second),
 		observer: o.Observer,
@@ -285,7 +295,7 @@ func (s *Store) decide(ctx context.Context, op, key string, limit sluice.Limit, 
 	if take {
 		fn = s.backend.Take
 	}
-	d, lat, err := bounded(ctx, s.timeout, func(ctx context.Context) (sluice.Decision, error) {
+	d, lat, err := bounded(ctx, s.timeout, s.inline, func(ctx context.Context) (sluice.Decision, error) {
 		return fn(ctx, key, limit, cost)
 	})
 	if err == nil {
@@ -364,7 +374,7 @@ func (s *Store) Reset(ctx context.Context, key string, limit sluice.Limit) error
 			return fmt.Errorf("resilient: reset fallback: %w", err)
 		}
 	}
-	_, lat, err := bounded(ctx, s.timeout, func(ctx context.Context) (struct{}, error) {
+	_, lat, err := bounded(ctx, s.timeout, s.inline, func(ctx context.Context) (struct{}, error) {
 		return struct{}{}, s.backend.Reset(ctx, key, limit)
 	})
 	s.observe("reset", sluice.SourceBackend, lat, err)
@@ -406,7 +416,7 @@ func (m *MultiStore) TakeAll(ctx context.Context, reqs []sluice.Request) ([]slui
 	if !call {
 		return m.failAll(ctx, reqs, 0, nil)
 	}
-	ds, lat, err := bounded(ctx, s.timeout, func(ctx context.Context) ([]sluice.Decision, error) {
+	ds, lat, err := bounded(ctx, s.timeout, s.inline, func(ctx context.Context) ([]sluice.Decision, error) {
 		return m.multi.TakeAll(ctx, reqs)
 	})
 	if err == nil && len(ds) != len(reqs) {
@@ -479,17 +489,25 @@ func (s *Store) observe(op string, src sluice.Source, lat time.Duration, err err
 	}
 }
 
-// bounded runs fn with a timeout and stops waiting for it when the timeout
-// passes, even if fn ignores its context (a stalled connection can).
-func bounded[T any](ctx context.Context, timeout time.Duration, fn func(context.Context) (T, error)) (T, time.Duration, error) {
+// bounded runs fn with a timeout. Unless inline, it runs fn in its own
+// goroutine and stops waiting when the timeout passes, even if fn ignores
+// its context (a stalled connection can).
+func bounded[T any](ctx context.Context, timeout time.Duration, inline bool, fn func(context.Context) (T, error)) (T, time.Duration, error) {
 	type result struct {
 		v   T
 		err error
 	}
 	cctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	done := make(chan result, 1) // buffered: an abandoned fn must not leak blocked
 	start := time.Now()
+	if inline {
+		v, err := fn(cctx)
+		if err != nil && ctx.Err() == nil && cctx.Err() != nil {
+			err = fmt.Errorf("%w after %v: %w", ErrTimeout, timeout, err)
+		}
+		return v, time.Since(start), err
+	}
+	done := make(chan result, 1) // buffered: an abandoned fn must not leak blocked
 	go func() {
 		v, err := fn(cctx)
 		done <- result{v, err}

@@ -24,7 +24,7 @@ const slow = time.Minute
 // computes. Real Redis failures are in fault_test.go.
 type flaky struct {
 	*memory.Store
-	mode  atomic.Int32 // 0 ok, 1 fail, 2 stall (ignores its context)
+	mode  atomic.Int32 // 0 ok, 1 fail, 2 stall (ignores its context), 3 stall until the context ends
 	calls atomic.Int64
 	stall chan struct{}
 }
@@ -35,7 +35,7 @@ func newFlaky(clock func() time.Time) *flaky {
 	return &flaky{Store: memory.New(&memory.Options{Clock: clock, SweepInterval: -1}), stall: make(chan struct{})}
 }
 
-func (f *flaky) fail() error {
+func (f *flaky) fail(ctx context.Context) error {
 	f.calls.Add(1)
 	switch f.mode.Load() {
 	case 1:
@@ -43,26 +43,29 @@ func (f *flaky) fail() error {
 	case 2:
 		<-f.stall
 		return errDown
+	case 3:
+		<-ctx.Done()
+		return ctx.Err()
 	}
 	return nil
 }
 
 func (f *flaky) Take(ctx context.Context, key string, l sluice.Limit, cost int64) (sluice.Decision, error) {
-	if err := f.fail(); err != nil {
+	if err := f.fail(ctx); err != nil {
 		return sluice.Decision{}, err
 	}
 	return f.Store.Take(ctx, key, l, cost)
 }
 
 func (f *flaky) Peek(ctx context.Context, key string, l sluice.Limit, cost int64) (sluice.Decision, error) {
-	if err := f.fail(); err != nil {
+	if err := f.fail(ctx); err != nil {
 		return sluice.Decision{}, err
 	}
 	return f.Store.Peek(ctx, key, l, cost)
 }
 
 func (f *flaky) TakeAll(ctx context.Context, reqs []sluice.Request) ([]sluice.Decision, error) {
-	if err := f.fail(); err != nil {
+	if err := f.fail(ctx); err != nil {
 		return nil, err
 	}
 	return f.Store.TakeAll(ctx, reqs)
@@ -222,15 +225,29 @@ func equal[T comparable](a, b []T) bool {
 	return true
 }
 
-// A stalled backend that ignores its context is abandoned at the timeout.
+// A stalled backend is abandoned at the timeout: in its own goroutine even
+// if it ignores its context; in the caller's (TrustContext) when it does not.
 func TestTimeoutStalledBackend(t *testing.T) {
 	t.Parallel()
+	for _, tt := range []struct {
+		name  string
+		mode  int32
+		trust bool
+	}{{"ignores context", 2, false}, {"honours context, inline", 3, true}, {"honours context", 3, false}} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			testStalled(t, tt.mode, tt.trust)
+		})
+	}
+}
+
+func testStalled(t *testing.T, mode int32, trust bool) {
 	b := newFlaky(time.Now)
-	b.mode.Store(2)
+	b.mode.Store(mode)
 	t.Cleanup(func() { close(b.stall) })
 	rec := &recorder{}
 	const timeout = 30 * time.Millisecond
-	s, err := New(b, &Options{Policy: FailClosed, Timeout: timeout, Observer: rec})
+	s, err := New(b, &Options{Policy: FailClosed, Timeout: timeout, Observer: rec, TrustContext: trust})
 	if err != nil {
 		t.Fatal(err)
 	}
