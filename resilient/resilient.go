@@ -16,7 +16,12 @@
 // A local deny cache remembers denials: a key denied until T for cost c is
 // denied locally for cost c until T, without a backend call, so an abusive
 // client costs the backend nothing while it is blocked. This is exact for
-// every algorithm (see denyCache for why).
+// all six algorithms: without new takes, what a key admits only grows with
+// time, and takes by anyone only delay it further, so the backend itself
+// would deny that request until T. Entries are per cost (a larger cost must
+// wait longer than T), dropped when this Store takes from the key, and
+// anchored at the time the request was sent, so they never outlast the
+// backend's own deadline. Options.DenyCacheSize bounds them.
 package resilient
 
 import (
