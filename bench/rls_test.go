@@ -63,15 +63,15 @@ func BenchmarkRLS(b *testing.B) {
 	}
 	servers := []struct {
 		name  string
-		start func(b *testing.B) string // returns the gRPC address
+		start func(b *testing.B) (string, *os.Process) // the gRPC address
 	}{
-		{"envoyproxy-ratelimit", func(b *testing.B) string { return startEnvoyRatelimit(b, dir, addr) }},
+		{"envoyproxy-ratelimit", func(b *testing.B) (string, *os.Process) { return startEnvoyRatelimit(b, dir, addr) }},
 		// Like envoyproxy/ratelimit, report a Redis failure to Envoy.
-		{"sluice", func(b *testing.B) string { return startSluice(b, dir, addr, "error") }},
+		{"sluice", func(b *testing.B) (string, *os.Process) { return startSluice(b, dir, addr, "error") }},
 	}
 	var envoyOps float64
 	for _, s := range servers {
-		grpcAddr := s.start(b)
+		grpcAddr, proc := s.start(b)
 		conn, err := grpc.NewClient(grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 		if err != nil {
 			b.Fatal(err)
@@ -93,7 +93,11 @@ func BenchmarkRLS(b *testing.B) {
 			b.Fatalf("%s: %v", s.name, err)
 		}
 		b.Run(s.name, func(b *testing.B) {
+			cpu0, cpuOK := processCPU(proc.Pid)
 			ops := runParallel(b, client, take, keys)
+			if cpu1, ok := processCPU(proc.Pid); ok && cpuOK {
+				b.ReportMetric(float64((cpu1-cpu0).Microseconds())/float64(b.N), "server-cpu-us/op")
+			}
 			if strings.HasPrefix(s.name, "envoyproxy") {
 				envoyOps = ops
 			} else if envoyOps > 0 {
@@ -150,7 +154,7 @@ func run(b *testing.B, cmd *exec.Cmd) {
 
 // startEnvoyRatelimit builds envoyproxy/ratelimit's service from the Go
 // module proxy (cached per machine) and runs it on redisAddr.
-func startEnvoyRatelimit(b *testing.B, dir, redisAddr string) string {
+func startEnvoyRatelimit(b *testing.B, dir, redisAddr string) (string, *os.Process) {
 	bin := goInstall(b, "github.com/envoyproxy/ratelimit/src/service_cmd@"+ratelimitVersion)
 	cfgDir := filepath.Join(dir, "runtime", "ratelimit", "config")
 	if err := os.MkdirAll(cfgDir, 0o755); err != nil {
@@ -178,12 +182,12 @@ func startEnvoyRatelimit(b *testing.B, dir, redisAddr string) string {
 	b.Cleanup(func() { logf.Close() })
 	cmd.Stdout, cmd.Stderr = logf, logf
 	run(b, cmd)
-	return "127.0.0.1:" + grpcPort
+	return "127.0.0.1:" + grpcPort, cmd.Process
 }
 
 // startSluice builds ../cmd/sluice (once per run) and runs `sluice serve`
 // on redisAddr with the given failure policy.
-func startSluice(b *testing.B, dir, redisAddr, failurePolicy string) string {
+func startSluice(b *testing.B, dir, redisAddr, failurePolicy string) (string, *os.Process) {
 	bin := filepath.Join(dir, "sluice")
 	if _, err := os.Stat(bin); err != nil {
 		build := exec.Command("go", "build", "-o", bin, "./cmd/sluice")
@@ -213,11 +217,11 @@ func startSluice(b *testing.B, dir, redisAddr, failurePolicy string) string {
 				for sc.Scan() {
 				}
 			}()
-			return addr
+			return addr, cmd.Process
 		}
 	}
 	b.Fatal("sluice serve printed no gRPC address")
-	return ""
+	return "", nil
 }
 
 // goInstall builds a command from the Go module proxy into a per-machine
@@ -241,4 +245,29 @@ func goInstall(b *testing.B, pkgAtVersion string) string {
 		b.Skipf("cannot build %s: %v\n%s", pkgAtVersion, err, out)
 	}
 	return bin
+}
+
+// processCPU returns the user and system CPU time a process has used, from
+// /proc (Linux); ok is false elsewhere.
+func processCPU(pid int) (time.Duration, bool) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, false
+	}
+	// Fields after the command name, which is in parentheses and may hold
+	// spaces: utime and stime are the 12th and 13th of them.
+	rest := string(b[strings.LastIndexByte(string(b), ')')+2:])
+	f := strings.Fields(rest)
+	if len(f) < 13 {
+		return 0, false
+	}
+	var ut, st int64
+	if _, err := fmt.Sscan(f[11], &ut); err != nil {
+		return 0, false
+	}
+	if _, err := fmt.Sscan(f[12], &st); err != nil {
+		return 0, false
+	}
+	const ticks = 100 // USER_HZ on Linux
+	return time.Duration(ut+st) * time.Second / ticks, true
 }
