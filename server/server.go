@@ -21,6 +21,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"runtime"
 	"sync"
 	"time"
 
@@ -193,7 +194,9 @@ func (s *Server) Start() error {
 		ReadHeaderTimeout: 10 * time.Second,
 		IdleTimeout:       2 * time.Minute,
 	}
-	s.grpcSrv = grpc.NewServer()
+	// Workers keep their grown stacks between requests: a new goroutine
+	// per request would grow its stack through the Redis client every time.
+	s.grpcSrv = grpc.NewServer(grpc.NumStreamWorkers(uint32(64 * runtime.GOMAXPROCS(0))))
 	s.svc.RegisterRLS(s.grpcSrv)
 	s.health = health.NewServer()
 	healthpb.RegisterHealthServer(s.grpcSrv, s.health)
