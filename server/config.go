@@ -78,9 +78,7 @@ type Policy struct {
 	// Domain is the Envoy domain the policy answers in.
 	Domain string
 
-	// Envoy-format policies only.
-	envoy     bool
-	quotaMode bool
+	envoy bool // from an Envoy-format rate_limit
 
 	tmpl     *template
 	explicit bool // Key was written in the file, so descriptors may match it
@@ -668,7 +666,7 @@ func (l *loader) rateLimit(d *domain, dn *descNode, name string, n *yaml.Node, s
 	}) {
 		return
 	}
-	r := &rule{shadow: shadow}
+	r := &rule{shadow: shadow || quota}
 	if rname != nil {
 		r.name = l.str(rname)
 	}
@@ -731,8 +729,8 @@ func (l *loader) rateLimit(d *domain, dn *descNode, name string, n *yaml.Node, s
 		return
 	}
 	r.period = period
-	p := &Policy{Name: name, Limit: lim, Cost: 1, Domain: d.name, envoy: true, quotaMode: quota, pos: l.at(n)}
-	if shadow {
+	p := &Policy{Name: name, Limit: lim, Cost: 1, Domain: d.name, envoy: true, pos: l.at(n)}
+	if shadow || quota { // neither ever refuses a request
 		p.Strategy = Shadow
 	}
 	if !l.addPolicy(p, n) {

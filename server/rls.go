@@ -148,7 +148,7 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 		default:
 			p := m.rule.policy
 			st.kind, st.policy, st.limit = kindLimited, p, p.Limit
-			st.shadow = p.Strategy == Shadow || p.quotaMode
+			st.shadow = p.Strategy == Shadow // shadow_mode or quota_mode
 		}
 	}
 	for i := range states {
