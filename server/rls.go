@@ -245,10 +245,10 @@ func (s *Service) decideAll(ctx context.Context, states []descriptorState) error
 		cost := max(min(st.hits, st.limit.Capacity()), 1)
 		var err error
 		if overall && st.shadow && st.hits > 0 && !st.over {
-			st.dec, err = s.take(ctx, st.policy, st.storeKey, st.limit, cost)
+			st.dec, err = s.take(ctx, st.storeKey, st.limit, cost)
 			st.taken = true
 		} else {
-			st.dec, err = s.peek(ctx, st.policy, st.storeKey, st.limit, cost)
+			st.dec, err = s.peek(ctx, st.storeKey, st.limit, cost)
 			if st.over {
 				st.dec.Allowed = false
 			} else if st.hits == 0 {

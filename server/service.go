@@ -206,9 +206,9 @@ func (s *Service) decide(ctx context.Context, policy, key string, cost int64, ta
 	}
 	var d sluice.Decision
 	if take {
-		d, err = s.take(ctx, p, s.storeKey(p, key), lim, cost)
+		d, err = s.take(ctx, s.storeKey(p, key), lim, cost)
 	} else {
-		d, err = s.peek(ctx, p, s.storeKey(p, key), lim, cost)
+		d, err = s.peek(ctx, s.storeKey(p, key), lim, cost)
 	}
 	if err != nil {
 		return Result{}, err
@@ -265,7 +265,7 @@ func (s *Service) observe(op string, f func() error) error {
 	return nil
 }
 
-func (s *Service) take(ctx context.Context, p *Policy, key string, lim sluice.Limit, cost int64) (sluice.Decision, error) {
+func (s *Service) take(ctx context.Context, key string, lim sluice.Limit, cost int64) (sluice.Decision, error) {
 	var d sluice.Decision
 	err := s.observe("take", func() error {
 		if s.multi == nil {
@@ -279,7 +279,7 @@ func (s *Service) take(ctx context.Context, p *Policy, key string, lim sluice.Li
 	return d, err
 }
 
-func (s *Service) peek(ctx context.Context, p *Policy, key string, lim sluice.Limit, cost int64) (sluice.Decision, error) {
+func (s *Service) peek(ctx context.Context, key string, lim sluice.Limit, cost int64) (sluice.Decision, error) {
 	var d sluice.Decision
 	err := s.observe("peek", func() error {
 		var err error
@@ -293,7 +293,7 @@ func (s *Service) peek(ctx context.Context, p *Policy, key string, lim sluice.Li
 // when it has one.
 func (s *Service) takeAll(ctx context.Context, reqs []sluice.Request) ([]sluice.Decision, error) {
 	if len(reqs) == 1 {
-		d, err := s.take(ctx, nil, reqs[0].Key, reqs[0].Limit, reqs[0].Cost)
+		d, err := s.take(ctx, reqs[0].Key, reqs[0].Limit, reqs[0].Cost)
 		if err != nil {
 			return nil, err
 		}
