@@ -165,7 +165,12 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 
 // hitsAddend is the descriptor's hits_addend if set (zero means "check
 // only"), else the request's, else 1, as envoyproxy/ratelimit reads them.
+// Negative hits (giving units back) are not supported: such a descriptor
+// is only checked.
 func hitsAddend(req *rlsv3.RateLimitRequest, i int) int64 {
+	if req.Descriptors[i].GetIsNegativeHits() {
+		return 0
+	}
 	if h := req.Descriptors[i].GetHitsAddend(); h != nil {
 		return int64(min(h.GetValue(), math.MaxInt64))
 	}

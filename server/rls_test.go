@@ -205,6 +205,11 @@ descriptors:
 		{"b over: a keeps its quota", 0, hit(2), hit(2), "OVER_LIMIT: OK/5 OVER/1", "OK: OK/5 OK/1"},
 		{"b exactly", 0, hit(5), hit(1), "OK: OK/0 OK/0", "OK: OK/0 OK/0"},
 	}
+	negative := desc("a=x")
+	negative.HitsAddend, negative.IsNegativeHits = hit(3), true
+	if got, want := render(call(t, c, rlsRequest("d", negative))), "OK: OK/10"; got != want {
+		t.Errorf("negative hits: got %q, want %q (checked, nothing taken)", got, want)
+	}
 	for _, s := range steps {
 		t.Run(s.name, func(t *testing.T) {
 			da, db := desc("a=x"), desc("b=y")
