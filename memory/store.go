@@ -20,8 +20,9 @@ var _ sluice.Store = (*Store)(nil)
 
 // Options configures a Store. A nil *Options gives every default.
 type Options struct {
-	// Clock returns the current time. Default: time.Now. Tests inject a
-	// fake clock here.
+	// Clock returns the current time. Default: the monotonic clock,
+	// anchored to the wall clock when the Store is made. Tests inject a fake
+	// clock here.
 	Clock func() time.Time
 
 	// MaxKeys bounds the number of keys held, so a flood of random keys
@@ -43,7 +44,7 @@ type Options struct {
 // Store is an in-memory sluice.Store. Build one with New and Close it when
 // done to stop its sweeper.
 type Store struct {
-	clock  func() time.Time
+	now    func() int64 // µs since the Unix epoch
 	seed   maphash.Seed
 	mask   uint64
 	shards []shard
@@ -75,9 +76,6 @@ func New(opts *Options) *Store {
 	if opts != nil {
 		o = *opts
 	}
-	if o.Clock == nil {
-		o.Clock = time.Now
-	}
 	if o.MaxKeys <= 0 {
 		o.MaxKeys = 1_000_000
 	}
@@ -91,7 +89,11 @@ func New(opts *Options) *Store {
 	if o.SweepInterval == 0 {
 		o.SweepInterval = time.Minute
 	}
-	s := &Store{clock: o.Clock, seed: maphash.MakeSeed(), mask: uint64(n - 1), shards: make([]shard, n), stop: make(chan struct{})}
+	s := &Store{now: monotonicMicros(), seed: maphash.MakeSeed(), mask: uint64(n - 1), shards: make([]shard, n), stop: make(chan struct{})}
+	if o.Clock != nil {
+		clock := o.Clock
+		s.now = func() int64 { return clock().UnixMicro() }
+	}
 	per := (o.MaxKeys + n - 1) / n
 	for i := range s.shards {
 		s.shards[i].maxKeys = per
@@ -129,7 +131,14 @@ func (s *Store) shardIndex(key string) uint64 { return maphash.String(s.seed, ke
 
 func (s *Store) shard(key string) *shard { return &s.shards[s.shardIndex(key)] }
 
-func (s *Store) now() int64 { return s.clock().UnixMicro() }
+// monotonicMicros reads the monotonic clock, anchored to the wall clock
+// once: cheaper than time.Now (one clock read, not two) and immune to wall
+// clock steps, which is all one process's limiter needs.
+func monotonicMicros() func() int64 {
+	base := time.Now()
+	baseUS := base.UnixMicro()
+	return func() int64 { return baseUS + int64(time.Since(base)/time.Microsecond) }
+}
 
 // Take implements sluice.Store.
 func (s *Store) Take(_ context.Context, key string, limit sluice.Limit, cost int64) (sluice.Decision, error) {
