@@ -1,0 +1,301 @@
+// Command httpratio measures what the net/http middleware costs a server:
+// it serves one trivial handler bare on one loopback port and behind the
+// default httplimit middleware (one rule per API key, memory store) on
+// another, loads each in turn with wrk, and prints the median requests per
+// second of each, their ratio, and the median server CPU per request.
+//
+// wrk is a separate process written in C, so the client's work (including
+// parsing the rate-limit header fields) does not run on the Go runtime that
+// serves the requests; it still shares the machine's cores. Rounds
+// alternate which server goes first, so a change in the machine's load
+// affects both alike. Every request carries one of -keys API keys, rotated
+// by a wrk Lua script; after the run the store must hold exactly that many
+// keys, or the command fails.
+//
+//	go run ./cmd/httpratio -rounds 5 -duration 5s
+//	go run ./cmd/httpratio -cpuprofile cpu.out && go tool pprof -top cpu.out
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"runtime"
+	"runtime/pprof"
+	"slices"
+	"strconv"
+	"time"
+
+	"sluice"
+	"sluice/httplimit"
+	"sluice/memory"
+)
+
+func main() {
+	if err := run(); err != nil {
+		fmt.Fprintln(os.Stderr, "httpratio:", err)
+		os.Exit(1)
+	}
+}
+
+// config is the command line.
+type config struct {
+	wrk        string
+	rounds     int
+	duration   time.Duration
+	warmup     time.Duration
+	threads    int
+	conns      int
+	keys       int
+	header     string
+	limit      sluice.Limit
+	omit       bool
+	cpuprofile string
+}
+
+func parseFlags() (config, error) {
+	var c config
+	limit := flag.String("limit", "1000000/s", "the per-key limit (sluice.ParseLimit syntax); high enough that every request is allowed")
+	flag.StringVar(&c.wrk, "wrk", "wrk", "the wrk binary")
+	flag.IntVar(&c.rounds, "rounds", 5, "rounds; each loads both servers once")
+	flag.DurationVar(&c.duration, "duration", 5*time.Second, "length of one wrk run")
+	flag.DurationVar(&c.warmup, "warmup", 2*time.Second, "length of an unmeasured first run on each server")
+	flag.IntVar(&c.threads, "threads", 2, "wrk threads")
+	flag.IntVar(&c.conns, "conns", 64, "wrk connections")
+	flag.IntVar(&c.keys, "keys", 10_000, "distinct API keys the requests rotate over")
+	flag.StringVar(&c.header, "header", "X-Api-Key", "the request header carrying the API key")
+	flag.BoolVar(&c.omit, "omit-allowed-headers", false, "set Options.OmitAllowedHeaders (rate-limit headers on denials only)")
+	flag.StringVar(&c.cpuprofile, "cpuprofile", "", "write a CPU profile of the measured rounds (both servers) to this file")
+	flag.Parse()
+	var err error
+	if c.limit, err = sluice.ParseLimit(*limit); err != nil {
+		return c, err
+	}
+	switch {
+	case c.rounds < 1, c.threads < 1, c.keys < 1, c.duration < time.Second:
+		return c, errors.New("-rounds, -threads and -keys must be positive, -duration at least 1s")
+	case c.conns < c.threads:
+		return c, errors.New("-conns must be at least -threads")
+	case !regexp.MustCompile(`^[A-Za-z0-9-]+$`).MatchString(c.header):
+		return c, fmt.Errorf("-header %q is not a plain header name", c.header)
+	}
+	return c, nil
+}
+
+func run() error {
+	c, err := parseFlags()
+	if err != nil {
+		return err
+	}
+	if _, err := exec.LookPath(c.wrk); err != nil {
+		return fmt.Errorf("%w (install wrk, e.g. apt-get install wrk)", err)
+	}
+	// The sweeper is off so that Len counts every key the run touched: with
+	// a limit this high a key's state is fresh again moments after each of
+	// its requests, and a sweep would remove it.
+	store := memory.New(&memory.Options{SweepInterval: -1})
+	defer store.Close()
+	mw, err := httplimit.New(store, []httplimit.Rule{{
+		Name:  "per-key",
+		Limit: c.limit,
+		Key:   httplimit.Header(c.header),
+	}}, &httplimit.Options{OmitAllowedHeaders: c.omit})
+	if err != nil {
+		return err
+	}
+	ok := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok") })
+	bareURL, stopBare, err := serve(ok)
+	if err != nil {
+		return err
+	}
+	defer stopBare()
+	limitedURL, stopLimited, err := serve(mw.Handler(ok))
+	if err != nil {
+		return err
+	}
+	defer stopLimited()
+	if err := checkHeaders(limitedURL, c); err != nil {
+		return err
+	}
+	if err := store.Reset(context.Background(), "httplimit:per-key:probe", c.limit); err != nil { // not one of the run's keys
+		return err
+	}
+
+	dir, err := os.MkdirTemp("", "httpratio")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	script := filepath.Join(dir, "keys.lua")
+	if err := os.WriteFile(script, []byte(luaScript(c)), 0o600); err != nil {
+		return err
+	}
+
+	load := func(url string, d time.Duration) (rps, cpuPerReq float64, err error) {
+		cpu0 := processCPU()
+		rps, n, err := runWrk(c, script, url, d)
+		cpu := processCPU() - cpu0
+		if err != nil || n == 0 {
+			return rps, 0, err
+		}
+		return rps, float64(cpu.Microseconds()) / float64(n), nil
+	}
+	for _, url := range []string{bareURL, limitedURL} {
+		if _, _, err := load(url, c.warmup); err != nil {
+			return err
+		}
+	}
+	if c.cpuprofile != "" {
+		f, err := os.Create(c.cpuprofile)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
+	}
+	fmt.Printf("wrk -t%d -c%d -d%v, %d keys in header %s, limit %v, omit-allowed-headers=%v, GOMAXPROCS=%d\n",
+		c.threads, c.conns, c.duration, c.keys, c.header, c.limit, c.omit, runtime.GOMAXPROCS(0))
+	fmt.Printf("%-6s %14s %14s %10s %14s %14s\n", "round", "bare req/s", "limited req/s", "ratio", "bare µs/req", "limited µs/req")
+	var bare, limited, bareCPU, limitedCPU, ratios []float64
+	for i := range c.rounds {
+		var b, l, bc, lc float64
+		var err error
+		if i%2 == 0 {
+			if b, bc, err = load(bareURL, c.duration); err == nil {
+				l, lc, err = load(limitedURL, c.duration)
+			}
+		} else {
+			if l, lc, err = load(limitedURL, c.duration); err == nil {
+				b, bc, err = load(bareURL, c.duration)
+			}
+		}
+		if err != nil {
+			return err
+		}
+		bare, limited, bareCPU, limitedCPU = append(bare, b), append(limited, l), append(bareCPU, bc), append(limitedCPU, lc)
+		ratios = append(ratios, l/b)
+		fmt.Printf("%-6d %14.0f %14.0f %10.3f %14.1f %14.1f\n", i+1, b, l, l/b, bc, lc)
+	}
+	if got := store.Len(); got != c.keys {
+		return fmt.Errorf("the store holds %d keys, the run claims %d", got, c.keys)
+	}
+	mb, ml := median(bare), median(limited)
+	fmt.Printf("%-6s %14.0f %14.0f %10.3f %14.1f %14.1f\n", "median", mb, ml, ml/mb, median(bareCPU), median(limitedCPU))
+	fmt.Printf("ratio of medians %.3f; median of round ratios %.3f; store holds %d keys\n", ml/mb, median(ratios), store.Len())
+	return nil
+}
+
+// serve serves h on a fresh loopback port.
+func serve(h http.Handler) (url string, stop func(), err error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", nil, err
+	}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+	go srv.Serve(ln)
+	return "http://" + ln.Addr().String() + "/", func() { srv.Close() }, nil
+}
+
+// checkHeaders makes one request to the limited server and checks that the
+// middleware answers as configured, so a run cannot measure a misconfigured
+// middleware.
+func checkHeaders(url string, c config) error {
+	req, err := http.NewRequest("GET", url, nil)
+	if err != nil {
+		return err
+	}
+	req.Header.Set(c.header, "probe")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	io.Copy(io.Discard, resp.Body)
+	has := resp.Header.Get(httplimit.HeaderRateLimit) != ""
+	switch {
+	case resp.StatusCode != http.StatusOK:
+		return fmt.Errorf("limited server answered %s", resp.Status)
+	case has == c.omit:
+		return fmt.Errorf("limited server: RateLimit header present=%v with omit-allowed-headers=%v", has, c.omit)
+	}
+	return nil
+}
+
+// luaScript rotates the API key header over c.keys keys. The requests are
+// formatted once per thread in init, so the client's cost per request is a
+// table lookup, the same for both servers. Thread t starts at key
+// t·keys/threads; every thread cycles through all keys.
+func luaScript(c config) string {
+	return fmt.Sprintf(`local keys, threads, header = %d, %d, %q
+local n = 0
+function setup(thread)
+  thread:set("id", n)
+  n = n + 1
+end
+function init(args)
+  reqs = {}
+  for k = 0, keys - 1 do
+    reqs[k] = wrk.format(nil, nil, {[header] = string.format("key-%%06d", k)})
+  end
+  i = math.floor(id * keys / threads)
+end
+function request()
+  local r = reqs[i]
+  i = (i + 1) %% keys
+  return r
+end
+`, c.keys, c.threads, c.header)
+}
+
+var (
+	reqPerSec = regexp.MustCompile(`Requests/sec:\s+([0-9.]+)`)
+	total     = regexp.MustCompile(`(\d+) requests in`)
+	non2xx    = regexp.MustCompile(`Non-2xx or 3xx responses: (\d+)`)
+	sockErr   = regexp.MustCompile(`Socket errors: .*`)
+)
+
+// runWrk loads url for d and returns requests per second and the number of
+// requests. Any non-2xx response or socket error fails the run: a denied
+// or failed request would not measure the allowed path.
+func runWrk(c config, script, url string, d time.Duration) (rps float64, n int64, err error) {
+	cmd := exec.Command(c.wrk, "-t"+strconv.Itoa(c.threads), "-c"+strconv.Itoa(c.conns),
+		"-d"+strconv.Itoa(int(d.Round(time.Second)/time.Second))+"s", "-s", script, url)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Run(); err != nil {
+		return 0, 0, fmt.Errorf("wrk: %w: %s", err, out.Bytes())
+	}
+	if m := non2xx.Find(out.Bytes()); m != nil {
+		return 0, 0, fmt.Errorf("wrk %s: %s", url, m)
+	}
+	if m := sockErr.Find(out.Bytes()); m != nil {
+		return 0, 0, fmt.Errorf("wrk %s: %s", url, m)
+	}
+	m, t := reqPerSec.FindSubmatch(out.Bytes()), total.FindSubmatch(out.Bytes())
+	if m == nil || t == nil {
+		return 0, 0, fmt.Errorf("wrk: unexpected output: %s", out.Bytes())
+	}
+	rps, _ = strconv.ParseFloat(string(m[1]), 64)
+	n, _ = strconv.ParseInt(string(t[1]), 10, 64)
+	return rps, n, nil
+}
+
+func median(xs []float64) float64 {
+	s := slices.Sorted(slices.Values(xs))
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
