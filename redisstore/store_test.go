@@ -290,7 +290,7 @@ func TestTTL(t *testing.T) {
 }
 
 // TestServerClock: with no Clock the scripts read Redis's TIME, and every
-// algorithm still counts down, denies and reports a wait within the period.
+// algorithm still counts down, denies and reports a bounded wait.
 func TestServerClock(t *testing.T) {
 	ctx := context.Background()
 	for _, srv := range servers {
@@ -306,8 +306,9 @@ func TestServerClock(t *testing.T) {
 					}
 				}
 				d, err := s.Take(ctx, "k", l, 1)
-				if err != nil || d.Allowed || d.RetryAfter <= 0 || d.RetryAfter > time.Hour || d.ResetAfter <= 0 {
-					t.Fatalf("%v 4th take: %+v %v, want denied with a wait within the hour", l, d, err)
+				// The sliding counter may have to wait into the next window.
+				if err != nil || d.Allowed || d.RetryAfter <= 0 || d.RetryAfter > 2*time.Hour || d.ResetAfter <= 0 {
+					t.Fatalf("%v 4th take: %+v %v, want denied with a wait within two periods", l, d, err)
 				}
 				reqs := []sluice.Request{{Key: "t}1", Limit: l, Cost: 1}, {Key: "t}2", Limit: l, Cost: 3}}
 				ds, err := s.TakeAll(ctx, reqs)
