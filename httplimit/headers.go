@@ -68,38 +68,55 @@ func newFields(name string, l sluice.Limit) fields {
 }
 
 // writeHeaders is SetHeaders with the rule's fixed values precomputed.
+//
+// It allocates twice whatever the decision: one backing array for the
+// values and one string holding every per-request number. Each value is a
+// full slice (cap 1), so an append by a later handler copies rather than
+// overwriting its neighbour.
 func writeHeaders(h http.Header, f fields, d sluice.Decision, now time.Time) {
-	// One backing array for all the values: one allocation, not six. Each
-	// value is a full slice (cap 1), so an append by a later handler copies
-	// rather than overwriting its neighbour.
 	vals := make([]string, 6)
 	var t int64
 	if d.Allowed {
 		t = ceilSeconds(d.ResetAfter)
 	} else {
 		t = max(ceilSeconds(d.RetryAfter), 1) // a denial always means "wait"
-		vals[5] = strconv.FormatInt(t, 10)
-		h[canonRetryAfter] = vals[5:6:6]
 	}
-	vals[0] = f.capacity
-	if f.capacity == "" || d.Limit != f.limit { // a fallback may report another limit
-		vals[0] = strconv.FormatInt(d.Limit.Capacity(), 10)
-	}
-	vals[1] = strconv.FormatInt(d.Remaining, 10)
-	vals[2] = strconv.FormatInt(resetUnix(now, d.ResetAfter), 10)
-	vals[3] = f.policy
-	var b [64]byte
+	// One string: `"name";r=REMAINING;t=T` (the RateLimit field), then the
+	// reset time and, if it is not the rule's, the capacity. Remaining and
+	// Retry-After are substrings of the RateLimit field.
+	var b [160]byte
 	buf := append(b[:0], f.quoted...)
 	buf = append(buf, ";r="...)
+	r0 := len(buf)
 	buf = strconv.AppendInt(buf, d.Remaining, 10)
+	r1 := len(buf)
 	buf = append(buf, ";t="...)
+	t0 := len(buf)
 	buf = strconv.AppendInt(buf, t, 10)
-	vals[4] = string(buf)
+	t1 := len(buf)
+	buf = strconv.AppendInt(buf, resetUnix(now, d.ResetAfter), 10)
+	reset := len(buf)
+	vals[0] = f.capacity
+	if f.capacity == "" || d.Limit != f.limit { // a fallback may report another limit
+		buf = strconv.AppendInt(buf, d.Limit.Capacity(), 10)
+	}
+	s := string(buf)
+	if len(s) > reset {
+		vals[0] = s[reset:]
+	}
+	vals[1] = s[r0:r1]
+	vals[2] = s[t1:reset]
+	vals[3] = f.policy
+	vals[4] = s[:t1]
 	h[canonLimit] = vals[0:1:1]
 	h[canonRemaining] = vals[1:2:2]
 	h[canonReset] = vals[2:3:3]
 	h[canonPolicy] = vals[3:4:4]
 	h[canonRateLimit] = vals[4:5:5]
+	if !d.Allowed {
+		vals[5] = s[t0:t1]
+		h[canonRetryAfter] = vals[5:6:6]
+	}
 }
 
 // policyField is the RateLimit-Policy value: `"name";q=RATE;w=SECONDS`.

@@ -85,3 +85,63 @@ func TestSetHeaders(t *testing.T) {
 		})
 	}
 }
+
+// TestWriteHeadersRuleFields covers the middleware's path: the rule's
+// precomputed values, a decision under another limit (a local fallback's),
+// and values that stay independent when a later handler appends to one.
+func TestWriteHeadersRuleFields(t *testing.T) {
+	t.Parallel()
+	now := time.Unix(1_700_000_000, 500_000_000)
+	f := newFields("api", sluice.PerMinute(100))
+	tests := []struct {
+		name string
+		d    sluice.Decision
+		want map[string]string // "" means absent
+	}{
+		{
+			name: "allowed under the rule's limit",
+			d:    sluice.Decision{Allowed: true, Limit: sluice.PerMinute(100), Remaining: 1_234_567, ResetAfter: 1500 * time.Millisecond},
+			want: map[string]string{
+				HeaderRetryAfter:      "",
+				HeaderLimit:           "100",
+				HeaderRemaining:       "1234567",
+				HeaderReset:           "1700000002",
+				HeaderRateLimitPolicy: `"api";q=100;w=60`,
+				HeaderRateLimit:       `"api";r=1234567;t=2`,
+			},
+		},
+		{
+			name: "denied under a fallback limit",
+			d:    sluice.Decision{Limit: sluice.PerMinute(25), RetryAfter: 2400 * time.Millisecond, ResetAfter: time.Minute},
+			want: map[string]string{
+				HeaderRetryAfter:      "3",
+				HeaderLimit:           "25",
+				HeaderRemaining:       "0",
+				HeaderReset:           "1700000061",
+				HeaderRateLimitPolicy: `"api";q=100;w=60`,
+				HeaderRateLimit:       `"api";r=0;t=3`,
+			},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			h := http.Header{}
+			writeHeaders(h, f, tt.d, now)
+			for _, k := range []string{HeaderRetryAfter, HeaderLimit, HeaderRemaining, HeaderReset, HeaderRateLimitPolicy, HeaderRateLimit} {
+				h.Add(k, "appended")
+			}
+			for k, want := range tt.want {
+				got := h.Values(k)
+				if want == "" {
+					if len(got) != 1 {
+						t.Errorf("%s = %q, want only the appended value", k, got)
+					}
+					continue
+				}
+				if len(got) != 2 || got[0] != want || got[1] != "appended" {
+					t.Errorf("%s = %q, want [%q appended]", k, got, want)
+				}
+			}
+		})
+	}
+}
