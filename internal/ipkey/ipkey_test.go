@@ -117,6 +117,10 @@ func TestParsePeer(t *testing.T) {
 		"[2001:db8::1]:443":    "2001:db8::1",
 		"192.0.2.1":            "192.0.2.1",
 		"[::ffff:10.0.0.1]:80": "10.0.0.1",
+		"[fe80::1%eth0]:80":    "fe80::1",
+		"::1:80":               "::1:80", // an address, not ::1 port 80
+		"2001:db8::1":          "2001:db8::1",
+		"[2001:db8::1]":        "2001:db8::1",
 	} {
 		got, err := ParsePeer(in)
 		if err != nil || got.String() != want {
@@ -127,5 +131,29 @@ func TestParsePeer(t *testing.T) {
 		if _, err := ParsePeer(in); err == nil {
 			t.Errorf("ParsePeer(%q) succeeded", in)
 		}
+	}
+}
+
+// BenchmarkPeerKey is the per-request work of a client-IP key: parse the
+// peer address as net/http gives it, find the client, group it.
+func BenchmarkPeerKey(b *testing.B) {
+	for _, tt := range []struct{ name, peer string }{
+		{"ipv4", "203.0.113.7:54321"},
+		{"ipv6", "[2001:db8:1:2::7]:443"},
+	} {
+		b.Run(tt.name, func(b *testing.B) {
+			r, err := New(nil, "", 0, 0)
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.ReportAllocs()
+			for b.Loop() {
+				a, err := ParsePeer(tt.peer)
+				if err != nil {
+					b.Fatal(err)
+				}
+				_ = r.Key(r.Client(a, nil))
+			}
+		})
 	}
 }
