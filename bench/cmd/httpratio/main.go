@@ -113,21 +113,41 @@ func run() error {
 		return err
 	}
 	ok := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok") })
-	bareURL, stopBare, err := serve(ok)
+	bare, err := newTarget("bare", ok)
 	if err != nil {
 		return err
 	}
-	defer stopBare()
-	limitedURL, stopLimited, err := serve(mw.Handler(ok))
+	defer bare.stop()
+	limited, err := newTarget("limited", mw.Handler(ok))
 	if err != nil {
 		return err
 	}
-	defer stopLimited()
-	if err := checkHeaders(limitedURL, c); err != nil {
+	defer limited.stop()
+	fixed, err := probe(limited.url, c)
+	if err != nil {
 		return err
 	}
 	if err := store.Reset(context.Background(), "httplimit:per-key:probe", c.limit); err != nil { // not one of the run's keys
 		return err
+	}
+	targets := []*target{bare, limited}
+	var static *target
+	if !c.omit {
+		// The control: the trivial handler setting the probe's rate-limit
+		// header fields itself. It costs the server and the client what
+		// the header fields cost, without the middleware.
+		static, err = newTarget("static-headers", http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+			h := w.Header()
+			for k, v := range fixed {
+				h[k] = v
+			}
+			io.WriteString(w, "ok")
+		}))
+		if err != nil {
+			return err
+		}
+		defer static.stop()
+		targets = append(targets, static)
 	}
 
 	dir, err := os.MkdirTemp("", "httpratio")
@@ -140,17 +160,8 @@ func run() error {
 		return err
 	}
 
-	load := func(url string, d time.Duration) (rps, cpuPerReq float64, err error) {
-		cpu0 := processCPU()
-		rps, n, err := runWrk(c, script, url, d)
-		cpu := processCPU() - cpu0
-		if err != nil || n == 0 {
-			return rps, 0, err
-		}
-		return rps, float64(cpu.Microseconds()) / float64(n), nil
-	}
-	for _, url := range []string{bareURL, limitedURL} {
-		if _, _, err := load(url, c.warmup); err != nil {
+	for _, t := range targets {
+		if _, err := t.load(c, script, c.warmup, false); err != nil {
 			return err
 		}
 	}
@@ -165,36 +176,71 @@ func run() error {
 		}
 		defer pprof.StopCPUProfile()
 	}
-	fmt.Printf("wrk -t%d -c%d -d%v, %d keys in header %s, limit %v, omit-allowed-headers=%v, GOMAXPROCS=%d\n",
-		c.threads, c.conns, c.duration, c.keys, c.header, c.limit, c.omit, runtime.GOMAXPROCS(0))
-	fmt.Printf("%-6s %14s %14s %10s %14s %14s\n", "round", "bare req/s", "limited req/s", "ratio", "bare µs/req", "limited µs/req")
-	var bare, limited, bareCPU, limitedCPU, ratios []float64
+	fmt.Printf("wrk -t%d -c%d -d%v, %d keys in header %s, limit %v, omit-allowed-headers=%v, GOMAXPROCS=%d, %d rounds\n",
+		c.threads, c.conns, c.duration, c.keys, c.header, c.limit, c.omit, runtime.GOMAXPROCS(0), c.rounds)
+	fmt.Printf("%-6s %-15s %10s %14s %14s\n", "round", "server", "req/s", "server µs/req", "wrk µs/req")
+	var ratios []float64
 	for i := range c.rounds {
-		var b, l, bc, lc float64
-		var err error
-		if i%2 == 0 {
-			if b, bc, err = load(bareURL, c.duration); err == nil {
-				l, lc, err = load(limitedURL, c.duration)
+		for j := range targets { // each round starts with the next target
+			t := targets[(i+j)%len(targets)]
+			r, err := t.load(c, script, c.duration, true)
+			if err != nil {
+				return err
 			}
-		} else {
-			if l, lc, err = load(limitedURL, c.duration); err == nil {
-				b, bc, err = load(bareURL, c.duration)
-			}
+			fmt.Printf("%-6d %-15s %10.0f %14.1f %14.1f\n", i+1, t.name, r.rps, r.server, r.client)
 		}
-		if err != nil {
-			return err
-		}
-		bare, limited, bareCPU, limitedCPU = append(bare, b), append(limited, l), append(bareCPU, bc), append(limitedCPU, lc)
-		ratios = append(ratios, l/b)
-		fmt.Printf("%-6d %14.0f %14.0f %10.3f %14.1f %14.1f\n", i+1, b, l, l/b, bc, lc)
+		ratios = append(ratios, limited.rps[i]/bare.rps[i])
 	}
 	if got := store.Len(); got != c.keys {
 		return fmt.Errorf("the store holds %d keys, the run claims %d", got, c.keys)
 	}
-	mb, ml := median(bare), median(limited)
-	fmt.Printf("%-6s %14.0f %14.0f %10.3f %14.1f %14.1f\n", "median", mb, ml, ml/mb, median(bareCPU), median(limitedCPU))
-	fmt.Printf("ratio of medians %.3f; median of round ratios %.3f; store holds %d keys\n", ml/mb, median(ratios), store.Len())
+	fmt.Printf("\nmedians over %d rounds:\n", c.rounds)
+	fmt.Printf("%-15s %10s %14s %14s\n", "server", "req/s", "server µs/req", "wrk µs/req")
+	for _, t := range targets {
+		fmt.Printf("%-15s %10.0f %14.1f %14.1f\n", t.name, median(t.rps), median(t.server), median(t.client))
+	}
+	fmt.Printf("limited/bare req/s: %.3f (ratio of medians), %.3f (median of round ratios)\n",
+		median(limited.rps)/median(bare.rps), median(ratios))
+	if static != nil {
+		fmt.Printf("limited/static-headers req/s: %.3f (ratio of medians)\n", median(limited.rps)/median(static.rps))
+	}
+	fmt.Printf("store holds %d keys, as claimed\n", store.Len())
 	return nil
+}
+
+// target is one server under load and its measurements, one per round.
+type target struct {
+	name                string
+	url                 string
+	stop                func()
+	rps, server, client []float64
+}
+
+// result is one wrk run: requests per second, and CPU per request of this
+// process (the servers) and of wrk.
+type result struct{ rps, server, client float64 }
+
+func newTarget(name string, h http.Handler) (*target, error) {
+	url, stop, err := serve(h)
+	if err != nil {
+		return nil, err
+	}
+	return &target{name: name, url: url, stop: stop}, nil
+}
+
+// load runs wrk against t for d and, if record, keeps the result.
+func (t *target) load(c config, script string, d time.Duration, record bool) (result, error) {
+	cpu0 := processCPU()
+	rps, n, client, err := runWrk(c, script, t.url, d)
+	if err != nil {
+		return result{}, err
+	}
+	perReq := func(cpu time.Duration) float64 { return float64(cpu.Nanoseconds()) / 1e3 / n }
+	r := result{rps: rps, server: perReq(processCPU() - cpu0), client: perReq(client)}
+	if record {
+		t.rps, t.server, t.client = append(t.rps, r.rps), append(t.server, r.server), append(t.client, r.client)
+	}
+	return r, nil
 }
 
 // serve serves h on a fresh loopback port.
@@ -208,29 +254,34 @@ func serve(h http.Handler) (url string, stop func(), err error) {
 	return "http://" + ln.Addr().String() + "/", func() { srv.Close() }, nil
 }
 
-// checkHeaders makes one request to the limited server and checks that the
+// probe makes one request to the limited server, checks that the
 // middleware answers as configured, so a run cannot measure a misconfigured
-// middleware.
-func checkHeaders(url string, c config) error {
+// middleware, and returns the rate-limit header fields it set.
+func probe(url string, c config) (http.Header, error) {
 	req, err := http.NewRequest("GET", url, nil)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	req.Header.Set(c.header, "probe")
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	defer resp.Body.Close()
 	io.Copy(io.Discard, resp.Body)
-	has := resp.Header.Get(httplimit.HeaderRateLimit) != ""
+	fixed := http.Header{}
+	for _, k := range []string{httplimit.HeaderLimit, httplimit.HeaderRemaining, httplimit.HeaderReset, httplimit.HeaderRateLimitPolicy, httplimit.HeaderRateLimit} {
+		if v := resp.Header.Values(k); len(v) > 0 {
+			fixed[http.CanonicalHeaderKey(k)] = v
+		}
+	}
 	switch {
 	case resp.StatusCode != http.StatusOK:
-		return fmt.Errorf("limited server answered %s", resp.Status)
-	case has == c.omit:
-		return fmt.Errorf("limited server: RateLimit header present=%v with omit-allowed-headers=%v", has, c.omit)
+		return nil, fmt.Errorf("limited server answered %s", resp.Status)
+	case c.omit && len(fixed) > 0, !c.omit && len(fixed) != 5:
+		return nil, fmt.Errorf("limited server set %d rate-limit header fields with omit-allowed-headers=%v", len(fixed), c.omit)
 	}
-	return nil
+	return fixed, nil
 }
 
 // luaScript rotates the API key header over c.keys keys. The requests are
@@ -266,30 +317,34 @@ var (
 	sockErr   = regexp.MustCompile(`Socket errors: .*`)
 )
 
-// runWrk loads url for d and returns requests per second and the number of
-// requests. Any non-2xx response or socket error fails the run: a denied
-// or failed request would not measure the allowed path.
-func runWrk(c config, script, url string, d time.Duration) (rps float64, n int64, err error) {
+// runWrk loads url for d and returns requests per second, the number of
+// requests and wrk's CPU time. Any non-2xx response or socket error fails
+// the run: a denied or failed request would not measure the allowed path.
+func runWrk(c config, script, url string, d time.Duration) (rps, n float64, cpu time.Duration, err error) {
 	cmd := exec.Command(c.wrk, "-t"+strconv.Itoa(c.threads), "-c"+strconv.Itoa(c.conns),
 		"-d"+strconv.Itoa(int(d.Round(time.Second)/time.Second))+"s", "-s", script, url)
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := cmd.Run(); err != nil {
-		return 0, 0, fmt.Errorf("wrk: %w: %s", err, out.Bytes())
+		return 0, 0, 0, fmt.Errorf("wrk: %w: %s", err, out.Bytes())
 	}
 	if m := non2xx.Find(out.Bytes()); m != nil {
-		return 0, 0, fmt.Errorf("wrk %s: %s", url, m)
+		return 0, 0, 0, fmt.Errorf("wrk %s: %s", url, m)
 	}
 	if m := sockErr.Find(out.Bytes()); m != nil {
-		return 0, 0, fmt.Errorf("wrk %s: %s", url, m)
+		return 0, 0, 0, fmt.Errorf("wrk %s: %s", url, m)
 	}
 	m, t := reqPerSec.FindSubmatch(out.Bytes()), total.FindSubmatch(out.Bytes())
 	if m == nil || t == nil {
-		return 0, 0, fmt.Errorf("wrk: unexpected output: %s", out.Bytes())
+		return 0, 0, 0, fmt.Errorf("wrk: unexpected output: %s", out.Bytes())
 	}
-	rps, _ = strconv.ParseFloat(string(m[1]), 64)
-	n, _ = strconv.ParseInt(string(t[1]), 10, 64)
-	return rps, n, nil
+	if rps, err = strconv.ParseFloat(string(m[1]), 64); err != nil {
+		return 0, 0, 0, fmt.Errorf("wrk: %w", err)
+	}
+	if n, err = strconv.ParseFloat(string(t[1]), 64); err != nil || n == 0 {
+		return 0, 0, 0, fmt.Errorf("wrk: %q requests", t[1])
+	}
+	return rps, n, cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime(), nil
 }
 
 func median(xs []float64) float64 {
