@@ -57,13 +57,13 @@ func ClientIP(opts *IPOptions) (KeyFunc, error) {
 	if err != nil {
 		return nil, fmt.Errorf("httplimit: %w", err)
 	}
-	header := res.Header()
+	header := http.CanonicalHeaderKey(res.Header()) // r.Header.Values would canonicalize per request
 	return func(r *http.Request) (string, error) {
 		peer, err := ipkey.ParsePeer(r.RemoteAddr)
 		if err != nil {
 			return "", fmt.Errorf("httplimit: %w", err)
 		}
-		return res.Key(res.Client(peer, r.Header.Values(header))), nil
+		return res.Key(res.Client(peer, r.Header[header])), nil
 	}, nil
 }
 
