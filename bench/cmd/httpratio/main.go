@@ -2,17 +2,24 @@
 // it serves one trivial handler bare on one loopback port and behind the
 // default httplimit middleware (one rule per API key, memory store) on
 // another, loads each in turn with wrk, and prints the median requests per
-// second of each, their ratio, and the median server CPU per request.
+// second of each, their ratio, and the median CPU per request of the
+// server (this process) and of wrk.
+//
+// A third server, the control, runs the same handler setting the same five
+// rate-limit header fields itself, with fixed values: limited/control is
+// what the middleware costs beyond the header fields, and control/bare is
+// what sending the fields costs net/http and the client.
 //
 // wrk is a separate process written in C, so the client's work (including
-// parsing the rate-limit header fields) does not run on the Go runtime that
-// serves the requests; it still shares the machine's cores. Rounds
-// alternate which server goes first, so a change in the machine's load
-// affects both alike. Every request carries one of -keys API keys, rotated
-// by a wrk Lua script; after the run the store must hold exactly that many
-// keys, or the command fails.
+// parsing the extra header fields) does not run on the Go runtime that
+// serves the requests; it still shares the machine's cores. Each round
+// starts with the next server, so a change in the machine's load affects
+// all alike. Every request carries one of -keys API keys, rotated by a wrk
+// Lua script; after the run the store must hold exactly that many keys, or
+// the command fails, as it does on any non-2xx response.
 //
 //	go run ./cmd/httpratio -rounds 5 -duration 5s
+//	go run ./cmd/httpratio -omit-allowed-headers
 //	go run ./cmd/httpratio -cpuprofile cpu.out && go tool pprof -top cpu.out
 package main
 
@@ -59,6 +66,7 @@ type config struct {
 	header     string
 	limit      sluice.Limit
 	omit       bool
+	handler    string
 	cpuprofile string
 }
 
@@ -74,6 +82,7 @@ func parseFlags() (config, error) {
 	flag.IntVar(&c.keys, "keys", 10_000, "distinct API keys the requests rotate over")
 	flag.StringVar(&c.header, "header", "X-Api-Key", "the request header carrying the API key")
 	flag.BoolVar(&c.omit, "omit-allowed-headers", false, "set Options.OmitAllowedHeaders (rate-limit headers on denials only)")
+	flag.StringVar(&c.handler, "handler", "trivial", `the handler: "trivial" writes "ok" and never touches the response header; "json" also sets Content-Type, as real handlers do`)
 	flag.StringVar(&c.cpuprofile, "cpuprofile", "", "write a CPU profile of the measured rounds (both servers) to this file")
 	flag.Parse()
 	var err error
@@ -85,6 +94,8 @@ func parseFlags() (config, error) {
 		return c, errors.New("-rounds, -threads and -keys must be positive, -duration at least 1s")
 	case c.conns < c.threads:
 		return c, errors.New("-conns must be at least -threads")
+	case c.handler != "trivial" && c.handler != "json":
+		return c, fmt.Errorf("-handler %q: want trivial or json", c.handler)
 	case !regexp.MustCompile(`^[A-Za-z0-9-]+$`).MatchString(c.header):
 		return c, fmt.Errorf("-header %q is not a plain header name", c.header)
 	}
@@ -113,6 +124,12 @@ func run() error {
 		return err
 	}
 	ok := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok") })
+	if c.handler == "json" {
+		ok = func(w http.ResponseWriter, _ *http.Request) {
+			w.Header()["Content-Type"] = []string{"application/json"}
+			io.WriteString(w, `{"ok":true}`)
+		}
+	}
 	bare, err := newTarget("bare", ok)
 	if err != nil {
 		return err
@@ -136,12 +153,12 @@ func run() error {
 		// The control: the trivial handler setting the probe's rate-limit
 		// header fields itself. It costs the server and the client what
 		// the header fields cost, without the middleware.
-		static, err = newTarget("static-headers", http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		static, err = newTarget("static-headers", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			h := w.Header()
 			for k, v := range fixed {
 				h[k] = v
 			}
-			io.WriteString(w, "ok")
+			ok(w, r)
 		}))
 		if err != nil {
 			return err
@@ -176,8 +193,8 @@ func run() error {
 		}
 		defer pprof.StopCPUProfile()
 	}
-	fmt.Printf("wrk -t%d -c%d -d%v, %d keys in header %s, limit %v, omit-allowed-headers=%v, GOMAXPROCS=%d, %d rounds\n",
-		c.threads, c.conns, c.duration, c.keys, c.header, c.limit, c.omit, runtime.GOMAXPROCS(0), c.rounds)
+	fmt.Printf("wrk -t%d -c%d -d%v, %d keys in header %s, limit %v, %s handler, omit-allowed-headers=%v, GOMAXPROCS=%d, %d rounds\n",
+		c.threads, c.conns, c.duration, c.keys, c.header, c.limit, c.handler, c.omit, runtime.GOMAXPROCS(0), c.rounds)
 	fmt.Printf("%-6s %-15s %10s %14s %14s\n", "round", "server", "req/s", "server µs/req", "wrk µs/req")
 	var ratios []float64
 	for i := range c.rounds {
