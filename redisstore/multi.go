@@ -83,17 +83,22 @@ func (s *Store) takeAtomic(ctx context.Context, reqs []sluice.Request, keys []st
 	if err != nil {
 		return nil, err
 	}
-	args := make([]any, 0, 1+6*len(reqs))
-	args = append(args, now)
-	for _, r := range reqs {
-		la := limitArgs(r.Limit)
-		args = append(args, int64(r.Limit.Algorithm), la[0], la[1], la[2], la[3], r.Cost)
+	c := &call{script: takeAllScript}
+	c.args = make([]any, 0, 4+len(keys)+4*len(reqs))
+	c.args = append(c.args, "evalsha", takeAllScript.sha, len(keys))
+	for _, k := range keys {
+		c.args = append(c.args, k)
 	}
-	v, err := takeAllLua.Run(ctx, s.client, keys, args...).Result()
+	c.args = append(c.args, now)
+	for _, r := range reqs {
+		p := s.paramsOf(r.Limit)
+		c.args = append(c.args, int64(r.Limit.Algorithm), p[0], p[1], r.Cost)
+	}
+	v, err := s.run(ctx, c)
 	if err != nil {
 		return nil, fmt.Errorf("redisstore: take all: %w", err)
 	}
-	_, rs, err := parseAll(v, len(reqs))
+	rs, err := parseAll(v, len(reqs))
 	if err != nil {
 		return nil, fmt.Errorf("redisstore: take all: %w", err)
 	}

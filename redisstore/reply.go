@@ -1,7 +1,10 @@
 package redisstore
 
 import (
+	"errors"
 	"fmt"
+	"strconv"
+	"strings"
 	"time"
 
 	"sluice"
@@ -13,8 +16,7 @@ type result struct {
 	remaining int64
 	retry     int64
 	reset     int64
-	now       int64 // the time the script decided at
-	token     int64 // what a refund needs (sliding_window_log: last sequence number)
+	token     int64 // what a refund needs: the take's now (window algorithms) or last sequence number (log)
 }
 
 func (r result) decision(l sluice.Limit) sluice.Decision {
@@ -27,43 +29,45 @@ func (r result) decision(l sluice.Limit) sluice.Decision {
 	}
 }
 
-// parseResult reads take_one's reply {allowed, remaining, retry, reset, now,
-// token}, or take_all's per-request {allowed, remaining, retry, reset}
-// (want 4). Any other shape is ErrUnexpectedReply.
-func parseResult(v any, want int) (result, error) {
-	arr, ok := v.([]any)
-	if !ok || len(arr) != want {
-		return result{}, fmt.Errorf("%w: want an array of %d integers, got %T %v", ErrUnexpectedReply, want, v, v)
+// parseResult reads a take/peek reply {allowed, remaining, retry, reset[,
+// token]} of want integers. Any other shape is ErrUnexpectedReply.
+func parseResult(v []int64, want int) (result, error) {
+	if len(v) != want {
+		return result{}, fmt.Errorf("%w: want %d integers, got %v", ErrUnexpectedReply, want, v)
 	}
-	var n [6]int64
-	for i, e := range arr {
-		x, ok := e.(int64)
-		if !ok {
-			return result{}, fmt.Errorf("%w: element %d is %T %v, want an integer", ErrUnexpectedReply, i, e, e)
-		}
-		n[i] = x
+	if v[0] != 0 && v[0] != 1 {
+		return result{}, fmt.Errorf("%w: allowed is %d, want 0 or 1", ErrUnexpectedReply, v[0])
 	}
-	if n[0] != 0 && n[0] != 1 {
-		return result{}, fmt.Errorf("%w: allowed is %d, want 0 or 1", ErrUnexpectedReply, n[0])
+	r := result{allowed: v[0] == 1, remaining: v[1], retry: v[2], reset: v[3]}
+	if want > 4 {
+		r.token = v[4]
 	}
-	return result{allowed: n[0] == 1, remaining: n[1], retry: n[2], reset: n[3], now: n[4], token: n[5]}, nil
+	return r, nil
 }
 
-// parseAll reads take_all's reply {now, {…} per request} for n requests.
-func parseAll(v any, n int) (now int64, rs []result, err error) {
-	arr, ok := v.([]any)
-	if !ok || len(arr) != n+1 {
-		return 0, nil, fmt.Errorf("%w: want an array of %d elements, got %T %v", ErrUnexpectedReply, n+1, v, v)
+// parseAll reads take_all's reply: 4 integers per request, for n requests.
+func parseAll(v []int64, n int) ([]result, error) {
+	if len(v) != 4*n {
+		return nil, fmt.Errorf("%w: want %d integers for %d requests, got %v", ErrUnexpectedReply, 4*n, n, v)
 	}
-	if now, ok = arr[0].(int64); !ok {
-		return 0, nil, fmt.Errorf("%w: now is %T %v, want an integer", ErrUnexpectedReply, arr[0], arr[0])
-	}
-	rs = make([]result, n)
+	rs := make([]result, n)
 	for i := range rs {
-		if rs[i], err = parseResult(arr[i+1], 4); err != nil {
-			return 0, nil, fmt.Errorf("request %d: %w", i, err)
+		r, err := parseResult(v[4*i:4*i+4], 4)
+		if err != nil {
+			return nil, fmt.Errorf("request %d: %w", i, err)
 		}
-		rs[i].now = now
+		rs[i] = r
 	}
-	return now, rs, nil
+	return rs, nil
+}
+
+// replyErr marks the client's failures to read a reply as an integer array
+// (a script returning something else) as ErrUnexpectedReply; server and
+// network errors pass as they are.
+func replyErr(err error) error {
+	var num *strconv.NumError
+	if errors.As(err, &num) || strings.HasPrefix(err.Error(), "redis: can't parse") {
+		return fmt.Errorf("%w: %w", ErrUnexpectedReply, err)
+	}
+	return err
 }

@@ -1,11 +1,11 @@
 package redisstore
 
 import (
+	"crypto/sha1"
 	"embed"
+	"encoding/hex"
 	"fmt"
 	"strings"
-
-	"github.com/redis/go-redis/v9"
 
 	"sluice"
 )
@@ -23,29 +23,59 @@ var scriptFiles = []string{
 	sluice.SlidingWindowCounter: "sliding_window_counter.lua",
 }
 
-// Scripts are composed once at init: common.lua holds the helpers and entry
-// points, each algorithm file registers its functions, and a final return
-// picks the entry point. One script per algorithm keeps each script small;
-// the TakeAll script holds all six.
+// replyLen is the length of each algorithm's take/peek reply: allowed,
+// remaining, retry and reset, plus a token where a refund needs one.
+var replyLen = []int{
+	sluice.GCRA:                 4,
+	sluice.TokenBucket:          4,
+	sluice.LeakyBucket:          4,
+	sluice.FixedWindow:          5,
+	sluice.SlidingWindowLog:     5,
+	sluice.SlidingWindowCounter: 5,
+}
+
+// script is a Lua script and the SHA-1 digest EVALSHA names it by.
+type script struct {
+	src string
+	sha any // a string, boxed once: the argument of every EVALSHA
+}
+
+func newScript(src string) *script {
+	sum := sha1.Sum([]byte(src))
+	return &script{src: src, sha: hex.EncodeToString(sum[:])}
+}
+
+// Each algorithm's file is its one-key script as it stands: every EVALSHA
+// runs the whole chunk, so the files define no functions or tables that the
+// call does not need (a top-level closure is rebuilt on every call).
+//
+// The TakeAll script wraps each file, unchanged, as a function of its own
+// KEYS and ARGV (Lua parameters shadow the globals), followed by
+// take_all.lua, which calls them: the algorithms are written once, and
+// composition costs only the calls that use it.
+//
+// Conventions of every script: quantities are integer units or
+// microseconds, exact in Lua's doubles below 2^53 (sluice.Limit.Validate
+// bounds them); numbers go to Redis through string.format('%d'), since
+// tostring prints %.14g and loses digits; floor divisions correct the double
+// quotient by one where it may round across an integer; every write sets the
+// key's TTL to the decision's ResetAfter rounded up to a millisecond, so an
+// expired key is exactly a fresh one; peek writes nothing.
 var (
-	oneScripts  = make([]*redis.Script, len(scriptFiles))
-	takeAllLua  *redis.Script
-	scriptTexts = make([]string, len(scriptFiles)) // the one-key sources, for tests
+	oneScripts    = make([]*script, len(scriptFiles))
+	takeAllScript *script
 )
 
 func init() {
-	common := mustRead("common.lua")
 	var all strings.Builder
-	all.WriteString(common)
+	all.WriteString("local ALG = {}\n")
 	for a, name := range scriptFiles {
 		body := mustRead(name)
-		scriptTexts[a] = common + "\n" + body + "\nreturn take_one()\n"
-		oneScripts[a] = redis.NewScript(scriptTexts[a])
-		all.WriteString("\n")
-		all.WriteString(body)
+		oneScripts[a] = newScript(body)
+		fmt.Fprintf(&all, "ALG[%d] = function(KEYS, ARGV)\n%s\nend\n", a, body)
 	}
-	all.WriteString("\nreturn take_all()\n")
-	takeAllLua = redis.NewScript(all.String())
+	all.WriteString(mustRead("take_all.lua"))
+	takeAllScript = newScript(all.String())
 }
 
 func mustRead(name string) string {

@@ -5,8 +5,9 @@
 // Sentinel failover client or a ClusterClient. Each algorithm is one script
 // in scripts/ (embedded), mirroring the memory store's Go function of the
 // same name decision for decision: integer microseconds, exact in Lua's
-// doubles. Scripts run by EVALSHA and fall back to EVAL when the server
-// answers NOSCRIPT (script cache flushed, server restarted, failover).
+// doubles. Scripts run by EVALSHA; when the server answers NOSCRIPT (script
+// cache flushed, server restarted, failover) the call is retried by EVAL,
+// so the caller never sees it.
 //
 // Time comes from the Redis server (TIME) by default, so clock skew between
 // application hosts cannot matter. Options.Clock supplies the caller's time
@@ -23,6 +24,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -64,13 +68,15 @@ type Options struct {
 }
 
 // Store is a sluice.Store and sluice.MultiStore on Redis. It is safe for
-// concurrent use and holds no state of its own: any number of Stores, in any
-// number of processes, may share a server. Build one with New; the zero
-// value answers every call with ErrNoClient.
+// concurrent use and holds no rate-limit state of its own: any number of
+// Stores, in any number of processes, may share a server. Build one with
+// New; the zero value answers every call with ErrNoClient.
 type Store struct {
-	client redis.UniversalClient
-	prefix string
-	clock  func() time.Time
+	client  redis.UniversalClient
+	prefix  string
+	clock   func() time.Time
+	params  atomic.Pointer[map[sluice.Limit]params]
+	paramMu sync.Mutex
 }
 
 // New returns a Store using client. opts may be nil. The Store does not own
@@ -134,10 +140,64 @@ const (
 	modeRefund = "refund"
 )
 
-// limitArgs are a limit's script arguments: rate, period, interval,
-// capacity, in units and µs.
-func limitArgs(l sluice.Limit) [4]any {
-	return [4]any{l.Rate, l.Period.Microseconds(), l.Interval().Microseconds(), l.Capacity()}
+// modeArg boxes mode without allocating: a constant converts to an
+// interface for free, a string variable does not.
+func modeArg(mode string) any {
+	switch mode {
+	case modeTake:
+		return modeTake
+	case modePeek:
+		return modePeek
+	default:
+		return modeRefund
+	}
+}
+
+// params are a limit's two script parameters (each script's ARGV[3] and
+// ARGV[4]), formatted and boxed once per Limit: interval and span for GCRA,
+// interval and capacity for the buckets, period and rate for the windows.
+type params [2]any
+
+// maxCachedLimits bounds the per-Store cache of params; limits beyond it
+// are formatted on every call.
+const maxCachedLimits = 1024
+
+func (s *Store) paramsOf(l sluice.Limit) params {
+	if m := s.params.Load(); m != nil {
+		if p, ok := (*m)[l]; ok {
+			return p
+		}
+	}
+	var a, b int64
+	switch iv := l.Interval().Microseconds(); l.Algorithm {
+	case sluice.GCRA:
+		a, b = iv, l.Capacity()*iv
+	case sluice.TokenBucket, sluice.LeakyBucket:
+		a, b = iv, l.Capacity()
+	default:
+		a, b = l.Period.Microseconds(), l.Rate
+	}
+	p := params{strconv.FormatInt(a, 10), strconv.FormatInt(b, 10)}
+	// Copy on write: readers never lock, and limits are few.
+	s.paramMu.Lock()
+	defer s.paramMu.Unlock()
+	old := s.params.Load()
+	if old == nil || len(*old) < maxCachedLimits {
+		m := make(map[sluice.Limit]params, 1+len(deref(old)))
+		for k, v := range deref(old) {
+			m[k] = v
+		}
+		m[l] = p
+		s.params.Store(&m)
+	}
+	return p
+}
+
+func deref(m *map[sluice.Limit]params) map[sluice.Limit]params {
+	if m == nil {
+		return nil
+	}
+	return *m
 }
 
 // Take implements sluice.Store.
@@ -185,17 +245,27 @@ func (s *Store) decide(ctx context.Context, mode, key string, l sluice.Limit, co
 	if err != nil {
 		return result{}, err
 	}
-	la := limitArgs(l)
-	v, err := oneScripts[l.Algorithm].Run(ctx, s.client, []string{s.redisKey(key, l.Algorithm)},
-		now, mode, int64(l.Algorithm), la[0], la[1], la[2], la[3], cost).Result()
+	c := s.oneKey(mode, key, l, now, cost)
+	v, err := s.run(ctx, c)
 	if err != nil {
 		return result{}, fmt.Errorf("redisstore: %v %s: %w", l.Algorithm, mode, err)
 	}
-	r, err := parseResult(v, 6)
+	r, err := parseResult(v, replyLen[l.Algorithm])
 	if err != nil {
 		return result{}, fmt.Errorf("redisstore: %v %s: %w", l.Algorithm, mode, err)
 	}
 	return r, nil
+}
+
+// oneKey builds the call of an algorithm's one-key script: ARGV is now,
+// mode, the limit's two parameters and the cost (see scripts/*.lua).
+func (s *Store) oneKey(mode, key string, l sluice.Limit, now any, cost int64) *call {
+	sc := oneScripts[l.Algorithm]
+	p := s.paramsOf(l)
+	c := &call{script: sc}
+	c.argv = [...]any{"evalsha", sc.sha, "1", s.redisKey(key, l.Algorithm), now, modeArg(mode), p[0], p[1], cost, nil}
+	c.args = c.argv[:9]
+	return c
 }
 
 // refund gives back the cost units a take (reported as r) took.
@@ -204,11 +274,20 @@ func (s *Store) refund(ctx context.Context, req sluice.Request, r result) error 
 	if err != nil {
 		return err
 	}
-	la := limitArgs(req.Limit)
-	err = oneScripts[req.Limit.Algorithm].Run(ctx, s.client, []string{s.redisKey(req.Key, req.Limit.Algorithm)},
-		now, modeRefund, int64(req.Limit.Algorithm), la[0], la[1], la[2], la[3], req.Cost, r.now, r.token).Err()
-	if err != nil {
+	c := s.oneKey(modeRefund, req.Key, req.Limit, now, req.Cost)
+	c.argv[9] = r.token
+	c.args = c.argv[:10]
+	if _, err := s.run(ctx, c); err != nil {
 		return fmt.Errorf("redisstore: %v refund: %w", req.Limit.Algorithm, err)
 	}
 	return nil
+}
+
+// run sends c and returns its reply.
+func (s *Store) run(ctx context.Context, c *call) ([]int64, error) {
+	c.cmd = newCmd(ctx, c.args)
+	if err := runOne(ctx, s.client, c); err != nil {
+		return nil, replyErr(err)
+	}
+	return c.cmd.Val(), nil
 }

@@ -5,53 +5,104 @@
 -- State: a HASH {w, n}: the window number and the units taken in it. The
 -- window number lives in the value, not the key name, so the script touches
 -- only its declared key and the caller's clock can be injected. A denied
--- request adds nothing, so n never passes rate.
+-- request adds nothing, so n never passes rate. The TTL is set when a
+-- window's first take writes w, to the window's end; later takes in that
+-- window only HINCRBY n, since the end has not moved.
 --
--- Script: common.lua .. fixed_window.lua .. "return take_one()" (see
--- common.lua).
---   KEYS[1]   the HASH
---   ARGV      now, mode, 3, rate, period, interval, capacity, cost[, at, token]
---   Returns   {allowed, remaining, retry µs, reset µs, now µs, 0}
--- Refund: n -= cost if the window is still the take's (at's) window.
+--   KEYS[1]  the HASH
+--   ARGV[1]  now, µs; "" reads the server's TIME
+--   ARGV[2]  mode: "take", "peek" (writes nothing) or "refund"
+--   ARGV[3]  period, µs
+--   ARGV[4]  rate: units per window
+--   ARGV[5]  cost: units to take (or give back)
+--   ARGV[6]  refund only: the token the take returned (its now)
+--   Returns  take, peek: {allowed (1|0), remaining, retry µs, reset µs,
+--            token: now, µs}
+--            refund: {}; n -= cost if the window is still the take's
+--
+-- Conventions: see gcra.lua.
 
-ALG[3] = {
-  decide = function(key, now, p, cost, commit)
-    local w = fdiv(now, p.period)
-    local h = redis.call('HMGET', key, 'w', 'n')
-    local count = 0
-    if h[1] ~= false or h[2] ~= false then
-      if num(h[1], key) == w then
-        count = num(h[2], key)
-      end
-    end
-    local stop = (w + 1) * p.period
-    local allowed, retry, reset = 0, 0, 0
-    if count + cost <= p.rate then
-      allowed = 1
-      if commit then
-        count = count + cost
-        redis.call('HSET', key, 'w', fmt(w), 'n', fmt(count))
-        expire(key, stop - now)
-      end
-    else
-      retry = stop - now
-    end
-    if count > 0 then
-      reset = stop - now
-    end
-    return {allowed, p.rate - count, retry, reset, 0}
-  end,
+local key = KEYS[1]
+local now = ARGV[1]
+if now == '' then
+  if redis.replicate_commands then
+    redis.replicate_commands()
+  end
+  local t = redis.call('TIME')
+  now = t[1] * 1000000 + t[2]
+else
+  now = tonumber(now)
+end
+local period = tonumber(ARGV[3])
+local rate = tonumber(ARGV[4])
+local mode = ARGV[2]
 
-  refund = function(key, now, p, cost, at, token)
-    local h = redis.call('HMGET', key, 'w', 'n')
-    if h[1] == false or num(h[1], key) ~= fdiv(at, p.period) then
-      return -- that window is over, and its count with it
-    end
-    local n = num(h[2], key) - cost
-    if n <= 0 then
+local h = redis.call('HMGET', key, 'w', 'n')
+local sw = h[1]
+if sw or h[2] then
+  sw = tonumber(sw)
+  if sw == nil then
+    error({err = 'ERR sluice: corrupt state in ' .. key})
+  end
+end
+
+-- w: the window of now (or, refunding, of the take's now)
+local at = now
+if mode == 'refund' then
+  at = tonumber(ARGV[6])
+end
+local w = math.floor(at / period)
+if w * period > at then
+  w = w - 1
+elseif (w + 1) * period <= at then
+  w = w + 1
+end
+
+local count = 0
+if sw == w then
+  count = tonumber(h[2])
+  if count == nil then
+    error({err = 'ERR sluice: corrupt state in ' .. key})
+  end
+end
+
+if mode == 'refund' then
+  if sw == w then
+    count = count - tonumber(ARGV[5])
+    if count <= 0 then
       redis.call('DEL', key)
     else
-      redis.call('HSET', key, 'n', fmt(n)) -- the TTL still ends the window
+      redis.call('HSET', key, 'n', string.format('%d', count)) -- the TTL still ends the window
     end
-  end,
-}
+  end
+  return {}
+end
+
+local cost = tonumber(ARGV[5])
+local left = (w + 1) * period - now -- until the window ends
+if count + cost > rate then
+  if count > 0 then
+    return {0, rate - count, left, left, now}
+  end
+  return {0, rate - count, left, 0, now}
+end
+if mode == 'take' then
+  if sw == w then
+    redis.call('HINCRBY', key, 'n', ARGV[5])
+  else
+    redis.call('HSET', key, 'w', string.format('%d', w), 'n', ARGV[5])
+    local ms = left + 999
+    local q = math.floor(ms / 1000)
+    if q * 1000 > ms then
+      q = q - 1
+    elseif (q + 1) * 1000 <= ms then
+      q = q + 1
+    end
+    redis.call('PEXPIRE', key, string.format('%d', q))
+  end
+  count = count + cost
+end
+if count > 0 then
+  return {1, rate - count, 0, left, now}
+end
+return {1, rate - count, 0, 0, now}

@@ -3,50 +3,92 @@
 --
 -- State: one STRING, the theoretical arrival time (TAT, µs) at which the
 -- key is fresh again. Taking n units moves TAT to max(TAT, now) + n·interval,
--- allowed while TAT stays within capacity·interval of now.
+-- allowed while TAT stays within span = capacity·interval of now.
 --
--- Script: common.lua .. gcra.lua .. "return take_one()" (see common.lua).
---   KEYS[1]   the STRING holding TAT
---   ARGV      now, mode, 0, rate, period, interval, capacity, cost[, at, token]
---   Returns   {allowed, remaining, retry µs, reset µs, now µs, 0}
--- Refund: TAT -= n·interval (exact: interval is fixed per limit).
+--   KEYS[1]  the STRING holding TAT
+--   ARGV[1]  now, µs; "" reads the server's TIME
+--   ARGV[2]  mode: "take", "peek" (writes nothing) or "refund"
+--   ARGV[3]  interval: µs per unit
+--   ARGV[4]  span: capacity × interval, µs
+--   ARGV[5]  cost: units to take (or give back)
+--   Returns  take, peek: {allowed (1|0), remaining, retry µs, reset µs}
+--            refund: {}; TAT -= cost·interval (exact: interval is fixed)
+--
+-- Conventions of every script (see scripts.go): integers below 2^53, sent
+-- to Redis with %d; the key's TTL is the decision's ResetAfter rounded up
+-- to a millisecond; floor divisions are corrected by one where the double
+-- quotient may round across an integer; state that does not parse is an
+-- error, never a fresh start.
 
-ALG[0] = {
-  decide = function(key, now, p, cost, commit)
-    local span = p.capacity * p.interval
-    local tat = redis.call('GET', key)
-    if tat == false then
-      tat = now
-    else
-      tat = num(tat, key)
-      if tat < now then
-        tat = now
-      end
-    end
-    local nxt = tat + cost * p.interval
-    local allowed, retry = 0, 0
-    if nxt - now <= span then
-      allowed = 1
-      if commit then
-        tat = nxt
-        redis.call('SET', key, fmt(tat), 'PX', fmt(fdiv(tat - now + 999, 1000)))
-      end
-    else
-      retry = nxt - now - span
-    end
-    return {allowed, fdiv(now + span - tat, p.interval), retry, tat - now, 0}
-  end,
+local key = KEYS[1]
+local now = ARGV[1]
+if now == '' then
+  if redis.replicate_commands then
+    redis.replicate_commands() -- before Redis 5, needed to write after TIME
+  end
+  local t = redis.call('TIME')
+  now = t[1] * 1000000 + t[2]
+else
+  now = tonumber(now)
+end
+local interval = tonumber(ARGV[3])
+local span = tonumber(ARGV[4])
+local cost = tonumber(ARGV[5])
+local mode = ARGV[2]
 
-  refund = function(key, now, p, cost, at, token)
-    local tat = redis.call('GET', key)
-    if tat == false then
-      return
+local tat = redis.call('GET', key)
+if tat then
+  tat = tonumber(tat)
+  if tat == nil then
+    error({err = 'ERR sluice: corrupt state in ' .. key})
+  end
+  if mode == 'refund' then
+    tat = tat - cost * interval
+  elseif tat < now then
+    tat = now
+  end
+elseif mode == 'refund' then
+  return {}
+else
+  tat = now
+end
+
+local allowed, retry = 1, 0
+local write = mode == 'refund'
+if not write then
+  local nxt = tat + cost * interval
+  if nxt - now <= span then
+    if mode == 'take' then
+      tat = nxt
+      write = true
     end
-    tat = num(tat, key) - cost * p.interval
-    if tat > now then
-      redis.call('SET', key, fmt(tat), 'PX', fmt(fdiv(tat - now + 999, 1000)))
-    else
-      redis.call('DEL', key)
+  else
+    allowed, retry = 0, nxt - now - span
+  end
+end
+if write then
+  if tat > now then
+    local ms = tat - now + 999
+    local q = math.floor(ms / 1000)
+    if q * 1000 > ms then
+      q = q - 1
+    elseif (q + 1) * 1000 <= ms then
+      q = q + 1
     end
-  end,
-}
+    redis.call('SET', key, string.format('%d', tat), 'PX', string.format('%d', q))
+  else
+    redis.call('DEL', key)
+  end
+  if mode == 'refund' then
+    return {}
+  end
+end
+
+local left = now + span - tat
+local remaining = math.floor(left / interval)
+if remaining * interval > left then
+  remaining = remaining - 1
+elseif (remaining + 1) * interval <= left then
+  remaining = remaining + 1
+end
+return {allowed, remaining, retry, tat - now}

@@ -6,69 +6,98 @@
 -- State: a HASH {level, last}: the level, and the time (µs) of the last
 -- whole leak or when the bucket was last found empty.
 --
--- Script: common.lua .. leaky_bucket.lua .. "return take_one()" (see
--- common.lua).
---   KEYS[1]   the HASH
---   ARGV      now, mode, 2, rate, period, interval, capacity, cost[, at, token]
---   Returns   {allowed, remaining, retry µs, reset µs, now µs, 0}
--- Refund: leak to now, then level -= n (an empty bucket is deleted).
+--   KEYS[1]  the HASH
+--   ARGV[1]  now, µs; "" reads the server's TIME
+--   ARGV[2]  mode: "take", "peek" (writes nothing) or "refund"
+--   ARGV[3]  interval: µs per unit leaked
+--   ARGV[4]  capacity: the most units the bucket holds
+--   ARGV[5]  cost: units to add (or take back out)
+--   Returns  take, peek: {allowed (1|0), remaining, retry µs, reset µs}
+--            refund: {}; leak to now, then level -= cost (an empty bucket
+--            is deleted)
+--
+-- Conventions: see gcra.lua.
 
--- lb_load returns the bucket drained to now.
-local function lb_load(key, now, p)
-  local h = redis.call('HMGET', key, 'level', 'last')
-  local level, last
-  if h[1] == false and h[2] == false then
+local key = KEYS[1]
+local now = ARGV[1]
+if now == '' then
+  if redis.replicate_commands then
+    redis.replicate_commands()
+  end
+  local t = redis.call('TIME')
+  now = t[1] * 1000000 + t[2]
+else
+  now = tonumber(now)
+end
+local interval = tonumber(ARGV[3])
+local capacity = tonumber(ARGV[4])
+local cost = tonumber(ARGV[5])
+local mode = ARGV[2]
+
+local h = redis.call('HMGET', key, 'level', 'last')
+local level, last
+if h[1] or h[2] then
+  level, last = tonumber(h[1]), tonumber(h[2])
+  if level == nil or last == nil then
+    error({err = 'ERR sluice: corrupt state in ' .. key})
+  end
+elseif mode == 'refund' then
+  return {}
+else
+  level, last = 0, now
+end
+if now > last then -- drain the whole units due
+  local d = now - last
+  local leaked = math.floor(d / interval)
+  if leaked * interval > d then
+    leaked = leaked - 1
+  elseif (leaked + 1) * interval <= d then
+    leaked = leaked + 1
+  end
+  if leaked >= level then
     level, last = 0, now
   else
-    level, last = num(h[1], key), num(h[2], key)
+    level = level - leaked
+    last = last + leaked * interval
   end
-  if now > last then
-    local leaked = fdiv(now - last, p.interval)
-    if leaked >= level then
-      level, last = 0, now
-    else
-      level = level - leaked
-      last = last + leaked * p.interval
-    end
-  end
-  return level, last
 end
 
-local function lb_reset(level, last, now, p)
-  if level > 0 then
-    return last + level * p.interval - now
+local allowed, retry = 1, 0
+local write = false
+if mode == 'refund' then
+  level = level - cost
+  if level < 0 then
+    level = 0
   end
-  return 0
+  write = true
+elseif level + cost <= capacity then
+  if mode == 'take' then
+    level = level + cost
+    write = true
+  end
+else
+  allowed, retry = 0, last + (level + cost - capacity) * interval - now
 end
-
-ALG[2] = {
-  decide = function(key, now, p, cost, commit)
-    local level, last = lb_load(key, now, p)
-    local allowed, retry = 0, 0
-    if level + cost <= p.capacity then
-      allowed = 1
-      if commit then
-        level = level + cost
-        redis.call('HSET', key, 'level', fmt(level), 'last', fmt(last))
-        expire(key, lb_reset(level, last, now, p))
-      end
-    else
-      retry = last + (level + cost - p.capacity) * p.interval - now
+local reset = 0
+if level > 0 then
+  reset = last + level * interval - now
+end
+if write then
+  if reset > 0 then
+    local ms = reset + 999
+    local q = math.floor(ms / 1000)
+    if q * 1000 > ms then
+      q = q - 1
+    elseif (q + 1) * 1000 <= ms then
+      q = q + 1
     end
-    return {allowed, p.capacity - level, retry, lb_reset(level, last, now, p), 0}
-  end,
-
-  refund = function(key, now, p, cost, at, token)
-    if redis.call('EXISTS', key) == 0 then
-      return
-    end
-    local level, last = lb_load(key, now, p)
-    level = level - cost
-    if level <= 0 then
-      redis.call('DEL', key)
-      return
-    end
-    redis.call('HSET', key, 'level', fmt(level), 'last', fmt(last))
-    expire(key, lb_reset(level, last, now, p))
-  end,
-}
+    redis.call('HSET', key, 'level', string.format('%d', level), 'last', string.format('%d', last))
+    redis.call('PEXPIRE', key, string.format('%d', q))
+  else
+    redis.call('DEL', key) -- empty again: fresh
+  end
+  if mode == 'refund' then
+    return {}
+  end
+end
+return {allowed, capacity - level, retry, reset}

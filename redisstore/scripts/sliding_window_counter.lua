@@ -8,56 +8,134 @@
 -- State: a HASH {w, c, p}: the current window number, its count, and the
 -- previous window's count. Constant memory.
 --
--- Script: common.lua .. sliding_window_counter.lua .. "return take_one()"
--- (see common.lua).
---   KEYS[1]   the HASH
---   ARGV      now, mode, 5, rate, period, interval, capacity, cost[, at, token]
---   Returns   {allowed, remaining, retry µs, reset µs, now µs, 0}
--- Refund: c -= cost if the window is still the take's (at's); p -= cost if
--- it has moved on by one.
+--   KEYS[1]  the HASH
+--   ARGV[1]  now, µs; "" reads the server's TIME
+--   ARGV[2]  mode: "take", "peek" (writes nothing) or "refund"
+--   ARGV[3]  period, µs
+--   ARGV[4]  rate: units per period
+--   ARGV[5]  cost: units to take (or give back)
+--   ARGV[6]  refund only: the token the take returned (its now)
+--   Returns  take, peek: {allowed (1|0), remaining, retry µs, reset µs,
+--            token: now, µs}
+--            refund: {}; c -= cost if the window is still the take's, p -=
+--            cost if it has moved on by one
+--
+-- Conventions: see gcra.lua.
 
-local function swc_estimate(prev, cur, elapsed, period)
-  local weight = (period - elapsed) / period
-  return prev * weight + cur
-end
-
--- swc_load returns the stored window and counts, or nil when fresh.
-local function swc_load(key)
-  local h = redis.call('HMGET', key, 'w', 'c', 'p')
-  if h[1] == false and h[2] == false and h[3] == false then
-    return nil
+local key = KEYS[1]
+local now = ARGV[1]
+if now == '' then
+  if redis.replicate_commands then
+    redis.replicate_commands()
   end
-  return num(h[1], key), num(h[2], key), num(h[3], key)
+  local t = redis.call('TIME')
+  now = t[1] * 1000000 + t[2]
+else
+  now = tonumber(now)
+end
+local period = tonumber(ARGV[3])
+local rate = tonumber(ARGV[4])
+local cost = tonumber(ARGV[5])
+local mode = ARGV[2]
+
+local h = redis.call('HMGET', key, 'w', 'c', 'p')
+local sw, sc, sp
+if h[1] or h[2] or h[3] then
+  sw, sc, sp = tonumber(h[1]), tonumber(h[2]), tonumber(h[3])
+  if sw == nil or sc == nil or sp == nil then
+    error({err = 'ERR sluice: corrupt state in ' .. key})
+  end
+elseif mode == 'refund' then
+  return {}
 end
 
--- swc_retry finds the first instant t at which cost units fit: it solves
--- the estimate for t, then nudges t by single microseconds so that float
--- rounding cannot make it early or late.
-local function swc_retry(w, cur, prev, now, p, cost)
+-- w: the window of now (or, refunding, of the take's now)
+local at = now
+if mode == 'refund' then
+  at = tonumber(ARGV[6])
+end
+local w = math.floor(at / period)
+if w * period > at then
+  w = w - 1
+elseif (w + 1) * period <= at then
+  w = w + 1
+end
+
+if mode == 'refund' then
+  if sw == w then
+    sc = math.max(sc - cost, 0)
+  elseif sw == w + 1 then
+    sp = math.max(sp - cost, 0)
+  else
+    return {} -- the take's window no longer counts
+  end
+  -- the state's reset, seen from now
+  local reset = 0
+  if sc > 0 then
+    reset = (sw + 2) * period - now
+  elseif sp > 0 then
+    reset = (sw + 1) * period - now
+  end
+  if reset <= 0 then
+    redis.call('DEL', key)
+    return {}
+  end
+  local ms = reset + 999
+  local q = math.floor(ms / 1000)
+  if q * 1000 > ms then
+    q = q - 1
+  elseif (q + 1) * 1000 <= ms then
+    q = q + 1
+  end
+  redis.call('HSET', key, 'w', string.format('%d', sw), 'c', string.format('%d', sc), 'p', string.format('%d', sp))
+  redis.call('PEXPIRE', key, string.format('%d', q))
+  return {}
+end
+
+local cur, prev = 0, 0
+if sw == w then
+  cur, prev = sc, sp
+elseif sw == w - 1 then
+  prev = sc
+end
+local elapsed = now - w * period
+local allowed, retry = 1, 0
+if prev * ((period - elapsed) / period) + cur + cost <= rate then
+  if mode == 'take' then
+    cur = cur + cost
+  end
+else
+  allowed = 0
+  -- The first instant t at which cost units fit: solve the estimate for t,
+  -- then nudge t by single microseconds so that float rounding cannot make
+  -- it early or late.
   local function fits(t)
-    local tw = fdiv(t, p.period)
+    local tw = math.floor(t / period)
+    if tw * period > t then
+      tw = tw - 1
+    elseif (tw + 1) * period <= t then
+      tw = tw + 1
+    end
     local c, pv = cur, prev
-    if tw == w then
-      -- as is
-    elseif tw == w + 1 then
+    if tw == w + 1 then
       c, pv = 0, cur
-    else
+    elseif tw ~= w then
       c, pv = 0, 0
     end
-    return swc_estimate(pv, c, t - tw * p.period, p.period) + cost <= p.rate
+    return pv * ((period - (t - tw * period)) / period) + c + cost <= rate
   end
   local t = 0
-  local free = p.rate - cur - cost
+  local free = rate - cur - cost
   if free >= 0 and prev > 0 then
-    local e = math.ceil(p.period - free * p.period / prev)
-    t = w * p.period + math.max(e, 0)
+    local e = math.ceil(period - free * period / prev)
+    t = w * period + math.max(e, 0)
   end
-  if t == 0 or t >= (w + 1) * p.period then -- not this window: the next one
+  if t == 0 or t >= (w + 1) * period then -- not this window: the next one
     local e = 0
     if cur > 0 then
-      e = math.ceil(p.period - (p.rate - cost) * p.period / cur)
+      e = math.ceil(period - (rate - cost) * period / cur)
     end
-    t = (w + 1) * p.period + math.min(math.max(e, 0), p.period)
+    t = (w + 1) * period + math.min(math.max(e, 0), period)
   end
   t = math.max(t, now + 1)
   for _ = 1, 3 do
@@ -72,63 +150,23 @@ local function swc_retry(w, cur, prev, now, p, cost)
     end
     t = t + 1
   end
-  return t
+  retry = t - now
 end
-
-local function swc_reset(w, cur, prev, now, p)
-  if cur > 0 then
-    return (w + 2) * p.period - now
-  elseif prev > 0 then
-    return (w + 1) * p.period - now
+local reset = 0
+if cur > 0 then
+  reset = (w + 2) * period - now
+elseif prev > 0 then
+  reset = (w + 1) * period - now
+end
+if allowed == 1 and mode == 'take' then
+  local ms = reset + 999
+  local q = math.floor(ms / 1000)
+  if q * 1000 > ms then
+    q = q - 1
+  elseif (q + 1) * 1000 <= ms then
+    q = q + 1
   end
-  return 0
+  redis.call('HSET', key, 'w', string.format('%d', w), 'c', string.format('%d', cur), 'p', string.format('%d', prev))
+  redis.call('PEXPIRE', key, string.format('%d', q))
 end
-
-ALG[5] = {
-  decide = function(key, now, p, cost, commit)
-    local w = fdiv(now, p.period)
-    local cur, prev = 0, 0
-    local sw, sc, sp = swc_load(key)
-    if sw == w then
-      cur, prev = sc, sp
-    elseif sw == w - 1 then
-      cur, prev = 0, sc
-    end
-    local elapsed = now - w * p.period
-    local allowed, retry = 0, 0
-    if swc_estimate(prev, cur, elapsed, p.period) + cost <= p.rate then
-      allowed = 1
-      if commit then
-        cur = cur + cost
-        redis.call('HSET', key, 'w', fmt(w), 'c', fmt(cur), 'p', fmt(prev))
-        expire(key, swc_reset(w, cur, prev, now, p))
-      end
-    else
-      retry = swc_retry(w, cur, prev, now, p, cost) - now
-    end
-    local remaining = math.floor(p.rate - swc_estimate(prev, cur, elapsed, p.period))
-    return {allowed, remaining, retry, swc_reset(w, cur, prev, now, p), 0}
-  end,
-
-  refund = function(key, now, p, cost, at, token)
-    local sw, sc, sp = swc_load(key)
-    if sw == nil then
-      return
-    end
-    local tw = fdiv(at, p.period)
-    if sw == tw then
-      sc = math.max(sc - cost, 0)
-    elseif sw == tw + 1 then
-      sp = math.max(sp - cost, 0)
-    else
-      return -- the take's window no longer counts
-    end
-    local reset = swc_reset(sw, sc, sp, now, p)
-    if reset <= 0 then
-      redis.call('DEL', key)
-      return
-    end
-    redis.call('HSET', key, 'w', fmt(sw), 'c', fmt(sc), 'p', fmt(sp))
-    expire(key, reset)
-  end,
-}
+return {allowed, math.floor(rate - (prev * ((period - elapsed) / period) + cur)), retry, reset, now}

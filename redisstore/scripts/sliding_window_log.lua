@@ -9,105 +9,139 @@
 -- and score ranges from 0 up never touch the sentinel. A take prunes
 -- expired entries; a denied request adds nothing. Memory: O(rate) per key.
 --
--- Script: common.lua .. sliding_window_log.lua .. "return take_one()" (see
--- common.lua).
---   KEYS[1]   the ZSET
---   ARGV      now, mode, 4, rate, period, interval, capacity, cost[, at, token]
---   Returns   {allowed, remaining, retry µs, reset µs, now µs, last sequence
---             number added (take), else 0}
--- Refund: remove the members token-cost+1 .. token that the take added.
+--   KEYS[1]  the ZSET
+--   ARGV[1]  now, µs; "" reads the server's TIME
+--   ARGV[2]  mode: "take", "peek" (writes nothing) or "refund"
+--   ARGV[3]  period, µs
+--   ARGV[4]  rate: units per period
+--   ARGV[5]  cost: units to take (or give back)
+--   ARGV[6]  refund only: the token the take returned
+--   Returns  take, peek: {allowed (1|0), remaining, retry µs, reset µs,
+--            token: the last sequence number a take added, else 0}
+--            refund: {}; removes the members token-cost+1 .. token
+--
+-- Conventions: see gcra.lua.
 
-local SWL_BATCH = 1000 -- members per ZADD/ZREM, well under Lua's unpack limit
+local BATCH = 1000 -- members per ZADD/ZREM, well under Lua's unpack limit
 
--- swl_members calls cmd on key with the sequence numbers first..last, in
--- batches; with score, each member is preceded by it (ZADD).
-local function swl_members(cmd, key, first, last, score)
-  local s = first
-  while s <= last do
-    local args = {}
-    for m = s, math.min(last, s + SWL_BATCH - 1) do
-      if score then
-        args[#args + 1] = score
-      end
-      args[#args + 1] = fmt(m)
-    end
-    redis.call(cmd, key, unpack(args))
-    s = s + SWL_BATCH
+local key = KEYS[1]
+local now = ARGV[1]
+if now == '' then
+  if redis.replicate_commands then
+    redis.replicate_commands()
   end
+  local t = redis.call('TIME')
+  now = t[1] * 1000000 + t[2]
+else
+  now = tonumber(now)
 end
+local period = tonumber(ARGV[3])
+local rate = tonumber(ARGV[4])
+local cost = tonumber(ARGV[5])
+local mode = ARGV[2]
 
--- swl_newest returns the newest entry's time, or nil when there is none.
-local function swl_newest(key)
+if mode == 'refund' then
+  local token = tonumber(ARGV[6])
+  if token < cost then
+    return {}
+  end
+  local s = token - cost + 1
+  while s <= token do
+    local members = {}
+    for m = s, math.min(token, s + BATCH - 1) do
+      members[#members + 1] = string.format('%d', m)
+    end
+    redis.call('ZREM', key, unpack(members))
+    s = s + BATCH
+  end
+  if tonumber(redis.call('ZSCORE', key, '#')) == -token then
+    redis.call('ZINCRBY', key, string.format('%d', cost), '#') -- nobody took since: rewind
+  end
   local e = redis.call('ZRANGE', key, '-1', '-1', 'WITHSCORES')
-  if e[2] == nil then
-    return nil
+  local newest = tonumber(e[2])
+  if newest == nil or newest < 0 then
+    redis.call('DEL', key) -- nothing logged: fresh
+    return {}
   end
-  local t = num(e[2], key)
-  if t < 0 then
-    return nil -- only the sentinel is left
+  local reset = newest + period - now
+  if reset > 0 then
+    local ms = reset + 999
+    local q = math.floor(ms / 1000)
+    if q * 1000 > ms then
+      q = q - 1
+    elseif (q + 1) * 1000 <= ms then
+      q = q + 1
+    end
+    redis.call('PEXPIRE', key, string.format('%d', q))
+  else
+    redis.call('DEL', key)
   end
-  return t
+  return {}
 end
 
-ALG[4] = {
-  decide = function(key, now, p, cost, commit)
-    local threshold = now - p.period -- entries at or before it have expired
-    local skip = 0
-    if threshold >= 0 then
-      if commit then
-        redis.call('ZREMRANGEBYSCORE', key, '0', fmt(threshold))
-      else
-        skip = redis.call('ZCOUNT', key, '0', fmt(threshold))
+local take = mode == 'take'
+local threshold = now - period -- entries at or before it have expired
+local skip = 0
+if threshold >= 0 then
+  if take then
+    redis.call('ZREMRANGEBYSCORE', key, '0', string.format('%d', threshold))
+  else
+    skip = redis.call('ZCOUNT', key, '0', string.format('%d', threshold))
+  end
+end
+local count = redis.call('ZCOUNT', key, '(' .. string.format('%d', math.max(threshold, -1)), '+inf')
+local allowed, retry, reset, token = 1, 0, 0, 0
+if count + cost <= rate then
+  if take then
+    count = count + cost
+    token = -tonumber(redis.call('ZINCRBY', key, string.format('%d', -cost), '#'))
+    local score = string.format('%d', now)
+    local s = token - cost + 1
+    while s <= token do
+      local members = {}
+      for m = s, math.min(token, s + BATCH - 1) do
+        members[#members + 1] = score
+        members[#members + 1] = string.format('%d', m)
       end
+      redis.call('ZADD', key, unpack(members))
+      s = s + BATCH
     end
-    local count = redis.call('ZCOUNT', key, '(' .. fmt(math.max(threshold, -1)), '+inf')
-    local allowed, retry, reset, token = 0, 0, 0, 0
-    if count + cost <= p.rate then
-      allowed = 1
-      if commit then
-        count = count + cost
-        token = -num(redis.call('ZINCRBY', key, fmt(-cost), '#'), key)
-        swl_members('ZADD', key, token - cost + 1, token, fmt(now))
-      end
-    else
-      -- The entry that must expire for cost units to fit; rank 0 is the
-      -- sentinel.
-      local rank = skip + count + cost - p.rate - 1
-      if redis.call('ZSCORE', key, '#') then
-        rank = rank + 1
-      end
-      local e = redis.call('ZRANGE', key, fmt(rank), fmt(rank), 'WITHSCORES')
-      if e[2] == nil then
-        error({err = 'ERR sluice: corrupt state in ' .. key})
-      end
-      retry = num(e[2], key) + p.period - now
+  end
+else
+  allowed = 0
+  -- The entry that must expire for cost units to fit; rank 0 is the
+  -- sentinel.
+  local rank = skip + count + cost - rate - 1
+  if redis.call('ZSCORE', key, '#') then
+    rank = rank + 1
+  end
+  local e = redis.call('ZRANGE', key, string.format('%d', rank), string.format('%d', rank), 'WITHSCORES')
+  local at = tonumber(e[2])
+  if at == nil then
+    error({err = 'ERR sluice: corrupt state in ' .. key})
+  end
+  retry = at + period - now
+end
+if count > 0 then
+  local e = redis.call('ZRANGE', key, '-1', '-1', 'WITHSCORES')
+  local newest = tonumber(e[2])
+  if newest == nil or newest < 0 or (allowed == 1 and take and newest < now) then
+    newest = now
+  end
+  reset = newest + period - now
+end
+if take and allowed == 1 then
+  if reset > 0 then
+    local ms = reset + 999
+    local q = math.floor(ms / 1000)
+    if q * 1000 > ms then
+      q = q - 1
+    elseif (q + 1) * 1000 <= ms then
+      q = q + 1
     end
-    if count > 0 then
-      local newest = swl_newest(key)
-      if newest == nil or (allowed == 1 and commit and newest < now) then
-        newest = now
-      end
-      reset = newest + p.period - now
-    end
-    if commit and allowed == 1 then
-      expire(key, reset)
-    end
-    return {allowed, p.rate - count, retry, reset, token}
-  end,
-
-  refund = function(key, now, p, cost, at, token)
-    if token < cost then
-      return
-    end
-    swl_members('ZREM', key, token - cost + 1, token)
-    if tonumber(redis.call('ZSCORE', key, '#')) == -token then
-      redis.call('ZINCRBY', key, fmt(cost), '#') -- nobody took since: rewind
-    end
-    local newest = swl_newest(key)
-    if newest == nil then
-      redis.call('DEL', key) -- nothing logged: fresh
-    else
-      expire(key, newest + p.period - now)
-    end
-  end,
-}
+    redis.call('PEXPIRE', key, string.format('%d', q))
+  else
+    redis.call('DEL', key)
+  end
+end
+return {allowed, rate - count, retry, reset, token}

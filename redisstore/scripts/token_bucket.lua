@@ -5,69 +5,95 @@
 -- whole token arrived or the bucket was last found full. Integers only, so
 -- no drift.
 --
--- Script: common.lua .. token_bucket.lua .. "return take_one()" (see
--- common.lua).
---   KEYS[1]   the HASH
---   ARGV      now, mode, 1, rate, period, interval, capacity, cost[, at, token]
---   Returns   {allowed, remaining, retry µs, reset µs, now µs, 0}
--- Refund: refill to now, then tokens += n (a full bucket is deleted).
+--   KEYS[1]  the HASH
+--   ARGV[1]  now, µs; "" reads the server's TIME
+--   ARGV[2]  mode: "take", "peek" (writes nothing) or "refund"
+--   ARGV[3]  interval: µs per token
+--   ARGV[4]  capacity: the most tokens the bucket holds
+--   ARGV[5]  cost: tokens to take (or give back)
+--   Returns  take, peek: {allowed (1|0), remaining, retry µs, reset µs}
+--            refund: {}; refill to now, then tokens += cost (a full bucket
+--            is deleted)
+--
+-- Conventions: see gcra.lua.
 
--- tb_load returns the bucket refilled to now.
-local function tb_load(key, now, p)
-  local h = redis.call('HMGET', key, 'tokens', 'last')
-  local tokens, last
-  if h[1] == false and h[2] == false then
-    tokens, last = p.capacity, now
+local key = KEYS[1]
+local now = ARGV[1]
+if now == '' then
+  if redis.replicate_commands then
+    redis.replicate_commands()
+  end
+  local t = redis.call('TIME')
+  now = t[1] * 1000000 + t[2]
+else
+  now = tonumber(now)
+end
+local interval = tonumber(ARGV[3])
+local capacity = tonumber(ARGV[4])
+local cost = tonumber(ARGV[5])
+local mode = ARGV[2]
+
+local h = redis.call('HMGET', key, 'tokens', 'last')
+local tokens, last
+if h[1] or h[2] then
+  tokens, last = tonumber(h[1]), tonumber(h[2])
+  if tokens == nil or last == nil then
+    error({err = 'ERR sluice: corrupt state in ' .. key})
+  end
+elseif mode == 'refund' then
+  return {}
+else
+  tokens, last = capacity, now
+end
+if now > last then -- refill the whole tokens due
+  local d = now - last
+  local added = math.floor(d / interval)
+  if added * interval > d then
+    added = added - 1
+  elseif (added + 1) * interval <= d then
+    added = added + 1
+  end
+  if tokens + added >= capacity then
+    tokens, last = capacity, now
   else
-    tokens, last = num(h[1], key), num(h[2], key)
+    tokens = tokens + added
+    last = last + added * interval
   end
-  if now > last then
-    local added = fdiv(now - last, p.interval)
-    if tokens + added >= p.capacity then
-      tokens, last = p.capacity, now
-    else
-      tokens = tokens + added
-      last = last + added * p.interval
-    end
-  end
-  return tokens, last
 end
 
-local function tb_reset(tokens, last, now, p)
-  if tokens < p.capacity then
-    return last + (p.capacity - tokens) * p.interval - now
+local allowed, retry = 1, 0
+local write = false
+if mode == 'refund' then
+  tokens = tokens + cost
+  write = true
+elseif tokens >= cost then
+  if mode == 'take' then
+    tokens = tokens - cost
+    write = true
   end
-  return 0
+else
+  allowed, retry = 0, last + (cost - tokens) * interval - now
 end
-
-ALG[1] = {
-  decide = function(key, now, p, cost, commit)
-    local tokens, last = tb_load(key, now, p)
-    local allowed, retry = 0, 0
-    if tokens >= cost then
-      allowed = 1
-      if commit then
-        tokens = tokens - cost
-        redis.call('HSET', key, 'tokens', fmt(tokens), 'last', fmt(last))
-        expire(key, tb_reset(tokens, last, now, p))
-      end
-    else
-      retry = last + (cost - tokens) * p.interval - now
+local reset = 0
+if tokens < capacity then
+  reset = last + (capacity - tokens) * interval - now
+end
+if write then
+  if reset > 0 then
+    local ms = reset + 999
+    local q = math.floor(ms / 1000)
+    if q * 1000 > ms then
+      q = q - 1
+    elseif (q + 1) * 1000 <= ms then
+      q = q + 1
     end
-    return {allowed, tokens, retry, tb_reset(tokens, last, now, p), 0}
-  end,
-
-  refund = function(key, now, p, cost, at, token)
-    if redis.call('EXISTS', key) == 0 then
-      return
-    end
-    local tokens, last = tb_load(key, now, p)
-    tokens = tokens + cost
-    if tokens >= p.capacity then
-      redis.call('DEL', key)
-      return
-    end
-    redis.call('HSET', key, 'tokens', fmt(tokens), 'last', fmt(last))
-    expire(key, tb_reset(tokens, last, now, p))
-  end,
-}
+    redis.call('HSET', key, 'tokens', string.format('%d', tokens), 'last', string.format('%d', last))
+    redis.call('PEXPIRE', key, string.format('%d', q))
+  else
+    redis.call('DEL', key) -- full again: fresh
+  end
+  if mode == 'refund' then
+    return {}
+  end
+end
+return {allowed, tokens, retry, reset}
