@@ -221,6 +221,14 @@ func run() error {
 	if static != nil {
 		fmt.Printf("limited/static-headers req/s: %.3f (ratio of medians)\n", median(limited.rps)/median(static.rps))
 	}
+	// When server and wrk saturate the cores they share, throughput is
+	// inverse to their CPU per request; these ratios barely move with the
+	// load of other processes, which req/s does.
+	fmt.Printf("CPU (server + wrk) per request, bare/limited: %.3f", cpuRatio(bare, limited))
+	if static != nil {
+		fmt.Printf("; static-headers/limited: %.3f; bare/static-headers: %.3f", cpuRatio(static, limited), cpuRatio(bare, static))
+	}
+	fmt.Println()
 	fmt.Printf("store holds %d keys, as claimed\n", store.Len())
 	return nil
 }
@@ -362,6 +370,16 @@ func runWrk(c config, script, url string, d time.Duration) (rps, n float64, cpu 
 		return 0, 0, 0, fmt.Errorf("wrk: %q requests", t[1])
 	}
 	return rps, n, cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime(), nil
+}
+
+// cpuRatio is the median over rounds of a's CPU per request over b's,
+// server and wrk together.
+func cpuRatio(a, b *target) float64 {
+	rs := make([]float64, len(a.server))
+	for i := range rs {
+		rs[i] = (a.server[i] + a.client[i]) / (b.server[i] + b.client[i])
+	}
+	return median(rs)
 }
 
 func median(xs []float64) float64 {
