@@ -3,6 +3,7 @@ package redisstore
 import (
 	"context"
 	"errors"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -14,6 +15,8 @@ type call struct {
 	args   []any   // evalsha, sha, numkeys, keys..., argv...
 	argv   [10]any // backs args for one-key calls, saving an allocation
 	cmd    *redis.IntSliceCmd
+	done   chan struct{} // batched calls: receives once cmd holds the reply
+	until  time.Time     // batched calls: the caller's deadline, if any
 }
 
 func newCmd(ctx context.Context, args []any) *redis.IntSliceCmd {

@@ -13,7 +13,9 @@ import (
 )
 
 // The conformance suite with the caller's clock injected, on a standalone
-// server and on a 3-master cluster.
+// server and on a 3-master cluster, with concurrent calls batched into
+// pipelines (the default; one pipeline in flight, so that the suite's
+// concurrent steps do travel in batches) and with every call on its own.
 func TestConformance(t *testing.T) {
 	for _, c := range []struct {
 		name   string
@@ -22,12 +24,19 @@ func TestConformance(t *testing.T) {
 		{"standalone", func(t *testing.T) redis.UniversalClient { return redistest.Client(t) }},
 		{"cluster", func(t *testing.T) redis.UniversalClient { return redistest.ClusterClient(t) }},
 	} {
-		t.Run(c.name, func(t *testing.T) {
-			t.Parallel()
-			client := c.client(t)
-			storetest.Run(t, func(t *testing.T, now func() time.Time) sluice.Store {
-				return redisstore.New(client, &redisstore.Options{Prefix: redistest.Prefix(t), Clock: now})
+		for _, m := range []struct {
+			name            string
+			batch, inFlight int
+		}{{"batched", 0, 1}, {"unbatched", 1, 0}} {
+			t.Run(c.name+"/"+m.name, func(t *testing.T) {
+				t.Parallel()
+				client := c.client(t)
+				storetest.Run(t, func(t *testing.T, now func() time.Time) sluice.Store {
+					return redisstore.New(client, &redisstore.Options{
+						Prefix: redistest.Prefix(t), Clock: now, MaxBatch: m.batch, MaxInFlight: m.inFlight,
+					})
+				})
 			})
-		})
+		}
 	}
 }

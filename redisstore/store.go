@@ -6,8 +6,14 @@
 // in scripts/ (embedded), mirroring the memory store's Go function of the
 // same name decision for decision: integer microseconds, exact in Lua's
 // doubles. Scripts run by EVALSHA; when the server answers NOSCRIPT (script
-// cache flushed, server restarted, failover) the call is retried by EVAL,
-// so the caller never sees it.
+// cache flushed, server restarted, failover) the script is loaded again and
+// the call retried, so the caller never sees it.
+//
+// Concurrent calls share round trips: calls that arrive while
+// Options.MaxInFlight pipelines are already on their way wait and leave
+// together in the next pipeline, up to Options.MaxBatch calls each. A call
+// that finds a pipeline slot free goes alone at once, so batching adds no
+// latency to a quiet Store.
 //
 // Time comes from the Redis server (TIME) by default, so clock skew between
 // application hosts cannot matter. Options.Clock supplies the caller's time
@@ -52,6 +58,12 @@ var (
 	ErrNoClient = errors.New("redisstore: no client")
 )
 
+// Batching defaults; see Options.
+const (
+	DefaultMaxBatch    = 64
+	DefaultMaxInFlight = 4
+)
+
 // Options configures a Store. A nil *Options gives every default.
 type Options struct {
 	// Prefix of every Redis key. Default "sluice:".
@@ -65,16 +77,31 @@ type Options struct {
 	// fall behind real time by more than a key's ResetAfter (a fake clock in
 	// a test may jump ahead freely).
 	Clock func() time.Time
+	// MaxBatch is the most calls one pipeline carries. Default
+	// DefaultMaxBatch; 1 disables batching, so that every call is its own
+	// round trip on its caller's goroutine and context.
+	MaxBatch int
+	// MaxInFlight is how many pipelines (each on one connection) a Store
+	// sends at once before further calls wait to be batched. Default
+	// DefaultMaxInFlight. Ignored when MaxBatch is 1.
+	MaxInFlight int
 }
 
 // Store is a sluice.Store and sluice.MultiStore on Redis. It is safe for
 // concurrent use and holds no rate-limit state of its own: any number of
-// Stores, in any number of processes, may share a server. Build one with
+// Stores, in any number of processes, may share a server. It keeps no
+// goroutine running between calls, so it needs no Close. Build one with
 // New; the zero value answers every call with ErrNoClient.
+//
+// A call sent alone runs on its caller's goroutine and context, as any
+// go-redis call does. A call waiting for a batch, or travelling in one,
+// returns ctx.Err() as soon as its context ends; if its command was already
+// sent it may still run, as with any Redis call that times out.
 type Store struct {
 	client  redis.UniversalClient
 	prefix  string
 	clock   func() time.Time
+	batch   *batcher // nil: every call on its own
 	params  atomic.Pointer[map[sluice.Limit]params]
 	paramMu sync.Mutex
 }
@@ -83,11 +110,21 @@ type Store struct {
 // client: closing it is the caller's job.
 func New(client redis.UniversalClient, opts *Options) *Store {
 	s := &Store{client: client, prefix: "sluice:"}
+	maxBatch, inFlight := DefaultMaxBatch, DefaultMaxInFlight
 	if opts != nil {
 		if opts.Prefix != "" {
 			s.prefix = opts.Prefix
 		}
 		s.clock = opts.Clock
+		if opts.MaxBatch > 0 {
+			maxBatch = opts.MaxBatch
+		}
+		if opts.MaxInFlight > 0 {
+			inFlight = opts.MaxInFlight
+		}
+	}
+	if client != nil && maxBatch > 1 {
+		s.batch = &batcher{client: client, max: maxBatch, inFlight: inFlight}
 	}
 	return s
 }
@@ -283,10 +320,16 @@ func (s *Store) refund(ctx context.Context, req sluice.Request, r result) error 
 	return nil
 }
 
-// run sends c and returns its reply.
+// run sends c, batched or on its own, and returns its reply.
 func (s *Store) run(ctx context.Context, c *call) ([]int64, error) {
 	c.cmd = newCmd(ctx, c.args)
-	if err := runOne(ctx, s.client, c); err != nil {
+	var err error
+	if s.batch != nil {
+		err = s.batch.do(ctx, c)
+	} else {
+		err = runOne(ctx, s.client, c)
+	}
+	if err != nil {
 		return nil, replyErr(err)
 	}
 	return c.cmd.Val(), nil

@@ -1,0 +1,324 @@
+package redisstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"sluice"
+	"sluice/internal/redistest"
+	"sluice/storetest"
+)
+
+// watch is a go-redis hook that counts what a client sends and lets a test
+// hold single commands or pipelines at a gate.
+type watch struct {
+	pipelines   atomic.Int64 // pipelines of more than one command
+	noscript    atomic.Int64 // commands of such pipelines that met NOSCRIPT
+	evals       atomic.Int64 // EVAL commands sent in pipelines
+	scriptLoads atomic.Int64
+
+	holdOne, holdPipe *gate  // nil: no gate
+	afterLoad         func() // runs after each SCRIPT LOAD
+}
+
+// gate holds the first command that reaches it until opened.
+type gate struct {
+	once    sync.Once
+	reached chan struct{}
+	open    chan struct{}
+}
+
+func newGate() *gate { return &gate{reached: make(chan struct{}), open: make(chan struct{})} }
+
+func (g *gate) pass() {
+	if g == nil {
+		return
+	}
+	first := false
+	g.once.Do(func() { first = true })
+	if first {
+		close(g.reached)
+		<-g.open
+	}
+}
+
+func (w *watch) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (w *watch) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if cmd.Name() == "evalsha" {
+			w.holdOne.pass()
+		}
+		err := next(ctx, cmd)
+		if args := cmd.Args(); len(args) > 1 && cmd.Name() == "script" && args[1] == "load" {
+			w.scriptLoads.Add(1)
+			if w.afterLoad != nil {
+				w.afterLoad()
+			}
+		}
+		return err
+	}
+}
+
+func (w *watch) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		w.holdPipe.pass()
+		err := next(ctx, cmds)
+		if len(cmds) > 1 {
+			w.pipelines.Add(1)
+		}
+		for _, c := range cmds {
+			if isNoScript(c.Err()) {
+				w.noscript.Add(1)
+			}
+			if c.Name() == "eval" {
+				w.evals.Add(1)
+			}
+		}
+		return err
+	}
+}
+
+var testServers = []struct {
+	name   string
+	client func(t *testing.T) redis.UniversalClient
+}{
+	{"standalone", func(t *testing.T) redis.UniversalClient { return redistest.Client(t) }},
+	{"cluster", func(t *testing.T) redis.UniversalClient { return redistest.ClusterClient(t) }},
+}
+
+// waitQueued waits until n calls wait in s's queue.
+func waitQueued(t *testing.T, s *Store, n int) {
+	t.Helper()
+	for {
+		s.batch.mu.Lock()
+		got := len(s.batch.queue)
+		s.batch.mu.Unlock()
+		if got == n {
+			return
+		}
+		if got > n {
+			t.Fatalf("%d calls queued, want %d", got, n)
+		}
+		runtime.Gosched()
+	}
+}
+
+// TestBatchScriptFlush: 64 goroutines take through one Store (one pipeline
+// in flight, so most calls travel in batches) while another client flushes
+// the script cache over and over. No call fails, and every decision is
+// exact: each goroutine's key counts down by one per take.
+func TestBatchScriptFlush(t *testing.T) {
+	ctx := context.Background()
+	for _, srv := range testServers {
+		t.Run(srv.name, func(t *testing.T) {
+			t.Parallel()
+			c := srv.client(t)
+			var w watch
+			c.AddHook(&w)
+			flusher := srv.client(t)
+			clock := storetest.NewClock(storetest.T0)
+			s := New(c, &Options{Prefix: redistest.Prefix(t), Clock: clock.Now, MaxInFlight: 1})
+			const workers, takes, rate = 64, 25, 100
+			stop := make(chan struct{})
+			flushes := 0
+			var flushErr error
+			var fw sync.WaitGroup
+			fw.Go(func() {
+				for {
+					select {
+					case <-stop:
+						return
+					default:
+					}
+					if flushErr = flusher.ScriptFlush(ctx).Err(); flushErr != nil {
+						return
+					}
+					flushes++
+					time.Sleep(200 * time.Microsecond) // pacing only: let some batches through
+				}
+			})
+			errs := make(chan error, workers)
+			var wg sync.WaitGroup
+			for g := range workers {
+				l := sluice.Limit{Algorithm: sluice.Algorithms()[g%6], Rate: rate, Period: time.Hour}
+				wg.Go(func() {
+					key := fmt.Sprint("w", g)
+					for i := range takes {
+						d, err := s.Take(ctx, key, l, 1)
+						if err != nil {
+							errs <- fmt.Errorf("%v take %d: %w", l.Algorithm, i, err)
+							return
+						}
+						if want := int64(rate - i - 1); !d.Allowed || d.Remaining != want {
+							errs <- fmt.Errorf("%v take %d: %+v, want allowed with %d left", l.Algorithm, i, d, want)
+							return
+						}
+					}
+				})
+			}
+			wg.Wait()
+			close(stop)
+			fw.Wait()
+			close(errs)
+			for err := range errs {
+				t.Error(err)
+			}
+			if flushErr != nil {
+				t.Fatal(flushErr)
+			}
+			t.Logf("%d flushes; %d pipelines of several calls, %d NOSCRIPT replies in them, %d script loads, %d EVALs",
+				flushes, w.pipelines.Load(), w.noscript.Load(), w.scriptLoads.Load(), w.evals.Load())
+			if w.pipelines.Load() == 0 {
+				t.Error("no call was batched")
+			}
+		})
+	}
+}
+
+// TestBatchReload walks the NOSCRIPT path of a batch step by step: the
+// script cache is flushed while calls of every algorithm wait for a batch,
+// and flushed again right after the store reloads the scripts, so the
+// retry by EVALSHA misses too and the calls go by EVAL. None fails.
+func TestBatchReload(t *testing.T) {
+	ctx := context.Background()
+	for _, srv := range testServers {
+		t.Run(srv.name, func(t *testing.T) {
+			t.Parallel()
+			c := srv.client(t)
+			flusher := srv.client(t)
+			w := watch{holdOne: newGate()}
+			w.afterLoad = func() {
+				if err := flusher.ScriptFlush(ctx).Err(); err != nil {
+					t.Error(err)
+				}
+			}
+			c.AddHook(&w)
+			clock := storetest.NewClock(storetest.T0)
+			s := New(c, &Options{Prefix: redistest.Prefix(t), Clock: clock.Now, MaxInFlight: 1})
+			l := sluice.PerMinute(10)
+			check := func(what string, d sluice.Decision, err error) {
+				if err != nil || !d.Allowed || d.Remaining != 9 {
+					t.Errorf("%s: %+v %v, want allowed with 9 left", what, d, err)
+				}
+			}
+			var wg sync.WaitGroup
+			wg.Go(func() { // sent alone, held at the gate
+				d, err := s.Take(ctx, "alone", l, 1)
+				check("the call sent alone", d, err)
+			})
+			<-w.holdOne.reached
+			const queued = 12
+			for i := range queued {
+				l := l.With(sluice.Algorithms()[i%6])
+				wg.Go(func() {
+					d, err := s.Take(ctx, fmt.Sprint("q", i), l, 1)
+					check(fmt.Sprintf("batched call %d (%v)", i, l.Algorithm), d, err)
+				})
+			}
+			waitQueued(t, s, queued)
+			if err := flusher.ScriptFlush(ctx).Err(); err != nil {
+				t.Fatal(err)
+			}
+			close(w.holdOne.open)
+			wg.Wait()
+			if w.pipelines.Load() == 0 || w.noscript.Load() == 0 || w.scriptLoads.Load() == 0 || w.evals.Load() == 0 {
+				t.Errorf("pipelines %d, NOSCRIPT replies %d, script loads %d, EVALs %d: want each path taken",
+					w.pipelines.Load(), w.noscript.Load(), w.scriptLoads.Load(), w.evals.Load())
+			}
+		})
+	}
+}
+
+// TestBatchContext: a call whose context ends while it waits for a batch
+// returns at once and is never sent; one whose context ends while its batch
+// is on the wire returns at once too, and its command still runs. Neither
+// disturbs the calls beside it.
+func TestBatchContext(t *testing.T) {
+	ctx := context.Background()
+	c := redistest.Client(t)
+	w := watch{holdOne: newGate(), holdPipe: newGate()}
+	c.AddHook(&w)
+	clock := storetest.NewClock(storetest.T0)
+	s := New(c, &Options{Prefix: redistest.Prefix(t), Clock: clock.Now, MaxInFlight: 1})
+	l := sluice.PerMinute(10)
+	take := func(ctx context.Context, key string) chan error {
+		done := make(chan error, 1)
+		go func() {
+			_, err := s.Take(ctx, key, l, 1)
+			done <- err
+		}()
+		return done
+	}
+
+	alone := take(ctx, "alone") // holds the only slot
+	<-w.holdOne.reached
+
+	waiting, cancelWaiting := context.WithCancel(ctx)
+	gone := take(waiting, "gone")
+	waitQueued(t, s, 1)
+	cancelWaiting()
+	if err := <-gone; !errors.Is(err, context.Canceled) {
+		t.Errorf("call cancelled while queued: %v, want context.Canceled", err)
+	}
+	waitQueued(t, s, 0)
+
+	sent, cancelSent := context.WithCancel(ctx)
+	late := take(sent, "late")
+	waitQueued(t, s, 1)
+	beside := take(ctx, "beside")
+	waitQueued(t, s, 2)
+	close(w.holdOne.open) // the lone call ends; its slot carries the batch
+	if err := <-alone; err != nil {
+		t.Errorf("call sent alone: %v", err)
+	}
+	<-w.holdPipe.reached // the batch is on its way, held
+	cancelSent()
+	if err := <-late; !errors.Is(err, context.Canceled) {
+		t.Errorf("call cancelled in flight: %v, want context.Canceled", err)
+	}
+	close(w.holdPipe.open)
+	if err := <-beside; err != nil {
+		t.Errorf("call beside the cancelled one: %v", err)
+	}
+
+	for _, tc := range []struct {
+		key       string
+		remaining int64
+	}{{"gone", 10}, {"late", 9}, {"beside", 9}, {"alone", 9}} {
+		if d, err := s.Peek(ctx, tc.key, l, 1); err != nil || d.Remaining != tc.remaining {
+			t.Errorf("%s: %+v %v, want %d left", tc.key, d, err, tc.remaining)
+		}
+	}
+}
+
+// TestQuietStoreSendsAlone: calls made one after another never wait for a
+// batch: each goes at once, on its own.
+func TestQuietStoreSendsAlone(t *testing.T) {
+	ctx := context.Background()
+	c := redistest.Client(t)
+	var w watch
+	c.AddHook(&w)
+	s := New(c, &Options{Prefix: redistest.Prefix(t)})
+	for _, l := range []sluice.Limit{sluice.PerMinute(5), sluice.PerMinute(5).With(sluice.FixedWindow)} {
+		for range 3 {
+			if _, err := s.Take(ctx, "k", l, 1); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := s.Peek(ctx, "k", l, 1); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if n := w.pipelines.Load(); n != 0 {
+		t.Errorf("%d pipelines for calls made one at a time", n)
+	}
+}
