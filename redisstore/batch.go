@@ -41,7 +41,9 @@ func (b *batcher) do(ctx context.Context, c *call) error {
 		b.release()
 		return err
 	}
-	c.done = make(chan struct{}, 1)
+	if c.done == nil {
+		c.done = make(chan struct{}, 1)
+	}
 	c.until, _ = ctx.Deadline()
 	b.queue = append(b.queue, c)
 	b.mu.Unlock()
@@ -52,6 +54,8 @@ func (b *batcher) do(ctx context.Context, c *call) error {
 		b.mu.Lock()
 		if i := slices.Index(b.queue, c); i >= 0 {
 			b.queue = slices.Delete(b.queue, i, i+1) // never sent
+		} else {
+			c.gone = true // in flight: its sender still holds it
 		}
 		b.mu.Unlock()
 		return ctx.Err()

@@ -24,9 +24,10 @@ const benchGoroutines = 64
 
 // BenchmarkTake measures Store.Take for every algorithm on the standalone
 // Redis with the server's clock (the default), on one hot key and over
-// 10,000 keys, serially and from 64 goroutines. The limit is 1,000/s: the
-// hot key is mostly denied, the wide set always allowed (allowed/op says
-// which path ran).
+// 10,000 keys, serially and from 64 goroutines, the latter with concurrent
+// calls batched into pipelines (the default) and with every call alone
+// (MaxBatch 1). The limit is 1,000/s: the hot key is mostly denied, the wide
+// set always allowed (allowed/op says which path ran).
 func BenchmarkTake(b *testing.B) {
 	client := redistest.Client(b)
 	prefix := redistest.Prefix(b)
@@ -47,10 +48,12 @@ func BenchmarkTake(b *testing.B) {
 	for _, a := range sluice.Algorithms() {
 		l := sluice.Limit{Algorithm: a, Rate: 1000, Period: time.Second}
 		store := redisstore.New(client, &redisstore.Options{Prefix: prefix + a.String() + ":"})
+		alone := redisstore.New(client, &redisstore.Options{Prefix: prefix + a.String() + ":", MaxBatch: 1})
 		for _, ks := range keySets {
 			b.Run(a.String()+"/"+ks.name, func(b *testing.B) {
 				b.Run("serial", func(b *testing.B) { benchSerial(b, store, l, ks.keys) })
 				b.Run("parallel", func(b *testing.B) { benchParallel(b, store, l, ks.keys) })
+				b.Run("parallel_unbatched", func(b *testing.B) { benchParallel(b, alone, l, ks.keys) })
 			})
 		}
 	}

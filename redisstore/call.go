@@ -3,6 +3,7 @@ package redisstore
 import (
 	"context"
 	"errors"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -17,6 +18,23 @@ type call struct {
 	cmd    *redis.IntSliceCmd
 	done   chan struct{} // batched calls: receives once cmd holds the reply
 	until  time.Time     // batched calls: the caller's deadline, if any
+	// gone: the caller stopped waiting while the call was in flight, so the
+	// sender may still write to it and it must not be recycled.
+	gone bool
+}
+
+// calls recycles one-key calls: their argument array and channel would
+// otherwise be allocated on every call.
+var calls = sync.Pool{New: func() any { return new(call) }}
+
+// recycle returns c to the pool unless its sender may still use it. The
+// caller must be done with c.cmd.
+func (c *call) recycle() {
+	if c.gone {
+		return
+	}
+	*c = call{done: c.done} // the channel is empty: its one signal was received
+	calls.Put(c)
 }
 
 func newCmd(ctx context.Context, args []any) *redis.IntSliceCmd {

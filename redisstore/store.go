@@ -61,7 +61,7 @@ var (
 // Batching defaults; see Options.
 const (
 	DefaultMaxBatch    = 64
-	DefaultMaxInFlight = 4
+	DefaultMaxInFlight = 2
 )
 
 // Options configures a Store. A nil *Options gives every default.
@@ -283,6 +283,7 @@ func (s *Store) decide(ctx context.Context, mode, key string, l sluice.Limit, co
 		return result{}, err
 	}
 	c := s.oneKey(mode, key, l, now, cost)
+	defer c.recycle()
 	v, err := s.run(ctx, c)
 	if err != nil {
 		return result{}, fmt.Errorf("redisstore: %v %s: %w", l.Algorithm, mode, err)
@@ -299,7 +300,8 @@ func (s *Store) decide(ctx context.Context, mode, key string, l sluice.Limit, co
 func (s *Store) oneKey(mode, key string, l sluice.Limit, now any, cost int64) *call {
 	sc := oneScripts[l.Algorithm]
 	p := s.paramsOf(l)
-	c := &call{script: sc}
+	c := calls.Get().(*call)
+	c.script = sc
 	c.argv = [...]any{"evalsha", sc.sha, "1", s.redisKey(key, l.Algorithm), now, modeArg(mode), p[0], p[1], cost, nil}
 	c.args = c.argv[:9]
 	return c
@@ -312,6 +314,7 @@ func (s *Store) refund(ctx context.Context, req sluice.Request, r result) error 
 		return err
 	}
 	c := s.oneKey(modeRefund, req.Key, req.Limit, now, req.Cost)
+	defer c.recycle()
 	c.argv[9] = r.token
 	c.args = c.argv[:10]
 	if _, err := s.run(ctx, c); err != nil {
