@@ -68,14 +68,18 @@ type Contender struct {
 }
 
 // RedisContenders returns the contenders that keep state in Redis, peers
-// first.
+// first. sluice runs with its defaults (concurrent calls batched into
+// pipelines) and, to show what batching adds, with every call sent alone
+// (redisstore.Options.MaxBatch 1), as the peers send theirs.
 func RedisContenders() []Contender {
 	return []Contender{
 		{Name: "redis_rate/gcra", Peer: true, New: newRedisRate},
 		{Name: "ulule/fixed_window", Peer: true, New: newUlule},
 		{Name: "throttled/gcra", Peer: true, New: newThrottled},
-		{Name: "sluice/gcra", New: newSluice(sluice.GCRA)},
-		{Name: "sluice/fixed_window", New: newSluice(sluice.FixedWindow)},
+		{Name: "sluice/gcra", New: newSluice(sluice.GCRA, 0)},
+		{Name: "sluice/fixed_window", New: newSluice(sluice.FixedWindow, 0)},
+		{Name: "sluice-unbatched/gcra", New: newSluice(sluice.GCRA, 1)},
+		{Name: "sluice-unbatched/fixed_window", New: newSluice(sluice.FixedWindow, 1)},
 	}
 }
 
@@ -134,9 +138,9 @@ func newThrottled(client redis.UniversalClient, prefix string) (TakeFunc, error)
 	}, nil
 }
 
-func newSluice(a sluice.Algorithm) func(redis.UniversalClient, string) (TakeFunc, error) {
+func newSluice(a sluice.Algorithm, maxBatch int) func(redis.UniversalClient, string) (TakeFunc, error) {
 	return func(client redis.UniversalClient, prefix string) (TakeFunc, error) {
-		store := redisstore.New(client, &redisstore.Options{Prefix: prefix})
+		store := redisstore.New(client, &redisstore.Options{Prefix: prefix, MaxBatch: maxBatch})
 		return sluiceTake(store, a)
 	}
 }
