@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"runtime"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -14,14 +16,16 @@ import (
 
 	"sluice"
 	"sluice/internal/redistest"
+	"sluice/memory"
 	"sluice/storetest"
 )
 
 // watch is a go-redis hook that counts what a client sends and lets a test
 // hold single commands or pipelines at a gate.
 type watch struct {
-	pipelines   atomic.Int64 // pipelines of more than one command
-	noscript    atomic.Int64 // commands of such pipelines that met NOSCRIPT
+	pipelines   atomic.Int64 // pipelines sent
+	merged      atomic.Int64 // runs of takeEachScript (several calls in one command)
+	noscript    atomic.Int64 // pipelined commands that met NOSCRIPT
 	evals       atomic.Int64 // EVAL commands sent in pipelines
 	scriptLoads atomic.Int64
 
@@ -72,15 +76,16 @@ func (w *watch) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Proces
 	return func(ctx context.Context, cmds []redis.Cmder) error {
 		w.holdPipe.pass()
 		err := next(ctx, cmds)
-		if len(cmds) > 1 {
-			w.pipelines.Add(1)
-		}
+		w.pipelines.Add(1)
 		for _, c := range cmds {
 			if isNoScript(c.Err()) {
 				w.noscript.Add(1)
 			}
 			if c.Name() == "eval" {
 				w.evals.Add(1)
+			}
+			if args := c.Args(); len(args) > 1 && (args[1] == takeEachScript.sha || args[1] == takeEachScript.src) {
+				w.merged.Add(1)
 			}
 		}
 		return err
@@ -175,19 +180,23 @@ func TestBatchScriptFlush(t *testing.T) {
 			if flushErr != nil {
 				t.Fatal(flushErr)
 			}
-			t.Logf("%d flushes; %d pipelines of several calls, %d NOSCRIPT replies in them, %d script loads, %d EVALs",
-				flushes, w.pipelines.Load(), w.noscript.Load(), w.scriptLoads.Load(), w.evals.Load())
+			t.Logf("%d flushes; %d pipelines, %d merged runs, %d NOSCRIPT replies in pipelines, %d script loads, %d EVALs",
+				flushes, w.pipelines.Load(), w.merged.Load(), w.noscript.Load(), w.scriptLoads.Load(), w.evals.Load())
 			if w.pipelines.Load() == 0 {
 				t.Error("no call was batched")
+			}
+			if _, one := c.(*redis.Client); one && w.merged.Load() == 0 {
+				t.Error("no calls were merged into one script run")
 			}
 		})
 	}
 }
 
 // TestBatchReload walks the NOSCRIPT path of a batch step by step: the
-// script cache is flushed while calls of every algorithm wait for a batch,
-// and flushed again right after the store reloads the scripts, so the
-// retry by EVALSHA misses too and the calls go by EVAL. None fails.
+// script cache is flushed while calls of every algorithm wait for a batch
+// (on one server they merge into one script run; on the cluster most go
+// alone), and flushed again right after the store reloads the scripts, so
+// the retry by EVALSHA misses too and the calls go by EVAL. None fails.
 func TestBatchReload(t *testing.T) {
 	ctx := context.Background()
 	for _, srv := range testServers {
@@ -230,9 +239,10 @@ func TestBatchReload(t *testing.T) {
 			}
 			close(w.holdOne.open)
 			wg.Wait()
-			if w.pipelines.Load() == 0 || w.noscript.Load() == 0 || w.scriptLoads.Load() == 0 || w.evals.Load() == 0 {
-				t.Errorf("pipelines %d, NOSCRIPT replies %d, script loads %d, EVALs %d: want each path taken",
-					w.pipelines.Load(), w.noscript.Load(), w.scriptLoads.Load(), w.evals.Load())
+			_, one := c.(*redis.Client)
+			if w.pipelines.Load() == 0 || (one && w.merged.Load() == 0) || w.noscript.Load() == 0 || w.scriptLoads.Load() == 0 || w.evals.Load() == 0 {
+				t.Errorf("pipelines %d, merged runs %d, NOSCRIPT replies %d, script loads %d, EVALs %d: want each path taken",
+					w.pipelines.Load(), w.merged.Load(), w.noscript.Load(), w.scriptLoads.Load(), w.evals.Load())
 			}
 		})
 	}
@@ -320,5 +330,139 @@ func TestQuietStoreSendsAlone(t *testing.T) {
 	}
 	if n := w.pipelines.Load(); n != 0 {
 		t.Errorf("%d pipelines for calls made one at a time", n)
+	}
+}
+
+// TestBatchMergedErrors: a decision that fails inside a merged run (a key
+// of the wrong type, a corrupt value) fails alone, with its own error; the
+// decisions beside it count exactly once.
+func TestBatchMergedErrors(t *testing.T) {
+	ctx := context.Background()
+	c := redistest.Client(t)
+	w := watch{holdOne: newGate()}
+	c.AddHook(&w)
+	clock := storetest.NewClock(storetest.T0)
+	s := New(c, &Options{Prefix: redistest.Prefix(t), Clock: clock.Now, MaxInFlight: 1})
+	l := sluice.PerMinute(10)
+	if err := c.RPush(ctx, s.redisKey("list", sluice.GCRA), "x").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Set(ctx, s.redisKey("corrupt", sluice.GCRA), "not a number", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		if _, err := s.Take(ctx, "alone", l, 1); err != nil {
+			t.Error(err)
+		}
+	})
+	<-w.holdOne.reached
+	keys := []string{"a", "list", "b", "corrupt", "c", "d"}
+	errs := make([]error, len(keys))
+	ds := make([]sluice.Decision, len(keys))
+	for i, k := range keys {
+		l := l.With(sluice.Algorithms()[i%2*3]) // gcra and fixed_window
+		if k == "list" || k == "corrupt" {
+			l = l.With(sluice.GCRA)
+		}
+		wg.Go(func() { ds[i], errs[i] = s.Take(ctx, k, l, 2) })
+	}
+	waitQueued(t, s, len(keys))
+	close(w.holdOne.open)
+	wg.Wait()
+	for i, k := range keys {
+		switch k {
+		case "list":
+			if errs[i] == nil || !strings.Contains(errs[i].Error(), "WRONGTYPE") {
+				t.Errorf("%s: %+v %v, want a WRONGTYPE error", k, ds[i], errs[i])
+			}
+		case "corrupt":
+			if errs[i] == nil || !strings.Contains(errs[i].Error(), "corrupt state") {
+				t.Errorf("%s: %+v %v, want a corrupt state error", k, ds[i], errs[i])
+			}
+		default:
+			if errs[i] != nil || !ds[i].Allowed || ds[i].Remaining != 8 {
+				t.Errorf("%s: %+v %v, want allowed with 8 left", k, ds[i], errs[i])
+			}
+		}
+	}
+	if w.merged.Load() == 0 {
+		t.Error("the calls were not merged into one script run")
+	}
+}
+
+// TestBatchMatchesMemory holds batched decisions to the memory store, the
+// specification: each step moves the clock, then 16 goroutines call at once
+// on 16 keys (takes and peeks, random costs, each key under its own random
+// limit), so that the calls travel in batches, merged into shared script
+// runs (the keys share a hash tag, so they merge on the cluster too). The
+// memory store makes the same calls one by one; as the keys are distinct,
+// order does not matter, and every decision must be the same.
+func TestBatchMatchesMemory(t *testing.T) {
+	ctx := context.Background()
+	for _, srv := range testServers {
+		t.Run(srv.name, func(t *testing.T) {
+			t.Parallel()
+			c := srv.client(t)
+			var w watch
+			c.AddHook(&w)
+			rng := rand.New(rand.NewPCG(7, 2026))
+			clock := storetest.NewClock(storetest.T0.Add(time.Duration(rng.Int64N(int64(time.Hour)))))
+			rs := New(c, &Options{Prefix: redistest.Prefix(t), Clock: clock.Now, MaxInFlight: 1})
+			ms := memory.New(&memory.Options{Clock: clock.Now, SweepInterval: -1})
+			t.Cleanup(func() { ms.Close() })
+			const keys, steps = 16, 300
+			limits := make([]sluice.Limit, keys)
+			for i := range limits {
+				a := sluice.Algorithms()[i%6]
+				limits[i] = sluice.Limit{Algorithm: a, Rate: 1 + rng.Int64N(12), Period: []time.Duration{time.Second, 7 * time.Second, time.Minute}[rng.IntN(3)]}
+				if i%6 < 3 && rng.IntN(2) == 0 {
+					limits[i].Burst = 1 + rng.Int64N(20)
+				}
+			}
+			for step := range steps {
+				clock.Advance(time.Duration(rng.Int64N(int64(3*time.Second))) / time.Microsecond * time.Microsecond)
+				costs := make([]int64, keys)
+				peek := make([]bool, keys)
+				for i := range keys {
+					costs[i] = 1 + rng.Int64N(min(limits[i].Capacity(), 3))
+					peek[i] = rng.IntN(7) == 0
+				}
+				got := make([]sluice.Decision, keys)
+				errs := make([]error, keys)
+				var wg sync.WaitGroup
+				for i := range keys {
+					wg.Go(func() {
+						key := fmt.Sprintf("t}%d", i)
+						if peek[i] {
+							got[i], errs[i] = rs.Peek(ctx, key, limits[i], costs[i])
+						} else {
+							got[i], errs[i] = rs.Take(ctx, key, limits[i], costs[i])
+						}
+					})
+				}
+				wg.Wait()
+				for i := range keys {
+					key := fmt.Sprintf("t}%d", i)
+					var want sluice.Decision
+					var err error
+					if peek[i] {
+						want, err = ms.Peek(ctx, key, limits[i], costs[i])
+					} else {
+						want, err = ms.Take(ctx, key, limits[i], costs[i])
+					}
+					if err != nil || errs[i] != nil {
+						t.Fatalf("step %d key %d: memory %v, redis %v", step, i, err, errs[i])
+					}
+					if got[i] != want {
+						t.Fatalf("step %d key %d %q peek=%v cost %d:\nredis  %+v\nmemory %+v", step, i, limits[i].String(), peek[i], costs[i], got[i], want)
+					}
+				}
+			}
+			t.Logf("%d pipelines, %d merged runs", w.pipelines.Load(), w.merged.Load())
+			if w.merged.Load() == 0 {
+				t.Error("no calls were merged into one script run")
+			}
+		})
 	}
 }

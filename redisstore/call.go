@@ -9,26 +9,43 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// call is one script run: its command, and how its caller learns the reply
-// when the call travels in a batch.
+// call is one script run for one caller: its arguments, and its reply once
+// it has one.
 type call struct {
 	script *script
 	args   []any   // evalsha, sha, numkeys, keys..., argv...
 	argv   [10]any // backs args for one-key calls, saving an allocation
-	cmd    *redis.IntSliceCmd
-	done   chan struct{} // batched calls: receives once cmd holds the reply
-	until  time.Time     // batched calls: the caller's deadline, if any
+	// alg is the algorithm of a one-key call, which a batch may merge with
+	// others into one run of takeEachScript; -1 for any other call.
+	alg  int64
+	val  []int64
+	err  error
+	done chan struct{} // batched calls: receives once val and err are set
+	// until is a batched call's deadline, if its caller has one.
+	until time.Time
 	// gone: the caller stopped waiting while the call was in flight, so the
 	// sender may still write to it and it must not be recycled.
 	gone bool
 }
+
+// One-key calls' arguments after EVALSHA, the digest and numkeys: KEYS[1],
+// then the script's ARGV (see scripts/*.lua).
+const (
+	argKey = 3 + iota
+	argNow
+	argMode
+	argParam1
+	argParam2
+	argCost
+	argToken
+)
 
 // calls recycles one-key calls: their argument array and channel would
 // otherwise be allocated on every call.
 var calls = sync.Pool{New: func() any { return new(call) }}
 
 // recycle returns c to the pool unless its sender may still use it. The
-// caller must be done with c.cmd.
+// caller must be done with c.val.
 func (c *call) recycle() {
 	if c.gone {
 		return
@@ -43,10 +60,11 @@ func newCmd(ctx context.Context, args []any) *redis.IntSliceCmd {
 	return cmd
 }
 
-// evalArgs are c's arguments for EVAL: the script's source in place of its
-// digest. EVAL also caches the script, so the next EVALSHA finds it.
-func evalArgs(c *call) []any {
-	return append([]any{"eval", c.script.src}, c.args[2:]...)
+// evalArgs are args, an EVALSHA of s, as an EVAL: the script's source in
+// place of its digest. EVAL also caches the script, so the next EVALSHA
+// finds it.
+func evalArgs(s *script, args []any) []any {
+	return append([]any{"eval", s.src}, args[2:]...)
 }
 
 func isNoScript(err error) bool {
@@ -55,11 +73,12 @@ func isNoScript(err error) bool {
 
 // runOne sends c on its own, on the caller's context: EVALSHA, and EVAL if
 // the server has lost the script.
-func runOne(ctx context.Context, client redis.UniversalClient, c *call) error {
-	err := client.Process(ctx, c.cmd)
+func runOne(ctx context.Context, client redis.UniversalClient, c *call) {
+	cmd := newCmd(ctx, c.args)
+	err := client.Process(ctx, cmd)
 	if isNoScript(err) {
-		c.cmd = newCmd(ctx, evalArgs(c))
-		err = client.Process(ctx, c.cmd)
+		cmd = newCmd(ctx, evalArgs(c.script, c.args))
+		err = client.Process(ctx, cmd)
 	}
-	return err
+	c.val, c.err = cmd.Val(), err
 }

@@ -83,7 +83,7 @@ func (s *Store) takeAtomic(ctx context.Context, reqs []sluice.Request, keys []st
 	if err != nil {
 		return nil, err
 	}
-	c := &call{script: takeAllScript}
+	c := &call{script: takeAllScript, alg: -1}
 	c.args = make([]any, 0, 4+len(keys)+4*len(reqs))
 	c.args = append(c.args, "evalsha", takeAllScript.sha, len(keys))
 	for _, k := range keys {

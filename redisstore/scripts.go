@@ -51,8 +51,10 @@ func newScript(src string) *script {
 //
 // The TakeAll script wraps each file, unchanged, as a function of its own
 // KEYS and ARGV (Lua parameters shadow the globals), followed by
-// take_all.lua, which calls them: the algorithms are written once, and
-// composition costs only the calls that use it.
+// take_all.lua, which calls them: the algorithms are written once. The
+// script that runs a batch's decisions together is built the same way,
+// with take_each.lua; defining six functions costs it little next to the
+// script call it saves each decision.
 //
 // Conventions of every script: quantities are integer units or
 // microseconds, exact in Lua's doubles below 2^53 (sluice.Limit.Validate
@@ -62,20 +64,24 @@ func newScript(src string) *script {
 // key's TTL to the decision's ResetAfter rounded up to a millisecond, so an
 // expired key is exactly a fresh one; peek writes nothing.
 var (
-	oneScripts    = make([]*script, len(scriptFiles))
+	oneScripts = make([]*script, len(scriptFiles))
+	// takeAllScript checks several keys, then takes from all or none.
 	takeAllScript *script
+	// takeEachScript makes several independent decisions in one run: a
+	// batch's calls on one server (or one cluster slot).
+	takeEachScript *script
 )
 
 func init() {
-	var all strings.Builder
-	all.WriteString("local ALG = {}\n")
+	var algs strings.Builder
+	algs.WriteString("local ALG = {}\n")
 	for a, name := range scriptFiles {
 		body := mustRead(name)
 		oneScripts[a] = newScript(body)
-		fmt.Fprintf(&all, "ALG[%d] = function(KEYS, ARGV)\n%s\nend\n", a, body)
+		fmt.Fprintf(&algs, "ALG[%d] = function(KEYS, ARGV)\n%s\nend\n", a, body)
 	}
-	all.WriteString(mustRead("take_all.lua"))
-	takeAllScript = newScript(all.String())
+	takeAllScript = newScript(algs.String() + mustRead("take_all.lua"))
+	takeEachScript = newScript(algs.String() + mustRead("take_each.lua"))
 }
 
 func mustRead(name string) string {
