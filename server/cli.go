@@ -130,6 +130,11 @@ func serve(args []string, stdout, stderr io.Writer) int {
 		*watch = -1
 	}
 	log := slog.New(slog.NewTextHandler(stderr, nil))
+	// Catch signals before anything can be sent one: a SIGHUP that arrived
+	// between Start and Notify would kill the process (its default action).
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
+	defer signal.Stop(sigs)
 	srv, err := New(Options{
 		ConfigFile: *configFile, RedisURL: *redisURL, HTTPAddr: *httpAddr, GRPCAddr: *grpcAddr,
 		FailurePolicy: fp, NoFailurePolicy: !withPolicy, DecisionTimeout: *timeout, AdminToken: *adminToken, WatchInterval: *watch, Logger: log,
@@ -155,9 +160,6 @@ func serve(args []string, stdout, stderr io.Writer) int {
 	fmt.Fprintf(stdout, "sluice serve: http %s (dashboard http://%s/)\n", srv.HTTPAddr(), browsable(srv.HTTPAddr()))
 	fmt.Fprintf(stdout, "sluice serve: grpc %s (envoy.service.ratelimit.v3.RateLimitService)\n", srv.GRPCAddr())
 
-	sigs := make(chan os.Signal, 1)
-	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
-	defer signal.Stop(sigs)
 	for sig := range sigs {
 		if sig == syscall.SIGHUP {
 			if err := srv.Reload(); err != nil {
