@@ -108,3 +108,16 @@ func benchParallel(b *testing.B, s *redisstore.Store, l sluice.Limit, keys []str
 	})
 	b.ReportMetric(float64(allowed.Load())/float64(b.N), "allowed/op")
 }
+
+// BenchmarkPing is the round trip that every serial Take above includes: a
+// PING on the same client, as a yardstick for a busy machine's latency.
+func BenchmarkPing(b *testing.B) {
+	client := redistest.Client(b)
+	ctx := context.Background()
+	b.ReportAllocs()
+	for b.Loop() {
+		if err := client.Ping(ctx).Err(); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
