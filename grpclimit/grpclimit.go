@@ -107,12 +107,6 @@ type rule struct {
 // New returns an Interceptor enforcing rules on store. Layered limits need
 // a sluice.MultiStore (memory and Redis stores are).
 func New(store sluice.Store, rules []Rule, opts *Options) (*Interceptor, error) {
-	if store == nil {
-		return nil, fmt.Errorf("%w: nil store", ErrInvalidConfig)
-	}
-	if len(rules) == 0 {
-		return nil, fmt.Errorf("%w: no rules", ErrInvalidConfig)
-	}
 	var o Options
 	if opts != nil {
 		o = *opts
@@ -120,12 +114,17 @@ func New(store sluice.Store, rules []Rule, opts *Options) (*Interceptor, error) 
 	if o.Prefix == "" {
 		o.Prefix = "grpclimit:"
 	}
-	if len(o.Prefix) > 128 {
-		return nil, fmt.Errorf("%w: prefix of %d bytes (at most 128)", ErrInvalidConfig, len(o.Prefix))
+	ers := make([]enforce.Rule, len(rules))
+	for i, r := range rules {
+		ers[i] = enforce.Rule{Name: r.Name, Limit: r.Limit, Strategy: r.Strategy, MaxDelay: r.MaxDelay, Penalty: r.Penalty}
+	}
+	eng, keyer, err := enforce.Setup(store, ers, func(i int) bool { return rules[i].Key != nil }, o.Prefix, o.HashKey, o.Observer)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
 	in := &Interceptor{
-		eng:         enforce.New(store, o.Observer),
-		keyer:       enforce.NewKeyer(o.Prefix, o.HashKey),
+		eng:         eng,
+		keyer:       keyer,
 		exempt:      o.Exempt,
 		omitAllowed: o.OmitAllowedHeaders,
 		clock:       o.Clock,
@@ -133,27 +132,8 @@ func New(store sluice.Store, rules []Rule, opts *Options) (*Interceptor, error) 
 	if in.clock == nil {
 		in.clock = time.Now
 	}
-	seen := map[string]bool{}
-	enforcing := 0
 	for i, r := range rules {
-		er := enforce.Rule{Name: r.Name, Limit: r.Limit, Strategy: r.Strategy, MaxDelay: r.MaxDelay, Penalty: r.Penalty}
-		if err := er.Validate(); err != nil {
-			return nil, fmt.Errorf("%w: rule %d: %w", ErrInvalidConfig, i, err)
-		}
-		if r.Key == nil {
-			return nil, fmt.Errorf("%w: rule %q has no Key", ErrInvalidConfig, r.Name)
-		}
-		if seen[r.Name] {
-			return nil, fmt.Errorf("%w: two rules named %q", ErrInvalidConfig, r.Name)
-		}
-		seen[r.Name] = true
-		if r.Strategy != Shadow {
-			enforcing++
-		}
-		in.rules = append(in.rules, rule{Rule: er, key: r.Key, cost: r.Cost, match: r.Match, base: in.keyer.Base(r.Name)})
-	}
-	if enforcing > 1 && !in.eng.Multi() {
-		return nil, fmt.Errorf("%w: %d enforcing rules on %T: %w", ErrInvalidConfig, enforcing, store, enforce.ErrNeedMultiStore)
+		in.rules = append(in.rules, rule{Rule: ers[i], key: r.Key, cost: r.Cost, match: r.Match, base: keyer.Base(r.Name)})
 	}
 	return in, nil
 }

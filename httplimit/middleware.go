@@ -158,12 +158,6 @@ type rule struct {
 // as the memory and Redis stores do. For a fleet, wrap the Redis store
 // with package resilient to choose the failure policy.
 func New(store sluice.Store, rules []Rule, opts *Options) (*Middleware, error) {
-	if store == nil {
-		return nil, fmt.Errorf("%w: nil store", ErrInvalidConfig)
-	}
-	if len(rules) == 0 {
-		return nil, fmt.Errorf("%w: no rules", ErrInvalidConfig)
-	}
 	var o Options
 	if opts != nil {
 		o = *opts
@@ -171,12 +165,17 @@ func New(store sluice.Store, rules []Rule, opts *Options) (*Middleware, error) {
 	if o.Prefix == "" {
 		o.Prefix = "httplimit:"
 	}
-	if len(o.Prefix) > 128 {
-		return nil, fmt.Errorf("%w: prefix of %d bytes (at most 128)", ErrInvalidConfig, len(o.Prefix))
+	ers := make([]enforce.Rule, len(rules))
+	for i, r := range rules {
+		ers[i] = enforce.Rule{Name: r.Name, Limit: r.Limit, Strategy: r.Strategy, MaxDelay: r.MaxDelay, Penalty: r.Penalty}
+	}
+	eng, keyer, err := enforce.Setup(store, ers, func(i int) bool { return rules[i].Key != nil }, o.Prefix, o.HashKey, o.Observer)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
 	m := &Middleware{
-		eng:         enforce.New(store, o.Observer),
-		keyer:       enforce.NewKeyer(o.Prefix, o.HashKey),
+		eng:         eng,
+		keyer:       keyer,
 		exempt:      o.Exempt,
 		omitAllowed: o.OmitAllowedHeaders,
 		deny:        o.DenyHandler,
@@ -192,30 +191,11 @@ func New(store sluice.Store, rules []Rule, opts *Options) (*Middleware, error) {
 	if m.clock == nil {
 		m.clock = time.Now
 	}
-	seen := make(map[string]bool, len(rules))
-	enforcing := 0
 	for i, r := range rules {
-		er := enforce.Rule{Name: r.Name, Limit: r.Limit, Strategy: r.Strategy, MaxDelay: r.MaxDelay, Penalty: r.Penalty}
-		if err := er.Validate(); err != nil {
-			return nil, fmt.Errorf("%w: rule %d: %w", ErrInvalidConfig, i, err)
-		}
-		if r.Key == nil {
-			return nil, fmt.Errorf("%w: rule %q has no Key", ErrInvalidConfig, r.Name)
-		}
-		if seen[r.Name] {
-			return nil, fmt.Errorf("%w: two rules named %q", ErrInvalidConfig, r.Name)
-		}
-		seen[r.Name] = true
-		if r.Strategy != Shadow {
-			enforcing++
-		}
 		m.rules = append(m.rules, rule{
-			Rule: er, key: r.Key, cost: r.Cost, match: r.Match,
-			base: m.keyer.Base(r.Name), fields: newFields(r.Name, r.Limit),
+			Rule: ers[i], key: r.Key, cost: r.Cost, match: r.Match,
+			base: keyer.Base(r.Name), fields: newFields(r.Name, r.Limit),
 		})
-	}
-	if enforcing > 1 && !m.eng.Multi() {
-		return nil, fmt.Errorf("%w: %d enforcing rules on %T: %w", ErrInvalidConfig, enforcing, store, enforce.ErrNeedMultiStore)
 	}
 	return m, nil
 }

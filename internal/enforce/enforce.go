@@ -362,3 +362,44 @@ func (e *Engine) observeErrors(checks []Check) {
 		}
 	}
 }
+
+// Setup validates what the HTTP and gRPC constructors share — a store, at
+// least one rule, a key prefix of at most 128 bytes, rules that are valid,
+// keyed (keyed(i) reports whether rule i has a key function) and uniquely
+// named, and a MultiStore when more than one rule enforces — and returns the
+// engine and keyer. Errors are plain: callers wrap them with their own
+// ErrInvalidConfig.
+func Setup(store sluice.Store, rules []Rule, keyed func(i int) bool, prefix string, hashKey []byte, observer sluice.Observer) (*Engine, *Keyer, error) {
+	if store == nil {
+		return nil, nil, errors.New("nil store")
+	}
+	if len(rules) == 0 {
+		return nil, nil, errors.New("no rules")
+	}
+	if len(prefix) > 128 {
+		return nil, nil, fmt.Errorf("prefix of %d bytes (at most 128)", len(prefix))
+	}
+	seen := make(map[string]bool, len(rules))
+	enforcing := 0
+	for i := range rules {
+		r := &rules[i]
+		if err := r.Validate(); err != nil {
+			return nil, nil, fmt.Errorf("rule %d: %w", i, err)
+		}
+		if !keyed(i) {
+			return nil, nil, fmt.Errorf("rule %q has no Key", r.Name)
+		}
+		if seen[r.Name] {
+			return nil, nil, fmt.Errorf("two rules named %q", r.Name)
+		}
+		seen[r.Name] = true
+		if r.Strategy != Shadow {
+			enforcing++
+		}
+	}
+	eng := New(store, observer)
+	if enforcing > 1 && !eng.Multi() {
+		return nil, nil, fmt.Errorf("%d enforcing rules on %T: %w", enforcing, store, ErrNeedMultiStore)
+	}
+	return eng, NewKeyer(prefix, hashKey), nil
+}
