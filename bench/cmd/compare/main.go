@@ -75,12 +75,12 @@ func run() error {
 			if err != nil {
 				return err
 			}
-			pc0 := processCPU()
+			pc0 := bench.ProcessCPU()
 			res, err := bench.Run(ctx, c.Name, takes[i], keys, *goroutines, *duration)
 			if err != nil {
 				return err
 			}
-			pc1 := processCPU()
+			pc1 := bench.ProcessCPU()
 			rc1, err := bench.RedisCPU(ctx, client)
 			if err != nil {
 				return err

@@ -43,6 +43,7 @@ import (
 	"time"
 
 	"sluice"
+	"sluice/bench"
 	"sluice/httplimit"
 	"sluice/memory"
 )
@@ -255,13 +256,13 @@ func newTarget(name string, h http.Handler) (*target, error) {
 
 // load runs wrk against t for d and, if record, keeps the result.
 func (t *target) load(c config, script string, d time.Duration, record bool) (result, error) {
-	cpu0 := processCPU()
+	cpu0 := bench.ProcessCPU()
 	rps, n, client, err := runWrk(c, script, t.url, d)
 	if err != nil {
 		return result{}, err
 	}
 	perReq := func(cpu time.Duration) float64 { return float64(cpu.Nanoseconds()) / 1e3 / n }
-	r := result{rps: rps, server: perReq(processCPU() - cpu0), client: perReq(client)}
+	r := result{rps: rps, server: perReq(bench.ProcessCPU() - cpu0), client: perReq(client)}
 	if record {
 		t.rps, t.server, t.client = append(t.rps, r.rps), append(t.server, r.server), append(t.client, r.client)
 	}

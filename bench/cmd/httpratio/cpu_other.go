@@ -1,8 +1,0 @@
-//go:build !unix
-
-package main
-
-import "time"
-
-// processCPU is not measured here; the CPU columns then read 0.
-func processCPU() time.Duration { return 0 }
