@@ -37,12 +37,16 @@ scripts=../redisstore/scripts
 	n_alg=0
 	for f in gcra token_bucket leaky_bucket fixed_window sliding_window_log sliding_window_counter; do
 		printf 'ALG[%d] = function(KEYS, ARGV)\n' "$n_alg"
-		cat "$scripts/$f.lua"
+		cat "$scripts/now.lua" "$scripts/$f.lua"
 		printf '\nend\n'
 		n_alg=$((n_alg + 1))
 	done
 	cat "$scripts/take_each.lua"
 } >"$work/take_each.lua"
+# As redisstore builds them: now.lua, then the algorithm's file.
+for f in gcra fixed_window; do
+	cat "$scripts/now.lua" "$scripts/$f.lua" >"$work/$f.lua"
+done
 
 # take_each: 32 GCRA decisions per call, each on its own random key.
 each_keys=() each_args=()
@@ -56,8 +60,8 @@ cases=(
 	"return 1|$work/return1.lua|1|0"
 	"ulule/limiter incr|$work/ulule.lua|1|1 k:{__rand_int__} 1 1000"
 	"redis_rate allowN|$work/redis_rate.lua|1|1 k:{__rand_int__} 1000 1000 1 1"
-	"sluice gcra.lua|$scripts/gcra.lua|1|1 k:{__rand_int__} '' take 1000 1000000 1"
-	"sluice fixed_window.lua|$scripts/fixed_window.lua|1|1 k:{__rand_int__} '' take 1000000 1000 1"
+	"sluice gcra.lua|$work/gcra.lua|1|1 k:{__rand_int__} '' take 1000 1000000 1"
+	"sluice fixed_window.lua|$work/fixed_window.lua|1|1 k:{__rand_int__} '' take 1000000 1000 1"
 	"sluice take_each.lua, 32 gcra decisions|$work/take_each.lua|32|32 ${each_keys[*]} ${each_args[*]}"
 )
 

@@ -45,7 +45,8 @@ func newScript(src string) *script {
 	return &script{src: src, sha: hex.EncodeToString(sum[:])}
 }
 
-// Each algorithm's file is its one-key script as it stands: every EVALSHA
+// Each algorithm's file, after now.lua (the clock every script reads), is
+// its one-key script: every EVALSHA
 // runs the whole chunk, so the files define no functions or tables that the
 // call does not need (a top-level closure is rebuilt on every call).
 //
@@ -73,14 +74,15 @@ var (
 )
 
 func init() {
+	now := mustRead("now.lua")
 	var algs strings.Builder
 	algs.WriteString("local ALG = {}\n")
 	for a, name := range scriptFiles {
-		body := mustRead(name)
+		body := now + mustRead(name)
 		oneScripts[a] = newScript(body)
 		fmt.Fprintf(&algs, "ALG[%d] = function(KEYS, ARGV)\n%s\nend\n", a, body)
 	}
-	takeAllScript = newScript(algs.String() + mustRead("take_all.lua"))
+	takeAllScript = newScript(algs.String() + now + mustRead("take_all.lua"))
 	takeEachScript = newScript(algs.String() + mustRead("take_each.lua"))
 }
 

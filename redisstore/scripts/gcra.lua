@@ -21,16 +21,6 @@
 -- error, never a fresh start.
 
 local key = KEYS[1]
-local now = ARGV[1]
-if now == '' then
-  if redis.replicate_commands then
-    redis.replicate_commands() -- before Redis 5, needed to write after TIME
-  end
-  local t = redis.call('TIME')
-  now = t[1] * 1000000 + t[2]
-else
-  now = tonumber(now)
-end
 local interval = tonumber(ARGV[3])
 local span = tonumber(ARGV[4])
 local cost = tonumber(ARGV[5])

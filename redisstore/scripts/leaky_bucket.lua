@@ -19,16 +19,6 @@
 -- Conventions: see gcra.lua.
 
 local key = KEYS[1]
-local now = ARGV[1]
-if now == '' then
-  if redis.replicate_commands then
-    redis.replicate_commands()
-  end
-  local t = redis.call('TIME')
-  now = t[1] * 1000000 + t[2]
-else
-  now = tonumber(now)
-end
 local interval = tonumber(ARGV[3])
 local capacity = tonumber(ARGV[4])
 local cost = tonumber(ARGV[5])

@@ -25,16 +25,6 @@
 local BATCH = 1000 -- members per ZADD/ZREM, well under Lua's unpack limit
 
 local key = KEYS[1]
-local now = ARGV[1]
-if now == '' then
-  if redis.replicate_commands then
-    redis.replicate_commands()
-  end
-  local t = redis.call('TIME')
-  now = t[1] * 1000000 + t[2]
-else
-  now = tonumber(now)
-end
 local period = tonumber(ARGV[3])
 local rate = tonumber(ARGV[4])
 local cost = tonumber(ARGV[5])

@@ -18,16 +18,6 @@
 -- Every request is first checked in peek mode, writing nothing; only if all
 -- allow are they all taken. The caller rejects two requests on one key.
 
-local now = ARGV[1]
-if now == '' then
-  if redis.replicate_commands then
-    redis.replicate_commands()
-  end
-  local t = redis.call('TIME')
-  now = t[1] * 1000000 + t[2]
-else
-  now = tonumber(now)
-end
 local reqs = {}
 local all = true
 for i = 1, #KEYS do
