@@ -76,9 +76,10 @@ type Options struct {
 	// Exempt exempts calls from every rule (health checks, reflection).
 	// Default: none.
 	Exempt func(ctx context.Context, fullMethod string) bool
-	// OmitAllowedHeaders leaves the rate-limit metadata off allowed calls.
-	// Default: false.
-	OmitAllowedHeaders bool
+	// AllowedHeaders selects the rate-limit metadata of allowed calls, as
+	// for httplimit; denied calls always carry every field. Default:
+	// httplimit.StandardHeaders ("ratelimit" and "ratelimit-policy").
+	AllowedHeaders httplimit.HeaderSet
 	// Observer receives every rule's decisions. Default: none.
 	Observer sluice.Observer
 	// Clock anchors x-ratelimit-reset. Default: time.Now.
@@ -88,12 +89,12 @@ type Options struct {
 // Interceptor enforces Rules on gRPC calls. Build one with New and install
 // Unary and Stream on a grpc.Server. It is safe for concurrent use.
 type Interceptor struct {
-	eng         *enforce.Engine
-	keyer       *enforce.Keyer
-	rules       []rule
-	exempt      func(context.Context, string) bool
-	omitAllowed bool
-	clock       func() time.Time
+	eng     *enforce.Engine
+	keyer   *enforce.Keyer
+	rules   []rule
+	exempt  func(context.Context, string) bool
+	allowed httplimit.HeaderSet
+	clock   func() time.Time
 }
 
 type rule struct {
@@ -114,6 +115,9 @@ func New(store sluice.Store, rules []Rule, opts *Options) (*Interceptor, error) 
 	if o.Prefix == "" {
 		o.Prefix = "grpclimit:"
 	}
+	if o.AllowedHeaders > httplimit.NoHeaders {
+		return nil, fmt.Errorf("%w: unknown AllowedHeaders %v", ErrInvalidConfig, o.AllowedHeaders)
+	}
 	ers := make([]enforce.Rule, len(rules))
 	for i, r := range rules {
 		ers[i] = enforce.Rule{Name: r.Name, Limit: r.Limit, Strategy: r.Strategy, MaxDelay: r.MaxDelay, Penalty: r.Penalty}
@@ -123,11 +127,11 @@ func New(store sluice.Store, rules []Rule, opts *Options) (*Interceptor, error) 
 		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
 	in := &Interceptor{
-		eng:         eng,
-		keyer:       keyer,
-		exempt:      o.Exempt,
-		omitAllowed: o.OmitAllowedHeaders,
-		clock:       o.Clock,
+		eng:     eng,
+		keyer:   keyer,
+		exempt:  o.Exempt,
+		allowed: o.AllowedHeaders,
+		clock:   o.Clock,
 	}
 	if in.clock == nil {
 		in.clock = time.Now
@@ -206,8 +210,11 @@ func (in *Interceptor) check(ctx context.Context, method string) (metadata.MD, e
 		return nil, status.Error(codes.Unavailable, "grpclimit: rate limiter unavailable")
 	}
 	var md metadata.MD
-	if v.Report >= 0 && (!v.Allowed || !in.omitAllowed) {
+	if v.Report >= 0 && (!v.Allowed || in.allowed != httplimit.NoHeaders) {
 		md = headers(in.rules[checks[v.Report].Tag].Name, v.Decision, in.clock())
+		if v.Allowed && in.allowed == httplimit.StandardHeaders {
+			md = metadata.MD{"ratelimit": md["ratelimit"], "ratelimit-policy": md["ratelimit-policy"]}
+		}
 	}
 	if v.Allowed {
 		return md, nil

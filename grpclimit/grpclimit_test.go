@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -19,6 +20,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"sluice"
+	"sluice/httplimit"
 	"sluice/internal/redistest"
 	"sluice/memory"
 	"sluice/redisstore"
@@ -94,6 +96,9 @@ func TestUnary(t *testing.T) {
 	if got, want := strings.Join(header.Get("ratelimit"), ","), `"per-key";r=0;t=60`; got != want {
 		t.Errorf("ratelimit metadata %q, want %q", got, want)
 	}
+	if got := header.Get("x-ratelimit-remaining"); len(got) != 0 {
+		t.Errorf("allowed call carries x-ratelimit-remaining %q; the default is the standard fields only", got)
+	}
 	_, err := client.Check(ctx, &healthpb.HealthCheckRequest{}, grpc.Header(&header))
 	delay, subject := retryDelay(t, err)
 	if delay != 30*time.Second || subject != "per-key" {
@@ -114,6 +119,35 @@ func TestUnary(t *testing.T) {
 	}
 	if _, err := client.Check(context.Background(), &healthpb.HealthCheckRequest{}); err != nil {
 		t.Errorf("no key: %v", err)
+	}
+}
+
+func TestAllowedHeaders(t *testing.T) {
+	t.Parallel()
+	for set, want := range map[httplimit.HeaderSet][]string{
+		httplimit.StandardHeaders: {"ratelimit", "ratelimit-policy"},
+		httplimit.AllHeaders:      {"ratelimit", "ratelimit-policy", "x-ratelimit-limit", "x-ratelimit-remaining", "x-ratelimit-reset"},
+		httplimit.NoHeaders:       nil,
+	} {
+		t.Run(set.String(), func(t *testing.T) {
+			t.Parallel()
+			clk, store := fakeStore(t)
+			client := serve(t, store, []Rule{{Name: "per-key", Limit: sluice.PerMinute(2), Key: PeerIP()}}, &Options{Clock: clk.Now, AllowedHeaders: set})
+			var header metadata.MD
+			if _, err := client.Check(context.Background(), &healthpb.HealthCheckRequest{}, grpc.Header(&header)); err != nil {
+				t.Fatal(err)
+			}
+			var got []string
+			for k := range header {
+				if strings.Contains(k, "ratelimit") || k == "retry-after" {
+					got = append(got, k)
+				}
+			}
+			slices.Sort(got)
+			if !slices.Equal(got, want) {
+				t.Errorf("allowed call's rate-limit metadata %q, want %q", got, want)
+			}
+		})
 	}
 }
 
@@ -240,6 +274,9 @@ func TestErrors(t *testing.T) {
 		if _, err := New(tt.store, tt.rules, nil); !errors.Is(err, ErrInvalidConfig) {
 			t.Errorf("%s: New = %v, want ErrInvalidConfig", name, err)
 		}
+	}
+	if _, err := New(store, []Rule{ok}, &Options{AllowedHeaders: httplimit.NoHeaders + 1}); !errors.Is(err, ErrInvalidConfig) {
+		t.Errorf("unknown header set: New = %v, want ErrInvalidConfig", err)
 	}
 	if _, err := ClientIP(&IPOptions{TrustedProxies: []string{"x"}}); err == nil {
 		t.Error("bad CIDR accepted")

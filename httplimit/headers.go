@@ -1,6 +1,7 @@
 package httplimit
 
 import (
+	"fmt"
 	"net/http"
 	"strconv"
 	"strings"
@@ -51,7 +52,45 @@ var (
 // with '?'.
 func SetHeaders(h http.Header, policy string, d sluice.Decision, now time.Time) {
 	q := quoteSF(policy)
-	writeHeaders(h, fields{quoted: q, policy: policyField(q, d.Limit)}, d, now)
+	writeHeaders(h, AllHeaders, fields{quoted: q, policy: policyField(q, d.Limit)}, d, func() time.Time { return now })
+}
+
+// HeaderSet selects the rate-limit header fields of allowed responses.
+// Denied responses always carry every field and Retry-After.
+type HeaderSet uint8
+
+const (
+	// StandardHeaders are RateLimit and RateLimit-Policy, the structured
+	// fields of draft-ietf-httpapi-ratelimit-headers. Together they carry
+	// the limit, the remaining quota and the seconds until reset: all that
+	// the X-RateLimit fields say, in two fields instead of five. The
+	// default.
+	StandardHeaders HeaderSet = iota
+	// AllHeaders adds X-RateLimit-Limit, X-RateLimit-Remaining and
+	// X-RateLimit-Reset, for clients that read only those.
+	AllHeaders
+	// NoHeaders leaves allowed responses untouched.
+	NoHeaders
+)
+
+var headerSetNames = [...]string{"standard", "all", "none"}
+
+// String returns the set's name: "standard", "all" or "none".
+func (s HeaderSet) String() string {
+	if int(s) < len(headerSetNames) {
+		return headerSetNames[s]
+	}
+	return "HeaderSet(" + strconv.Itoa(int(s)) + ")"
+}
+
+// ParseHeaderSet parses a set's name, as String returns it.
+func ParseHeaderSet(name string) (HeaderSet, error) {
+	for i, n := range headerSetNames {
+		if n == name {
+			return HeaderSet(i), nil
+		}
+	}
+	return 0, fmt.Errorf("%w: header set %q (want standard, all or none)", ErrInvalidConfig, name)
 }
 
 // fields are a rule's header values that do not change per request.
@@ -67,14 +106,15 @@ func newFields(name string, l sluice.Limit) fields {
 	return fields{quoted: q, policy: policyField(q, l), limit: l, capacity: strconv.FormatInt(l.Capacity(), 10)}
 }
 
-// writeHeaders is SetHeaders with the rule's fixed values precomputed.
+// writeHeaders is SetHeaders with the rule's fixed values precomputed,
+// writing only the standard fields when set says so (denials get all).
+// now is called only for X-RateLimit-Reset.
 //
 // It allocates twice whatever the decision: one backing array for the
 // values and one string holding every per-request number. Each value is a
 // full slice (cap 1), so an append by a later handler copies rather than
 // overwriting its neighbour.
-func writeHeaders(h http.Header, f fields, d sluice.Decision, now time.Time) {
-	vals := make([]string, 6)
+func writeHeaders(h http.Header, set HeaderSet, f fields, d sluice.Decision, now func() time.Time) {
 	var t int64
 	if d.Allowed {
 		t = ceilSeconds(d.ResetAfter)
@@ -94,7 +134,15 @@ func writeHeaders(h http.Header, f fields, d sluice.Decision, now time.Time) {
 	t0 := len(buf)
 	buf = strconv.AppendInt(buf, t, 10)
 	t1 := len(buf)
-	buf = strconv.AppendInt(buf, resetUnix(now, d.ResetAfter), 10)
+	if d.Allowed && set == StandardHeaders {
+		vals := make([]string, 2)
+		vals[0], vals[1] = f.policy, string(buf)
+		h[canonPolicy] = vals[0:1:1]
+		h[canonRateLimit] = vals[1:2:2]
+		return
+	}
+	vals := make([]string, 6)
+	buf = strconv.AppendInt(buf, resetUnix(now(), d.ResetAfter), 10)
 	reset := len(buf)
 	vals[0] = f.capacity
 	if f.capacity == "" || d.Limit != f.limit { // a fallback may report another limit

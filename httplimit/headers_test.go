@@ -93,14 +93,30 @@ func TestWriteHeadersRuleFields(t *testing.T) {
 	t.Parallel()
 	now := time.Unix(1_700_000_000, 500_000_000)
 	f := newFields("api", sluice.PerMinute(100))
+	allowed := sluice.Decision{Allowed: true, Limit: sluice.PerMinute(100), Remaining: 1_234_567, ResetAfter: 1500 * time.Millisecond}
 	tests := []struct {
 		name string
+		set  HeaderSet
 		d    sluice.Decision
 		want map[string]string // "" means absent
 	}{
 		{
-			name: "allowed under the rule's limit",
-			d:    sluice.Decision{Allowed: true, Limit: sluice.PerMinute(100), Remaining: 1_234_567, ResetAfter: 1500 * time.Millisecond},
+			name: "allowed, standard fields",
+			set:  StandardHeaders,
+			d:    allowed,
+			want: map[string]string{
+				HeaderRetryAfter:      "",
+				HeaderLimit:           "",
+				HeaderRemaining:       "",
+				HeaderReset:           "",
+				HeaderRateLimitPolicy: `"api";q=100;w=60`,
+				HeaderRateLimit:       `"api";r=1234567;t=2`,
+			},
+		},
+		{
+			name: "allowed, all fields",
+			set:  AllHeaders,
+			d:    allowed,
 			want: map[string]string{
 				HeaderRetryAfter:      "",
 				HeaderLimit:           "100",
@@ -111,7 +127,8 @@ func TestWriteHeadersRuleFields(t *testing.T) {
 			},
 		},
 		{
-			name: "denied under a fallback limit",
+			name: "denied under a fallback limit, standard fields asked",
+			set:  StandardHeaders,
 			d:    sluice.Decision{Limit: sluice.PerMinute(25), RetryAfter: 2400 * time.Millisecond, ResetAfter: time.Minute},
 			want: map[string]string{
 				HeaderRetryAfter:      "3",
@@ -126,7 +143,7 @@ func TestWriteHeadersRuleFields(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			h := http.Header{}
-			writeHeaders(h, f, tt.d, now)
+			writeHeaders(h, tt.set, f, tt.d, func() time.Time { return now })
 			for _, k := range []string{HeaderRetryAfter, HeaderLimit, HeaderRemaining, HeaderReset, HeaderRateLimitPolicy, HeaderRateLimit} {
 				h.Add(k, "appended")
 			}

@@ -102,9 +102,10 @@ type Options struct {
 	// clients. Default: none.
 	Exempt func(*http.Request) bool
 
-	// OmitAllowedHeaders leaves the rate-limit headers off allowed
-	// responses. Denied responses always carry them. Default: false.
-	OmitAllowedHeaders bool
+	// AllowedHeaders selects the rate-limit header fields of allowed
+	// responses; denied responses always carry every field. Default:
+	// StandardHeaders (RateLimit and RateLimit-Policy).
+	AllowedHeaders HeaderSet
 
 	// DenyHandler writes the response to a denied request. The rate-limit
 	// headers are already set. Default: DefaultDenyHandler (429 with an
@@ -134,14 +135,14 @@ type Options struct {
 // and never block. Headers describe the violated rule with the longest
 // wait, or, when allowed, the rule closest to exhaustion.
 type Middleware struct {
-	eng         *enforce.Engine
-	keyer       *enforce.Keyer
-	rules       []rule
-	exempt      func(*http.Request) bool
-	omitAllowed bool
-	deny        func(http.ResponseWriter, *http.Request, Denial)
-	onError     func(http.ResponseWriter, *http.Request, error)
-	clock       func() time.Time
+	eng     *enforce.Engine
+	keyer   *enforce.Keyer
+	rules   []rule
+	exempt  func(*http.Request) bool
+	allowed HeaderSet
+	deny    func(http.ResponseWriter, *http.Request, Denial)
+	onError func(http.ResponseWriter, *http.Request, error)
+	clock   func() time.Time
 }
 
 type rule struct {
@@ -165,6 +166,9 @@ func New(store sluice.Store, rules []Rule, opts *Options) (*Middleware, error) {
 	if o.Prefix == "" {
 		o.Prefix = "httplimit:"
 	}
+	if o.AllowedHeaders > NoHeaders {
+		return nil, fmt.Errorf("%w: unknown AllowedHeaders %v", ErrInvalidConfig, o.AllowedHeaders)
+	}
 	ers := make([]enforce.Rule, len(rules))
 	for i, r := range rules {
 		ers[i] = enforce.Rule{Name: r.Name, Limit: r.Limit, Strategy: r.Strategy, MaxDelay: r.MaxDelay, Penalty: r.Penalty}
@@ -174,13 +178,13 @@ func New(store sluice.Store, rules []Rule, opts *Options) (*Middleware, error) {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
 	m := &Middleware{
-		eng:         eng,
-		keyer:       keyer,
-		exempt:      o.Exempt,
-		omitAllowed: o.OmitAllowedHeaders,
-		deny:        o.DenyHandler,
-		onError:     o.ErrorHandler,
-		clock:       o.Clock,
+		eng:     eng,
+		keyer:   keyer,
+		exempt:  o.Exempt,
+		allowed: o.AllowedHeaders,
+		deny:    o.DenyHandler,
+		onError: o.ErrorHandler,
+		clock:   o.Clock,
 	}
 	if m.deny == nil {
 		m.deny = DefaultDenyHandler
@@ -248,9 +252,9 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		m.onError(w, r, fmt.Errorf("%w: %w", ErrStore, err))
 		return
 	}
-	if v.Report >= 0 && (!v.Allowed || !m.omitAllowed) {
+	if v.Report >= 0 && (!v.Allowed || m.allowed != NoHeaders) {
 		ru := &m.rules[checks[v.Report].Tag]
-		writeHeaders(w.Header(), ru.fields, v.Decision, m.clock())
+		writeHeaders(w.Header(), m.allowed, ru.fields, v.Decision, m.clock)
 	}
 	if v.Allowed {
 		next.ServeHTTP(w, r)

@@ -111,7 +111,16 @@ func (r *recorder) get(k string) int {
 
 func TestHeadersAllowedAndDenied(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, []Rule{{Name: "api", Limit: sluice.PerMinute(2), Key: PeerIP()}}, nil)
+	for _, set := range []HeaderSet{StandardHeaders, AllHeaders, NoHeaders} {
+		t.Run(set.String(), func(t *testing.T) {
+			t.Parallel()
+			testHeaders(t, set)
+		})
+	}
+}
+
+func testHeaders(t *testing.T, set HeaderSet) {
+	e := newEnv(t, []Rule{{Name: "api", Limit: sluice.PerMinute(2), Key: PeerIP()}}, &Options{AllowedHeaders: set})
 	steps := []struct {
 		status    int
 		remaining string
@@ -128,14 +137,21 @@ func TestHeadersAllowedAndDenied(t *testing.T) {
 		if r.status != st.status {
 			t.Fatalf("request %d: status %d, want %d", i, r.status, st.status)
 		}
-		for k, want := range map[string]string{
+		want := map[string]string{
 			HeaderLimit:           "2",
 			HeaderRemaining:       st.remaining,
 			HeaderRateLimitPolicy: `"api";q=2;w=60`,
 			HeaderRateLimit:       st.rateLimit,
 			HeaderRetryAfter:      st.retry,
 			HeaderReset:           strconv.FormatInt(t0.Unix()+st.reset, 10),
-		} {
+		}
+		if st.status == 200 && set != AllHeaders {
+			want[HeaderLimit], want[HeaderRemaining], want[HeaderReset] = "", "", ""
+			if set == NoHeaders {
+				want[HeaderRateLimitPolicy], want[HeaderRateLimit] = "", ""
+			}
+		}
+		for k, want := range want {
 			if got := r.header.Get(k); got != want {
 				t.Errorf("request %d: %s = %q, want %q", i, k, got, want)
 			}
@@ -157,14 +173,14 @@ func TestHeadersAllowedAndDenied(t *testing.T) {
 	}
 }
 
-func TestOmitAllowedHeaders(t *testing.T) {
-	t.Parallel()
-	e := newEnv(t, []Rule{{Name: "api", Limit: sluice.PerMinute(1), Key: PeerIP()}}, &Options{OmitAllowedHeaders: true})
-	if r := e.get("/"); r.status != 200 || r.header.Get(HeaderRateLimit) != "" {
-		t.Errorf("allowed: %d, RateLimit %q", r.status, r.header.Get(HeaderRateLimit))
+func TestParseHeaderSet(t *testing.T) {
+	for _, s := range []HeaderSet{StandardHeaders, AllHeaders, NoHeaders} {
+		if got, err := ParseHeaderSet(s.String()); err != nil || got != s {
+			t.Errorf("ParseHeaderSet(%q) = %v, %v", s, got, err)
+		}
 	}
-	if r := e.get("/"); r.status != 429 || r.header.Get(HeaderRateLimit) == "" {
-		t.Errorf("denied: %d, RateLimit %q", r.status, r.header.Get(HeaderRateLimit))
+	if _, err := ParseHeaderSet("x-only"); !errors.Is(err, ErrInvalidConfig) {
+		t.Errorf("ParseHeaderSet(x-only): %v, want ErrInvalidConfig", err)
 	}
 }
 
@@ -309,10 +325,21 @@ func TestPerRouteCost(t *testing.T) {
 		{"/item", 200, "0"},
 	} {
 		r := e.get(st.path)
-		if r.status != st.status || r.header.Get(HeaderRemaining) != st.remaining {
-			t.Errorf("step %d %s: %d remaining %s, want %d %s", i, st.path, r.status, r.header.Get(HeaderRemaining), st.status, st.remaining)
+		if got := remainingOf(r.header); r.status != st.status || got != st.remaining {
+			t.Errorf("step %d %s: %d remaining %s, want %d %s", i, st.path, r.status, got, st.status, st.remaining)
 		}
 	}
+}
+
+// remainingOf is the r parameter of the RateLimit field, which allowed
+// responses carry by default.
+func remainingOf(h http.Header) string {
+	for _, p := range strings.Split(h.Get(HeaderRateLimit), ";") {
+		if v, ok := strings.CutPrefix(p, "r="); ok {
+			return v
+		}
+	}
+	return ""
 }
 
 func TestBadCostAtRequestTime(t *testing.T) {
@@ -549,6 +576,7 @@ func TestNewErrors(t *testing.T) {
 		{"duplicate names", store, []Rule{ok, ok}, nil},
 		{"layered on a plain store", plainStore{store}, []Rule{ok, {Name: "two", Limit: sluice.PerSecond(1), Key: PeerIP()}}, nil},
 		{"long prefix", store, []Rule{ok}, &Options{Prefix: strings.Repeat("p", 129)}},
+		{"unknown header set", store, []Rule{ok}, &Options{AllowedHeaders: NoHeaders + 1}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

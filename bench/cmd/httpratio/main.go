@@ -5,7 +5,7 @@
 // second of each, their ratio, and the median CPU per request of the
 // server (this process) and of wrk.
 //
-// A third server, the control, runs the same handler setting the same five
+// A third server, the control, runs the same handler setting the same
 // rate-limit header fields itself, with fixed values: limited/control is
 // what the middleware costs beyond the header fields, and control/bare is
 // what sending the fields costs net/http and the client.
@@ -19,7 +19,7 @@
 // the command fails, as it does on any non-2xx response.
 //
 //	go run ./cmd/httpratio -rounds 5 -duration 5s
-//	go run ./cmd/httpratio -omit-allowed-headers
+//	go run ./cmd/httpratio -allowed-headers all
 //	go run ./cmd/httpratio -cpuprofile cpu.out && go tool pprof -top cpu.out
 package main
 
@@ -66,7 +66,7 @@ type config struct {
 	keys       int
 	header     string
 	limit      sluice.Limit
-	omit       bool
+	allowed    httplimit.HeaderSet
 	handler    string
 	cpuprofile string
 }
@@ -82,12 +82,15 @@ func parseFlags() (config, error) {
 	flag.IntVar(&c.conns, "conns", 64, "wrk connections")
 	flag.IntVar(&c.keys, "keys", 10_000, "distinct API keys the requests rotate over")
 	flag.StringVar(&c.header, "header", "X-Api-Key", "the request header carrying the API key")
-	flag.BoolVar(&c.omit, "omit-allowed-headers", false, "set Options.OmitAllowedHeaders (rate-limit headers on denials only)")
+	allowed := flag.String("allowed-headers", "standard", "Options.AllowedHeaders: the rate-limit fields of allowed responses (standard, all or none)")
 	flag.StringVar(&c.handler, "handler", "trivial", `the handler: "trivial" writes "ok" and never touches the response header; "json" also sets Content-Type, as real handlers do`)
 	flag.StringVar(&c.cpuprofile, "cpuprofile", "", "write a CPU profile of the measured rounds (both servers) to this file")
 	flag.Parse()
 	var err error
 	if c.limit, err = sluice.ParseLimit(*limit); err != nil {
+		return c, err
+	}
+	if c.allowed, err = httplimit.ParseHeaderSet(*allowed); err != nil {
 		return c, err
 	}
 	switch {
@@ -120,7 +123,7 @@ func run() error {
 		Name:  "per-key",
 		Limit: c.limit,
 		Key:   httplimit.Header(c.header),
-	}}, &httplimit.Options{OmitAllowedHeaders: c.omit})
+	}}, &httplimit.Options{AllowedHeaders: c.allowed})
 	if err != nil {
 		return err
 	}
@@ -150,7 +153,7 @@ func run() error {
 	}
 	targets := []*target{bare, limited}
 	var static *target
-	if !c.omit {
+	if c.allowed != httplimit.NoHeaders {
 		// The control: the trivial handler setting the probe's rate-limit
 		// header fields itself. It costs the server and the client what
 		// the header fields cost, without the middleware.
@@ -194,8 +197,8 @@ func run() error {
 		}
 		defer pprof.StopCPUProfile()
 	}
-	fmt.Printf("wrk -t%d -c%d -d%v, %d keys in header %s, limit %v, %s handler, omit-allowed-headers=%v, GOMAXPROCS=%d, %d rounds\n",
-		c.threads, c.conns, c.duration, c.keys, c.header, c.limit, c.handler, c.omit, runtime.GOMAXPROCS(0), c.rounds)
+	fmt.Printf("wrk -t%d -c%d -d%v, %d keys in header %s, limit %v, %s handler, allowed-headers=%v, GOMAXPROCS=%d, %d rounds\n",
+		c.threads, c.conns, c.duration, c.keys, c.header, c.limit, c.handler, c.allowed, runtime.GOMAXPROCS(0), c.rounds)
 	fmt.Printf("%-6s %-15s %10s %14s %14s\n", "round", "server", "req/s", "server µs/req", "wrk µs/req")
 	var ratios []float64
 	for i := range c.rounds {
@@ -280,6 +283,9 @@ func serve(h http.Handler) (url string, stop func(), err error) {
 	return "http://" + ln.Addr().String() + "/", func() { srv.Close() }, nil
 }
 
+// wantFields is how many rate-limit fields an allowed response carries.
+var wantFields = map[httplimit.HeaderSet]int{httplimit.StandardHeaders: 2, httplimit.AllHeaders: 5, httplimit.NoHeaders: 0}
+
 // probe makes one request to the limited server, checks that the
 // middleware answers as configured, so a run cannot measure a misconfigured
 // middleware, and returns the rate-limit header fields it set.
@@ -304,8 +310,8 @@ func probe(url string, c config) (http.Header, error) {
 	switch {
 	case resp.StatusCode != http.StatusOK:
 		return nil, fmt.Errorf("limited server answered %s", resp.Status)
-	case c.omit && len(fixed) > 0, !c.omit && len(fixed) != 5:
-		return nil, fmt.Errorf("limited server set %d rate-limit header fields with omit-allowed-headers=%v", len(fixed), c.omit)
+	case len(fixed) != wantFields[c.allowed]:
+		return nil, fmt.Errorf("limited server set %d rate-limit header fields with allowed-headers=%v", len(fixed), c.allowed)
 	}
 	return fixed, nil
 }
