@@ -3,10 +3,11 @@
 //
 // A denied call fails with codes.ResourceExhausted carrying an
 // errdetails.RetryInfo (how long to wait) and an errdetails.QuotaFailure
-// naming the violated policy; the response header metadata carries the
+// naming the violated policy; its response header metadata carries the
 // rate-limit fields of httplimit.SetHeaders in lower case ("retry-after",
-// "ratelimit", "ratelimit-policy", ...). Stream calls are checked once, when
-// the stream opens.
+// "ratelimit", "ratelimit-policy", ...). Allowed calls carry "ratelimit"
+// and "ratelimit-policy" (see Options.AllowedHeaders). Stream calls are
+// checked once, when the stream opens.
 package grpclimit
 
 import (
@@ -62,6 +63,10 @@ type Rule struct {
 	Strategy Strategy
 	// MaxDelay is the longest a Delay rule holds a call.
 	MaxDelay time.Duration
+	// MaxWaiting is the most calls a Delay rule holds at once in this
+	// process; past it, calls over the limit are rejected at once.
+	// Default: 1024.
+	MaxWaiting int
 	// Penalty is how long a Penalty rule blocks a key after a violation.
 	Penalty time.Duration
 }
@@ -120,7 +125,7 @@ func New(store sluice.Store, rules []Rule, opts *Options) (*Interceptor, error) 
 	}
 	ers := make([]enforce.Rule, len(rules))
 	for i, r := range rules {
-		ers[i] = enforce.Rule{Name: r.Name, Limit: r.Limit, Strategy: r.Strategy, MaxDelay: r.MaxDelay, Penalty: r.Penalty}
+		ers[i] = enforce.Rule{Name: r.Name, Limit: r.Limit, Strategy: r.Strategy, MaxDelay: r.MaxDelay, MaxWaiting: r.MaxWaiting, Penalty: r.Penalty}
 	}
 	eng, keyer, err := enforce.Setup(store, ers, func(i int) bool { return rules[i].Key != nil }, o.Prefix, o.HashKey, o.Observer)
 	if err != nil {

@@ -7,9 +7,11 @@
 // All the enforcing rules that match a request are checked all-or-nothing:
 // a request denied by one consumes nothing from the others.
 //
-// Responses carry Retry-After, X-RateLimit-* and the IETF draft's
-// RateLimit and RateLimit-Policy fields (see SetHeaders); denials are 429
-// with an application/problem+json body naming the violated policy.
+// Denied responses carry Retry-After, X-RateLimit-* and the IETF draft's
+// RateLimit and RateLimit-Policy fields (see SetHeaders), and are 429 with
+// an application/problem+json body naming the violated policy. Allowed
+// responses carry the two IETF fields, which say the same in two fields
+// instead of five; Options.AllowedHeaders chooses all five, or none.
 //
 // Transport is the outbound side: an http.RoundTripper that waits for quota
 // before calling a rate-limited third-party API.

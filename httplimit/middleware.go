@@ -18,8 +18,8 @@ const (
 	// Reject answers 429 at once. The zero value.
 	Reject = enforce.Reject
 	// Delay holds the request until quota is available, up to the rule's
-	// MaxDelay, then serves it; a request that would need longer is
-	// rejected at once rather than held in vain.
+	// MaxDelay, then serves it; a request that would need longer, or that
+	// finds MaxWaiting requests already held, is rejected at once.
 	Delay = enforce.Delay
 	// Shadow decides and records (see Options.Observer) but never blocks
 	// and sets no headers: a dry run before enforcing a new limit.
@@ -71,6 +71,11 @@ type Rule struct {
 
 	// MaxDelay is the longest a Delay rule holds a request.
 	MaxDelay time.Duration
+
+	// MaxWaiting is the most requests a Delay rule holds at once in this
+	// process; past it, requests over the limit are rejected at once.
+	// Default: 1024.
+	MaxWaiting int
 
 	// Penalty is how long a Penalty rule blocks a key after a violation
 	// (1ms to sluice.MaxPeriod).
@@ -171,7 +176,7 @@ func New(store sluice.Store, rules []Rule, opts *Options) (*Middleware, error) {
 	}
 	ers := make([]enforce.Rule, len(rules))
 	for i, r := range rules {
-		ers[i] = enforce.Rule{Name: r.Name, Limit: r.Limit, Strategy: r.Strategy, MaxDelay: r.MaxDelay, Penalty: r.Penalty}
+		ers[i] = enforce.Rule{Name: r.Name, Limit: r.Limit, Strategy: r.Strategy, MaxDelay: r.MaxDelay, MaxWaiting: r.MaxWaiting, Penalty: r.Penalty}
 	}
 	eng, keyer, err := enforce.Setup(store, ers, func(i int) bool { return rules[i].Key != nil }, o.Prefix, o.HashKey, o.Observer)
 	if err != nil {

@@ -12,6 +12,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"sluice"
@@ -78,12 +79,51 @@ type Rule struct {
 	Strategy Strategy
 	// MaxDelay is the longest a Delay rule waits.
 	MaxDelay time.Duration
+	// MaxWaiting bounds the requests a Delay rule holds at once in this
+	// process; past it, a request over the limit is rejected at once, so
+	// that a flood cannot pile up held requests. 0 means DefaultMaxWaiting.
+	MaxWaiting int
 	// Penalty is how long a Penalty rule blocks a key after a violation.
 	Penalty time.Duration
+
+	waiting *atomic.Int64 // requests held now (Delay rules set up by Setup)
+}
+
+// hold takes a waiting slot on every Delay rule among the checks at idx,
+// or none if one of them is full.
+func hold(checks []Check, idx []int) bool {
+	for n, i := range idx {
+		r := checks[i].Rule
+		if r.waiting == nil {
+			continue
+		}
+		limit := int64(r.MaxWaiting)
+		if limit == 0 {
+			limit = DefaultMaxWaiting
+		}
+		if r.waiting.Add(1) > limit {
+			r.waiting.Add(-1)
+			release(checks, idx[:n])
+			return false
+		}
+	}
+	return true
+}
+
+// release returns the slots hold took.
+func release(checks []Check, idx []int) {
+	for _, i := range idx {
+		if w := checks[i].Rule.waiting; w != nil {
+			w.Add(-1)
+		}
+	}
 }
 
 // MaxNameLen bounds rule names.
 const MaxNameLen = 64
+
+// DefaultMaxWaiting is a Delay rule's MaxWaiting when none is set.
+const DefaultMaxWaiting = 1024
 
 // Validate checks r. Names are 1 to MaxNameLen bytes of letters, digits,
 // '_', '-' and '.': they appear in store keys, header fields and metric
@@ -100,6 +140,9 @@ func (r *Rule) Validate() error {
 	case Delay:
 		if r.MaxDelay <= 0 {
 			return fmt.Errorf("%w: %q: delay needs a positive MaxDelay", ErrInvalidRule, r.Name)
+		}
+		if r.MaxWaiting < 0 {
+			return fmt.Errorf("%w: %q: negative MaxWaiting %d", ErrInvalidRule, r.Name, r.MaxWaiting)
 		}
 	case Penalty:
 		if err := r.PenaltyLimit().Validate(); err != nil || r.Penalty <= 0 {
@@ -236,9 +279,13 @@ func (e *Engine) Enforce(ctx context.Context, checks []Check) (Verdict, error) {
 	}
 	var waited time.Duration
 	var timer *time.Timer
+	held := false
 	defer func() {
 		if timer != nil {
 			timer.Stop()
+		}
+		if held {
+			release(checks, idx)
 		}
 	}()
 	for {
@@ -281,7 +328,8 @@ func (e *Engine) Enforce(ctx context.Context, checks []Check) (Verdict, error) {
 			j := closest(ds)
 			return Verdict{Allowed: true, Report: idx[j], Decision: ds[j], Waited: waited}, nil
 		}
-		if wait && waited+longest <= maxWait && ctx.Err() == nil {
+		if wait && waited+longest <= maxWait && ctx.Err() == nil && (held || hold(checks, idx)) {
+			held = true
 			if timer == nil {
 				timer = time.NewTimer(longest)
 			} else {
@@ -385,6 +433,9 @@ func Setup(store sluice.Store, rules []Rule, keyed func(i int) bool, prefix stri
 		r := &rules[i]
 		if err := r.Validate(); err != nil {
 			return nil, nil, fmt.Errorf("rule %d: %w", i, err)
+		}
+		if r.Strategy == Delay {
+			r.waiting = new(atomic.Int64)
 		}
 		if !keyed(i) {
 			return nil, nil, fmt.Errorf("rule %q has no Key", r.Name)

@@ -77,6 +77,7 @@ func TestRuleValidate(t *testing.T) {
 		{Rule{Name: `a"b`, Limit: lim}, false},
 		{Rule{Name: "bad-limit"}, false},
 		{Rule{Name: "d", Limit: lim, Strategy: Delay}, false},
+		{Rule{Name: "d", Limit: lim, Strategy: Delay, MaxDelay: time.Second, MaxWaiting: -1}, false},
 		{Rule{Name: "p", Limit: lim, Strategy: Penalty}, false},
 		{Rule{Name: "p", Limit: lim, Strategy: Penalty, Penalty: time.Microsecond}, false},
 		{Rule{Name: "p", Limit: lim, Strategy: Penalty, Penalty: 400 * 24 * time.Hour}, false},
@@ -116,5 +117,60 @@ func TestKeyer(t *testing.T) {
 	k, _ = secret.Keys(base, "1.2.3.4", false)
 	if strings.Contains(k, "1.2.3.4") || !strings.HasPrefix(k, "p:rule#") || len(k) != len("p:rule#")+32 {
 		t.Errorf("hashed key %q", k)
+	}
+}
+
+// A Delay rule holds at most MaxWaiting requests at once; the next is
+// rejected at once, and a slot frees when a held request ends.
+func TestMaxWaiting(t *testing.T) {
+	t.Parallel()
+	m := memory.New(&memory.Options{SweepInterval: -1})
+	t.Cleanup(func() { m.Close() })
+	rules := []Rule{
+		{Name: "d", Limit: sluice.PerHour(1), Strategy: Delay, MaxDelay: 2 * time.Hour, MaxWaiting: 1},
+		{Name: "r", Limit: sluice.PerHour(100)},
+	}
+	eng, _, err := Setup(m, rules, func(int) bool { return true }, "p:", nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	checks := []Check{{Rule: &rules[0], Key: "d", Cost: 1}, {Rule: &rules[1], Key: "r", Cost: 1}}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if v, err := eng.Enforce(ctx, checks); err != nil || !v.Allowed {
+		t.Fatalf("first request: %+v, %v", v, err)
+	}
+	// hold starts a request that waits until its context ends.
+	hold := func() (stop func()) {
+		hctx, hcancel := context.WithCancel(ctx)
+		done := make(chan Verdict)
+		go func() {
+			v, _ := eng.Enforce(hctx, checks)
+			done <- v
+		}()
+		for rules[0].waiting.Load() != 1 {
+			time.Sleep(time.Millisecond)
+		}
+		return func() {
+			hcancel()
+			if v := <-done; v.Allowed || v.Waited != 0 {
+				t.Errorf("cancelled held request: %+v", v)
+			}
+		}
+	}
+	for round := range 2 {
+		stop := hold()
+		v, err := eng.Enforce(ctx, checks)
+		if err != nil || v.Allowed || ctx.Err() != nil || v.Decision.RetryAfter <= time.Hour-time.Minute {
+			t.Errorf("round %d: request past MaxWaiting = %+v, %v; want an immediate denial", round, v, err)
+		}
+		stop()
+		if n := rules[0].waiting.Load(); n != 0 {
+			t.Fatalf("round %d: %d slots still held", round, n)
+		}
+	}
+	// Denied requests took nothing from the layered rule.
+	if d, _ := m.Peek(ctx, "r", rules[1].Limit, 1); d.Remaining != 99 {
+		t.Errorf("layered rule has %d remaining, want 99", d.Remaining)
 	}
 }
