@@ -30,8 +30,9 @@ type memoryCase struct {
 const MemoryKey = "user:00000001"
 
 // MeasureMemory takes units for MemoryKey under each of sluice's algorithms
-// (the sliding log with 10 and with 100 entries), then once under each peer,
-// and reports Redis's MEMORY USAGE for the keys written. Limits are per hour so nothing expires while measuring.
+// (the sliding log with 10, 100 and 1,000 entries), then once under each
+// peer, and reports Redis's MEMORY USAGE for the keys written. Limits are
+// per hour so nothing expires while measuring.
 // Every key it writes starts with a prefix unique to this call, and is
 // deleted before it returns.
 func MeasureMemory(ctx context.Context, client redis.UniversalClient) ([]KeyMemory, error) {
@@ -43,7 +44,9 @@ func MeasureMemory(ctx context.Context, client redis.UniversalClient) ([]KeyMemo
 		if a == sluice.SlidingWindowLog {
 			cases = append(cases,
 				memoryCase{a.String() + " (10 entries)", hourly(a), 10},
-				memoryCase{a.String() + " (100 entries)", hourly(a), 100})
+				memoryCase{a.String() + " (100 entries)", hourly(a), 100},
+				// Past zset-max-listpack-entries (128 by default): a skiplist.
+				memoryCase{a.String() + " (1000 entries)", hourly(a), 1000})
 			continue
 		}
 		cases = append(cases, memoryCase{a.String(), hourly(a), 1})

@@ -52,8 +52,10 @@ func testConfig(t *testing.T, extra string) *server.Config {
 	return cfg
 }
 
-// startService serves the service's HTTP API with this dashboard mounted at
-// "/", as `sluice serve` does, on testConfig.
+// startService serves the service's HTTP API with this dashboard on
+// testConfig, under a path prefix (`sluice serve` mounts it at "/"): the
+// page must reach its assets and the API by relative URLs. It returns the
+// page's URL without the final slash.
 func startService(t *testing.T) (string, *server.Service) {
 	t.Helper()
 	cfg := testConfig(t, "")
@@ -61,9 +63,12 @@ func startService(t *testing.T) (string, *server.Service) {
 	store := memory.New(&memory.Options{Clock: clock, SweepInterval: -1})
 	t.Cleanup(func() { _ = store.Close() })
 	svc := server.NewService(store, cfg, &server.ServiceOptions{Clock: clock})
-	ts := httptest.NewServer(svc.Handler(&server.HandlerOptions{AdminToken: adminToken, Dashboard: dashboard.Handler()}))
+	const prefix = "/ops/sluice"
+	mux := http.NewServeMux()
+	mux.Handle(prefix+"/", http.StripPrefix(prefix, svc.Handler(&server.HandlerOptions{AdminToken: adminToken, Dashboard: dashboard.Handler()})))
+	ts := httptest.NewServer(mux)
 	t.Cleanup(ts.Close)
-	return ts.URL, svc
+	return ts.URL + prefix, svc
 }
 
 func chromiumPath(t *testing.T) string {
@@ -285,7 +290,7 @@ func TestBrowser(t *testing.T) {
 	}
 
 	ctx, logs := newBrowser(t)
-	step(t, ctx, "open the dashboard", chromedp.Navigate(base))
+	step(t, ctx, "open the dashboard", chromedp.Navigate(base+"/"))
 	waitFor(t, ctx, `document.body.dataset.ready === "true"`, `document.body.innerText`)
 
 	t.Run("one card per policy", func(t *testing.T) {

@@ -13,6 +13,9 @@
 //	GET  /v1/stats      the charts, polled every two seconds
 //
 // Mount Handler at "/" beside the API; the API's more specific patterns win.
+// The page names its assets and the API by relative URLs, so the pair also
+// works under a path prefix (http.StripPrefix), opened at the prefix's
+// trailing slash.
 package dashboard
 
 import (

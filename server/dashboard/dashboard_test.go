@@ -125,11 +125,12 @@ func TestPageIsSelfContained(t *testing.T) {
 		if strings.HasPrefix(ref, "data:") {
 			continue
 		}
-		if !strings.HasPrefix(ref, "/static/") {
-			t.Errorf("page refers to %q, want a /static/ path or data: URL", ref)
+		// Relative, so that the page works mounted under any prefix.
+		if !strings.HasPrefix(ref, "static/") {
+			t.Errorf("page refers to %q, want a relative static/ path or data: URL", ref)
 			continue
 		}
-		if res := serve(t, h, "GET", ref, nil); res.StatusCode != http.StatusOK {
+		if res := serve(t, h, "GET", "/"+ref, nil); res.StatusCode != http.StatusOK {
 			t.Errorf("page refers to %q, which serves %d", ref, res.StatusCode)
 		}
 	}

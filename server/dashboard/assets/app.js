@@ -305,7 +305,7 @@
         let res;
         try {
           // No cost: the server applies the policy's own cost, as for any client.
-          res = await api("POST", "/v1/check", { policy: card.policy.name, key });
+          res = await api("POST", "v1/check", { policy: card.policy.name, key });
         } catch (e) {
           res = { status: 0, data: null, error: "network error: " + e.message };
         }
@@ -324,7 +324,7 @@
     await Promise.all(policies.map(async (p) => {
       const card = cards.get(p.name);
       try {
-        const res = await api("POST", "/v1/peek", { policy: p.name, key });
+        const res = await api("POST", "v1/peek", { policy: p.name, key });
         if (res.status === 200 && res.data) setRemaining(card, res.data.remaining);
       } catch {
         // Leave the old value; the next action refreshes it.
@@ -346,7 +346,7 @@
       for (const p of policies) {
         let res;
         try {
-          res = await api("POST", "/v1/reset", { policy: p.name, key }, true);
+          res = await api("POST", "v1/reset", { policy: p.name, key }, true);
         } catch (e) {
           setStatus("Reset failed: network error: " + e.message, "error");
           return;
@@ -416,7 +416,7 @@
     statsAgain = false;
     clearTimeout(statsTimer);
     try {
-      const res = await api("GET", "/v1/stats");
+      const res = await api("GET", "v1/stats");
       if (res.status !== 200 || !res.data || !Array.isArray(res.data.series)) {
         $("stats-note").textContent = "Statistics unavailable: " + problemMessage(res.status, res.data);
         return;
@@ -501,7 +501,7 @@
   async function fetchPolicies() {
     let res;
     try {
-      res = await api("GET", "/v1/policies");
+      res = await api("GET", "v1/policies");
     } catch (e) {
       res = { status: 0, data: null, error: e.message };
     }
