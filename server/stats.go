@@ -23,13 +23,37 @@ type Stats struct {
 	series map[string]*ring
 }
 
-// ring is one policy's buckets. A bucket is reused when its number (unix
-// time / StatsBucket) moves on; a count racing with that reuse may be
-// lost, which a chart can afford and a lock on every decision cannot.
+// ring is one policy's buckets, reused as time moves on.
 type ring [StatsBuckets]bucket
 
-type bucket struct {
-	n, allowed, denied atomic.Int64
+type bucket struct{ allowed, denied counter }
+
+// counter packs the number of its bucket (the low 32 bits of unix time /
+// StatsBucket: 680 years before they repeat) in its high half and its count
+// in the low half, so that starting a new bucket and counting in it are one
+// atomic step: no count is lost at a rollover, and counting takes no lock.
+type counter struct{ v atomic.Uint64 }
+
+func (c *counter) add(n int64) {
+	epoch := uint64(uint32(n)) << 32
+	for {
+		old := c.v.Load()
+		next := epoch | 1
+		if old&^0xffffffff == epoch {
+			next = old + 1
+		}
+		if c.v.CompareAndSwap(old, next) {
+			return
+		}
+	}
+}
+
+// get is the count of bucket n, or 0 if the counter holds another bucket.
+func (c *counter) get(n int64) int64 {
+	if v := c.v.Load(); v>>32 == uint64(uint32(n)) {
+		return int64(uint32(v))
+	}
+	return 0
 }
 
 func newStats(clock func() time.Time) *Stats {
@@ -61,14 +85,10 @@ func (s *Stats) now() int64 { return s.clock().UnixNano() / int64(StatsBucket) }
 func (s *Stats) add(r *ring, denied bool) {
 	n := s.now()
 	b := &r[slot(n)]
-	if old := b.n.Load(); old != n && b.n.CompareAndSwap(old, n) {
-		b.allowed.Store(0)
-		b.denied.Store(0)
-	}
 	if denied {
-		b.denied.Add(1)
+		b.denied.add(n)
 	} else {
-		b.allowed.Add(1)
+		b.allowed.add(n)
 	}
 }
 
@@ -91,9 +111,8 @@ func (s *Stats) Snapshot() []Series {
 		ser := Series{Policy: name, Allowed: make([]int64, StatsBuckets), Denied: make([]int64, StatsBuckets)}
 		for i := range StatsBuckets {
 			want := n - StatsBuckets + 1 + int64(i)
-			if b := &r[slot(want)]; b.n.Load() == want {
-				ser.Allowed[i], ser.Denied[i] = b.allowed.Load(), b.denied.Load()
-			}
+			b := &r[slot(want)]
+			ser.Allowed[i], ser.Denied[i] = b.allowed.get(want), b.denied.get(want)
 		}
 		out = append(out, ser)
 	}
