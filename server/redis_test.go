@@ -37,6 +37,16 @@ descriptors:
 	}{
 		{"standalone", func(t testing.TB) redis.UniversalClient { return redistest.Client(t) }},
 		{"cluster", func(t testing.TB) redis.UniversalClient { return redistest.ClusterClient(t) }},
+		// What --redis redis+sentinel://... opens: the master found through
+		// a live Sentinel.
+		{"sentinel", func(t testing.TB) redis.UniversalClient {
+			c, err := NewRedisClient("redis+sentinel://" + redistest.SentinelAddr(t) + "?master_name=" + redistest.SentinelMaster)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { c.Close() })
+			return c
+		}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			client := tt.client(t)
@@ -87,6 +97,12 @@ descriptors:
 			wg.Wait()
 			if got := tenant.Load(); got != 30 {
 				t.Errorf("tenant alone: %d of 64 admitted, want the 30 left", got)
+			}
+			if tt.name == "sentinel" { // the state is on the master Sentinel named
+				n, err := redistest.Client(t).Keys(context.Background(), prefix+"*").Result()
+				if err != nil || len(n) == 0 {
+					t.Errorf("no keys under %q on the standalone server behind the Sentinel: %v", prefix, err)
+				}
 			}
 		})
 	}

@@ -4,8 +4,9 @@
 //
 // Environment (set by scripts/test):
 //
-//	SLUICE_REDIS_ADDR     standalone server, host:port
-//	SLUICE_REDIS_CLUSTER  cluster seed nodes, comma-separated host:port
+//	SLUICE_REDIS_ADDR      standalone server, host:port
+//	SLUICE_REDIS_SENTINEL  a Sentinel watching it as master "sluice", host:port
+//	SLUICE_REDIS_CLUSTER   cluster seed nodes, comma-separated host:port
 //
 // When a variable is unset the test is skipped, except under CI=true, where
 // a missing Redis fails the test: CI never passes by skipping.
@@ -40,6 +41,20 @@ func Addr(t testing.TB) string {
 	addr := os.Getenv("SLUICE_REDIS_ADDR")
 	if addr == "" {
 		missing(t, "SLUICE_REDIS_ADDR")
+	}
+	return addr
+}
+
+// SentinelMaster is the name under which the test Sentinel watches the
+// standalone server.
+const SentinelMaster = "sluice"
+
+// SentinelAddr returns the test Sentinel's address.
+func SentinelAddr(t testing.TB) string {
+	t.Helper()
+	addr := os.Getenv("SLUICE_REDIS_SENTINEL")
+	if addr == "" {
+		missing(t, "SLUICE_REDIS_SENTINEL")
 	}
 	return addr
 }
