@@ -35,14 +35,20 @@ func missing(t testing.TB, what string) {
 	t.Skipf("%s is not set; run scripts/test to test against real Redis", what)
 }
 
+// env returns the variable's value; an unset one skips or fails the test.
+func env(t testing.TB, name string) string {
+	t.Helper()
+	v := os.Getenv(name)
+	if v == "" {
+		missing(t, name)
+	}
+	return v
+}
+
 // Addr returns the standalone test server's address.
 func Addr(t testing.TB) string {
 	t.Helper()
-	addr := os.Getenv("SLUICE_REDIS_ADDR")
-	if addr == "" {
-		missing(t, "SLUICE_REDIS_ADDR")
-	}
-	return addr
+	return env(t, "SLUICE_REDIS_ADDR")
 }
 
 // SentinelMaster is the name under which the test Sentinel watches the
@@ -52,21 +58,13 @@ const SentinelMaster = "sluice"
 // SentinelAddr returns the test Sentinel's address.
 func SentinelAddr(t testing.TB) string {
 	t.Helper()
-	addr := os.Getenv("SLUICE_REDIS_SENTINEL")
-	if addr == "" {
-		missing(t, "SLUICE_REDIS_SENTINEL")
-	}
-	return addr
+	return env(t, "SLUICE_REDIS_SENTINEL")
 }
 
 // ClusterAddrs returns the test cluster's seed addresses.
 func ClusterAddrs(t testing.TB) []string {
 	t.Helper()
-	v := os.Getenv("SLUICE_REDIS_CLUSTER")
-	if v == "" {
-		missing(t, "SLUICE_REDIS_CLUSTER")
-	}
-	return strings.Split(v, ",")
+	return strings.Split(env(t, "SLUICE_REDIS_CLUSTER"), ",")
 }
 
 // Client returns a client of the standalone server, closed at cleanup.
