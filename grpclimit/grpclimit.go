@@ -216,10 +216,7 @@ func (in *Interceptor) check(ctx context.Context, method string) (metadata.MD, e
 	}
 	var md metadata.MD
 	if v.Report >= 0 && (!v.Allowed || in.allowed != httplimit.NoHeaders) {
-		md = headers(in.rules[checks[v.Report].Tag].Name, v.Decision, in.clock())
-		if v.Allowed && in.allowed == httplimit.StandardHeaders {
-			md = metadata.MD{"ratelimit": md["ratelimit"], "ratelimit-policy": md["ratelimit-policy"]}
-		}
+		md = headers(in.allowed, in.rules[checks[v.Report].Tag].Name, v.Decision, in.clock())
 	}
 	if v.Allowed {
 		return md, nil
@@ -227,10 +224,10 @@ func (in *Interceptor) check(ctx context.Context, method string) (metadata.MD, e
 	return md, denial(in.rules[checks[v.Report].Tag].Name, v.Decision)
 }
 
-// headers is httplimit.SetHeaders as gRPC metadata (lower-case keys).
-func headers(policy string, d sluice.Decision, now time.Time) metadata.MD {
+// headers is httplimit.HeaderSet.Set as gRPC metadata (lower-case keys).
+func headers(set httplimit.HeaderSet, policy string, d sluice.Decision, now time.Time) metadata.MD {
 	h := http.Header{}
-	httplimit.SetHeaders(h, policy, d, now)
+	set.Set(h, policy, d, now)
 	md := make(metadata.MD, len(h))
 	for k, v := range h {
 		md[strings.ToLower(k)] = v

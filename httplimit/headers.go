@@ -51,8 +51,18 @@ var (
 // backslashes are escaped and other bytes outside printable ASCII replaced
 // with '?'.
 func SetHeaders(h http.Header, policy string, d sluice.Decision, now time.Time) {
+	AllHeaders.Set(h, policy, d, now)
+}
+
+// Set is SetHeaders limited to the fields s selects when d is allowed: what
+// the middleware writes under Options.AllowedHeaders s. A denial gets every
+// field whatever s.
+func (s HeaderSet) Set(h http.Header, policy string, d sluice.Decision, now time.Time) {
+	if d.Allowed && s == NoHeaders {
+		return
+	}
 	q := quoteSF(policy)
-	writeHeaders(h, AllHeaders, fields{quoted: q, policy: policyField(q, d.Limit)}, d, func() time.Time { return now })
+	writeHeaders(h, s, fields{quoted: q, policy: policyField(q, d.Limit)}, d, func() time.Time { return now })
 }
 
 // HeaderSet selects the rate-limit header fields of allowed responses.
