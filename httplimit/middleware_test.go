@@ -600,3 +600,20 @@ func TestNewErrors(t *testing.T) {
 }
 
 type plainStore struct{ sluice.Store }
+
+// MaxWaiting reaches the engine (whose tests hold requests against it).
+func TestMaxWaitingPassedOn(t *testing.T) {
+	t.Parallel()
+	store := memory.New(&memory.Options{SweepInterval: -1})
+	t.Cleanup(func() { store.Close() })
+	m, err := New(store, []Rule{{Name: "d", Limit: sluice.PerSecond(1), Key: Global(), Strategy: Delay, MaxDelay: time.Second, MaxWaiting: 7}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := m.rules[0].MaxWaiting; got != 7 {
+		t.Errorf("MaxWaiting %d, want 7", got)
+	}
+	if _, err := New(store, []Rule{{Name: "d", Limit: sluice.PerSecond(1), Key: Global(), Strategy: Delay, MaxDelay: time.Second, MaxWaiting: -1}}, nil); !errors.Is(err, ErrInvalidConfig) {
+		t.Errorf("negative MaxWaiting: %v, want ErrInvalidConfig", err)
+	}
+}
