@@ -144,6 +144,8 @@ func TestAPIErrors(t *testing.T) {
 		{"not an object", "POST", "/v1/check", `[1]`, 400, "malformed JSON"},
 		{"unknown field", "POST", "/v1/check", `{"policy":"fw","key":"k","weight":3}`, 400, `unknown field "weight"`},
 		{"trailing data", "POST", "/v1/check", `{"policy":"fw","key":"k"} {}`, 400, "unexpected data"},
+		{"trailing brace", "POST", "/v1/check", `{"policy":"fw","key":"k"}}`, 400, "unexpected data"},
+		{"trailing bracket", "POST", "/v1/check", `{"policy":"fw","key":"k"}]`, 400, "unexpected data"},
 		{"empty body", "POST", "/v1/check", ``, 400, "empty body"},
 		{"too large", "POST", "/v1/check", `{"policy":"fw","key":"` + strings.Repeat("x", MaxBodyBytes) + `"}`, 413, "exceeds"},
 		{"unknown policy", "POST", "/v1/check", `{"policy":"nope","key":"k"}`, 404, `unknown policy: "nope"`},

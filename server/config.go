@@ -302,7 +302,7 @@ func (l *loader) document(n *yaml.Node) {
 		at = l.at(domainNode)
 	}
 	if prev, dup := l.domPos[domainName]; dup {
-		l.errorf(domainNode, "duplicate domain %q (first at %s)", domainName, prev)
+		l.errorf(orNode(domainNode, n), "duplicate domain %q (first at %s)", domainName, prev)
 		return
 	}
 	l.domPos[domainName] = at

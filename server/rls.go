@@ -4,6 +4,8 @@ import (
 	"context"
 	"math"
 	"net/http"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -81,6 +83,14 @@ type descriptorState struct {
 	taken    bool // dec comes from a take (counted in statistics)
 }
 
+// ruleName is the name of the descriptor's Envoy rule, if it has one.
+func (st *descriptorState) ruleName() string {
+	if st.rule == nil {
+		return ""
+	}
+	return st.rule.name
+}
+
 const (
 	kindNone = iota
 	kindUnlimited
@@ -137,8 +147,10 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 			continue
 		}
 		st.rule = m.rule
-		for _, name := range m.rule.replaces {
-			replacing[name] = true
+		if !m.rule.unlimited { // as envoyproxy/ratelimit: an unlimited rule replaces nothing
+			for _, name := range m.rule.replaces {
+				replacing[name] = true
+			}
 		}
 		switch {
 		case m.rule.unlimited:
@@ -185,7 +197,11 @@ func (s *Service) overrideLimit(st *descriptorState, domain string, entries []En
 	if !ok {
 		return status.Errorf(codes.InvalidArgument, "descriptor limit override has invalid unit %v", o.GetUnit())
 	}
-	st.key = entriesKey(entries, nil)
+	// One counter per entries, rate and unit, so that two overrides never
+	// share a counter under different limits. The leading '|' cannot start
+	// a configured descriptor's key, so neither do the two.
+	st.key = "|" + strconv.FormatUint(uint64(o.GetRequestsPerUnit()), 10) + "/" +
+		strings.ToLower(rlsv3.RateLimitResponse_RateLimit_Unit(o.GetUnit()).String()) + "|" + entriesKey(entries, nil)
 	if o.GetRequestsPerUnit() == 0 {
 		st.kind, st.period = kindBlocked, period
 		return nil
@@ -227,18 +243,44 @@ func (s *Service) decideAll(ctx context.Context, states []descriptorState) error
 		}
 	}
 	if overall && len(enforced) > 0 {
-		reqs := make([]sluice.Request, len(enforced))
+		// Descriptors naming the same counter (Envoy sends the same
+		// descriptor from route and virtual host; a policy is reachable by
+		// template and by name) take their hits together, once.
+		var reqs []sluice.Request
+		req := make([]int, len(enforced)) // enforced[j]'s index in reqs
+		seen := make(map[string]int, len(enforced))
 		for j, i := range enforced {
-			reqs[j] = sluice.Request{Key: states[i].storeKey, Limit: states[i].limit, Cost: states[i].hits}
+			st := &states[i]
+			id := st.storeKey + "\x00" + st.limit.String()
+			k, ok := seen[id]
+			if !ok {
+				k = len(reqs)
+				seen[id] = k
+				reqs = append(reqs, sluice.Request{Key: st.storeKey, Limit: st.limit})
+			}
+			reqs[k].Cost += st.hits
+			req[j] = k
 		}
-		decs, err := s.takeAll(ctx, reqs)
-		if err != nil {
-			return err
-		}
-		for j, i := range enforced {
-			states[i].dec, states[i].decided, states[i].taken = decs[j], true, true
-			if !decs[j].Allowed {
+		for _, r := range reqs {
+			if r.Cost > r.Limit.Capacity() { // together they could never be admitted
 				overall = false
+			}
+		}
+		if overall {
+			decs, err := s.takeAll(ctx, reqs)
+			if err != nil {
+				return err
+			}
+			for j, i := range enforced {
+				d := decs[req[j]]
+				states[i].dec, states[i].decided, states[i].taken = d, true, true
+				if !d.Allowed {
+					overall = false
+				}
+			}
+		} else {
+			for j, i := range enforced {
+				states[i].over = reqs[req[j]].Cost > reqs[req[j]].Limit.Capacity()
 			}
 		}
 	}
@@ -280,9 +322,10 @@ func (s *Service) response(states []descriptorState) *rlsv3.RateLimitResponse {
 		OverallCode: rlsv3.RateLimitResponse_OK,
 		Statuses:    make([]*rlsv3.RateLimitResponse_DescriptorStatus, len(states)),
 	}
-	// Headers describe the first descriptor over the limit, else the one
-	// closest to it, as envoyproxy/ratelimit chooses.
-	head := -1
+	// Headers describe the first enforced descriptor over the limit, else
+	// the one closest to it, as envoyproxy/ratelimit chooses. A shadow
+	// descriptor over its limit is only close to it.
+	head, headOver := -1, false
 	for i := range states {
 		st := &states[i]
 		ds := &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK}
@@ -301,34 +344,30 @@ func (s *Service) response(states []descriptorState) *rlsv3.RateLimitResponse {
 				RetryAfter: window,
 				ResetAfter: window,
 			}
-			ds.CurrentLimit = &rlsv3.RateLimitResponse_RateLimit{Unit: envoyUnitByPeriod[st.period], Name: st.rule.name}
+			ds.CurrentLimit = &rlsv3.RateLimitResponse_RateLimit{Unit: envoyUnitByPeriod[st.period], Name: st.ruleName()}
 			ds.DurationUntilReset = durationpb.New(window)
 		case kindLimited:
 			ds.CurrentLimit = currentLimit(st)
 			ds.LimitRemaining = uint32(min(st.dec.Remaining, math.MaxUint32))
 			ds.DurationUntilReset = durationpb.New(untilReset(st, now))
 		}
-		if !st.dec.Allowed {
-			if !st.shadow {
-				ds.Code = rlsv3.RateLimitResponse_OVER_LIMIT
-				resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
-				if head < 0 || states[head].dec.Allowed {
-					head = i
-				}
-				continue
+		if !st.dec.Allowed && !st.shadow {
+			ds.Code = rlsv3.RateLimitResponse_OVER_LIMIT
+			resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
+			if !headOver {
+				head, headOver = i, true
 			}
+			continue
 		}
-		if head < 0 || (states[head].dec.Allowed && st.dec.Remaining < states[head].dec.Remaining) {
+		if !headOver && (head < 0 || st.dec.Remaining < states[head].dec.Remaining) {
 			head = i
 		}
 	}
 	if head >= 0 {
 		st := &states[head]
-		name := ""
+		name := st.ruleName()
 		if st.policy != nil {
 			name = st.policy.Name
-		} else if st.rule != nil {
-			name = st.rule.name
 		}
 		h := headerPool.Get().(http.Header)
 		d := st.dec

@@ -22,13 +22,16 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"runtime/debug"
 	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/status"
 
 	"sluice"
 	"sluice/memory"
@@ -94,6 +97,19 @@ type Server struct {
 	wg       sync.WaitGroup
 	reloadMu sync.Mutex
 	stamp    string // config files' modification times and sizes
+}
+
+// recoverUnary turns a panic in a handler into an Internal error, logged
+// with its stack, as net/http does for HTTP: one bad request must not take
+// the service down.
+func (s *Server) recoverUnary(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (resp any, err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			s.log.Error("panic serving gRPC", "method", info.FullMethod, "panic", v, "stack", string(debug.Stack()))
+			resp, err = nil, status.Error(codes.Internal, "sluice: internal error")
+		}
+	}()
+	return handler(ctx, req)
 }
 
 // New loads the configuration and connects the store. Nothing listens
@@ -196,7 +212,7 @@ func (s *Server) Start() error {
 	}
 	// Workers keep their grown stacks between requests: a new goroutine
 	// per request would grow its stack through the Redis client every time.
-	s.grpcSrv = grpc.NewServer(grpc.NumStreamWorkers(uint32(64 * runtime.GOMAXPROCS(0))))
+	s.grpcSrv = grpc.NewServer(grpc.NumStreamWorkers(uint32(64*runtime.GOMAXPROCS(0))), grpc.ChainUnaryInterceptor(s.recoverUnary))
 	s.svc.RegisterRLS(s.grpcSrv)
 	s.health = health.NewServer()
 	healthpb.RegisterHealthServer(s.grpcSrv, s.health)

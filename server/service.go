@@ -150,14 +150,19 @@ func (s *Service) Stats() *Stats { return s.stats }
 
 // storeKey is the store key of a policy's key: prefix, policy name
 // (escaped, so it cannot run into the key), '|' and key. Keys that would be too
-// long for the store are hashed.
+// long for the store are hashed; so is the policy name with the key when the
+// name alone is too long (a deep Envoy descriptor path).
 func (s *Service) storeKey(p *Policy, key string) string {
 	prefix := s.runtime(p).keyPrefix
-	if len(prefix)+len(key) > sluice.MaxKeyLen {
+	switch {
+	case len(prefix)+len(key) <= sluice.MaxKeyLen:
+		return prefix + key
+	case len(prefix)+1+2*sha256.Size <= sluice.MaxKeyLen:
 		sum := sha256.Sum256([]byte(key))
 		return prefix + "#" + hex.EncodeToString(sum[:])
 	}
-	return prefix + key
+	sum := sha256.Sum256([]byte(prefix[len(s.prefix):] + key)) // the name ends in '|'
+	return s.prefix + "##" + hex.EncodeToString(sum[:])
 }
 
 func (s *Service) policy(name string) (*Config, *Policy, error) {

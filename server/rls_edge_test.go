@@ -1,0 +1,166 @@
+package server
+
+import (
+	"context"
+	"log/slog"
+	"strings"
+	"testing"
+
+	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// A request-carried limit of 0 blocks, like a configured one, and never
+// shares a counter with a configured descriptor of the same entries.
+func TestRLSOverrideEdges(t *testing.T) {
+	clock := newFakeClock()
+	svc := newMemService(t, `
+domain: d
+descriptors:
+  - key: user
+    rate_limit: {unit: hour, requests_per_unit: 5}
+`, clock)
+	c := serveRLS(t, svc)
+	block := desc("user=a")
+	block.Limit = &rlcommon.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 0, Unit: typev3.RateLimitUnit_MINUTE}
+	if got, want := render(call(t, c, rlsRequest("d", block))), "OVER_LIMIT: OVER/0"; got != want {
+		t.Errorf("override of 0: got %q, want %q", got, want)
+	}
+	one := desc("user=a")
+	one.Limit = &rlcommon.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 1, Unit: typev3.RateLimitUnit_HOUR}
+	two := desc("user=a")
+	two.Limit = &rlcommon.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 2, Unit: typev3.RateLimitUnit_HOUR}
+	for i, st := range []struct {
+		d    *rlcommon.RateLimitDescriptor
+		want string
+	}{
+		{one, "OK: OK/0"},
+		{one, "OVER_LIMIT: OVER/0"},
+		{two, "OK: OK/1"}, // its own counter
+		{desc("user=a"), "OK: OK/4"},
+	} {
+		if got := render(call(t, c, rlsRequest("d", st.d))); got != st.want {
+			t.Errorf("step %d: got %q, want %q", i, got, st.want)
+		}
+	}
+}
+
+// The same counter named twice in one request (Envoy sends the route's and
+// the virtual host's remote_address; a policy is reachable by template and
+// by name) is one take of both hits, never an error.
+func TestRLSDuplicateDescriptors(t *testing.T) {
+	clock := newFakeClock()
+	svc := newMemService(t, `
+domain: d
+descriptors:
+  - key: remote_address
+    rate_limit: {unit: minute, requests_per_unit: 4}
+---
+domain: api
+policies:
+  - name: p
+    limit: fixed_window 3/min
+    key: "{user}"
+`, clock)
+	runSteps(t, svc, clock, []rlsStep{
+		{0, "d", [][]string{{"remote_address=1.2.3.4"}, {"remote_address=1.2.3.4"}}, 0, "OK: OK/2 OK/2"},
+		{0, "d", [][]string{{"remote_address=1.2.3.4"}, {"remote_address=1.2.3.4"}}, 0, "OK: OK/0 OK/0"},
+		{0, "d", [][]string{{"remote_address=1.2.3.4"}, {"remote_address=1.2.3.4"}}, 0, "OVER_LIMIT: OVER/0 OVER/0"},
+		{0, "api", [][]string{{"user=bob"}, {"policy=p", "user=bob"}}, 0, "OK: OK/1 OK/1"},
+		{0, "api", [][]string{{"user=bob"}, {"policy=p", "user=bob"}}, 0, "OVER_LIMIT: OVER/1 OVER/1"},
+		// Together over the capacity: over, and nothing taken.
+		{0, "api", [][]string{{"user=amy"}, {"user=amy"}, {"user=amy"}, {"user=amy"}}, 0, "OVER_LIMIT: OVER/3 OVER/3 OVER/3 OVER/3"},
+		{0, "api", [][]string{{"user=amy"}}, 0, "OK: OK/2"},
+	})
+}
+
+// Headers describe the enforced descriptor over its limit, with its
+// Retry-After, even when a shadow descriptor over its own comes first.
+func TestRLSHeadersSkipShadow(t *testing.T) {
+	clock := newFakeClock()
+	svc := newMemService(t, `
+domain: api
+policies:
+  - name: sh
+    limit: fixed_window 1/min
+    strategy: shadow
+    key: "{a}"
+  - name: en
+    limit: fixed_window 1/min
+    key: "{b}"
+`, clock)
+	c := serveRLS(t, svc)
+	req := rlsRequest("api", desc("a=x"), desc("b=y"))
+	call(t, c, req)
+	resp := call(t, c, req)
+	if got, want := render(resp), "OVER_LIMIT: OK/0 OVER/0"; got != want {
+		t.Fatalf("got %q, want %q", got, want)
+	}
+	headers := map[string]string{}
+	for _, h := range resp.ResponseHeadersToAdd {
+		headers[h.Key] = h.Value
+	}
+	if got := headers["RateLimit"]; !strings.HasPrefix(got, `"en";r=0;`) {
+		t.Errorf("RateLimit %q, want the enforced policy en", got)
+	}
+	if headers["Retry-After"] != "60" {
+		t.Errorf("Retry-After %q, want 60", headers["Retry-After"])
+	}
+}
+
+// A descriptor path longer than a store key allows still gets decisions:
+// the policy name is hashed with the key.
+func TestRLSLongDescriptorPath(t *testing.T) {
+	long := strings.Repeat("v", 600)
+	svc := newMemService(t, `
+domain: d
+descriptors:
+  - key: k
+    value: `+long+`
+    rate_limit: {unit: minute, requests_per_unit: 2}
+  - key: other
+    rate_limit: {unit: minute, requests_per_unit: 2}
+`, newFakeClock())
+	c := serveRLS(t, svc)
+	for _, want := range []string{"OK: OK/1", "OK: OK/0", "OVER_LIMIT: OVER/0"} {
+		if got := render(call(t, c, rlsRequest("d", desc("k="+long)))); got != want {
+			t.Errorf("got %q, want %q", got, want)
+		}
+	}
+	if got, want := render(call(t, c, rlsRequest("d", desc("other="+long)))), "OK: OK/1"; got != want {
+		t.Errorf("another descriptor with the long value: got %q, want %q", got, want)
+	}
+}
+
+// An unlimited rule replaces nothing, as in envoyproxy/ratelimit.
+func TestRLSUnlimitedReplacesNothing(t *testing.T) {
+	clock := newFakeClock()
+	svc := newMemService(t, `
+domain: d
+descriptors:
+  - key: a
+    rate_limit: {unit: minute, requests_per_unit: 1, name: lim}
+  - key: b
+    rate_limit:
+      unlimited: true
+      replaces: [{name: lim}]
+`, clock)
+	runSteps(t, svc, clock, []rlsStep{
+		{0, "d", [][]string{{"a=1"}, {"b=1"}}, 0, "OK: OK/0 unl"},
+		{0, "d", [][]string{{"a=1"}, {"b=1"}}, 0, "OVER_LIMIT: OVER/0 unl"},
+	})
+}
+
+// A panic in a gRPC handler is an Internal error, not a dead process.
+func TestRecoverUnary(t *testing.T) {
+	s := &Server{log: slog.New(slog.DiscardHandler)}
+	_, err := s.recoverUnary(context.Background(), nil, &grpc.UnaryServerInfo{FullMethod: "/x.Y/Z"}, func(context.Context, any) (any, error) {
+		panic("boom")
+	})
+	if status.Code(err) != codes.Internal {
+		t.Errorf("err = %v, want Internal", err)
+	}
+}
