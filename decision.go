@@ -29,4 +29,11 @@ type Decision struct {
 	// (Remaining = Capacity) if nothing more is taken. Example: 24s (4 units
 	// × 6s). For FixedWindow it is the time to the end of the window.
 	ResetAfter time.Duration
+
+	// Source says who answered. Stores report SourceBackend (the zero
+	// value); package resilient sets the others when its deny cache,
+	// fallback or failure policy answered instead of the backend, so that
+	// callers can tell a made-up denial (SourceFailClosed) from a real one.
+	// Example: SourceBackend.
+	Source Source
 }

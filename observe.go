@@ -58,20 +58,24 @@ type DecisionEvent struct {
 	Decision Decision
 }
 
-// Source says who answered a store call.
+// Source says who answered a store call: in a StoreEvent for observers,
+// and in Decision.Source for the caller.
 type Source uint8
 
 const (
-	// SourceBackend: the wrapped store answered.
+	// SourceBackend: the store itself (for package resilient, the wrapped
+	// backend) answered. The zero value: every store's own decisions.
 	SourceBackend Source = iota
 	// SourceDenyCache: a cached denial answered; the backend was not called.
 	SourceDenyCache
 	// SourceFallback: the backend failed (or its breaker is open) and the
 	// local fallback store answered.
 	SourceFallback
-	// SourceFailOpen: the backend failed and the request was allowed.
+	// SourceFailOpen: the backend failed (or its breaker is open) and the
+	// request was allowed. The decision is made up: nothing was counted.
 	SourceFailOpen
-	// SourceFailClosed: the backend failed and the request was denied.
+	// SourceFailClosed: the backend failed (or its breaker is open) and the
+	// request was denied. The decision is made up: no limit was exceeded.
 	SourceFailClosed
 )
 

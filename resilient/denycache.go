@@ -27,11 +27,12 @@ import (
 // is denied too, but for longer than the cached RetryAfter says, and a
 // client must never be told to come back too early. For the same reason a
 // take through this Store drops the key's entry: the units it took delay
-// the denied cost further. Not covered: takes by other processes (the
-// backend's own RetryAfter has the same caveat), a Reset on another
-// process, or a backend that lost its data (a restarted Redis); all end at
-// most r after the denial.: a Reset on another process, or a backend that
-// lost its data (a restarted Redis); both end at most r later.
+// the denied cost further. Not covered: takes by other processes, which
+// can make the real wait longer (the backend's own RetryAfter has the same
+// caveat); and a Reset on another process, a backend that lost its data (a
+// restarted Redis), or units the backend gives back after denying (a
+// non-atomic TakeAll's refund), each of which can make the cached denial
+// outlast the backend's, by at most r.
 type denyCache struct {
 	seed   maphash.Seed
 	shards [16]denyShard
@@ -88,6 +89,7 @@ func (c *denyCache) get(key string, limit sluice.Limit, cost int64, now time.Tim
 		Remaining:  e.remaining,
 		RetryAfter: e.until.Sub(now),
 		ResetAfter: max(e.resetAt.Sub(now), e.until.Sub(now)),
+		Source:     sluice.SourceDenyCache,
 	}, true
 }
 

@@ -22,6 +22,11 @@
 // wait longer than T), dropped when this Store takes from the key, and
 // anchored at the time the request was sent, so they never outlast the
 // backend's own deadline. Options.DenyCacheSize bounds them.
+//
+// One limit on that exactness: a backend whose TakeAll is not atomic (the
+// Redis store's cross-slot path on a Cluster takes, then refunds) can deny
+// a key while another request briefly holds units it later gives back. The
+// cached denial then outlasts reality, by at most its RetryAfter.
 package resilient
 
 import (
@@ -146,7 +151,10 @@ type Options struct {
 	ProbeInterval time.Duration
 
 	// DenyCacheSize bounds the deny cache's entries. Default: 100,000. A
-	// negative value disables the cache.
+	// negative value disables the cache. Cached denials are exact unless
+	// the backend refunds units after the fact (a non-atomic TakeAll, as
+	// redisstore's on a Cluster across hash slots); then a denial may be
+	// repeated for up to its RetryAfter after the units are back.
 	DenyCacheSize int
 
 	// Observer receives store events and breaker changes. Default: none.
@@ -160,6 +168,10 @@ type Options struct {
 // Store is a sluice.Store that applies a failure policy around a backend
 // store. Build one with New (or NewMulti for layered limits) and Close it
 // when done. It is safe for concurrent use.
+//
+// Each decision's Source says who answered: the backend's decisions pass
+// through as they are, the others are marked SourceDenyCache,
+// SourceFallback, SourceFailOpen or SourceFailClosed.
 //
 // Bad input (sluice.ValidateRequest fails) is returned as the backend would
 // return it and never counts as a backend failure. When the caller's
@@ -307,7 +319,7 @@ func (s *Store) decide(ctx context.Context, op, key string, limit sluice.Limit, 
 		s.br.success(probe)
 		if s.cache != nil {
 			switch {
-			case !d.Allowed:
+			case !d.Allowed && d.Source != sluice.SourceFailClosed: // a wrapped resilient store's made-up denial is no state
 				s.cache.put(key, limit, cost, d, now)
 			case take:
 				s.cache.forget(key, limit)
@@ -341,15 +353,21 @@ func (s *Store) failOne(ctx context.Context, op, key string, limit sluice.Limit,
 	}
 	s.observe(op, sluice.SourceFallback, lat, berr)
 	ll := localLimit(limit, s.nodes, cost)
+	fn := s.fallback.Peek
 	if take {
-		return s.fallback.Take(ctx, key, ll, cost)
+		fn = s.fallback.Take
 	}
-	return s.fallback.Peek(ctx, key, ll, cost)
+	d, err := fn(ctx, key, ll, cost)
+	if err != nil {
+		return sluice.Decision{}, err
+	}
+	d.Source = sluice.SourceFallback
+	return d, nil
 }
 
 // openDecision is what FailOpen reports: as for a fresh key.
 func openDecision(limit sluice.Limit, cost int64, take bool) sluice.Decision {
-	d := sluice.Decision{Allowed: true, Limit: limit, Remaining: limit.Capacity()}
+	d := sluice.Decision{Allowed: true, Limit: limit, Remaining: limit.Capacity(), Source: sluice.SourceFailOpen}
 	if take {
 		d.Remaining -= cost
 	}
@@ -357,7 +375,7 @@ func openDecision(limit sluice.Limit, cost int64, take bool) sluice.Decision {
 }
 
 func (s *Store) closedDecision(limit sluice.Limit) sluice.Decision {
-	return sluice.Decision{Limit: limit, RetryAfter: s.probe, ResetAfter: s.probe}
+	return sluice.Decision{Limit: limit, RetryAfter: s.probe, ResetAfter: s.probe, Source: sluice.SourceFailClosed}
 }
 
 // Reset implements sluice.Store. It resets the key on the backend (bounded
@@ -392,7 +410,8 @@ func (s *Store) Reset(ctx context.Context, key string, limit sluice.Limit) error
 // TakeAll implements sluice.MultiStore. When the deny cache answers for one
 // request, nothing is taken and the verdicts for the others, which the
 // backend was not asked about, report Remaining as for a fresh key; the
-// same holds under FailOpen.
+// same holds under FailOpen. On a deny-cache hit every verdict has Source
+// SourceDenyCache.
 func (m *MultiStore) TakeAll(ctx context.Context, reqs []sluice.Request) ([]sluice.Decision, error) {
 	s := m.Store
 	for i, r := range reqs {
@@ -408,6 +427,7 @@ func (m *MultiStore) TakeAll(ctx context.Context, reqs []sluice.Request) ([]slui
 			d, ok := s.cache.get(r.Key, r.Limit, r.Cost, now)
 			if !ok {
 				d = openDecision(r.Limit, r.Cost, false)
+				d.Source = sluice.SourceDenyCache
 			}
 			hit = hit || ok
 			out[i] = d
@@ -432,7 +452,7 @@ func (m *MultiStore) TakeAll(ctx context.Context, reqs []sluice.Request) ([]slui
 		if s.cache != nil {
 			took := allowedAll(ds)
 			for i, d := range ds {
-				if !d.Allowed {
+				if !d.Allowed && d.Source != sluice.SourceFailClosed {
 					s.cache.put(reqs[i].Key, reqs[i].Limit, reqs[i].Cost, d, now)
 				} else if took {
 					s.cache.forget(reqs[i].Key, reqs[i].Limit)
@@ -485,7 +505,11 @@ func (m *MultiStore) failAll(ctx context.Context, reqs []sluice.Request, lat tim
 	for i, r := range reqs {
 		local[i] = sluice.Request{Key: r.Key, Limit: localLimit(r.Limit, s.nodes, r.Cost), Cost: r.Cost}
 	}
-	return m.fbMulti.TakeAll(ctx, local)
+	ds, err := m.fbMulti.TakeAll(ctx, local)
+	for i := range ds {
+		ds[i].Source = sluice.SourceFallback
+	}
+	return ds, err
 }
 
 func (s *Store) observe(op string, src sluice.Source, lat time.Duration, err error) {

@@ -584,3 +584,49 @@ func TestParsePolicy(t *testing.T) {
 		t.Errorf("UnmarshalText: %v, %v", p, err)
 	}
 }
+
+// Decisions say who answered, so that callers can tell a made-up denial
+// (FailClosed) from a limit's own.
+func TestDecisionSource(t *testing.T) {
+	t.Parallel()
+	lim := sluice.PerMinute(1)
+	for _, p := range []Policy{FallbackLocal, FailOpen, FailClosed} {
+		t.Run(p.String(), func(t *testing.T) {
+			t.Parallel()
+			clk := storetest.NewClock(t0)
+			b := newFlaky(clk.Now)
+			s, err := NewMulti(b, &Options{Policy: p, Clock: clk.Now, Timeout: slow, FailureThreshold: 100})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { s.Close() })
+			ctx := context.Background()
+			check := func(what string, d sluice.Decision, want sluice.Source) {
+				t.Helper()
+				if d.Source != want {
+					t.Errorf("%s: Source = %v, want %v", what, d.Source, want)
+				}
+			}
+			d, _ := s.Take(ctx, "k", lim, 1)
+			check("backend take", d, sluice.SourceBackend)
+			d, _ = s.Take(ctx, "k", lim, 1)
+			check("backend denial", d, sluice.SourceBackend)
+			d, _ = s.Peek(ctx, "k", lim, 1)
+			check("cached denial", d, sluice.SourceDenyCache)
+			ds, _ := s.TakeAll(ctx, []sluice.Request{{Key: "k", Limit: lim, Cost: 1}, {Key: "u", Limit: lim, Cost: 1}})
+			for i := range ds {
+				check("cached TakeAll", ds[i], sluice.SourceDenyCache)
+			}
+			b.mode.Store(1)
+			want := map[Policy]sluice.Source{FallbackLocal: sluice.SourceFallback, FailOpen: sluice.SourceFailOpen, FailClosed: sluice.SourceFailClosed}[p]
+			d, _ = s.Take(ctx, "x", lim, 1)
+			check("take while down", d, want)
+			d, _ = s.Peek(ctx, "x", lim, 1)
+			check("peek while down", d, want)
+			ds, _ = s.TakeAll(ctx, []sluice.Request{{Key: "y", Limit: lim, Cost: 1}, {Key: "z", Limit: lim, Cost: 1}})
+			for i := range ds {
+				check("TakeAll while down", ds[i], want)
+			}
+		})
+	}
+}

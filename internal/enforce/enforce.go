@@ -32,7 +32,8 @@ const (
 	Shadow
 	// Penalty rejects, and on a violation blocks the key for the rule's
 	// Penalty duration. The block is a key in the store, so it holds across
-	// a fleet.
+	// a fleet. A denial made up by a failure policy (Decision.Source
+	// SourceFailClosed) is no violation and starts no block.
 	Penalty
 )
 
@@ -243,6 +244,7 @@ func (e *Engine) Enforce(ctx context.Context, checks []Check) (Verdict, error) {
 			return failed, ErrNeedMultiStore
 		}
 	}
+	blocked := Verdict{Report: -1}
 	for i := range checks {
 		c := &checks[i]
 		if c.Rule.Strategy != Penalty {
@@ -253,11 +255,17 @@ func (e *Engine) Enforce(ctx context.Context, checks []Check) (Verdict, error) {
 			e.observeErrors(checks)
 			return failed, err
 		}
-		if !d.Allowed { // blocked
-			blocked := sluice.Decision{Limit: c.Rule.Limit, RetryAfter: d.RetryAfter, ResetAfter: d.RetryAfter}
-			e.observe(c.Rule.Name, sluice.OutcomeDenied, blocked)
-			return Verdict{Report: i, Decision: blocked}, nil
+		if !d.Allowed {
+			b := sluice.Decision{Limit: c.Rule.Limit, RetryAfter: d.RetryAfter, ResetAfter: d.RetryAfter, Source: d.Source}
+			e.observe(c.Rule.Name, sluice.OutcomeDenied, b)
+			// Report the block needing the longest wait.
+			if blocked.Report < 0 || b.RetryAfter > blocked.Decision.RetryAfter {
+				blocked = Verdict{Report: i, Decision: b}
+			}
 		}
+	}
+	if blocked.Report >= 0 {
+		return blocked, nil
 	}
 	var (
 		one    [1]sluice.Decision
@@ -328,16 +336,18 @@ func (e *Engine) Enforce(ctx context.Context, checks []Check) (Verdict, error) {
 			j := closest(ds)
 			return Verdict{Allowed: true, Report: idx[j], Decision: ds[j], Waited: waited}, nil
 		}
-		if wait && waited+longest <= maxWait && ctx.Err() == nil && (held || hold(checks, idx)) {
+		// A denial with no wait would make this loop spin on the store.
+		pause := max(longest, time.Millisecond)
+		if wait && waited+pause <= maxWait && ctx.Err() == nil && (held || hold(checks, idx)) {
 			held = true
 			if timer == nil {
-				timer = time.NewTimer(longest)
+				timer = time.NewTimer(pause)
 			} else {
-				timer.Reset(longest)
+				timer.Reset(pause)
 			}
 			select {
 			case <-timer.C:
-				waited += longest
+				waited += pause
 				continue
 			case <-ctx.Done():
 			}
@@ -348,23 +358,46 @@ func (e *Engine) Enforce(ctx context.Context, checks []Check) (Verdict, error) {
 				continue
 			}
 			c := &checks[idx[j]]
-			// Start the block. If the store fails here the request is
-			// still denied, just without the block.
-			if c.Rule.Strategy == Penalty {
-				if _, err := e.store.Take(ctx, c.PenaltyKey, c.Rule.PenaltyLimit(), 1); err != nil {
-					e.observe(c.Rule.Name, sluice.OutcomeDenied, d)
-					continue
-				}
-				d.RetryAfter = max(d.RetryAfter, c.Rule.Penalty)
-				d.ResetAfter = max(d.ResetAfter, d.RetryAfter)
-				if d.RetryAfter > out.Decision.RetryAfter {
-					out.Report, out.Decision = idx[j], d
+			if c.Rule.Strategy == Penalty && !madeUp(d) {
+				if block, ok := e.block(ctx, c); ok {
+					d.RetryAfter = max(d.RetryAfter, block)
+					d.ResetAfter = max(d.ResetAfter, d.RetryAfter)
+					if d.RetryAfter > out.Decision.RetryAfter {
+						out.Report, out.Decision = idx[j], d
+					}
 				}
 			}
 			e.observe(c.Rule.Name, sluice.OutcomeDenied, d)
 		}
 		return out, nil
 	}
+}
+
+// blockTimeout bounds the Take that starts a block.
+const blockTimeout = time.Second
+
+// block starts c's block after a violation and returns how long it holds.
+// ok is false when no block is known to be in place (the store failed, or a
+// failure policy made the answer up): the request is still denied, just
+// without the block. The Take does not end with the request's context, so
+// that a client cannot escape its block by hanging up.
+func (e *Engine) block(ctx context.Context, c *Check) (time.Duration, bool) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), blockTimeout)
+	defer cancel()
+	d, err := e.store.Take(ctx, c.PenaltyKey, c.Rule.PenaltyLimit(), 1)
+	if err != nil || madeUp(d) {
+		return 0, false
+	}
+	if !d.Allowed { // another request started the block already
+		return d.RetryAfter, true
+	}
+	return c.Rule.Penalty, true
+}
+
+// madeUp reports whether d came from a failure policy rather than from a
+// limit's state: such a denial is no violation.
+func madeUp(d sluice.Decision) bool {
+	return d.Source == sluice.SourceFailClosed || d.Source == sluice.SourceFailOpen
 }
 
 // shadow takes a shadow rule's units and records what would have happened.

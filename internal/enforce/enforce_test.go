@@ -4,11 +4,14 @@ import (
 	"context"
 	"errors"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"sluice"
 	"sluice/memory"
+	"sluice/resilient"
+	"sluice/storetest"
 )
 
 func TestClosest(t *testing.T) {
@@ -172,5 +175,163 @@ func TestMaxWaiting(t *testing.T) {
 	// Denied requests took nothing from the layered rule.
 	if d, _ := m.Peek(ctx, "r", rules[1].Limit, 1); d.Remaining != 99 {
 		t.Errorf("layered rule has %d remaining, want 99", d.Remaining)
+	}
+}
+
+var t0 = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+
+var errDown = errors.New("backend down")
+
+// failing is a memory store whose Take fails on key the next n times.
+type failing struct {
+	*memory.Store
+	key string
+	n   atomic.Int32
+}
+
+func (f *failing) Take(ctx context.Context, key string, l sluice.Limit, cost int64) (sluice.Decision, error) {
+	if key == f.key && f.n.Add(-1) >= 0 {
+		return sluice.Decision{}, errDown
+	}
+	return f.Store.Take(ctx, key, l, cost)
+}
+
+// A denial that resilient's FailClosed made up is no violation: it starts
+// no block, and a block Take that failed (or was made up) is not reported
+// as a block.
+func TestPenaltyIgnoresFailClosed(t *testing.T) {
+	t.Parallel()
+	const penalty = 15 * time.Minute
+	for _, tt := range []struct {
+		name    string
+		failKey string // whose next Take fails
+		used    int    // requests admitted before the one under test
+		retry   time.Duration
+	}{
+		{"limit take fails", "k", 0, time.Second}, // resilient's ProbeInterval
+		{"block take fails", "k!", 1, time.Minute},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			clk := storetest.NewClock(t0)
+			m := &failing{Store: memory.New(&memory.Options{Clock: clk.Now, SweepInterval: -1}), key: tt.failKey}
+			t.Cleanup(func() { m.Close() })
+			s, err := resilient.New(m, &resilient.Options{Policy: resilient.FailClosed, Timeout: time.Minute, Clock: clk.Now})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { s.Close() })
+			r := &Rule{Name: "p", Limit: sluice.PerMinute(1), Strategy: Penalty, Penalty: penalty}
+			checks := []Check{{Rule: r, Key: "k", PenaltyKey: "k!", Cost: 1}}
+			eng := New(s, nil)
+			for range tt.used {
+				if v, err := eng.Enforce(context.Background(), checks); err != nil || !v.Allowed {
+					t.Fatalf("first request: %+v, %v", v, err)
+				}
+			}
+			m.n.Store(1)
+			v, err := eng.Enforce(context.Background(), checks)
+			if err != nil || v.Allowed {
+				t.Fatalf("request under test: %+v, %v; want a denial", v, err)
+			}
+			if v.Decision.RetryAfter != tt.retry {
+				t.Errorf("RetryAfter = %v, want %v (not the penalty)", v.Decision.RetryAfter, tt.retry)
+			}
+			if d, _ := m.Store.Peek(context.Background(), "k!", r.PenaltyLimit(), 1); !d.Allowed {
+				t.Errorf("block key written: %+v", d)
+			}
+		})
+	}
+}
+
+// With several Penalty rules blocking, the longest block is reported.
+func TestPenaltyLongestBlock(t *testing.T) {
+	t.Parallel()
+	m := memory.New(&memory.Options{SweepInterval: -1})
+	t.Cleanup(func() { m.Close() })
+	short := &Rule{Name: "short", Limit: sluice.PerMinute(10), Strategy: Penalty, Penalty: time.Minute}
+	long := &Rule{Name: "long", Limit: sluice.PerMinute(10), Strategy: Penalty, Penalty: time.Hour}
+	checks := []Check{
+		{Rule: short, Key: "s", PenaltyKey: "s!", Cost: 1},
+		{Rule: long, Key: "l", PenaltyKey: "l!", Cost: 1},
+	}
+	for _, c := range checks {
+		if _, err := m.Take(context.Background(), c.PenaltyKey, c.Rule.PenaltyLimit(), 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	v, err := New(m, nil).Enforce(context.Background(), checks)
+	if err != nil || v.Allowed || v.Report != 1 || v.Decision.RetryAfter <= time.Hour-time.Minute {
+		t.Errorf("Enforce = %+v, %v; want the 1h block of rule 1", v, err)
+	}
+}
+
+// denyNow denies every Take with no RetryAfter, as a broken store might.
+type denyNow struct {
+	sluice.Store
+	calls atomic.Int64
+}
+
+func (d *denyNow) Take(_ context.Context, _ string, l sluice.Limit, _ int64) (sluice.Decision, error) {
+	d.calls.Add(1)
+	return sluice.Decision{Limit: l}, nil
+}
+
+// A Delay rule facing denials with no RetryAfter waits a little between
+// tries and gives up after MaxDelay, instead of spinning on the store.
+func TestDelayZeroRetryAfter(t *testing.T) {
+	t.Parallel()
+	m := memory.New(nil)
+	t.Cleanup(func() { m.Close() })
+	s := &denyNow{Store: m}
+	r := &Rule{Name: "d", Limit: sluice.PerSecond(1), Strategy: Delay, MaxDelay: 10 * time.Millisecond}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	v, err := New(s, nil).Enforce(ctx, []Check{{Rule: r, Key: "k", Cost: 1}})
+	if err != nil || v.Allowed || ctx.Err() != nil {
+		t.Errorf("Enforce = %+v, %v (context: %v); want a denial after MaxDelay", v, err, ctx.Err())
+	}
+	if n := s.calls.Load(); n > 11 {
+		t.Errorf("store called %d times in a 10ms MaxDelay", n)
+	}
+}
+
+// hangUp cancels the request's context as the limit key's Take returns,
+// like a client disconnecting right after its violation, and fails calls
+// whose context has ended.
+type hangUp struct {
+	*memory.Store
+	cancel context.CancelFunc
+}
+
+func (h *hangUp) Take(ctx context.Context, key string, l sluice.Limit, cost int64) (sluice.Decision, error) {
+	if err := ctx.Err(); err != nil {
+		return sluice.Decision{}, err
+	}
+	d, err := h.Store.Take(ctx, key, l, cost)
+	if key == "k" {
+		h.cancel()
+	}
+	return d, err
+}
+
+// A client that hangs up right after its violation is blocked all the same.
+func TestPenaltyOutlivesRequest(t *testing.T) {
+	t.Parallel()
+	m := memory.New(&memory.Options{SweepInterval: -1})
+	t.Cleanup(func() { m.Close() })
+	r := &Rule{Name: "p", Limit: sluice.PerHour(1), Strategy: Penalty, Penalty: 2 * time.Hour}
+	checks := []Check{{Rule: r, Key: "k", PenaltyKey: "k!", Cost: 1}}
+	if _, err := m.Take(context.Background(), "k", r.Limit, 1); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	v, err := New(&hangUp{Store: m, cancel: cancel}, nil).Enforce(ctx, checks)
+	if err != nil || v.Allowed || v.Decision.RetryAfter != r.Penalty {
+		t.Errorf("Enforce = %+v, %v; want the 2h penalty", v, err)
+	}
+	if d, _ := m.Peek(context.Background(), "k!", r.PenaltyLimit(), 1); d.Allowed {
+		t.Error("no block after the client hung up")
 	}
 }
