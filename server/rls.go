@@ -246,16 +246,22 @@ func (s *Service) decideAll(ctx context.Context, states []descriptorState) error
 		// Descriptors naming the same counter (Envoy sends the same
 		// descriptor from route and virtual host; a policy is reachable by
 		// template and by name) take their hits together, once.
-		var reqs []sluice.Request
+		// A store key names one policy (and one limit: request-carried
+		// limits key by rate and unit), so the key alone identifies it.
+		reqs := make([]sluice.Request, 0, len(enforced))
 		req := make([]int, len(enforced)) // enforced[j]'s index in reqs
-		seen := make(map[string]int, len(enforced))
+		var seen map[string]int
+		if len(enforced) > 1 {
+			seen = make(map[string]int, len(enforced))
+		}
 		for j, i := range enforced {
 			st := &states[i]
-			id := st.storeKey + "\x00" + st.limit.String()
-			k, ok := seen[id]
+			k, ok := seen[st.storeKey]
 			if !ok {
 				k = len(reqs)
-				seen[id] = k
+				if seen != nil {
+					seen[st.storeKey] = k
+				}
 				reqs = append(reqs, sluice.Request{Key: st.storeKey, Limit: st.limit})
 			}
 			reqs[k].Cost += st.hits
