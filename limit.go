@@ -100,7 +100,9 @@ func (l Limit) Validate() error {
 	if l.Rate > l.Period.Microseconds() {
 		return fmt.Errorf("%w: rate %d per %v is faster than one per microsecond", ErrInvalidLimit, l.Rate, l.Period)
 	}
-	if span := l.Capacity() * l.Interval().Microseconds(); span >= maxBurstSpan || span < 0 {
+	// Divide rather than multiply: the product can wrap past 2^63 into a
+	// small positive number.
+	if l.Capacity() > (maxBurstSpan-1)/l.Interval().Microseconds() {
 		return fmt.Errorf("%w: burst %d × interval %v is too long", ErrInvalidLimit, l.Capacity(), l.Interval())
 	}
 	return nil

@@ -88,7 +88,9 @@ func TestValidate(t *testing.T) {
 		{Rate: 1, Period: time.Second, Burst: sluice.MaxRate + 1},
 		{Rate: 2_000_000, Period: time.Second},                // faster than 1/µs
 		{Rate: 1, Period: sluice.MaxPeriod, Burst: 1_000_000}, // burst span absurd
-		{Algorithm: 200, Rate: 1, Period: time.Second},        // unknown algorithm
+		// burst × interval wraps past 2^64 to 2^44: must not pass as small
+		{Rate: 1, Period: (1 << 44) * time.Microsecond, Burst: 1<<20 + 1},
+		{Algorithm: 200, Rate: 1, Period: time.Second}, // unknown algorithm
 		{Algorithm: sluice.SlidingWindowCounter, Rate: 5, Period: time.Second, Burst: 6},
 	}
 	for _, l := range bad {

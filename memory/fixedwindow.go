@@ -1,11 +1,29 @@
 package memory
 
+// olderClock shifts a decision made at the start of the stored window back
+// to a caller whose clock is skew behind it (another host's clock, or
+// Redis's TIME after a failover). Such a caller is charged in the newer
+// window, as at its start: an older window must never replace a newer one,
+// which would admit its whole rate again.
+func olderClock(skew int64, r result) result {
+	if r.retry > 0 {
+		r.retry += skew
+	}
+	if r.reset > 0 {
+		r.reset += skew
+	}
+	return r
+}
+
 // fixedWindow counts units per calendar window [w·period, (w+1)·period).
 // State: a = window number w, b = units taken in it. A denied request adds
 // nothing, so the count never passes rate. Mirrors
 // redisstore/scripts/fixed_window.lua.
 func fixedWindow(st *state, now int64, p *params, cost int64, commit bool) result {
 	w := floorDiv(now, p.period)
+	if st.expires != 0 && st.a > w {
+		return olderClock(st.a*p.period-now, fixedWindow(st, st.a*p.period, p, cost, commit))
+	}
 	count := st.b
 	if st.expires == 0 || st.a != w {
 		count = 0

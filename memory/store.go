@@ -28,7 +28,9 @@ type Options struct {
 	// MaxKeys bounds the number of keys held, so a flood of random keys
 	// cannot exhaust memory. When full, inserting a key evicts an expired
 	// key or, failing that, the sampled key closest to expiry (which then
-	// starts fresh). Default: 1,000,000.
+	// starts fresh). The bound is kept per shard (MaxKeys/Shards each,
+	// rounded up), so one busy shard can evict before the store as a whole
+	// is full. Default: 1,000,000.
 	MaxKeys int
 
 	// Shards is the number of independently locked partitions, rounded up

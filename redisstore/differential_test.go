@@ -290,7 +290,8 @@ func diffCost(r *rand.Rand, l sluice.Limit) int64 {
 // (several calls in one microsecond), tiny, within one unit's interval,
 // within the time to refill (or one window), across windows, long idle, or
 // exactly at (±1µs) the instant the last decision named: its RetryAfter, its
-// ResetAfter, or the next window boundary.
+// ResetAfter, or the next window boundary; or back by up to 2ms, as a
+// caller whose clock lags another's (or Redis's TIME after a failover).
 func diffGap(r *rand.Rand, now time.Time, k *diffKey) time.Duration {
 	us := func(hi time.Duration) time.Duration { // uniform in [1µs, hi]
 		return time.Duration(1+r.Int64N(max(int64(hi/time.Microsecond), 1))) * time.Microsecond
@@ -318,10 +319,12 @@ func diffGap(r *rand.Rand, now time.Time, k *diffKey) time.Duration {
 		return max(k.last.RetryAfter+jitter, 0)
 	case p < 94:
 		return max(k.last.ResetAfter+jitter, 0)
-	default: // the next window boundary, counted from the Unix epoch
+	case p < 97: // the next window boundary, counted from the Unix epoch
 		period := k.limit.Period
 		into := time.Duration(now.UnixMicro()%period.Microseconds()) * time.Microsecond
 		return max(period-into+jitter, 0)
+	default:
+		return -us(2 * time.Millisecond)
 	}
 }
 

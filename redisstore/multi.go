@@ -20,8 +20,11 @@ import (
 // Otherwise the requests are taken in turn, and on a denial (or error) the
 // units already taken are given back. No quota leaks, but this path is not
 // atomic: between a take and its refund, concurrent callers see those units
-// gone and may be denied. To stay on the atomic path in a Cluster, give
-// related keys a common hash tag ("{tenant42}:user7").
+// gone and may be denied. A take whose reply is lost (a timeout, a context
+// ended while the call was in flight) is not given back, since it may not
+// have run: it can cost quota, never admit extra. To stay on the atomic
+// path in a Cluster, give related keys a common hash tag
+// ("{tenant42}:user7").
 //
 // Two requests on the same key and algorithm are rejected with
 // sluice.ErrInvalidKey, as by the memory store.

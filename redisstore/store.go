@@ -21,7 +21,14 @@
 //
 // Time comes from the Redis server (TIME) by default, so clock skew between
 // application hosts cannot matter. Options.Clock supplies the caller's time
-// instead, for managed services that reject TIME and for tests.
+// instead, for managed services that reject TIME and for tests. A caller
+// whose clock is behind state written by another (or TIME after a
+// failover) is charged as at that state's time, never earlier: the window
+// algorithms charge it in the newer window rather than reopen an older one.
+//
+// A take is not idempotent. go-redis's ClusterClient retries a command whose
+// reply timed out (up to MaxRedirects times), so on a Cluster a take that
+// times out may count more than once: it can cost quota, never admit extra.
 //
 // Keys are laid out as Prefix + "{" + key + "}:" + algorithm code, so all
 // of one key's state lives in one Cluster hash slot and different

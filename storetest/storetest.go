@@ -196,6 +196,33 @@ func tables() []table {
 			allow(60*time.Second, 1, 59, 60*time.Second),               // the next minute
 		},
 	})
+	// A caller whose clock is behind the window already stored (another
+	// host's clock, or Redis's TIME after a failover) is charged in that
+	// newer window: an older window never replaces it, which would admit
+	// its whole rate again. Times stay the caller's.
+	ms := time.Millisecond
+	out = append(out, table{
+		name: "fixed_window_older_clock", limit: must(sluice.ParseLimit("fixed_window 2/min")),
+		source: "clock skew across a window boundary",
+		steps: []step{
+			allow(60*time.Second, 1, 1, 60*time.Second),
+			allow(60*time.Second-2*ms, 1, 0, 60*time.Second+2*ms),
+			deny(60*time.Second-2*ms, 1, 0, 60*time.Second+2*ms, 60*time.Second+2*ms),
+			deny(60*time.Second, 1, 0, 60*time.Second, 60*time.Second),
+			allow(120*time.Second, 1, 1, 60*time.Second),
+		},
+	})
+	out = append(out, table{
+		name: "sliding_window_counter_older_clock", limit: must(sluice.ParseLimit("sliding_window_counter 2/min")),
+		source: "clock skew across a window boundary",
+		steps: []step{
+			allow(60*time.Second, 1, 1, 120*time.Second),
+			allow(60*time.Second-2*ms, 1, 0, 120*time.Second+2*ms),
+			deny(60*time.Second-2*ms, 1, 0, 90*time.Second+2*ms, 120*time.Second+2*ms),
+			deny(60*time.Second, 1, 0, 90*time.Second, 120*time.Second),
+			allow(150*time.Second, 1, 0, 90*time.Second),
+		},
+	})
 	// The Decision doc example: 10/min, take 4, then ask for 7.
 	for _, a := range []sluice.Algorithm{sluice.GCRA, sluice.TokenBucket, sluice.LeakyBucket} {
 		out = append(out, table{

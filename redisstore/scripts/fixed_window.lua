@@ -48,6 +48,16 @@ elseif (w + 1) * period <= at then
   w = w + 1
 end
 
+-- A caller whose clock is behind the stored window (another host's clock,
+-- or TIME after a failover) is charged in that newer window, as at its
+-- start: an older window must never replace a newer one, which would admit
+-- its whole rate again. skew turns the durations back into the caller's.
+local skew = 0
+if mode ~= 'refund' and sw and sw > w then
+  skew = sw * period - now
+  now, w = sw * period, sw
+end
+
 local count = 0
 if sw == w then
   count = tonumber(h[2])
@@ -72,9 +82,9 @@ local cost = tonumber(ARGV[5])
 local left = (w + 1) * period - now -- until the window ends
 if count + cost > rate then
   if count > 0 then
-    return {0, rate - count, left, left, now}
+    return {0, rate - count, left + skew, left + skew, now}
   end
-  return {0, rate - count, left, 0, now}
+  return {0, rate - count, left + skew, 0, now}
 end
 if mode == 'take' then
   if sw == w then
@@ -93,6 +103,6 @@ if mode == 'take' then
   count = count + cost
 end
 if count > 0 then
-  return {1, rate - count, 0, left, now}
+  return {1, rate - count, 0, left + skew, now}
 end
 return {1, rate - count, 0, 0, now}

@@ -51,6 +51,16 @@ elseif (w + 1) * period <= at then
   w = w + 1
 end
 
+-- A caller whose clock is behind the stored window (another host's clock,
+-- or TIME after a failover) is charged in that newer window, as at its
+-- start: an older window must never replace a newer one, which would admit
+-- its whole rate again. skew turns the durations back into the caller's.
+local skew = 0
+if mode ~= 'refund' and sw and sw > w then
+  skew = sw * period - now
+  now, w = sw * period, sw
+end
+
 if mode == 'refund' then
   if sw == w then
     sc = math.max(sc - cost, 0)
@@ -158,5 +168,11 @@ if allowed == 1 and mode == 'take' then
   end
   redis.call('HSET', key, 'w', string.format('%d', w), 'c', string.format('%d', cur), 'p', string.format('%d', prev))
   redis.call('PEXPIRE', key, string.format('%d', q))
+end
+if retry > 0 then
+  retry = retry + skew
+end
+if reset > 0 then
+  reset = reset + skew
 end
 return {allowed, math.floor(rate - (prev * ((period - elapsed) / period) + cur)), retry, reset, now}
