@@ -289,6 +289,42 @@ func TestTTL(t *testing.T) {
 	}
 }
 
+// TestTTLOlderClock: a take by a caller whose clock lags the stored window
+// (here by 500ms) leaves the key at least until that window's end as the
+// newer clock sees it, and no longer than the ResetAfter it reports.
+func TestTTLOlderClock(t *testing.T) {
+	ctx := context.Background()
+	for _, srv := range servers {
+		t.Run(srv.name, func(t *testing.T) {
+			c := srv.client(t)
+			clock := storetest.NewClock(storetest.T0.Add(time.Second))
+			s := redisstore.New(c, &redisstore.Options{Prefix: redistest.Prefix(t), Clock: clock.Now})
+			for _, a := range []sluice.Algorithm{sluice.FixedWindow, sluice.SlidingWindowCounter} {
+				l := sluice.Limit{Algorithm: a, Rate: 1000, Period: time.Second}
+				clock.Set(storetest.T0.Add(time.Second))
+				if d, err := s.Take(ctx, "k", l, 500); err != nil || !d.Allowed {
+					t.Fatalf("%v: %+v %v", l, d, err)
+				}
+				clock.Set(storetest.T0.Add(500 * time.Millisecond)) // 500ms behind
+				d, err := s.Take(ctx, "k", l, 500)
+				if err != nil || !d.Allowed {
+					t.Fatalf("%v behind: %+v %v", l, d, err)
+				}
+				for _, k := range s.Keys("k", l) {
+					pttl, err := c.PTTL(ctx, k).Result()
+					if err != nil {
+						t.Fatal(err)
+					}
+					// At least to the window's end as the newer clock sees it.
+					if pttl < d.ResetAfter-510*time.Millisecond || pttl > d.ResetAfter+time.Millisecond {
+						t.Errorf("%v: PTTL %v for ResetAfter %v", l, pttl, d.ResetAfter)
+					}
+				}
+			}
+		})
+	}
+}
+
 // TestServerClock: with no Clock the scripts read Redis's TIME, and every
 // algorithm still counts down, denies and reports a bounded wait.
 func TestServerClock(t *testing.T) {

@@ -147,10 +147,8 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 			continue
 		}
 		st.rule = m.rule
-		if !m.rule.unlimited { // as envoyproxy/ratelimit: an unlimited rule replaces nothing
-			for _, name := range m.rule.replaces {
-				replacing[name] = true
-			}
+		for _, name := range m.rule.replaces { // unlimited ones too, as envoyproxy/ratelimit
+			replacing[name] = true
 		}
 		switch {
 		case m.rule.unlimited:
@@ -204,6 +202,7 @@ func (s *Service) overrideLimit(st *descriptorState, domain string, entries []En
 		strings.ToLower(rlsv3.RateLimitResponse_RateLimit_Unit(o.GetUnit()).String()) + "|" + entriesKey(entries, nil)
 	if o.GetRequestsPerUnit() == 0 {
 		st.kind, st.period = kindBlocked, period
+		st.policy = &Policy{Name: domain + ".override", Domain: domain, envoy: true} // names the headers
 		return nil
 	}
 	lim := sluice.Limit{Algorithm: sluice.FixedWindow, Rate: int64(o.GetRequestsPerUnit()), Period: period}

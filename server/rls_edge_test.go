@@ -135,8 +135,9 @@ descriptors:
 	}
 }
 
-// An unlimited rule replaces nothing, as in envoyproxy/ratelimit.
-func TestRLSUnlimitedReplacesNothing(t *testing.T) {
+// An unlimited rule's replaces still apply, as in envoyproxy/ratelimit
+// (which records them before it drops the unlimited limit).
+func TestRLSUnlimitedReplaces(t *testing.T) {
 	clock := newFakeClock()
 	svc := newMemService(t, `
 domain: d
@@ -149,8 +150,10 @@ descriptors:
       replaces: [{name: lim}]
 `, clock)
 	runSteps(t, svc, clock, []rlsStep{
-		{0, "d", [][]string{{"a=1"}, {"b=1"}}, 0, "OK: OK/0 unl"},
-		{0, "d", [][]string{{"a=1"}, {"b=1"}}, 0, "OVER_LIMIT: OVER/0 unl"},
+		{0, "d", [][]string{{"a=1"}, {"b=1"}}, 0, "OK: OK/- unl"},
+		{0, "d", [][]string{{"a=1"}, {"b=1"}}, 0, "OK: OK/- unl"},
+		{0, "d", [][]string{{"a=1"}}, 0, "OK: OK/0"},
+		{0, "d", [][]string{{"a=1"}}, 0, "OVER_LIMIT: OVER/0"},
 	})
 }
 

@@ -159,7 +159,7 @@ elseif prev > 0 then
   reset = (w + 1) * period - now
 end
 if allowed == 1 and mode == 'take' then
-  local ms = reset + 999
+  local ms = reset + skew + 999 -- to the end the caller's clock sees, like the memory store
   local q = math.floor(ms / 1000)
   if q * 1000 > ms then
     q = q - 1
