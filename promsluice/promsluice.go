@@ -15,6 +15,9 @@
 package promsluice
 
 import (
+	"math"
+	"slices"
+
 	"github.com/prometheus/client_golang/prometheus"
 
 	"sluice"
@@ -32,9 +35,11 @@ type Options struct {
 	// NearLimitRatio: an allowed decision whose Remaining is at most this
 	// share of the limit's capacity counts as near the limit. Default: 0.1.
 	NearLimitRatio float64
-	// LatencyBuckets are the store latency histogram's buckets in seconds.
-	// Default: 0.5ms to 1s, suited to a Redis round trip with a timeout of
-	// tens of milliseconds.
+	// LatencyBuckets are the store latency histogram's buckets in seconds,
+	// taken sorted, without duplicates or values that are not finite
+	// (Prometheus would panic on them at the first observation). Default:
+	// 0.5ms to 1s, suited to a Redis round trip with a timeout of tens of
+	// milliseconds.
 	LatencyBuckets []float64
 }
 
@@ -62,6 +67,11 @@ func New(opts *Options) *Collector {
 	if o.NearLimitRatio <= 0 {
 		o.NearLimitRatio = 0.1
 	}
+	o.LatencyBuckets = slices.DeleteFunc(slices.Clone(o.LatencyBuckets), func(b float64) bool {
+		return math.IsNaN(b) || math.IsInf(b, 0)
+	})
+	slices.Sort(o.LatencyBuckets)
+	o.LatencyBuckets = slices.Compact(o.LatencyBuckets)
 	if len(o.LatencyBuckets) == 0 {
 		o.LatencyBuckets = []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, 1}
 	}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log"
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -169,4 +170,16 @@ func Example() {
 	// sluice_decisions_total{outcome=allowed,policy=api} 3
 	// sluice_decisions_total{outcome=denied,policy=api} 2
 	// sluice_near_limit_total{policy=api} 1
+}
+
+// Buckets out of order, repeated or infinite are put right rather than
+// left to panic at the first observation.
+func TestLatencyBucketsSanitised(t *testing.T) {
+	c := promsluice.New(&promsluice.Options{LatencyBuckets: []float64{0.1, 0.01, 0.1, math.Inf(1), math.NaN()}})
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(c)
+	c.ObserveStore(sluice.StoreEvent{Store: "redis", Op: "take", Source: sluice.SourceBackend, Latency: 5 * time.Millisecond})
+	if _, err := reg.Gather(); err != nil {
+		t.Fatal(err)
+	}
 }

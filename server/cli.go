@@ -113,7 +113,7 @@ func serve(args []string, stdout, stderr io.Writer) int {
 		}
 		return 2
 	}
-	if envErr != nil {
+	if envErr != nil && !flagSet(fs, "decision-timeout") { // flags win over the environment
 		fmt.Fprintln(stderr, "sluice serve:", envErr)
 		return 2
 	}
@@ -162,16 +162,36 @@ func serve(args []string, stdout, stderr io.Writer) int {
 
 	for sig := range sigs {
 		if sig == syscall.SIGHUP {
-			if err := srv.Reload(); err != nil {
+			// Errors go to stderr a line each, with file and line; stdout
+			// gets one line a script can wait for.
+			switch err := srv.Reload(); {
+			case err != nil:
+				fmt.Fprintln(stderr, "sluice serve: config reload rejected; keeping the configuration in force:")
 				printErrors(stderr, err)
-			} else {
+			case *configFile != "":
 				fmt.Fprintln(stdout, "sluice serve: config reloaded")
 			}
 			continue
 		}
 		log.Info("shutting down", "signal", sig.String())
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		err := srv.Shutdown(ctx)
+		done := make(chan error, 1)
+		go func() { done <- srv.Shutdown(ctx) }()
+		var err error
+	wait:
+		for {
+			select {
+			case err = <-done:
+				break wait
+			case sig := <-sigs:
+				if sig != syscall.SIGHUP { // a second interrupt: stop waiting for requests to finish
+					log.Warn("forced stop", "signal", sig.String())
+					cancel()
+					err = <-done
+					break wait
+				}
+			}
+		}
 		cancel()
 		if err != nil {
 			fmt.Fprintln(stderr, "sluice serve: shutdown:", err)
@@ -181,6 +201,13 @@ func serve(args []string, stdout, stderr io.Writer) int {
 		return 0
 	}
 	return 0
+}
+
+// flagSet reports whether the named flag was given on the command line.
+func flagSet(fs *flag.FlagSet, name string) bool {
+	set := false
+	fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
+	return set
 }
 
 // browsable turns a listener address into one a browser can open.

@@ -228,12 +228,20 @@ func TestCLIBadConfig(t *testing.T) {
 		{"bad redis URL", []string{"serve", "--redis", "http://x", "--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0"}, 1, "", "invalid redis URL"},
 		{"bad failure policy", []string{"serve", "--failure-policy", "maybe"}, 2, "", "failure policy"},
 		{"unknown command", []string{"launch"}, 2, "", "unknown command"},
+		{"bad environment", []string{"serve", "--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0"}, 2, "", "SLUICE_DECISION_TIMEOUT"},
+		// The flag wins, so the bad variable is never read: the run gets as
+		// far as the bad Redis URL.
+		{"flag over a bad environment", []string{"serve", "--decision-timeout", "10ms", "--redis", "http://x", "--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0"}, 1, "", "invalid redis URL"},
 		{"no command", nil, 2, "", "Usage:"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			var stdout, stderr bytes.Buffer
-			cmd := sluiceCmd(nil, tt.args...)
+			var env []string
+			if strings.HasPrefix(tt.name, "bad environment") || strings.HasPrefix(tt.name, "flag over") {
+				env = []string{"SLUICE_DECISION_TIMEOUT=soon"}
+			}
+			cmd := sluiceCmd(env, tt.args...)
 			cmd.Stdout, cmd.Stderr = &stdout, &stderr
 			err := cmd.Run()
 			code := 0

@@ -42,7 +42,7 @@ func NewMetrics() *Metrics {
 		storeName: "memory",
 		fallback: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "sluice_fallback_active",
-			Help: "1 while decisions are made by the failure policy instead of Redis.",
+			Help: "1 while the circuit breaker keeps decisions off Redis (open or half-open), so the failure policy decides.",
 		}),
 		reloads: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sluice_config_reloads_total",
@@ -116,19 +116,14 @@ func (m *Metrics) reload(ok bool) {
 // ObserveDecision implements sluice.Observer.
 func (m *Metrics) ObserveDecision(e sluice.DecisionEvent) { m.obs.ObserveDecision(e) }
 
-// ObserveStore implements sluice.Observer for the failure-policy store,
-// and tracks whether the fallback is deciding.
-func (m *Metrics) ObserveStore(e sluice.StoreEvent) {
-	m.obs.ObserveStore(e)
-	switch e.Source {
-	case sluice.SourceBackend:
-		m.SetFallback(false)
-	case sluice.SourceFallback, sluice.SourceFailOpen, sluice.SourceFailClosed:
-		m.SetFallback(true)
-	}
-}
+// ObserveStore implements sluice.Observer for the failure-policy store.
+// Single calls answered by the failure policy (a timeout while the breaker
+// is closed) show in the store metrics, not in sluice_fallback_active,
+// which follows the breaker so that it is steady enough to alert on.
+func (m *Metrics) ObserveStore(e sluice.StoreEvent) { m.obs.ObserveStore(e) }
 
-// ObserveBreaker implements sluice.Observer.
+// ObserveBreaker implements sluice.Observer, and tracks the breaker state
+// in sluice_fallback_active.
 func (m *Metrics) ObserveBreaker(e sluice.BreakerEvent) {
 	m.obs.ObserveBreaker(e)
 	m.SetFallback(e.To != sluice.BreakerClosed)

@@ -172,6 +172,7 @@ func TestNewRedisClient(t *testing.T) {
 		{"http://localhost", "scheme"},
 		{"redis+ring://localhost", "scheme"},
 		{"redis://:topsecret@localhost:6379?bogus_option=1", "bogus_option"},
+		{"redis://:s3cr%zzet@localhost:6379", "invalid URL escape"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.url, func(t *testing.T) {
@@ -184,6 +185,9 @@ func TestNewRedisClient(t *testing.T) {
 					if pw, _ := u.User.Password(); strings.Contains(err.Error(), pw) {
 						t.Errorf("error leaks the password: %v", err)
 					}
+				}
+				if strings.Contains(err.Error(), "s3cr") { // a URL too broken to parse
+					t.Errorf("error leaks the password: %v", err)
 				}
 				return
 			}

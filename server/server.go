@@ -249,6 +249,7 @@ func (s *Server) Reload() error {
 	s.reloadMu.Lock()
 	defer s.reloadMu.Unlock()
 	if s.opts.ConfigFile == "" {
+		s.log.Info("no config file to reload: serving the built-in demo")
 		return nil
 	}
 	// Stamp before reading: a change made while loading is seen next time,
@@ -259,8 +260,7 @@ func (s *Server) Reload() error {
 	cfg, err := LoadConfig(s.opts.ConfigFile)
 	if err != nil {
 		s.metrics.reload(false)
-		s.log.Error("config reload rejected; keeping the configuration in force", "err", err)
-		return err
+		return err // the caller reports it: the watcher logs, the CLI prints file:line lines
 	}
 	s.svc.SetConfig(cfg)
 	s.metrics.reload(true)
@@ -286,7 +286,9 @@ func (s *Server) watch() {
 			changed := configStamp(files) != s.stamp
 			s.reloadMu.Unlock()
 			if changed {
-				s.Reload()
+				if err := s.Reload(); err != nil {
+					s.log.Error("config reload rejected; keeping the configuration in force", "err", err)
+				}
 			}
 		}
 	}

@@ -67,6 +67,18 @@ func NewRedisClient(rawURL string) (redis.UniversalClient, error) {
 // redactErr keeps a password out of error messages.
 func redactErr(err error, rawURL string) string {
 	msg := err.Error()
+	// The raw password, found by hand: a URL that fails to parse is quoted
+	// whole in the parse error.
+	if _, rest, ok := strings.Cut(rawURL, "://"); ok {
+		if end := strings.IndexAny(rest, "/?#"); end >= 0 {
+			rest = rest[:end]
+		}
+		if at := strings.LastIndex(rest, "@"); at >= 0 {
+			if _, pw, ok := strings.Cut(rest[:at], ":"); ok && pw != "" {
+				msg = strings.ReplaceAll(msg, pw, "xxxxx")
+			}
+		}
+	}
 	if u, perr := url.Parse(rawURL); perr == nil && u.User != nil {
 		if p, ok := u.User.Password(); ok && p != "" {
 			msg = strings.ReplaceAll(msg, p, "xxxxx")
