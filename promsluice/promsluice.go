@@ -114,6 +114,14 @@ func (c *Collector) ObserveDecision(e sluice.DecisionEvent) {
 	}
 }
 
+// ForgetPolicy drops the series of a policy that no longer exists (say,
+// removed by a configuration reload), so that they do not linger at their
+// last values.
+func (c *Collector) ForgetPolicy(name string) {
+	c.decisions.DeletePartialMatch(prometheus.Labels{"policy": name})
+	c.nearLimit.DeletePartialMatch(prometheus.Labels{"policy": name})
+}
+
 // ObserveStore implements sluice.Observer.
 func (c *Collector) ObserveStore(e sluice.StoreEvent) {
 	c.storeCalls.WithLabelValues(e.Store, e.Op, e.Source.String()).Inc()

@@ -183,3 +183,26 @@ func TestLatencyBucketsSanitised(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+func TestForgetPolicy(t *testing.T) {
+	c := promsluice.New(nil)
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(c)
+	for _, p := range []string{"gone", "kept"} {
+		c.ObserveDecision(sluice.DecisionEvent{Policy: p, Outcome: sluice.OutcomeAllowed, Decision: sluice.Decision{Allowed: true, Limit: sluice.PerMinute(10)}})
+	}
+	c.ForgetPolicy("gone")
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "policy" && l.GetValue() == "gone" {
+					t.Errorf("%s still has policy=gone", mf.GetName())
+				}
+			}
+		}
+	}
+}
