@@ -221,10 +221,14 @@ func (a *api) admin(w http.ResponseWriter, r *http.Request) bool {
 }
 
 func (a *api) stats(w http.ResponseWriter, _ *http.Request) {
+	// Read before the series, so a reload in between can only make the
+	// version older than the series, and the next poll reports it.
+	version := a.svc.ConfigVersion()
 	writeJSON(w, http.StatusOK, map[string]any{
-		"bucket_ms": StatsBucket.Milliseconds(),
-		"buckets":   StatsBuckets,
-		"series":    a.svc.Stats().Snapshot(),
+		"bucket_ms":      StatsBucket.Milliseconds(),
+		"buckets":        StatsBuckets,
+		"config_version": version,
+		"series":         a.svc.Stats().Snapshot(),
 	})
 }
 

@@ -277,6 +277,34 @@ func TestAPIStats(t *testing.T) {
 	}
 }
 
+// TestAPIStatsConfigVersion: /v1/stats carries a config_version that stays
+// put between reloads and changes on every one, even when the policy names
+// (or the whole configuration) stay the same.
+func TestAPIStatsConfigVersion(t *testing.T) {
+	e := newAPI(t, nil)
+	version := func() float64 {
+		t.Helper()
+		v, ok := decodeBody(t, e.do(t, "GET", "/v1/stats", "", nil, ""))["config_version"].(float64)
+		if !ok {
+			t.Fatal("no numeric config_version in /v1/stats")
+		}
+		return v
+	}
+	v1 := version()
+	if v := version(); v != v1 {
+		t.Errorf("config_version %v, then %v without a reload", v1, v)
+	}
+	e.svc.SetConfig(mustConfig(t, strings.Replace(apiConfig, "fixed_window 3/10s", "fixed_window 5/10s", 1)))
+	v2 := version()
+	if v2 == v1 {
+		t.Errorf("config_version %v unchanged after a reload that changed a limit", v2)
+	}
+	e.svc.SetConfig(e.svc.Config())
+	if v := version(); v == v2 || v == v1 {
+		t.Errorf("config_version %v after a second reload, want other than %v and %v", v, v1, v2)
+	}
+}
+
 func TestAPIHealth(t *testing.T) {
 	down := errors.New("connection refused")
 	var ready error

@@ -101,6 +101,24 @@ func (m *Metrics) SetFallback(active bool) {
 	m.fallback.Set(v)
 }
 
+// decisionError counts a decision the store failed to make.
+func (m *Metrics) decisionError(policy string) {
+	if m == nil {
+		return
+	}
+	m.obs.ObserveDecision(sluice.DecisionEvent{Policy: policy, Outcome: sluice.OutcomeError})
+}
+
+// forget drops the series of policies a reload removed.
+func (m *Metrics) forget(policies []string) {
+	if m == nil {
+		return
+	}
+	for _, p := range policies {
+		m.obs.ForgetPolicy(p)
+	}
+}
+
 func (m *Metrics) reload(ok bool) {
 	if m == nil {
 		return

@@ -168,6 +168,11 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 		}
 	}
 	if err := s.decideAll(ctx, states); err != nil {
+		for i := range states {
+			if st := &states[i]; st.kind == kindLimited && st.hits > 0 {
+				s.metrics.decisionError(st.policy.Name)
+			}
+		}
 		return nil, status.Error(codes.Unavailable, err.Error())
 	}
 	return s.response(states), nil

@@ -65,6 +65,7 @@ type Service struct {
 	clock   func() time.Time
 	stats   *Stats
 	metrics *Metrics
+	version atomic.Uint64 // counts SetConfig calls
 
 	// When the store has no TakeAll, multi-limit checks take this lock
 	// exclusively (peek all, then take all) while single takes share it, so
@@ -106,6 +107,9 @@ func NewService(store sluice.Store, cfg *Config, opts *ServiceOptions) *Service 
 type snapshot struct {
 	cfg *Config
 	rt  map[*Policy]*policyRuntime
+	// version travels with cfg, so whoever reads it can rely on
+	// Config returning that configuration or a newer one.
+	version uint64
 }
 
 // policyRuntime is a policy's precomputed key prefix and statistics ring,
@@ -118,15 +122,28 @@ type policyRuntime struct {
 // Config returns the configuration in force.
 func (s *Service) Config() *Config { return s.snap.Load().cfg }
 
-// SetConfig swaps in a new configuration.
+// SetConfig swaps in a new configuration and changes ConfigVersion.
 func (s *Service) SetConfig(cfg *Config) {
+	if old := s.snap.Load(); old != nil {
+		var gone []string
+		for _, p := range old.cfg.Policies {
+			if cfg.Policy(p.Name) == nil {
+				gone = append(gone, p.Name)
+			}
+		}
+		s.metrics.forget(gone)
+	}
 	rings := s.stats.setPolicies(cfg.Policies)
-	snap := &snapshot{cfg: cfg, rt: make(map[*Policy]*policyRuntime, len(cfg.Policies))}
+	snap := &snapshot{cfg: cfg, rt: make(map[*Policy]*policyRuntime, len(cfg.Policies)), version: s.version.Add(1)}
 	for _, p := range cfg.Policies {
 		snap.rt[p] = &policyRuntime{keyPrefix: s.keyPrefix(p), stats: rings[p.Name]}
 	}
 	s.snap.Store(snap)
 }
+
+// ConfigVersion is a number that changes with every SetConfig, even one
+// that swaps in an equal configuration, so clients can tell a reload.
+func (s *Service) ConfigVersion() uint64 { return s.snap.Load().version }
 
 // runtime returns p's runtime state; policies made up per request (Envoy
 // limit overrides) get a fresh one without statistics.
@@ -216,6 +233,9 @@ func (s *Service) decide(ctx context.Context, policy, key string, cost int64, ta
 		d, err = s.peek(ctx, s.storeKey(p, key), lim, cost)
 	}
 	if err != nil {
+		if take {
+			s.metrics.decisionError(p.Name)
+		}
 		return Result{}, err
 	}
 	r := Result{Policy: p, Key: key, Decision: d, Outcome: outcome(p, d)}

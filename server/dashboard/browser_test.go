@@ -1,9 +1,12 @@
 package dashboard_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -25,8 +28,9 @@ import (
 // The browser test drives the real page in headless Chromium against the
 // real service (the server package's JSON API on the memory store): it
 // clicks Burst 10 on the fixed-window card, reads the ten results and checks
-// the chart, the shadow display, Reset All with and without the admin token
-// and the narrow layout. Set SLUICE_CHROMIUM to use another browser binary.
+// the chart, the shadow display, Reset All with and without the admin token,
+// text contrast, configuration reloads and the narrow layout. Set
+// SLUICE_CHROMIUM to use another browser binary.
 
 const adminToken = "s3cret-token"
 
@@ -34,8 +38,9 @@ const adminToken = "s3cret-token"
 // straddles a window edge, so the verdicts are exact.
 var t0 = time.Date(2030, 1, 2, 3, 4, 1, 0, time.UTC)
 
-// testConfig is the demo configuration plus one shadow policy and any
-// extra policies given as YAML list items.
+// testConfig is the demo configuration plus one shadow policy, one whose
+// override gives the page's key (dashboard) another capacity, and any extra
+// policies given as YAML list items.
 func testConfig(t *testing.T, extra string) *server.Config {
 	t.Helper()
 	var b strings.Builder
@@ -44,6 +49,7 @@ func testConfig(t *testing.T, extra string) *server.Config {
 		fmt.Fprintf(&b, "  - name: %s\n    limit: %s\n", p.Name, p.Limit)
 	}
 	b.WriteString("  - name: shadow\n    limit: 3/min\n    strategy: shadow\n")
+	b.WriteString("  - name: vip\n    limit: sliding_window_log 2/min\n    overrides:\n      - match: dash*\n        limit: 7/min\n")
 	b.WriteString(extra)
 	cfg, err := server.ParseConfig("dashboard-test.yaml", []byte(b.String()))
 	if err != nil {
@@ -52,23 +58,71 @@ func testConfig(t *testing.T, extra string) *server.Config {
 	return cfg
 }
 
+// testService is the service under test with hooks into its HTTP traffic.
+type testService struct {
+	base string // the page's URL without the final slash
+	svc  *server.Service
+
+	mu sync.Mutex
+	// failPolicies is how many more GET /v1/policies answer 503.
+	failPolicies int
+	// holdReset, when set, is called after a reset of that policy is served
+	// and before its answer goes out.
+	holdReset map[string]func()
+}
+
 // startService serves the service's HTTP API with this dashboard on
 // testConfig, under a path prefix (`sluice serve` mounts it at "/"): the
-// page must reach its assets and the API by relative URLs. It returns the
-// page's URL without the final slash.
-func startService(t *testing.T) (string, *server.Service) {
+// page must reach its assets and the API by relative URLs.
+func startService(t *testing.T) *testService {
 	t.Helper()
 	cfg := testConfig(t, "")
 	clock := func() time.Time { return t0 }
 	store := memory.New(&memory.Options{Clock: clock, SweepInterval: -1})
 	t.Cleanup(func() { _ = store.Close() })
 	svc := server.NewService(store, cfg, &server.ServiceOptions{Clock: clock})
+	s := &testService{svc: svc}
 	const prefix = "/ops/sluice"
 	mux := http.NewServeMux()
-	mux.Handle(prefix+"/", http.StripPrefix(prefix, svc.Handler(&server.HandlerOptions{AdminToken: adminToken, Dashboard: dashboard.Handler()})))
+	mux.Handle(prefix+"/", http.StripPrefix(prefix, s.hooks(svc.Handler(&server.HandlerOptions{AdminToken: adminToken, Dashboard: dashboard.Handler()}))))
 	ts := httptest.NewServer(mux)
 	t.Cleanup(ts.Close)
-	return ts.URL + prefix, svc
+	s.base = ts.URL + prefix
+	return s
+}
+
+func (s *testService) hooks(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		s.mu.Lock()
+		fail := r.URL.Path == "/v1/policies" && s.failPolicies > 0
+		if fail {
+			s.failPolicies--
+		}
+		s.mu.Unlock()
+		if fail {
+			http.Error(w, "failing on purpose", http.StatusServiceUnavailable)
+			return
+		}
+		if r.URL.Path != "/v1/reset" {
+			h.ServeHTTP(w, r)
+			return
+		}
+		body, _ := io.ReadAll(r.Body)
+		var req struct{ Policy string }
+		_ = json.Unmarshal(body, &req)
+		r.Body = io.NopCloser(bytes.NewReader(body))
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, r)
+		s.mu.Lock()
+		hold := s.holdReset[req.Policy]
+		s.mu.Unlock()
+		if hold != nil {
+			hold()
+		}
+		maps.Copy(w.Header(), rec.Header())
+		w.WriteHeader(rec.Code)
+		_, _ = w.Write(rec.Body.Bytes())
+	})
 }
 
 func chromiumPath(t *testing.T) string {
@@ -268,8 +322,57 @@ func burst(t *testing.T, ctx context.Context, name string) []result {
 	return readResults(t, ctx, name)
 }
 
+// lowContrastJS lists visible text (and inputs) below WCAG AA's 4.5:1
+// against its nearest opaque background, with the status shown as kind %[2]s.
+// Scheme %[1]s "dark" turns the stylesheet's prefers-color-scheme: dark
+// block on, "light" turns it off. Disabled controls are exempt.
+const lowContrastJS = `(() => {
+	const rules = [...document.styleSheets].flatMap((s) => [...s.cssRules])
+		.filter((r) => r.media && r.media.mediaText.includes("prefers-color-scheme: dark"));
+	const saved = rules.map((r) => r.media.mediaText);
+	rules.forEach((r) => { r.media.mediaText = %[1]s === "dark" ? "all" : "not all"; });
+	const st = document.getElementById("status");
+	const was = [st.textContent, st.dataset.kind];
+	st.textContent = "Status text";
+	st.dataset.kind = %[2]s;
+	const rgb = (c) => (c.match(/[\d.]+/g) || []).map(Number);
+	const lum = ([r, g, b]) => {
+		const f = (v) => ((v /= 255) <= 0.03928 ? v / 12.92 : ((v + 0.055) / 1.055) ** 2.4);
+		return 0.2126 * f(r) + 0.7152 * f(g) + 0.0722 * f(b);
+	};
+	const bg = (el) => {
+		for (; el; el = el.parentElement) {
+			const c = rgb(getComputedStyle(el).backgroundColor);
+			if (c.length === 3 || c[3] > 0) return c;
+		}
+		return [255, 255, 255];
+	};
+	const bad = [];
+	try {
+		for (const el of document.body.querySelectorAll("*")) {
+			const text = el.tagName === "INPUT" ||
+				[...el.childNodes].some((n) => n.nodeType === Node.TEXT_NODE && n.textContent.trim());
+			if (!text || !el.getClientRects().length || el.closest(":disabled, svg")) continue;
+			const fg = rgb(getComputedStyle(el).color);
+			const back = bg(el);
+			const [hi, lo] = [lum(fg), lum(back)].sort((a, b) => b - a);
+			const ratio = (hi + 0.05) / (lo + 0.05);
+			if (ratio < 4.5) {
+				bad.push(el.tagName.toLowerCase() + "." + [...el.classList].join(".") + " “" +
+					(el.value || el.textContent).trim().slice(0, 30) + "”: " + ratio.toFixed(2) +
+					":1 (rgb " + fg + " on " + back + ")");
+			}
+		}
+	} finally {
+		rules.forEach((r, i) => { r.media.mediaText = saved[i]; });
+		[st.textContent, st.dataset.kind] = was;
+	}
+	return bad;
+})()`
+
 func TestBrowser(t *testing.T) {
-	base, svc := startService(t)
+	ts := startService(t)
+	base, svc := ts.base, ts.svc
 	policies := fetchPolicies(t, base)
 	var fixed, shadow policyInfo
 	for _, p := range policies {
@@ -305,6 +408,8 @@ func TestBrowser(t *testing.T) {
 		// Each card peeks at its key on load.
 		waitFor(t, ctx, fmt.Sprintf(`%s.querySelector(".remaining-now").textContent === "%d of %d"`, jsCard(fixed.Name), fixedCap, fixedCap),
 			jsCard(fixed.Name)+`.outerHTML`)
+		// A per-key override's capacity (7 for this key), not the policy's 2.
+		waitFor(t, ctx, jsCard("vip")+`.querySelector(".remaining-now").textContent === "7 of 7"`, jsCard("vip")+`.outerHTML`)
 		// The charts are drawn from /v1/stats before anything is sent.
 		waitFor(t, ctx, fmt.Sprintf(`%s.querySelector(".chart").dataset.renders > 0`, jsCard(fixed.Name)), `document.body.innerHTML`)
 	})
@@ -378,6 +483,11 @@ func TestBrowser(t *testing.T) {
 		}
 	})
 
+	t.Run("a check shows the override's capacity", func(t *testing.T) {
+		step(t, ctx, "click Send Request on vip", chromedp.Click(chromedp.CSS(cardSel("vip")+` button[data-action="send"]`)))
+		waitFor(t, ctx, jsCard("vip")+`.querySelector(".remaining-now").textContent === "6 of 7"`, jsCard("vip")+`.outerHTML`)
+	})
+
 	t.Run("shadow policy lets denials through", func(t *testing.T) {
 		res := burst(t, ctx, shadow.Name)
 		capShadow := capacityOf(shadow)
@@ -388,6 +498,45 @@ func TestBrowser(t *testing.T) {
 			if got, want := r.ShadowDenied == "true", int64(i) >= capShadow; got != want {
 				t.Errorf("result %d: shadow denied %v, want %v", i+1, got, want)
 			}
+		}
+		// The tally counts shadow denials as denied, as the chart does.
+		card := jsCard(shadow.Name)
+		want := fmt.Sprintf("%d/%d", capShadow, 10-capShadow)
+		if got := eval[string](t, ctx, card+`.querySelector(".tally-allowed").textContent + "/" + `+card+`.querySelector(".tally-denied").textContent`); got != want {
+			t.Errorf("tally allowed/denied %s, want %s", got, want)
+		}
+		c := card + `.querySelector(".chart")`
+		waitFor(t, ctx, c+`.dataset.allowedTotal + "/" + `+c+`.dataset.deniedTotal === "`+want+`"`, c+`.outerHTML`)
+	})
+
+	t.Run("text contrast", func(t *testing.T) {
+		// The results above give allowed, denied and shadow verdicts; the
+		// status is shown in each of its kinds, in light and dark mode.
+		for _, scheme := range []string{"light", "dark"} {
+			var bad []string
+			for _, kind := range []string{"error", "ok", "info"} {
+				bad = append(bad, eval[[]string](t, ctx, fmt.Sprintf(lowContrastJS, strconv.Quote(scheme), strconv.Quote(kind)))...)
+			}
+			slices.Sort(bad)
+			for _, b := range slices.Compact(bad) {
+				t.Errorf("%s mode: %s", scheme, b)
+			}
+		}
+	})
+
+	t.Run("landmarks and live regions", func(t *testing.T) {
+		if got := eval[string](t, ctx, `document.getElementById("cards").getAttribute("role") || ""`); got != "region" {
+			t.Errorf(`#cards role %q, want "region" (aria-label needs a role on a div)`, got)
+		}
+		// Each response is announced by the results list; the remaining
+		// line repeats it and must not be announced as well.
+		if n := eval[int](t, ctx, `[...document.querySelectorAll(".remaining-now")].filter(el => el.closest("[aria-live]")).length`); n != 0 {
+			t.Errorf("%d remaining-now lines inside a live region", n)
+		}
+		// A live region must be in the accessibility tree before its first
+		// addition, so an empty list is not display: none.
+		if n := eval[int](t, ctx, `[...document.querySelectorAll(".results")].filter(el => el.getAttribute("aria-live") !== "polite" || getComputedStyle(el).display === "none").length`); n != 0 {
+			t.Errorf("%d results lists are not polite live regions in the accessibility tree", n)
 		}
 	})
 
@@ -490,6 +639,63 @@ func TestBrowser(t *testing.T) {
 		}
 		if got, want := eval[string](t, ctx, jsCard("added")+`.querySelector(".limit").textContent`), "2/min"; got != want {
 			t.Errorf("new card's limit %q, want %q", got, want)
+		}
+	})
+
+	const added = "  - name: added\n    limit: sliding_window_log 3/min\n"
+	t.Run("config reload changes a limit", func(t *testing.T) {
+		// The same policy names: only config_version tells of the reload.
+		svc.SetConfig(testConfig(t, added))
+		waitFor(t, ctx, jsCard("added")+`.querySelector(".limit").textContent === "3/min"`, jsCard("added")+`.outerHTML`)
+	})
+
+	const added2 = "  - name: added2\n    limit: 4/min\n"
+	t.Run("failed reload is retried", func(t *testing.T) {
+		ts.mu.Lock()
+		ts.failPolicies = 2
+		ts.mu.Unlock()
+		svc.SetConfig(testConfig(t, added+added2))
+		waitFor(t, ctx, jsCard("added2")+` !== null`, `document.body.dataset.policies + " " + document.getElementById("status").textContent`)
+		ts.mu.Lock()
+		defer ts.mu.Unlock()
+		if ts.failPolicies != 0 {
+			t.Errorf("the page reloaded without asking again after a failure (%d failures left)", ts.failPolicies)
+		}
+	})
+
+	t.Run("reset all while the policies reload", func(t *testing.T) {
+		// The reset of "added" is served, then the policy is dropped and the
+		// page reloads before the answer arrives; added2, after it, must
+		// still be reset.
+		step(t, ctx, "click Send Request on added2", chromedp.Click(chromedp.CSS(cardSel("added2")+` button[data-action="send"]`)))
+		waitFor(t, ctx, jsCard("added2")+`.querySelectorAll(".result").length === 1`, jsCard("added2")+`.outerHTML`)
+		held, release := make(chan struct{}), make(chan struct{})
+		var once sync.Once
+		free := func() { once.Do(func() { close(release) }) }
+		defer free() // a failure must not leave the server stuck in the hook
+		ts.mu.Lock()
+		ts.holdReset = map[string]func(){"added": func() {
+			close(held)
+			<-release
+		}}
+		ts.mu.Unlock()
+		defer func() {
+			ts.mu.Lock()
+			ts.holdReset = nil
+			ts.mu.Unlock()
+		}()
+		step(t, ctx, "click Reset All", chromedp.Click(chromedp.ID("reset-all")))
+		select {
+		case <-held:
+		case <-time.After(15 * time.Second):
+			t.Fatal("no reset of added was sent")
+		}
+		svc.SetConfig(testConfig(t, added2))
+		waitFor(t, ctx, jsCard("added")+` === null`, `document.body.dataset.policies`)
+		free()
+		waitFor(t, ctx, `document.getElementById("status").dataset.kind === "ok"`, `document.getElementById("status").outerHTML`)
+		if n := eval[int](t, ctx, jsCard("added2")+`.querySelectorAll(".result").length`); n != 0 {
+			t.Errorf("added2 kept %d results: Reset All stopped at the reload", n)
 		}
 	})
 

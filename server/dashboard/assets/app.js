@@ -143,7 +143,7 @@
   let polls = 0;
   let cardSeq = 0;
   let loading = null; // the policies request in flight
-  let seenSeries = ""; // policy names of the last stats reply that differed from the cards
+  let seenConfig = null; // config_version of /v1/stats the cards were last loaded for
 
   const $ = (id) => document.getElementById(id);
 
@@ -229,9 +229,12 @@
     for (const b of card.el.querySelectorAll("button[data-action]")) b.disabled = busy;
   }
 
-  function setRemaining(card, remaining) {
+  // setRemaining takes the capacity from the response when it has one: a
+  // per-key override applies its own, not the policy's.
+  function setRemaining(card, remaining, limit) {
     if (remaining === undefined || remaining === null) return;
-    card.remainingNow.textContent = `${remaining} of ${capacity(card.policy)}`;
+    const of = typeof limit === "number" ? limit : capacity(card.policy);
+    card.remainingNow.textContent = `${remaining} of ${of}`;
     card.el.dataset.remaining = String(remaining);
   }
 
@@ -273,12 +276,13 @@
       if (!allowed || shadow) text += ` · retry in ${formatDuration(d.retry_after_ms)}`;
       detail.textContent = text;
       li.title = `reset in ${formatDuration(d.reset_after_ms)}`;
-      if (allowed) card.allowed++; else card.denied++;
+      // A shadow denial counts as denied, as in the chart; its verdict says it was let through.
+      if (allowed && !shadow) card.allowed++; else card.denied++;
       card.tallyAllowed.textContent = String(card.allowed);
       card.tallyDenied.textContent = String(card.denied);
       card.el.dataset.allowedCount = String(card.allowed);
       card.el.dataset.deniedCount = String(card.denied);
-      setRemaining(card, d.remaining);
+      setRemaining(card, d.remaining, d.limit);
     } else {
       li.classList.add("error");
       li.dataset.error = "true";
@@ -325,7 +329,7 @@
       const card = cards.get(p.name);
       try {
         const res = await api("POST", "v1/peek", { policy: p.name, key });
-        if (res.status === 200 && res.data) setRemaining(card, res.data.remaining);
+        if (res.status === 200 && res.data) setRemaining(card, res.data.remaining, res.data.limit);
       } catch {
         // Leave the old value; the next action refreshes it.
       }
@@ -343,7 +347,9 @@
     setStatus("Resetting…", "info");
     try {
       let done = 0;
+      // policies may be replaced while this awaits; a dropped policy is skipped.
       for (const p of policies) {
+        if (!cards.has(p.name)) continue;
         let res;
         try {
           res = await api("POST", "v1/reset", { policy: p.name, key }, true);
@@ -360,11 +366,15 @@
           setStatus(`Reset of ${p.name} failed: ${problemMessage(res.status, res.data)}`, "error");
           return;
         }
-        clearResults(cards.get(p.name));
+        const card = cards.get(p.name);
+        if (card) clearResults(card);
         done++;
       }
       setStatus(`Reset key \u201c${key}\u201d for ${done} ${done === 1 ? "policy" : "policies"}.`, "ok");
       await peekAll();
+    } catch (e) {
+      // Never leave the status on "Resetting…".
+      setStatus("Reset failed: " + e.message, "error");
     } finally {
       btn.disabled = false;
     }
@@ -422,13 +432,17 @@
         return;
       }
       const bucketMs = Number(res.data.bucket_ms) || 0;
-      // The statistics follow the server's configuration; a policy the
-      // cards do not know means it was reloaded. Reload once per change.
-      const names = res.data.series.map((s) => s.policy);
-      const sig = JSON.stringify(names);
-      if ((names.length !== cards.size || names.some((n) => !cards.has(n))) && sig !== seenSeries) {
-        seenSeries = sig;
-        loadPolicies().then((ok) => { if (ok) scheduleStats(0); });
+      // A new config_version means the server reloaded, even if only a
+      // limit changed. The first poll reloads once, as the page's first load
+      // had no version. Not while a reload runs: it may predate this version.
+      const version = res.data.config_version;
+      if (version !== seenConfig && !loading) {
+        loadPolicies().then((ok) => {
+          // Marked only on success, so a failed reload is retried.
+          if (!ok) return;
+          seenConfig = version;
+          scheduleStats(0);
+        });
       }
       for (const s of res.data.series) {
         const card = cards.get(s.policy);
@@ -518,6 +532,7 @@
     }
     const next = res.data.policies;
     const kept = new Map();
+    let changed = JSON.stringify(next.map((p) => p.name)) !== JSON.stringify([...cards.keys()]);
     for (const p of next) {
       const old = cards.get(p.name);
       let card = old;
@@ -525,17 +540,19 @@
         card = buildCard(p);
         clearResults(card);
         setBusy(card, false);
+        changed = true;
       }
       kept.set(p.name, card);
     }
     const reload = policies.length > 0 || cards.size > 0;
-    $("cards").replaceChildren(...[...kept.values()].map((c) => c.el));
+    // Only when something changed: re-inserting the cards would drop focus.
+    if (changed) $("cards").replaceChildren(...[...kept.values()].map((c) => c.el));
     cards.clear();
     for (const [name, card] of kept) cards.set(name, card);
     policies = next;
     $("loading")?.remove();
     if (!policies.length) setStatus("The server has no policies configured.", "info");
-    else if (reload) setStatus("The server's policies changed; the cards were updated.", "info");
+    else if (reload && changed) setStatus("The server's policies changed; the cards were updated.", "info");
     document.body.dataset.policies = String(policies.length);
     peekAll();
     return true;
