@@ -15,7 +15,7 @@ const (
 	MaxLogEntries = 100_000          // SlidingWindowLog: at most this many entries per key
 	MinPeriod     = time.Millisecond // shortest Period
 	MaxPeriod     = 366 * 24 * time.Hour
-	MaxKeyLen     = 512            // bytes, before any prefix
+	MaxKeyLen     = 512            // bytes of the key a store is given (a Limiter's Prefix included)
 	maxBurstSpan  = int64(1) << 52 // µs; Burst×Interval must stay below this
 )
 

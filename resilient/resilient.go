@@ -108,6 +108,11 @@ func (p *Policy) UnmarshalText(b []byte) error {
 	return nil
 }
 
+// DefaultTimeout is Options.Timeout when none is set: long enough for a
+// Redis round trip under load, short enough that a dead Redis does not
+// stall requests.
+const DefaultTimeout = 50 * time.Millisecond
+
 // Options configures a Store. A nil *Options gives every default.
 type Options struct {
 	// Name labels this store in Observer events. Default: "store".
@@ -227,7 +232,7 @@ func New(backend sluice.Store, opts *Options) (*Store, error) {
 		fallback: o.Fallback,
 		name:     orDefault(o.Name, "store"),
 		policy:   o.Policy,
-		timeout:  orDefault(o.Timeout, 50*time.Millisecond),
+		timeout:  orDefault(o.Timeout, DefaultTimeout),
 		inline:   o.TrustContext,
 		nodes:    int64(orDefault(o.Nodes, 1)),
 		probe:    orDefault(o.ProbeInterval, time.Second),

@@ -9,6 +9,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"github.com/redis/go-redis/v9"
@@ -144,6 +145,19 @@ func TestServerOnRedis(t *testing.T) {
 			if code, _ := p.post(t, "/v1/check", `{"policy":"rl.foo","key":"foo=`+tt.policy+`"}`); code != 200 {
 				t.Errorf("check: %d", code)
 			}
+			// A stalled Redis (writes paused: scripts wait) costs a decision
+			// the decision timeout, with or without a failure policy.
+			pause := redis.NewClient(&redis.Options{Addr: r.Addr})
+			if err := pause.Do(context.Background(), "CLIENT", "PAUSE", 1000, "WRITE").Err(); err != nil {
+				t.Fatal(err)
+			}
+			start := time.Now()
+			code, _ := p.post(t, "/v1/check", `{"policy":"rl.foo","key":"foo=`+tt.policy+`-stalled"}`)
+			if took := time.Since(start); code != tt.downStatus || took > 800*time.Millisecond {
+				t.Errorf("check with Redis stalled: %d after %v, want %d well within the 1s pause", code, took, tt.downStatus)
+			}
+			time.Sleep(time.Until(start.Add(1100 * time.Millisecond)))
+			pause.Close()
 			r.Stop()
 			defer r.Start(t)
 			if code, _ := p.get(t, "/readyz"); code != 503 {

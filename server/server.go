@@ -13,6 +13,7 @@
 package server
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -64,7 +65,8 @@ type Options struct {
 	// UNAVAILABLE, HTTP 503), leaving the choice to Envoy's
 	// failure_mode_deny.
 	NoFailurePolicy bool
-	// DecisionTimeout bounds one Redis call under the failure policy.
+	// DecisionTimeout bounds one Redis call (with or without a failure
+	// policy). Default: resilient.DefaultTimeout.
 	// Default: resilient's (50ms).
 	DecisionTimeout time.Duration
 	// AdminToken guards admin endpoints; see HandlerOptions.
@@ -168,7 +170,9 @@ func (s *Server) openStore() (sluice.Store, error) {
 		s.metrics.storeName = "redis"
 		rs := redisstore.New(client, nil)
 		if s.opts.NoFailurePolicy {
-			return rs, nil
+			// No policy answers for Redis, but a decision stays bounded:
+			// the error reaches Envoy, which applies failure_mode_deny.
+			return deadlineStore{rs, cmp.Or(s.opts.DecisionTimeout, resilient.DefaultTimeout)}, nil
 		}
 		s.metrics.wrapped = true
 		store, err := resilient.NewMulti(rs, &resilient.Options{

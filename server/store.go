@@ -1,13 +1,17 @@
 package server
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net/url"
 	"strings"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
+	"sluice"
+	"sluice/redisstore"
 	"sluice/resilient"
 )
 
@@ -105,4 +109,36 @@ func ParseFailurePolicy(s string) (p resilient.Policy, ok bool, err error) {
 		return 0, false, fmt.Errorf("server: failure policy %q: want error, local, open or closed", s)
 	}
 	return p, true, nil
+}
+
+// deadlineStore bounds every call of a Redis store that has no failure
+// policy, so that a stalled Redis costs a request at most d: the error then
+// goes to the caller (UNAVAILABLE for Envoy, 503 for the JSON API).
+type deadlineStore struct {
+	*redisstore.Store
+	d time.Duration
+}
+
+func (s deadlineStore) Take(ctx context.Context, key string, l sluice.Limit, cost int64) (sluice.Decision, error) {
+	ctx, cancel := context.WithTimeout(ctx, s.d)
+	defer cancel()
+	return s.Store.Take(ctx, key, l, cost)
+}
+
+func (s deadlineStore) Peek(ctx context.Context, key string, l sluice.Limit, cost int64) (sluice.Decision, error) {
+	ctx, cancel := context.WithTimeout(ctx, s.d)
+	defer cancel()
+	return s.Store.Peek(ctx, key, l, cost)
+}
+
+func (s deadlineStore) Reset(ctx context.Context, key string, l sluice.Limit) error {
+	ctx, cancel := context.WithTimeout(ctx, s.d)
+	defer cancel()
+	return s.Store.Reset(ctx, key, l)
+}
+
+func (s deadlineStore) TakeAll(ctx context.Context, reqs []sluice.Request) ([]sluice.Decision, error) {
+	ctx, cancel := context.WithTimeout(ctx, s.d)
+	defer cancel()
+	return s.Store.TakeAll(ctx, reqs)
 }
