@@ -133,7 +133,7 @@ func newClusterClient(t *testing.T, nodes []*clusterNode) *redis.ClusterClient {
 // clusterNode is one redis-server of a private cluster.
 type clusterNode struct {
 	addr, host string
-	port       int
+	port, bus  int // bus: the cluster bus port
 	id         string
 	c          *redis.Client
 }
@@ -208,24 +208,34 @@ func startCluster(t *testing.T, n int) []*clusterNode {
 	ctx := context.Background()
 	nodes := make([]*clusterNode, n)
 	for i := range nodes {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
+		// Two free ports: the bus port is named, since port+10000 (Redis's
+		// default) may be past 65535 or in use for ephemeral ports.
+		var ports [2]int
+		var ls [2]net.Listener
+		for j := range ls {
+			l, err := net.Listen("tcp", "127.0.0.1:0") // both held, so they differ
+			if err != nil {
+				t.Fatal(err)
+			}
+			ls[j], ports[j] = l, l.Addr().(*net.TCPAddr).Port
 		}
-		port := l.Addr().(*net.TCPAddr).Port
-		l.Close()
+		ls[0].Close()
+		ls[1].Close()
+		port := ports[0]
 		dir := t.TempDir()
 		cmd := exec.Command("redis-server", "--port", fmt.Sprint(port), "--bind", "127.0.0.1",
 			"--save", "", "--appendonly", "no", "--dir", dir, "--logfile", filepath.Join(dir, "redis.log"),
-			"--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf")
+			"--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-port", fmt.Sprint(ports[1]))
+		redistest.DieWithParent(cmd)
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-		nd := &clusterNode{addr: fmt.Sprintf("127.0.0.1:%d", port), host: "127.0.0.1", port: port}
+		nd := &clusterNode{addr: fmt.Sprintf("127.0.0.1:%d", port), host: "127.0.0.1", port: port, bus: ports[1]}
 		nd.c = redis.NewClient(&redis.Options{Addr: nd.addr, MaxRetries: -1})
 		t.Cleanup(func() { nd.c.Close() })
 		waitFor(t, "redis-server on "+nd.addr, func() bool { return nd.c.Ping(ctx).Err() == nil })
+		var err error
 		if nd.id, err = nd.c.Do(ctx, "cluster", "myid").Text(); err != nil {
 			t.Fatal(err)
 		}
@@ -240,7 +250,7 @@ func startCluster(t *testing.T, n int) []*clusterNode {
 		nodes[i] = nd
 	}
 	for _, nd := range nodes[1:] {
-		if err := nodes[0].c.ClusterMeet(ctx, nd.host, fmt.Sprint(nd.port)).Err(); err != nil {
+		if err := nodes[0].c.Do(ctx, "cluster", "meet", nd.host, nd.port, nd.bus).Err(); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -14,6 +14,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"sluice/internal/redistest"
 )
 
 // TestMain lets the test binary act as the sluice command: a test runs
@@ -56,6 +58,7 @@ func sluiceCmd(env []string, args ...string) *exec.Cmd {
 	cmd := exec.Command(os.Args[0], args...)
 	cmd.Env = append(os.Environ(), "SLUICE_TEST_MAIN=1")
 	cmd.Env = append(cmd.Env, env...)
+	redistest.DieWithParent(cmd)
 	return cmd
 }
 
