@@ -66,8 +66,7 @@ type Options struct {
 	// failure_mode_deny.
 	NoFailurePolicy bool
 	// DecisionTimeout bounds one Redis call (with or without a failure
-	// policy). Default: resilient.DefaultTimeout.
-	// Default: resilient's (50ms).
+	// policy). Default: resilient.DefaultTimeout (50ms).
 	DecisionTimeout time.Duration
 	// AdminToken guards admin endpoints; see HandlerOptions.
 	AdminToken string
