@@ -5,8 +5,8 @@ import (
 	"fmt"
 	"time"
 
-	"sluice"
-	"sluice/memory"
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/memory"
 )
 
 // A fixed clock keeps the examples' output exact; real code leaves Clock nil.

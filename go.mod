@@ -1,4 +1,4 @@
-module sluice
+module github.com/sluicehq/sluice
 
 go 1.26.0
 

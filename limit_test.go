@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"sluice"
+	"github.com/sluicehq/sluice"
 )
 
 func TestParseLimit(t *testing.T) {

@@ -29,9 +29,9 @@ import (
 	ulule "github.com/ulule/limiter/v3"
 	ululeredis "github.com/ulule/limiter/v3/drivers/store/redis"
 
-	"sluice"
-	"sluice/memory"
-	"sluice/redisstore"
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/memory"
+	"github.com/sluicehq/sluice/redisstore"
 )
 
 // The comparison's load, as the project states it: 64 goroutines over

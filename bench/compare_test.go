@@ -11,7 +11,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"sluice/internal/redistest"
+	"github.com/sluicehq/sluice/internal/redistest"
 )
 
 // runPrefix keeps this process's keys apart from other runs on the same

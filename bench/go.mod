@@ -1,4 +1,4 @@
-module sluice/bench
+module github.com/sluicehq/sluice/bench
 
 go 1.26.0
 
@@ -10,7 +10,7 @@ require (
 	github.com/throttled/throttled/v2 v2.15.0
 	github.com/ulule/limiter/v3 v3.11.2
 	google.golang.org/grpc v1.85.0
-	sluice v0.0.0
+	github.com/sluicehq/sluice v0.0.0
 )
 
 require (
@@ -27,4 +27,4 @@ require (
 	google.golang.org/protobuf v1.36.12 // indirect
 )
 
-replace sluice => ../
+replace github.com/sluicehq/sluice => ../

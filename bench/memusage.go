@@ -7,8 +7,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"sluice"
-	"sluice/redisstore"
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/redisstore"
 )
 
 // KeyMemory is what one rate-limited key costs in Redis.

@@ -19,7 +19,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
-	"sluice/internal/redistest"
+	"github.com/sluicehq/sluice/internal/redistest"
 )
 
 // ratelimitVersion is the envoyproxy/ratelimit service compared with.

@@ -26,9 +26,9 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 
-	"sluice"
-	"sluice/httplimit"
-	"sluice/internal/enforce"
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/httplimit"
+	"github.com/sluicehq/sluice/internal/enforce"
 )
 
 // Strategy is what a rule does with a call over its limit; see httplimit.

@@ -10,7 +10,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/peer"
 
-	"sluice/internal/ipkey"
+	"github.com/sluicehq/sluice/internal/ipkey"
 )
 
 // KeyFunc says whom a call is counted against. It returns ErrNoKey when the

@@ -13,11 +13,11 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"sluice"
-	"sluice/internal/redistest"
-	"sluice/memory"
-	"sluice/redisstore"
-	"sluice/resilient"
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/memory"
+	"github.com/sluicehq/sluice/redisstore"
+	"github.com/sluicehq/sluice/resilient"
 )
 
 // benchKeys is the number of distinct clients in the middleware benchmarks.

@@ -8,9 +8,9 @@ import (
 	"net/http/httptest"
 	"time"
 
-	"sluice"
-	"sluice/httplimit"
-	"sluice/memory"
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/httplimit"
+	"github.com/sluicehq/sluice/memory"
 )
 
 // Protect a handler: two requests per minute per client IP.

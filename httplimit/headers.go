@@ -7,7 +7,7 @@ import (
 	"strings"
 	"time"
 
-	"sluice"
+	"github.com/sluicehq/sluice"
 )
 
 // Header names written by SetHeaders.

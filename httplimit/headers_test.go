@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"sluice"
+	"github.com/sluicehq/sluice"
 )
 
 func TestSetHeaders(t *testing.T) {

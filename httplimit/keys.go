@@ -7,7 +7,7 @@ import (
 	"strconv"
 	"strings"
 
-	"sluice/internal/ipkey"
+	"github.com/sluicehq/sluice/internal/ipkey"
 )
 
 // KeyFunc says whom a request is counted against: a client IP, an API key,

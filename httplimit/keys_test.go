@@ -7,8 +7,8 @@ import (
 	"net/http/httptest"
 	"testing"
 
-	"sluice"
-	"sluice/memory"
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/memory"
 )
 
 // A spoofed X-Forwarded-For from an untrusted peer does not change the key;

@@ -6,8 +6,8 @@ import (
 	"net/http"
 	"time"
 
-	"sluice"
-	"sluice/internal/enforce"
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/enforce"
 )
 
 // Strategy is what a rule does with a request over its limit.

@@ -13,9 +13,9 @@ import (
 	"testing"
 	"time"
 
-	"sluice"
-	"sluice/memory"
-	"sluice/storetest"
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/memory"
+	"github.com/sluicehq/sluice/storetest"
 )
 
 var t0 = time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)

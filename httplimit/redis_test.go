@@ -11,11 +11,11 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"sluice"
-	"sluice/internal/redistest"
-	"sluice/redisstore"
-	"sluice/resilient"
-	"sluice/storetest"
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/redisstore"
+	"github.com/sluicehq/sluice/resilient"
+	"github.com/sluicehq/sluice/storetest"
 )
 
 // redisBackends returns the standalone server and the cluster, each with a

@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"net/http"
 
-	"sluice"
+	"github.com/sluicehq/sluice"
 )
 
 // Transport is an http.RoundTripper that waits for quota before each

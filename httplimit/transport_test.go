@@ -11,8 +11,8 @@ import (
 	"testing"
 	"time"
 
-	"sluice"
-	"sluice/memory"
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/memory"
 )
 
 func TestTransport(t *testing.T) {

@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"sluice"
-	"sluice/memory"
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/memory"
 )
 
 // numKeys is the size of the wide key set. The key strings are made once,

@@ -3,7 +3,7 @@ package memory
 import (
 	"time"
 
-	"sluice"
+	"github.com/sluicehq/sluice"
 )
 
 // params are a Limit in the integer microseconds every algorithm computes in.

@@ -7,9 +7,9 @@ import (
 	"testing"
 	"time"
 
-	"sluice"
-	"sluice/memory"
-	"sluice/storetest"
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/memory"
+	"github.com/sluicehq/sluice/storetest"
 )
 
 // GCRA, the token bucket and the leaky bucket store different things but

@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"slices"
 
-	"sluice"
+	"github.com/sluicehq/sluice"
 )
 
 var _ sluice.MultiStore = (*Store)(nil)

@@ -13,7 +13,7 @@ import (
 	"sync"
 	"time"
 
-	"sluice"
+	"github.com/sluicehq/sluice"
 )
 
 var _ sluice.Store = (*Store)(nil)

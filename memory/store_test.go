@@ -4,9 +4,9 @@ import (
 	"testing"
 	"time"
 
-	"sluice"
-	"sluice/memory"
-	"sluice/storetest"
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/memory"
+	"github.com/sluicehq/sluice/storetest"
 )
 
 func TestConformance(t *testing.T) {

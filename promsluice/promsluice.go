@@ -20,7 +20,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"sluice"
+	"github.com/sluicehq/sluice"
 )
 
 var (

@@ -16,11 +16,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
-	"sluice"
-	"sluice/httplimit"
-	"sluice/memory"
-	"sluice/promsluice"
-	"sluice/resilient"
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/httplimit"
+	"github.com/sluicehq/sluice/memory"
+	"github.com/sluicehq/sluice/promsluice"
+	"github.com/sluicehq/sluice/resilient"
 )
 
 // failing is a store whose backend is down.

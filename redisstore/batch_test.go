@@ -14,10 +14,10 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"sluice"
-	"sluice/internal/redistest"
-	"sluice/memory"
-	"sluice/storetest"
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/memory"
+	"github.com/sluicehq/sluice/storetest"
 )
 
 // watch is a go-redis hook that counts what a client sends and lets a test

@@ -8,9 +8,9 @@ import (
 	"testing"
 	"time"
 
-	"sluice"
-	"sluice/internal/redistest"
-	"sluice/redisstore"
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/redisstore"
 )
 
 // benchKeys is the wide key set, the size the bench module's comparison

@@ -16,9 +16,9 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"sluice"
-	"sluice/internal/redistest"
-	"sluice/redisstore"
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/redisstore"
 )
 
 // The concurrency test runs concProcesses real OS processes (this test

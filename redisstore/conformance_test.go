@@ -6,10 +6,10 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"sluice"
-	"sluice/internal/redistest"
-	"sluice/redisstore"
-	"sluice/storetest"
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/redisstore"
+	"github.com/sluicehq/sluice/storetest"
 )
 
 // The conformance suite with the caller's clock injected, on a standalone

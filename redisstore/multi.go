@@ -7,7 +7,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"sluice"
+	"github.com/sluicehq/sluice"
 )
 
 // TakeAll implements sluice.MultiStore: either every request's units are

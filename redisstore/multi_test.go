@@ -7,11 +7,11 @@ import (
 	"testing"
 	"time"
 
-	"sluice"
-	"sluice/internal/redistest"
-	"sluice/memory"
-	"sluice/redisstore"
-	"sluice/storetest"
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/memory"
+	"github.com/sluicehq/sluice/redisstore"
+	"github.com/sluicehq/sluice/storetest"
 )
 
 // TestTakeAllMatchesMemory: random layered requests (one to three limits

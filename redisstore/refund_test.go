@@ -7,9 +7,9 @@ import (
 	"testing"
 	"time"
 
-	"sluice"
-	"sluice/internal/redistest"
-	"sluice/storetest"
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/storetest"
 )
 
 // TestRefund: a take given back by refund, at once or later, leaves a key

@@ -7,7 +7,7 @@ import (
 	"strings"
 	"time"
 
-	"sluice"
+	"github.com/sluicehq/sluice"
 )
 
 // result is one decision as a script returns it, in microseconds.

@@ -5,7 +5,7 @@ import (
 	"errors"
 	"testing"
 
-	"sluice/internal/redistest"
+	"github.com/sluicehq/sluice/internal/redistest"
 )
 
 func TestParseResult(t *testing.T) {

@@ -7,7 +7,7 @@ import (
 	"fmt"
 	"strings"
 
-	"sluice"
+	"github.com/sluicehq/sluice"
 )
 
 //go:embed scripts/*.lua

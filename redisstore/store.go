@@ -48,7 +48,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"sluice"
+	"github.com/sluicehq/sluice"
 )
 
 var (

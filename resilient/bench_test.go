@@ -6,9 +6,9 @@ import (
 	"testing"
 	"time"
 
-	"sluice"
-	"sluice/internal/redistest"
-	"sluice/redisstore"
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/redisstore"
 )
 
 // BenchmarkTakeRedis measures what the wrapper adds to a Redis Take (the

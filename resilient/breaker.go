@@ -5,7 +5,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"sluice"
+	"github.com/sluicehq/sluice"
 )
 
 // breaker is a circuit breaker. Closed: every call goes to the backend;

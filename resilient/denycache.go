@@ -5,7 +5,7 @@ import (
 	"sync"
 	"time"
 
-	"sluice"
+	"github.com/sluicehq/sluice"
 )
 
 // denyCache remembers backend denials so that a blocked key costs the

@@ -7,9 +7,9 @@ import (
 	"log"
 	"time"
 
-	"sluice"
-	"sluice/memory"
-	"sluice/resilient"
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/memory"
+	"github.com/sluicehq/sluice/resilient"
 )
 
 // down is a backend that fails every call, as a dead Redis would.

@@ -36,8 +36,8 @@ import (
 	"strings"
 	"time"
 
-	"sluice"
-	"sluice/memory"
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/memory"
 )
 
 var (

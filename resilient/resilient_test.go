@@ -8,9 +8,9 @@ import (
 	"testing"
 	"time"
 
-	"sluice"
-	"sluice/memory"
-	"sluice/storetest"
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/memory"
+	"github.com/sluicehq/sluice/storetest"
 )
 
 var t0 = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)

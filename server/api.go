@@ -17,8 +17,8 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protojson"
 
-	"sluice"
-	"sluice/httplimit"
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/httplimit"
 )
 
 // MaxBodyBytes bounds JSON request bodies.

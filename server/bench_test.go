@@ -5,7 +5,7 @@ import (
 	"strconv"
 	"testing"
 
-	"sluice/memory"
+	"github.com/sluicehq/sluice/memory"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 )

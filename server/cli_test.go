@@ -15,7 +15,7 @@ import (
 	"testing"
 	"time"
 
-	"sluice/internal/redistest"
+	"github.com/sluicehq/sluice/internal/redistest"
 )
 
 // TestMain lets the test binary act as the sluice command: a test runs

@@ -14,7 +14,7 @@ import (
 
 	"gopkg.in/yaml.v3"
 
-	"sluice"
+	"github.com/sluicehq/sluice"
 )
 
 // ErrConfig is wrapped by every configuration error. A *ConfigError carries

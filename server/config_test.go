@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"sluice"
+	"github.com/sluicehq/sluice"
 )
 
 func TestParseSluiceConfig(t *testing.T) {

@@ -14,8 +14,8 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
-	"sluice"
-	"sluice/memory"
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/memory"
 )
 
 // t0 starts a day, so every fixed window the tests use (second to day)

@@ -8,8 +8,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
-	"sluice"
-	"sluice/promsluice"
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/promsluice"
 )
 
 // Metrics are the service's Prometheus metrics: package promsluice's

@@ -5,8 +5,8 @@ import (
 	"errors"
 	"testing"
 
-	"sluice"
-	"sluice/memory"
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/memory"
 )
 
 // brokenStore fails every call, as a Redis that is down without a failure

@@ -14,8 +14,8 @@ import (
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"github.com/redis/go-redis/v9"
 
-	"sluice/internal/redistest"
-	"sluice/redisstore"
+	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/redisstore"
 )
 
 // TestRLSExactUnderConcurrencyRedis: many goroutines send two-descriptor

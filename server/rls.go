@@ -17,8 +17,8 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 
-	"sluice"
-	"sluice/httplimit"
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/httplimit"
 )
 
 // RegisterRLS registers the service as Envoy's rate limit service

@@ -15,8 +15,8 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
-	"sluice"
-	"sluice/memory"
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/memory"
 )
 
 // rlsStep is one request at clock offset at, and the statuses it must get

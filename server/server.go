@@ -34,11 +34,11 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 
-	"sluice"
-	"sluice/memory"
-	"sluice/redisstore"
-	"sluice/resilient"
-	"sluice/server/dashboard"
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/memory"
+	"github.com/sluicehq/sluice/redisstore"
+	"github.com/sluicehq/sluice/resilient"
+	"github.com/sluicehq/sluice/server/dashboard"
 )
 
 // Options configures a Server. The zero value runs the demo configuration

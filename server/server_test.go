@@ -12,8 +12,8 @@ import (
 	"testing"
 	"time"
 
-	"sluice"
-	"sluice/memory"
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/memory"
 )
 
 // blockingStore holds every Take until release is closed, so a test can

@@ -11,7 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"sluice"
+	"github.com/sluicehq/sluice"
 )
 
 // Errors the service returns for bad requests. Store failures are returned

@@ -10,9 +10,9 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"sluice"
-	"sluice/redisstore"
-	"sluice/resilient"
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/redisstore"
+	"github.com/sluicehq/sluice/resilient"
 )
 
 // ErrRedisURL is wrapped by errors about the --redis URL.

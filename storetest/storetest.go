@@ -26,7 +26,7 @@ import (
 	"testing"
 	"time"
 
-	"sluice"
+	"github.com/sluicehq/sluice"
 )
 
 // NewStore returns the store under test. It must read the time from now,

@@ -9,7 +9,7 @@ package main
 import (
 	"os"
 
-	"sluice/server"
+	"github.com/sluicehq/sluice/server"
 )
 
 func main() {

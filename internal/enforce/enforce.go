@@ -15,7 +15,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"sluice"
+	"github.com/sluicehq/sluice"
 )
 
 // Strategy is what a rule does with a request over its limit.

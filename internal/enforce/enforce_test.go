@@ -8,10 +8,10 @@ import (
 	"testing"
 	"time"
 
-	"sluice"
-	"sluice/memory"
-	"sluice/resilient"
-	"sluice/storetest"
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/memory"
+	"github.com/sluicehq/sluice/resilient"
+	"github.com/sluicehq/sluice/storetest"
 )
 
 func TestClosest(t *testing.T) {

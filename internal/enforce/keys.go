@@ -7,7 +7,7 @@ import (
 	"hash"
 	"sync"
 
-	"sluice"
+	"github.com/sluicehq/sluice"
 )
 
 // Keyer builds store keys: Prefix + rule name + a separator + the request's

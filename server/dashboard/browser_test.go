@@ -20,9 +20,9 @@ import (
 
 	"github.com/chromedp/chromedp"
 
-	"sluice/memory"
-	"sluice/server"
-	"sluice/server/dashboard"
+	"github.com/sluicehq/sluice/memory"
+	"github.com/sluicehq/sluice/server"
+	"github.com/sluicehq/sluice/server/dashboard"
 )
 
 // The browser test drives the real page in headless Chromium against the

@@ -21,7 +21,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"sluice/bench"
+	"github.com/sluicehq/sluice/bench"
 )
 
 func main() {

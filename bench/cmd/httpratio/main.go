@@ -42,10 +42,10 @@ import (
 	"strconv"
 	"time"
 
-	"sluice"
-	"sluice/bench"
-	"sluice/httplimit"
-	"sluice/memory"
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/bench"
+	"github.com/sluicehq/sluice/httplimit"
+	"github.com/sluicehq/sluice/memory"
 )
 
 func main() {
