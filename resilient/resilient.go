@@ -291,7 +291,7 @@ func New(backend sluice.Store, opts *Options) (*Store, error) {
 	if s.clock == nil {
 		s.clock = time.Now
 	}
-	s.br = breaker{threshold: orDefault(o.FailureThreshold, 3), interval: s.probe, name: s.name, observer: s.observer}
+	s.br = newBreaker(&o, s.name)
 	if o.DenyCacheSize >= 0 {
 		s.cache = newDenyCache(orDefault(o.DenyCacheSize, 100_000))
 	}
@@ -370,7 +370,7 @@ func (s *Store) decide(ctx context.Context, op, key string, limit sluice.Limit, 
 		return fn(ctx, key, limit, cost)
 	})
 	if err == nil {
-		s.br.success(probe)
+		s.br.success(probe, now)
 		if s.cache != nil {
 			switch {
 			case !d.Allowed && d.Source != sluice.SourceFailClosed: // a wrapped resilient store's made-up denial is no state
@@ -383,11 +383,11 @@ func (s *Store) decide(ctx context.Context, op, key string, limit sluice.Limit, 
 		return d, nil
 	}
 	if cerr := ctx.Err(); cerr != nil {
-		s.br.release(probe, s.clock())
+		s.br.release(probe)
 		return sluice.Decision{}, fmt.Errorf("resilient: %s: %w", op, cerr)
 	}
 	if badInput(err) {
-		s.br.release(probe, s.clock())
+		s.br.release(probe)
 		return sluice.Decision{}, err
 	}
 	s.br.failure(probe, s.clock())
@@ -538,7 +538,7 @@ func (m *MultiStore) TakeAll(ctx context.Context, reqs []sluice.Request) ([]slui
 		err = fmt.Errorf("resilient: backend returned %d decisions for %d requests", len(ds), len(reqs))
 	}
 	if err == nil {
-		s.br.success(probe)
+		s.br.success(probe, now)
 		if s.cache != nil {
 			took := allowedAll(ds)
 			for i, d := range ds {
@@ -553,11 +553,11 @@ func (m *MultiStore) TakeAll(ctx context.Context, reqs []sluice.Request) ([]slui
 		return ds, nil
 	}
 	if cerr := ctx.Err(); cerr != nil {
-		s.br.release(probe, s.clock())
+		s.br.release(probe)
 		return nil, fmt.Errorf("resilient: take_all: %w", cerr)
 	}
 	if badInput(err) {
-		s.br.release(probe, s.clock())
+		s.br.release(probe)
 		return nil, err
 	}
 	s.br.failure(probe, s.clock())
