@@ -434,10 +434,10 @@ func (s *Store) fleetSize() int64 {
 // share limit: cost × n against the whole limit, so that n processes
 // admit one limit between them. The fallback's state stays in units of the
 // whole limit, so a change of n (a fleet growing or shrinking) keeps it:
-// dividing the limit instead would start every key afresh, a burst per
-// change. Where cost × n exceeds the capacity, the capacity is charged:
-// each process then admits at most one such request per refill of the
-// whole capacity.
+// dividing the limit instead would read the key's state under another
+// limit, of other burst and interval. Where cost × n exceeds the
+// capacity, the capacity is charged: each process then admits at most one
+// such request per refill of the whole capacity.
 func localCost(limit sluice.Limit, cost, n int64) int64 {
 	c := limit.Capacity()
 	if cost > c/n {
