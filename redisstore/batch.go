@@ -51,16 +51,17 @@ func newBatcher(client redis.UniversalClient, max, inFlight int) *batcher {
 	return b
 }
 
-// do sends c and sets its reply, or returns ctx.Err() if ctx ends first
+// do sends c and sets its reply, or returns ctx.Err() as soon as ctx ends
 // (the command may still run if it was already sent).
 func (b *batcher) do(ctx context.Context, c *call) error {
 	b.mu.Lock()
 	if b.busy < b.inFlight {
 		b.busy++
 		b.mu.Unlock()
-		runOne(ctx, b.client, c)
-		b.release()
-		return nil
+		return c.await(ctx, func() {
+			runOne(ctx, b.client, c)
+			b.release()
+		})
 	}
 	if c.done == nil {
 		c.done = make(chan struct{}, 1)
@@ -128,7 +129,7 @@ type unit struct {
 	script *script
 	args   []any
 	calls  []*call
-	cmd    *redis.IntSliceCmd
+	cmd    scriptCmd
 }
 
 // send runs batch as one pipeline and wakes its callers. The pipeline runs

@@ -54,10 +54,21 @@ func (c *call) recycle() {
 	calls.Put(c)
 }
 
-func newCmd(ctx context.Context, args []any) *redis.IntSliceCmd {
+// scriptCmd is a script call that go-redis must never send twice. go-redis
+// retries a command (and a whole pipeline) after a lost connection or a
+// read timeout, when Redis may already have run it: a take would be charged
+// twice. NoRetry stops that on every client type; redirects (MOVED, ASK)
+// and a READONLY node, which mean the command did not run, are still
+// followed, and NOSCRIPT is retried here.
+type scriptCmd struct{ *redis.IntSliceCmd }
+
+// NoRetry implements redis.Cmder.
+func (scriptCmd) NoRetry() bool { return true }
+
+func newCmd(ctx context.Context, args []any) scriptCmd {
 	cmd := redis.NewIntSliceCmd(ctx, args...)
 	cmd.SetFirstKeyPos(3) // a cluster routes by the first key, after numkeys
-	return cmd
+	return scriptCmd{cmd}
 }
 
 // evalArgs are args, an EVALSHA of s, as an EVAL: the script's source in
@@ -71,8 +82,8 @@ func isNoScript(err error) bool {
 	return err != nil && (errors.Is(err, redis.ErrNoScript) || redis.HasErrorPrefix(err, "NOSCRIPT"))
 }
 
-// runOne sends c on its own, on the caller's context: EVALSHA, and EVAL if
-// the server has lost the script.
+// runOne sends c on its own, on ctx: EVALSHA, and EVAL if the server has
+// lost the script.
 func runOne(ctx context.Context, client redis.UniversalClient, c *call) {
 	cmd := newCmd(ctx, c.args)
 	err := client.Process(ctx, cmd)
@@ -81,4 +92,41 @@ func runOne(ctx context.Context, client redis.UniversalClient, c *call) {
 		err = client.Process(ctx, cmd)
 	}
 	c.val, c.err = cmd.Val(), err
+}
+
+// bounded runs send on a goroutine of its own and returns when it is done,
+// or with ctx.Err() as soon as ctx ends, whichever comes first: a caller's
+// deadline bounds its call whatever the client's own timeouts (go-redis
+// applies a context's deadline to reads and writes only with
+// ContextTimeoutEnabled). An abandoned send runs on until the client's
+// timeouts end it, and a take it carried may still be charged. send always
+// runs. done (buffered, empty) receives one signal when send returns. A
+// context that can never end costs no goroutine: send runs on the caller's.
+func bounded(ctx context.Context, done chan struct{}, send func()) error {
+	if ctx.Done() == nil {
+		send()
+		return nil
+	}
+	go func() {
+		send()
+		done <- struct{}{}
+	}()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// await is bounded for c: on ctx's end, c is left to its sender.
+func (c *call) await(ctx context.Context, send func()) error {
+	if c.done == nil {
+		c.done = make(chan struct{}, 1)
+	}
+	err := bounded(ctx, c.done, send)
+	if err != nil {
+		c.gone = true
+	}
+	return err
 }

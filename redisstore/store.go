@@ -26,9 +26,24 @@
 // failover) is charged as at that state's time, never earlier: the window
 // algorithms charge it in the newer window rather than reopen an older one.
 //
-// A take is not idempotent. go-redis's ClusterClient retries a command whose
-// reply timed out (up to MaxRedirects times), so on a Cluster a take that
-// times out may count more than once: it can cost quota, never admit extra.
+// A take is charged once. Every script call is marked non-retryable, on
+// any client, the caller's own included: go-redis would otherwise send a
+// command (or a whole pipeline) again after a lost connection or a read
+// timeout, when Redis may already have run it. Only answers that mean the
+// script did not run are followed or retried: MOVED and ASK (by go-redis),
+// NOSCRIPT (here). A call whose reply is lost fails; its take may have been
+// charged, so it can cost quota, never admit extra.
+//
+// A call returns as soon as its context ends, whatever the client's own
+// timeouts: it is abandoned, not cancelled. An abandoned call's command may
+// still reach Redis and be charged, and holds its connection until the
+// client's read timeout, or until the reply.
+//
+// On a ClusterClient, a connection error or a timed-out call makes the
+// Store ask the client to reload its slot map (at most every
+// ReloadInterval), so that a failed-over master is left for its promoted
+// replica within a reload of the promotion; go-redis itself reloads only on
+// redirects and every ClusterStateReloadInterval.
 //
 // Keys are laid out as Prefix + "{" + key + "}:" + algorithm code, so all
 // of one key's state lives in one Cluster hash slot and different
@@ -38,9 +53,11 @@
 package redisstore
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -67,12 +84,21 @@ var (
 	// ErrNoClient: the Store was built with a nil client, or is a zero
 	// value.
 	ErrNoClient = errors.New("redisstore: no client")
+	// ErrNotReplicated: Options.WaitReplicas is set and fewer replicas
+	// acknowledged a take within Options.WaitTimeout. The take was charged
+	// on the master; a failover now could lose it.
+	ErrNotReplicated = errors.New("redisstore: take not replicated")
+	// ErrWaitUnsupported: Options.WaitReplicas is set on a client other
+	// than a Client, a Sentinel failover client or a ClusterClient.
+	ErrWaitUnsupported = errors.New("redisstore: WaitReplicas needs a Client, failover client or ClusterClient")
 )
 
-// Batching defaults; see Options.
+// Defaults; see Options.
 const (
-	DefaultMaxBatch    = 64
-	DefaultMaxInFlight = 2
+	DefaultMaxBatch       = 64
+	DefaultMaxInFlight    = 2
+	DefaultWaitTimeout    = 100 * time.Millisecond
+	DefaultReloadInterval = 250 * time.Millisecond
 )
 
 // Options configures a Store. A nil *Options gives every default.
@@ -90,12 +116,33 @@ type Options struct {
 	Clock func() time.Time
 	// MaxBatch is the most calls one batch carries. Default
 	// DefaultMaxBatch; 1 disables batching, so that every call is its own
-	// round trip on its caller's goroutine and context.
+	// round trip on its caller's context.
 	MaxBatch int
 	// MaxInFlight is how many batches (each a pipeline on one connection) a
 	// Store sends at once before further calls wait to be batched. Default
 	// DefaultMaxInFlight. Ignored when MaxBatch is 1.
 	MaxInFlight int
+	// WaitReplicas, when positive, makes every take wait until that many
+	// replicas of its master have acknowledged it (Redis WAIT, on the
+	// take's own connection) before it is reported, so that a failover
+	// cannot lose a take that a caller acted on. A take that fewer replicas
+	// acknowledge within WaitTimeout fails with ErrNotReplicated (it was
+	// charged on the master). It costs a replication round trip per take
+	// and turns batching off (see BENCHMARKS.md). Default 0: a take is
+	// reported once its master has run it, and a failover may lose the
+	// takes not yet replicated (see the README, "When Redis loses writes").
+	WaitReplicas int
+	// WaitTimeout bounds the wait for WaitReplicas. Default
+	// DefaultWaitTimeout.
+	WaitTimeout time.Duration
+	// ReloadInterval is the least time between two slot-map reloads that
+	// a ClusterClient's connection errors ask for. Default
+	// DefaultReloadInterval.
+	ReloadInterval time.Duration
+	// Logger receives one line when a ClusterClient's calls start failing
+	// with connection errors (and the Store starts reloading the slot map)
+	// and one when they succeed again. Default slog.Default().
+	Logger *slog.Logger
 }
 
 // Store is a sluice.Store and sluice.MultiStore on Redis. It is safe for
@@ -104,15 +151,16 @@ type Options struct {
 // goroutine running between calls, so it needs no Close. Build one with
 // New; the zero value answers every call with ErrNoClient.
 //
-// A call sent alone runs on its caller's goroutine and context, as any
-// go-redis call does. A call waiting for a batch, or travelling in one,
-// returns ctx.Err() as soon as its context ends; if its command was already
-// sent it may still run, as with any Redis call that times out.
+// Every call returns ctx.Err() as soon as its context ends, whether it is
+// waiting for a batch or on the wire; if its command was already sent it
+// may still run, as with any Redis call that times out.
 type Store struct {
 	client  redis.UniversalClient
 	prefix  string
 	clock   func() time.Time
 	batch   *batcher // nil: every call on its own
+	wait    []any    // WAIT's arguments after each take, or nil
+	reload  *reloader
 	params  atomic.Pointer[map[sluice.Limit]params]
 	paramMu sync.Mutex
 }
@@ -121,21 +169,30 @@ type Store struct {
 // client: closing it is the caller's job.
 func New(client redis.UniversalClient, opts *Options) *Store {
 	s := &Store{client: client, prefix: "sluice:"}
-	maxBatch, inFlight := DefaultMaxBatch, DefaultMaxInFlight
+	o := Options{MaxBatch: DefaultMaxBatch, MaxInFlight: DefaultMaxInFlight,
+		WaitTimeout: DefaultWaitTimeout, ReloadInterval: DefaultReloadInterval, Logger: slog.Default()}
 	if opts != nil {
 		if opts.Prefix != "" {
 			s.prefix = opts.Prefix
 		}
 		s.clock = opts.Clock
-		if opts.MaxBatch > 0 {
-			maxBatch = opts.MaxBatch
-		}
-		if opts.MaxInFlight > 0 {
-			inFlight = opts.MaxInFlight
-		}
+		o.MaxBatch = cmp.Or(max(opts.MaxBatch, 0), o.MaxBatch)
+		o.MaxInFlight = cmp.Or(max(opts.MaxInFlight, 0), o.MaxInFlight)
+		o.WaitReplicas = opts.WaitReplicas
+		o.WaitTimeout = cmp.Or(max(opts.WaitTimeout, 0), o.WaitTimeout)
+		o.ReloadInterval = cmp.Or(max(opts.ReloadInterval, 0), o.ReloadInterval)
+		o.Logger = cmp.Or(opts.Logger, o.Logger)
 	}
-	if client != nil && maxBatch > 1 {
-		s.batch = newBatcher(client, maxBatch, inFlight)
+	if o.WaitReplicas > 0 {
+		// WAIT counts the writes of one connection: each take goes alone.
+		s.wait = []any{"wait", o.WaitReplicas, max(1, o.WaitTimeout.Milliseconds())}
+		o.MaxBatch = 1
+	}
+	if client != nil && o.MaxBatch > 1 {
+		s.batch = newBatcher(client, o.MaxBatch, o.MaxInFlight)
+	}
+	if cc, ok := client.(*redis.ClusterClient); ok {
+		s.reload = &reloader{cluster: cc, every: o.ReloadInterval, log: o.Logger}
 	}
 	return s
 }
@@ -278,7 +335,13 @@ func (s *Store) Reset(ctx context.Context, key string, limit sluice.Limit) error
 	if s.client == nil {
 		return ErrNoClient
 	}
-	if err := s.client.Del(ctx, s.redisKey(key, limit.Algorithm)).Err(); err != nil {
+	var err error
+	if berr := bounded(ctx, make(chan struct{}, 1), func() {
+		err = s.client.Del(ctx, s.redisKey(key, limit.Algorithm)).Err()
+	}); berr != nil {
+		return fmt.Errorf("redisstore: reset: %w", berr)
+	}
+	if err != nil {
 		return fmt.Errorf("redisstore: reset: %w", err)
 	}
 	return nil
@@ -334,17 +397,28 @@ func (s *Store) refund(ctx context.Context, req sluice.Request, r result) error 
 	return nil
 }
 
-// run sends c, batched or on its own, and returns its reply.
+// run sends c, batched or on its own, and returns its reply, or ctx.Err()
+// as soon as ctx ends.
 func (s *Store) run(ctx context.Context, c *call) ([]int64, error) {
-	if s.batch != nil {
-		if err := s.batch.do(ctx, c); err != nil {
-			return nil, err
-		}
-	} else {
-		runOne(ctx, s.client, c)
+	if err := ctx.Err(); err != nil {
+		return nil, err // never sent
 	}
-	if c.err != nil {
-		return nil, replyErr(c.err)
+	var err error
+	switch {
+	case s.batch != nil:
+		err = s.batch.do(ctx, c)
+	case s.wait != nil && c.takes():
+		err = c.await(ctx, func() { s.runWaited(ctx, c) })
+	default:
+		err = c.await(ctx, func() { runOne(ctx, s.client, c) })
 	}
+	if err == nil {
+		err = c.err
+	}
+	if err != nil {
+		s.reload.failed(err)
+		return nil, replyErr(err)
+	}
+	s.reload.succeeded()
 	return c.val, nil
 }

@@ -1,6 +1,7 @@
 package redistest
 
 import (
+	"os"
 	"os/exec"
 	"syscall"
 )
@@ -13,3 +14,7 @@ func DieWithParent(cmd *exec.Cmd) {
 	}
 	cmd.SysProcAttr.Pdeathsig = syscall.SIGKILL
 }
+
+func signalStop(p *os.Process) error { return p.Signal(syscall.SIGSTOP) }
+
+func signalCont(p *os.Process) error { return p.Signal(syscall.SIGCONT) }
