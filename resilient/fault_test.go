@@ -215,7 +215,7 @@ func TestFaultUnreachable(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			for i := range 10 {
+			for i := range 20 { // 20 failures reach MinCalls at a 100% failure rate
 				start := time.Now()
 				d, err := s.Take(context.Background(), "k", sluice.PerSecond(10), 1)
 				if el := time.Since(start); el > timeout+margin {
