@@ -10,6 +10,7 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -93,10 +94,25 @@ func envDuration(name string, def time.Duration, bad *error) time.Duration {
 	return d
 }
 
+// envInt reads an integer from the environment; a bad value is reported
+// once the flags are parsed.
+func envInt(name string, def int, bad *error) int {
+	v, ok := os.LookupEnv(name)
+	if !ok {
+		return def
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil {
+		*bad = fmt.Errorf("%s: %w", name, err)
+		return def
+	}
+	return n
+}
+
 func serve(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("sluice serve", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	var envErr error
+	var envErr, fleetErr error
 	var (
 		configFile = fs.String("config", env("SLUICE_CONFIG", ""), "configuration `file` or directory (env SLUICE_CONFIG); default: the built-in demo")
 		redisURL   = fs.String("redis", env("SLUICE_REDIS_URL", ""), "Redis `URL` (env SLUICE_REDIS_URL): redis://, rediss://, redis+cluster://, redis+sentinel://; default: the embedded memory store")
@@ -104,6 +120,7 @@ func serve(args []string, stdout, stderr io.Writer) int {
 		grpcAddr   = fs.String("grpc", env("SLUICE_GRPC_ADDR", ":8081"), "Envoy rate limit service `address` (env SLUICE_GRPC_ADDR)")
 		failure    = fs.String("failure-policy", env("SLUICE_FAILURE_POLICY", "local"), "when Redis fails: local (enforce in this process), open, closed, or error (report it; Envoy decides) (env SLUICE_FAILURE_POLICY)")
 		timeout    = fs.Duration("decision-timeout", envDuration("SLUICE_DECISION_TIMEOUT", 0, &envErr), "longest wait for Redis before the failure policy answers (env SLUICE_DECISION_TIMEOUT); default 50ms")
+		fleetSize  = fs.Int("fleet-size", envInt("SLUICE_FLEET_SIZE", 0, &fleetErr), "how many instances share Redis: under --failure-policy local each enforces 1/N of every limit while Redis is away (env SLUICE_FLEET_SIZE); default 1")
 		adminToken = fs.String("admin-token", env("SLUICE_ADMIN_TOKEN", ""), "bearer `token` for admin endpoints (env SLUICE_ADMIN_TOKEN); default: loopback clients only")
 		watch      = fs.Duration("watch-interval", 2*time.Second, "how often to check the config file for changes (0: never)")
 	)
@@ -113,8 +130,17 @@ func serve(args []string, stdout, stderr io.Writer) int {
 		}
 		return 2
 	}
-	if envErr != nil && !flagSet(fs, "decision-timeout") { // flags win over the environment
-		fmt.Fprintln(stderr, "sluice serve:", envErr)
+	for _, e := range []struct {
+		flag string
+		err  error
+	}{{"decision-timeout", envErr}, {"fleet-size", fleetErr}} {
+		if e.err != nil && !flagSet(fs, e.flag) { // flags win over the environment
+			fmt.Fprintln(stderr, "sluice serve:", e.err)
+			return 2
+		}
+	}
+	if *fleetSize < 0 {
+		fmt.Fprintf(stderr, "sluice serve: --fleet-size %d: want 1 or more\n", *fleetSize)
 		return 2
 	}
 	if fs.NArg() > 0 {
@@ -137,7 +163,7 @@ func serve(args []string, stdout, stderr io.Writer) int {
 	defer signal.Stop(sigs)
 	srv, err := New(Options{
 		ConfigFile: *configFile, RedisURL: *redisURL, HTTPAddr: *httpAddr, GRPCAddr: *grpcAddr,
-		FailurePolicy: fp, NoFailurePolicy: !withPolicy, DecisionTimeout: *timeout, AdminToken: *adminToken, WatchInterval: *watch, Logger: log,
+		FailurePolicy: fp, NoFailurePolicy: !withPolicy, DecisionTimeout: *timeout, FleetSize: *fleetSize, AdminToken: *adminToken, WatchInterval: *watch, Logger: log,
 	})
 	if err != nil {
 		printErrors(stderr, err)

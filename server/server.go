@@ -68,6 +68,11 @@ type Options struct {
 	// DecisionTimeout bounds one Redis call (with or without a failure
 	// policy). Default: resilient.DefaultTimeout (50ms).
 	DecisionTimeout time.Duration
+	// FleetSize is how many instances share Redis. Under the local failure
+	// policy each instance then enforces 1/FleetSize of every limit while
+	// Redis is away, so the fleet as a whole stays near the limit. Default:
+	// 1.
+	FleetSize int
 	// AdminToken guards admin endpoints; see HandlerOptions.
 	AdminToken string
 	// WatchInterval is how often the config file's modification time is
@@ -110,6 +115,20 @@ func (s *Server) recoverUnary(ctx context.Context, req any, info *grpc.UnaryServ
 			resp, err = nil, status.Error(codes.Internal, "sluice: internal error")
 		}
 	}()
+	return handler(ctx, req)
+}
+
+// budgetUnary gives a call with a deadline a store budget that ends
+// budgetMargin before it, and at most the decision timeout (see
+// withBudget), so that the failure policy answers before the caller gives
+// up.
+func (s *Server) budgetUnary(ctx context.Context, req any, _ *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	dl, ok := ctx.Deadline()
+	if !ok {
+		return handler(ctx, req)
+	}
+	ctx, cancel := withBudget(ctx, dl.Add(-budgetMargin))
+	defer cancel()
 	return handler(ctx, req)
 }
 
@@ -171,11 +190,12 @@ func (s *Server) openStore() (sluice.Store, error) {
 		if s.opts.NoFailurePolicy {
 			// No policy answers for Redis, but a decision stays bounded:
 			// the error reaches Envoy, which applies failure_mode_deny.
-			return deadlineStore{rs, cmp.Or(s.opts.DecisionTimeout, resilient.DefaultTimeout)}, nil
+			return budgetStore{rs, cmp.Or(s.opts.DecisionTimeout, resilient.DefaultTimeout)}, nil
 		}
 		s.metrics.wrapped = true
-		store, err := resilient.NewMulti(rs, &resilient.Options{
+		store, err := resilient.NewMulti(budgetStore{rs, 0}, &resilient.Options{
 			Name: "redis", Policy: s.opts.FailurePolicy, Timeout: s.opts.DecisionTimeout, Observer: s.metrics,
+			Nodes: s.opts.FleetSize,
 		})
 		if err != nil {
 			return nil, fmt.Errorf("server: failure policy: %w", err)
@@ -215,7 +235,7 @@ func (s *Server) Start() error {
 	}
 	// Workers keep their grown stacks between requests: a new goroutine
 	// per request would grow its stack through the Redis client every time.
-	s.grpcSrv = grpc.NewServer(grpc.NumStreamWorkers(uint32(64*runtime.GOMAXPROCS(0))), grpc.ChainUnaryInterceptor(s.recoverUnary))
+	s.grpcSrv = grpc.NewServer(grpc.NumStreamWorkers(uint32(64*runtime.GOMAXPROCS(0))), grpc.ChainUnaryInterceptor(s.recoverUnary, s.budgetUnary))
 	s.svc.RegisterRLS(s.grpcSrv)
 	s.health = health.NewServer()
 	healthpb.RegisterHealthServer(s.grpcSrv, s.health)

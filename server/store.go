@@ -111,34 +111,74 @@ func ParseFailurePolicy(s string) (p resilient.Policy, ok bool, err error) {
 	return p, true, nil
 }
 
-// deadlineStore bounds every call of a Redis store that has no failure
-// policy, so that a stalled Redis costs a request at most d: the error then
-// goes to the caller (UNAVAILABLE for Envoy, 503 for the JSON API).
-type deadlineStore struct {
+// budgetMargin is how long before a gRPC call's deadline its store budget
+// ends: time for the failure policy to answer and the reply to travel.
+const budgetMargin = 5 * time.Millisecond
+
+// budgetKey is the context key of a call's store budget: the instant by
+// which the store must have answered (see withBudget).
+type budgetKey struct{}
+
+// withBudget returns ctx without its deadline, carrying instead a store
+// budget ending at end, which budgetStore enforces below the failure
+// policy. The caller's deadline would end the call with
+// DEADLINE_EXCEEDED before the policy could answer (Envoy's default
+// timeout, 20ms, is below the decision timeout); the budget makes Redis
+// fail first, so the policy answers in time. Cancellation still reaches the
+// call.
+func withBudget(ctx context.Context, end time.Time) (context.Context, context.CancelFunc) {
+	bctx, cancel := context.WithCancel(context.WithValue(context.WithoutCancel(ctx), budgetKey{}, end))
+	stop := context.AfterFunc(ctx, func() {
+		if !errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			cancel()
+		}
+	})
+	return bctx, func() { stop(); cancel() }
+}
+
+// budgetStore bounds every call of the Redis store by the call's budget
+// (withBudget) and, when d > 0, by d. Without a failure policy d is the
+// decision timeout, so that a stalled Redis costs a request at most d and
+// the error goes to the caller (UNAVAILABLE for Envoy, 503 for the JSON
+// API). Under a failure policy d is 0: the policy's own timeout applies,
+// and the budget makes Redis fail sooner when the caller's deadline is
+// nearer, so that the policy still answers.
+type budgetStore struct {
 	*redisstore.Store
 	d time.Duration
 }
 
-func (s deadlineStore) Take(ctx context.Context, key string, l sluice.Limit, cost int64) (sluice.Decision, error) {
-	ctx, cancel := context.WithTimeout(ctx, s.d)
+func (s budgetStore) bound(ctx context.Context) (context.Context, context.CancelFunc) {
+	end, ok := ctx.Value(budgetKey{}).(time.Time)
+	if s.d > 0 && (!ok || time.Until(end) > s.d) {
+		end, ok = time.Now().Add(s.d), true
+	}
+	if !ok {
+		return ctx, func() {}
+	}
+	return context.WithDeadline(ctx, end)
+}
+
+func (s budgetStore) Take(ctx context.Context, key string, l sluice.Limit, cost int64) (sluice.Decision, error) {
+	ctx, cancel := s.bound(ctx)
 	defer cancel()
 	return s.Store.Take(ctx, key, l, cost)
 }
 
-func (s deadlineStore) Peek(ctx context.Context, key string, l sluice.Limit, cost int64) (sluice.Decision, error) {
-	ctx, cancel := context.WithTimeout(ctx, s.d)
+func (s budgetStore) Peek(ctx context.Context, key string, l sluice.Limit, cost int64) (sluice.Decision, error) {
+	ctx, cancel := s.bound(ctx)
 	defer cancel()
 	return s.Store.Peek(ctx, key, l, cost)
 }
 
-func (s deadlineStore) Reset(ctx context.Context, key string, l sluice.Limit) error {
-	ctx, cancel := context.WithTimeout(ctx, s.d)
+func (s budgetStore) Reset(ctx context.Context, key string, l sluice.Limit) error {
+	ctx, cancel := s.bound(ctx)
 	defer cancel()
 	return s.Store.Reset(ctx, key, l)
 }
 
-func (s deadlineStore) TakeAll(ctx context.Context, reqs []sluice.Request) ([]sluice.Decision, error) {
-	ctx, cancel := context.WithTimeout(ctx, s.d)
+func (s budgetStore) TakeAll(ctx context.Context, reqs []sluice.Request) ([]sluice.Decision, error) {
+	ctx, cancel := s.bound(ctx)
 	defer cancel()
 	return s.Store.TakeAll(ctx, reqs)
 }

@@ -106,13 +106,16 @@ type Server struct {
 	Addr string
 	dir  string
 	port int
+	args []string
 	cmd  *exec.Cmd
 }
 
 // StartServer starts a private redis-server on a free loopback port and
-// stops it at cleanup. It needs redis-server on PATH (scripts/test installs
+// stops it at cleanup. args go on its command line after sluice's
+// defaults, so they win ("--appendonly", "yes" for a server that keeps its
+// data across a kill). It needs redis-server on PATH (scripts/test installs
 // it); without one it skips, or fails under CI=true.
-func StartServer(t testing.TB) *Server {
+func StartServer(t testing.TB, args ...string) *Server {
 	t.Helper()
 	if _, err := exec.LookPath("redis-server"); err != nil {
 		missing(t, "redis-server on PATH")
@@ -123,7 +126,7 @@ func StartServer(t testing.TB) *Server {
 	}
 	port := l.Addr().(*net.TCPAddr).Port
 	l.Close()
-	s := &Server{Addr: fmt.Sprintf("127.0.0.1:%d", port), dir: t.TempDir(), port: port}
+	s := &Server{Addr: fmt.Sprintf("127.0.0.1:%d", port), dir: t.TempDir(), port: port, args: args}
 	s.Start(t)
 	t.Cleanup(s.Stop)
 	return s
@@ -135,6 +138,7 @@ func (s *Server) Start(t testing.TB) {
 	s.cmd = exec.Command("redis-server", "--port", fmt.Sprint(s.port), "--bind", "127.0.0.1",
 		"--save", "", "--appendonly", "no", "--dir", s.dir,
 		"--logfile", filepath.Join(s.dir, "redis.log"))
+	s.cmd.Args = append(s.cmd.Args, s.args...)
 	DieWithParent(s.cmd)
 	if err := s.cmd.Start(); err != nil {
 		t.Fatal(err)

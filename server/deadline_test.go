@@ -1,0 +1,151 @@
+//go:build unix
+
+package server
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+
+	"github.com/sluicehq/sluice/internal/race"
+)
+
+// TestWithBudget: the store budget replaces the caller's deadline; the
+// caller's cancellation still reaches the call, its deadline does not.
+func TestWithBudget(t *testing.T) {
+	end := time.Now().Add(time.Hour)
+
+	parent, cancelParent := context.WithTimeout(context.Background(), time.Millisecond)
+	defer cancelParent()
+	ctx, cancel := withBudget(parent, end)
+	defer cancel()
+	if _, ok := ctx.Deadline(); ok {
+		t.Error("the budget context kept the caller's deadline")
+	}
+	if got, _ := ctx.Value(budgetKey{}).(time.Time); !got.Equal(end) {
+		t.Errorf("budget %v, want %v", got, end)
+	}
+	<-parent.Done()
+	time.Sleep(10 * time.Millisecond) // AfterFunc would have run by now
+	if err := ctx.Err(); err != nil {
+		t.Errorf("the caller's deadline ended the call: %v", err)
+	}
+
+	parent, cancelParent = context.WithCancel(context.Background())
+	ctx, cancel = withBudget(parent, end)
+	defer cancel()
+	cancelParent()
+	select {
+	case <-ctx.Done():
+	case <-time.After(5 * time.Second):
+		t.Fatal("the caller's cancellation did not reach the call")
+	}
+	if !errors.Is(ctx.Err(), context.Canceled) {
+		t.Errorf("err %v, want context.Canceled", ctx.Err())
+	}
+}
+
+// TestFaultRLSDeadline: Envoy's default 20ms deadline with Redis stopped
+// (SIGSTOP: connections hang). The store's budget ends 5ms before the
+// deadline, so the failure policy answers (the local fallback's OK; under
+// error, UNAVAILABLE) instead of the call running into DEADLINE_EXCEEDED
+// behind a 50ms decision timeout.
+func TestFaultRLSDeadline(t *testing.T) {
+	race.SkipTiming(t)
+	r := startRedis(t)
+	cfg := filepath.Join(t.TempDir(), "sluice.yaml")
+	if err := os.WriteFile(cfg, []byte("policies:\n  - name: api\n    limit: 1000/h\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	const (
+		deadline = 20 * time.Millisecond
+		waves    = 30
+		wave     = 2
+		calls    = waves * wave
+	)
+	for _, tt := range []struct {
+		name     string
+		noPolicy bool
+		want     codes.Code
+	}{
+		{"local", false, codes.OK},
+		{"error", true, codes.Unavailable},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			srv, err := New(Options{
+				ConfigFile: cfg, RedisURL: r.url(), NoFailurePolicy: tt.noPolicy,
+				HTTPAddr: "127.0.0.1:0", GRPCAddr: "127.0.0.1:0", WatchInterval: -1,
+				Logger: slog.New(slog.DiscardHandler),
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := srv.Start(); err != nil {
+				t.Fatal(err)
+			}
+			defer srv.Shutdown(context.Background())
+			conn, err := grpc.NewClient(srv.GRPCAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close()
+			client := rlsv3.NewRateLimitServiceClient(conn)
+			req := rlsRequest("sluice", desc("policy=api", "key=k"))
+			call(t, client, req) // connected, to Redis too
+
+			r.pause(t)
+			defer r.resume(t)
+			// Waves of concurrent calls, spaced so that one stall of a busy
+			// machine spoils few samples. Under local, calls reach Redis
+			// (and need the budget) until the breaker opens.
+			var (
+				mu   sync.Mutex
+				lats []time.Duration
+				got  = map[codes.Code]int{}
+				wg   sync.WaitGroup
+			)
+			for range waves {
+				for range wave {
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						ctx, cancel := context.WithTimeout(context.Background(), deadline)
+						defer cancel()
+						start := time.Now()
+						_, err := client.ShouldRateLimit(ctx, req)
+						mu.Lock()
+						defer mu.Unlock()
+						lats = append(lats, time.Since(start))
+						got[status.Code(err)]++
+					}()
+				}
+				wg.Wait()
+				time.Sleep(deadline)
+			}
+			slices.Sort(lats)
+			p95 := lats[len(lats)*95/100]
+			t.Logf("%d calls with a %v deadline: %v; latency p50 %v, p95 %v, max %v",
+				calls, deadline, got, lats[len(lats)/2], p95, lats[len(lats)-1])
+			// A loaded machine may miss a 5ms margin now and then; the
+			// policy must answer at the 95th percentile.
+			if got[tt.want] < calls*95/100 {
+				t.Errorf("%d of %d calls got %v; want at least 95%%", got[tt.want], calls, tt.want)
+			}
+			if p95 >= deadline {
+				t.Errorf("p95 latency %v, want below the %v deadline", p95, deadline)
+			}
+		})
+	}
+}

@@ -1,0 +1,215 @@
+//go:build unix
+
+package server
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice/internal/redistest"
+)
+
+// The fleet harness: N real `sluice serve` processes (this test binary run
+// as the program, see TestMain) sharing one private redis-server, load
+// driven at all of them at once, and the admitted requests counted per
+// instance and per policy.
+
+// redisProc is a private redis-server that a test can pause (SIGSTOP),
+// resume, kill and restart.
+type redisProc struct {
+	*redistest.Server
+	pid int
+}
+
+// startRedis starts a private redis-server with args on its command line.
+func startRedis(t *testing.T, args ...string) *redisProc {
+	t.Helper()
+	r := &redisProc{Server: redistest.StartServer(t, args...)}
+	r.readPID(t)
+	// A SIGSTOPped server would outlive a failed test's cleanup otherwise:
+	// SIGKILL works on a stopped process, but resume first to be kind to
+	// anything still connected.
+	t.Cleanup(func() { syscall.Kill(r.pid, syscall.SIGCONT) })
+	return r
+}
+
+func (r *redisProc) readPID(t *testing.T) {
+	t.Helper()
+	c := r.client()
+	defer c.Close()
+	info, err := c.Info(context.Background(), "server").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for line := range strings.SplitSeq(info, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "process_id:"); ok {
+			if r.pid, err = strconv.Atoi(v); err != nil {
+				t.Fatal(err)
+			}
+			return
+		}
+	}
+	t.Fatal("redis INFO has no process_id")
+}
+
+func (r *redisProc) client() *redis.Client {
+	return redis.NewClient(&redis.Options{Addr: r.Addr, MaxRetries: -1})
+}
+
+func (r *redisProc) url() string { return "redis://" + r.Addr }
+
+func (r *redisProc) signal(t *testing.T, sig syscall.Signal) {
+	t.Helper()
+	if err := syscall.Kill(r.pid, sig); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// pause stops the server without closing its connections: calls hang.
+func (r *redisProc) pause(t *testing.T) { r.signal(t, syscall.SIGSTOP) }
+
+func (r *redisProc) resume(t *testing.T) { r.signal(t, syscall.SIGCONT) }
+
+// restart starts the server again on its address after Stop.
+func (r *redisProc) restart(t *testing.T) {
+	t.Helper()
+	r.Start(t)
+	r.readPID(t)
+}
+
+// fleet is N sluice serve processes sharing one Redis.
+type fleet struct {
+	redis *redisProc
+	args  []string
+	procs []*proc
+}
+
+// startFleet starts n instances of `sluice serve --config cfg --redis ...
+// args...` against r.
+func startFleet(t *testing.T, r *redisProc, n int, cfg string, args ...string) *fleet {
+	t.Helper()
+	file := filepath.Join(t.TempDir(), "sluice.yaml")
+	if err := os.WriteFile(file, []byte(strings.TrimLeft(cfg, "\n")), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	f := &fleet{redis: r, args: append([]string{"--config", file, "--redis", r.url(),
+		"--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0", "--watch-interval", "0"}, args...)}
+	for range n {
+		f.add(t)
+	}
+	return f
+}
+
+// add starts one more instance.
+func (f *fleet) add(t *testing.T, args ...string) *proc {
+	t.Helper()
+	p := startSluice(t, nil, append(append([]string{}, f.args...), args...)...)
+	f.procs = append(f.procs, p)
+	return p
+}
+
+// tally counts one instance's answers for one policy.
+type tally struct{ allowed, denied, failed atomic.Int64 }
+
+// load is checks driven at every instance of a fleet until finish.
+type load struct {
+	policies []string
+	counts   [][]*tally // [instance][policy]
+	stop     chan struct{}
+	wg       sync.WaitGroup
+	start    time.Time
+	took     time.Duration
+}
+
+// drive starts workers goroutines per instance, each sending POST
+// /v1/check for key under every policy in turn, as fast as answers come.
+func (f *fleet) drive(workers int, key string, policies ...string) *load {
+	l := &load{policies: policies, stop: make(chan struct{}), start: time.Now()}
+	tr := &http.Transport{MaxIdleConnsPerHost: workers, DisableCompression: true}
+	client := &http.Client{Transport: tr, Timeout: 5 * time.Second}
+	for _, p := range f.procs {
+		row := make([]*tally, len(policies))
+		for i := range row {
+			row[i] = &tally{}
+		}
+		l.counts = append(l.counts, row)
+		for w := range workers {
+			l.wg.Add(1)
+			go func() {
+				defer l.wg.Done()
+				for i := w; ; i++ {
+					select {
+					case <-l.stop:
+						return
+					default:
+					}
+					j := i % len(policies)
+					body := fmt.Sprintf(`{"policy":%q,"key":%q}`, policies[j], key)
+					resp, err := client.Post("http://"+p.http+"/v1/check", "application/json", strings.NewReader(body))
+					if err != nil {
+						row[j].failed.Add(1)
+						continue
+					}
+					resp.Body.Close()
+					switch resp.StatusCode {
+					case http.StatusOK:
+						row[j].allowed.Add(1)
+					case http.StatusTooManyRequests:
+						row[j].denied.Add(1)
+					default:
+						row[j].failed.Add(1)
+					}
+				}
+			}()
+		}
+	}
+	l.wg.Add(1)
+	go func() {
+		defer l.wg.Done()
+		<-l.stop
+		tr.CloseIdleConnections()
+	}()
+	return l
+}
+
+// finish stops the load and waits for the answers in flight.
+func (l *load) finish() {
+	close(l.stop)
+	l.wg.Wait()
+	l.took = time.Since(l.start)
+}
+
+// admitted returns the fleet's allowed count for policy i, and the
+// instances' counts.
+func (l *load) admitted(i int) (total int64, per []int64) {
+	for _, row := range l.counts {
+		n := row[i].allowed.Load()
+		per = append(per, n)
+		total += n
+	}
+	return total, per
+}
+
+// sum returns the fleet's totals over every policy.
+func (l *load) sum() (allowed, denied, failed int64) {
+	for _, row := range l.counts {
+		for _, c := range row {
+			allowed += c.allowed.Load()
+			denied += c.denied.Load()
+			failed += c.failed.Load()
+		}
+	}
+	return allowed, denied, failed
+}

@@ -1,0 +1,127 @@
+//go:build unix
+
+package server
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/internal/race"
+)
+
+// fleetLimit is every fleet policy's limit: per hour, so that refills
+// during a test are negligible and the counts show the fallback alone, and
+// small enough that the load uses up Redis's share and every instance's
+// fallback share: the bound is reached, not approached.
+const (
+	fleetLimit  = 300
+	fleetPeriod = time.Hour
+	fleetConfig = `
+policies:
+  - name: gcra
+    limit: gcra 300/h
+  - name: token_bucket
+    limit: token_bucket 300/h
+  - name: sliding_window_log
+    limit: sliding_window_log 300/h
+  - name: fixed_window
+    limit: fixed_window 300/h
+`
+)
+
+// fleetLead is how long the load runs before a fault: short enough that
+// Redis has not used up the limit, so that the fallback has something to
+// admit (a key Redis denied stays denied in each instance's deny cache).
+const fleetLead = 300 * time.Millisecond
+
+var fleetPolicies = []string{"gcra", "token_bucket", "sliding_window_log", "fixed_window"}
+
+// exactLimit is what an exact limiter admits at most from start to end for
+// a fleet policy: the burst plus what refills meanwhile, or the limit in
+// every window the interval touches.
+func exactLimit(policy string, start, end time.Time) int64 {
+	switch policy {
+	case "fixed_window":
+		windows := end.Truncate(fleetPeriod).Sub(start.Truncate(fleetPeriod))/fleetPeriod + 1
+		return fleetLimit * int64(windows)
+	case "sliding_window_log":
+		return fleetLimit * int64((end.Sub(start)+fleetPeriod-1)/fleetPeriod)
+	}
+	refill := (int64(end.Sub(start))*fleetLimit + int64(fleetPeriod) - 1) / int64(fleetPeriod)
+	return fleetLimit + refill
+}
+
+// checkFleetBound asserts the fallback bound on a finished load: with the
+// fleet size known, the fleet admits at most twice what an exact limiter
+// would over the run, however the breaker flapped.
+func checkFleetBound(t *testing.T, l *load) {
+	t.Helper()
+	allowed, denied, failed := l.sum()
+	t.Logf("%d requests in %v: %d allowed, %d denied, %d failed", allowed+denied+failed, l.took.Round(time.Millisecond), allowed, denied, failed)
+	end := l.start.Add(l.took)
+	for i, p := range l.policies {
+		total, per := l.admitted(i)
+		exact := exactLimit(p, l.start, end)
+		t.Logf("%s: %d admitted (instances %v); exact limiter %d, bound %d", p, total, per, exact, 2*exact)
+		if total > 2*exact {
+			t.Errorf("%s: the fleet admitted %d, above the bound 2 × %d", p, total, exact)
+		}
+	}
+	if failed > 0 {
+		t.Errorf("%d requests failed: the failure policy must answer every one", failed)
+	}
+}
+
+// TestFleetBoundRedisPaused: four instances under load, Redis stopped
+// (SIGSTOP: connections hang) for 3s, then resumed.
+func TestFleetBoundRedisPaused(t *testing.T) {
+	race.SkipTiming(t)
+	f := startFleet(t, startRedis(t), 4, fleetConfig, "--fleet-size", "4")
+	l := f.drive(2, "client", fleetPolicies...)
+	time.Sleep(fleetLead)
+	f.redis.pause(t)
+	time.Sleep(3 * time.Second)
+	f.redis.resume(t)
+	time.Sleep(2 * time.Second)
+	l.finish()
+	checkFleetBound(t, l)
+}
+
+// TestFleetBoundRedisKilled: four instances under load, Redis killed
+// (connections refused) for 3s, then restarted. Its append-only file,
+// synced before every reply, keeps every acknowledged take: the bound's
+// precondition.
+func TestFleetBoundRedisKilled(t *testing.T) {
+	race.SkipTiming(t)
+	f := startFleet(t, startRedis(t, "--appendonly", "yes", "--appendfsync", "always"), 4, fleetConfig, "--fleet-size", "4")
+	l := f.drive(2, "client", fleetPolicies...)
+	time.Sleep(fleetLead)
+	f.redis.Stop()
+	time.Sleep(3 * time.Second)
+	f.redis.restart(t)
+	time.Sleep(2 * time.Second)
+	l.finish()
+	checkFleetBound(t, l)
+}
+
+// TestFleetBoundRedisSlow: four instances under load, Redis paused
+// (CLIENT PAUSE) 80ms every 200ms for 4s: slower than the decision
+// timeout, alive in between.
+func TestFleetBoundRedisSlow(t *testing.T) {
+	race.SkipTiming(t)
+	f := startFleet(t, startRedis(t), 4, fleetConfig, "--fleet-size", "4")
+	c := f.redis.client()
+	defer c.Close()
+	l := f.drive(2, "client", fleetPolicies...)
+	time.Sleep(fleetLead)
+	for range 20 {
+		if err := c.ClientPause(context.Background(), 80*time.Millisecond).Err(); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	time.Sleep(time.Second)
+	l.finish()
+	checkFleetBound(t, l)
+}
