@@ -1,15 +1,13 @@
 package server
 
 import (
+	"bytes"
 	"context"
-	"crypto/subtle"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
-	"strings"
 	"time"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
@@ -29,8 +27,18 @@ type HandlerOptions struct {
 	// AdminToken, when set, is the bearer token admin endpoints (reset)
 	// require. When empty, admin endpoints answer loopback clients only.
 	AdminToken string
-	// Ready reports whether the store is reachable, for /readyz. Default:
-	// always ready.
+	// AdminDisabled turns admin endpoints off (403) when AdminToken is
+	// empty. Default false; the Server sets it when it listens beyond
+	// loopback without a token.
+	AdminDisabled bool
+	// DecisionToken, when set, is the bearer token the decision endpoints
+	// (/v1/check, /v1/peek, /json) require; the admin token is accepted
+	// too. Default: none, anyone who reaches the port may ask.
+	DecisionToken string
+	// Health answers /readyz and /v1/status. Default: built from Ready.
+	Health *Health
+	// Ready, without Health, reports whether the store is reachable:
+	// /readyz is 503 while it fails. Default: always ready.
 	Ready func(context.Context) error
 	// Metrics is served at /metrics when set.
 	Metrics *Metrics
@@ -46,14 +54,24 @@ func (s *Service) Handler(opts *HandlerOptions) http.Handler {
 	if opts != nil {
 		o = *opts
 	}
-	a := &api{svc: s, token: o.AdminToken, ready: o.Ready}
+	a := &api{svc: s, token: o.AdminToken, decisionToken: o.DecisionToken, health: o.Health, adminMode: AdminLoopback}
+	switch {
+	case o.AdminToken != "":
+		a.adminMode = AdminToken
+	case o.AdminDisabled:
+		a.adminMode = AdminDisabled
+	}
+	if a.health == nil && o.Ready != nil {
+		a.health = newHealth(healthOptions{policy: "error", store: "custom", probe: o.Ready})
+	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /v1/policies", a.policies)
-	mux.HandleFunc("POST /v1/check", a.check)
-	mux.HandleFunc("POST /v1/peek", a.check)
-	mux.HandleFunc("POST /v1/reset", a.reset)
+	mux.HandleFunc("POST /v1/check", jsonOnly(a.check))
+	mux.HandleFunc("POST /v1/peek", jsonOnly(a.check))
+	mux.HandleFunc("POST /v1/reset", jsonOnly(a.reset))
 	mux.HandleFunc("GET /v1/stats", a.stats)
-	mux.HandleFunc("POST /json", a.envoyJSON)
+	mux.HandleFunc("GET /v1/status", a.status)
+	mux.HandleFunc("POST /json", jsonOnly(a.envoyJSON))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		io.WriteString(w, "ok\n")
@@ -62,7 +80,7 @@ func (s *Service) Handler(opts *HandlerOptions) http.Handler {
 	if o.Metrics != nil {
 		mux.Handle("GET /metrics", o.Metrics.Handler())
 	}
-	allow := map[string]string{"/v1/policies": "GET", "/v1/stats": "GET", "/v1/check": "POST", "/v1/peek": "POST", "/v1/reset": "POST"}
+	allow := map[string]string{"/v1/policies": "GET", "/v1/stats": "GET", "/v1/status": "GET", "/v1/check": "POST", "/v1/peek": "POST", "/v1/reset": "POST"}
 	mux.HandleFunc("/v1/", func(w http.ResponseWriter, r *http.Request) {
 		if m, ok := allow[r.URL.Path]; ok {
 			w.Header().Set("Allow", m)
@@ -75,13 +93,15 @@ func (s *Service) Handler(opts *HandlerOptions) http.Handler {
 		o.Dashboard = placeholder{}
 	}
 	mux.Handle("/", o.Dashboard)
-	return mux
+	return crossOrigin(mux)
 }
 
 type api struct {
-	svc   *Service
-	token string
-	ready func(context.Context) error
+	svc           *Service
+	token         string
+	decisionToken string
+	adminMode     string
+	health        *Health
 }
 
 type policyJSON struct {
@@ -128,6 +148,9 @@ type checkResponse struct {
 func ceilMS(d time.Duration) int64 { return int64((d + time.Millisecond - 1) / time.Millisecond) }
 
 func (a *api) check(w http.ResponseWriter, r *http.Request) {
+	if !a.decision(w, r) {
+		return
+	}
 	var req checkRequest
 	if !decodeJSON(w, r, &req) {
 		return
@@ -191,35 +214,6 @@ func (a *api) reset(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusNoContent)
 }
 
-// admin applies the admin rule: the bearer token when one is configured,
-// else loopback clients only. The peer address is used as is: forwarding
-// headers are not trusted here.
-func (a *api) admin(w http.ResponseWriter, r *http.Request) bool {
-	if a.token != "" {
-		auth := r.Header.Get("Authorization")
-		got, ok := strings.CutPrefix(auth, "Bearer ")
-		if auth == "" || !ok {
-			w.Header().Set("WWW-Authenticate", `Bearer realm="sluice"`)
-			problem(w, http.StatusUnauthorized, "admin endpoint: send Authorization: Bearer <admin token>")
-			return false
-		}
-		if subtle.ConstantTimeCompare([]byte(got), []byte(a.token)) != 1 {
-			problem(w, http.StatusForbidden, "admin endpoint: wrong admin token")
-			return false
-		}
-		return true
-	}
-	host, _, err := net.SplitHostPort(r.RemoteAddr)
-	if err != nil {
-		host = r.RemoteAddr
-	}
-	if ip := net.ParseIP(host); ip == nil || !ip.IsLoopback() {
-		problem(w, http.StatusForbidden, "admin endpoint: without an admin token only loopback clients may call it")
-		return false
-	}
-	return true
-}
-
 func (a *api) stats(w http.ResponseWriter, _ *http.Request) {
 	// Read before the series, so a reload in between can only make the
 	// version older than the series, and the next poll reports it.
@@ -232,22 +226,12 @@ func (a *api) stats(w http.ResponseWriter, _ *http.Request) {
 	})
 }
 
-func (a *api) readyz(w http.ResponseWriter, r *http.Request) {
-	if a.ready != nil {
-		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
-		defer cancel()
-		if err := a.ready(ctx); err != nil {
-			problem(w, http.StatusServiceUnavailable, "store not reachable: "+err.Error())
-			return
-		}
-	}
-	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-	io.WriteString(w, "ok\n")
-}
-
 // envoyJSON is ShouldRateLimit with a JSON body, as envoyproxy/ratelimit's
 // /json endpoint: 200 when OK, 429 when over the limit.
 func (a *api) envoyJSON(w http.ResponseWriter, r *http.Request) {
+	if !a.decision(w, r) {
+		return
+	}
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxBodyBytes))
 	if err != nil {
 		problem(w, http.StatusRequestEntityTooLarge, err.Error())
@@ -282,9 +266,15 @@ func (a *api) envoyJSON(w http.ResponseWriter, r *http.Request) {
 // decodeJSON reads one JSON object of at most MaxBodyBytes with no unknown
 // fields; on failure it answers 400 (or 413) and returns false.
 func decodeJSON(w http.ResponseWriter, r *http.Request, v any) bool {
-	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, MaxBodyBytes))
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxBodyBytes))
+	if err == nil {
+		err = validUTF8JSON(body)
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
-	err := dec.Decode(v)
+	if err == nil {
+		err = dec.Decode(v)
+	}
 	if err == nil {
 		// More is false before '}' or ']', so ask for the next token.
 		if _, terr := dec.Token(); terr != io.EOF {

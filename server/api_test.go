@@ -43,6 +43,9 @@ func (e *apiEnv) do(t *testing.T, method, path, body string, hdr map[string]stri
 	t.Helper()
 	r := httptest.NewRequest(method, path, strings.NewReader(body))
 	r.RemoteAddr = "127.0.0.1:40000"
+	if method == "POST" {
+		r.Header.Set("Content-Type", "application/json")
+	}
 	if remote != "" {
 		r.RemoteAddr = remote
 	}

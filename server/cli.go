@@ -51,6 +51,9 @@ func checkConfig(args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	cfg, err := LoadConfig(args[0])
+	if err == nil {
+		err = requirePolicies(cfg)
+	}
 	if err != nil {
 		printErrors(stderr, err)
 		return 1
@@ -116,12 +119,20 @@ func serve(args []string, stdout, stderr io.Writer) int {
 	var (
 		configFile = fs.String("config", env("SLUICE_CONFIG", ""), "configuration `file` or directory (env SLUICE_CONFIG); default: the built-in demo")
 		redisURL   = fs.String("redis", env("SLUICE_REDIS_URL", ""), "Redis `URL` (env SLUICE_REDIS_URL): redis://, rediss://, redis+cluster://, redis+sentinel://; default: the embedded memory store")
-		httpAddr   = fs.String("http", env("SLUICE_HTTP_ADDR", ":8080"), "JSON API, dashboard and metrics `address` (env SLUICE_HTTP_ADDR)")
-		grpcAddr   = fs.String("grpc", env("SLUICE_GRPC_ADDR", ":8081"), "Envoy rate limit service `address` (env SLUICE_GRPC_ADDR)")
+		httpAddr   = fs.String("http", env("SLUICE_HTTP_ADDR", ""), "JSON API, dashboard and metrics `address` (env SLUICE_HTTP_ADDR); default :8080, 127.0.0.1:8080 for the demo")
+		grpcAddr   = fs.String("grpc", env("SLUICE_GRPC_ADDR", ""), "Envoy rate limit service `address` (env SLUICE_GRPC_ADDR); default :8081, 127.0.0.1:8081 for the demo")
 		failure    = fs.String("failure-policy", env("SLUICE_FAILURE_POLICY", "local"), "when Redis fails: local (enforce in this process), open, closed, or error (report it; Envoy decides) (env SLUICE_FAILURE_POLICY)")
 		timeout    = fs.Duration("decision-timeout", envDuration("SLUICE_DECISION_TIMEOUT", 0, &envErr), "longest wait for Redis before the failure policy answers (env SLUICE_DECISION_TIMEOUT); default 50ms")
 		fleetSize  = fs.Int("fleet-size", envInt("SLUICE_FLEET_SIZE", 0, &fleetErr), "how many instances share Redis: under --failure-policy local each enforces 1/N of every limit while Redis is away (env SLUICE_FLEET_SIZE); default 1")
-		adminToken = fs.String("admin-token", env("SLUICE_ADMIN_TOKEN", ""), "bearer `token` for admin endpoints (env SLUICE_ADMIN_TOKEN); default: loopback clients only")
+		adminToken = fs.String("admin-token", env("SLUICE_ADMIN_TOKEN", ""), "bearer `token` for admin endpoints (env SLUICE_ADMIN_TOKEN); default: loopback clients only, and none when --http is reachable from other hosts")
+		insecure   = fs.Bool("insecure-admin", false, "without --admin-token, keep admin endpoints open to loopback clients even when --http is reachable from other hosts")
+		decToken   = fs.String("decision-token", env("SLUICE_DECISION_TOKEN", ""), "bearer `token` decisions require: HTTP Authorization, gRPC authorization metadata (env SLUICE_DECISION_TOKEN); default: none")
+		httpCert   = fs.String("http-tls-cert", "", "PEM certificate `file` to serve HTTPS (with --http-tls-key); reloaded when it changes")
+		httpKey    = fs.String("http-tls-key", "", "PEM key `file` for --http-tls-cert")
+		httpCA     = fs.String("http-tls-client-ca", "", "PEM CA `file`: HTTP clients must present a certificate it signed (mutual TLS)")
+		grpcCert   = fs.String("grpc-tls-cert", "", "PEM certificate `file` to serve gRPC over TLS (with --grpc-tls-key); reloaded when it changes")
+		grpcKey    = fs.String("grpc-tls-key", "", "PEM key `file` for --grpc-tls-cert")
+		grpcCA     = fs.String("grpc-tls-client-ca", "", "PEM CA `file`: gRPC clients (Envoy) must present a certificate it signed (mutual TLS)")
 		watch      = fs.Duration("watch-interval", 2*time.Second, "how often to check the config file for changes (0: never)")
 	)
 	if err := fs.Parse(args); err != nil {
@@ -164,6 +175,9 @@ func serve(args []string, stdout, stderr io.Writer) int {
 	srv, err := New(Options{
 		ConfigFile: *configFile, RedisURL: *redisURL, HTTPAddr: *httpAddr, GRPCAddr: *grpcAddr,
 		FailurePolicy: fp, NoFailurePolicy: !withPolicy, DecisionTimeout: *timeout, FleetSize: *fleetSize, AdminToken: *adminToken, WatchInterval: *watch, Logger: log,
+		InsecureAdmin: *insecure, DecisionToken: *decToken,
+		HTTPTLS: TLSFiles{CertFile: *httpCert, KeyFile: *httpKey, ClientCAFile: *httpCA},
+		GRPCTLS: TLSFiles{CertFile: *grpcCert, KeyFile: *grpcKey, ClientCAFile: *grpcCA},
 	})
 	if err != nil {
 		printErrors(stderr, err)
@@ -183,7 +197,11 @@ func serve(args []string, stdout, stderr io.Writer) int {
 		config = *configFile
 	}
 	fmt.Fprintf(stdout, "sluice serve: config %s, store %s, %d policies\n", config, store, len(srv.Service().Config().Policies))
-	fmt.Fprintf(stdout, "sluice serve: http %s (dashboard http://%s/)\n", srv.HTTPAddr(), browsable(srv.HTTPAddr()))
+	scheme := "http"
+	if *httpCert != "" {
+		scheme = "https"
+	}
+	fmt.Fprintf(stdout, "sluice serve: http %s (dashboard %s://%s/)\n", srv.HTTPAddr(), scheme, browsable(srv.HTTPAddr()))
 	fmt.Fprintf(stdout, "sluice serve: grpc %s (envoy.service.ratelimit.v3.RateLimitService)\n", srv.GRPCAddr())
 
 	for sig := range sigs {

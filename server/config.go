@@ -120,6 +120,9 @@ type Config struct {
 	Policies []*Policy
 	// Files the configuration was read from; empty for the demo.
 	Files []string
+	// AllowEmpty: a file says allow_empty: true, so having no policies is
+	// meant (the service then limits nothing) rather than a mistake.
+	AllowEmpty bool
 
 	byName  map[string]*Policy
 	domains map[string]*domain
@@ -277,10 +280,13 @@ func (l *loader) document(n *yaml.Node) {
 		l.errorf(n, "want a mapping with policies (sluice) or domain and descriptors (envoy ratelimit)")
 		return
 	}
-	var domainNode, policies, descriptors *yaml.Node
+	var domainNode, policies, descriptors, allowEmpty *yaml.Node
 	l.fields(n, map[string]**yaml.Node{
-		"domain": &domainNode, "policies": &policies, "descriptors": &descriptors,
+		"domain": &domainNode, "policies": &policies, "descriptors": &descriptors, "allow_empty": &allowEmpty,
 	})
+	if allowEmpty != nil && l.boolean(allowEmpty) {
+		l.cfg.AllowEmpty = true
+	}
 	if policies == nil && descriptors == nil && domainNode == nil {
 		l.errorf(n, "want policies (sluice format) or domain and descriptors (envoy ratelimit format)")
 		return

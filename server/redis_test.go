@@ -117,9 +117,10 @@ func TestServerOnRedis(t *testing.T) {
 	for _, tt := range []struct {
 		policy     string
 		downStatus int // /v1/check while Redis is down
+		downReady  int // /readyz while Redis is down: the failure policy answers
 	}{
-		{"local", 200},
-		{"error", 503},
+		{"local", 200, 200},
+		{"error", 503, 503},
 	} {
 		t.Run(tt.policy, func(t *testing.T) {
 			fp, ok, err := ParseFailurePolicy(tt.policy)
@@ -160,8 +161,8 @@ func TestServerOnRedis(t *testing.T) {
 			pause.Close()
 			r.Stop()
 			defer r.Start(t)
-			if code, _ := p.get(t, "/readyz"); code != 503 {
-				t.Errorf("readyz with Redis down: %d", code)
+			if code, _ := p.get(t, "/readyz"); code != tt.downReady {
+				t.Errorf("readyz with Redis down: %d, want %d", code, tt.downReady)
 			}
 			if code, body := p.post(t, "/v1/check", `{"policy":"rl.foo","key":"foo=`+tt.policy+`"}`); code != tt.downStatus {
 				t.Errorf("check with Redis down: %d %v, want %d", code, body, tt.downStatus)

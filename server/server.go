@@ -27,7 +27,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/redis/go-redis/v9"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/health"
@@ -42,7 +41,7 @@ import (
 )
 
 // Options configures a Server. The zero value runs the demo configuration
-// on the memory store, HTTP on :8080 and gRPC on :8081.
+// on the memory store, HTTP on 127.0.0.1:8080 and gRPC on 127.0.0.1:8081.
 type Options struct {
 	// ConfigFile is a configuration file or directory. Default: the
 	// built-in demo configuration.
@@ -54,10 +53,15 @@ type Options struct {
 	Store sluice.Store
 	// Ready, with Store, reports the store's health for /readyz.
 	Ready func(context.Context) error
-	// HTTPAddr is the JSON API, dashboard and metrics address. Default ":8080".
+	// HTTPAddr is the JSON API, dashboard and metrics address. Default
+	// ":8080", or "127.0.0.1:8080" for the demo (no ConfigFile).
 	HTTPAddr string
-	// GRPCAddr is the Envoy rate limit service address. Default ":8081".
+	// GRPCAddr is the Envoy rate limit service address. Default ":8081",
+	// or "127.0.0.1:8081" for the demo.
 	GRPCAddr string
+	// HTTPTLS and GRPCTLS serve TLS (mutual TLS with a client CA) on each
+	// listener, following changes to the files. Default: plaintext.
+	HTTPTLS, GRPCTLS TLSFiles
 	// FailurePolicy applies when Redis fails (package resilient): the
 	// local fallback by default.
 	FailurePolicy resilient.Policy
@@ -73,8 +77,21 @@ type Options struct {
 	// Redis is away, so the fleet as a whole stays near the limit. Default:
 	// 1.
 	FleetSize int
-	// AdminToken guards admin endpoints; see HandlerOptions.
+	// AdminToken guards admin endpoints; see HandlerOptions. Without one,
+	// admin endpoints answer loopback clients while HTTPAddr is
+	// loopback-only, and are disabled otherwise.
 	AdminToken string
+	// InsecureAdmin keeps admin endpoints open to loopback clients without
+	// an admin token even when HTTPAddr is reachable from other hosts
+	// (where a proxy on this host passes for loopback). Default false.
+	InsecureAdmin bool
+	// DecisionToken, if set, is the bearer token decisions require: HTTP
+	// "Authorization: Bearer <token>", gRPC "authorization" metadata.
+	// Default: none.
+	DecisionToken string
+	// StoreCheckInterval is how often Redis (or Ready) is checked, so that
+	// losing and regaining it is logged and counted. Default 1s.
+	StoreCheckInterval time.Duration
 	// WatchInterval is how often the config file's modification time is
 	// checked for changes. Default 2s; negative disables watching.
 	WatchInterval time.Duration
@@ -91,18 +108,18 @@ type Server struct {
 	log     *slog.Logger
 	svc     *Service
 	metrics *Metrics
+	health  *Health
 	closers []func()
-	ready   func(context.Context) error
 
-	httpSrv  *http.Server
-	grpcSrv  *grpc.Server
-	health   *health.Server
-	httpLn   net.Listener
-	grpcLn   net.Listener
-	stop     chan struct{}
-	wg       sync.WaitGroup
-	reloadMu sync.Mutex
-	stamp    string // config files' modification times and sizes
+	httpSrv    *http.Server
+	grpcSrv    *grpc.Server
+	grpcHealth *health.Server
+	httpLn     net.Listener
+	grpcLn     net.Listener
+	stop       chan struct{}
+	wg         sync.WaitGroup
+	reloadMu   sync.Mutex
+	stamp      string // config files' modification times and sizes
 }
 
 // recoverUnary turns a panic in a handler into an Internal error, logged
@@ -135,11 +152,19 @@ func (s *Server) budgetUnary(ctx context.Context, req any, _ *grpc.UnaryServerIn
 // New loads the configuration and connects the store. Nothing listens
 // until Start.
 func New(opts Options) (*Server, error) {
+	// The demo listens on loopback only: its first command must be safe.
+	host := ""
+	if opts.ConfigFile == "" {
+		host = "127.0.0.1"
+	}
 	if opts.HTTPAddr == "" {
-		opts.HTTPAddr = ":8080"
+		opts.HTTPAddr = host + ":8080"
 	}
 	if opts.GRPCAddr == "" {
-		opts.GRPCAddr = ":8081"
+		opts.GRPCAddr = host + ":8081"
+	}
+	if opts.StoreCheckInterval <= 0 {
+		opts.StoreCheckInterval = DefaultStoreCheckInterval
 	}
 	if opts.WatchInterval == 0 {
 		opts.WatchInterval = 2 * time.Second
@@ -156,6 +181,10 @@ func New(opts Options) (*Server, error) {
 		return nil, err
 	}
 	s.stamp = configStamp(cfg.Files)
+	s.health = newHealth(healthOptions{
+		log: s.log, policy: policyName(opts), withPolicy: !opts.NoFailurePolicy, store: "memory",
+		configured: func() bool { return s.svc != nil && s.svc.Config() != nil }, reg: s.metrics.Registry(),
+	})
 	store, err := s.openStore()
 	if err != nil {
 		s.close()
@@ -170,13 +199,17 @@ func (s *Server) loadConfig() (*Config, error) {
 	if s.opts.ConfigFile == "" {
 		return DemoConfig(), nil
 	}
-	return LoadConfig(s.opts.ConfigFile)
+	cfg, err := LoadConfig(s.opts.ConfigFile)
+	if err != nil {
+		return nil, err
+	}
+	return cfg, requirePolicies(cfg)
 }
 
 func (s *Server) openStore() (sluice.Store, error) {
 	switch {
 	case s.opts.Store != nil:
-		s.ready = s.opts.Ready
+		s.health.store, s.health.probe = "custom", s.opts.Ready
 		return s.opts.Store, nil
 	case s.opts.RedisURL != "":
 		client, err := NewRedisClient(s.opts.RedisURL)
@@ -184,7 +217,9 @@ func (s *Server) openStore() (sluice.Store, error) {
 			return nil, err
 		}
 		s.closers = append(s.closers, func() { client.Close() })
-		s.ready = redisPing(client)
+		if err := s.checkRedis(client); err != nil {
+			return nil, err
+		}
 		s.metrics.storeName = "redis"
 		rs := redisstore.New(client, nil)
 		if s.opts.NoFailurePolicy {
@@ -194,7 +229,7 @@ func (s *Server) openStore() (sluice.Store, error) {
 		}
 		s.metrics.wrapped = true
 		store, err := resilient.NewMulti(budgetStore{rs, 0}, &resilient.Options{
-			Name: "redis", Policy: s.opts.FailurePolicy, Timeout: s.opts.DecisionTimeout, Observer: s.metrics,
+			Name: "redis", Policy: s.opts.FailurePolicy, Timeout: s.opts.DecisionTimeout, Observer: healthObserver{s.metrics, s.health},
 			Nodes: s.opts.FleetSize,
 		})
 		if err != nil {
@@ -218,28 +253,36 @@ func (s *Server) Metrics() *Metrics { return s.metrics }
 // background. The bound addresses are then available from HTTPAddr and
 // GRPCAddr (useful with port 0).
 func (s *Server) Start() error {
-	var err error
-	if s.httpLn, err = net.Listen("tcp", s.opts.HTTPAddr); err != nil {
-		return fmt.Errorf("server: http: %w", err)
+	grpcCreds, err := s.listen()
+	if err != nil {
+		return err
 	}
-	if s.grpcLn, err = net.Listen("tcp", s.opts.GRPCAddr); err != nil {
-		s.httpLn.Close()
-		return fmt.Errorf("server: grpc: %w", err)
+	admin := adminMode(s.opts.AdminToken, s.opts.HTTPAddr, s.opts.InsecureAdmin)
+	if admin == AdminDisabled {
+		s.log.Warn("admin endpoints disabled: HTTP listens beyond loopback without an admin token; set --admin-token, or --insecure-admin to allow loopback clients",
+			"http", s.opts.HTTPAddr)
 	}
 	s.httpSrv = &http.Server{
 		Handler: s.svc.Handler(&HandlerOptions{
-			AdminToken: s.opts.AdminToken, Ready: s.ready, Metrics: s.metrics, Dashboard: s.opts.Dashboard,
+			AdminToken: s.opts.AdminToken, AdminDisabled: admin == AdminDisabled, DecisionToken: s.opts.DecisionToken,
+			Health: s.health, Metrics: s.metrics, Dashboard: s.opts.Dashboard,
 		}),
 		ReadHeaderTimeout: 10 * time.Second,
 		IdleTimeout:       2 * time.Minute,
 	}
 	// Workers keep their grown stacks between requests: a new goroutine
 	// per request would grow its stack through the Redis client every time.
-	s.grpcSrv = grpc.NewServer(grpc.NumStreamWorkers(uint32(64*runtime.GOMAXPROCS(0))), grpc.ChainUnaryInterceptor(s.recoverUnary, s.budgetUnary))
+	s.grpcSrv = grpc.NewServer(grpc.NumStreamWorkers(uint32(64*runtime.GOMAXPROCS(0))), grpcCreds,
+		grpc.ChainUnaryInterceptor(s.recoverUnary, grpcToken(s.opts.DecisionToken), s.budgetUnary))
 	s.svc.RegisterRLS(s.grpcSrv)
-	s.health = health.NewServer()
-	healthpb.RegisterHealthServer(s.grpcSrv, s.health)
-	s.wg.Add(2)
+	s.grpcHealth = health.NewServer()
+	healthpb.RegisterHealthServer(s.grpcSrv, s.grpcHealth)
+	s.health.setGRPC(s.grpcHealth)
+	s.wg.Add(3)
+	go func() {
+		defer s.wg.Done()
+		s.health.watch(s.stop, s.opts.StoreCheckInterval)
+	}()
 	go func() {
 		defer s.wg.Done()
 		if err := s.httpSrv.Serve(s.httpLn); err != nil && !errors.Is(err, http.ErrServerClosed) {
@@ -281,6 +324,9 @@ func (s *Server) Reload() error {
 		s.stamp = configStamp(files)
 	}
 	cfg, err := LoadConfig(s.opts.ConfigFile)
+	if err == nil {
+		err = requirePolicies(cfg)
+	}
 	if err != nil {
 		s.metrics.reload(false)
 		return err // the caller reports it: the watcher logs, the CLI prints file:line lines
@@ -340,7 +386,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	}
 	var err error
 	if s.httpSrv != nil {
-		s.health.Shutdown()
+		s.grpcHealth.Shutdown()
 		err = s.httpSrv.Shutdown(ctx)
 		done := make(chan struct{})
 		go func() { s.grpcSrv.GracefulStop(); close(done) }()
@@ -360,8 +406,4 @@ func (s *Server) close() {
 		s.closers[i]()
 	}
 	s.closers = nil
-}
-
-func redisPing(c redis.UniversalClient) func(context.Context) error {
-	return func(ctx context.Context) error { return c.Ping(ctx).Err() }
 }

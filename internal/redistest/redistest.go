@@ -13,7 +13,9 @@
 package redistest
 
 import (
+	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -101,14 +103,43 @@ func Prefix(t testing.TB) string {
 	return fmt.Sprintf("test:%d:%d:%s:", os.Getpid(), seq.Add(1), t.Name())
 }
 
-// Server is a private redis-server process.
+// Server is a private redis-server (or redis-sentinel) process.
 type Server struct {
+	// Addr is the server's loopback host:port (its TLS port under
+	// ServerOptions.TLS).
 	Addr string
-	dir  string
-	port int
-	args []string
-	cmd  *exec.Cmd
+
+	dir   string
+	port  int
+	bus   int // cluster bus port, 0 unless ServerOptions.Cluster
+	opts  ServerOptions
+	cmd   *exec.Cmd
+	exit  chan struct{} // closed when cmd has exited
+	state *os.ProcessState
 }
+
+// ServerOptions configures a private server. A nil *ServerOptions starts a
+// plain standalone server.
+type ServerOptions struct {
+	// Args are extra redis-server arguments, such as "--requirepass", "pw".
+	// Default: none.
+	Args []string
+	// TLS serves TLS on the port and no plaintext; Args must name the
+	// certificate files (--tls-cert-file, --tls-key-file, --tls-ca-cert-file).
+	// Default: plaintext.
+	TLS bool
+	// Cluster enables cluster mode with a private bus port. The node has no
+	// slots: it is a cluster node that serves no keys. Default: standalone.
+	Cluster bool
+	// Sentinel runs redis-sentinel instead, with Args as lines of its
+	// configuration file ("sentinel monitor m 127.0.0.1 6379 1"). Default:
+	// redis-server.
+	Sentinel bool
+}
+
+// startAttempts bounds the ports tried when another process takes the
+// picked port before the server binds it.
+const startAttempts = 20
 
 // StartServer starts a private redis-server on a free loopback port and
 // stops it at cleanup. args go on its command line after sluice's
@@ -116,44 +147,134 @@ type Server struct {
 // data across a kill). It needs redis-server on PATH (scripts/test installs
 // it); without one it skips, or fails under CI=true.
 func StartServer(t testing.TB, args ...string) *Server {
+	return StartServerOptions(t, &ServerOptions{Args: args})
+}
+
+// StartServerOptions is StartServer with options. A port taken between
+// being picked and being bound is noticed as soon as the server exits
+// (within milliseconds), and another port is tried.
+func StartServerOptions(t testing.TB, opts *ServerOptions) *Server {
 	t.Helper()
-	if _, err := exec.LookPath("redis-server"); err != nil {
-		missing(t, "redis-server on PATH")
+	s := &Server{dir: t.TempDir()}
+	if opts != nil {
+		s.opts = *opts
 	}
+	bin := "redis-server"
+	if s.opts.Sentinel {
+		bin = "redis-sentinel"
+	}
+	if _, err := exec.LookPath(bin); err != nil {
+		missing(t, bin+" on PATH")
+	}
+	t.Cleanup(s.Stop)
+	for attempt := 1; ; attempt++ {
+		s.port = freePort(t)
+		if s.opts.Cluster {
+			s.bus = freePort(t)
+		}
+		s.Addr = fmt.Sprintf("127.0.0.1:%d", s.port)
+		err := s.start()
+		if err == nil {
+			return s
+		}
+		if !errors.Is(err, errAddrInUse) || attempt == startAttempts {
+			t.Fatal(err)
+		}
+	}
+}
+
+// freePort picks a free loopback port; a variable so that a test can hand
+// out a taken one.
+var freePort = func(t testing.TB) int {
+	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	port := l.Addr().(*net.TCPAddr).Port
-	l.Close()
-	s := &Server{Addr: fmt.Sprintf("127.0.0.1:%d", port), dir: t.TempDir(), port: port, args: args}
-	s.Start(t)
-	t.Cleanup(s.Stop)
-	return s
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
 }
 
-// Start (re)starts the server on its address and waits until it answers.
+var errAddrInUse = errors.New("redistest: address in use")
+
+// Start restarts a stopped server on its address and waits until it is
+// ready.
 func (s *Server) Start(t testing.TB) {
 	t.Helper()
-	s.cmd = exec.Command("redis-server", "--port", fmt.Sprint(s.port), "--bind", "127.0.0.1",
-		"--save", "", "--appendonly", "no", "--dir", s.dir,
-		"--logfile", filepath.Join(s.dir, "redis.log"))
-	s.cmd.Args = append(s.cmd.Args, s.args...)
-	DieWithParent(s.cmd)
-	if err := s.cmd.Start(); err != nil {
+	if err := s.start(); err != nil {
 		t.Fatal(err)
 	}
-	c := redis.NewClient(&redis.Options{Addr: s.Addr, MaxRetries: -1})
-	defer c.Close()
-	for deadline := time.Now().Add(10 * time.Second); ; {
-		if c.Ping(context.Background()).Err() == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("redis-server on %s did not start", s.Addr)
-		}
-		time.Sleep(20 * time.Millisecond)
+}
+
+// start runs the server and waits for its log to say it is ready. It
+// watches the log rather than connecting, so a password or TLS makes no
+// difference, and another process answering on the port cannot pass for
+// this one.
+func (s *Server) start() error {
+	logFile := filepath.Join(s.dir, fmt.Sprintf("redis-%d.log", s.port))
+	os.Remove(logFile)
+	args := []string{"--bind", "127.0.0.1", "--dir", s.dir, "--logfile", logFile}
+	if s.opts.TLS {
+		args = append(args, "--port", "0", "--tls-port", fmt.Sprint(s.port))
+	} else {
+		args = append(args, "--port", fmt.Sprint(s.port))
 	}
+	bin := "redis-server"
+	if s.opts.Sentinel {
+		conf := filepath.Join(s.dir, "sentinel.conf")
+		if err := os.WriteFile(conf, []byte(strings.Join(s.opts.Args, "\n")+"\n"), 0o600); err != nil {
+			return err
+		}
+		bin, args = "redis-sentinel", append([]string{conf}, args...)
+	} else {
+		args = append(args, "--save", "", "--appendonly", "no")
+		if s.opts.Cluster {
+			args = append(args, "--cluster-enabled", "yes", "--cluster-port", fmt.Sprint(s.bus),
+				"--cluster-config-file", fmt.Sprintf("nodes-%d.conf", s.port))
+		}
+		args = append(args, s.opts.Args...)
+	}
+	s.cmd = exec.Command(bin, args...)
+	DieWithParent(s.cmd)
+	if err := s.cmd.Start(); err != nil {
+		return err
+	}
+	s.exit = make(chan struct{})
+	go func(cmd *exec.Cmd, exit chan struct{}) {
+		cmd.Wait()
+		close(exit)
+	}(s.cmd, s.exit)
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	deadline := time.After(10 * time.Second)
+	for {
+		select {
+		case <-s.exit:
+			s.cmd = nil
+			log, _ := os.ReadFile(logFile)
+			if bytes.Contains(log, []byte("Address already in use")) {
+				return fmt.Errorf("%w: %s", errAddrInUse, s.Addr)
+			}
+			return fmt.Errorf("redistest: %s on %s exited at start: %s", bin, s.Addr, lastLines(log, 5))
+		case <-deadline:
+			s.Stop()
+			log, _ := os.ReadFile(logFile)
+			return fmt.Errorf("redistest: %s on %s not ready after 10s: %s", bin, s.Addr, lastLines(log, 5))
+		case <-tick.C:
+			if log, _ := os.ReadFile(logFile); bytes.Contains(log, []byte("Ready to accept connections")) ||
+				(s.opts.Sentinel && bytes.Contains(log, []byte("Sentinel ID is"))) {
+				return nil
+			}
+		}
+	}
+}
+
+func lastLines(b []byte, n int) string {
+	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, " | ")
 }
 
 // Stop kills the server (SIGKILL: a crash, not a clean shutdown) and waits
@@ -163,6 +284,6 @@ func (s *Server) Stop() {
 		return
 	}
 	s.cmd.Process.Kill()
-	s.cmd.Wait()
+	<-s.exit
 	s.cmd = nil
 }

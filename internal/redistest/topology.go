@@ -48,10 +48,7 @@ func startNode(t testing.TB, bin, conf string, args ...string) *Node {
 	var err error
 	for range nodeStarts {
 		n := &Node{dir: t.TempDir(), exited: make(chan struct{})}
-		var port int
-		if port, err = freePort(); err != nil {
-			break
-		}
+		port := freePort(t)
 		n.Addr = net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
 		var argv []string
 		if conf != "" {
@@ -79,15 +76,6 @@ func startNode(t testing.TB, bin, conf string, args ...string) *Node {
 	return nil
 }
 
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
-}
-
 // await waits until the node answers PING, or reports why it will not.
 func (n *Node) await(d time.Duration) error {
 	c := redis.NewClient(&redis.Options{Addr: n.Addr, MaxRetries: -1})
@@ -96,7 +84,7 @@ func (n *Node) await(d time.Duration) error {
 		select {
 		case <-n.exited:
 			log, _ := os.ReadFile(filepath.Join(n.dir, "redis.log"))
-			return fmt.Errorf("exited on %s: %s", n.Addr, lastLines(string(log), 3))
+			return fmt.Errorf("exited on %s: %s", n.Addr, lastLines(log, 3))
 		default:
 		}
 		if c.Ping(context.Background()).Err() == nil {
@@ -105,11 +93,6 @@ func (n *Node) await(d time.Duration) error {
 		time.Sleep(20 * time.Millisecond)
 	}
 	return fmt.Errorf("no answer on %s after %v", n.Addr, d)
-}
-
-func lastLines(s string, n int) string {
-	lines := strings.Split(strings.TrimSpace(s), "\n")
-	return strings.Join(lines[max(0, len(lines)-n):], " | ")
 }
 
 // Kill ends the node with SIGKILL (a crash: nothing is flushed) and waits
@@ -263,7 +246,7 @@ func (c *Cluster) notReady(masters int) string {
 		}
 		if !strings.Contains(info, "cluster_state:ok") || !strings.Contains(info, fmt.Sprintf("cluster_known_nodes:%d\r", len(c.Nodes))) {
 			cl.Close()
-			return n.Addr + ": " + lastLines(info, 20)
+			return n.Addr + ": " + lastLines([]byte(info), 20)
 		}
 		repl, err := cl.Info(ctx, "replication").Result()
 		cl.Close()

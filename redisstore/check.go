@@ -1,0 +1,290 @@
+package redisstore
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// MinVersion is the oldest Redis the scripts are written and tested for.
+const MinVersion = "7.0"
+
+// Kinds of Redis failure that Check and Classify report. Test with
+// errors.Is. Every kind but ErrUnreachable also matches ErrMisconfigured:
+// retrying cannot help until someone changes the configuration.
+var (
+	// ErrMisconfigured matches every permanent kind below.
+	ErrMisconfigured = errors.New("redisstore: Redis misconfigured")
+	// ErrAuth: WRONGPASS, NOAUTH, or a password sent to a server without one.
+	ErrAuth = errors.New("redisstore: Redis authentication failed")
+	// ErrDatabase: the URL's database index is beyond the server's
+	// databases setting.
+	ErrDatabase = errors.New("redisstore: Redis database index out of range")
+	// ErrTLS: the TLS handshake failed, or one side speaks TLS and the
+	// other does not.
+	ErrTLS = errors.New("redisstore: TLS with Redis failed")
+	// ErrSentinelMaster: the Sentinels answer but do not know the master
+	// name.
+	ErrSentinelMaster = errors.New("redisstore: Sentinel does not know the master")
+	// ErrPermission: the ACL user may not run a command sluice needs
+	// (NOPERM).
+	ErrPermission = errors.New("redisstore: Redis user lacks a permission")
+	// ErrTopology: a standalone client on a Cluster node, or a Cluster
+	// client on a standalone server.
+	ErrTopology = errors.New("redisstore: wrong Redis topology")
+	// ErrVersion: the server is older than MinVersion.
+	ErrVersion = errors.New("redisstore: Redis too old")
+	// ErrUnreachable: no answer (refused, timed out, reset); worth retrying.
+	ErrUnreachable = errors.New("redisstore: Redis unreachable")
+	// ErrEviction is a warning, never returned as Check's error: the
+	// server's maxmemory-policy may evict sluice's keys, which resets
+	// limits.
+	ErrEviction = errors.New("redisstore: Redis may evict keys")
+)
+
+// CheckError is a classified Redis failure: Kind is one of this package's
+// kinds, Hint what to do about it, Err the client's error.
+type CheckError struct {
+	Kind error
+	Hint string
+	Err  error
+}
+
+// Error is one sentence: the kind, what to do, and what Redis said.
+func (e *CheckError) Error() string {
+	msg := e.Kind.Error()
+	if e.Hint != "" {
+		msg += ": " + e.Hint
+	}
+	if e.Err != nil {
+		msg += " (" + e.Err.Error() + ")"
+	}
+	return msg
+}
+
+// Is matches the kind, and ErrMisconfigured for every permanent kind.
+func (e *CheckError) Is(target error) bool {
+	return target == e.Kind || (target == ErrMisconfigured && e.Kind != ErrUnreachable && e.Kind != ErrEviction)
+}
+
+func (e *CheckError) Unwrap() error { return e.Err }
+
+func checkErr(kind error, hint string, err error) *CheckError {
+	return &CheckError{Kind: kind, Hint: hint, Err: err}
+}
+
+// Classify turns a client error into a *CheckError of the matching kind;
+// anything unrecognised is ErrUnreachable. Classify(nil) is nil.
+func Classify(err error) error {
+	if err == nil {
+		return nil
+	}
+	var ce *CheckError
+	if errors.As(err, &ce) {
+		return ce
+	}
+	msg := err.Error()
+	var (
+		header  tls.RecordHeaderError
+		alert   tls.AlertError
+		unknown x509.UnknownAuthorityError
+		verify  *tls.CertificateVerificationError
+		host    x509.HostnameError
+		invalid x509.CertificateInvalidError
+	)
+	switch {
+	case strings.Contains(msg, "WRONGPASS"), strings.Contains(msg, "NOAUTH"),
+		strings.Contains(msg, "without any password configured"), strings.Contains(msg, "invalid password"):
+		return checkErr(ErrAuth, "check the user and password in the Redis URL", err)
+	case strings.Contains(msg, "NOPERM"):
+		return checkErr(ErrPermission, "grant the Redis user ping, info, evalsha, eval and script|load on sluice's keys", err)
+	case strings.Contains(msg, "DB index is out of range"), strings.Contains(msg, "invalid DB index"):
+		return checkErr(ErrDatabase, "pick a database below the server's databases setting in the URL's /db", err)
+	case strings.Contains(msg, "cluster support disabled"):
+		return checkErr(ErrTopology, "the server is not a Cluster: use redis:// instead of redis+cluster://", err)
+	case strings.HasPrefix(msg, "MOVED "), strings.HasPrefix(msg, "ASK "), strings.HasPrefix(msg, "CLUSTERDOWN"):
+		return checkErr(ErrTopology, "the server is a Cluster node: use redis+cluster://", err)
+	case strings.Contains(msg, "all sentinels") && errors.Is(err, redis.Nil):
+		return checkErr(ErrSentinelMaster, "check master_name in the Redis URL against the Sentinels' configuration", err)
+	case errors.As(err, &header):
+		return checkErr(ErrTLS, "the server does not speak TLS: use redis:// instead of rediss://", err)
+	case errors.As(err, &alert), errors.As(err, &unknown), errors.As(err, &verify), errors.As(err, &host),
+		errors.As(err, &invalid), strings.Contains(msg, "tls: "):
+		return checkErr(ErrTLS, "check the server's certificate and the CA the client trusts", err)
+	}
+	return checkErr(ErrUnreachable, "retrying", err)
+}
+
+// CheckReport is what Check learned about a healthy Redis.
+type CheckReport struct {
+	// Version is the lowest redis_version among the servers asked.
+	Version string
+	// Cluster is true for a Cluster.
+	Cluster bool
+	// Warnings are problems that do not stop sluice: ErrEviction, or
+	// checks the user may not run (INFO denied).
+	Warnings []error
+}
+
+// Check asks Redis, through c, whether sluice can run on it: the server
+// answers, authentication and the database index are right, TLS works,
+// the client's topology matches the server's, the version is at least
+// MinVersion, and the user may run sluice's scripts. A Cluster is checked
+// on every master. The error is a *CheckError: errors.Is(err,
+// ErrMisconfigured) tells a configuration to fix from a Redis merely
+// unreachable (ErrUnreachable). Check writes nothing but a one-line
+// script into the script cache.
+func Check(ctx context.Context, c redis.UniversalClient) (*CheckReport, error) {
+	if c == nil {
+		return nil, ErrNoClient
+	}
+	if err := c.Ping(ctx).Err(); err != nil {
+		if tlsErr := protocolMismatch(ctx, c, err); tlsErr != nil {
+			return nil, tlsErr
+		}
+		return nil, Classify(err)
+	}
+	rep := &CheckReport{}
+	cc, cluster := c.(*redis.ClusterClient)
+	rep.Cluster = cluster
+	check := func(ctx context.Context, node *redis.Client) error {
+		return checkNode(ctx, node, cluster, rep)
+	}
+	var err error
+	if cluster {
+		err = cc.ForEachMaster(ctx, check)
+	} else if node, ok := c.(*redis.Client); ok {
+		err = check(ctx, node)
+	}
+	if err != nil {
+		return nil, Classify(err)
+	}
+	return rep, nil
+}
+
+// probeScript is loaded and run to prove the user may run scripts.
+const probeScript = "return 1"
+
+func checkNode(ctx context.Context, node *redis.Client, cluster bool, rep *CheckReport) error {
+	info, err := node.Info(ctx, "server", "cluster", "memory").Result()
+	switch {
+	case err != nil && strings.Contains(err.Error(), "NOPERM"):
+		rep.Warnings = append(rep.Warnings, checkErr(ErrPermission, "INFO denied: version, topology and eviction policy not checked", err))
+	case err != nil:
+		return err
+	default:
+		fields := infoFields(info)
+		if fields["cluster_enabled"] == "1" && !cluster {
+			return checkErr(ErrTopology, "the server is a Cluster node: use redis+cluster://", nil)
+		}
+		v := fields["redis_version"]
+		if !versionAtLeast(v, MinVersion) {
+			return checkErr(ErrVersion, fmt.Sprintf("sluice needs Redis %s or later; the server runs %q", MinVersion, v), nil)
+		}
+		if rep.Version == "" || !versionAtLeast(v, rep.Version) {
+			rep.Version = v
+		}
+		if p := fields["maxmemory_policy"]; p != "" && p != "noeviction" && fields["maxmemory"] != "0" {
+			rep.Warnings = append(rep.Warnings, checkErr(ErrEviction,
+				fmt.Sprintf("maxmemory-policy %s may evict sluice's keys and reset their limits; set noeviction", p), nil))
+		}
+	}
+	sha, err := node.ScriptLoad(ctx, probeScript).Result()
+	if err != nil {
+		return err
+	}
+	return node.EvalSha(ctx, sha, nil).Err()
+}
+
+// infoFields parses INFO's "name:value" lines.
+func infoFields(info string) map[string]string {
+	out := map[string]string{}
+	for line := range strings.Lines(info) {
+		if k, v, ok := strings.Cut(strings.TrimSpace(line), ":"); ok {
+			out[k] = v
+		}
+	}
+	return out
+}
+
+// versionAtLeast compares dotted versions numerically: "7.0.15" ≥ "7.0",
+// "10.0" ≥ "7.2"; an unparsable version is too old.
+func versionAtLeast(v, min string) bool {
+	have, want := strings.Split(v, "."), strings.Split(min, ".")
+	for i, w := range want {
+		wn, _ := strconv.Atoi(w)
+		if i >= len(have) {
+			return wn == 0
+		}
+		hn, err := strconv.Atoi(have[i])
+		if err != nil {
+			return false
+		}
+		if hn != wn {
+			return hn > wn
+		}
+	}
+	return true
+}
+
+// protocolMismatch tells TLS spoken to a plaintext port, or plaintext to a
+// TLS port, which otherwise look like a server that hangs up or never
+// answers: after such a failure it tries the other protocol (a TLS
+// handshake, or a PING) with a budget of its own, and reports ErrTLS if
+// that one works.
+func protocolMismatch(ctx context.Context, c redis.UniversalClient, err error) error {
+	node, ok := c.(*redis.Client)
+	if !ok || !errors.Is(Classify(err), ErrUnreachable) {
+		return nil
+	}
+	addr := node.Options().Addr
+	if _, _, serr := net.SplitHostPort(addr); serr != nil {
+		return nil // a Sentinel client's placeholder address, or a Unix socket
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+	defer cancel()
+	if node.Options().TLSConfig != nil {
+		if speaksRESP(ctx, addr) {
+			return checkErr(ErrTLS, "the server does not speak TLS: use redis:// instead of rediss://", err)
+		}
+		return nil
+	}
+	d := tls.Dialer{Config: &tls.Config{InsecureSkipVerify: true}} // only asks whether the port speaks TLS
+	conn, derr := d.DialContext(ctx, "tcp", addr)
+	if derr != nil {
+		return nil
+	}
+	conn.Close()
+	return checkErr(ErrTLS, "the server speaks TLS: use rediss:// instead of redis://", err)
+}
+
+// speaksRESP reports whether a plaintext PING to addr gets a RESP reply
+// (+PONG, or an error such as -NOAUTH).
+func speaksRESP(ctx context.Context, addr string) bool {
+	var d net.Dialer
+	conn, err := d.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return false
+	}
+	defer conn.Close()
+	if dl, ok := ctx.Deadline(); ok {
+		conn.SetDeadline(dl)
+	}
+	if _, err := io.WriteString(conn, "PING\r\n"); err != nil {
+		return false
+	}
+	var b [1]byte
+	if _, err := io.ReadFull(conn, b[:]); err != nil {
+		return false
+	}
+	return b[0] == '+' || b[0] == '-'
+}

@@ -1,0 +1,247 @@
+package redisstore_test
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/internal/testcert"
+	"github.com/sluicehq/sluice/redisstore"
+)
+
+func checkCtx(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func newClient(t *testing.T, o *redis.Options) *redis.Client {
+	o.MaxRetries = -1
+	c := redis.NewClient(o)
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// wantKind checks err's kind, that it is (or is not) permanent, and that
+// its message names the cause in one line.
+func wantKind(t *testing.T, err, kind error, words string) {
+	t.Helper()
+	if !errors.Is(err, kind) {
+		t.Fatalf("Check = %v, want %v", err, kind)
+	}
+	if got, want := errors.Is(err, redisstore.ErrMisconfigured), kind != redisstore.ErrUnreachable; got != want {
+		t.Errorf("errors.Is(%v, ErrMisconfigured) = %v, want %v", err, got, want)
+	}
+	msg := err.Error()
+	if !strings.HasPrefix(msg, "redisstore: ") || strings.Contains(msg, "\n") || !strings.Contains(msg, words) {
+		t.Errorf("message %q: want one line starting redisstore: and naming %q", msg, words)
+	}
+}
+
+func TestCheckHealthy(t *testing.T) {
+	t.Parallel()
+	srv := redistest.StartServer(t)
+	rep, err := redisstore.Check(checkCtx(t), newClient(t, &redis.Options{Addr: srv.Addr}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Cluster || len(rep.Warnings) != 0 || !strings.HasPrefix(rep.Version, "7.") && !strings.HasPrefix(rep.Version, "8.") {
+		t.Errorf("report %+v: want a standalone server of 7.0 or later without warnings", rep)
+	}
+}
+
+func TestCheckAuthentication(t *testing.T) {
+	t.Parallel()
+	srv := redistest.StartServerOptions(t, &redistest.ServerOptions{Args: []string{"--requirepass", "secret"}})
+	for _, tc := range []struct {
+		name, user, password string
+	}{
+		{"WRONGPASS", "", "wrong"},
+		{"NOAUTH", "", ""},
+		{"unknown user", "nobody", "secret"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := redisstore.Check(checkCtx(t), newClient(t, &redis.Options{Addr: srv.Addr, Username: tc.user, Password: tc.password}))
+			wantKind(t, err, redisstore.ErrAuth, "password")
+		})
+	}
+	t.Run("right password", func(t *testing.T) {
+		if _, err := redisstore.Check(checkCtx(t), newClient(t, &redis.Options{Addr: srv.Addr, Password: "secret"})); err != nil {
+			t.Fatal(err)
+		}
+	})
+}
+
+func TestCheckDatabaseOutOfRange(t *testing.T) {
+	t.Parallel()
+	srv := redistest.StartServer(t)
+	_, err := redisstore.Check(checkCtx(t), newClient(t, &redis.Options{Addr: srv.Addr, DB: 99}))
+	wantKind(t, err, redisstore.ErrDatabase, "database")
+}
+
+func TestCheckTLS(t *testing.T) {
+	t.Parallel()
+	certs := testcert.New(t, "redis")
+	other := testcert.New(t, "other")
+	tlsSrv := redistest.StartServerOptions(t, &redistest.ServerOptions{TLS: true, Args: []string{
+		"--tls-cert-file", certs.CertFile, "--tls-key-file", certs.KeyFile, "--tls-ca-cert-file", certs.CAFile,
+	}})
+	plain := redistest.StartServer(t)
+	t.Run("trusted", func(t *testing.T) {
+		if _, err := redisstore.Check(checkCtx(t), newClient(t, &redis.Options{Addr: tlsSrv.Addr, TLSConfig: certs.ClientConfig(t)})); err != nil {
+			t.Fatal(err)
+		}
+	})
+	t.Run("untrusted server certificate", func(t *testing.T) {
+		cfg := certs.ClientConfig(t)
+		cfg.RootCAs = other.Pool
+		_, err := redisstore.Check(checkCtx(t), newClient(t, &redis.Options{Addr: tlsSrv.Addr, TLSConfig: cfg}))
+		wantKind(t, err, redisstore.ErrTLS, "certificate")
+	})
+	t.Run("no client certificate", func(t *testing.T) {
+		_, err := redisstore.Check(checkCtx(t), newClient(t, &redis.Options{Addr: tlsSrv.Addr, TLSConfig: &tls.Config{RootCAs: certs.Pool}}))
+		wantKind(t, err, redisstore.ErrTLS, "TLS")
+	})
+	t.Run("TLS against a plaintext server", func(t *testing.T) {
+		_, err := redisstore.Check(checkCtx(t), newClient(t, &redis.Options{Addr: plain.Addr, TLSConfig: certs.ClientConfig(t)}))
+		wantKind(t, err, redisstore.ErrTLS, "does not speak TLS")
+	})
+	t.Run("plaintext against a TLS server", func(t *testing.T) {
+		_, err := redisstore.Check(checkCtx(t), newClient(t, &redis.Options{Addr: tlsSrv.Addr}))
+		wantKind(t, err, redisstore.ErrTLS, "rediss://")
+	})
+}
+
+func TestCheckSentinelUnknownMaster(t *testing.T) {
+	t.Parallel()
+	master := redistest.StartServer(t)
+	sentinel := redistest.StartServerOptions(t, &redistest.ServerOptions{Sentinel: true, Args: []string{
+		"sentinel monitor known " + strings.Replace(master.Addr, ":", " ", 1) + " 1",
+	}})
+	failover := func(name string) *redis.Client {
+		c := redis.NewFailoverClient(&redis.FailoverOptions{MasterName: name, SentinelAddrs: []string{sentinel.Addr}, MaxRetries: -1})
+		t.Cleanup(func() { c.Close() })
+		return c
+	}
+	_, err := redisstore.Check(checkCtx(t), failover("typo"))
+	wantKind(t, err, redisstore.ErrSentinelMaster, "master_name")
+	if _, err := redisstore.Check(checkCtx(t), failover("known")); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestCheckPermission(t *testing.T) {
+	t.Parallel()
+	srv := redistest.StartServer(t)
+	admin := newClient(t, &redis.Options{Addr: srv.Addr})
+	ctx := checkCtx(t)
+	for _, rules := range [][]any{
+		{"limited", "on", ">pw", "~*", "+ping", "+info", "+script|load"}, // no evalsha
+		{"noscript", "on", ">pw", "~*", "+ping", "+info", "+evalsha"},    // no script load
+	} {
+		if err := admin.Do(ctx, append([]any{"acl", "setuser"}, rules...)...).Err(); err != nil {
+			t.Fatal(err)
+		}
+		t.Run(rules[0].(string), func(t *testing.T) {
+			_, err := redisstore.Check(checkCtx(t), newClient(t, &redis.Options{Addr: srv.Addr, Username: rules[0].(string), Password: "pw"}))
+			wantKind(t, err, redisstore.ErrPermission, "grant")
+		})
+	}
+	t.Run("enough", func(t *testing.T) {
+		if err := admin.Do(ctx, "acl", "setuser", "enough", "on", ">pw", "~*", "+ping", "+info", "+evalsha", "+eval", "+script|load").Err(); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := redisstore.Check(checkCtx(t), newClient(t, &redis.Options{Addr: srv.Addr, Username: "enough", Password: "pw"})); err != nil {
+			t.Fatal(err)
+		}
+	})
+	t.Run("INFO denied is a warning", func(t *testing.T) {
+		if err := admin.Do(ctx, "acl", "setuser", "noinfo", "on", ">pw", "~*", "+ping", "+evalsha", "+eval", "+script|load").Err(); err != nil {
+			t.Fatal(err)
+		}
+		rep, err := redisstore.Check(checkCtx(t), newClient(t, &redis.Options{Addr: srv.Addr, Username: "noinfo", Password: "pw"}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(rep.Warnings) != 1 || !errors.Is(rep.Warnings[0], redisstore.ErrPermission) {
+			t.Errorf("warnings %v, want one ErrPermission", rep.Warnings)
+		}
+	})
+}
+
+func TestCheckTopology(t *testing.T) {
+	t.Parallel()
+	node := redistest.StartServerOptions(t, &redistest.ServerOptions{Cluster: true})
+	standalone := redistest.StartServer(t)
+	t.Run("standalone client on a Cluster node", func(t *testing.T) {
+		_, err := redisstore.Check(checkCtx(t), newClient(t, &redis.Options{Addr: node.Addr}))
+		wantKind(t, err, redisstore.ErrTopology, "redis+cluster://")
+	})
+	t.Run("Cluster client on a standalone server", func(t *testing.T) {
+		c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{standalone.Addr}, MaxRetries: -1})
+		t.Cleanup(func() { c.Close() })
+		_, err := redisstore.Check(checkCtx(t), c)
+		wantKind(t, err, redisstore.ErrTopology, "redis://")
+	})
+}
+
+func TestCheckClusterHealthy(t *testing.T) {
+	t.Parallel()
+	rep, err := redisstore.Check(checkCtx(t), redistest.ClusterClient(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !rep.Cluster {
+		t.Errorf("report %+v: want Cluster", rep)
+	}
+}
+
+func TestCheckEvictionWarning(t *testing.T) {
+	t.Parallel()
+	srv := redistest.StartServerOptions(t, &redistest.ServerOptions{Args: []string{"--maxmemory", "100mb", "--maxmemory-policy", "allkeys-lru"}})
+	rep, err := redisstore.Check(checkCtx(t), newClient(t, &redis.Options{Addr: srv.Addr}))
+	if err != nil {
+		t.Fatalf("Check = %v: an eviction policy warns, it does not refuse", err)
+	}
+	if len(rep.Warnings) != 1 || !errors.Is(rep.Warnings[0], redisstore.ErrEviction) || errors.Is(rep.Warnings[0], redisstore.ErrMisconfigured) {
+		t.Fatalf("warnings %v, want one ErrEviction", rep.Warnings)
+	}
+	if msg := rep.Warnings[0].Error(); !strings.Contains(msg, "allkeys-lru") || !strings.Contains(msg, "noeviction") {
+		t.Errorf("warning %q: want the policy and the fix", msg)
+	}
+}
+
+func TestCheckUnreachable(t *testing.T) {
+	t.Parallel()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	_, err = redisstore.Check(checkCtx(t), newClient(t, &redis.Options{Addr: addr, DialTimeout: time.Second}))
+	wantKind(t, err, redisstore.ErrUnreachable, "retrying")
+}
+
+func TestCheckNilClient(t *testing.T) {
+	if _, err := redisstore.Check(context.Background(), nil); !errors.Is(err, redisstore.ErrNoClient) {
+		t.Fatalf("Check(nil) = %v, want ErrNoClient", err)
+	}
+}
+
+func TestClassifyNil(t *testing.T) {
+	if err := redisstore.Classify(nil); err != nil {
+		t.Fatalf("Classify(nil) = %v", err)
+	}
+	if err := redisstore.Classify(fmt.Errorf("wrapped: %w", errors.New("WRONGPASS x"))); !errors.Is(err, redisstore.ErrAuth) {
+		t.Fatalf("Classify = %v, want ErrAuth", err)
+	}
+}

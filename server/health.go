@@ -1,0 +1,395 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/redisstore"
+)
+
+// DefaultStoreCheckInterval is how often the service asks its store
+// whether it answers (Options.StoreCheckInterval).
+const DefaultStoreCheckInterval = time.Second
+
+// Health is what this instance can do, as /readyz, /v1/status, gRPC
+// health, the sluice_degraded gauge and the dashboard's banner report it.
+//
+// Ready means "this instance can answer decisions under its failure
+// policy": with a failure policy (local, open, closed) it stays ready while
+// the store is down, since the policy answers; without one (error) it is
+// ready only while the store answers. Degraded means decisions are not
+// what a healthy fleet would make: the store is down, or the failure
+// policy is answering for it.
+//
+// Every change is one log line and a metric. A nil *Health is always
+// ready and never degraded. It is safe for concurrent use.
+type Health struct {
+	log        *slog.Logger
+	policy     string // local, open, closed, or error
+	withPolicy bool
+	store      string // memory, redis, or custom
+	probe      func(context.Context) error
+	configured func() bool
+	m          *healthMetrics
+
+	mu       sync.Mutex
+	storeErr error // classified; nil while the store answers
+	since    time.Time
+	fallback bool
+	grpc     *health.Server
+}
+
+// healthOptions configures newHealth.
+type healthOptions struct {
+	log        *slog.Logger
+	policy     string
+	withPolicy bool
+	store      string
+	// probe asks the store whether it answers; nil for a store that
+	// cannot fail (memory).
+	probe      func(context.Context) error
+	configured func() bool
+	reg        *prometheus.Registry // nil: no metrics
+}
+
+func newHealth(o healthOptions) *Health {
+	h := &Health{
+		log: o.log, policy: o.policy, withPolicy: o.withPolicy, store: o.store, probe: o.probe,
+		configured: o.configured, since: time.Now(),
+	}
+	if h.log == nil {
+		h.log = slog.New(slog.DiscardHandler)
+	}
+	if o.reg != nil {
+		h.m = newHealthMetrics(o.reg)
+		h.m.storeUp.Set(1)
+	}
+	return h
+}
+
+type healthMetrics struct {
+	degraded, storeUp prometheus.Gauge
+	storeChanges      *prometheus.CounterVec
+	fallbackChanges   *prometheus.CounterVec
+}
+
+func newHealthMetrics(reg *prometheus.Registry) *healthMetrics {
+	m := &healthMetrics{
+		degraded: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "sluice_degraded",
+			Help: "1 while decisions are degraded: the store does not answer, or the failure policy answers for it.",
+		}),
+		storeUp: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "sluice_store_up",
+			Help: "1 while the store (Redis) answers the service's checks.",
+		}),
+		storeChanges: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sluice_store_transitions_total",
+			Help: "Store state changes: to=down (with the cause: unreachable, auth, tls...) or to=up.",
+		}, []string{"to", "cause"}),
+		fallbackChanges: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sluice_fallback_transitions_total",
+			Help: "Failure policy changes: to=on when the breaker opens, to=off when it closes.",
+		}, []string{"to"}),
+	}
+	reg.MustRegister(m.degraded, m.storeUp, m.storeChanges, m.fallbackChanges)
+	m.fallbackChanges.WithLabelValues("on")
+	m.fallbackChanges.WithLabelValues("off")
+	m.storeChanges.WithLabelValues("up", "")
+	return m
+}
+
+// causes names each kind of store failure in logs and metrics.
+var causes = []struct {
+	kind error
+	name string
+}{
+	{redisstore.ErrAuth, "auth"},
+	{redisstore.ErrDatabase, "database"},
+	{redisstore.ErrTLS, "tls"},
+	{redisstore.ErrSentinelMaster, "sentinel_master"},
+	{redisstore.ErrPermission, "permission"},
+	{redisstore.ErrTopology, "topology"},
+	{redisstore.ErrVersion, "version"},
+}
+
+func cause(err error) string {
+	for _, c := range causes {
+		if errors.Is(err, c.kind) {
+			return c.name
+		}
+	}
+	return "unreachable"
+}
+
+// storeResult records what a check of the store found. A change (down, a
+// new cause while down, up again) is logged once and counted.
+func (h *Health) storeResult(err error) {
+	if h == nil {
+		return
+	}
+	err = redisstore.Classify(err)
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	was := h.storeErr
+	h.storeErr = err
+	switch {
+	case err == nil && was == nil:
+		return
+	case err != nil && was != nil && cause(err) == cause(was):
+		return
+	case err == nil:
+		h.log.Info("store back", "store", h.store, "down_for", time.Since(h.since).Round(time.Millisecond))
+		h.count("up", "")
+	default:
+		// Permanent causes are errors: someone must change a setting.
+		level := slog.LevelWarn
+		if errors.Is(err, redisstore.ErrMisconfigured) {
+			level = slog.LevelError
+		}
+		h.log.Log(context.Background(), level, "store lost", "store", h.store, "cause", cause(err),
+			"failure_policy", h.policy, "ready", h.readyLocked(), "err", err)
+		h.count("down", cause(err))
+	}
+	h.since = time.Now()
+	h.publishLocked()
+}
+
+func (h *Health) count(to, cause string) {
+	if h.m != nil {
+		h.m.storeChanges.WithLabelValues(to, cause).Inc()
+	}
+}
+
+// fallbackActive records the breaker: on when it opens (the failure policy
+// answers), off when it closes.
+func (h *Health) fallbackActive(on bool) {
+	if h == nil {
+		return
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if on == h.fallback {
+		return
+	}
+	h.fallback = on
+	to := "off"
+	if on {
+		to = "on"
+		h.log.Warn("breaker open: the failure policy answers", "breaker", "open", "fallback", to, "failure_policy", h.policy)
+	} else {
+		h.log.Info("breaker closed: the store answers again", "breaker", "closed", "fallback", to, "failure_policy", h.policy)
+	}
+	if h.m != nil {
+		h.m.fallbackChanges.WithLabelValues(to).Inc()
+	}
+	h.publishLocked()
+}
+
+// setGRPC makes g's health follow readiness, for the whole server and for
+// the rate limit service.
+func (h *Health) setGRPC(g *health.Server) {
+	if h == nil {
+		return
+	}
+	h.mu.Lock()
+	h.grpc = g
+	h.publishLocked()
+	h.mu.Unlock()
+}
+
+// rlsServiceName is the rate limit service's name for gRPC health.
+const rlsServiceName = "envoy.service.ratelimit.v3.RateLimitService"
+
+func (h *Health) publishLocked() {
+	ready := h.readyLocked()
+	if h.m != nil {
+		h.m.degraded.Set(b2f(h.storeErr != nil || h.fallback))
+		h.m.storeUp.Set(b2f(h.storeErr == nil))
+	}
+	if h.grpc != nil {
+		st := healthpb.HealthCheckResponse_NOT_SERVING
+		if ready {
+			st = healthpb.HealthCheckResponse_SERVING
+		}
+		h.grpc.SetServingStatus("", st)
+		h.grpc.SetServingStatus(rlsServiceName, st)
+	}
+}
+
+func b2f(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+func (h *Health) readyLocked() bool {
+	if h.configured != nil && !h.configured() {
+		return false
+	}
+	return h.withPolicy || h.storeErr == nil
+}
+
+// StoreStatus is the store's part of Status.
+type StoreStatus struct {
+	// Kind is "memory", "redis" or "custom".
+	Kind string `json:"kind"`
+	// Up is true while the store answers the service's checks.
+	Up bool `json:"up"`
+	// Cause and Error say why it does not: Cause is one word (unreachable,
+	// auth, tls, database, sentinel_master, permission, topology,
+	// version), Error Redis's one-sentence message.
+	Cause string `json:"cause,omitempty"`
+	Error string `json:"error,omitempty"`
+	// Since is when Up last changed (or the service started).
+	Since time.Time `json:"since"`
+}
+
+// Status is the body of /v1/status.
+type Status struct {
+	// Ready: this instance can answer decisions under its failure policy.
+	Ready bool `json:"ready"`
+	// Degraded: decisions are not what a healthy fleet would make.
+	Degraded bool `json:"degraded"`
+	// Reasons explain Degraded and a false Ready, a sentence each.
+	Reasons []string `json:"reasons"`
+	// FailurePolicy is local, open, closed or error.
+	FailurePolicy string `json:"failure_policy"`
+	// FallbackActive: the breaker is open and the failure policy answers.
+	FallbackActive bool        `json:"fallback_active"`
+	Store          StoreStatus `json:"store"`
+	// Admin says whether admin endpoints (reset) are enabled, and how:
+	// "token", "loopback", "insecure" or "disabled".
+	Admin string `json:"admin"`
+}
+
+// Status reports the current state.
+func (h *Health) Status() Status {
+	if h == nil {
+		return Status{Ready: true, Reasons: []string{}, FailurePolicy: "local", Store: StoreStatus{Kind: "memory", Up: true}}
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	st := Status{
+		Ready: h.readyLocked(), Degraded: h.storeErr != nil || h.fallback, Reasons: []string{},
+		FailurePolicy: h.policy, FallbackActive: h.fallback,
+		Store: StoreStatus{Kind: h.store, Up: h.storeErr == nil, Since: h.since},
+	}
+	if h.configured != nil && !h.configured() {
+		st.Reasons = append(st.Reasons, "no configuration is loaded")
+	}
+	if h.storeErr != nil {
+		st.Store.Cause, st.Store.Error = cause(h.storeErr), h.storeErr.Error()
+		if h.withPolicy {
+			st.Reasons = append(st.Reasons, "the store does not answer ("+st.Store.Error+"): failure policy "+h.policy+" decides")
+		} else {
+			st.Reasons = append(st.Reasons, "the store does not answer ("+st.Store.Error+") and there is no failure policy: decisions fail")
+		}
+	}
+	if h.fallback && h.storeErr == nil {
+		st.Reasons = append(st.Reasons, "the breaker is open: failure policy "+h.policy+" decides until a probe succeeds")
+	}
+	return st
+}
+
+// ready answers /readyz. Without a failure policy it asks the store
+// first, so the answer is current; with one, the store's state cannot
+// change the answer, so a stalled store cannot make the probe time out.
+func (h *Health) ready(ctx context.Context) Status {
+	if h != nil && !h.withPolicy && h.probe != nil {
+		h.storeResult(h.probe(ctx))
+	}
+	return h.Status()
+}
+
+// watch checks the store every interval until stop closes.
+func (h *Health) watch(stop <-chan struct{}, interval time.Duration) {
+	if h == nil || h.probe == nil {
+		return
+	}
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-t.C:
+			ctx, cancel := context.WithTimeout(context.Background(), max(interval, time.Second))
+			h.storeResult(h.probe(ctx))
+			cancel()
+		}
+	}
+}
+
+// policyName names the failure policy in logs and /v1/status.
+func policyName(o Options) string {
+	if o.NoFailurePolicy {
+		return "error"
+	}
+	return o.FailurePolicy.String()
+}
+
+// startCheckTimeout bounds the check of Redis at start.
+const startCheckTimeout = 5 * time.Second
+
+// checkRedis checks Redis at start: a misconfiguration (see
+// redisstore.Check) is returned, to refuse the start; an unreachable Redis
+// is a warning, and the health watch keeps checking. It then makes Health
+// watch the client.
+func (s *Server) checkRedis(c redis.UniversalClient) error {
+	s.health.store = "redis"
+	s.health.probe = func(ctx context.Context) error {
+		if s.health.storeDown() {
+			// Coming back must mean usable: the full check, not a ping.
+			_, err := redisstore.Check(ctx, c)
+			return err
+		}
+		return c.Ping(ctx).Err()
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), startCheckTimeout)
+	defer cancel()
+	rep, err := redisstore.Check(ctx, c)
+	if errors.Is(err, redisstore.ErrMisconfigured) {
+		return err
+	}
+	if err != nil {
+		s.log.Warn("Redis unreachable at start; serving under the failure policy and retrying",
+			"failure_policy", s.health.policy, "every", s.opts.StoreCheckInterval, "err", err)
+		s.health.storeResult(err)
+		return nil
+	}
+	for _, w := range rep.Warnings {
+		s.log.Warn("Redis check", "warning", w)
+	}
+	s.log.Info("Redis checked", "version", rep.Version, "cluster", rep.Cluster)
+	return nil
+}
+
+func (h *Health) storeDown() bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.storeErr != nil
+}
+
+// healthObserver passes events to the metrics, and breaker changes to
+// Health too.
+type healthObserver struct {
+	*Metrics
+	h *Health
+}
+
+// ObserveBreaker implements sluice.Observer.
+func (o healthObserver) ObserveBreaker(e sluice.BreakerEvent) {
+	o.Metrics.ObserveBreaker(e)
+	o.h.fallbackActive(e.To != sluice.BreakerClosed)
+}
