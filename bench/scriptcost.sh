@@ -8,8 +8,8 @@
 #   redis-server --port 16391 --save '' --appendonly no &
 #   bench/scriptcost.sh 16391
 #
-# sluice's scripts come from ../redisstore/scripts, composed as
-# redisstore/scripts.go composes them; the peers' from their Go modules.
+# sluice's scripts are written out by redisstore's TestScripts, composed and
+# expanded as Redis receives them; the peers' come from their Go modules.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")"
 
@@ -31,22 +31,10 @@ gostring "$ulule/drivers/store/redis/store.go" 'luaIncrScript = `' >"$work/ulule
 gostring "$redisrate/lua.go" 'var allowN = redis.NewScript(`' >"$work/redis_rate.lua"
 echo 'return 1' >"$work/return1.lua"
 
-scripts=../redisstore/scripts
-{
-	echo 'local ALG = {}'
-	n_alg=0
-	for f in gcra token_bucket leaky_bucket fixed_window sliding_window_log sliding_window_counter; do
-		printf 'ALG[%d] = function(KEYS, ARGV)\n' "$n_alg"
-		cat "$scripts/now.lua" "$scripts/$f.lua"
-		printf '\nend\n'
-		n_alg=$((n_alg + 1))
-	done
-	cat "$scripts/take_each.lua"
-} >"$work/take_each.lua"
-# As redisstore builds them: now.lua, then the algorithm's file.
-for f in gcra fixed_window; do
-	cat "$scripts/now.lua" "$scripts/$f.lua" >"$work/$f.lua"
-done
+# The scripts exactly as redisstore sends them (macros expanded).
+mkdir "$work/sluice"
+(cd .. && go test ./redisstore -run '^TestScripts$' -count=1 -args -write-scripts "$work/sluice") >/dev/null
+cp "$work/sluice/take_each.lua" "$work/sluice/gcra.lua" "$work/sluice/fixed_window.lua" "$work"
 
 # take_each: 32 GCRA decisions per call, each on its own random key.
 each_keys=() each_args=()

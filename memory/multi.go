@@ -14,6 +14,9 @@ var _ sluice.MultiStore = (*Store)(nil)
 // index order, so concurrent calls cannot deadlock), checks every limit, and
 // takes from all of them only if all allow.
 func (s *Store) TakeAll(_ context.Context, reqs []sluice.Request) ([]sluice.Decision, error) {
+	if s.shards == nil {
+		return nil, ErrZeroStore
+	}
 	idx := make([]int, len(reqs))
 	for i, r := range reqs {
 		if err := sluice.ValidateRequest(r.Key, r.Limit, r.Cost); err != nil {

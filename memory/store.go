@@ -9,6 +9,7 @@ package memory
 
 import (
 	"context"
+	"errors"
 	"hash/maphash"
 	"sync"
 	"time"
@@ -17,6 +18,10 @@ import (
 )
 
 var _ sluice.Store = (*Store)(nil)
+
+// ErrZeroStore: the Store is a zero value, not one made by New. Every
+// decision on it returns this error; it holds no keys.
+var ErrZeroStore = errors.New("memory: zero Store: make one with New")
 
 // Options configures a Store. A nil *Options gives every default.
 type Options struct {
@@ -43,8 +48,10 @@ type Options struct {
 	SweepInterval time.Duration
 }
 
-// Store is an in-memory sluice.Store. Build one with New and Close it when
-// done to stop its sweeper.
+// Store is an in-memory sluice.Store, safe for concurrent use. Build one
+// with New and Close it when done to stop its sweeper. The zero value
+// refuses every decision with ErrZeroStore (its Len is 0; Close and Sweep
+// do nothing).
 type Store struct {
 	now    func() int64 // µs since the Unix epoch
 	seed   maphash.Seed
@@ -112,6 +119,9 @@ func New(opts *Options) *Store {
 
 // Close stops the sweeper. The Store still answers afterwards.
 func (s *Store) Close() error {
+	if s.stop == nil {
+		return nil // a zero Store: no sweeper
+	}
 	s.once.Do(func() { close(s.stop) })
 	s.done.Wait()
 	return nil
@@ -142,9 +152,20 @@ func monotonicMicros() func() int64 {
 	return func() int64 { return baseUS + int64(time.Since(base)/time.Microsecond) }
 }
 
+// check validates a request and refuses a zero Store.
+func (s *Store) check(key string, limit sluice.Limit, cost int64) error {
+	if err := sluice.ValidateRequest(key, limit, cost); err != nil {
+		return err
+	}
+	if s.shards == nil {
+		return ErrZeroStore
+	}
+	return nil
+}
+
 // Take implements sluice.Store.
 func (s *Store) Take(_ context.Context, key string, limit sluice.Limit, cost int64) (sluice.Decision, error) {
-	if err := sluice.ValidateRequest(key, limit, cost); err != nil {
+	if err := s.check(key, limit, cost); err != nil {
 		return sluice.Decision{}, err
 	}
 	p := newParams(limit)
@@ -177,7 +198,7 @@ func (s *Store) Take(_ context.Context, key string, limit sluice.Limit, cost int
 
 // Peek implements sluice.Store.
 func (s *Store) Peek(_ context.Context, key string, limit sluice.Limit, cost int64) (sluice.Decision, error) {
-	if err := sluice.ValidateRequest(key, limit, cost); err != nil {
+	if err := s.check(key, limit, cost); err != nil {
 		return sluice.Decision{}, err
 	}
 	p := newParams(limit)
@@ -200,6 +221,9 @@ func (s *Store) Reset(_ context.Context, key string, limit sluice.Limit) error {
 	}
 	if err := limit.Validate(); err != nil {
 		return err
+	}
+	if s.shards == nil {
+		return ErrZeroStore
 	}
 	sh := s.shard(key)
 	sh.mu.Lock()

@@ -44,7 +44,8 @@ type Options struct {
 }
 
 // Collector is a sluice.Observer that keeps Prometheus metrics. It is safe
-// for concurrent use.
+// for concurrent use. Build one with New: the zero value observes nothing
+// and exposes no metrics.
 type Collector struct {
 	ratio       float64
 	decisions   *prometheus.CounterVec
@@ -108,6 +109,9 @@ func New(opts *Options) *Collector {
 
 // ObserveDecision implements sluice.Observer.
 func (c *Collector) ObserveDecision(e sluice.DecisionEvent) {
+	if c.decisions == nil {
+		return // a zero Collector
+	}
 	c.decisions.WithLabelValues(e.Policy, e.Outcome.String()).Inc()
 	if e.Outcome == sluice.OutcomeAllowed && float64(e.Decision.Remaining) <= c.ratio*float64(e.Decision.Limit.Capacity()) {
 		c.nearLimit.WithLabelValues(e.Policy).Inc()
@@ -118,12 +122,18 @@ func (c *Collector) ObserveDecision(e sluice.DecisionEvent) {
 // removed by a configuration reload), so that they do not linger at their
 // last values.
 func (c *Collector) ForgetPolicy(name string) {
+	if c.decisions == nil {
+		return // a zero Collector
+	}
 	c.decisions.DeletePartialMatch(prometheus.Labels{"policy": name})
 	c.nearLimit.DeletePartialMatch(prometheus.Labels{"policy": name})
 }
 
 // ObserveStore implements sluice.Observer.
 func (c *Collector) ObserveStore(e sluice.StoreEvent) {
+	if c.decisions == nil {
+		return // a zero Collector
+	}
 	c.storeCalls.WithLabelValues(e.Store, e.Op, e.Source.String()).Inc()
 	if e.Err != nil {
 		c.storeErrors.WithLabelValues(e.Store, e.Op).Inc()
@@ -135,11 +145,17 @@ func (c *Collector) ObserveStore(e sluice.StoreEvent) {
 
 // ObserveBreaker implements sluice.Observer.
 func (c *Collector) ObserveBreaker(e sluice.BreakerEvent) {
+	if c.decisions == nil {
+		return // a zero Collector
+	}
 	c.breaker.WithLabelValues(e.Store).Set(float64(e.To))
 }
 
 // Describe implements prometheus.Collector.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
+	if c.decisions == nil {
+		return // a zero Collector
+	}
 	c.decisions.Describe(ch)
 	c.nearLimit.Describe(ch)
 	c.storeCalls.Describe(ch)
@@ -150,6 +166,9 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 
 // Collect implements prometheus.Collector.
 func (c *Collector) Collect(ch chan<- prometheus.Metric) {
+	if c.decisions == nil {
+		return // a zero Collector
+	}
 	c.decisions.Collect(ch)
 	c.nearLimit.Collect(ch)
 	c.storeCalls.Collect(ch)

@@ -206,3 +206,24 @@ func TestForgetPolicy(t *testing.T) {
 		}
 	}
 }
+
+// A zero Collector observes nothing and exposes nothing, without panicking.
+func TestZeroCollector(t *testing.T) {
+	t.Parallel()
+	var c promsluice.Collector
+	c.ObserveDecision(sluice.DecisionEvent{Policy: "p"})
+	c.ObserveStore(sluice.StoreEvent{Store: "s", Op: "take"})
+	c.ObserveBreaker(sluice.BreakerEvent{Store: "s"})
+	c.ForgetPolicy("p")
+	reg := prometheus.NewRegistry()
+	if err := reg.Register(&c); err != nil {
+		t.Fatal(err)
+	}
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(mfs) != 0 {
+		t.Errorf("a zero Collector exposes %d metric families, want 0", len(mfs))
+	}
+}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"slices"
-	"strconv"
 	"sync"
 	"time"
 
@@ -39,16 +38,7 @@ type batcher struct {
 }
 
 func newBatcher(client redis.UniversalClient, max, inFlight int) *batcher {
-	b := &batcher{client: client, max: max, inFlight: inFlight}
-	switch client.(type) {
-	case *redis.Client: // standalone or Sentinel failover: one server
-		b.group = func(string) string { return "" }
-	case *redis.ClusterClient:
-		b.group = func(key string) string { return strconv.Itoa(int(slot(key))) }
-	default: // Ring or unknown sharding: only a common hash tag is safe
-		b.group = hashTag
-	}
-	return b
+	return &batcher{client: client, max: max, inFlight: inFlight, group: groupOf(client)}
 }
 
 // do sends c and sets its reply, or returns ctx.Err() as soon as ctx ends
@@ -177,7 +167,7 @@ func (b *batcher) send(batch []*call) {
 			case c.argv[argMode] == modeRefund:
 				c.val = r[:0]
 			default:
-				c.val = r[:replyLen[c.alg]]
+				c.val = r[:algorithms[c.alg].reply]
 			}
 		}
 	}
@@ -197,7 +187,7 @@ func (b *batcher) send(batch []*call) {
 }
 
 // units groups a batch into commands: one-key calls whose keys share a
-// group (see newBatcher) merge into one takeEachScript run, in queue order;
+// group (see groupOf) merge into one takeEachScript run, in queue order;
 // any other call, or a group of one, is a command of its own.
 func (b *batcher) units(batch []*call) []*unit {
 	var units []*unit

@@ -5,8 +5,6 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/sluicehq/sluice"
 )
 
@@ -59,26 +57,14 @@ func (s *Store) TakeAll(ctx context.Context, reqs []sluice.Request) ([]sluice.De
 
 // oneSlot reports whether one script may touch all of keys.
 func (s *Store) oneSlot(keys []string) bool {
-	switch s.client.(type) {
-	case *redis.Client: // standalone or Sentinel failover: one server
-		return true
-	case *redis.ClusterClient:
-		first := slot(keys[0])
-		for _, k := range keys[1:] {
-			if slot(k) != first {
-				return false
-			}
+	group := groupOf(s.client)
+	first := group(keys[0])
+	for _, k := range keys[1:] {
+		if group(k) != first {
+			return false
 		}
-		return true
-	default: // Ring or unknown sharding: only a common hash tag is safe
-		first := hashTag(keys[0])
-		for _, k := range keys[1:] {
-			if hashTag(k) != first {
-				return false
-			}
-		}
-		return true
 	}
+	return true
 }
 
 func (s *Store) takeAtomic(ctx context.Context, reqs []sluice.Request, keys []string) ([]sluice.Decision, error) {

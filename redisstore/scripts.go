@@ -5,6 +5,7 @@ import (
 	"embed"
 	"encoding/hex"
 	"fmt"
+	"regexp"
 	"strings"
 
 	"github.com/sluicehq/sluice"
@@ -13,25 +14,39 @@ import (
 //go:embed scripts/*.lua
 var scriptFS embed.FS
 
-// scriptFiles names each algorithm's Lua file, indexed by sluice.Algorithm.
-var scriptFiles = []string{
-	sluice.GCRA:                 "gcra.lua",
-	sluice.TokenBucket:          "token_bucket.lua",
-	sluice.LeakyBucket:          "leaky_bucket.lua",
-	sluice.FixedWindow:          "fixed_window.lua",
-	sluice.SlidingWindowLog:     "sliding_window_log.lua",
-	sluice.SlidingWindowCounter: "sliding_window_counter.lua",
+// algorithm is what the Store knows of one algorithm's script.
+type algorithm struct {
+	file   string // its Lua file in scripts/
+	suffix string // ends its Redis keys (see redisKey)
+	reply  int    // integers in a take/peek reply: allowed, remaining, retry, reset, and a token where a refund needs one
+	// params returns the script's ARGV[3] and ARGV[4] for l.
+	params func(l sluice.Limit) (int64, int64)
+	script *script // now.lua, then file; built by init
 }
 
-// replyLen is the length of each algorithm's take/peek reply: allowed,
-// remaining, retry and reset, plus a token where a refund needs one.
-var replyLen = []int{
-	sluice.GCRA:                 4,
-	sluice.TokenBucket:          4,
-	sluice.LeakyBucket:          4,
-	sluice.FixedWindow:          5,
-	sluice.SlidingWindowLog:     5,
-	sluice.SlidingWindowCounter: 5,
+// algorithms is indexed by sluice.Algorithm. No suffix contains ':' or
+// '}', so the text after a key's last ':' names the algorithm and no two
+// (key, algorithm) pairs can map to one Redis key.
+var algorithms = []algorithm{
+	sluice.GCRA:                 {file: "gcra.lua", suffix: "gcra", reply: 4, params: intervalSpan},
+	sluice.TokenBucket:          {file: "token_bucket.lua", suffix: "tb", reply: 4, params: intervalCapacity},
+	sluice.LeakyBucket:          {file: "leaky_bucket.lua", suffix: "lb", reply: 4, params: intervalCapacity},
+	sluice.FixedWindow:          {file: "fixed_window.lua", suffix: "fw", reply: 5, params: periodRate},
+	sluice.SlidingWindowLog:     {file: "sliding_window_log.lua", suffix: "swl", reply: 5, params: periodRate},
+	sluice.SlidingWindowCounter: {file: "sliding_window_counter.lua", suffix: "swc", reply: 5, params: periodRate},
+}
+
+func intervalSpan(l sluice.Limit) (int64, int64) {
+	iv := l.Interval().Microseconds()
+	return iv, l.Capacity() * iv
+}
+
+func intervalCapacity(l sluice.Limit) (int64, int64) {
+	return l.Interval().Microseconds(), l.Capacity()
+}
+
+func periodRate(l sluice.Limit) (int64, int64) {
+	return l.Period.Microseconds(), l.Rate
 }
 
 // script is a Lua script and the SHA-1 digest EVALSHA names it by.
@@ -60,12 +75,11 @@ func newScript(src string) *script {
 // Conventions of every script: quantities are integer units or
 // microseconds, exact in Lua's doubles below 2^53 (sluice.Limit.Validate
 // bounds them); numbers go to Redis through string.format('%d'), since
-// tostring prints %.14g and loses digits; floor divisions correct the double
-// quotient by one where it may round across an integer; every write sets the
-// key's TTL to the decision's ResetAfter rounded up to a millisecond, so an
-// expired key is exactly a fresh one; peek writes nothing.
+// tostring prints %.14g and loses digits; integer division is floordiv;
+// every write sets the key's TTL to the decision's ResetAfter rounded up to
+// a millisecond (ttlms), so an expired key is exactly a fresh one; peek
+// writes nothing.
 var (
-	oneScripts = make([]*script, len(scriptFiles))
 	// takeAllScript checks several keys, then takes from all or none.
 	takeAllScript *script
 	// takeEachScript makes several independent decisions in one run: a
@@ -77,19 +91,100 @@ func init() {
 	now := mustRead("now.lua")
 	var algs strings.Builder
 	algs.WriteString("local ALG = {}\n")
-	for a, name := range scriptFiles {
-		body := now + mustRead(name)
-		oneScripts[a] = newScript(body)
+	for a := range algorithms {
+		body := now + mustRead(algorithms[a].file)
+		algorithms[a].script = newScript(body)
 		fmt.Fprintf(&algs, "ALG[%d] = function(KEYS, ARGV)\n%s\nend\n", a, body)
 	}
 	takeAllScript = newScript(algs.String() + now + mustRead("take_all.lua"))
 	takeEachScript = newScript(algs.String() + mustRead("take_each.lua"))
 }
 
+// mustRead returns an embedded script with its macros expanded.
 func mustRead(name string) string {
 	b, err := scriptFS.ReadFile("scripts/" + name)
-	if err != nil {
-		panic(fmt.Sprintf("redisstore: embedded script %s: %v", name, err)) // a build defect, not a runtime input
+	if err == nil {
+		var src string
+		if src, err = expand(string(b)); err == nil {
+			return src
+		}
 	}
-	return string(b)
+	panic(fmt.Sprintf("redisstore: embedded script %s: %v", name, err)) // a build defect, not a runtime input
+}
+
+// The scripts' two macros, written once here and expanded into each script
+// as it is loaded, so that Redis runs plain statements: a Lua function
+// would be rebuilt as a closure on every EVALSHA and called, which costs
+// more than the work it does (BENCHMARKS.md, "Time inside Redis").
+//
+// A macro is a statement of its own line:
+//
+//	[local ]q = floordiv(a, b)
+//
+// sets q to ⌊a/b⌋ (b > 0), as memory's floorDiv: the double quotient,
+// corrected by one where it rounds across an integer. a and b are names or
+// integer literals, neither of them q.
+//
+//	local t = ttlms(us)
+//
+// sets t to us microseconds rounded up to whole milliseconds: a key's TTL.
+// us is any expression.
+const (
+	floordivLua = `$q = math.floor($a / $b)
+if $q * $b > $a then
+  $q = $q - 1
+elseif ($q + 1) * $b <= $a then
+  $q = $q + 1
+end`
+	ttlmsLua = `local $t_us = $us + 999
+local $t = floordiv($t_us, 1000)`
+)
+
+var (
+	floordivCall = regexp.MustCompile(`^(\s*)(local )?([A-Za-z_]\w*) = floordiv\(([A-Za-z_]\w*|\d+), ([A-Za-z_]\w*|\d+)\)$`)
+	ttlmsCall    = regexp.MustCompile(`^(\s*)local ([A-Za-z_]\w*) = ttlms\((.+)\)$`)
+	macroName    = regexp.MustCompile(`\b(floordiv|ttlms)\(`)
+)
+
+// expand replaces every macro statement in src by its definition.
+func expand(src string) (string, error) {
+	var out strings.Builder
+	lines := strings.Split(src, "\n")
+	for i := 0; i < len(lines); i++ {
+		line := lines[i]
+		code, comment, _ := strings.Cut(line, "--")
+		if !macroName.MatchString(code) {
+			out.WriteString(line)
+			if i < len(lines)-1 {
+				out.WriteByte('\n')
+			}
+			continue
+		}
+		code = strings.TrimRight(code, " \t")
+		var body string
+		if m := floordivCall.FindStringSubmatch(code); m != nil {
+			q, a, b := m[3], m[4], m[5]
+			if q == a || q == b {
+				return "", fmt.Errorf("floordiv assigns to its own operand: %s", strings.TrimSpace(line))
+			}
+			body = m[2] + strings.NewReplacer("$q", q, "$a", a, "$b", b).Replace(floordivLua)
+		} else if m := ttlmsCall.FindStringSubmatch(code); m != nil {
+			body = strings.NewReplacer("$t", m[2], "$us", m[3]).Replace(ttlmsLua)
+		} else {
+			return "", fmt.Errorf("a macro outside its statement form: %s", strings.TrimSpace(line))
+		}
+		indent := line[:len(line)-len(strings.TrimLeft(line, " \t"))]
+		expanded := strings.Split(body, "\n")
+		for j := range expanded {
+			expanded[j] = indent + expanded[j]
+		}
+		if comment != "" {
+			expanded[0] += " --" + comment
+		}
+		// Splice the expansion in place, to be read again: a macro may use
+		// another.
+		lines = append(lines[:i], append(expanded, lines[i+1:]...)...)
+		i--
+	}
+	return out.String(), nil
 }

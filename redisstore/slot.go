@@ -1,6 +1,27 @@
 package redisstore
 
-import "strings"
+import (
+	"strconv"
+	"strings"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// groupOf returns the function that names the group of a key on client:
+// keys of one group may be touched by one script. On a standalone or
+// Sentinel client (one server) every key is in one group; on a Cluster a
+// key's group is its hash slot; on a Ring or unknown sharding, only a
+// common hash tag is safe.
+func groupOf(client redis.UniversalClient) func(key string) string {
+	switch client.(type) {
+	case *redis.Client:
+		return func(string) string { return "" }
+	case *redis.ClusterClient:
+		return func(key string) string { return strconv.Itoa(int(slot(key))) }
+	default:
+		return hashTag
+	}
+}
 
 // hashTag returns the part of key Redis Cluster hashes: the text between the
 // first "{" and the next "}", if non-empty, else the whole key.

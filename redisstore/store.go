@@ -197,18 +197,6 @@ func New(client redis.UniversalClient, opts *Options) *Store {
 	return s
 }
 
-// suffixes are the algorithm codes ending each Redis key. None contains ':'
-// or '}', so the text after the last ':' names the algorithm and no two
-// (key, algorithm) pairs can map to one Redis key.
-var suffixes = []string{
-	sluice.GCRA:                 "gcra",
-	sluice.TokenBucket:          "tb",
-	sluice.LeakyBucket:          "lb",
-	sluice.FixedWindow:          "fw",
-	sluice.SlidingWindowLog:     "swl",
-	sluice.SlidingWindowCounter: "swc",
-}
-
 // Keys returns the Redis keys that hold key's state under l (one today), for
 // inspecting TTLs or checking what was written. It does not validate.
 func (s *Store) Keys(key string, l sluice.Limit) []string {
@@ -218,7 +206,7 @@ func (s *Store) Keys(key string, l sluice.Limit) []string {
 func (s *Store) redisKey(key string, a sluice.Algorithm) string {
 	suffix := "unknown"
 	if a.Valid() {
-		suffix = suffixes[a]
+		suffix = algorithms[a].suffix
 	}
 	return s.prefix + "{" + key + "}:" + suffix
 }
@@ -273,15 +261,7 @@ func (s *Store) paramsOf(l sluice.Limit) params {
 			return p
 		}
 	}
-	var a, b int64
-	switch iv := l.Interval().Microseconds(); l.Algorithm {
-	case sluice.GCRA:
-		a, b = iv, l.Capacity()*iv
-	case sluice.TokenBucket, sluice.LeakyBucket:
-		a, b = iv, l.Capacity()
-	default:
-		a, b = l.Period.Microseconds(), l.Rate
-	}
+	a, b := algorithms[l.Algorithm].params(l)
 	p := params{strconv.FormatInt(a, 10), strconv.FormatInt(b, 10)}
 	// Copy on write: readers never lock, and limits are few.
 	s.paramMu.Lock()
@@ -362,7 +342,7 @@ func (s *Store) decide(ctx context.Context, mode, key string, l sluice.Limit, co
 	if err != nil {
 		return result{}, fmt.Errorf("redisstore: %v %s: %w", l.Algorithm, mode, err)
 	}
-	r, err := parseResult(v, replyLen[l.Algorithm])
+	r, err := parseResult(v, algorithms[l.Algorithm].reply)
 	if err != nil {
 		return result{}, fmt.Errorf("redisstore: %v %s: %w", l.Algorithm, mode, err)
 	}
@@ -372,7 +352,7 @@ func (s *Store) decide(ctx context.Context, mode, key string, l sluice.Limit, co
 // oneKey builds the call of an algorithm's one-key script: ARGV is now,
 // mode, the limit's two parameters and the cost (see scripts/*.lua).
 func (s *Store) oneKey(mode, key string, l sluice.Limit, now any, cost int64) *call {
-	sc := oneScripts[l.Algorithm]
+	sc := algorithms[l.Algorithm].script
 	p := s.paramsOf(l)
 	c := calls.Get().(*call)
 	c.script, c.alg = sc, int64(l.Algorithm)

@@ -56,6 +56,9 @@ var (
 	ErrTimeout = errors.New("resilient: backend timeout")
 	// ErrUnknownPolicy: ParsePolicy was given an unknown name.
 	ErrUnknownPolicy = errors.New("resilient: unknown failure policy")
+	// ErrZeroStore: the Store or MultiStore is a zero value, not one made
+	// by New or NewMulti.
+	ErrZeroStore = errors.New("resilient: zero Store: make one with New")
 )
 
 // Policy is what a Store does when its backend fails or its breaker is open.
@@ -223,6 +226,9 @@ type Options struct {
 // return it and never counts as a backend failure. When the caller's
 // context ends, the error wraps the context's error and no policy applies.
 // Otherwise errors are the fallback store's own failures only.
+//
+// The zero value (and a zero MultiStore) refuses every call with
+// ErrZeroStore; its State is closed and its Close does nothing.
 type Store struct {
 	backend  sluice.Store
 	fallback sluice.Store
@@ -327,14 +333,19 @@ func NewMulti(backend sluice.MultiStore, opts *Options) (*MultiStore, error) {
 // Close releases the default fallback store. The backend is the caller's
 // to close.
 func (s *Store) Close() error {
-	if s.owned != nil {
+	if s != nil && s.owned != nil {
 		return s.owned.Close()
 	}
 	return nil
 }
 
 // State returns the breaker's current state.
-func (s *Store) State() sluice.BreakerState { return s.br.current() }
+func (s *Store) State() sluice.BreakerState {
+	if s == nil {
+		return sluice.BreakerClosed // a zero MultiStore
+	}
+	return s.br.current()
+}
 
 // Take implements sluice.Store.
 func (s *Store) Take(ctx context.Context, key string, limit sluice.Limit, cost int64) (sluice.Decision, error) {
@@ -350,6 +361,9 @@ func (s *Store) Peek(ctx context.Context, key string, limit sluice.Limit, cost i
 func (s *Store) decide(ctx context.Context, op, key string, limit sluice.Limit, cost int64, take bool) (sluice.Decision, error) {
 	if err := sluice.ValidateRequest(key, limit, cost); err != nil {
 		return sluice.Decision{}, err
+	}
+	if s == nil || s.backend == nil {
+		return sluice.Decision{}, ErrZeroStore
 	}
 	now := s.clock()
 	if s.cache != nil {
@@ -479,6 +493,9 @@ func (s *Store) Reset(ctx context.Context, key string, limit sluice.Limit) error
 	if err := limit.Validate(); err != nil {
 		return err
 	}
+	if s == nil || s.backend == nil {
+		return ErrZeroStore
+	}
 	if s.cache != nil {
 		s.cache.forget(key, limit)
 	}
@@ -508,6 +525,9 @@ func (m *MultiStore) TakeAll(ctx context.Context, reqs []sluice.Request) ([]slui
 		if err := sluice.ValidateRequest(r.Key, r.Limit, r.Cost); err != nil {
 			return nil, fmt.Errorf("request %d: %w", i, err)
 		}
+	}
+	if s == nil || m.multi == nil {
+		return nil, ErrZeroStore
 	}
 	now := s.clock()
 	if s.cache != nil {

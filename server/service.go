@@ -56,7 +56,8 @@ type Result struct {
 // and the JSON API): policy lookup, store keys, all-or-nothing checks,
 // shadow policies, statistics and metrics. It is safe for concurrent use;
 // the configuration can be swapped at any time without disturbing
-// requests in flight, which keep the snapshot they started with.
+// requests in flight, which keep the snapshot they started with. Make one
+// with NewService: the zero value is not usable.
 type Service struct {
 	store   sluice.Store
 	multi   sluice.MultiStore // nil if store cannot TakeAll

@@ -1,5 +1,5 @@
 -- fixed_window.lua: units counted per calendar window
--- [w·period, (w+1)·period). Mirrors memory/fixedwindow.go decision for
+-- [w·period, (w+1)·period). Mirrors memory/fixed_window.go decision for
 -- decision.
 --
 -- State: a HASH {w, n}: the window number and the units taken in it. The
@@ -41,12 +41,7 @@ local at = now
 if mode == 'refund' then
   at = tonumber(ARGV[6])
 end
-local w = math.floor(at / period)
-if w * period > at then
-  w = w - 1
-elseif (w + 1) * period <= at then
-  w = w + 1
-end
+local w = floordiv(at, period)
 
 -- A caller whose clock is behind the stored window (another host's clock,
 -- or TIME after a failover) is charged in that newer window, as at its
@@ -91,14 +86,8 @@ if mode == 'take' then
     redis.call('HINCRBY', key, 'n', ARGV[5])
   else
     redis.call('HSET', key, 'w', string.format('%d', w), 'n', ARGV[5])
-    local ms = left + 999
-    local q = math.floor(ms / 1000)
-    if q * 1000 > ms then
-      q = q - 1
-    elseif (q + 1) * 1000 <= ms then
-      q = q + 1
-    end
-    redis.call('PEXPIRE', key, string.format('%d', q))
+    local ttl = ttlms(left)
+    redis.call('PEXPIRE', key, string.format('%d', ttl))
   end
   count = count + cost
 end

@@ -16,9 +16,10 @@
 --
 -- Conventions of every script (see scripts.go): integers below 2^53, sent
 -- to Redis with %d; the key's TTL is the decision's ResetAfter rounded up
--- to a millisecond; floor divisions are corrected by one where the double
--- quotient may round across an integer; state that does not parse is an
--- error, never a fresh start.
+-- to a millisecond (ttlms); integer division is floordiv, which corrects
+-- the double quotient where it may round across an integer (both are
+-- macros, expanded when the scripts are loaded); state that does not parse
+-- is an error, never a fresh start.
 
 local key = KEYS[1]
 local interval = tonumber(ARGV[3])
@@ -58,14 +59,8 @@ if not write then
 end
 if write then
   if tat > now then
-    local ms = tat - now + 999
-    local q = math.floor(ms / 1000)
-    if q * 1000 > ms then
-      q = q - 1
-    elseif (q + 1) * 1000 <= ms then
-      q = q + 1
-    end
-    redis.call('SET', key, string.format('%d', tat), 'PX', string.format('%d', q))
+    local ttl = ttlms(tat - now)
+    redis.call('SET', key, string.format('%d', tat), 'PX', string.format('%d', ttl))
   else
     redis.call('DEL', key)
   end
@@ -75,10 +70,5 @@ if write then
 end
 
 local left = now + span - tat
-local remaining = math.floor(left / interval)
-if remaining * interval > left then
-  remaining = remaining - 1
-elseif (remaining + 1) * interval <= left then
-  remaining = remaining + 1
-end
+local remaining = floordiv(left, interval)
 return {allowed, remaining, retry, tat - now}

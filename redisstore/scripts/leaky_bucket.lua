@@ -1,6 +1,6 @@
 -- leaky_bucket.lua: the leaky bucket as a meter. Each unit adds one to the
 -- level, which drains one per interval; a request fits while
--- level + cost <= capacity. Mirrors memory/leakybucket.go decision for
+-- level + cost <= capacity. Mirrors memory/leaky_bucket.go decision for
 -- decision.
 --
 -- State: a HASH {level, last}: the level, and the time (µs) of the last
@@ -38,12 +38,7 @@ else
 end
 if now > last then -- drain the whole units due
   local d = now - last
-  local leaked = math.floor(d / interval)
-  if leaked * interval > d then
-    leaked = leaked - 1
-  elseif (leaked + 1) * interval <= d then
-    leaked = leaked + 1
-  end
+  local leaked = floordiv(d, interval)
   if leaked >= level then
     level, last = 0, now
   else
@@ -74,15 +69,9 @@ if level > 0 then
 end
 if write then
   if reset > 0 then
-    local ms = reset + 999
-    local q = math.floor(ms / 1000)
-    if q * 1000 > ms then
-      q = q - 1
-    elseif (q + 1) * 1000 <= ms then
-      q = q + 1
-    end
+    local ttl = ttlms(reset)
     redis.call('HSET', key, 'level', string.format('%d', level), 'last', string.format('%d', last))
-    redis.call('PEXPIRE', key, string.format('%d', q))
+    redis.call('PEXPIRE', key, string.format('%d', ttl))
   else
     redis.call('DEL', key) -- empty again: fresh
   end

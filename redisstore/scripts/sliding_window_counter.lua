@@ -2,8 +2,9 @@
 -- prev·(period-elapsed)/period + cur, where cur counts the current fixed
 -- window, prev the one before and elapsed is the time into the current one.
 -- The estimate is checked before incrementing, so denials never inflate it.
--- Mirrors memory/slidingcounter.go decision for decision: the estimate is a
--- double computed with exactly the same operations in the same order.
+-- Mirrors memory/sliding_window_counter.go decision for decision: the
+-- estimate is a double computed with exactly the same operations in the
+-- same order.
 --
 -- State: a HASH {w, c, p}: the current window number, its count, and the
 -- previous window's count. Constant memory.
@@ -44,12 +45,7 @@ local at = now
 if mode == 'refund' then
   at = tonumber(ARGV[6])
 end
-local w = math.floor(at / period)
-if w * period > at then
-  w = w - 1
-elseif (w + 1) * period <= at then
-  w = w + 1
-end
+local w = floordiv(at, period)
 
 -- A caller whose clock is behind the stored window (another host's clock,
 -- or TIME after a failover) is charged in that newer window, as at its
@@ -80,15 +76,9 @@ if mode == 'refund' then
     redis.call('DEL', key)
     return {}
   end
-  local ms = reset + 999
-  local q = math.floor(ms / 1000)
-  if q * 1000 > ms then
-    q = q - 1
-  elseif (q + 1) * 1000 <= ms then
-    q = q + 1
-  end
+  local ttl = ttlms(reset)
   redis.call('HSET', key, 'w', string.format('%d', sw), 'c', string.format('%d', sc), 'p', string.format('%d', sp))
-  redis.call('PEXPIRE', key, string.format('%d', q))
+  redis.call('PEXPIRE', key, string.format('%d', ttl))
   return {}
 end
 
@@ -110,12 +100,7 @@ else
   -- then nudge t by single microseconds so that float rounding cannot make
   -- it early or late.
   local function fits(t)
-    local tw = math.floor(t / period)
-    if tw * period > t then
-      tw = tw - 1
-    elseif (tw + 1) * period <= t then
-      tw = tw + 1
-    end
+    local tw = floordiv(t, period)
     local c, pv = cur, prev
     if tw == w + 1 then
       c, pv = 0, cur
@@ -159,15 +144,9 @@ elseif prev > 0 then
   reset = (w + 1) * period - now
 end
 if allowed == 1 and mode == 'take' then
-  local ms = reset + skew + 999 -- to the end the caller's clock sees, like the memory store
-  local q = math.floor(ms / 1000)
-  if q * 1000 > ms then
-    q = q - 1
-  elseif (q + 1) * 1000 <= ms then
-    q = q + 1
-  end
+  local ttl = ttlms(reset + skew) -- to the end the caller's clock sees, like the memory store
   redis.call('HSET', key, 'w', string.format('%d', w), 'c', string.format('%d', cur), 'p', string.format('%d', prev))
-  redis.call('PEXPIRE', key, string.format('%d', q))
+  redis.call('PEXPIRE', key, string.format('%d', ttl))
 end
 if retry > 0 then
   retry = retry + skew

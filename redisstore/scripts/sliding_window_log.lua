@@ -1,6 +1,6 @@
 -- sliding_window_log.lua: every admitted unit is logged; a request is
 -- admitted while fewer than rate units fall in (now-period, now]. Mirrors
--- memory/slidinglog.go decision for decision.
+-- memory/sliding_window_log.go decision for decision.
 --
 -- State: a ZSET of entries scored by their time in µs (>= 0), one member per
 -- unit. Members are sequence numbers from a per-key counter kept in the
@@ -55,14 +55,8 @@ if mode == 'refund' then
   end
   local reset = newest + period - now
   if reset > 0 then
-    local ms = reset + 999
-    local q = math.floor(ms / 1000)
-    if q * 1000 > ms then
-      q = q - 1
-    elseif (q + 1) * 1000 <= ms then
-      q = q + 1
-    end
-    redis.call('PEXPIRE', key, string.format('%d', q))
+    local ttl = ttlms(reset)
+    redis.call('PEXPIRE', key, string.format('%d', ttl))
   else
     redis.call('DEL', key)
   end
@@ -122,14 +116,8 @@ if count > 0 then
 end
 if take and allowed == 1 then
   if reset > 0 then
-    local ms = reset + 999
-    local q = math.floor(ms / 1000)
-    if q * 1000 > ms then
-      q = q - 1
-    elseif (q + 1) * 1000 <= ms then
-      q = q + 1
-    end
-    redis.call('PEXPIRE', key, string.format('%d', q))
+    local ttl = ttlms(reset)
+    redis.call('PEXPIRE', key, string.format('%d', ttl))
   else
     redis.call('DEL', key)
   end

@@ -1,5 +1,5 @@
 -- token_bucket.lua: whole tokens refilled one per interval. Mirrors
--- memory/tokenbucket.go decision for decision.
+-- memory/token_bucket.go decision for decision.
 --
 -- State: a HASH {tokens, last}: whole tokens, and the time (µs) the last
 -- whole token arrived or the bucket was last found full. Integers only, so
@@ -37,12 +37,7 @@ else
 end
 if now > last then -- refill the whole tokens due
   local d = now - last
-  local added = math.floor(d / interval)
-  if added * interval > d then
-    added = added - 1
-  elseif (added + 1) * interval <= d then
-    added = added + 1
-  end
+  local added = floordiv(d, interval)
   if tokens + added >= capacity then
     tokens, last = capacity, now
   else
@@ -70,15 +65,9 @@ if tokens < capacity then
 end
 if write then
   if reset > 0 then
-    local ms = reset + 999
-    local q = math.floor(ms / 1000)
-    if q * 1000 > ms then
-      q = q - 1
-    elseif (q + 1) * 1000 <= ms then
-      q = q + 1
-    end
+    local ttl = ttlms(reset)
     redis.call('HSET', key, 'tokens', string.format('%d', tokens), 'last', string.format('%d', last))
-    redis.call('PEXPIRE', key, string.format('%d', q))
+    redis.call('PEXPIRE', key, string.format('%d', ttl))
   else
     redis.call('DEL', key) -- full again: fresh
   end

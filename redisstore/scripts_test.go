@@ -1,0 +1,87 @@
+package redisstore
+
+import (
+	"flag"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/sluicehq/sluice"
+)
+
+// writeScripts, when set, names a directory to which TestScripts writes
+// every script as Redis receives it (bench/scriptcost.sh measures those).
+var writeScripts = flag.String("write-scripts", "", "directory to write the composed scripts to")
+
+func TestExpand(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name, src, want string
+	}{
+		{"plain", "local a = 1\nreturn a", "local a = 1\nreturn a"},
+		{"floordiv", "  local w = floordiv(at, period)", `  local w = math.floor(at / period)
+  if w * period > at then
+    w = w - 1
+  elseif (w + 1) * period <= at then
+    w = w + 1
+  end`},
+		{"floordiv assigns", "w = floordiv(at, 10)", `w = math.floor(at / 10)
+if w * 10 > at then
+  w = w - 1
+elseif (w + 1) * 10 <= at then
+  w = w + 1
+end`},
+		{"ttlms", "local ttl = ttlms(reset + skew) -- why", `local ttl_us = reset + skew + 999 -- why
+local ttl = math.floor(ttl_us / 1000)
+if ttl * 1000 > ttl_us then
+  ttl = ttl - 1
+elseif (ttl + 1) * 1000 <= ttl_us then
+  ttl = ttl + 1
+end`},
+		{"comment mentions a macro", "-- floordiv(a, b) is a macro", "-- floordiv(a, b) is a macro"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := expand(tt.src)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got != tt.want {
+				t.Errorf("expand(%q) =\n%s\nwant\n%s", tt.src, got, tt.want)
+			}
+		})
+	}
+	for _, bad := range []string{
+		"return floordiv(a, b)",
+		"local q = floordiv(a + 1, b)",
+		"local q = floordiv(q, b)",
+		"redis.call('PEXPIRE', key, ttlms(reset))",
+	} {
+		if got, err := expand(bad); err == nil {
+			t.Errorf("expand(%q) = %q, want an error", bad, got)
+		}
+	}
+}
+
+// TestScripts checks that every script Redis receives is expanded, and
+// writes them out under -write-scripts.
+func TestScripts(t *testing.T) {
+	t.Parallel()
+	all := map[string]*script{"take_all.lua": takeAllScript, "take_each.lua": takeEachScript}
+	for a, alg := range algorithms {
+		if alg.script == nil || alg.file == "" || alg.suffix == "" || alg.params == nil {
+			t.Fatalf("algorithms[%v] is incomplete", sluice.Algorithm(a))
+		}
+		all[alg.file] = alg.script
+	}
+	for name, sc := range all {
+		if m := macroName.FindString(sc.src); m != "" {
+			t.Errorf("%s: %q survived expansion", name, m)
+		}
+		if *writeScripts != "" {
+			if err := os.WriteFile(filepath.Join(*writeScripts, name), []byte(sc.src), 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+}
