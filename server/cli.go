@@ -6,7 +6,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"log/slog"
 	"net"
 	"os"
 	"os/signal"
@@ -20,6 +19,7 @@ const usage = `sluice: distributed rate limiting
 Usage:
   sluice serve [flags]          run the service (no flags: demo policies on the memory store)
   sluice check-config FILE      validate a configuration and print what it holds
+  sluice version                print the version and VCS revision (also --version)
 
 Run "sluice serve -h" for the serve flags.
 `
@@ -33,9 +33,12 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	}
 	switch args[0] {
 	case "serve":
-		return serve(args[1:], stdout, stderr)
+		return serve(args[1:], stderr)
 	case "check-config":
 		return checkConfig(args[1:], stdout, stderr)
+	case "version", "-version", "--version":
+		fmt.Fprintln(stdout, ReadBuildInfo())
+		return 0
 	case "help", "-h", "-help", "--help":
 		fmt.Fprint(stdout, usage)
 		return 0
@@ -93,7 +96,8 @@ func envDuration(name string, def time.Duration, bad *error) time.Duration {
 	return d
 }
 
-func serve(args []string, stdout, stderr io.Writer) int {
+// serve runs the service; its every line is a log record on stderr.
+func serve(args []string, stderr io.Writer) int {
 	fs := flag.NewFlagSet("sluice serve", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	var envErr error
@@ -106,6 +110,8 @@ func serve(args []string, stdout, stderr io.Writer) int {
 		timeout    = fs.Duration("decision-timeout", envDuration("SLUICE_DECISION_TIMEOUT", 0, &envErr), "longest wait for Redis before the failure policy answers (env SLUICE_DECISION_TIMEOUT); default 50ms")
 		adminToken = fs.String("admin-token", env("SLUICE_ADMIN_TOKEN", ""), "bearer `token` for admin endpoints (env SLUICE_ADMIN_TOKEN); default: loopback clients only")
 		watch      = fs.Duration("watch-interval", 2*time.Second, "how often to check the config file for changes (0: never)")
+		logFormat  = fs.String("log-format", env("SLUICE_LOG_FORMAT", "text"), "log `format`: text or json (env SLUICE_LOG_FORMAT)")
+		logLevel   = fs.String("log-level", env("SLUICE_LOG_LEVEL", "info"), "least `level` logged: debug, info, warn or error (env SLUICE_LOG_LEVEL)")
 	)
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -113,23 +119,29 @@ func serve(args []string, stdout, stderr io.Writer) int {
 		}
 		return 2
 	}
+	// Every line from here on is a log record, go-redis's and grpc-go's too.
+	log, err := NewLogger(stderr, *logFormat, *logLevel)
+	if err != nil {
+		fmt.Fprintln(stderr, "sluice serve:", err)
+		return 2
+	}
+	RouteLogs(log)
 	if envErr != nil && !flagSet(fs, "decision-timeout") { // flags win over the environment
-		fmt.Fprintln(stderr, "sluice serve:", envErr)
+		log.Error("bad environment", "err", envErr)
 		return 2
 	}
 	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "sluice serve: unexpected argument %q\n", fs.Arg(0))
+		log.Error("unexpected argument", "arg", fs.Arg(0))
 		return 2
 	}
 	fp, withPolicy, err := ParseFailurePolicy(*failure)
 	if err != nil {
-		fmt.Fprintln(stderr, "sluice serve:", err)
+		log.Error("bad flag", "err", err)
 		return 2
 	}
 	if *watch == 0 {
 		*watch = -1
 	}
-	log := slog.New(slog.NewTextHandler(stderr, nil))
 	// Catch signals before anything can be sent one: a SIGHUP that arrived
 	// between Start and Notify would kill the process (its default action).
 	sigs := make(chan os.Signal, 1)
@@ -140,37 +152,27 @@ func serve(args []string, stdout, stderr io.Writer) int {
 		FailurePolicy: fp, NoFailurePolicy: !withPolicy, DecisionTimeout: *timeout, AdminToken: *adminToken, WatchInterval: *watch, Logger: log,
 	})
 	if err != nil {
-		printErrors(stderr, err)
+		log.Error("cannot start", "err", err)
 		return 1
 	}
 	if err := srv.Start(); err != nil {
-		fmt.Fprintln(stderr, "sluice serve:", err)
+		log.Error("cannot start", "err", err)
 		srv.Shutdown(context.Background())
 		return 1
-	}
-	store := "memory"
-	if *redisURL != "" {
-		store = "redis"
 	}
 	config := "built-in demo"
 	if *configFile != "" {
 		config = *configFile
 	}
-	fmt.Fprintf(stdout, "sluice serve: config %s, store %s, %d policies\n", config, store, len(srv.Service().Config().Policies))
-	fmt.Fprintf(stdout, "sluice serve: http %s (dashboard http://%s/)\n", srv.HTTPAddr(), browsable(srv.HTTPAddr()))
-	fmt.Fprintf(stdout, "sluice serve: grpc %s (envoy.service.ratelimit.v3.RateLimitService)\n", srv.GRPCAddr())
+	bi := ReadBuildInfo()
+	log.Info("sluice started", "version", bi.Version, "revision", bi.Revision, "config", config,
+		"policies", len(srv.Service().Config().Policies), srv.storeAttr())
+	log.Info("http", "addr", srv.HTTPAddr(), "dashboard", "http://"+browsable(srv.HTTPAddr())+"/")
+	log.Info("grpc", "addr", srv.GRPCAddr(), "service", "envoy.service.ratelimit.v3.RateLimitService")
 
 	for sig := range sigs {
 		if sig == syscall.SIGHUP {
-			// Errors go to stderr a line each, with file and line; stdout
-			// gets one line a script can wait for.
-			switch err := srv.Reload(); {
-			case err != nil:
-				fmt.Fprintln(stderr, "sluice serve: config reload rejected; keeping the configuration in force:")
-				printErrors(stderr, err)
-			case *configFile != "":
-				fmt.Fprintln(stdout, "sluice serve: config reloaded")
-			}
+			srv.Reload() // logs "config reloaded" or the errors, once
 			continue
 		}
 		log.Info("shutting down", "signal", sig.String())
@@ -194,10 +196,10 @@ func serve(args []string, stdout, stderr io.Writer) int {
 		}
 		cancel()
 		if err != nil {
-			fmt.Fprintln(stderr, "sluice serve: shutdown:", err)
+			log.Error("shutdown", "err", err)
 			return 1
 		}
-		fmt.Fprintln(stdout, "sluice serve: stopped")
+		log.Info("stopped")
 		return 0
 	}
 	return 0

@@ -88,6 +88,7 @@ type Server struct {
 	metrics *Metrics
 	closers []func()
 	ready   func(context.Context) error
+	redis   redis.UniversalClient // nil without --redis
 
 	httpSrv  *http.Server
 	grpcSrv  *grpc.Server
@@ -165,8 +166,10 @@ func (s *Server) openStore() (sluice.Store, error) {
 			return nil, err
 		}
 		s.closers = append(s.closers, func() { client.Close() })
+		s.redis = client
 		s.ready = redisPing(client)
 		s.metrics.storeName = "redis"
+		s.metrics.reg.MustRegister(newRedisInfo(client, 0))
 		rs := redisstore.New(client, nil)
 		if s.opts.NoFailurePolicy {
 			// No policy answers for Redis, but a decision stays bounded:
@@ -181,6 +184,7 @@ func (s *Server) openStore() (sluice.Store, error) {
 			return nil, fmt.Errorf("server: failure policy: %w", err)
 		}
 		s.closers = append(s.closers, func() { store.Close() })
+		s.metrics.ObserveBreaker(sluice.BreakerEvent{Store: "redis", From: sluice.BreakerClosed, To: sluice.BreakerClosed})
 		return store, nil
 	}
 	m := memory.New(nil)
@@ -212,10 +216,12 @@ func (s *Server) Start() error {
 		}),
 		ReadHeaderTimeout: 10 * time.Second,
 		IdleTimeout:       2 * time.Minute,
+		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
 	}
+	s.httpSrv.Handler = s.metrics.instrumentHTTP(s.httpSrv.Handler)
 	// Workers keep their grown stacks between requests: a new goroutine
 	// per request would grow its stack through the Redis client every time.
-	s.grpcSrv = grpc.NewServer(grpc.NumStreamWorkers(uint32(64*runtime.GOMAXPROCS(0))), grpc.ChainUnaryInterceptor(s.recoverUnary))
+	s.grpcSrv = grpc.NewServer(grpc.NumStreamWorkers(uint32(64*runtime.GOMAXPROCS(0))), grpc.ChainUnaryInterceptor(s.metrics.instrumentGRPC, s.recoverUnary))
 	s.svc.RegisterRLS(s.grpcSrv)
 	s.health = health.NewServer()
 	healthpb.RegisterHealthServer(s.grpcSrv, s.health)
@@ -247,7 +253,8 @@ func (s *Server) GRPCAddr() string { return s.grpcLn.Addr().String() }
 
 // Reload reads the configuration file again and swaps it in. A bad
 // configuration is rejected and the one in force stays. Requests in flight
-// finish under the configuration they started with.
+// finish under the configuration they started with. Either way the result
+// is logged once, here, and the error also returned.
 func (s *Server) Reload() error {
 	s.reloadMu.Lock()
 	defer s.reloadMu.Unlock()
@@ -263,7 +270,8 @@ func (s *Server) Reload() error {
 	cfg, err := LoadConfig(s.opts.ConfigFile)
 	if err != nil {
 		s.metrics.reload(false)
-		return err // the caller reports it: the watcher logs, the CLI prints file:line lines
+		s.log.Error("config reload rejected; keeping the configuration in force", "err", err)
+		return err
 	}
 	s.svc.SetConfig(cfg)
 	s.metrics.reload(true)
@@ -289,9 +297,7 @@ func (s *Server) watch() {
 			changed := configStamp(files) != s.stamp
 			s.reloadMu.Unlock()
 			if changed {
-				if err := s.Reload(); err != nil {
-					s.log.Error("config reload rejected; keeping the configuration in force", "err", err)
-				}
+				s.Reload() // logs its result
 			}
 		}
 	}
