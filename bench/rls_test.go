@@ -3,6 +3,7 @@ package bench
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"fmt"
 	"net"
 	"os"
@@ -228,23 +229,25 @@ func startSluice(b *testing.B, dir, redisAddr, failurePolicy string) (string, *o
 	}
 	cmd := exec.Command(bin, "serve", "--config", cfg,
 		"--redis", fmt.Sprintf("redis://%s/0?pool_size=%d", redisAddr, redisPool),
-		"--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0", "--watch-interval", "0", "--failure-policy", failurePolicy)
-	out, err := cmd.StdoutPipe()
+		"--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0", "--watch-interval", "0", "--failure-policy", failurePolicy,
+		"--log-format", "json")
+	out, err := cmd.StderrPipe()
 	if err != nil {
 		b.Fatal(err)
 	}
-	cmd.Stderr = os.Stderr
 	run(b, cmd)
 	sc := bufio.NewScanner(out)
 	for sc.Scan() {
-		if rest, ok := strings.CutPrefix(sc.Text(), "sluice serve: grpc "); ok {
-			addr, _, _ := strings.Cut(rest, " ")
+		var rec struct{ Msg, Addr string }
+		if json.Unmarshal(sc.Bytes(), &rec) == nil && rec.Msg == "grpc" {
 			go func() {
 				for sc.Scan() {
+					os.Stderr.Write(append(sc.Bytes(), '\n'))
 				}
 			}()
-			return addr, cmd.Process
+			return rec.Addr, cmd.Process
 		}
+		os.Stderr.Write(append(sc.Bytes(), '\n'))
 	}
 	b.Fatal("sluice serve printed no gRPC address")
 	return "", nil

@@ -8,7 +8,7 @@
 //	sluice_store_calls_total{store,op,source}   source: backend, deny_cache, fallback, fail_open, fail_closed
 //	sluice_store_errors_total{store,op}         backend failures (timeouts included)
 //	sluice_store_latency_seconds{store,op}      backend latency, when the backend was called
-//	sluice_breaker_state{store}                 0 closed, 1 half-open, 2 open
+//	sluice_breaker_state{store,state}           1 for the current state (closed, half_open, open), 0 for the others
 //
 // Label values come from configuration (rule and store names), never from
 // requests, so cardinality stays bounded.
@@ -102,8 +102,8 @@ func New(opts *Options) *Collector {
 		}, []string{"store", "op"}),
 		breaker: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Namespace: ns, Name: "breaker_state",
-			Help: "Circuit breaker state of a wrapped store: 0 closed, 1 half-open, 2 open.",
-		}, []string{"store"}),
+			Help: "Circuit breaker state of a wrapped store: 1 for the current state (closed, half_open, open), 0 for the others.",
+		}, []string{"store", "state"}),
 	}
 }
 
@@ -144,11 +144,19 @@ func (c *Collector) ObserveStore(e sluice.StoreEvent) {
 }
 
 // ObserveBreaker implements sluice.Observer.
+// Every state has a series, so that an alert on state="open" has one to
+// read while the breaker is closed.
 func (c *Collector) ObserveBreaker(e sluice.BreakerEvent) {
 	if c.decisions == nil {
 		return // a zero Collector
 	}
-	c.breaker.WithLabelValues(e.Store).Set(float64(e.To))
+	for _, s := range [...]sluice.BreakerState{sluice.BreakerClosed, sluice.BreakerHalfOpen, sluice.BreakerOpen} {
+		v := 0.0
+		if s == e.To {
+			v = 1
+		}
+		c.breaker.WithLabelValues(e.Store, s.String()).Set(v)
+	}
 }
 
 // Describe implements prometheus.Collector.

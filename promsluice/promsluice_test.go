@@ -90,8 +90,11 @@ func TestCollector(t *testing.T) {
 	if got := gather(t, reg, "sluice_store_errors_total", map[string]string{"store": "redis", "op": "take"}); got != 2 {
 		t.Errorf("store errors = %v, want 2 (the third call found the breaker open)", got)
 	}
-	if got := gather(t, reg, "sluice_breaker_state", map[string]string{"store": "redis"}); got != float64(sluice.BreakerOpen) {
-		t.Errorf("breaker state = %v, want open", got)
+	// One-hot: the current state 1, the others 0.
+	for state, want := range map[string]float64{"closed": 0, "half_open": 0, "open": 1} {
+		if got := gather(t, reg, "sluice_breaker_state", map[string]string{"store": "redis", "state": state}); got != want {
+			t.Errorf("breaker_state{state=%q} = %v, want %v", state, got, want)
+		}
 	}
 
 	// The pedantic registry checked the metrics for consistency; and they

@@ -6,7 +6,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"log/slog"
 	"net"
 	"os"
 	"os/signal"
@@ -21,6 +20,7 @@ const usage = `sluice: distributed rate limiting
 Usage:
   sluice serve [flags]          run the service (no flags: demo policies on the memory store)
   sluice check-config FILE      validate a configuration and print what it holds
+  sluice version                print the version and VCS revision (also --version)
 
 Run "sluice serve -h" for the serve flags.
 `
@@ -34,9 +34,12 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	}
 	switch args[0] {
 	case "serve":
-		return serve(args[1:], stdout, stderr)
+		return serve(args[1:], stderr)
 	case "check-config":
 		return checkConfig(args[1:], stdout, stderr)
+	case "version", "-version", "--version":
+		fmt.Fprintln(stdout, ReadBuildInfo())
+		return 0
 	case "help", "-h", "-help", "--help":
 		fmt.Fprint(stdout, usage)
 		return 0
@@ -112,7 +115,8 @@ func envInt(name string, def int, bad *error) int {
 	return n
 }
 
-func serve(args []string, stdout, stderr io.Writer) int {
+// serve runs the service; its every line is a log record on stderr.
+func serve(args []string, stderr io.Writer) int {
 	fs := flag.NewFlagSet("sluice serve", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	var envErr, fleetErr error
@@ -134,6 +138,8 @@ func serve(args []string, stdout, stderr io.Writer) int {
 		grpcKey    = fs.String("grpc-tls-key", "", "PEM key `file` for --grpc-tls-cert")
 		grpcCA     = fs.String("grpc-tls-client-ca", "", "PEM CA `file`: gRPC clients (Envoy) must present a certificate it signed (mutual TLS)")
 		watch      = fs.Duration("watch-interval", 2*time.Second, "how often to check the config file for changes (0: never)")
+		logFormat  = fs.String("log-format", env("SLUICE_LOG_FORMAT", "text"), "log `format`: text or json (env SLUICE_LOG_FORMAT)")
+		logLevel   = fs.String("log-level", env("SLUICE_LOG_LEVEL", "info"), "least `level` logged: debug, info, warn or error (env SLUICE_LOG_LEVEL)")
 	)
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -141,32 +147,38 @@ func serve(args []string, stdout, stderr io.Writer) int {
 		}
 		return 2
 	}
+	// Every line from here on is a log record, go-redis's and grpc-go's too.
+	log, err := NewLogger(stderr, *logFormat, *logLevel)
+	if err != nil {
+		fmt.Fprintln(stderr, "sluice serve:", err)
+		return 2
+	}
+	RouteLogs(log)
 	for _, e := range []struct {
 		flag string
 		err  error
 	}{{"decision-timeout", envErr}, {"fleet-size", fleetErr}} {
 		if e.err != nil && !flagSet(fs, e.flag) { // flags win over the environment
-			fmt.Fprintln(stderr, "sluice serve:", e.err)
+			log.Error("bad environment", "err", e.err)
 			return 2
 		}
 	}
 	if *fleetSize < 0 {
-		fmt.Fprintf(stderr, "sluice serve: --fleet-size %d: want 1 or more\n", *fleetSize)
+		log.Error("bad flag", "err", fmt.Sprintf("--fleet-size %d: want 1 or more", *fleetSize))
 		return 2
 	}
 	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "sluice serve: unexpected argument %q\n", fs.Arg(0))
+		log.Error("unexpected argument", "arg", fs.Arg(0))
 		return 2
 	}
 	fp, withPolicy, err := ParseFailurePolicy(*failure)
 	if err != nil {
-		fmt.Fprintln(stderr, "sluice serve:", err)
+		log.Error("bad flag", "err", err)
 		return 2
 	}
 	if *watch == 0 {
 		*watch = -1
 	}
-	log := slog.New(slog.NewTextHandler(stderr, nil))
 	// Catch signals before anything can be sent one: a SIGHUP that arrived
 	// between Start and Notify would kill the process (its default action).
 	sigs := make(chan os.Signal, 1)
@@ -180,41 +192,31 @@ func serve(args []string, stdout, stderr io.Writer) int {
 		GRPCTLS: TLSFiles{CertFile: *grpcCert, KeyFile: *grpcKey, ClientCAFile: *grpcCA},
 	})
 	if err != nil {
-		printErrors(stderr, err)
+		log.Error("cannot start", "err", err)
 		return 1
 	}
 	if err := srv.Start(); err != nil {
-		fmt.Fprintln(stderr, "sluice serve:", err)
+		log.Error("cannot start", "err", err)
 		srv.Shutdown(context.Background())
 		return 1
-	}
-	store := "memory"
-	if *redisURL != "" {
-		store = "redis"
 	}
 	config := "built-in demo"
 	if *configFile != "" {
 		config = *configFile
 	}
-	fmt.Fprintf(stdout, "sluice serve: config %s, store %s, %d policies\n", config, store, len(srv.Service().Config().Policies))
+	bi := ReadBuildInfo()
+	log.Info("sluice started", "version", bi.Version, "revision", bi.Revision, "config", config,
+		"policies", len(srv.Service().Config().Policies), srv.storeAttr())
 	scheme := "http"
 	if *httpCert != "" {
 		scheme = "https"
 	}
-	fmt.Fprintf(stdout, "sluice serve: http %s (dashboard %s://%s/)\n", srv.HTTPAddr(), scheme, browsable(srv.HTTPAddr()))
-	fmt.Fprintf(stdout, "sluice serve: grpc %s (envoy.service.ratelimit.v3.RateLimitService)\n", srv.GRPCAddr())
+	log.Info("http", "addr", srv.HTTPAddr(), "dashboard", scheme+"://"+browsable(srv.HTTPAddr())+"/")
+	log.Info("grpc", "addr", srv.GRPCAddr(), "service", "envoy.service.ratelimit.v3.RateLimitService")
 
 	for sig := range sigs {
 		if sig == syscall.SIGHUP {
-			// Errors go to stderr a line each, with file and line; stdout
-			// gets one line a script can wait for.
-			switch err := srv.Reload(); {
-			case err != nil:
-				fmt.Fprintln(stderr, "sluice serve: config reload rejected; keeping the configuration in force:")
-				printErrors(stderr, err)
-			case *configFile != "":
-				fmt.Fprintln(stdout, "sluice serve: config reloaded")
-			}
+			srv.Reload() // logs "config reloaded" or the errors, once
 			continue
 		}
 		log.Info("shutting down", "signal", sig.String())
@@ -238,10 +240,10 @@ func serve(args []string, stdout, stderr io.Writer) int {
 		}
 		cancel()
 		if err != nil {
-			fmt.Fprintln(stderr, "sluice serve: shutdown:", err)
+			log.Error("shutdown", "err", err)
 			return 1
 		}
-		fmt.Fprintln(stdout, "sluice serve: stopped")
+		log.Info("stopped")
 		return 0
 	}
 	return 0

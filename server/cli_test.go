@@ -4,11 +4,14 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -30,11 +33,56 @@ func TestMain(m *testing.M) {
 
 // proc is a running sluice process.
 type proc struct {
-	cmd    *exec.Cmd
-	lines  chan string // stdout, line by line
-	stderr *syncBuffer
-	http   string
-	grpc   string
+	cmd     *exec.Cmd
+	records chan logRecord // stderr, a record a line
+	stderr  *syncBuffer
+	http    string
+	grpc    string
+}
+
+// logRecord is one log line's attributes, from the text or the JSON
+// format, nested groups flattened as "group.key".
+type logRecord map[string]string
+
+// parseRecord reads a log line; ok is false for a line that is not a
+// record in either format.
+func parseRecord(line string) (r logRecord, ok bool) {
+	r = logRecord{}
+	if strings.HasPrefix(line, "{") {
+		var m map[string]any
+		if err := json.Unmarshal([]byte(line), &m); err != nil {
+			return nil, false
+		}
+		var flatten func(prefix string, m map[string]any)
+		flatten = func(prefix string, m map[string]any) {
+			for k, v := range m {
+				if sub, ok := v.(map[string]any); ok {
+					flatten(prefix+k+".", sub)
+					continue
+				}
+				r[prefix+k] = fmt.Sprint(v)
+			}
+		}
+		flatten("", m)
+		return r, r["msg"] != ""
+	}
+	for rest := line; rest != ""; {
+		k, v, found := strings.Cut(rest, "=")
+		if !found || strings.ContainsAny(k, " \"") {
+			return nil, false
+		}
+		if strings.HasPrefix(v, `"`) {
+			q, err := strconv.QuotedPrefix(v)
+			if err != nil {
+				return nil, false
+			}
+			r[k], _ = strconv.Unquote(q)
+			rest = strings.TrimPrefix(v[len(q):], " ")
+			continue
+		}
+		r[k], rest, _ = strings.Cut(v, " ")
+	}
+	return r, r["msg"] != "" && r["level"] != ""
 }
 
 type syncBuffer struct {
@@ -65,12 +113,13 @@ func sluiceCmd(env []string, args ...string) *exec.Cmd {
 // startSluice runs `sluice serve` and waits until it prints its addresses.
 func startSluice(t *testing.T, env []string, args ...string) *proc {
 	t.Helper()
-	p := &proc{cmd: sluiceCmd(env, append([]string{"serve"}, args...)...), lines: make(chan string, 100), stderr: &syncBuffer{}}
-	out, err := p.cmd.StdoutPipe()
+	p := &proc{cmd: sluiceCmd(env, append([]string{"serve"}, args...)...), records: make(chan logRecord, 100), stderr: &syncBuffer{}}
+	out, err := p.cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)
 	}
-	p.cmd.Stderr = p.stderr
+	var stdout syncBuffer
+	p.cmd.Stdout = &stdout
 	if err := p.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -80,40 +129,62 @@ func startSluice(t *testing.T, env []string, args ...string) *proc {
 			p.cmd.Wait()
 		}
 	})
+	t.Cleanup(func() {
+		if stdout.String() != "" {
+			t.Errorf("sluice serve wrote to stdout, not through its logger:\n%s", stdout.String())
+		}
+	})
 	go func() {
 		sc := bufio.NewScanner(out)
+		sc.Buffer(nil, 1<<20)
 		for sc.Scan() {
-			p.lines <- sc.Text()
+			line := sc.Text()
+			p.stderr.Write([]byte(line + "\n"))
+			r, ok := parseRecord(line)
+			if !ok {
+				r = logRecord{"unparsed": line}
+			}
+			p.records <- r
 		}
-		close(p.lines)
+		close(p.records)
 	}()
 	for p.http == "" || p.grpc == "" {
-		line := p.expect(t, "sluice serve: ")
-		if rest, ok := strings.CutPrefix(line, "sluice serve: http "); ok {
-			p.http, _, _ = strings.Cut(rest, " ")
-		}
-		if rest, ok := strings.CutPrefix(line, "sluice serve: grpc "); ok {
-			p.grpc, _, _ = strings.Cut(rest, " ")
+		switch r := p.expectAny(t, "http", "grpc"); r["msg"] {
+		case "http":
+			p.http = r["addr"]
+		case "grpc":
+			p.grpc = r["addr"]
 		}
 	}
 	return p
 }
 
-// expect returns the next stdout line that starts with prefix.
-func (p *proc) expect(t *testing.T, prefix string) string {
+// expect returns the next log record with message msg.
+func (p *proc) expect(t *testing.T, msg string) logRecord {
+	t.Helper()
+	return p.expectAny(t, msg)
+}
+
+// expectAny returns the next log record with one of the messages; every
+// line before it must be a log record too.
+func (p *proc) expectAny(t *testing.T, msgs ...string) logRecord {
 	t.Helper()
 	timeout := time.After(30 * time.Second)
 	for {
 		select {
-		case line, ok := <-p.lines:
+		case r, ok := <-p.records:
 			if !ok {
-				t.Fatalf("sluice exited before printing %q; stderr:\n%s", prefix, p.stderr.String())
+				t.Fatalf("sluice exited before logging %q; stderr:\n%s", msgs, p.stderr.String())
 			}
-			if strings.HasPrefix(line, prefix) {
-				return line
+			if line, bad := r["unparsed"]; bad {
+				t.Errorf("not a log record: %q", line)
+				continue
+			}
+			if slices.Contains(msgs, r["msg"]) {
+				return r
 			}
 		case <-timeout:
-			t.Fatalf("sluice did not print %q; stderr:\n%s", prefix, p.stderr.String())
+			t.Fatalf("sluice did not log %q; stderr:\n%s", msgs, p.stderr.String())
 		}
 	}
 }
@@ -165,7 +236,7 @@ func (p *proc) policies(t *testing.T) string {
 func (p *proc) stop(t *testing.T) {
 	t.Helper()
 	p.signal(t, syscall.SIGTERM)
-	p.expect(t, "sluice serve: stopped")
+	p.expect(t, "stopped")
 	if err := p.cmd.Wait(); err != nil {
 		t.Errorf("exit after SIGTERM: %v; stderr:\n%s", err, p.stderr.String())
 	}
@@ -294,7 +365,7 @@ func TestCLIReload(t *testing.T) {
 		}
 		write("policies:\n  - name: a\n    limit: sliding_window_log 3/h\n  - name: b\n    limit: fixed_window 2/s\n")
 		p.signal(t, syscall.SIGHUP)
-		p.expect(t, "sluice serve: config reloaded")
+		p.expect(t, "config reloaded")
 		if got, want := p.policies(t), "a=sliding_window_log 3/h,b=fixed_window 2/s"; got != want {
 			t.Errorf("after reload: %s, want %s", got, want)
 		}
@@ -304,16 +375,19 @@ func TestCLIReload(t *testing.T) {
 		}
 		write("policies:\n  - name: a\n    limit: sliding_window_log 3/h\n  - name: b\n    limit: 2/s\n    colour: blue\n")
 		p.signal(t, syscall.SIGHUP)
-		for deadline := time.Now().Add(20 * time.Second); !strings.Contains(p.stderr.String(), cfgFile+":6:5: unknown field \"colour\""); {
-			if time.Now().After(deadline) {
-				t.Fatalf("bad config not reported; stderr:\n%s", p.stderr.String())
-			}
-			time.Sleep(10 * time.Millisecond) // the error is logged, not printed to stdout
+		if r := p.expect(t, "config reload rejected; keeping the configuration in force"); !strings.Contains(r["err"], cfgFile+":6:5: unknown field \"colour\"") {
+			t.Errorf("rejected reload: err %q lacks file:line:column", r["err"])
 		}
 		if got, want := p.policies(t), "a=sliding_window_log 3/h,b=fixed_window 2/s"; got != want {
 			t.Errorf("after a bad reload: %s, want the old %s", got, want)
 		}
 		p.stop(t)
+		// Each event logged once.
+		for msg, want := range map[string]int{`msg="config reloaded"`: 1, `msg="config reload rejected`: 1} {
+			if n := strings.Count(p.stderr.String(), msg); n != want {
+				t.Errorf("%s logged %d times, want %d:\n%s", msg, n, want, p.stderr.String())
+			}
+		}
 	})
 	t.Run("file change", func(t *testing.T) {
 		write("policies:\n  - name: a\n    limit: 1/min\n")

@@ -1,12 +1,17 @@
 package server
 
 import (
+	"cmp"
+	"context"
 	"net/http"
+	"strconv"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/status"
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/promsluice"
@@ -15,14 +20,19 @@ import (
 // Metrics are the service's Prometheus metrics: package promsluice's
 // (decisions by policy and outcome, near-limit, store calls, errors and
 // latency, breaker state), the same the middleware exports, plus the
-// service's own (fallback state, config reloads). A nil *Metrics records
-// nothing.
+// service's own (build, fallback state, config reloads, requests and
+// latency per API, Envoy requests no configuration answers, and Redis's
+// own figures when the store is Redis). A nil *Metrics records nothing.
 type Metrics struct {
 	reg        *prometheus.Registry
 	obs        *promsluice.Collector
 	fallback   prometheus.Gauge
 	reloads    *prometheus.CounterVec
 	configTime prometheus.Gauge
+	requests   *prometheus.CounterVec
+	duration   *prometheus.HistogramVec
+	unknownDom prometheus.Counter
+	unmatched  *prometheus.CounterVec
 
 	// storeName labels store metrics: "memory" or "redis".
 	storeName string
@@ -52,8 +62,26 @@ func NewMetrics() *Metrics {
 			Name: "sluice_config_last_reload_success_timestamp_seconds",
 			Help: "When the configuration in force was loaded.",
 		}),
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sluice_api_requests_total",
+			Help: "Requests served, by API (grpc, http), endpoint (gRPC method or HTTP route) and code (gRPC status or HTTP status).",
+		}, []string{"api", "endpoint", "code"}),
+		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "sluice_api_request_duration_seconds",
+			Help:    "Time to answer a request, by API and endpoint; Envoy's rate limit filter timeout applies to the grpc ShouldRateLimit series.",
+			Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, 1},
+		}, []string{"api", "endpoint"}),
+		unknownDom: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "sluice_rls_unknown_domain_requests_total",
+			Help: "Envoy rate limit requests for a domain no configuration names; they are answered OK. The domain is not a label: requests choose it.",
+		}),
+		unmatched: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sluice_rls_unmatched_descriptors_total",
+			Help: "Descriptors of a configured domain that no rule matches, so nothing limits them.",
+		}, []string{"domain"}),
 	}
-	m.reg.MustRegister(m.obs, m.fallback, m.reloads, m.configTime,
+	m.reg.MustRegister(m.obs, m.fallback, m.reloads, m.configTime, m.requests, m.duration, m.unknownDom, m.unmatched,
+		ReadBuildInfo().collector(),
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m.reloads.WithLabelValues("success")
 	m.reloads.WithLabelValues("failure")
@@ -146,3 +174,73 @@ func (m *Metrics) ObserveBreaker(e sluice.BreakerEvent) {
 	m.obs.ObserveBreaker(e)
 	m.SetFallback(e.To != sluice.BreakerClosed)
 }
+
+// rlsUnknownDomain counts an Envoy request for a domain no configuration
+// names.
+func (m *Metrics) rlsUnknownDomain() {
+	if m == nil {
+		return
+	}
+	m.unknownDom.Inc()
+}
+
+// rlsUnmatched counts a descriptor of a configured domain that no rule
+// matches.
+func (m *Metrics) rlsUnmatched(domain string) {
+	if m == nil {
+		return
+	}
+	m.unmatched.WithLabelValues(domain).Inc()
+}
+
+func (m *Metrics) request(api, endpoint, code string, d time.Duration) {
+	if m == nil {
+		return
+	}
+	m.requests.WithLabelValues(api, endpoint, code).Inc()
+	m.duration.WithLabelValues(api, endpoint).Observe(d.Seconds())
+}
+
+// instrumentGRPC is a unary interceptor counting and timing every call
+// by method and status code.
+func (m *Metrics) instrumentGRPC(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	start := time.Now()
+	resp, err := handler(ctx, req)
+	m.request("grpc", info.FullMethod, status.Code(err).String(), time.Since(start))
+	return resp, err
+}
+
+// instrumentHTTP counts and times every request by the route pattern it
+// matched (a bounded set, unlike raw paths) and status code.
+func (m *Metrics) instrumentHTTP(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		start := time.Now()
+		sw := &statusWriter{ResponseWriter: w}
+		h.ServeHTTP(sw, r)
+		// ServeMux records the pattern in the request it was given.
+		m.request("http", cmp.Or(r.Pattern, "other"), strconv.Itoa(cmp.Or(sw.code, http.StatusOK)), time.Since(start))
+	})
+}
+
+// statusWriter remembers the status code written.
+type statusWriter struct {
+	http.ResponseWriter
+	code int
+}
+
+func (w *statusWriter) WriteHeader(code int) {
+	if w.code == 0 {
+		w.code = code
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *statusWriter) Write(b []byte) (int, error) {
+	if w.code == 0 {
+		w.code = http.StatusOK
+	}
+	return w.ResponseWriter.Write(b)
+}
+
+// Unwrap lets http.ResponseController reach the connection's writer.
+func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }

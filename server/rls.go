@@ -112,6 +112,9 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 		return nil, status.Error(codes.InvalidArgument, "rate limit descriptor list must not be empty")
 	}
 	dom := s.Config().domains[req.Domain]
+	if dom == nil {
+		s.metrics.rlsUnknownDomain()
+	}
 	states := make([]descriptorState, len(req.Descriptors))
 	replacing := map[string]bool{}
 	for i, d := range req.Descriptors {
@@ -135,6 +138,7 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 			m, ok = dom.lookupPolicy(entries)
 		}
 		if !ok {
+			s.metrics.rlsUnmatched(req.Domain)
 			continue
 		}
 		st.key = m.key

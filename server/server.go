@@ -27,6 +27,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/health"
@@ -110,6 +111,7 @@ type Server struct {
 	metrics *Metrics
 	health  *Health
 	closers []func()
+	redis   redis.UniversalClient // nil without --redis
 
 	httpSrv    *http.Server
 	grpcSrv    *grpc.Server
@@ -220,7 +222,9 @@ func (s *Server) openStore() (sluice.Store, error) {
 		if err := s.checkRedis(client); err != nil {
 			return nil, err
 		}
+		s.redis = client
 		s.metrics.storeName = "redis"
+		s.metrics.reg.MustRegister(newRedisInfo(client, 0))
 		rs := redisstore.New(client, nil)
 		if s.opts.NoFailurePolicy {
 			// No policy answers for Redis, but a decision stays bounded:
@@ -236,6 +240,7 @@ func (s *Server) openStore() (sluice.Store, error) {
 			return nil, fmt.Errorf("server: failure policy: %w", err)
 		}
 		s.closers = append(s.closers, func() { store.Close() })
+		s.metrics.ObserveBreaker(sluice.BreakerEvent{Store: "redis", From: sluice.BreakerClosed, To: sluice.BreakerClosed})
 		return store, nil
 	}
 	m := memory.New(nil)
@@ -269,11 +274,13 @@ func (s *Server) Start() error {
 		}),
 		ReadHeaderTimeout: 10 * time.Second,
 		IdleTimeout:       2 * time.Minute,
+		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
 	}
+	s.httpSrv.Handler = s.metrics.instrumentHTTP(s.httpSrv.Handler)
 	// Workers keep their grown stacks between requests: a new goroutine
 	// per request would grow its stack through the Redis client every time.
 	s.grpcSrv = grpc.NewServer(grpc.NumStreamWorkers(uint32(64*runtime.GOMAXPROCS(0))), grpcCreds,
-		grpc.ChainUnaryInterceptor(s.recoverUnary, grpcToken(s.opts.DecisionToken), s.budgetUnary))
+		grpc.ChainUnaryInterceptor(s.metrics.instrumentGRPC, s.recoverUnary, grpcToken(s.opts.DecisionToken), s.budgetUnary))
 	s.svc.RegisterRLS(s.grpcSrv)
 	s.grpcHealth = health.NewServer()
 	healthpb.RegisterHealthServer(s.grpcSrv, s.grpcHealth)
@@ -310,7 +317,8 @@ func (s *Server) GRPCAddr() string { return s.grpcLn.Addr().String() }
 
 // Reload reads the configuration file again and swaps it in. A bad
 // configuration is rejected and the one in force stays. Requests in flight
-// finish under the configuration they started with.
+// finish under the configuration they started with. Either way the result
+// is logged once, here, and the error also returned.
 func (s *Server) Reload() error {
 	s.reloadMu.Lock()
 	defer s.reloadMu.Unlock()
@@ -329,7 +337,8 @@ func (s *Server) Reload() error {
 	}
 	if err != nil {
 		s.metrics.reload(false)
-		return err // the caller reports it: the watcher logs, the CLI prints file:line lines
+		s.log.Error("config reload rejected; keeping the configuration in force", "err", err)
+		return err
 	}
 	s.svc.SetConfig(cfg)
 	s.metrics.reload(true)
@@ -355,9 +364,7 @@ func (s *Server) watch() {
 			changed := configStamp(files) != s.stamp
 			s.reloadMu.Unlock()
 			if changed {
-				if err := s.Reload(); err != nil {
-					s.log.Error("config reload rejected; keeping the configuration in force", "err", err)
-				}
+				s.Reload() // logs its result
 			}
 		}
 	}

@@ -1,0 +1,140 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/url"
+	"os"
+	"strings"
+
+	"github.com/redis/go-redis/v9"
+	"google.golang.org/grpc/grpclog"
+)
+
+// ErrLogOption is wrapped by errors about --log-format and --log-level.
+var ErrLogOption = errors.New("server: invalid log option")
+
+// NewLogger returns a logger writing to w in format "text" (slog's
+// key=value lines; the default when format is "") or "json" (one JSON
+// object a line), dropping records below level ("debug", "info" — the
+// default when level is "" —, "warn" or "error").
+func NewLogger(w io.Writer, format, level string) (*slog.Logger, error) {
+	var lv slog.Level
+	if level != "" {
+		if err := lv.UnmarshalText([]byte(level)); err != nil {
+			return nil, fmt.Errorf("%w: log level %q: want debug, info, warn or error", ErrLogOption, level)
+		}
+	}
+	opts := &slog.HandlerOptions{Level: lv}
+	switch strings.ToLower(format) {
+	case "", "text":
+		return slog.New(slog.NewTextHandler(w, opts)), nil
+	case "json":
+		return slog.New(slog.NewJSONHandler(w, opts)), nil
+	}
+	return nil, fmt.Errorf("%w: log format %q: want text or json", ErrLogOption, format)
+}
+
+// RouteLogs sends every library's log through log: the standard log
+// package (net/http's errors among them), go-redis and grpc-go. Those
+// loggers are global, so call it once, at the start of a program, before
+// any client or server is made.
+func RouteLogs(log *slog.Logger) {
+	slog.SetDefault(log)
+	redis.SetLogger(redisLogger{log.With("logger", "go-redis")})
+	grpclog.SetLoggerV2(grpcLogger{log.With("logger", "grpc")})
+}
+
+// redisLogger hands go-redis's lines (pool and Sentinel events) to slog.
+// go-redis gives them no level; they tell of connections coming and going,
+// which an operator wants to see at the default level.
+type redisLogger struct{ log *slog.Logger }
+
+func (l redisLogger) Printf(ctx context.Context, format string, v ...any) {
+	l.log.InfoContext(ctx, strings.TrimPrefix(fmt.Sprintf(format, v...), "redis: "))
+}
+
+// grpcLogger hands grpc-go's log to slog. Its info lines are chatty
+// (every connection's state), so they go out at debug level.
+type grpcLogger struct{ log *slog.Logger }
+
+func (l grpcLogger) Info(args ...any)                 { l.log.Debug(fmt.Sprint(args...)) }
+func (l grpcLogger) Infoln(args ...any)               { l.log.Debug(sprintln(args)) }
+func (l grpcLogger) Infof(format string, args ...any) { l.log.Debug(fmt.Sprintf(format, args...)) }
+func (l grpcLogger) Warning(args ...any)              { l.log.Warn(fmt.Sprint(args...)) }
+func (l grpcLogger) Warningln(args ...any)            { l.log.Warn(sprintln(args)) }
+func (l grpcLogger) Warningf(format string, args ...any) {
+	l.log.Warn(fmt.Sprintf(format, args...))
+}
+func (l grpcLogger) Error(args ...any)                 { l.log.Error(fmt.Sprint(args...)) }
+func (l grpcLogger) Errorln(args ...any)               { l.log.Error(sprintln(args)) }
+func (l grpcLogger) Errorf(format string, args ...any) { l.log.Error(fmt.Sprintf(format, args...)) }
+func (l grpcLogger) Fatal(args ...any)                 { l.Error(args...); os.Exit(1) }
+func (l grpcLogger) Fatalln(args ...any)               { l.Errorln(args...); os.Exit(1) }
+func (l grpcLogger) Fatalf(format string, args ...any) { l.Errorf(format, args...); os.Exit(1) }
+
+// V reports whether verbose logging at level v is wanted: never, as
+// grpc-go's own default.
+func (grpcLogger) V(v int) bool { return v <= 0 }
+
+func sprintln(args []any) string { return strings.TrimSuffix(fmt.Sprintln(args...), "\n") }
+
+// storeAttr describes the store for the startup line: "memory", or
+// Redis's mode, addresses and database, with the URL's password masked.
+func (s *Server) storeAttr() slog.Attr {
+	switch c := s.redis.(type) {
+	case *redis.ClusterClient:
+		return slog.Group("store", "kind", "redis", "mode", "cluster",
+			"addrs", c.Options().Addrs, "url", redactURL(s.opts.RedisURL))
+	case *redis.Client:
+		o := c.Options()
+		attrs := []any{"kind", "redis", "mode", "standalone", "addrs", []string{o.Addr}}
+		if fo := s.sentinel(); fo != nil {
+			attrs = []any{"kind", "redis", "mode", "sentinel", "master", fo.MasterName, "sentinels", fo.SentinelAddrs}
+		}
+		return slog.Group("store", append(attrs, "db", o.DB, "tls", o.TLSConfig != nil, "url", redactURL(s.opts.RedisURL))...)
+	case nil:
+		if s.opts.Store != nil {
+			return slog.Group("store", "kind", fmt.Sprintf("%T", s.opts.Store))
+		}
+		return slog.Group("store", "kind", "memory")
+	}
+	return slog.Group("store", "kind", "redis", "url", redactURL(s.opts.RedisURL))
+}
+
+// sentinel returns the Sentinel options of the --redis URL, nil for any
+// other kind of URL.
+func (s *Server) sentinel() *redis.FailoverOptions {
+	if c, ok := s.redis.(*redis.Client); !ok || c.Options().Addr != "FailoverClient" {
+		return nil
+	}
+	u, err := url.Parse(s.opts.RedisURL)
+	if err != nil {
+		return nil
+	}
+	u.Scheme, _, _ = strings.Cut(u.Scheme, "+")
+	o, err := redis.ParseFailoverURL(u.String())
+	if err != nil {
+		return nil
+	}
+	return o
+}
+
+// redactURL returns rawURL with its password, if any, masked.
+func redactURL(rawURL string) string {
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		return "(unparsable)"
+	}
+	q := u.Query()
+	for k := range q {
+		if strings.Contains(strings.ToLower(k), "password") {
+			q.Set(k, "xxxxx")
+		}
+	}
+	u.RawQuery = q.Encode()
+	return u.Redacted()
+}

@@ -1,0 +1,134 @@
+package server
+
+import (
+	"bufio"
+	"context"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+)
+
+// redisInfoTimeout bounds one scrape's INFO calls, so that a stalled Redis
+// cannot hold /metrics (and Prometheus's scrape) for long.
+const redisInfoTimeout = time.Second
+
+// redisInfo exports Redis's own figures, read with INFO when /metrics is
+// scraped: memory, evictions and the cost of sluice's scripts. On a
+// cluster every master reports, labelled by address; a Sentinel-managed
+// master is labelled "master" (its address changes on failover).
+type redisInfo struct {
+	client  redis.UniversalClient
+	timeout time.Duration
+}
+
+var (
+	redisUpDesc = prometheus.NewDesc("sluice_redis_up",
+		"1 if the Redis node answered INFO within the scrape's time bound, 0 if not.", []string{"node"}, nil)
+	redisUsedDesc = prometheus.NewDesc("sluice_redis_memory_used_bytes",
+		"Redis's used_memory (INFO memory).", []string{"node"}, nil)
+	redisMaxDesc = prometheus.NewDesc("sluice_redis_memory_max_bytes",
+		"Redis's maxmemory (INFO memory); 0: no limit.", []string{"node"}, nil)
+	redisEvictedDesc = prometheus.NewDesc("sluice_redis_evicted_keys_total",
+		"Keys Redis evicted under maxmemory (INFO stats); sluice's keys among them lose their limits' state.", []string{"node"}, nil)
+	redisScriptCallsDesc = prometheus.NewDesc("sluice_redis_script_calls_total",
+		"Script calls Redis ran (INFO commandstats), by command: evalsha, eval.", []string{"node", "command"}, nil)
+	redisScriptSecondsDesc = prometheus.NewDesc("sluice_redis_script_seconds_total",
+		"Time Redis spent running scripts (INFO commandstats), by command; divide by the calls for the time per call.", []string{"node", "command"}, nil)
+	redisScriptPerCallDesc = prometheus.NewDesc("sluice_redis_script_seconds_per_call",
+		"Redis's mean time per script call since its statistics were reset (INFO commandstats usec_per_call).", []string{"node", "command"}, nil)
+)
+
+// newRedisInfo returns a collector reading INFO from client; timeout 0
+// means redisInfoTimeout.
+func newRedisInfo(client redis.UniversalClient, timeout time.Duration) *redisInfo {
+	if timeout <= 0 {
+		timeout = redisInfoTimeout
+	}
+	return &redisInfo{client: client, timeout: timeout}
+}
+
+// Describe implements prometheus.Collector.
+func (c *redisInfo) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{redisUpDesc, redisUsedDesc, redisMaxDesc, redisEvictedDesc,
+		redisScriptCallsDesc, redisScriptSecondsDesc, redisScriptPerCallDesc} {
+		ch <- d
+	}
+}
+
+// Collect implements prometheus.Collector.
+func (c *redisInfo) Collect(ch chan<- prometheus.Metric) {
+	ctx, cancel := context.WithTimeout(context.Background(), c.timeout)
+	defer cancel()
+	switch cl := c.client.(type) {
+	case *redis.ClusterClient:
+		// Masters answer in parallel (ForEachMaster waits for all); one
+		// that does not is reported down without hiding the others.
+		cl.ForEachMaster(ctx, func(ctx context.Context, node *redis.Client) error {
+			collectNode(ctx, ch, node, node.Options().Addr)
+			return nil
+		})
+	case *redis.Client:
+		name := cl.Options().Addr
+		if name == "FailoverClient" {
+			name = "master"
+		}
+		collectNode(ctx, ch, cl, name)
+	}
+}
+
+func collectNode(ctx context.Context, ch chan<- prometheus.Metric, c redis.Cmdable, node string) {
+	raw, err := c.Info(ctx, "memory", "stats", "commandstats").Result()
+	if err != nil {
+		ch <- prometheus.MustNewConstMetric(redisUpDesc, prometheus.GaugeValue, 0, node)
+		return
+	}
+	ch <- prometheus.MustNewConstMetric(redisUpDesc, prometheus.GaugeValue, 1, node)
+	info := parseInfo(raw)
+	gauge := func(d *prometheus.Desc, field string, t prometheus.ValueType) {
+		if v, err := strconv.ParseFloat(info[field], 64); err == nil {
+			ch <- prometheus.MustNewConstMetric(d, t, v, node)
+		}
+	}
+	gauge(redisUsedDesc, "used_memory", prometheus.GaugeValue)
+	gauge(redisMaxDesc, "maxmemory", prometheus.GaugeValue)
+	gauge(redisEvictedDesc, "evicted_keys", prometheus.CounterValue)
+	for _, cmd := range []string{"evalsha", "eval"} {
+		stat := commandStat(info["cmdstat_"+cmd])
+		calls, err1 := strconv.ParseFloat(stat["calls"], 64)
+		usec, err2 := strconv.ParseFloat(stat["usec"], 64)
+		perCall, err3 := strconv.ParseFloat(stat["usec_per_call"], 64)
+		if err1 != nil || err2 != nil || err3 != nil {
+			calls, usec, perCall = 0, 0, 0 // never called since the last CONFIG RESETSTAT
+		}
+		ch <- prometheus.MustNewConstMetric(redisScriptCallsDesc, prometheus.CounterValue, calls, node, cmd)
+		ch <- prometheus.MustNewConstMetric(redisScriptSecondsDesc, prometheus.CounterValue, usec/1e6, node, cmd)
+		ch <- prometheus.MustNewConstMetric(redisScriptPerCallDesc, prometheus.GaugeValue, perCall/1e6, node, cmd)
+	}
+}
+
+// parseInfo reads INFO's "field:value" lines, skipping "# Section" ones.
+func parseInfo(raw string) map[string]string {
+	m := map[string]string{}
+	sc := bufio.NewScanner(strings.NewReader(raw))
+	for sc.Scan() {
+		line := strings.TrimSpace(sc.Text())
+		if k, v, ok := strings.Cut(line, ":"); ok && !strings.HasPrefix(line, "#") {
+			m[k] = v
+		}
+	}
+	return m
+}
+
+// commandStat reads a commandstats value: "calls=3,usec=40,usec_per_call=13.33,…".
+func commandStat(v string) map[string]string {
+	m := map[string]string{}
+	for kv := range strings.SplitSeq(v, ",") {
+		if k, v, ok := strings.Cut(kv, "="); ok {
+			m[k] = v
+		}
+	}
+	return m
+}
