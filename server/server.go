@@ -98,6 +98,8 @@ type Server struct {
 	wg       sync.WaitGroup
 	reloadMu sync.Mutex
 	stamp    string // config files' modification times and sizes
+	redis    redis.UniversalClient
+	fleet    *Fleet
 }
 
 // recoverUnary turns a panic in a handler into an Internal error, logged
@@ -144,6 +146,7 @@ func New(opts Options) (*Server, error) {
 	}
 	s.svc = NewService(store, cfg, &ServiceOptions{Metrics: s.metrics})
 	s.metrics.reload(true)
+	s.watchFleet(store)
 	return s, nil
 }
 
@@ -166,6 +169,7 @@ func (s *Server) openStore() (sluice.Store, error) {
 		}
 		s.closers = append(s.closers, func() { client.Close() })
 		s.ready = redisPing(client)
+		s.redis = client
 		s.metrics.storeName = "redis"
 		rs := redisstore.New(client, nil)
 		if s.opts.NoFailurePolicy {
@@ -235,6 +239,9 @@ func (s *Server) Start() error {
 	if s.opts.ConfigFile != "" && s.opts.WatchInterval > 0 {
 		s.wg.Add(1)
 		go s.watch()
+	}
+	if s.fleet != nil {
+		s.fleet.Start()
 	}
 	return nil
 }
@@ -331,6 +338,9 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		}
 	}
 	s.wg.Wait()
+	if s.fleet != nil {
+		s.fleet.Stop()
+	}
 	s.close()
 	return err
 }
