@@ -71,6 +71,7 @@ func (s *Service) Handler(opts *HandlerOptions) http.Handler {
 	mux.HandleFunc("POST /v1/reset", jsonOnly(a.reset))
 	mux.HandleFunc("GET /v1/stats", a.stats)
 	mux.HandleFunc("GET /v1/status", a.status)
+	mux.HandleFunc("GET /v1/top", a.top)
 	mux.HandleFunc("POST /json", jsonOnly(a.envoyJSON))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
@@ -80,7 +81,7 @@ func (s *Service) Handler(opts *HandlerOptions) http.Handler {
 	if o.Metrics != nil {
 		mux.Handle("GET /metrics", o.Metrics.Handler())
 	}
-	allow := map[string]string{"/v1/policies": "GET", "/v1/stats": "GET", "/v1/status": "GET", "/v1/check": "POST", "/v1/peek": "POST", "/v1/reset": "POST"}
+	allow := map[string]string{"/v1/policies": "GET", "/v1/stats": "GET", "/v1/status": "GET", "/v1/top": "GET", "/v1/check": "POST", "/v1/peek": "POST", "/v1/reset": "POST"}
 	mux.HandleFunc("/v1/", func(w http.ResponseWriter, r *http.Request) {
 		if m, ok := allow[r.URL.Path]; ok {
 			w.Header().Set("Allow", m)
@@ -218,12 +219,15 @@ func (a *api) stats(w http.ResponseWriter, _ *http.Request) {
 	// Read before the series, so a reload in between can only make the
 	// version older than the series, and the next poll reports it.
 	version := a.svc.ConfigVersion()
-	writeJSON(w, http.StatusOK, map[string]any{
+	series := a.svc.Stats().Snapshot()
+	body := map[string]any{
 		"bucket_ms":      StatsBucket.Milliseconds(),
 		"buckets":        StatsBuckets,
 		"config_version": version,
-		"series":         a.svc.Stats().Snapshot(),
-	})
+		"series":         series,
+	}
+	a.svc.mon.addStats(body, series)
+	writeJSON(w, http.StatusOK, body)
 }
 
 // envoyJSON is ShouldRateLimit with a JSON body, as envoyproxy/ratelimit's

@@ -78,6 +78,11 @@ type Policy struct {
 	// Domain is the Envoy domain the policy answers in.
 	Domain string
 
+	// ExposeKeys lets the top-keys metrics carry this policy's keys as
+	// they are; by default they carry a hash prefix (keys are API keys,
+	// user ids, IPs).
+	ExposeKeys bool
+
 	envoy bool // from an Envoy-format rate_limit
 
 	tmpl     *template
@@ -420,14 +425,16 @@ func (l *loader) addPolicy(p *Policy, n *yaml.Node) bool {
 // policies loads sluice's own format.
 func (l *loader) policies(d *domain, list *yaml.Node) {
 	for _, n := range l.seq(list) {
-		var name, alg, limit, burst, key, cost, strategy, overrides *yaml.Node
+		var name, alg, limit, burst, key, cost, strategy, overrides, expose *yaml.Node
 		if !l.fields(n, map[string]**yaml.Node{
 			"name": &name, "algorithm": &alg, "limit": &limit, "burst": &burst,
 			"key": &key, "cost": &cost, "strategy": &strategy, "overrides": &overrides,
+			"expose_keys": &expose,
 		}) {
 			continue
 		}
 		p := &Policy{Cost: 1, Domain: d.name, Key: "{key}", pos: l.at(n)}
+		p.ExposeKeys = expose != nil && l.boolean(expose)
 		if name == nil {
 			l.errorf(n, "policy needs a name")
 			continue

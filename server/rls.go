@@ -226,6 +226,7 @@ func (s *Service) overrideLimit(st *descriptorState, domain string, entries []En
 // decideAll takes the enforced descriptors' hits all-or-nothing, then the
 // shadow ones' if the request goes through; everything else is peeked.
 func (s *Service) decideAll(ctx context.Context, states []descriptorState) error {
+	start := time.Now()
 	overall := true
 	var enforced []int
 	for i := range states {
@@ -324,7 +325,7 @@ func (s *Service) decideAll(ctx context.Context, states []descriptorState) error
 	for i := range states {
 		st := &states[i]
 		if st.kind == kindLimited && (st.taken || st.over) {
-			s.record(Result{Policy: st.policy, Key: st.key, Decision: st.dec, Outcome: outcome(st.policy, st.dec)})
+			s.record(Result{Policy: st.policy, Key: st.key, Decision: st.dec, Outcome: outcome(st.policy, st.dec), Latency: time.Since(start)})
 		}
 	}
 	return nil

@@ -122,6 +122,7 @@ type Server struct {
 	wg         sync.WaitGroup
 	reloadMu   sync.Mutex
 	stamp      string // config files' modification times and sizes
+	fleet      *Fleet
 }
 
 // recoverUnary turns a panic in a handler into an Internal error, logged
@@ -194,6 +195,7 @@ func New(opts Options) (*Server, error) {
 	}
 	s.svc = NewService(store, cfg, &ServiceOptions{Metrics: s.metrics})
 	s.metrics.reload(true)
+	s.watchFleet(store)
 	return s, nil
 }
 
@@ -306,6 +308,9 @@ func (s *Server) Start() error {
 		s.wg.Add(1)
 		go s.watch()
 	}
+	if s.fleet != nil {
+		s.fleet.Start()
+	}
 	return nil
 }
 
@@ -404,6 +409,9 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		}
 	}
 	s.wg.Wait()
+	if s.fleet != nil {
+		s.fleet.Stop()
+	}
 	s.close()
 	return err
 }

@@ -50,6 +50,9 @@ type Result struct {
 	Key      string
 	Decision sluice.Decision
 	Outcome  Outcome
+	// Latency is how long the store took to decide (for several
+	// descriptors decided together, the whole call).
+	Latency time.Duration
 }
 
 // Service makes the decisions behind both transports (Envoy RLS over gRPC
@@ -65,6 +68,7 @@ type Service struct {
 	prefix  string
 	clock   func() time.Time
 	stats   *Stats
+	mon     *monitor
 	metrics *Metrics
 	version atomic.Uint64 // counts SetConfig calls
 
@@ -99,6 +103,7 @@ func NewService(store sluice.Store, cfg *Config, opts *ServiceOptions) *Service 
 	s := &Service{store: store, prefix: o.KeyPrefix, clock: o.Clock, metrics: o.Metrics}
 	s.multi, _ = store.(sluice.MultiStore)
 	s.stats = newStats(o.Clock)
+	s.mon = newMonitor(s)
 	s.SetConfig(cfg)
 	return s
 }
@@ -135,6 +140,7 @@ func (s *Service) SetConfig(cfg *Config) {
 		s.metrics.forget(gone)
 	}
 	rings := s.stats.setPolicies(cfg.Policies)
+	s.mon.setPolicies(cfg.Policies)
 	snap := &snapshot{cfg: cfg, rt: make(map[*Policy]*policyRuntime, len(cfg.Policies)), version: s.version.Add(1)}
 	for _, p := range cfg.Policies {
 		snap.rt[p] = &policyRuntime{keyPrefix: s.keyPrefix(p), stats: rings[p.Name]}
@@ -228,6 +234,7 @@ func (s *Service) decide(ctx context.Context, policy, key string, cost int64, ta
 		return Result{}, fmt.Errorf("%w: %w", ErrBadRequest, err)
 	}
 	var d sluice.Decision
+	start := time.Now()
 	if take {
 		d, err = s.take(ctx, s.storeKey(p, key), lim, cost)
 	} else {
@@ -239,7 +246,7 @@ func (s *Service) decide(ctx context.Context, policy, key string, cost int64, ta
 		}
 		return Result{}, err
 	}
-	r := Result{Policy: p, Key: key, Decision: d, Outcome: outcome(p, d)}
+	r := Result{Policy: p, Key: key, Decision: d, Outcome: outcome(p, d), Latency: time.Since(start)}
 	if take {
 		s.record(r)
 	}
@@ -277,6 +284,7 @@ func (s *Service) record(r Result) {
 	rt := s.runtime(r.Policy)
 	if rt.stats != nil {
 		s.stats.add(rt.stats, r.Outcome != Allowed)
+		s.mon.record(r)
 	}
 	s.metrics.decision(r)
 }

@@ -1,0 +1,308 @@
+package server
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+)
+
+// A fleet is every instance publishing its figures to the same Redis under
+// the same prefix. Each instance writes its report (last minute's counts
+// per policy, latency counts, top keys) every Interval to a key of its own
+// that expires unless renewed, and lists itself in a sorted set scored by
+// time, trimmed of stale and surplus members; it then reads the others'
+// reports, so the dashboard's figures cost no Redis call. All keys share
+// one hash tag, so they live on one Cluster slot.
+
+// FleetOptions configures a Fleet. A nil *FleetOptions is valid.
+type FleetOptions struct {
+	// Interval is how often the instance publishes its report and reads
+	// the others'. Default 2s.
+	Interval time.Duration
+	// Prefix names the fleet's keys; instances using the same prefix on
+	// the same Redis are one fleet. Default "sluice:fleet".
+	Prefix string
+	// MaxInstances bounds the fleet's listing and what one round reads.
+	// Default 256.
+	MaxInstances int
+	// Logger receives one line per change between publishing and failing
+	// to. Default slog.Default().
+	Logger *slog.Logger
+}
+
+// Fleet publishes this instance's figures to Redis and sums the fleet's.
+// Build it with NewFleet; Start and Stop run it in the background, or call
+// Publish to run one round. Safe for concurrent use.
+type Fleet struct {
+	client redis.UniversalClient
+	mon    *monitor
+	opts   FleetOptions
+	ttl    time.Duration
+	log    *slog.Logger
+
+	instances prometheus.Gauge
+	failures  prometheus.Counter
+
+	mu      sync.Mutex // guards others and failing
+	others  []instanceReport
+	failing bool
+
+	stop chan struct{}
+	done chan struct{}
+}
+
+// instanceReport is what an instance publishes.
+type instanceReport struct {
+	Instance string `json:"instance"`
+	AtMS     int64  `json:"at_ms"`
+	// Bucket is the number (Unix time / StatsBucket) of the last bucket
+	// in Policies' counts, so instances' buckets line up.
+	Bucket   int64         `json:"bucket"`
+	Policies []fleetPolicy `json:"policies"`
+	Top      TopLists      `json:"top"`
+}
+
+type fleetPolicy struct {
+	Policy string `json:"policy"`
+	// Allowed and Denied are the overview window's buckets, oldest first.
+	Allowed []int64 `json:"allowed"`
+	Denied  []int64 `json:"denied"`
+	// Latency counts decisions per LatencyBoundsMS bucket.
+	Latency []int64 `json:"latency"`
+}
+
+// NewFleet returns svc's Fleet over client.
+func NewFleet(client redis.UniversalClient, svc *Service, opts *FleetOptions) *Fleet {
+	var o FleetOptions
+	if opts != nil {
+		o = *opts
+	}
+	o.Interval = cmp.Or(o.Interval, 2*time.Second)
+	o.Prefix = cmp.Or(o.Prefix, "sluice:fleet")
+	o.MaxInstances = cmp.Or(o.MaxInstances, 256)
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	f := &Fleet{
+		client: client, mon: svc.mon, opts: o, log: o.Logger,
+		// Long enough to survive two missed rounds, short enough that a
+		// stopped instance leaves the figures within seconds.
+		ttl: 5 * o.Interval,
+		instances: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "sluice_fleet_instances",
+			Help: "Instances whose figures the dashboard sums, this one included, as of the last round.",
+		}),
+		failures: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "sluice_fleet_publish_failures_total",
+			Help: "Rounds in which this instance could not publish its figures to Redis or read the fleet's.",
+		}),
+	}
+	f.instances.Set(1)
+	svc.mon.fleet = f
+	return f
+}
+
+// Collectors returns the fleet's metrics, for a Prometheus registry.
+func (f *Fleet) Collectors() []prometheus.Collector {
+	return []prometheus.Collector{f.instances, f.failures}
+}
+
+func (f *Fleet) setKey() string { return "{" + f.opts.Prefix + "}:instances" }
+func (f *Fleet) reportKey(id string) string {
+	return "{" + f.opts.Prefix + "}:i:" + id
+}
+
+// Start publishes every Interval until Stop.
+func (f *Fleet) Start() {
+	f.stop, f.done = make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(f.done)
+		t := time.NewTicker(f.opts.Interval)
+		defer t.Stop()
+		for {
+			ctx, cancel := context.WithTimeout(context.Background(), f.opts.Interval)
+			f.Publish(ctx)
+			cancel()
+			select {
+			case <-f.stop:
+				return
+			case <-t.C:
+			}
+		}
+	}()
+}
+
+// Stop ends publishing and withdraws this instance's report, so the fleet's
+// figures drop it at once rather than when it expires.
+func (f *Fleet) Stop() {
+	if f.stop == nil {
+		return
+	}
+	close(f.stop)
+	<-f.done
+	f.stop = nil
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	_, _ = f.client.Pipelined(ctx, func(p redis.Pipeliner) error {
+		p.Del(ctx, f.reportKey(f.mon.instance))
+		p.ZRem(ctx, f.setKey(), f.mon.instance)
+		return nil
+	})
+}
+
+// report is this instance's report now.
+func (f *Fleet) report() instanceReport {
+	stats := f.mon.svc.Stats()
+	bucket := stats.now()
+	snap := stats.Snapshot()
+	o := f.mon.local(snap)
+	const n = int(OverviewWindow / StatsBucket)
+	r := instanceReport{
+		Instance: f.mon.instance, AtMS: f.mon.svc.clock().UnixMilli(), Bucket: bucket,
+		Top: f.mon.top.Lists(2 * TopN), // more than shown, so the fleet's merge ranks well
+	}
+	for i, s := range snap {
+		p := fleetPolicy{Policy: s.Policy, Allowed: s.Allowed[len(s.Allowed)-n:], Denied: s.Denied[len(s.Denied)-n:]}
+		if i < len(o.Policies) && o.Policies[i].Policy == s.Policy {
+			p.Latency = o.Policies[i].latency
+		}
+		r.Policies = append(r.Policies, p)
+	}
+	return r
+}
+
+// Publish runs one round: write this instance's report, renew its listing,
+// drop stale listings and read the other instances' reports.
+func (f *Fleet) Publish(ctx context.Context) error {
+	err := f.publish(ctx)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	switch {
+	case err != nil && !f.failing:
+		f.log.Warn("fleet figures unavailable: the dashboard shows this instance's until Redis answers", "err", err)
+	case err == nil && f.failing:
+		f.log.Info("fleet figures available again")
+	}
+	f.failing = err != nil
+	if err != nil {
+		f.failures.Inc()
+	}
+	return err
+}
+
+func (f *Fleet) publish(ctx context.Context) error {
+	rep := f.report()
+	body, err := json.Marshal(rep)
+	if err != nil {
+		return fmt.Errorf("server: fleet report: %w", err)
+	}
+	now := rep.AtMS
+	var ids *redis.StringSliceCmd
+	_, err = f.client.Pipelined(ctx, func(p redis.Pipeliner) error {
+		p.Set(ctx, f.reportKey(rep.Instance), body, f.ttl)
+		p.ZAdd(ctx, f.setKey(), redis.Z{Score: float64(now), Member: rep.Instance})
+		p.ZRemRangeByScore(ctx, f.setKey(), "-inf", "("+strconv.FormatInt(now-f.ttl.Milliseconds(), 10))
+		p.ZRemRangeByRank(ctx, f.setKey(), 0, int64(-f.opts.MaxInstances-1))
+		p.PExpire(ctx, f.setKey(), f.ttl)
+		ids = p.ZRevRange(ctx, f.setKey(), 0, int64(f.opts.MaxInstances-1))
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("server: fleet publish: %w", err)
+	}
+	var keys []string
+	for _, id := range ids.Val() {
+		if id != rep.Instance {
+			keys = append(keys, f.reportKey(id))
+		}
+	}
+	var others []instanceReport
+	if len(keys) > 0 {
+		vals, err := f.client.MGet(ctx, keys...).Result()
+		if err != nil {
+			return fmt.Errorf("server: fleet read: %w", err)
+		}
+		for _, v := range vals {
+			s, ok := v.(string)
+			if !ok { // expired since the listing was read
+				continue
+			}
+			var r instanceReport
+			if json.Unmarshal([]byte(s), &r) == nil {
+				others = append(others, r)
+			}
+		}
+	}
+	f.mu.Lock()
+	f.others = others
+	f.mu.Unlock()
+	f.instances.Set(float64(1 + len(others)))
+	return nil
+}
+
+// fresh returns the other instances' reports that have not expired.
+func (f *Fleet) fresh() []instanceReport {
+	now := f.mon.svc.clock().UnixMilli()
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []instanceReport
+	for _, r := range f.others {
+		if now-r.AtMS <= f.ttl.Milliseconds() {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// overview adds the other instances' counts to own, this instance's.
+func (f *Fleet) overview(own Overview) Overview {
+	others := f.fresh()
+	own.Scope, own.Instances = "fleet", 1+len(others)
+	at := map[string]int{}
+	for i, p := range own.Policies {
+		at[p.Policy] = i
+	}
+	last := f.mon.svc.Stats().now()
+	const n = int64(OverviewWindow / StatsBucket)
+	for _, r := range others {
+		for _, p := range r.Policies {
+			i, ok := at[p.Policy]
+			if !ok { // another instance's configuration: shown after this one's
+				i = len(own.Policies)
+				at[p.Policy] = i
+				own.Policies = append(own.Policies, PolicyFigures{Policy: p.Policy, latency: make([]int64, len(LatencyBoundsMS)+1)})
+			}
+			f := &own.Policies[i]
+			first := r.Bucket - int64(len(p.Allowed)) + 1
+			for j := range p.Allowed {
+				if b := first + int64(j); b > last-n && b <= last && j < len(p.Denied) {
+					f.Allowed += p.Allowed[j]
+					f.Denied += p.Denied[j]
+				}
+			}
+			for j := range min(len(p.Latency), len(f.latency)) {
+				f.latency[j] += p.Latency[j]
+			}
+		}
+	}
+	own.finish()
+	return own
+}
+
+// top merges this instance's lists with the other instances'.
+func (f *Fleet) top(own TopLists, n int) (TopLists, string, int) {
+	others := f.fresh()
+	den, near := [][]TopEntry{own.Denials}, [][]TopEntry{own.NearLimit}
+	for _, r := range others {
+		den, near = append(den, r.Top.Denials), append(near, r.Top.NearLimit)
+	}
+	return TopLists{Denials: mergeTop(n, den...), NearLimit: mergeTop(n, near...)}, "fleet", 1 + len(others)
+}

@@ -1,0 +1,157 @@
+package server
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice/internal/redistest"
+)
+
+func publish(t *testing.T, f *Fleet) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := f.Publish(ctx); err != nil {
+		t.Fatalf("publish: %v", err)
+	}
+}
+
+// Instances publishing to one Redis see the fleet's sums: counts per
+// policy, top keys merged; a report expires when its instance stops
+// publishing, and the listing stays within MaxInstances.
+func TestFiguresAcrossInstances(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		name   string
+		client func(t *testing.T) redis.UniversalClient
+	}{
+		{"standalone", func(t *testing.T) redis.UniversalClient {
+			c := redis.NewClient(&redis.Options{Addr: redistest.StartServer(t).Addr})
+			t.Cleanup(func() { c.Close() })
+			return c
+		}},
+		{"cluster", func(t *testing.T) redis.UniversalClient { return redistest.ClusterClient(t) }},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			client := tt.client(t)
+			clock := newFakeClock()
+			prefix := redistest.Prefix(t) + "fleet"
+			a, b := newMemService(t, topConfig, clock), newMemService(t, topConfig, clock)
+			fa := NewFleet(client, a, &FleetOptions{Prefix: prefix})
+			fb := NewFleet(client, b, &FleetOptions{Prefix: prefix})
+			for range 3 {
+				check(t, a, "login", "x") // 2 allowed, 1 denied
+			}
+			for range 4 {
+				check(t, b, "login", "x") // 2 allowed, 2 denied
+			}
+			check(t, b, "partner", "y")
+			publish(t, fa)
+			publish(t, fb)
+			publish(t, fa)
+
+			o := a.mon.overview(a.Stats().Snapshot())
+			if o.Scope != "fleet" || o.Instances != 2 {
+				t.Fatalf("scope %q with %d instances, want the fleet of 2", o.Scope, o.Instances)
+			}
+			if got := fmt.Sprint(o.Allowed, o.Denied, o.Policies[0].Allowed, o.Policies[0].Denied, o.Policies[1].Allowed); got != "5 3 4 3 1" {
+				t.Errorf("allowed, denied, login's, partner's allowed = %s, want 5 3 4 3 1", got)
+			}
+			top, scope, n := a.mon.topLists(TopN)
+			if scope != "fleet" || n != 2 || len(top.Denials) != 1 || top.Denials[0].Count != 3 {
+				t.Errorf("top %+v (%s of %d): want x denied 3 times across the fleet", top, scope, n)
+			}
+			if got := metricValue(t, fa.instances); got != 2 {
+				t.Errorf("sluice_fleet_instances = %v, want 2", got)
+			}
+
+			// Bounded keys: the report expires, and so does the listing.
+			ctx := context.Background()
+			for _, k := range []string{fa.reportKey(a.mon.instance), fa.setKey()} {
+				if ttl := client.PTTL(ctx, k).Val(); ttl <= 0 || ttl > fa.ttl {
+					t.Errorf("%s: TTL %v, want within (0, %v]", k, ttl, fa.ttl)
+				}
+			}
+
+			// b stops publishing: once its report is older than the TTL,
+			// a's figures are its own again.
+			clock.Set(t0.Add(fa.ttl + time.Millisecond))
+			if o := a.mon.overview(a.Stats().Snapshot()); o.Instances != 1 || o.Allowed != 2 {
+				t.Errorf("after b's report expired: %d instances, %d allowed; want 1, 2", o.Instances, o.Allowed)
+			}
+			publish(t, fa)
+			if n := client.ZCard(ctx, fa.setKey()).Val(); n != 1 {
+				t.Errorf("listing holds %d instances after b went stale, want 1", n)
+			}
+
+			// A stopped instance withdraws at once.
+			fb.Start()
+			fb.Stop()
+			if n := client.Exists(ctx, fb.reportKey(b.mon.instance)).Val(); n != 0 {
+				t.Errorf("b's report still there after Stop")
+			}
+
+			// Many instances: the listing keeps MaxInstances.
+			for range 5 {
+				f := NewFleet(client, newMemService(t, topConfig, clock), &FleetOptions{Prefix: prefix, MaxInstances: 3})
+				publish(t, f)
+			}
+			if n := client.ZCard(ctx, fa.setKey()).Val(); n > 3 {
+				t.Errorf("listing holds %d instances, want at most 3", n)
+			}
+		})
+	}
+}
+
+// Losing Redis is one warning and a counted failure, not a line per round;
+// its return is one line; the figures fall back to this instance's.
+func TestFiguresWhenRedisIsLost(t *testing.T) {
+	t.Parallel()
+	r := redistest.StartServer(t)
+	client := redis.NewClient(&redis.Options{Addr: r.Addr, MaxRetries: -1, DialTimeout: 200 * time.Millisecond})
+	t.Cleanup(func() { client.Close() })
+	var logs bytes.Buffer
+	clock := newFakeClock()
+	svc := newMemService(t, topConfig, clock)
+	f := NewFleet(client, svc, &FleetOptions{Logger: slog.New(slog.NewTextHandler(&logs, nil)), Prefix: redistest.Prefix(t)})
+	publish(t, f)
+	r.Stop()
+	for range 3 {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		if err := f.Publish(ctx); err == nil {
+			t.Error("publish with Redis down: no error")
+		}
+		cancel()
+	}
+	r.Start(t)
+	publish(t, f)
+	lines := strings.Split(strings.TrimSpace(logs.String()), "\n")
+	if len(lines) != 2 || !strings.Contains(lines[0], "level=WARN") || !strings.Contains(lines[1], "available again") {
+		t.Errorf("log:\n%s\nwant one warning and one recovery line", logs.String())
+	}
+	if got := metricValue(t, f.failures); got != 3 {
+		t.Errorf("sluice_fleet_publish_failures_total = %v, want 3", got)
+	}
+}
+
+// metricValue is the value of a collector's one gauge or counter.
+func metricValue(t *testing.T, c prometheus.Collector) float64 {
+	t.Helper()
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(c)
+	mfs, err := reg.Gather()
+	if err != nil || len(mfs) != 1 || len(mfs[0].GetMetric()) != 1 {
+		t.Fatalf("gather: %v %v", mfs, err)
+	}
+	m := mfs[0].GetMetric()[0]
+	return m.GetGauge().GetValue() + m.GetCounter().GetValue()
+}

@@ -1,0 +1,329 @@
+package server
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"net/http"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice"
+)
+
+// The operator's figures behind /v1/stats' overview, /v1/top and the
+// dashboard: decisions and denials over the last minute, per-policy
+// decision latency, the top keys, store health and the configuration's
+// age. Each instance keeps its own; a fleet's are the sum of what its
+// instances publish (fleetstats.go).
+
+// OverviewWindow is the span of the overview's counts: the last 12
+// statistics buckets, the current partial one included.
+const OverviewWindow = 12 * StatsBucket
+
+// LatencyBoundsMS are the upper bounds, in milliseconds, of the buckets
+// that per-policy decision latency is counted in; a percentile is reported
+// as the bound of its bucket. The last bucket has no bound.
+var LatencyBoundsMS = [...]float64{0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 50, 100, 250, 500, 1000}
+
+// latencyWindow is a generation of the latency counts; figures cover the
+// current generation and the one before.
+const latencyWindow = time.Minute
+
+// latencyHist counts one policy's decisions by latency bucket, for the
+// current and the previous generation, without a lock: a counter holds its
+// generation's number with its count (see counter in stats.go).
+type latencyHist [2][len(LatencyBoundsMS) + 1]counter
+
+func (h *latencyHist) add(gen int64, d time.Duration) {
+	ms := float64(d) / float64(time.Millisecond)
+	i := 0
+	for i < len(LatencyBoundsMS) && ms > LatencyBoundsMS[i] {
+		i++
+	}
+	h[gen&1][i].add(gen)
+}
+
+// counts sums the current and previous generation.
+func (h *latencyHist) counts(gen int64) []int64 {
+	out := make([]int64, len(LatencyBoundsMS)+1)
+	for i := range out {
+		out[i] = h[gen&1][i].get(gen) + h[(gen-1)&1][i].get(gen-1)
+	}
+	return out
+}
+
+// percentileMS is the bound of the bucket holding the q-th quantile of
+// counts, or -1 without counts. The last bucket reports twice the last
+// bound: more than a second.
+func percentileMS(counts []int64, q float64) float64 {
+	var total int64
+	for _, c := range counts {
+		total += c
+	}
+	if total == 0 {
+		return -1
+	}
+	rank := int64(q*float64(total-1)) + 1
+	for i, c := range counts {
+		if rank -= c; rank <= 0 && i < len(LatencyBoundsMS) {
+			return LatencyBoundsMS[i]
+		}
+	}
+	return 2 * LatencyBoundsMS[len(LatencyBoundsMS)-1]
+}
+
+// StoreHealth is the store as the dashboard shows it.
+type StoreHealth struct {
+	// Store is "memory" or "redis".
+	Store string `json:"store"`
+	// Mode is Redis's deployment: "standalone", "sentinel" or "cluster";
+	// empty for the memory store.
+	Mode string `json:"mode,omitempty"`
+	// Breaker is the failure policy's circuit breaker: "closed",
+	// "half_open" or "open"; empty without a failure policy.
+	Breaker string `json:"breaker,omitempty"`
+	// FallbackActive is true while the failure policy decides instead of
+	// Redis (the breaker open or half-open).
+	FallbackActive bool `json:"fallback_active"`
+}
+
+// PolicyFigures is one policy's overview line.
+type PolicyFigures struct {
+	Policy  string `json:"policy"`
+	Allowed int64  `json:"allowed"`
+	// Denied counts shadow denials too.
+	Denied int64 `json:"denied"`
+	// LatencyP50MS and LatencyP99MS are the decision latency percentiles
+	// over the last one to two minutes, as the upper bound of their
+	// bucket in LatencyBoundsMS; -1 when there were no decisions.
+	LatencyP50MS float64 `json:"latency_p50_ms"`
+	LatencyP99MS float64 `json:"latency_p99_ms"`
+	// latency is the bucket counts the percentiles come from, kept to sum
+	// a fleet's.
+	latency []int64
+}
+
+// Overview is decisions and denials over the last minute, for this
+// instance or for a fleet.
+type Overview struct {
+	// Scope is "instance" when the figures are this instance's, "fleet"
+	// when they sum every instance publishing to the same Redis.
+	Scope string `json:"scope"`
+	// Instances is how many instances the figures sum (1 for "instance").
+	Instances int   `json:"instances"`
+	WindowMS  int64 `json:"window_ms"`
+	Allowed   int64 `json:"allowed"`
+	Denied    int64 `json:"denied"`
+	// DecisionsPerSecond is (Allowed+Denied) / the window.
+	DecisionsPerSecond float64 `json:"decisions_per_second"`
+	// DeniedRatio is Denied / (Allowed+Denied), 0 without decisions.
+	DeniedRatio float64         `json:"denied_ratio"`
+	Policies    []PolicyFigures `json:"policies"`
+}
+
+// monitor keeps one instance's operator figures.
+type monitor struct {
+	svc      *Service
+	instance string
+	top      *topKeys
+	latency  atomic.Pointer[map[string]*latencyHist]
+	mu       sync.Mutex // guards loadedAt and health
+	loadedAt time.Time
+	health   func() StoreHealth
+	fleet    *Fleet
+}
+
+func newMonitor(svc *Service) *monitor {
+	m := &monitor{svc: svc, instance: instanceID(), top: newTopKeys(svc.clock)}
+	m.latency.Store(&map[string]*latencyHist{})
+	return m
+}
+
+// instanceID names this process among a fleet's: host, process id and a
+// random suffix (two services in one process stay apart).
+func instanceID() string {
+	host, err := os.Hostname()
+	if err != nil {
+		host = "unknown"
+	}
+	var b [3]byte
+	rand.Read(b[:])
+	return fmt.Sprintf("%s:%d:%s", host, os.Getpid(), hex.EncodeToString(b[:]))
+}
+
+// setPolicies keeps the latency of policies that survive a reload and
+// notes when the configuration was loaded.
+func (m *monitor) setPolicies(ps []*Policy) {
+	old := *m.latency.Load()
+	next := make(map[string]*latencyHist, len(ps))
+	for _, p := range ps {
+		if next[p.Name] = old[p.Name]; next[p.Name] == nil {
+			next[p.Name] = new(latencyHist)
+		}
+	}
+	m.latency.Store(&next)
+	m.mu.Lock()
+	m.loadedAt = m.svc.clock()
+	m.mu.Unlock()
+}
+
+func (m *monitor) latencyGen() int64 { return m.svc.clock().UnixNano() / int64(latencyWindow) }
+
+// record notes a decision of a configured policy.
+func (m *monitor) record(r Result) {
+	if h := (*m.latency.Load())[r.Policy.Name]; h != nil {
+		h.add(m.latencyGen(), r.Latency)
+	}
+	m.top.record(r)
+}
+
+func (m *monitor) configLoadedAt() time.Time {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.loadedAt
+}
+
+func (m *monitor) setHealth(f func() StoreHealth) {
+	m.mu.Lock()
+	m.health = f
+	m.mu.Unlock()
+}
+
+func (m *monitor) storeHealth() StoreHealth {
+	m.mu.Lock()
+	f := m.health
+	m.mu.Unlock()
+	if f == nil {
+		return StoreHealth{Store: "memory"}
+	}
+	return f()
+}
+
+// breakerHealth reads the breaker of a failure-policy store, if store has one.
+func breakerHealth(h StoreHealth, store sluice.Store) StoreHealth {
+	if b, ok := store.(interface{ State() sluice.BreakerState }); ok {
+		st := b.State()
+		h.Breaker, h.FallbackActive = st.String(), st != sluice.BreakerClosed
+	}
+	return h
+}
+
+// local returns this instance's overview. series is a Stats snapshot.
+func (m *monitor) local(series []Series) Overview {
+	gen := m.latencyGen()
+	hists := *m.latency.Load()
+	o := Overview{Scope: "instance", Instances: 1, WindowMS: OverviewWindow.Milliseconds()}
+	const n = int(OverviewWindow / StatsBucket)
+	for _, s := range series {
+		f := PolicyFigures{Policy: s.Policy}
+		for i := len(s.Allowed) - n; i < len(s.Allowed); i++ {
+			f.Allowed += s.Allowed[i]
+			f.Denied += s.Denied[i]
+		}
+		if h := hists[s.Policy]; h != nil {
+			f.latency = h.counts(gen)
+		} else {
+			f.latency = make([]int64, len(LatencyBoundsMS)+1)
+		}
+		o.Policies = append(o.Policies, f)
+	}
+	o.finish()
+	return o
+}
+
+// finish derives the totals, rates and percentiles from the policies' counts.
+func (o *Overview) finish() {
+	o.Allowed, o.Denied = 0, 0
+	for i := range o.Policies {
+		f := &o.Policies[i]
+		o.Allowed += f.Allowed
+		o.Denied += f.Denied
+		f.LatencyP50MS, f.LatencyP99MS = percentileMS(f.latency, 0.5), percentileMS(f.latency, 0.99)
+	}
+	if total := o.Allowed + o.Denied; total > 0 {
+		o.DecisionsPerSecond = float64(total) / (float64(o.WindowMS) / 1000)
+		o.DeniedRatio = float64(o.Denied) / float64(total)
+	}
+}
+
+// overview is the fleet's when there is one, else this instance's.
+func (m *monitor) overview(series []Series) Overview {
+	o := m.local(series)
+	if m.fleet != nil {
+		return m.fleet.overview(o)
+	}
+	return o
+}
+
+// topLists is the fleet's top keys when there is a fleet, else this
+// instance's, with the overview's scope and instance count.
+func (m *monitor) topLists(n int) (TopLists, string, int) {
+	l := m.top.Lists(TopCounters)
+	if m.fleet != nil {
+		return m.fleet.top(l, n)
+	}
+	return TopLists{Denials: l.Denials[:min(n, len(l.Denials))], NearLimit: l.NearLimit[:min(n, len(l.NearLimit))]}, "instance", 1
+}
+
+// addStats adds the operator's figures to a /v1/stats body: this
+// instance's name, store health and configuration age, and the overview
+// (the fleet's when there is one).
+func (m *monitor) addStats(body map[string]any, series []Series) {
+	body["instance"] = m.instance
+	body["config_loaded_at"] = m.configLoadedAt().UTC().Format(time.RFC3339Nano)
+	body["store"] = m.storeHealth()
+	body["overview"] = m.overview(series)
+}
+
+// topResponse is the body of GET /v1/top.
+type topResponse struct {
+	Scope     string `json:"scope"`
+	Instances int    `json:"instances"`
+	// WindowMS is a generation's length: the lists cover one to two.
+	WindowMS int64 `json:"window_ms"`
+	TopLists
+}
+
+// top serves GET /v1/top, admin only: the keys are API keys, user ids and
+// IPs as clients sent them.
+func (a *api) top(w http.ResponseWriter, r *http.Request) {
+	if !a.admin(w, r) {
+		return
+	}
+	lists, scope, n := a.svc.mon.topLists(TopN)
+	writeJSON(w, http.StatusOK, topResponse{Scope: scope, Instances: n, WindowMS: TopWindow.Milliseconds(), TopLists: lists})
+}
+
+// watchFleet hooks the operator's figures into the server: store health,
+// the top-keys metrics and, on Redis, the fleet.
+func (s *Server) watchFleet(store sluice.Store) {
+	h := StoreHealth{Store: "memory"}
+	if s.redis != nil {
+		h = StoreHealth{Store: "redis", Mode: redisMode(s.redis)}
+	}
+	s.svc.mon.setHealth(func() StoreHealth { return breakerHealth(h, store) })
+	s.metrics.Registry().MustRegister(newTopCollector(s.svc))
+	if s.redis != nil {
+		s.fleet = NewFleet(s.redis, s.svc, &FleetOptions{Logger: s.log})
+		s.metrics.Registry().MustRegister(s.fleet.Collectors()...)
+	}
+}
+
+// redisMode names a client's deployment. go-redis builds a Sentinel client
+// as a plain client whose address is "FailoverClient".
+func redisMode(c redis.UniversalClient) string {
+	switch c := c.(type) {
+	case *redis.ClusterClient:
+		return "cluster"
+	case *redis.Client:
+		if c.Options().Addr == "FailoverClient" {
+			return "sentinel"
+		}
+	}
+	return "standalone"
+}

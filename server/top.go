@@ -1,0 +1,248 @@
+package server
+
+import (
+	"cmp"
+	"crypto/sha256"
+	"encoding/hex"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/sluicehq/sluice"
+)
+
+// The top keys: which clients are denied most, and which keep pressing on
+// their limit, from a bounded heavy-hitters sketch (Space-Saving) rather
+// than a map that an attacker sending random keys could grow without end.
+const (
+	// TopN is how many keys each list reports (/v1/top, the dashboard, the
+	// metrics).
+	TopN = 20
+	// TopCounters is the sketch's size: any key with more than 1/TopCounters
+	// of a list's weight in a window is sure to be tracked, and a count
+	// overstates the truth by at most the reported overcount.
+	TopCounters = 128
+	// TopWindow is how long a generation of the sketch lasts: lists cover
+	// the current generation and the one before, one to two windows.
+	TopWindow = time.Minute
+	// NearLimitShare: a decision that leaves at most this share of the
+	// limit's capacity (or is denied) counts as pressing on the limit.
+	NearLimitShare = 0.2
+)
+
+// TopEntry is one key in a top list.
+type TopEntry struct {
+	Policy string `json:"policy"`
+	Key    string `json:"key"`
+	// Count is the key's denials (top by denials) or its decisions at or
+	// near the limit (top by utilisation) in the window. Example: 42.
+	Count int64 `json:"count"`
+	// Overcount bounds the sketch's error: the true count is between
+	// Count-Overcount and Count. 0 while the key has been tracked since
+	// the window began.
+	Overcount int64 `json:"overcount"`
+	// Utilisation is the largest share of the limit in use the key
+	// reached in the window, 0 to 1 (1 when it was denied). Example: 0.95.
+	Utilisation float64 `json:"utilisation"`
+}
+
+// TopLists are the two lists, largest count first.
+type TopLists struct {
+	Denials   []TopEntry `json:"denials"`
+	NearLimit []TopEntry `json:"near_limit"`
+}
+
+type topID struct{ policy, key string }
+
+// sketch is Space-Saving with a fixed number of counters: an untracked key
+// takes over the smallest counter and inherits its count as overcount.
+type sketch struct {
+	gen      int64
+	counters map[topID]*TopEntry
+}
+
+func newSketch(gen int64) *sketch {
+	return &sketch{gen: gen, counters: make(map[topID]*TopEntry, TopCounters)}
+}
+
+func (s *sketch) add(id topID, util float64) {
+	e := s.counters[id]
+	if e == nil {
+		if len(s.counters) < TopCounters {
+			e = &TopEntry{Policy: id.policy, Key: id.key}
+		} else {
+			var victim topID
+			for k, c := range s.counters { // TopCounters is small: a scan beats a heap's upkeep
+				if e == nil || c.Count < e.Count {
+					victim, e = k, c
+				}
+			}
+			delete(s.counters, victim)
+			*e = TopEntry{Policy: id.policy, Key: id.key, Count: e.Count, Overcount: e.Count}
+		}
+		s.counters[id] = e
+	}
+	e.Count++
+	e.Utilisation = max(e.Utilisation, util)
+}
+
+// topKeys keeps the two sketches over two generations. Safe for concurrent
+// use; a decision far from its limit takes no lock.
+type topKeys struct {
+	mu        sync.Mutex
+	cur, prev [2]*sketch // listDenials, listNearLimit
+	clock     func() time.Time
+}
+
+const (
+	listDenials = iota
+	listNearLimit
+)
+
+func newTopKeys(clock func() time.Time) *topKeys {
+	t := &topKeys{clock: clock}
+	t.rotate(t.generation())
+	return t
+}
+
+func (t *topKeys) generation() int64 { return t.clock().UnixNano() / int64(TopWindow) }
+
+// rotate moves to generation g; callers hold mu (or own t).
+func (t *topKeys) rotate(g int64) {
+	if t.cur[0] != nil && t.cur[0].gen == g {
+		return
+	}
+	if t.cur[0] != nil && t.cur[0].gen == g-1 {
+		t.prev = t.cur
+	} else {
+		t.prev = [2]*sketch{newSketch(g - 1), newSketch(g - 1)}
+	}
+	t.cur = [2]*sketch{newSketch(g), newSketch(g)}
+}
+
+// utilisation is the share of d's limit in use after it: 1 when denied.
+func utilisation(d sluice.Decision) float64 {
+	c := d.Limit.Capacity()
+	if !d.Allowed || c <= 0 {
+		return 1
+	}
+	return float64(c-max(d.Remaining, 0)) / float64(c)
+}
+
+// record counts one decision of r's key.
+func (t *topKeys) record(r Result) {
+	u := utilisation(r.Decision)
+	if u < 1-NearLimitShare {
+		return
+	}
+	g := t.generation()
+	id := topID{r.Policy.Name, r.Key}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.rotate(g)
+	if r.Outcome != Allowed {
+		t.cur[listDenials].add(id, u)
+	}
+	t.cur[listNearLimit].add(id, u)
+}
+
+// Lists returns this instance's top keys over the last one to two windows.
+func (t *topKeys) Lists(n int) TopLists {
+	t.mu.Lock()
+	t.rotate(t.generation())
+	var all [2][]TopEntry
+	for i := range all {
+		for _, s := range []*sketch{t.prev[i], t.cur[i]} {
+			for _, e := range s.counters {
+				all[i] = append(all[i], *e)
+			}
+		}
+	}
+	t.mu.Unlock()
+	return TopLists{Denials: mergeTop(n, all[listDenials]), NearLimit: mergeTop(n, all[listNearLimit])}
+}
+
+// mergeTop sums entries of the same key (two generations, or a fleet's
+// instances) and returns the n largest.
+func mergeTop(n int, lists ...[]TopEntry) []TopEntry {
+	sum := map[topID]*TopEntry{}
+	for _, l := range lists {
+		for _, e := range l {
+			id := topID{e.Policy, e.Key}
+			if s := sum[id]; s != nil {
+				s.Count += e.Count
+				s.Overcount += e.Overcount
+				s.Utilisation = max(s.Utilisation, e.Utilisation)
+				continue
+			}
+			c := e
+			sum[id] = &c
+		}
+	}
+	out := make([]TopEntry, 0, len(sum))
+	for _, e := range sum {
+		out = append(out, *e)
+	}
+	slices.SortFunc(out, func(a, b TopEntry) int {
+		return cmp.Or(cmp.Compare(b.Count, a.Count), cmp.Compare(b.Utilisation, a.Utilisation),
+			cmp.Compare(a.Policy, b.Policy), cmp.Compare(a.Key, b.Key))
+	})
+	return out[:min(n, len(out))]
+}
+
+// metricKey is the key as a metric label shows it: the key itself only for
+// a policy whose configuration opts in (expose_keys), otherwise a stable
+// prefix of its SHA-256, so API keys, user ids and IPs stay out of the
+// metrics while a repeat offender is still recognisable.
+func metricKey(p *Policy, key string) string {
+	if p != nil && p.ExposeKeys {
+		return key
+	}
+	sum := sha256.Sum256([]byte(key))
+	return "sha256:" + hex.EncodeToString(sum[:6])
+}
+
+// topCollector exports the current top lists (this instance's): a series
+// per listed key, so the metric never holds more than TopN keys per list
+// and a key that leaves the list leaves the metric.
+type topCollector struct {
+	svc       *Service
+	denials   *prometheus.Desc
+	nearLimit *prometheus.Desc
+}
+
+func newTopCollector(svc *Service) *topCollector {
+	labels := []string{"policy", "key"}
+	return &topCollector{
+		svc: svc,
+		denials: prometheus.NewDesc("sluice_top_key_denials",
+			"Denials of the keys denied most in the last one to two minutes (the top 20 only). The key is hashed unless its policy sets expose_keys.", labels, nil),
+		nearLimit: prometheus.NewDesc("sluice_top_key_near_limit",
+			"Decisions at or near the limit of the keys that press on their limit most in the last one to two minutes (the top 20 only). The key is hashed unless its policy sets expose_keys.", labels, nil),
+	}
+}
+
+func (c *topCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.denials
+	ch <- c.nearLimit
+}
+
+func (c *topCollector) Collect(ch chan<- prometheus.Metric) {
+	lists := c.svc.mon.top.Lists(TopN) // this instance's: a fleet sums them in PromQL
+	cfg := c.svc.Config()
+	emit := func(d *prometheus.Desc, l []TopEntry) {
+		seen := map[topID]bool{} // two keys can share a hash prefix: one series each
+		for _, e := range l {
+			id := topID{e.Policy, metricKey(cfg.Policy(e.Policy), e.Key)}
+			if seen[id] {
+				continue
+			}
+			seen[id] = true
+			ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, float64(e.Count), id.policy, id.key)
+		}
+	}
+	emit(c.denials, lists.Denials)
+	emit(c.nearLimit, lists.NearLimit)
+}

@@ -1,0 +1,184 @@
+package server
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/sluicehq/sluice"
+)
+
+const topConfig = `
+policies:
+  - name: login
+    limit: fixed_window 2/min
+  - name: partner
+    limit: fixed_window 2/min
+    expose_keys: true
+`
+
+// check takes one unit and fails the test on an error.
+func check(t testing.TB, svc *Service, policy, key string) Result {
+	t.Helper()
+	r, err := svc.Check(context.Background(), policy, key, 1)
+	if err != nil {
+		t.Fatalf("check %s %s: %v", policy, key, err)
+	}
+	return r
+}
+
+// The sketch stays within TopCounters however many keys are denied, and the
+// heavy hitters hidden among thousands of one-off keys come out on top with
+// counts that bound the truth: Count-Overcount <= true <= Count.
+func TestTopSketchBoundedAndExact(t *testing.T) {
+	t.Parallel()
+	clock := newFakeClock()
+	tk := newTopKeys(clock.Now)
+	p := &Policy{Name: "p"}
+	deny := func(key string) {
+		tk.record(Result{Policy: p, Key: key, Outcome: Denied, Decision: sluice.Decision{Allowed: false}})
+	}
+	heavy := map[string]int64{"bot-a": 900, "bot-b": 600, "bot-c": 300}
+	rng := rand.New(rand.NewPCG(1, 2))
+	var plan []string
+	for k, n := range heavy {
+		for range n {
+			plan = append(plan, k)
+		}
+	}
+	for i := range 20000 {
+		plan = append(plan, fmt.Sprintf("one-off-%d", i))
+	}
+	rng.Shuffle(len(plan), func(i, j int) { plan[i], plan[j] = plan[j], plan[i] })
+	for _, k := range plan {
+		deny(k)
+	}
+	tk.mu.Lock()
+	size := len(tk.cur[listDenials].counters)
+	tk.mu.Unlock()
+	if size > TopCounters {
+		t.Fatalf("sketch holds %d counters, want at most %d", size, TopCounters)
+	}
+	got := tk.Lists(3).Denials
+	want := []string{"bot-a", "bot-b", "bot-c"}
+	for i, e := range got {
+		if e.Key != want[i] {
+			t.Fatalf("top 3 = %+v, want %v", got, want)
+		}
+		if n := heavy[e.Key]; e.Count < n || e.Count-e.Overcount > n {
+			t.Errorf("%s: count %d overcount %d does not bound the true %d", e.Key, e.Count, e.Overcount, n)
+		}
+	}
+}
+
+// A decision far from its limit is not tracked; one at or near it is, in
+// the near-limit list, and a denial in both, with its utilisation.
+func TestTopNearLimitAndDenials(t *testing.T) {
+	t.Parallel()
+	clock := newFakeClock()
+	svc := newMemService(t, `
+policies:
+  - name: api
+    limit: fixed_window 10/min
+`, clock)
+	for range 5 {
+		check(t, svc, "api", "calm") // 5 of 10: far from the limit
+	}
+	for range 12 {
+		check(t, svc, "api", "busy") // 8 and up are near, 11 and 12 denied
+	}
+	l := svc.mon.top.Lists(TopN)
+	if len(l.Denials) != 1 || l.Denials[0].Key != "busy" || l.Denials[0].Count != 2 || l.Denials[0].Utilisation != 1 {
+		t.Errorf("denials = %+v, want busy ×2 at utilisation 1", l.Denials)
+	}
+	if len(l.NearLimit) != 1 || l.NearLimit[0].Key != "busy" || l.NearLimit[0].Count != 5 {
+		t.Errorf("near limit = %+v, want busy ×5 (8/10, 9/10, 10/10 and two denials)", l.NearLimit)
+	}
+}
+
+// Lists cover the current window and the one before; older counts go.
+func TestTopWindow(t *testing.T) {
+	t.Parallel()
+	clock := newFakeClock()
+	tk := newTopKeys(clock.Now)
+	p := &Policy{Name: "p"}
+	for _, step := range []struct {
+		at   int64 // windows after t0
+		deny bool
+		want int64 // bot's count after the step
+	}{
+		{0, true, 1},
+		{0, true, 2},
+		{1, true, 3}, // the previous window still counts
+		{2, false, 1},
+		{4, false, 0}, // both windows gone after a gap
+	} {
+		clock.Set(t0.Add(time.Duration(step.at) * TopWindow))
+		if step.deny {
+			tk.record(Result{Policy: p, Key: "bot", Outcome: Denied})
+		}
+		var got int64
+		if l := tk.Lists(TopN).Denials; len(l) > 0 {
+			got = l[0].Count
+		}
+		if got != step.want {
+			t.Errorf("window %d: count %d, want %d", step.at, got, step.want)
+		}
+	}
+}
+
+// The metric names a key only for a policy that opts in; others carry a
+// stable hash prefix, and only the top N keys ever appear.
+func TestTopCollector(t *testing.T) {
+	t.Parallel()
+	clock := newFakeClock()
+	svc := newMemService(t, topConfig, clock)
+	for i := range TopN + 10 {
+		for range 3 {
+			check(t, svc, "login", fmt.Sprintf("10.0.0.%d", i))
+		}
+	}
+	for range 5 {
+		check(t, svc, "partner", "acme") // denied most, so listed
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(newTopCollector(svc))
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var series int
+	for _, mf := range mfs {
+		if mf.GetName() != "sluice_top_key_denials" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			series++
+			labels := map[string]string{}
+			for _, l := range m.GetLabel() {
+				labels[l.GetName()] = l.GetValue()
+			}
+			switch key := labels["key"]; labels["policy"] {
+			case "partner":
+				if key != "acme" {
+					t.Errorf("partner opts in: key label %q, want acme", key)
+				}
+			case "login":
+				if !strings.HasPrefix(key, "sha256:") || len(key) != len("sha256:")+12 || strings.Contains(key, "10.0.0") {
+					t.Errorf("login's key label %q: want a 12-digit hash prefix", key)
+				}
+			}
+		}
+	}
+	if series != TopN {
+		t.Errorf("%d denial series, want the top %d only", series, TopN)
+	}
+	if got, want := metricKey(nil, "10.0.0.1"), metricKey(nil, "10.0.0.1"); got != want {
+		t.Errorf("hash not stable: %s, %s", got, want)
+	}
+}
