@@ -626,3 +626,12 @@ func (s *SentinelSet) AwaitMaster(t testing.TB, d time.Duration, candidates ...*
 	t.Fatalf("redistest: no promotion within %v", d)
 	return nil, time.Time{}
 }
+
+// Pause stops the server with SIGSTOP, as Node.Pause does; Start or Stop
+// ends the pause.
+func (s *Server) Pause(t testing.TB) {
+	t.Helper()
+	if err := signalStop(s.cmd.Process); err != nil {
+		t.Fatalf("redistest: pause %s: %v", s.Addr, err)
+	}
+}
