@@ -18,6 +18,10 @@ import (
 // ErrRedisURL is wrapped by errors about the --redis URL.
 var ErrRedisURL = errors.New("server: invalid redis URL")
 
+// clusterReloadInterval is how often a cluster client that NewRedisClient
+// builds reloads its slot map.
+const clusterReloadInterval = 2 * time.Second
+
 // NewRedisClient connects to the Redis that rawURL names:
 //
 //	redis://[user:password@]host:port[/db]             standalone
@@ -56,6 +60,12 @@ func NewRedisClient(rawURL string) (redis.UniversalClient, error) {
 			return nil, fmt.Errorf("%w: %v", ErrRedisURL, redactErr(err, rawURL))
 		}
 		o.ContextTimeoutEnabled = true
+		if o.ClusterStateReloadInterval == 0 {
+			// A slot map at most this old: the store also reloads it on
+			// connection errors, but only a reload finds a failover that
+			// caused none (go-redis's default is 60 s).
+			o.ClusterStateReloadInterval = clusterReloadInterval
+		}
 		return redis.NewClusterClient(o), nil
 	case variant == "":
 		o, err := redis.ParseURL(u.String())

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"net"
 	"os"
 	"os/exec"
@@ -36,11 +37,12 @@ type Node struct {
 // free port between our probe and the server's bind.
 const nodeStarts = 5
 
-// startNode starts bin with args after its own port, address, directory and
-// log file, on a free loopback port, retrying on another port if the process
-// exits before it answers. conf, when not empty, is written to a config file
-// that goes first on the command line (Sentinel rewrites it).
-func startNode(t testing.TB, bin, conf string, args ...string) *Node {
+// startNode starts bin with args() after its own port, address, directory
+// and log file, on a free loopback port, retrying on another port (and new
+// args) if the process exits before it answers. conf, when not empty, is
+// written to a config file that goes first on the command line (Sentinel
+// rewrites it).
+func startNode(t testing.TB, bin, conf string, args func() []string) *Node {
 	t.Helper()
 	if _, err := exec.LookPath(bin); err != nil {
 		missing(t, bin+" on PATH")
@@ -60,7 +62,7 @@ func startNode(t testing.TB, bin, conf string, args ...string) *Node {
 		}
 		argv = append(argv, "--port", strconv.Itoa(port), "--bind", "127.0.0.1",
 			"--dir", n.dir, "--logfile", filepath.Join(n.dir, "redis.log"))
-		n.cmd = exec.Command(bin, append(argv, args...)...)
+		n.cmd = exec.Command(bin, append(argv, args()...)...)
 		DieWithParent(n.cmd)
 		if err = n.cmd.Start(); err != nil {
 			break
@@ -149,6 +151,8 @@ func (n *Node) client() *redis.Client {
 // sync at once rather than after diskless sync's 5 s gathering delay.
 var dataArgs = []string{"--save", "", "--appendonly", "no", "--repl-diskless-sync-delay", "0"}
 
+func data() []string { return slices.Clone(dataArgs) }
+
 // ClusterOptions configures StartCluster. A nil *ClusterOptions gives every
 // default.
 type ClusterOptions struct {
@@ -185,18 +189,59 @@ func StartCluster(t testing.TB, opts *ClusterOptions) *Cluster {
 	}
 	c := &Cluster{}
 	for range o.Masters * (1 + o.Replicas) {
-		c.Nodes = append(c.Nodes, startNode(t, "redis-server", "",
-			append(dataArgs, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
-				"--cluster-node-timeout", strconv.FormatInt(o.NodeTimeout.Milliseconds(), 10))...))
+		c.Nodes = append(c.Nodes, startNode(t, "redis-server", "", func() []string {
+			// The bus port is named: Redis's default, port+10000, may be
+			// past 65535 or taken.
+			bus, _ := freePort()
+			return append(data(), "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+				"--cluster-port", strconv.Itoa(bus),
+				"--cluster-node-timeout", strconv.FormatInt(o.NodeTimeout.Milliseconds(), 10))
+		}))
 	}
-	args := []string{"--cluster", "create"}
-	args = append(args, c.Addrs()...)
-	args = append(args, "--cluster-replicas", strconv.Itoa(o.Replicas), "--cluster-yes")
-	if out, err := exec.Command("redis-cli", args...).CombinedOutput(); err != nil {
-		t.Fatalf("redistest: redis-cli --cluster create: %v\n%s", err, out)
-	}
+	c.create(t, o.Masters)
 	c.awaitReady(t, o.Masters, 20*time.Second)
 	return c
+}
+
+// create gives each master an even share of the slots, introduces every
+// node to the first and makes the rest replicas of the masters in turn.
+func (c *Cluster) create(t testing.TB, masters int) {
+	t.Helper()
+	ctx := context.Background()
+	do := func(n *Node, args ...any) *redis.Cmd {
+		cl := n.client()
+		defer cl.Close()
+		cmd := cl.Do(ctx, args...)
+		if err := cmd.Err(); err != nil {
+			t.Fatalf("redistest: %s %v: %v", n.Addr, args, err)
+		}
+		return cmd
+	}
+	ids := make([]string, masters)
+	for i, n := range c.Nodes[:masters] {
+		do(n, "cluster", "addslotsrange", i*16384/masters, (i+1)*16384/masters-1)
+		ids[i] = do(n, "cluster", "myid").Val().(string)
+	}
+	host, port, _ := net.SplitHostPort(c.Nodes[0].Addr)
+	bus := do(c.Nodes[0], "config", "get", "cluster-port").Val()
+	busPort := fmt.Sprint(bus.(map[any]any)["cluster-port"])
+	for _, n := range c.Nodes[1:] {
+		do(n, "cluster", "meet", host, port, busPort)
+	}
+	for i, n := range c.Nodes[masters:] {
+		// A replica must know its master before it can follow it.
+		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+			cl := n.client()
+			err := cl.Do(ctx, "cluster", "replicate", ids[i%masters]).Err()
+			cl.Close()
+			if err == nil {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("redistest: %s: CLUSTER REPLICATE: %v", n.Addr, err)
+			}
+		}
+	}
 }
 
 // Addrs returns every node's address: seeds for a ClusterClient.
@@ -462,10 +507,12 @@ func StartSentinel(t testing.TB, opts *SentinelOptions) *SentinelSet {
 			o.DownAfter = opts.DownAfter
 		}
 	}
-	s := &SentinelSet{Master: startNode(t, "redis-server", "", dataArgs...)}
+	s := &SentinelSet{Master: startNode(t, "redis-server", "", data)}
 	host, port, _ := net.SplitHostPort(s.Master.Addr)
 	for range o.Replicas {
-		s.Replicas = append(s.Replicas, startNode(t, "redis-server", "", append(dataArgs, "--replicaof", host, port)...))
+		s.Replicas = append(s.Replicas, startNode(t, "redis-server", "", func() []string {
+			return append(data(), "--replicaof", host, port)
+		}))
 	}
 	// Sentinels that start after the replicas are in sync find them in
 	// their first INFO of the master, not ten seconds later.
@@ -474,7 +521,7 @@ func StartSentinel(t testing.TB, opts *SentinelOptions) *SentinelSet {
 		"sentinel down-after-milliseconds %[1]s %[5]d\n"+
 		"sentinel failover-timeout %[1]s 10000\n", SentinelMaster, host, port, o.Quorum, o.DownAfter.Milliseconds())
 	for range o.Sentinels {
-		s.Sentinels = append(s.Sentinels, startNode(t, "redis-server", conf, "--sentinel"))
+		s.Sentinels = append(s.Sentinels, startNode(t, "redis-server", conf, func() []string { return []string{"--sentinel"} }))
 	}
 	s.awaitReady(t, 20*time.Second)
 	return s
@@ -562,4 +609,139 @@ func (s *SentinelSet) AwaitMaster(t testing.TB, d time.Duration, candidates ...*
 	}
 	t.Fatalf("redistest: no promotion within %v", d)
 	return nil, time.Time{}
+}
+
+// Pause stops the server with SIGSTOP, as Node.Pause does; Start or Stop
+// ends the pause.
+func (s *Server) Pause(t testing.TB) {
+	t.Helper()
+	if err := signalStop(s.cmd.Process); err != nil {
+		t.Fatalf("redistest: pause %s: %v", s.Addr, err)
+	}
+}
+
+// Failover is a load for UnderFailover: takes from one key with a limit
+// that never denies during the test, so that each take's count says which
+// server answered it.
+type Failover struct {
+	// Take takes one unit from the key and returns how many the key has
+	// counted, this take included.
+	Take func(ctx context.Context) (count int64, err error)
+	// Counted returns how many units the key has counted, at the end.
+	Counted func() (int64, error)
+	// Fail kills the key's master.
+	Fail func()
+	// Promoted waits for a replica's promotion and returns when it was
+	// seen (a Cluster's or a SentinelSet's AwaitMaster).
+	Promoted func() time.Time
+}
+
+// Failover test bounds: each call's deadline, and how soon after the
+// promotion calls must succeed again.
+const (
+	FailoverCallTimeout = 100 * time.Millisecond
+	FailoverRecovery    = 3 * time.Second
+)
+
+// failoverTake is one call of UnderFailover's load.
+type failoverTake struct {
+	end   time.Time
+	ok    bool
+	count int64
+}
+
+// UnderFailover runs f.Take from 8 goroutines, each call with a
+// FailoverCallTimeout deadline, kills the master with f.Fail after 500 ms
+// and goes on until FailoverRecovery + 500 ms after f.Promoted. It fails
+// the test unless calls succeed again within FailoverRecovery of the
+// promotion and none fails after that, and unless the over-admission
+// (takes admitted minus takes counted) is at most the takes the old master
+// acknowledged that its replica never had: the largest count the old
+// master gave, less the one the new master started from.
+func UnderFailover(t testing.TB, f Failover) {
+	t.Helper()
+	const workers = 8
+	var (
+		mu    sync.Mutex
+		takes []failoverTake
+		stop  = make(chan struct{})
+		wg    sync.WaitGroup
+	)
+	for range workers {
+		wg.Go(func() {
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				ctx, cancel := context.WithTimeout(context.Background(), FailoverCallTimeout)
+				count, err := f.Take(ctx)
+				cancel()
+				mu.Lock()
+				takes = append(takes, failoverTake{end: time.Now(), ok: err == nil, count: count})
+				mu.Unlock()
+				if err != nil {
+					time.Sleep(5 * time.Millisecond) // a failing call may return at once: no busy loop
+				}
+			}
+		})
+	}
+	time.Sleep(500 * time.Millisecond)
+	killed := time.Now()
+	f.Fail()
+	at := f.Promoted()
+	time.Sleep(FailoverRecovery + 500*time.Millisecond)
+	close(stop)
+	wg.Wait()
+
+	var (
+		firstOK          time.Time
+		oldMax           int64 // the largest count the old master gave
+		newMin           int64 = math.MaxInt64
+		admitted         int64
+		failed, tooLate  int
+		recoveryDeadline = at.Add(FailoverRecovery)
+	)
+	for _, tk := range takes {
+		switch {
+		case !tk.ok:
+			failed++
+			if tk.end.After(recoveryDeadline) {
+				tooLate++
+			}
+		case tk.end.Before(at): // no replica answers before its promotion
+			admitted++
+			oldMax = max(oldMax, tk.count)
+		default:
+			admitted++
+			newMin = min(newMin, tk.count)
+			if firstOK.IsZero() || tk.end.Before(firstOK) {
+				firstOK = tk.end
+			}
+		}
+	}
+	if firstOK.IsZero() {
+		t.Fatalf("redistest: no call succeeded after the promotion (%d failed)", failed)
+	}
+	counted, err := f.Counted()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The replica had newMin-1 when promoted: the old master's takes above
+	// that were lost with it.
+	lost := max(0, oldMax-(newMin-1))
+	excess := admitted - counted
+	t.Logf("promoted %v after the kill; calls succeed again %v after the promotion", at.Sub(killed), firstOK.Sub(at))
+	t.Logf("%d calls: %d admitted, %d failed; Redis counts %d: over-admission %d; takes the old master acknowledged and its replica never had: %d",
+		len(takes), admitted, failed, counted, excess, lost)
+	if got := firstOK.Sub(at); got > FailoverRecovery {
+		t.Errorf("calls succeed again %v after the promotion, want within %v", got, FailoverRecovery)
+	}
+	if tooLate > 0 {
+		t.Errorf("%d calls failed later than %v after the promotion", tooLate, FailoverRecovery)
+	}
+	if excess > lost {
+		t.Errorf("over-admission %d exceeds the %d takes lost with the old master", excess, lost)
+	}
 }
