@@ -75,9 +75,13 @@ func checkFleetBound(t *testing.T, l *load) {
 
 // TestFleetBoundRedisPaused: four instances under load, Redis stopped
 // (SIGSTOP: connections hang) for 3s, then resumed.
+//
+// The instances find the fleet's size themselves, through Redis; the load
+// starts once each counts four.
 func TestFleetBoundRedisPaused(t *testing.T) {
 	race.SkipTiming(t)
-	f := startFleet(t, startRedis(t), 4, fleetConfig, "--fleet-size", "4")
+	f := startFleet(t, startRedis(t), 4, fleetConfig)
+	f.awaitFleetSize(t, 4, 5*time.Second)
 	l := f.drive(2, "client", fleetPolicies...)
 	time.Sleep(fleetLead)
 	f.redis.pause(t)
@@ -94,7 +98,8 @@ func TestFleetBoundRedisPaused(t *testing.T) {
 // precondition.
 func TestFleetBoundRedisKilled(t *testing.T) {
 	race.SkipTiming(t)
-	f := startFleet(t, startRedis(t, "--appendonly", "yes", "--appendfsync", "always"), 4, fleetConfig, "--fleet-size", "4")
+	f := startFleet(t, startRedis(t, "--appendonly", "yes", "--appendfsync", "always"), 4, fleetConfig)
+	f.awaitFleetSize(t, 4, 5*time.Second)
 	l := f.drive(2, "client", fleetPolicies...)
 	time.Sleep(fleetLead)
 	f.redis.Stop()
@@ -110,7 +115,8 @@ func TestFleetBoundRedisKilled(t *testing.T) {
 // timeout, alive in between.
 func TestFleetBoundRedisSlow(t *testing.T) {
 	race.SkipTiming(t)
-	f := startFleet(t, startRedis(t), 4, fleetConfig, "--fleet-size", "4")
+	f := startFleet(t, startRedis(t), 4, fleetConfig)
+	f.awaitFleetSize(t, 4, 5*time.Second)
 	c := f.redis.client()
 	defer c.Close()
 	l := f.drive(2, "client", fleetPolicies...)
@@ -124,4 +130,32 @@ func TestFleetBoundRedisSlow(t *testing.T) {
 	time.Sleep(time.Second)
 	l.finish()
 	checkFleetBound(t, l)
+}
+
+// TestFleetSizeDiscovery: instances count each other through Redis; a
+// fifth that joins is counted by all within 5s, and with Redis stopped
+// (longer than a registration lasts) every count holds.
+func TestFleetSizeDiscovery(t *testing.T) {
+	race.SkipTiming(t)
+	f := startFleet(t, startRedis(t), 4, fleetConfig)
+	f.awaitFleetSize(t, 4, 5*time.Second)
+	f.add(t)
+	took := f.awaitFleetSize(t, 5, 5*time.Second)
+	t.Logf("five instances count five %v after the fifth started", took.Round(time.Millisecond))
+
+	f.redis.pause(t)
+	for end := time.Now().Add(4 * time.Second); time.Now().Before(end); time.Sleep(250 * time.Millisecond) {
+		for i, p := range f.procs {
+			if got := metric(t, p, "sluice_fleet_size"); got != 5 {
+				t.Fatalf("instance %d: fleet size %v with Redis stopped, want 5 kept", i, got)
+			}
+		}
+	}
+	for i, p := range f.procs {
+		if got := metric(t, p, "sluice_fleet_registry_reachable"); got != 0 {
+			t.Errorf("instance %d: registry reachable %v with Redis stopped", i, got)
+		}
+	}
+	f.redis.resume(t)
+	f.awaitFleetSize(t, 5, 5*time.Second)
 }

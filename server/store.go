@@ -18,6 +18,10 @@ import (
 // ErrRedisURL is wrapped by errors about the --redis URL.
 var ErrRedisURL = errors.New("server: invalid redis URL")
 
+// clusterReloadInterval is how often a cluster client built here reloads
+// its slot map unasked (go-redis's default: 60s).
+const clusterReloadInterval = 5 * time.Second
+
 // NewRedisClient connects to the Redis that rawURL names:
 //
 //	redis://[user:password@]host:port[/db]             standalone
@@ -56,6 +60,9 @@ func NewRedisClient(rawURL string) (redis.UniversalClient, error) {
 			return nil, fmt.Errorf("%w: %v", ErrRedisURL, redactErr(err, rawURL))
 		}
 		o.ContextTimeoutEnabled = true
+		// The store reloads the slot map on connection errors; this
+		// catches a failover that no call has run into yet.
+		o.ClusterStateReloadInterval = clusterReloadInterval
 		return redis.NewClusterClient(o), nil
 	case variant == "":
 		o, err := redis.ParseURL(u.String())
