@@ -163,6 +163,19 @@ func (f *fleet) awaitFleetSize(t *testing.T, n int, within time.Duration) time.D
 	}
 }
 
+// awaitRegistry waits until every instance has registered in Redis.
+func (f *fleet) awaitRegistry(t *testing.T) {
+	t.Helper()
+	for _, p := range f.procs {
+		for deadline := time.Now().Add(10 * time.Second); metric(t, p, "sluice_fleet_registry_reachable") != 1; {
+			if time.Now().After(deadline) {
+				t.Fatal("an instance did not register in Redis")
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+}
+
 // tally counts one instance's answers for one policy.
 type tally struct{ allowed, denied, failed atomic.Int64 }
 

@@ -4,6 +4,9 @@ package server
 
 import (
 	"context"
+	"errors"
+	"os/exec"
+	"strings"
 	"testing"
 	"time"
 
@@ -158,4 +161,42 @@ func TestFleetSizeDiscovery(t *testing.T) {
 	}
 	f.redis.resume(t)
 	f.awaitFleetSize(t, 5, 5*time.Second)
+}
+
+// TestCLIFleetSize: --fleet-size and SLUICE_FLEET_SIZE are read and
+// checked, and an explicit size wins over the count.
+func TestCLIFleetSize(t *testing.T) {
+	for _, tt := range []struct {
+		name   string
+		env    []string
+		args   []string
+		code   int
+		stderr string
+	}{
+		{"bad environment", []string{"SLUICE_FLEET_SIZE=many"}, nil, 2, "SLUICE_FLEET_SIZE"},
+		{"flag over a bad environment", []string{"SLUICE_FLEET_SIZE=many"}, []string{"--fleet-size", "2", "--redis", "http://x"}, 1, "invalid redis URL"},
+		{"negative", nil, []string{"--fleet-size", "-1"}, 2, "--fleet-size -1"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			var stderr strings.Builder
+			cmd := sluiceCmd(tt.env, append([]string{"serve", "--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0"}, tt.args...)...)
+			cmd.Stderr = &stderr
+			err := cmd.Run()
+			var ee *exec.ExitError
+			if !errors.As(err, &ee) || ee.ExitCode() != tt.code {
+				t.Fatalf("exit %v, want code %d; stderr:\n%s", err, tt.code, stderr.String())
+			}
+			if !strings.Contains(stderr.String(), tt.stderr) {
+				t.Errorf("stderr lacks %q:\n%s", tt.stderr, stderr.String())
+			}
+		})
+	}
+	t.Run("explicit wins", func(t *testing.T) {
+		f := startFleet(t, startRedis(t), 1, fleetConfig, "--fleet-size", "7")
+		// Past the first heartbeats, which count one instance.
+		f.awaitRegistry(t)
+		if got := metric(t, f.procs[0], "sluice_fleet_size"); got != 7 {
+			t.Errorf("sluice_fleet_size %v, want 7", got)
+		}
+	})
 }
