@@ -26,7 +26,7 @@ import (
 type breaker struct {
 	rate       float64
 	minCalls   int64
-	slice      time.Duration // window / slices
+	slice      time.Duration // window / windowSlices
 	deadAfter  time.Duration
 	threshold  int64
 	interval   time.Duration
@@ -38,7 +38,7 @@ type breaker struct {
 
 	state  atomic.Uint32 // sluice.BreakerState, read without the lock on the hot path
 	run    atomic.Int64  // consecutive failures while closed
-	window [slices]slot
+	window [windowSlices]slot
 
 	mu       sync.Mutex
 	runStart time.Time // the first failure of the run
@@ -47,9 +47,9 @@ type breaker struct {
 	good     int       // half-open: probes that succeeded in a row
 }
 
-// slices is how many parts the failure-rate window is kept in: the window
+// windowSlices is how many parts the failure-rate window is kept in: the window
 // slides by a tenth of its span.
-const slices = 10
+const windowSlices = 10
 
 // slot counts one slice of the window; epoch says which.
 type slot struct {
@@ -61,7 +61,7 @@ func newBreaker(o *Options, name string) breaker {
 	return breaker{
 		rate:       orDefault(o.FailureRate, 0.5),
 		minCalls:   int64(orDefault(o.MinCalls, 20)),
-		slice:      max(window/slices, time.Nanosecond),
+		slice:      max(window/windowSlices, time.Nanosecond),
 		deadAfter:  orDefault(o.DeadAfter, 500*time.Millisecond),
 		threshold:  int64(orDefault(o.FailureThreshold, 3)),
 		interval:   orDefault(o.ProbeInterval, time.Second),
@@ -136,7 +136,7 @@ func (b *breaker) failure(probe bool, now time.Time) {
 	var why string
 	switch {
 	case calls >= b.minCalls && float64(fails) >= b.rate*float64(calls):
-		why = fmt.Sprintf("%d of %d calls failed in %v", fails, calls, b.slice*slices)
+		why = fmt.Sprintf("%d of %d calls failed in %v", fails, calls, b.slice*windowSlices)
 	case b.run.Load() >= b.threshold && now.Sub(b.runStart) >= b.deadAfter:
 		why = fmt.Sprintf("every call failed for %v (%d calls)", now.Sub(b.runStart), b.run.Load())
 	default:
@@ -163,7 +163,7 @@ func (b *breaker) release(probe bool) {
 // blurs the rate.
 func (b *breaker) count(now time.Time, failed bool) (calls, fails int64) {
 	e := now.UnixNano() / int64(b.slice)
-	sl := &b.window[e%slices]
+	sl := &b.window[e%windowSlices]
 	if old := sl.epoch.Load(); old != e && sl.epoch.CompareAndSwap(old, e) {
 		sl.calls.Store(0)
 		sl.fails.Store(0)
@@ -177,7 +177,7 @@ func (b *breaker) count(now time.Time, failed bool) (calls, fails int64) {
 	}
 	for i := range b.window {
 		s := &b.window[i]
-		if ep := s.epoch.Load(); ep > e-slices && ep <= e {
+		if ep := s.epoch.Load(); ep > e-windowSlices && ep <= e {
 			calls += s.calls.Load()
 			fails += s.fails.Load()
 		}

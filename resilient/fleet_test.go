@@ -308,3 +308,5 @@ func TestFleetDiscoveryRedis(t *testing.T) {
 		}
 	}
 }
+
+var _ Membership = (*redisstore.Membership)(nil)

@@ -3,15 +3,46 @@
 // accident:
 //
 //   - FallbackLocal (the default): a local memory store enforces the same
-//     limits, optionally divided by the expected number of nodes, until the
-//     backend answers again.
+//     limits, each process a share of them (Options.Nodes, or the size a
+//     Fleet discovers), until the backend answers again.
 //   - FailOpen: requests are allowed.
 //   - FailClosed: requests are denied.
 //
 // Every backend call is bounded by a timeout (default 50ms), so a dead or
-// stalled Redis cannot hold requests for seconds. A circuit breaker stops
-// calling a backend that keeps failing and lets one probe through now and
-// then; when a probe succeeds, decisions return to the backend on their own.
+// stalled Redis cannot hold requests for seconds; a call that times out
+// is answered by the policy alone. A circuit breaker stops calling a
+// backend that is down, not merely slow: it opens when half the calls of
+// the last 10s failed (at least 20 of them), or when every call has failed
+// for 500ms; it lets one probe through every second, and three good probes
+// in a row return decisions to the backend on their own. Each transition
+// is one log line (Options.Logger) and an Observer BreakerEvent; the
+// failure policy starts answering when the breaker leaves closed and stops
+// when it closes.
+//
+// # Bounds when the backend fails
+//
+// Under FallbackLocal each process's fallback charges a take of cost c as
+// n·c against the whole limit, n being the fleet size it assumes, in state
+// kept across breaker cycles and fleet size changes. The backend and the
+// fallbacks are then each an exact limiter, and the fleet admits at most
+// their sum. With B the capacity, r = Rate/Period, T an interval's length
+// and D a fallback episode's length within it:
+//
+//   - GCRA, TokenBucket, LeakyBucket: an exact limiter admits B + r·T. With
+//     one episode the fleet admits at most B + r·T + B + min(B, r·D), an
+//     excess of at most 2·B whatever D (the fallbacks' burst, and the
+//     backend's refill while unused); with any number of episodes, at most
+//     2·(B + r·T).
+//   - FixedWindow, SlidingWindowCounter (per window), SlidingWindowLog (per
+//     Period-long span): at most 2·Rate where a switch falls, Rate
+//     elsewhere.
+//
+// Preconditions: n is at least the real number of processes at every
+// moment; the backend loses no acknowledged write; n·c is at most the
+// capacity (else each process admits one such request per refill of the
+// whole capacity); the fallback store evicts no key; for the window
+// algorithms, the process's and the backend's clocks agree. With n below
+// the real count N, the fallbacks' share is multiplied by N/n.
 //
 // A local deny cache remembers denials: a key denied until T for cost c is
 // denied locally for cost c until T, without a backend call, so an abusive
@@ -434,10 +465,10 @@ func (s *Store) fleetSize() int64 {
 // share limit: cost × n against the whole limit, so that n processes
 // admit one limit between them. The fallback's state stays in units of the
 // whole limit, so a change of n (a fleet growing or shrinking) keeps it:
-// dividing the limit instead would start every key afresh, a burst per
-// change. Where cost × n exceeds the capacity, the capacity is charged:
-// each process then admits at most one such request per refill of the
-// whole capacity.
+// dividing the limit instead would read the key's state under another
+// limit, of other burst and interval. Where cost × n exceeds the
+// capacity, the capacity is charged: each process then admits at most one
+// such request per refill of the whole capacity.
 func localCost(limit sluice.Limit, cost, n int64) int64 {
 	c := limit.Capacity()
 	if cost > c/n {
