@@ -36,11 +36,12 @@ type Node struct {
 // free port between our probe and the server's bind.
 const nodeStarts = 5
 
-// startNode starts bin with args after its own port, address, directory and
-// log file, on a free loopback port, retrying on another port if the process
-// exits before it answers. conf, when not empty, is written to a config file
-// that goes first on the command line (Sentinel rewrites it).
-func startNode(t testing.TB, bin, conf string, args ...string) *Node {
+// startNode starts bin with args() after its own port, address, directory
+// and log file, on a free loopback port, retrying on another port (and new
+// args) if the process exits before it answers. conf, when not empty, is
+// written to a config file that goes first on the command line (Sentinel
+// rewrites it).
+func startNode(t testing.TB, bin, conf string, args func() []string) *Node {
 	t.Helper()
 	if _, err := exec.LookPath(bin); err != nil {
 		missing(t, bin+" on PATH")
@@ -63,7 +64,7 @@ func startNode(t testing.TB, bin, conf string, args ...string) *Node {
 		}
 		argv = append(argv, "--port", strconv.Itoa(port), "--bind", "127.0.0.1",
 			"--dir", n.dir, "--logfile", filepath.Join(n.dir, "redis.log"))
-		n.cmd = exec.Command(bin, append(argv, args...)...)
+		n.cmd = exec.Command(bin, append(argv, args()...)...)
 		DieWithParent(n.cmd)
 		if err = n.cmd.Start(); err != nil {
 			break
@@ -166,6 +167,8 @@ func (n *Node) client() *redis.Client {
 // sync at once rather than after diskless sync's 5 s gathering delay.
 var dataArgs = []string{"--save", "", "--appendonly", "no", "--repl-diskless-sync-delay", "0"}
 
+func data() []string { return slices.Clone(dataArgs) }
+
 // ClusterOptions configures StartCluster. A nil *ClusterOptions gives every
 // default.
 type ClusterOptions struct {
@@ -202,18 +205,59 @@ func StartCluster(t testing.TB, opts *ClusterOptions) *Cluster {
 	}
 	c := &Cluster{}
 	for range o.Masters * (1 + o.Replicas) {
-		c.Nodes = append(c.Nodes, startNode(t, "redis-server", "",
-			append(dataArgs, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
-				"--cluster-node-timeout", strconv.FormatInt(o.NodeTimeout.Milliseconds(), 10))...))
+		c.Nodes = append(c.Nodes, startNode(t, "redis-server", "", func() []string {
+			// The bus port is named: Redis's default, port+10000, may be
+			// past 65535 or taken.
+			bus, _ := freePort()
+			return append(data(), "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+				"--cluster-port", strconv.Itoa(bus),
+				"--cluster-node-timeout", strconv.FormatInt(o.NodeTimeout.Milliseconds(), 10))
+		}))
 	}
-	args := []string{"--cluster", "create"}
-	args = append(args, c.Addrs()...)
-	args = append(args, "--cluster-replicas", strconv.Itoa(o.Replicas), "--cluster-yes")
-	if out, err := exec.Command("redis-cli", args...).CombinedOutput(); err != nil {
-		t.Fatalf("redistest: redis-cli --cluster create: %v\n%s", err, out)
-	}
+	c.create(t, o.Masters)
 	c.awaitReady(t, o.Masters, 20*time.Second)
 	return c
+}
+
+// create gives each master an even share of the slots, introduces every
+// node to the first and makes the rest replicas of the masters in turn.
+func (c *Cluster) create(t testing.TB, masters int) {
+	t.Helper()
+	ctx := context.Background()
+	do := func(n *Node, args ...any) *redis.Cmd {
+		cl := n.client()
+		defer cl.Close()
+		cmd := cl.Do(ctx, args...)
+		if err := cmd.Err(); err != nil {
+			t.Fatalf("redistest: %s %v: %v", n.Addr, args, err)
+		}
+		return cmd
+	}
+	ids := make([]string, masters)
+	for i, n := range c.Nodes[:masters] {
+		do(n, "cluster", "addslotsrange", i*16384/masters, (i+1)*16384/masters-1)
+		ids[i] = do(n, "cluster", "myid").Val().(string)
+	}
+	host, port, _ := net.SplitHostPort(c.Nodes[0].Addr)
+	bus := do(c.Nodes[0], "config", "get", "cluster-port").Val()
+	busPort := fmt.Sprint(bus.(map[any]any)["cluster-port"])
+	for _, n := range c.Nodes[1:] {
+		do(n, "cluster", "meet", host, port, busPort)
+	}
+	for i, n := range c.Nodes[masters:] {
+		// A replica must know its master before it can follow it.
+		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+			cl := n.client()
+			err := cl.Do(ctx, "cluster", "replicate", ids[i%masters]).Err()
+			cl.Close()
+			if err == nil {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("redistest: %s: CLUSTER REPLICATE: %v", n.Addr, err)
+			}
+		}
+	}
 }
 
 // Addrs returns every node's address: seeds for a ClusterClient.
@@ -479,10 +523,12 @@ func StartSentinel(t testing.TB, opts *SentinelOptions) *SentinelSet {
 			o.DownAfter = opts.DownAfter
 		}
 	}
-	s := &SentinelSet{Master: startNode(t, "redis-server", "", dataArgs...)}
+	s := &SentinelSet{Master: startNode(t, "redis-server", "", data)}
 	host, port, _ := net.SplitHostPort(s.Master.Addr)
 	for range o.Replicas {
-		s.Replicas = append(s.Replicas, startNode(t, "redis-server", "", append(dataArgs, "--replicaof", host, port)...))
+		s.Replicas = append(s.Replicas, startNode(t, "redis-server", "", func() []string {
+			return append(data(), "--replicaof", host, port)
+		}))
 	}
 	// Sentinels that start after the replicas are in sync find them in
 	// their first INFO of the master, not ten seconds later.
@@ -491,7 +537,7 @@ func StartSentinel(t testing.TB, opts *SentinelOptions) *SentinelSet {
 		"sentinel down-after-milliseconds %[1]s %[5]d\n"+
 		"sentinel failover-timeout %[1]s 10000\n", SentinelMaster, host, port, o.Quorum, o.DownAfter.Milliseconds())
 	for range o.Sentinels {
-		s.Sentinels = append(s.Sentinels, startNode(t, "redis-server", conf, "--sentinel"))
+		s.Sentinels = append(s.Sentinels, startNode(t, "redis-server", conf, func() []string { return []string{"--sentinel"} }))
 	}
 	s.awaitReady(t, 20*time.Second)
 	return s
