@@ -127,7 +127,7 @@ func serve(args []string, stderr io.Writer) int {
 		grpcAddr   = fs.String("grpc", env("SLUICE_GRPC_ADDR", ""), "Envoy rate limit service `address` (env SLUICE_GRPC_ADDR); default :8081, 127.0.0.1:8081 for the demo")
 		failure    = fs.String("failure-policy", env("SLUICE_FAILURE_POLICY", "local"), "when Redis fails: local (enforce in this process), open, closed, or error (report it; Envoy decides) (env SLUICE_FAILURE_POLICY)")
 		timeout    = fs.Duration("decision-timeout", envDuration("SLUICE_DECISION_TIMEOUT", 0, &envErr), "longest wait for Redis before the failure policy answers (env SLUICE_DECISION_TIMEOUT); default 50ms")
-		fleetSize  = fs.Int("fleet-size", envInt("SLUICE_FLEET_SIZE", 0, &fleetErr), "how many instances share Redis: under --failure-policy local each enforces 1/N of every limit while Redis is away (env SLUICE_FLEET_SIZE); default 1")
+		fleetSize  = fs.Int("fleet-size", envInt("SLUICE_FLEET_SIZE", 0, &fleetErr), "how many instances share Redis: under --failure-policy local each admits 1/N of every limit while Redis is away (env SLUICE_FLEET_SIZE); default: discovered through Redis")
 		adminToken = fs.String("admin-token", env("SLUICE_ADMIN_TOKEN", ""), "bearer `token` for admin endpoints (env SLUICE_ADMIN_TOKEN); default: loopback clients only, and none when --http is reachable from other hosts")
 		insecure   = fs.Bool("insecure-admin", false, "without --admin-token, keep admin endpoints open to loopback clients even when --http is reachable from other hosts")
 		decToken   = fs.String("decision-token", env("SLUICE_DECISION_TOKEN", ""), "bearer `token` decisions require: HTTP Authorization, gRPC authorization metadata (env SLUICE_DECISION_TOKEN); default: none")

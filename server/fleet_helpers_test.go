@@ -120,6 +120,62 @@ func (f *fleet) add(t *testing.T, args ...string) *proc {
 	return p
 }
 
+// metric returns the value of the first sample of the named metric
+// (with labels, as exposed: `name{a="b"}`) on instance p, or -1.
+func metric(t *testing.T, p *proc, name string) float64 {
+	t.Helper()
+	code, body := p.get(t, "/metrics")
+	if code != http.StatusOK {
+		t.Fatalf("metrics: %d", code)
+	}
+	for line := range strings.SplitSeq(body, "\n") {
+		if v, ok := strings.CutPrefix(line, name+" "); ok {
+			f, err := strconv.ParseFloat(v, 64)
+			if err != nil {
+				t.Fatalf("metric %s: %v", line, err)
+			}
+			return f
+		}
+	}
+	return -1
+}
+
+// awaitFleetSize waits until every instance reports sluice_fleet_size n,
+// and returns how long that took.
+func (f *fleet) awaitFleetSize(t *testing.T, n int, within time.Duration) time.Duration {
+	t.Helper()
+	start := time.Now()
+	for {
+		done := true
+		var got []float64
+		for _, p := range f.procs {
+			v := metric(t, p, "sluice_fleet_size")
+			got = append(got, v)
+			done = done && v == float64(n)
+		}
+		if done {
+			return time.Since(start)
+		}
+		if time.Since(start) > within {
+			t.Fatalf("fleet sizes %v after %v, want %d everywhere", got, within, n)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// awaitRegistry waits until every instance has registered in Redis.
+func (f *fleet) awaitRegistry(t *testing.T) {
+	t.Helper()
+	for _, p := range f.procs {
+		for deadline := time.Now().Add(10 * time.Second); metric(t, p, "sluice_fleet_registry_reachable") != 1; {
+			if time.Now().After(deadline) {
+				t.Fatal("an instance did not register in Redis")
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+}
+
 // tally counts one instance's answers for one policy.
 type tally struct{ allowed, denied, failed atomic.Int64 }
 

@@ -4,6 +4,9 @@ package server
 
 import (
 	"context"
+	"errors"
+	"os/exec"
+	"strings"
 	"testing"
 	"time"
 
@@ -75,9 +78,13 @@ func checkFleetBound(t *testing.T, l *load) {
 
 // TestFleetBoundRedisPaused: four instances under load, Redis stopped
 // (SIGSTOP: connections hang) for 3s, then resumed.
+//
+// The instances find the fleet's size themselves, through Redis; the load
+// starts once each counts four.
 func TestFleetBoundRedisPaused(t *testing.T) {
 	race.SkipTiming(t)
-	f := startFleet(t, startRedis(t), 4, fleetConfig, "--fleet-size", "4")
+	f := startFleet(t, startRedis(t), 4, fleetConfig)
+	f.awaitFleetSize(t, 4, 5*time.Second)
 	l := f.drive(2, "client", fleetPolicies...)
 	time.Sleep(fleetLead)
 	f.redis.pause(t)
@@ -94,7 +101,8 @@ func TestFleetBoundRedisPaused(t *testing.T) {
 // precondition.
 func TestFleetBoundRedisKilled(t *testing.T) {
 	race.SkipTiming(t)
-	f := startFleet(t, startRedis(t, "--appendonly", "yes", "--appendfsync", "always"), 4, fleetConfig, "--fleet-size", "4")
+	f := startFleet(t, startRedis(t, "--appendonly", "yes", "--appendfsync", "always"), 4, fleetConfig)
+	f.awaitFleetSize(t, 4, 5*time.Second)
 	l := f.drive(2, "client", fleetPolicies...)
 	time.Sleep(fleetLead)
 	f.redis.Stop()
@@ -110,7 +118,8 @@ func TestFleetBoundRedisKilled(t *testing.T) {
 // timeout, alive in between.
 func TestFleetBoundRedisSlow(t *testing.T) {
 	race.SkipTiming(t)
-	f := startFleet(t, startRedis(t), 4, fleetConfig, "--fleet-size", "4")
+	f := startFleet(t, startRedis(t), 4, fleetConfig)
+	f.awaitFleetSize(t, 4, 5*time.Second)
 	c := f.redis.client()
 	defer c.Close()
 	l := f.drive(2, "client", fleetPolicies...)
@@ -124,4 +133,70 @@ func TestFleetBoundRedisSlow(t *testing.T) {
 	time.Sleep(time.Second)
 	l.finish()
 	checkFleetBound(t, l)
+}
+
+// TestFleetSizeDiscovery: instances count each other through Redis; a
+// fifth that joins is counted by all within 5s, and with Redis stopped
+// (longer than a registration lasts) every count holds.
+func TestFleetSizeDiscovery(t *testing.T) {
+	race.SkipTiming(t)
+	f := startFleet(t, startRedis(t), 4, fleetConfig)
+	f.awaitFleetSize(t, 4, 5*time.Second)
+	f.add(t)
+	took := f.awaitFleetSize(t, 5, 5*time.Second)
+	t.Logf("five instances count five %v after the fifth started", took.Round(time.Millisecond))
+
+	f.redis.pause(t)
+	for end := time.Now().Add(4 * time.Second); time.Now().Before(end); time.Sleep(250 * time.Millisecond) {
+		for i, p := range f.procs {
+			if got := metric(t, p, "sluice_fleet_size"); got != 5 {
+				t.Fatalf("instance %d: fleet size %v with Redis stopped, want 5 kept", i, got)
+			}
+		}
+	}
+	for i, p := range f.procs {
+		if got := metric(t, p, "sluice_fleet_registry_reachable"); got != 0 {
+			t.Errorf("instance %d: registry reachable %v with Redis stopped", i, got)
+		}
+	}
+	f.redis.resume(t)
+	f.awaitFleetSize(t, 5, 5*time.Second)
+}
+
+// TestCLIFleetSize: --fleet-size and SLUICE_FLEET_SIZE are read and
+// checked, and an explicit size wins over the count.
+func TestCLIFleetSize(t *testing.T) {
+	for _, tt := range []struct {
+		name   string
+		env    []string
+		args   []string
+		code   int
+		stderr string
+	}{
+		{"bad environment", []string{"SLUICE_FLEET_SIZE=many"}, nil, 2, "SLUICE_FLEET_SIZE"},
+		{"flag over a bad environment", []string{"SLUICE_FLEET_SIZE=many"}, []string{"--fleet-size", "2", "--redis", "http://x"}, 1, "invalid redis URL"},
+		{"negative", nil, []string{"--fleet-size", "-1"}, 2, "--fleet-size -1"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			var stderr strings.Builder
+			cmd := sluiceCmd(tt.env, append([]string{"serve", "--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0"}, tt.args...)...)
+			cmd.Stderr = &stderr
+			err := cmd.Run()
+			var ee *exec.ExitError
+			if !errors.As(err, &ee) || ee.ExitCode() != tt.code {
+				t.Fatalf("exit %v, want code %d; stderr:\n%s", err, tt.code, stderr.String())
+			}
+			if !strings.Contains(stderr.String(), tt.stderr) {
+				t.Errorf("stderr lacks %q:\n%s", tt.stderr, stderr.String())
+			}
+		})
+	}
+	t.Run("explicit wins", func(t *testing.T) {
+		f := startFleet(t, startRedis(t), 1, fleetConfig, "--fleet-size", "7")
+		// Past the first heartbeats, which count one instance.
+		f.awaitRegistry(t)
+		if got := metric(t, f.procs[0], "sluice_fleet_size"); got != 7 {
+			t.Errorf("sluice_fleet_size %v, want 7", got)
+		}
+	})
 }

@@ -74,9 +74,11 @@ type Options struct {
 	// policy). Default: resilient.DefaultTimeout (50ms).
 	DecisionTimeout time.Duration
 	// FleetSize is how many instances share Redis. Under the local failure
-	// policy each instance then enforces 1/FleetSize of every limit while
-	// Redis is away, so the fleet as a whole stays near the limit. Default:
-	// 1.
+	// policy each instance then admits a 1/FleetSize share of every limit
+	// while Redis is away, so that the fleet as a whole stays within the
+	// fallback bound (package resilient). Default: discovered through Redis
+	// (resilient.Fleet); resilient.DefaultFleetSize, with a warning, while
+	// Redis cannot be reached at start.
 	FleetSize int
 	// AdminToken guards admin endpoints; see HandlerOptions. Without one,
 	// admin endpoints answer loopback clients while HTTPAddr is
@@ -227,7 +229,12 @@ func (s *Server) openStore() (sluice.Store, error) {
 		s.redis = client
 		s.metrics.storeName = "redis"
 		s.metrics.reg.MustRegister(newRedisInfo(client, 0))
-		rs := redisstore.New(client, nil)
+		rs := redisstore.New(client, &redisstore.Options{Logger: s.log})
+		fleet, err := s.startFleet(rs)
+		if err != nil {
+			return nil, err
+		}
+		s.closers = append(s.closers, func() { fleet.Close() })
 		if s.opts.NoFailurePolicy {
 			// No policy answers for Redis, but a decision stays bounded:
 			// the error reaches Envoy, which applies failure_mode_deny.
@@ -236,7 +243,7 @@ func (s *Server) openStore() (sluice.Store, error) {
 		s.metrics.wrapped = true
 		store, err := resilient.NewMulti(budgetStore{rs, 0}, &resilient.Options{
 			Name: "redis", Policy: s.opts.FailurePolicy, Timeout: s.opts.DecisionTimeout, Observer: healthObserver{s.metrics, s.health},
-			Nodes: s.opts.FleetSize,
+			Fleet: fleet, Logger: s.log,
 		})
 		if err != nil {
 			return nil, fmt.Errorf("server: failure policy: %w", err)

@@ -192,7 +192,7 @@ func StartCluster(t testing.TB, opts *ClusterOptions) *Cluster {
 		c.Nodes = append(c.Nodes, startNode(t, "redis-server", "", func() []string {
 			// The bus port is named: Redis's default, port+10000, may be
 			// past 65535 or taken.
-			bus, _ := freePort()
+			bus := freePort(t)
 			return append(data(), "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
 				"--cluster-port", strconv.Itoa(bus),
 				"--cluster-node-timeout", strconv.FormatInt(o.NodeTimeout.Milliseconds(), 10))

@@ -1,0 +1,49 @@
+package server
+
+import (
+	"cmp"
+	"fmt"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/sluicehq/sluice/redisstore"
+	"github.com/sluicehq/sluice/resilient"
+)
+
+// startFleet registers this instance in rs's fleet registry and keeps the
+// fleet size that the local fallback divides limits by (FleetSize wins over
+// what is discovered), exported as sluice_fleet_size. The Fleet logs each
+// change of size and each loss and return of the registry itself.
+func (s *Server) startFleet(rs *redisstore.Store) (*resilient.Fleet, error) {
+	size := prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "sluice_fleet_size",
+		Help: "Instances sharing Redis, which the local fallback divides every limit by: --fleet-size, or as discovered (grows at once, shrinks after 30s of smaller counts, kept while Redis is away).",
+	})
+	reachable := prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "sluice_fleet_registry_reachable",
+		Help: "1 while this instance's fleet registration reaches Redis (renewed every second).",
+	})
+	s.metrics.reg.MustRegister(size, reachable)
+	// The state until the first change: an unreachable registry at start
+	// reports none.
+	size.Set(float64(cmp.Or(s.opts.FleetSize, resilient.DefaultFleetSize)))
+	f, err := resilient.NewFleet(rs.Membership(), &resilient.FleetOptions{
+		Size:   s.opts.FleetSize,
+		Logger: s.log,
+		OnChange: func(e resilient.FleetEvent) {
+			size.Set(float64(e.Size))
+			reachable.Set(boolGauge(e.Reachable))
+		},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("server: fleet: %w", err)
+	}
+	return f, nil
+}
+
+func boolGauge(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
+}
