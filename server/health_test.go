@@ -172,6 +172,7 @@ func TestServerRedisUnreachableAtStart(t *testing.T) {
 	var logs syncBuffer
 	_, p := startOnRedis(t, "redis://"+r.Addr, "local", &logs)
 	logged(t, &logs, "level=WARN", "Redis unreachable at start", "failure_policy=local")
+	logged(t, &logs, "store lost", "cause=unreachable", "ready=true") // local answers
 	if code, body := p.get(t, "/readyz"); code != 200 || !strings.Contains(body, "degraded") {
 		t.Errorf("readyz under local with Redis down: %d %q, want 200 naming the degradation", code, body)
 	}

@@ -109,13 +109,12 @@ type Server struct {
 	// ServerOptions.TLS).
 	Addr string
 
-	dir   string
-	port  int
-	bus   int // cluster bus port, 0 unless ServerOptions.Cluster
-	opts  ServerOptions
-	cmd   *exec.Cmd
-	exit  chan struct{} // closed when cmd has exited
-	state *os.ProcessState
+	dir  string
+	port int
+	bus  int // cluster bus port, 0 unless ServerOptions.Cluster
+	opts ServerOptions
+	cmd  *exec.Cmd
+	exit chan struct{} // closed when cmd has exited
 }
 
 // ServerOptions configures a private server. A nil *ServerOptions starts a

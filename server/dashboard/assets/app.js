@@ -119,7 +119,7 @@
   function adminMessage(status, data) {
     const why = data ? " (" + problemMessage(status, data) + ")" : "";
     if (status === 401) {
-      return "Reset needs an admin token: enter the server's token in \u201cAdmin token\u201d and try again." + why;
+      return "Reset needs an admin token: enter the server's admin token in \u201cToken\u201d and try again." + why;
     }
     if (status === 403) {
       return "Reset was refused: the admin token is wrong, or this server allows resets only from its own machine." + why;
@@ -165,12 +165,12 @@
     el.dataset.kind = kind || "info";
   }
 
-  async function api(method, path, body, admin) {
+  async function api(method, path, body) {
     const headers = { Accept: "application/json" };
     if (body !== undefined) headers["Content-Type"] = "application/json";
     // Every call: the decision endpoints may need a token too.
     const t = $("admin-token").value.trim();
-    if (t && (admin || path !== "v1/reset")) headers.Authorization = "Bearer " + t;
+    if (t) headers.Authorization = "Bearer " + t;
     const res = await fetch(path, {
       method, headers, cache: "no-store", credentials: "same-origin",
       body: body === undefined ? undefined : JSON.stringify(body),
@@ -351,7 +351,7 @@
         if (!cards.has(p.name)) continue;
         let res;
         try {
-          res = await api("POST", "v1/reset", { policy: p.name, key }, true);
+          res = await api("POST", "v1/reset", { policy: p.name, key });
         } catch (e) {
           setStatus("Reset failed: network error: " + e.message, "error");
           return;
