@@ -147,8 +147,18 @@ func Check(ctx context.Context, c redis.UniversalClient) (*CheckReport, error) {
 	if c == nil {
 		return nil, ErrNoClient
 	}
+	// TLS spoken to a plaintext port hangs until the dial timeout: ask in
+	// plaintext first.
+	if node, ok := c.(*redis.Client); ok && node.Options().TLSConfig != nil && hostPort(node.Options().Addr) {
+		pctx, cancel := context.WithTimeout(ctx, time.Second)
+		plain := speaksRESP(pctx, node.Options().Addr)
+		cancel()
+		if plain {
+			return nil, checkErr(ErrTLS, "the server does not speak TLS: use redis:// instead of rediss://", nil)
+		}
+	}
 	if err := c.Ping(ctx).Err(); err != nil {
-		if tlsErr := protocolMismatch(ctx, c, err); tlsErr != nil {
+		if tlsErr := plainAgainstTLS(ctx, c, err); tlsErr != nil {
 			return nil, tlsErr
 		}
 		return nil, Classify(err)
@@ -236,35 +246,31 @@ func versionAtLeast(v, min string) bool {
 	return true
 }
 
-// protocolMismatch tells TLS spoken to a plaintext port, or plaintext to a
-// TLS port, which otherwise look like a server that hangs up or never
-// answers: after such a failure it tries the other protocol (a TLS
-// handshake, or a PING) with a budget of its own, and reports ErrTLS if
-// that one works.
-func protocolMismatch(ctx context.Context, c redis.UniversalClient, err error) error {
+// plainAgainstTLS tells plaintext spoken to a TLS port, which otherwise
+// looks like a server hanging up: after such a failure it tries a TLS
+// handshake (sending nothing else) with a budget of its own, and reports
+// ErrTLS if it works.
+func plainAgainstTLS(ctx context.Context, c redis.UniversalClient, err error) error {
 	node, ok := c.(*redis.Client)
-	if !ok || !errors.Is(Classify(err), ErrUnreachable) {
+	if !ok || node.Options().TLSConfig != nil || !hostPort(node.Options().Addr) || !errors.Is(Classify(err), ErrUnreachable) {
 		return nil
-	}
-	addr := node.Options().Addr
-	if _, _, serr := net.SplitHostPort(addr); serr != nil {
-		return nil // a Sentinel client's placeholder address, or a Unix socket
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
 	defer cancel()
-	if node.Options().TLSConfig != nil {
-		if speaksRESP(ctx, addr) {
-			return checkErr(ErrTLS, "the server does not speak TLS: use redis:// instead of rediss://", err)
-		}
-		return nil
-	}
 	d := tls.Dialer{Config: &tls.Config{InsecureSkipVerify: true}} // only asks whether the port speaks TLS
-	conn, derr := d.DialContext(ctx, "tcp", addr)
+	conn, derr := d.DialContext(ctx, "tcp", node.Options().Addr)
 	if derr != nil {
 		return nil
 	}
 	conn.Close()
 	return checkErr(ErrTLS, "the server speaks TLS: use rediss:// instead of redis://", err)
+}
+
+// hostPort is false for a Sentinel client's placeholder address and Unix
+// sockets.
+func hostPort(addr string) bool {
+	_, _, err := net.SplitHostPort(addr)
+	return err == nil
 }
 
 // speaksRESP reports whether a plaintext PING to addr gets a RESP reply

@@ -302,9 +302,10 @@ func (h *Health) Status() Status {
 	return st
 }
 
-// ready answers /readyz. Without a failure policy it asks the store
-// first, so the answer is current; with one, the store's state cannot
-// change the answer, so a stalled store cannot make the probe time out.
+// ready answers /readyz and /v1/status. Without a failure policy it asks
+// the store first, so the answer is current; with one, the store's state
+// cannot change readiness, so the watch's last result serves and a stalled
+// store cannot make a probe time out.
 func (h *Health) ready(ctx context.Context) Status {
 	if h != nil && !h.withPolicy && h.probe != nil {
 		h.storeResult(h.probe(ctx))

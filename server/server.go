@@ -188,7 +188,8 @@ func New(opts Options) (*Server, error) {
 	s.stamp = configStamp(cfg.Files)
 	s.health = newHealth(healthOptions{
 		log: s.log, policy: policyName(opts), withPolicy: !opts.NoFailurePolicy, store: "memory",
-		configured: func() bool { return s.svc != nil && s.svc.Config() != nil }, reg: s.metrics.Registry(),
+		// Until the service exists, the configuration loaded above counts.
+		configured: func() bool { return s.svc == nil || s.svc.Config() != nil }, reg: s.metrics.Registry(),
 	})
 	store, err := s.openStore()
 	if err != nil {

@@ -32,8 +32,10 @@ func (a *api) readyz(w http.ResponseWriter, r *http.Request) {
 
 // status serves /v1/status: readiness, degradation and its reasons, the
 // store's state and the admin mode, for operators and the dashboard.
-func (a *api) status(w http.ResponseWriter, _ *http.Request) {
-	st := a.health.Status()
+func (a *api) status(w http.ResponseWriter, r *http.Request) {
+	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+	defer cancel()
+	st := a.health.ready(ctx)
 	st.Admin = a.adminMode
 	writeJSON(w, http.StatusOK, st)
 }

@@ -40,6 +40,7 @@ const certReloadInterval = time.Second
 // that finds a file changed (modification time or size) reads them again.
 // A bad new set is logged once and the one in force stays.
 type certReloader struct {
+	name       string // the listener: http or grpc
 	files      TLSFiles
 	nextProtos []string
 	log        *slog.Logger
@@ -53,11 +54,11 @@ type certReloader struct {
 
 // newTLSConfig loads files, failing when they do not make a valid set,
 // and returns a config that follows later changes to them.
-func newTLSConfig(files TLSFiles, nextProtos []string, log *slog.Logger) (*tls.Config, error) {
+func newTLSConfig(name string, files TLSFiles, nextProtos []string, log *slog.Logger) (*tls.Config, error) {
 	if files.CertFile == "" || files.KeyFile == "" {
-		return nil, fmt.Errorf("%w: a certificate needs both a certificate file and a key file", ErrTLS)
+		return nil, fmt.Errorf("%w: %s: a certificate needs both a certificate file and a key file", ErrTLS, name)
 	}
-	r := &certReloader{files: files, nextProtos: nextProtos, log: log}
+	r := &certReloader{name: name, files: files, nextProtos: nextProtos, log: log}
 	cfg, err := r.load()
 	if err != nil {
 		return nil, err
@@ -69,17 +70,17 @@ func newTLSConfig(files TLSFiles, nextProtos []string, log *slog.Logger) (*tls.C
 func (r *certReloader) load() (*tls.Config, error) {
 	cert, err := tls.LoadX509KeyPair(r.files.CertFile, r.files.KeyFile)
 	if err != nil {
-		return nil, fmt.Errorf("%w: certificate %s and key %s: %v", ErrTLS, r.files.CertFile, r.files.KeyFile, err)
+		return nil, fmt.Errorf("%w: %s: certificate %s and key %s: %v", ErrTLS, r.name, r.files.CertFile, r.files.KeyFile, err)
 	}
 	cfg := &tls.Config{MinVersion: tls.VersionTLS12, NextProtos: r.nextProtos, Certificates: []tls.Certificate{cert}}
 	if r.files.ClientCAFile != "" {
 		pem, err := os.ReadFile(r.files.ClientCAFile)
 		if err != nil {
-			return nil, fmt.Errorf("%w: client CA: %v", ErrTLS, err)
+			return nil, fmt.Errorf("%w: %s: client CA: %v", ErrTLS, r.name, err)
 		}
 		pool := x509.NewCertPool()
 		if !pool.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("%w: client CA %s: no PEM certificates", ErrTLS, r.files.ClientCAFile)
+			return nil, fmt.Errorf("%w: %s: client CA %s: no PEM certificates", ErrTLS, r.name, r.files.ClientCAFile)
 		}
 		cfg.ClientCAs, cfg.ClientAuth = pool, tls.RequireAndVerifyClientCert
 	}
@@ -100,10 +101,10 @@ func (r *certReloader) config(*tls.ClientHelloInfo) (*tls.Config, error) {
 			if err != nil {
 				// Often a half-written pair: the next change retries.
 				r.badStamp = stamp
-				r.log.Error("TLS certificate reload failed; serving the previous certificate", "err", err)
+				r.log.Error("TLS certificate reload failed; serving the previous certificate", "listener", r.name, "err", err)
 			} else {
 				r.cfg, r.stamp, r.badStamp = cfg, stamp, ""
-				r.log.Info("TLS certificate reloaded", "cert", r.files.CertFile)
+				r.log.Info("TLS certificate reloaded", "listener", r.name, "cert", r.files.CertFile)
 			}
 		}
 	}
@@ -116,13 +117,13 @@ func (s *Server) listen() (grpc.ServerOption, error) {
 	var httpTLS, grpcTLS *tls.Config
 	var err error
 	if s.opts.HTTPTLS.enabled() {
-		if httpTLS, err = newTLSConfig(s.opts.HTTPTLS, []string{"h2", "http/1.1"}, s.log); err != nil {
-			return nil, fmt.Errorf("server: http: %w", err)
+		if httpTLS, err = newTLSConfig("http", s.opts.HTTPTLS, []string{"h2", "http/1.1"}, s.log); err != nil {
+			return nil, err
 		}
 	}
 	if s.opts.GRPCTLS.enabled() {
-		if grpcTLS, err = newTLSConfig(s.opts.GRPCTLS, []string{"h2"}, s.log); err != nil {
-			return nil, fmt.Errorf("server: grpc: %w", err)
+		if grpcTLS, err = newTLSConfig("grpc", s.opts.GRPCTLS, []string{"h2"}, s.log); err != nil {
+			return nil, err
 		}
 	}
 	if s.httpLn, err = net.Listen("tcp", s.opts.HTTPAddr); err != nil {

@@ -103,19 +103,18 @@ func Prefix(t testing.TB) string {
 	return fmt.Sprintf("test:%d:%d:%s:", os.Getpid(), seq.Add(1), t.Name())
 }
 
-// Server is a private redis-server (or redis-sentinel) process.
+// Server is a private redis-server process (a data server or a Sentinel).
 type Server struct {
 	// Addr is the server's loopback host:port (its TLS port under
 	// ServerOptions.TLS).
 	Addr string
 
-	dir   string
-	port  int
-	bus   int // cluster bus port, 0 unless ServerOptions.Cluster
-	opts  ServerOptions
-	cmd   *exec.Cmd
-	exit  chan struct{} // closed when cmd has exited
-	state *os.ProcessState
+	dir  string
+	port int
+	bus  int // cluster bus port, 0 unless ServerOptions.Cluster
+	opts ServerOptions
+	cmd  *exec.Cmd
+	exit chan struct{} // closed when cmd has exited
 }
 
 // ServerOptions configures a private server. A nil *ServerOptions starts a
@@ -131,9 +130,9 @@ type ServerOptions struct {
 	// Cluster enables cluster mode with a private bus port. The node has no
 	// slots: it is a cluster node that serves no keys. Default: standalone.
 	Cluster bool
-	// Sentinel runs redis-sentinel instead, with Args as lines of its
-	// configuration file ("sentinel monitor m 127.0.0.1 6379 1"). Default:
-	// redis-server.
+	// Sentinel runs a Sentinel (redis-server --sentinel) instead, with
+	// Args as lines of its configuration file ("sentinel monitor m
+	// 127.0.0.1 6379 1"). Default: a data server.
 	Sentinel bool
 }
 
@@ -159,12 +158,8 @@ func StartServerOptions(t testing.TB, opts *ServerOptions) *Server {
 	if opts != nil {
 		s.opts = *opts
 	}
-	bin := "redis-server"
-	if s.opts.Sentinel {
-		bin = "redis-sentinel"
-	}
-	if _, err := exec.LookPath(bin); err != nil {
-		missing(t, bin+" on PATH")
+	if _, err := exec.LookPath("redis-server"); err != nil {
+		missing(t, "redis-server on PATH")
 	}
 	t.Cleanup(s.Stop)
 	for attempt := 1; ; attempt++ {
@@ -219,13 +214,13 @@ func (s *Server) start() error {
 	} else {
 		args = append(args, "--port", fmt.Sprint(s.port))
 	}
-	bin := "redis-server"
+	what := "redis-server"
 	if s.opts.Sentinel {
 		conf := filepath.Join(s.dir, "sentinel.conf")
 		if err := os.WriteFile(conf, []byte(strings.Join(s.opts.Args, "\n")+"\n"), 0o600); err != nil {
 			return err
 		}
-		bin, args = "redis-sentinel", append([]string{conf}, args...)
+		what, args = "Sentinel", append([]string{conf, "--sentinel"}, args...)
 	} else {
 		args = append(args, "--save", "", "--appendonly", "no")
 		if s.opts.Cluster {
@@ -234,7 +229,7 @@ func (s *Server) start() error {
 		}
 		args = append(args, s.opts.Args...)
 	}
-	s.cmd = exec.Command(bin, args...)
+	s.cmd = exec.Command("redis-server", args...)
 	DieWithParent(s.cmd)
 	if err := s.cmd.Start(); err != nil {
 		return err
@@ -255,11 +250,11 @@ func (s *Server) start() error {
 			if bytes.Contains(log, []byte("Address already in use")) {
 				return fmt.Errorf("%w: %s", errAddrInUse, s.Addr)
 			}
-			return fmt.Errorf("redistest: %s on %s exited at start: %s", bin, s.Addr, lastLines(log, 5))
+			return fmt.Errorf("redistest: %s on %s exited at start: %s", what, s.Addr, lastLines(log, 5))
 		case <-deadline:
 			s.Stop()
 			log, _ := os.ReadFile(logFile)
-			return fmt.Errorf("redistest: %s on %s not ready after 10s: %s", bin, s.Addr, lastLines(log, 5))
+			return fmt.Errorf("redistest: %s on %s not ready after 10s: %s", what, s.Addr, lastLines(log, 5))
 		case <-tick.C:
 			if log, _ := os.ReadFile(logFile); bytes.Contains(log, []byte("Ready to accept connections")) ||
 				(s.opts.Sentinel && bytes.Contains(log, []byte("Sentinel ID is"))) {

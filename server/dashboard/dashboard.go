@@ -9,9 +9,12 @@
 //	GET  /v1/policies   the cards
 //	POST /v1/check      Send Request and Burst 10 (cost 1)
 //	POST /v1/peek       the "remaining now" line of each card
-//	POST /v1/reset      Reset All (admin: an optional bearer token)
+//	POST /v1/reset      Reset All (admin: an optional bearer token, sent
+//	                    with every request, as is a decision token)
 //	GET  /v1/stats      the charts, polled every two seconds; a new
 //	                    config_version reloads the cards
+//	GET  /v1/status     the health banner (not ready, degraded) and
+//	                    whether Reset All is shown
 //
 // Mount Handler at "/" beside the API; the API's more specific patterns win.
 // The page names its assets and the API by relative URLs, so the pair also

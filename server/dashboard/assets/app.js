@@ -119,7 +119,7 @@
   function adminMessage(status, data) {
     const why = data ? " (" + problemMessage(status, data) + ")" : "";
     if (status === 401) {
-      return "Reset needs an admin token: enter the server's token in \u201cAdmin token\u201d and try again." + why;
+      return "Reset needs an admin token: enter the server's admin token in \u201cToken\u201d and try again." + why;
     }
     if (status === 403) {
       return "Reset was refused: the admin token is wrong, or this server allows resets only from its own machine." + why;
@@ -165,13 +165,12 @@
     el.dataset.kind = kind || "info";
   }
 
-  async function api(method, path, body, admin) {
+  async function api(method, path, body) {
     const headers = { Accept: "application/json" };
     if (body !== undefined) headers["Content-Type"] = "application/json";
-    if (admin) {
-      const t = $("admin-token").value.trim();
-      if (t) headers.Authorization = "Bearer " + t;
-    }
+    // Every call: the decision endpoints may need a token too.
+    const t = $("admin-token").value.trim();
+    if (t) headers.Authorization = "Bearer " + t;
     const res = await fetch(path, {
       method, headers, cache: "no-store", credentials: "same-origin",
       body: body === undefined ? undefined : JSON.stringify(body),
@@ -352,7 +351,7 @@
         if (!cards.has(p.name)) continue;
         let res;
         try {
-          res = await api("POST", "v1/reset", { policy: p.name, key }, true);
+          res = await api("POST", "v1/reset", { policy: p.name, key });
         } catch (e) {
           setStatus("Reset failed: network error: " + e.message, "error");
           return;
@@ -460,12 +459,45 @@
     }
   }
 
+  // pollHealth shows the service's own view (/v1/status) as a banner: not
+  // ready, or degraded (Redis lost, the failure policy answering), and
+  // hides Reset when the server has admin endpoints disabled.
+  async function pollHealth() {
+    let res;
+    try {
+      res = await api("GET", "v1/status");
+    } catch {
+      return;
+    }
+    const st = res.data;
+    if (res.status !== 200 || !st || typeof st !== "object") return;
+    const banner = $("health");
+    const reasons = Array.isArray(st.reasons) ? st.reasons.join("; ") : "";
+    if (!st.ready) {
+      banner.textContent = "Not ready: " + (reasons || "this instance cannot answer decisions.");
+      banner.dataset.kind = "error";
+      banner.hidden = false;
+    } else if (st.degraded) {
+      banner.textContent = "Degraded: " + (reasons || "decisions do not come from the shared store.");
+      banner.dataset.kind = "warn";
+      banner.hidden = false;
+    } else {
+      banner.hidden = true;
+      banner.textContent = "";
+    }
+    document.body.dataset.health = !st.ready ? "not-ready" : st.degraded ? "degraded" : "ok";
+    const off = st.admin === "disabled";
+    $("reset-all").hidden = off;
+    $("reset-off").hidden = !off;
+  }
+
   function tick() {
     // A hidden tab does not poll; it catches up when shown again.
     if (document.hidden) {
       statsTimer = setTimeout(tick, POLL_MS);
       return;
     }
+    pollHealth();
     pollStats();
   }
 
@@ -495,6 +527,7 @@
     // Until the API answers (the server may be starting), try again.
     while (!(await loadPolicies())) await new Promise((r) => setTimeout(r, 3000));
     document.body.dataset.ready = "true";
+    pollHealth();
     pollStats();
   }
 

@@ -1,0 +1,60 @@
+package dashboard_test
+
+import (
+	"context"
+	"errors"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/chromedp/chromedp"
+
+	"github.com/sluicehq/sluice/memory"
+	"github.com/sluicehq/sluice/server"
+	"github.com/sluicehq/sluice/server/dashboard"
+)
+
+// TestBrowserHealthBanner: the page shows the service's own health from
+// /v1/status as a banner, and hides Reset All when admin endpoints are
+// disabled.
+func TestBrowserHealthBanner(t *testing.T) {
+	clock := func() time.Time { return t0 }
+	store := memory.New(&memory.Options{Clock: clock, SweepInterval: -1})
+	t.Cleanup(func() { _ = store.Close() })
+	svc := server.NewService(store, testConfig(t, ""), &server.ServiceOptions{Clock: clock})
+	var down atomic.Bool
+	down.Store(true)
+	ready := func(context.Context) error {
+		if down.Load() {
+			return errors.New("dial tcp 127.0.0.1:6379: connect: connection refused")
+		}
+		return nil
+	}
+	ts := httptest.NewServer(svc.Handler(&server.HandlerOptions{AdminDisabled: true, Ready: ready, Dashboard: dashboard.Handler()}))
+	t.Cleanup(ts.Close)
+
+	ctx, logs := newBrowser(t)
+	step(t, ctx, "open the dashboard", chromedp.Navigate(ts.URL+"/"))
+	waitFor(t, ctx, `document.body.dataset.health === "not-ready"`, `document.body.innerText`)
+	banner := eval[string](t, ctx, `document.getElementById("health").innerText`)
+	if !strings.HasPrefix(banner, "Not ready:") || !strings.Contains(banner, "connection refused") {
+		t.Errorf("banner %q: want it to say not ready and why", banner)
+	}
+	if eval[bool](t, ctx, `document.getElementById("reset-all").offsetParent !== null`) {
+		t.Error("Reset All is shown while admin endpoints are disabled")
+	}
+	if !eval[bool](t, ctx, `document.getElementById("reset-off").offsetParent !== null`) {
+		t.Error("no note saying Reset is disabled")
+	}
+
+	down.Store(false)
+	waitFor(t, ctx, `document.body.dataset.health === "ok"`, `document.body.innerText`)
+	if eval[bool](t, ctx, `document.getElementById("health").offsetParent !== null`) {
+		t.Error("banner still shown with the store back")
+	}
+	if p := logs.problems(); len(p) > 0 {
+		t.Errorf("console problems: %v", p)
+	}
+}

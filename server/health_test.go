@@ -1,0 +1,313 @@
+package server
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/internal/testcert"
+	"github.com/sluicehq/sluice/redisstore"
+)
+
+// TestServerRefusesMisconfiguredRedis: each permanent misconfiguration
+// stops the start with one sentence naming its cause.
+func TestServerRefusesMisconfiguredRedis(t *testing.T) {
+	t.Parallel()
+	auth := redistest.StartServerOptions(t, &redistest.ServerOptions{Args: []string{"--requirepass", "secret"}})
+	plain := redistest.StartServer(t)
+	certs := testcert.New(t, "redis")
+	tlsSrv := redistest.StartServerOptions(t, &redistest.ServerOptions{TLS: true, Args: []string{
+		"--tls-cert-file", certs.CertFile, "--tls-key-file", certs.KeyFile, "--tls-ca-cert-file", certs.CAFile, "--tls-auth-clients", "no",
+	}})
+	sentinel := redistest.StartServerOptions(t, &redistest.ServerOptions{Sentinel: true, Args: []string{
+		"sentinel monitor known " + strings.Replace(plain.Addr, ":", " ", 1) + " 1",
+	}})
+	node := redistest.StartServerOptions(t, &redistest.ServerOptions{Cluster: true})
+	admin := redis.NewClient(&redis.Options{Addr: plain.Addr})
+	defer admin.Close()
+	if err := admin.Do(context.Background(), "acl", "setuser", "noscript", "on", ">pw", "~*", "+ping", "+info").Err(); err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range []struct {
+		name, url string
+		kind      error
+		says      string
+	}{
+		{"WRONGPASS", "redis://:wrong@" + auth.Addr, redisstore.ErrAuth, "password"},
+		{"NOAUTH", "redis://" + auth.Addr, redisstore.ErrAuth, "password"},
+		{"database out of range", "redis://" + plain.Addr + "/99", redisstore.ErrDatabase, "database"},
+		{"TLS against plaintext", "rediss://" + plain.Addr, redisstore.ErrTLS, "TLS"},
+		{"TLS handshake (unknown CA)", "rediss://" + tlsSrv.Addr, redisstore.ErrTLS, "certificate"},
+		{"plaintext against TLS", "redis://" + tlsSrv.Addr, redisstore.ErrTLS, "rediss://"},
+		{"unknown Sentinel master", "redis+sentinel://" + sentinel.Addr + "?master_name=typo", redisstore.ErrSentinelMaster, "master_name"},
+		{"NOPERM", "redis://noscript:pw@" + plain.Addr, redisstore.ErrPermission, "grant"},
+		{"redis:// at a Cluster node", "redis://" + node.Addr, redisstore.ErrTopology, "redis+cluster://"},
+		{"redis+cluster:// at a standalone server", "redis+cluster://" + plain.Addr, redisstore.ErrTopology, "redis://"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			srv, err := New(Options{ConfigFile: "testdata/envoy-example.yaml", RedisURL: tt.url, Logger: slog.New(slog.DiscardHandler)})
+			if err == nil {
+				srv.Shutdown(context.Background())
+				t.Fatal("started")
+			}
+			if !errors.Is(err, tt.kind) || !errors.Is(err, redisstore.ErrMisconfigured) {
+				t.Fatalf("err %v, want %v", err, tt.kind)
+			}
+			if msg := err.Error(); strings.Contains(msg, "\n") || !strings.Contains(msg, tt.says) || strings.Contains(msg, "secret") {
+				t.Errorf("message %q: want one line naming %q, no password", msg, tt.says)
+			}
+		})
+	}
+}
+
+// TestServeRefusesWrongPassword: the command exits 1 with the cause.
+func TestServeRefusesWrongPassword(t *testing.T) {
+	t.Parallel()
+	auth := redistest.StartServerOptions(t, &redistest.ServerOptions{Args: []string{"--requirepass", "secret"}})
+	cmd := sluiceCmd(nil, "serve", "--redis", "redis://:wrong@"+auth.Addr, "--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0")
+	var stderr syncBuffer
+	cmd.Stderr = &stderr
+	err := cmd.Run()
+	if code := cmd.ProcessState.ExitCode(); code != 1 {
+		t.Fatalf("exit %d (%v), want 1; stderr:\n%s", code, err, stderr.String())
+	}
+	lines := strings.Split(strings.TrimSpace(stderr.String()), "\n")
+	last := lines[len(lines)-1]
+	if !strings.HasPrefix(last, "sluice: redisstore: Redis authentication failed") || strings.Contains(stderr.String(), "wrong@") {
+		t.Errorf("stderr %q: want the cause in one line, without the password", stderr.String())
+	}
+}
+
+// logged waits until the log has a line with every word, and returns it.
+func logged(t *testing.T, logs *syncBuffer, words ...string) string {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		for line := range strings.Lines(logs.String()) {
+			all := true
+			for _, w := range words {
+				all = all && strings.Contains(line, w)
+			}
+			if all {
+				return line
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no log line with %q in:\n%s", words, logs.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func countLines(logs *syncBuffer, word string) int {
+	return strings.Count(logs.String(), word)
+}
+
+// metricValue returns one exposition line's value, or "" if absent.
+func metricValue(t *testing.T, p *proc, series string) string {
+	t.Helper()
+	_, body := p.get(t, "/metrics")
+	for line := range strings.Lines(body) {
+		if rest, ok := strings.CutPrefix(line, series+" "); ok {
+			return strings.TrimSpace(rest)
+		}
+	}
+	return ""
+}
+
+func startOnRedis(t *testing.T, url, policy string, logs *syncBuffer) (*Server, *proc) {
+	t.Helper()
+	fp, ok, err := ParseFailurePolicy(policy)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := New(Options{
+		ConfigFile: "testdata/envoy-example.yaml", RedisURL: url, HTTPAddr: "127.0.0.1:0", GRPCAddr: "127.0.0.1:0",
+		FailurePolicy: fp, NoFailurePolicy: !ok, StoreCheckInterval: 50 * time.Millisecond,
+		Logger: slog.New(slog.NewTextHandler(logs, nil)),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Shutdown(context.Background()) })
+	return srv, &proc{http: srv.HTTPAddr(), grpc: srv.GRPCAddr()}
+}
+
+func grpcHealth(t *testing.T, addr, service string) healthpb.HealthCheckResponse_ServingStatus {
+	t.Helper()
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	resp, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{Service: service})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp.Status
+}
+
+// TestServerRedisUnreachableAtStart: a warning, decisions under the
+// failure policy, and the service notices when Redis comes.
+func TestServerRedisUnreachableAtStart(t *testing.T) {
+	t.Parallel()
+	r := redistest.StartServer(t)
+	r.Stop()
+	var logs syncBuffer
+	_, p := startOnRedis(t, "redis://"+r.Addr, "local", &logs)
+	logged(t, &logs, "level=WARN", "Redis unreachable at start", "failure_policy=local")
+	logged(t, &logs, "store lost", "cause=unreachable", "ready=true") // local answers
+	if code, body := p.get(t, "/readyz"); code != 200 || !strings.Contains(body, "degraded") {
+		t.Errorf("readyz under local with Redis down: %d %q, want 200 naming the degradation", code, body)
+	}
+	if _, st := p.getJSON(t, "/v1/status"); st["ready"] != true || st["degraded"] != true || st["store"].(map[string]any)["cause"] != "unreachable" {
+		t.Errorf("status %v", st)
+	}
+	if got := metricValue(t, p, "sluice_degraded"); got != "1" {
+		t.Errorf("sluice_degraded %q, want 1", got)
+	}
+	if got := grpcHealth(t, p.grpc, ""); got != healthpb.HealthCheckResponse_SERVING {
+		t.Errorf("gRPC health %v under local with Redis down, want SERVING", got)
+	}
+	if code, _ := p.post(t, "/v1/check", `{"policy":"rl.foo","key":"foo=a"}`); code != 200 {
+		t.Errorf("check under local with Redis down: %d", code)
+	}
+	r.Start(t)
+	logged(t, &logs, "level=INFO", "store back", "store=redis")
+	if _, st := p.getJSON(t, "/v1/status"); st["degraded"] != false {
+		t.Errorf("status after Redis came: %v", st)
+	}
+	if got := metricValue(t, p, `sluice_store_transitions_total{cause="",to="up"}`); got != "1" {
+		t.Errorf("transitions to up %q, want 1", got)
+	}
+}
+
+// TestServerRedisPasswordRotated: an authentication failure after start
+// is logged once per transition and counted; the process keeps serving.
+func TestServerRedisPasswordRotated(t *testing.T) {
+	t.Parallel()
+	r := redistest.StartServerOptions(t, &redistest.ServerOptions{Args: []string{"--requirepass", "old"}})
+	var logs syncBuffer
+	_, p := startOnRedis(t, "redis://:old@"+r.Addr, "local", &logs)
+	admin := redis.NewClient(&redis.Options{Addr: r.Addr, Password: "old"})
+	defer admin.Close()
+	ctx := context.Background()
+	// Rotate; existing connections stay authenticated until they are
+	// dropped, as after a Redis restart.
+	if err := admin.ConfigSet(ctx, "requirepass", "new").Err(); err != nil {
+		t.Fatal(err)
+	}
+	admin.Do(ctx, "client", "kill", "type", "normal")
+	line := logged(t, &logs, "level=ERROR", "store lost", "cause=auth")
+	if !strings.Contains(line, "WRONGPASS") {
+		t.Errorf("log line %q: want Redis's own words", line)
+	}
+	time.Sleep(300 * time.Millisecond) // several more failed checks
+	if n := countLines(&logs, "store lost"); n != 1 {
+		t.Errorf("%d 'store lost' lines, want 1 per transition:\n%s", n, logs.String())
+	}
+	if got := metricValue(t, p, `sluice_store_transitions_total{cause="auth",to="down"}`); got != "1" {
+		t.Errorf("transitions to down (auth) %q, want 1", got)
+	}
+	if code, _ := p.post(t, "/v1/check", `{"policy":"rl.foo","key":"foo=a"}`); code != 200 {
+		t.Errorf("check after the rotation (local fallback): %d", code)
+	}
+	// Back to the old password: back up, one line.
+	restore := redis.NewClient(&redis.Options{Addr: r.Addr, Password: "new"})
+	defer restore.Close()
+	if err := restore.ConfigSet(ctx, "requirepass", "old").Err(); err != nil {
+		t.Fatal(err)
+	}
+	logged(t, &logs, "store back")
+	if n := countLines(&logs, "store back"); n != 1 {
+		t.Errorf("%d 'store back' lines, want 1", n)
+	}
+}
+
+// TestServerHealthUnderErrorPolicy: without a failure policy, losing
+// Redis makes the instance not ready, on HTTP and gRPC.
+func TestServerHealthUnderErrorPolicy(t *testing.T) {
+	t.Parallel()
+	r := redistest.StartServer(t)
+	var logs syncBuffer
+	_, p := startOnRedis(t, "redis://"+r.Addr, "error", &logs)
+	if got := grpcHealth(t, p.grpc, rlsServiceName); got != healthpb.HealthCheckResponse_SERVING {
+		t.Errorf("gRPC health with Redis up: %v", got)
+	}
+	r.Stop()
+	logged(t, &logs, "store lost", "cause=unreachable", "ready=false")
+	if code, body := p.get(t, "/readyz"); code != 503 || !strings.Contains(body, "no failure policy") {
+		t.Errorf("readyz: %d %s", code, body)
+	}
+	if got := grpcHealth(t, p.grpc, ""); got != healthpb.HealthCheckResponse_NOT_SERVING {
+		t.Errorf("gRPC health with Redis down under error: %v, want NOT_SERVING", got)
+	}
+	if code, _ := p.get(t, "/healthz"); code != 200 {
+		t.Errorf("healthz (liveness) %d", code)
+	}
+	r.Start(t)
+	logged(t, &logs, "store back")
+	if got := grpcHealth(t, p.grpc, ""); got != healthpb.HealthCheckResponse_SERVING {
+		t.Errorf("gRPC health after Redis came back: %v", got)
+	}
+}
+
+// TestServerBreakerTransitionsLogged: the breaker opening and closing are
+// one line and one count each.
+func TestServerBreakerTransitionsLogged(t *testing.T) {
+	t.Parallel()
+	r := redistest.StartServer(t)
+	var logs syncBuffer
+	_, p := startOnRedis(t, "redis://"+r.Addr, "local", &logs)
+	r.Stop()
+	for i := 0; countLines(&logs, "breaker open") == 0 && i < 100; i++ {
+		p.post(t, "/v1/check", `{"policy":"rl.foo","key":"foo=b"}`)
+	}
+	logged(t, &logs, "level=WARN", "breaker open", "fallback=on", "failure_policy=local")
+	if got := metricValue(t, p, `sluice_fallback_transitions_total{to="on"}`); got != "1" {
+		t.Errorf("fallback transitions on %q, want 1", got)
+	}
+	if _, st := p.getJSON(t, "/v1/status"); st["fallback_active"] != true {
+		t.Errorf("status %v", st)
+	}
+	r.Start(t)
+	// The breaker probes after its interval (1s); decisions bring it back.
+	deadline := time.Now().Add(10 * time.Second)
+	for countLines(&logs, "breaker closed") == 0 && time.Now().Before(deadline) {
+		p.post(t, "/v1/check", `{"policy":"rl.foo","key":"foo=b"}`)
+		time.Sleep(50 * time.Millisecond)
+	}
+	logged(t, &logs, "level=INFO", "breaker closed", "fallback=off")
+	if n := countLines(&logs, "breaker open"); n != 1 {
+		t.Errorf("%d 'breaker open' lines, want 1 (probes that fail do not log again)", n)
+	}
+	if got := metricValue(t, p, `sluice_fallback_transitions_total{to="off"}`); got != "1" {
+		t.Errorf("fallback transitions off %q, want 1", got)
+	}
+}
+
+func (p *proc) getJSON(t *testing.T, path string) (int, map[string]any) {
+	t.Helper()
+	code, body := p.get(t, path)
+	var m map[string]any
+	if err := json.Unmarshal([]byte(body), &m); err != nil {
+		t.Fatalf("%s: %v: %s", path, err, body)
+	}
+	return code, m
+}
