@@ -253,7 +253,7 @@ func TestLayeredLimitsLeakNothing(t *testing.T) {
 	store := memory.New(&memory.Options{Clock: clk.Now, SweepInterval: -1})
 	t.Cleanup(func() { store.Close() })
 	user := sluice.PerMinute(10)
-	login := sluice.PerMinute(3).With(sluice.SlidingWindowLog)
+	login := sluice.PerMinute(3).WithAlgorithm(sluice.SlidingWindowLog)
 	rules := []Rule{
 		{Name: "user", Limit: user, Key: ContextValue(ctxKey{})},
 		{Name: "login-ip", Limit: login, Key: PeerIP(), Match: func(r *http.Request) bool { return r.URL.Path == "/login" }},

@@ -553,8 +553,8 @@ func TestLocalLimit(t *testing.T) {
 		{"at least one", sluice.PerMinute(3), 10, 1, sluice.PerMinute(1)},
 		{"burst divided", sluice.PerSecond(10).WithBurst(40), 4, 1, sluice.PerSecond(2).WithBurst(10)},
 		{"capacity covers cost", sluice.PerSecond(10), 4, 5, sluice.PerSecond(2).WithBurst(5)},
-		{"window covers cost", sluice.PerMinute(10).With(sluice.FixedWindow), 4, 5, sluice.PerMinute(5).With(sluice.FixedWindow)},
-		{"window keeps burst == rate", sluice.PerMinute(10).With(sluice.SlidingWindowLog).WithBurst(10), 2, 1, sluice.PerMinute(5).With(sluice.SlidingWindowLog).WithBurst(5)},
+		{"window covers cost", sluice.PerMinute(10).WithAlgorithm(sluice.FixedWindow), 4, 5, sluice.PerMinute(5).WithAlgorithm(sluice.FixedWindow)},
+		{"window keeps burst == rate", sluice.PerMinute(10).WithAlgorithm(sluice.SlidingWindowLog).WithBurst(10), 2, 1, sluice.PerMinute(5).WithAlgorithm(sluice.SlidingWindowLog).WithBurst(5)},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
