@@ -88,7 +88,7 @@ func ExampleParseLimit() {
 func ExampleLimiter_Peek() {
 	store := memory.New(&memory.Options{Clock: exampleClock})
 	defer store.Close()
-	limiter, _ := sluice.NewLimiter(store, sluice.PerMinute(10).With(sluice.SlidingWindowLog), nil)
+	limiter, _ := sluice.NewLimiter(store, sluice.PerMinute(10).WithAlgorithm(sluice.SlidingWindowLog), nil)
 	ctx := context.Background()
 	limiter.AllowN(ctx, "user-7", 4)
 	d, _ := limiter.Peek(ctx, "user-7") // looks, takes nothing

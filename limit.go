@@ -43,8 +43,14 @@ func PerMinute(rate int64) Limit { return Limit{Rate: rate, Period: time.Minute}
 // PerHour returns a GCRA limit of rate units per hour, burst rate.
 func PerHour(rate int64) Limit { return Limit{Rate: rate, Period: time.Hour} }
 
-// With returns a copy of l enforced by algorithm a.
-func (l Limit) With(a Algorithm) Limit { l.Algorithm = a; return l }
+// WithAlgorithm returns a copy of l enforced by algorithm a.
+func (l Limit) WithAlgorithm(a Algorithm) Limit { l.Algorithm = a; return l }
+
+// With is WithAlgorithm.
+//
+// Deprecated: use WithAlgorithm, which says what it sets. With will be
+// removed in the next release.
+func (l Limit) With(a Algorithm) Limit { return l.WithAlgorithm(a) }
 
 // WithBurst returns a copy of l with the given burst.
 func (l Limit) WithBurst(burst int64) Limit { l.Burst = burst; return l }

@@ -24,8 +24,8 @@ func TestParseLimit(t *testing.T) {
 		{"1000/day", sluice.Limit{Rate: 1000, Period: 24 * time.Hour}, "1000/day"},
 		{"7/2days", sluice.Limit{Rate: 7, Period: 48 * time.Hour}, "7/2day"},
 		{"3/500ms", sluice.Limit{Rate: 3, Period: 500 * time.Millisecond}, "3/500ms"},
-		{"fixed_window 60/min", sluice.PerMinute(60).With(sluice.FixedWindow), "fixed_window 60/min"},
-		{"Token-Bucket 1/s burst 5", sluice.PerSecond(1).WithBurst(5).With(sluice.TokenBucket), "token_bucket 1/s burst 5"},
+		{"fixed_window 60/min", sluice.PerMinute(60).WithAlgorithm(sluice.FixedWindow), "fixed_window 60/min"},
+		{"Token-Bucket 1/s burst 5", sluice.PerSecond(1).WithBurst(5).WithAlgorithm(sluice.TokenBucket), "token_bucket 1/s burst 5"},
 		{"sliding_window_log 300/5m", sluice.Limit{Algorithm: sluice.SlidingWindowLog, Rate: 300, Period: 5 * time.Minute}, "sliding_window_log 300/5m"},
 	}
 	for _, tt := range tests {
@@ -111,7 +111,7 @@ func TestCapacityAndInterval(t *testing.T) {
 	if got := sluice.PerSecond(2).WithBurst(7).Capacity(); got != 7 {
 		t.Errorf("capacity = %d, want 7", got)
 	}
-	if got := sluice.PerSecond(2).With(sluice.FixedWindow).Capacity(); got != 2 {
+	if got := sluice.PerSecond(2).WithAlgorithm(sluice.FixedWindow).Capacity(); got != 2 {
 		t.Errorf("fixed window capacity = %d, want 2", got)
 	}
 }
@@ -155,5 +155,14 @@ func TestValidateRequest(t *testing.T) {
 		if err := sluice.ValidateRequest(c.key, l, c.cost); !errors.Is(err, c.want) || (c.want == nil) != (err == nil) {
 			t.Errorf("ValidateRequest(len %d, cost %d) = %v, want %v", len(c.key), c.cost, err, c.want)
 		}
+	}
+}
+
+// With stays one release as a deprecated alias of WithAlgorithm.
+func TestWithIsWithAlgorithm(t *testing.T) {
+	l := sluice.PerMinute(10)
+	//lint:ignore SA1019 the deprecated alias itself is under test
+	if got, want := l.With(sluice.FixedWindow), l.WithAlgorithm(sluice.FixedWindow); got != want || got.Algorithm != sluice.FixedWindow {
+		t.Errorf("With = %v, WithAlgorithm = %v", got, want)
 	}
 }

@@ -92,22 +92,13 @@ type Options struct {
 }
 
 // Interceptor enforces Rules on gRPC calls. Build one with New and install
-// Unary and Stream on a grpc.Server. It is safe for concurrent use.
+// Unary and Stream on a grpc.Server. It is safe for concurrent use. The
+// zero value has no rules: it passes every call through.
 type Interceptor struct {
-	eng     *enforce.Engine
-	keyer   *enforce.Keyer
-	rules   []rule
+	rules   *enforce.Rules[call]
 	exempt  func(context.Context, string) bool
 	allowed httplimit.HeaderSet
 	clock   func() time.Time
-}
-
-type rule struct {
-	enforce.Rule
-	key   KeyFunc
-	cost  func(context.Context, string) int64
-	match func(context.Context, string) bool
-	base  string
 }
 
 // New returns an Interceptor enforcing rules on store. Layered limits need
@@ -123,26 +114,31 @@ func New(store sluice.Store, rules []Rule, opts *Options) (*Interceptor, error) 
 	if o.AllowedHeaders > httplimit.NoHeaders {
 		return nil, fmt.Errorf("%w: unknown AllowedHeaders %v", ErrInvalidConfig, o.AllowedHeaders)
 	}
-	ers := make([]enforce.Rule, len(rules))
+	specs := make([]enforce.Spec[call], len(rules))
 	for i, r := range rules {
-		ers[i] = enforce.Rule{Name: r.Name, Limit: r.Limit, Strategy: r.Strategy, MaxDelay: r.MaxDelay, MaxWaiting: r.MaxWaiting, Penalty: r.Penalty}
+		specs[i] = enforce.Spec[call]{
+			Rule: enforce.Rule{Name: r.Name, Limit: r.Limit, Strategy: r.Strategy, MaxDelay: r.MaxDelay, MaxWaiting: r.MaxWaiting, Penalty: r.Penalty},
+			Key:  r.Key.keyFunc(),
+		}
+		if cost := r.Cost; cost != nil {
+			specs[i].Cost = func(c call) int64 { return cost(c.ctx, c.method) }
+		}
+		if match := r.Match; match != nil {
+			specs[i].Match = func(c call) bool { return match(c.ctx, c.method) }
+		}
 	}
-	eng, keyer, err := enforce.Setup(store, ers, func(i int) bool { return rules[i].Key != nil }, o.Prefix, o.HashKey, o.Observer)
+	rs, err := enforce.NewRules(store, specs, o.Prefix, o.HashKey, o.Observer, ErrNoKey)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
 	in := &Interceptor{
-		eng:     eng,
-		keyer:   keyer,
+		rules:   rs,
 		exempt:  o.Exempt,
 		allowed: o.AllowedHeaders,
 		clock:   o.Clock,
 	}
 	if in.clock == nil {
 		in.clock = time.Now
-	}
-	for i, r := range rules {
-		in.rules = append(in.rules, rule{Rule: ers[i], key: r.Key, cost: r.Cost, match: r.Match, base: keyer.Base(r.Name)})
 	}
 	return in, nil
 }
@@ -183,45 +179,25 @@ func (in *Interceptor) check(ctx context.Context, method string) (metadata.MD, e
 		return nil, nil
 	}
 	var buf [4]enforce.Check
-	checks := buf[:0]
-	for i := range in.rules {
-		ru := &in.rules[i]
-		if ru.match != nil && !ru.match(ctx, method) {
-			continue
-		}
-		id, err := ru.key(ctx, method)
-		if errors.Is(err, ErrNoKey) {
-			continue
-		}
-		if err != nil {
-			return nil, status.Errorf(codes.Internal, "grpclimit: rule %q: cannot key call: %v", ru.Name, err)
-		}
-		cost := int64(1)
-		if ru.cost != nil {
-			cost = ru.cost(ctx, method)
-			if err := ru.Limit.ValidateCost(cost); err != nil {
-				return nil, status.Errorf(codes.Internal, "grpclimit: rule %q: %v", ru.Name, err)
-			}
-		}
-		c := enforce.Check{Rule: &ru.Rule, Cost: cost, Tag: i}
-		c.Key, c.PenaltyKey = in.keyer.Keys(ru.base, id, ru.Strategy == Penalty)
-		checks = append(checks, c)
+	checks, err := in.rules.Collect(call{ctx, method}, buf[:0])
+	if err != nil {
+		return nil, status.Errorf(codes.Internal, "grpclimit: cannot key call: %v", err)
 	}
 	if len(checks) == 0 {
 		return nil, nil
 	}
-	v, err := in.eng.Enforce(ctx, checks)
+	v, err := in.rules.Enforce(ctx, checks)
 	if err != nil {
 		return nil, status.Error(codes.Unavailable, "grpclimit: rate limiter unavailable")
 	}
 	var md metadata.MD
 	if v.Report >= 0 && (!v.Allowed || in.allowed != httplimit.NoHeaders) {
-		md = headers(in.allowed, in.rules[checks[v.Report].Tag].Name, v.Decision, in.clock())
+		md = headers(in.allowed, checks[v.Report].Rule.Name, v.Decision, in.clock())
 	}
 	if v.Allowed {
 		return md, nil
 	}
-	return md, denial(in.rules[checks[v.Report].Tag].Name, v.Decision)
+	return md, denial(checks[v.Report].Rule.Name, v.Decision)
 }
 
 // headers is httplimit.HeaderSet.Set as gRPC metadata (lower-case keys).

@@ -294,6 +294,8 @@ func TestErrors(t *testing.T) {
 
 type plain struct{ sluice.Store }
 
+var errAny = errors.New("any error")
+
 func TestKeyFuncs(t *testing.T) {
 	t.Parallel()
 	ctx := metadata.NewIncomingContext(context.Background(), metadata.Pairs("x-api-key", "k1", "x-forwarded-for", "198.51.100.1"))
@@ -318,6 +320,37 @@ func TestKeyFuncs(t *testing.T) {
 	if _, err := PeerIP()(ctx, m); err == nil || errors.Is(err, ErrNoKey) {
 		t.Errorf("no peer: %v, want an error", err)
 	}
+	if _, err := Compose(Method(), nil)(ctx, m); err == nil || errors.Is(err, ErrNoKey) {
+		t.Errorf("compose nil: %v, want an error", err)
+	}
+	// ContextValue accepts what httplimit's does: strings, Stringers and
+	// integers (one implementation serves both).
+	type ctxKey struct{}
+	for name, tt := range map[string]struct {
+		v    any
+		want string
+		err  error // ErrNoKey, errAny or nil
+	}{
+		"string":     {"alice", "alice", nil},
+		"empty":      {"", "", ErrNoKey},
+		"missing":    {nil, "", ErrNoKey},
+		"stringer":   {net.ParseIP("192.0.2.1"), "192.0.2.1", nil},
+		"int":        {42, "42", nil},
+		"int64":      {int64(-7), "-7", nil},
+		"uint64":     {uint64(1) << 63, "9223372036854775808", nil},
+		"wrong type": {3.5, "", errAny},
+	} {
+		c := context.WithValue(ctx, ctxKey{}, tt.v)
+		got, err := ContextValue(ctxKey{})(c, m)
+		switch {
+		case tt.err == errAny:
+			if err == nil || errors.Is(err, ErrNoKey) || !strings.HasPrefix(err.Error(), "grpclimit: ") {
+				t.Errorf("context %s: %v, want a grpclimit error other than ErrNoKey", name, err)
+			}
+		case !errors.Is(err, tt.err) || got != tt.want:
+			t.Errorf("context %s: %q, %v; want %q, %v", name, got, err, tt.want, tt.err)
+		}
+	}
 	// x-forwarded-for counts only from a trusted proxy.
 	withPeer := peer.NewContext(ctx, &peer.Peer{Addr: &net.TCPAddr{IP: net.ParseIP("10.0.0.1"), Port: 5}})
 	trusted, err := ClientIP(&IPOptions{TrustedProxies: []string{"10.0.0.0/8"}})
@@ -331,5 +364,19 @@ func TestKeyFuncs(t *testing.T) {
 		if got, err := tt.fn(withPeer, m); err != nil || got != tt.want {
 			t.Errorf("%s: %q, %v; want %q", name, got, err, tt.want)
 		}
+	}
+}
+
+// A zero Interceptor has no rules: it passes every call through.
+func TestZeroInterceptor(t *testing.T) {
+	t.Parallel()
+	var in Interceptor
+	called := false
+	_, err := in.Unary()(context.Background(), nil, &grpc.UnaryServerInfo{FullMethod: "/pkg.Svc/Do"}, func(context.Context, any) (any, error) {
+		called = true
+		return nil, nil
+	})
+	if err != nil || !called {
+		t.Errorf("zero Interceptor: handler called %v, err %v; want called, nil", called, err)
 	}
 }

@@ -3,20 +3,39 @@ package grpclimit
 import (
 	"context"
 	"errors"
-	"fmt"
-	"strconv"
 	"strings"
 
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/peer"
 
-	"github.com/sluicehq/sluice/internal/ipkey"
+	"github.com/sluicehq/sluice/internal/enforce"
 )
 
 // KeyFunc says whom a call is counted against. It returns ErrNoKey when the
 // call carries no such key; the rule then does not apply to it. Any other
 // error fails the call with codes.Internal.
 type KeyFunc func(ctx context.Context, fullMethod string) (string, error)
+
+// call is one call as the shared rule collector sees it (see
+// enforce.Rules): the request type of its rules and key functions.
+type call struct {
+	ctx    context.Context
+	method string
+}
+
+func (c call) context() context.Context { return c.ctx }
+
+// keyFunc adapts f to the collector; fromShared adapts back.
+func (f KeyFunc) keyFunc() enforce.KeyFunc[call] {
+	if f == nil {
+		return nil
+	}
+	return func(c call) (string, error) { return f(c.ctx, c.method) }
+}
+
+func fromShared(f enforce.KeyFunc[call]) KeyFunc {
+	return func(ctx context.Context, m string) (string, error) { return f(call{ctx, m}) }
+}
 
 // ErrNoKey is returned by a KeyFunc when the call has no key of its kind.
 var ErrNoKey = errors.New("grpclimit: no key")
@@ -38,26 +57,31 @@ type IPOptions struct {
 // grouped by prefix), from the transport peer or, behind trusted proxies,
 // from x-forwarded-for metadata. It fails on a bad CIDR or prefix length.
 func ClientIP(opts *IPOptions) (KeyFunc, error) {
-	var o IPOptions
-	if opts != nil {
-		o = *opts
+	if opts == nil {
+		opts = new(IPOptions)
 	}
-	res, err := ipkey.New(o.TrustedProxies, "", o.IPv4Prefix, o.IPv6Prefix)
+	f, err := enforce.ClientIP("grpclimit", opts.TrustedProxies, "", opts.IPv4Prefix, opts.IPv6Prefix, peerAddr, forwardedFor)
 	if err != nil {
-		return nil, fmt.Errorf("grpclimit: %w", err)
+		return nil, err
 	}
-	return func(ctx context.Context, _ string) (string, error) {
-		p, ok := peer.FromContext(ctx)
-		if !ok || p.Addr == nil {
-			return "", errors.New("grpclimit: no peer address")
-		}
-		a, err := ipkey.ParsePeer(p.Addr.String())
-		if err != nil {
-			return "", fmt.Errorf("grpclimit: %w", err)
-		}
-		md, _ := metadata.FromIncomingContext(ctx)
-		return res.Key(res.Client(a, md.Get("x-forwarded-for"))), nil
-	}, nil
+	return fromShared(f), nil
+}
+
+func peerAddr(c call) (string, bool) {
+	p, ok := peer.FromContext(c.ctx)
+	if !ok || p.Addr == nil {
+		return "", false
+	}
+	return p.Addr.String(), true
+}
+
+// forwardedFor reads x-forwarded-for metadata, whatever the header's name
+// in HTTP terms.
+func forwardedFor(string) func(call) []string {
+	return func(c call) []string {
+		md, _ := metadata.FromIncomingContext(c.ctx)
+		return md.Get("x-forwarded-for")
+	}
 }
 
 // PeerIP returns a KeyFunc for the transport peer's address, IPv6 grouped
@@ -80,25 +104,12 @@ func Metadata(name string) KeyFunc {
 	}
 }
 
-// ContextValue returns a KeyFunc for a string (or fmt.Stringer) stored in
-// the call's context by an earlier interceptor, such as the authenticated
-// account. Missing is ErrNoKey.
+// ContextValue returns a KeyFunc for the value stored under key in the
+// call's context by an earlier interceptor, such as the authenticated
+// account. Strings, fmt.Stringers and integers are accepted; a missing
+// (nil) value or an empty string is ErrNoKey; any other type is an error.
 func ContextValue(key any) KeyFunc {
-	return func(ctx context.Context, _ string) (string, error) {
-		switch v := ctx.Value(key).(type) {
-		case nil:
-			return "", ErrNoKey
-		case string:
-			if v == "" {
-				return "", ErrNoKey
-			}
-			return v, nil
-		case fmt.Stringer:
-			return v.String(), nil
-		default:
-			return "", fmt.Errorf("grpclimit: context value %T is not a string", v)
-		}
-	}
+	return fromShared(enforce.ContextValue("grpclimit", ErrNoKey, call.context, key))
 }
 
 // Method returns a KeyFunc for the full method name, "/pkg.Service/Method":
@@ -108,32 +119,15 @@ func Method() KeyFunc {
 }
 
 // Global returns a KeyFunc putting every call under one key.
-func Global() KeyFunc {
-	return func(context.Context, string) (string, error) { return "*", nil }
-}
+func Global() KeyFunc { return fromShared(enforce.Global[call]()) }
 
 // Compose returns a KeyFunc for the combination of fns ("per API key per
 // method"). If any part is ErrNoKey, so is the whole. Parts are
 // length-prefixed, so different combinations never collide.
 func Compose(fns ...KeyFunc) KeyFunc {
-	for _, f := range fns {
-		if f == nil {
-			return func(context.Context, string) (string, error) {
-				return "", errors.New("grpclimit: Compose was given a nil KeyFunc")
-			}
-		}
+	shared := make([]enforce.KeyFunc[call], len(fns))
+	for i, f := range fns {
+		shared[i] = f.keyFunc()
 	}
-	return func(ctx context.Context, m string) (string, error) {
-		var b strings.Builder
-		for _, f := range fns {
-			k, err := f(ctx, m)
-			if err != nil {
-				return "", err
-			}
-			b.WriteString(strconv.Itoa(len(k)))
-			b.WriteByte(':')
-			b.WriteString(k)
-		}
-		return b.String(), nil
-	}
+	return fromShared(enforce.Compose("grpclimit", shared...))
 }

@@ -2,12 +2,10 @@ package httplimit
 
 import (
 	"errors"
-	"fmt"
 	"net/http"
-	"strconv"
 	"strings"
 
-	"github.com/sluicehq/sluice/internal/ipkey"
+	"github.com/sluicehq/sluice/internal/enforce"
 )
 
 // KeyFunc says whom a request is counted against: a client IP, an API key,
@@ -18,7 +16,10 @@ import (
 //
 // Keys are opaque: the middleware prefixes them with the rule's name, and
 // hashes them when Options.HashKey is set or when they are too long.
-type KeyFunc func(r *http.Request) (string, error)
+//
+// It is a func(*http.Request) (string, error); Global, Compose,
+// ContextValue and ClientIP are written once for httplimit and grpclimit.
+type KeyFunc = enforce.KeyFunc[*http.Request]
 
 // ErrNoKey is returned by a KeyFunc when the request has no key of its kind.
 var ErrNoKey = errors.New("httplimit: no key")
@@ -53,18 +54,16 @@ func ClientIP(opts *IPOptions) (KeyFunc, error) {
 	if opts != nil {
 		o = *opts
 	}
-	res, err := ipkey.New(o.TrustedProxies, o.Header, o.IPv4Prefix, o.IPv6Prefix)
-	if err != nil {
-		return nil, fmt.Errorf("httplimit: %w", err)
-	}
-	header := http.CanonicalHeaderKey(res.Header()) // r.Header.Values would canonicalize per request
-	return func(r *http.Request) (string, error) {
-		peer, err := ipkey.ParsePeer(r.RemoteAddr)
-		if err != nil {
-			return "", fmt.Errorf("httplimit: %w", err)
-		}
-		return res.Key(res.Client(peer, r.Header[header])), nil
-	}, nil
+	return enforce.ClientIP("httplimit", o.TrustedProxies, o.Header, o.IPv4Prefix, o.IPv6Prefix, remoteAddr, headerLines)
+}
+
+func remoteAddr(r *http.Request) (string, bool) { return r.RemoteAddr, true }
+
+// headerLines reads the named header's lines, its name canonicalized once
+// (r.Header.Values would do it on every request).
+func headerLines(name string) func(*http.Request) []string {
+	name = http.CanonicalHeaderKey(name)
+	return func(r *http.Request) []string { return r.Header[name] }
 }
 
 // PeerIP returns a KeyFunc for the direct peer's address, IPv6 grouped by
@@ -101,29 +100,10 @@ func Cookie(name string) KeyFunc {
 // ContextValue returns a KeyFunc for the value stored under key in the
 // request's context, typically the authenticated user or account that an
 // earlier middleware put there. Strings, fmt.Stringers and integers are
-// accepted; a missing (nil) value is ErrNoKey; any other type is an error.
+// accepted; a missing (nil) value or an empty string is ErrNoKey; any other
+// type is an error.
 func ContextValue(key any) KeyFunc {
-	return func(r *http.Request) (string, error) {
-		switch v := r.Context().Value(key).(type) {
-		case nil:
-			return "", ErrNoKey
-		case string:
-			if v == "" {
-				return "", ErrNoKey
-			}
-			return v, nil
-		case fmt.Stringer:
-			return v.String(), nil
-		case int:
-			return strconv.Itoa(v), nil
-		case int64:
-			return strconv.FormatInt(v, 10), nil
-		case uint64:
-			return strconv.FormatUint(v, 10), nil
-		default:
-			return "", fmt.Errorf("httplimit: context value %T is not a string", v)
-		}
-	}
+	return enforce.ContextValue("httplimit", ErrNoKey, (*http.Request).Context, key)
 }
 
 // Route returns a KeyFunc for the method and route: "GET /items/{id}" when
@@ -145,33 +125,10 @@ func Route() KeyFunc {
 
 // Global returns a KeyFunc that puts every request under one key: a limit
 // for the whole endpoint or service.
-func Global() KeyFunc {
-	return func(*http.Request) (string, error) { return "*", nil }
-}
+func Global() KeyFunc { return enforce.Global[*http.Request]() }
 
 // Compose returns a KeyFunc for the combination of fns, such as "per API
 // key per route": Compose(Header("X-API-Key"), Route()). If any part is
 // ErrNoKey (or another error), so is the whole. Parts are length-prefixed,
 // so no two different combinations can produce the same key.
-func Compose(fns ...KeyFunc) KeyFunc {
-	for _, f := range fns {
-		if f == nil {
-			return func(*http.Request) (string, error) {
-				return "", errors.New("httplimit: Compose was given a nil KeyFunc")
-			}
-		}
-	}
-	return func(r *http.Request) (string, error) {
-		var b strings.Builder
-		for _, f := range fns {
-			k, err := f(r)
-			if err != nil {
-				return "", err
-			}
-			b.WriteString(strconv.Itoa(len(k)))
-			b.WriteByte(':')
-			b.WriteString(k)
-		}
-		return b.String(), nil
-	}
-}
+func Compose(fns ...KeyFunc) KeyFunc { return enforce.Compose("httplimit", fns...) }

@@ -139,24 +139,16 @@ type Options struct {
 // one rule takes nothing from the others. Shadow rules are checked apart
 // and never block. Headers describe the violated rule with the longest
 // wait, or, when allowed, the rule closest to exhaustion.
+//
+// The zero value has no rules: its Handler passes every request through.
 type Middleware struct {
-	eng     *enforce.Engine
-	keyer   *enforce.Keyer
-	rules   []rule
+	rules   *enforce.Rules[*http.Request]
+	fields  []fields // the header fields of each rule, by index
 	exempt  func(*http.Request) bool
 	allowed HeaderSet
 	deny    func(http.ResponseWriter, *http.Request, Denial)
 	onError func(http.ResponseWriter, *http.Request, error)
 	clock   func() time.Time
-}
-
-type rule struct {
-	enforce.Rule
-	key    KeyFunc
-	cost   func(*http.Request) int64
-	match  func(*http.Request) bool
-	base   string // the key stem (see enforce.Keyer)
-	fields fields
 }
 
 // New returns a Middleware enforcing rules on store. Layered limits (more
@@ -174,17 +166,19 @@ func New(store sluice.Store, rules []Rule, opts *Options) (*Middleware, error) {
 	if o.AllowedHeaders > NoHeaders {
 		return nil, fmt.Errorf("%w: unknown AllowedHeaders %v", ErrInvalidConfig, o.AllowedHeaders)
 	}
-	ers := make([]enforce.Rule, len(rules))
+	specs := make([]enforce.Spec[*http.Request], len(rules))
 	for i, r := range rules {
-		ers[i] = enforce.Rule{Name: r.Name, Limit: r.Limit, Strategy: r.Strategy, MaxDelay: r.MaxDelay, MaxWaiting: r.MaxWaiting, Penalty: r.Penalty}
+		specs[i] = enforce.Spec[*http.Request]{
+			Rule: enforce.Rule{Name: r.Name, Limit: r.Limit, Strategy: r.Strategy, MaxDelay: r.MaxDelay, MaxWaiting: r.MaxWaiting, Penalty: r.Penalty},
+			Key:  r.Key, Cost: r.Cost, Match: r.Match,
+		}
 	}
-	eng, keyer, err := enforce.Setup(store, ers, func(i int) bool { return rules[i].Key != nil }, o.Prefix, o.HashKey, o.Observer)
+	rs, err := enforce.NewRules(store, specs, o.Prefix, o.HashKey, o.Observer, ErrNoKey)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
 	m := &Middleware{
-		eng:     eng,
-		keyer:   keyer,
+		rules:   rs,
 		exempt:  o.Exempt,
 		allowed: o.AllowedHeaders,
 		deny:    o.DenyHandler,
@@ -200,11 +194,8 @@ func New(store sluice.Store, rules []Rule, opts *Options) (*Middleware, error) {
 	if m.clock == nil {
 		m.clock = time.Now
 	}
-	for i, r := range rules {
-		m.rules = append(m.rules, rule{
-			Rule: ers[i], key: r.Key, cost: r.Cost, match: r.Match,
-			base: keyer.Base(r.Name), fields: newFields(r.Name, r.Limit),
-		})
+	for _, r := range rules {
+		m.fields = append(m.fields, newFields(r.Name, r.Limit))
 	}
 	return m, nil
 }
@@ -222,48 +213,26 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		return
 	}
 	var buf [4]enforce.Check
-	checks := buf[:0]
-	for i := range m.rules {
-		ru := &m.rules[i]
-		if ru.match != nil && !ru.match(r) {
-			continue
-		}
-		id, err := ru.key(r)
-		if errors.Is(err, ErrNoKey) {
-			continue
-		}
-		if err != nil {
-			m.onError(w, r, fmt.Errorf("%w: rule %q: %w", ErrKey, ru.Name, err))
-			return
-		}
-		cost := int64(1)
-		if ru.cost != nil {
-			cost = ru.cost(r)
-			if err := ru.Limit.ValidateCost(cost); err != nil {
-				m.onError(w, r, fmt.Errorf("%w: rule %q: %w", ErrKey, ru.Name, err))
-				return
-			}
-		}
-		c := enforce.Check{Rule: &ru.Rule, Cost: cost, Tag: i}
-		c.Key, c.PenaltyKey = m.keyer.Keys(ru.base, id, ru.Strategy == Penalty)
-		checks = append(checks, c)
+	checks, err := m.rules.Collect(r, buf[:0])
+	if err != nil {
+		m.onError(w, r, fmt.Errorf("%w: %w", ErrKey, err))
+		return
 	}
 	if len(checks) == 0 {
 		next.ServeHTTP(w, r)
 		return
 	}
-	v, err := m.eng.Enforce(r.Context(), checks)
+	v, err := m.rules.Enforce(r.Context(), checks)
 	if err != nil {
 		m.onError(w, r, fmt.Errorf("%w: %w", ErrStore, err))
 		return
 	}
 	if v.Report >= 0 && (!v.Allowed || m.allowed != NoHeaders) {
-		ru := &m.rules[checks[v.Report].Tag]
-		writeHeaders(w.Header(), m.allowed, ru.fields, v.Decision, m.clock)
+		writeHeaders(w.Header(), m.allowed, m.fields[checks[v.Report].Tag], v.Decision, m.clock)
 	}
 	if v.Allowed {
 		next.ServeHTTP(w, r)
 		return
 	}
-	m.deny(w, r, Denial{Policy: m.rules[checks[v.Report].Tag].Name, Decision: v.Decision})
+	m.deny(w, r, Denial{Policy: checks[v.Report].Rule.Name, Decision: v.Decision})
 }

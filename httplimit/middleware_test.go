@@ -253,7 +253,7 @@ func TestLayeredLimitsLeakNothing(t *testing.T) {
 	store := memory.New(&memory.Options{Clock: clk.Now, SweepInterval: -1})
 	t.Cleanup(func() { store.Close() })
 	user := sluice.PerMinute(10)
-	login := sluice.PerMinute(3).With(sluice.SlidingWindowLog)
+	login := sluice.PerMinute(3).WithAlgorithm(sluice.SlidingWindowLog)
 	rules := []Rule{
 		{Name: "user", Limit: user, Key: ContextValue(ctxKey{})},
 		{Name: "login-ip", Limit: login, Key: PeerIP(), Match: func(r *http.Request) bool { return r.URL.Path == "/login" }},
@@ -494,24 +494,31 @@ func TestHashKey(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ru := &m.rules[0]
-	keys := func(m *Middleware, ru *rule, id string) (string, string) { return m.keyer.Keys(ru.base, id, true) }
-	k1, p1 := keys(m, ru, "192.0.2.1")
-	k2, _ := keys(m, ru, "192.0.2.2")
+	keys := func(m *Middleware, ip string) (string, string) {
+		r := httptest.NewRequest("GET", "/", nil)
+		r.RemoteAddr = ip + ":1234"
+		cs, err := m.rules.Collect(r, nil)
+		if err != nil || len(cs) != 1 {
+			t.Fatalf("Collect = %v, %v; want one check", cs, err)
+		}
+		return cs[0].Key, cs[0].PenaltyKey
+	}
+	k1, p1 := keys(m, "192.0.2.1")
+	k2, _ := keys(m, "192.0.2.2")
 	if strings.Contains(k1, "192.0.2.1") || strings.Contains(p1, "192.0.2.1") {
 		t.Errorf("raw IP in key %q / %q", k1, p1)
 	}
 	if k1 == k2 || k1 == p1 || !strings.HasPrefix(k1, "httplimit:ip#") {
 		t.Errorf("keys %q, %q, penalty %q", k1, k2, p1)
 	}
-	if again, _ := keys(m, ru, "192.0.2.1"); again != k1 {
+	if again, _ := keys(m, "192.0.2.1"); again != k1 {
 		t.Errorf("hash not stable: %q vs %q", again, k1)
 	}
 	other, err := New(store, []Rule{{Name: "ip", Limit: sluice.PerMinute(1), Key: PeerIP()}}, &Options{HashKey: []byte("other")})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if k, _ := keys(other, &other.rules[0], "192.0.2.1"); k == k1 {
+	if k, _ := keys(other, "192.0.2.1"); k == k1 {
 		t.Error("different secrets give the same key")
 	}
 }
@@ -610,10 +617,21 @@ func TestMaxWaitingPassedOn(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := m.rules[0].MaxWaiting; got != 7 {
+	if got := m.rules.Spec(0).MaxWaiting; got != 7 {
 		t.Errorf("MaxWaiting %d, want 7", got)
 	}
 	if _, err := New(store, []Rule{{Name: "d", Limit: sluice.PerSecond(1), Key: Global(), Strategy: Delay, MaxDelay: time.Second, MaxWaiting: -1}}, nil); !errors.Is(err, ErrInvalidConfig) {
 		t.Errorf("negative MaxWaiting: %v, want ErrInvalidConfig", err)
+	}
+}
+
+// A zero Middleware has no rules: its Handler passes every request through.
+func TestZeroMiddleware(t *testing.T) {
+	t.Parallel()
+	var m Middleware
+	rec := httptest.NewRecorder()
+	m.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(204) })).ServeHTTP(rec, httptest.NewRequest("GET", "/", nil))
+	if rec.Code != 204 || len(rec.Header()) != 0 {
+		t.Errorf("zero Middleware: %d %v, want 204 and no headers", rec.Code, rec.Header())
 	}
 }

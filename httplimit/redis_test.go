@@ -71,7 +71,7 @@ func TestRedisLayeredNoLeak(t *testing.T) {
 			account := sluice.PerHour(1000)
 			rules := []Rule{
 				{Name: "account", Limit: account, Key: Header("X-Account")},
-				{Name: "ip", Limit: sluice.PerHour(25).With(sluice.SlidingWindowLog), Key: PeerIP()},
+				{Name: "ip", Limit: sluice.PerHour(25).WithAlgorithm(sluice.SlidingWindowLog), Key: PeerIP()},
 			}
 			e := newEnvStore(t, storetest.NewClock(time.Now()), store, rules, nil)
 			var ok, denied atomic.Int64

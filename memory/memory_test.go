@@ -46,9 +46,9 @@ func TestBucketsAgree(t *testing.T) {
 		for i, a := range []sluice.Algorithm{sluice.GCRA, sluice.TokenBucket, sluice.LeakyBucket} {
 			var err error
 			if peek {
-				got[i], err = s.Peek(ctx, key, l.With(a), cost)
+				got[i], err = s.Peek(ctx, key, l.WithAlgorithm(a), cost)
 			} else {
-				got[i], err = s.Take(ctx, key, l.With(a), cost)
+				got[i], err = s.Take(ctx, key, l.WithAlgorithm(a), cost)
 			}
 			if err != nil {
 				t.Fatal(err)
@@ -85,7 +85,7 @@ func TestSweepRemovesExpiredKeys(t *testing.T) {
 	defer s.Close()
 	for _, a := range sluice.Algorithms() {
 		for i := range 10 {
-			if _, err := s.Take(ctx, fmt.Sprint("k", i), sluice.PerMinute(5).With(a), 1); err != nil {
+			if _, err := s.Take(ctx, fmt.Sprint("k", i), sluice.PerMinute(5).WithAlgorithm(a), 1); err != nil {
 				t.Fatal(err)
 			}
 		}

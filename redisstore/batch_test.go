@@ -227,7 +227,7 @@ func TestBatchReload(t *testing.T) {
 			<-w.holdOne.reached
 			const queued = 12
 			for i := range queued {
-				l := l.With(sluice.Algorithms()[i%6])
+				l := l.WithAlgorithm(sluice.Algorithms()[i%6])
 				wg.Go(func() {
 					d, err := s.Take(ctx, fmt.Sprint("q", i), l, 1)
 					check(fmt.Sprintf("batched call %d (%v)", i, l.Algorithm), d, err)
@@ -318,7 +318,7 @@ func TestQuietStoreSendsAlone(t *testing.T) {
 	var w watch
 	c.AddHook(&w)
 	s := New(c, &Options{Prefix: redistest.Prefix(t)})
-	for _, l := range []sluice.Limit{sluice.PerMinute(5), sluice.PerMinute(5).With(sluice.FixedWindow)} {
+	for _, l := range []sluice.Limit{sluice.PerMinute(5), sluice.PerMinute(5).WithAlgorithm(sluice.FixedWindow)} {
 		for range 3 {
 			if _, err := s.Take(ctx, "k", l, 1); err != nil {
 				t.Fatal(err)
@@ -361,9 +361,9 @@ func TestBatchMergedErrors(t *testing.T) {
 	errs := make([]error, len(keys))
 	ds := make([]sluice.Decision, len(keys))
 	for i, k := range keys {
-		l := l.With(sluice.Algorithms()[i%2*3]) // gcra and fixed_window
+		l := l.WithAlgorithm(sluice.Algorithms()[i%2*3]) // gcra and fixed_window
 		if k == "list" || k == "corrupt" {
-			l = l.With(sluice.GCRA)
+			l = l.WithAlgorithm(sluice.GCRA)
 		}
 		wg.Go(func() { ds[i], errs[i] = s.Take(ctx, k, l, 2) })
 	}

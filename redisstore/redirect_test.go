@@ -53,7 +53,7 @@ func TestClusterRedirects(t *testing.T) {
 		{"unbatched", New(newClusterClient(t, nodes), &Options{Prefix: prefix + "u:", Clock: clock.Now, MaxBatch: 1})},
 	}
 	const keys = 32
-	limits := []sluice.Limit{sluice.PerMinute(10), sluice.PerMinute(10).With(sluice.FixedWindow)}
+	limits := []sluice.Limit{sluice.PerMinute(10), sluice.PerMinute(10).WithAlgorithm(sluice.FixedWindow)}
 
 	// round takes one unit from every key of each store in turn, from
 	// concurrent goroutines, and checks that every node's counter named by

@@ -30,7 +30,7 @@ var servers = []struct {
 func everyLimit() []sluice.Limit {
 	var ls []sluice.Limit
 	for _, a := range sluice.Algorithms() {
-		ls = append(ls, sluice.PerMinute(10).With(a))
+		ls = append(ls, sluice.PerMinute(10).WithAlgorithm(a))
 	}
 	return ls
 }
@@ -127,7 +127,7 @@ func TestNoScript(t *testing.T) {
 			c.ScriptFlush(ctx)
 			reqs := []sluice.Request{
 				{Key: "tenant}a", Limit: sluice.PerMinute(5), Cost: 1},
-				{Key: "tenant}b", Limit: sluice.PerMinute(5).With(sluice.FixedWindow), Cost: 2},
+				{Key: "tenant}b", Limit: sluice.PerMinute(5).WithAlgorithm(sluice.FixedWindow), Cost: 2},
 			}
 			if ds, err := s.TakeAll(ctx, reqs); err != nil || !ds[0].Allowed || ds[1].Remaining != 3 {
 				t.Fatalf("TakeAll after SCRIPT FLUSH: %+v %v", ds, err)
@@ -338,7 +338,7 @@ func TestServerClock(t *testing.T) {
 			c := srv.client(t)
 			s := redisstore.New(c, &redisstore.Options{Prefix: redistest.Prefix(t)})
 			for _, a := range sluice.Algorithms() {
-				l := sluice.PerHour(3).With(a)
+				l := sluice.PerHour(3).WithAlgorithm(a)
 				for i := range 3 {
 					d, err := s.Take(ctx, "k", l, 1)
 					if err != nil || !d.Allowed || d.Remaining != int64(2-i) {
@@ -379,8 +379,8 @@ func TestTakeAll(t *testing.T) {
 				clock := storetest.NewClock(storetest.T0)
 				s := redisstore.New(c, &redisstore.Options{Prefix: redistest.Prefix(t), Clock: clock.Now})
 				for _, a := range sluice.Algorithms() {
-					user := sluice.Request{Key: keys[0], Limit: sluice.PerMinute(10).With(a), Cost: 2}
-					ip := sluice.Request{Key: keys[1], Limit: sluice.PerMinute(5).With(a), Cost: 2}
+					user := sluice.Request{Key: keys[0], Limit: sluice.PerMinute(10).WithAlgorithm(a), Cost: 2}
+					ip := sluice.Request{Key: keys[1], Limit: sluice.PerMinute(5).WithAlgorithm(a), Cost: 2}
 					before := make(map[string]string)
 					for _, order := range [][]sluice.Request{{user, ip}, {ip, user}} {
 						ds, err := s.TakeAll(ctx, order)

@@ -498,8 +498,8 @@ func TestLocalLimit(t *testing.T) {
 		{"at least one", sluice.PerMinute(3), 10, 1, sluice.PerMinute(1)},
 		{"burst divided", sluice.PerSecond(10).WithBurst(40), 4, 1, sluice.PerSecond(2).WithBurst(10)},
 		{"capacity covers cost", sluice.PerSecond(10), 4, 5, sluice.PerSecond(2).WithBurst(5)},
-		{"window covers cost", sluice.PerMinute(10).With(sluice.FixedWindow), 4, 5, sluice.PerMinute(5).With(sluice.FixedWindow)},
-		{"window keeps burst == rate", sluice.PerMinute(10).With(sluice.SlidingWindowLog).WithBurst(10), 2, 1, sluice.PerMinute(5).With(sluice.SlidingWindowLog).WithBurst(5)},
+		{"window covers cost", sluice.PerMinute(10).WithAlgorithm(sluice.FixedWindow), 4, 5, sluice.PerMinute(5).WithAlgorithm(sluice.FixedWindow)},
+		{"window keeps burst == rate", sluice.PerMinute(10).WithAlgorithm(sluice.SlidingWindowLog).WithBurst(10), 2, 1, sluice.PerMinute(5).WithAlgorithm(sluice.SlidingWindowLog).WithBurst(5)},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -573,5 +573,40 @@ func TestDecisionSource(t *testing.T) {
 				check("TakeAll while down", ds[i], want)
 			}
 		})
+	}
+}
+
+// Zero values refuse every call with ErrZeroStore instead of panicking.
+func TestZeroStore(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	l := sluice.PerSecond(10)
+	var s Store
+	var m MultiStore
+	for name, st := range map[string]sluice.Store{"Store": &s, "MultiStore": &m} {
+		if _, err := st.Take(ctx, "k", l, 1); !errors.Is(err, ErrZeroStore) {
+			t.Errorf("%s.Take: err = %v, want ErrZeroStore", name, err)
+		}
+		if _, err := st.Peek(ctx, "k", l, 1); !errors.Is(err, ErrZeroStore) {
+			t.Errorf("%s.Peek: err = %v, want ErrZeroStore", name, err)
+		}
+		if err := st.Reset(ctx, "k", l); !errors.Is(err, ErrZeroStore) {
+			t.Errorf("%s.Reset: err = %v, want ErrZeroStore", name, err)
+		}
+	}
+	if _, err := m.TakeAll(ctx, []sluice.Request{{Key: "k", Limit: l, Cost: 1}}); !errors.Is(err, ErrZeroStore) {
+		t.Errorf("MultiStore.TakeAll: err = %v, want ErrZeroStore", err)
+	}
+	if got := s.State(); got != sluice.BreakerClosed {
+		t.Errorf("State = %v, want closed", got)
+	}
+	if got := m.State(); got != sluice.BreakerClosed {
+		t.Errorf("MultiStore.State = %v, want closed", got)
+	}
+	if err := s.Close(); err != nil {
+		t.Errorf("Close = %v", err)
+	}
+	if err := m.Close(); err != nil {
+		t.Errorf("MultiStore.Close = %v", err)
 	}
 }

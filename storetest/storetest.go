@@ -226,7 +226,7 @@ func tables() []table {
 	// The Decision doc example: 10/min, take 4, then ask for 7.
 	for _, a := range []sluice.Algorithm{sluice.GCRA, sluice.TokenBucket, sluice.LeakyBucket} {
 		out = append(out, table{
-			name: "decision_doc_" + a.String(), limit: sluice.PerMinute(10).With(a), source: "Decision's doc comment",
+			name: "decision_doc_" + a.String(), limit: sluice.PerMinute(10).WithAlgorithm(a), source: "Decision's doc comment",
 			steps: []step{
 				allow(0, 4, 6, 24*time.Second),
 				deny(0, 7, 6, 6*time.Second, 24*time.Second),
@@ -237,7 +237,7 @@ func tables() []table {
 		})
 		// Seed 002, token bucket: bursts up to capacity, then the refill rate.
 		out = append(out, table{
-			name: "seed002_burst_" + a.String(), limit: sluice.PerSecond(1).WithBurst(5).With(a), source: "seed 002, token bucket",
+			name: "seed002_burst_" + a.String(), limit: sluice.PerSecond(1).WithBurst(5).WithAlgorithm(a), source: "seed 002, token bucket",
 			steps: []step{
 				allow(0, 1, 4, 1*time.Second),
 				allow(0, 1, 3, 2*time.Second),
@@ -571,7 +571,7 @@ func testBadInput(t *testing.T, newStore NewStore) {
 		t.Errorf("Reset with empty key: %v", err)
 	}
 	for _, a := range sluice.Algorithms() {
-		if d, err := s.Peek(ctx, key, good.With(a), 1); err != nil || d.Remaining != 10 || d.ResetAfter != 0 {
+		if d, err := s.Peek(ctx, key, good.WithAlgorithm(a), 1); err != nil || d.Remaining != 10 || d.ResetAfter != 0 {
 			t.Errorf("%v: state changed by rejected calls: %+v %v", a, d, err)
 		}
 	}
@@ -584,7 +584,7 @@ func testIndependence(t *testing.T, newStore NewStore) {
 	s := newStore(t, clock.Now)
 	k1, k2 := uniqueKey(t, "a"), uniqueKey(t, "b")
 	for _, a := range sluice.Algorithms() {
-		l := sluice.PerMinute(4).With(a)
+		l := sluice.PerMinute(4).WithAlgorithm(a)
 		if d, err := s.Take(ctx, k1, l, 4); err != nil || !d.Allowed {
 			t.Fatalf("%v: %+v %v", a, d, err)
 		}
@@ -594,7 +594,7 @@ func testIndependence(t *testing.T, newStore NewStore) {
 	}
 	// Every algorithm on k1 was exhausted independently of the others.
 	for _, a := range sluice.Algorithms() {
-		if d, _ := s.Peek(ctx, k1, sluice.PerMinute(4).With(a), 1); d.Allowed {
+		if d, _ := s.Peek(ctx, k1, sluice.PerMinute(4).WithAlgorithm(a), 1); d.Allowed {
 			t.Errorf("%v: state lost: %+v", a, d)
 		}
 	}
@@ -613,8 +613,8 @@ func testTakeAll(t *testing.T, newStore NewStore) {
 		t.Run(a.String(), func(t *testing.T) {
 			user, ip := uniqueKey(t, "user"), uniqueKey(t, "ip")
 			reqs := []sluice.Request{
-				{Key: user, Limit: sluice.PerMinute(100).With(a), Cost: 1},
-				{Key: ip, Limit: sluice.PerMinute(3).With(a), Cost: 1},
+				{Key: user, Limit: sluice.PerMinute(100).WithAlgorithm(a), Cost: 1},
+				{Key: ip, Limit: sluice.PerMinute(3).WithAlgorithm(a), Cost: 1},
 			}
 			for i := range 3 {
 				ds, err := ms.TakeAll(ctx, reqs)

@@ -1,0 +1,103 @@
+package enforce
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/sluicehq/sluice/internal/ipkey"
+)
+
+// The key functions every front end offers, written once over the request
+// type R. pkg ("httplimit", "grpclimit") prefixes their errors.
+
+// Global returns a KeyFunc putting every request under one key.
+func Global[R any]() KeyFunc[R] {
+	return func(R) (string, error) { return "*", nil }
+}
+
+// Compose returns a KeyFunc for the combination of fns. If any part fails
+// (its no-key error included), so does the whole. Parts are
+// length-prefixed, so no two different combinations produce one key.
+func Compose[R any](pkg string, fns ...KeyFunc[R]) KeyFunc[R] {
+	for _, f := range fns {
+		if f == nil {
+			return func(R) (string, error) {
+				return "", fmt.Errorf("%s: Compose was given a nil KeyFunc", pkg)
+			}
+		}
+	}
+	return func(r R) (string, error) {
+		var b strings.Builder
+		for _, f := range fns {
+			k, err := f(r)
+			if err != nil {
+				return "", err
+			}
+			b.WriteString(strconv.Itoa(len(k)))
+			b.WriteByte(':')
+			b.WriteString(k)
+		}
+		return b.String(), nil
+	}
+}
+
+// ContextValue returns a KeyFunc for the value stored under key in the
+// request's context (ctx reads it from a request). Strings (empty is
+// noKey), fmt.Stringers and integers are accepted; a missing (nil) value
+// is noKey; any other type is an error.
+func ContextValue[R any](pkg string, noKey error, ctx func(R) context.Context, key any) KeyFunc[R] {
+	return func(r R) (string, error) {
+		switch v := ctx(r).Value(key).(type) {
+		case nil:
+			return "", noKey
+		case string:
+			if v == "" {
+				return "", noKey
+			}
+			return v, nil
+		case fmt.Stringer:
+			return v.String(), nil
+		case int:
+			return strconv.Itoa(v), nil
+		case int32:
+			return strconv.FormatInt(int64(v), 10), nil
+		case int64:
+			return strconv.FormatInt(v, 10), nil
+		case uint:
+			return strconv.FormatUint(uint64(v), 10), nil
+		case uint32:
+			return strconv.FormatUint(uint64(v), 10), nil
+		case uint64:
+			return strconv.FormatUint(v, 10), nil
+		default:
+			return "", fmt.Errorf("%s: context value %T is not a string or an integer", pkg, v)
+		}
+	}
+}
+
+// ClientIP returns a KeyFunc for a request's client address (see
+// ipkey.New for trusted, header and the prefix lengths): peer returns the
+// direct peer's "host:port" (ok false when the request has none);
+// hops(name) returns the reader of the forwarding header's lines, given the
+// header's name (header, or its default). It fails on a bad CIDR or prefix
+// length.
+func ClientIP[R any](pkg string, trusted []string, header string, v4, v6 int, peer func(R) (addr string, ok bool), hops func(name string) func(R) []string) (KeyFunc[R], error) {
+	res, err := ipkey.New(trusted, header, v4, v6)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", pkg, err)
+	}
+	lines := hops(res.Header())
+	return func(r R) (string, error) {
+		addr, ok := peer(r)
+		if !ok {
+			return "", fmt.Errorf("%s: no peer address", pkg)
+		}
+		a, err := ipkey.ParsePeer(addr)
+		if err != nil {
+			return "", fmt.Errorf("%s: %w", pkg, err)
+		}
+		return res.Key(res.Client(a, lines(r))), nil
+	}, nil
+}
