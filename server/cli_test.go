@@ -36,6 +36,7 @@ type proc struct {
 	cmd     *exec.Cmd
 	records chan logRecord // stderr, a record a line
 	stderr  *syncBuffer
+	started logRecord // the startup line
 	http    string
 	grpc    string
 }
@@ -113,7 +114,15 @@ func sluiceCmd(env []string, args ...string) *exec.Cmd {
 // startSluice runs `sluice serve` and waits until it prints its addresses.
 func startSluice(t *testing.T, env []string, args ...string) *proc {
 	t.Helper()
-	p := &proc{cmd: sluiceCmd(env, append([]string{"serve"}, args...)...), records: make(chan logRecord, 100), stderr: &syncBuffer{}}
+	p := &proc{cmd: sluiceCmd(env, append([]string{"serve"}, args...)...)}
+	p.start(t)
+	return p
+}
+
+// start runs p.cmd and waits until it logs its addresses.
+func (p *proc) start(t *testing.T) {
+	t.Helper()
+	p.records, p.stderr = make(chan logRecord, 100), &syncBuffer{}
 	out, err := p.cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -149,14 +158,15 @@ func startSluice(t *testing.T, env []string, args ...string) *proc {
 		close(p.records)
 	}()
 	for p.http == "" || p.grpc == "" {
-		switch r := p.expectAny(t, "http", "grpc"); r["msg"] {
+		switch r := p.expectAny(t, "sluice started", "http", "grpc"); r["msg"] {
+		case "sluice started":
+			p.started = r
 		case "http":
 			p.http = r["addr"]
 		case "grpc":
 			p.grpc = r["addr"]
 		}
 	}
-	return p
 }
 
 // expect returns the next log record with message msg.

@@ -3,7 +3,16 @@ package server
 import (
 	"context"
 	"errors"
+	"net/http"
+	"runtime"
+	"strings"
 	"testing"
+
+	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/memory"
@@ -21,21 +30,39 @@ func (brokenStore) Take(context.Context, string, sluice.Limit, int64) (sluice.De
 // when there is no such series.
 func decisionCount(t *testing.T, m *Metrics, policy, outcome string) float64 {
 	t.Helper()
-	mfs, err := m.Registry().Gather()
+	return metricValue(t, m.Registry(), "sluice_decisions_total", map[string]string{"policy": policy, "outcome": outcome})
+}
+
+// metricValue is the value of the series of name whose labels include
+// labels (a histogram's sample count), or -1 when there is none.
+func metricValue(t *testing.T, g prometheus.Gatherer, name string, labels map[string]string) float64 {
+	t.Helper()
+	mfs, err := g.Gather()
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, mf := range mfs {
-		if mf.GetName() != "sluice_decisions_total" {
+		if mf.GetName() != name {
 			continue
 		}
+	series:
 		for _, s := range mf.GetMetric() {
-			labels := map[string]string{}
+			have := map[string]string{}
 			for _, l := range s.GetLabel() {
-				labels[l.GetName()] = l.GetValue()
+				have[l.GetName()] = l.GetValue()
 			}
-			if labels["policy"] == policy && labels["outcome"] == outcome {
+			for k, v := range labels {
+				if have[k] != v {
+					continue series
+				}
+			}
+			switch {
+			case s.Counter != nil:
 				return s.GetCounter().GetValue()
+			case s.Gauge != nil:
+				return s.GetGauge().GetValue()
+			case s.Histogram != nil:
+				return float64(s.GetHistogram().GetSampleCount())
 			}
 		}
 	}
@@ -58,5 +85,59 @@ func TestMetricsErrorsAndForget(t *testing.T) {
 	svc.SetConfig(mustConfig(t, "policies:\n  - name: b\n    limit: 1/s\n"))
 	if got := decisionCount(t, m, "a", "error"); got != -1 {
 		t.Errorf("policy a's series survive its removal: %v", got)
+	}
+}
+
+// Requests are counted and timed per API and endpoint; Envoy requests
+// for an unknown domain and descriptors no rule matches are counted; the
+// build is described.
+func TestMetricsPerAPI(t *testing.T) {
+	srv := startServer(t, Options{})
+	t.Cleanup(func() { srv.Shutdown(context.Background()) })
+	for range 2 {
+		resp, err := http.Post("http://"+srv.HTTPAddr()+"/v1/check", "application/json", strings.NewReader(`{"policy":"gcra","key":"k"}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+	}
+	if resp, err := http.Get("http://" + srv.HTTPAddr() + "/v1/nowhere"); err == nil {
+		resp.Body.Close()
+	}
+	conn, err := grpc.NewClient(srv.GRPCAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	rls := rlsv3.NewRateLimitServiceClient(conn)
+	const domain = "sluice" // the demo configuration's
+	for _, dom := range []string{"no-such-domain", domain} {
+		_, err := rls.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: dom, Descriptors: []*rlcommon.RateLimitDescriptor{
+			{Entries: []*rlcommon.RateLimitDescriptor_Entry{{Key: "no_such_key", Value: "v"}}},
+		}})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	const rlsMethod = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
+	reg := srv.Metrics().Registry()
+	tests := []struct {
+		name   string
+		labels map[string]string
+		want   float64
+	}{
+		{"sluice_api_requests_total", map[string]string{"api": "http", "endpoint": "POST /v1/check", "code": "200"}, 2},
+		{"sluice_api_requests_total", map[string]string{"api": "http", "endpoint": "/v1/", "code": "404"}, 1},
+		{"sluice_api_request_duration_seconds", map[string]string{"api": "http", "endpoint": "POST /v1/check"}, 2},
+		{"sluice_api_requests_total", map[string]string{"api": "grpc", "endpoint": rlsMethod, "code": "OK"}, 2},
+		{"sluice_api_request_duration_seconds", map[string]string{"api": "grpc", "endpoint": rlsMethod}, 2},
+		{"sluice_rls_unknown_domain_requests_total", nil, 1},
+		{"sluice_rls_unmatched_descriptors_total", map[string]string{"domain": domain}, 1},
+		{"sluice_build_info", map[string]string{"goversion": runtime.Version()}, 1},
+	}
+	for _, tt := range tests {
+		if got := metricValue(t, reg, tt.name, tt.labels); got != tt.want {
+			t.Errorf("%s%v = %v, want %v", tt.name, tt.labels, got, tt.want)
+		}
 	}
 }

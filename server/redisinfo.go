@@ -18,7 +18,9 @@ const redisInfoTimeout = time.Second
 // redisInfo exports Redis's own figures, read with INFO when /metrics is
 // scraped: memory, evictions and the cost of sluice's scripts. On a
 // cluster every master reports, labelled by address; a Sentinel-managed
-// master is labelled "master" (its address changes on failover).
+// master is labelled "master" (its address changes on failover). The
+// client must honour context deadlines (NewRedisClient's do) for the
+// scrape to stay within its bound.
 type redisInfo struct {
 	client  redis.UniversalClient
 	timeout time.Duration

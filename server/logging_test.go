@@ -1,0 +1,118 @@
+package server
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"strings"
+	"testing"
+
+	"github.com/sluicehq/sluice/internal/redistest"
+)
+
+func TestNewLogger(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		format, level string
+		err           bool
+		debug         bool   // a debug record is written
+		prefix        string // of an info record
+	}{
+		{"", "", false, false, "time="},
+		{"text", "debug", false, true, "time="},
+		{"json", "info", false, false, `{"time":`},
+		{"JSON", "warn", false, false, ""},
+		{"xml", "", true, false, ""},
+		{"text", "loud", true, false, ""},
+	}
+	for _, tt := range tests {
+		var buf bytes.Buffer
+		log, err := NewLogger(&buf, tt.format, tt.level)
+		if tt.err {
+			if !errors.Is(err, ErrLogOption) || !strings.HasPrefix(err.Error(), "server: ") {
+				t.Errorf("NewLogger(%q, %q): error %v, want ErrLogOption", tt.format, tt.level, err)
+			}
+			continue
+		}
+		if err != nil {
+			t.Fatalf("NewLogger(%q, %q): %v", tt.format, tt.level, err)
+		}
+		log.Debug("d")
+		if got := strings.Contains(buf.String(), "d"); got != tt.debug {
+			t.Errorf("NewLogger(%q, %q): debug written %v, want %v", tt.format, tt.level, got, tt.debug)
+		}
+		buf.Reset()
+		log.Info("i")
+		if got := buf.String(); !strings.HasPrefix(got, tt.prefix) || (tt.prefix == "") != (got == "") {
+			t.Errorf("NewLogger(%q, %q): info record %q, want prefix %q", tt.format, tt.level, got, tt.prefix)
+		}
+	}
+}
+
+// The startup line names the Redis mode, addresses and database, and
+// never the password.
+func TestStoreAttr(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		url  string
+		want []string
+	}{
+		{"redis://:s3cret@10.0.0.1:6380/4", []string{`"mode":"standalone"`, `"addrs":["10.0.0.1:6380"]`, `"db":4`, `"url":"redis://:xxxxx@10.0.0.1:6380/4"`}},
+		{"rediss://user:s3cret@redis.example:6380", []string{`"tls":true`, `"db":0`, `user:xxxxx@`}},
+		{"redis+cluster://:s3cret@10.0.0.1:7000?addr=10.0.0.2:7000", []string{`"mode":"cluster"`, `"addrs":["10.0.0.1:7000","10.0.0.2:7000"]`}},
+		{"redis+sentinel://:s3cret@10.0.0.1:26379?master_name=main&password=s3cret&db=2", []string{`"mode":"sentinel"`, `"master":"main"`, `"sentinels":["10.0.0.1:26379"]`, `"db":2`, `password=xxxxx`}},
+		{"", []string{`"store":{"kind":"memory"}`}},
+	}
+	for _, tt := range tests {
+		s := &Server{opts: Options{RedisURL: tt.url}}
+		if tt.url != "" {
+			c, err := NewRedisClient(tt.url)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close() // never connected: clients dial lazily
+			s.redis = c
+		}
+		var buf bytes.Buffer
+		slog.New(slog.NewJSONHandler(&buf, nil)).Info("sluice started", s.storeAttr())
+		got := buf.String()
+		for _, w := range tt.want {
+			if !strings.Contains(got, w) {
+				t.Errorf("%s: %s lacks %s", tt.url, got, w)
+			}
+		}
+		if strings.Contains(got, "s3cret") {
+			t.Errorf("%s: password in %s", tt.url, got)
+		}
+	}
+}
+
+// TestCLILogJSON: under --log-format json every line the process writes
+// is a JSON record, go-redis's own lines included (its Sentinel client
+// logs the master it found).
+func TestCLILogJSON(t *testing.T) {
+	url := "redis+sentinel://" + redistest.SentinelAddr(t) + "?master_name=" + redistest.SentinelMaster
+	p := startSluice(t, nil, "--redis", url, "--log-format", "json", "--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0")
+	if got := p.started["store.mode"] + " " + p.started["store.master"]; got != "sentinel "+redistest.SentinelMaster {
+		t.Errorf("startup line: store mode and master %q; record %v", got, p.started)
+	}
+	if code, _ := p.post(t, "/v1/check", `{"policy":"gcra","key":"`+redistest.Prefix(t)+`"}`); code != 200 {
+		t.Errorf("check: %d", code)
+	}
+	p.stop(t)
+	redisLines := 0
+	for line := range strings.Lines(p.stderr.String()) {
+		var rec map[string]any
+		if err := json.Unmarshal([]byte(line), &rec); err != nil {
+			t.Errorf("not a JSON record: %q", line)
+			continue
+		}
+		if rec["logger"] == "go-redis" {
+			redisLines++
+		}
+	}
+	if redisLines == 0 {
+		t.Errorf("no go-redis record; stderr:\n%s", p.stderr.String())
+	}
+}

@@ -1,0 +1,171 @@
+package server
+
+import (
+	"context"
+	"net"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice/internal/race"
+	"github.com/sluicehq/sluice/internal/redistest"
+)
+
+// gatherRedisInfo registers a collector of c in a pedantic registry (which
+// checks the metrics' consistency) and gathers it.
+func gatherRedisInfo(t *testing.T, c redis.UniversalClient, timeout time.Duration) prometheus.Gatherer {
+	t.Helper()
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(newRedisInfo(c, timeout))
+	if _, err := reg.Gather(); err != nil {
+		t.Fatal(err)
+	}
+	return reg
+}
+
+// nodes returns the node labels of sluice_redis_up, sorted.
+func nodes(t *testing.T, g prometheus.Gatherer) []string {
+	t.Helper()
+	mfs, err := g.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, mf := range mfs {
+		if mf.GetName() == "sluice_redis_up" {
+			for _, m := range mf.GetMetric() {
+				out = append(out, m.GetLabel()[0].GetValue())
+			}
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// Redis's figures come from INFO: a script run before the scrape is
+// counted, memory is reported, every cluster master answers.
+func TestRedisInfo(t *testing.T) {
+	ctx := context.Background()
+	script := redis.NewScript("return 1")
+	t.Run("standalone", func(t *testing.T) {
+		c := redistest.Client(t)
+		g := gatherRedisInfo(t, c, 0)
+		before := metricValue(t, g, "sluice_redis_script_calls_total", map[string]string{"command": "evalsha"})
+		if err := script.Run(ctx, c, []string{redistest.Prefix(t)}).Err(); err != nil {
+			t.Fatal(err)
+		}
+		if err := script.Run(ctx, c, []string{redistest.Prefix(t)}).Err(); err != nil { // by EVALSHA now
+			t.Fatal(err)
+		}
+		node := map[string]string{"node": c.Options().Addr}
+		if got := metricValue(t, g, "sluice_redis_up", node); got != 1 {
+			t.Errorf("up = %v, want 1", got)
+		}
+		if got := metricValue(t, g, "sluice_redis_memory_used_bytes", node); got <= 0 {
+			t.Errorf("memory used = %v, want > 0", got)
+		}
+		if got := metricValue(t, g, "sluice_redis_memory_max_bytes", node); got < 0 {
+			t.Errorf("memory max missing")
+		}
+		if got := metricValue(t, g, "sluice_redis_evicted_keys_total", node); got < 0 {
+			t.Errorf("evicted keys missing")
+		}
+		if got := metricValue(t, g, "sluice_redis_script_calls_total", map[string]string{"command": "evalsha"}); got < before+1 {
+			t.Errorf("evalsha calls %v after %v and one more call", got, before)
+		}
+		if got := metricValue(t, g, "sluice_redis_script_seconds_total", map[string]string{"command": "evalsha"}); got <= 0 {
+			t.Errorf("evalsha seconds = %v, want > 0", got)
+		}
+		if got := metricValue(t, g, "sluice_redis_script_seconds_per_call", map[string]string{"command": "evalsha"}); got <= 0 {
+			t.Errorf("evalsha seconds per call = %v, want > 0", got)
+		}
+	})
+	t.Run("cluster", func(t *testing.T) {
+		c := redistest.ClusterClient(t)
+		g := gatherRedisInfo(t, c, 0)
+		want := redistest.ClusterAddrs(t)
+		slices.Sort(want)
+		if got := nodes(t, g); !slices.Equal(got, want) {
+			t.Errorf("nodes %v, want the masters %v", got, want)
+		}
+		for _, n := range want {
+			if got := metricValue(t, g, "sluice_redis_up", map[string]string{"node": n}); got != 1 {
+				t.Errorf("up{node=%s} = %v, want 1", n, got)
+			}
+		}
+	})
+	t.Run("sentinel", func(t *testing.T) {
+		c, err := NewRedisClient("redis+sentinel://" + redistest.SentinelAddr(t) + "?master_name=" + redistest.SentinelMaster)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		if got := metricValue(t, gatherRedisInfo(t, c, 0), "sluice_redis_up", map[string]string{"node": "master"}); got != 1 {
+			t.Errorf("up{node=master} = %v, want 1", got)
+		}
+	})
+	t.Run("down", func(t *testing.T) {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		addr := ln.Addr().String()
+		ln.Close() // nothing listens there now
+		c := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1})
+		t.Cleanup(func() { c.Close() })
+		if got := metricValue(t, gatherRedisInfo(t, c, 0), "sluice_redis_up", map[string]string{"node": addr}); got != 0 {
+			t.Errorf("up = %v, want 0", got)
+		}
+	})
+}
+
+// TestFaultRedisInfoStalled: a Redis that accepts connections and never
+// answers holds a scrape no longer than the collector's time bound.
+func TestFaultRedisInfoStalled(t *testing.T) {
+	race.SkipTiming(t)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var conns []net.Conn
+	t.Cleanup(func() {
+		ln.Close()
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range conns {
+			c.Close()
+		}
+	})
+	go func() {
+		for {
+			conn, err := ln.Accept() // read nothing, answer nothing
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, conn)
+			mu.Unlock()
+		}
+	}()
+	c := redis.NewClient(&redis.Options{Addr: ln.Addr().String(), ContextTimeoutEnabled: true, MaxRetries: -1})
+	t.Cleanup(func() { c.Close() })
+	const bound = 200 * time.Millisecond
+	var worst time.Duration
+	for range 5 {
+		start := time.Now()
+		g := gatherRedisInfo(t, c, bound)
+		worst = max(worst, time.Since(start))
+		if got := metricValue(t, g, "sluice_redis_up", map[string]string{"node": ln.Addr().String()}); got != 0 {
+			t.Errorf("up = %v, want 0", got)
+		}
+	}
+	t.Logf("slowest scrape of a stalled Redis: %v (bound %v)", worst, bound)
+	if worst > 10*bound {
+		t.Errorf("a scrape took %v; the bound is %v", worst, bound)
+	}
+}
