@@ -70,7 +70,7 @@ func TestFiguresAcrossInstances(t *testing.T) {
 			if scope != "fleet" || n != 2 || len(top.Denials) != 1 || top.Denials[0].Count != 3 {
 				t.Errorf("top %+v (%s of %d): want x denied 3 times across the fleet", top, scope, n)
 			}
-			if got := metricValue(t, fa.instances); got != 2 {
+			if got := collectorValue(t, fa.instances); got != 2 {
 				t.Errorf("sluice_fleet_instances = %v, want 2", got)
 			}
 
@@ -138,13 +138,13 @@ func TestFiguresWhenRedisIsLost(t *testing.T) {
 	if len(lines) != 2 || !strings.Contains(lines[0], "level=WARN") || !strings.Contains(lines[1], "available again") {
 		t.Errorf("log:\n%s\nwant one warning and one recovery line", logs.String())
 	}
-	if got := metricValue(t, f.failures); got != 3 {
+	if got := collectorValue(t, f.failures); got != 3 {
 		t.Errorf("sluice_fleet_publish_failures_total = %v, want 3", got)
 	}
 }
 
 // metricValue is the value of a collector's one gauge or counter.
-func metricValue(t *testing.T, c prometheus.Collector) float64 {
+func collectorValue(t *testing.T, c prometheus.Collector) float64 {
 	t.Helper()
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(c)

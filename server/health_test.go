@@ -115,7 +115,7 @@ func countLines(logs *syncBuffer, word string) int {
 }
 
 // metricValue returns one exposition line's value, or "" if absent.
-func metricValue(t *testing.T, p *proc, series string) string {
+func scrapedMetric(t *testing.T, p *proc, series string) string {
 	t.Helper()
 	_, body := p.get(t, "/metrics")
 	for line := range strings.Lines(body) {
@@ -179,7 +179,7 @@ func TestServerRedisUnreachableAtStart(t *testing.T) {
 	if _, st := p.getJSON(t, "/v1/status"); st["ready"] != true || st["degraded"] != true || st["store"].(map[string]any)["cause"] != "unreachable" {
 		t.Errorf("status %v", st)
 	}
-	if got := metricValue(t, p, "sluice_degraded"); got != "1" {
+	if got := scrapedMetric(t, p, "sluice_degraded"); got != "1" {
 		t.Errorf("sluice_degraded %q, want 1", got)
 	}
 	if got := grpcHealth(t, p.grpc, ""); got != healthpb.HealthCheckResponse_SERVING {
@@ -193,7 +193,7 @@ func TestServerRedisUnreachableAtStart(t *testing.T) {
 	if _, st := p.getJSON(t, "/v1/status"); st["degraded"] != false {
 		t.Errorf("status after Redis came: %v", st)
 	}
-	if got := metricValue(t, p, `sluice_store_transitions_total{cause="",to="up"}`); got != "1" {
+	if got := scrapedMetric(t, p, `sluice_store_transitions_total{cause="",to="up"}`); got != "1" {
 		t.Errorf("transitions to up %q, want 1", got)
 	}
 }
@@ -222,7 +222,7 @@ func TestServerRedisPasswordRotated(t *testing.T) {
 	if n := countLines(&logs, "store lost"); n != 1 {
 		t.Errorf("%d 'store lost' lines, want 1 per transition:\n%s", n, logs.String())
 	}
-	if got := metricValue(t, p, `sluice_store_transitions_total{cause="auth",to="down"}`); got != "1" {
+	if got := scrapedMetric(t, p, `sluice_store_transitions_total{cause="auth",to="down"}`); got != "1" {
 		t.Errorf("transitions to down (auth) %q, want 1", got)
 	}
 	if code, _ := p.post(t, "/v1/check", `{"policy":"rl.foo","key":"foo=a"}`); code != 200 {
@@ -280,7 +280,7 @@ func TestServerBreakerTransitionsLogged(t *testing.T) {
 		p.post(t, "/v1/check", `{"policy":"rl.foo","key":"foo=b"}`)
 	}
 	logged(t, &logs, "level=WARN", "breaker open", "fallback=on", "failure_policy=local")
-	if got := metricValue(t, p, `sluice_fallback_transitions_total{to="on"}`); got != "1" {
+	if got := scrapedMetric(t, p, `sluice_fallback_transitions_total{to="on"}`); got != "1" {
 		t.Errorf("fallback transitions on %q, want 1", got)
 	}
 	if _, st := p.getJSON(t, "/v1/status"); st["fallback_active"] != true {
@@ -297,7 +297,7 @@ func TestServerBreakerTransitionsLogged(t *testing.T) {
 	if n := countLines(&logs, "breaker open"); n != 1 {
 		t.Errorf("%d 'breaker open' lines, want 1 (probes that fail do not log again)", n)
 	}
-	if got := metricValue(t, p, `sluice_fallback_transitions_total{to="off"}`); got != "1" {
+	if got := scrapedMetric(t, p, `sluice_fallback_transitions_total{to="off"}`); got != "1" {
 		t.Errorf("fallback transitions off %q, want 1", got)
 	}
 }
