@@ -146,9 +146,9 @@ func TestFaultDeadRedisOpensWithinASecond(t *testing.T) {
 				t.Fatal(err)
 			}
 			t.Cleanup(func() { s.Close() })
+			pid := redisPID(t, client)
 			l := startLoad(s, 4)
 			defer l.end()
-			pid := redisPID(t, client)
 			var took []time.Duration
 			for range 10 {
 				backend := rec.count(sluice.SourceBackend)
