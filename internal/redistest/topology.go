@@ -553,6 +553,16 @@ func (s *SentinelSet) SentinelAddrs() []string {
 	return addrs
 }
 
+// URL returns the Sentinels as a --redis URL for sluice serve:
+// redis+sentinel://first?master_name=sluice&addr=second&...
+func (s *SentinelSet) URL() string {
+	u := "redis+sentinel://" + s.Sentinels[0].Addr + "?master_name=" + SentinelMaster
+	for _, n := range s.Sentinels[1:] {
+		u += "&addr=" + n.Addr
+	}
+	return u
+}
+
 func (s *SentinelSet) awaitReplicas(t testing.TB, d time.Duration) {
 	t.Helper()
 	for deadline := time.Now().Add(d); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
