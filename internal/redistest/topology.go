@@ -338,7 +338,7 @@ type nodeEntry struct {
 
 // nodesView returns CLUSTER NODES as a live node sees it.
 func (c *Cluster) nodesView() ([]nodeEntry, error) {
-	var firstErr error
+	var errs error
 	for _, n := range c.Nodes {
 		if n.isDown() {
 			continue
@@ -347,7 +347,7 @@ func (c *Cluster) nodesView() ([]nodeEntry, error) {
 		text, err := cl.ClusterNodes(context.Background()).Result()
 		cl.Close()
 		if err != nil {
-			firstErr = cmp(firstErr, err)
+			errs = errors.Join(errs, err)
 			continue
 		}
 		var view []nodeEntry
@@ -367,14 +367,7 @@ func (c *Cluster) nodesView() ([]nodeEntry, error) {
 		}
 		return view, nil
 	}
-	return nil, cmp(firstErr, errors.New("redistest: no live cluster node"))
-}
-
-func cmp(a, b error) error {
-	if a != nil {
-		return a
-	}
-	return b
+	return nil, errors.Join(errors.New("redistest: no live cluster node"), errs)
 }
 
 func (c *Cluster) node(addr string) *Node {
@@ -591,7 +584,7 @@ func (s *SentinelSet) awaitReady(t testing.TB, d time.Duration) {
 			replicas, err1 := sc.Replicas(ctx, SentinelMaster).Result()
 			sentinels, err2 := sc.Sentinels(ctx, SentinelMaster).Result()
 			sc.Close()
-			if err := cmp(err1, err2); err != nil {
+			if err := errors.Join(err1, err2); err != nil {
 				why = err.Error()
 			} else if len(replicas) < len(s.Replicas) || len(sentinels) < len(s.Sentinels)-1 {
 				why = fmt.Sprintf("sentinel %s knows %d replicas and %d sentinels", n.Addr, len(replicas), len(sentinels))
