@@ -321,7 +321,7 @@ type nodeEntry struct {
 
 // nodesView returns CLUSTER NODES as a live node sees it.
 func (c *Cluster) nodesView() ([]nodeEntry, error) {
-	var firstErr error
+	var errs error
 	for _, n := range c.Nodes {
 		if n.isDown() {
 			continue
@@ -330,7 +330,7 @@ func (c *Cluster) nodesView() ([]nodeEntry, error) {
 		text, err := cl.ClusterNodes(context.Background()).Result()
 		cl.Close()
 		if err != nil {
-			firstErr = cmp(firstErr, err)
+			errs = errors.Join(errs, err)
 			continue
 		}
 		var view []nodeEntry
@@ -350,14 +350,7 @@ func (c *Cluster) nodesView() ([]nodeEntry, error) {
 		}
 		return view, nil
 	}
-	return nil, cmp(firstErr, errors.New("redistest: no live cluster node"))
-}
-
-func cmp(a, b error) error {
-	if a != nil {
-		return a
-	}
-	return b
+	return nil, errors.Join(errors.New("redistest: no live cluster node"), errs)
 }
 
 func (c *Cluster) node(addr string) *Node {
@@ -536,6 +529,16 @@ func (s *SentinelSet) SentinelAddrs() []string {
 	return addrs
 }
 
+// URL returns the Sentinels as a --redis URL for sluice serve:
+// redis+sentinel://first?master_name=sluice&addr=second&...
+func (s *SentinelSet) URL() string {
+	u := "redis+sentinel://" + s.Sentinels[0].Addr + "?master_name=" + SentinelMaster
+	for _, n := range s.Sentinels[1:] {
+		u += "&addr=" + n.Addr
+	}
+	return u
+}
+
 func (s *SentinelSet) awaitReplicas(t testing.TB, d time.Duration) {
 	t.Helper()
 	for deadline := time.Now().Add(d); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
@@ -564,7 +567,7 @@ func (s *SentinelSet) awaitReady(t testing.TB, d time.Duration) {
 			replicas, err1 := sc.Replicas(ctx, SentinelMaster).Result()
 			sentinels, err2 := sc.Sentinels(ctx, SentinelMaster).Result()
 			sc.Close()
-			if err := cmp(err1, err2); err != nil {
+			if err := errors.Join(err1, err2); err != nil {
 				why = err.Error()
 			} else if len(replicas) < len(s.Replicas) || len(sentinels) < len(s.Sentinels)-1 {
 				why = fmt.Sprintf("sentinel %s knows %d replicas and %d sentinels", n.Addr, len(replicas), len(sentinels))
