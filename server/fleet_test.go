@@ -83,13 +83,14 @@ func checkFleetBound(t *testing.T, l *load) {
 // starts once each counts four.
 func TestFleetBoundRedisPaused(t *testing.T) {
 	race.SkipTiming(t)
-	f := startFleet(t, startRedis(t), 4, fleetConfig)
+	r := startRedis(t)
+	f := startFleet(t, r.url(), 4, fleetConfig)
 	f.awaitFleetSize(t, 4, 5*time.Second)
 	l := f.drive(2, "client", fleetPolicies...)
 	time.Sleep(fleetLead)
-	f.redis.pause(t)
+	r.pause(t)
 	time.Sleep(3 * time.Second)
-	f.redis.resume(t)
+	r.resume(t)
 	time.Sleep(2 * time.Second)
 	l.finish()
 	checkFleetBound(t, l)
@@ -101,13 +102,14 @@ func TestFleetBoundRedisPaused(t *testing.T) {
 // precondition.
 func TestFleetBoundRedisKilled(t *testing.T) {
 	race.SkipTiming(t)
-	f := startFleet(t, startRedis(t, "--appendonly", "yes", "--appendfsync", "always"), 4, fleetConfig)
+	r := startRedis(t, "--appendonly", "yes", "--appendfsync", "always")
+	f := startFleet(t, r.url(), 4, fleetConfig)
 	f.awaitFleetSize(t, 4, 5*time.Second)
 	l := f.drive(2, "client", fleetPolicies...)
 	time.Sleep(fleetLead)
-	f.redis.Stop()
+	r.Stop()
 	time.Sleep(3 * time.Second)
-	f.redis.restart(t)
+	r.restart(t)
 	time.Sleep(2 * time.Second)
 	l.finish()
 	checkFleetBound(t, l)
@@ -118,9 +120,10 @@ func TestFleetBoundRedisKilled(t *testing.T) {
 // timeout, alive in between.
 func TestFleetBoundRedisSlow(t *testing.T) {
 	race.SkipTiming(t)
-	f := startFleet(t, startRedis(t), 4, fleetConfig)
+	r := startRedis(t)
+	f := startFleet(t, r.url(), 4, fleetConfig)
 	f.awaitFleetSize(t, 4, 5*time.Second)
-	c := f.redis.client()
+	c := r.client()
 	defer c.Close()
 	l := f.drive(2, "client", fleetPolicies...)
 	time.Sleep(fleetLead)
@@ -140,13 +143,14 @@ func TestFleetBoundRedisSlow(t *testing.T) {
 // (longer than a registration lasts) every count holds.
 func TestFleetSizeDiscovery(t *testing.T) {
 	race.SkipTiming(t)
-	f := startFleet(t, startRedis(t), 4, fleetConfig)
+	r := startRedis(t)
+	f := startFleet(t, r.url(), 4, fleetConfig)
 	f.awaitFleetSize(t, 4, 5*time.Second)
 	f.add(t)
 	took := f.awaitFleetSize(t, 5, 5*time.Second)
 	t.Logf("five instances count five %v after the fifth started", took.Round(time.Millisecond))
 
-	f.redis.pause(t)
+	r.pause(t)
 	for end := time.Now().Add(4 * time.Second); time.Now().Before(end); time.Sleep(250 * time.Millisecond) {
 		for i, p := range f.procs {
 			if got := metric(t, p, "sluice_fleet_size"); got != 5 {
@@ -159,7 +163,7 @@ func TestFleetSizeDiscovery(t *testing.T) {
 			t.Errorf("instance %d: registry reachable %v with Redis stopped", i, got)
 		}
 	}
-	f.redis.resume(t)
+	r.resume(t)
 	f.awaitFleetSize(t, 5, 5*time.Second)
 }
 
@@ -192,7 +196,7 @@ func TestCLIFleetSize(t *testing.T) {
 		})
 	}
 	t.Run("explicit wins", func(t *testing.T) {
-		f := startFleet(t, startRedis(t), 1, fleetConfig, "--fleet-size", "7")
+		f := startFleet(t, startRedis(t).url(), 1, fleetConfig, "--fleet-size", "7")
 		// Past the first heartbeats, which count one instance.
 		f.awaitRegistry(t)
 		if got := metric(t, f.procs[0], "sluice_fleet_size"); got != 7 {
