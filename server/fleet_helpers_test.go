@@ -163,6 +163,30 @@ func (f *fleet) awaitFleetSize(t *testing.T, n int, within time.Duration) time.D
 	}
 }
 
+// awaitLogs waits until every instance has logged each line once, and
+// fails if one logged it more often.
+func (f *fleet) awaitLogs(t *testing.T, within time.Duration, lines ...string) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for i, p := range f.procs {
+		for _, line := range lines {
+			for {
+				n := strings.Count(p.stderr.String(), line)
+				if n > 1 {
+					t.Errorf("instance %d logged %q %d times, want once; log:\n%s", i, line, n, p.stderr.String())
+				}
+				if n >= 1 {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("instance %d did not log %q; log:\n%s", i, line, p.stderr.String())
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+		}
+	}
+}
+
 // awaitRegistry waits until every instance has registered in Redis.
 func (f *fleet) awaitRegistry(t *testing.T) {
 	t.Helper()

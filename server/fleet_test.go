@@ -5,6 +5,7 @@ package server
 import (
 	"context"
 	"errors"
+	"net"
 	"os/exec"
 	"strings"
 	"testing"
@@ -94,6 +95,9 @@ func TestFleetBoundRedisPaused(t *testing.T) {
 	time.Sleep(2 * time.Second)
 	l.finish()
 	checkFleetBound(t, l)
+	// Loud: one line each as the outage starts and ends.
+	f.awaitLogs(t, 5*time.Second, "resilient: failure policy on", "resilient: failure policy off",
+		"resilient: fleet registry lost", "resilient: fleet registry back")
 }
 
 // TestFleetBoundRedisKilled: four instances under load, Redis killed
@@ -195,6 +199,27 @@ func TestCLIFleetSize(t *testing.T) {
 			}
 		})
 	}
+	t.Run("redis unreachable at start", func(t *testing.T) {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		addr := l.Addr().String()
+		l.Close() // refused from now on
+		for _, tt := range []struct {
+			args []string
+			want float64
+		}{{nil, 1}, {[]string{"--fleet-size", "3"}, 3}} {
+			f := startFleet(t, "redis://"+addr, 1, fleetConfig, tt.args...)
+			if got := metric(t, f.procs[0], "sluice_fleet_size"); got != tt.want {
+				t.Errorf("%v: sluice_fleet_size %v, want %v", tt.args, got, tt.want)
+			}
+			warned := strings.Contains(f.procs[0].stderr.String(), "fleet registry unreachable at start")
+			if explicit := tt.args != nil; warned == explicit {
+				t.Errorf("%v: warned %v; want a warning only without an explicit size", tt.args, warned)
+			}
+		}
+	})
 	t.Run("explicit wins", func(t *testing.T) {
 		f := startFleet(t, startRedis(t).url(), 1, fleetConfig, "--fleet-size", "7")
 		// Past the first heartbeats, which count one instance.
