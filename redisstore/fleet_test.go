@@ -6,15 +6,31 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/redisstore"
 )
 
 // Members count each other under one prefix only, and drop out when they
-// stop renewing.
+// stop renewing; on a Cluster too (the registry is one key).
 func TestMembershipHeartbeat(t *testing.T) {
 	t.Parallel()
-	client := redistest.Client(t)
+	for _, tt := range []struct {
+		name   string
+		client func(testing.TB) redis.UniversalClient
+	}{
+		{"standalone", func(t testing.TB) redis.UniversalClient { return redistest.Client(t) }},
+		{"cluster", func(t testing.TB) redis.UniversalClient { return redistest.ClusterClient(t) }},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			testHeartbeat(t, tt.client(t))
+		})
+	}
+}
+
+func testHeartbeat(t *testing.T, client redis.UniversalClient) {
 	prefix := redistest.Prefix(t)
 	a := redisstore.New(client, &redisstore.Options{Prefix: prefix}).Membership()
 	b := redisstore.New(client, &redisstore.Options{Prefix: prefix}).Membership()

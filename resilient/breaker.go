@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -35,6 +36,7 @@ type breaker struct {
 	policy     Policy
 	observer   sluice.Observer
 	log        *slog.Logger
+	jitter     func() float64 // in [0, 1); nil: none (tests)
 
 	state  atomic.Uint32 // sluice.BreakerState, read without the lock on the hot path
 	run    atomic.Int64  // consecutive failures while closed
@@ -70,6 +72,7 @@ func newBreaker(o *Options, name string) breaker {
 		policy:     o.Policy,
 		observer:   o.Observer,
 		log:        orDefault(o.Logger, slog.Default()),
+		jitter:     rand.Float64,
 	}
 }
 
@@ -99,10 +102,10 @@ func (b *breaker) allow(now time.Time) (call, probe bool) {
 	return true, true
 }
 
-// success records a call the backend answered.
-func (b *breaker) success(probe bool, now time.Time) {
+// success records a call sent at sent that the backend answered.
+func (b *breaker) success(probe bool, sent time.Time) {
 	if !probe {
-		b.count(now, false)
+		b.count(sent, false)
 		if b.run.Load() != 0 {
 			b.run.Store(0)
 		}
@@ -116,33 +119,48 @@ func (b *breaker) success(probe bool, now time.Time) {
 	}
 }
 
-// failure records a call that failed (or timed out) at now.
-func (b *breaker) failure(probe bool, now time.Time) {
+// failure records a call sent at sent that failed (or timed out) at now.
+//
+// A run of failures is timed by when its calls were sent, not when they
+// failed: calls sent DeadAfter apart that all failed show a dead backend,
+// while a process that stalled (a long GC or CPU throttling) sees the
+// calls it had in flight fail together, sent at about the same time.
+func (b *breaker) failure(probe bool, sent, now time.Time) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if probe {
 		b.probing = false
-		b.retryAt = now.Add(b.interval)
-		b.set(sluice.BreakerOpen, "probe failed")
+		b.reopen(now, "probe failed")
 		return
 	}
-	calls, fails := b.count(now, true)
+	calls, fails := b.count(sent, true)
 	if b.current() != sluice.BreakerClosed {
 		return // a call sent before the breaker opened
 	}
 	if b.run.Add(1) == 1 {
-		b.runStart = now
+		b.runStart = sent
 	}
 	var why string
-	switch {
+	switch span := sent.Sub(b.runStart); {
 	case calls >= b.minCalls && float64(fails) >= b.rate*float64(calls):
 		why = fmt.Sprintf("%d of %d calls failed in %v", fails, calls, b.slice*windowSlices)
-	case b.run.Load() >= b.threshold && now.Sub(b.runStart) >= b.deadAfter:
-		why = fmt.Sprintf("every call failed for %v (%d calls)", now.Sub(b.runStart), b.run.Load())
+	case b.run.Load() >= b.threshold && span >= b.deadAfter:
+		why = fmt.Sprintf("every call sent over %v failed (%d calls)", span, b.run.Load())
 	default:
 		return
 	}
-	b.retryAt = now.Add(b.interval)
+	b.reopen(now, why)
+}
+
+// reopen opens the breaker until the next probe: after ProbeInterval and
+// up to a quarter more at random, so that probes do not fall in step with
+// a backend that stalls periodically.
+func (b *breaker) reopen(now time.Time, why string) {
+	wait := b.interval
+	if b.jitter != nil {
+		wait += time.Duration(b.jitter() * float64(b.interval) / 4)
+	}
+	b.retryAt = now.Add(wait)
 	b.set(sluice.BreakerOpen, why)
 }
 

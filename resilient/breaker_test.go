@@ -95,6 +95,7 @@ func TestBreaker(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			s.br.jitter = nil // probes exactly every ProbeInterval
 			runSteps(t, s, b, clk, rec, tt.steps)
 			if got := rec.breakers; !equal(got, tt.want) {
 				t.Errorf("breaker events = %v, want %v", got, tt.want)
@@ -169,6 +170,7 @@ func TestBreakerLogsFlap(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { s.Close() })
+	s.br.jitter = nil
 	lim := sluice.PerSecond(1000)
 	take := func(n int) {
 		for range n {
@@ -196,5 +198,26 @@ func TestBreakerLogsFlap(t *testing.T) {
 	}
 	if got := log.all(); !equal(got, want) {
 		t.Errorf("log lines:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+}
+
+// A run of failures is timed by when its calls were sent: calls in flight
+// through a stall of the process fail together, late, and are no dead
+// backend; calls sent 500ms apart that all failed are.
+func TestBreakerStall(t *testing.T) {
+	t.Parallel()
+	b := newBreaker(&Options{Logger: discard}, "store")
+	b.jitter = nil
+	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+	b.failure(false, at(0), at(50)) // timed out before the stall
+	for i := range 4 {              // in flight through a 600ms stall
+		b.failure(false, at(10+i), at(650))
+	}
+	if got := b.current(); got != sluice.BreakerClosed {
+		t.Fatalf("after a stall: %v, want closed", got)
+	}
+	b.failure(false, at(500), at(550))
+	if got := b.current(); got != sluice.BreakerOpen {
+		t.Errorf("after calls sent 500ms apart failed: %v, want open", got)
 	}
 }

@@ -115,6 +115,7 @@ type Fleet struct {
 	size atomic.Int64
 
 	// Owned by the loop (and NewFleet before it starts).
+	beats     int // heartbeats so far, answered or not
 	members   int
 	reachable bool
 	lowSince  time.Time // zero: no count below size since the last change
@@ -234,7 +235,7 @@ func (f *Fleet) apply(now time.Time, n int, err error) {
 		}
 		f.reachable = false
 	} else {
-		if !f.reachable && old.Members > 0 {
+		if !f.reachable && f.beats > 0 {
 			f.log.Info("resilient: fleet registry back", "member", f.member, "members", n)
 		}
 		f.reachable = true
@@ -243,6 +244,7 @@ func (f *Fleet) apply(now time.Time, n int, err error) {
 			f.fold(now, n)
 		}
 	}
+	f.beats++
 	cur := FleetEvent{Size: f.Size(), Members: f.members, Reachable: f.reachable}
 	if cur.Size != old.Size {
 		f.log.Info("resilient: fleet size changed", "member", f.member, "from", old.Size, "to", cur.Size, "members", cur.Members)

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"os/exec"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -200,6 +201,17 @@ func TestFleetUnreachableAtStart(t *testing.T) {
 			warned := len(log.all()) == 1 && strings.HasPrefix(log.all()[0], "resilient: fleet registry unreachable at start")
 			if warned != tt.wantWarn || len(log.all()) > 1 {
 				t.Errorf("log %q, want a warning: %v", log.all(), tt.wantWarn)
+			}
+			// Reached later: one line says so, and the count applies.
+			f.reg.(*script).answers = []int{3}
+			f.beat(t0)
+			if got, want := f.Size(), max(3, tt.want); tt.opts.Size == 0 && got != want {
+				t.Errorf("size once reached %d, want %d", got, want)
+			}
+			if got := log.all(); !strings.HasPrefix(got[len(got)-1], "resilient: fleet ") || !slices.ContainsFunc(got, func(l string) bool {
+				return strings.HasPrefix(l, "resilient: fleet registry back")
+			}) {
+				t.Errorf("log once reached %q, want a line saying so", got)
 			}
 		})
 	}

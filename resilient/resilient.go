@@ -201,10 +201,12 @@ type Options struct {
 	Window time.Duration
 
 	// DeadAfter opens the breaker at once, whatever the rate, when every
-	// backend call has failed for this long (at least FailureThreshold of
-	// them in a row): a backend that refuses connections or stopped
-	// answering. Default: 500ms, so that a dead backend under load opens
-	// the breaker within a second (the Timeout included).
+	// backend call sent over this long failed (at least FailureThreshold
+	// of them in a row): a backend that refuses connections or stopped
+	// answering. Calls are timed by when they were sent, so a process that
+	// stalls does not mistake its own pause for a dead backend. Default:
+	// 500ms, so that a dead backend under load opens the breaker within a
+	// second (the Timeout included).
 	DeadAfter time.Duration
 
 	// FailureThreshold is the fewest consecutive failures DeadAfter needs.
@@ -212,7 +214,9 @@ type Options struct {
 	FailureThreshold int
 
 	// ProbeInterval is how long the breaker stays open before one call is
-	// let through to probe the backend. Default: 1s.
+	// let through to probe the backend, lengthened by up to a quarter at
+	// random so that probes do not fall in step with a backend that stalls
+	// periodically. Default: 1s.
 	ProbeInterval time.Duration
 
 	// CloseAfter is how many probes in a row must succeed to close the
@@ -421,7 +425,7 @@ func (s *Store) decide(ctx context.Context, op, key string, limit sluice.Limit, 
 		s.br.release(probe)
 		return sluice.Decision{}, err
 	}
-	s.br.failure(probe, s.clock())
+	s.br.failure(probe, now, s.clock())
 	return s.failOne(ctx, op, key, limit, cost, take, lat, err)
 }
 
@@ -591,7 +595,7 @@ func (m *MultiStore) TakeAll(ctx context.Context, reqs []sluice.Request) ([]slui
 		s.br.release(probe)
 		return nil, err
 	}
-	s.br.failure(probe, s.clock())
+	s.br.failure(probe, now, s.clock())
 	return m.failAll(ctx, reqs, lat, err)
 }
 
