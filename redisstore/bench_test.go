@@ -60,7 +60,18 @@ func BenchmarkTake(b *testing.B) {
 }
 
 func benchSerial(b *testing.B, s *redisstore.Store, l sluice.Limit, keys []string) {
-	ctx := context.Background()
+	benchSerialIn(b, context.Background(), s, l, keys)
+}
+
+// benchSerialCtx is benchSerial with a context that can end (it never
+// does), as a request's context: the path that bounds a call by it.
+func benchSerialCtx(b *testing.B, s *redisstore.Store, l sluice.Limit, keys []string) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	benchSerialIn(b, ctx, s, l, keys)
+}
+
+func benchSerialIn(b *testing.B, ctx context.Context, s *redisstore.Store, l sluice.Limit, keys []string) {
 	b.ReportAllocs()
 	allowed, n, i := 0, 0, 0
 	for b.Loop() {

@@ -50,10 +50,11 @@ func (r *reloader) succeeded() {
 }
 
 // nodeTrouble reports whether err may come from a node that is gone or
-// unreachable: anything but a Redis error reply or a cancellation, and the
+// unreachable: anything but a Redis error reply, a cancellation or the
+// Store's own verdicts, and the
 // replies of a cluster that lost a master or moved a slot.
 func nodeTrouble(err error) bool {
-	if errors.Is(err, context.Canceled) {
+	if errors.Is(err, context.Canceled) || errors.Is(err, ErrNotReplicated) || errors.Is(err, ErrWaitUnsupported) {
 		return false
 	}
 	var reply redis.Error

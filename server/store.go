@@ -18,9 +18,9 @@ import (
 // ErrRedisURL is wrapped by errors about the --redis URL.
 var ErrRedisURL = errors.New("server: invalid redis URL")
 
-// clusterReloadInterval is how often a cluster client built here reloads
-// its slot map unasked (go-redis's default: 60s).
-const clusterReloadInterval = 5 * time.Second
+// clusterReloadInterval is how often a cluster client that NewRedisClient
+// builds reloads its slot map.
+const clusterReloadInterval = 2 * time.Second
 
 // NewRedisClient connects to the Redis that rawURL names:
 //
@@ -60,9 +60,12 @@ func NewRedisClient(rawURL string) (redis.UniversalClient, error) {
 			return nil, fmt.Errorf("%w: %v", ErrRedisURL, redactErr(err, rawURL))
 		}
 		o.ContextTimeoutEnabled = true
-		// The store reloads the slot map on connection errors; this
-		// catches a failover that no call has run into yet.
-		o.ClusterStateReloadInterval = clusterReloadInterval
+		if o.ClusterStateReloadInterval == 0 {
+			// A slot map at most this old: the store also reloads it on
+			// connection errors, but only a reload finds a failover that
+			// caused none (go-redis's default is 60 s).
+			o.ClusterStateReloadInterval = clusterReloadInterval
+		}
 		return redis.NewClusterClient(o), nil
 	case variant == "":
 		o, err := redis.ParseURL(u.String())

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"net"
 	"os"
 	"os/exec"
@@ -625,4 +626,139 @@ func (s *SentinelSet) AwaitMaster(t testing.TB, d time.Duration, candidates ...*
 	}
 	t.Fatalf("redistest: no promotion within %v", d)
 	return nil, time.Time{}
+}
+
+// Pause stops the server with SIGSTOP, as Node.Pause does; Start or Stop
+// ends the pause.
+func (s *Server) Pause(t testing.TB) {
+	t.Helper()
+	if err := signalStop(s.cmd.Process); err != nil {
+		t.Fatalf("redistest: pause %s: %v", s.Addr, err)
+	}
+}
+
+// Failover is a load for UnderFailover: takes from one key with a limit
+// that never denies during the test, so that each take's count says which
+// server answered it.
+type Failover struct {
+	// Take takes one unit from the key and returns how many the key has
+	// counted, this take included.
+	Take func(ctx context.Context) (count int64, err error)
+	// Counted returns how many units the key has counted, at the end.
+	Counted func() (int64, error)
+	// Fail kills the key's master.
+	Fail func()
+	// Promoted waits for a replica's promotion and returns when it was
+	// seen (a Cluster's or a SentinelSet's AwaitMaster).
+	Promoted func() time.Time
+}
+
+// Failover test bounds: each call's deadline, and how soon after the
+// promotion calls must succeed again.
+const (
+	FailoverCallTimeout = 100 * time.Millisecond
+	FailoverRecovery    = 3 * time.Second
+)
+
+// failoverTake is one call of UnderFailover's load.
+type failoverTake struct {
+	end   time.Time
+	ok    bool
+	count int64
+}
+
+// UnderFailover runs f.Take from 8 goroutines, each call with a
+// FailoverCallTimeout deadline, kills the master with f.Fail after 500 ms
+// and goes on until FailoverRecovery + 500 ms after f.Promoted. It fails
+// the test unless calls succeed again within FailoverRecovery of the
+// promotion and none fails after that, and unless the over-admission
+// (takes admitted minus takes counted) is at most the takes the old master
+// acknowledged that its replica never had: the largest count the old
+// master gave, less the one the new master started from.
+func UnderFailover(t testing.TB, f Failover) {
+	t.Helper()
+	const workers = 8
+	var (
+		mu    sync.Mutex
+		takes []failoverTake
+		stop  = make(chan struct{})
+		wg    sync.WaitGroup
+	)
+	for range workers {
+		wg.Go(func() {
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				ctx, cancel := context.WithTimeout(context.Background(), FailoverCallTimeout)
+				count, err := f.Take(ctx)
+				cancel()
+				mu.Lock()
+				takes = append(takes, failoverTake{end: time.Now(), ok: err == nil, count: count})
+				mu.Unlock()
+				if err != nil {
+					time.Sleep(5 * time.Millisecond) // a failing call may return at once: no busy loop
+				}
+			}
+		})
+	}
+	time.Sleep(500 * time.Millisecond)
+	killed := time.Now()
+	f.Fail()
+	at := f.Promoted()
+	time.Sleep(FailoverRecovery + 500*time.Millisecond)
+	close(stop)
+	wg.Wait()
+
+	var (
+		firstOK          time.Time
+		oldMax           int64 // the largest count the old master gave
+		newMin           int64 = math.MaxInt64
+		admitted         int64
+		failed, tooLate  int
+		recoveryDeadline = at.Add(FailoverRecovery)
+	)
+	for _, tk := range takes {
+		switch {
+		case !tk.ok:
+			failed++
+			if tk.end.After(recoveryDeadline) {
+				tooLate++
+			}
+		case tk.end.Before(at): // no replica answers before its promotion
+			admitted++
+			oldMax = max(oldMax, tk.count)
+		default:
+			admitted++
+			newMin = min(newMin, tk.count)
+			if firstOK.IsZero() || tk.end.Before(firstOK) {
+				firstOK = tk.end
+			}
+		}
+	}
+	if firstOK.IsZero() {
+		t.Fatalf("redistest: no call succeeded after the promotion (%d failed)", failed)
+	}
+	counted, err := f.Counted()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The replica had newMin-1 when promoted: the old master's takes above
+	// that were lost with it.
+	lost := max(0, oldMax-(newMin-1))
+	excess := admitted - counted
+	t.Logf("promoted %v after the kill; calls succeed again %v after the promotion", at.Sub(killed), firstOK.Sub(at))
+	t.Logf("%d calls: %d admitted, %d failed; Redis counts %d: over-admission %d; takes the old master acknowledged and its replica never had: %d",
+		len(takes), admitted, failed, counted, excess, lost)
+	if got := firstOK.Sub(at); got > FailoverRecovery {
+		t.Errorf("calls succeed again %v after the promotion, want within %v", got, FailoverRecovery)
+	}
+	if tooLate > 0 {
+		t.Errorf("%d calls failed later than %v after the promotion", tooLate, FailoverRecovery)
+	}
+	if excess > lost {
+		t.Errorf("over-admission %d exceeds the %d takes lost with the old master", excess, lost)
+	}
 }

@@ -1,0 +1,110 @@
+package redisstore_test
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/race"
+	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/redisstore"
+)
+
+// TestFaultDeadline: with Redis stopped or paused, no call outlives its
+// context's deadline by more than 10 ms at p99 (and 100 ms at most), on
+// clients built with go-redis's defaults (no ContextTimeoutEnabled: their
+// reads wait out ReadTimeout, 3 s), batched or not, standalone or cluster.
+// Calls run from 8 goroutines at staggered times, so that a stall of the
+// whole machine costs one sample rather than eight.
+func TestFaultDeadline(t *testing.T) {
+	race.SkipTiming(t)
+	const (
+		deadline = 50 * time.Millisecond
+		workers  = 8
+		calls    = 30 // per worker: 240 samples per case
+		p99Bound = 10 * time.Millisecond
+		maxBound = 100 * time.Millisecond
+	)
+	type target struct {
+		client redis.UniversalClient
+		pause  func(*testing.T)
+		stop   func()
+	}
+	targets := map[string]func(t *testing.T) target{
+		"standalone": func(t *testing.T) target {
+			srv := redistest.StartServer(t)
+			c := redis.NewClient(&redis.Options{Addr: srv.Addr})
+			t.Cleanup(func() { c.Close() })
+			return target{c, func(t *testing.T) { srv.Pause(t) }, srv.Stop}
+		},
+		"cluster": func(t *testing.T) target {
+			cl := redistest.StartCluster(t, &redistest.ClusterOptions{Masters: 1})
+			c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cl.Addrs()})
+			t.Cleanup(func() { c.Close() })
+			return target{c, func(t *testing.T) { cl.Nodes[0].Pause(t) }, cl.Nodes[0].Kill}
+		},
+	}
+	for _, server := range []string{"standalone", "cluster"} {
+		for _, fault := range []string{"paused", "stopped"} {
+			for _, batch := range []int{0, 1} {
+				if server == "cluster" && batch == 1 {
+					continue // the same path as standalone's; the test stays within 15 s
+				}
+				t.Run(fmt.Sprintf("%s/%s/maxbatch=%d", server, fault, batch), func(t *testing.T) {
+					tg := targets[server](t)
+					s := redisstore.New(tg.client, &redisstore.Options{Prefix: redistest.Prefix(t), MaxBatch: batch})
+					l := sluice.PerMinute(1000)
+					// Warm: scripts cached, connections pooled.
+					var wg sync.WaitGroup
+					for w := range workers {
+						wg.Go(func() {
+							if _, err := s.Take(context.Background(), fmt.Sprint(w), l, 1); err != nil {
+								t.Error(err)
+							}
+						})
+					}
+					wg.Wait()
+					if fault == "paused" {
+						tg.pause(t)
+					} else {
+						tg.stop()
+					}
+					var mu sync.Mutex
+					var over []time.Duration
+					for w := range workers {
+						wg.Go(func() {
+							for range calls {
+								time.Sleep(time.Duration(rand.IntN(10_000)) * time.Microsecond)
+								ctx, cancel := context.WithTimeout(context.Background(), deadline)
+								end, _ := ctx.Deadline()
+								_, err := s.Take(ctx, fmt.Sprint(w), l, 1)
+								late := time.Since(end)
+								cancel()
+								if err == nil {
+									t.Errorf("take with Redis %s: no error", fault)
+								}
+								mu.Lock()
+								over = append(over, late)
+								mu.Unlock()
+							}
+						})
+					}
+					wg.Wait()
+					slices.Sort(over)
+					p99, worst := over[len(over)*99/100], over[len(over)-1]
+					t.Logf("%d calls past their deadline by: p50 %v, p99 %v, max %v", len(over), over[len(over)/2], p99, worst)
+					if p99 > p99Bound || worst > maxBound {
+						t.Errorf("p99 %v, max %v past the deadline: want at most %v and %v", p99, worst, p99Bound, maxBound)
+					}
+				})
+			}
+		}
+	}
+}

@@ -1,0 +1,81 @@
+package server
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice/internal/race"
+	"github.com/sluicehq/sluice/internal/redistest"
+)
+
+// TestFaultServeClusterFailover: `sluice serve` on a 3-master cluster with
+// a replica each, failure policy "error" so that every answer is Redis's;
+// the hot key's master is killed under load through the JSON API, and
+// decisions succeed again within 3 s of its replica's promotion.
+func TestFaultServeClusterFailover(t *testing.T) {
+	race.SkipTiming(t)
+	cl := redistest.StartCluster(t, &redistest.ClusterOptions{Replicas: 1})
+	config := filepath.Join(t.TempDir(), "sluice.yaml")
+	err := os.WriteFile(config, []byte("domain: failover\npolicies:\n  - name: hot\n    limit: fixed_window 1000000000/1h\n"), 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := startSluice(t, nil, "--config", config, "--redis", cl.URL(), "--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0",
+		"--failure-policy", "error", "--decision-timeout", redistest.FailoverCallTimeout.String(), "--watch-interval", "0")
+	client := &http.Client{Timeout: 5 * time.Second}
+	call := func(ctx context.Context, path string) (int64, error) {
+		body := bytes.NewBufferString(`{"policy":"hot","key":"k"}`)
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+p.http+path, body)
+		if err != nil {
+			return 0, err
+		}
+		resp, err := client.Do(req)
+		if err != nil {
+			return 0, err
+		}
+		defer resp.Body.Close()
+		var r checkResponse
+		if err := json.NewDecoder(resp.Body).Decode(&r); err != nil || resp.StatusCode != http.StatusOK {
+			return 0, fmt.Errorf("%s: %s %v", path, resp.Status, err)
+		}
+		return r.Limit - r.Remaining, nil
+	}
+	// The hot key's master: the one node holding a key after one take.
+	if _, err := call(context.Background(), "/v1/check"); err != nil {
+		t.Fatal(err)
+	}
+	var master *redistest.Node
+	for _, n := range cl.Nodes {
+		c := redis.NewClient(&redis.Options{Addr: n.Addr})
+		keys, err := c.Keys(context.Background(), "*").Result()
+		role, _ := c.Do(context.Background(), "role").Slice()
+		c.Close()
+		if err == nil && len(keys) > 0 && len(role) > 0 && role[0] == "master" {
+			master = n
+		}
+	}
+	if master == nil {
+		t.Fatal("no master holds the hot key")
+	}
+	redistest.UnderFailover(t, redistest.Failover{
+		Take: func(ctx context.Context) (int64, error) {
+			// The service bounds the call itself; a little more here, so
+			// that its answer, not this deadline, ends each call.
+			ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*redistest.FailoverCallTimeout)
+			defer cancel()
+			return call(ctx, "/v1/check")
+		},
+		Counted:  func() (int64, error) { return call(context.Background(), "/v1/peek") },
+		Fail:     master.Kill,
+		Promoted: func() time.Time { _, at := cl.AwaitMaster(t, 10*time.Second, cl.ReplicasOf(t, master)...); return at },
+	})
+}
