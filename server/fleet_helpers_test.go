@@ -5,6 +5,7 @@ package server
 import (
 	"context"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -91,20 +92,19 @@ func (r *redisProc) restart(t *testing.T) {
 
 // fleet is N sluice serve processes sharing one Redis.
 type fleet struct {
-	redis *redisProc
 	args  []string
 	procs []*proc
 }
 
-// startFleet starts n instances of `sluice serve --config cfg --redis ...
-// args...` against r.
-func startFleet(t *testing.T, r *redisProc, n int, cfg string, args ...string) *fleet {
+// startFleet starts n instances of `sluice serve --config cfg --redis url
+// args...`.
+func startFleet(t *testing.T, url string, n int, cfg string, args ...string) *fleet {
 	t.Helper()
 	file := filepath.Join(t.TempDir(), "sluice.yaml")
 	if err := os.WriteFile(file, []byte(strings.TrimLeft(cfg, "\n")), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	f := &fleet{redis: r, args: append([]string{"--config", file, "--redis", r.url(),
+	f := &fleet{args: append([]string{"--config", file, "--redis", url,
 		"--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0", "--watch-interval", "0"}, args...)}
 	for range n {
 		f.add(t)
@@ -163,6 +163,30 @@ func (f *fleet) awaitFleetSize(t *testing.T, n int, within time.Duration) time.D
 	}
 }
 
+// awaitLogs waits until every instance has logged each line once, and
+// fails if one logged it more often.
+func (f *fleet) awaitLogs(t *testing.T, within time.Duration, lines ...string) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for i, p := range f.procs {
+		for _, line := range lines {
+			for {
+				n := strings.Count(p.stderr.String(), line)
+				if n > 1 {
+					t.Errorf("instance %d logged %q %d times, want once; log:\n%s", i, line, n, p.stderr.String())
+				}
+				if n >= 1 {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("instance %d did not log %q; log:\n%s", i, line, p.stderr.String())
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+		}
+	}
+}
+
 // awaitRegistry waits until every instance has registered in Redis.
 func (f *fleet) awaitRegistry(t *testing.T) {
 	t.Helper()
@@ -177,7 +201,17 @@ func (f *fleet) awaitRegistry(t *testing.T) {
 }
 
 // tally counts one instance's answers for one policy.
-type tally struct{ allowed, denied, failed atomic.Int64 }
+type tally struct {
+	allowed, denied, failed atomic.Int64
+	lastFailed              atomic.Int64           // when the last failure came, in Unix ns
+	why                     atomic.Pointer[string] // the last failure
+}
+
+func (c *tally) fail(why string) {
+	c.failed.Add(1)
+	c.lastFailed.Store(time.Now().UnixNano())
+	c.why.Store(&why)
+}
 
 // load is checks driven at every instance of a fleet until finish.
 type load struct {
@@ -215,18 +249,19 @@ func (f *fleet) drive(workers int, key string, policies ...string) *load {
 					body := fmt.Sprintf(`{"policy":%q,"key":%q}`, policies[j], key)
 					resp, err := client.Post("http://"+p.http+"/v1/check", "application/json", strings.NewReader(body))
 					if err != nil {
-						row[j].failed.Add(1)
+						row[j].fail(err.Error())
 						continue
 					}
-					resp.Body.Close()
 					switch resp.StatusCode {
 					case http.StatusOK:
 						row[j].allowed.Add(1)
 					case http.StatusTooManyRequests:
 						row[j].denied.Add(1)
 					default:
-						row[j].failed.Add(1)
+						b, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+						row[j].fail(resp.Status + ": " + string(b))
 					}
+					resp.Body.Close()
 				}
 			}()
 		}
@@ -268,4 +303,21 @@ func (l *load) sum() (allowed, denied, failed int64) {
 		}
 	}
 	return allowed, denied, failed
+}
+
+// lastFailure returns when the fleet's last failed answer came (zero if
+// none did) and what it was.
+func (l *load) lastFailure() (at time.Time, why string) {
+	var last int64
+	for _, row := range l.counts {
+		for _, c := range row {
+			if n := c.lastFailed.Load(); n > last {
+				last, why = n, *c.why.Load()
+			}
+		}
+	}
+	if last == 0 {
+		return time.Time{}, ""
+	}
+	return time.Unix(0, last), why
 }

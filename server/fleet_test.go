@@ -5,6 +5,7 @@ package server
 import (
 	"context"
 	"errors"
+	"net"
 	"os/exec"
 	"strings"
 	"testing"
@@ -83,16 +84,20 @@ func checkFleetBound(t *testing.T, l *load) {
 // starts once each counts four.
 func TestFleetBoundRedisPaused(t *testing.T) {
 	race.SkipTiming(t)
-	f := startFleet(t, startRedis(t), 4, fleetConfig)
+	r := startRedis(t)
+	f := startFleet(t, r.url(), 4, fleetConfig)
 	f.awaitFleetSize(t, 4, 5*time.Second)
 	l := f.drive(2, "client", fleetPolicies...)
 	time.Sleep(fleetLead)
-	f.redis.pause(t)
+	r.pause(t)
 	time.Sleep(3 * time.Second)
-	f.redis.resume(t)
+	r.resume(t)
 	time.Sleep(2 * time.Second)
 	l.finish()
 	checkFleetBound(t, l)
+	// Loud: one line each as the outage starts and ends.
+	f.awaitLogs(t, 5*time.Second, "resilient: failure policy on", "resilient: failure policy off",
+		"resilient: fleet registry lost", "resilient: fleet registry back")
 }
 
 // TestFleetBoundRedisKilled: four instances under load, Redis killed
@@ -101,13 +106,14 @@ func TestFleetBoundRedisPaused(t *testing.T) {
 // precondition.
 func TestFleetBoundRedisKilled(t *testing.T) {
 	race.SkipTiming(t)
-	f := startFleet(t, startRedis(t, "--appendonly", "yes", "--appendfsync", "always"), 4, fleetConfig)
+	r := startRedis(t, "--appendonly", "yes", "--appendfsync", "always")
+	f := startFleet(t, r.url(), 4, fleetConfig)
 	f.awaitFleetSize(t, 4, 5*time.Second)
 	l := f.drive(2, "client", fleetPolicies...)
 	time.Sleep(fleetLead)
-	f.redis.Stop()
+	r.Stop()
 	time.Sleep(3 * time.Second)
-	f.redis.restart(t)
+	r.restart(t)
 	time.Sleep(2 * time.Second)
 	l.finish()
 	checkFleetBound(t, l)
@@ -118,9 +124,10 @@ func TestFleetBoundRedisKilled(t *testing.T) {
 // timeout, alive in between.
 func TestFleetBoundRedisSlow(t *testing.T) {
 	race.SkipTiming(t)
-	f := startFleet(t, startRedis(t), 4, fleetConfig)
+	r := startRedis(t)
+	f := startFleet(t, r.url(), 4, fleetConfig)
 	f.awaitFleetSize(t, 4, 5*time.Second)
-	c := f.redis.client()
+	c := r.client()
 	defer c.Close()
 	l := f.drive(2, "client", fleetPolicies...)
 	time.Sleep(fleetLead)
@@ -140,13 +147,14 @@ func TestFleetBoundRedisSlow(t *testing.T) {
 // (longer than a registration lasts) every count holds.
 func TestFleetSizeDiscovery(t *testing.T) {
 	race.SkipTiming(t)
-	f := startFleet(t, startRedis(t), 4, fleetConfig)
+	r := startRedis(t)
+	f := startFleet(t, r.url(), 4, fleetConfig)
 	f.awaitFleetSize(t, 4, 5*time.Second)
 	f.add(t)
 	took := f.awaitFleetSize(t, 5, 5*time.Second)
 	t.Logf("five instances count five %v after the fifth started", took.Round(time.Millisecond))
 
-	f.redis.pause(t)
+	r.pause(t)
 	for end := time.Now().Add(4 * time.Second); time.Now().Before(end); time.Sleep(250 * time.Millisecond) {
 		for i, p := range f.procs {
 			if got := metric(t, p, "sluice_fleet_size"); got != 5 {
@@ -159,7 +167,7 @@ func TestFleetSizeDiscovery(t *testing.T) {
 			t.Errorf("instance %d: registry reachable %v with Redis stopped", i, got)
 		}
 	}
-	f.redis.resume(t)
+	r.resume(t)
 	f.awaitFleetSize(t, 5, 5*time.Second)
 }
 
@@ -191,8 +199,29 @@ func TestCLIFleetSize(t *testing.T) {
 			}
 		})
 	}
+	t.Run("redis unreachable at start", func(t *testing.T) {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		addr := l.Addr().String()
+		l.Close() // refused from now on
+		for _, tt := range []struct {
+			args []string
+			want float64
+		}{{nil, 1}, {[]string{"--fleet-size", "3"}, 3}} {
+			f := startFleet(t, "redis://"+addr, 1, fleetConfig, tt.args...)
+			if got := metric(t, f.procs[0], "sluice_fleet_size"); got != tt.want {
+				t.Errorf("%v: sluice_fleet_size %v, want %v", tt.args, got, tt.want)
+			}
+			warned := strings.Contains(f.procs[0].stderr.String(), "fleet registry unreachable at start")
+			if explicit := tt.args != nil; warned == explicit {
+				t.Errorf("%v: warned %v; want a warning only without an explicit size", tt.args, warned)
+			}
+		}
+	})
 	t.Run("explicit wins", func(t *testing.T) {
-		f := startFleet(t, startRedis(t), 1, fleetConfig, "--fleet-size", "7")
+		f := startFleet(t, startRedis(t).url(), 1, fleetConfig, "--fleet-size", "7")
 		// Past the first heartbeats, which count one instance.
 		f.awaitRegistry(t)
 		if got := metric(t, f.procs[0], "sluice_fleet_size"); got != 7 {

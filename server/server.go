@@ -73,12 +73,12 @@ type Options struct {
 	// DecisionTimeout bounds one Redis call (with or without a failure
 	// policy). Default: resilient.DefaultTimeout (50ms).
 	DecisionTimeout time.Duration
-	// FleetSize is how many instances share Redis. Under the local failure
-	// policy each instance then admits a 1/FleetSize share of every limit
-	// while Redis is away, so that the fleet as a whole stays within the
-	// fallback bound (package resilient). Default: discovered through Redis
-	// (resilient.Fleet); resilient.DefaultFleetSize, with a warning, while
-	// Redis cannot be reached at start.
+	// FleetSize is how many instances share Redis (with RedisURL). Under
+	// the local failure policy each instance then admits a 1/FleetSize
+	// share of every limit while Redis is away, so that the fleet as a
+	// whole stays within the fallback bound (package resilient). Default:
+	// discovered through Redis (resilient.Fleet); resilient.DefaultFleetSize,
+	// with a warning, while Redis cannot be reached at start.
 	FleetSize int
 	// AdminToken guards admin endpoints; see HandlerOptions. Without one,
 	// admin endpoints answer loopback clients while HTTPAddr is
