@@ -2,11 +2,15 @@ package redistest
 
 import (
 	"context"
+	"errors"
 	"net"
+	"slices"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice/internal/race"
 )
 
 // A port taken between being picked and being bound costs one quick retry,
@@ -56,5 +60,35 @@ func TestServerRestart(t *testing.T) {
 	defer c.Close()
 	if err := c.Ping(context.Background()).Err(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestFaultBindFailureNoticedFast: a start on a taken port fails within
+// 100ms (the server exits at once and the log says why), so a retry costs
+// no more.
+func TestFaultBindFailureNoticedFast(t *testing.T) {
+	race.SkipTiming(t)
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Close()
+	const samples = 20
+	var took []time.Duration
+	for range samples {
+		s := &Server{dir: t.TempDir(), port: taken.Addr().(*net.TCPAddr).Port}
+		s.Addr = taken.Addr().String()
+		begin := time.Now()
+		err := s.start()
+		took = append(took, time.Since(begin))
+		if !errors.Is(err, errAddrInUse) {
+			t.Fatalf("start on a taken port: %v, want errAddrInUse", err)
+		}
+	}
+	slices.Sort(took)
+	p90, worst := took[samples*9/10-1], took[samples-1]
+	t.Logf("bind failure noticed: median %v, p90 %v, max %v", took[samples/2], p90, worst)
+	if p90 > 100*time.Millisecond || worst > time.Second {
+		t.Errorf("bind failure noticed in p90 %v, max %v; want p90 within 100ms", p90, worst)
 	}
 }
