@@ -161,7 +161,6 @@ func TestValidateRequest(t *testing.T) {
 // With stays one release as a deprecated alias of WithAlgorithm.
 func TestWithIsWithAlgorithm(t *testing.T) {
 	l := sluice.PerMinute(10)
-	//lint:ignore SA1019 the deprecated alias itself is under test
 	if got, want := l.With(sluice.FixedWindow), l.WithAlgorithm(sluice.FixedWindow); got != want || got.Algorithm != sluice.FixedWindow {
 		t.Errorf("With = %v, WithAlgorithm = %v", got, want)
 	}
