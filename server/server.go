@@ -170,6 +170,7 @@ func (s *Server) openStore() (sluice.Store, error) {
 		s.ready = redisPing(client)
 		s.metrics.storeName = "redis"
 		s.metrics.reg.MustRegister(newRedisInfo(client, 0))
+		s.metrics.timeout.Set(cmp.Or(s.opts.DecisionTimeout, resilient.DefaultTimeout).Seconds())
 		rs := redisstore.New(client, nil)
 		if s.opts.NoFailurePolicy {
 			// No policy answers for Redis, but a decision stays bounded:
