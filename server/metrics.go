@@ -33,6 +33,7 @@ type Metrics struct {
 	duration   *prometheus.HistogramVec
 	unknownDom prometheus.Counter
 	unmatched  *prometheus.CounterVec
+	timeout    prometheus.Gauge
 
 	// storeName labels store metrics: "memory" or "redis".
 	storeName string
@@ -79,8 +80,12 @@ func NewMetrics() *Metrics {
 			Name: "sluice_rls_unmatched_descriptors_total",
 			Help: "Descriptors of a configured domain that no rule matches, so nothing limits them.",
 		}, []string{"domain"}),
+		timeout: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "sluice_decision_timeout_seconds",
+			Help: "The longest wait for Redis before the failure policy answers (--decision-timeout); 0 without Redis. Alerts compare store latency with it.",
+		}),
 	}
-	m.reg.MustRegister(m.obs, m.fallback, m.reloads, m.configTime, m.requests, m.duration, m.unknownDom, m.unmatched,
+	m.reg.MustRegister(m.obs, m.fallback, m.reloads, m.configTime, m.requests, m.duration, m.unknownDom, m.unmatched, m.timeout,
 		ReadBuildInfo().collector(),
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m.reloads.WithLabelValues("success")

@@ -230,6 +230,7 @@ func (s *Server) openStore() (sluice.Store, error) {
 		s.redis = client
 		s.metrics.storeName = "redis"
 		s.metrics.reg.MustRegister(newRedisInfo(client, 0))
+		s.metrics.timeout.Set(cmp.Or(s.opts.DecisionTimeout, resilient.DefaultTimeout).Seconds())
 		rs := redisstore.New(client, &redisstore.Options{Logger: s.log})
 		fleet, err := s.startFleet(rs)
 		if err != nil {
