@@ -86,9 +86,9 @@ func TestFaultServeClusterFailoverLocal(t *testing.T) {
 	}
 }
 
-// TestFaultServeSentinelFailover: the same through Sentinel: 1 master + 1
+// TestFaultServeSentinelFailoverLocal: the same through Sentinel: 1 master + 1
 // replica + 3 Sentinels (quorum 2, down-after-milliseconds 1000).
-func TestFaultServeSentinelFailover(t *testing.T) {
+func TestFaultServeSentinelFailoverLocal(t *testing.T) {
 	race.SkipTiming(t)
 	s := redistest.StartSentinel(t, nil)
 	addrs := s.SentinelAddrs()
