@@ -158,10 +158,11 @@ func (n *Node) isDown() bool {
 }
 
 // client returns a short-lived client of the node for the helpers' own
-// questions; it never retries, so a dead node fails fast.
+// questions. It never retries, so a dead node fails at once (the helpers
+// skip killed and paused nodes); its timeouts allow for a busy machine.
 func (n *Node) client() *redis.Client {
 	return redis.NewClient(&redis.Options{Addr: n.Addr, MaxRetries: -1,
-		DialTimeout: 200 * time.Millisecond, ReadTimeout: 500 * time.Millisecond})
+		DialTimeout: 3 * time.Second, ReadTimeout: 3 * time.Second})
 }
 
 // dataArgs configure a data node: nothing on disk, and a replica's first
@@ -608,7 +609,7 @@ func (s *SentinelSet) AwaitMaster(t testing.TB, d time.Duration, candidates ...*
 			if sn.isDown() {
 				continue
 			}
-			sc := redis.NewSentinelClient(&redis.Options{Addr: sn.Addr, MaxRetries: -1, ReadTimeout: 500 * time.Millisecond})
+			sc := redis.NewSentinelClient(&redis.Options{Addr: sn.Addr, MaxRetries: -1})
 			addr, err := sc.GetMasterAddrByName(ctx, SentinelMaster).Result()
 			sc.Close()
 			if err != nil || len(addr) != 2 {
