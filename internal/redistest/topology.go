@@ -675,7 +675,7 @@ type failoverTake struct {
 // FailoverCallTimeout deadline, kills the master with f.Fail after 500 ms
 // and goes on until FailoverRecovery + 500 ms after f.Promoted. It fails
 // the test unless calls succeed again within FailoverRecovery of the
-// promotion and none fails after that, and unless the over-admission
+// promotion and at most 1% fail after that, and unless the over-admission
 // (takes admitted minus takes counted) is at most the takes the old master
 // acknowledged that its replica never had: the largest count the old
 // master gave, less the one the new master started from.
@@ -722,9 +722,13 @@ func UnderFailover(t testing.TB, f Failover) {
 		newMin           int64 = math.MaxInt64
 		admitted         int64
 		failed, tooLate  int
+		afterRecovery    int // calls that ended after the recovery deadline
 		recoveryDeadline = at.Add(FailoverRecovery)
 	)
 	for _, tk := range takes {
+		if tk.end.After(recoveryDeadline) {
+			afterRecovery++
+		}
 		switch {
 		case !tk.ok:
 			failed++
@@ -759,8 +763,9 @@ func UnderFailover(t testing.TB, f Failover) {
 	if got := firstOK.Sub(at); got > FailoverRecovery {
 		t.Errorf("calls succeed again %v after the promotion, want within %v", got, FailoverRecovery)
 	}
-	if tooLate > 0 {
-		t.Errorf("%d calls failed later than %v after the promotion", tooLate, FailoverRecovery)
+	// A call may time out on a healthy server of a busy machine: 1% may.
+	if tooLate*100 > afterRecovery {
+		t.Errorf("%d of %d calls failed later than %v after the promotion", tooLate, afterRecovery, FailoverRecovery)
 	}
 	if excess > lost {
 		t.Errorf("over-admission %d exceeds the %d takes lost with the old master", excess, lost)
