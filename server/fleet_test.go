@@ -123,7 +123,7 @@ func TestFleetBoundRedisKilled(t *testing.T) {
 
 // TestFleetBoundRedisSlow: four instances under load, Redis paused
 // (CLIENT PAUSE) 80ms every 200ms for 4s: slower than the decision
-// timeout, alive in between.
+// timeout, alive in between. The breaker stays closed.
 func TestFleetBoundRedisSlow(t *testing.T) {
 	race.SkipTiming(t)
 	r := startRedis(t)
@@ -142,6 +142,12 @@ func TestFleetBoundRedisSlow(t *testing.T) {
 	time.Sleep(time.Second)
 	l.finish()
 	checkFleetBound(t, l)
+	// Slow is not down: the calls that timed out fell back alone.
+	for i, p := range f.procs {
+		if log := p.stderr.String(); strings.Contains(log, "resilient: failure policy on") {
+			t.Errorf("instance %d: the breaker opened; log:\n%s", i, log)
+		}
+	}
 }
 
 // TestFleetSizeDiscovery: instances count each other through Redis; a
