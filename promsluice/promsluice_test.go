@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log"
+	"log/slog"
 	"math"
 	"net/http"
 	"net/http/httptest"
@@ -54,7 +55,7 @@ func TestCollector(t *testing.T) {
 	}
 
 	// Store calls through the failure-policy wrapper: a dead backend.
-	rs, err := resilient.New(failing{store}, &resilient.Options{Name: "redis", Observer: c, FailureThreshold: 2, Timeout: time.Minute})
+	rs, err := resilient.New(failing{store}, &resilient.Options{Name: "redis", Observer: c, FailureThreshold: 2, DeadAfter: time.Nanosecond, Timeout: time.Minute, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -16,18 +16,14 @@ import (
 // stop renewing; on a Cluster too (the registry is one key).
 func TestMembershipHeartbeat(t *testing.T) {
 	t.Parallel()
-	for _, tt := range []struct {
-		name   string
-		client func(testing.TB) redis.UniversalClient
-	}{
-		{"standalone", func(t testing.TB) redis.UniversalClient { return redistest.Client(t) }},
-		{"cluster", func(t testing.TB) redis.UniversalClient { return redistest.ClusterClient(t) }},
-	} {
-		t.Run(tt.name, func(t *testing.T) {
-			t.Parallel()
-			testHeartbeat(t, tt.client(t))
-		})
-	}
+	t.Run("standalone", func(t *testing.T) {
+		t.Parallel()
+		testHeartbeat(t, redistest.Client(t))
+	})
+	t.Run("cluster", func(t *testing.T) {
+		t.Parallel()
+		testHeartbeat(t, redistest.ClusterClient(t))
+	})
 }
 
 func testHeartbeat(t *testing.T, client redis.UniversalClient) {

@@ -75,3 +75,31 @@ func Example_denyCache() {
 	// backend false
 	// deny_cache false
 }
+
+// registry is a Membership that always counts three processes, as three
+// processes sharing one Redis would (redisstore.Store.Membership).
+type registry struct{}
+
+func (registry) Heartbeat(context.Context, string, time.Duration) (int, error) { return 3, nil }
+
+// A Fleet counts the processes sharing the backend; the fallback gives each
+// its share of every limit.
+func ExampleNewFleet() {
+	fleet, err := resilient.NewFleet(registry{}, &resilient.FleetOptions{Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer fleet.Close()
+	store, err := resilient.New(down{}, &resilient.Options{Fleet: fleet, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer store.Close()
+	d, err := store.Take(context.Background(), "client-1", sluice.PerMinute(9), 1)
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println(fleet.Size(), d.Allowed, d.Limit, d.Remaining, d.Source)
+	// Output:
+	// 3 true 3/min 2 fallback
+}

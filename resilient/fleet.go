@@ -99,7 +99,8 @@ type FleetEvent struct {
 // expires after TTL. The size grows as soon as a count is larger and falls
 // only after every count for Shrink was smaller; while the registry is
 // unreachable it is kept. Build one with NewFleet and Close it when done.
-// Its methods are safe for concurrent use; the zero value is not usable.
+// Its methods are safe for concurrent use. A zero Fleet discovers nothing:
+// Size reports 0 (a Store reading it divides by 1) and Close does nothing.
 type Fleet struct {
 	reg      Membership
 	member   string
@@ -186,7 +187,7 @@ func NewFleet(reg Membership, opts *FleetOptions) (*Fleet, error) {
 }
 
 // Size returns the fleet size: FleetOptions.Size when set, else the
-// discovered size. It is at least 1.
+// discovered size. It is at least 1, but for a zero Fleet.
 func (f *Fleet) Size() int { return int(f.size.Load()) }
 
 // Member returns this process's name in the registry.
@@ -195,6 +196,9 @@ func (f *Fleet) Member() string { return f.member }
 // Close stops the heartbeat. The registration expires after TTL; Size
 // keeps its last value.
 func (f *Fleet) Close() error {
+	if f.stop == nil {
+		return nil
+	}
 	f.once.Do(func() { close(f.stop) })
 	<-f.done
 	return nil

@@ -237,6 +237,17 @@ func TestFleetOptions(t *testing.T) {
 	if _, err := New(newFlaky(nil), &Options{Nodes: -1}); !errors.Is(err, ErrInvalidOptions) {
 		t.Errorf("negative Nodes: %v", err)
 	}
+	var zero Fleet
+	if zero.Size() != 0 || zero.Close() != nil {
+		t.Error("zero Fleet: want size 0 and a Close that does nothing")
+	}
+	s, err := New(newFlaky(nil), &Options{Fleet: &zero, Logger: discard})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := s.fleetSize(); got != 1 {
+		t.Errorf("a Store over a zero Fleet divides by %d, want 1", got)
+	}
 }
 
 // Four members on one Redis count four; a fifth, in a process of its own,

@@ -93,18 +93,22 @@ func slowRedis(t *testing.T, pause, period, d time.Duration) (*opened, *load) {
 }
 
 // Slow is not down: Redis paused 30ms every 500ms, below the 50ms timeout,
-// never opens the breaker and no decision falls back. Not parallel: the
-// 20ms between pause and timeout are all a busy machine may take.
+// never opens the breaker, and no decision falls back at the 99.9th
+// percentile. Not every one: that a call sent in a 30ms pause is answered
+// within 50ms is a time bound, and a busy machine alone delays a call past
+// 50ms now and then, pause or not. Not parallel: the 20ms between pause and
+// timeout are all the headroom there is.
 func TestFaultSlowRedisShortPauses(t *testing.T) {
 	race.SkipTiming(t)
 	rec, l := slowRedis(t, 30*time.Millisecond, 500*time.Millisecond, 6*time.Second)
 	if got := rec.breakers; len(got) != 0 {
 		t.Errorf("breaker changes %v, want none", got)
 	}
-	if got := rec.count(sluice.SourceFallback); got != 0 {
-		t.Errorf("%d of %d decisions fell back, want none", got, l.calls.Load())
+	calls, fallback := l.calls.Load(), int64(rec.count(sluice.SourceFallback))
+	if fallback*1000 > calls {
+		t.Errorf("%d of %d decisions fell back, over 0.1%%", fallback, calls)
 	}
-	t.Logf("%d calls, slowest %v", l.calls.Load(), time.Duration(l.slowest.Load()))
+	t.Logf("%d calls, %d fell back, slowest %v", calls, fallback, time.Duration(l.slowest.Load()))
 }
 
 // Redis paused 80ms every second: the calls caught by a pause time out and
@@ -146,9 +150,9 @@ func TestFaultDeadRedisOpensWithinASecond(t *testing.T) {
 				t.Fatal(err)
 			}
 			t.Cleanup(func() { s.Close() })
+			pid := redisPID(t, client)
 			l := startLoad(s, 4)
 			defer l.end()
-			pid := redisPID(t, client)
 			var took []time.Duration
 			for range 10 {
 				backend := rec.count(sluice.SourceBackend)
