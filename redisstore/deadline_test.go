@@ -23,6 +23,12 @@ import (
 // reads wait out ReadTimeout, 3 s), batched or not, standalone or cluster.
 // Calls run from 8 goroutines at staggered times, so that a stall of the
 // whole machine costs one sample rather than eight.
+//
+// What is bounded is the time a call takes past the moment the runtime
+// tells a bare waiter on the same context that it ended: on a starved
+// machine (another test's processes on the same cores) the runtime itself
+// wakes every waiter late, which no code can prevent. Both figures are
+// logged.
 func TestFaultDeadline(t *testing.T) {
 	race.SkipTiming(t)
 	const (
@@ -77,31 +83,39 @@ func TestFaultDeadline(t *testing.T) {
 						tg.stop()
 					}
 					var mu sync.Mutex
-					var over []time.Duration
+					var over, overAbs, bares []time.Duration // past the bare waiter; past the deadline; the bare waiter's
 					for w := range workers {
 						wg.Go(func() {
 							for range calls {
 								time.Sleep(time.Duration(rand.IntN(10_000)) * time.Microsecond)
 								ctx, cancel := context.WithTimeout(context.Background(), deadline)
 								end, _ := ctx.Deadline()
+								woken := make(chan time.Duration, 1)
+								go func() { <-ctx.Done(); woken <- time.Since(end) }()
 								_, err := s.Take(ctx, fmt.Sprint(w), l, 1)
 								late := time.Since(end)
 								cancel()
 								if err == nil {
 									t.Errorf("take with Redis %s: no error", fault)
 								}
+								bare := max(0, <-woken) // negative: the call ended first, and cancel woke it
 								mu.Lock()
-								over = append(over, late)
+								over = append(over, late-bare)
+								overAbs = append(overAbs, late)
+								bares = append(bares, bare)
 								mu.Unlock()
 							}
 						})
 					}
 					wg.Wait()
-					slices.Sort(over)
-					p99, worst := over[len(over)*99/100], over[len(over)-1]
-					t.Logf("%d calls past their deadline by: p50 %v, p99 %v, max %v", len(over), over[len(over)/2], p99, worst)
-					if p99 > p99Bound || worst > maxBound {
-						t.Errorf("p99 %v, max %v past the deadline: want at most %v and %v", p99, worst, p99Bound, maxBound)
+					for _, d := range [][]time.Duration{over, overAbs, bares} {
+						slices.Sort(d)
+					}
+					q := func(d []time.Duration, p int) time.Duration { return d[(len(d)-1)*p/100] }
+					t.Logf("%d calls past their deadline by p50 %v, p99 %v, max %v; a bare waiter was woken p99 %v, max %v late; calls past it: p99 %v, max %v",
+						len(over), q(overAbs, 50), q(overAbs, 99), q(overAbs, 100), q(bares, 99), q(bares, 100), q(over, 99), q(over, 100))
+					if p99, worst := q(over, 99), q(over, 100); p99 > p99Bound || worst > maxBound {
+						t.Errorf("calls outlived their deadline by p99 %v, max %v more than a bare waiter: want at most %v and %v", p99, worst, p99Bound, maxBound)
 					}
 				})
 			}

@@ -24,12 +24,57 @@ import (
 func TestFaultServeClusterFailover(t *testing.T) {
 	race.SkipTiming(t)
 	cl := redistest.StartCluster(t, &redistest.ClusterOptions{Replicas: 1})
+	serveUnderFailover(t, cl.URL(), func(call func(context.Context, string) (int64, error)) (func(), func() time.Time) {
+		// The hot key's master: the one node holding a key after one take.
+		if _, err := call(context.Background(), "/v1/check"); err != nil {
+			t.Fatal(err)
+		}
+		var master *redistest.Node
+		for _, n := range cl.Nodes {
+			c := redis.NewClient(&redis.Options{Addr: n.Addr})
+			keys, err := c.Keys(context.Background(), "*").Result()
+			role, _ := c.Do(context.Background(), "role").Slice()
+			c.Close()
+			if err == nil && len(keys) > 0 && len(role) > 0 && role[0] == "master" {
+				master = n
+			}
+		}
+		if master == nil {
+			t.Fatal("no master holds the hot key")
+		}
+		return master.Kill, func() time.Time {
+			_, at := cl.AwaitMaster(t, 10*time.Second, cl.ReplicasOf(t, master)...)
+			return at
+		}
+	})
+}
+
+// TestFaultServeSentinelFailover: the same through Sentinel: one master,
+// one replica, three Sentinels (quorum 2).
+func TestFaultServeSentinelFailover(t *testing.T) {
+	race.SkipTiming(t)
+	set := redistest.StartSentinel(t, nil)
+	serveUnderFailover(t, set.URL(), func(func(context.Context, string) (int64, error)) (func(), func() time.Time) {
+		return set.Master.Kill, func() time.Time {
+			_, at := set.AwaitMaster(t, 10*time.Second, set.Replicas...)
+			return at
+		}
+	})
+}
+
+// serveUnderFailover runs `sluice serve` on redisURL with one policy that
+// never denies during the test and failure policy "error", and runs
+// redistest.UnderFailover through its JSON API. master returns how to kill
+// the hot key's master and how to wait for the promotion; it may call the
+// API first to find the master.
+func serveUnderFailover(t *testing.T, redisURL string, master func(call func(context.Context, string) (int64, error)) (kill func(), promoted func() time.Time)) {
+	t.Helper()
 	config := filepath.Join(t.TempDir(), "sluice.yaml")
 	err := os.WriteFile(config, []byte("domain: failover\npolicies:\n  - name: hot\n    limit: fixed_window 1000000000/1h\n"), 0o600)
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := startSluice(t, nil, "--config", config, "--redis", cl.URL(), "--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0",
+	p := startSluice(t, nil, "--config", config, "--redis", redisURL, "--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0",
 		"--failure-policy", "error", "--decision-timeout", redistest.FailoverCallTimeout.String(), "--watch-interval", "0")
 	client := &http.Client{Timeout: 5 * time.Second}
 	call := func(ctx context.Context, path string) (int64, error) {
@@ -49,23 +94,7 @@ func TestFaultServeClusterFailover(t *testing.T) {
 		}
 		return r.Limit - r.Remaining, nil
 	}
-	// The hot key's master: the one node holding a key after one take.
-	if _, err := call(context.Background(), "/v1/check"); err != nil {
-		t.Fatal(err)
-	}
-	var master *redistest.Node
-	for _, n := range cl.Nodes {
-		c := redis.NewClient(&redis.Options{Addr: n.Addr})
-		keys, err := c.Keys(context.Background(), "*").Result()
-		role, _ := c.Do(context.Background(), "role").Slice()
-		c.Close()
-		if err == nil && len(keys) > 0 && len(role) > 0 && role[0] == "master" {
-			master = n
-		}
-	}
-	if master == nil {
-		t.Fatal("no master holds the hot key")
-	}
+	kill, promoted := master(call)
 	redistest.UnderFailover(t, redistest.Failover{
 		Take: func(ctx context.Context) (int64, error) {
 			// The service bounds the call itself; a little more here, so
@@ -75,7 +104,7 @@ func TestFaultServeClusterFailover(t *testing.T) {
 			return call(ctx, "/v1/check")
 		},
 		Counted:  func() (int64, error) { return call(context.Background(), "/v1/peek") },
-		Fail:     master.Kill,
-		Promoted: func() time.Time { _, at := cl.AwaitMaster(t, 10*time.Second, cl.ReplicasOf(t, master)...); return at },
+		Fail:     kill,
+		Promoted: promoted,
 	})
 }
