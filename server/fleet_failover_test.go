@@ -19,19 +19,14 @@ policies:
     limit: gcra 1000000/h
 `
 
-// failoverArgs make failures visible (503) and keep a slow moment of a
-// busy machine from counting as one.
-var failoverArgs = []string{"--failure-policy", "error", "--decision-timeout", "1s"}
-
-// failoverRecovery is how soon after a promotion decisions must succeed
-// again.
+// failoverRecovery is how soon after a promotion decisions must return to
+// Redis.
 const failoverRecovery = 3 * time.Second
 
 // checkRecovery runs load on f through a failover that kill starts and
-// promoted reports, and asserts that no decision failed later than
-// failoverRecovery after the promotion (under --failure-policy error a
-// failed decision is a 503), and that instances under local have left
-// their fallback a second after that.
+// promoted reports, and asserts that every decision was answered (under
+// local, by the fallback while Redis could not) and that the instances
+// have left their fallback a second after failoverRecovery.
 func checkRecovery(t *testing.T, f *fleet, kill func(), promoted func() time.Time) {
 	t.Helper()
 	l := f.drive(2, "hot", "api")
@@ -42,16 +37,9 @@ func checkRecovery(t *testing.T, f *fleet, kill func(), promoted func() time.Tim
 	time.Sleep(time.Until(at.Add(failoverRecovery + time.Second)))
 	l.finish()
 	allowed, _, failed := l.sum()
-	last, why := l.lastFailure()
-	t.Logf("promotion %v after the kill; %d decisions, %d failed", at.Sub(killed).Round(time.Millisecond), allowed+failed, failed)
-	if !last.IsZero() {
-		t.Logf("the last failure %v after the promotion: %s", last.Sub(at).Round(time.Millisecond), why)
-	}
-	if last.Sub(at) > failoverRecovery {
-		t.Errorf("a decision failed %v after the promotion, want none after %v: %s", last.Sub(at).Round(time.Millisecond), failoverRecovery, why)
-	}
-	if allowed == 0 {
-		t.Error("no decision succeeded")
+	t.Logf("promotion %v after the kill; %d decisions", at.Sub(killed).Round(time.Millisecond), allowed+failed)
+	if last, why := l.lastFailure(); failed > 0 {
+		t.Errorf("%d decisions failed, the last %v after the promotion: %s", failed, last.Sub(at).Round(time.Millisecond), why)
 	}
 	for i, p := range f.procs {
 		if got := metric(t, p, "sluice_fallback_active"); got != 0 {
@@ -63,9 +51,10 @@ func checkRecovery(t *testing.T, f *fleet, kill func(), promoted func() time.Tim
 // TestFaultServeClusterFailoverLocal: sluice serve under its default
 // policy (local) on a 3 masters + 3 replicas cluster under load; the master
 // that owns the hot key is killed (SIGKILL). Every decision is answered,
-// and the instances leave their fallback within 4s of the replica's
-// promotion. (TestFaultServeClusterFailover times the decisions under
-// error.)
+// and the instances leave their fallback, which they log, within 4s of the
+// replica's promotion: a client that kept dialling the dead master would
+// keep them on it for good. (TestFaultServeClusterFailover times the
+// decisions under error.)
 func TestFaultServeClusterFailoverLocal(t *testing.T) {
 	race.SkipTiming(t)
 	c := redistest.StartCluster(t, &redistest.ClusterOptions{Replicas: 1})
@@ -78,6 +67,13 @@ func TestFaultServeClusterFailoverLocal(t *testing.T) {
 		_, at := c.AwaitMaster(t, 10*time.Second, replicas...)
 		return at
 	})
+	checkFallbackEpisode(t, f)
+}
+
+// checkFallbackEpisode asserts that every instance logged the start and
+// the end of its fallback.
+func checkFallbackEpisode(t *testing.T, f *fleet) {
+	t.Helper()
 	for i, p := range f.procs {
 		log := p.stderr.String()
 		if !strings.Contains(log, "resilient: failure policy on") || !strings.Contains(log, "resilient: failure policy off") {
@@ -86,17 +82,18 @@ func TestFaultServeClusterFailoverLocal(t *testing.T) {
 	}
 }
 
-// TestFaultServeSentinelFailoverLocal: the same through Sentinel: 1 master + 1
-// replica + 3 Sentinels (quorum 2, down-after-milliseconds 1000).
+// TestFaultServeSentinelFailoverLocal: the same through Sentinel: 1
+// master + 1 replica + 3 Sentinels (quorum 2, down-after-milliseconds
+// 1000). (TestFaultServeSentinelFailover times the decisions under error.)
 func TestFaultServeSentinelFailoverLocal(t *testing.T) {
 	race.SkipTiming(t)
 	s := redistest.StartSentinel(t, nil)
 	addrs := s.SentinelAddrs()
 	url := "redis+sentinel://" + addrs[0] + "?master_name=" + redistest.SentinelMaster + "&addr=" + strings.Join(addrs[1:], "&addr=")
-	f := startFleet(t, url, 2, failoverConfig, failoverArgs...)
-	f.add(t, "--failure-policy", "local")
+	f := startFleet(t, url, 2, failoverConfig)
 	checkRecovery(t, f, s.Master.Kill, func() time.Time {
 		_, at := s.AwaitMaster(t, 15*time.Second, s.Replicas...)
 		return at
 	})
+	checkFallbackEpisode(t, f)
 }
