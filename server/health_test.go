@@ -1,6 +1,7 @@
 package server
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -92,22 +93,23 @@ func TestServeRefusesWrongPassword(t *testing.T) {
 // logged waits until the log has a line with every word, and returns it.
 func logged(t *testing.T, logs *syncBuffer, words ...string) string {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	var found string
+	if !eventually(func() bool {
 		for line := range strings.Lines(logs.String()) {
 			all := true
 			for _, w := range words {
 				all = all && strings.Contains(line, w)
 			}
 			if all {
-				return line
+				found = line
+				return true
 			}
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no log line with %q in:\n%s", words, logs.String())
-		}
-		time.Sleep(20 * time.Millisecond)
+		return false
+	}) {
+		t.Fatalf("no log line with %q in:\n%s", words, logs.String())
 	}
+	return found
 }
 
 func countLines(logs *syncBuffer, word string) int {
@@ -126,17 +128,15 @@ func metricValue(t *testing.T, p *proc, series string) string {
 	return ""
 }
 
-func startOnRedis(t *testing.T, url, policy string, logs *syncBuffer) (*Server, *proc) {
+// runServer starts a Server (on loopback ports and without a log unless
+// opts say otherwise) and shuts it down at cleanup.
+func runServer(t *testing.T, opts Options) *Server {
 	t.Helper()
-	fp, ok, err := ParseFailurePolicy(policy)
-	if err != nil {
-		t.Fatal(err)
+	opts.HTTPAddr, opts.GRPCAddr = cmp.Or(opts.HTTPAddr, "127.0.0.1:0"), cmp.Or(opts.GRPCAddr, "127.0.0.1:0")
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
 	}
-	srv, err := New(Options{
-		ConfigFile: "testdata/envoy-example.yaml", RedisURL: url, HTTPAddr: "127.0.0.1:0", GRPCAddr: "127.0.0.1:0",
-		FailurePolicy: fp, NoFailurePolicy: !ok, StoreCheckInterval: 50 * time.Millisecond,
-		Logger: slog.New(slog.NewTextHandler(logs, nil)),
-	})
+	srv, err := New(opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -144,6 +144,20 @@ func startOnRedis(t *testing.T, url, policy string, logs *syncBuffer) (*Server, 
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { srv.Shutdown(context.Background()) })
+	return srv
+}
+
+func startOnRedis(t *testing.T, url, policy string, logs *syncBuffer) (*Server, *proc) {
+	t.Helper()
+	fp, ok, err := ParseFailurePolicy(policy)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := runServer(t, Options{
+		ConfigFile: "testdata/envoy-example.yaml", RedisURL: url,
+		FailurePolicy: fp, NoFailurePolicy: !ok, StoreCheckInterval: 50 * time.Millisecond,
+		Logger: slog.New(slog.NewTextHandler(logs, nil)),
+	})
 	return srv, &proc{http: srv.HTTPAddr(), grpc: srv.GRPCAddr()}
 }
 
@@ -288,11 +302,10 @@ func TestServerBreakerTransitionsLogged(t *testing.T) {
 	}
 	r.Start(t)
 	// The breaker probes after its interval (1s); decisions bring it back.
-	deadline := time.Now().Add(10 * time.Second)
-	for countLines(&logs, "breaker closed") == 0 && time.Now().Before(deadline) {
+	eventually(func() bool {
 		p.post(t, "/v1/check", `{"policy":"rl.foo","key":"foo=b"}`)
-		time.Sleep(50 * time.Millisecond)
-	}
+		return countLines(&logs, "breaker closed") > 0
+	})
 	logged(t, &logs, "level=INFO", "breaker closed", "fallback=off")
 	if n := countLines(&logs, "breaker open"); n != 1 {
 		t.Errorf("%d 'breaker open' lines, want 1 (probes that fail do not log again)", n)
