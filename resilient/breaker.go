@@ -1,6 +1,10 @@
 package resilient
 
 import (
+	"context"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -8,92 +12,226 @@ import (
 	"github.com/sluicehq/sluice"
 )
 
-// breaker is a circuit breaker. Closed: every call goes to the backend;
-// threshold consecutive failures open it. Open: no calls until interval has
-// passed, then exactly one call probes (half-open). A successful probe
-// closes it; a failed one opens it for another interval.
+// breaker is a circuit breaker that tells a slow backend from a dead one.
+//
+// Closed: every call goes to the backend. It opens when the calls of the
+// last window fail at rate or more (at least minCalls of them), or when
+// every call has failed for deadAfter (at least threshold in a row).
+// Open: no calls until interval has passed. Half-open: one call at a time
+// probes; closeAfter successes in a row close it, one failure opens it
+// for another interval.
+//
+// The hysteresis: opening takes a failure rate over many calls or a long
+// unbroken run of failures; closing takes several good probes and clears
+// the window, so a closed breaker reopens only on new evidence.
 type breaker struct {
-	threshold int
-	interval  time.Duration
-	name      string
-	observer  sluice.Observer
+	rate       float64
+	minCalls   int64
+	slice      time.Duration // window / windowSlices
+	deadAfter  time.Duration
+	threshold  int64
+	interval   time.Duration
+	closeAfter int
+	name       string
+	policy     Policy
+	observer   sluice.Observer
+	log        *slog.Logger
+	jitter     func() float64 // in [0, 1); nil: none (tests)
 
-	state atomic.Uint32 // sluice.BreakerState, read without the lock on the hot path
-	fails atomic.Int32  // consecutive failures while closed
+	state  atomic.Uint32 // sluice.BreakerState, read without the lock on the hot path
+	run    atomic.Int64  // consecutive failures while closed
+	window [windowSlices]slot
 
-	mu      sync.Mutex
-	retryAt time.Time // open: when the next probe may go
+	mu       sync.Mutex
+	runStart time.Time // the first failure of the run
+	retryAt  time.Time // open: when the next probe may go
+	probing  bool      // half-open: a probe is in flight
+	good     int       // half-open: probes that succeeded in a row
+}
+
+// windowSlices is how many parts the failure-rate window is kept in: the window
+// slides by a tenth of its span.
+const windowSlices = 10
+
+// slot counts one slice of the window; epoch says which.
+type slot struct {
+	epoch, calls, fails atomic.Int64
+}
+
+func newBreaker(o *Options, name string) breaker {
+	window := orDefault(o.Window, 10*time.Second)
+	return breaker{
+		rate:       orDefault(o.FailureRate, 0.5),
+		minCalls:   int64(orDefault(o.MinCalls, 20)),
+		slice:      max(window/windowSlices, time.Nanosecond),
+		deadAfter:  orDefault(o.DeadAfter, 500*time.Millisecond),
+		threshold:  int64(orDefault(o.FailureThreshold, 3)),
+		interval:   orDefault(o.ProbeInterval, time.Second),
+		closeAfter: orDefault(o.CloseAfter, 3),
+		name:       name,
+		policy:     o.Policy,
+		observer:   o.Observer,
+		log:        orDefault(o.Logger, slog.Default()),
+		jitter:     rand.Float64,
+	}
 }
 
 func (b *breaker) current() sluice.BreakerState { return sluice.BreakerState(b.state.Load()) }
 
 // allow reports whether this call may go to the backend, and whether it is
-// the probe.
+// a probe.
 func (b *breaker) allow(now time.Time) (call, probe bool) {
 	if b.current() == sluice.BreakerClosed {
 		return true, false
 	}
 	b.mu.Lock()
-	if b.current() != sluice.BreakerOpen || now.Before(b.retryAt) {
-		closed := b.current() == sluice.BreakerClosed
-		b.mu.Unlock()
-		return closed, false
+	defer b.mu.Unlock()
+	switch b.current() {
+	case sluice.BreakerClosed:
+		return true, false
+	case sluice.BreakerOpen:
+		if now.Before(b.retryAt) {
+			return false, false
+		}
+		b.set(sluice.BreakerHalfOpen, "probe")
 	}
-	b.set(sluice.BreakerHalfOpen)
-	b.mu.Unlock()
+	if b.probing {
+		return false, false
+	}
+	b.probing = true
 	return true, true
 }
 
-func (b *breaker) success(probe bool) {
-	if !probe && b.current() == sluice.BreakerClosed {
-		if b.fails.Load() != 0 {
-			b.fails.Store(0)
+// success records a call sent at sent that the backend answered.
+func (b *breaker) success(probe bool, sent time.Time) {
+	if !probe {
+		b.count(sent, false)
+		if b.run.Load() != 0 {
+			b.run.Store(0)
 		}
 		return
 	}
 	b.mu.Lock()
-	b.fails.Store(0)
-	if probe || b.current() != sluice.BreakerClosed {
-		b.set(sluice.BreakerClosed)
+	defer b.mu.Unlock()
+	b.probing = false
+	if b.good++; b.good >= b.closeAfter {
+		b.set(sluice.BreakerClosed, fmt.Sprintf("%d probes succeeded", b.good))
 	}
-	b.mu.Unlock()
 }
 
-func (b *breaker) failure(probe bool, now time.Time) {
-	if !probe && b.fails.Add(1) < int32(b.threshold) {
+// failure records a call sent at sent that failed (or timed out) at now.
+//
+// A run of failures is timed by when its calls were sent, not when they
+// failed: calls sent DeadAfter apart that all failed show a dead backend,
+// while a process that stalled (a long GC or CPU throttling) sees the
+// calls it had in flight fail together, sent at about the same time.
+func (b *breaker) failure(probe bool, sent, now time.Time) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if probe {
+		b.probing = false
+		b.reopen(now, "probe failed")
 		return
 	}
-	b.mu.Lock()
-	if probe || b.current() == sluice.BreakerClosed {
-		b.retryAt = now.Add(b.interval)
-		b.set(sluice.BreakerOpen)
+	calls, fails := b.count(sent, true)
+	if b.current() != sluice.BreakerClosed {
+		return // a call sent before the breaker opened
 	}
-	b.mu.Unlock()
+	if b.run.Add(1) == 1 {
+		b.runStart = sent
+	}
+	var why string
+	switch span := sent.Sub(b.runStart); {
+	case calls >= b.minCalls && float64(fails) >= b.rate*float64(calls):
+		why = fmt.Sprintf("%d of %d calls failed in %v", fails, calls, b.slice*windowSlices)
+	case b.run.Load() >= b.threshold && span >= b.deadAfter:
+		why = fmt.Sprintf("every call sent over %v failed (%d calls)", span, b.run.Load())
+	default:
+		return
+	}
+	b.reopen(now, why)
+}
+
+// reopen opens the breaker until the next probe: after ProbeInterval and
+// up to a quarter more at random, so that probes do not fall in step with
+// a backend that stalls periodically.
+func (b *breaker) reopen(now time.Time, why string) {
+	wait := b.interval
+	if b.jitter != nil {
+		wait += time.Duration(b.jitter() * float64(b.interval) / 4)
+	}
+	b.retryAt = now.Add(wait)
+	b.set(sluice.BreakerOpen, why)
 }
 
 // release ends a call that taught nothing about the backend (the caller
 // gave up, or sent bad input). A probe gives its turn to the next call.
-func (b *breaker) release(probe bool, now time.Time) {
+func (b *breaker) release(probe bool) {
 	if !probe {
 		return
 	}
 	b.mu.Lock()
-	if b.current() == sluice.BreakerHalfOpen {
-		b.retryAt = now
-		b.set(sluice.BreakerOpen)
-	}
+	b.probing = false
 	b.mu.Unlock()
 }
 
-// set changes state under b.mu and reports the change.
-func (b *breaker) set(to sluice.BreakerState) {
+// count adds a call to the window's slice at now and returns the window's
+// totals. A slice from an older turn of the ring is cleared first; the rare
+// call counted into a slice while another clears it is lost, which only
+// blurs the rate.
+func (b *breaker) count(now time.Time, failed bool) (calls, fails int64) {
+	e := now.UnixNano() / int64(b.slice)
+	sl := &b.window[e%windowSlices]
+	if old := sl.epoch.Load(); old != e && sl.epoch.CompareAndSwap(old, e) {
+		sl.calls.Store(0)
+		sl.fails.Store(0)
+	}
+	sl.calls.Add(1)
+	if failed {
+		sl.fails.Add(1)
+	}
+	if !failed {
+		return 0, 0 // only failures ask for the totals
+	}
+	for i := range b.window {
+		s := &b.window[i]
+		if ep := s.epoch.Load(); ep > e-windowSlices && ep <= e {
+			calls += s.calls.Load()
+			fails += s.fails.Load()
+		}
+	}
+	return calls, fails
+}
+
+// set changes state under b.mu and reports the change: one log line for
+// the transition, one more when the failure policy starts or stops
+// answering, and an Observer event.
+func (b *breaker) set(to sluice.BreakerState, why string) {
 	from := b.current()
 	if from == to {
 		return
 	}
 	b.state.Store(uint32(to))
+	b.good = 0
 	if to == sluice.BreakerClosed {
-		b.fails.Store(0)
+		b.run.Store(0)
+		for i := range b.window {
+			b.window[i].epoch.Store(0)
+			b.window[i].calls.Store(0)
+			b.window[i].fails.Store(0)
+		}
+	}
+	level := slog.LevelInfo
+	if to == sluice.BreakerOpen {
+		level = slog.LevelWarn
+	}
+	ctx := context.Background()
+	b.log.Log(ctx, level, "resilient: breaker "+to.String(), "store", b.name, "from", from.String(), "reason", why)
+	switch {
+	case from == sluice.BreakerClosed:
+		b.log.Log(ctx, slog.LevelWarn, "resilient: failure policy on", "store", b.name, "policy", b.policy.String())
+	case to == sluice.BreakerClosed:
+		b.log.Log(ctx, slog.LevelInfo, "resilient: failure policy off", "store", b.name, "policy", b.policy.String())
 	}
 	if b.observer != nil {
 		b.observer.ObserveBreaker(sluice.BreakerEvent{Store: b.name, From: from, To: to})

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log"
+	"log/slog"
 	"time"
 
 	"github.com/sluicehq/sluice"
@@ -25,6 +26,7 @@ func Example() {
 	store, err := resilient.New(down{}, &resilient.Options{
 		Policy: resilient.FallbackLocal,
 		Nodes:  4,
+		Logger: slog.New(slog.DiscardHandler),
 	})
 	if err != nil {
 		log.Fatal(err)
@@ -41,12 +43,10 @@ func Example() {
 		}
 		fmt.Println(d.Allowed, d.Limit, d.Remaining)
 	}
-	fmt.Println(store.State())
 	// Output:
 	// true 2/min 1
 	// true 2/min 0
 	// false 2/min 0
-	// open
 }
 
 // sources prints who answered each call.
@@ -74,4 +74,32 @@ func Example_denyCache() {
 	// backend true
 	// backend false
 	// deny_cache false
+}
+
+// registry is a Membership that always counts three processes, as three
+// processes sharing one Redis would (redisstore.Store.Membership).
+type registry struct{}
+
+func (registry) Heartbeat(context.Context, string, time.Duration) (int, error) { return 3, nil }
+
+// A Fleet counts the processes sharing the backend; the fallback gives each
+// its share of every limit.
+func ExampleNewFleet() {
+	fleet, err := resilient.NewFleet(registry{}, &resilient.FleetOptions{Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer fleet.Close()
+	store, err := resilient.New(down{}, &resilient.Options{Fleet: fleet, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer store.Close()
+	d, err := store.Take(context.Background(), "client-1", sluice.PerMinute(9), 1)
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println(fleet.Size(), d.Allowed, d.Limit, d.Remaining, d.Source)
+	// Output:
+	// 3 true 3/min 2 fallback
 }

@@ -33,7 +33,11 @@ type load struct {
 	once    sync.Once
 }
 
-func startLoad(s sluice.Store, workers int) *load {
+func startLoad(s sluice.Store, workers int) *load { return startPacedLoad(s, workers, 0) }
+
+// startPacedLoad is startLoad with each worker sending a call every pace
+// at most: a steady load that leaves the machine's cores to Redis too.
+func startPacedLoad(s sluice.Store, workers int, pace time.Duration) *load {
 	l := &load{stop: make(chan struct{})}
 	lim := sluice.PerSecond(100_000)
 	for w := range workers {
@@ -50,6 +54,9 @@ func startLoad(s sluice.Store, workers int) *load {
 				start := time.Now()
 				_, err := s.Take(context.Background(), key, lim, 1)
 				el := time.Since(start)
+				if el < pace {
+					time.Sleep(pace - el)
+				}
 				for {
 					cur := l.slowest.Load()
 					if int64(el) <= cur || l.slowest.CompareAndSwap(cur, int64(el)) {
@@ -215,7 +222,7 @@ func TestFaultUnreachable(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			for i := range 10 {
+			for i := range 20 { // 20 failures reach MinCalls at a 100% failure rate
 				start := time.Now()
 				d, err := s.Take(context.Background(), "k", sluice.PerSecond(10), 1)
 				if el := time.Since(start); el > timeout+margin {

@@ -3,15 +3,46 @@
 // accident:
 //
 //   - FallbackLocal (the default): a local memory store enforces the same
-//     limits, optionally divided by the expected number of nodes, until the
-//     backend answers again.
+//     limits, each process a share of them (Options.Nodes, or the size a
+//     Fleet discovers), until the backend answers again.
 //   - FailOpen: requests are allowed.
 //   - FailClosed: requests are denied.
 //
 // Every backend call is bounded by a timeout (default 50ms), so a dead or
-// stalled Redis cannot hold requests for seconds. A circuit breaker stops
-// calling a backend that keeps failing and lets one probe through now and
-// then; when a probe succeeds, decisions return to the backend on their own.
+// stalled Redis cannot hold requests for seconds; a call that times out
+// is answered by the policy alone. A circuit breaker stops calling a
+// backend that is down, not merely slow: it opens when half the calls of
+// the last 10s failed (at least 20 of them), or when every call has failed
+// for 500ms; it lets one probe through every second, and three good probes
+// in a row return decisions to the backend on their own. Each transition
+// is one log line (Options.Logger) and an Observer BreakerEvent; the
+// failure policy starts answering when the breaker leaves closed and stops
+// when it closes.
+//
+// # Bounds when the backend fails
+//
+// Under FallbackLocal each process's fallback charges a take of cost c as
+// n·c against the whole limit, n being the fleet size it assumes, in state
+// kept across breaker cycles and fleet size changes. The backend and the
+// fallbacks are then each an exact limiter, and the fleet admits at most
+// their sum. With B the capacity, r = Rate/Period, T an interval's length
+// and D a fallback episode's length within it:
+//
+//   - GCRA, TokenBucket, LeakyBucket: an exact limiter admits B + r·T. With
+//     one episode the fleet admits at most B + r·T + B + min(B, r·D), an
+//     excess of at most 2·B whatever D (the fallbacks' burst, and the
+//     backend's refill while unused); with any number of episodes, at most
+//     2·(B + r·T).
+//   - FixedWindow, SlidingWindowCounter (per window), SlidingWindowLog (per
+//     Period-long span): at most 2·Rate where a switch falls, Rate
+//     elsewhere.
+//
+// Preconditions: n is at least the real number of processes at every
+// moment; the backend loses no acknowledged write; n·c is at most the
+// capacity (else each process admits one such request per refill of the
+// whole capacity); the fallback store evicts no key; for the window
+// algorithms, the process's and the backend's clocks agree. With n below
+// the real count N, the fallbacks' share is multiplied by N/n.
 //
 // A local deny cache remembers denials: a key denied until T for cost c is
 // denied locally for cost c until T, without a backend call, so an abusive
@@ -33,6 +64,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"time"
 
@@ -136,24 +168,68 @@ type Options struct {
 	// backend does.
 	TrustContext bool
 
-	// Nodes is the expected number of processes sharing the limits. Under
-	// FallbackLocal each process enforces Rate/Nodes and Burst/Nodes
-	// (at least 1, and at least the request's cost), so the fleet as a
-	// whole stays near the global limit. Default: 1.
+	// Nodes is the expected number of processes sharing the limits: an
+	// explicit setting, which wins over Fleet. Under FallbackLocal each
+	// process admits a 1/Nodes share of every limit (see "Bounds when the
+	// backend fails" in the package doc), so the fleet as a whole stays
+	// within its stated bound. Default: Fleet's size, or 1 without a Fleet.
 	Nodes int
+
+	// Fleet, when set and Nodes is not, supplies the number of processes
+	// sharing the limits, discovered through the backend (see NewFleet)
+	// and read at every fallback decision. The Store does not own it:
+	// Close it after the Store. Default: none.
+	Fleet *Fleet
 
 	// Fallback is the local store for FallbackLocal. For a MultiStore it
 	// must implement sluice.MultiStore. Default: a memory.Store that the
 	// Store owns and closes in Close.
 	Fallback sluice.Store
 
-	// FailureThreshold is how many consecutive backend failures open the
-	// breaker. Default: 3.
+	// FailureRate opens the breaker when at least this share of the
+	// backend calls in the last Window failed (timeouts included), once
+	// there were at least MinCalls: a slow backend that times out now and
+	// then is not a dead one, and its calls keep going to it. Default: 0.5.
+	FailureRate float64
+
+	// MinCalls is how many calls Window must hold before FailureRate
+	// applies. Default: 20.
+	MinCalls int
+
+	// Window is the span FailureRate is measured over, kept in ten slices
+	// of a tenth each. Default: 10s.
+	Window time.Duration
+
+	// DeadAfter opens the breaker at once, whatever the rate, when every
+	// backend call sent over this long failed (at least FailureThreshold
+	// of them in a row): a backend that refuses connections or stopped
+	// answering. Calls are timed by when they were sent, so a process that
+	// stalls does not mistake its own pause for a dead backend. Default:
+	// 500ms, so that a dead backend under load opens the breaker within a
+	// second (the Timeout included).
+	DeadAfter time.Duration
+
+	// FailureThreshold is the fewest consecutive failures DeadAfter needs.
+	// Default: 3.
 	FailureThreshold int
 
 	// ProbeInterval is how long the breaker stays open before one call is
-	// let through to probe the backend. Default: 1s.
+	// let through to probe the backend, lengthened by up to a quarter at
+	// random so that probes do not fall in step with a backend that stalls
+	// periodically. Default: 1s.
 	ProbeInterval time.Duration
+
+	// CloseAfter is how many probes in a row must succeed to close the
+	// breaker (half-open lets one call through at a time, the next as soon
+	// as the last one answers); a failed probe opens it for another
+	// ProbeInterval. Closing also forgets the Window's failures, so
+	// reopening needs new evidence. Default: 3.
+	CloseAfter int
+
+	// Logger receives one line per breaker transition and per switch of the
+	// failure policy on and off. Default: slog.Default(); for none, pass
+	// slog.New(slog.DiscardHandler).
+	Logger *slog.Logger
 
 	// DenyCacheSize bounds the deny cache's entries. Default: 100,000. A
 	// negative value disables the cache. Cached denials are exact unless
@@ -190,7 +266,8 @@ type Store struct {
 	policy   Policy
 	timeout  time.Duration
 	inline   bool
-	nodes    int64
+	nodes    int64  // Options.Nodes; 0: ask fleet
+	fleet    *Fleet // nil: nodes, or 1
 	probe    time.Duration
 	observer sluice.Observer
 	clock    func() time.Time
@@ -226,6 +303,12 @@ func New(backend sluice.Store, opts *Options) (*Store, error) {
 		return nil, fmt.Errorf("%w: negative failure threshold %d", ErrInvalidOptions, o.FailureThreshold)
 	case o.ProbeInterval < 0:
 		return nil, fmt.Errorf("%w: negative probe interval %v", ErrInvalidOptions, o.ProbeInterval)
+	case o.FailureRate < 0 || o.FailureRate > 1 || o.FailureRate != o.FailureRate:
+		return nil, fmt.Errorf("%w: failure rate %v outside [0, 1]", ErrInvalidOptions, o.FailureRate)
+	case o.MinCalls < 0 || o.CloseAfter < 0:
+		return nil, fmt.Errorf("%w: negative call count", ErrInvalidOptions)
+	case o.Window < 0 || o.DeadAfter < 0:
+		return nil, fmt.Errorf("%w: negative breaker span", ErrInvalidOptions)
 	}
 	s := &Store{
 		backend:  backend,
@@ -234,7 +317,8 @@ func New(backend sluice.Store, opts *Options) (*Store, error) {
 		policy:   o.Policy,
 		timeout:  orDefault(o.Timeout, DefaultTimeout),
 		inline:   o.TrustContext,
-		nodes:    int64(orDefault(o.Nodes, 1)),
+		nodes:    int64(o.Nodes),
+		fleet:    o.Fleet,
 		probe:    orDefault(o.ProbeInterval, time.Second),
 		observer: o.Observer,
 		clock:    o.Clock,
@@ -242,7 +326,7 @@ func New(backend sluice.Store, opts *Options) (*Store, error) {
 	if s.clock == nil {
 		s.clock = time.Now
 	}
-	s.br = breaker{threshold: orDefault(o.FailureThreshold, 3), interval: s.probe, name: s.name, observer: s.observer}
+	s.br = newBreaker(&o, s.name)
 	if o.DenyCacheSize >= 0 {
 		s.cache = newDenyCache(orDefault(o.DenyCacheSize, 100_000))
 	}
@@ -321,7 +405,7 @@ func (s *Store) decide(ctx context.Context, op, key string, limit sluice.Limit, 
 		return fn(ctx, key, limit, cost)
 	})
 	if err == nil {
-		s.br.success(probe)
+		s.br.success(probe, now)
 		if s.cache != nil {
 			switch {
 			case !d.Allowed && d.Source != sluice.SourceFailClosed: // a wrapped resilient store's made-up denial is no state
@@ -334,14 +418,14 @@ func (s *Store) decide(ctx context.Context, op, key string, limit sluice.Limit, 
 		return d, nil
 	}
 	if cerr := ctx.Err(); cerr != nil {
-		s.br.release(probe, s.clock())
+		s.br.release(probe)
 		return sluice.Decision{}, fmt.Errorf("resilient: %s: %w", op, cerr)
 	}
 	if badInput(err) {
-		s.br.release(probe, s.clock())
+		s.br.release(probe)
 		return sluice.Decision{}, err
 	}
-	s.br.failure(probe, s.clock())
+	s.br.failure(probe, now, s.clock())
 	return s.failOne(ctx, op, key, limit, cost, take, lat, err)
 }
 
@@ -357,17 +441,53 @@ func (s *Store) failOne(ctx context.Context, op, key string, limit sluice.Limit,
 		return s.closedDecision(limit), nil
 	}
 	s.observe(op, sluice.SourceFallback, lat, berr)
-	ll := localLimit(limit, s.nodes, cost)
+	n := s.fleetSize()
 	fn := s.fallback.Peek
 	if take {
 		fn = s.fallback.Take
 	}
-	d, err := fn(ctx, key, ll, cost)
+	d, err := fn(ctx, key, limit, localCost(limit, cost, n))
 	if err != nil {
 		return sluice.Decision{}, err
 	}
+	return share(d, limit, n, cost), nil
+}
+
+// fleetSize is how many processes share each limit: Nodes, else the
+// Fleet's size, else 1.
+func (s *Store) fleetSize() int64 {
+	switch {
+	case s.nodes > 0:
+		return s.nodes
+	case s.fleet != nil:
+		return max(int64(s.fleet.Size()), 1)
+	}
+	return 1
+}
+
+// localCost is what the fallback charges for cost units when n processes
+// share limit: cost × n against the whole limit, so that n processes
+// admit one limit between them. The fallback's state stays in units of the
+// whole limit, so a change of n (a fleet growing or shrinking) keeps it:
+// dividing the limit instead would read the key's state under another
+// limit, of other burst and interval. Where cost × n exceeds the
+// capacity, the capacity is charged: each process then admits at most one
+// such request per refill of the whole capacity.
+func localCost(limit sluice.Limit, cost, n int64) int64 {
+	c := limit.Capacity()
+	if cost > c/n {
+		return c
+	}
+	return cost * n
+}
+
+// share reports a fallback decision in the caller's units: this process's
+// share of the limit and of what remains.
+func share(d sluice.Decision, limit sluice.Limit, n, cost int64) sluice.Decision {
+	d.Limit = localLimit(limit, n, cost)
+	d.Remaining /= n
 	d.Source = sluice.SourceFallback
-	return d, nil
+	return d
 }
 
 // openDecision is what FailOpen reports: as for a fresh key.
@@ -398,7 +518,7 @@ func (s *Store) Reset(ctx context.Context, key string, limit sluice.Limit) error
 		s.cache.forget(key, limit)
 	}
 	if s.fallback != nil {
-		if err := s.fallback.Reset(ctx, key, localLimit(limit, s.nodes, 1)); err != nil {
+		if err := s.fallback.Reset(ctx, key, limit); err != nil {
 			return fmt.Errorf("resilient: reset fallback: %w", err)
 		}
 	}
@@ -453,7 +573,7 @@ func (m *MultiStore) TakeAll(ctx context.Context, reqs []sluice.Request) ([]slui
 		err = fmt.Errorf("resilient: backend returned %d decisions for %d requests", len(ds), len(reqs))
 	}
 	if err == nil {
-		s.br.success(probe)
+		s.br.success(probe, now)
 		if s.cache != nil {
 			took := allowedAll(ds)
 			for i, d := range ds {
@@ -468,14 +588,14 @@ func (m *MultiStore) TakeAll(ctx context.Context, reqs []sluice.Request) ([]slui
 		return ds, nil
 	}
 	if cerr := ctx.Err(); cerr != nil {
-		s.br.release(probe, s.clock())
+		s.br.release(probe)
 		return nil, fmt.Errorf("resilient: take_all: %w", cerr)
 	}
 	if badInput(err) {
-		s.br.release(probe, s.clock())
+		s.br.release(probe)
 		return nil, err
 	}
-	s.br.failure(probe, s.clock())
+	s.br.failure(probe, now, s.clock())
 	return m.failAll(ctx, reqs, lat, err)
 }
 
@@ -506,15 +626,19 @@ func (m *MultiStore) failAll(ctx context.Context, reqs []sluice.Request, lat tim
 		return out, nil
 	}
 	s.observe("take_all", sluice.SourceFallback, lat, berr)
+	n := s.fleetSize()
 	local := make([]sluice.Request, len(reqs))
 	for i, r := range reqs {
-		local[i] = sluice.Request{Key: r.Key, Limit: localLimit(r.Limit, s.nodes, r.Cost), Cost: r.Cost}
+		local[i] = sluice.Request{Key: r.Key, Limit: r.Limit, Cost: localCost(r.Limit, r.Cost, n)}
 	}
 	ds, err := m.fbMulti.TakeAll(ctx, local)
-	for i := range ds {
-		ds[i].Source = sluice.SourceFallback
+	if err != nil {
+		return nil, err
 	}
-	return ds, err
+	for i, r := range reqs {
+		ds[i] = share(ds[i], r.Limit, n, r.Cost)
+	}
+	return ds, nil
 }
 
 func (s *Store) observe(op string, src sluice.Source, lat time.Duration, err error) {
@@ -564,10 +688,9 @@ func badInput(err error) bool {
 		errors.Is(err, sluice.ErrInvalidCost) || errors.Is(err, sluice.ErrCostExceedsBurst)
 }
 
-// localLimit divides l among nodes for the local fallback: Rate and Burst
-// each divided (at least 1), and the capacity kept at least cost so that a
-// request the global limit accepts is not an error locally. If the result
-// would not validate, l itself is enforced.
+// localLimit is l divided among nodes, as a fallback decision reports it:
+// Rate and Burst each divided (at least 1), and the capacity kept at least
+// cost. If the result would not validate, l itself.
 func localLimit(l sluice.Limit, nodes, cost int64) sluice.Limit {
 	if nodes <= 1 {
 		return l

@@ -157,62 +157,6 @@ func TestPolicies(t *testing.T) {
 	}
 }
 
-func TestBreaker(t *testing.T) {
-	t.Parallel()
-	clk := storetest.NewClock(t0)
-	b := newFlaky(clk.Now)
-	rec := &recorder{}
-	s, err := New(b, &Options{Policy: FailOpen, FailureThreshold: 3, ProbeInterval: time.Second, Clock: clk.Now, Observer: rec, Timeout: slow})
-	if err != nil {
-		t.Fatal(err)
-	}
-	lim := sluice.PerSecond(1000)
-	steps := []struct {
-		name      string
-		advance   time.Duration
-		mode      int32 // backend mode before the call
-		wantCalls int64 // backend calls so far, after the call
-		wantState sluice.BreakerState
-		wantSrc   sluice.Source
-	}{
-		{"healthy", 0, 0, 1, sluice.BreakerClosed, sluice.SourceBackend},
-		{"failure 1", 0, 1, 2, sluice.BreakerClosed, sluice.SourceFailOpen},
-		{"failure 2", 0, 1, 3, sluice.BreakerClosed, sluice.SourceFailOpen},
-		{"failure 3 opens", 0, 1, 4, sluice.BreakerOpen, sluice.SourceFailOpen},
-		{"open: backend not called", 0, 1, 4, sluice.BreakerOpen, sluice.SourceFailOpen},
-		{"still open at 999ms", 999 * time.Millisecond, 1, 4, sluice.BreakerOpen, sluice.SourceFailOpen},
-		{"probe fails, reopens", time.Millisecond, 1, 5, sluice.BreakerOpen, sluice.SourceFailOpen},
-		{"open again", 500 * time.Millisecond, 0, 5, sluice.BreakerOpen, sluice.SourceFailOpen},
-		{"probe succeeds, closes", 500 * time.Millisecond, 0, 6, sluice.BreakerClosed, sluice.SourceBackend},
-		{"back to the backend", 0, 0, 7, sluice.BreakerClosed, sluice.SourceBackend},
-		{"one failure does not open", 0, 1, 8, sluice.BreakerClosed, sluice.SourceFailOpen},
-		{"success resets the count", 0, 0, 9, sluice.BreakerClosed, sluice.SourceBackend},
-		{"failure 1 again", 0, 1, 10, sluice.BreakerClosed, sluice.SourceFailOpen},
-		{"failure 2 again", 0, 1, 11, sluice.BreakerClosed, sluice.SourceFailOpen},
-	}
-	for _, st := range steps {
-		clk.Advance(st.advance)
-		b.mode.Store(st.mode)
-		before := rec.count(st.wantSrc)
-		if _, err := s.Take(context.Background(), "k", lim, 1); err != nil {
-			t.Fatalf("%s: %v", st.name, err)
-		}
-		if got, want := b.calls.Load(), st.wantCalls; got != want {
-			t.Errorf("%s: backend calls = %d, want %d", st.name, got, want)
-		}
-		if got, want := s.State(), st.wantState; got != want {
-			t.Errorf("%s: state = %v, want %v", st.name, got, want)
-		}
-		if rec.count(st.wantSrc) != before+1 {
-			t.Errorf("%s: not answered by %v", st.name, st.wantSrc)
-		}
-	}
-	want := []sluice.BreakerState{sluice.BreakerOpen, sluice.BreakerHalfOpen, sluice.BreakerOpen, sluice.BreakerHalfOpen, sluice.BreakerClosed}
-	if got := rec.breakers; !equal(got, want) {
-		t.Errorf("breaker events = %v, want %v", got, want)
-	}
-}
-
 func equal[T comparable](a, b []T) bool {
 	if len(a) != len(b) {
 		return false
@@ -247,7 +191,8 @@ func testStalled(t *testing.T, mode int32, trust bool) {
 	t.Cleanup(func() { close(b.stall) })
 	rec := &recorder{}
 	const timeout = 30 * time.Millisecond
-	s, err := New(b, &Options{Policy: FailClosed, Timeout: timeout, Observer: rec, TrustContext: trust})
+	// DeadAfter 1ns: three timeouts in a row open the breaker.
+	s, err := New(b, &Options{Policy: FailClosed, Timeout: timeout, Observer: rec, TrustContext: trust, DeadAfter: time.Nanosecond})
 	if err != nil {
 		t.Fatal(err)
 	}

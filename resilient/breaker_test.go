@@ -1,0 +1,223 @@
+package resilient
+
+import (
+	"context"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/storetest"
+)
+
+// breakerStep is one call in a breaker step table.
+type breakerStep struct {
+	name      string
+	advance   time.Duration
+	mode      int32 // backend mode before the call
+	wantCalls int64 // backend calls so far, after the call
+	wantState sluice.BreakerState
+	wantSrc   sluice.Source
+}
+
+func TestBreaker(t *testing.T) {
+	t.Parallel()
+	const (
+		closed = sluice.BreakerClosed
+		half   = sluice.BreakerHalfOpen
+		open   = sluice.BreakerOpen
+		be     = sluice.SourceBackend
+		fo     = sluice.SourceFailOpen
+	)
+	tests := []struct {
+		name  string
+		opts  Options
+		steps []breakerStep
+		want  []sluice.BreakerState
+	}{{
+		name: "failure rate",
+		opts: Options{MinCalls: 4, CloseAfter: 2},
+		steps: []breakerStep{
+			{"healthy", 0, 0, 1, closed, be},
+			{"1 of 2 failed: too few calls", 0, 1, 2, closed, fo},
+			{"healthy again", 0, 0, 3, closed, be},
+			{"2 of 4 failed opens", 0, 1, 4, open, fo},
+			{"open: backend not called", 0, 0, 4, open, fo},
+			{"still open at 999ms", 999 * time.Millisecond, 0, 4, open, fo},
+			{"probe fails, reopens", time.Millisecond, 1, 5, open, fo},
+			{"open again", 500 * time.Millisecond, 0, 5, open, fo},
+			{"probe 1 succeeds: still half-open", 500 * time.Millisecond, 0, 6, half, be},
+			{"probe 2 succeeds: closes", 0, 0, 7, closed, be},
+			{"closing cleared the window", 0, 1, 8, closed, fo},
+			{"healthy after reopening", 0, 0, 9, closed, be},
+			{"2 of 3 failed", 0, 1, 10, closed, fo},
+			{"the older failure slides out of the window", 10 * time.Second, 1, 11, closed, fo},
+		},
+		want: []sluice.BreakerState{open, half, open, half, closed},
+	}, {
+		name: "dead backend",
+		opts: Options{CloseAfter: 1},
+		steps: []breakerStep{
+			{"failure 1", 0, 1, 1, closed, fo},
+			{"failure 2", 100 * time.Millisecond, 1, 2, closed, fo},
+			{"3 in a row, over 499ms", 399 * time.Millisecond, 1, 3, closed, fo},
+			{"failing for 500ms opens", time.Millisecond, 1, 4, open, fo},
+			{"probe succeeds, closes", time.Second, 0, 5, closed, be},
+			{"failure 1 again", 0, 1, 6, closed, fo},
+			{"a success breaks the run", 400 * time.Millisecond, 0, 7, closed, be},
+			{"failure after the break", 100 * time.Millisecond, 1, 8, closed, fo},
+			{"2 in a row", 400 * time.Millisecond, 1, 9, closed, fo},
+			{"3 in a row, over 500ms", 400 * time.Millisecond, 1, 10, open, fo},
+		},
+		want: []sluice.BreakerState{open, half, closed, open},
+	}, {
+		name: "slow backend: long runs of few failures",
+		opts: Options{},
+		steps: []breakerStep{
+			{"failure 1", 0, 1, 1, closed, fo},
+			{"failure 2, a second later", time.Second, 1, 2, closed, fo},
+			{"success", 0, 0, 3, closed, be},
+			{"failure 1", time.Second, 1, 4, closed, fo},
+			{"failure 2 ends 2s run, but only 2 calls", 2 * time.Second, 1, 5, closed, fo},
+		},
+	}}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			clk := storetest.NewClock(t0)
+			b := newFlaky(clk.Now)
+			rec := &recorder{}
+			o := tt.opts
+			o.Policy, o.Clock, o.Observer, o.Timeout, o.Logger = FailOpen, clk.Now, rec, slow, discard
+			s, err := New(b, &o)
+			if err != nil {
+				t.Fatal(err)
+			}
+			s.br.jitter = nil // probes exactly every ProbeInterval
+			runSteps(t, s, b, clk, rec, tt.steps)
+			if got := rec.breakers; !equal(got, tt.want) {
+				t.Errorf("breaker events = %v, want %v", got, tt.want)
+			}
+		})
+	}
+}
+
+func runSteps(t *testing.T, s *Store, b *flaky, clk *storetest.Clock, rec *recorder, steps []breakerStep) {
+	t.Helper()
+	lim := sluice.PerSecond(1000)
+	for _, st := range steps {
+		clk.Advance(st.advance)
+		b.mode.Store(st.mode)
+		before := rec.count(st.wantSrc)
+		if _, err := s.Take(context.Background(), "k", lim, 1); err != nil {
+			t.Fatalf("%s: %v", st.name, err)
+		}
+		if got, want := b.calls.Load(), st.wantCalls; got != want {
+			t.Errorf("%s: backend calls = %d, want %d", st.name, got, want)
+		}
+		if got, want := s.State(), st.wantState; got != want {
+			t.Errorf("%s: state = %v, want %v", st.name, got, want)
+		}
+		if rec.count(st.wantSrc) != before+1 {
+			t.Errorf("%s: not answered by %v", st.name, st.wantSrc)
+		}
+	}
+}
+
+var discard = slog.New(slog.DiscardHandler)
+
+// lines is a slog.Handler that keeps each record's message and attributes.
+type lines struct {
+	mu  sync.Mutex
+	got []string
+}
+
+func (l *lines) Enabled(context.Context, slog.Level) bool { return true }
+func (l *lines) WithAttrs([]slog.Attr) slog.Handler       { return l }
+func (l *lines) WithGroup(string) slog.Handler            { return l }
+func (l *lines) Handle(_ context.Context, r slog.Record) error {
+	var b strings.Builder
+	b.WriteString(r.Message)
+	r.Attrs(func(a slog.Attr) bool {
+		if a.Key != "reason" && a.Key != "err" && a.Key != "member" {
+			b.WriteString(" " + a.String())
+		}
+		return true
+	})
+	l.mu.Lock()
+	l.got = append(l.got, b.String())
+	l.mu.Unlock()
+	return nil
+}
+
+func (l *lines) all() []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]string(nil), l.got...)
+}
+
+// A flap is logged as one line per transition, plus one as the failure
+// policy starts and one as it stops; nothing else, however many calls.
+func TestBreakerLogsFlap(t *testing.T) {
+	t.Parallel()
+	clk := storetest.NewClock(t0)
+	b := newFlaky(clk.Now)
+	log := &lines{}
+	s, err := New(b, &Options{Name: "redis", Clock: clk.Now, Timeout: slow, Logger: slog.New(log), CloseAfter: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	s.br.jitter = nil
+	lim := sluice.PerSecond(1000)
+	take := func(n int) {
+		for range n {
+			if _, err := s.Take(context.Background(), "k", lim, 1); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	take(10)
+	b.mode.Store(1)
+	take(30) // 20 calls open it; the rest fall back without a line
+	clk.Advance(time.Second)
+	take(5) // a failed probe
+	b.mode.Store(0)
+	clk.Advance(time.Second)
+	take(10) // two good probes close it
+	want := []string{
+		"resilient: breaker open store=redis from=closed",
+		"resilient: failure policy on store=redis policy=local",
+		"resilient: breaker half_open store=redis from=open",
+		"resilient: breaker open store=redis from=half_open",
+		"resilient: breaker half_open store=redis from=open",
+		"resilient: breaker closed store=redis from=half_open",
+		"resilient: failure policy off store=redis policy=local",
+	}
+	if got := log.all(); !equal(got, want) {
+		t.Errorf("log lines:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+}
+
+// A run of failures is timed by when its calls were sent: calls in flight
+// through a stall of the process fail together, late, and are no dead
+// backend; calls sent 500ms apart that all failed are.
+func TestBreakerStall(t *testing.T) {
+	t.Parallel()
+	b := newBreaker(&Options{Logger: discard}, "store")
+	b.jitter = nil
+	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+	b.failure(false, at(0), at(50)) // timed out before the stall
+	for i := range 4 {              // in flight through a 600ms stall
+		b.failure(false, at(10+i), at(650))
+	}
+	if got := b.current(); got != sluice.BreakerClosed {
+		t.Fatalf("after a stall: %v, want closed", got)
+	}
+	b.failure(false, at(500), at(550))
+	if got := b.current(); got != sluice.BreakerOpen {
+		t.Errorf("after calls sent 500ms apart failed: %v, want open", got)
+	}
+}

@@ -1,0 +1,289 @@
+package resilient
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"log/slog"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Membership is a shared registry of the processes in a fleet, kept by the
+// backend they share (redisstore.Store.Membership is the Redis one).
+type Membership interface {
+	// Heartbeat registers member as alive until ttl from now, on the
+	// registry's own clock, drops members whose time has passed, and
+	// returns how many are alive, member included. It must be one atomic
+	// step, so that two members joining at once each count the other.
+	Heartbeat(ctx context.Context, member string, ttl time.Duration) (alive int, err error)
+}
+
+// Fleet discovery defaults; see FleetOptions.
+const (
+	DefaultFleetRefresh = time.Second
+	DefaultFleetTTL     = 3 * time.Second
+	DefaultFleetShrink  = 30 * time.Second
+	// DefaultFleetSize is the size assumed by a process that starts while
+	// the registry is unreachable and has no FleetOptions.Size: it divides
+	// nothing, so such a process alone may admit a whole limit. Set
+	// FleetOptions.Size or FleetOptions.Default where that matters.
+	DefaultFleetSize = 1
+)
+
+// FleetOptions configures a Fleet. A nil *FleetOptions gives every default.
+type FleetOptions struct {
+	// Size, when positive, is the fleet size Size reports, whatever the
+	// registry counts: an explicit setting wins. The process still
+	// registers, so that processes discovering the size count it.
+	// Default: 0, discover.
+	Size int
+
+	// Default is the size assumed when the registry cannot be reached at
+	// start and Size is not set; a warning says so. Default:
+	// DefaultFleetSize (1).
+	Default int
+
+	// Member names this process in the registry. Default: the host name,
+	// the process id and a random suffix, so that a restarted process is a
+	// new member.
+	Member string
+
+	// Refresh is how often the process renews its registration and
+	// recounts. Default: 1s.
+	Refresh time.Duration
+
+	// TTL is how long a registration lasts without renewal. It must exceed
+	// Refresh. Default: 3s.
+	TTL time.Duration
+
+	// Shrink is how long every count must stay below the current size
+	// before the size falls (to the largest of those counts). A size that
+	// is too small over-admits under the fallback, so it grows at once and
+	// shrinks slowly; a failed heartbeat restarts the wait. Default: 30s.
+	Shrink time.Duration
+
+	// Timeout bounds each heartbeat. Default: Refresh.
+	Timeout time.Duration
+
+	// Logger receives one line per change of size and per loss and return
+	// of the registry. Default: slog.Default().
+	Logger *slog.Logger
+
+	// OnChange, when set, is called with the new state after each change
+	// of Size or Reachable (from the Fleet's own goroutine, never
+	// concurrently): the hook for a fleet-size gauge. Default: none.
+	OnChange func(FleetEvent)
+
+	// Clock returns the current time, for the shrink wait. Default:
+	// time.Now.
+	Clock func() time.Time
+}
+
+// FleetEvent is a Fleet's state after a change.
+type FleetEvent struct {
+	// Size is what Fleet.Size reports: the size the fallback divides by.
+	Size int
+	// Members is the registry's last count, 0 before the first one.
+	Members int
+	// Reachable reports whether the last heartbeat succeeded.
+	Reachable bool
+}
+
+// Fleet discovers how many processes share the backend, so that the local
+// fallback can give each process its share of a limit (Options.Fleet).
+// Every process registers in a Membership, renews every Refresh and
+// expires after TTL. The size grows as soon as a count is larger and falls
+// only after every count for Shrink was smaller; while the registry is
+// unreachable it is kept. Build one with NewFleet and Close it when done.
+// Its methods are safe for concurrent use. A zero Fleet discovers nothing:
+// Size reports 0 (a Store reading it divides by 1) and Close does nothing.
+type Fleet struct {
+	reg      Membership
+	member   string
+	explicit int
+	refresh  time.Duration
+	ttl      time.Duration
+	shrink   time.Duration
+	timeout  time.Duration
+	log      *slog.Logger
+	onChange func(FleetEvent)
+	clock    func() time.Time
+
+	size atomic.Int64
+
+	// Owned by the loop (and NewFleet before it starts).
+	beats     int // heartbeats so far, answered or not
+	members   int
+	reachable bool
+	lowSince  time.Time // zero: no count below size since the last change
+	lowMax    int       // the largest count since lowSince
+
+	stop chan struct{}
+	done chan struct{}
+	once sync.Once
+}
+
+// NewFleet registers this process in reg, counts the fleet once (bounded
+// by Timeout) and keeps both up to date until Close. A registry that
+// cannot be reached now is no error: the Fleet starts at Size, or Default
+// with a warning, and keeps trying.
+func NewFleet(reg Membership, opts *FleetOptions) (*Fleet, error) {
+	if reg == nil {
+		return nil, fmt.Errorf("%w: nil membership", ErrInvalidOptions)
+	}
+	var o FleetOptions
+	if opts != nil {
+		o = *opts
+	}
+	switch {
+	case o.Size < 0:
+		return nil, fmt.Errorf("%w: negative fleet size %d", ErrInvalidOptions, o.Size)
+	case o.Default < 0:
+		return nil, fmt.Errorf("%w: negative default fleet size %d", ErrInvalidOptions, o.Default)
+	case o.Refresh < 0 || o.TTL < 0 || o.Shrink < 0 || o.Timeout < 0:
+		return nil, fmt.Errorf("%w: negative fleet interval", ErrInvalidOptions)
+	}
+	f := &Fleet{
+		reg:      reg,
+		member:   o.Member,
+		explicit: o.Size,
+		refresh:  orDefault(o.Refresh, DefaultFleetRefresh),
+		ttl:      orDefault(o.TTL, DefaultFleetTTL),
+		shrink:   orDefault(o.Shrink, DefaultFleetShrink),
+		log:      o.Logger,
+		onChange: o.OnChange,
+		clock:    o.Clock,
+		stop:     make(chan struct{}),
+		done:     make(chan struct{}),
+	}
+	f.timeout = orDefault(o.Timeout, f.refresh)
+	if f.ttl <= f.refresh {
+		return nil, fmt.Errorf("%w: fleet TTL %v must exceed refresh %v", ErrInvalidOptions, f.ttl, f.refresh)
+	}
+	if f.member == "" {
+		f.member = memberName()
+	}
+	if f.log == nil {
+		f.log = slog.Default()
+	}
+	if f.clock == nil {
+		f.clock = time.Now
+	}
+	start := f.explicit
+	if start == 0 {
+		start = orDefault(o.Default, DefaultFleetSize)
+	}
+	f.size.Store(int64(start))
+	if !f.beat(f.clock()) && f.explicit == 0 {
+		f.log.Warn("resilient: fleet registry unreachable at start; assuming a default fleet size",
+			"member", f.member, "size", start)
+	}
+	go f.loop()
+	return f, nil
+}
+
+// Size returns the fleet size: FleetOptions.Size when set, else the
+// discovered size. It is at least 1, but for a zero Fleet.
+func (f *Fleet) Size() int { return int(f.size.Load()) }
+
+// Member returns this process's name in the registry.
+func (f *Fleet) Member() string { return f.member }
+
+// Close stops the heartbeat. The registration expires after TTL; Size
+// keeps its last value.
+func (f *Fleet) Close() error {
+	if f.stop == nil {
+		return nil
+	}
+	f.once.Do(func() { close(f.stop) })
+	<-f.done
+	return nil
+}
+
+func (f *Fleet) loop() {
+	defer close(f.done)
+	t := time.NewTicker(f.refresh)
+	defer t.Stop()
+	for {
+		select {
+		case <-f.stop:
+			return
+		case <-t.C:
+			f.beat(f.clock())
+		}
+	}
+}
+
+// beat renews the registration and applies the count at now. It reports
+// whether the registry answered.
+func (f *Fleet) beat(now time.Time) bool {
+	ctx, cancel := context.WithTimeout(context.Background(), f.timeout)
+	n, err := f.reg.Heartbeat(ctx, f.member, f.ttl)
+	cancel()
+	f.apply(now, n, err)
+	return err == nil
+}
+
+// apply folds one heartbeat's result into the state, logging and reporting
+// what changed.
+func (f *Fleet) apply(now time.Time, n int, err error) {
+	old := FleetEvent{Size: f.Size(), Members: f.members, Reachable: f.reachable}
+	if err != nil {
+		f.lowSince = time.Time{}
+		if f.reachable {
+			f.log.Warn("resilient: fleet registry lost; keeping the fleet size", "member", f.member, "size", old.Size, "err", err)
+		}
+		f.reachable = false
+	} else {
+		if !f.reachable && f.beats > 0 {
+			f.log.Info("resilient: fleet registry back", "member", f.member, "members", n)
+		}
+		f.reachable = true
+		f.members = n
+		if f.explicit == 0 {
+			f.fold(now, n)
+		}
+	}
+	f.beats++
+	cur := FleetEvent{Size: f.Size(), Members: f.members, Reachable: f.reachable}
+	if cur.Size != old.Size {
+		f.log.Info("resilient: fleet size changed", "member", f.member, "from", old.Size, "to", cur.Size, "members", cur.Members)
+	}
+	if (cur.Size != old.Size || cur.Reachable != old.Reachable) && f.onChange != nil {
+		f.onChange(cur)
+	}
+}
+
+// fold applies a count: up at once, down only after Shrink of lower counts.
+func (f *Fleet) fold(now time.Time, n int) {
+	size := f.Size()
+	n = max(n, 1)
+	switch {
+	case n >= size:
+		f.lowSince = time.Time{}
+		f.size.Store(int64(n))
+	case f.lowSince.IsZero():
+		f.lowSince, f.lowMax = now, n
+	default:
+		f.lowMax = max(f.lowMax, n)
+		if now.Sub(f.lowSince) >= f.shrink {
+			f.size.Store(int64(f.lowMax))
+			f.lowSince = time.Time{}
+		}
+	}
+}
+
+// memberName is host-pid-random: unique per process start.
+func memberName() string {
+	host, err := os.Hostname()
+	if err != nil || host == "" {
+		host = "host"
+	}
+	var b [4]byte
+	rand.Read(b[:])
+	return fmt.Sprintf("%s-%d-%s", host, os.Getpid(), hex.EncodeToString(b[:]))
+}

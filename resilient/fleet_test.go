@@ -1,0 +1,335 @@
+package resilient
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice/internal/race"
+	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/redisstore"
+	"github.com/sluicehq/sluice/storetest"
+)
+
+// TestMain lets the test binary act as one more fleet member, in a process
+// of its own: SLUICE_FLEET_MEMBER names the Redis address and prefix, and
+// the member leaves when its standard input closes.
+func TestMain(m *testing.M) {
+	if spec := os.Getenv("SLUICE_FLEET_MEMBER"); spec != "" {
+		os.Exit(fleetMember(spec))
+	}
+	os.Exit(m.Run())
+}
+
+func fleetMember(spec string) int {
+	addr, prefix, _ := strings.Cut(spec, " ")
+	client := redis.NewClient(&redis.Options{Addr: addr})
+	defer client.Close()
+	f, err := NewFleet(redisstore.New(client, &redisstore.Options{Prefix: prefix}).Membership(), nil)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer f.Close()
+	fmt.Println(f.Member())
+	io.Copy(io.Discard, os.Stdin)
+	return 0
+}
+
+// script is a Membership that answers from a list.
+type script struct {
+	mu      sync.Mutex
+	answers []int // a negative count fails
+	member  string
+	ttl     time.Duration
+}
+
+func (s *script) Heartbeat(_ context.Context, member string, ttl time.Duration) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.member, s.ttl = member, ttl
+	if len(s.answers) == 0 {
+		return 0, errors.New("script: no answer")
+	}
+	n := s.answers[0]
+	s.answers = s.answers[1:]
+	if n < 0 {
+		return 0, errors.New("dial tcp: connection refused")
+	}
+	return n, nil
+}
+
+// The size grows at once, falls only after Shrink of smaller counts, and is
+// kept while the registry is away (which restarts the wait); each change is
+// one log line and one OnChange call.
+func TestFleetSize(t *testing.T) {
+	t.Parallel()
+	const fail = -1
+	steps := []struct {
+		advance   time.Duration
+		count     int
+		wantSize  int
+		wantReach bool
+	}{
+		{time.Second, 4, 4, true},                           // grows at once
+		{time.Second, 3, 4, true},                           // 0s below
+		{20 * time.Second, 2, 4, true},                      // 20s below
+		{5 * time.Second, fail, 4, false},                   // kept while away; the wait restarts
+		{time.Second, 3, 4, true},                           // 0s below
+		{29 * time.Second, 2, 4, true},                      // 29s below
+		{time.Second, 2, 3, true},                           // 30s: the largest count of the wait
+		{10 * time.Second, 1, 3, true},                      // 0s below
+		{10 * time.Second, 5, 5, true},                      // grows at once
+		{60 * time.Second, fail, 5, false},                  // kept however long
+		{60 * time.Second, fail, 5, false},                  //
+		{time.Second, 2, 5, true},                           // back: the wait starts now
+		{29*time.Second + 999*time.Millisecond, 2, 5, true}, //
+		{time.Millisecond, 2, 2, true},                      //
+	}
+	reg := &script{answers: []int{2}}
+	for _, st := range steps {
+		reg.answers = append(reg.answers, st.count)
+	}
+	clk := storetest.NewClock(t0)
+	log := &lines{}
+	var events []FleetEvent
+	f, err := NewFleet(reg, &FleetOptions{
+		Member: "m1", Refresh: time.Hour, TTL: 2 * time.Hour, Clock: clk.Now, Logger: slog.New(log),
+		OnChange: func(e FleetEvent) { events = append(events, e) },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	if got, want := f.Size(), 2; got != want {
+		t.Fatalf("size at start = %d, want %d", got, want)
+	}
+	for i, st := range steps {
+		clk.Advance(st.advance)
+		f.beat(clk.Now())
+		if got := f.Size(); got != st.wantSize {
+			t.Errorf("step %d (count %d): size %d, want %d", i, st.count, got, st.wantSize)
+		}
+		if got := f.reachable; got != st.wantReach {
+			t.Errorf("step %d: reachable %v, want %v", i, got, st.wantReach)
+		}
+	}
+	if reg.member != "m1" || reg.ttl != 2*time.Hour {
+		t.Errorf("registered %q for %v", reg.member, reg.ttl)
+	}
+	wantLines := []string{
+		"resilient: fleet size changed from=1 to=2 members=2", // the first count, in NewFleet
+		"resilient: fleet size changed from=2 to=4 members=4",
+		"resilient: fleet registry lost; keeping the fleet size size=4",
+		"resilient: fleet registry back members=3",
+		"resilient: fleet size changed from=4 to=3 members=2",
+		"resilient: fleet size changed from=3 to=5 members=5",
+		"resilient: fleet registry lost; keeping the fleet size size=5",
+		"resilient: fleet registry back members=2",
+		"resilient: fleet size changed from=5 to=2 members=2",
+	}
+	if got := log.all(); !equal(got, wantLines) {
+		t.Errorf("log lines:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(wantLines, "\n"))
+	}
+	wantEvents := []FleetEvent{
+		{2, 2, true}, {4, 4, true}, {4, 2, false}, {4, 3, true}, {3, 2, true}, {5, 5, true},
+		{5, 5, false}, {5, 2, true}, {2, 2, true},
+	}
+	if !equal(events, wantEvents) {
+		t.Errorf("events %v, want %v", events, wantEvents)
+	}
+}
+
+// An explicit size wins over every count; the process still registers.
+func TestFleetExplicitSize(t *testing.T) {
+	t.Parallel()
+	reg := &script{answers: []int{3, 9, 1}}
+	f, err := NewFleet(reg, &FleetOptions{Size: 7, Refresh: time.Hour, TTL: 2 * time.Hour, Logger: discard})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	for i := range 3 {
+		if got, want := f.Size(), 7; got != want {
+			t.Errorf("beat %d: size %d, want %d", i, got, want)
+		}
+		f.beat(t0)
+	}
+	if reg.member == "" {
+		t.Error("the process did not register")
+	}
+}
+
+// Unreachable at start: the explicit size, else Default, else 1, with a
+// warning only when no explicit size says what to assume.
+func TestFleetUnreachableAtStart(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		name     string
+		opts     FleetOptions
+		want     int
+		wantWarn bool
+	}{
+		{"default", FleetOptions{}, DefaultFleetSize, true},
+		{"Default set", FleetOptions{Default: 4}, 4, true},
+		{"explicit", FleetOptions{Size: 6, Default: 4}, 6, false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			log := &lines{}
+			o := tt.opts
+			o.Refresh, o.TTL, o.Logger = time.Hour, 2*time.Hour, slog.New(log)
+			f, err := NewFleet(&script{}, &o)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { f.Close() })
+			if got := f.Size(); got != tt.want {
+				t.Errorf("size %d, want %d", got, tt.want)
+			}
+			warned := len(log.all()) == 1 && strings.HasPrefix(log.all()[0], "resilient: fleet registry unreachable at start")
+			if warned != tt.wantWarn || len(log.all()) > 1 {
+				t.Errorf("log %q, want a warning: %v", log.all(), tt.wantWarn)
+			}
+			// Reached later: one line says so, and the count applies.
+			f.reg.(*script).answers = []int{3}
+			f.beat(t0)
+			if got, want := f.Size(), max(3, tt.want); tt.opts.Size == 0 && got != want {
+				t.Errorf("size once reached %d, want %d", got, want)
+			}
+			if got := log.all(); !strings.HasPrefix(got[len(got)-1], "resilient: fleet ") || !slices.ContainsFunc(got, func(l string) bool {
+				return strings.HasPrefix(l, "resilient: fleet registry back")
+			}) {
+				t.Errorf("log once reached %q, want a line saying so", got)
+			}
+		})
+	}
+}
+
+func TestFleetOptions(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		name string
+		reg  Membership
+		opts *FleetOptions
+	}{
+		{"nil membership", nil, nil},
+		{"negative size", &script{}, &FleetOptions{Size: -1}},
+		{"negative default", &script{}, &FleetOptions{Default: -1}},
+		{"negative refresh", &script{}, &FleetOptions{Refresh: -time.Second}},
+		{"TTL not above refresh", &script{}, &FleetOptions{Refresh: time.Second, TTL: time.Second}},
+	} {
+		if _, err := NewFleet(tt.reg, tt.opts); !errors.Is(err, ErrInvalidOptions) {
+			t.Errorf("%s: %v, want ErrInvalidOptions", tt.name, err)
+		}
+	}
+	if _, err := New(newFlaky(nil), &Options{Nodes: -1}); !errors.Is(err, ErrInvalidOptions) {
+		t.Errorf("negative Nodes: %v", err)
+	}
+	var zero Fleet
+	if zero.Size() != 0 || zero.Close() != nil {
+		t.Error("zero Fleet: want size 0 and a Close that does nothing")
+	}
+	s, err := New(newFlaky(nil), &Options{Fleet: &zero, Logger: discard})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := s.fleetSize(); got != 1 {
+		t.Errorf("a Store over a zero Fleet divides by %d, want 1", got)
+	}
+}
+
+// Four members on one Redis count four; a fifth, in a process of its own,
+// is counted by the others within 5s; a member under another prefix is
+// not; with Redis stopped every size holds, and one line says so.
+func TestFleetDiscoveryRedis(t *testing.T) {
+	race.SkipTiming(t)
+	t.Parallel()
+	srv := redistest.StartServer(t)
+	prefix := redistest.Prefix(t)
+	newMember := func(prefix string, log *lines) *Fleet {
+		client := redis.NewClient(&redis.Options{Addr: srv.Addr, MaxRetries: -1})
+		t.Cleanup(func() { client.Close() })
+		f, err := NewFleet(redisstore.New(client, &redisstore.Options{Prefix: prefix}).Membership(),
+			&FleetOptions{Logger: slog.New(log), Shrink: time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { f.Close() })
+		return f
+	}
+	logs := make([]*lines, 4)
+	fleet := make([]*Fleet, 4)
+	for i := range fleet {
+		logs[i] = &lines{}
+		fleet[i] = newMember(prefix, logs[i])
+	}
+	other := newMember("other:"+prefix, &lines{})
+	waitSizes := func(what string, want int, within time.Duration) time.Duration {
+		t.Helper()
+		start := time.Now()
+		for {
+			ok := true
+			for _, f := range fleet {
+				ok = ok && f.Size() == want
+			}
+			if ok {
+				return time.Since(start)
+			}
+			if time.Since(start) > within {
+				sizes := []int{}
+				for _, f := range fleet {
+					sizes = append(sizes, f.Size())
+				}
+				t.Fatalf("%s: sizes %v after %v, want all %d", what, sizes, within, want)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	waitSizes("four members", 4, 5*time.Second)
+
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), "SLUICE_FLEET_MEMBER="+srv.Addr+" "+prefix)
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	redistest.DieWithParent(cmd)
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { stdin.Close(); cmd.Wait() })
+	took := waitSizes("a fifth member joins", 5, 5*time.Second)
+	t.Logf("the fifth member counted by all four within %v", took)
+	if got := other.Size(); got != 1 {
+		t.Errorf("a member under another prefix counts %d, want 1", got)
+	}
+
+	srv.Stop()
+	time.Sleep(4 * time.Second) // past the TTL, a few refreshes and Shrink
+	waitSizes("Redis stopped", 5, 0)
+	for i, l := range logs {
+		lost := 0
+		for _, line := range l.all() {
+			if strings.HasPrefix(line, "resilient: fleet registry lost") {
+				lost++
+			}
+		}
+		if lost != 1 {
+			t.Errorf("member %d logged the loss %d times: %q", i, lost, l.all())
+		}
+	}
+}
+
+var _ Membership = (*redisstore.Membership)(nil)
