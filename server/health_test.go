@@ -282,18 +282,19 @@ func TestServerHealthUnderErrorPolicy(t *testing.T) {
 	}
 }
 
-// TestServerBreakerTransitionsLogged: the breaker opening and closing are
-// one line and one count each.
+// TestServerBreakerTransitionsLogged: the failure policy switching on and
+// off is one line (package resilient's) and one count each.
 func TestServerBreakerTransitionsLogged(t *testing.T) {
 	t.Parallel()
 	r := redistest.StartServer(t)
 	var logs syncBuffer
 	_, p := startOnRedis(t, "redis://"+r.Addr, "local", &logs)
 	r.Stop()
-	for i := 0; countLines(&logs, "breaker open") == 0 && i < 100; i++ {
+	eventually(func() bool {
 		p.post(t, "/v1/check", `{"policy":"rl.foo","key":"foo=b"}`)
-	}
-	logged(t, &logs, "level=WARN", "breaker open", "fallback=on", "failure_policy=local")
+		return countLines(&logs, "failure policy on") > 0
+	})
+	logged(t, &logs, "level=WARN", "resilient: failure policy on", "policy=local")
 	if got := metricValue(t, p, `sluice_fallback_transitions_total{to="on"}`); got != "1" {
 		t.Errorf("fallback transitions on %q, want 1", got)
 	}
@@ -304,11 +305,12 @@ func TestServerBreakerTransitionsLogged(t *testing.T) {
 	// The breaker probes after its interval (1s); decisions bring it back.
 	eventually(func() bool {
 		p.post(t, "/v1/check", `{"policy":"rl.foo","key":"foo=b"}`)
-		return countLines(&logs, "breaker closed") > 0
+		return countLines(&logs, "failure policy off") > 0
 	})
-	logged(t, &logs, "level=INFO", "breaker closed", "fallback=off")
-	if n := countLines(&logs, "breaker open"); n != 1 {
-		t.Errorf("%d 'breaker open' lines, want 1 (probes that fail do not log again)", n)
+	logged(t, &logs, "level=INFO", "resilient: failure policy off", "policy=local")
+	logged(t, &logs, "resilient: breaker closed")
+	if n := countLines(&logs, "failure policy on"); n != 1 {
+		t.Errorf("%d 'failure policy on' lines, want 1 for one outage", n)
 	}
 	if got := metricValue(t, p, `sluice_fallback_transitions_total{to="off"}`); got != "1" {
 		t.Errorf("fallback transitions off %q, want 1", got)
