@@ -141,9 +141,14 @@ type ServerOptions struct {
 const startAttempts = 20
 
 // StartServer starts a private redis-server on a free loopback port and
-// stops it at cleanup. It needs redis-server on PATH (scripts/test installs
+// stops it at cleanup. args go on its command line after sluice's
+// defaults, so they win ("--appendonly", "yes" for a server that keeps its
+// data across a kill). It needs redis-server on PATH (scripts/test installs
 // it); without one it skips, or fails under CI=true.
-func StartServer(t testing.TB) *Server { return StartServerOptions(t, nil) }
+func StartServer(t testing.TB, args ...string) *Server {
+	t.Helper()
+	return StartServerOptions(t, &ServerOptions{Args: args})
+}
 
 // StartServerOptions is StartServer with options. A port taken between
 // being picked and being bound is noticed as soon as the server exits
