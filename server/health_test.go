@@ -326,3 +326,45 @@ func (p *proc) getJSON(t *testing.T, path string) (int, map[string]any) {
 	}
 	return code, m
 }
+
+// TestHealthRules: readiness under each failure policy and without a
+// configuration, as a table over Health itself.
+func TestHealthRules(t *testing.T) {
+	down := errors.New("dial tcp 127.0.0.1:6379: connect: connection refused")
+	for _, tt := range []struct {
+		name                 string
+		withPolicy, loaded   bool
+		storeErr             error
+		fallback             bool
+		wantReady, wantDegra bool
+	}{
+		{"local, Redis up", true, true, nil, false, true, false},
+		{"local, Redis down", true, true, down, false, true, true},
+		{"local, breaker open", true, true, nil, true, true, true},
+		{"error, Redis up", false, true, nil, false, true, false},
+		{"error, Redis down", false, true, down, false, false, true},
+		{"no configuration", true, false, nil, false, false, false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			policy := "local"
+			if !tt.withPolicy {
+				policy = "error"
+			}
+			h := newHealth(healthOptions{policy: policy, withPolicy: tt.withPolicy, store: "redis",
+				configured: func() bool { return tt.loaded }})
+			h.storeResult(tt.storeErr)
+			h.fallbackActive(tt.fallback)
+			st := h.Status()
+			if st.Ready != tt.wantReady || st.Degraded != tt.wantDegra {
+				t.Errorf("ready %v degraded %v (%q), want %v %v", st.Ready, st.Degraded, st.Reasons, tt.wantReady, tt.wantDegra)
+			}
+			if (!st.Ready || st.Degraded) && len(st.Reasons) == 0 {
+				t.Error("no reason given")
+			}
+		})
+	}
+	var nilHealth *Health
+	if st := nilHealth.Status(); !st.Ready || st.Degraded {
+		t.Errorf("nil Health: %+v, want ready", st)
+	}
+}
