@@ -202,14 +202,7 @@ func TestServerDefaultAddresses(t *testing.T) {
 
 func TestServerAdminDisabledBeyondLoopback(t *testing.T) {
 	var logs syncBuffer
-	srv, err := New(Options{HTTPAddr: "0.0.0.0:0", GRPCAddr: "127.0.0.1:0", Logger: slog.New(slog.NewTextHandler(&logs, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := srv.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Shutdown(context.Background())
+	srv := runServer(t, Options{HTTPAddr: "0.0.0.0:0", Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	if !strings.Contains(logs.String(), "admin endpoints disabled") {
 		t.Errorf("no warning logged:\n%s", logs.String())
 	}
@@ -219,14 +212,7 @@ func TestServerAdminDisabledBeyondLoopback(t *testing.T) {
 		t.Errorf("reset: %d %v, want 403 saying how to enable it", code, body)
 	}
 	// --insecure-admin keeps the loopback rule.
-	srv2, err := New(Options{HTTPAddr: "0.0.0.0:0", GRPCAddr: "127.0.0.1:0", InsecureAdmin: true, Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := srv2.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer srv2.Shutdown(context.Background())
+	srv2 := runServer(t, Options{HTTPAddr: "0.0.0.0:0", InsecureAdmin: true})
 	_, port, _ = net.SplitHostPort(srv2.HTTPAddr())
 	p = &proc{http: "127.0.0.1:" + port}
 	if code, body := p.post(t, "/v1/reset", `{"policy":"`+srv2.Service().Config().Policies[0].Name+`","key":"x"}`); code != 204 {

@@ -170,8 +170,9 @@ func (h *Health) count(to, cause string) {
 	}
 }
 
-// fallbackActive records the breaker: on when it opens (the failure policy
-// answers), off when it closes.
+// fallbackActive records the breaker: on when it leaves closed (the
+// failure policy answers), off when it closes. Package resilient logs each
+// transition (Options.Logger); this counts them and reports the state.
 func (h *Health) fallbackActive(on bool) {
 	if h == nil {
 		return
@@ -185,9 +186,6 @@ func (h *Health) fallbackActive(on bool) {
 	to := "off"
 	if on {
 		to = "on"
-		h.log.Warn("breaker open: the failure policy answers", "breaker", "open", "fallback", to, "failure_policy", h.policy)
-	} else {
-		h.log.Info("breaker closed: the store answers again", "breaker", "closed", "fallback", to, "failure_policy", h.policy)
 	}
 	if h.m != nil {
 		h.m.fallbackChanges.WithLabelValues(to).Inc()

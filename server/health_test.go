@@ -1,6 +1,7 @@
 package server
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -92,22 +93,23 @@ func TestServeRefusesWrongPassword(t *testing.T) {
 // logged waits until the log has a line with every word, and returns it.
 func logged(t *testing.T, logs *syncBuffer, words ...string) string {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	var found string
+	if !eventually(func() bool {
 		for line := range strings.Lines(logs.String()) {
 			all := true
 			for _, w := range words {
 				all = all && strings.Contains(line, w)
 			}
 			if all {
-				return line
+				found = line
+				return true
 			}
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no log line with %q in:\n%s", words, logs.String())
-		}
-		time.Sleep(20 * time.Millisecond)
+		return false
+	}) {
+		t.Fatalf("no log line with %q in:\n%s", words, logs.String())
 	}
+	return found
 }
 
 func countLines(logs *syncBuffer, word string) int {
@@ -126,17 +128,15 @@ func scrapedMetric(t *testing.T, p *proc, series string) string {
 	return ""
 }
 
-func startOnRedis(t *testing.T, url, policy string, logs *syncBuffer) (*Server, *proc) {
+// runServer starts a Server (on loopback ports and without a log unless
+// opts say otherwise) and shuts it down at cleanup.
+func runServer(t *testing.T, opts Options) *Server {
 	t.Helper()
-	fp, ok, err := ParseFailurePolicy(policy)
-	if err != nil {
-		t.Fatal(err)
+	opts.HTTPAddr, opts.GRPCAddr = cmp.Or(opts.HTTPAddr, "127.0.0.1:0"), cmp.Or(opts.GRPCAddr, "127.0.0.1:0")
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
 	}
-	srv, err := New(Options{
-		ConfigFile: "testdata/envoy-example.yaml", RedisURL: url, HTTPAddr: "127.0.0.1:0", GRPCAddr: "127.0.0.1:0",
-		FailurePolicy: fp, NoFailurePolicy: !ok, StoreCheckInterval: 50 * time.Millisecond,
-		Logger: slog.New(slog.NewTextHandler(logs, nil)),
-	})
+	srv, err := New(opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -144,6 +144,20 @@ func startOnRedis(t *testing.T, url, policy string, logs *syncBuffer) (*Server, 
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { srv.Shutdown(context.Background()) })
+	return srv
+}
+
+func startOnRedis(t *testing.T, url, policy string, logs *syncBuffer) (*Server, *proc) {
+	t.Helper()
+	fp, ok, err := ParseFailurePolicy(policy)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := runServer(t, Options{
+		ConfigFile: "testdata/envoy-example.yaml", RedisURL: url,
+		FailurePolicy: fp, NoFailurePolicy: !ok, StoreCheckInterval: 50 * time.Millisecond,
+		Logger: slog.New(slog.NewTextHandler(logs, nil)),
+	})
 	return srv, &proc{http: srv.HTTPAddr(), grpc: srv.GRPCAddr()}
 }
 
@@ -268,18 +282,19 @@ func TestServerHealthUnderErrorPolicy(t *testing.T) {
 	}
 }
 
-// TestServerBreakerTransitionsLogged: the breaker opening and closing are
-// one line and one count each.
+// TestServerBreakerTransitionsLogged: the failure policy switching on and
+// off is one line (package resilient's) and one count each.
 func TestServerBreakerTransitionsLogged(t *testing.T) {
 	t.Parallel()
 	r := redistest.StartServer(t)
 	var logs syncBuffer
 	_, p := startOnRedis(t, "redis://"+r.Addr, "local", &logs)
 	r.Stop()
-	for i := 0; countLines(&logs, "breaker open") == 0 && i < 100; i++ {
+	eventually(func() bool {
 		p.post(t, "/v1/check", `{"policy":"rl.foo","key":"foo=b"}`)
-	}
-	logged(t, &logs, "level=WARN", "breaker open", "fallback=on", "failure_policy=local")
+		return countLines(&logs, "failure policy on") > 0
+	})
+	logged(t, &logs, "level=WARN", "resilient: failure policy on", "policy=local")
 	if got := scrapedMetric(t, p, `sluice_fallback_transitions_total{to="on"}`); got != "1" {
 		t.Errorf("fallback transitions on %q, want 1", got)
 	}
@@ -288,14 +303,14 @@ func TestServerBreakerTransitionsLogged(t *testing.T) {
 	}
 	r.Start(t)
 	// The breaker probes after its interval (1s); decisions bring it back.
-	deadline := time.Now().Add(10 * time.Second)
-	for countLines(&logs, "breaker closed") == 0 && time.Now().Before(deadline) {
+	eventually(func() bool {
 		p.post(t, "/v1/check", `{"policy":"rl.foo","key":"foo=b"}`)
-		time.Sleep(50 * time.Millisecond)
-	}
-	logged(t, &logs, "level=INFO", "breaker closed", "fallback=off")
-	if n := countLines(&logs, "breaker open"); n != 1 {
-		t.Errorf("%d 'breaker open' lines, want 1 (probes that fail do not log again)", n)
+		return countLines(&logs, "failure policy off") > 0
+	})
+	logged(t, &logs, "level=INFO", "resilient: failure policy off", "policy=local")
+	logged(t, &logs, "resilient: breaker closed")
+	if n := countLines(&logs, "failure policy on"); n != 1 {
+		t.Errorf("%d 'failure policy on' lines, want 1 for one outage", n)
 	}
 	if got := scrapedMetric(t, p, `sluice_fallback_transitions_total{to="off"}`); got != "1" {
 		t.Errorf("fallback transitions off %q, want 1", got)
@@ -310,4 +325,46 @@ func (p *proc) getJSON(t *testing.T, path string) (int, map[string]any) {
 		t.Fatalf("%s: %v: %s", path, err, body)
 	}
 	return code, m
+}
+
+// TestHealthRules: readiness under each failure policy and without a
+// configuration, as a table over Health itself.
+func TestHealthRules(t *testing.T) {
+	down := errors.New("dial tcp 127.0.0.1:6379: connect: connection refused")
+	for _, tt := range []struct {
+		name                 string
+		withPolicy, loaded   bool
+		storeErr             error
+		fallback             bool
+		wantReady, wantDegra bool
+	}{
+		{"local, Redis up", true, true, nil, false, true, false},
+		{"local, Redis down", true, true, down, false, true, true},
+		{"local, breaker open", true, true, nil, true, true, true},
+		{"error, Redis up", false, true, nil, false, true, false},
+		{"error, Redis down", false, true, down, false, false, true},
+		{"no configuration", true, false, nil, false, false, false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			policy := "local"
+			if !tt.withPolicy {
+				policy = "error"
+			}
+			h := newHealth(healthOptions{policy: policy, withPolicy: tt.withPolicy, store: "redis",
+				configured: func() bool { return tt.loaded }})
+			h.storeResult(tt.storeErr)
+			h.fallbackActive(tt.fallback)
+			st := h.Status()
+			if st.Ready != tt.wantReady || st.Degraded != tt.wantDegra {
+				t.Errorf("ready %v degraded %v (%q), want %v %v", st.Ready, st.Degraded, st.Reasons, tt.wantReady, tt.wantDegra)
+			}
+			if (!st.Ready || st.Degraded) && len(st.Reasons) == 0 {
+				t.Error("no reason given")
+			}
+		})
+	}
+	var nilHealth *Health
+	if st := nilHealth.Status(); !st.Ready || st.Degraded {
+		t.Errorf("nil Health: %+v, want ready", st)
+	}
 }

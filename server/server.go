@@ -245,7 +245,7 @@ func (s *Server) openStore() (sluice.Store, error) {
 		s.metrics.wrapped = true
 		store, err := resilient.NewMulti(budgetStore{rs, 0}, &resilient.Options{
 			Name: "redis", Policy: s.opts.FailurePolicy, Timeout: s.opts.DecisionTimeout, Observer: healthObserver{s.metrics, s.health},
-			Fleet: fleet, Logger: s.log,
+			Fleet: fleet, Logger: s.log, // a line per breaker transition and per failure policy switch
 		})
 		if err != nil {
 			return nil, fmt.Errorf("server: failure policy: %w", err)

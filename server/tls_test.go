@@ -21,18 +21,7 @@ import (
 
 func startTLS(t *testing.T, httpTLS, grpcTLS TLSFiles, logs *syncBuffer) *Server {
 	t.Helper()
-	srv, err := New(Options{
-		HTTPAddr: "127.0.0.1:0", GRPCAddr: "127.0.0.1:0", HTTPTLS: httpTLS, GRPCTLS: grpcTLS,
-		Logger: slog.New(slog.NewTextHandler(logs, nil)),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := srv.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { srv.Shutdown(context.Background()) })
-	return srv
+	return runServer(t, Options{HTTPTLS: httpTLS, GRPCTLS: grpcTLS, Logger: slog.New(slog.NewTextHandler(logs, nil))})
 }
 
 // servedCN does one HTTPS request and returns the server certificate's
@@ -84,16 +73,23 @@ func TestServerHTTPTLS(t *testing.T) {
 
 func waitCN(t *testing.T, addr string, cfg *tls.Config, want string) {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		cn, err := servedCN(t, addr, cfg)
-		if err == nil && cn == want {
-			return
+	var cn string
+	var err error
+	if !eventually(func() bool { cn, err = servedCN(t, addr, cfg); return err == nil && cn == want }) {
+		t.Fatalf("served %q (%v), want %q", cn, err, want)
+	}
+}
+
+// eventually polls cond for up to 10s: long past the second a reload or a
+// check may take, so that only a failure, not a slow machine, times out.
+func eventually(cond func() bool) bool {
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if cond() {
+			return true
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("served %q (%v), want %q", cn, err, want)
+			return false
 		}
-		time.Sleep(50 * time.Millisecond)
 	}
 }
 
@@ -138,16 +134,10 @@ func TestServerMutualTLS(t *testing.T) {
 
 	// Rotate the server certificate; gRPC picks it up too.
 	certs.Issue(t, certs.CertFile, certs.KeyFile, "rotated mtls server", true)
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		cn, err := rls(certs.ClientConfig(t))
-		if err == nil && cn == "rotated mtls server" {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("gRPC served %q (%v) after the rotation", cn, err)
-		}
-		time.Sleep(50 * time.Millisecond)
+	var cn string
+	var err error
+	if !eventually(func() bool { cn, err = rls(certs.ClientConfig(t)); return err == nil && cn == "rotated mtls server" }) {
+		t.Fatalf("gRPC served %q (%v) after the rotation", cn, err)
 	}
 
 	// A new client CA: certificates of the old one are refused.
@@ -162,16 +152,8 @@ func TestServerMutualTLS(t *testing.T) {
 	if err := os.Rename(certs.CAFile+".tmp", certs.CAFile); err != nil {
 		t.Fatal(err)
 	}
-	deadline = time.Now().Add(5 * time.Second)
-	for {
-		_, err := servedCN(t, srv.HTTPAddr(), certs.ClientConfig(t))
-		if err != nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("a client of the replaced CA is still served")
-		}
-		time.Sleep(50 * time.Millisecond)
+	if !eventually(func() bool { _, err := servedCN(t, srv.HTTPAddr(), certs.ClientConfig(t)); return err != nil }) {
+		t.Fatal("a client of the replaced CA is still served")
 	}
 	otherClient := other.ClientConfig(t)
 	otherClient.RootCAs = certs.Pool // the server certificate is still the first CA's

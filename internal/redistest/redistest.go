@@ -146,6 +146,7 @@ const startAttempts = 20
 // data across a kill). It needs redis-server on PATH (scripts/test installs
 // it); without one it skips, or fails under CI=true.
 func StartServer(t testing.TB, args ...string) *Server {
+	t.Helper()
 	return StartServerOptions(t, &ServerOptions{Args: args})
 }
 
