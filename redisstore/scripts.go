@@ -61,9 +61,9 @@ func newScript(src string) *script {
 }
 
 // Each algorithm's file, after now.lua (the clock every script reads), is
-// its one-key script: every EVALSHA
-// runs the whole chunk, so the files define no functions or tables that the
-// call does not need (a top-level closure is rebuilt on every call).
+// its one-key script: every EVALSHA runs the whole chunk, so the files
+// define no functions or tables that the call does not need (a top-level
+// closure is rebuilt on every call).
 //
 // The TakeAll script wraps each file, unchanged, as a function of its own
 // KEYS and ARGV (Lua parameters shadow the globals), followed by
@@ -113,9 +113,9 @@ func mustRead(name string) string {
 }
 
 // The scripts' two macros, written once here and expanded into each script
-// as it is loaded, so that Redis runs plain statements: a Lua function
-// would be rebuilt as a closure on every EVALSHA and called, which costs
-// more than the work it does (BENCHMARKS.md, "Time inside Redis").
+// as it is loaded, so that Redis runs plain statements: as Lua functions
+// they would be rebuilt as closures on every EVALSHA and called, 2-4 % more
+// instructions per call (BENCHMARKS.md, "floordiv and ttlms").
 //
 // A macro is a statement of its own line:
 //
