@@ -15,7 +15,8 @@ import (
 //   - FixedWindow: cheapest and easiest to explain ("100 per calendar
 //     minute"), but admits up to 2× the rate across a window boundary.
 //   - SlidingWindowLog: exact "at most N in any period", memory O(N) per key.
-//   - SlidingWindowCounter: near-exact sliding window in constant memory.
+//   - SlidingWindowCounter: an approximate sliding window in constant
+//     memory (it assumes the previous window's traffic was even).
 type Algorithm uint8
 
 const (

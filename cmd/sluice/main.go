@@ -2,6 +2,7 @@
 //
 //	sluice serve [--config FILE] [--redis URL] [--http ADDR] [--grpc ADDR]
 //	sluice check-config FILE
+//	sluice version
 //
 // Everything lives in package sluice/server; this is only the entry point.
 package main
