@@ -34,6 +34,9 @@ import (
 
 const adminToken = "s3cret-token"
 
+// longName is as long as the descriptor paths Envoy-format policies get.
+const longName = "ingress.remote_address.header_match_api_key.path_prefix_checkout"
+
 // t0 is the frozen time of the store and the statistics: a burst never
 // straddles a window edge, so the verdicts are exact.
 var t0 = time.Date(2030, 1, 2, 3, 4, 1, 0, time.UTC)
@@ -50,6 +53,7 @@ func testConfig(t *testing.T, extra string) *server.Config {
 	}
 	b.WriteString("  - name: shadow\n    limit: 3/min\n    strategy: shadow\n")
 	b.WriteString("  - name: vip\n    limit: sliding_window_log 2/min\n    overrides:\n      - match: dash*\n        limit: 7/min\n")
+	b.WriteString("  - name: " + longName + "\n    limit: 100/min\n")
 	b.WriteString(extra)
 	cfg, err := server.ParseConfig("dashboard-test.yaml", []byte(b.String()))
 	if err != nil {
@@ -541,6 +545,9 @@ func TestBrowser(t *testing.T) {
 	})
 
 	t.Run("reset needs the admin token", func(t *testing.T) {
+		if note := eval[string](t, ctx, `document.getElementById("top-note").textContent`); !strings.Contains(note, "admin token") {
+			t.Errorf("without a token the top keys' note says %q", note)
+		}
 		step(t, ctx, "click Reset All", chromedp.Click(chromedp.ID("reset-all")))
 		waitFor(t, ctx, `document.getElementById("status").dataset.kind === "error"`, `document.getElementById("status").outerHTML`)
 		msg := eval[string](t, ctx, `document.getElementById("status").textContent`)
@@ -628,6 +635,112 @@ func TestBrowser(t *testing.T) {
 		}
 	})
 
+	t.Run("shadow denials drawn apart, the current bar marked", func(t *testing.T) {
+		sc := jsCard(shadow.Name) + `.querySelector(".chart")`
+		if got := eval[string](t, ctx, sc+`.querySelectorAll("rect.shadow-denied").length + "/" + `+sc+`.querySelectorAll("rect.denied").length`); got != "1/0" {
+			t.Errorf("shadow chart: shadow-denied/denied bars %s, want 1/0", got)
+		}
+		if got := eval[string](t, ctx, jsCard(shadow.Name)+`.querySelector(".tally-denied-label").textContent`); !strings.Contains(got, "would deny") {
+			t.Errorf("shadow tally says %q", got)
+		}
+		// Every bar drawn so far is in the current bucket (the clock is frozen).
+		if n := eval[int](t, ctx, chart+`.querySelectorAll("rect.bar:not(.partial)").length`); n != 0 {
+			t.Errorf("%d bars of the current bucket not marked partial", n)
+		}
+		caption := eval[string](t, ctx, jsCard(fixed.Name)+`.querySelector(".chart-caption").textContent`)
+		if strings.Contains(caption, "scale") || !strings.Contains(caption, "full height is") || !strings.Contains(caption, "still filling") {
+			t.Errorf("caption %q: want the scale and the partial bar explained", caption)
+		}
+		if got := eval[string](t, ctx, `document.getElementById("reset-all").textContent`); got != "Reset this key" {
+			t.Errorf("reset button %q", got)
+		}
+	})
+
+	t.Run("long names wrap between words", func(t *testing.T) {
+		step(t, ctx, "narrow viewport", chromedp.EmulateViewport(360, 740, chromedp.EmulateMobile))
+		defer step(t, ctx, "reset viewport", chromedp.ResetViewport())
+		waitFor(t, ctx, `window.innerWidth === 360`, `String(window.innerWidth)`)
+		title := jsCard(longName) + `.querySelector(".card-title")`
+		if got := eval[string](t, ctx, title+`.textContent`); got != longName {
+			t.Fatalf("title %q", got)
+		}
+		// Each piece between break opportunities sits on one line.
+		split := eval[[]string](t, ctx, `[...`+title+`.childNodes].filter(n => n.nodeType === 3).filter(n => {
+			const r = document.createRange(); r.selectNodeContents(n);
+			return new Set([...r.getClientRects()].map(x => Math.round(x.top))).size > 1;
+		}).map(n => n.textContent)`)
+		if len(split) > 0 {
+			t.Errorf("words broken across lines: %q", split)
+		}
+		if lines := eval[int](t, ctx, `Math.round(`+title+`.getBoundingClientRect().height / parseFloat(getComputedStyle(`+title+`).lineHeight))`); lines < 2 {
+			t.Logf("the title fits on %d line at 360px; the check above is then trivial", lines)
+		}
+	})
+
+	t.Run("overview matches /v1/stats once traffic stops", func(t *testing.T) {
+		// Traffic stopped with the last test's burst: wait for one whole
+		// refresh after now, then read the page and the API.
+		n := eval[int](t, ctx, `Number(document.body.dataset.statsPolls || 0)`)
+		waitFor(t, ctx, fmt.Sprintf(`Number(document.body.dataset.statsPolls) >= %d`, n+2), `document.body.dataset.statsPolls`)
+		var st struct {
+			ConfigVersion uint64             `json:"config_version"`
+			Overview      server.Overview    `json:"overview"`
+			Store         server.StoreHealth `json:"store"`
+		}
+		getJSON(t, base+"/v1/stats", "", &st)
+		o := st.Overview
+		shown := eval[map[string]string](t, ctx, `Object.fromEntries(["scope", "ov-rate", "ov-denied-ratio", "ov-allowed", "ov-denied", "store-health", "config-info"].map(id => [id, document.getElementById(id).textContent]))`)
+		want := map[string]string{
+			"scope": "this instance", "ov-allowed": strconv.FormatInt(o.Allowed, 10), "ov-denied": strconv.FormatInt(o.Denied, 10),
+			"ov-rate": fmt.Sprintf("%.2f", o.DecisionsPerSecond), "ov-denied-ratio": fmt.Sprintf("%.1f%%", 100*o.DeniedRatio),
+			"store-health": "memory",
+		}
+		for k, v := range want {
+			if shown[k] != v {
+				t.Errorf("%s shows %q, /v1/stats says %q", k, shown[k], v)
+			}
+		}
+		if !strings.HasPrefix(shown["config-info"], fmt.Sprintf("version %d", st.ConfigVersion)) {
+			t.Errorf("config-info %q, want version %d", shown["config-info"], st.ConfigVersion)
+		}
+		if o.Allowed == 0 || o.Denied == 0 {
+			t.Errorf("overview %+v: the bursts above should show", o)
+		}
+		rows := eval[[][]string](t, ctx, `[...document.querySelectorAll("#policy-figures tbody tr")].map(tr => [...tr.cells].map(td => td.textContent))`)
+		if len(rows) != len(o.Policies) {
+			t.Fatalf("%d policy rows, /v1/stats has %d", len(rows), len(o.Policies))
+		}
+		for i, p := range o.Policies {
+			if got, want := rows[i][:3], []string{p.Policy, strconv.FormatInt(p.Allowed, 10), strconv.FormatInt(p.Denied, 10)}; !slices.Equal(got, want) {
+				t.Errorf("row %d %q, /v1/stats %q", i, got, want)
+			}
+		}
+	})
+
+	t.Run("top keys with the admin token", func(t *testing.T) {
+		// The token was entered above; the next refresh lists the page's key.
+		waitFor(t, ctx, `[...document.querySelectorAll("#top-denials tbody tr")].some(tr => tr.cells[0].textContent === "dashboard")`,
+			`document.getElementById("overview").outerHTML`)
+		var top struct {
+			Denials []server.TopEntry `json:"denials"`
+		}
+		getJSON(t, base+"/v1/top", adminToken, &top)
+		n := eval[int](t, ctx, `Number(document.body.dataset.statsPolls || 0)`)
+		waitFor(t, ctx, fmt.Sprintf(`Number(document.body.dataset.statsPolls) >= %d`, n+1), `document.body.dataset.statsPolls`)
+		rows := eval[[][]string](t, ctx, `[...document.querySelectorAll("#top-denials tbody tr")].map(tr => [...tr.cells].map(td => td.textContent))`)
+		if len(rows) != len(top.Denials) {
+			t.Fatalf("%d rows, /v1/top has %d", len(rows), len(top.Denials))
+		}
+		for i, e := range top.Denials {
+			if want := []string{e.Key, e.Policy, strconv.FormatInt(e.Count, 10)}; !slices.Equal(rows[i], want) {
+				t.Errorf("row %d %q, /v1/top %q", i, rows[i], want)
+			}
+		}
+		if note := eval[string](t, ctx, `document.getElementById("top-note").textContent`); !strings.Contains(note, "on this instance") {
+			t.Errorf("top note %q: want it to say whose keys", note)
+		}
+	})
+
 	t.Run("config reload adds a card", func(t *testing.T) {
 		svc.SetConfig(testConfig(t, "  - name: added\n    limit: sliding_window_log 2/min\n"))
 		// The next statistics poll names the new policy and the page
@@ -701,5 +814,28 @@ func TestBrowser(t *testing.T) {
 
 	if p := logs.problems(); len(p) > 0 {
 		t.Errorf("browser console reported problems:\n%s", strings.Join(p, "\n"))
+	}
+}
+
+// getJSON decodes a GET of url, with the admin token when one is given.
+func getJSON(t *testing.T, url, token string, v any) {
+	t.Helper()
+	req, err := http.NewRequest("GET", url, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Fatalf("GET %s: %d", url, resp.StatusCode)
+	}
+	if err := json.NewDecoder(resp.Body).Decode(v); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -15,7 +15,6 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protojson"
 
-	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/httplimit"
 )
 
@@ -72,6 +71,8 @@ func (s *Service) Handler(opts *HandlerOptions) http.Handler {
 	mux.HandleFunc("GET /v1/stats", a.stats)
 	mux.HandleFunc("GET /v1/status", a.status)
 	mux.HandleFunc("GET /v1/top", a.top)
+	mux.HandleFunc("GET /v1/{$}", a.index)
+	mux.HandleFunc("GET /v1/openapi.json", a.openapi)
 	mux.HandleFunc("POST /json", jsonOnly(a.envoyJSON))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
@@ -81,7 +82,7 @@ func (s *Service) Handler(opts *HandlerOptions) http.Handler {
 	if o.Metrics != nil {
 		mux.Handle("GET /metrics", o.Metrics.Handler())
 	}
-	allow := map[string]string{"/v1/policies": "GET", "/v1/stats": "GET", "/v1/status": "GET", "/v1/top": "GET", "/v1/check": "POST", "/v1/peek": "POST", "/v1/reset": "POST"}
+	allow := map[string]string{"/v1/policies": "GET", "/v1/stats": "GET", "/v1/status": "GET", "/v1/top": "GET", "/v1/": "GET", "/v1/openapi.json": "GET", "/v1/check": "POST", "/v1/peek": "POST", "/v1/reset": "POST"}
 	mux.HandleFunc("/v1/", func(w http.ResponseWriter, r *http.Request) {
 		if m, ok := allow[r.URL.Path]; ok {
 			w.Header().Set("Allow", m)
@@ -236,23 +237,23 @@ func (a *api) envoyJSON(w http.ResponseWriter, r *http.Request) {
 	if !a.decision(w, r) {
 		return
 	}
+	var req rlsv3.RateLimitRequest
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxBodyBytes))
 	if err != nil {
-		problem(w, http.StatusRequestEntityTooLarge, err.Error())
+		decodeError(w, err, &req)
 		return
 	}
-	var req rlsv3.RateLimitRequest
 	if err := protojson.Unmarshal(body, &req); err != nil {
-		problem(w, http.StatusBadRequest, "malformed JSON: "+err.Error())
+		problem(w, http.StatusBadRequest, "the request body is not a RateLimitRequest in JSON: "+scrub(err.Error()))
 		return
 	}
 	resp, err := a.svc.ShouldRateLimit(r.Context(), &req)
 	if err != nil {
-		code := http.StatusBadRequest
 		if status.Code(err) == codes.Unavailable {
-			code = http.StatusServiceUnavailable
+			serviceError(w, err)
+			return
 		}
-		problem(w, code, status.Convert(err).Message())
+		problem(w, http.StatusBadRequest, scrub(status.Convert(err).Message()))
 		return
 	}
 	out, err := protojson.Marshal(resp)
@@ -282,34 +283,14 @@ func decodeJSON(w http.ResponseWriter, r *http.Request, v any) bool {
 	if err == nil {
 		// More is false before '}' or ']', so ask for the next token.
 		if _, terr := dec.Token(); terr != io.EOF {
-			err = errors.New("unexpected data after the JSON object")
+			err = errors.New("server: bad request: the request body has more after its JSON object: send one object")
 		}
 	}
 	if err != nil {
-		var tooBig *http.MaxBytesError
-		if errors.As(err, &tooBig) {
-			problem(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("request body exceeds %d bytes", tooBig.Limit))
-			return false
-		}
-		if errors.Is(err, io.EOF) {
-			err = errors.New("empty body")
-		}
-		problem(w, http.StatusBadRequest, "malformed JSON: "+err.Error())
+		decodeError(w, err, v)
 		return false
 	}
 	return true
-}
-
-func serviceError(w http.ResponseWriter, err error) {
-	switch {
-	case errors.Is(err, ErrUnknownPolicy):
-		problem(w, http.StatusNotFound, err.Error())
-	case errors.Is(err, ErrBadRequest), errors.Is(err, sluice.ErrInvalidKey),
-		errors.Is(err, sluice.ErrInvalidCost), errors.Is(err, sluice.ErrCostExceedsBurst):
-		problem(w, http.StatusBadRequest, err.Error())
-	default:
-		problem(w, http.StatusServiceUnavailable, err.Error())
-	}
 }
 
 func writeJSON(w http.ResponseWriter, code int, v any) {
@@ -338,7 +319,7 @@ func (placeholder) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	w.Header().Set("Content-Type", "text/html; charset=utf-8")
 	io.WriteString(w, `<!doctype html><html><head><meta charset="utf-8"><title>sluice</title></head><body>
-<h1>sluice</h1><p>The rate-limit service is running. JSON API: <a href="/v1/policies">/v1/policies</a>,
-<a href="/v1/stats">/v1/stats</a>; metrics at <a href="/metrics">/metrics</a>.</p></body></html>
+<h1>sluice</h1><p>The rate-limit service is running. JSON API: <a href="/v1/">/v1/</a>, described by
+<a href="/v1/openapi.json">/v1/openapi.json</a>; metrics at <a href="/metrics">/metrics</a>.</p></body></html>
 `)
 }

@@ -143,22 +143,25 @@ func TestAPIErrors(t *testing.T) {
 		code                     int
 		detail                   string
 	}{
-		{"malformed JSON", "POST", "/v1/check", `{"policy":`, 400, "malformed JSON"},
-		{"not an object", "POST", "/v1/check", `[1]`, 400, "malformed JSON"},
-		{"unknown field", "POST", "/v1/check", `{"policy":"fw","key":"k","weight":3}`, 400, `unknown field "weight"`},
-		{"trailing data", "POST", "/v1/check", `{"policy":"fw","key":"k"} {}`, 400, "unexpected data"},
-		{"trailing brace", "POST", "/v1/check", `{"policy":"fw","key":"k"}}`, 400, "unexpected data"},
-		{"trailing bracket", "POST", "/v1/check", `{"policy":"fw","key":"k"}]`, 400, "unexpected data"},
-		{"empty body", "POST", "/v1/check", ``, 400, "empty body"},
+		{"malformed JSON", "POST", "/v1/check", `{"policy":`, 400, "ends inside its JSON object"},
+		{"not an object", "POST", "/v1/check", `[1]`, 400, "must be a JSON object with the fields policy, key and cost"},
+		{"unknown field", "POST", "/v1/check", `{"policy":"fw","key":"k","weight":3}`, 400, `unknown field "weight": the fields are policy, key and cost`},
+		{"trailing data", "POST", "/v1/check", `{"policy":"fw","key":"k"} {}`, 400, "more after its JSON object"},
+		{"trailing brace", "POST", "/v1/check", `{"policy":"fw","key":"k"}}`, 400, "more after its JSON object"},
+		{"trailing bracket", "POST", "/v1/check", `{"policy":"fw","key":"k"}]`, 400, "more after its JSON object"},
+		{"empty body", "POST", "/v1/check", ``, 400, "the request body is empty"},
 		{"too large", "POST", "/v1/check", `{"policy":"fw","key":"` + strings.Repeat("x", MaxBodyBytes) + `"}`, 413, "exceeds"},
-		{"unknown policy", "POST", "/v1/check", `{"policy":"nope","key":"k"}`, 404, `unknown policy: "nope"`},
+		{"unknown policy", "POST", "/v1/check", `{"policy":"nope","key":"k"}`, 404, `there is no policy "nope": GET /v1/policies lists`},
 		{"no policy", "POST", "/v1/check", `{"key":"k"}`, 400, "policy is required"},
-		{"empty key", "POST", "/v1/check", `{"policy":"fw","key":""}`, 400, "empty key"},
-		{"long key", "POST", "/v1/check", `{"policy":"fw","key":"` + strings.Repeat("k", 600) + `"}`, 400, "exceeds 512"},
+		{"empty key", "POST", "/v1/check", `{"policy":"fw","key":""}`, 400, "key is required"},
+		{"long key", "POST", "/v1/check", `{"policy":"fw","key":"` + strings.Repeat("k", 600) + `"}`, 400, "key is 600 bytes, more than the 512 allowed"},
 		{"negative cost", "POST", "/v1/check", `{"policy":"fw","key":"k","cost":-1}`, 400, "cost -1"},
-		{"cost above capacity", "POST", "/v1/check", `{"policy":"fw","key":"k","cost":4}`, 400, "cost exceeds burst"},
+		{"cost above capacity", "POST", "/v1/check", `{"policy":"fw","key":"k","cost":4}`, 400, "cost 4 exceeds the policy's capacity of 3"},
+		{"cost of the wrong type", "POST", "/v1/check", `{"policy":"fw","key":"k","cost":"2"}`, 400, `field "cost" must be a whole number, not a JSON string`},
+		{"missing key", "POST", "/v1/check", `{"policy":"fw"}`, 400, "key is required"},
+		{"not JSON", "POST", "/v1/check", `policy=fw`, 400, "not valid JSON (at byte 1)"},
 		{"unknown endpoint", "GET", "/v1/nothing", ``, 404, "no such endpoint"},
-		{"reset unknown policy", "POST", "/v1/reset", `{"policy":"nope","key":"k"}`, 404, "unknown policy"},
+		{"reset unknown policy", "POST", "/v1/reset", `{"policy":"nope","key":"k"}`, 404, "there is no policy"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -170,8 +173,12 @@ func TestAPIErrors(t *testing.T) {
 				t.Errorf("Content-Type %q", ct)
 			}
 			m := decodeBody(t, w)
-			if d, _ := m["detail"].(string); !strings.Contains(d, tt.detail) {
+			d, _ := m["detail"].(string)
+			if !strings.Contains(d, tt.detail) {
 				t.Errorf("detail %q, want it to contain %q", d, tt.detail)
+			}
+			if leak := goInternals(d); leak != "" {
+				t.Errorf("detail %q speaks of %q", d, leak)
 			}
 			if m["status"] != float64(tt.code) {
 				t.Errorf("status field %v", m["status"])
@@ -376,4 +383,15 @@ func TestEnvoyJSONEndpoint(t *testing.T) {
 	if w := e.do(t, "POST", "/json", `{"domain":`, nil, ""); w.Code != 400 {
 		t.Errorf("malformed: %d", w.Code)
 	}
+}
+
+// goInternals returns the first Go package prefix or type wording found in a
+// problem detail, or "".
+func goInternals(detail string) string {
+	for _, w := range []string{"server:", "sluice:", "json:", "proto:", "http:", "Go struct", "int64", "checkRequest", "<nil>"} {
+		if strings.Contains(detail, w) {
+			return w
+		}
+	}
+	return ""
 }

@@ -79,7 +79,8 @@ type fleetPolicy struct {
 	Latency []int64 `json:"latency"`
 }
 
-// NewFleet returns svc's Fleet over client.
+// NewFleet returns svc's Fleet over client. Call it before svc serves:
+// from then on svc's figures are the fleet's.
 func NewFleet(client redis.UniversalClient, svc *Service, opts *FleetOptions) *Fleet {
 	var o FleetOptions
 	if opts != nil {

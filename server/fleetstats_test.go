@@ -3,6 +3,7 @@ package server
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"log/slog"
 	"strings"
@@ -12,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/sluicehq/sluice/internal/race"
 	"github.com/sluicehq/sluice/internal/redistest"
 )
 
@@ -154,4 +156,48 @@ func collectorValue(t *testing.T, c prometheus.Collector) float64 {
 	}
 	m := mfs[0].GetMetric()[0]
 	return m.GetGauge().GetValue() + m.GetCounter().GetValue()
+}
+
+// Two `sluice serve` processes on one Redis each show the fleet's figures
+// within a few publishing rounds, and one that stops leaves them at once.
+func TestFleetFiguresAcrossProcesses(t *testing.T) {
+	race.SkipTiming(t)
+	r := redistest.StartServer(t)
+	env := []string{"SLUICE_HTTP_ADDR=127.0.0.1:0", "SLUICE_GRPC_ADDR=127.0.0.1:0", "SLUICE_REDIS_URL=redis://" + r.Addr + "/0"}
+	a, b := startSluice(t, env), startSluice(t, env)
+	for range 3 {
+		a.post(t, "/v1/check", `{"policy":"fixed_window","key":"from-a"}`)
+	}
+	for range 7 {
+		b.post(t, "/v1/check", `{"policy":"fixed_window","key":"from-b"}`) // 5 allowed, 2 denied
+	}
+	overview := func(p *proc) Overview {
+		t.Helper()
+		_, body := p.get(t, "/v1/stats")
+		var st struct{ Overview Overview }
+		if err := json.Unmarshal([]byte(body), &st); err != nil {
+			t.Fatalf("stats %q: %v", body, err)
+		}
+		return st.Overview
+	}
+	// Rounds are 2 s apart: 10 s is five of them.
+	await := func(p *proc, what string, ok func(Overview) bool) {
+		t.Helper()
+		var o Overview
+		for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+			if o = overview(p); ok(o) {
+				return
+			}
+		}
+		t.Fatalf("%s: overview %+v", what, o)
+	}
+	for _, p := range []*proc{a, b} {
+		await(p, "the fleet's sums", func(o Overview) bool {
+			return o.Scope == "fleet" && o.Instances == 2 && o.Allowed == 8 && o.Denied == 2
+		})
+	}
+	b.stop(t)
+	start := time.Now()
+	await(a, "b gone", func(o Overview) bool { return o.Instances == 1 && o.Allowed == 3 && o.Denied == 0 })
+	t.Logf("a dropped the stopped b after %v", time.Since(start))
 }

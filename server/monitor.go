@@ -217,7 +217,7 @@ func breakerHealth(h StoreHealth, store sluice.Store) StoreHealth {
 func (m *monitor) local(series []Series) Overview {
 	gen := m.latencyGen()
 	hists := *m.latency.Load()
-	o := Overview{Scope: "instance", Instances: 1, WindowMS: OverviewWindow.Milliseconds()}
+	o := Overview{Scope: "instance", Instances: 1, WindowMS: OverviewWindow.Milliseconds(), Policies: []PolicyFigures{}}
 	const n = int(OverviewWindow / StatsBucket)
 	for _, s := range series {
 		f := PolicyFigures{Policy: s.Policy}

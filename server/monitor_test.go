@@ -104,3 +104,29 @@ func TestAPITop(t *testing.T) {
 		t.Errorf("near limit %+v: want 3 (the third allowed and two denied)", body.NearLimit)
 	}
 }
+
+// /v1/ lists every endpoint of the OpenAPI document and links it.
+func TestAPIIndex(t *testing.T) {
+	t.Parallel()
+	e := newAPI(t, nil)
+	w := e.do(t, "GET", "/v1/", "", nil, "")
+	var idx struct {
+		OpenAPI   string `json:"openapi"`
+		Endpoints []struct{ Method, Path string }
+	}
+	if err := json.Unmarshal(w.Body.Bytes(), &idx); err != nil || w.Code != 200 {
+		t.Fatalf("%d %s: %v", w.Code, w.Body, err)
+	}
+	if idx.OpenAPI != "openapi.json" || w.Header().Get("Link") != `<openapi.json>; rel="service-desc"` {
+		t.Errorf("openapi %q, Link %q", idx.OpenAPI, w.Header().Get("Link"))
+	}
+	if len(idx.Endpoints) < 12 {
+		t.Errorf("%d endpoints listed: %+v", len(idx.Endpoints), idx.Endpoints)
+	}
+	if w := e.do(t, "GET", "/v1/openapi.json", "", nil, ""); w.Code != 200 || !json.Valid(w.Body.Bytes()) {
+		t.Errorf("openapi.json: %d", w.Code)
+	}
+	if w := e.do(t, "POST", "/v1/", "", nil, ""); w.Code != 405 || w.Header().Get("Allow") != "GET" {
+		t.Errorf("POST /v1/: %d, Allow %q", w.Code, w.Header().Get("Allow"))
+	}
+}

@@ -103,6 +103,61 @@
     return { top, bars };
   }
 
+
+  // breakable splits a name after its separators (". _ - / :"), where a
+  // long Envoy descriptor path may wrap: never inside a word.
+  function breakable(name) {
+    return String(name).split(/(?<=[._\-/:])/);
+  }
+
+  function setBreakable(el, name) {
+    const parts = breakable(name);
+    const nodes = [];
+    parts.forEach((part, i) => {
+      if (i > 0) nodes.push(document.createElement("wbr"));
+      nodes.push(document.createTextNode(part));
+    });
+    el.replaceChildren(...nodes);
+  }
+
+  // formatRate renders decisions per second: "0.12", "35.0", "1200".
+  function formatRate(x) {
+    x = Number(x) || 0;
+    if (x >= 1000) return String(Math.round(x));
+    if (x >= 10) return x.toFixed(1);
+    return x.toFixed(2);
+  }
+
+  // formatRatio renders a share as a percentage: "42.9%".
+  function formatRatio(x) { return ((Number(x) || 0) * 100).toFixed(1) + "%"; }
+
+  // formatLatency renders a latency bucket's bound: "≤ 0.5 ms", "–" without
+  // decisions, "> 1 s" beyond the last bound.
+  function formatLatency(ms) {
+    ms = Number(ms);
+    if (!(ms >= 0)) return "\u2013";
+    if (ms > 1000) return "> 1 s";
+    return "\u2264 " + ms + " ms";
+  }
+
+  // describeStore renders a store's health: "redis (cluster) · breaker closed".
+  function describeStore(st) {
+    if (!st || !st.store) return "unknown";
+    let text = st.store + (st.mode ? ` (${st.mode})` : "");
+    if (st.breaker) text += " \u00b7 breaker " + st.breaker.replace("_", "-");
+    if (st.fallback_active) text += " \u00b7 fallback deciding";
+    return text;
+  }
+
+  // describeScope says whose figures the overview shows.
+  function describeScope(o) {
+    if (o && o.scope === "fleet") {
+      const n = Number(o.instances) || 1;
+      return { badge: `fleet \u00b7 ${n} ${n === 1 ? "instance" : "instances"}`, text: `the fleet, summed over ${n} ${n === 1 ? "instance" : "instances"} sharing Redis` };
+    }
+    return { badge: "this instance", text: "this instance only (no shared Redis)" };
+  }
+
   function sum(xs) { return xs.reduce((s, x) => s + (Number(x) || 0), 0); }
 
   // problemMessage extracts a readable message from an API error body
@@ -129,6 +184,7 @@
 
   window.sluiceDashboard = {
     formatDuration, formatPeriod, capacity, describeLimit, niceMax, chartBars, problemMessage, adminMessage,
+    breakable, formatRate, formatRatio, formatLatency, describeStore, describeScope,
   };
 
   // ---- page state ----
@@ -194,9 +250,10 @@
     tpl.setAttribute("aria-labelledby", id + "-title");
     const title = tpl.querySelector(".card-title");
     title.id = id + "-title";
-    title.textContent = p.name;
+    setBreakable(title, p.name);
     tpl.querySelector(".algorithm").textContent = (p.algorithm || "").replaceAll("_", " ");
     tpl.querySelector(".shadow").hidden = !p.shadow;
+    if (p.shadow) tpl.querySelector(".tally-denied-label").textContent = "would deny (shadow, let through)";
     tpl.querySelector(".limit").textContent = describeLimit(p);
     const results = tpl.querySelector(".results");
     results.id = id + "-results";
@@ -379,6 +436,70 @@
     }
   }
 
+
+  // ---- overview ----
+
+  function cell(text) {
+    const td = document.createElement("td");
+    td.textContent = text;
+    return td;
+  }
+
+  function fillRows(table, rows) {
+    table.tBodies[0].replaceChildren(...rows.map((cells) => {
+      const tr = document.createElement("tr");
+      tr.append(...cells.map(cell));
+      return tr;
+    }));
+  }
+
+  function renderOverview(data) {
+    const o = data.overview;
+    if (!o) return;
+    const scope = describeScope(o);
+    $("scope").textContent = scope.badge;
+    $("scope-text").textContent = scope.text;
+    $("overview").dataset.scope = o.scope;
+    $("ov-rate").textContent = formatRate(o.decisions_per_second);
+    $("ov-denied-ratio").textContent = formatRatio(o.denied_ratio);
+    $("ov-allowed").textContent = String(o.allowed);
+    $("ov-denied").textContent = String(o.denied);
+    $("store-health").textContent = describeStore(data.store);
+    const at = data.config_loaded_at ? new Date(data.config_loaded_at) : null;
+    $("config-info").textContent = `version ${data.config_version}` +
+      (at && !isNaN(at) ? ` \u00b7 loaded ${at.toISOString().replace("T", " ").slice(0, 19)} UTC` : "");
+    fillRows($("policy-figures"), (o.policies || []).map((p) =>
+      [p.policy, String(p.allowed), String(p.denied), formatLatency(p.latency_p50_ms), formatLatency(p.latency_p99_ms)]));
+  }
+
+  // refreshTop shows the top keys: an admin endpoint, as keys are clients' own.
+  async function refreshTop() {
+    let res;
+    try {
+      res = await api("GET", "v1/top", undefined, true);
+    } catch (e) {
+      $("top-note").textContent = "Top keys unavailable: " + e.message;
+      return;
+    }
+    if (res.status === 401 || res.status === 403) {
+      fillRows($("top-denials"), []);
+      fillRows($("top-near"), []);
+      $("top-note").textContent = "The top keys are clients' own keys: enter the admin token above to see them.";
+      return;
+    }
+    if (res.status !== 200 || !res.data) {
+      $("top-note").textContent = "Top keys unavailable: " + problemMessage(res.status, res.data);
+      return;
+    }
+    const t = res.data;
+    fillRows($("top-denials"), (t.denials || []).map((e) => [e.key, e.policy, String(e.count)]));
+    fillRows($("top-near"), (t.near_limit || []).map((e) => [e.key, e.policy, String(e.count), formatRatio(e.utilisation)]));
+    const whose = t.scope === "fleet" ? `across ${t.instances} instances` : "on this instance";
+    $("top-note").textContent = `Top keys ${whose}, over the last ${formatDuration(t.window_ms)} to ${formatDuration(2 * t.window_ms)}. ` +
+      "\u201cNear\u201d is within 20% of the limit. Counts come from a bounded sketch and may overstate a key that entered it late.";
+    $("overview").dataset.topLoads = String(Number($("overview").dataset.topLoads || 0) + 1);
+  }
+
   // ---- charts ----
 
   function svg(name, attrs) {
@@ -390,10 +511,13 @@
   function drawChart(card, allowed, denied, bucketMs) {
     const { top, bars } = chartBars(allowed, denied, CHART_W, CHART_H);
     const nodes = [];
+    // A shadow policy's denials were let through: drawn apart from real ones.
+    const deniedClass = card.policy.shadow ? "bar shadow-denied" : "bar denied";
     for (let i = 0; i < bars.length; i++) {
       const b = bars[i];
-      if (b.ha > 0) nodes.push(svg("rect", { class: "bar allowed", x: b.x, y: b.ya, width: b.w, height: b.ha }));
-      if (b.hd > 0) nodes.push(svg("rect", { class: "bar denied", x: b.x, y: b.yd, width: b.w, height: b.hd }));
+      const partial = i === bars.length - 1 ? " partial" : "";
+      if (b.ha > 0) nodes.push(svg("rect", { class: "bar allowed" + partial, x: b.x, y: b.ya, width: b.w, height: b.ha }));
+      if (b.hd > 0) nodes.push(svg("rect", { class: deniedClass + partial, x: b.x, y: b.yd, width: b.w, height: b.hd }));
     }
     nodes.push(svg("line", { class: "baseline", x1: 0, y1: CHART_H - 0.5, x2: CHART_W, y2: CHART_H - 0.5 }));
     card.chart.replaceChildren(...nodes);
@@ -409,11 +533,11 @@
     c.bucketMs = String(bucketMs);
     c.scaleMax = String(top);
     c.renders = String(Number(c.renders || 0) + 1);
-    const summary = `Last ${span}: ${a} allowed, ${d} denied`;
+    const summary = `Last ${span}, all traffic on this instance: ${a} allowed, ${d} ${card.policy.shadow ? "would have been denied" : "denied"}`;
     card.chart.setAttribute("aria-label", `Allowed and denied requests for ${card.policy.name}. ${summary}.`);
     card.el.querySelector(".axis-start").textContent = "\u2212" + span;
     card.el.querySelector(".chart-caption").textContent =
-      `${summary} · bars of ${formatDuration(bucketMs)}, scale ${top}`;
+      `${summary}. One bar per ${formatDuration(bucketMs)}; full height is ${top} decisions; the last bar is still filling.`;
   }
 
   async function pollStats() {
@@ -448,6 +572,8 @@
         if (!card) continue;
         drawChart(card, (s.allowed || []).map(Number), (s.denied || []).map(Number), bucketMs);
       }
+      renderOverview(res.data);
+      await refreshTop();
       polls++;
       document.body.dataset.statsPolls = String(polls);
       $("stats-note").textContent = `Charts: last ${formatDuration(bucketMs * (Number(res.data.buckets) || 0))}, updated every ${POLL_MS / 1000} s.`;
