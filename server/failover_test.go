@@ -83,6 +83,7 @@ func serveUnderFailover(t *testing.T, redisURL string, master func(call func(con
 		if err != nil {
 			return 0, err
 		}
+		req.Header.Set("Content-Type", "application/json")
 		resp, err := client.Do(req)
 		if err != nil {
 			return 0, err

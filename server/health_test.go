@@ -85,7 +85,7 @@ func TestServeRefusesWrongPassword(t *testing.T) {
 	}
 	lines := strings.Split(strings.TrimSpace(stderr.String()), "\n")
 	last := lines[len(lines)-1]
-	if !strings.HasPrefix(last, "sluice: redisstore: Redis authentication failed") || strings.Contains(stderr.String(), "wrong@") {
+	if !strings.Contains(last, "cannot start") || !strings.Contains(last, "redisstore: Redis authentication failed") || strings.Contains(stderr.String(), "wrong@") {
 		t.Errorf("stderr %q: want the cause in one line, without the password", stderr.String())
 	}
 }
