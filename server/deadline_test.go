@@ -139,12 +139,13 @@ func TestFaultRLSDeadline(t *testing.T) {
 			t.Logf("%d calls with a %v deadline: %v; latency p50 %v, p90 %v, max %v",
 				calls, deadline, got, lats[len(lats)/2], p90, lats[len(lats)-1])
 			// The client sees the policy's answer only if it came before
-			// the deadline. A stall of a busy machine can outlast the 5ms
-			// margin (the handler itself ends about 15ms in); without the
-			// budget no call under error, and none under local until the
-			// breaker opens, would get the policy's answer.
-			if got[tt.want] < calls*90/100 {
-				t.Errorf("%d of %d calls got %v; want at least 90%%", got[tt.want], calls, tt.want)
+			// the deadline. A stall of a busy machine (of the server or of
+			// this client) can outlast the 5ms margin: at a load of 20 on
+			// two cores, 78-100% of calls got the policy's answer, the
+			// handler ending about 15ms in. Without the budget, 0-12% do
+			// (none under local while the breaker is closed).
+			if got[tt.want] < calls*75/100 {
+				t.Errorf("%d of %d calls got %v; want at least 75%%", got[tt.want], calls, tt.want)
 			}
 		})
 	}

@@ -161,6 +161,17 @@ func TestFleetSizeDiscovery(t *testing.T) {
 	f.add(t)
 	took := f.awaitFleetSize(t, 5, 5*time.Second)
 	t.Logf("five instances count five %v after the fifth started", took.Round(time.Millisecond))
+	for i, p := range f.procs[:4] {
+		n := 0
+		for line := range strings.SplitSeq(p.stderr.String(), "\n") {
+			if strings.Contains(line, "resilient: fleet size changed") && strings.Contains(line, " to=5 ") {
+				n++
+			}
+		}
+		if n != 1 {
+			t.Errorf("instance %d logged the change to 5 %d times, want once; log:\n%s", i, n, p.stderr.String())
+		}
+	}
 
 	r.pause(t)
 	for end := time.Now().Add(4 * time.Second); time.Now().Before(end); time.Sleep(250 * time.Millisecond) {
