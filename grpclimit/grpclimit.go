@@ -48,7 +48,8 @@ var ErrInvalidConfig = errors.New("grpclimit: invalid configuration")
 // Rule is one rate-limit policy for the calls it matches.
 type Rule struct {
 	// Name identifies the policy in metadata, status details and metrics:
-	// 1 to 64 letters, digits, '_', '-' or '.', unique. Required.
+	// 1 to 1024 bytes of UTF-8 text without control characters, unique.
+	// Required.
 	Name string
 	// Limit is the policy's limit. Required.
 	Limit sluice.Limit

@@ -48,8 +48,8 @@ var (
 // Rule is one rate-limit policy for the requests it matches.
 type Rule struct {
 	// Name identifies the policy in headers, the 429 body and metrics:
-	// 1 to 64 letters, digits, '_', '-' or '.'. Names are unique within a
-	// Middleware. Required.
+	// 1 to 1024 bytes of UTF-8 text without control characters. Names are
+	// unique within a Middleware. Required.
 	Name string
 
 	// Limit is the policy's limit. Required.

@@ -3,10 +3,18 @@
 // unchanged) served over Envoy's rate limit service API (gRPC), a JSON API
 // over HTTP, a live dashboard, health endpoints and Prometheus metrics.
 //
-// A request goes: transport (rls.go or api.go) → policy lookup (match.go,
-// config.go) → Service (service.go: store keys, all-or-nothing checks,
-// shadow policies, statistics) → sluice.Store (memory, or Redis through
-// the failure policy in store.go).
+// A request visits each file once:
+//
+//	rls.go or api.go      the transport: a request becomes engine checks
+//	config/match.go       which policy answers each descriptor or name
+//	service.go            the checks' store keys, under the snapshot in force
+//	internal/enforce      the engine: all-or-nothing, strategies, shadow runs
+//	metrics.go, stats.go  its decisions counted (through the engine's observer)
+//	store.go              sluice.Store: memory, or Redis through the failure policy
+//	rls.go or api.go      the checks' decisions become statuses, headers, a body
+//
+// The configuration (both formats, matching, check-config's Describe) is
+// package config, which knows nothing of stores or transports.
 //
 // cmd/sluice is a thin main over Main; embedders use New, Start and
 // Shutdown.
@@ -38,6 +46,7 @@ import (
 	"github.com/sluicehq/sluice/memory"
 	"github.com/sluicehq/sluice/redisstore"
 	"github.com/sluicehq/sluice/resilient"
+	"github.com/sluicehq/sluice/server/config"
 	"github.com/sluicehq/sluice/server/dashboard"
 )
 
@@ -147,11 +156,11 @@ func New(opts Options) (*Server, error) {
 	return s, nil
 }
 
-func (s *Server) loadConfig() (*Config, error) {
+func (s *Server) loadConfig() (*config.Config, error) {
 	if s.opts.ConfigFile == "" {
 		return DemoConfig(), nil
 	}
-	return LoadConfig(s.opts.ConfigFile)
+	return config.Load(s.opts.ConfigFile)
 }
 
 func (s *Server) openStore() (sluice.Store, error) {
@@ -257,10 +266,10 @@ func (s *Server) Reload() error {
 	}
 	// Stamp before reading: a change made while loading is seen next time,
 	// and a bad file is not retried until it changes again.
-	if files, err := configFiles(s.opts.ConfigFile); err == nil {
+	if files, err := config.Files(s.opts.ConfigFile); err == nil {
 		s.stamp = configStamp(files)
 	}
-	cfg, err := LoadConfig(s.opts.ConfigFile)
+	cfg, err := config.Load(s.opts.ConfigFile)
 	if err != nil {
 		s.metrics.reload(false)
 		return err // the caller reports it: the watcher logs, the CLI prints file:line lines
@@ -281,7 +290,7 @@ func (s *Server) watch() {
 		case <-s.stop:
 			return
 		case <-t.C:
-			files, err := configFiles(s.opts.ConfigFile)
+			files, err := config.Files(s.opts.ConfigFile)
 			if err != nil {
 				continue
 			}

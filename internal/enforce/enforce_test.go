@@ -74,10 +74,13 @@ func TestRuleValidate(t *testing.T) {
 		{Rule{Name: "p", Limit: lim, Strategy: Penalty, Penalty: time.Hour}, true},
 		{Rule{Name: "", Limit: lim}, false},
 		{Rule{Name: strings.Repeat("x", MaxNameLen+1), Limit: lim}, false},
-		{Rule{Name: "a:b", Limit: lim}, false},
-		{Rule{Name: "a!b", Limit: lim}, false},
-		{Rule{Name: "a#b", Limit: lim}, false},
-		{Rule{Name: `a"b`, Limit: lim}, false},
+		// Every name a descriptor path makes: keys escape it, headers quote it.
+		{Rule{Name: "a:b!c#d%e", Limit: lim}, true},
+		{Rule{Name: `rl.path_/api/v1 "x"`, Limit: lim}, true},
+		{Rule{Name: "a\nb", Limit: lim}, false},
+		{Rule{Name: "a\x00b", Limit: lim}, false},
+		{Rule{Name: "a\x7fb", Limit: lim}, false},
+		{Rule{Name: "\xff", Limit: lim}, false},
 		{Rule{Name: "bad-limit"}, false},
 		{Rule{Name: "d", Limit: lim, Strategy: Delay}, false},
 		{Rule{Name: "d", Limit: lim, Strategy: Delay, MaxDelay: time.Second, MaxWaiting: -1}, false},
@@ -105,7 +108,7 @@ func TestKeyer(t *testing.T) {
 	plainK := NewKeyer("p:", nil)
 	base := plainK.Base("rule")
 	k, b := plainK.Keys(base, "1.2.3.4", true)
-	if k != "p:rule:1.2.3.4" || b != "p:rule!:1.2.3.4" {
+	if k != "p:v2:rule:1.2.3.4" || b != "p:v2:rule!:1.2.3.4" {
 		t.Errorf("plain keys %q %q", k, b)
 	}
 	if _, b := plainK.Keys(base, "x", false); b != "" {
@@ -113,12 +116,12 @@ func TestKeyer(t *testing.T) {
 	}
 	long := strings.Repeat("k", sluice.MaxKeyLen)
 	k, b = plainK.Keys(base, long, true)
-	if len(k) > sluice.MaxKeyLen || len(b) > sluice.MaxKeyLen || !strings.HasPrefix(k, "p:rule#") {
+	if len(k) > sluice.MaxKeyLen || len(b) > sluice.MaxKeyLen || !strings.HasPrefix(k, "p:v2:rule#") {
 		t.Errorf("long id: %q, %q", k, b)
 	}
 	secret := NewKeyer("p:", []byte("s"))
 	k, _ = secret.Keys(base, "1.2.3.4", false)
-	if strings.Contains(k, "1.2.3.4") || !strings.HasPrefix(k, "p:rule#") || len(k) != len("p:rule#")+32 {
+	if strings.Contains(k, "1.2.3.4") || !strings.HasPrefix(k, "p:v2:rule#") || len(k) != len("p:v2:rule#")+32 {
 		t.Errorf("hashed key %q", k)
 	}
 }

@@ -1,4 +1,4 @@
-package server
+package config
 
 import (
 	"errors"
@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/enforce"
 )
 
 func TestParseSluiceConfig(t *testing.T) {
@@ -44,11 +45,11 @@ policies:
 		{"api limit", api.Limit, sluice.Limit{Rate: 100, Period: time.Minute, Burst: 20}},
 		{"api key", api.Key, "{api_key}"},
 		{"api domain", api.Domain, "edge"},
-		{"premium override keeps GCRA", api.limitFor("premium-42"), sluice.Limit{Rate: 1000, Period: time.Minute}},
-		{"partner override names its algorithm", api.limitFor("partner-b"), sluice.Limit{Algorithm: sluice.TokenBucket, Rate: 50, Period: time.Second}},
-		{"others get the policy's limit", api.limitFor("partner-c"), api.Limit},
+		{"premium override keeps GCRA", api.LimitFor("premium-42"), sluice.Limit{Rate: 1000, Period: time.Minute}},
+		{"partner override names its algorithm", api.LimitFor("partner-b"), sluice.Limit{Algorithm: sluice.TokenBucket, Rate: 50, Period: time.Second}},
+		{"others get the policy's limit", api.LimitFor("partner-c"), api.Limit},
 		{"login algorithm field", login.Limit, sluice.Limit{Algorithm: sluice.SlidingWindowLog, Rate: 5, Period: 15 * time.Minute}},
-		{"login strategy", login.Strategy, Shadow},
+		{"login strategy", login.Strategy, enforce.Shadow},
 		{"login default key", login.Key, "{key}"},
 		{"export burst field", export.Limit, sluice.Limit{Rate: 10, Period: time.Hour, Burst: 3}},
 		{"export cost", export.Cost, int64(2)},
@@ -80,7 +81,7 @@ func TestConfigErrors(t *testing.T) {
 		{"window with burst", "policies:\n  - name: a\n    limit: fixed_window 5/s\n    burst: 9\n", `4:12: sluice: invalid limit`},
 		{"missing name", "policies:\n  - limit: 1/s\n", `2:5: policy needs a name`},
 		{"missing limit", "policies:\n  - name: a\n", `2:5: policy "a" needs a limit`},
-		{"bad name", "policies:\n  - name: 'a b'\n    limit: 1/s\n", `2:11: policy name "a b"`},
+		{"bad name", "policies:\n  - name: ''\n    limit: 1/s\n", `2:11: policy name ""`},
 		{"duplicate name", "policies:\n  - name: a\n    limit: 1/s\n  - name: a\n    limit: 2/s\n", `4:11: duplicate policy name "a" (first at test.yaml:2)`},
 		{"duplicate field", "policies:\n  - name: a\n    limit: 1/s\n    limit: 2/s\n", `4:5: duplicate field "limit"`},
 		{"bad strategy", "policies:\n  - name: a\n    limit: 1/s\n    strategy: delay\n", `4:15: strategy "delay": want reject or shadow`},
@@ -108,7 +109,7 @@ func TestConfigErrors(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			_, err := ParseConfig("test.yaml", []byte(tt.yaml))
+			_, err := Parse("test.yaml", []byte(tt.yaml))
 			if err == nil {
 				t.Fatal("no error")
 			}
@@ -123,12 +124,12 @@ func TestConfigErrors(t *testing.T) {
 }
 
 func TestConfigCollectsSeveralErrors(t *testing.T) {
-	_, err := ParseConfig("x.yaml", []byte("policies:\n  - name: a\n    limit: nope\n  - name: b\n    limit: 1/s\n    colour: red\n"))
+	_, err := Parse("x.yaml", []byte("policies:\n  - name: a\n    limit: nope\n  - name: b\n    limit: 1/s\n    colour: red\n"))
 	var joined interface{ Unwrap() []error }
 	if !errors.As(err, &joined) || len(joined.Unwrap()) != 2 {
 		t.Fatalf("err = %v, want two errors", err)
 	}
-	var ce *ConfigError
+	var ce *Error
 	if !errors.As(joined.Unwrap()[1], &ce) || ce.File != "x.yaml" || ce.Line != 6 {
 		t.Errorf("second error = %#v, want x.yaml line 6", ce)
 	}
@@ -144,7 +145,7 @@ func TestLoadConfigDirectory(t *testing.T) {
 	write("a.yaml", "domain: one\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1}\n")
 	write("b.yml", "policies:\n  - name: p\n    limit: 1/s\n")
 	write("notes.txt", "not yaml: [")
-	cfg, err := LoadConfig(dir)
+	cfg, err := Load(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -155,32 +156,19 @@ func TestLoadConfigDirectory(t *testing.T) {
 		t.Errorf("%d files, want %d", got, want)
 	}
 	write("c.yaml", "domain: one\n")
-	if _, err := LoadConfig(dir); err == nil || !strings.Contains(err.Error(), filepath.Join(dir, "c.yaml")+":1:9: duplicate domain") {
+	if _, err := Load(dir); err == nil || !strings.Contains(err.Error(), filepath.Join(dir, "c.yaml")+":1:9: duplicate domain") {
 		t.Errorf("err = %v, want a duplicate domain in c.yaml", err)
 	}
-	if _, err := LoadConfig(filepath.Join(dir, "missing.yaml")); !errors.Is(err, ErrConfig) {
+	if _, err := Load(filepath.Join(dir, "missing.yaml")); !errors.Is(err, ErrConfig) {
 		t.Errorf("missing file: err = %v, want ErrConfig", err)
 	}
 }
 
-func TestDemoConfig(t *testing.T) {
-	cfg := DemoConfig()
-	seen := map[sluice.Algorithm]bool{}
-	for _, p := range cfg.Policies {
-		seen[p.Limit.Algorithm] = true
-		if p.Limit.Capacity() >= 10 {
-			t.Errorf("%s: capacity %d: Burst 10 would show no denial", p.Name, p.Limit.Capacity())
-		}
-	}
-	for _, a := range sluice.Algorithms() {
-		if !seen[a] {
-			t.Errorf("no demo policy for %v", a)
-		}
-	}
-}
-
 func TestDescribe(t *testing.T) {
-	cfg := mustConfig(t, readFile(t, "testdata/envoy-example.yaml"))
+	cfg, err := Load("../testdata/envoy-example.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
 	var b strings.Builder
 	cfg.Describe(&b)
 	for _, want := range []string{
@@ -195,4 +183,13 @@ func TestDescribe(t *testing.T) {
 			t.Errorf("Describe lacks %q:\n%s", want, b.String())
 		}
 	}
+}
+
+func mustConfig(t testing.TB, yaml string) *Config {
+	t.Helper()
+	cfg, err := Parse("test.yaml", []byte(strings.TrimLeft(yaml, "\n")))
+	if err != nil {
+		t.Fatalf("config: %v", err)
+	}
+	return cfg
 }

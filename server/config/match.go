@@ -1,16 +1,15 @@
-package server
+package config
 
 import (
 	"fmt"
-	"io"
 	"sort"
 	"strings"
 	"time"
 )
 
-// domain is one Envoy rate-limit domain: envoyproxy/ratelimit's descriptor
+// Domain is one Envoy rate-limit domain: envoyproxy/ratelimit's descriptor
 // tree, plus sluice-format policies whose key templates descriptors fill.
-type domain struct {
+type Domain struct {
 	name     string
 	root     *descNode
 	policies []*Policy          // sluice-format policies in this domain
@@ -26,33 +25,52 @@ type entryKey struct{ key, value string }
 type descNode struct {
 	children       map[entryKey]*descNode
 	wildcards      []entryKey // children with wildcard values, in file order
-	rule           *rule
+	rule           *RateLimit
 	shareThreshold bool
 	pos            pos
 }
 
-// rule is an Envoy rate_limit block.
-type rule struct {
-	policy    *Policy // nil when unlimited or blocked
-	unlimited bool
-	blocked   bool          // requests_per_unit: 0: every hit is over the limit
-	period    time.Duration // the unit, for blocked rules' reset time
-	shadow    bool
-	name      string
-	replaces  []string
+// RateLimit is an Envoy rate_limit block.
+type RateLimit struct {
+	// Policy is the block's limit; nil when Unlimited or Blocked.
+	Policy    *Policy
+	Unlimited bool
+	// Blocked: requests_per_unit 0, every hit is over the limit.
+	Blocked bool
+	// Period is the unit, for Blocked rules' reset time.
+	Period time.Duration
+	// Shadow: shadow_mode or quota_mode, never over the limit.
+	Shadow   bool
+	Name     string
+	Replaces []string
+	// Path is the descriptor path the block sits at, as envoyproxy/ratelimit
+	// names its stats ("domain.key_value.key").
+	Path string
 }
 
 // Entry is one key/value pair of a descriptor.
 type Entry struct{ Key, Value string }
 
-// match is what one request descriptor resolved to.
-type match struct {
-	rule *rule
-	// key is the rule's state key within its policy: the descriptor's
-	// entries, with share_threshold values replaced by their pattern.
-	key string
-	// policy is set for sluice-format matches (rule is nil then).
-	policy *Policy
+// Match is what one request descriptor resolved to: an Envoy rate_limit
+// block, or a sluice-format policy.
+type Match struct {
+	// RateLimit is set for Envoy-format matches.
+	RateLimit *RateLimit
+	// Policy is set for sluice-format matches.
+	Policy *Policy
+	// Key is the state key within the policy: the descriptor's entries
+	// (share_threshold values replaced by their pattern), or the policy's
+	// rendered key template.
+	Key string
+}
+
+// Match finds what answers a descriptor: an Envoy rate_limit block first,
+// else a sluice-format policy.
+func (d *Domain) Match(entries []Entry) (Match, bool) {
+	if m, ok := d.lookup(entries); ok {
+		return m, true
+	}
+	return d.lookupPolicy(entries)
 }
 
 // lookup finds the rule for a descriptor exactly as envoyproxy/ratelimit's
@@ -60,7 +78,7 @@ type match struct {
 // file order, then the key alone. Only a rule at the descriptor's last
 // entry applies; a request with more entries than the tree is deep, or
 // one that stops above a rule, matches nothing.
-func (d *domain) lookup(entries []Entry) (match, bool) {
+func (d *Domain) lookup(entries []Entry) (Match, bool) {
 	node := d.root
 	var shared []string // share_threshold pattern per entry, if any
 	for i, e := range entries {
@@ -83,40 +101,40 @@ func (d *domain) lookup(entries []Entry) (match, bool) {
 			next = node.children[entryKey{key: e.Key}]
 		}
 		if next == nil {
-			return match{}, false
+			return Match{}, false
 		}
 		if i == len(entries)-1 {
 			if next.rule == nil {
-				return match{}, false
+				return Match{}, false
 			}
-			return match{rule: next.rule, key: entriesKey(entries, shared)}, true
+			return Match{RateLimit: next.rule, Key: entriesKey(entries, shared)}, true
 		}
 		if len(next.children) == 0 {
-			return match{}, false
+			return Match{}, false
 		}
 		node = next
 	}
-	return match{}, false
+	return Match{}, false
 }
 
 // lookupPolicy finds a sluice-format policy for a descriptor: either one
 // whose key template's variables are exactly the entries' keys, or one
 // named by a leading ("policy", NAME) entry whose other entries fill its
 // template.
-func (d *domain) lookupPolicy(entries []Entry) (match, bool) {
+func (d *Domain) lookupPolicy(entries []Entry) (Match, bool) {
 	if len(entries) > 0 && entries[0].Key == "policy" {
 		for _, p := range d.policies {
 			if p.Name == entries[0].Value {
 				if key, ok := p.tmpl.render(entries[1:]); ok {
-					return match{policy: p, key: key}, true
+					return Match{Policy: p, Key: key}, true
 				}
-				return match{}, false
+				return Match{}, false
 			}
 		}
-		return match{}, false
+		return Match{}, false
 	}
 	if len(d.bySig) == 0 {
-		return match{}, false
+		return Match{}, false
 	}
 	keys := make([]string, len(entries))
 	for i, e := range entries {
@@ -125,18 +143,20 @@ func (d *domain) lookupPolicy(entries []Entry) (match, bool) {
 	sort.Strings(keys)
 	p := d.bySig[strings.Join(keys, "\x00")]
 	if p == nil {
-		return match{}, false
+		return Match{}, false
 	}
 	key, ok := p.tmpl.render(entries)
 	if !ok {
-		return match{}, false
+		return Match{}, false
 	}
-	return match{policy: p, key: key}, true
+	return Match{Policy: p, Key: key}, true
 }
 
-// entriesKey renders descriptor entries as a state key:
-// "key=value,key=value", with '%', ',' and '=' escaped so that no two
+// EntriesKey renders descriptor entries as a state key:
+// "key=value,key=value", with '%', ',', '=' and '|' escaped so that no two
 // descriptors share a key.
+func EntriesKey(entries []Entry) string { return entriesKey(entries, nil) }
+
 func entriesKey(entries []Entry, shared []string) string {
 	var b strings.Builder
 	for i, e := range entries {
@@ -165,47 +185,6 @@ func escapeTo(b *strings.Builder, s string) {
 	}
 }
 
-func (n *descNode) describe(w io.Writer, indent string) {
-	keys := make([]entryKey, 0, len(n.children))
-	for k := range n.children {
-		keys = append(keys, k)
-	}
-	sort.Slice(keys, func(i, j int) bool {
-		return n.children[keys[i]].pos.line < n.children[keys[j]].pos.line
-	})
-	for _, k := range keys {
-		c := n.children[k]
-		fmt.Fprintf(w, "%s%s", indent, k.key)
-		if k.value != "" {
-			fmt.Fprintf(w, "=%s", k.value)
-		}
-		if r := c.rule; r != nil {
-			switch {
-			case r.unlimited:
-				fmt.Fprint(w, ": unlimited")
-			case r.blocked:
-				fmt.Fprintf(w, ": blocked (0 per %v)", r.period)
-			default:
-				fmt.Fprintf(w, ": %s", r.policy.Limit)
-			}
-			if r.shadow {
-				fmt.Fprint(w, ", shadow_mode")
-			}
-			if r.name != "" {
-				fmt.Fprintf(w, ", name %s", r.name)
-			}
-			if len(r.replaces) > 0 {
-				fmt.Fprintf(w, ", replaces %s", strings.Join(r.replaces, ", "))
-			}
-		}
-		if c.shareThreshold {
-			fmt.Fprint(w, ", share_threshold")
-		}
-		fmt.Fprintln(w)
-		c.describe(w, indent+"  ")
-	}
-}
-
 // template is a key template: literal text and {variables}.
 type template struct {
 	parts []string // literal, variable, literal, variable, ..., literal
@@ -229,7 +208,7 @@ func parseTemplate(s string) (*template, error) {
 			return nil, fmt.Errorf("unclosed '{'")
 		}
 		name := rest[open+1 : open+end]
-		if !validName(name) {
+		if !validVar(name) {
 			return nil, fmt.Errorf("variable {%s}: use letters, digits, '.', '_' and '-'", name)
 		}
 		for _, v := range t.vars {
@@ -248,6 +227,20 @@ func parseTemplate(s string) (*template, error) {
 		return nil, fmt.Errorf("needs at least one {variable}")
 	}
 	return t, nil
+}
+
+// validVar reports whether s can name a template variable (a descriptor
+// entry key).
+func validVar(s string) bool {
+	if s == "" || len(s) > 128 {
+		return false
+	}
+	for _, c := range s {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == '-') {
+			return false
+		}
+	}
+	return true
 }
 
 func (t *template) signature() string {
