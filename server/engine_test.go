@@ -1,0 +1,141 @@
+package server
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+)
+
+// A check that only looks, on both transports: a descriptor's hits_addend
+// present and 0, and a JSON "cost": 0. The request-level hits_addend 0 and
+// an omitted cost keep their defaults (the policy's cost).
+func TestCheckOnlyOnBothTransports(t *testing.T) {
+	clock := newFakeClock()
+	svc := newMemService(t, `
+domain: api
+policies:
+  - name: p
+    limit: fixed_window 10/min
+    cost: 2
+    key: "{user}"
+`, clock)
+	c := serveRLS(t, svc)
+	e := &apiEnv{svc: svc, h: svc.Handler(nil), clock: clock}
+	look := desc("user=u")
+	look.HitsAddend = wrapperspb.UInt64(0)
+	remaining := func(body string) string {
+		t.Helper()
+		w := e.do(t, "POST", "/v1/check", body, nil, "")
+		if w.Code != 200 {
+			t.Fatalf("%s: %d %s", body, w.Code, w.Body)
+		}
+		return w.Header().Get("X-RateLimit-Remaining")
+	}
+	for i, st := range []struct {
+		name string
+		do   func() string
+		want string
+	}{
+		{"rls default hits: the policy's cost", func() string { return render(call(t, c, rlsRequest("api", desc("user=u")))) }, "OK: OK/8"},
+		{"rls request hits_addend 0: the default", func() string {
+			return render(call(t, c, &rlsv3.RateLimitRequest{Domain: "api", HitsAddend: 0, Descriptors: rlsRequest("api", desc("user=u")).Descriptors}))
+		}, "OK: OK/6"},
+		{"rls descriptor hits_addend 0: look", func() string { return render(call(t, c, rlsRequest("api", look))) }, "OK: OK/6"},
+		{"json cost omitted: the policy's cost", func() string { return remaining(`{"policy":"p","key":"u"}`) }, "4"},
+		{"json cost 0: look", func() string { return remaining(`{"policy":"p","key":"u","cost":0}`) }, "4"},
+		{"json cost 1", func() string { return remaining(`{"policy":"p","key":"u","cost":1}`) }, "3"},
+	} {
+		if got := st.do(); got != st.want {
+			t.Errorf("step %d, %s: got %q, want %q", i, st.name, got, st.want)
+		}
+	}
+	// Looking at an exhausted key is never over the limit.
+	remaining(`{"policy":"p","key":"u","cost":3}`)
+	if got := remaining(`{"policy":"p","key":"u","cost":0}`); got != "0" {
+		t.Errorf("look at an exhausted key: remaining %q, want 0 and 200", got)
+	}
+	if got, want := render(call(t, c, rlsRequest("api", look))), "OK: OK/0"; got != want {
+		t.Errorf("rls look at an exhausted key: %q, want %q", got, want)
+	}
+	var stats int64
+	for _, s := range svc.Stats().Snapshot() {
+		for _, n := range s.Allowed {
+			stats += n
+		}
+	}
+	if stats != 5 {
+		t.Errorf("%d decisions counted, want 5 (looks are not counted)", stats)
+	}
+}
+
+// The service gains the middleware's Penalty strategy: a violation blocks
+// the key for the penalty, across both transports, until a reset.
+func TestPenaltyPolicy(t *testing.T) {
+	clock := newFakeClock()
+	svc := newMemService(t, `
+domain: api
+policies:
+  - name: login
+    limit: fixed_window 1/min
+    strategy: penalty
+    penalty: 1h
+    key: "{user}"
+`, clock)
+	c := serveRLS(t, svc)
+	e := &apiEnv{svc: svc, h: svc.Handler(nil), clock: clock}
+	check := func() (int, string) {
+		w := e.do(t, "POST", "/v1/check", `{"policy":"login","key":"eve"}`, nil, "")
+		return w.Code, w.Header().Get("Retry-After")
+	}
+	if code, _ := check(); code != 200 {
+		t.Fatalf("first: %d", code)
+	}
+	if code, retry := check(); code != 429 || retry != "3600" {
+		t.Fatalf("violation: %d, Retry-After %q; want 429 and the hour's block", code, retry)
+	}
+	clock.Set(t0.Add(10 * time.Minute)) // the window is long over; the block holds
+	if code, retry := check(); code != 429 || retry != "3000" {
+		t.Errorf("blocked: %d, Retry-After %q; want 429, 3000", code, retry)
+	}
+	if got, want := render(call(t, c, rlsRequest("api", desc("user=eve")))), "OVER_LIMIT: OVER/"; !strings.HasPrefix(got, want) {
+		t.Errorf("rls while blocked: %q, want %q...", got, want)
+	}
+	if w := e.do(t, "POST", "/v1/reset", `{"policy":"login","key":"eve"}`, nil, ""); w.Code != 204 {
+		t.Fatalf("reset: %d %s", w.Code, w.Body)
+	}
+	if code, _ := check(); code != 200 {
+		t.Errorf("after a reset: %d, want 200 (the block ends too)", code)
+	}
+}
+
+// A blocked descriptor's headers never carry an empty policy name.
+func TestBlockedHeadersNamed(t *testing.T) {
+	svc := newMemService(t, `
+domain: d
+descriptors:
+  - key: path
+    value: /admin
+    rate_limit: {unit: minute, requests_per_unit: 0}
+  - key: ip
+    rate_limit: {unit: minute, requests_per_unit: 0, name: banned}
+`, newFakeClock())
+	c := serveRLS(t, svc)
+	for _, tt := range []struct{ desc, want string }{
+		{"path=/admin", `"d.path_/admin";q=0`},
+		{"ip=1.2.3.4", `"banned";q=0`},
+	} {
+		resp := call(t, c, rlsRequest("d", desc(tt.desc)))
+		var policy string
+		for _, h := range resp.ResponseHeadersToAdd {
+			if h.Key == "RateLimit-Policy" {
+				policy = h.Value
+			}
+		}
+		if !strings.HasPrefix(policy, tt.want) {
+			t.Errorf("%s: RateLimit-Policy %q, want %s...", tt.desc, policy, tt.want)
+		}
+	}
+}
