@@ -8,6 +8,8 @@ import (
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/enforce"
+	"github.com/sluicehq/sluice/internal/header"
+	"github.com/sluicehq/sluice/internal/problem"
 )
 
 // Strategy is what a rule does with a request over its limit.
@@ -156,7 +158,8 @@ type rule struct {
 	cost   func(*http.Request) int64
 	match  func(*http.Request) bool
 	base   string // the key stem (see enforce.Keyer)
-	fields fields
+	fields header.Fields
+	denial *problem.Denial // the default 429 body, pre-encoded
 }
 
 // New returns a Middleware enforcing rules on store. Layered limits (more
@@ -191,9 +194,6 @@ func New(store sluice.Store, rules []Rule, opts *Options) (*Middleware, error) {
 		onError: o.ErrorHandler,
 		clock:   o.Clock,
 	}
-	if m.deny == nil {
-		m.deny = DefaultDenyHandler
-	}
 	if m.onError == nil {
 		m.onError = DefaultErrorHandler
 	}
@@ -203,7 +203,7 @@ func New(store sluice.Store, rules []Rule, opts *Options) (*Middleware, error) {
 	for i, r := range rules {
 		m.rules = append(m.rules, rule{
 			Rule: ers[i], key: r.Key, cost: r.Cost, match: r.Match,
-			base: keyer.Base(r.Name), fields: newFields(r.Name, r.Limit),
+			base: keyer.Base(r.Name), fields: header.NewFields(r.Name, r.Limit), denial: problem.NewDenial(r.Name),
 		})
 	}
 	return m, nil
@@ -259,11 +259,16 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	}
 	if v.Report >= 0 && (!v.Allowed || m.allowed != NoHeaders) {
 		ru := &m.rules[checks[v.Report].Tag]
-		writeHeaders(w.Header(), m.allowed, ru.fields, v.Decision, m.clock)
+		header.Write(w.Header(), m.allowed, ru.fields, v.Decision, m.clock)
 	}
 	if v.Allowed {
 		next.ServeHTTP(w, r)
 		return
 	}
-	m.deny(w, r, Denial{Policy: m.rules[checks[v.Report].Tag].Name, Decision: v.Decision})
+	ru := &m.rules[checks[v.Report].Tag]
+	if m.deny == nil { // DefaultDenyHandler, without encoding anything
+		ru.denial.Write(w, max(header.CeilSeconds(v.Decision.RetryAfter), 1))
+		return
+	}
+	m.deny(w, r, Denial{Policy: ru.Name, Decision: v.Decision})
 }

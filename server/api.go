@@ -18,8 +18,9 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 
 	"github.com/sluicehq/sluice"
-	"github.com/sluicehq/sluice/httplimit"
 	"github.com/sluicehq/sluice/internal/enforce"
+	"github.com/sluicehq/sluice/internal/header"
+	probjson "github.com/sluicehq/sluice/internal/problem"
 )
 
 // MaxBodyBytes bounds JSON request bodies.
@@ -174,7 +175,7 @@ func (a *api) check(w http.ResponseWriter, r *http.Request) {
 	case !res.Allowed:
 		code = http.StatusTooManyRequests
 	}
-	httplimit.SetHeaders(w.Header(), res.Policy.Name, hd, a.svc.clock())
+	header.All.Set(w.Header(), res.Policy.Name, hd, a.svc.clock())
 	writeJSON(w, code, body)
 }
 
@@ -333,12 +334,7 @@ func writeJSON(w http.ResponseWriter, code int, v any) {
 
 // problem writes an RFC 9457 problem details body.
 func problem(w http.ResponseWriter, code int, detail string) {
-	w.Header().Set("Content-Type", "application/problem+json")
-	w.Header().Set("X-Content-Type-Options", "nosniff")
-	w.WriteHeader(code)
-	json.NewEncoder(w).Encode(map[string]any{
-		"type": "about:blank", "title": http.StatusText(code), "status": code, "detail": detail,
-	})
+	probjson.Write(w, probjson.New(code, detail))
 }
 
 // placeholder stands in for the dashboard when it is not built in.

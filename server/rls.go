@@ -18,8 +18,8 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/sluicehq/sluice"
-	"github.com/sluicehq/sluice/httplimit"
 	"github.com/sluicehq/sluice/internal/enforce"
+	"github.com/sluicehq/sluice/internal/header"
 	"github.com/sluicehq/sluice/server/config"
 )
 
@@ -54,11 +54,11 @@ var periodByEnvoyUnit = func() map[rlsv3.RateLimitResponse_RateLimit_Unit]time.D
 
 var headerPool = sync.Pool{New: func() any { return http.Header{} }}
 
-// rlsHeaders are the headers SetHeaders may write, in response order.
+// rlsHeaders are the headers header.Selection.Set may write, in response
+// order.
 var rlsHeaders = func() []struct{ name, canonical string } {
 	var out []struct{ name, canonical string }
-	for _, n := range []string{httplimit.HeaderLimit, httplimit.HeaderRemaining, httplimit.HeaderReset,
-		httplimit.HeaderRateLimitPolicy, httplimit.HeaderRateLimit, httplimit.HeaderRetryAfter} {
+	for _, n := range []string{header.Limit, header.Remaining, header.Reset, header.Policy, header.RateLimit, header.RetryAfter} {
 		out = append(out, struct{ name, canonical string }{n, http.CanonicalHeaderKey(n)})
 	}
 	return out
@@ -285,7 +285,7 @@ func (r rlsServer) response(descs []descriptor, checks []enforce.Check) *rlsv3.R
 		if st.shadow {
 			d.Allowed, d.RetryAfter = true, 0
 		}
-		httplimit.SetHeaders(h, st.name(), d, now)
+		header.All.Set(h, st.name(), d, now)
 		// Envoy passes names through as written: keep the usual spelling.
 		for _, n := range rlsHeaders {
 			if v := h[n.canonical]; len(v) > 0 {
