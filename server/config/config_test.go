@@ -103,7 +103,7 @@ func TestConfigErrors(t *testing.T) {
 		{"duplicate domain", "domain: d\n---\ndomain: d\n", `3:9: duplicate domain "d" (first at test.yaml:1)`},
 		{"duplicate default domain", "policies: [{name: a, limit: 1/s}]\n---\npolicies: [{name: b, limit: 1/s}]\n", `3:1: duplicate domain "sluice" (first at test.yaml:1)`},
 		{"yaml syntax", "policies:\n  - name: a\n    limit: \"unclosed\n", `3:1: found unexpected end of stream`},
-		{"yaml tab", "policies:\n  - name: a\n\tlimit: 1/s\n", `2:1: found a tab character`},
+		{"yaml tab", "policies:\n  - name: a\n\tlimit: 1/s\n", `3:1: found a tab character`},
 		{"not a mapping", "- a\n- b\n", `1:1: want a mapping`},
 		{"empty", "# nothing\n", ` empty configuration`},
 	}

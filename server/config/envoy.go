@@ -24,11 +24,11 @@ var envoyUnits = map[string]time.Duration{
 // descriptors loads envoyproxy/ratelimit's format into the tree under parent.
 func (l *loader) descriptors(d *Domain, parent *descNode, path string, list *yaml.Node) {
 	for _, n := range l.seq(list) {
-		var key, value, rateLimit, children, shadow, quota, detailed, valueToMetric, share *yaml.Node
+		var key, value, rateLimit, children, shadow, quota, detailed, valueToMetric, share, metadata *yaml.Node
 		if !l.fields(n, map[string]**yaml.Node{
 			"key": &key, "value": &value, "rate_limit": &rateLimit, "descriptors": &children,
 			"shadow_mode": &shadow, "quota_mode": &quota, "detailed_metric": &detailed,
-			"value_to_metric": &valueToMetric, "share_threshold": &share,
+			"value_to_metric": &valueToMetric, "share_threshold": &share, "metadata": &metadata,
 		}) {
 			continue
 		}
@@ -52,10 +52,14 @@ func (l *loader) descriptors(d *Domain, parent *descNode, path string, list *yam
 		if valueToMetric != nil {
 			l.boolean(valueToMetric)
 		}
-		wildcard := strings.HasSuffix(ek.value, "*")
+		if metadata != nil && metadata.Kind != yaml.MappingNode {
+			// Envoy's dynamic metadata for the descriptor: accepted, not sent
+			l.errorf(metadata, "metadata wants a mapping, got %s", kindName(metadata))
+		}
+		wildcard := strings.Contains(ek.value, "*")
 		if share != nil && l.boolean(share) {
 			if !wildcard {
-				l.errorf(share, "share_threshold can only be used with wildcard values (ending with '*'), but found key '%s'", finalKey)
+				l.errorf(share, "share_threshold can only be used with wildcard values (containing '*'), but found key '%s'", finalKey)
 			}
 			dn.shareThreshold = true
 		}
@@ -70,7 +74,7 @@ func (l *loader) descriptors(d *Domain, parent *descNode, path string, list *yam
 		}
 		parent.children[ek] = dn
 		if wildcard {
-			parent.wildcards = append(parent.wildcards, ek)
+			parent.wildcards = append(parent.wildcards, newWildcard(ek))
 		}
 		if children != nil {
 			l.descriptors(d, dn, name, children)

@@ -24,7 +24,7 @@ type entryKey struct{ key, value string }
 
 type descNode struct {
 	children       map[entryKey]*descNode
-	wildcards      []entryKey // children with wildcard values, in file order
+	wildcards      []wildcard // children with wildcard values, in file order
 	rule           *RateLimit
 	shareThreshold bool
 	pos            pos
@@ -46,6 +46,35 @@ type RateLimit struct {
 	// Path is the descriptor path the block sits at, as envoyproxy/ratelimit
 	// names its stats ("domain.key_value.key").
 	Path string
+}
+
+// wildcard is a child whose value holds '*': each matches any run of
+// characters, as in envoyproxy/ratelimit ("/api/*", "/api*v1").
+type wildcard struct {
+	entryKey
+	parts []string // the value split at each '*'
+}
+
+func newWildcard(ek entryKey) wildcard {
+	return wildcard{ek, strings.Split(ek.value, "*")}
+}
+
+// match reports whether value matches the pattern: the literal parts in
+// order, the first at the start and the last at the end.
+func (w wildcard) match(value string) bool {
+	first, last := w.parts[0], w.parts[len(w.parts)-1]
+	if !strings.HasPrefix(value, first) {
+		return false
+	}
+	value = value[len(first):]
+	for _, p := range w.parts[1 : len(w.parts)-1] {
+		i := strings.Index(value, p)
+		if i < 0 {
+			return false
+		}
+		value = value[i+len(p):]
+	}
+	return strings.HasSuffix(value, last)
 }
 
 // Entry is one key/value pair of a descriptor.
@@ -85,8 +114,8 @@ func (d *Domain) lookup(entries []Entry) (Match, bool) {
 		next := node.children[entryKey{e.Key, e.Value}]
 		if next == nil {
 			for _, w := range node.wildcards {
-				if w.key == e.Key && strings.HasPrefix(e.Value, strings.TrimSuffix(w.value, "*")) {
-					next = node.children[w]
+				if w.key == e.Key && w.match(e.Value) {
+					next = node.children[w.entryKey]
 					if next.shareThreshold {
 						if shared == nil {
 							shared = make([]string, len(entries))

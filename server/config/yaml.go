@@ -64,14 +64,14 @@ func (l *loader) load(file string, data []byte) {
 			break
 		}
 		if err != nil {
-			l.yamlError(err)
+			l.yamlError(data, err)
 			return
 		}
 		if len(doc.Content) == 0 {
 			continue
 		}
 		docs++
-		l.document(doc.Content[0])
+		l.document(deref(doc.Content[0]))
 	}
 	if docs == 0 {
 		l.errs = append(l.errs, &Error{File: file, Msg: "empty configuration"})
@@ -79,8 +79,10 @@ func (l *loader) load(file string, data []byte) {
 }
 
 // yamlError turns the YAML library's "yaml: line 3: ..." into file:line
-// form.
-func (l *loader) yamlError(err error) {
+// form. The library names the line where the construct it was reading
+// began (the mapping a misindented key breaks); the line that broke it is
+// the first whose prefix of the file no longer parses, found by bisection.
+func (l *loader) yamlError(data []byte, err error) {
 	msg := strings.TrimPrefix(err.Error(), "yaml: ")
 	e := &Error{File: l.file, Msg: msg}
 	if rest, ok := strings.CutPrefix(msg, "line "); ok {
@@ -90,7 +92,46 @@ func (l *loader) yamlError(err error) {
 			}
 		}
 	}
+	if e.Line > 0 && !strings.Contains(e.Msg, "end of stream") {
+		lines := bytes.SplitAfter(data, []byte("\n"))
+		lo, hi := e.Line, len(lines) // the first lo lines may parse; all do not
+		for lo < hi {
+			mid := (lo + hi) / 2
+			if parses(bytes.Join(lines[:mid], nil)) {
+				lo = mid + 1
+			} else {
+				hi = mid
+			}
+		}
+		if lo > e.Line && lo <= len(lines) {
+			e.Line = lo
+			e.Column = 1 + len(lines[lo-1]) - len(bytes.TrimLeft(lines[lo-1], " "))
+		}
+	}
 	l.errs = append(l.errs, e)
+}
+
+// parses reports whether data is well-formed YAML.
+func parses(data []byte) bool {
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	for {
+		var n yaml.Node
+		switch err := dec.Decode(&n); {
+		case errors.Is(err, io.EOF):
+			return true
+		case err != nil:
+			return false
+		}
+	}
+}
+
+// deref follows aliases (*name) to the node they name. Errors about an
+// aliased value name the anchor's position.
+func deref(n *yaml.Node) *yaml.Node {
+	for n.Kind == yaml.AliasNode && n.Alias != nil {
+		n = n.Alias
+	}
+	return n
 }
 
 // document loads one YAML document: sluice's format or Envoy's.
@@ -139,15 +180,33 @@ func (l *loader) document(n *yaml.Node) {
 }
 
 // fields checks that n is a mapping whose keys are all in want, with no
-// duplicates, and stores each value node.
+// duplicates, and stores each value node, aliases followed. Merge keys
+// ("<<: *defaults", or a list of aliases) fill the fields n does not set
+// itself, earlier merged mappings first.
 func (l *loader) fields(n *yaml.Node, want map[string]**yaml.Node) bool {
+	n = deref(n)
 	if n.Kind != yaml.MappingNode {
 		l.errorf(n, "want a mapping, got %s", kindName(n))
 		return false
 	}
 	ok := true
+	var merged []*yaml.Node
 	for i := 0; i+1 < len(n.Content); i += 2 {
-		k, v := n.Content[i], n.Content[i+1]
+		k, v := n.Content[i], deref(n.Content[i+1])
+		if k.Tag == "!!merge" {
+			switch v.Kind {
+			case yaml.MappingNode:
+				merged = append(merged, v)
+			case yaml.SequenceNode:
+				for _, m := range v.Content {
+					merged = append(merged, deref(m))
+				}
+			default:
+				l.errorf(v, "a merge key wants a mapping or a list of them, got %s", kindName(v))
+				ok = false
+			}
+			continue
+		}
 		dst, known := want[k.Value]
 		if !known {
 			names := make([]string, 0, len(want))
@@ -165,6 +224,25 @@ func (l *loader) fields(n *yaml.Node, want map[string]**yaml.Node) bool {
 			continue
 		}
 		*dst = v
+	}
+	for _, m := range merged {
+		if m.Kind != yaml.MappingNode {
+			l.errorf(m, "a merge key wants a mapping, got %s", kindName(m))
+			ok = false
+			continue
+		}
+		sub := make(map[string]**yaml.Node, len(want))
+		for name := range want {
+			sub[name] = new(*yaml.Node)
+		}
+		if !l.fields(m, sub) {
+			ok = false
+		}
+		for name, dst := range want {
+			if *dst == nil {
+				*dst = *sub[name]
+			}
+		}
 	}
 	return ok
 }
@@ -184,6 +262,7 @@ func kindName(n *yaml.Node) string {
 }
 
 func (l *loader) str(n *yaml.Node) string {
+	n = deref(n)
 	if n.Kind != yaml.ScalarNode || n.Tag == "!!null" {
 		l.errorf(n, "want a string, got %s", kindName(n))
 		return ""
@@ -192,6 +271,7 @@ func (l *loader) str(n *yaml.Node) string {
 }
 
 func (l *loader) boolean(n *yaml.Node) bool {
+	n = deref(n)
 	var b bool
 	if n.Kind != yaml.ScalarNode || n.Decode(&b) != nil {
 		l.errorf(n, "want true or false, got %s", kindName(n))
@@ -200,6 +280,7 @@ func (l *loader) boolean(n *yaml.Node) bool {
 }
 
 func (l *loader) integer(n *yaml.Node, min, max int64) int64 {
+	n = deref(n)
 	var v int64
 	if n.Kind != yaml.ScalarNode || n.Tag != "!!int" || n.Decode(&v) != nil {
 		l.errorf(n, "want an integer, got %s", kindName(n))
@@ -213,6 +294,7 @@ func (l *loader) integer(n *yaml.Node, min, max int64) int64 {
 }
 
 func (l *loader) seq(n *yaml.Node) []*yaml.Node {
+	n = deref(n)
 	if n.Kind != yaml.SequenceNode {
 		if n.Tag == "!!null" {
 			return nil
@@ -220,7 +302,11 @@ func (l *loader) seq(n *yaml.Node) []*yaml.Node {
 		l.errorf(n, "want a list, got %s", kindName(n))
 		return nil
 	}
-	return n.Content
+	out := make([]*yaml.Node, len(n.Content))
+	for i, c := range n.Content {
+		out[i] = deref(c)
+	}
+	return out
 }
 
 func orNode(a, b *yaml.Node) *yaml.Node {
