@@ -139,3 +139,44 @@ descriptors:
 		}
 	}
 }
+
+// The JSON API refuses a key for an Envoy-format policy that no descriptor
+// reaches (it would make a counter no request shares), and a key written
+// as the descriptor's entries shares the RLS's counter.
+func TestJSONKeysOfEnvoyPolicies(t *testing.T) {
+	clock := newFakeClock()
+	svc := newMemService(t, `
+domain: d
+descriptors:
+  - key: remote_address
+    rate_limit: {unit: minute, requests_per_unit: 3}
+  - key: path
+    value: /api/*
+    share_threshold: true
+    rate_limit: {unit: minute, requests_per_unit: 3}
+`, clock)
+	c := serveRLS(t, svc)
+	e := &apiEnv{svc: svc, h: svc.Handler(nil), clock: clock}
+	for _, tt := range []struct {
+		policy, key string
+		code        int
+	}{
+		{"d.remote_address", "1.2.3.4", 400},
+		{"d.remote_address", "path=/api/x", 400},
+		{"d.remote_address", "remote_address=1.2.3.4,x=y", 400},
+		{"d.remote_address", "remote_address=1.2.3.4", 200},
+		{"d.path_/api/*", "path=/api/x", 400}, // shared: the pattern is the key
+		{"d.path_/api/*", "path=/api/*", 200},
+	} {
+		w := e.do(t, "POST", "/v1/check", `{"policy":"`+tt.policy+`","key":"`+tt.key+`"}`, nil, "")
+		if w.Code != tt.code {
+			t.Errorf("%s %s: %d %s, want %d", tt.policy, tt.key, w.Code, w.Body, tt.code)
+		}
+	}
+	if got, want := render(call(t, c, rlsRequest("d", desc("remote_address=1.2.3.4")))), "OK: OK/1"; got != want {
+		t.Errorf("rls after one JSON check: %q, want %q (one counter)", got, want)
+	}
+	if got, want := render(call(t, c, rlsRequest("d", desc("path=/api/y")))), "OK: OK/1"; got != want {
+		t.Errorf("rls on the shared pattern: %q, want %q", got, want)
+	}
+}

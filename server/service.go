@@ -225,12 +225,16 @@ func (s *Service) Reset(ctx context.Context, policy, key string) error {
 // request validates a JSON API request and returns its check; cost 0 is
 // the policy's cost.
 func (s *Service) request(policy, key string, cost int64) (*config.Policy, enforce.Check, error) {
-	p := s.Config().Policy(policy)
+	cfg := s.Config()
+	p := cfg.Policy(policy)
 	if p == nil {
 		return nil, enforce.Check{}, fmt.Errorf("%w: %q", ErrUnknownPolicy, policy)
 	}
 	if err := sluice.ValidateKey(key); err != nil {
 		return nil, enforce.Check{}, fmt.Errorf("%w: %w", ErrBadRequest, err)
+	}
+	if !cfg.Reaches(p, key) {
+		return nil, enforce.Check{}, fmt.Errorf("%w: no descriptor reaches key %q of policy %q: write the descriptor's entries, key=value,key=value", ErrBadRequest, key, policy)
 	}
 	if cost == 0 {
 		cost = p.Cost

@@ -3,6 +3,7 @@ package config
 import (
 	"fmt"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -185,6 +186,57 @@ func (d *Domain) lookupPolicy(entries []Entry) (Match, bool) {
 // "key=value,key=value", with '%', ',', '=' and '|' escaped so that no two
 // descriptors share a key.
 func EntriesKey(entries []Entry) string { return entriesKey(entries, nil) }
+
+// Reaches reports whether a descriptor reaches key under p, so that a
+// counter made through the JSON API is one Envoy's requests share: any key
+// for a sluice-format policy, and for an Envoy-format one only a key
+// written as its descriptor's entries (as EntriesKey writes them) that the
+// domain's tree matches to p.
+func (c *Config) Reaches(p *Policy, key string) bool {
+	if !p.envoy {
+		return true
+	}
+	d := c.domains[p.Domain]
+	if d == nil {
+		return false
+	}
+	var entries []Entry
+	for _, part := range strings.Split(key, ",") {
+		k, v, ok := strings.Cut(part, "=")
+		k, okk := unescape(k)
+		v, okv := unescape(v)
+		if !ok || !okk || !okv {
+			return false
+		}
+		entries = append(entries, Entry{k, v})
+	}
+	m, ok := d.lookup(entries)
+	return ok && m.RateLimit.Policy == p && m.Key == key
+}
+
+// unescape undoes escapeTo.
+func unescape(s string) (string, bool) {
+	if !strings.Contains(s, "%") {
+		return s, true
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] != '%' {
+			b.WriteByte(s[i])
+			continue
+		}
+		if i+2 >= len(s) {
+			return "", false
+		}
+		n, err := strconv.ParseUint(s[i+1:i+3], 16, 8)
+		if err != nil {
+			return "", false
+		}
+		b.WriteByte(byte(n))
+		i += 2
+	}
+	return b.String(), true
+}
 
 func entriesKey(entries []Entry, shared []string) string {
 	var b strings.Builder
