@@ -1,12 +1,17 @@
 package server
 
 import (
+	"fmt"
+	"log/slog"
 	"strings"
 	"testing"
 	"time"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	io_prometheus_client "github.com/prometheus/client_model/go"
 	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/sluicehq/sluice/memory"
 )
 
 // A check that only looks, on both transports: a descriptor's hits_addend
@@ -178,5 +183,47 @@ descriptors:
 	}
 	if got, want := render(call(t, c, rlsRequest("d", desc("path=/api/y")))), "OK: OK/1"; got != want {
 		t.Errorf("rls on the shared pattern: %q, want %q", got, want)
+	}
+}
+
+// A request for an unknown domain is answered OK, counted every time and
+// logged once per domain; the remembered domains are bounded, so random
+// domains grow neither memory nor the log past the bound.
+func TestUnknownDomains(t *testing.T) {
+	var logs strings.Builder
+	m := NewMetrics()
+	mem := memory.New(nil)
+	t.Cleanup(func() { mem.Close() })
+	svc := NewService(mem, mustConfig(t, "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1}\n"),
+		&ServiceOptions{Metrics: m, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	rls := rlsServer{svc: svc}
+	ask := func(domain string) {
+		t.Helper()
+		resp, err := rls.ShouldRateLimit(t.Context(), rlsRequest(domain, desc("k=v")))
+		if err != nil || resp.OverallCode != rlsv3.RateLimitResponse_OK {
+			t.Fatalf("%s: %v, %v", domain, resp, err)
+		}
+	}
+	ask("x")
+	ask("x")
+	ask("y")
+	if got := strings.Count(logs.String(), "unknown domain"); got != 2 {
+		t.Errorf("%d log lines, want 2:\n%s", got, logs.String())
+	}
+	for i := range maxUnknownDomains + 5 {
+		ask(fmt.Sprintf("random-%d", i))
+	}
+	if got, want := strings.Count(logs.String(), "\n"), maxUnknownDomains+1; got != want {
+		t.Errorf("%d log lines, want %d (one per remembered domain, one saying so)", got, want)
+	}
+	if got := len(svc.unknown); got != maxUnknownDomains {
+		t.Errorf("%d domains remembered, want %d", got, maxUnknownDomains)
+	}
+	var dto io_prometheus_client.Metric
+	if err := m.unknown.Write(&dto); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := dto.GetCounter().GetValue(), float64(maxUnknownDomains+8); got != want {
+		t.Errorf("sluice_rls_unknown_domain_requests_total = %v, want %v", got, want)
 	}
 }

@@ -24,6 +24,7 @@ type Metrics struct {
 	fallback   prometheus.Gauge
 	reloads    *prometheus.CounterVec
 	configTime prometheus.Gauge
+	unknown    prometheus.Counter
 
 	// storeName labels store metrics: "memory" or "redis".
 	storeName string
@@ -53,8 +54,12 @@ func NewMetrics() *Metrics {
 			Name: "sluice_config_last_reload_success_timestamp_seconds",
 			Help: "When the configuration in force was loaded.",
 		}),
+		unknown: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "sluice_rls_unknown_domain_requests_total",
+			Help: "Envoy rate limit requests for a domain the configuration lacks (answered OK). The domains are logged, once each.",
+		}),
 	}
-	m.reg.MustRegister(m.obs, m.fallback, m.reloads, m.configTime,
+	m.reg.MustRegister(m.obs, m.fallback, m.reloads, m.configTime, m.unknown,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m.reloads.WithLabelValues("success")
 	m.reloads.WithLabelValues("failure")
@@ -87,6 +92,13 @@ func (m *Metrics) SetFallback(active bool) {
 		v = 1
 	}
 	m.fallback.Set(v)
+}
+
+// unknownDomain counts a request for an unknown domain.
+func (m *Metrics) unknownDomain() {
+	if m != nil {
+		m.unknown.Inc()
+	}
 }
 
 // forget drops the series of policies a reload removed.

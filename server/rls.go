@@ -114,6 +114,9 @@ func (r rlsServer) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequ
 		return nil, status.Error(codes.InvalidArgument, "rate limit descriptor list must not be empty")
 	}
 	dom := r.svc.Config().Domain(req.Domain)
+	if dom == nil {
+		r.svc.unknownDomain(req.Domain)
+	}
 	descs := make([]descriptor, len(req.Descriptors))
 	keys := make([]string, len(req.Descriptors))
 	replacing := map[string]bool{}

@@ -151,7 +151,7 @@ func New(opts Options) (*Server, error) {
 		s.close()
 		return nil, err
 	}
-	s.svc = NewService(store, cfg, &ServiceOptions{Metrics: s.metrics})
+	s.svc = NewService(store, cfg, &ServiceOptions{Metrics: s.metrics, Logger: s.log})
 	s.metrics.reload(true)
 	return s, nil
 }

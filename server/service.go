@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -57,8 +59,17 @@ type Service struct {
 	clock   func() time.Time
 	stats   *Stats
 	metrics *Metrics
+	log     *slog.Logger
 	version atomic.Uint64 // counts SetConfig calls
+
+	unknownMu sync.Mutex
+	unknown   map[string]bool // unknown domains logged, at most maxUnknownDomains
 }
+
+// maxUnknownDomains bounds the unknown domains remembered (each is logged
+// once): a client sending random domains cannot grow the set, nor the log,
+// past it.
+const maxUnknownDomains = 1000
 
 // ServiceOptions configures a Service. A nil *ServiceOptions is valid.
 type ServiceOptions struct {
@@ -74,6 +85,9 @@ type ServiceOptions struct {
 	Clock func() time.Time
 	// Metrics receives decision and store metrics. Default: none.
 	Metrics *Metrics
+	// Logger receives the service's events (unknown domains). Default:
+	// slog.Default().
+	Logger *slog.Logger
 }
 
 // NewService returns a Service deciding with store under cfg. Requests
@@ -88,7 +102,10 @@ func NewService(store sluice.Store, cfg *config.Config, opts *ServiceOptions) *S
 	if o.Clock == nil {
 		o.Clock = time.Now
 	}
-	s := &Service{keyer: enforce.NewKeyer(o.KeyPrefix, o.HashKey), clock: o.Clock, metrics: o.Metrics}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	s := &Service{keyer: enforce.NewKeyer(o.KeyPrefix, o.HashKey), clock: o.Clock, metrics: o.Metrics, log: o.Logger}
 	s.stats = newStats(o.Clock)
 	s.engine = enforce.New(timedStore(store, o.Metrics), observer{s})
 	s.SetConfig(cfg)
@@ -143,6 +160,26 @@ func (s *Service) RegisterRLS(g grpc.ServiceRegistrar) { registerRLS(g, s) }
 // Envoy's JSON form of ShouldRateLimit at /json (as envoyproxy/ratelimit
 // serves it), /healthz, /readyz, /metrics and the dashboard at "/".
 func (s *Service) Handler(opts *HandlerOptions) http.Handler { return newHandler(s, opts) }
+
+// unknownDomain records an Envoy request for a domain the configuration
+// lacks: counted every time, logged once per domain.
+func (s *Service) unknownDomain(name string) {
+	s.metrics.unknownDomain()
+	s.unknownMu.Lock()
+	defer s.unknownMu.Unlock()
+	switch {
+	case s.unknown[name]:
+	case len(s.unknown) < maxUnknownDomains:
+		if s.unknown == nil {
+			s.unknown = map[string]bool{}
+		}
+		s.unknown[name] = true
+		s.log.Warn("rate limit request for an unknown domain: answered OK", "domain", name, "domains", s.snap.Load().cfg.Domains())
+		if len(s.unknown) == maxUnknownDomains {
+			s.log.Warn("too many unknown domains: no longer logging each; sluice_rls_unknown_domain_requests_total still counts them", "remembered", maxUnknownDomains)
+		}
+	}
+}
 
 // check is the engine check of key under p, taking cost units (0: only
 // look).
