@@ -3,18 +3,18 @@
 // unchanged) served over Envoy's rate limit service API (gRPC), a JSON API
 // over HTTP, a live dashboard, health endpoints and Prometheus metrics.
 //
-// A request visits each file once:
+// A request visits each file once, in this order:
 //
-//	rls.go or api.go      the transport: a request becomes engine checks
-//	config/match.go       which policy answers each descriptor or name
-//	service.go            the checks' store keys, under the snapshot in force
+//	rls.go or api.go      the transport: the request becomes engine checks, and
+//	                      when they come back decided, statuses, headers, a body
+//	config/match.go       which policy answers each descriptor (Envoy) or name (JSON)
+//	service.go            each check's store keys, under the configuration in force
 //	internal/enforce      the engine: all-or-nothing, strategies, shadow runs
-//	metrics.go, stats.go  its decisions counted (through the engine's observer)
-//	store.go              sluice.Store: memory, or Redis through the failure policy
-//	rls.go or api.go      the checks' decisions become statuses, headers, a body
+//	store.go              sluice.Store: memory, or Redis behind the failure policy
+//	metrics.go, stats.go  the decisions counted, through the engine's observer
 //
 // The configuration (both formats, matching, check-config's Describe) is
-// package config, which knows nothing of stores or transports.
+// package config, which imports no store, transport or metrics.
 //
 // cmd/sluice is a thin main over Main; embedders use New, Start and
 // Shutdown.
