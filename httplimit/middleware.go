@@ -24,7 +24,8 @@ const (
 	// finds MaxWaiting requests already held, is rejected at once.
 	Delay = enforce.Delay
 	// Shadow decides and records (see Options.Observer) but never blocks
-	// and sets no headers: a dry run before enforcing a new limit.
+	// and sets no headers: a dry run before enforcing a new limit. It
+	// takes its units only when the request is admitted.
 	Shadow = enforce.Shadow
 	// Penalty rejects, and after a violation blocks the key for the rule's
 	// Penalty duration, whatever its limit says: the defence for abused
@@ -138,8 +139,8 @@ type Options struct {
 // For each request it keeps the rules whose Match accepts it and whose Key
 // finds a key, then checks the enforcing ones (Reject, Delay, Penalty)
 // all-or-nothing through sluice.MultiStore.TakeAll: a request denied by
-// one rule takes nothing from the others. Shadow rules are checked apart
-// and never block. Headers describe the violated rule with the longest
+// one rule takes nothing from the others. Shadow rules never block, and
+// take their units only from admitted requests. Headers describe the violated rule with the longest
 // wait, or, when allowed, the rule closest to exhaustion.
 type Middleware struct {
 	eng     *enforce.Engine

@@ -1,11 +1,13 @@
-// Package enforce is the policy engine shared by the HTTP and gRPC
-// middleware (and the service): given the rules that apply to one request,
-// it checks them against a Store all-or-nothing, applies each rule's
-// strategy (reject, delay, shadow, penalty), reports to an Observer, and
-// picks the decision the response should describe.
+// Package enforce is the one policy engine under every front end (the HTTP
+// and gRPC middleware, the service's Envoy RLS and JSON API): given the
+// rules that apply to one request, it checks them against a Store
+// all-or-nothing, applies each rule's strategy (reject, delay, shadow,
+// penalty), reports to an Observer, gives each check its decision and picks
+// the one the middleware's response describes. Keys (keys.go) have one
+// grammar for all of them.
 //
 // Front ends do the request-specific part: which rules match, the key and
-// the cost of each, and how a verdict is written back.
+// the cost of each, and how the decisions are written back.
 package enforce
 
 import (
@@ -30,7 +32,8 @@ const (
 	// request that would need longer is rejected at once.
 	Delay
 	// Shadow decides and records but never blocks: a dry run. Shadow rules
-	// take their own units apart from the enforcing rules.
+	// take their own units, apart from the enforcing rules and only when the
+	// request is admitted, so they count what enforcing would let through.
 	Shadow
 	// Penalty rejects, and on a violation blocks the key for the rule's
 	// Penalty duration. The block is a key in the store, so it holds across
