@@ -14,12 +14,19 @@ import (
 	"github.com/sluicehq/sluice/memory"
 )
 
+// bothTransports serves a memory-store service over RLS and the JSON API.
+func bothTransports(t *testing.T, yaml string, clock *fakeClock) (*Service, rlsv3.RateLimitServiceClient, *apiEnv) {
+	t.Helper()
+	svc := newMemService(t, yaml, clock)
+	return svc, serveRLS(t, svc), &apiEnv{svc: svc, h: svc.Handler(nil), clock: clock}
+}
+
 // A check that only looks, on both transports: a descriptor's hits_addend
 // present and 0, and a JSON "cost": 0. The request-level hits_addend 0 and
 // an omitted cost keep their defaults (the policy's cost).
 func TestCheckOnlyOnBothTransports(t *testing.T) {
 	clock := newFakeClock()
-	svc := newMemService(t, `
+	svc, c, e := bothTransports(t, `
 domain: api
 policies:
   - name: p
@@ -27,8 +34,6 @@ policies:
     cost: 2
     key: "{user}"
 `, clock)
-	c := serveRLS(t, svc)
-	e := &apiEnv{svc: svc, h: svc.Handler(nil), clock: clock}
 	look := desc("user=u")
 	look.HitsAddend = wrapperspb.UInt64(0)
 	remaining := func(body string) string {
@@ -80,7 +85,7 @@ policies:
 // the key for the penalty, across both transports, until a reset.
 func TestPenaltyPolicy(t *testing.T) {
 	clock := newFakeClock()
-	svc := newMemService(t, `
+	_, c, e := bothTransports(t, `
 domain: api
 policies:
   - name: login
@@ -89,8 +94,6 @@ policies:
     penalty: 1h
     key: "{user}"
 `, clock)
-	c := serveRLS(t, svc)
-	e := &apiEnv{svc: svc, h: svc.Handler(nil), clock: clock}
 	check := func() (int, string) {
 		w := e.do(t, "POST", "/v1/check", `{"policy":"login","key":"eve"}`, nil, "")
 		return w.Code, w.Header().Get("Retry-After")
@@ -150,7 +153,7 @@ descriptors:
 // as the descriptor's entries shares the RLS's counter.
 func TestJSONKeysOfEnvoyPolicies(t *testing.T) {
 	clock := newFakeClock()
-	svc := newMemService(t, `
+	_, c, e := bothTransports(t, `
 domain: d
 descriptors:
   - key: remote_address
@@ -160,8 +163,6 @@ descriptors:
     share_threshold: true
     rate_limit: {unit: minute, requests_per_unit: 3}
 `, clock)
-	c := serveRLS(t, svc)
-	e := &apiEnv{svc: svc, h: svc.Handler(nil), clock: clock}
 	for _, tt := range []struct {
 		policy, key string
 		code        int
