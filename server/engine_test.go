@@ -228,3 +228,25 @@ func TestUnknownDomains(t *testing.T) {
 		t.Errorf("sluice_rls_unknown_domain_requests_total = %v, want %v", got, want)
 	}
 }
+
+// A shadow_mode descriptor takes its hits only when the request is
+// admitted, like every shadow rule in sluice: it counts what enforcing
+// would have let through. (envoyproxy/ratelimit counts every hit: after
+// the denied request below it would report 3 remaining, not 4.)
+func TestShadowModeCountsOnlyAdmitted(t *testing.T) {
+	clock := newFakeClock()
+	svc := newMemService(t, `
+domain: d
+descriptors:
+  - key: dark
+    shadow_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 5}
+  - key: lit
+    rate_limit: {unit: minute, requests_per_unit: 1}
+`, clock)
+	runSteps(t, svc, clock, []rlsStep{
+		{0, "d", [][]string{{"dark=x"}, {"lit=y"}}, 0, "OK: OK/4 OK/0"},
+		{0, "d", [][]string{{"dark=x"}, {"lit=y"}}, 0, "OVER_LIMIT: OK/4 OVER/0"},
+		{0, "d", [][]string{{"dark=x"}}, 0, "OK: OK/3"},
+	})
+}
