@@ -250,3 +250,37 @@ descriptors:
 		{0, "d", [][]string{{"dark=x"}}, 0, "OK: OK/3"},
 	})
 }
+
+// unit_multiplier: a window of unit×N aligned on multiples of it since the
+// Unix epoch, reported with the unit as written, as envoyproxy/ratelimit
+// does.
+func TestRLSUnitMultiplier(t *testing.T) {
+	clock := newFakeClock()
+	svc := newMemService(t, `
+domain: d
+descriptors:
+  - key: k
+    rate_limit: {unit: minute, requests_per_unit: 2, unit_multiplier: 5}
+`, clock)
+	c := serveRLS(t, svc)
+	clock.Set(t0.Add(7 * time.Minute)) // t0 starts a day: windows [5m, 10m), [10m, 15m)
+	resp := call(t, c, rlsRequest("d", desc("k=a")))
+	st := resp.Statuses[0]
+	if st.CurrentLimit.GetUnit() != rlsv3.RateLimitResponse_RateLimit_MINUTE || st.CurrentLimit.GetRequestsPerUnit() != 2 ||
+		st.DurationUntilReset.AsDuration() != 3*time.Minute {
+		t.Errorf("status %v, want 2 per MINUTE, reset in 3m", st)
+	}
+	for _, step := range []struct {
+		at   time.Duration
+		want string
+	}{
+		{9 * time.Minute, "OK: OK/0"},
+		{9*time.Minute + 59*time.Second, "OVER_LIMIT: OVER/0"},
+		{10 * time.Minute, "OK: OK/1"},
+	} {
+		clock.Set(t0.Add(step.at))
+		if got := render(call(t, c, rlsRequest("d", desc("k=a")))); got != step.want {
+			t.Errorf("at %v: %q, want %q", step.at, got, step.want)
+		}
+	}
+}

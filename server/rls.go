@@ -260,7 +260,7 @@ func (r rlsServer) response(descs []descriptor, checks []enforce.Check) *rlsv3.R
 			}
 			ds.CurrentLimit = &rlsv3.RateLimitResponse_RateLimit{Unit: envoyUnitByPeriod[st.period]}
 			if st.rl != nil {
-				ds.CurrentLimit.Name = st.rl.Name
+				ds.CurrentLimit.Name, ds.CurrentLimit.Unit = st.rl.Name, envoyUnitByPeriod[st.rl.Unit]
 			}
 			ds.DurationUntilReset = durationpb.New(window)
 		case kindLimited:
@@ -303,7 +303,11 @@ func (r rlsServer) response(descs []descriptor, checks []enforce.Check) *rlsv3.R
 
 func currentLimit(st *descriptor, lim sluice.Limit) *rlsv3.RateLimitResponse_RateLimit {
 	l := &rlsv3.RateLimitResponse_RateLimit{RequestsPerUnit: uint32(lim.Rate)}
-	if u, ok := envoyUnitByPeriod[lim.Period]; ok {
+	unit := lim.Period
+	if st.rl != nil {
+		unit = st.rl.Unit // the unit as written, without unit_multiplier
+	}
+	if u, ok := envoyUnitByPeriod[unit]; ok {
 		l.Unit = u
 	}
 	switch {

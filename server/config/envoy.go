@@ -83,10 +83,10 @@ func (l *loader) descriptors(d *Domain, parent *descNode, path string, list *yam
 }
 
 func (l *loader) rateLimit(d *Domain, dn *descNode, name string, n *yaml.Node, shadow, quota bool) {
-	var unit, rpu, unlimited, rname, replaces, alg *yaml.Node
+	var unit, rpu, unlimited, rname, replaces, alg, mult *yaml.Node
 	if !l.fields(n, map[string]**yaml.Node{
 		"unit": &unit, "requests_per_unit": &rpu, "unlimited": &unlimited,
-		"name": &rname, "replaces": &replaces, "algorithm": &alg,
+		"name": &rname, "replaces": &replaces, "algorithm": &alg, "unit_multiplier": &mult,
 	}) {
 		return
 	}
@@ -128,6 +128,22 @@ func (l *loader) rateLimit(d *Domain, dn *descNode, name string, n *yaml.Node, s
 		}
 		l.errorf(orNode(unit, n), "invalid rate limit unit '%s'", v)
 		return
+	}
+	r.Unit = period
+	if mult != nil {
+		// As envoyproxy/ratelimit's unit_multiplier: the window is unit×N,
+		// aligned, like every fixed window, on multiples of it since the
+		// Unix epoch.
+		m := l.integer(mult, 0, 1<<32-1)
+		if m == 0 {
+			l.errorf(mult, "invalid unit multiplier of 0")
+			return
+		}
+		if m > int64(sluice.MaxPeriod/period) {
+			l.errorf(mult, "unit_multiplier %d makes a window longer than %v", m, sluice.MaxPeriod)
+			return
+		}
+		period *= time.Duration(m)
 	}
 	var perUnit int64
 	if rpu != nil {

@@ -38,8 +38,10 @@ type RateLimit struct {
 	Unlimited bool
 	// Blocked: requests_per_unit 0, every hit is over the limit.
 	Blocked bool
-	// Period is the unit, for Blocked rules' reset time.
+	// Period is the window: the unit times unit_multiplier.
 	Period time.Duration
+	// Unit is the unit as written, which Envoy's responses name.
+	Unit time.Duration
 	// Shadow: shadow_mode or quota_mode, never over the limit.
 	Shadow   bool
 	Name     string

@@ -4,7 +4,9 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/enforce"
 )
 
@@ -40,6 +42,8 @@ func TestUpstreamConfigs(t *testing.T) {
 		{"test-config/replaces_empty.yaml", "10:15: should not have an empty replaces entry"},
 		{"test-config/replaces_self.yaml", "10:21: replaces should not contain name of same descriptor"},
 		{"test-config/unlimited_with_unit.yaml", "6:13: should not specify rate limit unit when unlimited"},
+		{"unit-multiplier/unit_multiplier.yaml", ""},
+		{"unit-multiplier/zero_unit_multiplier.yaml", "8:24: invalid unit multiplier of 0"},
 	}
 	files, err := filepath.Glob(filepath.Join(dir, "*", "*.yaml"))
 	if err != nil || len(files) != len(tests) {
@@ -157,5 +161,33 @@ func TestYAMLErrorLine(t *testing.T) {
 		if _, err := Parse("test.yaml", []byte(tt.yaml)); err == nil || !strings.HasPrefix(err.Error(), tt.want) {
 			t.Errorf("err = %v, want %s...", err, tt.want)
 		}
+	}
+}
+
+// unit_multiplier makes the window unit×N, as in envoyproxy/ratelimit.
+func TestUnitMultiplier(t *testing.T) {
+	t.Parallel()
+	cfg, err := Load(filepath.Join("testdata", "envoyproxy-ratelimit", "unit-multiplier", "unit_multiplier.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range []struct {
+		policy string
+		limit  sluice.Limit
+	}{
+		{"test-domain.key1", sluice.Limit{Algorithm: sluice.FixedWindow, Rate: 20, Period: 5 * time.Minute}},
+		{"test-domain.key2", sluice.Limit{Algorithm: sluice.FixedWindow, Rate: 25, Period: time.Minute}},
+	} {
+		if p := cfg.Policy(tt.policy); p == nil || p.Limit != tt.limit {
+			t.Errorf("%s: %+v, want %v", tt.policy, p, tt.limit)
+		}
+	}
+	m, ok := cfg.Domain("test-domain").Match([]Entry{{"key1", "x"}})
+	if !ok || m.RateLimit.Unit != time.Minute || m.RateLimit.Period != 5*time.Minute {
+		t.Errorf("match %+v: want unit 1m, window 5m", m.RateLimit)
+	}
+	_, err = Parse("test.yaml", []byte("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: year, requests_per_unit: 1, unit_multiplier: 2}\n"))
+	if err == nil || !strings.Contains(err.Error(), "test.yaml:4:") {
+		t.Errorf("two years: %v", err)
 	}
 }
