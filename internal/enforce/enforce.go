@@ -306,9 +306,6 @@ func (e *Engine) enforce(ctx context.Context, checks []Check, all bool) (Verdict
 		}
 	}
 	if enforcing > 1 {
-		if e.multi == nil {
-			return Verdict{Report: -1}, ErrNeedMultiStore
-		}
 		reqs = make([]sluice.Request, 0, enforcing)
 		idx = make([]int, 0, enforcing)
 	}
@@ -336,8 +333,11 @@ func (e *Engine) enforce(ctx context.Context, checks []Check, all bool) (Verdict
 	if over >= 0 {
 		return e.refuse(ctx, checks, reqs, idx, over, all)
 	}
+	if len(reqs) > 1 && e.multi == nil {
+		return Verdict{Report: -1}, ErrNeedMultiStore
+	}
 	if enforcing == 0 {
-		return e.admit(ctx, checks, nil, nil, Verdict{Allowed: true, Report: -1}, all)
+		return e.admit(ctx, checks, nil, Verdict{Allowed: true, Report: -1}, all)
 	}
 	failed := Verdict{Report: -1} // returned with every error: never Allowed
 	blocked := Verdict{Report: -1}
@@ -412,7 +412,7 @@ func (e *Engine) enforce(ctx context.Context, checks []Check, all bool) (Verdict
 				e.observe(checks[idx[j]].Rule.Name, sluice.OutcomeAllowed, d)
 			}
 			j := closest(ds)
-			return e.admit(ctx, checks, reqs, ds, Verdict{Allowed: true, Report: idx[j], Decision: ds[j], Waited: waited}, all)
+			return e.admit(ctx, checks, ds, Verdict{Allowed: true, Report: idx[j], Decision: ds[j], Waited: waited}, all)
 		}
 		// A denial with no wait would make this loop spin on the store.
 		pause := max(longest, time.Millisecond)
@@ -473,7 +473,7 @@ func setCounters(checks []Check, ds []sluice.Decision) {
 
 // admit finishes an admitted request: the enforcing checks get their
 // counters' decisions and the shadow checks take their units.
-func (e *Engine) admit(ctx context.Context, checks []Check, reqs []sluice.Request, ds []sluice.Decision, v Verdict, all bool) (Verdict, error) {
+func (e *Engine) admit(ctx context.Context, checks []Check, ds []sluice.Decision, v Verdict, all bool) (Verdict, error) {
 	setCounters(checks, ds)
 	for i := range checks {
 		if c := &checks[i]; c.Rule.Strategy == Shadow && c.Cost > 0 && !c.Over {

@@ -55,6 +55,12 @@ func TestEnforceNeedsMulti(t *testing.T) {
 	if err != nil || !v.Allowed {
 		t.Errorf("Enforce on a MultiStore = %+v, %v", v, err)
 	}
+	// Two checks of one counter are one Take: no MultiStore needed.
+	r3 := &Rule{Name: "c", Limit: sluice.PerSecond(2)}
+	same := []Check{{Rule: r3, Key: "s", Cost: 1}, {Rule: r3, Key: "s", Cost: 1}}
+	if v, err := New(plain{m}, nil).Enforce(context.Background(), same); err != nil || !v.Allowed {
+		t.Errorf("one counter twice on a plain store = %+v, %v", v, err)
+	}
 	v, err = New(m, nil).Enforce(context.Background(), nil)
 	if err != nil || !v.Allowed || v.Report != -1 {
 		t.Errorf("no checks = %+v, %v", v, err)
