@@ -89,21 +89,36 @@ func (p *Policy) Envoy() bool { return p.envoy }
 
 // Rule returns the engine rule that applies to key: the first matching
 // override's limit, else the policy's. Every rule is named after the
-// policy.
+// policy. A Policy not made by Load, Parse or NewEnvoyPolicy gets a rule
+// made from its fields, unvalidated.
 func (p *Policy) Rule(key string) *enforce.Rule {
-	for i := range p.Overrides {
-		for _, m := range p.Overrides[i].Match {
-			if globMatch(m, key) {
-				return &p.rules[i+1]
-			}
-		}
+	i := p.override(key)
+	if len(p.rules) != 1+len(p.Overrides) {
+		return &enforce.Rule{Name: p.Name, Limit: p.LimitFor(key), Strategy: p.Strategy, Penalty: p.Penalty}
 	}
-	return &p.rules[0]
+	return &p.rules[i+1]
 }
 
 // LimitFor returns the limit that applies to key: the first matching
 // override's, else the policy's.
-func (p *Policy) LimitFor(key string) sluice.Limit { return p.Rule(key).Limit }
+func (p *Policy) LimitFor(key string) sluice.Limit {
+	if i := p.override(key); i >= 0 {
+		return p.Overrides[i].Limit
+	}
+	return p.Limit
+}
+
+// override returns the index of the first override matching key, or -1.
+func (p *Policy) override(key string) int {
+	for i := range p.Overrides {
+		for _, m := range p.Overrides[i].Match {
+			if globMatch(m, key) {
+				return i
+			}
+		}
+	}
+	return -1
+}
 
 // NewEnvoyPolicy returns a policy for a limit that an Envoy request
 // carries itself (a descriptor's limit override).
