@@ -14,6 +14,36 @@ import (
 	"github.com/sluicehq/sluice/memory"
 )
 
+// Configurations of the tests below.
+const checkOnlyConfig = `
+domain: api
+policies:
+  - name: p
+    limit: fixed_window 10/min
+    cost: 2
+    key: "{user}"
+`
+
+const penaltyConfig = `
+domain: api
+policies:
+  - name: login
+    limit: fixed_window 1/min
+    strategy: penalty
+    penalty: 1h
+    key: "{user}"
+`
+
+const shadowModeConfig = `
+domain: d
+descriptors:
+  - key: dark
+    shadow_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 5}
+  - key: lit
+    rate_limit: {unit: minute, requests_per_unit: 1}
+`
+
 // bothTransports serves a memory-store service over RLS and the JSON API.
 func bothTransports(t *testing.T, yaml string, clock *fakeClock) (*Service, rlsv3.RateLimitServiceClient, *apiEnv) {
 	t.Helper()
@@ -26,14 +56,7 @@ func bothTransports(t *testing.T, yaml string, clock *fakeClock) (*Service, rlsv
 // an omitted cost keep their defaults (the policy's cost).
 func TestCheckOnlyOnBothTransports(t *testing.T) {
 	clock := newFakeClock()
-	svc, c, e := bothTransports(t, `
-domain: api
-policies:
-  - name: p
-    limit: fixed_window 10/min
-    cost: 2
-    key: "{user}"
-`, clock)
+	svc, c, e := bothTransports(t, checkOnlyConfig, clock)
 	look := desc("user=u")
 	look.HitsAddend = wrapperspb.UInt64(0)
 	remaining := func(body string) string {
@@ -85,15 +108,7 @@ policies:
 // the key for the penalty, across both transports, until a reset.
 func TestPenaltyPolicy(t *testing.T) {
 	clock := newFakeClock()
-	_, c, e := bothTransports(t, `
-domain: api
-policies:
-  - name: login
-    limit: fixed_window 1/min
-    strategy: penalty
-    penalty: 1h
-    key: "{user}"
-`, clock)
+	_, c, e := bothTransports(t, penaltyConfig, clock)
 	check := func() (int, string) {
 		w := e.do(t, "POST", "/v1/check", `{"policy":"login","key":"eve"}`, nil, "")
 		return w.Code, w.Header().Get("Retry-After")
@@ -235,15 +250,7 @@ func TestUnknownDomains(t *testing.T) {
 // the denied request below it would report 3 remaining, not 4.)
 func TestShadowModeCountsOnlyAdmitted(t *testing.T) {
 	clock := newFakeClock()
-	svc := newMemService(t, `
-domain: d
-descriptors:
-  - key: dark
-    shadow_mode: true
-    rate_limit: {unit: minute, requests_per_unit: 5}
-  - key: lit
-    rate_limit: {unit: minute, requests_per_unit: 1}
-`, clock)
+	svc := newMemService(t, shadowModeConfig, clock)
 	runSteps(t, svc, clock, []rlsStep{
 		{0, "d", [][]string{{"dark=x"}, {"lit=y"}}, 0, "OK: OK/4 OK/0"},
 		{0, "d", [][]string{{"dark=x"}, {"lit=y"}}, 0, "OVER_LIMIT: OK/4 OVER/0"},

@@ -54,11 +54,9 @@ func NewMetrics() *Metrics {
 			Name: "sluice_config_last_reload_success_timestamp_seconds",
 			Help: "When the configuration in force was loaded.",
 		}),
-		unknown: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "sluice_rls_unknown_domain_requests_total",
-			Help: "Envoy rate limit requests for a domain the configuration lacks (answered OK). The domains are logged, once each.",
-		}),
 	}
+	m.unknown = prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_rls_unknown_domain_requests_total",
+		Help: "Envoy rate limit requests for a domain the configuration lacks (answered OK). The domains are logged, once each."})
 	m.reg.MustRegister(m.obs, m.fallback, m.reloads, m.configTime, m.unknown,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m.reloads.WithLabelValues("success")
