@@ -4,18 +4,26 @@ go 1.26.0
 
 require (
 	github.com/envoyproxy/go-control-plane/envoy v1.40.0
+	github.com/go-chi/httprate v0.16.1
 	github.com/go-redis/redis_rate/v10 v10.0.1
 	github.com/redis/go-redis/v9 v9.23.0
 	github.com/sethvargo/go-limiter v0.7.1
+	github.com/sluicehq/sluice v0.0.0
 	github.com/throttled/throttled/v2 v2.15.0
 	github.com/ulule/limiter/v3 v3.11.2
 	google.golang.org/grpc v1.85.0
-	github.com/sluicehq/sluice v0.0.0
+)
+
+require (
+	github.com/go-pkgz/expirable-cache/v3 v3.0.0 // indirect
+	github.com/klauspost/cpuid/v2 v2.4.0 // indirect
+	github.com/zeebo/xxh3 v1.1.0 // indirect
 )
 
 require (
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
 	github.com/cncf/xds/go v0.0.0-20260202195803-dba9d589def2 // indirect
+	github.com/didip/tollbooth/v8 v8.0.1
 	github.com/envoyproxy/protoc-gen-validate v1.3.3 // indirect
 	github.com/pkg/errors v0.9.1 // indirect
 	github.com/planetscale/vtprotobuf v0.6.1-0.20240319094008-0393e58bdf10 // indirect
@@ -28,3 +36,5 @@ require (
 )
 
 replace github.com/sluicehq/sluice => ../
+
+replace github.com/didip/tollbooth/v8 => ./third_party/tollbooth

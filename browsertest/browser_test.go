@@ -22,6 +22,7 @@ import (
 
 	"github.com/sluicehq/sluice/memory"
 	"github.com/sluicehq/sluice/server"
+	"github.com/sluicehq/sluice/server/config"
 	"github.com/sluicehq/sluice/server/dashboard"
 )
 
@@ -44,7 +45,7 @@ var t0 = time.Date(2030, 1, 2, 3, 4, 1, 0, time.UTC)
 // testConfig is the demo configuration plus one shadow policy, one whose
 // override gives the page's key (dashboard) another capacity, and any extra
 // policies given as YAML list items.
-func testConfig(t *testing.T, extra string) *server.Config {
+func testConfig(t *testing.T, extra string) *config.Config {
 	t.Helper()
 	var b strings.Builder
 	b.WriteString("policies:\n")
@@ -55,7 +56,7 @@ func testConfig(t *testing.T, extra string) *server.Config {
 	b.WriteString("  - name: vip\n    limit: sliding_window_log 2/min\n    overrides:\n      - match: dash*\n        limit: 7/min\n")
 	b.WriteString("  - name: " + longName + "\n    limit: 100/min\n")
 	b.WriteString(extra)
-	cfg, err := server.ParseConfig("dashboard-test.yaml", []byte(b.String()))
+	cfg, err := config.Parse("dashboard-test.yaml", []byte(b.String()))
 	if err != nil {
 		t.Fatalf("config:\n%s\n%v", b.String(), err)
 	}

@@ -4,7 +4,7 @@
 // A denied call fails with codes.ResourceExhausted carrying an
 // errdetails.RetryInfo (how long to wait) and an errdetails.QuotaFailure
 // naming the violated policy; its response header metadata carries the
-// rate-limit fields of httplimit.SetHeaders in lower case ("retry-after",
+// rate-limit fields of the HTTP middleware (httplimit.SetHeaders) in lower case ("retry-after",
 // "ratelimit", "ratelimit-policy", ...). Allowed calls carry "ratelimit"
 // and "ratelimit-policy" (see Options.AllowedHeaders). Stream calls are
 // checked once, when the stream opens.
@@ -27,8 +27,23 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/sluicehq/sluice"
-	"github.com/sluicehq/sluice/httplimit"
 	"github.com/sluicehq/sluice/internal/enforce"
+	"github.com/sluicehq/sluice/internal/header"
+)
+
+// HeaderSet selects the rate-limit metadata of allowed calls; denied calls
+// carry every field. It is httplimit.HeaderSet: either package's constants
+// fit.
+type HeaderSet = header.Selection
+
+// Header sets.
+const (
+	// StandardHeaders: "ratelimit" and "ratelimit-policy". The default.
+	StandardHeaders = header.Standard
+	// AllHeaders adds the "x-ratelimit-*" fields.
+	AllHeaders = header.All
+	// NoHeaders leaves allowed calls' metadata untouched.
+	NoHeaders = header.None
 )
 
 // Strategy is what a rule does with a call over its limit; see httplimit.
@@ -48,7 +63,8 @@ var ErrInvalidConfig = errors.New("grpclimit: invalid configuration")
 // Rule is one rate-limit policy for the calls it matches.
 type Rule struct {
 	// Name identifies the policy in metadata, status details and metrics:
-	// 1 to 64 letters, digits, '_', '-' or '.', unique. Required.
+	// 1 to 1024 bytes of UTF-8 text without control characters, unique.
+	// Required.
 	Name string
 	// Limit is the policy's limit. Required.
 	Limit sluice.Limit
@@ -83,8 +99,8 @@ type Options struct {
 	Exempt func(ctx context.Context, fullMethod string) bool
 	// AllowedHeaders selects the rate-limit metadata of allowed calls, as
 	// for httplimit; denied calls always carry every field. Default:
-	// httplimit.StandardHeaders ("ratelimit" and "ratelimit-policy").
-	AllowedHeaders httplimit.HeaderSet
+	// StandardHeaders ("ratelimit" and "ratelimit-policy").
+	AllowedHeaders HeaderSet
 	// Observer receives every rule's decisions. Default: none.
 	Observer sluice.Observer
 	// Clock anchors x-ratelimit-reset. Default: time.Now.
@@ -97,7 +113,7 @@ type Options struct {
 type Interceptor struct {
 	rules   *enforce.Rules[call]
 	exempt  func(context.Context, string) bool
-	allowed httplimit.HeaderSet
+	allowed HeaderSet
 	clock   func() time.Time
 }
 
@@ -111,7 +127,7 @@ func New(store sluice.Store, rules []Rule, opts *Options) (*Interceptor, error) 
 	if o.Prefix == "" {
 		o.Prefix = "grpclimit:"
 	}
-	if o.AllowedHeaders > httplimit.NoHeaders {
+	if o.AllowedHeaders > NoHeaders {
 		return nil, fmt.Errorf("%w: unknown AllowedHeaders %v", ErrInvalidConfig, o.AllowedHeaders)
 	}
 	specs := make([]enforce.Spec[call], len(rules))
@@ -191,7 +207,7 @@ func (in *Interceptor) check(ctx context.Context, method string) (metadata.MD, e
 		return nil, status.Error(codes.Unavailable, "grpclimit: rate limiter unavailable")
 	}
 	var md metadata.MD
-	if v.Report >= 0 && (!v.Allowed || in.allowed != httplimit.NoHeaders) {
+	if v.Report >= 0 && (!v.Allowed || in.allowed != NoHeaders) {
 		md = headers(in.allowed, checks[v.Report].Rule.Name, v.Decision, in.clock())
 	}
 	if v.Allowed {
@@ -200,8 +216,8 @@ func (in *Interceptor) check(ctx context.Context, method string) (metadata.MD, e
 	return md, denial(checks[v.Report].Rule.Name, v.Decision)
 }
 
-// headers is httplimit.HeaderSet.Set as gRPC metadata (lower-case keys).
-func headers(set httplimit.HeaderSet, policy string, d sluice.Decision, now time.Time) metadata.MD {
+// headers is HeaderSet.Set as gRPC metadata (lower-case keys).
+func headers(set HeaderSet, policy string, d sluice.Decision, now time.Time) metadata.MD {
 	h := http.Header{}
 	set.Set(h, policy, d, now)
 	md := make(metadata.MD, len(h))

@@ -196,7 +196,7 @@ func TestLayeredAndShadow(t *testing.T) {
 			t.Fatalf("call %d: %v", i, err)
 		}
 	}
-	d, err := store.Peek(context.Background(), "grpclimit:method:"+healthpb.Health_Check_FullMethodName, sluice.PerMinute(100), 1)
+	d, err := store.Peek(context.Background(), "grpclimit:v2:method:"+healthpb.Health_Check_FullMethodName, sluice.PerMinute(100), 1)
 	if err != nil || d.Remaining != 97 {
 		t.Errorf("method limit: %+v, %v; want 97 remaining (denied calls leak nothing)", d, err)
 	}
@@ -265,7 +265,7 @@ func TestErrors(t *testing.T) {
 	}{
 		"nil store":   {nil, []Rule{ok}},
 		"no rules":    {store, nil},
-		"bad name":    {store, []Rule{{Name: "a b", Limit: ok.Limit, Key: Global()}}},
+		"bad name":    {store, []Rule{{Name: "a\nb", Limit: ok.Limit, Key: Global()}}},
 		"no key":      {store, []Rule{{Name: "k", Limit: ok.Limit}}},
 		"bad limit":   {store, []Rule{{Name: "k", Key: Global()}}},
 		"duplicate":   {store, []Rule{ok, ok}},

@@ -3,32 +3,20 @@ package httplimit
 import (
 	"fmt"
 	"net/http"
-	"strconv"
-	"strings"
 	"time"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/header"
 )
 
 // Header names written by SetHeaders.
 const (
-	HeaderRetryAfter      = "Retry-After"
-	HeaderLimit           = "X-RateLimit-Limit"
-	HeaderRemaining       = "X-RateLimit-Remaining"
-	HeaderReset           = "X-RateLimit-Reset"
-	HeaderRateLimit       = "RateLimit"
-	HeaderRateLimitPolicy = "RateLimit-Policy"
-)
-
-// Canonical forms of the header names, for direct map assignment: h.Set
-// would canonicalize them again on every response.
-var (
-	canonRetryAfter = http.CanonicalHeaderKey(HeaderRetryAfter)
-	canonLimit      = http.CanonicalHeaderKey(HeaderLimit)
-	canonRemaining  = http.CanonicalHeaderKey(HeaderRemaining)
-	canonReset      = http.CanonicalHeaderKey(HeaderReset)
-	canonRateLimit  = http.CanonicalHeaderKey(HeaderRateLimit)
-	canonPolicy     = http.CanonicalHeaderKey(HeaderRateLimitPolicy)
+	HeaderRetryAfter      = header.RetryAfter
+	HeaderLimit           = header.Limit
+	HeaderRemaining       = header.Remaining
+	HeaderReset           = header.Reset
+	HeaderRateLimit       = header.RateLimit
+	HeaderRateLimitPolicy = header.Policy
 )
 
 // SetHeaders writes the rate-limit header fields for decision d of the
@@ -44,179 +32,34 @@ var (
 //	RateLimit: "api";r=0;t=12              remaining; seconds until Retry-After when denied,
 //	                                       until the key is fresh when allowed
 //
-// The last two are the structured fields of the IETF draft
-// draft-ietf-httpapi-ratelimit-headers. Retry-After is rounded up so that a
-// client waiting exactly that long is admitted, never told to come back too
-// early. The policy name is written as a structured-field string: quotes and
-// backslashes are escaped and other bytes outside printable ASCII replaced
-// with '?'.
+// HeaderSet.Set writes a selection of them.
 func SetHeaders(h http.Header, policy string, d sluice.Decision, now time.Time) {
 	AllHeaders.Set(h, policy, d, now)
 }
 
-// Set is SetHeaders limited to the fields s selects when d is allowed: what
-// the middleware writes under Options.AllowedHeaders s. A denial gets every
-// field whatever s.
-func (s HeaderSet) Set(h http.Header, policy string, d sluice.Decision, now time.Time) {
-	if d.Allowed && s == NoHeaders {
-		return
-	}
-	q := quoteSF(policy)
-	writeHeaders(h, s, fields{quoted: q, policy: policyField(q, d.Limit)}, d, func() time.Time { return now })
-}
-
 // HeaderSet selects the rate-limit header fields of allowed responses.
-// Denied responses always carry every field and Retry-After.
-type HeaderSet uint8
+// Denied responses always carry every field and Retry-After. Its Set
+// method is SetHeaders limited to the fields it selects when d is allowed:
+// what the middleware writes under Options.AllowedHeaders.
+type HeaderSet = header.Selection
 
 const (
 	// StandardHeaders are RateLimit and RateLimit-Policy, the structured
-	// fields of draft-ietf-httpapi-ratelimit-headers. Together they carry
-	// the limit, the remaining quota and the seconds until reset: all that
-	// the X-RateLimit fields say, in two fields instead of five. The
-	// default.
-	StandardHeaders HeaderSet = iota
+	// fields of draft-ietf-httpapi-ratelimit-headers. The default.
+	StandardHeaders = header.Standard
 	// AllHeaders adds X-RateLimit-Limit, X-RateLimit-Remaining and
 	// X-RateLimit-Reset, for clients that read only those.
-	AllHeaders
+	AllHeaders = header.All
 	// NoHeaders leaves allowed responses untouched.
-	NoHeaders
+	NoHeaders = header.None
 )
 
-var headerSetNames = [...]string{"standard", "all", "none"}
-
-// String returns the set's name: "standard", "all" or "none".
-func (s HeaderSet) String() string {
-	if int(s) < len(headerSetNames) {
-		return headerSetNames[s]
-	}
-	return "HeaderSet(" + strconv.Itoa(int(s)) + ")"
-}
-
-// ParseHeaderSet parses a set's name, as String returns it.
+// ParseHeaderSet parses a set's name, as String returns it: "standard",
+// "all" or "none".
 func ParseHeaderSet(name string) (HeaderSet, error) {
-	for i, n := range headerSetNames {
-		if n == name {
-			return HeaderSet(i), nil
-		}
+	s, err := header.Parse(name)
+	if err != nil {
+		return 0, fmt.Errorf("%w: header set %q (%w)", ErrInvalidConfig, name, err)
 	}
-	return 0, fmt.Errorf("%w: header set %q (want standard, all or none)", ErrInvalidConfig, name)
-}
-
-// fields are a rule's header values that do not change per request.
-type fields struct {
-	quoted   string       // the policy name as a structured-field string
-	policy   string       // RateLimit-Policy
-	limit    sluice.Limit // the rule's limit, for which capacity holds
-	capacity string       // X-RateLimit-Limit under limit; "" to compute
-}
-
-func newFields(name string, l sluice.Limit) fields {
-	q := quoteSF(name)
-	return fields{quoted: q, policy: policyField(q, l), limit: l, capacity: strconv.FormatInt(l.Capacity(), 10)}
-}
-
-// writeHeaders is SetHeaders with the rule's fixed values precomputed,
-// writing only the standard fields when set says so (denials get all).
-// now is called only for X-RateLimit-Reset.
-//
-// It allocates twice whatever the decision: one backing array for the
-// values and one string holding every per-request number. Each value is a
-// full slice (cap 1), so an append by a later handler copies rather than
-// overwriting its neighbour.
-func writeHeaders(h http.Header, set HeaderSet, f fields, d sluice.Decision, now func() time.Time) {
-	var t int64
-	if d.Allowed {
-		t = ceilSeconds(d.ResetAfter)
-	} else {
-		t = max(ceilSeconds(d.RetryAfter), 1) // a denial always means "wait"
-	}
-	// One string: `"name";r=REMAINING;t=T` (the RateLimit field), then the
-	// reset time and, if it is not the rule's, the capacity. Remaining and
-	// Retry-After are substrings of the RateLimit field.
-	var b [160]byte
-	buf := append(b[:0], f.quoted...)
-	buf = append(buf, ";r="...)
-	r0 := len(buf)
-	buf = strconv.AppendInt(buf, d.Remaining, 10)
-	r1 := len(buf)
-	buf = append(buf, ";t="...)
-	t0 := len(buf)
-	buf = strconv.AppendInt(buf, t, 10)
-	t1 := len(buf)
-	if d.Allowed && set == StandardHeaders {
-		vals := make([]string, 2)
-		vals[0], vals[1] = f.policy, string(buf)
-		h[canonPolicy] = vals[0:1:1]
-		h[canonRateLimit] = vals[1:2:2]
-		return
-	}
-	vals := make([]string, 6)
-	buf = strconv.AppendInt(buf, resetUnix(now(), d.ResetAfter), 10)
-	reset := len(buf)
-	vals[0] = f.capacity
-	if f.capacity == "" || d.Limit != f.limit { // a fallback may report another limit
-		buf = strconv.AppendInt(buf, d.Limit.Capacity(), 10)
-	}
-	s := string(buf)
-	if len(s) > reset {
-		vals[0] = s[reset:]
-	}
-	vals[1] = s[r0:r1]
-	vals[2] = s[t1:reset]
-	vals[3] = f.policy
-	vals[4] = s[:t1]
-	h[canonLimit] = vals[0:1:1]
-	h[canonRemaining] = vals[1:2:2]
-	h[canonReset] = vals[2:3:3]
-	h[canonPolicy] = vals[3:4:4]
-	h[canonRateLimit] = vals[4:5:5]
-	if !d.Allowed {
-		vals[5] = s[t0:t1]
-		h[canonRetryAfter] = vals[5:6:6]
-	}
-}
-
-// policyField is the RateLimit-Policy value: `"name";q=RATE;w=SECONDS`.
-func policyField(quoted string, l sluice.Limit) string {
-	return quoted + ";q=" + strconv.FormatInt(l.Rate, 10) + ";w=" + strconv.FormatInt(max(ceilSeconds(l.Period), 1), 10)
-}
-
-// ceilSeconds rounds d up to whole seconds; negative durations give 0.
-func ceilSeconds(d time.Duration) int64 {
-	if d <= 0 {
-		return 0
-	}
-	return int64((d + time.Second - 1) / time.Second)
-}
-
-// resetUnix is now+after in Unix seconds, rounded up.
-func resetUnix(now time.Time, after time.Duration) int64 {
-	t := now.Add(max(after, 0))
-	s := t.Unix()
-	if t.Nanosecond() > 0 {
-		s++
-	}
-	return s
-}
-
-// quoteSF formats s as a structured-field string (RFC 8941 §3.3.3).
-func quoteSF(s string) string {
-	var b strings.Builder
-	b.Grow(len(s) + 2)
-	b.WriteByte('"')
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		switch {
-		case c == '"' || c == '\\':
-			b.WriteByte('\\')
-			b.WriteByte(c)
-		case c < 0x20 || c > 0x7e:
-			b.WriteByte('?')
-		default:
-			b.WriteByte(c)
-		}
-	}
-	b.WriteByte('"')
-	return b.String()
+	return s, nil
 }

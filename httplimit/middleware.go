@@ -8,6 +8,8 @@ import (
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/enforce"
+	"github.com/sluicehq/sluice/internal/header"
+	"github.com/sluicehq/sluice/internal/problem"
 )
 
 // Strategy is what a rule does with a request over its limit.
@@ -22,7 +24,8 @@ const (
 	// finds MaxWaiting requests already held, is rejected at once.
 	Delay = enforce.Delay
 	// Shadow decides and records (see Options.Observer) but never blocks
-	// and sets no headers: a dry run before enforcing a new limit.
+	// and sets no headers: a dry run before enforcing a new limit. It
+	// takes its units only when the request is admitted.
 	Shadow = enforce.Shadow
 	// Penalty rejects, and after a violation blocks the key for the rule's
 	// Penalty duration, whatever its limit says: the defence for abused
@@ -48,8 +51,8 @@ var (
 // Rule is one rate-limit policy for the requests it matches.
 type Rule struct {
 	// Name identifies the policy in headers, the 429 body and metrics:
-	// 1 to 64 letters, digits, '_', '-' or '.'. Names are unique within a
-	// Middleware. Required.
+	// 1 to 1024 bytes of UTF-8 text without control characters. Names are
+	// unique within a Middleware. Required.
 	Name string
 
 	// Limit is the policy's limit. Required.
@@ -136,14 +139,15 @@ type Options struct {
 // For each request it keeps the rules whose Match accepts it and whose Key
 // finds a key, then checks the enforcing ones (Reject, Delay, Penalty)
 // all-or-nothing through sluice.MultiStore.TakeAll: a request denied by
-// one rule takes nothing from the others. Shadow rules are checked apart
-// and never block. Headers describe the violated rule with the longest
+// one rule takes nothing from the others. Shadow rules never block, and
+// take their units only from admitted requests. Headers describe the violated rule with the longest
 // wait, or, when allowed, the rule closest to exhaustion.
 //
 // The zero value has no rules: its Handler passes every request through.
 type Middleware struct {
 	rules   *enforce.Rules[*http.Request]
-	fields  []fields // the header fields of each rule, by index
+	fields  []header.Fields   // the header fields of each rule, by index
+	denials []*problem.Denial // each rule's default 429 body, pre-encoded
 	exempt  func(*http.Request) bool
 	allowed HeaderSet
 	deny    func(http.ResponseWriter, *http.Request, Denial)
@@ -185,9 +189,6 @@ func New(store sluice.Store, rules []Rule, opts *Options) (*Middleware, error) {
 		onError: o.ErrorHandler,
 		clock:   o.Clock,
 	}
-	if m.deny == nil {
-		m.deny = DefaultDenyHandler
-	}
 	if m.onError == nil {
 		m.onError = DefaultErrorHandler
 	}
@@ -195,7 +196,8 @@ func New(store sluice.Store, rules []Rule, opts *Options) (*Middleware, error) {
 		m.clock = time.Now
 	}
 	for _, r := range rules {
-		m.fields = append(m.fields, newFields(r.Name, r.Limit))
+		m.fields = append(m.fields, header.NewFields(r.Name, r.Limit))
+		m.denials = append(m.denials, problem.NewDenial(r.Name))
 	}
 	return m, nil
 }
@@ -228,10 +230,15 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		return
 	}
 	if v.Report >= 0 && (!v.Allowed || m.allowed != NoHeaders) {
-		writeHeaders(w.Header(), m.allowed, m.fields[checks[v.Report].Tag], v.Decision, m.clock)
+		header.Write(w.Header(), m.allowed, m.fields[checks[v.Report].Tag], v.Decision, m.clock)
 	}
 	if v.Allowed {
 		next.ServeHTTP(w, r)
+		return
+	}
+	tag := checks[v.Report].Tag
+	if m.deny == nil { // DefaultDenyHandler, without encoding anything
+		m.denials[tag].Write(w, max(header.CeilSeconds(v.Decision.RetryAfter), 1))
 		return
 	}
 	m.deny(w, r, Denial{Policy: checks[v.Report].Rule.Name, Decision: v.Decision})

@@ -277,7 +277,7 @@ func TestLayeredLimitsLeakNothing(t *testing.T) {
 		}
 	}
 	// alice made 8 requests; only the 3 admitted ones count against her.
-	d, err := store.Peek(context.Background(), "httplimit:user:alice", user, 1)
+	d, err := store.Peek(context.Background(), "httplimit:v2:user:alice", user, 1)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -508,7 +508,7 @@ func TestHashKey(t *testing.T) {
 	if strings.Contains(k1, "192.0.2.1") || strings.Contains(p1, "192.0.2.1") {
 		t.Errorf("raw IP in key %q / %q", k1, p1)
 	}
-	if k1 == k2 || k1 == p1 || !strings.HasPrefix(k1, "httplimit:ip#") {
+	if k1 == k2 || k1 == p1 || !strings.HasPrefix(k1, "httplimit:v2:ip#") {
 		t.Errorf("keys %q, %q, penalty %q", k1, k2, p1)
 	}
 	if again, _ := keys(m, "192.0.2.1"); again != k1 {
@@ -573,8 +573,8 @@ func TestNewErrors(t *testing.T) {
 		{"empty rules", store, []Rule{}, nil},
 		{"zero rule", store, []Rule{{}}, nil},
 		{"no name", store, with(func(r *Rule) { r.Name = "" }), nil},
-		{"bad name", store, with(func(r *Rule) { r.Name = "a:b" }), nil},
-		{"long name", store, with(func(r *Rule) { r.Name = strings.Repeat("n", 65) }), nil},
+		{"bad name", store, with(func(r *Rule) { r.Name = "a\x00b" }), nil},
+		{"long name", store, with(func(r *Rule) { r.Name = strings.Repeat("n", 1025) }), nil},
 		{"no key", store, with(func(r *Rule) { r.Key = nil }), nil},
 		{"bad limit", store, with(func(r *Rule) { r.Limit = sluice.Limit{Rate: -1} }), nil},
 		{"delay without max", store, with(func(r *Rule) { r.Strategy = Delay }), nil},

@@ -16,6 +16,8 @@ import (
 	"google.golang.org/grpc/status"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+
+	"github.com/sluicehq/sluice/server/config"
 )
 
 func TestAPIMutationsJSONOnly(t *testing.T) {
@@ -157,7 +159,7 @@ func TestRLSDecisionToken(t *testing.T) {
 	}
 	defer conn.Close()
 	c := rlsv3.NewRateLimitServiceClient(conn)
-	req := rlsRequest(DefaultDomain, desc("fw=k"))
+	req := rlsRequest(config.DefaultDomain, desc("fw=k"))
 	for _, tt := range []struct {
 		auth string
 		code codes.Code

@@ -15,7 +15,9 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protojson"
 
-	"github.com/sluicehq/sluice/httplimit"
+	"github.com/sluicehq/sluice/internal/enforce"
+	"github.com/sluicehq/sluice/internal/header"
+	probjson "github.com/sluicehq/sluice/internal/problem"
 )
 
 // MaxBodyBytes bounds JSON request bodies.
@@ -45,10 +47,8 @@ type HandlerOptions struct {
 	Dashboard http.Handler
 }
 
-// Handler returns the service's HTTP handler: the JSON API under /v1/,
-// Envoy's JSON form of ShouldRateLimit at /json (as envoyproxy/ratelimit
-// serves it), /healthz, /readyz, /metrics and the dashboard at "/".
-func (s *Service) Handler(opts *HandlerOptions) http.Handler {
+// newHandler is Service.Handler.
+func newHandler(s *Service, opts *HandlerOptions) http.Handler {
 	var o HandlerOptions
 	if opts != nil {
 		o = *opts
@@ -123,7 +123,7 @@ func (a *api) policies(w http.ResponseWriter, _ *http.Request) {
 		l := p.Limit
 		out = append(out, policyJSON{
 			Name: p.Name, Algorithm: l.Algorithm.String(), Limit: l.String(), Rate: l.Rate,
-			PeriodMS: l.Period.Milliseconds(), Burst: l.Capacity(), Shadow: p.Strategy == Shadow,
+			PeriodMS: l.Period.Milliseconds(), Burst: l.Capacity(), Shadow: p.Strategy == enforce.Shadow,
 		})
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"policies": out})
@@ -132,7 +132,9 @@ func (a *api) policies(w http.ResponseWriter, _ *http.Request) {
 type checkRequest struct {
 	Policy string `json:"policy"`
 	Key    string `json:"key"`
-	Cost   int64  `json:"cost"`
+	// Cost omitted is the policy's cost; 0 only looks (check), or peeks
+	// at the policy's cost (peek).
+	Cost *int64 `json:"cost"`
 }
 
 type checkResponse struct {
@@ -161,17 +163,23 @@ func (a *api) check(w http.ResponseWriter, r *http.Request) {
 		problem(w, http.StatusBadRequest, "policy is required")
 		return
 	}
-	if req.Cost < 0 {
-		problem(w, http.StatusBadRequest, fmt.Sprintf("cost %d must be at least 1", req.Cost))
-		return
+	var cost int64
+	if req.Cost != nil {
+		if cost = *req.Cost; cost < 0 {
+			problem(w, http.StatusBadRequest, fmt.Sprintf("cost %d must be at least 0 (0 only looks)", cost))
+			return
+		}
 	}
 	peek := r.URL.Path == "/v1/peek"
 	var res Result
 	var err error
-	if peek {
-		res, err = a.svc.Peek(r.Context(), req.Policy, req.Key, req.Cost)
-	} else {
-		res, err = a.svc.Check(r.Context(), req.Policy, req.Key, req.Cost)
+	switch {
+	case peek:
+		res, err = a.svc.Peek(r.Context(), req.Policy, req.Key, cost)
+	case req.Cost != nil && cost == 0:
+		res, err = a.svc.Look(r.Context(), req.Policy, req.Key)
+	default:
+		res, err = a.svc.Check(r.Context(), req.Policy, req.Key, cost)
 	}
 	if err != nil {
 		serviceError(w, err)
@@ -186,13 +194,13 @@ func (a *api) check(w http.ResponseWriter, r *http.Request) {
 	hd := d
 	switch {
 	case peek:
-	case res.Outcome == ShadowDenied:
+	case res.ShadowDenied():
 		body.ShadowDenied = true
 		hd.Allowed, hd.RetryAfter = true, 0 // let through: no Retry-After
-	case res.Outcome == Denied:
+	case !res.Allowed:
 		code = http.StatusTooManyRequests
 	}
-	httplimit.SetHeaders(w.Header(), res.Policy.Name, hd, a.svc.clock())
+	header.All.Set(w.Header(), res.Policy.Name, hd, a.svc.clock())
 	writeJSON(w, code, body)
 }
 
@@ -247,7 +255,7 @@ func (a *api) envoyJSON(w http.ResponseWriter, r *http.Request) {
 		problem(w, http.StatusBadRequest, "the request body is not a RateLimitRequest in JSON: "+scrub(err.Error()))
 		return
 	}
-	resp, err := a.svc.ShouldRateLimit(r.Context(), &req)
+	resp, err := rlsServer{svc: a.svc}.ShouldRateLimit(r.Context(), &req)
 	if err != nil {
 		if status.Code(err) == codes.Unavailable {
 			serviceError(w, err)
@@ -301,12 +309,7 @@ func writeJSON(w http.ResponseWriter, code int, v any) {
 
 // problem writes an RFC 9457 problem details body.
 func problem(w http.ResponseWriter, code int, detail string) {
-	w.Header().Set("Content-Type", "application/problem+json")
-	w.Header().Set("X-Content-Type-Options", "nosniff")
-	w.WriteHeader(code)
-	json.NewEncoder(w).Encode(map[string]any{
-		"type": "about:blank", "title": http.StatusText(code), "status": code, "detail": detail,
-	})
+	probjson.Write(w, probjson.New(code, detail))
 }
 
 // placeholder stands in for the dashboard when it is not built in.

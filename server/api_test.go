@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"github.com/sluicehq/sluice/memory"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -244,7 +245,7 @@ func TestAPIStats(t *testing.T) {
 	e.clock.Set(t0.Add(2 * time.Second))
 	e.do(t, "POST", "/v1/check", `{"policy":"fw","key":"a"}`, nil, "")
 	e.do(t, "POST", "/v1/peek", `{"policy":"fw","key":"a"}`, nil, "")
-	e.svc.ShouldRateLimit(t.Context(), rlsRequest("web", desc("policy=dry", "key=z")))
+	rlsServer{svc: e.svc}.ShouldRateLimit(t.Context(), rlsRequest("web", desc("policy=dry", "key=z")))
 	w := e.do(t, "GET", "/v1/stats", "", nil, "")
 	var got struct {
 		BucketMS int64 `json:"bucket_ms"`
@@ -320,7 +321,9 @@ func TestAPIHealth(t *testing.T) {
 	var ready error
 	m := NewMetrics()
 	e := newAPI(t, &HandlerOptions{Metrics: m, Ready: func(context.Context) error { return ready }})
-	e.svc = NewService(e.svc.store, e.svc.Config(), &ServiceOptions{Clock: e.clock.Now, Metrics: m})
+	mem := memory.New(&memory.Options{Clock: e.clock.Now, SweepInterval: -1})
+	t.Cleanup(func() { mem.Close() })
+	e.svc = NewService(mem, e.svc.Config(), &ServiceOptions{Clock: e.clock.Now, Metrics: m})
 	e.h = e.svc.Handler(&HandlerOptions{Metrics: m, Ready: func(context.Context) error { return ready }})
 	if w := e.do(t, "GET", "/healthz", "", nil, ""); w.Code != 200 {
 		t.Errorf("healthz %d", w.Code)

@@ -26,7 +26,7 @@ func BenchmarkShouldRateLimit(b *testing.B) {
 	b.RunParallel(func(pb *testing.PB) {
 		i := 0
 		for pb.Next() {
-			if _, err := svc.ShouldRateLimit(ctx, reqs[i%len(reqs)]); err != nil {
+			if _, err := (rlsServer{svc: svc}).ShouldRateLimit(ctx, reqs[i%len(reqs)]); err != nil {
 				b.Fatal(err)
 			}
 			i++

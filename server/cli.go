@@ -13,6 +13,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/sluicehq/sluice/server/config"
 )
 
 const usage = `sluice: distributed rate limiting
@@ -48,12 +50,26 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	return 2
 }
 
+const checkConfigUsage = `Usage: sluice check-config FILE|DIR
+
+Validates a configuration (sluice's format or envoyproxy/ratelimit's; a
+directory loads every .yaml and .yml file in it), prints every error as
+file:line:column, or what the configuration holds.
+`
+
 func checkConfig(args []string, stdout, stderr io.Writer) int {
+	if len(args) == 1 {
+		switch args[0] {
+		case "-h", "-help", "--help", "help":
+			fmt.Fprint(stdout, checkConfigUsage)
+			return 0
+		}
+	}
 	if len(args) != 1 {
-		fmt.Fprintln(stderr, "usage: sluice check-config FILE")
+		fmt.Fprint(stderr, checkConfigUsage)
 		return 2
 	}
-	cfg, err := LoadConfig(args[0])
+	cfg, err := config.Load(args[0])
 	if err == nil {
 		err = requirePolicies(cfg)
 	}

@@ -307,6 +307,8 @@ func TestCLIBadConfig(t *testing.T) {
 		{"serve refuses a bad config", []string{"serve", "--config", bad, "--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0"}, 1, "", bad + ":3:12: sluice: invalid limit"},
 		{"check-config names file:line", []string{"check-config", bad}, 1, "", bad + ":3:12:"},
 		{"check-config prints what it understood", []string{"check-config", good}, 0, "policy api: 10/min", ""},
+		{"check-config counts in the singular", []string{"check-config", good}, 0, "1 policy in 1 domain\n", ""},
+		{"check-config --help is help", []string{"check-config", "--help"}, 0, "Usage: sluice check-config FILE|DIR", ""},
 		{"check-config reads envoy's format", []string{"check-config", "testdata/envoy-example.yaml"}, 0, "foo: fixed_window 2/min", ""},
 		{"missing file", []string{"check-config", filepath.Join(dir, "none.yaml")}, 1, "", "no such file"},
 		{"bad redis URL", []string{"serve", "--redis", "http://x", "--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0"}, 1, "", "invalid redis URL"},

@@ -16,6 +16,7 @@ import (
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/memory"
+	"github.com/sluicehq/sluice/server/config"
 )
 
 // t0 starts a day, so every fixed window the tests use (second to day)
@@ -42,9 +43,9 @@ func (c *fakeClock) Set(t time.Time) {
 	c.mu.Unlock()
 }
 
-func mustConfig(t testing.TB, yaml string) *Config {
+func mustConfig(t testing.TB, yaml string) *config.Config {
 	t.Helper()
-	cfg, err := ParseConfig("test.yaml", []byte(strings.TrimLeft(yaml, "\n")))
+	cfg, err := config.Parse("test.yaml", []byte(strings.TrimLeft(yaml, "\n")))
 	if err != nil {
 		t.Fatalf("config: %v", err)
 	}

@@ -74,7 +74,7 @@ func NewMetrics() *Metrics {
 		}, []string{"api", "endpoint"}),
 		unknownDom: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "sluice_rls_unknown_domain_requests_total",
-			Help: "Envoy rate limit requests for a domain no configuration names; they are answered OK. The domain is not a label: requests choose it.",
+			Help: "Envoy rate limit requests for a domain no configuration names; they are answered OK. Each domain is logged once (the first 1,000); it is not a label: requests choose it.",
 		}),
 		unmatched: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sluice_rls_unmatched_descriptors_total",
@@ -101,19 +101,6 @@ func (m *Metrics) Handler() http.Handler {
 	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{Registry: m.reg})
 }
 
-var outcomes = [...]sluice.Outcome{
-	Allowed:      sluice.OutcomeAllowed,
-	Denied:       sluice.OutcomeDenied,
-	ShadowDenied: sluice.OutcomeShadowDenied,
-}
-
-func (m *Metrics) decision(r Result) {
-	if m == nil {
-		return
-	}
-	m.obs.ObserveDecision(sluice.DecisionEvent{Policy: r.Policy.Name, Outcome: outcomes[r.Outcome], Decision: r.Decision})
-}
-
 // store reports a call of an unwrapped store.
 func (m *Metrics) store(op string, d time.Duration, err error) {
 	if m == nil || m.wrapped {
@@ -134,12 +121,11 @@ func (m *Metrics) SetFallback(active bool) {
 	m.fallback.Set(v)
 }
 
-// decisionError counts a decision the store failed to make.
-func (m *Metrics) decisionError(policy string) {
-	if m == nil {
-		return
+// unknownDomain counts a request for an unknown domain.
+func (m *Metrics) unknownDomain() {
+	if m != nil {
+		m.unknownDom.Inc()
 	}
-	m.obs.ObserveDecision(sluice.DecisionEvent{Policy: policy, Outcome: sluice.OutcomeError})
 }
 
 // forget drops the series of policies a reload removed.
@@ -178,15 +164,6 @@ func (m *Metrics) ObserveStore(e sluice.StoreEvent) { m.obs.ObserveStore(e) }
 func (m *Metrics) ObserveBreaker(e sluice.BreakerEvent) {
 	m.obs.ObserveBreaker(e)
 	m.SetFallback(e.To != sluice.BreakerClosed)
-}
-
-// rlsUnknownDomain counts an Envoy request for a domain no configuration
-// names.
-func (m *Metrics) rlsUnknownDomain() {
-	if m == nil {
-		return
-	}
-	m.unknownDom.Inc()
 }
 
 // rlsUnmatched counts a descriptor of a configured domain that no rule
@@ -249,3 +226,54 @@ func (w *statusWriter) Write(b []byte) (int, error) {
 
 // Unwrap lets http.ResponseController reach the connection's writer.
 func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// timedStore reports the calls of store to m's store metrics (unless a
+// failure-policy store reports them itself). It keeps store's TakeAll.
+func timedStore(store sluice.Store, m *Metrics) sluice.Store {
+	if m == nil {
+		return store
+	}
+	t := timed{store, m}
+	if multi, ok := store.(sluice.MultiStore); ok {
+		return timedMulti{t, multi}
+	}
+	return t
+}
+
+type timed struct {
+	sluice.Store
+	m *Metrics
+}
+
+func (t timed) Take(ctx context.Context, key string, l sluice.Limit, cost int64) (sluice.Decision, error) {
+	start := time.Now()
+	d, err := t.Store.Take(ctx, key, l, cost)
+	t.m.store("take", time.Since(start), err)
+	return d, err
+}
+
+func (t timed) Peek(ctx context.Context, key string, l sluice.Limit, cost int64) (sluice.Decision, error) {
+	start := time.Now()
+	d, err := t.Store.Peek(ctx, key, l, cost)
+	t.m.store("peek", time.Since(start), err)
+	return d, err
+}
+
+func (t timed) Reset(ctx context.Context, key string, l sluice.Limit) error {
+	start := time.Now()
+	err := t.Store.Reset(ctx, key, l)
+	t.m.store("reset", time.Since(start), err)
+	return err
+}
+
+type timedMulti struct {
+	timed
+	multi sluice.MultiStore
+}
+
+func (t timedMulti) TakeAll(ctx context.Context, reqs []sluice.Request) ([]sluice.Decision, error) {
+	start := time.Now()
+	ds, err := t.multi.TakeAll(ctx, reqs)
+	t.m.store("take_all", time.Since(start), err)
+	return ds, err
+}

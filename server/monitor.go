@@ -13,6 +13,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/enforce"
+	"github.com/sluicehq/sluice/server/config"
 )
 
 // The operator's figures behind /v1/stats' overview, /v1/top and the
@@ -158,7 +160,7 @@ func instanceID() string {
 
 // setPolicies keeps the latency of policies that survive a reload and
 // notes when the configuration was loaded.
-func (m *monitor) setPolicies(ps []*Policy) {
+func (m *monitor) setPolicies(ps []*config.Policy) {
 	old := *m.latency.Load()
 	next := make(map[string]*latencyHist, len(ps))
 	for _, p := range ps {
@@ -174,12 +176,22 @@ func (m *monitor) setPolicies(ps []*Policy) {
 
 func (m *monitor) latencyGen() int64 { return m.svc.clock().UnixNano() / int64(latencyWindow) }
 
-// record notes a decision of a configured policy.
-func (m *monitor) record(r Result) {
-	if h := (*m.latency.Load())[r.Policy.Name]; h != nil {
-		h.add(m.latencyGen(), r.Latency)
+// record notes the engine's decisions of checks, which took lat together;
+// keys are the checks' client keys. Looks and made-up checks (an Envoy
+// descriptor blocked by requests_per_unit: 0) are not decisions of a key.
+func (m *monitor) record(checks []enforce.Check, keys []string, lat time.Duration) {
+	gen := m.latencyGen()
+	hists := *m.latency.Load()
+	for i := range checks {
+		c := &checks[i]
+		if c.Cost == 0 || c.Over || i >= len(keys) {
+			continue
+		}
+		if h := hists[c.Rule.Name]; h != nil {
+			h.add(gen, lat)
+		}
+		m.top.record(c.Rule.Name, keys[i], c.Decision)
 	}
-	m.top.record(r)
 }
 
 func (m *monitor) configLoadedAt() time.Time {

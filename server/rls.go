@@ -18,22 +18,20 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/sluicehq/sluice"
-	"github.com/sluicehq/sluice/httplimit"
+	"github.com/sluicehq/sluice/internal/enforce"
+	"github.com/sluicehq/sluice/internal/header"
+	"github.com/sluicehq/sluice/server/config"
 )
 
-// RegisterRLS registers the service as Envoy's rate limit service
-// (envoy.service.ratelimit.v3.RateLimitService) on g.
-func (s *Service) RegisterRLS(g grpc.ServiceRegistrar) {
-	rlsv3.RegisterRateLimitServiceServer(g, rlsServer{svc: s})
-}
-
+// rlsServer is Envoy's rate limit service: it turns a request's
+// descriptors into engine checks and the checks' decisions into statuses.
 type rlsServer struct {
 	rlsv3.UnimplementedRateLimitServiceServer
 	svc *Service
 }
 
-func (r rlsServer) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
-	return r.svc.ShouldRateLimit(ctx, req)
+func registerRLS(g grpc.ServiceRegistrar, s *Service) {
+	rlsv3.RegisterRateLimitServiceServer(g, rlsServer{svc: s})
 }
 
 var envoyUnitByPeriod = map[time.Duration]rlsv3.RateLimitResponse_RateLimit_Unit{
@@ -56,39 +54,29 @@ var periodByEnvoyUnit = func() map[rlsv3.RateLimitResponse_RateLimit_Unit]time.D
 
 var headerPool = sync.Pool{New: func() any { return http.Header{} }}
 
-// rlsHeaders are the headers SetHeaders may write, in response order.
+// rlsHeaders are the headers header.Selection.Set may write, in response
+// order.
 var rlsHeaders = func() []struct{ name, canonical string } {
 	var out []struct{ name, canonical string }
-	for _, n := range []string{httplimit.HeaderLimit, httplimit.HeaderRemaining, httplimit.HeaderReset,
-		httplimit.HeaderRateLimitPolicy, httplimit.HeaderRateLimit, httplimit.HeaderRetryAfter} {
+	for _, n := range []string{header.Limit, header.Remaining, header.Reset, header.Policy, header.RateLimit, header.RetryAfter} {
 		out = append(out, struct{ name, canonical string }{n, http.CanonicalHeaderKey(n)})
 	}
 	return out
 }()
 
-// descriptorState is one request descriptor on its way to a status.
-type descriptorState struct {
-	kind     int // none, unlimited, blocked, limited
-	rule     *rule
-	policy   *Policy
-	key      string // the policy's key (identity)
-	storeKey string
-	limit    sluice.Limit
-	period   time.Duration // blocked only
-	hits     int64
-	shadow   bool // shadow_mode, quota_mode or a shadow policy: never over limit
-	over     bool // decided over the limit before any store call
-	dec      sluice.Decision
-	decided  bool
-	taken    bool // dec comes from a take (counted in statistics)
-}
+// blockedRule stands for an Envoy limit of 0 in the engine's checks: an
+// Over check, never stored nor observed.
+var blockedRule = enforce.Rule{Name: "blocked"}
 
-// ruleName is the name of the descriptor's Envoy rule, if it has one.
-func (st *descriptorState) ruleName() string {
-	if st.rule == nil {
-		return ""
-	}
-	return st.rule.name
+// descriptor is one request descriptor on its way to a status.
+type descriptor struct {
+	kind   int
+	rl     *config.RateLimit // Envoy-format match
+	policy *config.Policy    // limited; names a blocked override's headers
+	period time.Duration     // blocked only
+	hits   int64
+	shadow bool // shadow_mode, quota_mode or a shadow policy: never over limit
+	check  int  // index of the descriptor's check, or -1
 }
 
 const (
@@ -98,88 +86,108 @@ const (
 	kindLimited
 )
 
+// name is what the descriptor's headers are named after: its policy, else
+// its rate_limit's name, else its descriptor path.
+func (d *descriptor) name() string {
+	switch {
+	case d.policy != nil:
+		return d.policy.Name
+	case d.rl == nil:
+		return ""
+	case d.rl.Name != "":
+		return d.rl.Name
+	}
+	return d.rl.Path
+}
+
 // ShouldRateLimit decides an Envoy rate limit request. Descriptors are
 // matched as envoyproxy/ratelimit matches them, with its replaces,
 // unlimited, shadow_mode and hits_addend semantics, and sluice-format
-// policies answer descriptors that fill their key templates. The request
-// is over the limit if any enforced descriptor is, and then nothing is
-// taken from the others: no quota leaks.
-func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
+// policies answer descriptors that fill their key templates. The engine
+// decides the checks all-or-nothing: if any enforced descriptor is over
+// its limit, nothing is taken from the others.
+func (r rlsServer) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
 	if req.GetDomain() == "" {
 		return nil, status.Error(codes.InvalidArgument, "rate limit domain must not be empty")
 	}
 	if len(req.GetDescriptors()) == 0 {
 		return nil, status.Error(codes.InvalidArgument, "rate limit descriptor list must not be empty")
 	}
-	dom := s.Config().domains[req.Domain]
+	dom := r.svc.Config().Domain(req.Domain)
 	if dom == nil {
-		s.metrics.rlsUnknownDomain()
+		r.svc.unknownDomain(req.Domain)
 	}
-	states := make([]descriptorState, len(req.Descriptors))
+	descs := make([]descriptor, len(req.Descriptors))
+	keys := make([]string, len(req.Descriptors))
 	replacing := map[string]bool{}
 	for i, d := range req.Descriptors {
-		st := &states[i]
-		st.hits = hitsAddend(req, i)
+		st := &descs[i]
+		st.hits, st.check = hitsAddend(req, i), -1
 		if dom == nil {
 			continue
 		}
-		entries := make([]Entry, len(d.GetEntries()))
+		entries := make([]config.Entry, len(d.GetEntries()))
 		for j, e := range d.GetEntries() {
-			entries[j] = Entry{e.GetKey(), e.GetValue()}
+			entries[j] = config.Entry{Key: e.GetKey(), Value: e.GetValue()}
 		}
 		if o := d.GetLimit(); o != nil {
-			if err := s.overrideLimit(st, req.Domain, entries, o); err != nil {
+			key, err := overrideLimit(st, req.Domain, entries, o)
+			if err != nil {
 				return nil, err
 			}
+			keys[i] = key
 			continue
 		}
-		m, ok := dom.lookup(entries)
+		m, ok := dom.Match(entries)
 		if !ok {
-			m, ok = dom.lookupPolicy(entries)
-		}
-		if !ok {
-			s.metrics.rlsUnmatched(req.Domain)
+			r.svc.metrics.rlsUnmatched(req.Domain)
 			continue
 		}
-		st.key = m.key
-		if m.policy != nil { // sluice-format policy
-			st.kind, st.policy, st.shadow = kindLimited, m.policy, m.policy.Strategy == Shadow
+		keys[i] = m.Key
+		if m.Policy != nil { // sluice-format policy
+			st.kind, st.policy, st.shadow = kindLimited, m.Policy, m.Policy.Strategy == enforce.Shadow
 			if req.HitsAddend == 0 && d.GetHitsAddend() == nil {
-				st.hits = m.policy.Cost
+				st.hits = m.Policy.Cost
 			}
-			st.limit = m.policy.limitFor(m.key)
 			continue
 		}
-		st.rule = m.rule
-		for _, name := range m.rule.replaces { // unlimited ones too, as envoyproxy/ratelimit
+		st.rl = m.RateLimit
+		for _, name := range m.RateLimit.Replaces { // unlimited ones too, as envoyproxy/ratelimit
 			replacing[name] = true
 		}
 		switch {
-		case m.rule.unlimited:
+		case m.RateLimit.Unlimited:
 			st.kind = kindUnlimited
-		case m.rule.blocked:
-			st.kind, st.period, st.shadow = kindBlocked, m.rule.period, m.rule.shadow
+		case m.RateLimit.Blocked:
+			st.kind, st.period, st.shadow = kindBlocked, m.RateLimit.Period, m.RateLimit.Shadow
 		default:
-			p := m.rule.policy
-			st.kind, st.policy, st.limit = kindLimited, p, p.Limit
-			st.shadow = p.Strategy == Shadow // shadow_mode or quota_mode
+			p := m.RateLimit.Policy
+			st.kind, st.policy = kindLimited, p
+			st.shadow = p.Strategy == enforce.Shadow // shadow_mode or quota_mode
 		}
 	}
-	for i := range states {
-		st := &states[i]
-		if st.rule != nil && st.rule.name != "" && replacing[st.rule.name] && st.kind != kindUnlimited {
+	checks := make([]enforce.Check, 0, len(descs))
+	checkKeys := make([]string, 0, len(descs))
+	for i := range descs {
+		st := &descs[i]
+		if st.rl != nil && st.rl.Name != "" && replacing[st.rl.Name] && st.kind != kindUnlimited {
 			st.kind = kindNone
 		}
-	}
-	if err := s.decideAll(ctx, states); err != nil {
-		for i := range states {
-			if st := &states[i]; st.kind == kindLimited && st.hits > 0 {
-				s.metrics.decisionError(st.policy.Name)
-			}
+		switch {
+		case st.kind == kindLimited:
+			st.check = len(checks)
+			checks = append(checks, r.svc.check(st.policy, keys[i], st.hits))
+			checkKeys = append(checkKeys, keys[i])
+		case st.kind == kindBlocked && st.hits > 0 && !st.shadow:
+			st.check = len(checks)
+			checks = append(checks, enforce.Check{Rule: &blockedRule, Over: true})
+			checkKeys = append(checkKeys, keys[i])
 		}
+	}
+	if _, err := r.svc.enforce(ctx, checks, checkKeys); err != nil {
 		return nil, status.Error(codes.Unavailable, err.Error())
 	}
-	return s.response(states), nil
+	return r.response(descs, checks), nil
 }
 
 // hitsAddend is the descriptor's hits_addend if set (zero means "check
@@ -197,152 +205,47 @@ func hitsAddend(req *rlsv3.RateLimitRequest, i int) int64 {
 }
 
 // overrideLimit applies a limit that the request itself carries (Envoy's
-// descriptor limit override), as a fixed window like envoyproxy/ratelimit.
-func (s *Service) overrideLimit(st *descriptorState, domain string, entries []Entry, o *rlcommon.RateLimitDescriptor_RateLimitOverride) error {
+// descriptor limit override), as a fixed window like envoyproxy/ratelimit,
+// and returns the descriptor's key.
+func overrideLimit(st *descriptor, domain string, entries []config.Entry, o *rlcommon.RateLimitDescriptor_RateLimitOverride) (string, error) {
 	// RateLimitUnit and RateLimitResponse_RateLimit_Unit share numbers.
 	period, ok := periodByEnvoyUnit[rlsv3.RateLimitResponse_RateLimit_Unit(o.GetUnit())]
 	if !ok {
-		return status.Errorf(codes.InvalidArgument, "descriptor limit override has invalid unit %v", o.GetUnit())
+		return "", status.Errorf(codes.InvalidArgument, "descriptor limit override has invalid unit %v", o.GetUnit())
 	}
 	// One counter per entries, rate and unit, so that two overrides never
 	// share a counter under different limits. The leading '|' cannot start
 	// a configured descriptor's key, so neither do the two.
-	st.key = "|" + strconv.FormatUint(uint64(o.GetRequestsPerUnit()), 10) + "/" +
-		strings.ToLower(rlsv3.RateLimitResponse_RateLimit_Unit(o.GetUnit()).String()) + "|" + entriesKey(entries, nil)
+	key := "|" + strconv.FormatUint(uint64(o.GetRequestsPerUnit()), 10) + "/" +
+		strings.ToLower(rlsv3.RateLimitResponse_RateLimit_Unit(o.GetUnit()).String()) + "|" + config.EntriesKey(entries)
+	name := domain + ".override"
 	if o.GetRequestsPerUnit() == 0 {
 		st.kind, st.period = kindBlocked, period
-		st.policy = &Policy{Name: domain + ".override", Domain: domain, envoy: true} // names the headers
-		return nil
+		st.policy = &config.Policy{Name: name, Domain: domain} // names the headers
+		return key, nil
 	}
 	lim := sluice.Limit{Algorithm: sluice.FixedWindow, Rate: int64(o.GetRequestsPerUnit()), Period: period}
-	if err := lim.Validate(); err != nil {
-		return status.Errorf(codes.InvalidArgument, "descriptor limit override: %v", err)
+	p, err := config.NewEnvoyPolicy(name, domain, lim)
+	if err != nil {
+		return "", status.Errorf(codes.InvalidArgument, "descriptor limit override: %v", err)
 	}
-	st.kind, st.limit = kindLimited, lim
-	st.policy = &Policy{Name: domain + ".override", Limit: lim, Cost: 1, Domain: domain, envoy: true}
-	return nil
+	st.kind, st.policy = kindLimited, p
+	return key, nil
 }
 
-// decideAll takes the enforced descriptors' hits all-or-nothing, then the
-// shadow ones' if the request goes through; everything else is peeked.
-func (s *Service) decideAll(ctx context.Context, states []descriptorState) error {
-	start := time.Now()
-	overall := true
-	var enforced []int
-	for i := range states {
-		st := &states[i]
-		switch st.kind {
-		case kindBlocked:
-			if st.hits > 0 {
-				st.over = true
-				if !st.shadow {
-					overall = false
-				}
-			}
-		case kindLimited:
-			st.storeKey = s.storeKey(st.policy, st.key)
-			if st.hits > st.limit.Capacity() { // could never be admitted
-				st.over = true
-				if !st.shadow {
-					overall = false
-				}
-			} else if st.hits > 0 && !st.shadow {
-				enforced = append(enforced, i)
-			}
-		}
-	}
-	if overall && len(enforced) > 0 {
-		// Descriptors naming the same counter (Envoy sends the same
-		// descriptor from route and virtual host; a policy is reachable by
-		// template and by name) take their hits together, once.
-		// A store key names one policy (and one limit: request-carried
-		// limits key by rate and unit), so the key alone identifies it.
-		reqs := make([]sluice.Request, 0, len(enforced))
-		req := make([]int, len(enforced)) // enforced[j]'s index in reqs
-		var seen map[string]int
-		if len(enforced) > 1 {
-			seen = make(map[string]int, len(enforced))
-		}
-		for j, i := range enforced {
-			st := &states[i]
-			k, ok := seen[st.storeKey]
-			if !ok {
-				k = len(reqs)
-				if seen != nil {
-					seen[st.storeKey] = k
-				}
-				reqs = append(reqs, sluice.Request{Key: st.storeKey, Limit: st.limit})
-			}
-			reqs[k].Cost += st.hits
-			req[j] = k
-		}
-		for _, r := range reqs {
-			if r.Cost > r.Limit.Capacity() { // together they could never be admitted
-				overall = false
-			}
-		}
-		if overall {
-			decs, err := s.takeAll(ctx, reqs)
-			if err != nil {
-				return err
-			}
-			for j, i := range enforced {
-				d := decs[req[j]]
-				states[i].dec, states[i].decided, states[i].taken = d, true, true
-				if !d.Allowed {
-					overall = false
-				}
-			}
-		} else {
-			for j, i := range enforced {
-				states[i].over = reqs[req[j]].Cost > reqs[req[j]].Limit.Capacity()
-			}
-		}
-	}
-	for i := range states {
-		st := &states[i]
-		if st.kind != kindLimited || st.decided {
-			continue
-		}
-		cost := max(min(st.hits, st.limit.Capacity()), 1)
-		var err error
-		if overall && st.shadow && st.hits > 0 && !st.over {
-			st.dec, err = s.take(ctx, st.storeKey, st.limit, cost)
-			st.taken = true
-		} else {
-			st.dec, err = s.peek(ctx, st.storeKey, st.limit, cost)
-			if st.over {
-				st.dec.Allowed = false
-			} else if st.hits == 0 {
-				st.dec.Allowed = true // check only: never over
-			}
-		}
-		if err != nil {
-			return err
-		}
-		st.decided = true
-	}
-	for i := range states {
-		st := &states[i]
-		if st.kind == kindLimited && (st.taken || st.over) {
-			s.record(Result{Policy: st.policy, Key: st.key, Decision: st.dec, Outcome: outcome(st.policy, st.dec), Latency: time.Since(start)})
-		}
-	}
-	return nil
-}
-
-func (s *Service) response(states []descriptorState) *rlsv3.RateLimitResponse {
-	now := s.clock()
+func (r rlsServer) response(descs []descriptor, checks []enforce.Check) *rlsv3.RateLimitResponse {
+	now := r.svc.clock()
 	resp := &rlsv3.RateLimitResponse{
 		OverallCode: rlsv3.RateLimitResponse_OK,
-		Statuses:    make([]*rlsv3.RateLimitResponse_DescriptorStatus, len(states)),
+		Statuses:    make([]*rlsv3.RateLimitResponse_DescriptorStatus, len(descs)),
 	}
 	// Headers describe the first enforced descriptor over the limit, else
 	// the one closest to it, as envoyproxy/ratelimit chooses. A shadow
 	// descriptor over its limit is only close to it.
 	head, headOver := -1, false
-	for i := range states {
-		st := &states[i]
+	decs := make([]sluice.Decision, len(descs))
+	for i := range descs {
+		st := &descs[i]
 		ds := &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK}
 		resp.Statuses[i] = ds
 		switch st.kind {
@@ -353,20 +256,24 @@ func (s *Service) response(states []descriptorState) *rlsv3.RateLimitResponse {
 			continue
 		case kindBlocked:
 			window := st.period - time.Duration(now.UnixNano())%st.period
-			st.dec = sluice.Decision{
-				Allowed:    !st.over,
+			decs[i] = sluice.Decision{
+				Allowed:    st.hits == 0,
 				Limit:      sluice.Limit{Algorithm: sluice.FixedWindow, Period: st.period},
 				RetryAfter: window,
 				ResetAfter: window,
 			}
-			ds.CurrentLimit = &rlsv3.RateLimitResponse_RateLimit{Unit: envoyUnitByPeriod[st.period], Name: st.ruleName()}
+			ds.CurrentLimit = &rlsv3.RateLimitResponse_RateLimit{Unit: envoyUnitByPeriod[st.period]}
+			if st.rl != nil {
+				ds.CurrentLimit.Name, ds.CurrentLimit.Unit = st.rl.Name, envoyUnitByPeriod[st.rl.Unit]
+			}
 			ds.DurationUntilReset = durationpb.New(window)
 		case kindLimited:
-			ds.CurrentLimit = currentLimit(st)
-			ds.LimitRemaining = uint32(min(st.dec.Remaining, math.MaxUint32))
-			ds.DurationUntilReset = durationpb.New(untilReset(st, now))
+			decs[i] = checks[st.check].Decision
+			ds.CurrentLimit = currentLimit(st, checks[st.check].Rule.Limit)
+			ds.LimitRemaining = uint32(min(decs[i].Remaining, math.MaxUint32))
+			ds.DurationUntilReset = durationpb.New(untilReset(decs[i], checks[st.check].Rule.Limit, now))
 		}
-		if !st.dec.Allowed && !st.shadow {
+		if !decs[i].Allowed && !st.shadow {
 			ds.Code = rlsv3.RateLimitResponse_OVER_LIMIT
 			resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
 			if !headOver {
@@ -374,22 +281,18 @@ func (s *Service) response(states []descriptorState) *rlsv3.RateLimitResponse {
 			}
 			continue
 		}
-		if !headOver && (head < 0 || st.dec.Remaining < states[head].dec.Remaining) {
+		if !headOver && (head < 0 || decs[i].Remaining < decs[head].Remaining) {
 			head = i
 		}
 	}
 	if head >= 0 {
-		st := &states[head]
-		name := st.ruleName()
-		if st.policy != nil {
-			name = st.policy.Name
-		}
+		st := &descs[head]
 		h := headerPool.Get().(http.Header)
-		d := st.dec
+		d := decs[head]
 		if st.shadow {
 			d.Allowed, d.RetryAfter = true, 0
 		}
-		httplimit.SetHeaders(h, name, d, now)
+		header.All.Set(h, st.name(), d, now)
 		// Envoy passes names through as written: keep the usual spelling.
 		for _, n := range rlsHeaders {
 			if v := h[n.canonical]; len(v) > 0 {
@@ -402,15 +305,19 @@ func (s *Service) response(states []descriptorState) *rlsv3.RateLimitResponse {
 	return resp
 }
 
-func currentLimit(st *descriptorState) *rlsv3.RateLimitResponse_RateLimit {
-	l := &rlsv3.RateLimitResponse_RateLimit{RequestsPerUnit: uint32(st.limit.Rate)}
-	if u, ok := envoyUnitByPeriod[st.limit.Period]; ok {
+func currentLimit(st *descriptor, lim sluice.Limit) *rlsv3.RateLimitResponse_RateLimit {
+	l := &rlsv3.RateLimitResponse_RateLimit{RequestsPerUnit: uint32(lim.Rate)}
+	unit := lim.Period
+	if st.rl != nil {
+		unit = st.rl.Unit // the unit as written, without unit_multiplier
+	}
+	if u, ok := envoyUnitByPeriod[unit]; ok {
 		l.Unit = u
 	}
 	switch {
-	case st.rule != nil:
-		l.Name = st.rule.name
-	case st.policy != nil && !st.policy.envoy:
+	case st.rl != nil:
+		l.Name = st.rl.Name
+	case !st.policy.Envoy():
 		l.Name = st.policy.Name
 	}
 	return l
@@ -419,11 +326,11 @@ func currentLimit(st *descriptorState) *rlsv3.RateLimitResponse_RateLimit {
 // untilReset is duration_until_reset: when the key is fresh again. A fixed
 // window with nothing taken yet reports the end of the current window, as
 // envoyproxy/ratelimit always does.
-func untilReset(st *descriptorState, now time.Time) time.Duration {
-	d := st.dec.ResetAfter
-	if d <= 0 && st.limit.Algorithm == sluice.FixedWindow {
-		p := st.limit.Period
-		d = p - time.Duration(now.UnixMicro()%p.Microseconds())*time.Microsecond
+func untilReset(d sluice.Decision, lim sluice.Limit, now time.Time) time.Duration {
+	r := d.ResetAfter
+	if r <= 0 && lim.Algorithm == sluice.FixedWindow {
+		p := lim.Period
+		r = p - time.Duration(now.UnixMicro()%p.Microseconds())*time.Microsecond
 	}
-	return d
+	return r
 }

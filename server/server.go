@@ -3,10 +3,18 @@
 // unchanged) served over Envoy's rate limit service API (gRPC), a JSON API
 // over HTTP, a live dashboard, health endpoints and Prometheus metrics.
 //
-// A request goes: transport (rls.go or api.go) → policy lookup (match.go,
-// config.go) → Service (service.go: store keys, all-or-nothing checks,
-// shadow policies, statistics) → sluice.Store (memory, or Redis through
-// the failure policy in store.go).
+// A request visits each file once, in this order:
+//
+//	rls.go or api.go      the transport: the request becomes engine checks, and
+//	                      when they come back decided, statuses, headers, a body
+//	config/match.go       which policy answers each descriptor (Envoy) or name (JSON)
+//	service.go            each check's store keys, under the configuration in force
+//	internal/enforce      the engine: all-or-nothing, strategies, shadow runs
+//	store.go              sluice.Store: memory, or Redis behind the failure policy
+//	metrics.go, stats.go  the decisions counted, through the engine's observer
+//
+// The configuration (both formats, matching, check-config's Describe) is
+// package config, which imports no store, transport or metrics.
 //
 // cmd/sluice is a thin main over Main; embedders use New, Start and
 // Shutdown.
@@ -38,6 +46,7 @@ import (
 	"github.com/sluicehq/sluice/memory"
 	"github.com/sluicehq/sluice/redisstore"
 	"github.com/sluicehq/sluice/resilient"
+	"github.com/sluicehq/sluice/server/config"
 	"github.com/sluicehq/sluice/server/dashboard"
 )
 
@@ -196,17 +205,17 @@ func New(opts Options) (*Server, error) {
 		s.close()
 		return nil, err
 	}
-	s.svc = NewService(store, cfg, &ServiceOptions{Metrics: s.metrics})
+	s.svc = NewService(store, cfg, &ServiceOptions{Metrics: s.metrics, Logger: s.log})
 	s.metrics.reload(true)
 	s.watchFleet(store)
 	return s, nil
 }
 
-func (s *Server) loadConfig() (*Config, error) {
+func (s *Server) loadConfig() (*config.Config, error) {
 	if s.opts.ConfigFile == "" {
 		return DemoConfig(), nil
 	}
-	cfg, err := LoadConfig(s.opts.ConfigFile)
+	cfg, err := config.Load(s.opts.ConfigFile)
 	if err != nil {
 		return nil, err
 	}
@@ -342,10 +351,10 @@ func (s *Server) Reload() error {
 	}
 	// Stamp before reading: a change made while loading is seen next time,
 	// and a bad file is not retried until it changes again.
-	if files, err := configFiles(s.opts.ConfigFile); err == nil {
+	if files, err := config.Files(s.opts.ConfigFile); err == nil {
 		s.stamp = configStamp(files)
 	}
-	cfg, err := LoadConfig(s.opts.ConfigFile)
+	cfg, err := config.Load(s.opts.ConfigFile)
 	if err == nil {
 		err = requirePolicies(cfg)
 	}
@@ -370,7 +379,7 @@ func (s *Server) watch() {
 		case <-s.stop:
 			return
 		case <-t.C:
-			files, err := configFiles(s.opts.ConfigFile)
+			files, err := config.Files(s.opts.ConfigFile)
 			if err != nil {
 				continue
 			}

@@ -2,16 +2,19 @@ package server
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
-	"strings"
+	"log/slog"
+	"net/http"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"google.golang.org/grpc"
+
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/enforce"
+	"github.com/sluicehq/sluice/server/config"
 )
 
 // Errors the service returns for bad requests. Store failures are returned
@@ -24,75 +27,75 @@ var (
 	ErrBadRequest = errors.New("server: bad request")
 )
 
-// Outcome is how a decision is counted.
-type Outcome uint8
-
-const (
-	Allowed Outcome = iota
-	Denied
-	// ShadowDenied: over the limit under a shadow policy, so let through.
-	ShadowDenied
-)
-
-func (o Outcome) String() string {
-	switch o {
-	case Denied:
-		return "denied"
-	case ShadowDenied:
-		return "shadow_denied"
-	}
-	return "allowed"
-}
-
 // Result is a policy's decision for one key.
 type Result struct {
-	Policy   *Policy
-	Key      string
+	Policy *config.Policy
+	Key    string
+	// Decision is the policy's own answer: Allowed false when over the
+	// limit, a shadow policy's included.
 	Decision sluice.Decision
-	Outcome  Outcome
-	// Latency is how long the store took to decide (for several
-	// descriptors decided together, the whole call).
-	Latency time.Duration
+	// Allowed reports whether the request may be served: a shadow policy's
+	// denial is let through.
+	Allowed bool
 }
 
-// Service makes the decisions behind both transports (Envoy RLS over gRPC
-// and the JSON API): policy lookup, store keys, all-or-nothing checks,
-// shadow policies, statistics and metrics. It is safe for concurrent use;
-// the configuration can be swapped at any time without disturbing
-// requests in flight, which keep the snapshot they started with. Make one
-// with NewService: the zero value is not usable.
+// ShadowDenied reports a shadow policy over its limit: let through, but
+// counted as denied.
+func (r Result) ShadowDenied() bool { return r.Allowed && !r.Decision.Allowed }
+
+// Service is the state behind both transports (Envoy RLS over gRPC and the
+// JSON API): the configuration in force, the engine (package
+// internal/enforce) and its store keys, statistics and metrics. The
+// transports turn their requests into the engine's checks and its verdict
+// back into answers. It is safe for concurrent use; the configuration can
+// be swapped at any time without disturbing requests in flight, which keep
+// the snapshot they started with.
+//
+// The zero value is not usable: build one with NewService.
 type Service struct {
-	store   sluice.Store
-	multi   sluice.MultiStore // nil if store cannot TakeAll
+	engine  *enforce.Engine
+	keyer   *enforce.Keyer
 	snap    atomic.Pointer[snapshot]
-	prefix  string
 	clock   func() time.Time
 	stats   *Stats
 	mon     *monitor
 	metrics *Metrics
+	log     *slog.Logger
 	version atomic.Uint64 // counts SetConfig calls
 
-	// When the store has no TakeAll, multi-limit checks take this lock
-	// exclusively (peek all, then take all) while single takes share it, so
-	// no other take can slip in between. It only makes sense for a store
-	// private to this process, such as the memory store.
-	takeMu sync.RWMutex
+	unknownMu sync.Mutex
+	unknown   map[string]bool // unknown domains logged, at most maxUnknownDomains
 }
+
+// maxUnknownDomains bounds the unknown domains remembered (each is logged
+// once): a client sending random domains cannot grow the set, nor the log,
+// past it.
+const maxUnknownDomains = 1000
 
 // ServiceOptions configures a Service. A nil *ServiceOptions is valid.
 type ServiceOptions struct {
 	// KeyPrefix is prepended to every store key. Default: none (the Redis
 	// store adds its own prefix).
 	KeyPrefix string
+	// HashKey, when set, replaces every key by its HMAC-SHA-256 in the
+	// store, so raw client identities never reach Redis. Default: keys as
+	// they are (hashed only when too long).
+	HashKey []byte
 	// Clock is used for statistics buckets and Envoy reset times.
 	// Default time.Now.
 	Clock func() time.Time
 	// Metrics receives decision and store metrics. Default: none.
 	Metrics *Metrics
+	// Logger receives the service's events (unknown domains). Default:
+	// slog.Default().
+	Logger *slog.Logger
 }
 
-// NewService returns a Service deciding with store under cfg.
-func NewService(store sluice.Store, cfg *Config, opts *ServiceOptions) *Service {
+// NewService returns a Service deciding with store under cfg. Requests
+// that check several limits at once need a sluice.MultiStore (the memory
+// and Redis stores are); on another store they fail with
+// enforce.ErrNeedMultiStore.
+func NewService(store sluice.Store, cfg *config.Config, opts *ServiceOptions) *Service {
 	var o ServiceOptions
 	if opts != nil {
 		o = *opts
@@ -100,9 +103,12 @@ func NewService(store sluice.Store, cfg *Config, opts *ServiceOptions) *Service 
 	if o.Clock == nil {
 		o.Clock = time.Now
 	}
-	s := &Service{store: store, prefix: o.KeyPrefix, clock: o.Clock, metrics: o.Metrics}
-	s.multi, _ = store.(sluice.MultiStore)
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	s := &Service{keyer: enforce.NewKeyer(o.KeyPrefix, o.HashKey), clock: o.Clock, metrics: o.Metrics, log: o.Logger}
 	s.stats = newStats(o.Clock)
+	s.engine = enforce.New(timedStore(store, o.Metrics), observer{s})
 	s.mon = newMonitor(s)
 	s.SetConfig(cfg)
 	return s
@@ -111,25 +117,19 @@ func NewService(store sluice.Store, cfg *Config, opts *ServiceOptions) *Service 
 // snapshot is a configuration with what the service keeps per policy,
 // swapped in as one.
 type snapshot struct {
-	cfg *Config
-	rt  map[*Policy]*policyRuntime
+	cfg   *config.Config
+	bases map[*config.Policy]string // store key stems
+	rings map[string]*ring          // statistics by policy name
 	// version travels with cfg, so whoever reads it can rely on
 	// Config returning that configuration or a newer one.
 	version uint64
 }
 
-// policyRuntime is a policy's precomputed key prefix and statistics ring,
-// so that a decision takes no lock.
-type policyRuntime struct {
-	keyPrefix string
-	stats     *ring
-}
-
 // Config returns the configuration in force.
-func (s *Service) Config() *Config { return s.snap.Load().cfg }
+func (s *Service) Config() *config.Config { return s.snap.Load().cfg }
 
 // SetConfig swaps in a new configuration and changes ConfigVersion.
-func (s *Service) SetConfig(cfg *Config) {
+func (s *Service) SetConfig(cfg *config.Config) {
 	if old := s.snap.Load(); old != nil {
 		var gone []string
 		for _, p := range old.cfg.Policies {
@@ -139,11 +139,11 @@ func (s *Service) SetConfig(cfg *Config) {
 		}
 		s.metrics.forget(gone)
 	}
-	rings := s.stats.setPolicies(cfg.Policies)
+	snap := &snapshot{cfg: cfg, bases: make(map[*config.Policy]string, len(cfg.Policies)), version: s.version.Add(1)}
+	snap.rings = s.stats.setPolicies(cfg.Policies)
 	s.mon.setPolicies(cfg.Policies)
-	snap := &snapshot{cfg: cfg, rt: make(map[*Policy]*policyRuntime, len(cfg.Policies)), version: s.version.Add(1)}
 	for _, p := range cfg.Policies {
-		snap.rt[p] = &policyRuntime{keyPrefix: s.keyPrefix(p), stats: rings[p.Name]}
+		snap.bases[p] = s.keyer.Base(p.Name)
 	}
 	s.snap.Store(snap)
 }
@@ -152,215 +152,156 @@ func (s *Service) SetConfig(cfg *Config) {
 // that swaps in an equal configuration, so clients can tell a reload.
 func (s *Service) ConfigVersion() uint64 { return s.snap.Load().version }
 
-// runtime returns p's runtime state; policies made up per request (Envoy
-// limit overrides) get a fresh one without statistics.
-func (s *Service) runtime(p *Policy) *policyRuntime {
-	if rt := s.snap.Load().rt[p]; rt != nil {
-		return rt
-	}
-	return &policyRuntime{keyPrefix: s.keyPrefix(p)}
-}
-
-func (s *Service) keyPrefix(p *Policy) string {
-	var b strings.Builder
-	b.WriteString(s.prefix)
-	escapeTo(&b, p.Name)
-	b.WriteByte('|')
-	return b.String()
-}
-
 // Stats returns the rolling decision statistics.
 func (s *Service) Stats() *Stats { return s.stats }
 
-// storeKey is the store key of a policy's key: prefix, policy name
-// (escaped, so it cannot run into the key), '|' and key. Keys that would be too
-// long for the store are hashed; so is the policy name with the key when the
-// name alone is too long (a deep Envoy descriptor path).
-func (s *Service) storeKey(p *Policy, key string) string {
-	prefix := s.runtime(p).keyPrefix
+// RegisterRLS registers the service as Envoy's rate limit service
+// (envoy.service.ratelimit.v3.RateLimitService) on g.
+func (s *Service) RegisterRLS(g grpc.ServiceRegistrar) { registerRLS(g, s) }
+
+// Handler returns the service's HTTP handler: the JSON API under /v1/,
+// Envoy's JSON form of ShouldRateLimit at /json (as envoyproxy/ratelimit
+// serves it), /healthz, /readyz, /metrics and the dashboard at "/".
+func (s *Service) Handler(opts *HandlerOptions) http.Handler { return newHandler(s, opts) }
+
+// unknownDomain records an Envoy request for a domain the configuration
+// lacks: counted every time, logged once per domain.
+func (s *Service) unknownDomain(name string) {
+	s.metrics.unknownDomain()
+	s.unknownMu.Lock()
+	defer s.unknownMu.Unlock()
 	switch {
-	case len(prefix)+len(key) <= sluice.MaxKeyLen:
-		return prefix + key
-	case len(prefix)+1+2*sha256.Size <= sluice.MaxKeyLen:
-		sum := sha256.Sum256([]byte(key))
-		return prefix + "#" + hex.EncodeToString(sum[:])
+	case s.unknown[name]:
+	case len(s.unknown) < maxUnknownDomains:
+		if s.unknown == nil {
+			s.unknown = map[string]bool{}
+		}
+		s.unknown[name] = true
+		s.log.Warn("rate limit request for an unknown domain: answered OK", "domain", name, "domains", s.snap.Load().cfg.Domains())
+		if len(s.unknown) == maxUnknownDomains {
+			s.log.Warn("too many unknown domains: no longer logging each; sluice_rls_unknown_domain_requests_total still counts them", "remembered", maxUnknownDomains)
+		}
 	}
-	sum := sha256.Sum256([]byte(prefix[len(s.prefix):] + key)) // the name ends in '|'
-	return s.prefix + "##" + hex.EncodeToString(sum[:])
 }
 
-func (s *Service) policy(name string) (*Config, *Policy, error) {
-	cfg := s.Config()
-	p := cfg.Policy(name)
-	if p == nil {
-		return cfg, nil, fmt.Errorf("%w: %q", ErrUnknownPolicy, name)
+// check is the engine check of key under p, taking cost units (0: only
+// look).
+func (s *Service) check(p *config.Policy, key string, cost int64) enforce.Check {
+	base, ok := s.snap.Load().bases[p]
+	if !ok { // a policy made up per request (an Envoy limit override)
+		base = s.keyer.Base(p.Name)
 	}
-	return cfg, p, nil
+	rule := p.Rule(key)
+	c := enforce.Check{Rule: rule, Cost: cost}
+	c.Key, c.PenaltyKey = s.keyer.Keys(base, key, rule.Strategy == enforce.Penalty)
+	return c
 }
 
-func checkKey(key string) error {
-	if err := sluice.ValidateKey(key); err != nil {
-		return fmt.Errorf("%w: %w", ErrBadRequest, err)
+// enforce decides checks, giving each its decision; keys are the checks'
+// client keys, for the operators' view (top keys, latency).
+func (s *Service) enforce(ctx context.Context, checks []enforce.Check, keys []string) (enforce.Verdict, error) {
+	start := time.Now()
+	v, err := s.engine.EnforceAll(ctx, checks)
+	if err != nil {
+		return v, fmt.Errorf("server: store: %w", err)
 	}
-	return nil
+	s.mon.record(checks, keys, time.Since(start))
+	return v, nil
 }
 
 // Check takes cost units (the policy's cost when cost is 0) for key under
-// the named policy. A shadow policy's denial is reported with Outcome
-// ShadowDenied and Decision.Allowed false; the caller lets it through.
+// the named policy. A shadow policy over its limit is let through:
+// Result.Allowed true, Decision.Allowed false.
 func (s *Service) Check(ctx context.Context, policy, key string, cost int64) (Result, error) {
-	return s.decide(ctx, policy, key, cost, true)
+	return s.decide(ctx, policy, key, cost, false)
+}
+
+// Look reports key's state under the named policy without taking anything:
+// a check of cost 0, never over the limit and not counted.
+func (s *Service) Look(ctx context.Context, policy, key string) (Result, error) {
+	return s.decide(ctx, policy, key, 0, true)
+}
+
+func (s *Service) decide(ctx context.Context, policy, key string, cost int64, look bool) (Result, error) {
+	p, c, err := s.request(policy, key, cost)
+	if err != nil {
+		return Result{}, err
+	}
+	if look {
+		c.Cost = 0
+	}
+	checks := [1]enforce.Check{c}
+	v, err := s.enforce(ctx, checks[:], []string{key})
+	if err != nil {
+		return Result{}, err
+	}
+	return Result{Policy: p, Key: key, Decision: checks[0].Decision, Allowed: v.Allowed}, nil
 }
 
 // Peek reports what Check would decide without taking anything. It is
 // not counted in statistics.
 func (s *Service) Peek(ctx context.Context, policy, key string, cost int64) (Result, error) {
-	return s.decide(ctx, policy, key, cost, false)
-}
-
-func (s *Service) decide(ctx context.Context, policy, key string, cost int64, take bool) (Result, error) {
-	_, p, err := s.policy(policy)
+	p, c, err := s.request(policy, key, cost)
 	if err != nil {
 		return Result{}, err
 	}
-	if err := checkKey(key); err != nil {
-		return Result{}, err
+	d, err := s.engine.Peek(ctx, &c)
+	if err != nil {
+		return Result{}, fmt.Errorf("server: store: %w", err)
+	}
+	return Result{Policy: p, Key: key, Decision: d, Allowed: d.Allowed || p.Strategy == enforce.Shadow}, nil
+}
+
+// Reset returns key to its fresh state under the named policy, ending a
+// penalty block too.
+func (s *Service) Reset(ctx context.Context, policy, key string) error {
+	_, c, err := s.request(policy, key, 1)
+	if err != nil {
+		return err
+	}
+	if err := s.engine.Reset(ctx, &c); err != nil {
+		return fmt.Errorf("server: store: %w", err)
+	}
+	return nil
+}
+
+// request validates a JSON API request and returns its check; cost 0 is
+// the policy's cost.
+func (s *Service) request(policy, key string, cost int64) (*config.Policy, enforce.Check, error) {
+	cfg := s.Config()
+	p := cfg.Policy(policy)
+	if p == nil {
+		return nil, enforce.Check{}, fmt.Errorf("%w: %q", ErrUnknownPolicy, policy)
+	}
+	if err := sluice.ValidateKey(key); err != nil {
+		return nil, enforce.Check{}, fmt.Errorf("%w: %w", ErrBadRequest, err)
+	}
+	if !cfg.Reaches(p, key) {
+		return nil, enforce.Check{}, fmt.Errorf("%w: no descriptor reaches key %q of policy %q: write the descriptor's entries, key=value,key=value", ErrBadRequest, key, policy)
 	}
 	if cost == 0 {
 		cost = p.Cost
 	}
-	lim := p.limitFor(key)
-	if err := lim.ValidateCost(cost); err != nil {
-		return Result{}, fmt.Errorf("%w: %w", ErrBadRequest, err)
+	c := s.check(p, key, cost)
+	if err := c.Rule.Limit.ValidateCost(cost); err != nil {
+		return nil, enforce.Check{}, fmt.Errorf("%w: %w", ErrBadRequest, err)
 	}
-	var d sluice.Decision
-	start := time.Now()
-	if take {
-		d, err = s.take(ctx, s.storeKey(p, key), lim, cost)
-	} else {
-		d, err = s.peek(ctx, s.storeKey(p, key), lim, cost)
-	}
-	if err != nil {
-		if take {
-			s.metrics.decisionError(p.Name)
-		}
-		return Result{}, err
-	}
-	r := Result{Policy: p, Key: key, Decision: d, Outcome: outcome(p, d), Latency: time.Since(start)}
-	if take {
-		s.record(r)
-	}
-	return r, nil
+	return p, c, nil
 }
 
-func outcome(p *Policy, d sluice.Decision) Outcome {
-	switch {
-	case d.Allowed:
-		return Allowed
-	case p.Strategy == Shadow:
-		return ShadowDenied
+// observer counts the engine's decisions in the statistics and metrics.
+type observer struct{ s *Service }
+
+func (o observer) ObserveDecision(e sluice.DecisionEvent) {
+	if e.Outcome != sluice.OutcomeError {
+		if r := o.s.snap.Load().rings[e.Policy]; r != nil {
+			o.s.stats.add(r, e.Outcome != sluice.OutcomeAllowed)
+		}
 	}
-	return Denied
+	if m := o.s.metrics; m != nil {
+		m.ObserveDecision(e)
+	}
 }
 
-// Reset returns key to its fresh state under the named policy.
-func (s *Service) Reset(ctx context.Context, policy, key string) error {
-	_, p, err := s.policy(policy)
-	if err != nil {
-		return err
-	}
-	if err := checkKey(key); err != nil {
-		return err
-	}
-	sk := s.storeKey(p, key)
-	lim := p.limitFor(key)
-	if err := s.observe("reset", func() error { return s.store.Reset(ctx, sk, lim) }); err != nil {
-		return err
-	}
-	return nil
-}
-
-func (s *Service) record(r Result) {
-	rt := s.runtime(r.Policy)
-	if rt.stats != nil {
-		s.stats.add(rt.stats, r.Outcome != Allowed)
-		s.mon.record(r)
-	}
-	s.metrics.decision(r)
-}
-
-func (s *Service) observe(op string, f func() error) error {
-	start := time.Now()
-	err := f()
-	s.metrics.store(op, time.Since(start), err)
-	if err != nil {
-		return fmt.Errorf("server: store %s: %w", op, err)
-	}
-	return nil
-}
-
-func (s *Service) take(ctx context.Context, key string, lim sluice.Limit, cost int64) (sluice.Decision, error) {
-	var d sluice.Decision
-	err := s.observe("take", func() error {
-		if s.multi == nil {
-			s.takeMu.RLock()
-			defer s.takeMu.RUnlock()
-		}
-		var err error
-		d, err = s.store.Take(ctx, key, lim, cost)
-		return err
-	})
-	return d, err
-}
-
-func (s *Service) peek(ctx context.Context, key string, lim sluice.Limit, cost int64) (sluice.Decision, error) {
-	var d sluice.Decision
-	err := s.observe("peek", func() error {
-		var err error
-		d, err = s.store.Peek(ctx, key, lim, cost)
-		return err
-	})
-	return d, err
-}
-
-// takeAll takes every request's units or none, through the store's TakeAll
-// when it has one.
-func (s *Service) takeAll(ctx context.Context, reqs []sluice.Request) ([]sluice.Decision, error) {
-	if len(reqs) == 1 {
-		d, err := s.take(ctx, reqs[0].Key, reqs[0].Limit, reqs[0].Cost)
-		if err != nil {
-			return nil, err
-		}
-		return []sluice.Decision{d}, nil
-	}
-	var out []sluice.Decision
-	err := s.observe("take_all", func() error {
-		var err error
-		if s.multi != nil {
-			out, err = s.multi.TakeAll(ctx, reqs)
-			return err
-		}
-		s.takeMu.Lock()
-		defer s.takeMu.Unlock()
-		out = make([]sluice.Decision, len(reqs))
-		all := true
-		for i, r := range reqs {
-			if out[i], err = s.store.Peek(ctx, r.Key, r.Limit, r.Cost); err != nil {
-				return err
-			}
-			all = all && out[i].Allowed
-		}
-		if !all {
-			return nil
-		}
-		// Under the lock nothing else takes, and time only gives units
-		// back, so every take succeeds.
-		for i, r := range reqs {
-			if out[i], err = s.store.Take(ctx, r.Key, r.Limit, r.Cost); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
-	return out, err
-}
+func (observer) ObserveStore(sluice.StoreEvent)     {}
+func (observer) ObserveBreaker(sluice.BreakerEvent) {}

@@ -4,6 +4,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/sluicehq/sluice/server/config"
 )
 
 // Statistics for the dashboard's chart: allowed and denied decisions per
@@ -62,7 +64,7 @@ func newStats(clock func() time.Time) *Stats {
 
 // setPolicies keeps the counts of policies that survive a reload, in the
 // new configuration's order, and returns each policy's ring.
-func (s *Stats) setPolicies(ps []*Policy) map[string]*ring {
+func (s *Stats) setPolicies(ps []*config.Policy) map[string]*ring {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	series := make(map[string]*ring, len(ps))

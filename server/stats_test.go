@@ -5,6 +5,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/sluicehq/sluice/server/config"
 )
 
 // Counts racing with a bucket rollover are all kept: goroutines count while
@@ -14,7 +16,7 @@ func TestStatsRolloverLosesNothing(t *testing.T) {
 	var now atomic.Int64
 	now.Store(time.Unix(1_700_000_000, 0).UnixNano())
 	s := newStats(func() time.Time { return time.Unix(0, now.Load()) })
-	r := s.setPolicies([]*Policy{{Name: "p"}})["p"]
+	r := s.setPolicies([]*config.Policy{{Name: "p"}})["p"]
 	const workers, each, buckets = 8, 5000, 10
 	var wg sync.WaitGroup
 	for w := range workers {
@@ -50,7 +52,7 @@ func TestStatsWindow(t *testing.T) {
 	t0 := time.Unix(1_700_000_000, 0)
 	now := t0
 	s := newStats(func() time.Time { return now })
-	r := s.setPolicies([]*Policy{{Name: "p"}})["p"]
+	r := s.setPolicies([]*config.Policy{{Name: "p"}})["p"]
 	s.add(r, false)
 	s.add(r, true)
 	ser := s.Snapshot()[0]

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"time"
 	"unicode/utf8"
+
+	"github.com/sluicehq/sluice/server/config"
 )
 
 // readyz answers 200 while this instance can answer decisions under its
@@ -97,7 +99,7 @@ var ErrNoPolicies = errors.New("server: the configuration has no policies (say a
 
 // requirePolicies refuses an empty configuration unless it says so: an
 // emptied file must not silently drop every limit.
-func requirePolicies(cfg *Config) error {
+func requirePolicies(cfg *config.Config) error {
 	if len(cfg.Policies) == 0 && !cfg.AllowEmpty {
 		return fmt.Errorf("%w: %s", ErrNoPolicies, strings.Join(cfg.Files, ", "))
 	}

@@ -18,6 +18,9 @@ import (
 	"google.golang.org/grpc/encoding"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
+
+	"github.com/sluicehq/sluice/memory"
+	"github.com/sluicehq/sluice/server/config"
 )
 
 // TestReloadRefusesEmptyConfiguration: emptying the file keeps the
@@ -49,7 +52,7 @@ func TestReloadRefusesEmptyConfiguration(t *testing.T) {
 		t.Errorf("%d policies after an allowed empty reload", n)
 	}
 	write("allow_empty: maybe\npolicies: []\n")
-	if err := srv.Reload(); !errors.Is(err, ErrConfig) {
+	if err := srv.Reload(); !errors.Is(err, config.ErrConfig) {
 		t.Errorf("allow_empty: maybe: %v, want a config error", err)
 	}
 }
@@ -124,9 +127,10 @@ var _ encoding.Codec = rawCodec{}
 // request before the service sees it: INTERNAL, "string field contains
 // invalid UTF-8". Envoy applies failure_mode_deny as to any error.
 func TestRLSInvalidUTF8(t *testing.T) {
-	svc := newMemService(t, apiConfig, newFakeClock())
-	srv := startServer(t, Options{Store: svc.store})
-	req, err := proto.Marshal(rlsRequest(DefaultDomain, desc("fw=XXXX")))
+	store := memory.New(nil)
+	t.Cleanup(func() { store.Close() })
+	srv := startServer(t, Options{Store: store})
+	req, err := proto.Marshal(rlsRequest(config.DefaultDomain, desc("fw=XXXX")))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc/peer"
 
 	"github.com/sluicehq/sluice/internal/testcert"
+	"github.com/sluicehq/sluice/server/config"
 )
 
 func startTLS(t *testing.T, httpTLS, grpcTLS TLSFiles, logs *syncBuffer) *Server {
@@ -119,7 +120,7 @@ func TestServerMutualTLS(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		var p peer.Peer
-		_, err = rlsv3.NewRateLimitServiceClient(conn).ShouldRateLimit(ctx, rlsRequest(DefaultDomain, desc("api_key=k")), grpc.Peer(&p))
+		_, err = rlsv3.NewRateLimitServiceClient(conn).ShouldRateLimit(ctx, rlsRequest(config.DefaultDomain, desc("api_key=k")), grpc.Peer(&p))
 		if err != nil {
 			return "", err
 		}

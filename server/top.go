@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/server/config"
 )
 
 // The top keys: which clients are denied most, and which keep pressing on
@@ -131,18 +132,18 @@ func utilisation(d sluice.Decision) float64 {
 	return float64(c-max(d.Remaining, 0)) / float64(c)
 }
 
-// record counts one decision of r's key.
-func (t *topKeys) record(r Result) {
-	u := utilisation(r.Decision)
+// record counts one decision d of key under policy.
+func (t *topKeys) record(policy, key string, d sluice.Decision) {
+	u := utilisation(d)
 	if u < 1-NearLimitShare {
 		return
 	}
 	g := t.generation()
-	id := topID{r.Policy.Name, r.Key}
+	id := topID{policy, key}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.rotate(g)
-	if r.Outcome != Allowed {
+	if !d.Allowed { // shadow denials too
 		t.cur[listDenials].add(id, u)
 	}
 	t.cur[listNearLimit].add(id, u)
@@ -196,7 +197,7 @@ func mergeTop(n int, lists ...[]TopEntry) []TopEntry {
 // a policy whose configuration opts in (expose_keys), otherwise a stable
 // prefix of its SHA-256, so API keys, user ids and IPs stay out of the
 // metrics while a repeat offender is still recognisable.
-func metricKey(p *Policy, key string) string {
+func metricKey(p *config.Policy, key string) string {
 	if p != nil && p.ExposeKeys {
 		return key
 	}

@@ -39,9 +39,8 @@ func TestTopSketchBoundedAndExact(t *testing.T) {
 	t.Parallel()
 	clock := newFakeClock()
 	tk := newTopKeys(clock.Now)
-	p := &Policy{Name: "p"}
 	deny := func(key string) {
-		tk.record(Result{Policy: p, Key: key, Outcome: Denied, Decision: sluice.Decision{Allowed: false}})
+		tk.record("p", key, sluice.Decision{Allowed: false})
 	}
 	heavy := map[string]int64{"bot-a": 900, "bot-b": 600, "bot-c": 300}
 	rng := rand.New(rand.NewPCG(1, 2))
@@ -106,7 +105,6 @@ func TestTopWindow(t *testing.T) {
 	t.Parallel()
 	clock := newFakeClock()
 	tk := newTopKeys(clock.Now)
-	p := &Policy{Name: "p"}
 	for _, step := range []struct {
 		at   int64 // windows after t0
 		deny bool
@@ -120,7 +118,7 @@ func TestTopWindow(t *testing.T) {
 	} {
 		clock.Set(t0.Add(time.Duration(step.at) * TopWindow))
 		if step.deny {
-			tk.record(Result{Policy: p, Key: "bot", Outcome: Denied})
+			tk.record("p", "bot", sluice.Decision{})
 		}
 		var got int64
 		if l := tk.Lists(TopN).Denials; len(l) > 0 {

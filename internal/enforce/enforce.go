@@ -1,11 +1,13 @@
-// Package enforce is the policy engine shared by the HTTP and gRPC
-// middleware (and the service): given the rules that apply to one request,
-// it checks them against a Store all-or-nothing, applies each rule's
-// strategy (reject, delay, shadow, penalty), reports to an Observer, and
-// picks the decision the response should describe.
+// Package enforce is the one policy engine under every front end (the HTTP
+// and gRPC middleware, the service's Envoy RLS and JSON API): given the
+// rules that apply to one request, it checks them against a Store
+// all-or-nothing, applies each rule's strategy (reject, delay, shadow,
+// penalty), reports to an Observer, gives each check its decision and picks
+// the one the middleware's response describes. Keys (keys.go) have one
+// grammar for all of them.
 //
 // Front ends do the request-specific part: which rules match, the key and
-// the cost of each, and how a verdict is written back.
+// the cost of each, and how the decisions are written back.
 package enforce
 
 import (
@@ -14,6 +16,8 @@ import (
 	"fmt"
 	"sync/atomic"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/sluicehq/sluice"
 )
@@ -28,7 +32,8 @@ const (
 	// request that would need longer is rejected at once.
 	Delay
 	// Shadow decides and records but never blocks: a dry run. Shadow rules
-	// take their own units apart from the enforcing rules.
+	// take their own units, apart from the enforcing rules and only when the
+	// request is admitted, so they count what enforcing would let through.
 	Shadow
 	// Penalty rejects, and on a violation blocks the key for the rule's
 	// Penalty duration. The block is a key in the store, so it holds across
@@ -120,15 +125,17 @@ func release(checks []Check, idx []int) {
 	}
 }
 
-// MaxNameLen bounds rule names.
-const MaxNameLen = 64
+// MaxNameLen bounds rule names. Envoy-format policies are named by their
+// descriptor path, which can be long; store keys hash what does not fit.
+const MaxNameLen = 1024
+
+// NameRule says what ValidateName accepts, for error messages.
+const NameRule = "want 1 to 1024 bytes of UTF-8 text without control characters"
 
 // DefaultMaxWaiting is a Delay rule's MaxWaiting when none is set.
 const DefaultMaxWaiting = 1024
 
-// Validate checks r. Names are 1 to MaxNameLen bytes of letters, digits,
-// '_', '-' and '.': they appear in store keys, header fields and metric
-// labels, and the characters they exclude separate key parts.
+// Validate checks r's name (ValidateName), limit and strategy settings.
 func (r *Rule) Validate() error {
 	if err := ValidateName(r.Name); err != nil {
 		return err
@@ -155,15 +162,18 @@ func (r *Rule) Validate() error {
 	return nil
 }
 
-// ValidateName checks a rule name.
+// ValidateName checks a rule name: 1 to MaxNameLen bytes of UTF-8 text
+// without control characters. Names reach store keys only escaped (see
+// Keyer), and header fields only quoted, so no other character needs
+// refusing: every name the Envoy format generates from a descriptor path
+// is one.
 func ValidateName(name string) error {
-	if name == "" || len(name) > MaxNameLen {
-		return fmt.Errorf("%w: name %q must be 1 to %d bytes", ErrInvalidRule, name, MaxNameLen)
+	if name == "" || len(name) > MaxNameLen || !utf8.ValidString(name) {
+		return fmt.Errorf("%w: name %q: %s", ErrInvalidRule, name, NameRule)
 	}
-	for i := 0; i < len(name); i++ {
-		c := name[i]
-		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '-' || c == '.') {
-			return fmt.Errorf("%w: name %q: only letters, digits, '_', '-' and '.' are allowed", ErrInvalidRule, name)
+	for _, c := range name {
+		if unicode.IsControl(c) {
+			return fmt.Errorf("%w: name %q: %s", ErrInvalidRule, name, NameRule)
 		}
 	}
 	return nil
@@ -178,25 +188,43 @@ func (r *Rule) PenaltyLimit() sluice.Limit {
 // Check is one rule applied to one request.
 type Check struct {
 	Rule *Rule
-	// Key is the store key for the rule's limit.
+	// Key is the store key for the rule's limit. Checks with the same Key
+	// in one request are one counter: their costs add up, and each gets
+	// the counter's decision.
 	Key string
 	// PenaltyKey is the store key of the rule's block (Penalty rules only).
 	// It must never equal any rule's Key.
 	PenaltyKey string
-	Cost       int64
+	// Cost is the units the request takes. 0 only looks: the check is
+	// peeked at one unit, is never over its limit and is not observed.
+	Cost int64
+	// Over marks a check the front end has decided over its limit already
+	// (an Envoy limit of 0): unless its rule is Shadow it denies the
+	// request, with no store call and nothing taken. Key may be empty.
+	Over bool
 	// Tag is the front end's own reference to the rule (an index); the
 	// engine does not read it.
 	Tag int
+
+	// Decision is the engine's answer for this check, written by Enforce
+	// for the checks it took or found over their limit, and by EnforceAll
+	// for every check with a Key (peeking those the request did not
+	// take). An Over check's is a denial with no other field set.
+	Decision sluice.Decision
+
+	decided bool
+	counter int // the index of the check's counter among the store requests
 }
 
 // Verdict is the engine's answer for one request.
 type Verdict struct {
 	// Allowed reports whether the request may be served.
 	Allowed bool
-	// Report indexes the check whose Decision the response should describe:
-	// when denied, the violated rule needing the longest wait; when allowed,
-	// the enforcing rule closest to exhaustion. -1 when no enforcing rule
-	// applied.
+	// Report indexes the check whose Decision the response should describe
+	// under the middleware's rule: when denied, the violated rule needing
+	// the longest wait; when allowed, the enforcing rule closest to
+	// exhaustion. -1 when no enforcing rule applied. Front ends with another
+	// rule (Envoy's first over the limit) read the checks' Decisions.
 	Report int
 	// Decision is the reported check's decision. For a Penalty rule that
 	// blocks, RetryAfter is the time left in the block.
@@ -223,31 +251,99 @@ func New(store sluice.Store, observer sluice.Observer) *Engine {
 // Multi reports whether the store checks layered limits all-or-nothing.
 func (e *Engine) Multi() bool { return e.multi != nil }
 
-// Enforce decides one request. Errors are store failures (or
-// ErrNeedMultiStore); checks are not modified.
+// Enforce decides one request, all-or-nothing: the enforcing checks'
+// counters are taken together or not at all (through the store's TakeAll
+// when there are several), and Shadow checks take their units only when
+// the request is admitted, so a dry run counts what enforcing would have
+// let through. Errors are store failures (or ErrNeedMultiStore); the
+// checks' Decision fields are written, nothing else.
 func (e *Engine) Enforce(ctx context.Context, checks []Check) (Verdict, error) {
-	enforcing := 0
+	return e.enforce(ctx, checks, false)
+}
+
+// EnforceAll is Enforce that gives every check a Decision, peeking the
+// checks the request did not take, for front ends that answer one status
+// per check (Envoy's rate limit service).
+func (e *Engine) EnforceAll(ctx context.Context, checks []Check) (Verdict, error) {
+	return e.enforce(ctx, checks, true)
+}
+
+// Peek reports what checking c would decide, taking nothing.
+func (e *Engine) Peek(ctx context.Context, c *Check) (sluice.Decision, error) {
+	return e.store.Peek(ctx, c.Key, c.Rule.Limit, max(c.Cost, 1))
+}
+
+// Reset returns c's key, and its block if it has one, to the fresh state.
+func (e *Engine) Reset(ctx context.Context, c *Check) error {
+	if c.PenaltyKey != "" {
+		if err := e.store.Reset(ctx, c.PenaltyKey, c.Rule.PenaltyLimit()); err != nil {
+			return err
+		}
+	}
+	return e.store.Reset(ctx, c.Key, c.Rule.Limit)
+}
+
+func (e *Engine) enforce(ctx context.Context, checks []Check, all bool) (Verdict, error) {
+	var (
+		oneReq [1]sluice.Request
+		oneIdx [1]int
+		reqs   = oneReq[:0] // one per counter of the enforcing checks
+		idx    = oneIdx[:0] // idx[j] is the first check of reqs[j]
+	)
+	enforcing, over := 0, -1
 	for i := range checks {
-		if checks[i].Rule.Strategy == Shadow {
-			e.shadow(ctx, &checks[i])
-		} else {
+		c := &checks[i]
+		c.Decision, c.decided, c.counter = sluice.Decision{}, false, -1
+		switch {
+		case c.Rule.Strategy == Shadow, c.Cost == 0 && !c.Over:
+		case c.Over:
+			c.Decision, c.decided = sluice.Decision{}, true
+			if over < 0 {
+				over = i
+			}
+		default:
 			enforcing++
 		}
 	}
-	failed := Verdict{Report: -1} // returned with every error: never Allowed
-	switch enforcing {
-	case 0:
-		return Verdict{Allowed: true, Report: -1}, nil
-	case 1:
-	default:
-		if e.multi == nil {
-			return failed, ErrNeedMultiStore
+	if enforcing > 1 {
+		reqs = make([]sluice.Request, 0, enforcing)
+		idx = make([]int, 0, enforcing)
+	}
+	for i := range checks {
+		c := &checks[i]
+		if c.Rule.Strategy == Shadow || c.Cost == 0 || c.Over {
+			continue
+		}
+		c.counter = len(reqs)
+		for j := range reqs {
+			if reqs[j].Key == c.Key {
+				c.counter = j
+				break
+			}
+		}
+		if c.counter == len(reqs) {
+			reqs = append(reqs, sluice.Request{Key: c.Key, Limit: c.Rule.Limit})
+			idx = append(idx, i)
+		}
+		reqs[c.counter].Cost += c.Cost
+		if reqs[c.counter].Cost > c.Rule.Limit.Capacity() && over < 0 {
+			over = idx[c.counter] // could never be admitted: take nothing
 		}
 	}
+	if over >= 0 {
+		return e.refuse(ctx, checks, reqs, idx, over, all)
+	}
+	if len(reqs) > 1 && e.multi == nil {
+		return Verdict{Report: -1}, ErrNeedMultiStore
+	}
+	if enforcing == 0 {
+		return e.admit(ctx, checks, nil, Verdict{Allowed: true, Report: -1}, all)
+	}
+	failed := Verdict{Report: -1} // returned with every error: never Allowed
 	blocked := Verdict{Report: -1}
 	for i := range checks {
 		c := &checks[i]
-		if c.Rule.Strategy != Penalty {
+		if c.Rule.Strategy != Penalty || c.counter < 0 {
 			continue
 		}
 		d, err := e.store.Peek(ctx, c.PenaltyKey, c.Rule.PenaltyLimit(), 1)
@@ -257,6 +353,7 @@ func (e *Engine) Enforce(ctx context.Context, checks []Check) (Verdict, error) {
 		}
 		if !d.Allowed {
 			b := sluice.Decision{Limit: c.Rule.Limit, RetryAfter: d.RetryAfter, ResetAfter: d.RetryAfter, Source: d.Source}
+			c.Decision, c.decided = b, true
 			e.observe(c.Rule.Name, sluice.OutcomeDenied, b)
 			// Report the block needing the longest wait.
 			if blocked.Report < 0 || b.RetryAfter > blocked.Decision.RetryAfter {
@@ -265,25 +362,7 @@ func (e *Engine) Enforce(ctx context.Context, checks []Check) (Verdict, error) {
 		}
 	}
 	if blocked.Report >= 0 {
-		return blocked, nil
-	}
-	var (
-		one    [1]sluice.Decision
-		oneIdx [1]int
-		reqs   []sluice.Request // nil for a single rule: Take, not TakeAll
-		idx    = oneIdx[:0]     // ds[j] is the decision of checks[idx[j]]
-	)
-	if enforcing > 1 {
-		reqs = make([]sluice.Request, 0, enforcing)
-		idx = make([]int, 0, enforcing)
-	}
-	for i := range checks {
-		if c := &checks[i]; c.Rule.Strategy != Shadow {
-			idx = append(idx, i)
-			if enforcing > 1 {
-				reqs = append(reqs, sluice.Request{Key: c.Key, Limit: c.Rule.Limit, Cost: c.Cost})
-			}
-		}
+		return e.deny(ctx, checks, blocked, all)
 	}
 	var waited time.Duration
 	var timer *time.Timer
@@ -297,11 +376,10 @@ func (e *Engine) Enforce(ctx context.Context, checks []Check) (Verdict, error) {
 		}
 	}()
 	for {
-		ds := one[:]
+		ds := oneDecision(len(reqs))
 		var err error
-		if reqs == nil {
-			c := &checks[idx[0]]
-			one[0], err = e.store.Take(ctx, c.Key, c.Rule.Limit, c.Cost)
+		if len(reqs) == 1 {
+			ds[0], err = e.store.Take(ctx, reqs[0].Key, reqs[0].Limit, reqs[0].Cost)
 		} else {
 			ds, err = e.multi.TakeAll(ctx, reqs)
 			if err == nil && len(ds) != len(reqs) {
@@ -334,7 +412,7 @@ func (e *Engine) Enforce(ctx context.Context, checks []Check) (Verdict, error) {
 				e.observe(checks[idx[j]].Rule.Name, sluice.OutcomeAllowed, d)
 			}
 			j := closest(ds)
-			return Verdict{Allowed: true, Report: idx[j], Decision: ds[j], Waited: waited}, nil
+			return e.admit(ctx, checks, ds, Verdict{Allowed: true, Report: idx[j], Decision: ds[j], Waited: waited}, all)
 		}
 		// A denial with no wait would make this loop spin on the store.
 		pause := max(longest, time.Millisecond)
@@ -362,6 +440,7 @@ func (e *Engine) Enforce(ctx context.Context, checks []Check) (Verdict, error) {
 				if block, ok := e.block(ctx, c); ok {
 					d.RetryAfter = max(d.RetryAfter, block)
 					d.ResetAfter = max(d.ResetAfter, d.RetryAfter)
+					ds[j] = d
 					if d.RetryAfter > out.Decision.RetryAfter {
 						out.Report, out.Decision = idx[j], d
 					}
@@ -369,8 +448,107 @@ func (e *Engine) Enforce(ctx context.Context, checks []Check) (Verdict, error) {
 			}
 			e.observe(c.Rule.Name, sluice.OutcomeDenied, d)
 		}
-		return out, nil
+		setCounters(checks, ds)
+		return e.deny(ctx, checks, out, all)
 	}
+}
+
+// oneDecision returns a slice of n decisions, on the stack for one.
+func oneDecision(n int) []sluice.Decision {
+	if n == 1 {
+		var one [1]sluice.Decision
+		return one[:]
+	}
+	return nil
+}
+
+// setCounters gives each enforcing check its counter's decision.
+func setCounters(checks []Check, ds []sluice.Decision) {
+	for i := range checks {
+		if c := &checks[i]; c.counter >= 0 {
+			c.Decision, c.decided = ds[c.counter], true
+		}
+	}
+}
+
+// admit finishes an admitted request: the enforcing checks get their
+// counters' decisions and the shadow checks take their units.
+func (e *Engine) admit(ctx context.Context, checks []Check, ds []sluice.Decision, v Verdict, all bool) (Verdict, error) {
+	setCounters(checks, ds)
+	for i := range checks {
+		if c := &checks[i]; c.Rule.Strategy == Shadow && c.Cost > 0 && !c.Over {
+			e.shadow(ctx, c)
+		}
+	}
+	return v, e.fill(ctx, checks, all)
+}
+
+// deny finishes a denied request: nothing more is taken. Shadow checks that
+// could never be admitted are observed as shadow denials.
+func (e *Engine) deny(ctx context.Context, checks []Check, v Verdict, all bool) (Verdict, error) {
+	for i := range checks {
+		if c := &checks[i]; c.Rule.Strategy == Shadow && !c.Over && c.Cost > c.Rule.Limit.Capacity() {
+			e.shadowOver(ctx, c)
+		}
+	}
+	return v, e.fill(ctx, checks, all)
+}
+
+// refuse denies a request without taking anything: a check is over its
+// limit before any store call (decided so by the front end, or asking more
+// than its counter's capacity). Counters over their capacity are peeked at
+// their capacity for the figures the response reports.
+func (e *Engine) refuse(ctx context.Context, checks []Check, reqs []sluice.Request, idx []int, over int, all bool) (Verdict, error) {
+	ds := make([]sluice.Decision, len(reqs))
+	for j, r := range reqs {
+		full := r.Cost > r.Limit.Capacity()
+		if !full && !all {
+			continue
+		}
+		d, err := e.store.Peek(ctx, r.Key, r.Limit, min(r.Cost, r.Limit.Capacity()))
+		if err != nil {
+			e.observeErrors(checks)
+			return Verdict{Report: -1}, err
+		}
+		if full {
+			d.Allowed = false
+			e.observe(checks[idx[j]].Rule.Name, sluice.OutcomeDenied, d)
+		}
+		ds[j] = d
+	}
+	for i := range checks {
+		if c := &checks[i]; c.counter >= 0 && (all || !ds[c.counter].Allowed) {
+			c.Decision, c.decided = ds[c.counter], true
+		}
+	}
+	return e.deny(ctx, checks, Verdict{Report: over, Decision: checks[over].Decision}, all)
+}
+
+// fill peeks, when all, every check with a Key that has no decision yet.
+// A look-only check is never over its limit.
+func (e *Engine) fill(ctx context.Context, checks []Check, all bool) error {
+	if !all {
+		return nil
+	}
+	for i := range checks {
+		c := &checks[i]
+		if c.decided || c.Key == "" {
+			continue
+		}
+		d, err := e.store.Peek(ctx, c.Key, c.Rule.Limit, min(max(c.Cost, 1), c.Rule.Limit.Capacity()))
+		if err != nil {
+			if c.Rule.Strategy == Shadow { // a dry run never fails a request
+				c.Decision, c.decided = sluice.Decision{Allowed: true, Limit: c.Rule.Limit}, true
+				continue
+			}
+			return err
+		}
+		if c.Cost == 0 {
+			d.Allowed, d.RetryAfter = true, 0
+		}
+		c.Decision, c.decided = d, true
+	}
+	return nil
 }
 
 // blockTimeout bounds the Take that starts a block.
@@ -403,15 +581,35 @@ func madeUp(d sluice.Decision) bool {
 // shadow takes a shadow rule's units and records what would have happened.
 // Its failures are recorded and otherwise ignored: a dry run never blocks.
 func (e *Engine) shadow(ctx context.Context, c *Check) {
+	if c.Cost > c.Rule.Limit.Capacity() {
+		e.shadowOver(ctx, c)
+		return
+	}
 	d, err := e.store.Take(ctx, c.Key, c.Rule.Limit, c.Cost)
 	switch {
 	case err != nil:
 		e.observe(c.Rule.Name, sluice.OutcomeError, sluice.Decision{})
+		c.Decision, c.decided = sluice.Decision{Allowed: true, Limit: c.Rule.Limit}, true
+		return
 	case d.Allowed:
 		e.observe(c.Rule.Name, sluice.OutcomeAllowed, d)
 	default:
 		e.observe(c.Rule.Name, sluice.OutcomeShadowDenied, d)
 	}
+	c.Decision, c.decided = d, true
+}
+
+// shadowOver records a shadow check that could never be admitted (its cost
+// exceeds its capacity), peeking its counter for the figures.
+func (e *Engine) shadowOver(ctx context.Context, c *Check) {
+	d, err := e.store.Peek(ctx, c.Key, c.Rule.Limit, c.Rule.Limit.Capacity())
+	if err != nil {
+		e.observe(c.Rule.Name, sluice.OutcomeError, sluice.Decision{})
+		return
+	}
+	d.Allowed = false
+	c.Decision, c.decided = d, true
+	e.observe(c.Rule.Name, sluice.OutcomeShadowDenied, d)
 }
 
 // closest returns the index of the decision closest to exhaustion: the
@@ -438,7 +636,7 @@ func (e *Engine) observe(policy string, o sluice.Outcome, d sluice.Decision) {
 
 func (e *Engine) observeErrors(checks []Check) {
 	for i := range checks {
-		if checks[i].Rule.Strategy != Shadow {
+		if c := &checks[i]; c.Rule.Strategy != Shadow && c.Cost > 0 && !c.Over {
 			e.observe(checks[i].Rule.Name, sluice.OutcomeError, sluice.Decision{})
 		}
 	}

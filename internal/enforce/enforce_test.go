@@ -3,6 +3,7 @@ package enforce
 import (
 	"context"
 	"errors"
+	"math/rand/v2"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -55,6 +56,12 @@ func TestEnforceNeedsMulti(t *testing.T) {
 	if err != nil || !v.Allowed {
 		t.Errorf("Enforce on a MultiStore = %+v, %v", v, err)
 	}
+	// Two checks of one counter are one Take: no MultiStore needed.
+	r3 := &Rule{Name: "c", Limit: sluice.PerSecond(2)}
+	same := []Check{{Rule: r3, Key: "s", Cost: 1}, {Rule: r3, Key: "s", Cost: 1}}
+	if v, err := New(plain{m}, nil).Enforce(context.Background(), same); err != nil || !v.Allowed {
+		t.Errorf("one counter twice on a plain store = %+v, %v", v, err)
+	}
 	v, err = New(m, nil).Enforce(context.Background(), nil)
 	if err != nil || !v.Allowed || v.Report != -1 {
 		t.Errorf("no checks = %+v, %v", v, err)
@@ -74,10 +81,13 @@ func TestRuleValidate(t *testing.T) {
 		{Rule{Name: "p", Limit: lim, Strategy: Penalty, Penalty: time.Hour}, true},
 		{Rule{Name: "", Limit: lim}, false},
 		{Rule{Name: strings.Repeat("x", MaxNameLen+1), Limit: lim}, false},
-		{Rule{Name: "a:b", Limit: lim}, false},
-		{Rule{Name: "a!b", Limit: lim}, false},
-		{Rule{Name: "a#b", Limit: lim}, false},
-		{Rule{Name: `a"b`, Limit: lim}, false},
+		// Every name a descriptor path makes: keys escape it, headers quote it.
+		{Rule{Name: "a:b!c#d%e", Limit: lim}, true},
+		{Rule{Name: `rl.path_/api/v1 "x"`, Limit: lim}, true},
+		{Rule{Name: "a\nb", Limit: lim}, false},
+		{Rule{Name: "a\x00b", Limit: lim}, false},
+		{Rule{Name: "a\x7fb", Limit: lim}, false},
+		{Rule{Name: "\xff", Limit: lim}, false},
 		{Rule{Name: "bad-limit"}, false},
 		{Rule{Name: "d", Limit: lim, Strategy: Delay}, false},
 		{Rule{Name: "d", Limit: lim, Strategy: Delay, MaxDelay: time.Second, MaxWaiting: -1}, false},
@@ -105,7 +115,7 @@ func TestKeyer(t *testing.T) {
 	plainK := NewKeyer("p:", nil)
 	base := plainK.Base("rule")
 	k, b := plainK.Keys(base, "1.2.3.4", true)
-	if k != "p:rule:1.2.3.4" || b != "p:rule!:1.2.3.4" {
+	if k != "p:v2:rule:1.2.3.4" || b != "p:v2:rule!:1.2.3.4" {
 		t.Errorf("plain keys %q %q", k, b)
 	}
 	if _, b := plainK.Keys(base, "x", false); b != "" {
@@ -113,12 +123,12 @@ func TestKeyer(t *testing.T) {
 	}
 	long := strings.Repeat("k", sluice.MaxKeyLen)
 	k, b = plainK.Keys(base, long, true)
-	if len(k) > sluice.MaxKeyLen || len(b) > sluice.MaxKeyLen || !strings.HasPrefix(k, "p:rule#") {
+	if len(k) > sluice.MaxKeyLen || len(b) > sluice.MaxKeyLen || !strings.HasPrefix(k, "p:v2:rule#") {
 		t.Errorf("long id: %q, %q", k, b)
 	}
 	secret := NewKeyer("p:", []byte("s"))
 	k, _ = secret.Keys(base, "1.2.3.4", false)
-	if strings.Contains(k, "1.2.3.4") || !strings.HasPrefix(k, "p:rule#") || len(k) != len("p:rule#")+32 {
+	if strings.Contains(k, "1.2.3.4") || !strings.HasPrefix(k, "p:v2:rule#") || len(k) != len("p:v2:rule#")+32 {
 		t.Errorf("hashed key %q", k)
 	}
 }
@@ -333,5 +343,160 @@ func TestPenaltyOutlivesRequest(t *testing.T) {
 	}
 	if d, _ := m.Peek(context.Background(), "k!", r.PenaltyLimit(), 1); d.Allowed {
 		t.Error("no block after the client hung up")
+	}
+}
+
+// No two distinct (rule, key) pairs share a store key, nor does a key a
+// block key, whatever bytes names and keys hold: names are escaped, and the
+// first separator after the tag ends them.
+func TestKeyGrammarIsInjective(t *testing.T) {
+	t.Parallel()
+	alphabet := []string{"a", ":", "#", "!", "%", "%3A", "3A", "v2:", "|", "{", "}"}
+	word := func(r *rand.Rand, minLen int) string {
+		var b strings.Builder
+		for n := minLen + r.IntN(4); n > 0; n-- {
+			b.WriteString(alphabet[r.IntN(len(alphabet))])
+		}
+		return b.String()
+	}
+	r := rand.New(rand.NewPCG(1, 2))
+	for _, secret := range [][]byte{nil, []byte("s")} {
+		k := NewKeyer("p:", secret)
+		type pair struct{ name, id, kind string }
+		seen := map[string]pair{}
+		add := func(key string, p pair) {
+			if prev, dup := seen[key]; dup && prev != p {
+				t.Fatalf("secret %q: %+v and %+v share the store key %q", secret, prev, p, key)
+			}
+			seen[key] = p
+		}
+		for range 20000 {
+			name, id := word(r, 1), word(r, 0)
+			if r.IntN(50) == 0 {
+				name = strings.Repeat(name, 200)[:min(len(name)*200, MaxNameLen)] // hashed whole
+			}
+			if r.IntN(50) == 0 {
+				id = strings.Repeat("x", sluice.MaxKeyLen) // hashed id
+			}
+			key, block := k.Keys(k.Base(name), id, true)
+			if len(key) > sluice.MaxKeyLen || len(block) > sluice.MaxKeyLen {
+				t.Fatalf("%q, %q: key of %d, block of %d bytes", name, id, len(key), len(block))
+			}
+			if !strings.HasPrefix(key, "p:"+KeyVersion) {
+				t.Fatalf("key %q lacks the version tag", key)
+			}
+			add(key, pair{name, id, "key"})
+			add(block, pair{name, id, "block"})
+		}
+	}
+}
+
+// engineOn returns an engine on a fresh memory store with a fake clock.
+func engineOn(t *testing.T, obs sluice.Observer) *Engine {
+	t.Helper()
+	clock := storetest.NewClock(time.Unix(1_700_000_000, 0))
+	m := memory.New(&memory.Options{Clock: clock.Now, SweepInterval: -1})
+	t.Cleanup(func() { m.Close() })
+	return New(m, obs)
+}
+
+type events []sluice.DecisionEvent
+
+func (e *events) ObserveDecision(ev sluice.DecisionEvent) { *e = append(*e, ev) }
+func (*events) ObserveStore(sluice.StoreEvent)            {}
+func (*events) ObserveBreaker(sluice.BreakerEvent)        {}
+
+func (e events) String() string {
+	var b strings.Builder
+	for _, ev := range e {
+		b.WriteString(ev.Policy + "=" + ev.Outcome.String() + " ")
+	}
+	return strings.TrimSpace(b.String())
+}
+
+// A check of cost 0 only looks: never over, never counted, nothing taken.
+func TestCheckOnly(t *testing.T) {
+	t.Parallel()
+	var obs events
+	e := engineOn(t, &obs)
+	r := &Rule{Name: "r", Limit: sluice.PerMinute(2)}
+	ctx := context.Background()
+	take := []Check{{Rule: r, Key: "k", Cost: 2}}
+	if v, err := e.Enforce(ctx, take); err != nil || !v.Allowed {
+		t.Fatalf("take 2: %+v, %v", v, err)
+	}
+	look := []Check{{Rule: r, Key: "k"}}
+	v, err := e.EnforceAll(ctx, look)
+	if err != nil || !v.Allowed || v.Report != -1 {
+		t.Fatalf("look: %+v, %v", v, err)
+	}
+	if d := look[0].Decision; !d.Allowed || d.Remaining != 0 || d.Limit != r.Limit {
+		t.Errorf("look decision %+v, want allowed with 0 remaining", d)
+	}
+	if got, want := obs.String(), "r=allowed"; got != want {
+		t.Errorf("observed %q, want %q (looking is not counted)", got, want)
+	}
+}
+
+// Checks naming one counter take their summed cost once; a sum beyond the
+// capacity is over without taking anything, and so is an Over check.
+func TestCountersAndOver(t *testing.T) {
+	t.Parallel()
+	e := engineOn(t, nil)
+	ctx := context.Background()
+	r := &Rule{Name: "r", Limit: sluice.PerMinute(4)}
+	o := &Rule{Name: "o", Limit: sluice.PerMinute(4)}
+	twice := []Check{{Rule: r, Key: "k", Cost: 1}, {Rule: r, Key: "k", Cost: 1}}
+	for i, want := range []struct {
+		allowed   bool
+		remaining int64
+	}{{true, 2}, {true, 0}, {false, 0}} {
+		v, err := e.EnforceAll(ctx, twice)
+		if err != nil || v.Allowed != want.allowed {
+			t.Fatalf("step %d: %+v, %v", i, v, err)
+		}
+		for j := range twice {
+			if d := twice[j].Decision; d.Allowed != want.allowed || d.Remaining != want.remaining {
+				t.Errorf("step %d check %d: %+v, want allowed %v remaining %d", i, j, d, want.allowed, want.remaining)
+			}
+		}
+	}
+	over := []Check{{Rule: o, Key: "big", Cost: 3}, {Rule: o, Key: "big", Cost: 2}}
+	if v, err := e.EnforceAll(ctx, over); err != nil || v.Allowed || over[0].Decision.Allowed {
+		t.Fatalf("5 units on a capacity of 4: %+v, %v", v, err)
+	}
+	blocked := []Check{{Rule: o, Key: "x", Cost: 1}, {Rule: o, Over: true}}
+	v, err := e.EnforceAll(ctx, blocked)
+	if err != nil || v.Allowed || v.Report != 1 {
+		t.Fatalf("an Over check: %+v, %v", v, err)
+	}
+	if d := blocked[0].Decision; !d.Allowed || d.Remaining != 4 {
+		t.Errorf("the other check is peeked: %+v", d)
+	}
+	for _, key := range []string{"big", "x"} {
+		if d, _ := e.Peek(ctx, &Check{Rule: o, Key: key, Cost: 4}); !d.Allowed {
+			t.Errorf("%s: units were taken by a refused request", key)
+		}
+	}
+}
+
+// A shadow rule takes its units only when the request is admitted.
+func TestShadowTakesOnlyWhenAdmitted(t *testing.T) {
+	t.Parallel()
+	var obs events
+	e := engineOn(t, &obs)
+	ctx := context.Background()
+	en := &Rule{Name: "en", Limit: sluice.PerMinute(1)}
+	sh := &Rule{Name: "sh", Limit: sluice.PerMinute(5), Strategy: Shadow}
+	checks := func() []Check { return []Check{{Rule: en, Key: "e", Cost: 1}, {Rule: sh, Key: "s", Cost: 1}} }
+	for range 3 {
+		e.Enforce(ctx, checks())
+	}
+	if got, want := obs.String(), "en=allowed sh=allowed en=denied en=denied"; got != want {
+		t.Errorf("observed %q, want %q", got, want)
+	}
+	c := checks()
+	if _, err := e.EnforceAll(ctx, c); err != nil || c[1].Decision.Remaining != 4 {
+		t.Errorf("shadow counter %+v, %v: want one unit taken, for the one admitted request", c[1].Decision, err)
 	}
 }

@@ -5,18 +5,27 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"hash"
+	"strings"
 	"sync"
 
 	"github.com/sluicehq/sluice"
 )
 
-// Keyer builds store keys: Prefix + rule name + a separator + the request's
-// key. Rule names cannot contain the separators, so no two rules' keys, nor
-// a key and a block key, can collide:
+// KeyVersion tags every store key, so that a change of the grammar shows
+// in the keys themselves. v2 is the escaped grammar below; before it the
+// middleware and the service each had their own.
+const KeyVersion = "v2:"
+
+// Keyer builds store keys, in one grammar for every front end:
 //
-//	prefix name ':' key     the key as it is
-//	prefix name '#' hash    hashed: always with a secret, else when too long
-//	prefix name '!' ...     a Penalty rule's block key
+//	prefix "v2:" name ':' key        the key as it is
+//	prefix "v2:" name '#' hash       hashed: always with a secret, else when too long
+//	prefix "v2:" name '!' ':' key    a Penalty rule's block key ('!#' hash when hashed)
+//	prefix "v2:" '#' hash            name and key hashed together: the name alone is too long
+//
+// The name is escaped ('%', ':', '#' and '!' become %XX), so the first of
+// ':', '#' and '!' after the tag ends it, and no two distinct (rule, key)
+// pairs, nor a key and a block key, share a store key.
 type Keyer struct {
 	prefix string
 	secret bool
@@ -35,8 +44,25 @@ func NewKeyer(prefix string, secret []byte) *Keyer {
 	return k
 }
 
-// Base returns the key stem of a rule.
-func (k *Keyer) Base(rule string) string { return k.prefix + rule }
+// Base returns the key stem of a rule: prefix, tag and escaped name.
+func (k *Keyer) Base(rule string) string {
+	var b strings.Builder
+	b.Grow(len(k.prefix) + len(KeyVersion) + len(rule))
+	b.WriteString(k.prefix)
+	b.WriteString(KeyVersion)
+	for i := 0; i < len(rule); i++ {
+		switch c := rule[i]; c {
+		case '%', ':', '#', '!':
+			const hexDigits = "0123456789ABCDEF"
+			b.WriteByte('%')
+			b.WriteByte(hexDigits[c>>4])
+			b.WriteByte(hexDigits[c&15])
+		default:
+			b.WriteByte(c)
+		}
+	}
+	return b.String()
+}
 
 // Keys returns the store key of id under the rule with stem base and, if
 // penalty, the rule's block key for id.
@@ -56,9 +82,26 @@ func (k *Keyer) Keys(base, id string, penalty bool) (key, block string) {
 		id = hex.EncodeToString(sum[:16])
 		sep = "#"
 	}
+	if len(base)+2+len(id) > sluice.MaxKeyLen { // the name alone is too long
+		key = k.long(base, sep, id)
+		if penalty {
+			block = k.long(base, "!"+sep, id)
+		}
+		return key, block
+	}
 	key = base + sep + id
 	if penalty {
 		block = base + "!" + sep + id
 	}
 	return key, block
+}
+
+// long hashes what follows the tag: the escaped name, separator and id.
+func (k *Keyer) long(base, sep, id string) string {
+	h := sha256.New()
+	h.Write([]byte(base[len(k.prefix)+len(KeyVersion):]))
+	h.Write([]byte(sep))
+	h.Write([]byte(id))
+	var sum [sha256.Size]byte
+	return k.prefix + KeyVersion + "#" + hex.EncodeToString(h.Sum(sum[:0])[:16])
 }

@@ -1,0 +1,223 @@
+// Package header holds the rate-limit header rules every front end follows
+// (the HTTP middleware, the gRPC interceptor's metadata, the service's JSON
+// API and Envoy responses): which fields, their values, and how a rule's
+// fixed values are precomputed so that a response, allowed or denied,
+// costs two allocations.
+package header
+
+import (
+	"errors"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/sluicehq/sluice"
+)
+
+// Field names.
+const (
+	RetryAfter = "Retry-After"
+	Limit      = "X-RateLimit-Limit"
+	Remaining  = "X-RateLimit-Remaining"
+	Reset      = "X-RateLimit-Reset"
+	RateLimit  = "RateLimit"
+	Policy     = "RateLimit-Policy"
+)
+
+// Canonical forms of the field names, for direct map assignment: h.Set
+// would canonicalize them again on every response.
+var (
+	canonRetryAfter = http.CanonicalHeaderKey(RetryAfter)
+	canonLimit      = http.CanonicalHeaderKey(Limit)
+	canonRemaining  = http.CanonicalHeaderKey(Remaining)
+	canonReset      = http.CanonicalHeaderKey(Reset)
+	canonRateLimit  = http.CanonicalHeaderKey(RateLimit)
+	canonPolicy     = http.CanonicalHeaderKey(Policy)
+)
+
+// Selection selects the rate-limit fields of allowed responses. Denied
+// responses always carry every field and Retry-After.
+type Selection uint8
+
+const (
+	// Standard are RateLimit and RateLimit-Policy, the structured fields of
+	// draft-ietf-httpapi-ratelimit-headers. Together they carry the limit,
+	// the remaining quota and the seconds until reset: all that the
+	// X-RateLimit fields say, in two fields instead of five. The default.
+	Standard Selection = iota
+	// All adds X-RateLimit-Limit, X-RateLimit-Remaining and
+	// X-RateLimit-Reset, for clients that read only those.
+	All
+	// None leaves allowed responses untouched.
+	None
+)
+
+var selectionNames = [...]string{"standard", "all", "none"}
+
+// String returns the selection's name: "standard", "all" or "none".
+func (s Selection) String() string {
+	if int(s) < len(selectionNames) {
+		return selectionNames[s]
+	}
+	return "HeaderSet(" + strconv.Itoa(int(s)) + ")"
+}
+
+// ErrSelection: a selection name that is not one of String's.
+var ErrSelection = errors.New("want standard, all or none")
+
+// Parse parses a selection's name, as String returns it.
+func Parse(name string) (Selection, error) {
+	for i, n := range selectionNames {
+		if n == name {
+			return Selection(i), nil
+		}
+	}
+	return 0, ErrSelection
+}
+
+// Set writes the rate-limit fields for decision d of the policy named
+// policy, limited to the fields s selects when d is allowed (a denial gets
+// every field whatever s). now is the current time; it only anchors
+// X-RateLimit-Reset.
+//
+//	Retry-After: 12                        denied only: seconds, rounded up
+//	X-RateLimit-Limit: 100                 d.Limit.Capacity()
+//	X-RateLimit-Remaining: 0               d.Remaining
+//	X-RateLimit-Reset: 1700000012          Unix seconds when the key is fresh, rounded up
+//	RateLimit-Policy: "api";q=100;w=60     quota Rate per window Period (seconds, rounded up)
+//	RateLimit: "api";r=0;t=12              remaining; seconds until Retry-After when denied,
+//	                                       until the key is fresh when allowed
+//
+// The last two are the structured fields of the IETF draft
+// draft-ietf-httpapi-ratelimit-headers. Retry-After is rounded up so that a
+// client waiting exactly that long is admitted, never told to come back too
+// early. The policy name is written as a structured-field string: quotes and
+// backslashes are escaped and other bytes outside printable ASCII replaced
+// with '?'.
+func (s Selection) Set(h http.Header, policy string, d sluice.Decision, now time.Time) {
+	if d.Allowed && s == None {
+		return
+	}
+	q := Quote(policy)
+	Write(h, s, Fields{quoted: q, policy: policyField(q, d.Limit)}, d, func() time.Time { return now })
+}
+
+// Fields are a rule's field values that do not change per request.
+type Fields struct {
+	quoted   string       // the policy name as a structured-field string
+	policy   string       // RateLimit-Policy
+	limit    sluice.Limit // the rule's limit, for which capacity holds
+	capacity string       // X-RateLimit-Limit under limit; "" to compute
+}
+
+// NewFields precomputes the fixed values of the rule named name.
+func NewFields(name string, l sluice.Limit) Fields {
+	q := Quote(name)
+	return Fields{quoted: q, policy: policyField(q, l), limit: l, capacity: strconv.FormatInt(l.Capacity(), 10)}
+}
+
+// Write is Selection.Set with the rule's fixed values precomputed, writing
+// only the standard fields when set says so (denials get all). now is
+// called only for X-RateLimit-Reset.
+//
+// It allocates twice whatever the decision: one backing array for the
+// values and one string holding every per-request number. Each value is a
+// full slice (cap 1), so an append by a later handler copies rather than
+// overwriting its neighbour.
+func Write(h http.Header, set Selection, f Fields, d sluice.Decision, now func() time.Time) {
+	var t int64
+	if d.Allowed {
+		t = CeilSeconds(d.ResetAfter)
+	} else {
+		t = max(CeilSeconds(d.RetryAfter), 1) // a denial always means "wait"
+	}
+	// One string: `"name";r=REMAINING;t=T` (the RateLimit field), then the
+	// reset time and, if it is not the rule's, the capacity. Remaining and
+	// Retry-After are substrings of the RateLimit field.
+	var b [160]byte
+	buf := append(b[:0], f.quoted...)
+	buf = append(buf, ";r="...)
+	r0 := len(buf)
+	buf = strconv.AppendInt(buf, d.Remaining, 10)
+	r1 := len(buf)
+	buf = append(buf, ";t="...)
+	t0 := len(buf)
+	buf = strconv.AppendInt(buf, t, 10)
+	t1 := len(buf)
+	if d.Allowed && set == Standard {
+		vals := make([]string, 2)
+		vals[0], vals[1] = f.policy, string(buf)
+		h[canonPolicy] = vals[0:1:1]
+		h[canonRateLimit] = vals[1:2:2]
+		return
+	}
+	vals := make([]string, 6)
+	buf = strconv.AppendInt(buf, resetUnix(now(), d.ResetAfter), 10)
+	reset := len(buf)
+	vals[0] = f.capacity
+	if f.capacity == "" || d.Limit != f.limit { // a fallback may report another limit
+		buf = strconv.AppendInt(buf, d.Limit.Capacity(), 10)
+	}
+	s := string(buf)
+	if len(s) > reset {
+		vals[0] = s[reset:]
+	}
+	vals[1] = s[r0:r1]
+	vals[2] = s[t1:reset]
+	vals[3] = f.policy
+	vals[4] = s[:t1]
+	h[canonLimit] = vals[0:1:1]
+	h[canonRemaining] = vals[1:2:2]
+	h[canonReset] = vals[2:3:3]
+	h[canonPolicy] = vals[3:4:4]
+	h[canonRateLimit] = vals[4:5:5]
+	if !d.Allowed {
+		vals[5] = s[t0:t1]
+		h[canonRetryAfter] = vals[5:6:6]
+	}
+}
+
+// policyField is the RateLimit-Policy value: `"name";q=RATE;w=SECONDS`.
+func policyField(quoted string, l sluice.Limit) string {
+	return quoted + ";q=" + strconv.FormatInt(l.Rate, 10) + ";w=" + strconv.FormatInt(max(CeilSeconds(l.Period), 1), 10)
+}
+
+// CeilSeconds rounds d up to whole seconds; negative durations give 0.
+func CeilSeconds(d time.Duration) int64 {
+	if d <= 0 {
+		return 0
+	}
+	return int64((d + time.Second - 1) / time.Second)
+}
+
+// resetUnix is now+after in Unix seconds, rounded up.
+func resetUnix(now time.Time, after time.Duration) int64 {
+	t := now.Add(max(after, 0))
+	s := t.Unix()
+	if t.Nanosecond() > 0 {
+		s++
+	}
+	return s
+}
+
+// Quote formats s as a structured-field string (RFC 8941 §3.3.3).
+func Quote(s string) string {
+	var b strings.Builder
+	b.Grow(len(s) + 2)
+	b.WriteByte('"')
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case c == '"' || c == '\\':
+			b.WriteByte('\\')
+			b.WriteByte(c)
+		case c < 0x20 || c > 0x7e:
+			b.WriteByte('?')
+		default:
+			b.WriteByte(c)
+		}
+	}
+	b.WriteByte('"')
+	return b.String()
+}

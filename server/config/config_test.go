@@ -1,0 +1,379 @@
+package config
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/enforce"
+)
+
+func TestParseSluiceConfig(t *testing.T) {
+	cfg := mustConfig(t, `
+domain: edge
+policies:
+  - name: api
+    limit: 100/min burst 20
+    key: "{api_key}"
+    overrides:
+      - match: premium-*
+        limit: 1000/min
+      - match: [partner-a, partner-b]
+        limit: token_bucket 50/s
+  - name: login
+    algorithm: sliding_window_log
+    limit: 5/15m
+    cost: 1
+    strategy: shadow
+  - name: export
+    limit: 10/h
+    burst: 3
+    cost: 2
+`)
+	if got, want := len(cfg.Policies), 3; got != want {
+		t.Fatalf("%d policies, want %d", got, want)
+	}
+	api, login, export := cfg.Policy("api"), cfg.Policy("login"), cfg.Policy("export")
+	tests := []struct {
+		name      string
+		got, want any
+	}{
+		{"api limit", api.Limit, sluice.Limit{Rate: 100, Period: time.Minute, Burst: 20}},
+		{"api key", api.Key, "{api_key}"},
+		{"api domain", api.Domain, "edge"},
+		{"premium override keeps GCRA", api.LimitFor("premium-42"), sluice.Limit{Rate: 1000, Period: time.Minute}},
+		{"partner override names its algorithm", api.LimitFor("partner-b"), sluice.Limit{Algorithm: sluice.TokenBucket, Rate: 50, Period: time.Second}},
+		{"others get the policy's limit", api.LimitFor("partner-c"), api.Limit},
+		{"login algorithm field", login.Limit, sluice.Limit{Algorithm: sluice.SlidingWindowLog, Rate: 5, Period: 15 * time.Minute}},
+		{"login strategy", login.Strategy, enforce.Shadow},
+		{"login default key", login.Key, "{key}"},
+		{"export burst field", export.Limit, sluice.Limit{Rate: 10, Period: time.Hour, Burst: 3}},
+		{"export cost", export.Cost, int64(2)},
+		{"domains", strings.Join(cfg.Domains(), ","), "edge"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if tt.got != tt.want {
+				t.Errorf("got %v, want %v", tt.got, tt.want)
+			}
+		})
+	}
+}
+
+// TestConfigErrors: every error names file:line:column, and decoding is
+// strict.
+func TestConfigErrors(t *testing.T) {
+	tests := []struct {
+		name string
+		yaml string
+		want string // substring, after "test.yaml:"
+	}{
+		{"unknown top-level field", "policies: []\nlimits: 3\n", `2:1: unknown field "limits"`},
+		{"unknown policy field", "policies:\n  - name: a\n    limit: 1/s\n    burts: 3\n", `4:5: unknown field "burts"`},
+		{"unknown envoy field", "domain: d\ndescriptors:\n  - key: a\n    rate_limit:\n      unit: second\n      request_per_unit: 3\n", `6:7: unknown field "request_per_unit"`},
+		{"bad limit", "policies:\n  - name: a\n    limit: 10/fortnight\n", `3:12: sluice: invalid limit`},
+		{"bad algorithm", "policies:\n  - name: a\n    limit: 1/s\n    algorithm: bogus\n", `4:16: sluice: invalid limit: unknown algorithm "bogus"`},
+		{"algorithm contradicts limit", "policies:\n  - name: a\n    limit: token_bucket 1/s\n    algorithm: gcra\n", `4:16: algorithm gcra contradicts`},
+		{"window with burst", "policies:\n  - name: a\n    limit: fixed_window 5/s\n    burst: 9\n", `4:12: sluice: invalid limit`},
+		{"missing name", "policies:\n  - limit: 1/s\n", `2:5: policy needs a name`},
+		{"missing limit", "policies:\n  - name: a\n", `2:5: policy "a" needs a limit`},
+		{"bad name", "policies:\n  - name: ''\n    limit: 1/s\n", `2:11: policy name ""`},
+		{"duplicate name", "policies:\n  - name: a\n    limit: 1/s\n  - name: a\n    limit: 2/s\n", `4:11: duplicate policy name "a" (first at test.yaml:2)`},
+		{"duplicate field", "policies:\n  - name: a\n    limit: 1/s\n    limit: 2/s\n", `4:5: duplicate field "limit"`},
+		{"bad strategy", "policies:\n  - name: a\n    limit: 1/s\n    strategy: delay\n", `4:15: strategy "delay": want reject or shadow`},
+		{"cost above burst", "policies:\n  - name: a\n    limit: 1/s\n    cost: 2\n", `4:11: sluice: cost exceeds burst`},
+		{"cost not a number", "policies:\n  - name: a\n    limit: 1/s\n    cost: lots\n", `4:11: want an integer`},
+		{"bad key template", "policies:\n  - name: a\n    limit: 1/s\n    key: '{user'\n", `4:10: key "{user": unclosed '{'`},
+		{"template without variables", "policies:\n  - name: a\n    limit: 1/s\n    key: fixed\n", `4:10: key "fixed": needs at least one {variable}`},
+		{"same descriptor keys", "policies:\n  - name: a\n    limit: 1/s\n    key: '{u}:{r}'\n  - name: b\n    limit: 1/s\n    key: '{r}/{u}'\n", `7:10: key "{r}/{u}" takes the same descriptor entries as policy "a"`},
+		{"override without match", "policies:\n  - name: a\n    limit: 1/s\n    overrides:\n      - limit: 2/s\n", `5:9: override needs match and limit`},
+		{"envoy without domain", "descriptors:\n  - key: a\n", `1:1: envoy ratelimit config needs a domain`},
+		{"envoy empty key", "domain: d\ndescriptors:\n  - value: a\n", `3:5: descriptor has empty key`},
+		{"envoy bad unit", "domain: d\ndescriptors:\n  - key: a\n    rate_limit:\n      unit: fortnight\n      requests_per_unit: 3\n", `5:13: invalid rate limit unit 'fortnight'`},
+		{"envoy unlimited with unit", "domain: d\ndescriptors:\n  - key: a\n    rate_limit:\n      unlimited: true\n      unit: second\n", `6:13: should not specify rate limit unit when unlimited`},
+		{"envoy duplicate descriptor", "domain: d\ndescriptors:\n  - key: a\n    value: b\n  - key: a\n    value: b\n", `5:5: duplicate descriptor composite key 'd.a_b'`},
+		{"envoy share_threshold needs a wildcard", "domain: d\ndescriptors:\n  - key: a\n    value: b\n    share_threshold: true\n", `5:22: share_threshold can only be used with wildcard values`},
+		{"envoy replaces itself", "domain: d\ndescriptors:\n  - key: a\n    rate_limit:\n      name: x\n      replaces: [{name: x}]\n      unit: second\n      requests_per_unit: 1\n", `6:25: replaces should not contain name of same descriptor`},
+		{"envoy bad algorithm", "domain: d\ndescriptors:\n  - key: a\n    rate_limit:\n      unit: second\n      requests_per_unit: 1\n      algorithm: magic\n", `7:18: sluice: invalid limit: unknown algorithm "magic"`},
+		{"envoy limit beyond sluice's bounds", "domain: d\ndescriptors:\n  - key: a\n    rate_limit:\n      unit: second\n      requests_per_unit: 4000000000\n", `6:26: sluice: invalid limit: rate 4000000000 exceeds`},
+		{"duplicate domain", "domain: d\n---\ndomain: d\n", `3:9: duplicate domain "d" (first at test.yaml:1)`},
+		{"duplicate default domain", "policies: [{name: a, limit: 1/s}]\n---\npolicies: [{name: b, limit: 1/s}]\n", `3:1: duplicate domain "sluice" (first at test.yaml:1)`},
+		{"yaml syntax", "policies:\n  - name: a\n    limit: \"unclosed\n", `3:1: found unexpected end of stream`},
+		{"yaml tab", "policies:\n  - name: a\n\tlimit: 1/s\n", `3:1: found a tab character`},
+		{"not a mapping", "- a\n- b\n", `1:1: want a mapping`},
+		{"empty", "# nothing\n", ` empty configuration`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := Parse("test.yaml", []byte(tt.yaml))
+			if err == nil {
+				t.Fatal("no error")
+			}
+			if !errors.Is(err, ErrConfig) {
+				t.Errorf("error %v does not wrap ErrConfig", err)
+			}
+			if !strings.Contains(err.Error(), "test.yaml:"+tt.want) {
+				t.Errorf("error:\n  %v\nwant it to contain:\n  test.yaml:%s", err, tt.want)
+			}
+		})
+	}
+}
+
+func TestConfigCollectsSeveralErrors(t *testing.T) {
+	_, err := Parse("x.yaml", []byte("policies:\n  - name: a\n    limit: nope\n  - name: b\n    limit: 1/s\n    colour: red\n"))
+	var joined interface{ Unwrap() []error }
+	if !errors.As(err, &joined) || len(joined.Unwrap()) != 2 {
+		t.Fatalf("err = %v, want two errors", err)
+	}
+	var ce *Error
+	if !errors.As(joined.Unwrap()[1], &ce) || ce.File != "x.yaml" || ce.Line != 6 {
+		t.Errorf("second error = %#v, want x.yaml line 6", ce)
+	}
+}
+
+func TestLoadConfigDirectory(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, text string) {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("a.yaml", "domain: one\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1}\n")
+	write("b.yml", "policies:\n  - name: p\n    limit: 1/s\n")
+	write("notes.txt", "not yaml: [")
+	cfg, err := Load(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := strings.Join(cfg.Domains(), ","), "one,sluice"; got != want {
+		t.Errorf("domains %q, want %q", got, want)
+	}
+	if got, want := len(cfg.Files), 2; got != want {
+		t.Errorf("%d files, want %d", got, want)
+	}
+	write("c.yaml", "domain: one\n")
+	if _, err := Load(dir); err == nil || !strings.Contains(err.Error(), filepath.Join(dir, "c.yaml")+":1:9: duplicate domain") {
+		t.Errorf("err = %v, want a duplicate domain in c.yaml", err)
+	}
+	if _, err := Load(filepath.Join(dir, "missing.yaml")); !errors.Is(err, ErrConfig) {
+		t.Errorf("missing file: err = %v, want ErrConfig", err)
+	}
+}
+
+func TestDescribe(t *testing.T) {
+	cfg, err := Load("../testdata/envoy-example.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b strings.Builder
+	cfg.Describe(&b)
+	for _, want := range []string{
+		"domain rl\n",
+		"  foo: fixed_window 2/min\n",
+		"    bar=banned: blocked (0 per 1m0s), name banned_limit\n",
+		"    baz=shady: fixed_window 3/min, shadow_mode\n",
+		"    bay: unlimited\n",
+		"  category=account: fixed_window 4/min, replaces bkthomps, fake_name\n",
+	} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("Describe lacks %q:\n%s", want, b.String())
+		}
+	}
+}
+
+func mustConfig(t testing.TB, yaml string) *Config {
+	t.Helper()
+	cfg, err := Parse("test.yaml", []byte(strings.TrimLeft(yaml, "\n")))
+	if err != nil {
+		t.Fatalf("config: %v", err)
+	}
+	return cfg
+}
+
+// envoyproxy/ratelimit's own test and example configurations load where
+// upstream's tests load them, and fail where upstream's fail, with errors
+// that name file:line:column. Every policy name they make passes the one
+// name rule.
+func TestUpstreamConfigs(t *testing.T) {
+	t.Parallel()
+	dir := filepath.Join("testdata", "envoyproxy-ratelimit")
+	tests := []struct {
+		file, err string // err: "" loads, else a substring after "file:"
+	}{
+		{"test-config/basic_config.yaml", ""},
+		{"test-config/duplicate_domain.yaml", ""}, // a duplicate only beside basic_config.yaml
+		{"test-config/merge_domain_key1.yaml", ""},
+		{"test-config/merge_domain_key2.yaml", ""},
+		{"test-config/metadata.yaml", ""},
+		{"test-config/shadowmode_config.yaml", ""},
+		{"test-config/share_threshold.yaml", ""},
+		{"test-config/wildcard.yaml", ""},
+		{"examples/config.yaml", ""},
+		{"examples/example.yaml", ""},
+		{"test-config/bad_limit_unit.yaml", "6:13: invalid rate limit unit 'foo'"},
+		{"test-config/bad_yaml.yaml", "2:1: found unexpected end of stream"},
+		{"test-config/duplicate_key.yaml", "6:5: duplicate descriptor composite key 'test-domain.key1_value1'"},
+		{"test-config/empty_domain.yaml", "1:1: envoy ratelimit config needs a domain"},
+		{"test-config/empty_key.yaml", "3:5: descriptor has empty key"},
+		{"test-config/misspelled_key.yaml", `5:5: unknown field "ratelimit"`},
+		{"test-config/misspelled_key2.yaml", `7:7: unknown field "requestsperunit"`},
+		{"test-config/non_map_list.yaml", `3:5: want a mapping, got "a"`},
+		{"test-config/non_string_key.yaml", `1:1: unknown field "0.25"`},
+		{"test-config/replaces_empty.yaml", "10:15: should not have an empty replaces entry"},
+		{"test-config/replaces_self.yaml", "10:21: replaces should not contain name of same descriptor"},
+		{"test-config/unlimited_with_unit.yaml", "6:13: should not specify rate limit unit when unlimited"},
+		{"unit-multiplier/unit_multiplier.yaml", ""},
+		{"unit-multiplier/zero_unit_multiplier.yaml", "8:24: invalid unit multiplier of 0"},
+	}
+	files, err := filepath.Glob(filepath.Join(dir, "*", "*.yaml"))
+	if err != nil || len(files) != len(tests) {
+		t.Fatalf("%d files in %s (%v), %d in the table: every upstream file has a row", len(files), dir, err, len(tests))
+	}
+	for _, tt := range tests {
+		t.Run(tt.file, func(t *testing.T) {
+			path := filepath.Join(dir, tt.file)
+			cfg, err := Load(path)
+			if tt.err == "" {
+				if err != nil {
+					t.Fatal(err)
+				}
+				for _, p := range cfg.Policies {
+					if err := enforce.ValidateName(p.Name); err != nil {
+						t.Errorf("policy name: %v", err)
+					}
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), path+":"+tt.err) {
+				t.Errorf("err = %v, want %s:%s", err, path, tt.err)
+			}
+		})
+	}
+	if _, err := Load(filepath.Join(dir, "test-config")); err == nil {
+		t.Error("the whole directory loaded, with its broken files")
+	}
+}
+
+// Anchors, aliases and merge keys load, as upstream's YAML library reads
+// them; errors inside merged or aliased values still name their position.
+func TestYAMLAnchorsAndMerges(t *testing.T) {
+	t.Parallel()
+	cfg := mustConfig(t, `
+domain: d
+descriptors:
+  - key: a
+    rate_limit: &per_sec {unit: second, requests_per_unit: 5}
+  - key: b
+    rate_limit: *per_sec
+  - key: c
+    rate_limit:
+      <<: *per_sec
+      requests_per_unit: 7
+  - key: e
+    rate_limit:
+      <<: [{unit: minute}, *per_sec]
+      name: x
+`)
+	var b strings.Builder
+	cfg.Describe(&b)
+	for _, want := range []string{"  a: fixed_window 5/s\n", "  b: fixed_window 5/s\n", "  c: fixed_window 7/s\n", "  e: fixed_window 5/min, name x\n"} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("Describe lacks %q:\n%s", want, b.String())
+		}
+	}
+	_, err := Parse("test.yaml", []byte("domain: d\ndefaults: &d {unit: second, request_per_unit: 5}\n"))
+	if err == nil || !strings.Contains(err.Error(), `test.yaml:2:1: unknown field "defaults"`) {
+		t.Errorf("err = %v", err)
+	}
+	_, err = Parse("test.yaml", []byte("domain: d\ndescriptors:\n  - key: a\n    rate_limit: &x {unit: second, request_per_unit: 5}\n  - key: b\n    rate_limit:\n      <<: *x\n"))
+	if err == nil || !strings.Contains(err.Error(), `test.yaml:4:35: unknown field "request_per_unit"`) {
+		t.Errorf("err = %v", err)
+	}
+}
+
+const wildcardConfig = `
+domain: d
+descriptors:
+  - key: path
+    value: /api*v1
+    share_threshold: true
+    rate_limit: {unit: minute, requests_per_unit: 1}
+  - key: path
+    value: svc*ep*rpc
+    rate_limit: {unit: minute, requests_per_unit: 2}
+  - key: path
+    value: /static/*
+    rate_limit: {unit: minute, requests_per_unit: 3}
+`
+
+// A '*' anywhere in a descriptor value matches any run of characters, as
+// in envoyproxy/ratelimit; share_threshold shares one counter per pattern.
+func TestWildcardValues(t *testing.T) {
+	t.Parallel()
+	cfg := mustConfig(t, wildcardConfig)
+	dom := cfg.Domain("d")
+	for _, tt := range []struct{ value, policy, key string }{
+		{"/api/users/v1", "d.path_/api*v1", "path=/api*v1"},
+		{"/apiv1", "d.path_/api*v1", "path=/api*v1"},
+		{"svc-a.ep-b.rpc", "d.path_svc*ep*rpc", "path=svc-a.ep-b.rpc"},
+		{"svcrpc", "", ""},
+		{"/static/a.css", "d.path_/static/*", "path=/static/a.css"},
+		{"/api/v2", "", ""},
+	} {
+		m, ok := dom.Match([]Entry{{"path", tt.value}})
+		if got := ""; ok {
+			got = m.RateLimit.Policy.Name
+			if got != tt.policy || m.Key != tt.key {
+				t.Errorf("%s: %s key %q, want %s key %q", tt.value, got, m.Key, tt.policy, tt.key)
+			}
+		} else if tt.policy != "" {
+			t.Errorf("%s: no match, want %s", tt.value, tt.policy)
+		}
+	}
+}
+
+// A YAML error names the line that broke the file, not the line where the
+// construct it broke began.
+func TestYAMLErrorLine(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct{ yaml, want string }{
+		{"domain: d\ndescriptors:\n  - key: a\n    rate_limit:\n      unit: second\n     requests_per_unit: 3\n", "test.yaml:6:6: "},
+		{"policies:\n  - name: a\n    limit: 1/s\n  - name: b\n   limit: 2/s\n", "test.yaml:5:4: "},
+	} {
+		if _, err := Parse("test.yaml", []byte(tt.yaml)); err == nil || !strings.HasPrefix(err.Error(), tt.want) {
+			t.Errorf("err = %v, want %s...", err, tt.want)
+		}
+	}
+}
+
+// unit_multiplier makes the window unit×N, as in envoyproxy/ratelimit.
+func TestUnitMultiplier(t *testing.T) {
+	t.Parallel()
+	cfg, err := Load(filepath.Join("testdata", "envoyproxy-ratelimit", "unit-multiplier", "unit_multiplier.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range []struct {
+		policy string
+		limit  sluice.Limit
+	}{
+		{"test-domain.key1", sluice.Limit{Algorithm: sluice.FixedWindow, Rate: 20, Period: 5 * time.Minute}},
+		{"test-domain.key2", sluice.Limit{Algorithm: sluice.FixedWindow, Rate: 25, Period: time.Minute}},
+	} {
+		if p := cfg.Policy(tt.policy); p == nil || p.Limit != tt.limit {
+			t.Errorf("%s: %+v, want %v", tt.policy, p, tt.limit)
+		}
+	}
+	m, ok := cfg.Domain("test-domain").Match([]Entry{{"key1", "x"}})
+	if !ok || m.RateLimit.Unit != time.Minute || m.RateLimit.Period != 5*time.Minute {
+		t.Errorf("match %+v: want unit 1m, window 5m", m.RateLimit)
+	}
+	_, err = Parse("test.yaml", []byte("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: year, requests_per_unit: 1, unit_multiplier: 2}\n"))
+	if err == nil || !strings.Contains(err.Error(), "test.yaml:4:") {
+		t.Errorf("two years: %v", err)
+	}
+}

@@ -1,0 +1,181 @@
+package config
+
+import (
+	"strings"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/enforce"
+)
+
+// Envoy units, as envoyproxy/ratelimit converts them to seconds.
+var envoyUnits = map[string]time.Duration{
+	"second": time.Second,
+	"minute": time.Minute,
+	"hour":   time.Hour,
+	"day":    24 * time.Hour,
+	"week":   7 * 24 * time.Hour,
+	"month":  30 * 24 * time.Hour,
+	"year":   365 * 24 * time.Hour,
+}
+
+// descriptors loads envoyproxy/ratelimit's format into the tree under parent.
+func (l *loader) descriptors(d *Domain, parent *descNode, path string, list *yaml.Node) {
+	for _, n := range l.seq(list) {
+		var key, value, rateLimit, children, shadow, quota, detailed, valueToMetric, share, metadata *yaml.Node
+		if !l.fields(n, map[string]**yaml.Node{
+			"key": &key, "value": &value, "rate_limit": &rateLimit, "descriptors": &children,
+			"shadow_mode": &shadow, "quota_mode": &quota, "detailed_metric": &detailed,
+			"value_to_metric": &valueToMetric, "share_threshold": &share, "metadata": &metadata,
+		}) {
+			continue
+		}
+		if key == nil || key.Value == "" {
+			l.errorf(n, "descriptor has empty key")
+			continue
+		}
+		dn := &descNode{children: map[entryKey]*descNode{}, pos: l.at(n)}
+		ek := entryKey{key: l.str(key)}
+		if value != nil {
+			ek.value = l.str(value)
+		}
+		finalKey := ek.key
+		if ek.value != "" {
+			finalKey += "_" + ek.value
+		}
+		name := path + "." + finalKey
+		if detailed != nil {
+			l.boolean(detailed) // metrics detail: accepted, the Prometheus labels are per policy
+		}
+		if valueToMetric != nil {
+			l.boolean(valueToMetric)
+		}
+		if metadata != nil && metadata.Kind != yaml.MappingNode {
+			// Envoy's dynamic metadata for the descriptor: accepted, not sent
+			l.errorf(metadata, "metadata wants a mapping, got %s", kindName(metadata))
+		}
+		wildcard := strings.Contains(ek.value, "*")
+		if share != nil && l.boolean(share) {
+			if !wildcard {
+				l.errorf(share, "share_threshold can only be used with wildcard values (containing '*'), but found key '%s'", finalKey)
+			}
+			dn.shareThreshold = true
+		}
+		shadowMode := shadow != nil && l.boolean(shadow)
+		quotaMode := quota != nil && l.boolean(quota)
+		if rateLimit != nil {
+			l.rateLimit(d, dn, name, rateLimit, shadowMode, quotaMode)
+		}
+		if _, dup := parent.children[ek]; dup {
+			l.errorf(n, "duplicate descriptor composite key '%s'", name)
+			continue
+		}
+		parent.children[ek] = dn
+		if wildcard {
+			parent.wildcards = append(parent.wildcards, newWildcard(ek))
+		}
+		if children != nil {
+			l.descriptors(d, dn, name, children)
+		}
+	}
+}
+
+func (l *loader) rateLimit(d *Domain, dn *descNode, name string, n *yaml.Node, shadow, quota bool) {
+	var unit, rpu, unlimited, rname, replaces, alg, mult *yaml.Node
+	if !l.fields(n, map[string]**yaml.Node{
+		"unit": &unit, "requests_per_unit": &rpu, "unlimited": &unlimited,
+		"name": &rname, "replaces": &replaces, "algorithm": &alg, "unit_multiplier": &mult,
+	}) {
+		return
+	}
+	r := &RateLimit{Shadow: shadow || quota, Path: name}
+	if rname != nil {
+		r.Name = l.str(rname)
+	}
+	for _, rep := range l.seq(orNode(replaces, &yaml.Node{Kind: yaml.SequenceNode})) {
+		var rn *yaml.Node
+		if !l.fields(rep, map[string]**yaml.Node{"name": &rn}) {
+			continue
+		}
+		if rn == nil || rn.Value == "" {
+			l.errorf(rep, "should not have an empty replaces entry")
+			continue
+		}
+		if rn.Value == r.Name {
+			l.errorf(rn, "replaces should not contain name of same descriptor")
+			continue
+		}
+		r.Replaces = append(r.Replaces, rn.Value)
+	}
+	var period time.Duration
+	if unit != nil {
+		period = envoyUnits[strings.ToLower(l.str(unit))]
+	}
+	if unlimited != nil && l.boolean(unlimited) {
+		if period != 0 {
+			l.errorf(unit, "should not specify rate limit unit when unlimited")
+		}
+		r.Unlimited = true
+		dn.rule = r
+		return
+	}
+	if period == 0 {
+		v := ""
+		if unit != nil {
+			v = unit.Value
+		}
+		l.errorf(orNode(unit, n), "invalid rate limit unit '%s'", v)
+		return
+	}
+	r.Unit = period
+	if mult != nil {
+		// As envoyproxy/ratelimit's unit_multiplier: the window is unit×N,
+		// aligned, like every fixed window, on multiples of it since the
+		// Unix epoch.
+		m := l.integer(mult, 0, 1<<32-1)
+		if m == 0 {
+			l.errorf(mult, "invalid unit multiplier of 0")
+			return
+		}
+		if m > int64(sluice.MaxPeriod/period) {
+			l.errorf(mult, "unit_multiplier %d makes a window longer than %v", m, sluice.MaxPeriod)
+			return
+		}
+		period *= time.Duration(m)
+	}
+	var perUnit int64
+	if rpu != nil {
+		perUnit = l.integer(rpu, 0, 1<<32-1)
+	}
+	if perUnit == 0 { // envoyproxy/ratelimit's "block everything" (Example 3)
+		r.Blocked = true
+		r.Period = period
+		dn.rule = r
+		return
+	}
+	lim := sluice.Limit{Algorithm: sluice.FixedWindow, Rate: perUnit, Period: period}
+	if alg != nil {
+		a, err := sluice.ParseAlgorithm(l.str(alg))
+		if err != nil {
+			l.errorf(alg, "%v", err)
+			return
+		}
+		lim.Algorithm = a
+	}
+	if err := lim.Validate(); err != nil {
+		l.errorf(orNode(rpu, n), "%v", err)
+		return
+	}
+	r.Period = period
+	p := &Policy{Name: name, Limit: lim, Cost: 1, Domain: d.name, envoy: true, pos: l.at(n)}
+	if shadow || quota { // neither ever refuses a request
+		p.Strategy = enforce.Shadow
+	}
+	if !l.addPolicy(p, n) {
+		return
+	}
+	r.Policy = p
+	dn.rule = r
+}

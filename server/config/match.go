@@ -1,0 +1,358 @@
+package config
+
+import (
+	"fmt"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Domain is one Envoy rate-limit domain: envoyproxy/ratelimit's descriptor
+// tree, plus sluice-format policies whose key templates descriptors fill.
+type Domain struct {
+	name     string
+	root     *descNode
+	policies []*Policy          // sluice-format policies in this domain
+	bySig    map[string]*Policy // explicit key templates by sorted variable list
+}
+
+// entryKey is a descriptor entry as configured: key and optional value. A
+// value ending in "*" is a prefix wildcard. Keeping key and value apart
+// (envoyproxy/ratelimit joins them with "_") means key "a" value "b_c" and
+// key "a_b" value "c" can never be confused.
+type entryKey struct{ key, value string }
+
+type descNode struct {
+	children       map[entryKey]*descNode
+	wildcards      []wildcard // children with wildcard values, in file order
+	rule           *RateLimit
+	shareThreshold bool
+	pos            pos
+}
+
+// RateLimit is an Envoy rate_limit block.
+type RateLimit struct {
+	// Policy is the block's limit; nil when Unlimited or Blocked.
+	Policy    *Policy
+	Unlimited bool
+	// Blocked: requests_per_unit 0, every hit is over the limit.
+	Blocked bool
+	// Period is the window: the unit times unit_multiplier.
+	Period time.Duration
+	// Unit is the unit as written, which Envoy's responses name.
+	Unit time.Duration
+	// Shadow: shadow_mode or quota_mode, never over the limit.
+	Shadow   bool
+	Name     string
+	Replaces []string
+	// Path is the descriptor path the block sits at, as envoyproxy/ratelimit
+	// names its stats ("domain.key_value.key").
+	Path string
+}
+
+// wildcard is a child whose value holds '*': each matches any run of
+// characters, as in envoyproxy/ratelimit ("/api/*", "/api*v1").
+type wildcard struct {
+	entryKey
+	parts []string // the value split at each '*'
+}
+
+func newWildcard(ek entryKey) wildcard {
+	return wildcard{ek, strings.Split(ek.value, "*")}
+}
+
+// match reports whether value matches the pattern: the literal parts in
+// order, the first at the start and the last at the end.
+func (w wildcard) match(value string) bool {
+	first, last := w.parts[0], w.parts[len(w.parts)-1]
+	if !strings.HasPrefix(value, first) {
+		return false
+	}
+	value = value[len(first):]
+	for _, p := range w.parts[1 : len(w.parts)-1] {
+		i := strings.Index(value, p)
+		if i < 0 {
+			return false
+		}
+		value = value[i+len(p):]
+	}
+	return strings.HasSuffix(value, last)
+}
+
+// Entry is one key/value pair of a descriptor.
+type Entry struct{ Key, Value string }
+
+// Match is what one request descriptor resolved to: an Envoy rate_limit
+// block, or a sluice-format policy.
+type Match struct {
+	// RateLimit is set for Envoy-format matches.
+	RateLimit *RateLimit
+	// Policy is set for sluice-format matches.
+	Policy *Policy
+	// Key is the state key within the policy: the descriptor's entries
+	// (share_threshold values replaced by their pattern), or the policy's
+	// rendered key template.
+	Key string
+}
+
+// Match finds what answers a descriptor: an Envoy rate_limit block first,
+// else a sluice-format policy.
+func (d *Domain) Match(entries []Entry) (Match, bool) {
+	if m, ok := d.lookup(entries); ok {
+		return m, true
+	}
+	return d.lookupPolicy(entries)
+}
+
+// lookup finds the rule for a descriptor exactly as envoyproxy/ratelimit's
+// GetLimit does: level by level, key+value first, then wildcard values in
+// file order, then the key alone. Only a rule at the descriptor's last
+// entry applies; a request with more entries than the tree is deep, or
+// one that stops above a rule, matches nothing.
+func (d *Domain) lookup(entries []Entry) (Match, bool) {
+	node := d.root
+	var shared []string // share_threshold pattern per entry, if any
+	for i, e := range entries {
+		next := node.children[entryKey{e.Key, e.Value}]
+		if next == nil {
+			for _, w := range node.wildcards {
+				if w.key == e.Key && w.match(e.Value) {
+					next = node.children[w.entryKey]
+					if next.shareThreshold {
+						if shared == nil {
+							shared = make([]string, len(entries))
+						}
+						shared[i] = w.value
+					}
+					break
+				}
+			}
+		}
+		if next == nil {
+			next = node.children[entryKey{key: e.Key}]
+		}
+		if next == nil {
+			return Match{}, false
+		}
+		if i == len(entries)-1 {
+			if next.rule == nil {
+				return Match{}, false
+			}
+			return Match{RateLimit: next.rule, Key: entriesKey(entries, shared)}, true
+		}
+		if len(next.children) == 0 {
+			return Match{}, false
+		}
+		node = next
+	}
+	return Match{}, false
+}
+
+// lookupPolicy finds a sluice-format policy for a descriptor: either one
+// whose key template's variables are exactly the entries' keys, or one
+// named by a leading ("policy", NAME) entry whose other entries fill its
+// template.
+func (d *Domain) lookupPolicy(entries []Entry) (Match, bool) {
+	if len(entries) > 0 && entries[0].Key == "policy" {
+		for _, p := range d.policies {
+			if p.Name == entries[0].Value {
+				if key, ok := p.tmpl.render(entries[1:]); ok {
+					return Match{Policy: p, Key: key}, true
+				}
+				return Match{}, false
+			}
+		}
+		return Match{}, false
+	}
+	if len(d.bySig) == 0 {
+		return Match{}, false
+	}
+	keys := make([]string, len(entries))
+	for i, e := range entries {
+		keys[i] = e.Key
+	}
+	sort.Strings(keys)
+	p := d.bySig[strings.Join(keys, "\x00")]
+	if p == nil {
+		return Match{}, false
+	}
+	key, ok := p.tmpl.render(entries)
+	if !ok {
+		return Match{}, false
+	}
+	return Match{Policy: p, Key: key}, true
+}
+
+// EntriesKey renders descriptor entries as a state key:
+// "key=value,key=value", with '%', ',', '=' and '|' escaped so that no two
+// descriptors share a key.
+func EntriesKey(entries []Entry) string { return entriesKey(entries, nil) }
+
+// Reaches reports whether a descriptor reaches key under p, so that a
+// counter made through the JSON API is one Envoy's requests share: any key
+// for a sluice-format policy, and for an Envoy-format one only a key
+// written as its descriptor's entries (as EntriesKey writes them) that the
+// domain's tree matches to p.
+func (c *Config) Reaches(p *Policy, key string) bool {
+	if !p.envoy {
+		return true
+	}
+	d := c.domains[p.Domain]
+	if d == nil {
+		return false
+	}
+	var entries []Entry
+	for _, part := range strings.Split(key, ",") {
+		k, v, ok := strings.Cut(part, "=")
+		k, okk := unescape(k)
+		v, okv := unescape(v)
+		if !ok || !okk || !okv {
+			return false
+		}
+		entries = append(entries, Entry{k, v})
+	}
+	m, ok := d.lookup(entries)
+	return ok && m.RateLimit.Policy == p && m.Key == key
+}
+
+// unescape undoes escapeTo.
+func unescape(s string) (string, bool) {
+	if !strings.Contains(s, "%") {
+		return s, true
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] != '%' {
+			b.WriteByte(s[i])
+			continue
+		}
+		if i+2 >= len(s) {
+			return "", false
+		}
+		n, err := strconv.ParseUint(s[i+1:i+3], 16, 8)
+		if err != nil {
+			return "", false
+		}
+		b.WriteByte(byte(n))
+		i += 2
+	}
+	return b.String(), true
+}
+
+func entriesKey(entries []Entry, shared []string) string {
+	var b strings.Builder
+	for i, e := range entries {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		escapeTo(&b, e.Key)
+		b.WriteByte('=')
+		v := e.Value
+		if shared != nil && shared[i] != "" {
+			v = shared[i]
+		}
+		escapeTo(&b, v)
+	}
+	return b.String()
+}
+
+func escapeTo(b *strings.Builder, s string) {
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; c {
+		case '%', ',', '=', '|':
+			fmt.Fprintf(b, "%%%02X", c)
+		default:
+			b.WriteByte(c)
+		}
+	}
+}
+
+// template is a key template: literal text and {variables}.
+type template struct {
+	parts []string // literal, variable, literal, variable, ..., literal
+	vars  []string
+}
+
+func parseTemplate(s string) (*template, error) {
+	t := &template{}
+	rest := s
+	for {
+		open := strings.IndexByte(rest, '{')
+		if open < 0 {
+			if strings.IndexByte(rest, '}') >= 0 {
+				return nil, fmt.Errorf("unmatched '}'")
+			}
+			t.parts = append(t.parts, rest)
+			break
+		}
+		end := strings.IndexByte(rest[open:], '}')
+		if end < 0 {
+			return nil, fmt.Errorf("unclosed '{'")
+		}
+		name := rest[open+1 : open+end]
+		if !validVar(name) {
+			return nil, fmt.Errorf("variable {%s}: use letters, digits, '.', '_' and '-'", name)
+		}
+		for _, v := range t.vars {
+			if v == name {
+				return nil, fmt.Errorf("variable {%s} appears twice", name)
+			}
+		}
+		if strings.IndexByte(rest[:open], '}') >= 0 {
+			return nil, fmt.Errorf("unmatched '}'")
+		}
+		t.parts = append(t.parts, rest[:open])
+		t.vars = append(t.vars, name)
+		rest = rest[open+end+1:]
+	}
+	if len(t.vars) == 0 {
+		return nil, fmt.Errorf("needs at least one {variable}")
+	}
+	return t, nil
+}
+
+// validVar reports whether s can name a template variable (a descriptor
+// entry key).
+func validVar(s string) bool {
+	if s == "" || len(s) > 128 {
+		return false
+	}
+	for _, c := range s {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == '-') {
+			return false
+		}
+	}
+	return true
+}
+
+func (t *template) signature() string {
+	v := append([]string(nil), t.vars...)
+	sort.Strings(v)
+	return strings.Join(v, "\x00")
+}
+
+// render fills the template from entries, which must supply every variable
+// exactly once and nothing else.
+func (t *template) render(entries []Entry) (string, bool) {
+	if len(entries) != len(t.vars) {
+		return "", false
+	}
+	var b strings.Builder
+	for i, v := range t.vars {
+		b.WriteString(t.parts[i])
+		found := false
+		for _, e := range entries {
+			if e.Key == v {
+				b.WriteString(e.Value)
+				found = true
+				break
+			}
+		}
+		if !found {
+			return "", false
+		}
+	}
+	b.WriteString(t.parts[len(t.parts)-1])
+	return b.String(), true
+}

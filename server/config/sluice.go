@@ -1,0 +1,196 @@
+package config
+
+import (
+	"strings"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/enforce"
+)
+
+// policies loads sluice's own format: a list of named policies.
+func (l *loader) policies(d *Domain, list *yaml.Node) {
+	for _, n := range l.seq(list) {
+		var name, alg, limit, burst, key, cost, strategy, penalty, overrides, expose *yaml.Node
+		if !l.fields(n, map[string]**yaml.Node{
+			"name": &name, "algorithm": &alg, "limit": &limit, "burst": &burst, "key": &key,
+			"cost": &cost, "strategy": &strategy, "penalty": &penalty, "overrides": &overrides,
+			"expose_keys": &expose,
+		}) {
+			continue
+		}
+		p := &Policy{Cost: 1, Domain: d.name, Key: "{key}", pos: l.at(n)}
+		p.ExposeKeys = expose != nil && l.boolean(expose)
+		if name == nil {
+			l.errorf(n, "policy needs a name")
+			continue
+		}
+		if p.Name = l.str(name); enforce.ValidateName(p.Name) != nil {
+			l.errorf(name, "policy name %q: %s", p.Name, enforce.NameRule)
+			continue
+		}
+		if limit == nil {
+			l.errorf(n, "policy %q needs a limit such as \"100/min\"", p.Name)
+			continue
+		}
+		lim, ok := l.limit(limit, alg, burst, sluice.GCRA)
+		if !ok {
+			continue
+		}
+		p.Limit = lim
+		if cost != nil {
+			p.Cost = l.integer(cost, 1, sluice.MaxRate)
+			if err := p.Limit.ValidateCost(p.Cost); err != nil {
+				l.errorf(cost, "%v", err)
+			}
+		}
+		if !l.strategy(p, strategy, penalty, n) {
+			continue
+		}
+		if key != nil {
+			p.Key = l.str(key)
+			p.explicit = true
+		}
+		t, err := parseTemplate(p.Key)
+		if err != nil {
+			l.errorf(orNode(key, n), "key %q: %v", p.Key, err)
+			continue
+		}
+		p.tmpl = t
+		if overrides != nil {
+			p.Overrides = l.overrides(p, overrides)
+		}
+		if !l.addPolicy(p, name) {
+			continue
+		}
+		d.policies = append(d.policies, p)
+		if p.explicit {
+			sig := t.signature()
+			if prev, dup := d.bySig[sig]; dup {
+				l.errorf(key, "key %q takes the same descriptor entries as policy %q (%s): a descriptor could not tell them apart", p.Key, prev.Name, prev.pos)
+				continue
+			}
+			if d.bySig == nil {
+				d.bySig = map[string]*Policy{}
+			}
+			d.bySig[sig] = p
+		}
+	}
+}
+
+// strategy reads a policy's strategy and penalty fields. A service answers
+// at once, so Delay, which holds requests, is not offered.
+func (l *loader) strategy(p *Policy, strategy, penalty, n *yaml.Node) bool {
+	if strategy != nil {
+		s, err := enforce.ParseStrategy(l.str(strategy))
+		if err != nil || s == enforce.Delay {
+			l.errorf(strategy, "strategy %q: want reject or shadow, or penalty with a penalty duration", strategy.Value)
+			return false
+		}
+		p.Strategy = s
+	}
+	switch {
+	case p.Strategy == enforce.Penalty && penalty == nil:
+		l.errorf(n, "policy %q: strategy penalty needs a penalty duration such as 10m", p.Name)
+		return false
+	case p.Strategy != enforce.Penalty && penalty != nil:
+		l.errorf(penalty, "penalty applies only to strategy penalty")
+		return false
+	case penalty != nil:
+		d, err := time.ParseDuration(l.str(penalty))
+		if err != nil || d < sluice.MinPeriod || d > sluice.MaxPeriod {
+			l.errorf(penalty, "penalty %q: want a duration between %v and %v", penalty.Value, sluice.MinPeriod, sluice.MaxPeriod)
+			return false
+		}
+		p.Penalty = d
+	}
+	return true
+}
+
+// limit parses a limit string. The algorithm is the one the string names,
+// else the algorithm field, else def; a burst field sets the burst.
+func (l *loader) limit(limit, alg, burst *yaml.Node, def sluice.Algorithm) (sluice.Limit, bool) {
+	s := l.str(limit)
+	a := def
+	if alg != nil {
+		v, err := sluice.ParseAlgorithm(l.str(alg))
+		if err != nil {
+			l.errorf(alg, "%v", err)
+			return sluice.Limit{}, false
+		}
+		a = v
+	}
+	named, hasAlg := leadingAlgorithm(s)
+	if hasAlg && alg != nil && named != a {
+		l.errorf(alg, "algorithm %s contradicts the limit's %s", a, named)
+		return sluice.Limit{}, false
+	}
+	lim, err := sluice.ParseLimit(s)
+	if !hasAlg {
+		// Validate under the right algorithm: "2000000/s" is too fast for
+		// GCRA but fine for a fixed window.
+		if l2, err2 := sluice.ParseLimit(a.String() + " " + s); err2 == nil || err == nil {
+			lim, err = l2, err2
+		}
+	}
+	if err != nil {
+		l.errorf(limit, "%v", err)
+		return lim, false
+	}
+	if burst != nil {
+		lim.Burst = l.integer(burst, 1, sluice.MaxRate)
+		if err := lim.Validate(); err != nil {
+			l.errorf(burst, "%v", err)
+			return lim, false
+		}
+	}
+	return lim, true
+}
+
+func leadingAlgorithm(s string) (sluice.Algorithm, bool) {
+	f := strings.Fields(s)
+	if len(f) == 0 || f[0][0] < 'A' {
+		return 0, false
+	}
+	a, err := sluice.ParseAlgorithm(f[0])
+	return a, err == nil
+}
+
+func (l *loader) overrides(p *Policy, list *yaml.Node) []Override {
+	var out []Override
+	for _, n := range l.seq(list) {
+		var match, limit, alg, burst *yaml.Node
+		if !l.fields(n, map[string]**yaml.Node{"match": &match, "limit": &limit, "algorithm": &alg, "burst": &burst}) {
+			continue
+		}
+		if match == nil || limit == nil {
+			l.errorf(n, "override needs match and limit")
+			continue
+		}
+		var o Override
+		if match.Kind == yaml.SequenceNode {
+			for _, m := range match.Content {
+				o.Match = append(o.Match, l.str(m))
+			}
+		} else {
+			o.Match = []string{l.str(match)}
+		}
+		if len(o.Match) == 0 {
+			l.errorf(match, "override matches no key")
+			continue
+		}
+		lim, ok := l.limit(limit, alg, burst, p.Limit.Algorithm)
+		if !ok {
+			continue
+		}
+		if err := lim.ValidateCost(p.Cost); err != nil {
+			l.errorf(limit, "override: %v", err)
+			continue
+		}
+		o.Limit = lim
+		out = append(out, o)
+	}
+	return out
+}
