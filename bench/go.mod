@@ -23,7 +23,7 @@ require (
 require (
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
 	github.com/cncf/xds/go v0.0.0-20260202195803-dba9d589def2 // indirect
-	github.com/didip/tollbooth/v8 v8.0.1
+	github.com/didip/tollbooth/v7 v7.0.2
 	github.com/envoyproxy/protoc-gen-validate v1.3.3 // indirect
 	github.com/pkg/errors v0.9.1 // indirect
 	github.com/planetscale/vtprotobuf v0.6.1-0.20240319094008-0393e58bdf10 // indirect
@@ -36,5 +36,3 @@ require (
 )
 
 replace github.com/sluicehq/sluice => ../
-
-replace github.com/didip/tollbooth/v8 => ./third_party/tollbooth

@@ -6,8 +6,8 @@ import (
 	"net/http"
 	"time"
 
-	"github.com/didip/tollbooth/v8"
-	tblimiter "github.com/didip/tollbooth/v8/limiter"
+	"github.com/didip/tollbooth/v7"
+	tblimiter "github.com/didip/tollbooth/v7/limiter"
 	"github.com/go-chi/httprate"
 	vargohttp "github.com/sethvargo/go-limiter/httplimit"
 	"github.com/sethvargo/go-limiter/memorystore"
@@ -70,7 +70,7 @@ func Middlewares() []Middleware {
 		{"tollbooth", func(rate int64, next http.Handler) (http.Handler, func(), error) {
 			l := tollbooth.NewLimiter(float64(rate)/3600, &tblimiter.ExpirableOptions{DefaultExpirationTTL: time.Hour})
 			l.SetBurst(int(rate))
-			l.SetIPLookup(tblimiter.IPLookup{Name: "RemoteAddr"})
+			l.SetIPLookups([]string{"RemoteAddr"})
 			return tollbooth.LimitHandler(l, next), nothing, nil
 		}},
 	}
