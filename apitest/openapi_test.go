@@ -308,10 +308,9 @@ func truncate(b []byte) string {
 // goInternals returns the first Go package prefix or type wording found in
 // a problem detail, or "".
 func goInternals(detail string) string {
-	for _, w := range []string{"server:", "sluice:", "json:", "proto:", "http:", "Go struct", "int64", "Request.", "<nil>"} {
-		if strings.Contains(detail, w) {
-			return w
-		}
+	leaks := []string{"server:", "sluice:", "json:", "proto:", "http:", "Go struct", "int64", "Request.", "<nil>"}
+	if i := slices.IndexFunc(leaks, func(w string) bool { return strings.Contains(detail, w) }); i >= 0 {
+		return leaks[i]
 	}
 	return ""
 }
