@@ -622,11 +622,18 @@ func TestBrowser(t *testing.T) {
 			{`problemMessage(502, null)`, `"HTTP 502"`},
 			{`adminMessage(401, null).includes("admin token")`, `true`},
 			{`adminMessage(403, null).includes("refused")`, `true`},
+			{`breakable("rl.header_match.x-api-key")`, `["rl.","header_","match.","x-","api-","key"]`},
+			{`[formatRate(7 / 60), formatRate(35), formatRate(1234.5)]`, `["0.12","35.0","1235"]`},
+			{`[formatRatio(3 / 7), formatLatency(0.5), formatLatency(-1), formatLatency(2000)]`, `["42.9%","≤ 0.5 ms","–","> 1 s"]`},
+			{`describeStore({store: "redis", mode: "cluster", breaker: "half_open", fallback_active: true})`, `"redis (cluster) · breaker half-open · fallback deciding"`},
+			{`describeScope({scope: "fleet", instances: 3}).badge`, `"fleet · 3 instances"`},
+			{`describeScope({scope: "instance", instances: 1}).text`, `"this instance only (no shared Redis)"`},
 		}
 		for _, tt := range tests {
 			t.Run(tt.expr, func(t *testing.T) {
 				got := eval[string](t, ctx, `(() => {
-					const {formatDuration, formatPeriod, capacity, describeLimit, niceMax, chartBars, problemMessage, adminMessage} = sluiceDashboard;
+					const {formatDuration, formatPeriod, capacity, describeLimit, niceMax, chartBars, problemMessage, adminMessage,
+						breakable, formatRate, formatRatio, formatLatency, describeStore, describeScope} = sluiceDashboard;
 					return JSON.stringify(`+tt.expr+`);
 				})()`)
 				if got != tt.want {

@@ -1,6 +1,9 @@
-// Package dashboard serves sluice's live dashboard: one card per policy with
-// Send Request, Burst 10 and Reset All, each response shown as it arrives,
-// and a chart of allowed vs denied decisions per policy.
+// Package dashboard serves sluice's live dashboard: an overview of all
+// traffic (decisions per second, denied share, per-policy latency, store
+// health, configuration, top keys; the fleet's when instances share Redis)
+// above a playground of one card per policy with Send Request, Burst 10 and
+// Reset this key, each response shown as it arrives, and a chart of allowed
+// vs denied decisions per policy.
 //
 // The page is plain HTML, CSS and JavaScript embedded in the binary: no CDN,
 // no web fonts, no build step, so it works offline and behind strict
@@ -9,12 +12,13 @@
 //	GET  /v1/policies   the cards
 //	POST /v1/check      Send Request and Burst 10 (cost 1)
 //	POST /v1/peek       the "remaining now" line of each card
-//	POST /v1/reset      Reset All (admin: an optional bearer token, sent
-//	                    with every request, as is a decision token)
-//	GET  /v1/stats      the charts, polled every two seconds; a new
-//	                    config_version reloads the cards
+//	POST /v1/reset      Reset this key (admin: an optional bearer token,
+//	                    sent with every request, as is a decision token)
+//	GET  /v1/stats      the overview and the charts, polled every two
+//	                    seconds; a new config_version reloads the cards
 //	GET  /v1/status     the health banner (not ready, degraded) and
-//	                    whether Reset All is shown
+//	                    whether Reset is shown
+//	GET  /v1/top        the top keys, after each poll (admin)
 //
 // Mount Handler at "/" beside the API; the API's more specific patterns win.
 // The page names its assets and the API by relative URLs, so the pair also

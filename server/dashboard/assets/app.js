@@ -439,9 +439,11 @@
 
   // ---- overview ----
 
-  function cell(text) {
+  // cell is a table cell; names and keys (the first columns) may wrap only
+  // after their separators.
+  function cell(text, i) {
     const td = document.createElement("td");
-    td.textContent = text;
+    if (i < 2) setBreakable(td, text); else td.textContent = text;
     return td;
   }
 
@@ -537,7 +539,7 @@
     card.chart.setAttribute("aria-label", `Allowed and denied requests for ${card.policy.name}. ${summary}.`);
     card.el.querySelector(".axis-start").textContent = "\u2212" + span;
     card.el.querySelector(".chart-caption").textContent =
-      `${summary}. One bar per ${formatDuration(bucketMs)}; full height is ${top} decisions; the last bar is still filling.`;
+      `${summary}. One bar per ${formatDuration(bucketMs)}; full height is ${top} ${top === 1 ? "decision" : "decisions"}; the last bar is still filling.`;
   }
 
   async function pollStats() {

@@ -1,0 +1,316 @@
+package apitest
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/pb33f/libopenapi"
+	validator "github.com/pb33f/libopenapi-validator"
+	liberrors "github.com/pb33f/libopenapi-validator/errors"
+	"github.com/pb33f/libopenapi-validator/schema_validation"
+	v3 "github.com/pb33f/libopenapi/datamodel/high/v3"
+
+	"github.com/sluicehq/sluice/server"
+)
+
+// Why libopenapi-validator: it is maintained (releases through 2026), it
+// checks a document against the OpenAPI 3.1 specification's own schema and
+// compiles the document's schemas as JSON Schema 2020-12 (through its fork
+// of santhosh-tekuri/jsonschema), and it matches real http.Requests and
+// http.Responses to operations, status codes and media types, so the test
+// needs no routing of its own.
+
+const config = `
+domain: web
+policies:
+  - name: fw
+    limit: fixed_window 3/min
+  - name: dry
+    limit: 1/min
+    strategy: shadow
+`
+
+const token = "admin-secret"
+
+// start runs the real service on loopback ports and returns its base URL.
+func start(t *testing.T, opts server.Options) string {
+	t.Helper()
+	dir := t.TempDir()
+	cfg := filepath.Join(dir, "sluice.yaml")
+	if err := os.WriteFile(cfg, []byte(config), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	opts.ConfigFile, opts.HTTPAddr, opts.GRPCAddr = cfg, "127.0.0.1:0", "127.0.0.1:0"
+	opts.Logger = slog.New(slog.DiscardHandler)
+	srv, err := server.New(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Shutdown(context.Background()) })
+	return "http://" + srv.HTTPAddr()
+}
+
+type exchange struct {
+	name, method, path, body string
+	auth                     string // Authorization header
+	status                   int
+	// valid: the request is one the document allows, and is checked
+	// against it too. Requests made to provoke a 4xx are not.
+	valid bool
+}
+
+func envoyBody(key string) string {
+	return `{"domain":"web","descriptors":[{"entries":[{"key":"policy","value":"fw"},{"key":"key","value":"` + key + `"}]}]}`
+}
+
+var big = `{"policy":"fw","key":"` + strings.Repeat("x", server.MaxBodyBytes) + `"}`
+
+// healthy are the exchanges with a service on the memory store.
+var healthy = []exchange{
+	{"index", "GET", "/v1/", "", "", 200, true},
+	{"document", "GET", "/v1/openapi.json", "", "", 200, true},
+	{"policies", "GET", "/v1/policies", "", "", 200, true},
+	{"check allowed", "POST", "/v1/check", `{"policy":"fw","key":"a"}`, "", 200, true},
+	{"check allowed with cost", "POST", "/v1/check", `{"policy":"fw","key":"a","cost":2}`, "", 200, true},
+	{"check denied", "POST", "/v1/check", `{"policy":"fw","key":"a"}`, "", 429, true},
+	{"check shadow", "POST", "/v1/check", `{"policy":"dry","key":"a"}`, "", 200, true},
+	{"check shadow denied", "POST", "/v1/check", `{"policy":"dry","key":"a"}`, "", 200, true},
+	{"check unknown policy", "POST", "/v1/check", `{"policy":"nope","key":"a"}`, "", 404, true},
+	{"check cost above capacity", "POST", "/v1/check", `{"policy":"fw","key":"a","cost":9}`, "", 400, true},
+	{"check empty key", "POST", "/v1/check", `{"policy":"fw","key":""}`, "", 400, false},
+	{"check cost of the wrong type", "POST", "/v1/check", `{"policy":"fw","key":"a","cost":"2"}`, "", 400, false},
+	{"check unknown field", "POST", "/v1/check", `{"policy":"fw","key":"a","weight":1}`, "", 400, false},
+	{"check not JSON", "POST", "/v1/check", `policy=fw`, "", 400, false},
+	{"check too large", "POST", "/v1/check", big, "", 413, false},
+	{"peek", "POST", "/v1/peek", `{"policy":"fw","key":"a"}`, "", 200, true},
+	{"peek unknown policy", "POST", "/v1/peek", `{"policy":"nope","key":"a"}`, "", 404, true},
+	{"peek no key", "POST", "/v1/peek", `{"policy":"fw"}`, "", 400, false},
+	{"peek too large", "POST", "/v1/peek", big, "", 413, false},
+	{"reset without token", "POST", "/v1/reset", `{"policy":"fw","key":"a"}`, "", 401, true},
+	{"reset wrong token", "POST", "/v1/reset", `{"policy":"fw","key":"a"}`, "Bearer wrong", 403, true},
+	{"reset", "POST", "/v1/reset", `{"policy":"fw","key":"a"}`, "Bearer " + token, 204, true},
+	{"reset unknown policy", "POST", "/v1/reset", `{"policy":"nope","key":"a"}`, "Bearer " + token, 404, true},
+	{"reset empty body", "POST", "/v1/reset", ``, "Bearer " + token, 400, false},
+	{"reset too large", "POST", "/v1/reset", big, "Bearer " + token, 413, false},
+	{"stats", "GET", "/v1/stats", "", "", 200, true},
+	{"top", "GET", "/v1/top", "", "Bearer " + token, 200, true},
+	{"top without token", "GET", "/v1/top", "", "", 401, true},
+	{"top wrong token", "GET", "/v1/top", "", "Bearer wrong", 403, true},
+	{"envoy ok", "POST", "/json", envoyBody("e"), "", 200, true},
+	{"envoy ok again", "POST", "/json", envoyBody("e"), "", 200, true},
+	{"envoy ok a third time", "POST", "/json", envoyBody("e"), "", 200, true},
+	{"envoy over limit", "POST", "/json", envoyBody("e"), "", 429, true},
+	{"envoy malformed", "POST", "/json", `{"domain":`, "", 400, false},
+	{"envoy empty domain", "POST", "/json", `{"domain":"","descriptors":[{"entries":[{"key":"a","value":"b"}]}]}`, "", 400, false},
+	{"envoy too large", "POST", "/json", big, "", 413, false},
+	{"healthz", "GET", "/healthz", "", "", 200, true},
+	{"readyz", "GET", "/readyz", "", "", 200, true},
+	{"metrics", "GET", "/metrics", "", "", 200, true},
+}
+
+// down are the exchanges with a service whose Redis does not answer and
+// that has no failure policy.
+var down = []exchange{
+	{"check, store down", "POST", "/v1/check", `{"policy":"fw","key":"a"}`, "", 503, true},
+	{"peek, store down", "POST", "/v1/peek", `{"policy":"fw","key":"a"}`, "", 503, true},
+	{"reset, store down", "POST", "/v1/reset", `{"policy":"fw","key":"a"}`, "", 503, true},
+	{"envoy, store down", "POST", "/json", envoyBody("e"), "", 503, true},
+	{"readyz, store down", "GET", "/readyz", "", "", 503, true},
+}
+
+// undocumented are answers on no documented operation: problems all the same.
+var undocumented = []exchange{
+	{"wrong method", "GET", "/v1/check", "", "", 405, false},
+	{"wrong method on the index", "DELETE", "/v1/", "", "", 405, false},
+	{"unknown endpoint", "GET", "/v1/nothing", "", "", 404, false},
+}
+
+func loadDocument(t *testing.T) (validator.Validator, *v3.Document) {
+	t.Helper()
+	doc, err := libopenapi.NewDocument(server.OpenAPIDocument)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v := doc.GetVersion(); v != "3.1.0" {
+		t.Fatalf("document is OpenAPI %s, want 3.1.0", v)
+	}
+	model, err := doc.BuildV3Model()
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, errs := validator.NewValidator(doc)
+	if len(errs) > 0 {
+		t.Fatal(errs)
+	}
+	return v, &model.Model
+}
+
+// The document is valid OpenAPI 3.1.
+func TestDocument(t *testing.T) {
+	v, _ := loadDocument(t)
+	if ok, errs := v.ValidateDocument(); !ok {
+		for _, e := range errs {
+			t.Errorf("%s: %s", e.Message, e.Reason)
+			for _, s := range e.SchemaValidationErrors {
+				t.Errorf("  %s: %s", s.FieldPath+" "+s.KeywordLocation, s.Reason)
+			}
+		}
+	}
+}
+
+// Every exchange's request (when meant to be valid) and response match the
+// document, every documented operation and status is seen, and no problem
+// detail speaks of Go.
+func TestExchanges(t *testing.T) {
+	v, model := loadDocument(t)
+	problemSchema := model.Components.Schemas.GetOrZero("Problem").Schema()
+	seen := map[string]bool{}
+	run := func(t *testing.T, base string, list []exchange, documented bool) {
+		for _, x := range list {
+			req, resp, body := send(t, base, x)
+			if resp.StatusCode != x.status {
+				t.Errorf("%s: status %d, want %d: %s", x.name, resp.StatusCode, x.status, body)
+				continue
+			}
+			// Every error is a problem; a denial (429) is a decision.
+			isProblem := x.status >= 400 && x.status != http.StatusTooManyRequests
+			if ct := resp.Header.Get("Content-Type"); isProblem && ct != "application/problem+json" {
+				t.Errorf("%s: Content-Type %q, want application/problem+json", x.name, ct)
+			}
+			if isProblem {
+				var p struct{ Detail string }
+				json.Unmarshal(body, &p)
+				if leak := goInternals(p.Detail); leak != "" {
+					t.Errorf("%s: detail %q speaks of %q", x.name, p.Detail, leak)
+				}
+			}
+			if !documented {
+				if ok, errs := schema_validation.NewSchemaValidator().ValidateSchemaBytes(problemSchema, body); !ok {
+					t.Errorf("%s: not a Problem: %s", x.name, describe(errs))
+				}
+				continue
+			}
+			if x.valid {
+				if ok, errs := v.ValidateHttpRequestSync(req); !ok {
+					t.Errorf("%s: request does not match the document: %s", x.name, describe(errs))
+				}
+			}
+			if ok, errs := v.ValidateHttpResponse(req, resp); !ok {
+				t.Errorf("%s: %d response does not match the document: %s\n%s", x.name, resp.StatusCode, describe(errs), truncate(body))
+			}
+			seen[fmt.Sprintf("%s %s %d", x.method, x.path, x.status)] = true
+		}
+	}
+	run(t, start(t, server.Options{AdminToken: token}), healthy, true)
+	run(t, start(t, server.Options{
+		RedisURL: "redis://127.0.0.1:1/0?dial_timeout=100ms&max_retries=-1", NoFailurePolicy: true,
+		DecisionTimeout: 200 * time.Millisecond, WatchInterval: -1,
+	}), down, true)
+	run(t, start(t, server.Options{}), undocumented, false)
+
+	// Every documented operation and status was exercised.
+	var missing []string
+	for path, item := range model.Paths.PathItems.FromOldest() {
+		for method, op := range item.GetOperations().FromOldest() {
+			for code := range op.Responses.Codes.KeysFromOldest() {
+				k := strings.ToUpper(method) + " " + path + " " + code
+				if !seen[k] {
+					missing = append(missing, k)
+				}
+			}
+		}
+	}
+	slices.Sort(missing)
+	if len(missing) > 0 {
+		t.Errorf("documented but never exercised:\n%s", strings.Join(missing, "\n"))
+	}
+}
+
+// The validator does check: a request with an unknown field, or a response
+// missing a required field, fails.
+func TestValidatorRejects(t *testing.T) {
+	v, _ := loadDocument(t)
+	req, _ := http.NewRequest("POST", "http://x/v1/check", strings.NewReader(`{"policy":"fw","key":"a","weight":1}`))
+	req.Header.Set("Content-Type", "application/json")
+	if ok, _ := v.ValidateHttpRequestSync(req); ok {
+		t.Error("a request with an unknown field passed")
+	}
+	req, _ = http.NewRequest("GET", "http://x/v1/policies", nil)
+	resp := &http.Response{StatusCode: 200, Header: http.Header{"Content-Type": {"application/json"}},
+		Body: io.NopCloser(strings.NewReader(`{"policies":[{"name":"fw"}]}`))}
+	if ok, _ := v.ValidateHttpResponse(req, resp); ok {
+		t.Error("a policy without its algorithm passed")
+	}
+}
+
+// send makes one exchange and returns the request (its body readable again),
+// the response (likewise) and the response body.
+func send(t *testing.T, base string, x exchange) (*http.Request, *http.Response, []byte) {
+	t.Helper()
+	mk := func() *http.Request {
+		req, err := http.NewRequest(x.method, base+x.path, strings.NewReader(x.body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if x.body != "" {
+			req.Header.Set("Content-Type", "application/json")
+		}
+		if x.auth != "" {
+			req.Header.Set("Authorization", x.auth)
+		}
+		return req
+	}
+	resp, err := http.DefaultClient.Do(mk())
+	if err != nil {
+		t.Fatalf("%s: %v", x.name, err)
+	}
+	body, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err != nil {
+		t.Fatalf("%s: %v", x.name, err)
+	}
+	resp.Body = io.NopCloser(bytes.NewReader(body))
+	return mk(), resp, body
+}
+
+func describe(errs []*liberrors.ValidationError) string {
+	var b strings.Builder
+	for _, e := range errs {
+		fmt.Fprintf(&b, "\n  %s: %s", e.Message, e.Reason)
+		for _, s := range e.SchemaValidationErrors {
+			fmt.Fprintf(&b, "\n    %s: %s", s.FieldPath+" "+s.KeywordLocation, s.Reason)
+		}
+	}
+	return b.String()
+}
+
+func truncate(b []byte) string {
+	if len(b) > 600 {
+		return string(b[:600]) + "…"
+	}
+	return string(b)
+}
+
+// goInternals returns the first Go package prefix or type wording found in
+// a problem detail, or "".
+func goInternals(detail string) string {
+	leaks := []string{"server:", "sluice:", "json:", "proto:", "http:", "Go struct", "int64", "Request.", "<nil>"}
+	if i := slices.IndexFunc(leaks, func(w string) bool { return strings.Contains(detail, w) }); i >= 0 {
+		return leaks[i]
+	}
+	return ""
+}
