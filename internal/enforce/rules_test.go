@@ -46,9 +46,9 @@ func TestRulesCollect(t *testing.T) {
 		keys     string
 		errMatch string
 	}{
-		{req: "ab", tags: "0 1 2", keys: "p:all:ab p:short:ab p:dark:*"},
-		{req: "abcdef", tags: "0 2", keys: "p:all:abcdef p:dark:*"},
-		{req: "none", tags: "2", keys: "p:dark:*"},
+		{req: "ab", tags: "0 1 2", keys: "p:v2:all:ab p:v2:short:ab p:v2:dark:*"},
+		{req: "abcdef", tags: "0 2", keys: "p:v2:all:abcdef p:v2:dark:*"},
+		{req: "none", tags: "2", keys: "p:v2:dark:*"},
 		{req: "fail", errMatch: `rule "all": boom`},
 		{req: "abcdefghijklmnop", errMatch: `rule "dark": `},
 	}
