@@ -15,7 +15,7 @@ import (
 
 // failoverLimit never denies during a test, so that every take's count is
 // Rate - Remaining and counts tell which server answered.
-var failoverLimit = sluice.PerHour(1_000_000_000).With(sluice.FixedWindow)
+var failoverLimit = sluice.PerHour(1_000_000_000).WithAlgorithm(sluice.FixedWindow)
 
 // underFailover runs redistest.UnderFailover on s's key.
 func underFailover(t *testing.T, s *redisstore.Store, key string, fail func(), promoted func() time.Time) {

@@ -43,7 +43,7 @@ type pair struct {
 }
 
 func newPair(limit sluice.Limit) *pair {
-	p := &pair{logLim: limit.With(sluice.SlidingWindowLog), countLim: limit.With(sluice.SlidingWindowCounter)}
+	p := &pair{logLim: limit.WithAlgorithm(sluice.SlidingWindowLog), countLim: limit.WithAlgorithm(sluice.SlidingWindowCounter)}
 	opts := &memory.Options{Clock: p.clk.Now, SweepInterval: -1, MaxKeys: 1 << 20}
 	p.log, p.counter = memory.New(opts), memory.New(opts)
 	return p
@@ -117,7 +117,7 @@ func maxInWindow(times []time.Duration, w time.Duration) int {
 // within one true window: idle, then a flood (a request every
 // period/1000) starting at every hundredth of a window, for three windows.
 func edgeBurst(limit sluice.Limit) (ratio float64, offset float64) {
-	l := limit.With(sluice.SlidingWindowCounter)
+	l := limit.WithAlgorithm(sluice.SlidingWindowCounter)
 	step := limit.Period / 1000
 	for i := range 100 {
 		var clk clock
@@ -146,7 +146,7 @@ func edgeBurst(limit sluice.Limit) (ratio float64, offset float64) {
 // does, or a second host whose clock is d ahead of the first). It returns
 // the admissions beyond the limit within that one true window.
 func clockSteps(limit sluice.Limit, d time.Duration, corrected bool) int {
-	l := limit.With(sluice.SlidingWindowLog)
+	l := limit.WithAlgorithm(sluice.SlidingWindowLog)
 	var clk clock
 	s := memory.New(&memory.Options{Clock: clk.Now, SweepInterval: -1})
 	defer s.Close()
