@@ -31,7 +31,7 @@ type Metrics struct {
 	configTime prometheus.Gauge
 	requests   *prometheus.CounterVec
 	duration   *prometheus.HistogramVec
-	unknownDom prometheus.Counter
+	unknown    prometheus.Counter
 	unmatched  *prometheus.CounterVec
 	timeout    prometheus.Gauge
 
@@ -72,9 +72,9 @@ func NewMetrics() *Metrics {
 			Help:    "Time to answer a request, by API and endpoint; Envoy's rate limit filter timeout applies to the grpc ShouldRateLimit series.",
 			Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, 1},
 		}, []string{"api", "endpoint"}),
-		unknownDom: prometheus.NewCounter(prometheus.CounterOpts{
+		unknown: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "sluice_rls_unknown_domain_requests_total",
-			Help: "Envoy rate limit requests for a domain no configuration names; they are answered OK. The domain is not a label: requests choose it.",
+			Help: "Envoy rate limit requests for a domain the configuration lacks (answered OK). The domain is not a label: requests choose it.",
 		}),
 		unmatched: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sluice_rls_unmatched_descriptors_total",
@@ -85,7 +85,7 @@ func NewMetrics() *Metrics {
 			Help: "The longest wait for Redis before the failure policy answers (--decision-timeout); 0 without Redis. Alerts compare store latency with it.",
 		}),
 	}
-	m.reg.MustRegister(m.obs, m.fallback, m.reloads, m.configTime, m.requests, m.duration, m.unknownDom, m.unmatched, m.timeout,
+	m.reg.MustRegister(m.obs, m.fallback, m.reloads, m.configTime, m.requests, m.duration, m.unknown, m.unmatched, m.timeout,
 		ReadBuildInfo().collector(),
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m.reloads.WithLabelValues("success")
@@ -180,13 +180,11 @@ func (m *Metrics) ObserveBreaker(e sluice.BreakerEvent) {
 	m.SetFallback(e.To != sluice.BreakerClosed)
 }
 
-// rlsUnknownDomain counts an Envoy request for a domain no configuration
-// names.
-func (m *Metrics) rlsUnknownDomain() {
-	if m == nil {
-		return
+// unknownDomain counts a request for an unknown domain.
+func (m *Metrics) unknownDomain() {
+	if m != nil {
+		m.unknown.Inc()
 	}
-	m.unknownDom.Inc()
 }
 
 // rlsUnmatched counts a descriptor of a configured domain that no rule

@@ -113,7 +113,7 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 	}
 	dom := s.Config().domains[req.Domain]
 	if dom == nil {
-		s.metrics.rlsUnknownDomain()
+		s.metrics.unknownDomain()
 	}
 	states := make([]descriptorState, len(req.Descriptors))
 	replacing := map[string]bool{}
