@@ -102,7 +102,7 @@ func checkExpr(t *testing.T, where, expr string, metrics map[string][]string) {
 		n++
 		name := vs.Name
 		for _, m := range vs.LabelMatchers {
-			if m.Name == labels.MetricName && m.Type == labels.MatchEqual {
+			if m.Name == model.MetricNameLabel && m.Type == labels.MatchEqual {
 				name = m.Value
 			}
 		}
@@ -112,7 +112,7 @@ func checkExpr(t *testing.T, where, expr string, metrics map[string][]string) {
 			return nil
 		}
 		for _, m := range vs.LabelMatchers {
-			if m.Name != labels.MetricName && !slices.Contains(lbls, m.Name) {
+			if m.Name != model.MetricNameLabel && !slices.Contains(lbls, m.Name) {
 				t.Errorf("%s: %s has no label %q (it has %v)", where, name, m.Name, lbls)
 			}
 		}
