@@ -2,6 +2,7 @@ package monitoring
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
 	"io"
 	"os"
@@ -11,7 +12,13 @@ import (
 	"strings"
 	"testing"
 
+	bootstrapv3 "github.com/envoyproxy/go-control-plane/envoy/config/bootstrap/v3"
+	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ratelimit/v3"
+	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/router/v3"
+	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
+	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3"
 	"go.yaml.in/yaml/v3"
+	"google.golang.org/protobuf/encoding/protojson"
 
 	"github.com/sluicehq/sluice/server"
 )
@@ -153,6 +160,7 @@ func TestCompose(t *testing.T) {
 	}
 	envoyArgs := strs(t, get[[]any](t, c, "services", "envoy", "command"))
 	envoy := readYAML(t, mounts[flagValue(envoyArgs, "-c")])[0]
+	checkEnvoy(t, envoy)
 	hcm := get[node](t, envoy, "static_resources", "listeners", 0, "filter_chains", 0, "filters", 0, "typed_config")
 	var rl node
 	for _, f := range get[[]any](t, hcm, "http_filters") {
@@ -182,6 +190,24 @@ func TestCompose(t *testing.T) {
 		return
 	}
 	t.Errorf("no cluster %q", cluster)
+}
+
+// checkEnvoy reads an Envoy bootstrap with Envoy's own API definitions
+// (go-control-plane), typed configs included, and validates it with their
+// rules.
+func checkEnvoy(t *testing.T, doc node) {
+	t.Helper()
+	raw, err := json.Marshal(doc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b bootstrapv3.Bootstrap
+	if err := protojson.Unmarshal(raw, &b); err != nil {
+		t.Fatalf("envoy.yaml: %v", err)
+	}
+	if err := b.ValidateAll(); err != nil {
+		t.Errorf("envoy.yaml: %v", err)
+	}
 }
 
 // TestKubernetes: a ConfigMap whose configuration loads, mounted where the

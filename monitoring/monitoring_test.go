@@ -1,6 +1,7 @@
 package monitoring
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"log/slog"
@@ -32,13 +33,15 @@ var descRE = regexp.MustCompile(`^Desc\{fqName: ("(?:[^"\\]|\\.)*"), .*constLabe
 
 // exported returns the metrics a sluice service exports, with their label
 // names, read from the service's own registry: a server on the Redis
-// store (never connected, so no Redis is needed) registers every metric
-// the service has. Histograms' _bucket, _sum and _count series are
+// store registers every metric the service has. It uses the test Redis
+// when SLUICE_REDIS_ADDR names one (scripts/test does), else an address
+// nothing answers: it is never asked for a decision. Histograms' _bucket, _sum and _count series are
 // included; so is Prometheus's own "up", which rules may use too.
 func exported(t *testing.T) map[string][]string {
 	t.Helper()
+	addr := cmp.Or(os.Getenv("SLUICE_REDIS_ADDR"), "127.0.0.1:1")
 	srv, err := server.New(server.Options{
-		RedisURL: "redis://127.0.0.1:1", HTTPAddr: "127.0.0.1:0", GRPCAddr: "127.0.0.1:0",
+		RedisURL: "redis://" + addr, HTTPAddr: "127.0.0.1:0", GRPCAddr: "127.0.0.1:0",
 		Logger: slog.New(slog.DiscardHandler),
 	})
 	if err != nil {
@@ -99,7 +102,7 @@ func checkExpr(t *testing.T, where, expr string, metrics map[string][]string) {
 		n++
 		name := vs.Name
 		for _, m := range vs.LabelMatchers {
-			if m.Name == labels.MetricName && m.Type == labels.MatchEqual {
+			if m.Name == model.MetricNameLabel && m.Type == labels.MatchEqual {
 				name = m.Value
 			}
 		}
@@ -109,7 +112,7 @@ func checkExpr(t *testing.T, where, expr string, metrics map[string][]string) {
 			return nil
 		}
 		for _, m := range vs.LabelMatchers {
-			if m.Name != labels.MetricName && !slices.Contains(lbls, m.Name) {
+			if m.Name != model.MetricNameLabel && !slices.Contains(lbls, m.Name) {
 				t.Errorf("%s: %s has no label %q (it has %v)", where, name, m.Name, lbls)
 			}
 		}

@@ -236,7 +236,7 @@ func TestUnknownDomains(t *testing.T) {
 		t.Errorf("%d domains remembered, want %d", got, maxUnknownDomains)
 	}
 	var dto io_prometheus_client.Metric
-	if err := m.unknownDom.Write(&dto); err != nil {
+	if err := m.unknown.Write(&dto); err != nil {
 		t.Fatal(err)
 	}
 	if got, want := dto.GetCounter().GetValue(), float64(maxUnknownDomains+8); got != want {

@@ -31,7 +31,7 @@ type Metrics struct {
 	configTime prometheus.Gauge
 	requests   *prometheus.CounterVec
 	duration   *prometheus.HistogramVec
-	unknownDom prometheus.Counter
+	unknown    prometheus.Counter
 	unmatched  *prometheus.CounterVec
 	timeout    prometheus.Gauge
 
@@ -72,7 +72,7 @@ func NewMetrics() *Metrics {
 			Help:    "Time to answer a request, by API and endpoint; Envoy's rate limit filter timeout applies to the grpc ShouldRateLimit series.",
 			Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, 1},
 		}, []string{"api", "endpoint"}),
-		unknownDom: prometheus.NewCounter(prometheus.CounterOpts{
+		unknown: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "sluice_rls_unknown_domain_requests_total",
 			Help: "Envoy rate limit requests for a domain no configuration names; they are answered OK. Each domain is logged once (the first 1,000); it is not a label: requests choose it.",
 		}),
@@ -85,7 +85,7 @@ func NewMetrics() *Metrics {
 			Help: "The longest wait for Redis before the failure policy answers (--decision-timeout); 0 without Redis. Alerts compare store latency with it.",
 		}),
 	}
-	m.reg.MustRegister(m.obs, m.fallback, m.reloads, m.configTime, m.requests, m.duration, m.unknownDom, m.unmatched, m.timeout,
+	m.reg.MustRegister(m.obs, m.fallback, m.reloads, m.configTime, m.requests, m.duration, m.unknown, m.unmatched, m.timeout,
 		ReadBuildInfo().collector(),
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m.reloads.WithLabelValues("success")
@@ -124,7 +124,7 @@ func (m *Metrics) SetFallback(active bool) {
 // unknownDomain counts a request for an unknown domain.
 func (m *Metrics) unknownDomain() {
 	if m != nil {
-		m.unknownDom.Inc()
+		m.unknown.Inc()
 	}
 }
 
