@@ -58,7 +58,7 @@ func TestFleetInFlight(t *testing.T) {
 
 	workers := make([]*concWorker, fleetProcesses)
 	for i := range workers {
-		workers[i] = startFleetWorker(t, i, prefix)
+		workers[i] = startWorker(t, i, "TestFleetInFlightWorker", time.Minute, fleetWorkerEnv+"="+prefix)
 	}
 	for _, w := range workers {
 		w.expect(t, "ready")
@@ -142,12 +142,14 @@ func fleetPeak(ivs [][2]int64) int {
 	return peak
 }
 
-func startFleetWorker(t *testing.T, id int, prefix string) *concWorker {
+// startWorker starts this test binary as a worker process running only
+// the test run, with env added, killed after timeout or with its parent.
+func startWorker(t *testing.T, id int, run string, timeout time.Duration, env ...string) *concWorker {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	t.Cleanup(cancel)
-	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestFleetInFlightWorker$", "-test.count=1")
-	cmd.Env = append(os.Environ(), fleetWorkerEnv+"="+prefix)
+	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^"+run+"$", "-test.count=1")
+	cmd.Env = append(os.Environ(), env...)
 	redistest.DieWithParent(cmd)
 	w := &concWorker{id: id, cmd: cmd}
 	cmd.Stderr = &w.stderr
@@ -165,7 +167,7 @@ func startFleetWorker(t *testing.T, id int, prefix string) *concWorker {
 	}
 	t.Cleanup(func() {
 		w.in.Close()
-		cmd.Wait()
+		cmd.Wait() // ends at once if wait already ran; the context kills a stuck worker
 	})
 	return w
 }
