@@ -11,14 +11,6 @@ import (
 	"github.com/sluicehq/sluice/storetest"
 )
 
-func TestInFlightConformance(t *testing.T) {
-	storetest.RunInFlight(t, func(t *testing.T, now func() time.Time) sluice.Slots {
-		s := memory.New(&memory.Options{Clock: now})
-		t.Cleanup(func() { s.Close() })
-		return s
-	})
-}
-
 // A zero Store refuses slots with ErrZeroStore, after validating.
 func TestInFlightZeroStore(t *testing.T) {
 	t.Parallel()

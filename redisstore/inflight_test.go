@@ -17,33 +17,6 @@ import (
 	"github.com/sluicehq/sluice/storetest"
 )
 
-// The in-flight conformance suite on a standalone server and a 3-master
-// cluster, batched and with every call on its own.
-func TestInFlightConformance(t *testing.T) {
-	for _, c := range []struct {
-		name   string
-		client func(t *testing.T) redis.UniversalClient
-	}{
-		{"standalone", func(t *testing.T) redis.UniversalClient { return redistest.Client(t) }},
-		{"cluster", func(t *testing.T) redis.UniversalClient { return redistest.ClusterClient(t) }},
-	} {
-		for _, m := range []struct {
-			name            string
-			batch, inFlight int
-		}{{"batched", 0, 1}, {"unbatched", 1, 0}} {
-			t.Run(c.name+"/"+m.name, func(t *testing.T) {
-				t.Parallel()
-				client := c.client(t)
-				storetest.RunInFlight(t, func(t *testing.T, now func() time.Time) sluice.Slots {
-					return redisstore.New(client, &redisstore.Options{
-						Prefix: redistest.Prefix(t), Clock: now, MaxBatch: m.batch, MaxInFlight: m.inFlight,
-					})
-				})
-			})
-		}
-	}
-}
-
 // The in-flight differential test: random traces of acquire, extend and
 // release on a few keys drive the Lua scripts and memory/inflight.go with
 // one fake clock, and every step must answer the same, RetryAfter to the

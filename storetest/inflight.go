@@ -136,6 +136,18 @@ func RunInFlight(t *testing.T, newSlots NewSlots) {
 	t.Run("independence", func(t *testing.T) { t.Parallel(); testSlotIndependence(t, newSlots) })
 }
 
+// runInFlightOf runs RunInFlight on newStore's stores if they keep slots
+// (Run calls it).
+func runInFlightOf(t *testing.T, newStore NewStore) {
+	if _, ok := newStore(t, NewClock(T0).Now).(sluice.Slots); !ok {
+		t.Log("the store keeps no in-flight slots")
+		return
+	}
+	RunInFlight(t, func(t *testing.T, now func() time.Time) sluice.Slots {
+		return newStore(t, now).(sluice.Slots)
+	})
+}
+
 func runSlotTable(t *testing.T, newSlots NewSlots, tb slotTable) {
 	clock := NewClock(T0)
 	st := newSlots(t, clock.Now)
