@@ -15,7 +15,8 @@ var _ sluice.Slots = (*Store)(nil)
 // a holder whose deadline is at or before now has expired and is removed
 // before anything is counted.
 
-// slotKey is one key's holders. Empty ones are deleted at once.
+// slotKey is one key's holders. An empty one stays until swept, so that a
+// busy key's acquire and release allocate nothing.
 type slotKey struct {
 	holders map[string]slotHolder
 	inUse   int64 // the holders' total weight
@@ -26,8 +27,8 @@ type slotHolder struct {
 	expires int64 // µs; held while now < expires
 }
 
-// slots returns key's holders in sh, pruned of those expired at now, or
-// nil. The caller holds sh.mu.
+// slotsOf returns key's holders in sh, pruned of those expired at now, or
+// nil if key has no state. The caller holds sh.mu.
 func (sh *shard) slotsOf(key string, now int64) *slotKey {
 	k := sh.slots[key]
 	if k == nil {
@@ -38,10 +39,6 @@ func (sh *shard) slotsOf(key string, now int64) *slotKey {
 			delete(k.holders, h)
 			k.inUse -= e.weight
 		}
-	}
-	if len(k.holders) == 0 {
-		delete(sh.slots, key)
-		return nil
 	}
 	return k
 }
@@ -141,9 +138,6 @@ func (s *Store) onHolder(key string, l sluice.InFlightLimit, holder string, f fu
 		return false, nil
 	}
 	f(k, h, now)
-	if len(k.holders) == 0 {
-		delete(sh.slots, key)
-	}
 	return true, nil
 }
 
@@ -151,12 +145,14 @@ func (s *Store) onHolder(key string, l sluice.InFlightLimit, holder string, f fu
 // caller holds sh.mu.
 func (sh *shard) sweepSlots(now int64) {
 	for key := range sh.slots {
-		sh.slotsOf(key, now)
+		if k := sh.slotsOf(key, now); len(k.holders) == 0 {
+			delete(sh.slots, key)
+		}
 	}
 }
 
-// HeldKeys returns the number of keys with in-flight holders, expired or
-// not (a key's expired holders go when it is next touched or swept).
+// HeldKeys returns the number of keys with in-flight state: holders,
+// expired or not, or none since the last sweep.
 func (s *Store) HeldKeys() int {
 	n := 0
 	for i := range s.shards {
