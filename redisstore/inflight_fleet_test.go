@@ -256,3 +256,22 @@ func fleetHolder(ctx context.Context, store *redisstore.Store, end time.Time) ([
 	}
 	return ivs, nil
 }
+
+// fleetPeak counts what the fleet test relies on it to count.
+func TestPeakOverlapCounts(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		ivs  [][2]int64
+		want int
+	}{
+		{nil, 0},
+		{[][2]int64{{0, 10}}, 1},
+		{[][2]int64{{0, 10}, {10, 20}}, 2}, // touching intervals overlap
+		{[][2]int64{{0, 10}, {11, 20}}, 1},
+		{[][2]int64{{0, 100}, {10, 20}, {15, 30}, {25, 40}}, 3},
+	} {
+		if got := fleetPeak(c.ivs); got != c.want {
+			t.Errorf("fleetPeak(%v) = %d, want %d", c.ivs, got, c.want)
+		}
+	}
+}

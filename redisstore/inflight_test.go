@@ -173,3 +173,26 @@ func TestInFlightHalfExpired(t *testing.T) {
 		}
 	}
 }
+
+// The in-flight scripts survive a flushed script cache, batched or alone.
+func TestInFlightNoScript(t *testing.T) {
+	t.Parallel()
+	client := redistest.Client(t)
+	ctx := context.Background()
+	for _, batch := range []int{0, 1} {
+		s := redisstore.New(client, &redisstore.Options{Prefix: redistest.Prefix(t), MaxBatch: batch})
+		l := sluice.Concurrent(1, time.Minute)
+		client.ScriptFlush(ctx)
+		if d, err := s.Acquire(ctx, "k", l, 1, "a"); err != nil || !d.Allowed {
+			t.Fatalf("MaxBatch %d: Acquire after SCRIPT FLUSH = %+v, %v", batch, d, err)
+		}
+		client.ScriptFlush(ctx)
+		if ok, err := s.Extend(ctx, "k", l, "a"); err != nil || !ok {
+			t.Fatalf("MaxBatch %d: Extend after SCRIPT FLUSH = %v, %v", batch, ok, err)
+		}
+		client.ScriptFlush(ctx)
+		if ok, err := s.Release(ctx, "k", "a"); err != nil || !ok {
+			t.Fatalf("MaxBatch %d: Release after SCRIPT FLUSH = %v, %v", batch, ok, err)
+		}
+	}
+}
