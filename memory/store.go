@@ -67,7 +67,8 @@ type shard struct {
 	maps    [6]map[string]*state // one per sluice.Algorithm
 	n       int
 	maxKeys int
-	_       [40]byte // keep shards on separate cache lines
+	slots   map[string]*slotKey // in-flight holders by key (inflight.go)
+	_       [32]byte            // keep shards on separate cache lines
 }
 
 // state is one key's state. Its fields mean what the algorithm's file says.
@@ -300,6 +301,7 @@ func (s *Store) Sweep() {
 		sh := &s.shards[i]
 		sh.mu.Lock()
 		now := s.now()
+		sh.sweepSlots(now)
 		for _, m := range sh.maps {
 			for k, st := range m {
 				if st.expires <= now {

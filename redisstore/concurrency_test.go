@@ -164,30 +164,8 @@ type concWorker struct {
 
 func startConcWorker(t *testing.T, id int, target, prefix string, window time.Duration) *concWorker {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), concTimeout)
-	t.Cleanup(cancel)
-	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestConcurrencyWorker$", "-test.count=1")
-	cmd.Env = append(os.Environ(),
+	return startWorker(t, id, "TestConcurrencyWorker", concTimeout,
 		concWorkerEnv+"="+target, concPrefixEnv+"="+prefix, concWindowEnv+"="+window.String())
-	w := &concWorker{id: id, cmd: cmd}
-	cmd.Stderr = &w.stderr
-	var err error
-	if w.in, err = cmd.StdinPipe(); err != nil {
-		t.Fatal(err)
-	}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	w.out = bufio.NewReader(stdout)
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		w.in.Close()
-		cmd.Wait() // ends at once if wait already ran; the context kills a stuck worker
-	})
-	return w
 }
 
 // line returns the worker's next protocol line, skipping the test

@@ -6,6 +6,8 @@
 // Peek, Reset, typed errors that change nothing, independence of keys and
 // algorithms, exact admission under concurrency and all-or-nothing TakeAll.
 //
+// Stores that keep in-flight slots (sluice.Slots) run RunInFlight too.
+//
 // A store's test calls Run with a constructor:
 //
 //	func TestConformance(t *testing.T) {
@@ -96,6 +98,7 @@ func Run(t *testing.T, newStore NewStore) {
 	t.Run("bad_input", func(t *testing.T) { testBadInput(t, newStore) })
 	t.Run("independence", func(t *testing.T) { testIndependence(t, newStore) })
 	t.Run("take_all", func(t *testing.T) { testTakeAll(t, newStore) })
+	t.Run("inflight", func(t *testing.T) { runInFlightOf(t, newStore) })
 }
 
 func runTable(t *testing.T, newStore NewStore, tb table) {

@@ -1,0 +1,221 @@
+package sluice
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"time"
+)
+
+// In-flight limits bound how many requests of one key are in progress at
+// once, where a Limit bounds how often they start. A holder acquires a slot
+// (of a weight: a request that counts as 5 takes 5 of Max), does its work
+// and releases the slot. A slot not released within its hold timeout is
+// freed anyway, so a crashed holder cannot keep it; a holder whose work
+// may outlast the hold extends it.
+//
+// The guarantee: at no instant do the holders of a key weigh more than
+// Max, as long as every holder releases or extends within its hold
+// timeout. A holder that overruns its hold has lost its slot, and another
+// request may take it while the overrunning one still works: size Hold
+// well above the longest request, or extend.
+
+// Bounds that InFlightLimit.Validate enforces: quantities stay exact in
+// Redis Lua's doubles, and one key's holder set stays small enough to scan.
+const (
+	MaxInFlight  = 1_000_000      // Max upper bound
+	MaxHold      = 24 * time.Hour // Hold upper bound; longer work extends
+	MaxHolderLen = 64             // bytes of a holder id
+)
+
+// Errors of in-flight limits. Bad input is refused before the store is
+// touched, so it never changes or frees anything.
+var (
+	// ErrInvalidWeight: a weight is zero, negative or above the limit's
+	// Max (it could never be admitted).
+	ErrInvalidWeight = errors.New("sluice: invalid weight")
+	// ErrInvalidHolder: a holder id is empty or longer than MaxHolderLen
+	// bytes.
+	ErrInvalidHolder = errors.New("sluice: invalid holder")
+	// ErrSlotLost: Extend found the slot no longer held: released, or
+	// expired at its hold timeout (and perhaps taken by someone else).
+	ErrSlotLost = errors.New("sluice: slot no longer held")
+)
+
+// InFlightLimit is an in-flight policy: at most Max weight held at once
+// per key, each slot freed at the latest Hold after it was acquired or last
+// extended. Like Limit, it is a value passed with every call. The zero
+// value is invalid (Validate refuses it).
+type InFlightLimit struct {
+	// Max is the most weight held at once, 1..MaxInFlight.
+	Max int64
+	// Hold is how long a slot stays held without Extend, from 1µs to
+	// MaxHold, counted in whole microseconds (the rest is dropped).
+	Hold time.Duration
+}
+
+// Concurrent returns an InFlightLimit of max slots each held at most hold.
+func Concurrent(max int64, hold time.Duration) InFlightLimit {
+	return InFlightLimit{Max: max, Hold: hold}
+}
+
+func (l InFlightLimit) String() string {
+	return fmt.Sprintf("%d in flight (hold %v)", l.Max, l.Hold)
+}
+
+// Validate reports whether l is usable: a wrapped ErrInvalidLimit if not.
+func (l InFlightLimit) Validate() error {
+	if l.Max <= 0 || l.Max > MaxInFlight {
+		return fmt.Errorf("%w: in-flight max %d outside 1..%d", ErrInvalidLimit, l.Max, MaxInFlight)
+	}
+	if l.Hold < time.Microsecond || l.Hold > MaxHold {
+		return fmt.Errorf("%w: hold %v outside 1µs..%v", ErrInvalidLimit, l.Hold, MaxHold)
+	}
+	return nil
+}
+
+// ValidateSlot checks everything a Slots store checks before it touches its
+// backend on Acquire: the key, the limit, the weight and the holder.
+func ValidateSlot(key string, l InFlightLimit, weight int64, holder string) error {
+	if err := ValidateKey(key); err != nil {
+		return err
+	}
+	if err := l.Validate(); err != nil {
+		return err
+	}
+	if weight <= 0 || weight > l.Max {
+		return fmt.Errorf("%w: weight %d outside 1..%d", ErrInvalidWeight, weight, l.Max)
+	}
+	return ValidateHolder(holder)
+}
+
+// ValidateHolder rejects empty holder ids and ids longer than MaxHolderLen.
+func ValidateHolder(holder string) error {
+	if holder == "" || len(holder) > MaxHolderLen {
+		return fmt.Errorf("%w: holder of %d bytes outside 1..%d", ErrInvalidHolder, len(holder), MaxHolderLen)
+	}
+	return nil
+}
+
+// NewHolderID returns a random 128-bit holder id (32 hex digits): ids
+// nobody can guess, so nobody can release another's slot.
+func NewHolderID() string {
+	var b [16]byte
+	rand.Read(b[:]) // never fails (crypto/rand)
+	return hex.EncodeToString(b[:])
+}
+
+// SlotDecision is the outcome of an Acquire. The examples use
+// Concurrent(10, 30s) with 8 held and an acquire of weight 3 at t=0, the
+// oldest holders (weight 1 each) acquired at t=-20s and t=-10s.
+type SlotDecision struct {
+	// Allowed reports whether the slot was acquired. Example: false.
+	Allowed bool
+	// Limit is the policy the decision was made under.
+	Limit InFlightLimit
+	// InUse is the weight held after the decision, this holder's included
+	// when Allowed. Example: 8.
+	InUse int64
+	// Remaining is Max − InUse, never below zero. Example: 2.
+	Remaining int64
+	// RetryAfter is zero when Allowed. Otherwise it is an ESTIMATE: the wait
+	// until enough held weight reaches its hold timeout for this request
+	// to fit, were no holder to release or extend. Holders usually release
+	// sooner (a slot may free at any instant) and may extend, so it is
+	// neither a lower nor an upper bound; it is what a Retry-After header
+	// can honestly say. Example: 10s (the t=-20s holder's hold ends at
+	// t=10s, freeing the one unit needed).
+	RetryAfter time.Duration
+	// Source: as Decision.Source.
+	Source Source
+}
+
+// Slots is implemented by stores that keep in-flight slots: the memory
+// store (one process) and the Redis store (a fleet). Contract as Store's:
+// keys opaque, bad input a wrapped sentinel error that changes nothing,
+// errors backend failures only, safe for concurrent use. A key's slots are
+// independent of its rate-limit state.
+//
+// A holder is identified by an id the caller generates (NewHolderID), so
+// a resent Acquire of the same holder is harmless: it refreshes the hold
+// and counts once. Most callers want AcquireSlot, which generates it and
+// returns a Slot handle.
+type Slots interface {
+	// Acquire adds holder with weight to key's holders if the weight fits
+	// under limit.Max, holding until now+limit.Hold. If holder already
+	// holds, its hold is refreshed and it counts once, with its first
+	// weight.
+	Acquire(ctx context.Context, key string, limit InFlightLimit, weight int64, holder string) (SlotDecision, error)
+	// Extend moves holder's hold timeout to now+limit.Hold. It reports
+	// false, changing nothing, if holder does not hold (released, expired,
+	// or never acquired).
+	Extend(ctx context.Context, key string, limit InFlightLimit, holder string) (bool, error)
+	// Release frees holder's slot. It reports false, freeing nothing, if
+	// holder does not hold: an unknown or forged id never frees another's
+	// slot.
+	Release(ctx context.Context, key string, holder string) (bool, error)
+}
+
+// Slot is a held slot: a handle from AcquireSlot. Release it when the work
+// is done; Release and Extend are safe from any goroutine. The zero value
+// holds nothing (its Release does nothing; its Extend is ErrSlotLost).
+type Slot struct {
+	store    Slots
+	key      string
+	limit    InFlightLimit
+	weight   int64
+	holder   string
+	released atomic.Bool
+}
+
+// AcquireSlot acquires a slot of weight for key under limit with a fresh
+// holder id. It returns a nil Slot when the decision denies.
+func AcquireSlot(ctx context.Context, store Slots, key string, limit InFlightLimit, weight int64) (*Slot, SlotDecision, error) {
+	holder := NewHolderID()
+	d, err := store.Acquire(ctx, key, limit, weight, holder)
+	if err != nil || !d.Allowed {
+		return nil, d, err
+	}
+	return &Slot{store: store, key: key, limit: limit, weight: weight, holder: holder}, d, nil
+}
+
+// Key, Limit, Weight and Holder report what s was acquired with.
+func (s *Slot) Key() string          { return s.key }
+func (s *Slot) Limit() InFlightLimit { return s.limit }
+func (s *Slot) Weight() int64        { return s.weight }
+func (s *Slot) Holder() string       { return s.holder }
+
+// Release frees the slot. The first call that succeeds releases it; later
+// calls (and calls racing with it) do nothing and return nil. A failed
+// call may be retried. Releasing a slot already freed at its hold timeout
+// is not an error.
+func (s *Slot) Release(ctx context.Context) error {
+	if s.store == nil || !s.released.CompareAndSwap(false, true) {
+		return nil
+	}
+	if _, err := s.store.Release(ctx, s.key, s.holder); err != nil {
+		s.released.Store(false)
+		return err
+	}
+	return nil
+}
+
+// Extend moves the slot's hold timeout to now + its limit's Hold. It
+// returns ErrSlotLost if the slot was released or its hold had already
+// run out.
+func (s *Slot) Extend(ctx context.Context) error {
+	if s.store == nil || s.released.Load() {
+		return ErrSlotLost
+	}
+	ok, err := s.store.Extend(ctx, s.key, s.limit, s.holder)
+	if err != nil {
+		return err
+	}
+	if !ok {
+		return ErrSlotLost
+	}
+	return nil
+}

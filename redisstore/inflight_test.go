@@ -1,0 +1,198 @@
+package redisstore_test
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/memory"
+	"github.com/sluicehq/sluice/redisstore"
+	"github.com/sluicehq/sluice/storetest"
+)
+
+// The in-flight differential test: random traces of acquire, extend and
+// release on a few keys drive the Lua scripts and memory/inflight.go with
+// one fake clock, and every step must answer the same, RetryAfter to the
+// microsecond.
+//
+// Redis TTLs run in real time while the fake clock jumps: the clock moves
+// on a grid of inflightDiffGrid and holds are multiples of it, so a key with
+// a live holder has at least that TTL, and the test raises both keys' TTL
+// to an hour right after each call.
+const (
+	inflightDiffTraces = 4
+	inflightDiffSteps  = 3000
+	inflightDiffKeys   = 3
+	inflightDiffGrid   = 250 * time.Millisecond
+)
+
+func TestInFlightDifferential(t *testing.T) {
+	client := redistest.Client(t)
+	for trace := range inflightDiffTraces {
+		t.Run(fmt.Sprintf("trace%d", trace), func(t *testing.T) {
+			t.Parallel()
+			r := rand.New(rand.NewPCG(diffDefaultSeed, 0x1f<<8|uint64(trace)))
+			runInFlightTrace(t, client, r)
+		})
+	}
+}
+
+func runInFlightTrace(t *testing.T, client *redis.Client, r *rand.Rand) {
+	ctx := context.Background()
+	clock := storetest.NewClock(storetest.T0)
+	mem := memory.New(&memory.Options{Clock: clock.Now, SweepInterval: -1})
+	t.Cleanup(func() { mem.Close() })
+	red := redisstore.New(client, &redisstore.Options{Prefix: redistest.Prefix(t), Clock: clock.Now})
+	type key struct {
+		name  string
+		limit sluice.InFlightLimit
+	}
+	keys := make([]key, inflightDiffKeys)
+	for i := range keys {
+		keys[i] = key{fmt.Sprintf("k%d", i), sluice.Concurrent(1+r.Int64N(10), inflightDiffGrid*time.Duration(4+r.IntN(40)))}
+	}
+	var history []string
+	seen := map[string]int{} // outcomes, so that a trace cannot pass vacuously
+	for step := range inflightDiffSteps {
+		clock.Advance(inflightDiffGrid * time.Duration(r.IntN(5)))
+		k := keys[r.IntN(len(keys))]
+		l := k.limit
+		if r.IntN(4) == 0 { // now and then a hold of its own
+			l.Hold = inflightDiffGrid * time.Duration(4+r.IntN(40))
+		}
+		holder := fmt.Sprintf("h%d", r.IntN(12))
+		var m, d string
+		switch op := r.IntN(10); {
+		case op < 5:
+			w := 1 + r.Int64N(min(l.Max, 4))
+			md, merr := mem.Acquire(ctx, k.name, l, w, holder)
+			rd, rerr := red.Acquire(ctx, k.name, l, w, holder)
+			m, d = fmt.Sprintf("acquire w%d %+v %v", w, md, merr), fmt.Sprintf("acquire w%d %+v %v", w, rd, rerr)
+		case op < 7:
+			mok, merr := mem.Extend(ctx, k.name, l, holder)
+			rok, rerr := red.Extend(ctx, k.name, l, holder)
+			m, d = fmt.Sprintf("extend %v %v", mok, merr), fmt.Sprintf("extend %v %v", rok, rerr)
+		default:
+			mok, merr := mem.Release(ctx, k.name, holder)
+			rok, rerr := red.Release(ctx, k.name, holder)
+			m, d = fmt.Sprintf("release %v %v", mok, merr), fmt.Sprintf("release %v %v", rok, rerr)
+		}
+		for _, rk := range red.SlotKeys(k.name) {
+			client.PExpire(ctx, rk, time.Hour)
+		}
+		seen[outcome(m)]++
+		history = append(history, fmt.Sprintf("%d %v %s %s: %s", step, clock.Now().Sub(storetest.T0), k.name, holder, m))
+		if m != d {
+			from := max(0, len(history)-30)
+			for _, h := range history[from:] {
+				t.Log(h)
+			}
+			t.Fatalf("step %d: memory %s\n                     redis  %s", step, m, d)
+		}
+	}
+	t.Logf("outcomes: %v", seen)
+	for _, o := range []string{"acquired", "denied", "extend true", "extend false", "release true", "release false"} {
+		if seen[o] == 0 {
+			t.Errorf("no %q in the trace", o)
+		}
+	}
+	// Once every hold has run out, a touch deletes both Redis keys.
+	clock.Advance(time.Hour)
+	for _, k := range keys {
+		if _, err := red.Release(ctx, k.name, "h0"); err != nil {
+			t.Fatal(err)
+		}
+		if n := client.Exists(ctx, red.SlotKeys(k.name)...).Val(); n != 0 {
+			t.Errorf("%s: %d Redis keys left after every hold ended", k.name, n)
+		}
+	}
+}
+
+// On the server's clock: a slot's keys expire with its hold, and are
+// deleted by the last release.
+func TestInFlightKeysExpire(t *testing.T) {
+	t.Parallel()
+	client := redistest.Client(t)
+	ctx := context.Background()
+	s := redisstore.New(client, &redisstore.Options{Prefix: redistest.Prefix(t)})
+	l := sluice.Concurrent(2, 5*time.Second)
+	a, _, err := sluice.AcquireSlot(ctx, s, "k", l, 1)
+	if err != nil || a == nil {
+		t.Fatalf("AcquireSlot = %v, %v", a, err)
+	}
+	for _, k := range s.SlotKeys("k") {
+		if ttl := client.PTTL(ctx, k).Val(); ttl <= 4*time.Second || ttl > 5*time.Second {
+			t.Errorf("%s: TTL %v, want just under the 5s hold", k, ttl)
+		}
+	}
+	if err := a.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := client.Exists(ctx, s.SlotKeys("k")...).Val(); n != 0 {
+		t.Errorf("%d keys left after the last release", n)
+	}
+}
+
+func outcome(step string) string {
+	switch {
+	case strings.Contains(step, "Allowed:true"):
+		return "acquired"
+	case strings.Contains(step, "Allowed:false"):
+		return "denied"
+	}
+	return strings.TrimSuffix(step, " <nil>")
+}
+
+// Redis expires a slot's two keys one at a time. Whichever is left alone,
+// the key is fresh: every hold had ended for either to expire.
+func TestInFlightHalfExpired(t *testing.T) {
+	t.Parallel()
+	client := redistest.Client(t)
+	ctx := context.Background()
+	s := redisstore.New(client, &redisstore.Options{Prefix: redistest.Prefix(t)})
+	l := sluice.Concurrent(2, time.Minute)
+	for i, gone := range s.SlotKeys("k") {
+		for _, h := range []string{"a", "b"} {
+			if d, err := s.Acquire(ctx, "k", l, 1, h); err != nil || !d.Allowed {
+				t.Fatalf("Acquire(%s) = %+v, %v", h, d, err)
+			}
+		}
+		client.Del(ctx, gone)
+		if d, err := s.Acquire(ctx, "k", l, 2, fmt.Sprint("c", i)); err != nil || !d.Allowed || d.InUse != 2 {
+			t.Errorf("with only %s left: Acquire(2) = %+v, %v; want allowed, 2 in use", gone, d, err)
+		}
+		if _, err := s.Release(ctx, "k", fmt.Sprint("c", i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// The in-flight scripts survive a flushed script cache, batched or alone.
+func TestInFlightNoScript(t *testing.T) {
+	t.Parallel()
+	client := redistest.Client(t)
+	ctx := context.Background()
+	for _, batch := range []int{0, 1} {
+		s := redisstore.New(client, &redisstore.Options{Prefix: redistest.Prefix(t), MaxBatch: batch})
+		l := sluice.Concurrent(1, time.Minute)
+		client.ScriptFlush(ctx)
+		if d, err := s.Acquire(ctx, "k", l, 1, "a"); err != nil || !d.Allowed {
+			t.Fatalf("MaxBatch %d: Acquire after SCRIPT FLUSH = %+v, %v", batch, d, err)
+		}
+		client.ScriptFlush(ctx)
+		if ok, err := s.Extend(ctx, "k", l, "a"); err != nil || !ok {
+			t.Fatalf("MaxBatch %d: Extend after SCRIPT FLUSH = %v, %v", batch, ok, err)
+		}
+		client.ScriptFlush(ctx)
+		if ok, err := s.Release(ctx, "k", "a"); err != nil || !ok {
+			t.Fatalf("MaxBatch %d: Release after SCRIPT FLUSH = %v, %v", batch, ok, err)
+		}
+	}
+}

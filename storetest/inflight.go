@@ -1,0 +1,406 @@
+package storetest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice"
+)
+
+// NewSlots returns the in-flight store under test. It must read the time
+// from now, and release resources with t.Cleanup.
+type NewSlots func(t *testing.T, now func() time.Time) sluice.Slots
+
+type slotOp int
+
+const (
+	acquire slotOp = iota
+	extend
+	release
+)
+
+// slotStep is one in-flight call at a time offset from the table's start.
+type slotStep struct {
+	at     time.Duration
+	op     slotOp
+	holder string
+	weight int64         // acquire; 0 means 1
+	hold   time.Duration // acquire and extend; 0 means the table's
+	ok     bool          // acquire: Allowed; extend, release: the holder held
+	inUse  int64         // acquire only
+	retry  time.Duration // acquire only
+}
+
+type slotTable struct {
+	name  string
+	limit sluice.InFlightLimit
+	steps []slotStep
+}
+
+const second = time.Second
+
+func slotTables() []slotTable {
+	return []slotTable{{
+		// Denials estimate RetryAfter from the deadlines that free enough
+		// weight first; a second release is a no-op.
+		name: "weighted", limit: sluice.Concurrent(10, 30*second), steps: []slotStep{
+			{at: 0, op: acquire, holder: "a", weight: 3, ok: true, inUse: 3},
+			{at: 1 * second, op: acquire, holder: "b", weight: 5, ok: true, inUse: 8},
+			{at: 2 * second, op: acquire, holder: "c", weight: 3, inUse: 8, retry: 28 * second},
+			{at: 2 * second, op: acquire, holder: "c", weight: 2, ok: true, inUse: 10},
+			{at: 3 * second, op: acquire, holder: "d", weight: 1, inUse: 10, retry: 27 * second},
+			{at: 4 * second, op: release, holder: "a", ok: true},
+			{at: 4 * second, op: release, holder: "a"},
+			{at: 5 * second, op: acquire, holder: "d", weight: 3, ok: true, inUse: 10},
+			{at: 6 * second, op: acquire, holder: "e", weight: 6, inUse: 10, retry: 26 * second},
+			{at: 6 * second, op: acquire, holder: "e", weight: 10, inUse: 10, retry: 29 * second},
+		},
+	}, {
+		// A crashed holder frees its slot exactly at its hold timeout.
+		name: "expiry", limit: sluice.Concurrent(2, 10*second), steps: []slotStep{
+			{at: 0, op: acquire, holder: "a", ok: true, inUse: 1},
+			{at: 0, op: acquire, holder: "b", ok: true, inUse: 2},
+			{at: 10*second - time.Microsecond, op: acquire, holder: "c", inUse: 2, retry: time.Microsecond},
+			{at: 10 * second, op: acquire, holder: "c", ok: true, inUse: 1},
+			{at: 10 * second, op: release, holder: "a"},
+			{at: 10 * second, op: extend, holder: "b"},
+			{at: 10 * second, op: acquire, holder: "d", ok: true, inUse: 2},
+		},
+	}, {
+		// Extend moves the deadline to now+hold, only for a live holder.
+		name: "extend", limit: sluice.Concurrent(1, 10*second), steps: []slotStep{
+			{at: 0, op: acquire, holder: "a", ok: true, inUse: 1},
+			{at: 8 * second, op: extend, holder: "a", ok: true},
+			{at: 15 * second, op: acquire, holder: "b", inUse: 1, retry: 3 * second},
+			{at: 17 * second, op: extend, holder: "a", hold: 2 * second, ok: true},
+			{at: 18 * second, op: acquire, holder: "b", inUse: 1, retry: time.Second},
+			{at: 19 * second, op: acquire, holder: "b", ok: true, inUse: 1},
+			{at: 19 * second, op: extend, holder: "a"},
+			{at: 19 * second, op: release, holder: "a"},
+		},
+	}, {
+		// A resent acquire refreshes the hold and counts once, with its
+		// first weight.
+		name: "resend", limit: sluice.Concurrent(3, 10*second), steps: []slotStep{
+			{at: 0, op: acquire, holder: "a", weight: 2, ok: true, inUse: 2},
+			{at: 1 * second, op: acquire, holder: "a", weight: 2, ok: true, inUse: 2},
+			{at: 1 * second, op: acquire, holder: "a", weight: 3, ok: true, inUse: 2},
+			{at: 1 * second, op: acquire, holder: "b", weight: 2, inUse: 2, retry: 10 * second},
+			{at: 1 * second, op: acquire, holder: "b", ok: true, inUse: 3},
+			{at: 10*second + second/2, op: acquire, holder: "c", inUse: 3, retry: second / 2},
+			{at: 11 * second, op: acquire, holder: "c", weight: 3, ok: true, inUse: 3},
+		},
+	}, {
+		// An unknown or forged holder frees and extends nothing.
+		name: "forged", limit: sluice.Concurrent(1, 10*second), steps: []slotStep{
+			{at: 0, op: acquire, holder: "a", ok: true, inUse: 1},
+			{at: 1 * second, op: release, holder: "forged"},
+			{at: 1 * second, op: extend, holder: "forged"},
+			{at: 1 * second, op: release, holder: "A"},
+			{at: 2 * second, op: acquire, holder: "b", inUse: 1, retry: 8 * second},
+			{at: 3 * second, op: release, holder: "a", ok: true},
+			{at: 3 * second, op: acquire, holder: "b", ok: true, inUse: 1},
+		},
+	}, {
+		// Each acquire holds for its own limit's Hold.
+		name: "mixed_holds", limit: sluice.Concurrent(2, 10*second), steps: []slotStep{
+			{at: 0, op: acquire, holder: "a", hold: 5 * second, ok: true, inUse: 1},
+			{at: 1 * second, op: acquire, holder: "b", hold: 20 * second, ok: true, inUse: 2},
+			{at: 2 * second, op: acquire, holder: "c", inUse: 2, retry: 3 * second},
+			{at: 5 * second, op: acquire, holder: "c", ok: true, inUse: 2},
+			{at: 21 * second, op: acquire, holder: "d", ok: true, inUse: 1},
+		},
+	}}
+}
+
+// RunInFlight runs the in-flight conformance suite against the stores
+// newSlots returns.
+func RunInFlight(t *testing.T, newSlots NewSlots) {
+	t.Run("tables", func(t *testing.T) {
+		for _, tb := range slotTables() {
+			t.Run(tb.name, func(t *testing.T) {
+				t.Parallel()
+				runSlotTable(t, newSlots, tb)
+			})
+		}
+	})
+	t.Run("bad_input", func(t *testing.T) { t.Parallel(); testSlotBadInput(t, newSlots) })
+	t.Run("concurrent", func(t *testing.T) { t.Parallel(); testSlotConcurrent(t, newSlots) })
+	t.Run("handle", func(t *testing.T) { t.Parallel(); testSlotHandle(t, newSlots) })
+	t.Run("independence", func(t *testing.T) { t.Parallel(); testSlotIndependence(t, newSlots) })
+}
+
+// runInFlightOf runs RunInFlight on newStore's stores if they keep slots
+// (Run calls it).
+func runInFlightOf(t *testing.T, newStore NewStore) {
+	if _, ok := newStore(t, NewClock(T0).Now).(sluice.Slots); !ok {
+		t.Log("the store keeps no in-flight slots")
+		return
+	}
+	RunInFlight(t, func(t *testing.T, now func() time.Time) sluice.Slots {
+		return newStore(t, now).(sluice.Slots)
+	})
+}
+
+func runSlotTable(t *testing.T, newSlots NewSlots, tb slotTable) {
+	clock := NewClock(T0)
+	st := newSlots(t, clock.Now)
+	key := uniqueKey(t, "slots")
+	for i, step := range tb.steps {
+		clock.Set(T0.Add(step.at))
+		l := tb.limit
+		if step.hold != 0 {
+			l.Hold = step.hold
+		}
+		got, err := doSlotStep(st, key, l, step)
+		if err != nil {
+			t.Fatalf("step %d (%v %s): %v", i, step.at, step.holder, err)
+		}
+		want := slotStepResult(l, step)
+		if got != want {
+			t.Errorf("step %d (%v %s): got %s, want %s", i, step.at, step.holder, got, want)
+		}
+	}
+}
+
+// doSlotStep runs step and formats what it returned, as slotStepResult
+// formats what it should return.
+func doSlotStep(st sluice.Slots, key string, l sluice.InFlightLimit, step slotStep) (string, error) {
+	ctx := context.Background()
+	switch step.op {
+	case acquire:
+		d, err := st.Acquire(ctx, key, l, max(step.weight, 1), step.holder)
+		return fmt.Sprintf("acquire %+v", d), err
+	case extend:
+		ok, err := st.Extend(ctx, key, l, step.holder)
+		return fmt.Sprintf("extend %v", ok), err
+	default:
+		ok, err := st.Release(ctx, key, step.holder)
+		return fmt.Sprintf("release %v", ok), err
+	}
+}
+
+func slotStepResult(l sluice.InFlightLimit, step slotStep) string {
+	switch step.op {
+	case acquire:
+		return fmt.Sprintf("acquire %+v", sluice.SlotDecision{Allowed: step.ok, Limit: l, InUse: step.inUse,
+			Remaining: max(l.Max-step.inUse, 0), RetryAfter: step.retry})
+	case extend:
+		return fmt.Sprintf("extend %v", step.ok)
+	default:
+		return fmt.Sprintf("release %v", step.ok)
+	}
+}
+
+// Bad input is a typed error and changes nothing: the holder acquired
+// first still holds, and nothing more is held.
+func testSlotBadInput(t *testing.T, newSlots NewSlots) {
+	clock := NewClock(T0)
+	st := newSlots(t, clock.Now)
+	ctx := context.Background()
+	key := uniqueKey(t, "slots")
+	l := sluice.Concurrent(2, 10*second)
+	if d, err := st.Acquire(ctx, key, l, 1, "a"); err != nil || !d.Allowed {
+		t.Fatalf("Acquire = %+v, %v", d, err)
+	}
+	long := strings.Repeat("h", sluice.MaxHolderLen+1)
+	for _, c := range []struct {
+		name   string
+		key    string
+		limit  sluice.InFlightLimit
+		weight int64
+		holder string
+		want   error
+	}{
+		{"max_zero", key, sluice.Concurrent(0, second), 1, "x", sluice.ErrInvalidLimit},
+		{"max_negative", key, sluice.Concurrent(-1, second), 1, "x", sluice.ErrInvalidLimit},
+		{"max_too_big", key, sluice.Concurrent(sluice.MaxInFlight+1, second), 1, "x", sluice.ErrInvalidLimit},
+		{"hold_zero", key, sluice.Concurrent(2, 0), 1, "x", sluice.ErrInvalidLimit},
+		{"hold_negative", key, sluice.Concurrent(2, -second), 1, "x", sluice.ErrInvalidLimit},
+		{"hold_below_1us", key, sluice.Concurrent(2, time.Nanosecond), 1, "x", sluice.ErrInvalidLimit},
+		{"hold_too_long", key, sluice.Concurrent(2, sluice.MaxHold+time.Microsecond), 1, "x", sluice.ErrInvalidLimit},
+		{"weight_zero", key, l, 0, "x", sluice.ErrInvalidWeight},
+		{"weight_negative", key, l, -1, "x", sluice.ErrInvalidWeight},
+		{"weight_above_max", key, l, 3, "x", sluice.ErrInvalidWeight},
+		{"holder_empty", key, l, 1, "", sluice.ErrInvalidHolder},
+		{"holder_too_long", key, l, 1, long, sluice.ErrInvalidHolder},
+		{"key_empty", "", l, 1, "x", sluice.ErrInvalidKey},
+	} {
+		if _, err := st.Acquire(ctx, c.key, c.limit, c.weight, c.holder); !errors.Is(err, c.want) {
+			t.Errorf("%s: Acquire err = %v, want %v", c.name, err, c.want)
+		}
+		if c.weight == 1 { // Extend has no weight to get wrong
+			if _, err := st.Extend(ctx, c.key, c.limit, c.holder); !errors.Is(err, c.want) {
+				t.Errorf("%s: Extend err = %v, want %v", c.name, err, c.want)
+			}
+		}
+	}
+	for _, c := range []struct {
+		key, holder string
+		want        error
+	}{{key, "", sluice.ErrInvalidHolder}, {key, long, sluice.ErrInvalidHolder}, {"", "a", sluice.ErrInvalidKey}} {
+		if _, err := st.Release(ctx, c.key, c.holder); !errors.Is(err, c.want) {
+			t.Errorf("Release(%q, %d-byte holder) err = %v, want %v", c.key, len(c.holder), err, c.want)
+		}
+	}
+	d, err := st.Acquire(ctx, key, l, 1, "a") // a resend: reports what is held
+	if err != nil || !d.Allowed || d.InUse != 1 {
+		t.Errorf("after bad input: Acquire(a) = %+v, %v; want allowed, 1 in use", d, err)
+	}
+}
+
+// Many goroutines acquiring at once: exactly Max are admitted, and a
+// full release frees everything.
+func testSlotConcurrent(t *testing.T, newSlots NewSlots) {
+	st := newSlots(t, NewClock(T0).Now)
+	ctx := context.Background()
+	key := uniqueKey(t, "slots")
+	const n, limit = 64, 10
+	l := sluice.Concurrent(limit, time.Minute)
+	var (
+		wg      sync.WaitGroup
+		mu      sync.Mutex
+		holders []string
+		over    atomic.Int64
+	)
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			h := fmt.Sprintf("h%d", i)
+			d, err := st.Acquire(ctx, key, l, 1, h)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			if d.InUse > limit {
+				over.Add(1)
+			}
+			if d.Allowed {
+				mu.Lock()
+				holders = append(holders, h)
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	if got := len(holders); got != limit {
+		t.Errorf("%d admitted, want %d", got, limit)
+	}
+	if over.Load() > 0 {
+		t.Errorf("%d decisions reported more than %d in use", over.Load(), limit)
+	}
+	for _, h := range holders {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if ok, err := st.Release(ctx, key, h); err != nil || !ok {
+				t.Errorf("Release(%s) = %v, %v", h, ok, err)
+			}
+		}()
+	}
+	wg.Wait()
+	if d, err := st.Acquire(ctx, key, l, limit, "all"); err != nil || !d.Allowed {
+		t.Errorf("after releasing all: Acquire(weight %d) = %+v, %v", limit, d, err)
+	}
+}
+
+// The Slot handle: Release is idempotent and safe from many goroutines;
+// Extend of a released or expired slot is ErrSlotLost.
+func testSlotHandle(t *testing.T, newSlots NewSlots) {
+	clock := NewClock(T0)
+	st := newSlots(t, clock.Now)
+	ctx := context.Background()
+	key := uniqueKey(t, "slots")
+	l := sluice.Concurrent(3, 10*second)
+	a, d, err := sluice.AcquireSlot(ctx, st, key, l, 2)
+	if err != nil || a == nil || !d.Allowed || d.InUse != 2 {
+		t.Fatalf("AcquireSlot = %v, %+v, %v", a, d, err)
+	}
+	if got := len(a.Holder()); got != 32 {
+		t.Errorf("holder id of %d bytes, want 32 (128 random bits in hex)", got)
+	}
+	b, d, err := sluice.AcquireSlot(ctx, st, key, l, 2)
+	if err != nil || b != nil || d.Allowed {
+		t.Fatalf("AcquireSlot over the limit = %v, %+v, %v; want a nil Slot and a denial", b, d, err)
+	}
+	clock.Advance(9 * second)
+	if err := a.Extend(ctx); err != nil {
+		t.Fatalf("Extend: %v", err)
+	}
+	clock.Advance(9 * second) // past the first hold, inside the extended one
+	c, _, err := sluice.AcquireSlot(ctx, st, key, l, 1)
+	if err != nil || c == nil {
+		t.Fatalf("AcquireSlot beside the extended slot = %v, %v", c, err)
+	}
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := a.Release(ctx); err != nil {
+				t.Error(err)
+			}
+		}()
+	}
+	wg.Wait()
+	if err := a.Extend(ctx); !errors.Is(err, sluice.ErrSlotLost) {
+		t.Errorf("Extend after Release = %v, want ErrSlotLost", err)
+	}
+	// c holds 1: a's 2 are free again, and only once.
+	if d, err := st.Acquire(ctx, key, l, 2, "x"); err != nil || !d.Allowed || d.InUse != 3 {
+		t.Errorf("after Release: Acquire(2) = %+v, %v; want allowed, 3 in use", d, err)
+	}
+	clock.Advance(10 * second) // c's hold runs out
+	if err := c.Extend(ctx); !errors.Is(err, sluice.ErrSlotLost) {
+		t.Errorf("Extend after the hold = %v, want ErrSlotLost", err)
+	}
+	if err := c.Release(ctx); err != nil {
+		t.Errorf("Release after the hold = %v, want nil", err)
+	}
+	var zero sluice.Slot
+	if err := zero.Release(ctx); err != nil {
+		t.Errorf("zero Slot: Release = %v", err)
+	}
+	if err := zero.Extend(ctx); !errors.Is(err, sluice.ErrSlotLost) {
+		t.Errorf("zero Slot: Extend = %v, want ErrSlotLost", err)
+	}
+}
+
+// Keys' slots are independent of each other and of the keys' rate limits.
+func testSlotIndependence(t *testing.T, newSlots NewSlots) {
+	st := newSlots(t, NewClock(T0).Now)
+	ctx := context.Background()
+	k1, k2 := uniqueKey(t, "one"), uniqueKey(t, "two")
+	l := sluice.Concurrent(1, 10*second)
+	for _, k := range []string{k1, k2} {
+		if d, err := st.Acquire(ctx, k, l, 1, "a"); err != nil || !d.Allowed || d.InUse != 1 {
+			t.Errorf("Acquire(%s) = %+v, %v", k, d, err)
+		}
+	}
+	if ok, err := st.Release(ctx, k1, "a"); err != nil || !ok {
+		t.Errorf("Release(k1) = %v, %v", ok, err)
+	}
+	if d, err := st.Acquire(ctx, k2, l, 1, "b"); err != nil || d.Allowed {
+		t.Errorf("k2 after releasing k1: Acquire = %+v, %v; want a denial", d, err)
+	}
+	rs, ok := st.(sluice.Store)
+	if !ok {
+		return
+	}
+	for _, a := range sluice.Algorithms() {
+		lim := sluice.PerMinute(1).WithAlgorithm(a)
+		if d, err := rs.Take(ctx, k2, lim, 1); err != nil || !d.Allowed {
+			t.Errorf("%v: Take on a key with full slots = %+v, %v", a, d, err)
+		}
+	}
+	if d, err := st.Acquire(ctx, k1, l, 1, "c"); err != nil || !d.Allowed {
+		t.Errorf("Acquire on a key with spent rate limits = %+v, %v", d, err)
+	}
+}
