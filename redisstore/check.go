@@ -10,6 +10,7 @@ import (
 	"net"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -166,8 +167,17 @@ func Check(ctx context.Context, c redis.UniversalClient) (*CheckReport, error) {
 	rep := &CheckReport{}
 	cc, cluster := c.(*redis.ClusterClient)
 	rep.Cluster = cluster
+	var mu sync.Mutex // ForEachMaster checks the masters at once
 	check := func(ctx context.Context, node *redis.Client) error {
-		return checkNode(ctx, node, cluster, rep)
+		var r CheckReport
+		err := checkNode(ctx, node, cluster, &r)
+		mu.Lock()
+		defer mu.Unlock()
+		if r.Version != "" && (rep.Version == "" || !versionAtLeast(r.Version, rep.Version)) {
+			rep.Version = r.Version
+		}
+		rep.Warnings = append(rep.Warnings, r.Warnings...)
+		return err
 	}
 	var err error
 	if cluster {
