@@ -49,3 +49,11 @@ func TestZeroStore(t *testing.T) {
 		t.Errorf("Close = %v", err)
 	}
 }
+
+func TestGrantConformance(t *testing.T) {
+	storetest.RunGrant(t, func(t *testing.T, now func() time.Time) sluice.Store {
+		s := memory.New(&memory.Options{Clock: now})
+		t.Cleanup(func() { s.Close() })
+		return s
+	})
+}
