@@ -103,7 +103,7 @@ func ValidateGrant(key string, l Limit, n int64) error {
 // ValidateReturn checks a Return call as stores do before touching their
 // backend.
 func ValidateReturn(key string, l Limit, g Grant, unused int64) error {
-	if err := ValidateGrant(key, l, max(unused, 1)); err != nil {
+	if err := ValidateGrant(key, l, 1); err != nil {
 		return err
 	}
 	if unused < 1 || unused > g.Granted {

@@ -16,25 +16,6 @@ import (
 	"github.com/sluicehq/sluice/storetest"
 )
 
-// The Granter conformance suite on a standalone server and a cluster.
-func TestGrantConformance(t *testing.T) {
-	for _, c := range []struct {
-		name   string
-		client func(t *testing.T) redis.UniversalClient
-	}{
-		{"standalone", func(t *testing.T) redis.UniversalClient { return redistest.Client(t) }},
-		{"cluster", func(t *testing.T) redis.UniversalClient { return redistest.ClusterClient(t) }},
-	} {
-		t.Run(c.name, func(t *testing.T) {
-			t.Parallel()
-			client := c.client(t)
-			storetest.RunGrant(t, func(t *testing.T, now func() time.Time) sluice.Store {
-				return redisstore.New(client, &redisstore.Options{Prefix: redistest.Prefix(t), Clock: now})
-			})
-		})
-	}
-}
-
 // grantDiffSteps is the length of each differential grant trace.
 const grantDiffSteps = 600
 
