@@ -9,8 +9,10 @@
 // when its grant was sent, so no network delay stretches it; under the
 // window algorithms it also ends where the window it was taken from ends.
 // When the store grants nothing, the Store remembers that until the key's
-// retry time. Unused units go back to the store when a lease expires or
-// cannot cover a request, and on Close, under sluice.Granter's return rule.
+// retry time. Unused units go back to the store, under sluice.Granter's
+// return rule, on the first request an expired lease or one too small
+// cannot answer, and on Close; a lease forgotten among many idle keys
+// strands its units, which can only lower admissions.
 //
 // # The bound
 //

@@ -247,3 +247,29 @@ func TestConcurrent(t *testing.T) {
 		t.Fatalf("admitted %d of 1000; at most the 4 leases' units may be stranded", total)
 	}
 }
+
+// A fixed window's lease ends with its window, however long MaxStaleness,
+// and its unused units do not pass into the next window.
+func TestWindowEnd(t *testing.T) {
+	t.Parallel()
+	clock := storetest.NewClock(storetest.T0.Add(500 * time.Millisecond))
+	c := &counting{Granter: newMemory(t, clock), clock: clock}
+	s := newLease(t, c, clock, 800*time.Millisecond, 4)
+	l := sluice.PerSecond(10).WithAlgorithm(sluice.FixedWindow)
+	take(t, s, "k", l, 1)
+	clock.Set(storetest.T0.Add(time.Second - time.Microsecond))
+	if d := take(t, s, "k", l, 1); d.Source != sluice.SourceLease {
+		t.Fatalf("1µs before the window's end: %+v, want the lease", d)
+	}
+	clock.Advance(time.Microsecond)
+	d := take(t, s, "k", l, 1)
+	if d.Source != sluice.SourceBackend || d.Remaining != 3 || c.grants != 2 {
+		t.Fatalf("at the next window: %+v after %d grants; want a new grant", d, c.grants)
+	}
+	if c.returned != 2 {
+		t.Fatalf("returned %d, want the 2 unused (into the old window)", c.returned)
+	}
+	if p, err := c.Peek(ctx, "k", l, 1); err != nil || p.Remaining != 6 {
+		t.Fatalf("store after the new grant: %+v, %v; want 6 left in the new window", p, err)
+	}
+}
