@@ -19,11 +19,8 @@ func (s *Store) Grant(_ context.Context, key string, limit sluice.Limit, n int64
 		return sluice.Grant{}, ErrZeroStore
 	}
 	p := newParams(limit)
-	sh := s.shard(key)
-	m := sh.maps[limit.Algorithm]
-	sh.mu.Lock()
+	sh, m, now := s.lock(key, limit.Algorithm)
 	defer sh.mu.Unlock()
-	now := s.now()
 	st := m[key]
 	if st != nil && st.expires <= now { // expired but not yet swept: fresh again
 		st.a, st.b, st.c, st.expires = 0, 0, 0, 0
@@ -55,11 +52,8 @@ func (s *Store) Return(_ context.Context, key string, limit sluice.Limit, g slui
 		return 0, ErrZeroStore
 	}
 	p := newParams(limit)
-	sh := s.shard(key)
-	m := sh.maps[limit.Algorithm]
-	sh.mu.Lock()
+	sh, m, now := s.lock(key, limit.Algorithm)
 	defer sh.mu.Unlock()
-	now := s.now()
 	give := unused
 	if !windowed(limit.Algorithm) {
 		give = sluice.ReturnAllowance(limit, unused, now-g.At)
@@ -124,6 +118,14 @@ func giveBack(st *state, now int64, p *params, u, at int64) (fresh bool) {
 
 func windowed(a sluice.Algorithm) bool {
 	return a == sluice.FixedWindow || a == sluice.SlidingWindowCounter
+}
+
+// lock locks key's shard and returns it, its map for algorithm a, and the
+// time read under the lock.
+func (s *Store) lock(key string, a sluice.Algorithm) (*shard, map[string]*state, int64) {
+	sh := s.shard(key)
+	sh.mu.Lock()
+	return sh, sh.maps[a], s.now()
 }
 
 // grant takes min(n, available) units from st, as a Peek counts them. The
