@@ -339,6 +339,14 @@ func (s *Store) Reset(ctx context.Context, key string, limit sluice.Limit) error
 	return s.granter.Reset(ctx, key, limit)
 }
 
+// Len returns the number of keys the Store holds a lease or a remembered
+// denial for, idle ones not yet swept included.
+func (s *Store) Len() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.leases)
+}
+
 // Close returns every lease's unused units to the store, and forgets the
 // leases. The Store still answers afterwards.
 func (s *Store) Close(ctx context.Context) error {

@@ -3,6 +3,7 @@ package lease_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -271,5 +272,26 @@ func TestWindowEnd(t *testing.T) {
 	}
 	if p, err := c.Peek(ctx, "k", l, 1); err != nil || p.Remaining != 6 {
 		t.Fatalf("store after the new grant: %+v, %v; want 6 left in the new window", p, err)
+	}
+}
+
+// Idle leases are swept once the map has grown: a flood of cold keys
+// cannot grow a Store without bound.
+func TestSweep(t *testing.T) {
+	t.Parallel()
+	clock := storetest.NewClock(storetest.T0)
+	s := newLease(t, newMemory(t, clock), clock, 300*time.Millisecond, 1)
+	l := sluice.PerMinute(10)
+	const cold = 9_999 // with "warm", the 10,000 that start a sweep
+	for i := range cold {
+		take(t, s, fmt.Sprint("cold-", i), l, 1) // each lease spent at once
+	}
+	take(t, s, "warm", l, 1)
+	if got := s.Len(); got != cold+1 {
+		t.Fatalf("Len = %d, want %d before a sweep", got, cold+1)
+	}
+	take(t, s, "next", l, 1) // the map is full: the spent leases go
+	if got := s.Len(); got != 1 {
+		t.Fatalf("Len = %d after the sweep, want 1", got)
 	}
 }
