@@ -77,9 +77,12 @@ const (
 	// SourceFailClosed: the backend failed (or its breaker is open) and the
 	// request was denied. The decision is made up: no limit was exceeded.
 	SourceFailClosed
+	// SourceLease: a lease (package sluice/lease) answered in memory from
+	// units already taken from the store; the store was not called.
+	SourceLease
 )
 
-var sourceNames = [...]string{"backend", "deny_cache", "fallback", "fail_open", "fail_closed"}
+var sourceNames = [...]string{"backend", "deny_cache", "fallback", "fail_open", "fail_closed", "lease"}
 
 // String returns the source's metric label, such as "deny_cache".
 func (s Source) String() string {

@@ -11,13 +11,15 @@ import (
 	"github.com/sluicehq/sluice/storetest"
 )
 
-func TestConformance(t *testing.T) {
-	storetest.Run(t, func(t *testing.T, now func() time.Time) sluice.Store {
-		s := memory.New(&memory.Options{Clock: now})
-		t.Cleanup(func() { s.Close() })
-		return s
-	})
+func newStore(t *testing.T, now func() time.Time) sluice.Store {
+	s := memory.New(&memory.Options{Clock: now})
+	t.Cleanup(func() { s.Close() })
+	return s
 }
+
+func TestConformance(t *testing.T) { storetest.Run(t, newStore) }
+
+func TestGrantConformance(t *testing.T) { storetest.RunGrant(t, newStore) }
 
 // A zero Store refuses every decision with ErrZeroStore instead of
 // panicking, and its housekeeping methods are harmless.

@@ -12,7 +12,7 @@ import (
 	"github.com/sluicehq/sluice/storetest"
 )
 
-// The conformance suite with the caller's clock injected, on a standalone
+// The conformance suites (Store's and Granter's) with the caller's clock injected, on a standalone
 // server and on a 3-master cluster, with concurrent calls batched into
 // pipelines (the default; one pipeline in flight, so that the suite's
 // concurrent steps do travel in batches) and with every call on its own.
@@ -31,11 +31,13 @@ func TestConformance(t *testing.T) {
 			t.Run(c.name+"/"+m.name, func(t *testing.T) {
 				t.Parallel()
 				client := c.client(t)
-				storetest.Run(t, func(t *testing.T, now func() time.Time) sluice.Store {
+				newStore := func(t *testing.T, now func() time.Time) sluice.Store {
 					return redisstore.New(client, &redisstore.Options{
 						Prefix: redistest.Prefix(t), Clock: now, MaxBatch: m.batch, MaxInFlight: m.inFlight,
 					})
-				})
+				}
+				storetest.Run(t, newStore)
+				storetest.RunGrant(t, newStore)
 			})
 		}
 	}

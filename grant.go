@@ -1,0 +1,124 @@
+package sluice
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// ErrGrantUnsupported: the store cannot grant under the limit's algorithm.
+// The sliding window log is refused: its units are dated when they are
+// taken, so a leased unit spent later would leave the log early and admit
+// up to a whole extra Rate in a Period.
+var ErrGrantUnsupported = errors.New("sluice: algorithm cannot grant")
+
+// ErrInvalidReturn: a Return gives back a negative number of units, or more
+// than the grant granted.
+var ErrInvalidReturn = errors.New("sluice: invalid return")
+
+// Grant is the outcome of Granter.Grant: units taken from a key's budget in
+// one step, to be spent by the caller (a lease).
+//
+// The examples below use PerSecond(10) (GCRA: one unit every 100ms, burst
+// 10) on a key with 3 units left, granting up to 5.
+type Grant struct {
+	// Granted is how many units were taken: between 0 and the units asked
+	// for. Example: 3.
+	Granted int64
+
+	// Limit is the policy the grant was made under. Example: 10/s.
+	Limit Limit
+
+	// Remaining is how many units could still be taken right now, after
+	// the grant. Example: 0.
+	Remaining int64
+
+	// RetryAfter is zero when Granted is positive. Otherwise it is the
+	// exact wait until one unit could be granted, if nobody else takes
+	// units meanwhile. Example: 0 (an empty key: 100ms).
+	RetryAfter time.Duration
+
+	// ResetAfter is how long until the key is back to its fresh state if
+	// nothing more is taken, as in Decision. Example: 1s.
+	ResetAfter time.Duration
+
+	// Window is, for FixedWindow and SlidingWindowCounter, the time from
+	// the grant to the end of the window its units were taken from: units
+	// spent later would count in no window. Zero for the other algorithms,
+	// whose units never go stale. Example: 0.
+	Window time.Duration
+
+	// At is the store's time of the grant, µs since the Unix epoch. Return
+	// measures the lease's age from it. Example: 1767225600000000.
+	At int64
+}
+
+// Granter is implemented by stores that can lease units: grant up to n units
+// of a key at once, for the caller to spend without asking again, and take
+// back the ones it did not spend. Package sluice/lease builds leases on it.
+//
+// Contract, beside Store's:
+//   - Grant takes min(n, available) units in one atomic step, exactly as a
+//     Take of that many would (a partial grant, unlike Take's
+//     all-or-nothing), so the key's state then says they were taken.
+//   - Return gives back at most max(0, unused − r × age) units for GCRA,
+//     TokenBucket and LeakyBucket, where r is one unit per Interval (whole
+//     units, rounded against the caller) and age is the store's time since
+//     the grant: a unit that could have been refilled during the lease,
+//     only to be lost to the capacity, is not given back, so returns never
+//     let a fleet admit more than leases without returns could. For
+//     FixedWindow and SlidingWindowCounter it gives every unused unit back
+//     when the window the grant was taken from is still the key's current
+//     one, and nothing otherwise. It reports how many it gave back.
+//   - A grant or return is sent at most once: resent, a return would make
+//     budget and a grant would strand it.
+//   - SlidingWindowLog is refused with ErrGrantUnsupported.
+//   - Bad input returns the wrapped sentinel error (ErrInvalidCost for n
+//     below 1, ErrCostExceedsBurst above Capacity, ErrInvalidReturn for
+//     unused below 1 or above Granted) and changes nothing.
+type Granter interface {
+	Store
+
+	// Grant takes up to n units of key under limit.
+	Grant(ctx context.Context, key string, limit Limit, n int64) (Grant, error)
+
+	// Return gives back unused units of g, a grant of key under limit, as
+	// the contract says, and reports how many it gave back.
+	Return(ctx context.Context, key string, limit Limit, g Grant, unused int64) (int64, error)
+}
+
+// ValidateGrant checks a Grant call as stores do before touching their
+// backend.
+func ValidateGrant(key string, l Limit, n int64) error {
+	if err := ValidateRequest(key, l, n); err != nil {
+		return err
+	}
+	if l.Algorithm == SlidingWindowLog {
+		return fmt.Errorf("%w: %v", ErrGrantUnsupported, l.Algorithm)
+	}
+	return nil
+}
+
+// ValidateReturn checks a Return call as stores do before touching their
+// backend.
+func ValidateReturn(key string, l Limit, g Grant, unused int64) error {
+	if err := ValidateGrant(key, l, 1); err != nil {
+		return err
+	}
+	if unused < 1 || unused > g.Granted {
+		return fmt.Errorf("%w: %d unused of %d granted", ErrInvalidReturn, unused, g.Granted)
+	}
+	return nil
+}
+
+// ReturnAllowance is how many of unused units a return may give back age µs
+// after the grant under l (a GCRA or bucket limit): unused less one unit
+// for every Interval begun during the lease, at least zero.
+func ReturnAllowance(l Limit, unused, age int64) int64 {
+	if age < 0 {
+		age = 0
+	}
+	iv := l.Interval().Microseconds()
+	return max(0, unused-(age+iv-1)/iv)
+}

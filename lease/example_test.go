@@ -1,0 +1,37 @@
+package lease_test
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/lease"
+	"github.com/sluicehq/sluice/memory"
+)
+
+// A lease of 5 units answers five requests; only the first asks the store.
+func Example() {
+	store := memory.New(nil) // in a fleet: a redisstore.Store
+	defer store.Close()
+	leased, err := lease.New(store, &lease.Options{MaxStaleness: 50 * time.Millisecond, Size: 5})
+	if err != nil {
+		panic(err)
+	}
+	ctx := context.Background()
+	defer leased.Close(ctx)
+	for range 6 {
+		d, err := leased.Take(ctx, "api:alice", sluice.PerSecond(100), 1)
+		if err != nil {
+			panic(err)
+		}
+		fmt.Println(d.Allowed, d.Remaining, d.Source)
+	}
+	// Output:
+	// true 4 backend
+	// true 3 lease
+	// true 2 lease
+	// true 1 lease
+	// true 0 lease
+	// true 4 backend
+}

@@ -1,0 +1,297 @@
+package lease_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/lease"
+	"github.com/sluicehq/sluice/memory"
+	"github.com/sluicehq/sluice/storetest"
+)
+
+var ctx = context.Background()
+
+// counting wraps a Granter, counting its calls and the units given back,
+// and moving the clock forward by delay while a grant is on its way: the
+// store dates the grant delay after it was sent.
+type counting struct {
+	sluice.Granter
+	clock    *storetest.Clock
+	delay    time.Duration
+	mu       sync.Mutex
+	grants   int
+	returns  int
+	returned int64
+}
+
+func (c *counting) Grant(ctx context.Context, key string, l sluice.Limit, n int64) (sluice.Grant, error) {
+	c.mu.Lock()
+	c.grants++
+	c.mu.Unlock()
+	c.clock.Advance(c.delay)
+	return c.Granter.Grant(ctx, key, l, n)
+}
+
+func (c *counting) Return(ctx context.Context, key string, l sluice.Limit, g sluice.Grant, unused int64) (int64, error) {
+	n, err := c.Granter.Return(ctx, key, l, g, unused)
+	c.mu.Lock()
+	c.returns++
+	c.returned += n
+	c.mu.Unlock()
+	return n, err
+}
+
+func newMemory(t *testing.T, clock *storetest.Clock) *memory.Store {
+	m := memory.New(&memory.Options{Clock: clock.Now, SweepInterval: -1})
+	t.Cleanup(func() { m.Close() })
+	return m
+}
+
+func newLease(t *testing.T, g sluice.Granter, clock *storetest.Clock, d time.Duration, size int64) *lease.Store {
+	t.Helper()
+	s, err := lease.New(g, &lease.Options{MaxStaleness: d, Size: size, Clock: clock.Now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func take(t *testing.T, s *lease.Store, key string, l sluice.Limit, cost int64) sluice.Decision {
+	t.Helper()
+	d, err := s.Take(ctx, key, l, cost)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d
+}
+
+func TestBadInput(t *testing.T) {
+	t.Parallel()
+	clock := storetest.NewClock(storetest.T0)
+	m := newMemory(t, clock)
+	for _, d := range []time.Duration{0, -time.Second} {
+		if _, err := lease.New(m, &lease.Options{MaxStaleness: d}); !errors.Is(err, lease.ErrInvalidStaleness) {
+			t.Errorf("MaxStaleness %v: err = %v, want ErrInvalidStaleness", d, err)
+		}
+	}
+	if _, err := lease.New(m, nil); !errors.Is(err, lease.ErrInvalidStaleness) {
+		t.Errorf("nil options: err = %v, want ErrInvalidStaleness", err)
+	}
+	if _, err := lease.New(nil, &lease.Options{MaxStaleness: time.Second}); !errors.Is(err, lease.ErrNoGranter) {
+		t.Errorf("nil granter: err = %v, want ErrNoGranter", err)
+	}
+	s := newLease(t, m, clock, 2*time.Second, 0)
+	for _, c := range []struct {
+		name string
+		l    sluice.Limit
+		cost int64
+		want error
+	}{
+		{"staleness_above_period", sluice.PerSecond(10), 1, lease.ErrInvalidStaleness},
+		{"log", sluice.PerMinute(10).WithAlgorithm(sluice.SlidingWindowLog), 1, sluice.ErrGrantUnsupported},
+		{"cost", sluice.PerMinute(10), 0, sluice.ErrInvalidCost},
+		{"limit", sluice.Limit{Rate: 1}, 1, sluice.ErrInvalidLimit},
+	} {
+		if _, err := s.Take(ctx, "k", c.l, c.cost); !errors.Is(err, c.want) {
+			t.Errorf("%s: Take err = %v, want %v", c.name, err, c.want)
+		}
+		if _, err := s.Peek(ctx, "k", c.l, c.cost); !errors.Is(err, c.want) {
+			t.Errorf("%s: Peek err = %v, want %v", c.name, err, c.want)
+		}
+	}
+	var zero lease.Store
+	if _, err := zero.Take(ctx, "k", sluice.PerMinute(1), 1); !errors.Is(err, lease.ErrNoGranter) {
+		t.Errorf("zero Store: err = %v, want ErrNoGranter", err)
+	}
+	if err := zero.Close(ctx); err != nil {
+		t.Errorf("zero Store: Close = %v", err)
+	}
+}
+
+// One grant serves Size requests in memory; the next request asks again.
+func TestLocal(t *testing.T) {
+	t.Parallel()
+	clock := storetest.NewClock(storetest.T0)
+	c := &counting{Granter: newMemory(t, clock), clock: clock}
+	s := newLease(t, c, clock, 300*time.Millisecond, 5)
+	l := sluice.PerSecond(10)
+	for i := range 5 {
+		d := take(t, s, "k", l, 1)
+		want := sluice.SourceLease
+		if i == 0 {
+			want = sluice.SourceBackend
+		}
+		if !d.Allowed || d.Remaining != int64(4-i) || d.Source != want {
+			t.Fatalf("take %d = %+v, want allowed, remaining %d from %v", i, d, 4-i, want)
+		}
+	}
+	if c.grants != 1 {
+		t.Fatalf("grants = %d, want 1", c.grants)
+	}
+	if d, err := s.Peek(ctx, "k", l, 1); err != nil || d.Source != sluice.SourceBackend || d.Remaining != 5 {
+		t.Fatalf("Peek of a spent lease = %+v, %v; want the store's: 5 left", d, err)
+	}
+	take(t, s, "k", l, 1)
+	if c.grants != 2 {
+		t.Fatalf("grants = %d, want 2", c.grants)
+	}
+	if d, err := s.Peek(ctx, "k", l, 4); err != nil || !d.Allowed || d.Source != sluice.SourceLease || d.Remaining != 4 {
+		t.Fatalf("Peek 4 = %+v, %v; want allowed from the lease, 4 left", d, err)
+	}
+	if d := take(t, s, "k", l, 4); !d.Allowed || d.Remaining != 0 {
+		t.Fatalf("take 4 after Peek = %+v; Peek took something", d)
+	}
+}
+
+// A lease lives MaxStaleness from when its grant was sent, however late the
+// store dated it; its unused units then go back under the return rule.
+func TestLifetimeFromSend(t *testing.T) {
+	t.Parallel()
+	clock := storetest.NewClock(storetest.T0)
+	c := &counting{Granter: newMemory(t, clock), clock: clock, delay: 100 * time.Millisecond}
+	s := newLease(t, c, clock, 300*time.Millisecond, 10)
+	l := sluice.PerSecond(10)
+	take(t, s, "k", l, 1) // sent at 0, dated 100ms
+	clock.Set(storetest.T0.Add(300 * time.Millisecond))
+	if d := take(t, s, "k", l, 1); d.Source != sluice.SourceLease || c.grants != 1 {
+		t.Fatalf("at D: %+v after %d grants; want the lease", d, c.grants)
+	}
+	clock.Advance(time.Microsecond)
+	take(t, s, "k", l, 1)
+	if c.grants != 2 || c.returns != 1 {
+		t.Fatalf("after D: %d grants, %d returns; want 2, 1", c.grants, c.returns)
+	}
+	// 8 unused at age 200ms+1µs: 3 intervals begun, 5 back.
+	if c.returned != 5 {
+		t.Fatalf("returned %d, want 5", c.returned)
+	}
+}
+
+// A zero grant is remembered until the key's retry time.
+func TestDenyRemembered(t *testing.T) {
+	t.Parallel()
+	clock := storetest.NewClock(storetest.T0)
+	c := &counting{Granter: newMemory(t, clock), clock: clock}
+	s := newLease(t, c, clock, 300*time.Millisecond, 10)
+	l := sluice.PerSecond(10)
+	take(t, s, "k", l, 10)
+	d := take(t, s, "k", l, 1)
+	if d.Allowed || d.RetryAfter != 100*time.Millisecond || d.Source != sluice.SourceBackend {
+		t.Fatalf("empty: %+v, want denied for 100ms by the store", d)
+	}
+	clock.Advance(99 * time.Millisecond)
+	if d := take(t, s, "k", l, 1); d.Allowed || d.Source != sluice.SourceDenyCache || d.RetryAfter != time.Millisecond || c.grants != 2 {
+		t.Fatalf("remembered: %+v after %d grants", d, c.grants)
+	}
+	clock.Advance(time.Millisecond)
+	if d := take(t, s, "k", l, 1); !d.Allowed || c.grants != 3 {
+		t.Fatalf("at the retry time: %+v after %d grants", d, c.grants)
+	}
+}
+
+// Close returns the unused units; Reset drops the lease and the key.
+func TestCloseReset(t *testing.T) {
+	t.Parallel()
+	clock := storetest.NewClock(storetest.T0)
+	m := newMemory(t, clock)
+	s := newLease(t, m, clock, 300*time.Millisecond, 10)
+	l := sluice.PerSecond(10)
+	take(t, s, "k", l, 3)
+	if err := s.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if d, err := m.Peek(ctx, "k", l, 1); err != nil || d.Remaining != 7 {
+		t.Fatalf("after Close: %+v, %v; want 7 left", d, err)
+	}
+	take(t, s, "k", l, 3)
+	if err := s.Reset(ctx, "k", l); err != nil {
+		t.Fatal(err)
+	}
+	if d := take(t, s, "k", l, 1); !d.Allowed || d.Source != sluice.SourceBackend || d.Remaining != 9 {
+		t.Fatalf("after Reset: %+v; want a fresh grant", d)
+	}
+}
+
+// Each process's lease is independent and safe under concurrent use: the
+// fleet admits exactly what the store granted.
+func TestConcurrent(t *testing.T) {
+	t.Parallel()
+	clock := storetest.NewClock(storetest.T0)
+	m := newMemory(t, clock)
+	l := sluice.PerMinute(1000)
+	var admitted sync.WaitGroup
+	var mu sync.Mutex
+	total := 0
+	for range 4 {
+		s := newLease(t, m, clock, time.Second, 7)
+		for range 8 {
+			admitted.Add(1)
+			go func() {
+				defer admitted.Done()
+				for range 100 {
+					if d, err := s.Take(ctx, "k", l, 1); err == nil && d.Allowed {
+						mu.Lock()
+						total++
+						mu.Unlock()
+					}
+				}
+			}()
+		}
+	}
+	admitted.Wait()
+	if total > 1000 || total < 1000-4*7 {
+		t.Fatalf("admitted %d of 1000; at most the 4 leases' units may be stranded", total)
+	}
+}
+
+// A fixed window's lease ends with its window, however long MaxStaleness,
+// and its unused units do not pass into the next window.
+func TestWindowEnd(t *testing.T) {
+	t.Parallel()
+	clock := storetest.NewClock(storetest.T0.Add(500 * time.Millisecond))
+	c := &counting{Granter: newMemory(t, clock), clock: clock}
+	s := newLease(t, c, clock, 800*time.Millisecond, 4)
+	l := sluice.PerSecond(10).WithAlgorithm(sluice.FixedWindow)
+	take(t, s, "k", l, 1)
+	clock.Set(storetest.T0.Add(time.Second - time.Microsecond))
+	if d := take(t, s, "k", l, 1); d.Source != sluice.SourceLease {
+		t.Fatalf("1µs before the window's end: %+v, want the lease", d)
+	}
+	clock.Advance(time.Microsecond)
+	d := take(t, s, "k", l, 1)
+	if d.Source != sluice.SourceBackend || d.Remaining != 3 || c.grants != 2 {
+		t.Fatalf("at the next window: %+v after %d grants; want a new grant", d, c.grants)
+	}
+	if c.returned != 2 {
+		t.Fatalf("returned %d, want the 2 unused (into the old window)", c.returned)
+	}
+	if p, err := c.Peek(ctx, "k", l, 1); err != nil || p.Remaining != 6 {
+		t.Fatalf("store after the new grant: %+v, %v; want 6 left in the new window", p, err)
+	}
+}
+
+// Idle leases are swept once the map has grown: a flood of cold keys
+// cannot grow a Store without bound.
+func TestSweep(t *testing.T) {
+	t.Parallel()
+	clock := storetest.NewClock(storetest.T0)
+	s := newLease(t, newMemory(t, clock), clock, 300*time.Millisecond, 1)
+	l := sluice.PerMinute(10)
+	const cold = 9_999 // with "warm", the 10,000 that start a sweep
+	for i := range cold {
+		take(t, s, fmt.Sprint("cold-", i), l, 1) // each lease spent at once
+	}
+	take(t, s, "warm", l, 1)
+	if got := s.Len(); got != cold+1 {
+		t.Fatalf("Len = %d, want %d before a sweep", got, cold+1)
+	}
+	take(t, s, "next", l, 1) // the map is full: the spent leases go
+	if got := s.Len(); got != 1 {
+		t.Fatalf("Len = %d after the sweep, want 1", got)
+	}
+}

@@ -1,0 +1,164 @@
+package memory
+
+import (
+	"context"
+	"time"
+
+	"github.com/sluicehq/sluice"
+)
+
+var _ sluice.Granter = (*Store)(nil)
+
+// Grant implements sluice.Granter: it takes what a Peek says is available,
+// up to n, through the algorithm's own take.
+func (s *Store) Grant(_ context.Context, key string, limit sluice.Limit, n int64) (sluice.Grant, error) {
+	if err := sluice.ValidateGrant(key, limit, n); err != nil {
+		return sluice.Grant{}, err
+	}
+	if s.shards == nil {
+		return sluice.Grant{}, ErrZeroStore
+	}
+	p := newParams(limit)
+	sh, m, now := s.lock(key, limit.Algorithm)
+	defer sh.mu.Unlock()
+	st := m[key]
+	if st != nil && st.expires <= now { // expired but not yet swept: fresh again
+		st.a, st.b, st.c, st.expires = 0, 0, 0, 0
+	}
+	fresh := st == nil
+	if fresh {
+		st = new(state)
+	}
+	r, granted := grant(st, now, &p, n)
+	at := now
+	if granted > 0 {
+		st.expires = now + r.reset
+		if fresh {
+			sh.insert(m, key, st, now)
+		}
+		if windowed(limit.Algorithm) {
+			at = max(now, st.a*p.period) // charged in a newer window: as at its start
+		}
+	}
+	return grantOf(limit, r, granted, at, now), nil
+}
+
+// Return implements sluice.Granter.
+func (s *Store) Return(_ context.Context, key string, limit sluice.Limit, g sluice.Grant, unused int64) (int64, error) {
+	if err := sluice.ValidateReturn(key, limit, g, unused); err != nil {
+		return 0, err
+	}
+	if s.shards == nil {
+		return 0, ErrZeroStore
+	}
+	p := newParams(limit)
+	sh, m, now := s.lock(key, limit.Algorithm)
+	defer sh.mu.Unlock()
+	give := unused
+	if !windowed(limit.Algorithm) {
+		give = sluice.ReturnAllowance(limit, unused, now-g.At)
+	}
+	st := m[key]
+	if give == 0 || st == nil || st.expires <= now {
+		return give, nil // a fresh key has nothing to give back into
+	}
+	if giveBack(st, now, &p, give, g.At) {
+		delete(m, key)
+		sh.n--
+	}
+	return give, nil
+}
+
+// giveBack returns u units to st, taken at µs (the window algorithms'
+// grant time), and reports whether st is fresh again. The bucket
+// algorithms and GCRA decide alike, so each state is read through a Peek as
+// the time until it is fresh, which u units shorten by u intervals.
+func giveBack(st *state, now int64, p *params, u, at int64) (fresh bool) {
+	switch p.alg {
+	case sluice.FixedWindow:
+		if st.a == floorDiv(at, p.period) {
+			st.b -= u
+		}
+		return st.b <= 0
+	case sluice.SlidingWindowCounter:
+		switch w := floorDiv(at, p.period); st.a {
+		case w:
+			st.b = max(st.b-u, 0)
+		case w + 1:
+			st.c = max(st.c-u, 0)
+		default:
+			return false
+		}
+		switch {
+		case st.b > 0:
+			st.expires = (st.a + 2) * p.period
+		case st.c > 0:
+			st.expires = (st.a + 1) * p.period
+		}
+		return st.b == 0 && st.c == 0
+	}
+	r := decide(st, now, p, 1, false)
+	reset := r.reset - u*p.interval
+	if reset <= 0 {
+		return true
+	}
+	st.expires = now + reset
+	switch p.alg {
+	case sluice.TokenBucket:
+		tokens := r.remaining + u
+		st.a, st.b = tokens, now+reset-(p.capacity-tokens)*p.interval
+	case sluice.LeakyBucket:
+		level := p.capacity - r.remaining - u
+		st.a, st.b = level, now+reset-level*p.interval
+	default:
+		st.a = now + reset
+	}
+	return false
+}
+
+func windowed(a sluice.Algorithm) bool {
+	return a == sluice.FixedWindow || a == sluice.SlidingWindowCounter
+}
+
+// lock locks key's shard and returns it, its map for algorithm a, and the
+// time read under the lock.
+func (s *Store) lock(key string, a sluice.Algorithm) (*shard, map[string]*state, int64) {
+	sh := s.shard(key)
+	sh.mu.Lock()
+	return sh, sh.maps[a], s.now()
+}
+
+// grant takes min(n, available) units from st, as a Peek counts them. The
+// take is tried once more, one unit smaller, where the sliding window
+// counter's floored estimate and its float comparison disagree by a
+// rounding.
+func grant(st *state, now int64, p *params, n int64) (result, int64) {
+	r := decide(st, now, p, 1, false)
+	k := min(n, r.remaining)
+	for _, try := range [2]int64{k, k - 1} {
+		if try < 1 {
+			break
+		}
+		if t := decide(st, now, p, try, true); t.allowed {
+			return t, try
+		}
+	}
+	r.retry = max(r.retry, 1) // no whole unit now, whatever the rounding
+	return r, 0
+}
+
+// grantOf reports a grant of granted units at now (µs), charged at at (µs,
+// see sluice.Grant.At), after result r.
+func grantOf(l sluice.Limit, r result, granted, at, now int64) sluice.Grant {
+	d := r.decision(l)
+	g := sluice.Grant{Granted: granted, Limit: l, Remaining: d.Remaining, ResetAfter: d.ResetAfter, At: at}
+	if granted == 0 {
+		g.RetryAfter = d.RetryAfter
+		return g
+	}
+	if l.Algorithm == sluice.FixedWindow || l.Algorithm == sluice.SlidingWindowCounter {
+		period := l.Period.Microseconds()
+		g.Window = time.Duration((floorDiv(at, period)+1)*period-now) * time.Microsecond
+	}
+	return g
+}

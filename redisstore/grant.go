@@ -1,0 +1,108 @@
+package redisstore
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/sluicehq/sluice"
+)
+
+var _ sluice.Granter = (*Store)(nil)
+
+// grantScripts is indexed by sluice.Algorithm: each algorithm's script
+// wrapped as a function, then grant.lua (see its header); nil for the
+// sliding window log, which cannot grant.
+var grantScripts = make([]*script, len(algorithms))
+
+func init() {
+	now := mustRead("now.lua")
+	for a := range algorithms {
+		if sluice.Algorithm(a) == sluice.SlidingWindowLog {
+			continue
+		}
+		body := now + mustRead(algorithms[a].file)
+		grantScripts[a] = newScript(now + "local function alg(KEYS, ARGV)\n" + body + "\nend\n" + mustRead("grant.lua"))
+	}
+}
+
+const (
+	modeGrant  = "grant"
+	modeReturn = "return"
+)
+
+// Grant implements sluice.Granter in one script call, never resent.
+func (s *Store) Grant(ctx context.Context, key string, limit sluice.Limit, n int64) (sluice.Grant, error) {
+	if err := sluice.ValidateGrant(key, limit, n); err != nil {
+		return sluice.Grant{}, err
+	}
+	v, err := s.runGrant(ctx, modeGrant, key, limit, n, nil, nil)
+	if err != nil {
+		return sluice.Grant{}, err
+	}
+	if len(v) != 6 || v[0] < 0 || v[0] > n {
+		return sluice.Grant{}, fmt.Errorf("redisstore: %v grant: %w: %v", limit.Algorithm, ErrUnexpectedReply, v)
+	}
+	r := result{remaining: v[1], retry: v[2], reset: v[3]}
+	d := r.decision(limit)
+	g := sluice.Grant{Granted: v[0], Limit: limit, Remaining: d.Remaining, ResetAfter: d.ResetAfter, At: v[4]}
+	if g.Granted == 0 {
+		g.RetryAfter = d.RetryAfter
+		return g, nil
+	}
+	if w := windowPeriod(limit); w > 0 { // At is never negative: the clock is checked
+		g.Window = time.Duration((g.At/w+1)*w-v[5]) * time.Microsecond
+	}
+	return g, nil
+}
+
+// Return implements sluice.Granter in one script call, never resent.
+func (s *Store) Return(ctx context.Context, key string, limit sluice.Limit, g sluice.Grant, unused int64) (int64, error) {
+	if err := sluice.ValidateReturn(key, limit, g, unused); err != nil {
+		return 0, err
+	}
+	interval := int64(0)
+	if windowPeriod(limit) == 0 {
+		interval = limit.Interval().Microseconds()
+	}
+	v, err := s.runGrant(ctx, modeReturn, key, limit, unused, g.At, interval)
+	if err != nil {
+		return 0, err
+	}
+	if len(v) != 1 || v[0] < 0 || v[0] > unused {
+		return 0, fmt.Errorf("redisstore: %v return: %w: %v", limit.Algorithm, ErrUnexpectedReply, v)
+	}
+	return v[0], nil
+}
+
+// runGrant sends one call of the algorithm's grant script: ARGV is now,
+// mode, the limit's two parameters, n, and a return's at and interval.
+func (s *Store) runGrant(ctx context.Context, mode, key string, l sluice.Limit, n int64, at, interval any) ([]int64, error) {
+	now, err := s.now()
+	if err != nil {
+		return nil, err
+	}
+	sc := grantScripts[l.Algorithm]
+	p := s.paramsOf(l)
+	// alg -1: a batch sends it as a command of its own, and WaitReplicas
+	// waits for it, as for a take.
+	c := &call{script: sc, alg: -1}
+	c.args = []any{"evalsha", sc.sha, "1", s.redisKey(key, l.Algorithm), now, mode, p[0], p[1], n}
+	if mode == modeReturn {
+		c.args = append(c.args, at, interval)
+	}
+	v, err := s.run(ctx, c)
+	if err != nil {
+		return nil, fmt.Errorf("redisstore: %v %s: %w", l.Algorithm, mode, err)
+	}
+	return v, nil
+}
+
+// windowPeriod is the period of a window algorithm's limit, µs, and 0 for
+// the others.
+func windowPeriod(l sluice.Limit) int64 {
+	if l.Algorithm == sluice.FixedWindow || l.Algorithm == sluice.SlidingWindowCounter {
+		return l.Period.Microseconds()
+	}
+	return 0
+}

@@ -1,0 +1,58 @@
+-- grant.lua: a lease's grant and return, on any algorithm but the sliding
+-- window log.
+--
+-- Go builds one such script per algorithm as
+--     <now.lua>
+--     local function alg(KEYS, ARGV) <now.lua><the algorithm's file> end
+--     <grant.lua>
+-- so that a grant is the algorithm's own peek and take, written once.
+--
+--   KEYS[1]  the key's state
+--   ARGV[1]  now, µs; "" reads the server's TIME
+--   ARGV[2]  "grant" or "return"
+--   ARGV[3]  the algorithm's ARGV[3] (a limit parameter)
+--   ARGV[4]  the algorithm's ARGV[4] (the other)
+--   ARGV[5]  grant: the most units to take; return: the units unused
+--   ARGV[6]  return: the grant's time, µs (the at it returned)
+--   ARGV[7]  return: interval, µs per unit, for the age rule; 0 for the
+--            window algorithms, which give every unit back into the
+--            grant's window and none into a later one
+--   Returns  grant: {granted, remaining, retry µs (when none granted),
+--            reset µs, at, now}: at is the time the units were charged at
+--            (a caller behind the key's window is charged at its start)
+--            return: {units given back}: unused less one per interval
+--            begun since the grant, at least 0
+-- A grant takes what a peek says is available, and tries once more one
+-- unit smaller where the counter's floored estimate and its float
+-- comparison disagree by a rounding. Mirrors memory/grant.go.
+
+local keys = {KEYS[1]}
+local n = tonumber(ARGV[5])
+if ARGV[2] == 'return' then
+  local at = tonumber(ARGV[6])
+  local interval = tonumber(ARGV[7])
+  local give = n
+  if interval > 0 then
+    local age = now - at
+    if age < 0 then
+      age = 0
+    end
+    local begun_us = age + interval - 1
+    local begun = floordiv(begun_us, interval)
+    give = math.max(n - begun, 0)
+  end
+  if give > 0 then
+    alg(keys, {now, 'refund', ARGV[3], ARGV[4], give, at})
+  end
+  return {give}
+end
+
+local peek = alg(keys, {now, 'peek', ARGV[3], ARGV[4], 1})
+local k = math.min(n, peek[2])
+for try = k, math.max(k - 1, 1), -1 do
+  local r = alg(keys, {now, 'take', ARGV[3], ARGV[4], try})
+  if r[1] == 1 then
+    return {try, r[2], 0, r[4], r[5] or now, now}
+  end
+end
+return {0, peek[2], math.max(peek[3], 1), peek[4], now, now}

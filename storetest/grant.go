@@ -1,0 +1,199 @@
+package storetest
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice"
+)
+
+// RunGrant runs the conformance suite of sluice.Granter against the stores
+// newStore returns, which must implement it: partial grants, the return
+// rule, window returns and bad input.
+func RunGrant(t *testing.T, newStore NewStore) {
+	t.Run("grant_buckets", func(t *testing.T) {
+		for _, a := range []sluice.Algorithm{sluice.GCRA, sluice.TokenBucket, sluice.LeakyBucket} {
+			t.Run(a.String(), func(t *testing.T) {
+				t.Parallel()
+				testGrantBucket(t, newStore, a)
+			})
+		}
+	})
+	t.Run("grant_fixed_window", func(t *testing.T) { testGrantWindow(t, newStore, sluice.FixedWindow) })
+	t.Run("grant_sliding_window_counter", func(t *testing.T) { testGrantWindow(t, newStore, sluice.SlidingWindowCounter) })
+	t.Run("grant_bad_input", func(t *testing.T) { testGrantBadInput(t, newStore) })
+}
+
+func granter(t *testing.T, newStore NewStore, clock *Clock) sluice.Granter {
+	t.Helper()
+	g, ok := newStore(t, clock.Now).(sluice.Granter)
+	if !ok {
+		t.Fatal("the store is not a sluice.Granter")
+	}
+	return g
+}
+
+type grantStep struct {
+	at      time.Duration // from T0
+	n       int64
+	granted int64
+	remain  int64         // Remaining after the grant
+	retry   time.Duration // RetryAfter when nothing was granted
+}
+
+// testGrantBucket walks 10/s (burst 10, a unit every 100ms): partial
+// grants, a denial's retry, and the return rule: unused less one unit per
+// interval begun since the grant.
+func testGrantBucket(t *testing.T, newStore NewStore, a sluice.Algorithm) {
+	ctx := context.Background()
+	clock := NewClock(T0)
+	s := granter(t, newStore, clock)
+	l := sluice.PerSecond(10).WithAlgorithm(a)
+	key := uniqueKey(t, "grant")
+	var last sluice.Grant
+	for i, st := range []grantStep{
+		{at: 0, n: 4, granted: 4, remain: 6},
+		{at: 0, n: 10, granted: 6, remain: 0},
+		{at: 0, n: 1, granted: 0, remain: 0, retry: 100 * time.Millisecond},
+		{at: 250 * time.Millisecond, n: 5, granted: 2, remain: 0},
+		{at: 250 * time.Millisecond, n: 1, granted: 0, remain: 0, retry: 50 * time.Millisecond},
+	} {
+		clock.Set(T0.Add(st.at))
+		g, err := s.Grant(ctx, key, l, st.n)
+		if err != nil {
+			t.Fatalf("step %d: %v", i, err)
+		}
+		if g.Granted != st.granted || g.Remaining != st.remain || g.RetryAfter != st.retry {
+			t.Fatalf("step %d: grant(%d) = %+v, want granted %d remaining %d retry %v", i, st.n, g, st.granted, st.remain, st.retry)
+		}
+		if g.Granted > 0 {
+			last = g
+		}
+	}
+	// At once, every unused unit goes back.
+	if got, err := s.Return(ctx, key, l, last, 2); err != nil || got != 2 {
+		t.Fatalf("return at age 0 = %d, %v; want 2", got, err)
+	}
+	checkPeek(t, s, key, l, 2)
+
+	// A full bucket's grant, returned 250ms later (3 intervals begun): 8
+	// unused give back 5, beside the 2 refilled.
+	key = uniqueKey(t, "rule")
+	clock.Set(T0.Add(time.Hour))
+	g, err := s.Grant(ctx, key, l, 10)
+	if err != nil || g.Granted != 10 {
+		t.Fatalf("grant 10 = %+v, %v", g, err)
+	}
+	clock.Advance(250 * time.Millisecond)
+	if got, err := s.Return(ctx, key, l, g, 8); err != nil || got != 5 {
+		t.Fatalf("return 8 at age 250ms = %d, %v; want 5", got, err)
+	}
+	checkPeek(t, s, key, l, 7)
+
+	// Returned after the bucket could have refilled: nothing comes back,
+	// and the key is no fuller than fresh.
+	key = uniqueKey(t, "late")
+	g, err = s.Grant(ctx, key, l, 10)
+	if err != nil || g.Granted != 10 {
+		t.Fatalf("grant 10 = %+v, %v", g, err)
+	}
+	clock.Advance(2 * time.Second)
+	if got, err := s.Return(ctx, key, l, g, 10); err != nil || got != 0 {
+		t.Fatalf("return 10 at age 2s = %d, %v; want 0", got, err)
+	}
+	checkPeek(t, s, key, l, 10)
+}
+
+// testGrantWindow walks 10/s in windows of one second: grants up to the
+// window's count, Window is the time to the window's end, and a return goes
+// only into the grant's window.
+func testGrantWindow(t *testing.T, newStore NewStore, a sluice.Algorithm) {
+	t.Parallel()
+	ctx := context.Background()
+	clock := NewClock(T0.Add(500 * time.Millisecond))
+	s := granter(t, newStore, clock)
+	l := sluice.PerSecond(10).WithAlgorithm(a)
+	key := uniqueKey(t, "grant")
+	g, err := s.Grant(ctx, key, l, 4)
+	if err != nil || g.Granted != 4 || g.Window != 500*time.Millisecond {
+		t.Fatalf("grant 4 = %+v, %v; want 4 with Window 500ms", g, err)
+	}
+	g2, err := s.Grant(ctx, key, l, 10)
+	if err != nil || g2.Granted != 6 || g2.Remaining != 0 {
+		t.Fatalf("grant 10 = %+v, %v; want 6, remaining 0", g2, err)
+	}
+	if g3, err := s.Grant(ctx, key, l, 1); err != nil || g3.Granted != 0 || g3.RetryAfter <= 0 {
+		t.Fatalf("grant 1 = %+v, %v; want none with a retry", g3, err)
+	}
+	clock.Advance(400 * time.Millisecond) // no age rule within the window
+	if got, err := s.Return(ctx, key, l, g2, 3); err != nil || got != 3 {
+		t.Fatalf("return 3 = %d, %v; want 3", got, err)
+	}
+	checkPeek(t, s, key, l, 3)
+
+	// A grant taken in one window and returned in the next gives nothing to
+	// the next window.
+	key = uniqueKey(t, "next")
+	g, err = s.Grant(ctx, key, l, 10)
+	if err != nil || g.Granted != 10 || g.Window != 100*time.Millisecond {
+		t.Fatalf("grant 10 = %+v, %v; want 10 with Window 100ms", g, err)
+	}
+	clock.Advance(time.Second) // the next window, as far into it
+	before, err := s.Peek(ctx, key, l, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Return(ctx, key, l, g, 10); err != nil {
+		t.Fatal(err)
+	}
+	if a == sluice.FixedWindow {
+		checkPeek(t, s, key, l, before.Remaining)
+	}
+}
+
+func checkPeek(t *testing.T, s sluice.Store, key string, l sluice.Limit, want int64) {
+	t.Helper()
+	d, err := s.Peek(context.Background(), key, l, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.Remaining != want {
+		t.Errorf("Peek: Remaining = %d, want %d", d.Remaining, want)
+	}
+}
+
+func testGrantBadInput(t *testing.T, newStore NewStore) {
+	t.Parallel()
+	ctx := context.Background()
+	clock := NewClock(T0)
+	s := granter(t, newStore, clock)
+	l := sluice.PerSecond(10)
+	key := uniqueKey(t, "bad")
+	for _, c := range []struct {
+		name string
+		l    sluice.Limit
+		n    int64
+		want error
+	}{
+		{"zero", l, 0, sluice.ErrInvalidCost},
+		{"above_capacity", l, 11, sluice.ErrCostExceedsBurst},
+		{"log", l.WithAlgorithm(sluice.SlidingWindowLog), 1, sluice.ErrGrantUnsupported},
+		{"bad_limit", sluice.Limit{Rate: 0, Period: time.Second}, 1, sluice.ErrInvalidLimit},
+	} {
+		if _, err := s.Grant(ctx, key, c.l, c.n); !errors.Is(err, c.want) {
+			t.Errorf("%s: err = %v, want %v", c.name, err, c.want)
+		}
+	}
+	g, err := s.Grant(ctx, key, l, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, unused := range []int64{0, -1, 4} {
+		if _, err := s.Return(ctx, key, l, g, unused); !errors.Is(err, sluice.ErrInvalidReturn) {
+			t.Errorf("return %d of 3: err = %v, want ErrInvalidReturn", unused, err)
+		}
+	}
+	checkPeek(t, s, key, l, 7) // nothing changed
+}
