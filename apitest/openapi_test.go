@@ -107,6 +107,7 @@ var healthy = []exchange{
 	{"reset empty body", "POST", "/v1/reset", ``, "Bearer " + token, 400, false},
 	{"reset too large", "POST", "/v1/reset", big, "Bearer " + token, 413, false},
 	{"stats", "GET", "/v1/stats", "", "", 200, true},
+	{"status", "GET", "/v1/status", "", "", 200, true},
 	{"top", "GET", "/v1/top", "", "Bearer " + token, 200, true},
 	{"top without token", "GET", "/v1/top", "", "", 401, true},
 	{"top wrong token", "GET", "/v1/top", "", "Bearer wrong", 403, true},
@@ -130,6 +131,7 @@ var down = []exchange{
 	{"reset, store down", "POST", "/v1/reset", `{"policy":"fw","key":"a"}`, "", 503, true},
 	{"envoy, store down", "POST", "/json", envoyBody("e"), "", 503, true},
 	{"readyz, store down", "GET", "/readyz", "", "", 503, true},
+	{"status, store down", "GET", "/v1/status", "", "", 200, true},
 }
 
 // undocumented are answers on no documented operation: problems all the same.
