@@ -63,9 +63,11 @@ func TestServerRestart(t *testing.T) {
 	}
 }
 
-// TestFaultBindFailureNoticedFast: a start on a taken port fails within
-// 100ms (the server exits at once and the log says why), so a retry costs
-// no more.
+// TestFaultBindFailureNoticedFast: a start on a taken port fails as soon
+// as redis-server exits (its log says why), with no fixed wait: tens of
+// milliseconds on an idle machine, the time redis-server takes to start and
+// give up. The bounds are generous for a loaded one; the old helper waited
+// 10s.
 func TestFaultBindFailureNoticedFast(t *testing.T) {
 	race.SkipTiming(t)
 	taken, err := net.Listen("tcp", "127.0.0.1:0")
@@ -88,7 +90,7 @@ func TestFaultBindFailureNoticedFast(t *testing.T) {
 	slices.Sort(took)
 	p90, worst := took[samples*9/10-1], took[samples-1]
 	t.Logf("bind failure noticed: median %v, p90 %v, max %v", took[samples/2], p90, worst)
-	if p90 > 100*time.Millisecond || worst > time.Second {
-		t.Errorf("bind failure noticed in p90 %v, max %v; want p90 within 100ms", p90, worst)
+	if p90 > time.Second || worst > 2*time.Second {
+		t.Errorf("bind failure noticed in p90 %v, max %v; want p90 within 1s, max 2s", p90, worst)
 	}
 }
