@@ -1,10 +1,12 @@
 package redisstore_test
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"strings"
 	"testing"
@@ -244,4 +246,67 @@ func TestClassifyNil(t *testing.T) {
 	if err := redisstore.Classify(fmt.Errorf("wrapped: %w", errors.New("WRONGPASS x"))); !errors.Is(err, redisstore.ErrAuth) {
 		t.Fatalf("Classify = %v, want ErrAuth", err)
 	}
+}
+
+// TestCheckVersion: a real server that reports an older version is
+// refused. Only Redis 7 is installed, so a proxy in front of it rewrites
+// the version INFO reports (to one of the same length, so the reply's
+// framing stays right); everything else is the real server's.
+func TestCheckVersion(t *testing.T) {
+	t.Parallel()
+	srv := redistest.StartServer(t)
+	c := newClient(t, &redis.Options{Addr: srv.Addr})
+	real, err := c.InfoMap(checkCtx(t), "server").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	v := real["Server"]["redis_version"]
+	old := "6." + strings.Repeat("9", len(v)-2) // below 7.0, as long as v
+	if len(v) < 3 {
+		t.Fatalf("cannot make an old version as long as %q", v)
+	}
+	addr := rewritingProxy(t, srv.Addr, []byte("redis_version:"+v), []byte("redis_version:"+old))
+	_, err = redisstore.Check(checkCtx(t), newClient(t, &redis.Options{Addr: addr}))
+	wantKind(t, err, redisstore.ErrVersion, old)
+}
+
+// rewritingProxy forwards connections to addr, replacing from with to (of
+// the same length) in what the server sends back.
+func rewritingProxy(t *testing.T, addr string, from, to []byte) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			in, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			out, err := net.Dial("tcp", addr)
+			if err != nil {
+				in.Close()
+				continue
+			}
+			go func() { io.Copy(out, in); out.Close() }()
+			go func() {
+				defer in.Close()
+				buf := make([]byte, 64<<10)
+				for {
+					n, err := out.Read(buf)
+					if n > 0 {
+						if _, werr := in.Write(bytes.ReplaceAll(buf[:n], from, to)); werr != nil {
+							return
+						}
+					}
+					if err != nil {
+						return
+					}
+				}
+			}()
+		}
+	}()
+	return ln.Addr().String()
 }
