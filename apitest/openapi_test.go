@@ -96,16 +96,19 @@ var healthy = []exchange{
 	{"check unknown field", "POST", "/v1/check", `{"policy":"fw","key":"a","weight":1}`, "", 400, false},
 	{"check not JSON", "POST", "/v1/check", `policy=fw`, "", 400, false},
 	{"check too large", "POST", "/v1/check", big, "", 413, false},
+	{"check sent as text", "POST", "/v1/check", `{"policy":"fw","key":"a"}`, "", 415, false},
 	{"peek", "POST", "/v1/peek", `{"policy":"fw","key":"a"}`, "", 200, true},
 	{"peek unknown policy", "POST", "/v1/peek", `{"policy":"nope","key":"a"}`, "", 404, true},
 	{"peek no key", "POST", "/v1/peek", `{"policy":"fw"}`, "", 400, false},
 	{"peek too large", "POST", "/v1/peek", big, "", 413, false},
+	{"peek sent as text", "POST", "/v1/peek", `{"policy":"fw","key":"a"}`, "", 415, false},
 	{"reset without token", "POST", "/v1/reset", `{"policy":"fw","key":"a"}`, "", 401, true},
 	{"reset wrong token", "POST", "/v1/reset", `{"policy":"fw","key":"a"}`, "Bearer wrong", 403, true},
 	{"reset", "POST", "/v1/reset", `{"policy":"fw","key":"a"}`, "Bearer " + token, 204, true},
 	{"reset unknown policy", "POST", "/v1/reset", `{"policy":"nope","key":"a"}`, "Bearer " + token, 404, true},
 	{"reset empty body", "POST", "/v1/reset", ``, "Bearer " + token, 400, false},
 	{"reset too large", "POST", "/v1/reset", big, "Bearer " + token, 413, false},
+	{"reset sent as text", "POST", "/v1/reset", `{"policy":"fw","key":"a"}`, "Bearer " + token, 415, false},
 	{"stats", "GET", "/v1/stats", "", "", 200, true},
 	{"status", "GET", "/v1/status", "", "", 200, true},
 	{"top", "GET", "/v1/top", "", "Bearer " + token, 200, true},
@@ -118,6 +121,7 @@ var healthy = []exchange{
 	{"envoy malformed", "POST", "/json", `{"domain":`, "", 400, false},
 	{"envoy empty domain", "POST", "/json", `{"domain":"","descriptors":[{"entries":[{"key":"a","value":"b"}]}]}`, "", 400, false},
 	{"envoy too large", "POST", "/json", big, "", 413, false},
+	{"envoy sent as text", "POST", "/json", envoyBody("e"), "", 415, false},
 	{"healthz", "GET", "/healthz", "", "", 200, true},
 	{"readyz", "GET", "/readyz", "", "", 200, true},
 	{"metrics", "GET", "/metrics", "", "", 200, true},
@@ -268,8 +272,12 @@ func send(t *testing.T, base string, x exchange) (*http.Request, *http.Response,
 		if err != nil {
 			t.Fatal(err)
 		}
-		if x.body != "" {
-			req.Header.Set("Content-Type", "application/json")
+		if x.method == http.MethodPost {
+			ct := "application/json"
+			if x.status == http.StatusUnsupportedMediaType { // what provokes it
+				ct = "text/plain"
+			}
+			req.Header.Set("Content-Type", ct)
 		}
 		if x.auth != "" {
 			req.Header.Set("Authorization", x.auth)
