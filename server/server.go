@@ -35,6 +35,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -241,6 +242,10 @@ func (s *Server) openStore() (sluice.Store, error) {
 		s.metrics.reg.MustRegister(newRedisInfo(client, 0))
 		s.metrics.timeout.Set(cmp.Or(s.opts.DecisionTimeout, resilient.DefaultTimeout).Seconds())
 		rs := redisstore.New(client, &redisstore.Options{Logger: s.log})
+		s.metrics.reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "sluice_redis_cluster_reloads_total",
+			Help: "Times the Redis store reloaded a cluster's slot map after a connection error or a timed-out call (a failover, usually).",
+		}, func() float64 { return float64(rs.ClusterReloads()) }))
 		fleet, err := s.startFleet(rs)
 		if err != nil {
 			return nil, err
