@@ -11,8 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/sluicehq/sluice/internal/race"
 	"github.com/sluicehq/sluice/internal/redistest"
 )
@@ -25,23 +23,7 @@ func TestFaultServeClusterFailover(t *testing.T) {
 	race.SkipTiming(t)
 	cl := redistest.StartCluster(t, &redistest.ClusterOptions{Replicas: 1})
 	serveUnderFailover(t, cl.URL(), func(call func(context.Context, string) (int64, error)) (func(), func() time.Time) {
-		// The hot key's master: the one node holding a key after one take.
-		if _, err := call(context.Background(), "/v1/check"); err != nil {
-			t.Fatal(err)
-		}
-		var master *redistest.Node
-		for _, n := range cl.Nodes {
-			c := redis.NewClient(&redis.Options{Addr: n.Addr})
-			keys, err := c.Keys(context.Background(), "*").Result()
-			role, _ := c.Do(context.Background(), "role").Slice()
-			c.Close()
-			if err == nil && len(keys) > 0 && len(role) > 0 && role[0] == "master" {
-				master = n
-			}
-		}
-		if master == nil {
-			t.Fatal("no master holds the hot key")
-		}
+		master := cl.MasterOf(t, redisHashTag("hot", "k"))
 		return master.Kill, func() time.Time {
 			_, at := cl.AwaitMaster(t, 10*time.Second, cl.ReplicasOf(t, master)...)
 			return at

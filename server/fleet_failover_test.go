@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice/internal/enforce"
 	"github.com/sluicehq/sluice/internal/race"
 	"github.com/sluicehq/sluice/internal/redistest"
 )
@@ -59,15 +60,18 @@ func TestFaultServeClusterFailoverLocal(t *testing.T) {
 	race.SkipTiming(t)
 	c := redistest.StartCluster(t, &redistest.ClusterOptions{Replicas: 1})
 	f := startFleet(t, c.URL(), 2, failoverConfig)
-	// The service's store key for policy api, key hot is "api|hot", the
-	// hash tag of its Redis key.
-	master := c.MasterOf(t, "{api|hot}")
+	master := c.MasterOf(t, redisHashTag("api", "hot"))
 	replicas := c.ReplicasOf(t, master)
 	checkRecovery(t, f, master.Kill, func() time.Time {
 		_, at := c.AwaitMaster(t, 10*time.Second, replicas...)
 		return at
 	})
 	checkFallbackEpisode(t, f)
+	for i, p := range f.procs { // the failover is counted, not only logged
+		if got := metric(t, p, "sluice_redis_cluster_reloads_total"); got == 0 {
+			t.Errorf("instance %d: sluice_redis_cluster_reloads_total is 0 after a failover", i)
+		}
+	}
 }
 
 // checkFallbackEpisode asserts that every instance logged the start and
@@ -96,4 +100,13 @@ func TestFaultServeSentinelFailoverLocal(t *testing.T) {
 		return at
 	})
 	checkFallbackEpisode(t, f)
+}
+
+// redisHashTag is the hash tag of the Redis key that holds key's state
+// under policy: the service's store key (one key grammar, package
+// internal/enforce) in braces.
+func redisHashTag(policy, key string) string {
+	k := enforce.NewKeyer("", nil)
+	storeKey, _ := k.Keys(k.Base(policy), key, false)
+	return "{" + storeKey + "}"
 }
