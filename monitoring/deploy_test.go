@@ -20,7 +20,7 @@ import (
 	"go.yaml.in/yaml/v3"
 	"google.golang.org/protobuf/encoding/protojson"
 
-	"github.com/sluicehq/sluice/server"
+	"github.com/sluicehq/sluice/server/config"
 )
 
 // The deployment examples are parsed and their shape checked here; they
@@ -154,7 +154,7 @@ func TestCompose(t *testing.T) {
 	if !ok {
 		t.Fatalf("sluice's --config %q is not mounted", flagValue(args, "--config"))
 	}
-	cfg, err := server.LoadConfig(cfgFile)
+	cfg, err := config.Load(cfgFile)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -236,7 +236,7 @@ func TestKubernetes(t *testing.T) {
 	if filepath.Clean(dir) != get[string](t, mount, "mountPath") {
 		t.Errorf("--config %s is not under the mount %s", flagValue(args, "--config"), mount["mountPath"])
 	}
-	if _, err := server.ParseConfig(file, []byte(get[string](t, cm, "data", file))); err != nil {
+	if _, err := config.Parse(file, []byte(get[string](t, cm, "data", file))); err != nil {
 		t.Errorf("the ConfigMap's %s: %v", file, err)
 	}
 	if p := get[string](t, ctr, "livenessProbe", "httpGet", "path"); p != "/healthz" {
