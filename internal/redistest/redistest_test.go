@@ -66,8 +66,8 @@ func TestServerRestart(t *testing.T) {
 // TestFaultBindFailureNoticedFast: a start on a taken port fails as soon
 // as redis-server exits (its log says why), with no fixed wait: tens of
 // milliseconds on an idle machine, the time redis-server takes to start and
-// give up. The bounds are generous for a loaded one; the old helper waited
-// 10s.
+// give up. The tail's bounds are generous for a loaded machine; the old
+// helper waited 10s.
 func TestFaultBindFailureNoticedFast(t *testing.T) {
 	race.SkipTiming(t)
 	taken, err := net.Listen("tcp", "127.0.0.1:0")
@@ -88,9 +88,11 @@ func TestFaultBindFailureNoticedFast(t *testing.T) {
 		}
 	}
 	slices.Sort(took)
-	p90, worst := took[samples*9/10-1], took[samples-1]
-	t.Logf("bind failure noticed: median %v, p90 %v, max %v", took[samples/2], p90, worst)
-	if p90 > time.Second || worst > 2*time.Second {
-		t.Errorf("bind failure noticed in p90 %v, max %v; want p90 within 1s, max 2s", p90, worst)
+	median, p90, worst := took[samples/2], took[samples*9/10-1], took[samples-1]
+	t.Logf("bind failure noticed: median %v, p90 %v, max %v", median, p90, worst)
+	// The retry comes within 100ms (17ms at p90 on an idle machine); a
+	// loaded one stretches the tail, not the median.
+	if median > 100*time.Millisecond || p90 > time.Second || worst > 2*time.Second {
+		t.Errorf("bind failure noticed in median %v, p90 %v, max %v; want the median within 100ms, p90 within 1s, max 2s", median, p90, worst)
 	}
 }
