@@ -239,3 +239,54 @@ func TestParseFailurePolicy(t *testing.T) {
 		t.Error("no error for an unknown policy")
 	}
 }
+
+// TestServerWaitReplicas: --redis's wait_replicas makes every take wait for
+// that many replicas (Redis WAIT). A standalone server has none, so under
+// the error policy a take fails (503) once wait_timeout passes; the
+// parameters never reach go-redis, which would refuse them.
+func TestServerWaitReplicas(t *testing.T) {
+	r := redistest.StartServer(t)
+	srv, err := New(Options{
+		ConfigFile: "testdata/envoy-example.yaml", RedisURL: "redis://" + r.Addr + "/0?wait_replicas=1&wait_timeout=10ms",
+		HTTPAddr: "127.0.0.1:0", GRPCAddr: "127.0.0.1:0", NoFailurePolicy: true, DecisionTimeout: time.Second,
+		Logger: slog.New(slog.DiscardHandler),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Shutdown(context.Background())
+	p := &proc{http: srv.HTTPAddr()}
+	if code, body := p.post(t, "/v1/check", `{"policy":"rl.foo","key":"foo=wait"}`); code != 503 {
+		t.Errorf("check with a replica to wait for and none: %d %v, want 503", code, body)
+	}
+}
+
+func TestStoreURLOptions(t *testing.T) {
+	for _, tt := range []struct {
+		in, out  string
+		replicas int
+		timeout  time.Duration
+		bad      bool
+	}{
+		{in: "redis://h:1/0", out: "redis://h:1/0"},
+		{in: "redis://h:1/0?wait_replicas=2&wait_timeout=50ms&pool_size=5", out: "redis://h:1/0?pool_size=5", replicas: 2, timeout: 50 * time.Millisecond},
+		{in: "redis+cluster://h:1?addr=h:2&wait_replicas=1", out: "redis+cluster://h:1?addr=h%3A2", replicas: 1},
+		{in: "redis://h:1?wait_replicas=-1", bad: true},
+		{in: "redis://h:1?wait_replicas=two", bad: true},
+		{in: "redis://h:1?wait_timeout=0s", bad: true},
+	} {
+		out, o, err := storeURLOptions(tt.in)
+		if tt.bad {
+			if !errors.Is(err, ErrRedisURL) {
+				t.Errorf("%s: err %v, want ErrRedisURL", tt.in, err)
+			}
+			continue
+		}
+		if err != nil || out != tt.out || o.WaitReplicas != tt.replicas || o.WaitTimeout != tt.timeout {
+			t.Errorf("%s: %q %d %v %v, want %q %d %v", tt.in, out, o.WaitReplicas, o.WaitTimeout, err, tt.out, tt.replicas, tt.timeout)
+		}
+	}
+}

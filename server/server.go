@@ -229,7 +229,11 @@ func (s *Server) openStore() (sluice.Store, error) {
 		s.health.store, s.health.probe = "custom", s.opts.Ready
 		return s.opts.Store, nil
 	case s.opts.RedisURL != "":
-		client, err := NewRedisClient(s.opts.RedisURL)
+		redisURL, storeOpts, err := storeURLOptions(s.opts.RedisURL)
+		if err != nil {
+			return nil, err
+		}
+		client, err := NewRedisClient(redisURL)
 		if err != nil {
 			return nil, err
 		}
@@ -241,7 +245,8 @@ func (s *Server) openStore() (sluice.Store, error) {
 		s.metrics.storeName = "redis"
 		s.metrics.reg.MustRegister(newRedisInfo(client, 0))
 		s.metrics.timeout.Set(cmp.Or(s.opts.DecisionTimeout, resilient.DefaultTimeout).Seconds())
-		rs := redisstore.New(client, &redisstore.Options{Logger: s.log})
+		storeOpts.Logger = s.log
+		rs := redisstore.New(client, &storeOpts)
 		s.metrics.reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name: "sluice_redis_cluster_reloads_total",
 			Help: "Times the Redis store reloaded a cluster's slot map after a connection error or a timed-out call (a failover, usually).",

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"strconv"
 	"strings"
 	"time"
 
@@ -21,6 +22,34 @@ var ErrRedisURL = errors.New("server: invalid redis URL")
 // clusterReloadInterval is how often a cluster client that NewRedisClient
 // builds reloads its slot map.
 const clusterReloadInterval = 2 * time.Second
+
+// storeURLOptions takes the Redis store's own options out of a --redis URL,
+// leaving go-redis's: wait_replicas=N makes every take wait until N
+// replicas have it (Redis WAIT, so that a failover cannot lose it), and
+// wait_timeout=D bounds that wait (redisstore.Options.WaitReplicas and
+// WaitTimeout).
+func storeURLOptions(rawURL string) (string, redisstore.Options, error) {
+	var o redisstore.Options
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		return "", o, fmt.Errorf("%w: %v", ErrRedisURL, redactErr(err, rawURL))
+	}
+	q := u.Query()
+	if v := q.Get("wait_replicas"); v != "" {
+		if o.WaitReplicas, err = strconv.Atoi(v); err != nil || o.WaitReplicas < 0 {
+			return "", o, fmt.Errorf("%w: wait_replicas=%q: want a whole number of replicas, 0 or more", ErrRedisURL, v)
+		}
+	}
+	if v := q.Get("wait_timeout"); v != "" {
+		if o.WaitTimeout, err = time.ParseDuration(v); err != nil || o.WaitTimeout <= 0 {
+			return "", o, fmt.Errorf("%w: wait_timeout=%q: want a positive duration such as 50ms", ErrRedisURL, v)
+		}
+	}
+	q.Del("wait_replicas")
+	q.Del("wait_timeout")
+	u.RawQuery = q.Encode()
+	return u.String(), o, nil
+}
 
 // NewRedisClient connects to the Redis that rawURL names:
 //
