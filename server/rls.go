@@ -107,6 +107,9 @@ func (d *descriptor) name() string {
 // decides the checks all-or-nothing: if any enforced descriptor is over
 // its limit, nothing is taken from the others.
 func (r rlsServer) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
+	if r.svc.engine == nil {
+		return nil, status.Error(codes.Unavailable, ErrZeroService.Error())
+	}
 	if req.GetDomain() == "" {
 		return nil, status.Error(codes.InvalidArgument, "rate limit domain must not be empty")
 	}

@@ -25,6 +25,8 @@ var (
 	// ErrBadRequest: a request the service cannot answer (empty key, bad
 	// cost); it also wraps the sluice error saying why.
 	ErrBadRequest = errors.New("server: bad request")
+	// ErrZeroService: the Service is a zero value, not built by NewService.
+	ErrZeroService = errors.New("server: zero Service: build one with NewService")
 )
 
 // Result is a policy's decision for one key.
@@ -51,7 +53,8 @@ func (r Result) ShadowDenied() bool { return r.Allowed && !r.Decision.Allowed }
 // be swapped at any time without disturbing requests in flight, which keep
 // the snapshot they started with.
 //
-// The zero value is not usable: build one with NewService.
+// The zero value refuses: its decisions fail with ErrZeroService, its
+// handler answers 503 and its RLS UNAVAILABLE. Build one with NewService.
 type Service struct {
 	engine  *enforce.Engine
 	keyer   *enforce.Keyer
@@ -125,11 +128,21 @@ type snapshot struct {
 	version uint64
 }
 
-// Config returns the configuration in force.
-func (s *Service) Config() *config.Config { return s.snap.Load().cfg }
+// Config returns the configuration in force (an empty one for a zero
+// Service).
+func (s *Service) Config() *config.Config {
+	if snap := s.snap.Load(); snap != nil {
+		return snap.cfg
+	}
+	return &config.Config{}
+}
 
-// SetConfig swaps in a new configuration and changes ConfigVersion.
+// SetConfig swaps in a new configuration and changes ConfigVersion. On a
+// zero Service it does nothing.
 func (s *Service) SetConfig(cfg *config.Config) {
+	if s.engine == nil {
+		return
+	}
 	if old := s.snap.Load(); old != nil {
 		var gone []string
 		for _, p := range old.cfg.Policies {
@@ -150,10 +163,21 @@ func (s *Service) SetConfig(cfg *config.Config) {
 
 // ConfigVersion is a number that changes with every SetConfig, even one
 // that swaps in an equal configuration, so clients can tell a reload.
-func (s *Service) ConfigVersion() uint64 { return s.snap.Load().version }
+func (s *Service) ConfigVersion() uint64 {
+	if snap := s.snap.Load(); snap != nil {
+		return snap.version
+	}
+	return 0
+}
 
-// Stats returns the rolling decision statistics.
-func (s *Service) Stats() *Stats { return s.stats }
+// Stats returns the rolling decision statistics (empty for a zero
+// Service).
+func (s *Service) Stats() *Stats {
+	if s.stats == nil {
+		return newStats(time.Now)
+	}
+	return s.stats
+}
 
 // RegisterRLS registers the service as Envoy's rate limit service
 // (envoy.service.ratelimit.v3.RateLimitService) on g.
@@ -162,7 +186,15 @@ func (s *Service) RegisterRLS(g grpc.ServiceRegistrar) { registerRLS(g, s) }
 // Handler returns the service's HTTP handler: the JSON API under /v1/,
 // Envoy's JSON form of ShouldRateLimit at /json (as envoyproxy/ratelimit
 // serves it), /healthz, /readyz, /metrics and the dashboard at "/".
-func (s *Service) Handler(opts *HandlerOptions) http.Handler { return newHandler(s, opts) }
+// A zero Service's handler answers every request 503.
+func (s *Service) Handler(opts *HandlerOptions) http.Handler {
+	if s.engine == nil {
+		return http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+			problem(w, http.StatusServiceUnavailable, ErrZeroService.Error())
+		})
+	}
+	return newHandler(s, opts)
+}
 
 // unknownDomain records an Envoy request for a domain the configuration
 // lacks: counted every time, logged once per domain.
@@ -268,6 +300,9 @@ func (s *Service) Reset(ctx context.Context, policy, key string) error {
 // request validates a JSON API request and returns its check; cost 0 is
 // the policy's cost.
 func (s *Service) request(policy, key string, cost int64) (*config.Policy, enforce.Check, error) {
+	if s.engine == nil {
+		return nil, enforce.Check{}, ErrZeroService
+	}
 	cfg := s.Config()
 	p := cfg.Policy(policy)
 	if p == nil {
