@@ -101,34 +101,20 @@ func env(name, def string) string {
 	return def
 }
 
-// envDuration reads a duration from the environment; a bad value is
-// reported once the flags are parsed.
-func envDuration(name string, def time.Duration, bad *error) time.Duration {
+// envParse reads a value from the environment with parse; a bad value is
+// reported once the flags are parsed (a flag given on the command line
+// wins over it).
+func envParse[T any](name string, def T, parse func(string) (T, error), bad *error) T {
 	v, ok := os.LookupEnv(name)
 	if !ok {
 		return def
 	}
-	d, err := time.ParseDuration(v)
+	x, err := parse(v)
 	if err != nil {
 		*bad = fmt.Errorf("%s: %w", name, err)
 		return def
 	}
-	return d
-}
-
-// envInt reads an integer from the environment; a bad value is reported
-// once the flags are parsed.
-func envInt(name string, def int, bad *error) int {
-	v, ok := os.LookupEnv(name)
-	if !ok {
-		return def
-	}
-	n, err := strconv.Atoi(v)
-	if err != nil {
-		*bad = fmt.Errorf("%s: %w", name, err)
-		return def
-	}
-	return n
+	return x
 }
 
 // serve runs the service; its every line is a log record on stderr.
@@ -142,8 +128,8 @@ func serve(args []string, stderr io.Writer) int {
 		httpAddr   = fs.String("http", env("SLUICE_HTTP_ADDR", ""), "JSON API, dashboard and metrics `address` (env SLUICE_HTTP_ADDR); default :8080, 127.0.0.1:8080 for the demo")
 		grpcAddr   = fs.String("grpc", env("SLUICE_GRPC_ADDR", ""), "Envoy rate limit service `address` (env SLUICE_GRPC_ADDR); default :8081, 127.0.0.1:8081 for the demo")
 		failure    = fs.String("failure-policy", env("SLUICE_FAILURE_POLICY", "local"), "when Redis fails: local (enforce in this process), open, closed, or error (report it; Envoy decides) (env SLUICE_FAILURE_POLICY)")
-		timeout    = fs.Duration("decision-timeout", envDuration("SLUICE_DECISION_TIMEOUT", 0, &envErr), "longest wait for Redis before the failure policy answers (env SLUICE_DECISION_TIMEOUT); default 50ms")
-		fleetSize  = fs.Int("fleet-size", envInt("SLUICE_FLEET_SIZE", 0, &fleetErr), "how many instances share Redis: under --failure-policy local each admits 1/N of every limit while Redis is away (env SLUICE_FLEET_SIZE); default: discovered through Redis")
+		timeout    = fs.Duration("decision-timeout", envParse("SLUICE_DECISION_TIMEOUT", 0, time.ParseDuration, &envErr), "longest wait for Redis before the failure policy answers (env SLUICE_DECISION_TIMEOUT); default 50ms")
+		fleetSize  = fs.Int("fleet-size", envParse("SLUICE_FLEET_SIZE", 0, strconv.Atoi, &fleetErr), "how many instances share Redis: under --failure-policy local each admits 1/N of every limit while Redis is away (env SLUICE_FLEET_SIZE); default: discovered through Redis")
 		adminToken = fs.String("admin-token", env("SLUICE_ADMIN_TOKEN", ""), "bearer `token` for admin endpoints (env SLUICE_ADMIN_TOKEN); default: loopback clients only, and none when --http is reachable from other hosts")
 		insecure   = fs.Bool("insecure-admin", false, "without --admin-token, keep admin endpoints open to loopback clients even when --http is reachable from other hosts")
 		decToken   = fs.String("decision-token", env("SLUICE_DECISION_TOKEN", ""), "bearer `token` decisions require: HTTP Authorization, gRPC authorization metadata (env SLUICE_DECISION_TOKEN); default: none")

@@ -230,7 +230,7 @@ func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 // timedStore reports the calls of store to m's store metrics (unless a
 // failure-policy store reports them itself). It keeps store's TakeAll.
 func timedStore(store sluice.Store, m *Metrics) sluice.Store {
-	if m == nil {
+	if m == nil || m.wrapped { // the failure-policy store times its own calls
 		return store
 	}
 	t := timed{store, m}
