@@ -84,6 +84,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/sluicehq/sluice"
@@ -131,6 +132,30 @@ type Store struct {
 	mu      sync.Mutex
 	leases  map[leaseKey]*lease
 	sweepAt int // sweep idle leases when the map reaches this size
+
+	local, grants, granted, returned atomic.Uint64
+}
+
+// Stats counts what a Store has done since New; every field is cumulative
+// but Keys.
+type Stats struct {
+	Local    uint64 // decisions answered from a lease, without the store
+	Grants   uint64 // grant calls sent to the store
+	Granted  uint64 // units the store granted
+	Returned uint64 // units the store took back
+	Keys     int    // keys holding a lease or a remembered denial now
+}
+
+// Stats returns the Store's counters. It is safe to call at any time; a
+// zero Store reports zeros.
+func (s *Store) Stats() Stats {
+	return Stats{
+		Local:    s.local.Load(),
+		Grants:   s.grants.Load(),
+		Granted:  s.granted.Load(),
+		Returned: s.returned.Load(),
+		Keys:     s.Len(),
+	}
 }
 
 // minSweep is the least number of leases held before idle ones are swept.
@@ -248,6 +273,7 @@ func (s *Store) Take(ctx context.Context, key string, limit sluice.Limit, cost i
 	now := s.clock()
 	if l.live(now) && l.units >= cost {
 		l.units -= cost
+		s.local.Add(1)
 		return l.local(limit, now, true), nil
 	}
 	if now.Before(l.deny) {
@@ -257,10 +283,12 @@ func (s *Store) Take(ctx context.Context, key string, limit sluice.Limit, cost i
 		return sluice.Decision{}, err
 	}
 	sent := s.clock()
+	s.grants.Add(1)
 	g, err := s.granter.Grant(ctx, key, limit, min(max(s.sizeFor(limit), cost), limit.Capacity()))
 	if err != nil {
 		return sluice.Decision{}, err
 	}
+	s.granted.Add(uint64(g.Granted))
 	if g.Granted == 0 {
 		l.deny, l.reset = sent.Add(g.RetryAfter), sent.Add(g.ResetAfter)
 		return sluice.Decision{Limit: limit, RetryAfter: g.RetryAfter, ResetAfter: g.ResetAfter}, nil
@@ -302,9 +330,11 @@ func (s *Store) giveBack(ctx context.Context, key string, limit sluice.Limit, l 
 	}
 	unused := l.units
 	l.units = 0
-	if _, err := s.granter.Return(ctx, key, limit, l.grant, unused); err != nil {
+	n, err := s.granter.Return(ctx, key, limit, l.grant, unused)
+	if err != nil {
 		return fmt.Errorf("lease: return: %w", err)
 	}
+	s.returned.Add(uint64(n))
 	return nil
 }
 

@@ -208,7 +208,14 @@ func TestCloseReset(t *testing.T) {
 	if d, err := m.Peek(ctx, "k", l, 1); err != nil || d.Remaining != 7 {
 		t.Fatalf("after Close: %+v, %v; want 7 left", d, err)
 	}
+	if got, want := s.Stats(), (lease.Stats{Grants: 1, Granted: 10, Returned: 7}); got != want {
+		t.Fatalf("Stats() = %+v, want %+v", got, want)
+	}
 	take(t, s, "k", l, 3)
+	take(t, s, "k", l, 1)
+	if got := s.Stats(); got.Local != 1 || got.Keys != 1 {
+		t.Fatalf("Stats() = %+v, want Local 1 (the second take), Keys 1", got)
+	}
 	if err := s.Reset(ctx, "k", l); err != nil {
 		t.Fatal(err)
 	}
