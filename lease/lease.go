@@ -3,8 +3,8 @@
 // spends it locally, without a round trip per request, and it says exactly
 // how far over the limit a fleet can go.
 //
-// A Store asks its sluice.Granter for up to Options.Size units of a key and
-// admits requests from them in memory until they are spent or the lease
+// A Store asks its sluice.Granter for up to n units of a key (see "Lease
+// size") and admits requests from them in memory until they are spent or the lease
 // expires. A lease lives at most the key's maximum staleness D
 // (Options.MaxStaleness, or Options.For per key; zero: no lease), measured from
 // when its grant was sent, so no network delay stretches it; under the
@@ -14,6 +14,19 @@
 // return rule, on the first request an expired lease or one too small
 // cannot answer, and on Close; a lease forgotten among many idle keys
 // strands its units, which can only lower admissions.
+//
+// # Lease size
+//
+// Each key's demand in a process is the units it asked for per D, as an
+// exponentially weighted moving average with time constant D (each request
+// counts its cost, admitted or not). A key is hot when its demand is at
+// least 4 units: it then gets leases of its demand rounded up, what the
+// process expects to use within D, capped at Capacity / (2 × fleet size)
+// (Options.FleetSize) so no process holds more than its share of the burst,
+// and at least 1. A key that is not hot, or whose lease would hold no more
+// than the request's cost, is not leased: the store answers the request
+// exactly, as without leases. Options.Size replaces all this with one
+// fixed size for every key.
 //
 // # The bound
 //
@@ -50,6 +63,11 @@
 // it: a lease granted B, returned whole after the bucket refilled, lets the
 // fleet take B again on top of the refills.
 //
+// Sizing does not enter the bound: the proofs hold for grants of any size
+// (each is an exact take of the store's), and a lease's lifetime is D
+// whatever it holds; size only moves how many units wait, unspent, in a
+// process.
+//
 // FixedWindow: a lease never outlives the window its units were taken
 // from, as the store's clock sees it, and its unused units return only into
 // that window's count, so each window admits at most Rate, exactly as
@@ -84,6 +102,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -121,10 +140,17 @@ type Options struct {
 	// every key.
 	For func(key string, limit sluice.Limit) time.Duration
 
-	// Size is how many units each grant asks for, capped at a limit's
-	// Capacity (and raised to a request's cost). Default: a tenth of the
-	// limit's Capacity, at least 1.
+	// Size, when positive, is how many units each grant asks for, capped
+	// at a limit's Capacity and raised to a request's cost, for every key,
+	// hot or not. Default: 0, sized by demand (see "Lease size" in the
+	// package doc).
 	Size int64
+
+	// FleetSize returns how many processes share the store's limits (a
+	// service passes its resilient.Fleet's count); an adaptive lease holds
+	// at most 1/(2 × FleetSize) of a limit's Capacity. It is called once
+	// per grant. Default: nil, a fleet of 1; a figure below 1 counts as 1.
+	FleetSize func() int
 
 	// Clock returns the current time. Default time.Now. It measures lease
 	// lifetimes and remembered denials only.
@@ -140,6 +166,7 @@ type Store struct {
 	staleness time.Duration
 	stale     func(key string, limit sluice.Limit) time.Duration
 	size      int64
+	fleet     func() int
 	clock     func() time.Time
 
 	mu      sync.Mutex
@@ -190,6 +217,10 @@ type lease struct {
 	end   time.Time // window algorithms: spendable while now < end
 	deny  time.Time // a zero grant is remembered until then
 	reset time.Time // and the key was fresh again by then
+
+	demand float64   // units this process expects to ask for within D
+	asked  int64     // units asked since folded, not yet in demand
+	folded time.Time // when asked was last folded into demand
 }
 
 // New returns a Store that leases from g. opts must set MaxStaleness or
@@ -208,7 +239,7 @@ func New(g sluice.Granter, opts *Options) (*Store, error) {
 	if o.Clock == nil {
 		o.Clock = time.Now
 	}
-	return &Store{granter: g, staleness: o.MaxStaleness, stale: o.For, size: o.Size, clock: o.Clock, leases: make(map[leaseKey]*lease), sweepAt: minSweep}, nil
+	return &Store{granter: g, staleness: o.MaxStaleness, stale: o.For, size: o.Size, fleet: o.FleetSize, clock: o.Clock, leases: make(map[leaseKey]*lease), sweepAt: minSweep}, nil
 }
 
 // check validates a request against the Store and its limit, and returns
@@ -295,22 +326,33 @@ func (s *Store) Take(ctx context.Context, key string, limit sluice.Limit, cost i
 	}
 	l := s.lease(key, limit)
 	l.mu.Lock()
-	defer l.mu.Unlock()
 	now := s.clock()
+	l.asked += cost
 	if l.live(now) && l.units >= cost {
 		l.units -= cost
+		d := l.local(limit, now, true)
+		l.mu.Unlock()
 		s.local.Add(1)
-		return l.local(limit, now, true), nil
+		return d, nil
 	}
 	if now.Before(l.deny) {
+		l.mu.Unlock()
 		return sluice.Decision{Limit: limit, RetryAfter: l.deny.Sub(now), ResetAfter: max(l.reset.Sub(now), 0), Source: sluice.SourceDenyCache}, nil
 	}
+	l.fold(now, stale)
+	n := s.sizeFor(l, limit, cost)
+	if n == 0 {
+		// The store answers exactly, without l held across the call.
+		l.mu.Unlock()
+		return s.granter.Take(ctx, key, limit, cost)
+	}
+	defer l.mu.Unlock()
 	if err := s.giveBack(ctx, key, limit, l); err != nil {
 		return sluice.Decision{}, err
 	}
 	sent := s.clock()
 	s.grants.Add(1)
-	g, err := s.granter.Grant(ctx, key, limit, min(max(s.sizeFor(limit), cost), limit.Capacity()))
+	g, err := s.granter.Grant(ctx, key, limit, n)
 	if err != nil {
 		return sluice.Decision{}, err
 	}
@@ -340,12 +382,52 @@ func (s *Store) Take(ctx context.Context, key string, limit sluice.Limit, cost i
 	return d, nil
 }
 
-// sizeFor is the grant size Options.Size gives limit.
-func (s *Store) sizeFor(limit sluice.Limit) int64 {
-	if s.size > 0 {
-		return s.size
+// hotUnits is the demand, in units expected within D, from which a key is
+// leased: below it a lease would save few round trips and strand units.
+const hotUnits = 4
+
+// fold adds the units asked since the last fold to l's demand: an
+// exponentially weighted moving average, with time constant d, of the
+// units this process asks for the key per d. Over a gap dt the old figure
+// keeps the weight e^(−dt/d) and the rate seen over the gap, scaled to d,
+// takes the rest; a gap of zero adds what was asked.
+func (l *lease) fold(now time.Time, d time.Duration) {
+	dt := now.Sub(l.folded)
+	switch {
+	case l.folded.IsZero():
+		l.demand = float64(l.asked)
+	case dt <= 0:
+		l.demand += float64(l.asked)
+	default:
+		w := -math.Expm1(-float64(dt) / float64(d))
+		l.demand = l.demand*(1-w) + float64(l.asked)*w*float64(d)/float64(dt)
 	}
-	return max(limit.Capacity()/10, 1)
+	l.asked, l.folded = 0, now
+}
+
+// sizeFor is how many units a grant for l asks to cover a request of cost,
+// at most Capacity, or 0 when the store should answer the request exactly.
+// Options.Size, raised to cost, when set. Otherwise 0 for a key that is not
+// hot (demand below hotUnits), and for a hot one its demand rounded up,
+// capped at Capacity / (2 × fleet size), at least 1; 0 again when that is
+// no more than cost, since such a lease would be a Take that may strand a
+// partial grant.
+func (s *Store) sizeFor(l *lease, limit sluice.Limit, cost int64) int64 {
+	if s.size > 0 {
+		return min(max(s.size, cost), limit.Capacity())
+	}
+	if l.demand < hotUnits {
+		return 0
+	}
+	fleet := 1
+	if s.fleet != nil {
+		fleet = max(s.fleet(), 1)
+	}
+	n := min(int64(math.Ceil(l.demand)), max(limit.Capacity()/int64(2*fleet), 1))
+	if n <= cost {
+		return 0
+	}
+	return n
 }
 
 // giveBack returns l's unused units, once: on an error they stay out of
