@@ -110,7 +110,7 @@ import (
 	"github.com/sluicehq/sluice"
 )
 
-var _ sluice.Store = (*Store)(nil)
+var _ sluice.MultiStore = (*Store)(nil)
 
 var (
 	// ErrInvalidStaleness: Options.MaxStaleness is negative, or neither it
@@ -120,6 +120,9 @@ var (
 	// ErrNoGranter: the Store is a zero value, or was built without a
 	// granter.
 	ErrNoGranter = errors.New("lease: no granter")
+	// ErrNoTakeAll: TakeAll has several checks that are not leased, and
+	// the granter is not a sluice.MultiStore that could take them at once.
+	ErrNoTakeAll = errors.New("lease: the granter cannot take several unleased limits at once")
 )
 
 // Options configures a Store. MaxStaleness or For must be set.
@@ -217,6 +220,7 @@ type lease struct {
 	end   time.Time // window algorithms: spendable while now < end
 	deny  time.Time // a zero grant is remembered until then
 	reset time.Time // and the key was fresh again by then
+	gen   uint64    // counts grants: which one units came from
 
 	demand float64   // units this process expects to ask for within D
 	asked  int64     // units asked since folded, not yet in demand
@@ -315,52 +319,58 @@ func (l *lease) local(limit sluice.Limit, now time.Time, allowed bool) sluice.De
 
 // Take implements sluice.Store: from the key's lease when it is live and
 // holds cost units, and otherwise after returning what is left of it and
-// asking for a new one.
+// asking for a new one; a key that is not leased, exactly by the store.
 func (s *Store) Take(ctx context.Context, key string, limit sluice.Limit, cost int64) (sluice.Decision, error) {
 	stale, err := s.check(key, limit, cost)
 	if err != nil {
 		return sluice.Decision{}, err
 	}
-	if stale == 0 {
-		return s.granter.Take(ctx, key, limit, cost)
+	if stale > 0 {
+		d, _, exact, err := s.spend(ctx, key, limit, cost, stale, s.lease(key, limit), false)
+		if !exact {
+			return d, err
+		}
 	}
-	l := s.lease(key, limit)
+	return s.granter.Take(ctx, key, limit, cost)
+}
+
+// spend answers a request of cost from l, the key's lease, taking the
+// units when it allows, and reports the grant they came from (gen). exact
+// says the store should answer instead, as it does for a key that is not
+// hot; force leases such a key all the same.
+func (s *Store) spend(ctx context.Context, key string, limit sluice.Limit, cost int64, stale time.Duration, l *lease, force bool) (_ sluice.Decision, gen uint64, exact bool, _ error) {
 	l.mu.Lock()
+	defer l.mu.Unlock()
 	now := s.clock()
 	l.asked += cost
 	if l.live(now) && l.units >= cost {
 		l.units -= cost
-		d := l.local(limit, now, true)
-		l.mu.Unlock()
 		s.local.Add(1)
-		return d, nil
+		return l.local(limit, now, true), l.gen, false, nil
 	}
 	if now.Before(l.deny) {
-		l.mu.Unlock()
-		return sluice.Decision{Limit: limit, RetryAfter: l.deny.Sub(now), ResetAfter: max(l.reset.Sub(now), 0), Source: sluice.SourceDenyCache}, nil
+		return sluice.Decision{Limit: limit, RetryAfter: l.deny.Sub(now), ResetAfter: max(l.reset.Sub(now), 0), Source: sluice.SourceDenyCache}, 0, false, nil
 	}
 	l.fold(now, stale)
 	n := s.sizeFor(l, limit, cost)
-	if n == 0 {
-		// The store answers exactly, without l held across the call.
-		l.mu.Unlock()
-		return s.granter.Take(ctx, key, limit, cost)
+	if n == 0 && !force {
+		return sluice.Decision{}, 0, true, nil
 	}
-	defer l.mu.Unlock()
 	if err := s.giveBack(ctx, key, limit, l); err != nil {
-		return sluice.Decision{}, err
+		return sluice.Decision{}, 0, false, err
 	}
 	sent := s.clock()
 	s.grants.Add(1)
-	g, err := s.granter.Grant(ctx, key, limit, n)
+	g, err := s.granter.Grant(ctx, key, limit, max(n, cost))
 	if err != nil {
-		return sluice.Decision{}, err
+		return sluice.Decision{}, 0, false, err
 	}
 	s.granted.Add(uint64(g.Granted))
 	if g.Granted == 0 {
 		l.deny, l.reset = sent.Add(g.RetryAfter), sent.Add(g.ResetAfter)
-		return sluice.Decision{Limit: limit, RetryAfter: g.RetryAfter, ResetAfter: g.ResetAfter}, nil
+		return sluice.Decision{Limit: limit, RetryAfter: g.RetryAfter, ResetAfter: g.ResetAfter}, 0, false, nil
 	}
+	l.gen++
 	l.grant, l.units, l.sent = g, g.Granted, sent
 	l.until, l.end = sent.Add(stale), time.Time{}
 	if g.Window > 0 {
@@ -374,12 +384,23 @@ func (s *Store) Take(ctx context.Context, key string, limit sluice.Limit, cost i
 			d.RetryAfter = max(l.end.Sub(now), time.Microsecond)
 		}
 		d.Source = sluice.SourceBackend
-		return d, nil
+		return d, 0, false, nil
 	}
 	l.units -= cost
 	d := l.local(limit, now, true)
 	d.Source = sluice.SourceBackend
-	return d, nil
+	return d, l.gen, false, nil
+}
+
+// restore puts back cost units that spend took from grant gen, when l
+// still holds that grant; otherwise they stay out of the store, which can
+// only lower admissions.
+func (l *lease) restore(gen uint64, cost int64) {
+	l.mu.Lock()
+	if l.gen == gen {
+		l.units += cost
+	}
+	l.mu.Unlock()
 }
 
 // hotUnits is the demand, in units expected within D, from which a key is
@@ -444,6 +465,107 @@ func (s *Store) giveBack(ctx context.Context, key string, limit sluice.Limit, l 
 	}
 	s.returned.Add(uint64(n))
 	return nil
+}
+
+// TakeAll implements sluice.MultiStore, all-or-nothing: a leased check's
+// units are taken from its lease first and put back when another check
+// denies, and the checks not leased go to the granter's TakeAll, only once
+// every leased one admits (otherwise they are Peeked). Units put back after
+// their lease was replaced stay out of the store. A granter that is not a
+// sluice.MultiStore gets every check with a staleness above zero leased,
+// hot or not, and at most one with none (ErrNoTakeAll otherwise). Two
+// checks on one key under one algorithm are sluice.ErrInvalidKey.
+func (s *Store) TakeAll(ctx context.Context, reqs []sluice.Request) ([]sluice.Decision, error) {
+	if s.granter == nil {
+		return nil, ErrNoGranter
+	}
+	multi, _ := s.granter.(sluice.MultiStore)
+	stale := make([]time.Duration, len(reqs))
+	unleased := 0
+	for i, r := range reqs {
+		d, err := s.check(r.Key, r.Limit, r.Cost)
+		if err == nil && d == 0 {
+			unleased++
+			err = sluice.ValidateRequest(r.Key, r.Limit, r.Cost)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("lease: request %d: %w", i, err)
+		}
+		for _, prev := range reqs[:i] {
+			if prev.Key == r.Key && prev.Limit.Algorithm == r.Limit.Algorithm {
+				return nil, fmt.Errorf("lease: request %d: %w: %q appears twice under %v", i, sluice.ErrInvalidKey, r.Key, r.Limit.Algorithm)
+			}
+		}
+		stale[i] = d
+	}
+	if multi == nil && unleased > 1 {
+		return nil, ErrNoTakeAll
+	}
+	out := make([]sluice.Decision, len(reqs))
+	held := make([]*lease, len(reqs))
+	gens := make([]uint64, len(reqs))
+	putBack := func() {
+		for i, l := range held {
+			if l != nil {
+				l.restore(gens[i], reqs[i].Cost)
+				out[i].Remaining += reqs[i].Cost
+			}
+		}
+	}
+	var exact []sluice.Request
+	var at []int
+	all := true
+	for i, r := range reqs {
+		if stale[i] > 0 {
+			l := s.lease(r.Key, r.Limit)
+			d, gen, ex, err := s.spend(ctx, r.Key, r.Limit, r.Cost, stale[i], l, multi == nil)
+			if err != nil {
+				putBack()
+				return nil, err
+			}
+			if !ex {
+				out[i], all = d, all && d.Allowed
+				if d.Allowed {
+					held[i], gens[i] = l, gen
+				}
+				continue
+			}
+		}
+		exact, at = append(exact, r), append(at, i)
+	}
+	ds, err := s.exactly(ctx, multi, exact, all)
+	if err != nil {
+		putBack()
+		return nil, err
+	}
+	for j, d := range ds {
+		out[at[j]], all = d, all && d.Allowed
+	}
+	if !all {
+		putBack()
+	}
+	return out, nil
+}
+
+// exactly answers TakeAll's checks that are not leased: taken, all or
+// nothing, when take is set, and otherwise Peeked.
+func (s *Store) exactly(ctx context.Context, multi sluice.MultiStore, reqs []sluice.Request, take bool) ([]sluice.Decision, error) {
+	if take && len(reqs) > 1 {
+		return multi.TakeAll(ctx, reqs)
+	}
+	out := make([]sluice.Decision, len(reqs))
+	for i, r := range reqs {
+		var err error
+		if take {
+			out[i], err = s.granter.Take(ctx, r.Key, r.Limit, r.Cost)
+		} else {
+			out[i], err = s.granter.Peek(ctx, r.Key, r.Limit, r.Cost)
+		}
+		if err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
 }
 
 // Peek implements sluice.Store: a live lease that holds cost units answers

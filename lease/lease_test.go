@@ -427,3 +427,72 @@ func TestAdaptiveSize(t *testing.T) {
 		t.Fatalf("burst: grant of %d, want 4", got)
 	}
 }
+
+// Layered checks are all-or-nothing: a leased check's units are consumed
+// only when every other check admits, whether that other check is leased
+// or answered exactly by the store.
+func TestTakeAll(t *testing.T) {
+	t.Parallel()
+	clock := storetest.NewClock(storetest.T0)
+	m := newMemory(t, clock)
+	c := &counting{Granter: m, clock: clock}
+	stale := map[string]time.Duration{"a": 100 * time.Millisecond, "c": 100 * time.Millisecond}
+	s, err := lease.New(c, &lease.Options{For: func(key string, _ sluice.Limit) time.Duration { return stale[key] }, Size: 5, Clock: clock.Now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	la, lb, lc := sluice.PerSecond(10), sluice.PerMinute(1), sluice.PerSecond(2)
+	take(t, s, "a", la, 1) // a's lease holds 4
+	takeAll := func(reqs ...sluice.Request) []sluice.Decision {
+		t.Helper()
+		ds, err := s.TakeAll(ctx, reqs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ds
+	}
+	a, b, cc := sluice.Request{Key: "a", Limit: la, Cost: 1}, sluice.Request{Key: "b", Limit: lb, Cost: 1}, sluice.Request{Key: "c", Limit: lc, Cost: 1}
+	if ds := takeAll(a, b); !ds[0].Allowed || !ds[1].Allowed || ds[0].Source != sluice.SourceLease || ds[0].Remaining != 3 || ds[1].Remaining != 0 {
+		t.Fatalf("both admit: %+v", ds)
+	}
+	// b (exact, spent) denies: a keeps its units and reports them as Peek would.
+	if ds := takeAll(a, b); !ds[0].Allowed || ds[1].Allowed || ds[0].Remaining != 3 {
+		t.Fatalf("exact b denies: %+v; want a allowed with 3 left, b denied", ds)
+	}
+	if d, err := s.Peek(ctx, "a", la, 3); err != nil || !d.Allowed || d.Remaining != 3 || d.Source != sluice.SourceLease {
+		t.Fatalf("a's lease after b denied: %+v, %v; want 3 units kept", d, err)
+	}
+	// c (leased, spent) denies: a keeps its units again.
+	take(t, s, "c", lc, 2)
+	if ds := takeAll(a, cc); !ds[0].Allowed || ds[1].Allowed || ds[0].Remaining != 3 {
+		t.Fatalf("leased c denies: %+v", ds)
+	}
+	if d, err := s.Peek(ctx, "a", la, 3); err != nil || !d.Allowed || d.Remaining != 3 {
+		t.Fatalf("a's lease after c denied: %+v, %v; want 3 units kept", d, err)
+	}
+	if c.grants != 3 {
+		t.Fatalf("%d grants, want 3 (a, c, c's denied refill)", c.grants)
+	}
+	for _, bad := range [][]sluice.Request{{a, {Key: "a", Limit: sluice.PerHour(1), Cost: 1}}, {a, {Key: "x", Limit: la, Cost: 0}}} {
+		if _, err := s.TakeAll(ctx, bad); err == nil {
+			t.Errorf("TakeAll(%v): no error", bad)
+		}
+	}
+
+	// A granter that cannot TakeAll: leased checks are leased, hot or not;
+	// two exact ones are refused.
+	single, err := lease.New(struct{ sluice.Granter }{m}, &lease.Options{For: func(key string, _ sluice.Limit) time.Duration { return stale[key] }, Clock: clock.Now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fresh := sluice.Request{Key: "c", Limit: sluice.PerMinute(10), Cost: 1}
+	if ds, err := single.TakeAll(ctx, []sluice.Request{fresh, {Key: "b", Limit: lb, Cost: 1}}); err != nil || !ds[0].Allowed || ds[1].Allowed {
+		t.Fatalf("fallback: %+v, %v; want c allowed, b denied", ds, err)
+	}
+	if d, err := single.Peek(ctx, "c", fresh.Limit, 1); err != nil || d.Source != sluice.SourceLease || d.Remaining != 1 {
+		t.Fatalf("fallback: c's forced lease = %+v, %v; want its unit kept", d, err)
+	}
+	if _, err := single.TakeAll(ctx, []sluice.Request{{Key: "x", Limit: lb, Cost: 1}, {Key: "y", Limit: lb, Cost: 1}}); !errors.Is(err, lease.ErrNoTakeAll) {
+		t.Fatalf("two exact checks without a MultiStore: %v, want ErrNoTakeAll", err)
+	}
+}
