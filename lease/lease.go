@@ -86,6 +86,18 @@
 // SlidingWindowLog is refused (sluice.ErrGrantUnsupported): its units are
 // dated when taken, so a leased unit spent later would leave the log early.
 //
+// # Failure policies
+//
+// Over a resilient.Store (or MultiStore), a live lease answers locally
+// before the breaker is consulted: a Redis that is down costs a leased key
+// nothing until its lease ends. Grants and returns pass through while the
+// breaker lets calls through; the failure policy never grants, so when a
+// grant is held back or fails (resilient.ErrNoGrant) the request is
+// answered by the resilient store's Take: the failure policy's answer. A
+// return held back or failed is not resent (a resent return would make
+// budget); its units stay out of the store, which can only lower
+// admissions.
+//
 // # What callers see
 //
 // A decision answered from a lease has Source sluice.SourceLease, Remaining
@@ -108,6 +120,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/resilient"
 )
 
 var _ sluice.MultiStore = (*Store)(nil)
@@ -362,6 +375,9 @@ func (s *Store) spend(ctx context.Context, key string, limit sluice.Limit, cost 
 	sent := s.clock()
 	s.grants.Add(1)
 	g, err := s.granter.Grant(ctx, key, limit, max(n, cost))
+	if errors.Is(err, resilient.ErrNoGrant) {
+		return sluice.Decision{}, 0, true, nil // the failure policy answers
+	}
 	if err != nil {
 		return sluice.Decision{}, 0, false, err
 	}
@@ -452,7 +468,9 @@ func (s *Store) sizeFor(l *lease, limit sluice.Limit, cost int64) int64 {
 }
 
 // giveBack returns l's unused units, once: on an error they stay out of
-// the store (a resent return could make budget).
+// the store (a resent return could make budget). A return a failure policy
+// held back (resilient.ErrNoGrant) is no error of the request's: the
+// policy has counted it.
 func (s *Store) giveBack(ctx context.Context, key string, limit sluice.Limit, l *lease) error {
 	if l.units == 0 {
 		return nil
@@ -460,6 +478,9 @@ func (s *Store) giveBack(ctx context.Context, key string, limit sluice.Limit, l 
 	unused := l.units
 	l.units = 0
 	n, err := s.granter.Return(ctx, key, limit, l.grant, unused)
+	if errors.Is(err, resilient.ErrNoGrant) {
+		return nil
+	}
 	if err != nil {
 		return fmt.Errorf("lease: return: %w", err)
 	}
