@@ -106,8 +106,16 @@
 // partial grant cannot cover is denied with a RetryAfter that is an upper
 // bound (one Interval per missing unit; the window's end for the window
 // algorithms) rather than exact. Peek answers from a live lease without
-// taking, and otherwise asks the store. Reset drops this process's lease
-// and resets the key; other processes' leases live on for at most D.
+// taking, and otherwise asks the store.
+//
+// Reset and config reloads take effect within D. Reset drops this
+// process's lease and resets the key in the store; other processes' leases
+// live on for at most D from their grants' sends, and their next grants
+// come from the reset key. Leases are kept per key and Limit, so a changed
+// limit (a reloaded policy) is another lease: its first request asks the
+// store under the new limit at once, and the old limit's lease, no longer
+// asked, strands its units (they were taken from the store: this can only
+// lower admissions) until it is swept.
 package lease
 
 import (
