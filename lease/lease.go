@@ -176,7 +176,8 @@ type Options struct {
 	// per grant. Default: nil, a fleet of 1; a figure below 1 counts as 1.
 	FleetSize func() int
 
-	// Clock returns the current time. Default time.Now. It measures lease
+	// Clock returns the current time. Default: time.Now's, advanced by the
+	// monotonic clock alone after the first read. It measures lease
 	// lifetimes and remembered denials only.
 	Clock func() time.Time
 }
@@ -262,9 +263,18 @@ func New(g sluice.Granter, opts *Options) (*Store, error) {
 		return nil, fmt.Errorf("%w: %v must be positive", ErrInvalidStaleness, o.MaxStaleness)
 	}
 	if o.Clock == nil {
-		o.Clock = time.Now
+		o.Clock = monotonic()
 	}
 	return &Store{granter: g, staleness: o.MaxStaleness, stale: o.For, size: o.Size, fleet: o.FleetSize, clock: o.Clock, leases: make(map[leaseKey]*lease), sweepAt: minSweep}, nil
+}
+
+// monotonic is the default clock: the wall clock read once, then advanced
+// by the monotonic clock alone, one clock read per call where time.Now
+// makes two. Lifetimes are durations, so wall clock steps must not move
+// them anyway.
+func monotonic() func() time.Time {
+	base := time.Now()
+	return func() time.Time { return base.Add(time.Since(base)) }
 }
 
 // check validates a request against the Store and its limit, and returns
