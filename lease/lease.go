@@ -142,8 +142,9 @@ var (
 	// ErrNoGranter: the Store is a zero value, or was built without a
 	// granter.
 	ErrNoGranter = errors.New("lease: no granter")
-	// ErrNoTakeAll: TakeAll has several checks that are not leased, and
-	// the granter is not a sluice.MultiStore that could take them at once.
+	// ErrNoTakeAll: TakeAll has several checks that are not leased (or
+	// whose grants a failure policy held back), and the granter is not a
+	// sluice.MultiStore that could take them at once.
 	ErrNoTakeAll = errors.New("lease: the granter cannot take several unleased limits at once")
 )
 
@@ -662,6 +663,9 @@ func (s *Store) TakeAll(ctx context.Context, reqs []sluice.Request) ([]sluice.De
 // nothing, when take is set, and otherwise Peeked.
 func (s *Store) exactly(ctx context.Context, multi sluice.MultiStore, reqs []sluice.Request, take bool) ([]sluice.Decision, error) {
 	if take && len(reqs) > 1 {
+		if multi == nil { // leased checks whose grants a failure policy held back
+			return nil, ErrNoTakeAll
+		}
 		return multi.TakeAll(ctx, reqs)
 	}
 	out := make([]sluice.Decision, len(reqs))
