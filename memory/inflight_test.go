@@ -3,6 +3,7 @@ package memory_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -46,5 +47,50 @@ func TestInFlightSweep(t *testing.T) {
 	s.Sweep()
 	if got := s.HeldKeys(); got != 0 {
 		t.Errorf("after the holds and a sweep, %d keys hold slots, want 0", got)
+	}
+}
+
+// MaxKeys bounds the keys with in-flight state too: at the cap a new key
+// takes the place of one without live holders, and is refused with
+// ErrFull when the sample finds none; a key with live holders is never
+// dropped.
+func TestInFlightMaxKeys(t *testing.T) {
+	t.Parallel()
+	clock := storetest.NewClock(storetest.T0)
+	s := memory.New(&memory.Options{Clock: clock.Now, SweepInterval: -1, MaxKeys: 4, Shards: 1})
+	ctx := context.Background()
+	l := sluice.Concurrent(1, 10*time.Second)
+	for i := range 4 {
+		if d, err := s.Acquire(ctx, fmt.Sprint("k", i), l, 1, "h"); err != nil || !d.Allowed {
+			t.Fatalf("Acquire(k%d) = %+v, %v", i, d, err)
+		}
+	}
+	for i := range 100 { // a flood of new keys while every key holds
+		if _, err := s.Acquire(ctx, fmt.Sprint("flood", i), l, 1, "h"); !errors.Is(err, memory.ErrFull) {
+			t.Fatalf("Acquire(flood%d) at the cap: err = %v, want ErrFull", i, err)
+		}
+	}
+	if got := s.HeldKeys(); got != 4 {
+		t.Errorf("%d keys with slots, want 4", got)
+	}
+	for i := range 4 { // every holder still holds
+		if d, err := s.Acquire(ctx, fmt.Sprint("k", i), l, 1, "other"); err != nil || d.Allowed {
+			t.Errorf("k%d: Acquire = %+v, %v; want a denial, its holder kept", i, d, err)
+		}
+	}
+	if ok, err := s.Release(ctx, "k0", "h"); err != nil || !ok {
+		t.Fatalf("Release(k0) = %v, %v", ok, err)
+	}
+	if d, err := s.Acquire(ctx, "new", l, 1, "h"); err != nil || !d.Allowed {
+		t.Errorf("Acquire(new) beside a released key = %+v, %v; want it to take k0's place", d, err)
+	}
+	clock.Advance(10 * time.Second) // every hold has ended
+	for i := range 4 {
+		if d, err := s.Acquire(ctx, fmt.Sprint("later", i), l, 1, "h"); err != nil || !d.Allowed {
+			t.Errorf("Acquire(later%d) once the holds ended = %+v, %v", i, d, err)
+		}
+	}
+	if got := s.HeldKeys(); got != 4 {
+		t.Errorf("%d keys with slots, want 4", got)
 	}
 }

@@ -35,7 +35,10 @@ type Options struct {
 	// key or, failing that, the sampled key closest to expiry (which then
 	// starts fresh). The bound is kept per shard (MaxKeys/Shards each,
 	// rounded up), so one busy shard can evict before the store as a whole
-	// is full. Default: 1,000,000.
+	// is full. Keys with in-flight slots are bounded apart, by the same
+	// number: at the cap, a new key takes the place of a sampled key
+	// without live holders, or its Acquire fails with ErrFull; a key with
+	// live holders is never dropped. Default: 1,000,000.
 	MaxKeys int
 
 	// Shards is the number of independently locked partitions, rounded up
