@@ -21,7 +21,10 @@ import (
 // Max, as long as every holder releases or extends within its hold
 // timeout. A holder that overruns its hold has lost its slot, and another
 // request may take it while the overrunning one still works: size Hold
-// well above the longest request, or extend.
+// well above the longest request, or extend. It is the store's guarantee:
+// while a shared store is unreachable, package resilient's local fallback
+// lets each of n processes hold at most max(⌊Max/n⌋, 1) more, and a
+// release lost meanwhile frees its slot only at its hold timeout.
 
 // Bounds that InFlightLimit.Validate enforces: quantities stay exact in
 // Redis Lua's doubles, and one key's holder set stays small enough to scan.

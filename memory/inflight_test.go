@@ -94,3 +94,30 @@ func TestInFlightMaxKeys(t *testing.T) {
 		t.Errorf("%d keys with slots, want 4", got)
 	}
 }
+
+// An acquire and release pair on a key the store already has allocates
+// nothing, beside other holders or alone.
+func TestInFlightPairAllocatesNothing(t *testing.T) {
+	s := memory.New(&memory.Options{SweepInterval: -1})
+	defer s.Close()
+	ctx := context.Background()
+	l := sluice.Concurrent(10, time.Minute)
+	for _, h := range []string{"h1", "h2", "h3"} {
+		if _, err := s.Acquire(ctx, "k", l, 1, h); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, key := range []string{"k", "alone"} {
+		allocs := testing.AllocsPerRun(100, func() {
+			if d, err := s.Acquire(ctx, key, l, 2, "me"); err != nil || !d.Allowed {
+				t.Fatalf("Acquire = %+v, %v", d, err)
+			}
+			if ok, err := s.Release(ctx, key, "me"); err != nil || !ok {
+				t.Fatalf("Release = %v, %v", ok, err)
+			}
+		})
+		if allocs != 0 {
+			t.Errorf("%s: %v allocations per pair, want 0", key, allocs)
+		}
+	}
+}
