@@ -5,11 +5,18 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/race"
+	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/memory"
+	"github.com/sluicehq/sluice/redisstore"
 	"github.com/sluicehq/sluice/storetest"
 )
 
@@ -36,20 +43,28 @@ func (f *flaky) Release(ctx context.Context, key string, holder string) (bool, e
 	return f.Store.Release(ctx, key, holder)
 }
 
-// newSlotStore returns a Store over a flaky backend with a fallback of its
-// own, both on clk, and the breaker as slow to open as the tests need.
-func newSlotStore(t *testing.T, clk *storetest.Clock, o Options) (*Store, *flaky, *memory.Store) {
+// slotFixture is a Store over a flaky backend with a fallback of its own,
+// both on clk, the breaker as slow to open as the tests need.
+type slotFixture struct {
+	s   *Store
+	b   *flaky
+	fb  *memory.Store
+	clk *storetest.Clock
+}
+
+func newSlotFixture(t *testing.T, o Options) slotFixture {
 	t.Helper()
-	b := newFlaky(clk.Now)
-	fb := memory.New(&memory.Options{Clock: clk.Now, SweepInterval: -1})
-	t.Cleanup(func() { fb.Close() })
-	o.Clock, o.Timeout, o.Fallback = clk.Now, slow, fb
-	s, err := New(b, &o)
-	if err != nil {
+	f := slotFixture{clk: storetest.NewClock(t0)}
+	f.b = newFlaky(f.clk.Now)
+	f.fb = memory.New(&memory.Options{Clock: f.clk.Now, SweepInterval: -1})
+	t.Cleanup(func() { f.fb.Close() })
+	o.Clock, o.Timeout, o.Fallback = f.clk.Now, slow, f.fb
+	var err error
+	if f.s, err = New(f.b, &o); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { s.Close() })
-	return s, b, fb
+	t.Cleanup(func() { f.s.Close() })
+	return f
 }
 
 // While the backend is down, each policy answers Acquire: the fallback
@@ -75,9 +90,9 @@ func TestSlotsPolicies(t *testing.T) {
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			clk := storetest.NewClock(t0)
-			s, b, _ := newSlotStore(t, clk, tt.opts)
-			b.mode.Store(1)
+			f := newSlotFixture(t, tt.opts)
+			s := f.s
+			f.b.mode.Store(1)
 			l := sluice.Concurrent(tt.max, time.Minute)
 			allowed := 0
 			for i := range 12 {
@@ -108,9 +123,8 @@ func TestSlotsPolicies(t *testing.T) {
 // at its hold timeout.
 func TestSlotsReleaseWhereGranted(t *testing.T) {
 	t.Parallel()
-	clk := storetest.NewClock(t0)
-	s, b, fb := newSlotStore(t, clk, Options{Logger: slog.New(slog.DiscardHandler)})
-	ctx := context.Background()
+	f := newSlotFixture(t, Options{Logger: slog.New(slog.DiscardHandler)})
+	s, b, fb, clk, ctx := f.s, f.b, f.fb, f.clk, context.Background()
 	l := sluice.Concurrent(2, 10*time.Second)
 	mustAcquire := func(holder string, src sluice.Source) {
 		t.Helper()
@@ -165,10 +179,8 @@ func TestSlotsReleaseWhereGranted(t *testing.T) {
 // and a cached rate denial of the same key does not touch its slots.
 func TestSlotsNotDenyCached(t *testing.T) {
 	t.Parallel()
-	clk := storetest.NewClock(t0)
-	s, b, _ := newSlotStore(t, clk, Options{})
-	ctx := context.Background()
-	l := sluice.Concurrent(1, time.Minute)
+	f := newSlotFixture(t, Options{})
+	s, ctx, l := f.s, context.Background(), sluice.Concurrent(1, time.Minute)
 	if d, err := s.Acquire(ctx, "k", l, 1, "a"); err != nil || !d.Allowed {
 		t.Fatalf("Acquire(a) = %+v, %v", d, err)
 	}
@@ -187,12 +199,12 @@ func TestSlotsNotDenyCached(t *testing.T) {
 	if ok, err := s.Release(ctx, "k", "a"); err != nil || !ok {
 		t.Fatalf("Release(a) = %v, %v", ok, err)
 	}
-	calls := b.calls.Load()
+	calls := f.b.calls.Load()
 	d, err := s.Acquire(ctx, "k", l, 1, "b")
 	if err != nil || !d.Allowed || d.Source != sluice.SourceBackend {
 		t.Errorf("Acquire(b) right after the release = %+v, %v; want allowed by the backend", d, err)
 	}
-	if got := b.calls.Load() - calls; got != 1 {
+	if got := f.b.calls.Load() - calls; got != 1 {
 		t.Errorf("%d backend calls, want 1", got)
 	}
 	if d, err := s.Take(ctx, "k", rate, 1); err != nil || d.Source != sluice.SourceDenyCache {
@@ -204,9 +216,8 @@ func TestSlotsNotDenyCached(t *testing.T) {
 // against the backend.
 func TestSlotsBadInput(t *testing.T) {
 	t.Parallel()
-	clk := storetest.NewClock(t0)
-	s, b, _ := newSlotStore(t, clk, Options{})
-	ctx := context.Background()
+	f := newSlotFixture(t, Options{})
+	s, ctx := f.s, context.Background()
 	if _, err := s.Acquire(ctx, "k", sluice.Concurrent(0, time.Second), 1, "h"); !errors.Is(err, sluice.ErrInvalidLimit) {
 		t.Errorf("Acquire with max 0: %v", err)
 	}
@@ -216,7 +227,7 @@ func TestSlotsBadInput(t *testing.T) {
 	if _, err := s.Release(ctx, "k", ""); !errors.Is(err, sluice.ErrInvalidHolder) {
 		t.Errorf("Release of an empty holder: %v", err)
 	}
-	if got := b.calls.Load(); got != 0 {
+	if got := f.b.calls.Load(); got != 0 {
 		t.Errorf("%d backend calls for bad input", got)
 	}
 	var zero Store
@@ -235,3 +246,112 @@ func TestSlotsBadInput(t *testing.T) {
 
 // rateOnly is a backend that keeps no slots.
 type rateOnly struct{ sluice.Store }
+
+// A real Redis stopped with SIGSTOP while it holds slots: each Acquire is
+// answered by the fallback within the timeout, against Max divided by the
+// fleet size; a slot Redis granted cannot be released (ErrSlotUnreachable,
+// within the timeout) while one the fallback granted is released there;
+// the breaker and the failure policy log as for takes. Resumed, Redis
+// answers again, and the slots whose release was lost have freed at their
+// hold timeout.
+func TestFaultSlotsPaused(t *testing.T) {
+	race.SkipTiming(t)
+	t.Parallel()
+	srv := redistest.StartServer(t)
+	client := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	t.Cleanup(func() { client.Close() })
+	log := &lines{}
+	rec := &recorder{}
+	const timeout = 100 * time.Millisecond
+	s, err := New(redisstore.New(client, nil), &Options{
+		Timeout: timeout, ProbeInterval: 50 * time.Millisecond, Nodes: 2,
+		Logger: slog.New(log), Observer: rec,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	ctx := context.Background()
+	const hold = 3 * time.Second
+	l := sluice.Concurrent(10, hold)
+	timed := func(what string, f func() error) {
+		t.Helper()
+		start := time.Now()
+		if err := f(); err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		if el := time.Since(start); el > timeout+margin {
+			t.Errorf("%s took %v with a %v timeout", what, el, timeout)
+		}
+	}
+	acquire := func(holder string, want bool, src sluice.Source) {
+		t.Helper()
+		timed("Acquire("+holder+")", func() error {
+			d, err := s.Acquire(ctx, "k", l, 1, holder)
+			if err == nil && (d.Allowed != want || d.Source != src) {
+				err = fmt.Errorf("%+v; want allowed %v by %v", d, want, src)
+			}
+			return err
+		})
+	}
+	for i := range 8 {
+		acquire(fmt.Sprint("redis", i), true, sluice.SourceBackend)
+	}
+	start := time.Now()
+	srv.Pause(t)
+	t.Cleanup(func() { srv.Resume(t) }) // should the test end while it is stopped
+	// The fallback admits 10/2 = 5, whatever Redis held.
+	for i := range 5 {
+		acquire(fmt.Sprint("local", i), true, sluice.SourceFallback)
+	}
+	acquire("local5", false, sluice.SourceFallback)
+	timed("Release of a Redis slot", func() error {
+		if ok, err := s.Release(ctx, "k", "redis0"); ok || !errors.Is(err, ErrSlotUnreachable) {
+			return fmt.Errorf("%v, %v; want ErrSlotUnreachable", ok, err)
+		}
+		return nil
+	})
+	timed("Release of a fallback slot", func() error {
+		if ok, err := s.Release(ctx, "k", "local0"); !ok || err != nil {
+			return fmt.Errorf("%v, %v; want released", ok, err)
+		}
+		return nil
+	})
+	acquire("local6", true, sluice.SourceFallback)
+	waitFor(t, "the breaker to open", func() bool {
+		s.Acquire(ctx, "k", l, 1, "x")
+		return s.State() == sluice.BreakerOpen
+	})
+	srv.Resume(t)
+	waitFor(t, "the breaker to close", func() bool {
+		s.Acquire(ctx, "other", l, 1, "probe")
+		return s.State() == sluice.BreakerClosed
+	})
+	if el := time.Since(start); el >= hold {
+		t.Fatalf("Redis was away %v, longer than the %v hold: the check below would prove nothing", el, hold)
+	}
+	// Redis still counts its 8 holders (the release was lost), and perhaps
+	// up to 2 more: acquires that timed out while it was stopped ran when it
+	// resumed, and hold until their own hold timeout.
+	d, err := s.Acquire(ctx, "k", l, 3, "big")
+	if err != nil || d.Allowed || d.InUse < 8 || d.Source != sluice.SourceBackend {
+		t.Errorf("Acquire(3) after the pause = %+v, %v; want denied by Redis with 8 or more in use", d, err)
+	}
+	time.Sleep(time.Until(start.Add(hold)))
+	d, err = s.Acquire(ctx, "k", l, 3, "big")
+	if err != nil || !d.Allowed || d.Expired != 8 {
+		t.Errorf("Acquire(3) after the hold = %+v, %v; want allowed, the 8 holders from before the pause expired", d, err)
+	}
+	if ok, err := s.Release(ctx, "k", "local1"); !ok || err != nil {
+		t.Errorf("Release of a fallback slot after the pause = %v, %v; want released in the fallback", ok, err)
+	}
+	got := strings.Join(log.all(), "\n")
+	for _, want := range []string{"resilient: breaker open", "resilient: failure policy on", "resilient: breaker closed", "resilient: failure policy off"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("no %q in the log:\n%s", want, got)
+		}
+	}
+	if !slices.Contains(rec.breakers, sluice.BreakerOpen) || rec.count(sluice.SourceFallback) == 0 || rec.errs == 0 {
+		t.Errorf("observer saw breakers %v, %d fallback answers, %d errors", rec.breakers, rec.count(sluice.SourceFallback), rec.errs)
+	}
+}
