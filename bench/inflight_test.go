@@ -24,7 +24,7 @@ func BenchmarkInFlight(b *testing.B) {
 	client := redistest.Client(b)
 	ctx := context.Background()
 	store := redisstore.New(client, &redisstore.Options{Prefix: redistest.Prefix(b)})
-	l := sluice.Concurrent(10, time.Minute)
+	l := sluice.Concurrent(10, time.Hour) // outlasts a -count 10 run
 	for _, h := range []string{"h1", "h2", "h3", "h4", "h5", "h6", "h7", "h8", "h9"} {
 		if d, err := store.Acquire(ctx, "k", l, 1, h); err != nil || !d.Allowed {
 			b.Fatalf("Acquire(%s) = %+v, %v", h, d, err)

@@ -2,7 +2,6 @@ package memory
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"math"
 	"slices"
@@ -12,12 +11,6 @@ import (
 )
 
 var _ sluice.Slots = (*Store)(nil)
-
-// ErrFull: Acquire found MaxKeys keys with in-flight state in the key's
-// shard, none of a small sample without live holders, and refused to add
-// another. A key with live holders is never dropped: that would free
-// slots still in use.
-var ErrFull = errors.New("memory: full")
 
 // reclaimSample is how many of a full shard's in-flight keys Acquire looks
 // at for one without live holders before refusing with ErrFull.

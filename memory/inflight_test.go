@@ -12,6 +12,16 @@ import (
 	"github.com/sluicehq/sluice/storetest"
 )
 
+// newSlotsStore returns a Store on a fake clock without a sweeper, closed
+// at the end of the test or benchmark.
+func newSlotsStore(tb testing.TB, o memory.Options) (*memory.Store, *storetest.Clock) {
+	clock := storetest.NewClock(storetest.T0)
+	o.Clock, o.SweepInterval = clock.Now, -1
+	s := memory.New(&o)
+	tb.Cleanup(func() { s.Close() })
+	return s, clock
+}
+
 // A zero Store refuses slots with ErrZeroStore, after validating.
 func TestInFlightZeroStore(t *testing.T) {
 	t.Parallel()
@@ -35,8 +45,7 @@ func TestInFlightZeroStore(t *testing.T) {
 // Sweep drops the holders of keys nobody touches after their holds end.
 func TestInFlightSweep(t *testing.T) {
 	t.Parallel()
-	clock := storetest.NewClock(storetest.T0)
-	s := memory.New(&memory.Options{Clock: clock.Now, SweepInterval: -1})
+	s, clock := newSlotsStore(t, memory.Options{})
 	ctx := context.Background()
 	for _, k := range []string{"a", "b", "c"} {
 		if _, err := s.Acquire(ctx, k, sluice.Concurrent(1, time.Second), 1, "h"); err != nil {
@@ -56,8 +65,7 @@ func TestInFlightSweep(t *testing.T) {
 // dropped.
 func TestInFlightMaxKeys(t *testing.T) {
 	t.Parallel()
-	clock := storetest.NewClock(storetest.T0)
-	s := memory.New(&memory.Options{Clock: clock.Now, SweepInterval: -1, MaxKeys: 4, Shards: 1})
+	s, clock := newSlotsStore(t, memory.Options{MaxKeys: 4, Shards: 1})
 	ctx := context.Background()
 	l := sluice.Concurrent(1, 10*time.Second)
 	for i := range 4 {
@@ -95,29 +103,48 @@ func TestInFlightMaxKeys(t *testing.T) {
 	}
 }
 
-// An acquire and release pair on a key the store already has allocates
-// nothing, beside other holders or alone.
-func TestInFlightPairAllocatesNothing(t *testing.T) {
-	s := memory.New(&memory.Options{SweepInterval: -1})
-	defer s.Close()
+// acquireRelease returns a store whose key "busy" has 3 holders, and a
+// function that acquires and releases a slot of weight 2 on key.
+func acquireRelease(tb testing.TB) func(key string) {
+	s, _ := newSlotsStore(tb, memory.Options{})
 	ctx := context.Background()
 	l := sluice.Concurrent(10, time.Minute)
 	for _, h := range []string{"h1", "h2", "h3"} {
-		if _, err := s.Acquire(ctx, "k", l, 1, h); err != nil {
-			t.Fatal(err)
+		if _, err := s.Acquire(ctx, "busy", l, 1, h); err != nil {
+			tb.Fatal(err)
 		}
 	}
-	for _, key := range []string{"k", "alone"} {
-		allocs := testing.AllocsPerRun(100, func() {
-			if d, err := s.Acquire(ctx, key, l, 2, "me"); err != nil || !d.Allowed {
-				t.Fatalf("Acquire = %+v, %v", d, err)
-			}
-			if ok, err := s.Release(ctx, key, "me"); err != nil || !ok {
-				t.Fatalf("Release = %v, %v", ok, err)
-			}
-		})
-		if allocs != 0 {
+	return func(key string) {
+		if d, err := s.Acquire(ctx, key, l, 2, "me"); err != nil || !d.Allowed {
+			tb.Fatalf("Acquire = %+v, %v", d, err)
+		}
+		if ok, err := s.Release(ctx, key, "me"); err != nil || !ok {
+			tb.Fatalf("Release = %v, %v", ok, err)
+		}
+	}
+}
+
+// An acquire and release pair on a key the store already has allocates
+// nothing, beside other holders or alone.
+func TestInFlightPairAllocatesNothing(t *testing.T) {
+	pair := acquireRelease(t)
+	for _, key := range []string{"busy", "alone"} {
+		if allocs := testing.AllocsPerRun(100, func() { pair(key) }); allocs != 0 {
 			t.Errorf("%s: %v allocations per pair, want 0", key, allocs)
 		}
+	}
+}
+
+// BenchmarkInFlight measures an Acquire and Release pair beside 3 other
+// holders, and on a key of its own.
+func BenchmarkInFlight(b *testing.B) {
+	pair := acquireRelease(b)
+	for _, key := range []string{"busy", "alone"} {
+		b.Run(key, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				pair(key)
+			}
+		})
 	}
 }

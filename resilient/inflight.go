@@ -2,26 +2,11 @@ package resilient
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sync"
 	"time"
 
 	"github.com/sluicehq/sluice"
-)
-
-var _ sluice.Slots = (*Store)(nil)
-
-// Errors of in-flight slots.
-var (
-	// ErrNoSlots: the backend (or the fallback, under FallbackLocal) does
-	// not implement sluice.Slots.
-	ErrNoSlots = errors.New("resilient: store keeps no in-flight slots")
-	// ErrSlotUnreachable: Extend or Release of a slot the backend granted
-	// could not reach the backend (it failed, or the breaker is open). A
-	// lost Release frees the slot at its hold timeout; a lost Extend does
-	// not extend it.
-	ErrSlotUnreachable = errors.New("resilient: backend unreachable for a slot it granted")
 )
 
 // In-flight slots go to the backend under the breaker, as takes do. When

@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
-
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/race"
 	"github.com/sluicehq/sluice/internal/redistest"
@@ -72,28 +71,27 @@ func newSlotFixture(t *testing.T, o Options) slotFixture {
 // the whole share), open admits all, closed none.
 func TestSlotsPolicies(t *testing.T) {
 	t.Parallel()
+	l := sluice.Concurrent(10, time.Minute)
 	for _, tt := range []struct {
 		name    string
 		opts    Options
-		max     int64
 		weight  int64
 		allowed int // of 12 acquires
 		source  sluice.Source
 	}{
-		{"local", Options{}, 10, 1, 10, sluice.SourceFallback},
-		{"local over 3 nodes", Options{Nodes: 3}, 10, 1, 3, sluice.SourceFallback},
-		{"local over 3 nodes, weight 2", Options{Nodes: 3}, 10, 2, 1, sluice.SourceFallback},
-		{"local over more nodes than slots", Options{Nodes: 20}, 10, 1, 1, sluice.SourceFallback},
-		{"local, weight above the share", Options{Nodes: 4}, 10, 3, 1, sluice.SourceFallback},
-		{"open", Options{Policy: FailOpen}, 10, 1, 12, sluice.SourceFailOpen},
-		{"closed", Options{Policy: FailClosed, ProbeInterval: 3 * time.Second}, 10, 1, 0, sluice.SourceFailClosed},
+		{"local", Options{}, 1, 10, sluice.SourceFallback},
+		{"local over 3 nodes", Options{Nodes: 3}, 1, 3, sluice.SourceFallback},
+		{"local over 3 nodes, weight 2", Options{Nodes: 3}, 2, 1, sluice.SourceFallback},
+		{"local over more nodes than slots", Options{Nodes: 20}, 1, 1, sluice.SourceFallback},
+		{"local, weight above the share", Options{Nodes: 4}, 3, 1, sluice.SourceFallback},
+		{"open", Options{Policy: FailOpen}, 1, 12, sluice.SourceFailOpen},
+		{"closed", Options{Policy: FailClosed, ProbeInterval: 3 * time.Second}, 1, 0, sluice.SourceFailClosed},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
 			f := newSlotFixture(t, tt.opts)
 			s := f.s
 			f.b.mode.Store(1)
-			l := sluice.Concurrent(tt.max, time.Minute)
 			allowed := 0
 			for i := range 12 {
 				d, err := s.Acquire(context.Background(), "k", l, tt.weight, fmt.Sprint("h", i))

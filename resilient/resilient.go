@@ -98,6 +98,7 @@ import (
 var (
 	_ sluice.Store      = (*Store)(nil)
 	_ sluice.MultiStore = (*MultiStore)(nil)
+	_ sluice.Slots      = (*Store)(nil)
 )
 
 // Errors returned by this package. Test with errors.Is.
@@ -113,6 +114,14 @@ var (
 	// ErrZeroStore: the Store or MultiStore is a zero value, not one made
 	// by New or NewMulti.
 	ErrZeroStore = errors.New("resilient: zero Store: make one with New")
+	// ErrNoSlots: the backend (or the fallback, under FallbackLocal) does
+	// not implement sluice.Slots.
+	ErrNoSlots = errors.New("resilient: store keeps no in-flight slots")
+	// ErrSlotUnreachable: Extend or Release of a slot the backend granted
+	// could not reach the backend (it failed, or the breaker is open). A
+	// lost Release frees the slot at its hold timeout; a lost Extend does
+	// not extend it.
+	ErrSlotUnreachable = errors.New("resilient: backend unreachable for a slot it granted")
 )
 
 // Policy is what a Store does when its backend fails or its breaker is open.
