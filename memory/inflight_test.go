@@ -54,8 +54,8 @@ func TestInFlightSweep(t *testing.T) {
 	}
 	clock.Advance(time.Second)
 	s.Sweep()
-	if got := s.HeldKeys(); got != 0 {
-		t.Errorf("after the holds and a sweep, %d keys hold slots, want 0", got)
+	if got, want := s.HeldKeys(), 0; got != want {
+		t.Errorf("after the holds and a sweep, %d keys hold slots, want %d", got, want)
 	}
 }
 

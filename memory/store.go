@@ -19,16 +19,15 @@ import (
 
 var _ sluice.Store = (*Store)(nil)
 
-var (
-	// ErrZeroStore: the Store is a zero value, not one made by New. Every
-	// decision on it returns this error; it holds no keys.
-	ErrZeroStore = errors.New("memory: zero Store: make one with New")
-	// ErrFull: Acquire found MaxKeys keys with in-flight state in the
-	// key's shard, none of a small sample without live holders, and
-	// refused to add another. A key with live holders is never dropped:
-	// that would free slots still in use.
-	ErrFull = errors.New("memory: full")
-)
+// ErrZeroStore: the Store is a zero value, not one made by New. Every
+// decision on it returns this error; it holds no keys.
+var ErrZeroStore = errors.New("memory: zero Store: make one with New")
+
+// ErrFull: Acquire found MaxKeys keys with in-flight state in the key's
+// shard, none of a small sample without live holders, and refused to add
+// another. A key with live holders is never dropped: that would free slots
+// still in use.
+var ErrFull = errors.New("memory: full")
 
 // Options configures a Store. A nil *Options gives every default.
 type Options struct {

@@ -8,8 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/memory"
@@ -34,18 +32,18 @@ const (
 )
 
 func TestInFlightDifferential(t *testing.T) {
-	client := redistest.Client(t)
 	for trace := range inflightDiffTraces {
 		t.Run(fmt.Sprintf("trace%d", trace), func(t *testing.T) {
 			t.Parallel()
 			r := rand.New(rand.NewPCG(diffDefaultSeed, 0x1f<<8|uint64(trace)))
-			runInFlightTrace(t, client, r)
+			runInFlightTrace(t, r)
 		})
 	}
 }
 
-func runInFlightTrace(t *testing.T, client *redis.Client, r *rand.Rand) {
+func runInFlightTrace(t *testing.T, r *rand.Rand) {
 	ctx := context.Background()
+	client := redistest.Client(t)
 	clock := storetest.NewClock(storetest.T0)
 	mem := memory.New(&memory.Options{Clock: clock.Now, SweepInterval: -1})
 	t.Cleanup(func() { mem.Close() })

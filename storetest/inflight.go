@@ -156,10 +156,15 @@ func runInFlightOf(t *testing.T, newStore NewStore) {
 	})
 }
 
-func runSlotTable(t *testing.T, newSlots NewSlots, tb slotTable) {
+// slotSetup returns a clock at T0, a store on it and a key of the test's
+// own.
+func slotSetup(t *testing.T, newSlots NewSlots) (*Clock, sluice.Slots, string) {
 	clock := NewClock(T0)
-	st := newSlots(t, clock.Now)
-	key := uniqueKey(t, "slots")
+	return clock, newSlots(t, clock.Now), uniqueKey(t, "slots")
+}
+
+func runSlotTable(t *testing.T, newSlots NewSlots, tb slotTable) {
+	clock, st, key := slotSetup(t, newSlots)
 	for i, step := range tb.steps {
 		clock.Set(T0.Add(step.at))
 		l := tb.limit
@@ -209,10 +214,8 @@ func slotStepResult(l sluice.InFlightLimit, step slotStep) string {
 // Bad input is a typed error and changes nothing: the holder acquired
 // first still holds, and nothing more is held.
 func testSlotBadInput(t *testing.T, newSlots NewSlots) {
-	clock := NewClock(T0)
-	st := newSlots(t, clock.Now)
+	_, st, key := slotSetup(t, newSlots)
 	ctx := context.Background()
-	key := uniqueKey(t, "slots")
 	l := sluice.Concurrent(2, 10*second)
 	if d, err := st.Acquire(ctx, key, l, 1, "a"); err != nil || !d.Allowed {
 		t.Fatalf("Acquire = %+v, %v", d, err)
@@ -322,10 +325,8 @@ func testSlotConcurrent(t *testing.T, newSlots NewSlots) {
 // The Slot handle: Release is idempotent and safe from many goroutines;
 // Extend of a released or expired slot is ErrSlotLost.
 func testSlotHandle(t *testing.T, newSlots NewSlots) {
-	clock := NewClock(T0)
-	st := newSlots(t, clock.Now)
+	clock, st, key := slotSetup(t, newSlots)
 	ctx := context.Background()
-	key := uniqueKey(t, "slots")
 	l := sluice.Concurrent(3, 10*second)
 	a, d, err := sluice.AcquireSlot(ctx, st, key, l, 2)
 	if err != nil || a == nil || !d.Allowed || d.InUse != 2 {
