@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/sluicehq/sluice"
@@ -30,11 +31,13 @@ type slotGrant struct {
 type slotRef struct{ key, holder string }
 
 // policySlots remembers the holders the policy granted. The zero value is
-// empty and ready.
+// empty and ready. While it is empty (the backend healthy) lookups take no
+// lock.
 type policySlots struct {
 	mu    sync.Mutex
 	m     map[slotRef]slotGrant
-	prune int // size at which expired entries are next dropped
+	prune int          // size at which expired entries are next dropped
+	size  atomic.Int64 // len(m), for lookups that need no lock
 }
 
 func (p *policySlots) put(r slotRef, g slotGrant, now time.Time) {
@@ -52,11 +55,15 @@ func (p *policySlots) put(r slotRef, g slotGrant, now time.Time) {
 		}
 		p.prune = max(2*len(p.m), 64)
 	}
+	p.size.Store(int64(len(p.m)))
 }
 
 // get returns r's grant if the policy granted it and its hold has not
 // ended.
 func (p *policySlots) get(r slotRef, now time.Time) (slotGrant, bool) {
+	if p.size.Load() == 0 {
+		return slotGrant{}, false
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	g, ok := p.m[r]
@@ -64,8 +71,12 @@ func (p *policySlots) get(r slotRef, now time.Time) (slotGrant, bool) {
 }
 
 func (p *policySlots) forget(r slotRef) {
+	if p.size.Load() == 0 {
+		return
+	}
 	p.mu.Lock()
 	delete(p.m, r)
+	p.size.Store(int64(len(p.m)))
 	p.mu.Unlock()
 }
 
