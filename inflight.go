@@ -21,7 +21,10 @@ import (
 // Max, as long as every holder releases or extends within its hold
 // timeout. A holder that overruns its hold has lost its slot, and another
 // request may take it while the overrunning one still works: size Hold
-// well above the longest request, or extend.
+// well above the longest request, or extend. It is the store's guarantee:
+// while a shared store is unreachable, package resilient's local fallback
+// lets each of n processes hold at most max(⌊Max/n⌋, 1) more, and a
+// release lost meanwhile frees its slot only at its hold timeout.
 
 // Bounds that InFlightLimit.Validate enforces: quantities stay exact in
 // Redis Lua's doubles, and one key's holder set stays small enough to scan.
@@ -129,6 +132,15 @@ type SlotDecision struct {
 	// can honestly say. Example: 10s (the t=-20s holder's hold ends at
 	// t=10s, freeing the one unit needed).
 	RetryAfter time.Duration
+	// Expired is the weight of the holders this call found past their hold
+	// timeout and removed: slots that crashed or overran holders never
+	// released, for a metric of expired holds. An Acquire is the only call
+	// that removes them (Extend and Release take an expired holder for gone
+	// and leave it), so each expired hold is counted once, by the next
+	// Acquire on its key; a hold on a key nobody acquires again is dropped
+	// uncounted (with the Redis key's expiry, or the memory store's sweep).
+	// Example: 0.
+	Expired int64
 	// Source: as Decision.Source.
 	Source Source
 }

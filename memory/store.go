@@ -23,6 +23,12 @@ var _ sluice.Store = (*Store)(nil)
 // decision on it returns this error; it holds no keys.
 var ErrZeroStore = errors.New("memory: zero Store: make one with New")
 
+// ErrFull: Acquire found MaxKeys keys with in-flight state in the key's
+// shard, none of a small sample without live holders, and refused to add
+// another. A key with live holders is never dropped: that would free slots
+// still in use.
+var ErrFull = errors.New("memory: full")
+
 // Options configures a Store. A nil *Options gives every default.
 type Options struct {
 	// Clock returns the current time. Default: the monotonic clock,
@@ -35,7 +41,10 @@ type Options struct {
 	// key or, failing that, the sampled key closest to expiry (which then
 	// starts fresh). The bound is kept per shard (MaxKeys/Shards each,
 	// rounded up), so one busy shard can evict before the store as a whole
-	// is full. Default: 1,000,000.
+	// is full. Keys with in-flight slots are bounded apart, by the same
+	// number: at the cap, a new key takes the place of a sampled key
+	// without live holders, or its Acquire fails with ErrFull; a key with
+	// live holders is never dropped. Default: 1,000,000.
 	MaxKeys int
 
 	// Shards is the number of independently locked partitions, rounded up

@@ -62,6 +62,29 @@
 // Redis store's cross-slot path on a Cluster takes, then refunds) can deny
 // a key while another request briefly holds units it later gives back. The
 // cached denial then outlasts reality, by at most its RetryAfter.
+//
+// # In-flight slots
+//
+// A Store whose backend implements sluice.Slots implements it too, under
+// the same timeout, breaker, logs and Observer events (ops "acquire",
+// "extend", "release"). In-flight denials are never cached: a slot can
+// free at any instant. When the backend fails or the breaker is open,
+// FailOpen admits (holding nothing), FailClosed denies, and FallbackLocal
+// acquires in the fallback store against a 1/n share of Max, n the fleet
+// size as above: a weight w is charged as w·n against Max, or all of Max
+// when w·n is larger. Each process's fallback thus holds at most
+// max(⌊Max/n⌋, 1) weight at once, or one heavier request alone. With n at
+// least the real number of processes and requests of weight 1, the fleet
+// holds at most what the backend holds plus n such shares: at most
+// Max + n·max(⌊Max/n⌋, 1), which is 2·Max or less while n ≤ Max.
+//
+// A holder remembers where it was granted: Extend and Release of a holder
+// the policy granted go to the fallback (or do nothing, under FailOpen),
+// even after the backend is back; every other holder's go to the backend,
+// and while it cannot be reached they fail with ErrSlotUnreachable. Such a
+// lost Release, and an Acquire that timed out here but still ran on the
+// backend, hold the backend's slot until its hold timeout: the backend's
+// "never more than Max" then counts them until they expire.
 package resilient
 
 import (
@@ -81,6 +104,7 @@ var (
 	_ sluice.MultiStore = (*MultiStore)(nil)
 	_ sluice.Granter    = (*Store)(nil) // grant.go
 	_ sluice.Granter    = (*MultiStore)(nil)
+	_ sluice.Slots      = (*Store)(nil) // inflight.go
 )
 
 // Errors returned by this package. Test with errors.Is.
@@ -96,6 +120,14 @@ var (
 	// ErrZeroStore: the Store or MultiStore is a zero value, not one made
 	// by New or NewMulti.
 	ErrZeroStore = errors.New("resilient: zero Store: make one with New")
+	// ErrNoSlots: the backend (or the fallback, under FallbackLocal) does
+	// not implement sluice.Slots.
+	ErrNoSlots = errors.New("resilient: store keeps no in-flight slots")
+	// ErrSlotUnreachable: Extend or Release of a slot the backend granted
+	// could not reach the backend (it failed, or the breaker is open). A
+	// lost Release frees the slot at its hold timeout; a lost Extend does
+	// not extend it.
+	ErrSlotUnreachable = errors.New("resilient: backend unreachable for a slot it granted")
 )
 
 // Policy is what a Store does when its backend fails or its breaker is open.
@@ -284,7 +316,8 @@ type Store struct {
 	observer sluice.Observer
 	clock    func() time.Time
 	br       breaker
-	cache    *denyCache // nil when disabled
+	cache    *denyCache  // nil when disabled
+	slots    policySlots // holders the policy granted (inflight.go)
 }
 
 // MultiStore is a Store over a sluice.MultiStore backend: it also checks
@@ -437,12 +470,7 @@ func (s *Store) decide(ctx context.Context, op, key string, limit sluice.Limit, 
 		s.observe(op, sluice.SourceBackend, lat, nil)
 		return d, nil
 	}
-	if cerr := ctx.Err(); cerr != nil {
-		s.br.release(probe)
-		return sluice.Decision{}, fmt.Errorf("resilient: %s: %w", op, cerr)
-	}
-	if badInput(err) {
-		s.br.release(probe)
+	if err := s.callerFault(ctx, op, err, probe); err != nil {
 		return sluice.Decision{}, err
 	}
 	s.br.failure(probe, now, s.clock())
@@ -494,9 +522,13 @@ func (s *Store) fleetSize() int64 {
 // capacity, the capacity is charged: each process then admits at most one
 // such request per refill of the whole capacity.
 func localCost(limit sluice.Limit, cost, n int64) int64 {
-	c := limit.Capacity()
-	if cost > c/n {
-		return c
+	return scaled(limit.Capacity(), cost, n)
+}
+
+// scaled is cost × n, or capacity where that is larger.
+func scaled(capacity, cost, n int64) int64 {
+	if cost > capacity/n {
+		return capacity
 	}
 	return cost * n
 }
@@ -613,12 +645,7 @@ func (m *MultiStore) TakeAll(ctx context.Context, reqs []sluice.Request) ([]slui
 		s.observe("take_all", sluice.SourceBackend, lat, nil)
 		return ds, nil
 	}
-	if cerr := ctx.Err(); cerr != nil {
-		s.br.release(probe)
-		return nil, fmt.Errorf("resilient: take_all: %w", cerr)
-	}
-	if badInput(err) {
-		s.br.release(probe)
+	if err := s.callerFault(ctx, "take_all", err, probe); err != nil {
 		return nil, err
 	}
 	s.br.failure(probe, now, s.clock())
@@ -711,7 +738,23 @@ func bounded[T any](ctx context.Context, timeout time.Duration, inline bool, fn 
 // badInput reports whether err is the caller's fault, not the backend's.
 func badInput(err error) bool {
 	return errors.Is(err, sluice.ErrInvalidKey) || errors.Is(err, sluice.ErrInvalidLimit) ||
-		errors.Is(err, sluice.ErrInvalidCost) || errors.Is(err, sluice.ErrCostExceedsBurst)
+		errors.Is(err, sluice.ErrInvalidCost) || errors.Is(err, sluice.ErrCostExceedsBurst) ||
+		errors.Is(err, sluice.ErrInvalidWeight) || errors.Is(err, sluice.ErrInvalidHolder)
+}
+
+// callerFault returns the error to return as it is, with the probe
+// released, when a failed backend call was the caller's doing (its context
+// ended, or bad input), and nil when the backend failed.
+func (s *Store) callerFault(ctx context.Context, op string, err error, probe bool) error {
+	if cerr := ctx.Err(); cerr != nil {
+		s.br.release(probe)
+		return fmt.Errorf("resilient: %s: %w", op, cerr)
+	}
+	if badInput(err) {
+		s.br.release(probe)
+		return err
+	}
+	return nil
 }
 
 // localLimit is l divided among nodes, as a fallback decision reports it:

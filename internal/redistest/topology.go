@@ -615,12 +615,20 @@ func (s *SentinelSet) AwaitMaster(t testing.TB, d time.Duration, candidates ...*
 	return nil, time.Time{}
 }
 
-// Pause stops the server with SIGSTOP, as Node.Pause does; Start or Stop
-// ends the pause.
+// Pause stops the server with SIGSTOP, as Node.Pause does; Resume, Start
+// or Stop ends the pause.
 func (s *Server) Pause(t testing.TB) {
 	t.Helper()
 	if err := signalStop(s.cmd.Process); err != nil {
 		t.Fatalf("redistest: pause %s: %v", s.Addr, err)
+	}
+}
+
+// Resume continues a paused server (SIGCONT).
+func (s *Server) Resume(t testing.TB) {
+	t.Helper()
+	if err := signalCont(s.cmd.Process); err != nil {
+		t.Fatalf("redistest: resume %s: %v", s.Addr, err)
 	}
 }
 

@@ -1,0 +1,250 @@
+package resilient
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/sluicehq/sluice"
+)
+
+// In-flight slots go to the backend under the breaker, as takes do. When
+// the backend fails or the breaker is open, the policy answers an
+// Acquire: FallbackLocal acquires in the fallback store against a 1/n
+// share of Max (n the fleet size, as for rates: a weight w is charged as
+// w·n against Max, or Max when w·n is larger, so that the share survives a
+// change of n); FailOpen admits, holding nothing; FailClosed denies. A
+// holder granted by the policy is remembered here, and its Extend and
+// Release go where it was granted; every other holder's go to the backend.
+// In-flight denials never enter the deny cache: a slot can free at any
+// instant.
+
+// slotGrant is where a holder was granted by the policy, and until when
+// this Store remembers it: its hold's end.
+type slotGrant struct {
+	open    bool // FailOpen: nothing is held anywhere
+	expires time.Time
+}
+
+type slotRef struct{ key, holder string }
+
+// policySlots remembers the holders the policy granted. The zero value is
+// empty and ready. While it is empty (the backend healthy) lookups take no
+// lock.
+type policySlots struct {
+	mu    sync.Mutex
+	m     map[slotRef]slotGrant
+	prune int          // size at which expired entries are next dropped
+	size  atomic.Int64 // len(m), for lookups that need no lock
+}
+
+func (p *policySlots) put(r slotRef, g slotGrant, now time.Time) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.m == nil {
+		p.m = make(map[slotRef]slotGrant)
+	}
+	p.m[r] = g
+	if len(p.m) >= p.prune { // amortised: the map at most doubles between prunes
+		for k, v := range p.m {
+			if !now.Before(v.expires) {
+				delete(p.m, k)
+			}
+		}
+		p.prune = max(2*len(p.m), 64)
+	}
+	p.size.Store(int64(len(p.m)))
+}
+
+// get returns r's grant if the policy granted it and its hold has not
+// ended.
+func (p *policySlots) get(r slotRef, now time.Time) (slotGrant, bool) {
+	if p.size.Load() == 0 {
+		return slotGrant{}, false
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	g, ok := p.m[r]
+	return g, ok && now.Before(g.expires)
+}
+
+func (p *policySlots) forget(r slotRef) {
+	if p.size.Load() == 0 {
+		return
+	}
+	p.mu.Lock()
+	delete(p.m, r)
+	p.size.Store(int64(len(p.m)))
+	p.mu.Unlock()
+}
+
+// Acquire implements sluice.Slots.
+func (s *Store) Acquire(ctx context.Context, key string, l sluice.InFlightLimit, weight int64, holder string) (sluice.SlotDecision, error) {
+	if err := sluice.ValidateSlot(key, l, weight, holder); err != nil {
+		return sluice.SlotDecision{}, err
+	}
+	bs, err := s.slotBackend()
+	if err != nil {
+		return sluice.SlotDecision{}, err
+	}
+	now := s.clock()
+	call, probe := s.br.allow(now)
+	if !call {
+		return s.failSlot(ctx, key, l, weight, holder, now, 0, nil)
+	}
+	d, lat, err := bounded(ctx, s.timeout, s.inline, func(ctx context.Context) (sluice.SlotDecision, error) {
+		return bs.Acquire(ctx, key, l, weight, holder)
+	})
+	if err == nil {
+		s.br.success(probe, now)
+		s.observe("acquire", sluice.SourceBackend, lat, nil)
+		if d.Allowed {
+			s.slots.forget(slotRef{key, holder}) // a resend, now held by the backend
+		}
+		return d, nil
+	}
+	if err := s.callerFault(ctx, "acquire", err, probe); err != nil {
+		return sluice.SlotDecision{}, err
+	}
+	s.br.failure(probe, now, s.clock())
+	return s.failSlot(ctx, key, l, weight, holder, now, lat, err)
+}
+
+// failSlot answers an Acquire by the policy.
+func (s *Store) failSlot(ctx context.Context, key string, l sluice.InFlightLimit, weight int64, holder string, now time.Time, lat time.Duration, berr error) (sluice.SlotDecision, error) {
+	ref := slotRef{key, holder}
+	switch s.policy {
+	case FailOpen:
+		s.observe("acquire", sluice.SourceFailOpen, lat, berr)
+		s.slots.put(ref, slotGrant{open: true, expires: now.Add(l.Hold)}, now)
+		return sluice.SlotDecision{Allowed: true, Limit: l, InUse: weight, Remaining: l.Max - weight, Source: sluice.SourceFailOpen}, nil
+	case FailClosed:
+		s.observe("acquire", sluice.SourceFailClosed, lat, berr)
+		return sluice.SlotDecision{Limit: l, RetryAfter: s.probe, Source: sluice.SourceFailClosed}, nil
+	}
+	s.observe("acquire", sluice.SourceFallback, lat, berr)
+	fb, ok := s.fallback.(sluice.Slots)
+	if !ok {
+		return sluice.SlotDecision{}, fmt.Errorf("%w: fallback %T", ErrNoSlots, s.fallback)
+	}
+	n := s.fleetSize()
+	d, err := fb.Acquire(ctx, key, l, scaled(l.Max, weight, n), holder)
+	if err != nil {
+		return sluice.SlotDecision{}, err
+	}
+	if d.Allowed {
+		s.slots.put(ref, slotGrant{expires: now.Add(l.Hold)}, now)
+	}
+	return shareSlots(d, l, n), nil
+}
+
+// shareSlots reports a fallback decision in the caller's units: this
+// process's share of Max, and the weight it holds of it.
+func shareSlots(d sluice.SlotDecision, l sluice.InFlightLimit, n int64) sluice.SlotDecision {
+	d.Limit.Max = max(l.Max/n, 1)
+	d.InUse = (d.InUse + n - 1) / n
+	d.Remaining = max(d.Limit.Max-d.InUse, 0)
+	d.Expired = (d.Expired + n - 1) / n
+	d.Source = sluice.SourceFallback
+	return d
+}
+
+// Extend implements sluice.Slots. A holder the policy granted is extended
+// where it was granted; any other goes to the backend, and when the
+// backend cannot be reached the error wraps ErrSlotUnreachable.
+func (s *Store) Extend(ctx context.Context, key string, l sluice.InFlightLimit, holder string) (bool, error) {
+	if err := sluice.ValidateSlot(key, l, 1, holder); err != nil {
+		return false, err
+	}
+	return s.onSlot(ctx, "extend", key, holder, l.Hold, func(ctx context.Context, st sluice.Slots) (bool, error) {
+		return st.Extend(ctx, key, l, holder)
+	})
+}
+
+// Release implements sluice.Slots. A holder the policy granted is released
+// where it was granted; any other goes to the backend, and when the
+// backend cannot be reached the error wraps ErrSlotUnreachable: the slot
+// then frees at its hold timeout.
+func (s *Store) Release(ctx context.Context, key string, holder string) (bool, error) {
+	if err := sluice.ValidateKey(key); err != nil {
+		return false, err
+	}
+	if err := sluice.ValidateHolder(holder); err != nil {
+		return false, err
+	}
+	return s.onSlot(ctx, "release", key, holder, 0, func(ctx context.Context, st sluice.Slots) (bool, error) {
+		return st.Release(ctx, key, holder)
+	})
+}
+
+// onSlot runs an extend (hold > 0, the new hold) or a release (hold 0)
+// where holder was granted.
+func (s *Store) onSlot(ctx context.Context, op, key, holder string, hold time.Duration, fn func(context.Context, sluice.Slots) (bool, error)) (bool, error) {
+	bs, err := s.slotBackend()
+	if err != nil {
+		return false, err
+	}
+	now := s.clock()
+	ref := slotRef{key, holder}
+	if g, ok := s.slots.get(ref, now); ok {
+		held := true
+		if !g.open {
+			s.observe(op, sluice.SourceFallback, 0, nil)
+			if held, err = fn(ctx, s.fallback.(sluice.Slots)); err != nil {
+				return false, err
+			}
+		} else {
+			s.observe(op, sluice.SourceFailOpen, 0, nil)
+		}
+		switch {
+		case !held || hold == 0:
+			s.slots.forget(ref)
+		default:
+			g.expires = now.Add(hold)
+			s.slots.put(ref, g, now)
+		}
+		return held, nil
+	}
+	call, probe := s.br.allow(now)
+	if !call {
+		s.observe(op, s.policySource(), 0, nil)
+		return false, fmt.Errorf("resilient: %s: %w: breaker open", op, ErrSlotUnreachable)
+	}
+	held, lat, err := bounded(ctx, s.timeout, s.inline, func(ctx context.Context) (bool, error) { return fn(ctx, bs) })
+	if err == nil {
+		s.br.success(probe, now)
+		s.observe(op, sluice.SourceBackend, lat, nil)
+		return held, nil
+	}
+	if err := s.callerFault(ctx, op, err, probe); err != nil {
+		return false, err
+	}
+	s.br.failure(probe, now, s.clock())
+	s.observe(op, s.policySource(), lat, err)
+	return false, fmt.Errorf("resilient: %s: %w: %w", op, ErrSlotUnreachable, err)
+}
+
+// slotBackend returns the backend as sluice.Slots.
+func (s *Store) slotBackend() (sluice.Slots, error) {
+	if s == nil || s.backend == nil {
+		return nil, ErrZeroStore
+	}
+	bs, ok := s.backend.(sluice.Slots)
+	if !ok {
+		return nil, fmt.Errorf("%w: backend %T", ErrNoSlots, s.backend)
+	}
+	return bs, nil
+}
+
+// policySource is the Source of what the policy answers.
+func (s *Store) policySource() sluice.Source {
+	switch s.policy {
+	case FailOpen:
+		return sluice.SourceFailOpen
+	case FailClosed:
+		return sluice.SourceFailClosed
+	}
+	return sluice.SourceFallback
+}
