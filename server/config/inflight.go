@@ -14,14 +14,14 @@ import (
 // of a key is in progress at once (the JSON API's acquire, extend and
 // release) rather than how often requests start. In sluice's format:
 //
-//	- name: exports
-//	  key: "{user}"
-//	  in_flight:
-//	    max: 20        # the most weight held at once per key
-//	    hold: 30s      # a slot not released or extended is freed after it
-//	    reserve:       # optional: shares held back for the more important
-//	      critical: 0.2
-//	      normal: 0.3
+//   - name: exports
+//     key: "{user}"
+//     in_flight:
+//     max: 20        # the most weight held at once per key
+//     hold: 30s      # a slot not released or extended is freed after it
+//     reserve:       # optional: shares held back for the more important
+//     critical: 0.2
+//     normal: 0.3
 //
 // An in-flight policy has no rate fields (limit, algorithm, burst, cost,
 // strategy, penalty, overrides). Envoy's rate limit service has no release
