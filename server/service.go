@@ -27,6 +27,18 @@ var (
 	ErrBadRequest = errors.New("server: bad request")
 	// ErrZeroService: the Service is a zero value, not built by NewService.
 	ErrZeroService = errors.New("server: zero Service: build one with NewService")
+
+	// Errors of in-flight requests (slots.go).
+
+	// ErrBadToken: a token is not one Acquire returns (malformed).
+	ErrBadToken = errors.New("server: malformed slot token")
+	// ErrSlotNotHeld: a well-formed token whose slot is not held: it
+	// expired at its hold timeout, or was never acquired (forged), or its
+	// policy is gone. Nothing was freed.
+	ErrSlotNotHeld = errors.New("server: slot not held")
+	// ErrNoSlots: the store keeps no in-flight slots (a custom store that
+	// does not implement sluice.Slots).
+	ErrNoSlots = errors.New("server: the store keeps no in-flight slots")
 )
 
 // Result is a policy's decision for one key.

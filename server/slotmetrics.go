@@ -21,14 +21,12 @@ type slotMetrics struct {
 
 func newSlotMetrics() *slotMetrics {
 	return &slotMetrics{
-		acquires: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "sluice_inflight_acquires_total",
-			Help: "In-flight slot acquires by policy, priority and outcome: allowed, denied (the key's slots are full: 429), shed (the priority's share is full: 503) or error.",
-		}, []string{"policy", "priority", "outcome"}),
-		calls: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "sluice_inflight_calls_total",
-			Help: "In-flight slot extends and releases by policy, call and outcome: extended, released, released_before (a repeated release) or not_held (expired, or a forged token: nothing freed).",
-		}, []string{"policy", "call", "outcome"}),
+		acquires: counterVec("sluice_inflight_acquires_total",
+			"In-flight slot acquires by policy, priority and outcome: allowed, denied (the key's slots are full: 429), shed (the priority's share is full: 503) or error.",
+			"policy", "priority", "outcome"),
+		calls: counterVec("sluice_inflight_calls_total",
+			"In-flight slot extends and releases by policy, call and outcome: extended, released, released_before (a repeated release) or not_held (expired, or a forged token: nothing freed).",
+			"policy", "call", "outcome"),
 		held: prometheus.NewDesc("sluice_inflight_held",
 			"Weight of in-flight slots acquired through this instance and neither released through it nor past their hold timeout.",
 			[]string{"policy"}, nil),
@@ -36,6 +34,10 @@ func newSlotMetrics() *slotMetrics {
 			"Slots acquired through this instance that reached their hold timeout without a release through it (a crashed or slow holder, or a release through another instance).",
 			[]string{"policy"}, nil),
 	}
+}
+
+func counterVec(name, help string, labels ...string) *prometheus.CounterVec {
+	return prometheus.NewCounterVec(prometheus.CounterOpts{Name: name, Help: help}, labels)
 }
 
 func (m *slotMetrics) Describe(ch chan<- *prometheus.Desc) {

@@ -31,19 +31,6 @@ import (
 // release it saw fail is told it succeeded. A second release racing with
 // the first may still find no tombstone yet and answer not held.
 
-// Errors of in-flight requests.
-var (
-	// ErrBadToken: a token is not one Acquire returns (malformed).
-	ErrBadToken = errors.New("server: malformed slot token")
-	// ErrSlotNotHeld: a well-formed token whose slot is not held: it
-	// expired at its hold timeout, or was never acquired (forged), or its
-	// policy is gone. Nothing was freed.
-	ErrSlotNotHeld = errors.New("server: slot not held")
-	// ErrNoSlots: the store keeps no in-flight slots (a custom store that
-	// does not implement sluice.Slots).
-	ErrNoSlots = errors.New("server: the store keeps no in-flight slots")
-)
-
 // SlotResult is the answer to an Acquire.
 type SlotResult struct {
 	Policy   *config.Policy
@@ -95,6 +82,8 @@ func (s *Service) inFlightPolicy(name string) (*config.Policy, error) {
 	}
 	p := s.Config().Policy(name)
 	switch {
+	case name == "":
+		return nil, fmt.Errorf("%w: policy is required", ErrBadRequest)
 	case p == nil:
 		return nil, fmt.Errorf("%w: %q", ErrUnknownPolicy, name)
 	case p.InFlight == nil:

@@ -243,14 +243,21 @@ policies:
 	}
 }
 
-// TestSlotsMetrics: acquires by priority and outcome, releases by outcome,
-// the weight held and the holds expired through this instance.
-func TestSlotsMetrics(t *testing.T) {
+// newSlotsService is a Service on slotsConfig with metrics, on a memory
+// store driven by a fake clock.
+func newSlotsService(t *testing.T) (*fakeClock, *Service, *Metrics) {
+	t.Helper()
 	clock := newFakeClock()
 	store := memory.New(&memory.Options{Clock: clock.Now, SweepInterval: -1})
 	t.Cleanup(func() { store.Close() })
 	m := NewMetrics()
-	svc := NewService(store, mustConfig(t, slotsConfig), &ServiceOptions{Clock: clock.Now, Metrics: m})
+	return clock, NewService(store, mustConfig(t, slotsConfig), &ServiceOptions{Clock: clock.Now, Metrics: m}), m
+}
+
+// TestSlotsMetrics: acquires by priority and outcome, releases by outcome,
+// the weight held and the holds expired through this instance.
+func TestSlotsMetrics(t *testing.T) {
+	clock, svc, m := newSlotsService(t)
 	ctx := context.Background()
 	acquire := func(weight int64, p sluice.Priority) SlotResult {
 		t.Helper()
@@ -302,11 +309,7 @@ func TestSlotsMetrics(t *testing.T) {
 // naming an in-flight policy matches nothing: OK, counted as unmatched,
 // and no slot is taken.
 func TestRLSInFlightPolicy(t *testing.T) {
-	clock := newFakeClock()
-	store := memory.New(&memory.Options{Clock: clock.Now, SweepInterval: -1})
-	t.Cleanup(func() { store.Close() })
-	m := NewMetrics()
-	svc := NewService(store, mustConfig(t, slotsConfig), &ServiceOptions{Clock: clock.Now, Metrics: m})
+	_, svc, m := newSlotsService(t)
 	c := serveRLS(t, svc)
 	for range 12 { // more than the policy's max
 		for _, d := range []*rlcommon.RateLimitDescriptor{desc("user=ann"), desc("policy=exports", "user=ann")} {

@@ -65,16 +65,15 @@ type tokenRequest struct {
 	Token string `json:"token"`
 }
 
+// decisionBody authorizes a decision endpoint's request and decodes its
+// body into v; on failure it has answered and returns false.
+func (a *api) decisionBody(w http.ResponseWriter, r *http.Request, v any) bool {
+	return a.decision(w, r) && decodeJSON(w, r, v)
+}
+
 func (a *api) acquire(w http.ResponseWriter, r *http.Request) {
-	if !a.decision(w, r) {
-		return
-	}
 	var req acquireRequest
-	if !decodeJSON(w, r, &req) {
-		return
-	}
-	if req.Policy == "" {
-		problem(w, http.StatusBadRequest, "policy is required")
+	if !a.decisionBody(w, r, &req) {
 		return
 	}
 	weight := int64(1)
@@ -114,11 +113,8 @@ func (a *api) acquire(w http.ResponseWriter, r *http.Request) {
 }
 
 func (a *api) extend(w http.ResponseWriter, r *http.Request) {
-	if !a.decision(w, r) {
-		return
-	}
 	var req tokenRequest
-	if !decodeJSON(w, r, &req) {
+	if !a.decisionBody(w, r, &req) {
 		return
 	}
 	hold, err := a.svc.Extend(r.Context(), req.Token)
@@ -130,11 +126,8 @@ func (a *api) extend(w http.ResponseWriter, r *http.Request) {
 }
 
 func (a *api) release(w http.ResponseWriter, r *http.Request) {
-	if !a.decision(w, r) {
-		return
-	}
 	var req tokenRequest
-	if !decodeJSON(w, r, &req) {
+	if !a.decisionBody(w, r, &req) {
 		return
 	}
 	if err := a.svc.Release(r.Context(), req.Token); err != nil {

@@ -1,7 +1,6 @@
 package config
 
 import (
-	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -28,10 +27,7 @@ policies:
 	if exports.InFlight == nil || uploads.InFlight == nil {
 		t.Fatalf("InFlight unset: exports %v, uploads %v", exports.InFlight, uploads.InFlight)
 	}
-	tests := []struct {
-		name      string
-		got, want any
-	}{
+	checkValues(t, []valueCase{
 		{"exports limit", exports.InFlight.Limit, sluice.Concurrent(20, 30*time.Second)},
 		{"exports reserve", exports.InFlight.Reserve, sluice.Reserve{Critical: 0.2, Normal: 0.3}},
 		{"exports key", exports.Key, "{user}"},
@@ -40,24 +36,13 @@ policies:
 		{"uploads default key", uploads.Key, "{key}"},
 		{"rate policy stays one", cfg.Policy("api").InFlight == nil, true},
 		{"string", exports.InFlight.String(), "20 in flight (hold 30s), reserve critical 0.2, normal 0.3"},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			if tt.got != tt.want {
-				t.Errorf("got %v, want %v", tt.got, tt.want)
-			}
-		})
-	}
+	})
 }
 
 // TestInFlightConfigErrors: every bad in-flight policy is refused with its
 // file:line:column.
 func TestInFlightConfigErrors(t *testing.T) {
-	tests := []struct {
-		name string
-		yaml string
-		want string // substring, after "test.yaml:"
-	}{
+	checkErrors(t, []errorCase{
 		{"max zero", "policies:\n  - name: a\n    in_flight: {max: 0, hold: 1s}\n", `3:22: 0 is out of range [1, 1000000]`},
 		{"max negative", "policies:\n  - name: a\n    in_flight: {max: -3, hold: 1s}\n", `3:22: -3 is out of range`},
 		{"max not a number", "policies:\n  - name: a\n    in_flight: {max: many, hold: 1s}\n", `3:22: want an integer`},
@@ -78,21 +63,7 @@ func TestInFlightConfigErrors(t *testing.T) {
 		{"bad key template", "policies:\n  - name: a\n    key: '{u'\n    in_flight: {max: 1, hold: 1s}\n", `3:10: key "{u": unclosed '{'`},
 		{"not a mapping", "policies:\n  - name: a\n    in_flight: 20\n", `3:16: want a mapping`},
 		{"duplicate name", "policies:\n  - name: a\n    limit: 1/s\n  - name: a\n    in_flight: {max: 1, hold: 1s}\n", `4:11: duplicate policy name "a"`},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			_, err := Parse("test.yaml", []byte(tt.yaml))
-			if err == nil {
-				t.Fatal("no error")
-			}
-			if !errors.Is(err, ErrConfig) {
-				t.Errorf("error %v does not wrap ErrConfig", err)
-			}
-			if !strings.Contains(err.Error(), "test.yaml:"+tt.want) {
-				t.Errorf("error:\n  %v\nwant it to contain:\n  test.yaml:%s", err, tt.want)
-			}
-		})
-	}
+	})
 }
 
 // TestInFlightPolicyNotOverRLS: descriptors never match an in-flight
