@@ -129,6 +129,15 @@ type SlotDecision struct {
 	// can honestly say. Example: 10s (the t=-20s holder's hold ends at
 	// t=10s, freeing the one unit needed).
 	RetryAfter time.Duration
+	// Expired is the weight of the holders this call found past their hold
+	// timeout and removed: slots that crashed or overran holders never
+	// released, for a metric of expired holds. An Acquire is the only call
+	// that removes them (Extend and Release take an expired holder for gone
+	// and leave it), so each expired hold is counted once, by the next
+	// Acquire on its key; a hold on a key nobody acquires again is dropped
+	// uncounted (with the Redis key's expiry, or the memory store's sweep).
+	// Example: 0.
+	Expired int64
 	// Source: as Decision.Source.
 	Source Source
 }

@@ -2,6 +2,9 @@ package memory
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"math"
 	"slices"
 	"time"
 
@@ -10,16 +13,30 @@ import (
 
 var _ sluice.Slots = (*Store)(nil)
 
+// ErrFull: Acquire found MaxKeys keys with in-flight state in the key's
+// shard, none of a small sample without live holders, and refused to add
+// another. A key with live holders is never dropped: that would free
+// slots still in use.
+var ErrFull = errors.New("memory: full")
+
+// reclaimSample is how many of a full shard's in-flight keys Acquire looks
+// at for one without live holders before refusing with ErrFull.
+const reclaimSample = 8
+
 // In-flight slots, the twin of redisstore/scripts/inflight_*.lua decision
 // for decision: a key's holders with their weight and hold deadline (µs);
-// a holder whose deadline is at or before now has expired and is removed
-// before anything is counted.
+// a holder whose deadline is at or before now has expired. Only Acquire
+// removes expired holders, and reports their weight; Extend and Release
+// take an expired holder for gone and leave it.
 
 // slotKey is one key's holders. An empty one stays until swept, so that a
 // busy key's acquire and release allocate nothing.
 type slotKey struct {
 	holders map[string]slotHolder
-	inUse   int64 // the holders' total weight
+	inUse   int64 // the holders' total weight, expired ones included
+	// next is at or before the earliest deadline: no holder has expired
+	// before it, so a busy key is not scanned on every acquire.
+	next int64
 }
 
 type slotHolder struct {
@@ -27,20 +44,35 @@ type slotHolder struct {
 	expires int64 // µs; held while now < expires
 }
 
-// slotsOf returns key's holders in sh, pruned of those expired at now, or
-// nil if key has no state. The caller holds sh.mu.
-func (sh *shard) slotsOf(key string, now int64) *slotKey {
-	k := sh.slots[key]
-	if k == nil {
-		return nil
+// prune removes k's holders expired at now and returns their weight.
+func (k *slotKey) prune(now int64) int64 {
+	if now < k.next {
+		return 0
 	}
+	var gone int64
+	k.next = math.MaxInt64
 	for h, e := range k.holders {
 		if e.expires <= now {
 			delete(k.holders, h)
-			k.inUse -= e.weight
+			gone += e.weight
+		} else {
+			k.next = min(k.next, e.expires)
 		}
 	}
-	return k
+	k.inUse -= gone
+	return gone
+}
+
+// set records holder's slot, keeping next at or before its deadline.
+func (k *slotKey) set(holder string, h slotHolder) {
+	k.holders[holder] = h
+	k.next = min(k.next, h.expires)
+}
+
+// live returns holder's slot if it holds at now.
+func (k *slotKey) live(holder string, now int64) (slotHolder, bool) {
+	h, ok := k.holders[holder]
+	return h, ok && now < h.expires
 }
 
 // Acquire implements sluice.Slots.
@@ -55,32 +87,61 @@ func (s *Store) Acquire(_ context.Context, key string, l sluice.InFlightLimit, w
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	now := s.now()
-	hold := l.Hold.Microseconds()
-	k := sh.slotsOf(key, now)
+	expires := now + l.Hold.Microseconds()
 	d := sluice.SlotDecision{Limit: l}
-	switch {
-	case k != nil && k.holders[holder].weight > 0: // a resent acquire
-		k.holders[holder] = slotHolder{weight: k.holders[holder].weight, expires: now + hold}
-		d.Allowed = true
-	case k == nil || k.inUse+weight <= l.Max:
-		if k == nil {
-			if sh.slots == nil {
-				sh.slots = make(map[string]*slotKey)
-			}
-			k = &slotKey{holders: make(map[string]slotHolder, 1)}
-			sh.slots[key] = k
+	k := sh.slots[key]
+	if k == nil {
+		var err error
+		if k, err = sh.addSlotKey(key, now); err != nil {
+			return d, err
 		}
-		k.holders[holder] = slotHolder{weight: weight, expires: now + hold}
+	}
+	d.Expired = k.prune(now)
+	if h, ok := k.holders[holder]; ok { // a resent acquire
+		k.set(holder, slotHolder{weight: h.weight, expires: expires})
+		d.Allowed = true
+	} else if k.inUse+weight <= l.Max {
+		k.set(holder, slotHolder{weight: weight, expires: expires})
 		k.inUse += weight
 		d.Allowed = true
-	default:
+	} else {
 		d.RetryAfter = time.Duration(retryEstimate(k, k.inUse+weight-l.Max)-now) * time.Microsecond
 	}
-	if k != nil {
-		d.InUse = k.inUse
-	}
+	d.InUse = k.inUse
 	d.Remaining = max(l.Max-d.InUse, 0)
 	return d, nil
+}
+
+// addSlotKey adds an empty slotKey for key, first dropping one without
+// live holders if the shard holds MaxKeys in-flight keys. The caller holds
+// sh.mu.
+func (sh *shard) addSlotKey(key string, now int64) (*slotKey, error) {
+	if sh.slots == nil {
+		sh.slots = make(map[string]*slotKey)
+	}
+	if len(sh.slots) >= sh.maxKeys && !sh.reclaimSlotKey(now) {
+		return nil, fmt.Errorf("%w: %d keys with in-flight holders in the shard of %q (Options.MaxKeys)", ErrFull, len(sh.slots), key)
+	}
+	k := &slotKey{holders: make(map[string]slotHolder, 1), next: math.MaxInt64}
+	sh.slots[key] = k
+	return k, nil
+}
+
+// reclaimSlotKey drops one key without live holders among a sample of
+// sh's in-flight keys (map iteration starts at a random place), reporting
+// whether it found one.
+func (sh *shard) reclaimSlotKey(now int64) bool {
+	seen := 0
+	for key, k := range sh.slots {
+		if k.prune(now); len(k.holders) == 0 {
+			delete(sh.slots, key)
+			return true
+		}
+		if seen++; seen >= reclaimSample {
+			break
+		}
+	}
+	return false
 }
 
 // retryEstimate returns the deadline at which the holders expiring first
@@ -104,7 +165,7 @@ func retryEstimate(k *slotKey, need int64) int64 {
 func (s *Store) Extend(_ context.Context, key string, l sluice.InFlightLimit, holder string) (bool, error) {
 	return s.onHolder(key, l, holder, func(k *slotKey, h slotHolder, now int64) {
 		h.expires = now + l.Hold.Microseconds()
-		k.holders[holder] = h
+		k.set(holder, h)
 	})
 }
 
@@ -129,11 +190,11 @@ func (s *Store) onHolder(key string, l sluice.InFlightLimit, holder string, f fu
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	now := s.now()
-	k := sh.slotsOf(key, now)
+	k := sh.slots[key]
 	if k == nil {
 		return false, nil
 	}
-	h, ok := k.holders[holder]
+	h, ok := k.live(holder, now)
 	if !ok {
 		return false, nil
 	}
@@ -144,8 +205,8 @@ func (s *Store) onHolder(key string, l sluice.InFlightLimit, holder string, f fu
 // sweepSlots removes sh's expired holders, and keys left without any. The
 // caller holds sh.mu.
 func (sh *shard) sweepSlots(now int64) {
-	for key := range sh.slots {
-		if k := sh.slotsOf(key, now); len(k.holders) == 0 {
+	for key, k := range sh.slots {
+		if k.prune(now); len(k.holders) == 0 {
 			delete(sh.slots, key)
 		}
 	}

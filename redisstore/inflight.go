@@ -3,6 +3,7 @@ package redisstore
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/sluicehq/sluice"
@@ -10,31 +11,25 @@ import (
 
 var _ sluice.Slots = (*Store)(nil)
 
-// The in-flight scripts: now.lua, inflight_prune.lua, the script's body,
-// inflight_save.lua, so that pruning and saving are written once.
+// The in-flight scripts, each now.lua and its body. A key's holders are one
+// ZSET (see inflight_acquire.lua for its layout): one key to read, write
+// and expire, so that acquire and release each cost about one take.
 var (
-	acquireScript = inflightScript("inflight_acquire.lua")
-	extendScript  = inflightScript("inflight_extend.lua")
-	releaseScript = inflightScript("inflight_release.lua")
+	acquireScript = newScript(mustRead("now.lua") + mustRead("inflight_acquire.lua"))
+	extendScript  = newScript(mustRead("now.lua") + mustRead("inflight_extend.lua"))
+	releaseScript = newScript(mustRead("now.lua") + mustRead("inflight_release.lua"))
 )
 
-func inflightScript(body string) *script {
-	return newScript(mustRead("now.lua") + mustRead("inflight_prune.lua") + mustRead(body) + mustRead("inflight_save.lua"))
+// slotKey returns the Redis key of key's in-flight holders, apart from
+// every algorithm's key.
+func (s *Store) slotKey(key string) string {
+	return s.prefix + "{" + key + "}:if"
 }
 
-// slotKeys returns the Redis keys of key's in-flight holders: their
-// deadlines (a ZSET) and their weights (a HASH), in one hash slot and apart
-// from every algorithm's key.
-func (s *Store) slotKeys(key string) (string, string) {
-	k := s.prefix + "{" + key + "}:"
-	return k + "if", k + "ifw"
-}
-
-// SlotKeys returns the Redis keys that hold key's in-flight slots, for
-// inspecting TTLs or checking what was written. It does not validate.
+// SlotKeys returns the Redis keys that hold key's in-flight slots (one),
+// for inspecting TTLs or checking what was written. It does not validate.
 func (s *Store) SlotKeys(key string) []string {
-	z, h := s.slotKeys(key)
-	return []string{z, h}
+	return []string{s.slotKey(key)}
 }
 
 // Acquire implements sluice.Slots, in one script run (inflight_acquire.lua).
@@ -44,20 +39,22 @@ func (s *Store) Acquire(ctx context.Context, key string, l sluice.InFlightLimit,
 	if err := sluice.ValidateSlot(key, l, weight, holder); err != nil {
 		return sluice.SlotDecision{}, err
 	}
-	v, err := s.runSlot(ctx, "acquire", acquireScript, key, 3, l.Max, l.Hold.Microseconds(), weight, holder)
-	if err != nil {
-		return sluice.SlotDecision{}, err
-	}
-	if v[0] != 0 && v[0] != 1 {
-		return sluice.SlotDecision{}, fmt.Errorf("redisstore: in-flight acquire: %w: allowed is %d", ErrUnexpectedReply, v[0])
-	}
-	return sluice.SlotDecision{
-		Allowed:    v[0] == 1,
-		Limit:      l,
-		InUse:      v[1],
-		Remaining:  max(l.Max-v[1], 0),
-		RetryAfter: time.Duration(max(v[2], 0)) * time.Microsecond,
-	}, nil
+	var d sluice.SlotDecision
+	err := s.runSlot(ctx, "acquire", acquireScript, key, func(v []int64) error {
+		if len(v) != 4 || v[0] != 0 && v[0] != 1 {
+			return fmt.Errorf("%w: %v", ErrUnexpectedReply, v)
+		}
+		d = sluice.SlotDecision{
+			Allowed:    v[0] == 1,
+			Limit:      l,
+			InUse:      v[1],
+			Remaining:  max(l.Max-v[1], 0),
+			RetryAfter: time.Duration(max(v[2], 0)) * time.Microsecond,
+			Expired:    v[3],
+		}
+		return nil
+	}, strconv.FormatInt(l.Max, 10), strconv.FormatInt(l.Hold.Microseconds(), 10), weight, holder)
+	return d, err
 }
 
 // Extend implements sluice.Slots, in one script run (inflight_extend.lua).
@@ -65,7 +62,7 @@ func (s *Store) Extend(ctx context.Context, key string, l sluice.InFlightLimit, 
 	if err := sluice.ValidateSlot(key, l, 1, holder); err != nil {
 		return false, err
 	}
-	return s.holderScript(ctx, "extend", extendScript, key, l.Hold.Microseconds(), holder)
+	return s.holderScript(ctx, "extend", extendScript, key, strconv.FormatInt(l.Hold.Microseconds(), 10), holder)
 }
 
 // Release implements sluice.Slots, in one script run (inflight_release.lua).
@@ -81,32 +78,36 @@ func (s *Store) Release(ctx context.Context, key string, holder string) (bool, e
 
 // holderScript runs extend or release, whose reply is {1} when holder held.
 func (s *Store) holderScript(ctx context.Context, name string, sc *script, key string, argv ...any) (bool, error) {
-	v, err := s.runSlot(ctx, name, sc, key, 1, argv...)
-	if err != nil {
-		return false, err
-	}
-	if v[0] != 0 && v[0] != 1 {
-		return false, fmt.Errorf("redisstore: in-flight %s: %w: %d", name, ErrUnexpectedReply, v[0])
-	}
-	return v[0] == 1, nil
+	var held bool
+	err := s.runSlot(ctx, name, sc, key, func(v []int64) error {
+		if len(v) != 1 || v[0] != 0 && v[0] != 1 {
+			return fmt.Errorf("%w: %v", ErrUnexpectedReply, v)
+		}
+		held = v[0] == 1
+		return nil
+	}, argv...)
+	return held, err
 }
 
-// runSlot runs an in-flight script on key's two keys with ARGV now, argv...
-// and checks that it replied with want integers. Like every script call it
-// is marked NoRetry (see scriptCmd).
-func (s *Store) runSlot(ctx context.Context, name string, sc *script, key string, want int, argv ...any) ([]int64, error) {
+// runSlot runs an in-flight script on key's ZSET with ARGV now, argv...
+// and hands its reply to parse before the call is recycled. Like every
+// script call it is marked NoRetry (see scriptCmd).
+func (s *Store) runSlot(ctx context.Context, name string, sc *script, key string, parse func([]int64) error, argv ...any) error {
 	now, err := s.now()
 	if err != nil {
-		return nil, err
+		return err
 	}
-	z, h := s.slotKeys(key)
-	c := &call{script: sc, alg: -1, args: append([]any{"evalsha", sc.sha, "2", z, h, now}, argv...)}
+	c := calls.Get().(*call)
+	defer c.recycle()
+	c.script, c.alg = sc, -1
+	c.argv[0], c.argv[1], c.argv[2], c.argv[3], c.argv[4] = "evalsha", sc.sha, "1", s.slotKey(key), now
+	c.args = append(c.argv[:5], argv...)
 	v, err := s.run(ctx, c)
+	if err == nil {
+		err = parse(v)
+	}
 	if err != nil {
-		return nil, fmt.Errorf("redisstore: in-flight %s: %w", name, err)
+		return fmt.Errorf("redisstore: in-flight %s: %w", name, err)
 	}
-	if len(v) != want {
-		return nil, fmt.Errorf("redisstore: in-flight %s: %w: want %d integers, got %v", name, ErrUnexpectedReply, want, v)
-	}
-	return v, nil
+	return nil
 }

@@ -35,6 +35,8 @@ type slotStep struct {
 	ok     bool          // acquire: Allowed; extend, release: the holder held
 	inUse  int64         // acquire only
 	retry  time.Duration // acquire only
+	// expired is the weight of expired holders the acquire removed.
+	expired int64
 }
 
 type slotTable struct {
@@ -62,15 +64,21 @@ func slotTables() []slotTable {
 			{at: 6 * second, op: acquire, holder: "e", weight: 10, inUse: 10, retry: 29 * second},
 		},
 	}, {
-		// A crashed holder frees its slot exactly at its hold timeout.
+		// A crashed holder frees its slot exactly at its hold timeout; the
+		// next acquire removes it and reports its weight, once. A late
+		// release or extend of an expired holder is refused and leaves it.
 		name: "expiry", limit: sluice.Concurrent(2, 10*second), steps: []slotStep{
 			{at: 0, op: acquire, holder: "a", ok: true, inUse: 1},
 			{at: 0, op: acquire, holder: "b", ok: true, inUse: 2},
 			{at: 10*second - time.Microsecond, op: acquire, holder: "c", inUse: 2, retry: time.Microsecond},
-			{at: 10 * second, op: acquire, holder: "c", ok: true, inUse: 1},
+			{at: 10 * second, op: acquire, holder: "c", ok: true, inUse: 1, expired: 2},
 			{at: 10 * second, op: release, holder: "a"},
 			{at: 10 * second, op: extend, holder: "b"},
-			{at: 10 * second, op: acquire, holder: "d", ok: true, inUse: 2},
+			{at: 10 * second, op: acquire, holder: "d", weight: 1, ok: true, inUse: 2},
+			{at: 20 * second, op: release, holder: "c"},
+			{at: 20 * second, op: extend, holder: "d"},
+			{at: 20 * second, op: acquire, holder: "e", weight: 2, ok: true, inUse: 2, expired: 2},
+			{at: 20 * second, op: acquire, holder: "f", inUse: 2, retry: 10 * second},
 		},
 	}, {
 		// Extend moves the deadline to now+hold, only for a live holder.
@@ -80,7 +88,7 @@ func slotTables() []slotTable {
 			{at: 15 * second, op: acquire, holder: "b", inUse: 1, retry: 3 * second},
 			{at: 17 * second, op: extend, holder: "a", hold: 2 * second, ok: true},
 			{at: 18 * second, op: acquire, holder: "b", inUse: 1, retry: time.Second},
-			{at: 19 * second, op: acquire, holder: "b", ok: true, inUse: 1},
+			{at: 19 * second, op: acquire, holder: "b", ok: true, inUse: 1, expired: 1},
 			{at: 19 * second, op: extend, holder: "a"},
 			{at: 19 * second, op: release, holder: "a"},
 		},
@@ -94,7 +102,7 @@ func slotTables() []slotTable {
 			{at: 1 * second, op: acquire, holder: "b", weight: 2, inUse: 2, retry: 10 * second},
 			{at: 1 * second, op: acquire, holder: "b", ok: true, inUse: 3},
 			{at: 10*second + second/2, op: acquire, holder: "c", inUse: 3, retry: second / 2},
-			{at: 11 * second, op: acquire, holder: "c", weight: 3, ok: true, inUse: 3},
+			{at: 11 * second, op: acquire, holder: "c", weight: 3, ok: true, inUse: 3, expired: 3},
 		},
 	}, {
 		// An unknown or forged holder frees and extends nothing.
@@ -113,8 +121,8 @@ func slotTables() []slotTable {
 			{at: 0, op: acquire, holder: "a", hold: 5 * second, ok: true, inUse: 1},
 			{at: 1 * second, op: acquire, holder: "b", hold: 20 * second, ok: true, inUse: 2},
 			{at: 2 * second, op: acquire, holder: "c", inUse: 2, retry: 3 * second},
-			{at: 5 * second, op: acquire, holder: "c", ok: true, inUse: 2},
-			{at: 21 * second, op: acquire, holder: "d", ok: true, inUse: 1},
+			{at: 5 * second, op: acquire, holder: "c", ok: true, inUse: 2, expired: 1},
+			{at: 21 * second, op: acquire, holder: "d", ok: true, inUse: 1, expired: 2},
 		},
 	}}
 }
@@ -190,7 +198,7 @@ func slotStepResult(l sluice.InFlightLimit, step slotStep) string {
 	switch step.op {
 	case acquire:
 		return fmt.Sprintf("acquire %+v", sluice.SlotDecision{Allowed: step.ok, Limit: l, InUse: step.inUse,
-			Remaining: max(l.Max-step.inUse, 0), RetryAfter: step.retry})
+			Remaining: max(l.Max-step.inUse, 0), RetryAfter: step.retry, Expired: step.expired})
 	case extend:
 		return fmt.Sprintf("extend %v", step.ok)
 	default:

@@ -1,47 +1,127 @@
 -- inflight_acquire.lua: acquire a slot of weight for holder if it fits.
+-- Mirrors memory/inflight.go decision for decision.
 --
---   KEYS     see inflight_prune.lua
+-- A key's in-flight state is one ZSET, read with one ZMSCORE and written
+-- with one ZADD, so that an allowed acquire costs about what a take does:
+--   'h'..id  a holder: its hold deadline, µs; held while now < deadline
+--   'w'..id  -(its weight), only for a weight above 1 (none means 1)
+--   ''       -(the holders' total weight, expired ones not yet removed
+--            included)
+--   'n'      -(a time at or before the earliest deadline): until then no
+--            holder has expired, so nothing is scanned; none when no
+--            holder is left
+--   't'      -(the time the key expires at): the latest deadline plus
+--            that hold again, so that the TTL is set about once a hold
+-- Deadlines are above zero (now ≥ 0) and every other score is at most
+-- zero, so the expired holders are the members scored in (0, now]. The key
+-- expires after every hold has ended, so a key whose holders all crashed
+-- vanishes by itself. Only acquire removes expired holders, and reports
+-- their weight: extend and release take an expired holder for gone and
+-- leave it to the next acquire. Scores are sent as Lua numbers (%.17g,
+-- exact below 2^53).
+--
+--   KEYS[1]  the ZSET
 --   ARGV[1]  now, µs; "" reads the server's TIME
 --   ARGV[2]  max: the most weight held at once
 --   ARGV[3]  hold, µs
 --   ARGV[4]  weight, 1..max
 --   ARGV[5]  holder id
 --   Returns  {allowed (1|0), in use after, retry µs (an estimate; 0 when
---            allowed)}
+--            allowed), weight of the expired holders removed}
 --
 -- A holder already held (a resent acquire) has its deadline refreshed and
 -- counts once, with its first weight.
 
+local key = KEYS[1]
 local max = tonumber(ARGV[2])
-local deadline = string.format('%d', now + tonumber(ARGV[3]))
+local hold = tonumber(ARGV[3])
 local weight = tonumber(ARGV[4])
-local holder = ARGV[5]
-if redis.call('HEXISTS', hkey, holder) == 1 then
-  redis.call('ZADD', zkey, deadline, holder)
-  reply = {1, inuse, 0}
-elseif inuse + weight <= max then
-  redis.call('ZADD', zkey, deadline, holder)
-  redis.call('HSET', hkey, holder, string.format('%d', weight))
-  inuse = inuse + weight
-  reply = {1, inuse, 0}
+local deadline = now + hold
+local member = 'h' .. ARGV[5]
+
+local m = redis.call('ZMSCORE', key, '', 't', 'n', member)
+local inuse = -(tonumber(m[1]) or 0)
+local last = -(tonumber(m[2]) or 0)
+local first = m[3] and -tonumber(m[3])
+local held = m[4]
+local expired = 0
+local z = {}
+if first and first <= now then
+  -- Remove the expired holders, 1000 at a time, with their weights.
+  local nows = string.format('%d', now)
+  local gone = redis.call('ZRANGEBYSCORE', key, '(0', nows, 'LIMIT', 0, 1000)
+  while #gone > 0 do
+    local ws = {}
+    for i = 1, #gone do
+      ws[i] = 'w' .. string.sub(gone[i], 2)
+    end
+    local v = redis.call('ZMSCORE', key, unpack(ws))
+    for i = 1, #gone do
+      expired = expired - (tonumber(v[i]) or -1)
+      gone[#gone + 1] = ws[i]
+    end
+    redis.call('ZREM', key, unpack(gone))
+    gone = redis.call('ZRANGEBYSCORE', key, '(0', nows, 'LIMIT', 0, 1000)
+  end
+  inuse = inuse - expired
+  first = tonumber(redis.call('ZRANGEBYSCORE', key, '(0', '+inf', 'WITHSCORES', 'LIMIT', 0, 1)[2])
+  if first then
+    z = {-first, 'n'}
+  else
+    redis.call('ZREM', key, 'n')
+  end
+  if held and tonumber(held) <= now then
+    held = nil
+  end
+end
+
+local allowed, retry = 1, 0
+if held or inuse + weight <= max then
+  z[#z + 1], z[#z + 2] = deadline, member
+  if not held then
+    inuse = inuse + weight
+    if weight > 1 then
+      z[#z + 1], z[#z + 2] = -weight, 'w' .. ARGV[5]
+    end
+  end
+  if not first or deadline < first then
+    z[#z + 1], z[#z + 2] = -deadline, 'n'
+  end
+  if deadline > last then
+    z[#z + 1], z[#z + 2] = -(deadline + hold), 't'
+  end
 else
   -- The estimate: the deadline at which the holders expiring first have
   -- freed enough weight.
+  allowed = 0
   local need = inuse + weight - max
-  local freed, at, from = 0, nil, 0
-  while at == nil do
-    local hs = redis.call('ZRANGE', zkey, from, from + 999, 'WITHSCORES')
+  local freed, from = 0, 0
+  while retry == 0 do
+    local hs = redis.call('ZRANGEBYSCORE', key, '(0', '+inf', 'WITHSCORES', 'LIMIT', from, 1000)
     if #hs == 0 then
-      error({err = 'ERR sluice: corrupt in-flight state in ' .. zkey})
+      error({err = 'ERR sluice: corrupt in-flight state in ' .. key})
     end
+    local ws = {}
     for i = 1, #hs, 2 do
-      freed = freed + (tonumber(redis.call('HGET', hkey, hs[i])) or 0)
+      ws[#ws + 1] = 'w' .. string.sub(hs[i], 2)
+    end
+    local v = redis.call('ZMSCORE', key, unpack(ws))
+    for i = 1, #v do
+      freed = freed - (tonumber(v[i]) or -1)
       if freed >= need then
-        at = tonumber(hs[i + 1])
+        retry = tonumber(hs[2 * i]) - now
         break
       end
     end
     from = from + 1000
   end
-  reply = {0, inuse, at - now}
 end
+if #z > 0 then
+  z[#z + 1], z[#z + 2] = -inuse, ''
+  redis.call('ZADD', key, unpack(z))
+end
+if allowed == 1 and deadline > last then
+  local ttl = ttlms(2 * hold)
+  redis.call('PEXPIRE', key, string.format('%d', ttl))
+end
+return {allowed, inuse, retry, expired}
