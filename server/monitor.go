@@ -237,7 +237,7 @@ func (m *monitor) local(series []Series) Overview {
 	o := Overview{Scope: "instance", Instances: 1, WindowMS: OverviewWindow.Milliseconds(), Policies: []PolicyFigures{}}
 	const n = int(OverviewWindow / StatsBucket)
 	cfg := m.svc.Config()
-	held, _ := m.svc.holds.figures()
+	held := m.svc.holds.held()
 	for _, s := range series {
 		f := PolicyFigures{Policy: s.Policy}
 		if p := cfg.Policy(s.Policy); p != nil && p.InFlight != nil {

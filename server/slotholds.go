@@ -7,19 +7,16 @@ import (
 
 // heldSlots tracks the slots acquired through this instance, until they
 // are released through it or reach their hold timeout: the figures behind
-// sluice_inflight_held, sluice_inflight_expired_total and the dashboard's
-// held column. The store alone knows a fleet's holders; summed over the
-// instances behind one load balancer, these figures count each slot once
-// while its extends and release reach the instance that acquired it. A
-// slot released through another instance stays counted here until its
-// hold timeout, and then counts as expired.
+// sluice_inflight_held and the dashboard's held column. The store alone
+// knows a fleet's holders; summed over the instances behind one load
+// balancer, these figures count each slot once while its extends and
+// release reach the instance that acquired it. A slot released through
+// another instance stays counted here until its hold timeout.
 type heldSlots struct {
 	clock func() time.Time
 	mu    sync.Mutex
-	holds map[string]heldSlot // by holder id
-	// expired counts, by policy, holds that reached their timeout here.
-	expired map[string]int64
-	sweepAt int // sweep on add when holds grows past this
+	holds   map[string]heldSlot // by holder id
+	sweepAt int                 // sweep on add when holds grows past this
 }
 
 type heldSlot struct {
@@ -32,7 +29,7 @@ type heldSlot struct {
 const minSweep = 1024
 
 func newHeldSlots(clock func() time.Time) *heldSlots {
-	return &heldSlots{clock: clock, holds: map[string]heldSlot{}, expired: map[string]int64{}, sweepAt: minSweep}
+	return &heldSlots{clock: clock, holds: map[string]heldSlot{}, sweepAt: minSweep}
 }
 
 func (h *heldSlots) add(holder, policy string, weight int64, until time.Time) {
@@ -60,33 +57,26 @@ func (h *heldSlots) release(holder string) {
 	delete(h.holds, holder)
 }
 
-// sweep drops the holds past their timeout, counting them expired. The
-// caller holds h.mu.
+// sweep drops the holds past their timeout. The caller holds h.mu.
 func (h *heldSlots) sweep() {
 	now := h.clock()
 	for id, s := range h.holds {
 		if !now.Before(s.until) {
 			delete(h.holds, id)
-			h.expired[s.policy]++
 		}
 	}
 }
 
-// figures returns the weight held and the holds expired so far, by
-// policy.
-func (h *heldSlots) figures() (held, expired map[string]int64) {
+// held returns the weight held, by policy.
+func (h *heldSlots) held() map[string]int64 {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.sweep()
-	held = make(map[string]int64, len(h.expired))
+	held := map[string]int64{}
 	for _, s := range h.holds {
 		held[s.policy] += s.weight
 	}
-	expired = make(map[string]int64, len(h.expired))
-	for p, n := range h.expired {
-		expired[p] = n
-	}
-	return held, expired
+	return held
 }
 
 // forget drops what is kept of policies a reload removed.
@@ -96,7 +86,6 @@ func (h *heldSlots) forget(policies []string) {
 	gone := make(map[string]bool, len(policies))
 	for _, p := range policies {
 		gone[p] = true
-		delete(h.expired, p)
 	}
 	for id, s := range h.holds {
 		if gone[s.policy] {

@@ -9,13 +9,14 @@ import (
 )
 
 // slotMetrics are the in-flight metrics: acquires by policy, priority and
-// outcome; extends and releases by outcome; and, from the service's
-// heldSlots, the weight held and the holds expired through this instance.
+// outcome; extends and releases by outcome; the weight of expired holds
+// the store removed; and, from the service's heldSlots, the weight held
+// through this instance.
 type slotMetrics struct {
 	acquires *prometheus.CounterVec
 	calls    *prometheus.CounterVec
+	expired  *prometheus.CounterVec
 	held     *prometheus.Desc
-	expired  *prometheus.Desc
 	src      atomic.Pointer[heldSlots]
 }
 
@@ -27,11 +28,11 @@ func newSlotMetrics() *slotMetrics {
 		calls: counterVec("sluice_inflight_calls_total",
 			"In-flight slot extends and releases by policy, call and outcome: extended, released, released_before (a repeated release) or not_held (expired, or a forged token: nothing freed).",
 			"policy", "call", "outcome"),
+		expired: counterVec("sluice_inflight_expired_total",
+			"Weight of in-flight holds that reached their hold timeout unreleased (a crashed or overrunning holder), as the store removed them on an acquire through this instance: summed over a fleet, each counted once.",
+			"policy"),
 		held: prometheus.NewDesc("sluice_inflight_held",
 			"Weight of in-flight slots acquired through this instance and neither released through it nor past their hold timeout.",
-			[]string{"policy"}, nil),
-		expired: prometheus.NewDesc("sluice_inflight_expired_total",
-			"Slots acquired through this instance that reached their hold timeout without a release through it (a crashed or slow holder, or a release through another instance).",
 			[]string{"policy"}, nil),
 	}
 }
@@ -43,27 +44,24 @@ func counterVec(name, help string, labels ...string) *prometheus.CounterVec {
 func (m *slotMetrics) Describe(ch chan<- *prometheus.Desc) {
 	m.acquires.Describe(ch)
 	m.calls.Describe(ch)
+	m.expired.Describe(ch)
 	ch <- m.held
-	ch <- m.expired
 }
 
 func (m *slotMetrics) Collect(ch chan<- prometheus.Metric) {
 	m.acquires.Collect(ch)
 	m.calls.Collect(ch)
+	m.expired.Collect(ch)
 	h := m.src.Load()
 	if h == nil {
 		return
 	}
-	held, expired := h.figures()
-	for p, n := range held {
+	for p, n := range h.held() {
 		ch <- prometheus.MustNewConstMetric(m.held, prometheus.GaugeValue, float64(n), p)
-	}
-	for p, n := range expired {
-		ch <- prometheus.MustNewConstMetric(m.expired, prometheus.CounterValue, float64(n), p)
 	}
 }
 
-// watchSlots makes the held and expired figures h's.
+// watchSlots makes the held figures h's.
 func (m *Metrics) watchSlots(h *heldSlots) {
 	if m != nil {
 		m.slots.src.Store(h)
@@ -73,6 +71,13 @@ func (m *Metrics) watchSlots(h *heldSlots) {
 func (m *Metrics) slotAcquire(policy string, prio sluice.Priority, outcome string) {
 	if m != nil {
 		m.slots.acquires.WithLabelValues(policy, prio.String(), outcome).Inc()
+	}
+}
+
+// slotExpired counts the weight of expired holds an acquire removed.
+func (m *Metrics) slotExpired(policy string, weight int64) {
+	if m != nil && weight > 0 {
+		m.slots.expired.WithLabelValues(policy).Add(float64(weight))
 	}
 }
 
@@ -86,4 +91,5 @@ func (m *Metrics) slotCall(policy, call, outcome string) {
 func (m *slotMetrics) forget(policy string) {
 	m.acquires.DeletePartialMatch(prometheus.Labels{"policy": policy})
 	m.calls.DeletePartialMatch(prometheus.Labels{"policy": policy})
+	m.expired.DeletePartialMatch(prometheus.Labels{"policy": policy})
 }

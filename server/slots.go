@@ -140,6 +140,7 @@ func (s *Service) Acquire(ctx context.Context, policy, key string, weight int64,
 		s.slotOutcome(p, prio, "error")
 		return SlotResult{}, fmt.Errorf("server: store: %w", err)
 	}
+	s.metrics.slotExpired(p.Name, d.Expired)
 	d.Limit = f.Limit
 	d.Remaining = max(f.Limit.Max-d.InUse, 0)
 	res.Decision = d
