@@ -13,8 +13,8 @@ import (
 // release reach the instance that acquired it. A slot released through
 // another instance stays counted here until its hold timeout.
 type heldSlots struct {
-	clock func() time.Time
-	mu    sync.Mutex
+	clock   func() time.Time
+	mu      sync.Mutex
 	holds   map[string]heldSlot // by holder id
 	sweepAt int                 // sweep on add when holds grows past this
 }
