@@ -264,7 +264,7 @@ func (s *Server) openStore() (sluice.Store, error) {
 		}
 		// In-flight slots go to Redis directly while the failure policy's
 		// store does not keep them: a Redis error is then a 503.
-		s.slots = rs
+		s.slots = budgetStore{rs, cmp.Or(s.opts.DecisionTimeout, resilient.DefaultTimeout)}
 		s.metrics.wrapped = true
 		store, err := resilient.NewMulti(budgetStore{rs, 0}, &resilient.Options{
 			Name: "redis", Policy: s.opts.FailurePolicy, Timeout: s.opts.DecisionTimeout, Observer: healthObserver{s.metrics, s.health},

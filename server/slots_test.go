@@ -10,14 +10,8 @@ import (
 	"testing"
 	"time"
 
-	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
-	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
-
 	"github.com/sluicehq/sluice"
-	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/memory"
-	"github.com/sluicehq/sluice/redisstore"
-	"github.com/sluicehq/sluice/server/config"
 )
 
 const slotsConfig = `
@@ -189,60 +183,6 @@ func TestParseToken(t *testing.T) {
 	}
 }
 
-// TestSlotsRedisAcrossInstances: two Service instances share one real
-// Redis, as a fleet behind a load balancer. A release at the instance that
-// did not acquire frees the slot; a forged token frees nothing; extend
-// works on either; a slot past its hold is 404.
-func TestSlotsRedisAcrossInstances(t *testing.T) {
-	client := redistest.Client(t)
-	prefix := redistest.Prefix(t)
-	cfg := `
-policies:
-  - name: jobs
-    in_flight: {max: 2, hold: 400ms}
-`
-	var bases [2]string
-	for i := range bases {
-		store := redisstore.New(client, &redisstore.Options{Prefix: prefix})
-		bases[i] = serveHTTP(t, NewService(store, mustConfig(t, cfg), nil))
-	}
-	acquire := func(base string) (int, map[string]any) {
-		code, body, _ := post(t, base, "/v1/acquire", `{"policy":"jobs","key":"k"}`)
-		return code, body
-	}
-	_, a := acquire(bases[0])
-	_, b := acquire(bases[1])
-	if code, body := acquire(bases[0]); code != 429 {
-		t.Fatalf("third acquire over max 2: %d %v", code, body)
-	}
-	forged := sluice.NewHolderID() + a["token"].(string)[32:]
-	if code, _, _ := post(t, bases[1], "/v1/release", tokenBody(forged)); code != 404 {
-		t.Errorf("forged release: %d, want 404", code)
-	}
-	if code, body := acquire(bases[1]); code != 429 {
-		t.Errorf("after the forged release: %d %v, want still full (429)", code, body)
-	}
-	if code, body, _ := post(t, bases[0], "/v1/extend", tokenBody(b["token"])); code != 200 {
-		t.Errorf("extend at the other instance: %d %v", code, body)
-	}
-	if code, _, _ := post(t, bases[1], "/v1/release", tokenBody(a["token"])); code != 204 {
-		t.Errorf("release at the other instance: %d, want 204", code)
-	}
-	if code, _, _ := post(t, bases[0], "/v1/release", tokenBody(a["token"])); code != 204 {
-		t.Errorf("repeated release at the first instance: %d, want 204", code)
-	}
-	code, c := acquire(bases[0])
-	if code != 200 || c["in_use"] != 2.0 {
-		t.Errorf("acquire after the release: %d %v, want the freed slot", code, c)
-	}
-	time.Sleep(600 * time.Millisecond) // past every hold
-	for _, path := range []string{"/v1/extend", "/v1/release"} {
-		if code, body, _ := post(t, bases[1], path, tokenBody(c["token"])); code != 404 {
-			t.Errorf("%s after the hold: %d %v, want 404", path, code, body)
-		}
-	}
-}
-
 // newSlotsService is a Service on slotsConfig with metrics, on a memory
 // store driven by a fake clock.
 func newSlotsService(t *testing.T) (*fakeClock, *Service, *Metrics) {
@@ -308,28 +248,5 @@ func TestSlotsMetrics(t *testing.T) {
 	}
 	if got := metricValue(t, g, "sluice_inflight_held", map[string]string{"policy": "exports"}); got != 1 {
 		t.Errorf("held = %v, want 1", got)
-	}
-}
-
-// TestRLSInFlightPolicy: Envoy's API has no release, so a descriptor
-// naming an in-flight policy matches nothing: OK, counted as unmatched,
-// and no slot is taken.
-func TestRLSInFlightPolicy(t *testing.T) {
-	_, svc, m := newSlotsService(t)
-	c := serveRLS(t, svc)
-	for range 12 { // more than the policy's max
-		for _, d := range []*rlcommon.RateLimitDescriptor{desc("user=ann"), desc("policy=exports", "user=ann")} {
-			resp := call(t, c, rlsRequest(config.DefaultDomain, d))
-			if resp.OverallCode != rlsv3.RateLimitResponse_OK || resp.Statuses[0].CurrentLimit != nil {
-				t.Fatalf("descriptor %v: %v, want OK with no limit", d, resp)
-			}
-		}
-	}
-	if got := metricValue(t, m.Registry(), "sluice_rls_unmatched_descriptors_total", map[string]string{"domain": config.DefaultDomain}); got != 24 {
-		t.Errorf("unmatched descriptors = %v, want 24", got)
-	}
-	res, err := svc.Acquire(context.Background(), "exports", "ann", 10, sluice.PriorityCritical)
-	if err != nil || !res.Decision.Allowed {
-		t.Errorf("the whole max after the RLS calls: %+v, %v", res.Decision, err)
 	}
 }
