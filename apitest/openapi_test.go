@@ -21,6 +21,8 @@ import (
 	"github.com/pb33f/libopenapi-validator/schema_validation"
 	v3 "github.com/pb33f/libopenapi/datamodel/high/v3"
 
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/memory"
 	"github.com/sluicehq/sluice/server"
 )
 
@@ -168,6 +170,17 @@ var down = []exchange{
 	{"status, store down", "GET", "/v1/status", "", "", 200, true},
 }
 
+// noSlots are the exchanges with a service whose store keeps no in-flight
+// slots.
+var noSlots = []exchange{
+	{"acquire, no slots", "POST", "/v1/acquire", `{"policy":"jobs","key":"a"}`, "", 501, true},
+	{"extend, no slots", "POST", "/v1/extend", `{"token":"` + forged + `"}`, "", 501, true},
+	{"release, no slots", "POST", "/v1/release", `{"token":"` + forged + `"}`, "", 501, true},
+}
+
+// rateOnly is a store without in-flight slots.
+type rateOnly struct{ sluice.Store }
+
 // undocumented are answers on no documented operation: problems all the same.
 var undocumented = []exchange{
 	{"wrong method", "GET", "/v1/check", "", "", 405, false},
@@ -264,6 +277,9 @@ func TestExchanges(t *testing.T) {
 		RedisURL: "redis://127.0.0.1:1/0?dial_timeout=100ms&max_retries=-1", NoFailurePolicy: true,
 		DecisionTimeout: 200 * time.Millisecond, WatchInterval: -1,
 	}), down, true)
+	mem := memory.New(nil)
+	t.Cleanup(func() { mem.Close() })
+	run(t, start(t, server.Options{Store: rateOnly{mem}}), noSlots, true)
 	run(t, start(t, server.Options{}), undocumented, false)
 
 	// Every documented operation and status was exercised.
