@@ -21,6 +21,8 @@ import (
 	"github.com/pb33f/libopenapi-validator/schema_validation"
 	v3 "github.com/pb33f/libopenapi/datamodel/high/v3"
 
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/memory"
 	"github.com/sluicehq/sluice/server"
 )
 
@@ -39,6 +41,8 @@ policies:
   - name: dry
     limit: 1/min
     strategy: shadow
+  - name: jobs
+    in_flight: {max: 2, hold: 1m, reserve: {critical: 0.5}}
 `
 
 const token = "admin-secret"
@@ -76,6 +80,10 @@ type exchange struct {
 func envoyBody(key string) string {
 	return `{"domain":"web","descriptors":[{"entries":[{"key":"policy","value":"fw"},{"key":"key","value":"` + key + `"}]}]}`
 }
+
+// forged is a well-formed token of the policy jobs, key a, that no acquire
+// returned: its holder id is made up.
+var forged = "0123456789abcdef0123456789abcdef.am9icw.YQ"
 
 var big = `{"policy":"fw","key":"` + strings.Repeat("x", server.MaxBodyBytes) + `"}`
 
@@ -122,6 +130,27 @@ var healthy = []exchange{
 	{"envoy empty domain", "POST", "/json", `{"domain":"","descriptors":[{"entries":[{"key":"a","value":"b"}]}]}`, "", 400, false},
 	{"envoy too large", "POST", "/json", big, "", 413, false},
 	{"envoy sent as text", "POST", "/json", envoyBody("e"), "", 415, false},
+	{"acquire", "POST", "/v1/acquire", `{"policy":"jobs","key":"a"}`, "", 200, true},
+	{"acquire shed", "POST", "/v1/acquire", `{"policy":"jobs","key":"a","priority":"normal"}`, "", 503, true},
+	{"acquire weighted", "POST", "/v1/acquire", `{"policy":"jobs","key":"b","weight":2,"priority":"critical"}`, "", 200, true},
+	{"acquire denied", "POST", "/v1/acquire", `{"policy":"jobs","key":"b"}`, "", 429, true},
+	{"acquire unknown policy", "POST", "/v1/acquire", `{"policy":"nope","key":"a"}`, "", 404, true},
+	{"acquire a rate policy", "POST", "/v1/acquire", `{"policy":"fw","key":"a"}`, "", 400, true},
+	{"acquire weight zero", "POST", "/v1/acquire", `{"policy":"jobs","key":"a","weight":0}`, "", 400, false},
+	{"acquire unknown priority", "POST", "/v1/acquire", `{"policy":"jobs","key":"a","priority":"vip"}`, "", 400, false},
+	{"acquire too large", "POST", "/v1/acquire", big, "", 413, false},
+	{"acquire sent as text", "POST", "/v1/acquire", `{"policy":"jobs","key":"a"}`, "", 415, false},
+	{"extend", "POST", "/v1/extend", `{"token":"{token}"}`, "", 200, true},
+	{"release", "POST", "/v1/release", `{"token":"{token}"}`, "", 204, true},
+	{"release again", "POST", "/v1/release", `{"token":"{token}"}`, "", 204, true},
+	{"extend released", "POST", "/v1/extend", `{"token":"{token}"}`, "", 404, true},
+	{"release forged", "POST", "/v1/release", `{"token":"` + forged + `"}`, "", 404, true},
+	{"release malformed", "POST", "/v1/release", `{"token":"abc"}`, "", 400, true},
+	{"extend malformed", "POST", "/v1/extend", `{"token":"abc"}`, "", 400, true},
+	{"release too large", "POST", "/v1/release", big, "", 413, false},
+	{"extend too large", "POST", "/v1/extend", big, "", 413, false},
+	{"release sent as text", "POST", "/v1/release", `{"token":"abc"}`, "", 415, false},
+	{"extend sent as text", "POST", "/v1/extend", `{"token":"abc"}`, "", 415, false},
 	{"healthz", "GET", "/healthz", "", "", 200, true},
 	{"readyz", "GET", "/readyz", "", "", 200, true},
 	{"metrics", "GET", "/metrics", "", "", 200, true},
@@ -134,9 +163,23 @@ var down = []exchange{
 	{"peek, store down", "POST", "/v1/peek", `{"policy":"fw","key":"a"}`, "", 503, true},
 	{"reset, store down", "POST", "/v1/reset", `{"policy":"fw","key":"a"}`, "", 503, true},
 	{"envoy, store down", "POST", "/json", envoyBody("e"), "", 503, true},
+	{"acquire, store down", "POST", "/v1/acquire", `{"policy":"jobs","key":"a"}`, "", 503, true},
+	{"extend, store down", "POST", "/v1/extend", `{"token":"` + forged + `"}`, "", 503, true},
+	{"release, store down", "POST", "/v1/release", `{"token":"` + forged + `"}`, "", 503, true},
 	{"readyz, store down", "GET", "/readyz", "", "", 503, true},
 	{"status, store down", "GET", "/v1/status", "", "", 200, true},
 }
+
+// noSlots are the exchanges with a service whose store keeps no in-flight
+// slots.
+var noSlots = []exchange{
+	{"acquire, no slots", "POST", "/v1/acquire", `{"policy":"jobs","key":"a"}`, "", 501, true},
+	{"extend, no slots", "POST", "/v1/extend", `{"token":"` + forged + `"}`, "", 501, true},
+	{"release, no slots", "POST", "/v1/release", `{"token":"` + forged + `"}`, "", 501, true},
+}
+
+// rateOnly is a store without in-flight slots.
+type rateOnly struct{ sluice.Store }
 
 // undocumented are answers on no documented operation: problems all the same.
 var undocumented = []exchange{
@@ -186,14 +229,22 @@ func TestExchanges(t *testing.T) {
 	problemSchema := model.Components.Schemas.GetOrZero("Problem").Schema()
 	seen := map[string]bool{}
 	run := func(t *testing.T, base string, list []exchange, documented bool) {
+		token := "" // the last acquire's, for the exchanges that send {token}
 		for _, x := range list {
+			x.body = strings.ReplaceAll(x.body, "{token}", token)
 			req, resp, body := send(t, base, x)
+			if x.path == "/v1/acquire" && resp.StatusCode == http.StatusOK && token == "" {
+				var a struct{ Token string }
+				json.Unmarshal(body, &a)
+				token = a.Token
+			}
 			if resp.StatusCode != x.status {
 				t.Errorf("%s: status %d, want %d: %s", x.name, resp.StatusCode, x.status, body)
 				continue
 			}
-			// Every error is a problem; a denial (429) is a decision.
-			isProblem := x.status >= 400 && x.status != http.StatusTooManyRequests
+			// Every error is a problem; a denial (429, or an acquire's 503
+			// when shed) is a decision.
+			isProblem := x.status >= 400 && x.status != http.StatusTooManyRequests && !strings.HasSuffix(x.name, " shed")
 			if ct := resp.Header.Get("Content-Type"); isProblem && ct != "application/problem+json" {
 				t.Errorf("%s: Content-Type %q, want application/problem+json", x.name, ct)
 			}
@@ -226,6 +277,9 @@ func TestExchanges(t *testing.T) {
 		RedisURL: "redis://127.0.0.1:1/0?dial_timeout=100ms&max_retries=-1", NoFailurePolicy: true,
 		DecisionTimeout: 200 * time.Millisecond, WatchInterval: -1,
 	}), down, true)
+	mem := memory.New(nil)
+	t.Cleanup(func() { mem.Close() })
+	run(t, start(t, server.Options{Store: rateOnly{mem}}), noSlots, true)
 	run(t, start(t, server.Options{}), undocumented, false)
 
 	// Every documented operation and status was exercised.

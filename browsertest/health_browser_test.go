@@ -3,27 +3,19 @@ package browsertest
 import (
 	"context"
 	"errors"
-	"net/http/httptest"
 	"strings"
 	"sync/atomic"
 	"testing"
-	"time"
 
 	"github.com/chromedp/chromedp"
 
-	"github.com/sluicehq/sluice/memory"
 	"github.com/sluicehq/sluice/server"
-	"github.com/sluicehq/sluice/server/dashboard"
 )
 
 // TestBrowserHealthBanner: the page shows the service's own health from
 // /v1/status as a banner, and hides Reset All when admin endpoints are
 // disabled.
 func TestBrowserHealthBanner(t *testing.T) {
-	clock := func() time.Time { return t0 }
-	store := memory.New(&memory.Options{Clock: clock, SweepInterval: -1})
-	t.Cleanup(func() { _ = store.Close() })
-	svc := server.NewService(store, testConfig(t, ""), &server.ServiceOptions{Clock: clock})
 	var down atomic.Bool
 	down.Store(true)
 	ready := func(context.Context) error {
@@ -32,8 +24,7 @@ func TestBrowserHealthBanner(t *testing.T) {
 		}
 		return nil
 	}
-	ts := httptest.NewServer(svc.Handler(&server.HandlerOptions{AdminDisabled: true, Ready: ready, Dashboard: dashboard.Handler()}))
-	t.Cleanup(ts.Close)
+	_, ts := serveDashboard(t, "", &server.HandlerOptions{AdminDisabled: true, Ready: ready})
 
 	ctx, logs := newBrowser(t)
 	step(t, ctx, "open the dashboard", chromedp.Navigate(ts.URL+"/"))

@@ -33,8 +33,9 @@ type HandlerOptions struct {
 	// loopback without a token.
 	AdminDisabled bool
 	// DecisionToken, when set, is the bearer token the decision endpoints
-	// (/v1/check, /v1/peek, /json) require; the admin token is accepted
-	// too. Default: none, anyone who reaches the port may ask.
+	// (/v1/check, /v1/peek, /json and the in-flight /v1/acquire,
+	// /v1/extend, /v1/release) require; the admin token is accepted too.
+	// Default: none, anyone who reaches the port may ask.
 	DecisionToken string
 	// Health answers /readyz and /v1/status. Default: built from Ready.
 	Health *Health
@@ -68,6 +69,9 @@ func newHandler(s *Service, opts *HandlerOptions) http.Handler {
 	mux.HandleFunc("POST /v1/check", jsonOnly(a.check))
 	mux.HandleFunc("POST /v1/peek", jsonOnly(a.check))
 	mux.HandleFunc("POST /v1/reset", jsonOnly(a.reset))
+	mux.HandleFunc("POST /v1/acquire", jsonOnly(a.acquire))
+	mux.HandleFunc("POST /v1/extend", jsonOnly(a.extend))
+	mux.HandleFunc("POST /v1/release", jsonOnly(a.release))
 	mux.HandleFunc("GET /v1/stats", a.stats)
 	mux.HandleFunc("GET /v1/status", a.status)
 	mux.HandleFunc("GET /v1/top", a.top)
@@ -82,7 +86,7 @@ func newHandler(s *Service, opts *HandlerOptions) http.Handler {
 	if o.Metrics != nil {
 		mux.Handle("GET /metrics", o.Metrics.Handler())
 	}
-	allow := map[string]string{"/v1/policies": "GET", "/v1/stats": "GET", "/v1/status": "GET", "/v1/top": "GET", "/v1/": "GET", "/v1/openapi.json": "GET", "/v1/check": "POST", "/v1/peek": "POST", "/v1/reset": "POST"}
+	allow := map[string]string{"/v1/policies": "GET", "/v1/stats": "GET", "/v1/status": "GET", "/v1/top": "GET", "/v1/": "GET", "/v1/openapi.json": "GET", "/v1/check": "POST", "/v1/peek": "POST", "/v1/reset": "POST", "/v1/acquire": "POST", "/v1/extend": "POST", "/v1/release": "POST"}
 	mux.HandleFunc("/v1/", func(w http.ResponseWriter, r *http.Request) {
 		if m, ok := allow[r.URL.Path]; ok {
 			w.Header().Set("Allow", m)
@@ -118,8 +122,12 @@ type policyJSON struct {
 
 func (a *api) policies(w http.ResponseWriter, _ *http.Request) {
 	cfg := a.svc.Config()
-	out := make([]policyJSON, 0, len(cfg.Policies))
+	out := make([]any, 0, len(cfg.Policies))
 	for _, p := range cfg.Policies {
+		if p.InFlight != nil {
+			out = append(out, inFlightJSON(p))
+			continue
+		}
 		l := p.Limit
 		out = append(out, policyJSON{
 			Name: p.Name, Algorithm: l.Algorithm.String(), Limit: l.String(), Rate: l.Rate,

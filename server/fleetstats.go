@@ -77,6 +77,9 @@ type fleetPolicy struct {
 	Denied  []int64 `json:"denied"`
 	// Latency counts decisions per LatencyBoundsMS bucket.
 	Latency []int64 `json:"latency"`
+	// InFlight and Held: as PolicyFigures'.
+	InFlight bool  `json:"in_flight,omitempty"`
+	Held     int64 `json:"held,omitempty"`
 }
 
 // NewFleet returns svc's Fleet over client. Call it before svc serves:
@@ -174,6 +177,7 @@ func (f *Fleet) report() instanceReport {
 		p := fleetPolicy{Policy: s.Policy, Allowed: s.Allowed[len(s.Allowed)-n:], Denied: s.Denied[len(s.Denied)-n:]}
 		if i < len(o.Policies) && o.Policies[i].Policy == s.Policy {
 			p.Latency = o.Policies[i].latency
+			p.InFlight, p.Held = o.Policies[i].InFlight, o.Policies[i].Held
 		}
 		r.Policies = append(r.Policies, p)
 	}
@@ -289,6 +293,8 @@ func (f *Fleet) overview(own Overview) Overview {
 					f.Denied += p.Denied[j]
 				}
 			}
+			f.InFlight = f.InFlight || p.InFlight
+			f.Held += p.Held
 			for j := range min(len(p.Latency), len(f.latency)) {
 				f.latency[j] += p.Latency[j]
 			}

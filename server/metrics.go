@@ -34,6 +34,7 @@ type Metrics struct {
 	unknown    prometheus.Counter
 	unmatched  *prometheus.CounterVec
 	timeout    prometheus.Gauge
+	slots      *slotMetrics // slotmetrics.go
 
 	// storeName labels store metrics: "memory" or "redis".
 	storeName string
@@ -85,7 +86,8 @@ func NewMetrics() *Metrics {
 			Help: "The longest wait for Redis before the failure policy answers (--decision-timeout); 0 without Redis. Alerts compare store latency with it.",
 		}),
 	}
-	m.reg.MustRegister(m.obs, m.fallback, m.reloads, m.configTime, m.requests, m.duration, m.unknown, m.unmatched, m.timeout,
+	m.slots = newSlotMetrics()
+	m.reg.MustRegister(m.slots, m.obs, m.fallback, m.reloads, m.configTime, m.requests, m.duration, m.unknown, m.unmatched, m.timeout,
 		ReadBuildInfo().collector(),
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m.reloads.WithLabelValues("success")
@@ -135,6 +137,7 @@ func (m *Metrics) forget(policies []string) {
 	}
 	for _, p := range policies {
 		m.obs.ForgetPolicy(p)
+		m.slots.forget(p)
 	}
 }
 

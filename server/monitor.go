@@ -105,6 +105,11 @@ type PolicyFigures struct {
 	// bucket in LatencyBoundsMS; -1 when there were no decisions.
 	LatencyP50MS float64 `json:"latency_p50_ms"`
 	LatencyP99MS float64 `json:"latency_p99_ms"`
+	// InFlight marks an in-flight policy, whose Allowed and Denied count
+	// acquires; Held is the weight its slots hold now, acquired through
+	// the instances counted (see heldSlots).
+	InFlight bool  `json:"in_flight,omitempty"`
+	Held     int64 `json:"held,omitempty"`
 	// latency is the bucket counts the percentiles come from, kept to sum
 	// a fleet's.
 	latency []int64
@@ -231,8 +236,13 @@ func (m *monitor) local(series []Series) Overview {
 	hists := *m.latency.Load()
 	o := Overview{Scope: "instance", Instances: 1, WindowMS: OverviewWindow.Milliseconds(), Policies: []PolicyFigures{}}
 	const n = int(OverviewWindow / StatsBucket)
+	cfg := m.svc.Config()
+	held := m.svc.holds.held()
 	for _, s := range series {
 		f := PolicyFigures{Policy: s.Policy}
+		if p := cfg.Policy(s.Policy); p != nil && p.InFlight != nil {
+			f.InFlight, f.Held = true, held[s.Policy]
+		}
 		for i := len(s.Allowed) - n; i < len(s.Allowed); i++ {
 			f.Allowed += s.Allowed[i]
 			f.Denied += s.Denied[i]

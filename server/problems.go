@@ -47,6 +47,12 @@ func serviceProblem(err error) (int, string) {
 		return http.StatusBadRequest, fmt.Sprintf("cost %d exceeds the policy's capacity of %d, so it could never be allowed: send a cost of at most %d", cost, capacity, capacity)
 	case errors.Is(err, sluice.ErrInvalidCost):
 		return http.StatusBadRequest, "cost must be at least 1 (or left out for the policy's own cost)"
+	case errors.Is(err, ErrBadToken):
+		return http.StatusBadRequest, "token is not one acquire returned: send the token of an acquire's answer as it came"
+	case errors.Is(err, ErrSlotNotHeld):
+		return http.StatusNotFound, "the slot is not held: " + tail(err, ErrSlotNotHeld) + "; nothing was freed"
+	case errors.Is(err, ErrNoSlots):
+		return http.StatusNotImplemented, "this server's store keeps no in-flight slots"
 	case errors.Is(err, ErrBadRequest), errors.Is(err, sluice.ErrInvalidLimit):
 		return http.StatusBadRequest, scrub(err.Error())
 	}

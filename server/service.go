@@ -27,6 +27,18 @@ var (
 	ErrBadRequest = errors.New("server: bad request")
 	// ErrZeroService: the Service is a zero value, not built by NewService.
 	ErrZeroService = errors.New("server: zero Service: build one with NewService")
+
+	// Errors of in-flight requests (slots.go).
+
+	// ErrBadToken: a token is not one Acquire returns (malformed).
+	ErrBadToken = errors.New("server: malformed slot token")
+	// ErrSlotNotHeld: a well-formed token whose slot is not held: it
+	// expired at its hold timeout, or was never acquired (forged), or its
+	// policy is gone. Nothing was freed.
+	ErrSlotNotHeld = errors.New("server: slot not held")
+	// ErrNoSlots: the store keeps no in-flight slots (a custom store that
+	// does not implement sluice.Slots).
+	ErrNoSlots = errors.New("server: the store keeps no in-flight slots")
 )
 
 // Result is a policy's decision for one key.
@@ -57,6 +69,8 @@ func (r Result) ShadowDenied() bool { return r.Allowed && !r.Decision.Allowed }
 // handler answers 503 and its RLS UNAVAILABLE. Build one with NewService.
 type Service struct {
 	engine  *enforce.Engine
+	slots   sluice.Slots // nil when the store keeps none (slots.go)
+	holds   *heldSlots
 	keyer   *enforce.Keyer
 	snap    atomic.Pointer[snapshot]
 	clock   func() time.Time
@@ -92,6 +106,10 @@ type ServiceOptions struct {
 	// Logger receives the service's events (unknown domains). Default:
 	// slog.Default().
 	Logger *slog.Logger
+	// Slots keeps the in-flight slots of in-flight policies when the store
+	// does not implement sluice.Slots itself. Default: none, and acquires
+	// then fail with ErrNoSlots.
+	Slots sluice.Slots
 }
 
 // NewService returns a Service deciding with store under cfg. Requests
@@ -112,6 +130,11 @@ func NewService(store sluice.Store, cfg *config.Config, opts *ServiceOptions) *S
 	s := &Service{keyer: enforce.NewKeyer(o.KeyPrefix, o.HashKey), clock: o.Clock, metrics: o.Metrics, log: o.Logger}
 	s.stats = newStats(o.Clock)
 	s.engine = enforce.New(timedStore(store, o.Metrics), observer{s})
+	if s.slots, _ = store.(sluice.Slots); s.slots == nil {
+		s.slots = o.Slots
+	}
+	s.holds = newHeldSlots(o.Clock)
+	o.Metrics.watchSlots(s.holds)
 	s.mon = newMonitor(s)
 	s.SetConfig(cfg)
 	return s
@@ -151,6 +174,7 @@ func (s *Service) SetConfig(cfg *config.Config) {
 			}
 		}
 		s.metrics.forget(gone)
+		s.holds.forget(gone)
 	}
 	snap := &snapshot{cfg: cfg, bases: make(map[*config.Policy]string, len(cfg.Policies)), version: s.version.Add(1)}
 	snap.rings = s.stats.setPolicies(cfg.Policies)
@@ -307,6 +331,9 @@ func (s *Service) request(policy, key string, cost int64) (*config.Policy, enfor
 	p := cfg.Policy(policy)
 	if p == nil {
 		return nil, enforce.Check{}, fmt.Errorf("%w: %q", ErrUnknownPolicy, policy)
+	}
+	if p.InFlight != nil {
+		return nil, enforce.Check{}, fmt.Errorf("%w: policy %q bounds requests in flight, not a rate: use /v1/acquire", ErrBadRequest, policy)
 	}
 	if err := sluice.ValidateKey(key); err != nil {
 		return nil, enforce.Check{}, fmt.Errorf("%w: %w", ErrBadRequest, err)

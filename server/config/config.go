@@ -67,6 +67,11 @@ type Policy struct {
 	// Domain is the Envoy domain the policy answers in.
 	Domain string
 
+	// InFlight, when set, makes this an in-flight policy (inflight.go):
+	// Limit, Cost, Strategy, Penalty and Overrides are then unset, and
+	// only the JSON API's acquire, extend and release use it.
+	InFlight *InFlight
+
 	// ExposeKeys lets the top-keys metrics carry this policy's keys as
 	// they are; by default they carry a hash prefix (keys are API keys,
 	// user ids, IPs).
@@ -94,8 +99,9 @@ func (p *Policy) Envoy() bool { return p.envoy }
 
 // Rule returns the engine rule that applies to key: the first matching
 // override's limit, else the policy's. Every rule is named after the
-// policy. A Policy not made by Load, Parse or NewEnvoyPolicy gets a rule
-// made from its fields, unvalidated.
+// policy. A Policy not made by Load, Parse or NewEnvoyPolicy (or an
+// in-flight policy, which has none) gets a rule made from its fields,
+// unvalidated.
 func (p *Policy) Rule(key string) *enforce.Rule {
 	i := p.override(key)
 	if len(p.rules) != 1+len(p.Overrides) {
@@ -137,6 +143,9 @@ func NewEnvoyPolicy(name, domain string, lim sluice.Limit) (*Policy, error) {
 
 // setRules builds the policy's engine rules and validates them.
 func (p *Policy) setRules() error {
+	if p.InFlight != nil { // no engine rule: the service acquires slots
+		return nil
+	}
 	p.rules = make([]enforce.Rule, 0, 1+len(p.Overrides))
 	base := enforce.Rule{Name: p.Name, Limit: p.Limit, Strategy: p.Strategy, Penalty: p.Penalty}
 	p.rules = append(p.rules, base)

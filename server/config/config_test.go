@@ -38,10 +38,7 @@ policies:
 		t.Fatalf("%d policies, want %d", got, want)
 	}
 	api, login, export := cfg.Policy("api"), cfg.Policy("login"), cfg.Policy("export")
-	tests := []struct {
-		name      string
-		got, want any
-	}{
+	checkValues(t, []valueCase{
 		{"api limit", api.Limit, sluice.Limit{Rate: 100, Period: time.Minute, Burst: 20}},
 		{"api key", api.Key, "{api_key}"},
 		{"api domain", api.Domain, "edge"},
@@ -54,7 +51,17 @@ policies:
 		{"export burst field", export.Limit, sluice.Limit{Rate: 10, Period: time.Hour, Burst: 3}},
 		{"export cost", export.Cost, int64(2)},
 		{"domains", strings.Join(cfg.Domains(), ","), "edge"},
-	}
+	})
+}
+
+// valueCase is a value read from a configuration and the one wanted.
+type valueCase struct {
+	name      string
+	got, want any
+}
+
+func checkValues(t *testing.T, tests []valueCase) {
+	t.Helper()
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			if tt.got != tt.want {
@@ -67,11 +74,7 @@ policies:
 // TestConfigErrors: every error names file:line:column, and decoding is
 // strict.
 func TestConfigErrors(t *testing.T) {
-	tests := []struct {
-		name string
-		yaml string
-		want string // substring, after "test.yaml:"
-	}{
+	checkErrors(t, []errorCase{
 		{"unknown top-level field", "policies: []\nlimits: 3\n", `2:1: unknown field "limits"`},
 		{"unknown policy field", "policies:\n  - name: a\n    limit: 1/s\n    burts: 3\n", `4:5: unknown field "burts"`},
 		{"unknown envoy field", "domain: d\ndescriptors:\n  - key: a\n    rate_limit:\n      unit: second\n      request_per_unit: 3\n", `6:7: unknown field "request_per_unit"`},
@@ -106,7 +109,16 @@ func TestConfigErrors(t *testing.T) {
 		{"yaml tab", "policies:\n  - name: a\n\tlimit: 1/s\n", `3:1: found a tab character`},
 		{"not a mapping", "- a\n- b\n", `1:1: want a mapping`},
 		{"empty", "# nothing\n", ` empty configuration`},
-	}
+	})
+}
+
+// errorCase is a configuration that must fail: want is a substring of
+// the error, after "test.yaml:".
+type errorCase struct{ name, yaml, want string }
+
+// checkErrors parses each case's text and checks its error.
+func checkErrors(t *testing.T, tests []errorCase) {
+	t.Helper()
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			_, err := Parse("test.yaml", []byte(tt.yaml))

@@ -17,6 +17,10 @@ func (c *Config) Describe(w io.Writer) {
 		fmt.Fprintf(w, "domain %s\n", name)
 		d.root.describe(w, "  ")
 		for _, p := range d.policies {
+			if p.InFlight != nil {
+				describeInFlight(w, p)
+				continue
+			}
 			fmt.Fprintf(w, "  policy %s: %s", p.Name, p.Limit)
 			if p.Cost != 1 {
 				fmt.Fprintf(w, ", cost %d", p.Cost)

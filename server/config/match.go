@@ -152,11 +152,12 @@ func (d *Domain) lookup(entries []Entry) (Match, bool) {
 // lookupPolicy finds a sluice-format policy for a descriptor: either one
 // whose key template's variables are exactly the entries' keys, or one
 // named by a leading ("policy", NAME) entry whose other entries fill its
-// template.
+// template. In-flight policies are never found: a descriptor naming one
+// is unmatched, as Envoy has no call to release a slot.
 func (d *Domain) lookupPolicy(entries []Entry) (Match, bool) {
 	if len(entries) > 0 && entries[0].Key == "policy" {
 		for _, p := range d.policies {
-			if p.Name == entries[0].Value {
+			if p.Name == entries[0].Value && p.InFlight == nil {
 				if key, ok := p.tmpl.render(entries[1:]); ok {
 					return Match{Policy: p, Key: key}, true
 				}

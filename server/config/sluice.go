@@ -13,11 +13,11 @@ import (
 // policies loads sluice's own format: a list of named policies.
 func (l *loader) policies(d *Domain, list *yaml.Node) {
 	for _, n := range l.seq(list) {
-		var name, alg, limit, burst, key, cost, strategy, penalty, overrides, expose *yaml.Node
+		var name, alg, limit, burst, key, cost, strategy, penalty, overrides, expose, inFlight *yaml.Node
 		if !l.fields(n, map[string]**yaml.Node{
 			"name": &name, "algorithm": &alg, "limit": &limit, "burst": &burst, "key": &key,
 			"cost": &cost, "strategy": &strategy, "penalty": &penalty, "overrides": &overrides,
-			"expose_keys": &expose,
+			"expose_keys": &expose, "in_flight": &inFlight,
 		}) {
 			continue
 		}
@@ -31,8 +31,15 @@ func (l *loader) policies(d *Domain, list *yaml.Node) {
 			l.errorf(name, "policy name %q: %s", p.Name, enforce.NameRule)
 			continue
 		}
+		if inFlight != nil {
+			rate := map[string]*yaml.Node{"limit": limit, "algorithm": alg, "burst": burst, "cost": cost, "strategy": strategy, "penalty": penalty, "overrides": overrides}
+			if l.inFlight(p, inFlight, rate) && l.keyTemplate(p, key, n) && l.addPolicy(p, name) {
+				d.policies = append(d.policies, p)
+			}
+			continue
+		}
 		if limit == nil {
-			l.errorf(n, "policy %q needs a limit such as \"100/min\"", p.Name)
+			l.errorf(n, "policy %q needs a limit such as \"100/min\" (or in_flight with max and hold, for an in-flight policy)", p.Name)
 			continue
 		}
 		lim, ok := l.limit(limit, alg, burst, sluice.GCRA)
@@ -49,16 +56,9 @@ func (l *loader) policies(d *Domain, list *yaml.Node) {
 		if !l.strategy(p, strategy, penalty, n) {
 			continue
 		}
-		if key != nil {
-			p.Key = l.str(key)
-			p.explicit = true
-		}
-		t, err := parseTemplate(p.Key)
-		if err != nil {
-			l.errorf(orNode(key, n), "key %q: %v", p.Key, err)
+		if !l.keyTemplate(p, key, n) {
 			continue
 		}
-		p.tmpl = t
 		if overrides != nil {
 			p.Overrides = l.overrides(p, overrides)
 		}
@@ -67,7 +67,7 @@ func (l *loader) policies(d *Domain, list *yaml.Node) {
 		}
 		d.policies = append(d.policies, p)
 		if p.explicit {
-			sig := t.signature()
+			sig := p.tmpl.signature()
 			if prev, dup := d.bySig[sig]; dup {
 				l.errorf(key, "key %q takes the same descriptor entries as policy %q (%s): a descriptor could not tell them apart", p.Key, prev.Name, prev.pos)
 				continue
@@ -78,6 +78,22 @@ func (l *loader) policies(d *Domain, list *yaml.Node) {
 			d.bySig[sig] = p
 		}
 	}
+}
+
+// keyTemplate reads a policy's key template (n is the policy, for a
+// missing key's errors).
+func (l *loader) keyTemplate(p *Policy, key, n *yaml.Node) bool {
+	if key != nil {
+		p.Key = l.str(key)
+		p.explicit = true
+	}
+	t, err := parseTemplate(p.Key)
+	if err != nil {
+		l.errorf(orNode(key, n), "key %q: %v", p.Key, err)
+		return false
+	}
+	p.tmpl = t
+	return true
 }
 
 // strategy reads a policy's strategy and penalty fields. A service answers

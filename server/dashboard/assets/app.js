@@ -47,7 +47,15 @@
 
   // capacity is the most units a fresh key admits at once: the burst for
   // the bucket algorithms and GCRA, the rate for the window algorithms.
+  // inFlight reports an in-flight policy: it bounds requests in progress,
+  // acquired and released through the JSON API, so its card shows the
+  // slots held rather than a playground.
+  function inFlight(p) {
+    return p.kind === "in_flight";
+  }
+
   function capacity(p) {
+    if (inFlight(p)) return Number(p.max) || 0;
     const rate = Number(p.rate) || 0;
     const burst = Number(p.burst) || 0;
     if (!burst || WINDOWED.has(p.algorithm)) return rate;
@@ -251,7 +259,13 @@
     const title = tpl.querySelector(".card-title");
     title.id = id + "-title";
     setBreakable(title, p.name);
-    tpl.querySelector(".algorithm").textContent = (p.algorithm || "").replaceAll("_", " ");
+    tpl.querySelector(".algorithm").textContent = inFlight(p) ? "in flight" : (p.algorithm || "").replaceAll("_", " ");
+    if (inFlight(p)) {
+      tpl.dataset.kind = "in_flight";
+      tpl.querySelector(".actions").hidden = true;
+      tpl.querySelector(".now").hidden = true;
+      tpl.querySelector(".held-line").hidden = false;
+    }
     tpl.querySelector(".shadow").hidden = !p.shadow;
     if (p.shadow) tpl.querySelector(".tally-denied-label").textContent = "would deny (shadow, let through)";
     tpl.querySelector(".limit").textContent = describeLimit(p);
@@ -268,6 +282,7 @@
     const card = {
       policy: p, el: tpl, results, chart,
       remainingNow: tpl.querySelector(".remaining-now"),
+      heldNow: tpl.querySelector(".held-now"),
       tallyAllowed: tpl.querySelector(".tally-allowed"),
       tallyDenied: tpl.querySelector(".tally-denied"),
       allowed: 0, denied: 0,
@@ -381,7 +396,7 @@
   async function peekAll() {
     const key = currentKey();
     if (!key) return;
-    await Promise.all(policies.map(async (p) => {
+    await Promise.all(policies.filter((p) => !inFlight(p)).map(async (p) => {
       const card = cards.get(p.name);
       try {
         const res = await api("POST", "v1/peek", { policy: p.name, key });
@@ -405,7 +420,7 @@
       let done = 0;
       // policies may be replaced while this awaits; a dropped policy is skipped.
       for (const p of policies) {
-        if (!cards.has(p.name)) continue;
+        if (!cards.has(p.name) || inFlight(p)) continue;
         let res;
         try {
           res = await api("POST", "v1/reset", { policy: p.name, key });
@@ -471,7 +486,14 @@
     $("config-info").textContent = `version ${data.config_version}` +
       (at && !isNaN(at) ? ` \u00b7 loaded ${at.toISOString().replace("T", " ").slice(0, 19)} UTC` : "");
     fillRows($("policy-figures"), (o.policies || []).map((p) =>
-      [p.policy, String(p.allowed), String(p.denied), formatLatency(p.latency_p50_ms), formatLatency(p.latency_p99_ms)]));
+      [p.policy, String(p.allowed), String(p.denied), formatLatency(p.latency_p50_ms), formatLatency(p.latency_p99_ms),
+        p.in_flight ? String(p.held || 0) : "\u2013"]));
+    for (const p of o.policies || []) {
+      const card = cards.get(p.policy);
+      if (!p.in_flight || !card || !card.heldNow) continue;
+      card.heldNow.textContent = `${p.held || 0} of ${capacity(card.policy)}`;
+      card.el.dataset.held = String(p.held || 0);
+    }
   }
 
   // refreshTop shows the top keys: an admin endpoint, as keys are clients' own.
@@ -662,7 +684,7 @@
   // sameDefinition reports whether a reloaded policy is unchanged, so its
   // card (and its results) can stay.
   function sameDefinition(a, b) {
-    const f = (p) => JSON.stringify([p.name, p.algorithm, p.limit, p.rate, p.period_ms, p.burst, p.shadow]);
+    const f = (p) => JSON.stringify([p.name, p.algorithm, p.limit, p.rate, p.period_ms, p.burst, p.shadow, p.kind, p.max, p.hold_ms, p.reserve]);
     return f(a) === f(b);
   }
 

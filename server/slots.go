@@ -1,0 +1,239 @@
+package server
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/server/config"
+)
+
+// In-flight slots through the service: Acquire, Extend and Release by a
+// token, so that programs in any language can bound their requests in
+// progress. The token is self-describing, so that any instance sharing
+// the store can extend or release it, whichever instance acquired it:
+//
+//	<holder>.<policy>.<key>
+//
+// holder is the slot's 128-bit random holder id (32 hex digits, the part
+// nobody can guess); policy and key travel beside it in unpadded base64url.
+// A forged token names a holder nobody holds, so the store frees nothing
+// for it. Clients treat the token as opaque.
+//
+// A release that frees a slot leaves a tombstone (a one-weight slot of its
+// own, held for the policy's hold), so that releasing the token again
+// answers "released before" rather than "unknown": a client retrying a
+// release it saw fail is told it succeeded. A second release racing with
+// the first may still find no tombstone yet and answer not held.
+
+// SlotResult is the answer to an Acquire.
+type SlotResult struct {
+	Policy   *config.Policy
+	Key      string
+	Weight   int64
+	Priority sluice.Priority
+	// Decision is the store's, reported under the policy's full Max
+	// (Limit, Remaining); RetryAfter is an estimate (see
+	// sluice.SlotDecision).
+	Decision sluice.SlotDecision
+	// Token releases or extends the slot; set when Decision.Allowed.
+	Token string
+	// Shed reports a denial by priority: the key had room under Max, but
+	// not outside the shares reserved for more important requests. The
+	// client did nothing wrong (503, not 429).
+	Shed bool
+}
+
+// slotToken is what a token names.
+type slotToken struct{ holder, policy, key string }
+
+var b64 = base64.RawURLEncoding
+
+func (t slotToken) String() string {
+	return t.holder + "." + b64.EncodeToString([]byte(t.policy)) + "." + b64.EncodeToString([]byte(t.key))
+}
+
+// parseToken reads a token as String writes it.
+func parseToken(s string) (slotToken, error) {
+	parts := strings.Split(s, ".")
+	if len(parts) != 3 || len(parts[0]) != 32 || strings.ToLower(parts[0]) != parts[0] {
+		return slotToken{}, fmt.Errorf("%w: want the token acquire returned", ErrBadToken)
+	}
+	if _, err := hex.DecodeString(parts[0]); err != nil {
+		return slotToken{}, fmt.Errorf("%w: want the token acquire returned", ErrBadToken)
+	}
+	policy, err1 := b64.DecodeString(parts[1])
+	key, err2 := b64.DecodeString(parts[2])
+	if err1 != nil || err2 != nil || len(policy) == 0 || len(key) == 0 {
+		return slotToken{}, fmt.Errorf("%w: want the token acquire returned", ErrBadToken)
+	}
+	return slotToken{holder: parts[0], policy: string(policy), key: string(key)}, nil
+}
+
+// inFlightPolicy returns the named in-flight policy.
+func (s *Service) inFlightPolicy(name string) (*config.Policy, error) {
+	if s.engine == nil {
+		return nil, ErrZeroService
+	}
+	p := s.Config().Policy(name)
+	switch {
+	case name == "":
+		return nil, fmt.Errorf("%w: policy is required", ErrBadRequest)
+	case p == nil:
+		return nil, fmt.Errorf("%w: %q", ErrUnknownPolicy, name)
+	case p.InFlight == nil:
+		return nil, fmt.Errorf("%w: policy %q limits a rate, not requests in flight: use /v1/check", ErrBadRequest, name)
+	case s.slots == nil:
+		return nil, ErrNoSlots
+	}
+	return p, nil
+}
+
+// slotKeys returns the store keys of key's slots under p and of holder's
+// tombstone (in the namespace penalty blocks use; in-flight policies have
+// no penalty).
+func (s *Service) slotKeys(p *config.Policy, key, holder string) (slots, tomb string) {
+	base, ok := s.snap.Load().bases[p]
+	if !ok {
+		base = s.keyer.Base(p.Name)
+	}
+	slots, _ = s.keyer.Keys(base, key, false)
+	_, tomb = s.keyer.Keys(base, holder, true)
+	return slots, tomb
+}
+
+// Acquire acquires a slot of weight (1..the policy's Max) for key under
+// the named in-flight policy at priority prio. A denial is no error:
+// Decision.Allowed false, Shed when the priority's share was full.
+func (s *Service) Acquire(ctx context.Context, policy, key string, weight int64, prio sluice.Priority) (SlotResult, error) {
+	p, err := s.inFlightPolicy(policy)
+	if err != nil {
+		return SlotResult{}, err
+	}
+	f := p.InFlight
+	if err := sluice.ValidateKey(key); err != nil {
+		return SlotResult{}, fmt.Errorf("%w: %w", ErrBadRequest, err)
+	}
+	if prio > sluice.PrioritySheddable {
+		return SlotResult{}, fmt.Errorf("%w: %w: %v", ErrBadRequest, sluice.ErrInvalidPriority, prio)
+	}
+	if weight <= 0 || weight > f.Limit.Max {
+		return SlotResult{}, fmt.Errorf("%w: %w: weight %d outside 1..%d", ErrBadRequest, sluice.ErrInvalidWeight, weight, f.Limit.Max)
+	}
+	res := SlotResult{Policy: p, Key: key, Weight: weight, Priority: prio}
+	if !f.Limit.Admits(prio, f.Reserve, weight) {
+		// Everything this weight would need is reserved above prio.
+		res.Decision = sluice.SlotDecision{Limit: f.Limit, RetryAfter: f.Limit.Hold}
+		res.Shed = true
+		s.slotOutcome(p, prio, "shed")
+		return res, nil
+	}
+	holder := sluice.NewHolderID()
+	skey, _ := s.slotKeys(p, key, holder)
+	d, err := s.slots.Acquire(ctx, skey, f.Limit.For(prio, f.Reserve), weight, holder)
+	if err != nil {
+		s.slotOutcome(p, prio, "error")
+		return SlotResult{}, fmt.Errorf("server: store: %w", err)
+	}
+	s.metrics.slotExpired(p.Name, d.Expired)
+	d.Limit = f.Limit
+	d.Remaining = max(f.Limit.Max-d.InUse, 0)
+	res.Decision = d
+	switch {
+	case d.Allowed:
+		res.Token = slotToken{holder: holder, policy: p.Name, key: key}.String()
+		s.holds.add(holder, p.Name, weight, s.clock().Add(f.Limit.Hold))
+		s.slotOutcome(p, prio, "allowed")
+	case d.InUse+weight <= f.Limit.Max:
+		res.Shed = true
+		s.slotOutcome(p, prio, "shed")
+	default:
+		s.slotOutcome(p, prio, "denied")
+	}
+	return res, nil
+}
+
+// slotOutcome counts an acquire in the statistics and metrics.
+func (s *Service) slotOutcome(p *config.Policy, prio sluice.Priority, outcome string) {
+	if r := s.snap.Load().rings[p.Name]; r != nil && outcome != "error" {
+		s.stats.add(r, outcome != "allowed")
+	}
+	s.metrics.slotAcquire(p.Name, prio, outcome)
+}
+
+// token parses a token and finds its policy and store keys.
+func (s *Service) token(token string) (slotToken, *config.Policy, error) {
+	if s.engine == nil {
+		return slotToken{}, nil, ErrZeroService
+	}
+	t, err := parseToken(token)
+	if err != nil {
+		return t, nil, err
+	}
+	p, err := s.inFlightPolicy(t.policy)
+	if errors.Is(err, ErrUnknownPolicy) || errors.Is(err, ErrBadRequest) {
+		return t, nil, fmt.Errorf("%w: policy %q is not an in-flight policy (any more)", ErrSlotNotHeld, t.policy)
+	}
+	return t, p, err
+}
+
+// Extend moves a held slot's hold timeout to now plus its policy's hold,
+// which it returns. A slot not held is ErrSlotNotHeld.
+func (s *Service) Extend(ctx context.Context, token string) (time.Duration, error) {
+	t, p, err := s.token(token)
+	if err != nil {
+		return 0, err
+	}
+	skey, _ := s.slotKeys(p, t.key, t.holder)
+	ok, err := s.slots.Extend(ctx, skey, p.InFlight.Limit, t.holder)
+	if err != nil {
+		return 0, fmt.Errorf("server: store: %w", err)
+	}
+	if !ok {
+		s.metrics.slotCall(p.Name, "extend", "not_held")
+		return 0, fmt.Errorf("%w: expired at its hold timeout, released, or never acquired", ErrSlotNotHeld)
+	}
+	s.holds.extend(t.holder, s.clock().Add(p.InFlight.Limit.Hold))
+	s.metrics.slotCall(p.Name, "extend", "extended")
+	return p.InFlight.Limit.Hold, nil
+}
+
+// Release frees a token's slot. It returns nil when the slot was freed,
+// now or by an earlier release of the same token; ErrSlotNotHeld, freeing
+// nothing, when it expired or was never acquired.
+func (s *Service) Release(ctx context.Context, token string) error {
+	t, p, err := s.token(token)
+	if err != nil {
+		return err
+	}
+	skey, tomb := s.slotKeys(p, t.key, t.holder)
+	mark := sluice.Concurrent(1, p.InFlight.Limit.Hold)
+	ok, err := s.slots.Release(ctx, skey, t.holder)
+	if err != nil {
+		return fmt.Errorf("server: store: %w", err)
+	}
+	if ok {
+		s.holds.release(t.holder)
+		s.metrics.slotCall(p.Name, "release", "released")
+		if _, err := s.slots.Acquire(ctx, tomb, mark, 1, t.holder); err != nil {
+			// Released all the same; only a repeat would be told 404.
+			s.log.Warn("released slot's tombstone not written: a repeated release of its token will answer 404", "policy", p.Name, "error", err)
+		}
+		return nil
+	}
+	before, err := s.slots.Extend(ctx, tomb, mark, t.holder)
+	if err != nil {
+		return fmt.Errorf("server: store: %w", err)
+	}
+	if before {
+		s.metrics.slotCall(p.Name, "release", "released_before")
+		return nil
+	}
+	s.metrics.slotCall(p.Name, "release", "not_held")
+	return fmt.Errorf("%w: expired at its hold timeout, or never acquired", ErrSlotNotHeld)
+}

@@ -1,0 +1,159 @@
+package server
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/race"
+	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/redisstore"
+	"github.com/sluicehq/sluice/server/config"
+)
+
+// In-flight slots through the service's other doors: a Server on Redis,
+// Envoy RLS, and a fleet's figures.
+
+// TestFaultSlotsServeOnRedis: `sluice serve` on Redis with its default
+// failure policy keeps slots in Redis; with Redis stalled, an acquire
+// answers 503 within the decision timeout.
+func TestFaultSlotsServeOnRedis(t *testing.T) {
+	race.SkipTiming(t)
+	r := redistest.StartServer(t)
+	cfg := filepath.Join(t.TempDir(), "sluice.yaml")
+	if err := os.WriteFile(cfg, []byte(slotsConfig), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	base := "http://" + runServer(t, Options{ConfigFile: cfg, RedisURL: "redis://" + r.Addr + "/0"}).HTTPAddr()
+	code, body, _ := post(t, base, "/v1/acquire", `{"policy":"exports","key":"ann","weight":10}`)
+	if code != 200 {
+		t.Fatalf("acquire: %d %v", code, body)
+	}
+	if code, body, _ := post(t, base, "/v1/acquire", `{"policy":"exports","key":"ann"}`); code != 429 {
+		t.Errorf("acquire over max: %d %v", code, body)
+	}
+	if code, _, _ := post(t, base, "/v1/release", tokenBody(body["token"])); code != 204 {
+		t.Errorf("release: %d", code)
+	}
+	// A stalled Redis costs an acquire the decision timeout, then 503.
+	r.Pause(t)
+	defer r.Stop()
+	start := time.Now()
+	code, body, _ = post(t, base, "/v1/acquire", `{"policy":"exports","key":"ann"}`)
+	took := time.Since(start)
+	t.Logf("acquire with Redis stalled: %d after %v", code, took)
+	if code != 503 || body["shed"] != nil || took > 800*time.Millisecond {
+		t.Errorf("acquire with Redis stalled: %d %v after %v, want a 503 problem well within 800ms", code, body, took)
+	}
+}
+
+// TestRLSInFlightPolicy: Envoy's API has no release, so a descriptor
+// naming an in-flight policy matches nothing: OK, counted as unmatched,
+// and no slot is taken.
+func TestRLSInFlightPolicy(t *testing.T) {
+	_, svc, m := newSlotsService(t)
+	c := serveRLS(t, svc)
+	for range 12 { // more than the policy's max
+		for _, d := range []*rlcommon.RateLimitDescriptor{desc("user=ann"), desc("policy=exports", "user=ann")} {
+			resp := call(t, c, rlsRequest(config.DefaultDomain, d))
+			if resp.OverallCode != rlsv3.RateLimitResponse_OK || resp.Statuses[0].CurrentLimit != nil {
+				t.Fatalf("descriptor %v: %v, want OK with no limit", d, resp)
+			}
+		}
+	}
+	if got := metricValue(t, m.Registry(), "sluice_rls_unmatched_descriptors_total", map[string]string{"domain": config.DefaultDomain}); got != 24 {
+		t.Errorf("unmatched descriptors = %v, want 24", got)
+	}
+	res, err := svc.Acquire(context.Background(), "exports", "ann", 10, sluice.PriorityCritical)
+	if err != nil || !res.Decision.Allowed {
+		t.Errorf("the whole max after the RLS calls: %+v, %v", res.Decision, err)
+	}
+}
+
+// TestSlotsHeldAcrossFleet: the overview's held figure sums the slots held
+// through each instance publishing to one Redis.
+func TestSlotsHeldAcrossFleet(t *testing.T) {
+	client := redis.NewClient(&redis.Options{Addr: redistest.StartServer(t).Addr})
+	t.Cleanup(func() { client.Close() })
+	clock := newFakeClock()
+	prefix := redistest.Prefix(t) + "fleet"
+	a, b := newMemService(t, slotsConfig, clock), newMemService(t, slotsConfig, clock)
+	fa, fb := NewFleet(client, a, &FleetOptions{Prefix: prefix}), NewFleet(client, b, &FleetOptions{Prefix: prefix})
+	for svc, w := range map[*Service]int64{a: 2, b: 5} {
+		if res, err := svc.Acquire(context.Background(), "exports", "ann", w, sluice.PriorityCritical); err != nil || !res.Decision.Allowed {
+			t.Fatalf("acquire %d: %+v, %v", w, res.Decision, err)
+		}
+	}
+	publish(t, fb)
+	publish(t, fa)
+	o := a.mon.overview(a.Stats().Snapshot())
+	for _, p := range o.Policies {
+		if p.Policy == "exports" && (!p.InFlight || p.Held != 7 || p.Allowed != 2) {
+			t.Errorf("exports across the fleet: %+v, want in flight, 7 held, 2 acquires", p)
+		}
+		if p.Policy == "api" && (p.InFlight || p.Held != 0) {
+			t.Errorf("the rate policy: %+v, want no held figure", p)
+		}
+	}
+}
+
+// TestSlotsRedisAcrossInstances: two Service instances share one real
+// Redis, as a fleet behind a load balancer. A release at the instance that
+// did not acquire frees the slot; a forged token frees nothing; extend
+// works on either; a slot past its hold is 404.
+func TestSlotsRedisAcrossInstances(t *testing.T) {
+	client := redistest.Client(t)
+	prefix := redistest.Prefix(t)
+	cfg := `
+policies:
+  - name: jobs
+    in_flight: {max: 2, hold: 400ms}
+`
+	var bases [2]string
+	for i := range bases {
+		store := redisstore.New(client, &redisstore.Options{Prefix: prefix})
+		bases[i] = serveHTTP(t, NewService(store, mustConfig(t, cfg), nil))
+	}
+	acquire := func(base string) (int, map[string]any) {
+		code, body, _ := post(t, base, "/v1/acquire", `{"policy":"jobs","key":"k"}`)
+		return code, body
+	}
+	_, a := acquire(bases[0])
+	_, b := acquire(bases[1])
+	if code, body := acquire(bases[0]); code != 429 {
+		t.Fatalf("third acquire over max 2: %d %v", code, body)
+	}
+	forged := sluice.NewHolderID() + a["token"].(string)[32:]
+	if code, _, _ := post(t, bases[1], "/v1/release", tokenBody(forged)); code != 404 {
+		t.Errorf("forged release: %d, want 404", code)
+	}
+	if code, body := acquire(bases[1]); code != 429 {
+		t.Errorf("after the forged release: %d %v, want still full (429)", code, body)
+	}
+	if code, body, _ := post(t, bases[0], "/v1/extend", tokenBody(b["token"])); code != 200 {
+		t.Errorf("extend at the other instance: %d %v", code, body)
+	}
+	if code, _, _ := post(t, bases[1], "/v1/release", tokenBody(a["token"])); code != 204 {
+		t.Errorf("release at the other instance: %d, want 204", code)
+	}
+	if code, _, _ := post(t, bases[0], "/v1/release", tokenBody(a["token"])); code != 204 {
+		t.Errorf("repeated release at the first instance: %d, want 204", code)
+	}
+	code, c := acquire(bases[0])
+	if code != 200 || c["in_use"] != 2.0 {
+		t.Errorf("acquire after the release: %d %v, want the freed slot", code, c)
+	}
+	time.Sleep(600 * time.Millisecond) // past every hold
+	for _, path := range []string{"/v1/extend", "/v1/release"} {
+		if code, body, _ := post(t, bases[1], path, tokenBody(c["token"])); code != 404 {
+			t.Errorf("%s after the hold: %d %v, want 404", path, code, body)
+		}
+	}
+}

@@ -1,0 +1,252 @@
+package server
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/memory"
+)
+
+const slotsConfig = `
+policies:
+  - name: exports
+    key: "{user}"
+    in_flight:
+      max: 10
+      hold: 30s
+      reserve: {critical: 0.2, normal: 0.3}
+  - name: api
+    limit: 100/min
+`
+
+// post sends a JSON body to a real listener and decodes the answer.
+func post(t *testing.T, base, path, body string) (int, map[string]any, http.Header) {
+	t.Helper()
+	resp, err := http.Post(base+path, "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var m map[string]any
+	if resp.StatusCode != http.StatusNoContent {
+		if err := json.NewDecoder(resp.Body).Decode(&m); err != nil {
+			t.Fatalf("%s: status %d, body not JSON: %v", path, resp.StatusCode, err)
+		}
+	}
+	return resp.StatusCode, m, resp.Header
+}
+
+func tokenBody(tok any) string {
+	b, _ := json.Marshal(map[string]any{"token": tok})
+	return string(b)
+}
+
+// serveHTTP serves svc's handler on a real loopback listener.
+func serveHTTP(t *testing.T, svc *Service) string {
+	t.Helper()
+	srv := httptest.NewServer(svc.Handler(nil))
+	t.Cleanup(srv.Close)
+	return srv.URL
+}
+
+// TestSlotsAPI walks acquire, denial, shedding, extend, release, a repeated
+// release, a forged token and expiry through the JSON API on the memory
+// store, each step's answer checked.
+func TestSlotsAPI(t *testing.T) {
+	clock := newFakeClock()
+	svc := newMemService(t, slotsConfig, clock)
+	base := serveHTTP(t, svc)
+	acquire := func(weight int, prio string) (int, map[string]any, http.Header) {
+		b, _ := json.Marshal(map[string]any{"policy": "exports", "key": "ann", "weight": weight, "priority": prio})
+		return post(t, base, "/v1/acquire", string(b))
+	}
+	// Sheddable requests fit under 5, normal under 8, critical under 10.
+	code, first, _ := acquire(4, "sheddable")
+	if code != 200 || first["allowed"] != true || first["in_use"] != 4.0 || first["remaining"] != 6.0 || first["limit"] != 10.0 {
+		t.Fatalf("first acquire: %d %v", code, first)
+	}
+	tok := first["token"].(string)
+	if code, body, hdr := acquire(2, "sheddable"); code != 503 || body["shed"] != true || hdr.Get("Retry-After") == "" || body["retry_after_estimate"] != true {
+		t.Errorf("sheddable over its share: %d %v Retry-After %q, want 503 shed with an estimate", code, body, hdr.Get("Retry-After"))
+	}
+	if code, body, _ := acquire(4, "normal"); code != 200 || body["in_use"] != 8.0 {
+		t.Errorf("normal within its share: %d %v", code, body)
+	}
+	if code, body, _ := acquire(1, "normal"); code != 503 {
+		t.Errorf("normal over its share: %d %v, want 503", code, body)
+	}
+	if code, body, _ := acquire(2, ""); code != 200 || body["priority"] != "critical" {
+		t.Errorf("critical (the default) to the full max: %d %v", code, body)
+	}
+	code, body, hdr := acquire(1, "critical")
+	if code != 429 || body["shed"] != nil || hdr.Get("Retry-After") != "30" {
+		t.Errorf("critical over max: %d %v Retry-After %q, want 429 after 30s", code, body, hdr.Get("Retry-After"))
+	}
+
+	clock.Set(t0.Add(20 * time.Second))
+	if code, body, _ := post(t, base, "/v1/extend", tokenBody(tok)); code != 200 || body["hold_ms"] != 30000.0 {
+		t.Errorf("extend: %d %v", code, body)
+	}
+	clock.Set(t0.Add(40 * time.Second)) // the others expired at 30s; tok holds until 50s
+	if code, body, _ := acquire(6, "critical"); code != 200 || body["in_use"] != 10.0 {
+		t.Errorf("acquire of 6 with the extended 4 held: %d %v, want in use 10", code, body)
+	}
+	if code, _, _ := post(t, base, "/v1/release", tokenBody(tok)); code != 204 {
+		t.Errorf("release: %d, want 204", code)
+	}
+	if code, _, _ := post(t, base, "/v1/release", tokenBody(tok)); code != 204 {
+		t.Errorf("release again: %d, want 204 (released before)", code)
+	}
+	if code, body, _ := post(t, base, "/v1/extend", tokenBody(tok)); code != 404 {
+		t.Errorf("extend a released token: %d %v, want 404", code, body)
+	}
+
+	// A forged token (a holder nobody holds, for a key someone holds)
+	// frees nothing.
+	code, held, _ := acquire(1, "critical")
+	if code != 200 {
+		t.Fatalf("acquire: %d %v", code, held)
+	}
+	before := held["in_use"].(float64)
+	forged := sluice.NewHolderID() + held["token"].(string)[32:]
+	if code, body, _ := post(t, base, "/v1/release", tokenBody(forged)); code != 404 || !strings.Contains(body["detail"].(string), "nothing was freed") {
+		t.Errorf("forged release: %d %v, want 404", code, body)
+	}
+	if code, body, _ := acquire(1, "critical"); code != 200 || body["in_use"] != before+1 {
+		t.Errorf("after the forged release: %d %v, want in use %v", code, body, before+1)
+	}
+
+	// Expiry: a token past its hold is 404, for release and extend.
+	clock.Set(t0.Add(2 * time.Minute))
+	for _, path := range []string{"/v1/extend", "/v1/release"} {
+		if code, body, _ := post(t, base, path, tokenBody(held["token"])); code != 404 {
+			t.Errorf("%s of an expired token: %d %v, want 404", path, code, body)
+		}
+	}
+}
+
+// TestSlotsAPIBadInput: bad requests are 4xx problems and change nothing.
+func TestSlotsAPIBadInput(t *testing.T) {
+	clock := newFakeClock()
+	svc := newMemService(t, slotsConfig, clock)
+	base := serveHTTP(t, svc)
+	tests := []struct {
+		name, path, body string
+		code             int
+		detail           string
+	}{
+		{"unknown policy", "/v1/acquire", `{"policy":"nope","key":"k"}`, 404, "there is no policy"},
+		{"rate policy", "/v1/acquire", `{"policy":"api","key":"k"}`, 400, "limits a rate"},
+		{"check an in-flight policy", "/v1/check", `{"policy":"exports","key":"k"}`, 400, "use /v1/acquire"},
+		{"weight zero", "/v1/acquire", `{"policy":"exports","key":"k","weight":0}`, 400, "weight 0 outside 1..10"},
+		{"weight above max", "/v1/acquire", `{"policy":"exports","key":"k","weight":11}`, 400, "weight 11 outside 1..10"},
+		{"unknown priority", "/v1/acquire", `{"policy":"exports","key":"k","priority":"urgent"}`, 400, `priority "urgent" is unknown`},
+		{"empty key", "/v1/acquire", `{"policy":"exports","key":""}`, 400, "key is required"},
+		{"no policy", "/v1/acquire", `{"key":"k"}`, 400, "policy is required"},
+		{"malformed token", "/v1/release", `{"token":"abc"}`, 400, "token is not one acquire returned"},
+		{"empty token", "/v1/extend", `{"token":""}`, 400, "token is not one acquire returned"},
+		{"token of an unknown policy", "/v1/release", tokenBody(slotToken{sluice.NewHolderID(), "nope", "k"}.String()), 404, "nothing was freed"},
+		{"unknown field", "/v1/release", `{"token":"x","slot":1}`, 400, "unknown field"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			code, body, _ := post(t, base, tt.path, tt.body)
+			if code != tt.code || !strings.Contains(body["detail"].(string), tt.detail) {
+				t.Errorf("%d %v, want %d with %q", code, body, tt.code, tt.detail)
+			}
+		})
+	}
+	// None of it took a slot: the whole max is still free.
+	res, err := svc.Acquire(context.Background(), "exports", "k", 10, sluice.PriorityCritical)
+	if err != nil || !res.Decision.Allowed {
+		t.Errorf("acquire of the whole max after bad input: %+v, %v", res.Decision, err)
+	}
+}
+
+func TestParseToken(t *testing.T) {
+	tok := slotToken{holder: sluice.NewHolderID(), policy: "p.1", key: "user=a,b"}
+	got, err := parseToken(tok.String())
+	if err != nil || got != tok {
+		t.Errorf("round trip: %+v, %v; want %+v", got, err, tok)
+	}
+	for _, bad := range []string{"", "a.b.c", tok.holder + ".." + "eA", strings.ToUpper(tok.holder) + tok.String()[32:], "zz" + tok.String()[2:], tok.String() + ".x"} {
+		if _, err := parseToken(bad); !errors.Is(err, ErrBadToken) {
+			t.Errorf("parseToken(%q) = %v, want ErrBadToken", bad, err)
+		}
+	}
+}
+
+// newSlotsService is a Service on slotsConfig with metrics, on a memory
+// store driven by a fake clock.
+func newSlotsService(t *testing.T) (*fakeClock, *Service, *Metrics) {
+	t.Helper()
+	clock := newFakeClock()
+	store := memory.New(&memory.Options{Clock: clock.Now, SweepInterval: -1})
+	t.Cleanup(func() { store.Close() })
+	m := NewMetrics()
+	return clock, NewService(store, mustConfig(t, slotsConfig), &ServiceOptions{Clock: clock.Now, Metrics: m}), m
+}
+
+// TestSlotsMetrics: acquires by priority and outcome, releases by outcome,
+// the weight held and the holds expired through this instance.
+func TestSlotsMetrics(t *testing.T) {
+	clock, svc, m := newSlotsService(t)
+	ctx := context.Background()
+	acquire := func(weight int64, p sluice.Priority) SlotResult {
+		t.Helper()
+		res, err := svc.Acquire(ctx, "exports", "ann", weight, p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res
+	}
+	held := acquire(3, sluice.PrioritySheddable)
+	acquire(3, sluice.PrioritySheddable) // shed: 6 > 5
+	acquire(5, sluice.PriorityCritical)
+	acquire(5, sluice.PriorityCritical) // denied: 13 > 10
+	if err := svc.Release(ctx, held.Token); err != nil {
+		t.Fatal(err)
+	}
+	if err := svc.Release(ctx, held.Token); err != nil {
+		t.Fatal(err)
+	}
+	g := m.Registry()
+	for _, tt := range []struct {
+		name   string
+		labels map[string]string
+		want   float64
+	}{
+		{"sluice_inflight_acquires_total", map[string]string{"policy": "exports", "priority": "sheddable", "outcome": "allowed"}, 1},
+		{"sluice_inflight_acquires_total", map[string]string{"policy": "exports", "priority": "sheddable", "outcome": "shed"}, 1},
+		{"sluice_inflight_acquires_total", map[string]string{"policy": "exports", "priority": "critical", "outcome": "allowed"}, 1},
+		{"sluice_inflight_acquires_total", map[string]string{"policy": "exports", "priority": "critical", "outcome": "denied"}, 1},
+		{"sluice_inflight_calls_total", map[string]string{"policy": "exports", "call": "release", "outcome": "released"}, 1},
+		{"sluice_inflight_calls_total", map[string]string{"policy": "exports", "call": "release", "outcome": "released_before"}, 1},
+		{"sluice_inflight_held", map[string]string{"policy": "exports"}, 5},
+		{"sluice_inflight_expired_total", map[string]string{"policy": "exports"}, -1},
+	} {
+		if got := metricValue(t, g, tt.name, tt.labels); got != tt.want {
+			t.Errorf("%s%v = %v, want %v", tt.name, tt.labels, got, tt.want)
+		}
+	}
+	// Past the hold, the unreleased 5 has expired: the gauge drops it at
+	// once, and the next acquire on its key finds it and counts its weight.
+	clock.Set(t0.Add(31 * time.Second))
+	if got := metricValue(t, g, "sluice_inflight_held", map[string]string{"policy": "exports"}); got != -1 {
+		t.Errorf("held after the hold = %v, want no series", got)
+	}
+	acquire(1, sluice.PriorityNormal)
+	if got := metricValue(t, g, "sluice_inflight_expired_total", map[string]string{"policy": "exports"}); got != 5 {
+		t.Errorf("expired weight after the next acquire = %v, want 5", got)
+	}
+	if got := metricValue(t, g, "sluice_inflight_held", map[string]string{"policy": "exports"}); got != 1 {
+		t.Errorf("held = %v, want 1", got)
+	}
+}
