@@ -9,6 +9,10 @@
 //	sluice_store_errors_total{store,op}         backend failures (timeouts included)
 //	sluice_store_latency_seconds{store,op}      backend latency, when the backend was called
 //	sluice_breaker_state{store,state}           1 for the current state (closed, half_open, open), 0 for the others
+//	sluice_slot_acquires_total{policy,outcome}  in-flight acquires: allowed, denied, error
+//	sluice_slot_denials_total{policy,priority}  in-flight refusals by the request's priority
+//	sluice_slots_held{policy}                   weight this process holds now
+//	sluice_slot_release_errors_total{policy}    releases that failed (the store frees them at the hold timeout)
 //
 // Label values come from configuration (rule and store names), never from
 // requests, so cardinality stays bounded.
@@ -24,7 +28,7 @@ import (
 )
 
 var (
-	_ sluice.Observer      = (*Collector)(nil)
+	_ sluice.SlotObserver  = (*Collector)(nil)
 	_ prometheus.Collector = (*Collector)(nil)
 )
 
@@ -54,6 +58,10 @@ type Collector struct {
 	storeErrors *prometheus.CounterVec
 	latency     *prometheus.HistogramVec
 	breaker     *prometheus.GaugeVec
+	acquires    *prometheus.CounterVec
+	slotDenials *prometheus.CounterVec
+	held        *prometheus.GaugeVec
+	releaseErrs *prometheus.CounterVec
 }
 
 // New returns a Collector. Register it with a prometheus.Registerer.
@@ -104,6 +112,22 @@ func New(opts *Options) *Collector {
 			Namespace: ns, Name: "breaker_state",
 			Help: "Circuit breaker state of a wrapped store: 1 for the current state (closed, half_open, open), 0 for the others.",
 		}, []string{"store", "state"}),
+		acquires: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Name: "slot_acquires_total",
+			Help: "In-flight slot acquires by policy and outcome (allowed, denied, error).",
+		}, []string{"policy", "outcome"}),
+		slotDenials: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Name: "slot_denials_total",
+			Help: "In-flight slot refusals by policy and the request's priority (critical, normal, sheddable).",
+		}, []string{"policy", "priority"}),
+		held: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: ns, Name: "slots_held",
+			Help: "In-flight weight this process holds now, by policy; summed over the fleet, the weight in use.",
+		}, []string{"policy"}),
+		releaseErrs: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Name: "slot_release_errors_total",
+			Help: "In-flight slot releases that failed; the store frees those slots at their hold timeout.",
+		}, []string{"policy"}),
 	}
 }
 
@@ -125,8 +149,31 @@ func (c *Collector) ForgetPolicy(name string) {
 	if c.decisions == nil {
 		return // a zero Collector
 	}
-	c.decisions.DeletePartialMatch(prometheus.Labels{"policy": name})
-	c.nearLimit.DeletePartialMatch(prometheus.Labels{"policy": name})
+	for _, v := range []*prometheus.MetricVec{c.decisions.MetricVec, c.nearLimit.MetricVec, c.acquires.MetricVec, c.slotDenials.MetricVec, c.held.MetricVec, c.releaseErrs.MetricVec} {
+		v.DeletePartialMatch(prometheus.Labels{"policy": name})
+	}
+}
+
+// ObserveSlot implements sluice.SlotObserver.
+func (c *Collector) ObserveSlot(e sluice.SlotEvent) {
+	if c.decisions == nil {
+		return // a zero Collector
+	}
+	switch e.Op {
+	case sluice.SlotAcquire:
+		c.acquires.WithLabelValues(e.Policy, e.Outcome.String()).Inc()
+		switch e.Outcome {
+		case sluice.OutcomeAllowed:
+			c.held.WithLabelValues(e.Policy).Add(float64(e.Weight))
+		case sluice.OutcomeDenied:
+			c.slotDenials.WithLabelValues(e.Policy, e.Priority.String()).Inc()
+		}
+	case sluice.SlotRelease:
+		c.held.WithLabelValues(e.Policy).Sub(float64(e.Weight))
+		if e.Outcome == sluice.OutcomeError {
+			c.releaseErrs.WithLabelValues(e.Policy).Inc()
+		}
+	}
 }
 
 // ObserveStore implements sluice.Observer.
@@ -170,6 +217,10 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	c.storeErrors.Describe(ch)
 	c.latency.Describe(ch)
 	c.breaker.Describe(ch)
+	c.acquires.Describe(ch)
+	c.slotDenials.Describe(ch)
+	c.held.Describe(ch)
+	c.releaseErrs.Describe(ch)
 }
 
 // Collect implements prometheus.Collector.
@@ -183,4 +234,8 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	c.storeErrors.Collect(ch)
 	c.latency.Collect(ch)
 	c.breaker.Collect(ch)
+	c.acquires.Collect(ch)
+	c.slotDenials.Collect(ch)
+	c.held.Collect(ch)
+	c.releaseErrs.Collect(ch)
 }
