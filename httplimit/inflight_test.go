@@ -14,7 +14,9 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/memory"
+	"github.com/sluicehq/sluice/redisstore"
 	"github.com/sluicehq/sluice/storetest"
 )
 
@@ -381,4 +383,50 @@ func (r *slotRecorder) ObserveSlot(e sluice.SlotEvent) {
 		r.n = map[string]int{}
 	}
 	r.n[e.Policy+"/"+e.Op.String()+"/"+e.Outcome.String()]++
+}
+
+// A client that goes away ends its request's context; the handler returns
+// and the slot is released all the same: the release does not run on the
+// cancelled context (on Redis it would fail, and the slot stay held for
+// its hour).
+func TestInFlightReleaseWhenClientGone(t *testing.T) {
+	t.Parallel()
+	stores := map[string]sluice.Store{"memory": fakeSlots(t)}
+	stores["redis"] = redisstore.New(redistest.Client(t), &redisstore.Options{Prefix: redistest.Prefix(t)})
+	for name, store := range stores {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			returned := make(chan struct{}, 1)
+			entered := make(chan struct{}, 1)
+			h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if r.URL.Path == "/wait" {
+					entered <- struct{}{}
+					<-r.Context().Done()
+					returned <- struct{}{}
+				}
+			})
+			e := slotEnv(t, store, nil, &Options{InFlight: oneAtATime}, h)
+			ctx, cancel := context.WithCancel(context.Background())
+			req, _ := http.NewRequestWithContext(ctx, "GET", e.srv.URL+"/wait", nil)
+			go func() {
+				<-entered
+				cancel()
+			}()
+			if _, err := e.srv.Client().Do(req); !errors.Is(err, context.Canceled) {
+				t.Fatalf("cancelled request: %v", err)
+			}
+			<-returned
+			// The release runs after the handler returns: give it a moment.
+			var status int
+			for range 100 {
+				if status = e.get("/").status; status == 200 {
+					break
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+			if status != 200 {
+				t.Errorf("after the client went away: %d, want 200 (slot released)", status)
+			}
+		})
+	}
 }
