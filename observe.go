@@ -41,9 +41,13 @@ var outcomeNames = [...]string{"allowed", "denied", "shadow_denied", "error"}
 
 // String returns the outcome's metric label: "allowed", "denied",
 // "shadow_denied" or "error".
-func (o Outcome) String() string {
-	if int(o) < len(outcomeNames) {
-		return outcomeNames[o]
+func (o Outcome) String() string { return label(outcomeNames[:], int(o)) }
+
+// label returns names[i], the metric label of value i of an enum, or
+// "unknown" for a value it does not know.
+func label(names []string, i int) string {
+	if i < len(names) {
+		return names[i]
 	}
 	return "unknown"
 }
@@ -85,12 +89,7 @@ const (
 var sourceNames = [...]string{"backend", "deny_cache", "fallback", "fail_open", "fail_closed", "lease"}
 
 // String returns the source's metric label, such as "deny_cache".
-func (s Source) String() string {
-	if int(s) < len(sourceNames) {
-		return sourceNames[s]
-	}
-	return "unknown"
-}
+func (s Source) String() string { return label(sourceNames[:], int(s)) }
 
 // StoreEvent reports one call of a wrapped store.
 type StoreEvent struct {
@@ -125,12 +124,7 @@ const (
 var breakerNames = [...]string{"closed", "half_open", "open"}
 
 // String returns "closed", "half_open" or "open".
-func (s BreakerState) String() string {
-	if int(s) < len(breakerNames) {
-		return breakerNames[s]
-	}
-	return "unknown"
-}
+func (s BreakerState) String() string { return label(breakerNames[:], int(s)) }
 
 // BreakerEvent reports a circuit breaker's change of state.
 type BreakerEvent struct {

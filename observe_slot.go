@@ -27,12 +27,7 @@ const (
 var slotOpNames = [...]string{"acquire", "release"}
 
 // String returns "acquire" or "release".
-func (o SlotOp) String() string {
-	if int(o) < len(slotOpNames) {
-		return slotOpNames[o]
-	}
-	return "unknown"
-}
+func (o SlotOp) String() string { return label(slotOpNames[:], int(o)) }
 
 // SlotEvent reports one acquire or release of one in-flight rule.
 type SlotEvent struct {

@@ -22,18 +22,11 @@ import (
 // errdetails.QuotaFailure naming the rule. A stream holds its slot until
 // its handler returns.
 type InFlightRule struct {
-	// Name identifies the rule, unique among the interceptor's rules of
-	// every kind. Required.
-	Name string
-	// Limit is the most weight in progress per key, each slot held at most
-	// Hold if its process dies before releasing it. Required.
-	Limit sluice.InFlightLimit
-	// Key says whom the call is counted against. Required.
-	Key KeyFunc
-	// Weight weighs a call in slots, 1 to Limit.Max. Default: 1.
-	Weight func(ctx context.Context, fullMethod string) int64
-	// Match selects the calls the rule applies to. Default: all.
-	Match func(ctx context.Context, fullMethod string) bool
+	Name   string                                             // unique among all the rules; required
+	Limit  sluice.InFlightLimit                               // per key; Hold frees a dead process's slots; required
+	Key    KeyFunc                                            // whom the call counts against; required
+	Weight func(ctx context.Context, fullMethod string) int64 // slots per call, 1 to Limit.Max; default 1
+	Match  func(ctx context.Context, fullMethod string) bool  // the calls the rule applies to; default all
 }
 
 // ShedRule sheds load by priority, fleet-wide (Capacity) or in this
@@ -61,19 +54,11 @@ type ShedRule struct {
 // PriorityFunc says how important a call is, for ShedRules.
 type PriorityFunc func(ctx context.Context, fullMethod string) sluice.Priority
 
-// PriorityOptions configures PriorityMetadata. A nil *PriorityOptions is
-// valid: the metadata is never believed and every call is normal.
-type PriorityOptions struct {
-	// TrustedProxies lists the CIDRs (or addresses) of the proxies whose
-	// priority metadata is believed: it is read only when the call's
-	// transport peer is one of them, so those proxies must set or remove
-	// it on every call they pass on. Default: none.
-	TrustedProxies []string
-	// Default names the priority of every other call, and of a trusted
-	// one whose metadata is missing or names no priority. Default:
-	// "normal".
-	Default string
-}
+// PriorityOptions configures PriorityMetadata, as httplimit.PriorityOptions
+// does PriorityHeader: metadata believed only from TrustedProxies (the
+// transport peer), every other call of priority Default ("normal" unless
+// set).
+type PriorityOptions = enforce.PriorityOptions
 
 // PriorityMetadata returns a PriorityFunc reading the named incoming
 // metadata ("critical", "normal" or "sheddable") from trusted proxies
@@ -81,25 +66,14 @@ type PriorityOptions struct {
 // error. It fails on a bad CIDR, or a Default that names no priority
 // (sluice.ErrInvalidPriority).
 func PriorityMetadata(name string, opts *PriorityOptions) (PriorityFunc, error) {
-	var o PriorityOptions
-	if opts != nil {
-		o = *opts
-	}
-	def, err := enforce.DefaultPriority("grpclimit", o.Default)
-	if err != nil {
-		return nil, err
-	}
-	f, err := enforce.TrustedPriority("grpclimit", o.TrustedProxies, def, peerAddr, func(c call) string {
+	f, err := enforce.TrustedPriority("grpclimit", opts, peerAddr, func(c call) string {
 		md, _ := metadata.FromIncomingContext(c.ctx)
 		if v := md.Get(name); len(v) > 0 {
 			return v[0]
 		}
 		return ""
 	})
-	if err != nil {
-		return nil, err
-	}
-	return func(ctx context.Context, m string) sluice.Priority { return f(call{ctx, m}) }, nil
+	return fromSharedPriority(f), err
 }
 
 // PriorityFrom returns a PriorityFunc reading the priority's name with
@@ -107,39 +81,42 @@ func PriorityMetadata(name string, opts *PriorityOptions) (PriorityFunc, error) 
 // error or a name that is no priority gives def ("" for "normal"). It
 // fails when def names no priority (sluice.ErrInvalidPriority).
 func PriorityFrom(key KeyFunc, def string) (PriorityFunc, error) {
-	p, err := enforce.DefaultPriority("grpclimit", def)
-	if err != nil {
-		return nil, err
+	f, err := enforce.PriorityFrom("grpclimit", key.keyFunc(), def)
+	return fromSharedPriority(f), err
+}
+
+func fromSharedPriority(f enforce.PriorityFunc[call]) PriorityFunc {
+	if f == nil {
+		return nil
 	}
-	f := enforce.PriorityFrom(key.keyFunc(), p)
-	return func(ctx context.Context, m string) sluice.Priority { return f(call{ctx, m}) }, nil
+	return func(ctx context.Context, m string) sluice.Priority { return f(call{ctx, m}) }
 }
 
 // setupSlots prepares the in-flight and shedding rules of o, named apart
 // from the rate rules.
 func (in *Interceptor) setupSlots(store sluice.Store, rules []Rule, o *Options) error {
-	specs := make([]enforce.SlotSpec[call], 0, len(o.InFlight)+len(o.Shed))
+	var specs []enforce.SlotSpec[call]
 	for _, r := range o.InFlight {
-		specs = append(specs, enforce.SlotSpec[call]{Name: r.Name, Limit: r.Limit, Key: r.Key.keyFunc(), Weight: weighed(r.Weight), Match: matched(r.Match)})
+		specs = append(specs, r.spec())
 	}
 	for _, r := range o.Shed {
-		s, err := enforce.ShedSpec[call](r.Name, r.Capacity, r.Workers, r.Reserve)
-		if err != nil {
-			return fmt.Errorf("%w: %w", ErrInvalidConfig, err)
-		}
-		s.Weight, s.Match = weighed(r.Weight), matched(r.Match)
-		specs = append(specs, s)
+		specs = append(specs, r.spec())
 	}
-	names := make([]string, len(rules))
-	for i, r := range rules {
-		names[i] = r.Name
-	}
-	slots, err := enforce.NewSlotRules(store, specs, o.Prefix, o.HashKey, o.Observer, ErrNoKey, names)
+	slots, err := enforce.NewSlotRules(store, specs, o.Prefix, o.HashKey, o.Observer, ErrNoKey, len(rules), func(i int) string { return rules[i].Name })
 	if err != nil {
 		return fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
 	in.slots, in.priority = slots, o.Priority
 	return nil
+}
+
+func (r InFlightRule) spec() enforce.SlotSpec[call] {
+	return enforce.SlotSpec[call]{Name: r.Name, Limit: r.Limit, Key: r.Key.keyFunc(), Weight: weighed(r.Weight), Match: matched(r.Match)}
+}
+
+func (r ShedRule) spec() enforce.SlotSpec[call] {
+	return enforce.SlotSpec[call]{Name: r.Name, Kind: enforce.Shed, Limit: r.Capacity, Workers: r.Workers,
+		Reserve: r.Reserve, Weight: weighed(r.Weight), Match: matched(r.Match)}
 }
 
 // weighed and matched adapt a rule's functions to the shared rules.

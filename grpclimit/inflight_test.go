@@ -58,13 +58,6 @@ func background(client healthpb.HealthClient, ctx context.Context) <-chan error 
 	return done
 }
 
-func slotStore(t *testing.T) sluice.Store {
-	_, store := fakeStore(t) // no hold runs out on the fake clock
-	return store
-}
-
-var oneAtATime = []InFlightRule{{Name: "one", Limit: sluice.Concurrent(1, time.Hour), Key: Global()}}
-
 // A unary call holds its slot until its handler returns; a call refused
 // is RESOURCE_EXHAUSTED with RetryInfo, QuotaFailure and retry-after.
 func TestInFlightUnary(t *testing.T) {
@@ -79,14 +72,11 @@ func TestInFlightUnary(t *testing.T) {
 	if delay != time.Hour || subject != "one" || len(header.Get("retry-after")) != 1 {
 		t.Errorf("refusal: RetryInfo %v, subject %q, retry-after %q", delay, subject, header.Get("retry-after"))
 	}
-	g.leave <- struct{}{}
+	close(g.leave)
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
-	done = background(client, context.Background())
-	<-g.entered
-	close(g.leave)
-	if err := <-done; err != nil {
+	if _, err := client.Check(context.Background(), &healthpb.HealthCheckRequest{Service: "pass"}); err != nil {
 		t.Errorf("after the first returned: %v", err)
 	}
 }
@@ -121,6 +111,22 @@ func TestInFlightStream(t *testing.T) {
 	}
 }
 
+// Slots first, rate units second: a rate denial releases the slot.
+func TestInFlightThenRate(t *testing.T) {
+	t.Parallel()
+	obs := &slotRecorder{}
+	rate := []Rule{{Name: "rate", Limit: sluice.PerHour(1), Key: Global()}}
+	client := serveHealth(t, slotStore(t), rate, &Options{InFlight: oneAtATime, Observer: obs}, healthServing{})
+	for i, want := range []codes.Code{codes.OK, codes.ResourceExhausted, codes.ResourceExhausted} {
+		if _, err := client.Check(context.Background(), &healthpb.HealthCheckRequest{}); status.Code(err) != want {
+			t.Errorf("call %d: %v, want %v", i, err, want)
+		}
+	}
+	if a, r := obs.count("acquire"), obs.count("release"); a != 3 || r != 3 {
+		t.Errorf("acquires %d, releases %d; want 3 and 3", a, r)
+	}
+}
+
 // A panicking handler releases its slot, and the panic goes on.
 func TestInFlightPanic(t *testing.T) {
 	t.Parallel()
@@ -139,22 +145,6 @@ func TestInFlightPanic(t *testing.T) {
 	}()
 	if _, err := in.Unary()(context.Background(), nil, info, func(context.Context, any) (any, error) { return nil, nil }); err != nil {
 		t.Errorf("after the panic: %v (slot not released)", err)
-	}
-}
-
-// Slots first, rate units second: a rate denial releases the slot.
-func TestInFlightThenRate(t *testing.T) {
-	t.Parallel()
-	obs := &slotRecorder{}
-	rate := []Rule{{Name: "rate", Limit: sluice.PerHour(1), Key: Global()}}
-	client := serveHealth(t, slotStore(t), rate, &Options{InFlight: oneAtATime, Observer: obs}, healthServing{})
-	for i, want := range []codes.Code{codes.OK, codes.ResourceExhausted, codes.ResourceExhausted} {
-		if _, err := client.Check(context.Background(), &healthpb.HealthCheckRequest{}); status.Code(err) != want {
-			t.Errorf("call %d: %v, want %v", i, err, want)
-		}
-	}
-	if a, r := obs.count("acquire"), obs.count("release"); a != 3 || r != 3 {
-		t.Errorf("acquires %d, releases %d; want 3 and 3", a, r)
 	}
 }
 
@@ -235,3 +225,12 @@ func (r *slotRecorder) count(op string) int {
 	defer r.mu.Unlock()
 	return r.n[op]
 }
+
+// slotStore is a memory store on a fake clock: no hold runs out.
+func slotStore(t *testing.T) sluice.Store {
+	_, store := fakeStore(t)
+	return store
+}
+
+// oneAtATime admits one call at a time.
+var oneAtATime = []InFlightRule{{Name: "one", Limit: sluice.Concurrent(1, time.Hour), Key: Global()}}

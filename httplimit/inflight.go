@@ -20,19 +20,11 @@ import (
 // problem+json body and a Retry-After that is an estimate (see
 // sluice.SlotDecision.RetryAfter): a slot may free at any instant.
 type InFlightRule struct {
-	// Name identifies the rule in the 429 body and metrics, unique among
-	// the middleware's rules of every kind. Required.
-	Name string
-	// Limit is the most weight in progress per key, and how long a slot
-	// stays held if its process dies before releasing it: size Hold well
-	// above the longest request (see sluice.InFlightLimit). Required.
-	Limit sluice.InFlightLimit
-	// Key says whom the request is counted against. Required.
-	Key KeyFunc
-	// Weight weighs a request in slots, 1 to Limit.Max. Default: 1.
-	Weight func(*http.Request) int64
-	// Match selects the requests the rule applies to. Default: all.
-	Match func(*http.Request) bool
+	Name   string                    // in the 429 body and metrics, unique among all the rules; required
+	Limit  sluice.InFlightLimit      // per key; Hold frees a dead process's slots: size it well above the longest request; required
+	Key    KeyFunc                   // whom the request counts against; required
+	Weight func(*http.Request) int64 // slots per request, 1 to Limit.Max; default 1
+	Match  func(*http.Request) bool  // the requests the rule applies to; default all
 }
 
 // ShedRule sheds load by priority: a capacity of requests in progress at
@@ -70,20 +62,14 @@ type ShedRule struct {
 // with PriorityHeader or PriorityFrom, or write one.
 type PriorityFunc = enforce.PriorityFunc[*http.Request]
 
-// PriorityOptions configures PriorityHeader. A nil *PriorityOptions is
-// valid: the header is never believed and every request is normal.
-type PriorityOptions struct {
-	// TrustedProxies lists the CIDRs (or addresses) of the proxies whose
-	// priority header is believed: it is read only when the request's
-	// direct peer is one of them, so those proxies must set or remove it
-	// on every request they pass on. Default: none.
-	TrustedProxies []string
-	// Default names the priority of every other request, and of a
-	// trusted one whose header is missing or names no priority:
-	// "critical", "normal" or "sheddable". Default: "normal", so that no
-	// client promotes itself, nor is shed before ordinary traffic.
-	Default string
-}
+// PriorityOptions configures PriorityHeader: TrustedProxies, the CIDRs (or
+// addresses) of the proxies whose priority header is believed (read only
+// when the request's direct peer is one of them, so those proxies must set
+// or remove it on every request; default none), and Default, the name of
+// the priority every other request gets (default "normal", so no client
+// promotes itself). A nil *PriorityOptions is valid: the header is never
+// believed and every request is normal.
+type PriorityOptions = enforce.PriorityOptions
 
 // PriorityHeader returns a PriorityFunc reading the named request header
 // ("critical", "normal" or "sheddable") from trusted proxies only, as
@@ -92,16 +78,8 @@ type PriorityOptions struct {
 // should not pay for it. It fails on a bad CIDR, or a Default that names
 // no priority (sluice.ErrInvalidPriority).
 func PriorityHeader(name string, opts *PriorityOptions) (PriorityFunc, error) {
-	var o PriorityOptions
-	if opts != nil {
-		o = *opts
-	}
-	def, err := enforce.DefaultPriority("httplimit", o.Default)
-	if err != nil {
-		return nil, err
-	}
 	name = http.CanonicalHeaderKey(name)
-	return enforce.TrustedPriority("httplimit", o.TrustedProxies, def, remoteAddr, func(r *http.Request) string {
+	return enforce.TrustedPriority("httplimit", opts, remoteAddr, func(r *http.Request) string {
 		if v := r.Header[name]; len(v) > 0 {
 			return v[0]
 		}
@@ -115,11 +93,7 @@ func PriorityHeader(name string, opts *PriorityOptions) (PriorityFunc, error) {
 // or a name that is no priority gives def ("" for "normal"). It fails
 // when def names no priority (sluice.ErrInvalidPriority).
 func PriorityFrom(key KeyFunc, def string) (PriorityFunc, error) {
-	p, err := enforce.DefaultPriority("httplimit", def)
-	if err != nil {
-		return nil, err
-	}
-	return enforce.PriorityFrom(key, p), nil
+	return enforce.PriorityFrom("httplimit", key, def)
 }
 
 // setupSlots prepares the in-flight and shedding rules of o, named apart
@@ -130,22 +104,15 @@ func (m *Middleware) setupSlots(store sluice.Store, rules []Rule, o *Options) er
 		specs = append(specs, enforce.SlotSpec[*http.Request]{Name: r.Name, Limit: r.Limit, Key: r.Key, Weight: r.Weight, Match: r.Match})
 	}
 	for _, r := range o.Shed {
-		s, err := enforce.ShedSpec[*http.Request](r.Name, r.Capacity, r.Workers, r.Reserve)
-		if err != nil {
-			return fmt.Errorf("%w: %w", ErrInvalidConfig, err)
-		}
-		s.Weight, s.Match = r.Weight, r.Match
-		specs = append(specs, s)
+		specs = append(specs, enforce.SlotSpec[*http.Request]{Name: r.Name, Kind: enforce.Shed, Limit: r.Capacity, Workers: r.Workers,
+			Reserve: r.Reserve, Weight: r.Weight, Match: r.Match})
 	}
-	names := make([]string, len(rules))
-	for i, r := range rules {
-		names[i] = r.Name
-	}
-	slots, err := enforce.NewSlotRules(store, specs, o.Prefix, o.HashKey, o.Observer, ErrNoKey, names)
+	var err error
+	m.slots, err = enforce.NewSlotRules(store, specs, o.Prefix, o.HashKey, o.Observer, ErrNoKey, len(rules), func(i int) string { return rules[i].Name })
 	if err != nil {
 		return fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
-	m.slots, m.priority = slots, o.Priority
+	m.priority = o.Priority
 	return nil
 }
 

@@ -85,50 +85,43 @@ func New(opts *Options) *Collector {
 		o.LatencyBuckets = []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, 1}
 	}
 	ns := o.Namespace
+	counter := func(name, help string, labels ...string) *prometheus.CounterVec {
+		return prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: name, Help: help}, labels)
+	}
+	gauge := func(name, help string, labels ...string) *prometheus.GaugeVec {
+		return prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Name: name, Help: help}, labels)
+	}
 	return &Collector{
 		ratio: o.NearLimitRatio,
-		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: ns, Name: "decisions_total",
-			Help: "Rate-limit decisions by policy and outcome (allowed, denied, shadow_denied, error).",
-		}, []string{"policy", "outcome"}),
-		nearLimit: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: ns, Name: "near_limit_total",
-			Help: "Allowed decisions that left little quota (Remaining at most the near-limit share of capacity).",
-		}, []string{"policy"}),
-		storeCalls: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: ns, Name: "store_calls_total",
-			Help: "Calls of a wrapped store by operation and by who answered (backend, deny_cache, fallback, fail_open, fail_closed).",
-		}, []string{"store", "op", "source"}),
-		storeErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: ns, Name: "store_errors_total",
-			Help: "Backend failures of a wrapped store, timeouts included.",
-		}, []string{"store", "op"}),
+		decisions: counter("decisions_total",
+			"Rate-limit decisions by policy and outcome (allowed, denied, shadow_denied, error).", "policy", "outcome"),
+		nearLimit: counter("near_limit_total",
+			"Allowed decisions that left little quota (Remaining at most the near-limit share of capacity).", "policy"),
+		storeCalls: counter("store_calls_total",
+			"Calls of a wrapped store by operation and by who answered (backend, deny_cache, fallback, fail_open, fail_closed).", "store", "op", "source"),
+		storeErrors: counter("store_errors_total",
+			"Backend failures of a wrapped store, timeouts included.", "store", "op"),
 		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: ns, Name: "store_latency_seconds",
 			Help:    "Latency of backend calls of a wrapped store.",
 			Buckets: o.LatencyBuckets,
 		}, []string{"store", "op"}),
-		breaker: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Namespace: ns, Name: "breaker_state",
-			Help: "Circuit breaker state of a wrapped store: 1 for the current state (closed, half_open, open), 0 for the others.",
-		}, []string{"store", "state"}),
-		acquires: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: ns, Name: "slot_acquires_total",
-			Help: "In-flight slot acquires by policy and outcome (allowed, denied, error).",
-		}, []string{"policy", "outcome"}),
-		slotDenials: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: ns, Name: "slot_denials_total",
-			Help: "In-flight slot refusals by policy and the request's priority (critical, normal, sheddable).",
-		}, []string{"policy", "priority"}),
-		held: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Namespace: ns, Name: "slots_held",
-			Help: "In-flight weight this process holds now, by policy; summed over the fleet, the weight in use.",
-		}, []string{"policy"}),
-		releaseErrs: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: ns, Name: "slot_release_errors_total",
-			Help: "In-flight slot releases that failed; the store frees those slots at their hold timeout.",
-		}, []string{"policy"}),
+		breaker: gauge("breaker_state",
+			"Circuit breaker state of a wrapped store: 1 for the current state (closed, half_open, open), 0 for the others.", "store", "state"),
+		acquires: counter("slot_acquires_total",
+			"In-flight slot acquires by policy and outcome (allowed, denied, error).", "policy", "outcome"),
+		slotDenials: counter("slot_denials_total",
+			"In-flight slot refusals by policy and the request's priority (critical, normal, sheddable).", "policy", "priority"),
+		held: gauge("slots_held",
+			"In-flight weight this process holds now, by policy; summed over the fleet, the weight in use.", "policy"),
+		releaseErrs: counter("slot_release_errors_total",
+			"In-flight slot releases that failed; the store frees those slots at their hold timeout.", "policy"),
 	}
+}
+
+// vecs returns every metric vector of c, for Describe and Collect.
+func (c *Collector) vecs() []prometheus.Collector {
+	return []prometheus.Collector{c.decisions, c.nearLimit, c.storeCalls, c.storeErrors, c.latency, c.breaker, c.acquires, c.slotDenials, c.held, c.releaseErrs}
 }
 
 // ObserveDecision implements sluice.Observer.
@@ -211,16 +204,9 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	if c.decisions == nil {
 		return // a zero Collector
 	}
-	c.decisions.Describe(ch)
-	c.nearLimit.Describe(ch)
-	c.storeCalls.Describe(ch)
-	c.storeErrors.Describe(ch)
-	c.latency.Describe(ch)
-	c.breaker.Describe(ch)
-	c.acquires.Describe(ch)
-	c.slotDenials.Describe(ch)
-	c.held.Describe(ch)
-	c.releaseErrs.Describe(ch)
+	for _, v := range c.vecs() {
+		v.Describe(ch)
+	}
 }
 
 // Collect implements prometheus.Collector.
@@ -228,14 +214,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	if c.decisions == nil {
 		return // a zero Collector
 	}
-	c.decisions.Collect(ch)
-	c.nearLimit.Collect(ch)
-	c.storeCalls.Collect(ch)
-	c.storeErrors.Collect(ch)
-	c.latency.Collect(ch)
-	c.breaker.Collect(ch)
-	c.acquires.Collect(ch)
-	c.slotDenials.Collect(ch)
-	c.held.Collect(ch)
-	c.releaseErrs.Collect(ch)
+	for _, v := range c.vecs() {
+		v.Collect(ch)
+	}
 }

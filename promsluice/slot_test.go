@@ -6,11 +6,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/httplimit"
-	"github.com/sluicehq/sluice/memory"
 	"github.com/sluicehq/sluice/promsluice"
 )
 
@@ -18,13 +15,7 @@ import (
 // and the weight held, which returns to zero once the requests end.
 func TestCollectorSlots(t *testing.T) {
 	t.Parallel()
-	c := promsluice.New(nil)
-	reg := prometheus.NewPedanticRegistry()
-	if err := reg.Register(c); err != nil {
-		t.Fatal(err)
-	}
-	store := memory.New(nil)
-	t.Cleanup(func() { store.Close() })
+	c, reg, store := newCollector(t)
 	prio, err := httplimit.PriorityFrom(httplimit.Header("X-Tier"), "")
 	if err != nil {
 		t.Fatal(err)

@@ -54,6 +54,9 @@ type SlotSpec[R any] struct {
 	// Limit is a PerKey rule's bound per key, a Shed rule's fleet
 	// capacity, a Worker rule's process capacity (Max; Hold unused).
 	Limit sluice.InFlightLimit
+	// Workers, set on a Shed rule with no Limit, makes it a Worker rule
+	// of capacity Workers: how front ends offer both kinds as one.
+	Workers int64
 	// Reserve holds shares of a Shed or Worker rule's capacity back for
 	// the more important priorities. Must be zero for PerKey rules.
 	Reserve sluice.Reserve
@@ -87,21 +90,28 @@ type SlotRules[R any] struct {
 // wrap ErrInvalidRule (and sluice.ErrInvalidPriority for a bad Reserve);
 // callers wrap them with their own ErrInvalidConfig. noKey is the front
 // end's ErrNoKey: a Key returning it means the rule does not apply.
-func NewSlotRules[R any](store sluice.Store, specs []SlotSpec[R], prefix string, hashKey []byte, observer sluice.Observer, noKey error, taken []string) (*SlotRules[R], error) {
+// taken(i) is the name of rate rule i of n.
+func NewSlotRules[R any](store sluice.Store, specs []SlotSpec[R], prefix string, hashKey []byte, observer sluice.Observer, noKey error, n int, taken func(i int) string) (*SlotRules[R], error) {
 	if len(specs) == 0 {
 		return nil, nil
 	}
 	rs := &SlotRules[R]{specs: append([]SlotSpec[R](nil), specs...), noKey: noKey}
 	rs.observer, _ = observer.(sluice.SlotObserver)
-	seen := make(map[string]bool, len(specs)+len(taken))
-	for _, n := range taken {
-		seen[n] = true
+	seen := make(map[string]bool, len(specs)+n)
+	for i := range n {
+		seen[taken(i)] = true
 	}
 	keyer := NewKeyer(prefix, hashKey)
 	rs.keyer = keyer
 	needStore := false
 	for i := range rs.specs {
 		s := &rs.specs[i]
+		if s.Kind == Shed && s.Workers != 0 {
+			if s.Limit != (sluice.InFlightLimit{}) {
+				return nil, fmt.Errorf("%w: %q: set a capacity or workers, not both", ErrInvalidRule, s.Name)
+			}
+			s.Kind, s.Limit = Worker, sluice.InFlightLimit{Max: s.Workers}
+		}
 		if err := s.validate(); err != nil {
 			return nil, fmt.Errorf("in-flight rule %d: %w", i, err)
 		}
@@ -360,17 +370,4 @@ func (v SlotVerdict) Message() string {
 		what = "overloaded: %q sheds this request"
 	}
 	return fmt.Sprintf(what+"; retry in %ds (an estimate)", v.Policy, v.RetrySeconds())
-}
-
-// ShedSpec is a front end's shedding rule as a spec: fleet-wide (Shed)
-// with a capacity, local (Worker) with a count of workers; one of the two.
-func ShedSpec[R any](name string, capacity sluice.InFlightLimit, workers int64, reserve sluice.Reserve) (SlotSpec[R], error) {
-	s := SlotSpec[R]{Name: name, Kind: Shed, Limit: capacity, Reserve: reserve}
-	switch {
-	case workers != 0 && capacity != (sluice.InFlightLimit{}):
-		return s, fmt.Errorf("%w: %q: set Capacity or Workers, not both", ErrInvalidRule, name)
-	case workers != 0:
-		s.Kind, s.Limit = Worker, sluice.InFlightLimit{Max: workers}
-	}
-	return s, nil
 }

@@ -3,6 +3,7 @@ package enforce
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -15,7 +16,7 @@ func slotRules(t *testing.T, specs ...SlotSpec[string]) *SlotRules[string] {
 	t.Helper()
 	store := memory.New(nil)
 	t.Cleanup(func() { store.Close() })
-	rs, err := NewSlotRules(store, specs, "p:", nil, nil, errNoKey, nil)
+	rs, err := NewSlotRules(store, specs, "p:", nil, nil, errNoKey, 0, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -37,47 +38,51 @@ func TestSlotThresholds(t *testing.T) {
 	t.Parallel()
 	reserve := sluice.Reserve{Critical: 0.2, Normal: 0.3}
 	for _, kind := range []SlotKind{Shed, Worker} {
-		rs := slotRules(t, SlotSpec[string]{Name: "cap", Kind: kind, Limit: sluice.Concurrent(10, time.Minute), Reserve: reserve})
-		var held []*Held
-		steps := []struct {
-			p     sluice.Priority
-			n     int // acquires
-			admit int // of which admitted
-		}{
-			{sluice.PrioritySheddable, 6, 5},
-			{sluice.PriorityNormal, 4, 3},
-			{sluice.PrioritySheddable, 1, 0},
-			{sluice.PriorityCritical, 3, 2},
-			{sluice.PriorityCritical, 1, 0},
-		}
-		for i, st := range steps {
-			admitted := 0
-			for range st.n {
-				h, v, err := rs.Acquire(context.Background(), "", st.p)
-				if err != nil {
-					t.Fatal(err)
-				}
-				if v.Allowed {
-					admitted++
-					held = append(held, h)
-				} else if !v.Shed || v.Policy != "cap" || v.Decision.RetryAfter <= 0 {
-					t.Errorf("kind %d step %d: refusal %+v", kind, i, v)
-				}
-			}
-			if admitted != st.admit {
-				t.Errorf("kind %d step %d: %v admitted %d of %d, want %d", kind, i, st.p, admitted, st.n, st.admit)
-			}
-		}
-		for _, h := range held {
-			h.Release()
-			h.Release() // idempotent: frees nothing more
-		}
-		h, v, err := rs.Acquire(context.Background(), "", sluice.PrioritySheddable)
-		if err != nil || !v.Allowed {
-			t.Errorf("kind %d: after every release: %+v %v", kind, v, err)
-		}
-		h.Release()
+		t.Run(fmt.Sprintf("kind %d", kind), func(t *testing.T) { testThresholds(t, kind, reserve) })
 	}
+}
+
+func testThresholds(t *testing.T, kind SlotKind, reserve sluice.Reserve) {
+	rs := slotRules(t, SlotSpec[string]{Name: "cap", Kind: kind, Limit: sluice.Concurrent(10, time.Minute), Reserve: reserve})
+	var held []*Held
+	steps := []struct {
+		p     sluice.Priority
+		n     int // acquires
+		admit int // of which admitted
+	}{
+		{sluice.PrioritySheddable, 6, 5},
+		{sluice.PriorityNormal, 4, 3},
+		{sluice.PrioritySheddable, 1, 0},
+		{sluice.PriorityCritical, 3, 2},
+		{sluice.PriorityCritical, 1, 0},
+	}
+	for i, st := range steps {
+		admitted := 0
+		for range st.n {
+			h, v, err := rs.Acquire(context.Background(), "", st.p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if v.Allowed {
+				admitted++
+				held = append(held, h)
+			} else if !v.Shed || v.Policy != "cap" || v.Decision.RetryAfter <= 0 {
+				t.Errorf("step %d: refusal %+v", i, v)
+			}
+		}
+		if admitted != st.admit {
+			t.Errorf("step %d: %v admitted %d of %d, want %d", i, st.p, admitted, st.n, st.admit)
+		}
+	}
+	for _, h := range held {
+		h.Release()
+		h.Release() // idempotent: frees nothing more
+	}
+	h, v, err := rs.Acquire(context.Background(), "", sluice.PrioritySheddable)
+	if err != nil || !v.Allowed {
+		t.Errorf("after every release: %+v %v", v, err)
+	}
+	h.Release()
 }
 
 // All or none: a rule refusing releases the slots of the rules before it.
@@ -145,17 +150,17 @@ func TestNewSlotRulesErrors(t *testing.T) {
 		"worker max":     {Name: "a", Kind: Worker},
 		"shed hold zero": {Name: "a", Kind: Shed, Limit: sluice.InFlightLimit{Max: 4}},
 	} {
-		if _, err := NewSlotRules(store, []SlotSpec[string]{spec}, "", nil, nil, errNoKey, nil); !errors.Is(err, ErrInvalidRule) {
+		if _, err := NewSlotRules(store, []SlotSpec[string]{spec}, "", nil, nil, errNoKey, 0, nil); !errors.Is(err, ErrInvalidRule) {
 			t.Errorf("%s: %v", name, err)
 		}
 	}
-	if _, err := NewSlotRules(store, []SlotSpec[string]{{Name: "a", Kind: Worker, Limit: lim}}, "", nil, nil, errNoKey, []string{"a"}); err == nil {
+	if _, err := NewSlotRules(store, []SlotSpec[string]{{Name: "a", Kind: Worker, Limit: lim}}, "", nil, nil, errNoKey, 1, func(int) string { return "a" }); err == nil {
 		t.Error("a taken name was accepted")
 	}
-	if rs, err := NewSlotRules[string](store, nil, "", nil, nil, errNoKey, nil); rs != nil || err != nil || rs.Len() != 0 {
+	if rs, err := NewSlotRules[string](store, nil, "", nil, nil, errNoKey, 0, nil); rs != nil || err != nil || rs.Len() != 0 {
 		t.Errorf("no specs: %v %v", rs, err)
 	}
-	if _, err := ShedSpec[string]("s", lim, 3, sluice.Reserve{}); !errors.Is(err, ErrInvalidRule) {
+	if _, err := NewSlotRules(store, []SlotSpec[string]{{Name: "s", Kind: Shed, Limit: lim, Workers: 3}}, "", nil, nil, errNoKey, 0, nil); !errors.Is(err, ErrInvalidRule) {
 		t.Errorf("capacity and workers: %v", err)
 	}
 	// A nil SlotRules holds nothing and admits everything.

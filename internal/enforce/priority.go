@@ -11,11 +11,25 @@ import (
 // Worker rules.
 type PriorityFunc[R any] func(R) sluice.Priority
 
-// DefaultPriority reads the name of the priority given to requests that
-// carry none that can be believed: "" means "normal", so that no client
-// promotes itself to critical by leaving the priority out, and none is
-// demoted below what an ordinary request gets.
-func DefaultPriority(pkg, name string) (sluice.Priority, error) {
+// PriorityOptions configures a priority that clients could forge, read
+// from a header or metadata. A nil *PriorityOptions is valid: the value is
+// never believed and every request is normal.
+type PriorityOptions struct {
+	// TrustedProxies lists the CIDRs (or addresses) of the proxies whose
+	// value is believed: it is read only when the request's direct peer
+	// is one of them, so those proxies must set or remove it on every
+	// request they pass on. Default: none.
+	TrustedProxies []string
+	// Default names the priority of every other request, and of a
+	// trusted one whose value is missing or names no priority:
+	// "critical", "normal" or "sheddable". Default: "normal", so that no
+	// client promotes itself, nor is shed before ordinary traffic.
+	Default string
+}
+
+// defaultPriority reads the name of the priority given to requests that
+// carry none that can be believed: "" means "normal".
+func defaultPriority(pkg, name string) (sluice.Priority, error) {
 	if name == "" {
 		return sluice.PriorityNormal, nil
 	}
@@ -29,28 +43,46 @@ func DefaultPriority(pkg, name string) (sluice.Priority, error) {
 // PriorityFrom returns a PriorityFunc reading a priority's name with key
 // (written by the server's own code, say an authentication middleware
 // putting the account's tier in the context). A key error, its no-key
-// error included, or a name ParsePriority does not know gives def.
-func PriorityFrom[R any](key KeyFunc[R], def sluice.Priority) PriorityFunc[R] {
+// error included, or a name ParsePriority does not know gives the
+// priority def names ("" for normal). It fails when def names none.
+func PriorityFrom[R any](pkg string, key KeyFunc[R], def string) (PriorityFunc[R], error) {
+	if key == nil {
+		return nil, fmt.Errorf("%s: PriorityFrom was given a nil KeyFunc", pkg)
+	}
+	d, err := defaultPriority(pkg, def)
+	if err != nil {
+		return nil, err
+	}
 	return func(r R) sluice.Priority {
 		name, err := key(r)
 		if err != nil {
-			return def
+			return d
 		}
 		p, err := sluice.ParsePriority(name)
 		if err != nil {
-			return def
+			return d
 		}
 		return p
-	}
+	}, nil
 }
 
 // TrustedPriority returns a PriorityFunc for a priority that clients could
 // forge, such as a header: value is read only when the direct peer (peer
 // returns its "host:port") is one of the trusted proxies, as a forwarding
 // header is for the client IP; every other request, and a trusted one
-// whose value is missing or unknown, gets def. It fails on a bad CIDR.
-func TrustedPriority[R any](pkg string, trusted []string, def sluice.Priority, peer func(R) (string, bool), value func(R) string) (PriorityFunc[R], error) {
-	res, err := ipkey.New(trusted, "", 0, 0)
+// whose value is missing or unknown, gets the default (see
+// PriorityOptions). It fails on a bad CIDR or a Default naming no
+// priority.
+func TrustedPriority[R any](pkg string, opts *PriorityOptions, peer func(R) (string, bool), value func(R) string) (PriorityFunc[R], error) {
+	var o PriorityOptions
+	if opts != nil {
+		o = *opts
+	}
+	def, err := defaultPriority(pkg, o.Default)
+	if err != nil {
+		return nil, err
+	}
+	res, err := ipkey.New(o.TrustedProxies, "", 0, 0)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", pkg, err)
 	}
