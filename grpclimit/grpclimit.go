@@ -8,6 +8,11 @@
 // "ratelimit", "ratelimit-policy", ...). Allowed calls carry "ratelimit"
 // and "ratelimit-policy" (see Options.AllowedHeaders). Stream calls are
 // checked once, when the stream opens.
+//
+// In-flight and shedding rules (Options.InFlight, Options.Shed) work as in
+// httplimit: a call, unary or stream, holds its slots until its handler
+// returns; refusals are codes.ResourceExhausted (per key) or
+// codes.Unavailable (shed), each with an errdetails.RetryInfo.
 package grpclimit
 
 import (
