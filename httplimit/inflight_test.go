@@ -604,3 +604,27 @@ func runShedding(t *testing.T, servers int, run time.Duration, newStore func(slu
 		t.Errorf("the load never reached the shedding regime (most in use %d, sheddable refused %d): the test proved nothing", s.max[2], s.refused[2])
 	}
 }
+
+// What holding slots costs a request served in process: a worker rule (a
+// counter, no store) and a per-key rule on the memory store.
+func BenchmarkInFlight(b *testing.B) {
+	store := memory.New(nil)
+	defer store.Close()
+	for name, opts := range map[string]*Options{
+		"worker":  {Shed: []ShedRule{{Name: "w", Workers: sluice.MaxInFlight}}},
+		"per-key": {InFlight: []InFlightRule{{Name: "k", Limit: sluice.Concurrent(sluice.MaxInFlight, time.Minute), Key: Global()}}},
+	} {
+		b.Run(name, func(b *testing.B) {
+			m, err := New(store, nil, opts)
+			if err != nil {
+				b.Fatal(err)
+			}
+			h := m.Handler(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+			w, r := httptest.NewRecorder(), httptest.NewRequest("GET", "/", nil)
+			b.ReportAllocs()
+			for b.Loop() {
+				h.ServeHTTP(w, r)
+			}
+		})
+	}
+}
