@@ -10,7 +10,8 @@ import "time"
 // Methods are called on the request path, from many goroutines at once:
 // implementations must be safe for concurrent use, fast, and must not
 // block. A nil Observer is valid wherever one is accepted and observes
-// nothing.
+// nothing. One that also implements SlotObserver receives the
+// middleware's in-flight events too.
 type Observer interface {
 	// ObserveDecision is called once per policy per request.
 	ObserveDecision(DecisionEvent)
