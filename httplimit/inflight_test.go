@@ -449,7 +449,7 @@ func TestShedding(t *testing.T) {
 	t.Parallel()
 	store := memory.New(nil)
 	t.Cleanup(func() { store.Close() })
-	runShedding(t, 3, 3*time.Second, func(sluice.Store) sluice.Store { return store }, []ShedRule{{Name: "fleet", Capacity: sluice.Concurrent(shedCapacity, time.Minute), Reserve: shedReserve}})
+	runShedding(t, 3, 3*time.Second, func() sluice.Store { return store }, []ShedRule{{Name: "fleet", Capacity: sluice.Concurrent(shedCapacity, time.Minute), Reserve: shedReserve}})
 }
 
 // Worker utilisation shedding: the same thresholds over one process's own
@@ -458,7 +458,7 @@ func TestWorkerShedding(t *testing.T) {
 	t.Parallel()
 	store := memory.New(nil)
 	t.Cleanup(func() { store.Close() })
-	runShedding(t, 1, time.Second, func(sluice.Store) sluice.Store { return store }, []ShedRule{{Name: "workers", Workers: shedCapacity, Reserve: shedReserve}})
+	runShedding(t, 1, 3*time.Second, func() sluice.Store { return store }, []ShedRule{{Name: "workers", Workers: shedCapacity, Reserve: shedReserve}})
 }
 
 // On real Redis, three middlewares (a fleet's processes, each with its
@@ -467,7 +467,7 @@ func TestFleetSheddingRedis(t *testing.T) {
 	race.SkipTiming(t) // 900 clients: a load test, run without the detector
 	t.Parallel()
 	prefix := redistest.Prefix(t)
-	runShedding(t, 3, 2*time.Second, func(sluice.Store) sluice.Store {
+	runShedding(t, 3, 2*time.Second, func() sluice.Store {
 		return redisstore.New(redistest.Client(t), &redisstore.Options{Prefix: prefix})
 	}, []ShedRule{{Name: "fleet", Capacity: sluice.Concurrent(shedCapacity, time.Minute), Reserve: shedReserve}})
 }
@@ -520,6 +520,19 @@ func (s *shedRun) ObserveSlot(e sluice.SlotEvent) {
 	}
 }
 
+// more reports whether the clients go on: until the deadline, and past it
+// (by at most 10s) until shedding has engaged, which a slow machine (or the
+// race detector) may delay.
+func (s *shedRun) more(deadline time.Time) bool {
+	now := time.Now()
+	if now.Before(deadline) {
+		return true
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.refused[2] == 0 && now.Before(deadline.Add(10*time.Second))
+}
+
 // count records a client's answer, or its failure.
 func (s *shedRun) count(p int, status int, err error) {
 	s.mu.Lock()
@@ -540,7 +553,7 @@ func (s *shedRun) count(p int, status int, err error) {
 // returns) and offers each priority 3× the capacity for run: 300 clients
 // per priority, spread over the servers, each sending its next request
 // when the last ends (or a hold after a refusal).
-func runShedding(t *testing.T, servers int, run time.Duration, newStore func(sluice.Store) sluice.Store, shed []ShedRule) {
+func runShedding(t *testing.T, servers int, run time.Duration, newStore func() sluice.Store, shed []ShedRule) {
 	s := &shedRun{}
 	s.critMin = 1 << 62
 	prio, err := PriorityHeader("X-Priority", &PriorityOptions{TrustedProxies: []string{"127.0.0.1"}})
@@ -549,7 +562,7 @@ func runShedding(t *testing.T, servers int, run time.Duration, newStore func(slu
 	}
 	urls := make([]string, servers)
 	for i := range urls {
-		m, err := New(newStore(nil), nil, &Options{Shed: shed, Priority: prio, Observer: s})
+		m, err := New(newStore(), nil, &Options{Shed: shed, Priority: prio, Observer: s})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -567,7 +580,7 @@ func runShedding(t *testing.T, servers int, run time.Duration, newStore func(slu
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				for time.Now().Before(deadline) {
+				for s.more(deadline) {
 					req, _ := http.NewRequest("GET", urls[int(c)%servers], nil)
 					req.Header.Set("X-Priority", name)
 					resp, err := client.Do(req)
@@ -600,8 +613,11 @@ func runShedding(t *testing.T, servers int, run time.Duration, newStore func(slu
 	}
 	t.Logf("most in handlers: sheddable %d, sheddable+normal %d, all %d; served/refused critical %d/%d, normal %d/%d, sheddable %d/%d; critical refusals at in-use ≥ %d",
 		s.max[0], s.max[1], s.max[2], s.served[0], s.refused[0], s.served[1], s.refused[1], s.served[2], s.refused[2], s.critMin)
-	if s.max[2] < 50 || s.refused[2] == 0 {
-		t.Errorf("the load never reached the shedding regime (most in use %d, sheddable refused %d): the test proved nothing", s.max[2], s.refused[2])
+	// Handlers see fewer than the store holds (a slot is taken before the
+	// handler and given back after it), so whether shedding engaged is
+	// the store's word: sheddable requests were refused.
+	if s.refused[2] == 0 {
+		t.Error("no sheddable request was refused: the load never reached the shedding regime, the test proved nothing")
 	}
 }
 
