@@ -10,7 +10,8 @@ import "time"
 // Methods are called on the request path, from many goroutines at once:
 // implementations must be safe for concurrent use, fast, and must not
 // block. A nil Observer is valid wherever one is accepted and observes
-// nothing.
+// nothing. One that also implements SlotObserver receives the
+// middleware's in-flight events too.
 type Observer interface {
 	// ObserveDecision is called once per policy per request.
 	ObserveDecision(DecisionEvent)
@@ -41,9 +42,13 @@ var outcomeNames = [...]string{"allowed", "denied", "shadow_denied", "error"}
 
 // String returns the outcome's metric label: "allowed", "denied",
 // "shadow_denied" or "error".
-func (o Outcome) String() string {
-	if int(o) < len(outcomeNames) {
-		return outcomeNames[o]
+func (o Outcome) String() string { return label(outcomeNames[:], int(o)) }
+
+// label returns names[i], the metric label of value i of an enum, or
+// "unknown" for a value it does not know.
+func label(names []string, i int) string {
+	if i < len(names) {
+		return names[i]
 	}
 	return "unknown"
 }
@@ -85,12 +90,7 @@ const (
 var sourceNames = [...]string{"backend", "deny_cache", "fallback", "fail_open", "fail_closed", "lease"}
 
 // String returns the source's metric label, such as "deny_cache".
-func (s Source) String() string {
-	if int(s) < len(sourceNames) {
-		return sourceNames[s]
-	}
-	return "unknown"
-}
+func (s Source) String() string { return label(sourceNames[:], int(s)) }
 
 // StoreEvent reports one call of a wrapped store.
 type StoreEvent struct {
@@ -125,12 +125,7 @@ const (
 var breakerNames = [...]string{"closed", "half_open", "open"}
 
 // String returns "closed", "half_open" or "open".
-func (s BreakerState) String() string {
-	if int(s) < len(breakerNames) {
-		return breakerNames[s]
-	}
-	return "unknown"
-}
+func (s BreakerState) String() string { return label(breakerNames[:], int(s)) }
 
 // BreakerEvent reports a circuit breaker's change of state.
 type BreakerEvent struct {

@@ -8,6 +8,11 @@
 // "ratelimit", "ratelimit-policy", ...). Allowed calls carry "ratelimit"
 // and "ratelimit-policy" (see Options.AllowedHeaders). Stream calls are
 // checked once, when the stream opens.
+//
+// In-flight and shedding rules (Options.InFlight, Options.Shed) work as in
+// httplimit: a call, unary or stream, holds its slots until its handler
+// returns; refusals are codes.ResourceExhausted (per key) or
+// codes.Unavailable (shed), each with an errdetails.RetryInfo.
 package grpclimit
 
 import (
@@ -24,6 +29,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/protoadapt"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/sluicehq/sluice"
@@ -105,16 +111,31 @@ type Options struct {
 	Observer sluice.Observer
 	// Clock anchors x-ratelimit-reset. Default: time.Now.
 	Clock func() time.Time
+	// InFlight bounds calls in progress per key (see InFlightRule). They
+	// need a store implementing sluice.Slots. Default: none.
+	InFlight []InFlightRule
+	// Shed sheds load by priority (see ShedRule). Default: none.
+	Shed []ShedRule
+	// Priority says how important a call is, for Shed rules. Default: nil,
+	// every call critical (a ShedRule is then a plain capacity).
+	Priority PriorityFunc
 }
 
 // Interceptor enforces Rules on gRPC calls. Build one with New and install
 // Unary and Stream on a grpc.Server. It is safe for concurrent use. The
 // zero value has no rules: it passes every call through.
+//
+// In-flight and shedding rules (Options.InFlight, Options.Shed) are
+// checked first: a call acquires their slots before its rate rules take
+// any units, and a rate denial releases them; a call holds its slots
+// until its handler returns (or panics).
 type Interceptor struct {
-	rules   *enforce.Rules[call]
-	exempt  func(context.Context, string) bool
-	allowed HeaderSet
-	clock   func() time.Time
+	rules    *enforce.Rules[call]
+	slots    *enforce.SlotRules[call]
+	priority PriorityFunc
+	exempt   func(context.Context, string) bool
+	allowed  HeaderSet
+	clock    func() time.Time
 }
 
 // New returns an Interceptor enforcing rules on store. Layered limits need
@@ -134,18 +155,15 @@ func New(store sluice.Store, rules []Rule, opts *Options) (*Interceptor, error) 
 	for i, r := range rules {
 		specs[i] = enforce.Spec[call]{
 			Rule: enforce.Rule{Name: r.Name, Limit: r.Limit, Strategy: r.Strategy, MaxDelay: r.MaxDelay, MaxWaiting: r.MaxWaiting, Penalty: r.Penalty},
-			Key:  r.Key.keyFunc(),
-		}
-		if cost := r.Cost; cost != nil {
-			specs[i].Cost = func(c call) int64 { return cost(c.ctx, c.method) }
-		}
-		if match := r.Match; match != nil {
-			specs[i].Match = func(c call) bool { return match(c.ctx, c.method) }
+			Key:  r.Key.keyFunc(), Cost: weighed(r.Cost), Match: matched(r.Match),
 		}
 	}
-	rs, err := enforce.NewRules(store, specs, o.Prefix, o.HashKey, o.Observer, ErrNoKey)
-	if err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	var rs *enforce.Rules[call]
+	if len(rules) > 0 || len(o.InFlight)+len(o.Shed) == 0 {
+		var err error
+		if rs, err = enforce.NewRules(store, specs, o.Prefix, o.HashKey, o.Observer, ErrNoKey); err != nil {
+			return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+		}
 	}
 	in := &Interceptor{
 		rules:   rs,
@@ -156,36 +174,41 @@ func New(store sluice.Store, rules []Rule, opts *Options) (*Interceptor, error) 
 	if in.clock == nil {
 		in.clock = time.Now
 	}
+	if err := in.setupSlots(store, rules, &o); err != nil {
+		return nil, err
+	}
 	return in, nil
 }
 
-// Unary returns the unary server interceptor.
-func (in *Interceptor) Unary() grpc.UnaryServerInterceptor {
-	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-		md, err := in.check(ctx, info.FullMethod)
-		if md != nil {
-			grpc.SetHeader(ctx, md) // best effort: fails only if headers were already sent
-		}
-		if err != nil {
-			return nil, err
-		}
-		return handler(ctx, req)
+// Unary returns the unary server interceptor. A call acquires its
+// in-flight slots first, then takes its rate units.
+func (in *Interceptor) Unary() grpc.UnaryServerInterceptor { return in.unaryHolding }
+
+func (in *Interceptor) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	md, err := in.check(ctx, info.FullMethod)
+	if md != nil {
+		grpc.SetHeader(ctx, md) // best effort: fails only if headers were already sent
 	}
+	if err != nil {
+		return nil, err
+	}
+	return handler(ctx, req)
 }
 
 // Stream returns the stream server interceptor. A stream is checked once,
-// when it opens, at the rule's cost.
-func (in *Interceptor) Stream() grpc.StreamServerInterceptor {
-	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
-		md, err := in.check(ss.Context(), info.FullMethod)
-		if md != nil {
-			ss.SetHeader(md)
-		}
-		if err != nil {
-			return err
-		}
-		return handler(srv, ss)
+// when it opens, at the rule's cost; it holds its in-flight slots until
+// its handler returns.
+func (in *Interceptor) Stream() grpc.StreamServerInterceptor { return in.streamHolding }
+
+func (in *Interceptor) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+	md, err := in.check(ss.Context(), info.FullMethod)
+	if md != nil {
+		ss.SetHeader(md)
 	}
+	if err != nil {
+		return err
+	}
+	return handler(srv, ss)
 }
 
 // check decides a call: a nil error admits it. md is the rate-limit
@@ -230,15 +253,23 @@ func headers(set HeaderSet, policy string, d sluice.Decision, now time.Time) met
 // denial is the ResourceExhausted status for a denied call.
 func denial(policy string, d sluice.Decision) error {
 	secs := max((d.RetryAfter+time.Second-1)/time.Second, 1)
-	st := status.New(codes.ResourceExhausted, "grpclimit: rate limit "+strconv.Quote(policy)+" exceeded; retry in "+strconv.FormatInt(int64(secs), 10)+"s")
-	withDetails, err := st.WithDetails(
-		&errdetails.RetryInfo{RetryDelay: durationpb.New(d.RetryAfter)},
-		&errdetails.QuotaFailure{Violations: []*errdetails.QuotaFailure_Violation{{
+	msg := "grpclimit: rate limit " + strconv.Quote(policy) + " exceeded; retry in " + strconv.FormatInt(int64(secs), 10) + "s"
+	return refusal(codes.ResourceExhausted, msg, d.RetryAfter, policy, "rate limit "+d.Limit.String()+" exceeded")
+}
+
+// refusal is a status of code with a RetryInfo and, when violation is
+// set, a QuotaFailure naming the policy.
+func refusal(code codes.Code, msg string, retry time.Duration, policy, violation string) error {
+	st := status.New(code, msg)
+	details := []protoadapt.MessageV1{&errdetails.RetryInfo{RetryDelay: durationpb.New(retry)}}
+	if violation != "" {
+		details = append(details, &errdetails.QuotaFailure{Violations: []*errdetails.QuotaFailure_Violation{{
 			Subject:     policy,
-			Description: "rate limit " + d.Limit.String() + " exceeded",
-		}}},
-	)
-	if err != nil { // cannot happen: both details are well-formed messages
+			Description: violation,
+		}}})
+	}
+	withDetails, err := st.WithDetails(details...)
+	if err != nil { // cannot happen: the details are well-formed messages
 		return st.Err()
 	}
 	return withDetails.Err()

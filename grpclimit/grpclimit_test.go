@@ -33,6 +33,12 @@ var t0 = time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
 // interceptors on a loopback listener and returns a client.
 func serve(t *testing.T, store sluice.Store, rules []Rule, opts *Options) healthpb.HealthClient {
 	t.Helper()
+	return serveHealth(t, store, rules, opts, health.NewServer())
+}
+
+// serveHealth is serve with svc as the health service.
+func serveHealth(t *testing.T, store sluice.Store, rules []Rule, opts *Options, svc healthpb.HealthServer) healthpb.HealthClient {
+	t.Helper()
 	in, err := New(store, rules, opts)
 	if err != nil {
 		t.Fatal(err)
@@ -42,7 +48,7 @@ func serve(t *testing.T, store sluice.Store, rules []Rule, opts *Options) health
 		t.Fatal(err)
 	}
 	srv := grpc.NewServer(grpc.UnaryInterceptor(in.Unary()), grpc.StreamInterceptor(in.Stream()))
-	healthpb.RegisterHealthServer(srv, health.NewServer())
+	healthpb.RegisterHealthServer(srv, svc)
 	go srv.Serve(lis)
 	t.Cleanup(srv.Stop)
 	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))

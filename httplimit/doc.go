@@ -13,6 +13,13 @@
 // responses carry the two IETF fields, which say the same in two fields
 // instead of five; Options.AllowedHeaders chooses all five, or none.
 //
+// In-flight rules (Options.InFlight) bound the requests of one key in
+// progress at once, and shedding rules (Options.Shed) keep a capacity,
+// fleet-wide or this process's, with shares reserved for critical and
+// normal requests (Options.Priority says which a request is). A request
+// acquires their slots before its rate rules take units and holds them
+// until its handler returns; refusals are 429 (per key) or 503 (shed).
+//
 // Transport is the outbound side: an http.RoundTripper that waits for quota
 // before calling a rate-limited third-party API.
 //

@@ -131,6 +131,17 @@ type Options struct {
 
 	// Clock anchors X-RateLimit-Reset. Default: time.Now.
 	Clock func() time.Time
+
+	// InFlight bounds requests in progress per key (see InFlightRule).
+	// They need a store implementing sluice.Slots. Default: none.
+	InFlight []InFlightRule
+
+	// Shed sheds load by priority (see ShedRule). Default: none.
+	Shed []ShedRule
+
+	// Priority says how important a request is, for Shed rules. Default:
+	// nil, every request critical (a ShedRule is then a plain capacity).
+	Priority PriorityFunc
 }
 
 // Middleware enforces Rules on HTTP requests. Build one with New and wrap
@@ -143,16 +154,24 @@ type Options struct {
 // take their units only from admitted requests. Headers describe the violated rule with the longest
 // wait, or, when allowed, the rule closest to exhaustion.
 //
+// In-flight and shedding rules (Options.InFlight, Options.Shed) are
+// checked first: a request acquires their slots, in order, before its rate
+// rules take any units, and a rate denial releases them. A request holds
+// its slots until its handler returns (or panics, or, having hijacked the
+// connection, closes it).
+//
 // The zero value has no rules: its Handler passes every request through.
 type Middleware struct {
-	rules   *enforce.Rules[*http.Request]
-	fields  []header.Fields   // the header fields of each rule, by index
-	denials []*problem.Denial // each rule's default 429 body, pre-encoded
-	exempt  func(*http.Request) bool
-	allowed HeaderSet
-	deny    func(http.ResponseWriter, *http.Request, Denial)
-	onError func(http.ResponseWriter, *http.Request, error)
-	clock   func() time.Time
+	rules    *enforce.Rules[*http.Request]
+	slots    *enforce.SlotRules[*http.Request]
+	priority PriorityFunc
+	fields   []header.Fields   // the header fields of each rule, by index
+	denials  []*problem.Denial // each rule's default 429 body, pre-encoded
+	exempt   func(*http.Request) bool
+	allowed  HeaderSet
+	deny     func(http.ResponseWriter, *http.Request, Denial)
+	onError  func(http.ResponseWriter, *http.Request, error)
+	clock    func() time.Time
 }
 
 // New returns a Middleware enforcing rules on store. Layered limits (more
@@ -177,9 +196,12 @@ func New(store sluice.Store, rules []Rule, opts *Options) (*Middleware, error) {
 			Key:  r.Key, Cost: r.Cost, Match: r.Match,
 		}
 	}
-	rs, err := enforce.NewRules(store, specs, o.Prefix, o.HashKey, o.Observer, ErrNoKey)
-	if err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	var rs *enforce.Rules[*http.Request]
+	if len(rules) > 0 || len(o.InFlight)+len(o.Shed) == 0 {
+		var err error
+		if rs, err = enforce.NewRules(store, specs, o.Prefix, o.HashKey, o.Observer, ErrNoKey); err != nil {
+			return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+		}
 	}
 	m := &Middleware{
 		rules:   rs,
@@ -194,6 +216,9 @@ func New(store sluice.Store, rules []Rule, opts *Options) (*Middleware, error) {
 	}
 	if m.clock == nil {
 		m.clock = time.Now
+	}
+	if err := m.setupSlots(store, rules, &o); err != nil {
+		return nil, err
 	}
 	for _, r := range rules {
 		m.fields = append(m.fields, header.NewFields(r.Name, r.Limit))
@@ -214,6 +239,19 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		next.ServeHTTP(w, r)
 		return
 	}
+	held, ok := m.acquire(w, r)
+	if !ok {
+		return
+	}
+	if held != nil {
+		serveHolding(w, r, held, func(w http.ResponseWriter, r *http.Request) { m.limit(w, r, next) })
+		return
+	}
+	m.limit(w, r, next)
+}
+
+// limit serves r under the rate rules.
+func (m *Middleware) limit(w http.ResponseWriter, r *http.Request, next http.Handler) {
 	var buf [4]enforce.Check
 	checks, err := m.rules.Collect(r, buf[:0])
 	if err != nil {

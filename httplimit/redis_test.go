@@ -146,10 +146,7 @@ func TestRedisHashedKeys(t *testing.T) {
 // wrapped by resilient it is the policy's answer.
 func TestRedisUnavailable(t *testing.T) {
 	t.Parallel()
-	srv := redistest.StartServer(t)
-	client := redis.NewClient(&redis.Options{Addr: srv.Addr, MaxRetries: -1})
-	t.Cleanup(func() { client.Close() })
-	srv.Stop()
+	client := downClient(t)
 	rule := []Rule{{Name: "api", Limit: sluice.PerMinute(5), Key: PeerIP()}}
 	clk := storetest.NewClock(time.Now())
 
@@ -219,4 +216,27 @@ func TestRedisPenaltyAcrossFleet(t *testing.T) {
 			t.Errorf("step %d (node %d): %d Retry-After %q, want %d %q", i, st.node, r.status, r.header.Get(HeaderRetryAfter), st.status, st.retry)
 		}
 	}
+}
+
+// A store that fails is answered as for rate rules: 503 through the
+// ErrorHandler, the request not served.
+func TestInFlightStoreDown(t *testing.T) {
+	t.Parallel()
+	client := downClient(t)
+	var served atomic.Bool
+	e := slotEnv(t, redisstore.New(client, nil), nil, &Options{InFlight: oneAtATime},
+		http.HandlerFunc(func(http.ResponseWriter, *http.Request) { served.Store(true) }))
+	r := e.get("/")
+	if r.status != http.StatusServiceUnavailable || !strings.Contains(r.body, "unavailable") || served.Load() {
+		t.Errorf("Redis down: %d %q, served %v", r.status, r.body, served.Load())
+	}
+}
+
+// downClient returns a client of a Redis server that has stopped.
+func downClient(t *testing.T) *redis.Client {
+	srv := redistest.StartServer(t)
+	client := redis.NewClient(&redis.Options{Addr: srv.Addr, MaxRetries: -1})
+	t.Cleanup(func() { client.Close() })
+	srv.Stop()
+	return client
 }

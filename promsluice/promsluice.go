@@ -9,6 +9,10 @@
 //	sluice_store_errors_total{store,op}         backend failures (timeouts included)
 //	sluice_store_latency_seconds{store,op}      backend latency, when the backend was called
 //	sluice_breaker_state{store,state}           1 for the current state (closed, half_open, open), 0 for the others
+//	sluice_slot_acquires_total{policy,outcome}  in-flight acquires: allowed, denied, error
+//	sluice_slot_denials_total{policy,priority}  in-flight refusals by the request's priority
+//	sluice_slots_held{policy}                   weight this process holds now
+//	sluice_slot_release_errors_total{policy}    releases that failed (the store frees them at the hold timeout)
 //
 // Label values come from configuration (rule and store names), never from
 // requests, so cardinality stays bounded.
@@ -24,7 +28,7 @@ import (
 )
 
 var (
-	_ sluice.Observer      = (*Collector)(nil)
+	_ sluice.SlotObserver  = (*Collector)(nil)
 	_ prometheus.Collector = (*Collector)(nil)
 )
 
@@ -54,6 +58,10 @@ type Collector struct {
 	storeErrors *prometheus.CounterVec
 	latency     *prometheus.HistogramVec
 	breaker     *prometheus.GaugeVec
+	acquires    *prometheus.CounterVec
+	slotDenials *prometheus.CounterVec
+	held        *prometheus.GaugeVec
+	releaseErrs *prometheus.CounterVec
 }
 
 // New returns a Collector. Register it with a prometheus.Registerer.
@@ -77,34 +85,43 @@ func New(opts *Options) *Collector {
 		o.LatencyBuckets = []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, 1}
 	}
 	ns := o.Namespace
+	counter := func(name, help string, labels ...string) *prometheus.CounterVec {
+		return prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: name, Help: help}, labels)
+	}
+	gauge := func(name, help string, labels ...string) *prometheus.GaugeVec {
+		return prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Name: name, Help: help}, labels)
+	}
 	return &Collector{
 		ratio: o.NearLimitRatio,
-		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: ns, Name: "decisions_total",
-			Help: "Rate-limit decisions by policy and outcome (allowed, denied, shadow_denied, error).",
-		}, []string{"policy", "outcome"}),
-		nearLimit: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: ns, Name: "near_limit_total",
-			Help: "Allowed decisions that left little quota (Remaining at most the near-limit share of capacity).",
-		}, []string{"policy"}),
-		storeCalls: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: ns, Name: "store_calls_total",
-			Help: "Calls of a wrapped store by operation and by who answered (backend, deny_cache, fallback, fail_open, fail_closed).",
-		}, []string{"store", "op", "source"}),
-		storeErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: ns, Name: "store_errors_total",
-			Help: "Backend failures of a wrapped store, timeouts included.",
-		}, []string{"store", "op"}),
+		decisions: counter("decisions_total",
+			"Rate-limit decisions by policy and outcome (allowed, denied, shadow_denied, error).", "policy", "outcome"),
+		nearLimit: counter("near_limit_total",
+			"Allowed decisions that left little quota (Remaining at most the near-limit share of capacity).", "policy"),
+		storeCalls: counter("store_calls_total",
+			"Calls of a wrapped store by operation and by who answered (backend, deny_cache, fallback, fail_open, fail_closed).", "store", "op", "source"),
+		storeErrors: counter("store_errors_total",
+			"Backend failures of a wrapped store, timeouts included.", "store", "op"),
 		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: ns, Name: "store_latency_seconds",
 			Help:    "Latency of backend calls of a wrapped store.",
 			Buckets: o.LatencyBuckets,
 		}, []string{"store", "op"}),
-		breaker: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Namespace: ns, Name: "breaker_state",
-			Help: "Circuit breaker state of a wrapped store: 1 for the current state (closed, half_open, open), 0 for the others.",
-		}, []string{"store", "state"}),
+		breaker: gauge("breaker_state",
+			"Circuit breaker state of a wrapped store: 1 for the current state (closed, half_open, open), 0 for the others.", "store", "state"),
+		acquires: counter("slot_acquires_total",
+			"In-flight slot acquires by policy and outcome (allowed, denied, error).", "policy", "outcome"),
+		slotDenials: counter("slot_denials_total",
+			"In-flight slot refusals by policy and the request's priority (critical, normal, sheddable).", "policy", "priority"),
+		held: gauge("slots_held",
+			"In-flight weight this process holds now, by policy; summed over the fleet, the weight in use.", "policy"),
+		releaseErrs: counter("slot_release_errors_total",
+			"In-flight slot releases that failed; the store frees those slots at their hold timeout.", "policy"),
 	}
+}
+
+// vecs returns every metric vector of c, for Describe and Collect.
+func (c *Collector) vecs() []prometheus.Collector {
+	return []prometheus.Collector{c.decisions, c.nearLimit, c.storeCalls, c.storeErrors, c.latency, c.breaker, c.acquires, c.slotDenials, c.held, c.releaseErrs}
 }
 
 // ObserveDecision implements sluice.Observer.
@@ -125,8 +142,31 @@ func (c *Collector) ForgetPolicy(name string) {
 	if c.decisions == nil {
 		return // a zero Collector
 	}
-	c.decisions.DeletePartialMatch(prometheus.Labels{"policy": name})
-	c.nearLimit.DeletePartialMatch(prometheus.Labels{"policy": name})
+	for _, v := range []*prometheus.MetricVec{c.decisions.MetricVec, c.nearLimit.MetricVec, c.acquires.MetricVec, c.slotDenials.MetricVec, c.held.MetricVec, c.releaseErrs.MetricVec} {
+		v.DeletePartialMatch(prometheus.Labels{"policy": name})
+	}
+}
+
+// ObserveSlot implements sluice.SlotObserver.
+func (c *Collector) ObserveSlot(e sluice.SlotEvent) {
+	if c.decisions == nil {
+		return // a zero Collector
+	}
+	switch e.Op {
+	case sluice.SlotAcquire:
+		c.acquires.WithLabelValues(e.Policy, e.Outcome.String()).Inc()
+		switch e.Outcome {
+		case sluice.OutcomeAllowed:
+			c.held.WithLabelValues(e.Policy).Add(float64(e.Weight))
+		case sluice.OutcomeDenied:
+			c.slotDenials.WithLabelValues(e.Policy, e.Priority.String()).Inc()
+		}
+	case sluice.SlotRelease:
+		c.held.WithLabelValues(e.Policy).Sub(float64(e.Weight))
+		if e.Outcome == sluice.OutcomeError {
+			c.releaseErrs.WithLabelValues(e.Policy).Inc()
+		}
+	}
 }
 
 // ObserveStore implements sluice.Observer.
@@ -164,12 +204,9 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	if c.decisions == nil {
 		return // a zero Collector
 	}
-	c.decisions.Describe(ch)
-	c.nearLimit.Describe(ch)
-	c.storeCalls.Describe(ch)
-	c.storeErrors.Describe(ch)
-	c.latency.Describe(ch)
-	c.breaker.Describe(ch)
+	for _, v := range c.vecs() {
+		v.Describe(ch)
+	}
 }
 
 // Collect implements prometheus.Collector.
@@ -177,10 +214,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	if c.decisions == nil {
 		return // a zero Collector
 	}
-	c.decisions.Collect(ch)
-	c.nearLimit.Collect(ch)
-	c.storeCalls.Collect(ch)
-	c.storeErrors.Collect(ch)
-	c.latency.Collect(ch)
-	c.breaker.Collect(ch)
+	for _, v := range c.vecs() {
+		v.Collect(ch)
+	}
 }

@@ -33,13 +33,7 @@ func (failing) Take(context.Context, string, sluice.Limit, int64) (sluice.Decisi
 
 func TestCollector(t *testing.T) {
 	t.Parallel()
-	c := promsluice.New(nil)
-	reg := prometheus.NewPedanticRegistry()
-	if err := reg.Register(c); err != nil {
-		t.Fatal(err)
-	}
-	store := memory.New(nil)
-	t.Cleanup(func() { store.Close() })
+	c, reg, store := newCollector(t)
 
 	// Decisions through the middleware.
 	mw, err := httplimit.New(store, []httplimit.Rule{
@@ -110,6 +104,20 @@ func TestCollector(t *testing.T) {
 			t.Errorf("scrape lacks %s", name)
 		}
 	}
+}
+
+// newCollector returns a Collector registered with a pedantic registry,
+// and a memory store.
+func newCollector(t *testing.T) (*promsluice.Collector, *prometheus.Registry, *memory.Store) {
+	t.Helper()
+	c := promsluice.New(nil)
+	reg := prometheus.NewPedanticRegistry()
+	if err := reg.Register(c); err != nil {
+		t.Fatal(err)
+	}
+	store := memory.New(nil)
+	t.Cleanup(func() { store.Close() })
+	return c, reg, store
 }
 
 // gather returns the value of the metric with exactly these labels.

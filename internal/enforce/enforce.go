@@ -7,7 +7,9 @@
 // grammar for all of them.
 //
 // Front ends do the request-specific part: which rules match, the key and
-// the cost of each, and how the decisions are written back.
+// the cost of each, and how the decisions are written back. In-flight and
+// shedding rules (inflight.go) and request priorities (priority.go) are
+// shared the same way.
 package enforce
 
 import (

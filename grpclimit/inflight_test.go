@@ -1,0 +1,236 @@
+package grpclimit
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	"github.com/sluicehq/sluice"
+)
+
+// gate is a health service whose calls and streams wait in their handlers
+// until the test lets them go (or the client goes away).
+type gate struct {
+	healthpb.UnimplementedHealthServer
+	entered chan struct{}
+	leave   chan struct{}
+}
+
+func newGate() *gate { return &gate{entered: make(chan struct{}, 16), leave: make(chan struct{})} }
+
+func (g *gate) Check(ctx context.Context, req *healthpb.HealthCheckRequest) (*healthpb.HealthCheckResponse, error) {
+	if req.Service == "pass" {
+		return &healthpb.HealthCheckResponse{Status: healthpb.HealthCheckResponse_SERVING}, nil
+	}
+	g.entered <- struct{}{}
+	select {
+	case <-g.leave:
+	case <-ctx.Done():
+	}
+	return &healthpb.HealthCheckResponse{Status: healthpb.HealthCheckResponse_SERVING}, nil
+}
+
+func (g *gate) Watch(_ *healthpb.HealthCheckRequest, ss healthpb.Health_WatchServer) error {
+	g.entered <- struct{}{}
+	select {
+	case <-g.leave:
+	case <-ss.Context().Done():
+	}
+	return nil
+}
+
+// background makes a Check the gate holds; its error arrives when it ends.
+func background(client healthpb.HealthClient, ctx context.Context) <-chan error {
+	done := make(chan error, 1)
+	go func() {
+		_, err := client.Check(ctx, &healthpb.HealthCheckRequest{})
+		done <- err
+	}()
+	return done
+}
+
+// A unary call holds its slot until its handler returns; a call refused
+// is RESOURCE_EXHAUSTED with RetryInfo, QuotaFailure and retry-after.
+func TestInFlightUnary(t *testing.T) {
+	t.Parallel()
+	g := newGate()
+	client := serveHealth(t, slotStore(t), nil, &Options{InFlight: oneAtATime}, g)
+	done := background(client, context.Background())
+	<-g.entered
+	var header metadata.MD
+	_, err := client.Check(context.Background(), &healthpb.HealthCheckRequest{}, grpc.Header(&header))
+	delay, subject := retryDelay(t, err)
+	if delay != time.Hour || subject != "one" || len(header.Get("retry-after")) != 1 {
+		t.Errorf("refusal: RetryInfo %v, subject %q, retry-after %q", delay, subject, header.Get("retry-after"))
+	}
+	close(g.leave)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if _, err := client.Check(context.Background(), &healthpb.HealthCheckRequest{Service: "pass"}); err != nil {
+		t.Errorf("after the first returned: %v", err)
+	}
+}
+
+// A stream holds its slot until its handler returns: here, when the
+// client cancels it.
+func TestInFlightStream(t *testing.T) {
+	t.Parallel()
+	g := newGate()
+	client := serveHealth(t, slotStore(t), nil, &Options{InFlight: oneAtATime}, g)
+	ctx, cancel := context.WithCancel(context.Background())
+	stream, err := client.Watch(ctx, &healthpb.HealthCheckRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-g.entered
+	if _, err := client.Check(context.Background(), &healthpb.HealthCheckRequest{}); status.Code(err) != codes.ResourceExhausted {
+		t.Errorf("while the stream holds: %v, want ResourceExhausted", err)
+	}
+	cancel()
+	stream.Recv()
+	var err2 error
+	for range 100 { // the handler returns soon after the cancel reaches it
+		_, err2 = client.Check(context.Background(), &healthpb.HealthCheckRequest{Service: "pass"})
+		if status.Code(err2) != codes.ResourceExhausted {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if err2 != nil {
+		t.Errorf("after the stream ended: %v", err2)
+	}
+}
+
+// Slots first, rate units second: a rate denial releases the slot.
+func TestInFlightThenRate(t *testing.T) {
+	t.Parallel()
+	obs := &slotRecorder{}
+	rate := []Rule{{Name: "rate", Limit: sluice.PerHour(1), Key: Global()}}
+	client := serveHealth(t, slotStore(t), rate, &Options{InFlight: oneAtATime, Observer: obs}, healthServing{})
+	for i, want := range []codes.Code{codes.OK, codes.ResourceExhausted, codes.ResourceExhausted} {
+		if _, err := client.Check(context.Background(), &healthpb.HealthCheckRequest{}); status.Code(err) != want {
+			t.Errorf("call %d: %v, want %v", i, err, want)
+		}
+	}
+	if a, r := obs.count("acquire"), obs.count("release"); a != 3 || r != 3 {
+		t.Errorf("acquires %d, releases %d; want 3 and 3", a, r)
+	}
+}
+
+// A panicking handler releases its slot, and the panic goes on.
+func TestInFlightPanic(t *testing.T) {
+	t.Parallel()
+	in, err := New(slotStore(t), nil, &Options{InFlight: oneAtATime})
+	if err != nil {
+		t.Fatal(err)
+	}
+	info := &grpc.UnaryServerInfo{FullMethod: "/svc/M"}
+	func() {
+		defer func() {
+			if v := recover(); v != "boom" {
+				t.Errorf("recovered %v, want the handler's panic", v)
+			}
+		}()
+		in.Unary()(context.Background(), nil, info, func(context.Context, any) (any, error) { panic("boom") })
+	}()
+	if _, err := in.Unary()(context.Background(), nil, info, func(context.Context, any) (any, error) { return nil, nil }); err != nil {
+		t.Errorf("after the panic: %v (slot not released)", err)
+	}
+}
+
+// Shedding refusals are UNAVAILABLE with RetryInfo; a priority from
+// metadata is believed only from a trusted proxy.
+func TestShedUnavailableAndTrustedPriority(t *testing.T) {
+	t.Parallel()
+	shed := []ShedRule{{Name: "fleet", Capacity: sluice.Concurrent(10, 30*time.Second), Reserve: sluice.Reserve{Critical: 1}}}
+	for _, tt := range []struct {
+		trusted []string
+		want    codes.Code
+	}{
+		{nil, codes.Unavailable},
+		{[]string{"10.0.0.0/8"}, codes.Unavailable},
+		{[]string{"127.0.0.1"}, codes.OK},
+	} {
+		prio, err := PriorityMetadata("x-priority", &PriorityOptions{TrustedProxies: tt.trusted})
+		if err != nil {
+			t.Fatal(err)
+		}
+		client := serveHealth(t, slotStore(t), nil, &Options{Shed: shed, Priority: prio}, healthServing{})
+		ctx := metadata.AppendToOutgoingContext(context.Background(), "x-priority", "critical")
+		_, err = client.Check(ctx, &healthpb.HealthCheckRequest{})
+		if status.Code(err) != tt.want {
+			t.Errorf("trusted %v: %v, want %v", tt.trusted, err, tt.want)
+			continue
+		}
+		if err == nil {
+			continue
+		}
+		var retry time.Duration
+		for _, d := range status.Convert(err).Details() {
+			if d, ok := d.(*errdetails.RetryInfo); ok {
+				retry = d.RetryDelay.AsDuration()
+			}
+		}
+		if retry != 30*time.Second {
+			t.Errorf("RetryInfo %v, want the 30s hold (everything is reserved above normal)", retry)
+		}
+	}
+	if _, err := PriorityMetadata("x-priority", &PriorityOptions{Default: "vip"}); !errors.Is(err, sluice.ErrInvalidPriority) {
+		t.Errorf("unknown default: %v", err)
+	}
+	if _, err := New(slotStore(t), nil, &Options{Shed: []ShedRule{{Name: "s", Workers: 4, Reserve: sluice.Reserve{Normal: 2}}}}); !errors.Is(err, sluice.ErrInvalidPriority) || !errors.Is(err, ErrInvalidConfig) {
+		t.Errorf("bad reserve: %v", err)
+	}
+}
+
+// healthServing answers every Check at once.
+type healthServing struct {
+	healthpb.UnimplementedHealthServer
+}
+
+func (healthServing) Check(context.Context, *healthpb.HealthCheckRequest) (*healthpb.HealthCheckResponse, error) {
+	return &healthpb.HealthCheckResponse{Status: healthpb.HealthCheckResponse_SERVING}, nil
+}
+
+// slotRecorder counts slot events by op.
+type slotRecorder struct {
+	mu sync.Mutex
+	n  map[string]int
+}
+
+func (r *slotRecorder) ObserveDecision(sluice.DecisionEvent) {}
+func (r *slotRecorder) ObserveStore(sluice.StoreEvent)       {}
+func (r *slotRecorder) ObserveBreaker(sluice.BreakerEvent)   {}
+func (r *slotRecorder) ObserveSlot(e sluice.SlotEvent) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.n == nil {
+		r.n = map[string]int{}
+	}
+	r.n[e.Op.String()]++
+}
+
+func (r *slotRecorder) count(op string) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.n[op]
+}
+
+// slotStore is a memory store on a fake clock: no hold runs out.
+func slotStore(t *testing.T) sluice.Store {
+	_, store := fakeStore(t)
+	return store
+}
+
+// oneAtATime admits one call at a time.
+var oneAtATime = []InFlightRule{{Name: "one", Limit: sluice.Concurrent(1, time.Hour), Key: Global()}}

@@ -1,0 +1,373 @@
+package enforce
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"github.com/sluicehq/sluice"
+)
+
+// In-flight rules, written once for every front end as rules.go writes
+// rate rules: which rules apply to a request, its key and weight under
+// each, the acquire of every slot (all or none: a refusal releases those
+// already taken), and one release for all of them, detached from the
+// request so that a client going away cannot make it fail.
+
+// SlotKind is what an in-flight rule bounds, and so how its refusals read.
+type SlotKind uint8
+
+const (
+	// PerKey bounds one key's requests in progress at once. A refusal is
+	// the client's own doing: "too many requests" (429,
+	// RESOURCE_EXHAUSTED). The zero value.
+	PerKey SlotKind = iota
+	// Shed bounds the requests in progress across the fleet sharing the
+	// store (one key), a request of priority p acquiring under
+	// Limit.For(p, Reserve). A refusal is load shedding: the client did
+	// nothing wrong ("unavailable": 503, UNAVAILABLE).
+	Shed
+	// Worker is Shed over this process's own in-flight count: a lock-free
+	// counter against Limit.Max, no store call. Limit.Hold is unused.
+	Worker
+)
+
+// WorkerRetryAfter is the Retry-After of a Worker rule's refusal: a
+// process's own slots have no hold deadlines to estimate from, and one of
+// them may free at any instant.
+const WorkerRetryAfter = time.Second
+
+// releaseTimeout bounds the release of a request's slots. It runs on a
+// context detached from the request's: a slot whose release fails is
+// freed by the store at its hold timeout.
+const releaseTimeout = time.Second
+
+// SlotSpec is a front end's in-flight rule over requests of type R.
+type SlotSpec[R any] struct {
+	// Name identifies the rule in responses and metrics (see
+	// ValidateName), unique among a front end's rules of every kind.
+	Name string
+	// Kind says what the rule bounds. Default: PerKey.
+	Kind SlotKind
+	// Limit is a PerKey rule's bound per key, a Shed rule's fleet
+	// capacity, a Worker rule's process capacity (Max; Hold unused).
+	Limit sluice.InFlightLimit
+	// Workers, set on a Shed rule with no Limit, makes it a Worker rule
+	// of capacity Workers: how front ends offer both kinds as one.
+	Workers int64
+	// Reserve holds shares of a Shed or Worker rule's capacity back for
+	// the more important priorities. Must be zero for PerKey rules.
+	Reserve sluice.Reserve
+	// Key finds the request's key: required for PerKey rules, nil for the
+	// others (they have one key, or none).
+	Key KeyFunc[R]
+	// Weight weighs the request in slots, 1 to Limit.Max; nil means 1.
+	Weight func(R) int64
+	// Match selects the requests the rule applies to; nil means all.
+	Match func(R) bool
+}
+
+// SlotRules are the in-flight rules of one middleware over requests of
+// type R. The zero value (or nil) has no rules: every request passes,
+// holding nothing. It is safe for concurrent use.
+type SlotRules[R any] struct {
+	store    sluice.Slots
+	specs    []SlotSpec[R]
+	keys     []string        // PerKey: the key stem; Shed: the one key
+	counts   []*atomic.Int64 // Worker: the weight this process holds
+	keyer    *Keyer
+	observer sluice.SlotObserver
+	noKey    error
+}
+
+// NewSlotRules checks specs and returns them ready to acquire: valid
+// names, unique among themselves and the names taken (the front end's
+// rate rules), valid limits and reserves, a Key exactly for PerKey rules,
+// and a store implementing sluice.Slots unless every rule is a Worker
+// rule. Keys are built as NewRules builds them (prefix, hashKey). Errors
+// wrap ErrInvalidRule (and sluice.ErrInvalidPriority for a bad Reserve);
+// callers wrap them with their own ErrInvalidConfig. noKey is the front
+// end's ErrNoKey: a Key returning it means the rule does not apply.
+// taken(i) is the name of rate rule i of n.
+func NewSlotRules[R any](store sluice.Store, specs []SlotSpec[R], prefix string, hashKey []byte, observer sluice.Observer, noKey error, n int, taken func(i int) string) (*SlotRules[R], error) {
+	if len(specs) == 0 {
+		return nil, nil
+	}
+	rs := &SlotRules[R]{specs: append([]SlotSpec[R](nil), specs...), noKey: noKey}
+	rs.observer, _ = observer.(sluice.SlotObserver)
+	seen := make(map[string]bool, len(specs)+n)
+	for i := range n {
+		seen[taken(i)] = true
+	}
+	keyer := NewKeyer(prefix, hashKey)
+	rs.keyer = keyer
+	needStore := false
+	for i := range rs.specs {
+		s := &rs.specs[i]
+		if s.Kind == Shed && s.Workers != 0 {
+			if s.Limit != (sluice.InFlightLimit{}) {
+				return nil, fmt.Errorf("%w: %q: set a capacity or workers, not both", ErrInvalidRule, s.Name)
+			}
+			s.Kind, s.Limit = Worker, sluice.InFlightLimit{Max: s.Workers}
+		}
+		if err := s.validate(); err != nil {
+			return nil, fmt.Errorf("in-flight rule %d: %w", i, err)
+		}
+		if seen[s.Name] {
+			return nil, fmt.Errorf("two rules named %q", s.Name)
+		}
+		seen[s.Name] = true
+		var key string
+		var count *atomic.Int64
+		switch s.Kind {
+		case PerKey:
+			key, needStore = keyer.Base(s.Name), true
+		case Shed:
+			key, _ = keyer.Keys(keyer.Base(s.Name), "*", false)
+			needStore = true
+		case Worker:
+			count = new(atomic.Int64)
+		}
+		rs.keys = append(rs.keys, key)
+		rs.counts = append(rs.counts, count)
+	}
+	if needStore {
+		slots, ok := store.(sluice.Slots)
+		if !ok {
+			return nil, fmt.Errorf("in-flight rules on %T, which does not implement sluice.Slots", store)
+		}
+		rs.store = slots
+	}
+	return rs, nil
+}
+
+func (s *SlotSpec[R]) validate() error {
+	if err := ValidateName(s.Name); err != nil {
+		return err
+	}
+	var err error
+	switch s.Kind {
+	case PerKey:
+		err = s.Limit.Validate()
+		if err == nil && s.Reserve != (sluice.Reserve{}) {
+			err = errors.New("a reserve needs a shedding rule")
+		}
+		if err == nil && s.Key == nil {
+			err = errors.New("no Key")
+		}
+	case Shed, Worker:
+		if s.Kind == Shed {
+			err = s.Limit.Validate()
+		} else if s.Limit.Max <= 0 || s.Limit.Max > sluice.MaxInFlight {
+			err = fmt.Errorf("%w: capacity %d outside 1..%d", sluice.ErrInvalidLimit, s.Limit.Max, sluice.MaxInFlight)
+		}
+		if err == nil {
+			err = s.Reserve.Validate()
+		}
+		if err == nil && s.Key != nil {
+			err = errors.New("a shedding rule has no Key: its capacity is one for all requests")
+		}
+	default:
+		err = fmt.Errorf("unknown kind %d", s.Kind)
+	}
+	if err != nil {
+		return fmt.Errorf("%w: %q: %w", ErrInvalidRule, s.Name, err)
+	}
+	return nil
+}
+
+// Len returns the number of rules.
+func (rs *SlotRules[R]) Len() int {
+	if rs == nil {
+		return 0
+	}
+	return len(rs.specs)
+}
+
+// SlotVerdict is the answer for one request's in-flight rules.
+type SlotVerdict struct {
+	// Allowed reports whether every rule that applies granted its slot.
+	Allowed bool
+	// Rule indexes the refusing rule; -1 when allowed.
+	Rule int
+	// Policy is the refusing rule's name.
+	Policy string
+	// Shed reports a refusal by a Shed or Worker rule: the service is
+	// busy, the client is not over its limit.
+	Shed bool
+	// Decision is the refusing rule's decision; RetryAfter is its
+	// estimate (WorkerRetryAfter for a Worker rule).
+	Decision sluice.SlotDecision
+}
+
+// Held is the slots one request holds. Release frees them all, once; it
+// is safe from any goroutine and a nil *Held holds nothing.
+type Held struct {
+	ctx      context.Context // the request's values, never its end
+	holds    []slotHold
+	observer sluice.SlotObserver
+	priority sluice.Priority
+	done     atomic.Bool
+}
+
+type slotHold struct {
+	name   string
+	slot   *sluice.Slot  // store-backed rules
+	count  *atomic.Int64 // Worker rules
+	weight int64
+}
+
+// Acquire acquires the slot of every rule that applies to req (its Match
+// accepts req and, for PerKey rules, its Key finds a key), in the order
+// of the rules, for a request of priority p. All or none: on a refusal or
+// an error the slots taken so far are released. A nil Held with an
+// allowed verdict means no rule applied. Errors are a Key or Weight
+// failing (naming the rule; wrap it as a key error) or the store failing
+// (a *StoreError).
+func (rs *SlotRules[R]) Acquire(ctx context.Context, req R, p sluice.Priority) (*Held, SlotVerdict, error) {
+	ok := SlotVerdict{Allowed: true, Rule: -1}
+	if rs == nil {
+		return nil, ok, nil
+	}
+	var h *Held
+	for i := range rs.specs {
+		s := &rs.specs[i]
+		if s.Match != nil && !s.Match(req) {
+			continue
+		}
+		key := rs.keys[i]
+		if s.Kind == PerKey {
+			id, err := s.Key(req)
+			if err != nil {
+				if errors.Is(err, rs.noKey) {
+					continue
+				}
+				h.Release()
+				return nil, SlotVerdict{Rule: i}, fmt.Errorf("rule %q: %w", s.Name, err)
+			}
+			key, _ = rs.keyer.Keys(key, id, false)
+		}
+		weight := int64(1)
+		if s.Weight != nil {
+			if weight = s.Weight(req); weight < 1 || weight > s.Limit.Max {
+				h.Release()
+				return nil, SlotVerdict{Rule: i}, fmt.Errorf("rule %q: %w: weight %d outside 1..%d", s.Name, sluice.ErrInvalidWeight, weight, s.Limit.Max)
+			}
+		}
+		if h == nil {
+			h = &Held{ctx: context.WithoutCancel(ctx), observer: rs.observer, priority: p}
+		}
+		sh, d, err := rs.acquire(ctx, i, key, weight, p)
+		if err != nil {
+			rs.observe(s.Name, sluice.SlotAcquire, sluice.OutcomeError, p, weight, sluice.SlotDecision{})
+			h.Release()
+			return nil, SlotVerdict{Rule: i}, &StoreError{Err: err}
+		}
+		if !d.Allowed {
+			rs.observe(s.Name, sluice.SlotAcquire, sluice.OutcomeDenied, p, weight, d)
+			h.Release()
+			return nil, SlotVerdict{Rule: i, Policy: s.Name, Shed: s.Kind != PerKey, Decision: d}, nil
+		}
+		rs.observe(s.Name, sluice.SlotAcquire, sluice.OutcomeAllowed, p, weight, d)
+		h.holds = append(h.holds, sh)
+	}
+	return h, ok, nil
+}
+
+// acquire takes rule i's slot of weight under key for priority p.
+func (rs *SlotRules[R]) acquire(ctx context.Context, i int, key string, weight int64, p sluice.Priority) (slotHold, sluice.SlotDecision, error) {
+	s := &rs.specs[i]
+	sh := slotHold{name: s.Name, weight: weight}
+	switch s.Kind {
+	case Worker:
+		max := s.Reserve.Threshold(s.Limit.Max, p)
+		c := rs.counts[i]
+		for {
+			n := c.Load()
+			if n+weight > max {
+				d := sluice.SlotDecision{Limit: sluice.InFlightLimit{Max: max}, InUse: n, RetryAfter: WorkerRetryAfter}
+				return sh, d, nil
+			}
+			if c.CompareAndSwap(n, n+weight) {
+				sh.count = c
+				d := sluice.SlotDecision{Allowed: true, Limit: sluice.InFlightLimit{Max: max}, InUse: n + weight, Remaining: max - n - weight}
+				return sh, d, nil
+			}
+		}
+	case Shed:
+		if !s.Limit.Admits(p, s.Reserve, weight) {
+			// Everything p may use is reserved: no wait helps, so say
+			// the hold, the longest any slot stays held.
+			return sh, sluice.SlotDecision{Limit: s.Limit.For(p, s.Reserve), RetryAfter: s.Limit.Hold}, nil
+		}
+		slot, d, err := sluice.AcquireSlot(ctx, rs.store, key, s.Limit.For(p, s.Reserve), weight)
+		sh.slot = slot
+		return sh, d, err
+	default:
+		slot, d, err := sluice.AcquireSlot(ctx, rs.store, key, s.Limit, weight)
+		sh.slot = slot
+		return sh, d, err
+	}
+}
+
+func (rs *SlotRules[R]) observe(name string, op sluice.SlotOp, o sluice.Outcome, p sluice.Priority, weight int64, d sluice.SlotDecision) {
+	if rs.observer != nil {
+		rs.observer.ObserveSlot(sluice.SlotEvent{Policy: name, Op: op, Outcome: o, Priority: p, Weight: weight, Decision: d})
+	}
+}
+
+// Release frees every slot h holds. Only the first call does anything.
+// It runs on a context detached from the request's (its values kept) and
+// bounded by a second, so that it works after the client has gone away;
+// a release that fails anyway is observed, and the store frees that slot
+// at its hold timeout.
+func (h *Held) Release() {
+	if h == nil || !h.done.CompareAndSwap(false, true) {
+		return
+	}
+	var ctx context.Context
+	for i := range h.holds {
+		sh := &h.holds[i]
+		outcome := sluice.OutcomeAllowed
+		if sh.count != nil {
+			sh.count.Add(-sh.weight)
+		} else {
+			if ctx == nil {
+				var cancel context.CancelFunc
+				ctx, cancel = context.WithTimeout(h.ctx, releaseTimeout)
+				defer cancel()
+			}
+			if err := sh.slot.Release(ctx); err != nil {
+				outcome = sluice.OutcomeError
+			}
+		}
+		if h.observer != nil {
+			h.observer.ObserveSlot(sluice.SlotEvent{Policy: sh.name, Op: sluice.SlotRelease, Outcome: outcome, Priority: h.priority, Weight: sh.weight})
+		}
+	}
+}
+
+// StoreError is a store failure met while acquiring a slot: front ends
+// answer it as they answer a rate rule's store failure.
+type StoreError struct{ Err error }
+
+func (e *StoreError) Error() string { return e.Err.Error() }
+func (e *StoreError) Unwrap() error { return e.Err }
+
+// RetrySeconds is the refusal's Retry-After in whole seconds, rounded up,
+// at least 1: a refusal always means "wait".
+func (v SlotVerdict) RetrySeconds() int64 {
+	return max(int64((v.Decision.RetryAfter+time.Second-1)/time.Second), 1)
+}
+
+// Message describes the refusal for a response body or status message,
+// the same in every front end.
+func (v SlotVerdict) Message() string {
+	what := "in-flight limit %q reached"
+	if v.Shed {
+		what = "overloaded: %q sheds this request"
+	}
+	return fmt.Sprintf(what+"; retry in %ds (an estimate)", v.Policy, v.RetrySeconds())
+}
