@@ -5,7 +5,8 @@
 //
 // A Store asks its sluice.Granter for up to Options.Size units of a key and
 // admits requests from them in memory until they are spent or the lease
-// expires. A lease lives at most Options.MaxStaleness (D), measured from
+// expires. A lease lives at most the key's maximum staleness D
+// (Options.MaxStaleness, or Options.For per key; zero: no lease), measured from
 // when its grant was sent, so no network delay stretches it; under the
 // window algorithms it also ends where the window it was taken from ends.
 // When the store grants nothing, the Store remembers that until the key's
@@ -93,21 +94,32 @@ import (
 var _ sluice.Store = (*Store)(nil)
 
 var (
-	// ErrInvalidStaleness: Options.MaxStaleness is zero or negative, or
-	// longer than a limit's period.
+	// ErrInvalidStaleness: Options.MaxStaleness is negative, or neither it
+	// nor Options.For is set, or a key's staleness is longer than its
+	// limit's period.
 	ErrInvalidStaleness = errors.New("lease: invalid maximum staleness")
 	// ErrNoGranter: the Store is a zero value, or was built without a
 	// granter.
 	ErrNoGranter = errors.New("lease: no granter")
 )
 
-// Options configures a Store. MaxStaleness has no default.
+// Options configures a Store. MaxStaleness or For must be set.
 type Options struct {
 	// MaxStaleness (D) is the longest a lease lives, from when its grant
 	// was sent: the most a fleet's admissions can run ahead of the store,
-	// in units of time (see the package doc's bound). It must be positive
-	// and no longer than the Period of any limit the Store is used with.
+	// in units of time (see the package doc's bound). It must be no longer
+	// than the Period of any limit the Store is used with. Default: none;
+	// it must be positive when For is nil, and is unused when For is set.
 	MaxStaleness time.Duration
+
+	// For, when set, is each key's maximum staleness D in place of
+	// MaxStaleness (a service knows each key's policy). Zero means no
+	// lease: the key is answered exactly by the granter, as without
+	// leases. A D below zero or longer than the limit's period is
+	// ErrInvalidStaleness on that call. It is called once per decision and
+	// must be safe for concurrent use. Default: nil, MaxStaleness for
+	// every key.
+	For func(key string, limit sluice.Limit) time.Duration
 
 	// Size is how many units each grant asks for, capped at a limit's
 	// Capacity (and raised to a request's cost). Default: a tenth of the
@@ -126,6 +138,7 @@ type Options struct {
 type Store struct {
 	granter   sluice.Granter
 	staleness time.Duration
+	stale     func(key string, limit sluice.Limit) time.Duration
 	size      int64
 	clock     func() time.Time
 
@@ -179,7 +192,8 @@ type lease struct {
 	reset time.Time // and the key was fresh again by then
 }
 
-// New returns a Store that leases from g. opts must set MaxStaleness.
+// New returns a Store that leases from g. opts must set MaxStaleness or
+// For.
 func New(g sluice.Granter, opts *Options) (*Store, error) {
 	if g == nil {
 		return nil, ErrNoGranter
@@ -188,27 +202,35 @@ func New(g sluice.Granter, opts *Options) (*Store, error) {
 	if opts != nil {
 		o = *opts
 	}
-	if o.MaxStaleness <= 0 {
+	if o.For == nil && o.MaxStaleness <= 0 {
 		return nil, fmt.Errorf("%w: %v must be positive", ErrInvalidStaleness, o.MaxStaleness)
 	}
 	if o.Clock == nil {
 		o.Clock = time.Now
 	}
-	return &Store{granter: g, staleness: o.MaxStaleness, size: o.Size, clock: o.Clock, leases: make(map[leaseKey]*lease), sweepAt: minSweep}, nil
+	return &Store{granter: g, staleness: o.MaxStaleness, stale: o.For, size: o.Size, clock: o.Clock, leases: make(map[leaseKey]*lease), sweepAt: minSweep}, nil
 }
 
-// check validates a request against the Store and its limit.
-func (s *Store) check(key string, limit sluice.Limit, cost int64) error {
+// check validates a request against the Store and its limit, and returns
+// the key's maximum staleness: zero when the key is not leased.
+func (s *Store) check(key string, limit sluice.Limit, cost int64) (time.Duration, error) {
 	if s.granter == nil {
-		return ErrNoGranter
+		return 0, ErrNoGranter
+	}
+	d := s.staleness
+	if s.stale != nil {
+		d = s.stale(key, limit)
+	}
+	if d == 0 {
+		return 0, nil
 	}
 	if err := sluice.ValidateGrant(key, limit, cost); err != nil {
-		return err
+		return 0, err
 	}
-	if s.staleness > limit.Period {
-		return fmt.Errorf("%w: %v is longer than the period of %v", ErrInvalidStaleness, s.staleness, limit)
+	if d < 0 || d > limit.Period {
+		return 0, fmt.Errorf("%w: %v for %v (its period is %v)", ErrInvalidStaleness, d, limit, limit.Period)
 	}
-	return nil
+	return d, nil
 }
 
 func (s *Store) lease(key string, limit sluice.Limit) *lease {
@@ -264,8 +286,12 @@ func (l *lease) local(limit sluice.Limit, now time.Time, allowed bool) sluice.De
 // holds cost units, and otherwise after returning what is left of it and
 // asking for a new one.
 func (s *Store) Take(ctx context.Context, key string, limit sluice.Limit, cost int64) (sluice.Decision, error) {
-	if err := s.check(key, limit, cost); err != nil {
+	stale, err := s.check(key, limit, cost)
+	if err != nil {
 		return sluice.Decision{}, err
+	}
+	if stale == 0 {
+		return s.granter.Take(ctx, key, limit, cost)
 	}
 	l := s.lease(key, limit)
 	l.mu.Lock()
@@ -294,7 +320,7 @@ func (s *Store) Take(ctx context.Context, key string, limit sluice.Limit, cost i
 		return sluice.Decision{Limit: limit, RetryAfter: g.RetryAfter, ResetAfter: g.ResetAfter}, nil
 	}
 	l.grant, l.units, l.sent = g, g.Granted, sent
-	l.until, l.end = sent.Add(s.staleness), time.Time{}
+	l.until, l.end = sent.Add(stale), time.Time{}
 	if g.Window > 0 {
 		l.end = sent.Add(g.Window)
 	}
@@ -341,8 +367,12 @@ func (s *Store) giveBack(ctx context.Context, key string, limit sluice.Limit, l 
 // Peek implements sluice.Store: a live lease that holds cost units answers
 // without taking; otherwise the store does.
 func (s *Store) Peek(ctx context.Context, key string, limit sluice.Limit, cost int64) (sluice.Decision, error) {
-	if err := s.check(key, limit, cost); err != nil {
+	stale, err := s.check(key, limit, cost)
+	if err != nil {
 		return sluice.Decision{}, err
+	}
+	if stale == 0 {
+		return s.granter.Peek(ctx, key, limit, cost)
 	}
 	l := s.lease(key, limit)
 	l.mu.Lock()

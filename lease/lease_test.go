@@ -302,3 +302,60 @@ func TestSweep(t *testing.T) {
 		t.Fatalf("Len = %d after the sweep, want 1", got)
 	}
 }
+
+// Options.For gives each key its own staleness: zero answers exactly
+// through the granter, a positive D leases for D, and one longer than the
+// limit's period is refused on that call.
+func TestFor(t *testing.T) {
+	t.Parallel()
+	clock := storetest.NewClock(storetest.T0)
+	c := &counting{Granter: newMemory(t, clock), clock: clock}
+	if _, err := lease.New(c, &lease.Options{For: func(string, sluice.Limit) time.Duration { return 0 }}); err != nil {
+		t.Fatalf("For without MaxStaleness: %v", err)
+	}
+	stale := map[string]time.Duration{"exact": 0, "hot": 200 * time.Millisecond, "long": 2 * time.Second, "neg": -time.Millisecond}
+	s, err := lease.New(c, &lease.Options{
+		For:   func(key string, _ sluice.Limit) time.Duration { return stale[key] },
+		Size:  5,
+		Clock: clock.Now,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := sluice.PerSecond(10)
+	for i := range 3 {
+		if d := take(t, s, "exact", l, 1); !d.Allowed || d.Source != sluice.SourceBackend || d.Remaining != int64(9-i) {
+			t.Fatalf("exact take %d = %+v, want the store's answer", i, d)
+		}
+	}
+	if c.grants != 0 {
+		t.Fatalf("exact key: %d grants, want 0", c.grants)
+	}
+	if d, err := s.Peek(ctx, "exact", l, 1); err != nil || d.Remaining != 7 {
+		t.Fatalf("exact Peek = %+v, %v; want the store's 7", d, err)
+	}
+	// The sliding window log cannot be leased, but it can be answered exactly.
+	if d := take(t, s, "exact", l.WithAlgorithm(sluice.SlidingWindowLog), 1); !d.Allowed {
+		t.Fatalf("exact log = %+v, want allowed", d)
+	}
+	take(t, s, "hot", l, 1)
+	clock.Advance(200 * time.Millisecond)
+	if d := take(t, s, "hot", l, 1); d.Source != sluice.SourceLease || c.grants != 1 {
+		t.Fatalf("hot at D: %+v after %d grants; want the lease", d, c.grants)
+	}
+	clock.Advance(time.Microsecond)
+	if take(t, s, "hot", l, 1); c.grants != 2 {
+		t.Fatalf("hot after D: %d grants, want 2", c.grants)
+	}
+	for _, key := range []string{"long", "neg"} {
+		if _, err := s.Take(ctx, key, l, 1); !errors.Is(err, lease.ErrInvalidStaleness) {
+			t.Errorf("%s: Take err = %v, want ErrInvalidStaleness", key, err)
+		}
+		if _, err := s.Peek(ctx, key, l, 1); !errors.Is(err, lease.ErrInvalidStaleness) {
+			t.Errorf("%s: Peek err = %v, want ErrInvalidStaleness", key, err)
+		}
+	}
+	if _, err := s.Take(ctx, "long", sluice.PerMinute(10), 1); err != nil {
+		t.Errorf("long under a minute's period: %v", err)
+	}
+}
