@@ -440,9 +440,20 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	if s.fleet != nil {
 		s.fleet.Stop()
 	}
+	// Unused lease units go back while the store is still open; a Redis
+	// that does not answer in time keeps them, which only lowers what the
+	// fleet admits until they expire.
+	lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), leaseReturnTimeout)
+	if lerr := s.svc.Close(lctx); lerr != nil {
+		s.log.Warn("lease units not returned at shutdown", "err", lerr)
+	}
+	cancel()
 	s.close()
 	return err
 }
+
+// leaseReturnTimeout bounds the return of unused lease units at shutdown.
+const leaseReturnTimeout = 2 * time.Second
 
 func (s *Server) close() {
 	for i := len(s.closers) - 1; i >= 0; i-- {
