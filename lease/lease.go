@@ -3,8 +3,8 @@
 // spends it locally, without a round trip per request, and it says exactly
 // how far over the limit a fleet can go.
 //
-// A Store asks its sluice.Granter for up to Options.Size units of a key and
-// admits requests from them in memory until they are spent or the lease
+// A Store asks its sluice.Granter for up to n units of a key (see "Lease
+// size") and admits requests from them in memory until they are spent or the lease
 // expires. A lease lives at most the key's maximum staleness D
 // (Options.MaxStaleness, or Options.For per key; zero: no lease), measured from
 // when its grant was sent, so no network delay stretches it; under the
@@ -14,6 +14,19 @@
 // return rule, on the first request an expired lease or one too small
 // cannot answer, and on Close; a lease forgotten among many idle keys
 // strands its units, which can only lower admissions.
+//
+// # Lease size
+//
+// Each key's demand in a process is the units it asked for per D, as an
+// exponentially weighted moving average with time constant D (each request
+// counts its cost, admitted or not). A key is hot when its demand is at
+// least 4 units: it then gets leases of its demand rounded up, what the
+// process expects to use within D, capped at Capacity / (2 × fleet size)
+// (Options.FleetSize) so no process holds more than its share of the burst,
+// and at least 1. A key that is not hot, or whose lease would hold no more
+// than the request's cost, is not leased: the store answers the request
+// exactly, as without leases. Options.Size replaces all this with one
+// fixed size for every key.
 //
 // # The bound
 //
@@ -50,6 +63,11 @@
 // it: a lease granted B, returned whole after the bucket refilled, lets the
 // fleet take B again on top of the refills.
 //
+// Sizing does not enter the bound: the proofs hold for grants of any size
+// (each is an exact take of the store's), and a lease's lifetime is D
+// whatever it holds; size only moves how many units wait, unspent, in a
+// process.
+//
 // FixedWindow: a lease never outlives the window its units were taken
 // from, as the store's clock sees it, and its unused units return only into
 // that window's count, so each window admits at most Rate, exactly as
@@ -84,6 +102,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -91,7 +110,7 @@ import (
 	"github.com/sluicehq/sluice"
 )
 
-var _ sluice.Store = (*Store)(nil)
+var _ sluice.MultiStore = (*Store)(nil)
 
 var (
 	// ErrInvalidStaleness: Options.MaxStaleness is negative, or neither it
@@ -101,6 +120,9 @@ var (
 	// ErrNoGranter: the Store is a zero value, or was built without a
 	// granter.
 	ErrNoGranter = errors.New("lease: no granter")
+	// ErrNoTakeAll: TakeAll has several checks that are not leased, and
+	// the granter is not a sluice.MultiStore that could take them at once.
+	ErrNoTakeAll = errors.New("lease: the granter cannot take several unleased limits at once")
 )
 
 // Options configures a Store. MaxStaleness or For must be set.
@@ -121,10 +143,17 @@ type Options struct {
 	// every key.
 	For func(key string, limit sluice.Limit) time.Duration
 
-	// Size is how many units each grant asks for, capped at a limit's
-	// Capacity (and raised to a request's cost). Default: a tenth of the
-	// limit's Capacity, at least 1.
+	// Size, when positive, is how many units each grant asks for, capped
+	// at a limit's Capacity and raised to a request's cost, for every key,
+	// hot or not. Default: 0, sized by demand (see "Lease size" in the
+	// package doc).
 	Size int64
+
+	// FleetSize returns how many processes share the store's limits (a
+	// service passes its resilient.Fleet's count); an adaptive lease holds
+	// at most 1/(2 × FleetSize) of a limit's Capacity. It is called once
+	// per grant. Default: nil, a fleet of 1; a figure below 1 counts as 1.
+	FleetSize func() int
 
 	// Clock returns the current time. Default time.Now. It measures lease
 	// lifetimes and remembered denials only.
@@ -140,6 +169,7 @@ type Store struct {
 	staleness time.Duration
 	stale     func(key string, limit sluice.Limit) time.Duration
 	size      int64
+	fleet     func() int
 	clock     func() time.Time
 
 	mu      sync.Mutex
@@ -190,6 +220,11 @@ type lease struct {
 	end   time.Time // window algorithms: spendable while now < end
 	deny  time.Time // a zero grant is remembered until then
 	reset time.Time // and the key was fresh again by then
+	gen   uint64    // counts grants: which one units came from
+
+	demand float64   // units this process expects to ask for within D
+	asked  int64     // units asked since folded, not yet in demand
+	folded time.Time // when asked was last folded into demand
 }
 
 // New returns a Store that leases from g. opts must set MaxStaleness or
@@ -208,7 +243,7 @@ func New(g sluice.Granter, opts *Options) (*Store, error) {
 	if o.Clock == nil {
 		o.Clock = time.Now
 	}
-	return &Store{granter: g, staleness: o.MaxStaleness, stale: o.For, size: o.Size, clock: o.Clock, leases: make(map[leaseKey]*lease), sweepAt: minSweep}, nil
+	return &Store{granter: g, staleness: o.MaxStaleness, stale: o.For, size: o.Size, fleet: o.FleetSize, clock: o.Clock, leases: make(map[leaseKey]*lease), sweepAt: minSweep}, nil
 }
 
 // check validates a request against the Store and its limit, and returns
@@ -284,41 +319,58 @@ func (l *lease) local(limit sluice.Limit, now time.Time, allowed bool) sluice.De
 
 // Take implements sluice.Store: from the key's lease when it is live and
 // holds cost units, and otherwise after returning what is left of it and
-// asking for a new one.
+// asking for a new one; a key that is not leased, exactly by the store.
 func (s *Store) Take(ctx context.Context, key string, limit sluice.Limit, cost int64) (sluice.Decision, error) {
 	stale, err := s.check(key, limit, cost)
 	if err != nil {
 		return sluice.Decision{}, err
 	}
-	if stale == 0 {
-		return s.granter.Take(ctx, key, limit, cost)
+	if stale > 0 {
+		d, _, exact, err := s.spend(ctx, key, limit, cost, stale, s.lease(key, limit), false)
+		if !exact {
+			return d, err
+		}
 	}
-	l := s.lease(key, limit)
+	return s.granter.Take(ctx, key, limit, cost)
+}
+
+// spend answers a request of cost from l, the key's lease, taking the
+// units when it allows, and reports the grant they came from (gen). exact
+// says the store should answer instead, as it does for a key that is not
+// hot; force leases such a key all the same.
+func (s *Store) spend(ctx context.Context, key string, limit sluice.Limit, cost int64, stale time.Duration, l *lease, force bool) (_ sluice.Decision, gen uint64, exact bool, _ error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	now := s.clock()
+	l.asked += cost
 	if l.live(now) && l.units >= cost {
 		l.units -= cost
 		s.local.Add(1)
-		return l.local(limit, now, true), nil
+		return l.local(limit, now, true), l.gen, false, nil
 	}
 	if now.Before(l.deny) {
-		return sluice.Decision{Limit: limit, RetryAfter: l.deny.Sub(now), ResetAfter: max(l.reset.Sub(now), 0), Source: sluice.SourceDenyCache}, nil
+		return sluice.Decision{Limit: limit, RetryAfter: l.deny.Sub(now), ResetAfter: max(l.reset.Sub(now), 0), Source: sluice.SourceDenyCache}, 0, false, nil
+	}
+	l.fold(now, stale)
+	n := s.sizeFor(l, limit, cost)
+	if n == 0 && !force {
+		return sluice.Decision{}, 0, true, nil
 	}
 	if err := s.giveBack(ctx, key, limit, l); err != nil {
-		return sluice.Decision{}, err
+		return sluice.Decision{}, 0, false, err
 	}
 	sent := s.clock()
 	s.grants.Add(1)
-	g, err := s.granter.Grant(ctx, key, limit, min(max(s.sizeFor(limit), cost), limit.Capacity()))
+	g, err := s.granter.Grant(ctx, key, limit, max(n, cost))
 	if err != nil {
-		return sluice.Decision{}, err
+		return sluice.Decision{}, 0, false, err
 	}
 	s.granted.Add(uint64(g.Granted))
 	if g.Granted == 0 {
 		l.deny, l.reset = sent.Add(g.RetryAfter), sent.Add(g.ResetAfter)
-		return sluice.Decision{Limit: limit, RetryAfter: g.RetryAfter, ResetAfter: g.ResetAfter}, nil
+		return sluice.Decision{Limit: limit, RetryAfter: g.RetryAfter, ResetAfter: g.ResetAfter}, 0, false, nil
 	}
+	l.gen++
 	l.grant, l.units, l.sent = g, g.Granted, sent
 	l.until, l.end = sent.Add(stale), time.Time{}
 	if g.Window > 0 {
@@ -332,20 +384,71 @@ func (s *Store) Take(ctx context.Context, key string, limit sluice.Limit, cost i
 			d.RetryAfter = max(l.end.Sub(now), time.Microsecond)
 		}
 		d.Source = sluice.SourceBackend
-		return d, nil
+		return d, 0, false, nil
 	}
 	l.units -= cost
 	d := l.local(limit, now, true)
 	d.Source = sluice.SourceBackend
-	return d, nil
+	return d, l.gen, false, nil
 }
 
-// sizeFor is the grant size Options.Size gives limit.
-func (s *Store) sizeFor(limit sluice.Limit) int64 {
-	if s.size > 0 {
-		return s.size
+// restore puts back cost units that spend took from grant gen, when l
+// still holds that grant; otherwise they stay out of the store, which can
+// only lower admissions.
+func (l *lease) restore(gen uint64, cost int64) {
+	l.mu.Lock()
+	if l.gen == gen {
+		l.units += cost
 	}
-	return max(limit.Capacity()/10, 1)
+	l.mu.Unlock()
+}
+
+// hotUnits is the demand, in units expected within D, from which a key is
+// leased: below it a lease would save few round trips and strand units.
+const hotUnits = 4
+
+// fold adds the units asked since the last fold to l's demand: an
+// exponentially weighted moving average, with time constant d, of the
+// units this process asks for the key per d. Over a gap dt the old figure
+// keeps the weight e^(−dt/d) and the rate seen over the gap, scaled to d,
+// takes the rest; a gap of zero adds what was asked.
+func (l *lease) fold(now time.Time, d time.Duration) {
+	dt := now.Sub(l.folded)
+	switch {
+	case l.folded.IsZero():
+		l.demand = float64(l.asked)
+	case dt <= 0:
+		l.demand += float64(l.asked)
+	default:
+		w := -math.Expm1(-float64(dt) / float64(d))
+		l.demand = l.demand*(1-w) + float64(l.asked)*w*float64(d)/float64(dt)
+	}
+	l.asked, l.folded = 0, now
+}
+
+// sizeFor is how many units a grant for l asks to cover a request of cost,
+// at most Capacity, or 0 when the store should answer the request exactly.
+// Options.Size, raised to cost, when set. Otherwise 0 for a key that is not
+// hot (demand below hotUnits), and for a hot one its demand rounded up,
+// capped at Capacity / (2 × fleet size), at least 1; 0 again when that is
+// no more than cost, since such a lease would be a Take that may strand a
+// partial grant.
+func (s *Store) sizeFor(l *lease, limit sluice.Limit, cost int64) int64 {
+	if s.size > 0 {
+		return min(max(s.size, cost), limit.Capacity())
+	}
+	if l.demand < hotUnits {
+		return 0
+	}
+	fleet := 1
+	if s.fleet != nil {
+		fleet = max(s.fleet(), 1)
+	}
+	n := min(int64(math.Ceil(l.demand)), max(limit.Capacity()/int64(2*fleet), 1))
+	if n <= cost {
+		return 0
+	}
+	return n
 }
 
 // giveBack returns l's unused units, once: on an error they stay out of
@@ -362,6 +465,107 @@ func (s *Store) giveBack(ctx context.Context, key string, limit sluice.Limit, l 
 	}
 	s.returned.Add(uint64(n))
 	return nil
+}
+
+// TakeAll implements sluice.MultiStore, all-or-nothing: a leased check's
+// units are taken from its lease first and put back when another check
+// denies, and the checks not leased go to the granter's TakeAll, only once
+// every leased one admits (otherwise they are Peeked). Units put back after
+// their lease was replaced stay out of the store. A granter that is not a
+// sluice.MultiStore gets every check with a staleness above zero leased,
+// hot or not, and at most one with none (ErrNoTakeAll otherwise). Two
+// checks on one key under one algorithm are sluice.ErrInvalidKey.
+func (s *Store) TakeAll(ctx context.Context, reqs []sluice.Request) ([]sluice.Decision, error) {
+	if s.granter == nil {
+		return nil, ErrNoGranter
+	}
+	multi, _ := s.granter.(sluice.MultiStore)
+	stale := make([]time.Duration, len(reqs))
+	unleased := 0
+	for i, r := range reqs {
+		d, err := s.check(r.Key, r.Limit, r.Cost)
+		if err == nil && d == 0 {
+			unleased++
+			err = sluice.ValidateRequest(r.Key, r.Limit, r.Cost)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("lease: request %d: %w", i, err)
+		}
+		for _, prev := range reqs[:i] {
+			if prev.Key == r.Key && prev.Limit.Algorithm == r.Limit.Algorithm {
+				return nil, fmt.Errorf("lease: request %d: %w: %q appears twice under %v", i, sluice.ErrInvalidKey, r.Key, r.Limit.Algorithm)
+			}
+		}
+		stale[i] = d
+	}
+	if multi == nil && unleased > 1 {
+		return nil, ErrNoTakeAll
+	}
+	out := make([]sluice.Decision, len(reqs))
+	held := make([]*lease, len(reqs))
+	gens := make([]uint64, len(reqs))
+	putBack := func() {
+		for i, l := range held {
+			if l != nil {
+				l.restore(gens[i], reqs[i].Cost)
+				out[i].Remaining += reqs[i].Cost
+			}
+		}
+	}
+	var exact []sluice.Request
+	var at []int
+	all := true
+	for i, r := range reqs {
+		if stale[i] > 0 {
+			l := s.lease(r.Key, r.Limit)
+			d, gen, ex, err := s.spend(ctx, r.Key, r.Limit, r.Cost, stale[i], l, multi == nil)
+			if err != nil {
+				putBack()
+				return nil, err
+			}
+			if !ex {
+				out[i], all = d, all && d.Allowed
+				if d.Allowed {
+					held[i], gens[i] = l, gen
+				}
+				continue
+			}
+		}
+		exact, at = append(exact, r), append(at, i)
+	}
+	ds, err := s.exactly(ctx, multi, exact, all)
+	if err != nil {
+		putBack()
+		return nil, err
+	}
+	for j, d := range ds {
+		out[at[j]], all = d, all && d.Allowed
+	}
+	if !all {
+		putBack()
+	}
+	return out, nil
+}
+
+// exactly answers TakeAll's checks that are not leased: taken, all or
+// nothing, when take is set, and otherwise Peeked.
+func (s *Store) exactly(ctx context.Context, multi sluice.MultiStore, reqs []sluice.Request, take bool) ([]sluice.Decision, error) {
+	if take && len(reqs) > 1 {
+		return multi.TakeAll(ctx, reqs)
+	}
+	out := make([]sluice.Decision, len(reqs))
+	for i, r := range reqs {
+		var err error
+		if take {
+			out[i], err = s.granter.Take(ctx, r.Key, r.Limit, r.Cost)
+		} else {
+			out[i], err = s.granter.Peek(ctx, r.Key, r.Limit, r.Cost)
+		}
+		if err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
 }
 
 // Peek implements sluice.Store: a live lease that holds cost units answers
