@@ -19,42 +19,24 @@ import (
 // other policies, block keys and limits a request carries itself pass
 // through to the store, exact.
 
-// newLeases puts a lease store in front of store when store can grant;
-// otherwise it returns store and nil.
-func (s *Service) newLeases(store sluice.Store, o *ServiceOptions) (sluice.Store, *lease.Store) {
+// newLeases returns a lease store in front of store, or nil when store
+// cannot grant.
+func (s *Service) newLeases(store sluice.Store, o *ServiceOptions) *lease.Store {
 	g, ok := store.(sluice.Granter)
 	if !ok {
-		return store, nil
+		return nil
 	}
-	ls, err := lease.New(g, &lease.Options{For: s.leaseFor, Clock: o.Clock})
-	if err != nil { // only a granter or staleness missing, neither of which is
+	ls, err := lease.New(g, &lease.Options{For: s.leaseFor, FleetSize: o.FleetSize, Clock: o.Clock})
+	if err != nil { // New refuses only a nil granter and neither For nor MaxStaleness
 		s.log.Error("leases off", "err", err)
-		return store, nil
+		return nil
 	}
 	if o.Metrics != nil {
 		if err := o.Metrics.reg.Register(promsluice.NewLeaseCollector(ls, nil)); err != nil {
 			s.log.Warn("lease metrics not exported", "err", err)
 		}
 	}
-	var front sluice.Store = ls
-	if _, multi := front.(sluice.MultiStore); !multi {
-		if m, ok := store.(sluice.MultiStore); ok {
-			front = layered{ls, m}
-		}
-	}
-	return front, ls
-}
-
-// layered sends requests that check several limits at once straight to
-// the store, exact and all-or-nothing, and every other call to the lease
-// store.
-type layered struct {
-	*lease.Store
-	multi sluice.MultiStore
-}
-
-func (l layered) TakeAll(ctx context.Context, reqs []sluice.Request) ([]sluice.Decision, error) {
-	return l.multi.TakeAll(ctx, reqs)
+	return ls
 }
 
 // leaseFor is the lease store's Options.For: the lease of the policy whose

@@ -95,6 +95,17 @@ func TestLeasesRedis(t *testing.T) {
 		}
 	}
 
+	// A request that checks both policies at once goes through the lease
+	// store's TakeAll: the exact one is taken in Redis, once.
+	for range 3 {
+		if r := call(t, rls, rlsRequest("edge", desc("user=u-both"), desc("ip=9.9.9.9"))); r.OverallCode != rlsv3.RateLimitResponse_OK {
+			t.Fatalf("RLS with both policies: %v", render(r))
+		}
+	}
+	if res, err := svc.Peek(context.Background(), "login", "9.9.9.9", 1); err != nil || res.Decision.Remaining != 997 {
+		t.Errorf("login after 3 layered requests: %+v, %v; want 997 left", res.Decision, err)
+	}
+
 	// Without the lease, decisions go to Redis once the lease in hand has
 	// expired.
 	if err := os.WriteFile(file, []byte(leaseConfig("")), 0o644); err != nil {

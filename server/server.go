@@ -135,6 +135,7 @@ type Server struct {
 	reloadMu   sync.Mutex
 	stamp      string // config files' modification times and sizes
 	fleet      *Fleet
+	fleetSize  func() int // the instances sharing Redis; nil without it
 }
 
 // recoverUnary turns a panic in a handler into an Internal error, logged
@@ -206,7 +207,7 @@ func New(opts Options) (*Server, error) {
 		s.close()
 		return nil, err
 	}
-	s.svc = NewService(store, cfg, &ServiceOptions{Metrics: s.metrics, Logger: s.log})
+	s.svc = NewService(store, cfg, &ServiceOptions{Metrics: s.metrics, Logger: s.log, FleetSize: s.fleetSize})
 	s.metrics.reload(true)
 	s.watchFleet(store)
 	return s, nil
@@ -256,6 +257,7 @@ func (s *Server) openStore() (sluice.Store, error) {
 			return nil, err
 		}
 		s.closers = append(s.closers, func() { fleet.Close() })
+		s.fleetSize = fleet.Size
 		if s.opts.NoFailurePolicy {
 			// No policy answers for Redis, but a decision stays bounded:
 			// the error reaches Envoy, which applies failure_mode_deny.

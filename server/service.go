@@ -91,6 +91,10 @@ type ServiceOptions struct {
 	Clock func() time.Time
 	// Metrics receives decision and store metrics. Default: none.
 	Metrics *Metrics
+	// FleetSize returns how many instances share the store: a lease holds
+	// at most 1/(2 × FleetSize) of a limit's burst (lease.Options).
+	// Default: nil, one instance.
+	FleetSize func() int
 	// Logger receives the service's events (unknown domains). Default:
 	// slog.Default().
 	Logger *slog.Logger
@@ -115,7 +119,9 @@ func NewService(store sluice.Store, cfg *config.Config, opts *ServiceOptions) *S
 	}
 	s := &Service{keyer: enforce.NewKeyer(o.KeyPrefix, o.HashKey), clock: o.Clock, metrics: o.Metrics, log: o.Logger}
 	s.stats = newStats(o.Clock)
-	store, s.leases = s.newLeases(store, &o)
+	if s.leases = s.newLeases(store, &o); s.leases != nil {
+		store = s.leases
+	}
 	s.engine = enforce.New(timedStore(store, o.Metrics), observer{s})
 	s.mon = newMonitor(s)
 	s.SetConfig(cfg)
