@@ -54,13 +54,18 @@ func TestLeasesRedis(t *testing.T) {
 	rls := rlsv3.NewRateLimitServiceClient(conn)
 
 	const n = 100
+	var fromLease int // JSON answers whose source is "lease"
 	transports := []struct {
 		name   string
 		decide func(policy, entry string)
 	}{
 		{"json", func(policy, entry string) {
-			if code, body := p.post(t, "/v1/check", fmt.Sprintf(`{"policy":%q,"key":%q}`, policy, strings.SplitN(entry, "=", 2)[1])); code != 200 {
+			code, body := p.post(t, "/v1/check", fmt.Sprintf(`{"policy":%q,"key":%q}`, policy, strings.SplitN(entry, "=", 2)[1]))
+			if code != 200 {
 				t.Fatalf("check %s %s: %d %v", policy, entry, code, body)
+			}
+			if body["source"] == "lease" {
+				fromLease++
 			}
 		}},
 		{"rls", func(_, entry string) {
@@ -76,13 +81,17 @@ func TestLeasesRedis(t *testing.T) {
 		}
 		hot := svc.LeaseStats()
 		t.Logf("%s: %d hot decisions: %d local, %d grants", tr.name, n, hot.Local-before.Local, hot.Grants-before.Grants)
-		if local := hot.Local - before.Local; local < n/2 {
+		local := hot.Local - before.Local
+		if local < n/2 {
 			t.Errorf("%s: %d of %d hot decisions answered locally, want most (%+v)", tr.name, local, n, hot)
+		}
+		if tr.name == "json" && uint64(fromLease) != local {
+			t.Errorf("%d JSON answers say source lease, want %d", fromLease, local)
 		}
 		for range n {
 			tr.decide("login", "ip=1.2.3."+tr.name)
 		}
-		if st := svc.LeaseStats(); st.Local != hot.Local || st.Grants != hot.Grants {
+		if st := svc.LeaseStats(); st.Local != hot.Local || st.Grants != hot.Grants || tr.name == "json" && uint64(fromLease) != local {
 			t.Errorf("%s: exact decisions touched the leases: %+v, then %+v", tr.name, hot, st)
 		}
 		// The exact policy's state in Redis counts every decision.

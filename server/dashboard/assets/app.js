@@ -253,6 +253,10 @@
     setBreakable(title, p.name);
     tpl.querySelector(".algorithm").textContent = (p.algorithm || "").replaceAll("_", " ");
     tpl.querySelector(".shadow").hidden = !p.shadow;
+    const lease = tpl.querySelector(".lease");
+    lease.hidden = !(p.lease_ms > 0);
+    if (p.lease_ms > 0) lease.textContent = "lease " + formatDuration(p.lease_ms);
+    tpl.querySelector(".tally-local-line").hidden = !(p.lease_ms > 0);
     if (p.shadow) tpl.querySelector(".tally-denied-label").textContent = "would deny (shadow, let through)";
     tpl.querySelector(".limit").textContent = describeLimit(p);
     const results = tpl.querySelector(".results");
@@ -270,7 +274,8 @@
       remainingNow: tpl.querySelector(".remaining-now"),
       tallyAllowed: tpl.querySelector(".tally-allowed"),
       tallyDenied: tpl.querySelector(".tally-denied"),
-      allowed: 0, denied: 0,
+      tallyLocal: tpl.querySelector(".tally-local"),
+      allowed: 0, denied: 0, local: 0,
     };
     for (const b of tpl.querySelectorAll("button[data-action]")) {
       b.setAttribute("aria-describedby", title.id);
@@ -296,9 +301,10 @@
 
   function clearResults(card) {
     card.results.replaceChildren();
-    card.allowed = card.denied = 0;
+    card.allowed = card.denied = card.local = 0;
     card.tallyAllowed.textContent = "0";
     card.tallyDenied.textContent = "0";
+    card.tallyLocal.textContent = "0";
     card.el.dataset.allowedCount = "0";
     card.el.dataset.deniedCount = "0";
   }
@@ -328,10 +334,14 @@
       if (shadow) li.dataset.shadowDenied = "true";
       verdict.textContent = shadow ? "shadow deny" : allowed ? "allowed" : "denied";
       if (shadow) verdict.title = "Allowed: the policy is in shadow mode and would have denied this request";
-      let text = `${d.remaining ?? "?"} left`;
+      // A lease answered without a store call: what is left is the lease's.
+      const local = d.source === "lease";
+      if (d.source) li.dataset.source = d.source;
+      let text = `${d.remaining ?? "?"} left${local ? " in lease · local" : ""}`;
       if (!allowed || shadow) text += ` · retry in ${formatDuration(d.retry_after_ms)}`;
       detail.textContent = text;
-      li.title = `reset in ${formatDuration(d.reset_after_ms)}`;
+      li.title = `reset in ${formatDuration(d.reset_after_ms)}` + (local ? "; answered from this instance's lease, without a store call" : "");
+      if (local) card.tallyLocal.textContent = String(++card.local);
       // A shadow denial counts as denied, as in the chart; its verdict says it was let through.
       if (allowed && !shadow) card.allowed++; else card.denied++;
       card.tallyAllowed.textContent = String(card.allowed);
