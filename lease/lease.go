@@ -86,6 +86,18 @@
 // SlidingWindowLog is refused (sluice.ErrGrantUnsupported): its units are
 // dated when taken, so a leased unit spent later would leave the log early.
 //
+// # Failure policies
+//
+// Over a resilient.Store (or MultiStore), a live lease answers locally
+// before the breaker is consulted: a Redis that is down costs a leased key
+// nothing until its lease ends. Grants and returns pass through while the
+// breaker lets calls through; the failure policy never grants, so when a
+// grant is held back or fails (resilient.ErrNoGrant) the request is
+// answered by the resilient store's Take: the failure policy's answer. A
+// return held back or failed is not resent (a resent return would make
+// budget); its units stay out of the store, which can only lower
+// admissions.
+//
 // # What callers see
 //
 // A decision answered from a lease has Source sluice.SourceLease, Remaining
@@ -94,8 +106,16 @@
 // partial grant cannot cover is denied with a RetryAfter that is an upper
 // bound (one Interval per missing unit; the window's end for the window
 // algorithms) rather than exact. Peek answers from a live lease without
-// taking, and otherwise asks the store. Reset drops this process's lease
-// and resets the key; other processes' leases live on for at most D.
+// taking, and otherwise asks the store.
+//
+// Reset and config reloads take effect within D. Reset drops this
+// process's lease and resets the key in the store; other processes' leases
+// live on for at most D from their grants' sends, and their next grants
+// come from the reset key. Leases are kept per key and Limit, so a changed
+// limit (a reloaded policy) is another lease: its first request asks the
+// store under the new limit at once, and the old limit's lease, no longer
+// asked, strands its units (they were taken from the store: this can only
+// lower admissions) until it is swept.
 package lease
 
 import (
@@ -108,6 +128,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/resilient"
 )
 
 var _ sluice.MultiStore = (*Store)(nil)
@@ -362,6 +383,9 @@ func (s *Store) spend(ctx context.Context, key string, limit sluice.Limit, cost 
 	sent := s.clock()
 	s.grants.Add(1)
 	g, err := s.granter.Grant(ctx, key, limit, max(n, cost))
+	if errors.Is(err, resilient.ErrNoGrant) {
+		return sluice.Decision{}, 0, true, nil // the failure policy answers
+	}
 	if err != nil {
 		return sluice.Decision{}, 0, false, err
 	}
@@ -452,7 +476,9 @@ func (s *Store) sizeFor(l *lease, limit sluice.Limit, cost int64) int64 {
 }
 
 // giveBack returns l's unused units, once: on an error they stay out of
-// the store (a resent return could make budget).
+// the store (a resent return could make budget). A return a failure policy
+// held back (resilient.ErrNoGrant) is no error of the request's: the
+// policy has counted it.
 func (s *Store) giveBack(ctx context.Context, key string, limit sluice.Limit, l *lease) error {
 	if l.units == 0 {
 		return nil
@@ -460,6 +486,9 @@ func (s *Store) giveBack(ctx context.Context, key string, limit sluice.Limit, l 
 	unused := l.units
 	l.units = 0
 	n, err := s.granter.Return(ctx, key, limit, l.grant, unused)
+	if errors.Is(err, resilient.ErrNoGrant) {
+		return nil
+	}
 	if err != nil {
 		return fmt.Errorf("lease: return: %w", err)
 	}

@@ -496,3 +496,38 @@ func TestTakeAll(t *testing.T) {
 		t.Fatalf("two exact checks without a MultiStore: %v, want ErrNoTakeAll", err)
 	}
 }
+
+// Reset and config reloads take effect within D: a Reset in one process
+// ends another's lease at most D after that lease's grant was sent, and a
+// changed limit is another lease, asked of the store at its first request.
+func TestResetReloadWithinD(t *testing.T) {
+	t.Parallel()
+	clock := storetest.NewClock(storetest.T0)
+	m := newMemory(t, clock)
+	const d = 300 * time.Millisecond
+	a, b := newLease(t, m, clock, d, 5), newLease(t, m, clock, d, 5)
+	l := sluice.PerSecond(10)
+	take(t, a, "k", l, 1) // a holds 4, sent at 0
+	clock.Advance(100 * time.Millisecond)
+	take(t, b, "k", l, 1)
+	if err := b.Reset(ctx, "k", l); err != nil {
+		t.Fatal(err)
+	}
+	clock.Set(storetest.T0.Add(d))
+	if dec := take(t, a, "k", l, 1); dec.Source != sluice.SourceLease {
+		t.Fatalf("a at D: %+v, want its lease still", dec)
+	}
+	clock.Advance(time.Microsecond)
+	// The lease has ended: its 3 unused units go back, 3 intervals old:
+	// none; the store, reset, grants 5 from its full 10.
+	if dec := take(t, a, "k", l, 1); dec.Source != sluice.SourceBackend || dec.Remaining != 4 {
+		t.Fatalf("a after D: %+v, want a new grant", dec)
+	}
+	if p, err := m.Peek(ctx, "k", l, 1); err != nil || p.Remaining != 5 {
+		t.Fatalf("store after a's new grant: %+v, %v; want the reset key less 5", p, err)
+	}
+	l2 := sluice.PerSecond(20)
+	if dec := take(t, a, "k", l2, 1); dec.Source != sluice.SourceBackend || dec.Limit != l2 {
+		t.Fatalf("a under a reloaded limit: %+v; want a grant under it", dec)
+	}
+}
