@@ -32,18 +32,29 @@ policies:
 `
 }
 
-// TestLeasesRedis: a service on a real Redis answers most decisions of a
-// leased policy from its lease, over the JSON API and Envoy's RLS alike,
-// while the exact policy asks Redis every time; a reload that drops the
-// lease takes effect once the lease in hand has lived its 50ms; Shutdown
-// gives the leases back.
+// TestLeasesRedis: a service on a real Redis, behind the local failure
+// policy and without one, answers most decisions of a leased policy from
+// its lease, over the JSON API and Envoy's RLS alike, while the exact
+// policy asks Redis every time; a reload that drops the lease takes effect
+// once the lease in hand has lived its 50ms; Shutdown gives the leases
+// back.
 func TestLeasesRedis(t *testing.T) {
+	for _, policy := range []string{"local", "error"} {
+		t.Run(policy, func(t *testing.T) { testLeasesRedis(t, policy) })
+	}
+}
+
+func testLeasesRedis(t *testing.T, policy string) {
 	rs := redistest.StartServer(t)
 	file := filepath.Join(t.TempDir(), "sluice.yaml")
 	if err := os.WriteFile(file, []byte(leaseConfig("    lease: 50ms")), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	srv := runServer(t, Options{ConfigFile: file, RedisURL: "redis://" + rs.Addr, NoFailurePolicy: true, WatchInterval: -1})
+	fp, ok, err := ParseFailurePolicy(policy)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := runServer(t, Options{ConfigFile: file, RedisURL: "redis://" + rs.Addr, FailurePolicy: fp, NoFailurePolicy: !ok, WatchInterval: -1})
 	svc := srv.Service()
 	p := &proc{http: srv.HTTPAddr(), grpc: srv.GRPCAddr()}
 	conn, err := grpc.NewClient(p.grpc, grpc.WithTransportCredentials(insecure.NewCredentials()))
@@ -101,6 +112,20 @@ func TestLeasesRedis(t *testing.T) {
 		}
 		if got, want := res.Decision.Remaining, int64(1000-n); got != want {
 			t.Errorf("%s: login has %d left in Redis, want %d", tr.name, got, want)
+		}
+	}
+
+	// The metrics are the lease store's counters.
+	st := svc.LeaseStats()
+	for name, want := range map[string]uint64{
+		"sluice_lease_local_decisions_total": st.Local,
+		"sluice_lease_grants_total":          st.Grants,
+		"sluice_lease_units_granted_total":   st.Granted,
+		"sluice_lease_units_returned_total":  st.Returned,
+		"sluice_lease_keys":                  uint64(st.Keys),
+	} {
+		if got := metricValue(t, srv.Metrics().Registry(), name, nil); got != float64(want) {
+			t.Errorf("%s = %v, want %d", name, got, want)
 		}
 	}
 
