@@ -332,7 +332,9 @@ func testLeasesRedis(t *testing.T, policy string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := runServer(t, Options{ConfigFile: file, RedisURL: "redis://" + rs.Addr, FailurePolicy: fp, NoFailurePolicy: !ok, WatchInterval: -1})
+	// A generous timeout: a busy machine must not hand a decision to the
+	// failure policy, whose answers Redis would not count.
+	srv := runServer(t, Options{ConfigFile: file, RedisURL: "redis://" + rs.Addr, FailurePolicy: fp, NoFailurePolicy: !ok, WatchInterval: -1, DecisionTimeout: 5 * time.Second})
 	svc := srv.Service()
 	p := &proc{http: srv.HTTPAddr(), grpc: srv.GRPCAddr()}
 	rls := dialRLS(t, p.grpc)
