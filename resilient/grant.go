@@ -8,11 +8,6 @@ import (
 	"github.com/sluicehq/sluice"
 )
 
-var (
-	_ sluice.Granter = (*Store)(nil)
-	_ sluice.Granter = (*MultiStore)(nil)
-)
-
 // ErrNoGrant: the Store cannot grant or take back units now: its breaker
 // is not letting calls through, the backend failed, or the backend is not a
 // sluice.Granter. The failure policy never grants (a fallback's units are

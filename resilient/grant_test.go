@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice"
-	"github.com/sluicehq/sluice/memory"
 	"github.com/sluicehq/sluice/storetest"
 )
 
@@ -25,21 +24,34 @@ func (f *flaky) Return(ctx context.Context, key string, l sluice.Limit, g sluice
 	return f.Store.Return(ctx, key, l, g, unused)
 }
 
+// newGranting returns a flaky backend, a MultiStore on it with opts (nil:
+// defaults), and their fake clock.
+func newGranting(t *testing.T, opts *Options) (*flaky, *MultiStore, *storetest.Clock) {
+	var o Options
+	if opts != nil {
+		o = *opts
+	}
+	clk := storetest.NewClock(t0)
+	o.Clock, o.Logger = clk.Now, discard
+	b := newFlaky(clk.Now)
+	t.Cleanup(func() { b.Close() })
+	s, err := NewMulti(b, &o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return b, s, clk
+}
+
+var ctx = context.Background()
+
 // Grants and returns pass through while the breaker lets calls through;
 // a failed one, or one the open breaker holds back, is ErrNoGrant, never a
 // grant from the fallback.
 func TestGrant(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
-	clk := storetest.NewClock(t0)
-	b := newFlaky(clk.Now)
-	t.Cleanup(func() { b.Close() })
 	rec := &recorder{}
-	s, err := NewMulti(b, &Options{Clock: clk.Now, Observer: rec, DeadAfter: time.Nanosecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Close() })
+	b, s, clk := newGranting(t, &Options{Observer: rec, DeadAfter: time.Nanosecond})
 	l := sluice.PerSecond(10)
 	g, err := s.Grant(ctx, "k", l, 4)
 	if err != nil || g.Granted != 4 {
@@ -82,7 +94,7 @@ func TestGrant(t *testing.T) {
 		t.Fatalf("Take with the breaker open = %+v, %v; want the fallback", d, err)
 	}
 
-	plain, err := New(struct{ sluice.Store }{memory.New(nil)}, nil)
+	plain, err := New(struct{ sluice.Store }{b.Store}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -100,15 +112,7 @@ func TestGrant(t *testing.T) {
 // admit what was denied.
 func TestReturnForgetsDenials(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
-	clk := storetest.NewClock(t0)
-	b := newFlaky(clk.Now)
-	t.Cleanup(func() { b.Close() })
-	s, err := New(b, &Options{Clock: clk.Now})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Close() })
+	_, s, _ := newGranting(t, nil)
 	l := sluice.PerMinute(10)
 	g, err := s.Grant(ctx, "k", l, 10)
 	if err != nil || g.Granted != 10 {

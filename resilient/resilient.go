@@ -79,6 +79,8 @@ import (
 var (
 	_ sluice.Store      = (*Store)(nil)
 	_ sluice.MultiStore = (*MultiStore)(nil)
+	_ sluice.Granter    = (*Store)(nil) // grant.go
+	_ sluice.Granter    = (*MultiStore)(nil)
 )
 
 // Errors returned by this package. Test with errors.Is.
