@@ -439,3 +439,40 @@ func testLeasesRedis(t *testing.T, policy string) {
 		t.Errorf("after Shutdown the service still holds %d keys' leases", st.Keys)
 	}
 }
+
+// TestLeasesReturnedAtShutdown: the units a fixed-window lease did not
+// spend go back into the window at Shutdown, so Redis then counts exactly
+// the decisions made.
+func TestLeasesReturnedAtShutdown(t *testing.T) {
+	rs := redistest.StartServer(t)
+	file := filepath.Join(t.TempDir(), "sluice.yaml")
+	if err := os.WriteFile(file, []byte("policies:\n  - name: hot\n    limit: fixed_window 1000/h\n    lease: 1s\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	opts := Options{ConfigFile: file, RedisURL: "redis://" + rs.Addr, WatchInterval: -1, DecisionTimeout: 5 * time.Second}
+	start := time.Now()
+	srv := runServer(t, opts)
+	const n = 20
+	for range n {
+		if res, err := srv.Service().Check(context.Background(), "hot", "k", 0); err != nil || !res.Allowed {
+			t.Fatalf("Check = %+v, %v", res, err)
+		}
+	}
+	st := srv.Service().LeaseStats()
+	if st.Granted <= n-st.Local {
+		t.Fatalf("no unit left in a lease to return: %+v", st)
+	}
+	if err := srv.Shutdown(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if start.Truncate(time.Hour) != time.Now().Truncate(time.Hour) {
+		t.Skip("the hour's window ended during the test")
+	}
+	res, err := runServer(t, opts).Service().Peek(context.Background(), "hot", "k", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := res.Decision.Remaining, int64(1000-n); got != want {
+		t.Errorf("after Shutdown Redis has %d left, want %d (granted %d, local %d, returned %d)", got, want, st.Granted, st.Local, srv.Service().LeaseStats().Returned)
+	}
+}
