@@ -294,8 +294,10 @@ func TestStoreURLOptions(t *testing.T) {
 	}
 }
 
-// leaseConfig leases the hot policy for 50ms and keeps the login policy
-// exact; lease is the hot policy's lease line.
+// leaseConfig leases the hot policy and keeps the login policy exact;
+// lease is the hot policy's lease line. The tests lease for 500ms, long
+// beside a grant's round trip on a busy machine: a grant that comes back
+// after D cannot be spent.
 func leaseConfig(lease string) string {
 	return `
 domain: edge
@@ -314,7 +316,7 @@ policies:
 // policy and without one, answers most decisions of a leased policy from
 // its lease, over the JSON API and Envoy's RLS alike, while the exact
 // policy asks Redis every time; a reload that drops the lease takes effect
-// once the lease in hand has lived its 50ms; Shutdown gives the leases
+// once the lease in hand has lived its 500ms; Shutdown gives the leases
 // back.
 func TestLeasesRedis(t *testing.T) {
 	for _, policy := range []string{"local", "error"} {
@@ -325,7 +327,7 @@ func TestLeasesRedis(t *testing.T) {
 func testLeasesRedis(t *testing.T, policy string) {
 	rs := redistest.StartServer(t)
 	file := filepath.Join(t.TempDir(), "sluice.yaml")
-	if err := os.WriteFile(file, []byte(leaseConfig("    lease: 50ms")), 0o644); err != nil {
+	if err := os.WriteFile(file, []byte(leaseConfig("    lease: 500ms")), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	fp, ok, err := ParseFailurePolicy(policy)
@@ -423,7 +425,7 @@ func testLeasesRedis(t *testing.T, policy string) {
 	if err := srv.Reload(); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(60 * time.Millisecond)
+	time.Sleep(600 * time.Millisecond)
 	before := svc.LeaseStats()
 	for range 10 {
 		transports[0].decide("hot", "user=u-json")
