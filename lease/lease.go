@@ -4,10 +4,10 @@
 // how far over the limit a fleet can go.
 //
 // A Store asks its sluice.Granter for up to n units of a key (see "Lease
-// size") and admits requests from them in memory until they are spent or the lease
-// expires. A lease lives at most the key's maximum staleness D
-// (Options.MaxStaleness, or Options.For per key; zero: no lease), measured from
-// when its grant was sent, so no network delay stretches it; under the
+// size") and admits requests from them in memory until they are spent or
+// the lease expires. A lease lives at most the key's maximum staleness D
+// (Options.MaxStaleness, or Options.For per key; zero: no lease), measured
+// from when its grant was sent, so no network delay stretches it; under the
 // window algorithms it also ends where the window it was taken from ends.
 // When the store grants nothing, the Store remembers that until the key's
 // retry time. Unused units go back to the store, under sluice.Granter's
@@ -25,8 +25,8 @@
 // (Options.FleetSize) so no process holds more than its share of the burst,
 // and at least 1. A key that is not hot, or whose lease would hold no more
 // than the request's cost, is not leased: the store answers the request
-// exactly, as without leases. Options.Size replaces all this with one
-// fixed size for every key.
+// exactly, as without leases. An idle key's demand is forgotten when it is
+// swept. Options.Size replaces all this with one fixed size for every key.
 //
 // # The bound
 //
@@ -56,7 +56,7 @@
 // less full one does, and stays fuller), so every later grant was possible
 // in the history without that return. By induction over returns, the
 // admissions are those of a history without returns, bounded above. The
-// bound is reached with equality (lease_test.go replays the schedule): a
+// bound is reached with equality (bound_test.go replays the schedule): a
 // lease granted B−1 units at a−D while the next unit is 1µs away, one unit
 // granted every I after it, each held by a request it cannot cover, and all
 // spent from a on. A naive return (every unused unit, at any age) breaks
@@ -135,15 +135,16 @@ import (
 var _ sluice.MultiStore = (*Store)(nil)
 
 var (
-	// ErrInvalidStaleness: Options.MaxStaleness is negative, or neither it
-	// nor Options.For is set, or a key's staleness is longer than its
-	// limit's period.
+	// ErrInvalidStaleness: New was given neither Options.For nor a
+	// positive Options.MaxStaleness, or a key's staleness is below zero or
+	// longer than its limit's period.
 	ErrInvalidStaleness = errors.New("lease: invalid maximum staleness")
 	// ErrNoGranter: the Store is a zero value, or was built without a
 	// granter.
 	ErrNoGranter = errors.New("lease: no granter")
-	// ErrNoTakeAll: TakeAll has several checks that are not leased, and
-	// the granter is not a sluice.MultiStore that could take them at once.
+	// ErrNoTakeAll: TakeAll has several checks that are not leased (or
+	// whose grants a failure policy held back), and the granter is not a
+	// sluice.MultiStore that could take them at once.
 	ErrNoTakeAll = errors.New("lease: the granter cannot take several unleased limits at once")
 )
 
@@ -211,7 +212,7 @@ type Stats struct {
 	Grants   uint64 // grant calls sent to the store
 	Granted  uint64 // units the store granted
 	Returned uint64 // units the store took back
-	Keys     int    // keys holding a lease or a remembered denial now
+	Keys     int    // keys tracked now (a lease, a remembered denial, demand)
 }
 
 // Stats returns the Store's counters. It is safe to call at any time; a
@@ -662,6 +663,9 @@ func (s *Store) TakeAll(ctx context.Context, reqs []sluice.Request) ([]sluice.De
 // nothing, when take is set, and otherwise Peeked.
 func (s *Store) exactly(ctx context.Context, multi sluice.MultiStore, reqs []sluice.Request, take bool) ([]sluice.Decision, error) {
 	if take && len(reqs) > 1 {
+		if multi == nil { // leased checks whose grants a failure policy held back
+			return nil, ErrNoTakeAll
+		}
 		return multi.TakeAll(ctx, reqs)
 	}
 	out := make([]sluice.Decision, len(reqs))
@@ -718,8 +722,8 @@ func (s *Store) Reset(ctx context.Context, key string, limit sluice.Limit) error
 	return s.granter.Reset(ctx, key, limit)
 }
 
-// Len returns the number of keys the Store holds a lease or a remembered
-// denial for, idle ones not yet swept included.
+// Len returns the number of keys the Store tracks (a lease, a remembered
+// denial, or only the key's demand), idle ones not yet swept included.
 func (s *Store) Len() int { return int(s.keys.Load()) }
 
 // Close returns every lease's unused units to the store, and forgets the
