@@ -202,7 +202,7 @@ type Store struct {
 	sweepAt  atomic.Int64 // sweep idle leases when keys reaches this
 	sweeping sync.Mutex   // one sweep at a time
 
-	local, grants, granted, returned atomic.Uint64
+	grants, granted, returned atomic.Uint64
 }
 
 // Stats counts what a Store has done since New; every field is cumulative
@@ -218,8 +218,15 @@ type Stats struct {
 // Stats returns the Store's counters. It is safe to call at any time; a
 // zero Store reports zeros.
 func (s *Store) Stats() Stats {
+	var local uint64
+	for i := range s.shards {
+		sh := &s.shards[i]
+		sh.mu.Lock()
+		local += sh.local
+		sh.mu.Unlock()
+	}
 	return Stats{
-		Local:    s.local.Load(),
+		Local:    local,
 		Grants:   s.grants.Load(),
 		Granted:  s.granted.Load(),
 		Returned: s.returned.Load(),
@@ -239,6 +246,8 @@ const shardCount = 64
 type shard struct {
 	mu     sync.Mutex
 	leases map[leaseKey]*lease
+	local  uint64   // decisions its leases answered, counted under mu
+	_      [40]byte // keep shards on separate cache lines
 }
 
 type leaseKey struct {
@@ -429,7 +438,7 @@ func (s *Store) spend(ctx context.Context, key string, limit sluice.Limit, cost 
 func (s *Store) answer(l *lease, limit sluice.Limit, cost int64, now time.Time) (_ sluice.Decision, gen uint64, ok bool) {
 	if l.live(now) && l.units >= cost {
 		l.units -= cost
-		s.local.Add(1)
+		l.sh.local++
 		return l.local(limit, now, true), l.gen, true
 	}
 	if now.Before(l.deny) {

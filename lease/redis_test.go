@@ -133,7 +133,7 @@ func TestFaultLeaseFailurePolicy(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { rs.Close() })
-	const d = time.Second
+	const d = 2 * time.Second // far longer than 500 local decisions take
 	s, err := lease.New(rs, &lease.Options{MaxStaleness: d, Size: 1000})
 	if err != nil {
 		t.Fatal(err)
@@ -149,10 +149,7 @@ func TestFaultLeaseFailurePolicy(t *testing.T) {
 	calls := ev.total()
 	for i := range 500 {
 		if dec := take(t, s, "k", l, 1); dec.Source != sluice.SourceLease || !dec.Allowed {
-			if time.Since(paused) >= d/2 {
-				t.Skipf("the machine is too slow: the lease neared its end after %d takes", i)
-			}
-			t.Fatalf("take %d with Redis stopped and the lease live = %+v; want the lease", i, dec)
+			t.Fatalf("take %d with Redis stopped and the lease live (%v in) = %+v; want the lease", i, time.Since(paused), dec)
 		}
 	}
 	if got := ev.total(); got != calls {
