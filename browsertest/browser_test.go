@@ -540,6 +540,12 @@ func TestBrowser(t *testing.T) {
 		if got := eval[string](t, ctx, card+`.querySelector('.result[data-source="lease"] .detail').textContent`); !strings.Contains(got, "in lease · local") {
 			t.Errorf("a local result reads %q", got)
 		}
+		// The chart, of all the policy's traffic here, counts them too.
+		c := card + `.querySelector(".chart")`
+		waitFor(t, ctx, fmt.Sprintf(`%s.dataset.localTotal === "%d" && %s.dataset.allowedTotal === "10"`, c, local, c), c+`.outerHTML`)
+		if got := eval[string](t, ctx, card+`.querySelector(".chart-caption").textContent`); !strings.Contains(got, fmt.Sprintf("%d answered locally from the lease (%d%%)", local, local*10)) {
+			t.Errorf("chart caption %q lacks the local share", got)
+		}
 	})
 
 	t.Run("text contrast", func(t *testing.T) {

@@ -312,4 +312,12 @@ func TestLeaseFleetSize(t *testing.T) {
 		t.Errorf("lease stats %+v: want local decisions from leases of at most 100 / (2 × 10) = 5 units", st)
 	}
 	t.Logf("40 decisions: %d local, %d units in %d grants", st.Local, st.Granted, st.Grants)
+	// The dashboard's statistics count the same local decisions.
+	var local int64
+	for _, n := range svc.Stats().Snapshot()[0].Local {
+		local += n
+	}
+	if uint64(local) != st.Local {
+		t.Errorf("statistics count %d local decisions, the lease store %d", local, st.Local)
+	}
 }

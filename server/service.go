@@ -351,6 +351,9 @@ func (o observer) ObserveDecision(e sluice.DecisionEvent) {
 	if e.Outcome != sluice.OutcomeError {
 		if r := o.s.snap.Load().rings[e.Policy]; r != nil {
 			o.s.stats.add(r, e.Outcome != sluice.OutcomeAllowed)
+			if e.Decision.Source == sluice.SourceLease {
+				o.s.stats.addLocal(r)
+			}
 		}
 	}
 	if m := o.s.metrics; m != nil {

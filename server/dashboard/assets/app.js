@@ -520,7 +520,7 @@
     return el;
   }
 
-  function drawChart(card, allowed, denied, bucketMs) {
+  function drawChart(card, allowed, denied, bucketMs, local) {
     const { top, bars } = chartBars(allowed, denied, CHART_W, CHART_H);
     const nodes = [];
     // A shadow policy's denials were let through: drawn apart from real ones.
@@ -545,7 +545,13 @@
     c.bucketMs = String(bucketMs);
     c.scaleMax = String(top);
     c.renders = String(Number(c.renders || 0) + 1);
-    const summary = `Last ${span}, all traffic on this instance: ${a} allowed, ${d} ${card.policy.shadow ? "would have been denied" : "denied"}`;
+    let summary = `Last ${span}, all traffic on this instance: ${a} allowed, ${d} ${card.policy.shadow ? "would have been denied" : "denied"}`;
+    // A leased policy: the share its lease answered without a store call.
+    if (card.policy.lease_ms > 0) {
+      const l = sum(local);
+      c.localTotal = String(l);
+      summary += `; ${l} answered locally from the lease (${a + d > 0 ? Math.round((100 * l) / (a + d)) : 0}%)`;
+    }
     card.chart.setAttribute("aria-label", `Allowed and denied requests for ${card.policy.name}. ${summary}.`);
     card.el.querySelector(".axis-start").textContent = "\u2212" + span;
     card.el.querySelector(".chart-caption").textContent =
@@ -582,7 +588,7 @@
       for (const s of res.data.series) {
         const card = cards.get(s.policy);
         if (!card) continue;
-        drawChart(card, (s.allowed || []).map(Number), (s.denied || []).map(Number), bucketMs);
+        drawChart(card, (s.allowed || []).map(Number), (s.denied || []).map(Number), bucketMs, (s.local || []).map(Number));
       }
       renderOverview(res.data);
       await refreshTop();
