@@ -43,6 +43,9 @@ policies:
     strategy: shadow
   - name: jobs
     in_flight: {max: 2, hold: 1m, reserve: {critical: 0.5}}
+  - name: hot
+    limit: 100/min
+    lease: 1s
 `
 
 const token = "admin-secret"
@@ -97,6 +100,14 @@ var healthy = []exchange{
 	{"check denied", "POST", "/v1/check", `{"policy":"fw","key":"a"}`, "", 429, true},
 	{"check shadow", "POST", "/v1/check", `{"policy":"dry","key":"a"}`, "", 200, true},
 	{"check shadow denied", "POST", "/v1/check", `{"policy":"dry","key":"a"}`, "", 200, true},
+	// A leased policy's key turns hot after a few checks: the last are
+	// answered from the lease ("source": "lease").
+	{"check leased", "POST", "/v1/check", `{"policy":"hot","key":"h"}`, "", 200, true},
+	{"check leased again", "POST", "/v1/check", `{"policy":"hot","key":"h"}`, "", 200, true},
+	{"check leased a third time", "POST", "/v1/check", `{"policy":"hot","key":"h"}`, "", 200, true},
+	{"check leased, the key hot", "POST", "/v1/check", `{"policy":"hot","key":"h"}`, "", 200, true},
+	{"check leased, from the lease", "POST", "/v1/check", `{"policy":"hot","key":"h"}`, "", 200, true},
+	{"peek leased", "POST", "/v1/peek", `{"policy":"hot","key":"h"}`, "", 200, true},
 	{"check unknown policy", "POST", "/v1/check", `{"policy":"nope","key":"a"}`, "", 404, true},
 	{"check cost above capacity", "POST", "/v1/check", `{"policy":"fw","key":"a","cost":9}`, "", 400, true},
 	{"check empty key", "POST", "/v1/check", `{"policy":"fw","key":""}`, "", 400, false},

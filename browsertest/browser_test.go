@@ -55,6 +55,7 @@ func testConfig(t *testing.T, extra string) *config.Config {
 	b.WriteString("  - name: shadow\n    limit: 3/min\n    strategy: shadow\n")
 	b.WriteString("  - name: vip\n    limit: sliding_window_log 2/min\n    overrides:\n      - match: dash*\n        limit: 7/min\n")
 	b.WriteString("  - name: " + longName + "\n    limit: 100/min\n")
+	b.WriteString("  - name: leased\n    limit: 100/min\n    lease: 1s\n")
 	b.WriteString(extra)
 	cfg, err := config.Parse("dashboard-test.yaml", []byte(b.String()))
 	if err != nil {
@@ -512,6 +513,39 @@ func TestBrowser(t *testing.T) {
 		}
 		c := card + `.querySelector(".chart")`
 		waitFor(t, ctx, c+`.dataset.allowedTotal + "/" + `+c+`.dataset.deniedTotal === "`+want+`"`, c+`.outerHTML`)
+	})
+
+	t.Run("leased policy shows its local decisions", func(t *testing.T) {
+		card := jsCard("leased")
+		if got := eval[string](t, ctx, card+`.querySelector(".badge.lease").hidden ? "hidden" : `+card+`.querySelector(".badge.lease").textContent`); got != "lease 1.0 s" {
+			t.Errorf("lease badge %q, want \"lease 1.0 s\"", got)
+		}
+		if got := eval[bool](t, ctx, jsCard(fixed.Name)+`.querySelector(".badge.lease").hidden && `+jsCard(fixed.Name)+`.querySelector(".tally-local-line").hidden`); !got {
+			t.Error("an exact policy's card shows a lease")
+		}
+		for i, r := range burst(t, ctx, "leased") {
+			if r.Allowed != "true" {
+				t.Errorf("result %d: allowed %s, want true", i+1, r.Allowed)
+			}
+		}
+		// Once the key is hot the lease answers, in memory; the tally
+		// counts those answers and each says so.
+		local := eval[int](t, ctx, card+`.querySelectorAll('.result[data-source="lease"]').length`)
+		if local == 0 || local == 10 {
+			t.Errorf("%d of 10 results answered from the lease, want some but not the first", local)
+		}
+		if got := eval[string](t, ctx, card+`.querySelector(".tally-local").textContent`); got != strconv.Itoa(local) {
+			t.Errorf("tally says %s answered locally, the results %d", got, local)
+		}
+		if got := eval[string](t, ctx, card+`.querySelector('.result[data-source="lease"] .detail').textContent`); !strings.Contains(got, "in lease · local") {
+			t.Errorf("a local result reads %q", got)
+		}
+		// The chart, of all the policy's traffic here, counts them too.
+		c := card + `.querySelector(".chart")`
+		waitFor(t, ctx, fmt.Sprintf(`%s.dataset.localTotal === "%d" && %s.dataset.allowedTotal === "10"`, c, local, c), c+`.outerHTML`)
+		if got := eval[string](t, ctx, card+`.querySelector(".chart-caption").textContent`); !strings.Contains(got, fmt.Sprintf("%d answered locally from the lease (%d%%)", local, local*10)) {
+			t.Errorf("chart caption %q lacks the local share", got)
+		}
 	})
 
 	t.Run("text contrast", func(t *testing.T) {

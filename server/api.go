@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protojson"
 
+	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/enforce"
 	"github.com/sluicehq/sluice/internal/header"
 	probjson "github.com/sluicehq/sluice/internal/problem"
@@ -118,6 +119,7 @@ type policyJSON struct {
 	PeriodMS  int64  `json:"period_ms"`
 	Burst     int64  `json:"burst"`
 	Shadow    bool   `json:"shadow"`
+	LeaseMS   int64  `json:"lease_ms,omitempty"`
 }
 
 func (a *api) policies(w http.ResponseWriter, _ *http.Request) {
@@ -132,6 +134,7 @@ func (a *api) policies(w http.ResponseWriter, _ *http.Request) {
 		out = append(out, policyJSON{
 			Name: p.Name, Algorithm: l.Algorithm.String(), Limit: l.String(), Rate: l.Rate,
 			PeriodMS: l.Period.Milliseconds(), Burst: l.Capacity(), Shadow: p.Strategy == enforce.Shadow,
+			LeaseMS: ceilMS(p.Lease),
 		})
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"policies": out})
@@ -154,6 +157,10 @@ type checkResponse struct {
 	Remaining    int64  `json:"remaining"`
 	RetryAfterMS int64  `json:"retry_after_ms"`
 	ResetAfterMS int64  `json:"reset_after_ms"`
+	// Source says who answered when the store itself did not: "lease"
+	// (this instance's lease, without a store call), "deny_cache",
+	// "fallback", "fail_open" or "fail_closed" (sluice.Source's names).
+	Source string `json:"source,omitempty"`
 }
 
 // ceilMS rounds up, so a client waiting retry_after_ms is never early.
@@ -197,6 +204,9 @@ func (a *api) check(w http.ResponseWriter, r *http.Request) {
 	body := checkResponse{
 		Policy: res.Policy.Name, Key: res.Key, Allowed: d.Allowed, Limit: d.Limit.Capacity(),
 		Remaining: d.Remaining, RetryAfterMS: ceilMS(d.RetryAfter), ResetAfterMS: ceilMS(d.ResetAfter),
+	}
+	if d.Source != sluice.SourceBackend {
+		body.Source = d.Source.String()
 	}
 	code := http.StatusOK
 	hd := d

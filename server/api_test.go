@@ -78,9 +78,9 @@ func TestAPIPolicies(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := []policyJSON{
-		{"fw", "fixed_window", "fixed_window 3/10s", 3, 10000, 3, false},
-		{"dry", "gcra", "1/min", 1, 60000, 1, true},
-		{"heavy", "token_bucket", "token_bucket 10/s burst 4", 10, 1000, 4, false},
+		{"fw", "fixed_window", "fixed_window 3/10s", 3, 10000, 3, false, 0},
+		{"dry", "gcra", "1/min", 1, 60000, 1, true, 0},
+		{"heavy", "token_bucket", "token_bucket 10/s burst 4", 10, 1000, 4, false, 0},
 	}
 	if len(got.Policies) != len(want) {
 		t.Fatalf("got %+v", got.Policies)

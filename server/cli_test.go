@@ -297,6 +297,10 @@ func TestCLIBadConfig(t *testing.T) {
 	os.WriteFile(bad, []byte("policies:\n  - name: api\n    limit: 10/fortnight\n"), 0o644)
 	good := filepath.Join(dir, "good.yaml")
 	os.WriteFile(good, []byte("policies:\n  - name: api\n    limit: 10/min\n"), 0o644)
+	stale := filepath.Join(dir, "stale.yaml")
+	os.WriteFile(stale, []byte("policies:\n  - name: api\n    limit: 10/s\n    lease: 2s\n"), 0o644)
+	leased := filepath.Join(dir, "leased.yaml")
+	os.WriteFile(leased, []byte("policies:\n  - name: api\n    limit: 10/s\n    lease: 50ms\n"), 0o644)
 	tests := []struct {
 		name   string
 		args   []string
@@ -308,6 +312,8 @@ func TestCLIBadConfig(t *testing.T) {
 		{"check-config names file:line", []string{"check-config", bad}, 1, "", bad + ":3:12:"},
 		{"check-config prints what it understood", []string{"check-config", good}, 0, "policy api: 10/min", ""},
 		{"check-config counts in the singular", []string{"check-config", good}, 0, "1 policy in 1 domain\n", ""},
+		{"check-config names a lease longer than the period", []string{"check-config", stale}, 1, "", stale + ":4:12: lease 2s is longer than the period"},
+		{"check-config shows a lease", []string{"check-config", leased}, 0, "policy api: 10/s, lease 50ms\n", ""},
 		{"check-config --help is help", []string{"check-config", "--help"}, 0, "Usage: sluice check-config FILE|DIR", ""},
 		{"check-config reads envoy's format", []string{"check-config", "testdata/envoy-example.yaml"}, 0, "foo: fixed_window 2/min", ""},
 		{"missing file", []string{"check-config", filepath.Join(dir, "none.yaml")}, 1, "", "no such file"},

@@ -291,3 +291,33 @@ descriptors:
 		}
 	}
 }
+
+// TestLeaseFleetSize: a lease holds at most 1/(2 × fleet size) of the
+// burst, the fleet size being what ServiceOptions.FleetSize reports (sluice
+// serve passes the count it discovers in Redis).
+func TestLeaseFleetSize(t *testing.T) {
+	t.Parallel()
+	clock := newFakeClock()
+	store := memory.New(&memory.Options{Clock: clock.Now, SweepInterval: -1})
+	t.Cleanup(func() { store.Close() })
+	cfg := mustConfig(t, "policies:\n  - name: hot\n    limit: 100/min\n    lease: 1s\n")
+	svc := NewService(store, cfg, &ServiceOptions{Clock: clock.Now, FleetSize: func() int { return 10 }})
+	for range 40 {
+		if r := check(t, svc, "hot", "k"); !r.Allowed {
+			t.Fatalf("denied: %+v", r.Decision)
+		}
+	}
+	st := svc.LeaseStats()
+	if st.Local == 0 || st.Granted > 5*st.Grants {
+		t.Errorf("lease stats %+v: want local decisions from leases of at most 100 / (2 × 10) = 5 units", st)
+	}
+	t.Logf("40 decisions: %d local, %d units in %d grants", st.Local, st.Granted, st.Grants)
+	// The dashboard's statistics count the same local decisions.
+	var local int64
+	for _, n := range svc.Stats().Snapshot()[0].Local {
+		local += n
+	}
+	if uint64(local) != st.Local {
+		t.Errorf("statistics count %d local decisions, the lease store %d", local, st.Local)
+	}
+}

@@ -72,7 +72,14 @@ func serveRLS(t testing.TB, svc *Service) rlsv3.RateLimitServiceClient {
 	svc.RegisterRLS(g)
 	go g.Serve(ln)
 	t.Cleanup(g.Stop)
-	conn, err := grpc.NewClient(ln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	return dialRLS(t, ln.Addr().String())
+}
+
+// dialRLS returns a go-control-plane client of the RLS at addr, closed at
+// cleanup.
+func dialRLS(t testing.TB, addr string) rlsv3.RateLimitServiceClient {
+	t.Helper()
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -248,17 +248,23 @@ type timed struct {
 	m *Metrics
 }
 
+// Take and Peek answered from a lease made no store call: the lease
+// metrics count them.
 func (t timed) Take(ctx context.Context, key string, l sluice.Limit, cost int64) (sluice.Decision, error) {
 	start := time.Now()
 	d, err := t.Store.Take(ctx, key, l, cost)
-	t.m.store("take", time.Since(start), err)
+	if d.Source != sluice.SourceLease {
+		t.m.store("take", time.Since(start), err)
+	}
 	return d, err
 }
 
 func (t timed) Peek(ctx context.Context, key string, l sluice.Limit, cost int64) (sluice.Decision, error) {
 	start := time.Now()
 	d, err := t.Store.Peek(ctx, key, l, cost)
-	t.m.store("peek", time.Since(start), err)
+	if d.Source != sluice.SourceLease {
+		t.m.store("peek", time.Since(start), err)
+	}
 	return d, err
 }
 

@@ -136,6 +136,7 @@ type Server struct {
 	reloadMu   sync.Mutex
 	stamp      string // config files' modification times and sizes
 	fleet      *Fleet
+	fleetSize  func() int // the instances sharing Redis; nil without it
 }
 
 // recoverUnary turns a panic in a handler into an Internal error, logged
@@ -207,7 +208,7 @@ func New(opts Options) (*Server, error) {
 		s.close()
 		return nil, err
 	}
-	s.svc = NewService(store, cfg, &ServiceOptions{Metrics: s.metrics, Logger: s.log, Slots: s.slots})
+	s.svc = NewService(store, cfg, &ServiceOptions{Metrics: s.metrics, Logger: s.log, Slots: s.slots, FleetSize: s.fleetSize})
 	s.metrics.reload(true)
 	s.watchFleet(store)
 	return s, nil
@@ -257,6 +258,7 @@ func (s *Server) openStore() (sluice.Store, error) {
 			return nil, err
 		}
 		s.closers = append(s.closers, func() { fleet.Close() })
+		s.fleetSize = fleet.Size
 		if s.opts.NoFailurePolicy {
 			// No policy answers for Redis, but a decision stays bounded:
 			// the error reaches Envoy, which applies failure_mode_deny.
@@ -444,9 +446,20 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	if s.fleet != nil {
 		s.fleet.Stop()
 	}
+	// Unused lease units go back while the store is still open; a Redis
+	// that does not answer in time keeps them, which only lowers what the
+	// fleet admits until they expire.
+	lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), leaseReturnTimeout)
+	if lerr := s.svc.Close(lctx); lerr != nil {
+		s.log.Warn("lease units not returned at shutdown", "err", lerr)
+	}
+	cancel()
 	s.close()
 	return err
 }
+
+// leaseReturnTimeout bounds the return of unused lease units at shutdown.
+const leaseReturnTimeout = 2 * time.Second
 
 func (s *Server) close() {
 	for i := len(s.closers) - 1; i >= 0; i-- {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/enforce"
+	"github.com/sluicehq/sluice/lease"
 	"github.com/sluicehq/sluice/server/config"
 )
 
@@ -79,6 +80,7 @@ type Service struct {
 	metrics *Metrics
 	log     *slog.Logger
 	version atomic.Uint64 // counts SetConfig calls
+	leases  *lease.Store  // nil when the store cannot grant
 
 	unknownMu sync.Mutex
 	unknown   map[string]bool // unknown domains logged, at most maxUnknownDomains
@@ -98,11 +100,15 @@ type ServiceOptions struct {
 	// store, so raw client identities never reach Redis. Default: keys as
 	// they are (hashed only when too long).
 	HashKey []byte
-	// Clock is used for statistics buckets and Envoy reset times.
-	// Default time.Now.
+	// Clock is used for statistics buckets, Envoy reset times and lease
+	// lifetimes. Default time.Now.
 	Clock func() time.Time
 	// Metrics receives decision and store metrics. Default: none.
 	Metrics *Metrics
+	// FleetSize returns how many instances share the store: a lease holds
+	// at most 1/(2 × FleetSize) of a limit's burst (lease.Options).
+	// Default: nil, one instance.
+	FleetSize func() int
 	// Logger receives the service's events (unknown domains). Default:
 	// slog.Default().
 	Logger *slog.Logger
@@ -115,7 +121,9 @@ type ServiceOptions struct {
 // NewService returns a Service deciding with store under cfg. Requests
 // that check several limits at once need a sluice.MultiStore (the memory
 // and Redis stores are); on another store they fail with
-// enforce.ErrNeedMultiStore.
+// enforce.ErrNeedMultiStore. When store can grant (sluice.Granter), the
+// policies with a lease are answered from leases in front of it; Close
+// returns their unused units.
 func NewService(store sluice.Store, cfg *config.Config, opts *ServiceOptions) *Service {
 	var o ServiceOptions
 	if opts != nil {
@@ -129,6 +137,9 @@ func NewService(store sluice.Store, cfg *config.Config, opts *ServiceOptions) *S
 	}
 	s := &Service{keyer: enforce.NewKeyer(o.KeyPrefix, o.HashKey), clock: o.Clock, metrics: o.Metrics, log: o.Logger}
 	s.stats = newStats(o.Clock)
+	if s.leases = s.newLeases(store, &o); s.leases != nil {
+		store = s.leases
+	}
 	s.engine = enforce.New(timedStore(store, o.Metrics), observer{s})
 	if s.slots, _ = store.(sluice.Slots); s.slots == nil {
 		s.slots = o.Slots
@@ -145,7 +156,10 @@ func NewService(store sluice.Store, cfg *config.Config, opts *ServiceOptions) *S
 type snapshot struct {
 	cfg   *config.Config
 	bases map[*config.Policy]string // store key stems
-	rings map[string]*ring          // statistics by policy name
+	// leases maps the stems of policies with a lease to its maximum
+	// staleness.
+	leases map[string]time.Duration
+	rings  map[string]*ring // statistics by policy name
 	// version travels with cfg, so whoever reads it can rely on
 	// Config returning that configuration or a newer one.
 	version uint64
@@ -181,6 +195,12 @@ func (s *Service) SetConfig(cfg *config.Config) {
 	s.mon.setPolicies(cfg.Policies)
 	for _, p := range cfg.Policies {
 		snap.bases[p] = s.keyer.Base(p.Name)
+		if p.Lease > 0 {
+			if snap.leases == nil {
+				snap.leases = map[string]time.Duration{}
+			}
+			snap.leases[snap.bases[p]] = p.Lease
+		}
 	}
 	s.snap.Store(snap)
 }
@@ -358,6 +378,9 @@ func (o observer) ObserveDecision(e sluice.DecisionEvent) {
 	if e.Outcome != sluice.OutcomeError {
 		if r := o.s.snap.Load().rings[e.Policy]; r != nil {
 			o.s.stats.add(r, e.Outcome != sluice.OutcomeAllowed)
+			if e.Decision.Source == sluice.SourceLease {
+				o.s.stats.addLocal(r)
+			}
 		}
 	}
 	if m := o.s.metrics; m != nil {

@@ -9,7 +9,8 @@ import (
 )
 
 // Statistics for the dashboard's chart: allowed and denied decisions per
-// policy in 5-second buckets over the last 5 minutes.
+// policy, and those of them a lease answered, in 5-second buckets over the
+// last 5 minutes.
 const (
 	StatsBucket  = 5 * time.Second
 	StatsBuckets = 60
@@ -28,7 +29,7 @@ type Stats struct {
 // ring is one policy's buckets, reused as time moves on.
 type ring [StatsBuckets]bucket
 
-type bucket struct{ allowed, denied counter }
+type bucket struct{ allowed, denied, local counter }
 
 // counter packs the number of its bucket (the low 32 bits of unix time /
 // StatsBucket: 680 years before they repeat) in its high half and its count
@@ -94,12 +95,20 @@ func (s *Stats) add(r *ring, denied bool) {
 	}
 }
 
+// addLocal counts one decision in r as answered from a lease, beside add.
+func (s *Stats) addLocal(r *ring) {
+	n := s.now()
+	r[slot(n)].local.add(n)
+}
+
 // Series is one policy's counts, oldest bucket first; the last is the
-// current one.
+// current one. Local counts the allowed and denied decisions that a lease
+// answered in memory.
 type Series struct {
 	Policy  string  `json:"policy"`
 	Allowed []int64 `json:"allowed"`
 	Denied  []int64 `json:"denied"`
+	Local   []int64 `json:"local"`
 }
 
 // Snapshot returns every policy's series, in configuration order.
@@ -110,11 +119,11 @@ func (s *Stats) Snapshot() []Series {
 	out := make([]Series, 0, len(s.order))
 	for _, name := range s.order {
 		r := s.series[name]
-		ser := Series{Policy: name, Allowed: make([]int64, StatsBuckets), Denied: make([]int64, StatsBuckets)}
+		ser := Series{Policy: name, Allowed: make([]int64, StatsBuckets), Denied: make([]int64, StatsBuckets), Local: make([]int64, StatsBuckets)}
 		for i := range StatsBuckets {
 			want := n - StatsBuckets + 1 + int64(i)
 			b := &r[slot(want)]
-			ser.Allowed[i], ser.Denied[i] = b.allowed.get(want), b.denied.get(want)
+			ser.Allowed[i], ser.Denied[i], ser.Local[i] = b.allowed.get(want), b.denied.get(want), b.local.get(want)
 		}
 		out = append(out, ser)
 	}

@@ -216,6 +216,18 @@ func (s budgetStore) Reset(ctx context.Context, key string, l sluice.Limit) erro
 	return s.Store.Reset(ctx, key, l)
 }
 
+func (s budgetStore) Grant(ctx context.Context, key string, l sluice.Limit, n int64) (sluice.Grant, error) {
+	ctx, cancel := s.bound(ctx)
+	defer cancel()
+	return s.Store.Grant(ctx, key, l, n)
+}
+
+func (s budgetStore) Return(ctx context.Context, key string, l sluice.Limit, g sluice.Grant, unused int64) (int64, error) {
+	ctx, cancel := s.bound(ctx)
+	defer cancel()
+	return s.Store.Return(ctx, key, l, g, unused)
+}
+
 func (s budgetStore) TakeAll(ctx context.Context, reqs []sluice.Request) ([]sluice.Decision, error) {
 	ctx, cancel := s.bound(ctx)
 	defer cancel()

@@ -385,6 +385,14 @@ func TestKeyGrammarIsInjective(t *testing.T) {
 			if !strings.HasPrefix(key, "p:"+KeyVersion) {
 				t.Fatalf("key %q lacks the version tag", key)
 			}
+			// Stem finds the rule of every key but those hashed whole, and
+			// no rule for a block key.
+			if stem, ok := k.Stem(key); ok == strings.HasPrefix(key, "p:"+KeyVersion+"#") || ok && stem != k.Base(name) {
+				t.Fatalf("Stem(%q) = %q, %v; rule %q", key, stem, ok, name)
+			}
+			if _, ok := k.Stem(block); ok {
+				t.Fatalf("Stem(block %q) is ok", block)
+			}
 			add(key, pair{name, id, "key"})
 			add(block, pair{name, id, "block"})
 		}

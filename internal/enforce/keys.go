@@ -64,6 +64,21 @@ func (k *Keyer) Base(rule string) string {
 	return b.String()
 }
 
+// Stem returns the stem (Base) of the rule that key, a key from Keys,
+// belongs to. ok is false for a block key, a key whose name was hashed with
+// its id (the name alone too long), and a key from another Keyer.
+func (k *Keyer) Stem(key string) (stem string, ok bool) {
+	n := len(k.prefix) + len(KeyVersion)
+	if !strings.HasPrefix(key, k.prefix) || !strings.HasPrefix(key[len(k.prefix):], KeyVersion) {
+		return "", false
+	}
+	i := strings.IndexAny(key[n:], ":#!")
+	if i <= 0 || key[n+i] == '!' {
+		return "", false
+	}
+	return key[:n+i], true
+}
+
 // Keys returns the store key of id under the rule with stem base and, if
 // penalty, the rule's block key for id.
 func (k *Keyer) Keys(base, id string, penalty bool) (key, block string) {

@@ -77,6 +77,14 @@ type Policy struct {
 	// user ids, IPs).
 	ExposeKeys bool
 
+	// Lease is the maximum staleness (D) of the policy's leases (package
+	// lease): decisions are answered in memory from units taken ahead
+	// from the store, and the fleet may admit up to r × D beyond the
+	// limit (r its rate). Sluice format `lease: 50ms`; at most the period
+	// of the policy's limit and of every override. Default 0: no lease,
+	// every decision asks the store.
+	Lease time.Duration
+
 	envoy bool // from an Envoy-format rate_limit
 
 	rules    []enforce.Rule // the policy's rule, then one per override

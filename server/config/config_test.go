@@ -33,6 +33,7 @@ policies:
     limit: 10/h
     burst: 3
     cost: 2
+    lease: 1m
 `)
 	if got, want := len(cfg.Policies), 3; got != want {
 		t.Fatalf("%d policies, want %d", got, want)
@@ -50,6 +51,8 @@ policies:
 		{"login default key", login.Key, "{key}"},
 		{"export burst field", export.Limit, sluice.Limit{Rate: 10, Period: time.Hour, Burst: 3}},
 		{"export cost", export.Cost, int64(2)},
+		{"export lease", export.Lease, time.Minute},
+		{"api has no lease", api.Lease, time.Duration(0)},
 		{"domains", strings.Join(cfg.Domains(), ","), "edge"},
 	})
 }
@@ -94,6 +97,14 @@ func TestConfigErrors(t *testing.T) {
 		{"template without variables", "policies:\n  - name: a\n    limit: 1/s\n    key: fixed\n", `4:10: key "fixed": needs at least one {variable}`},
 		{"same descriptor keys", "policies:\n  - name: a\n    limit: 1/s\n    key: '{u}:{r}'\n  - name: b\n    limit: 1/s\n    key: '{r}/{u}'\n", `7:10: key "{r}/{u}" takes the same descriptor entries as policy "a"`},
 		{"override without match", "policies:\n  - name: a\n    limit: 1/s\n    overrides:\n      - limit: 2/s\n", `5:9: override needs match and limit`},
+		{"lease on a sliding window log", "policies:\n  - name: a\n    limit: sliding_window_log 5/min\n    lease: 50ms\n", `4:12: lease: the policy's limit (sliding_window_log 5/min) cannot be leased`},
+		{"lease on an override's sliding window log", "policies:\n  - name: a\n    limit: 5/min\n    lease: 50ms\n    overrides:\n      - {match: x, limit: sliding_window_log 9/min}\n", `4:12: lease: override x (sliding_window_log 9/min) cannot be leased`},
+		{"lease of zero", "policies:\n  - name: a\n    limit: 5/s\n    lease: 0s\n", `4:12: lease "0s": want a positive duration`},
+		{"negative lease", "policies:\n  - name: a\n    limit: 5/s\n    lease: -1ms\n", `4:12: lease "-1ms": want a positive duration`},
+		{"lease not a duration", "policies:\n  - name: a\n    limit: 5/s\n    lease: soon\n", `4:12: lease "soon": want a positive duration`},
+		{"lease longer than the period", "policies:\n  - name: a\n    limit: 5/s\n    lease: 2s\n", `4:12: lease 2s is longer than the period of the policy's limit (5/s)`},
+		{"lease longer than an override's period", "policies:\n  - name: a\n    limit: 5/min\n    lease: 2s\n    overrides:\n      - {match: [x, y], limit: 50/s}\n", `4:12: lease 2s is longer than the period of override x, y (50/s)`},
+		{"lease in envoy format", "domain: d\ndescriptors:\n  - key: a\n    rate_limit:\n      unit: second\n      requests_per_unit: 1\n      lease: 50ms\n", `7:14: lease: Envoy-format limits are exact`},
 		{"envoy without domain", "descriptors:\n  - key: a\n", `1:1: envoy ratelimit config needs a domain`},
 		{"envoy empty key", "domain: d\ndescriptors:\n  - value: a\n", `3:5: descriptor has empty key`},
 		{"envoy bad unit", "domain: d\ndescriptors:\n  - key: a\n    rate_limit:\n      unit: fortnight\n      requests_per_unit: 3\n", `5:13: invalid rate limit unit 'fortnight'`},
@@ -191,6 +202,24 @@ func TestDescribe(t *testing.T) {
 		"    bay: unlimited\n",
 		"  category=account: fixed_window 4/min, replaces bkthomps, fake_name\n",
 	} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("Describe lacks %q:\n%s", want, b.String())
+		}
+	}
+}
+
+func TestDescribeLease(t *testing.T) {
+	cfg := mustConfig(t, `
+policies:
+  - name: search
+    limit: 1000/s
+    lease: 50ms
+  - name: login
+    limit: 5/15m
+`)
+	var b strings.Builder
+	cfg.Describe(&b)
+	for _, want := range []string{"  policy search: 1000/s, lease 50ms\n", "  policy login: 5/15m\n"} {
 		if !strings.Contains(b.String(), want) {
 			t.Errorf("Describe lacks %q:\n%s", want, b.String())
 		}

@@ -34,6 +34,9 @@ func (c *Config) Describe(w io.Writer) {
 			if p.explicit {
 				fmt.Fprintf(w, ", key %s", p.Key)
 			}
+			if p.Lease > 0 {
+				fmt.Fprintf(w, ", lease %v", p.Lease)
+			}
 			fmt.Fprintln(w)
 			for _, o := range p.Overrides {
 				fmt.Fprintf(w, "    override %s: %s\n", strings.Join(o.Match, ", "), o.Limit)

@@ -83,11 +83,17 @@ func (l *loader) descriptors(d *Domain, parent *descNode, path string, list *yam
 }
 
 func (l *loader) rateLimit(d *Domain, dn *descNode, name string, n *yaml.Node, shadow, quota bool) {
-	var unit, rpu, unlimited, rname, replaces, alg, mult *yaml.Node
+	var unit, rpu, unlimited, rname, replaces, alg, mult, lease *yaml.Node
 	if !l.fields(n, map[string]**yaml.Node{
 		"unit": &unit, "requests_per_unit": &rpu, "unlimited": &unlimited,
 		"name": &rname, "replaces": &replaces, "algorithm": &alg, "unit_multiplier": &mult,
+		"lease": &lease,
 	}) {
+		return
+	}
+	if lease != nil {
+		// Envoy's format stays what envoyproxy/ratelimit reads, exact.
+		l.errorf(lease, "lease: Envoy-format limits are exact; write the limit as a sluice-format policy to lease it")
 		return
 	}
 	r := &RateLimit{Shadow: shadow || quota, Path: name}

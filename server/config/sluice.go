@@ -1,6 +1,7 @@
 package config
 
 import (
+	"fmt"
 	"strings"
 	"time"
 
@@ -13,11 +14,11 @@ import (
 // policies loads sluice's own format: a list of named policies.
 func (l *loader) policies(d *Domain, list *yaml.Node) {
 	for _, n := range l.seq(list) {
-		var name, alg, limit, burst, key, cost, strategy, penalty, overrides, expose, inFlight *yaml.Node
+		var name, alg, limit, burst, key, cost, strategy, penalty, overrides, expose, lease, inFlight *yaml.Node
 		if !l.fields(n, map[string]**yaml.Node{
 			"name": &name, "algorithm": &alg, "limit": &limit, "burst": &burst, "key": &key,
 			"cost": &cost, "strategy": &strategy, "penalty": &penalty, "overrides": &overrides,
-			"expose_keys": &expose, "in_flight": &inFlight,
+			"expose_keys": &expose, "lease": &lease, "in_flight": &inFlight,
 		}) {
 			continue
 		}
@@ -32,7 +33,7 @@ func (l *loader) policies(d *Domain, list *yaml.Node) {
 			continue
 		}
 		if inFlight != nil {
-			rate := map[string]*yaml.Node{"limit": limit, "algorithm": alg, "burst": burst, "cost": cost, "strategy": strategy, "penalty": penalty, "overrides": overrides}
+			rate := map[string]*yaml.Node{"limit": limit, "algorithm": alg, "burst": burst, "cost": cost, "strategy": strategy, "penalty": penalty, "overrides": overrides, "lease": lease}
 			if l.inFlight(p, inFlight, rate) && l.keyTemplate(p, key, n) && l.addPolicy(p, name) {
 				d.policies = append(d.policies, p)
 			}
@@ -61,6 +62,9 @@ func (l *loader) policies(d *Domain, list *yaml.Node) {
 		}
 		if overrides != nil {
 			p.Overrides = l.overrides(p, overrides)
+		}
+		if lease != nil && !l.lease(p, lease) {
+			continue
 		}
 		if !l.addPolicy(p, name) {
 			continue
@@ -122,6 +126,39 @@ func (l *loader) strategy(p *Policy, strategy, penalty, n *yaml.Node) bool {
 		}
 		p.Penalty = d
 	}
+	return true
+}
+
+// lease reads a policy's lease field, its maximum staleness, and checks
+// that the policy's limit and every override's can honour it: a positive
+// duration no longer than any of their periods, under an algorithm that
+// can grant (not the sliding window log, whose units are dated when
+// taken).
+func (l *loader) lease(p *Policy, n *yaml.Node) bool {
+	d, err := time.ParseDuration(l.str(n))
+	if err != nil || d <= 0 {
+		l.errorf(n, "lease %q: want a positive duration such as 50ms, the leases' maximum staleness", n.Value)
+		return false
+	}
+	limits := []sluice.Limit{p.Limit}
+	for _, o := range p.Overrides {
+		limits = append(limits, o.Limit)
+	}
+	for i, lim := range limits {
+		what := "the policy's limit"
+		if i > 0 {
+			what = fmt.Sprintf("override %s", strings.Join(p.Overrides[i-1].Match, ", "))
+		}
+		switch {
+		case lim.Algorithm == sluice.SlidingWindowLog:
+			l.errorf(n, "lease: %s (%v) cannot be leased: the sliding window log dates each unit when it is taken; use sliding_window_counter or drop the lease", what, lim)
+			return false
+		case d > lim.Period:
+			l.errorf(n, "lease %v is longer than the period of %s (%v): a lease lives at most one period", d, what, lim)
+			return false
+		}
+	}
+	p.Lease = d
 	return true
 }
 

@@ -267,6 +267,10 @@
       tpl.querySelector(".held-line").hidden = false;
     }
     tpl.querySelector(".shadow").hidden = !p.shadow;
+    const lease = tpl.querySelector(".lease");
+    lease.hidden = !(p.lease_ms > 0);
+    if (p.lease_ms > 0) lease.textContent = "lease " + formatDuration(p.lease_ms);
+    tpl.querySelector(".tally-local-line").hidden = !(p.lease_ms > 0);
     if (p.shadow) tpl.querySelector(".tally-denied-label").textContent = "would deny (shadow, let through)";
     tpl.querySelector(".limit").textContent = describeLimit(p);
     const results = tpl.querySelector(".results");
@@ -285,7 +289,8 @@
       heldNow: tpl.querySelector(".held-now"),
       tallyAllowed: tpl.querySelector(".tally-allowed"),
       tallyDenied: tpl.querySelector(".tally-denied"),
-      allowed: 0, denied: 0,
+      tallyLocal: tpl.querySelector(".tally-local"),
+      allowed: 0, denied: 0, local: 0,
     };
     for (const b of tpl.querySelectorAll("button[data-action]")) {
       b.setAttribute("aria-describedby", title.id);
@@ -311,9 +316,10 @@
 
   function clearResults(card) {
     card.results.replaceChildren();
-    card.allowed = card.denied = 0;
+    card.allowed = card.denied = card.local = 0;
     card.tallyAllowed.textContent = "0";
     card.tallyDenied.textContent = "0";
+    card.tallyLocal.textContent = "0";
     card.el.dataset.allowedCount = "0";
     card.el.dataset.deniedCount = "0";
   }
@@ -343,10 +349,14 @@
       if (shadow) li.dataset.shadowDenied = "true";
       verdict.textContent = shadow ? "shadow deny" : allowed ? "allowed" : "denied";
       if (shadow) verdict.title = "Allowed: the policy is in shadow mode and would have denied this request";
-      let text = `${d.remaining ?? "?"} left`;
+      // A lease answered without a store call: what is left is the lease's.
+      const local = d.source === "lease";
+      if (d.source) li.dataset.source = d.source;
+      let text = `${d.remaining ?? "?"} left${local ? " in lease · local" : ""}`;
       if (!allowed || shadow) text += ` · retry in ${formatDuration(d.retry_after_ms)}`;
       detail.textContent = text;
-      li.title = `reset in ${formatDuration(d.reset_after_ms)}`;
+      li.title = `reset in ${formatDuration(d.reset_after_ms)}` + (local ? "; answered from this instance's lease, without a store call" : "");
+      if (local) card.tallyLocal.textContent = String(++card.local);
       // A shadow denial counts as denied, as in the chart; its verdict says it was let through.
       if (allowed && !shadow) card.allowed++; else card.denied++;
       card.tallyAllowed.textContent = String(card.allowed);
@@ -532,7 +542,7 @@
     return el;
   }
 
-  function drawChart(card, allowed, denied, bucketMs) {
+  function drawChart(card, allowed, denied, bucketMs, local) {
     const { top, bars } = chartBars(allowed, denied, CHART_W, CHART_H);
     const nodes = [];
     // A shadow policy's denials were let through: drawn apart from real ones.
@@ -557,7 +567,13 @@
     c.bucketMs = String(bucketMs);
     c.scaleMax = String(top);
     c.renders = String(Number(c.renders || 0) + 1);
-    const summary = `Last ${span}, all traffic on this instance: ${a} allowed, ${d} ${card.policy.shadow ? "would have been denied" : "denied"}`;
+    let summary = `Last ${span}, all traffic on this instance: ${a} allowed, ${d} ${card.policy.shadow ? "would have been denied" : "denied"}`;
+    // A leased policy: the share its lease answered without a store call.
+    if (card.policy.lease_ms > 0) {
+      const l = sum(local);
+      c.localTotal = String(l);
+      summary += `; ${l} answered locally from the lease (${a + d > 0 ? Math.round((100 * l) / (a + d)) : 0}%)`;
+    }
     card.chart.setAttribute("aria-label", `Allowed and denied requests for ${card.policy.name}. ${summary}.`);
     card.el.querySelector(".axis-start").textContent = "\u2212" + span;
     card.el.querySelector(".chart-caption").textContent =
@@ -594,7 +610,7 @@
       for (const s of res.data.series) {
         const card = cards.get(s.policy);
         if (!card) continue;
-        drawChart(card, (s.allowed || []).map(Number), (s.denied || []).map(Number), bucketMs);
+        drawChart(card, (s.allowed || []).map(Number), (s.denied || []).map(Number), bucketMs, (s.local || []).map(Number));
       }
       renderOverview(res.data);
       await refreshTop();
