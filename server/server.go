@@ -124,7 +124,6 @@ type Server struct {
 	health  *Health
 	closers []func()
 	redis   redis.UniversalClient // nil without --redis
-	slots   sluice.Slots          // Redis's slots when the failure policy's store keeps none
 
 	httpSrv    *http.Server
 	grpcSrv    *grpc.Server
@@ -208,7 +207,7 @@ func New(opts Options) (*Server, error) {
 		s.close()
 		return nil, err
 	}
-	s.svc = NewService(store, cfg, &ServiceOptions{Metrics: s.metrics, Logger: s.log, Slots: s.slots, FleetSize: s.fleetSize})
+	s.svc = NewService(store, cfg, &ServiceOptions{Metrics: s.metrics, Logger: s.log, FleetSize: s.fleetSize})
 	s.metrics.reload(true)
 	s.watchFleet(store)
 	return s, nil
@@ -264,9 +263,6 @@ func (s *Server) openStore() (sluice.Store, error) {
 			// the error reaches Envoy, which applies failure_mode_deny.
 			return budgetStore{rs, cmp.Or(s.opts.DecisionTimeout, resilient.DefaultTimeout)}, nil
 		}
-		// In-flight slots go to Redis directly while the failure policy's
-		// store does not keep them: a Redis error is then a 503.
-		s.slots = budgetStore{rs, cmp.Or(s.opts.DecisionTimeout, resilient.DefaultTimeout)}
 		s.metrics.wrapped = true
 		store, err := resilient.NewMulti(budgetStore{rs, 0}, &resilient.Options{
 			Name: "redis", Policy: s.opts.FailurePolicy, Timeout: s.opts.DecisionTimeout, Observer: healthObserver{s.metrics, s.health},

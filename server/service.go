@@ -137,13 +137,14 @@ func NewService(store sluice.Store, cfg *config.Config, opts *ServiceOptions) *S
 	}
 	s := &Service{keyer: enforce.NewKeyer(o.KeyPrefix, o.HashKey), clock: o.Clock, metrics: o.Metrics, log: o.Logger}
 	s.stats = newStats(o.Clock)
+	// Slots come from the store itself: leases wrap rate decisions only.
+	if s.slots, _ = store.(sluice.Slots); s.slots == nil {
+		s.slots = o.Slots
+	}
 	if s.leases = s.newLeases(store, &o); s.leases != nil {
 		store = s.leases
 	}
 	s.engine = enforce.New(timedStore(store, o.Metrics), observer{s})
-	if s.slots, _ = store.(sluice.Slots); s.slots == nil {
-		s.slots = o.Slots
-	}
 	s.holds = newHeldSlots(o.Clock)
 	o.Metrics.watchSlots(s.holds)
 	s.mon = newMonitor(s)
