@@ -53,7 +53,10 @@ type Options struct {
 // refuses every decision with ErrZeroStore (its Len is 0; Close and Sweep
 // do nothing).
 type Store struct {
-	now    func() int64 // µs since the Unix epoch
+	clock  func() time.Time // Options.Clock; nil reads the monotonic clock
+	base   time.Time        // the monotonic clock's anchor
+	baseUS int64            // base, µs since the Unix epoch
+	limits limitCache
 	seed   maphash.Seed
 	mask   uint64
 	shards []shard
@@ -99,11 +102,8 @@ func New(opts *Options) *Store {
 	if o.SweepInterval == 0 {
 		o.SweepInterval = time.Minute
 	}
-	s := &Store{now: monotonicMicros(), seed: maphash.MakeSeed(), mask: uint64(n - 1), shards: make([]shard, n), stop: make(chan struct{})}
-	if o.Clock != nil {
-		clock := o.Clock
-		s.now = func() int64 { return clock().UnixMicro() }
-	}
+	base := time.Now()
+	s := &Store{clock: o.Clock, base: base, baseUS: base.UnixMicro(), seed: maphash.MakeSeed(), mask: uint64(n - 1), shards: make([]shard, n), stop: make(chan struct{})}
 	per := (o.MaxKeys + n - 1) / n
 	for i := range s.shards {
 		s.shards[i].maxKeys = per
@@ -144,32 +144,43 @@ func (s *Store) shardIndex(key string) uint64 { return maphash.String(s.seed, ke
 
 func (s *Store) shard(key string) *shard { return &s.shards[s.shardIndex(key)] }
 
-// monotonicMicros reads the monotonic clock, anchored to the wall clock
-// once: cheaper than time.Now (one clock read, not two) and immune to wall
-// clock steps, which is all one process's limiter needs.
-func monotonicMicros() func() int64 {
-	base := time.Now()
-	baseUS := base.UnixMicro()
-	return func() int64 { return baseUS + int64(time.Since(base)/time.Microsecond) }
+// now is the time in µs since the Unix epoch: the injected clock's, or the
+// monotonic clock anchored to the wall clock once, which is cheaper than
+// time.Now (one clock read, not two) and immune to wall clock steps, all
+// one process's limiter needs.
+func (s *Store) now() int64 {
+	if s.clock != nil {
+		return s.clock().UnixMicro()
+	}
+	return s.baseUS + int64(time.Since(s.base)/time.Microsecond)
 }
 
-// check validates a request and refuses a zero Store.
-func (s *Store) check(key string, limit sluice.Limit, cost int64) error {
-	if err := sluice.ValidateRequest(key, limit, cost); err != nil {
-		return err
+// check validates a request, refuses a zero Store, and returns the limit's
+// params. It checks exactly what sluice.ValidateRequest does, in that order,
+// but validates a limit only the first time it meets it.
+func (s *Store) check(key string, limit sluice.Limit, cost int64) (*params, error) {
+	if err := sluice.ValidateKey(key); err != nil {
+		return nil, err
+	}
+	p, err := s.limits.params(limit)
+	if err != nil {
+		return nil, err
+	}
+	if cost < 1 || cost > p.capacity {
+		return nil, limit.ValidateCost(cost)
 	}
 	if s.shards == nil {
-		return ErrZeroStore
+		return nil, ErrZeroStore
 	}
-	return nil
+	return p, nil
 }
 
 // Take implements sluice.Store.
 func (s *Store) Take(_ context.Context, key string, limit sluice.Limit, cost int64) (sluice.Decision, error) {
-	if err := s.check(key, limit, cost); err != nil {
+	p, err := s.check(key, limit, cost)
+	if err != nil {
 		return sluice.Decision{}, err
 	}
-	p := newParams(limit)
 	sh := s.shard(key)
 	m := sh.maps[limit.Algorithm]
 	sh.mu.Lock()
@@ -177,7 +188,7 @@ func (s *Store) Take(_ context.Context, key string, limit sluice.Limit, cost int
 	st := m[key]
 	if st == nil {
 		var fresh state
-		r := decide(&fresh, now, &p, cost, true)
+		r := decide(&fresh, now, p, cost, true)
 		if r.allowed {
 			fresh.expires = now + r.reset
 			sh.insert(m, key, &fresh, now)
@@ -189,7 +200,7 @@ func (s *Store) Take(_ context.Context, key string, limit sluice.Limit, cost int
 		st.a, st.b, st.c, st.expires = 0, 0, 0, 0
 		st.log.clear()
 	}
-	r := decide(st, now, &p, cost, true)
+	r := decide(st, now, p, cost, true)
 	if r.allowed {
 		st.expires = now + r.reset
 	}
@@ -199,10 +210,10 @@ func (s *Store) Take(_ context.Context, key string, limit sluice.Limit, cost int
 
 // Peek implements sluice.Store.
 func (s *Store) Peek(_ context.Context, key string, limit sluice.Limit, cost int64) (sluice.Decision, error) {
-	if err := s.check(key, limit, cost); err != nil {
+	p, err := s.check(key, limit, cost)
+	if err != nil {
 		return sluice.Decision{}, err
 	}
-	p := newParams(limit)
 	sh := s.shard(key)
 	sh.mu.Lock()
 	now := s.now()
@@ -210,7 +221,7 @@ func (s *Store) Peek(_ context.Context, key string, limit sluice.Limit, cost int
 	if st := sh.maps[limit.Algorithm][key]; st != nil && st.expires > now {
 		cp = *st // the log is only read when commit is false
 	}
-	r := decide(&cp, now, &p, cost, false)
+	r := decide(&cp, now, p, cost, false)
 	sh.mu.Unlock()
 	return r.decision(limit), nil
 }

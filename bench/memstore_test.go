@@ -1,0 +1,202 @@
+package bench
+
+import (
+	"context"
+	"math/bits"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	"github.com/sethvargo/go-limiter/memorystore"
+
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/lease"
+	"github.com/sluicehq/sluice/memory"
+)
+
+// memKeys is the memory comparison's key set: 100,000 distinct keys, every
+// one of them held by the store before the timed loop starts.
+const memKeys = 100_000
+
+// memContender is one in-process limiter under test: take decides one unit
+// for key, and held, when not nil, says how many keys it holds.
+type memContender struct {
+	name string
+	new  func(b *testing.B) (take func(context.Context, string) bool, held func() int)
+}
+
+// memLimit is every memory contender's limit: 1,000 per second, burst 1,000.
+var memLimit = sluice.Limit{Rate: Rate, Period: Period}
+
+// leaseStaleness is the lease's maximum staleness in the memory comparison:
+// as long as the limit's period allows, so the timed loop, which visits each
+// key every few tens of milliseconds, finds a live lease.
+const leaseStaleness = Period
+
+func memContenders() []memContender {
+	return []memContender{
+		{"go-limiter", func(b *testing.B) (func(context.Context, string) bool, func() int) {
+			s, err := memorystore.New(&memorystore.Config{Tokens: Rate, Interval: Period, InitialAlloc: memKeys})
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.Cleanup(func() { s.Close(context.Background()) })
+			return func(ctx context.Context, key string) bool {
+				_, _, _, ok, err := s.Take(ctx, key)
+				return ok && err == nil
+			}, nil
+		}},
+		{"map-mutex-gcra", func(b *testing.B) (func(context.Context, string) bool, func() int) {
+			g := NewMapGCRA(Rate, Period)
+			return func(_ context.Context, key string) bool { return g.Take(key).Allowed }, g.Len
+		}},
+		{"sluice-memory", func(b *testing.B) (func(context.Context, string) bool, func() int) {
+			s := memory.New(nil)
+			b.Cleanup(func() { s.Close() })
+			return func(ctx context.Context, key string) bool {
+				d, err := s.Take(ctx, key, memLimit, 1)
+				return d.Allowed && err == nil
+			}, s.Len
+		}},
+		{"sluice-lease", func(b *testing.B) (func(context.Context, string) bool, func() int) {
+			m := memory.New(nil)
+			s, err := lease.New(m, &lease.Options{MaxStaleness: leaseStaleness})
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.Cleanup(func() { s.Close(context.Background()); m.Close() })
+			b.Cleanup(func() {
+				st := s.Stats()
+				if st.Local == 0 {
+					b.Error("no decision was answered from a lease")
+				}
+			})
+			return func(ctx context.Context, key string) bool {
+				d, err := s.Take(ctx, key, memLimit, 1)
+				return d.Allowed && err == nil
+			}, s.Len
+		}},
+	}
+}
+
+// BenchmarkMemoryStore compares sluice's memory store, and leases over it,
+// with sethvargo/go-limiter's memorystore and a bare map-plus-mutex GCRA
+// (MapGCRA): one unit per call over 100,000 distinct keys that every
+// contender already holds, serially and on GOMAXPROCS goroutines. Each
+// sluice row reports its ns/op over go-limiter's (x-go-limiter) and over the
+// baseline's (x-map-mutex) from the same run, and the share of its calls
+// allowed.
+func BenchmarkMemoryStore(b *testing.B) {
+	keys, err := Keys(memKeys)
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, mode := range []string{"serial", "parallel"} {
+		b.Run(mode, func(b *testing.B) {
+			nsop, cpuop := map[string]float64{}, map[string]float64{} // ns/op and cpu-ns/op by contender
+			for _, c := range memContenders() {
+				b.Run(c.name, func(b *testing.B) {
+					take, held := c.new(b)
+					ctx := context.Background()
+					for _, k := range keys {
+						take(ctx, k)
+					}
+					if held != nil {
+						if got := held(); got != memKeys {
+							b.Fatalf("holds %d keys, want %d", got, memKeys)
+						}
+					}
+					cpu := ProcessCPU()
+					var ns float64
+					if mode == "serial" {
+						ns = memSerial(b, keys, take)
+					} else {
+						ns = memParallel(b, keys, take)
+					}
+					cpuNS := float64(ProcessCPU()-cpu) / float64(b.N)
+					b.ReportMetric(cpuNS, "cpu-ns/op")
+					nsop[c.name], cpuop[c.name] = ns, cpuNS
+					for _, base := range []struct{ name, unit string }{{"go-limiter", "x-go-limiter"}, {"map-mutex-gcra", "x-map-mutex"}} {
+						if nsop[base.name] > 0 && c.name != base.name {
+							b.ReportMetric(ns/nsop[base.name], base.unit)
+							b.ReportMetric(cpuNS/cpuop[base.name], base.unit+"-cpu")
+						}
+					}
+				})
+			}
+		})
+	}
+}
+
+func memSerial(b *testing.B, keys []string, take func(context.Context, string) bool) float64 {
+	ctx := context.Background()
+	used := make([]uint64, (len(keys)+63)/64)
+	var allowed, n int
+	i := 0
+	b.ReportAllocs()
+	for b.Loop() {
+		if take(ctx, keys[i]) {
+			allowed++
+		}
+		used[i>>6] |= 1 << (i & 63)
+		n++
+		if i++; i == len(keys) {
+			i = 0
+		}
+	}
+	return memReport(b, n, allowed, used, min(n, len(keys)))
+}
+
+// memParallel is memSerial on GOMAXPROCS goroutines, each walking the keys
+// from its own place in them.
+func memParallel(b *testing.B, keys []string, take func(context.Context, string) bool) float64 {
+	ctx := context.Background()
+	var (
+		mu      sync.Mutex
+		used    = make([]uint64, (len(keys)+63)/64)
+		allowed atomic.Int64
+		calls   atomic.Int64
+		worker  atomic.Int64
+	)
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		mine := make([]uint64, len(used))
+		i := int(worker.Add(1)*7919) % len(keys)
+		var ok, n int64
+		for pb.Next() {
+			if take(ctx, keys[i]) {
+				ok++
+			}
+			mine[i>>6] |= 1 << (i & 63)
+			n++
+			if i++; i == len(keys) {
+				i = 0
+			}
+		}
+		allowed.Add(ok)
+		calls.Add(n)
+		mu.Lock()
+		for j, w := range mine {
+			used[j] |= w
+		}
+		mu.Unlock()
+	})
+	// Each goroutine's walk is contiguous, so together they cover at least
+	// as many keys as the busiest one called.
+	return memReport(b, int(calls.Load()), int(allowed.Load()), used, 0)
+}
+
+// memReport reports the share allowed and the distinct keys used, fails
+// when fewer than want keys were used, and returns ns/op.
+func memReport(b *testing.B, n, allowed int, used []uint64, want int) float64 {
+	distinct := 0
+	for _, w := range used {
+		distinct += bits.OnesCount64(w)
+	}
+	if distinct < want {
+		b.Fatalf("used %d distinct keys, want %d", distinct, want)
+	}
+	b.ReportMetric(float64(allowed)/float64(max(n, 1)), "allowed/op")
+	b.ReportMetric(float64(distinct), "keys")
+	return float64(b.Elapsed().Nanoseconds()) / float64(max(b.N, 1))
+}
