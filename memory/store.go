@@ -67,11 +67,11 @@ type Store struct {
 
 type shard struct {
 	mu      sync.Mutex
-	maps    [6]map[string]*state // one per sluice.Algorithm
-	n       int
+	tab     table // every algorithm's keys (table.go)
+	n       int   // live keys in tab
 	maxKeys int
 	slots   map[string]*slotKey // in-flight holders by key (inflight.go)
-	_       [32]byte            // keep shards on separate cache lines
+	_       [64]byte            // keep shards on separate cache lines
 }
 
 // state is one key's state. Its fields mean what the algorithm's file says.
@@ -81,6 +81,12 @@ type state struct {
 	a, b, c int64
 	expires int64
 	log     ring // sliding_window_log only
+}
+
+// clear makes st fresh, keeping the log's buffer.
+func (st *state) clear() {
+	st.a, st.b, st.c, st.expires = 0, 0, 0, 0
+	st.log.clear()
 }
 
 // New returns a Store. Close it to stop the sweeper.
@@ -107,9 +113,6 @@ func New(opts *Options) *Store {
 	per := (o.MaxKeys + n - 1) / n
 	for i := range s.shards {
 		s.shards[i].maxKeys = per
-		for a := range s.shards[i].maps {
-			s.shards[i].maps[a] = make(map[string]*state)
-		}
 	}
 	if o.SweepInterval > 0 {
 		s.done.Add(1)
@@ -143,6 +146,12 @@ func (s *Store) Len() int {
 func (s *Store) shardIndex(key string) uint64 { return maphash.String(s.seed, key) & s.mask }
 
 func (s *Store) shard(key string) *shard { return &s.shards[s.shardIndex(key)] }
+
+// locate hashes key once for both its shard and its tag under a.
+func (s *Store) locate(key string, a sluice.Algorithm) (*shard, uint32) {
+	h := maphash.String(s.seed, key)
+	return &s.shards[h&s.mask], tagOf(h, a)
+}
 
 // now is the time in µs since the Unix epoch: the injected clock's, or the
 // monotonic clock anchored to the wall clock once, which is cheaper than
@@ -181,24 +190,22 @@ func (s *Store) Take(_ context.Context, key string, limit sluice.Limit, cost int
 	if err != nil {
 		return sluice.Decision{}, err
 	}
-	sh := s.shard(key)
-	m := sh.maps[limit.Algorithm]
+	sh, tag := s.locate(key, limit.Algorithm)
 	sh.mu.Lock()
 	now := s.now()
-	st := m[key]
+	st := sh.tab.find(tag, key)
 	if st == nil {
 		var fresh state
 		r := decide(&fresh, now, p, cost, true)
 		if r.allowed {
 			fresh.expires = now + r.reset
-			sh.insert(m, key, &fresh, now)
+			sh.insert(tag, key, fresh, now)
 		}
 		sh.mu.Unlock()
 		return r.decision(limit), nil
 	}
 	if st.expires <= now { // expired but not yet swept: fresh again
-		st.a, st.b, st.c, st.expires = 0, 0, 0, 0
-		st.log.clear()
+		st.clear()
 	}
 	r := decide(st, now, p, cost, true)
 	if r.allowed {
@@ -214,11 +221,11 @@ func (s *Store) Peek(_ context.Context, key string, limit sluice.Limit, cost int
 	if err != nil {
 		return sluice.Decision{}, err
 	}
-	sh := s.shard(key)
+	sh, tag := s.locate(key, limit.Algorithm)
 	sh.mu.Lock()
 	now := s.now()
 	var cp state
-	if st := sh.maps[limit.Algorithm][key]; st != nil && st.expires > now {
+	if st := sh.tab.find(tag, key); st != nil && st.expires > now {
 		cp = *st // the log is only read when commit is false
 	}
 	r := decide(&cp, now, p, cost, false)
@@ -237,59 +244,45 @@ func (s *Store) Reset(_ context.Context, key string, limit sluice.Limit) error {
 	if s.shards == nil {
 		return ErrZeroStore
 	}
-	sh := s.shard(key)
+	sh, tag := s.locate(key, limit.Algorithm)
 	sh.mu.Lock()
-	if _, ok := sh.maps[limit.Algorithm][key]; ok {
-		delete(sh.maps[limit.Algorithm], key)
+	if sh.tab.remove(tag, key) {
 		sh.n--
 	}
 	sh.mu.Unlock()
 	return nil
 }
 
-// insert adds st under key, evicting first if the shard is full.
-func (sh *shard) insert(m map[string]*state, key string, st *state, now int64) {
+// insert adds st under key, evicting first if the shard is full, and
+// returns where it now lives (valid until the next insert).
+func (sh *shard) insert(tag uint32, key string, st state, now int64) *state {
 	if sh.n >= sh.maxKeys {
-		sh.evict(m, now)
+		sh.evict(now)
 	}
-	m[key] = st
 	sh.n++
+	return sh.tab.add(tag, key, st)
 }
 
-// evict removes one key: the first expired one among a small random sample
-// (map iteration starts at a random place), else the sample's soonest to
-// expire, as Redis's volatile-ttl policy does.
-func (sh *shard) evict(prefer map[string]*state, now int64) {
-	const sample = 5
-	var (
-		victim  string
-		vmap    map[string]*state
-		soonest int64
-		seen    int
-	)
-	try := func(m map[string]*state) bool {
-		for k, st := range m {
-			if vmap == nil || st.expires < soonest {
-				victim, vmap, soonest = k, m, st.expires
-			}
-			seen++
-			if st.expires <= now || seen >= sample {
-				return true
-			}
-		}
-		return false
+// evict removes one key: the first expired one among a small random sample,
+// else the sample's soonest to expire, as Redis's volatile-ttl policy does.
+func (sh *shard) evict(now int64) {
+	idx, n := sh.tab.sample()
+	if n == 0 {
+		return
 	}
-	if !try(prefer) {
-		for _, m := range sh.maps {
-			if try(m) {
-				break
-			}
+	victim := idx[0]
+	for _, i := range idx[:n] {
+		exp := sh.tab.state(i).expires
+		if exp <= now {
+			victim = i
+			break
+		}
+		if exp < sh.tab.state(victim).expires {
+			victim = i
 		}
 	}
-	if vmap != nil {
-		delete(vmap, victim)
-		sh.n--
-	}
+	sh.tab.bury(victim)
+	sh.n--
 }
 
 func (s *Store) sweepLoop(every time.Duration) {
@@ -313,12 +306,10 @@ func (s *Store) Sweep() {
 		sh.mu.Lock()
 		now := s.now()
 		sh.sweepSlots(now)
-		for _, m := range sh.maps {
-			for k, st := range m {
-				if st.expires <= now {
-					delete(m, k)
-					sh.n--
-				}
+		for i, slot := range sh.tab.index {
+			if live(slot) && sh.tab.state(i).expires <= now {
+				sh.tab.bury(i)
+				sh.n--
 			}
 		}
 		sh.mu.Unlock()
