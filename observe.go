@@ -96,7 +96,7 @@ func (s Source) String() string {
 type StoreEvent struct {
 	// Store names the wrapped store, for metric labels.
 	Store string
-	// Op is "take", "take_all", "peek" or "reset".
+	// Op is "take", "take_all", "peek", "reset", "grant" or "return".
 	Op string
 	// Source says who answered.
 	Source Source

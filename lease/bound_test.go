@@ -159,12 +159,12 @@ func TestBoundSearchBuckets(t *testing.T) {
 }
 
 // randomFleet draws a staleness below l's period and up to four processes,
-// each with its own lease size.
+// each with its own lease size, 0 for leases sized by demand.
 func randomFleet(t *testing.T, r *rand.Rand, l sluice.Limit) (*fleet, time.Duration, []int64) {
 	d := time.Duration(1+r.Int64N(l.Period.Microseconds()-1)) * time.Microsecond
 	sizes := make([]int64, 1+r.IntN(4))
 	for i := range sizes {
-		sizes[i] = 1 + r.Int64N(l.Capacity())
+		sizes[i] = r.Int64N(l.Capacity() + 1)
 	}
 	return newFleet(t, d, sizes), d, sizes
 }

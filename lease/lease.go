@@ -3,9 +3,10 @@
 // spends it locally, without a round trip per request, and it says exactly
 // how far over the limit a fleet can go.
 //
-// A Store asks its sluice.Granter for up to Options.Size units of a key and
-// admits requests from them in memory until they are spent or the lease
-// expires. A lease lives at most Options.MaxStaleness (D), measured from
+// A Store asks its sluice.Granter for up to n units of a key (see "Lease
+// size") and admits requests from them in memory until they are spent or the lease
+// expires. A lease lives at most the key's maximum staleness D
+// (Options.MaxStaleness, or Options.For per key; zero: no lease), measured from
 // when its grant was sent, so no network delay stretches it; under the
 // window algorithms it also ends where the window it was taken from ends.
 // When the store grants nothing, the Store remembers that until the key's
@@ -13,6 +14,19 @@
 // return rule, on the first request an expired lease or one too small
 // cannot answer, and on Close; a lease forgotten among many idle keys
 // strands its units, which can only lower admissions.
+//
+// # Lease size
+//
+// Each key's demand in a process is the units it asked for per D, as an
+// exponentially weighted moving average with time constant D (each request
+// counts its cost, admitted or not). A key is hot when its demand is at
+// least 4 units: it then gets leases of its demand rounded up, what the
+// process expects to use within D, capped at Capacity / (2 × fleet size)
+// (Options.FleetSize) so no process holds more than its share of the burst,
+// and at least 1. A key that is not hot, or whose lease would hold no more
+// than the request's cost, is not leased: the store answers the request
+// exactly, as without leases. Options.Size replaces all this with one
+// fixed size for every key.
 //
 // # The bound
 //
@@ -49,6 +63,11 @@
 // it: a lease granted B, returned whole after the bucket refilled, lets the
 // fleet take B again on top of the refills.
 //
+// Sizing does not enter the bound: the proofs hold for grants of any size
+// (each is an exact take of the store's), and a lease's lifetime is D
+// whatever it holds; size only moves how many units wait, unspent, in a
+// process.
+//
 // FixedWindow: a lease never outlives the window its units were taken
 // from, as the store's clock sees it, and its unused units return only into
 // that window's count, so each window admits at most Rate, exactly as
@@ -67,6 +86,18 @@
 // SlidingWindowLog is refused (sluice.ErrGrantUnsupported): its units are
 // dated when taken, so a leased unit spent later would leave the log early.
 //
+// # Failure policies
+//
+// Over a resilient.Store (or MultiStore), a live lease answers locally
+// before the breaker is consulted: a Redis that is down costs a leased key
+// nothing until its lease ends. Grants and returns pass through while the
+// breaker lets calls through; the failure policy never grants, so when a
+// grant is held back or fails (resilient.ErrNoGrant) the request is
+// answered by the resilient store's Take: the failure policy's answer. A
+// return held back or failed is not resent (a resent return would make
+// budget); its units stay out of the store, which can only lower
+// admissions.
+//
 // # What callers see
 //
 // A decision answered from a lease has Source sluice.SourceLease, Remaining
@@ -75,44 +106,75 @@
 // partial grant cannot cover is denied with a RetryAfter that is an upper
 // bound (one Interval per missing unit; the window's end for the window
 // algorithms) rather than exact. Peek answers from a live lease without
-// taking, and otherwise asks the store. Reset drops this process's lease
-// and resets the key; other processes' leases live on for at most D.
+// taking, and otherwise asks the store.
+//
+// Reset and config reloads take effect within D. Reset drops this
+// process's lease and resets the key in the store; other processes' leases
+// live on for at most D from their grants' sends, and their next grants
+// come from the reset key. Leases are kept per key and Limit, so a changed
+// limit (a reloaded policy) is another lease: its first request asks the
+// store under the new limit at once, and the old limit's lease, no longer
+// asked, strands its units (they were taken from the store: this can only
+// lower admissions) until it is swept.
 package lease
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/resilient"
 )
 
-var _ sluice.Store = (*Store)(nil)
+var _ sluice.MultiStore = (*Store)(nil)
 
 var (
-	// ErrInvalidStaleness: Options.MaxStaleness is zero or negative, or
-	// longer than a limit's period.
+	// ErrInvalidStaleness: Options.MaxStaleness is negative, or neither it
+	// nor Options.For is set, or a key's staleness is longer than its
+	// limit's period.
 	ErrInvalidStaleness = errors.New("lease: invalid maximum staleness")
 	// ErrNoGranter: the Store is a zero value, or was built without a
 	// granter.
 	ErrNoGranter = errors.New("lease: no granter")
+	// ErrNoTakeAll: TakeAll has several checks that are not leased, and
+	// the granter is not a sluice.MultiStore that could take them at once.
+	ErrNoTakeAll = errors.New("lease: the granter cannot take several unleased limits at once")
 )
 
-// Options configures a Store. MaxStaleness has no default.
+// Options configures a Store. MaxStaleness or For must be set.
 type Options struct {
 	// MaxStaleness (D) is the longest a lease lives, from when its grant
 	// was sent: the most a fleet's admissions can run ahead of the store,
-	// in units of time (see the package doc's bound). It must be positive
-	// and no longer than the Period of any limit the Store is used with.
+	// in units of time (see the package doc's bound). It must be no longer
+	// than the Period of any limit the Store is used with. Default: none;
+	// it must be positive when For is nil, and is unused when For is set.
 	MaxStaleness time.Duration
 
-	// Size is how many units each grant asks for, capped at a limit's
-	// Capacity (and raised to a request's cost). Default: a tenth of the
-	// limit's Capacity, at least 1.
+	// For, when set, is each key's maximum staleness D in place of
+	// MaxStaleness (a service knows each key's policy). Zero means no
+	// lease: the key is answered exactly by the granter, as without
+	// leases. A D below zero or longer than the limit's period is
+	// ErrInvalidStaleness on that call. It is called once per decision and
+	// must be safe for concurrent use. Default: nil, MaxStaleness for
+	// every key.
+	For func(key string, limit sluice.Limit) time.Duration
+
+	// Size, when positive, is how many units each grant asks for, capped
+	// at a limit's Capacity and raised to a request's cost, for every key,
+	// hot or not. Default: 0, sized by demand (see "Lease size" in the
+	// package doc).
 	Size int64
+
+	// FleetSize returns how many processes share the store's limits (a
+	// service passes its resilient.Fleet's count); an adaptive lease holds
+	// at most 1/(2 × FleetSize) of a limit's Capacity. It is called once
+	// per grant. Default: nil, a fleet of 1; a figure below 1 counts as 1.
+	FleetSize func() int
 
 	// Clock returns the current time. Default time.Now. It measures lease
 	// lifetimes and remembered denials only.
@@ -126,7 +188,9 @@ type Options struct {
 type Store struct {
 	granter   sluice.Granter
 	staleness time.Duration
+	stale     func(key string, limit sluice.Limit) time.Duration
 	size      int64
+	fleet     func() int
 	clock     func() time.Time
 
 	mu      sync.Mutex
@@ -177,9 +241,15 @@ type lease struct {
 	end   time.Time // window algorithms: spendable while now < end
 	deny  time.Time // a zero grant is remembered until then
 	reset time.Time // and the key was fresh again by then
+	gen   uint64    // counts grants: which one units came from
+
+	demand float64   // units this process expects to ask for within D
+	asked  int64     // units asked since folded, not yet in demand
+	folded time.Time // when asked was last folded into demand
 }
 
-// New returns a Store that leases from g. opts must set MaxStaleness.
+// New returns a Store that leases from g. opts must set MaxStaleness or
+// For.
 func New(g sluice.Granter, opts *Options) (*Store, error) {
 	if g == nil {
 		return nil, ErrNoGranter
@@ -188,27 +258,35 @@ func New(g sluice.Granter, opts *Options) (*Store, error) {
 	if opts != nil {
 		o = *opts
 	}
-	if o.MaxStaleness <= 0 {
+	if o.For == nil && o.MaxStaleness <= 0 {
 		return nil, fmt.Errorf("%w: %v must be positive", ErrInvalidStaleness, o.MaxStaleness)
 	}
 	if o.Clock == nil {
 		o.Clock = time.Now
 	}
-	return &Store{granter: g, staleness: o.MaxStaleness, size: o.Size, clock: o.Clock, leases: make(map[leaseKey]*lease), sweepAt: minSweep}, nil
+	return &Store{granter: g, staleness: o.MaxStaleness, stale: o.For, size: o.Size, fleet: o.FleetSize, clock: o.Clock, leases: make(map[leaseKey]*lease), sweepAt: minSweep}, nil
 }
 
-// check validates a request against the Store and its limit.
-func (s *Store) check(key string, limit sluice.Limit, cost int64) error {
+// check validates a request against the Store and its limit, and returns
+// the key's maximum staleness: zero when the key is not leased.
+func (s *Store) check(key string, limit sluice.Limit, cost int64) (time.Duration, error) {
 	if s.granter == nil {
-		return ErrNoGranter
+		return 0, ErrNoGranter
+	}
+	d := s.staleness
+	if s.stale != nil {
+		d = s.stale(key, limit)
+	}
+	if d == 0 {
+		return 0, nil
 	}
 	if err := sluice.ValidateGrant(key, limit, cost); err != nil {
-		return err
+		return 0, err
 	}
-	if s.staleness > limit.Period {
-		return fmt.Errorf("%w: %v is longer than the period of %v", ErrInvalidStaleness, s.staleness, limit)
+	if d < 0 || d > limit.Period {
+		return 0, fmt.Errorf("%w: %v for %v (its period is %v)", ErrInvalidStaleness, d, limit, limit.Period)
 	}
-	return nil
+	return d, nil
 }
 
 func (s *Store) lease(key string, limit sluice.Limit) *lease {
@@ -262,39 +340,63 @@ func (l *lease) local(limit sluice.Limit, now time.Time, allowed bool) sluice.De
 
 // Take implements sluice.Store: from the key's lease when it is live and
 // holds cost units, and otherwise after returning what is left of it and
-// asking for a new one.
+// asking for a new one; a key that is not leased, exactly by the store.
 func (s *Store) Take(ctx context.Context, key string, limit sluice.Limit, cost int64) (sluice.Decision, error) {
-	if err := s.check(key, limit, cost); err != nil {
+	stale, err := s.check(key, limit, cost)
+	if err != nil {
 		return sluice.Decision{}, err
 	}
-	l := s.lease(key, limit)
+	if stale > 0 {
+		d, _, exact, err := s.spend(ctx, key, limit, cost, stale, s.lease(key, limit), false)
+		if !exact {
+			return d, err
+		}
+	}
+	return s.granter.Take(ctx, key, limit, cost)
+}
+
+// spend answers a request of cost from l, the key's lease, taking the
+// units when it allows, and reports the grant they came from (gen). exact
+// says the store should answer instead, as it does for a key that is not
+// hot; force leases such a key all the same.
+func (s *Store) spend(ctx context.Context, key string, limit sluice.Limit, cost int64, stale time.Duration, l *lease, force bool) (_ sluice.Decision, gen uint64, exact bool, _ error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	now := s.clock()
+	l.asked += cost
 	if l.live(now) && l.units >= cost {
 		l.units -= cost
 		s.local.Add(1)
-		return l.local(limit, now, true), nil
+		return l.local(limit, now, true), l.gen, false, nil
 	}
 	if now.Before(l.deny) {
-		return sluice.Decision{Limit: limit, RetryAfter: l.deny.Sub(now), ResetAfter: max(l.reset.Sub(now), 0), Source: sluice.SourceDenyCache}, nil
+		return sluice.Decision{Limit: limit, RetryAfter: l.deny.Sub(now), ResetAfter: max(l.reset.Sub(now), 0), Source: sluice.SourceDenyCache}, 0, false, nil
+	}
+	l.fold(now, stale)
+	n := s.sizeFor(l, limit, cost)
+	if n == 0 && !force {
+		return sluice.Decision{}, 0, true, nil
 	}
 	if err := s.giveBack(ctx, key, limit, l); err != nil {
-		return sluice.Decision{}, err
+		return sluice.Decision{}, 0, false, err
 	}
 	sent := s.clock()
 	s.grants.Add(1)
-	g, err := s.granter.Grant(ctx, key, limit, min(max(s.sizeFor(limit), cost), limit.Capacity()))
+	g, err := s.granter.Grant(ctx, key, limit, max(n, cost))
+	if errors.Is(err, resilient.ErrNoGrant) {
+		return sluice.Decision{}, 0, true, nil // the failure policy answers
+	}
 	if err != nil {
-		return sluice.Decision{}, err
+		return sluice.Decision{}, 0, false, err
 	}
 	s.granted.Add(uint64(g.Granted))
 	if g.Granted == 0 {
 		l.deny, l.reset = sent.Add(g.RetryAfter), sent.Add(g.ResetAfter)
-		return sluice.Decision{Limit: limit, RetryAfter: g.RetryAfter, ResetAfter: g.ResetAfter}, nil
+		return sluice.Decision{Limit: limit, RetryAfter: g.RetryAfter, ResetAfter: g.ResetAfter}, 0, false, nil
 	}
+	l.gen++
 	l.grant, l.units, l.sent = g, g.Granted, sent
-	l.until, l.end = sent.Add(s.staleness), time.Time{}
+	l.until, l.end = sent.Add(stale), time.Time{}
 	if g.Window > 0 {
 		l.end = sent.Add(g.Window)
 	}
@@ -306,24 +408,77 @@ func (s *Store) Take(ctx context.Context, key string, limit sluice.Limit, cost i
 			d.RetryAfter = max(l.end.Sub(now), time.Microsecond)
 		}
 		d.Source = sluice.SourceBackend
-		return d, nil
+		return d, 0, false, nil
 	}
 	l.units -= cost
 	d := l.local(limit, now, true)
 	d.Source = sluice.SourceBackend
-	return d, nil
+	return d, l.gen, false, nil
 }
 
-// sizeFor is the grant size Options.Size gives limit.
-func (s *Store) sizeFor(limit sluice.Limit) int64 {
-	if s.size > 0 {
-		return s.size
+// restore puts back cost units that spend took from grant gen, when l
+// still holds that grant; otherwise they stay out of the store, which can
+// only lower admissions.
+func (l *lease) restore(gen uint64, cost int64) {
+	l.mu.Lock()
+	if l.gen == gen {
+		l.units += cost
 	}
-	return max(limit.Capacity()/10, 1)
+	l.mu.Unlock()
+}
+
+// hotUnits is the demand, in units expected within D, from which a key is
+// leased: below it a lease would save few round trips and strand units.
+const hotUnits = 4
+
+// fold adds the units asked since the last fold to l's demand: an
+// exponentially weighted moving average, with time constant d, of the
+// units this process asks for the key per d. Over a gap dt the old figure
+// keeps the weight e^(−dt/d) and the rate seen over the gap, scaled to d,
+// takes the rest; a gap of zero adds what was asked.
+func (l *lease) fold(now time.Time, d time.Duration) {
+	dt := now.Sub(l.folded)
+	switch {
+	case l.folded.IsZero():
+		l.demand = float64(l.asked)
+	case dt <= 0:
+		l.demand += float64(l.asked)
+	default:
+		w := -math.Expm1(-float64(dt) / float64(d))
+		l.demand = l.demand*(1-w) + float64(l.asked)*w*float64(d)/float64(dt)
+	}
+	l.asked, l.folded = 0, now
+}
+
+// sizeFor is how many units a grant for l asks to cover a request of cost,
+// at most Capacity, or 0 when the store should answer the request exactly.
+// Options.Size, raised to cost, when set. Otherwise 0 for a key that is not
+// hot (demand below hotUnits), and for a hot one its demand rounded up,
+// capped at Capacity / (2 × fleet size), at least 1; 0 again when that is
+// no more than cost, since such a lease would be a Take that may strand a
+// partial grant.
+func (s *Store) sizeFor(l *lease, limit sluice.Limit, cost int64) int64 {
+	if s.size > 0 {
+		return min(max(s.size, cost), limit.Capacity())
+	}
+	if l.demand < hotUnits {
+		return 0
+	}
+	fleet := 1
+	if s.fleet != nil {
+		fleet = max(s.fleet(), 1)
+	}
+	n := min(int64(math.Ceil(l.demand)), max(limit.Capacity()/int64(2*fleet), 1))
+	if n <= cost {
+		return 0
+	}
+	return n
 }
 
 // giveBack returns l's unused units, once: on an error they stay out of
-// the store (a resent return could make budget).
+// the store (a resent return could make budget). A return a failure policy
+// held back (resilient.ErrNoGrant) is no error of the request's: the
+// policy has counted it.
 func (s *Store) giveBack(ctx context.Context, key string, limit sluice.Limit, l *lease) error {
 	if l.units == 0 {
 		return nil
@@ -331,6 +486,9 @@ func (s *Store) giveBack(ctx context.Context, key string, limit sluice.Limit, l 
 	unused := l.units
 	l.units = 0
 	n, err := s.granter.Return(ctx, key, limit, l.grant, unused)
+	if errors.Is(err, resilient.ErrNoGrant) {
+		return nil
+	}
 	if err != nil {
 		return fmt.Errorf("lease: return: %w", err)
 	}
@@ -338,11 +496,116 @@ func (s *Store) giveBack(ctx context.Context, key string, limit sluice.Limit, l 
 	return nil
 }
 
+// TakeAll implements sluice.MultiStore, all-or-nothing: a leased check's
+// units are taken from its lease first and put back when another check
+// denies, and the checks not leased go to the granter's TakeAll, only once
+// every leased one admits (otherwise they are Peeked). Units put back after
+// their lease was replaced stay out of the store. A granter that is not a
+// sluice.MultiStore gets every check with a staleness above zero leased,
+// hot or not, and at most one with none (ErrNoTakeAll otherwise). Two
+// checks on one key under one algorithm are sluice.ErrInvalidKey.
+func (s *Store) TakeAll(ctx context.Context, reqs []sluice.Request) ([]sluice.Decision, error) {
+	if s.granter == nil {
+		return nil, ErrNoGranter
+	}
+	multi, _ := s.granter.(sluice.MultiStore)
+	stale := make([]time.Duration, len(reqs))
+	unleased := 0
+	for i, r := range reqs {
+		d, err := s.check(r.Key, r.Limit, r.Cost)
+		if err == nil && d == 0 {
+			unleased++
+			err = sluice.ValidateRequest(r.Key, r.Limit, r.Cost)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("lease: request %d: %w", i, err)
+		}
+		for _, prev := range reqs[:i] {
+			if prev.Key == r.Key && prev.Limit.Algorithm == r.Limit.Algorithm {
+				return nil, fmt.Errorf("lease: request %d: %w: %q appears twice under %v", i, sluice.ErrInvalidKey, r.Key, r.Limit.Algorithm)
+			}
+		}
+		stale[i] = d
+	}
+	if multi == nil && unleased > 1 {
+		return nil, ErrNoTakeAll
+	}
+	out := make([]sluice.Decision, len(reqs))
+	held := make([]*lease, len(reqs))
+	gens := make([]uint64, len(reqs))
+	putBack := func() {
+		for i, l := range held {
+			if l != nil {
+				l.restore(gens[i], reqs[i].Cost)
+				out[i].Remaining += reqs[i].Cost
+			}
+		}
+	}
+	var exact []sluice.Request
+	var at []int
+	all := true
+	for i, r := range reqs {
+		if stale[i] > 0 {
+			l := s.lease(r.Key, r.Limit)
+			d, gen, ex, err := s.spend(ctx, r.Key, r.Limit, r.Cost, stale[i], l, multi == nil)
+			if err != nil {
+				putBack()
+				return nil, err
+			}
+			if !ex {
+				out[i], all = d, all && d.Allowed
+				if d.Allowed {
+					held[i], gens[i] = l, gen
+				}
+				continue
+			}
+		}
+		exact, at = append(exact, r), append(at, i)
+	}
+	ds, err := s.exactly(ctx, multi, exact, all)
+	if err != nil {
+		putBack()
+		return nil, err
+	}
+	for j, d := range ds {
+		out[at[j]], all = d, all && d.Allowed
+	}
+	if !all {
+		putBack()
+	}
+	return out, nil
+}
+
+// exactly answers TakeAll's checks that are not leased: taken, all or
+// nothing, when take is set, and otherwise Peeked.
+func (s *Store) exactly(ctx context.Context, multi sluice.MultiStore, reqs []sluice.Request, take bool) ([]sluice.Decision, error) {
+	if take && len(reqs) > 1 {
+		return multi.TakeAll(ctx, reqs)
+	}
+	out := make([]sluice.Decision, len(reqs))
+	for i, r := range reqs {
+		var err error
+		if take {
+			out[i], err = s.granter.Take(ctx, r.Key, r.Limit, r.Cost)
+		} else {
+			out[i], err = s.granter.Peek(ctx, r.Key, r.Limit, r.Cost)
+		}
+		if err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
 // Peek implements sluice.Store: a live lease that holds cost units answers
 // without taking; otherwise the store does.
 func (s *Store) Peek(ctx context.Context, key string, limit sluice.Limit, cost int64) (sluice.Decision, error) {
-	if err := s.check(key, limit, cost); err != nil {
+	stale, err := s.check(key, limit, cost)
+	if err != nil {
 		return sluice.Decision{}, err
+	}
+	if stale == 0 {
+		return s.granter.Peek(ctx, key, limit, cost)
 	}
 	l := s.lease(key, limit)
 	l.mu.Lock()

@@ -25,6 +25,7 @@ type counting struct {
 	delay    time.Duration
 	mu       sync.Mutex
 	grants   int
+	asked    []int64 // each grant's size
 	returns  int
 	returned int64
 }
@@ -32,6 +33,7 @@ type counting struct {
 func (c *counting) Grant(ctx context.Context, key string, l sluice.Limit, n int64) (sluice.Grant, error) {
 	c.mu.Lock()
 	c.grants++
+	c.asked = append(c.asked, n)
 	c.mu.Unlock()
 	c.clock.Advance(c.delay)
 	return c.Granter.Grant(ctx, key, l, n)
@@ -300,5 +302,232 @@ func TestSweep(t *testing.T) {
 	take(t, s, "next", l, 1) // the map is full: the spent leases go
 	if got := s.Len(); got != 1 {
 		t.Fatalf("Len = %d after the sweep, want 1", got)
+	}
+}
+
+// Options.For gives each key its own staleness: zero answers exactly
+// through the granter, a positive D leases for D, and one longer than the
+// limit's period is refused on that call.
+func TestFor(t *testing.T) {
+	t.Parallel()
+	clock := storetest.NewClock(storetest.T0)
+	c := &counting{Granter: newMemory(t, clock), clock: clock}
+	if _, err := lease.New(c, &lease.Options{For: func(string, sluice.Limit) time.Duration { return 0 }}); err != nil {
+		t.Fatalf("For without MaxStaleness: %v", err)
+	}
+	stale := map[string]time.Duration{"exact": 0, "hot": 200 * time.Millisecond, "long": 2 * time.Second, "neg": -time.Millisecond}
+	s, err := lease.New(c, &lease.Options{
+		For:   func(key string, _ sluice.Limit) time.Duration { return stale[key] },
+		Size:  5,
+		Clock: clock.Now,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := sluice.PerSecond(10)
+	for i := range 3 {
+		if d := take(t, s, "exact", l, 1); !d.Allowed || d.Source != sluice.SourceBackend || d.Remaining != int64(9-i) {
+			t.Fatalf("exact take %d = %+v, want the store's answer", i, d)
+		}
+	}
+	if c.grants != 0 {
+		t.Fatalf("exact key: %d grants, want 0", c.grants)
+	}
+	if d, err := s.Peek(ctx, "exact", l, 1); err != nil || d.Remaining != 7 {
+		t.Fatalf("exact Peek = %+v, %v; want the store's 7", d, err)
+	}
+	// The sliding window log cannot be leased, but it can be answered exactly.
+	if d := take(t, s, "exact", l.WithAlgorithm(sluice.SlidingWindowLog), 1); !d.Allowed {
+		t.Fatalf("exact log = %+v, want allowed", d)
+	}
+	take(t, s, "hot", l, 1)
+	clock.Advance(200 * time.Millisecond)
+	if d := take(t, s, "hot", l, 1); d.Source != sluice.SourceLease || c.grants != 1 {
+		t.Fatalf("hot at D: %+v after %d grants; want the lease", d, c.grants)
+	}
+	clock.Advance(time.Microsecond)
+	if take(t, s, "hot", l, 1); c.grants != 2 {
+		t.Fatalf("hot after D: %d grants, want 2", c.grants)
+	}
+	for _, key := range []string{"long", "neg"} {
+		if _, err := s.Take(ctx, key, l, 1); !errors.Is(err, lease.ErrInvalidStaleness) {
+			t.Errorf("%s: Take err = %v, want ErrInvalidStaleness", key, err)
+		}
+		if _, err := s.Peek(ctx, key, l, 1); !errors.Is(err, lease.ErrInvalidStaleness) {
+			t.Errorf("%s: Peek err = %v, want ErrInvalidStaleness", key, err)
+		}
+	}
+	if _, err := s.Take(ctx, "long", sluice.PerMinute(10), 1); err != nil {
+		t.Errorf("long under a minute's period: %v", err)
+	}
+}
+
+// Adaptive sizing, step by step: a key is leased once this process's
+// demand (an EWMA of the units it asks per D) reaches 4, with leases of its
+// demand rounded up, capped at Capacity / (2 × fleet size); a key asked
+// for twice per D is never leased.
+func TestAdaptiveSize(t *testing.T) {
+	t.Parallel()
+	clock := storetest.NewClock(storetest.T0)
+	c := &counting{Granter: newMemory(t, clock), clock: clock}
+	fleet := 1
+	s, err := lease.New(c, &lease.Options{MaxStaleness: 100 * time.Millisecond, FleetSize: func() int { return fleet }, Clock: clock.Now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := sluice.PerSecond(100) // Capacity 100
+	every := func(key string, gap time.Duration, n int) {
+		t.Helper()
+		for range n {
+			take(t, s, key, l, 1)
+			clock.Advance(gap)
+		}
+	}
+	// One request every 10ms: demand 1, 1.86, 2.63, 3.33, 3.97 (exact),
+	// then 4.54: a lease of 5 at the sixth.
+	every("hot", 10*time.Millisecond, 6)
+	if got, want := fmt.Sprint(c.asked), "[5]"; got != want {
+		t.Fatalf("after 6 requests 10ms apart: grants %v, want %v", got, want)
+	}
+	// Steady state, 10 per D: leases grow towards 10.
+	every("hot", 10*time.Millisecond, 200)
+	if n := c.asked[len(c.asked)-1]; n < 9 || n > 10 {
+		t.Fatalf("steady 10 per D: grants %v, want the last 9 or 10", c.asked)
+	}
+	// A fleet of 10: at most 100 / 20 = 5 per lease.
+	fleet = 10
+	c.asked = nil
+	every("hot", 10*time.Millisecond, 50)
+	for _, n := range c.asked {
+		if n != 5 {
+			t.Fatalf("fleet of 10: grants %v, want 5 each", c.asked)
+		}
+	}
+	// A fleet of 200: the cap is 1, no more than a request's cost: exact.
+	fleet = 200
+	grants := c.grants
+	every("hot", 10*time.Millisecond, 20)
+	if c.grants != grants {
+		t.Fatalf("fleet of 200: %d grants, want none (exact)", c.grants-grants)
+	}
+	// Twice per D converges to a demand of 2: never leased.
+	grants = c.grants
+	every("cold", 50*time.Millisecond, 100)
+	if c.grants != grants {
+		t.Fatalf("cold key: %d grants, want none", c.grants-grants)
+	}
+	// Four at one instant: demand 4, leased at the fourth.
+	fleet = 1
+	for i := range 4 {
+		if d := take(t, s, "burst", l, 1); (d.Source == sluice.SourceBackend && d.Remaining == 99-int64(i)) != (i < 3) {
+			t.Fatalf("burst take %d = %+v", i, d)
+		}
+	}
+	if got := c.asked[len(c.asked)-1]; got != 4 {
+		t.Fatalf("burst: grant of %d, want 4", got)
+	}
+}
+
+// Layered checks are all-or-nothing: a leased check's units are consumed
+// only when every other check admits, whether that other check is leased
+// or answered exactly by the store.
+func TestTakeAll(t *testing.T) {
+	t.Parallel()
+	clock := storetest.NewClock(storetest.T0)
+	m := newMemory(t, clock)
+	c := &counting{Granter: m, clock: clock}
+	stale := map[string]time.Duration{"a": 100 * time.Millisecond, "c": 100 * time.Millisecond}
+	s, err := lease.New(c, &lease.Options{For: func(key string, _ sluice.Limit) time.Duration { return stale[key] }, Size: 5, Clock: clock.Now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	la, lb, lc := sluice.PerSecond(10), sluice.PerMinute(1), sluice.PerSecond(2)
+	take(t, s, "a", la, 1) // a's lease holds 4
+	takeAll := func(reqs ...sluice.Request) []sluice.Decision {
+		t.Helper()
+		ds, err := s.TakeAll(ctx, reqs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ds
+	}
+	a, b, cc := sluice.Request{Key: "a", Limit: la, Cost: 1}, sluice.Request{Key: "b", Limit: lb, Cost: 1}, sluice.Request{Key: "c", Limit: lc, Cost: 1}
+	if ds := takeAll(a, b); !ds[0].Allowed || !ds[1].Allowed || ds[0].Source != sluice.SourceLease || ds[0].Remaining != 3 || ds[1].Remaining != 0 {
+		t.Fatalf("both admit: %+v", ds)
+	}
+	// b (exact, spent) denies: a keeps its units and reports them as Peek would.
+	if ds := takeAll(a, b); !ds[0].Allowed || ds[1].Allowed || ds[0].Remaining != 3 {
+		t.Fatalf("exact b denies: %+v; want a allowed with 3 left, b denied", ds)
+	}
+	if d, err := s.Peek(ctx, "a", la, 3); err != nil || !d.Allowed || d.Remaining != 3 || d.Source != sluice.SourceLease {
+		t.Fatalf("a's lease after b denied: %+v, %v; want 3 units kept", d, err)
+	}
+	// c (leased, spent) denies: a keeps its units again.
+	take(t, s, "c", lc, 2)
+	if ds := takeAll(a, cc); !ds[0].Allowed || ds[1].Allowed || ds[0].Remaining != 3 {
+		t.Fatalf("leased c denies: %+v", ds)
+	}
+	if d, err := s.Peek(ctx, "a", la, 3); err != nil || !d.Allowed || d.Remaining != 3 {
+		t.Fatalf("a's lease after c denied: %+v, %v; want 3 units kept", d, err)
+	}
+	if c.grants != 3 {
+		t.Fatalf("%d grants, want 3 (a, c, c's denied refill)", c.grants)
+	}
+	for _, bad := range [][]sluice.Request{{a, {Key: "a", Limit: sluice.PerHour(1), Cost: 1}}, {a, {Key: "x", Limit: la, Cost: 0}}} {
+		if _, err := s.TakeAll(ctx, bad); err == nil {
+			t.Errorf("TakeAll(%v): no error", bad)
+		}
+	}
+
+	// A granter that cannot TakeAll: leased checks are leased, hot or not;
+	// two exact ones are refused.
+	single, err := lease.New(struct{ sluice.Granter }{m}, &lease.Options{For: func(key string, _ sluice.Limit) time.Duration { return stale[key] }, Clock: clock.Now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fresh := sluice.Request{Key: "c", Limit: sluice.PerMinute(10), Cost: 1}
+	if ds, err := single.TakeAll(ctx, []sluice.Request{fresh, {Key: "b", Limit: lb, Cost: 1}}); err != nil || !ds[0].Allowed || ds[1].Allowed {
+		t.Fatalf("fallback: %+v, %v; want c allowed, b denied", ds, err)
+	}
+	if d, err := single.Peek(ctx, "c", fresh.Limit, 1); err != nil || d.Source != sluice.SourceLease || d.Remaining != 1 {
+		t.Fatalf("fallback: c's forced lease = %+v, %v; want its unit kept", d, err)
+	}
+	if _, err := single.TakeAll(ctx, []sluice.Request{{Key: "x", Limit: lb, Cost: 1}, {Key: "y", Limit: lb, Cost: 1}}); !errors.Is(err, lease.ErrNoTakeAll) {
+		t.Fatalf("two exact checks without a MultiStore: %v, want ErrNoTakeAll", err)
+	}
+}
+
+// Reset and config reloads take effect within D: a Reset in one process
+// ends another's lease at most D after that lease's grant was sent, and a
+// changed limit is another lease, asked of the store at its first request.
+func TestResetReloadWithinD(t *testing.T) {
+	t.Parallel()
+	clock := storetest.NewClock(storetest.T0)
+	m := newMemory(t, clock)
+	const d = 300 * time.Millisecond
+	a, b := newLease(t, m, clock, d, 5), newLease(t, m, clock, d, 5)
+	l := sluice.PerSecond(10)
+	take(t, a, "k", l, 1) // a holds 4, sent at 0
+	clock.Advance(100 * time.Millisecond)
+	take(t, b, "k", l, 1)
+	if err := b.Reset(ctx, "k", l); err != nil {
+		t.Fatal(err)
+	}
+	clock.Set(storetest.T0.Add(d))
+	if dec := take(t, a, "k", l, 1); dec.Source != sluice.SourceLease {
+		t.Fatalf("a at D: %+v, want its lease still", dec)
+	}
+	clock.Advance(time.Microsecond)
+	// The lease has ended: its 3 unused units go back, 3 intervals old:
+	// none; the store, reset, grants 5 from its full 10.
+	if dec := take(t, a, "k", l, 1); dec.Source != sluice.SourceBackend || dec.Remaining != 4 {
+		t.Fatalf("a after D: %+v, want a new grant", dec)
+	}
+	if p, err := m.Peek(ctx, "k", l, 1); err != nil || p.Remaining != 5 {
+		t.Fatalf("store after a's new grant: %+v, %v; want the reset key less 5", p, err)
+	}
+	l2 := sluice.PerSecond(20)
+	if dec := take(t, a, "k", l2, 1); dec.Source != sluice.SourceBackend || dec.Limit != l2 {
+		t.Fatalf("a under a reloaded limit: %+v; want a grant under it", dec)
 	}
 }

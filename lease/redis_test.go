@@ -1,15 +1,29 @@
 package lease_test
 
 import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/race"
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/lease"
 	"github.com/sluicehq/sluice/redisstore"
+	"github.com/sluicehq/sluice/resilient"
 )
 
 // Leases on a real Redis, dated by its TIME: 4 Stores (the processes of a
@@ -71,4 +85,458 @@ func TestRedis(t *testing.T) {
 			}
 		})
 	}
+}
+
+// events counts a resilient store's backend calls by operation.
+type events struct {
+	mu  sync.Mutex
+	ops map[string]int
+}
+
+func (e *events) ObserveDecision(sluice.DecisionEvent) {}
+func (e *events) ObserveBreaker(sluice.BreakerEvent)   {}
+func (e *events) ObserveStore(ev sluice.StoreEvent) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.ops == nil {
+		e.ops = map[string]int{}
+	}
+	e.ops[ev.Op]++
+}
+
+func (e *events) total() int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	n := 0
+	for _, c := range e.ops {
+		n += c
+	}
+	return n
+}
+
+// Leases over a failure policy over a real Redis, stopped with SIGSTOP: a
+// live lease answers locally without the breaker or Redis; once it is gone
+// the failure policy answers (the fallback never grants); with Redis back,
+// grants resume.
+func TestFaultLeaseFailurePolicy(t *testing.T) {
+	race.SkipTiming(t)
+	t.Parallel()
+	srv := redistest.StartServer(t)
+	client := redis.NewClient(&redis.Options{Addr: srv.Addr, ContextTimeoutEnabled: true})
+	t.Cleanup(func() { client.Close() })
+	ev := &events{}
+	rs, err := resilient.NewMulti(redisstore.New(client, &redisstore.Options{Prefix: redistest.Prefix(t)}), &resilient.Options{
+		Timeout: 100 * time.Millisecond, ProbeInterval: 100 * time.Millisecond, Observer: ev,
+		Logger: slog.New(slog.DiscardHandler),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { rs.Close() })
+	const d = time.Second
+	s, err := lease.New(rs, &lease.Options{MaxStaleness: d, Size: 1000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := sluice.PerMinute(600_000)
+	first := take(t, s, "k", l, 1)
+	if first.Source != sluice.SourceBackend || s.Stats().Grants != 1 {
+		t.Fatalf("first take = %+v, stats %+v; want a grant", first, s.Stats())
+	}
+
+	srv.Pause(t)
+	paused := time.Now()
+	calls := ev.total()
+	for i := range 500 {
+		if dec := take(t, s, "k", l, 1); dec.Source != sluice.SourceLease || !dec.Allowed {
+			if time.Since(paused) >= d/2 {
+				t.Skipf("the machine is too slow: the lease neared its end after %d takes", i)
+			}
+			t.Fatalf("take %d with Redis stopped and the lease live = %+v; want the lease", i, dec)
+		}
+	}
+	if got := ev.total(); got != calls {
+		t.Fatalf("%d store calls while the lease was live, want none", got-calls)
+	}
+
+	time.Sleep(time.Until(paused.Add(d)))
+	for i := range 20 {
+		dec := take(t, s, "k", l, 1)
+		if dec.Source != sluice.SourceFallback || !dec.Allowed {
+			t.Fatalf("take %d with Redis stopped and the lease gone = %+v; want the fallback's answer", i, dec)
+		}
+	}
+	if st := s.Stats(); st.Granted != 1000 {
+		t.Fatalf("stats %+v: the fallback granted", st)
+	}
+	if rs.State() == sluice.BreakerClosed {
+		t.Fatalf("breaker still closed after 20 failed calls")
+	}
+
+	srv.Stop()
+	srv.Start(t)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		dec := take(t, s, "k", l, 1)
+		if dec.Source == sluice.SourceLease {
+			break
+		}
+		if dec.Source != sluice.SourceFallback && dec.Source != sluice.SourceBackend {
+			t.Fatalf("while Redis recovers: %+v", dec)
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no lease 10s after Redis came back: %+v, stats %+v", dec, s.Stats())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if st := s.Stats(); st.Granted <= 1000 {
+		t.Fatalf("stats %+v: no grant after Redis came back", st)
+	}
+}
+
+// The fleet tests run fleetProcs OS processes (this test binary re-executed
+// as TestFleetLeaseWorker) × fleetGoroutines goroutines on one real Redis.
+// Every admitted request is recorded by the machine's clock just before
+// the Take was called and just after it returned: the admission happened
+// in between. A count is then taken only of the admissions surely inside
+// an interval (both instants in it), so the checks below never blame the
+// recording's delay on the limiter.
+const (
+	fleetProcs      = 4
+	fleetGoroutines = 32
+	fleetEnv        = "SLUICE_LEASE_FLEET_JOB"
+	fleetStartup    = 1500 * time.Millisecond // for the workers to start before the run
+)
+
+// fleetJob is what a worker process is told to do, as JSON in fleetEnv.
+type fleetJob struct {
+	Addr, Prefix, Out string
+	Mode              string // "bound" or "under"
+	Proc              int
+	Start             int64 // Unix ns
+	Run               time.Duration
+	Seed              uint64
+}
+
+// admission is one admitted request of a key, between before and after
+// (Unix ns).
+type admission struct {
+	key           int
+	before, after int64
+}
+
+// fleetResult is what a fleet run's workers report.
+type fleetResult struct {
+	admitted     []admission
+	local, total int64 // decisions answered by a lease, and all decisions
+	start        int64 // the run's start, Unix ns
+}
+
+// runFleet runs job on fleetProcs workers and merges what they admitted.
+func runFleet(t *testing.T, job fleetJob) fleetResult {
+	t.Helper()
+	job.Start = time.Now().Add(fleetStartup).UnixNano()
+	dir := t.TempDir()
+	cmds := make([]*exec.Cmd, fleetProcs)
+	logs := make([]bytes.Buffer, fleetProcs)
+	for p := range cmds {
+		job.Proc, job.Out = p, filepath.Join(dir, fmt.Sprint(p))
+		raw, err := json.Marshal(job)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cmd := exec.Command(os.Args[0], "-test.run=^TestFleetLeaseWorker$", "-test.count=1")
+		cmd.Env = append(os.Environ(), fleetEnv+"="+string(raw))
+		cmd.Stdout, cmd.Stderr = &logs[p], &logs[p]
+		redistest.DieWithParent(cmd)
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		cmds[p] = cmd
+	}
+	res := fleetResult{start: job.Start}
+	for p, cmd := range cmds {
+		if err := cmd.Wait(); err != nil {
+			t.Fatalf("worker %d: %v\n%s", p, err, logs[p].String())
+		}
+		f, err := os.Open(filepath.Join(dir, fmt.Sprint(p)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		in := bufio.NewScanner(f)
+		var local, total int64
+		if in.Scan() {
+			fmt.Sscan(in.Text(), &local, &total)
+		}
+		res.local, res.total = res.local+local, res.total+total
+		for in.Scan() {
+			var a admission
+			if _, err := fmt.Sscan(in.Text(), &a.key, &a.before, &a.after); err != nil {
+				t.Fatalf("worker %d: %q: %v", p, in.Text(), err)
+			}
+			res.admitted = append(res.admitted, a)
+		}
+		f.Close()
+	}
+	return res
+}
+
+// TestFleetLeaseWorker is a worker process of the lease fleet tests; run
+// directly it skips.
+func TestFleetLeaseWorker(t *testing.T) {
+	raw := os.Getenv(fleetEnv)
+	if raw == "" {
+		t.Skip("a worker process of TestFleetLease and TestFleetLeaseUnderAdmission")
+	}
+	var job fleetJob
+	if err := json.Unmarshal([]byte(raw), &job); err != nil {
+		t.Fatal(err)
+	}
+	client := redis.NewClient(&redis.Options{Addr: job.Addr, PoolSize: 2 * fleetGoroutines})
+	defer client.Close()
+	d := fleetBoundD
+	if job.Mode == "under" {
+		d = underD
+	}
+	leased, err := lease.New(redisstore.New(client, &redisstore.Options{Prefix: job.Prefix}), &lease.Options{MaxStaleness: d, FleetSize: func() int { return fleetProcs }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer leased.Close(ctx)
+	exact := redisstore.New(client, &redisstore.Options{Prefix: job.Prefix + "exact:"})
+	start, end := time.Unix(0, job.Start), time.Unix(0, job.Start).Add(job.Run)
+	var (
+		mu       sync.Mutex
+		admitted []admission
+		total    atomic.Int64
+		wg       sync.WaitGroup
+	)
+	// take decides one request of key in store and records it if admitted.
+	take := func(store sluice.Store, key int, l sluice.Limit) bool {
+		before := time.Now().UnixNano()
+		d, err := store.Take(ctx, fmt.Sprint(key), l, 1)
+		after := time.Now().UnixNano()
+		if err != nil {
+			t.Error(err)
+			return false
+		}
+		total.Add(1)
+		if d.Allowed {
+			mu.Lock()
+			admitted = append(admitted, admission{key, before, after})
+			mu.Unlock()
+		}
+		return true
+	}
+	time.Sleep(time.Until(start))
+	if job.Mode == "bound" {
+		for g := range fleetGoroutines {
+			wg.Go(func() {
+				boundLoad(g, end, func(key int, l sluice.Limit) bool { return take(leased, key, l) })
+			})
+		}
+	} else {
+		// The same arrivals, replayed at once on leases (key 0) and on the
+		// exact store (key 1): a pause of the machine hits both alike.
+		arrivals := poisson(job.Seed, job.Proc, start, job.Run)
+		for key, store := range []sluice.Store{leased, exact} {
+			var next atomic.Int64
+			for range fleetGoroutines {
+				wg.Go(func() {
+					for i := next.Add(1) - 1; i < int64(len(arrivals)); i = next.Add(1) - 1 {
+						time.Sleep(time.Until(arrivals[i]))
+						if !take(store, key, underLimit) {
+							return
+						}
+					}
+				})
+			}
+		}
+	}
+	wg.Wait()
+	var out bytes.Buffer
+	fmt.Fprintf(&out, "%d %d\n", leased.Stats().Local, total.Load())
+	for _, a := range admitted {
+		fmt.Fprintf(&out, "%d %d %d\n", a.key, a.before, a.after)
+	}
+	if err := os.WriteFile(job.Out, out.Bytes(), 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// The bound test's keys: one hot key per algorithm (key = its index in
+// fleetAlgorithms), which 31 goroutines of every process ask for, each
+// every 2ms, far over its limit; and fleetCold cold keys per algorithm,
+// which one goroutine of every process asks for, a request every 5ms over
+// all of them: 10/s per key and process, 40/s against a limit of 20/s, no
+// process's demand hot enough to lease them.
+var fleetAlgorithms = []sluice.Algorithm{sluice.GCRA, sluice.TokenBucket, sluice.LeakyBucket, sluice.FixedWindow, sluice.SlidingWindowCounter}
+
+const (
+	fleetBoundD = 50 * time.Millisecond
+	fleetCold   = 4
+	fleetRun    = 3 * time.Second
+)
+
+func fleetKey(key int) (sluice.Algorithm, sluice.Limit) {
+	if key < len(fleetAlgorithms) {
+		alg := fleetAlgorithms[key]
+		return alg, sluice.PerSecond(200).WithAlgorithm(alg)
+	}
+	alg := fleetAlgorithms[(key-len(fleetAlgorithms))/fleetCold]
+	return alg, sluice.PerSecond(20).WithAlgorithm(alg)
+}
+
+func boundLoad(g int, end time.Time, take func(int, sluice.Limit) bool) {
+	r := rand.New(rand.NewPCG(uint64(g), uint64(os.Getpid())))
+	for i := 0; time.Now().Before(end); i++ {
+		key, pause := (i+g)%len(fleetAlgorithms), 2*time.Millisecond
+		if g == fleetGoroutines-1 {
+			key, pause = len(fleetAlgorithms)+r.IntN(len(fleetAlgorithms)*fleetCold), 5*time.Millisecond
+		}
+		_, l := fleetKey(key)
+		if !take(key, l) {
+			return
+		}
+		time.Sleep(pause)
+	}
+}
+
+// Four processes × 32 goroutines on one Redis, hot keys leased and cold
+// ones answered exactly, every algorithm that can grant: over every
+// interval of length D, period/10, period and 2 × period the fleet admits
+// no more than the package doc's bound — B + ⌊(t + D)/I⌋ for the buckets,
+// Rate per window for the window algorithms (so Rate × the windows an
+// interval meets).
+func TestFleetLease(t *testing.T) {
+	race.SkipTiming(t)
+	res := runFleet(t, fleetJob{Addr: redistest.Addr(t), Prefix: redistest.Prefix(t), Mode: "bound", Run: fleetRun})
+	byKey := map[int][]admission{}
+	for _, a := range res.admitted {
+		byKey[a.key] = append(byKey[a.key], a)
+	}
+	for key := range len(fleetAlgorithms) * (1 + fleetCold) {
+		alg, l := fleetKey(key)
+		adm := byKey[key]
+		slices.SortFunc(adm, func(a, b admission) int { return int(a.before - b.before) })
+		period := l.Period.Nanoseconds()
+		windowed := alg == sluice.FixedWindow || alg == sluice.SlidingWindowCounter
+		worst := ""
+		for _, span := range []int64{fleetBoundD.Nanoseconds(), period / 10, period, 2 * period} {
+			got := surelyWithin(adm, span)
+			bound := l.Capacity() + (span+fleetBoundD.Nanoseconds())/l.Interval().Nanoseconds()
+			if windowed {
+				bound = l.Rate * (span/period + 2)
+			}
+			if got > bound {
+				t.Errorf("key %d (%v): %d admitted within %v, bound %d", key, l, got, time.Duration(span), bound)
+			}
+			worst += fmt.Sprintf(" %v: %d/%d", time.Duration(span), got, bound)
+		}
+		if windowed {
+			per := map[int64]int64{}
+			for _, a := range adm {
+				if w := a.before / period; a.after/period == w {
+					per[w]++
+				}
+			}
+			for w, n := range per {
+				if n > l.Rate {
+					t.Errorf("key %d (%v): %d admitted in window %d, limit %d", key, l, n, w, l.Rate)
+				}
+			}
+		}
+		if key < len(fleetAlgorithms) {
+			t.Logf("hot %v: %d admitted;%s", l, len(adm), worst)
+			if min := l.Capacity() + l.Rate*int64(fleetRun/l.Period)/2; int64(len(adm)) < min {
+				t.Errorf("hot %v: only %d admitted in %v, want at least %d: too little load to tell", l, len(adm), fleetRun, min)
+			}
+		}
+	}
+	t.Logf("%d decisions, %d answered by a lease", res.total, res.local)
+}
+
+// surelyWithin is the most admissions surely inside one closed interval of
+// length span: both instants of each in it. adm is sorted by before; the
+// best interval starts at some admission's before.
+func surelyWithin(adm []admission, span int64) int64 {
+	var best int64
+	for i, a := range adm {
+		var n int64
+		for _, b := range adm[i:] {
+			if b.before > a.before+span {
+				break
+			}
+			if b.after <= a.before+span {
+				n++
+			}
+		}
+		best = max(best, n)
+	}
+	return best
+}
+
+// The under-admission test: one hot key (GCRA, 400/s, burst 100), offered
+// 1.5× its rate as seeded Poisson arrivals, 80 % of them from process 0,
+// replayed open loop at once with leases (D = 50ms: process 0 asks 24
+// units per D and is leased, the others 2 and are answered exactly) and on
+// the exact store, on two keys. A lease's units left when it ends are lost
+// (at its age, the return rule gives none back), so D is long beside the
+// pauses a busy machine makes.
+var underLimit = sluice.Limit{Rate: 400, Period: time.Second, Burst: 100}
+
+const (
+	underD   = 50 * time.Millisecond
+	underRun = 3 * time.Second
+)
+
+// poisson is process proc's arrival times from start over run.
+func poisson(seed uint64, proc int, start time.Time, run time.Duration) []time.Time {
+	rate := 1.5 * float64(underLimit.Rate) / underLimit.Period.Seconds() // per second, the fleet's
+	if proc == 0 {
+		rate *= 0.8
+	} else {
+		rate *= 0.2 / (fleetProcs - 1)
+	}
+	r := rand.New(rand.NewPCG(seed, uint64(proc)))
+	var out []time.Time
+	for at := r.ExpFloat64() / rate; at < run.Seconds(); at += r.ExpFloat64() / rate {
+		out = append(out, start.Add(time.Duration(at*float64(time.Second))))
+	}
+	return out
+}
+
+// Leases admit at most 3 % fewer than the exact store, in total, under the
+// same open-loop schedule.
+func TestFleetLeaseUnderAdmission(t *testing.T) {
+	race.SkipTiming(t)
+	res := runFleet(t, fleetJob{Addr: redistest.Addr(t), Prefix: redistest.Prefix(t), Mode: "under", Run: underRun, Seed: 13})
+	runs := [2]fleetResult{{start: res.start}, {start: res.start}} // leased, exact
+	for _, a := range res.admitted {
+		runs[a.key].admitted = append(runs[a.key].admitted, a)
+	}
+	leased, exact := runs[0], runs[1]
+	nl, ne := len(leased.admitted), len(exact.admitted)
+	short := float64(ne-nl) / float64(ne)
+	t.Logf("offered %d to each; exact admitted %d, leased %d (%d by a lease): %.2f%% fewer", res.total/2, ne, nl, res.local, 100*short)
+	if short > 0.03 {
+		t.Errorf("leases admitted %.2f%% fewer than the exact store, want at most 3%%", 100*short)
+	}
+	// The worst window of period/10 from each run's start.
+	w := (underLimit.Period / 10).Nanoseconds()
+	perWindow := func(r fleetResult) map[int64]int {
+		m := map[int64]int{}
+		for _, a := range r.admitted {
+			m[(a.before-r.start)/w]++
+		}
+		return m
+	}
+	pl, pe := perWindow(leased), perWindow(exact)
+	var worst int64
+	for k := range pe {
+		if pe[k]-pl[k] > pe[worst]-pl[worst] {
+			worst = k
+		}
+	}
+	t.Logf("worst %v window: #%d, exact %d, leased %d", time.Duration(w), worst, pe[worst], pl[worst])
 }

@@ -19,6 +19,10 @@
 // failure policy starts answering when the breaker leaves closed and stops
 // when it closes.
 //
+// A Store is a sluice.Granter for package lease: grants and returns pass
+// through to a backend that grants while the breaker lets calls through,
+// and fail with ErrNoGrant otherwise; the failure policy never grants.
+//
 // # Bounds when the backend fails
 //
 // Under FallbackLocal each process's fallback charges a take of cost c as
@@ -75,6 +79,8 @@ import (
 var (
 	_ sluice.Store      = (*Store)(nil)
 	_ sluice.MultiStore = (*MultiStore)(nil)
+	_ sluice.Granter    = (*Store)(nil) // grant.go
+	_ sluice.Granter    = (*MultiStore)(nil)
 )
 
 // Errors returned by this package. Test with errors.Is.

@@ -1,0 +1,96 @@
+package resilient
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/sluicehq/sluice"
+)
+
+// ErrNoGrant: the Store cannot grant or take back units now: its breaker
+// is not letting calls through, the backend failed, or the backend is not a
+// sluice.Granter. The failure policy never grants (a fallback's units are
+// not the fleet's), so the caller answers the request with Take instead,
+// which the policy answers; package lease does.
+var ErrNoGrant = errors.New("resilient: no grant")
+
+// Grant implements sluice.Granter when the backend does: it passes through
+// while the breaker lets calls through, bounded by Options.Timeout, and
+// fails with ErrNoGrant otherwise. A grant that timed out may still run on
+// the backend; it is never resent, and its units are stranded, which can
+// only lower admissions.
+func (s *Store) Grant(ctx context.Context, key string, limit sluice.Limit, n int64) (sluice.Grant, error) {
+	if err := sluice.ValidateGrant(key, limit, n); err != nil {
+		return sluice.Grant{}, err
+	}
+	g, err := s.granter()
+	if err != nil {
+		return sluice.Grant{}, err
+	}
+	return pass(ctx, s, "grant", func(ctx context.Context) (sluice.Grant, error) {
+		return g.Grant(ctx, key, limit, n)
+	})
+}
+
+// Return implements sluice.Granter when the backend does, as Grant: a
+// return the breaker holds back, or that fails, is not sent again and its
+// units stay out of the store. A return clears the key's cached denials,
+// which the returned units may have made stale.
+func (s *Store) Return(ctx context.Context, key string, limit sluice.Limit, grant sluice.Grant, unused int64) (int64, error) {
+	if err := sluice.ValidateReturn(key, limit, grant, unused); err != nil {
+		return 0, err
+	}
+	g, err := s.granter()
+	if err != nil {
+		return 0, err
+	}
+	n, err := pass(ctx, s, "return", func(ctx context.Context) (int64, error) {
+		return g.Return(ctx, key, limit, grant, unused)
+	})
+	if n > 0 && s.cache != nil {
+		s.cache.forget(key, limit)
+	}
+	return n, err
+}
+
+// granter is the backend as a sluice.Granter.
+func (s *Store) granter() (sluice.Granter, error) {
+	if s == nil || s.backend == nil {
+		return nil, ErrZeroStore
+	}
+	g, ok := s.backend.(sluice.Granter)
+	if !ok {
+		return nil, fmt.Errorf("%w: backend %T cannot grant", ErrNoGrant, s.backend)
+	}
+	return g, nil
+}
+
+// pass sends a call that the failure policy cannot answer to the backend
+// through the breaker, and counts its outcome there as any call's.
+func pass[T any](ctx context.Context, s *Store, op string, fn func(context.Context) (T, error)) (T, error) {
+	var zero T
+	now := s.clock()
+	call, probe := s.br.allow(now)
+	if !call {
+		return zero, fmt.Errorf("%w: %s: breaker %v", ErrNoGrant, op, s.br.current())
+	}
+	v, lat, err := bounded(ctx, s.timeout, s.inline, fn)
+	switch {
+	case err == nil:
+		s.br.success(probe, now)
+	case ctx.Err() != nil:
+		s.br.release(probe)
+		return zero, fmt.Errorf("resilient: %s: %w", op, ctx.Err())
+	case badInput(err):
+		s.br.release(probe)
+		return zero, err
+	default:
+		s.br.failure(probe, now, s.clock())
+	}
+	s.observe(op, sluice.SourceBackend, lat, err)
+	if err != nil {
+		return zero, fmt.Errorf("%w: %s: %w", ErrNoGrant, op, err)
+	}
+	return v, nil
+}

@@ -1,0 +1,133 @@
+package resilient
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/storetest"
+)
+
+func (f *flaky) Grant(ctx context.Context, key string, l sluice.Limit, n int64) (sluice.Grant, error) {
+	if err := f.fail(ctx); err != nil {
+		return sluice.Grant{}, err
+	}
+	return f.Store.Grant(ctx, key, l, n)
+}
+
+func (f *flaky) Return(ctx context.Context, key string, l sluice.Limit, g sluice.Grant, unused int64) (int64, error) {
+	if err := f.fail(ctx); err != nil {
+		return 0, err
+	}
+	return f.Store.Return(ctx, key, l, g, unused)
+}
+
+// newGranting returns a flaky backend, a MultiStore on it with opts (nil:
+// defaults), and their fake clock.
+func newGranting(t *testing.T, opts *Options) (*flaky, *MultiStore, *storetest.Clock) {
+	var o Options
+	if opts != nil {
+		o = *opts
+	}
+	clk := storetest.NewClock(t0)
+	o.Clock, o.Logger = clk.Now, discard
+	b := newFlaky(clk.Now)
+	t.Cleanup(func() { b.Close() })
+	s, err := NewMulti(b, &o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return b, s, clk
+}
+
+var ctx = context.Background()
+
+// Grants and returns pass through while the breaker lets calls through;
+// a failed one, or one the open breaker holds back, is ErrNoGrant, never a
+// grant from the fallback.
+func TestGrant(t *testing.T) {
+	t.Parallel()
+	rec := &recorder{}
+	b, s, clk := newGranting(t, &Options{Observer: rec, DeadAfter: time.Nanosecond})
+	l := sluice.PerSecond(10)
+	g, err := s.Grant(ctx, "k", l, 4)
+	if err != nil || g.Granted != 4 {
+		t.Fatalf("Grant = %+v, %v; want 4 granted", g, err)
+	}
+	if n, err := s.Return(ctx, "k", l, g, 4); err != nil || n != 4 {
+		t.Fatalf("Return = %d, %v; want 4 back", n, err)
+	}
+	if got := rec.count(sluice.SourceBackend); got != 2 {
+		t.Fatalf("%d backend events, want 2", got)
+	}
+	if _, err := s.Grant(ctx, "k", l, 0); !errors.Is(err, sluice.ErrInvalidCost) || errors.Is(err, ErrNoGrant) {
+		t.Fatalf("bad input: %v, want ErrInvalidCost", err)
+	}
+	if _, err := s.Return(ctx, "k", l, g, 5); !errors.Is(err, sluice.ErrInvalidReturn) {
+		t.Fatalf("bad return: %v, want ErrInvalidReturn", err)
+	}
+
+	b.mode.Store(1)
+	for i := 0; s.State() == sluice.BreakerClosed; i++ {
+		if _, err := s.Grant(ctx, "k", l, 4); !errors.Is(err, ErrNoGrant) || !errors.Is(err, errDown) {
+			t.Fatalf("failed grant: %v, want ErrNoGrant wrapping the backend's error", err)
+		}
+		if i == 10 {
+			t.Fatal("breaker still closed after 10 failed grants")
+		}
+		clk.Advance(time.Millisecond)
+	}
+	calls := b.calls.Load()
+	if _, err := s.Grant(ctx, "k", l, 4); !errors.Is(err, ErrNoGrant) {
+		t.Fatalf("grant with the breaker open: %v, want ErrNoGrant", err)
+	}
+	if _, err := s.Return(ctx, "k", l, g, 1); !errors.Is(err, ErrNoGrant) {
+		t.Fatalf("return with the breaker open: %v, want ErrNoGrant", err)
+	}
+	if b.calls.Load() != calls {
+		t.Fatal("the open breaker let a grant or return through")
+	}
+	if d, err := s.Take(ctx, "k", l, 1); err != nil || d.Source != sluice.SourceFallback {
+		t.Fatalf("Take with the breaker open = %+v, %v; want the fallback", d, err)
+	}
+
+	plain, err := New(struct{ sluice.Store }{b.Store}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { plain.Close() })
+	if _, err := plain.Grant(ctx, "k", l, 1); !errors.Is(err, ErrNoGrant) {
+		t.Fatalf("a backend that cannot grant: %v, want ErrNoGrant", err)
+	}
+	var zero Store
+	if _, err := zero.Grant(ctx, "k", l, 1); !errors.Is(err, ErrZeroStore) {
+		t.Fatalf("zero Store: %v, want ErrZeroStore", err)
+	}
+}
+
+// A return clears the key's cached denials: the units it gives back may
+// admit what was denied.
+func TestReturnForgetsDenials(t *testing.T) {
+	t.Parallel()
+	_, s, _ := newGranting(t, nil)
+	l := sluice.PerMinute(10)
+	g, err := s.Grant(ctx, "k", l, 10)
+	if err != nil || g.Granted != 10 {
+		t.Fatalf("Grant = %+v, %v", g, err)
+	}
+	if d, err := s.Take(ctx, "k", l, 1); err != nil || d.Allowed {
+		t.Fatalf("Take of an empty key = %+v, %v; want denied", d, err)
+	}
+	if d, _ := s.Take(ctx, "k", l, 1); d.Source != sluice.SourceDenyCache {
+		t.Fatalf("second Take = %+v; want the deny cache", d)
+	}
+	if n, err := s.Return(ctx, "k", l, g, 10); err != nil || n != 10 {
+		t.Fatalf("Return = %d, %v", n, err)
+	}
+	if d, err := s.Take(ctx, "k", l, 1); err != nil || !d.Allowed || d.Source != sluice.SourceBackend {
+		t.Fatalf("Take after the return = %+v, %v; want allowed by the backend", d, err)
+	}
+}
