@@ -57,7 +57,8 @@ const (
 // drawn with probability proportional to k^-ZipfS: the hottest key gets
 // about 18 % of the calls, the coldest about 0.002 %), under ZipfRate per
 // Period, burst ZipfRate: more than any one key is asked for in these runs,
-// so nearly every call is allowed. Leases live at most LeaseStaleness.
+// so nearly every call is allowed. Leases live at most LeaseStaleness
+// unless told otherwise.
 const (
 	ZipfKeys       = 1_000
 	ZipfS          = 1.1
@@ -99,18 +100,18 @@ func RedisContenders() []Contender {
 }
 
 // ZipfContenders returns the contenders of the skewed comparison, peers
-// first, all under ZipfRate per Period: sluice with leases (lease.Store over
-// the Redis store, LeaseStaleness, default grant size), and sluice, the
-// peers and sluice with leases under fixed windows.
-func ZipfContenders() []Contender {
+// first, all under ZipfRate per Period: the peers, then sluice without and
+// with leases (lease.Store over the Redis store with its defaults, leases of
+// at most staleness sized by demand), under GCRA and fixed windows.
+func ZipfContenders(staleness time.Duration) []Contender {
 	return []Contender{
 		{Name: "redis_rate/gcra", Peer: true, New: newRedisRate(ZipfRate)},
 		{Name: "ulule/fixed_window", Peer: true, New: newUlule(ZipfRate)},
 		{Name: "throttled/gcra", Peer: true, New: newThrottled(ZipfRate)},
 		{Name: "sluice/gcra", New: newSluice(sluice.GCRA, ZipfRate, 0)},
-		{Name: "sluice-lease/gcra", New: newSluiceLease(sluice.GCRA, ZipfRate)},
+		{Name: "sluice-lease/gcra", New: newSluiceLease(sluice.GCRA, ZipfRate, staleness)},
 		{Name: "sluice/fixed_window", New: newSluice(sluice.FixedWindow, ZipfRate, 0)},
-		{Name: "sluice-lease/fixed_window", New: newSluiceLease(sluice.FixedWindow, ZipfRate)},
+		{Name: "sluice-lease/fixed_window", New: newSluiceLease(sluice.FixedWindow, ZipfRate, staleness)},
 	}
 }
 
@@ -189,11 +190,11 @@ func newSluice(a sluice.Algorithm, rate int64, maxBatch int) newFunc {
 	}
 }
 
-// newSluiceLease is sluice with leases of at most LeaseStaleness over the
-// Redis store with its defaults.
-func newSluiceLease(a sluice.Algorithm, rate int64) newFunc {
+// newSluiceLease is sluice with leases of at most staleness over the Redis
+// store with its defaults.
+func newSluiceLease(a sluice.Algorithm, rate int64, staleness time.Duration) newFunc {
 	return func(client redis.UniversalClient, prefix string) (TakeFunc, error) {
-		store, err := lease.New(redisstore.New(client, &redisstore.Options{Prefix: prefix}), &lease.Options{MaxStaleness: LeaseStaleness})
+		store, err := lease.New(redisstore.New(client, &redisstore.Options{Prefix: prefix}), &lease.Options{MaxStaleness: staleness})
 		if err != nil {
 			return nil, err
 		}

@@ -36,10 +36,14 @@ type memLimiter struct {
 // memLimit is every memory contender's limit: 1,000 per second, burst 1,000.
 var memLimit = sluice.Limit{Rate: Rate, Period: Period}
 
-// leaseStaleness is the lease's maximum staleness in the memory comparison:
-// as long as the limit's period allows, so the timed loop, which visits each
-// key every few tens of milliseconds, finds a live lease.
-const leaseStaleness = Period
+// The leases of the memory comparison: as long-lived as the limit's period
+// allows and of a fixed size (a tenth of the burst), so that the timed
+// loop, which comes back to each key every few tens of milliseconds, finds
+// a live lease without waiting for the demand estimate to size one.
+const (
+	leaseStaleness = Period
+	leaseSize      = Rate / 10
+)
 
 func memContenders() []memContender {
 	return []memContender{
@@ -68,7 +72,7 @@ func memContenders() []memContender {
 		}},
 		{"sluice-lease", func(b *testing.B) memLimiter {
 			m := memory.New(nil)
-			s, err := lease.New(m, &lease.Options{MaxStaleness: leaseStaleness})
+			s, err := lease.New(m, &lease.Options{MaxStaleness: leaseStaleness, Size: leaseSize})
 			if err != nil {
 				b.Fatal(err)
 			}

@@ -62,6 +62,7 @@ func run() error {
 		numKeys    = flag.Int("keys", bench.NumKeys, "distinct keys of the uniform comparison")
 		uniform    = flag.Bool("uniform", true, "run the comparison of keys in rotation")
 		zipf       = flag.Bool("zipf", true, "run the skewed comparison, with leases")
+		staleness  = flag.Duration("staleness", bench.LeaseStaleness, "leases' maximum staleness in the skewed comparison")
 		memory     = flag.Bool("memory", true, "also measure Redis MEMORY USAGE per key")
 	)
 	flag.Parse()
@@ -93,8 +94,8 @@ func run() error {
 			return err
 		}
 		loads = append(loads, load{
-			title:      fmt.Sprintf("Zipf s=%v over %d keys, leases of at most %v", bench.ZipfS, len(zkeys), bench.LeaseStaleness),
-			contenders: bench.ZipfContenders(),
+			title:      fmt.Sprintf("Zipf s=%v over %d keys, leases of at most %v", bench.ZipfS, len(zkeys), *staleness),
+			contenders: bench.ZipfContenders(*staleness),
 			newSet:     func() *bench.KeySet { return bench.NewZipfKeySet(zkeys, bench.ZipfS, *goroutines) },
 			rate:       bench.ZipfRate,
 		})
