@@ -9,8 +9,9 @@
 // It prints two tables: keys in strict rotation over bench.NumKeys keys
 // under bench.Rate per second, and keys drawn from a Zipf distribution
 // (bench.ZipfS over bench.ZipfKeys keys, under bench.ZipfRate per second)
-// with sluice's leases among the contenders, followed by the leases' ratios
-// to redis_rate's throughput and to sluice's Redis CPU per call without them.
+// with sluice's leases of each -staleness among the contenders, followed by
+// each leased contender's ratios to redis_rate's throughput and to sluice's
+// Redis CPU per call without leases.
 //
 //	redis-server --port 16391 --save '' --appendonly no &
 //	SLUICE_REDIS_ADDR=127.0.0.1:16391 go run ./cmd/compare
@@ -22,6 +23,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -62,7 +64,7 @@ func run() error {
 		numKeys    = flag.Int("keys", bench.NumKeys, "distinct keys of the uniform comparison")
 		uniform    = flag.Bool("uniform", true, "run the comparison of keys in rotation")
 		zipf       = flag.Bool("zipf", true, "run the skewed comparison, with leases")
-		staleness  = flag.Duration("staleness", bench.LeaseStaleness, "leases' maximum staleness in the skewed comparison")
+		staleness  = flag.String("staleness", joinDurations(bench.LeaseStaleness), "leases' maximum stalenesses in the skewed comparison, comma-separated")
 		memory     = flag.Bool("memory", true, "also measure Redis MEMORY USAGE per key")
 	)
 	flag.Parse()
@@ -93,9 +95,13 @@ func run() error {
 		if err != nil {
 			return err
 		}
+		stale, err := parseDurations(*staleness)
+		if err != nil {
+			return err
+		}
 		loads = append(loads, load{
-			title:      fmt.Sprintf("Zipf s=%v over %d keys, leases of at most %v", bench.ZipfS, len(zkeys), *staleness),
-			contenders: bench.ZipfContenders(*staleness),
+			title:      fmt.Sprintf("Zipf s=%v over %d keys, leases of at most %s", bench.ZipfS, len(zkeys), *staleness),
+			contenders: bench.ZipfContenders(stale...),
 			newSet:     func() *bench.KeySet { return bench.NewZipfKeySet(zkeys, bench.ZipfS, *goroutines) },
 			rate:       bench.ZipfRate,
 		})
@@ -199,16 +205,46 @@ func printTable(contenders []bench.Contender, samples []sample) error {
 	return tw.Flush()
 }
 
-// printLeaseRatios compares sluice-lease/gcra with redis_rate's throughput
-// and with sluice/gcra's Redis CPU per call.
+// printLeaseRatios compares each leased contender with redis_rate's
+// throughput and with sluice's Redis CPU per call under the same algorithm
+// without leases.
 func printLeaseRatios(contenders []bench.Contender, samples []sample) {
 	byName := map[string]sample{}
 	for i, c := range contenders {
 		byName[c.Name] = samples[i]
 	}
-	leased, peer, exact := byName["sluice-lease/gcra"], byName["redis_rate/gcra"], byName["sluice/gcra"]
-	fmt.Printf("\nsluice-lease/gcra: %.1f× redis_rate/gcra's ops/s; Redis CPU per call 1/%.0f of sluice/gcra's\n",
-		median(leased.ops)/median(peer.ops), median(exact.redisUS)/median(leased.redisUS))
+	fmt.Println()
+	peer := byName["redis_rate/gcra"]
+	for _, c := range contenders {
+		if !strings.HasPrefix(c.Name, "sluice-lease-") {
+			continue
+		}
+		_, alg, _ := strings.Cut(c.Name, "/")
+		leased, exact := byName[c.Name], byName["sluice/"+alg]
+		fmt.Printf("%s: %.1f× redis_rate/gcra's ops/s; Redis CPU per call %.3f of sluice/%s's (1/%.0f)\n", c.Name,
+			median(leased.ops)/median(peer.ops), median(leased.redisUS)/median(exact.redisUS), alg,
+			median(exact.redisUS)/median(leased.redisUS))
+	}
+}
+
+func joinDurations(ds []time.Duration) string {
+	s := make([]string, len(ds))
+	for i, d := range ds {
+		s[i] = d.String()
+	}
+	return strings.Join(s, ",")
+}
+
+func parseDurations(s string) ([]time.Duration, error) {
+	var out []time.Duration
+	for _, f := range strings.Split(s, ",") {
+		d, err := time.ParseDuration(strings.TrimSpace(f))
+		if err != nil || d <= 0 {
+			return nil, fmt.Errorf("-staleness: %q is not a positive duration", f)
+		}
+		out = append(out, d)
+	}
+	return out, nil
 }
 
 func median(xs []float64) float64 { return bench.Median(append([]float64(nil), xs...)) }
