@@ -145,23 +145,38 @@ func BenchmarkMemoryStore(b *testing.B) {
 	}
 }
 
+// memWalk is one goroutine's walk over the keys, from start on, counting
+// its calls, the ones allowed and the keys used.
+type memWalk struct {
+	keys       []string
+	i          int
+	calls, oks int
+	used       []uint64 // bitset over keys
+}
+
+func newMemWalk(keys []string, start int) *memWalk {
+	return &memWalk{keys: keys, i: start % len(keys), used: make([]uint64, (len(keys)+63)/64)}
+}
+
+func (w *memWalk) step(ctx context.Context, take func(context.Context, string) bool) {
+	if take(ctx, w.keys[w.i]) {
+		w.oks++
+	}
+	w.used[w.i>>6] |= 1 << (w.i & 63)
+	w.calls++
+	if w.i++; w.i == len(w.keys) {
+		w.i = 0
+	}
+}
+
 func memSerial(b *testing.B, keys []string, take func(context.Context, string) bool) float64 {
 	ctx := context.Background()
-	used := make([]uint64, (len(keys)+63)/64)
-	var allowed, n int
-	i := 0
+	w := newMemWalk(keys, 0)
 	b.ReportAllocs()
 	for b.Loop() {
-		if take(ctx, keys[i]) {
-			allowed++
-		}
-		used[i>>6] |= 1 << (i & 63)
-		n++
-		if i++; i == len(keys) {
-			i = 0
-		}
+		w.step(ctx, take)
 	}
-	return memReport(b, n, allowed, used, min(n, len(keys)))
+	return memReport(b, w.calls, w.oks, w.used, min(w.calls, len(keys)))
 }
 
 // memParallel is memSerial on GOMAXPROCS goroutines, each walking the keys
@@ -169,39 +184,29 @@ func memSerial(b *testing.B, keys []string, take func(context.Context, string) b
 func memParallel(b *testing.B, keys []string, take func(context.Context, string) bool) float64 {
 	ctx := context.Background()
 	var (
-		mu      sync.Mutex
-		used    = make([]uint64, (len(keys)+63)/64)
-		allowed atomic.Int64
-		calls   atomic.Int64
-		worker  atomic.Int64
+		mu         sync.Mutex
+		used       = make([]uint64, (len(keys)+63)/64)
+		calls, oks int
+		worker     atomic.Int64
 	)
 	b.ReportAllocs()
 	b.ResetTimer()
 	b.RunParallel(func(pb *testing.PB) {
-		mine := make([]uint64, len(used))
-		i := int(worker.Add(1)*7919) % len(keys)
-		var ok, n int64
+		w := newMemWalk(keys, int(worker.Add(1)*7919))
 		for pb.Next() {
-			if take(ctx, keys[i]) {
-				ok++
-			}
-			mine[i>>6] |= 1 << (i & 63)
-			n++
-			if i++; i == len(keys) {
-				i = 0
-			}
+			w.step(ctx, take)
 		}
-		allowed.Add(ok)
-		calls.Add(n)
 		mu.Lock()
-		for j, w := range mine {
-			used[j] |= w
+		defer mu.Unlock()
+		calls += w.calls
+		oks += w.oks
+		for j, u := range w.used {
+			used[j] |= u
 		}
-		mu.Unlock()
 	})
 	// Each goroutine's walk is contiguous, so together they cover at least
 	// as many keys as the busiest one called.
-	return memReport(b, int(calls.Load()), int(allowed.Load()), used, 0)
+	return memReport(b, calls, oks, used, 0)
 }
 
 // memReport reports the share allowed and the distinct keys used, fails
