@@ -55,7 +55,7 @@ const (
 // The skewed comparison's load: Goroutines goroutines over ZipfKeys keys
 // drawn from a Zipf distribution of exponent ZipfS (key k, counted from 1,
 // drawn with probability proportional to k^-ZipfS: the hottest key gets
-// about 18 % of the calls, the coldest about 0.002 %), under ZipfRate per
+// about 18 % of the calls, the coldest about 0.009 %), under ZipfRate per
 // Period, burst ZipfRate: more than any one key is asked for in these runs,
 // so nearly every call is allowed.
 const (

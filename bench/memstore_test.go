@@ -6,6 +6,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/sethvargo/go-limiter/memorystore"
 
@@ -33,22 +34,29 @@ type memLimiter struct {
 	local func() uint64
 }
 
-// memLimit is every memory contender's limit: 1,000 per second, burst 1,000.
-var memLimit = sluice.Limit{Rate: Rate, Period: Period}
-
-// The leases of the memory comparison: as long-lived as the limit's period
-// allows and of a fixed size (a tenth of the burst), so that the timed
-// loop, which comes back to each key every few tens of milliseconds, finds
-// a live lease without waiting for the demand estimate to size one.
+// memRate per memPeriod is every memory contender's limit: 1,000 a second
+// on average, burst 60,000, so every call is allowed. The period is long so
+// that a lease may live as long (a lease lives at most a period): the timed
+// loop comes back to each key only every 0.1–0.2 s.
 const (
-	leaseStaleness = Period
-	leaseSize      = Rate / 10
+	memRate   = 60 * Rate
+	memPeriod = time.Minute
+)
+
+var memLimit = sluice.Limit{Rate: memRate, Period: memPeriod}
+
+// The leases of the memory comparison live a period and are of a fixed
+// size, 100 units, so the timed loop finds a live lease on 99 calls in
+// 100 without waiting for the demand estimate to size one.
+const (
+	leaseStaleness = memPeriod
+	leaseSize      = 100
 )
 
 func memContenders() []memContender {
 	return []memContender{
 		{"go-limiter", func(b *testing.B) memLimiter {
-			s, err := memorystore.New(&memorystore.Config{Tokens: Rate, Interval: Period, InitialAlloc: memKeys})
+			s, err := memorystore.New(&memorystore.Config{Tokens: memRate, Interval: memPeriod, InitialAlloc: memKeys})
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -59,7 +67,7 @@ func memContenders() []memContender {
 			}}
 		}},
 		{"map-mutex-gcra", func(b *testing.B) memLimiter {
-			g := NewMapGCRA(Rate, Period)
+			g := NewMapGCRA(memRate, memPeriod)
 			return memLimiter{take: func(_ context.Context, key string) bool { return g.Take(key).Allowed }, held: g.Len}
 		}},
 		{"sluice-memory", func(b *testing.B) memLimiter {
