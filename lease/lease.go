@@ -4,10 +4,10 @@
 // how far over the limit a fleet can go.
 //
 // A Store asks its sluice.Granter for up to n units of a key (see "Lease
-// size") and admits requests from them in memory until they are spent or the lease
-// expires. A lease lives at most the key's maximum staleness D
-// (Options.MaxStaleness, or Options.For per key; zero: no lease), measured from
-// when its grant was sent, so no network delay stretches it; under the
+// size") and admits requests from them in memory until they are spent or
+// the lease expires. A lease lives at most the key's maximum staleness D
+// (Options.MaxStaleness, or Options.For per key; zero: no lease), measured
+// from when its grant was sent, so no network delay stretches it; under the
 // window algorithms it also ends where the window it was taken from ends.
 // When the store grants nothing, the Store remembers that until the key's
 // retry time. Unused units go back to the store, under sluice.Granter's
@@ -25,8 +25,8 @@
 // (Options.FleetSize) so no process holds more than its share of the burst,
 // and at least 1. A key that is not hot, or whose lease would hold no more
 // than the request's cost, is not leased: the store answers the request
-// exactly, as without leases. Options.Size replaces all this with one
-// fixed size for every key.
+// exactly, as without leases. An idle key's demand is forgotten when it is
+// swept. Options.Size replaces all this with one fixed size for every key.
 //
 // # The bound
 //
@@ -56,7 +56,7 @@
 // less full one does, and stays fuller), so every later grant was possible
 // in the history without that return. By induction over returns, the
 // admissions are those of a history without returns, bounded above. The
-// bound is reached with equality (lease_test.go replays the schedule): a
+// bound is reached with equality (bound_test.go replays the schedule): a
 // lease granted B−1 units at a−D while the next unit is 1µs away, one unit
 // granted every I after it, each held by a request it cannot cover, and all
 // spent from a on. A naive return (every unused unit, at any age) breaks
@@ -122,6 +122,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/maphash"
 	"math"
 	"sync"
 	"sync/atomic"
@@ -134,15 +135,16 @@ import (
 var _ sluice.MultiStore = (*Store)(nil)
 
 var (
-	// ErrInvalidStaleness: Options.MaxStaleness is negative, or neither it
-	// nor Options.For is set, or a key's staleness is longer than its
-	// limit's period.
+	// ErrInvalidStaleness: New was given neither Options.For nor a
+	// positive Options.MaxStaleness, or a key's staleness is below zero or
+	// longer than its limit's period.
 	ErrInvalidStaleness = errors.New("lease: invalid maximum staleness")
 	// ErrNoGranter: the Store is a zero value, or was built without a
 	// granter.
 	ErrNoGranter = errors.New("lease: no granter")
-	// ErrNoTakeAll: TakeAll has several checks that are not leased, and
-	// the granter is not a sluice.MultiStore that could take them at once.
+	// ErrNoTakeAll: TakeAll has several checks that are not leased (or
+	// whose grants a failure policy held back), and the granter is not a
+	// sluice.MultiStore that could take them at once.
 	ErrNoTakeAll = errors.New("lease: the granter cannot take several unleased limits at once")
 )
 
@@ -176,7 +178,8 @@ type Options struct {
 	// per grant. Default: nil, a fleet of 1; a figure below 1 counts as 1.
 	FleetSize func() int
 
-	// Clock returns the current time. Default time.Now. It measures lease
+	// Clock returns the current time. Default: time.Now's, advanced by the
+	// monotonic clock alone after the first read. It measures lease
 	// lifetimes and remembered denials only.
 	Clock func() time.Time
 }
@@ -193,11 +196,13 @@ type Store struct {
 	fleet     func() int
 	clock     func() time.Time
 
-	mu      sync.Mutex
-	leases  map[leaseKey]*lease
-	sweepAt int // sweep idle leases when the map reaches this size
+	seed     maphash.Seed
+	shards   []shard      // by the key's hash; nil in a zero Store
+	keys     atomic.Int64 // leases held in all shards
+	sweepAt  atomic.Int64 // sweep idle leases when keys reaches this
+	sweeping sync.Mutex   // one sweep at a time
 
-	local, grants, granted, returned atomic.Uint64
+	grants, granted, returned atomic.Uint64
 }
 
 // Stats counts what a Store has done since New; every field is cumulative
@@ -207,14 +212,21 @@ type Stats struct {
 	Grants   uint64 // grant calls sent to the store
 	Granted  uint64 // units the store granted
 	Returned uint64 // units the store took back
-	Keys     int    // keys holding a lease or a remembered denial now
+	Keys     int    // keys tracked now (a lease, a remembered denial, demand)
 }
 
 // Stats returns the Store's counters. It is safe to call at any time; a
 // zero Store reports zeros.
 func (s *Store) Stats() Stats {
+	var local uint64
+	for i := range s.shards {
+		sh := &s.shards[i]
+		sh.mu.Lock()
+		local += sh.local
+		sh.mu.Unlock()
+	}
 	return Stats{
-		Local:    s.local.Load(),
+		Local:    local,
 		Grants:   s.grants.Load(),
 		Granted:  s.granted.Load(),
 		Returned: s.returned.Load(),
@@ -225,23 +237,39 @@ func (s *Store) Stats() Stats {
 // minSweep is the least number of leases held before idle ones are swept.
 const minSweep = 10_000
 
+// shardCount shards the leases so that requests on different keys rarely
+// share a mutex.
+const shardCount = 64
+
+// shard holds some keys' leases; mu guards the map and every field of its
+// leases but refill.
+type shard struct {
+	mu     sync.Mutex
+	leases map[leaseKey]*lease
+	local  uint64   // decisions its leases answered, counted under mu
+	_      [40]byte // keep shards on separate cache lines
+}
+
 type leaseKey struct {
 	key   string
 	limit sluice.Limit
 }
 
-// lease is one key's lease in this process; mu is held across store calls
-// so that concurrent requests wait for one grant rather than each asking.
+// lease is one key's lease in this process. Its shard's mutex guards its
+// fields, so a decision from a live lease takes one mutex; refill is held
+// across store calls, so that concurrent requests wait for one grant
+// rather than each asking.
 type lease struct {
-	mu    sync.Mutex
-	grant sluice.Grant
-	units int64     // left to spend
-	sent  time.Time // when grant was sent
-	until time.Time // spendable while now ≤ until
-	end   time.Time // window algorithms: spendable while now < end
-	deny  time.Time // a zero grant is remembered until then
-	reset time.Time // and the key was fresh again by then
-	gen   uint64    // counts grants: which one units came from
+	refill sync.Mutex
+	sh     *shard
+	grant  sluice.Grant
+	units  int64     // left to spend
+	sent   time.Time // when grant was sent
+	until  time.Time // spendable while now ≤ until
+	end    time.Time // window algorithms: spendable while now < end
+	deny   time.Time // a zero grant is remembered until then
+	reset  time.Time // and the key was fresh again by then
+	gen    uint64    // counts grants: which one units came from
 
 	demand float64   // units this process expects to ask for within D
 	asked  int64     // units asked since folded, not yet in demand
@@ -262,9 +290,23 @@ func New(g sluice.Granter, opts *Options) (*Store, error) {
 		return nil, fmt.Errorf("%w: %v must be positive", ErrInvalidStaleness, o.MaxStaleness)
 	}
 	if o.Clock == nil {
-		o.Clock = time.Now
+		o.Clock = monotonic()
 	}
-	return &Store{granter: g, staleness: o.MaxStaleness, stale: o.For, size: o.Size, fleet: o.FleetSize, clock: o.Clock, leases: make(map[leaseKey]*lease), sweepAt: minSweep}, nil
+	s := &Store{granter: g, staleness: o.MaxStaleness, stale: o.For, size: o.Size, fleet: o.FleetSize, clock: o.Clock, seed: maphash.MakeSeed(), shards: make([]shard, shardCount)}
+	for i := range s.shards {
+		s.shards[i].leases = make(map[leaseKey]*lease)
+	}
+	s.sweepAt.Store(minSweep)
+	return s, nil
+}
+
+// monotonic is the default clock: the wall clock read once, then advanced
+// by the monotonic clock alone, one clock read per call where time.Now
+// makes two. Lifetimes are durations, so wall clock steps must not move
+// them anyway.
+func monotonic() func() time.Time {
+	base := time.Now()
+	return func() time.Time { return base.Add(time.Since(base)) }
 }
 
 // check validates a request against the Store and its limit, and returns
@@ -289,37 +331,50 @@ func (s *Store) check(key string, limit sluice.Limit, cost int64) (time.Duration
 	return d, nil
 }
 
-func (s *Store) lease(key string, limit sluice.Limit) *lease {
-	k := leaseKey{key, limit}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	l := s.leases[k]
+// shard is key's shard.
+func (s *Store) shard(key string) *shard {
+	return &s.shards[maphash.String(s.seed, key)&(shardCount-1)]
+}
+
+// lease returns k's lease in sh, which must be locked, making one if
+// needed.
+func (s *Store) lease(sh *shard, k leaseKey) *lease {
+	l := sh.leases[k]
 	if l == nil {
-		if len(s.leases) >= s.sweepAt {
-			s.sweep()
-		}
-		l = new(lease)
-		s.leases[k] = l
+		l = &lease{sh: sh}
+		sh.leases[k] = l
+		s.keys.Add(1)
 	}
 	return l
 }
 
 // sweep forgets the leases that are idle: nothing to spend, no denial to
 // remember, no call in flight. An expired lease's unused units are left
-// with it: stranded, they can only lower admissions. It runs when the map
-// has doubled since the last sweep, so its cost per new key is constant.
+// with it: stranded, they can only lower admissions. It runs when the
+// leases held have doubled since the last sweep, so its cost per new key
+// is constant.
 func (s *Store) sweep() {
-	now := s.clock()
-	for k, l := range s.leases {
-		if !l.mu.TryLock() {
-			continue
-		}
-		if !l.live(now) && !now.Before(l.deny) {
-			delete(s.leases, k)
-		}
-		l.mu.Unlock()
+	if !s.sweeping.TryLock() {
+		return
 	}
-	s.sweepAt = max(minSweep, 2*len(s.leases))
+	defer s.sweeping.Unlock()
+	now := s.clock()
+	for i := range s.shards {
+		sh := &s.shards[i]
+		sh.mu.Lock()
+		for k, l := range sh.leases {
+			if !l.refill.TryLock() {
+				continue
+			}
+			if !l.live(now) && !now.Before(l.deny) {
+				delete(sh.leases, k)
+				s.keys.Add(-1)
+			}
+			l.refill.Unlock()
+		}
+		sh.mu.Unlock()
+	}
+	s.sweepAt.Store(max(minSweep, 2*s.keys.Load()))
 }
 
 // live reports whether l's units may be spent at now.
@@ -347,7 +402,7 @@ func (s *Store) Take(ctx context.Context, key string, limit sluice.Limit, cost i
 		return sluice.Decision{}, err
 	}
 	if stale > 0 {
-		d, _, exact, err := s.spend(ctx, key, limit, cost, stale, s.lease(key, limit), false)
+		d, _, _, exact, err := s.spend(ctx, key, limit, cost, stale, false)
 		if !exact {
 			return d, err
 		}
@@ -355,29 +410,67 @@ func (s *Store) Take(ctx context.Context, key string, limit sluice.Limit, cost i
 	return s.granter.Take(ctx, key, limit, cost)
 }
 
-// spend answers a request of cost from l, the key's lease, taking the
-// units when it allows, and reports the grant they came from (gen). exact
-// says the store should answer instead, as it does for a key that is not
-// hot; force leases such a key all the same.
-func (s *Store) spend(ctx context.Context, key string, limit sluice.Limit, cost int64, stale time.Duration, l *lease, force bool) (_ sluice.Decision, gen uint64, exact bool, _ error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
+// spend answers a request of cost from the key's lease, taking the units
+// when it allows, and reports the lease and the grant they came from
+// (gen). exact says the store should answer instead, as it does for a key
+// that is not hot; force leases such a key all the same.
+func (s *Store) spend(ctx context.Context, key string, limit sluice.Limit, cost int64, stale time.Duration, force bool) (_ sluice.Decision, _ *lease, gen uint64, exact bool, _ error) {
+	if s.keys.Load() >= s.sweepAt.Load() {
+		s.sweep()
+	}
+	sh := s.shard(key)
+	sh.mu.Lock()
+	l := s.lease(sh, leaseKey{key, limit})
 	now := s.clock()
 	l.asked += cost
+	if d, gen, ok := s.answer(l, limit, cost, now); ok {
+		sh.mu.Unlock()
+		return d, l, gen, false, nil
+	}
+	sh.mu.Unlock()
+	d, gen, exact, err := s.refill(ctx, l, key, limit, cost, stale, force)
+	return d, l, gen, exact, err
+}
+
+// answer is l's decision at now without the store, when it has one: from a
+// live lease that holds cost units, taking them, or a remembered denial.
+// l's shard must be locked.
+func (s *Store) answer(l *lease, limit sluice.Limit, cost int64, now time.Time) (_ sluice.Decision, gen uint64, ok bool) {
 	if l.live(now) && l.units >= cost {
 		l.units -= cost
-		s.local.Add(1)
-		return l.local(limit, now, true), l.gen, false, nil
+		l.sh.local++
+		return l.local(limit, now, true), l.gen, true
 	}
 	if now.Before(l.deny) {
-		return sluice.Decision{Limit: limit, RetryAfter: l.deny.Sub(now), ResetAfter: max(l.reset.Sub(now), 0), Source: sluice.SourceDenyCache}, 0, false, nil
+		return sluice.Decision{Limit: limit, RetryAfter: l.deny.Sub(now), ResetAfter: max(l.reset.Sub(now), 0), Source: sluice.SourceDenyCache}, 0, true
+	}
+	return sluice.Decision{}, 0, false
+}
+
+// refill answers a request that l could not, once no other refill of l is
+// in flight: from the lease another refill made meanwhile, or by giving
+// back what is left and asking the store for a new grant, or (exact) by
+// the store's Take.
+func (s *Store) refill(ctx context.Context, l *lease, key string, limit sluice.Limit, cost int64, stale time.Duration, force bool) (_ sluice.Decision, gen uint64, exact bool, _ error) {
+	l.refill.Lock()
+	defer l.refill.Unlock()
+	sh := l.sh
+	sh.mu.Lock()
+	now := s.clock()
+	if d, gen, ok := s.answer(l, limit, cost, now); ok {
+		sh.mu.Unlock()
+		return d, gen, false, nil
 	}
 	l.fold(now, stale)
 	n := s.sizeFor(l, limit, cost)
 	if n == 0 && !force {
+		sh.mu.Unlock()
 		return sluice.Decision{}, 0, true, nil
 	}
-	if err := s.giveBack(ctx, key, limit, l); err != nil {
+	old, unused := l.grant, l.units
+	l.units = 0
+	sh.mu.Unlock()
+	if err := s.giveBack(ctx, key, limit, old, unused); err != nil {
 		return sluice.Decision{}, 0, false, err
 	}
 	sent := s.clock()
@@ -390,6 +483,8 @@ func (s *Store) spend(ctx context.Context, key string, limit sluice.Limit, cost 
 		return sluice.Decision{}, 0, false, err
 	}
 	s.granted.Add(uint64(g.Granted))
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
 	if g.Granted == 0 {
 		l.deny, l.reset = sent.Add(g.RetryAfter), sent.Add(g.ResetAfter)
 		return sluice.Decision{Limit: limit, RetryAfter: g.RetryAfter, ResetAfter: g.ResetAfter}, 0, false, nil
@@ -420,11 +515,11 @@ func (s *Store) spend(ctx context.Context, key string, limit sluice.Limit, cost 
 // still holds that grant; otherwise they stay out of the store, which can
 // only lower admissions.
 func (l *lease) restore(gen uint64, cost int64) {
-	l.mu.Lock()
+	l.sh.mu.Lock()
 	if l.gen == gen {
 		l.units += cost
 	}
-	l.mu.Unlock()
+	l.sh.mu.Unlock()
 }
 
 // hotUnits is the demand, in units expected within D, from which a key is
@@ -475,17 +570,15 @@ func (s *Store) sizeFor(l *lease, limit sluice.Limit, cost int64) int64 {
 	return n
 }
 
-// giveBack returns l's unused units, once: on an error they stay out of
+// giveBack returns unused units of g, once: on an error they stay out of
 // the store (a resent return could make budget). A return a failure policy
 // held back (resilient.ErrNoGrant) is no error of the request's: the
 // policy has counted it.
-func (s *Store) giveBack(ctx context.Context, key string, limit sluice.Limit, l *lease) error {
-	if l.units == 0 {
+func (s *Store) giveBack(ctx context.Context, key string, limit sluice.Limit, g sluice.Grant, unused int64) error {
+	if unused == 0 {
 		return nil
 	}
-	unused := l.units
-	l.units = 0
-	n, err := s.granter.Return(ctx, key, limit, l.grant, unused)
+	n, err := s.granter.Return(ctx, key, limit, g, unused)
 	if errors.Is(err, resilient.ErrNoGrant) {
 		return nil
 	}
@@ -546,8 +639,7 @@ func (s *Store) TakeAll(ctx context.Context, reqs []sluice.Request) ([]sluice.De
 	all := true
 	for i, r := range reqs {
 		if stale[i] > 0 {
-			l := s.lease(r.Key, r.Limit)
-			d, gen, ex, err := s.spend(ctx, r.Key, r.Limit, r.Cost, stale[i], l, multi == nil)
+			d, l, gen, ex, err := s.spend(ctx, r.Key, r.Limit, r.Cost, stale[i], multi == nil)
 			if err != nil {
 				putBack()
 				return nil, err
@@ -580,6 +672,9 @@ func (s *Store) TakeAll(ctx context.Context, reqs []sluice.Request) ([]sluice.De
 // nothing, when take is set, and otherwise Peeked.
 func (s *Store) exactly(ctx context.Context, multi sluice.MultiStore, reqs []sluice.Request, take bool) ([]sluice.Decision, error) {
 	if take && len(reqs) > 1 {
+		if multi == nil { // leased checks whose grants a failure policy held back
+			return nil, ErrNoTakeAll
+		}
 		return multi.TakeAll(ctx, reqs)
 	}
 	out := make([]sluice.Decision, len(reqs))
@@ -607,15 +702,15 @@ func (s *Store) Peek(ctx context.Context, key string, limit sluice.Limit, cost i
 	if stale == 0 {
 		return s.granter.Peek(ctx, key, limit, cost)
 	}
-	l := s.lease(key, limit)
-	l.mu.Lock()
+	sh := s.shard(key)
+	sh.mu.Lock()
 	now := s.clock()
-	if l.live(now) && l.units >= cost {
+	if l := sh.leases[leaseKey{key, limit}]; l != nil && l.live(now) && l.units >= cost {
 		d := l.local(limit, now, true)
-		l.mu.Unlock()
+		sh.mu.Unlock()
 		return d, nil
 	}
-	l.mu.Unlock()
+	sh.mu.Unlock()
 	return s.granter.Peek(ctx, key, limit, cost)
 }
 
@@ -626,32 +721,40 @@ func (s *Store) Reset(ctx context.Context, key string, limit sluice.Limit) error
 	if s.granter == nil {
 		return ErrNoGranter
 	}
-	s.mu.Lock()
-	delete(s.leases, leaseKey{key, limit})
-	s.mu.Unlock()
+	sh := s.shard(key)
+	sh.mu.Lock()
+	if _, ok := sh.leases[leaseKey{key, limit}]; ok {
+		delete(sh.leases, leaseKey{key, limit})
+		s.keys.Add(-1)
+	}
+	sh.mu.Unlock()
 	return s.granter.Reset(ctx, key, limit)
 }
 
-// Len returns the number of keys the Store holds a lease or a remembered
-// denial for, idle ones not yet swept included.
-func (s *Store) Len() int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return len(s.leases)
-}
+// Len returns the number of keys the Store tracks (a lease, a remembered
+// denial, or only the key's demand), idle ones not yet swept included.
+func (s *Store) Len() int { return int(s.keys.Load()) }
 
 // Close returns every lease's unused units to the store, and forgets the
 // leases. The Store still answers afterwards.
 func (s *Store) Close(ctx context.Context) error {
-	s.mu.Lock()
-	leases := s.leases
-	s.leases = make(map[leaseKey]*lease)
-	s.mu.Unlock()
 	var errs []error
-	for k, l := range leases {
-		l.mu.Lock()
-		errs = append(errs, s.giveBack(ctx, k.key, k.limit, l))
-		l.mu.Unlock()
+	for i := range s.shards {
+		sh := &s.shards[i]
+		sh.mu.Lock()
+		leases := sh.leases
+		sh.leases = make(map[leaseKey]*lease)
+		s.keys.Add(-int64(len(leases)))
+		sh.mu.Unlock()
+		for k, l := range leases {
+			l.refill.Lock()
+			sh.mu.Lock()
+			g, unused := l.grant, l.units
+			l.units = 0
+			sh.mu.Unlock()
+			errs = append(errs, s.giveBack(ctx, k.key, k.limit, g, unused))
+			l.refill.Unlock()
+		}
 	}
 	return errors.Join(errs...)
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/lease"
 	"github.com/sluicehq/sluice/memory"
+	"github.com/sluicehq/sluice/resilient"
 	"github.com/sluicehq/sluice/storetest"
 )
 
@@ -529,5 +530,33 @@ func TestResetReloadWithinD(t *testing.T) {
 	l2 := sluice.PerSecond(20)
 	if dec := take(t, a, "k", l2, 1); dec.Source != sluice.SourceBackend || dec.Limit != l2 {
 		t.Fatalf("a under a reloaded limit: %+v; want a grant under it", dec)
+	}
+}
+
+// noGrant is a granter whose failure policy holds every grant back.
+type noGrant struct{ sluice.Granter }
+
+func (noGrant) Grant(context.Context, string, sluice.Limit, int64) (sluice.Grant, error) {
+	return sluice.Grant{}, resilient.ErrNoGrant
+}
+
+// Grants held back by a failure policy send the request to the granter's
+// Take; in TakeAll, without a MultiStore to take several at once, that is
+// ErrNoTakeAll rather than a guess.
+func TestNoGrant(t *testing.T) {
+	t.Parallel()
+	clock := storetest.NewClock(storetest.T0)
+	g := noGrant{newMemory(t, clock)}
+	s := newLease(t, g, clock, time.Second, 5)
+	l := sluice.PerMinute(10)
+	if d := take(t, s, "k", l, 1); !d.Allowed || d.Source != sluice.SourceBackend || d.Remaining != 9 {
+		t.Fatalf("Take = %+v, want the store's exact answer", d)
+	}
+	reqs := []sluice.Request{{Key: "a", Limit: l, Cost: 1}, {Key: "b", Limit: l, Cost: 1}}
+	if _, err := s.TakeAll(ctx, reqs); !errors.Is(err, lease.ErrNoTakeAll) {
+		t.Fatalf("TakeAll = %v, want ErrNoTakeAll", err)
+	}
+	if ds, err := s.TakeAll(ctx, reqs[:1]); err != nil || !ds[0].Allowed {
+		t.Fatalf("TakeAll of one = %+v, %v; want it taken exactly", ds, err)
 	}
 }
