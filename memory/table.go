@@ -116,8 +116,8 @@ func (t *table) bury(i int) {
 }
 
 // rehash rebuilds the index at a load of at most a half (at least 16
-// slots), dropping the tombstones. A denser index stays in cache better
-// than probes stay short, and linear probing at under 3/4 is short.
+// slots), dropping the tombstones; add rehashes again at 3/4. An index
+// that small stays in cache, and linear probes at that load stay short.
 func (t *table) rehash() {
 	n := 16
 	for n < 2*(len(t.ents)-len(t.free)+1) {
