@@ -1,6 +1,7 @@
 package memory
 
 import (
+	"sync/atomic"
 	"time"
 
 	"github.com/sluicehq/sluice"
@@ -13,16 +14,42 @@ type params struct {
 	period   int64 // µs
 	interval int64 // µs per unit (bucket algorithms and GCRA), rounded up
 	capacity int64
+	span     int64 // capacity × interval: how far GCRA's TAT may run ahead
+	limit    sluice.Limit
 }
 
 func newParams(l sluice.Limit) params {
-	return params{
+	p := params{
 		alg:      l.Algorithm,
 		rate:     l.Rate,
 		period:   l.Period.Microseconds(),
 		interval: l.Interval().Microseconds(),
 		capacity: l.Capacity(),
+		limit:    l,
 	}
+	p.span = p.capacity * p.interval
+	return p
+}
+
+// limitCache holds the params of limits already validated, so a decision
+// neither validates its limit again nor divides to derive it: both cost more
+// than the decision itself. It is direct-mapped: a limit evicts the one in
+// its slot, which only costs the next call on that one a validation.
+type limitCache [16]atomic.Pointer[params]
+
+// params returns limit's params, validating it on a miss (errors wrap
+// sluice.ErrInvalidLimit, as Limit.Validate's do).
+func (c *limitCache) params(limit sluice.Limit) (*params, error) {
+	slot := &c[uint64(limit.Rate^int64(limit.Period)^limit.Burst^int64(limit.Algorithm))%uint64(len(c))]
+	if p := slot.Load(); p != nil && p.limit == limit {
+		return p, nil
+	}
+	if err := limit.Validate(); err != nil {
+		return nil, err
+	}
+	p := newParams(limit)
+	slot.Store(&p)
+	return &p, nil
 }
 
 // result is a decision in microseconds, as the Lua scripts return it.

@@ -7,7 +7,7 @@ package memory
 // while it stays within capacity·interval of now. One integer per key, no
 // floating point, no drift. Mirrors redisstore/scripts/gcra.lua.
 func gcra(st *state, now int64, p *params, cost int64, commit bool) result {
-	span := p.capacity * p.interval // the furthest TAT may run ahead of now
+	span := p.span
 	tat := st.a
 	if st.expires == 0 || tat < now {
 		tat = now

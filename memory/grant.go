@@ -19,9 +19,9 @@ func (s *Store) Grant(_ context.Context, key string, limit sluice.Limit, n int64
 		return sluice.Grant{}, ErrZeroStore
 	}
 	p := newParams(limit)
-	sh, m, now := s.lock(key, limit.Algorithm)
+	sh, tag, now := s.lock(key, limit.Algorithm)
 	defer sh.mu.Unlock()
-	st := m[key]
+	st := sh.tab.find(tag, key)
 	if st != nil && st.expires <= now { // expired but not yet swept: fresh again
 		st.a, st.b, st.c, st.expires = 0, 0, 0, 0
 	}
@@ -34,7 +34,7 @@ func (s *Store) Grant(_ context.Context, key string, limit sluice.Limit, n int64
 	if granted > 0 {
 		st.expires = now + r.reset
 		if fresh {
-			sh.insert(m, key, st, now)
+			sh.insert(tag, key, *st, now)
 		}
 		if windowed(limit.Algorithm) {
 			at = max(now, st.a*p.period) // charged in a newer window: as at its start
@@ -52,18 +52,18 @@ func (s *Store) Return(_ context.Context, key string, limit sluice.Limit, g slui
 		return 0, ErrZeroStore
 	}
 	p := newParams(limit)
-	sh, m, now := s.lock(key, limit.Algorithm)
+	sh, tag, now := s.lock(key, limit.Algorithm)
 	defer sh.mu.Unlock()
 	give := unused
 	if !windowed(limit.Algorithm) {
 		give = sluice.ReturnAllowance(limit, unused, now-g.At)
 	}
-	st := m[key]
+	st := sh.tab.find(tag, key)
 	if give == 0 || st == nil || st.expires <= now {
 		return give, nil // a fresh key has nothing to give back into
 	}
 	if giveBack(st, now, &p, give, g.At) {
-		delete(m, key)
+		sh.tab.remove(tag, key)
 		sh.n--
 	}
 	return give, nil
@@ -120,12 +120,12 @@ func windowed(a sluice.Algorithm) bool {
 	return a == sluice.FixedWindow || a == sluice.SlidingWindowCounter
 }
 
-// lock locks key's shard and returns it, its map for algorithm a, and the
-// time read under the lock.
-func (s *Store) lock(key string, a sluice.Algorithm) (*shard, map[string]*state, int64) {
-	sh := s.shard(key)
+// lock locks key's shard and returns it, key's tag under algorithm a, and
+// the time read under the lock.
+func (s *Store) lock(key string, a sluice.Algorithm) (*shard, uint32, int64) {
+	sh, tag := s.locate(key, a)
 	sh.mu.Lock()
-	return sh, sh.maps[a], s.now()
+	return sh, tag, s.now()
 }
 
 // grant takes min(n, available) units from st, as a Peek counts them. The

@@ -48,7 +48,8 @@ func (s *Store) TakeAll(_ context.Context, reqs []sluice.Request) ([]sluice.Deci
 	for i, r := range reqs {
 		params[i] = newParams(r.Limit)
 		var cp state
-		if st := s.shards[idx[i]].maps[r.Limit.Algorithm][r.Key]; st != nil && st.expires > now {
+		sh, tag := s.locate(r.Key, r.Limit.Algorithm)
+		if st := sh.tab.find(tag, r.Key); st != nil && st.expires > now {
 			cp = *st
 		}
 		res := decide(&cp, now, &params[i], r.Cost, false)
@@ -59,15 +60,12 @@ func (s *Store) TakeAll(_ context.Context, reqs []sluice.Request) ([]sluice.Deci
 		return out, nil
 	}
 	for i, r := range reqs {
-		sh := &s.shards[idx[i]]
-		m := sh.maps[r.Limit.Algorithm]
-		st := m[r.Key]
+		sh, tag := s.locate(r.Key, r.Limit.Algorithm)
+		st := sh.tab.find(tag, r.Key)
 		if st == nil {
-			st = &state{}
-			sh.insert(m, r.Key, st, now)
+			st = sh.insert(tag, r.Key, state{}, now)
 		} else if st.expires <= now {
-			st.a, st.b, st.c, st.expires = 0, 0, 0, 0
-			st.log.clear()
+			st.clear()
 		}
 		res := decide(st, now, &params[i], r.Cost, true)
 		st.expires = now + res.reset

@@ -62,7 +62,10 @@ type Options struct {
 // refuses every decision with ErrZeroStore (its Len is 0; Close and Sweep
 // do nothing).
 type Store struct {
-	now    func() int64 // µs since the Unix epoch
+	clock  func() time.Time // Options.Clock; nil reads the monotonic clock
+	base   time.Time        // the monotonic clock's anchor
+	baseUS int64            // base, µs since the Unix epoch
+	limits limitCache
 	seed   maphash.Seed
 	mask   uint64
 	shards []shard
@@ -73,11 +76,11 @@ type Store struct {
 
 type shard struct {
 	mu      sync.Mutex
-	maps    [6]map[string]*state // one per sluice.Algorithm
-	n       int
+	tab     table // every algorithm's keys (table.go)
+	n       int   // live keys in tab
 	maxKeys int
 	slots   map[string]*slotKey // in-flight holders by key (inflight.go)
-	_       [32]byte            // keep shards on separate cache lines
+	_       [64]byte            // keep shards on separate cache lines
 }
 
 // state is one key's state. Its fields mean what the algorithm's file says.
@@ -87,6 +90,12 @@ type state struct {
 	a, b, c int64
 	expires int64
 	log     ring // sliding_window_log only
+}
+
+// clear makes st fresh, keeping the log's buffer.
+func (st *state) clear() {
+	st.a, st.b, st.c, st.expires = 0, 0, 0, 0
+	st.log.clear()
 }
 
 // New returns a Store. Close it to stop the sweeper.
@@ -108,17 +117,11 @@ func New(opts *Options) *Store {
 	if o.SweepInterval == 0 {
 		o.SweepInterval = time.Minute
 	}
-	s := &Store{now: monotonicMicros(), seed: maphash.MakeSeed(), mask: uint64(n - 1), shards: make([]shard, n), stop: make(chan struct{})}
-	if o.Clock != nil {
-		clock := o.Clock
-		s.now = func() int64 { return clock().UnixMicro() }
-	}
+	base := time.Now()
+	s := &Store{clock: o.Clock, base: base, baseUS: base.UnixMicro(), seed: maphash.MakeSeed(), mask: uint64(n - 1), shards: make([]shard, n), stop: make(chan struct{})}
 	per := (o.MaxKeys + n - 1) / n
 	for i := range s.shards {
 		s.shards[i].maxKeys = per
-		for a := range s.shards[i].maps {
-			s.shards[i].maps[a] = make(map[string]*state)
-		}
 	}
 	if o.SweepInterval > 0 {
 		s.done.Add(1)
@@ -153,52 +156,67 @@ func (s *Store) shardIndex(key string) uint64 { return maphash.String(s.seed, ke
 
 func (s *Store) shard(key string) *shard { return &s.shards[s.shardIndex(key)] }
 
-// monotonicMicros reads the monotonic clock, anchored to the wall clock
-// once: cheaper than time.Now (one clock read, not two) and immune to wall
-// clock steps, which is all one process's limiter needs.
-func monotonicMicros() func() int64 {
-	base := time.Now()
-	baseUS := base.UnixMicro()
-	return func() int64 { return baseUS + int64(time.Since(base)/time.Microsecond) }
+// locate hashes key once for both its shard and its tag under a.
+func (s *Store) locate(key string, a sluice.Algorithm) (*shard, uint32) {
+	h := maphash.String(s.seed, key)
+	return &s.shards[h&s.mask], tagOf(h, a)
 }
 
-// check validates a request and refuses a zero Store.
-func (s *Store) check(key string, limit sluice.Limit, cost int64) error {
-	if err := sluice.ValidateRequest(key, limit, cost); err != nil {
-		return err
+// now is the time in µs since the Unix epoch: the injected clock's, or the
+// monotonic clock anchored to the wall clock once, which is cheaper than
+// time.Now (one clock read, not two) and immune to wall clock steps, all
+// one process's limiter needs.
+func (s *Store) now() int64 {
+	if s.clock != nil {
+		return s.clock().UnixMicro()
+	}
+	return s.baseUS + int64(time.Since(s.base)/time.Microsecond)
+}
+
+// check validates a request, refuses a zero Store, and returns the limit's
+// params. It checks exactly what sluice.ValidateRequest does, in that order,
+// but validates a limit only the first time it meets it.
+func (s *Store) check(key string, limit sluice.Limit, cost int64) (*params, error) {
+	if err := sluice.ValidateKey(key); err != nil {
+		return nil, err
+	}
+	p, err := s.limits.params(limit)
+	if err != nil {
+		return nil, err
+	}
+	if cost < 1 || cost > p.capacity {
+		return nil, limit.ValidateCost(cost)
 	}
 	if s.shards == nil {
-		return ErrZeroStore
+		return nil, ErrZeroStore
 	}
-	return nil
+	return p, nil
 }
 
 // Take implements sluice.Store.
 func (s *Store) Take(_ context.Context, key string, limit sluice.Limit, cost int64) (sluice.Decision, error) {
-	if err := s.check(key, limit, cost); err != nil {
+	p, err := s.check(key, limit, cost)
+	if err != nil {
 		return sluice.Decision{}, err
 	}
-	p := newParams(limit)
-	sh := s.shard(key)
-	m := sh.maps[limit.Algorithm]
+	sh, tag := s.locate(key, limit.Algorithm)
 	sh.mu.Lock()
 	now := s.now()
-	st := m[key]
+	st := sh.tab.find(tag, key)
 	if st == nil {
 		var fresh state
-		r := decide(&fresh, now, &p, cost, true)
+		r := decide(&fresh, now, p, cost, true)
 		if r.allowed {
 			fresh.expires = now + r.reset
-			sh.insert(m, key, &fresh, now)
+			sh.insert(tag, key, fresh, now)
 		}
 		sh.mu.Unlock()
 		return r.decision(limit), nil
 	}
 	if st.expires <= now { // expired but not yet swept: fresh again
-		st.a, st.b, st.c, st.expires = 0, 0, 0, 0
-		st.log.clear()
+		st.clear()
 	}
-	r := decide(st, now, &p, cost, true)
+	r := decide(st, now, p, cost, true)
 	if r.allowed {
 		st.expires = now + r.reset
 	}
@@ -208,18 +226,18 @@ func (s *Store) Take(_ context.Context, key string, limit sluice.Limit, cost int
 
 // Peek implements sluice.Store.
 func (s *Store) Peek(_ context.Context, key string, limit sluice.Limit, cost int64) (sluice.Decision, error) {
-	if err := s.check(key, limit, cost); err != nil {
+	p, err := s.check(key, limit, cost)
+	if err != nil {
 		return sluice.Decision{}, err
 	}
-	p := newParams(limit)
-	sh := s.shard(key)
+	sh, tag := s.locate(key, limit.Algorithm)
 	sh.mu.Lock()
 	now := s.now()
 	var cp state
-	if st := sh.maps[limit.Algorithm][key]; st != nil && st.expires > now {
+	if st := sh.tab.find(tag, key); st != nil && st.expires > now {
 		cp = *st // the log is only read when commit is false
 	}
-	r := decide(&cp, now, &p, cost, false)
+	r := decide(&cp, now, p, cost, false)
 	sh.mu.Unlock()
 	return r.decision(limit), nil
 }
@@ -235,59 +253,45 @@ func (s *Store) Reset(_ context.Context, key string, limit sluice.Limit) error {
 	if s.shards == nil {
 		return ErrZeroStore
 	}
-	sh := s.shard(key)
+	sh, tag := s.locate(key, limit.Algorithm)
 	sh.mu.Lock()
-	if _, ok := sh.maps[limit.Algorithm][key]; ok {
-		delete(sh.maps[limit.Algorithm], key)
+	if sh.tab.remove(tag, key) {
 		sh.n--
 	}
 	sh.mu.Unlock()
 	return nil
 }
 
-// insert adds st under key, evicting first if the shard is full.
-func (sh *shard) insert(m map[string]*state, key string, st *state, now int64) {
+// insert adds st under key, evicting first if the shard is full, and
+// returns where it now lives (valid until the next insert).
+func (sh *shard) insert(tag uint32, key string, st state, now int64) *state {
 	if sh.n >= sh.maxKeys {
-		sh.evict(m, now)
+		sh.evict(now)
 	}
-	m[key] = st
 	sh.n++
+	return sh.tab.add(tag, key, st)
 }
 
-// evict removes one key: the first expired one among a small random sample
-// (map iteration starts at a random place), else the sample's soonest to
-// expire, as Redis's volatile-ttl policy does.
-func (sh *shard) evict(prefer map[string]*state, now int64) {
-	const sample = 5
-	var (
-		victim  string
-		vmap    map[string]*state
-		soonest int64
-		seen    int
-	)
-	try := func(m map[string]*state) bool {
-		for k, st := range m {
-			if vmap == nil || st.expires < soonest {
-				victim, vmap, soonest = k, m, st.expires
-			}
-			seen++
-			if st.expires <= now || seen >= sample {
-				return true
-			}
-		}
-		return false
+// evict removes one key: the first expired one among a small random sample,
+// else the sample's soonest to expire, as Redis's volatile-ttl policy does.
+func (sh *shard) evict(now int64) {
+	idx, n := sh.tab.sample()
+	if n == 0 {
+		return
 	}
-	if !try(prefer) {
-		for _, m := range sh.maps {
-			if try(m) {
-				break
-			}
+	victim := idx[0]
+	for _, i := range idx[:n] {
+		exp := sh.tab.state(i).expires
+		if exp <= now {
+			victim = i
+			break
+		}
+		if exp < sh.tab.state(victim).expires {
+			victim = i
 		}
 	}
-	if vmap != nil {
-		delete(vmap, victim)
-		sh.n--
-	}
+	sh.tab.bury(victim)
+	sh.n--
 }
 
 func (s *Store) sweepLoop(every time.Duration) {
@@ -311,12 +315,10 @@ func (s *Store) Sweep() {
 		sh.mu.Lock()
 		now := s.now()
 		sh.sweepSlots(now)
-		for _, m := range sh.maps {
-			for k, st := range m {
-				if st.expires <= now {
-					delete(m, k)
-					sh.n--
-				}
+		for i, slot := range sh.tab.index {
+			if live(slot) && sh.tab.state(i).expires <= now {
+				sh.tab.bury(i)
+				sh.n--
 			}
 		}
 		sh.mu.Unlock()
