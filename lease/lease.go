@@ -496,6 +496,11 @@ func (s *Store) refill(ctx context.Context, l *lease, key string, limit sluice.L
 		l.end = sent.Add(g.Window)
 	}
 	now = s.clock()
+	if l.units >= cost && !l.live(now) {
+		// The grant came back after its lease's end: its units stay for
+		// the return rule, and the store answers this request exactly.
+		return sluice.Decision{}, 0, true, nil
+	}
 	if !l.live(now) || l.units < cost {
 		d := l.local(limit, now, false)
 		d.RetryAfter = time.Duration(cost-l.units) * limit.Interval()

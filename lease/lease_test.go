@@ -175,6 +175,25 @@ func TestLifetimeFromSend(t *testing.T) {
 	}
 }
 
+// A grant that comes back after its lease's end cannot be spent: the
+// request is answered exactly by the store, never denied with a negative
+// retry time.
+func TestGrantArrivesExpired(t *testing.T) {
+	t.Parallel()
+	clock := storetest.NewClock(storetest.T0)
+	c := &counting{Granter: newMemory(t, clock), clock: clock, delay: 400 * time.Millisecond}
+	s := newLease(t, c, clock, 300*time.Millisecond, 5)
+	l := sluice.PerSecond(10)
+	d := take(t, s, "k", l, 1)
+	if !d.Allowed || d.RetryAfter != 0 || d.Source == sluice.SourceLease || c.grants != 1 {
+		t.Fatalf("grant back after D: %+v after %d grants; want an exact answer", d, c.grants)
+	}
+	// The store charged the grant (5) and the exact take (1).
+	if d, err := c.Granter.Peek(ctx, "k", l, 1); err != nil || d.Remaining != 4 {
+		t.Fatalf("store: %+v, %v; want 4 left", d, err)
+	}
+}
+
 // A zero grant is remembered until the key's retry time.
 func TestDenyRemembered(t *testing.T) {
 	t.Parallel()
