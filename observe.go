@@ -36,12 +36,16 @@ const (
 	// OutcomeError: the policy could not decide (a store failure that no
 	// failure policy absorbed).
 	OutcomeError
+	// OutcomeShed: an in-flight acquire refused by priority load shedding
+	// (the request's share of the capacity was full): the client did
+	// nothing wrong. Rate decisions never have it.
+	OutcomeShed
 )
 
-var outcomeNames = [...]string{"allowed", "denied", "shadow_denied", "error"}
+var outcomeNames = [...]string{"allowed", "denied", "shadow_denied", "error", "shed"}
 
 // String returns the outcome's metric label: "allowed", "denied",
-// "shadow_denied" or "error".
+// "shadow_denied", "error" or "shed".
 func (o Outcome) String() string { return label(outcomeNames[:], int(o)) }
 
 // label returns names[i], the metric label of value i of an enum, or

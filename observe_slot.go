@@ -1,13 +1,13 @@
 package sluice
 
-// SlotObserver is an Observer that also receives the middleware's
-// in-flight events. The middleware checks for it with a type assertion,
-// so an Observer written before in-flight limits keeps compiling and
-// simply sees none of them. Package promsluice implements it.
+// SlotObserver is an Observer that also receives in-flight events: the
+// middleware's and the service's. The middleware checks for it with a type
+// assertion, so an Observer written before in-flight limits keeps
+// compiling and simply sees none of them. Package promsluice implements it.
 type SlotObserver interface {
 	Observer
 	// ObserveSlot is called once per in-flight rule per acquire, and once
-	// per release of a slot acquired.
+	// per extend, release or expiry of a slot.
 	ObserveSlot(SlotEvent)
 }
 
@@ -16,32 +16,50 @@ type SlotOp uint8
 
 const (
 	// SlotAcquire: a request asked for a slot. Outcome is OutcomeAllowed,
-	// OutcomeDenied or OutcomeError.
+	// OutcomeDenied (the key's slots are full), OutcomeShed (the
+	// priority's share is full) or OutcomeError.
 	SlotAcquire SlotOp = iota
-	// SlotRelease: a request gave its slot back. Outcome is OutcomeAllowed
-	// (freed) or OutcomeError (the release failed; the store frees the
-	// slot at its hold timeout). Either way this process holds it no more.
+	// SlotRelease: a holder gave its slot back. Outcome is OutcomeAllowed
+	// (freed, or freed before when Again), OutcomeDenied (not held:
+	// expired or never acquired; nothing freed) or OutcomeError (the
+	// release failed; the store frees the slot at its hold timeout).
 	SlotRelease
+	// SlotExtend: a holder moved its hold timeout. Outcome is
+	// OutcomeAllowed (extended), OutcomeDenied (not held) or OutcomeError.
+	SlotExtend
+	// SlotExpire: a slot this process acquired passed its hold timeout
+	// with no release through this process (its holder stopped, or
+	// released it through another process of the fleet). Outcome is
+	// OutcomeAllowed. Only a process that tracks hold timeouts (the
+	// service) reports it.
+	SlotExpire
 )
 
-var slotOpNames = [...]string{"acquire", "release"}
+var slotOpNames = [...]string{"acquire", "release", "extend", "expire"}
 
-// String returns "acquire" or "release".
+// String returns "acquire", "release", "extend" or "expire".
 func (o SlotOp) String() string { return label(slotOpNames[:], int(o)) }
 
-// SlotEvent reports one acquire or release of one in-flight rule.
+// SlotEvent reports one acquire, extend, release or expiry of one
+// in-flight slot.
 type SlotEvent struct {
 	// Policy is the rule's name.
 	Policy string
-	// Op is SlotAcquire or SlotRelease.
+	// Op is what happened.
 	Op SlotOp
-	// Outcome is what the acquire or release did.
+	// Outcome is what the call did (see SlotOp).
 	Outcome Outcome
 	// Priority is the request's priority: PriorityCritical when the
-	// middleware has no priority function.
+	// front end has no priority.
 	Priority Priority
-	// Weight is the slot's weight.
+	// Weight is, for an acquire, the weight asked for; for a release or
+	// an expiry, the weight this process holds no more (0 when it held
+	// none of it: a slot acquired through another process).
 	Weight int64
-	// Decision is the acquire's decision; zero for releases and errors.
+	// Again, on a SlotRelease with OutcomeAllowed, reports a repeated
+	// release of a slot an earlier release freed: nothing freed now.
+	Again bool
+	// Decision is the acquire's decision; zero for the other ops and for
+	// errors.
 	Decision SlotDecision
 }

@@ -512,7 +512,7 @@ func (s *shedRun) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *shedRun) ObserveSlot(e sluice.SlotEvent) {
-	if e.Op == sluice.SlotAcquire && e.Outcome == sluice.OutcomeDenied && e.Priority == sluice.PriorityCritical {
+	if e.Op == sluice.SlotAcquire && e.Outcome == sluice.OutcomeShed && e.Priority == sluice.PriorityCritical {
 		s.mu.Lock()
 		s.critDeny++
 		s.critMin = min(s.critMin, e.Decision.InUse)

@@ -9,10 +9,13 @@
 //	sluice_store_errors_total{store,op}         backend failures (timeouts included)
 //	sluice_store_latency_seconds{store,op}      backend latency, when the backend was called
 //	sluice_breaker_state{store,state}           1 for the current state (closed, half_open, open), 0 for the others
-//	sluice_slot_acquires_total{policy,outcome}  in-flight acquires: allowed, denied, error
-//	sluice_slot_denials_total{policy,priority}  in-flight refusals by the request's priority
-//	sluice_slots_held{policy}                   weight this process holds now
-//	sluice_slot_release_errors_total{policy}    releases that failed (the store frees them at the hold timeout)
+//	sluice_inflight_acquires_total{policy,priority,outcome}  outcome: allowed, denied, shed, error
+//	sluice_inflight_calls_total{policy,call,outcome}         call: extend, release; outcome: extended, released, released_before, not_held, error
+//	sluice_inflight_held{policy}                             weight this process holds now
+//	sluice_inflight_expired_total{policy}                    weight of holds the store found past their hold timeout
+//
+// The middleware and the service report the same in-flight events
+// (sluice.SlotEvent), so both export these under one description.
 //
 // Label values come from configuration (rule and store names), never from
 // requests, so cardinality stays bounded.
@@ -45,6 +48,12 @@ type Options struct {
 	// 0.5ms to 1s, suited to a Redis round trip with a timeout of tens of
 	// milliseconds.
 	LatencyBuckets []float64
+	// Refresh, if set, is called at the start of every Collect: a front
+	// end that learns of some events only when it looks (the service's
+	// holds past their timeout, reported as sluice.SlotExpire) reports
+	// them there, so that a scrape never reads them stale. It may call
+	// the Collector's Observe methods. Default: nil.
+	Refresh func()
 }
 
 // Collector is a sluice.Observer that keeps Prometheus metrics. It is safe
@@ -52,6 +61,7 @@ type Options struct {
 // and exposes no metrics.
 type Collector struct {
 	ratio       float64
+	refresh     func()
 	decisions   *prometheus.CounterVec
 	nearLimit   *prometheus.CounterVec
 	storeCalls  *prometheus.CounterVec
@@ -59,9 +69,9 @@ type Collector struct {
 	latency     *prometheus.HistogramVec
 	breaker     *prometheus.GaugeVec
 	acquires    *prometheus.CounterVec
-	slotDenials *prometheus.CounterVec
+	slotCalls   *prometheus.CounterVec
 	held        *prometheus.GaugeVec
-	releaseErrs *prometheus.CounterVec
+	expired     *prometheus.CounterVec
 }
 
 // New returns a Collector. Register it with a prometheus.Registerer.
@@ -92,7 +102,8 @@ func New(opts *Options) *Collector {
 		return prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Name: name, Help: help}, labels)
 	}
 	return &Collector{
-		ratio: o.NearLimitRatio,
+		ratio:   o.NearLimitRatio,
+		refresh: o.Refresh,
 		decisions: counter("decisions_total",
 			"Rate-limit decisions by policy and outcome (allowed, denied, shadow_denied, error).", "policy", "outcome"),
 		nearLimit: counter("near_limit_total",
@@ -108,20 +119,22 @@ func New(opts *Options) *Collector {
 		}, []string{"store", "op"}),
 		breaker: gauge("breaker_state",
 			"Circuit breaker state of a wrapped store: 1 for the current state (closed, half_open, open), 0 for the others.", "store", "state"),
-		acquires: counter("slot_acquires_total",
-			"In-flight slot acquires by policy and outcome (allowed, denied, error).", "policy", "outcome"),
-		slotDenials: counter("slot_denials_total",
-			"In-flight slot refusals by policy and the request's priority (critical, normal, sheddable).", "policy", "priority"),
-		held: gauge("slots_held",
-			"In-flight weight this process holds now, by policy; summed over the fleet, the weight in use.", "policy"),
-		releaseErrs: counter("slot_release_errors_total",
-			"In-flight slot releases that failed; the store frees those slots at their hold timeout.", "policy"),
+		acquires: counter("inflight_acquires_total",
+			"In-flight slot acquires by policy, the request's priority (critical, normal, sheddable) and outcome: allowed, denied (the key's slots are full: 429), shed (the priority's share is full: 503) or error.",
+			"policy", "priority", "outcome"),
+		slotCalls: counter("inflight_calls_total",
+			"In-flight slot extends and releases by policy, call (extend, release) and outcome: extended, released, released_before (a repeated release), not_held (expired or never acquired: nothing freed) or error (the store frees the slot at its hold timeout).",
+			"policy", "call", "outcome"),
+		held: gauge("inflight_held",
+			"In-flight weight acquired through this process and neither released through it nor past its hold timeout, by policy; summed over the fleet, the weight in use.", "policy"),
+		expired: counter("inflight_expired_total",
+			"Weight of in-flight holds that reached their hold timeout unreleased (a crashed or overrunning holder), as the store removed them on an acquire through this process: summed over a fleet, each counted once.", "policy"),
 	}
 }
 
 // vecs returns every metric vector of c, for Describe and Collect.
 func (c *Collector) vecs() []prometheus.Collector {
-	return []prometheus.Collector{c.decisions, c.nearLimit, c.storeCalls, c.storeErrors, c.latency, c.breaker, c.acquires, c.slotDenials, c.held, c.releaseErrs}
+	return []prometheus.Collector{c.decisions, c.nearLimit, c.storeCalls, c.storeErrors, c.latency, c.breaker, c.acquires, c.slotCalls, c.held, c.expired}
 }
 
 // ObserveDecision implements sluice.Observer.
@@ -142,7 +155,7 @@ func (c *Collector) ForgetPolicy(name string) {
 	if c.decisions == nil {
 		return // a zero Collector
 	}
-	for _, v := range []*prometheus.MetricVec{c.decisions.MetricVec, c.nearLimit.MetricVec, c.acquires.MetricVec, c.slotDenials.MetricVec, c.held.MetricVec, c.releaseErrs.MetricVec} {
+	for _, v := range []*prometheus.MetricVec{c.decisions.MetricVec, c.nearLimit.MetricVec, c.acquires.MetricVec, c.slotCalls.MetricVec, c.held.MetricVec, c.expired.MetricVec} {
 		v.DeletePartialMatch(prometheus.Labels{"policy": name})
 	}
 }
@@ -154,19 +167,36 @@ func (c *Collector) ObserveSlot(e sluice.SlotEvent) {
 	}
 	switch e.Op {
 	case sluice.SlotAcquire:
-		c.acquires.WithLabelValues(e.Policy, e.Outcome.String()).Inc()
-		switch e.Outcome {
-		case sluice.OutcomeAllowed:
+		c.acquires.WithLabelValues(e.Policy, e.Priority.String(), e.Outcome.String()).Inc()
+		if e.Outcome == sluice.OutcomeAllowed {
 			c.held.WithLabelValues(e.Policy).Add(float64(e.Weight))
-		case sluice.OutcomeDenied:
-			c.slotDenials.WithLabelValues(e.Policy, e.Priority.String()).Inc()
 		}
-	case sluice.SlotRelease:
+		if e.Decision.Expired > 0 {
+			c.expired.WithLabelValues(e.Policy).Add(float64(e.Decision.Expired))
+		}
+	case sluice.SlotExtend, sluice.SlotRelease:
+		c.slotCalls.WithLabelValues(e.Policy, e.Op.String(), callOutcome(e)).Inc()
+		if e.Op == sluice.SlotRelease && e.Weight != 0 {
+			c.held.WithLabelValues(e.Policy).Sub(float64(e.Weight))
+		}
+	case sluice.SlotExpire:
 		c.held.WithLabelValues(e.Policy).Sub(float64(e.Weight))
-		if e.Outcome == sluice.OutcomeError {
-			c.releaseErrs.WithLabelValues(e.Policy).Inc()
-		}
 	}
+}
+
+// callOutcome is the outcome label of an extend or release.
+func callOutcome(e sluice.SlotEvent) string {
+	switch {
+	case e.Outcome == sluice.OutcomeError:
+		return "error"
+	case e.Outcome != sluice.OutcomeAllowed:
+		return "not_held"
+	case e.Op == sluice.SlotExtend:
+		return "extended"
+	case e.Again:
+		return "released_before"
+	}
+	return "released"
 }
 
 // ObserveStore implements sluice.Observer.
@@ -213,6 +243,9 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	if c.decisions == nil {
 		return // a zero Collector
+	}
+	if c.refresh != nil {
+		c.refresh()
 	}
 	for _, v := range c.vecs() {
 		v.Collect(ch)

@@ -24,13 +24,6 @@ import (
 	"github.com/sluicehq/sluice/resilient"
 )
 
-// failing is a store whose backend is down.
-type failing struct{ sluice.Store }
-
-func (failing) Take(context.Context, string, sluice.Limit, int64) (sluice.Decision, error) {
-	return sluice.Decision{}, errors.New("connection refused")
-}
-
 func TestCollector(t *testing.T) {
 	t.Parallel()
 	c, reg, store := newCollector(t)
@@ -106,6 +99,13 @@ func TestCollector(t *testing.T) {
 	}
 }
 
+// failing is a store whose backend is down.
+type failing struct{ sluice.Store }
+
+func (failing) Take(context.Context, string, sluice.Limit, int64) (sluice.Decision, error) {
+	return sluice.Decision{}, errors.New("connection refused")
+}
+
 // newCollector returns a Collector registered with a pedantic registry,
 // and a memory store.
 func newCollector(t *testing.T) (*promsluice.Collector, *prometheus.Registry, *memory.Store) {
@@ -118,38 +118,6 @@ func newCollector(t *testing.T) (*promsluice.Collector, *prometheus.Registry, *m
 	store := memory.New(nil)
 	t.Cleanup(func() { store.Close() })
 	return c, reg, store
-}
-
-// gather returns the value of the metric with exactly these labels.
-func gather(t *testing.T, g prometheus.Gatherer, name string, labels map[string]string) float64 {
-	t.Helper()
-	mfs, err := g.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-	metrics:
-		for _, m := range mf.GetMetric() {
-			if len(m.GetLabel()) != len(labels) {
-				continue
-			}
-			for _, l := range m.GetLabel() {
-				if labels[l.GetName()] != l.GetValue() {
-					continue metrics
-				}
-			}
-			switch {
-			case m.Counter != nil:
-				return m.Counter.GetValue()
-			case m.Gauge != nil:
-				return m.Gauge.GetValue()
-			}
-		}
-	}
-	return 0
 }
 
 func Example() {

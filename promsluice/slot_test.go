@@ -6,13 +6,69 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/httplimit"
+	"github.com/sluicehq/sluice/internal/promtest"
 	"github.com/sluicehq/sluice/promsluice"
 )
 
-// The middleware's in-flight events become acquires, denials by priority
-// and the weight held, which returns to zero once the requests end.
+// Every event maps to its series: the outcomes of extends and releases,
+// expired weight from acquires' decisions, and the weight held, which
+// releases of slots acquired elsewhere (weight 0) leave alone and
+// expiries reported at collection time (Refresh) take away.
+func TestCollectorSlotEvents(t *testing.T) {
+	t.Parallel()
+	var c *promsluice.Collector
+	var expire []sluice.SlotEvent
+	c = promsluice.New(&promsluice.Options{Refresh: func() {
+		for _, e := range expire {
+			c.ObserveSlot(e)
+		}
+		expire = nil
+	}})
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(c)
+	for _, e := range []sluice.SlotEvent{
+		{Policy: "p", Op: sluice.SlotAcquire, Outcome: sluice.OutcomeAllowed, Priority: sluice.PriorityNormal, Weight: 3, Decision: sluice.SlotDecision{Allowed: true, Expired: 2}},
+		{Policy: "p", Op: sluice.SlotAcquire, Outcome: sluice.OutcomeAllowed, Priority: sluice.PriorityNormal, Weight: 4},
+		{Policy: "p", Op: sluice.SlotAcquire, Outcome: sluice.OutcomeDenied, Priority: sluice.PriorityCritical, Weight: 9, Decision: sluice.SlotDecision{Expired: 1}},
+		{Policy: "p", Op: sluice.SlotAcquire, Outcome: sluice.OutcomeError, Priority: sluice.PrioritySheddable, Weight: 1},
+		{Policy: "p", Op: sluice.SlotExtend, Outcome: sluice.OutcomeAllowed},
+		{Policy: "p", Op: sluice.SlotExtend, Outcome: sluice.OutcomeDenied},
+		{Policy: "p", Op: sluice.SlotRelease, Outcome: sluice.OutcomeAllowed, Weight: 3},
+		{Policy: "p", Op: sluice.SlotRelease, Outcome: sluice.OutcomeAllowed, Again: true},
+		{Policy: "p", Op: sluice.SlotRelease, Outcome: sluice.OutcomeAllowed}, // acquired elsewhere
+		{Policy: "p", Op: sluice.SlotRelease, Outcome: sluice.OutcomeDenied},
+		{Policy: "p", Op: sluice.SlotRelease, Outcome: sluice.OutcomeError},
+	} {
+		c.ObserveSlot(e)
+	}
+	held := map[string]string{"policy": "p"}
+	if got := gather(t, reg, "sluice_inflight_held", held); got != 4 {
+		t.Errorf("held = %v, want 3 + 4 − 3 = 4", got)
+	}
+	expire = []sluice.SlotEvent{{Policy: "p", Op: sluice.SlotExpire, Outcome: sluice.OutcomeAllowed, Weight: 4}}
+	calls := func(call, outcome string) map[string]string {
+		return map[string]string{"policy": "p", "call": call, "outcome": outcome}
+	}
+	promtest.Expect(t, reg, "sluice_inflight_acquires_total", map[string]string{"policy": "p", "priority": "normal", "outcome": "allowed"}, 2)
+	promtest.Expect(t, reg, "sluice_inflight_acquires_total", map[string]string{"policy": "p", "priority": "critical", "outcome": "denied"}, 1)
+	promtest.Expect(t, reg, "sluice_inflight_acquires_total", map[string]string{"policy": "p", "priority": "sheddable", "outcome": "error"}, 1)
+	promtest.Expect(t, reg, "sluice_inflight_expired_total", held, 3)
+	promtest.Expect(t, reg, "sluice_inflight_calls_total", calls("extend", "extended"), 1)
+	promtest.Expect(t, reg, "sluice_inflight_calls_total", calls("extend", "not_held"), 1)
+	promtest.Expect(t, reg, "sluice_inflight_calls_total", calls("release", "released"), 2)
+	promtest.Expect(t, reg, "sluice_inflight_calls_total", calls("release", "released_before"), 1)
+	promtest.Expect(t, reg, "sluice_inflight_calls_total", calls("release", "not_held"), 1)
+	promtest.Expect(t, reg, "sluice_inflight_calls_total", calls("release", "error"), 1)
+	promtest.Expect(t, reg, "sluice_inflight_held", held, 0) // the 4 expired
+}
+
+// The middleware's in-flight events become acquires by priority and
+// outcome, releases, and the weight held, which returns to zero once the
+// requests end.
 func TestCollectorSlots(t *testing.T) {
 	t.Parallel()
 	c, reg, store := newCollector(t)
@@ -43,31 +99,22 @@ func TestCollectorSlots(t *testing.T) {
 	done := make(chan int)
 	go func() { done <- serve("critical") }()
 	<-entered
-	held := func() float64 { return gather(t, reg, "sluice_slots_held", map[string]string{"policy": "fleet"}) }
-	if got := held(); got != 1 {
-		t.Errorf("slots held = %v, want 1", got)
+	held := map[string]string{"policy": "fleet"}
+	if got := gather(t, reg, "sluice_inflight_held", held); got != 1 {
+		t.Errorf("weight held = %v, want 1", got)
 	}
 	if code := serve("normal"); code != http.StatusServiceUnavailable {
 		t.Errorf("normal over its threshold: %d, want 503", code)
 	}
 	close(leave)
 	<-done
-	for _, tt := range []struct {
-		name   string
-		labels map[string]string
-		want   float64
-	}{
-		{"sluice_slot_acquires_total", map[string]string{"policy": "fleet", "outcome": "allowed"}, 1},
-		{"sluice_slot_acquires_total", map[string]string{"policy": "fleet", "outcome": "denied"}, 1},
-		{"sluice_slot_denials_total", map[string]string{"policy": "fleet", "priority": "normal"}, 1},
-		{"sluice_slots_held", map[string]string{"policy": "fleet"}, 0},
-	} {
-		if got := gather(t, reg, tt.name, tt.labels); got != tt.want {
-			t.Errorf("%s%v = %v, want %v", tt.name, tt.labels, got, tt.want)
-		}
-	}
+	allowed := map[string]string{"policy": "fleet", "priority": "critical", "outcome": "allowed"}
+	promtest.Expect(t, reg, "sluice_inflight_acquires_total", allowed, 1)
+	promtest.Expect(t, reg, "sluice_inflight_acquires_total", map[string]string{"policy": "fleet", "priority": "normal", "outcome": "shed"}, 1)
+	promtest.Expect(t, reg, "sluice_inflight_calls_total", map[string]string{"policy": "fleet", "call": "release", "outcome": "released"}, 1)
+	promtest.Expect(t, reg, "sluice_inflight_held", held, 0)
 	c.ForgetPolicy("fleet")
-	if got := gather(t, reg, "sluice_slot_acquires_total", map[string]string{"policy": "fleet", "outcome": "allowed"}); got != 0 {
+	if got := gather(t, reg, "sluice_inflight_acquires_total", allowed); got != 0 {
 		t.Errorf("after ForgetPolicy: %v", got)
 	}
 	var zero promsluice.Collector

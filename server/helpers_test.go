@@ -11,10 +11,12 @@ import (
 
 	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/promtest"
 	"github.com/sluicehq/sluice/memory"
 	"github.com/sluicehq/sluice/server/config"
 )
@@ -142,3 +144,13 @@ func short(c rlsv3.RateLimitResponse_Code) string {
 func itoa(n int64) string { return strconv.FormatInt(n, 10) }
 
 var _ sluice.MultiStore = (*memory.Store)(nil)
+
+// metricValue is the value of the series of name whose labels include
+// labels (a histogram's sample count), or -1 when there is none.
+func metricValue(t *testing.T, g prometheus.Gatherer, name string, labels map[string]string) float64 {
+	t.Helper()
+	if v, ok := promtest.Value(t, g, name, labels); ok {
+		return v
+	}
+	return -1
+}

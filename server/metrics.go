@@ -5,6 +5,7 @@ import (
 	"context"
 	"net/http"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -19,7 +20,8 @@ import (
 
 // Metrics are the service's Prometheus metrics: package promsluice's
 // (decisions by policy and outcome, near-limit, store calls, errors and
-// latency, breaker state), the same the middleware exports, plus the
+// latency, breaker state, in-flight slots), the same the middleware
+// exports, plus the
 // service's own (build, fallback state, config reloads, requests and
 // latency per API, Envoy requests no configuration answers, and Redis's
 // own figures when the store is Redis). A nil *Metrics records nothing.
@@ -34,7 +36,9 @@ type Metrics struct {
 	unknown    prometheus.Counter
 	unmatched  *prometheus.CounterVec
 	timeout    prometheus.Gauge
-	slots      *slotMetrics // slotmetrics.go
+	// holds are the service's held slots, swept at each collection so
+	// that sluice_inflight_held drops a hold once past its timeout.
+	holds atomic.Pointer[heldSlots]
 
 	// storeName labels store metrics: "memory" or "redis".
 	storeName string
@@ -43,14 +47,13 @@ type Metrics struct {
 	wrapped bool
 }
 
-var _ sluice.Observer = (*Metrics)(nil)
+var _ sluice.SlotObserver = (*Metrics)(nil)
 
 // NewMetrics registers the service's metrics, plus the Go and process
 // collectors, in a new registry.
 func NewMetrics() *Metrics {
 	m := &Metrics{
 		reg:       prometheus.NewRegistry(),
-		obs:       promsluice.New(nil),
 		storeName: "memory",
 		fallback: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "sluice_fallback_active",
@@ -86,8 +89,12 @@ func NewMetrics() *Metrics {
 			Help: "The longest wait for Redis before the failure policy answers (--decision-timeout); 0 without Redis. Alerts compare store latency with it.",
 		}),
 	}
-	m.slots = newSlotMetrics()
-	m.reg.MustRegister(m.slots, m.obs, m.fallback, m.reloads, m.configTime, m.requests, m.duration, m.unknown, m.unmatched, m.timeout,
+	m.obs = promsluice.New(&promsluice.Options{Refresh: func() {
+		if h := m.holds.Load(); h != nil {
+			h.expire()
+		}
+	}})
+	m.reg.MustRegister(m.obs, m.fallback, m.reloads, m.configTime, m.requests, m.duration, m.unknown, m.unmatched, m.timeout,
 		ReadBuildInfo().collector(),
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m.reloads.WithLabelValues("success")
@@ -137,7 +144,13 @@ func (m *Metrics) forget(policies []string) {
 	}
 	for _, p := range policies {
 		m.obs.ForgetPolicy(p)
-		m.slots.forget(p)
+	}
+}
+
+// watchSlots makes h the held slots swept at each collection.
+func (m *Metrics) watchSlots(h *heldSlots) {
+	if m != nil {
+		m.holds.Store(h)
 	}
 }
 
@@ -161,6 +174,14 @@ func (m *Metrics) ObserveDecision(e sluice.DecisionEvent) { m.obs.ObserveDecisio
 // is closed) show in the store metrics, not in sluice_fallback_active,
 // which follows the breaker so that it is steady enough to alert on.
 func (m *Metrics) ObserveStore(e sluice.StoreEvent) { m.obs.ObserveStore(e) }
+
+// ObserveSlot implements sluice.SlotObserver: the service's in-flight
+// acquires, extends, releases and expiries.
+func (m *Metrics) ObserveSlot(e sluice.SlotEvent) {
+	if m != nil {
+		m.obs.ObserveSlot(e)
+	}
+}
 
 // ObserveBreaker implements sluice.Observer, and tracks the breaker state
 // in sluice_fallback_active.

@@ -10,7 +10,6 @@ import (
 
 	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
-	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/memory"
@@ -29,42 +28,6 @@ func (brokenStore) Take(context.Context, string, sluice.Limit, int64) (sluice.De
 func decisionCount(t *testing.T, m *Metrics, policy, outcome string) float64 {
 	t.Helper()
 	return metricValue(t, m.Registry(), "sluice_decisions_total", map[string]string{"policy": policy, "outcome": outcome})
-}
-
-// metricValue is the value of the series of name whose labels include
-// labels (a histogram's sample count), or -1 when there is none.
-func metricValue(t *testing.T, g prometheus.Gatherer, name string, labels map[string]string) float64 {
-	t.Helper()
-	mfs, err := g.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-	series:
-		for _, s := range mf.GetMetric() {
-			have := map[string]string{}
-			for _, l := range s.GetLabel() {
-				have[l.GetName()] = l.GetValue()
-			}
-			for k, v := range labels {
-				if have[k] != v {
-					continue series
-				}
-			}
-			switch {
-			case s.Counter != nil:
-				return s.GetCounter().GetValue()
-			case s.Gauge != nil:
-				return s.GetGauge().GetValue()
-			case s.Histogram != nil:
-				return float64(s.GetHistogram().GetSampleCount())
-			}
-		}
-	}
-	return -1
 }
 
 // Failed decisions count as outcome="error", and a reload that drops a

@@ -145,7 +145,7 @@ func NewService(store sluice.Store, cfg *config.Config, opts *ServiceOptions) *S
 		store = s.leases
 	}
 	s.engine = enforce.New(timedStore(store, o.Metrics), observer{s})
-	s.holds = newHeldSlots(o.Clock)
+	s.holds = newHeldSlots(o.Clock, observer{s})
 	o.Metrics.watchSlots(s.holds)
 	s.mon = newMonitor(s)
 	s.SetConfig(cfg)
@@ -188,8 +188,8 @@ func (s *Service) SetConfig(cfg *config.Config) {
 				gone = append(gone, p.Name)
 			}
 		}
-		s.metrics.forget(gone)
 		s.holds.forget(gone)
+		s.metrics.forget(gone)
 	}
 	snap := &snapshot{cfg: cfg, bases: make(map[*config.Policy]string, len(cfg.Policies)), version: s.version.Add(1)}
 	snap.rings = s.stats.setPolicies(cfg.Policies)
@@ -372,8 +372,11 @@ func (s *Service) request(policy, key string, cost int64) (*config.Policy, enfor
 	return p, c, nil
 }
 
-// observer counts the engine's decisions in the statistics and metrics.
+// observer counts the engine's decisions and the in-flight events in the
+// statistics and metrics.
 type observer struct{ s *Service }
+
+var _ sluice.SlotObserver = observer{}
 
 func (o observer) ObserveDecision(e sluice.DecisionEvent) {
 	if e.Outcome != sluice.OutcomeError {
@@ -386,6 +389,17 @@ func (o observer) ObserveDecision(e sluice.DecisionEvent) {
 	}
 	if m := o.s.metrics; m != nil {
 		m.ObserveDecision(e)
+	}
+}
+
+func (o observer) ObserveSlot(e sluice.SlotEvent) {
+	if e.Op == sluice.SlotAcquire && e.Outcome != sluice.OutcomeError {
+		if r := o.s.snap.Load().rings[e.Policy]; r != nil {
+			o.s.stats.add(r, e.Outcome != sluice.OutcomeAllowed)
+		}
+	}
+	if m := o.s.metrics; m != nil {
+		m.ObserveSlot(e)
 	}
 }
 

@@ -3,39 +3,45 @@ package server
 import (
 	"sync"
 	"time"
+
+	"github.com/sluicehq/sluice"
 )
 
 // heldSlots tracks the slots acquired through this instance, until they
-// are released through it or reach their hold timeout: the figures behind
-// sluice_inflight_held and the dashboard's held column. The store alone
+// are released through it or reach their hold timeout: the dashboard's
+// held column, and the sluice.SlotExpire events that take the holds past
+// their timeout out of sluice_inflight_held (which counts acquires and
+// releases from their events). The store alone
 // knows a fleet's holders; summed over the instances behind one load
 // balancer, these figures count each slot once while its extends and
 // release reach the instance that acquired it. A slot released through
 // another instance stays counted here until its hold timeout.
 type heldSlots struct {
 	clock   func() time.Time
+	obs     sluice.SlotObserver // told of each hold sweep drops
 	mu      sync.Mutex
 	holds   map[string]heldSlot // by holder id
 	sweepAt int                 // sweep on add when holds grows past this
 }
 
 type heldSlot struct {
-	policy string
-	weight int64
-	until  time.Time
+	policy   string
+	priority sluice.Priority
+	weight   int64
+	until    time.Time
 }
 
 // minSweep is the fewest tracked holds that make an add sweep.
 const minSweep = 1024
 
-func newHeldSlots(clock func() time.Time) *heldSlots {
-	return &heldSlots{clock: clock, holds: map[string]heldSlot{}, sweepAt: minSweep}
+func newHeldSlots(clock func() time.Time, obs sluice.SlotObserver) *heldSlots {
+	return &heldSlots{clock: clock, obs: obs, holds: map[string]heldSlot{}, sweepAt: minSweep}
 }
 
-func (h *heldSlots) add(holder, policy string, weight int64, until time.Time) {
+func (h *heldSlots) add(holder string, s heldSlot) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	h.holds[holder] = heldSlot{policy: policy, weight: weight, until: until}
+	h.holds[holder] = s
 	if len(h.holds) > h.sweepAt {
 		h.sweep()
 		h.sweepAt = max(minSweep, 2*len(h.holds))
@@ -51,18 +57,31 @@ func (h *heldSlots) extend(holder string, until time.Time) {
 	}
 }
 
-func (h *heldSlots) release(holder string) {
+// release stops tracking holder's slot and returns the weight it held
+// (0 for a slot acquired through another instance, or swept).
+func (h *heldSlots) release(holder string) int64 {
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	s := h.holds[holder]
 	delete(h.holds, holder)
+	return s.weight
 }
 
-// sweep drops the holds past their timeout. The caller holds h.mu.
+// expire drops the holds past their timeout, reporting each.
+func (h *heldSlots) expire() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.sweep()
+}
+
+// sweep drops the holds past their timeout, reporting each as a
+// sluice.SlotExpire. The caller holds h.mu.
 func (h *heldSlots) sweep() {
 	now := h.clock()
 	for id, s := range h.holds {
 		if !now.Before(s.until) {
 			delete(h.holds, id)
+			h.obs.ObserveSlot(sluice.SlotEvent{Policy: s.policy, Op: sluice.SlotExpire, Outcome: sluice.OutcomeAllowed, Priority: s.priority, Weight: s.weight})
 		}
 	}
 }
@@ -79,7 +98,8 @@ func (h *heldSlots) held() map[string]int64 {
 	return held
 }
 
-// forget drops what is kept of policies a reload removed.
+// forget drops what is kept of policies a reload removed, reporting
+// nothing: their series go with them.
 func (h *heldSlots) forget(policies []string) {
 	h.mu.Lock()
 	defer h.mu.Unlock()

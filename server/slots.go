@@ -130,40 +130,37 @@ func (s *Service) Acquire(ctx context.Context, policy, key string, weight int64,
 		// Everything this weight would need is reserved above prio.
 		res.Decision = sluice.SlotDecision{Limit: f.Limit, RetryAfter: f.Limit.Hold}
 		res.Shed = true
-		s.slotOutcome(p, prio, "shed")
+		s.observeSlot(res, sluice.SlotAcquire, sluice.OutcomeShed)
 		return res, nil
 	}
 	holder := sluice.NewHolderID()
 	skey, _ := s.slotKeys(p, key, holder)
 	d, err := s.slots.Acquire(ctx, skey, f.Limit.For(prio, f.Reserve), weight, holder)
 	if err != nil {
-		s.slotOutcome(p, prio, "error")
+		s.observeSlot(res, sluice.SlotAcquire, sluice.OutcomeError)
 		return SlotResult{}, fmt.Errorf("server: store: %w", err)
 	}
-	s.metrics.slotExpired(p.Name, d.Expired)
 	d.Limit = f.Limit
 	d.Remaining = max(f.Limit.Max-d.InUse, 0)
 	res.Decision = d
 	switch {
 	case d.Allowed:
 		res.Token = slotToken{holder: holder, policy: p.Name, key: key}.String()
-		s.holds.add(holder, p.Name, weight, s.clock().Add(f.Limit.Hold))
-		s.slotOutcome(p, prio, "allowed")
+		s.holds.add(holder, heldSlot{policy: p.Name, priority: prio, weight: weight, until: s.clock().Add(f.Limit.Hold)})
+		s.observeSlot(res, sluice.SlotAcquire, sluice.OutcomeAllowed)
 	case d.InUse+weight <= f.Limit.Max:
 		res.Shed = true
-		s.slotOutcome(p, prio, "shed")
+		s.observeSlot(res, sluice.SlotAcquire, sluice.OutcomeShed)
 	default:
-		s.slotOutcome(p, prio, "denied")
+		s.observeSlot(res, sluice.SlotAcquire, sluice.OutcomeDenied)
 	}
 	return res, nil
 }
 
-// slotOutcome counts an acquire in the statistics and metrics.
-func (s *Service) slotOutcome(p *config.Policy, prio sluice.Priority, outcome string) {
-	if r := s.snap.Load().rings[p.Name]; r != nil && outcome != "error" {
-		s.stats.add(r, outcome != "allowed")
-	}
-	s.metrics.slotAcquire(p.Name, prio, outcome)
+// observeSlot reports an in-flight call on res's policy to the statistics
+// and metrics, as the middleware reports its own.
+func (s *Service) observeSlot(res SlotResult, op sluice.SlotOp, o sluice.Outcome) {
+	observer{s}.ObserveSlot(sluice.SlotEvent{Policy: res.Policy.Name, Op: op, Outcome: o, Priority: res.Priority, Weight: res.Weight, Decision: res.Decision})
 }
 
 // token parses a token and finds its policy and store keys.
@@ -190,16 +187,18 @@ func (s *Service) Extend(ctx context.Context, token string) (time.Duration, erro
 		return 0, err
 	}
 	skey, _ := s.slotKeys(p, t.key, t.holder)
+	res := SlotResult{Policy: p}
 	ok, err := s.slots.Extend(ctx, skey, p.InFlight.Limit, t.holder)
 	if err != nil {
+		s.observeSlot(res, sluice.SlotExtend, sluice.OutcomeError)
 		return 0, fmt.Errorf("server: store: %w", err)
 	}
 	if !ok {
-		s.metrics.slotCall(p.Name, "extend", "not_held")
+		s.observeSlot(res, sluice.SlotExtend, sluice.OutcomeDenied)
 		return 0, fmt.Errorf("%w: expired at its hold timeout, released, or never acquired", ErrSlotNotHeld)
 	}
 	s.holds.extend(t.holder, s.clock().Add(p.InFlight.Limit.Hold))
-	s.metrics.slotCall(p.Name, "extend", "extended")
+	s.observeSlot(res, sluice.SlotExtend, sluice.OutcomeAllowed)
 	return p.InFlight.Limit.Hold, nil
 }
 
@@ -213,13 +212,15 @@ func (s *Service) Release(ctx context.Context, token string) error {
 	}
 	skey, tomb := s.slotKeys(p, t.key, t.holder)
 	mark := sluice.Concurrent(1, p.InFlight.Limit.Hold)
+	res := SlotResult{Policy: p}
 	ok, err := s.slots.Release(ctx, skey, t.holder)
 	if err != nil {
+		s.observeSlot(res, sluice.SlotRelease, sluice.OutcomeError)
 		return fmt.Errorf("server: store: %w", err)
 	}
 	if ok {
-		s.holds.release(t.holder)
-		s.metrics.slotCall(p.Name, "release", "released")
+		res.Weight = s.holds.release(t.holder)
+		s.observeSlot(res, sluice.SlotRelease, sluice.OutcomeAllowed)
 		if _, err := s.slots.Acquire(ctx, tomb, mark, 1, t.holder); err != nil {
 			// Released all the same; only a repeat would be told 404.
 			s.log.Warn("released slot's tombstone not written: a repeated release of its token will answer 404", "policy", p.Name, "error", err)
@@ -228,12 +229,13 @@ func (s *Service) Release(ctx context.Context, token string) error {
 	}
 	before, err := s.slots.Extend(ctx, tomb, mark, t.holder)
 	if err != nil {
+		s.observeSlot(res, sluice.SlotRelease, sluice.OutcomeError)
 		return fmt.Errorf("server: store: %w", err)
 	}
 	if before {
-		s.metrics.slotCall(p.Name, "release", "released_before")
+		observer{s}.ObserveSlot(sluice.SlotEvent{Policy: p.Name, Op: sluice.SlotRelease, Outcome: sluice.OutcomeAllowed, Again: true})
 		return nil
 	}
-	s.metrics.slotCall(p.Name, "release", "not_held")
+	s.observeSlot(res, sluice.SlotRelease, sluice.OutcomeDenied)
 	return fmt.Errorf("%w: expired at its hold timeout, or never acquired", ErrSlotNotHeld)
 }

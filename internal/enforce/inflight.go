@@ -266,7 +266,11 @@ func (rs *SlotRules[R]) Acquire(ctx context.Context, req R, p sluice.Priority) (
 			return nil, SlotVerdict{Rule: i}, &StoreError{Err: err}
 		}
 		if !d.Allowed {
-			rs.observe(s.Name, sluice.SlotAcquire, sluice.OutcomeDenied, p, weight, d)
+			o := sluice.OutcomeDenied
+			if s.Kind != PerKey {
+				o = sluice.OutcomeShed
+			}
+			rs.observe(s.Name, sluice.SlotAcquire, o, p, weight, d)
 			h.Release()
 			return nil, SlotVerdict{Rule: i, Policy: s.Name, Shed: s.Kind != PerKey, Decision: d}, nil
 		}

@@ -1,0 +1,17 @@
+package promsluice_test
+
+import (
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/sluicehq/sluice/internal/promtest"
+)
+
+// gather returns the value of the metric whose labels include labels, or
+// 0 when there is none.
+func gather(t *testing.T, g prometheus.Gatherer, name string, labels map[string]string) float64 {
+	t.Helper()
+	v, _ := promtest.Value(t, g, name, labels)
+	return v
+}
