@@ -260,24 +260,24 @@ type shard struct {
 // rather than each asking.
 //
 // Its times are ns since the Unix epoch on the Store's clock (Store.now),
-// which no clock in use reads as zero: zero marks a time not set.
+// which no clock in use reads as zero: zero marks a time not set. The
+// fields a local decision reads come first, to share few cache lines.
 type lease struct {
-	refill   sync.Mutex
 	sh       *shard
+	next     *lease       // the key's lease under another limit, or nil
 	limit    sluice.Limit // validated, and grantable
 	capacity int64        // limit.Capacity()
-	next     *lease       // the key's lease under another limit, or nil
-	grant    sluice.Grant
-	units    int64  // left to spend
-	sent     int64  // when grant was sent
-	until    int64  // spendable while now ≤ until
-	end      int64  // window algorithms: spendable while now < end; 0: no end
-	deny     int64  // a zero grant is remembered until then
-	reset    int64  // and the key was fresh again by then
-	gen      uint64 // counts grants: which one units came from
+	units    int64        // left to spend
+	until    int64        // spendable while now ≤ until
+	end      int64        // window algorithms: spendable while now < end; 0: no end
+	deny     int64        // a zero grant is remembered until then
+	reset    int64        // the last grant's send plus its ResetAfter
+	gen      uint64       // counts grants: which one units came from
+	asked    int64        // units asked since folded, not yet in demand
 
+	refill sync.Mutex
+	grant  sluice.Grant
 	demand float64 // units this process expects to ask for within D
-	asked  int64   // units asked since folded, not yet in demand
 	folded int64   // when asked was last folded into demand
 }
 
@@ -435,7 +435,7 @@ func (l *lease) local(now int64, allowed bool) sluice.Decision {
 		Allowed:    allowed,
 		Limit:      l.limit,
 		Remaining:  l.units,
-		ResetAfter: max(l.grant.ResetAfter-time.Duration(now-l.sent), 0),
+		ResetAfter: max(time.Duration(l.reset-now), 0),
 		Source:     sluice.SourceLease,
 	}
 }
@@ -542,12 +542,13 @@ func (s *Store) refill(ctx context.Context, l *lease, key string, limit sluice.L
 	s.granted.Add(uint64(g.Granted))
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
+	l.reset = sent + int64(g.ResetAfter)
 	if g.Granted == 0 {
-		l.deny, l.reset = sent+int64(g.RetryAfter), sent+int64(g.ResetAfter)
+		l.deny = sent + int64(g.RetryAfter)
 		return sluice.Decision{Limit: limit, RetryAfter: g.RetryAfter, ResetAfter: g.ResetAfter}, 0, false, nil
 	}
 	l.gen++
-	l.grant, l.units, l.sent = g, g.Granted, sent
+	l.grant, l.units = g, g.Granted
 	l.until, l.end = sent+int64(stale), 0
 	if g.Window > 0 {
 		l.end = sent + int64(g.Window)
