@@ -260,8 +260,9 @@ type shard struct {
 // rather than each asking.
 //
 // Its times are ns since the Unix epoch on the Store's clock (Store.now),
-// which no clock in use reads as zero: zero marks a time not set. The
-// fields a local decision reads come first, to share few cache lines.
+// which no clock in use reads as zero: zero marks a time not set. A local
+// decision reads only the fields here, 128 bytes with the pointer to the
+// rest: two cache lines, which the processor fetches as a pair.
 type lease struct {
 	sh       *shard
 	next     *lease       // the key's lease under another limit, or nil
@@ -274,7 +275,11 @@ type lease struct {
 	reset    int64        // the last grant's send plus its ResetAfter
 	gen      uint64       // counts grants: which one units came from
 	asked    int64        // units asked since folded, not yet in demand
+	*refilling
+}
 
+// refilling is the part of a lease that only its refills use.
+type refilling struct {
 	refill sync.Mutex
 	grant  sluice.Grant
 	demand float64 // units this process expects to ask for within D
@@ -368,7 +373,7 @@ func (sh *shard) find(key string, limit sluice.Limit) *lease {
 func (s *Store) lease(sh *shard, key string, limit sluice.Limit) *lease {
 	l := sh.find(key, limit)
 	if l == nil {
-		l = &lease{sh: sh, limit: limit, capacity: limit.Capacity(), next: sh.leases[key]}
+		l = &lease{sh: sh, limit: limit, capacity: limit.Capacity(), next: sh.leases[key], refilling: new(refilling)}
 		sh.leases[key] = l
 		s.keys.Add(1)
 	}
