@@ -194,7 +194,9 @@ type Store struct {
 	stale     func(key string, limit sluice.Limit) time.Duration
 	size      int64
 	fleet     func() int
-	clock     func() time.Time
+	clock     func() time.Time // Options.Clock; nil reads the monotonic clock
+	base      time.Time        // the monotonic clock's anchor
+	baseNS    int64            // base, ns since the Unix epoch
 
 	seed     maphash.Seed
 	shards   []shard      // by the key's hash; nil in a zero Store
@@ -242,38 +244,47 @@ const minSweep = 10_000
 const shardCount = 64
 
 // shard holds some keys' leases; mu guards the map and every field of its
-// leases but refill.
+// leases but refill. The map is keyed by the key alone, which hashes far
+// faster than the key and its Limit together; a key's leases under other
+// limits (a reloaded policy, rare) follow its first through next.
 type shard struct {
 	mu     sync.Mutex
-	leases map[leaseKey]*lease
+	leases map[string]*lease
 	local  uint64   // decisions its leases answered, counted under mu
 	_      [40]byte // keep shards on separate cache lines
-}
-
-type leaseKey struct {
-	key   string
-	limit sluice.Limit
 }
 
 // lease is one key's lease in this process. Its shard's mutex guards its
 // fields, so a decision from a live lease takes one mutex; refill is held
 // across store calls, so that concurrent requests wait for one grant
 // rather than each asking.
+//
+// Its times are ns since the Unix epoch on the Store's clock (Store.now),
+// which no clock in use reads as zero: zero marks a time not set. A local
+// decision reads only the fields here, 120 bytes with the pointer to the
+// rest, allocated in 128: two cache lines, which the processor fetches as
+// a pair.
 type lease struct {
-	refill sync.Mutex
-	sh     *shard
-	grant  sluice.Grant
-	units  int64     // left to spend
-	sent   time.Time // when grant was sent
-	until  time.Time // spendable while now ≤ until
-	end    time.Time // window algorithms: spendable while now < end
-	deny   time.Time // a zero grant is remembered until then
-	reset  time.Time // and the key was fresh again by then
-	gen    uint64    // counts grants: which one units came from
+	sh       *shard
+	next     *lease       // the key's lease under another limit, or nil
+	limit    sluice.Limit // validated, and grantable
+	capacity int64        // limit.Capacity()
+	units    int64        // left to spend
+	until    int64        // spendable while now ≤ until
+	end      int64        // window algorithms: spendable while now < end; 0: no end
+	deny     int64        // a zero grant is remembered until then
+	reset    int64        // the last grant's send plus its ResetAfter
+	gen      uint64       // counts grants: which one units came from
+	asked    int64        // units asked since folded, not yet in demand
+	*refilling
+}
 
-	demand float64   // units this process expects to ask for within D
-	asked  int64     // units asked since folded, not yet in demand
-	folded time.Time // when asked was last folded into demand
+// refilling is the part of a lease that only its refills use.
+type refilling struct {
+	refill sync.Mutex
+	grant  sluice.Grant
+	demand float64 // units this process expects to ask for within D
+	folded int64   // when asked was last folded into demand
 }
 
 // New returns a Store that leases from g. opts must set MaxStaleness or
@@ -289,46 +300,58 @@ func New(g sluice.Granter, opts *Options) (*Store, error) {
 	if o.For == nil && o.MaxStaleness <= 0 {
 		return nil, fmt.Errorf("%w: %v must be positive", ErrInvalidStaleness, o.MaxStaleness)
 	}
-	if o.Clock == nil {
-		o.Clock = monotonic()
-	}
-	s := &Store{granter: g, staleness: o.MaxStaleness, stale: o.For, size: o.Size, fleet: o.FleetSize, clock: o.Clock, seed: maphash.MakeSeed(), shards: make([]shard, shardCount)}
+	base := time.Now()
+	s := &Store{granter: g, staleness: o.MaxStaleness, stale: o.For, size: o.Size, fleet: o.FleetSize, clock: o.Clock, base: base, baseNS: base.UnixNano(), seed: maphash.MakeSeed(), shards: make([]shard, shardCount)}
 	for i := range s.shards {
-		s.shards[i].leases = make(map[leaseKey]*lease)
+		s.shards[i].leases = make(map[string]*lease)
 	}
 	s.sweepAt.Store(minSweep)
 	return s, nil
 }
 
-// monotonic is the default clock: the wall clock read once, then advanced
-// by the monotonic clock alone, one clock read per call where time.Now
-// makes two. Lifetimes are durations, so wall clock steps must not move
-// them anyway.
-func monotonic() func() time.Time {
-	base := time.Now()
-	return func() time.Time { return base.Add(time.Since(base)) }
+// now is the time in ns since the Unix epoch: the injected clock's, or the
+// wall clock read once and advanced by the monotonic clock alone, one clock
+// read per call where time.Now makes two. Lifetimes are durations, so wall
+// clock steps must not move them anyway.
+func (s *Store) now() int64 {
+	if s.clock != nil {
+		return s.clock().UnixNano()
+	}
+	return s.baseNS + int64(time.Since(s.base))
 }
 
 // check validates a request against the Store and its limit, and returns
 // the key's maximum staleness: zero when the key is not leased.
 func (s *Store) check(key string, limit sluice.Limit, cost int64) (time.Duration, error) {
+	d, err := s.staleFor(key, limit)
+	if d == 0 || err != nil {
+		return 0, err
+	}
+	return d, validate(key, limit, cost, d)
+}
+
+// staleFor returns the key's maximum staleness, not yet validated: zero
+// when the key is not leased.
+func (s *Store) staleFor(key string, limit sluice.Limit) (time.Duration, error) {
 	if s.granter == nil {
 		return 0, ErrNoGranter
 	}
-	d := s.staleness
 	if s.stale != nil {
-		d = s.stale(key, limit)
+		return s.stale(key, limit), nil
 	}
-	if d == 0 {
-		return 0, nil
-	}
+	return s.staleness, nil
+}
+
+// validate checks a leased request of cost on key under limit, with
+// maximum staleness d.
+func validate(key string, limit sluice.Limit, cost int64, d time.Duration) error {
 	if err := sluice.ValidateGrant(key, limit, cost); err != nil {
-		return 0, err
+		return err
 	}
 	if d < 0 || d > limit.Period {
-		return 0, fmt.Errorf("%w: %v for %v (its period is %v)", ErrInvalidStaleness, d, limit, limit.Period)
+		return fmt.Errorf("%w: %v for %v (its period is %v)", ErrInvalidStaleness, d, limit, limit.Period)
 	}
-	return d, nil
+	return nil
 }
 
 // shard is key's shard.
@@ -336,16 +359,45 @@ func (s *Store) shard(key string) *shard {
 	return &s.shards[maphash.String(s.seed, key)&(shardCount-1)]
 }
 
-// lease returns k's lease in sh, which must be locked, making one if
-// needed.
-func (s *Store) lease(sh *shard, k leaseKey) *lease {
-	l := sh.leases[k]
+// find returns key's lease under limit in sh, which must be locked, or nil.
+func (sh *shard) find(key string, limit sluice.Limit) *lease {
+	for l := sh.leases[key]; l != nil; l = l.next {
+		if l.limit == limit {
+			return l
+		}
+	}
+	return nil
+}
+
+// lease returns key's lease under limit in sh, which must be locked,
+// making one if needed; limit must have been validated.
+func (s *Store) lease(sh *shard, key string, limit sluice.Limit) *lease {
+	l := sh.find(key, limit)
 	if l == nil {
-		l = &lease{sh: sh}
-		sh.leases[k] = l
+		l = &lease{sh: sh, limit: limit, capacity: limit.Capacity(), next: sh.leases[key], refilling: new(refilling)}
+		sh.leases[key] = l
 		s.keys.Add(1)
 	}
 	return l
+}
+
+// drop forgets l, key's lease in sh, which must be locked.
+func (s *Store) drop(sh *shard, key string, l *lease) {
+	if p := sh.leases[key]; p == l {
+		if l.next == nil {
+			delete(sh.leases, key)
+		} else {
+			sh.leases[key] = l.next
+		}
+	} else {
+		for ; p != nil && p.next != l; p = p.next {
+		}
+		if p == nil {
+			return
+		}
+		p.next = l.next
+	}
+	s.keys.Add(-1)
 }
 
 // sweep forgets the leases that are idle: nothing to spend, no denial to
@@ -358,19 +410,20 @@ func (s *Store) sweep() {
 		return
 	}
 	defer s.sweeping.Unlock()
-	now := s.clock()
+	now := s.now()
 	for i := range s.shards {
 		sh := &s.shards[i]
 		sh.mu.Lock()
-		for k, l := range sh.leases {
-			if !l.refill.TryLock() {
-				continue
+		for k, first := range sh.leases {
+			for l := first; l != nil; l = l.next {
+				if !l.refill.TryLock() {
+					continue
+				}
+				if !l.live(now) && now >= l.deny {
+					s.drop(sh, k, l)
+				}
+				l.refill.Unlock()
 			}
-			if !l.live(now) && !now.Before(l.deny) {
-				delete(sh.leases, k)
-				s.keys.Add(-1)
-			}
-			l.refill.Unlock()
 		}
 		sh.mu.Unlock()
 	}
@@ -378,17 +431,17 @@ func (s *Store) sweep() {
 }
 
 // live reports whether l's units may be spent at now.
-func (l *lease) live(now time.Time) bool {
-	return l.units > 0 && !now.After(l.until) && (l.end.IsZero() || now.Before(l.end))
+func (l *lease) live(now int64) bool {
+	return l.units > 0 && now <= l.until && (l.end == 0 || now < l.end)
 }
 
 // local is the decision a lease makes at now.
-func (l *lease) local(limit sluice.Limit, now time.Time, allowed bool) sluice.Decision {
+func (l *lease) local(now int64, allowed bool) sluice.Decision {
 	return sluice.Decision{
 		Allowed:    allowed,
-		Limit:      limit,
+		Limit:      l.limit,
 		Remaining:  l.units,
-		ResetAfter: max(l.grant.ResetAfter-now.Sub(l.sent), 0),
+		ResetAfter: max(time.Duration(l.reset-now), 0),
 		Source:     sluice.SourceLease,
 	}
 }
@@ -397,11 +450,11 @@ func (l *lease) local(limit sluice.Limit, now time.Time, allowed bool) sluice.De
 // holds cost units, and otherwise after returning what is left of it and
 // asking for a new one; a key that is not leased, exactly by the store.
 func (s *Store) Take(ctx context.Context, key string, limit sluice.Limit, cost int64) (sluice.Decision, error) {
-	stale, err := s.check(key, limit, cost)
+	stale, err := s.staleFor(key, limit)
 	if err != nil {
 		return sluice.Decision{}, err
 	}
-	if stale > 0 {
+	if stale != 0 {
 		d, _, _, exact, err := s.spend(ctx, key, limit, cost, stale, false)
 		if !exact {
 			return d, err
@@ -413,17 +466,27 @@ func (s *Store) Take(ctx context.Context, key string, limit sluice.Limit, cost i
 // spend answers a request of cost from the key's lease, taking the units
 // when it allows, and reports the lease and the grant they came from
 // (gen). exact says the store should answer instead, as it does for a key
-// that is not hot; force leases such a key all the same.
+// that is not hot; force leases such a key all the same. The request is
+// validated here (stale too), in full only when the key has no lease under
+// limit yet: a lease's limit was validated when it was made.
 func (s *Store) spend(ctx context.Context, key string, limit sluice.Limit, cost int64, stale time.Duration, force bool) (_ sluice.Decision, _ *lease, gen uint64, exact bool, _ error) {
 	if s.keys.Load() >= s.sweepAt.Load() {
 		s.sweep()
 	}
 	sh := s.shard(key)
 	sh.mu.Lock()
-	l := s.lease(sh, leaseKey{key, limit})
-	now := s.clock()
+	l := sh.find(key, limit)
+	if l == nil || cost < 1 || cost > l.capacity || stale < 0 || stale > limit.Period {
+		sh.mu.Unlock()
+		if err := validate(key, limit, cost, stale); err != nil {
+			return sluice.Decision{}, nil, 0, false, err
+		}
+		sh.mu.Lock()
+		l = s.lease(sh, key, limit)
+	}
+	now := s.now()
 	l.asked += cost
-	if d, gen, ok := s.answer(l, limit, cost, now); ok {
+	if d, gen, ok := s.answer(l, cost, now); ok {
 		sh.mu.Unlock()
 		return d, l, gen, false, nil
 	}
@@ -435,14 +498,14 @@ func (s *Store) spend(ctx context.Context, key string, limit sluice.Limit, cost 
 // answer is l's decision at now without the store, when it has one: from a
 // live lease that holds cost units, taking them, or a remembered denial.
 // l's shard must be locked.
-func (s *Store) answer(l *lease, limit sluice.Limit, cost int64, now time.Time) (_ sluice.Decision, gen uint64, ok bool) {
+func (s *Store) answer(l *lease, cost int64, now int64) (_ sluice.Decision, gen uint64, ok bool) {
 	if l.live(now) && l.units >= cost {
 		l.units -= cost
 		l.sh.local++
-		return l.local(limit, now, true), l.gen, true
+		return l.local(now, true), l.gen, true
 	}
-	if now.Before(l.deny) {
-		return sluice.Decision{Limit: limit, RetryAfter: l.deny.Sub(now), ResetAfter: max(l.reset.Sub(now), 0), Source: sluice.SourceDenyCache}, 0, true
+	if now < l.deny {
+		return sluice.Decision{Limit: l.limit, RetryAfter: time.Duration(l.deny - now), ResetAfter: max(time.Duration(l.reset-now), 0), Source: sluice.SourceDenyCache}, 0, true
 	}
 	return sluice.Decision{}, 0, false
 }
@@ -456,8 +519,8 @@ func (s *Store) refill(ctx context.Context, l *lease, key string, limit sluice.L
 	defer l.refill.Unlock()
 	sh := l.sh
 	sh.mu.Lock()
-	now := s.clock()
-	if d, gen, ok := s.answer(l, limit, cost, now); ok {
+	now := s.now()
+	if d, gen, ok := s.answer(l, cost, now); ok {
 		sh.mu.Unlock()
 		return d, gen, false, nil
 	}
@@ -473,7 +536,7 @@ func (s *Store) refill(ctx context.Context, l *lease, key string, limit sluice.L
 	if err := s.giveBack(ctx, key, limit, old, unused); err != nil {
 		return sluice.Decision{}, 0, false, err
 	}
-	sent := s.clock()
+	sent := s.now()
 	s.grants.Add(1)
 	g, err := s.granter.Grant(ctx, key, limit, max(n, cost))
 	if errors.Is(err, resilient.ErrNoGrant) {
@@ -485,33 +548,34 @@ func (s *Store) refill(ctx context.Context, l *lease, key string, limit sluice.L
 	s.granted.Add(uint64(g.Granted))
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
+	l.reset = sent + int64(g.ResetAfter)
 	if g.Granted == 0 {
-		l.deny, l.reset = sent.Add(g.RetryAfter), sent.Add(g.ResetAfter)
+		l.deny = sent + int64(g.RetryAfter)
 		return sluice.Decision{Limit: limit, RetryAfter: g.RetryAfter, ResetAfter: g.ResetAfter}, 0, false, nil
 	}
 	l.gen++
-	l.grant, l.units, l.sent = g, g.Granted, sent
-	l.until, l.end = sent.Add(stale), time.Time{}
+	l.grant, l.units = g, g.Granted
+	l.until, l.end = sent+int64(stale), 0
 	if g.Window > 0 {
-		l.end = sent.Add(g.Window)
+		l.end = sent + int64(g.Window)
 	}
-	now = s.clock()
+	now = s.now()
 	if l.units >= cost && !l.live(now) {
 		// The grant came back after its lease's end: its units stay for
 		// the return rule, and the store answers this request exactly.
 		return sluice.Decision{}, 0, true, nil
 	}
 	if !l.live(now) || l.units < cost {
-		d := l.local(limit, now, false)
+		d := l.local(now, false)
 		d.RetryAfter = time.Duration(cost-l.units) * limit.Interval()
 		if g.Window > 0 {
-			d.RetryAfter = max(l.end.Sub(now), time.Microsecond)
+			d.RetryAfter = max(time.Duration(l.end-now), time.Microsecond)
 		}
 		d.Source = sluice.SourceBackend
 		return d, 0, false, nil
 	}
 	l.units -= cost
-	d := l.local(limit, now, true)
+	d := l.local(now, true)
 	d.Source = sluice.SourceBackend
 	return d, l.gen, false, nil
 }
@@ -536,10 +600,10 @@ const hotUnits = 4
 // units this process asks for the key per d. Over a gap dt the old figure
 // keeps the weight e^(−dt/d) and the rate seen over the gap, scaled to d,
 // takes the rest; a gap of zero adds what was asked.
-func (l *lease) fold(now time.Time, d time.Duration) {
-	dt := now.Sub(l.folded)
+func (l *lease) fold(now int64, d time.Duration) {
+	dt := time.Duration(now - l.folded)
 	switch {
-	case l.folded.IsZero():
+	case l.folded == 0:
 		l.demand = float64(l.asked)
 	case dt <= 0:
 		l.demand += float64(l.asked)
@@ -709,9 +773,9 @@ func (s *Store) Peek(ctx context.Context, key string, limit sluice.Limit, cost i
 	}
 	sh := s.shard(key)
 	sh.mu.Lock()
-	now := s.clock()
-	if l := sh.leases[leaseKey{key, limit}]; l != nil && l.live(now) && l.units >= cost {
-		d := l.local(limit, now, true)
+	now := s.now()
+	if l := sh.find(key, limit); l != nil && l.live(now) && l.units >= cost {
+		d := l.local(now, true)
 		sh.mu.Unlock()
 		return d, nil
 	}
@@ -728,9 +792,8 @@ func (s *Store) Reset(ctx context.Context, key string, limit sluice.Limit) error
 	}
 	sh := s.shard(key)
 	sh.mu.Lock()
-	if _, ok := sh.leases[leaseKey{key, limit}]; ok {
-		delete(sh.leases, leaseKey{key, limit})
-		s.keys.Add(-1)
+	if l := sh.find(key, limit); l != nil {
+		s.drop(sh, key, l)
 	}
 	sh.mu.Unlock()
 	return s.granter.Reset(ctx, key, limit)
@@ -748,17 +811,19 @@ func (s *Store) Close(ctx context.Context) error {
 		sh := &s.shards[i]
 		sh.mu.Lock()
 		leases := sh.leases
-		sh.leases = make(map[leaseKey]*lease)
-		s.keys.Add(-int64(len(leases)))
+		sh.leases = make(map[string]*lease)
 		sh.mu.Unlock()
-		for k, l := range leases {
-			l.refill.Lock()
-			sh.mu.Lock()
-			g, unused := l.grant, l.units
-			l.units = 0
-			sh.mu.Unlock()
-			errs = append(errs, s.giveBack(ctx, k.key, k.limit, g, unused))
-			l.refill.Unlock()
+		for k, first := range leases {
+			for l := first; l != nil; l = l.next {
+				s.keys.Add(-1)
+				l.refill.Lock()
+				sh.mu.Lock()
+				g, unused := l.grant, l.units
+				l.units = 0
+				sh.mu.Unlock()
+				errs = append(errs, s.giveBack(ctx, k, l.limit, g, unused))
+				l.refill.Unlock()
+			}
 		}
 	}
 	return errors.Join(errs...)

@@ -579,3 +579,57 @@ func TestNoGrant(t *testing.T) {
 		t.Fatalf("TakeAll of one = %+v, %v; want it taken exactly", ds, err)
 	}
 }
+
+// A key leased under two limits (a reloaded policy) holds two leases, each
+// spent, validated, reset and returned on its own.
+func TestOneKeyTwoLimits(t *testing.T) {
+	t.Parallel()
+	clock := storetest.NewClock(storetest.T0)
+	s := newLease(t, newMemory(t, clock), clock, 2*time.Second, 5)
+	a, b := sluice.PerMinute(10), sluice.PerMinute(20)
+	for i, c := range []struct {
+		l         sluice.Limit
+		remaining int64
+		source    sluice.Source
+	}{
+		{a, 4, sluice.SourceBackend},
+		{b, 4, sluice.SourceBackend},
+		{a, 3, sluice.SourceLease},
+		{b, 3, sluice.SourceLease},
+		{b, 2, sluice.SourceLease},
+	} {
+		d := take(t, s, "k", c.l, 1)
+		if !d.Allowed || d.Remaining != c.remaining || d.Source != c.source || d.Limit != c.l {
+			t.Errorf("take %d under %v: %+v, want allowed, Remaining %d from %v", i, c.l, d, c.remaining, c.source)
+		}
+	}
+	if got, want := s.Len(), 2; got != want {
+		t.Errorf("Len = %d, want %d", got, want)
+	}
+	// A leased key's request is validated against its own limit.
+	if _, err := s.Take(ctx, "k", a, 11); !errors.Is(err, sluice.ErrCostExceedsBurst) {
+		t.Errorf("cost 11 under %v: err = %v, want ErrCostExceedsBurst", a, err)
+	}
+	if _, err := s.Take(ctx, "k", b, 0); !errors.Is(err, sluice.ErrInvalidCost) {
+		t.Errorf("cost 0 under %v: err = %v, want ErrInvalidCost", b, err)
+	}
+	if err := s.Reset(ctx, "k", a); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := s.Len(), 1; got != want {
+		t.Errorf("Len after Reset = %d, want %d", got, want)
+	}
+	if d := take(t, s, "k", b, 1); d.Source != sluice.SourceLease || d.Remaining != 1 {
+		t.Errorf("under %v after the other's Reset: %+v, want its lease's Remaining 1", b, d)
+	}
+	if d := take(t, s, "k", a, 1); d.Source != sluice.SourceBackend || d.Remaining != 4 {
+		t.Errorf("under %v after its Reset: %+v, want a new grant's Remaining 4", a, d)
+	}
+	if err := s.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	st := s.Stats()
+	if st.Grants != 3 || st.Returned != 5 || st.Keys != 0 {
+		t.Errorf("Stats = %+v, want 3 grants, 5 units returned (4 + 1), no keys", st)
+	}
+}

@@ -8,7 +8,16 @@ import "math"
 // units to fit. State: the log (sorted ascending); memory O(rate) per key.
 // Mirrors redisstore/scripts/sliding_window_log.lua.
 func slidingWindowLog(st *state, now int64, p *params, cost int64, commit bool) result {
-	lg := &st.log
+	var empty ring
+	lg := st.log
+	switch {
+	case lg != nil:
+	case commit:
+		st.log = new(ring)
+		lg = st.log
+	default:
+		lg = &empty
+	}
 	threshold := now - p.period // entries at or before it have expired
 	if commit {
 		lg.dropThrough(threshold)

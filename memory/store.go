@@ -86,16 +86,21 @@ type shard struct {
 // state is one key's state. Its fields mean what the algorithm's file says.
 // expires is when the state is fresh again (µs); zero marks a fresh state,
 // the in-memory twin of a missing Redis key.
+//
+// The log is behind a pointer so that every other algorithm's state, the
+// common case, takes 40 bytes, not 80: fewer cache lines per decision.
 type state struct {
 	a, b, c int64
 	expires int64
-	log     ring // sliding_window_log only
+	log     *ring // sliding_window_log only; nil until it logs a unit
 }
 
 // clear makes st fresh, keeping the log's buffer.
 func (st *state) clear() {
 	st.a, st.b, st.c, st.expires = 0, 0, 0, 0
-	st.log.clear()
+	if st.log != nil {
+		st.log.clear()
+	}
 }
 
 // New returns a Store. Close it to stop the sweeper.
