@@ -18,19 +18,11 @@ import (
 	"github.com/sluicehq/sluice/storetest"
 )
 
-// redisBackends returns the standalone server and the cluster, each with a
-// store on the caller's fake clock.
-func redisBackends(t *testing.T) map[string]redis.UniversalClient {
-	return map[string]redis.UniversalClient{
-		"standalone": redistest.Client(t),
-		"cluster":    redistest.ClusterClient(t),
-	}
-}
-
 func TestRedisHeadersAndRetryAfter(t *testing.T) {
 	t.Parallel()
-	for name, client := range redisBackends(t) {
-		t.Run(name, func(t *testing.T) {
+	for _, d := range redistest.Deployments() {
+		client := d.Client(t)
+		t.Run(d.Name, func(t *testing.T) {
 			t.Parallel()
 			for _, lim := range retryLimits {
 				t.Run(lim.String(), func(t *testing.T) {
@@ -64,8 +56,9 @@ func TestRedisHeadersAndRetryAfter(t *testing.T) {
 // the standalone server one script takes both.
 func TestRedisLayeredNoLeak(t *testing.T) {
 	t.Parallel()
-	for name, client := range redisBackends(t) {
-		t.Run(name, func(t *testing.T) {
+	for _, d := range redistest.Deployments() {
+		client := d.Client(t)
+		t.Run(d.Name, func(t *testing.T) {
 			t.Parallel()
 			store := redisstore.New(client, &redisstore.Options{Prefix: redistest.Prefix(t)})
 			account := sluice.PerHour(1000)

@@ -92,14 +92,6 @@ func (w *watch) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Proces
 	}
 }
 
-var testServers = []struct {
-	name   string
-	client func(t *testing.T) redis.UniversalClient
-}{
-	{"standalone", func(t *testing.T) redis.UniversalClient { return redistest.Client(t) }},
-	{"cluster", func(t *testing.T) redis.UniversalClient { return redistest.ClusterClient(t) }},
-}
-
 // waitQueued waits until n calls wait in s's queue.
 func waitQueued(t *testing.T, s *Store, n int) {
 	t.Helper()
@@ -123,13 +115,13 @@ func waitQueued(t *testing.T, s *Store, n int) {
 // exact: each goroutine's key counts down by one per take.
 func TestBatchScriptFlush(t *testing.T) {
 	ctx := context.Background()
-	for _, srv := range testServers {
-		t.Run(srv.name, func(t *testing.T) {
+	for _, srv := range redistest.Deployments() {
+		t.Run(srv.Name, func(t *testing.T) {
 			t.Parallel()
-			c := srv.client(t)
+			c := srv.Client(t)
 			var w watch
 			c.AddHook(&w)
-			flusher := srv.client(t)
+			flusher := srv.Client(t)
 			clock := storetest.NewClock(storetest.T0)
 			s := New(c, &Options{Prefix: redistest.Prefix(t), Clock: clock.Now, MaxInFlight: 1})
 			const workers, takes, rate = 64, 25, 100
@@ -199,11 +191,11 @@ func TestBatchScriptFlush(t *testing.T) {
 // the retry by EVALSHA misses too and the calls go by EVAL. None fails.
 func TestBatchReload(t *testing.T) {
 	ctx := context.Background()
-	for _, srv := range testServers {
-		t.Run(srv.name, func(t *testing.T) {
+	for _, srv := range redistest.Deployments() {
+		t.Run(srv.Name, func(t *testing.T) {
 			t.Parallel()
-			c := srv.client(t)
-			flusher := srv.client(t)
+			c := srv.Client(t)
+			flusher := srv.Client(t)
 			w := watch{holdOne: newGate()}
 			w.afterLoad = func() {
 				if err := flusher.ScriptFlush(ctx).Err(); err != nil {
@@ -400,10 +392,10 @@ func TestBatchMergedErrors(t *testing.T) {
 // order does not matter, and every decision must be the same.
 func TestBatchMatchesMemory(t *testing.T) {
 	ctx := context.Background()
-	for _, srv := range testServers {
-		t.Run(srv.name, func(t *testing.T) {
+	for _, srv := range redistest.Deployments() {
+		t.Run(srv.Name, func(t *testing.T) {
 			t.Parallel()
-			c := srv.client(t)
+			c := srv.Client(t)
 			var w watch
 			c.AddHook(&w)
 			rng := rand.New(rand.NewPCG(7, 2026))

@@ -21,10 +21,10 @@ import (
 // so a key's state always means the same thing to both stores.
 func TestTakeAllMatchesMemory(t *testing.T) {
 	ctx := context.Background()
-	for _, srv := range servers {
-		t.Run(srv.name, func(t *testing.T) {
+	for _, srv := range redistest.Deployments() {
+		t.Run(srv.Name, func(t *testing.T) {
 			t.Parallel()
-			c := srv.client(t)
+			c := srv.Client(t)
 			rng := rand.New(rand.NewPCG(1, 99))
 			clock := storetest.NewClock(storetest.T0)
 			rs := redisstore.New(c, &redisstore.Options{Prefix: redistest.Prefix(t), Clock: clock.Now})

@@ -16,13 +16,29 @@ import (
 	"github.com/sluicehq/sluice/storetest"
 )
 
-// servers are the shared test deployments every test below runs on.
-var servers = []struct {
-	name   string
-	client func(t *testing.T) redis.UniversalClient
-}{
-	{"standalone", func(t *testing.T) redis.UniversalClient { return redistest.Client(t) }},
-	{"cluster", func(t *testing.T) redis.UniversalClient { return redistest.ClusterClient(t) }},
+// The conformance suites (Store's and Granter's) with the caller's clock injected, on a standalone
+// server and on a 3-master cluster, with concurrent calls batched into
+// pipelines (the default; one pipeline in flight, so that the suite's
+// concurrent steps do travel in batches) and with every call on its own.
+func TestConformance(t *testing.T) {
+	for _, c := range redistest.Deployments() {
+		for _, m := range []struct {
+			name            string
+			batch, inFlight int
+		}{{"batched", 0, 1}, {"unbatched", 1, 0}} {
+			t.Run(c.Name+"/"+m.name, func(t *testing.T) {
+				t.Parallel()
+				client := c.Client(t)
+				newStore := func(t *testing.T, now func() time.Time) sluice.Store {
+					return redisstore.New(client, &redisstore.Options{
+						Prefix: redistest.Prefix(t), Clock: now, MaxBatch: m.batch, MaxInFlight: m.inFlight,
+					})
+				}
+				storetest.Run(t, newStore)
+				storetest.RunGrant(t, newStore)
+			})
+		}
+	}
 }
 
 // everyLimit has one limit per algorithm, long enough that nothing refills
@@ -101,9 +117,9 @@ func globEscape(s string) string {
 // algorithm and for TakeAll, on a standalone server and a cluster.
 func TestNoScript(t *testing.T) {
 	ctx := context.Background()
-	for _, srv := range servers {
-		t.Run(srv.name, func(t *testing.T) {
-			c := srv.client(t)
+	for _, srv := range redistest.Deployments() {
+		t.Run(srv.Name, func(t *testing.T) {
+			c := srv.Client(t)
 			clock := storetest.NewClock(storetest.T0)
 			s := redisstore.New(c, &redisstore.Options{Prefix: redistest.Prefix(t), Clock: clock.Now})
 			for _, l := range everyLimit() {
@@ -174,9 +190,9 @@ func TestRestartedServer(t *testing.T) {
 // TakeAll, on every algorithm.
 func TestBadInput(t *testing.T) {
 	ctx := context.Background()
-	for _, srv := range servers {
-		t.Run(srv.name, func(t *testing.T) {
-			c := srv.client(t)
+	for _, srv := range redistest.Deployments() {
+		t.Run(srv.Name, func(t *testing.T) {
+			c := srv.Client(t)
 			prefix := redistest.Prefix(t)
 			s := redisstore.New(c, &redisstore.Options{Prefix: prefix})
 			long := strings.Repeat("x", sluice.MaxKeyLen+1)
@@ -233,9 +249,9 @@ func TestBadInput(t *testing.T) {
 // key behind.
 func TestPeekWritesNothing(t *testing.T) {
 	ctx := context.Background()
-	for _, srv := range servers {
-		t.Run(srv.name, func(t *testing.T) {
-			c := srv.client(t)
+	for _, srv := range redistest.Deployments() {
+		t.Run(srv.Name, func(t *testing.T) {
+			c := srv.Client(t)
 			s := redisstore.New(c, &redisstore.Options{Prefix: redistest.Prefix(t)})
 			for _, l := range everyLimit() {
 				if d, err := s.Peek(ctx, "fresh", l, 10); err != nil || !d.Allowed || d.Remaining != 10 {
@@ -253,10 +269,10 @@ func TestPeekWritesNothing(t *testing.T) {
 // 0 < PTTL <= ResetAfter rounded up to a millisecond.
 func TestTTL(t *testing.T) {
 	ctx := context.Background()
-	for _, srv := range servers {
+	for _, srv := range redistest.Deployments() {
 		for _, clockName := range []string{"caller_clock", "server_clock"} {
-			t.Run(srv.name+"/"+clockName, func(t *testing.T) {
-				c := srv.client(t)
+			t.Run(srv.Name+"/"+clockName, func(t *testing.T) {
+				c := srv.Client(t)
 				opts := &redisstore.Options{Prefix: redistest.Prefix(t)}
 				if clockName == "caller_clock" {
 					opts.Clock = storetest.NewClock(storetest.T0.Add(1234567 * time.Microsecond)).Now
@@ -297,9 +313,9 @@ func TestTTL(t *testing.T) {
 // newer clock sees it, and no longer than the ResetAfter it reports.
 func TestTTLOlderClock(t *testing.T) {
 	ctx := context.Background()
-	for _, srv := range servers {
-		t.Run(srv.name, func(t *testing.T) {
-			c := srv.client(t)
+	for _, srv := range redistest.Deployments() {
+		t.Run(srv.Name, func(t *testing.T) {
+			c := srv.Client(t)
 			clock := storetest.NewClock(storetest.T0.Add(time.Second))
 			s := redisstore.New(c, &redisstore.Options{Prefix: redistest.Prefix(t), Clock: clock.Now})
 			for _, a := range []sluice.Algorithm{sluice.FixedWindow, sluice.SlidingWindowCounter} {
@@ -333,9 +349,9 @@ func TestTTLOlderClock(t *testing.T) {
 // algorithm still counts down, denies and reports a bounded wait.
 func TestServerClock(t *testing.T) {
 	ctx := context.Background()
-	for _, srv := range servers {
-		t.Run(srv.name, func(t *testing.T) {
-			c := srv.client(t)
+	for _, srv := range redistest.Deployments() {
+		t.Run(srv.Name, func(t *testing.T) {
+			c := srv.Client(t)
 			s := redisstore.New(c, &redisstore.Options{Prefix: redistest.Prefix(t)})
 			for _, a := range sluice.Algorithms() {
 				l := sluice.PerHour(3).WithAlgorithm(a)
@@ -365,7 +381,7 @@ func TestServerClock(t *testing.T) {
 // Either way a denial anywhere leaves every key as it was.
 func TestTakeAll(t *testing.T) {
 	ctx := context.Background()
-	for _, srv := range servers {
+	for _, srv := range redistest.Deployments() {
 		for _, tc := range []struct {
 			name string
 			keys [2]string
@@ -374,8 +390,8 @@ func TestTakeAll(t *testing.T) {
 			{"two_slots", [2]string{"user", "ip"}},                    // apart on the cluster
 		} {
 			keys := tc.keys
-			t.Run(srv.name+"/"+tc.name, func(t *testing.T) {
-				c := srv.client(t)
+			t.Run(srv.Name+"/"+tc.name, func(t *testing.T) {
+				c := srv.Client(t)
 				clock := storetest.NewClock(storetest.T0)
 				s := redisstore.New(c, &redisstore.Options{Prefix: redistest.Prefix(t), Clock: clock.Now})
 				for _, a := range sluice.Algorithms() {

@@ -32,25 +32,19 @@ descriptors:
   - key: tenant
     rate_limit: {unit: hour, requests_per_unit: 80, algorithm: sliding_window_log}
 `
-	for _, tt := range []struct {
-		name   string
-		client func(testing.TB) redis.UniversalClient
-	}{
-		{"standalone", func(t testing.TB) redis.UniversalClient { return redistest.Client(t) }},
-		{"cluster", func(t testing.TB) redis.UniversalClient { return redistest.ClusterClient(t) }},
-		// What --redis redis+sentinel://... opens: the master found through
-		// a live Sentinel.
-		{"sentinel", func(t testing.TB) redis.UniversalClient {
-			c, err := NewRedisClient("redis+sentinel://" + redistest.SentinelAddr(t) + "?master_name=" + redistest.SentinelMaster)
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { c.Close() })
-			return c
-		}},
-	} {
-		t.Run(tt.name, func(t *testing.T) {
-			client := tt.client(t)
+	// Besides the shared deployments, what --redis redis+sentinel://...
+	// opens: the master found through a live Sentinel.
+	sentinel := redistest.Deployment{Name: "sentinel", Client: func(t testing.TB) redis.UniversalClient {
+		c, err := NewRedisClient("redis+sentinel://" + redistest.SentinelAddr(t) + "?master_name=" + redistest.SentinelMaster)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		return c
+	}}
+	for _, tt := range append(redistest.Deployments(), sentinel) {
+		t.Run(tt.Name, func(t *testing.T) {
+			client := tt.Client(t)
 			prefix := redistest.Prefix(t)
 			// Two service instances, as two replicas behind Envoy would be.
 			var clients []rlsv3.RateLimitServiceClient
@@ -99,7 +93,7 @@ descriptors:
 			if got := tenant.Load(); got != 30 {
 				t.Errorf("tenant alone: %d of 64 admitted, want the 30 left", got)
 			}
-			if tt.name == "sentinel" { // the state is on the master Sentinel named
+			if tt.Name == "sentinel" { // the state is on the master Sentinel named
 				n, err := redistest.Client(t).Keys(context.Background(), prefix+"*").Result()
 				if err != nil || len(n) == 0 {
 					t.Errorf("no keys under %q on the standalone server behind the Sentinel: %v", prefix, err)

@@ -85,6 +85,22 @@ func ClusterClient(t testing.TB) *redis.ClusterClient {
 	return c
 }
 
+// Deployment is one of the shared test deployments: a name for t.Run and a
+// client of it, closed at cleanup.
+type Deployment struct {
+	Name   string
+	Client func(t testing.TB) redis.UniversalClient
+}
+
+// Deployments are the standalone server and the cluster, for tests that
+// run on each.
+func Deployments() []Deployment {
+	return []Deployment{
+		{"standalone", func(t testing.TB) redis.UniversalClient { return Client(t) }},
+		{"cluster", func(t testing.TB) redis.UniversalClient { return ClusterClient(t) }},
+	}
+}
+
 func ping(t testing.TB, c redis.UniversalClient) {
 	t.Helper()
 	t.Cleanup(func() { c.Close() })
