@@ -20,35 +20,32 @@ import (
 
 func TestRedisHeadersAndRetryAfter(t *testing.T) {
 	t.Parallel()
-	for _, d := range redistest.Deployments() {
-		client := d.Client(t)
-		t.Run(d.Name, func(t *testing.T) {
-			t.Parallel()
-			for _, lim := range retryLimits {
-				t.Run(lim.String(), func(t *testing.T) {
-					t.Parallel()
-					clk := storetest.NewClock(time.Now().Truncate(time.Second))
-					store := redisstore.New(client, &redisstore.Options{Prefix: redistest.Prefix(t), Clock: clk.Now})
-					checkRetryAfter(t, newEnvStore(t, clk, store, []Rule{{Name: "p", Limit: lim, Key: PeerIP()}}, nil))
-				})
-			}
-			t.Run("headers", func(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, client redis.UniversalClient) {
+		t.Parallel()
+		for _, lim := range retryLimits {
+			t.Run(lim.String(), func(t *testing.T) {
 				t.Parallel()
 				clk := storetest.NewClock(time.Now().Truncate(time.Second))
 				store := redisstore.New(client, &redisstore.Options{Prefix: redistest.Prefix(t), Clock: clk.Now})
-				e := newEnvStore(t, clk, store, []Rule{{Name: "api", Limit: sluice.PerMinute(2), Key: PeerIP()}}, nil)
-				for i, want := range []string{`"api";r=1;t=30`, `"api";r=0;t=60`, `"api";r=0;t=30`} {
-					r := e.get("/")
-					if got := r.header.Get(HeaderRateLimit); got != want {
-						t.Errorf("request %d: RateLimit %q, want %q", i, got, want)
-					}
-					if i == 2 && (r.status != 429 || r.header.Get(HeaderRetryAfter) != "30") {
-						t.Errorf("denial: %d, Retry-After %q", r.status, r.header.Get(HeaderRetryAfter))
-					}
-				}
+				checkRetryAfter(t, newEnvStore(t, clk, store, []Rule{{Name: "p", Limit: lim, Key: PeerIP()}}, nil))
 			})
+		}
+		t.Run("headers", func(t *testing.T) {
+			t.Parallel()
+			clk := storetest.NewClock(time.Now().Truncate(time.Second))
+			store := redisstore.New(client, &redisstore.Options{Prefix: redistest.Prefix(t), Clock: clk.Now})
+			e := newEnvStore(t, clk, store, []Rule{{Name: "api", Limit: sluice.PerMinute(2), Key: PeerIP()}}, nil)
+			for i, want := range []string{`"api";r=1;t=30`, `"api";r=0;t=60`, `"api";r=0;t=30`} {
+				r := e.get("/")
+				if got := r.header.Get(HeaderRateLimit); got != want {
+					t.Errorf("request %d: RateLimit %q, want %q", i, got, want)
+				}
+				if i == 2 && (r.status != 429 || r.header.Get(HeaderRetryAfter) != "30") {
+					t.Errorf("denial: %d, Retry-After %q", r.status, r.header.Get(HeaderRetryAfter))
+				}
+			}
 		})
-	}
+	})
 }
 
 // Layered limits on Redis leak no quota under concurrency: on the cluster
@@ -56,56 +53,53 @@ func TestRedisHeadersAndRetryAfter(t *testing.T) {
 // the standalone server one script takes both.
 func TestRedisLayeredNoLeak(t *testing.T) {
 	t.Parallel()
-	for _, d := range redistest.Deployments() {
-		client := d.Client(t)
-		t.Run(d.Name, func(t *testing.T) {
-			t.Parallel()
-			store := redisstore.New(client, &redisstore.Options{Prefix: redistest.Prefix(t)})
-			account := sluice.PerHour(1000)
-			rules := []Rule{
-				{Name: "account", Limit: account, Key: Header("X-Account")},
-				{Name: "ip", Limit: sluice.PerHour(25).WithAlgorithm(sluice.SlidingWindowLog), Key: PeerIP()},
-			}
-			e := newEnvStore(t, storetest.NewClock(time.Now()), store, rules, nil)
-			var ok, denied atomic.Int64
-			var wg sync.WaitGroup
-			for range 8 {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					for range 10 {
-						req, _ := http.NewRequest("GET", e.srv.URL, nil)
-						req.Header.Set("X-Account", "acme")
-						resp, err := e.srv.Client().Do(req)
-						if err != nil {
-							t.Error(err)
-							return
-						}
-						resp.Body.Close()
-						switch resp.StatusCode {
-						case 200:
-							ok.Add(1)
-						case 429:
-							denied.Add(1)
-						default:
-							t.Errorf("status %d", resp.StatusCode)
-						}
+	redistest.Each(t, func(t *testing.T, client redis.UniversalClient) {
+		t.Parallel()
+		store := redisstore.New(client, &redisstore.Options{Prefix: redistest.Prefix(t)})
+		account := sluice.PerHour(1000)
+		rules := []Rule{
+			{Name: "account", Limit: account, Key: Header("X-Account")},
+			{Name: "ip", Limit: sluice.PerHour(25).WithAlgorithm(sluice.SlidingWindowLog), Key: PeerIP()},
+		}
+		e := newEnvStore(t, storetest.NewClock(time.Now()), store, rules, nil)
+		var ok, denied atomic.Int64
+		var wg sync.WaitGroup
+		for range 8 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for range 10 {
+					req, _ := http.NewRequest("GET", e.srv.URL, nil)
+					req.Header.Set("X-Account", "acme")
+					resp, err := e.srv.Client().Do(req)
+					if err != nil {
+						t.Error(err)
+						return
 					}
-				}()
-			}
-			wg.Wait()
-			if got := ok.Load(); got != 25 {
-				t.Errorf("admitted %d, want exactly 25", got)
-			}
-			d, err := store.Peek(context.Background(), "httplimit:v2:account:acme", account, 1)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if got, want := d.Remaining, account.Capacity()-ok.Load(); got != want {
-				t.Errorf("account remaining %d, want %d: %d denied requests leaked quota", got, want, denied.Load())
-			}
-		})
-	}
+					resp.Body.Close()
+					switch resp.StatusCode {
+					case 200:
+						ok.Add(1)
+					case 429:
+						denied.Add(1)
+					default:
+						t.Errorf("status %d", resp.StatusCode)
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		if got := ok.Load(); got != 25 {
+			t.Errorf("admitted %d, want exactly 25", got)
+		}
+		d, err := store.Peek(context.Background(), "httplimit:v2:account:acme", account, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got, want := d.Remaining, account.Capacity()-ok.Load(); got != want {
+			t.Errorf("account remaining %d, want %d: %d denied requests leaked quota", got, want, denied.Load())
+		}
+	})
 }
 
 // With HashKey, no raw client identity reaches Redis.

@@ -392,69 +392,66 @@ func TestBatchMergedErrors(t *testing.T) {
 // order does not matter, and every decision must be the same.
 func TestBatchMatchesMemory(t *testing.T) {
 	ctx := context.Background()
-	for _, srv := range redistest.Deployments() {
-		t.Run(srv.Name, func(t *testing.T) {
-			t.Parallel()
-			c := srv.Client(t)
-			var w watch
-			c.AddHook(&w)
-			rng := rand.New(rand.NewPCG(7, 2026))
-			clock := storetest.NewClock(storetest.T0.Add(time.Duration(rng.Int64N(int64(time.Hour)))))
-			rs := New(c, &Options{Prefix: redistest.Prefix(t), Clock: clock.Now, MaxInFlight: 1})
-			ms := memory.New(&memory.Options{Clock: clock.Now, SweepInterval: -1})
-			t.Cleanup(func() { ms.Close() })
-			const keys, steps = 16, 300
-			limits := make([]sluice.Limit, keys)
-			for i := range limits {
-				a := sluice.Algorithms()[i%6]
-				limits[i] = sluice.Limit{Algorithm: a, Rate: 1 + rng.Int64N(12), Period: []time.Duration{time.Second, 7 * time.Second, time.Minute}[rng.IntN(3)]}
-				if i%6 < 3 && rng.IntN(2) == 0 {
-					limits[i].Burst = 1 + rng.Int64N(20)
-				}
+	redistest.Each(t, func(t *testing.T, c redis.UniversalClient) {
+		t.Parallel()
+		var w watch
+		c.AddHook(&w)
+		rng := rand.New(rand.NewPCG(7, 2026))
+		clock := storetest.NewClock(storetest.T0.Add(time.Duration(rng.Int64N(int64(time.Hour)))))
+		rs := New(c, &Options{Prefix: redistest.Prefix(t), Clock: clock.Now, MaxInFlight: 1})
+		ms := memory.New(&memory.Options{Clock: clock.Now, SweepInterval: -1})
+		t.Cleanup(func() { ms.Close() })
+		const keys, steps = 16, 300
+		limits := make([]sluice.Limit, keys)
+		for i := range limits {
+			a := sluice.Algorithms()[i%6]
+			limits[i] = sluice.Limit{Algorithm: a, Rate: 1 + rng.Int64N(12), Period: []time.Duration{time.Second, 7 * time.Second, time.Minute}[rng.IntN(3)]}
+			if i%6 < 3 && rng.IntN(2) == 0 {
+				limits[i].Burst = 1 + rng.Int64N(20)
 			}
-			for step := range steps {
-				clock.Advance(time.Duration(rng.Int64N(int64(3*time.Second))) / time.Microsecond * time.Microsecond)
-				costs := make([]int64, keys)
-				peek := make([]bool, keys)
-				for i := range keys {
-					costs[i] = 1 + rng.Int64N(min(limits[i].Capacity(), 3))
-					peek[i] = rng.IntN(7) == 0
-				}
-				got := make([]sluice.Decision, keys)
-				errs := make([]error, keys)
-				var wg sync.WaitGroup
-				for i := range keys {
-					wg.Go(func() {
-						key := fmt.Sprintf("t}%d", i)
-						if peek[i] {
-							got[i], errs[i] = rs.Peek(ctx, key, limits[i], costs[i])
-						} else {
-							got[i], errs[i] = rs.Take(ctx, key, limits[i], costs[i])
-						}
-					})
-				}
-				wg.Wait()
-				for i := range keys {
+		}
+		for step := range steps {
+			clock.Advance(time.Duration(rng.Int64N(int64(3*time.Second))) / time.Microsecond * time.Microsecond)
+			costs := make([]int64, keys)
+			peek := make([]bool, keys)
+			for i := range keys {
+				costs[i] = 1 + rng.Int64N(min(limits[i].Capacity(), 3))
+				peek[i] = rng.IntN(7) == 0
+			}
+			got := make([]sluice.Decision, keys)
+			errs := make([]error, keys)
+			var wg sync.WaitGroup
+			for i := range keys {
+				wg.Go(func() {
 					key := fmt.Sprintf("t}%d", i)
-					var want sluice.Decision
-					var err error
 					if peek[i] {
-						want, err = ms.Peek(ctx, key, limits[i], costs[i])
+						got[i], errs[i] = rs.Peek(ctx, key, limits[i], costs[i])
 					} else {
-						want, err = ms.Take(ctx, key, limits[i], costs[i])
+						got[i], errs[i] = rs.Take(ctx, key, limits[i], costs[i])
 					}
-					if err != nil || errs[i] != nil {
-						t.Fatalf("step %d key %d: memory %v, redis %v", step, i, err, errs[i])
-					}
-					if got[i] != want {
-						t.Fatalf("step %d key %d %q peek=%v cost %d:\nredis  %+v\nmemory %+v", step, i, limits[i].String(), peek[i], costs[i], got[i], want)
-					}
+				})
+			}
+			wg.Wait()
+			for i := range keys {
+				key := fmt.Sprintf("t}%d", i)
+				var want sluice.Decision
+				var err error
+				if peek[i] {
+					want, err = ms.Peek(ctx, key, limits[i], costs[i])
+				} else {
+					want, err = ms.Take(ctx, key, limits[i], costs[i])
+				}
+				if err != nil || errs[i] != nil {
+					t.Fatalf("step %d key %d: memory %v, redis %v", step, i, err, errs[i])
+				}
+				if got[i] != want {
+					t.Fatalf("step %d key %d %q peek=%v cost %d:\nredis  %+v\nmemory %+v", step, i, limits[i].String(), peek[i], costs[i], got[i], want)
 				}
 			}
-			t.Logf("%d pipelines, %d merged runs", w.pipelines.Load(), w.merged.Load())
-			if w.merged.Load() == 0 {
-				t.Error("no calls were merged into one script run")
-			}
-		})
-	}
+		}
+		t.Logf("%d pipelines, %d merged runs", w.pipelines.Load(), w.merged.Load())
+		if w.merged.Load() == 0 {
+			t.Error("no calls were merged into one script run")
+		}
+	})
 }

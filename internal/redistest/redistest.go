@@ -101,6 +101,14 @@ func Deployments() []Deployment {
 	}
 }
 
+// Each runs f as a subtest on each of Deployments, with a client of it.
+func Each(t *testing.T, f func(t *testing.T, c redis.UniversalClient)) {
+	t.Helper()
+	for _, d := range Deployments() {
+		t.Run(d.Name, func(t *testing.T) { f(t, d.Client(t)) })
+	}
+}
+
 func ping(t testing.TB, c redis.UniversalClient) {
 	t.Helper()
 	t.Cleanup(func() { c.Close() })
