@@ -159,28 +159,24 @@ func (c *Collector) ObserveBreaker(e sluice.BreakerEvent) {
 	}
 }
 
+// metrics are the collector's vectors; none for a zero Collector.
+func (c *Collector) metrics() []prometheus.Collector {
+	if c.decisions == nil {
+		return nil
+	}
+	return []prometheus.Collector{c.decisions, c.nearLimit, c.storeCalls, c.storeErrors, c.latency, c.breaker}
+}
+
 // Describe implements prometheus.Collector.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
-	if c.decisions == nil {
-		return // a zero Collector
+	for _, m := range c.metrics() {
+		m.Describe(ch)
 	}
-	c.decisions.Describe(ch)
-	c.nearLimit.Describe(ch)
-	c.storeCalls.Describe(ch)
-	c.storeErrors.Describe(ch)
-	c.latency.Describe(ch)
-	c.breaker.Describe(ch)
 }
 
 // Collect implements prometheus.Collector.
 func (c *Collector) Collect(ch chan<- prometheus.Metric) {
-	if c.decisions == nil {
-		return // a zero Collector
+	for _, m := range c.metrics() {
+		m.Collect(ch)
 	}
-	c.decisions.Collect(ch)
-	c.nearLimit.Collect(ch)
-	c.storeCalls.Collect(ch)
-	c.storeErrors.Collect(ch)
-	c.latency.Collect(ch)
-	c.breaker.Collect(ch)
 }
