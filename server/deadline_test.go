@@ -5,7 +5,6 @@ package server
 import (
 	"context"
 	"errors"
-	"log/slog"
 	"os"
 	"path/filepath"
 	"slices"
@@ -84,18 +83,7 @@ func TestFaultRLSDeadline(t *testing.T) {
 		{"error", true, codes.Unavailable},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			srv, err := New(Options{
-				ConfigFile: cfg, RedisURL: r.url(), NoFailurePolicy: tt.noPolicy,
-				HTTPAddr: "127.0.0.1:0", GRPCAddr: "127.0.0.1:0", WatchInterval: -1,
-				Logger: slog.New(slog.DiscardHandler),
-			})
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := srv.Start(); err != nil {
-				t.Fatal(err)
-			}
-			defer srv.Shutdown(context.Background())
+			srv := runServer(t, Options{ConfigFile: cfg, RedisURL: r.url(), NoFailurePolicy: tt.noPolicy, WatchInterval: -1})
 			conn, err := grpc.NewClient(srv.GRPCAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
 			if err != nil {
 				t.Fatal(err)

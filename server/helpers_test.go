@@ -5,7 +5,6 @@ import (
 	"net"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -17,6 +16,7 @@ import (
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/memory"
 	"github.com/sluicehq/sluice/server/config"
+	"github.com/sluicehq/sluice/storetest"
 )
 
 // t0 starts a day, so every fixed window the tests use (second to day)
@@ -24,24 +24,9 @@ import (
 var t0 = time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
 
 // fakeClock is a settable clock shared by the store and the service.
-type fakeClock struct {
-	mu  sync.Mutex
-	now time.Time
-}
+type fakeClock = storetest.Clock
 
-func newFakeClock() *fakeClock { return &fakeClock{now: t0} }
-
-func (c *fakeClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *fakeClock) Set(t time.Time) {
-	c.mu.Lock()
-	c.now = t
-	c.mu.Unlock()
-}
+func newFakeClock() *fakeClock { return storetest.NewClock(t0) }
 
 func mustConfig(t testing.TB, yaml string) *config.Config {
 	t.Helper()

@@ -3,7 +3,6 @@ package server
 import (
 	"context"
 	"errors"
-	"log/slog"
 	"net/url"
 	"strings"
 	"sync"
@@ -121,18 +120,10 @@ func TestServerOnRedis(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			srv, err := New(Options{
+			srv := runServer(t, Options{
 				ConfigFile: "testdata/envoy-example.yaml", RedisURL: "redis://" + r.Addr + "/0",
-				HTTPAddr: "127.0.0.1:0", GRPCAddr: "127.0.0.1:0", FailurePolicy: fp, NoFailurePolicy: !ok,
-				Logger: slog.New(slog.DiscardHandler),
+				FailurePolicy: fp, NoFailurePolicy: !ok,
 			})
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := srv.Start(); err != nil {
-				t.Fatal(err)
-			}
-			defer srv.Shutdown(context.Background())
 			p := &proc{http: srv.HTTPAddr()}
 			if code, _ := p.get(t, "/readyz"); code != 200 {
 				t.Errorf("readyz with Redis up: %d", code)
@@ -240,18 +231,10 @@ func TestParseFailurePolicy(t *testing.T) {
 // parameters never reach go-redis, which would refuse them.
 func TestServerWaitReplicas(t *testing.T) {
 	r := redistest.StartServer(t)
-	srv, err := New(Options{
+	srv := runServer(t, Options{
 		ConfigFile: "testdata/envoy-example.yaml", RedisURL: "redis://" + r.Addr + "/0?wait_replicas=1&wait_timeout=10ms",
-		HTTPAddr: "127.0.0.1:0", GRPCAddr: "127.0.0.1:0", NoFailurePolicy: true, DecisionTimeout: time.Second,
-		Logger: slog.New(slog.DiscardHandler),
+		NoFailurePolicy: true, DecisionTimeout: time.Second,
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := srv.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Shutdown(context.Background())
 	p := &proc{http: srv.HTTPAddr()}
 	if code, body := p.post(t, "/v1/check", `{"policy":"rl.foo","key":"foo=wait"}`); code != 503 {
 		t.Errorf("check with a replica to wait for and none: %d %v, want 503", code, body)
