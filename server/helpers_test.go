@@ -45,15 +45,15 @@ func newMemService(t testing.TB, yaml string, clock *fakeClock) *Service {
 	return NewService(store, mustConfig(t, yaml), &ServiceOptions{Clock: clock.Now})
 }
 
-// serveRLS serves svc's RLS on a real loopback listener and returns a
-// go-control-plane client.
-func serveRLS(t testing.TB, svc *Service) rlsv3.RateLimitServiceClient {
+// serveRLS serves svc's RLS on a real loopback listener, on a gRPC server
+// with opts, and returns a go-control-plane client.
+func serveRLS(t testing.TB, svc *Service, opts ...grpc.ServerOption) rlsv3.RateLimitServiceClient {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	g := grpc.NewServer()
+	g := grpc.NewServer(opts...)
 	svc.RegisterRLS(g)
 	go g.Serve(ln)
 	t.Cleanup(g.Stop)
