@@ -46,8 +46,7 @@ func TestFaultDeadline(t *testing.T) {
 	targets := map[string]func(t *testing.T) target{
 		"standalone": func(t *testing.T) target {
 			srv := redistest.StartServer(t)
-			c := redis.NewClient(&redis.Options{Addr: srv.Addr})
-			t.Cleanup(func() { c.Close() })
+			c := srv.Client(t)
 			return target{c, func(t *testing.T) { srv.Pause(t) }, srv.Stop}
 		},
 		"cluster": func(t *testing.T) target {

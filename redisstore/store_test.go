@@ -156,8 +156,7 @@ func TestNoScript(t *testing.T) {
 func TestRestartedServer(t *testing.T) {
 	ctx := context.Background()
 	srv := redistest.StartServer(t)
-	c := redis.NewClient(&redis.Options{Addr: srv.Addr})
-	t.Cleanup(func() { c.Close() })
+	c := srv.Client(t)
 	clock := storetest.NewClock(storetest.T0)
 	for _, name := range []string{"caller clock", "server clock"} {
 		t.Run(name, func(t *testing.T) {

@@ -105,8 +105,7 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 func TestFaultKillAndRestart(t *testing.T) {
 	t.Parallel()
 	srv := redistest.StartServer(t)
-	client := redis.NewClient(&redis.Options{Addr: srv.Addr})
-	t.Cleanup(func() { client.Close() })
+	client := srv.Client(t)
 	rec := &recorder{}
 	const timeout = 100 * time.Millisecond
 	s, err := NewMulti(redisstore.New(client, nil), &Options{
@@ -144,8 +143,7 @@ func TestFaultKillAndRestart(t *testing.T) {
 func TestFaultScriptFlush(t *testing.T) {
 	t.Parallel()
 	srv := redistest.StartServer(t)
-	client := redis.NewClient(&redis.Options{Addr: srv.Addr})
-	t.Cleanup(func() { client.Close() })
+	client := srv.Client(t)
 	rec := &recorder{}
 	// A long timeout: this test is about NOSCRIPT, not a busy machine.
 	s, err := NewMulti(redisstore.New(client, nil), &Options{Timeout: 5 * time.Second, Observer: rec})
@@ -300,8 +298,7 @@ func pauses(t *testing.T, addr string, pause, period time.Duration) {
 // recorder saw.
 func slowRedis(t *testing.T, pause, period, d time.Duration) (*opened, *load) {
 	srv := redistest.StartServer(t)
-	client := redis.NewClient(&redis.Options{Addr: srv.Addr})
-	t.Cleanup(func() { client.Close() })
+	client := srv.Client(t)
 	// A paused server notices that the pause is over on its next wake-up:
 	// at 10 per second (the default hz) a 30ms pause can last 100ms.
 	if err := client.ConfigSet(context.Background(), "hz", "100").Err(); err != nil {

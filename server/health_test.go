@@ -33,8 +33,7 @@ func TestServerRefusesMisconfiguredRedis(t *testing.T) {
 		"sentinel monitor known " + strings.Replace(plain.Addr, ":", " ", 1) + " 1",
 	}})
 	node := redistest.StartServerOptions(t, &redistest.ServerOptions{Cluster: true})
-	admin := redis.NewClient(&redis.Options{Addr: plain.Addr})
-	defer admin.Close()
+	admin := plain.Client(t)
 	if err := admin.Do(context.Background(), "acl", "setuser", "noscript", "on", ">pw", "~*", "+ping", "+info").Err(); err != nil {
 		t.Fatal(err)
 	}

@@ -297,6 +297,13 @@ func lastLines(b []byte, n int) string {
 	return strings.Join(lines, " | ")
 }
 
+// Client returns a client of the server, closed at cleanup.
+func (s *Server) Client(t testing.TB) *redis.Client {
+	c := redis.NewClient(&redis.Options{Addr: s.Addr})
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
 // Stop kills the server (SIGKILL: a crash, not a clean shutdown) and waits
 // for it to exit. Stopping a stopped server does nothing.
 func (s *Server) Stop() {
