@@ -13,6 +13,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/tick"
 	"github.com/sluicehq/sluice/redisstore"
 )
 
@@ -316,18 +317,11 @@ func (h *Health) watch(stop <-chan struct{}, interval time.Duration) {
 	if h == nil || h.probe == nil {
 		return
 	}
-	t := time.NewTicker(interval)
-	defer t.Stop()
-	for {
-		select {
-		case <-stop:
-			return
-		case <-t.C:
-			ctx, cancel := context.WithTimeout(context.Background(), max(interval, time.Second))
-			h.storeResult(h.probe(ctx))
-			cancel()
-		}
-	}
+	tick.Every(stop, interval, func() {
+		ctx, cancel := context.WithTimeout(context.Background(), max(interval, time.Second))
+		h.storeResult(h.probe(ctx))
+		cancel()
+	})
 }
 
 // policyName names the failure policy in logs and /v1/status.
