@@ -18,6 +18,7 @@ import (
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/race"
 	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/internal/tick"
 	"github.com/sluicehq/sluice/redisstore"
 )
 
@@ -279,16 +280,7 @@ func pauses(t *testing.T, addr string, pause, period time.Duration) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		tick := time.NewTicker(period)
-		defer tick.Stop()
-		for {
-			select {
-			case <-stop:
-				return
-			case <-tick.C:
-				c.Do(context.Background(), "CLIENT", "PAUSE", pause.Milliseconds())
-			}
-		}
+		tick.Every(stop, period, func() { c.Do(context.Background(), "CLIENT", "PAUSE", pause.Milliseconds()) })
 	}()
 	t.Cleanup(func() { close(stop); <-done; c.Close() })
 }
