@@ -28,21 +28,8 @@ func TestGrantConformance(t *testing.T) { storetest.RunGrant(t, newStore) }
 func TestZeroStore(t *testing.T) {
 	t.Parallel()
 	var s memory.Store
-	ctx := context.Background()
-	l := sluice.PerSecond(10)
-	if _, err := s.Take(ctx, "k", l, 1); !errors.Is(err, memory.ErrZeroStore) {
-		t.Errorf("Take: err = %v, want ErrZeroStore", err)
-	}
-	if _, err := s.Peek(ctx, "k", l, 1); !errors.Is(err, memory.ErrZeroStore) {
-		t.Errorf("Peek: err = %v, want ErrZeroStore", err)
-	}
-	if err := s.Reset(ctx, "k", l); !errors.Is(err, memory.ErrZeroStore) {
-		t.Errorf("Reset: err = %v, want ErrZeroStore", err)
-	}
-	if _, err := s.TakeAll(ctx, []sluice.Request{{Key: "k", Limit: l, Cost: 1}}); !errors.Is(err, memory.ErrZeroStore) {
-		t.Errorf("TakeAll: err = %v, want ErrZeroStore", err)
-	}
-	if _, err := s.Take(ctx, "", l, 1); errors.Is(err, memory.ErrZeroStore) || err == nil {
+	storetest.Refuses(t, &s, memory.ErrZeroStore)
+	if _, err := s.Take(context.Background(), "", sluice.PerSecond(10), 1); errors.Is(err, memory.ErrZeroStore) || err == nil {
 		t.Errorf("Take with an empty key: err = %v, want the validation error first", err)
 	}
 	s.Sweep()

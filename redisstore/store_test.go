@@ -532,22 +532,8 @@ func TestBackendError(t *testing.T) {
 // TestNoClient: a Store without a client fails with ErrNoClient, never a
 // panic.
 func TestNoClient(t *testing.T) {
-	ctx := context.Background()
-	l := sluice.PerMinute(5)
-	reqs := []sluice.Request{{Key: "a", Limit: l, Cost: 1}, {Key: "b", Limit: l, Cost: 1}}
 	for _, s := range []*redisstore.Store{redisstore.New(nil, nil), {}} {
-		if _, err := s.Take(ctx, "k", l, 1); !errors.Is(err, redisstore.ErrNoClient) {
-			t.Errorf("Take: %v", err)
-		}
-		if _, err := s.Peek(ctx, "k", l, 1); !errors.Is(err, redisstore.ErrNoClient) {
-			t.Errorf("Peek: %v", err)
-		}
-		if err := s.Reset(ctx, "k", l); !errors.Is(err, redisstore.ErrNoClient) {
-			t.Errorf("Reset: %v", err)
-		}
-		if _, err := s.TakeAll(ctx, reqs); !errors.Is(err, redisstore.ErrNoClient) {
-			t.Errorf("TakeAll: %v", err)
-		}
+		storetest.Refuses(t, s, redisstore.ErrNoClient)
 	}
 }
 
