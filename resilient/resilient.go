@@ -69,6 +69,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/enum"
 	"github.com/sluicehq/sluice/memory"
 )
 
@@ -106,15 +107,10 @@ const (
 	FailClosed
 )
 
-var policyNames = [...]string{"local", "open", "closed"}
+var policyNames = []string{"local", "open", "closed"}
 
 // String returns the policy's config name: "local", "open" or "closed".
-func (p Policy) String() string {
-	if int(p) < len(policyNames) {
-		return policyNames[p]
-	}
-	return fmt.Sprintf("Policy(%d)", uint8(p))
-}
+func (p Policy) String() string { return enum.String(policyNames, p, "Policy") }
 
 // ParsePolicy parses a config name: "local" (or "fallback"), "open" (or
 // "fail-open"), "closed" (or "fail-closed").
