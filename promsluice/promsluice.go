@@ -78,23 +78,11 @@ func New(opts *Options) *Collector {
 	}
 	ns := o.Namespace
 	return &Collector{
-		ratio: o.NearLimitRatio,
-		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: ns, Name: "decisions_total",
-			Help: "Rate-limit decisions by policy and outcome (allowed, denied, shadow_denied, error).",
-		}, []string{"policy", "outcome"}),
-		nearLimit: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: ns, Name: "near_limit_total",
-			Help: "Allowed decisions that left little quota (Remaining at most the near-limit share of capacity).",
-		}, []string{"policy"}),
-		storeCalls: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: ns, Name: "store_calls_total",
-			Help: "Calls of a wrapped store by operation and by who answered (backend, deny_cache, fallback, fail_open, fail_closed).",
-		}, []string{"store", "op", "source"}),
-		storeErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: ns, Name: "store_errors_total",
-			Help: "Backend failures of a wrapped store, timeouts included.",
-		}, []string{"store", "op"}),
+		ratio:       o.NearLimitRatio,
+		decisions:   counterVec(ns, "decisions_total", "Rate-limit decisions by policy and outcome (allowed, denied, shadow_denied, error).", "policy", "outcome"),
+		nearLimit:   counterVec(ns, "near_limit_total", "Allowed decisions that left little quota (Remaining at most the near-limit share of capacity).", "policy"),
+		storeCalls:  counterVec(ns, "store_calls_total", "Calls of a wrapped store by operation and by who answered (backend, deny_cache, fallback, fail_open, fail_closed).", "store", "op", "source"),
+		storeErrors: counterVec(ns, "store_errors_total", "Backend failures of a wrapped store, timeouts included.", "store", "op"),
 		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: ns, Name: "store_latency_seconds",
 			Help:    "Latency of backend calls of a wrapped store.",
@@ -105,6 +93,12 @@ func New(opts *Options) *Collector {
 			Help: "Circuit breaker state of a wrapped store: 1 for the current state (closed, half_open, open), 0 for the others.",
 		}, []string{"store", "state"}),
 	}
+}
+
+// counterVec makes one of the collector's counters: its namespace, name,
+// help and labels.
+func counterVec(ns, name, help string, labels ...string) *prometheus.CounterVec {
+	return prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: name, Help: help}, labels)
 }
 
 // ObserveDecision implements sluice.Observer.

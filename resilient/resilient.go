@@ -130,14 +130,7 @@ func ParsePolicy(s string) (Policy, error) {
 func (p Policy) MarshalText() ([]byte, error) { return []byte(p.String()), nil }
 
 // UnmarshalText implements encoding.TextUnmarshaler with ParsePolicy.
-func (p *Policy) UnmarshalText(b []byte) error {
-	v, err := ParsePolicy(string(b))
-	if err != nil {
-		return err
-	}
-	*p = v
-	return nil
-}
+func (p *Policy) UnmarshalText(b []byte) error { return enum.Unmarshal(b, ParsePolicy, p) }
 
 // DefaultTimeout is Options.Timeout when none is set: long enough for a
 // Redis round trip under load, short enough that a dead Redis does not

@@ -14,6 +14,17 @@ func String[T ~uint8](names []string, v T, typ string) string {
 	return typ + "(" + strconv.Itoa(int(v)) + ")"
 }
 
+// Unmarshal sets *dst to parse(text), leaving it as it was on an error:
+// the body of an UnmarshalText.
+func Unmarshal[T any](text []byte, parse func(string) (T, error), dst *T) error {
+	v, err := parse(string(text))
+	if err != nil {
+		return err
+	}
+	*dst = v
+	return nil
+}
+
 // Parse returns the value named name in the table.
 func Parse[T ~uint8](names []string, name string) (T, bool) {
 	for i, n := range names {

@@ -1,6 +1,9 @@
 package enum
 
-import "testing"
+import (
+	"errors"
+	"testing"
+)
 
 type color uint8
 
@@ -21,5 +24,22 @@ func TestStringParse(t *testing.T) {
 	}
 	if _, ok := Parse[color](colorNames, "blue"); ok {
 		t.Error(`Parse("blue") ok`)
+	}
+}
+
+func TestUnmarshal(t *testing.T) {
+	t.Parallel()
+	parse := func(s string) (color, error) {
+		if c, ok := Parse[color](colorNames, s); ok {
+			return c, nil
+		}
+		return 0, errors.New("no such color")
+	}
+	c := color(1)
+	if err := Unmarshal([]byte("blue"), parse, &c); err == nil || c != 1 {
+		t.Errorf(`Unmarshal("blue") = %d, %v; want 1 untouched and an error`, c, err)
+	}
+	if err := Unmarshal([]byte("red"), parse, &c); err != nil || c != 0 {
+		t.Errorf(`Unmarshal("red") = %d, %v`, c, err)
 	}
 }
