@@ -215,6 +215,13 @@ var freePort = func(t testing.TB) int {
 	return l.Addr().(*net.TCPAddr).Port
 }
 
+// DeadAddr returns a loopback address where nothing listens: connections
+// are refused, as by a Redis that is down.
+func DeadAddr(t testing.TB) string {
+	t.Helper()
+	return fmt.Sprintf("127.0.0.1:%d", freePort(t))
+}
+
 var errAddrInUse = errors.New("redistest: address in use")
 
 // Start restarts a stopped server on its address and waits until it is
