@@ -191,40 +191,23 @@ func TestBadInput(t *testing.T) {
 	redistest.Each(t, func(t *testing.T, c redis.UniversalClient) {
 		prefix := redistest.Prefix(t)
 		s := redisstore.New(c, &redisstore.Options{Prefix: prefix})
-		long := strings.Repeat("x", sluice.MaxKeyLen+1)
 		for _, good := range everyLimit() {
-			bad := good
-			bad.Rate = 0
-			cases := []struct {
-				name  string
-				key   string
-				limit sluice.Limit
-				cost  int64
-				want  error
-			}{
-				{"empty key", "", good, 1, sluice.ErrInvalidKey},
-				{"513-byte key", long, good, 1, sluice.ErrInvalidKey},
-				{"invalid limit", "k", bad, 1, sluice.ErrInvalidLimit},
-				{"unknown algorithm", "k", sluice.Limit{Algorithm: 42, Rate: 1, Period: time.Second}, 1, sluice.ErrInvalidLimit},
-				{"zero cost", "k", good, 0, sluice.ErrInvalidCost},
-				{"negative cost", "k", good, -1, sluice.ErrInvalidCost},
-				{"cost over burst", "k", good, 11, sluice.ErrCostExceedsBurst},
-			}
-			for _, tc := range cases {
-				t.Run(good.Algorithm.String()+"/"+strings.ReplaceAll(tc.name, " ", "_"), func(t *testing.T) {
-					if _, err := s.Take(ctx, tc.key, tc.limit, tc.cost); !errors.Is(err, tc.want) {
-						t.Errorf("Take: %v, want %v", err, tc.want)
+			for _, tc := range storetest.BadInputs("k", good) {
+				l := tc.ForAlgorithm(good.Algorithm)
+				t.Run(good.Algorithm.String()+"/"+strings.ReplaceAll(tc.Name, " ", "_"), func(t *testing.T) {
+					if _, err := s.Take(ctx, tc.Key, l, tc.Cost); !errors.Is(err, tc.Want) {
+						t.Errorf("Take: %v, want %v", err, tc.Want)
 					}
-					if _, err := s.Peek(ctx, tc.key, tc.limit, tc.cost); !errors.Is(err, tc.want) {
-						t.Errorf("Peek: %v, want %v", err, tc.want)
+					if _, err := s.Peek(ctx, tc.Key, l, tc.Cost); !errors.Is(err, tc.Want) {
+						t.Errorf("Peek: %v, want %v", err, tc.Want)
 					}
-					reqs := []sluice.Request{{Key: "other", Limit: good, Cost: 1}, {Key: tc.key, Limit: tc.limit, Cost: tc.cost}}
-					if _, err := s.TakeAll(ctx, reqs); !errors.Is(err, tc.want) {
-						t.Errorf("TakeAll: %v, want %v", err, tc.want)
+					reqs := []sluice.Request{{Key: "other", Limit: good, Cost: 1}, {Key: tc.Key, Limit: l, Cost: tc.Cost}}
+					if _, err := s.TakeAll(ctx, reqs); !errors.Is(err, tc.Want) {
+						t.Errorf("TakeAll: %v, want %v", err, tc.Want)
 					}
-					if tc.cost > 0 && tc.cost <= tc.limit.Capacity() { // Reset takes no cost
-						if err := s.Reset(ctx, tc.key, tc.limit); !errors.Is(err, tc.want) {
-							t.Errorf("Reset: %v, want %v", err, tc.want)
+					if tc.Cost > 0 && tc.Cost <= l.Capacity() { // Reset takes no cost
+						if err := s.Reset(ctx, tc.Key, l); !errors.Is(err, tc.Want) {
+							t.Errorf("Reset: %v, want %v", err, tc.Want)
 						}
 					}
 				})
