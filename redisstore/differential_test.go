@@ -126,13 +126,20 @@ func TestDifferential(t *testing.T) {
 	}
 }
 
+// diffStores returns the two stores a differential test holds to each
+// other, both on clock: the memory store, which never sweeps, and a Redis
+// store under the test's own prefix.
+func diffStores(t *testing.T, client *redis.Client, clock *storetest.Clock) (*memory.Store, *redisstore.Store) {
+	mem := memory.New(&memory.Options{Clock: clock.Now, SweepInterval: -1})
+	t.Cleanup(func() { mem.Close() })
+	return mem, redisstore.New(client, &redisstore.Options{Prefix: redistest.Prefix(t), Clock: clock.Now})
+}
+
 func runDiffTrace(t *testing.T, client *redis.Client, r *rand.Rand, alg sluice.Algorithm, n int, seed uint64) {
 	ctx := context.Background()
 	start := storetest.T0.Add(time.Duration(r.Int64N(int64(24*time.Hour/time.Microsecond))) * time.Microsecond)
 	clock := storetest.NewClock(start)
-	mem := memory.New(&memory.Options{Clock: clock.Now, SweepInterval: -1})
-	t.Cleanup(func() { mem.Close() })
-	red := redisstore.New(client, &redisstore.Options{Prefix: redistest.Prefix(t), Clock: clock.Now})
+	mem, red := diffStores(t, client, clock)
 
 	keys := make([]diffKey, diffKeys)
 	var written []string
@@ -421,9 +428,7 @@ func TestGrantDifferential(t *testing.T) {
 func runGrantDiff(t *testing.T, client *redis.Client, r *rand.Rand, alg sluice.Algorithm) {
 	ctx := context.Background()
 	clock := storetest.NewClock(storetest.T0.Add(time.Minute))
-	mem := memory.New(&memory.Options{Clock: clock.Now, SweepInterval: -1})
-	t.Cleanup(func() { mem.Close() })
-	red := redisstore.New(client, &redisstore.Options{Prefix: redistest.Prefix(t), Clock: clock.Now})
+	mem, red := diffStores(t, client, clock)
 
 	type key struct {
 		name   string

@@ -51,8 +51,7 @@ func TestFaultDeadline(t *testing.T) {
 		},
 		"cluster": func(t *testing.T) target {
 			cl := redistest.StartCluster(t, &redistest.ClusterOptions{Masters: 1})
-			c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cl.Addrs()})
-			t.Cleanup(func() { c.Close() })
+			c := cl.Client(t)
 			return target{c, func(t *testing.T) { cl.Nodes[0].Pause(t) }, cl.Nodes[0].Kill}
 		},
 	}
@@ -151,8 +150,7 @@ func underFailover(t *testing.T, s *redisstore.Store, key string, fail func(), p
 func TestFaultClusterFailover(t *testing.T) {
 	race.SkipTiming(t)
 	cl := redistest.StartCluster(t, &redistest.ClusterOptions{Replicas: 1})
-	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cl.Addrs()})
-	t.Cleanup(func() { c.Close() })
+	c := cl.Client(t)
 	s := redisstore.New(c, &redisstore.Options{Prefix: redistest.Prefix(t)})
 	const key = "hot"
 	master := cl.MasterOf(t, s.Keys(key, failoverLimit)[0])

@@ -46,8 +46,8 @@ func TestClusterRedirects(t *testing.T) {
 		name string
 		s    *Store
 	}{
-		{"batched", New(newClusterClient(t, cl), &Options{Prefix: prefix + "b:", Clock: clock.Now, MaxInFlight: 1})},
-		{"unbatched", New(newClusterClient(t, cl), &Options{Prefix: prefix + "u:", Clock: clock.Now, MaxBatch: 1})},
+		{"batched", New(cl.Client(t), &Options{Prefix: prefix + "b:", Clock: clock.Now, MaxInFlight: 1})},
+		{"unbatched", New(cl.Client(t), &Options{Prefix: prefix + "u:", Clock: clock.Now, MaxBatch: 1})},
 	}
 	const keys = 32
 	limits := []sluice.Limit{sluice.PerMinute(10), sluice.PerMinute(10).WithAlgorithm(sluice.FixedWindow)}
@@ -115,12 +115,6 @@ func TestClusterRedirects(t *testing.T) {
 			t.Errorf("%s: the importing node received no ASKING", store)
 		}
 	})
-}
-
-func newClusterClient(t *testing.T, cl *redistest.Cluster) *redis.ClusterClient {
-	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cl.Addrs()})
-	t.Cleanup(func() { c.Close() })
-	return c
 }
 
 // clusterNode is one master of a private cluster, with a client of its

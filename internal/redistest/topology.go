@@ -257,6 +257,14 @@ func addrs(nodes []*Node) []string {
 	return a
 }
 
+// Client returns a cluster client seeded with every node, closed at
+// cleanup.
+func (c *Cluster) Client(t testing.TB) *redis.ClusterClient {
+	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Addrs()})
+	t.Cleanup(func() { cc.Close() })
+	return cc
+}
+
 // URL returns the nodes as a --redis URL for sluice serve:
 // redis+cluster://first?addr=second&addr=...
 func (c *Cluster) URL() string {
