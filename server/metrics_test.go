@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/sluicehq/sluice/internal/promtest"
 	"github.com/sluicehq/sluice/memory"
 	"github.com/sluicehq/sluice/storetest"
 )
@@ -28,34 +29,8 @@ func decisionCount(t *testing.T, m *Metrics, policy, outcome string) float64 {
 // labels (a histogram's sample count), or -1 when there is none.
 func metricValue(t *testing.T, g prometheus.Gatherer, name string, labels map[string]string) float64 {
 	t.Helper()
-	mfs, err := g.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-	series:
-		for _, s := range mf.GetMetric() {
-			have := map[string]string{}
-			for _, l := range s.GetLabel() {
-				have[l.GetName()] = l.GetValue()
-			}
-			for k, v := range labels {
-				if have[k] != v {
-					continue series
-				}
-			}
-			switch {
-			case s.Counter != nil:
-				return s.GetCounter().GetValue()
-			case s.Gauge != nil:
-				return s.GetGauge().GetValue()
-			case s.Histogram != nil:
-				return float64(s.GetHistogram().GetSampleCount())
-			}
-		}
+	if v, ok := promtest.Value(t, g, name, labels); ok {
+		return v
 	}
 	return -1
 }
