@@ -115,73 +115,71 @@ func waitQueued(t *testing.T, s *Store, n int) {
 // exact: each goroutine's key counts down by one per take.
 func TestBatchScriptFlush(t *testing.T) {
 	ctx := context.Background()
-	for _, srv := range redistest.Deployments() {
-		t.Run(srv.Name, func(t *testing.T) {
-			t.Parallel()
-			c := srv.Client(t)
-			var w watch
-			c.AddHook(&w)
-			flusher := srv.Client(t)
-			clock := storetest.NewClock(storetest.T0)
-			s := New(c, &Options{Prefix: redistest.Prefix(t), Clock: clock.Now, MaxInFlight: 1})
-			const workers, takes, rate = 64, 25, 100
-			stop := make(chan struct{})
-			flushes := 0
-			var flushErr error
-			var fw sync.WaitGroup
-			fw.Go(func() {
-				for {
-					select {
-					case <-stop:
-						return
-					default:
-					}
-					if flushErr = flusher.ScriptFlush(ctx).Err(); flushErr != nil {
-						return
-					}
-					flushes++
-					time.Sleep(200 * time.Microsecond) // pacing only: let some batches through
+	redistest.EachDeployment(t, func(t *testing.T, d redistest.Deployment) {
+		t.Parallel()
+		c := d.Client(t)
+		var w watch
+		c.AddHook(&w)
+		flusher := d.Client(t)
+		clock := storetest.NewClock(storetest.T0)
+		s := New(c, &Options{Prefix: redistest.Prefix(t), Clock: clock.Now, MaxInFlight: 1})
+		const workers, takes, rate = 64, 25, 100
+		stop := make(chan struct{})
+		flushes := 0
+		var flushErr error
+		var fw sync.WaitGroup
+		fw.Go(func() {
+			for {
+				select {
+				case <-stop:
+					return
+				default:
 				}
-			})
-			errs := make(chan error, workers)
-			var wg sync.WaitGroup
-			for g := range workers {
-				l := sluice.Limit{Algorithm: sluice.Algorithms()[g%6], Rate: rate, Period: time.Hour}
-				wg.Go(func() {
-					key := fmt.Sprint("w", g)
-					for i := range takes {
-						d, err := s.Take(ctx, key, l, 1)
-						if err != nil {
-							errs <- fmt.Errorf("%v take %d: %w", l.Algorithm, i, err)
-							return
-						}
-						if want := int64(rate - i - 1); !d.Allowed || d.Remaining != want {
-							errs <- fmt.Errorf("%v take %d: %+v, want allowed with %d left", l.Algorithm, i, d, want)
-							return
-						}
-					}
-				})
-			}
-			wg.Wait()
-			close(stop)
-			fw.Wait()
-			close(errs)
-			for err := range errs {
-				t.Error(err)
-			}
-			if flushErr != nil {
-				t.Fatal(flushErr)
-			}
-			t.Logf("%d flushes; %d pipelines, %d merged runs, %d NOSCRIPT replies in pipelines, %d script loads, %d EVALs",
-				flushes, w.pipelines.Load(), w.merged.Load(), w.noscript.Load(), w.scriptLoads.Load(), w.evals.Load())
-			if w.pipelines.Load() == 0 {
-				t.Error("no call was batched")
-			}
-			if _, one := c.(*redis.Client); one && w.merged.Load() == 0 {
-				t.Error("no calls were merged into one script run")
+				if flushErr = flusher.ScriptFlush(ctx).Err(); flushErr != nil {
+					return
+				}
+				flushes++
+				time.Sleep(200 * time.Microsecond) // pacing only: let some batches through
 			}
 		})
-	}
+		errs := make(chan error, workers)
+		var wg sync.WaitGroup
+		for g := range workers {
+			l := sluice.Limit{Algorithm: sluice.Algorithms()[g%6], Rate: rate, Period: time.Hour}
+			wg.Go(func() {
+				key := fmt.Sprint("w", g)
+				for i := range takes {
+					d, err := s.Take(ctx, key, l, 1)
+					if err != nil {
+						errs <- fmt.Errorf("%v take %d: %w", l.Algorithm, i, err)
+						return
+					}
+					if want := int64(rate - i - 1); !d.Allowed || d.Remaining != want {
+						errs <- fmt.Errorf("%v take %d: %+v, want allowed with %d left", l.Algorithm, i, d, want)
+						return
+					}
+				}
+			})
+		}
+		wg.Wait()
+		close(stop)
+		fw.Wait()
+		close(errs)
+		for err := range errs {
+			t.Error(err)
+		}
+		if flushErr != nil {
+			t.Fatal(flushErr)
+		}
+		t.Logf("%d flushes; %d pipelines, %d merged runs, %d NOSCRIPT replies in pipelines, %d script loads, %d EVALs",
+			flushes, w.pipelines.Load(), w.merged.Load(), w.noscript.Load(), w.scriptLoads.Load(), w.evals.Load())
+		if w.pipelines.Load() == 0 {
+			t.Error("no call was batched")
+		}
+		if _, one := c.(*redis.Client); one && w.merged.Load() == 0 {
+			t.Error("no calls were merged into one script run")
+		}
+	})
 }
 
 // TestBatchReload walks the NOSCRIPT path of a batch step by step: the
@@ -191,53 +189,51 @@ func TestBatchScriptFlush(t *testing.T) {
 // the retry by EVALSHA misses too and the calls go by EVAL. None fails.
 func TestBatchReload(t *testing.T) {
 	ctx := context.Background()
-	for _, srv := range redistest.Deployments() {
-		t.Run(srv.Name, func(t *testing.T) {
-			t.Parallel()
-			c := srv.Client(t)
-			flusher := srv.Client(t)
-			w := watch{holdOne: newGate()}
-			w.afterLoad = func() {
-				if err := flusher.ScriptFlush(ctx).Err(); err != nil {
-					t.Error(err)
-				}
-			}
-			c.AddHook(&w)
-			clock := storetest.NewClock(storetest.T0)
-			s := New(c, &Options{Prefix: redistest.Prefix(t), Clock: clock.Now, MaxInFlight: 1})
-			l := sluice.PerMinute(10)
-			check := func(what string, d sluice.Decision, err error) {
-				if err != nil || !d.Allowed || d.Remaining != 9 {
-					t.Errorf("%s: %+v %v, want allowed with 9 left", what, d, err)
-				}
-			}
-			var wg sync.WaitGroup
-			wg.Go(func() { // sent alone, held at the gate
-				d, err := s.Take(ctx, "alone", l, 1)
-				check("the call sent alone", d, err)
-			})
-			<-w.holdOne.reached
-			const queued = 12
-			for i := range queued {
-				l := l.WithAlgorithm(sluice.Algorithms()[i%6])
-				wg.Go(func() {
-					d, err := s.Take(ctx, fmt.Sprint("q", i), l, 1)
-					check(fmt.Sprintf("batched call %d (%v)", i, l.Algorithm), d, err)
-				})
-			}
-			waitQueued(t, s, queued)
+	redistest.EachDeployment(t, func(t *testing.T, d redistest.Deployment) {
+		t.Parallel()
+		c := d.Client(t)
+		flusher := d.Client(t)
+		w := watch{holdOne: newGate()}
+		w.afterLoad = func() {
 			if err := flusher.ScriptFlush(ctx).Err(); err != nil {
-				t.Fatal(err)
+				t.Error(err)
 			}
-			close(w.holdOne.open)
-			wg.Wait()
-			_, one := c.(*redis.Client)
-			if w.pipelines.Load() == 0 || (one && w.merged.Load() == 0) || w.noscript.Load() == 0 || w.scriptLoads.Load() == 0 || w.evals.Load() == 0 {
-				t.Errorf("pipelines %d, merged runs %d, NOSCRIPT replies %d, script loads %d, EVALs %d: want each path taken",
-					w.pipelines.Load(), w.merged.Load(), w.noscript.Load(), w.scriptLoads.Load(), w.evals.Load())
+		}
+		c.AddHook(&w)
+		clock := storetest.NewClock(storetest.T0)
+		s := New(c, &Options{Prefix: redistest.Prefix(t), Clock: clock.Now, MaxInFlight: 1})
+		l := sluice.PerMinute(10)
+		check := func(what string, d sluice.Decision, err error) {
+			if err != nil || !d.Allowed || d.Remaining != 9 {
+				t.Errorf("%s: %+v %v, want allowed with 9 left", what, d, err)
 			}
+		}
+		var wg sync.WaitGroup
+		wg.Go(func() { // sent alone, held at the gate
+			d, err := s.Take(ctx, "alone", l, 1)
+			check("the call sent alone", d, err)
 		})
-	}
+		<-w.holdOne.reached
+		const queued = 12
+		for i := range queued {
+			l := l.WithAlgorithm(sluice.Algorithms()[i%6])
+			wg.Go(func() {
+				d, err := s.Take(ctx, fmt.Sprint("q", i), l, 1)
+				check(fmt.Sprintf("batched call %d (%v)", i, l.Algorithm), d, err)
+			})
+		}
+		waitQueued(t, s, queued)
+		if err := flusher.ScriptFlush(ctx).Err(); err != nil {
+			t.Fatal(err)
+		}
+		close(w.holdOne.open)
+		wg.Wait()
+		_, one := c.(*redis.Client)
+		if w.pipelines.Load() == 0 || (one && w.merged.Load() == 0) || w.noscript.Load() == 0 || w.scriptLoads.Load() == 0 || w.evals.Load() == 0 {
+			t.Errorf("pipelines %d, merged runs %d, NOSCRIPT replies %d, script loads %d, EVALs %d: want each path taken",
+				w.pipelines.Load(), w.merged.Load(), w.noscript.Load(), w.scriptLoads.Load(), w.evals.Load())
+		}
+	})
 }
 
 // TestBatchContext: a call whose context ends while it waits for a batch

@@ -101,12 +101,18 @@ func Deployments() []Deployment {
 	}
 }
 
-// Each runs f as a subtest on each of Deployments, with a client of it.
-func Each(t *testing.T, f func(t *testing.T, c redis.UniversalClient)) {
+// EachDeployment runs f as a subtest on each of Deployments.
+func EachDeployment(t *testing.T, f func(t *testing.T, d Deployment)) {
 	t.Helper()
 	for _, d := range Deployments() {
-		t.Run(d.Name, func(t *testing.T) { f(t, d.Client(t)) })
+		t.Run(d.Name, func(t *testing.T) { f(t, d) })
 	}
+}
+
+// Each is EachDeployment with a client of the deployment.
+func Each(t *testing.T, f func(t *testing.T, c redis.UniversalClient)) {
+	t.Helper()
+	EachDeployment(t, func(t *testing.T, d Deployment) { f(t, d.Client(t)) })
 }
 
 func ping(t testing.TB, c redis.UniversalClient) {
