@@ -13,11 +13,10 @@ import (
 	"time"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
+	"github.com/sluicehq/sluice/internal/grpctest"
 	"github.com/sluicehq/sluice/internal/race"
 )
 
@@ -84,11 +83,7 @@ func TestFaultRLSDeadline(t *testing.T) {
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			srv := runServer(t, Options{ConfigFile: cfg, RedisURL: r.url(), NoFailurePolicy: tt.noPolicy, WatchInterval: -1})
-			conn, err := grpc.NewClient(srv.GRPCAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer conn.Close()
+			conn := grpctest.Dial(t, srv.GRPCAddr())
 			client := rlsv3.NewRateLimitServiceClient(conn)
 			req := rlsRequest("sluice", desc("policy=api", "key=k"))
 			call(t, client, req) // connected, to Redis too

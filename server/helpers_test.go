@@ -2,7 +2,6 @@ package server
 
 import (
 	"context"
-	"net"
 	"strconv"
 	"strings"
 	"testing"
@@ -11,9 +10,9 @@ import (
 	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/grpctest"
 	"github.com/sluicehq/sluice/memory"
 	"github.com/sluicehq/sluice/server/config"
 	"github.com/sluicehq/sluice/storetest"
@@ -49,20 +48,9 @@ func newMemService(t testing.TB, yaml string, clock *fakeClock) *Service {
 // with opts, and returns a go-control-plane client.
 func serveRLS(t testing.TB, svc *Service, opts ...grpc.ServerOption) rlsv3.RateLimitServiceClient {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
 	g := grpc.NewServer(opts...)
 	svc.RegisterRLS(g)
-	go g.Serve(ln)
-	t.Cleanup(g.Stop)
-	conn, err := grpc.NewClient(ln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
-	return rlsv3.NewRateLimitServiceClient(conn)
+	return rlsv3.NewRateLimitServiceClient(grpctest.Serve(t, g))
 }
 
 // desc builds a descriptor from "k=v" pairs.

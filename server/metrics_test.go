@@ -10,9 +10,8 @@ import (
 	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"github.com/prometheus/client_golang/prometheus"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/sluicehq/sluice/internal/grpctest"
 	"github.com/sluicehq/sluice/internal/promtest"
 	"github.com/sluicehq/sluice/memory"
 	"github.com/sluicehq/sluice/storetest"
@@ -70,11 +69,7 @@ func TestMetricsPerAPI(t *testing.T) {
 	if resp, err := http.Get("http://" + srv.HTTPAddr() + "/v1/nowhere"); err == nil {
 		resp.Body.Close()
 	}
-	conn, err := grpc.NewClient(srv.GRPCAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
+	conn := grpctest.Dial(t, srv.GRPCAddr())
 	rls := rlsv3.NewRateLimitServiceClient(conn)
 	const domain = "sluice" // the demo configuration's
 	for _, dom := range []string{"no-such-domain", domain} {
