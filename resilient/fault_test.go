@@ -292,8 +292,9 @@ func slowRedis(t *testing.T, pause, period, d time.Duration) (*opened, *load) {
 	srv := redistest.StartServer(t)
 	client := srv.Client(t)
 	// A paused server notices that the pause is over on its next wake-up:
-	// at 10 per second (the default hz) a 30ms pause can last 100ms.
-	if err := client.ConfigSet(context.Background(), "hz", "100").Err(); err != nil {
+	// at 10 per second (the default hz) a 30ms pause can last 100ms; at 500,
+	// 32ms, which leaves the 50ms timeout 18ms of headroom.
+	if err := client.ConfigSet(context.Background(), "hz", "500").Err(); err != nil {
 		t.Fatal(err)
 	}
 	rec := &opened{}
