@@ -144,6 +144,12 @@ func mustRead(name string) string {
 // replace a newer one, which would admit its whole rate again. now moves to
 // the start of sw, and skew is what it moved, to turn durations back into
 // the caller's.
+//
+//	local reset = swcreset(cur, prev, w, period)
+//
+// sets reset to the time from now until a sliding window counter whose
+// window w counts cur and whose window before counts prev is fresh: the end
+// of w+1 while cur counts, of w while only prev does, else 0. All are names.
 const (
 	floordivLua = `$q = math.floor($a / $b)
 if $q * $b > $a then
@@ -158,6 +164,12 @@ local $t = floordiv($t_us, 1000)`
   redis.call('PEXPIRE', $key, string.format('%d', ttl))
 else
   redis.call('DEL', $key)
+end`
+	swcresetLua = `local $r = 0
+if $cur > 0 then
+  $r = ($w + 2) * $period - now
+elseif $prev > 0 then
+  $r = ($w + 1) * $period - now
 end`
 	windowLua = `local at = now
 if mode == 'refund' then
@@ -176,7 +188,8 @@ var (
 	ttlmsCall    = regexp.MustCompile(`^(\s*)local ([A-Za-z_]\w*) = ttlms\((.+)\)$`)
 	expireCall   = regexp.MustCompile(`^(\s*)expire\(([A-Za-z_]\w*), ([A-Za-z_]\w*)\)$`)
 	windowCall   = regexp.MustCompile(`^(\s*)local ([A-Za-z_]\w*), ([A-Za-z_]\w*) = window\(([A-Za-z_]\w*), ([A-Za-z_]\w*)\)$`)
-	macroName    = regexp.MustCompile(`\b(floordiv|ttlms|expire|window)\(`)
+	swcresetCall = regexp.MustCompile(`^(\s*)local ([A-Za-z_]\w*) = swcreset\(([A-Za-z_]\w*), ([A-Za-z_]\w*), ([A-Za-z_]\w*), ([A-Za-z_]\w*)\)$`)
+	macroName    = regexp.MustCompile(`\b(floordiv|ttlms|expire|window|swcreset)\(`)
 )
 
 // expand replaces every macro statement in src by its definition.
@@ -205,6 +218,8 @@ func expand(src string) (string, error) {
 			body = strings.NewReplacer("$t", m[2], "$us", m[3]).Replace(ttlmsLua)
 		} else if m := expireCall.FindStringSubmatch(code); m != nil {
 			body = strings.NewReplacer("$key", m[2], "$us", m[3]).Replace(expireLua)
+		} else if m := swcresetCall.FindStringSubmatch(code); m != nil {
+			body = strings.NewReplacer("$r", m[2], "$cur", m[3], "$prev", m[4], "$w", m[5], "$period", m[6]).Replace(swcresetLua)
 		} else if m := windowCall.FindStringSubmatch(code); m != nil {
 			body = strings.NewReplacer("$w", m[2], "$skew", m[3], "$sw", m[4], "$period", m[5]).Replace(windowLua)
 		} else {

@@ -65,6 +65,12 @@ if mode ~= 'refund' and sw and sw > w then
   skew = sw * period - now
   now, w = sw * period, sw
 end`},
+		{"swcreset", "local reset = swcreset(cur, prev, w, period)", `local reset = 0
+if cur > 0 then
+  reset = (w + 2) * period - now
+elseif prev > 0 then
+  reset = (w + 1) * period - now
+end`},
 		{"comment mentions a macro", "-- floordiv(a, b) is a macro", "-- floordiv(a, b) is a macro"},
 	}
 	for _, tt := range tests {

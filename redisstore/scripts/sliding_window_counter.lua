@@ -52,13 +52,7 @@ if mode == 'refund' then
   else
     return {} -- the take's window no longer counts
   end
-  -- the state's reset, seen from now
-  local reset = 0
-  if sc > 0 then
-    reset = (sw + 2) * period - now
-  elseif sp > 0 then
-    reset = (sw + 1) * period - now
-  end
+  local reset = swcreset(sc, sp, sw, period) -- the state's, seen from now
   if reset <= 0 then
     redis.call('DEL', key)
     return {}
@@ -124,12 +118,7 @@ else
   end
   retry = t - now
 end
-local reset = 0
-if cur > 0 then
-  reset = (w + 2) * period - now
-elseif prev > 0 then
-  reset = (w + 1) * period - now
-end
+local reset = swcreset(cur, prev, w, period)
 if allowed == 1 and mode == 'take' then
   local ttl = ttlms(reset + skew) -- to the end the caller's clock sees, like the memory store
   redis.call('HSET', key, 'w', string.format('%d', w), 'c', string.format('%d', cur), 'p', string.format('%d', prev))
