@@ -1,7 +1,6 @@
 package httplimit
 
 import (
-	"context"
 	"fmt"
 	"io"
 	"net/http"
@@ -11,13 +10,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/sluicehq/sluice"
-	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/memory"
-	"github.com/sluicehq/sluice/redisstore"
-	"github.com/sluicehq/sluice/resilient"
 )
 
 // benchKeys is the number of distinct clients in the middleware benchmarks.
@@ -195,80 +189,3 @@ type discardWriter struct{ h http.Header }
 func (w *discardWriter) Header() http.Header         { return w.h }
 func (w *discardWriter) Write(p []byte) (int, error) { return len(p), nil }
 func (w *discardWriter) WriteHeader(int)             {}
-
-// countHook counts the commands a go-redis client sends.
-type countHook struct{ n *atomic.Int64 }
-
-func (h countHook) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (h countHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		h.n.Add(1)
-		return next(ctx, cmd)
-	}
-}
-func (h countHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []redis.Cmder) error {
-		h.n.Add(int64(len(cmds)))
-		return next(ctx, cmds)
-	}
-}
-
-// BenchmarkDenyCacheRedisCalls hammers one hot key (10/s) through the
-// middleware on Redis wrapped by resilient, and reports Redis commands per
-// denied request: the deny cache answers denials until the key's
-// RetryAfter passes.
-//
-//	go test -run '^$' -bench DenyCacheRedisCalls ./httplimit/
-func BenchmarkDenyCacheRedisCalls(b *testing.B) {
-	client := redis.NewClient(&redis.Options{Addr: redistest.Addr(b)})
-	defer client.Close()
-	var calls atomic.Int64
-	client.AddHook(countHook{&calls})
-	rs, err := resilient.NewMulti(redisstore.New(client, &redisstore.Options{Prefix: redistest.Prefix(b)}), &resilient.Options{Timeout: time.Second})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer rs.Close()
-	m, err := New(rs, []Rule{{Name: "hot", Limit: sluice.PerSecond(10), Key: Global()}}, nil)
-	if err != nil {
-		b.Fatal(err)
-	}
-	h := m.Handler(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
-	req := httptest.NewRequest("GET", "/", nil)
-	for { // exhaust the key, so that even b.N = 1 measures a denial
-		w := &statusWriter{discardWriter: discardWriter{h: http.Header{}}, status: 200}
-		if h.ServeHTTP(w, req); w.status == 429 {
-			break
-		}
-	}
-	calls.Store(0)
-	var denied, allowed atomic.Int64
-	b.ReportAllocs()
-	b.ResetTimer()
-	b.RunParallel(func(pb *testing.PB) {
-		w := &statusWriter{discardWriter: discardWriter{h: http.Header{}}}
-		for pb.Next() {
-			clear(w.h)
-			w.status = 200
-			h.ServeHTTP(w, req)
-			if w.status == 429 {
-				denied.Add(1)
-			} else {
-				allowed.Add(1)
-			}
-		}
-	})
-	b.StopTimer()
-	if denied.Load() == 0 {
-		b.Fatal("nothing denied: the benchmark proves nothing")
-	}
-	b.ReportMetric(float64(calls.Load())/float64(denied.Load()), "redis-calls/denied")
-	b.ReportMetric(float64(denied.Load())/float64(b.N), "denied/op")
-}
-
-type statusWriter struct {
-	discardWriter
-	status int
-}
-
-func (w *statusWriter) WriteHeader(s int) { w.status = s }

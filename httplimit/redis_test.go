@@ -3,6 +3,7 @@ package httplimit
 import (
 	"context"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -18,45 +19,34 @@ import (
 	"github.com/sluicehq/sluice/storetest"
 )
 
-// redisBackends returns the standalone server and the cluster, each with a
-// store on the caller's fake clock.
-func redisBackends(t *testing.T) map[string]redis.UniversalClient {
-	return map[string]redis.UniversalClient{
-		"standalone": redistest.Client(t),
-		"cluster":    redistest.ClusterClient(t),
-	}
-}
-
 func TestRedisHeadersAndRetryAfter(t *testing.T) {
 	t.Parallel()
-	for name, client := range redisBackends(t) {
-		t.Run(name, func(t *testing.T) {
-			t.Parallel()
-			for _, lim := range retryLimits {
-				t.Run(lim.String(), func(t *testing.T) {
-					t.Parallel()
-					clk := storetest.NewClock(time.Now().Truncate(time.Second))
-					store := redisstore.New(client, &redisstore.Options{Prefix: redistest.Prefix(t), Clock: clk.Now})
-					checkRetryAfter(t, newEnvStore(t, clk, store, []Rule{{Name: "p", Limit: lim, Key: PeerIP()}}, nil))
-				})
-			}
-			t.Run("headers", func(t *testing.T) {
+	redistest.Each(t, func(t *testing.T, client redis.UniversalClient) {
+		t.Parallel()
+		for _, lim := range retryLimits {
+			t.Run(lim.String(), func(t *testing.T) {
 				t.Parallel()
 				clk := storetest.NewClock(time.Now().Truncate(time.Second))
 				store := redisstore.New(client, &redisstore.Options{Prefix: redistest.Prefix(t), Clock: clk.Now})
-				e := newEnvStore(t, clk, store, []Rule{{Name: "api", Limit: sluice.PerMinute(2), Key: PeerIP()}}, nil)
-				for i, want := range []string{`"api";r=1;t=30`, `"api";r=0;t=60`, `"api";r=0;t=30`} {
-					r := e.get("/")
-					if got := r.header.Get(HeaderRateLimit); got != want {
-						t.Errorf("request %d: RateLimit %q, want %q", i, got, want)
-					}
-					if i == 2 && (r.status != 429 || r.header.Get(HeaderRetryAfter) != "30") {
-						t.Errorf("denial: %d, Retry-After %q", r.status, r.header.Get(HeaderRetryAfter))
-					}
-				}
+				checkRetryAfter(t, newEnvStore(t, clk, store, []Rule{{Name: "p", Limit: lim, Key: PeerIP()}}, nil))
 			})
+		}
+		t.Run("headers", func(t *testing.T) {
+			t.Parallel()
+			clk := storetest.NewClock(time.Now().Truncate(time.Second))
+			store := redisstore.New(client, &redisstore.Options{Prefix: redistest.Prefix(t), Clock: clk.Now})
+			e := newEnvStore(t, clk, store, []Rule{{Name: "api", Limit: sluice.PerMinute(2), Key: PeerIP()}}, nil)
+			for i, want := range []string{`"api";r=1;t=30`, `"api";r=0;t=60`, `"api";r=0;t=30`} {
+				r := e.get("/")
+				if got := r.header.Get(HeaderRateLimit); got != want {
+					t.Errorf("request %d: RateLimit %q, want %q", i, got, want)
+				}
+				if i == 2 && (r.status != 429 || r.header.Get(HeaderRetryAfter) != "30") {
+					t.Errorf("denial: %d, Retry-After %q", r.status, r.header.Get(HeaderRetryAfter))
+				}
+			}
 		})
-	}
+	})
 }
 
 // Layered limits on Redis leak no quota under concurrency: on the cluster
@@ -64,55 +54,53 @@ func TestRedisHeadersAndRetryAfter(t *testing.T) {
 // the standalone server one script takes both.
 func TestRedisLayeredNoLeak(t *testing.T) {
 	t.Parallel()
-	for name, client := range redisBackends(t) {
-		t.Run(name, func(t *testing.T) {
-			t.Parallel()
-			store := redisstore.New(client, &redisstore.Options{Prefix: redistest.Prefix(t)})
-			account := sluice.PerHour(1000)
-			rules := []Rule{
-				{Name: "account", Limit: account, Key: Header("X-Account")},
-				{Name: "ip", Limit: sluice.PerHour(25).WithAlgorithm(sluice.SlidingWindowLog), Key: PeerIP()},
-			}
-			e := newEnvStore(t, storetest.NewClock(time.Now()), store, rules, nil)
-			var ok, denied atomic.Int64
-			var wg sync.WaitGroup
-			for range 8 {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					for range 10 {
-						req, _ := http.NewRequest("GET", e.srv.URL, nil)
-						req.Header.Set("X-Account", "acme")
-						resp, err := e.srv.Client().Do(req)
-						if err != nil {
-							t.Error(err)
-							return
-						}
-						resp.Body.Close()
-						switch resp.StatusCode {
-						case 200:
-							ok.Add(1)
-						case 429:
-							denied.Add(1)
-						default:
-							t.Errorf("status %d", resp.StatusCode)
-						}
+	redistest.Each(t, func(t *testing.T, client redis.UniversalClient) {
+		t.Parallel()
+		store := redisstore.New(client, &redisstore.Options{Prefix: redistest.Prefix(t)})
+		account := sluice.PerHour(1000)
+		rules := []Rule{
+			{Name: "account", Limit: account, Key: Header("X-Account")},
+			{Name: "ip", Limit: sluice.PerHour(25).WithAlgorithm(sluice.SlidingWindowLog), Key: PeerIP()},
+		}
+		e := newEnvStore(t, storetest.NewClock(time.Now()), store, rules, nil)
+		var ok, denied atomic.Int64
+		var wg sync.WaitGroup
+		for range 8 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for range 10 {
+					req, _ := http.NewRequest("GET", e.srv.URL, nil)
+					req.Header.Set("X-Account", "acme")
+					resp, err := e.srv.Client().Do(req)
+					if err != nil {
+						t.Error(err)
+						return
 					}
-				}()
-			}
-			wg.Wait()
-			if got := ok.Load(); got != 25 {
-				t.Errorf("admitted %d, want exactly 25", got)
-			}
-			d, err := store.Peek(context.Background(), "httplimit:v2:account:acme", account, 1)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if got, want := d.Remaining, account.Capacity()-ok.Load(); got != want {
-				t.Errorf("account remaining %d, want %d: %d denied requests leaked quota", got, want, denied.Load())
-			}
-		})
-	}
+					resp.Body.Close()
+					switch resp.StatusCode {
+					case 200:
+						ok.Add(1)
+					case 429:
+						denied.Add(1)
+					default:
+						t.Errorf("status %d", resp.StatusCode)
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		if got := ok.Load(); got != 25 {
+			t.Errorf("admitted %d, want exactly 25", got)
+		}
+		d, err := store.Peek(context.Background(), "httplimit:v2:account:acme", account, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got, want := d.Remaining, account.Capacity()-ok.Load(); got != want {
+			t.Errorf("account remaining %d, want %d: %d denied requests leaked quota", got, want, denied.Load())
+		}
+	})
 }
 
 // With HashKey, no raw client identity reaches Redis.
@@ -240,3 +228,80 @@ func downClient(t *testing.T) *redis.Client {
 	srv.Stop()
 	return client
 }
+
+// countHook counts the commands a go-redis client sends.
+type countHook struct{ n *atomic.Int64 }
+
+func (h countHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h countHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		h.n.Add(1)
+		return next(ctx, cmd)
+	}
+}
+func (h countHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		h.n.Add(int64(len(cmds)))
+		return next(ctx, cmds)
+	}
+}
+
+// BenchmarkDenyCacheRedisCalls hammers one hot key (10/s) through the
+// middleware on Redis wrapped by resilient, and reports Redis commands per
+// denied request: the deny cache answers denials until the key's
+// RetryAfter passes.
+//
+//	go test -run '^$' -bench DenyCacheRedisCalls ./httplimit/
+func BenchmarkDenyCacheRedisCalls(b *testing.B) {
+	client := redis.NewClient(&redis.Options{Addr: redistest.Addr(b)})
+	defer client.Close()
+	var calls atomic.Int64
+	client.AddHook(countHook{&calls})
+	rs, err := resilient.NewMulti(redisstore.New(client, &redisstore.Options{Prefix: redistest.Prefix(b)}), &resilient.Options{Timeout: time.Second})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer rs.Close()
+	m, err := New(rs, []Rule{{Name: "hot", Limit: sluice.PerSecond(10), Key: Global()}}, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	h := m.Handler(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+	req := httptest.NewRequest("GET", "/", nil)
+	for { // exhaust the key, so that even b.N = 1 measures a denial
+		w := &statusWriter{discardWriter: discardWriter{h: http.Header{}}, status: 200}
+		if h.ServeHTTP(w, req); w.status == 429 {
+			break
+		}
+	}
+	calls.Store(0)
+	var denied, allowed atomic.Int64
+	b.ReportAllocs()
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		w := &statusWriter{discardWriter: discardWriter{h: http.Header{}}}
+		for pb.Next() {
+			clear(w.h)
+			w.status = 200
+			h.ServeHTTP(w, req)
+			if w.status == 429 {
+				denied.Add(1)
+			} else {
+				allowed.Add(1)
+			}
+		}
+	})
+	b.StopTimer()
+	if denied.Load() == 0 {
+		b.Fatal("nothing denied: the benchmark proves nothing")
+	}
+	b.ReportMetric(float64(calls.Load())/float64(denied.Load()), "redis-calls/denied")
+	b.ReportMetric(float64(denied.Load())/float64(b.N), "denied/op")
+}
+
+type statusWriter struct {
+	discardWriter
+	status int
+}
+
+func (w *statusWriter) WriteHeader(s int) { w.status = s }

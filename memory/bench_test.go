@@ -10,6 +10,7 @@ import (
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/memory"
+	"github.com/sluicehq/sluice/storetest"
 )
 
 // numKeys is the size of the wide key set. The key strings are made once,
@@ -82,31 +83,7 @@ func checkLen(b *testing.B, s *memory.Store, want int) {
 // benchmark loops.
 type takeFunc func(ctx context.Context, key string) (sluice.Decision, error)
 
-// benchSerial calls take over keys in turn and reports the share of calls
-// allowed, so figures for mostly-denied and mostly-allowed runs are not
-// mistaken for each other.
-func benchSerial(b *testing.B, keys []string, take takeFunc) {
-	ctx := context.Background()
-	b.ReportAllocs()
-	var allowed, n int
-	i := 0
-	for b.Loop() {
-		d, err := take(ctx, keys[i])
-		if err != nil {
-			b.Fatal(err)
-		}
-		if d.Allowed {
-			allowed++
-		}
-		n++
-		if i++; i == len(keys) {
-			i = 0
-		}
-	}
-	b.ReportMetric(float64(allowed)/float64(n), "allowed/op")
-}
-
-// benchParallel is benchSerial on GOMAXPROCS goroutines, each starting at a
+// benchParallel is storetest.BenchSerial on GOMAXPROCS goroutines, each starting at a
 // different place in keys.
 func benchParallel(b *testing.B, keys []string, take takeFunc) {
 	ctx := context.Background()
@@ -151,7 +128,7 @@ func BenchmarkTake(b *testing.B) {
 					take := func(ctx context.Context, key string) (sluice.Decision, error) {
 						return s.Take(ctx, key, l, 1)
 					}
-					b.Run("serial", func(b *testing.B) { benchSerial(b, keys, take) })
+					b.Run("serial", func(b *testing.B) { storetest.BenchSerial(b, context.Background(), keys, take) })
 					b.Run("parallel", func(b *testing.B) { benchParallel(b, keys, take) })
 					checkLen(b, s, len(keys))
 				})
@@ -183,7 +160,7 @@ func BenchmarkLimiterAllow(b *testing.B) {
 					if err != nil {
 						b.Fatal(err)
 					}
-					b.Run("serial", func(b *testing.B) { benchSerial(b, keys, lim.Allow) })
+					b.Run("serial", func(b *testing.B) { storetest.BenchSerial(b, context.Background(), keys, lim.Allow) })
 					b.Run("parallel", func(b *testing.B) { benchParallel(b, keys, lim.Allow) })
 					checkLen(b, s, len(keys))
 				})

@@ -2,6 +2,7 @@ package memory_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"testing"
@@ -11,6 +12,34 @@ import (
 	"github.com/sluicehq/sluice/memory"
 	"github.com/sluicehq/sluice/storetest"
 )
+
+func newStore(t *testing.T, now func() time.Time) sluice.Store {
+	s := memory.New(&memory.Options{Clock: now})
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+func TestConformance(t *testing.T) { storetest.Run(t, newStore) }
+
+func TestGrantConformance(t *testing.T) { storetest.RunGrant(t, newStore) }
+
+// A zero Store refuses every decision with ErrZeroStore instead of
+// panicking, and its housekeeping methods are harmless.
+func TestZeroStore(t *testing.T) {
+	t.Parallel()
+	var s memory.Store
+	storetest.Refuses(t, &s, memory.ErrZeroStore)
+	if _, err := s.Take(context.Background(), "", sluice.PerSecond(10), 1); errors.Is(err, memory.ErrZeroStore) || err == nil {
+		t.Errorf("Take with an empty key: err = %v, want the validation error first", err)
+	}
+	s.Sweep()
+	if got := s.Len(); got != 0 {
+		t.Errorf("Len = %d, want 0", got)
+	}
+	if err := s.Close(); err != nil {
+		t.Errorf("Close = %v", err)
+	}
+}
 
 // GCRA, the token bucket and the leaky bucket store different things but
 // must make the same decisions whenever time moves forward.

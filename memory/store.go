@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/tick"
 )
 
 var _ sluice.Store = (*Store)(nil)
@@ -301,16 +302,7 @@ func (sh *shard) evict(now int64) {
 
 func (s *Store) sweepLoop(every time.Duration) {
 	defer s.done.Done()
-	t := time.NewTicker(every)
-	defer t.Stop()
-	for {
-		select {
-		case <-s.stop:
-			return
-		case <-t.C:
-			s.Sweep()
-		}
-	}
+	tick.Every(s.stop, every, s.Sweep)
 }
 
 // Sweep removes expired keys now. The sweeper calls it periodically.

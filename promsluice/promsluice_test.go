@@ -2,7 +2,6 @@ package promsluice_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"log"
@@ -22,6 +21,7 @@ import (
 	"github.com/sluicehq/sluice/memory"
 	"github.com/sluicehq/sluice/promsluice"
 	"github.com/sluicehq/sluice/resilient"
+	"github.com/sluicehq/sluice/storetest"
 )
 
 func TestCollector(t *testing.T) {
@@ -42,7 +42,7 @@ func TestCollector(t *testing.T) {
 	}
 
 	// Store calls through the failure-policy wrapper: a dead backend.
-	rs, err := resilient.New(failing{store}, &resilient.Options{Name: "redis", Observer: c, FailureThreshold: 2, DeadAfter: time.Nanosecond, Timeout: time.Minute, Logger: slog.New(slog.DiscardHandler)})
+	rs, err := resilient.New(storetest.Down{Store: store}, &resilient.Options{Name: "redis", Observer: c, FailureThreshold: 2, DeadAfter: time.Nanosecond, Timeout: time.Minute, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -97,13 +97,6 @@ func TestCollector(t *testing.T) {
 			t.Errorf("scrape lacks %s", name)
 		}
 	}
-}
-
-// failing is a store whose backend is down.
-type failing struct{ sluice.Store }
-
-func (failing) Take(context.Context, string, sluice.Limit, int64) (sluice.Decision, error) {
-	return sluice.Decision{}, errors.New("connection refused")
 }
 
 // newCollector returns a Collector registered with a pedantic registry,

@@ -92,14 +92,6 @@ func (w *watch) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Proces
 	}
 }
 
-var testServers = []struct {
-	name   string
-	client func(t *testing.T) redis.UniversalClient
-}{
-	{"standalone", func(t *testing.T) redis.UniversalClient { return redistest.Client(t) }},
-	{"cluster", func(t *testing.T) redis.UniversalClient { return redistest.ClusterClient(t) }},
-}
-
 // waitQueued waits until n calls wait in s's queue.
 func waitQueued(t *testing.T, s *Store, n int) {
 	t.Helper()
@@ -123,73 +115,71 @@ func waitQueued(t *testing.T, s *Store, n int) {
 // exact: each goroutine's key counts down by one per take.
 func TestBatchScriptFlush(t *testing.T) {
 	ctx := context.Background()
-	for _, srv := range testServers {
-		t.Run(srv.name, func(t *testing.T) {
-			t.Parallel()
-			c := srv.client(t)
-			var w watch
-			c.AddHook(&w)
-			flusher := srv.client(t)
-			clock := storetest.NewClock(storetest.T0)
-			s := New(c, &Options{Prefix: redistest.Prefix(t), Clock: clock.Now, MaxInFlight: 1})
-			const workers, takes, rate = 64, 25, 100
-			stop := make(chan struct{})
-			flushes := 0
-			var flushErr error
-			var fw sync.WaitGroup
-			fw.Go(func() {
-				for {
-					select {
-					case <-stop:
-						return
-					default:
-					}
-					if flushErr = flusher.ScriptFlush(ctx).Err(); flushErr != nil {
-						return
-					}
-					flushes++
-					time.Sleep(200 * time.Microsecond) // pacing only: let some batches through
+	redistest.EachDeployment(t, func(t *testing.T, d redistest.Deployment) {
+		t.Parallel()
+		c := d.Client(t)
+		var w watch
+		c.AddHook(&w)
+		flusher := d.Client(t)
+		clock := storetest.NewClock(storetest.T0)
+		s := New(c, &Options{Prefix: redistest.Prefix(t), Clock: clock.Now, MaxInFlight: 1})
+		const workers, takes, rate = 64, 25, 100
+		stop := make(chan struct{})
+		flushes := 0
+		var flushErr error
+		var fw sync.WaitGroup
+		fw.Go(func() {
+			for {
+				select {
+				case <-stop:
+					return
+				default:
 				}
-			})
-			errs := make(chan error, workers)
-			var wg sync.WaitGroup
-			for g := range workers {
-				l := sluice.Limit{Algorithm: sluice.Algorithms()[g%6], Rate: rate, Period: time.Hour}
-				wg.Go(func() {
-					key := fmt.Sprint("w", g)
-					for i := range takes {
-						d, err := s.Take(ctx, key, l, 1)
-						if err != nil {
-							errs <- fmt.Errorf("%v take %d: %w", l.Algorithm, i, err)
-							return
-						}
-						if want := int64(rate - i - 1); !d.Allowed || d.Remaining != want {
-							errs <- fmt.Errorf("%v take %d: %+v, want allowed with %d left", l.Algorithm, i, d, want)
-							return
-						}
-					}
-				})
-			}
-			wg.Wait()
-			close(stop)
-			fw.Wait()
-			close(errs)
-			for err := range errs {
-				t.Error(err)
-			}
-			if flushErr != nil {
-				t.Fatal(flushErr)
-			}
-			t.Logf("%d flushes; %d pipelines, %d merged runs, %d NOSCRIPT replies in pipelines, %d script loads, %d EVALs",
-				flushes, w.pipelines.Load(), w.merged.Load(), w.noscript.Load(), w.scriptLoads.Load(), w.evals.Load())
-			if w.pipelines.Load() == 0 {
-				t.Error("no call was batched")
-			}
-			if _, one := c.(*redis.Client); one && w.merged.Load() == 0 {
-				t.Error("no calls were merged into one script run")
+				if flushErr = flusher.ScriptFlush(ctx).Err(); flushErr != nil {
+					return
+				}
+				flushes++
+				time.Sleep(200 * time.Microsecond) // pacing only: let some batches through
 			}
 		})
-	}
+		errs := make(chan error, workers)
+		var wg sync.WaitGroup
+		for g := range workers {
+			l := sluice.Limit{Algorithm: sluice.Algorithms()[g%6], Rate: rate, Period: time.Hour}
+			wg.Go(func() {
+				key := fmt.Sprint("w", g)
+				for i := range takes {
+					d, err := s.Take(ctx, key, l, 1)
+					if err != nil {
+						errs <- fmt.Errorf("%v take %d: %w", l.Algorithm, i, err)
+						return
+					}
+					if want := int64(rate - i - 1); !d.Allowed || d.Remaining != want {
+						errs <- fmt.Errorf("%v take %d: %+v, want allowed with %d left", l.Algorithm, i, d, want)
+						return
+					}
+				}
+			})
+		}
+		wg.Wait()
+		close(stop)
+		fw.Wait()
+		close(errs)
+		for err := range errs {
+			t.Error(err)
+		}
+		if flushErr != nil {
+			t.Fatal(flushErr)
+		}
+		t.Logf("%d flushes; %d pipelines, %d merged runs, %d NOSCRIPT replies in pipelines, %d script loads, %d EVALs",
+			flushes, w.pipelines.Load(), w.merged.Load(), w.noscript.Load(), w.scriptLoads.Load(), w.evals.Load())
+		if w.pipelines.Load() == 0 {
+			t.Error("no call was batched")
+		}
+		if _, one := c.(*redis.Client); one && w.merged.Load() == 0 {
+			t.Error("no calls were merged into one script run")
+		}
+	})
 }
 
 // TestBatchReload walks the NOSCRIPT path of a batch step by step: the
@@ -199,53 +189,51 @@ func TestBatchScriptFlush(t *testing.T) {
 // the retry by EVALSHA misses too and the calls go by EVAL. None fails.
 func TestBatchReload(t *testing.T) {
 	ctx := context.Background()
-	for _, srv := range testServers {
-		t.Run(srv.name, func(t *testing.T) {
-			t.Parallel()
-			c := srv.client(t)
-			flusher := srv.client(t)
-			w := watch{holdOne: newGate()}
-			w.afterLoad = func() {
-				if err := flusher.ScriptFlush(ctx).Err(); err != nil {
-					t.Error(err)
-				}
-			}
-			c.AddHook(&w)
-			clock := storetest.NewClock(storetest.T0)
-			s := New(c, &Options{Prefix: redistest.Prefix(t), Clock: clock.Now, MaxInFlight: 1})
-			l := sluice.PerMinute(10)
-			check := func(what string, d sluice.Decision, err error) {
-				if err != nil || !d.Allowed || d.Remaining != 9 {
-					t.Errorf("%s: %+v %v, want allowed with 9 left", what, d, err)
-				}
-			}
-			var wg sync.WaitGroup
-			wg.Go(func() { // sent alone, held at the gate
-				d, err := s.Take(ctx, "alone", l, 1)
-				check("the call sent alone", d, err)
-			})
-			<-w.holdOne.reached
-			const queued = 12
-			for i := range queued {
-				l := l.WithAlgorithm(sluice.Algorithms()[i%6])
-				wg.Go(func() {
-					d, err := s.Take(ctx, fmt.Sprint("q", i), l, 1)
-					check(fmt.Sprintf("batched call %d (%v)", i, l.Algorithm), d, err)
-				})
-			}
-			waitQueued(t, s, queued)
+	redistest.EachDeployment(t, func(t *testing.T, d redistest.Deployment) {
+		t.Parallel()
+		c := d.Client(t)
+		flusher := d.Client(t)
+		w := watch{holdOne: newGate()}
+		w.afterLoad = func() {
 			if err := flusher.ScriptFlush(ctx).Err(); err != nil {
-				t.Fatal(err)
+				t.Error(err)
 			}
-			close(w.holdOne.open)
-			wg.Wait()
-			_, one := c.(*redis.Client)
-			if w.pipelines.Load() == 0 || (one && w.merged.Load() == 0) || w.noscript.Load() == 0 || w.scriptLoads.Load() == 0 || w.evals.Load() == 0 {
-				t.Errorf("pipelines %d, merged runs %d, NOSCRIPT replies %d, script loads %d, EVALs %d: want each path taken",
-					w.pipelines.Load(), w.merged.Load(), w.noscript.Load(), w.scriptLoads.Load(), w.evals.Load())
+		}
+		c.AddHook(&w)
+		clock := storetest.NewClock(storetest.T0)
+		s := New(c, &Options{Prefix: redistest.Prefix(t), Clock: clock.Now, MaxInFlight: 1})
+		l := sluice.PerMinute(10)
+		check := func(what string, d sluice.Decision, err error) {
+			if err != nil || !d.Allowed || d.Remaining != 9 {
+				t.Errorf("%s: %+v %v, want allowed with 9 left", what, d, err)
 			}
+		}
+		var wg sync.WaitGroup
+		wg.Go(func() { // sent alone, held at the gate
+			d, err := s.Take(ctx, "alone", l, 1)
+			check("the call sent alone", d, err)
 		})
-	}
+		<-w.holdOne.reached
+		const queued = 12
+		for i := range queued {
+			l := l.WithAlgorithm(sluice.Algorithms()[i%6])
+			wg.Go(func() {
+				d, err := s.Take(ctx, fmt.Sprint("q", i), l, 1)
+				check(fmt.Sprintf("batched call %d (%v)", i, l.Algorithm), d, err)
+			})
+		}
+		waitQueued(t, s, queued)
+		if err := flusher.ScriptFlush(ctx).Err(); err != nil {
+			t.Fatal(err)
+		}
+		close(w.holdOne.open)
+		wg.Wait()
+		_, one := c.(*redis.Client)
+		if w.pipelines.Load() == 0 || (one && w.merged.Load() == 0) || w.noscript.Load() == 0 || w.scriptLoads.Load() == 0 || w.evals.Load() == 0 {
+			t.Errorf("pipelines %d, merged runs %d, NOSCRIPT replies %d, script loads %d, EVALs %d: want each path taken",
+				w.pipelines.Load(), w.merged.Load(), w.noscript.Load(), w.scriptLoads.Load(), w.evals.Load())
+		}
+	})
 }
 
 // TestBatchContext: a call whose context ends while it waits for a batch
@@ -400,69 +388,66 @@ func TestBatchMergedErrors(t *testing.T) {
 // order does not matter, and every decision must be the same.
 func TestBatchMatchesMemory(t *testing.T) {
 	ctx := context.Background()
-	for _, srv := range testServers {
-		t.Run(srv.name, func(t *testing.T) {
-			t.Parallel()
-			c := srv.client(t)
-			var w watch
-			c.AddHook(&w)
-			rng := rand.New(rand.NewPCG(7, 2026))
-			clock := storetest.NewClock(storetest.T0.Add(time.Duration(rng.Int64N(int64(time.Hour)))))
-			rs := New(c, &Options{Prefix: redistest.Prefix(t), Clock: clock.Now, MaxInFlight: 1})
-			ms := memory.New(&memory.Options{Clock: clock.Now, SweepInterval: -1})
-			t.Cleanup(func() { ms.Close() })
-			const keys, steps = 16, 300
-			limits := make([]sluice.Limit, keys)
-			for i := range limits {
-				a := sluice.Algorithms()[i%6]
-				limits[i] = sluice.Limit{Algorithm: a, Rate: 1 + rng.Int64N(12), Period: []time.Duration{time.Second, 7 * time.Second, time.Minute}[rng.IntN(3)]}
-				if i%6 < 3 && rng.IntN(2) == 0 {
-					limits[i].Burst = 1 + rng.Int64N(20)
-				}
+	redistest.Each(t, func(t *testing.T, c redis.UniversalClient) {
+		t.Parallel()
+		var w watch
+		c.AddHook(&w)
+		rng := rand.New(rand.NewPCG(7, 2026))
+		clock := storetest.NewClock(storetest.T0.Add(time.Duration(rng.Int64N(int64(time.Hour)))))
+		rs := New(c, &Options{Prefix: redistest.Prefix(t), Clock: clock.Now, MaxInFlight: 1})
+		ms := memory.New(&memory.Options{Clock: clock.Now, SweepInterval: -1})
+		t.Cleanup(func() { ms.Close() })
+		const keys, steps = 16, 300
+		limits := make([]sluice.Limit, keys)
+		for i := range limits {
+			a := sluice.Algorithms()[i%6]
+			limits[i] = sluice.Limit{Algorithm: a, Rate: 1 + rng.Int64N(12), Period: []time.Duration{time.Second, 7 * time.Second, time.Minute}[rng.IntN(3)]}
+			if i%6 < 3 && rng.IntN(2) == 0 {
+				limits[i].Burst = 1 + rng.Int64N(20)
 			}
-			for step := range steps {
-				clock.Advance(time.Duration(rng.Int64N(int64(3*time.Second))) / time.Microsecond * time.Microsecond)
-				costs := make([]int64, keys)
-				peek := make([]bool, keys)
-				for i := range keys {
-					costs[i] = 1 + rng.Int64N(min(limits[i].Capacity(), 3))
-					peek[i] = rng.IntN(7) == 0
-				}
-				got := make([]sluice.Decision, keys)
-				errs := make([]error, keys)
-				var wg sync.WaitGroup
-				for i := range keys {
-					wg.Go(func() {
-						key := fmt.Sprintf("t}%d", i)
-						if peek[i] {
-							got[i], errs[i] = rs.Peek(ctx, key, limits[i], costs[i])
-						} else {
-							got[i], errs[i] = rs.Take(ctx, key, limits[i], costs[i])
-						}
-					})
-				}
-				wg.Wait()
-				for i := range keys {
+		}
+		for step := range steps {
+			clock.Advance(time.Duration(rng.Int64N(int64(3*time.Second))) / time.Microsecond * time.Microsecond)
+			costs := make([]int64, keys)
+			peek := make([]bool, keys)
+			for i := range keys {
+				costs[i] = 1 + rng.Int64N(min(limits[i].Capacity(), 3))
+				peek[i] = rng.IntN(7) == 0
+			}
+			got := make([]sluice.Decision, keys)
+			errs := make([]error, keys)
+			var wg sync.WaitGroup
+			for i := range keys {
+				wg.Go(func() {
 					key := fmt.Sprintf("t}%d", i)
-					var want sluice.Decision
-					var err error
 					if peek[i] {
-						want, err = ms.Peek(ctx, key, limits[i], costs[i])
+						got[i], errs[i] = rs.Peek(ctx, key, limits[i], costs[i])
 					} else {
-						want, err = ms.Take(ctx, key, limits[i], costs[i])
+						got[i], errs[i] = rs.Take(ctx, key, limits[i], costs[i])
 					}
-					if err != nil || errs[i] != nil {
-						t.Fatalf("step %d key %d: memory %v, redis %v", step, i, err, errs[i])
-					}
-					if got[i] != want {
-						t.Fatalf("step %d key %d %q peek=%v cost %d:\nredis  %+v\nmemory %+v", step, i, limits[i].String(), peek[i], costs[i], got[i], want)
-					}
+				})
+			}
+			wg.Wait()
+			for i := range keys {
+				key := fmt.Sprintf("t}%d", i)
+				var want sluice.Decision
+				var err error
+				if peek[i] {
+					want, err = ms.Peek(ctx, key, limits[i], costs[i])
+				} else {
+					want, err = ms.Take(ctx, key, limits[i], costs[i])
+				}
+				if err != nil || errs[i] != nil {
+					t.Fatalf("step %d key %d: memory %v, redis %v", step, i, err, errs[i])
+				}
+				if got[i] != want {
+					t.Fatalf("step %d key %d %q peek=%v cost %d:\nredis  %+v\nmemory %+v", step, i, limits[i].String(), peek[i], costs[i], got[i], want)
 				}
 			}
-			t.Logf("%d pipelines, %d merged runs", w.pipelines.Load(), w.merged.Load())
-			if w.merged.Load() == 0 {
-				t.Error("no calls were merged into one script run")
-			}
-		})
-	}
+		}
+		t.Logf("%d pipelines, %d merged runs", w.pipelines.Load(), w.merged.Load())
+		if w.merged.Load() == 0 {
+			t.Error("no calls were merged into one script run")
+		}
+	})
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/redisstore"
+	"github.com/sluicehq/sluice/storetest"
 )
 
 // benchKeys is the wide key set, the size the bench module's comparison
@@ -72,22 +73,7 @@ func benchSerialCtx(b *testing.B, s *redisstore.Store, l sluice.Limit, keys []st
 }
 
 func benchSerialIn(b *testing.B, ctx context.Context, s *redisstore.Store, l sluice.Limit, keys []string) {
-	b.ReportAllocs()
-	allowed, n, i := 0, 0, 0
-	for b.Loop() {
-		d, err := s.Take(ctx, keys[i], l, 1)
-		if err != nil {
-			b.Fatal(err)
-		}
-		if d.Allowed {
-			allowed++
-		}
-		n++
-		if i++; i == len(keys) {
-			i = 0
-		}
-	}
-	b.ReportMetric(float64(allowed)/float64(n), "allowed/op")
+	storetest.BenchSerial(b, ctx, keys, func(ctx context.Context, key string) (sluice.Decision, error) { return s.Take(ctx, key, l, 1) })
 }
 
 // benchParallel hands keys out in strict rotation through a shared counter,

@@ -4,15 +4,11 @@ import (
 	"context"
 	"fmt"
 	"net"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -31,7 +27,8 @@ import (
 // show that each Store was redirected.
 func TestClusterRedirects(t *testing.T) {
 	ctx := context.Background()
-	nodes := startCluster(t, 2)
+	cl := redistest.StartCluster(t, &redistest.ClusterOptions{Masters: 2})
+	nodes := clusterNodes(t, cl)
 	a, b := nodes[0], nodes[1]
 
 	// A hash tag in one of a's slots: every key below is "<tag>}<n>", so the
@@ -49,8 +46,8 @@ func TestClusterRedirects(t *testing.T) {
 		name string
 		s    *Store
 	}{
-		{"batched", New(newClusterClient(t, nodes), &Options{Prefix: prefix + "b:", Clock: clock.Now, MaxInFlight: 1})},
-		{"unbatched", New(newClusterClient(t, nodes), &Options{Prefix: prefix + "u:", Clock: clock.Now, MaxBatch: 1})},
+		{"batched", New(cl.Client(t), &Options{Prefix: prefix + "b:", Clock: clock.Now, MaxInFlight: 1})},
+		{"unbatched", New(cl.Client(t), &Options{Prefix: prefix + "u:", Clock: clock.Now, MaxBatch: 1})},
 	}
 	const keys = 32
 	limits := []sluice.Limit{sluice.PerMinute(10), sluice.PerMinute(10).WithAlgorithm(sluice.FixedWindow)}
@@ -120,22 +117,36 @@ func TestClusterRedirects(t *testing.T) {
 	})
 }
 
-func newClusterClient(t *testing.T, nodes []*clusterNode) *redis.ClusterClient {
-	var addrs []string
-	for _, n := range nodes {
-		addrs = append(addrs, n.addr)
-	}
-	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs})
-	t.Cleanup(func() { c.Close() })
-	return c
-}
-
-// clusterNode is one redis-server of a private cluster.
+// clusterNode is one master of a private cluster, with a client of its
+// own for the slot commands.
 type clusterNode struct {
 	addr, host string
-	port, bus  int // bus: the cluster bus port
+	port       int
 	id         string
 	c          *redis.Client
+}
+
+// clusterNodes wraps the cluster's nodes, in start order: the first holds
+// the lower half of the slots.
+func clusterNodes(t *testing.T, cl *redistest.Cluster) []*clusterNode {
+	t.Helper()
+	var nodes []*clusterNode
+	for _, n := range cl.Nodes {
+		host, port, err := net.SplitHostPort(n.Addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		nd := &clusterNode{addr: n.Addr, host: host, c: redis.NewClient(&redis.Options{Addr: n.Addr, MaxRetries: -1})}
+		t.Cleanup(func() { nd.c.Close() })
+		if nd.port, err = strconv.Atoi(port); err != nil {
+			t.Fatal(err)
+		}
+		if nd.id, err = nd.c.Do(context.Background(), "cluster", "myid").Text(); err != nil {
+			t.Fatal(err)
+		}
+		nodes = append(nodes, nd)
+	}
+	return nodes
 }
 
 // stat reads one counter from the node's INFO section, such as
@@ -191,86 +202,5 @@ func migrate(t *testing.T, src, dst *clusterNode, s int, move func(key string) b
 	}
 	if err := src.c.Do(ctx, args...).Err(); err != nil {
 		t.Fatalf("MIGRATE: %v", err)
-	}
-}
-
-// startCluster starts n redis-server processes in cluster mode, splits the
-// slots evenly among them and waits until they agree. They are killed at
-// cleanup. Without redis-server on PATH the test skips (fails under CI).
-func startCluster(t *testing.T, n int) []*clusterNode {
-	t.Helper()
-	if _, err := exec.LookPath("redis-server"); err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("redis-server is not on PATH (CI requires Redis)")
-		}
-		t.Skip("redis-server is not on PATH")
-	}
-	ctx := context.Background()
-	nodes := make([]*clusterNode, n)
-	for i := range nodes {
-		// Two free ports: the bus port is named, since port+10000 (Redis's
-		// default) may be past 65535 or in use for ephemeral ports.
-		var ports [2]int
-		var ls [2]net.Listener
-		for j := range ls {
-			l, err := net.Listen("tcp", "127.0.0.1:0") // both held, so they differ
-			if err != nil {
-				t.Fatal(err)
-			}
-			ls[j], ports[j] = l, l.Addr().(*net.TCPAddr).Port
-		}
-		ls[0].Close()
-		ls[1].Close()
-		port := ports[0]
-		dir := t.TempDir()
-		cmd := exec.Command("redis-server", "--port", fmt.Sprint(port), "--bind", "127.0.0.1",
-			"--save", "", "--appendonly", "no", "--dir", dir, "--logfile", filepath.Join(dir, "redis.log"),
-			"--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-port", fmt.Sprint(ports[1]))
-		redistest.DieWithParent(cmd)
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-		nd := &clusterNode{addr: fmt.Sprintf("127.0.0.1:%d", port), host: "127.0.0.1", port: port, bus: ports[1]}
-		nd.c = redis.NewClient(&redis.Options{Addr: nd.addr, MaxRetries: -1})
-		t.Cleanup(func() { nd.c.Close() })
-		waitFor(t, "redis-server on "+nd.addr, func() bool { return nd.c.Ping(ctx).Err() == nil })
-		var err error
-		if nd.id, err = nd.c.Do(ctx, "cluster", "myid").Text(); err != nil {
-			t.Fatal(err)
-		}
-		per := 16384 / n
-		hi := (i+1)*per - 1
-		if i == n-1 {
-			hi = 16383
-		}
-		if err := nd.c.Do(ctx, "cluster", "addslotsrange", i*per, hi).Err(); err != nil {
-			t.Fatal(err)
-		}
-		nodes[i] = nd
-	}
-	for _, nd := range nodes[1:] {
-		if err := nodes[0].c.Do(ctx, "cluster", "meet", nd.host, nd.port, nd.bus).Err(); err != nil {
-			t.Fatal(err)
-		}
-	}
-	for _, nd := range nodes {
-		waitFor(t, "cluster agreement on "+nd.addr, func() bool {
-			info, err := nd.c.ClusterInfo(ctx).Result()
-			return err == nil && strings.Contains(info, "cluster_state:ok") &&
-				strings.Contains(info, fmt.Sprintf("cluster_known_nodes:%d", n))
-		})
-	}
-	return nodes
-}
-
-// waitFor polls cond until it holds; a generous bound only turns a hang
-// into a failure.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(30 * time.Second); !cond(); time.Sleep(20 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
 	}
 }

@@ -34,6 +34,19 @@ func TestRefund(t *testing.T) {
 			s := New(c, &Options{Prefix: redistest.Prefix(t), Clock: clock.Now})
 			capacity := l.Capacity()
 			refunds := 0
+			// twins makes the same call on the refunded key and its twin,
+			// which must answer alike.
+			twins := func(step int, op string, cost int64, call func(context.Context, string, sluice.Limit, int64) (sluice.Decision, error)) {
+				t.Helper()
+				da, erra := call(ctx, "a", l, cost)
+				db, errb := call(ctx, "b", l, cost)
+				if erra != nil || errb != nil {
+					t.Fatal(erra, errb)
+				}
+				if da != db {
+					t.Fatalf("step %d %s %d: refunded key %+v, twin %+v", step, op, cost, da, db)
+				}
+			}
 			for step := range 400 {
 				if rng.IntN(3) > 0 {
 					clock.Advance(time.Duration(rng.Int64N(int64(l.Period/4))) / time.Microsecond * time.Microsecond)
@@ -55,30 +68,10 @@ func TestRefund(t *testing.T) {
 					}
 					refunds++
 				} else { // the same take on both
-					da, err := s.Take(ctx, "a", l, cost)
-					if err != nil {
-						t.Fatal(err)
-					}
-					db, err := s.Take(ctx, "b", l, cost)
-					if err != nil {
-						t.Fatal(err)
-					}
-					if da != db {
-						t.Fatalf("step %d take %d: refunded key %+v, twin %+v", step, cost, da, db)
-					}
+					twins(step, "take", cost, s.Take)
 				}
 				for _, cost := range []int64{1, capacity} {
-					pa, err := s.Peek(ctx, "a", l, cost)
-					if err != nil {
-						t.Fatal(err)
-					}
-					pb, err := s.Peek(ctx, "b", l, cost)
-					if err != nil {
-						t.Fatal(err)
-					}
-					if pa != pb {
-						t.Fatalf("step %d peek %d: refunded key %+v, twin %+v", step, cost, pa, pb)
-					}
+					twins(step, "peek", cost, s.Peek)
 				}
 			}
 			if refunds < 25 {

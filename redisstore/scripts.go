@@ -112,7 +112,7 @@ func mustRead(name string) string {
 	panic(fmt.Sprintf("redisstore: embedded script %s: %v", name, err)) // a build defect, not a runtime input
 }
 
-// The scripts' two macros, written once here and expanded into each script
+// The scripts' macros, written once here and expanded into each script
 // as it is loaded, so that Redis runs plain statements: as Lua functions
 // they would be rebuilt as closures on every EVALSHA and called, 2-4 % more
 // instructions per call (BENCHMARKS.md, "floordiv and ttlms").
@@ -129,6 +129,27 @@ func mustRead(name string) string {
 //
 // sets t to us microseconds rounded up to whole milliseconds: a key's TTL.
 // us is any expression.
+//
+//	expire(key, us)
+//
+// gives key a TTL of us microseconds (ttlms), or deletes it when us is not
+// positive: the key is fresh again. key and us are names.
+//
+//	local w, skew = window(sw, period)
+//
+// sets w to the fixed window of now, or refunding, of the take's now
+// (ARGV[6]), in windows of period; sw is the stored window. A caller whose
+// clock is behind sw (another host's clock, or TIME after a failover) is
+// charged in that newer window, as at its start: an older window must never
+// replace a newer one, which would admit its whole rate again. now moves to
+// the start of sw, and skew is what it moved, to turn durations back into
+// the caller's.
+//
+//	local reset = swcreset(cur, prev, w, period)
+//
+// sets reset to the time from now until a sliding window counter whose
+// window w counts cur and whose window before counts prev is fresh: the end
+// of w+1 while cur counts, of w while only prev does, else 0. All are names.
 const (
 	floordivLua = `$q = math.floor($a / $b)
 if $q * $b > $a then
@@ -138,12 +159,37 @@ elseif ($q + 1) * $b <= $a then
 end`
 	ttlmsLua = `local $t_us = $us + 999
 local $t = floordiv($t_us, 1000)`
+	expireLua = `if $us > 0 then
+  local ttl = ttlms($us)
+  redis.call('PEXPIRE', $key, string.format('%d', ttl))
+else
+  redis.call('DEL', $key)
+end`
+	swcresetLua = `local $r = 0
+if $cur > 0 then
+  $r = ($w + 2) * $period - now
+elseif $prev > 0 then
+  $r = ($w + 1) * $period - now
+end`
+	windowLua = `local at = now
+if mode == 'refund' then
+  at = tonumber(ARGV[6])
+end
+local $w = floordiv(at, $period)
+local $skew = 0
+if mode ~= 'refund' and $sw and $sw > $w then
+  $skew = $sw * $period - now
+  now, $w = $sw * $period, $sw
+end`
 )
 
 var (
 	floordivCall = regexp.MustCompile(`^(\s*)(local )?([A-Za-z_]\w*) = floordiv\(([A-Za-z_]\w*|\d+), ([A-Za-z_]\w*|\d+)\)$`)
 	ttlmsCall    = regexp.MustCompile(`^(\s*)local ([A-Za-z_]\w*) = ttlms\((.+)\)$`)
-	macroName    = regexp.MustCompile(`\b(floordiv|ttlms)\(`)
+	expireCall   = regexp.MustCompile(`^(\s*)expire\(([A-Za-z_]\w*), ([A-Za-z_]\w*)\)$`)
+	windowCall   = regexp.MustCompile(`^(\s*)local ([A-Za-z_]\w*), ([A-Za-z_]\w*) = window\(([A-Za-z_]\w*), ([A-Za-z_]\w*)\)$`)
+	swcresetCall = regexp.MustCompile(`^(\s*)local ([A-Za-z_]\w*) = swcreset\(([A-Za-z_]\w*), ([A-Za-z_]\w*), ([A-Za-z_]\w*), ([A-Za-z_]\w*)\)$`)
+	macroName    = regexp.MustCompile(`\b(floordiv|ttlms|expire|window|swcreset)\(`)
 )
 
 // expand replaces every macro statement in src by its definition.
@@ -170,6 +216,12 @@ func expand(src string) (string, error) {
 			body = m[2] + strings.NewReplacer("$q", q, "$a", a, "$b", b).Replace(floordivLua)
 		} else if m := ttlmsCall.FindStringSubmatch(code); m != nil {
 			body = strings.NewReplacer("$t", m[2], "$us", m[3]).Replace(ttlmsLua)
+		} else if m := expireCall.FindStringSubmatch(code); m != nil {
+			body = strings.NewReplacer("$key", m[2], "$us", m[3]).Replace(expireLua)
+		} else if m := swcresetCall.FindStringSubmatch(code); m != nil {
+			body = strings.NewReplacer("$r", m[2], "$cur", m[3], "$prev", m[4], "$w", m[5], "$period", m[6]).Replace(swcresetLua)
+		} else if m := windowCall.FindStringSubmatch(code); m != nil {
+			body = strings.NewReplacer("$w", m[2], "$skew", m[3], "$sw", m[4], "$period", m[5]).Replace(windowLua)
 		} else {
 			return "", fmt.Errorf("a macro outside its statement form: %s", strings.TrimSpace(line))
 		}

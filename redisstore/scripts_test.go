@@ -38,6 +38,39 @@ if ttl * 1000 > ttl_us then
 elseif (ttl + 1) * 1000 <= ttl_us then
   ttl = ttl + 1
 end`},
+		{"expire", "  expire(key, reset)", `  if reset > 0 then
+    local ttl_us = reset + 999
+    local ttl = math.floor(ttl_us / 1000)
+    if ttl * 1000 > ttl_us then
+      ttl = ttl - 1
+    elseif (ttl + 1) * 1000 <= ttl_us then
+      ttl = ttl + 1
+    end
+    redis.call('PEXPIRE', key, string.format('%d', ttl))
+  else
+    redis.call('DEL', key)
+  end`},
+		{"window", "local w, skew = window(sw, period)", `local at = now
+if mode == 'refund' then
+  at = tonumber(ARGV[6])
+end
+local w = math.floor(at / period)
+if w * period > at then
+  w = w - 1
+elseif (w + 1) * period <= at then
+  w = w + 1
+end
+local skew = 0
+if mode ~= 'refund' and sw and sw > w then
+  skew = sw * period - now
+  now, w = sw * period, sw
+end`},
+		{"swcreset", "local reset = swcreset(cur, prev, w, period)", `local reset = 0
+if cur > 0 then
+  reset = (w + 2) * period - now
+elseif prev > 0 then
+  reset = (w + 1) * period - now
+end`},
 		{"comment mentions a macro", "-- floordiv(a, b) is a macro", "-- floordiv(a, b) is a macro"},
 	}
 	for _, tt := range tests {
@@ -56,6 +89,8 @@ end`},
 		"local q = floordiv(a + 1, b)",
 		"local q = floordiv(q, b)",
 		"redis.call('PEXPIRE', key, ttlms(reset))",
+		"expire(key, reset + 1)",
+		"local w = window(sw, period)",
 	} {
 		if got, err := expand(bad); err == nil {
 			t.Errorf("expand(%q) = %q, want an error", bad, got)

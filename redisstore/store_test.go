@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"strings"
 	"testing"
 	"time"
@@ -12,17 +13,34 @@ import (
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/memory"
 	"github.com/sluicehq/sluice/redisstore"
 	"github.com/sluicehq/sluice/storetest"
 )
 
-// servers are the shared test deployments every test below runs on.
-var servers = []struct {
-	name   string
-	client func(t *testing.T) redis.UniversalClient
-}{
-	{"standalone", func(t *testing.T) redis.UniversalClient { return redistest.Client(t) }},
-	{"cluster", func(t *testing.T) redis.UniversalClient { return redistest.ClusterClient(t) }},
+// The conformance suites (Store's and Granter's) with the caller's clock injected, on a standalone
+// server and on a 3-master cluster, with concurrent calls batched into
+// pipelines (the default; one pipeline in flight, so that the suite's
+// concurrent steps do travel in batches) and with every call on its own.
+func TestConformance(t *testing.T) {
+	for _, c := range redistest.Deployments() {
+		for _, m := range []struct {
+			name            string
+			batch, inFlight int
+		}{{"batched", 0, 1}, {"unbatched", 1, 0}} {
+			t.Run(c.Name+"/"+m.name, func(t *testing.T) {
+				t.Parallel()
+				client := c.Client(t)
+				newStore := func(t *testing.T, now func() time.Time) sluice.Store {
+					return redisstore.New(client, &redisstore.Options{
+						Prefix: redistest.Prefix(t), Clock: now, MaxBatch: m.batch, MaxInFlight: m.inFlight,
+					})
+				}
+				storetest.Run(t, newStore)
+				storetest.RunGrant(t, newStore)
+			})
+		}
+	}
 }
 
 // everyLimit has one limit per algorithm, long enough that nothing refills
@@ -101,39 +119,36 @@ func globEscape(s string) string {
 // algorithm and for TakeAll, on a standalone server and a cluster.
 func TestNoScript(t *testing.T) {
 	ctx := context.Background()
-	for _, srv := range servers {
-		t.Run(srv.name, func(t *testing.T) {
-			c := srv.client(t)
-			clock := storetest.NewClock(storetest.T0)
-			s := redisstore.New(c, &redisstore.Options{Prefix: redistest.Prefix(t), Clock: clock.Now})
-			for _, l := range everyLimit() {
-				for i := range 3 {
-					if err := c.ScriptFlush(ctx).Err(); err != nil {
-						t.Fatal(err)
-					}
-					d, err := s.Take(ctx, "k", l, 1)
-					if err != nil {
-						t.Fatalf("%v take %d after SCRIPT FLUSH: %v", l, i, err)
-					}
-					if got, want := d.Remaining, int64(10-i-1); !d.Allowed || got != want {
-						t.Fatalf("%v take %d: %+v, want remaining %d", l, i, d, want)
-					}
-					c.ScriptFlush(ctx)
-					if p, err := s.Peek(ctx, "k", l, 1); err != nil || p.Remaining != d.Remaining {
-						t.Fatalf("%v peek after SCRIPT FLUSH: %+v %v", l, p, err)
-					}
+	redistest.Each(t, func(t *testing.T, c redis.UniversalClient) {
+		clock := storetest.NewClock(storetest.T0)
+		s := redisstore.New(c, &redisstore.Options{Prefix: redistest.Prefix(t), Clock: clock.Now})
+		for _, l := range everyLimit() {
+			for i := range 3 {
+				if err := c.ScriptFlush(ctx).Err(); err != nil {
+					t.Fatal(err)
+				}
+				d, err := s.Take(ctx, "k", l, 1)
+				if err != nil {
+					t.Fatalf("%v take %d after SCRIPT FLUSH: %v", l, i, err)
+				}
+				if got, want := d.Remaining, int64(10-i-1); !d.Allowed || got != want {
+					t.Fatalf("%v take %d: %+v, want remaining %d", l, i, d, want)
+				}
+				c.ScriptFlush(ctx)
+				if p, err := s.Peek(ctx, "k", l, 1); err != nil || p.Remaining != d.Remaining {
+					t.Fatalf("%v peek after SCRIPT FLUSH: %+v %v", l, p, err)
 				}
 			}
-			c.ScriptFlush(ctx)
-			reqs := []sluice.Request{
-				{Key: "tenant}a", Limit: sluice.PerMinute(5), Cost: 1},
-				{Key: "tenant}b", Limit: sluice.PerMinute(5).WithAlgorithm(sluice.FixedWindow), Cost: 2},
-			}
-			if ds, err := s.TakeAll(ctx, reqs); err != nil || !ds[0].Allowed || ds[1].Remaining != 3 {
-				t.Fatalf("TakeAll after SCRIPT FLUSH: %+v %v", ds, err)
-			}
-		})
-	}
+		}
+		c.ScriptFlush(ctx)
+		reqs := []sluice.Request{
+			{Key: "tenant}a", Limit: sluice.PerMinute(5), Cost: 1},
+			{Key: "tenant}b", Limit: sluice.PerMinute(5).WithAlgorithm(sluice.FixedWindow), Cost: 2},
+		}
+		if ds, err := s.TakeAll(ctx, reqs); err != nil || !ds[0].Allowed || ds[1].Remaining != 3 {
+			t.Fatalf("TakeAll after SCRIPT FLUSH: %+v %v", ds, err)
+		}
+	})
 }
 
 // TestRestartedServer: a server that crashed and came back (empty script
@@ -141,8 +156,7 @@ func TestNoScript(t *testing.T) {
 func TestRestartedServer(t *testing.T) {
 	ctx := context.Background()
 	srv := redistest.StartServer(t)
-	c := redis.NewClient(&redis.Options{Addr: srv.Addr})
-	t.Cleanup(func() { c.Close() })
+	c := srv.Client(t)
 	clock := storetest.NewClock(storetest.T0)
 	for _, name := range []string{"caller clock", "server clock"} {
 		t.Run(name, func(t *testing.T) {
@@ -174,89 +188,66 @@ func TestRestartedServer(t *testing.T) {
 // TakeAll, on every algorithm.
 func TestBadInput(t *testing.T) {
 	ctx := context.Background()
-	for _, srv := range servers {
-		t.Run(srv.name, func(t *testing.T) {
-			c := srv.client(t)
-			prefix := redistest.Prefix(t)
-			s := redisstore.New(c, &redisstore.Options{Prefix: prefix})
-			long := strings.Repeat("x", sluice.MaxKeyLen+1)
-			for _, good := range everyLimit() {
-				bad := good
-				bad.Rate = 0
-				cases := []struct {
-					name  string
-					key   string
-					limit sluice.Limit
-					cost  int64
-					want  error
-				}{
-					{"empty key", "", good, 1, sluice.ErrInvalidKey},
-					{"513-byte key", long, good, 1, sluice.ErrInvalidKey},
-					{"invalid limit", "k", bad, 1, sluice.ErrInvalidLimit},
-					{"unknown algorithm", "k", sluice.Limit{Algorithm: 42, Rate: 1, Period: time.Second}, 1, sluice.ErrInvalidLimit},
-					{"zero cost", "k", good, 0, sluice.ErrInvalidCost},
-					{"negative cost", "k", good, -1, sluice.ErrInvalidCost},
-					{"cost over burst", "k", good, 11, sluice.ErrCostExceedsBurst},
-				}
-				for _, tc := range cases {
-					t.Run(good.Algorithm.String()+"/"+strings.ReplaceAll(tc.name, " ", "_"), func(t *testing.T) {
-						if _, err := s.Take(ctx, tc.key, tc.limit, tc.cost); !errors.Is(err, tc.want) {
-							t.Errorf("Take: %v, want %v", err, tc.want)
+	redistest.Each(t, func(t *testing.T, c redis.UniversalClient) {
+		prefix := redistest.Prefix(t)
+		s := redisstore.New(c, &redisstore.Options{Prefix: prefix})
+		for _, good := range everyLimit() {
+			for _, tc := range storetest.BadInputs("k", good) {
+				l := tc.ForAlgorithm(good.Algorithm)
+				t.Run(good.Algorithm.String()+"/"+strings.ReplaceAll(tc.Name, " ", "_"), func(t *testing.T) {
+					if _, err := s.Take(ctx, tc.Key, l, tc.Cost); !errors.Is(err, tc.Want) {
+						t.Errorf("Take: %v, want %v", err, tc.Want)
+					}
+					if _, err := s.Peek(ctx, tc.Key, l, tc.Cost); !errors.Is(err, tc.Want) {
+						t.Errorf("Peek: %v, want %v", err, tc.Want)
+					}
+					reqs := []sluice.Request{{Key: "other", Limit: good, Cost: 1}, {Key: tc.Key, Limit: l, Cost: tc.Cost}}
+					if _, err := s.TakeAll(ctx, reqs); !errors.Is(err, tc.Want) {
+						t.Errorf("TakeAll: %v, want %v", err, tc.Want)
+					}
+					if tc.Cost > 0 && tc.Cost <= l.Capacity() { // Reset takes no cost
+						if err := s.Reset(ctx, tc.Key, l); !errors.Is(err, tc.Want) {
+							t.Errorf("Reset: %v, want %v", err, tc.Want)
 						}
-						if _, err := s.Peek(ctx, tc.key, tc.limit, tc.cost); !errors.Is(err, tc.want) {
-							t.Errorf("Peek: %v, want %v", err, tc.want)
-						}
-						reqs := []sluice.Request{{Key: "other", Limit: good, Cost: 1}, {Key: tc.key, Limit: tc.limit, Cost: tc.cost}}
-						if _, err := s.TakeAll(ctx, reqs); !errors.Is(err, tc.want) {
-							t.Errorf("TakeAll: %v, want %v", err, tc.want)
-						}
-						if tc.cost > 0 && tc.cost <= tc.limit.Capacity() { // Reset takes no cost
-							if err := s.Reset(ctx, tc.key, tc.limit); !errors.Is(err, tc.want) {
-								t.Errorf("Reset: %v, want %v", err, tc.want)
-							}
-						}
-					})
-				}
+					}
+				})
 			}
-			dup := []sluice.Request{{Key: "d", Limit: sluice.PerMinute(5), Cost: 1}, {Key: "d", Limit: sluice.PerSecond(5), Cost: 1}}
-			if _, err := s.TakeAll(ctx, dup); !errors.Is(err, sluice.ErrInvalidKey) {
-				t.Errorf("TakeAll with one key twice: %v, want ErrInvalidKey", err)
-			}
-			if keys := scanPrefix(t, c, prefix); len(keys) != 0 {
-				t.Errorf("rejected calls wrote %v", keys)
-			}
-		})
-	}
+		}
+		dup := []sluice.Request{{Key: "d", Limit: sluice.PerMinute(5), Cost: 1}, {Key: "d", Limit: sluice.PerSecond(5), Cost: 1}}
+		if _, err := s.TakeAll(ctx, dup); !errors.Is(err, sluice.ErrInvalidKey) {
+			t.Errorf("TakeAll with one key twice: %v, want ErrInvalidKey", err)
+		}
+		if keys := scanPrefix(t, c, prefix); len(keys) != 0 {
+			t.Errorf("rejected calls wrote %v", keys)
+		}
+	})
 }
 
 // TestPeekWritesNothing: Peek on a fresh key, and a denied Take, leave no
 // key behind.
 func TestPeekWritesNothing(t *testing.T) {
 	ctx := context.Background()
-	for _, srv := range servers {
-		t.Run(srv.name, func(t *testing.T) {
-			c := srv.client(t)
-			s := redisstore.New(c, &redisstore.Options{Prefix: redistest.Prefix(t)})
-			for _, l := range everyLimit() {
-				if d, err := s.Peek(ctx, "fresh", l, 10); err != nil || !d.Allowed || d.Remaining != 10 {
-					t.Fatalf("%v: Peek of a fresh key: %+v %v", l, d, err)
-				}
-				if got := existing(t, c, s.Keys("fresh", l)...); len(got) != 0 {
-					t.Errorf("%v: Peek wrote %v", l, got)
-				}
+	redistest.Each(t, func(t *testing.T, c redis.UniversalClient) {
+		s := redisstore.New(c, &redisstore.Options{Prefix: redistest.Prefix(t)})
+		for _, l := range everyLimit() {
+			if d, err := s.Peek(ctx, "fresh", l, 10); err != nil || !d.Allowed || d.Remaining != 10 {
+				t.Fatalf("%v: Peek of a fresh key: %+v %v", l, d, err)
 			}
-		})
-	}
+			if got := existing(t, c, s.Keys("fresh", l)...); len(got) != 0 {
+				t.Errorf("%v: Peek wrote %v", l, got)
+			}
+		}
+	})
 }
 
 // TestTTL: every key a take writes expires when its state is fresh again:
 // 0 < PTTL <= ResetAfter rounded up to a millisecond.
 func TestTTL(t *testing.T) {
 	ctx := context.Background()
-	for _, srv := range servers {
+	for _, srv := range redistest.Deployments() {
 		for _, clockName := range []string{"caller_clock", "server_clock"} {
-			t.Run(srv.name+"/"+clockName, func(t *testing.T) {
-				c := srv.client(t)
+			t.Run(srv.Name+"/"+clockName, func(t *testing.T) {
+				c := srv.Client(t)
 				opts := &redisstore.Options{Prefix: redistest.Prefix(t)}
 				if clockName == "caller_clock" {
 					opts.Clock = storetest.NewClock(storetest.T0.Add(1234567 * time.Microsecond)).Now
@@ -297,67 +288,61 @@ func TestTTL(t *testing.T) {
 // newer clock sees it, and no longer than the ResetAfter it reports.
 func TestTTLOlderClock(t *testing.T) {
 	ctx := context.Background()
-	for _, srv := range servers {
-		t.Run(srv.name, func(t *testing.T) {
-			c := srv.client(t)
-			clock := storetest.NewClock(storetest.T0.Add(time.Second))
-			s := redisstore.New(c, &redisstore.Options{Prefix: redistest.Prefix(t), Clock: clock.Now})
-			for _, a := range []sluice.Algorithm{sluice.FixedWindow, sluice.SlidingWindowCounter} {
-				l := sluice.Limit{Algorithm: a, Rate: 1000, Period: time.Second}
-				clock.Set(storetest.T0.Add(time.Second))
-				if d, err := s.Take(ctx, "k", l, 500); err != nil || !d.Allowed {
-					t.Fatalf("%v: %+v %v", l, d, err)
+	redistest.Each(t, func(t *testing.T, c redis.UniversalClient) {
+		clock := storetest.NewClock(storetest.T0.Add(time.Second))
+		s := redisstore.New(c, &redisstore.Options{Prefix: redistest.Prefix(t), Clock: clock.Now})
+		for _, a := range []sluice.Algorithm{sluice.FixedWindow, sluice.SlidingWindowCounter} {
+			l := sluice.Limit{Algorithm: a, Rate: 1000, Period: time.Second}
+			clock.Set(storetest.T0.Add(time.Second))
+			if d, err := s.Take(ctx, "k", l, 500); err != nil || !d.Allowed {
+				t.Fatalf("%v: %+v %v", l, d, err)
+			}
+			clock.Set(storetest.T0.Add(500 * time.Millisecond)) // 500ms behind
+			d, err := s.Take(ctx, "k", l, 500)
+			if err != nil || !d.Allowed {
+				t.Fatalf("%v behind: %+v %v", l, d, err)
+			}
+			for _, k := range s.Keys("k", l) {
+				pttl, err := c.PTTL(ctx, k).Result()
+				if err != nil {
+					t.Fatal(err)
 				}
-				clock.Set(storetest.T0.Add(500 * time.Millisecond)) // 500ms behind
-				d, err := s.Take(ctx, "k", l, 500)
-				if err != nil || !d.Allowed {
-					t.Fatalf("%v behind: %+v %v", l, d, err)
-				}
-				for _, k := range s.Keys("k", l) {
-					pttl, err := c.PTTL(ctx, k).Result()
-					if err != nil {
-						t.Fatal(err)
-					}
-					// At least to the window's end as the newer clock sees
-					// it (less the real time the test took).
-					if pttl < d.ResetAfter-600*time.Millisecond || pttl > d.ResetAfter+2*time.Millisecond {
-						t.Errorf("%v: PTTL %v for ResetAfter %v", l, pttl, d.ResetAfter)
-					}
+				// At least to the window's end as the newer clock sees
+				// it (less the real time the test took).
+				if pttl < d.ResetAfter-600*time.Millisecond || pttl > d.ResetAfter+2*time.Millisecond {
+					t.Errorf("%v: PTTL %v for ResetAfter %v", l, pttl, d.ResetAfter)
 				}
 			}
-		})
-	}
+		}
+	})
 }
 
 // TestServerClock: with no Clock the scripts read Redis's TIME, and every
 // algorithm still counts down, denies and reports a bounded wait.
 func TestServerClock(t *testing.T) {
 	ctx := context.Background()
-	for _, srv := range servers {
-		t.Run(srv.name, func(t *testing.T) {
-			c := srv.client(t)
-			s := redisstore.New(c, &redisstore.Options{Prefix: redistest.Prefix(t)})
-			for _, a := range sluice.Algorithms() {
-				l := sluice.PerHour(3).WithAlgorithm(a)
-				for i := range 3 {
-					d, err := s.Take(ctx, "k", l, 1)
-					if err != nil || !d.Allowed || d.Remaining != int64(2-i) {
-						t.Fatalf("%v take %d: %+v %v", l, i, d, err)
-					}
-				}
+	redistest.Each(t, func(t *testing.T, c redis.UniversalClient) {
+		s := redisstore.New(c, &redisstore.Options{Prefix: redistest.Prefix(t)})
+		for _, a := range sluice.Algorithms() {
+			l := sluice.PerHour(3).WithAlgorithm(a)
+			for i := range 3 {
 				d, err := s.Take(ctx, "k", l, 1)
-				// The sliding counter may have to wait into the next window.
-				if err != nil || d.Allowed || d.RetryAfter <= 0 || d.RetryAfter > 2*time.Hour || d.ResetAfter <= 0 {
-					t.Fatalf("%v 4th take: %+v %v, want denied with a wait within two periods", l, d, err)
-				}
-				reqs := []sluice.Request{{Key: "t}1", Limit: l, Cost: 1}, {Key: "t}2", Limit: l, Cost: 3}}
-				ds, err := s.TakeAll(ctx, reqs)
-				if err != nil || !ds[0].Allowed || !ds[1].Allowed || ds[0].Remaining != 2 || ds[1].Remaining != 0 {
-					t.Fatalf("%v TakeAll: %+v %v", l, ds, err)
+				if err != nil || !d.Allowed || d.Remaining != int64(2-i) {
+					t.Fatalf("%v take %d: %+v %v", l, i, d, err)
 				}
 			}
-		})
-	}
+			d, err := s.Take(ctx, "k", l, 1)
+			// The sliding counter may have to wait into the next window.
+			if err != nil || d.Allowed || d.RetryAfter <= 0 || d.RetryAfter > 2*time.Hour || d.ResetAfter <= 0 {
+				t.Fatalf("%v 4th take: %+v %v, want denied with a wait within two periods", l, d, err)
+			}
+			reqs := []sluice.Request{{Key: "t}1", Limit: l, Cost: 1}, {Key: "t}2", Limit: l, Cost: 3}}
+			ds, err := s.TakeAll(ctx, reqs)
+			if err != nil || !ds[0].Allowed || !ds[1].Allowed || ds[0].Remaining != 2 || ds[1].Remaining != 0 {
+				t.Fatalf("%v TakeAll: %+v %v", l, ds, err)
+			}
+		}
+	})
 }
 
 // TestTakeAll covers both paths: one script when the keys share a slot (on
@@ -365,7 +350,7 @@ func TestServerClock(t *testing.T) {
 // Either way a denial anywhere leaves every key as it was.
 func TestTakeAll(t *testing.T) {
 	ctx := context.Background()
-	for _, srv := range servers {
+	for _, srv := range redistest.Deployments() {
 		for _, tc := range []struct {
 			name string
 			keys [2]string
@@ -374,8 +359,8 @@ func TestTakeAll(t *testing.T) {
 			{"two_slots", [2]string{"user", "ip"}},                    // apart on the cluster
 		} {
 			keys := tc.keys
-			t.Run(srv.name+"/"+tc.name, func(t *testing.T) {
-				c := srv.client(t)
+			t.Run(srv.Name+"/"+tc.name, func(t *testing.T) {
+				c := srv.Client(t)
 				clock := storetest.NewClock(storetest.T0)
 				s := redisstore.New(c, &redisstore.Options{Prefix: redistest.Prefix(t), Clock: clock.Now})
 				for _, a := range sluice.Algorithms() {
@@ -530,21 +515,44 @@ func TestBackendError(t *testing.T) {
 // TestNoClient: a Store without a client fails with ErrNoClient, never a
 // panic.
 func TestNoClient(t *testing.T) {
-	ctx := context.Background()
-	l := sluice.PerMinute(5)
-	reqs := []sluice.Request{{Key: "a", Limit: l, Cost: 1}, {Key: "b", Limit: l, Cost: 1}}
 	for _, s := range []*redisstore.Store{redisstore.New(nil, nil), {}} {
-		if _, err := s.Take(ctx, "k", l, 1); !errors.Is(err, redisstore.ErrNoClient) {
-			t.Errorf("Take: %v", err)
-		}
-		if _, err := s.Peek(ctx, "k", l, 1); !errors.Is(err, redisstore.ErrNoClient) {
-			t.Errorf("Peek: %v", err)
-		}
-		if err := s.Reset(ctx, "k", l); !errors.Is(err, redisstore.ErrNoClient) {
-			t.Errorf("Reset: %v", err)
-		}
-		if _, err := s.TakeAll(ctx, reqs); !errors.Is(err, redisstore.ErrNoClient) {
-			t.Errorf("TakeAll: %v", err)
-		}
+		storetest.Refuses(t, s, redisstore.ErrNoClient)
 	}
+}
+
+// TestTakeAllMatchesMemory: random layered requests (one to three limits
+// over three keys, every algorithm) decide exactly as the memory store's
+// TakeAll, on the one-script path (standalone) and on the take-and-refund
+// path (cluster, keys in different slots). Each algorithm keeps one limit,
+// so a key's state always means the same thing to both stores.
+func TestTakeAllMatchesMemory(t *testing.T) {
+	ctx := context.Background()
+	redistest.Each(t, func(t *testing.T, c redis.UniversalClient) {
+		t.Parallel()
+		rng := rand.New(rand.NewPCG(1, 99))
+		clock := storetest.NewClock(storetest.T0)
+		rs := redisstore.New(c, &redisstore.Options{Prefix: redistest.Prefix(t), Clock: clock.Now})
+		ms := memory.New(&memory.Options{Clock: clock.Now, SweepInterval: -1})
+		for step := range 2000 {
+			clock.Advance(time.Duration(rng.Int64N(int64(3*time.Second))) / time.Microsecond * time.Microsecond)
+			n := 1 + rng.IntN(3)
+			var reqs []sluice.Request
+			perm := rng.Perm(6)
+			for j := range n {
+				a := sluice.Algorithm(perm[j])
+				l := sluice.Limit{Algorithm: a, Rate: int64(3 + perm[j]%3), Period: 10 * time.Second}
+				reqs = append(reqs, sluice.Request{Key: fmt.Sprint("k", rng.IntN(3)), Limit: l, Cost: 1 + rng.Int64N(3)})
+			}
+			dr, er := rs.TakeAll(ctx, reqs)
+			dm, em := ms.TakeAll(ctx, reqs)
+			if er != nil || em != nil {
+				t.Fatal(er, em)
+			}
+			for j := range dr {
+				if dr[j] != dm[j] {
+					t.Fatalf("step %d req %d %+v:\nredis  %+v\nmemory %+v", step, j, reqs, dr, dm)
+				}
+			}
+		}
+	})
 }

@@ -2,7 +2,6 @@ package resilient_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log"
 	"log/slog"
@@ -11,19 +10,13 @@ import (
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/memory"
 	"github.com/sluicehq/sluice/resilient"
+	"github.com/sluicehq/sluice/storetest"
 )
-
-// down is a backend that fails every call, as a dead Redis would.
-type down struct{ sluice.Store }
-
-func (down) Take(context.Context, string, sluice.Limit, int64) (sluice.Decision, error) {
-	return sluice.Decision{}, errors.New("dial tcp 10.0.0.7:6379: connection refused")
-}
 
 // With the backend down, each of 4 nodes enforces a quarter of the limit
 // locally, so the fleet stays near 8/min.
 func Example() {
-	store, err := resilient.New(down{}, &resilient.Options{
+	store, err := resilient.New(storetest.Down{}, &resilient.Options{
 		Policy: resilient.FallbackLocal,
 		Nodes:  4,
 		Logger: slog.New(slog.DiscardHandler),
@@ -90,7 +83,7 @@ func ExampleNewFleet() {
 		log.Fatal(err)
 	}
 	defer fleet.Close()
-	store, err := resilient.New(down{}, &resilient.Options{Fleet: fleet, Logger: slog.New(slog.DiscardHandler)})
+	store, err := resilient.New(storetest.Down{}, &resilient.Options{Fleet: fleet, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		log.Fatal(err)
 	}

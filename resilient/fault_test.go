@@ -4,15 +4,21 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/race"
 	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/internal/tick"
 	"github.com/sluicehq/sluice/redisstore"
 )
 
@@ -100,8 +106,7 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 func TestFaultKillAndRestart(t *testing.T) {
 	t.Parallel()
 	srv := redistest.StartServer(t)
-	client := redis.NewClient(&redis.Options{Addr: srv.Addr})
-	t.Cleanup(func() { client.Close() })
+	client := srv.Client(t)
 	rec := &recorder{}
 	const timeout = 100 * time.Millisecond
 	s, err := NewMulti(redisstore.New(client, nil), &Options{
@@ -139,8 +144,7 @@ func TestFaultKillAndRestart(t *testing.T) {
 func TestFaultScriptFlush(t *testing.T) {
 	t.Parallel()
 	srv := redistest.StartServer(t)
-	client := redis.NewClient(&redis.Options{Addr: srv.Addr})
-	t.Cleanup(func() { client.Close() })
+	client := srv.Client(t)
 	rec := &recorder{}
 	// A long timeout: this test is about NOSCRIPT, not a busy machine.
 	s, err := NewMulti(redisstore.New(client, nil), &Options{Timeout: 5 * time.Second, Observer: rec})
@@ -240,4 +244,181 @@ func TestFaultUnreachable(t *testing.T) {
 			}
 		})
 	}
+}
+
+// opened records when the breaker opened, on top of what recorder counts.
+type opened struct {
+	recorder
+	mu    sync.Mutex
+	opens []time.Time
+}
+
+func (o *opened) ObserveBreaker(e sluice.BreakerEvent) {
+	o.recorder.ObserveBreaker(e)
+	if e.To == sluice.BreakerOpen {
+		o.mu.Lock()
+		o.opens = append(o.opens, time.Now())
+		o.mu.Unlock()
+	}
+}
+
+func (o *opened) firstOpenAfter(t time.Time) (time.Time, bool) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	for _, at := range o.opens {
+		if !at.Before(t) {
+			return at, true
+		}
+	}
+	return time.Time{}, false
+}
+
+// pauses runs CLIENT PAUSE for pause every period until the test ends.
+func pauses(t *testing.T, addr string, pause, period time.Duration) {
+	c := redis.NewClient(&redis.Options{Addr: addr})
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		tick.Every(stop, period, func() { c.Do(context.Background(), "CLIENT", "PAUSE", pause.Milliseconds()) })
+	}()
+	t.Cleanup(func() { close(stop); <-done; c.Close() })
+}
+
+// slowRedis runs the load for d against a Redis paused for pause every
+// period, with the default breaker and timeout, and returns what the
+// recorder saw.
+func slowRedis(t *testing.T, pause, period, d time.Duration) (*opened, *load) {
+	srv := redistest.StartServer(t)
+	client := srv.Client(t)
+	// A paused server notices that the pause is over on its next wake-up:
+	// at 10 per second (the default hz) a 30ms pause can last 100ms; at 500,
+	// 32ms, which leaves the 50ms timeout 18ms of headroom.
+	if err := client.ConfigSet(context.Background(), "hz", "500").Err(); err != nil {
+		t.Fatal(err)
+	}
+	rec := &opened{}
+	s, err := NewMulti(redisstore.New(client, nil), &Options{Observer: rec, Logger: discard})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	l := startPacedLoad(s, 8, time.Millisecond)
+	waitFor(t, "decisions from Redis", func() bool { return rec.count(sluice.SourceBackend) >= 100 })
+	pauses(t, srv.Addr, pause, period)
+	time.Sleep(d)
+	l.end()
+	return rec, l
+}
+
+// Slow is not down: Redis paused 30ms every 500ms, below the 50ms timeout,
+// never opens the breaker, and no decision falls back at the 99.9th
+// percentile. Not every one: that a call sent in a 30ms pause is answered
+// within 50ms is a time bound, and a busy machine alone delays a call past
+// 50ms now and then, pause or not. Not parallel: the 20ms between pause and
+// timeout are all the headroom there is.
+func TestFaultSlowRedisShortPauses(t *testing.T) {
+	race.SkipTiming(t)
+	rec, l := slowRedis(t, 30*time.Millisecond, 500*time.Millisecond, 6*time.Second)
+	if got := rec.breakers; len(got) != 0 {
+		t.Errorf("breaker changes %v, want none", got)
+	}
+	calls, fallback := l.calls.Load(), int64(rec.count(sluice.SourceFallback))
+	if fallback*1000 > calls {
+		t.Errorf("%d of %d decisions fell back, over 0.1%%", fallback, calls)
+	}
+	t.Logf("%d calls, %d fell back, slowest %v", calls, fallback, time.Duration(l.slowest.Load()))
+}
+
+// Redis paused 80ms every second: the calls caught by a pause time out and
+// fall back one by one, but the breaker never opens, so the share of
+// fallback decisions is the share of calls that timed out (plus at most
+// one percentage point).
+func TestFaultSlowRedisLongPauses(t *testing.T) {
+	race.SkipTiming(t)
+	rec, l := slowRedis(t, 80*time.Millisecond, time.Second, 6*time.Second)
+	if got := rec.breakers; len(got) != 0 {
+		t.Errorf("breaker changes %v, want none", got)
+	}
+	calls := float64(l.calls.Load())
+	fallback := float64(rec.count(sluice.SourceFallback)) / calls
+	rec.mu.Lock()
+	timedOut := float64(rec.errs) / calls
+	rec.mu.Unlock()
+	if fallback > timedOut+0.01 {
+		t.Errorf("%.2f%% of decisions fell back, %.2f%% timed out: over 1 point apart", 100*fallback, 100*timedOut)
+	}
+	t.Logf("%d calls: %.2f%% timed out, %.2f%% fell back", l.calls.Load(), 100*timedOut, 100*fallback)
+}
+
+// A dead Redis opens the breaker within a second, whether it refuses
+// connections (the process stopped) or holds them silent (SIGSTOP): the
+// 90th percentile of many outages within 1s, and none over 2s.
+func TestFaultDeadRedisOpensWithinASecond(t *testing.T) {
+	race.SkipTiming(t)
+	t.Parallel()
+	for _, mode := range []string{"refused", "silent"} {
+		t.Run(mode, func(t *testing.T) {
+			t.Parallel()
+			srv := redistest.StartServer(t)
+			client := redis.NewClient(&redis.Options{Addr: srv.Addr, MaxRetries: -1})
+			t.Cleanup(func() { client.Close() })
+			rec := &opened{}
+			s, err := NewMulti(redisstore.New(client, nil), &Options{Observer: rec, Logger: discard, ProbeInterval: 100 * time.Millisecond})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { s.Close() })
+			pid := redisPID(t, client)
+			l := startLoad(s, 4)
+			defer l.end()
+			var took []time.Duration
+			for range 10 {
+				backend := rec.count(sluice.SourceBackend)
+				waitFor(t, "decisions from Redis", func() bool {
+					return s.State() == sluice.BreakerClosed && rec.count(sluice.SourceBackend) >= backend+50
+				})
+				start := time.Now()
+				if mode == "refused" {
+					srv.Stop()
+				} else if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+					t.Fatal(err)
+				}
+				waitFor(t, "the breaker to open", func() bool { _, ok := rec.firstOpenAfter(start); return ok })
+				at, _ := rec.firstOpenAfter(start)
+				took = append(took, at.Sub(start))
+				if mode == "refused" {
+					srv.Start(t)
+				} else if err := syscall.Kill(pid, syscall.SIGCONT); err != nil {
+					t.Fatal(err)
+				}
+			}
+			slices.Sort(took)
+			p90, worst := took[len(took)*9/10-1], took[len(took)-1]
+			t.Logf("breaker opened after %v (p90 %v)", took, p90)
+			if p90 > time.Second || worst > 2*time.Second {
+				t.Errorf("breaker opened after p90 %v, max %v; want within 1s and 2s", p90, worst)
+			}
+		})
+	}
+}
+
+// redisPID asks the server for its process id.
+func redisPID(t *testing.T, c *redis.Client) int {
+	t.Helper()
+	info, err := c.Info(context.Background(), "server").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(info, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "process_id:"); ok {
+			pid, err := strconv.Atoi(v)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return pid
+		}
+	}
+	t.Fatal("no process_id in INFO server")
+	return 0
 }

@@ -10,6 +10,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/sluicehq/sluice/internal/tick"
 )
 
 // Membership is a shared registry of the processes in a fleet, kept by the
@@ -206,16 +208,7 @@ func (f *Fleet) Close() error {
 
 func (f *Fleet) loop() {
 	defer close(f.done)
-	t := time.NewTicker(f.refresh)
-	defer t.Stop()
-	for {
-		select {
-		case <-f.stop:
-			return
-		case <-t.C:
-			f.beat(f.clock())
-		}
-	}
+	tick.Every(f.stop, f.refresh, func() { f.beat(f.clock()) })
 }
 
 // beat renews the registration and applies the count at now. It reports

@@ -96,6 +96,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/enum"
 	"github.com/sluicehq/sluice/memory"
 )
 
@@ -144,15 +145,10 @@ const (
 	FailClosed
 )
 
-var policyNames = [...]string{"local", "open", "closed"}
+var policyNames = []string{"local", "open", "closed"}
 
 // String returns the policy's config name: "local", "open" or "closed".
-func (p Policy) String() string {
-	if int(p) < len(policyNames) {
-		return policyNames[p]
-	}
-	return fmt.Sprintf("Policy(%d)", uint8(p))
-}
+func (p Policy) String() string { return enum.String(policyNames, p, "Policy") }
 
 // ParsePolicy parses a config name: "local" (or "fallback"), "open" (or
 // "fail-open"), "closed" (or "fail-closed").
@@ -172,14 +168,7 @@ func ParsePolicy(s string) (Policy, error) {
 func (p Policy) MarshalText() ([]byte, error) { return []byte(p.String()), nil }
 
 // UnmarshalText implements encoding.TextUnmarshaler with ParsePolicy.
-func (p *Policy) UnmarshalText(b []byte) error {
-	v, err := ParsePolicy(string(b))
-	if err != nil {
-		return err
-	}
-	*p = v
-	return nil
-}
+func (p *Policy) UnmarshalText(b []byte) error { return enum.Unmarshal(b, ParsePolicy, p) }
 
 // DefaultTimeout is Options.Timeout when none is set: long enough for a
 // Redis round trip under load, short enough that a dead Redis does not

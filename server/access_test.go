@@ -11,11 +11,8 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
-
-	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 
 	"github.com/sluicehq/sluice/server/config"
 )
@@ -145,20 +142,7 @@ func TestAPIDecisionToken(t *testing.T) {
 
 func TestRLSDecisionToken(t *testing.T) {
 	svc := newMemService(t, apiConfig, newFakeClock())
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	g := grpc.NewServer(grpc.ChainUnaryInterceptor(grpcToken("dec")))
-	svc.RegisterRLS(g)
-	go g.Serve(ln)
-	t.Cleanup(g.Stop)
-	conn, err := grpc.NewClient(ln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	c := rlsv3.NewRateLimitServiceClient(conn)
+	c := serveRLS(t, svc, grpc.ChainUnaryInterceptor(grpcToken("dec")))
 	req := rlsRequest(config.DefaultDomain, desc("fw=k"))
 	for _, tt := range []struct {
 		auth string

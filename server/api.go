@@ -167,11 +167,8 @@ type checkResponse struct {
 func ceilMS(d time.Duration) int64 { return int64((d + time.Millisecond - 1) / time.Millisecond) }
 
 func (a *api) check(w http.ResponseWriter, r *http.Request) {
-	if !a.decision(w, r) {
-		return
-	}
-	var req checkRequest
-	if !decodeJSON(w, r, &req) {
+	req, ok := authorizedJSON[checkRequest](w, r, a.decision)
+	if !ok {
 		return
 	}
 	if req.Policy == "" {
@@ -228,11 +225,8 @@ type resetRequest struct {
 }
 
 func (a *api) reset(w http.ResponseWriter, r *http.Request) {
-	if !a.admin(w, r) {
-		return
-	}
-	var req resetRequest
-	if !decodeJSON(w, r, &req) {
+	req, ok := authorizedJSON[resetRequest](w, r, a.admin)
+	if !ok {
 		return
 	}
 	if err := a.svc.Reset(r.Context(), req.Policy, req.Key); err != nil {
@@ -292,6 +286,13 @@ func (a *api) envoyJSON(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusTooManyRequests)
 	}
 	w.Write(out)
+}
+
+// authorizedJSON lets allowed check the request's credentials, then decodes
+// its JSON body into a T. ok is false once either has answered.
+func authorizedJSON[T any](w http.ResponseWriter, r *http.Request, allowed func(http.ResponseWriter, *http.Request) bool) (req T, ok bool) {
+	ok = allowed(w, r) && decodeJSON(w, r, &req)
+	return req, ok
 }
 
 // decodeJSON reads one JSON object of at most MaxBodyBytes with no unknown

@@ -5,7 +5,6 @@ package server
 import (
 	"context"
 	"errors"
-	"log/slog"
 	"os"
 	"path/filepath"
 	"slices"
@@ -14,11 +13,10 @@ import (
 	"time"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
+	"github.com/sluicehq/sluice/internal/grpctest"
 	"github.com/sluicehq/sluice/internal/race"
 )
 
@@ -84,23 +82,8 @@ func TestFaultRLSDeadline(t *testing.T) {
 		{"error", true, codes.Unavailable},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			srv, err := New(Options{
-				ConfigFile: cfg, RedisURL: r.url(), NoFailurePolicy: tt.noPolicy,
-				HTTPAddr: "127.0.0.1:0", GRPCAddr: "127.0.0.1:0", WatchInterval: -1,
-				Logger: slog.New(slog.DiscardHandler),
-			})
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := srv.Start(); err != nil {
-				t.Fatal(err)
-			}
-			defer srv.Shutdown(context.Background())
-			conn, err := grpc.NewClient(srv.GRPCAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer conn.Close()
+			srv := runServer(t, Options{ConfigFile: cfg, RedisURL: r.url(), NoFailurePolicy: tt.noPolicy, WatchInterval: -1})
+			conn := grpctest.Dial(t, srv.GRPCAddr())
 			client := rlsv3.NewRateLimitServiceClient(conn)
 			req := rlsRequest("sluice", desc("policy=api", "key=k"))
 			call(t, client, req) // connected, to Redis too

@@ -4,8 +4,6 @@ import (
 	"cmp"
 	"fmt"
 
-	"github.com/prometheus/client_golang/prometheus"
-
 	"github.com/sluicehq/sluice/redisstore"
 	"github.com/sluicehq/sluice/resilient"
 )
@@ -15,14 +13,8 @@ import (
 // what is discovered), exported as sluice_fleet_size. The Fleet logs each
 // change of size and each loss and return of the registry itself.
 func (s *Server) startFleet(rs *redisstore.Store) (*resilient.Fleet, error) {
-	size := prometheus.NewGauge(prometheus.GaugeOpts{
-		Name: "sluice_fleet_size",
-		Help: "Instances sharing Redis, which the local fallback divides every limit by: --fleet-size, or as discovered (grows at once, shrinks after 30s of smaller counts, kept while Redis is away).",
-	})
-	reachable := prometheus.NewGauge(prometheus.GaugeOpts{
-		Name: "sluice_fleet_registry_reachable",
-		Help: "1 while this instance's fleet registration reaches Redis (renewed every second).",
-	})
+	size := newGauge("sluice_fleet_size", "Instances sharing Redis, which the local fallback divides every limit by: --fleet-size, or as discovered (grows at once, shrinks after 30s of smaller counts, kept while Redis is away).")
+	reachable := newGauge("sluice_fleet_registry_reachable", "1 while this instance's fleet registration reaches Redis (renewed every second).")
 	s.metrics.reg.MustRegister(size, reachable)
 	// The state until the first change: an unreachable registry at start
 	// reports none.

@@ -5,13 +5,13 @@ package server
 import (
 	"context"
 	"errors"
-	"net"
 	"os/exec"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/sluicehq/sluice/internal/race"
+	"github.com/sluicehq/sluice/internal/redistest"
 )
 
 // fleetLimit is every fleet policy's limit: per hour, so that refills
@@ -219,12 +219,7 @@ func TestCLIFleetSize(t *testing.T) {
 		})
 	}
 	t.Run("redis unreachable at start", func(t *testing.T) {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		addr := l.Addr().String()
-		l.Close() // refused from now on
+		addr := redistest.DeadAddr(t)
 		for _, tt := range []struct {
 			args []string
 			want float64

@@ -99,15 +99,9 @@ func NewFleet(client redis.UniversalClient, svc *Service, opts *FleetOptions) *F
 		client: client, mon: svc.mon, opts: o, log: o.Logger,
 		// Long enough to survive two missed rounds, short enough that a
 		// stopped instance leaves the figures within seconds.
-		ttl: 5 * o.Interval,
-		instances: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "sluice_fleet_instances",
-			Help: "Instances whose figures the dashboard sums, this one included, as of the last round.",
-		}),
-		failures: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "sluice_fleet_publish_failures_total",
-			Help: "Rounds in which this instance could not publish its figures to Redis or read the fleet's.",
-		}),
+		ttl:       5 * o.Interval,
+		instances: newGauge("sluice_fleet_instances", "Instances whose figures the dashboard sums, this one included, as of the last round."),
+		failures:  newCounter("sluice_fleet_publish_failures_total", "Rounds in which this instance could not publish its figures to Redis or read the fleet's."),
 	}
 	f.instances.Set(1)
 	svc.mon.fleet = f

@@ -13,6 +13,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/tick"
 	"github.com/sluicehq/sluice/redisstore"
 )
 
@@ -84,22 +85,10 @@ type healthMetrics struct {
 
 func newHealthMetrics(reg *prometheus.Registry) *healthMetrics {
 	m := &healthMetrics{
-		degraded: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "sluice_degraded",
-			Help: "1 while decisions are degraded: the store does not answer, or the failure policy answers for it.",
-		}),
-		storeUp: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "sluice_store_up",
-			Help: "1 while the store (Redis) answers the service's checks.",
-		}),
-		storeChanges: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "sluice_store_transitions_total",
-			Help: "Store state changes: to=down (with the cause: unreachable, auth, tls...) or to=up.",
-		}, []string{"to", "cause"}),
-		fallbackChanges: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "sluice_fallback_transitions_total",
-			Help: "Failure policy changes: to=on when the breaker opens, to=off when it closes.",
-		}, []string{"to"}),
+		degraded:        newGauge("sluice_degraded", "1 while decisions are degraded: the store does not answer, or the failure policy answers for it."),
+		storeUp:         newGauge("sluice_store_up", "1 while the store (Redis) answers the service's checks."),
+		storeChanges:    newCounterVec("sluice_store_transitions_total", "Store state changes: to=down (with the cause: unreachable, auth, tls...) or to=up.", "to", "cause"),
+		fallbackChanges: newCounterVec("sluice_fallback_transitions_total", "Failure policy changes: to=on when the breaker opens, to=off when it closes.", "to"),
 	}
 	reg.MustRegister(m.degraded, m.storeUp, m.storeChanges, m.fallbackChanges)
 	m.fallbackChanges.WithLabelValues("on")
@@ -316,18 +305,11 @@ func (h *Health) watch(stop <-chan struct{}, interval time.Duration) {
 	if h == nil || h.probe == nil {
 		return
 	}
-	t := time.NewTicker(interval)
-	defer t.Stop()
-	for {
-		select {
-		case <-stop:
-			return
-		case <-t.C:
-			ctx, cancel := context.WithTimeout(context.Background(), max(interval, time.Second))
-			h.storeResult(h.probe(ctx))
-			cancel()
-		}
-	}
+	tick.Every(stop, interval, func() {
+		ctx, cancel := context.WithTimeout(context.Background(), max(interval, time.Second))
+		h.storeResult(h.probe(ctx))
+		cancel()
+	})
 }
 
 // policyName names the failure policy in logs and /v1/status.

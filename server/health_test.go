@@ -1,7 +1,6 @@
 package server
 
 import (
-	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -34,8 +33,7 @@ func TestServerRefusesMisconfiguredRedis(t *testing.T) {
 		"sentinel monitor known " + strings.Replace(plain.Addr, ":", " ", 1) + " 1",
 	}})
 	node := redistest.StartServerOptions(t, &redistest.ServerOptions{Cluster: true})
-	admin := redis.NewClient(&redis.Options{Addr: plain.Addr})
-	defer admin.Close()
+	admin := plain.Client(t)
 	if err := admin.Do(context.Background(), "acl", "setuser", "noscript", "on", ">pw", "~*", "+ping", "+info").Err(); err != nil {
 		t.Fatal(err)
 	}
@@ -128,21 +126,10 @@ func scrapedMetric(t *testing.T, p *proc, series string) string {
 	return ""
 }
 
-// runServer starts a Server (on loopback ports and without a log unless
-// opts say otherwise) and shuts it down at cleanup.
+// runServer is startServer, shut down at cleanup.
 func runServer(t *testing.T, opts Options) *Server {
 	t.Helper()
-	opts.HTTPAddr, opts.GRPCAddr = cmp.Or(opts.HTTPAddr, "127.0.0.1:0"), cmp.Or(opts.GRPCAddr, "127.0.0.1:0")
-	if opts.Logger == nil {
-		opts.Logger = slog.New(slog.DiscardHandler)
-	}
-	srv, err := New(opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := srv.Start(); err != nil {
-		t.Fatal(err)
-	}
+	srv := startServer(t, opts)
 	t.Cleanup(func() { srv.Shutdown(context.Background()) })
 	return srv
 }

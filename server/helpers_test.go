@@ -2,10 +2,8 @@ package server
 
 import (
 	"context"
-	"net"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -13,12 +11,13 @@ import (
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/grpctest"
 	"github.com/sluicehq/sluice/internal/promtest"
 	"github.com/sluicehq/sluice/memory"
 	"github.com/sluicehq/sluice/server/config"
+	"github.com/sluicehq/sluice/storetest"
 )
 
 // t0 starts a day, so every fixed window the tests use (second to day)
@@ -26,24 +25,9 @@ import (
 var t0 = time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
 
 // fakeClock is a settable clock shared by the store and the service.
-type fakeClock struct {
-	mu  sync.Mutex
-	now time.Time
-}
+type fakeClock = storetest.Clock
 
-func newFakeClock() *fakeClock { return &fakeClock{now: t0} }
-
-func (c *fakeClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *fakeClock) Set(t time.Time) {
-	c.mu.Lock()
-	c.now = t
-	c.mu.Unlock()
-}
+func newFakeClock() *fakeClock { return storetest.NewClock(t0) }
 
 func mustConfig(t testing.TB, yaml string) *config.Config {
 	t.Helper()
@@ -62,31 +46,20 @@ func newMemService(t testing.TB, yaml string, clock *fakeClock) *Service {
 	return NewService(store, mustConfig(t, yaml), &ServiceOptions{Clock: clock.Now})
 }
 
-// serveRLS serves svc's RLS on a real loopback listener and returns a
-// go-control-plane client.
-func serveRLS(t testing.TB, svc *Service) rlsv3.RateLimitServiceClient {
+// serveRLS serves svc's RLS on a real loopback listener, on a gRPC server
+// with opts, and returns a go-control-plane client.
+func serveRLS(t testing.TB, svc *Service, opts ...grpc.ServerOption) rlsv3.RateLimitServiceClient {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	g := grpc.NewServer()
+	g := grpc.NewServer(opts...)
 	svc.RegisterRLS(g)
-	go g.Serve(ln)
-	t.Cleanup(g.Stop)
-	return dialRLS(t, ln.Addr().String())
+	return rlsv3.NewRateLimitServiceClient(grpctest.Serve(t, g))
 }
 
 // dialRLS returns a go-control-plane client of the RLS at addr, closed at
 // cleanup.
 func dialRLS(t testing.TB, addr string) rlsv3.RateLimitServiceClient {
 	t.Helper()
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
-	return rlsv3.NewRateLimitServiceClient(conn)
+	return rlsv3.NewRateLimitServiceClient(grpctest.Dial(t, addr))
 }
 
 // desc builds a descriptor from "k=v" pairs.

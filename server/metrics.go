@@ -53,41 +53,21 @@ var _ sluice.SlotObserver = (*Metrics)(nil)
 // collectors, in a new registry.
 func NewMetrics() *Metrics {
 	m := &Metrics{
-		reg:       prometheus.NewRegistry(),
-		storeName: "memory",
-		fallback: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "sluice_fallback_active",
-			Help: "1 while the circuit breaker keeps decisions off Redis (open or half-open), so the failure policy decides.",
-		}),
-		reloads: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "sluice_config_reloads_total",
-			Help: "Configuration reloads by result (success, failure).",
-		}, []string{"result"}),
-		configTime: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "sluice_config_last_reload_success_timestamp_seconds",
-			Help: "When the configuration in force was loaded.",
-		}),
-		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "sluice_api_requests_total",
-			Help: "Requests served, by API (grpc, http), endpoint (gRPC method or HTTP route) and code (gRPC status or HTTP status).",
-		}, []string{"api", "endpoint", "code"}),
+		reg:        prometheus.NewRegistry(),
+		obs:        promsluice.New(nil),
+		storeName:  "memory",
+		fallback:   newGauge("sluice_fallback_active", "1 while the circuit breaker keeps decisions off Redis (open or half-open), so the failure policy decides."),
+		reloads:    newCounterVec("sluice_config_reloads_total", "Configuration reloads by result (success, failure).", "result"),
+		configTime: newGauge("sluice_config_last_reload_success_timestamp_seconds", "When the configuration in force was loaded."),
+		requests:   newCounterVec("sluice_api_requests_total", "Requests served, by API (grpc, http), endpoint (gRPC method or HTTP route) and code (gRPC status or HTTP status).", "api", "endpoint", "code"),
 		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "sluice_api_request_duration_seconds",
 			Help:    "Time to answer a request, by API and endpoint; Envoy's rate limit filter timeout applies to the grpc ShouldRateLimit series.",
 			Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, 1},
 		}, []string{"api", "endpoint"}),
-		unknown: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "sluice_rls_unknown_domain_requests_total",
-			Help: "Envoy rate limit requests for a domain no configuration names; they are answered OK. Each domain is logged once (the first 1,000); it is not a label: requests choose it.",
-		}),
-		unmatched: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "sluice_rls_unmatched_descriptors_total",
-			Help: "Descriptors of a configured domain that no rule matches, so nothing limits them.",
-		}, []string{"domain"}),
-		timeout: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "sluice_decision_timeout_seconds",
-			Help: "The longest wait for Redis before the failure policy answers (--decision-timeout); 0 without Redis. Alerts compare store latency with it.",
-		}),
+		unknown:   newCounter("sluice_rls_unknown_domain_requests_total", "Envoy rate limit requests for a domain no configuration names; they are answered OK. Each domain is logged once (the first 1,000); it is not a label: requests choose it."),
+		unmatched: newCounterVec("sluice_rls_unmatched_descriptors_total", "Descriptors of a configured domain that no rule matches, so nothing limits them.", "domain"),
+		timeout:   newGauge("sluice_decision_timeout_seconds", "The longest wait for Redis before the failure policy answers (--decision-timeout); 0 without Redis. Alerts compare store latency with it."),
 	}
 	m.obs = promsluice.New(&promsluice.Options{Refresh: func() {
 		if h := m.holds.Load(); h != nil {
@@ -100,6 +80,20 @@ func NewMetrics() *Metrics {
 	m.reloads.WithLabelValues("success")
 	m.reloads.WithLabelValues("failure")
 	return m
+}
+
+// newGauge, newCounter and newCounterVec make the service's own metrics: a
+// name, its help and, for a vector, its labels.
+func newGauge(name, help string) prometheus.Gauge {
+	return prometheus.NewGauge(prometheus.GaugeOpts{Name: name, Help: help})
+}
+
+func newCounter(name, help string) prometheus.Counter {
+	return prometheus.NewCounter(prometheus.CounterOpts{Name: name, Help: help})
+}
+
+func newCounterVec(name, help string, labels ...string) *prometheus.CounterVec {
+	return prometheus.NewCounterVec(prometheus.CounterOpts{Name: name, Help: help}, labels)
 }
 
 // Registry returns the registry, so embedders can add their collectors.

@@ -2,7 +2,6 @@ package server
 
 import (
 	"context"
-	"errors"
 	"net/http"
 	"runtime"
 	"strings"
@@ -11,17 +10,9 @@ import (
 	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 
-	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/memory"
+	"github.com/sluicehq/sluice/storetest"
 )
-
-// brokenStore fails every call, as a Redis that is down without a failure
-// policy does.
-type brokenStore struct{ sluice.Store }
-
-func (brokenStore) Take(context.Context, string, sluice.Limit, int64) (sluice.Decision, error) {
-	return sluice.Decision{}, errors.New("connection refused")
-}
 
 // decisionCount is sluice_decisions_total for policy and outcome, or -1
 // when there is no such series.
@@ -36,7 +27,7 @@ func TestMetricsErrorsAndForget(t *testing.T) {
 	m := NewMetrics()
 	mem := memory.New(nil)
 	t.Cleanup(func() { mem.Close() })
-	svc := NewService(brokenStore{mem}, mustConfig(t, "policies:\n  - name: a\n    limit: 1/s\n  - name: b\n    limit: 1/s\n"), &ServiceOptions{Metrics: m})
+	svc := NewService(storetest.Down{Store: mem}, mustConfig(t, "policies:\n  - name: a\n    limit: 1/s\n  - name: b\n    limit: 1/s\n"), &ServiceOptions{Metrics: m})
 	if _, err := svc.Check(context.Background(), "a", "k", 0); err == nil {
 		t.Fatal("Check on a broken store succeeded")
 	}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -35,25 +34,19 @@ descriptors:
   - key: tenant
     rate_limit: {unit: hour, requests_per_unit: 80, algorithm: sliding_window_log}
 `
-	for _, tt := range []struct {
-		name   string
-		client func(testing.TB) redis.UniversalClient
-	}{
-		{"standalone", func(t testing.TB) redis.UniversalClient { return redistest.Client(t) }},
-		{"cluster", func(t testing.TB) redis.UniversalClient { return redistest.ClusterClient(t) }},
-		// What --redis redis+sentinel://... opens: the master found through
-		// a live Sentinel.
-		{"sentinel", func(t testing.TB) redis.UniversalClient {
-			c, err := NewRedisClient("redis+sentinel://" + redistest.SentinelAddr(t) + "?master_name=" + redistest.SentinelMaster)
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { c.Close() })
-			return c
-		}},
-	} {
-		t.Run(tt.name, func(t *testing.T) {
-			client := tt.client(t)
+	// Besides the shared deployments, what --redis redis+sentinel://...
+	// opens: the master found through a live Sentinel.
+	sentinel := redistest.Deployment{Name: "sentinel", Client: func(t testing.TB) redis.UniversalClient {
+		c, err := NewRedisClient("redis+sentinel://" + redistest.SentinelAddr(t) + "?master_name=" + redistest.SentinelMaster)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		return c
+	}}
+	for _, tt := range append(redistest.Deployments(), sentinel) {
+		t.Run(tt.Name, func(t *testing.T) {
+			client := tt.Client(t)
 			prefix := redistest.Prefix(t)
 			// Two service instances, as two replicas behind Envoy would be.
 			var clients []rlsv3.RateLimitServiceClient
@@ -102,7 +95,7 @@ descriptors:
 			if got := tenant.Load(); got != 30 {
 				t.Errorf("tenant alone: %d of 64 admitted, want the 30 left", got)
 			}
-			if tt.name == "sentinel" { // the state is on the master Sentinel named
+			if tt.Name == "sentinel" { // the state is on the master Sentinel named
 				n, err := redistest.Client(t).Keys(context.Background(), prefix+"*").Result()
 				if err != nil || len(n) == 0 {
 					t.Errorf("no keys under %q on the standalone server behind the Sentinel: %v", prefix, err)
@@ -130,18 +123,10 @@ func TestServerOnRedis(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			srv, err := New(Options{
+			srv := runServer(t, Options{
 				ConfigFile: "testdata/envoy-example.yaml", RedisURL: "redis://" + r.Addr + "/0",
-				HTTPAddr: "127.0.0.1:0", GRPCAddr: "127.0.0.1:0", FailurePolicy: fp, NoFailurePolicy: !ok,
-				Logger: slog.New(slog.DiscardHandler),
+				FailurePolicy: fp, NoFailurePolicy: !ok,
 			})
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := srv.Start(); err != nil {
-				t.Fatal(err)
-			}
-			defer srv.Shutdown(context.Background())
 			p := &proc{http: srv.HTTPAddr()}
 			if code, _ := p.get(t, "/readyz"); code != 200 {
 				t.Errorf("readyz with Redis up: %d", code)
@@ -249,18 +234,10 @@ func TestParseFailurePolicy(t *testing.T) {
 // parameters never reach go-redis, which would refuse them.
 func TestServerWaitReplicas(t *testing.T) {
 	r := redistest.StartServer(t)
-	srv, err := New(Options{
+	srv := runServer(t, Options{
 		ConfigFile: "testdata/envoy-example.yaml", RedisURL: "redis://" + r.Addr + "/0?wait_replicas=1&wait_timeout=10ms",
-		HTTPAddr: "127.0.0.1:0", GRPCAddr: "127.0.0.1:0", NoFailurePolicy: true, DecisionTimeout: time.Second,
-		Logger: slog.New(slog.DiscardHandler),
+		NoFailurePolicy: true, DecisionTimeout: time.Second,
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := srv.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Shutdown(context.Background())
 	p := &proc{http: srv.HTTPAddr()}
 	if code, body := p.post(t, "/v1/check", `{"policy":"rl.foo","key":"foo=wait"}`); code != 503 {
 		t.Errorf("check with a replica to wait for and none: %d %v, want 503", code, body)

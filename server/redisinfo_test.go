@@ -109,12 +109,7 @@ func TestRedisInfo(t *testing.T) {
 		}
 	})
 	t.Run("down", func(t *testing.T) {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		addr := ln.Addr().String()
-		ln.Close() // nothing listens there now
+		addr := redistest.DeadAddr(t)
 		c := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1})
 		t.Cleanup(func() { c.Close() })
 		if got := metricValue(t, gatherRedisInfo(t, c, 0), "sluice_redis_up", map[string]string{"node": addr}); got != 0 {

@@ -44,6 +44,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/tick"
 	"github.com/sluicehq/sluice/memory"
 	"github.com/sluicehq/sluice/redisstore"
 	"github.com/sluicehq/sluice/resilient"
@@ -384,25 +385,18 @@ func (s *Server) Reload() error {
 // watch reloads when the config files' modification times or sizes change.
 func (s *Server) watch() {
 	defer s.wg.Done()
-	t := time.NewTicker(s.opts.WatchInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-s.stop:
+	tick.Every(s.stop, s.opts.WatchInterval, func() {
+		files, err := config.Files(s.opts.ConfigFile)
+		if err != nil {
 			return
-		case <-t.C:
-			files, err := config.Files(s.opts.ConfigFile)
-			if err != nil {
-				continue
-			}
-			s.reloadMu.Lock()
-			changed := configStamp(files) != s.stamp
-			s.reloadMu.Unlock()
-			if changed {
-				s.Reload() // logs its result
-			}
 		}
-	}
+		s.reloadMu.Lock()
+		changed := configStamp(files) != s.stamp
+		s.reloadMu.Unlock()
+		if changed {
+			s.Reload() // logs its result
+		}
+	})
 }
 
 func configStamp(files []string) string {

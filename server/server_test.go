@@ -1,6 +1,7 @@
 package server
 
 import (
+	"cmp"
 	"context"
 	"log/slog"
 	"net/http"
@@ -30,10 +31,14 @@ func (b *blockingStore) Take(ctx context.Context, key string, l sluice.Limit, co
 	return b.Store.Take(ctx, key, l, cost)
 }
 
+// startServer starts a Server, on loopback ports and without a log unless
+// opts say otherwise.
 func startServer(t *testing.T, opts Options) *Server {
 	t.Helper()
-	opts.HTTPAddr, opts.GRPCAddr = "127.0.0.1:0", "127.0.0.1:0"
-	opts.Logger = slog.New(slog.DiscardHandler)
+	opts.HTTPAddr, opts.GRPCAddr = cmp.Or(opts.HTTPAddr, "127.0.0.1:0"), cmp.Or(opts.GRPCAddr, "127.0.0.1:0")
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
 	srv, err := New(opts)
 	if err != nil {
 		t.Fatal(err)

@@ -14,11 +14,11 @@ import (
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/encoding"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/sluicehq/sluice/internal/grpctest"
 	"github.com/sluicehq/sluice/memory"
 	"github.com/sluicehq/sluice/server/config"
 )
@@ -135,11 +135,7 @@ func TestRLSInvalidUTF8(t *testing.T) {
 		t.Fatal(err)
 	}
 	bad := bytes.Replace(req, []byte("XXXX"), []byte("\xff\xfe\xfd\xfc"), 1)
-	conn, err := grpc.NewClient(srv.GRPCAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
+	conn := grpctest.Dial(t, srv.GRPCAddr())
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	var out []byte

@@ -78,32 +78,31 @@ func testGrantBucket(t *testing.T, newStore NewStore, a sluice.Algorithm) {
 	}
 	checkPeek(t, s, key, l, 2)
 
-	// A full bucket's grant, returned 250ms later (3 intervals begun): 8
-	// unused give back 5, beside the 2 refilled.
-	key = uniqueKey(t, "rule")
 	clock.Set(T0.Add(time.Hour))
-	g, err := s.Grant(ctx, key, l, 10)
-	if err != nil || g.Granted != 10 {
-		t.Fatalf("grant 10 = %+v, %v", g, err)
+	for _, step := range []struct {
+		name         string
+		age          time.Duration
+		unused, want int64 // returned, and given back
+		left         int64 // Peek's Remaining after
+	}{
+		// A full bucket's grant, returned 250ms later (3 intervals begun): 8
+		// unused give back 5, beside the 2 refilled.
+		{"rule", 250 * time.Millisecond, 8, 5, 7},
+		// Returned after the bucket could have refilled: nothing comes back,
+		// and the key is no fuller than fresh.
+		{"late", 2 * time.Second, 10, 0, 10},
+	} {
+		key := uniqueKey(t, step.name)
+		g, err := s.Grant(ctx, key, l, 10)
+		if err != nil || g.Granted != 10 {
+			t.Fatalf("%s: grant 10 = %+v, %v", step.name, g, err)
+		}
+		clock.Advance(step.age)
+		if got, err := s.Return(ctx, key, l, g, step.unused); err != nil || got != step.want {
+			t.Fatalf("%s: return %d at age %v = %d, %v; want %d", step.name, step.unused, step.age, got, err, step.want)
+		}
+		checkPeek(t, s, key, l, step.left)
 	}
-	clock.Advance(250 * time.Millisecond)
-	if got, err := s.Return(ctx, key, l, g, 8); err != nil || got != 5 {
-		t.Fatalf("return 8 at age 250ms = %d, %v; want 5", got, err)
-	}
-	checkPeek(t, s, key, l, 7)
-
-	// Returned after the bucket could have refilled: nothing comes back,
-	// and the key is no fuller than fresh.
-	key = uniqueKey(t, "late")
-	g, err = s.Grant(ctx, key, l, 10)
-	if err != nil || g.Granted != 10 {
-		t.Fatalf("grant 10 = %+v, %v", g, err)
-	}
-	clock.Advance(2 * time.Second)
-	if got, err := s.Return(ctx, key, l, g, 10); err != nil || got != 0 {
-		t.Fatalf("return 10 at age 2s = %d, %v; want 0", got, err)
-	}
-	checkPeek(t, s, key, l, 10)
 }
 
 // testGrantWindow walks 10/s in windows of one second: grants up to the

@@ -531,20 +531,22 @@ func testConcurrent(t *testing.T, s sluice.Store, clock *Clock, l sluice.Limit) 
 	}
 }
 
-// testBadInput: typed errors, and nothing written.
-func testBadInput(t *testing.T, newStore NewStore) {
-	ctx := context.Background()
-	clock := NewClock(T0)
-	s := newStore(t, clock.Now)
-	key := uniqueKey(t, "bad")
-	good := sluice.PerMinute(10)
-	cases := []struct {
-		name  string
-		key   string
-		limit sluice.Limit
-		cost  int64
-		want  error
-	}{
+// BadInput is a call that every store refuses with an error wrapping
+// Want, writing nothing.
+type BadInput struct {
+	Name  string
+	Key   string
+	Limit sluice.Limit
+	Cost  int64
+	Want  error
+}
+
+// BadInputs are the calls every store must refuse, on key or beside it,
+// with good a valid limit of capacity 10. A limit of the zero Algorithm
+// (GCRA) other than "burst on a window" is wrong whatever its algorithm:
+// ForAlgorithm puts it under another.
+func BadInputs(key string, good sluice.Limit) []BadInput {
+	return []BadInput{
 		{"empty key", "", good, 1, sluice.ErrInvalidKey},
 		{"long key", strings.Repeat("k", sluice.MaxKeyLen+1), good, 1, sluice.ErrInvalidKey},
 		{"zero rate", key, sluice.Limit{Period: time.Second}, 1, sluice.ErrInvalidLimit},
@@ -556,17 +558,33 @@ func testBadInput(t *testing.T, newStore NewStore) {
 		{"negative cost", key, good, -3, sluice.ErrInvalidCost},
 		{"cost over burst", key, good, 11, sluice.ErrCostExceedsBurst},
 	}
-	for _, c := range cases {
+}
+
+// ForAlgorithm returns b's limit under algorithm a where its wrong limit
+// has no algorithm of its own.
+func (b BadInput) ForAlgorithm(a sluice.Algorithm) sluice.Limit {
+	l := b.Limit
+	if l.Algorithm == sluice.GCRA && b.Name != "burst on a window" {
+		l.Algorithm = a
+	}
+	return l
+}
+
+// testBadInput: typed errors, and nothing written.
+func testBadInput(t *testing.T, newStore NewStore) {
+	ctx := context.Background()
+	clock := NewClock(T0)
+	s := newStore(t, clock.Now)
+	key := uniqueKey(t, "bad")
+	good := sluice.PerMinute(10)
+	for _, c := range BadInputs(key, good) {
 		for _, a := range []sluice.Algorithm{sluice.GCRA, sluice.SlidingWindowLog, sluice.FixedWindow} {
-			l := c.limit
-			if l.Algorithm == sluice.GCRA && c.name != "burst on a window" {
-				l.Algorithm = a
+			l := c.ForAlgorithm(a)
+			if _, err := s.Take(ctx, c.Key, l, c.Cost); !errors.Is(err, c.Want) {
+				t.Errorf("%s: Take error %v, want %v", c.Name, err, c.Want)
 			}
-			if _, err := s.Take(ctx, c.key, l, c.cost); !errors.Is(err, c.want) {
-				t.Errorf("%s: Take error %v, want %v", c.name, err, c.want)
-			}
-			if _, err := s.Peek(ctx, c.key, l, c.cost); !errors.Is(err, c.want) {
-				t.Errorf("%s: Peek error %v, want %v", c.name, err, c.want)
+			if _, err := s.Peek(ctx, c.Key, l, c.Cost); !errors.Is(err, c.Want) {
+				t.Errorf("%s: Peek error %v, want %v", c.Name, err, c.Want)
 			}
 		}
 	}

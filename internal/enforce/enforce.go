@@ -22,6 +22,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/enum"
 )
 
 // Strategy is what a rule does with a request over its limit.
@@ -44,15 +45,10 @@ const (
 	Penalty
 )
 
-var strategyNames = [...]string{"reject", "delay", "shadow", "penalty"}
+var strategyNames = []string{"reject", "delay", "shadow", "penalty"}
 
 // String returns the strategy's config name.
-func (s Strategy) String() string {
-	if int(s) < len(strategyNames) {
-		return strategyNames[s]
-	}
-	return fmt.Sprintf("Strategy(%d)", uint8(s))
-}
+func (s Strategy) String() string { return enum.String(strategyNames, s, "Strategy") }
 
 // ParseStrategy parses a config name ("reject", "delay", "shadow" or
 // "dry_run", "penalty").

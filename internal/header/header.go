@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/enum"
 )
 
 // Field names.
@@ -53,25 +54,18 @@ const (
 	None
 )
 
-var selectionNames = [...]string{"standard", "all", "none"}
+var selectionNames = []string{"standard", "all", "none"}
 
 // String returns the selection's name: "standard", "all" or "none".
-func (s Selection) String() string {
-	if int(s) < len(selectionNames) {
-		return selectionNames[s]
-	}
-	return "HeaderSet(" + strconv.Itoa(int(s)) + ")"
-}
+func (s Selection) String() string { return enum.String(selectionNames, s, "HeaderSet") }
 
 // ErrSelection: a selection name that is not one of String's.
 var ErrSelection = errors.New("want standard, all or none")
 
 // Parse parses a selection's name, as String returns it.
 func Parse(name string) (Selection, error) {
-	for i, n := range selectionNames {
-		if n == name {
-			return Selection(i), nil
-		}
+	if s, ok := enum.Parse[Selection](selectionNames, name); ok {
+		return s, nil
 	}
 	return 0, ErrSelection
 }

@@ -8,6 +8,9 @@ import (
 	"github.com/sluicehq/sluice"
 )
 
+// fields are the wanted header values by name; "" means absent.
+type fields = map[string]string
+
 func TestSet(t *testing.T) {
 	t.Parallel()
 	now := time.Unix(1_700_000_000, 0)
@@ -16,62 +19,14 @@ func TestSet(t *testing.T) {
 		name   string
 		policy string
 		d      sluice.Decision
-		want   map[string]string // "" means absent
+		want   fields
 	}{
-		{
-			name:   "allowed",
-			policy: "api",
-			d:      sluice.Decision{Allowed: true, Limit: lim, Remaining: 99, ResetAfter: 600 * time.Millisecond},
-			want: map[string]string{
-				RetryAfter: "",
-				Limit:      "100",
-				Remaining:  "99",
-				Reset:      "1700000001",
-				Policy:     `"api";q=100;w=60`,
-				RateLimit:  `"api";r=99;t=1`,
-			},
-		},
-		{
-			name:   "denied rounds up",
-			policy: "api",
-			d:      sluice.Decision{Limit: lim, RetryAfter: 11*time.Second + time.Microsecond, ResetAfter: 60 * time.Second},
-			want: map[string]string{
-				RetryAfter: "12",
-				Remaining:  "0",
-				Reset:      "1700000060",
-				Policy:     `"api";q=100;w=60`,
-				RateLimit:  `"api";r=0;t=12`,
-			},
-		},
-		{
-			name:   "denied exact second",
-			policy: "api",
-			d:      sluice.Decision{Limit: lim, RetryAfter: 12 * time.Second, ResetAfter: 12 * time.Second},
-			want:   map[string]string{RetryAfter: "12", RateLimit: `"api";r=0;t=12`},
-		},
-		{
-			name:   "denied sub-second is 1",
-			policy: "api",
-			d:      sluice.Decision{Limit: lim, RetryAfter: time.Microsecond},
-			want:   map[string]string{RetryAfter: "1"},
-		},
-		{
-			name:   "burst is the limit, sub-second window is 1",
-			policy: "b",
-			d:      sluice.Decision{Allowed: true, Limit: sluice.Limit{Rate: 10, Period: 100 * time.Millisecond, Burst: 20}, Remaining: 19},
-			want: map[string]string{
-				Limit:     "20",
-				Policy:    `"b";q=10;w=1`,
-				RateLimit: `"b";r=19;t=0`,
-				Reset:     "1700000000",
-			},
-		},
-		{
-			name:   "name escaped",
-			policy: "a\"b\\c\n\xff",
-			d:      sluice.Decision{Allowed: true, Limit: lim, Remaining: 1},
-			want:   map[string]string{RateLimit: `"a\"b\\c??";r=1;t=0`},
-		},
+		{"allowed", "api", sluice.Decision{Allowed: true, Limit: lim, Remaining: 99, ResetAfter: 600 * time.Millisecond}, fields{RetryAfter: "", Limit: "100", Remaining: "99", Reset: "1700000001", Policy: `"api";q=100;w=60`, RateLimit: `"api";r=99;t=1`}},
+		{"denied rounds up", "api", sluice.Decision{Limit: lim, RetryAfter: 11*time.Second + time.Microsecond, ResetAfter: 60 * time.Second}, fields{RetryAfter: "12", Remaining: "0", Reset: "1700000060", Policy: `"api";q=100;w=60`, RateLimit: `"api";r=0;t=12`}},
+		{"denied exact second", "api", sluice.Decision{Limit: lim, RetryAfter: 12 * time.Second, ResetAfter: 12 * time.Second}, fields{RetryAfter: "12", RateLimit: `"api";r=0;t=12`}},
+		{"denied sub-second is 1", "api", sluice.Decision{Limit: lim, RetryAfter: time.Microsecond}, fields{RetryAfter: "1"}},
+		{"burst is the limit, sub-second window is 1", "b", sluice.Decision{Allowed: true, Limit: sluice.Limit{Rate: 10, Period: 100 * time.Millisecond, Burst: 20}, Remaining: 19}, fields{Limit: "20", Policy: `"b";q=10;w=1`, RateLimit: `"b";r=19;t=0`, Reset: "1700000000"}},
+		{"name escaped", "a\"b\\c\n\xff", sluice.Decision{Allowed: true, Limit: lim, Remaining: 1}, fields{RateLimit: `"a\"b\\c??";r=1;t=0`}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -98,47 +53,11 @@ func TestWriteRuleFields(t *testing.T) {
 		name string
 		set  Selection
 		d    sluice.Decision
-		want map[string]string // "" means absent
+		want fields
 	}{
-		{
-			name: "allowed, standard fields",
-			set:  Standard,
-			d:    allowed,
-			want: map[string]string{
-				RetryAfter: "",
-				Limit:      "",
-				Remaining:  "",
-				Reset:      "",
-				Policy:     `"api";q=100;w=60`,
-				RateLimit:  `"api";r=1234567;t=2`,
-			},
-		},
-		{
-			name: "allowed, all fields",
-			set:  All,
-			d:    allowed,
-			want: map[string]string{
-				RetryAfter: "",
-				Limit:      "100",
-				Remaining:  "1234567",
-				Reset:      "1700000002",
-				Policy:     `"api";q=100;w=60`,
-				RateLimit:  `"api";r=1234567;t=2`,
-			},
-		},
-		{
-			name: "denied under a fallback limit, standard fields asked",
-			set:  Standard,
-			d:    sluice.Decision{Limit: sluice.PerMinute(25), RetryAfter: 2400 * time.Millisecond, ResetAfter: time.Minute},
-			want: map[string]string{
-				RetryAfter: "3",
-				Limit:      "25",
-				Remaining:  "0",
-				Reset:      "1700000061",
-				Policy:     `"api";q=100;w=60`,
-				RateLimit:  `"api";r=0;t=3`,
-			},
-		},
+		{"allowed, standard fields", Standard, allowed, map[string]string{RetryAfter: "", Limit: "", Remaining: "", Reset: "", Policy: `"api";q=100;w=60`, RateLimit: `"api";r=1234567;t=2`}},
+		{"allowed, all fields", All, allowed, map[string]string{RetryAfter: "", Limit: "100", Remaining: "1234567", Reset: "1700000002", Policy: `"api";q=100;w=60`, RateLimit: `"api";r=1234567;t=2`}},
+		{"denied under a fallback limit, standard fields asked", Standard, sluice.Decision{Limit: sluice.PerMinute(25), RetryAfter: 2400 * time.Millisecond, ResetAfter: time.Minute}, fields{RetryAfter: "3", Limit: "25", Remaining: "0", Reset: "1700000061", Policy: `"api";q=100;w=60`, RateLimit: `"api";r=0;t=3`}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -85,6 +85,36 @@ func ClusterClient(t testing.TB) *redis.ClusterClient {
 	return c
 }
 
+// Deployment is one of the shared test deployments: a name for t.Run and a
+// client of it, closed at cleanup.
+type Deployment struct {
+	Name   string
+	Client func(t testing.TB) redis.UniversalClient
+}
+
+// Deployments are the standalone server and the cluster, for tests that
+// run on each.
+func Deployments() []Deployment {
+	return []Deployment{
+		{"standalone", func(t testing.TB) redis.UniversalClient { return Client(t) }},
+		{"cluster", func(t testing.TB) redis.UniversalClient { return ClusterClient(t) }},
+	}
+}
+
+// EachDeployment runs f as a subtest on each of Deployments.
+func EachDeployment(t *testing.T, f func(t *testing.T, d Deployment)) {
+	t.Helper()
+	for _, d := range Deployments() {
+		t.Run(d.Name, func(t *testing.T) { f(t, d) })
+	}
+}
+
+// Each is EachDeployment with a client of the deployment.
+func Each(t *testing.T, f func(t *testing.T, c redis.UniversalClient)) {
+	t.Helper()
+	EachDeployment(t, func(t *testing.T, d Deployment) { f(t, d.Client(t)) })
+}
+
 func ping(t testing.TB, c redis.UniversalClient) {
 	t.Helper()
 	t.Cleanup(func() { c.Close() })
@@ -191,6 +221,13 @@ var freePort = func(t testing.TB) int {
 	return l.Addr().(*net.TCPAddr).Port
 }
 
+// DeadAddr returns a loopback address where nothing listens: connections
+// are refused, as by a Redis that is down.
+func DeadAddr(t testing.TB) string {
+	t.Helper()
+	return fmt.Sprintf("127.0.0.1:%d", freePort(t))
+}
+
 var errAddrInUse = errors.New("redistest: address in use")
 
 // Start restarts a stopped server on its address and waits until it is
@@ -271,6 +308,13 @@ func lastLines(b []byte, n int) string {
 		lines = lines[len(lines)-n:]
 	}
 	return strings.Join(lines, " | ")
+}
+
+// Client returns a client of the server, closed at cleanup.
+func (s *Server) Client(t testing.TB) *redis.Client {
+	c := redis.NewClient(&redis.Options{Addr: s.Addr})
+	t.Cleanup(func() { c.Close() })
+	return c
 }
 
 // Stop kills the server (SIGKILL: a crash, not a clean shutdown) and waits

@@ -8,8 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/sluicehq/sluice/internal/race"
 )
 
@@ -44,8 +42,7 @@ func TestStartServerRetriesTakenPort(t *testing.T) {
 	if elapsed > 5*time.Second {
 		t.Errorf("start with one taken port took %v", elapsed)
 	}
-	c := redis.NewClient(&redis.Options{Addr: s.Addr})
-	defer c.Close()
+	c := s.Client(t)
 	if err := c.Ping(context.Background()).Err(); err != nil {
 		t.Fatal(err)
 	}
@@ -56,8 +53,7 @@ func TestServerRestart(t *testing.T) {
 	s.Stop()
 	s.Stop() // a stopped server: nothing to do
 	s.Start(t)
-	c := redis.NewClient(&redis.Options{Addr: s.Addr})
-	defer c.Close()
+	c := s.Client(t)
 	if err := c.Ping(context.Background()).Err(); err != nil {
 		t.Fatal(err)
 	}

@@ -246,12 +246,23 @@ func (c *Cluster) create(t testing.TB, masters int) {
 }
 
 // Addrs returns every node's address: seeds for a ClusterClient.
-func (c *Cluster) Addrs() []string {
-	addrs := make([]string, len(c.Nodes))
-	for i, n := range c.Nodes {
-		addrs[i] = n.Addr
+func (c *Cluster) Addrs() []string { return addrs(c.Nodes) }
+
+// addrs returns the nodes' addresses, in order.
+func addrs(nodes []*Node) []string {
+	a := make([]string, len(nodes))
+	for i, n := range nodes {
+		a[i] = n.Addr
 	}
-	return addrs
+	return a
+}
+
+// Client returns a cluster client seeded with every node, closed at
+// cleanup.
+func (c *Cluster) Client(t testing.TB) *redis.ClusterClient {
+	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Addrs()})
+	t.Cleanup(func() { cc.Close() })
+	return cc
 }
 
 // URL returns the nodes as a --redis URL for sluice serve:
@@ -522,13 +533,7 @@ func StartSentinel(t testing.TB, opts *SentinelOptions) *SentinelSet {
 }
 
 // SentinelAddrs returns the Sentinels' addresses.
-func (s *SentinelSet) SentinelAddrs() []string {
-	addrs := make([]string, len(s.Sentinels))
-	for i, n := range s.Sentinels {
-		addrs[i] = n.Addr
-	}
-	return addrs
-}
+func (s *SentinelSet) SentinelAddrs() []string { return addrs(s.Sentinels) }
 
 // URL returns the Sentinels as a --redis URL for sluice serve:
 // redis+sentinel://first?master_name=sluice&addr=second&...

@@ -36,22 +36,9 @@ if sw or h[2] then
   end
 end
 
--- w: the window of now (or, refunding, of the take's now)
-local at = now
-if mode == 'refund' then
-  at = tonumber(ARGV[6])
-end
-local w = floordiv(at, period)
-
--- A caller whose clock is behind the stored window (another host's clock,
--- or TIME after a failover) is charged in that newer window, as at its
--- start: an older window must never replace a newer one, which would admit
--- its whole rate again. skew turns the durations back into the caller's.
-local skew = 0
-if mode ~= 'refund' and sw and sw > w then
-  skew = sw * period - now
-  now, w = sw * period, sw
-end
+-- w: the window of now (or, refunding, of the take's), never older than
+-- the stored one; skew: how far now moved forward to reach it
+local w, skew = window(sw, period)
 
 local count = 0
 if sw == w then

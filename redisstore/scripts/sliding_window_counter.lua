@@ -40,22 +40,9 @@ elseif mode == 'refund' then
   return {}
 end
 
--- w: the window of now (or, refunding, of the take's now)
-local at = now
-if mode == 'refund' then
-  at = tonumber(ARGV[6])
-end
-local w = floordiv(at, period)
-
--- A caller whose clock is behind the stored window (another host's clock,
--- or TIME after a failover) is charged in that newer window, as at its
--- start: an older window must never replace a newer one, which would admit
--- its whole rate again. skew turns the durations back into the caller's.
-local skew = 0
-if mode ~= 'refund' and sw and sw > w then
-  skew = sw * period - now
-  now, w = sw * period, sw
-end
+-- w: the window of now (or, refunding, of the take's), never older than
+-- the stored one; skew: how far now moved forward to reach it
+local w, skew = window(sw, period)
 
 if mode == 'refund' then
   if sw == w then
@@ -65,13 +52,7 @@ if mode == 'refund' then
   else
     return {} -- the take's window no longer counts
   end
-  -- the state's reset, seen from now
-  local reset = 0
-  if sc > 0 then
-    reset = (sw + 2) * period - now
-  elseif sp > 0 then
-    reset = (sw + 1) * period - now
-  end
+  local reset = swcreset(sc, sp, sw, period) -- the state's, seen from now
   if reset <= 0 then
     redis.call('DEL', key)
     return {}
@@ -137,12 +118,7 @@ else
   end
   retry = t - now
 end
-local reset = 0
-if cur > 0 then
-  reset = (w + 2) * period - now
-elseif prev > 0 then
-  reset = (w + 1) * period - now
-end
+local reset = swcreset(cur, prev, w, period)
 if allowed == 1 and mode == 'take' then
   local ttl = ttlms(reset + skew) -- to the end the caller's clock sees, like the memory store
   redis.call('HSET', key, 'w', string.format('%d', w), 'c', string.format('%d', cur), 'p', string.format('%d', prev))

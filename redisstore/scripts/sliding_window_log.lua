@@ -54,12 +54,7 @@ if mode == 'refund' then
     return {}
   end
   local reset = newest + period - now
-  if reset > 0 then
-    local ttl = ttlms(reset)
-    redis.call('PEXPIRE', key, string.format('%d', ttl))
-  else
-    redis.call('DEL', key)
-  end
+  expire(key, reset)
   return {}
 end
 
@@ -115,11 +110,6 @@ if count > 0 then
   reset = newest + period - now
 end
 if take and allowed == 1 then
-  if reset > 0 then
-    local ttl = ttlms(reset)
-    redis.call('PEXPIRE', key, string.format('%d', ttl))
-  else
-    redis.call('DEL', key)
-  end
+  expire(key, reset)
 end
 return {allowed, rate - count, retry, reset, token}
