@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/sluicehq/sluice"
@@ -39,22 +40,25 @@ func (s *Store) Acquire(ctx context.Context, key string, l sluice.InFlightLimit,
 	if err := sluice.ValidateSlot(key, l, weight, holder); err != nil {
 		return sluice.SlotDecision{}, err
 	}
-	var d sluice.SlotDecision
-	err := s.runSlot(ctx, "acquire", acquireScript, key, func(v []int64) error {
-		if len(v) != 4 || v[0] != 0 && v[0] != 1 {
-			return fmt.Errorf("%w: %v", ErrUnexpectedReply, v)
-		}
-		d = sluice.SlotDecision{
-			Allowed:    v[0] == 1,
-			Limit:      l,
-			InUse:      v[1],
-			Remaining:  max(l.Max-v[1], 0),
-			RetryAfter: time.Duration(max(v[2], 0)) * time.Microsecond,
-			Expired:    v[3],
-		}
-		return nil
-	}, strconv.FormatInt(l.Max, 10), strconv.FormatInt(l.Hold.Microseconds(), 10), weight, holder)
-	return d, err
+	a := slotArgsOf(l)
+	c, err := s.slotCall(acquireScript, key)
+	if err != nil {
+		return sluice.SlotDecision{}, fmt.Errorf("redisstore: in-flight acquire: %w", err)
+	}
+	defer c.recycle()
+	c.argv[5], c.argv[6], c.argv[7], c.argv[8] = a.max, a.hold, weight, holder
+	v, err := s.runSlot(ctx, c, 9, 4)
+	if err != nil || v[0] != 0 && v[0] != 1 {
+		return sluice.SlotDecision{}, slotErr("acquire", v, err)
+	}
+	return sluice.SlotDecision{
+		Allowed:    v[0] == 1,
+		Limit:      l,
+		InUse:      v[1],
+		Remaining:  max(l.Max-v[1], 0),
+		RetryAfter: time.Duration(max(v[2], 0)) * time.Microsecond,
+		Expired:    v[3],
+	}, nil
 }
 
 // Extend implements sluice.Slots, in one script run (inflight_extend.lua).
@@ -62,7 +66,13 @@ func (s *Store) Extend(ctx context.Context, key string, l sluice.InFlightLimit, 
 	if err := sluice.ValidateSlot(key, l, 1, holder); err != nil {
 		return false, err
 	}
-	return s.holderScript(ctx, "extend", extendScript, key, strconv.FormatInt(l.Hold.Microseconds(), 10), holder)
+	c, err := s.slotCall(extendScript, key)
+	if err != nil {
+		return false, fmt.Errorf("redisstore: in-flight extend: %w", err)
+	}
+	defer c.recycle()
+	c.argv[5], c.argv[6] = slotArgsOf(l).hold, holder
+	return s.held(ctx, "extend", c, 7)
 }
 
 // Release implements sluice.Slots, in one script run (inflight_release.lua).
@@ -73,41 +83,74 @@ func (s *Store) Release(ctx context.Context, key string, holder string) (bool, e
 	if err := sluice.ValidateHolder(holder); err != nil {
 		return false, err
 	}
-	return s.holderScript(ctx, "release", releaseScript, key, holder)
+	c, err := s.slotCall(releaseScript, key)
+	if err != nil {
+		return false, fmt.Errorf("redisstore: in-flight release: %w", err)
+	}
+	defer c.recycle()
+	c.argv[5] = holder
+	return s.held(ctx, "release", c, 6)
 }
 
-// holderScript runs extend or release, whose reply is {1} when holder held.
-func (s *Store) holderScript(ctx context.Context, name string, sc *script, key string, argv ...any) (bool, error) {
-	var held bool
-	err := s.runSlot(ctx, name, sc, key, func(v []int64) error {
-		if len(v) != 1 || v[0] != 0 && v[0] != 1 {
-			return fmt.Errorf("%w: %v", ErrUnexpectedReply, v)
-		}
-		held = v[0] == 1
-		return nil
-	}, argv...)
-	return held, err
+// held runs extend or release, whose reply is {1} when the holder held.
+func (s *Store) held(ctx context.Context, name string, c *call, n int) (bool, error) {
+	v, err := s.runSlot(ctx, c, n, 1)
+	if err != nil || v[0] != 0 && v[0] != 1 {
+		return false, slotErr(name, v, err)
+	}
+	return v[0] == 1, nil
 }
 
-// runSlot runs an in-flight script on key's ZSET with ARGV now, argv...
-// and hands its reply to parse before the call is recycled. Like every
-// script call it is marked NoRetry (see scriptCmd).
-func (s *Store) runSlot(ctx context.Context, name string, sc *script, key string, parse func([]int64) error, argv ...any) error {
+// slotCall returns a pooled call of sc on key's ZSET with ARGV[1] now; the
+// caller sets the rest of ARGV from c.argv[5] and recycles c. Building the
+// call in place, without closures or variadic arguments, keeps a pair to
+// the allocations of two takes.
+func (s *Store) slotCall(sc *script, key string) (*call, error) {
 	now, err := s.now()
 	if err != nil {
-		return err
+		return nil, err
 	}
 	c := calls.Get().(*call)
-	defer c.recycle()
 	c.script, c.alg = sc, -1
 	c.argv[0], c.argv[1], c.argv[2], c.argv[3], c.argv[4] = "evalsha", sc.sha, "1", s.slotKey(key), now
-	c.args = append(c.argv[:5], argv...)
+	return c, nil
+}
+
+// runSlot sends c with its first n arguments and checks that the reply has
+// want values. Like every script call it is marked NoRetry (see scriptCmd).
+func (s *Store) runSlot(ctx context.Context, c *call, n, want int) ([]int64, error) {
+	c.args = c.argv[:n]
 	v, err := s.run(ctx, c)
+	if err == nil && len(v) != want {
+		err = fmt.Errorf("%w: %v", ErrUnexpectedReply, v)
+	}
+	return v, err
+}
+
+// slotErr is the error of an in-flight script run: err, or an unexpected
+// reply v.
+func slotErr(name string, v []int64, err error) error {
 	if err == nil {
-		err = parse(v)
+		err = fmt.Errorf("%w: %v", ErrUnexpectedReply, v)
 	}
-	if err != nil {
-		return fmt.Errorf("redisstore: in-flight %s: %w", name, err)
+	return fmt.Errorf("redisstore: in-flight %s: %w", name, err)
+}
+
+// slotArgs are an InFlightLimit's max and hold, formatted and boxed.
+type slotArgs struct {
+	l         sluice.InFlightLimit
+	max, hold any
+}
+
+// lastSlotArgs keeps the last limit's arguments: a process mostly uses one
+// in-flight limit, or a few, so one entry saves most formatting.
+var lastSlotArgs atomic.Pointer[slotArgs]
+
+func slotArgsOf(l sluice.InFlightLimit) *slotArgs {
+	if a := lastSlotArgs.Load(); a != nil && a.l == l {
+		return a
 	}
-	return nil
+	a := &slotArgs{l, strconv.FormatInt(l.Max, 10), strconv.FormatInt(l.Hold.Microseconds(), 10)}
+	lastSlotArgs.Store(a)
+	return a
 }
