@@ -64,6 +64,15 @@ func newLease(t *testing.T, g sluice.Granter, clock *storetest.Clock, d time.Dur
 	return s
 }
 
+// counted returns a clock at T0, a counting granter over a memory store
+// whose grants take delay, and a Store of leases of size and staleness d.
+func counted(t *testing.T, delay, d time.Duration, size int64) (*storetest.Clock, *counting, *lease.Store) {
+	t.Helper()
+	clock := storetest.NewClock(storetest.T0)
+	c := &counting{Granter: newMemory(t, clock), clock: clock, delay: delay}
+	return clock, c, newLease(t, c, clock, d, size)
+}
+
 func take(t *testing.T, s *lease.Store, key string, l sluice.Limit, cost int64) sluice.Decision {
 	t.Helper()
 	d, err := s.Take(ctx, key, l, cost)
@@ -119,9 +128,7 @@ func TestBadInput(t *testing.T) {
 // One grant serves Size requests in memory; the next request asks again.
 func TestLocal(t *testing.T) {
 	t.Parallel()
-	clock := storetest.NewClock(storetest.T0)
-	c := &counting{Granter: newMemory(t, clock), clock: clock}
-	s := newLease(t, c, clock, 300*time.Millisecond, 5)
+	_, c, s := counted(t, 0, 300*time.Millisecond, 5)
 	l := sluice.PerSecond(10)
 	for i := range 5 {
 		d := take(t, s, "k", l, 1)
@@ -155,9 +162,7 @@ func TestLocal(t *testing.T) {
 // store dated it; its unused units then go back under the return rule.
 func TestLifetimeFromSend(t *testing.T) {
 	t.Parallel()
-	clock := storetest.NewClock(storetest.T0)
-	c := &counting{Granter: newMemory(t, clock), clock: clock, delay: 100 * time.Millisecond}
-	s := newLease(t, c, clock, 300*time.Millisecond, 10)
+	clock, c, s := counted(t, 100*time.Millisecond, 300*time.Millisecond, 10)
 	l := sluice.PerSecond(10)
 	take(t, s, "k", l, 1) // sent at 0, dated 100ms
 	clock.Set(storetest.T0.Add(300 * time.Millisecond))
@@ -180,9 +185,7 @@ func TestLifetimeFromSend(t *testing.T) {
 // retry time.
 func TestGrantArrivesExpired(t *testing.T) {
 	t.Parallel()
-	clock := storetest.NewClock(storetest.T0)
-	c := &counting{Granter: newMemory(t, clock), clock: clock, delay: 400 * time.Millisecond}
-	s := newLease(t, c, clock, 300*time.Millisecond, 5)
+	_, c, s := counted(t, 400*time.Millisecond, 300*time.Millisecond, 5)
 	l := sluice.PerSecond(10)
 	d := take(t, s, "k", l, 1)
 	if !d.Allowed || d.RetryAfter != 0 || d.Source == sluice.SourceLease || c.grants != 1 {
@@ -197,9 +200,7 @@ func TestGrantArrivesExpired(t *testing.T) {
 // A zero grant is remembered until the key's retry time.
 func TestDenyRemembered(t *testing.T) {
 	t.Parallel()
-	clock := storetest.NewClock(storetest.T0)
-	c := &counting{Granter: newMemory(t, clock), clock: clock}
-	s := newLease(t, c, clock, 300*time.Millisecond, 10)
+	clock, c, s := counted(t, 0, 300*time.Millisecond, 10)
 	l := sluice.PerSecond(10)
 	take(t, s, "k", l, 10)
 	d := take(t, s, "k", l, 1)
