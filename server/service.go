@@ -112,10 +112,6 @@ type ServiceOptions struct {
 	// Logger receives the service's events (unknown domains). Default:
 	// slog.Default().
 	Logger *slog.Logger
-	// Slots keeps the in-flight slots of in-flight policies when the store
-	// does not implement sluice.Slots itself. Default: none, and acquires
-	// then fail with ErrNoSlots.
-	Slots sluice.Slots
 }
 
 // NewService returns a Service deciding with store under cfg. Requests
@@ -138,9 +134,7 @@ func NewService(store sluice.Store, cfg *config.Config, opts *ServiceOptions) *S
 	s := &Service{keyer: enforce.NewKeyer(o.KeyPrefix, o.HashKey), clock: o.Clock, metrics: o.Metrics, log: o.Logger}
 	s.stats = newStats(o.Clock)
 	// Slots come from the store itself: leases wrap rate decisions only.
-	if s.slots, _ = store.(sluice.Slots); s.slots == nil {
-		s.slots = o.Slots
-	}
+	s.slots, _ = store.(sluice.Slots) // nil: acquires fail with ErrNoSlots
 	if s.leases = s.newLeases(store, &o); s.leases != nil {
 		store = s.leases
 	}
