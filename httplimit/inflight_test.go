@@ -17,6 +17,7 @@ import (
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/race"
 	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/lease"
 	"github.com/sluicehq/sluice/memory"
 	"github.com/sluicehq/sluice/redisstore"
 	"github.com/sluicehq/sluice/storetest"
@@ -642,5 +643,35 @@ func BenchmarkInFlight(b *testing.B) {
 				h.ServeHTTP(w, r)
 			}
 		})
+	}
+}
+
+// One lease.Store serves a leased rate rule and an in-flight rule: the
+// slots pass through it to the store underneath, unleased.
+func TestInFlightOverLease(t *testing.T) {
+	t.Parallel()
+	mem := fakeSlots(t)
+	ls, err := lease.New(mem, &lease.Options{MaxStaleness: time.Second, Size: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ls.Close(context.Background()) })
+	g := newGate()
+	e := slotEnv(t, ls, []Rule{{Name: "api", Limit: sluice.PerMinute(100), Key: Global()}}, &Options{InFlight: oneAtATime}, g)
+	done := e.background()
+	<-g.entered
+	if r := e.get("/"); r.status != http.StatusTooManyRequests || r.header.Get("Retry-After") == "" {
+		t.Fatalf("second request while the first holds: %d, want 429 with Retry-After", r.status)
+	}
+	close(g.leave)
+	if code := <-done; code != 200 {
+		t.Fatalf("first request: %d", code)
+	}
+	done = e.background()
+	if code := <-done; code != 200 {
+		t.Errorf("after the first returned: %d, want 200", code)
+	}
+	if st := ls.Stats(); st.Grants == 0 {
+		t.Errorf("lease stats %+v: the rate rule never asked for a grant", st)
 	}
 }

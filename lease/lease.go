@@ -15,6 +15,9 @@
 // cannot answer, and on Close; a lease forgotten among many idle keys
 // strands its units, which can only lower admissions.
 //
+// In-flight slots are never leased: a Store passes Acquire, Extend and
+// Release through to its granter (ErrNoSlots when it keeps none).
+//
 // # Lease size
 //
 // Each key's demand in a process is the units it asked for per D, as an
@@ -132,7 +135,10 @@ import (
 	"github.com/sluicehq/sluice/resilient"
 )
 
-var _ sluice.MultiStore = (*Store)(nil)
+var (
+	_ sluice.MultiStore = (*Store)(nil)
+	_ sluice.Slots      = (*Store)(nil)
+)
 
 var (
 	// ErrInvalidStaleness: New was given neither Options.For nor a
@@ -146,6 +152,9 @@ var (
 	// whose grants a failure policy held back), and the granter is not a
 	// sluice.MultiStore that could take them at once.
 	ErrNoTakeAll = errors.New("lease: the granter cannot take several unleased limits at once")
+	// ErrNoSlots: Acquire, Extend or Release on a Store whose granter keeps
+	// no in-flight slots (is not a sluice.Slots).
+	ErrNoSlots = errors.New("lease: the granter keeps no in-flight slots")
 )
 
 // Options configures a Store. MaxStaleness or For must be set.

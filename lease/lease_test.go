@@ -634,3 +634,64 @@ func TestOneKeyTwoLimits(t *testing.T) {
 		t.Errorf("Stats = %+v, want 3 grants, 5 units returned (4 + 1), no keys", st)
 	}
 }
+
+// TestConformance runs the store conformance suite through a lease.Store
+// whose keys are never leased (For answers 0): every call must reach the
+// granter and come back exactly as the granter's own answer, errors
+// included.
+func TestConformance(t *testing.T) {
+	storetest.Run(t, func(t *testing.T, now func() time.Time) sluice.Store {
+		m := memory.New(&memory.Options{Clock: now})
+		s, err := lease.New(m, &lease.Options{For: func(string, sluice.Limit) time.Duration { return 0 }, Clock: now})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Close(context.Background()); m.Close() })
+		return s
+	})
+}
+
+// In-flight slots pass through to the granter, unleased; a granter that
+// keeps none gives ErrNoSlots, and the zero Store ErrNoGranter.
+func TestSlotsPassThrough(t *testing.T) {
+	t.Parallel()
+	m := memory.New(nil)
+	defer m.Close()
+	s, err := lease.New(m, &lease.Options{MaxStaleness: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close(ctx)
+	l := sluice.Concurrent(1, time.Minute)
+	if d, err := s.Acquire(ctx, "k", l, 1, "a"); err != nil || !d.Allowed {
+		t.Fatalf("Acquire(a) = %+v, %v", d, err)
+	}
+	if d, err := m.Acquire(ctx, "k", l, 1, "b"); err != nil || d.Allowed {
+		t.Fatalf("the granter admitted b beside a: %+v, %v", d, err)
+	}
+	if ok, err := s.Extend(ctx, "k", l, "a"); err != nil || !ok {
+		t.Fatalf("Extend(a) = %v, %v", ok, err)
+	}
+	if ok, err := s.Release(ctx, "k", "a"); err != nil || !ok {
+		t.Fatalf("Release(a) = %v, %v", ok, err)
+	}
+	if d, err := m.Acquire(ctx, "k", l, 1, "b"); err != nil || !d.Allowed {
+		t.Fatalf("after the release the granter refused b: %+v, %v", d, err)
+	}
+
+	bare, err := lease.New(&counting{Granter: m, clock: storetest.NewClock(storetest.T0)}, &lease.Options{MaxStaleness: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer bare.Close(ctx)
+	if _, err := bare.Acquire(ctx, "k", l, 1, "c"); !errors.Is(err, lease.ErrNoSlots) {
+		t.Errorf("Acquire on a granter without slots: %v, want ErrNoSlots", err)
+	}
+	if _, err := bare.Release(ctx, "k", "c"); !errors.Is(err, lease.ErrNoSlots) {
+		t.Errorf("Release on a granter without slots: %v, want ErrNoSlots", err)
+	}
+	var zero lease.Store
+	if _, err := zero.Extend(ctx, "k", l, "c"); !errors.Is(err, lease.ErrNoGranter) {
+		t.Errorf("Extend on the zero Store: %v, want ErrNoGranter", err)
+	}
+}
