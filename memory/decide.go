@@ -40,16 +40,27 @@ type limitCache [16]atomic.Pointer[params]
 // params returns limit's params, validating it on a miss (errors wrap
 // sluice.ErrInvalidLimit, as Limit.Validate's do).
 func (c *limitCache) params(limit sluice.Limit) (*params, error) {
-	slot := &c[uint64(limit.Rate^int64(limit.Period)^limit.Burst^int64(limit.Algorithm))%uint64(len(c))]
-	if p := slot.Load(); p != nil && p.limit == limit {
+	if p := c.lookup(limit); p != nil {
 		return p, nil
 	}
 	if err := limit.Validate(); err != nil {
 		return nil, err
 	}
 	p := newParams(limit)
-	slot.Store(&p)
+	c.slot(limit).Store(&p)
 	return &p, nil
+}
+
+// lookup returns limit's params if the cache holds them, else nil.
+func (c *limitCache) lookup(limit sluice.Limit) *params {
+	if p := c.slot(limit).Load(); p != nil && p.limit == limit {
+		return p
+	}
+	return nil
+}
+
+func (c *limitCache) slot(limit sluice.Limit) *atomic.Pointer[params] {
+	return &c[uint64(limit.Rate^int64(limit.Period)^limit.Burst^int64(limit.Algorithm))%uint64(len(c))]
 }
 
 // result is a decision in microseconds, as the Lua scripts return it.

@@ -201,33 +201,49 @@ func (s *Store) check(key string, limit sluice.Limit, cost int64) (*params, erro
 
 // Take implements sluice.Store.
 func (s *Store) Take(_ context.Context, key string, limit sluice.Limit, cost int64) (sluice.Decision, error) {
-	p, err := s.check(key, limit, cost)
-	if err != nil {
-		return sluice.Decision{}, err
+	// The common case checks inline what check does (sluice.ValidateKey
+	// is the length test); anything it does not pass goes through check,
+	// for check's error.
+	p := s.limits.lookup(limit)
+	if p == nil || len(key) == 0 || len(key) > sluice.MaxKeyLen || cost < 1 || cost > p.capacity || s.shards == nil {
+		var err error
+		if p, err = s.check(key, limit, cost); err != nil {
+			return sluice.Decision{}, err
+		}
 	}
 	sh, tag := s.locate(key, limit.Algorithm)
 	sh.mu.Lock()
 	now := s.now()
-	st := sh.tab.find(tag, key)
-	if st == nil {
-		var fresh state
-		r := decide(&fresh, now, p, cost, true)
-		if r.allowed {
-			fresh.expires = now + r.reset
-			sh.insert(tag, key, fresh, now)
+	var r result
+	if st := sh.tab.find(tag, key); st != nil {
+		if st.expires <= now { // expired but not yet swept: fresh again
+			st.clear()
 		}
-		sh.mu.Unlock()
-		return r.decision(limit), nil
-	}
-	if st.expires <= now { // expired but not yet swept: fresh again
-		st.clear()
-	}
-	r := decide(st, now, p, cost, true)
-	if r.allowed {
-		st.expires = now + r.reset
+		if p.alg == sluice.GCRA { // the default, without decide's switch
+			r = gcra(st, now, p, cost, true)
+		} else {
+			r = decide(st, now, p, cost, true)
+		}
+		if r.allowed {
+			st.expires = now + r.reset
+		}
+	} else {
+		r = sh.takeFresh(tag, key, now, p, cost)
 	}
 	sh.mu.Unlock()
 	return r.decision(limit), nil
+}
+
+// takeFresh decides a take on a key the shard does not hold, adding the
+// key if the take is allowed. The caller holds sh.mu.
+func (sh *shard) takeFresh(tag uint32, key string, now int64, p *params, cost int64) result {
+	var fresh state
+	r := decide(&fresh, now, p, cost, true)
+	if r.allowed {
+		fresh.expires = now + r.reset
+		sh.insert(tag, key, fresh, now)
+	}
+	return r
 }
 
 // Peek implements sluice.Store.
