@@ -756,6 +756,9 @@ func TestBrowser(t *testing.T) {
 			if got, want := rows[i][:3], []string{p.Policy, strconv.FormatInt(p.Allowed, 10), strconv.FormatInt(p.Denied, 10)}; !slices.Equal(got, want) {
 				t.Errorf("row %d %q, /v1/stats %q", i, got, want)
 			}
+			if got, want := rows[i][6], strconv.FormatInt(p.Local, 10); !p.InFlight && got != want {
+				t.Errorf("row %d: local %q, /v1/stats %q", i, got, want)
+			}
 		}
 	})
 

@@ -75,6 +75,9 @@ type fleetPolicy struct {
 	// Allowed and Denied are the overview window's buckets, oldest first.
 	Allowed []int64 `json:"allowed"`
 	Denied  []int64 `json:"denied"`
+	// Local is the overview window's decisions a lease answered, oldest
+	// first (absent from an instance that predates it).
+	Local []int64 `json:"local,omitempty"`
 	// Latency counts decisions per LatencyBoundsMS bucket.
 	Latency []int64 `json:"latency"`
 	// InFlight and Held: as PolicyFigures'.
@@ -168,7 +171,7 @@ func (f *Fleet) report() instanceReport {
 		Top: f.mon.top.Lists(2 * TopN), // more than shown, so the fleet's merge ranks well
 	}
 	for i, s := range snap {
-		p := fleetPolicy{Policy: s.Policy, Allowed: s.Allowed[len(s.Allowed)-n:], Denied: s.Denied[len(s.Denied)-n:]}
+		p := fleetPolicy{Policy: s.Policy, Allowed: s.Allowed[len(s.Allowed)-n:], Denied: s.Denied[len(s.Denied)-n:], Local: s.Local[len(s.Local)-n:]}
 		if i < len(o.Policies) && o.Policies[i].Policy == s.Policy {
 			p.Latency = o.Policies[i].latency
 			p.InFlight, p.Held = o.Policies[i].InFlight, o.Policies[i].Held
@@ -285,6 +288,9 @@ func (f *Fleet) overview(own Overview) Overview {
 				if b := first + int64(j); b > last-n && b <= last && j < len(p.Denied) {
 					f.Allowed += p.Allowed[j]
 					f.Denied += p.Denied[j]
+					if j < len(p.Local) {
+						f.Local += p.Local[j]
+					}
 				}
 			}
 			f.InFlight = f.InFlight || p.InFlight

@@ -114,6 +114,37 @@ func TestFiguresAcrossInstances(t *testing.T) {
 	}
 }
 
+// The fleet's overview counts the decisions leases answered on every
+// instance, per policy and in all.
+func TestFleetFiguresLocal(t *testing.T) {
+	t.Parallel()
+	c := redis.NewClient(&redis.Options{Addr: redistest.StartServer(t).Addr})
+	t.Cleanup(func() { c.Close() })
+	clock := newFakeClock()
+	prefix := redistest.Prefix(t) + "fleet"
+	const cfg = "policies:\n  - name: hot\n    limit: 100/min\n    lease: 1s\n  - name: exact\n    limit: 100/min\n"
+	a, b := newMemService(t, cfg, clock), newMemService(t, cfg, clock)
+	fa := NewFleet(c, a, &FleetOptions{Prefix: prefix})
+	fb := NewFleet(c, b, &FleetOptions{Prefix: prefix})
+	for range 20 {
+		check(t, a, "hot", "k")
+		check(t, b, "hot", "k")
+		check(t, b, "exact", "k")
+	}
+	la, lb := a.LeaseStats().Local, b.LeaseStats().Local
+	if la == 0 || lb == 0 {
+		t.Fatalf("local decisions %d and %d: the leases never answered", la, lb)
+	}
+	publish(t, fa)
+	publish(t, fb)
+	publish(t, fa) // a reads the fleet's reports as it publishes
+	o := a.mon.overview(a.Stats().Snapshot())
+	if o.Instances != 2 || uint64(o.Local) != la+lb || uint64(o.Policies[0].Local) != la+lb || o.Policies[1].Local != 0 {
+		t.Errorf("overview of %d instances: %d local, hot %d, exact %d; want 2 instances, %d local, all of them hot's",
+			o.Instances, o.Local, o.Policies[0].Local, o.Policies[1].Local, la+lb)
+	}
+}
+
 // Losing Redis is one warning and a counted failure, not a line per round;
 // its return is one line; the figures fall back to this instance's.
 func TestFiguresWhenRedisIsLost(t *testing.T) {

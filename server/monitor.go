@@ -100,6 +100,9 @@ type PolicyFigures struct {
 	Allowed int64  `json:"allowed"`
 	// Denied counts shadow denials too.
 	Denied int64 `json:"denied"`
+	// Local counts the decisions of Allowed and Denied that a lease
+	// answered in memory, without the store.
+	Local int64 `json:"local"`
 	// LatencyP50MS and LatencyP99MS are the decision latency percentiles
 	// over the last one to two minutes, as the upper bound of their
 	// bucket in LatencyBoundsMS; -1 when there were no decisions.
@@ -126,6 +129,8 @@ type Overview struct {
 	WindowMS  int64 `json:"window_ms"`
 	Allowed   int64 `json:"allowed"`
 	Denied    int64 `json:"denied"`
+	// Local counts the decisions that leases answered in memory.
+	Local int64 `json:"local"`
 	// DecisionsPerSecond is (Allowed+Denied) / the window.
 	DecisionsPerSecond float64 `json:"decisions_per_second"`
 	// DeniedRatio is Denied / (Allowed+Denied), 0 without decisions.
@@ -246,6 +251,7 @@ func (m *monitor) local(series []Series) Overview {
 		for i := len(s.Allowed) - n; i < len(s.Allowed); i++ {
 			f.Allowed += s.Allowed[i]
 			f.Denied += s.Denied[i]
+			f.Local += s.Local[i]
 		}
 		if h := hists[s.Policy]; h != nil {
 			f.latency = h.counts(gen)
@@ -260,11 +266,12 @@ func (m *monitor) local(series []Series) Overview {
 
 // finish derives the totals, rates and percentiles from the policies' counts.
 func (o *Overview) finish() {
-	o.Allowed, o.Denied = 0, 0
+	o.Allowed, o.Denied, o.Local = 0, 0, 0
 	for i := range o.Policies {
 		f := &o.Policies[i]
 		o.Allowed += f.Allowed
 		o.Denied += f.Denied
+		o.Local += f.Local
 		f.LatencyP50MS, f.LatencyP99MS = percentileMS(f.latency, 0.5), percentileMS(f.latency, 0.99)
 	}
 	if total := o.Allowed + o.Denied; total > 0 {

@@ -497,7 +497,7 @@
       (at && !isNaN(at) ? ` \u00b7 loaded ${at.toISOString().replace("T", " ").slice(0, 19)} UTC` : "");
     fillRows($("policy-figures"), (o.policies || []).map((p) =>
       [p.policy, String(p.allowed), String(p.denied), formatLatency(p.latency_p50_ms), formatLatency(p.latency_p99_ms),
-        p.in_flight ? String(p.held || 0) : "\u2013"]));
+        p.in_flight ? String(p.held || 0) : "\u2013", p.in_flight ? "\u2013" : String(p.local || 0)]));
     for (const p of o.policies || []) {
       const card = cards.get(p.policy);
       if (!p.in_flight || !card || !card.heldNow) continue;
