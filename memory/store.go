@@ -219,11 +219,7 @@ func (s *Store) Take(_ context.Context, key string, limit sluice.Limit, cost int
 		if st.expires <= now { // expired but not yet swept: fresh again
 			st.clear()
 		}
-		if p.alg == sluice.GCRA { // the default, without decide's switch
-			r = gcra(st, now, p, cost, true)
-		} else {
-			r = decide(st, now, p, cost, true)
-		}
+		r = decide(st, now, p, cost, true)
 		if r.allowed {
 			st.expires = now + r.reset
 		}
