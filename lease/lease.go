@@ -444,6 +444,17 @@ func (l *lease) live(now int64) bool {
 	return l.units > 0 && now <= l.until && (l.end == 0 || now < l.end)
 }
 
+// spendLocal takes cost units from l at now if it is live and holds them,
+// and returns the decision. l's shard must be locked.
+func (l *lease) spendLocal(cost, now int64) (sluice.Decision, bool) {
+	if !l.live(now) || l.units < cost {
+		return sluice.Decision{}, false
+	}
+	l.units -= cost
+	l.sh.local++
+	return l.local(now, true), true
+}
+
 // local is the decision a lease makes at now.
 func (l *lease) local(now int64, allowed bool) sluice.Decision {
 	return sluice.Decision{
@@ -485,11 +496,9 @@ func (s *Store) fast(key string, limit sluice.Limit, cost int64, stale time.Dura
 	sh := s.shard(key)
 	sh.mu.Lock()
 	if l := sh.find(key, limit); l != nil && cost <= l.units {
-		if now := s.now(); l.live(now) {
+		now := s.now()
+		if d, ok := l.spendLocal(cost, now); ok {
 			l.asked += cost
-			l.units -= cost
-			sh.local++
-			d := l.local(now, true)
 			sh.mu.Unlock()
 			return d, true
 		}
@@ -534,10 +543,8 @@ func (s *Store) spend(ctx context.Context, key string, limit sluice.Limit, cost 
 // live lease that holds cost units, taking them, or a remembered denial.
 // l's shard must be locked.
 func (s *Store) answer(l *lease, cost int64, now int64) (_ sluice.Decision, gen uint64, ok bool) {
-	if l.live(now) && l.units >= cost {
-		l.units -= cost
-		l.sh.local++
-		return l.local(now, true), l.gen, true
+	if d, ok := l.spendLocal(cost, now); ok {
+		return d, l.gen, true
 	}
 	if now < l.deny {
 		return sluice.Decision{Limit: l.limit, RetryAfter: time.Duration(l.deny - now), ResetAfter: max(time.Duration(l.reset-now), 0), Source: sluice.SourceDenyCache}, 0, true
