@@ -567,3 +567,28 @@ func TestFleetLeaseUnderAdmission(t *testing.T) {
 	}
 	t.Logf("worst %v window: #%d, exact %d, leased %d", time.Duration(w), worst, pe[worst], pl[worst])
 }
+
+// In-flight slots pass through a lease.Store to Redis, unleased: a second
+// holder is refused at the limit, and a release frees the slot there.
+func TestRedisSlotsPassThrough(t *testing.T) {
+	client := redistest.Client(t)
+	rs := redisstore.New(client, &redisstore.Options{Prefix: redistest.Prefix(t)})
+	s, err := lease.New(rs, &lease.Options{MaxStaleness: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close(ctx)
+	l := sluice.Concurrent(1, time.Minute)
+	if d, err := s.Acquire(ctx, "k", l, 1, "a"); err != nil || !d.Allowed {
+		t.Fatalf("Acquire(a) = %+v, %v", d, err)
+	}
+	if d, err := rs.Acquire(ctx, "k", l, 1, "b"); err != nil || d.Allowed || d.InUse != 1 {
+		t.Fatalf("Redis admitted b beside a: %+v, %v", d, err)
+	}
+	if ok, err := s.Release(ctx, "k", "a"); err != nil || !ok {
+		t.Fatalf("Release(a) = %v, %v", ok, err)
+	}
+	if d, err := rs.Acquire(ctx, "k", l, 1, "b"); err != nil || !d.Allowed {
+		t.Fatalf("after the release Redis refused b: %+v, %v", d, err)
+	}
+}
