@@ -4,9 +4,6 @@
 -- clock); one key, so one hash slot.
 -- ARGV[1]: the member; ARGV[2]: its TTL in µs.
 -- Returns the number of members whose expiry is still ahead.
-if redis.replicate_commands then
-  redis.replicate_commands() -- before Redis 5, needed to write after TIME
-end
 local t = redis.call('TIME')
 local now = t[1] * 1000000 + t[2]
 local ttl = tonumber(ARGV[2])

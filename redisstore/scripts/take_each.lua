@@ -25,9 +25,6 @@ for i = 1, #KEYS do
   local now = ARGV[b + 2]
   if now == '' then
     if time == nil then
-      if redis.replicate_commands then
-        redis.replicate_commands()
-      end
       local t = redis.call('TIME')
       time = t[1] * 1000000 + t[2]
     end
