@@ -381,8 +381,9 @@ func TestZeroInterceptor(t *testing.T) {
 // TestLease: the interceptors take a lease.Store as they take any store.
 // On a frozen clock, grants of 4 units of 10/min answer one call in four
 // from the store and the others from the lease; the ratelimit metadata's
-// r is what is left in the lease and t the grant's reset, and the eleventh
-// call waits for the next unit.
+// r is the key's figure (the store's at the grant plus what the lease has
+// not spent: in one process, what an exact limiter says) and t the grant's
+// reset, and the eleventh call waits for the next unit.
 func TestLease(t *testing.T) {
 	t.Parallel()
 	clk, mem := fakeStore(t)
@@ -391,7 +392,7 @@ func TestLease(t *testing.T) {
 		t.Fatal(err)
 	}
 	client := serve(t, ls, []Rule{{Name: "api", Limit: sluice.PerMinute(10), Key: Global()}}, &Options{Clock: clk.Now})
-	want := []string{"r=3;t=24", "r=2;t=24", "r=1;t=24", "r=0;t=24", "r=3;t=48", "r=2;t=48", "r=1;t=48", "r=0;t=48", "r=1;t=60", "r=0;t=60"}
+	want := []string{"r=9;t=24", "r=8;t=24", "r=7;t=24", "r=6;t=24", "r=5;t=48", "r=4;t=48", "r=3;t=48", "r=2;t=48", "r=1;t=60", "r=0;t=60"}
 	for i, w := range want {
 		var header metadata.MD
 		if _, err := client.Check(context.Background(), &healthpb.HealthCheckRequest{}, grpc.Header(&header)); err != nil {

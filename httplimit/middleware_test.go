@@ -640,8 +640,9 @@ func TestZeroMiddleware(t *testing.T) {
 // TestLease: the middleware takes a lease.Store as it takes any store. On
 // a frozen clock, grants of 4 units of 10/min answer one request in four
 // from the store and the others from the lease; X-RateLimit-Remaining is
-// what is left in the lease, Reset the grant's reset, and the eleventh
-// request is refused until the next unit.
+// the key's figure (the store's at the grant plus what the lease has not
+// spent: in one process, what an exact limiter says), Reset the grant's
+// reset, and the eleventh request is refused until the next unit.
 func TestLease(t *testing.T) {
 	t.Parallel()
 	clk := storetest.NewClock(t0)
@@ -657,8 +658,8 @@ func TestLease(t *testing.T) {
 		remaining, reset int64 // reset: seconds after t0
 		retry            string
 	}{
-		{200, 3, 24, ""}, {200, 2, 24, ""}, {200, 1, 24, ""}, {200, 0, 24, ""},
-		{200, 3, 48, ""}, {200, 2, 48, ""}, {200, 1, 48, ""}, {200, 0, 48, ""},
+		{200, 9, 24, ""}, {200, 8, 24, ""}, {200, 7, 24, ""}, {200, 6, 24, ""},
+		{200, 5, 48, ""}, {200, 4, 48, ""}, {200, 3, 48, ""}, {200, 2, 48, ""},
 		{200, 1, 60, ""}, {200, 0, 60, ""}, // a partial grant: 2 units left
 		{429, 0, 60, "6"},
 	}

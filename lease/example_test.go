@@ -11,6 +11,8 @@ import (
 )
 
 // A lease of 5 units answers five requests; only the first asks the store.
+// Remaining is the key's figure throughout: what the store had left at the
+// grant, plus the lease's unspent units.
 func Example() {
 	store := memory.New(nil) // in a fleet: a redisstore.Store
 	defer store.Close()
@@ -21,17 +23,17 @@ func Example() {
 	ctx := context.Background()
 	defer leased.Close(ctx)
 	for range 6 {
-		d, err := leased.Take(ctx, "api:alice", sluice.PerSecond(100), 1)
+		d, err := leased.Take(ctx, "api:alice", sluice.PerMinute(100), 1)
 		if err != nil {
 			panic(err)
 		}
 		fmt.Println(d.Allowed, d.Remaining, d.Source)
 	}
 	// Output:
-	// true 4 backend
-	// true 3 lease
-	// true 2 lease
-	// true 1 lease
-	// true 0 lease
-	// true 4 backend
+	// true 99 backend
+	// true 98 lease
+	// true 97 lease
+	// true 96 lease
+	// true 95 lease
+	// true 94 backend
 }

@@ -104,8 +104,12 @@
 // # What callers see
 //
 // A decision answered from a lease has Source sluice.SourceLease, Remaining
-// the units left in this process's lease (not the key's global figure), and
-// ResetAfter the grant's ResetAfter less the lease's age. A request that a
+// the key's global figure as of the lease's grant (what the store had left
+// after granting, plus the units this lease has not spent: other processes'
+// spending since, at most D old, is not seen), and ResetAfter the grant's
+// ResetAfter less the lease's age. Not the lease's own units: a client that
+// paces itself by the rate-limit headers would otherwise read "0 left" at
+// the end of every lease while the key has budget to spare. A request that a
 // partial grant cannot cover is denied with a RetryAfter that is an upper
 // bound (one Interval per missing unit; the window's end for the window
 // algorithms) rather than exact. Peek answers from a live lease without
@@ -279,6 +283,7 @@ type lease struct {
 	limit    sluice.Limit // validated, and grantable
 	capacity int64        // limit.Capacity()
 	units    int64        // left to spend
+	rest     int64        // the store's Remaining after the last grant
 	until    int64        // spendable while now ≤ until
 	end      int64        // window algorithms: spendable while now < end; 0: no end
 	deny     int64        // a zero grant is remembered until then
@@ -460,7 +465,7 @@ func (l *lease) local(now int64, allowed bool) sluice.Decision {
 	return sluice.Decision{
 		Allowed:    allowed,
 		Limit:      l.limit,
-		Remaining:  l.units,
+		Remaining:  l.rest + l.units,
 		ResetAfter: max(time.Duration(l.reset-now), 0),
 		Source:     sluice.SourceLease,
 	}
@@ -596,7 +601,7 @@ func (s *Store) refill(ctx context.Context, l *lease, key string, limit sluice.L
 		return sluice.Decision{Limit: limit, RetryAfter: g.RetryAfter, ResetAfter: g.ResetAfter}, 0, false, nil
 	}
 	l.gen++
-	l.grant, l.units = g, g.Granted
+	l.grant, l.units, l.rest = g, g.Granted, g.Remaining
 	l.until, l.end = sent+int64(stale), 0
 	if g.Window > 0 {
 		l.end = sent + int64(g.Window)

@@ -136,8 +136,10 @@ func TestLocal(t *testing.T) {
 		if i == 0 {
 			want = sluice.SourceBackend
 		}
-		if !d.Allowed || d.Remaining != int64(4-i) || d.Source != want {
-			t.Fatalf("take %d = %+v, want allowed, remaining %d from %v", i, d, 4-i, want)
+		// Remaining is the key's: the store's 5 after the grant, plus
+		// what the lease has not spent.
+		if !d.Allowed || d.Remaining != int64(9-i) || d.Source != want {
+			t.Fatalf("take %d = %+v, want allowed, remaining %d from %v", i, d, 9-i, want)
 		}
 	}
 	if c.grants != 1 {
@@ -294,7 +296,7 @@ func TestWindowEnd(t *testing.T) {
 	}
 	clock.Advance(time.Microsecond)
 	d := take(t, s, "k", l, 1)
-	if d.Source != sluice.SourceBackend || d.Remaining != 3 || c.grants != 2 {
+	if d.Source != sluice.SourceBackend || d.Remaining != 9 || c.grants != 2 {
 		t.Fatalf("at the next window: %+v after %d grants; want a new grant", d, c.grants)
 	}
 	if c.returned != 2 {
@@ -440,8 +442,10 @@ func TestAdaptiveSize(t *testing.T) {
 	// Four at one instant: demand 4, leased at the fourth.
 	fleet = 1
 	for i := range 4 {
-		if d := take(t, s, "burst", l, 1); (d.Source == sluice.SourceBackend && d.Remaining == 99-int64(i)) != (i < 3) {
-			t.Fatalf("burst take %d = %+v", i, d)
+		grants := c.grants
+		// Exact or granted, Remaining is the key's figure.
+		if d := take(t, s, "burst", l, 1); d.Source != sluice.SourceBackend || d.Remaining != 99-int64(i) || (c.grants != grants) != (i == 3) {
+			t.Fatalf("burst take %d = %+v after %d grants, want a grant only at the fourth", i, d, c.grants-grants)
 		}
 	}
 	if got := c.asked[len(c.asked)-1]; got != 4 {
@@ -473,22 +477,23 @@ func TestTakeAll(t *testing.T) {
 		return ds
 	}
 	a, b, cc := sluice.Request{Key: "a", Limit: la, Cost: 1}, sluice.Request{Key: "b", Limit: lb, Cost: 1}, sluice.Request{Key: "c", Limit: lc, Cost: 1}
-	if ds := takeAll(a, b); !ds[0].Allowed || !ds[1].Allowed || ds[0].Source != sluice.SourceLease || ds[0].Remaining != 3 || ds[1].Remaining != 0 {
+	if ds := takeAll(a, b); !ds[0].Allowed || !ds[1].Allowed || ds[0].Source != sluice.SourceLease || ds[0].Remaining != 8 || ds[1].Remaining != 0 {
 		t.Fatalf("both admit: %+v", ds)
 	}
-	// b (exact, spent) denies: a keeps its units and reports them as Peek would.
-	if ds := takeAll(a, b); !ds[0].Allowed || ds[1].Allowed || ds[0].Remaining != 3 {
-		t.Fatalf("exact b denies: %+v; want a allowed with 3 left, b denied", ds)
+	// b (exact, spent) denies: a keeps its units and reports them as Peek
+	// would (8 left: the store's 5 and the lease's 3).
+	if ds := takeAll(a, b); !ds[0].Allowed || ds[1].Allowed || ds[0].Remaining != 8 {
+		t.Fatalf("exact b denies: %+v; want a allowed with 8 left, b denied", ds)
 	}
-	if d, err := s.Peek(ctx, "a", la, 3); err != nil || !d.Allowed || d.Remaining != 3 || d.Source != sluice.SourceLease {
+	if d, err := s.Peek(ctx, "a", la, 3); err != nil || !d.Allowed || d.Remaining != 8 || d.Source != sluice.SourceLease {
 		t.Fatalf("a's lease after b denied: %+v, %v; want 3 units kept", d, err)
 	}
 	// c (leased, spent) denies: a keeps its units again.
 	take(t, s, "c", lc, 2)
-	if ds := takeAll(a, cc); !ds[0].Allowed || ds[1].Allowed || ds[0].Remaining != 3 {
+	if ds := takeAll(a, cc); !ds[0].Allowed || ds[1].Allowed || ds[0].Remaining != 8 {
 		t.Fatalf("leased c denies: %+v", ds)
 	}
-	if d, err := s.Peek(ctx, "a", la, 3); err != nil || !d.Allowed || d.Remaining != 3 {
+	if d, err := s.Peek(ctx, "a", la, 3); err != nil || !d.Allowed || d.Remaining != 8 {
 		t.Fatalf("a's lease after c denied: %+v, %v; want 3 units kept", d, err)
 	}
 	if c.grants != 3 {
@@ -510,7 +515,9 @@ func TestTakeAll(t *testing.T) {
 	if ds, err := single.TakeAll(ctx, []sluice.Request{fresh, {Key: "b", Limit: lb, Cost: 1}}); err != nil || !ds[0].Allowed || ds[1].Allowed {
 		t.Fatalf("fallback: %+v, %v; want c allowed, b denied", ds, err)
 	}
-	if d, err := single.Peek(ctx, "c", fresh.Limit, 1); err != nil || d.Source != sluice.SourceLease || d.Remaining != 1 {
+	// The forced lease keeps its unit: 1 beside the store's 8 (c's state
+	// still holds the units taken under lc).
+	if d, err := single.Peek(ctx, "c", fresh.Limit, 1); err != nil || d.Source != sluice.SourceLease || d.Remaining != 9 {
 		t.Fatalf("fallback: c's forced lease = %+v, %v; want its unit kept", d, err)
 	}
 	if _, err := single.TakeAll(ctx, []sluice.Request{{Key: "x", Limit: lb, Cost: 1}, {Key: "y", Limit: lb, Cost: 1}}); !errors.Is(err, lease.ErrNoTakeAll) {
@@ -540,8 +547,9 @@ func TestResetReloadWithinD(t *testing.T) {
 	}
 	clock.Advance(time.Microsecond)
 	// The lease has ended: its 3 unused units go back, 3 intervals old:
-	// none; the store, reset, grants 5 from its full 10.
-	if dec := take(t, a, "k", l, 1); dec.Source != sluice.SourceBackend || dec.Remaining != 4 {
+	// none; the store, reset, grants 5 from its full 10 (5 left, and 4 in
+	// the lease).
+	if dec := take(t, a, "k", l, 1); dec.Source != sluice.SourceBackend || dec.Remaining != 9 {
 		t.Fatalf("a after D: %+v, want a new grant", dec)
 	}
 	if p, err := m.Peek(ctx, "k", l, 1); err != nil || p.Remaining != 5 {
@@ -593,11 +601,13 @@ func TestOneKeyTwoLimits(t *testing.T) {
 		remaining int64
 		source    sluice.Source
 	}{
-		{a, 4, sluice.SourceBackend},
-		{b, 4, sluice.SourceBackend},
-		{a, 3, sluice.SourceLease},
-		{b, 3, sluice.SourceLease},
-		{b, 2, sluice.SourceLease},
+		// Remaining: the store's after the grant (one GCRA state for
+		// both: 5 of 10 left under a, 5 of 20 under b), plus the lease's.
+		{a, 9, sluice.SourceBackend},
+		{b, 9, sluice.SourceBackend},
+		{a, 8, sluice.SourceLease},
+		{b, 8, sluice.SourceLease},
+		{b, 7, sluice.SourceLease},
 	} {
 		d := take(t, s, "k", c.l, 1)
 		if !d.Allowed || d.Remaining != c.remaining || d.Source != c.source || d.Limit != c.l {
@@ -620,11 +630,13 @@ func TestOneKeyTwoLimits(t *testing.T) {
 	if got, want := s.Len(), 1; got != want {
 		t.Errorf("Len after Reset = %d, want %d", got, want)
 	}
-	if d := take(t, s, "k", b, 1); d.Source != sluice.SourceLease || d.Remaining != 1 {
-		t.Errorf("under %v after the other's Reset: %+v, want its lease's Remaining 1", b, d)
+	// b's lease lives on and reports the figure of its grant: the reset
+	// reaches it within D.
+	if d := take(t, s, "k", b, 1); d.Source != sluice.SourceLease || d.Remaining != 6 {
+		t.Errorf("under %v after the other's Reset: %+v, want its lease's Remaining 6 (5 + 1)", b, d)
 	}
-	if d := take(t, s, "k", a, 1); d.Source != sluice.SourceBackend || d.Remaining != 4 {
-		t.Errorf("under %v after its Reset: %+v, want a new grant's Remaining 4", a, d)
+	if d := take(t, s, "k", a, 1); d.Source != sluice.SourceBackend || d.Remaining != 9 {
+		t.Errorf("under %v after its Reset: %+v, want a new grant's Remaining 9 (5 + 4)", a, d)
 	}
 	if err := s.Close(ctx); err != nil {
 		t.Fatal(err)
