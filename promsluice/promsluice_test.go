@@ -18,6 +18,7 @@ import (
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/httplimit"
+	"github.com/sluicehq/sluice/lease"
 	"github.com/sluicehq/sluice/memory"
 	"github.com/sluicehq/sluice/promsluice"
 	"github.com/sluicehq/sluice/resilient"
@@ -101,6 +102,44 @@ func TestCollector(t *testing.T) {
 
 // newCollector returns a Collector registered with a pedantic registry,
 // and a memory store.
+// Decisions a lease answers count as near the limit only when the key is:
+// their Remaining is the key's figure, not the lease's few units.
+func TestNearLimitUnderLease(t *testing.T) {
+	t.Parallel()
+	c, reg, _ := newCollector(t)
+	clock := storetest.NewClock(storetest.T0) // frozen: nothing refills
+	mem := memory.New(&memory.Options{Clock: clock.Now, SweepInterval: -1})
+	t.Cleanup(func() { mem.Close() })
+	ls, err := lease.New(mem, &lease.Options{MaxStaleness: time.Second, Size: 5, Clock: clock.Now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mw, err := httplimit.New(ls, []httplimit.Rule{{Name: "leased", Limit: sluice.PerMinute(100), Key: httplimit.Global()}}, &httplimit.Options{Observer: c})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := mw.Handler(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+	near := func() float64 {
+		return gather(t, reg, "sluice_near_limit_total", map[string]string{"policy": "leased"})
+	}
+	for range 89 {
+		h.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest("GET", "/", nil))
+	}
+	if got := near(); got != 0 {
+		t.Fatalf("near limit after 89 of 100 = %v, want 0 (11 left at least)", got)
+	}
+	for range 6 {
+		h.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest("GET", "/", nil))
+	}
+	// Requests 90 to 95 leave 10 to 5: at most 10 % of 100.
+	if got := near(); got != 6 {
+		t.Fatalf("near limit after 95 of 100 = %v, want 6", got)
+	}
+	if st := ls.Stats(); st.Local == 0 {
+		t.Fatalf("lease stats %+v: no decision was local", st)
+	}
+}
+
 func newCollector(t *testing.T) (*promsluice.Collector, *prometheus.Registry, *memory.Store) {
 	t.Helper()
 	c := promsluice.New(nil)
