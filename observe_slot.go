@@ -27,11 +27,11 @@ const (
 	// SlotExtend: a holder moved its hold timeout. Outcome is
 	// OutcomeAllowed (extended), OutcomeDenied (not held) or OutcomeError.
 	SlotExtend
-	// SlotExpire: a slot this process acquired passed its hold timeout
-	// with no release through this process (its holder stopped, or
-	// released it through another process of the fleet). Outcome is
-	// OutcomeAllowed. Only a process that tracks hold timeouts (the
-	// service) reports it.
+	// SlotExpire: a slot this process acquired is held no more, with no
+	// release through this process: it passed its hold timeout (its
+	// holder stopped), or another process of the fleet released it and
+	// said so. Outcome is OutcomeAllowed. Only a process that tracks hold
+	// timeouts (the service) reports it.
 	SlotExpire
 )
 

@@ -537,7 +537,7 @@ func TestBrowser(t *testing.T) {
 		if got := eval[string](t, ctx, card+`.querySelector(".tally-local").textContent`); got != strconv.Itoa(local) {
 			t.Errorf("tally says %s answered locally, the results %d", got, local)
 		}
-		if got := eval[string](t, ctx, card+`.querySelector('.result[data-source="lease"] .detail').textContent`); !strings.Contains(got, "in lease · local") {
+		if got := eval[string](t, ctx, card+`.querySelector('.result[data-source="lease"] .detail').textContent`); !strings.Contains(got, " left · local") {
 			t.Errorf("a local result reads %q", got)
 		}
 		// The chart, of all the policy's traffic here, counts them too.

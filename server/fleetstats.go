@@ -48,8 +48,9 @@ type Fleet struct {
 	ttl    time.Duration
 	log    *slog.Logger
 
-	instances prometheus.Gauge
-	failures  prometheus.Counter
+	instances    prometheus.Gauge
+	failures     prometheus.Counter
+	notesDropped prometheus.Counter
 
 	mu      sync.Mutex // guards others and failing
 	others  []instanceReport
@@ -57,6 +58,7 @@ type Fleet struct {
 
 	stop chan struct{}
 	done chan struct{}
+	wg   sync.WaitGroup // the slot notes' relay and listener (fleetslots.go)
 }
 
 // instanceReport is what an instance publishes.
@@ -105,15 +107,18 @@ func NewFleet(client redis.UniversalClient, svc *Service, opts *FleetOptions) *F
 		ttl:       5 * o.Interval,
 		instances: newGauge("sluice_fleet_instances", "Instances whose figures the dashboard sums, this one included, as of the last round."),
 		failures:  newCounter("sluice_fleet_publish_failures_total", "Rounds in which this instance could not publish its figures to Redis or read the fleet's."),
+		notesDropped: newCounter("sluice_fleet_slot_notes_dropped_total",
+			"Notes of slots released or extended through this instance but acquired through another that were not sent (Redis away, or the queue full): the other instance counts those slots held until their hold timeout."),
 	}
 	f.instances.Set(1)
 	svc.mon.fleet = f
+	svc.notes = make(chan slotNote, noteQueue)
 	return f
 }
 
 // Collectors returns the fleet's metrics, for a Prometheus registry.
 func (f *Fleet) Collectors() []prometheus.Collector {
-	return []prometheus.Collector{f.instances, f.failures}
+	return []prometheus.Collector{f.instances, f.failures, f.notesDropped}
 }
 
 func (f *Fleet) setKey() string { return "{" + f.opts.Prefix + "}:instances" }
@@ -121,9 +126,13 @@ func (f *Fleet) reportKey(id string) string {
 	return "{" + f.opts.Prefix + "}:i:" + id
 }
 
-// Start publishes every Interval until Stop.
+// Start publishes every Interval until Stop, and relays and applies the
+// fleet's slot notes.
 func (f *Fleet) Start() {
 	f.stop, f.done = make(chan struct{}), make(chan struct{})
+	f.wg.Add(2)
+	go f.relay(f.mon.svc.notes, f.stop)
+	go f.listen(f.stop)
 	go func() {
 		defer close(f.done)
 		t := time.NewTicker(f.opts.Interval)
@@ -149,6 +158,7 @@ func (f *Fleet) Stop() {
 	}
 	close(f.stop)
 	<-f.done
+	f.wg.Wait()
 	f.stop = nil
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()

@@ -69,9 +69,13 @@ func (r Result) ShadowDenied() bool { return r.Allowed && !r.Decision.Allowed }
 // The zero value refuses: its decisions fail with ErrZeroService, its
 // handler answers 503 and its RLS UNAVAILABLE. Build one with NewService.
 type Service struct {
-	engine  *enforce.Engine
-	slots   sluice.Slots // nil when the store keeps none (slots.go)
-	holds   *heldSlots
+	engine *enforce.Engine
+	slots  sluice.Slots // nil when the store keeps none (slots.go)
+	holds  *heldSlots
+	// notes carries the slots released or extended here but acquired
+	// through another instance, for the fleet to tell (fleetslots.go); nil
+	// without a fleet.
+	notes   chan slotNote
 	keyer   *enforce.Keyer
 	snap    atomic.Pointer[snapshot]
 	clock   func() time.Time

@@ -8,14 +8,15 @@ import (
 )
 
 // heldSlots tracks the slots acquired through this instance, until they
-// are released through it or reach their hold timeout: the dashboard's
-// held column, and the sluice.SlotExpire events that take the holds past
-// their timeout out of sluice_inflight_held (which counts acquires and
-// releases from their events). The store alone
-// knows a fleet's holders; summed over the instances behind one load
-// balancer, these figures count each slot once while its extends and
-// release reach the instance that acquired it. A slot released through
-// another instance stays counted here until its hold timeout.
+// are released through it, released or extended through another instance
+// that says so (fleetslots.go), or reach their hold timeout: the
+// dashboard's held column, and the sluice.SlotExpire events that take the
+// holds released elsewhere or past their timeout out of
+// sluice_inflight_held (which counts acquires and releases from their
+// events). The store alone knows a fleet's holders; summed over the
+// instances behind one load balancer, these figures count each slot once.
+// A note from another instance that is lost leaves the slot counted here
+// until its hold timeout.
 type heldSlots struct {
 	clock   func() time.Time
 	obs     sluice.SlotObserver // told of each hold sweep drops
@@ -48,12 +49,28 @@ func (h *heldSlots) add(holder string, s heldSlot) {
 	}
 }
 
-func (h *heldSlots) extend(holder string, until time.Time) {
+// extend moves holder's timeout to until and reports whether this
+// instance counts holder's slot.
+func (h *heldSlots) extend(holder string, until time.Time) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	s, ok := h.holds[holder]
+	if ok {
+		s.until = until
+		h.holds[holder] = s
+	}
+	return ok
+}
+
+// drop stops counting holder's slot, released through another instance,
+// and reports it as a sluice.SlotExpire: held no more, with no release
+// through this instance.
+func (h *heldSlots) drop(holder string) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if s, ok := h.holds[holder]; ok {
-		s.until = until
-		h.holds[holder] = s
+		delete(h.holds, holder)
+		h.obs.ObserveSlot(sluice.SlotEvent{Policy: s.policy, Op: sluice.SlotExpire, Outcome: sluice.OutcomeAllowed, Priority: s.priority, Weight: s.weight})
 	}
 }
 

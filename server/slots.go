@@ -197,7 +197,9 @@ func (s *Service) Extend(ctx context.Context, token string) (time.Duration, erro
 		s.observeSlot(res, sluice.SlotExtend, sluice.OutcomeDenied)
 		return 0, fmt.Errorf("%w: expired at its hold timeout, released, or never acquired", ErrSlotNotHeld)
 	}
-	s.holds.extend(t.holder, s.clock().Add(p.InFlight.Limit.Hold))
+	if !s.holds.extend(t.holder, s.clock().Add(p.InFlight.Limit.Hold)) {
+		s.tellFleet(slotNote{holder: t.holder, hold: p.InFlight.Limit.Hold})
+	}
 	s.observeSlot(res, sluice.SlotExtend, sluice.OutcomeAllowed)
 	return p.InFlight.Limit.Hold, nil
 }
@@ -219,7 +221,9 @@ func (s *Service) Release(ctx context.Context, token string) error {
 		return fmt.Errorf("server: store: %w", err)
 	}
 	if ok {
-		res.Weight = s.holds.release(t.holder)
+		if res.Weight = s.holds.release(t.holder); res.Weight == 0 {
+			s.tellFleet(slotNote{holder: t.holder})
+		}
 		s.observeSlot(res, sluice.SlotRelease, sluice.OutcomeAllowed)
 		if _, err := s.slots.Acquire(ctx, tomb, mark, 1, t.holder); err != nil {
 			// Released all the same; only a repeat would be told 404.

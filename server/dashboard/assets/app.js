@@ -349,13 +349,14 @@
       if (shadow) li.dataset.shadowDenied = "true";
       verdict.textContent = shadow ? "shadow deny" : allowed ? "allowed" : "denied";
       if (shadow) verdict.title = "Allowed: the policy is in shadow mode and would have denied this request";
-      // A lease answered without a store call: what is left is the lease's.
+      // A lease answered without a store call: what is left is the key's
+      // figure as of the lease's grant.
       const local = d.source === "lease";
       if (d.source) li.dataset.source = d.source;
-      let text = `${d.remaining ?? "?"} left${local ? " in lease · local" : ""}`;
+      let text = `${d.remaining ?? "?"} left${local ? " · local" : ""}`;
       if (!allowed || shadow) text += ` · retry in ${formatDuration(d.retry_after_ms)}`;
       detail.textContent = text;
-      li.title = `reset in ${formatDuration(d.reset_after_ms)}` + (local ? "; answered from this instance's lease, without a store call" : "");
+      li.title = `reset in ${formatDuration(d.reset_after_ms)}` + (local ? "; answered from this instance's lease, without a store call (what is left: as of the lease's grant)" : "");
       if (local) card.tallyLocal.textContent = String(++card.local);
       // A shadow denial counts as denied, as in the chart; its verdict says it was let through.
       if (allowed && !shadow) card.allowed++; else card.denied++;

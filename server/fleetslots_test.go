@@ -1,0 +1,174 @@
+package server
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/race"
+	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/redisstore"
+)
+
+func TestSlotNotes(t *testing.T) {
+	for _, n := range []slotNote{{holder: "0123456789abcdef0123456789abcdef"}, {holder: "h", hold: 1500 * time.Millisecond}} {
+		if got, ok := parseNote(n.String()); !ok || got != n {
+			t.Errorf("parseNote(%q) = %+v, %v; want %+v", n.String(), got, ok, n)
+		}
+	}
+	for _, bad := range []string{"", "r", "x h", "e h", "e h 0", "e h -5", "e h x", "r h extra"} {
+		if n, ok := parseNote(bad); ok {
+			t.Errorf("parseNote(%q) = %+v, want refused", bad, n)
+		}
+	}
+}
+
+// A slot acquired through one instance and released or extended through
+// another: the instance that acquired it hears of it from the fleet, and
+// its held figures follow within a few note intervals instead of waiting
+// for the hold timeout.
+func TestFleetSlotNotes(t *testing.T) {
+	client := redis.NewClient(&redis.Options{Addr: redistest.StartServer(t).Addr})
+	t.Cleanup(func() { client.Close() })
+	prefix := redistest.Prefix(t)
+	cfg := `
+policies:
+  - name: jobs
+    in_flight: {max: 10, hold: 3s}
+`
+	svcs := make([]*Service, 2)
+	for i := range svcs {
+		svcs[i] = NewService(redisstore.New(client, &redisstore.Options{Prefix: prefix}), mustConfig(t, cfg), nil)
+		f := NewFleet(client, svcs[i], &FleetOptions{Prefix: prefix + "fleet"})
+		f.Start()
+		t.Cleanup(f.Stop)
+	}
+	a, b := svcs[0], svcs[1]
+	ctx := context.Background()
+	channel := "{" + prefix + "fleet}:slots"
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		n, err := client.PubSubNumSub(ctx, channel).Result()
+		if err == nil && n[channel] == 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("listeners on %s: %v, %v; want 2", channel, n, err)
+		}
+	}
+	held := func(svc *Service) int64 { return svc.holds.held()["jobs"] }
+	acquire := func() string {
+		t.Helper()
+		res, err := a.Acquire(ctx, "jobs", "k", 3, sluice.PriorityCritical)
+		if err != nil || !res.Decision.Allowed {
+			t.Fatalf("acquire: %+v, %v", res.Decision, err)
+		}
+		return res.Token
+	}
+
+	// Released through b: a stops counting it long before its 3 s hold.
+	tok := acquire()
+	if got := held(a); got != 3 {
+		t.Fatalf("a holds %d, want 3", got)
+	}
+	start := time.Now()
+	if err := b.Release(ctx, tok); err != nil {
+		t.Fatal(err)
+	}
+	for held(a) != 0 {
+		if time.Since(start) > 2*time.Second {
+			t.Fatalf("a still counts the slot b released %v ago", time.Since(start))
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	t.Logf("a dropped the slot %v after b released it", time.Since(start))
+	if held(b) != 0 {
+		t.Errorf("b holds %d, want 0", held(b))
+	}
+
+	// Extended through b: a keeps counting it past its first timeout.
+	if race.Enabled {
+		return // the rest times a hold
+	}
+	tok = acquire()
+	time.Sleep(2 * time.Second)
+	if _, err := b.Extend(ctx, tok); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(1500 * time.Millisecond) // past the acquire's 3 s, within the extend's
+	if got := held(a); got != 3 {
+		t.Errorf("3.5 s after the acquire, 1.5 s after b extended it: a holds %d, want 3", got)
+	}
+	if err := b.Release(ctx, tok); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Two `sluice serve` processes on one Redis behind a load balancer: a
+// slot acquired through one and released through the other leaves the
+// fleet's held figure within a few publishing rounds, not after its hold.
+func TestFleetSlotsReleasedElsewhere(t *testing.T) {
+	race.SkipTiming(t)
+	r := redistest.StartServer(t)
+	cfg := filepath.Join(t.TempDir(), "sluice.yaml")
+	if err := os.WriteFile(cfg, []byte("policies:\n  - name: jobs\n    in_flight: {max: 10, hold: 60s}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	env := []string{"SLUICE_HTTP_ADDR=127.0.0.1:0", "SLUICE_GRPC_ADDR=127.0.0.1:0", "SLUICE_REDIS_URL=redis://" + r.Addr + "/0"}
+	a, b := startSluice(t, env, "--config", cfg), startSluice(t, env, "--config", cfg)
+	held := func(p *proc) (int64, int) {
+		t.Helper()
+		_, body := p.get(t, "/v1/stats")
+		var st struct{ Overview Overview }
+		if err := json.Unmarshal([]byte(body), &st); err != nil {
+			t.Fatalf("stats %q: %v", body, err)
+		}
+		for _, pol := range st.Overview.Policies {
+			if pol.Policy == "jobs" {
+				return pol.Held, st.Overview.Instances
+			}
+		}
+		return 0, st.Overview.Instances
+	}
+	await := func(what string, want int64) time.Duration {
+		t.Helper()
+		start := time.Now()
+		for deadline := start.Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+			ha, na := held(a)
+			hb, nb := held(b)
+			if ha == want && hb == want && na == 2 && nb == 2 {
+				return time.Since(start)
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: held %d and %d over %d and %d instances, want %d over 2", what, ha, hb, na, nb, want)
+			}
+		}
+	}
+	await("before", 0)
+	// Listening starts with serving; a note sent before b listens would be
+	// lost, so wait for both listeners.
+	c := r.Client(t)
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		n, _ := c.PubSubNumSub(context.Background(), "{sluice:fleet}:slots").Result()
+		if n["{sluice:fleet}:slots"] == 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("listeners: %v, want 2", n)
+		}
+	}
+	code, body := a.post(t, "/v1/acquire", `{"policy":"jobs","key":"k","weight":4}`)
+	if code != 200 {
+		t.Fatalf("acquire: %d %v", code, body)
+	}
+	t.Logf("acquired: the fleet shows it after %v", await("acquired through a", 4))
+	if code, _ := b.post(t, "/v1/release", tokenBody(body["token"])); code != 204 {
+		t.Fatalf("release through b: %d", code)
+	}
+	t.Logf("released through b: the fleet drops it after %v (the hold is 60 s)", await("released through b", 0))
+}
