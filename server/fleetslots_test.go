@@ -34,8 +34,15 @@ func TestSlotNotes(t *testing.T) {
 // its held figures follow within a few note intervals instead of waiting
 // for the hold timeout.
 func TestFleetSlotNotes(t *testing.T) {
-	client := redis.NewClient(&redis.Options{Addr: redistest.StartServer(t).Addr})
-	t.Cleanup(func() { client.Close() })
+	t.Run("standalone", func(t *testing.T) {
+		c := redis.NewClient(&redis.Options{Addr: redistest.StartServer(t).Addr})
+		t.Cleanup(func() { c.Close() })
+		testSlotNotes(t, c, true)
+	})
+	t.Run("cluster", func(t *testing.T) { testSlotNotes(t, redistest.ClusterClient(t), false) })
+}
+
+func testSlotNotes(t *testing.T, client redis.UniversalClient, extend bool) {
 	prefix := redistest.Prefix(t)
 	cfg := `
 policies:
@@ -92,7 +99,7 @@ policies:
 	}
 
 	// Extended through b: a keeps counting it past its first timeout.
-	if race.Enabled {
+	if !extend || race.Enabled {
 		return // the rest times a hold
 	}
 	tok = acquire()
