@@ -274,9 +274,8 @@ type shard struct {
 //
 // Its times are ns since the Unix epoch on the Store's clock (Store.now),
 // which no clock in use reads as zero: zero marks a time not set. A local
-// decision reads only the fields here, 120 bytes with the pointer to the
-// rest, allocated in 128: two cache lines, which the processor fetches as
-// a pair.
+// decision reads only the fields here, 128 bytes with the pointer to the
+// rest: two cache lines, which the processor fetches as a pair.
 type lease struct {
 	sh       *shard
 	next     *lease       // the key's lease under another limit, or nil
