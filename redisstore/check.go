@@ -106,8 +106,8 @@ func Classify(err error) error {
 	case strings.Contains(msg, "WRONGPASS"), strings.Contains(msg, "NOAUTH"),
 		strings.Contains(msg, "without any password configured"), strings.Contains(msg, "invalid password"):
 		return checkErr(ErrAuth, "check the user and password in the Redis URL", err)
-	case strings.Contains(msg, "NOPERM"):
-		return checkErr(ErrPermission, "grant the Redis user ping, info, evalsha, eval and script|load on sluice's keys", err)
+	case strings.Contains(msg, "NOPERM"), strings.Contains(msg, "can't run this command or subcommand"): // the second: a command inside a script
+		return checkErr(ErrPermission, "grant the Redis user the commands sluice runs, those inside its scripts included: +@connection +info +evalsha +eval +script|load +time +@read +@write +publish +subscribe (and +cluster|slots on a Cluster) on keys ~sluice:* ~{sluice:fleet}:* and channel &{sluice:fleet}:slots", err)
 	case strings.Contains(msg, "DB index is out of range"), strings.Contains(msg, "invalid DB index"):
 		return checkErr(ErrDatabase, "pick a database below the server's databases setting in the URL's /db", err)
 	case strings.Contains(msg, "cluster support disabled"):
@@ -191,8 +191,10 @@ func Check(ctx context.Context, c redis.UniversalClient) (*CheckReport, error) {
 	return rep, nil
 }
 
-// probeScript is loaded and run to prove the user may run scripts.
-const probeScript = "return 1"
+// probeScript is loaded and run to prove the user may run scripts, and
+// TIME inside one: Redis checks a script's commands against the user too,
+// and every sluice script reads the clock.
+const probeScript = "redis.call('TIME') return 1"
 
 func checkNode(ctx context.Context, node *redis.Client, cluster bool, rep *CheckReport) error {
 	info, err := node.Info(ctx, "server", "cluster", "memory").Result()

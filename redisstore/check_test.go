@@ -148,6 +148,9 @@ func TestCheckPermission(t *testing.T) {
 	for _, rules := range [][]any{
 		{"limited", "on", ">pw", "~*", "+ping", "+info", "+script|load"}, // no evalsha
 		{"noscript", "on", ">pw", "~*", "+ping", "+info", "+evalsha"},    // no script load
+		// Scripts, but not the clock every sluice script reads: Redis
+		// checks the commands inside a script against the user too.
+		{"notime", "on", ">pw", "~*", "+ping", "+info", "+evalsha", "+eval", "+script|load"},
 	} {
 		if err := admin.Do(ctx, append([]any{"acl", "setuser"}, rules...)...).Err(); err != nil {
 			t.Fatal(err)
@@ -158,7 +161,7 @@ func TestCheckPermission(t *testing.T) {
 		})
 	}
 	t.Run("enough", func(t *testing.T) {
-		if err := admin.Do(ctx, "acl", "setuser", "enough", "on", ">pw", "~*", "+ping", "+info", "+evalsha", "+eval", "+script|load").Err(); err != nil {
+		if err := admin.Do(ctx, "acl", "setuser", "enough", "on", ">pw", "~*", "+ping", "+info", "+evalsha", "+eval", "+script|load", "+time").Err(); err != nil {
 			t.Fatal(err)
 		}
 		if _, err := redisstore.Check(checkCtx(t), newClient(t, &redis.Options{Addr: srv.Addr, Username: "enough", Password: "pw"})); err != nil {
@@ -166,7 +169,7 @@ func TestCheckPermission(t *testing.T) {
 		}
 	})
 	t.Run("INFO denied is a warning", func(t *testing.T) {
-		if err := admin.Do(ctx, "acl", "setuser", "noinfo", "on", ">pw", "~*", "+ping", "+evalsha", "+eval", "+script|load").Err(); err != nil {
+		if err := admin.Do(ctx, "acl", "setuser", "noinfo", "on", ">pw", "~*", "+ping", "+evalsha", "+eval", "+script|load", "+time").Err(); err != nil {
 			t.Fatal(err)
 		}
 		rep, err := redisstore.Check(checkCtx(t), newClient(t, &redis.Options{Addr: srv.Addr, Username: "noinfo", Password: "pw"}))
@@ -245,6 +248,11 @@ func TestClassifyNil(t *testing.T) {
 	}
 	if err := redisstore.Classify(fmt.Errorf("wrapped: %w", errors.New("WRONGPASS x"))); !errors.Is(err, redisstore.ErrAuth) {
 		t.Fatalf("Classify = %v, want ErrAuth", err)
+	}
+	// Redis 7's words for a command an ACL user may not run inside a script.
+	inScript := errors.New("ERR The user executing the script can't run this command or subcommand script: db74a6df, on @user_script:1.")
+	if err := redisstore.Classify(inScript); !errors.Is(err, redisstore.ErrPermission) || !errors.Is(err, redisstore.ErrMisconfigured) {
+		t.Fatalf("Classify(%v) = %v, want ErrPermission", inScript, err)
 	}
 }
 

@@ -93,7 +93,7 @@ func (b *breaker) allow(now time.Time) (call, probe bool) {
 		if now.Before(b.retryAt) {
 			return false, false
 		}
-		b.set(sluice.BreakerHalfOpen, "probe")
+		b.set(sluice.BreakerHalfOpen, "probe", nil)
 	}
 	if b.probing {
 		return false, false
@@ -115,22 +115,23 @@ func (b *breaker) success(probe bool, sent time.Time) {
 	defer b.mu.Unlock()
 	b.probing = false
 	if b.good++; b.good >= b.closeAfter {
-		b.set(sluice.BreakerClosed, fmt.Sprintf("%d probes succeeded", b.good))
+		b.set(sluice.BreakerClosed, fmt.Sprintf("%d probes succeeded", b.good), nil)
 	}
 }
 
-// failure records a call sent at sent that failed (or timed out) at now.
+// failure records a call sent at sent that failed (or timed out) at now
+// with err, which the line logged if the breaker opens names.
 //
 // A run of failures is timed by when its calls were sent, not when they
 // failed: calls sent DeadAfter apart that all failed show a dead backend,
 // while a process that stalled (a long GC or CPU throttling) sees the
 // calls it had in flight fail together, sent at about the same time.
-func (b *breaker) failure(probe bool, sent, now time.Time) {
+func (b *breaker) failure(probe bool, sent, now time.Time, err error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if probe {
 		b.probing = false
-		b.reopen(now, "probe failed")
+		b.reopen(now, "probe failed", err)
 		return
 	}
 	calls, fails := b.count(sent, true)
@@ -149,19 +150,19 @@ func (b *breaker) failure(probe bool, sent, now time.Time) {
 	default:
 		return
 	}
-	b.reopen(now, why)
+	b.reopen(now, why, err)
 }
 
 // reopen opens the breaker until the next probe: after ProbeInterval and
 // up to a quarter more at random, so that probes do not fall in step with
 // a backend that stalls periodically.
-func (b *breaker) reopen(now time.Time, why string) {
+func (b *breaker) reopen(now time.Time, why string, err error) {
 	wait := b.interval
 	if b.jitter != nil {
 		wait += time.Duration(b.jitter() * float64(b.interval) / 4)
 	}
 	b.retryAt = now.Add(wait)
-	b.set(sluice.BreakerOpen, why)
+	b.set(sluice.BreakerOpen, why, err)
 }
 
 // release ends a call that taught nothing about the backend (the caller
@@ -204,9 +205,10 @@ func (b *breaker) count(now time.Time, failed bool) (calls, fails int64) {
 }
 
 // set changes state under b.mu and reports the change: one log line for
-// the transition, one more when the failure policy starts or stops
-// answering, and an Observer event.
-func (b *breaker) set(to sluice.BreakerState, why string) {
+// the transition (with the error of the call that opened it, so that a
+// cause such as NOPERM is on the line), one more when the failure policy
+// starts or stops answering, and an Observer event.
+func (b *breaker) set(to sluice.BreakerState, why string, err error) {
 	from := b.current()
 	if from == to {
 		return
@@ -226,7 +228,11 @@ func (b *breaker) set(to sluice.BreakerState, why string) {
 		level = slog.LevelWarn
 	}
 	ctx := context.Background()
-	b.log.Log(ctx, level, "resilient: breaker "+to.String(), "store", b.name, "from", from.String(), "reason", why)
+	attrs := []any{"store", b.name, "from", from.String(), "reason", why}
+	if err != nil {
+		attrs = append(attrs, "error", err)
+	}
+	b.log.Log(ctx, level, "resilient: breaker "+to.String(), attrs...)
 	switch {
 	case from == sluice.BreakerClosed:
 		b.log.Log(ctx, slog.LevelWarn, "resilient: failure policy on", "store", b.name, "policy", b.policy.String())

@@ -159,7 +159,8 @@ func (l *lines) all() []string {
 }
 
 // A flap is logged as one line per transition, plus one as the failure
-// policy starts and one as it stops; nothing else, however many calls.
+// policy starts and one as it stops; nothing else, however many calls. An
+// opening names the error of the call that opened it.
 func TestBreakerLogsFlap(t *testing.T) {
 	t.Parallel()
 	clk := storetest.NewClock(t0)
@@ -188,10 +189,10 @@ func TestBreakerLogsFlap(t *testing.T) {
 	clk.Advance(time.Second)
 	take(10) // two good probes close it
 	want := []string{
-		"resilient: breaker open store=redis from=closed",
+		"resilient: breaker open store=redis from=closed error=backend down", // the cause, on the line
 		"resilient: failure policy on store=redis policy=local",
 		"resilient: breaker half_open store=redis from=open",
-		"resilient: breaker open store=redis from=half_open",
+		"resilient: breaker open store=redis from=half_open error=backend down",
 		"resilient: breaker half_open store=redis from=open",
 		"resilient: breaker closed store=redis from=half_open",
 		"resilient: failure policy off store=redis policy=local",
@@ -209,14 +210,14 @@ func TestBreakerStall(t *testing.T) {
 	b := newBreaker(&Options{Logger: discard}, "store")
 	b.jitter = nil
 	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
-	b.failure(false, at(0), at(50)) // timed out before the stall
-	for i := range 4 {              // in flight through a 600ms stall
-		b.failure(false, at(10+i), at(650))
+	b.failure(false, at(0), at(50), nil) // timed out before the stall
+	for i := range 4 {                   // in flight through a 600ms stall
+		b.failure(false, at(10+i), at(650), nil)
 	}
 	if got := b.current(); got != sluice.BreakerClosed {
 		t.Fatalf("after a stall: %v, want closed", got)
 	}
-	b.failure(false, at(500), at(550))
+	b.failure(false, at(500), at(550), nil)
 	if got := b.current(); got != sluice.BreakerOpen {
 		t.Errorf("after calls sent 500ms apart failed: %v, want open", got)
 	}

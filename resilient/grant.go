@@ -86,7 +86,7 @@ func pass[T any](ctx context.Context, s *Store, op string, fn func(context.Conte
 		s.br.release(probe)
 		return zero, err
 	default:
-		s.br.failure(probe, now, s.clock())
+		s.br.failure(probe, now, s.clock(), err)
 	}
 	s.observe(op, sluice.SourceBackend, lat, err)
 	if err != nil {

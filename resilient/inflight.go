@@ -108,7 +108,7 @@ func (s *Store) Acquire(ctx context.Context, key string, l sluice.InFlightLimit,
 	if err := s.callerFault(ctx, "acquire", err, probe); err != nil {
 		return sluice.SlotDecision{}, err
 	}
-	s.br.failure(probe, now, s.clock())
+	s.br.failure(probe, now, s.clock(), err)
 	return s.failSlot(ctx, key, l, weight, holder, now, lat, err)
 }
 
@@ -221,7 +221,7 @@ func (s *Store) onSlot(ctx context.Context, op, key, holder string, hold time.Du
 	if err := s.callerFault(ctx, op, err, probe); err != nil {
 		return false, err
 	}
-	s.br.failure(probe, now, s.clock())
+	s.br.failure(probe, now, s.clock(), err)
 	s.observe(op, s.policySource(), lat, err)
 	return false, fmt.Errorf("resilient: %s: %w: %w", op, ErrSlotUnreachable, err)
 }

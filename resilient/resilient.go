@@ -462,7 +462,7 @@ func (s *Store) decide(ctx context.Context, op, key string, limit sluice.Limit, 
 	if err := s.callerFault(ctx, op, err, probe); err != nil {
 		return sluice.Decision{}, err
 	}
-	s.br.failure(probe, now, s.clock())
+	s.br.failure(probe, now, s.clock(), err)
 	return s.failOne(ctx, op, key, limit, cost, take, lat, err)
 }
 
@@ -637,7 +637,7 @@ func (m *MultiStore) TakeAll(ctx context.Context, reqs []sluice.Request) ([]slui
 	if err := s.callerFault(ctx, "take_all", err, probe); err != nil {
 		return nil, err
 	}
-	s.br.failure(probe, now, s.clock())
+	s.br.failure(probe, now, s.clock(), err)
 	return m.failAll(ctx, reqs, lat, err)
 }
 

@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"log/slog"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -14,6 +16,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
+	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/internal/testcert"
 	"github.com/sluicehq/sluice/redisstore"
@@ -37,6 +40,10 @@ func TestServerRefusesMisconfiguredRedis(t *testing.T) {
 	if err := admin.Do(context.Background(), "acl", "setuser", "noscript", "on", ">pw", "~*", "+ping", "+info").Err(); err != nil {
 		t.Fatal(err)
 	}
+	// Scripts allowed, but not the commands inside them.
+	if err := admin.Do(context.Background(), "acl", "setuser", "evalonly", "on", ">pw", "~sluice:*", "+ping", "+info", "+evalsha", "+eval", "+script|load").Err(); err != nil {
+		t.Fatal(err)
+	}
 	for _, tt := range []struct {
 		name, url string
 		kind      error
@@ -50,6 +57,7 @@ func TestServerRefusesMisconfiguredRedis(t *testing.T) {
 		{"plaintext against TLS", "redis://" + tlsSrv.Addr, redisstore.ErrTLS, "rediss://"},
 		{"unknown Sentinel master", "redis+sentinel://" + sentinel.Addr + "?master_name=typo", redisstore.ErrSentinelMaster, "master_name"},
 		{"NOPERM", "redis://noscript:pw@" + plain.Addr, redisstore.ErrPermission, "grant"},
+		{"NOPERM inside scripts", "redis://evalonly:pw@" + plain.Addr, redisstore.ErrPermission, "+time"},
 		{"redis:// at a Cluster node", "redis://" + node.Addr, redisstore.ErrTopology, "redis+cluster://"},
 		{"redis+cluster:// at a standalone server", "redis+cluster://" + plain.Addr, redisstore.ErrTopology, "redis://"},
 	} {
@@ -67,6 +75,54 @@ func TestServerRefusesMisconfiguredRedis(t *testing.T) {
 				t.Errorf("message %q: want one line naming %q, no password", msg, tt.says)
 			}
 		})
+	}
+}
+
+// TestServerRunsWithDocumentedACL: the ACL user the README documents is
+// enough for everything the service does on Redis: decisions from the
+// backend, in-flight slots, the fleet's figures and its slot notes.
+func TestServerRunsWithDocumentedACL(t *testing.T) {
+	t.Parallel()
+	r := redistest.StartServer(t)
+	// As in the README (Deploy it).
+	acl := "sluice on >pw resetkeys ~sluice:* ~{sluice:fleet}:* resetchannels &{sluice:fleet}:slots -@all +@connection +info +evalsha +eval +script|load +time +@read +@write +publish +subscribe +cluster|slots +cluster|shards"
+	args := []any{"acl", "setuser"}
+	for _, f := range strings.Fields(acl) {
+		args = append(args, f)
+	}
+	if err := r.Client(t).Do(context.Background(), args...).Err(); err != nil {
+		t.Fatal(err)
+	}
+	cfg := filepath.Join(t.TempDir(), "sluice.yaml")
+	if err := os.WriteFile(cfg, []byte(slotsConfig), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	srv := runServer(t, Options{ConfigFile: cfg, RedisURL: "redis://sluice:pw@" + r.Addr + "/0"})
+	ctx := context.Background()
+	for range 3 {
+		res, err := srv.Service().Check(ctx, "api", "ann", 1)
+		if err != nil || !res.Decision.Allowed || res.Decision.Source != sluice.SourceBackend {
+			t.Fatalf("check: %+v, %v; want allowed by Redis itself", res.Decision, err)
+		}
+	}
+	slot, err := srv.Service().Acquire(ctx, "exports", "ann", 1, sluice.PriorityCritical)
+	if err != nil || !slot.Decision.Allowed {
+		t.Fatalf("acquire: %+v, %v", slot.Decision, err)
+	}
+	if err := srv.Service().Release(ctx, slot.Token); err != nil {
+		t.Fatalf("release: %v", err)
+	}
+	f := NewFleet(srv.redis, srv.Service(), &FleetOptions{Logger: slog.New(slog.DiscardHandler)})
+	if err := f.Publish(ctx); err != nil {
+		t.Fatalf("fleet figures: %v", err)
+	}
+	if err := srv.redis.Publish(ctx, f.noteChannel(), "r 0").Err(); err != nil {
+		t.Fatalf("slot notes: %v", err)
+	}
+	ps := srv.redis.Subscribe(ctx, f.noteChannel())
+	defer ps.Close()
+	if _, err := ps.Receive(ctx); err != nil {
+		t.Fatalf("slot notes' channel: %v", err)
 	}
 }
 
