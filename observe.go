@@ -137,4 +137,7 @@ type BreakerEvent struct {
 	Store string
 	// From and To are the states before and after the change.
 	From, To BreakerState
+	// Err is, when To is BreakerOpen, the error of the call that opened
+	// the breaker; nil otherwise.
+	Err error
 }

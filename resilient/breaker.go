@@ -240,6 +240,6 @@ func (b *breaker) set(to sluice.BreakerState, why string, err error) {
 		b.log.Log(ctx, slog.LevelInfo, "resilient: failure policy off", "store", b.name, "policy", b.policy.String())
 	}
 	if b.observer != nil {
-		b.observer.ObserveBreaker(sluice.BreakerEvent{Store: b.name, From: from, To: to})
+		b.observer.ObserveBreaker(sluice.BreakerEvent{Store: b.name, From: from, To: to, Err: err})
 	}
 }

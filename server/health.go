@@ -46,6 +46,7 @@ type Health struct {
 	storeErr error // classified; nil while the store answers
 	since    time.Time
 	fallback bool
+	openedBy error // the call error that opened the breaker, while open
 	grpc     *health.Server
 }
 
@@ -160,14 +161,21 @@ func (h *Health) count(to, cause string) {
 }
 
 // fallbackActive records the breaker: on when it leaves closed (the
-// failure policy answers), off when it closes. Package resilient logs each
-// transition (Options.Logger); this counts them and reports the state.
-func (h *Health) fallbackActive(on bool) {
+// failure policy answers), off when it closes; why is the error of the
+// call that opened it, which the status reports while it stays open (the
+// store's probe may pass where decisions fail: an ACL user allowed the
+// probe but not every command inside the scripts). Package resilient logs
+// each transition (Options.Logger); this counts them and reports the
+// state.
+func (h *Health) fallbackActive(on bool, why error) {
 	if h == nil {
 		return
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	if why != nil || !on {
+		h.openedBy = why
+	}
 	if on == h.fallback {
 		return
 	}
@@ -284,7 +292,11 @@ func (h *Health) Status() Status {
 		}
 	}
 	if h.fallback && h.storeErr == nil {
-		st.Reasons = append(st.Reasons, "the breaker is open: failure policy "+h.policy+" decides until a probe succeeds")
+		why := ""
+		if h.openedBy != nil {
+			why = " (calls failed: " + cause(redisstore.Classify(h.openedBy)) + ": " + h.openedBy.Error() + ")"
+		}
+		st.Reasons = append(st.Reasons, "the breaker is open"+why+": failure policy "+h.policy+" decides until a probe succeeds")
 	}
 	return st
 }
@@ -372,5 +384,5 @@ type healthObserver struct {
 // ObserveBreaker implements sluice.Observer.
 func (o healthObserver) ObserveBreaker(e sluice.BreakerEvent) {
 	o.Metrics.ObserveBreaker(e)
-	o.h.fallbackActive(e.To != sluice.BreakerClosed)
+	o.h.fallbackActive(e.To != sluice.BreakerClosed, e.Err)
 }

@@ -126,6 +126,35 @@ func TestServerRunsWithDocumentedACL(t *testing.T) {
 	}
 }
 
+// TestStatusNamesWhyTheBreakerOpened: a user that passes the start's check
+// but may not write: every decision fails, the breaker opens, and the
+// status says why, though the store's probe still answers.
+func TestStatusNamesWhyTheBreakerOpened(t *testing.T) {
+	t.Parallel()
+	r := redistest.StartServer(t)
+	if err := r.Client(t).Do(context.Background(), "acl", "setuser", "nowrite", "on", ">pw", "~*", "-@all", "+@connection", "+info", "+evalsha", "+eval", "+script|load", "+time", "+@read").Err(); err != nil {
+		t.Fatal(err)
+	}
+	cfg := filepath.Join(t.TempDir(), "sluice.yaml")
+	if err := os.WriteFile(cfg, []byte(slotsConfig), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	srv := runServer(t, Options{ConfigFile: cfg, RedisURL: "redis://nowrite:pw@" + r.Addr + "/0", Logger: slog.New(slog.DiscardHandler)})
+	ctx := context.Background()
+	var st Status
+	for range 100 {
+		if _, err := srv.Service().Check(ctx, "api", "ann", 1); err != nil { // answered by the failure policy
+			t.Fatal(err)
+		}
+		if st = srv.health.Status(); st.FallbackActive {
+			break
+		}
+	}
+	if !st.FallbackActive || len(st.Reasons) != 1 || !strings.Contains(st.Reasons[0], "permission") || !strings.Contains(st.Reasons[0], "can't run this command") {
+		t.Fatalf("status %+v: want the breaker open, its reason naming the refused command", st)
+	}
+}
+
 // TestServeRefusesWrongPassword: the command exits 1 with the cause.
 func TestServeRefusesWrongPassword(t *testing.T) {
 	t.Parallel()
@@ -396,7 +425,7 @@ func TestHealthRules(t *testing.T) {
 			h := newHealth(healthOptions{policy: policy, withPolicy: tt.withPolicy, store: "redis",
 				configured: func() bool { return tt.loaded }})
 			h.storeResult(tt.storeErr)
-			h.fallbackActive(tt.fallback)
+			h.fallbackActive(tt.fallback, nil)
 			st := h.Status()
 			if st.Ready != tt.wantReady || st.Degraded != tt.wantDegra {
 				t.Errorf("ready %v degraded %v (%q), want %v %v", st.Ready, st.Degraded, st.Reasons, tt.wantReady, tt.wantDegra)
