@@ -106,7 +106,7 @@ func Classify(err error) error {
 	case strings.Contains(msg, "WRONGPASS"), strings.Contains(msg, "NOAUTH"),
 		strings.Contains(msg, "without any password configured"), strings.Contains(msg, "invalid password"):
 		return checkErr(ErrAuth, "check the user and password in the Redis URL", err)
-	case strings.Contains(msg, "NOPERM"), strings.Contains(msg, "can't run this command or subcommand"): // the second: a command inside a script
+	case strings.Contains(msg, "NOPERM"), strings.Contains(msg, "The user executing the script can't"): // the second: a command or key refused inside a script
 		return checkErr(ErrPermission, "grant the Redis user the commands sluice runs, those inside its scripts included: +@connection +info +evalsha +eval +script|load +time +@read +@write +publish +subscribe (and +cluster|slots on a Cluster) on keys ~sluice:* ~{sluice:fleet}:* and channel &{sluice:fleet}:slots", err)
 	case strings.Contains(msg, "DB index is out of range"), strings.Contains(msg, "invalid DB index"):
 		return checkErr(ErrDatabase, "pick a database below the server's databases setting in the URL's /db", err)
@@ -225,6 +225,22 @@ func checkNode(ctx context.Context, node *redis.Client, cluster bool, rep *Check
 		return err
 	}
 	return node.EvalSha(ctx, sha, nil).Err()
+}
+
+// accessScript reads a key and writes it as the store's scripts do, without
+// changing anything: PEXPIRE of a key that does not exist does nothing.
+const accessScript = "redis.call('GET', KEYS[1]) redis.call('PEXPIRE', KEYS[1], 1) return 1"
+
+// CheckAccess runs a script that reads and writes a key under the store's
+// prefix, as every decision does, so that an ACL user allowed scripts but
+// not sluice's keys, or not writes, is found before the first decision
+// (Check cannot: it does not know the prefix). The error is Classify's:
+// ErrPermission for such a user.
+func (s *Store) CheckAccess(ctx context.Context) error {
+	if s.client == nil {
+		return ErrNoClient
+	}
+	return Classify(s.client.Eval(ctx, accessScript, []string{s.prefix + "check"}).Err())
 }
 
 // infoFields parses INFO's "name:value" lines.

@@ -256,6 +256,42 @@ func TestClassifyNil(t *testing.T) {
 	}
 }
 
+// TestCheckAccess: a user that may run scripts but not read and write the
+// store's keys is ErrPermission before any decision; one that may is not.
+func TestCheckAccess(t *testing.T) {
+	t.Parallel()
+	srv := redistest.StartServer(t)
+	admin := newClient(t, &redis.Options{Addr: srv.Addr})
+	ctx := checkCtx(t)
+	base := []any{"on", ">pw", "-@all", "+@connection", "+evalsha", "+eval", "+script|load", "+time"}
+	for _, tt := range []struct {
+		user string
+		more []any
+		ok   bool
+	}{
+		{"full", []any{"~sluice:*", "+@read", "+@write"}, true},
+		{"otherkeys", []any{"~other:*", "+@read", "+@write"}, false},
+		{"readonly", []any{"~sluice:*", "+@read"}, false},
+	} {
+		if err := admin.Do(ctx, append(append([]any{"acl", "setuser", tt.user}, base...), tt.more...)...).Err(); err != nil {
+			t.Fatal(err)
+		}
+		t.Run(tt.user, func(t *testing.T) {
+			s := redisstore.New(newClient(t, &redis.Options{Addr: srv.Addr, Username: tt.user, Password: "pw"}), nil)
+			err := s.CheckAccess(checkCtx(t))
+			if tt.ok && err != nil {
+				t.Fatalf("CheckAccess = %v, want nil", err)
+			}
+			if !tt.ok {
+				wantKind(t, err, redisstore.ErrPermission, "grant")
+			}
+		})
+	}
+	if err := (&redisstore.Store{}).CheckAccess(ctx); !errors.Is(err, redisstore.ErrNoClient) {
+		t.Errorf("zero Store: %v, want ErrNoClient", err)
+	}
+}
+
 // TestCheckVersion: a real server that reports an older version is
 // refused. Only Redis 7 is installed, so a proxy in front of it rewrites
 // the version INFO reports (to one of the same length, so the reply's

@@ -368,6 +368,21 @@ func (s *Server) checkRedis(c redis.UniversalClient) error {
 	return nil
 }
 
+// checkAccess stops the start when the Redis user may run scripts but not
+// read and write sluice's keys (redisstore.Store.CheckAccess); a Redis
+// that does not answer is the failure policy's, as in checkRedis.
+func (s *Server) checkAccess(rs *redisstore.Store) error {
+	if s.health.storeDown() {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), startCheckTimeout)
+	defer cancel()
+	if err := rs.CheckAccess(ctx); errors.Is(err, redisstore.ErrMisconfigured) {
+		return err
+	}
+	return nil
+}
+
 func (h *Health) storeDown() bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()

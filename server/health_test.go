@@ -44,6 +44,10 @@ func TestServerRefusesMisconfiguredRedis(t *testing.T) {
 	if err := admin.Do(context.Background(), "acl", "setuser", "evalonly", "on", ">pw", "~sluice:*", "+ping", "+info", "+evalsha", "+eval", "+script|load").Err(); err != nil {
 		t.Fatal(err)
 	}
+	// Scripts and the clock, but not sluice's keys.
+	if err := admin.Do(context.Background(), "acl", "setuser", "otherkeys", "on", ">pw", "~other:*", "-@all", "+@connection", "+info", "+evalsha", "+eval", "+script|load", "+time", "+@read", "+@write").Err(); err != nil {
+		t.Fatal(err)
+	}
 	for _, tt := range []struct {
 		name, url string
 		kind      error
@@ -58,6 +62,7 @@ func TestServerRefusesMisconfiguredRedis(t *testing.T) {
 		{"unknown Sentinel master", "redis+sentinel://" + sentinel.Addr + "?master_name=typo", redisstore.ErrSentinelMaster, "master_name"},
 		{"NOPERM", "redis://noscript:pw@" + plain.Addr, redisstore.ErrPermission, "grant"},
 		{"NOPERM inside scripts", "redis://evalonly:pw@" + plain.Addr, redisstore.ErrPermission, "+time"},
+		{"NOPERM on sluice's keys", "redis://otherkeys:pw@" + plain.Addr, redisstore.ErrPermission, "~sluice:*"},
 		{"redis:// at a Cluster node", "redis://" + node.Addr, redisstore.ErrTopology, "redis+cluster://"},
 		{"redis+cluster:// at a standalone server", "redis+cluster://" + plain.Addr, redisstore.ErrTopology, "redis://"},
 	} {
@@ -126,13 +131,14 @@ func TestServerRunsWithDocumentedACL(t *testing.T) {
 	}
 }
 
-// TestStatusNamesWhyTheBreakerOpened: a user that passes the start's check
-// but may not write: every decision fails, the breaker opens, and the
-// status says why, though the store's probe still answers.
+// TestStatusNamesWhyTheBreakerOpened: a user whose writes are revoked
+// after the start: every decision fails, the breaker opens, and the status
+// says why, though the store's probe (a ping) still answers.
 func TestStatusNamesWhyTheBreakerOpened(t *testing.T) {
 	t.Parallel()
 	r := redistest.StartServer(t)
-	if err := r.Client(t).Do(context.Background(), "acl", "setuser", "nowrite", "on", ">pw", "~*", "-@all", "+@connection", "+info", "+evalsha", "+eval", "+script|load", "+time", "+@read").Err(); err != nil {
+	admin := r.Client(t)
+	if err := admin.Do(context.Background(), "acl", "setuser", "nowrite", "on", ">pw", "~*", "-@all", "+@connection", "+info", "+evalsha", "+eval", "+script|load", "+time", "+@read", "+@write").Err(); err != nil {
 		t.Fatal(err)
 	}
 	cfg := filepath.Join(t.TempDir(), "sluice.yaml")
@@ -141,6 +147,9 @@ func TestStatusNamesWhyTheBreakerOpened(t *testing.T) {
 	}
 	srv := runServer(t, Options{ConfigFile: cfg, RedisURL: "redis://nowrite:pw@" + r.Addr + "/0", Logger: slog.New(slog.DiscardHandler)})
 	ctx := context.Background()
+	if err := admin.Do(ctx, "acl", "setuser", "nowrite", "-@write").Err(); err != nil {
+		t.Fatal(err)
+	}
 	var st Status
 	for range 100 {
 		if _, err := srv.Service().Check(ctx, "api", "ann", 1); err != nil { // answered by the failure policy

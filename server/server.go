@@ -249,6 +249,9 @@ func (s *Server) openStore() (sluice.Store, error) {
 		s.metrics.timeout.Set(cmp.Or(s.opts.DecisionTimeout, resilient.DefaultTimeout).Seconds())
 		storeOpts.Logger = s.log
 		rs := redisstore.New(client, &storeOpts)
+		if err := s.checkAccess(rs); err != nil {
+			return nil, err
+		}
 		s.metrics.reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name: "sluice_redis_cluster_reloads_total",
 			Help: "Times the Redis store reloaded a cluster's slot map after a connection error or a timed-out call (a failover, usually).",
