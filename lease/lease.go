@@ -136,6 +136,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/table"
 	"github.com/sluicehq/sluice/resilient"
 )
 
@@ -256,15 +257,15 @@ const minSweep = 10_000
 // share a mutex.
 const shardCount = 64
 
-// shard holds some keys' leases; mu guards the map and every field of its
-// leases but refill. The map is keyed by the key alone, which hashes far
-// faster than the key and its Limit together; a key's leases under other
-// limits (a reloaded policy, rare) follow its first through next.
+// shard holds some keys' leases; mu guards the table and every field of
+// its leases but refill. The table is keyed by the key alone, which hashes
+// far faster than the key and its Limit together; a key's leases under
+// other limits (a reloaded policy, rare) follow its first through next.
 type shard struct {
 	mu     sync.Mutex
-	leases map[string]*lease
-	local  uint64   // decisions its leases answered, counted under mu
-	_      [40]byte // keep shards on separate cache lines
+	leases table.Table[*lease] // tagged by locate
+	local  uint64              // decisions its leases answered, counted under mu
+	_      [64]byte            // keep shards on separate cache lines
 }
 
 // lease is one key's lease in this process. Its shard's mutex guards its
@@ -315,9 +316,6 @@ func New(g sluice.Granter, opts *Options) (*Store, error) {
 	}
 	base := time.Now()
 	s := &Store{granter: g, staleness: o.MaxStaleness, stale: o.For, size: o.Size, fleet: o.FleetSize, clock: o.Clock, base: base, baseNS: base.UnixNano(), seed: maphash.MakeSeed(), shards: make([]shard, shardCount)}
-	for i := range s.shards {
-		s.shards[i].leases = make(map[string]*lease)
-	}
 	s.sweepAt.Store(minSweep)
 	return s, nil
 }
@@ -367,16 +365,20 @@ func validate(key string, limit sluice.Limit, cost int64, d time.Duration) error
 	return nil
 }
 
-// shard is key's shard.
-func (s *Store) shard(key string) *shard {
-	return &s.shards[maphash.String(s.seed, key)&(shardCount-1)]
+// locate hashes key once for both its shard and its tag in the shard's
+// table.
+func (s *Store) locate(key string) (*shard, uint32) {
+	h := maphash.String(s.seed, key)
+	return &s.shards[h&(shardCount-1)], uint32(h >> 32)
 }
 
 // find returns key's lease under limit in sh, which must be locked, or nil.
-func (sh *shard) find(key string, limit sluice.Limit) *lease {
-	for l := sh.leases[key]; l != nil; l = l.next {
-		if l.limit == limit {
-			return l
+func (sh *shard) find(tag uint32, key string, limit sluice.Limit) *lease {
+	if first := sh.leases.Find(tag, key); first != nil {
+		for l := *first; l != nil; l = l.next {
+			if l.limit == limit {
+				return l
+			}
 		}
 	}
 	return nil
@@ -384,33 +386,50 @@ func (sh *shard) find(key string, limit sluice.Limit) *lease {
 
 // lease returns key's lease under limit in sh, which must be locked,
 // making one if needed; limit must have been validated.
-func (s *Store) lease(sh *shard, key string, limit sluice.Limit) *lease {
-	l := sh.find(key, limit)
-	if l == nil {
-		l = &lease{sh: sh, limit: limit, capacity: limit.Capacity(), next: sh.leases[key], refilling: new(refilling)}
-		sh.leases[key] = l
-		s.keys.Add(1)
+func (s *Store) lease(sh *shard, tag uint32, key string, limit sluice.Limit) *lease {
+	first := sh.leases.Find(tag, key)
+	if first != nil {
+		for l := *first; l != nil; l = l.next {
+			if l.limit == limit {
+				return l
+			}
+		}
 	}
+	l := &lease{sh: sh, limit: limit, capacity: limit.Capacity(), refilling: new(refilling)}
+	if first != nil {
+		l.next, *first = *first, l
+	} else {
+		sh.leases.Add(tag, key, l)
+	}
+	s.keys.Add(1)
 	return l
 }
 
 // drop forgets l, key's lease in sh, which must be locked.
-func (s *Store) drop(sh *shard, key string, l *lease) {
-	if p := sh.leases[key]; p == l {
-		if l.next == nil {
-			delete(sh.leases, key)
-		} else {
-			sh.leases[key] = l.next
-		}
-	} else {
-		for ; p != nil && p.next != l; p = p.next {
-		}
-		if p == nil {
-			return
-		}
-		p.next = l.next
+func (s *Store) drop(sh *shard, tag uint32, key string, l *lease) {
+	first := sh.leases.Find(tag, key)
+	if first == nil || !s.unlink(first, func(m *lease) bool { return m == l }) {
+		return
 	}
-	s.keys.Add(-1)
+	if *first == nil {
+		sh.leases.Remove(tag, key)
+	}
+}
+
+// unlink removes the leases of the chain at first that gone reports,
+// counting them off, and reports whether it removed any.
+func (s *Store) unlink(first **lease, gone func(*lease) bool) bool {
+	n := 0
+	for p := first; *p != nil; {
+		if l := *p; gone(l) {
+			*p = l.next
+			n++
+		} else {
+			p = &l.next
+		}
+	}
+	s.keys.Add(int64(-n))
+	return n > 0
 }
 
 // sweep forgets the leases that are idle: nothing to spend, no denial to
@@ -427,15 +446,20 @@ func (s *Store) sweep() {
 	for i := range s.shards {
 		sh := &s.shards[i]
 		sh.mu.Lock()
-		for k, first := range sh.leases {
-			for l := first; l != nil; l = l.next {
+		for i := range sh.leases.Slots() {
+			if !sh.leases.Live(i) {
+				continue
+			}
+			first := sh.leases.At(i)
+			s.unlink(first, func(l *lease) bool {
 				if !l.refill.TryLock() {
-					continue
+					return false
 				}
-				if !l.live(now) && now >= l.deny {
-					s.drop(sh, k, l)
-				}
-				l.refill.Unlock()
+				defer l.refill.Unlock()
+				return !l.live(now) && now >= l.deny
+			})
+			if *first == nil {
+				sh.leases.Bury(i)
 			}
 		}
 		sh.mu.Unlock()
@@ -497,9 +521,9 @@ func (s *Store) fast(key string, limit sluice.Limit, cost int64, stale time.Dura
 	if s.keys.Load() >= s.sweepAt.Load() || stale < 0 || stale > limit.Period || cost < 1 {
 		return sluice.Decision{}, false
 	}
-	sh := s.shard(key)
+	sh, tag := s.locate(key)
 	sh.mu.Lock()
-	if l := sh.find(key, limit); l != nil && cost <= l.units {
+	if l := sh.find(tag, key, limit); l != nil && cost <= l.units {
 		now := s.now()
 		if d, ok := l.spendLocal(cost, now); ok {
 			l.asked += cost
@@ -521,16 +545,16 @@ func (s *Store) spend(ctx context.Context, key string, limit sluice.Limit, cost 
 	if s.keys.Load() >= s.sweepAt.Load() {
 		s.sweep()
 	}
-	sh := s.shard(key)
+	sh, tag := s.locate(key)
 	sh.mu.Lock()
-	l := sh.find(key, limit)
+	l := sh.find(tag, key, limit)
 	if l == nil || cost < 1 || cost > l.capacity || stale < 0 || stale > limit.Period {
 		sh.mu.Unlock()
 		if err := validate(key, limit, cost, stale); err != nil {
 			return sluice.Decision{}, nil, 0, false, err
 		}
 		sh.mu.Lock()
-		l = s.lease(sh, key, limit)
+		l = s.lease(sh, tag, key, limit)
 	}
 	now := s.now()
 	l.asked += cost
@@ -817,10 +841,10 @@ func (s *Store) Peek(ctx context.Context, key string, limit sluice.Limit, cost i
 	if stale == 0 {
 		return s.granter.Peek(ctx, key, limit, cost)
 	}
-	sh := s.shard(key)
+	sh, tag := s.locate(key)
 	sh.mu.Lock()
 	now := s.now()
-	if l := sh.find(key, limit); l != nil && l.live(now) && l.units >= cost {
+	if l := sh.find(tag, key, limit); l != nil && l.live(now) && l.units >= cost {
 		d := l.local(now, true)
 		sh.mu.Unlock()
 		return d, nil
@@ -836,10 +860,10 @@ func (s *Store) Reset(ctx context.Context, key string, limit sluice.Limit) error
 	if s.granter == nil {
 		return ErrNoGranter
 	}
-	sh := s.shard(key)
+	sh, tag := s.locate(key)
 	sh.mu.Lock()
-	if l := sh.find(key, limit); l != nil {
-		s.drop(sh, key, l)
+	if l := sh.find(tag, key, limit); l != nil {
+		s.drop(sh, tag, key, l)
 	}
 	sh.mu.Unlock()
 	return s.granter.Reset(ctx, key, limit)
@@ -857,10 +881,14 @@ func (s *Store) Close(ctx context.Context) error {
 		sh := &s.shards[i]
 		sh.mu.Lock()
 		leases := sh.leases
-		sh.leases = make(map[string]*lease)
+		sh.leases = table.Table[*lease]{}
 		sh.mu.Unlock()
-		for k, first := range leases {
-			for l := first; l != nil; l = l.next {
+		for i := range leases.Slots() {
+			if !leases.Live(i) {
+				continue
+			}
+			k := leases.Key(i)
+			for l := *leases.At(i); l != nil; l = l.next {
 				s.keys.Add(-1)
 				l.refill.Lock()
 				sh.mu.Lock()

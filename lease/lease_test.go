@@ -307,24 +307,34 @@ func TestWindowEnd(t *testing.T) {
 	}
 }
 
-// Idle leases are swept once the map has grown: a flood of cold keys
+// Idle leases are swept once the table has grown: a flood of cold keys
 // cannot grow a Store without bound.
 func TestSweep(t *testing.T) {
 	t.Parallel()
 	clock := storetest.NewClock(storetest.T0)
 	s := newLease(t, newMemory(t, clock), clock, 300*time.Millisecond, 1)
 	l := sluice.PerMinute(10)
-	const cold = 9_999 // with "warm", the 10,000 that start a sweep
+	const cold = 9_998 // with "two" under two limits, the 10,000 that start a sweep
+	// "two" has a spent lease under l and, under one, a remembered
+	// denial, which the sweep must keep.
+	one := sluice.PerMinute(1)
+	take(t, s, "two", l, 1)
+	take(t, s, "two", one, 1)
+	if d := take(t, s, "two", one, 1); d.Allowed {
+		t.Fatalf("second take under %v: %+v, want denied", one, d)
+	}
 	for i := range cold {
 		take(t, s, fmt.Sprint("cold-", i), l, 1) // each lease spent at once
 	}
-	take(t, s, "warm", l, 1)
-	if got := s.Len(); got != cold+1 {
-		t.Fatalf("Len = %d, want %d before a sweep", got, cold+1)
+	if got := s.Len(); got != cold+2 {
+		t.Fatalf("Len = %d, want %d before a sweep", got, cold+2)
 	}
-	take(t, s, "next", l, 1) // the map is full: the spent leases go
-	if got := s.Len(); got != 1 {
-		t.Fatalf("Len = %d after the sweep, want 1", got)
+	take(t, s, "next", l, 1) // the table is full: the spent leases go
+	if got := s.Len(); got != 2 {
+		t.Fatalf("Len = %d after the sweep, want 2 (the denial and next)", got)
+	}
+	if d := take(t, s, "two", one, 1); d.Allowed || d.Source != sluice.SourceDenyCache {
+		t.Fatalf("under %v after the sweep: %+v, want the remembered denial", one, d)
 	}
 }
 

@@ -21,7 +21,7 @@ func (s *Store) Grant(_ context.Context, key string, limit sluice.Limit, n int64
 	p := newParams(limit)
 	sh, tag, now := s.lock(key, limit.Algorithm)
 	defer sh.mu.Unlock()
-	st := sh.tab.find(tag, key)
+	st := sh.tab.Find(tag, key)
 	if st != nil && st.expires <= now { // expired but not yet swept: fresh again
 		st.a, st.b, st.c, st.expires = 0, 0, 0, 0
 	}
@@ -58,12 +58,12 @@ func (s *Store) Return(_ context.Context, key string, limit sluice.Limit, g slui
 	if !windowed(limit.Algorithm) {
 		give = sluice.ReturnAllowance(limit, unused, now-g.At)
 	}
-	st := sh.tab.find(tag, key)
+	st := sh.tab.Find(tag, key)
 	if give == 0 || st == nil || st.expires <= now {
 		return give, nil // a fresh key has nothing to give back into
 	}
 	if giveBack(st, now, &p, give, g.At) {
-		sh.tab.remove(tag, key)
+		sh.tab.Remove(tag, key)
 		sh.n--
 	}
 	return give, nil

@@ -49,7 +49,7 @@ func (s *Store) TakeAll(_ context.Context, reqs []sluice.Request) ([]sluice.Deci
 		params[i] = newParams(r.Limit)
 		var cp state
 		sh, tag := s.locate(r.Key, r.Limit.Algorithm)
-		if st := sh.tab.find(tag, r.Key); st != nil && st.expires > now {
+		if st := sh.tab.Find(tag, r.Key); st != nil && st.expires > now {
 			cp = *st
 		}
 		res := decide(&cp, now, &params[i], r.Cost, false)
@@ -61,7 +61,7 @@ func (s *Store) TakeAll(_ context.Context, reqs []sluice.Request) ([]sluice.Deci
 	}
 	for i, r := range reqs {
 		sh, tag := s.locate(r.Key, r.Limit.Algorithm)
-		st := sh.tab.find(tag, r.Key)
+		st := sh.tab.Find(tag, r.Key)
 		if st == nil {
 			st = sh.insert(tag, r.Key, state{}, now)
 		} else if st.expires <= now {

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/table"
 	"github.com/sluicehq/sluice/internal/tick"
 )
 
@@ -77,8 +78,8 @@ type Store struct {
 
 type shard struct {
 	mu      sync.Mutex
-	tab     table // every algorithm's keys (table.go)
-	n       int   // live keys in tab
+	tab     table.Table[state] // every algorithm's keys, tagged by tagOf
+	n       int                // live keys in tab
 	maxKeys int
 	slots   map[string]*slotKey // in-flight holders by key (inflight.go)
 	_       [64]byte            // keep shards on separate cache lines
@@ -215,7 +216,7 @@ func (s *Store) Take(_ context.Context, key string, limit sluice.Limit, cost int
 	sh.mu.Lock()
 	now := s.now()
 	var r result
-	if st := sh.tab.find(tag, key); st != nil {
+	if st := sh.tab.Find(tag, key); st != nil {
 		if st.expires <= now { // expired but not yet swept: fresh again
 			st.clear()
 		}
@@ -252,7 +253,7 @@ func (s *Store) Peek(_ context.Context, key string, limit sluice.Limit, cost int
 	sh.mu.Lock()
 	now := s.now()
 	var cp state
-	if st := sh.tab.find(tag, key); st != nil && st.expires > now {
+	if st := sh.tab.Find(tag, key); st != nil && st.expires > now {
 		cp = *st // the log is only read when commit is false
 	}
 	r := decide(&cp, now, p, cost, false)
@@ -273,7 +274,7 @@ func (s *Store) Reset(_ context.Context, key string, limit sluice.Limit) error {
 	}
 	sh, tag := s.locate(key, limit.Algorithm)
 	sh.mu.Lock()
-	if sh.tab.remove(tag, key) {
+	if sh.tab.Remove(tag, key) {
 		sh.n--
 	}
 	sh.mu.Unlock()
@@ -287,28 +288,28 @@ func (sh *shard) insert(tag uint32, key string, st state, now int64) *state {
 		sh.evict(now)
 	}
 	sh.n++
-	return sh.tab.add(tag, key, st)
+	return sh.tab.Add(tag, key, st)
 }
 
 // evict removes one key: the first expired one among a small random sample,
 // else the sample's soonest to expire, as Redis's volatile-ttl policy does.
 func (sh *shard) evict(now int64) {
-	idx, n := sh.tab.sample()
+	idx, n := sh.tab.Sample()
 	if n == 0 {
 		return
 	}
 	victim := idx[0]
 	for _, i := range idx[:n] {
-		exp := sh.tab.state(i).expires
+		exp := sh.tab.At(i).expires
 		if exp <= now {
 			victim = i
 			break
 		}
-		if exp < sh.tab.state(victim).expires {
+		if exp < sh.tab.At(victim).expires {
 			victim = i
 		}
 	}
-	sh.tab.bury(victim)
+	sh.tab.Bury(victim)
 	sh.n--
 }
 
@@ -324,9 +325,9 @@ func (s *Store) Sweep() {
 		sh.mu.Lock()
 		now := s.now()
 		sh.sweepSlots(now)
-		for i, slot := range sh.tab.index {
-			if live(slot) && sh.tab.state(i).expires <= now {
-				sh.tab.bury(i)
+		for i := range sh.tab.Slots() {
+			if sh.tab.Live(i) && sh.tab.At(i).expires <= now {
+				sh.tab.Bury(i)
 				sh.n--
 			}
 		}

@@ -1,0 +1,109 @@
+package table
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"testing"
+)
+
+// TestTableMatchesMap replays a seeded random mix of adds, finds and
+// removes on a table and on a Go map, with tags drawn from a small set so
+// that probes collide and tombstones pile up, and checks they always agree.
+func TestTableMatchesMap(t *testing.T) {
+	t.Parallel()
+	r := rand.New(rand.NewPCG(1, 2))
+	var tab Table[int64]
+	model := map[string]int64{}
+	tagFor := func(key string) uint32 { return uint32(len(key)*31+int(key[len(key)-1])) % 64 } // few tags: long probes
+	for step := range 50_000 {
+		key := fmt.Sprintf("k%d", r.IntN(3000))
+		tag := tagFor(key)
+		switch v := tab.Find(tag, key); {
+		case r.IntN(3) == 0:
+			_, had := model[key]
+			if got := tab.Remove(tag, key); got != had {
+				t.Fatalf("step %d: Remove(%q) = %v, want %v", step, key, got, had)
+			}
+			delete(model, key)
+		case v == nil:
+			if _, ok := model[key]; ok {
+				t.Fatalf("step %d: %q lost", step, key)
+			}
+			tab.Add(tag, key, int64(step))
+			model[key] = int64(step)
+		default:
+			if want, ok := model[key]; !ok || *v != want {
+				t.Fatalf("step %d: %q holds %d, want %d (present %v)", step, key, *v, want, ok)
+			}
+		}
+		if step%5000 == 0 {
+			checkWalk(t, &tab, model)
+		}
+	}
+	checkWalk(t, &tab, model)
+}
+
+// checkWalk checks that a walk over tab's slots meets every key of model
+// once, with its value, and that Len agrees.
+func checkWalk(t *testing.T, tab *Table[int64], model map[string]int64) {
+	t.Helper()
+	seen := map[string]bool{}
+	for i := range tab.Slots() {
+		if !tab.Live(i) {
+			continue
+		}
+		k := tab.Key(i)
+		if want, ok := model[k]; !ok || *tab.At(i) != want || seen[k] {
+			t.Fatalf("slot %d: %q holds %d, want %d (present %v, seen %v)", i, k, *tab.At(i), want, ok, seen[k])
+		}
+		seen[k] = true
+	}
+	if len(seen) != len(model) || tab.Len() != len(model) {
+		t.Fatalf("walk met %d keys, Len %d, want %d", len(seen), tab.Len(), len(model))
+	}
+}
+
+// TestBuryWhileWalking buries every other key during a walk over the
+// slots, as the stores' sweeps do, and checks the rest are all still found.
+func TestBuryWhileWalking(t *testing.T) {
+	t.Parallel()
+	var tab Table[int]
+	for i := range 1000 {
+		tab.Add(uint32(i%7), fmt.Sprint(i), i) // few tags: long probes through buried slots
+	}
+	for i := range tab.Slots() {
+		if tab.Live(i) && *tab.At(i)%2 == 0 {
+			tab.Bury(i)
+		}
+	}
+	for i := range 1000 {
+		v := tab.Find(uint32(i%7), fmt.Sprint(i))
+		if (v != nil) != (i%2 == 1) || (v != nil && *v != i) {
+			t.Fatalf("key %d after the walk: %v", i, v)
+		}
+	}
+	if tab.Len() != 500 {
+		t.Fatalf("Len %d, want 500", tab.Len())
+	}
+}
+
+// TestSample returns live slots only, at most SampleSize of them.
+func TestSample(t *testing.T) {
+	t.Parallel()
+	var tab Table[int]
+	if _, n := tab.Sample(); n != 0 {
+		t.Fatalf("empty table sampled %d", n)
+	}
+	for i := range 3 {
+		tab.Add(uint32(i), fmt.Sprint(i), i)
+	}
+	idx, n := tab.Sample()
+	if n != 3 {
+		t.Fatalf("sampled %d of 3", n)
+	}
+	for _, i := range idx[:n] {
+		if !tab.Live(i) {
+			t.Fatalf("sampled slot %d is not live", i)
+		}
+	}
+}
