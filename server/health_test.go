@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -83,51 +84,100 @@ func TestServerRefusesMisconfiguredRedis(t *testing.T) {
 	}
 }
 
-// TestServerRunsWithDocumentedACL: the ACL user the README documents is
-// enough for everything the service does on Redis: decisions from the
-// backend, in-flight slots, the fleet's figures and its slot notes.
+// TestServerRunsWithDocumentedACL: sluice serve, connected as the ACL user
+// the README gives (Deploy it), decides from Redis, holds and releases
+// slots, publishes fleet figures and slot notes: on a server of its own,
+// through Sentinel and on the Cluster. Redis does not replicate ACL
+// users, so the user is made on every node.
 func TestServerRunsWithDocumentedACL(t *testing.T) {
 	t.Parallel()
-	r := redistest.StartServer(t)
-	// As in the README (Deploy it).
-	acl := "sluice on >pw resetkeys ~sluice:* ~{sluice:fleet}:* resetchannels &{sluice:fleet}:slots -@all +@connection +info +evalsha +eval +script|load +time +@read +@write +publish +subscribe +cluster|slots +cluster|shards"
-	args := []any{"acl", "setuser"}
-	for _, f := range strings.Fields(acl) {
-		args = append(args, f)
-	}
-	if err := r.Client(t).Do(context.Background(), args...).Err(); err != nil {
-		t.Fatal(err)
-	}
-	cfg := filepath.Join(t.TempDir(), "sluice.yaml")
-	if err := os.WriteFile(cfg, []byte(slotsConfig), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	srv := runServer(t, Options{ConfigFile: cfg, RedisURL: "redis://sluice:pw@" + r.Addr + "/0"})
-	ctx := context.Background()
-	for range 3 {
-		res, err := srv.Service().Check(ctx, "api", "ann", 1)
-		if err != nil || !res.Decision.Allowed || res.Decision.Source != sluice.SourceBackend {
-			t.Fatalf("check: %+v, %v; want allowed by Redis itself", res.Decision, err)
+	// As in the README (Deploy it), but for the user's name.
+	const acl = "on >pw resetkeys ~sluice:* ~{sluice:fleet}:* resetchannels &{sluice:fleet}:slots -@all +@connection +info +evalsha +eval +script|load +time +@read +@write +publish +subscribe +cluster|slots +cluster|shards"
+	user := fmt.Sprintf("sluiceacl%d", time.Now().UnixNano())
+	setUser := func(t *testing.T, node redis.UniversalClient) {
+		t.Helper()
+		args := []any{"acl", "setuser", user}
+		for _, f := range strings.Fields(acl) {
+			args = append(args, f)
+		}
+		if err := node.Do(context.Background(), args...).Err(); err != nil {
+			t.Fatal(err)
 		}
 	}
-	slot, err := srv.Service().Acquire(ctx, "exports", "ann", 1, sluice.PriorityCritical)
-	if err != nil || !slot.Decision.Allowed {
-		t.Fatalf("acquire: %+v, %v", slot.Decision, err)
-	}
-	if err := srv.Service().Release(ctx, slot.Token); err != nil {
-		t.Fatalf("release: %v", err)
-	}
-	f := NewFleet(srv.redis, srv.Service(), &FleetOptions{Logger: slog.New(slog.DiscardHandler)})
-	if err := f.Publish(ctx); err != nil {
-		t.Fatalf("fleet figures: %v", err)
-	}
-	if err := srv.redis.Publish(ctx, f.noteChannel(), "r 0").Err(); err != nil {
-		t.Fatalf("slot notes: %v", err)
-	}
-	ps := srv.redis.Subscribe(ctx, f.noteChannel())
-	defer ps.Close()
-	if _, err := ps.Receive(ctx); err != nil {
-		t.Fatalf("slot notes' channel: %v", err)
+	delUser := func(node redis.UniversalClient) { node.Do(context.Background(), "acl", "deluser", user) }
+	for _, tt := range []struct {
+		name string
+		url  func(t *testing.T) string // makes the user, returns the URL
+	}{
+		{"standalone", func(t *testing.T) string {
+			r := redistest.StartServer(t)
+			setUser(t, r.Client(t))
+			return "redis://" + user + ":pw@" + r.Addr + "/0"
+		}},
+		{"sentinel", func(t *testing.T) string {
+			c := redistest.Client(t) // the master the shared Sentinel watches
+			setUser(t, c)
+			t.Cleanup(func() { delUser(c) })
+			return "redis+sentinel://" + user + ":pw@" + redistest.SentinelAddr(t) + "?master_name=" + redistest.SentinelMaster
+		}},
+		{"cluster", func(t *testing.T) string {
+			c := redistest.ClusterClient(t)
+			ctx := context.Background()
+			if err := c.ForEachShard(ctx, func(ctx context.Context, node *redis.Client) error { setUser(t, node); return nil }); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() {
+				c.ForEachShard(ctx, func(_ context.Context, node *redis.Client) error { delUser(node); return nil })
+			})
+			addrs := redistest.ClusterAddrs(t)
+			u := "redis+cluster://" + user + ":pw@" + addrs[0]
+			if len(addrs) > 1 {
+				u += "?addr=" + strings.Join(addrs[1:], "&addr=")
+			}
+			return u
+		}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			cfg := filepath.Join(t.TempDir(), "sluice.yaml")
+			if err := os.WriteFile(cfg, []byte(slotsConfig), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			srv := runServer(t, Options{ConfigFile: cfg, RedisURL: tt.url(t), Logger: slog.New(slog.DiscardHandler)})
+			ctx := context.Background()
+			key := fmt.Sprint("ann-", time.Now().UnixNano()) // the servers may be shared
+			for range 3 {
+				res, err := srv.Service().Check(ctx, "api", key, 1)
+				if err != nil || !res.Decision.Allowed || res.Decision.Source != sluice.SourceBackend {
+					t.Fatalf("check: %+v, %v; want allowed by Redis itself", res.Decision, err)
+				}
+			}
+			slot, err := srv.Service().Acquire(ctx, "exports", key, 1, sluice.PriorityCritical)
+			if err != nil || !slot.Decision.Allowed {
+				t.Fatalf("acquire: %+v, %v", slot.Decision, err)
+			}
+			if err := srv.Service().Release(ctx, slot.Token); err != nil {
+				t.Fatalf("release: %v", err)
+			}
+			if err := srv.Service().Release(ctx, slot.Token); err != nil {
+				t.Fatalf("second release: %v; want nil (released before)", err)
+			}
+			f := NewFleet(srv.redis, srv.Service(), &FleetOptions{Logger: slog.New(slog.DiscardHandler)})
+			if err := f.Publish(ctx); err != nil {
+				t.Fatalf("fleet figures: %v", err)
+			}
+			if err := srv.redis.Publish(ctx, f.noteChannel(), "r 0").Err(); err != nil {
+				t.Fatalf("slot notes: %v", err)
+			}
+			ps := srv.redis.Subscribe(ctx, f.noteChannel())
+			defer ps.Close()
+			if _, err := ps.Receive(ctx); err != nil {
+				t.Fatalf("slot notes' channel: %v", err)
+			}
+			if st := srv.health.Status(); st.FallbackActive || st.Degraded {
+				t.Fatalf("status %+v: want healthy", st)
+			}
+		})
 	}
 }
 

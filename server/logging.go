@@ -111,12 +111,16 @@ func (s *Server) sentinel() *redis.FailoverOptions {
 	if c, ok := s.redis.(*redis.Client); !ok || c.Options().Addr != "FailoverClient" {
 		return nil
 	}
-	u, err := url.Parse(s.opts.RedisURL)
+	raw, _, err := storeURLOptions(s.opts.RedisURL)
+	if err != nil {
+		return nil
+	}
+	u, err := url.Parse(raw)
 	if err != nil {
 		return nil
 	}
 	u.Scheme, _, _ = strings.Cut(u.Scheme, "+")
-	o, err := redis.ParseFailoverURL(u.String())
+	o, err := failoverOptions(u)
 	if err != nil {
 		return nil
 	}

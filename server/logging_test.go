@@ -61,13 +61,17 @@ func TestStoreAttr(t *testing.T) {
 		{"redis://:s3cret@10.0.0.1:6380/4", []string{`"mode":"standalone"`, `"addrs":["10.0.0.1:6380"]`, `"db":4`, `"url":"redis://:xxxxx@10.0.0.1:6380/4"`}},
 		{"rediss://user:s3cret@redis.example:6380", []string{`"tls":true`, `"db":0`, `user:xxxxx@`}},
 		{"redis+cluster://:s3cret@10.0.0.1:7000?addr=10.0.0.2:7000", []string{`"mode":"cluster"`, `"addrs":["10.0.0.1:7000","10.0.0.2:7000"]`}},
-		{"redis+sentinel://:s3cret@10.0.0.1:26379?master_name=main&password=s3cret&db=2", []string{`"mode":"sentinel"`, `"master":"main"`, `"sentinels":["10.0.0.1:26379"]`, `"db":2`, `password=xxxxx`}},
+		{"redis+sentinel://:s3cret@10.0.0.1:26379?master_name=main&sentinel_password=s3cret&db=2&wait_replicas=1", []string{`"mode":"sentinel"`, `"master":"main"`, `"sentinels":["10.0.0.1:26379"]`, `"db":2`, `:xxxxx@`, `sentinel_password=xxxxx`}},
 		{"", []string{`"store":{"kind":"memory"}`}},
 	}
 	for _, tt := range tests {
 		s := &Server{opts: Options{RedisURL: tt.url}}
 		if tt.url != "" {
-			c, err := NewRedisClient(tt.url)
+			raw, _, err := storeURLOptions(tt.url) // as the server does
+			if err != nil {
+				t.Fatal(err)
+			}
+			c, err := NewRedisClient(raw)
 			if err != nil {
 				t.Fatal(err)
 			}

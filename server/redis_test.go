@@ -455,3 +455,45 @@ func TestLeasesReturnedAtShutdown(t *testing.T) {
 		t.Errorf("after Shutdown Redis has %d left, want %d (granted %d, local %d, returned %d)", got, want, st.Granted, st.Local, srv.Service().LeaseStats().Returned)
 	}
 }
+
+// TestSentinelURLCredentials: a Sentinel URL's user and password are
+// Redis's, as in every other form of --redis; the Sentinels' own come from
+// sentinel_username= and sentinel_password=.
+func TestSentinelURLCredentials(t *testing.T) {
+	for _, tt := range []struct {
+		url                          string
+		user, pass, sentUser, sentPW string
+		err                          string
+	}{
+		{url: "redis://app:pw@s1:26379?master_name=m", user: "app", pass: "pw"},
+		{url: "redis://:pw@s1:26379?master_name=m", pass: "pw"},
+		{url: "redis://s1:26379?master_name=m&username=app&password=pw", user: "app", pass: "pw"},
+		{url: "redis://app:pw@s1:26379?master_name=m&sentinel_username=watch&sentinel_password=spw", user: "app", pass: "pw", sentUser: "watch", sentPW: "spw"},
+		{url: "redis://s1:26379?master_name=m&sentinel_password=spw", sentPW: "spw"},
+		{url: "redis://app:pw@s1:26379?master_name=m&password=other", err: "give them once"},
+		{url: "redis://app:pw@s1:26379", err: "needs master_name"},
+	} {
+		t.Run(tt.url, func(t *testing.T) {
+			u, err := url.Parse(tt.url)
+			if err != nil {
+				t.Fatal(err)
+			}
+			o, err := failoverOptions(u)
+			if tt.err != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.err) {
+					t.Fatalf("err = %v, want one about %q", err, tt.err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if o.Username != tt.user || o.Password != tt.pass || o.SentinelUsername != tt.sentUser || o.SentinelPassword != tt.sentPW || o.MasterName != "m" {
+				t.Fatalf("Redis %q:%q, Sentinels %q:%q, master %q; want %q:%q, %q:%q, m", o.Username, o.Password, o.SentinelUsername, o.SentinelPassword, o.MasterName, tt.user, tt.pass, tt.sentUser, tt.sentPW)
+			}
+		})
+	}
+	if got := redactURL("redis+sentinel://app:pw@s1:26379?master_name=m&sentinel_password=spw"); strings.Contains(got, "pw@") || strings.Contains(got, "spw") {
+		t.Errorf("redactURL leaks a password: %s", got)
+	}
+}

@@ -58,6 +58,10 @@ func storeURLOptions(rawURL string) (string, redisstore.Options, error) {
 //	redis+cluster://host:port?addr=host2:port2&...     Redis Cluster (seed nodes)
 //	redis+sentinel://host:port?master_name=mymaster    Sentinel (rediss+sentinel: TLS)
 //
+// The user and password before the host are Redis's in every form; a
+// Sentinel URL gives the Sentinels' own, if they need one, as
+// sentinel_username= and sentinel_password=.
+//
 // A plain redis:// URL with addr= parameters is a cluster, and one with
 // master_name= a Sentinel setup. Other query parameters are go-redis
 // options (dial_timeout=3s, pool_size=50...).
@@ -74,10 +78,7 @@ func NewRedisClient(rawURL string) (redis.UniversalClient, error) {
 	q := u.Query()
 	switch {
 	case variant == "sentinel" || (variant == "" && q.Has("master_name")):
-		if !q.Has("master_name") {
-			return nil, fmt.Errorf("%w: sentinel URL needs master_name=", ErrRedisURL)
-		}
-		o, err := redis.ParseFailoverURL(u.String())
+		o, err := failoverOptions(u)
 		if err != nil {
 			return nil, fmt.Errorf("%w: %v", ErrRedisURL, redactErr(err, rawURL))
 		}
@@ -105,6 +106,36 @@ func NewRedisClient(rawURL string) (redis.UniversalClient, error) {
 		return redis.NewClient(o), nil
 	}
 	return nil, fmt.Errorf("%w: scheme %q: want redis, rediss, redis+cluster or redis+sentinel", ErrRedisURL, u.Scheme+"+"+variant)
+}
+
+// failoverOptions reads a Sentinel URL whose scheme is redis or rediss.
+// Its user and password are Redis's, as in every other form of the URL
+// (go-redis would give them to the Sentinels instead, and leave Redis
+// without them); Sentinels that require a password of their own take
+// sentinel_username= and sentinel_password=.
+func failoverOptions(u *url.URL) (*redis.FailoverOptions, error) {
+	q := u.Query()
+	if !q.Has("master_name") {
+		return nil, errors.New("sentinel URL needs master_name=")
+	}
+	if u.User != nil && (q.Has("username") || q.Has("password")) {
+		return nil, errors.New("the user or password for Redis both before the host and in username= or password=: give them once, before the host (the Sentinels' own go in sentinel_username= and sentinel_password=)")
+	}
+	sentinelUser, sentinelPass := q.Get("sentinel_username"), q.Get("sentinel_password")
+	q.Del("sentinel_username")
+	q.Del("sentinel_password")
+	c := *u
+	c.User, c.RawQuery = nil, q.Encode()
+	o, err := redis.ParseFailoverURL(c.String())
+	if err != nil {
+		return nil, err
+	}
+	if u.User != nil {
+		o.Username = u.User.Username()
+		o.Password, _ = u.User.Password()
+	}
+	o.SentinelUsername, o.SentinelPassword = sentinelUser, sentinelPass
+	return o, nil
 }
 
 // redactErr keeps a password out of error messages.
