@@ -46,7 +46,9 @@ type Options struct {
 	// is full. Keys with in-flight slots are bounded apart, by the same
 	// number: at the cap, a new key takes the place of a sampled key
 	// without live holders, or its Acquire fails with ErrFull; a key with
-	// live holders is never dropped. Default: 1,000,000.
+	// live holders is never dropped. Default: 1,000,000. A rate-limited
+	// key costs a 64-byte slot in a table kept 41 % to 81 % full, 79 to
+	// 158 bytes besides its string; the sliding window log adds its log.
 	MaxKeys int
 
 	// Shards is the number of independently locked partitions, rounded up
