@@ -10,7 +10,9 @@
 // from when its grant was sent, so no network delay stretches it; under the
 // window algorithms it also ends where the window it was taken from ends.
 // When the store grants nothing, the Store remembers that until the key's
-// retry time. Unused units go back to the store, under sluice.Granter's
+// retry time or for D from the grant's send, whichever is sooner (so that
+// a Reset elsewhere reaches it within D), and a request of cost n is told
+// to retry when n units, not one, will be there. Unused units go back to the store, under sluice.Granter's
 // return rule, on the first request an expired lease or one too small
 // cannot answer, and on Close; a lease forgotten among many idle keys
 // strands its units, which can only lower admissions.
@@ -112,7 +114,8 @@
 // the end of every lease while the key has budget to spare. A request that a
 // partial grant cannot cover is denied with a RetryAfter that is an upper
 // bound (one Interval per missing unit; the window's end for the window
-// algorithms) rather than exact. Peek answers from a live lease without
+// algorithms) rather than exact, and requests of that cost then go to the
+// store's Take, exact, until a grant covers as much. Peek answers from a live lease without
 // taking, and otherwise asks the store.
 //
 // Reset and config reloads take effect within D. Reset drops this
@@ -222,23 +225,38 @@ type Store struct {
 }
 
 // Stats counts what a Store has done since New; every field is cumulative
-// but Keys.
+// but Keys and Leased.
 type Stats struct {
 	Local    uint64 // decisions answered from a lease, without the store
 	Grants   uint64 // grant calls sent to the store
 	Granted  uint64 // units the store granted
 	Returned uint64 // units the store took back
-	Keys     int    // keys tracked now (a lease, a remembered denial, demand)
+	Keys     int    // keys tracked now (a lease, a remembered denial, or only demand)
+	Leased   int    // keys with a live lease now: units to spend, within D
 }
 
 // Stats returns the Store's counters. It is safe to call at any time; a
-// zero Store reports zeros.
+// zero Store reports zeros. It walks every key tracked, for Leased: read
+// it per scrape, not per request.
 func (s *Store) Stats() Stats {
 	var local uint64
+	leased := 0
+	now := s.now()
 	for i := range s.shards {
 		sh := &s.shards[i]
 		sh.mu.Lock()
 		local += sh.local
+		for j := range sh.leases.Slots() {
+			if !sh.leases.Live(j) {
+				continue
+			}
+			for l := *sh.leases.At(j); l != nil; l = l.next {
+				if l.live(now) {
+					leased++
+					break
+				}
+			}
+		}
 		sh.mu.Unlock()
 	}
 	return Stats{
@@ -247,6 +265,7 @@ func (s *Store) Stats() Stats {
 		Granted:  s.granted.Load(),
 		Returned: s.returned.Load(),
 		Keys:     s.Len(),
+		Leased:   leased,
 	}
 }
 
@@ -286,7 +305,9 @@ type lease struct {
 	rest     int64        // the store's Remaining after the last grant
 	until    int64        // spendable while now ≤ until
 	end      int64        // window algorithms: spendable while now < end; 0: no end
-	deny     int64        // a zero grant is remembered until then
+	deny     int64        // a zero grant is remembered until then: at most D
+	retry    int64        // when that grant's store expected a unit again
+	short    int64        // a grant could not cover this cost: such costs go to the store
 	reset    int64        // the last grant's send plus its ResetAfter
 	gen      uint64       // counts grants: which one units came from
 	asked    int64        // units asked since folded, not yet in demand
@@ -575,7 +596,7 @@ func (s *Store) answer(l *lease, cost int64, now int64) (_ sluice.Decision, gen 
 		return d, l.gen, true
 	}
 	if now < l.deny {
-		return sluice.Decision{Limit: l.limit, RetryAfter: time.Duration(l.deny - now), ResetAfter: max(time.Duration(l.reset-now), 0), Source: sluice.SourceDenyCache}, 0, true
+		return sluice.Decision{Limit: l.limit, RetryAfter: retryFor(l.limit, cost, l.retry-now), ResetAfter: max(time.Duration(l.reset-now), 0), Source: sluice.SourceDenyCache}, 0, true
 	}
 	return sluice.Decision{}, 0, false
 }
@@ -596,7 +617,12 @@ func (s *Store) refill(ctx context.Context, l *lease, key string, limit sluice.L
 	}
 	l.fold(now, stale)
 	n := s.sizeFor(l, limit, cost)
-	if n == 0 && !force {
+	// A cost that a grant could not cover goes to the store's Take, all or
+	// nothing with its exact RetryAfter, until a grant covers as much:
+	// partial grants returned at every retry would lose units to the
+	// return rule each time, and such a request could wait forever.
+	short := !force && l.short > 0 && cost >= l.short
+	if n == 0 && !force && (!short || l.units == 0) {
 		sh.mu.Unlock()
 		return sluice.Decision{}, 0, true, nil
 	}
@@ -605,6 +631,9 @@ func (s *Store) refill(ctx context.Context, l *lease, key string, limit sluice.L
 	sh.mu.Unlock()
 	if err := s.giveBack(ctx, key, limit, old, unused); err != nil {
 		return sluice.Decision{}, 0, false, err
+	}
+	if short {
+		return sluice.Decision{}, 0, true, nil
 	}
 	sent := s.now()
 	s.grants.Add(1)
@@ -620,8 +649,17 @@ func (s *Store) refill(ctx context.Context, l *lease, key string, limit sluice.L
 	defer sh.mu.Unlock()
 	l.reset = sent + int64(g.ResetAfter)
 	if g.Granted == 0 {
-		l.deny = sent + int64(g.RetryAfter)
-		return sluice.Decision{Limit: limit, RetryAfter: g.RetryAfter, ResetAfter: g.ResetAfter}, 0, false, nil
+		// Remembered for at most D, so that a Reset elsewhere reaches this
+		// process within D, as a lease's units do.
+		l.retry = sent + int64(g.RetryAfter)
+		l.deny = sent + int64(min(g.RetryAfter, stale))
+		return sluice.Decision{Limit: limit, RetryAfter: retryFor(limit, cost, int64(g.RetryAfter)), ResetAfter: g.ResetAfter}, 0, false, nil
+	}
+	switch {
+	case g.Granted < cost && !force:
+		l.short = cost
+	case g.Granted >= l.short:
+		l.short = 0
 	}
 	l.gen++
 	l.grant, l.units, l.rest = g, g.Granted, g.Remaining
@@ -648,6 +686,18 @@ func (s *Store) refill(ctx context.Context, l *lease, key string, limit sluice.L
 	d := l.local(now, true)
 	d.Source = sluice.SourceBackend
 	return d, l.gen, false, nil
+}
+
+// retryFor is the wait for cost units on a key whose first unit is wait
+// ns away (at least 1µs): for the bucket algorithms and GCRA, one Interval
+// more per further unit; for the window algorithms, whose wait is the
+// window's end, the same wait.
+func retryFor(limit sluice.Limit, cost, wait int64) time.Duration {
+	d := max(time.Duration(wait), time.Microsecond)
+	if limit.Algorithm != sluice.FixedWindow && limit.Algorithm != sluice.SlidingWindowCounter {
+		d += time.Duration(cost-1) * limit.Interval()
+	}
+	return d
 }
 
 // restore puts back cost units that spend took from grant gen, when l

@@ -717,3 +717,69 @@ func TestSlotsPassThrough(t *testing.T) {
 		t.Errorf("Extend on the zero Store: %v, want ErrNoGranter", err)
 	}
 }
+
+// A remembered denial ends D after its grant's send at the latest, so
+// that a Reset by another process reaches this one within D, as its
+// leases do, whatever the key's own retry time (a window's end, an
+// Interval of minutes).
+func TestDenyReachesResetWithinD(t *testing.T) {
+	t.Parallel()
+	for _, l := range []sluice.Limit{sluice.PerMinute(10).WithAlgorithm(sluice.FixedWindow), sluice.PerMinute(10)} {
+		clock := storetest.NewClock(storetest.T0.Add(time.Second))
+		m := newMemory(t, clock)
+		const d = 100 * time.Millisecond
+		a, b := newLease(t, m, clock, d, 5), newLease(t, m, clock, d, 5)
+		for range 10 {
+			take(t, a, "k", l, 1)
+		}
+		if dec := take(t, a, "k", l, 1); dec.Allowed || dec.RetryAfter <= d {
+			t.Fatalf("%v: a, the key spent: %+v; want a denial for longer than D", l, dec)
+		}
+		if err := b.Reset(ctx, "k", l); err != nil {
+			t.Fatal(err)
+		}
+		if dec := take(t, a, "k", l, 1); dec.Allowed || dec.Source != sluice.SourceDenyCache || dec.RetryAfter <= d {
+			t.Fatalf("%v: a within D of its denial: %+v; want it remembered, with the store's retry time", l, dec)
+		}
+		clock.Advance(d)
+		if dec := take(t, a, "k", l, 1); !dec.Allowed {
+			t.Errorf("%v: a, D after b's Reset: %+v; want allowed", l, dec)
+		}
+	}
+}
+
+// A request of cost n is told to retry when n units will be there, and
+// one that a grant cannot cover is answered by the store until a grant
+// covers as much: a client retrying as told is admitted, where returning
+// each partial grant at its retry lost units to the return rule each time
+// and could deny it forever.
+func TestCostBeyondGrant(t *testing.T) {
+	t.Parallel()
+	l := sluice.PerSecond(10)
+	for _, size := range []int64{10, 0} {
+		clock := storetest.NewClock(storetest.T0)
+		m := newMemory(t, clock)
+		s, err := lease.New(m, &lease.Options{MaxStaleness: 300 * time.Millisecond, Size: size, Clock: clock.Now})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for range 20 { // hot, and spent
+			take(t, s, "k", l, 1)
+		}
+		exact, _ := m.Peek(ctx, "k", l, 3)
+		var d sluice.Decision
+		tries := 0
+		for tries = 1; tries <= 5; tries++ {
+			if d = take(t, s, "k", l, 3); d.Allowed {
+				break
+			}
+			if tries == 1 && d.RetryAfter < exact.RetryAfter {
+				t.Errorf("size %d: RetryAfter %v for 3 units; the store's is %v", size, d.RetryAfter, exact.RetryAfter)
+			}
+			clock.Advance(d.RetryAfter)
+		}
+		if !d.Allowed {
+			t.Errorf("size %d: a cost-3 request retrying as told was denied %d times: %+v", size, tries-1, d)
+		}
+	}
+}

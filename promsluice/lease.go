@@ -15,12 +15,13 @@ var _ prometheus.Collector = (*LeaseCollector)(nil)
 //	sluice_lease_grants_total              grant calls sent to the store
 //	sluice_lease_units_granted_total       units the store granted
 //	sluice_lease_units_returned_total      unused units the store took back
-//	sluice_lease_keys                      keys holding a lease or a remembered denial now
+//	sluice_lease_keys                      keys tracked now: a lease, a remembered denial or only demand
+//	sluice_lease_keys_leased               keys holding a live lease now
 //
 // The zero value exposes nothing; build one with NewLeaseCollector.
 type LeaseCollector struct {
-	stats                                  func() lease.Stats
-	local, grants, granted, returned, keys *prometheus.Desc
+	stats                                          func() lease.Stats
+	local, grants, granted, returned, keys, leased *prometheus.Desc
 }
 
 // NewLeaseCollector returns a LeaseCollector for s (opts.Namespace prefixes
@@ -39,7 +40,8 @@ func NewLeaseCollector(s *lease.Store, opts *Options) *LeaseCollector {
 		grants:   desc("grants_total", "Grant calls sent to the store: the store calls leased keys still cost."),
 		granted:  desc("units_granted_total", "Units the store granted to this process's leases."),
 		returned: desc("units_returned_total", "Unused lease units the store took back (at expiry, on a new grant, at shutdown)."),
-		keys:     desc("keys", "Keys holding a lease or a remembered denial in this process now."),
+		keys:     desc("keys", "Keys this process tracks now: a lease, a remembered denial, or only their demand."),
+		leased:   desc("keys_leased", "Keys holding a live lease in this process now: units to spend, within their maximum staleness."),
 	}
 }
 
@@ -48,7 +50,7 @@ func (c *LeaseCollector) Describe(ch chan<- *prometheus.Desc) {
 	if c.stats == nil {
 		return // a zero LeaseCollector
 	}
-	for _, d := range [...]*prometheus.Desc{c.local, c.grants, c.granted, c.returned, c.keys} {
+	for _, d := range [...]*prometheus.Desc{c.local, c.grants, c.granted, c.returned, c.keys, c.leased} {
 		ch <- d
 	}
 }
@@ -63,4 +65,5 @@ func (c *LeaseCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v))
 	}
 	ch <- prometheus.MustNewConstMetric(c.keys, prometheus.GaugeValue, float64(st.Keys))
+	ch <- prometheus.MustNewConstMetric(c.leased, prometheus.GaugeValue, float64(st.Leased))
 }

@@ -40,9 +40,23 @@ func TestLeaseCollector(t *testing.T) {
 		"sluice_lease_units_granted_total":   4,
 		"sluice_lease_units_returned_total":  0,
 		"sluice_lease_keys":                  1,
+		"sluice_lease_keys_leased":           0, // its 4 units spent
 	} {
 		if got := gather(t, reg, name, nil); got != want {
 			t.Errorf("%s = %v, want %v", name, got, want)
+		}
+	}
+	// A lease with units to spend is counted until its D ends.
+	if d, err := ls.Take(ctx, "other", sluice.PerSecond(100), 1); err != nil || !d.Allowed {
+		t.Fatalf("Take(other) = %+v, %v", d, err)
+	}
+	if got := gather(t, reg, "sluice_lease_keys_leased", nil); got != 1 {
+		t.Errorf("sluice_lease_keys_leased = %v, want 1", got)
+	}
+	now = now.Add(200 * time.Millisecond)
+	for name, want := range map[string]float64{"sluice_lease_keys": 2, "sluice_lease_keys_leased": 0} {
+		if got := gather(t, reg, name, nil); got != want {
+			t.Errorf("past D, %s = %v, want %v", name, got, want)
 		}
 	}
 	if err := ls.Close(ctx); err != nil {

@@ -20,13 +20,14 @@ import (
 // through to the store, exact.
 
 // newLeases returns a lease store in front of store, or nil when store
-// cannot grant.
-func (s *Service) newLeases(store sluice.Store, o *ServiceOptions) *lease.Store {
+// cannot grant. clock is nil but in tests: the lease store's own clock is
+// monotonic.
+func (s *Service) newLeases(store sluice.Store, clock func() time.Time, o *ServiceOptions) *lease.Store {
 	g, ok := store.(sluice.Granter)
 	if !ok {
 		return nil
 	}
-	ls, err := lease.New(g, &lease.Options{For: s.leaseFor, FleetSize: o.FleetSize, Clock: o.Clock})
+	ls, err := lease.New(g, &lease.Options{For: s.leaseFor, FleetSize: o.FleetSize, Clock: clock})
 	if err != nil { // New refuses only a nil granter and neither For nor MaxStaleness
 		s.log.Error("leases off", "err", err)
 		return nil

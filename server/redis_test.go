@@ -377,6 +377,7 @@ func testLeasesRedis(t *testing.T, policy string) {
 		"sluice_lease_units_granted_total":   st.Granted,
 		"sluice_lease_units_returned_total":  st.Returned,
 		"sluice_lease_keys":                  uint64(st.Keys),
+		"sluice_lease_keys_leased":           uint64(st.Leased),
 	} {
 		if got := metricValue(t, srv.Metrics().Registry(), name, nil); got != float64(want) {
 			t.Errorf("%s = %v, want %d", name, got, want)

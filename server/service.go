@@ -129,6 +129,10 @@ func NewService(store sluice.Store, cfg *config.Config, opts *ServiceOptions) *S
 	if opts != nil {
 		o = *opts
 	}
+	// Leases measure their lives on the monotonic clock unless a test
+	// injects one: time.Now's wall reading would let a clock step back
+	// stretch every live lease.
+	leaseClock := o.Clock
 	if o.Clock == nil {
 		o.Clock = time.Now
 	}
@@ -139,7 +143,7 @@ func NewService(store sluice.Store, cfg *config.Config, opts *ServiceOptions) *S
 	s.stats = newStats(o.Clock)
 	// Slots come from the store itself: leases wrap rate decisions only.
 	s.slots, _ = store.(sluice.Slots) // nil: acquires fail with ErrNoSlots
-	if s.leases = s.newLeases(store, &o); s.leases != nil {
+	if s.leases = s.newLeases(store, leaseClock, &o); s.leases != nil {
 		store = s.leases
 	}
 	s.engine = enforce.New(timedStore(store, o.Metrics), observer{s})
