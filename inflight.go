@@ -189,9 +189,49 @@ func AcquireSlot(ctx context.Context, store Slots, key string, limit InFlightLim
 	holder := NewHolderID()
 	d, err := store.Acquire(ctx, key, limit, weight, holder)
 	if err != nil || !d.Allowed {
+		// The store may hold the holder all the same: an error after the
+		// acquire ran, or a failure policy's denial after the backend's.
+		if (err != nil && ValidateSlot(key, limit, weight, holder) == nil) || d.Source == SourceFallback || d.Source == SourceFailClosed {
+			ReleaseAbandoned(store, key, holder)
+		}
 		return nil, d, err
 	}
 	return &Slot{store: store, key: key, limit: limit, weight: weight, holder: holder}, d, nil
+}
+
+// abandoned bounds the ReleaseAbandoned calls at work at once.
+var abandoned = make(chan struct{}, 64)
+
+// ReleaseAbandoned frees holder's slot, if it holds one, after an Acquire
+// of it returned an error and the holder is given up (never resent): the
+// store may have run the acquire all the same (a timeout after the command
+// was sent), and then nobody would release it before its hold timeout. It
+// returns at once and releases in the background, with a timeout of its
+// own, and once more a second later if nothing was held yet (the acquire
+// may reach the store after the first release; an abandoned id is never
+// reused, so a second release cannot free a later holder). At most 64 run
+// at once; beyond that, and if both releases fail, the slot frees at its
+// hold timeout.
+func ReleaseAbandoned(store Slots, key, holder string) {
+	select {
+	case abandoned <- struct{}{}:
+	default:
+		return
+	}
+	go func() {
+		defer func() { <-abandoned }()
+		for try := range 2 {
+			if try > 0 {
+				time.Sleep(time.Second)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			held, _ := store.Release(ctx, key, holder)
+			cancel()
+			if held {
+				return
+			}
+		}
+	}()
 }
 
 // Key, Limit, Weight and Holder report what s was acquired with.

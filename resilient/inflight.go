@@ -24,8 +24,11 @@ import (
 // slotGrant is where a holder was granted by the policy, and until when
 // this Store remembers it: its hold's end.
 type slotGrant struct {
-	open    bool // FailOpen: nothing is held anywhere
+	open    bool // FailOpen: nothing is held in the fallback
 	expires time.Time
+	// backend: the backend's Acquire failed, perhaps after running, so the
+	// backend may hold the holder too; its release frees it there as well.
+	backend bool
 }
 
 type slotRef struct{ key, holder string }
@@ -118,7 +121,7 @@ func (s *Store) failSlot(ctx context.Context, key string, l sluice.InFlightLimit
 	switch s.policy {
 	case FailOpen:
 		s.observe("acquire", sluice.SourceFailOpen, lat, berr)
-		s.slots.put(ref, slotGrant{open: true, expires: now.Add(l.Hold)}, now)
+		s.slots.put(ref, slotGrant{open: true, expires: now.Add(l.Hold), backend: berr != nil}, now)
 		return sluice.SlotDecision{Allowed: true, Limit: l, InUse: weight, Remaining: l.Max - weight, Source: sluice.SourceFailOpen}, nil
 	case FailClosed:
 		s.observe("acquire", sluice.SourceFailClosed, lat, berr)
@@ -135,7 +138,7 @@ func (s *Store) failSlot(ctx context.Context, key string, l sluice.InFlightLimit
 		return sluice.SlotDecision{}, err
 	}
 	if d.Allowed {
-		s.slots.put(ref, slotGrant{expires: now.Add(l.Hold)}, now)
+		s.slots.put(ref, slotGrant{expires: now.Add(l.Hold), backend: berr != nil}, now)
 	}
 	return shareSlots(d, l, n), nil
 }
@@ -197,6 +200,9 @@ func (s *Store) onSlot(ctx context.Context, op, key, holder string, hold time.Du
 			}
 		} else {
 			s.observe(op, sluice.SourceFailOpen, 0, nil)
+		}
+		if hold == 0 && g.backend {
+			sluice.ReleaseAbandoned(bs, key, holder)
 		}
 		switch {
 		case !held || hold == 0:

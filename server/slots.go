@@ -137,8 +137,12 @@ func (s *Service) Acquire(ctx context.Context, policy, key string, weight int64,
 	skey, _ := s.slotKeys(p, key, holder)
 	d, err := s.slots.Acquire(ctx, skey, f.Limit.For(prio, f.Reserve), weight, holder)
 	if err != nil {
+		sluice.ReleaseAbandoned(s.slots, skey, holder) // it may have been run all the same
 		s.observeSlot(res, sluice.SlotAcquire, sluice.OutcomeError)
 		return SlotResult{}, fmt.Errorf("server: store: %w", err)
+	}
+	if !d.Allowed && (d.Source == sluice.SourceFallback || d.Source == sluice.SourceFailClosed) {
+		sluice.ReleaseAbandoned(s.slots, skey, holder) // the backend's acquire may have run
 	}
 	d.Limit = f.Limit
 	d.Remaining = max(f.Limit.Max-d.InUse, 0)
