@@ -25,11 +25,15 @@ import (
 // A forged token names a holder nobody holds, so the store frees nothing
 // for it. Clients treat the token as opaque.
 //
-// A release that frees a slot leaves a tombstone (a one-weight slot of its
-// own, held for the policy's hold), so that releasing the token again
+// A release that frees a slot leaves a tombstone (its holder, held for the
+// policy's hold in one of the policy's 256 tombstone keys, picked by the
+// holder's first two hex digits), so that releasing the token again
 // answers "released before" rather than "unknown": a client retrying a
 // release it saw fail is told it succeeded. A second release racing with
-// the first may still find no tombstone yet and answer not held.
+// the first may still find no tombstone yet and answer not held. The
+// tombstones share a few keys so that they cost a key each in neither
+// store: in the memory store a key each would fill its key bound
+// (memory.Options.MaxKeys) with releases, not with slots in use.
 
 // SlotResult is the answer to an Acquire.
 type SlotResult struct {
@@ -96,14 +100,15 @@ func (s *Service) inFlightPolicy(name string) (*config.Policy, error) {
 
 // slotKeys returns the store keys of key's slots under p and of holder's
 // tombstone (in the namespace penalty blocks use; in-flight policies have
-// no penalty).
+// no penalty). A token's holder is 32 hex digits; a shorter one (none
+// reaches here) shares the first key.
 func (s *Service) slotKeys(p *config.Policy, key, holder string) (slots, tomb string) {
 	base, ok := s.snap.Load().bases[p]
 	if !ok {
 		base = s.keyer.Base(p.Name)
 	}
 	slots, _ = s.keyer.Keys(base, key, false)
-	_, tomb = s.keyer.Keys(base, holder, true)
+	_, tomb = s.keyer.Keys(base, holder[:min(2, len(holder))], true)
 	return slots, tomb
 }
 
@@ -217,7 +222,7 @@ func (s *Service) Release(ctx context.Context, token string) error {
 		return err
 	}
 	skey, tomb := s.slotKeys(p, t.key, t.holder)
-	mark := sluice.Concurrent(1, p.InFlight.Limit.Hold)
+	mark := sluice.Concurrent(sluice.MaxInFlight, p.InFlight.Limit.Hold)
 	res := SlotResult{Policy: p}
 	ok, err := s.slots.Release(ctx, skey, t.holder)
 	if err != nil {
