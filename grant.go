@@ -69,8 +69,12 @@ type Grant struct {
 //     only to be lost to the capacity, is not given back, so returns never
 //     let a fleet admit more than leases without returns could. For
 //     FixedWindow and SlidingWindowCounter it gives every unused unit back
-//     when the window the grant was taken from is still the key's current
-//     one, and nothing otherwise. It reports how many it gave back.
+//     into the count of the window the grant was taken from while the key
+//     still counts it (for SlidingWindowCounter also as the previous
+//     window, whose count weighs on the current estimate), and nothing
+//     otherwise. It reports how many it gave back: how many more units a
+//     take could have at once after it than before, so 0 into a window
+//     gone by or a fresh key, and fewer than given where a bucket fills.
 //   - A grant or return is sent at most once: resent, a return would make
 //     budget and a grant would strand it.
 //   - SlidingWindowLog is refused with ErrGrantUnsupported.

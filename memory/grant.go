@@ -60,13 +60,18 @@ func (s *Store) Return(_ context.Context, key string, limit sluice.Limit, g slui
 	}
 	st := sh.tab.Find(tag, key)
 	if give == 0 || st == nil || st.expires <= now {
-		return give, nil // a fresh key has nothing to give back into
+		return 0, nil // a fresh key has nothing to give back into
 	}
+	// Report what the key took back: what a take could have more now.
+	before := decide(st, now, &p, 1, false).remaining
+	after := p.capacity
 	if giveBack(st, now, &p, give, g.At) {
 		sh.tab.Remove(tag, key)
 		sh.n--
+	} else {
+		after = decide(st, now, &p, 1, false).remaining
 	}
-	return give, nil
+	return min(give, max(after-before, 0)), nil
 }
 
 // giveBack returns u units to st, taken at µs (the window algorithms'

@@ -103,6 +103,21 @@ func testGrantBucket(t *testing.T, newStore NewStore, a sluice.Algorithm) {
 		}
 		checkPeek(t, s, key, l, step.left)
 	}
+
+	// Into a key reset since the grant: nothing to give back into, and
+	// nothing reported.
+	key = uniqueKey(t, "reset")
+	g, err := s.Grant(ctx, key, l, 5)
+	if err != nil || g.Granted != 5 {
+		t.Fatalf("reset: grant 5 = %+v, %v", g, err)
+	}
+	if err := s.Reset(ctx, key, l); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := s.Return(ctx, key, l, g, 5); err != nil || got != 0 {
+		t.Fatalf("return of 5 into a reset key = %d, %v; want 0", got, err)
+	}
+	checkPeek(t, s, key, l, 10)
 }
 
 // testGrantWindow walks 10/s in windows of one second: grants up to the
@@ -144,11 +159,19 @@ func testGrantWindow(t *testing.T, newStore NewStore, a sluice.Algorithm) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.Return(ctx, key, l, g, 10); err != nil {
+	got, err := s.Return(ctx, key, l, g, 10)
+	if err != nil {
 		t.Fatal(err)
 	}
-	if a == sluice.FixedWindow {
-		checkPeek(t, s, key, l, before.Remaining)
+	after, err := s.Peek(ctx, key, l, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a == sluice.FixedWindow && after.Remaining != before.Remaining {
+		t.Errorf("after a return into a window gone by: %d left, want %d", after.Remaining, before.Remaining)
+	}
+	if want := after.Remaining - before.Remaining; got != want {
+		t.Errorf("a return into a window gone by reported %d given back; a take could have %d more", got, want)
 	}
 }
 

@@ -21,7 +21,9 @@
 --            reset µs, at, now}: at is the time the units were charged at
 --            (a caller behind the key's window is charged at its start)
 --            return: {units given back}: unused less one per interval
---            begun since the grant, at least 0
+--            begun since the grant, at least 0, and at most what the
+--            refund let a take have more (0 into a window gone by, or
+--            into a fresh key)
 -- A grant takes what a peek says is available, and tries once more one
 -- unit smaller where the counter's floored estimate and its float
 -- comparison disagree by a rounding. Mirrors memory/grant.go.
@@ -42,7 +44,12 @@ if ARGV[2] == 'return' then
     give = math.max(n - begun, 0)
   end
   if give > 0 then
+    -- Report what the key took back: what a take could have more now,
+    -- nothing when the grant's window has gone or the key is fresh.
+    local before = alg(keys, {now, 'peek', ARGV[3], ARGV[4], 1})[2]
     alg(keys, {now, 'refund', ARGV[3], ARGV[4], give, at})
+    local after = alg(keys, {now, 'peek', ARGV[3], ARGV[4], 1})[2]
+    give = math.min(give, math.max(after - before, 0))
   end
   return {give}
 end
