@@ -316,10 +316,43 @@ type lease struct {
 
 // refilling is the part of a lease that only its refills use.
 type refilling struct {
-	refill sync.Mutex
+	refill refillLock
 	grant  sluice.Grant
 	demand float64 // units this process expects to ask for within D
 	folded int64   // when asked was last folded into demand
+}
+
+// refillLock is a mutex that a waiter can leave when its context ends: a
+// request queued behind another's grant keeps its own deadline. The zero
+// value is not ready; newLock makes one.
+type refillLock chan struct{}
+
+func newLock() refillLock { return make(refillLock, 1) }
+
+// lockCtx locks l, or returns ctx's error having not.
+func (l refillLock) lockCtx(ctx context.Context) error {
+	select {
+	case l <- struct{}{}:
+		return nil
+	default:
+	}
+	select {
+	case l <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (l refillLock) Lock()   { l <- struct{}{} }
+func (l refillLock) Unlock() { <-l }
+func (l refillLock) TryLock() bool {
+	select {
+	case l <- struct{}{}:
+		return true
+	default:
+		return false
+	}
 }
 
 // New returns a Store that leases from g. opts must set MaxStaleness or
@@ -416,7 +449,7 @@ func (s *Store) lease(sh *shard, tag uint32, key string, limit sluice.Limit) *le
 			}
 		}
 	}
-	l := &lease{sh: sh, limit: limit, capacity: limit.Capacity(), refilling: new(refilling)}
+	l := &lease{sh: sh, limit: limit, capacity: limit.Capacity(), refilling: &refilling{refill: newLock()}}
 	if first != nil {
 		l.next, *first = *first, l
 	} else {
@@ -606,7 +639,9 @@ func (s *Store) answer(l *lease, cost int64, now int64) (_ sluice.Decision, gen 
 // back what is left and asking the store for a new grant, or (exact) by
 // the store's Take.
 func (s *Store) refill(ctx context.Context, l *lease, key string, limit sluice.Limit, cost int64, stale time.Duration, force bool) (_ sluice.Decision, gen uint64, exact bool, _ error) {
-	l.refill.Lock()
+	if err := l.refill.lockCtx(ctx); err != nil {
+		return sluice.Decision{}, 0, false, fmt.Errorf("lease: waiting for the key's grant: %w", err)
+	}
 	defer l.refill.Unlock()
 	sh := l.sh
 	sh.mu.Lock()

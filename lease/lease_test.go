@@ -783,3 +783,46 @@ func TestCostBeyondGrant(t *testing.T) {
 		}
 	}
 }
+
+// heldGrant is a granter whose grants wait for release, whatever their
+// context says: a store slow to answer.
+type heldGrant struct {
+	sluice.Granter
+	sent    chan struct{}
+	release chan struct{}
+}
+
+func (h heldGrant) Grant(ctx context.Context, key string, l sluice.Limit, n int64) (sluice.Grant, error) {
+	h.sent <- struct{}{}
+	<-h.release
+	return h.Granter.Grant(ctx, key, l, n)
+}
+
+// A request queued behind another's grant of the same key leaves when its
+// own context ends, with its error, rather than when the grant answers.
+func TestRefillWaitKeepsDeadline(t *testing.T) {
+	t.Parallel()
+	clock := storetest.NewClock(storetest.T0)
+	g := heldGrant{newMemory(t, clock), make(chan struct{}, 1), make(chan struct{})}
+	s := newLease(t, g, clock, time.Second, 10)
+	l := sluice.PerSecond(100)
+	first := make(chan error, 1)
+	go func() { _, err := s.Take(ctx, "k", l, 1); first <- err }()
+	<-g.sent // the first request's grant is in flight
+	cctx, cancel := context.WithCancel(ctx)
+	second := make(chan error, 1)
+	go func() { _, err := s.Take(cctx, "k", l, 1); second <- err }()
+	cancel()
+	select {
+	case err := <-second:
+		if !errors.Is(err, context.Canceled) {
+			t.Errorf("the queued Take, its context cancelled: %v; want context.Canceled", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the queued Take, its context cancelled, still waits on the other's grant")
+	}
+	close(g.release)
+	if err := <-first; err != nil {
+		t.Fatal(err)
+	}
+}
