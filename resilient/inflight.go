@@ -103,8 +103,14 @@ func (s *Store) Acquire(ctx context.Context, key string, l sluice.InFlightLimit,
 	if err == nil {
 		s.br.success(probe, now)
 		s.observe("acquire", sluice.SourceBackend, lat, nil)
-		if d.Allowed {
-			s.slots.forget(slotRef{key, holder}) // a resend, now held by the backend
+		if d.Allowed { // a resend, now held by the backend: free its fallback slot
+			ref := slotRef{key, holder}
+			if g, ok := s.slots.get(ref, now); ok && !g.open {
+				if fb, ok := s.fallback.(sluice.Slots); ok {
+					_, _ = fb.Release(ctx, key, holder) // failed, the hold frees it
+				}
+			}
+			s.slots.forget(ref)
 		}
 		return d, nil
 	}
