@@ -199,6 +199,25 @@ var undocumented = []exchange{
 	{"unknown endpoint", "GET", "/v1/nothing", "", "", 404, false},
 }
 
+// guarded are the exchanges with a service that has a decision token:
+// every decision endpoint asks for it.
+var guarded = func() []exchange {
+	var list []exchange
+	for _, e := range []struct{ path, body string }{
+		{"/v1/check", `{"policy":"fw","key":"a"}`},
+		{"/v1/peek", `{"policy":"fw","key":"a"}`},
+		{"/v1/acquire", `{"policy":"jobs","key":"a"}`},
+		{"/v1/extend", `{"token":"` + forged + `"}`},
+		{"/v1/release", `{"token":"` + forged + `"}`},
+		{"/json", envoyBody("g")},
+	} {
+		list = append(list,
+			exchange{e.path + " without the decision token", "POST", e.path, e.body, "", 401, true},
+			exchange{e.path + " with a wrong token", "POST", e.path, e.body, "Bearer wrong", 403, true})
+	}
+	return list
+}()
+
 func loadDocument(t *testing.T) (validator.Validator, *v3.Document) {
 	t.Helper()
 	doc, err := libopenapi.NewDocument(server.OpenAPIDocument)
@@ -284,6 +303,7 @@ func TestExchanges(t *testing.T) {
 		}
 	}
 	run(t, start(t, server.Options{AdminToken: token}), healthy, true)
+	run(t, start(t, server.Options{DecisionToken: "decide-secret"}), guarded, true)
 	run(t, start(t, server.Options{
 		RedisURL: "redis://127.0.0.1:1/0?dial_timeout=100ms&max_retries=-1", NoFailurePolicy: true,
 		DecisionTimeout: 200 * time.Millisecond, WatchInterval: -1,

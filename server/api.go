@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"time"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
@@ -302,6 +303,9 @@ func decodeJSON(w http.ResponseWriter, r *http.Request, v any) bool {
 	if err == nil {
 		err = validUTF8JSON(body)
 	}
+	if err == nil {
+		err = exactFields(body, v)
+	}
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
 	if err == nil {
@@ -318,6 +322,39 @@ func decodeJSON(w http.ResponseWriter, r *http.Request, v any) bool {
 		return false
 	}
 	return true
+}
+
+// exactFields refuses an object whose field names are not v's exactly,
+// or that names a field twice: encoding/json matches names in any case
+// and lets the last of two win, so {"policy":"p","key":"x","KEY":"victim"}
+// would act on "victim", not the key the client can see. Anything else
+// wrong with body is left for the decoder to report.
+func exactFields(body []byte, v any) error {
+	names := fieldNames(v)
+	dec := json.NewDecoder(bytes.NewReader(body))
+	if t, err := dec.Token(); err != nil || t != json.Delim('{') {
+		return nil
+	}
+	seen := make(map[string]bool, len(names))
+	for dec.More() {
+		t, err := dec.Token()
+		if err != nil {
+			return nil
+		}
+		name, _ := t.(string)
+		if seen[name] {
+			return fmt.Errorf("%w: field %q appears twice: send each field once", ErrBadRequest, name)
+		}
+		seen[name] = true
+		if !slices.Contains(names, name) {
+			return fmt.Errorf("json: unknown field %q", name) // as DisallowUnknownFields words it
+		}
+		var skip json.RawMessage
+		if err := dec.Decode(&skip); err != nil {
+			return nil
+		}
+	}
+	return nil
 }
 
 func writeJSON(w http.ResponseWriter, code int, v any) {

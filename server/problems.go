@@ -103,8 +103,8 @@ func decodeProblem(err error, v any) (int, string) {
 	return http.StatusBadRequest, scrub(err.Error())
 }
 
-// fieldList names v's JSON fields: "policy, key and cost".
-func fieldList(v any) string {
+// fieldNames are v's JSON field names, as its tags spell them.
+func fieldNames(v any) []string {
 	t := reflect.TypeOf(v)
 	for t.Kind() == reflect.Pointer {
 		t = t.Elem()
@@ -115,6 +115,12 @@ func fieldList(v any) string {
 			names = append(names, name)
 		}
 	}
+	return names
+}
+
+// fieldList names v's JSON fields: "policy, key and cost".
+func fieldList(v any) string {
+	names := fieldNames(v)
 	if len(names) < 2 {
 		return strings.Join(names, "")
 	}

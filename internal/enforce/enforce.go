@@ -268,7 +268,23 @@ func (e *Engine) EnforceAll(ctx context.Context, checks []Check) (Verdict, error
 
 // Peek reports what checking c would decide, taking nothing.
 func (e *Engine) Peek(ctx context.Context, c *Check) (sluice.Decision, error) {
+	if b, blocked, err := e.blockOf(ctx, c); err != nil || blocked {
+		return b, err
+	}
 	return e.store.Peek(ctx, c.Key, c.Rule.Limit, max(c.Cost, 1))
+}
+
+// blockOf reports whether c's key is blocked by its Penalty rule, and the
+// decision the block gives: denied until it ends.
+func (e *Engine) blockOf(ctx context.Context, c *Check) (sluice.Decision, bool, error) {
+	if c.Rule.Strategy != Penalty || c.PenaltyKey == "" {
+		return sluice.Decision{}, false, nil
+	}
+	d, err := e.store.Peek(ctx, c.PenaltyKey, c.Rule.PenaltyLimit(), 1)
+	if err != nil || d.Allowed {
+		return sluice.Decision{}, false, err
+	}
+	return sluice.Decision{Limit: c.Rule.Limit, RetryAfter: d.RetryAfter, ResetAfter: d.RetryAfter, Source: d.Source}, true, nil
 }
 
 // Reset returns c's key, and its block if it has one, to the fresh state.
@@ -344,13 +360,12 @@ func (e *Engine) enforce(ctx context.Context, checks []Check, all bool) (Verdict
 		if c.Rule.Strategy != Penalty || c.counter < 0 {
 			continue
 		}
-		d, err := e.store.Peek(ctx, c.PenaltyKey, c.Rule.PenaltyLimit(), 1)
+		b, isBlocked, err := e.blockOf(ctx, c)
 		if err != nil {
 			e.observeErrors(checks)
 			return failed, err
 		}
-		if !d.Allowed {
-			b := sluice.Decision{Limit: c.Rule.Limit, RetryAfter: d.RetryAfter, ResetAfter: d.RetryAfter, Source: d.Source}
+		if isBlocked {
 			c.Decision, c.decided = b, true
 			e.observe(c.Rule.Name, sluice.OutcomeDenied, b)
 			// Report the block needing the longest wait.
@@ -542,6 +557,15 @@ func (e *Engine) fill(ctx context.Context, checks []Check, all bool) error {
 			return err
 		}
 		if c.Cost == 0 {
+			// A look is never denied, but a blocked key has nothing to
+			// take until its block ends.
+			b, blocked, err := e.blockOf(ctx, c)
+			if err != nil && c.Rule.Strategy != Shadow {
+				return err
+			}
+			if blocked {
+				d.Remaining, d.ResetAfter = 0, max(d.ResetAfter, b.ResetAfter)
+			}
 			d.Allowed, d.RetryAfter = true, 0
 		}
 		c.Decision, c.decided = d, true

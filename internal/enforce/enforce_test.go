@@ -508,3 +508,32 @@ func TestShadowTakesOnlyWhenAdmitted(t *testing.T) {
 		t.Errorf("shadow counter %+v, %v: want one unit taken, for the one admitted request", c[1].Decision, err)
 	}
 }
+
+// A blocked key is denied by Peek until its block ends, as a check would
+// be, and a look (cost 0) reports nothing left to take, though the rate
+// key itself has units again.
+func TestPeekSeesBlock(t *testing.T) {
+	t.Parallel()
+	clk := storetest.NewClock(t0)
+	m := memory.New(&memory.Options{Clock: clk.Now, SweepInterval: -1})
+	t.Cleanup(func() { m.Close() })
+	r := &Rule{Name: "otp", Limit: sluice.PerSecond(1), Strategy: Penalty, Penalty: time.Minute}
+	c := Check{Rule: r, Key: "k", PenaltyKey: "k!", Cost: 1}
+	eng := New(m, nil)
+	ctx := context.Background()
+	for i, want := range []bool{true, false} { // the second starts the block
+		if v, err := eng.Enforce(ctx, []Check{c}); err != nil || v.Allowed != want {
+			t.Fatalf("request %d: %+v, %v; want allowed %v", i, v, err, want)
+		}
+	}
+	clk.Advance(2 * time.Second) // the rate key is fresh again; the block is not
+	d, err := eng.Peek(ctx, &c)
+	if err != nil || d.Allowed || d.RetryAfter < 57*time.Second || d.RetryAfter > time.Minute {
+		t.Errorf("Peek during the block = %+v, %v; want denied for about 58s", d, err)
+	}
+	look := []Check{{Rule: r, Key: "k", PenaltyKey: "k!", Cost: 0}}
+	v, err := eng.EnforceAll(ctx, look)
+	if err != nil || !v.Allowed || look[0].Decision.Remaining != 0 {
+		t.Errorf("a look during the block = %+v (its check %+v), %v; want allowed, 0 remaining", v, look[0].Decision, err)
+	}
+}
