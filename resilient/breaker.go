@@ -44,6 +44,7 @@ type breaker struct {
 
 	mu       sync.Mutex
 	runStart time.Time // the first failure of the run
+	runLast  time.Time // the last failure of the run
 	retryAt  time.Time // open: when the next probe may go
 	probing  bool      // half-open: a probe is in flight
 	good     int       // half-open: probes that succeeded in a row
@@ -123,7 +124,8 @@ func (b *breaker) success(probe bool, sent time.Time) {
 // with err, which the line logged if the breaker opens names.
 //
 // A run of failures is timed by when its calls were sent, not when they
-// failed: calls sent DeadAfter apart that all failed show a dead backend,
+// failed: calls sent DeadAfter apart that all failed, with no quiet gap
+// longer than the window between them, show a dead backend,
 // while a process that stalled (a long GC or CPU throttling) sees the
 // calls it had in flight fail together, sent at about the same time.
 func (b *breaker) failure(probe bool, sent, now time.Time, err error) {
@@ -138,8 +140,17 @@ func (b *breaker) failure(probe bool, sent, now time.Time, err error) {
 	if b.current() != sluice.BreakerClosed {
 		return // a call sent before the breaker opened
 	}
+	// A run spans no quiet gap longer than the window: calls that failed
+	// minutes apart, with none sent between, say nothing of the backend
+	// in between, and a lone failure after them must not open the breaker.
+	if b.run.Load() > 0 && sent.Sub(b.runLast) > b.slice*windowSlices {
+		b.run.Store(0)
+	}
 	if b.run.Add(1) == 1 {
 		b.runStart = sent
+	}
+	if sent.After(b.runLast) || b.run.Load() == 1 {
+		b.runLast = sent
 	}
 	var why string
 	switch span := sent.Sub(b.runStart); {

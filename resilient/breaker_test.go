@@ -222,3 +222,25 @@ func TestBreakerStall(t *testing.T) {
 		t.Errorf("after calls sent 500ms apart failed: %v, want open", got)
 	}
 }
+
+// A run of failures does not span a quiet gap longer than the window: a
+// few failures, minutes without calls, and one more failure leave the
+// breaker closed; failures that go on for DeadAfter after it open it.
+func TestBreakerQuietGap(t *testing.T) {
+	t.Parallel()
+	b := newBreaker(&Options{Logger: discard}, "store")
+	b.jitter = nil
+	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+	for i := range 3 {
+		b.failure(false, at(10*i), at(10*i+50), nil)
+	}
+	b.failure(false, at(600_000), at(600_050), nil) // ten minutes on
+	if got := b.current(); got != sluice.BreakerClosed {
+		t.Fatalf("a lone failure after ten quiet minutes: %v, want closed", got)
+	}
+	b.failure(false, at(600_300), at(600_350), nil)
+	b.failure(false, at(600_500), at(600_550), nil)
+	if got := b.current(); got != sluice.BreakerOpen {
+		t.Errorf("failures sent over 500ms after it: %v, want open", got)
+	}
+}

@@ -372,6 +372,17 @@ func (s *Server) checkRedis(c redis.UniversalClient) error {
 // read and write sluice's keys (redisstore.Store.CheckAccess); a Redis
 // that does not answer is the failure policy's, as in checkRedis.
 func (s *Server) checkAccess(rs *redisstore.Store) error {
+	// A Redis that answers PING may still refuse sluice's scripts (too few
+	// replicas for min-replicas-to-write, out of memory, an ACL): the
+	// watch runs the access script too, so readiness tells the truth
+	// where no breaker does (the error policy).
+	ping := s.health.probe
+	s.health.probe = func(ctx context.Context) error {
+		if err := ping(ctx); err != nil {
+			return err
+		}
+		return rs.CheckAccess(ctx)
+	}
 	if s.health.storeDown() {
 		return nil
 	}

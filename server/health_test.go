@@ -413,6 +413,39 @@ func TestServerHealthUnderErrorPolicy(t *testing.T) {
 	}
 }
 
+// TestServerRedisRefusesWrites: a Redis that answers PING but refuses
+// sluice's scripts (here too few replicas for min-replicas-to-write) is a
+// lost store, under the error policy not ready, and back when it accepts
+// them again.
+func TestServerRedisRefusesWrites(t *testing.T) {
+	t.Parallel()
+	r := redistest.StartServer(t)
+	var logs syncBuffer
+	_, p := startOnRedis(t, "redis://"+r.Addr, "error", &logs)
+	if code, _ := p.get(t, "/readyz"); code != 200 {
+		t.Fatalf("readyz with Redis up: %d", code)
+	}
+	admin := r.Client(t)
+	ctx := context.Background()
+	if err := admin.ConfigSet(ctx, "min-replicas-to-write", "1").Err(); err != nil {
+		t.Fatal(err)
+	}
+	logged(t, &logs, "store lost", "ready=false")
+	if code, body := p.get(t, "/readyz"); code != 503 {
+		t.Errorf("readyz with Redis refusing writes: %d %s", code, body)
+	}
+	if got := grpcHealth(t, p.grpc, ""); got != healthpb.HealthCheckResponse_NOT_SERVING {
+		t.Errorf("gRPC health with Redis refusing writes: %v, want NOT_SERVING", got)
+	}
+	if err := admin.ConfigSet(ctx, "min-replicas-to-write", "0").Err(); err != nil {
+		t.Fatal(err)
+	}
+	logged(t, &logs, "store back")
+	if code, _ := p.get(t, "/readyz"); code != 200 {
+		t.Errorf("readyz after Redis accepts writes again: %d", code)
+	}
+}
+
 // TestServerBreakerTransitionsLogged: the failure policy switching on and
 // off is one line (package resilient's) and one count each.
 func TestServerBreakerTransitionsLogged(t *testing.T) {

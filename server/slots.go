@@ -146,18 +146,24 @@ func (s *Service) Acquire(ctx context.Context, policy, key string, weight int64,
 		s.observeSlot(res, sluice.SlotAcquire, sluice.OutcomeError)
 		return SlotResult{}, fmt.Errorf("server: store: %w", err)
 	}
-	if !d.Allowed && (d.Source == sluice.SourceFallback || d.Source == sluice.SourceFailClosed) {
+	// A failure policy's answer keeps its own figures (under the fallback,
+	// this process's share of the priority's threshold) and is never a
+	// shed: whether the key had room is unknown.
+	madeUp := d.Source == sluice.SourceFallback || d.Source == sluice.SourceFailClosed || d.Source == sluice.SourceFailOpen
+	if !d.Allowed && madeUp && d.Source != sluice.SourceFailOpen {
 		sluice.ReleaseAbandoned(s.slots, skey, holder) // the backend's acquire may have run
 	}
-	d.Limit = f.Limit
-	d.Remaining = max(f.Limit.Max-d.InUse, 0)
+	if !madeUp {
+		d.Limit = f.Limit
+		d.Remaining = max(f.Limit.Max-d.InUse, 0)
+	}
 	res.Decision = d
 	switch {
 	case d.Allowed:
 		res.Token = slotToken{holder: holder, policy: p.Name, key: key}.String()
 		s.holds.add(holder, heldSlot{policy: p.Name, priority: prio, weight: weight, until: s.clock().Add(f.Limit.Hold)})
 		s.observeSlot(res, sluice.SlotAcquire, sluice.OutcomeAllowed)
-	case d.InUse+weight <= f.Limit.Max:
+	case !madeUp && d.InUse+weight <= f.Limit.Max:
 		res.Shed = true
 		s.observeSlot(res, sluice.SlotAcquire, sluice.OutcomeShed)
 	default:

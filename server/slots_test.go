@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -13,6 +14,7 @@ import (
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/promtest"
 	"github.com/sluicehq/sluice/memory"
+	"github.com/sluicehq/sluice/resilient"
 )
 
 const slotsConfig = `
@@ -268,5 +270,50 @@ func TestTombstonesShareKeys(t *testing.T) {
 	}
 	if err := svc.Release(ctx, first); err != nil {
 		t.Errorf("the first token, released again: %v; want released before", err)
+	}
+}
+
+// downSlots is a slot store whose backend is down: every call fails.
+type downSlots struct{ *memory.Store }
+
+func (downSlots) Acquire(context.Context, string, sluice.InFlightLimit, int64, string) (sluice.SlotDecision, error) {
+	return sluice.SlotDecision{}, errors.New("down")
+}
+
+func (downSlots) Release(context.Context, string, string) (bool, error) {
+	return false, errors.New("down")
+}
+
+// A failure policy's in-flight answers keep their own figures and are
+// never reported as shed: under the fallback, this process's share (Max
+// over the fleet) is what is full, a 429; fail-closed denies, a 429 too.
+func TestSlotsFailurePolicyNotShed(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		policy  resilient.Policy
+		allowed int
+	}{{resilient.FallbackLocal, 5}, {resilient.FailClosed, 0}} {
+		fb := memory.New(&memory.Options{SweepInterval: -1})
+		t.Cleanup(func() { fb.Close() })
+		backend := downSlots{memory.New(&memory.Options{SweepInterval: -1})}
+		t.Cleanup(func() { backend.Close() })
+		store, err := resilient.New(backend, &resilient.Options{Policy: tc.policy, Fallback: fb, Nodes: 2, Logger: slog.New(slog.DiscardHandler)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { store.Close() })
+		svc := NewService(store, mustConfig(t, slotsConfig), &ServiceOptions{Logger: slog.New(slog.DiscardHandler)})
+		for i := range tc.allowed + 1 {
+			res, err := svc.Acquire(context.Background(), "exports", "ann", 1, sluice.PriorityCritical)
+			if err != nil {
+				t.Fatalf("%v: acquire %d: %v", tc.policy, i, err)
+			}
+			if want := i < tc.allowed; res.Decision.Allowed != want || res.Shed {
+				t.Fatalf("%v: acquire %d = %+v shed %v; want allowed %v, not shed", tc.policy, i, res.Decision, res.Shed, want)
+			}
+			if tc.policy == resilient.FallbackLocal && res.Decision.Limit.Max != 5 {
+				t.Errorf("%v: acquire %d reports a Max of %d; want this process's share, 5", tc.policy, i, res.Decision.Limit.Max)
+			}
+		}
 	}
 }
