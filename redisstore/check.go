@@ -112,8 +112,10 @@ func Classify(err error) error {
 		return checkErr(ErrDatabase, "pick a database below the server's databases setting in the URL's /db", err)
 	case strings.Contains(msg, "cluster support disabled"):
 		return checkErr(ErrTopology, "the server is not a Cluster: use redis:// instead of redis+cluster://", err)
-	case strings.HasPrefix(msg, "MOVED "), strings.HasPrefix(msg, "ASK "), strings.HasPrefix(msg, "CLUSTERDOWN"):
+	case strings.HasPrefix(msg, "MOVED "), strings.HasPrefix(msg, "ASK "):
 		return checkErr(ErrTopology, "the server is a Cluster node: use redis+cluster://", err)
+	case strings.HasPrefix(msg, "CLUSTERDOWN"):
+		return checkErr(ErrUnreachable, "the Cluster is down (a failover under way, or slots without a master): retrying", err)
 	case strings.Contains(msg, "all sentinels") && errors.Is(err, redis.Nil):
 		return checkErr(ErrSentinelMaster, "check master_name in the Redis URL against the Sentinels' configuration", err)
 	case errors.As(err, &header):

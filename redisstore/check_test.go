@@ -254,6 +254,12 @@ func TestClassifyNil(t *testing.T) {
 	if err := redisstore.Classify(inScript); !errors.Is(err, redisstore.ErrPermission) || !errors.Is(err, redisstore.ErrMisconfigured) {
 		t.Fatalf("Classify(%v) = %v, want ErrPermission", inScript, err)
 	}
+	// A Cluster without a master for some slots (a failover under way) is
+	// down for now, not a client pointed at the wrong topology.
+	down := errors.New("CLUSTERDOWN The cluster is down")
+	if err := redisstore.Classify(down); !errors.Is(err, redisstore.ErrUnreachable) || errors.Is(err, redisstore.ErrMisconfigured) {
+		t.Fatalf("Classify(%v) = %v, want ErrUnreachable", down, err)
+	}
 }
 
 // TestCheckAccess: a user that may run scripts but not read and write the

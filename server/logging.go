@@ -9,6 +9,8 @@ import (
 	"net/url"
 	"os"
 	"strings"
+	"sync"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 	"google.golang.org/grpc/grpclog"
@@ -44,17 +46,62 @@ func NewLogger(w io.Writer, format, level string) (*slog.Logger, error) {
 // any client or server is made.
 func RouteLogs(log *slog.Logger) {
 	slog.SetDefault(log)
-	redis.SetLogger(redisLogger{log.With("logger", "go-redis")})
+	redis.SetLogger(redisLogger{log.With("logger", "go-redis"), &quiet{lines: map[string]*quietLine{}}})
 	grpclog.SetLoggerV2(grpcLogger{log.With("logger", "grpc")})
 }
 
 // redisLogger hands go-redis's lines (pool and Sentinel events) to slog.
 // go-redis gives them no level; they tell of connections coming and going,
 // which an operator wants to see at the default level.
-type redisLogger struct{ log *slog.Logger }
+type redisLogger struct {
+	log *slog.Logger
+	*quiet
+}
+
+// quiet lets a line of one format through once per quietFor, with the
+// number of its repeats held back meanwhile: go-redis logs each failed
+// dial of each call, dozens a second while Redis refuses connections,
+// where sluice's own lines say the store was lost once.
+type quiet struct {
+	mu    sync.Mutex
+	lines map[string]*quietLine
+}
+
+type quietLine struct {
+	at      time.Time
+	dropped int
+}
+
+const quietFor = 10 * time.Second
 
 func (l redisLogger) Printf(ctx context.Context, format string, v ...any) {
-	l.log.InfoContext(ctx, strings.TrimPrefix(fmt.Sprintf(format, v...), "redis: "))
+	msg := strings.TrimPrefix(fmt.Sprintf(format, v...), "redis: ")
+	if l.quiet == nil {
+		l.log.InfoContext(ctx, msg)
+		return
+	}
+	now := time.Now()
+	l.mu.Lock()
+	q := l.lines[format]
+	if q == nil {
+		if len(l.lines) >= 1000 { // formats are few; keep it bounded all the same
+			clear(l.lines)
+		}
+		q = &quietLine{}
+		l.lines[format] = q
+	} else if now.Sub(q.at) < quietFor {
+		q.dropped++
+		l.mu.Unlock()
+		return
+	}
+	dropped := q.dropped
+	q.at, q.dropped = now, 0
+	l.mu.Unlock()
+	if dropped > 0 {
+		l.log.InfoContext(ctx, msg, "repeats_not_logged", dropped)
+		return
+	}
+	l.log.InfoContext(ctx, msg)
 }
 
 // grpcLogger hands grpc-go's log to slog. Its info lines are chatty

@@ -2,11 +2,13 @@ package server
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"log/slog"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/sluicehq/sluice/internal/redistest"
 )
@@ -118,5 +120,29 @@ func TestCLILogJSON(t *testing.T) {
 	}
 	if redisLines == 0 {
 		t.Errorf("no go-redis record; stderr:\n%s", p.stderr.String())
+	}
+}
+
+// go-redis's lines of one format go out once per quietFor, the next with
+// the count of those held back: a Redis refusing connections costs a line
+// every ten seconds, not one per failed call.
+func TestRedisLoggerQuiet(t *testing.T) {
+	t.Parallel()
+	var buf bytes.Buffer
+	l := redisLogger{slog.New(slog.NewTextHandler(&buf, nil)), &quiet{lines: map[string]*quietLine{}}}
+	for i := range 50 {
+		l.Printf(context.Background(), "redis: connection pool: failed to dial after %d attempts: %v", 5, i)
+	}
+	l.Printf(context.Background(), "redis: sentinel: new master=%q", "mymaster")
+	if n := strings.Count(buf.String(), "failed to dial"); n != 1 {
+		t.Errorf("%d dial lines, want 1:\n%s", n, buf.String())
+	}
+	if !strings.Contains(buf.String(), "new master") {
+		t.Errorf("another format's line was held back:\n%s", buf.String())
+	}
+	l.lines["redis: connection pool: failed to dial after %d attempts: %v"].at = time.Now().Add(-quietFor)
+	l.Printf(context.Background(), "redis: connection pool: failed to dial after %d attempts: %v", 5, 50)
+	if !strings.Contains(buf.String(), "repeats_not_logged=49") {
+		t.Errorf("the next line does not count the 49 held back:\n%s", buf.String())
 	}
 }
