@@ -199,6 +199,13 @@ func AcquireSlot(ctx context.Context, store Slots, key string, limit InFlightLim
 	return &Slot{store: store, key: key, limit: limit, weight: weight, holder: holder}, d, nil
 }
 
+// abandoner is a store in front of another (a failure policy's), which
+// sends an abandoned holder's release where its acquire may have run,
+// past its own breaker and timeout: ReleaseAbandoned hands it the holder.
+type abandoner interface {
+	AbandonSlot(key, holder string)
+}
+
 // abandoned bounds the ReleaseAbandoned calls at work at once.
 var abandoned = make(chan struct{}, 64)
 
@@ -213,6 +220,10 @@ var abandoned = make(chan struct{}, 64)
 // at once; beyond that, and if both releases fail, the slot frees at its
 // hold timeout.
 func ReleaseAbandoned(store Slots, key, holder string) {
+	if a, ok := store.(abandoner); ok {
+		a.AbandonSlot(key, holder)
+		return
+	}
 	select {
 	case abandoned <- struct{}{}:
 	default:

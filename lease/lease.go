@@ -115,7 +115,7 @@
 // partial grant cannot cover is denied with a RetryAfter that is an upper
 // bound (one Interval per missing unit; the window's end for the window
 // algorithms) rather than exact, and requests of that cost then go to the
-// store's Take, exact, until a grant covers as much. Peek answers from a live lease without
+// store's Take, exact, for D or until a grant covers as much. Peek answers from a live lease without
 // taking, and otherwise asks the store.
 //
 // Reset and config reloads take effect within D. Reset drops this
@@ -308,6 +308,7 @@ type lease struct {
 	deny     int64        // a zero grant is remembered until then: at most D
 	retry    int64        // when that grant's store expected a unit again
 	short    int64        // a grant could not cover this cost: such costs go to the store
+	shortEnd int64        // until then, D after that grant's send
 	reset    int64        // the last grant's send plus its ResetAfter
 	gen      uint64       // counts grants: which one units came from
 	asked    int64        // units asked since folded, not yet in demand
@@ -653,10 +654,11 @@ func (s *Store) refill(ctx context.Context, l *lease, key string, limit sluice.L
 	l.fold(now, stale)
 	n := s.sizeFor(l, limit, cost)
 	// A cost that a grant could not cover goes to the store's Take, all or
-	// nothing with its exact RetryAfter, until a grant covers as much:
-	// partial grants returned at every retry would lose units to the
-	// return rule each time, and such a request could wait forever.
-	short := !force && l.short > 0 && cost >= l.short
+	// nothing with its exact RetryAfter, for D after that grant or until a
+	// grant covers as much: partial grants returned at every retry would
+	// lose units to the return rule each time, and such a request could
+	// wait forever. After D the key is leased again.
+	short := !force && l.short > 0 && cost >= l.short && now < l.shortEnd
 	if n == 0 && !force && (!short || l.units == 0) {
 		sh.mu.Unlock()
 		return sluice.Decision{}, 0, true, nil
@@ -692,7 +694,7 @@ func (s *Store) refill(ctx context.Context, l *lease, key string, limit sluice.L
 	}
 	switch {
 	case g.Granted < cost && !force:
-		l.short = cost
+		l.short, l.shortEnd = cost, sent+int64(stale)
 	case g.Granted >= l.short:
 		l.short = 0
 	}

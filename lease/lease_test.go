@@ -826,3 +826,29 @@ func TestRefillWaitKeepsDeadline(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// A key whose grant once fell short of a request is leased again D later,
+// even when every request on it has that cost.
+func TestShortCostLeasedAgain(t *testing.T) {
+	t.Parallel()
+	clock := storetest.NewClock(storetest.T0)
+	m := newMemory(t, clock)
+	s := newLease(t, m, clock, 300*time.Millisecond, 20)
+	l := sluice.PerSecond(100)
+	if _, err := m.Take(ctx, "k", l, 99); err != nil { // 1 unit left
+		t.Fatal(err)
+	}
+	if d := take(t, s, "k", l, 2); d.Allowed {
+		t.Fatalf("cost 2 with 1 unit left: %+v; want denied", d)
+	}
+	clock.Advance(2 * time.Second) // the bucket full again
+	for range 200 {
+		if d := take(t, s, "k", l, 2); !d.Allowed {
+			t.Fatalf("cost 2 at a third of the rate: %+v", d)
+		}
+		clock.Advance(30 * time.Millisecond)
+	}
+	if st := s.Stats(); st.Local < 100 {
+		t.Errorf("%d of 200 decisions local (%d grants): the key is no longer leased", st.Local, st.Grants)
+	}
+}

@@ -62,20 +62,58 @@ func TestFaultAbandonedAcquire(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			deadline := time.Now().Add(5 * time.Second)
-			for {
-				d, err := rs.Acquire(ctx, "k", l, 1, sluice.NewHolderID())
-				if err != nil {
-					t.Fatal(err)
-				}
-				if d.Allowed {
-					return
-				}
-				if time.Now().After(deadline) {
-					t.Fatalf("5 s after the resume the slot is still held: %+v", d)
-				}
-				time.Sleep(50 * time.Millisecond)
-			}
+			waitFree(t, rs, l)
 		})
+	}
+	// Under a breaker that opens during the outage, the holders denied by
+	// the policy are released past it, straight to Redis.
+	t.Run("failure policy: breaker open", func(t *testing.T) {
+		srv := redistest.StartServer(t)
+		c := srv.Client(t)
+		rs := redisstore.New(c, &redisstore.Options{Prefix: redistest.Prefix(t)})
+		many := sluice.Concurrent(100, time.Hour)
+		if _, err := rs.Acquire(ctx, "warm", many, 1, "w"); err != nil {
+			t.Fatal(err)
+		}
+		r, err := resilient.New(rs, &resilient.Options{Policy: resilient.FailClosed, Timeout: 100 * time.Millisecond})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { r.Close() })
+		srv.Pause(t)
+		for end := time.Now().Add(800 * time.Millisecond); time.Now().Before(end); {
+			actx, cancel := context.WithTimeout(ctx, time.Second)
+			if _, d, err := sluice.AcquireSlot(actx, r, "k", many, 1); err != nil || d.Allowed {
+				t.Errorf("AcquireSlot with Redis paused = %+v, %v; want the policy's denial", d, err)
+			}
+			cancel()
+		}
+		if r.State() != sluice.BreakerOpen {
+			t.Errorf("breaker %v after 800ms of failures, want open", r.State())
+		}
+		srv.Resume(t)
+		waitFree(t, rs, many)
+	})
+}
+
+// waitFree waits until key k holds no holder in rs, 5 s at most.
+func waitFree(t *testing.T, rs *redisstore.Store, l sluice.InFlightLimit) {
+	t.Helper()
+	ctx := context.Background()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		holder := sluice.NewHolderID()
+		d, err := rs.Acquire(ctx, "k", l, l.Max, holder)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d.Allowed {
+			rs.Release(ctx, "k", holder)
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("5 s after the resume key k still has holders: %+v", d)
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 }

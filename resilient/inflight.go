@@ -121,6 +121,18 @@ func (s *Store) Acquire(ctx context.Context, key string, l sluice.InFlightLimit,
 	return s.failSlot(ctx, key, l, weight, holder, now, lat, err)
 }
 
+// AbandonSlot releases holder, given up after its Acquire failed or the
+// policy denied it, in the backend, where the acquire may have run:
+// straight to the backend in the background (sluice.ReleaseAbandoned), not
+// through the breaker, which during the outage it is meant for would
+// refuse it, or count it as one more failure. sluice.ReleaseAbandoned
+// calls it.
+func (s *Store) AbandonSlot(key, holder string) {
+	if bs, err := s.slotBackend(); err == nil {
+		sluice.ReleaseAbandoned(bs, key, holder)
+	}
+}
+
 // failSlot answers an Acquire by the policy.
 func (s *Store) failSlot(ctx context.Context, key string, l sluice.InFlightLimit, weight int64, holder string, now time.Time, lat time.Duration, berr error) (sluice.SlotDecision, error) {
 	ref := slotRef{key, holder}
