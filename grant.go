@@ -124,5 +124,8 @@ func ReturnAllowance(l Limit, unused, age int64) int64 {
 		age = 0
 	}
 	iv := l.Interval().Microseconds()
+	if iv <= 0 { // an invalid limit: nothing can be given back by rule
+		return 0
+	}
 	return max(0, unused-(age+iv-1)/iv)
 }

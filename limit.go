@@ -68,8 +68,12 @@ func (l Limit) Capacity() int64 {
 // Interval is the time one unit takes to come back under the bucket
 // algorithms and GCRA: Period/Rate rounded up to a whole microsecond, so a
 // limit is never exceeded. It is exact when Period in µs is a multiple of
-// Rate ("100/min": 600ms); "3/s" gives 333,334µs.
+// Rate ("100/min": 600ms); "3/s" gives 333,334µs. A Limit that Validate
+// refuses for its Rate or Period has none: 0.
 func (l Limit) Interval() time.Duration {
+	if l.Rate <= 0 || l.Period <= 0 {
+		return 0
+	}
 	p := l.Period.Microseconds()
 	return time.Duration((p+l.Rate-1)/l.Rate) * time.Microsecond
 }

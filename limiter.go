@@ -14,8 +14,8 @@ import (
 // of a rate-limited third-party API needs. Peek looks without taking; Reset
 // forgets a key.
 //
-// A Limiter is safe for concurrent use. Its zero value is not usable; build
-// one with NewLimiter.
+// A Limiter is safe for concurrent use. Build one with NewLimiter: the zero
+// value (and a nil *Limiter) refuses every call with ErrInvalidLimit.
 type Limiter struct {
 	store  Store
 	limit  Limit
@@ -47,12 +47,20 @@ func NewLimiter(store Store, limit Limit, opts *Options) (*Limiter, error) {
 	return l, nil
 }
 
-// Limit returns the limit l enforces.
-func (l *Limiter) Limit() Limit { return l.limit }
+// Limit returns the limit l enforces (the zero Limit for a zero Limiter).
+func (l *Limiter) Limit() Limit {
+	if l == nil {
+		return Limit{}
+	}
+	return l.limit
+}
 
 // key joins the prefix. An empty caller key is rejected here (the joined
 // key would not be empty); the store enforces MaxKeyLen on the joined key.
 func (l *Limiter) key(key string) (string, error) {
+	if l == nil || l.store == nil {
+		return "", fmt.Errorf("%w: a zero Limiter: build one with NewLimiter", ErrInvalidLimit)
+	}
 	if key == "" {
 		return "", ValidateKey(key)
 	}

@@ -118,3 +118,33 @@ func TestWaitCancel(t *testing.T) {
 		t.Errorf("Wait after cancel: %v", err)
 	}
 }
+
+// A zero or nil Limiter refuses every call with a typed error, and a zero
+// Limit's figures are zeros: nothing panics.
+func TestZeroValuesDoNotPanic(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	for name, l := range map[string]*sluice.Limiter{"zero": {}, "nil": nil} {
+		if _, err := l.Allow(ctx, "k"); !errors.Is(err, sluice.ErrInvalidLimit) {
+			t.Errorf("%s Limiter: Allow err = %v, want ErrInvalidLimit", name, err)
+		}
+		if _, err := l.Peek(ctx, "k"); !errors.Is(err, sluice.ErrInvalidLimit) {
+			t.Errorf("%s Limiter: Peek err = %v, want ErrInvalidLimit", name, err)
+		}
+		if err := l.Reset(ctx, "k"); !errors.Is(err, sluice.ErrInvalidLimit) {
+			t.Errorf("%s Limiter: Reset err = %v, want ErrInvalidLimit", name, err)
+		}
+		if _, err := l.Wait(ctx, "k"); !errors.Is(err, sluice.ErrInvalidLimit) {
+			t.Errorf("%s Limiter: Wait err = %v, want ErrInvalidLimit", name, err)
+		}
+		if got := l.Limit(); got != (sluice.Limit{}) {
+			t.Errorf("%s Limiter: Limit = %v", name, got)
+		}
+	}
+	if got := (sluice.Limit{}).Interval(); got != 0 {
+		t.Errorf("zero Limit's Interval = %v, want 0", got)
+	}
+	if got := sluice.ReturnAllowance(sluice.Limit{}, 5, 1); got != 0 {
+		t.Errorf("ReturnAllowance under a zero Limit = %d, want 0", got)
+	}
+}

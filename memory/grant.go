@@ -11,7 +11,10 @@ var _ sluice.Granter = (*Store)(nil)
 
 // Grant implements sluice.Granter: it takes what a Peek says is available,
 // up to n, through the algorithm's own take.
-func (s *Store) Grant(_ context.Context, key string, limit sluice.Limit, n int64) (sluice.Grant, error) {
+func (s *Store) Grant(ctx context.Context, key string, limit sluice.Limit, n int64) (sluice.Grant, error) {
+	if err := ctxErr(ctx); err != nil {
+		return sluice.Grant{}, err
+	}
 	if err := sluice.ValidateGrant(key, limit, n); err != nil {
 		return sluice.Grant{}, err
 	}
@@ -44,7 +47,10 @@ func (s *Store) Grant(_ context.Context, key string, limit sluice.Limit, n int64
 }
 
 // Return implements sluice.Granter.
-func (s *Store) Return(_ context.Context, key string, limit sluice.Limit, g sluice.Grant, unused int64) (int64, error) {
+func (s *Store) Return(ctx context.Context, key string, limit sluice.Limit, g sluice.Grant, unused int64) (int64, error) {
+	if err := ctxErr(ctx); err != nil {
+		return 0, err
+	}
 	if err := sluice.ValidateReturn(key, limit, g, unused); err != nil {
 		return 0, err
 	}

@@ -69,7 +69,10 @@ func (k *slotKey) live(holder string, now int64) (slotHolder, bool) {
 }
 
 // Acquire implements sluice.Slots.
-func (s *Store) Acquire(_ context.Context, key string, l sluice.InFlightLimit, weight int64, holder string) (sluice.SlotDecision, error) {
+func (s *Store) Acquire(ctx context.Context, key string, l sluice.InFlightLimit, weight int64, holder string) (sluice.SlotDecision, error) {
+	if err := ctxErr(ctx); err != nil {
+		return sluice.SlotDecision{}, err
+	}
 	if err := sluice.ValidateSlot(key, l, weight, holder); err != nil {
 		return sluice.SlotDecision{}, err
 	}
@@ -155,7 +158,10 @@ func retryEstimate(k *slotKey, need int64) int64 {
 }
 
 // Extend implements sluice.Slots.
-func (s *Store) Extend(_ context.Context, key string, l sluice.InFlightLimit, holder string) (bool, error) {
+func (s *Store) Extend(ctx context.Context, key string, l sluice.InFlightLimit, holder string) (bool, error) {
+	if err := ctxErr(ctx); err != nil {
+		return false, err
+	}
 	return s.onHolder(key, l, holder, func(k *slotKey, h slotHolder, now int64) {
 		h.expires = now + l.Hold.Microseconds()
 		k.set(holder, h)
@@ -163,7 +169,10 @@ func (s *Store) Extend(_ context.Context, key string, l sluice.InFlightLimit, ho
 }
 
 // Release implements sluice.Slots.
-func (s *Store) Release(_ context.Context, key string, holder string) (bool, error) {
+func (s *Store) Release(ctx context.Context, key string, holder string) (bool, error) {
+	if err := ctxErr(ctx); err != nil {
+		return false, err
+	}
 	return s.onHolder(key, sluice.InFlightLimit{Max: 1, Hold: time.Microsecond}, holder, func(k *slotKey, h slotHolder, _ int64) {
 		delete(k.holders, holder)
 		k.inUse -= h.weight

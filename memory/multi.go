@@ -13,7 +13,10 @@ var _ sluice.MultiStore = (*Store)(nil)
 // TakeAll implements sluice.MultiStore: it locks every shard involved (in
 // index order, so concurrent calls cannot deadlock), checks every limit, and
 // takes from all of them only if all allow.
-func (s *Store) TakeAll(_ context.Context, reqs []sluice.Request) ([]sluice.Decision, error) {
+func (s *Store) TakeAll(ctx context.Context, reqs []sluice.Request) ([]sluice.Decision, error) {
+	if err := ctxErr(ctx); err != nil {
+		return nil, err
+	}
 	if s.shards == nil {
 		return nil, ErrZeroStore
 	}

@@ -202,8 +202,20 @@ func (s *Store) check(key string, limit sluice.Limit, cost int64) (*params, erro
 	return p, nil
 }
 
+// ctxErr is ctx's error: a call whose context has ended changes nothing
+// and says why, as on Redis. A nil context never ends.
+func ctxErr(ctx context.Context) error {
+	if ctx == nil {
+		return nil
+	}
+	return ctx.Err()
+}
+
 // Take implements sluice.Store.
-func (s *Store) Take(_ context.Context, key string, limit sluice.Limit, cost int64) (sluice.Decision, error) {
+func (s *Store) Take(ctx context.Context, key string, limit sluice.Limit, cost int64) (sluice.Decision, error) {
+	if err := ctxErr(ctx); err != nil {
+		return sluice.Decision{}, err
+	}
 	// The common case checks inline what check does (sluice.ValidateKey
 	// is the length test); anything it does not pass goes through check,
 	// for check's error.
@@ -246,7 +258,10 @@ func (sh *shard) takeFresh(tag uint32, key string, now int64, p *params, cost in
 }
 
 // Peek implements sluice.Store.
-func (s *Store) Peek(_ context.Context, key string, limit sluice.Limit, cost int64) (sluice.Decision, error) {
+func (s *Store) Peek(ctx context.Context, key string, limit sluice.Limit, cost int64) (sluice.Decision, error) {
+	if err := ctxErr(ctx); err != nil {
+		return sluice.Decision{}, err
+	}
 	p, err := s.check(key, limit, cost)
 	if err != nil {
 		return sluice.Decision{}, err
@@ -264,7 +279,10 @@ func (s *Store) Peek(_ context.Context, key string, limit sluice.Limit, cost int
 }
 
 // Reset implements sluice.Store.
-func (s *Store) Reset(_ context.Context, key string, limit sluice.Limit) error {
+func (s *Store) Reset(ctx context.Context, key string, limit sluice.Limit) error {
+	if err := ctxErr(ctx); err != nil {
+		return err
+	}
 	if err := sluice.ValidateKey(key); err != nil {
 		return err
 	}

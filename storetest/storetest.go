@@ -97,6 +97,7 @@ func Run(t *testing.T, newStore NewStore) {
 	}
 	t.Run("bad_input", func(t *testing.T) { testBadInput(t, newStore) })
 	t.Run("independence", func(t *testing.T) { testIndependence(t, newStore) })
+	t.Run("ended_context", func(t *testing.T) { testEndedContext(t, newStore) })
 	t.Run("take_all", func(t *testing.T) { testTakeAll(t, newStore) })
 	t.Run("inflight", func(t *testing.T) { runInFlightOf(t, newStore) })
 }
@@ -618,6 +619,28 @@ func testIndependence(t *testing.T, newStore NewStore) {
 		if d, _ := s.Peek(ctx, k1, sluice.PerMinute(4).WithAlgorithm(a), 1); d.Allowed {
 			t.Errorf("%v: state lost: %+v", a, d)
 		}
+	}
+}
+
+// testEndedContext: a call whose context has ended returns its error and
+// changes nothing.
+func testEndedContext(t *testing.T, newStore NewStore) {
+	clock := NewClock(T0)
+	s := newStore(t, clock.Now)
+	key := uniqueKey(t, "ended")
+	l := sluice.PerMinute(4)
+	ended, cancel := context.WithCancel(context.Background())
+	cancel()
+	if d, err := s.Take(ended, key, l, 1); !errors.Is(err, context.Canceled) {
+		t.Errorf("Take with an ended context = %+v, %v; want context.Canceled", d, err)
+	}
+	if m, ok := s.(sluice.MultiStore); ok {
+		if _, err := m.TakeAll(ended, []sluice.Request{{Key: key, Limit: l, Cost: 1}}); !errors.Is(err, context.Canceled) {
+			t.Errorf("TakeAll with an ended context: %v; want context.Canceled", err)
+		}
+	}
+	if d, err := s.Peek(context.Background(), key, l, 1); err != nil || d.Remaining != 4 {
+		t.Errorf("after them: %+v, %v; want nothing taken", d, err)
 	}
 }
 
