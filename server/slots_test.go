@@ -251,12 +251,12 @@ func TestSlotsMetrics(t *testing.T) {
 func TestTombstonesShareKeys(t *testing.T) {
 	t.Parallel()
 	clock := newFakeClock()
-	store := memory.New(&memory.Options{Clock: clock.Now, SweepInterval: -1, MaxKeys: 300, Shards: 1})
+	store := memory.New(&memory.Options{Clock: clock.Now, SweepInterval: -1, MaxKeys: 5000, Shards: 1})
 	t.Cleanup(func() { store.Close() })
 	svc := NewService(store, mustConfig(t, slotsConfig), &ServiceOptions{Clock: clock.Now})
 	ctx := context.Background()
 	var first string
-	for i := range 1000 {
+	for i := range 12_000 {
 		res, err := svc.Acquire(ctx, "exports", "ann", 1, sluice.PriorityCritical)
 		if err != nil || !res.Decision.Allowed {
 			t.Fatalf("cycle %d: acquire = %+v, %v", i, res.Decision, err)
