@@ -644,6 +644,12 @@ func (s *Store) refill(ctx context.Context, l *lease, key string, limit sluice.L
 		return sluice.Decision{}, 0, false, fmt.Errorf("lease: waiting for the key's grant: %w", err)
 	}
 	defer l.refill.Unlock()
+	if err := ctx.Err(); err != nil {
+		// The lock was free, but the request is over: taking the lease's
+		// units out to return them would lose them to a call refused for
+		// its context.
+		return sluice.Decision{}, 0, false, err
+	}
 	sh := l.sh
 	sh.mu.Lock()
 	now := s.now()

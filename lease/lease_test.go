@@ -852,3 +852,51 @@ func TestShortCostLeasedAgain(t *testing.T) {
 		t.Errorf("%d of 200 decisions local (%d grants): the key is no longer leased", st.Local, st.Grants)
 	}
 }
+
+// A request whose context has ended does not start a refill: the lease's
+// units stay in it (for Close to return), not taken out for a return the
+// store would refuse.
+func TestRefillEndedContextKeepsUnits(t *testing.T) {
+	t.Parallel()
+	clock := storetest.NewClock(storetest.T0)
+	c := &counting{Granter: newMemory(t, clock), clock: clock}
+	s := newLease(t, c, clock, 100*time.Millisecond, 50)
+	l := sluice.PerSecond(100)
+	take(t, s, "k", l, 1) // a lease of 50, 49 left
+	clock.Advance(200 * time.Millisecond)
+	ended, cancel := context.WithCancel(ctx)
+	cancel()
+	if _, err := s.Take(ended, "k", l, 1); !errors.Is(err, context.Canceled) {
+		t.Fatalf("Take with an ended context after the lease expired: %v; want context.Canceled", err)
+	}
+	if c.returns != 0 {
+		t.Fatalf("%d returns sent for a request whose context had ended", c.returns)
+	}
+	if err := s.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if c.returns != 1 {
+		t.Errorf("Close sent %d returns; want the lease's units returned once", c.returns)
+	}
+}
+
+// abandoning is a granter in front of a failure policy: it takes
+// abandoned holders itself.
+type abandoning struct {
+	*memory.Store
+	got []string
+}
+
+func (a *abandoning) AbandonSlot(key, holder string) { a.got = append(a.got, key+"/"+holder) }
+
+// Leases pass an abandoned holder on to their granter, so that a failure
+// policy under them releases it past its breaker.
+func TestAbandonSlotPassesThrough(t *testing.T) {
+	t.Parallel()
+	g := &abandoning{Store: newMemory(t, storetest.NewClock(storetest.T0))}
+	s := newLease(t, g, storetest.NewClock(storetest.T0), time.Second, 10)
+	sluice.ReleaseAbandoned(s, "k", "h")
+	if len(g.got) != 1 || g.got[0] != "k/h" {
+		t.Errorf("the granter was handed %v; want k/h", g.got)
+	}
+}

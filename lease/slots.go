@@ -38,6 +38,15 @@ func (s *Store) Release(ctx context.Context, key string, holder string) (bool, e
 	return st.Release(ctx, key, holder)
 }
 
+// AbandonSlot hands an abandoned holder's release to the granter
+// (sluice.ReleaseAbandoned), so that a failure policy under the leases
+// sends it past its breaker as it would without them.
+func (s *Store) AbandonSlot(key, holder string) {
+	if st, err := s.slots(); err == nil {
+		sluice.ReleaseAbandoned(st, key, holder)
+	}
+}
+
 func (s *Store) slots() (sluice.Slots, error) {
 	if s.granter == nil {
 		return nil, ErrNoGranter

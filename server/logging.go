@@ -58,8 +58,8 @@ type redisLogger struct {
 	*quiet
 }
 
-// quiet lets a line through once per quietFor, with the number of its
-// repeats held back meanwhile: go-redis logs each failed
+// quiet lets a line of one format through once per quietFor, with the
+// number of its repeats held back meanwhile: go-redis logs each failed
 // dial of each call, dozens a second while Redis refuses connections,
 // where sluice's own lines say the store was lost once.
 type quiet struct {
@@ -82,13 +82,20 @@ func (l redisLogger) Printf(ctx context.Context, format string, v ...any) {
 	}
 	now := time.Now()
 	l.mu.Lock()
-	q := l.lines[msg] // by the line: a new master's address is news, a dial's failure again is not
+	// Held back by format: a failed dial's line differs by its attempt
+	// count or connection number and is the same news. A Sentinel's line
+	// names a master, and a new one is news: those go by the line.
+	key := format
+	if strings.Contains(format, "sentinel") {
+		key = msg
+	}
+	q := l.lines[key]
 	if q == nil {
-		if len(l.lines) >= 1000 { // distinct lines are few; keep it bounded all the same
+		if len(l.lines) >= 1000 { // formats and masters are few; keep it bounded all the same
 			clear(l.lines)
 		}
 		q = &quietLine{}
-		l.lines[msg] = q
+		l.lines[key] = q
 	} else if now.Sub(q.at) < quietFor {
 		q.dropped++
 		l.mu.Unlock()

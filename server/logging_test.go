@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"log/slog"
 	"strings"
 	"testing"
@@ -144,9 +143,13 @@ func TestRedisLoggerQuiet(t *testing.T) {
 	if n := strings.Count(buf.String(), "new master"); n != 2 {
 		t.Errorf("%d new-master lines, want both (they differ):\n%s", n, buf.String())
 	}
-	l.lines[fmt.Sprintf(dial, 5, refused)[len("redis: "):]].at = time.Now().Add(-quietFor)
+	l.Printf(context.Background(), dial, 3, refused) // a different count: the same news
+	if n := strings.Count(buf.String(), "failed to dial"); n != 1 {
+		t.Errorf("%d dial lines after one with another count, want 1:\n%s", n, buf.String())
+	}
+	l.lines[dial].at = time.Now().Add(-quietFor)
 	l.Printf(context.Background(), dial, 5, refused)
-	if !strings.Contains(buf.String(), "repeats_not_logged=49") {
-		t.Errorf("the next line does not count the 49 held back:\n%s", buf.String())
+	if !strings.Contains(buf.String(), "repeats_not_logged=50") {
+		t.Errorf("the next line does not count the 50 held back:\n%s", buf.String())
 	}
 }

@@ -1,9 +1,11 @@
 package server
 
 import (
+	"context"
 	"fmt"
 	"net/http"
 	"strconv"
+	"time"
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/server/config"
@@ -125,12 +127,19 @@ func (a *api) extend(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, map[string]int64{"hold_ms": hold.Milliseconds()})
 }
 
+// releaseTimeout bounds a release made after its client hung up.
+const releaseTimeout = 2 * time.Second
+
 func (a *api) release(w http.ResponseWriter, r *http.Request) {
 	var req tokenRequest
 	if !a.decisionBody(w, r, &req) {
 		return
 	}
-	if err := a.svc.Release(r.Context(), req.Token); err != nil {
+	// A release the client asked for is made even if it hangs up: lost,
+	// its slot would stay taken until the hold timeout.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), releaseTimeout)
+	defer cancel()
+	if err := a.svc.Release(ctx, req.Token); err != nil {
 		serviceError(w, err)
 		return
 	}
