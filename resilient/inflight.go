@@ -111,9 +111,13 @@ func (s *Store) Acquire(ctx context.Context, key string, l sluice.InFlightLimit,
 				}
 			}
 			s.slots.forget(ref)
+			s.sent.forget(ref)
 		}
 		return d, nil
 	}
+	// The acquire may have run in the backend all the same: remembered, so
+	// that AbandonSlot releases it there, and only such holders.
+	s.sent.put(slotRef{key, holder}, slotGrant{expires: now.Add(l.Hold)}, now)
 	if err := s.callerFault(ctx, "acquire", err, probe); err != nil {
 		return sluice.SlotDecision{}, err
 	}
@@ -122,12 +126,18 @@ func (s *Store) Acquire(ctx context.Context, key string, l sluice.InFlightLimit,
 }
 
 // AbandonSlot releases holder, given up after its Acquire failed or the
-// policy denied it, in the backend, where the acquire may have run:
-// straight to the backend in the background (sluice.ReleaseAbandoned), not
-// through the breaker, which during the outage it is meant for would
-// refuse it, or count it as one more failure. sluice.ReleaseAbandoned
-// calls it.
+// policy denied it, in the backend, when its backend Acquire failed and so
+// may have run: straight to the backend in the background
+// (sluice.ReleaseAbandoned), not through the breaker, which during the
+// outage it is meant for would refuse it, or count it as one more failure.
+// A holder the breaker kept from the backend never reached it: nothing is
+// sent. sluice.ReleaseAbandoned calls it.
 func (s *Store) AbandonSlot(key, holder string) {
+	ref := slotRef{key, holder}
+	if _, ok := s.sent.get(ref, s.clock()); !ok {
+		return
+	}
+	s.sent.forget(ref)
 	if bs, err := s.slotBackend(); err == nil {
 		sluice.ReleaseAbandoned(bs, key, holder)
 	}
@@ -220,6 +230,7 @@ func (s *Store) onSlot(ctx context.Context, op, key, holder string, hold time.Du
 			s.observe(op, sluice.SourceFailOpen, 0, nil)
 		}
 		if hold == 0 && g.backend {
+			s.sent.forget(ref)
 			sluice.ReleaseAbandoned(bs, key, holder)
 		}
 		switch {

@@ -379,3 +379,38 @@ func TestSlotsResendFreesFallback(t *testing.T) {
 		t.Errorf("the fallback still holds the resent holder's slot: %+v, %v", d, err)
 	}
 }
+
+// AbandonSlot releases in the backend only a holder whose backend Acquire
+// failed (it may have run there), straight past the open breaker; a holder
+// the breaker kept from the backend is not sent at all.
+func TestSlotsAbandonOnlySent(t *testing.T) {
+	t.Parallel()
+	f := newSlotFixture(t, Options{Policy: FailClosed, Logger: slog.New(slog.DiscardHandler)})
+	s, b, ctx := f.s, f.b, context.Background()
+	l := sluice.Concurrent(2, 10*time.Second)
+	b.mode.Store(1)
+	for s.State() != sluice.BreakerOpen { // failed acquires, sent, until the breaker opens
+		if _, err := s.Acquire(ctx, "k", l, 1, sluice.NewHolderID()); err != nil {
+			t.Fatal(err)
+		}
+		f.clk.Advance(100 * time.Millisecond)
+	}
+	if _, err := s.Acquire(ctx, "k", l, 1, "kept"); err != nil { // the breaker keeps it from the backend
+		t.Fatal(err)
+	}
+	calls := b.calls.Load()
+	s.AbandonSlot("k", "kept")
+	time.Sleep(50 * time.Millisecond)
+	if got := b.calls.Load(); got != calls {
+		t.Errorf("abandoning a holder never sent made %d backend calls", got-calls)
+	}
+	// One sent while the backend failed is released there, the breaker open.
+	b.mode.Store(0)
+	s.sent.put(slotRef{"k", "sent"}, slotGrant{expires: f.clk.Now().Add(time.Minute)}, f.clk.Now())
+	s.AbandonSlot("k", "sent")
+	for deadline := time.Now().Add(5 * time.Second); b.calls.Load() == calls; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("abandoning a holder sent to the backend made no backend call")
+		}
+	}
+}

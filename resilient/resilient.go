@@ -307,6 +307,7 @@ type Store struct {
 	br       breaker
 	cache    *denyCache  // nil when disabled
 	slots    policySlots // holders the policy granted (inflight.go)
+	sent     policySlots // holders whose backend Acquire failed: it may have run (AbandonSlot)
 }
 
 // MultiStore is a Store over a sluice.MultiStore backend: it also checks
