@@ -263,13 +263,19 @@ func (s *Service) unknownDomain(name string) {
 	}
 }
 
+// policyBase is the stem of p's store keys; a policy made up per request
+// (an Envoy limit override) has none kept.
+func (s *Service) policyBase(p *config.Policy) string {
+	if base, ok := s.snap.Load().bases[p]; ok {
+		return base
+	}
+	return s.keyer.Base(p.Name)
+}
+
 // check is the engine check of key under p, taking cost units (0: only
 // look).
 func (s *Service) check(p *config.Policy, key string, cost int64) enforce.Check {
-	base, ok := s.snap.Load().bases[p]
-	if !ok { // a policy made up per request (an Envoy limit override)
-		base = s.keyer.Base(p.Name)
-	}
+	base := s.policyBase(p)
 	rule := p.Rule(key)
 	c := enforce.Check{Rule: rule, Cost: cost}
 	c.Key, c.PenaltyKey = s.keyer.Keys(base, key, rule.Strategy == enforce.Penalty)

@@ -101,18 +101,19 @@ func (s *Service) inFlightPolicy(name string) (*config.Policy, error) {
 	return p, nil
 }
 
-// slotKeys returns the store keys of key's slots under p and of holder's
-// tombstone (in the namespace penalty blocks use; in-flight policies have
-// no penalty). A token's holder is 32 hex digits; a shorter one (none
-// reaches here) shares a key with the holders it begins.
-func (s *Service) slotKeys(p *config.Policy, key, holder string) (slots, tomb string) {
-	base, ok := s.snap.Load().bases[p]
-	if !ok {
-		base = s.keyer.Base(p.Name)
-	}
-	slots, _ = s.keyer.Keys(base, key, false)
-	_, tomb = s.keyer.Keys(base, holder[:min(3, len(holder))], true)
-	return slots, tomb
+// slotKey returns the store key of key's slots under p.
+func (s *Service) slotKey(p *config.Policy, key string) string {
+	k, _ := s.keyer.Keys(s.policyBase(p), key, false)
+	return k
+}
+
+// tombKey returns the store key of holder's tombstone under p (in the
+// namespace penalty blocks use; in-flight policies have no penalty). A
+// token's holder is 32 hex digits; a shorter one (none reaches here)
+// shares a key with the holders it begins.
+func (s *Service) tombKey(p *config.Policy, holder string) string {
+	_, k := s.keyer.Keys(s.policyBase(p), holder[:min(3, len(holder))], true)
+	return k
 }
 
 // Acquire acquires a slot of weight (1..the policy's Max) for key under
@@ -141,11 +142,11 @@ func (s *Service) Acquire(ctx context.Context, policy, key string, weight int64,
 		s.observeSlot(res, sluice.SlotAcquire, sluice.OutcomeShed)
 		return res, nil
 	}
-	holder := sluice.NewHolderID()
-	skey, _ := s.slotKeys(p, key, holder)
-	d, err := s.slots.Acquire(ctx, skey, f.Limit.For(prio, f.Reserve), weight, holder)
+	skey := s.slotKey(p, key)
+	// AcquireSlot releases a holder it gives up that the store may hold
+	// all the same (an error, a failure policy's denial).
+	slot, d, err := sluice.AcquireSlot(ctx, s.slots, skey, f.Limit.For(prio, f.Reserve), weight)
 	if err != nil {
-		sluice.ReleaseAbandoned(s.slots, skey, holder) // it may have been run all the same
 		s.observeSlot(res, sluice.SlotAcquire, sluice.OutcomeError)
 		return SlotResult{}, fmt.Errorf("server: store: %w", err)
 	}
@@ -153,9 +154,6 @@ func (s *Service) Acquire(ctx context.Context, policy, key string, weight int64,
 	// this process's share of the priority's threshold) and is never a
 	// shed: whether the key had room is unknown.
 	madeUp := d.Source == sluice.SourceFallback || d.Source == sluice.SourceFailClosed || d.Source == sluice.SourceFailOpen
-	if !d.Allowed && madeUp && d.Source != sluice.SourceFailOpen {
-		sluice.ReleaseAbandoned(s.slots, skey, holder) // the backend's acquire may have run
-	}
 	if !madeUp {
 		d.Limit = f.Limit
 		d.Remaining = max(f.Limit.Max-d.InUse, 0)
@@ -163,6 +161,7 @@ func (s *Service) Acquire(ctx context.Context, policy, key string, weight int64,
 	res.Decision = d
 	switch {
 	case d.Allowed:
+		holder := slot.Holder()
 		res.Token = slotToken{holder: holder, policy: p.Name, key: key}.String()
 		s.holds.add(holder, heldSlot{policy: p.Name, priority: prio, weight: weight, until: s.clock().Add(f.Limit.Hold)})
 		s.observeSlot(res, sluice.SlotAcquire, sluice.OutcomeAllowed)
@@ -204,7 +203,7 @@ func (s *Service) Extend(ctx context.Context, token string) (time.Duration, erro
 	if err != nil {
 		return 0, err
 	}
-	skey, _ := s.slotKeys(p, t.key, t.holder)
+	skey := s.slotKey(p, t.key)
 	res := SlotResult{Policy: p}
 	ok, err := s.slots.Extend(ctx, skey, p.InFlight.Limit, t.holder)
 	if err != nil {
@@ -230,7 +229,7 @@ func (s *Service) Release(ctx context.Context, token string) error {
 	if err != nil {
 		return err
 	}
-	skey, tomb := s.slotKeys(p, t.key, t.holder)
+	skey, tomb := s.slotKey(p, t.key), s.tombKey(p, t.holder)
 	mark := sluice.Concurrent(sluice.MaxInFlight, p.InFlight.Limit.Hold)
 	res := SlotResult{Policy: p}
 	ok, err := s.slots.Release(ctx, skey, t.holder)
