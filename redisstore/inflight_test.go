@@ -56,6 +56,8 @@ func runInFlightTrace(t *testing.T, r *rand.Rand) {
 	for i := range keys {
 		keys[i] = key{fmt.Sprintf("k%d", i), sluice.Concurrent(1+r.Int64N(10), inflightDiffGrid*time.Duration(4+r.IntN(40)))}
 	}
+	// k0 is wide, with many holders.
+	keys[0].limit.Max = 20 + r.Int64N(30)
 	var history []string
 	seen := map[string]int{} // outcomes, so that a trace cannot pass vacuously
 	var expired int64
@@ -67,6 +69,9 @@ func runInFlightTrace(t *testing.T, r *rand.Rand) {
 			l.Hold = inflightDiffGrid * time.Duration(4+r.IntN(40))
 		}
 		holder := fmt.Sprintf("h%d", r.IntN(12))
+		if k.name == "k0" {
+			holder = fmt.Sprintf("h%d", r.IntN(64))
+		}
 		var m, d string
 		switch op := r.IntN(10); {
 		case op < 5:
@@ -86,6 +91,10 @@ func runInFlightTrace(t *testing.T, r *rand.Rand) {
 		}
 		for _, rk := range red.SlotKeys(k.name) {
 			client.PExpire(ctx, rk, time.Hour)
+			// Holders and their weights, and 3 others.
+			if n := client.ZCard(ctx, rk).Val(); n > 2*64+3 {
+				t.Fatalf("step %d: %s has %d members", step, rk, n)
+			}
 		}
 		seen[outcome(m)]++
 		history = append(history, fmt.Sprintf("%d %v %s %s: %s", step, clock.Now().Sub(storetest.T0), k.name, holder, m))
@@ -178,5 +187,48 @@ func TestInFlightNoScript(t *testing.T) {
 		if ok, err := s.Release(ctx, "k", "a"); err != nil || !ok {
 			t.Fatalf("MaxBatch %d: Release after SCRIPT FLUSH = %v, %v", batch, ok, err)
 		}
+	}
+}
+
+// An acquire's scan removes exactly the expired holders and their weight
+// members, and a denial's estimate counts holders in deadline order.
+func TestInFlightScan(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	client := redistest.Client(t)
+	clock := storetest.NewClock(storetest.T0)
+	s := redisstore.New(client, &redisstore.Options{Prefix: redistest.Prefix(t), Clock: clock.Now})
+	short, long := sluice.Concurrent(100, time.Minute), sluice.Concurrent(100, time.Hour)
+	acquire := func(h string, l sluice.InFlightLimit, w, inUse, expired int64) {
+		t.Helper()
+		d, err := s.Acquire(ctx, "k", l, w, h)
+		if err != nil || !d.Allowed || d.InUse != inUse || d.Expired != expired {
+			t.Fatalf("Acquire(%s) = %+v, %v; want allowed, %d in use, %d expired", h, d, err, inUse, expired)
+		}
+	}
+	for i := range 10 {
+		acquire(fmt.Sprint("s", i), short, 2, int64(2*i+2), 0)
+	}
+	for i := range 40 {
+		acquire(fmt.Sprint("l", i), long, 1, int64(21+i), 0)
+	}
+	for i := range 35 {
+		if ok, err := s.Release(ctx, "k", fmt.Sprint("l", i)); err != nil || !ok {
+			t.Fatalf("Release(l%d) = %v, %v", i, ok, err)
+		}
+	}
+	clock.Advance(time.Minute)
+	acquire("x", long, 3, 8, 20) // the 10 short holds of weight 2 expired
+	key := s.SlotKeys("k")[0]
+	if n := client.ZCard(ctx, key).Val(); n != 6+1+3 {
+		t.Errorf("after the scan: %d members, want 6 holders, a weight and 3 others", n)
+	}
+	clock.Advance(time.Minute)
+	acquire("y", long, 1, 9, 0)
+	// 9 held; a weight of 5 over Max 10 needs 4 freed: l35..l38, whose
+	// hold ends 58 minutes from now.
+	d, err := s.Acquire(ctx, "k", sluice.Concurrent(10, time.Hour), 5, "z")
+	if err != nil || d.Allowed || d.RetryAfter != 58*time.Minute {
+		t.Errorf("Acquire over Max = %+v, %v; want denied for 58m", d, err)
 	}
 }
