@@ -125,7 +125,9 @@
 // limit (a reloaded policy) is another lease: its first request asks the
 // store under the new limit at once, and the old limit's lease, no longer
 // asked, strands its units (they were taken from the store: this can only
-// lower admissions) until it is swept.
+// lower admissions) until it is swept. A Store leases under at most 2^20
+// distinct limits; one met after that is answered exactly by the store (a
+// program making a limit per call must not grow the Store without end).
 package lease
 
 import (
@@ -216,10 +218,13 @@ type Store struct {
 	baseNS    int64            // base, ns since the Unix epoch
 
 	seed     maphash.Seed
-	shards   []shard      // by the key's hash; nil in a zero Store
-	keys     atomic.Int64 // leases held in all shards
-	sweepAt  atomic.Int64 // sweep idle leases when keys reaches this
-	sweeping sync.Mutex   // one sweep at a time
+	shards   []shard // by the key's hash; nil in a zero Store
+	idMu     sync.Mutex
+	ids      map[sluice.Limit]uint32     // each limit's kind in the tables, under idMu
+	idCache  [64]atomic.Pointer[limitID] // ids by limitHash, read without idMu
+	keys     atomic.Int64                // leases held in all shards
+	sweepAt  atomic.Int64                // sweep idle leases when keys reaches this
+	sweeping sync.Mutex                  // one sweep at a time
 
 	grants, granted, returned atomic.Uint64
 }
@@ -250,11 +255,8 @@ func (s *Store) Stats() Stats {
 			if !sh.leases.Live(j) {
 				continue
 			}
-			for l := *sh.leases.At(j); l != nil; l = l.next {
-				if l.live(now) {
-					leased++
-					break
-				}
+			if sh.leases.At(j).live(now) {
+				leased++
 			}
 		}
 		sh.mu.Unlock()
@@ -277,42 +279,86 @@ const minSweep = 10_000
 const shardCount = 64
 
 // shard holds some keys' leases; mu guards the table and every field of
-// its leases but refill. The table is keyed by the key alone, which hashes
-// far faster than the key and its Limit together; a key's leases under
-// other limits (a reloaded policy, rare) follow its first through next.
+// its leases but refill. The table is keyed by the key and, as the entry's
+// kind, its limit's id (Store.id): the key alone hashes far faster than
+// the key and its Limit together.
 type shard struct {
 	mu     sync.Mutex
-	leases table.Table[*lease] // tagged by locate
-	local  uint64              // decisions its leases answered, counted under mu
-	_      [64]byte            // keep shards on separate cache lines
+	leases table.Table[hot] // tagged by locate, kind Store.id
+	local  uint64           // decisions its leases answered, counted under mu
+	_      [64]byte         // keep shards on separate cache lines
 }
 
-// lease is one key's lease in this process. Its shard's mutex guards its
-// fields, so a decision from a live lease takes one mutex; refill is held
-// across store calls, so that concurrent requests wait for one grant
-// rather than each asking.
+// hot is the part of a lease that a local decision reads and writes, kept
+// in the lease's table slot: the decision touches the slot's cache line and
+// no other (a lease object of its own cost a second miss on every call).
+// units lives only here; the rest of the lease is behind l.
+type hot struct {
+	l     *lease
+	units int64 // left to spend
+	stop  int64 // spendable while now ≤ stop: until, and before end
+	rest  int64 // the store's Remaining after the last grant
+	reset int64 // the last grant's send plus its ResetAfter
+}
+
+// lease is one key's lease under one limit in this process. Its shard's
+// mutex guards its fields and its hot part, so a decision from a live
+// lease takes one mutex; refill is held across store calls, so that
+// concurrent requests wait for one grant rather than each asking.
 //
 // Its times are ns since the Unix epoch on the Store's clock (Store.now),
-// which no clock in use reads as zero: zero marks a time not set. A local
-// decision reads only the fields here, 128 bytes with the pointer to the
-// rest: two cache lines, which the processor fetches as a pair.
+// which no clock in use reads as zero: zero marks a time not set.
 type lease struct {
 	sh       *shard
-	next     *lease       // the key's lease under another limit, or nil
+	key      string
+	tag, id  uint32       // where its hot part is in sh.leases
+	gone     *hot         // its hot part once it has left the table
 	limit    sluice.Limit // validated, and grantable
 	capacity int64        // limit.Capacity()
-	units    int64        // left to spend
-	rest     int64        // the store's Remaining after the last grant
 	until    int64        // spendable while now ≤ until
 	end      int64        // window algorithms: spendable while now < end; 0: no end
 	deny     int64        // a zero grant is remembered until then: at most D
 	retry    int64        // when that grant's store expected a unit again
 	short    int64        // a grant could not cover this cost: such costs go to the store
 	shortEnd int64        // until then, D after that grant's send
-	reset    int64        // the last grant's send plus its ResetAfter
 	gen      uint64       // counts grants: which one units came from
-	asked    int64        // units asked since folded, not yet in demand
+	// asked is the units asked since folded, not yet in demand, but those
+	// spent from units since mark was set: the local path counts nothing,
+	// and fold adds mark − units.
+	asked, mark int64
 	*refilling
+}
+
+// hot returns l's hot part: in its shard's table, which must be locked,
+// or the copy made when l left it (Reset, a sweep, Close), which no
+// decision spends from.
+func (l *lease) hot() *hot {
+	if l.gone != nil {
+		return l.gone
+	}
+	return l.sh.leases.FindKind(l.tag, l.id, l.key)
+}
+
+// leave copies l's hot part out of the table, which must be locked, before
+// its slot is removed.
+func (h *hot) leave() {
+	g := *h
+	h.l.gone = &g
+}
+
+// setUnits sets l's units to n, first counting what the local path spent
+// since mark as asked.
+func (l *lease) setUnits(h *hot, n int64) {
+	l.asked += l.mark - h.units
+	h.units, l.mark = n, n
+}
+
+// setStop derives h.stop from l's until and end.
+func (l *lease) setStop(h *hot) {
+	h.stop = l.until
+	if l.end != 0 {
+		h.stop = min(l.until, l.end-1)
+	}
 }
 
 // refilling is the part of a lease that only its refills use.
@@ -370,7 +416,7 @@ func New(g sluice.Granter, opts *Options) (*Store, error) {
 		return nil, fmt.Errorf("%w: %v must be positive", ErrInvalidStaleness, o.MaxStaleness)
 	}
 	base := time.Now()
-	s := &Store{granter: g, staleness: o.MaxStaleness, stale: o.For, size: o.Size, fleet: o.FleetSize, clock: o.Clock, base: base, baseNS: base.UnixNano(), seed: maphash.MakeSeed(), shards: make([]shard, shardCount)}
+	s := &Store{granter: g, staleness: o.MaxStaleness, stale: o.For, size: o.Size, fleet: o.FleetSize, clock: o.Clock, base: base, baseNS: base.UnixNano(), seed: maphash.MakeSeed(), shards: make([]shard, shardCount), ids: map[sluice.Limit]uint32{}}
 	s.sweepAt.Store(minSweep)
 	return s, nil
 }
@@ -427,64 +473,73 @@ func (s *Store) locate(key string) (*shard, uint32) {
 	return &s.shards[h&(shardCount-1)], uint32(h >> 32)
 }
 
-// find returns key's lease under limit in sh, which must be locked, or nil.
-func (sh *shard) find(tag uint32, key string, limit sluice.Limit) *lease {
-	if first := sh.leases.Find(tag, key); first != nil {
-		for l := *first; l != nil; l = l.next {
-			if l.limit == limit {
-				return l
-			}
-		}
-	}
-	return nil
+// limitID is an entry of Store.idCache.
+type limitID struct {
+	limit sluice.Limit
+	id    uint32
 }
 
-// lease returns key's lease under limit in sh, which must be locked,
-// making one if needed; limit must have been validated.
-func (s *Store) lease(sh *shard, tag uint32, key string, limit sluice.Limit) *lease {
-	first := sh.leases.Find(tag, key)
-	if first != nil {
-		for l := *first; l != nil; l = l.next {
-			if l.limit == limit {
-				return l
-			}
-		}
+// maxLimits bounds the limits a Store leases under: a program that makes
+// a new limit per call must not grow the ids without end. A limit met after
+// that many is answered exactly by the store.
+var maxLimits = 1 << 20
+
+// limitHash picks a limit's entry in Store.idCache.
+func limitHash(l sluice.Limit) int {
+	h := uint64(l.Rate)*0x9e3779b97f4a7c15 ^ uint64(l.Period)*0xc2b2ae3d27d4eb4f ^ uint64(l.Burst)*0x165667b19e3779f9 ^ uint64(l.Algorithm)
+	return int(h >> 58)
+}
+
+// knownID returns limit's id, or 0 if it has none yet: one cached entry
+// compared, as a rule, and no lock.
+func (s *Store) knownID(limit sluice.Limit) uint32 {
+	if e := s.idCache[limitHash(limit)].Load(); e != nil && e.limit == limit {
+		return e.id
 	}
-	l := &lease{sh: sh, limit: limit, capacity: limit.Capacity(), refilling: &refilling{refill: newLock()}}
-	if first != nil {
-		l.next, *first = *first, l
-	} else {
-		sh.leases.Add(tag, key, l)
+	s.idMu.Lock()
+	id := s.ids[limit]
+	s.idMu.Unlock()
+	if id != 0 {
+		s.idCache[limitHash(limit)].Store(&limitID{limit, id})
 	}
+	return id
+}
+
+// id returns limit's id, giving it one if it has none, or 0 once the Store
+// has given maxLimits. limit must have been validated.
+func (s *Store) id(limit sluice.Limit) uint32 {
+	if id := s.knownID(limit); id != 0 {
+		return id
+	}
+	s.idMu.Lock()
+	id, ok := s.ids[limit]
+	if !ok && len(s.ids) < maxLimits {
+		id = uint32(len(s.ids) + 1)
+		s.ids[limit] = id
+	}
+	s.idMu.Unlock()
+	return id
+}
+
+// lease returns key's lease under limit (id) in sh, which must be locked,
+// with its hot part, making one if needed; limit must have been validated.
+func (s *Store) lease(sh *shard, tag, id uint32, key string, limit sluice.Limit) *hot {
+	if h := sh.leases.FindKind(tag, id, key); h != nil {
+		return h
+	}
+	l := &lease{sh: sh, key: key, tag: tag, id: id, limit: limit, capacity: limit.Capacity(), refilling: &refilling{refill: newLock()}}
 	s.keys.Add(1)
-	return l
+	return sh.leases.AddKind(tag, id, key, hot{l: l})
 }
 
-// drop forgets l, key's lease in sh, which must be locked.
-func (s *Store) drop(sh *shard, tag uint32, key string, l *lease) {
-	first := sh.leases.Find(tag, key)
-	if first == nil || !s.unlink(first, func(m *lease) bool { return m == l }) {
+// drop forgets l, whose shard must be locked.
+func (s *Store) drop(l *lease) {
+	if l.gone != nil {
 		return
 	}
-	if *first == nil {
-		sh.leases.Remove(tag, key)
-	}
-}
-
-// unlink removes the leases of the chain at first that gone reports,
-// counting them off, and reports whether it removed any.
-func (s *Store) unlink(first **lease, gone func(*lease) bool) bool {
-	n := 0
-	for p := first; *p != nil; {
-		if l := *p; gone(l) {
-			*p = l.next
-			n++
-		} else {
-			p = &l.next
-		}
-	}
-	s.keys.Add(int64(-n))
-	return n > 0
+	l.hot().leave()
+	l.sh.leases.RemoveKind(l.tag, l.id, l.key)
+	s.keys.Add(-1)
 }
 
 // sweep forgets the leases that are idle: nothing to spend, no denial to
@@ -505,46 +560,50 @@ func (s *Store) sweep() {
 			if !sh.leases.Live(i) {
 				continue
 			}
-			first := sh.leases.At(i)
-			s.unlink(first, func(l *lease) bool {
-				if !l.refill.TryLock() {
-					return false
-				}
-				defer l.refill.Unlock()
-				return !l.live(now) && now >= l.deny
-			})
-			if *first == nil {
-				sh.leases.Bury(i)
+			h := sh.leases.At(i)
+			l := h.l
+			if !l.refill.TryLock() {
+				continue
 			}
+			if !h.live(now) && now >= l.deny {
+				h.leave()
+				sh.leases.Bury(i)
+				s.keys.Add(-1)
+			}
+			l.refill.Unlock()
 		}
 		sh.mu.Unlock()
 	}
 	s.sweepAt.Store(max(minSweep, 2*s.keys.Load()))
 }
 
-// live reports whether l's units may be spent at now.
-func (l *lease) live(now int64) bool {
-	return l.units > 0 && now <= l.until && (l.end == 0 || now < l.end)
+// live reports whether h's units may be spent at now.
+func (h *hot) live(now int64) bool {
+	return h.units > 0 && now <= h.stop
 }
 
-// spendLocal takes cost units from l at now if it is live and holds them,
-// and returns the decision. l's shard must be locked.
-func (l *lease) spendLocal(cost, now int64) (sluice.Decision, bool) {
-	if !l.live(now) || l.units < cost {
+// spendLocal takes cost units from h at now if it is live and holds them,
+// and returns the decision. Its shard must be locked. counted: the
+// request's cost is already in asked.
+func (h *hot) spendLocal(limit sluice.Limit, cost, now int64, counted bool) (sluice.Decision, bool) {
+	if !h.live(now) || h.units < cost {
 		return sluice.Decision{}, false
 	}
-	l.units -= cost
-	l.sh.local++
-	return l.local(now, true), true
+	h.units -= cost
+	if counted {
+		h.l.mark -= cost
+	}
+	h.l.sh.local++
+	return h.local(limit, now, true), true
 }
 
-// local is the decision a lease makes at now.
-func (l *lease) local(now int64, allowed bool) sluice.Decision {
+// local is the decision a lease under limit makes at now.
+func (h *hot) local(limit sluice.Limit, now int64, allowed bool) sluice.Decision {
 	return sluice.Decision{
 		Allowed:    allowed,
-		Limit:      l.limit,
-		Remaining:  l.rest + l.units,
-		ResetAfter: max(time.Duration(l.reset-now), 0),
+		Limit:      limit,
+		Remaining:  h.rest + h.units,
+		ResetAfter: max(time.Duration(h.reset-now), 0),
 		Source:     sluice.SourceLease,
 	}
 }
@@ -576,12 +635,17 @@ func (s *Store) fast(key string, limit sluice.Limit, cost int64, stale time.Dura
 	if s.keys.Load() >= s.sweepAt.Load() || stale < 0 || stale > limit.Period || cost < 1 {
 		return sluice.Decision{}, false
 	}
+	id := s.knownID(limit)
+	if id == 0 {
+		return sluice.Decision{}, false
+	}
 	sh, tag := s.locate(key)
 	sh.mu.Lock()
-	if l := sh.find(tag, key, limit); l != nil && cost <= l.units {
-		now := s.now()
-		if d, ok := l.spendLocal(cost, now); ok {
-			l.asked += cost
+	if h := sh.leases.FindKind(tag, id, key); h != nil && cost <= h.units {
+		if now := s.now(); now <= h.stop {
+			h.units -= cost
+			sh.local++
+			d := h.local(limit, now, true)
 			sh.mu.Unlock()
 			return d, true
 		}
@@ -601,19 +665,30 @@ func (s *Store) spend(ctx context.Context, key string, limit sluice.Limit, cost 
 		s.sweep()
 	}
 	sh, tag := s.locate(key)
+	id := s.knownID(limit)
 	sh.mu.Lock()
-	l := sh.find(tag, key, limit)
-	if l == nil || cost < 1 || cost > l.capacity || stale < 0 || stale > limit.Period {
+	var h *hot
+	if id != 0 {
+		h = sh.leases.FindKind(tag, id, key)
+	}
+	if h == nil || cost < 1 || cost > h.l.capacity || stale < 0 || stale > limit.Period {
 		sh.mu.Unlock()
 		if err := validate(key, limit, cost, stale); err != nil {
 			return sluice.Decision{}, nil, 0, false, err
 		}
+		if id = s.id(limit); id == 0 {
+			return sluice.Decision{}, nil, 0, true, nil
+		}
 		sh.mu.Lock()
-		l = s.lease(sh, tag, key, limit)
+		h = s.lease(sh, tag, id, key, limit)
 	}
+	l := h.l
 	now := s.now()
-	l.asked += cost
-	if d, gen, ok := s.answer(l, cost, now); ok {
+	d, gen, ok := s.answer(h, cost, now, false)
+	if !ok || !d.Allowed {
+		l.asked += cost // not spent from units, which counts itself
+	}
+	if ok {
 		sh.mu.Unlock()
 		return d, l, gen, false, nil
 	}
@@ -625,12 +700,13 @@ func (s *Store) spend(ctx context.Context, key string, limit sluice.Limit, cost 
 // answer is l's decision at now without the store, when it has one: from a
 // live lease that holds cost units, taking them, or a remembered denial.
 // l's shard must be locked.
-func (s *Store) answer(l *lease, cost int64, now int64) (_ sluice.Decision, gen uint64, ok bool) {
-	if d, ok := l.spendLocal(cost, now); ok {
+func (s *Store) answer(h *hot, cost int64, now int64, counted bool) (_ sluice.Decision, gen uint64, ok bool) {
+	l := h.l
+	if d, ok := h.spendLocal(l.limit, cost, now, counted); ok {
 		return d, l.gen, true
 	}
 	if now < l.deny {
-		return sluice.Decision{Limit: l.limit, RetryAfter: retryFor(l.limit, cost, l.retry-now), ResetAfter: max(time.Duration(l.reset-now), 0), Source: sluice.SourceDenyCache}, 0, true
+		return sluice.Decision{Limit: l.limit, RetryAfter: retryFor(l.limit, cost, l.retry-now), ResetAfter: max(time.Duration(h.reset-now), 0), Source: sluice.SourceDenyCache}, 0, true
 	}
 	return sluice.Decision{}, 0, false
 }
@@ -653,11 +729,12 @@ func (s *Store) refill(ctx context.Context, l *lease, key string, limit sluice.L
 	sh := l.sh
 	sh.mu.Lock()
 	now := s.now()
-	if d, gen, ok := s.answer(l, cost, now); ok {
+	h := l.hot()
+	if d, gen, ok := s.answer(h, cost, now, true); ok {
 		sh.mu.Unlock()
 		return d, gen, false, nil
 	}
-	l.fold(now, stale)
+	l.fold(h, now, stale)
 	n := s.sizeFor(l, limit, cost)
 	// A cost that a grant could not cover goes to the store's Take, all or
 	// nothing with its exact RetryAfter, for D after that grant or until a
@@ -665,12 +742,12 @@ func (s *Store) refill(ctx context.Context, l *lease, key string, limit sluice.L
 	// lose units to the return rule each time, and such a request could
 	// wait forever. After D the key is leased again.
 	short := !force && l.short > 0 && cost >= l.short && now < l.shortEnd
-	if n == 0 && !force && (!short || l.units == 0) {
+	if n == 0 && !force && (!short || h.units == 0) {
 		sh.mu.Unlock()
 		return sluice.Decision{}, 0, true, nil
 	}
-	old, unused := l.grant, l.units
-	l.units = 0
+	old, unused := l.grant, h.units
+	l.setUnits(h, 0)
 	sh.mu.Unlock()
 	if err := s.giveBack(ctx, key, limit, old, unused); err != nil {
 		return sluice.Decision{}, 0, false, err
@@ -690,7 +767,8 @@ func (s *Store) refill(ctx context.Context, l *lease, key string, limit sluice.L
 	s.granted.Add(uint64(g.Granted))
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	l.reset = sent + int64(g.ResetAfter)
+	h = l.hot() // the table may have moved it
+	h.reset = sent + int64(g.ResetAfter)
 	if g.Granted == 0 {
 		// Remembered for at most D, so that a Reset elsewhere reaches this
 		// process within D, as a lease's units do.
@@ -705,28 +783,31 @@ func (s *Store) refill(ctx context.Context, l *lease, key string, limit sluice.L
 		l.short = 0
 	}
 	l.gen++
-	l.grant, l.units, l.rest = g, g.Granted, g.Remaining
+	l.grant, h.rest = g, g.Remaining
+	l.setUnits(h, g.Granted)
 	l.until, l.end = sent+int64(stale), 0
 	if g.Window > 0 {
 		l.end = sent + int64(g.Window)
 	}
+	l.setStop(h)
 	now = s.now()
-	if l.units >= cost && !l.live(now) {
+	if h.units >= cost && !h.live(now) {
 		// The grant came back after its lease's end: its units stay for
 		// the return rule, and the store answers this request exactly.
 		return sluice.Decision{}, 0, true, nil
 	}
-	if !l.live(now) || l.units < cost {
-		d := l.local(now, false)
-		d.RetryAfter = time.Duration(cost-l.units) * limit.Interval()
+	if !h.live(now) || h.units < cost {
+		d := h.local(limit, now, false)
+		d.RetryAfter = time.Duration(cost-h.units) * limit.Interval()
 		if g.Window > 0 {
 			d.RetryAfter = max(time.Duration(l.end-now), time.Microsecond)
 		}
 		d.Source = sluice.SourceBackend
 		return d, 0, false, nil
 	}
-	l.units -= cost
-	d := l.local(now, true)
+	h.units -= cost
+	l.mark -= cost // counted in asked by spend
+	d := h.local(limit, now, true)
 	d.Source = sluice.SourceBackend
 	return d, l.gen, false, nil
 }
@@ -749,7 +830,9 @@ func retryFor(limit sluice.Limit, cost, wait int64) time.Duration {
 func (l *lease) restore(gen uint64, cost int64) {
 	l.sh.mu.Lock()
 	if l.gen == gen {
-		l.units += cost
+		h := l.hot()
+		h.units += cost
+		l.mark += cost // still asked
 	}
 	l.sh.mu.Unlock()
 }
@@ -763,7 +846,8 @@ const hotUnits = 4
 // units this process asks for the key per d. Over a gap dt the old figure
 // keeps the weight e^(−dt/d) and the rate seen over the gap, scaled to d,
 // takes the rest; a gap of zero adds what was asked.
-func (l *lease) fold(now int64, d time.Duration) {
+func (l *lease) fold(h *hot, now int64, d time.Duration) {
+	l.setUnits(h, h.units)
 	dt := time.Duration(now - l.folded)
 	switch {
 	case l.folded == 0:
@@ -934,15 +1018,17 @@ func (s *Store) Peek(ctx context.Context, key string, limit sluice.Limit, cost i
 	if stale == 0 {
 		return s.granter.Peek(ctx, key, limit, cost)
 	}
-	sh, tag := s.locate(key)
-	sh.mu.Lock()
-	now := s.now()
-	if l := sh.find(tag, key, limit); l != nil && l.live(now) && l.units >= cost {
-		d := l.local(now, true)
+	if id := s.knownID(limit); id != 0 {
+		sh, tag := s.locate(key)
+		sh.mu.Lock()
+		now := s.now()
+		if h := sh.leases.FindKind(tag, id, key); h != nil && h.live(now) && h.units >= cost {
+			d := h.local(limit, now, true)
+			sh.mu.Unlock()
+			return d, nil
+		}
 		sh.mu.Unlock()
-		return d, nil
 	}
-	sh.mu.Unlock()
 	return s.granter.Peek(ctx, key, limit, cost)
 }
 
@@ -953,12 +1039,14 @@ func (s *Store) Reset(ctx context.Context, key string, limit sluice.Limit) error
 	if s.granter == nil {
 		return ErrNoGranter
 	}
-	sh, tag := s.locate(key)
-	sh.mu.Lock()
-	if l := sh.find(tag, key, limit); l != nil {
-		s.drop(sh, tag, key, l)
+	if id := s.knownID(limit); id != 0 {
+		sh, tag := s.locate(key)
+		sh.mu.Lock()
+		if h := sh.leases.FindKind(tag, id, key); h != nil {
+			s.drop(h.l)
+		}
+		sh.mu.Unlock()
 	}
-	sh.mu.Unlock()
 	return s.granter.Reset(ctx, key, limit)
 }
 
@@ -973,24 +1061,25 @@ func (s *Store) Close(ctx context.Context) error {
 	for i := range s.shards {
 		sh := &s.shards[i]
 		sh.mu.Lock()
-		leases := sh.leases
-		sh.leases = table.Table[*lease]{}
+		var leases []*lease
+		for i := range sh.leases.Slots() {
+			if sh.leases.Live(i) {
+				h := sh.leases.At(i)
+				h.leave()
+				leases = append(leases, h.l)
+			}
+		}
+		sh.leases = table.Table[hot]{}
+		s.keys.Add(int64(-len(leases)))
 		sh.mu.Unlock()
-		for i := range leases.Slots() {
-			if !leases.Live(i) {
-				continue
-			}
-			k := leases.Key(i)
-			for l := *leases.At(i); l != nil; l = l.next {
-				s.keys.Add(-1)
-				l.refill.Lock()
-				sh.mu.Lock()
-				g, unused := l.grant, l.units
-				l.units = 0
-				sh.mu.Unlock()
-				errs = append(errs, s.giveBack(ctx, k, l.limit, g, unused))
-				l.refill.Unlock()
-			}
+		for _, l := range leases {
+			l.refill.Lock()
+			sh.mu.Lock()
+			g, unused := l.grant, l.gone.units
+			l.gone.units = 0
+			sh.mu.Unlock()
+			errs = append(errs, s.giveBack(ctx, l.key, l.limit, g, unused))
+			l.refill.Unlock()
 		}
 	}
 	return errors.Join(errs...)

@@ -900,3 +900,68 @@ func TestAbandonSlotPassesThrough(t *testing.T) {
 		t.Errorf("the granter was handed %v; want k/h", g.got)
 	}
 }
+
+// blocking is a granter whose Grant waits for release once started.
+type blocking struct {
+	sluice.Granter
+	started, release chan struct{}
+}
+
+func (b *blocking) Grant(ctx context.Context, key string, l sluice.Limit, n int64) (sluice.Grant, error) {
+	b.started <- struct{}{}
+	<-b.release
+	return b.Granter.Grant(ctx, key, l, n)
+}
+
+// A grant that arrives while Close runs is returned by Close, not
+// stranded: the lease has left its table but keeps its units.
+func TestCloseDuringGrant(t *testing.T) {
+	t.Parallel()
+	clock := storetest.NewClock(storetest.T0)
+	m := newMemory(t, clock)
+	b := &blocking{Granter: m, started: make(chan struct{}), release: make(chan struct{})}
+	s := newLease(t, b, clock, 300*time.Millisecond, 10)
+	l := sluice.PerSecond(10)
+	taken := make(chan sluice.Decision)
+	go func() {
+		d, _ := s.Take(ctx, "k", l, 1)
+		taken <- d
+	}()
+	<-b.started
+	closed := make(chan error)
+	go func() { closed <- s.Close(ctx) }()
+	time.Sleep(10 * time.Millisecond) // Close waits for the grant
+	close(b.release)
+	if d := <-taken; !d.Allowed {
+		t.Fatalf("Take = %+v, want allowed", d)
+	}
+	if err := <-closed; err != nil {
+		t.Fatal(err)
+	}
+	if d, err := m.Peek(ctx, "k", l, 1); err != nil || d.Remaining != 9 {
+		t.Fatalf("after Close: %+v, %v; want 9 left (the grant's 9 unused returned)", d, err)
+	}
+}
+
+// Past the most limits a Store gives ids to, a new limit is answered
+// exactly by the store, and the limits it knows stay leased.
+func TestManyLimits(t *testing.T) {
+	defer lease.SetMaxLimits(2)()
+	_, c, s := counted(t, 0, 300*time.Millisecond, 10)
+	for _, rate := range []int64{10, 20, 30} {
+		if d := take(t, s, fmt.Sprint("k", rate), sluice.PerSecond(rate), 1); !d.Allowed || d.Source != sluice.SourceBackend {
+			t.Fatalf("rate %d: %+v, want allowed by the store", rate, d)
+		}
+	}
+	if c.grants != 2 {
+		t.Fatalf("%d grants, want 2: the third limit has no id", c.grants)
+	}
+	for _, rate := range []int64{10, 20} {
+		if d := take(t, s, fmt.Sprint("k", rate), sluice.PerSecond(rate), 1); d.Source != sluice.SourceLease {
+			t.Fatalf("rate %d again: %+v, want answered from its lease", rate, d)
+		}
+	}
+	if d := take(t, s, "k30", sluice.PerSecond(30), 1); d.Source != sluice.SourceBackend || d.Remaining != 28 {
+		t.Fatalf("rate 30 again: %+v, want exact with 28 left", d)
+	}
+}

@@ -17,8 +17,9 @@ type Table[V any] struct {
 }
 
 // A slot is empty (meta 0), a tombstone (a deleted key, which probes pass
-// over; meta tombstone) or live (meta tag<<32 | 1). With the memory store's
-// 40-byte state a slot is 64 bytes: one cache line.
+// over; meta tombstone) or live (meta tag<<32 | kind). With a 40-byte value
+// (the memory store's state, a lease's spendable part) a slot is 64 bytes:
+// one cache line.
 type slot[V any] struct {
 	meta uint64
 	key  string
@@ -29,24 +30,31 @@ const tombstone = ^uint64(0)
 
 func live(meta uint64) bool { return meta != 0 && meta != tombstone }
 
-func metaOf(tag uint32) uint64 { return uint64(tag)<<32 | 1 }
+// A kind tells apart entries of one key, as a lease store's limits: 1 ≤
+// kind ≤ MaxKind. Find, Add and Remove use kind 1.
+const MaxKind = 1<<32 - 2
+
+func metaOf(tag, kind uint32) uint64 { return uint64(tag)<<32 | uint64(kind) }
 
 // Find returns key's value, or nil. The pointer is valid until the next
 // Add.
-func (t *Table[V]) Find(tag uint32, key string) *V {
-	if i := t.lookup(tag, key); i >= 0 {
+func (t *Table[V]) Find(tag uint32, key string) *V { return t.FindKind(tag, 1, key) }
+
+// FindKind is Find for key's entry of that kind.
+func (t *Table[V]) FindKind(tag, kind uint32, key string) *V {
+	if i := t.lookup(tag, kind, key); i >= 0 {
 		return &t.slots[i].v
 	}
 	return nil
 }
 
-// lookup returns key's slot, or -1.
-func (t *Table[V]) lookup(tag uint32, key string) int {
+// lookup returns the slot of key's entry of kind, or -1.
+func (t *Table[V]) lookup(tag, kind uint32, key string) int {
 	if t.slots == nil {
 		return -1
 	}
 	mask := len(t.slots) - 1
-	m := metaOf(tag)
+	m := metaOf(tag, kind)
 	for i := int(tag) & mask; ; i = (i + 1) & mask {
 		s := &t.slots[i]
 		if s.meta == 0 {
@@ -60,12 +68,15 @@ func (t *Table[V]) lookup(tag uint32, key string) int {
 
 // Add stores v for key, which must be absent, and returns where it now
 // lives (valid until the next Add).
-func (t *Table[V]) Add(tag uint32, key string, v V) *V {
+func (t *Table[V]) Add(tag uint32, key string, v V) *V { return t.AddKind(tag, 1, key, v) }
+
+// AddKind is Add for key's entry of that kind.
+func (t *Table[V]) AddKind(tag, kind uint32, key string, v V) *V {
 	if 16*(t.used+1) > 13*len(t.slots) {
 		t.rehash()
 	}
 	s := t.place(tag)
-	s.meta, s.key, s.v = metaOf(tag), key, v
+	s.meta, s.key, s.v = metaOf(tag, kind), key, v
 	t.n++
 	return &s.v
 }
@@ -85,8 +96,11 @@ func (t *Table[V]) place(tag uint32) *slot[V] {
 }
 
 // Remove deletes key and reports whether it was there.
-func (t *Table[V]) Remove(tag uint32, key string) bool {
-	i := t.lookup(tag, key)
+func (t *Table[V]) Remove(tag uint32, key string) bool { return t.RemoveKind(tag, 1, key) }
+
+// RemoveKind is Remove for key's entry of that kind.
+func (t *Table[V]) RemoveKind(tag, kind uint32, key string) bool {
+	i := t.lookup(tag, kind, key)
 	if i < 0 {
 		return false
 	}
