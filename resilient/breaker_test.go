@@ -244,3 +244,47 @@ func TestBreakerQuietGap(t *testing.T) {
 		t.Errorf("failures sent over 500ms after it: %v, want open", got)
 	}
 }
+
+// Probe closes an open breaker that no request reaches once the backend is
+// back, and does nothing while the breaker is closed or no probe is due.
+func TestProbeWithoutTraffic(t *testing.T) {
+	clock := storetest.NewClock(storetest.T0)
+	f := newFlaky(clock.Now)
+	s, err := New(f, &Options{Policy: FailOpen, Clock: clock.Now, ProbeInterval: time.Second, Logger: discard})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sent, err := s.Probe(context.Background()); sent || err != nil {
+		t.Fatalf("closed: Probe = %v, %v; want nothing sent", sent, err)
+	}
+	f.mode.Store(1)
+	l := sluice.PerSecond(10)
+	for i := 0; s.State() != sluice.BreakerOpen; i++ {
+		if i > 100 {
+			t.Fatal("the breaker never opened")
+		}
+		s.Take(context.Background(), "k", l, 1)
+		clock.Advance(100 * time.Millisecond)
+	}
+	calls := f.calls.Load()
+	if sent, _ := s.Probe(context.Background()); sent || f.calls.Load() != calls {
+		t.Fatal("Probe sent a probe before the probe interval")
+	}
+	clock.Advance(2 * time.Second)
+	if sent, err := s.Probe(context.Background()); !sent || err == nil || s.State() != sluice.BreakerOpen {
+		t.Fatalf("backend down: Probe = %v, %v, state %v; want a failed probe, open", sent, err, s.State())
+	}
+	f.mode.Store(0)
+	for i := range 3 {
+		clock.Advance(2 * time.Second)
+		if sent, err := s.Probe(context.Background()); !sent || err != nil {
+			t.Fatalf("probe %d: Probe = %v, %v; want sent and answered", i, sent, err)
+		}
+	}
+	if s.State() != sluice.BreakerClosed {
+		t.Fatalf("after 3 probes answered: %v, want closed", s.State())
+	}
+	if d, err := f.Store.Peek(context.Background(), "sluice-breaker-probe", sluice.PerSecond(1), 1); err != nil || d.Remaining != 1 {
+		t.Fatalf("the probe's key: %+v, %v; want untouched", d, err)
+	}
+}

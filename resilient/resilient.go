@@ -411,6 +411,44 @@ func (s *Store) State() sluice.BreakerState {
 	return s.br.current()
 }
 
+// probeKey and probeLimit are what Probe peeks at: a key no decision uses,
+// read and never written.
+const probeKey = "sluice-breaker-probe"
+
+var probeLimit = sluice.PerSecond(1)
+
+// Probe sends the breaker's probe itself, when one is due: the breaker is
+// open past its probe interval, or half-open with no probe in flight. A
+// store that no request reaches (an idle instance, traffic moved to
+// others) would otherwise stay open, and its health degraded, until the
+// next request after the backend came back. The probe is a Peek, which
+// writes nothing, bounded by Options.Timeout; its outcome counts as a
+// request's probe would. Probe does nothing when the breaker is closed or
+// no probe is due, and reports whether it sent one and its error.
+func (s *Store) Probe(ctx context.Context) (bool, error) {
+	if s == nil || s.backend == nil || s.br.current() == sluice.BreakerClosed {
+		return false, nil
+	}
+	now := s.clock()
+	call, probe := s.br.allow(now)
+	if !call || !probe {
+		return false, nil
+	}
+	_, _, err := bounded(ctx, s.timeout, s.inline, func(ctx context.Context) (sluice.Decision, error) {
+		return s.backend.Peek(ctx, probeKey, probeLimit, 1)
+	})
+	if err == nil {
+		s.br.success(true, now)
+		return true, nil
+	}
+	if cerr := ctx.Err(); cerr != nil {
+		s.br.release(true)
+		return true, cerr
+	}
+	s.br.failure(true, now, s.clock(), err)
+	return true, err
+}
+
 // Take implements sluice.Store.
 func (s *Store) Take(ctx context.Context, key string, limit sluice.Limit, cost int64) (sluice.Decision, error) {
 	return s.decide(ctx, "take", key, limit, cost, true)

@@ -41,6 +41,11 @@ type Health struct {
 	probe      func(context.Context) error
 	configured func() bool
 	m          *healthMetrics
+	// breaker sends the failure policy's breaker probe when one is due
+	// (resilient.Store.Probe); nil without a policy. The watch calls it
+	// after each check the store passed, so an instance no request
+	// reaches still closes its breaker.
+	breaker func(context.Context)
 
 	mu       sync.Mutex
 	storeErr error // classified; nil while the store answers
@@ -319,7 +324,11 @@ func (h *Health) watch(stop <-chan struct{}, interval time.Duration) {
 	}
 	tick.Every(stop, interval, func() {
 		ctx, cancel := context.WithTimeout(context.Background(), max(interval, time.Second))
-		h.storeResult(h.probe(ctx))
+		err := h.probe(ctx)
+		h.storeResult(err)
+		if err == nil && h.breaker != nil {
+			h.breaker(ctx)
+		}
 		cancel()
 	})
 }

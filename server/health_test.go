@@ -532,3 +532,42 @@ func TestHealthRules(t *testing.T) {
 		t.Errorf("nil Health: %+v, want ready", st)
 	}
 }
+
+// TestIdleBreakerCloses: once Redis serves again, the breaker of an
+// instance that gets no more requests closes on the health watch's probes,
+// and the status says so; it does not wait for the next request.
+func TestIdleBreakerCloses(t *testing.T) {
+	t.Parallel()
+	r := redistest.StartServer(t)
+	admin := r.Client(t)
+	ctx := context.Background()
+	if err := admin.Do(ctx, "acl", "setuser", "flaky", "on", ">pw", "~*", "-@all", "+@connection", "+info", "+evalsha", "+eval", "+script|load", "+time", "+@read", "+@write").Err(); err != nil {
+		t.Fatal(err)
+	}
+	cfg := filepath.Join(t.TempDir(), "sluice.yaml")
+	if err := os.WriteFile(cfg, []byte(slotsConfig), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	srv := runServer(t, Options{ConfigFile: cfg, RedisURL: "redis://flaky:pw@" + r.Addr + "/0", StoreCheckInterval: 100 * time.Millisecond, Logger: slog.New(slog.DiscardHandler)})
+	if err := admin.Do(ctx, "acl", "setuser", "flaky", "-@write").Err(); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; !srv.health.Status().FallbackActive; i++ {
+		if i == 100 {
+			t.Fatal("the breaker never opened")
+		}
+		if _, err := srv.Service().Check(ctx, "api", "ann", 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := admin.Do(ctx, "acl", "setuser", "flaky", "+@write").Err(); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for srv.health.Status().FallbackActive {
+		if time.Now().After(deadline) {
+			t.Fatalf("no request for 10s: status %+v, want the breaker closed by the watch's probes", srv.health.Status())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}

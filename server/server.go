@@ -276,6 +276,7 @@ func (s *Server) openStore() (sluice.Store, error) {
 			return nil, fmt.Errorf("server: failure policy: %w", err)
 		}
 		s.closers = append(s.closers, func() { store.Close() })
+		s.health.breaker = func(ctx context.Context) { store.Probe(ctx) }
 		s.metrics.ObserveBreaker(sluice.BreakerEvent{Store: "redis", From: sluice.BreakerClosed, To: sluice.BreakerClosed})
 		return store, nil
 	}
