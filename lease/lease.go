@@ -220,11 +220,11 @@ type Store struct {
 	seed     maphash.Seed
 	shards   []shard // by the key's hash; nil in a zero Store
 	idMu     sync.Mutex
-	ids      map[sluice.Limit]uint32     // each limit's kind in the tables, under idMu
-	idCache  [64]atomic.Pointer[limitID] // ids by limitHash, read without idMu
-	keys     atomic.Int64                // leases held in all shards
-	sweepAt  atomic.Int64                // sweep idle leases when keys reaches this
-	sweeping sync.Mutex                  // one sweep at a time
+	ids      map[sluice.Limit]*limitID    // each limit's kind in the tables, under idMu
+	idCache  [256]atomic.Pointer[limitID] // ids by limitHash, read without idMu
+	keys     atomic.Int64                 // leases held in all shards
+	sweepAt  atomic.Int64                 // sweep idle leases when keys reaches this
+	sweeping sync.Mutex                   // one sweep at a time
 
 	grants, granted, returned atomic.Uint64
 }
@@ -238,6 +238,8 @@ type Stats struct {
 	Returned uint64 // units the store took back
 	Keys     int    // keys tracked now (a lease, a remembered denial, or only demand)
 	Leased   int    // keys with a live lease now: units to spend, within D
+	// Keys and Leased count a key once per limit it is used under: twice
+	// only while a reloaded policy's old limit is still tracked.
 }
 
 // Stats returns the Store's counters. It is safe to call at any time; a
@@ -416,7 +418,7 @@ func New(g sluice.Granter, opts *Options) (*Store, error) {
 		return nil, fmt.Errorf("%w: %v must be positive", ErrInvalidStaleness, o.MaxStaleness)
 	}
 	base := time.Now()
-	s := &Store{granter: g, staleness: o.MaxStaleness, stale: o.For, size: o.Size, fleet: o.FleetSize, clock: o.Clock, base: base, baseNS: base.UnixNano(), seed: maphash.MakeSeed(), shards: make([]shard, shardCount), ids: map[sluice.Limit]uint32{}}
+	s := &Store{granter: g, staleness: o.MaxStaleness, stale: o.For, size: o.Size, fleet: o.FleetSize, clock: o.Clock, base: base, baseNS: base.UnixNano(), seed: maphash.MakeSeed(), shards: make([]shard, shardCount), ids: map[sluice.Limit]*limitID{}}
 	s.sweepAt.Store(minSweep)
 	return s, nil
 }
@@ -484,25 +486,29 @@ type limitID struct {
 // that many is answered exactly by the store.
 var maxLimits = 1 << 20
 
-// limitHash picks a limit's entry in Store.idCache.
+// limitHash picks a limit's entry in Store.idCache: every field moves its
+// top bits.
 func limitHash(l sluice.Limit) int {
-	h := uint64(l.Rate)*0x9e3779b97f4a7c15 ^ uint64(l.Period)*0xc2b2ae3d27d4eb4f ^ uint64(l.Burst)*0x165667b19e3779f9 ^ uint64(l.Algorithm)
-	return int(h >> 58)
+	h := uint64(l.Rate)*0x9e3779b97f4a7c15 ^ uint64(l.Period)*0xc2b2ae3d27d4eb4f ^ uint64(l.Burst)*0x165667b19e3779f9 ^ (uint64(l.Algorithm)+1)*0x94d049bb133111eb
+	return int(h >> 56)
 }
 
 // knownID returns limit's id, or 0 if it has none yet: one cached entry
-// compared, as a rule, and no lock.
+// compared, as a rule, and no lock. Two limits in use that share an entry
+// take turns in it through the Store's lock, without allocating.
 func (s *Store) knownID(limit sluice.Limit) uint32 {
-	if e := s.idCache[limitHash(limit)].Load(); e != nil && e.limit == limit {
+	c := &s.idCache[limitHash(limit)]
+	if e := c.Load(); e != nil && e.limit == limit {
 		return e.id
 	}
 	s.idMu.Lock()
-	id := s.ids[limit]
+	e := s.ids[limit]
 	s.idMu.Unlock()
-	if id != 0 {
-		s.idCache[limitHash(limit)].Store(&limitID{limit, id})
+	if e == nil {
+		return 0
 	}
-	return id
+	c.Store(e)
+	return e.id
 }
 
 // id returns limit's id, giving it one if it has none, or 0 once the Store
@@ -512,13 +518,16 @@ func (s *Store) id(limit sluice.Limit) uint32 {
 		return id
 	}
 	s.idMu.Lock()
-	id, ok := s.ids[limit]
+	e, ok := s.ids[limit]
 	if !ok && len(s.ids) < maxLimits {
-		id = uint32(len(s.ids) + 1)
-		s.ids[limit] = id
+		e = &limitID{limit, uint32(len(s.ids) + 1)}
+		s.ids[limit] = e
 	}
 	s.idMu.Unlock()
-	return id
+	if e == nil {
+		return 0
+	}
+	return e.id
 }
 
 // lease returns key's lease under limit (id) in sh, which must be locked,
@@ -911,7 +920,8 @@ func (s *Store) giveBack(ctx context.Context, key string, limit sluice.Limit, g 
 // every leased one admits (otherwise they are Peeked). Units put back after
 // their lease was replaced stay out of the store. A granter that is not a
 // sluice.MultiStore gets every check with a staleness above zero leased,
-// hot or not, and at most one with none (ErrNoTakeAll otherwise). Two
+// hot or not, and at most one with none (ErrNoTakeAll otherwise; a limit
+// met after the Store's 2^20th is never leased, see the package doc). Two
 // checks on one key under one algorithm are sluice.ErrInvalidKey.
 func (s *Store) TakeAll(ctx context.Context, reqs []sluice.Request) ([]sluice.Decision, error) {
 	if s.granter == nil {

@@ -965,3 +965,29 @@ func TestManyLimits(t *testing.T) {
 		t.Fatalf("rate 30 again: %+v, want exact with 28 left", d)
 	}
 }
+
+// Limits that differ in one field only, even the algorithm, find their ids
+// without allocating, alternated on one key.
+func TestLimitIDs(t *testing.T) {
+	clock := storetest.NewClock(storetest.T0)
+	s := newLease(t, newMemory(t, clock), clock, time.Second, 1000)
+	a := sluice.PerSecond(1_000_000)
+	ls := []sluice.Limit{a, a.WithAlgorithm(sluice.TokenBucket), a.WithAlgorithm(sluice.LeakyBucket), {Rate: a.Rate, Period: a.Period, Burst: 2_000_000}}
+	keys := []string{"k0", "k1", "k2", "k3"}
+	for i, l := range ls {
+		take(t, s, keys[i], l, 1)
+	}
+	allocs := testing.AllocsPerRun(200, func() {
+		for i, l := range ls {
+			if d, _ := s.Take(ctx, keys[i], l, 1); d.Source != sluice.SourceLease {
+				t.Fatalf("%v: %+v, want answered from its lease", l, d)
+			}
+		}
+	})
+	if allocs != 0 {
+		t.Fatalf("%v allocations per round of local decisions, want 0", allocs)
+	}
+	if st := s.Stats(); st.Leased != 4 || st.Keys != 4 {
+		t.Fatalf("Stats() = %+v, want 4 leased", st)
+	}
+}

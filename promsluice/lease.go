@@ -41,7 +41,7 @@ func NewLeaseCollector(s *lease.Store, opts *Options) *LeaseCollector {
 		granted:  desc("units_granted_total", "Units the store granted to this process's leases."),
 		returned: desc("units_returned_total", "Unused lease units the store took back (at expiry, on a new grant, at shutdown)."),
 		keys:     desc("keys", "Keys this process tracks now: a lease, a remembered denial, or only their demand."),
-		leased:   desc("keys_leased", "Keys holding a live lease in this process now: units to spend, within their maximum staleness."),
+		leased:   desc("keys_leased", "Keys holding a live lease in this process now: units to spend, within their maximum staleness. A key counts once per limit it is leased under."),
 	}
 }
 
