@@ -179,7 +179,14 @@ type holdingWriter struct {
 func (w *holdingWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
 // Flush flushes if the server's writer can.
-func (w *holdingWriter) Flush() { _ = http.NewResponseController(w.ResponseWriter).Flush() }
+func (w *holdingWriter) Flush() { _ = w.FlushError() }
+
+// FlushError flushes through the server's writer and reports its error
+// (http.ResponseController.Flush stops here), so that a streaming handler
+// learns that its client has gone.
+func (w *holdingWriter) FlushError() error {
+	return http.NewResponseController(w.ResponseWriter).Flush()
+}
 
 // Hijack hijacks the connection, which then holds the request's slots
 // until it is closed.

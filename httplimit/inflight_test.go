@@ -6,6 +6,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"log"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -673,5 +675,85 @@ func TestInFlightOverLease(t *testing.T) {
 	}
 	if st := ls.Stats(); st.Grants == 0 {
 		t.Errorf("lease stats %+v: the rate rule never asked for a grant", st)
+	}
+}
+
+// A rule's own Match or Key that panics releases the slots the request had
+// taken: a Workers count would otherwise be lost for the process's life,
+// a store slot held for its Hold.
+func TestInFlightRuleFuncPanics(t *testing.T) {
+	store := memory.New(nil)
+	defer store.Close()
+	boom := func(r *http.Request) bool { return r.URL.Path == "/boom" }
+	for _, tc := range []struct {
+		name string
+		opts *Options
+		want int
+	}{
+		{"match", &Options{Shed: []ShedRule{
+			{Name: "workers", Workers: 1},
+			{Name: "fleet", Capacity: sluice.Concurrent(100, time.Minute), Match: func(r *http.Request) bool {
+				if boom(r) {
+					panic("bug in Match")
+				}
+				return true
+			}},
+		}}, http.StatusOK},
+		{"key", &Options{InFlight: []InFlightRule{
+			{Name: "one", Limit: sluice.Concurrent(1, time.Hour), Key: Global()},
+			{Name: "two", Limit: sluice.Concurrent(10, time.Hour), Key: func(r *http.Request) (string, error) {
+				if boom(r) {
+					panic("bug in Key")
+				}
+				return "k", nil
+			}},
+		}}, http.StatusOK},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m, err := New(store, nil, tc.opts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			srv := httptest.NewServer(m.Handler(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {})))
+			defer srv.Close()
+			srv.Config.ErrorLog = log.New(io.Discard, "", 0) // the panic's line
+			if resp, err := srv.Client().Get(srv.URL + "/boom"); err == nil {
+				resp.Body.Close()
+			}
+			for i := range 3 {
+				resp, err := srv.Client().Get(srv.URL + "/")
+				if err != nil {
+					t.Fatal(err)
+				}
+				resp.Body.Close()
+				if resp.StatusCode != tc.want {
+					t.Fatalf("request %d after the panic: %d, want %d", i, resp.StatusCode, tc.want)
+				}
+			}
+		})
+	}
+}
+
+type flushErrWriter struct{ *httptest.ResponseRecorder }
+
+var errFlushGone = errors.New("client gone")
+
+func (w flushErrWriter) FlushError() error { return errFlushGone }
+
+// A handler holding slots learns of a failed flush, as without the
+// middleware.
+func TestInFlightFlushError(t *testing.T) {
+	store := memory.New(nil)
+	defer store.Close()
+	m, err := New(store, nil, &Options{InFlight: []InFlightRule{{Name: "one", Limit: sluice.Concurrent(1, time.Minute), Key: Global()}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got error
+	m.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		got = http.NewResponseController(w).Flush()
+	})).ServeHTTP(flushErrWriter{httptest.NewRecorder()}, httptest.NewRequest("GET", "/", nil))
+	if !errors.Is(got, errFlushGone) {
+		t.Errorf("Flush() = %v, want %v", got, errFlushGone)
 	}
 }

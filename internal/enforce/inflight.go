@@ -225,13 +225,20 @@ type slotHold struct {
 // an error the slots taken so far are released. A nil Held with an
 // allowed verdict means no rule applied. Errors are a Key or Weight
 // failing (naming the rule; wrap it as a key error) or the store failing
-// (a *StoreError).
+// (a *StoreError). A rule's Match, Key or Weight that panics releases the
+// slots taken so far, and the panic goes on.
 func (rs *SlotRules[R]) Acquire(ctx context.Context, req R, p sluice.Priority) (*Held, SlotVerdict, error) {
 	ok := SlotVerdict{Allowed: true, Rule: -1}
 	if rs == nil {
 		return nil, ok, nil
 	}
 	var h *Held
+	defer func() {
+		if r := recover(); r != nil {
+			h.Release() // else a Worker rule's count is lost for good
+			panic(r)
+		}
+	}()
 	for i := range rs.specs {
 		s := &rs.specs[i]
 		if s.Match != nil && !s.Match(req) {
