@@ -113,8 +113,11 @@
 // paces itself by the rate-limit headers would otherwise read "0 left" at
 // the end of every lease while the key has budget to spare. A request that a
 // partial grant cannot cover is denied with a RetryAfter that is an upper
-// bound (one Interval per missing unit; the window's end for the window
-// algorithms) rather than exact, and requests of that cost then go to the
+// bound (one Interval per missing unit; the window's end for the fixed
+// window) rather than exact; for the sliding window counter, where no
+// figure a lease has is an upper bound for more than one unit, the store's
+// Take answers such a request, as it answers a remembered denial of one.
+// Requests of that cost then go to the
 // store's Take, exact, for D or until a grant covers as much. Peek answers from a live lease without
 // taking, and otherwise asks the store.
 //
@@ -714,7 +717,7 @@ func (s *Store) answer(h *hot, cost int64, now int64, counted bool) (_ sluice.De
 	if d, ok := h.spendLocal(l.limit, cost, now, counted); ok {
 		return d, l.gen, true
 	}
-	if now < l.deny {
+	if now < l.deny && !exactWait(l.limit, cost) {
 		return sluice.Decision{Limit: l.limit, RetryAfter: retryFor(l.limit, cost, l.retry-now), ResetAfter: max(time.Duration(h.reset-now), 0), Source: sluice.SourceDenyCache}, 0, true
 	}
 	return sluice.Decision{}, 0, false
@@ -742,6 +745,11 @@ func (s *Store) refill(ctx context.Context, l *lease, key string, limit sluice.L
 	if d, gen, ok := s.answer(h, cost, now, true); ok {
 		sh.mu.Unlock()
 		return d, gen, false, nil
+	}
+	if now < l.deny && exactWait(limit, cost) && !force {
+		// The store's Take says when cost units will be there.
+		sh.mu.Unlock()
+		return sluice.Decision{}, 0, true, nil
 	}
 	l.fold(h, now, stale)
 	n := s.sizeFor(l, limit, cost)
@@ -783,6 +791,9 @@ func (s *Store) refill(ctx context.Context, l *lease, key string, limit sluice.L
 		// process within D, as a lease's units do.
 		l.retry = sent + int64(g.RetryAfter)
 		l.deny = sent + int64(min(g.RetryAfter, stale))
+		if exactWait(limit, cost) && !force {
+			return sluice.Decision{}, 0, true, nil
+		}
 		return sluice.Decision{Limit: limit, RetryAfter: retryFor(limit, cost, int64(g.RetryAfter)), ResetAfter: g.ResetAfter}, 0, false, nil
 	}
 	switch {
@@ -806,6 +817,10 @@ func (s *Store) refill(ctx context.Context, l *lease, key string, limit sluice.L
 		return sluice.Decision{}, 0, true, nil
 	}
 	if !h.live(now) || h.units < cost {
+		if exactWait(limit, cost) && !force {
+			// The granted units stay in the lease for smaller requests.
+			return sluice.Decision{}, 0, true, nil
+		}
 		d := h.local(limit, now, false)
 		d.RetryAfter = time.Duration(cost-h.units) * limit.Interval()
 		if g.Window > 0 {
@@ -819,6 +834,15 @@ func (s *Store) refill(ctx context.Context, l *lease, key string, limit sluice.L
 	d := h.local(limit, now, true)
 	d.Source = sluice.SourceBackend
 	return d, l.gen, false, nil
+}
+
+// exactWait reports whether a denial of cost units under limit must come
+// from the store's Take: for the sliding window counter, when n > 1 units
+// will be there depends on the previous window's count, which a lease
+// does not know (the window's end is too early: that count then weighs in
+// full), and no figure the lease has is an upper bound.
+func exactWait(limit sluice.Limit, cost int64) bool {
+	return limit.Algorithm == sluice.SlidingWindowCounter && cost > 1
 }
 
 // retryFor is the wait for cost units on a key whose first unit is wait

@@ -991,3 +991,49 @@ func TestLimitIDs(t *testing.T) {
 		t.Fatalf("Stats() = %+v, want 4 leased", st)
 	}
 }
+
+// A sliding window counter's denial of n > 1 units says when n units will
+// be there, as the store does: from a remembered denial, and when a
+// partial grant cannot cover the request (the window's end is too early:
+// the count then weighs in full as the previous window's).
+func TestSlidingWindowCounterWait(t *testing.T) {
+	l := sluice.Limit{Algorithm: sluice.SlidingWindowCounter, Rate: 100, Period: 10 * time.Second}
+	t.Run("remembered", func(t *testing.T) {
+		start := storetest.T0.Truncate(10 * time.Second)
+		clock := storetest.NewClock(start)
+		m, ref := newMemory(t, clock), newMemory(t, clock)
+		s := newLease(t, m, clock, time.Second, 20)
+		for range 100 {
+			take(t, s, "k", l, 1)
+			ref.Take(ctx, "k", l, 1)
+		}
+		clock.Set(start.Add(10*time.Second + time.Millisecond))
+		if d := take(t, s, "k", l, 1); d.Allowed {
+			t.Fatalf("cost 1: %+v, want denied", d)
+		}
+		d := take(t, s, "k", l, 50)
+		want, _ := ref.Peek(ctx, "k", l, 50)
+		if d.Allowed || d.RetryAfter < want.RetryAfter {
+			t.Errorf("cost 50: %+v; want denied for at least the exact %v", d, want.RetryAfter)
+		}
+	})
+	t.Run("partial", func(t *testing.T) {
+		start := storetest.T0.Truncate(10 * time.Second)
+		clock := storetest.NewClock(start)
+		m := newMemory(t, clock)
+		m.Take(ctx, "k", l, 90)
+		clock.Advance(5 * time.Second)
+		s := newLease(t, m, clock, time.Second, 20)
+		d := take(t, s, "k", l, 15)
+		if d.Allowed {
+			t.Fatalf("cost 15: %+v, want denied", d)
+		}
+		if err := s.Close(ctx); err != nil {
+			t.Fatal(err)
+		}
+		clock.Advance(d.RetryAfter)
+		if p, _ := m.Peek(ctx, "k", l, 15); !p.Allowed {
+			t.Errorf("RetryAfter %v is too early: %+v", d.RetryAfter, p)
+		}
+	})
+}
