@@ -321,3 +321,23 @@ func TestLeaseFleetSize(t *testing.T) {
 		t.Errorf("statistics count %d local decisions, the lease store %d", local, st.Local)
 	}
 }
+
+// TestLeaseLongName: a policy whose name is too long for its keys to keep
+// it (they carry its hash) is leased as its configuration says.
+func TestLeaseLongName(t *testing.T) {
+	t.Parallel()
+	clock := newFakeClock()
+	store := memory.New(&memory.Options{Clock: clock.Now, SweepInterval: -1})
+	t.Cleanup(func() { store.Close() })
+	name := strings.Repeat("p", 600)
+	cfg := mustConfig(t, "policies:\n  - name: "+name+"\n    limit: 1000/10s\n    lease: 5s\n")
+	svc := NewService(store, cfg, &ServiceOptions{Clock: clock.Now})
+	for range 40 {
+		if r := check(t, svc, name, "k"); !r.Allowed {
+			t.Fatalf("denied: %+v", r.Decision)
+		}
+	}
+	if st := svc.LeaseStats(); st.Local == 0 || st.Grants == 0 {
+		t.Errorf("lease stats %+v: want local decisions", st)
+	}
+}

@@ -221,7 +221,7 @@ func overrideLimit(st *descriptor, domain string, entries []config.Entry, o *rlc
 	// a configured descriptor's key, so neither do the two.
 	key := "|" + strconv.FormatUint(uint64(o.GetRequestsPerUnit()), 10) + "/" +
 		strings.ToLower(rlsv3.RateLimitResponse_RateLimit_Unit(o.GetUnit()).String()) + "|" + config.EntriesKey(entries)
-	name := domain + ".override"
+	name := config.OverrideName(domain)
 	if o.GetRequestsPerUnit() == 0 {
 		st.kind, st.period = kindBlocked, period
 		st.policy = &config.Policy{Name: name, Domain: domain} // names the headers

@@ -21,11 +21,13 @@ const KeyVersion = "v2:"
 //	prefix "v2:" name ':' key        the key as it is
 //	prefix "v2:" name '#' hash       hashed: always with a secret, else when too long
 //	prefix "v2:" name '!' ':' key    a Penalty rule's block key ('!#' hash when hashed)
-//	prefix "v2:" '#' hash            name and key hashed together: the name alone is too long
 //
 // The name is escaped ('%', ':', '#' and '!' become %XX), so the first of
 // ':', '#' and '!' after the tag ends it, and no two distinct (rule, key)
-// pairs, nor a key and a block key, share a store key.
+// pairs, nor a key and a block key, share a store key. A name too long
+// for its keys to fit sluice.MaxKeyLen with a hashed key is itself
+// replaced by '#' and its hash (a name never holds a raw '#'), so every
+// key still names its rule's stem (Stem).
 type Keyer struct {
 	prefix string
 	secret bool
@@ -44,7 +46,11 @@ func NewKeyer(prefix string, secret []byte) *Keyer {
 	return k
 }
 
-// Base returns the key stem of a rule: prefix, tag and escaped name.
+// hashedName is the length of a hashed name: '#' and 32 hex digits.
+const hashedName = 1 + 32
+
+// Base returns the key stem of a rule: prefix, tag and escaped name, or
+// the name's hash when it is too long.
 func (k *Keyer) Base(rule string) string {
 	var b strings.Builder
 	b.Grow(len(k.prefix) + len(KeyVersion) + len(rule))
@@ -61,16 +67,27 @@ func (k *Keyer) Base(rule string) string {
 			b.WriteByte(c)
 		}
 	}
-	return b.String()
+	base := b.String()
+	if len(base)+2+32 > sluice.MaxKeyLen {
+		n := len(k.prefix) + len(KeyVersion)
+		sum := sha256.Sum256([]byte(base[n:]))
+		return base[:n] + "#" + hex.EncodeToString(sum[:16])
+	}
+	return base
 }
 
 // Stem returns the stem (Base) of the rule that key, a key from Keys,
-// belongs to. ok is false for a block key, a key whose name was hashed with
-// its id (the name alone too long), and a key from another Keyer.
+// belongs to. ok is false for a block key and a key from another Keyer.
 func (k *Keyer) Stem(key string) (stem string, ok bool) {
 	n := len(k.prefix) + len(KeyVersion)
 	if !strings.HasPrefix(key, k.prefix) || !strings.HasPrefix(key[len(k.prefix):], KeyVersion) {
 		return "", false
+	}
+	if len(key) > n && key[n] == '#' { // a hashed name
+		if len(key) <= n+hashedName || key[n+hashedName] == '!' {
+			return "", false
+		}
+		return key[:n+hashedName], true
 	}
 	i := strings.IndexAny(key[n:], ":#!")
 	if i <= 0 || key[n+i] == '!' {
@@ -97,26 +114,9 @@ func (k *Keyer) Keys(base, id string, penalty bool) (key, block string) {
 		id = hex.EncodeToString(sum[:16])
 		sep = "#"
 	}
-	if len(base)+2+len(id) > sluice.MaxKeyLen { // the name alone is too long
-		key = k.long(base, sep, id)
-		if penalty {
-			block = k.long(base, "!"+sep, id)
-		}
-		return key, block
-	}
 	key = base + sep + id
 	if penalty {
 		block = base + "!" + sep + id
 	}
 	return key, block
-}
-
-// long hashes what follows the tag: the escaped name, separator and id.
-func (k *Keyer) long(base, sep, id string) string {
-	h := sha256.New()
-	h.Write([]byte(base[len(k.prefix)+len(KeyVersion):]))
-	h.Write([]byte(sep))
-	h.Write([]byte(id))
-	var sum [sha256.Size]byte
-	return k.prefix + KeyVersion + "#" + hex.EncodeToString(h.Sum(sum[:0])[:16])
 }

@@ -90,6 +90,7 @@ func TestConfigErrors(t *testing.T) {
 		{"bad name", "policies:\n  - name: ''\n    limit: 1/s\n", `2:11: policy name ""`},
 		{"duplicate name", "policies:\n  - name: a\n    limit: 1/s\n  - name: a\n    limit: 2/s\n", `4:11: duplicate policy name "a" (first at test.yaml:2)`},
 		{"duplicate field", "policies:\n  - name: a\n    limit: 1/s\n    limit: 2/s\n", `4:5: duplicate field "limit"`},
+		{"reserved name", "domain: d\npolicies:\n  - name: d.override\n    limit: 1/s\n    lease: 50ms\n", `3:11: policy name "d.override" is reserved`},
 		{"bad strategy", "policies:\n  - name: a\n    limit: 1/s\n    strategy: delay\n", `4:15: strategy "delay": want reject or shadow`},
 		{"cost above burst", "policies:\n  - name: a\n    limit: 1/s\n    cost: 2\n", `4:11: sluice: cost exceeds burst`},
 		{"cost not a number", "policies:\n  - name: a\n    limit: 1/s\n    cost: lots\n", `4:11: want an integer`},

@@ -319,8 +319,16 @@ func orNode(a, b *yaml.Node) *yaml.Node {
 	return b
 }
 
+// OverrideName is the policy name under which domain's limits carried in
+// Envoy requests are counted; no configured policy may take it.
+func OverrideName(domain string) string { return domain + ".override" }
+
 // addPolicy validates p's engine rules and registers it under its name.
 func (l *loader) addPolicy(p *Policy, n *yaml.Node) bool {
+	if p.Name == OverrideName(p.Domain) {
+		l.errorf(n, "policy name %q is reserved: the limits Envoy requests carry (descriptor limit overrides) are counted under it; choose another name", p.Name)
+		return false
+	}
 	if err := p.setRules(); err != nil {
 		l.errorf(n, "policy %q: %v", p.Name, err)
 		return false
