@@ -236,7 +236,7 @@ type Store struct {
 // but Keys and Leased.
 type Stats struct {
 	Local    uint64 // decisions answered from a lease, without the store
-	Grants   uint64 // grant calls sent to the store
+	Grants   uint64 // grant calls sent to the store (not those a breaker held back)
 	Granted  uint64 // units the store granted
 	Returned uint64 // units the store took back
 	Keys     int    // keys tracked now (a lease, a remembered denial, or only demand)
@@ -773,8 +773,10 @@ func (s *Store) refill(ctx context.Context, l *lease, key string, limit sluice.L
 		return sluice.Decision{}, 0, true, nil
 	}
 	sent := s.now()
-	s.grants.Add(1)
 	g, err := s.granter.Grant(ctx, key, limit, max(n, cost))
+	if !errors.Is(err, resilient.ErrNotSent) {
+		s.grants.Add(1)
+	}
 	if errors.Is(err, resilient.ErrNoGrant) {
 		return sluice.Decision{}, 0, true, nil // the failure policy answers
 	}

@@ -597,6 +597,21 @@ func TestNoGrant(t *testing.T) {
 	if ds, err := s.TakeAll(ctx, reqs[:1]); err != nil || !ds[0].Allowed {
 		t.Fatalf("TakeAll of one = %+v, %v; want it taken exactly", ds, err)
 	}
+	// A grant sent that failed counts; one a breaker held back does not.
+	if st := s.Stats(); st.Grants == 0 {
+		t.Errorf("grants sent and failed: Stats %+v, want them counted", st)
+	}
+	held := newLease(t, heldBack{g}, clock, time.Second, 5)
+	take(t, held, "k", l, 1)
+	if st := held.Stats(); st.Grants != 0 {
+		t.Errorf("grants held back: Stats %+v, want none counted", st)
+	}
+}
+
+type heldBack struct{ sluice.Granter }
+
+func (heldBack) Grant(context.Context, string, sluice.Limit, int64) (sluice.Grant, error) {
+	return sluice.Grant{}, fmt.Errorf("%w: %w", resilient.ErrNoGrant, resilient.ErrNotSent)
 }
 
 // A key leased under two limits (a reloaded policy) holds two leases, each

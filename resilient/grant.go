@@ -15,6 +15,11 @@ import (
 // which the policy answers; package lease does.
 var ErrNoGrant = errors.New("resilient: no grant")
 
+// ErrNotSent accompanies ErrNoGrant when the call never reached the
+// backend: the breaker held it back, or the backend cannot grant. Without
+// it the call was sent and failed, and may have run.
+var ErrNotSent = errors.New("resilient: not sent to the backend")
+
 // Grant implements sluice.Granter when the backend does: it passes through
 // while the breaker lets calls through, bounded by Options.Timeout, and
 // fails with ErrNoGrant otherwise. A grant that timed out may still run on
@@ -61,7 +66,7 @@ func (s *Store) granter() (sluice.Granter, error) {
 	}
 	g, ok := s.backend.(sluice.Granter)
 	if !ok {
-		return nil, fmt.Errorf("%w: backend %T cannot grant", ErrNoGrant, s.backend)
+		return nil, fmt.Errorf("%w: %w: backend %T cannot grant", ErrNoGrant, ErrNotSent, s.backend)
 	}
 	return g, nil
 }
@@ -73,7 +78,7 @@ func pass[T any](ctx context.Context, s *Store, op string, fn func(context.Conte
 	now := s.clock()
 	call, probe := s.br.allow(now)
 	if !call {
-		return zero, fmt.Errorf("%w: %s: breaker %v", ErrNoGrant, op, s.br.current())
+		return zero, fmt.Errorf("%w: %w: %s: breaker %v", ErrNoGrant, ErrNotSent, op, s.br.current())
 	}
 	v, lat, err := bounded(ctx, s.timeout, s.inline, fn)
 	switch {

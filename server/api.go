@@ -353,6 +353,9 @@ func exactFields(body []byte, v any) error {
 		if err := dec.Decode(&skip); err != nil {
 			return nil
 		}
+		if string(skip) == "null" { // no field of the API is nullable
+			return fmt.Errorf("%w: field %q is null: leave it out for its default, or send a value", ErrBadRequest, name)
+		}
 	}
 	return nil
 }

@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"crypto/sha256"
 	"encoding/base64"
 	"encoding/hex"
 	"errors"
@@ -107,6 +108,14 @@ func (s *Service) slotKey(p *config.Policy, key string) string {
 	return k
 }
 
+// tombHolder is the tombstone's holder id for a token's holder and key:
+// bound to both, so that a token edited to name another key finds no
+// tombstone.
+func tombHolder(holder, key string) string {
+	sum := sha256.Sum256([]byte(holder + "\x00" + key))
+	return hex.EncodeToString(sum[:16])
+}
+
 // tombKey returns the store key of holder's tombstone under p (in the
 // namespace penalty blocks use; in-flight policies have no penalty). A
 // token's holder is 32 hex digits; a shorter one (none reaches here)
@@ -134,14 +143,12 @@ func (s *Service) Acquire(ctx context.Context, policy, key string, weight int64,
 	if weight <= 0 || weight > f.Limit.Max {
 		return SlotResult{}, fmt.Errorf("%w: %w: weight %d outside 1..%d", ErrBadRequest, sluice.ErrInvalidWeight, weight, f.Limit.Max)
 	}
-	res := SlotResult{Policy: p, Key: key, Weight: weight, Priority: prio}
 	if !f.Limit.Admits(prio, f.Reserve, weight) {
-		// Everything this weight would need is reserved above prio.
-		res.Decision = sluice.SlotDecision{Limit: f.Limit, RetryAfter: f.Limit.Hold}
-		res.Shed = true
-		s.observeSlot(res, sluice.SlotAcquire, sluice.OutcomeShed)
-		return res, nil
+		// No wait could admit it: what it needs is reserved above prio.
+		return SlotResult{}, fmt.Errorf("%w: %w: weight %d can never be admitted at priority %v: policy %q keeps %d of %d for it (send a weight of at most that, or a higher priority)",
+			ErrBadRequest, sluice.ErrInvalidWeight, weight, prio, p.Name, f.Reserve.Threshold(f.Limit.Max, prio), f.Limit.Max)
 	}
+	res := SlotResult{Policy: p, Key: key, Weight: weight, Priority: prio}
 	skey := s.slotKey(p, key)
 	// AcquireSlot releases a holder it gives up that the store may hold
 	// all the same (an error, a failure policy's denial).
@@ -242,13 +249,13 @@ func (s *Service) Release(ctx context.Context, token string) error {
 			s.tellFleet(slotNote{holder: t.holder})
 		}
 		s.observeSlot(res, sluice.SlotRelease, sluice.OutcomeAllowed)
-		if _, err := s.slots.Acquire(ctx, tomb, mark, 1, t.holder); err != nil {
+		if _, err := s.slots.Acquire(ctx, tomb, mark, 1, tombHolder(t.holder, t.key)); err != nil {
 			// Released all the same; only a repeat would be told 404.
 			s.log.Warn("released slot's tombstone not written: a repeated release of its token will answer 404", "policy", p.Name, "error", err)
 		}
 		return nil
 	}
-	before, err := s.slots.Extend(ctx, tomb, mark, t.holder)
+	before, err := s.slots.Extend(ctx, tomb, mark, tombHolder(t.holder, t.key))
 	if err != nil {
 		s.observeSlot(res, sluice.SlotRelease, sluice.OutcomeError)
 		return fmt.Errorf("server: store: %w", err)

@@ -67,7 +67,11 @@ func TestSlotsAPI(t *testing.T) {
 	svc := newMemService(t, slotsConfig, clock)
 	base := serveHTTP(t, svc)
 	acquire := func(weight int, prio string) (int, map[string]any, http.Header) {
-		b, _ := json.Marshal(map[string]any{"policy": "exports", "key": "ann", "weight": weight, "priority": prio})
+		req := map[string]any{"policy": "exports", "key": "ann", "weight": weight}
+		if prio != "" {
+			req["priority"] = prio
+		}
+		b, _ := json.Marshal(req)
 		return post(t, base, "/v1/acquire", string(b))
 	}
 	// Sheddable requests fit under 5, normal under 8, critical under 10.
@@ -126,6 +130,20 @@ func TestSlotsAPI(t *testing.T) {
 		t.Errorf("after the forged release: %d %v, want in use %v", code, body, before+1)
 	}
 
+	// A released token edited to name another key is forged: 404.
+	code, held2, _ := acquire(1, "critical")
+	if code != 200 {
+		t.Fatalf("acquire: %d %v", code, held2)
+	}
+	tok2 := held2["token"].(string)
+	if code, _, _ := post(t, base, "/v1/release", tokenBody(tok2)); code != 204 {
+		t.Fatalf("release: %d", code)
+	}
+	edited := slotToken{holder: tok2[:32], policy: "exports", key: "bob"}.String()
+	if code, body, _ := post(t, base, "/v1/release", tokenBody(edited)); code != 404 {
+		t.Errorf("the released token edited to name key bob: %d %v, want 404", code, body)
+	}
+
 	// Expiry: a token past its hold is 404, for release and extend.
 	clock.Set(t0.Add(2 * time.Minute))
 	for _, path := range []string{"/v1/extend", "/v1/release"} {
@@ -151,6 +169,10 @@ func TestSlotsAPIBadInput(t *testing.T) {
 		{"weight zero", "/v1/acquire", `{"policy":"exports","key":"k","weight":0}`, 400, "weight 0 outside 1..10"},
 		{"weight above max", "/v1/acquire", `{"policy":"exports","key":"k","weight":11}`, 400, "weight 11 outside 1..10"},
 		{"unknown priority", "/v1/acquire", `{"policy":"exports","key":"k","priority":"urgent"}`, 400, `priority "urgent" is unknown`},
+		{"empty priority", "/v1/acquire", `{"policy":"exports","key":"k","priority":""}`, 400, `priority "" is unknown`},
+		{"null priority", "/v1/acquire", `{"policy":"exports","key":"k","priority":null}`, 400, `field "priority" is null`},
+		{"null weight", "/v1/acquire", `{"policy":"exports","key":"k","weight":null}`, 400, `field "weight" is null`},
+		{"weight never admitted at its priority", "/v1/acquire", `{"policy":"exports","key":"k","weight":6,"priority":"sheddable"}`, 400, `weight 6 can never be admitted at priority sheddable: policy "exports" keeps 5 of 10`},
 		{"empty key", "/v1/acquire", `{"policy":"exports","key":""}`, 400, "key is required"},
 		{"no policy", "/v1/acquire", `{"key":"k"}`, 400, "policy is required"},
 		{"malformed token", "/v1/release", `{"token":"abc"}`, 400, "token is not one acquire returned"},

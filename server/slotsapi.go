@@ -20,7 +20,7 @@ type acquireRequest struct {
 	// Weight omitted is 1.
 	Weight *int64 `json:"weight"`
 	// Priority omitted is critical, which no reserve sheds.
-	Priority string `json:"priority"`
+	Priority *string `json:"priority"`
 }
 
 type acquireResponse struct {
@@ -83,10 +83,10 @@ func (a *api) acquire(w http.ResponseWriter, r *http.Request) {
 		weight = *req.Weight
 	}
 	prio := sluice.PriorityCritical
-	if req.Priority != "" {
-		p, err := sluice.ParsePriority(req.Priority)
+	if req.Priority != nil {
+		p, err := sluice.ParsePriority(*req.Priority)
 		if err != nil {
-			problem(w, http.StatusBadRequest, fmt.Sprintf("priority %q is unknown: send critical, normal or sheddable (or leave it out for critical)", req.Priority))
+			problem(w, http.StatusBadRequest, fmt.Sprintf("priority %q is unknown: send critical, normal or sheddable (or leave it out for critical)", *req.Priority))
 			return
 		}
 		prio = p
