@@ -204,6 +204,14 @@ func (m *monitor) record(checks []enforce.Check, keys []string, lat time.Duratio
 	}
 }
 
+// recordSlot notes the latency of an in-flight policy's acquire that the
+// store (or its failure policy) answered.
+func (m *monitor) recordSlot(policy string, lat time.Duration) {
+	if h := (*m.latency.Load())[policy]; h != nil {
+		h.add(m.latencyGen(), lat)
+	}
+}
+
 func (m *monitor) configLoadedAt() time.Time {
 	m.mu.Lock()
 	defer m.mu.Unlock()

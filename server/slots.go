@@ -152,11 +152,13 @@ func (s *Service) Acquire(ctx context.Context, policy, key string, weight int64,
 	skey := s.slotKey(p, key)
 	// AcquireSlot releases a holder it gives up that the store may hold
 	// all the same (an error, a failure policy's denial).
+	start := time.Now()
 	slot, d, err := sluice.AcquireSlot(ctx, s.slots, skey, f.Limit.For(prio, f.Reserve), weight)
 	if err != nil {
 		s.observeSlot(res, sluice.SlotAcquire, sluice.OutcomeError)
 		return SlotResult{}, fmt.Errorf("server: store: %w", err)
 	}
+	s.mon.recordSlot(p.Name, time.Since(start))
 	// A failure policy's answer keeps its own figures (under the fallback,
 	// this process's share of the priority's threshold) and is never a
 	// shed: whether the key had room is unknown.

@@ -144,6 +144,23 @@ func TestSlotsAPI(t *testing.T) {
 		t.Errorf("the released token edited to name key bob: %d %v, want 404", code, body)
 	}
 
+	// Acquires are timed, as decisions are.
+	resp, err := http.Get(base + "/v1/stats")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stats struct{ Overview Overview }
+	err = json.NewDecoder(resp.Body).Decode(&stats)
+	resp.Body.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range stats.Overview.Policies {
+		if f.Policy == "exports" && (f.LatencyP50MS <= 0 || f.LatencyP99MS <= 0) {
+			t.Errorf("exports in /v1/stats: %+v, want acquire latencies", f)
+		}
+	}
+
 	// Expiry: a token past its hold is 404, for release and extend.
 	clock.Set(t0.Add(2 * time.Minute))
 	for _, path := range []string{"/v1/extend", "/v1/release"} {
