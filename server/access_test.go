@@ -19,12 +19,19 @@ import (
 
 func TestAPIMutationsJSONOnly(t *testing.T) {
 	e := newAPI(t, nil)
-	for _, path := range []string{"/v1/check", "/v1/peek", "/v1/reset", "/json"} {
+	for _, path := range []string{"/v1/check", "/v1/peek", "/v1/reset"} {
 		for _, ct := range []string{"text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x", "", "application/jsonx"} {
 			w := e.do(t, "POST", path, `{"policy":"fw","key":"k"}`, map[string]string{"Content-Type": ct}, "")
 			if w.Code != http.StatusUnsupportedMediaType || w.Header().Get("Content-Type") != "application/problem+json" {
 				t.Errorf("POST %s as %q: %d %s, want 415 problem+json", path, ct, w.Code, w.Body.String())
 			}
+		}
+	}
+	// /json takes its body as JSON whatever its type, as envoyproxy/ratelimit
+	// does (its documented call is curl --data, a form's type).
+	for _, ct := range []string{"application/x-www-form-urlencoded", ""} {
+		if w := e.do(t, "POST", "/json", `{"domain":"d","descriptors":[{"entries":[{"key":"k","value":"v"}]}]}`, map[string]string{"Content-Type": ct}, ""); w.Code != 200 {
+			t.Errorf("POST /json as %q: %d %s, want 200", ct, w.Code, w.Body.String())
 		}
 	}
 	w := e.do(t, "POST", "/v1/check", `{"policy":"fw","key":"k"}`, map[string]string{"Content-Type": "application/json; charset=utf-8"}, "")

@@ -79,7 +79,9 @@ func newHandler(s *Service, opts *HandlerOptions) http.Handler {
 	mux.HandleFunc("GET /v1/top", a.top)
 	mux.HandleFunc("GET /v1/{$}", a.index)
 	mux.HandleFunc("GET /v1/openapi.json", a.openapi)
-	mux.HandleFunc("POST /json", jsonOnly(a.envoyJSON))
+	// As envoyproxy/ratelimit's: the body is JSON whatever its declared
+	// type (its documented call is curl --data, a form's type).
+	mux.HandleFunc("POST /json", a.envoyJSON)
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		io.WriteString(w, "ok\n")

@@ -227,7 +227,10 @@ func overrideLimit(st *descriptor, domain string, entries []config.Entry, o *rlc
 		st.policy = &config.Policy{Name: name, Domain: domain} // names the headers
 		return key, nil
 	}
-	lim := sluice.Limit{Algorithm: sluice.FixedWindow, Rate: int64(o.GetRequestsPerUnit()), Period: period}
+	// Above sluice.MaxRate a window never fills in practice: count it at
+	// that rate rather than refuse the whole request (the counter's key
+	// keeps the rate as sent).
+	lim := sluice.Limit{Algorithm: sluice.FixedWindow, Rate: min(int64(o.GetRequestsPerUnit()), sluice.MaxRate), Period: period}
 	p, err := config.NewEnvoyPolicy(name, domain, lim)
 	if err != nil {
 		return "", status.Errorf(codes.InvalidArgument, "descriptor limit override: %v", err)

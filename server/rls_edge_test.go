@@ -3,14 +3,17 @@ package server
 import (
 	"context"
 	"log/slog"
+	"math"
 	"strings"
 	"testing"
 
 	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/wrapperspb"
 )
 
 // A request-carried limit of 0 blocks, like a configured one, and never
@@ -165,5 +168,43 @@ func TestRecoverUnary(t *testing.T) {
 	})
 	if status.Code(err) != codes.Internal {
 		t.Errorf("err = %v, want Internal", err)
+	}
+}
+
+// Descriptors naming one counter add their hits without wrapping: huge
+// per-descriptor hits_addend are over the limit, not a store error.
+func TestRLSHitsSumSaturates(t *testing.T) {
+	svc := newMemService(t, `
+domain: d
+descriptors:
+  - key: k
+    rate_limit: {unit: minute, requests_per_unit: 5}
+`, newFakeClock())
+	c := serveRLS(t, svc)
+	d1, d2 := desc("k=a"), desc("k=a")
+	d1.HitsAddend = wrapperspb.UInt64(math.MaxInt64)
+	d2.HitsAddend = wrapperspb.UInt64(2)
+	resp, err := c.ShouldRateLimit(context.Background(), rlsRequest("d", d1, d2))
+	if err != nil {
+		t.Fatalf("ShouldRateLimit: %v, want OVER_LIMIT", err)
+	}
+	if got := render(resp); got != "OVER_LIMIT: OVER/5 OVER/5" {
+		t.Errorf("got %q, want both over with nothing taken", got)
+	}
+}
+
+// A limit the request carries above sluice.MaxRate is counted at that
+// rate, not refused with the whole request.
+func TestRLSOverrideAboveMaxRate(t *testing.T) {
+	svc := newMemService(t, "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 5}\n", newFakeClock())
+	c := serveRLS(t, svc)
+	o := desc("user=a")
+	o.Limit = &rlcommon.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: math.MaxUint32, Unit: typev3.RateLimitUnit_SECOND}
+	resp, err := c.ShouldRateLimit(context.Background(), rlsRequest("d", o, desc("k=x")))
+	if err != nil {
+		t.Fatalf("ShouldRateLimit: %v", err)
+	}
+	if resp.OverallCode != rlsv3.RateLimitResponse_OK || resp.Statuses[1].LimitRemaining != 4 {
+		t.Errorf("response %v, want OK and the other descriptor taken", resp)
 	}
 }

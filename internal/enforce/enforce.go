@@ -16,6 +16,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"sync/atomic"
 	"time"
 	"unicode"
@@ -339,7 +340,13 @@ func (e *Engine) enforce(ctx context.Context, checks []Check, all bool) (Verdict
 			reqs = append(reqs, sluice.Request{Key: c.Key, Limit: c.Rule.Limit})
 			idx = append(idx, i)
 		}
-		reqs[c.counter].Cost += c.Cost
+		// Saturating: checks naming one counter with huge costs (Envoy's
+		// hits_addend is a uint64) must add up to "over", not wrap.
+		if reqs[c.counter].Cost > math.MaxInt64-c.Cost {
+			reqs[c.counter].Cost = math.MaxInt64
+		} else {
+			reqs[c.counter].Cost += c.Cost
+		}
 		if reqs[c.counter].Cost > c.Rule.Limit.Capacity() && over < 0 {
 			over = idx[c.counter] // could never be admitted: take nothing
 		}
