@@ -20,8 +20,9 @@ import (
 const MinVersion = "7.0"
 
 // Kinds of Redis failure that Check and Classify report. Test with
-// errors.Is. Every kind but ErrUnreachable also matches ErrMisconfigured:
-// retrying cannot help until someone changes the configuration.
+// errors.Is. Every kind but ErrUnreachable and ErrReplicas also matches
+// ErrMisconfigured: retrying cannot help until someone changes the
+// configuration.
 var (
 	// ErrMisconfigured matches every permanent kind below.
 	ErrMisconfigured = errors.New("redisstore: Redis misconfigured")
@@ -46,6 +47,10 @@ var (
 	ErrVersion = errors.New("redisstore: Redis too old")
 	// ErrUnreachable: no answer (refused, timed out, reset); worth retrying.
 	ErrUnreachable = errors.New("redisstore: Redis unreachable")
+	// ErrReplicas: Redis refuses writes for want of replicas
+	// (min-replicas-to-write, NOREPLICAS): reachable, and back when its
+	// replicas are, or when the setting changes.
+	ErrReplicas = errors.New("redisstore: Redis refuses writes: too few replicas")
 	// ErrEviction is a warning, never returned as Check's error: the
 	// server's maxmemory-policy may evict sluice's keys, which resets
 	// limits.
@@ -74,7 +79,7 @@ func (e *CheckError) Error() string {
 
 // Is matches the kind, and ErrMisconfigured for every permanent kind.
 func (e *CheckError) Is(target error) bool {
-	return target == e.Kind || (target == ErrMisconfigured && e.Kind != ErrUnreachable && e.Kind != ErrEviction)
+	return target == e.Kind || (target == ErrMisconfigured && e.Kind != ErrUnreachable && e.Kind != ErrEviction && e.Kind != ErrReplicas)
 }
 
 func (e *CheckError) Unwrap() error { return e.Err }
@@ -114,6 +119,8 @@ func Classify(err error) error {
 		return checkErr(ErrTopology, "the server is not a Cluster: use redis:// instead of redis+cluster://", err)
 	case strings.HasPrefix(msg, "MOVED "), strings.HasPrefix(msg, "ASK "):
 		return checkErr(ErrTopology, "the server is a Cluster node: use redis+cluster://", err)
+	case strings.Contains(msg, "NOREPLICAS"):
+		return checkErr(ErrReplicas, "the server's min-replicas-to-write is not met: check its replicas' links, or the setting", err)
 	case strings.HasPrefix(msg, "CLUSTERDOWN"):
 		return checkErr(ErrUnreachable, "the Cluster is down (a failover under way, or slots without a master): retrying", err)
 	case strings.Contains(msg, "all sentinels") && errors.Is(err, redis.Nil):
@@ -229,20 +236,30 @@ func checkNode(ctx context.Context, node *redis.Client, cluster bool, rep *Check
 	return node.EvalSha(ctx, sha, nil).Err()
 }
 
-// accessScript reads a key and writes it as the store's scripts do, without
-// changing anything: PEXPIRE of a key that does not exist does nothing.
-const accessScript = "redis.call('GET', KEYS[1]) redis.call('PEXPIRE', KEYS[1], 1) return 1"
+// accessScript reads the server's clock and a key and writes it as the
+// store's scripts do, without changing anything: PEXPIRE of a key that
+// does not exist does nothing.
+const accessScript = "redis.call('TIME') redis.call('GET', KEYS[1]) redis.call('PEXPIRE', KEYS[1], 1) return 1"
+
+var accessSHA = newScript(accessScript).sha.(string)
 
 // CheckAccess runs a script that reads and writes a key under the store's
 // prefix, as every decision does, so that an ACL user allowed scripts but
 // not sluice's keys, or not writes, is found before the first decision
 // (Check cannot: it does not know the prefix). The error is Classify's:
-// ErrPermission for such a user.
+// ErrPermission for such a user. It is sent as decisions are, with
+// EVALSHA (EVAL only when the server lacks the script), and calls TIME, so
+// that a user who lost either permission is found too.
 func (s *Store) CheckAccess(ctx context.Context) error {
 	if s.client == nil {
 		return ErrNoClient
 	}
-	return Classify(s.client.Eval(ctx, accessScript, []string{s.prefix + "check"}).Err())
+	keys := []string{s.prefix + "check"}
+	err := s.client.EvalSha(ctx, accessSHA, keys).Err()
+	if isNoScript(err) {
+		err = s.client.Eval(ctx, accessScript, keys).Err()
+	}
+	return Classify(err)
 }
 
 // infoFields parses INFO's "name:value" lines.

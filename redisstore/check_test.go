@@ -278,6 +278,8 @@ func TestCheckAccess(t *testing.T) {
 		{"full", []any{"~sluice:*", "+@read", "+@write"}, true},
 		{"otherkeys", []any{"~other:*", "+@read", "+@write"}, false},
 		{"readonly", []any{"~sluice:*", "+@read"}, false},
+		{"noevalsha", []any{"~sluice:*", "+@read", "+@write", "-evalsha"}, false}, // decisions run EVALSHA
+		{"notime", []any{"~sluice:*", "+@read", "+@write", "-time"}, false},       // and TIME inside
 	} {
 		if err := admin.Do(ctx, append(append([]any{"acl", "setuser", tt.user}, base...), tt.more...)...).Err(); err != nil {
 			t.Fatal(err)

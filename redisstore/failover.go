@@ -23,7 +23,14 @@ type reloader struct {
 	last    atomic.Int64  // UnixNano of the last reload asked for
 	count   atomic.Uint64 // reloads asked for
 	failing atomic.Bool   // since the first reload after a success
+	lastBad atomic.Int64  // UnixNano of the last failure that may mean a node is gone
 }
+
+// recoveredAfter is how long calls must succeed with no node failing before
+// an episode of failures ends. One dead master among healthy ones fails
+// some calls while others succeed: ending the episode at the first success
+// logged a pair of lines every reload for as long as it stayed dead.
+const recoveredAfter = 5 * time.Second
 
 // failed reloads the slot map if err says a node may be gone and none was
 // asked for in the last r.every.
@@ -32,6 +39,7 @@ func (r *reloader) failed(err error) {
 		return
 	}
 	now, last := time.Now().UnixNano(), r.last.Load()
+	r.lastBad.Store(now)
 	if now-last < int64(r.every) || !r.last.CompareAndSwap(last, now) {
 		return
 	}
@@ -42,9 +50,10 @@ func (r *reloader) failed(err error) {
 	}
 }
 
-// succeeded ends an episode of failures.
+// succeeded ends an episode of failures, once no node has failed for
+// recoveredAfter.
 func (r *reloader) succeeded() {
-	if r != nil && r.failing.Load() && r.failing.Swap(false) {
+	if r != nil && r.failing.Load() && time.Now().UnixNano()-r.lastBad.Load() >= int64(recoveredAfter) && r.failing.Swap(false) {
 		r.log.Info("redisstore: cluster calls succeeding again", "reloads", r.count.Load())
 	}
 }

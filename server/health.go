@@ -115,6 +115,7 @@ var causes = []struct {
 	{redisstore.ErrPermission, "permission"},
 	{redisstore.ErrTopology, "topology"},
 	{redisstore.ErrVersion, "version"},
+	{redisstore.ErrReplicas, "replicas"},
 }
 
 func cause(err error) string {
@@ -148,11 +149,19 @@ func (h *Health) storeResult(err error) {
 	default:
 		// Permanent causes are errors: someone must change a setting.
 		level := slog.LevelWarn
-		if errors.Is(err, redisstore.ErrMisconfigured) {
+		if errors.Is(err, redisstore.ErrMisconfigured) || errors.Is(err, redisstore.ErrReplicas) {
 			level = slog.LevelError
 		}
-		h.log.Log(context.Background(), level, "store lost", "store", h.store, "cause", cause(err),
+		msg := "store lost"
+		if was != nil {
+			msg = "store still lost, another cause" // one outage: since and the down count stay
+		}
+		h.log.Log(context.Background(), level, msg, "store", h.store, "cause", cause(err),
 			"failure_policy", h.policy, "ready", h.readyLocked(), "err", err)
+		if was != nil {
+			h.publishLocked()
+			return
+		}
 		h.count("down", cause(err))
 	}
 	h.since = time.Now()
@@ -352,8 +361,15 @@ func (s *Server) checkRedis(c redis.UniversalClient) error {
 	s.health.store = "redis"
 	s.health.probe = func(ctx context.Context) error {
 		if s.health.storeDown() {
-			// Coming back must mean usable: the full check, not a ping.
-			_, err := redisstore.Check(ctx, c)
+			// Coming back must mean usable: the full check, not a ping;
+			// its warnings again, as at start (a Redis back from a
+			// failover or a restart may now evict keys).
+			rep, err := redisstore.Check(ctx, c)
+			if err == nil {
+				for _, w := range rep.Warnings {
+					s.log.Warn("Redis check", "warning", w)
+				}
+			}
 			return err
 		}
 		return c.Ping(ctx).Err()

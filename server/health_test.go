@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
@@ -430,7 +431,7 @@ func TestServerRedisRefusesWrites(t *testing.T) {
 	if err := admin.ConfigSet(ctx, "min-replicas-to-write", "1").Err(); err != nil {
 		t.Fatal(err)
 	}
-	logged(t, &logs, "store lost", "ready=false")
+	logged(t, &logs, "store lost", "cause=replicas", "ready=false")
 	if code, body := p.get(t, "/readyz"); code != 503 {
 		t.Errorf("readyz with Redis refusing writes: %d %s", code, body)
 	}
@@ -443,6 +444,42 @@ func TestServerRedisRefusesWrites(t *testing.T) {
 	logged(t, &logs, "store back")
 	if code, _ := p.get(t, "/readyz"); code != 200 {
 		t.Errorf("readyz after Redis accepts writes again: %d", code)
+	}
+}
+
+// TestServerPermissionRevoked: a Redis user that loses EVALSHA (or TIME,
+// which every script calls) at runtime is a lost store with its cause, and
+// under the error policy not ready: the watch checks what decisions use.
+func TestServerPermissionRevoked(t *testing.T) {
+	t.Parallel()
+	r := redistest.StartServer(t)
+	admin := r.Client(t)
+	ctx := context.Background()
+	if err := admin.Do(ctx, "acl", "setuser", "revoked", "on", ">pw", "~*", "&*", "-@all", "+@connection", "+info", "+evalsha", "+eval", "+script|load", "+time", "+@read", "+@write", "+publish", "+subscribe").Err(); err != nil {
+		t.Fatal(err)
+	}
+	var logs syncBuffer
+	_, p := startOnRedis(t, "redis://revoked:pw@"+r.Addr, "error", &logs)
+	if code, _ := p.get(t, "/readyz"); code != 200 {
+		t.Fatalf("readyz with Redis up: %d", code)
+	}
+	for _, cmd := range []string{"evalsha", "time"} {
+		if err := admin.Do(ctx, "acl", "setuser", "revoked", "-"+cmd).Err(); err != nil {
+			t.Fatal(err)
+		}
+		logged(t, &logs, "store lost", "cause=permission", "ready=false")
+		if code, body := p.get(t, "/readyz"); code != 503 {
+			t.Errorf("readyz without %s: %d %s", cmd, code, body)
+		}
+		if err := admin.Do(ctx, "acl", "setuser", "revoked", "+"+cmd).Err(); err != nil {
+			t.Fatal(err)
+		}
+		for i := 0; countLines(&logs, "store back") < 1 || countLines(&logs, "store lost") > countLines(&logs, "store back"); i++ {
+			if i > 200 {
+				t.Fatalf("%s granted again: no store back in:\n%s", cmd, logs.String())
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
 	}
 }
 
@@ -569,5 +606,44 @@ func TestIdleBreakerCloses(t *testing.T) {
 			t.Fatalf("no request for 10s: status %+v, want the breaker closed by the watch's probes", srv.health.Status())
 		}
 		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// TestHealthCauseChange: an outage whose cause changes (unreachable, then
+// a restarted Redis without the ACL user) is one outage: one down count,
+// a line for the new cause, and down_for from its start.
+func TestHealthCauseChange(t *testing.T) {
+	var logs syncBuffer
+	reg := prometheus.NewRegistry()
+	h := newHealth(healthOptions{log: slog.New(slog.NewTextHandler(&logs, nil)), policy: "local", withPolicy: true, store: "redis", reg: reg})
+	h.storeResult(errors.New("dial tcp 127.0.0.1:6379: connect: connection refused"))
+	time.Sleep(100 * time.Millisecond)
+	h.storeResult(errors.New("WRONGPASS invalid username-password pair"))
+	h.storeResult(nil)
+	if n := countLines(&logs, "store lost"); n != 1 {
+		t.Errorf("%d store lost lines, want 1:\n%s", n, logs.String())
+	}
+	if n := countLines(&logs, "store still lost, another cause"); n != 1 || !strings.Contains(logs.String(), "cause=auth") {
+		t.Errorf("the new cause: %d lines, want 1 naming auth:\n%s", n, logs.String())
+	}
+	line := logged(t, &logs, "store back")
+	if d, err := time.ParseDuration(strings.TrimPrefix(strings.Fields(line[strings.Index(line, "down_for="):])[0], "down_for=")); err != nil || d < 100*time.Millisecond {
+		t.Errorf("down_for in %q: %v, %v; want from the outage's start", line, d, err)
+	}
+	downs := 0.0
+	mfs, _ := reg.Gather()
+	for _, mf := range mfs {
+		if mf.GetName() == "sluice_store_transitions_total" {
+			for _, m := range mf.GetMetric() {
+				for _, l := range m.GetLabel() {
+					if l.GetName() == "to" && l.GetValue() == "down" {
+						downs += m.GetCounter().GetValue()
+					}
+				}
+			}
+		}
+	}
+	if downs != 1 {
+		t.Errorf("%v down transitions, want 1", downs)
 	}
 }
