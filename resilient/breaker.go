@@ -48,6 +48,12 @@ type breaker struct {
 	retryAt  time.Time // open: when the next probe may go
 	probing  bool      // half-open: a probe is in flight
 	good     int       // half-open: probes that succeeded in a row
+	// Logging an outage's probe cycles (set): transitions between open and
+	// half-open since it closed last, the time before which the next is
+	// not logged, and how many went unlogged.
+	cycles     int
+	quietUntil time.Time
+	unlogged   int
 }
 
 // windowSlices is how many parts the failure-rate window is kept in: the window
@@ -94,7 +100,7 @@ func (b *breaker) allow(now time.Time) (call, probe bool) {
 		if now.Before(b.retryAt) {
 			return false, false
 		}
-		b.set(sluice.BreakerHalfOpen, "probe", nil)
+		b.set(now, sluice.BreakerHalfOpen, "probe", nil)
 	}
 	if b.probing {
 		return false, false
@@ -116,7 +122,7 @@ func (b *breaker) success(probe bool, sent time.Time) {
 	defer b.mu.Unlock()
 	b.probing = false
 	if b.good++; b.good >= b.closeAfter {
-		b.set(sluice.BreakerClosed, fmt.Sprintf("%d probes succeeded", b.good), nil)
+		b.set(sent, sluice.BreakerClosed, fmt.Sprintf("%d probes succeeded", b.good), nil)
 	}
 }
 
@@ -173,7 +179,7 @@ func (b *breaker) reopen(now time.Time, why string, err error) {
 		wait += time.Duration(b.jitter() * float64(b.interval) / 4)
 	}
 	b.retryAt = now.Add(wait)
-	b.set(sluice.BreakerOpen, why, err)
+	b.set(now, sluice.BreakerOpen, why, err)
 }
 
 // release ends a call that taught nothing about the backend (the caller
@@ -219,10 +225,21 @@ func (b *breaker) count(now time.Time, failed bool) (calls, fails int64) {
 // the transition (with the error of the call that opened it, so that a
 // cause such as NOPERM is on the line), one more when the failure policy
 // starts or stops answering, and an Observer event.
-func (b *breaker) set(to sluice.BreakerState, why string, err error) {
+func (b *breaker) set(now time.Time, to sluice.BreakerState, why string, err error) {
 	from := b.current()
 	if from == to {
 		return
+	}
+	// An outage probes every ProbeInterval: after its first probe cycle
+	// (half_open, open again) is logged, the next ones are logged at most
+	// once a minute, with how many were not. Every transition is observed.
+	cycle := from != sluice.BreakerClosed && to != sluice.BreakerClosed
+	quiet := cycle && b.cycles >= 2 && now.Before(b.quietUntil)
+	if cycle {
+		b.cycles++
+		if !quiet && b.cycles > 2 {
+			b.quietUntil = now.Add(time.Minute)
+		}
 	}
 	b.state.Store(uint32(to))
 	b.good = 0
@@ -243,7 +260,19 @@ func (b *breaker) set(to sluice.BreakerState, why string, err error) {
 	if err != nil {
 		attrs = append(attrs, "error", err)
 	}
-	b.log.Log(ctx, level, "resilient: breaker "+to.String(), attrs...)
+	switch {
+	case quiet:
+		b.unlogged++
+	case b.unlogged > 0:
+		attrs = append(attrs, "transitions_not_logged", b.unlogged)
+		b.unlogged = 0
+		fallthrough
+	default:
+		b.log.Log(ctx, level, "resilient: breaker "+to.String(), attrs...)
+	}
+	if to == sluice.BreakerClosed {
+		b.cycles = 0
+	}
 	switch {
 	case from == sluice.BreakerClosed:
 		b.log.Log(ctx, slog.LevelWarn, "resilient: failure policy on", "store", b.name, "policy", b.policy.String())

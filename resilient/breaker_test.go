@@ -288,3 +288,45 @@ func TestProbeWithoutTraffic(t *testing.T) {
 		t.Fatalf("the probe's key: %+v, %v; want untouched", d, err)
 	}
 }
+
+// A long outage's probe cycles are logged at most once a minute after the
+// first ones, the skipped ones counted on the next line; every transition
+// is still observed.
+func TestBreakerLogsLongOutage(t *testing.T) {
+	t.Parallel()
+	clk := storetest.NewClock(t0)
+	b := newFlaky(clk.Now)
+	log := &lines{}
+	rec := &recorder{}
+	s, err := New(b, &Options{Name: "redis", Clock: clk.Now, Timeout: slow, Logger: slog.New(log), Observer: rec, CloseAfter: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	s.br.jitter = nil
+	lim := sluice.PerSecond(1000)
+	b.mode.Store(1)
+	for range 30 {
+		s.Take(context.Background(), "k", lim, 1)
+	}
+	for range 600 { // ten minutes, a failed probe a second
+		clk.Advance(time.Second)
+		s.Take(context.Background(), "k", lim, 1)
+	}
+	b.mode.Store(0)
+	clk.Advance(time.Second)
+	s.Take(context.Background(), "k", lim, 1)
+	got := log.all()
+	if len(got) > 30 {
+		t.Errorf("%d lines over a 10-minute outage, want about one a minute:\n%s", len(got), strings.Join(got, "\n"))
+	}
+	if last := got[len(got)-2]; !strings.Contains(last, "breaker closed") || !strings.Contains(last, "transitions_not_logged=") {
+		t.Errorf("closing line %q: want the unlogged transitions counted", last)
+	}
+	rec.mu.Lock()
+	n := len(rec.breakers)
+	rec.mu.Unlock()
+	if n < 1200 {
+		t.Errorf("%d breaker events observed, want every transition (over 1,200)", n)
+	}
+}
