@@ -140,7 +140,7 @@ var healthy = []exchange{
 	{"envoy malformed", "POST", "/json", `{"domain":`, "", 400, false},
 	{"envoy empty domain", "POST", "/json", `{"domain":"","descriptors":[{"entries":[{"key":"a","value":"b"}]}]}`, "", 400, false},
 	{"envoy too large", "POST", "/json", big, "", 413, false},
-	{"envoy sent as text", "POST", "/json", envoyBody("e"), "", 415, false},
+	{"envoy sent as text", "POST", "/json", envoyBody("t"), "", 200, false}, // read as JSON, as upstream does
 	{"acquire", "POST", "/v1/acquire", `{"policy":"jobs","key":"a"}`, "", 200, true},
 	{"acquire shed", "POST", "/v1/acquire", `{"policy":"jobs","key":"a","priority":"normal"}`, "", 503, true},
 	{"acquire weighted", "POST", "/v1/acquire", `{"policy":"jobs","key":"b","weight":2,"priority":"critical"}`, "", 200, true},

@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"sync"
 	"time"
@@ -52,7 +53,15 @@ type Health struct {
 	since    time.Time
 	fallback bool
 	openedBy error // the call error that opened the breaker, while open
-	grpc     *health.Server
+	// partial: the failure policy answered a decision whose store call
+	// failed while the breaker stayed closed (a Cluster node down among
+	// live ones fails only its keys' calls), at partialAt; degraded until
+	// partialWindow has passed without one.
+	partial     bool
+	partialFrom time.Time // the first failed call of the current run
+	partialAt   time.Time
+	partialN    int64 // such decisions in the current episode
+	grpc        *health.Server
 }
 
 // healthOptions configures newHealth.
@@ -219,10 +228,59 @@ func (h *Health) setGRPC(g *health.Server) {
 // rlsServiceName is the rate limit service's name for gRPC health.
 const rlsServiceName = "envoy.service.ratelimit.v3.RateLimitService"
 
+// partialWindow is how long after the failure policy last answered a
+// decision, with the breaker closed, the service still says degraded;
+// partialAfter how long such answers must go on, the breaker staying
+// closed, before it says so (a dead store opens the breaker sooner).
+const (
+	partialWindow = 10 * time.Second
+	partialAfter  = 2 * time.Second
+)
+
+// failedCall records a decision the failure policy answered because its
+// store call failed. With the breaker closed that is part of the store
+// failing: degraded, logged once per episode.
+func (h *Health) failedCall(now time.Time) {
+	if h == nil {
+		return
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.partialFrom.IsZero() || now.Sub(h.partialAt) >= partialWindow {
+		h.partialFrom, h.partialN = now, 0
+	}
+	h.partialAt = now
+	h.partialN++
+	if h.partial || h.fallback || h.storeErr != nil || now.Sub(h.partialFrom) < partialAfter {
+		return
+	}
+	h.partial = true
+	h.log.Warn("store calls failing while the breaker is closed: the failure policy answers them (part of the store down, such as a Cluster node?)",
+		"store", h.store, "failure_policy", h.policy)
+	h.publishLocked()
+}
+
+// refresh ends an episode of failing calls once partialWindow has passed
+// without one; the watch calls it every check.
+func (h *Health) refresh(now time.Time) {
+	if h == nil {
+		return
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.partial && now.Sub(h.partialAt) >= partialWindow {
+		h.log.Info("store calls succeeding again", "store", h.store, "answered_by_policy", h.partialN)
+		h.partial, h.partialN, h.partialFrom = false, 0, time.Time{}
+		h.publishLocked()
+	}
+}
+
+func (h *Health) degradedLocked() bool { return h.storeErr != nil || h.fallback || h.partial }
+
 func (h *Health) publishLocked() {
 	ready := h.readyLocked()
 	if h.m != nil {
-		h.m.degraded.Set(b2f(h.storeErr != nil || h.fallback))
+		h.m.degraded.Set(b2f(h.degradedLocked()))
 		h.m.storeUp.Set(b2f(h.storeErr == nil))
 	}
 	if h.grpc != nil {
@@ -290,7 +348,7 @@ func (h *Health) Status() Status {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	st := Status{
-		Ready: h.readyLocked(), Degraded: h.storeErr != nil || h.fallback, Reasons: []string{},
+		Ready: h.readyLocked(), Degraded: h.degradedLocked(), Reasons: []string{},
 		FailurePolicy: h.policy, FallbackActive: h.fallback,
 		Store: StoreStatus{Kind: h.store, Up: h.storeErr == nil, Since: h.since},
 	}
@@ -311,6 +369,10 @@ func (h *Health) Status() Status {
 			why = " (calls failed: " + cause(redisstore.Classify(h.openedBy)) + ": " + h.openedBy.Error() + ")"
 		}
 		st.Reasons = append(st.Reasons, "the breaker is open"+why+": failure policy "+h.policy+" decides until a probe succeeds")
+	}
+	if h.partial && !h.fallback && h.storeErr == nil {
+		st.Reasons = append(st.Reasons, fmt.Sprintf("store calls fail while the breaker is closed (part of the store down?): failure policy %s answered %d decisions, the last %v ago",
+			h.policy, h.partialN, time.Since(h.partialAt).Round(time.Millisecond)))
 	}
 	return st
 }
@@ -335,6 +397,7 @@ func (h *Health) watch(stop <-chan struct{}, interval time.Duration) {
 		ctx, cancel := context.WithTimeout(context.Background(), max(interval, time.Second))
 		err := h.probe(ctx)
 		h.storeResult(err)
+		h.refresh(time.Now())
 		if err == nil && h.breaker != nil {
 			h.breaker(ctx)
 		}
@@ -430,6 +493,15 @@ func (h *Health) storeDown() bool {
 type healthObserver struct {
 	*Metrics
 	h *Health
+}
+
+// ObserveStore implements sluice.Observer: a decision the failure policy
+// answered for a failed store call is part of the store failing.
+func (o healthObserver) ObserveStore(e sluice.StoreEvent) {
+	o.Metrics.ObserveStore(e)
+	if e.Err != nil && (e.Source == sluice.SourceFallback || e.Source == sluice.SourceFailOpen || e.Source == sluice.SourceFailClosed) {
+		o.h.failedCall(time.Now())
+	}
 }
 
 // ObserveBreaker implements sluice.Observer.

@@ -647,3 +647,36 @@ func TestHealthCauseChange(t *testing.T) {
 		t.Errorf("%v down transitions, want 1", downs)
 	}
 }
+
+// TestHealthPartialFailure: decisions the failure policy answers for failed
+// store calls while the breaker stays closed (a Cluster node down among
+// live ones) make the service degraded, once they have gone on for
+// partialAfter; logged once each way. A burst shorter than that (a dead
+// store, whose breaker opens first) says nothing.
+func TestHealthPartialFailure(t *testing.T) {
+	var logs syncBuffer
+	reg := prometheus.NewRegistry()
+	h := newHealth(healthOptions{log: slog.New(slog.NewTextHandler(&logs, nil)), policy: "local", withPolicy: true, store: "redis", reg: reg})
+	t0 := time.Now()
+	h.failedCall(t0)
+	h.failedCall(t0.Add(time.Second))
+	if st := h.Status(); st.Degraded {
+		t.Fatalf("after 1s of failed calls: %+v, want not yet degraded", st)
+	}
+	h.failedCall(t0.Add(partialAfter))
+	st := h.Status()
+	if !st.Degraded || len(st.Reasons) != 1 || !strings.Contains(st.Reasons[0], "answered 3 decisions") || !st.Ready {
+		t.Fatalf("after %v of failed calls: %+v, want degraded, ready, the reason counted", partialAfter, st)
+	}
+	h.refresh(t0.Add(partialAfter + partialWindow - time.Second))
+	if !h.Status().Degraded {
+		t.Fatal("degraded ended before partialWindow")
+	}
+	h.refresh(t0.Add(partialAfter + partialWindow))
+	if st := h.Status(); st.Degraded {
+		t.Fatalf("after partialWindow without a failed call: %+v", st)
+	}
+	if n, m := countLines(&logs, "breaker is closed"), countLines(&logs, "store calls succeeding again"); n != 1 || m != 1 {
+		t.Errorf("%d and %d lines, want one each way:\n%s", n, m, logs.String())
+	}
+}
