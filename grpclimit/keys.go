@@ -3,6 +3,7 @@ package grpclimit
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 
 	"google.golang.org/grpc/metadata"
@@ -62,7 +63,7 @@ func ClientIP(opts *IPOptions) (KeyFunc, error) {
 	}
 	f, err := enforce.ClientIP("grpclimit", opts.TrustedProxies, "", opts.IPv4Prefix, opts.IPv6Prefix, peerAddr, forwardedFor)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
 	return fromShared(f), nil
 }
@@ -106,8 +107,9 @@ func Metadata(name string) KeyFunc {
 
 // ContextValue returns a KeyFunc for the value stored under key in the
 // call's context by an earlier interceptor, such as the authenticated
-// account. Strings, fmt.Stringers and integers are accepted; a missing
-// (nil) value or an empty string is ErrNoKey; any other type is an error.
+// account. Strings (of any string type), fmt.Stringers and integers (of
+// any kind) are accepted; a missing (nil) value or an empty string is
+// ErrNoKey; any other type is an error.
 func ContextValue(key any) KeyFunc {
 	return fromShared(enforce.ContextValue("grpclimit", ErrNoKey, call.context, key))
 }

@@ -2,6 +2,7 @@ package httplimit
 
 import (
 	"errors"
+	"fmt"
 	"net/http"
 	"strings"
 
@@ -54,7 +55,11 @@ func ClientIP(opts *IPOptions) (KeyFunc, error) {
 	if opts != nil {
 		o = *opts
 	}
-	return enforce.ClientIP("httplimit", o.TrustedProxies, o.Header, o.IPv4Prefix, o.IPv6Prefix, remoteAddr, headerLines)
+	f, err := enforce.ClientIP("httplimit", o.TrustedProxies, o.Header, o.IPv4Prefix, o.IPv6Prefix, remoteAddr, headerLines)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	}
+	return f, nil
 }
 
 func remoteAddr(r *http.Request) (string, bool) { return r.RemoteAddr, true }
@@ -99,9 +104,9 @@ func Cookie(name string) KeyFunc {
 
 // ContextValue returns a KeyFunc for the value stored under key in the
 // request's context, typically the authenticated user or account that an
-// earlier middleware put there. Strings, fmt.Stringers and integers are
-// accepted; a missing (nil) value or an empty string is ErrNoKey; any other
-// type is an error.
+// earlier middleware put there. Strings (of any string type),
+// fmt.Stringers and integers (of any kind) are accepted; a missing (nil)
+// value or an empty string is ErrNoKey; any other type is an error.
 func ContextValue(key any) KeyFunc {
 	return enforce.ContextValue("httplimit", ErrNoKey, (*http.Request).Context, key)
 }

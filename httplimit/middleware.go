@@ -36,7 +36,13 @@ const (
 
 // ParseStrategy parses a strategy's config name: "reject", "delay",
 // "shadow" (or "dry_run") or "penalty".
-func ParseStrategy(s string) (Strategy, error) { return enforce.ParseStrategy(s) }
+func ParseStrategy(s string) (Strategy, error) {
+	st, err := enforce.ParseStrategy(s)
+	if err != nil {
+		return st, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	}
+	return st, nil
+}
 
 // Errors. Construction errors wrap ErrInvalidConfig; the errors passed to
 // Options.ErrorHandler wrap ErrKey or ErrStore.

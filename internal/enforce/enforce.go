@@ -285,7 +285,18 @@ func (e *Engine) blockOf(ctx context.Context, c *Check) (sluice.Decision, bool, 
 	if err != nil || d.Allowed {
 		return sluice.Decision{}, false, err
 	}
-	return sluice.Decision{Limit: c.Rule.Limit, RetryAfter: d.RetryAfter, ResetAfter: d.RetryAfter, Source: d.Source}, true, nil
+	// The wait is the block's, or the limit's own when that is longer: a
+	// client told only the block's rest would come back to a full limit,
+	// be refused and blocked again.
+	l, err := e.store.Peek(ctx, c.Key, c.Rule.Limit, min(max(c.Cost, 1), c.Rule.Limit.Capacity()))
+	if err != nil {
+		return sluice.Decision{}, false, err
+	}
+	wait := d.RetryAfter
+	if !l.Allowed {
+		wait = max(wait, l.RetryAfter)
+	}
+	return sluice.Decision{Limit: c.Rule.Limit, RetryAfter: wait, ResetAfter: max(wait, l.ResetAfter), Source: d.Source}, true, nil
 }
 
 // Reset returns c's key, and its block if it has one, to the fresh state.

@@ -3,6 +3,7 @@ package enforce
 import (
 	"context"
 	"fmt"
+	"reflect"
 	"strconv"
 	"strings"
 
@@ -44,36 +45,39 @@ func Compose[R any](pkg string, fns ...KeyFunc[R]) KeyFunc[R] {
 }
 
 // ContextValue returns a KeyFunc for the value stored under key in the
-// request's context (ctx reads it from a request). Strings (empty is
-// noKey), fmt.Stringers and integers are accepted; a missing (nil) value
+// request's context (ctx reads it from a request). Strings (of any
+// string type), fmt.Stringers and integers of any kind are accepted, an
+// empty string being noKey; a missing (nil) value
 // is noKey; any other type is an error.
 func ContextValue[R any](pkg string, noKey error, ctx func(R) context.Context, key any) KeyFunc[R] {
 	return func(r R) (string, error) {
-		switch v := ctx(r).Value(key).(type) {
+		v := ctx(r).Value(key)
+		var s string
+		switch t := v.(type) {
 		case nil:
 			return "", noKey
 		case string:
-			if v == "" {
-				return "", noKey
-			}
-			return v, nil
+			s = t
 		case fmt.Stringer:
-			return v.String(), nil
-		case int:
-			return strconv.Itoa(v), nil
-		case int32:
-			return strconv.FormatInt(int64(v), 10), nil
-		case int64:
-			return strconv.FormatInt(v, 10), nil
-		case uint:
-			return strconv.FormatUint(uint64(v), 10), nil
-		case uint32:
-			return strconv.FormatUint(uint64(v), 10), nil
-		case uint64:
-			return strconv.FormatUint(v, 10), nil
+			s = t.String()
 		default:
-			return "", fmt.Errorf("%s: context value %T is not a string or an integer", pkg, v)
+			// Named string types (type accountID string) and every
+			// integer kind, by kind.
+			switch rv := reflect.ValueOf(v); rv.Kind() {
+			case reflect.String:
+				s = rv.String()
+			case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64:
+				return strconv.FormatInt(rv.Int(), 10), nil
+			case reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64, reflect.Uintptr:
+				return strconv.FormatUint(rv.Uint(), 10), nil
+			default:
+				return "", fmt.Errorf("%s: context value %T is not a string or an integer", pkg, v)
+			}
 		}
+		if s == "" {
+			return "", noKey
+		}
+		return s, nil
 	}
 }
 

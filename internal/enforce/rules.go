@@ -81,9 +81,16 @@ func (rs *Rules[R]) Collect(req R, checks []Check) ([]Check, error) {
 		if s.Match != nil && !s.Match(req) {
 			continue
 		}
+		// A Shadow rule is a dry run: its failures are observed as errors
+		// and never fail the request.
+		shadow := s.Strategy == Shadow
 		id, err := s.Key(req)
 		if err != nil {
 			if errors.Is(err, rs.noKey) {
+				continue
+			}
+			if shadow {
+				rs.eng.observe(s.Name, sluice.OutcomeError, sluice.Decision{})
 				continue
 			}
 			return checks, fmt.Errorf("rule %q: %w", s.Name, err)
@@ -92,7 +99,15 @@ func (rs *Rules[R]) Collect(req R, checks []Check) ([]Check, error) {
 		if s.Cost != nil {
 			cost = s.Cost(req)
 			if err := s.Limit.ValidateCost(cost); err != nil {
-				return checks, fmt.Errorf("rule %q: %w", s.Name, err)
+				switch {
+				case shadow && errors.Is(err, sluice.ErrCostExceedsBurst):
+					// The engine records it as a shadow denial.
+				case shadow:
+					rs.eng.observe(s.Name, sluice.OutcomeError, sluice.Decision{})
+					continue
+				default:
+					return checks, fmt.Errorf("rule %q: %w", s.Name, err)
+				}
 			}
 		}
 		c := Check{Rule: &s.Rule, Cost: cost, Tag: i}
