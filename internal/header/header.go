@@ -79,7 +79,7 @@ func Parse(name string) (Selection, error) {
 //	X-RateLimit-Limit: 100                 d.Limit.Capacity()
 //	X-RateLimit-Remaining: 0               d.Remaining
 //	X-RateLimit-Reset: 1700000012          Unix seconds when the key is fresh, rounded up
-//	RateLimit-Policy: "api";q=100;w=60     quota Rate per window Period (seconds, rounded up)
+//	RateLimit-Policy: "api";q=100;w=60     quota: the capacity per the seconds it takes to refill (rounded up)
 //	RateLimit: "api";r=0;t=12              remaining; seconds until Retry-After when denied,
 //	                                       until the key is fresh when allowed
 //
@@ -172,9 +172,19 @@ func Write(h http.Header, set Selection, f Fields, d sluice.Decision, now func()
 	}
 }
 
-// policyField is the RateLimit-Policy value: `"name";q=RATE;w=SECONDS`.
+// policyField is the RateLimit-Policy value: `"name";q=QUOTA;w=SECONDS`,
+// the capacity per the time it takes to come back whole (a window's
+// Period; Burst units' Intervals for the buckets and GCRA), so that q is
+// never below a RateLimit's r and q per w is the rate. A span under a
+// second is stated per second, the units one second brings.
 func policyField(quoted string, l sluice.Limit) string {
-	return quoted + ";q=" + strconv.FormatInt(l.Rate, 10) + ";w=" + strconv.FormatInt(max(CeilSeconds(l.Period), 1), 10)
+	iv := l.Interval()
+	q, span := l.Capacity(), time.Duration(l.Capacity())*iv
+	w := CeilSeconds(span)
+	if span < time.Second && iv > 0 {
+		q, w = int64(time.Second/iv), 1
+	}
+	return quoted + ";q=" + strconv.FormatInt(q, 10) + ";w=" + strconv.FormatInt(max(w, 1), 10)
 }
 
 // CeilSeconds rounds d up to whole seconds; negative durations give 0.

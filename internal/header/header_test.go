@@ -25,7 +25,9 @@ func TestSet(t *testing.T) {
 		{"denied rounds up", "api", sluice.Decision{Limit: lim, RetryAfter: 11*time.Second + time.Microsecond, ResetAfter: 60 * time.Second}, fields{RetryAfter: "12", Remaining: "0", Reset: "1700000060", Policy: `"api";q=100;w=60`, RateLimit: `"api";r=0;t=12`}},
 		{"denied exact second", "api", sluice.Decision{Limit: lim, RetryAfter: 12 * time.Second, ResetAfter: 12 * time.Second}, fields{RetryAfter: "12", RateLimit: `"api";r=0;t=12`}},
 		{"denied sub-second is 1", "api", sluice.Decision{Limit: lim, RetryAfter: time.Microsecond}, fields{RetryAfter: "1"}},
-		{"burst is the limit, sub-second window is 1", "b", sluice.Decision{Allowed: true, Limit: sluice.Limit{Rate: 10, Period: 100 * time.Millisecond, Burst: 20}, Remaining: 19}, fields{Limit: "20", Policy: `"b";q=10;w=1`, RateLimit: `"b";r=19;t=0`, Reset: "1700000000"}},
+		{"burst is the limit, a sub-second span per second", "b", sluice.Decision{Allowed: true, Limit: sluice.Limit{Rate: 10, Period: 100 * time.Millisecond, Burst: 20}, Remaining: 19}, fields{Limit: "20", Policy: `"b";q=100;w=1`, RateLimit: `"b";r=19;t=0`, Reset: "1700000000"}},
+		{"burst is the quota, over its refill", "b", sluice.Decision{Allowed: true, Limit: sluice.Limit{Rate: 10, Period: time.Second, Burst: 20}, Remaining: 19}, fields{Limit: "20", Policy: `"b";q=20;w=2`, RateLimit: `"b";r=19;t=0`}},
+		{"a sub-second window, per second", "b", sluice.Decision{Allowed: true, Limit: sluice.Limit{Algorithm: sluice.FixedWindow, Rate: 5, Period: 100 * time.Millisecond}, Remaining: 4}, fields{Policy: `"b";q=50;w=1`}},
 		{"name escaped", "a\"b\\c\n\xff", sluice.Decision{Allowed: true, Limit: lim, Remaining: 1}, fields{RateLimit: `"a\"b\\c??";r=1;t=0`}},
 	}
 	for _, tt := range tests {
