@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/sluicehq/sluice/internal/race"
 	"github.com/sluicehq/sluice/internal/redistest"
 )
@@ -90,4 +92,55 @@ func serveUnderFailover(t *testing.T, redisURL string, master func(call func(con
 		Fail:     kill,
 		Promoted: promoted,
 	})
+}
+
+// TestFaultServeClusterNodeDown: one master of three dies and stays dead
+// (no replica, the cluster left serving the other slots): its keys' calls
+// fail while the others succeed, so the breaker stays closed and the
+// failure policy answers only those keys. `sluice serve` must say it is
+// degraded (the status's reason, the log line) rather than look healthy.
+func TestFaultServeClusterNodeDown(t *testing.T) {
+	race.SkipTiming(t)
+	cl := redistest.StartCluster(t, nil)
+	for _, n := range cl.Nodes {
+		c := redis.NewClient(&redis.Options{Addr: n.Addr})
+		if err := c.ConfigSet(context.Background(), "cluster-require-full-coverage", "no").Err(); err != nil {
+			t.Fatal(err)
+		}
+		c.Close()
+	}
+	config := filepath.Join(t.TempDir(), "sluice.yaml")
+	if err := os.WriteFile(config, []byte("domain: d\npolicies:\n  - name: api\n    limit: fixed_window 1000000000/1h\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	p := startSluice(t, nil, "--config", config, "--redis", cl.URL(), "--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0",
+		"--failure-policy", "local", "--decision-timeout", "50ms", "--watch-interval", "0")
+	load := func() {
+		for i := range 30 {
+			p.post(t, "/v1/check", fmt.Sprintf(`{"policy":"api","key":"k%d"}`, i))
+		}
+	}
+	load()
+	if _, st := p.getJSON(t, "/v1/status"); st["degraded"] != false {
+		t.Fatalf("before: status %v, want not degraded", st)
+	}
+	cl.MasterOf(t, redisHashTag("api", "k0")).Kill()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		load()
+		_, st := p.getJSON(t, "/v1/status")
+		if st["degraded"] == true {
+			if st["fallback_active"] == true {
+				t.Fatalf("status %v: the breaker opened; want it closed, the other masters answering", st)
+			}
+			if fmt.Sprint(st["reasons"]) == "[]" {
+				t.Errorf("status %v: degraded without a reason", st)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("one master dead for 10s under load: status %v, want degraded", st)
+		}
+	}
+	p.expect(t, "store calls failing while the breaker is closed: the failure policy answers them (part of the store down, such as a Cluster node?)")
 }
