@@ -62,16 +62,14 @@ type PriorityOptions = enforce.PriorityOptions
 
 // PriorityMetadata returns a PriorityFunc reading the named incoming
 // metadata ("critical", "normal" or "sheddable") from trusted proxies
-// only. A bad value from a trusted proxy is the default priority, not an
+// only, its last value (a proxy that appends has the last word). A bad
+// value from a trusted proxy is the default priority, not an
 // error. It fails on a bad CIDR, or a Default that names no priority
 // (sluice.ErrInvalidPriority).
 func PriorityMetadata(name string, opts *PriorityOptions) (PriorityFunc, error) {
 	f, err := enforce.TrustedPriority("grpclimit", opts, peerAddr, func(c call) string {
 		md, _ := metadata.FromIncomingContext(c.ctx)
-		if v := md.Get(name); len(v) > 0 {
-			return v[0]
-		}
-		return ""
+		return enforce.LastValue(md.Get(name))
 	})
 	return fromSharedPriority(f), err
 }

@@ -73,17 +73,16 @@ type PriorityOptions = enforce.PriorityOptions
 
 // PriorityHeader returns a PriorityFunc reading the named request header
 // ("critical", "normal" or "sheddable") from trusted proxies only, as
-// PriorityOptions describes. A bad value from a trusted proxy is the
+// PriorityOptions describes: its last value, so that a proxy that appends
+// to the header rather than sets it still has the last word over the
+// client. A bad value from a trusted proxy is the
 // default priority, not an error: the proxy is ours to fix, the client
 // should not pay for it. It fails on a bad CIDR, or a Default that names
 // no priority (sluice.ErrInvalidPriority).
 func PriorityHeader(name string, opts *PriorityOptions) (PriorityFunc, error) {
 	name = http.CanonicalHeaderKey(name)
 	return enforce.TrustedPriority("httplimit", opts, remoteAddr, func(r *http.Request) string {
-		if v := r.Header[name]; len(v) > 0 {
-			return v[0]
-		}
-		return ""
+		return enforce.LastValue(r.Header[name])
 	})
 }
 

@@ -305,6 +305,9 @@ func TestPriorityFromUntrustedIgnored(t *testing.T) {
 		{[]string{"127.0.0.1"}, "critical", http.StatusOK},
 		{[]string{"127.0.0.0/8"}, "CRITICAL!", http.StatusServiceUnavailable},
 		{[]string{"127.0.0.0/8"}, "", http.StatusServiceUnavailable},
+		// A proxy that appends to the client's header: its value, the last, counts.
+		{[]string{"127.0.0.1"}, "critical, sheddable", http.StatusServiceUnavailable},
+		{[]string{"127.0.0.1"}, "sheddable,critical", http.StatusOK},
 	} {
 		prio, err := PriorityHeader("X-Priority", &PriorityOptions{TrustedProxies: tt.trusted})
 		if err != nil {

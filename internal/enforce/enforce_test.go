@@ -537,3 +537,20 @@ func TestPeekSeesBlock(t *testing.T) {
 		t.Errorf("a look during the block = %+v (its check %+v), %v; want allowed, 0 remaining", v, look[0].Decision, err)
 	}
 }
+
+func TestLastValue(t *testing.T) {
+	for _, tt := range []struct {
+		lines []string
+		want  string
+	}{
+		{nil, ""},
+		{[]string{"critical"}, "critical"},
+		{[]string{"critical", "sheddable"}, "sheddable"},
+		{[]string{"critical, sheddable"}, "sheddable"},
+		{[]string{"normal", "critical ,  sheddable "}, "sheddable"},
+	} {
+		if got := LastValue(tt.lines); got != tt.want {
+			t.Errorf("LastValue(%q) = %q, want %q", tt.lines, got, tt.want)
+		}
+	}
+}

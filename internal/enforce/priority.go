@@ -2,6 +2,7 @@ package enforce
 
 import (
 	"fmt"
+	"strings"
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/ipkey"
@@ -73,6 +74,20 @@ func PriorityFrom[R any](pkg string, key KeyFunc[R], def string) (PriorityFunc[R
 // whose value is missing or unknown, gets the default (see
 // PriorityOptions). It fails on a bad CIDR or a Default naming no
 // priority.
+// LastValue is the last value of a header (or metadata) whose lines may
+// each be a comma-separated list: the one a trusted proxy that appends
+// rather than sets wrote, after any the client sent. "" when there is none.
+func LastValue(lines []string) string {
+	if len(lines) == 0 {
+		return ""
+	}
+	last := lines[len(lines)-1]
+	if i := strings.LastIndexByte(last, ','); i >= 0 {
+		last = last[i+1:]
+	}
+	return strings.TrimSpace(last)
+}
+
 func TrustedPriority[R any](pkg string, opts *PriorityOptions, peer func(R) (string, bool), value func(R) string) (PriorityFunc[R], error) {
 	var o PriorityOptions
 	if opts != nil {
