@@ -295,14 +295,23 @@ func versionAtLeast(v, min string) bool {
 
 // plainAgainstTLS tells plaintext spoken to a TLS port, which otherwise
 // looks like a server hanging up: after such a failure it tries a TLS
-// handshake (sending nothing else) with a budget of its own, and reports
-// ErrTLS if it works.
+// handshake (sending nothing else) with what is left of the caller's
+// deadline, a second at most, and reports ErrTLS if it works.
 func plainAgainstTLS(ctx context.Context, c redis.UniversalClient, err error) error {
 	node, ok := c.(*redis.Client)
 	if !ok || node.Options().TLSConfig != nil || !hostPort(node.Options().Addr) || !errors.Is(Classify(err), ErrUnreachable) {
 		return nil
 	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+	// A second at most, within the caller's deadline: /readyz must answer
+	// within its own bound even when the ping used it all.
+	budget := time.Second
+	if dl, ok := ctx.Deadline(); ok {
+		budget = min(budget, time.Until(dl))
+	}
+	if budget <= 0 {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), budget)
 	defer cancel()
 	d := tls.Dialer{Config: &tls.Config{InsecureSkipVerify: true}} // only asks whether the port speaks TLS
 	conn, derr := d.DialContext(ctx, "tcp", node.Options().Addr)

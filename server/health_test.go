@@ -19,6 +19,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/race"
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/internal/testcert"
 	"github.com/sluicehq/sluice/redisstore"
@@ -679,4 +680,29 @@ func TestHealthPartialFailure(t *testing.T) {
 	if n, m := countLines(&logs, "breaker is closed"), countLines(&logs, "store calls succeeding again"); n != 1 || m != 1 {
 		t.Errorf("%d and %d lines, want one each way:\n%s", n, m, logs.String())
 	}
+}
+
+// TestFaultReadyzBoundedStalled: under the error policy /readyz asks Redis
+// itself, within its 2 s: a stalled Redis (every command paused) makes it
+// 503 in that time, the TLS sniff after a failed ping included.
+func TestFaultReadyzBoundedStalled(t *testing.T) {
+	race.SkipTiming(t)
+	r := redistest.StartServer(t)
+	srv := runServer(t, Options{ConfigFile: "testdata/envoy-example.yaml", RedisURL: "redis://" + r.Addr + "/0", NoFailurePolicy: true, Logger: slog.New(slog.DiscardHandler)})
+	p := &proc{http: srv.HTTPAddr()}
+	if code, _ := p.get(t, "/readyz"); code != 200 {
+		t.Fatalf("readyz with Redis up: %d", code)
+	}
+	pause := r.Client(t)
+	if err := pause.Do(context.Background(), "CLIENT", "PAUSE", 5000, "ALL").Err(); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 2 { // the first asks a store thought up, the second one known down
+		start := time.Now()
+		code, _ := p.get(t, "/readyz")
+		if took := time.Since(start); code != 503 || took > 2500*time.Millisecond {
+			t.Errorf("readyz %d with Redis stalled: %d after %v, want 503 within 2.5s", i, code, took)
+		}
+	}
+	pause.Do(context.Background(), "CLIENT", "UNPAUSE")
 }
