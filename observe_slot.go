@@ -30,8 +30,9 @@ const (
 	// SlotExpire: a slot this process acquired is held no more, with no
 	// release through this process: it passed its hold timeout (its
 	// holder stopped), or another process of the fleet released it and
-	// said so. Outcome is OutcomeAllowed. Only a process that tracks hold
-	// timeouts (the service) reports it.
+	// said so. Outcome is OutcomeAllowed. The service and, with an
+	// observer, the middleware report it; a release after it then reports
+	// Weight 0.
 	SlotExpire
 )
 

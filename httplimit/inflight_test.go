@@ -760,3 +760,64 @@ func TestInFlightFlushError(t *testing.T) {
 		t.Errorf("Flush() = %v, want %v", got, errFlushGone)
 	}
 }
+
+// sluice_inflight_held drops a request that outlives its hold when the
+// hold passes (the store has freed its slot then), not when it returns.
+func TestInFlightHeldGaugePastHold(t *testing.T) {
+	store := memory.New(nil)
+	defer store.Close()
+	var mu sync.Mutex
+	held := map[string]int64{}
+	obs := slotObserverFunc(func(e sluice.SlotEvent) {
+		mu.Lock()
+		defer mu.Unlock()
+		switch {
+		case e.Op == sluice.SlotAcquire && e.Outcome == sluice.OutcomeAllowed:
+			held[e.Policy] += e.Weight
+		case e.Op == sluice.SlotRelease, e.Op == sluice.SlotExpire:
+			held[e.Policy] -= e.Weight
+		}
+	})
+	m, err := New(store, nil, &Options{Observer: obs,
+		InFlight: []InFlightRule{{Name: "one", Limit: sluice.Concurrent(1, 300*time.Millisecond), Key: Global()}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	release, entered := make(chan struct{}), make(chan struct{}, 2)
+	srv := httptest.NewServer(m.Handler(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { entered <- struct{}{}; <-release })))
+	defer srv.Close()
+	var wg sync.WaitGroup
+	for i := range 2 { // the second enters once the first's hold has passed
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if resp, err := srv.Client().Get(srv.URL); err == nil {
+				resp.Body.Close()
+			}
+		}()
+		<-entered
+		if i == 0 {
+			time.Sleep(400 * time.Millisecond)
+		}
+	}
+	mu.Lock()
+	if held["one"] != 1 {
+		t.Errorf("held %d on a limit of 1, the first hold past, want 1", held["one"])
+	}
+	mu.Unlock()
+	close(release)
+	wg.Wait()
+	mu.Lock()
+	defer mu.Unlock()
+	if held["one"] != 0 {
+		t.Errorf("held %d after both returned, want 0", held["one"])
+	}
+}
+
+// slotObserverFunc is a sluice.Observer that hands its slot events to f.
+type slotObserverFunc func(sluice.SlotEvent)
+
+func (slotObserverFunc) ObserveDecision(sluice.DecisionEvent) {}
+func (slotObserverFunc) ObserveStore(sluice.StoreEvent)       {}
+func (slotObserverFunc) ObserveBreaker(sluice.BreakerEvent)   {}
+func (f slotObserverFunc) ObserveSlot(e sluice.SlotEvent)     { f(e) }

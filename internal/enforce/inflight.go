@@ -217,6 +217,11 @@ type slotHold struct {
 	slot   *sluice.Slot  // store-backed rules
 	count  *atomic.Int64 // Worker rules
 	weight int64
+	// With an observer, a store-backed hold reports a sluice.SlotExpire
+	// when its hold passes unreleased (the store has freed it): state goes
+	// from 0 to 1 (released) or 2 (expired), once.
+	state *atomic.Int32
+	timer *time.Timer
 }
 
 // Acquire acquires the slot of every rule that applies to req (its Match
@@ -282,6 +287,15 @@ func (rs *SlotRules[R]) Acquire(ctx context.Context, req R, p sluice.Priority) (
 			return nil, SlotVerdict{Rule: i, Policy: s.Name, Shed: s.Kind != PerKey, Decision: d}, nil
 		}
 		rs.observe(s.Name, sluice.SlotAcquire, sluice.OutcomeAllowed, p, weight, d)
+		if sh.slot != nil && rs.observer != nil {
+			st, obs, name := new(atomic.Int32), rs.observer, s.Name
+			sh.state = st
+			sh.timer = time.AfterFunc(s.Limit.Hold, func() {
+				if st.CompareAndSwap(0, 2) {
+					obs.ObserveSlot(sluice.SlotEvent{Policy: name, Op: sluice.SlotExpire, Outcome: sluice.OutcomeAllowed, Priority: p, Weight: weight})
+				}
+			})
+		}
 		h.holds = append(h.holds, sh)
 	}
 	return h, ok, nil
@@ -342,6 +356,13 @@ func (h *Held) Release() {
 	for i := range h.holds {
 		sh := &h.holds[i]
 		outcome := sluice.OutcomeAllowed
+		weight := sh.weight
+		if sh.state != nil {
+			sh.timer.Stop()
+			if !sh.state.CompareAndSwap(0, 1) {
+				weight = 0 // past its hold: reported held no more then
+			}
+		}
 		if sh.count != nil {
 			sh.count.Add(-sh.weight)
 		} else {
@@ -355,7 +376,7 @@ func (h *Held) Release() {
 			}
 		}
 		if h.observer != nil {
-			h.observer.ObserveSlot(sluice.SlotEvent{Policy: sh.name, Op: sluice.SlotRelease, Outcome: outcome, Priority: h.priority, Weight: sh.weight})
+			h.observer.ObserveSlot(sluice.SlotEvent{Policy: sh.name, Op: sluice.SlotRelease, Outcome: outcome, Priority: h.priority, Weight: weight})
 		}
 	}
 }
