@@ -595,9 +595,10 @@ func (h *hot) live(now int64) bool {
 }
 
 // spendLocal takes cost units from h at now if it is live and holds them,
-// and returns the decision. Its shard must be locked. counted: the
-// request's cost is already in asked.
-func (h *hot) spendLocal(limit sluice.Limit, cost, now int64, counted bool) (sluice.Decision, bool) {
+// and returns the decision. Its shard sh must be locked. counted: the
+// request's cost is already in asked (the local path's is not, and reads
+// nothing behind h.l).
+func (h *hot) spendLocal(sh *shard, limit sluice.Limit, cost, now int64, counted bool) (sluice.Decision, bool) {
 	if !h.live(now) || h.units < cost {
 		return sluice.Decision{}, false
 	}
@@ -605,7 +606,7 @@ func (h *hot) spendLocal(limit sluice.Limit, cost, now int64, counted bool) (slu
 	if counted {
 		h.l.mark -= cost
 	}
-	h.l.sh.local++
+	sh.local++
 	return h.local(limit, now, true), true
 }
 
@@ -653,11 +654,8 @@ func (s *Store) fast(key string, limit sluice.Limit, cost int64, stale time.Dura
 	}
 	sh, tag := s.locate(key)
 	sh.mu.Lock()
-	if h := sh.leases.FindKind(tag, id, key); h != nil && cost <= h.units {
-		if now := s.now(); now <= h.stop {
-			h.units -= cost
-			sh.local++
-			d := h.local(limit, now, true)
+	if h := sh.leases.FindKind(tag, id, key); h != nil && cost <= h.units { // no clock read for an empty lease
+		if d, ok := h.spendLocal(sh, limit, cost, s.now(), false); ok {
 			sh.mu.Unlock()
 			return d, true
 		}
@@ -714,7 +712,7 @@ func (s *Store) spend(ctx context.Context, key string, limit sluice.Limit, cost 
 // l's shard must be locked.
 func (s *Store) answer(h *hot, cost int64, now int64, counted bool) (_ sluice.Decision, gen uint64, ok bool) {
 	l := h.l
-	if d, ok := h.spendLocal(l.limit, cost, now, counted); ok {
+	if d, ok := h.spendLocal(l.sh, l.limit, cost, now, counted); ok {
 		return d, l.gen, true
 	}
 	if now < l.deny && !exactWait(l.limit, cost) {

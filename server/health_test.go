@@ -190,9 +190,7 @@ func TestStatusNamesWhyTheBreakerOpened(t *testing.T) {
 	t.Parallel()
 	r := redistest.StartServer(t)
 	admin := r.Client(t)
-	if err := admin.Do(context.Background(), "acl", "setuser", "nowrite", "on", ">pw", "~*", "-@all", "+@connection", "+info", "+evalsha", "+eval", "+script|load", "+time", "+@read", "+@write").Err(); err != nil {
-		t.Fatal(err)
-	}
+	sluiceUser(t, admin, "nowrite")
 	cfg := filepath.Join(t.TempDir(), "sluice.yaml")
 	if err := os.WriteFile(cfg, []byte(slotsConfig), 0o600); err != nil {
 		t.Fatal(err)
@@ -456,9 +454,7 @@ func TestServerPermissionRevoked(t *testing.T) {
 	r := redistest.StartServer(t)
 	admin := r.Client(t)
 	ctx := context.Background()
-	if err := admin.Do(ctx, "acl", "setuser", "revoked", "on", ">pw", "~*", "&*", "-@all", "+@connection", "+info", "+evalsha", "+eval", "+script|load", "+time", "+@read", "+@write", "+publish", "+subscribe").Err(); err != nil {
-		t.Fatal(err)
-	}
+	sluiceUser(t, admin, "revoked")
 	var logs syncBuffer
 	_, p := startOnRedis(t, "redis://revoked:pw@"+r.Addr, "error", &logs)
 	if code, _ := p.get(t, "/readyz"); code != 200 {
@@ -579,9 +575,7 @@ func TestIdleBreakerCloses(t *testing.T) {
 	r := redistest.StartServer(t)
 	admin := r.Client(t)
 	ctx := context.Background()
-	if err := admin.Do(ctx, "acl", "setuser", "flaky", "on", ">pw", "~*", "-@all", "+@connection", "+info", "+evalsha", "+eval", "+script|load", "+time", "+@read", "+@write").Err(); err != nil {
-		t.Fatal(err)
-	}
+	sluiceUser(t, admin, "flaky")
 	cfg := filepath.Join(t.TempDir(), "sluice.yaml")
 	if err := os.WriteFile(cfg, []byte(slotsConfig), 0o600); err != nil {
 		t.Fatal(err)
@@ -705,4 +699,14 @@ func TestFaultReadyzBoundedStalled(t *testing.T) {
 		}
 	}
 	pause.Do(context.Background(), "CLIENT", "UNPAUSE")
+}
+
+// sluiceUser makes the ACL user name (password pw) with every permission
+// sluice serve needs, for tests that take some away.
+func sluiceUser(t *testing.T, admin *redis.Client, name string) {
+	t.Helper()
+	if err := admin.Do(context.Background(), "acl", "setuser", name, "on", ">pw", "~*", "&*", "-@all", "+@connection", "+info",
+		"+evalsha", "+eval", "+script|load", "+time", "+@read", "+@write", "+publish", "+subscribe").Err(); err != nil {
+		t.Fatal(err)
+	}
 }
