@@ -916,25 +916,13 @@ func TestAbandonSlotPassesThrough(t *testing.T) {
 	}
 }
 
-// blocking is a granter whose Grant waits for release once started.
-type blocking struct {
-	sluice.Granter
-	started, release chan struct{}
-}
-
-func (b *blocking) Grant(ctx context.Context, key string, l sluice.Limit, n int64) (sluice.Grant, error) {
-	b.started <- struct{}{}
-	<-b.release
-	return b.Granter.Grant(ctx, key, l, n)
-}
-
 // A grant that arrives while Close runs is returned by Close, not
 // stranded: the lease has left its table but keeps its units.
 func TestCloseDuringGrant(t *testing.T) {
 	t.Parallel()
 	clock := storetest.NewClock(storetest.T0)
 	m := newMemory(t, clock)
-	b := &blocking{Granter: m, started: make(chan struct{}), release: make(chan struct{})}
+	b := heldGrant{m, make(chan struct{}), make(chan struct{})}
 	s := newLease(t, b, clock, 300*time.Millisecond, 10)
 	l := sluice.PerSecond(10)
 	taken := make(chan sluice.Decision)
@@ -942,7 +930,7 @@ func TestCloseDuringGrant(t *testing.T) {
 		d, _ := s.Take(ctx, "k", l, 1)
 		taken <- d
 	}()
-	<-b.started
+	<-b.sent
 	closed := make(chan error)
 	go func() { closed <- s.Close(ctx) }()
 	time.Sleep(10 * time.Millisecond) // Close waits for the grant
