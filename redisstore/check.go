@@ -200,6 +200,13 @@ func Check(ctx context.Context, c redis.UniversalClient) (*CheckReport, error) {
 	return rep, nil
 }
 
+// MayEvict reports whether a server with INFO memory's maxmemory_policy
+// and maxmemory may evict sluice's keys: a policy other than noeviction,
+// under a memory limit.
+func MayEvict(policy, maxmemory string) bool {
+	return policy != "" && policy != "noeviction" && maxmemory != "0" && maxmemory != ""
+}
+
 // probeScript is loaded and run to prove the user may run scripts, and
 // TIME inside one: Redis checks a script's commands against the user too,
 // and every sluice script reads the clock.
@@ -224,7 +231,7 @@ func checkNode(ctx context.Context, node *redis.Client, cluster bool, rep *Check
 		if rep.Version == "" || !versionAtLeast(v, rep.Version) {
 			rep.Version = v
 		}
-		if p := fields["maxmemory_policy"]; p != "" && p != "noeviction" && fields["maxmemory"] != "0" {
+		if p := fields["maxmemory_policy"]; MayEvict(p, fields["maxmemory"]) {
 			rep.Warnings = append(rep.Warnings, checkErr(ErrEviction,
 				fmt.Sprintf("maxmemory-policy %s may evict sluice's keys and reset their limits; set noeviction", p), nil))
 		}

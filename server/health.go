@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -422,20 +424,22 @@ const startCheckTimeout = 5 * time.Second
 // watch the client.
 func (s *Server) checkRedis(c redis.UniversalClient) error {
 	s.health.store = "redis"
+	w := checkWarnings{every: recheckChecks * s.opts.StoreCheckInterval}
 	s.health.probe = func(ctx context.Context) error {
-		if s.health.storeDown() {
-			// Coming back must mean usable: the full check, not a ping;
-			// its warnings again, as at start (a Redis back from a
-			// failover or a restart may now evict keys).
-			rep, err := redisstore.Check(ctx, c)
-			if err == nil {
-				for _, w := range rep.Warnings {
-					s.log.Warn("Redis check", "warning", w)
-				}
-			}
-			return err
+		down := s.health.storeDown()
+		if !down && !w.due(time.Now()) {
+			return c.Ping(ctx).Err()
 		}
-		return c.Ping(ctx).Err()
+		// Coming back must mean usable: the full check, not a ping;
+		// its warnings again, as at start (a Redis back from a failover
+		// or a restart may now evict keys). While up, every
+		// recheckChecks-th check is the full one, for a CONFIG SET made
+		// at runtime.
+		rep, err := redisstore.Check(ctx, c)
+		if err == nil {
+			w.log(s.log, rep.Warnings, down)
+		}
+		return err
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), startCheckTimeout)
 	defer cancel()
@@ -449,11 +453,49 @@ func (s *Server) checkRedis(c redis.UniversalClient) error {
 		s.health.storeResult(err)
 		return nil
 	}
-	for _, w := range rep.Warnings {
-		s.log.Warn("Redis check", "warning", w)
-	}
+	w.log(s.log, rep.Warnings, true)
 	s.log.Info("Redis checked", "version", rep.Version, "cluster", rep.Cluster)
 	return nil
+}
+
+// recheckChecks: a Redis that answers is checked in full
+// (redisstore.Check) once in this many store checks (a minute, by
+// default), so that a maxmemory-policy set at runtime is told.
+const recheckChecks = 60
+
+// checkWarnings remembers the warnings of the last full check of Redis,
+// so that a periodic check logs only what changed.
+type checkWarnings struct {
+	every time.Duration
+	mu    sync.Mutex
+	next  time.Time
+	last  []string
+}
+
+// due reports whether the periodic full check is due at now.
+func (w *checkWarnings) due(now time.Time) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return !now.Before(w.next)
+}
+
+// log logs the warnings of a full check: every one if all, else those
+// new since the last check, and a line when the last ones are gone.
+func (w *checkWarnings) log(l *slog.Logger, ws []error, all bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.next = time.Now().Add(w.every)
+	now := make([]string, len(ws))
+	for i, e := range ws {
+		now[i] = e.Error()
+		if all || !slices.Contains(w.last, now[i]) {
+			l.Warn("Redis check", "warning", e)
+		}
+	}
+	if len(now) == 0 && len(w.last) > 0 {
+		l.Info("Redis check: warnings cleared", "were", strings.Join(w.last, "; "))
+	}
+	w.last = now
 }
 
 // checkAccess stops the start when the Redis user may run scripts but not

@@ -446,6 +446,39 @@ func TestServerRedisRefusesWrites(t *testing.T) {
 	}
 }
 
+// TestServerEvictionSetAtRuntime: a maxmemory-policy that may evict
+// sluice's keys, set after the start, is logged by a periodic full check
+// and shown in /metrics; setting noeviction again is logged too.
+func TestServerEvictionSetAtRuntime(t *testing.T) {
+	t.Parallel()
+	r := redistest.StartServer(t)
+	var logs syncBuffer
+	_, p := startOnRedis(t, "redis://"+r.Addr, "local", &logs)
+	logged(t, &logs, "Redis checked")
+	if strings.Contains(logs.String(), "may evict") {
+		t.Fatalf("an eviction warning before any was due:\n%s", logs.String())
+	}
+	admin := r.Client(t)
+	ctx := context.Background()
+	if err := admin.ConfigSet(ctx, "maxmemory", "1gb").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := admin.ConfigSet(ctx, "maxmemory-policy", "allkeys-lru").Err(); err != nil {
+		t.Fatal(err)
+	}
+	logged(t, &logs, "Redis check", "maxmemory-policy allkeys-lru may evict")
+	if got := scrapedMetric(t, p, `sluice_redis_may_evict{node="`+r.Addr+`",policy="allkeys-lru"}`); got != "1" {
+		t.Errorf("sluice_redis_may_evict under allkeys-lru = %q, want 1", got)
+	}
+	if err := admin.ConfigSet(ctx, "maxmemory-policy", "noeviction").Err(); err != nil {
+		t.Fatal(err)
+	}
+	logged(t, &logs, "Redis check: warnings cleared", "allkeys-lru")
+	if n := countLines(&logs, "allkeys-lru may evict"); n != 2 { // the warning and the line that clears it
+		t.Errorf("%d lines name the warning, want 2 (logged once, cleared once):\n%s", n, logs.String())
+	}
+}
+
 // TestServerPermissionRevoked: a Redis user that loses EVALSHA (or TIME,
 // which every script calls) at runtime is a lost store with its cause, and
 // under the error policy not ready: the watch checks what decisions use.

@@ -9,6 +9,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice/redisstore"
 )
 
 // redisInfoTimeout bounds one scrape's INFO calls, so that a stalled Redis
@@ -33,6 +35,8 @@ var (
 		"Redis's used_memory (INFO memory).", []string{"node"}, nil)
 	redisMaxDesc = prometheus.NewDesc("sluice_redis_memory_max_bytes",
 		"Redis's maxmemory (INFO memory); 0: no limit.", []string{"node"}, nil)
+	redisMayEvictDesc = prometheus.NewDesc("sluice_redis_may_evict",
+		"1 if the node's maxmemory-policy (the label) may evict sluice's keys under its maxmemory, resetting their limits; 0 if not.", []string{"node", "policy"}, nil)
 	redisEvictedDesc = prometheus.NewDesc("sluice_redis_evicted_keys_total",
 		"Keys Redis evicted under maxmemory (INFO stats); sluice's keys among them lose their limits' state.", []string{"node"}, nil)
 	redisScriptCallsDesc = prometheus.NewDesc("sluice_redis_script_calls_total",
@@ -54,8 +58,8 @@ func newRedisInfo(client redis.UniversalClient, timeout time.Duration) *redisInf
 
 // Describe implements prometheus.Collector.
 func (c *redisInfo) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{redisUpDesc, redisUsedDesc, redisMaxDesc, redisEvictedDesc,
-		redisScriptCallsDesc, redisScriptSecondsDesc, redisScriptPerCallDesc} {
+	for _, d := range []*prometheus.Desc{redisUpDesc, redisUsedDesc, redisMaxDesc, redisMayEvictDesc,
+		redisEvictedDesc, redisScriptCallsDesc, redisScriptSecondsDesc, redisScriptPerCallDesc} {
 		ch <- d
 	}
 }
@@ -97,6 +101,13 @@ func collectNode(ctx context.Context, ch chan<- prometheus.Metric, c redis.Cmdab
 	gauge(redisUsedDesc, "used_memory", prometheus.GaugeValue)
 	gauge(redisMaxDesc, "maxmemory", prometheus.GaugeValue)
 	gauge(redisEvictedDesc, "evicted_keys", prometheus.CounterValue)
+	if p := info["maxmemory_policy"]; p != "" {
+		v := 0.0
+		if redisstore.MayEvict(p, info["maxmemory"]) {
+			v = 1
+		}
+		ch <- prometheus.MustNewConstMetric(redisMayEvictDesc, prometheus.GaugeValue, v, node, p)
+	}
 	for _, cmd := range []string{"evalsha", "eval"} {
 		stat := commandStat(info["cmdstat_"+cmd])
 		calls, err1 := strconv.ParseFloat(stat["calls"], 64)

@@ -71,6 +71,9 @@ func TestRedisInfo(t *testing.T) {
 		if got := metricValue(t, g, "sluice_redis_memory_max_bytes", node); got < 0 {
 			t.Errorf("memory max missing")
 		}
+		if got := metricValue(t, g, "sluice_redis_may_evict", map[string]string{"node": c.Options().Addr, "policy": "noeviction"}); got != 0 {
+			t.Errorf("may evict under noeviction = %v, want 0", got)
+		}
 		if got := metricValue(t, g, "sluice_redis_evicted_keys_total", node); got < 0 {
 			t.Errorf("evicted keys missing")
 		}
