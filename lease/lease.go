@@ -154,9 +154,10 @@ var (
 )
 
 var (
-	// ErrInvalidStaleness: New was given neither Options.For nor a
-	// positive Options.MaxStaleness, or a key's staleness is below zero or
-	// longer than its limit's period.
+	// ErrInvalidStaleness: New was given neither Options.For nor an
+	// Options.MaxStaleness of at least MinStaleness, or a key's staleness
+	// is below zero, between zero and MinStaleness, or longer than its
+	// limit's period.
 	ErrInvalidStaleness = errors.New("lease: invalid maximum staleness")
 	// ErrNoGranter: the Store is a zero value, or was built without a
 	// granter.
@@ -170,20 +171,25 @@ var (
 	ErrNoSlots = errors.New("lease: the granter keeps no in-flight slots")
 )
 
+// MinStaleness is the shortest maximum staleness: the stores' clocks count
+// microseconds, and a lease must outlive at least one of them.
+const MinStaleness = time.Microsecond
+
 // Options configures a Store. MaxStaleness or For must be set.
 type Options struct {
 	// MaxStaleness (D) is the longest a lease lives, from when its grant
 	// was sent: the most a fleet's admissions can run ahead of the store,
 	// in units of time (see the package doc's bound). It must be no longer
 	// than the Period of any limit the Store is used with. Default: none;
-	// it must be positive when For is nil, and is unused when For is set.
+	// it must be at least MinStaleness when For is nil, and is unused when
+	// For is set.
 	MaxStaleness time.Duration
 
 	// For, when set, is each key's maximum staleness D in place of
 	// MaxStaleness (a service knows each key's policy). Zero means no
 	// lease: the key is answered exactly by the granter, as without
-	// leases. A D below zero or longer than the limit's period is
-	// ErrInvalidStaleness on that call. It is called once per decision and
+	// leases. A D below zero, between zero and MinStaleness, or longer
+	// than the limit's period is ErrInvalidStaleness on that call. It is called once per decision and
 	// must be safe for concurrent use. Default: nil, MaxStaleness for
 	// every key.
 	For func(key string, limit sluice.Limit) time.Duration
@@ -417,8 +423,8 @@ func New(g sluice.Granter, opts *Options) (*Store, error) {
 	if opts != nil {
 		o = *opts
 	}
-	if o.For == nil && o.MaxStaleness <= 0 {
-		return nil, fmt.Errorf("%w: %v must be positive", ErrInvalidStaleness, o.MaxStaleness)
+	if o.For == nil && o.MaxStaleness < MinStaleness {
+		return nil, fmt.Errorf("%w: %v must be at least %v", ErrInvalidStaleness, o.MaxStaleness, MinStaleness)
 	}
 	base := time.Now()
 	s := &Store{granter: g, staleness: o.MaxStaleness, stale: o.For, size: o.Size, fleet: o.FleetSize, clock: o.Clock, base: base, baseNS: base.UnixNano(), seed: maphash.MakeSeed(), shards: make([]shard, shardCount), ids: map[sluice.Limit]*limitID{}}
@@ -465,8 +471,8 @@ func validate(key string, limit sluice.Limit, cost int64, d time.Duration) error
 	if err := sluice.ValidateGrant(key, limit, cost); err != nil {
 		return err
 	}
-	if d < 0 || d > limit.Period {
-		return fmt.Errorf("%w: %v for %v (its period is %v)", ErrInvalidStaleness, d, limit, limit.Period)
+	if d < 0 || d > 0 && d < MinStaleness || d > limit.Period {
+		return fmt.Errorf("%w: %v for %v (at least %v, at most its period, %v)", ErrInvalidStaleness, d, limit, MinStaleness, limit.Period)
 	}
 	return nil
 }

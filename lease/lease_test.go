@@ -86,7 +86,7 @@ func TestBadInput(t *testing.T) {
 	t.Parallel()
 	clock := storetest.NewClock(storetest.T0)
 	m := newMemory(t, clock)
-	for _, d := range []time.Duration{0, -time.Second} {
+	for _, d := range []time.Duration{0, -time.Second, time.Nanosecond, lease.MinStaleness - 1} {
 		if _, err := lease.New(m, &lease.Options{MaxStaleness: d}); !errors.Is(err, lease.ErrInvalidStaleness) {
 			t.Errorf("MaxStaleness %v: err = %v, want ErrInvalidStaleness", d, err)
 		}
@@ -348,7 +348,7 @@ func TestFor(t *testing.T) {
 	if _, err := lease.New(c, &lease.Options{For: func(string, sluice.Limit) time.Duration { return 0 }}); err != nil {
 		t.Fatalf("For without MaxStaleness: %v", err)
 	}
-	stale := map[string]time.Duration{"exact": 0, "hot": 200 * time.Millisecond, "long": 2 * time.Second, "neg": -time.Millisecond}
+	stale := map[string]time.Duration{"exact": 0, "hot": 200 * time.Millisecond, "long": 2 * time.Second, "neg": -time.Millisecond, "tiny": lease.MinStaleness - 1}
 	s, err := lease.New(c, &lease.Options{
 		For:   func(key string, _ sluice.Limit) time.Duration { return stale[key] },
 		Size:  5,
@@ -382,7 +382,7 @@ func TestFor(t *testing.T) {
 	if take(t, s, "hot", l, 1); c.grants != 2 {
 		t.Fatalf("hot after D: %d grants, want 2", c.grants)
 	}
-	for _, key := range []string{"long", "neg"} {
+	for _, key := range []string{"long", "neg", "tiny"} {
 		if _, err := s.Take(ctx, key, l, 1); !errors.Is(err, lease.ErrInvalidStaleness) {
 			t.Errorf("%s: Take err = %v, want ErrInvalidStaleness", key, err)
 		}

@@ -103,6 +103,7 @@ func TestConfigErrors(t *testing.T) {
 		{"lease of zero", "policies:\n  - name: a\n    limit: 5/s\n    lease: 0s\n", `4:12: lease "0s": want a positive duration`},
 		{"negative lease", "policies:\n  - name: a\n    limit: 5/s\n    lease: -1ms\n", `4:12: lease "-1ms": want a positive duration`},
 		{"lease not a duration", "policies:\n  - name: a\n    limit: 5/s\n    lease: soon\n", `4:12: lease "soon": want a positive duration`},
+		{"lease below a round trip", "policies:\n  - name: a\n    limit: 5/s\n    lease: 1ns\n", `4:12: lease 1ns: shorter than 1ms`},
 		{"lease longer than the period", "policies:\n  - name: a\n    limit: 5/s\n    lease: 2s\n", `4:12: lease 2s is longer than the period of the policy's limit (5/s)`},
 		{"lease longer than an override's period", "policies:\n  - name: a\n    limit: 5/min\n    lease: 2s\n    overrides:\n      - {match: [x, y], limit: 50/s}\n", `4:12: lease 2s is longer than the period of override x, y (50/s)`},
 		{"lease in envoy format", "domain: d\ndescriptors:\n  - key: a\n    rate_limit:\n      unit: second\n      requests_per_unit: 1\n      lease: 50ms\n", `7:14: lease: Envoy-format limits are exact`},

@@ -129,6 +129,11 @@ func (l *loader) strategy(p *Policy, strategy, penalty, n *yaml.Node) bool {
 	return true
 }
 
+// MinLease is the shortest lease a policy may have: a lease lives from when
+// its grant is sent, so one shorter than a round trip to Redis expires
+// before it can be used, and its units are lost to the fleet.
+const MinLease = time.Millisecond
+
 // lease reads a policy's lease field, its maximum staleness, and checks
 // that the policy's limit and every override's can honour it: a positive
 // duration no longer than any of their periods, under an algorithm that
@@ -138,6 +143,10 @@ func (l *loader) lease(p *Policy, n *yaml.Node) bool {
 	d, err := time.ParseDuration(l.str(n))
 	if err != nil || d <= 0 {
 		l.errorf(n, "lease %q: want a positive duration such as 50ms, the leases' maximum staleness", n.Value)
+		return false
+	}
+	if d < MinLease {
+		l.errorf(n, "lease %v: shorter than %v, less than a round trip to Redis: every lease would expire before its first use; write %v or more, or drop the lease", d, MinLease, MinLease)
 		return false
 	}
 	limits := []sluice.Limit{p.Limit}
