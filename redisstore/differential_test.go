@@ -91,7 +91,9 @@ type diffKey struct {
 	safeUntil time.Time
 }
 
-func TestDifferential(t *testing.T) {
+// diffSeed is SLUICE_DIFF_SEED, or diffDefaultSeed.
+func diffSeed(t *testing.T) uint64 {
+	t.Helper()
 	seed := uint64(diffDefaultSeed)
 	if v := os.Getenv(diffSeedEnv); v != "" {
 		s, err := strconv.ParseUint(v, 10, 64)
@@ -100,6 +102,11 @@ func TestDifferential(t *testing.T) {
 		}
 		seed = s
 	}
+	return seed
+}
+
+func TestDifferential(t *testing.T) {
+	seed := diffSeed(t)
 	steps := diffDefaultSteps
 	if v := os.Getenv(diffStepsEnv); v != "" {
 		n, err := strconv.Atoi(v)

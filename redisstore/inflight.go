@@ -4,8 +4,11 @@ import (
 	"context"
 	"fmt"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice"
 )
@@ -24,7 +27,7 @@ var (
 // slotKey returns the Redis key of key's in-flight holders, apart from
 // every algorithm's key.
 func (s *Store) slotKey(key string) string {
-	return s.prefix + "{" + key + "}:if"
+	return s.prefix + "{" + key + "}:if2"
 }
 
 // SlotKeys returns the Redis keys that hold key's in-flight slots (one),
@@ -47,9 +50,17 @@ func (s *Store) Acquire(ctx context.Context, key string, l sluice.InFlightLimit,
 	}
 	defer c.recycle()
 	c.argv[5], c.argv[6], c.argv[7], c.argv[8] = a.max, a.hold, weight, holder
-	v, err := s.runSlot(ctx, c, 9, 4)
+	sent := s.young.clock()
+	v, err := s.runSlot(ctx, c, 9, 5)
 	if err != nil || v[0] != 0 && v[0] != 1 {
 		return sluice.SlotDecision{}, slotErr("acquire", v, err)
+	}
+	switch {
+	case v[0] != 1:
+	case v[4] == 0: // held before: its deadline refreshed, as by an extend
+		s.young.extended(key, holder, sent, l.Hold, true)
+	case weight == 1 && s.wait == nil:
+		s.young.add(key, holder, sent, l.Hold)
 	}
 	return sluice.SlotDecision{
 		Allowed:    v[0] == 1,
@@ -72,7 +83,12 @@ func (s *Store) Extend(ctx context.Context, key string, l sluice.InFlightLimit, 
 	}
 	defer c.recycle()
 	c.argv[5], c.argv[6] = slotArgsOf(l).hold, holder
-	return s.held(ctx, "extend", c, 7)
+	sent := s.young.clock()
+	ok, err := s.held(ctx, "extend", c, 7)
+	if err == nil {
+		s.young.extended(key, holder, sent, l.Hold, ok)
+	}
+	return ok, err
 }
 
 // Release implements sluice.Slots, in one script run (inflight_release.lua).
@@ -83,6 +99,9 @@ func (s *Store) Release(ctx context.Context, key string, holder string) (bool, e
 	if err := sluice.ValidateHolder(holder); err != nil {
 		return false, err
 	}
+	if s.young.take(key, holder) {
+		return s.releaseYoung(ctx, key, holder)
+	}
 	c, err := s.slotCall(releaseScript, key)
 	if err != nil {
 		return false, fmt.Errorf("redisstore: in-flight release: %w", err)
@@ -90,6 +109,117 @@ func (s *Store) Release(ctx context.Context, key string, holder string) (bool, e
 	defer c.recycle()
 	c.argv[5] = holder
 	return s.held(ctx, "release", c, 6)
+}
+
+// releaseYoung releases a holder of weight 1 that young knew to hold: its
+// member is all it has in the key (inflight_acquire.lua), so one ZREM
+// frees it, without a script, and its reply says whether it still held
+// (released elsewhere, or the key lost, it did not).
+func (s *Store) releaseYoung(ctx context.Context, key, holder string) (bool, error) {
+	c := calls.Get().(*call)
+	defer c.recycle()
+	cmd := plainCmd{redis.NewIntCmd(ctx, "zrem", s.slotKey(key), "h"+holder)}
+	cmd.SetFirstKeyPos(1)
+	err := c.await(ctx, func() { _ = s.client.Process(ctx, cmd) })
+	if err == nil {
+		err = cmd.Err()
+	}
+	if err != nil {
+		s.reload.failed(err)
+		return false, fmt.Errorf("redisstore: in-flight release: %w", replyErr(err))
+	}
+	s.reload.succeeded()
+	return cmd.Val() == 1, nil
+}
+
+// plainCmd is a command go-redis must never send twice, as scriptCmd: a
+// resent ZREM would report a slot it freed as not held.
+type plainCmd struct{ *redis.IntCmd }
+
+// NoRetry implements redis.Cmder.
+func (plainCmd) NoRetry() bool { return true }
+
+// youngShare: a holder is young, and released by one ZREM, until this
+// share of its hold has passed since its acquire (or last extend) was sent;
+// the rest of the hold covers the release's own way to Redis.
+const youngShare = 2
+
+// youngHolders remembers the holders of weight 1 a Store's acquires added,
+// with when each acquire or extend was sent, on the Store's clock: the
+// hold cannot end before that time plus the hold, so until half of it has
+// passed the holder surely holds unless released, and its release needs
+// no script to check the deadline (BENCHMARKS.md, "In-flight slots").
+// Holders never released are swept once they are no longer young.
+type youngHolders struct {
+	now   func() time.Time
+	mu    sync.Mutex
+	m     map[youngKey]youngHold
+	sweep int // len(m) at which to sweep
+}
+
+type youngKey struct{ key, holder string }
+
+type youngHold struct {
+	sent time.Time
+	hold time.Duration
+}
+
+// clock reads the Store's clock (the monotonic one when it has none).
+func (y *youngHolders) clock() time.Time {
+	if y.now != nil {
+		return y.now()
+	}
+	return time.Now()
+}
+
+func (h youngHold) young(now time.Time) bool {
+	return now.Sub(h.sent) < h.hold/youngShare
+}
+
+func (y *youngHolders) add(key, holder string, sent time.Time, hold time.Duration) {
+	y.mu.Lock()
+	defer y.mu.Unlock()
+	if y.m == nil {
+		y.m = make(map[youngKey]youngHold)
+	}
+	if len(y.m) >= y.sweep {
+		now := y.clock()
+		for k, h := range y.m {
+			if !h.young(now) {
+				delete(y.m, k)
+			}
+		}
+		y.sweep = max(1024, 2*len(y.m))
+	}
+	y.m[youngKey{key, holder}] = youngHold{sent, hold}
+}
+
+// extended notes an extend for hold sent at sent: a young holder that
+// held is young again, from sent. One no longer young is forgotten: its
+// hold may have ended and the id been acquired again with another weight.
+func (y *youngHolders) extended(key, holder string, sent time.Time, hold time.Duration, held bool) {
+	y.mu.Lock()
+	defer y.mu.Unlock()
+	k := youngKey{key, holder}
+	if h, ok := y.m[k]; ok {
+		if held && h.young(sent) {
+			y.m[k] = youngHold{sent, hold}
+		} else {
+			delete(y.m, k)
+		}
+	}
+}
+
+// take forgets holder and reports whether it was young.
+func (y *youngHolders) take(key, holder string) bool {
+	y.mu.Lock()
+	defer y.mu.Unlock()
+	k := youngKey{key, holder}
+	h, ok := y.m[k]
+	if ok {
+		delete(y.m, k)
+	}
+	return ok && h.young(y.clock())
 }
 
 // held runs extend or release, whose reply is {1} when the holder held.

@@ -5,8 +5,11 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"strings"
+	"sync"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/redistest"
@@ -32,10 +35,12 @@ const (
 )
 
 func TestInFlightDifferential(t *testing.T) {
+	seed := diffSeed(t)
+	t.Logf("seed %d (%s=%d to repeat)", seed, diffSeedEnv, seed)
 	for trace := range inflightDiffTraces {
 		t.Run(fmt.Sprintf("trace%d", trace), func(t *testing.T) {
 			t.Parallel()
-			r := rand.New(rand.NewPCG(diffDefaultSeed, 0x1f<<8|uint64(trace)))
+			r := rand.New(rand.NewPCG(seed, 0x1f<<8|uint64(trace)))
 			runInFlightTrace(t, r)
 		})
 	}
@@ -47,7 +52,8 @@ func runInFlightTrace(t *testing.T, r *rand.Rand) {
 	clock := storetest.NewClock(storetest.T0)
 	mem := memory.New(&memory.Options{Clock: clock.Now, SweepInterval: -1})
 	t.Cleanup(func() { mem.Close() })
-	red := redisstore.New(client, &redisstore.Options{Prefix: redistest.Prefix(t), Clock: clock.Now})
+	prefix := redistest.Prefix(t)
+	red := redisstore.New(client, &redisstore.Options{Prefix: prefix, Clock: clock.Now})
 	type key struct {
 		name  string
 		limit sluice.InFlightLimit
@@ -116,13 +122,15 @@ func runInFlightTrace(t *testing.T, r *rand.Rand) {
 		t.Error("no acquire removed an expired holder in the trace")
 	}
 	// Once every hold has run out, an acquire removes every holder and the
-	// release that follows deletes the Redis key.
+	// script's release that follows (from a store that does not know the
+	// holder young) deletes the Redis key.
 	clock.Advance(time.Hour)
+	other := redisstore.New(client, &redisstore.Options{Prefix: prefix, Clock: clock.Now})
 	for _, k := range keys {
 		if _, err := red.Acquire(ctx, k.name, k.limit, 1, "last"); err != nil {
 			t.Fatal(err)
 		}
-		if ok, err := red.Release(ctx, k.name, "last"); err != nil || !ok {
+		if ok, err := other.Release(ctx, k.name, "last"); err != nil || !ok {
 			t.Fatalf("Release = %v, %v", ok, err)
 		}
 		if n := client.Exists(ctx, red.SlotKeys(k.name)...).Val(); n != 0 {
@@ -132,13 +140,15 @@ func runInFlightTrace(t *testing.T, r *rand.Rand) {
 }
 
 // On the server's clock: a slot's key expires a hold after the last hold
-// ends (the TTL is set about once a hold), and is deleted by the last
-// release.
+// ends (the TTL is set about once a hold). A young holder's release is one
+// ZREM, which leaves the key without holders to that TTL; the script's
+// release of the last holder deletes it.
 func TestInFlightKeysExpire(t *testing.T) {
 	t.Parallel()
 	client := redistest.Client(t)
 	ctx := context.Background()
-	s := redisstore.New(client, &redisstore.Options{Prefix: redistest.Prefix(t)})
+	prefix := redistest.Prefix(t)
+	s := redisstore.New(client, &redisstore.Options{Prefix: prefix})
 	l := sluice.Concurrent(2, 5*time.Second)
 	a, _, err := sluice.AcquireSlot(ctx, s, "k", l, 1)
 	if err != nil || a == nil {
@@ -152,8 +162,24 @@ func TestInFlightKeysExpire(t *testing.T) {
 	if err := a.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
+	for _, k := range s.SlotKeys("k") {
+		if n := client.ZCount(ctx, k, "(0", "+inf").Val(); n != 0 {
+			t.Errorf("%s: %d holders left after the last release", k, n)
+		}
+		if ttl := client.PTTL(ctx, k).Val(); ttl > 10*time.Second {
+			t.Errorf("%s: TTL %v after the last release, want at most twice the hold", k, ttl)
+		}
+	}
+	// The script's release (an id it does not know is young) deletes it.
+	if d, err := s.Acquire(ctx, "k", l, 1, "b"); err != nil || !d.Allowed || d.InUse != 1 {
+		t.Fatalf("Acquire = %+v, %v", d, err)
+	}
+	other := redisstore.New(client, &redisstore.Options{Prefix: prefix})
+	if ok, err := other.Release(ctx, "k", "b"); err != nil || !ok {
+		t.Fatalf("Release by another store = %v, %v", ok, err)
+	}
 	if n := client.Exists(ctx, s.SlotKeys("k")...).Val(); n != 0 {
-		t.Errorf("%d keys left after the last release", n)
+		t.Errorf("%d keys left after the script released the last holder", n)
 	}
 }
 
@@ -231,4 +257,89 @@ func TestInFlightScan(t *testing.T) {
 	if err != nil || d.Allowed || d.RetryAfter != 58*time.Minute {
 		t.Errorf("Acquire over Max = %+v, %v; want denied for 58m", d, err)
 	}
+}
+
+// sent records the name of every command a client sends.
+type sent struct {
+	mu    sync.Mutex
+	names []string
+}
+
+func (s *sent) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (s *sent) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		s.mu.Lock()
+		s.names = append(s.names, cmd.Name())
+		s.mu.Unlock()
+		return next(ctx, cmd)
+	}
+}
+func (s *sent) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+func (s *sent) take() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := s.names
+	s.names = nil
+	return n
+}
+
+// A holder of weight 1 released early in its hold is one ZREM, no script;
+// released later, or of a greater weight, it goes by the script, which
+// checks the deadline. The shortcut answers as the script would: an id
+// whose hold ended, then acquired again with another weight and extended,
+// is released whole.
+func TestInFlightYoungRelease(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	client := redistest.Client(t)
+	var log sent
+	client.AddHook(&log)
+	clock := storetest.NewClock(storetest.T0)
+	s := redisstore.New(client, &redisstore.Options{Prefix: redistest.Prefix(t), Clock: clock.Now, MaxBatch: 1})
+	l := sluice.Concurrent(10, 10*time.Second)
+	acquire := func(h string, w, inUse int64) {
+		t.Helper()
+		if d, err := s.Acquire(ctx, "k", l, w, h); err != nil || !d.Allowed || d.InUse != inUse {
+			t.Fatalf("Acquire(%s, %d) = %+v, %v; want allowed, %d in use", h, w, d, err, inUse)
+		}
+	}
+	release := func(h string, want bool, cmd string) {
+		t.Helper()
+		log.take()
+		if ok, err := s.Release(ctx, "k", h); err != nil || ok != want {
+			t.Fatalf("Release(%s) = %v, %v; want %v", h, ok, err, want)
+		}
+		// (EVALSHA may be followed by EVAL, when the server has yet to
+		// load the script.)
+		if got := log.take(); len(got) == 0 || got[0] != cmd || cmd == "zrem" && len(got) != 1 {
+			t.Errorf("Release(%s) sent %v, want %s", h, got, cmd)
+		}
+	}
+	acquire("a", 1, 1)
+	clock.Advance(4 * time.Second)
+	release("a", true, "zrem")
+	release("a", false, "evalsha") // forgotten: the script says
+	acquire("b", 1, 1)
+	acquire("c", 2, 3)
+	clock.Advance(6 * time.Second) // b is half-way through its hold
+	release("b", true, "evalsha")
+	release("c", true, "evalsha")
+	if n := client.Exists(ctx, s.SlotKeys("k")...).Val(); n != 0 {
+		t.Errorf("%d keys left after every release", n)
+	}
+
+	// d's hold ends unreleased; the id comes back with weight 3 and is
+	// extended: its release must free all 3.
+	acquire("d", 1, 1)
+	clock.Advance(11 * time.Second)
+	acquire("e", 1, 1) // removes d
+	acquire("d", 3, 4)
+	if ok, err := s.Extend(ctx, "k", l, "d"); err != nil || !ok {
+		t.Fatalf("Extend(d) = %v, %v", ok, err)
+	}
+	release("d", true, "evalsha")
+	acquire("f", 1, 2)
 }

@@ -163,6 +163,7 @@ type Store struct {
 	reload  *reloader
 	params  atomic.Pointer[map[sluice.Limit]params]
 	paramMu sync.Mutex
+	young   youngHolders
 }
 
 // New returns a Store using client. opts may be nil. The Store does not own
@@ -176,6 +177,7 @@ func New(client redis.UniversalClient, opts *Options) *Store {
 			s.prefix = opts.Prefix
 		}
 		s.clock = opts.Clock
+		s.young.now = opts.Clock
 		o.MaxBatch = cmp.Or(max(opts.MaxBatch, 0), o.MaxBatch)
 		o.MaxInFlight = cmp.Or(max(opts.MaxInFlight, 0), o.MaxInFlight)
 		o.WaitReplicas = opts.WaitReplicas

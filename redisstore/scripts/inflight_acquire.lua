@@ -1,24 +1,30 @@
 -- inflight_acquire.lua: acquire a slot of weight for holder if it fits.
 -- Mirrors memory/inflight.go decision for decision.
 --
--- A key's in-flight state is one ZSET, read with one ZMSCORE and written
--- with one ZADD, so that an allowed acquire costs about what a take does:
+-- A key's in-flight state is one ZSET, read with one ZMSCORE and ZCARD
+-- and written with one ZADD, so that an allowed acquire costs about what
+-- a take does:
 --   'h'..id  a holder: its hold deadline, µs; held while now < deadline
 --   'w'..id  -(its weight), only for a weight above 1 (none means 1)
---   ''       -(the holders' total weight, expired ones not yet removed
---            included)
+--   ''       -(the sum of weight − 2 over the holders of a weight above
+--            1), only when that sum is not zero
 --   'n'      -(a time at or before the earliest deadline): until then no
 --            holder has expired, so nothing is scanned; none when no
 --            holder is left
 --   't'      -(the time the key expires at): the latest deadline plus
 --            that hold again, so that the TTL is set about once a hold
--- Deadlines are above zero (now ≥ 0) and every other score is at most
--- zero, so the expired holders are the members scored in (0, now]. The key
--- expires after every hold has ended, so a key whose holders all crashed
--- vanishes by itself. Only acquire removes expired holders, and reports
--- their weight: extend and release take an expired holder for gone and
--- leave it to the next acquire. Scores are sent as Lua numbers (%.17g,
--- exact below 2^53).
+-- The weight held is ZCARD, less those of '', 'n' and 't' present, plus
+-- the sum in '': a holder of weight 1 is one member, one of weight w two
+-- members and w − 2 in ''. So a holder of weight 1 can be released by one
+-- ZREM, without a script (redisstore's Release, while its hold is young);
+-- a key it leaves without holders expires with its TTL. Deadlines are
+-- above zero (now ≥ 0) and every other score is at most zero, so the
+-- expired holders are the members scored in (0, now]. The key expires
+-- after every hold has ended, so a key whose holders all crashed vanishes
+-- by itself. Only acquire removes expired holders, and reports their
+-- weight: extend and release take an expired holder for gone and leave it
+-- to the next acquire. Scores are sent as Lua numbers (%.17g, exact below
+-- 2^53).
 --
 --   KEYS[1]  the ZSET
 --   ARGV[1]  now, µs; "" reads the server's TIME
@@ -27,7 +33,8 @@
 --   ARGV[4]  weight, 1..max
 --   ARGV[5]  holder id
 --   Returns  {allowed (1|0), in use after, retry µs (an estimate; 0 when
---            allowed), weight of the expired holders removed}
+--            allowed), weight of the expired holders removed, 1 if holder
+--            was added (not held before) else 0}
 --
 -- A holder already held (a resent acquire) has its deadline refreshed and
 -- counts once, with its first weight.
@@ -40,7 +47,14 @@ local deadline = now + hold
 local member = 'h' .. ARGV[5]
 
 local m = redis.call('ZMSCORE', key, '', 't', 'n', member)
-local inuse = -(tonumber(m[1]) or 0)
+local extra = -(tonumber(m[1]) or 0)
+local was = extra
+local inuse = redis.call('ZCARD', key) + extra
+for i = 1, 3 do
+  if m[i] then
+    inuse = inuse - 1
+  end
+end
 local last = -(tonumber(m[2]) or 0)
 local first = m[3] and -tonumber(m[3])
 local held = m[4]
@@ -56,9 +70,13 @@ if first and first <= now then
       ws[i] = 'w' .. string.sub(gone[i], 2)
     end
     local v = redis.call('ZMSCORE', key, unpack(ws))
-    for i = 1, #gone do
-      expired = expired - (tonumber(v[i]) or -1)
-      gone[#gone + 1] = ws[i]
+    for i = 1, #ws do
+      local w = -(tonumber(v[i]) or -1)
+      expired = expired + w
+      if w > 1 then
+        extra = extra - (w - 2)
+        gone[#gone + 1] = ws[i]
+      end
     end
     redis.call('ZREM', key, unpack(gone))
     gone = redis.call('ZRANGEBYSCORE', key, '(0', nows, 'LIMIT', 0, 1000)
@@ -82,6 +100,7 @@ if held or inuse + weight <= max then
     inuse = inuse + weight
     if weight > 1 then
       z[#z + 1], z[#z + 2] = -weight, 'w' .. ARGV[5]
+      extra = extra + weight - 2
     end
   end
   if not first or deadline < first then
@@ -116,12 +135,24 @@ else
     from = from + 1000
   end
 end
+if extra ~= was then
+  if extra == 0 then
+    redis.call('ZREM', key, '')
+  else
+    z[#z + 1], z[#z + 2] = -extra, ''
+  end
+end
 if #z > 0 then
-  z[#z + 1], z[#z + 2] = -inuse, ''
   redis.call('ZADD', key, unpack(z))
 end
-if allowed == 1 and deadline > last then
-  local ttl = ttlms(2 * hold)
-  redis.call('PEXPIRE', key, string.format('%d', ttl))
+local added = 0
+if allowed == 1 then
+  if not held then
+    added = 1
+  end
+  if deadline > last then
+    local ttl = ttlms(2 * hold)
+    redis.call('PEXPIRE', key, string.format('%d', ttl))
+  end
 end
-return {allowed, inuse, retry, expired}
+return {allowed, inuse, retry, expired, added}

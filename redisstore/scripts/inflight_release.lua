@@ -1,5 +1,6 @@
 -- inflight_release.lua: free holder's slot, if it holds. The key's layout:
--- see inflight_acquire.lua.
+-- see inflight_acquire.lua. (A holder of weight 1 whose hold is young is
+-- released by a plain ZREM instead: see redisstore's Release.)
 --
 --   KEYS[1]  the ZSET
 --   ARGV[1]  now, µs; "" reads the server's TIME
@@ -10,16 +11,30 @@
 
 local key = KEYS[1]
 local member, wmember = 'h' .. ARGV[2], 'w' .. ARGV[2]
-local m = redis.call('ZMSCORE', key, '', member, wmember)
-local held = tonumber(m[2])
+local m = redis.call('ZMSCORE', key, member, wmember, '', 'n', 't')
+local held = tonumber(m[1])
 if held == nil or held <= now then
   return {0}
 end
-local inuse = -(tonumber(m[1]) or 0) + (tonumber(m[3]) or -1)
-if inuse <= 0 then
-  redis.call('DEL', key)
+local extra = -(tonumber(m[3]) or 0)
+local inuse = redis.call('ZCARD', key) + extra
+for i = 3, 5 do
+  if m[i] then
+    inuse = inuse - 1
+  end
+end
+local weight = -(tonumber(m[2]) or -1)
+if inuse <= weight then
+  redis.call('DEL', key) -- the last holder
+elseif weight == 1 then
+  redis.call('ZREM', key, member)
 else
-  redis.call('ZREM', key, member, wmember)
-  redis.call('ZADD', key, -inuse, '')
+  extra = extra - (weight - 2)
+  if extra == 0 then
+    redis.call('ZREM', key, member, wmember, '')
+  else
+    redis.call('ZREM', key, member, wmember)
+    redis.call('ZADD', key, -extra, '')
+  end
 end
 return {1}
