@@ -28,11 +28,11 @@ type Membership interface {
 const (
 	DefaultFleetRefresh = time.Second
 	DefaultFleetTTL     = 3 * time.Second
-	DefaultFleetShrink  = 30 * time.Second
+	DefaultFleetShrink  = 5 * time.Minute
 	// DefaultFleetSize is the size assumed by a process that starts while
-	// the registry is unreachable and has no FleetOptions.Size: it divides
-	// nothing, so such a process alone may admit a whole limit. Set
-	// FleetOptions.Size or FleetOptions.Default where that matters.
+	// the registry is unreachable and has no FleetOptions.Size. Until the
+	// registry answers such a process is not counted (see Fleet.Counted),
+	// so its fallback takes no share.
 	DefaultFleetSize = 1
 )
 
@@ -65,7 +65,10 @@ type FleetOptions struct {
 	// Shrink is how long every count must stay below the current size
 	// before the size falls (to the largest of those counts). A size that
 	// is too small over-admits under the fallback, so it grows at once and
-	// shrinks slowly; a failed heartbeat restarts the wait. Default: 30s.
+	// shrinks slowly; a failed heartbeat restarts the wait. It is also how
+	// long a process cut off from the registry keeps its share (see
+	// Fleet.Counted): every process of a fleet must use the same TTL and
+	// Shrink. Default: 5m.
 	Shrink time.Duration
 
 	// Timeout bounds each heartbeat. Default: Refresh.
@@ -93,6 +96,8 @@ type FleetEvent struct {
 	Members int
 	// Reachable reports whether the last heartbeat succeeded.
 	Reachable bool
+	// Counted reports Fleet.Counted: whether the fallback may take a share.
+	Counted bool
 }
 
 // Fleet discovers how many processes share the backend, so that the local
@@ -116,11 +121,15 @@ type Fleet struct {
 	clock    func() time.Time
 
 	size atomic.Int64
+	// lastOK is when the last answered heartbeat was sent, on clock, in
+	// Unix ns; 0 before any.
+	lastOK atomic.Int64
 
 	// Owned by the loop (and NewFleet before it starts).
 	beats     int // heartbeats so far, answered or not
 	members   int
 	reachable bool
+	counted   bool
 	lowSince  time.Time // zero: no count below size since the last change
 	lowMax    int       // the largest count since lowSince
 
@@ -181,9 +190,10 @@ func NewFleet(reg Membership, opts *FleetOptions) (*Fleet, error) {
 	}
 	f.size.Store(int64(start))
 	if !f.beat(f.clock()) && f.explicit == 0 {
-		f.log.Warn("resilient: fleet registry unreachable at start; assuming a default fleet size",
+		f.log.Warn("resilient: fleet registry unreachable at start; not counted by the fleet, so the local fallback refuses until the registry answers (FleetOptions.Size takes a share without it)",
 			"member", f.member, "size", start)
 	}
+	f.counted = f.Counted()
 	go f.loop()
 	return f, nil
 }
@@ -191,6 +201,23 @@ func NewFleet(reg Membership, opts *FleetOptions) (*Fleet, error) {
 // Size returns the fleet size: FleetOptions.Size when set, else the
 // discovered size. It is at least 1, but for a zero Fleet.
 func (f *Fleet) Size() int { return int(f.size.Load()) }
+
+// Counted reports whether the rest of the fleet still counts this process,
+// so that its fallback may take a share of a limit: FleetOptions.Size is
+// set, or a heartbeat sent less than TTL + Shrink ago was answered. The
+// others count a process for TTL after its last heartbeat and keep their
+// size for Shrink more; past that, a process cut off from the registry
+// while they are not is missing from the size they divide by, and any
+// share it took would come on top of the fleet's bound. A Store's
+// FallbackLocal refuses while it is false (as FailClosed). A zero Fleet
+// is always counted.
+func (f *Fleet) Counted() bool {
+	if f.stop == nil || f.explicit > 0 {
+		return true
+	}
+	last := f.lastOK.Load()
+	return last != 0 && f.clock().UnixNano()-last < int64(f.ttl+f.shrink)
+}
 
 // Member returns this process's name in the registry.
 func (f *Fleet) Member() string { return f.member }
@@ -224,7 +251,10 @@ func (f *Fleet) beat(now time.Time) bool {
 // apply folds one heartbeat's result into the state, logging and reporting
 // what changed.
 func (f *Fleet) apply(now time.Time, n int, err error) {
-	old := FleetEvent{Size: f.Size(), Members: f.members, Reachable: f.reachable}
+	old := FleetEvent{Size: f.Size(), Members: f.members, Reachable: f.reachable, Counted: f.counted}
+	if err == nil {
+		f.lastOK.Store(now.UnixNano())
+	}
 	if err != nil {
 		f.lowSince = time.Time{}
 		if f.reachable {
@@ -242,11 +272,20 @@ func (f *Fleet) apply(now time.Time, n int, err error) {
 		}
 	}
 	f.beats++
-	cur := FleetEvent{Size: f.Size(), Members: f.members, Reachable: f.reachable}
+	f.counted = f.Counted()
+	cur := FleetEvent{Size: f.Size(), Members: f.members, Reachable: f.reachable, Counted: f.counted}
 	if cur.Size != old.Size {
 		f.log.Info("resilient: fleet size changed", "member", f.member, "from", old.Size, "to", cur.Size, "members", cur.Members)
 	}
-	if (cur.Size != old.Size || cur.Reachable != old.Reachable) && f.onChange != nil {
+	if cur.Counted != old.Counted && f.beats > 1 {
+		if cur.Counted {
+			f.log.Info("resilient: fleet counts this process again; the local fallback takes its share", "member", f.member)
+		} else {
+			f.log.Error("resilient: fleet registry unreachable for longer than the others count this process; the local fallback refuses until it answers",
+				"member", f.member, "after", f.ttl+f.shrink)
+		}
+	}
+	if (cur.Size != old.Size || cur.Reachable != old.Reachable || cur.Counted != old.Counted) && f.onChange != nil {
 		f.onChange(cur)
 	}
 }

@@ -16,6 +16,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/race"
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/redisstore"
@@ -105,7 +106,7 @@ func TestFleetSize(t *testing.T) {
 	log := &lines{}
 	var events []FleetEvent
 	f, err := NewFleet(reg, &FleetOptions{
-		Member: "m1", Refresh: time.Hour, TTL: 2 * time.Hour, Clock: clk.Now, Logger: slog.New(log),
+		Member: "m1", Refresh: time.Hour, TTL: 2 * time.Hour, Shrink: 30 * time.Second, Clock: clk.Now, Logger: slog.New(log),
 		OnChange: func(e FleetEvent) { events = append(events, e) },
 	})
 	if err != nil {
@@ -143,8 +144,8 @@ func TestFleetSize(t *testing.T) {
 		t.Errorf("log lines:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(wantLines, "\n"))
 	}
 	wantEvents := []FleetEvent{
-		{2, 2, true}, {4, 4, true}, {4, 2, false}, {4, 3, true}, {3, 2, true}, {5, 5, true},
-		{5, 5, false}, {5, 2, true}, {2, 2, true},
+		{2, 2, true, true}, {4, 4, true, true}, {4, 2, false, true}, {4, 3, true, true}, {3, 2, true, true}, {5, 5, true, true},
+		{5, 5, false, true}, {5, 2, true, true}, {2, 2, true, true},
 	}
 	if !equal(events, wantEvents) {
 		t.Errorf("events %v, want %v", events, wantEvents)
@@ -202,9 +203,16 @@ func TestFleetUnreachableAtStart(t *testing.T) {
 			if warned != tt.wantWarn || len(log.all()) > 1 {
 				t.Errorf("log %q, want a warning: %v", log.all(), tt.wantWarn)
 			}
+			// Not counted by anyone: no share without an explicit size.
+			if got, want := f.Counted(), tt.opts.Size > 0; got != want {
+				t.Errorf("counted before the registry answered: %v, want %v", got, want)
+			}
 			// Reached later: one line says so, and the count applies.
 			f.reg.(*script).answers = []int{3}
-			f.beat(t0)
+			f.beat(time.Now())
+			if !f.Counted() {
+				t.Error("not counted once the registry answered")
+			}
 			if got, want := f.Size(), max(3, tt.want); tt.opts.Size == 0 && got != want {
 				t.Errorf("size once reached %d, want %d", got, want)
 			}
@@ -333,3 +341,70 @@ func TestFleetDiscoveryRedis(t *testing.T) {
 }
 
 var _ Membership = (*redisstore.Membership)(nil)
+
+// A process cut off from the registry while the others are not is counted
+// by them for TTL after its last heartbeat and for Shrink more: its
+// fallback takes a share that long, measured from when that heartbeat was
+// sent, and then refuses (as FailClosed) until the registry answers. One
+// line each way, and an OnChange event.
+func TestFleetCounted(t *testing.T) {
+	t.Parallel()
+	reg := &script{answers: []int{3}}
+	clk := storetest.NewClock(t0)
+	log := &lines{}
+	var events []FleetEvent
+	f, err := NewFleet(reg, &FleetOptions{
+		Refresh: time.Hour, TTL: 2 * time.Hour, Shrink: time.Minute, Clock: clk.Now, Logger: slog.New(log),
+		OnChange: func(e FleetEvent) { events = append(events, e) },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	s, err := New(storetest.Down{}, &Options{Fleet: f, Logger: discard, Clock: clk.Now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	source := func() sluice.Source {
+		t.Helper()
+		d, err := s.Take(context.Background(), "k", sluice.PerSecond(30), 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d.Source
+	}
+	if !f.Counted() || source() != sluice.SourceFallback {
+		t.Fatal("not counted, or no share, after an answered heartbeat")
+	}
+	// The registry stops answering; the counted time runs from t0, when
+	// the last answered heartbeat was sent.
+	clk.Advance(2*time.Hour + time.Minute - time.Microsecond)
+	f.beat(clk.Now())
+	if !f.Counted() || source() != sluice.SourceFallback {
+		t.Fatal("not counted, or no share, just before TTL + Shrink")
+	}
+	clk.Advance(time.Microsecond)
+	f.beat(clk.Now())
+	if f.Counted() || source() != sluice.SourceFailClosed {
+		t.Fatal("counted, or a share, at TTL + Shrink without a heartbeat")
+	}
+	reg.answers = []int{2}
+	clk.Advance(time.Second)
+	f.beat(clk.Now())
+	if !f.Counted() || source() != sluice.SourceFallback {
+		t.Fatal("not counted, or no share, once the registry answered again")
+	}
+	got := strings.Join(log.all(), "\n")
+	for _, want := range []string{
+		"resilient: fleet registry unreachable for longer than the others count this process; the local fallback refuses until it answers",
+		"resilient: fleet counts this process again",
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("no line %q in:\n%s", want, got)
+		}
+	}
+	if n := len(events); n < 2 || events[n-2].Counted || !events[n-1].Counted {
+		t.Errorf("events %v: want the last two to say not counted, then counted", events)
+	}
+}

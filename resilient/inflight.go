@@ -146,7 +146,7 @@ func (s *Store) AbandonSlot(key, holder string) {
 // failSlot answers an Acquire by the policy.
 func (s *Store) failSlot(ctx context.Context, key string, l sluice.InFlightLimit, weight int64, holder string, now time.Time, lat time.Duration, berr error) (sluice.SlotDecision, error) {
 	ref := slotRef{key, holder}
-	switch s.policy {
+	switch s.policyNow() {
 	case FailOpen:
 		s.observe("acquire", sluice.SourceFailOpen, lat, berr)
 		s.slots.put(ref, slotGrant{open: true, expires: now.Add(l.Hold), backend: berr != nil}, now)

@@ -41,8 +41,9 @@
 //     Period-long span): at most 2·Rate where a switch falls, Rate
 //     elsewhere.
 //
-// Preconditions: n is at least the real number of processes at every
-// moment; the backend loses no acknowledged write; n·c is at most the
+// Preconditions: n is at least the real number of processes taking a
+// share at every moment (with a Fleet, a process the others may no longer
+// count takes none: see Fleet.Counted); the backend loses no acknowledged write; n·c is at most the
 // capacity (else each process admits one such request per refill of the
 // whole capacity); the fallback store evicts no key; for the window
 // algorithms, the process's and the backend's clocks agree. With n below
@@ -508,7 +509,7 @@ func (s *Store) decide(ctx context.Context, op, key string, limit sluice.Limit, 
 // failOne answers one request by the policy. berr is the backend's error,
 // nil when the breaker kept the backend from being called.
 func (s *Store) failOne(ctx context.Context, op, key string, limit sluice.Limit, cost int64, take bool, lat time.Duration, berr error) (sluice.Decision, error) {
-	switch s.policy {
+	switch s.policyNow() {
 	case FailOpen:
 		s.observe(op, sluice.SourceFailOpen, lat, berr)
 		return openDecision(limit, cost, take), nil
@@ -539,6 +540,16 @@ func (s *Store) fleetSize() int64 {
 		return max(int64(s.fleet.Size()), 1)
 	}
 	return 1
+}
+
+// policyNow is the policy that answers now: FallbackLocal takes a share
+// only while Nodes is set or the Fleet counts this process
+// (Fleet.Counted), and refuses as FailClosed otherwise.
+func (s *Store) policyNow() Policy {
+	if s.policy == FallbackLocal && s.nodes == 0 && s.fleet != nil && !s.fleet.Counted() {
+		return FailClosed
+	}
+	return s.policy
 }
 
 // localCost is what the fallback charges for cost units when n processes
@@ -692,7 +703,7 @@ func allowedAll(ds []sluice.Decision) bool {
 func (m *MultiStore) failAll(ctx context.Context, reqs []sluice.Request, lat time.Duration, berr error) ([]sluice.Decision, error) {
 	s := m.Store
 	out := make([]sluice.Decision, len(reqs))
-	switch s.policy {
+	switch s.policyNow() {
 	case FailOpen:
 		s.observe("take_all", sluice.SourceFailOpen, lat, berr)
 		for i, r := range reqs {

@@ -13,9 +13,10 @@ import (
 // what is discovered), exported as sluice_fleet_size. The Fleet logs each
 // change of size and each loss and return of the registry itself.
 func (s *Server) startFleet(rs *redisstore.Store) (*resilient.Fleet, error) {
-	size := newGauge("sluice_fleet_size", "Instances sharing Redis, which the local fallback divides every limit by: --fleet-size, or as discovered (grows at once, shrinks after 30s of smaller counts, kept while Redis is away).")
+	size := newGauge("sluice_fleet_size", "Instances sharing Redis, which the local fallback divides every limit by: --fleet-size, or as discovered (grows at once, shrinks after 5m of smaller counts, kept while Redis is away).")
 	reachable := newGauge("sluice_fleet_registry_reachable", "1 while this instance's fleet registration reaches Redis (renewed every second).")
-	s.metrics.reg.MustRegister(size, reachable)
+	counted := newGauge("sluice_fleet_counted", "1 while the fleet counts this instance, so that the local failure policy may take its share: --fleet-size is set, or a registration succeeded within the last 5m3s; 0 and the local policy refuses.")
+	s.metrics.reg.MustRegister(size, reachable, counted)
 	// The state until the first change: an unreachable registry at start
 	// reports none.
 	size.Set(float64(cmp.Or(s.opts.FleetSize, resilient.DefaultFleetSize)))
@@ -25,11 +26,15 @@ func (s *Server) startFleet(rs *redisstore.Store) (*resilient.Fleet, error) {
 		OnChange: func(e resilient.FleetEvent) {
 			size.Set(float64(e.Size))
 			reachable.Set(boolGauge(e.Reachable))
+			counted.Set(boolGauge(e.Counted))
+			s.health.fleetCounted(e.Counted)
 		},
 	})
 	if err != nil {
 		return nil, fmt.Errorf("server: fleet: %w", err)
 	}
+	counted.Set(boolGauge(f.Counted()))
+	s.health.fleetCounted(f.Counted())
 	return f, nil
 }
 

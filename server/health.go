@@ -63,7 +63,10 @@ type Health struct {
 	partialFrom time.Time // the first failed call of the current run
 	partialAt   time.Time
 	partialN    int64 // such decisions in the current episode
-	grpc        *health.Server
+	// uncounted: under the local policy, the fleet no longer counts this
+	// instance (resilient.Fleet.Counted), so the policy refuses.
+	uncounted bool
+	grpc      *health.Server
 }
 
 // healthOptions configures newHealth.
@@ -277,7 +280,21 @@ func (h *Health) refresh(now time.Time) {
 	}
 }
 
-func (h *Health) degradedLocked() bool { return h.storeErr != nil || h.fallback || h.partial }
+func (h *Health) degradedLocked() bool {
+	return h.storeErr != nil || h.fallback || h.partial || h.uncounted
+}
+
+// fleetCounted records whether the fleet counts this instance; only the
+// local policy depends on it.
+func (h *Health) fleetCounted(counted bool) {
+	if h == nil || h.policy != "local" {
+		return
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.uncounted = !counted
+	h.publishLocked()
+}
 
 func (h *Health) publishLocked() {
 	ready := h.readyLocked()
@@ -371,6 +388,9 @@ func (h *Health) Status() Status {
 			why = " (calls failed: " + cause(redisstore.Classify(h.openedBy)) + ": " + h.openedBy.Error() + ")"
 		}
 		st.Reasons = append(st.Reasons, "the breaker is open"+why+": failure policy "+h.policy+" decides until a probe succeeds")
+	}
+	if h.uncounted {
+		st.Reasons = append(st.Reasons, "the fleet no longer counts this instance (its registration in Redis has failed for longer than the others keep counting it): failure policy local refuses every decision it answers until the registration succeeds")
 	}
 	if h.partial && !h.fallback && h.storeErr == nil {
 		st.Reasons = append(st.Reasons, fmt.Sprintf("store calls fail while the breaker is closed (part of the store down?): failure policy %s answered %d decisions, the last %v ago",

@@ -309,7 +309,9 @@ func grpcHealth(t *testing.T, addr, service string) healthpb.HealthCheckResponse
 }
 
 // TestServerRedisUnreachableAtStart: a warning, decisions under the
-// failure policy, and the service notices when Redis comes.
+// failure policy, and the service notices when Redis comes. The fleet
+// cannot count an instance that never registered, so the local policy
+// refuses (other instances' shares leave nothing for it) until it does.
 func TestServerRedisUnreachableAtStart(t *testing.T) {
 	t.Parallel()
 	r := redistest.StartServer(t)
@@ -330,8 +332,14 @@ func TestServerRedisUnreachableAtStart(t *testing.T) {
 	if got := grpcHealth(t, p.grpc, ""); got != healthpb.HealthCheckResponse_SERVING {
 		t.Errorf("gRPC health %v under local with Redis down, want SERVING", got)
 	}
-	if code, _ := p.post(t, "/v1/check", `{"policy":"rl.foo","key":"foo=a"}`); code != 200 {
-		t.Errorf("check under local with Redis down: %d", code)
+	if code, _ := p.post(t, "/v1/check", `{"policy":"rl.foo","key":"foo=a"}`); code != 429 {
+		t.Errorf("check under local with Redis down, not counted by the fleet: %d, want 429", code)
+	}
+	if _, st := p.getJSON(t, "/v1/status"); !strings.Contains(fmt.Sprint(st["reasons"]), "the fleet no longer counts this instance") {
+		t.Errorf("status %v: want a reason naming the fleet", st)
+	}
+	if got := scrapedMetric(t, p, "sluice_fleet_counted"); got != "0" {
+		t.Errorf("sluice_fleet_counted %q, want 0", got)
 	}
 	r.Start(t)
 	logged(t, &logs, "level=INFO", "store back", "store=redis")
@@ -340,6 +348,9 @@ func TestServerRedisUnreachableAtStart(t *testing.T) {
 	}
 	if got := scrapedMetric(t, p, `sluice_store_transitions_total{cause="",to="up"}`); got != "1" {
 		t.Errorf("transitions to up %q, want 1", got)
+	}
+	if got := scrapedMetric(t, p, "sluice_fleet_counted"); got != "1" {
+		t.Errorf("sluice_fleet_counted %q once registered, want 1", got)
 	}
 }
 
