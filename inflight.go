@@ -184,8 +184,12 @@ type Slot struct {
 }
 
 // AcquireSlot acquires a slot of weight for key under limit with a fresh
-// holder id. It returns a nil Slot when the decision denies.
+// holder id. It returns a nil Slot when the decision denies. A nil store
+// is ErrInvalidLimit, as for NewLimiter.
 func AcquireSlot(ctx context.Context, store Slots, key string, limit InFlightLimit, weight int64) (*Slot, SlotDecision, error) {
+	if store == nil {
+		return nil, SlotDecision{}, fmt.Errorf("%w: nil store", ErrInvalidLimit)
+	}
 	holder := NewHolderID()
 	d, err := store.Acquire(ctx, key, limit, weight, holder)
 	if err != nil || !d.Allowed {

@@ -1,6 +1,7 @@
 package sluice_test
 
 import (
+	"context"
 	"errors"
 	"testing"
 	"time"
@@ -58,5 +59,13 @@ func TestValidateSlot(t *testing.T) {
 	}
 	if a, b := sluice.NewHolderID(), sluice.NewHolderID(); a == b || len(a) != 32 {
 		t.Errorf("NewHolderID gave %q and %q, want two different 32-digit ids", a, b)
+	}
+}
+
+// AcquireSlot without a store is an error, not a panic.
+func TestAcquireSlotNilStore(t *testing.T) {
+	s, _, err := sluice.AcquireSlot(context.Background(), nil, "k", sluice.Concurrent(1, time.Second), 1)
+	if s != nil || !errors.Is(err, sluice.ErrInvalidLimit) {
+		t.Errorf("AcquireSlot(nil store) = %v, %v; want ErrInvalidLimit", s, err)
 	}
 }

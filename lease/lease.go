@@ -631,6 +631,7 @@ func (h *hot) local(limit sluice.Limit, now int64, allowed bool) sluice.Decision
 // holds cost units, and otherwise after returning what is left of it and
 // asking for a new one; a key that is not leased, exactly by the store.
 func (s *Store) Take(ctx context.Context, key string, limit sluice.Limit, cost int64) (sluice.Decision, error) {
+	ctx = orBackground(ctx)
 	stale, err := s.staleFor(key, limit)
 	if err != nil {
 		return sluice.Decision{}, err
@@ -954,6 +955,7 @@ func (s *Store) giveBack(ctx context.Context, key string, limit sluice.Limit, g 
 // met after the Store's 2^20th is never leased, see the package doc). Two
 // checks on one key under one algorithm are sluice.ErrInvalidKey.
 func (s *Store) TakeAll(ctx context.Context, reqs []sluice.Request) ([]sluice.Decision, error) {
+	ctx = orBackground(ctx)
 	if s.granter == nil {
 		return nil, ErrNoGranter
 	}
@@ -1051,6 +1053,7 @@ func (s *Store) exactly(ctx context.Context, multi sluice.MultiStore, reqs []slu
 // Peek implements sluice.Store: a live lease that holds cost units answers
 // without taking; otherwise the store does.
 func (s *Store) Peek(ctx context.Context, key string, limit sluice.Limit, cost int64) (sluice.Decision, error) {
+	ctx = orBackground(ctx)
 	stale, err := s.check(key, limit, cost)
 	if err != nil {
 		return sluice.Decision{}, err
@@ -1076,6 +1079,7 @@ func (s *Store) Peek(ctx context.Context, key string, limit sluice.Limit, cost i
 // are not returned) and resets the key in the store. Other processes'
 // leases live on for at most MaxStaleness.
 func (s *Store) Reset(ctx context.Context, key string, limit sluice.Limit) error {
+	ctx = orBackground(ctx)
 	if s.granter == nil {
 		return ErrNoGranter
 	}
@@ -1097,6 +1101,7 @@ func (s *Store) Len() int { return int(s.keys.Load()) }
 // Close returns every lease's unused units to the store, and forgets the
 // leases. The Store still answers afterwards.
 func (s *Store) Close(ctx context.Context) error {
+	ctx = orBackground(ctx)
 	var errs []error
 	for i := range s.shards {
 		sh := &s.shards[i]
@@ -1123,4 +1128,13 @@ func (s *Store) Close(ctx context.Context) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// orBackground is ctx, or context.Background() for a nil one, which every
+// call takes for it (as the memory store does) rather than panic.
+func orBackground(ctx context.Context) context.Context {
+	if ctx == nil {
+		return context.Background()
+	}
+	return ctx
 }

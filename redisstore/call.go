@@ -103,7 +103,7 @@ func runOne(ctx context.Context, client redis.UniversalClient, c *call) {
 // runs. done (buffered, empty) receives one signal when send returns. A
 // context that can never end costs no goroutine: send runs on the caller's.
 func bounded(ctx context.Context, done chan struct{}, send func()) error {
-	if ctx.Done() == nil {
+	if ctx == nil || ctx.Done() == nil {
 		send()
 		return nil
 	}
@@ -129,4 +129,13 @@ func (c *call) await(ctx context.Context, send func()) error {
 		c.gone = true
 	}
 	return err
+}
+
+// orBackground is ctx, or context.Background() for a nil one, which every
+// call takes for it (as the memory store does) rather than panic.
+func orBackground(ctx context.Context) context.Context {
+	if ctx == nil {
+		return context.Background()
+	}
+	return ctx
 }

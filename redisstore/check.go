@@ -258,6 +258,7 @@ var accessSHA = newScript(accessScript).sha.(string)
 // EVALSHA (EVAL only when the server lacks the script), and calls TIME, so
 // that a user who lost either permission is found too.
 func (s *Store) CheckAccess(ctx context.Context) error {
+	ctx = orBackground(ctx)
 	if s.client == nil {
 		return ErrNoClient
 	}

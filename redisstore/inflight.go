@@ -116,6 +116,7 @@ func (s *Store) Release(ctx context.Context, key string, holder string) (bool, e
 // frees it, without a script, and its reply says whether it still held
 // (released elsewhere, or the key lost, it did not).
 func (s *Store) releaseYoung(ctx context.Context, key, holder string) (bool, error) {
+	ctx = orBackground(ctx)
 	c := calls.Get().(*call)
 	defer c.recycle()
 	cmd := plainCmd{redis.NewIntCmd(ctx, "zrem", s.slotKey(key), "h"+holder)}

@@ -317,6 +317,7 @@ func (s *Store) Reset(ctx context.Context, key string, limit sluice.Limit) error
 	if s.client == nil {
 		return ErrNoClient
 	}
+	ctx = orBackground(ctx)
 	var err error
 	if berr := bounded(ctx, make(chan struct{}, 1), func() {
 		err = s.client.Del(ctx, s.redisKey(key, limit.Algorithm)).Err()
@@ -382,6 +383,7 @@ func (s *Store) refund(ctx context.Context, req sluice.Request, r result) error 
 // run sends c, batched or on its own, and returns its reply, or ctx.Err()
 // as soon as ctx ends.
 func (s *Store) run(ctx context.Context, c *call) ([]int64, error) {
+	ctx = orBackground(ctx)
 	if err := ctx.Err(); err != nil {
 		return nil, err // never sent
 	}

@@ -427,6 +427,7 @@ var probeLimit = sluice.PerSecond(1)
 // request's probe would. Probe does nothing when the breaker is closed or
 // no probe is due, and reports whether it sent one and its error.
 func (s *Store) Probe(ctx context.Context) (bool, error) {
+	ctx = orBackground(ctx)
 	if s == nil || s.backend == nil || s.br.current() == sluice.BreakerClosed {
 		return false, nil
 	}
@@ -452,12 +453,14 @@ func (s *Store) Probe(ctx context.Context) (bool, error) {
 
 // Take implements sluice.Store.
 func (s *Store) Take(ctx context.Context, key string, limit sluice.Limit, cost int64) (sluice.Decision, error) {
+	ctx = orBackground(ctx)
 	return s.decide(ctx, "take", key, limit, cost, true)
 }
 
 // Peek implements sluice.Store. Peeks are answered from the deny cache too:
 // a cached denial is what the backend would report.
 func (s *Store) Peek(ctx context.Context, key string, limit sluice.Limit, cost int64) (sluice.Decision, error) {
+	ctx = orBackground(ctx)
 	return s.decide(ctx, "peek", key, limit, cost, false)
 }
 
@@ -599,6 +602,7 @@ func (s *Store) closedDecision(limit sluice.Limit) sluice.Decision {
 // the fallback store, and in this process's deny cache. Other processes'
 // deny caches keep their entries until they expire.
 func (s *Store) Reset(ctx context.Context, key string, limit sluice.Limit) error {
+	ctx = orBackground(ctx)
 	if err := sluice.ValidateKey(key); err != nil {
 		return err
 	}
@@ -632,6 +636,7 @@ func (s *Store) Reset(ctx context.Context, key string, limit sluice.Limit) error
 // same holds under FailOpen. On a deny-cache hit every verdict has Source
 // SourceDenyCache.
 func (m *MultiStore) TakeAll(ctx context.Context, reqs []sluice.Request) ([]sluice.Decision, error) {
+	ctx = orBackground(ctx)
 	s := m.Store
 	for i, r := range reqs {
 		if err := sluice.ValidateRequest(r.Key, r.Limit, r.Cost); err != nil {
@@ -832,4 +837,13 @@ func orDefault[T comparable](v, def T) T {
 		return def
 	}
 	return v
+}
+
+// orBackground is ctx, or context.Background() for a nil one, which every
+// call takes for it (as the memory store does) rather than panic.
+func orBackground(ctx context.Context) context.Context {
+	if ctx == nil {
+		return context.Background()
+	}
+	return ctx
 }

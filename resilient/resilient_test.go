@@ -596,3 +596,19 @@ func TestZeroStore(t *testing.T) {
 		t.Errorf("MultiStore.Close = %v", err)
 	}
 }
+
+// The conformance suite over a healthy memory backend: resilient answers
+// as its backend does (without the deny cache, whose answers name their
+// own Source).
+func TestConformance(t *testing.T) {
+	storetest.Run(t, func(t *testing.T, now func() time.Time) sluice.Store {
+		m := memory.New(&memory.Options{Clock: now})
+		t.Cleanup(func() { m.Close() })
+		s, err := NewMulti(m, &Options{Logger: discard, Clock: now, DenyCacheSize: -1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Close() })
+		return s
+	})
+}

@@ -98,6 +98,7 @@ func Run(t *testing.T, newStore NewStore) {
 	t.Run("bad_input", func(t *testing.T) { testBadInput(t, newStore) })
 	t.Run("independence", func(t *testing.T) { testIndependence(t, newStore) })
 	t.Run("ended_context", func(t *testing.T) { testEndedContext(t, newStore) })
+	t.Run("nil_context", func(t *testing.T) { testNilContext(t, newStore) })
 	t.Run("take_all", func(t *testing.T) { testTakeAll(t, newStore) })
 	t.Run("inflight", func(t *testing.T) { runInFlightOf(t, newStore) })
 }
@@ -642,6 +643,59 @@ func testEndedContext(t *testing.T, newStore NewStore) {
 	if d, err := s.Peek(context.Background(), key, l, 1); err != nil || d.Remaining != 4 {
 		t.Errorf("after them: %+v, %v; want nothing taken", d, err)
 	}
+}
+
+// testNilContext: a nil context is taken for context.Background() by every
+// call, as the memory store does, never a panic.
+func testNilContext(t *testing.T, newStore NewStore) {
+	clock := NewClock(T0)
+	s := newStore(t, clock.Now)
+	key := uniqueKey(t, "nil")
+	l := sluice.PerMinute(4)
+	var nilCtx context.Context
+	call := func(name string, fn func() error) {
+		t.Helper()
+		defer func() {
+			if p := recover(); p != nil {
+				t.Errorf("%s with a nil context panicked: %v", name, p)
+			}
+		}()
+		if err := fn(); err != nil {
+			t.Errorf("%s with a nil context: %v", name, err)
+		}
+	}
+	call("Take", func() error { _, err := s.Take(nilCtx, key, l, 1); return err })
+	call("Peek", func() error { _, err := s.Peek(nilCtx, key, l, 1); return err })
+	if m, ok := s.(sluice.MultiStore); ok {
+		call("TakeAll", func() error {
+			_, err := m.TakeAll(nilCtx, []sluice.Request{{Key: key, Limit: l, Cost: 1}})
+			return err
+		})
+	}
+	if g, ok := s.(sluice.Granter); ok {
+		call("Grant+Return", func() error {
+			gr, err := g.Grant(nilCtx, key, l, 1)
+			if err != nil {
+				return err
+			}
+			_, err = g.Return(nilCtx, key, l, gr, gr.Granted)
+			return err
+		})
+	}
+	if sl, ok := s.(sluice.Slots); ok {
+		il := sluice.Concurrent(2, time.Minute)
+		call("Acquire+Extend+Release", func() error {
+			if _, err := sl.Acquire(nilCtx, key, il, 1, "h"); err != nil {
+				return err
+			}
+			if _, err := sl.Extend(nilCtx, key, il, "h"); err != nil {
+				return err
+			}
+			_, err := sl.Release(nilCtx, key, "h")
+			return err
+		})
+	}
+	call("Reset", func() error { return s.Reset(nilCtx, key, l) })
 }
 
 // testTakeAll: layered limits are all-or-nothing.
