@@ -282,6 +282,13 @@ func parsePeriod(s string) (time.Duration, error) {
 	if i > 0 {
 		n, err := strconv.ParseInt(s[:i], 10, 64)
 		if err != nil || n < 1 {
+			// "0.5s" and "0h30m" are Go durations whose whole part is 0.
+			if d, derr := time.ParseDuration(s); derr == nil {
+				return positivePeriod(s, d)
+			}
+			if err == nil {
+				return 0, fmt.Errorf("period %q: a period must be positive", s)
+			}
 			return 0, fmt.Errorf("period %q: bad count", s)
 		}
 		count = n
@@ -297,9 +304,16 @@ func parsePeriod(s string) (time.Duration, error) {
 		}
 	}
 	if d, err := time.ParseDuration(s); err == nil {
-		return d, nil
+		return positivePeriod(s, d)
 	}
 	return 0, fmt.Errorf("period %q: unknown unit (want ms, s, min, h, day or a Go duration)", s)
+}
+
+func positivePeriod(s string, d time.Duration) (time.Duration, error) {
+	if d <= 0 {
+		return 0, fmt.Errorf("period %q: a period must be positive", s)
+	}
+	return d, nil
 }
 
 func isLetter(c byte) bool { return c >= 'a' && c <= 'z' }

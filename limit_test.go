@@ -2,6 +2,7 @@ package sluice_test
 
 import (
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -27,6 +28,11 @@ func TestParseLimit(t *testing.T) {
 		{"fixed_window 60/min", sluice.PerMinute(60).WithAlgorithm(sluice.FixedWindow), "fixed_window 60/min"},
 		{"Token-Bucket 1/s burst 5", sluice.PerSecond(1).WithBurst(5).WithAlgorithm(sluice.TokenBucket), "token_bucket 1/s burst 5"},
 		{"sliding_window_log 300/5m", sluice.Limit{Algorithm: sluice.SlidingWindowLog, Rate: 300, Period: 5 * time.Minute}, "sliding_window_log 300/5m"},
+		// Go durations whose whole part is 0.
+		{"10/0.5s", sluice.Limit{Rate: 10, Period: 500 * time.Millisecond}, "10/500ms"},
+		{"10/0.25h", sluice.Limit{Rate: 10, Period: 15 * time.Minute}, "10/15m"},
+		{"10/0h30m", sluice.Limit{Rate: 10, Period: 30 * time.Minute}, "10/30m"},
+		{"10/00.5s", sluice.Limit{Rate: 10, Period: 500 * time.Millisecond}, "10/500ms"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.in, func(t *testing.T) {
@@ -61,6 +67,16 @@ func TestParseLimitErrors(t *testing.T) {
 				t.Errorf("ParseLimit(%q) = %v, %v; want ErrInvalidLimit", in, l, err)
 			}
 		})
+	}
+}
+
+func TestParseLimitZeroPeriod(t *testing.T) {
+	t.Parallel()
+	for _, in := range []string{"10/0s", "10/0", "10/0min", "10/0h0m", "10/-1s"} {
+		_, err := sluice.ParseLimit(in)
+		if !errors.Is(err, sluice.ErrInvalidLimit) || !strings.Contains(err.Error(), "a period must be positive") {
+			t.Errorf("ParseLimit(%q): %v; want ErrInvalidLimit saying a period must be positive", in, err)
+		}
 	}
 }
 
