@@ -98,9 +98,9 @@ func validUTF8JSON(body []byte) error {
 var ErrNoPolicies = errors.New("server: the configuration has no policies (say allow_empty: true in it to run without any)")
 
 // requirePolicies refuses an empty configuration unless it says so: an
-// emptied file must not silently drop every limit.
+// emptied file must not silently drop every limit. Blocks limit too.
 func requirePolicies(cfg *config.Config) error {
-	if len(cfg.Policies) == 0 && !cfg.AllowEmpty {
+	if len(cfg.Policies) == 0 && cfg.Blocks() == 0 && !cfg.AllowEmpty {
 		return fmt.Errorf("%w: %s", ErrNoPolicies, strings.Join(cfg.Files, ", "))
 	}
 	return nil

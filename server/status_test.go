@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -151,4 +152,32 @@ func TestRLSInvalidUTF8(t *testing.T) {
 	if err := proto.Unmarshal(out, &resp); err != nil || resp.OverallCode != rlsv3.RateLimitResponse_OK {
 		t.Errorf("response %v, %v", &resp, err)
 	}
+}
+
+// TestBlockOnlyConfiguration: an Envoy-format file whose only rules are
+// blocks (requests_per_unit: 0) limits requests, so it is not empty.
+func TestBlockOnlyConfiguration(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "block.yaml")
+	cfg := "domain: d\ndescriptors:\n  - key: remote_address\n    value: 6.6.6.6\n    rate_limit:\n      unit: second\n      requests_per_unit: 0\n"
+	if err := os.WriteFile(file, []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var stdout, stderr bytes.Buffer
+	if code := Main([]string{"check-config", file}, &stdout, &stderr); code != 0 || !strings.Contains(stdout.String(), "blocked (0 per 1s)") {
+		t.Errorf("check-config: exit %d, stdout %q, stderr %q", code, stdout.String(), stderr.String())
+	}
+	p := startSluice(t, nil, "--config", file, "--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0", "--watch-interval", "0")
+	for value, want := range map[string]int{"6.6.6.6": 429, "1.2.3.4": 200} {
+		body := `{"domain":"d","descriptors":[{"entries":[{"key":"remote_address","value":"` + value + `"}]}]}`
+		if code, m := p.post(t, "/json", body); code != want {
+			t.Errorf("/json for %s: %d %v, want %d", value, code, m, want)
+		}
+	}
+	// Emptied to nothing, it is refused again.
+	if err := os.WriteFile(file, []byte("domain: d\ndescriptors: []\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	p.signal(t, syscall.SIGHUP)
+	p.expect(t, "config reload rejected; keeping the configuration in force")
+	p.stop(t)
 }

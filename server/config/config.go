@@ -196,6 +196,27 @@ type Config struct {
 // Policy returns the policy called name, or nil.
 func (c *Config) Policy(name string) *Policy { return c.byName[name] }
 
+// Blocks returns how many Envoy-format rules block every request
+// (requests_per_unit: 0); they are rules without a policy.
+func (c *Config) Blocks() int {
+	n := 0
+	for _, d := range c.domains {
+		n += d.root.blocks()
+	}
+	return n
+}
+
+func (n *descNode) blocks() int {
+	b := 0
+	if n.rule != nil && n.rule.Blocked {
+		b++
+	}
+	for _, c := range n.children {
+		b += c.blocks()
+	}
+	return b
+}
+
 // Domain returns the Envoy domain called name, or nil.
 func (c *Config) Domain(name string) *Domain { return c.domains[name] }
 
