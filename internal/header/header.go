@@ -86,9 +86,8 @@ func Parse(name string) (Selection, error) {
 // The last two are the structured fields of the IETF draft
 // draft-ietf-httpapi-ratelimit-headers. Retry-After is rounded up so that a
 // client waiting exactly that long is admitted, never told to come back too
-// early. The policy name is written as a structured-field string: quotes and
-// backslashes are escaped and other bytes outside printable ASCII replaced
-// with '?'.
+// early. The policy name is written as a structured-field string (see
+// Quote).
 func (s Selection) Set(h http.Header, policy string, d sluice.Decision, now time.Time) {
 	if d.Allowed && s == None {
 		return
@@ -205,8 +204,12 @@ func resetUnix(now time.Time, after time.Duration) int64 {
 	return s
 }
 
-// Quote formats s as a structured-field string (RFC 8941 §3.3.3).
+// Quote formats s as a structured-field string (RFC 8941 §3.3.3), which
+// holds printable ASCII only: other bytes, and '%', are percent-encoded
+// ("café" is "caf%C3%A9"), so distinct names stay distinct and a client
+// can decode them.
 func Quote(s string) string {
+	const hex = "0123456789ABCDEF"
 	var b strings.Builder
 	b.Grow(len(s) + 2)
 	b.WriteByte('"')
@@ -216,8 +219,10 @@ func Quote(s string) string {
 		case c == '"' || c == '\\':
 			b.WriteByte('\\')
 			b.WriteByte(c)
-		case c < 0x20 || c > 0x7e:
-			b.WriteByte('?')
+		case c < 0x20 || c > 0x7e || c == '%':
+			b.WriteByte('%')
+			b.WriteByte(hex[c>>4])
+			b.WriteByte(hex[c&15])
 		default:
 			b.WriteByte(c)
 		}

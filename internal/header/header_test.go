@@ -2,6 +2,8 @@ package header
 
 import (
 	"net/http"
+	"net/url"
+	"strconv"
 	"testing"
 	"time"
 
@@ -28,7 +30,9 @@ func TestSet(t *testing.T) {
 		{"burst is the limit, a sub-second span per second", "b", sluice.Decision{Allowed: true, Limit: sluice.Limit{Rate: 10, Period: 100 * time.Millisecond, Burst: 20}, Remaining: 19}, fields{Limit: "20", Policy: `"b";q=100;w=1`, RateLimit: `"b";r=19;t=0`, Reset: "1700000000"}},
 		{"burst is the quota, over its refill", "b", sluice.Decision{Allowed: true, Limit: sluice.Limit{Rate: 10, Period: time.Second, Burst: 20}, Remaining: 19}, fields{Limit: "20", Policy: `"b";q=20;w=2`, RateLimit: `"b";r=19;t=0`}},
 		{"a sub-second window, per second", "b", sluice.Decision{Allowed: true, Limit: sluice.Limit{Algorithm: sluice.FixedWindow, Rate: 5, Period: 100 * time.Millisecond}, Remaining: 4}, fields{Policy: `"b";q=50;w=1`}},
-		{"name escaped", "a\"b\\c\n\xff", sluice.Decision{Allowed: true, Limit: lim, Remaining: 1}, fields{RateLimit: `"a\"b\\c??";r=1;t=0`}},
+		{"name escaped", "a\"b\\c\n\xff", sluice.Decision{Allowed: true, Limit: lim, Remaining: 1}, fields{RateLimit: `"a\"b\\c%0A%FF";r=1;t=0`}},
+		{"non-ASCII percent-encoded", "café", sluice.Decision{Allowed: true, Limit: lim, Remaining: 1}, fields{RateLimit: `"caf%C3%A9";r=1;t=0`, Policy: `"caf%C3%A9";q=100;w=60`}},
+		{"percent itself encoded", "caf%C3%A9", sluice.Decision{Allowed: true, Limit: lim, Remaining: 1}, fields{RateLimit: `"caf%25C3%25A9";r=1;t=0`}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -81,5 +85,32 @@ func TestWriteRuleFields(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestQuoteDistinct: names that differ only outside printable ASCII keep
+// distinct header values, and decode back to themselves.
+func TestQuoteDistinct(t *testing.T) {
+	t.Parallel()
+	names := []string{"café", "cafè", "caf??", "caf%C3%A9", "日本", "中国", "a\tb", "a\x7fb", "a%b"}
+	seen := map[string]string{}
+	for _, n := range names {
+		q := Quote(n)
+		if prev, dup := seen[q]; dup {
+			t.Errorf("Quote(%q) = Quote(%q) = %s", n, prev, q)
+		}
+		seen[q] = n
+		for i := 1; i < len(q)-1; i++ {
+			if q[i] < 0x20 || q[i] > 0x7e {
+				t.Errorf("Quote(%q) = %q holds byte %#x, not allowed in a structured-field string", n, q, q[i])
+			}
+		}
+		unq, err := strconv.Unquote(q)
+		if err != nil {
+			t.Fatalf("Quote(%q) = %s: %v", n, q, err)
+		}
+		if dec, err := url.PathUnescape(unq); err != nil || dec != n {
+			t.Errorf("Quote(%q) = %s decodes to %q, %v", n, q, dec, err)
+		}
 	}
 }
