@@ -196,6 +196,10 @@ type rateOnly struct{ sluice.Store }
 var undocumented = []exchange{
 	{"wrong method", "GET", "/v1/check", "", "", 405, false},
 	{"wrong method on the index", "DELETE", "/v1/", "", "", 405, false},
+	{"wrong method on /json", "GET", "/json", "", "", 405, false},
+	{"wrong method on /healthz", "POST", "/healthz", "", "", 405, false},
+	{"wrong method on /readyz", "DELETE", "/readyz", "", "", 405, false},
+	{"wrong method on /metrics", "PUT", "/metrics", "", "", 405, false},
 	{"unknown endpoint", "GET", "/v1/nothing", "", "", 404, false},
 }
 

@@ -93,12 +93,19 @@ func newHandler(s *Service, opts *HandlerOptions) http.Handler {
 	allow := map[string]string{"/v1/policies": "GET", "/v1/stats": "GET", "/v1/status": "GET", "/v1/top": "GET", "/v1/": "GET", "/v1/openapi.json": "GET", "/v1/check": "POST", "/v1/peek": "POST", "/v1/reset": "POST", "/v1/acquire": "POST", "/v1/extend": "POST", "/v1/release": "POST"}
 	mux.HandleFunc("/v1/", func(w http.ResponseWriter, r *http.Request) {
 		if m, ok := allow[r.URL.Path]; ok {
-			w.Header().Set("Allow", m)
-			problem(w, http.StatusMethodNotAllowed, r.Method+" "+r.URL.Path+": use "+m)
+			methodNotAllowed(w, r, m)
 			return
 		}
 		problem(w, http.StatusNotFound, "no such endpoint: "+r.URL.Path)
 	})
+	// Outside /v1/ too, a wrong method must not reach the dashboard's 404.
+	others := map[string]string{"/json": "POST", "/healthz": "GET", "/readyz": "GET"}
+	if o.Metrics != nil {
+		others["/metrics"] = "GET"
+	}
+	for path, m := range others {
+		mux.HandleFunc(path, func(w http.ResponseWriter, r *http.Request) { methodNotAllowed(w, r, m) })
+	}
 	if o.Dashboard == nil {
 		o.Dashboard = placeholder{}
 	}
@@ -366,6 +373,12 @@ func writeJSON(w http.ResponseWriter, code int, v any) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(code)
 	json.NewEncoder(w).Encode(v)
+}
+
+// methodNotAllowed answers 405 naming the method to use.
+func methodNotAllowed(w http.ResponseWriter, r *http.Request, m string) {
+	w.Header().Set("Allow", m)
+	problem(w, http.StatusMethodNotAllowed, "use "+m+" for "+r.URL.Path+", not "+r.Method)
 }
 
 // problem writes an RFC 9457 problem details body.

@@ -130,3 +130,30 @@ func TestAPIIndex(t *testing.T) {
 		t.Errorf("POST /v1/: %d, Allow %q", w.Code, w.Header().Get("Allow"))
 	}
 }
+
+// TestWrongMethodOutsideV1: the endpoints beyond /v1/ answer a wrong method
+// with a 405 problem too, not the dashboard's 404.
+func TestWrongMethodOutsideV1(t *testing.T) {
+	e := newAPI(t, &HandlerOptions{Metrics: NewMetrics()})
+	for _, tt := range []struct{ method, path, allow string }{
+		{"GET", "/json", "POST"},
+		{"PUT", "/json", "POST"},
+		{"POST", "/healthz", "GET"},
+		{"DELETE", "/readyz", "GET"},
+		{"POST", "/metrics", "GET"},
+	} {
+		w := e.do(t, tt.method, tt.path, "", nil, "")
+		if w.Code != 405 || w.Header().Get("Allow") != tt.allow || w.Header().Get("Content-Type") != "application/problem+json" {
+			t.Errorf("%s %s: %d, Allow %q, Content-Type %q; want 405, %s, a problem", tt.method, tt.path, w.Code, w.Header().Get("Allow"), w.Header().Get("Content-Type"), tt.allow)
+		}
+	}
+	for _, tt := range []struct{ method, path string }{{"GET", "/healthz"}, {"HEAD", "/readyz"}, {"GET", "/metrics"}} {
+		if w := e.do(t, tt.method, tt.path, "", nil, ""); w.Code != 200 {
+			t.Errorf("%s %s: %d", tt.method, tt.path, w.Code)
+		}
+	}
+	// Without metrics, /metrics is no endpoint at all.
+	if w := newAPI(t, nil).do(t, "POST", "/metrics", "", nil, ""); w.Code != 404 {
+		t.Errorf("POST /metrics without metrics: %d, want 404", w.Code)
+	}
+}
