@@ -21,6 +21,9 @@ const (
 	// AdminLoopback: without a token, clients connected from a loopback
 	// address (the peer address; forwarding headers are not trusted).
 	AdminLoopback = "loopback"
+	// AdminInsecure: the loopback rule kept by --insecure-admin while
+	// other hosts can reach the port (a local proxy passes for loopback).
+	AdminInsecure = "insecure"
 	// AdminDisabled: nobody (403). The Server's choice when it listens
 	// beyond loopback without an admin token.
 	AdminDisabled = "disabled"
@@ -34,8 +37,10 @@ func adminMode(token, httpAddr string, insecure bool) string {
 	switch {
 	case token != "":
 		return AdminToken
-	case insecure || loopbackOnly(httpAddr):
+	case loopbackOnly(httpAddr):
 		return AdminLoopback
+	case insecure:
+		return AdminInsecure
 	}
 	return AdminDisabled
 }

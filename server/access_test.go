@@ -107,7 +107,8 @@ func TestAdminMode(t *testing.T) {
 		{"", ":8080", false, AdminDisabled},
 		{"", "0.0.0.0:8080", false, AdminDisabled},
 		{"", "10.1.2.3:8080", false, AdminDisabled},
-		{"", ":8080", true, AdminLoopback},
+		{"", ":8080", true, AdminInsecure},
+		{"", "127.0.0.1:8080", true, AdminLoopback},
 		{"t", ":8080", false, AdminToken},
 	} {
 		if got := adminMode(tt.token, tt.addr, tt.insecure); got != tt.want {
@@ -210,5 +211,8 @@ func TestServerAdminDisabledBeyondLoopback(t *testing.T) {
 	p = &proc{http: "127.0.0.1:" + port}
 	if code, body := p.post(t, "/v1/reset", `{"policy":"`+srv2.Service().Config().Policies[0].Name+`","key":"x"}`); code != 204 {
 		t.Errorf("reset with --insecure-admin from loopback: %d %v", code, body)
+	}
+	if code, body := p.get(t, "/v1/status"); code != 200 || !strings.Contains(body, `"admin":"insecure"`) {
+		t.Errorf("status with --insecure-admin beyond loopback: %d %s, want admin insecure", code, body)
 	}
 }

@@ -34,6 +34,10 @@ type HandlerOptions struct {
 	// empty. Default false; the Server sets it when it listens beyond
 	// loopback without a token.
 	AdminDisabled bool
+	// InsecureAdmin, without AdminToken, says the loopback rule is kept
+	// although other hosts reach the port (--insecure-admin): /v1/status
+	// then reports admin "insecure". Default false.
+	InsecureAdmin bool
 	// DecisionToken, when set, is the bearer token the decision endpoints
 	// (/v1/check, /v1/peek, /json and the in-flight /v1/acquire,
 	// /v1/extend, /v1/release) require; the admin token is accepted too.
@@ -62,6 +66,8 @@ func newHandler(s *Service, opts *HandlerOptions) http.Handler {
 		a.adminMode = AdminToken
 	case o.AdminDisabled:
 		a.adminMode = AdminDisabled
+	case o.InsecureAdmin:
+		a.adminMode = AdminInsecure
 	}
 	if a.health == nil && o.Ready != nil {
 		a.health = newHealth(healthOptions{policy: "error", store: "custom", probe: o.Ready})

@@ -2,6 +2,7 @@ package server
 
 import (
 	"encoding/json"
+	"strings"
 	"testing"
 	"time"
 )
@@ -155,5 +156,22 @@ func TestWrongMethodOutsideV1(t *testing.T) {
 	// Without metrics, /metrics is no endpoint at all.
 	if w := newAPI(t, nil).do(t, "POST", "/metrics", "", nil, ""); w.Code != 404 {
 		t.Errorf("POST /metrics without metrics: %d, want 404", w.Code)
+	}
+}
+
+// TestIndexReadyzSummary: /readyz is readiness under the failure policy,
+// not "the store answers" (under local it stays ready while Redis is down).
+func TestIndexReadyzSummary(t *testing.T) {
+	w := newAPI(t, nil).do(t, "GET", "/v1/", "", nil, "")
+	var idx struct {
+		Endpoints []struct{ Method, Path, Summary string }
+	}
+	if err := json.Unmarshal(w.Body.Bytes(), &idx); err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range idx.Endpoints {
+		if e.Path == "/readyz" && (!strings.Contains(e.Summary, "failure policy") || strings.Contains(e.Summary, "the store answers")) {
+			t.Errorf("/readyz summary %q", e.Summary)
+		}
 	}
 }

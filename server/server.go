@@ -306,7 +306,7 @@ func (s *Server) Start() error {
 	}
 	s.httpSrv = &http.Server{
 		Handler: s.svc.Handler(&HandlerOptions{
-			AdminToken: s.opts.AdminToken, AdminDisabled: admin == AdminDisabled, DecisionToken: s.opts.DecisionToken,
+			AdminToken: s.opts.AdminToken, AdminDisabled: admin == AdminDisabled, InsecureAdmin: admin == AdminInsecure, DecisionToken: s.opts.DecisionToken,
 			Health: s.health, Metrics: s.metrics, Dashboard: s.opts.Dashboard,
 		}),
 		ReadHeaderTimeout: 10 * time.Second,
