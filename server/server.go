@@ -387,17 +387,26 @@ func (s *Server) Reload() error {
 }
 
 // watch reloads when the config files' modification times or sizes change.
+// A file that goes missing (or a directory that cannot be listed) is a
+// failed reload, logged and counted once until it is back.
 func (s *Server) watch() {
 	defer s.wg.Done()
+	var listErr string // the error being reported, "" while listing works
 	tick.Every(s.stop, s.opts.WatchInterval, func() {
 		files, err := config.Files(s.opts.ConfigFile)
 		if err != nil {
+			if err.Error() != listErr {
+				listErr = err.Error()
+				s.metrics.reload(false)
+				s.log.Error("config reload rejected; keeping the configuration in force", "file", s.opts.ConfigFile, "err", err)
+			}
 			return
 		}
 		s.reloadMu.Lock()
 		changed := configStamp(files) != s.stamp
 		s.reloadMu.Unlock()
-		if changed {
+		if changed || listErr != "" {
+			listErr = ""
 			s.Reload() // logs its result
 		}
 	})

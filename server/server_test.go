@@ -3,6 +3,7 @@ package server
 import (
 	"cmp"
 	"context"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"os"
@@ -14,6 +15,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/promtest"
 	"github.com/sluicehq/sluice/memory"
 )
 
@@ -228,4 +230,50 @@ func TestEnvoyClientCmd(t *testing.T) {
 		}
 	}
 	p.stop(t)
+}
+
+// TestWatchMissingFile: a config file that goes missing is one rejected
+// reload (logged and counted once, however many polls see it), and the
+// configuration in force stays; its return is reloaded.
+func TestWatchMissingFile(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "sluice.yaml")
+	if err := os.WriteFile(file, []byte("policies:\n  - name: a\n    limit: 5/s\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var logs syncBuffer
+	srv := startServer(t, Options{ConfigFile: file, WatchInterval: 10 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	t.Cleanup(func() { srv.Shutdown(context.Background()) })
+	failures := func() float64 {
+		v, _ := promtest.Value(t, srv.Metrics().Registry(), "sluice_config_reloads_total", map[string]string{"result": "failure"})
+		return v
+	}
+	const rejected = `level=ERROR msg="config reload rejected; keeping the configuration in force" file=` + "%s"
+	if err := os.Rename(file, file+".away"); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, func() bool { return strings.Contains(logs.String(), "config reload rejected") })
+	time.Sleep(100 * time.Millisecond) // ten more polls
+	if n := strings.Count(logs.String(), fmt.Sprintf(rejected, file)); n != 1 || failures() != 1 {
+		t.Errorf("missing file: %d lines, %v failures counted; want 1 and 1:\n%s", n, failures(), logs.String())
+	}
+	if n := len(srv.Service().Config().Policies); n != 1 {
+		t.Errorf("%d policies in force, want the 1 loaded", n)
+	}
+	if err := os.Rename(file+".away", file); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, func() bool { return strings.Contains(logs.String(), "config reloaded") })
+	if n := strings.Count(logs.String(), "config reload rejected"); n != 1 || failures() != 1 {
+		t.Errorf("after the file came back: %d rejections, %v failures:\n%s", n, failures(), logs.String())
+	}
+}
+
+func waitFor(t *testing.T, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("timed out")
+		}
+	}
 }
