@@ -117,6 +117,10 @@ func envParse[T any](name string, def T, parse func(string) (T, error), bad *err
 	return x
 }
 
+// minWatchInterval bounds how often the config files are stat'ed: a
+// microsecond interval would spin a core.
+const minWatchInterval = 100 * time.Millisecond
+
 // serve runs the service; its every line is a log record on stderr.
 func serve(args []string, stderr io.Writer) int {
 	fs := flag.NewFlagSet("sluice serve", flag.ContinueOnError)
@@ -128,7 +132,7 @@ func serve(args []string, stderr io.Writer) int {
 		httpAddr   = fs.String("http", env("SLUICE_HTTP_ADDR", ""), "JSON API, dashboard and metrics `address` (env SLUICE_HTTP_ADDR); default :8080, 127.0.0.1:8080 for the demo")
 		grpcAddr   = fs.String("grpc", env("SLUICE_GRPC_ADDR", ""), "Envoy rate limit service `address` (env SLUICE_GRPC_ADDR); default :8081, 127.0.0.1:8081 for the demo")
 		failure    = fs.String("failure-policy", env("SLUICE_FAILURE_POLICY", "local"), "when Redis fails: local (enforce in this process), open, closed, or error (report it; Envoy decides) (env SLUICE_FAILURE_POLICY)")
-		timeout    = fs.Duration("decision-timeout", envParse("SLUICE_DECISION_TIMEOUT", 0, time.ParseDuration, &envErr), "longest wait for Redis before the failure policy answers (env SLUICE_DECISION_TIMEOUT); default 50ms")
+		timeout    = fs.Duration("decision-timeout", envParse("SLUICE_DECISION_TIMEOUT", 0, time.ParseDuration, &envErr), "longest wait for Redis before the failure policy answers (env SLUICE_DECISION_TIMEOUT); default 50ms. Above 5s it raises the Redis client's dial, read and write timeouts too, except those --redis sets (dial_timeout=, read_timeout=, write_timeout=), which still cut a call short")
 		fleetSize  = fs.Int("fleet-size", envParse("SLUICE_FLEET_SIZE", 0, strconv.Atoi, &fleetErr), "how many instances share Redis: under --failure-policy local each admits 1/N of every limit while Redis is away (env SLUICE_FLEET_SIZE); default: discovered through Redis")
 		adminToken = fs.String("admin-token", env("SLUICE_ADMIN_TOKEN", ""), "bearer `token` for admin endpoints (env SLUICE_ADMIN_TOKEN); default: loopback clients only, and none when --http is reachable from other hosts")
 		insecure   = fs.Bool("insecure-admin", false, "without --admin-token, keep admin endpoints open to loopback clients even when --http is reachable from other hosts")
@@ -139,7 +143,7 @@ func serve(args []string, stderr io.Writer) int {
 		grpcCert   = fs.String("grpc-tls-cert", "", "PEM certificate `file` to serve gRPC over TLS (with --grpc-tls-key); reloaded when it changes")
 		grpcKey    = fs.String("grpc-tls-key", "", "PEM key `file` for --grpc-tls-cert")
 		grpcCA     = fs.String("grpc-tls-client-ca", "", "PEM CA `file`: gRPC clients (Envoy) must present a certificate it signed (mutual TLS)")
-		watch      = fs.Duration("watch-interval", 2*time.Second, "how often to check the config file for changes (0: never)")
+		watch      = fs.Duration("watch-interval", 2*time.Second, "how often to check the config file for changes: 0 never, otherwise at least "+minWatchInterval.String())
 		logFormat  = fs.String("log-format", env("SLUICE_LOG_FORMAT", "text"), "log `format`: text or json (env SLUICE_LOG_FORMAT)")
 		logLevel   = fs.String("log-level", env("SLUICE_LOG_LEVEL", "info"), "least `level` logged: debug, info, warn or error (env SLUICE_LOG_LEVEL)")
 	)
@@ -164,6 +168,18 @@ func serve(args []string, stderr io.Writer) int {
 			log.Error("bad environment", "err", e.err)
 			return 2
 		}
+	}
+	if *timeout < 0 {
+		name := "--decision-timeout"
+		if !flagSet(fs, "decision-timeout") {
+			name = "SLUICE_DECISION_TIMEOUT"
+		}
+		log.Error("bad flag", "err", fmt.Sprintf("%s %v: want a positive duration (0 or unset: 50ms)", name, *timeout))
+		return 2
+	}
+	if *watch < 0 || (*watch > 0 && *watch < minWatchInterval) {
+		log.Error("bad flag", "err", fmt.Sprintf("--watch-interval %v: want 0 (never) or at least %v", *watch, minWatchInterval))
+		return 2
 	}
 	if *fleetSize < 0 {
 		log.Error("bad flag", "err", fmt.Sprintf("--fleet-size %d: want 1 or more", *fleetSize))

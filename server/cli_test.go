@@ -325,6 +325,11 @@ func TestCLIBadConfig(t *testing.T) {
 		// far as the bad Redis URL.
 		{"flag over a bad environment", []string{"serve", "--decision-timeout", "10ms", "--redis", "http://x", "--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0"}, 1, "", "invalid redis URL"},
 		{"no command", nil, 2, "", "Usage:"},
+		// Refused before Redis (nothing listens on port 1) is asked.
+		{"negative decision timeout", []string{"serve", "--decision-timeout", "-1s", "--redis", "redis://127.0.0.1:1", "--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0"}, 2, "", "--decision-timeout -1s: want a positive duration"},
+		{"negative watch interval", []string{"serve", "--watch-interval", "-1s", "--redis", "redis://127.0.0.1:1", "--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0"}, 2, "", "--watch-interval -1s: want 0 (never) or at least 100ms"},
+		{"tiny watch interval", []string{"serve", "--watch-interval", "1us", "--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0"}, 2, "", "--watch-interval 1µs: want 0 (never) or at least 100ms"},
+		{"negative decision timeout in the environment", []string{"serve", "--redis", "redis://127.0.0.1:1", "--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0"}, 2, "", "SLUICE_DECISION_TIMEOUT -5s: want a positive duration"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -332,6 +337,9 @@ func TestCLIBadConfig(t *testing.T) {
 			var env []string
 			if strings.HasPrefix(tt.name, "bad environment") || strings.HasPrefix(tt.name, "flag over") {
 				env = []string{"SLUICE_DECISION_TIMEOUT=soon"}
+			}
+			if strings.HasSuffix(tt.name, "in the environment") {
+				env = []string{"SLUICE_DECISION_TIMEOUT=-5s"}
 			}
 			cmd := sluiceCmd(env, tt.args...)
 			cmd.Stdout, cmd.Stderr = &stdout, &stderr
@@ -409,7 +417,7 @@ func TestCLIReload(t *testing.T) {
 	})
 	t.Run("file change", func(t *testing.T) {
 		write("policies:\n  - name: a\n    limit: 1/min\n")
-		p := startSluice(t, nil, "--config", cfgFile, "--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0", "--watch-interval", "50ms")
+		p := startSluice(t, nil, "--config", cfgFile, "--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0", "--watch-interval", "100ms")
 		write("policies:\n  - name: c\n    limit: 7/h\n")
 		deadline := time.Now().Add(20 * time.Second)
 		for p.policies(t) != "c=7/h" {

@@ -498,3 +498,36 @@ func TestSentinelURLCredentials(t *testing.T) {
 		t.Errorf("redactURL leaks a password: %s", got)
 	}
 }
+
+// TestRedisClientCoversDecisionTimeout: go-redis cuts a call at its read
+// timeout (5s by default) whatever the context allows, so a longer
+// decision timeout raises the timeouts the URL does not set.
+func TestRedisClientCoversDecisionTimeout(t *testing.T) {
+	for _, tt := range []struct {
+		url                 string
+		d                   time.Duration
+		dial, read, written time.Duration
+	}{
+		{"redis://127.0.0.1:1", 20 * time.Second, 20 * time.Second, 20 * time.Second, 20 * time.Second},
+		{"redis://127.0.0.1:1", 50 * time.Millisecond, 5 * time.Second, 5 * time.Second, 5 * time.Second},
+		{"redis://127.0.0.1:1?read_timeout=1s", 20 * time.Second, 20 * time.Second, time.Second, 20 * time.Second},
+	} {
+		c, err := newRedisClient(tt.url, tt.d)
+		if err != nil {
+			t.Fatal(err)
+		}
+		o := c.(*redis.Client).Options()
+		if o.DialTimeout != tt.dial || o.ReadTimeout != tt.read || o.WriteTimeout != tt.written {
+			t.Errorf("%s with %v: dial %v, read %v, write %v; want %v, %v, %v", tt.url, tt.d, o.DialTimeout, o.ReadTimeout, o.WriteTimeout, tt.dial, tt.read, tt.written)
+		}
+		c.Close()
+	}
+	c, err := newRedisClient("redis+cluster://127.0.0.1:1", 20*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if o := c.(*redis.ClusterClient).Options(); o.ReadTimeout != 20*time.Second {
+		t.Errorf("cluster read timeout %v", o.ReadTimeout)
+	}
+}

@@ -235,7 +235,7 @@ func (s *Server) openStore() (sluice.Store, error) {
 		if err != nil {
 			return nil, err
 		}
-		client, err := NewRedisClient(redisURL)
+		client, err := newRedisClient(redisURL, s.opts.DecisionTimeout)
 		if err != nil {
 			return nil, err
 		}

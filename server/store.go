@@ -66,6 +66,27 @@ func storeURLOptions(rawURL string) (string, redisstore.Options, error) {
 // master_name= a Sentinel setup. Other query parameters are go-redis
 // options (dial_timeout=3s, pool_size=50...).
 func NewRedisClient(rawURL string) (redis.UniversalClient, error) {
+	return newRedisClient(rawURL, 0)
+}
+
+// redisDefaultTimeout is go-redis's dial, read and write timeout when the
+// URL sets none.
+const redisDefaultTimeout = 5 * time.Second
+
+// coverTimeout raises the dial, read and write timeouts the URL left unset
+// to at least d: go-redis cuts a call at the earlier of them and the
+// context's deadline, so a longer decision timeout would end at 5s.
+func coverTimeout(d time.Duration, timeouts ...*time.Duration) {
+	for _, t := range timeouts {
+		if *t == 0 && d > redisDefaultTimeout {
+			*t = d
+		}
+	}
+}
+
+// newRedisClient is NewRedisClient whose timeouts the URL does not set
+// last at least the decision timeout d.
+func newRedisClient(rawURL string, d time.Duration) (redis.UniversalClient, error) {
 	u, err := url.Parse(rawURL)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrRedisURL, redactErr(err, rawURL))
@@ -83,6 +104,7 @@ func NewRedisClient(rawURL string) (redis.UniversalClient, error) {
 			return nil, fmt.Errorf("%w: %v", ErrRedisURL, redactErr(err, rawURL))
 		}
 		o.ContextTimeoutEnabled = true
+		coverTimeout(d, &o.DialTimeout, &o.ReadTimeout, &o.WriteTimeout)
 		return redis.NewFailoverClient(o), nil
 	case variant == "cluster" || (variant == "" && q.Has("addr")):
 		o, err := redis.ParseClusterURL(u.String())
@@ -90,6 +112,7 @@ func NewRedisClient(rawURL string) (redis.UniversalClient, error) {
 			return nil, fmt.Errorf("%w: %v", ErrRedisURL, redactErr(err, rawURL))
 		}
 		o.ContextTimeoutEnabled = true
+		coverTimeout(d, &o.DialTimeout, &o.ReadTimeout, &o.WriteTimeout)
 		if o.ClusterStateReloadInterval == 0 {
 			// A slot map at most this old: the store also reloads it on
 			// connection errors, but only a reload finds a failover that
@@ -103,6 +126,7 @@ func NewRedisClient(rawURL string) (redis.UniversalClient, error) {
 			return nil, fmt.Errorf("%w: %v", ErrRedisURL, redactErr(err, rawURL))
 		}
 		o.ContextTimeoutEnabled = true // the failure policy's timeout must stop the call
+		coverTimeout(d, &o.DialTimeout, &o.ReadTimeout, &o.WriteTimeout)
 		return redis.NewClient(o), nil
 	}
 	return nil, fmt.Errorf("%w: scheme %q: want redis, rediss, redis+cluster or redis+sentinel", ErrRedisURL, u.Scheme+"+"+variant)
