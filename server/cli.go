@@ -248,11 +248,15 @@ func serve(args []string, stderr io.Writer) int {
 			case err = <-done:
 				break wait
 			case sig := <-sigs:
-				if sig != syscall.SIGHUP { // a second interrupt: stop waiting for requests to finish
+				if sig != syscall.SIGHUP { // a second interrupt: wait for nothing, Redis included
 					log.Warn("forced stop", "signal", sig.String())
 					cancel()
-					err = <-done
-					break wait
+					select {
+					case <-done:
+					case <-time.After(forcedStopWait): // a Shutdown stuck all the same must not hold the exit
+					}
+					log.Info("stopped", "forced", true)
+					return 1
 				}
 			}
 		}
@@ -266,6 +270,10 @@ func serve(args []string, stderr io.Writer) int {
 	}
 	return 0
 }
+
+// forcedStopWait bounds the wait for Shutdown after a second signal, which
+// has told it to stop waiting.
+const forcedStopWait = 200 * time.Millisecond
 
 // flagSet reports whether the named flag was given on the command line.
 func flagSet(fs *flag.FlagSet, name string) bool {

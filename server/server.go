@@ -426,7 +426,9 @@ func configStamp(files []string) string {
 }
 
 // Shutdown stops accepting requests, waits for those in flight (until ctx
-// ends) and releases the store.
+// ends) and releases the store. Once ctx has ended it returns at once: the
+// rest (the fleet report's withdrawal, closing the store) goes on in the
+// background, and unused lease units are not returned but expire.
 func (s *Server) Shutdown(ctx context.Context) error {
 	select {
 	case <-s.stop:
@@ -445,7 +447,23 @@ func (s *Server) Shutdown(ctx context.Context) error {
 			s.grpcSrv.Stop()
 		}
 	}
-	s.wg.Wait()
+	waited := make(chan struct{})
+	go func() { s.wg.Wait(); close(waited) }()
+	select {
+	case <-waited:
+	case <-ctx.Done():
+	}
+	if ctx.Err() != nil {
+		go func() {
+			<-waited // the health check may still be using the store
+			if s.fleet != nil {
+				s.fleet.Stop()
+			}
+			s.svc.Close(ctx) // ctx has ended: stops the leases, returns nothing
+			s.close()
+		}()
+		return cmp.Or(err, ctx.Err())
+	}
 	if s.fleet != nil {
 		s.fleet.Stop()
 	}

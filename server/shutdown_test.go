@@ -1,0 +1,130 @@
+//go:build unix
+
+package server
+
+import (
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/internal/redistest"
+)
+
+// stallProxy forwards TCP to a Redis until stalled: then every byte either
+// way waits, as with a Redis that hangs, while the Redis itself (shared by
+// other tests) keeps serving them.
+type stallProxy struct {
+	ln    net.Listener
+	mu    sync.RWMutex // held for writing while stalled
+	once  sync.Once
+	conns []net.Conn
+	cmu   sync.Mutex
+}
+
+func newStallProxy(t *testing.T, target string) *stallProxy {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &stallProxy{ln: ln}
+	t.Cleanup(func() {
+		ln.Close()
+		p.cmu.Lock()
+		for _, c := range p.conns {
+			c.Close()
+		}
+		p.cmu.Unlock()
+	})
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			u, err := net.Dial("tcp", target)
+			if err != nil {
+				c.Close()
+				continue
+			}
+			p.cmu.Lock()
+			p.conns = append(p.conns, c, u)
+			p.cmu.Unlock()
+			go p.pipe(u, c)
+			go p.pipe(c, u)
+		}
+	}()
+	return p
+}
+
+func (p *stallProxy) pipe(dst, src net.Conn) {
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := src.Read(buf)
+		if n > 0 {
+			p.mu.RLock() // waits while stalled
+			_, werr := dst.Write(buf[:n])
+			p.mu.RUnlock()
+			if werr != nil {
+				return
+			}
+		}
+		if err != nil {
+			if err != io.EOF {
+				dst.Close()
+			}
+			return
+		}
+	}
+}
+
+// stall holds every byte from now on, for good.
+func (p *stallProxy) stall() { p.once.Do(p.mu.Lock) }
+
+func (p *stallProxy) addr() string { return p.ln.Addr().String() }
+
+// TestCLISecondSignalWithRedisStalled: the first SIGTERM waits for a
+// request that waits on a stalled Redis; the second stops the process at
+// once, though the fleet, the leases and the store would each wait on
+// Redis to say goodbye.
+func TestCLISecondSignalWithRedisStalled(t *testing.T) {
+	proxy := newStallProxy(t, redistest.Addr(t))
+	cfg := filepath.Join(t.TempDir(), "sluice.yaml")
+	if err := os.WriteFile(cfg, []byte("policies:\n  - name: a\n    limit: 100/s\n    lease: 50ms\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	p := startSluice(t, nil, "--config", cfg, "--redis", "redis://"+proxy.addr(), "--decision-timeout", "10s",
+		"--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0", "--watch-interval", "0")
+	key := redistest.Prefix(t)
+	for range 20 { // leases taken, so that there are units to return
+		if code, m := p.post(t, "/v1/check", `{"policy":"a","key":"`+key+`"}`); code != 200 {
+			t.Fatalf("check: %d %v", code, m)
+		}
+	}
+	proxy.stall()
+	go func() { // in flight, waiting on Redis for up to 10s
+		http.Post("http://"+p.http+"/v1/check", "application/json", strings.NewReader(`{"policy":"a","key":"`+key+`:other"}`))
+	}()
+	time.Sleep(200 * time.Millisecond)
+	p.signal(t, syscall.SIGTERM)
+	p.expect(t, "shutting down")
+	time.Sleep(200 * time.Millisecond)
+	start := time.Now()
+	p.signal(t, syscall.SIGTERM)
+	err := p.cmd.Wait()
+	if took := time.Since(start); took > 700*time.Millisecond {
+		t.Errorf("exit %v after the second signal, want at once; stderr:\n%s", took, p.stderr.String())
+	}
+	if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 1 {
+		t.Errorf("exit after a forced stop: %v, want status 1", err)
+	}
+	p.expect(t, "forced stop")
+}
