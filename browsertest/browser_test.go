@@ -47,6 +47,16 @@ var t0 = time.Date(2030, 1, 2, 3, 4, 1, 0, time.UTC)
 // policies given as YAML list items.
 func testConfig(t *testing.T, extra string) *config.Config {
 	t.Helper()
+	text := testConfigText(extra)
+	cfg, err := config.Parse("dashboard-test.yaml", []byte(text))
+	if err != nil {
+		t.Fatalf("config:\n%s\n%v", text, err)
+	}
+	return cfg
+}
+
+// testConfigText is testConfig's YAML.
+func testConfigText(extra string) string {
 	var b strings.Builder
 	b.WriteString("policies:\n")
 	for _, p := range server.DemoConfig().Policies {
@@ -57,11 +67,7 @@ func testConfig(t *testing.T, extra string) *config.Config {
 	b.WriteString("  - name: " + longName + "\n    limit: 100/min\n")
 	b.WriteString("  - name: leased\n    limit: 100/min\n    lease: 1s\n")
 	b.WriteString(extra)
-	cfg, err := config.Parse("dashboard-test.yaml", []byte(b.String()))
-	if err != nil {
-		t.Fatalf("config:\n%s\n%v", b.String(), err)
-	}
-	return cfg
+	return b.String()
 }
 
 // testService is the service under test with hooks into its HTTP traffic.
@@ -75,6 +81,9 @@ type testService struct {
 	// holdReset, when set, is called after a reset of that policy is served
 	// and before its answer goes out.
 	holdReset map[string]func()
+	// failReset names policies whose resets answer 503 without reaching the
+	// service.
+	failReset map[string]bool
 }
 
 // startService serves the service's HTTP API with this dashboard on
@@ -117,6 +126,15 @@ func (s *testService) hooks(h http.Handler) http.Handler {
 		var req struct{ Policy string }
 		_ = json.Unmarshal(body, &req)
 		r.Body = io.NopCloser(bytes.NewReader(body))
+		s.mu.Lock()
+		failReset := s.failReset[req.Policy]
+		s.mu.Unlock()
+		if failReset {
+			w.Header().Set("Content-Type", "application/problem+json")
+			w.WriteHeader(http.StatusServiceUnavailable)
+			_, _ = io.WriteString(w, `{"status":503,"title":"Service Unavailable","detail":"failing on purpose"}`)
+			return
+		}
 		rec := httptest.NewRecorder()
 		h.ServeHTTP(rec, r)
 		s.mu.Lock()
@@ -854,6 +872,56 @@ func TestBrowser(t *testing.T) {
 		waitFor(t, ctx, `document.getElementById("status").dataset.kind === "ok"`, `document.getElementById("status").outerHTML`)
 		if n := eval[int](t, ctx, jsCard("added2")+`.querySelectorAll(".result").length`); n != 0 {
 			t.Errorf("added2 kept %d results: Reset All stopped at the reload", n)
+		}
+	})
+
+	t.Run("reset all skips policies that cannot take the key", func(t *testing.T) {
+		// An Envoy-format policy first: the page's key is no descriptor of
+		// it (400), and the policies after it must still be reset.
+		const envoy = "domain: edge\ndescriptors:\n  - key: remote_address\n    rate_limit:\n      unit: minute\n      requests_per_unit: 50\n---\n"
+		cfg, err := config.Parse("dashboard-test.yaml", []byte(envoy+testConfigText(added2)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		const envoyName = "edge.remote_address"
+		if cfg.Policies[0].Name != envoyName {
+			t.Fatalf("first policy %q, want %q", cfg.Policies[0].Name, envoyName)
+		}
+		svc.SetConfig(cfg)
+		waitFor(t, ctx, jsCard(envoyName)+` !== null`, `document.body.dataset.policies`)
+		sendOnce := func() {
+			step(t, ctx, "click Send Request on added2", chromedp.Click(chromedp.CSS(cardSel("added2")+` button[data-action="send"]`)))
+			waitFor(t, ctx, jsCard("added2")+`.querySelectorAll(".result").length === 1`, jsCard("added2")+`.outerHTML`)
+		}
+		sendOnce()
+		step(t, ctx, "click Reset All", chromedp.Click(chromedp.ID("reset-all")))
+		waitFor(t, ctx, `document.getElementById("status").textContent.startsWith("Reset key")`, `document.getElementById("status").outerHTML`)
+		msg := eval[string](t, ctx, `document.getElementById("status").textContent`)
+		if kind := eval[string](t, ctx, `document.getElementById("status").dataset.kind`); kind != "ok" || !strings.Contains(msg, "Skipped 1 policy that cannot take this key: "+envoyName) {
+			t.Errorf("status %s %q, want ok naming the skipped %s", kind, msg, envoyName)
+		}
+		if n := eval[int](t, ctx, jsCard("added2")+`.querySelectorAll(".result").length`); n != 0 {
+			t.Errorf("added2 kept %d results: Reset All stopped at the Envoy policy", n)
+		}
+
+		// A real failure is reported, and does not stop the rest either.
+		sendOnce()
+		ts.mu.Lock()
+		ts.failReset = map[string]bool{fixed.Name: true}
+		ts.mu.Unlock()
+		defer func() {
+			ts.mu.Lock()
+			ts.failReset = nil
+			ts.mu.Unlock()
+		}()
+		step(t, ctx, "click Reset All", chromedp.Click(chromedp.ID("reset-all")))
+		waitFor(t, ctx, `document.getElementById("status").dataset.kind === "error"`, `document.getElementById("status").outerHTML`)
+		msg = eval[string](t, ctx, `document.getElementById("status").textContent`)
+		if !strings.Contains(msg, "Reset failed for 1 policy: "+fixed.Name) || !strings.Contains(msg, "failing on purpose") || !strings.Contains(msg, envoyName) {
+			t.Errorf("status %q, want the failure of %s and the skipped %s", msg, fixed.Name, envoyName)
+		}
+		if n := eval[int](t, ctx, jsCard("added2")+`.querySelectorAll(".result").length`); n != 0 {
+			t.Errorf("added2 kept %d results after a failure elsewhere", n)
 		}
 	})
 

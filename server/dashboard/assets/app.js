@@ -429,6 +429,10 @@
     setStatus("Resetting…", "info");
     try {
       let done = 0;
+      // A policy that cannot take this key (4xx: an Envoy-format policy no
+      // descriptor reaches with it, or one a reload dropped) is skipped;
+      // the others are still reset.
+      const skipped = [], failed = [];
       // policies may be replaced while this awaits; a dropped policy is skipped.
       for (const p of policies) {
         if (!cards.has(p.name) || inFlight(p)) continue;
@@ -436,23 +440,32 @@
         try {
           res = await api("POST", "v1/reset", { policy: p.name, key });
         } catch (e) {
-          setStatus("Reset failed: network error: " + e.message, "error");
-          return;
+          failed.push(`${p.name}: network error: ${e.message}`);
+          continue;
         }
         if (res.status === 401 || res.status === 403) {
+          // The same answer awaits every policy.
           setStatus(adminMessage(res.status, res.data), "error");
           if (res.status === 401) $("admin-token").focus();
           return;
         }
+        if (res.status >= 400 && res.status <= 499) {
+          skipped.push(`${p.name} (${problemMessage(res.status, res.data)})`);
+          continue;
+        }
         if (res.status < 200 || res.status > 299) {
-          setStatus(`Reset of ${p.name} failed: ${problemMessage(res.status, res.data)}`, "error");
-          return;
+          failed.push(`${p.name}: ${problemMessage(res.status, res.data)}`);
+          continue;
         }
         const card = cards.get(p.name);
         if (card) clearResults(card);
         done++;
       }
-      setStatus(`Reset key \u201c${key}\u201d for ${done} ${done === 1 ? "policy" : "policies"}.`, "ok");
+      const plural = (n) => `${n} ${n === 1 ? "policy" : "policies"}`;
+      let msg = `Reset key “${key}” for ${plural(done)}.`;
+      if (skipped.length) msg += ` Skipped ${plural(skipped.length)} that cannot take this key: ${skipped.join("; ")}.`;
+      if (failed.length) msg += ` Reset failed for ${plural(failed.length)}: ${failed.join("; ")}.`;
+      setStatus(msg, failed.length || (!done && skipped.length) ? "error" : "ok");
       await peekAll();
     } catch (e) {
       // Never leave the status on "Resetting…".
