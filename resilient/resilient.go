@@ -47,7 +47,11 @@
 // capacity (else each process admits one such request per refill of the
 // whole capacity); the fallback store evicts no key; for the window
 // algorithms, the process's and the backend's clocks agree. With n below
-// the real count N, the fallbacks' share is multiplied by N/n.
+// the real count N, the fallbacks' share is multiplied by N/n. A Fleet
+// whose size shrinks from N by k gives the remaining processes larger
+// shares while the departed ones' takes may still count: the window,
+// Period or burst holding the shrink may admit k·B/N more, once per
+// shrink.
 //
 // A local deny cache remembers denials: a key denied until T for cost c is
 // denied locally for cost c until T, without a backend call, so an abusive
