@@ -40,8 +40,8 @@ var (
 	// ErrPermission: the ACL user may not run a command sluice needs
 	// (NOPERM).
 	ErrPermission = errors.New("redisstore: Redis user lacks a permission")
-	// ErrTopology: a standalone client on a Cluster node, or a Cluster
-	// client on a standalone server.
+	// ErrTopology: a standalone client on a Cluster node or on a replica
+	// (READONLY), or a Cluster client on a standalone server.
 	ErrTopology = errors.New("redisstore: wrong Redis topology")
 	// ErrVersion: the server is older than MinVersion.
 	ErrVersion = errors.New("redisstore: Redis too old")
@@ -119,6 +119,8 @@ func Classify(err error) error {
 		return checkErr(ErrTopology, "the server is not a Cluster: use redis:// instead of redis+cluster://", err)
 	case strings.HasPrefix(msg, "MOVED "), strings.HasPrefix(msg, "ASK "):
 		return checkErr(ErrTopology, "the server is a Cluster node: use redis+cluster://", err)
+	case strings.HasPrefix(msg, "READONLY"):
+		return checkErr(ErrTopology, replicaHint, err)
 	case strings.Contains(msg, "NOREPLICAS"):
 		return checkErr(ErrReplicas, "the server's min-replicas-to-write is not met: check its replicas' links, or the setting", err)
 	case strings.HasPrefix(msg, "CLUSTERDOWN"):
@@ -200,6 +202,10 @@ func Check(ctx context.Context, c redis.UniversalClient) (*CheckReport, error) {
 	return rep, nil
 }
 
+// replicaHint is what to do about a standalone URL naming a replica, which
+// refuses every write (READONLY).
+const replicaHint = "the server is a read-only replica: point the URL at the master, or use redis+sentinel:// so that failovers are followed"
+
 // MayEvict reports whether a server with INFO memory's maxmemory_policy
 // and maxmemory may evict sluice's keys: a policy other than noeviction,
 // under a memory limit.
@@ -213,7 +219,7 @@ func MayEvict(policy, maxmemory string) bool {
 const probeScript = "redis.call('TIME') return 1"
 
 func checkNode(ctx context.Context, node *redis.Client, cluster bool, rep *CheckReport) error {
-	info, err := node.Info(ctx, "server", "cluster", "memory").Result()
+	info, err := node.Info(ctx, "server", "cluster", "memory", "replication").Result()
 	switch {
 	case err != nil && strings.Contains(err.Error(), "NOPERM"):
 		rep.Warnings = append(rep.Warnings, checkErr(ErrPermission, "INFO denied: version, topology and eviction policy not checked", err))
@@ -223,6 +229,9 @@ func checkNode(ctx context.Context, node *redis.Client, cluster bool, rep *Check
 		fields := infoFields(info)
 		if fields["cluster_enabled"] == "1" && !cluster {
 			return checkErr(ErrTopology, "the server is a Cluster node: use redis+cluster://", nil)
+		}
+		if fields["role"] == "slave" && !cluster {
+			return checkErr(ErrTopology, replicaHint, nil)
 		}
 		v := fields["redis_version"]
 		if !versionAtLeast(v, MinVersion) {

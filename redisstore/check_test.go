@@ -190,6 +190,14 @@ func TestCheckTopology(t *testing.T) {
 		_, err := redisstore.Check(checkCtx(t), newClient(t, &redis.Options{Addr: node.Addr}))
 		wantKind(t, err, redisstore.ErrTopology, "redis+cluster://")
 	})
+	t.Run("standalone client on a replica", func(t *testing.T) {
+		replica := redistest.StartServer(t, "--replicaof", "127.0.0.1", strings.Split(standalone.Addr, ":")[1])
+		_, err := redisstore.Check(checkCtx(t), newClient(t, &redis.Options{Addr: replica.Addr}))
+		wantKind(t, err, redisstore.ErrTopology, "read-only replica")
+		if got := redisstore.Classify(errors.New("READONLY You can't write against a read only replica.")); !errors.Is(got, redisstore.ErrTopology) {
+			t.Errorf("Classify(READONLY) = %v, want ErrTopology", got)
+		}
+	})
 	t.Run("Cluster client on a standalone server", func(t *testing.T) {
 		c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{standalone.Addr}, MaxRetries: -1})
 		t.Cleanup(func() { c.Close() })

@@ -343,6 +343,7 @@ func TestServerRedisUnreachableAtStart(t *testing.T) {
 	}
 	r.Start(t)
 	logged(t, &logs, "level=INFO", "store back", "store=redis")
+	logged(t, &logs, "resilient: fleet counts this process again") // its own heartbeat, every second
 	if _, st := p.getJSON(t, "/v1/status"); st["degraded"] != false {
 		t.Errorf("status after Redis came: %v", st)
 	}
