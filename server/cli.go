@@ -14,6 +14,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/sluicehq/sluice/resilient"
 	"github.com/sluicehq/sluice/server/config"
 )
 
@@ -125,27 +126,28 @@ const minWatchInterval = 100 * time.Millisecond
 func serve(args []string, stderr io.Writer) int {
 	fs := flag.NewFlagSet("sluice serve", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	var envErr, fleetErr error
+	var envErr, fleetErr, shrinkErr error
 	var (
-		configFile = fs.String("config", env("SLUICE_CONFIG", ""), "configuration `file` or directory (env SLUICE_CONFIG); default: the built-in demo")
-		redisURL   = fs.String("redis", env("SLUICE_REDIS_URL", ""), "Redis `URL` (env SLUICE_REDIS_URL): redis://, rediss://, redis+cluster://, redis+sentinel://; default: the embedded memory store")
-		httpAddr   = fs.String("http", env("SLUICE_HTTP_ADDR", ""), "JSON API, dashboard and metrics `address` (env SLUICE_HTTP_ADDR); default :8080, 127.0.0.1:8080 for the demo")
-		grpcAddr   = fs.String("grpc", env("SLUICE_GRPC_ADDR", ""), "Envoy rate limit service `address` (env SLUICE_GRPC_ADDR); default :8081, 127.0.0.1:8081 for the demo")
-		failure    = fs.String("failure-policy", env("SLUICE_FAILURE_POLICY", "local"), "when Redis fails: local (enforce in this process), open, closed, or error (report it; Envoy decides) (env SLUICE_FAILURE_POLICY)")
-		timeout    = fs.Duration("decision-timeout", envParse("SLUICE_DECISION_TIMEOUT", 0, time.ParseDuration, &envErr), "longest wait for Redis before the failure policy answers (env SLUICE_DECISION_TIMEOUT); default 50ms. Above 5s it raises the Redis client's dial, read and write timeouts too, except those --redis sets (dial_timeout=, read_timeout=, write_timeout=), which still cut a call short")
-		fleetSize  = fs.Int("fleet-size", envParse("SLUICE_FLEET_SIZE", 0, strconv.Atoi, &fleetErr), "how many instances share Redis: under --failure-policy local each admits 1/N of every limit while Redis is away (env SLUICE_FLEET_SIZE); default: discovered through Redis")
-		adminToken = fs.String("admin-token", env("SLUICE_ADMIN_TOKEN", ""), "bearer `token` for admin endpoints (env SLUICE_ADMIN_TOKEN); default: loopback clients only, and none when --http is reachable from other hosts")
-		insecure   = fs.Bool("insecure-admin", false, "without --admin-token, keep admin endpoints open to loopback clients even when --http is reachable from other hosts")
-		decToken   = fs.String("decision-token", env("SLUICE_DECISION_TOKEN", ""), "bearer `token` decisions require: HTTP Authorization, gRPC authorization metadata (env SLUICE_DECISION_TOKEN); default: none")
-		httpCert   = fs.String("http-tls-cert", "", "PEM certificate `file` to serve HTTPS (with --http-tls-key); reloaded when it changes")
-		httpKey    = fs.String("http-tls-key", "", "PEM key `file` for --http-tls-cert")
-		httpCA     = fs.String("http-tls-client-ca", "", "PEM CA `file`: HTTP clients must present a certificate it signed (mutual TLS)")
-		grpcCert   = fs.String("grpc-tls-cert", "", "PEM certificate `file` to serve gRPC over TLS (with --grpc-tls-key); reloaded when it changes")
-		grpcKey    = fs.String("grpc-tls-key", "", "PEM key `file` for --grpc-tls-cert")
-		grpcCA     = fs.String("grpc-tls-client-ca", "", "PEM CA `file`: gRPC clients (Envoy) must present a certificate it signed (mutual TLS)")
-		watch      = fs.Duration("watch-interval", 2*time.Second, "how often to check the config file for changes: 0 never, otherwise at least "+minWatchInterval.String())
-		logFormat  = fs.String("log-format", env("SLUICE_LOG_FORMAT", "text"), "log `format`: text or json (env SLUICE_LOG_FORMAT)")
-		logLevel   = fs.String("log-level", env("SLUICE_LOG_LEVEL", "info"), "least `level` logged: debug, info, warn or error (env SLUICE_LOG_LEVEL)")
+		configFile  = fs.String("config", env("SLUICE_CONFIG", ""), "configuration `file` or directory (env SLUICE_CONFIG); default: the built-in demo")
+		redisURL    = fs.String("redis", env("SLUICE_REDIS_URL", ""), "Redis `URL` (env SLUICE_REDIS_URL): redis://, rediss://, redis+cluster://, redis+sentinel://; default: the embedded memory store")
+		httpAddr    = fs.String("http", env("SLUICE_HTTP_ADDR", ""), "JSON API, dashboard and metrics `address` (env SLUICE_HTTP_ADDR); default :8080, 127.0.0.1:8080 for the demo")
+		grpcAddr    = fs.String("grpc", env("SLUICE_GRPC_ADDR", ""), "Envoy rate limit service `address` (env SLUICE_GRPC_ADDR); default :8081, 127.0.0.1:8081 for the demo")
+		failure     = fs.String("failure-policy", env("SLUICE_FAILURE_POLICY", "local"), "when Redis fails: local (enforce in this process), open, closed, or error (report it; Envoy decides) (env SLUICE_FAILURE_POLICY)")
+		timeout     = fs.Duration("decision-timeout", envParse("SLUICE_DECISION_TIMEOUT", 0, time.ParseDuration, &envErr), "longest wait for Redis before the failure policy answers (env SLUICE_DECISION_TIMEOUT); default 50ms. Above 5s it raises the Redis client's dial, read and write timeouts too, except those --redis sets (dial_timeout=, read_timeout=, write_timeout=), which still cut a call short")
+		fleetSize   = fs.Int("fleet-size", envParse("SLUICE_FLEET_SIZE", 0, strconv.Atoi, &fleetErr), "how many instances share Redis: under --failure-policy local each admits 1/N of every limit while Redis is away (env SLUICE_FLEET_SIZE); default: discovered through Redis")
+		fleetShrink = fs.Duration("fleet-shrink", envParse("SLUICE_FLEET_SHRINK", 0, time.ParseDuration, &shrinkErr), "how long the discovered fleet size must count fewer instances before it falls, and how long an instance cut off from Redis keeps its share under --failure-policy local after its last registration (plus 3s); every instance of a fleet must use the same (env SLUICE_FLEET_SHRINK); default 5m")
+		adminToken  = fs.String("admin-token", env("SLUICE_ADMIN_TOKEN", ""), "bearer `token` for admin endpoints (env SLUICE_ADMIN_TOKEN); default: loopback clients only, and none when --http is reachable from other hosts")
+		insecure    = fs.Bool("insecure-admin", false, "without --admin-token, keep admin endpoints open to loopback clients even when --http is reachable from other hosts")
+		decToken    = fs.String("decision-token", env("SLUICE_DECISION_TOKEN", ""), "bearer `token` decisions require: HTTP Authorization, gRPC authorization metadata (env SLUICE_DECISION_TOKEN); default: none")
+		httpCert    = fs.String("http-tls-cert", "", "PEM certificate `file` to serve HTTPS (with --http-tls-key); reloaded when it changes")
+		httpKey     = fs.String("http-tls-key", "", "PEM key `file` for --http-tls-cert")
+		httpCA      = fs.String("http-tls-client-ca", "", "PEM CA `file`: HTTP clients must present a certificate it signed (mutual TLS)")
+		grpcCert    = fs.String("grpc-tls-cert", "", "PEM certificate `file` to serve gRPC over TLS (with --grpc-tls-key); reloaded when it changes")
+		grpcKey     = fs.String("grpc-tls-key", "", "PEM key `file` for --grpc-tls-cert")
+		grpcCA      = fs.String("grpc-tls-client-ca", "", "PEM CA `file`: gRPC clients (Envoy) must present a certificate it signed (mutual TLS)")
+		watch       = fs.Duration("watch-interval", 2*time.Second, "how often to check the config file for changes: 0 never, otherwise at least "+minWatchInterval.String())
+		logFormat   = fs.String("log-format", env("SLUICE_LOG_FORMAT", "text"), "log `format`: text or json (env SLUICE_LOG_FORMAT)")
+		logLevel    = fs.String("log-level", env("SLUICE_LOG_LEVEL", "info"), "least `level` logged: debug, info, warn or error (env SLUICE_LOG_LEVEL)")
 	)
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -163,7 +165,7 @@ func serve(args []string, stderr io.Writer) int {
 	for _, e := range []struct {
 		flag string
 		err  error
-	}{{"decision-timeout", envErr}, {"fleet-size", fleetErr}} {
+	}{{"decision-timeout", envErr}, {"fleet-size", fleetErr}, {"fleet-shrink", shrinkErr}} {
 		if e.err != nil && !flagSet(fs, e.flag) { // flags win over the environment
 			log.Error("bad environment", "err", e.err)
 			return 2
@@ -179,6 +181,10 @@ func serve(args []string, stderr io.Writer) int {
 	}
 	if *watch < 0 || (*watch > 0 && *watch < minWatchInterval) {
 		log.Error("bad flag", "err", fmt.Sprintf("--watch-interval %v: want 0 (never) or at least %v", *watch, minWatchInterval))
+		return 2
+	}
+	if *fleetShrink < 0 {
+		log.Error("bad flag", "err", fmt.Sprintf("--fleet-shrink %v: want a positive duration (0 or unset: %v)", *fleetShrink, resilient.DefaultFleetShrink))
 		return 2
 	}
 	if *fleetSize < 0 {
@@ -204,7 +210,7 @@ func serve(args []string, stderr io.Writer) int {
 	defer signal.Stop(sigs)
 	srv, err := New(Options{
 		ConfigFile: *configFile, RedisURL: *redisURL, HTTPAddr: *httpAddr, GRPCAddr: *grpcAddr,
-		FailurePolicy: fp, NoFailurePolicy: !withPolicy, DecisionTimeout: *timeout, FleetSize: *fleetSize, AdminToken: *adminToken, WatchInterval: *watch, Logger: log,
+		FailurePolicy: fp, NoFailurePolicy: !withPolicy, DecisionTimeout: *timeout, FleetSize: *fleetSize, FleetShrink: *fleetShrink, AdminToken: *adminToken, WatchInterval: *watch, Logger: log,
 		InsecureAdmin: *insecure, DecisionToken: *decToken,
 		HTTPTLS: TLSFiles{CertFile: *httpCert, KeyFile: *httpKey, ClientCAFile: *httpCA},
 		GRPCTLS: TLSFiles{CertFile: *grpcCert, KeyFile: *grpcKey, ClientCAFile: *grpcCA},

@@ -13,15 +13,16 @@ import (
 // what is discovered), exported as sluice_fleet_size. The Fleet logs each
 // change of size and each loss and return of the registry itself.
 func (s *Server) startFleet(rs *redisstore.Store) (*resilient.Fleet, error) {
-	size := newGauge("sluice_fleet_size", "Instances sharing Redis, which the local fallback divides every limit by: --fleet-size, or as discovered (grows at once, shrinks after 5m of smaller counts, kept while Redis is away).")
+	size := newGauge("sluice_fleet_size", "Instances sharing Redis, which the local fallback divides every limit by: --fleet-size, or as discovered (grows at once, shrinks after --fleet-shrink of smaller counts, kept while Redis is away).")
 	reachable := newGauge("sluice_fleet_registry_reachable", "1 while this instance's fleet registration reaches Redis (renewed every second).")
-	counted := newGauge("sluice_fleet_counted", "1 while the fleet counts this instance, so that the local failure policy may take its share: --fleet-size is set, or a registration succeeded within the last 5m3s; 0 and the local policy refuses.")
+	counted := newGauge("sluice_fleet_counted", "1 while the fleet counts this instance, so that the local failure policy may take its share: --fleet-size is set, or a registration succeeded within the last --fleet-shrink plus 3s; 0 and the local policy refuses.")
 	s.metrics.reg.MustRegister(size, reachable, counted)
 	// The state until the first change: an unreachable registry at start
 	// reports none.
 	size.Set(float64(cmp.Or(s.opts.FleetSize, resilient.DefaultFleetSize)))
 	f, err := resilient.NewFleet(rs.Membership(), &resilient.FleetOptions{
 		Size:   s.opts.FleetSize,
+		Shrink: s.opts.FleetShrink,
 		Logger: s.log,
 		OnChange: func(e resilient.FleetEvent) {
 			size.Set(float64(e.Size))

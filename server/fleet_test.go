@@ -5,6 +5,7 @@ package server
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os/exec"
 	"strings"
 	"testing"
@@ -245,4 +246,76 @@ func TestCLIFleetSize(t *testing.T) {
 			t.Errorf("sluice_fleet_size %v, want 7", got)
 		}
 	})
+}
+
+// partitionConfig: the fleet's GCRA policy, and one that refills fast
+// enough (100 a second) that an instance still taking its share would
+// admit within a second.
+const partitionConfig = fleetConfig + `  - name: refill
+    limit: gcra 6000/min
+`
+
+// TestFleetPartition: one instance of three is cut off from Redis (its
+// connections hang) while the others are not. It answers from its
+// fallback, a third of every limit, until the others stop counting it:
+// --fleet-shrink plus the registration's 3s after its last registration.
+// From then it refuses, with one ERROR line, sluice_fleet_counted 0 and a
+// reason in /v1/status, while the others' count falls to 2. Redis then
+// stops for everyone: the counted two take halves, the cut one nothing,
+// and the fleet stays within the bound a shrink allows (README, "Bounds
+// when Redis fails": 2·(B + r·T), plus B/N once for the shrink).
+func TestFleetPartition(t *testing.T) {
+	race.SkipTiming(t)
+	r := startRedis(t)
+	cut := newStallProxy(t, r.Addr)
+	f := startFleet(t, r.url(), 2, partitionConfig, "--fleet-shrink", "2s")
+	f.add(t, "--redis", "redis://"+cut.addr())
+	f.awaitFleetSize(t, 3, 5*time.Second)
+	policies := []string{"gcra", "refill"}
+	l := f.drive(2, "client", policies...)
+	time.Sleep(fleetLead)
+	cut.stall()
+	alone, rest := &fleet{procs: f.procs[2:]}, &fleet{procs: f.procs[:2]}
+	alone.awaitLogs(t, 10*time.Second, "resilient: fleet registry unreachable for longer than the others count this process")
+	if v := metric(t, f.procs[2], "sluice_fleet_counted"); v != 0 {
+		t.Errorf("sluice_fleet_counted %v on the cut instance, want 0", v)
+	}
+	if _, st := f.procs[2].getJSON(t, "/v1/status"); !strings.Contains(fmt.Sprint(st["reasons"]), "the fleet no longer counts this instance") {
+		t.Errorf("status %v: want a reason naming the fleet", st)
+	}
+	took := l.counts[2][1].allowed.Load()
+	if took == 0 {
+		t.Error("the cut instance admitted nothing while counted: no share was taken")
+	}
+	time.Sleep(time.Second)
+	if now := l.counts[2][1].allowed.Load(); now != took {
+		t.Errorf("the cut instance admitted %d more in the second after it was no longer counted", now-took)
+	}
+	rest.awaitFleetSize(t, 2, 5*time.Second)
+	r.pause(t)
+	time.Sleep(2 * time.Second)
+	r.resume(t)
+	time.Sleep(time.Second)
+	l.finish()
+	allowed, denied, failed := l.sum()
+	t.Logf("%d requests in %v: %d allowed, %d denied, %d failed", allowed+denied+failed, l.took.Round(time.Millisecond), allowed, denied, failed)
+	end := l.start.Add(l.took)
+	for i, p := range policies {
+		total, per := l.admitted(i)
+		exact := exactLimit("gcra", l.start, end)
+		if p == "refill" {
+			exact = 6000 + int64(l.took*100/time.Second) + 1
+		}
+		bound := 2*exact + 6000/3
+		if p == "gcra" {
+			bound = 2*exact + fleetLimit/3
+		}
+		t.Logf("%s: %d admitted (instances %v); exact limiter %d, bound %d", p, total, per, exact, bound)
+		if total > bound {
+			t.Errorf("%s: the fleet admitted %d, above the bound %d", p, total, bound)
+		}
+	}
+	if failed > 0 {
+		t.Errorf("%d requests failed: the failure policy must answer every one", failed)
+	}
 }

@@ -91,6 +91,11 @@ type Options struct {
 	// discovered through Redis (resilient.Fleet); resilient.DefaultFleetSize,
 	// with a warning, while Redis cannot be reached at start.
 	FleetSize int
+	// FleetShrink is resilient.FleetOptions.Shrink: how long the
+	// discovered size must count fewer instances before it falls, and how
+	// long (with the registration's 3s) an instance cut off from Redis
+	// keeps its share. Default: resilient.DefaultFleetShrink.
+	FleetShrink time.Duration
 	// AdminToken guards admin endpoints; see HandlerOptions. Without one,
 	// admin endpoints answer loopback clients while HTTPAddr is
 	// loopback-only, and are disabled otherwise.
