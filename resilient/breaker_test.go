@@ -2,6 +2,7 @@ package resilient
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"strings"
 	"sync"
@@ -246,7 +247,8 @@ func TestBreakerQuietGap(t *testing.T) {
 }
 
 // Probe closes an open breaker that no request reaches once the backend is
-// back, and does nothing while the breaker is closed or no probe is due.
+// back (a take it answers), and does nothing while the breaker is closed
+// or no probe is due.
 func TestProbeWithoutTraffic(t *testing.T) {
 	clock := storetest.NewClock(storetest.T0)
 	f := newFlaky(clock.Now)
@@ -284,8 +286,10 @@ func TestProbeWithoutTraffic(t *testing.T) {
 	if s.State() != sluice.BreakerClosed {
 		t.Fatalf("after 3 probes answered: %v, want closed", s.State())
 	}
-	if d, err := f.Store.Peek(context.Background(), "sluice-breaker-probe", sluice.PerSecond(1), 1); err != nil || d.Remaining != 1 {
-		t.Fatalf("the probe's key: %+v, %v; want untouched", d, err)
+	// The probe writes, as an allowed take does, on a key and limit of its
+	// own: a backend that refuses writes fails it.
+	if d, err := f.Store.Peek(context.Background(), "sluice-breaker-probe", sluice.PerSecond(1_000_000), 1); err != nil || d.Remaining == 1_000_000 || !d.Allowed {
+		t.Fatalf("the probe's key: %+v, %v; want taken from, and still admitting", d, err)
 	}
 }
 
@@ -328,5 +332,41 @@ func TestBreakerLogsLongOutage(t *testing.T) {
 	rec.mu.Unlock()
 	if n < 1200 {
 		t.Errorf("%d breaker events observed, want every transition (over 1,200)", n)
+	}
+}
+
+// readOnly answers reads and refuses writes, as a Redis out of memory
+// under noeviction, or a replica, does.
+type readOnly struct{ sluice.Store }
+
+func (readOnly) Take(context.Context, string, sluice.Limit, int64) (sluice.Decision, error) {
+	return sluice.Decision{}, errors.New("OOM command not allowed when used memory > 'maxmemory'")
+}
+
+// An idle breaker's probe writes: a backend that answers reads but refuses
+// writes keeps it open.
+func TestProbeNeedsWrites(t *testing.T) {
+	clock := storetest.NewClock(storetest.T0)
+	f := newFlaky(clock.Now)
+	ro := &readOnly{f}
+	s, err := New(ro, &Options{Policy: FailOpen, Clock: clock.Now, ProbeInterval: time.Second, Logger: discard})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; s.State() != sluice.BreakerOpen; i++ {
+		if i > 100 {
+			t.Fatal("the breaker never opened")
+		}
+		s.Take(context.Background(), "k", sluice.PerSecond(10), 1)
+		clock.Advance(100 * time.Millisecond)
+	}
+	for i := range 3 {
+		clock.Advance(2 * time.Second)
+		if sent, err := s.Probe(context.Background()); !sent || err == nil {
+			t.Fatalf("probe %d: Probe = %v, %v; want sent and failed", i, sent, err)
+		}
+	}
+	if s.State() != sluice.BreakerOpen {
+		t.Fatalf("a backend refusing writes: %v, want open", s.State())
 	}
 }

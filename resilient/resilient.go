@@ -416,19 +416,22 @@ func (s *Store) State() sluice.BreakerState {
 	return s.br.current()
 }
 
-// probeKey and probeLimit are what Probe peeks at: a key no decision uses,
-// read and never written.
+// probeKey and probeLimit are what Probe takes from: a key no decision
+// uses, under a limit that always admits, so that the probe writes as an
+// allowed take does (a backend that answers reads but refuses writes, out
+// of memory or a replica, keeps the breaker open).
 const probeKey = "sluice-breaker-probe"
 
-var probeLimit = sluice.PerSecond(1)
+var probeLimit = sluice.PerSecond(1_000_000) // one a microsecond, the finest a limit may be
 
 // Probe sends the breaker's probe itself, when one is due: the breaker is
 // open past its probe interval, or half-open with no probe in flight. A
 // store that no request reaches (an idle instance, traffic moved to
 // others) would otherwise stay open, and its health degraded, until the
-// next request after the backend came back. The probe is a Peek, which
-// writes nothing, bounded by Options.Timeout; its outcome counts as a
-// request's probe would. Probe does nothing when the breaker is closed or
+// next request after the backend came back. The probe is a Take of one
+// unit of a key no decision uses, under a limit that always admits (its
+// state lasts a millisecond on Redis), bounded by Options.Timeout; its
+// outcome counts as a request's probe would. Probe does nothing when the breaker is closed or
 // no probe is due, and reports whether it sent one and its error.
 func (s *Store) Probe(ctx context.Context) (bool, error) {
 	ctx = orBackground(ctx)
@@ -441,7 +444,7 @@ func (s *Store) Probe(ctx context.Context) (bool, error) {
 		return false, nil
 	}
 	_, _, err := bounded(ctx, s.timeout, s.inline, func(ctx context.Context) (sluice.Decision, error) {
-		return s.backend.Peek(ctx, probeKey, probeLimit, 1)
+		return s.backend.Take(ctx, probeKey, probeLimit, 1)
 	})
 	if err == nil {
 		s.br.success(true, now)
