@@ -53,6 +53,7 @@ func (s *Store) Acquire(ctx context.Context, key string, l sluice.InFlightLimit,
 	sent := s.young.clock()
 	v, err := s.runSlot(ctx, c, 9, 5)
 	if err != nil || v[0] != 0 && v[0] != 1 {
+		s.young.forget(key, holder) // it may have run, with another hold
 		return sluice.SlotDecision{}, slotErr("acquire", v, err)
 	}
 	switch {
@@ -61,6 +62,8 @@ func (s *Store) Acquire(ctx context.Context, key string, l sluice.InFlightLimit,
 		s.young.extended(key, holder, sent, l.Hold, true)
 	case weight == 1 && s.wait == nil:
 		s.young.add(key, holder, sent, l.Hold)
+	default:
+		s.young.forget(key, holder)
 	}
 	return sluice.SlotDecision{
 		Allowed:    v[0] == 1,
@@ -85,10 +88,12 @@ func (s *Store) Extend(ctx context.Context, key string, l sluice.InFlightLimit, 
 	c.argv[5], c.argv[6] = slotArgsOf(l).hold, holder
 	sent := s.young.clock()
 	ok, err := s.held(ctx, "extend", c, 7)
-	if err == nil {
-		s.young.extended(key, holder, sent, l.Hold, ok)
+	if err != nil {
+		s.young.forget(key, holder) // it may have run, with another hold
+		return ok, err
 	}
-	return ok, err
+	s.young.extended(key, holder, sent, l.Hold, ok)
+	return ok, nil
 }
 
 // Release implements sluice.Slots, in one script run (inflight_release.lua).
@@ -100,7 +105,13 @@ func (s *Store) Release(ctx context.Context, key string, holder string) (bool, e
 		return false, err
 	}
 	if s.young.take(key, holder) {
-		return s.releaseYoung(ctx, key, holder)
+		// One ZREM frees it; a reply of 0 means the id no longer holds
+		// as this Store's weight-1 holder (released elsewhere, perhaps
+		// acquired again with another weight): the script then answers,
+		// as for any holder.
+		if ok, err := s.releaseYoung(ctx, key, holder); ok || err != nil {
+			return ok, err
+		}
 	}
 	c, err := s.slotCall(releaseScript, key)
 	if err != nil {
@@ -113,8 +124,7 @@ func (s *Store) Release(ctx context.Context, key string, holder string) (bool, e
 
 // releaseYoung releases a holder of weight 1 that young knew to hold: its
 // member is all it has in the key (inflight_acquire.lua), so one ZREM
-// frees it, without a script, and its reply says whether it still held
-// (released elsewhere, or the key lost, it did not).
+// frees it, without a script, and its reply says whether it was there.
 func (s *Store) releaseYoung(ctx context.Context, key, holder string) (bool, error) {
 	ctx = orBackground(ctx)
 	c := calls.Get().(*call)
@@ -148,15 +158,25 @@ const youngShare = 2
 // youngHolders remembers the holders of weight 1 a Store's acquires added,
 // with when each acquire or extend was sent, on the Store's clock: the
 // hold cannot end before that time plus the hold, so until half of it has
-// passed the holder surely holds unless released, and its release needs
-// no script to check the deadline (BENCHMARKS.md, "In-flight slots").
-// Holders never released are swept once they are no longer young.
+// passed the holder surely holds unless released (or another process
+// extended it with a shorter hold), and its release needs no script to
+// check the deadline (BENCHMARKS.md, "In-flight slots"). A call that
+// failed forgets its holder: it may have run with another hold. At most
+// youngMax holders are remembered (holders never released, such as the
+// service's tombstones, would fill it): the rest go by script. Holders
+// no longer young are swept when the map fills, at most once a second
+// when it stays full.
 type youngHolders struct {
 	now   func() time.Time
 	mu    sync.Mutex
 	m     map[youngKey]youngHold
-	sweep int // len(m) at which to sweep
+	sweep int       // len(m) at which to sweep
+	next  time.Time // when full: the earliest next sweep
 }
+
+// youngMax bounds the holders a Store remembers as young (about 100 bytes
+// each).
+const youngMax = 1 << 16
 
 type youngKey struct{ key, holder string }
 
@@ -185,14 +205,27 @@ func (y *youngHolders) add(key, holder string, sent time.Time, hold time.Duratio
 	}
 	if len(y.m) >= y.sweep {
 		now := y.clock()
-		for k, h := range y.m {
-			if !h.young(now) {
-				delete(y.m, k)
+		if len(y.m) < youngMax || !now.Before(y.next) {
+			for k, h := range y.m {
+				if !h.young(now) {
+					delete(y.m, k)
+				}
 			}
+			y.sweep = min(max(1024, 2*len(y.m)), youngMax)
+			y.next = now.Add(time.Second)
 		}
-		y.sweep = max(1024, 2*len(y.m))
+		if len(y.m) >= youngMax {
+			return
+		}
 	}
 	y.m[youngKey{key, holder}] = youngHold{sent, hold}
+}
+
+// forget drops holder, young or not.
+func (y *youngHolders) forget(key, holder string) {
+	y.mu.Lock()
+	defer y.mu.Unlock()
+	delete(y.m, youngKey{key, holder})
 }
 
 // extended notes an extend for hold sent at sent: a young holder that

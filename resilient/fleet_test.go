@@ -408,3 +408,47 @@ func TestFleetCounted(t *testing.T) {
 		t.Errorf("events %v: want the last two to say not counted, then counted", events)
 	}
 }
+
+// A slot the fallback granted while this process was counted is not
+// extended once the fleet no longer counts it: its share is the others'
+// now. It is freed, and the holder told it is lost.
+func TestFleetUncountedSlotNotExtended(t *testing.T) {
+	t.Parallel()
+	reg := &script{answers: []int{3}}
+	clk := storetest.NewClock(t0)
+	f, err := NewFleet(reg, &FleetOptions{Refresh: time.Hour, TTL: 2 * time.Hour, Shrink: time.Minute, Clock: clk.Now, Logger: discard})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	b := newFlaky(clk.Now)
+	b.mode.Store(1) // the backend is down
+	s, err := New(b, &Options{Fleet: f, Logger: discard, Clock: clk.Now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	ctx := context.Background()
+	l := sluice.Concurrent(30, 10*time.Minute)
+	if d, err := s.Acquire(ctx, "k", l, 10, "h"); err != nil || !d.Allowed || d.Source != sluice.SourceFallback {
+		t.Fatalf("Acquire while counted = %+v, %v", d, err)
+	}
+	for clk.Now().Sub(t0) < 2*time.Hour {
+		clk.Advance(5 * time.Minute)
+		f.beat(clk.Now())
+		if ok, err := s.Extend(ctx, "k", l, "h"); !ok || err != nil {
+			t.Fatalf("Extend while counted, at %v = %v, %v", clk.Now().Sub(t0), ok, err)
+		}
+	}
+	clk.Advance(5 * time.Minute) // past TTL + Shrink since the last answered heartbeat
+	f.beat(clk.Now())
+	if f.Counted() {
+		t.Fatal("still counted")
+	}
+	if ok, err := s.Extend(ctx, "k", l, "h"); ok || err != nil {
+		t.Fatalf("Extend once not counted = %v, %v; want false: no share", ok, err)
+	}
+	if ok, err := s.Release(ctx, "k", "h"); ok {
+		t.Fatalf("Release after the refused extend = %v, %v; want not held", ok, err)
+	}
+}

@@ -224,6 +224,17 @@ func (s *Store) onSlot(ctx context.Context, op, key, holder string, hold time.Du
 	ref := slotRef{key, holder}
 	if g, ok := s.slots.get(ref, now); ok {
 		held := true
+		if !g.open && hold > 0 && s.policyNow() != FallbackLocal {
+			// No longer counted by the fleet (Fleet.Counted): the share
+			// this slot is part of is the others' now, so it is not
+			// extended but freed, and its holder told it is lost.
+			s.observe(op, sluice.SourceFailClosed, 0, nil)
+			if _, err := s.fallback.(sluice.Slots).Release(ctx, key, holder); err != nil {
+				return false, err
+			}
+			s.slots.forget(ref)
+			return false, nil
+		}
 		if !g.open {
 			s.observe(op, sluice.SourceFallback, 0, nil)
 			if held, err = fn(ctx, s.fallback.(sluice.Slots)); err != nil {
@@ -276,9 +287,9 @@ func (s *Store) slotBackend() (sluice.Slots, error) {
 	return bs, nil
 }
 
-// policySource is the Source of what the policy answers.
+// policySource is the Source of what the policy answers now.
 func (s *Store) policySource() sluice.Source {
-	switch s.policy {
+	switch s.policyNow() {
 	case FailOpen:
 		return sluice.SourceFailOpen
 	case FailClosed:

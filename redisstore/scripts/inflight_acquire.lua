@@ -4,10 +4,12 @@
 -- A key's in-flight state is one ZSET, read with one ZMSCORE and ZCARD
 -- and written with one ZADD, so that an allowed acquire costs about what
 -- a take does:
---   'h'..id  a holder: its hold deadline, µs; held while now < deadline
---   'w'..id  -(its weight), only for a weight above 1 (none means 1)
---   ''       -(the sum of weight − 2 over the holders of a weight above
---            1), only when that sum is not zero
+--   'h'..id  a holder of weight 1: its hold deadline, µs; held while
+--            now < deadline
+--   'H'..id  a holder of a weight above 1: its deadline, as 'h'
+--   'w'..id  -(the weight of holder 'H'..id)
+--   ''       -(the sum of weight − 2 over the 'H' holders), only when
+--            that sum is not zero
 --   'n'      -(a time at or before the earliest deadline): until then no
 --            holder has expired, so nothing is scanned; none when no
 --            holder is left
@@ -16,8 +18,9 @@
 -- The weight held is ZCARD, less those of '', 'n' and 't' present, plus
 -- the sum in '': a holder of weight 1 is one member, one of weight w two
 -- members and w − 2 in ''. So a holder of weight 1 can be released by one
--- ZREM, without a script (redisstore's Release, while its hold is young);
--- a key it leaves without holders expires with its TTL. Deadlines are
+-- ZREM of its 'h' member, without a script (redisstore's Release, while
+-- its hold is young), which can never take part of a heavier holder of
+-- the same id away; a key it leaves without holders expires with its TTL. Deadlines are
 -- above zero (now ≥ 0) and every other score is at most zero, so the
 -- expired holders are the members scored in (0, now]. The key expires
 -- after every hold has ended, so a key whose holders all crashed vanishes
@@ -44,9 +47,9 @@ local max = tonumber(ARGV[2])
 local hold = tonumber(ARGV[3])
 local weight = tonumber(ARGV[4])
 local deadline = now + hold
-local member = 'h' .. ARGV[5]
+local id = ARGV[5]
 
-local m = redis.call('ZMSCORE', key, '', 't', 'n', member)
+local m = redis.call('ZMSCORE', key, '', 't', 'n', 'h' .. id, 'H' .. id)
 local extra = -(tonumber(m[1]) or 0)
 local was = extra
 local inuse = redis.call('ZCARD', key) + extra
@@ -57,7 +60,10 @@ for i = 1, 3 do
 end
 local last = -(tonumber(m[2]) or 0)
 local first = m[3] and -tonumber(m[3])
-local held = m[4]
+local held, member = m[4], 'h' .. id
+if m[5] then
+  held, member = m[5], 'H' .. id
+end
 local expired = 0
 local z = {}
 if first and first <= now then
@@ -67,13 +73,17 @@ if first and first <= now then
   while #gone > 0 do
     local ws = {}
     for i = 1, #gone do
-      ws[i] = 'w' .. string.sub(gone[i], 2)
+      if string.byte(gone[i]) == 72 then -- 'H'
+        ws[#ws + 1] = 'w' .. string.sub(gone[i], 2)
+      else
+        expired = expired + 1
+      end
     end
-    local v = redis.call('ZMSCORE', key, unpack(ws))
-    for i = 1, #ws do
-      local w = -(tonumber(v[i]) or -1)
-      expired = expired + w
-      if w > 1 then
+    if #ws > 0 then
+      local v = redis.call('ZMSCORE', key, unpack(ws))
+      for i = 1, #ws do
+        local w = -tonumber(v[i])
+        expired = expired + w
         extra = extra - (w - 2)
         gone[#gone + 1] = ws[i]
       end
@@ -95,14 +105,16 @@ end
 
 local allowed, retry = 1, 0
 if held or inuse + weight <= max then
-  z[#z + 1], z[#z + 2] = deadline, member
   if not held then
     inuse = inuse + weight
+    member = 'h' .. id
     if weight > 1 then
-      z[#z + 1], z[#z + 2] = -weight, 'w' .. ARGV[5]
+      member = 'H' .. id
+      z[#z + 1], z[#z + 2] = -weight, 'w' .. id
       extra = extra + weight - 2
     end
   end
+  z[#z + 1], z[#z + 2] = deadline, member
   if not first or deadline < first then
     z[#z + 1], z[#z + 2] = -deadline, 'n'
   end
@@ -122,7 +134,7 @@ else
     end
     local ws = {}
     for i = 1, #hs, 2 do
-      ws[#ws + 1] = 'w' .. string.sub(hs[i], 2)
+      ws[#ws + 1] = 'w' .. string.sub(hs[i], 2) -- none for an 'h' holder
     end
     local v = redis.call('ZMSCORE', key, unpack(ws))
     for i = 1, #v do

@@ -11,8 +11,11 @@
 local key = KEYS[1]
 local hold = tonumber(ARGV[2])
 local member = 'h' .. ARGV[3]
-local m = redis.call('ZMSCORE', key, 't', 'n', member)
+local m = redis.call('ZMSCORE', key, 't', 'n', member, 'H' .. ARGV[3])
 local held = tonumber(m[3])
+if m[4] then
+  held, member = tonumber(m[4]), 'H' .. ARGV[3]
+end
 if held == nil or held <= now then
   return {0}
 end

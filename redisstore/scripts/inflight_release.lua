@@ -10,31 +10,35 @@
 --            acquire
 
 local key = KEYS[1]
-local member, wmember = 'h' .. ARGV[2], 'w' .. ARGV[2]
-local m = redis.call('ZMSCORE', key, member, wmember, '', 'n', 't')
-local held = tonumber(m[1])
+local id = ARGV[2]
+local m = redis.call('ZMSCORE', key, 'h' .. id, 'H' .. id, 'w' .. id, '', 'n', 't')
+local held = tonumber(m[1] or m[2])
 if held == nil or held <= now then
   return {0}
 end
-local extra = -(tonumber(m[3]) or 0)
+local extra = -(tonumber(m[4]) or 0)
 local inuse = redis.call('ZCARD', key) + extra
-for i = 3, 5 do
+for i = 4, 6 do
   if m[i] then
     inuse = inuse - 1
   end
 end
-local weight = -(tonumber(m[2]) or -1)
-if inuse <= weight then
-  redis.call('DEL', key) -- the last holder
-elseif weight == 1 then
-  redis.call('ZREM', key, member)
-else
-  extra = extra - (weight - 2)
-  if extra == 0 then
-    redis.call('ZREM', key, member, wmember, '')
+if not m[2] then
+  if inuse <= 1 then
+    redis.call('DEL', key) -- the last holder
   else
-    redis.call('ZREM', key, member, wmember)
-    redis.call('ZADD', key, -extra, '')
+    redis.call('ZREM', key, 'h' .. id)
   end
+  return {1}
+end
+local weight = -tonumber(m[3])
+extra = extra - (weight - 2)
+if inuse <= weight then
+  redis.call('DEL', key)
+elseif extra == 0 then
+  redis.call('ZREM', key, 'H' .. id, 'w' .. id, '')
+else
+  redis.call('ZREM', key, 'H' .. id, 'w' .. id)
+  redis.call('ZADD', key, -extra, '')
 end
 return {1}
