@@ -34,11 +34,14 @@ policies:
     burst: 3
     cost: 2
     lease: 1m
+  - name: same
+    limit: 10/h burst 3
+    burst: 3
 `)
-	if got, want := len(cfg.Policies), 3; got != want {
+	if got, want := len(cfg.Policies), 4; got != want {
 		t.Fatalf("%d policies, want %d", got, want)
 	}
-	api, login, export := cfg.Policy("api"), cfg.Policy("login"), cfg.Policy("export")
+	api, login, export, same := cfg.Policy("api"), cfg.Policy("login"), cfg.Policy("export"), cfg.Policy("same")
 	checkValues(t, []valueCase{
 		{"api limit", api.Limit, sluice.Limit{Rate: 100, Period: time.Minute, Burst: 20}},
 		{"api key", api.Key, "{api_key}"},
@@ -50,6 +53,7 @@ policies:
 		{"login strategy", login.Strategy, enforce.Shadow},
 		{"login default key", login.Key, "{key}"},
 		{"export burst field", export.Limit, sluice.Limit{Rate: 10, Period: time.Hour, Burst: 3}},
+		{"the same burst twice", same.Limit, sluice.Limit{Rate: 10, Period: time.Hour, Burst: 3}},
 		{"export cost", export.Cost, int64(2)},
 		{"export lease", export.Lease, time.Minute},
 		{"api has no lease", api.Lease, time.Duration(0)},
@@ -84,6 +88,8 @@ func TestConfigErrors(t *testing.T) {
 		{"bad limit", "policies:\n  - name: a\n    limit: 10/fortnight\n", `3:12: sluice: invalid limit`},
 		{"bad algorithm", "policies:\n  - name: a\n    limit: 1/s\n    algorithm: bogus\n", `4:16: sluice: invalid limit: unknown algorithm "bogus"`},
 		{"algorithm contradicts limit", "policies:\n  - name: a\n    limit: token_bucket 1/s\n    algorithm: gcra\n", `4:16: algorithm gcra contradicts`},
+		{"burst contradicts limit", "policies:\n  - name: a\n    limit: 10/min burst 5\n    burst: 7\n", `4:12: burst 7 contradicts the limit's burst 5: give the burst once`},
+		{"override burst contradicts its limit", "policies:\n  - name: a\n    limit: 10/min\n    overrides:\n      - {match: x, limit: 20/min burst 5, burst: 6}\n", `5:50: burst 6 contradicts the limit's burst 5`},
 		{"window with burst", "policies:\n  - name: a\n    limit: fixed_window 5/s\n    burst: 9\n", `4:12: sluice: invalid limit`},
 		{"missing name", "policies:\n  - limit: 1/s\n", `2:5: policy needs a name`},
 		{"missing limit", "policies:\n  - name: a\n", `2:5: policy "a" needs a limit`},

@@ -186,7 +186,7 @@ func (l *loader) limit(limit, alg, burst *yaml.Node, def sluice.Algorithm) (slui
 	}
 	named, hasAlg := leadingAlgorithm(s)
 	if hasAlg && alg != nil && named != a {
-		l.errorf(alg, "algorithm %s contradicts the limit's %s", a, named)
+		l.errorf(alg, "algorithm %s contradicts the limit's %s: name the algorithm once, in the limit or in algorithm", a, named)
 		return sluice.Limit{}, false
 	}
 	lim, err := sluice.ParseLimit(s)
@@ -202,7 +202,13 @@ func (l *loader) limit(limit, alg, burst *yaml.Node, def sluice.Algorithm) (slui
 		return lim, false
 	}
 	if burst != nil {
-		lim.Burst = l.integer(burst, 1, sluice.MaxRate)
+		b := l.integer(burst, 1, sluice.MaxRate)
+		// As for the algorithm: the same burst twice is fine, two are not.
+		if lim.Burst != 0 && lim.Burst != b {
+			l.errorf(burst, "burst %d contradicts the limit's burst %d: give the burst once, in the limit or in burst", b, lim.Burst)
+			return lim, false
+		}
+		lim.Burst = b
 		if err := lim.Validate(); err != nil {
 			l.errorf(burst, "%v", err)
 			return lim, false
