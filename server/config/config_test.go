@@ -24,6 +24,8 @@ policies:
         limit: 1000/min
       - match: [partner-a, partner-b]
         limit: token_bucket 50/s
+      - match: partner-*
+        limit: 500/min
   - name: login
     algorithm: sliding_window_log
     limit: 5/15m
@@ -48,7 +50,8 @@ policies:
 		{"api domain", api.Domain, "edge"},
 		{"premium override keeps GCRA", api.LimitFor("premium-42"), sluice.Limit{Rate: 1000, Period: time.Minute}},
 		{"partner override names its algorithm", api.LimitFor("partner-b"), sluice.Limit{Algorithm: sluice.TokenBucket, Rate: 50, Period: time.Second}},
-		{"others get the policy's limit", api.LimitFor("partner-c"), api.Limit},
+		{"a wider match after narrower ones", api.LimitFor("partner-c"), sluice.Limit{Rate: 500, Period: time.Minute}},
+		{"others get the policy's limit", api.LimitFor("gold-c"), api.Limit},
 		{"login algorithm field", login.Limit, sluice.Limit{Algorithm: sluice.SlidingWindowLog, Rate: 5, Period: 15 * time.Minute}},
 		{"login strategy", login.Strategy, enforce.Shadow},
 		{"login default key", login.Key, "{key}"},
@@ -104,6 +107,9 @@ func TestConfigErrors(t *testing.T) {
 		{"template without variables", "policies:\n  - name: a\n    limit: 1/s\n    key: fixed\n", `4:10: key "fixed": needs at least one {variable}`},
 		{"same descriptor keys", "policies:\n  - name: a\n    limit: 1/s\n    key: '{u}:{r}'\n  - name: b\n    limit: 1/s\n    key: '{r}/{u}'\n", `7:10: key "{r}/{u}" takes the same descriptor entries as policy "a"`},
 		{"override without match", "policies:\n  - name: a\n    limit: 1/s\n    overrides:\n      - limit: 2/s\n", `5:9: override needs match and limit`},
+		{"duplicate override match", "policies:\n  - name: a\n    limit: 10/min\n    overrides:\n      - match: a\n        limit: 10/s\n      - match: a\n        limit: 20/s\n", `7:16: duplicate override match "a" (first at test.yaml:5)`},
+		{"duplicate override match in a list", "policies:\n  - name: a\n    limit: 10/min\n    overrides:\n      - {match: [x, y], limit: 10/s}\n      - {match: [z, y], limit: 20/s}\n", `6:21: duplicate override match "y" (first at test.yaml:5)`},
+		{"override match behind a prefix", "policies:\n  - name: a\n    limit: 10/min\n    overrides:\n      - {match: premium-*, limit: 10/s}\n      - {match: premium-gold*, limit: 20/s}\n", `6:17: override match "premium-gold*" never applies: the earlier match "premium-*" (at test.yaml:5) takes all its keys first`},
 		{"lease on a sliding window log", "policies:\n  - name: a\n    limit: sliding_window_log 5/min\n    lease: 50ms\n", `4:12: lease: the policy's limit (sliding_window_log 5/min) cannot be leased`},
 		{"lease on an override's sliding window log", "policies:\n  - name: a\n    limit: 5/min\n    lease: 50ms\n    overrides:\n      - {match: x, limit: sliding_window_log 9/min}\n", `4:12: lease: override x (sliding_window_log 9/min) cannot be leased`},
 		{"lease of zero", "policies:\n  - name: a\n    limit: 5/s\n    lease: 0s\n", `4:12: lease "0s": want a positive duration`},

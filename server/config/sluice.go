@@ -228,6 +228,11 @@ func leadingAlgorithm(s string) (sluice.Algorithm, bool) {
 
 func (l *loader) overrides(p *Policy, list *yaml.Node) []Override {
 	var out []Override
+	type seen struct {
+		match string
+		at    pos
+	}
+	var earlier []seen // the matches of earlier overrides
 	for _, n := range l.seq(list) {
 		var match, limit, alg, burst *yaml.Node
 		if !l.fields(n, map[string]**yaml.Node{"match": &match, "limit": &limit, "algorithm": &alg, "burst": &burst}) {
@@ -238,16 +243,37 @@ func (l *loader) overrides(p *Policy, list *yaml.Node) []Override {
 			continue
 		}
 		var o Override
+		nodes := []*yaml.Node{match}
 		if match.Kind == yaml.SequenceNode {
-			for _, m := range match.Content {
-				o.Match = append(o.Match, l.str(m))
+			nodes = match.Content
+		}
+		shadowed := false
+		for _, m := range nodes {
+			o.Match = append(o.Match, l.str(m))
+			// The first matching override wins, so a match an earlier
+			// one already takes would never apply.
+			for _, e := range earlier {
+				if !shadows(e.match, o.Match[len(o.Match)-1]) {
+					continue
+				}
+				if e.match == o.Match[len(o.Match)-1] {
+					l.errorf(m, "duplicate override match %q (first at %s): the first override wins, so this one never applies; remove one", e.match, e.at)
+				} else {
+					l.errorf(m, "override match %q never applies: the earlier match %q (at %s) takes all its keys first; put this override before that one", o.Match[len(o.Match)-1], e.match, e.at)
+				}
+				shadowed = true
+				break
 			}
-		} else {
-			o.Match = []string{l.str(match)}
+		}
+		if shadowed {
+			continue
 		}
 		if len(o.Match) == 0 {
 			l.errorf(match, "override matches no key")
 			continue
+		}
+		for i, m := range o.Match {
+			earlier = append(earlier, seen{m, l.at(nodes[i])})
 		}
 		lim, ok := l.limit(limit, alg, burst, p.Limit.Algorithm)
 		if !ok {
@@ -261,4 +287,13 @@ func (l *loader) overrides(p *Policy, list *yaml.Node) []Override {
 		out = append(out, o)
 	}
 	return out
+}
+
+// shadows reports whether every key that override match b matches is
+// matched by a: the same match, or a prefix a* that b's keys all start with.
+func shadows(a, b string) bool {
+	if prefix, ok := strings.CutSuffix(a, "*"); ok {
+		return strings.HasPrefix(strings.TrimSuffix(b, "*"), prefix)
+	}
+	return a == b
 }
