@@ -119,6 +119,7 @@ func TestConfigErrors(t *testing.T) {
 		{"lease longer than the period", "policies:\n  - name: a\n    limit: 5/s\n    lease: 2s\n", `4:12: lease 2s is longer than the period of the policy's limit (5/s)`},
 		{"lease longer than an override's period", "policies:\n  - name: a\n    limit: 5/min\n    lease: 2s\n    overrides:\n      - {match: [x, y], limit: 50/s}\n", `4:12: lease 2s is longer than the period of override x, y (50/s)`},
 		{"lease in envoy format", "domain: d\ndescriptors:\n  - key: a\n    rate_limit:\n      unit: second\n      requests_per_unit: 1\n      lease: 50ms\n", `7:14: lease: Envoy-format limits are exact`},
+		{"control character in domain", "domain: \"a\\tb\"\npolicies: [{name: a, limit: 1/s}]\n", `1:9: domain "a\tb": want 1 to 1024 bytes of UTF-8 text without control characters`},
 		{"envoy without domain", "descriptors:\n  - key: a\n", `1:1: envoy ratelimit config needs a domain`},
 		{"envoy empty key", "domain: d\ndescriptors:\n  - value: a\n", `3:5: descriptor has empty key`},
 		{"envoy bad unit", "domain: d\ndescriptors:\n  - key: a\n    rate_limit:\n      unit: fortnight\n      requests_per_unit: 3\n", `5:13: invalid rate limit unit 'fortnight'`},

@@ -10,6 +10,8 @@ import (
 	"strings"
 
 	"go.yaml.in/yaml/v3"
+
+	"github.com/sluicehq/sluice/internal/enforce"
 )
 
 // The strict YAML reader: every field known, none twice, every value of the
@@ -156,6 +158,10 @@ func (l *loader) document(n *yaml.Node) {
 		domainName = l.str(domainNode)
 		if domainName == "" {
 			l.errorf(domainNode, "domain must not be empty")
+		} else if enforce.ValidateName(domainName) != nil {
+			// Domains name policies (Envoy's "domain.key_value"): same rule.
+			l.errorf(domainNode, "domain %q: %s", domainName, enforce.NameRule)
+			return
 		}
 	} else if descriptors != nil {
 		l.errorf(n, "envoy ratelimit config needs a domain")
