@@ -104,6 +104,7 @@ func TestConfigErrors(t *testing.T) {
 		{"cost above burst", "policies:\n  - name: a\n    limit: 1/s\n    cost: 2\n", `4:11: sluice: cost exceeds burst`},
 		{"cost not a number", "policies:\n  - name: a\n    limit: 1/s\n    cost: lots\n", `4:11: want an integer`},
 		{"bad key template", "policies:\n  - name: a\n    limit: 1/s\n    key: '{user'\n", `4:10: key "{user": unclosed '{'`},
+		{"template variable too long", "policies:\n  - name: a\n    limit: 1/s\n    key: '{" + strings.Repeat("v", 129) + "}'\n", `4:10: key "{` + strings.Repeat("v", 129) + `}": variable {vvvvvvvvvvvvvvvv…} is 129 bytes long: at most 128`},
 		{"template without variables", "policies:\n  - name: a\n    limit: 1/s\n    key: fixed\n", `4:10: key "fixed": needs at least one {variable}`},
 		{"same descriptor keys", "policies:\n  - name: a\n    limit: 1/s\n    key: '{u}:{r}'\n  - name: b\n    limit: 1/s\n    key: '{r}/{u}'\n", `7:10: key "{r}/{u}" takes the same descriptor entries as policy "a"`},
 		{"override without match", "policies:\n  - name: a\n    limit: 1/s\n    overrides:\n      - limit: 2/s\n", `5:9: override needs match and limit`},

@@ -292,6 +292,9 @@ func parseTemplate(s string) (*template, error) {
 			return nil, fmt.Errorf("unclosed '{'")
 		}
 		name := rest[open+1 : open+end]
+		if len(name) > maxVarLen {
+			return nil, fmt.Errorf("variable {%.16s…} is %d bytes long: at most %d", name, len(name), maxVarLen)
+		}
 		if !validVar(name) {
 			return nil, fmt.Errorf("variable {%s}: use letters, digits, '.', '_' and '-'", name)
 		}
@@ -313,10 +316,13 @@ func parseTemplate(s string) (*template, error) {
 	return t, nil
 }
 
+// maxVarLen bounds a template variable's name.
+const maxVarLen = 128
+
 // validVar reports whether s can name a template variable (a descriptor
 // entry key).
 func validVar(s string) bool {
-	if s == "" || len(s) > 128 {
+	if s == "" || len(s) > maxVarLen {
 		return false
 	}
 	for _, c := range s {
