@@ -87,7 +87,7 @@ func TestConfigErrors(t *testing.T) {
 	checkErrors(t, []errorCase{
 		{"unknown top-level field", "policies: []\nlimits: 3\n", `2:1: unknown field "limits"`},
 		{"unknown policy field", "policies:\n  - name: a\n    limit: 1/s\n    burts: 3\n", `4:5: unknown field "burts"`},
-		{"unknown envoy field", "domain: d\ndescriptors:\n  - key: a\n    rate_limit:\n      unit: second\n      request_per_unit: 3\n", `6:7: unknown field "request_per_unit"`},
+		{"unknown envoy field", "domain: d\ndescriptors:\n  - key: a\n    rate_limit:\n      unit: second\n      request_per_unit: 3\n", `6:7: unknown field "request_per_unit" (want one of algorithm, name, replaces, requests_per_unit, unit, unit_multiplier, unlimited)`},
 		{"bad limit", "policies:\n  - name: a\n    limit: 10/fortnight\n", `3:12: sluice: invalid limit`},
 		{"bad algorithm", "policies:\n  - name: a\n    limit: 1/s\n    algorithm: bogus\n", `4:16: sluice: invalid limit: unknown algorithm "bogus"`},
 		{"algorithm contradicts limit", "policies:\n  - name: a\n    limit: token_bucket 1/s\n    algorithm: gcra\n", `4:16: algorithm gcra contradicts`},

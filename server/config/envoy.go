@@ -84,11 +84,11 @@ func (l *loader) descriptors(d *Domain, parent *descNode, path string, list *yam
 
 func (l *loader) rateLimit(d *Domain, dn *descNode, name string, n *yaml.Node, shadow, quota bool) {
 	var unit, rpu, unlimited, rname, replaces, alg, mult, lease *yaml.Node
-	if !l.fields(n, map[string]**yaml.Node{
+	if !l.fieldsOffering(n, map[string]**yaml.Node{
 		"unit": &unit, "requests_per_unit": &rpu, "unlimited": &unlimited,
 		"name": &rname, "replaces": &replaces, "algorithm": &alg, "unit_multiplier": &mult,
 		"lease": &lease,
-	}) {
+	}, map[string]bool{"lease": true}) {
 		return
 	}
 	if lease != nil {

@@ -193,6 +193,12 @@ func (l *loader) document(n *yaml.Node) {
 // ("<<: *defaults", or a list of aliases) fill the fields n does not set
 // itself, earlier merged mappings first.
 func (l *loader) fields(n *yaml.Node, want map[string]**yaml.Node) bool {
+	return l.fieldsOffering(n, want, nil)
+}
+
+// fieldsOffering is fields where the unknown-field message leaves out the
+// names in unlisted: fields read only to refuse them with a better message.
+func (l *loader) fieldsOffering(n *yaml.Node, want map[string]**yaml.Node, unlisted map[string]bool) bool {
 	n = deref(n)
 	if n.Kind != yaml.MappingNode {
 		l.errorf(n, "want a mapping, got %s", kindName(n))
@@ -220,7 +226,9 @@ func (l *loader) fields(n *yaml.Node, want map[string]**yaml.Node) bool {
 		if !known {
 			names := make([]string, 0, len(want))
 			for name := range want {
-				names = append(names, name)
+				if !unlisted[name] {
+					names = append(names, name)
+				}
 			}
 			sort.Strings(names)
 			l.errorf(k, "unknown field %q (want one of %s)", k.Value, strings.Join(names, ", "))
@@ -244,7 +252,7 @@ func (l *loader) fields(n *yaml.Node, want map[string]**yaml.Node) bool {
 		for name := range want {
 			sub[name] = new(*yaml.Node)
 		}
-		if !l.fields(m, sub) {
+		if !l.fieldsOffering(m, sub, unlisted) {
 			ok = false
 		}
 		for name, dst := range want {
