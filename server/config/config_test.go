@@ -131,7 +131,10 @@ func TestConfigErrors(t *testing.T) {
 		{"envoy bad algorithm", "domain: d\ndescriptors:\n  - key: a\n    rate_limit:\n      unit: second\n      requests_per_unit: 1\n      algorithm: magic\n", `7:18: sluice: invalid limit: unknown algorithm "magic"`},
 		{"envoy limit beyond sluice's bounds", "domain: d\ndescriptors:\n  - key: a\n    rate_limit:\n      unit: second\n      requests_per_unit: 4000000000\n", `6:26: sluice: invalid limit: rate 4000000000 exceeds`},
 		{"duplicate domain", "domain: d\n---\ndomain: d\n", `3:9: duplicate domain "d" (first at test.yaml:1)`},
-		{"duplicate default domain", "policies: [{name: a, limit: 1/s}]\n---\npolicies: [{name: b, limit: 1/s}]\n", `3:1: duplicate domain "sluice" (first at test.yaml:1)`},
+		{"default domain named after it was used", "policies: [{name: a, limit: 1/s}]\n---\ndomain: sluice\npolicies: [{name: b, limit: 1/s}]\n", `3:9: duplicate domain "sluice" (first at test.yaml:1): policies without a domain: line are in domain "sluice"; write another domain in one of the two`},
+		{"default domain used after it was named", "domain: sluice\npolicies: [{name: a, limit: 1/s}]\n---\npolicies: [{name: b, limit: 1/s}]\n", `4:1: duplicate domain "sluice" (first at test.yaml:1): policies without a domain: line are in domain "sluice"`},
+		{"default domain's policies keep unique names", "policies: [{name: a, limit: 1/s}]\n---\npolicies: [{name: a, limit: 2/s}]\n", `3:19: duplicate policy name "a" (first at test.yaml:1)`},
+		{"default domain's policies keep unique keys", "policies: [{name: a, limit: 1/s, key: '{u}'}]\n---\npolicies: [{name: b, limit: 2/s, key: '{u}'}]\n", `3:39: key "{u}" takes the same descriptor entries as policy "a"`},
 		{"yaml syntax", "policies:\n  - name: a\n    limit: \"unclosed\n", `3:1: found unexpected end of stream`},
 		{"yaml tab", "policies:\n  - name: a\n\tlimit: 1/s\n", `3:1: found a tab character`},
 		{"not a mapping", "- a\n- b\n", `1:1: want a mapping`},
@@ -193,6 +196,18 @@ func TestLoadConfigDirectory(t *testing.T) {
 	}
 	if got, want := len(cfg.Files), 2; got != want {
 		t.Errorf("%d files, want %d", got, want)
+	}
+	// Sluice-format files without a domain share the default one.
+	write("b2.yaml", "policies:\n  - name: q\n    limit: 2/s\n")
+	cfg, err = Load(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := strings.Join(cfg.Domains(), ","), "one,sluice"; got != want {
+		t.Errorf("domains %q, want %q", got, want)
+	}
+	if m, ok := cfg.Domain(DefaultDomain).Match([]Entry{{"policy", "q"}, {"key", "k"}}); !ok || m.Policy != cfg.Policy("q") {
+		t.Errorf("policy q from b2.yaml: match %+v, %v; want it in domain %q", m, ok, DefaultDomain)
 	}
 	write("c.yaml", "domain: one\n")
 	if _, err := Load(dir); err == nil || !strings.Contains(err.Error(), filepath.Join(dir, "c.yaml")+":1:9: duplicate domain") {

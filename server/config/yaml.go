@@ -33,6 +33,9 @@ type loader struct {
 	errs   []error
 	cfg    *Config
 	domPos map[string]pos
+	// implicitDefault: the default domain was made by policies naming no
+	// domain, so more such policies join it.
+	implicitDefault bool
 }
 
 func newLoader() *loader {
@@ -174,8 +177,21 @@ func (l *loader) document(n *yaml.Node) {
 		at = l.at(domainNode)
 	}
 	if prev, dup := l.domPos[domainName]; dup {
-		l.errorf(orNode(domainNode, n), "duplicate domain %q (first at %s)", domainName, prev)
+		// Policies that name no domain all answer in the default one,
+		// whichever file or document they are in.
+		if domainNode == nil && l.implicitDefault {
+			l.policies(l.cfg.domains[domainName], policies)
+			return
+		}
+		hint := ""
+		if domainNode == nil || domainName == DefaultDomain && l.implicitDefault {
+			hint = fmt.Sprintf(": policies without a domain: line are in domain %q; write another domain in one of the two", DefaultDomain)
+		}
+		l.errorf(orNode(domainNode, n), "duplicate domain %q (first at %s)%s", domainName, prev, hint)
 		return
+	}
+	if domainName == DefaultDomain {
+		l.implicitDefault = domainNode == nil
 	}
 	l.domPos[domainName] = at
 	d := &Domain{name: domainName, root: &descNode{children: map[entryKey]*descNode{}}}
