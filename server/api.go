@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"reflect"
 	"slices"
 	"time"
 
@@ -321,6 +322,11 @@ func decodeJSON(w http.ResponseWriter, r *http.Request, v any) bool {
 	if err == nil {
 		err = exactFields(body, v)
 	}
+	if err == nil && isNull(body) {
+		// Decoding null into a struct leaves it as it was: refuse it as
+		// the decoder refuses any other body that is not an object.
+		err = &json.UnmarshalTypeError{Value: "null", Type: reflect.TypeOf(v)}
+	}
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
 	if err == nil {
@@ -337,6 +343,12 @@ func decodeJSON(w http.ResponseWriter, r *http.Request, v any) bool {
 		return false
 	}
 	return true
+}
+
+// isNull reports whether body's JSON value begins with null.
+func isNull(body []byte) bool {
+	t, err := json.NewDecoder(bytes.NewReader(body)).Token()
+	return err == nil && t == nil
 }
 
 // exactFields refuses an object whose field names are not v's exactly,

@@ -146,6 +146,9 @@ func TestAPIErrors(t *testing.T) {
 	}{
 		{"malformed JSON", "POST", "/v1/check", `{"policy":`, 400, "ends inside its JSON object"},
 		{"not an object", "POST", "/v1/check", `[1]`, 400, "must be a JSON object with the fields policy, key and cost"},
+		{"null", "POST", "/v1/check", ` null`, 400, "must be a JSON object with the fields policy, key and cost"},
+		{"reset: null", "POST", "/v1/reset", `null`, 400, "must be a JSON object with the fields policy and key"},
+		{"acquire: null", "POST", "/v1/acquire", `null`, 400, "must be a JSON object with the fields policy, key, weight and priority"},
 		{"unknown field", "POST", "/v1/check", `{"policy":"fw","key":"k","weight":3}`, 400, `unknown field "weight": the fields are policy, key and cost`},
 		{"a field in another case", "POST", "/v1/check", `{"POLICY":"fw","KEY":"k"}`, 400, `unknown field "POLICY": the fields are policy, key and cost`},
 		{"a field twice", "POST", "/v1/check", `{"policy":"fw","key":"x","key":"y"}`, 400, `field "key" appears twice`},
