@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"reflect"
+	"strconv"
 	"strings"
 
 	"github.com/sluicehq/sluice"
@@ -95,6 +96,9 @@ func decodeProblem(err error, v any) (int, string) {
 	case errors.As(err, &typ) && typ.Field == "":
 		return http.StatusBadRequest, "the request body must be a JSON object with the fields " + fieldList(v)
 	case errors.As(err, &typ):
+		if lo, hi, ok := intRange(typ.Type); ok && isInteger(strings.TrimPrefix(typ.Value, "number ")) {
+			return http.StatusBadRequest, fmt.Sprintf("field %q is out of range: %s is not between %s and %s", typ.Field, strings.TrimPrefix(typ.Value, "number "), lo, hi)
+		}
 		return http.StatusBadRequest, fmt.Sprintf("field %q must be %s, not a JSON %s", typ.Field, jsonKind(typ.Type), typ.Value)
 	}
 	if f, ok := strings.CutPrefix(err.Error(), "json: unknown field "); ok {
@@ -143,4 +147,32 @@ func jsonKind(t reflect.Type) string {
 		return "an array"
 	}
 	return "an object"
+}
+
+// intRange is the range of an integer type, for a number that did not
+// fit it.
+func intRange(t reflect.Type) (lo, hi string, ok bool) {
+	switch t.Kind() {
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64:
+		min := int64(-1) << (t.Bits() - 1)
+		return strconv.FormatInt(min, 10), strconv.FormatInt(-(min + 1), 10), true
+	case reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+		return "0", strconv.FormatUint(uint64(1)<<(t.Bits()-1)<<1-1, 10), true
+	}
+	return "", "", false
+}
+
+// isInteger reports whether s is a JSON number without fraction or
+// exponent: one an integer field refuses only for its size.
+func isInteger(s string) bool {
+	s = strings.TrimPrefix(s, "-")
+	if s == "" {
+		return false
+	}
+	for _, c := range s {
+		if c < '0' || c > '9' {
+			return false
+		}
+	}
+	return true
 }
