@@ -282,6 +282,10 @@ func TestExchanges(t *testing.T) {
 			if ct := resp.Header.Get("Content-Type"); isProblem && ct != "application/problem+json" {
 				t.Errorf("%s: Content-Type %q, want application/problem+json", x.name, ct)
 			}
+			// A store that did not decide says when to try again.
+			if isProblem && x.status == http.StatusServiceUnavailable && x.path != "/readyz" && resp.Header.Get("Retry-After") != "1" {
+				t.Errorf("%s: Retry-After %q, want 1", x.name, resp.Header.Get("Retry-After"))
+			}
 			if isProblem {
 				var p struct{ Detail string }
 				json.Unmarshal(body, &p)

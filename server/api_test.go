@@ -4,13 +4,16 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"github.com/sluicehq/sluice/memory"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/memory"
 )
 
 const apiConfig = `
@@ -407,4 +410,60 @@ func goInternals(detail string) string {
 		}
 	}
 	return ""
+}
+
+// deadStore fails every call, as a store with no failure policy does
+// while Redis is away.
+type deadStore struct{}
+
+var errDead = errors.New("dial tcp: connection refused")
+
+func (deadStore) Take(context.Context, string, sluice.Limit, int64) (sluice.Decision, error) {
+	return sluice.Decision{}, errDead
+}
+
+func (deadStore) Peek(context.Context, string, sluice.Limit, int64) (sluice.Decision, error) {
+	return sluice.Decision{}, errDead
+}
+
+func (deadStore) Reset(context.Context, string, sluice.Limit) error { return errDead }
+
+func (deadStore) Acquire(context.Context, string, sluice.InFlightLimit, int64, string) (sluice.SlotDecision, error) {
+	return sluice.SlotDecision{}, errDead
+}
+
+func (deadStore) Extend(context.Context, string, sluice.InFlightLimit, string) (bool, error) {
+	return false, errDead
+}
+
+func (deadStore) Release(context.Context, string, string) (bool, error) { return false, errDead }
+
+// TestAPIStoreDownRetryAfter: every 503 that asks to try again shortly
+// says when, in Retry-After, on the JSON API and on /json.
+func TestAPIStoreDownRetryAfter(t *testing.T) {
+	svc := NewService(deadStore{}, mustConfig(t, `
+domain: web
+policies:
+  - name: fw
+    limit: fixed_window 3/min
+  - name: jobs
+    in_flight: {max: 2, hold: 1m}
+`), &ServiceOptions{Logger: slog.New(slog.DiscardHandler)})
+	e := &apiEnv{svc: svc, h: svc.Handler(nil)}
+	// A well-formed token of policy jobs, key a: no acquire can give one.
+	const token = "0123456789abcdef0123456789abcdef.am9icw.YQ"
+	for _, tt := range []struct{ path, body string }{
+		{"/v1/check", `{"policy":"fw","key":"a"}`},
+		{"/v1/peek", `{"policy":"fw","key":"a"}`},
+		{"/v1/reset", `{"policy":"fw","key":"a"}`},
+		{"/v1/acquire", `{"policy":"jobs","key":"a"}`},
+		{"/v1/extend", `{"token":"` + token + `"}`},
+		{"/v1/release", `{"token":"` + token + `"}`},
+		{"/json", `{"domain":"web","descriptors":[{"entries":[{"key":"policy","value":"fw"},{"key":"key","value":"a"}]}]}`},
+	} {
+		w := e.do(t, "POST", tt.path, tt.body, nil, "")
+		if w.Code != http.StatusServiceUnavailable || w.Header().Get("Retry-After") != "1" {
+			t.Errorf("%s with the store down: %d, Retry-After %q; want 503 with Retry-After 1: %s", tt.path, w.Code, w.Header().Get("Retry-After"), w.Body.String())
+		}
+	}
 }

@@ -21,8 +21,16 @@ import (
 // serviceError answers with the problem an error from the Service is.
 func serviceError(w http.ResponseWriter, err error) {
 	code, detail := serviceProblem(err)
+	if code == http.StatusServiceUnavailable {
+		// "Try again shortly", said as clients and proxies read it: a
+		// second, the failure policy's default breaker probe interval.
+		w.Header().Set("Retry-After", storeRetryAfter)
+	}
 	problem(w, code, detail)
 }
+
+// storeRetryAfter is the Retry-After of a 503 whose store did not decide.
+const storeRetryAfter = "1"
 
 // decodeError answers with the problem a body that did not decode into v
 // (a pointer to a request struct) has.
