@@ -30,7 +30,7 @@ func NewLogger(w io.Writer, format, level string) (*slog.Logger, error) {
 			return nil, fmt.Errorf("%w: log level %q: want debug, info, warn or error", ErrLogOption, level)
 		}
 	}
-	opts := &slog.HandlerOptions{Level: lv}
+	opts := &slog.HandlerOptions{Level: lv, ReplaceAttr: durationString}
 	switch strings.ToLower(format) {
 	case "", "text":
 		return slog.New(slog.NewTextHandler(w, opts)), nil
@@ -38,6 +38,15 @@ func NewLogger(w io.Writer, format, level string) (*slog.Logger, error) {
 		return slog.New(slog.NewJSONHandler(w, opts)), nil
 	}
 	return nil, fmt.Errorf("%w: log format %q: want text or json", ErrLogOption, format)
+}
+
+// durationString writes durations as people read them ("1s"): the JSON
+// handler would write nanoseconds, the text handler already does this.
+func durationString(_ []string, a slog.Attr) slog.Attr {
+	if a.Value.Kind() == slog.KindDuration {
+		a.Value = slog.StringValue(a.Value.Duration().String())
+	}
+	return a
 }
 
 // RouteLogs sends every library's log through log: the standard log

@@ -52,6 +52,29 @@ func TestNewLogger(t *testing.T) {
 	}
 }
 
+// Durations are written as read ("1.5s"), not as nanoseconds, in both
+// formats, grouped or not.
+func TestNewLoggerDurations(t *testing.T) {
+	t.Parallel()
+	for _, format := range []string{"text", "json"} {
+		var buf bytes.Buffer
+		log, err := NewLogger(&buf, format, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		log.With("every", time.Second).WithGroup("g").Info("i", "took", 1500*time.Millisecond, "n", 3)
+		got := buf.String()
+		for _, want := range map[string][]string{
+			"text": {"every=1s", "g.took=1.5s", "g.n=3"},
+			"json": {`"every":"1s"`, `"g":{"took":"1.5s","n":3}`},
+		}[format] {
+			if !strings.Contains(got, want) {
+				t.Errorf("%s: %q, want it to contain %q", format, got, want)
+			}
+		}
+	}
+}
+
 // The startup line names the Redis mode, addresses and database, and
 // never the password.
 func TestStoreAttr(t *testing.T) {
