@@ -121,9 +121,12 @@ type Fleet struct {
 	clock    func() time.Time
 
 	size atomic.Int64
-	// lastOK is when the last answered heartbeat was sent, on clock, in
-	// Unix ns; 0 before any.
-	lastOK atomic.Int64
+	// base is the clock's reading at NewFleet; lastOK is when the last
+	// answered heartbeat was sent, as a duration since base (monotonic,
+	// with the default clock); answered: one was.
+	base     time.Time
+	lastOK   atomic.Int64
+	answered atomic.Bool
 
 	// Owned by the loop (and NewFleet before it starts).
 	beats     int // heartbeats so far, answered or not
@@ -184,6 +187,7 @@ func NewFleet(reg Membership, opts *FleetOptions) (*Fleet, error) {
 	if f.clock == nil {
 		f.clock = time.Now
 	}
+	f.base = f.clock()
 	start := f.explicit
 	if start == 0 {
 		start = orDefault(o.Default, DefaultFleetSize)
@@ -202,21 +206,26 @@ func NewFleet(reg Membership, opts *FleetOptions) (*Fleet, error) {
 // discovered size. It is at least 1, but for a zero Fleet.
 func (f *Fleet) Size() int { return int(f.size.Load()) }
 
-// Counted reports whether the rest of the fleet still counts this process,
-// so that its fallback may take a share of a limit: FleetOptions.Size is
-// set, or a heartbeat sent less than TTL + Shrink ago was answered. The
+// Counted reports whether the rest of the fleet counts this process, so
+// that its fallback may take a share of a limit: FleetOptions.Size is set,
+// or a heartbeat sent less than TTL + Shrink ago was answered. (The others
+// count a new registration at their next heartbeat, within Refresh.) The
 // others count a process for TTL after its last heartbeat and keep their
-// size for Shrink more; past that, a process cut off from the registry
-// while they are not is missing from the size they divide by, and any
-// share it took would come on top of the fleet's bound. A Store's
-// FallbackLocal refuses while it is false (as FailClosed). A zero Fleet
-// is always counted.
+// size for Shrink more; past that, a process cut off from
+// the registry while they are not is missing from the size they divide
+// by, and any share it took would come on top of the fleet's bound. A
+// Store's FallbackLocal refuses while it is false (as FailClosed). A zero
+// Fleet is always counted.
 func (f *Fleet) Counted() bool {
 	if f.stop == nil || f.explicit > 0 {
 		return true
 	}
-	last := f.lastOK.Load()
-	return last != 0 && f.clock().UnixNano()-last < int64(f.ttl+f.shrink)
+	return f.countedAt(f.clock().Sub(f.base))
+}
+
+// countedAt is Counted at t since base.
+func (f *Fleet) countedAt(t time.Duration) bool {
+	return f.answered.Load() && t-time.Duration(f.lastOK.Load()) < f.ttl+f.shrink
 }
 
 // Member returns this process's name in the registry.
@@ -253,7 +262,8 @@ func (f *Fleet) beat(now time.Time) bool {
 func (f *Fleet) apply(now time.Time, n int, err error) {
 	old := FleetEvent{Size: f.Size(), Members: f.members, Reachable: f.reachable, Counted: f.counted}
 	if err == nil {
-		f.lastOK.Store(now.UnixNano())
+		f.lastOK.Store(int64(now.Sub(f.base)))
+		f.answered.Store(true)
 	}
 	if err != nil {
 		f.lowSince = time.Time{}

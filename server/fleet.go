@@ -20,6 +20,10 @@ func (s *Server) startFleet(rs *redisstore.Store) (*resilient.Fleet, error) {
 	// The state until the first change: an unreachable registry at start
 	// reports none.
 	size.Set(float64(cmp.Or(s.opts.FleetSize, resilient.DefaultFleetSize)))
+	// Counted with an explicit size; else not until a registration is
+	// answered, which OnChange reports (from the first one, in NewFleet).
+	counted.Set(boolGauge(s.opts.FleetSize > 0))
+	s.health.fleetCounted(s.opts.FleetSize > 0)
 	f, err := resilient.NewFleet(rs.Membership(), &resilient.FleetOptions{
 		Size:   s.opts.FleetSize,
 		Shrink: s.opts.FleetShrink,
@@ -34,8 +38,6 @@ func (s *Server) startFleet(rs *redisstore.Store) (*resilient.Fleet, error) {
 	if err != nil {
 		return nil, fmt.Errorf("server: fleet: %w", err)
 	}
-	counted.Set(boolGauge(f.Counted()))
-	s.health.fleetCounted(f.Counted())
 	return f, nil
 }
 
