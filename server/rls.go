@@ -299,6 +299,10 @@ func (r rlsServer) response(descs []descriptor, checks []enforce.Check) *rlsv3.R
 			d.Allowed, d.RetryAfter = true, 0
 		}
 		header.All.Set(h, st.name(), d, now)
+		if st.kind == kindLimited && !d.Allowed && checks[st.check].Cost > checks[st.check].Rule.Limit.Capacity() {
+			// More hits than the limit's capacity: no wait admits them.
+			delete(h, "Retry-After")
+		}
 		// Envoy passes names through as written: keep the usual spelling.
 		for _, n := range rlsHeaders {
 			if v := h[n.canonical]; len(v) > 0 {

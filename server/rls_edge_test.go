@@ -6,6 +6,7 @@ import (
 	"math"
 	"strings"
 	"testing"
+	"time"
 
 	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
@@ -206,5 +207,44 @@ func TestRLSOverrideAboveMaxRate(t *testing.T) {
 	}
 	if resp.OverallCode != rlsv3.RateLimitResponse_OK || resp.Statuses[1].LimitRemaining != 4 {
 		t.Errorf("response %v, want OK and the other descriptor taken", resp)
+	}
+}
+
+// A descriptor whose hits_addend exceeds its limit's capacity is over the
+// limit with no Retry-After: no wait would admit it.
+func TestRLSHitsAboveCapacityNoRetryAfter(t *testing.T) {
+	svc := newMemService(t, "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 5}\n", newFakeClock())
+	c := serveRLS(t, svc)
+	d := desc("k=a")
+	d.HitsAddend = wrapperspb.UInt64(6)
+	resp, err := c.ShouldRateLimit(context.Background(), rlsRequest("d", d))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.OverallCode != rlsv3.RateLimitResponse_OVER_LIMIT || resp.Statuses[0].DurationUntilReset.AsDuration() != time.Minute {
+		t.Errorf("response %v, want over the limit, reset in a minute", resp)
+	}
+	for _, h := range resp.ResponseHeadersToAdd {
+		if h.Key == "Retry-After" {
+			t.Errorf("Retry-After %q for hits no wait admits", h.Value)
+		}
+	}
+	d.HitsAddend = wrapperspb.UInt64(5) // at capacity: admitted, then one more waits
+	if _, err := c.ShouldRateLimit(context.Background(), rlsRequest("d", d)); err != nil {
+		t.Fatal(err)
+	}
+	d.HitsAddend = wrapperspb.UInt64(1)
+	resp, err = c.ShouldRateLimit(context.Background(), rlsRequest("d", d))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var retry string
+	for _, h := range resp.ResponseHeadersToAdd {
+		if h.Key == "Retry-After" {
+			retry = h.Value
+		}
+	}
+	if resp.OverallCode != rlsv3.RateLimitResponse_OVER_LIMIT || retry != "60" {
+		t.Errorf("one hit over a full window: %v, Retry-After %q; want over, 60", resp.OverallCode, retry)
 	}
 }
