@@ -351,6 +351,15 @@ func TestBadCostAtRequestTime(t *testing.T) {
 	}
 }
 
+// A store that fails is a 503 saying when to come back.
+func TestStoreDown(t *testing.T) {
+	t.Parallel()
+	e := newEnvStore(t, storetest.NewClock(t0), storetest.Down{}, []Rule{{Name: "d", Limit: sluice.PerMinute(3), Key: PeerIP()}}, nil)
+	if r := e.get("/"); r.status != 503 || r.header.Get("Retry-After") != "1" || !strings.Contains(r.body, "unavailable") {
+		t.Errorf("store down: %d %v %s; want 503, Retry-After 1", r.status, r.header, r.body)
+	}
+}
+
 func TestExemptAndNoKey(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, []Rule{

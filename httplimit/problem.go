@@ -24,13 +24,14 @@ func DefaultDenyHandler(w http.ResponseWriter, _ *http.Request, d Denial) {
 	problem.NewDenial(d.Policy).Write(w, max(header.CeilSeconds(d.Decision.RetryAfter), 1))
 }
 
-// DefaultErrorHandler answers 503 Service Unavailable when the store
-// failed (ErrStore) and 500 Internal Server Error otherwise, with a Problem
-// body that does not reveal the error.
+// DefaultErrorHandler answers 503 Service Unavailable with Retry-After: 1
+// when the store failed (ErrStore) and 500 Internal Server Error
+// otherwise, with a Problem body that does not reveal the error.
 func DefaultErrorHandler(w http.ResponseWriter, _ *http.Request, err error) {
 	status, detail := http.StatusInternalServerError, "rate limiter misconfigured"
 	if errors.Is(err, ErrStore) {
 		status, detail = http.StatusServiceUnavailable, "rate limiter unavailable"
+		w.Header().Set("Retry-After", "1")
 	}
 	problem.Write(w, problem.New(status, detail))
 }
