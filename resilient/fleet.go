@@ -194,7 +194,7 @@ func NewFleet(reg Membership, opts *FleetOptions) (*Fleet, error) {
 	}
 	f.size.Store(int64(start))
 	if !f.beat(f.clock()) && f.explicit == 0 {
-		f.log.Warn("resilient: fleet registry unreachable at start; not counted by the fleet, so the local fallback refuses until the registry answers (FleetOptions.Size takes a share without it)",
+		f.log.Warn("resilient: fleet registry unreachable at start; not counted by the fleet, so FallbackLocal takes no share until the registry answers (FleetOptions.Size takes one without it)",
 			"member", f.member, "size", start)
 	}
 	f.counted = f.Counted()
@@ -289,9 +289,9 @@ func (f *Fleet) apply(now time.Time, n int, err error) {
 	}
 	if cur.Counted != old.Counted && f.beats > 1 {
 		if cur.Counted {
-			f.log.Info("resilient: fleet counts this process again; the local fallback takes its share", "member", f.member)
+			f.log.Info("resilient: fleet counts this process again; FallbackLocal takes its share", "member", f.member)
 		} else {
-			f.log.Error("resilient: fleet registry unreachable for longer than the others count this process; the local fallback refuses until it answers",
+			f.log.Error("resilient: fleet registry unreachable for longer than the others count this process; FallbackLocal takes no share (refuses) until it answers",
 				"member", f.member, "after", f.ttl+f.shrink)
 		}
 	}

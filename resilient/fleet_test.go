@@ -397,7 +397,7 @@ func TestFleetCounted(t *testing.T) {
 	}
 	got := strings.Join(log.all(), "\n")
 	for _, want := range []string{
-		"resilient: fleet registry unreachable for longer than the others count this process; the local fallback refuses until it answers",
+		"resilient: fleet registry unreachable for longer than the others count this process; FallbackLocal takes no share (refuses) until it answers",
 		"resilient: fleet counts this process again",
 	} {
 		if !strings.Contains(got, want) {

@@ -168,6 +168,8 @@ func TestAPIErrors(t *testing.T) {
 		{"negative cost", "POST", "/v1/check", `{"policy":"fw","key":"k","cost":-1}`, 400, "cost -1"},
 		{"cost above capacity", "POST", "/v1/check", `{"policy":"fw","key":"k","cost":4}`, 400, "cost 4 exceeds the policy's capacity of 3"},
 		{"cost above int64", "POST", "/v1/check", `{"policy":"fw","key":"k","cost":18446744073709551616}`, 400, `field "cost" is out of range: 18446744073709551616 is not between -9223372036854775808 and 9223372036854775807`},
+		{"cost above int64, exponent", "POST", "/v1/check", `{"policy":"fw","key":"k","cost":1E19}`, 400, `field "cost" is out of range: 1E19 is not between`},
+		{"cost with an exponent", "POST", "/v1/check", `{"policy":"fw","key":"k","cost":1e3}`, 400, `field "cost" must be written as a plain integer (1000), not 1e3`},
 		{"cost below int64", "POST", "/v1/check", `{"policy":"fw","key":"k","cost":-9223372036854775809}`, 400, `field "cost" is out of range: -9223372036854775809 is not between`},
 		{"acquire: weight above int64", "POST", "/v1/acquire", `{"policy":"fw","key":"k","weight":18446744073709551616}`, 400, `field "weight" is out of range: 18446744073709551616 is not between -9223372036854775808 and 9223372036854775807`},
 		{"cost with a fraction", "POST", "/v1/check", `{"policy":"fw","key":"k","cost":1.5}`, 400, `field "cost" must be a whole number, not a JSON number 1.5`},

@@ -15,8 +15,14 @@ import (
 func (s *Server) startFleet(rs *redisstore.Store) (*resilient.Fleet, error) {
 	size := newGauge("sluice_fleet_size", "Instances sharing Redis, which the local fallback divides every limit by: --fleet-size, or as discovered (grows at once, shrinks after --fleet-shrink of smaller counts, kept while Redis is away).")
 	reachable := newGauge("sluice_fleet_registry_reachable", "1 while this instance's fleet registration reaches Redis (renewed every second).")
-	counted := newGauge("sluice_fleet_counted", "1 while the fleet counts this instance, so that the local failure policy may take its share: --fleet-size is set, or a registration succeeded within the last --fleet-shrink plus 3s; 0 and the local policy refuses.")
-	s.metrics.reg.MustRegister(size, reachable, counted)
+	s.metrics.reg.MustRegister(size, reachable)
+	// Only the local policy takes a share: under the others the count
+	// changes no decision, and the gauge is not exported.
+	local := s.health.policy == "local"
+	counted := newGauge("sluice_fleet_counted", "Under --failure-policy local: 1 while the fleet counts this instance, so that the policy may take its share (--fleet-size is set, or a registration succeeded within the last --fleet-shrink plus 3s); 0 and the policy refuses.")
+	if local {
+		s.metrics.reg.MustRegister(counted)
+	}
 	// The state until the first change: an unreachable registry at start
 	// reports none.
 	size.Set(float64(cmp.Or(s.opts.FleetSize, resilient.DefaultFleetSize)))

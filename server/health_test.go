@@ -437,6 +437,9 @@ func TestServerRedisRefusesWrites(t *testing.T) {
 	if code, _ := p.get(t, "/readyz"); code != 200 {
 		t.Fatalf("readyz with Redis up: %d", code)
 	}
+	if got := scrapedMetric(t, p, "sluice_fleet_counted"); got != "" {
+		t.Errorf("sluice_fleet_counted %q under the error policy, which takes no share: want none", got)
+	}
 	admin := r.Client(t)
 	ctx := context.Background()
 	if err := admin.ConfigSet(ctx, "min-replicas-to-write", "1").Err(); err != nil {

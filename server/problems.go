@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/big"
 	"net/http"
 	"reflect"
 	"strconv"
@@ -104,8 +105,19 @@ func decodeProblem(err error, v any) (int, string) {
 	case errors.As(err, &typ) && typ.Field == "":
 		return http.StatusBadRequest, "the request body must be a JSON object with the fields " + fieldList(v)
 	case errors.As(err, &typ):
-		if lo, hi, ok := intRange(typ.Type); ok && isInteger(strings.TrimPrefix(typ.Value, "number ")) {
-			return http.StatusBadRequest, fmt.Sprintf("field %q is out of range: %s is not between %s and %s", typ.Field, strings.TrimPrefix(typ.Value, "number "), lo, hi)
+		if lo, hi, ok := intRange(typ.Type); ok {
+			num := strings.TrimPrefix(typ.Value, "number ")
+			if isInteger(num) {
+				return http.StatusBadRequest, fmt.Sprintf("field %q is out of range: %s is not between %s and %s", typ.Field, num, lo, hi)
+			}
+			if f, ok := new(big.Float).SetString(num); ok && f.IsInt() {
+				// A whole number in an exponent form, which integer
+				// fields do not read.
+				if i, acc := f.Int64(); acc == big.Exact && fits(i, lo, hi) {
+					return http.StatusBadRequest, fmt.Sprintf("field %q must be written as a plain integer (%d), not %s", typ.Field, i, num)
+				}
+				return http.StatusBadRequest, fmt.Sprintf("field %q is out of range: %s is not between %s and %s", typ.Field, num, lo, hi)
+			}
 		}
 		return http.StatusBadRequest, fmt.Sprintf("field %q must be %s, not a JSON %s", typ.Field, jsonKind(typ.Type), typ.Value)
 	}
@@ -168,6 +180,13 @@ func intRange(t reflect.Type) (lo, hi string, ok bool) {
 		return "0", strconv.FormatUint(uint64(1)<<(t.Bits()-1)<<1-1, 10), true
 	}
 	return "", "", false
+}
+
+// fits reports whether i is within the decimal bounds lo and hi.
+func fits(i int64, lo, hi string) bool {
+	l, err1 := strconv.ParseInt(lo, 10, 64)
+	h, err2 := strconv.ParseUint(hi, 10, 64)
+	return err1 == nil && err2 == nil && i >= l && (i < 0 || uint64(i) <= h)
 }
 
 // isInteger reports whether s is a JSON number without fraction or

@@ -424,6 +424,15 @@ func testLeasesRedis(t *testing.T, policy string) {
 // spend go back into the window at Shutdown, so Redis then counts exactly
 // the decisions made.
 func TestLeasesReturnedAtShutdown(t *testing.T) {
+	t.Run("drained", func(t *testing.T) { testLeasesReturnedAtShutdown(t, context.Background()) })
+	// A drain cut short by its deadline still returns them; only a
+	// canceled context (a second signal) leaves them to expire.
+	past, cancel := context.WithDeadline(context.Background(), time.Now().Add(-time.Second))
+	defer cancel()
+	t.Run("deadline passed", func(t *testing.T) { testLeasesReturnedAtShutdown(t, past) })
+}
+
+func testLeasesReturnedAtShutdown(t *testing.T, ctx context.Context) {
 	rs := redistest.StartServer(t)
 	file := filepath.Join(t.TempDir(), "sluice.yaml")
 	if err := os.WriteFile(file, []byte("policies:\n  - name: hot\n    limit: fixed_window 1000/h\n    lease: 1s\n"), 0o644); err != nil {
@@ -442,7 +451,7 @@ func TestLeasesReturnedAtShutdown(t *testing.T) {
 	if st.Granted <= n-st.Local {
 		t.Fatalf("no unit left in a lease to return: %+v", st)
 	}
-	if err := srv.Shutdown(context.Background()); err != nil {
+	if err := srv.Shutdown(ctx); err != nil && ctx.Err() == nil {
 		t.Fatal(err)
 	}
 	if start.Truncate(time.Hour) != time.Now().Truncate(time.Hour) {

@@ -431,9 +431,11 @@ func configStamp(files []string) string {
 }
 
 // Shutdown stops accepting requests, waits for those in flight (until ctx
-// ends) and releases the store. Once ctx has ended it returns at once: the
-// rest (the fleet report's withdrawal, closing the store) goes on in the
-// background, and unused lease units are not returned but expire.
+// ends), withdraws the fleet report, returns unused lease units (bounded
+// by leaseReturnTimeout, even when ctx's deadline cut the wait short) and
+// releases the store. A ctx canceled (a second signal: stop now) makes it
+// return at once: the rest goes on in the background, and unused lease
+// units are not returned but expire.
 func (s *Server) Shutdown(ctx context.Context) error {
 	select {
 	case <-s.stop:
@@ -458,7 +460,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	case <-waited:
 	case <-ctx.Done():
 	}
-	if ctx.Err() != nil {
+	if errors.Is(ctx.Err(), context.Canceled) {
 		go func() {
 			<-waited // the health check may still be using the store
 			if s.fleet != nil {
