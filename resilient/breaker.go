@@ -184,6 +184,18 @@ func (b *breaker) reopen(now time.Time, why string, err error) {
 
 // release ends a call that taught nothing about the backend (the caller
 // gave up, or sent bad input). A probe gives its turn to the next call.
+// answered records a call sent at sent that the backend answered. A probe
+// that wrote nothing (a peek, a denial) proves reads only: a backend that
+// refuses writes (out of memory, a replica) answers those. It neither
+// closes nor opens the breaker, and the next call probes.
+func (b *breaker) answered(probe bool, sent time.Time, wrote bool) {
+	if probe && !wrote {
+		b.release(probe)
+		return
+	}
+	b.success(probe, sent)
+}
+
 func (b *breaker) release(probe bool) {
 	if !probe {
 		return

@@ -3,6 +3,7 @@ package resilient
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"strings"
 	"sync"
@@ -368,5 +369,34 @@ func TestProbeNeedsWrites(t *testing.T) {
 	}
 	if s.State() != sluice.BreakerOpen {
 		t.Fatalf("a backend refusing writes: %v, want open", s.State())
+	}
+	// Requests' probes that only read (peeks) answered by it do not close
+	// it either; takes that write do.
+	for range 10 {
+		clock.Advance(2 * time.Second)
+		s.Peek(context.Background(), "k", sluice.PerSecond(10), 1)
+	}
+	if s.State() == sluice.BreakerClosed {
+		t.Fatal("closed by peeks that a backend refusing writes answered")
+	}
+	s2, err := New(f, &Options{Policy: FailOpen, Clock: clock.Now, ProbeInterval: time.Second, Logger: discard})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.mode.Store(1)
+	for i := 0; s2.State() != sluice.BreakerOpen; i++ {
+		if i > 100 {
+			t.Fatal("the breaker never opened")
+		}
+		s2.Take(context.Background(), "k", sluice.PerSecond(10), 1)
+		clock.Advance(100 * time.Millisecond)
+	}
+	f.mode.Store(0)
+	for i := 0; s2.State() != sluice.BreakerClosed; i++ {
+		if i > 20 {
+			t.Fatalf("takes that write did not close it: %v", s2.State())
+		}
+		clock.Advance(2 * time.Second)
+		s2.Take(context.Background(), fmt.Sprint("w", i), sluice.PerSecond(10), 1)
 	}
 }

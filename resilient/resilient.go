@@ -14,7 +14,9 @@
 // backend that is down, not merely slow: it opens when half the calls of
 // the last 10s failed (at least 20 of them), or when every call has failed
 // for 500ms; it lets one probe through every second, and three good probes
-// in a row return decisions to the backend on their own. Each transition
+// in a row return decisions to the backend on their own. A good probe is a
+// take the backend admitted (it wrote): a peek or a denial proves only
+// that reads work, and the next call probes instead. Each transition
 // is one log line (Options.Logger) and an Observer BreakerEvent; the
 // failure policy starts answering when the breaker leaves closed and stops
 // when it closes.
@@ -497,7 +499,7 @@ func (s *Store) decide(ctx context.Context, op, key string, limit sluice.Limit, 
 		return fn(ctx, key, limit, cost)
 	})
 	if err == nil {
-		s.br.success(probe, now)
+		s.br.answered(probe, now, take && d.Allowed)
 		if s.cache != nil {
 			switch {
 			case !d.Allowed && d.Source != sluice.SourceFailClosed: // a wrapped resilient store's made-up denial is no state
@@ -682,7 +684,7 @@ func (m *MultiStore) TakeAll(ctx context.Context, reqs []sluice.Request) ([]slui
 		err = fmt.Errorf("resilient: backend returned %d decisions for %d requests", len(ds), len(reqs))
 	}
 	if err == nil {
-		s.br.success(probe, now)
+		s.br.answered(probe, now, allowedAll(ds))
 		if s.cache != nil {
 			took := allowedAll(ds)
 			for i, d := range ds {
