@@ -227,7 +227,7 @@ func (in *Interceptor) check(ctx context.Context, method string) (metadata.MD, e
 	}
 	v, err := in.rules.Enforce(ctx, checks)
 	if err != nil {
-		return nil, status.Error(codes.Unavailable, "grpclimit: rate limiter unavailable")
+		return nil, unavailable(ctx)
 	}
 	var md metadata.MD
 	if v.Report >= 0 && (!v.Allowed || in.allowed != NoHeaders) {
@@ -273,4 +273,14 @@ func refusal(code codes.Code, msg string, retry time.Duration, policy, violation
 		return st.Err()
 	}
 	return withDetails.Err()
+}
+
+// unavailable is the status of a call the store could not decide: its
+// context's own error when that ended (the client canceled, or its
+// deadline passed), else Unavailable.
+func unavailable(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return status.FromContextError(err).Err()
+	}
+	return status.Error(codes.Unavailable, "grpclimit: rate limiter unavailable")
 }

@@ -146,7 +146,7 @@ func (in *Interceptor) acquire(ctx context.Context, method string) (*enforce.Hel
 	var storeErr *enforce.StoreError
 	switch {
 	case errors.As(err, &storeErr):
-		return nil, nil, status.Error(codes.Unavailable, "grpclimit: rate limiter unavailable")
+		return nil, nil, unavailable(ctx)
 	case err != nil:
 		return nil, nil, status.Errorf(codes.Internal, "grpclimit: cannot key call: %v", err)
 	case !v.Allowed:

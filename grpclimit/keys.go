@@ -86,7 +86,9 @@ func forwardedFor(string) func(call) []string {
 }
 
 // PeerIP returns a KeyFunc for the transport peer's address, IPv6 grouped
-// by /64: ClientIP with no trusted proxies.
+// by /64: ClientIP with no trusted proxies. A peer whose address is not an
+// IP (a Unix socket, an in-memory listener) cannot be keyed by it: its
+// calls fail with Internal; key such servers by metadata instead.
 func PeerIP() KeyFunc {
 	f, _ := ClientIP(nil) // the defaults cannot fail
 	return f

@@ -57,8 +57,8 @@ type Options struct {
 }
 
 // Collector is a sluice.Observer that keeps Prometheus metrics. It is safe
-// for concurrent use. Build one with New: the zero value observes nothing
-// and exposes no metrics.
+// for concurrent use. Build one with New: the zero value (and a nil
+// *Collector) observes nothing and exposes no metrics.
 type Collector struct {
 	ratio       float64
 	refresh     func()
@@ -139,7 +139,7 @@ func (c *Collector) vecs() []prometheus.Collector {
 
 // ObserveDecision implements sluice.Observer.
 func (c *Collector) ObserveDecision(e sluice.DecisionEvent) {
-	if c.decisions == nil {
+	if c == nil || c.decisions == nil {
 		return // a zero Collector
 	}
 	c.decisions.WithLabelValues(e.Policy, e.Outcome.String()).Inc()
@@ -152,7 +152,7 @@ func (c *Collector) ObserveDecision(e sluice.DecisionEvent) {
 // removed by a configuration reload), so that they do not linger at their
 // last values.
 func (c *Collector) ForgetPolicy(name string) {
-	if c.decisions == nil {
+	if c == nil || c.decisions == nil {
 		return // a zero Collector
 	}
 	for _, v := range []*prometheus.MetricVec{c.decisions.MetricVec, c.nearLimit.MetricVec, c.acquires.MetricVec, c.slotCalls.MetricVec, c.held.MetricVec, c.expired.MetricVec} {
@@ -162,7 +162,7 @@ func (c *Collector) ForgetPolicy(name string) {
 
 // ObserveSlot implements sluice.SlotObserver.
 func (c *Collector) ObserveSlot(e sluice.SlotEvent) {
-	if c.decisions == nil {
+	if c == nil || c.decisions == nil {
 		return // a zero Collector
 	}
 	switch e.Op {
@@ -176,7 +176,7 @@ func (c *Collector) ObserveSlot(e sluice.SlotEvent) {
 		}
 	case sluice.SlotExtend, sluice.SlotRelease:
 		c.slotCalls.WithLabelValues(e.Policy, e.Op.String(), callOutcome(e)).Inc()
-		if e.Op == sluice.SlotRelease && e.Weight != 0 {
+		if e.Op == sluice.SlotRelease && e.Weight != 0 && e.Outcome == sluice.OutcomeAllowed {
 			c.held.WithLabelValues(e.Policy).Sub(float64(e.Weight))
 		}
 	case sluice.SlotExpire:
@@ -201,7 +201,7 @@ func callOutcome(e sluice.SlotEvent) string {
 
 // ObserveStore implements sluice.Observer.
 func (c *Collector) ObserveStore(e sluice.StoreEvent) {
-	if c.decisions == nil {
+	if c == nil || c.decisions == nil {
 		return // a zero Collector
 	}
 	c.storeCalls.WithLabelValues(e.Store, e.Op, e.Source.String()).Inc()
@@ -217,7 +217,7 @@ func (c *Collector) ObserveStore(e sluice.StoreEvent) {
 // Every state has a series, so that an alert on state="open" has one to
 // read while the breaker is closed.
 func (c *Collector) ObserveBreaker(e sluice.BreakerEvent) {
-	if c.decisions == nil {
+	if c == nil || c.decisions == nil {
 		return // a zero Collector
 	}
 	for _, s := range [...]sluice.BreakerState{sluice.BreakerClosed, sluice.BreakerHalfOpen, sluice.BreakerOpen} {
@@ -231,7 +231,7 @@ func (c *Collector) ObserveBreaker(e sluice.BreakerEvent) {
 
 // Describe implements prometheus.Collector.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
-	if c.decisions == nil {
+	if c == nil || c.decisions == nil {
 		return // a zero Collector
 	}
 	for _, v := range c.vecs() {
@@ -241,7 +241,7 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 
 // Collect implements prometheus.Collector.
 func (c *Collector) Collect(ch chan<- prometheus.Metric) {
-	if c.decisions == nil {
+	if c == nil || c.decisions == nil {
 		return // a zero Collector
 	}
 	if c.refresh != nil {

@@ -380,7 +380,7 @@ func (e *Engine) enforce(ctx context.Context, checks []Check, all bool) (Verdict
 		}
 		b, isBlocked, err := e.blockOf(ctx, c)
 		if err != nil {
-			e.observeErrors(checks)
+			e.observeErrors(ctx, checks)
 			return failed, err
 		}
 		if isBlocked {
@@ -418,7 +418,7 @@ func (e *Engine) enforce(ctx context.Context, checks []Check, all bool) (Verdict
 			}
 		}
 		if err != nil {
-			e.observeErrors(checks)
+			e.observeErrors(ctx, checks)
 			return failed, err
 		}
 		deny, wait := -1, true
@@ -538,7 +538,7 @@ func (e *Engine) refuse(ctx context.Context, checks []Check, reqs []sluice.Reque
 		}
 		d, err := e.store.Peek(ctx, r.Key, r.Limit, min(r.Cost, r.Limit.Capacity()))
 		if err != nil {
-			e.observeErrors(checks)
+			e.observeErrors(ctx, checks)
 			return Verdict{Report: -1}, err
 		}
 		if full {
@@ -674,7 +674,13 @@ func (e *Engine) observe(policy string, o sluice.Outcome, d sluice.Decision) {
 	}
 }
 
-func (e *Engine) observeErrors(checks []Check) {
+// observeErrors observes each enforcing check's store failure. A call
+// whose own context ended was not failed by the store: it is not observed
+// (the client went away, or its deadline passed).
+func (e *Engine) observeErrors(ctx context.Context, checks []Check) {
+	if ctx.Err() != nil {
+		return
+	}
 	for i := range checks {
 		if c := &checks[i]; c.Rule.Strategy != Shadow && c.Cost > 0 && !c.Over {
 			e.observe(checks[i].Rule.Name, sluice.OutcomeError, sluice.Decision{})

@@ -273,7 +273,9 @@ func (rs *SlotRules[R]) Acquire(ctx context.Context, req R, p sluice.Priority) (
 		}
 		sh, d, err := rs.acquire(ctx, i, key, weight, p)
 		if err != nil {
-			rs.observe(s.Name, sluice.SlotAcquire, sluice.OutcomeError, p, weight, sluice.SlotDecision{})
+			if ctx.Err() == nil { // else the caller went away: no store failure
+				rs.observe(s.Name, sluice.SlotAcquire, sluice.OutcomeError, p, weight, sluice.SlotDecision{})
+			}
 			h.Release()
 			return nil, SlotVerdict{Rule: i}, &StoreError{Err: err}
 		}
@@ -357,12 +359,6 @@ func (h *Held) Release() {
 		sh := &h.holds[i]
 		outcome := sluice.OutcomeAllowed
 		weight := sh.weight
-		if sh.state != nil {
-			sh.timer.Stop()
-			if !sh.state.CompareAndSwap(0, 1) {
-				weight = 0 // past its hold: reported held no more then
-			}
-		}
 		if sh.count != nil {
 			sh.count.Add(-sh.weight)
 		} else {
@@ -372,7 +368,15 @@ func (h *Held) Release() {
 				defer cancel()
 			}
 			if err := sh.slot.Release(ctx); err != nil {
-				outcome = sluice.OutcomeError
+				// The store holds the slot to its hold timeout: it is
+				// reported held until then (by the timer, SlotExpire).
+				outcome, weight = sluice.OutcomeError, 0
+			}
+		}
+		if sh.state != nil && outcome == sluice.OutcomeAllowed {
+			sh.timer.Stop()
+			if !sh.state.CompareAndSwap(0, 1) {
+				weight = 0 // past its hold: reported held no more then
 			}
 		}
 		if h.observer != nil {
