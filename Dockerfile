@@ -6,7 +6,7 @@
 #
 #   CGO_ENABLED=0 go build -trimpath -o sluice ./cmd/sluice
 #   cp /etc/ssl/certs/ca-certificates.crt .
-#   podman build -t sluice .
+#   podman build -t localhost/sluice:dev .
 FROM scratch
 COPY sluice /usr/local/bin/sluice
 COPY ca-certificates.crt /etc/ssl/certs/ca-certificates.crt

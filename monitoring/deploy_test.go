@@ -174,6 +174,18 @@ func TestCompose(t *testing.T) {
 	if get[string](t, rl, "timeout") == "" {
 		t.Error("the rate limit filter has no timeout")
 	}
+	if _, ok := rl["enable_x_ratelimit_headers"]; ok {
+		t.Error("enable_x_ratelimit_headers is set: Envoy would add a second X-RateLimit-Reset beside sluice's (README)")
+	}
+	// Envoy's rate limit filter asks nothing for a route without a
+	// cluster (a direct_response): every route must send to one.
+	for _, vh := range get[[]any](t, hcm, "route_config", "virtual_hosts") {
+		for _, r := range get[[]any](t, vh, "routes") {
+			if _, ok := r.(node)["route"]; !ok {
+				t.Errorf("route %v does not send to a cluster: the rate limit filter would never ask sluice", r.(node)["match"])
+			}
+		}
+	}
 	if d := get[string](t, rl, "domain"); !slices.Contains(cfg.Domains(), d) {
 		t.Errorf("envoy asks domain %q; sluice answers %v", d, cfg.Domains())
 	}
