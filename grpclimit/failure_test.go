@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -15,6 +16,7 @@ import (
 	"github.com/sluicehq/sluice/internal/promtest"
 	"github.com/sluicehq/sluice/memory"
 	"github.com/sluicehq/sluice/promsluice"
+	"github.com/sluicehq/sluice/storetest"
 )
 
 // A call whose own context has ended (the client canceled, or its
@@ -47,5 +49,25 @@ func TestEndedContextIsNoStoreFailure(t *testing.T) {
 	e2, _ := promtest.Value(t, reg, "sluice_decisions_total", map[string]string{"policy": "rate2", "outcome": "error"})
 	if status.Code(err1) != codes.DeadlineExceeded || status.Code(err2) != codes.DeadlineExceeded || e1 != 0 || e2 != 0 {
 		t.Errorf("an ended call context is reported as a store failure: codes %v/%v, error metrics %v/%v", status.Code(err1), status.Code(err2), e1, e2)
+	}
+}
+
+// A store that fails is Unavailable with a RetryInfo of a second, as
+// httplimit's 503 carries Retry-After: 1.
+func TestStoreDownRetryInfo(t *testing.T) {
+	in, err := grpclimit.New(storetest.Down{}, []grpclimit.Rule{{Name: "rate", Limit: sluice.PerHour(100), Key: grpclimit.Global()}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = in.Unary()(context.Background(), nil, &grpc.UnaryServerInfo{FullMethod: "/svc/M"}, func(context.Context, any) (any, error) { return "ok", nil })
+	st := status.Convert(err)
+	var retry time.Duration
+	for _, d := range st.Details() {
+		if ri, ok := d.(*errdetails.RetryInfo); ok {
+			retry = ri.RetryDelay.AsDuration()
+		}
+	}
+	if st.Code() != codes.Unavailable || retry != time.Second {
+		t.Errorf("store down: %v, retry %v; want Unavailable, RetryInfo 1s", st, retry)
 	}
 }

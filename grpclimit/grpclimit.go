@@ -277,10 +277,11 @@ func refusal(code codes.Code, msg string, retry time.Duration, policy, violation
 
 // unavailable is the status of a call the store could not decide: its
 // context's own error when that ended (the client canceled, or its
-// deadline passed), else Unavailable.
+// deadline passed), else Unavailable with a RetryInfo of a second, as
+// httplimit's Retry-After.
 func unavailable(ctx context.Context) error {
 	if err := ctx.Err(); err != nil {
 		return status.FromContextError(err).Err()
 	}
-	return status.Error(codes.Unavailable, "grpclimit: rate limiter unavailable")
+	return refusal(codes.Unavailable, "grpclimit: rate limiter unavailable", time.Second, "", "")
 }
