@@ -113,8 +113,9 @@
 // paces itself by the rate-limit headers would otherwise read "0 left" at
 // the end of every lease while the key has budget to spare. A request that a
 // partial grant cannot cover is denied with a RetryAfter that is an upper
-// bound (one Interval per missing unit; the window's end for the fixed
-// window) rather than exact; for the sliding window counter, where no
+// bound (one Interval per unit of the request, since the lease's own units
+// may go back to the store less the return rule's share by then; the
+// window's end for the fixed window) rather than exact; for the sliding window counter, where no
 // figure a lease has is an upper bound for more than one unit, the store's
 // Take answers such a request, as it answers a remembered denial of one.
 // Requests of that cost then go to the
@@ -652,7 +653,7 @@ func (s *Store) Take(ctx context.Context, key string, limit sluice.Limit, cost i
 // nothing to copy back through spend's results: it takes the units and
 // reports ok, or reports false having changed nothing.
 func (s *Store) fast(key string, limit sluice.Limit, cost int64, stale time.Duration) (sluice.Decision, bool) {
-	if s.keys.Load() >= s.sweepAt.Load() || stale < 0 || stale > limit.Period || cost < 1 {
+	if s.keys.Load() >= s.sweepAt.Load() || stale < MinStaleness || stale > limit.Period || cost < 1 {
 		return sluice.Decision{}, false
 	}
 	id := s.knownID(limit)
@@ -688,7 +689,7 @@ func (s *Store) spend(ctx context.Context, key string, limit sluice.Limit, cost 
 	if id != 0 {
 		h = sh.leases.FindKind(tag, id, key)
 	}
-	if h == nil || cost < 1 || cost > h.l.capacity || stale < 0 || stale > limit.Period {
+	if h == nil || cost < 1 || cost > h.l.capacity || stale < MinStaleness || stale > limit.Period {
 		sh.mu.Unlock()
 		if err := validate(key, limit, cost, stale); err != nil {
 			return sluice.Decision{}, nil, 0, false, err
@@ -829,7 +830,10 @@ func (s *Store) refill(ctx context.Context, l *lease, key string, limit sluice.L
 			return sluice.Decision{}, 0, true, nil
 		}
 		d := h.local(limit, now, false)
-		d.RetryAfter = time.Duration(cost-h.units) * limit.Interval()
+		// cost Intervals, not cost − units: by the retry this lease's
+		// units may have gone back to the store less the return rule's
+		// Interval per Interval of age (sluice.ReturnAllowance).
+		d.RetryAfter = time.Duration(cost) * limit.Interval()
 		if g.Window > 0 {
 			d.RetryAfter = max(time.Duration(l.end-now), time.Microsecond)
 		}

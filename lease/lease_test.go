@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -1039,4 +1040,47 @@ func TestSlidingWindowCounterWait(t *testing.T) {
 			t.Errorf("RetryAfter %v is too early: %+v", d.RetryAfter, p)
 		}
 	})
+}
+
+// A request a partial grant cannot cover is told a RetryAfter after which,
+// with nobody else taking, it is admitted: the lease's units may go back
+// to the store less the return rule's share meanwhile.
+func TestPartialGrantRetryAfterIsEnough(t *testing.T) {
+	t.Parallel()
+	l := sluice.PerSecond(10) // GCRA, burst 10, I = 100ms
+	clock := storetest.NewClock(storetest.T0)
+	m := newMemory(t, clock)
+	s := newLease(t, m, clock, time.Second, 5)
+	if _, err := m.Take(ctx, "k", l, 10); err != nil {
+		t.Fatal(err)
+	}
+	clock.Advance(300 * time.Millisecond) // 3 units back
+	d := take(t, s, "k", l, 5)
+	if d.Allowed {
+		t.Fatalf("cost 5 with 3 left admitted: %+v", d)
+	}
+	clock.Advance(d.RetryAfter)
+	if d2 := take(t, s, "k", l, 5); !d2.Allowed {
+		t.Errorf("retried after the RetryAfter (%v) the lease gave: denied again %+v", d.RetryAfter, d2)
+	}
+}
+
+// A staleness For gives below MinStaleness is refused on every call, a
+// key's lease or not.
+func TestForBelowMinStalenessOnALeasedKey(t *testing.T) {
+	t.Parallel()
+	clock := storetest.NewClock(storetest.T0)
+	m := newMemory(t, clock)
+	var d atomic.Int64
+	d.Store(int64(time.Second))
+	s, err := lease.New(m, &lease.Options{For: func(string, sluice.Limit) time.Duration { return time.Duration(d.Load()) }, Size: 10, Clock: clock.Now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := sluice.PerSecond(100)
+	take(t, s, "k", l, 1) // leased
+	d.Store(int64(lease.MinStaleness - 1))
+	if dec, err := s.Take(ctx, "k", l, 1); !errors.Is(err, lease.ErrInvalidStaleness) {
+		t.Errorf("Take under MinStaleness on a leased key: %+v, %v; want ErrInvalidStaleness", dec, err)
+	}
 }
