@@ -48,7 +48,7 @@ type Fleet struct {
 	ttl    time.Duration
 	log    *slog.Logger
 
-	instances    prometheus.Gauge
+	instances    prometheus.GaugeFunc
 	failures     prometheus.Counter
 	notesDropped prometheus.Counter
 
@@ -105,12 +105,13 @@ func NewFleet(client redis.UniversalClient, svc *Service, opts *FleetOptions) *F
 		// Long enough to survive two missed rounds, short enough that a
 		// stopped instance leaves the figures within seconds.
 		ttl:       5 * o.Interval,
-		instances: newGauge("sluice_fleet_instances", "Instances whose figures the dashboard sums, this one included, as of the last round."),
 		failures:  newCounter("sluice_fleet_publish_failures_total", "Rounds in which this instance could not publish its figures to Redis or read the fleet's."),
 		notesDropped: newCounter("sluice_fleet_slot_notes_dropped_total",
 			"Notes of slots released or extended through this instance but acquired through another that were not sent (Redis away, or the queue full): the other instance counts those slots held until their hold timeout."),
 	}
-	f.instances.Set(1)
+	f.instances = prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "sluice_fleet_instances",
+		Help: "Instances whose figures the dashboard sums, this one included: those whose reports have not expired."},
+		func() float64 { return float64(1 + len(f.fresh())) })
 	svc.mon.fleet = f
 	svc.notes = make(chan slotNote, noteQueue)
 	return f
@@ -256,7 +257,6 @@ func (f *Fleet) publish(ctx context.Context) error {
 	f.mu.Lock()
 	f.others = others
 	f.mu.Unlock()
-	f.instances.Set(float64(1 + len(others)))
 	return nil
 }
 
@@ -277,7 +277,7 @@ func (f *Fleet) fresh() []instanceReport {
 // overview adds the other instances' counts to own, this instance's.
 func (f *Fleet) overview(own Overview) Overview {
 	others := f.fresh()
-	own.Scope, own.Instances = "fleet", 1+len(others)
+	own.Scope, own.Instances = f.scope(others), 1+len(others)
 	at := map[string]int{}
 	for i, p := range own.Policies {
 		at[p.Policy] = i
@@ -321,5 +321,18 @@ func (f *Fleet) top(own TopLists, n int) (TopLists, string, int) {
 	for _, r := range others {
 		den, near = append(den, r.Top.Denials), append(near, r.Top.NearLimit)
 	}
-	return TopLists{Denials: mergeTop(n, den...), NearLimit: mergeTop(n, near...)}, "fleet", 1 + len(others)
+	return TopLists{Denials: mergeTop(n, den...), NearLimit: mergeTop(n, near...)}, f.scope(others), 1 + len(others)
+}
+
+// scope is "fleet", or "instance" while Redis does not answer this
+// instance's rounds and no other's report is left: the figures are then
+// this instance's alone, whatever other instances still serve.
+func (f *Fleet) scope(others []instanceReport) string {
+	f.mu.Lock()
+	failing := f.failing
+	f.mu.Unlock()
+	if failing && len(others) == 0 {
+		return "instance"
+	}
+	return "fleet"
 }

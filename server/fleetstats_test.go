@@ -232,3 +232,19 @@ func TestFleetFiguresAcrossProcesses(t *testing.T) {
 	await(a, "b gone", func(o Overview) bool { return o.Instances == 1 && o.Allowed == 3 && o.Denied == 0 })
 	t.Logf("a dropped the stopped b after %v", time.Since(start))
 }
+
+// While this instance's rounds fail and no other report is left, the
+// figures are this instance's alone: the scope says so.
+func TestFleetScopeWhileRedisAway(t *testing.T) {
+	f := &Fleet{}
+	if got := f.scope(nil); got != "fleet" {
+		t.Errorf("scope with rounds answered = %q, want fleet", got)
+	}
+	f.failing = true
+	if got := f.scope(nil); got != "instance" {
+		t.Errorf("scope with rounds failing and no report = %q, want instance", got)
+	}
+	if got := f.scope([]instanceReport{{}}); got != "fleet" {
+		t.Errorf("scope with rounds failing and a report left = %q, want fleet", got)
+	}
+}

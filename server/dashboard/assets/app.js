@@ -299,10 +299,17 @@
     return card;
   }
 
+  // setBusy disables a card's buttons while a request runs, and gives the
+  // focus back to the one that had it (a disabled button loses it).
   function setBusy(card, busy) {
     card.el.dataset.busy = busy ? "true" : "false";
     card.el.setAttribute("aria-busy", busy ? "true" : "false");
+    if (busy && card.el.contains(document.activeElement)) card.focused = document.activeElement;
     for (const b of card.el.querySelectorAll("button[data-action]")) b.disabled = busy;
+    if (!busy && card.focused) {
+      if (document.activeElement === document.body || document.activeElement === null) card.focused.focus();
+      card.focused = null;
+    }
   }
 
   // setRemaining takes the capacity from the response when it has one: a
@@ -404,14 +411,20 @@
     }
   }
 
+  // unpeekable remembers policy and key pairs a peek was refused for (an
+  // Envoy-format policy no descriptor reaches with the key): they are not
+  // asked again.
+  const unpeekable = new Set();
+
   async function peekAll() {
     const key = currentKey();
     if (!key) return;
-    await Promise.all(policies.filter((p) => !inFlight(p)).map(async (p) => {
+    await Promise.all(policies.filter((p) => !inFlight(p) && !unpeekable.has(p.name + "\u0000" + key)).map(async (p) => {
       const card = cards.get(p.name);
       try {
         const res = await api("POST", "v1/peek", { policy: p.name, key });
         if (res.status === 200 && res.data) setRemaining(card, res.data.remaining, res.data.limit);
+        if (res.status === 400) unpeekable.add(p.name + "\u0000" + key);
       } catch {
         // Leave the old value; the next action refreshes it.
       }
@@ -521,7 +534,12 @@
   }
 
   // refreshTop shows the top keys: an admin endpoint, as keys are clients' own.
+  // topRefused is the token the top keys were last refused with: the poll
+  // asks again only once another is entered.
+  let topRefused = null;
+
   async function refreshTop() {
+    if (topRefused !== null && topRefused === $("admin-token").value.trim()) return;
     let res;
     try {
       res = await api("GET", "v1/top", undefined, true);
@@ -530,6 +548,7 @@
       return;
     }
     if (res.status === 401 || res.status === 403) {
+      topRefused = $("admin-token").value.trim();
       fillRows($("top-denials"), []);
       fillRows($("top-near"), []);
       $("top-note").textContent = "The top keys are clients' own keys: enter the admin token above to see them.";
@@ -539,10 +558,11 @@
       $("top-note").textContent = "Top keys unavailable: " + problemMessage(res.status, res.data);
       return;
     }
+    topRefused = null;
     const t = res.data;
     fillRows($("top-denials"), (t.denials || []).map((e) => [e.key, e.policy, String(e.count)]));
     fillRows($("top-near"), (t.near_limit || []).map((e) => [e.key, e.policy, String(e.count), formatRatio(e.utilisation)]));
-    const whose = t.scope === "fleet" ? `across ${t.instances} instances` : "on this instance";
+    const whose = t.scope === "fleet" ? `across ${t.instances} instance${t.instances === 1 ? "" : "s"}` : "on this instance";
     $("top-note").textContent = `Top keys ${whose}, over the last ${formatDuration(t.window_ms)} to ${formatDuration(2 * t.window_ms)}. ` +
       "\u201cNear\u201d is within 20% of the limit. Counts come from a bounded sketch and may overstate a key that entered it late.";
     $("overview").dataset.topLoads = String(Number($("overview").dataset.topLoads || 0) + 1);
@@ -714,7 +734,7 @@
   // sameDefinition reports whether a reloaded policy is unchanged, so its
   // card (and its results) can stay.
   function sameDefinition(a, b) {
-    const f = (p) => JSON.stringify([p.name, p.algorithm, p.limit, p.rate, p.period_ms, p.burst, p.shadow, p.kind, p.max, p.hold_ms, p.reserve]);
+    const f = (p) => JSON.stringify([p.name, p.algorithm, p.limit, p.rate, p.period_ms, p.burst, p.shadow, p.kind, p.max, p.hold_ms, p.reserve, p.lease_ms]);
     return f(a) === f(b);
   }
 
@@ -726,6 +746,7 @@
   // fetchPolicies builds one card per policy. On a reload (the server's
   // configuration changed) unchanged cards are kept as they are.
   async function fetchPolicies() {
+    unpeekable.clear(); // a reload may let a policy take the key
     let res;
     try {
       res = await api("GET", "v1/policies");
