@@ -104,8 +104,8 @@ func NewFleet(client redis.UniversalClient, svc *Service, opts *FleetOptions) *F
 		client: client, mon: svc.mon, opts: o, log: o.Logger,
 		// Long enough to survive two missed rounds, short enough that a
 		// stopped instance leaves the figures within seconds.
-		ttl:       5 * o.Interval,
-		failures:  newCounter("sluice_fleet_publish_failures_total", "Rounds in which this instance could not publish its figures to Redis or read the fleet's."),
+		ttl:      5 * o.Interval,
+		failures: newCounter("sluice_fleet_publish_failures_total", "Rounds in which this instance could not publish its figures to Redis or read the fleet's."),
 		notesDropped: newCounter("sluice_fleet_slot_notes_dropped_total",
 			"Notes of slots released or extended through this instance but acquired through another that were not sent (Redis away, or the queue full): the other instance counts those slots held until their hold timeout."),
 	}
