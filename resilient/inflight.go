@@ -102,7 +102,7 @@ func (s *Store) Acquire(ctx context.Context, key string, l sluice.InFlightLimit,
 		return bs.Acquire(ctx, key, l, weight, holder)
 	})
 	if err == nil {
-		s.br.success(probe, now)
+		s.br.answered(probe, now, d.Allowed) // a denial wrote nothing
 		s.observe("acquire", sluice.SourceBackend, lat, nil)
 		if d.Allowed { // a resend, now held by the backend: free its fallback slot
 			ref := slotRef{key, holder}
@@ -263,7 +263,7 @@ func (s *Store) onSlot(ctx context.Context, op, key, holder string, hold time.Du
 	}
 	held, lat, err := bounded(ctx, s.timeout, s.inline, func(ctx context.Context) (bool, error) { return fn(ctx, bs) })
 	if err == nil {
-		s.br.success(probe, now)
+		s.br.answered(probe, now, held) // a holder not held: nothing written
 		s.observe(op, sluice.SourceBackend, lat, nil)
 		return held, nil
 	}

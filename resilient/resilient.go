@@ -15,8 +15,9 @@
 // the last 10s failed (at least 20 of them), or when every call has failed
 // for 500ms; it lets one probe through every second, and three good probes
 // in a row return decisions to the backend on their own. A good probe is a
-// take the backend admitted (it wrote): a peek or a denial proves only
-// that reads work, and the next call probes instead. Each transition
+// call the backend answered by writing (an admitted take or acquire, a
+// release or extend of a held slot, a grant): a peek or a denial proves
+// only that reads work, and the next call probes instead. Each transition
 // is one log line (Options.Logger) and an Observer BreakerEvent; the
 // failure policy starts answering when the breaker leaves closed and stops
 // when it closes.
