@@ -145,6 +145,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/ctxutil"
 	"github.com/sluicehq/sluice/internal/table"
 	"github.com/sluicehq/sluice/resilient"
 )
@@ -632,7 +633,7 @@ func (h *hot) local(limit sluice.Limit, now int64, allowed bool) sluice.Decision
 // holds cost units, and otherwise after returning what is left of it and
 // asking for a new one; a key that is not leased, exactly by the store.
 func (s *Store) Take(ctx context.Context, key string, limit sluice.Limit, cost int64) (sluice.Decision, error) {
-	ctx = orBackground(ctx)
+	ctx = ctxutil.OrBackground(ctx)
 	stale, err := s.staleFor(key, limit)
 	if err != nil {
 		return sluice.Decision{}, err
@@ -959,7 +960,7 @@ func (s *Store) giveBack(ctx context.Context, key string, limit sluice.Limit, g 
 // met after the Store's 2^20th is never leased, see the package doc). Two
 // checks on one key under one algorithm are sluice.ErrInvalidKey.
 func (s *Store) TakeAll(ctx context.Context, reqs []sluice.Request) ([]sluice.Decision, error) {
-	ctx = orBackground(ctx)
+	ctx = ctxutil.OrBackground(ctx)
 	if s.granter == nil {
 		return nil, ErrNoGranter
 	}
@@ -1057,7 +1058,7 @@ func (s *Store) exactly(ctx context.Context, multi sluice.MultiStore, reqs []slu
 // Peek implements sluice.Store: a live lease that holds cost units answers
 // without taking; otherwise the store does.
 func (s *Store) Peek(ctx context.Context, key string, limit sluice.Limit, cost int64) (sluice.Decision, error) {
-	ctx = orBackground(ctx)
+	ctx = ctxutil.OrBackground(ctx)
 	stale, err := s.check(key, limit, cost)
 	if err != nil {
 		return sluice.Decision{}, err
@@ -1083,7 +1084,7 @@ func (s *Store) Peek(ctx context.Context, key string, limit sluice.Limit, cost i
 // are not returned) and resets the key in the store. Other processes'
 // leases live on for at most MaxStaleness.
 func (s *Store) Reset(ctx context.Context, key string, limit sluice.Limit) error {
-	ctx = orBackground(ctx)
+	ctx = ctxutil.OrBackground(ctx)
 	if s.granter == nil {
 		return ErrNoGranter
 	}
@@ -1105,7 +1106,7 @@ func (s *Store) Len() int { return int(s.keys.Load()) }
 // Close returns every lease's unused units to the store, and forgets the
 // leases. The Store still answers afterwards.
 func (s *Store) Close(ctx context.Context) error {
-	ctx = orBackground(ctx)
+	ctx = ctxutil.OrBackground(ctx)
 	var errs []error
 	for i := range s.shards {
 		sh := &s.shards[i]
@@ -1132,13 +1133,4 @@ func (s *Store) Close(ctx context.Context) error {
 		}
 	}
 	return errors.Join(errs...)
-}
-
-// orBackground is ctx, or context.Background() for a nil one, which every
-// call takes for it (as the memory store does) rather than panic.
-func orBackground(ctx context.Context) context.Context {
-	if ctx == nil {
-		return context.Background()
-	}
-	return ctx
 }

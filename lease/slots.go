@@ -4,6 +4,7 @@ import (
 	"context"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/ctxutil"
 )
 
 // In-flight slots are never leased: a slot can free at any instant, so no
@@ -13,7 +14,7 @@ import (
 
 // Acquire implements sluice.Slots: the granter's Acquire, or ErrNoSlots.
 func (s *Store) Acquire(ctx context.Context, key string, l sluice.InFlightLimit, weight int64, holder string) (sluice.SlotDecision, error) {
-	ctx = orBackground(ctx)
+	ctx = ctxutil.OrBackground(ctx)
 	st, err := s.slots()
 	if err != nil {
 		return sluice.SlotDecision{}, err
@@ -23,7 +24,7 @@ func (s *Store) Acquire(ctx context.Context, key string, l sluice.InFlightLimit,
 
 // Extend implements sluice.Slots: the granter's Extend, or ErrNoSlots.
 func (s *Store) Extend(ctx context.Context, key string, l sluice.InFlightLimit, holder string) (bool, error) {
-	ctx = orBackground(ctx)
+	ctx = ctxutil.OrBackground(ctx)
 	st, err := s.slots()
 	if err != nil {
 		return false, err
@@ -33,7 +34,7 @@ func (s *Store) Extend(ctx context.Context, key string, l sluice.InFlightLimit, 
 
 // Release implements sluice.Slots: the granter's Release, or ErrNoSlots.
 func (s *Store) Release(ctx context.Context, key string, holder string) (bool, error) {
-	ctx = orBackground(ctx)
+	ctx = ctxutil.OrBackground(ctx)
 	st, err := s.slots()
 	if err != nil {
 		return false, err

@@ -130,12 +130,3 @@ func (c *call) await(ctx context.Context, send func()) error {
 	}
 	return err
 }
-
-// orBackground is ctx, or context.Background() for a nil one, which every
-// call takes for it (as the memory store does) rather than panic.
-func orBackground(ctx context.Context) context.Context {
-	if ctx == nil {
-		return context.Background()
-	}
-	return ctx
-}

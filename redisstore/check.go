@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/sluicehq/sluice/internal/ctxutil"
 )
 
 // MinVersion is the oldest Redis the scripts are written and tested for.
@@ -267,7 +268,7 @@ var accessSHA = newScript(accessScript).sha.(string)
 // EVALSHA (EVAL only when the server lacks the script), and calls TIME, so
 // that a user who lost either permission is found too.
 func (s *Store) CheckAccess(ctx context.Context) error {
-	ctx = orBackground(ctx)
+	ctx = ctxutil.OrBackground(ctx)
 	if s.client == nil {
 		return ErrNoClient
 	}

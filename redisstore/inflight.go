@@ -11,6 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/ctxutil"
 )
 
 var _ sluice.Slots = (*Store)(nil)
@@ -126,7 +127,7 @@ func (s *Store) Release(ctx context.Context, key string, holder string) (bool, e
 // member is all it has in the key (inflight_acquire.lua), so one ZREM
 // frees it, without a script, and its reply says whether it was there.
 func (s *Store) releaseYoung(ctx context.Context, key, holder string) (bool, error) {
-	ctx = orBackground(ctx)
+	ctx = ctxutil.OrBackground(ctx)
 	c := calls.Get().(*call)
 	defer c.recycle()
 	cmd := plainCmd{redis.NewIntCmd(ctx, "zrem", s.slotKey(key), "h"+holder)}

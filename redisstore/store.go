@@ -66,6 +66,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/ctxutil"
 )
 
 var (
@@ -317,7 +318,7 @@ func (s *Store) Reset(ctx context.Context, key string, limit sluice.Limit) error
 	if s.client == nil {
 		return ErrNoClient
 	}
-	ctx = orBackground(ctx)
+	ctx = ctxutil.OrBackground(ctx)
 	var err error
 	if berr := bounded(ctx, make(chan struct{}, 1), func() {
 		err = s.client.Del(ctx, s.redisKey(key, limit.Algorithm)).Err()
@@ -383,7 +384,7 @@ func (s *Store) refund(ctx context.Context, req sluice.Request, r result) error 
 // run sends c, batched or on its own, and returns its reply, or ctx.Err()
 // as soon as ctx ends.
 func (s *Store) run(ctx context.Context, c *call) ([]int64, error) {
-	ctx = orBackground(ctx)
+	ctx = ctxutil.OrBackground(ctx)
 	if err := ctx.Err(); err != nil {
 		return nil, err // never sent
 	}

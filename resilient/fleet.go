@@ -220,12 +220,7 @@ func (f *Fleet) Counted() bool {
 	if f.stop == nil || f.explicit > 0 {
 		return true
 	}
-	return f.countedAt(f.clock().Sub(f.base))
-}
-
-// countedAt is Counted at t since base.
-func (f *Fleet) countedAt(t time.Duration) bool {
-	return f.answered.Load() && t-time.Duration(f.lastOK.Load()) < f.ttl+f.shrink
+	return f.answered.Load() && f.clock().Sub(f.base)-time.Duration(f.lastOK.Load()) < f.ttl+f.shrink
 }
 
 // Member returns this process's name in the registry.

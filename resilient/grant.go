@@ -6,6 +6,7 @@ import (
 	"fmt"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/ctxutil"
 )
 
 // ErrNoGrant: the Store cannot grant or take back units now: its breaker
@@ -26,7 +27,7 @@ var ErrNotSent = errors.New("resilient: not sent to the backend")
 // the backend; it is never resent, and its units are stranded, which can
 // only lower admissions.
 func (s *Store) Grant(ctx context.Context, key string, limit sluice.Limit, n int64) (sluice.Grant, error) {
-	ctx = orBackground(ctx)
+	ctx = ctxutil.OrBackground(ctx)
 	if err := sluice.ValidateGrant(key, limit, n); err != nil {
 		return sluice.Grant{}, err
 	}
@@ -44,7 +45,7 @@ func (s *Store) Grant(ctx context.Context, key string, limit sluice.Limit, n int
 // units stay out of the store. A return clears the key's cached denials,
 // which the returned units may have made stale.
 func (s *Store) Return(ctx context.Context, key string, limit sluice.Limit, grant sluice.Grant, unused int64) (int64, error) {
-	ctx = orBackground(ctx)
+	ctx = ctxutil.OrBackground(ctx)
 	if err := sluice.ValidateReturn(key, limit, grant, unused); err != nil {
 		return 0, err
 	}

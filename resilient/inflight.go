@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/ctxutil"
 )
 
 // In-flight slots go to the backend under the breaker, as takes do. When
@@ -85,7 +86,7 @@ func (p *policySlots) forget(r slotRef) {
 
 // Acquire implements sluice.Slots.
 func (s *Store) Acquire(ctx context.Context, key string, l sluice.InFlightLimit, weight int64, holder string) (sluice.SlotDecision, error) {
-	ctx = orBackground(ctx)
+	ctx = ctxutil.OrBackground(ctx)
 	if err := sluice.ValidateSlot(key, l, weight, holder); err != nil {
 		return sluice.SlotDecision{}, err
 	}
@@ -187,7 +188,7 @@ func shareSlots(d sluice.SlotDecision, l sluice.InFlightLimit, n int64) sluice.S
 // where it was granted; any other goes to the backend, and when the
 // backend cannot be reached the error wraps ErrSlotUnreachable.
 func (s *Store) Extend(ctx context.Context, key string, l sluice.InFlightLimit, holder string) (bool, error) {
-	ctx = orBackground(ctx)
+	ctx = ctxutil.OrBackground(ctx)
 	if err := sluice.ValidateSlot(key, l, 1, holder); err != nil {
 		return false, err
 	}
@@ -201,7 +202,7 @@ func (s *Store) Extend(ctx context.Context, key string, l sluice.InFlightLimit, 
 // backend cannot be reached the error wraps ErrSlotUnreachable: the slot
 // then frees at its hold timeout.
 func (s *Store) Release(ctx context.Context, key string, holder string) (bool, error) {
-	ctx = orBackground(ctx)
+	ctx = ctxutil.OrBackground(ctx)
 	if err := sluice.ValidateKey(key); err != nil {
 		return false, err
 	}

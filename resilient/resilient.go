@@ -104,6 +104,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/ctxutil"
 	"github.com/sluicehq/sluice/internal/enum"
 	"github.com/sluicehq/sluice/memory"
 )
@@ -437,7 +438,7 @@ var probeLimit = sluice.PerSecond(1_000_000) // one a microsecond, the finest a 
 // outcome counts as a request's probe would. Probe does nothing when the breaker is closed or
 // no probe is due, and reports whether it sent one and its error.
 func (s *Store) Probe(ctx context.Context) (bool, error) {
-	ctx = orBackground(ctx)
+	ctx = ctxutil.OrBackground(ctx)
 	if s == nil || s.backend == nil || s.br.current() == sluice.BreakerClosed {
 		return false, nil
 	}
@@ -463,14 +464,14 @@ func (s *Store) Probe(ctx context.Context) (bool, error) {
 
 // Take implements sluice.Store.
 func (s *Store) Take(ctx context.Context, key string, limit sluice.Limit, cost int64) (sluice.Decision, error) {
-	ctx = orBackground(ctx)
+	ctx = ctxutil.OrBackground(ctx)
 	return s.decide(ctx, "take", key, limit, cost, true)
 }
 
 // Peek implements sluice.Store. Peeks are answered from the deny cache too:
 // a cached denial is what the backend would report.
 func (s *Store) Peek(ctx context.Context, key string, limit sluice.Limit, cost int64) (sluice.Decision, error) {
-	ctx = orBackground(ctx)
+	ctx = ctxutil.OrBackground(ctx)
 	return s.decide(ctx, "peek", key, limit, cost, false)
 }
 
@@ -612,7 +613,7 @@ func (s *Store) closedDecision(limit sluice.Limit) sluice.Decision {
 // the fallback store, and in this process's deny cache. Other processes'
 // deny caches keep their entries until they expire.
 func (s *Store) Reset(ctx context.Context, key string, limit sluice.Limit) error {
-	ctx = orBackground(ctx)
+	ctx = ctxutil.OrBackground(ctx)
 	if err := sluice.ValidateKey(key); err != nil {
 		return err
 	}
@@ -646,7 +647,7 @@ func (s *Store) Reset(ctx context.Context, key string, limit sluice.Limit) error
 // same holds under FailOpen. On a deny-cache hit every verdict has Source
 // SourceDenyCache.
 func (m *MultiStore) TakeAll(ctx context.Context, reqs []sluice.Request) ([]sluice.Decision, error) {
-	ctx = orBackground(ctx)
+	ctx = ctxutil.OrBackground(ctx)
 	s := m.Store
 	for i, r := range reqs {
 		if err := sluice.ValidateRequest(r.Key, r.Limit, r.Cost); err != nil {
@@ -847,13 +848,4 @@ func orDefault[T comparable](v, def T) T {
 		return def
 	}
 	return v
-}
-
-// orBackground is ctx, or context.Background() for a nil one, which every
-// call takes for it (as the memory store does) rather than panic.
-func orBackground(ctx context.Context) context.Context {
-	if ctx == nil {
-		return context.Background()
-	}
-	return ctx
 }
