@@ -75,6 +75,12 @@ type Grant struct {
 //     otherwise. It reports how many it gave back: how many more units a
 //     take could have at once after it than before, so 0 into a window
 //     gone by or a fresh key, and fewer than given where a bucket fills.
+//   - A Return gives nothing back into a key Reset after the grant: the
+//     grant's units were never charged to the key as it now is, and a
+//     return would admit them twice. A Reset of a key that holds state
+//     leaves a mark for ReturnHorizon, after which no return could give
+//     anything anyway. A grant in the Reset's own microsecond counts as
+//     made before it: its units are lost, never admitted twice.
 //   - A grant or return is sent at most once: resent, a return would make
 //     budget and a grant would strand it.
 //   - SlidingWindowLog is refused with ErrGrantUnsupported.
@@ -128,4 +134,16 @@ func ReturnAllowance(l Limit, unused, age int64) int64 {
 		return 0
 	}
 	return max(0, unused-(age+iv-1)/iv)
+}
+
+// ReturnHorizon is how long after a grant under l a Return can still give
+// anything back: Capacity Intervals for GCRA and the buckets (a unit a
+// lease held that long could have been refilled), two Periods for the
+// window algorithms (the grant's window, then as the sliding window
+// counter's previous window). A store marks a Reset that long.
+func ReturnHorizon(l Limit) time.Duration {
+	if l.Algorithm.windowed() {
+		return 2 * l.Period
+	}
+	return time.Duration(l.Capacity()) * l.Interval()
 }

@@ -125,7 +125,10 @@
 // Reset and config reloads take effect within D. Reset drops this
 // process's lease and resets the key in the store; other processes' leases
 // live on for at most D from their grants' sends, and their next grants
-// come from the reset key. Leases are kept per key and Limit, so a changed
+// come from the reset key; units they do not spend are never returned
+// into it (the store marks the Reset, see sluice.Granter), so after a
+// Reset the fleet admits at most what the exact limiter would from a
+// fresh key plus those leases' units. Leases are kept per key and Limit, so a changed
 // limit (a reloaded policy) is another lease: its first request asks the
 // store under the new limit at once, and the old limit's lease, no longer
 // asked, strands its units (they were taken from the store: this can only

@@ -65,8 +65,8 @@ func (s *Store) Return(ctx context.Context, key string, limit sluice.Limit, g sl
 		give = sluice.ReturnAllowance(limit, unused, now-g.At)
 	}
 	st := sh.tab.Find(tag, key)
-	if give == 0 || st == nil || st.expires <= now {
-		return 0, nil // a fresh key has nothing to give back into
+	if give == 0 || st == nil || st.expires <= now || sh.resetSince(key, limit.Algorithm, g.At, now) {
+		return 0, nil // a fresh or reset key has nothing to give back into
 	}
 	// Report what the key took back: what a take could have more now.
 	before := decide(st, now, &p, 1, false).remaining
@@ -172,4 +172,52 @@ func grantOf(l sluice.Limit, r result, granted, at, now int64) sluice.Grant {
 		g.Window = time.Duration((floorDiv(at, period)+1)*period-now) * time.Microsecond
 	}
 	return g
+}
+
+// resetKey names a key under one algorithm, as the table's tag does.
+type resetKey struct {
+	key string
+	alg sluice.Algorithm
+}
+
+// mark is a Reset: when it happened and until when a return of a grant
+// made before it could still give something back (µs).
+type mark struct{ at, until int64 }
+
+// markReset records a Reset at now of a key that held state, so that a
+// return of a grant made before it gives nothing back into the key as it
+// is now (sluice.Granter's contract). The marks are bounded as the keys
+// are: at MaxKeys, one is dropped at random, which can only let one return
+// through that the mark would have stopped.
+func (sh *shard) markReset(key string, l sluice.Limit, now int64) {
+	if l.Algorithm == sluice.SlidingWindowLog {
+		return // never granted
+	}
+	if sh.resets == nil {
+		sh.resets = make(map[resetKey]mark)
+	}
+	if len(sh.resets) >= sh.maxKeys {
+		for k := range sh.resets {
+			delete(sh.resets, k)
+			break
+		}
+	}
+	sh.resets[resetKey{key, l.Algorithm}] = mark{at: now, until: now + sluice.ReturnHorizon(l).Microseconds()}
+}
+
+// resetSince reports whether key was Reset under a at or after a grant
+// charged at at (µs). A grant in the Reset's own microsecond counts as
+// before it: its return is lost, never admitted twice.
+func (sh *shard) resetSince(key string, a sluice.Algorithm, at, now int64) bool {
+	m, ok := sh.resets[resetKey{key, a}]
+	return ok && now < m.until && at <= m.at
+}
+
+// sweepResets forgets the marks no return can reach any more.
+func (sh *shard) sweepResets(now int64) {
+	for k, m := range sh.resets {
+		if m.until <= now {
+			delete(sh.resets, k)
+		}
+	}
 }

@@ -84,6 +84,7 @@ type shard struct {
 	n       int                // live keys in tab
 	maxKeys int
 	slots   map[string]*slotKey // in-flight holders by key (inflight.go)
+	resets  map[resetKey]mark   // recent Resets, which returns must not undo (grant.go)
 	_       [64]byte            // keep shards on separate cache lines
 }
 
@@ -296,6 +297,7 @@ func (s *Store) Reset(ctx context.Context, key string, limit sluice.Limit) error
 	sh.mu.Lock()
 	if sh.tab.Remove(tag, key) {
 		sh.n--
+		sh.markReset(key, limit, s.now())
 	}
 	sh.mu.Unlock()
 	return nil
@@ -345,6 +347,7 @@ func (s *Store) Sweep() {
 		sh.mu.Lock()
 		now := s.now()
 		sh.sweepSlots(now)
+		sh.sweepResets(now)
 		for i := range sh.tab.Slots() {
 			if sh.tab.Live(i) && sh.tab.At(i).expires <= now {
 				sh.tab.Bury(i)

@@ -87,15 +87,25 @@ func (s *Store) runGrant(ctx context.Context, mode, key string, l sluice.Limit, 
 	// alg -1: a batch sends it as a command of its own, and WaitReplicas
 	// waits for it, as for a take.
 	c := &call{script: sc, alg: -1}
-	c.args = []any{"evalsha", sc.sha, "1", s.redisKey(key, l.Algorithm), now, mode, p[0], p[1], n}
 	if mode == modeReturn {
-		c.args = append(c.args, at, interval)
+		c.args = []any{"evalsha", sc.sha, "2", s.redisKey(key, l.Algorithm), s.resetKey(key, l.Algorithm), now, mode, p[0], p[1], n, at, interval}
+	} else {
+		c.args = []any{"evalsha", sc.sha, "1", s.redisKey(key, l.Algorithm), now, mode, p[0], p[1], n}
 	}
 	v, err := s.run(ctx, c)
 	if err != nil {
 		return nil, fmt.Errorf("redisstore: %v %s: %w", l.Algorithm, mode, err)
 	}
 	return v, nil
+}
+
+// resetScript deletes a key's state and marks the Reset (reset.lua).
+var resetScript = newScript(mustRead("now.lua") + mustRead("reset.lua"))
+
+// resetKey is the Redis key of key's reset mark under a, beside its state
+// in the same hash slot. Its last ':' is followed by no algorithm's suffix.
+func (s *Store) resetKey(key string, a sluice.Algorithm) string {
+	return s.redisKey(key, a) + "-reset"
 }
 
 // windowPeriod is the period of a window algorithm's limit, µs, and 0 for

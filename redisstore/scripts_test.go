@@ -102,7 +102,7 @@ end`},
 // writes them out under -write-scripts.
 func TestScripts(t *testing.T) {
 	t.Parallel()
-	all := map[string]*script{"take_all.lua": takeAllScript, "take_each.lua": takeEachScript}
+	all := map[string]*script{"take_all.lua": takeAllScript, "take_each.lua": takeEachScript, "reset.lua": resetScript}
 	for a, alg := range algorithms {
 		if alg.script == nil || alg.file == "" || alg.suffix == "" || alg.params == nil {
 			t.Fatalf("algorithms[%v] is incomplete", sluice.Algorithm(a))

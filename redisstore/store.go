@@ -319,6 +319,20 @@ func (s *Store) Reset(ctx context.Context, key string, limit sluice.Limit) error
 		return ErrNoClient
 	}
 	ctx = ctxutil.OrBackground(ctx)
+	if limit.Algorithm != sluice.SlidingWindowLog {
+		// Marked, so that a lease granted before the Reset cannot return
+		// units into the key as it is after (sluice.Granter).
+		now, err := s.now()
+		if err != nil {
+			return fmt.Errorf("redisstore: reset: %w", err)
+		}
+		ms := max(sluice.ReturnHorizon(limit).Milliseconds(), 1)
+		c := &call{script: resetScript, alg: -1, args: []any{"evalsha", resetScript.sha, "2", s.redisKey(key, limit.Algorithm), s.resetKey(key, limit.Algorithm), now, ms}}
+		if _, err := s.run(ctx, c); err != nil {
+			return fmt.Errorf("redisstore: reset: %w", err)
+		}
+		return nil
+	}
 	var err error
 	if berr := bounded(ctx, make(chan struct{}, 1), func() {
 		err = s.client.Del(ctx, s.redisKey(key, limit.Algorithm)).Err()

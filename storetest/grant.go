@@ -24,6 +24,65 @@ func RunGrant(t *testing.T, newStore NewStore) {
 	t.Run("grant_fixed_window", func(t *testing.T) { testGrantWindow(t, newStore, sluice.FixedWindow) })
 	t.Run("grant_sliding_window_counter", func(t *testing.T) { testGrantWindow(t, newStore, sluice.SlidingWindowCounter) })
 	t.Run("grant_bad_input", func(t *testing.T) { testGrantBadInput(t, newStore) })
+	t.Run("return_after_reset", func(t *testing.T) {
+		for _, a := range []sluice.Algorithm{sluice.GCRA, sluice.TokenBucket, sluice.LeakyBucket, sluice.FixedWindow, sluice.SlidingWindowCounter} {
+			t.Run(a.String(), func(t *testing.T) {
+				t.Parallel()
+				testReturnAfterReset(t, newStore, a)
+			})
+		}
+	})
+}
+
+// testReturnAfterReset: a grant made before a Reset gives nothing back
+// into the key as it is after it, whose takes were never charged its
+// units; a grant made after the Reset returns as usual; and the mark
+// lasts until no return could give anything, not forever.
+func testReturnAfterReset(t *testing.T, newStore NewStore, a sluice.Algorithm) {
+	ctx := context.Background()
+	clock := NewClock(T0)
+	s := granter(t, newStore, clock)
+	l := sluice.PerSecond(10).WithAlgorithm(a)
+	key := uniqueKey(t, "reset")
+	old, err := s.Grant(ctx, key, l, 10)
+	if err != nil || old.Granted != 10 {
+		t.Fatalf("grant = %+v, %v; want 10 granted", old, err)
+	}
+	clock.Advance(10 * time.Millisecond)
+	if err := s.Reset(ctx, key, l); err != nil {
+		t.Fatal(err)
+	}
+	// After the Reset the key is fresh: 8 units are taken from it.
+	if d, err := s.Take(ctx, key, l, 8); err != nil || !d.Allowed {
+		t.Fatalf("take 8 after reset = %+v, %v", d, err)
+	}
+	clock.Advance(10 * time.Millisecond)
+	if got, err := s.Return(ctx, key, l, old, 10); err != nil || got != 0 {
+		t.Fatalf("return of a grant from before the reset = %d, %v; want 0", got, err)
+	}
+	checkPeek(t, s, key, l, 2)
+	// A grant after the Reset returns as usual.
+	g, err := s.Grant(ctx, key, l, 2)
+	if err != nil || g.Granted != 2 {
+		t.Fatalf("grant after reset = %+v, %v; want 2", g, err)
+	}
+	if got, err := s.Return(ctx, key, l, g, 2); err != nil || got != 2 {
+		t.Fatalf("return of a grant from after the reset = %d, %v; want 2", got, err)
+	}
+	// Resetting a key without state leaves no mark, and a mark ends: a
+	// grant made after either returns.
+	clock.Advance(sluice.ReturnHorizon(l) + time.Second)
+	fresh := uniqueKey(t, "reset-fresh")
+	if err := s.Reset(ctx, fresh, l); err != nil {
+		t.Fatal(err)
+	}
+	g, err = s.Grant(ctx, fresh, l, 3)
+	if err != nil || g.Granted != 3 {
+		t.Fatalf("grant = %+v, %v; want 3", g, err)
+	}
+	if got, err := s.Return(ctx, fresh, l, g, 3); err != nil || got != 3 {
+		t.Fatalf("return on a key reset while fresh = %d, %v; want 3", got, err)
+	}
 }
 
 func granter(t *testing.T, newStore NewStore, clock *Clock) sluice.Granter {

@@ -8,6 +8,8 @@
 -- so that a grant is the algorithm's own peek and take, written once.
 --
 --   KEYS[1]  the key's state
+--   KEYS[2]  return: the key's reset mark (reset.lua); a return of a grant
+--            made at or before it gives nothing back
 --   ARGV[1]  now, µs; "" reads the server's TIME
 --   ARGV[2]  "grant" or "return"
 --   ARGV[3]  the algorithm's ARGV[3] (a limit parameter)
@@ -32,6 +34,10 @@ local keys = {KEYS[1]}
 local n = tonumber(ARGV[5])
 if ARGV[2] == 'return' then
   local at = tonumber(ARGV[6])
+  local reset = redis.call('GET', KEYS[2])
+  if reset and at <= tonumber(reset) then
+    return {0}
+  end
   local interval = tonumber(ARGV[7])
   local give = n
   if interval > 0 then
