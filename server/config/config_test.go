@@ -105,6 +105,7 @@ func TestConfigErrors(t *testing.T) {
 		{"cost not a number", "policies:\n  - name: a\n    limit: 1/s\n    cost: lots\n", `4:11: want an integer`},
 		{"bad key template", "policies:\n  - name: a\n    limit: 1/s\n    key: '{user'\n", `4:10: key "{user": unclosed '{'`},
 		{"template variable too long", "policies:\n  - name: a\n    limit: 1/s\n    key: '{" + strings.Repeat("v", 129) + "}'\n", `4:10: key "{` + strings.Repeat("v", 129) + `}": variable {vvvvvvvvvvvvvvvv…} is 129 bytes long: at most 128`},
+		{"adjacent template variables", "policies:\n  - name: a\n    limit: 1/s\n    key: '{u}{r}'\n", `4:10: key "{u}{r}": variables {u} and {r} need literal text between them, or their values could not be told apart`},
 		{"template without variables", "policies:\n  - name: a\n    limit: 1/s\n    key: fixed\n", `4:10: key "fixed": needs at least one {variable}`},
 		{"same descriptor keys", "policies:\n  - name: a\n    limit: 1/s\n    key: '{u}:{r}'\n  - name: b\n    limit: 1/s\n    key: '{r}/{u}'\n", `7:10: key "{r}/{u}" takes the same descriptor entries as policy "a"`},
 		{"override without match", "policies:\n  - name: a\n    limit: 1/s\n    overrides:\n      - limit: 2/s\n", `5:9: override needs match and limit`},
@@ -447,5 +448,32 @@ func TestUnitMultiplier(t *testing.T) {
 	_, err = Parse("test.yaml", []byte("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: year, requests_per_unit: 1, unit_multiplier: 2}\n"))
 	if err == nil || !strings.Contains(err.Error(), "test.yaml:4:") {
 		t.Errorf("two years: %v", err)
+	}
+}
+
+// TestTemplateValuesEscaped: two descriptors never render one key. With
+// two variables or more, '%' and the bytes of the literal text between
+// them are percent-escaped in values; a lone variable is rendered as it is.
+func TestTemplateValuesEscaped(t *testing.T) {
+	t.Parallel()
+	cfg, err := Parse("test.yaml", []byte("policies:\n  - name: a\n    limit: 1/s\n    key: 'u={user}:{ip}'\n  - name: b\n    limit: 1/s\n    key: '<{k}>'\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dom := cfg.Domain(DefaultDomain)
+	for _, tt := range []struct {
+		entries []Entry
+		want    string
+	}{
+		{[]Entry{{"user", "bob"}, {"ip", "10.0.0.1"}}, "u=bob:10.0.0.1"},
+		{[]Entry{{"user", "a:b"}, {"ip", "c"}}, "u=a%3Ab:c"},
+		{[]Entry{{"user", "a"}, {"ip", "b:c"}}, "u=a:b%3Ac"},
+		{[]Entry{{"user", "x=%"}, {"ip", "u"}}, "u=x=%25:u"},
+		{[]Entry{{"k", "a:b%>"}}, "<a:b%>>"},
+	} {
+		m, ok := dom.Match(tt.entries)
+		if !ok || m.Key != tt.want {
+			t.Errorf("Match(%v) = %q, %v; want %q", tt.entries, m.Key, ok, tt.want)
+		}
 	}
 }

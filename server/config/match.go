@@ -241,6 +241,17 @@ func unescape(s string) (string, bool) {
 	return b.String(), true
 }
 
+// writeValue writes a variable's value, escaped as t.escape says.
+func (t *template) writeValue(b *strings.Builder, v string) {
+	for i := 0; i < len(v); i++ {
+		if c := v[i]; t.escape[c] {
+			fmt.Fprintf(b, "%%%02X", c)
+		} else {
+			b.WriteByte(c)
+		}
+	}
+}
+
 func entriesKey(entries []Entry, shared []string) string {
 	var b strings.Builder
 	for i, e := range entries {
@@ -273,6 +284,12 @@ func escapeTo(b *strings.Builder, s string) {
 type template struct {
 	parts []string // literal, variable, literal, variable, ..., literal
 	vars  []string
+	// escape is, for a template of two variables or more, '%' and every
+	// byte of the literal text between variables: percent-escaped in
+	// values, so that no two
+	// descriptors render one key ("{user}:{ip}" with user "a:b" and ip "c"
+	// is "a%3Ab:c", not user "a" and ip "b:c"'s "a:b:c").
+	escape [256]bool
 }
 
 func parseTemplate(s string) (*template, error) {
@@ -313,6 +330,19 @@ func parseTemplate(s string) (*template, error) {
 	if len(t.vars) == 0 {
 		return nil, fmt.Errorf("needs at least one {variable}")
 	}
+	if len(t.vars) > 1 {
+		for i, lit := range t.parts[1 : len(t.parts)-1] {
+			if lit == "" {
+				return nil, fmt.Errorf("variables {%s} and {%s} need literal text between them, or their values could not be told apart", t.vars[i], t.vars[i+1])
+			}
+		}
+		t.escape['%'] = true
+		for _, lit := range t.parts[1 : len(t.parts)-1] {
+			for i := 0; i < len(lit); i++ {
+				t.escape[lit[i]] = true
+			}
+		}
+	}
 	return t, nil
 }
 
@@ -351,7 +381,7 @@ func (t *template) render(entries []Entry) (string, bool) {
 		found := false
 		for _, e := range entries {
 			if e.Key == v {
-				b.WriteString(e.Value)
+				t.writeValue(&b, e.Value)
 				found = true
 				break
 			}
