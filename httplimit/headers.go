@@ -28,7 +28,7 @@ const (
 //	X-RateLimit-Limit: 100                 d.Limit.Capacity()
 //	X-RateLimit-Remaining: 0               d.Remaining
 //	X-RateLimit-Reset: 1700000012          Unix seconds when the key is fresh, rounded up
-//	RateLimit-Policy: "api";q=100;w=60     quota Rate per window Period (seconds, rounded up)
+//	RateLimit-Policy: "api";q=100;w=60     quota: the capacity per the seconds it takes to refill (rounded up)
 //	RateLimit: "api";r=0;t=12              remaining; seconds until Retry-After when denied,
 //	                                       until the key is fresh when allowed
 //
