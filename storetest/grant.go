@@ -40,10 +40,7 @@ func RunGrant(t *testing.T, newStore NewStore) {
 // lasts until no return could give anything, not forever.
 func testReturnAfterReset(t *testing.T, newStore NewStore, a sluice.Algorithm) {
 	ctx := context.Background()
-	clock := NewClock(T0)
-	s := granter(t, newStore, clock)
-	l := sluice.PerSecond(10).WithAlgorithm(a)
-	key := uniqueKey(t, "reset")
+	clock, s, l, key := grantSetup(t, newStore, a, "reset")
 	old, err := s.Grant(ctx, key, l, 10)
 	if err != nil || old.Granted != 10 {
 		t.Fatalf("grant = %+v, %v; want 10 granted", old, err)
@@ -85,6 +82,13 @@ func testReturnAfterReset(t *testing.T, newStore NewStore, a sluice.Algorithm) {
 	}
 }
 
+// grantSetup returns a clock at T0, a granter on it, 10/s under a and a
+// key of the test's own.
+func grantSetup(t *testing.T, newStore NewStore, a sluice.Algorithm, name string) (*Clock, sluice.Granter, sluice.Limit, string) {
+	clock := NewClock(T0)
+	return clock, granter(t, newStore, clock), sluice.PerSecond(10).WithAlgorithm(a), uniqueKey(t, name)
+}
+
 func granter(t *testing.T, newStore NewStore, clock *Clock) sluice.Granter {
 	t.Helper()
 	g, ok := newStore(t, clock.Now).(sluice.Granter)
@@ -107,10 +111,7 @@ type grantStep struct {
 // interval begun since the grant.
 func testGrantBucket(t *testing.T, newStore NewStore, a sluice.Algorithm) {
 	ctx := context.Background()
-	clock := NewClock(T0)
-	s := granter(t, newStore, clock)
-	l := sluice.PerSecond(10).WithAlgorithm(a)
-	key := uniqueKey(t, "grant")
+	clock, s, l, key := grantSetup(t, newStore, a, "grant")
 	var last sluice.Grant
 	for i, st := range []grantStep{
 		{at: 0, n: 4, granted: 4, remain: 6},
