@@ -172,8 +172,9 @@ type Slots interface {
 }
 
 // Slot is a held slot: a handle from AcquireSlot. Release it when the work
-// is done; Release and Extend are safe from any goroutine. The zero value
-// holds nothing (its Release does nothing; its Extend is ErrSlotLost).
+// is done; Release and Extend are safe from any goroutine. The zero value,
+// and a nil *Slot (AcquireSlot's with a denial or an error), hold nothing:
+// Release does nothing, Extend is ErrSlotLost.
 type Slot struct {
 	store    Slots
 	key      string
@@ -249,18 +250,43 @@ func ReleaseAbandoned(store Slots, key, holder string) {
 	}()
 }
 
-// Key, Limit, Weight and Holder report what s was acquired with.
-func (s *Slot) Key() string          { return s.key }
-func (s *Slot) Limit() InFlightLimit { return s.limit }
-func (s *Slot) Weight() int64        { return s.weight }
-func (s *Slot) Holder() string       { return s.holder }
+// Key, Limit, Weight and Holder report what s was acquired with (zero
+// values for a nil Slot, which AcquireSlot returns with a denial).
+func (s *Slot) Key() string {
+	if s == nil {
+		return ""
+	}
+	return s.key
+}
+
+func (s *Slot) Limit() InFlightLimit {
+	if s == nil {
+		return InFlightLimit{}
+	}
+	return s.limit
+}
+
+func (s *Slot) Weight() int64 {
+	if s == nil {
+		return 0
+	}
+	return s.weight
+}
+
+func (s *Slot) Holder() string {
+	if s == nil {
+		return ""
+	}
+	return s.holder
+}
 
 // Release frees the slot. The first call that succeeds releases it; later
 // calls (and calls racing with it) do nothing and return nil. A failed
 // call may be retried. Releasing a slot already freed at its hold timeout
-// is not an error.
+// is not an error. A nil Slot (a denial's) has nothing to release: nil,
+// so `defer slot.Release(ctx)` may come before the check of the denial.
 func (s *Slot) Release(ctx context.Context) error {
-	if s.store == nil || !s.released.CompareAndSwap(false, true) {
+	if s == nil || s.store == nil || !s.released.CompareAndSwap(false, true) {
 		return nil
 	}
 	if _, err := s.store.Release(ctx, s.key, s.holder); err != nil {
@@ -274,7 +300,7 @@ func (s *Slot) Release(ctx context.Context) error {
 // returns ErrSlotLost if the slot was released or its hold had already
 // run out.
 func (s *Slot) Extend(ctx context.Context) error {
-	if s.store == nil || s.released.Load() {
+	if s == nil || s.store == nil || s.released.Load() {
 		return ErrSlotLost
 	}
 	ok, err := s.store.Extend(ctx, s.key, s.limit, s.holder)

@@ -63,6 +63,21 @@ func TestValidateSlot(t *testing.T) {
 }
 
 // AcquireSlot without a store is an error, not a panic.
+// TestNilSlot: the nil *Slot a denial returns can be released (so a
+// deferred Release may precede the check) and reports nothing.
+func TestNilSlot(t *testing.T) {
+	var s *sluice.Slot
+	if err := s.Release(context.Background()); err != nil {
+		t.Errorf("Release = %v, want nil", err)
+	}
+	if err := s.Extend(context.Background()); !errors.Is(err, sluice.ErrSlotLost) {
+		t.Errorf("Extend = %v, want ErrSlotLost", err)
+	}
+	if s.Key() != "" || s.Holder() != "" || s.Weight() != 0 || s.Limit() != (sluice.InFlightLimit{}) {
+		t.Errorf("a nil Slot reports %q %q %d %v", s.Key(), s.Holder(), s.Weight(), s.Limit())
+	}
+}
+
 func TestAcquireSlotNilStore(t *testing.T) {
 	s, _, err := sluice.AcquireSlot(context.Background(), nil, "k", sluice.Concurrent(1, time.Second), 1)
 	if s != nil || !errors.Is(err, sluice.ErrInvalidLimit) {

@@ -233,8 +233,12 @@ func New(store sluice.Store, rules []Rule, opts *Options) (*Middleware, error) {
 	return m, nil
 }
 
-// Handler returns next behind the middleware's rules.
+// Handler returns next behind the middleware's rules. A nil next is
+// http.DefaultServeMux, as for http.Server's Handler.
 func (m *Middleware) Handler(next http.Handler) http.Handler {
+	if next == nil {
+		next = http.DefaultServeMux
+	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		m.serve(w, r, next)
 	})

@@ -696,3 +696,25 @@ func TestLease(t *testing.T) {
 		t.Errorf("lease stats %+v, want 7 local decisions and 10 units in 4 grants", st)
 	}
 }
+
+// TestNilNextHandler: Handler(nil) serves http.DefaultServeMux behind the
+// rules, as http.Server does with a nil Handler, instead of panicking on
+// every request.
+func TestNilNextHandler(t *testing.T) {
+	m, err := New(memory.New(nil), []Rule{{Name: "api", Limit: sluice.PerMinute(1), Key: PeerIP()}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(m.Handler(nil))
+	defer srv.Close()
+	for i, want := range []int{http.StatusNotFound, http.StatusTooManyRequests} { // the default mux has no routes here
+		resp, err := http.Get(srv.URL + "/nowhere")
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != want {
+			t.Errorf("request %d: status %d, want %d", i, resp.StatusCode, want)
+		}
+	}
+}
