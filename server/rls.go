@@ -100,6 +100,16 @@ func (d *descriptor) name() string {
 	return d.rl.Path
 }
 
+// MaxDescriptors and MaxDescriptorEntries bound one rate limit request: far
+// above what Envoy's route actions produce (a descriptor per rate_limit
+// action, an entry per action within it), low enough that no request costs
+// more than a few milliseconds (checks are all-or-nothing, so a request's
+// cost grows faster than its descriptors).
+const (
+	MaxDescriptors       = 128
+	MaxDescriptorEntries = 64
+)
+
 // ShouldRateLimit decides an Envoy rate limit request. Descriptors are
 // matched as envoyproxy/ratelimit matches them, with its replaces,
 // unlimited, shadow_mode and hits_addend semantics, and sluice-format
@@ -115,6 +125,14 @@ func (r rlsServer) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequ
 	}
 	if len(req.GetDescriptors()) == 0 {
 		return nil, status.Error(codes.InvalidArgument, "rate limit descriptor list must not be empty")
+	}
+	if n := len(req.Descriptors); n > MaxDescriptors {
+		return nil, status.Errorf(codes.InvalidArgument, "%d descriptors in one request: at most %d", n, MaxDescriptors)
+	}
+	for i, d := range req.Descriptors {
+		if n := len(d.GetEntries()); n > MaxDescriptorEntries {
+			return nil, status.Errorf(codes.InvalidArgument, "descriptor %d has %d entries: at most %d", i, n, MaxDescriptorEntries)
+		}
 	}
 	dom := r.svc.Config().Domain(req.Domain)
 	if dom == nil {

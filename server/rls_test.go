@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"strings"
 	"testing"
@@ -293,9 +294,19 @@ func TestRLSRequestOverride(t *testing.T) {
 func TestRLSBadRequests(t *testing.T) {
 	svc := newMemService(t, "domain: d\n", newFakeClock())
 	c := serveRLS(t, svc)
+	many := make([]*rlcommon.RateLimitDescriptor, MaxDescriptors+1)
+	for i := range many {
+		many[i] = desc(fmt.Sprintf("a=%d", i))
+	}
+	wide := make([]string, MaxDescriptorEntries+1)
+	for i := range wide {
+		wide[i] = fmt.Sprintf("k%d=v", i)
+	}
 	for name, req := range map[string]*rlsv3.RateLimitRequest{
-		"empty domain":   rlsRequest("", desc("a=b")),
-		"no descriptors": rlsRequest("d"),
+		"empty domain":     rlsRequest("", desc("a=b")),
+		"no descriptors":   rlsRequest("d"),
+		"too many":         rlsRequest("d", many...),
+		"too many entries": rlsRequest("d", desc(wide...)),
 	} {
 		t.Run(name, func(t *testing.T) {
 			_, err := c.ShouldRateLimit(t.Context(), req)
