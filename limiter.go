@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"time"
+
+	"github.com/sluicehq/sluice/internal/line"
 )
 
 // Limiter applies one Limit to many keys through a Store.
@@ -108,30 +110,52 @@ func (l *Limiter) Wait(ctx context.Context, key string) (Decision, error) {
 	return l.WaitN(ctx, key, 1)
 }
 
-// WaitN blocks until n units are taken for key or ctx ends. It sleeps for
-// each denial's RetryAfter and tries again, since other clients may take the
-// units first. If ctx has a deadline that the next wait would pass, it
-// returns at once with an error wrapping context.DeadlineExceeded and the
-// last denial, rather than sleeping in vain.
+// WaitN blocks until n units are taken for key or ctx ends.
+//
+// The waiters of one process on one key and limit (of any Limiter on the
+// same store, and of the middleware's Delay rules) form a line, first come
+// first served, and only its head asks the store again, after each
+// denial's RetryAfter. A waiter expects the head's wait plus what the
+// units ahead of it need; if ctx has a deadline that this would pass,
+// WaitN returns at once with an error wrapping context.DeadlineExceeded
+// and the denial, whose RetryAfter is the wait it would have needed,
+// rather than sleeping in vain. Units taken by other processes (or by this
+// one's callers that did not wait) are not in the line: with them a waiter
+// may still wait and then fail at its deadline.
 func (l *Limiter) WaitN(ctx context.Context, key string, n int64) (Decision, error) {
+	d, err := l.AllowN(ctx, key, n)
+	if err != nil || d.Allowed {
+		return d, err
+	}
+	return l.wait(ctx, key, n, d)
+}
+
+// wait is WaitN after its first denial d.
+func (l *Limiter) wait(ctx context.Context, key string, n int64, d Decision) (Decision, error) {
+	k, _ := l.key(key) // AllowN has checked it
+	limit := time.Duration(1<<63 - 1)
+	deadline, bounded := ctx.Deadline()
+	if bounded {
+		limit = time.Until(deadline)
+	}
+	shape := l.limit.shape()
+	first := max(d.RetryAfter, time.Millisecond) // defensive: a store must not deny with no wait
+	w, est := line.Join(line.Owner(l.store, l), k+"\x00"+l.limit.String(), []int64{n}, func(ahead []int64) time.Duration {
+		return shape.Estimate(first, ahead[0], n)
+	}, limit)
+	if w == nil {
+		d.RetryAfter = max(d.RetryAfter, est)
+		d.ResetAfter = max(d.ResetAfter, d.RetryAfter)
+		return d, fmt.Errorf("sluice: wait of %v would pass the deadline: %w", est, context.DeadlineExceeded)
+	}
+	defer w.Leave()
 	var timer *time.Timer
 	defer func() {
 		if timer != nil {
 			timer.Stop()
 		}
 	}()
-	for {
-		d, err := l.AllowN(ctx, key, n)
-		if err != nil || d.Allowed {
-			return d, err
-		}
-		wait := d.RetryAfter
-		if wait <= 0 { // defensive: a store must not deny with no wait
-			wait = time.Millisecond
-		}
-		if deadline, ok := ctx.Deadline(); ok && time.Until(deadline) < wait {
-			return d, fmt.Errorf("sluice: wait of %v would pass the deadline: %w", wait, context.DeadlineExceeded)
-		}
+	sleep := func(wait time.Duration) error {
 		if timer == nil {
 			timer = time.NewTimer(wait)
 		} else {
@@ -139,8 +163,49 @@ func (l *Limiter) WaitN(ctx context.Context, key string, n int64) (Decision, err
 		}
 		select {
 		case <-ctx.Done():
-			return d, ctx.Err()
+			return ctx.Err()
 		case <-timer.C:
+			return nil
 		}
 	}
+	if w.Head() {
+		// The denial in hand is fresh: sleep on it.
+		if bounded && time.Until(deadline) < first {
+			return d, fmt.Errorf("sluice: wait of %v would pass the deadline: %w", first, context.DeadlineExceeded)
+		}
+		if err := sleep(first); err != nil {
+			return d, err
+		}
+	} else {
+		select {
+		case <-ctx.Done():
+			return d, ctx.Err()
+		case <-w.Turn():
+		}
+	}
+	for {
+		d, err := l.store.Take(ctx, k, l.limit, n)
+		if err != nil || d.Allowed {
+			return d, err
+		}
+		wait := max(d.RetryAfter, time.Millisecond)
+		if bounded && time.Until(deadline) < wait {
+			return d, fmt.Errorf("sluice: wait of %v would pass the deadline: %w", wait, context.DeadlineExceeded)
+		}
+		if err := sleep(wait); err != nil {
+			return d, err
+		}
+	}
+}
+
+// shape is what a line's estimate needs of l.
+func (l Limit) shape() line.Shape {
+	s := line.Shape{Interval: l.Interval(), Period: l.Period, Capacity: l.Capacity()}
+	switch l.Algorithm {
+	case FixedWindow:
+		s.Kind = line.Fixed
+	case SlidingWindowLog, SlidingWindowCounter:
+		s.Kind = line.Sliding
+	}
+	return s
 }

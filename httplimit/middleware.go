@@ -21,7 +21,12 @@ const (
 	Reject = enforce.Reject
 	// Delay holds the request until quota is available, up to the rule's
 	// MaxDelay, then serves it; a request that would need longer, or that
-	// finds MaxWaiting requests already held, is rejected at once.
+	// finds MaxWaiting requests already held, is rejected at once, with
+	// the Retry-After it would have needed. The held requests of one
+	// process on one key form a line (first come, first served) whose
+	// length counts in that estimate; requests of other processes on the
+	// key do not, so with them a held request may still be rejected at
+	// MaxDelay.
 	Delay = enforce.Delay
 	// Shadow decides and records (see Options.Observer) but never blocks
 	// and sets no headers: a dry run before enforcing a new limit. It

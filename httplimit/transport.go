@@ -11,8 +11,11 @@ import (
 // request, for clients of rate-limited third-party APIs: it keeps a
 // service within the provider's limit instead of collecting 429s. The
 // wait honours the request's context: a request whose deadline would pass
-// while waiting fails at once with an error wrapping
-// context.DeadlineExceeded, and the provider is never called.
+// while waiting (behind this process's other waiters on the key: see
+// sluice.Limiter.WaitN) fails at once with an error wrapping
+// context.DeadlineExceeded, and the provider is never called. Requests
+// other processes send on the key can still make one wait and then fail
+// at its deadline.
 //
 // With a Redis store, a whole fleet shares the provider's quota.
 type Transport struct {

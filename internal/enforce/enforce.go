@@ -17,6 +17,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"strings"
 	"sync/atomic"
 	"time"
 	"unicode"
@@ -24,6 +25,7 @@ import (
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/enum"
+	"github.com/sluicehq/sluice/internal/line"
 )
 
 // Strategy is what a rule does with a request over its limit.
@@ -33,7 +35,12 @@ const (
 	// Reject answers at once with "too many requests". The zero value.
 	Reject Strategy = iota
 	// Delay waits for quota up to the rule's MaxDelay, then serves; a
-	// request that would need longer is rejected at once.
+	// request that would need longer is rejected at once, its RetryAfter
+	// the wait it would have needed. The waiters of one process on one
+	// set of counters form a line (internal/line): only its head asks the
+	// store, and a newcomer's wait counts the units ahead of it. Takes
+	// from other processes are not in the line: with them a waiter may
+	// still be rejected at MaxDelay.
 	Delay
 	// Shadow decides and records but never blocks: a dry run. Shadow rules
 	// take their own units, apart from the enforcing rules and only when the
@@ -395,17 +402,42 @@ func (e *Engine) enforce(ctx context.Context, checks []Check, all bool) (Verdict
 	if blocked.Report >= 0 {
 		return e.deny(ctx, checks, blocked, all)
 	}
-	var waited time.Duration
-	var timer *time.Timer
-	held := false
+	var (
+		waited time.Duration
+		timer  *time.Timer
+		held   bool
+		w      *line.Waiter // this request's place in its line, once denied
+		start  time.Time
+	)
 	defer func() {
 		if timer != nil {
 			timer.Stop()
+		}
+		if w != nil {
+			w.Leave()
 		}
 		if held {
 			release(checks, idx)
 		}
 	}()
+	// sleep waits d, or less if turn closes (it reports that) or ctx ends.
+	sleep := func(d time.Duration, turn <-chan struct{}) bool {
+		if timer == nil {
+			timer = time.NewTimer(d)
+		} else {
+			timer.Reset(d)
+		}
+		select {
+		case <-timer.C:
+			return false
+		case <-turn:
+			timer.Stop()
+			return true
+		case <-ctx.Done():
+			timer.Stop()
+			return false
+		}
+	}
 	for {
 		ds := oneDecision(len(reqs))
 		var err error
@@ -438,7 +470,13 @@ func (e *Engine) enforce(ctx context.Context, checks []Check, all bool) (Verdict
 				maxWait = r.MaxDelay
 			}
 		}
+		if w != nil {
+			waited = time.Since(start)
+		}
 		if deny < 0 {
+			if w != nil {
+				w.Leave() // the next in line may ask now
+			}
 			for j, d := range ds {
 				e.observe(checks[idx[j]].Rule.Name, sluice.OutcomeAllowed, d)
 			}
@@ -447,18 +485,40 @@ func (e *Engine) enforce(ctx context.Context, checks []Check, all bool) (Verdict
 		}
 		// A denial with no wait would make this loop spin on the store.
 		pause := max(longest, time.Millisecond)
-		if wait && waited+pause <= maxWait && ctx.Err() == nil && (held || hold(checks, idx)) {
-			held = true
-			if timer == nil {
-				timer = time.NewTimer(pause)
-			} else {
-				timer.Reset(pause)
-			}
-			select {
-			case <-timer.C:
-				waited += pause
-				continue
-			case <-ctx.Done():
+		if wait && ctx.Err() == nil {
+			switch {
+			case w != nil:
+				// The head of the line, asking again.
+				if waited+pause <= maxWait {
+					sleep(pause, nil)
+					if ctx.Err() == nil {
+						continue
+					}
+				}
+			case held || hold(checks, idx):
+				held = true
+				start = time.Now()
+				var est time.Duration
+				w, est = e.join(reqs, ds, maxWait)
+				if w == nil {
+					// Refused at once with the wait it would have needed.
+					ds[deny].RetryAfter = max(ds[deny].RetryAfter, est)
+					ds[deny].ResetAfter = max(ds[deny].ResetAfter, ds[deny].RetryAfter)
+					break
+				}
+				if w.Head() {
+					sleep(pause, nil) // the denial in hand says how long
+				} else {
+					// Ask the store once those ahead are served, unless
+					// that comes after MaxDelay.
+					sleep(maxWait-time.Since(start), w.Turn())
+				}
+				if ctx.Err() == nil {
+					if w.Head() {
+						continue
+					}
+					waited = time.Since(start) // held to MaxDelay
+				}
 			}
 		}
 		out := Verdict{Report: idx[deny], Decision: ds[deny], Waited: waited}
@@ -482,6 +542,70 @@ func (e *Engine) enforce(ctx context.Context, checks []Check, all bool) (Verdict
 		setCounters(checks, ds)
 		return e.deny(ctx, checks, out, all)
 	}
+}
+
+// join puts a denied request in its line, or refuses it (nil) with the
+// wait it would need. It copies reqs and ds, which the fast path keeps on
+// the stack.
+func (e *Engine) join(reqs []sluice.Request, ds []sluice.Decision, maxWait time.Duration) (*line.Waiter, time.Duration) {
+	rs := append([]sluice.Request(nil), reqs...)
+	dd := append([]sluice.Decision(nil), ds...)
+	return line.Join(line.Owner(e.store, e), lineName(rs), costs(rs), func(ahead []int64) time.Duration {
+		return estimate(rs, dd, ahead)
+	}, maxWait)
+}
+
+// lineName names the line of a request's counters: their keys and limits.
+func lineName(reqs []sluice.Request) string {
+	if len(reqs) == 1 {
+		return reqs[0].Key + "\x00" + reqs[0].Limit.String()
+	}
+	var b strings.Builder
+	for _, r := range reqs {
+		b.WriteString(r.Key)
+		b.WriteByte(0)
+		b.WriteString(r.Limit.String())
+		b.WriteByte(0)
+	}
+	return b.String()
+}
+
+// costs returns each counter's units.
+func costs(reqs []sluice.Request) []int64 {
+	c := make([]int64, len(reqs))
+	for j, r := range reqs {
+		c[j] = r.Cost
+	}
+	return c
+}
+
+// estimate is how long a request denied with ds waits behind ahead units
+// per counter: the longest of its counters' waits.
+func estimate(reqs []sluice.Request, ds []sluice.Decision, ahead []int64) time.Duration {
+	var most time.Duration
+	for j, r := range reqs {
+		s := Shape(r.Limit)
+		var d time.Duration
+		if ds[j].Allowed {
+			d = s.EstimateAllowed(ds[j].Remaining, ahead[j], r.Cost)
+		} else {
+			d = s.Estimate(max(ds[j].RetryAfter, time.Millisecond), ahead[j], r.Cost)
+		}
+		most = max(most, d)
+	}
+	return most
+}
+
+// Shape is what the line's estimate needs of l.
+func Shape(l sluice.Limit) line.Shape {
+	s := line.Shape{Interval: l.Interval(), Period: l.Period, Capacity: l.Capacity()}
+	switch l.Algorithm {
+	case sluice.FixedWindow:
+		s.Kind = line.Fixed
+	case sluice.SlidingWindowLog, sluice.SlidingWindowCounter:
+		s.Kind = line.Sliding
+	}
+	return s
 }
 
 // oneDecision returns a slice of n decisions, on the stack for one.

@@ -1,0 +1,208 @@
+package httplimit
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/memory"
+	"github.com/sluicehq/sluice/redisstore"
+)
+
+// quick bounds the 90th percentile of refusals "at once": generous, for
+// a busy machine and the race detector; a request held to MaxDelay takes
+// far longer.
+const quick = 250 * time.Millisecond
+
+// outcome is one of a burst of concurrent requests: served or refused, and
+// how long it took.
+type outcome struct {
+	served bool
+	took   time.Duration
+	retry  time.Duration // a refusal's Retry-After
+}
+
+// burst runs n requests at once and returns their outcomes.
+func burst(n int, do func() outcome) []outcome {
+	out := make([]outcome, n)
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for i := range out {
+		wg.Go(func() {
+			<-start
+			t := time.Now()
+			out[i] = do()
+			out[i].took = time.Since(t)
+		})
+	}
+	close(start)
+	wg.Wait()
+	return out
+}
+
+// checkLine checks runs of a burst against a line's promise: between
+// minServed and maxServed served, and every other refused at once (90% of
+// refusals within quick, none later than slow, well before anyone held to
+// MaxDelay would be), each told to retry after more than least.
+func checkLine(t *testing.T, runs [][]outcome, minServed, maxServed int, quick, slow, least time.Duration) {
+	t.Helper()
+	var refused []time.Duration
+	for r, out := range runs {
+		served := 0
+		for _, o := range out {
+			if o.served {
+				served++
+				continue
+			}
+			refused = append(refused, o.took)
+			if o.retry <= least {
+				t.Errorf("run %d: refused with Retry-After %v, want more than %v", r, o.retry, least)
+			}
+		}
+		if served < minServed || served > maxServed {
+			t.Errorf("run %d: served %d, want %d to %d", r, served, minServed, maxServed)
+		}
+	}
+	if len(refused) == 0 {
+		t.Fatal("nothing refused")
+	}
+	slices.Sort(refused)
+	p90, most := refused[len(refused)*9/10], refused[len(refused)-1]
+	t.Logf("%d refusals: p90 %v, max %v", len(refused), p90, most)
+	if p90 > quick || most > slow {
+		t.Errorf("refusals took p90 %v, max %v; want at once (p90 at most %v, max %v)", p90, most, quick, slow)
+	}
+}
+
+// The reviewer's scenarios for a Delay rule: waiters form a line, so a
+// request the rate cannot serve within MaxDelay is refused at once instead
+// of being held to MaxDelay and then refused.
+func TestDelayLineRefusesAtOnce(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		maxDelay                time.Duration
+		n, minServed, maxServed int
+		slow                    time.Duration
+	}{
+		// 2 at once, then 0.5s, 1s, 1.5s and 2s; 14 refused.
+		{2 * time.Second, 20, 5, 6, 1500 * time.Millisecond},
+		// 2 at once, then 0.5s; 5 refused, none held 500ms first.
+		{600 * time.Millisecond, 8, 3, 3, 400 * time.Millisecond},
+	} {
+		t.Run(fmt.Sprint(tc.maxDelay, "/", tc.n), func(t *testing.T) {
+			t.Parallel()
+			store := memory.New(nil)
+			t.Cleanup(func() { store.Close() })
+			checkLine(t, delayRuns(t, store, 4, tc.n, tc.maxDelay), tc.minServed, tc.maxServed, quick, tc.slow, tc.maxDelay)
+		})
+	}
+}
+
+// The same on a real Redis.
+func TestRedisDelayLineRefusesAtOnce(t *testing.T) {
+	t.Parallel()
+	store := redisstore.New(redistest.Client(t), &redisstore.Options{Prefix: redistest.Prefix(t)})
+	checkLine(t, delayRuns(t, store, 3, 20, 2*time.Second), 5, 6, quick, 1500*time.Millisecond, 2*time.Second)
+}
+
+// delayRuns runs bursts of n requests at once on runs servers, each with
+// its own PerSecond(2) Delay rule (so its own line), and returns their
+// outcomes, timed in the server: the middleware's hold, not the dial.
+func delayRuns(t *testing.T, store sluice.Store, runs, n int, maxDelay time.Duration) [][]outcome {
+	out := make([][]outcome, runs)
+	var wg sync.WaitGroup
+	for r := range out {
+		m, err := New(store, []Rule{{Name: "d", Limit: sluice.PerSecond(2), Key: Global(), Strategy: Delay, MaxDelay: maxDelay}},
+			&Options{Prefix: fmt.Sprintf("line%d:", r)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var mu sync.Mutex
+		h := m.Handler(okHandler)
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+			rec := httptest.NewRecorder()
+			start := time.Now()
+			h.ServeHTTP(rec, req)
+			took := time.Since(start)
+			secs, _ := strconv.Atoi(rec.Header().Get(HeaderRetryAfter))
+			mu.Lock()
+			out[r] = append(out[r], outcome{served: rec.Code == http.StatusOK, took: took, retry: time.Duration(secs) * time.Second})
+			mu.Unlock()
+		}))
+		t.Cleanup(srv.Close)
+		client := srv.Client()
+		client.Transport.(*http.Transport).MaxIdleConnsPerHost = n
+		wg.Go(func() {
+			burst(n, func() outcome {
+				resp, err := client.Get(srv.URL)
+				if err != nil {
+					t.Error(err)
+					return outcome{}
+				}
+				resp.Body.Close()
+				return outcome{}
+			})
+		})
+	}
+	wg.Wait()
+	return out
+}
+
+// The Transport's equivalent: with a 2s deadline, the requests the rate
+// cannot send by then fail at once; the provider sees only those sent.
+func TestTransportLineRefusesAtOnce(t *testing.T) {
+	t.Parallel()
+	var calls atomic.Int64
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		calls.Add(1)
+	}))
+	t.Cleanup(upstream.Close)
+	store := memory.New(nil)
+	t.Cleanup(func() { store.Close() })
+	const runs, n = 4, 20
+	out := make([][]outcome, runs)
+	var wg sync.WaitGroup
+	for r := range out {
+		lim, err := sluice.NewLimiter(store, sluice.PerSecond(2), &sluice.Options{Prefix: fmt.Sprintf("t%d:", r)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		tr, err := NewTransport(lim, &TransportOptions{Base: upstream.Client().Transport})
+		if err != nil {
+			t.Fatal(err)
+		}
+		client := &http.Client{Transport: tr}
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		t.Cleanup(cancel)
+		wg.Go(func() {
+			out[r] = burst(n, func() outcome {
+				req, _ := http.NewRequestWithContext(ctx, "GET", upstream.URL, nil)
+				resp, err := client.Do(req)
+				if err != nil {
+					if !errors.Is(err, context.DeadlineExceeded) {
+						t.Errorf("refusal %v, want DeadlineExceeded", err)
+					}
+					return outcome{retry: time.Hour} // the error carries no Retry-After
+				}
+				resp.Body.Close()
+				return outcome{served: true}
+			})
+		})
+	}
+	wg.Wait()
+	// 2 at once, then 0.5s, 1s and 1.5s; the next, at 2s, is past the deadline.
+	checkLine(t, out, 5, 5, quick, 1500*time.Millisecond, 0)
+	if got := calls.Load(); got != runs*5 {
+		t.Errorf("provider called %d times, want %d", got, runs*5)
+	}
+}
