@@ -131,6 +131,40 @@ func ValidateRequest(key string, l Limit, cost int64) error {
 	return l.ValidateCost(cost)
 }
 
+// ValidateRequests checks a TakeAll's requests as stores do: each as
+// ValidateRequest does, and no key twice under one algorithm (one state
+// cannot be checked as two), which wraps ErrInvalidKey. Errors name the
+// request's index. Its cost grows with len(reqs), not its square.
+func ValidateRequests(reqs []Request) error {
+	type state struct {
+		key string
+		alg Algorithm
+	}
+	var seen map[state]int
+	if len(reqs) > 8 {
+		seen = make(map[state]int, len(reqs))
+	}
+	for i, r := range reqs {
+		if err := ValidateRequest(r.Key, r.Limit, r.Cost); err != nil {
+			return fmt.Errorf("request %d: %w", i, err)
+		}
+		dup := false
+		if seen != nil {
+			st := state{r.Key, r.Limit.Algorithm}
+			_, dup = seen[st]
+			seen[st] = i
+		} else {
+			for _, prev := range reqs[:i] {
+				dup = dup || prev.Key == r.Key && prev.Limit.Algorithm == r.Limit.Algorithm
+			}
+		}
+		if dup {
+			return fmt.Errorf("request %d: %w: %q appears twice under %v", i, ErrInvalidKey, r.Key, r.Limit.Algorithm)
+		}
+	}
+	return nil
+}
+
 // ValidateKey rejects empty keys and keys longer than MaxKeyLen bytes.
 func ValidateKey(key string) error {
 	if key == "" {

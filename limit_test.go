@@ -2,6 +2,7 @@ package sluice_test
 
 import (
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -179,5 +180,34 @@ func TestWithIsWithAlgorithm(t *testing.T) {
 	l := sluice.PerMinute(10)
 	if got, want := l.With(sluice.FixedWindow), l.WithAlgorithm(sluice.FixedWindow); got != want || got.Algorithm != sluice.FixedWindow {
 		t.Errorf("With = %v, WithAlgorithm = %v", got, want)
+	}
+}
+
+// TestValidateRequests: each request is validated, and a key twice under
+// one algorithm is refused, among few requests and among many.
+func TestValidateRequests(t *testing.T) {
+	l := sluice.PerSecond(10)
+	for _, n := range []int{2, 8, 9, 1000} {
+		reqs := make([]sluice.Request, n)
+		for i := range reqs {
+			reqs[i] = sluice.Request{Key: fmt.Sprintf("k%d", i), Limit: l, Cost: 1}
+		}
+		if err := sluice.ValidateRequests(reqs); err != nil {
+			t.Errorf("%d distinct: %v", n, err)
+		}
+		// The same key under another algorithm is another state.
+		reqs = append(reqs, sluice.Request{Key: "k0", Limit: l.WithAlgorithm(sluice.FixedWindow), Cost: 1})
+		if err := sluice.ValidateRequests(reqs); err != nil {
+			t.Errorf("%d, k0 under two algorithms: %v", n, err)
+		}
+		reqs = append(reqs, sluice.Request{Key: "k1", Limit: l, Cost: 1})
+		err := sluice.ValidateRequests(reqs)
+		if !errors.Is(err, sluice.ErrInvalidKey) || !strings.Contains(err.Error(), fmt.Sprintf("request %d", n+1)) {
+			t.Errorf("%d with k1 twice: %v, want ErrInvalidKey naming request %d", n, err, n+1)
+		}
+		reqs[n+1].Cost = 0
+		if err := sluice.ValidateRequests(reqs); !errors.Is(err, sluice.ErrInvalidCost) {
+			t.Errorf("%d with a cost of 0: %v, want ErrInvalidCost", n, err)
+		}
 	}
 }

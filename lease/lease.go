@@ -979,12 +979,10 @@ func (s *Store) TakeAll(ctx context.Context, reqs []sluice.Request) ([]sluice.De
 		if err != nil {
 			return nil, fmt.Errorf("lease: request %d: %w", i, err)
 		}
-		for _, prev := range reqs[:i] {
-			if prev.Key == r.Key && prev.Limit.Algorithm == r.Limit.Algorithm {
-				return nil, fmt.Errorf("lease: request %d: %w: %q appears twice under %v", i, sluice.ErrInvalidKey, r.Key, r.Limit.Algorithm)
-			}
-		}
 		stale[i] = d
+	}
+	if err := sluice.ValidateRequests(reqs); err != nil {
+		return nil, fmt.Errorf("lease: %w", err)
 	}
 	if multi == nil && unleased > 1 {
 		return nil, ErrNoTakeAll

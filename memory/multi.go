@@ -2,7 +2,6 @@ package memory
 
 import (
 	"context"
-	"fmt"
 	"slices"
 
 	"github.com/sluicehq/sluice"
@@ -20,16 +19,11 @@ func (s *Store) TakeAll(ctx context.Context, reqs []sluice.Request) ([]sluice.De
 	if s.shards == nil {
 		return nil, ErrZeroStore
 	}
+	if err := sluice.ValidateRequests(reqs); err != nil {
+		return nil, err
+	}
 	idx := make([]int, len(reqs))
 	for i, r := range reqs {
-		if err := sluice.ValidateRequest(r.Key, r.Limit, r.Cost); err != nil {
-			return nil, fmt.Errorf("request %d: %w", i, err)
-		}
-		for _, prev := range reqs[:i] {
-			if prev.Key == r.Key && prev.Limit.Algorithm == r.Limit.Algorithm {
-				return nil, fmt.Errorf("%w: %q appears twice under %v", sluice.ErrInvalidKey, r.Key, r.Limit.Algorithm)
-			}
-		}
 		idx[i] = int(s.shardIndex(r.Key))
 	}
 	locked := slices.Clone(idx)

@@ -27,17 +27,12 @@ import (
 // Two requests on the same key and algorithm are rejected with
 // sluice.ErrInvalidKey, as by the memory store.
 func (s *Store) TakeAll(ctx context.Context, reqs []sluice.Request) ([]sluice.Decision, error) {
+	if err := sluice.ValidateRequests(reqs); err != nil {
+		return nil, fmt.Errorf("redisstore: %w", err)
+	}
 	keys := make([]string, len(reqs))
 	for i, r := range reqs {
-		if err := sluice.ValidateRequest(r.Key, r.Limit, r.Cost); err != nil {
-			return nil, fmt.Errorf("redisstore: request %d: %w", i, err)
-		}
 		keys[i] = s.redisKey(r.Key, r.Limit.Algorithm)
-		for _, k := range keys[:i] {
-			if k == keys[i] {
-				return nil, fmt.Errorf("redisstore: request %d: %w: %q appears twice under %v", i, sluice.ErrInvalidKey, r.Key, r.Limit.Algorithm)
-			}
-		}
 	}
 	switch {
 	case len(reqs) == 0:
