@@ -393,9 +393,14 @@ func writeJSON(w http.ResponseWriter, code int, v any) {
 	json.NewEncoder(w).Encode(v)
 }
 
-// methodNotAllowed answers 405 naming the method to use.
+// methodNotAllowed answers 405 naming the method to use. A GET route
+// serves HEAD too (ServeMux matches it), so Allow names both.
 func methodNotAllowed(w http.ResponseWriter, r *http.Request, m string) {
-	w.Header().Set("Allow", m)
+	allow := m
+	if m == http.MethodGet {
+		allow = "GET, HEAD"
+	}
+	w.Header().Set("Allow", allow)
 	problem(w, http.StatusMethodNotAllowed, "use "+m+" for "+r.URL.Path+", not "+r.Method)
 }
 

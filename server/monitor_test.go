@@ -127,7 +127,7 @@ func TestAPIIndex(t *testing.T) {
 	if w := e.do(t, "GET", "/v1/openapi.json", "", nil, ""); w.Code != 200 || !json.Valid(w.Body.Bytes()) {
 		t.Errorf("openapi.json: %d", w.Code)
 	}
-	if w := e.do(t, "POST", "/v1/", "", nil, ""); w.Code != 405 || w.Header().Get("Allow") != "GET" {
+	if w := e.do(t, "POST", "/v1/", "", nil, ""); w.Code != 405 || w.Header().Get("Allow") != "GET, HEAD" {
 		t.Errorf("POST /v1/: %d, Allow %q", w.Code, w.Header().Get("Allow"))
 	}
 }
@@ -139,13 +139,20 @@ func TestWrongMethodOutsideV1(t *testing.T) {
 	for _, tt := range []struct{ method, path, allow string }{
 		{"GET", "/json", "POST"},
 		{"PUT", "/json", "POST"},
-		{"POST", "/healthz", "GET"},
-		{"DELETE", "/readyz", "GET"},
-		{"POST", "/metrics", "GET"},
+		{"POST", "/healthz", "GET, HEAD"},
+		{"DELETE", "/readyz", "GET, HEAD"},
+		{"POST", "/metrics", "GET, HEAD"},
+		{"POST", "/v1/status", "GET, HEAD"},
+		{"PUT", "/v1/policies", "GET, HEAD"},
+		{"GET", "/v1/check", "POST"},
 	} {
 		w := e.do(t, tt.method, tt.path, "", nil, "")
 		if w.Code != 405 || w.Header().Get("Allow") != tt.allow || w.Header().Get("Content-Type") != "application/problem+json" {
 			t.Errorf("%s %s: %d, Allow %q, Content-Type %q; want 405, %s, a problem", tt.method, tt.path, w.Code, w.Header().Get("Allow"), w.Header().Get("Content-Type"), tt.allow)
+		}
+		// Allow names every method the path serves, and only those.
+		if head := e.do(t, "HEAD", tt.path, "", nil, ""); (head.Code != 405) != strings.Contains(tt.allow, "HEAD") {
+			t.Errorf("HEAD %s: %d, but Allow says %q", tt.path, head.Code, tt.allow)
 		}
 	}
 	for _, tt := range []struct{ method, path string }{{"GET", "/healthz"}, {"HEAD", "/readyz"}, {"GET", "/metrics"}} {
