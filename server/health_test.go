@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -86,6 +87,43 @@ func TestServerRefusesMisconfiguredRedis(t *testing.T) {
 	}
 }
 
+// documentedACL is the README's ACL user (Deploy it), but for its name and
+// password; TestDocumentedACLAgrees keeps the two and the start-up hint
+// in step.
+const documentedACL = "on >pw resetkeys ~sluice:* ~{sluice:fleet}:* resetchannels &{sluice:fleet}:slots -@all +@connection +info +evalsha +eval +script|load +time +@read +@write +publish +subscribe +cluster|slots"
+
+// TestDocumentedACLAgrees: the permission error's hint, the README's ACL
+// line and the ACL the tests run with grant the same commands, keys and
+// channels.
+func TestDocumentedACLAgrees(t *testing.T) {
+	readme, err := os.ReadFile("../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, line, ok := strings.Cut(string(readme), "ACL SETUSER sluice ")
+	if !ok {
+		t.Fatal("README has no ACL SETUSER line")
+	}
+	line, _, _ = strings.Cut(line, "\n")
+	grants := func(s string) []string {
+		var out []string
+		for f := range strings.FieldsSeq(strings.NewReplacer("(", " ", ")", " ", ",", " ").Replace(s)) {
+			if strings.ContainsAny(f[:1], "+~&") {
+				out = append(out, f)
+			}
+		}
+		slices.Sort(out)
+		return out
+	}
+	hint := redisstore.Classify(errors.New("NOPERM this user has no permissions to run the 'evalsha' command")).Error()
+	if got, want := grants(hint), grants(line); !slices.Equal(got, want) {
+		t.Errorf("the permission hint grants\n%v\nthe README's ACL line\n%v", got, want)
+	}
+	if got, want := grants(documentedACL), grants(line); !slices.Equal(got, want) {
+		t.Errorf("the tests' ACL grants\n%v\nthe README's ACL line\n%v", got, want)
+	}
+}
+
 // TestServerRunsWithDocumentedACL: sluice serve, connected as the ACL user
 // the README gives (Deploy it), decides from Redis, holds and releases
 // slots, publishes fleet figures and slot notes: on a server of its own,
@@ -93,8 +131,7 @@ func TestServerRefusesMisconfiguredRedis(t *testing.T) {
 // users, so the user is made on every node.
 func TestServerRunsWithDocumentedACL(t *testing.T) {
 	t.Parallel()
-	// As in the README (Deploy it), but for the user's name.
-	const acl = "on >pw resetkeys ~sluice:* ~{sluice:fleet}:* resetchannels &{sluice:fleet}:slots -@all +@connection +info +evalsha +eval +script|load +time +@read +@write +publish +subscribe +cluster|slots +cluster|shards"
+	acl := documentedACL
 	user := fmt.Sprintf("sluiceacl%d", time.Now().UnixNano())
 	setUser := func(t *testing.T, node redis.UniversalClient) {
 		t.Helper()
