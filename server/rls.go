@@ -318,8 +318,11 @@ func (r rlsServer) response(descs []descriptor, checks []enforce.Check) *rlsv3.R
 		}
 		header.All.Set(h, st.name(), d, now)
 		if st.kind == kindLimited && !d.Allowed && checks[st.check].Cost > checks[st.check].Rule.Limit.Capacity() {
-			// More hits than the limit's capacity: no wait admits them.
-			delete(h, "Retry-After")
+			// More hits than the limit's capacity: no wait admits them,
+			// and RateLimit's t on a denial is a wait. The X-RateLimit-*
+			// fields and RateLimit-Policy still tell the capacity.
+			h.Del(header.RetryAfter)
+			h.Del(header.RateLimit)
 		}
 		// Envoy passes names through as written: keep the usual spelling.
 		for _, n := range rlsHeaders {

@@ -211,7 +211,8 @@ func TestRLSOverrideAboveMaxRate(t *testing.T) {
 }
 
 // A descriptor whose hits_addend exceeds its limit's capacity is over the
-// limit with no Retry-After: no wait would admit it.
+// limit with no Retry-After, nor a RateLimit field (whose t would be a
+// wait): no wait would admit it.
 func TestRLSHitsAboveCapacityNoRetryAfter(t *testing.T) {
 	svc := newMemService(t, "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 5}\n", newFakeClock())
 	c := serveRLS(t, svc)
@@ -225,9 +226,12 @@ func TestRLSHitsAboveCapacityNoRetryAfter(t *testing.T) {
 		t.Errorf("response %v, want over the limit, reset in a minute", resp)
 	}
 	for _, h := range resp.ResponseHeadersToAdd {
-		if h.Key == "Retry-After" {
-			t.Errorf("Retry-After %q for hits no wait admits", h.Value)
+		if h.Key == "Retry-After" || h.Key == "RateLimit" {
+			t.Errorf("%s %q for hits no wait admits", h.Key, h.Value)
 		}
+	}
+	if got := rlsHeader(resp, "RateLimit-Policy"); got == "" {
+		t.Error("no RateLimit-Policy: the capacity should still be told")
 	}
 	d.HitsAddend = wrapperspb.UInt64(5) // at capacity: admitted, then one more waits
 	if _, err := c.ShouldRateLimit(context.Background(), rlsRequest("d", d)); err != nil {
@@ -238,13 +242,19 @@ func TestRLSHitsAboveCapacityNoRetryAfter(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var retry string
+	retry, rl := rlsHeader(resp, "Retry-After"), rlsHeader(resp, "RateLimit")
+	if resp.OverallCode != rlsv3.RateLimitResponse_OVER_LIMIT || retry != "60" || !strings.HasSuffix(rl, ";t=60") {
+		t.Errorf("one hit over a full window: %v, Retry-After %q, RateLimit %q; want over, 60, t=60", resp.OverallCode, retry, rl)
+	}
+}
+
+// rlsHeader returns the value of the header named name that resp asks
+// Envoy to add, or "".
+func rlsHeader(resp *rlsv3.RateLimitResponse, name string) string {
 	for _, h := range resp.ResponseHeadersToAdd {
-		if h.Key == "Retry-After" {
-			retry = h.Value
+		if h.Key == name {
+			return h.Value
 		}
 	}
-	if resp.OverallCode != rlsv3.RateLimitResponse_OVER_LIMIT || retry != "60" {
-		t.Errorf("one hit over a full window: %v, Retry-After %q; want over, 60", resp.OverallCode, retry)
-	}
+	return ""
 }
