@@ -29,7 +29,7 @@ func (s *Server) startFleet(rs *redisstore.Store) (*resilient.Fleet, error) {
 	// Counted with an explicit size; else not until a registration is
 	// answered, which OnChange reports (from the first one, in NewFleet).
 	counted.Set(boolGauge(s.opts.FleetSize > 0))
-	s.health.fleetCounted(s.opts.FleetSize > 0)
+	s.health.fleetCounted(s.opts.FleetSize > 0, false)
 	f, err := resilient.NewFleet(rs.Membership(), &resilient.FleetOptions{
 		Size:   s.opts.FleetSize,
 		Shrink: s.opts.FleetShrink,
@@ -38,7 +38,7 @@ func (s *Server) startFleet(rs *redisstore.Store) (*resilient.Fleet, error) {
 			size.Set(float64(e.Size))
 			reachable.Set(boolGauge(e.Reachable))
 			counted.Set(boolGauge(e.Counted))
-			s.health.fleetCounted(e.Counted)
+			s.health.fleetCounted(e.Counted, e.Members > 0) // Members: the last answered count
 		},
 	})
 	if err != nil {

@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
 	"os/exec"
 	"strings"
 	"testing"
@@ -317,5 +318,44 @@ func TestFleetPartition(t *testing.T) {
 	}
 	if failed > 0 {
 		t.Errorf("%d requests failed: the failure policy must answer every one", failed)
+	}
+}
+
+// TestUnreachableAtStartStatus: an instance started while Redis is
+// unreachable tells one true reason: without --fleet-size it has never
+// registered, so local refuses (and --fleet-size is the fix); with it,
+// local decides. Either way the failure policy answers, and
+// fallback_active and sluice_fallback_active say so before any request.
+func TestUnreachableAtStartStatus(t *testing.T) {
+	addr := redistest.DeadAddr(t)
+	for _, tt := range []struct {
+		args           []string
+		source, reason string
+		code           int
+	}{
+		{nil, "fail_closed", "never registered", http.StatusTooManyRequests},
+		{[]string{"--fleet-size", "2"}, "fallback", "failure policy local decides", http.StatusOK},
+	} {
+		p := startFleet(t, "redis://"+addr, 1, fleetConfig, tt.args...).procs[0]
+		_, st := p.getJSON(t, "/v1/status")
+		reasons, _ := st["reasons"].([]any)
+		if len(reasons) != 1 || !strings.Contains(fmt.Sprint(reasons[0]), tt.reason) {
+			t.Errorf("%v: reasons %q, want one saying %q", tt.args, reasons, tt.reason)
+		}
+		if tt.args == nil && len(reasons) == 1 {
+			if r := fmt.Sprint(reasons[0]); !strings.Contains(r, "--fleet-size") || strings.Contains(r, "decides") || strings.Contains(r, "failed for longer") {
+				t.Errorf("reason %q: want refusal, never registered, and the fix", r)
+			}
+		}
+		if st["fallback_active"] != true {
+			t.Errorf("%v: fallback_active %v, want true: the failure policy answers", tt.args, st["fallback_active"])
+		}
+		if got := metric(t, p, "sluice_fallback_active"); got != 1 {
+			t.Errorf("%v: sluice_fallback_active %v, want 1", tt.args, got)
+		}
+		code, body := p.post(t, "/v1/check", `{"policy":"gcra","key":"a"}`)
+		if code != tt.code || body["source"] != tt.source {
+			t.Errorf("%v: check %d %v, want %d from %s", tt.args, code, body, tt.code, tt.source)
+		}
 	}
 }

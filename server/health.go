@@ -63,10 +63,15 @@ type Health struct {
 	partialFrom time.Time // the first failed call of the current run
 	partialAt   time.Time
 	partialN    int64 // such decisions in the current episode
-	// uncounted: under the local policy, the fleet no longer counts this
-	// instance (resilient.Fleet.Counted), so the policy refuses.
-	uncounted bool
-	grpc      *health.Server
+	// uncounted: under the local policy, the fleet does not count this
+	// instance (resilient.Fleet.Counted), so the policy refuses;
+	// registered: a registration was ever answered (else nobody ever
+	// counted it).
+	uncounted  bool
+	registered bool
+	grpc       *health.Server
+	// setFallback mirrors FallbackActive into sluice_fallback_active.
+	setFallback func(bool)
 }
 
 // healthOptions configures newHealth.
@@ -284,16 +289,33 @@ func (h *Health) degradedLocked() bool {
 	return h.storeErr != nil || h.fallback || h.partial || h.uncounted
 }
 
-// fleetCounted records whether the fleet counts this instance; only the
-// local policy depends on it.
-func (h *Health) fleetCounted(counted bool) {
+// fleetCounted records whether the fleet counts this instance, and
+// whether it ever registered; only the local policy depends on it.
+func (h *Health) fleetCounted(counted, registered bool) {
 	if h == nil || h.policy != "local" {
 		return
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	h.uncounted = !counted
+	h.uncounted, h.registered = !counted, registered
 	h.publishLocked()
+}
+
+// answeringLocked reports whether the failure policy answers decisions:
+// the breaker keeps them off the store, or the store does not answer.
+func (h *Health) answeringLocked() bool {
+	return h.withPolicy && (h.fallback || h.storeErr != nil)
+}
+
+// policyAnswer says what the failure policy does with a decision.
+func (h *Health) policyAnswer() string {
+	switch {
+	case !h.uncounted:
+		return "failure policy " + h.policy + " decides"
+	case h.registered:
+		return "failure policy local refuses every decision: the fleet no longer counts this instance (its registration in Redis has failed for longer than the others keep counting it), until a registration succeeds"
+	}
+	return "failure policy local refuses every decision: this instance has never registered in the fleet, so no other instance counts it; it takes its share once Redis answers, or set --fleet-size to give it one without Redis"
 }
 
 func (h *Health) publishLocked() {
@@ -301,6 +323,9 @@ func (h *Health) publishLocked() {
 	if h.m != nil {
 		h.m.degraded.Set(b2f(h.degradedLocked()))
 		h.m.storeUp.Set(b2f(h.storeErr == nil))
+	}
+	if h.setFallback != nil {
+		h.setFallback(h.answeringLocked())
 	}
 	if h.grpc != nil {
 		st := healthpb.HealthCheckResponse_NOT_SERVING
@@ -351,7 +376,8 @@ type Status struct {
 	Reasons []string `json:"reasons"`
 	// FailurePolicy is local, open, closed or error.
 	FailurePolicy string `json:"failure_policy"`
-	// FallbackActive: the breaker is open and the failure policy answers.
+	// FallbackActive: the failure policy answers decisions (the breaker
+	// is open, or the store does not answer).
 	FallbackActive bool        `json:"fallback_active"`
 	Store          StoreStatus `json:"store"`
 	// Admin says whether admin endpoints (reset) are enabled, and how:
@@ -368,7 +394,7 @@ func (h *Health) Status() Status {
 	defer h.mu.Unlock()
 	st := Status{
 		Ready: h.readyLocked(), Degraded: h.degradedLocked(), Reasons: []string{},
-		FailurePolicy: h.policy, FallbackActive: h.fallback,
+		FailurePolicy: h.policy, FallbackActive: h.answeringLocked(),
 		Store: StoreStatus{Kind: h.store, Up: h.storeErr == nil, Since: h.since},
 	}
 	if h.configured != nil && !h.configured() {
@@ -377,7 +403,7 @@ func (h *Health) Status() Status {
 	if h.storeErr != nil {
 		st.Store.Cause, st.Store.Error = cause(h.storeErr), h.storeErr.Error()
 		if h.withPolicy {
-			st.Reasons = append(st.Reasons, "the store does not answer ("+st.Store.Error+"): failure policy "+h.policy+" decides")
+			st.Reasons = append(st.Reasons, "the store does not answer ("+st.Store.Error+"): "+h.policyAnswer())
 		} else {
 			st.Reasons = append(st.Reasons, "the store does not answer ("+st.Store.Error+") and there is no failure policy: decisions fail")
 		}
@@ -387,10 +413,15 @@ func (h *Health) Status() Status {
 		if h.openedBy != nil {
 			why = " (calls failed: " + cause(redisstore.Classify(h.openedBy)) + ": " + h.openedBy.Error() + ")"
 		}
-		st.Reasons = append(st.Reasons, "the breaker is open"+why+": failure policy "+h.policy+" decides until a probe succeeds")
+		until := " until a probe succeeds"
+		if h.uncounted {
+			until = ""
+		}
+		st.Reasons = append(st.Reasons, "the breaker is open"+why+": "+h.policyAnswer()+until)
 	}
-	if h.uncounted {
-		st.Reasons = append(st.Reasons, "the fleet no longer counts this instance (its registration in Redis has failed for longer than the others keep counting it): failure policy local refuses every decision it answers until the registration succeeds")
+	if h.uncounted && !h.answeringLocked() {
+		// Nothing answers by the policy now: say what it would do.
+		st.Reasons = append(st.Reasons, "while Redis fails, "+h.policyAnswer())
 	}
 	if h.partial && !h.fallback && h.storeErr == nil {
 		st.Reasons = append(st.Reasons, fmt.Sprintf("store calls fail while the breaker is closed (part of the store down?): failure policy %s answered %d decisions, the last %v ago",
@@ -566,8 +597,10 @@ func (o healthObserver) ObserveStore(e sluice.StoreEvent) {
 	}
 }
 
-// ObserveBreaker implements sluice.Observer.
+// ObserveBreaker implements sluice.Observer. Health sets
+// sluice_fallback_active (Health.setFallback): the failure policy also
+// answers while the store is down and the breaker not yet open.
 func (o healthObserver) ObserveBreaker(e sluice.BreakerEvent) {
-	o.Metrics.ObserveBreaker(e)
+	o.Metrics.obs.ObserveBreaker(e)
 	o.h.fallbackActive(e.To != sluice.BreakerClosed, e.Err)
 }

@@ -372,7 +372,7 @@ func TestServerRedisUnreachableAtStart(t *testing.T) {
 	if code, _ := p.post(t, "/v1/check", `{"policy":"rl.foo","key":"foo=a"}`); code != 429 {
 		t.Errorf("check under local with Redis down, not counted by the fleet: %d, want 429", code)
 	}
-	if _, st := p.getJSON(t, "/v1/status"); !strings.Contains(fmt.Sprint(st["reasons"]), "the fleet no longer counts this instance") {
+	if _, st := p.getJSON(t, "/v1/status"); !strings.Contains(fmt.Sprint(st["reasons"]), "never registered in the fleet") {
 		t.Errorf("status %v: want a reason naming the fleet", st)
 	}
 	if got := scrapedMetric(t, p, "sluice_fleet_counted"); got != "0" {

@@ -56,7 +56,7 @@ func NewMetrics() *Metrics {
 		reg:        prometheus.NewRegistry(),
 		obs:        promsluice.New(nil),
 		storeName:  "memory",
-		fallback:   newGauge("sluice_fallback_active", "1 while the circuit breaker keeps decisions off Redis (open or half-open), so the failure policy decides."),
+		fallback:   newGauge("sluice_fallback_active", "1 while the failure policy answers decisions: the circuit breaker keeps them off Redis (open or half-open), or Redis does not answer the service's checks."),
 		reloads:    newCounterVec("sluice_config_reloads_total", "Configuration reloads by result (success, failure).", "result"),
 		configTime: newGauge("sluice_config_last_reload_success_timestamp_seconds", "When the configuration in force was loaded."),
 		requests:   newCounterVec("sluice_api_requests_total", "Requests served, by API (grpc, http), endpoint (gRPC method or HTTP route) and code (gRPC status or HTTP status).", "api", "endpoint", "code"),

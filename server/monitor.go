@@ -343,7 +343,11 @@ func (s *Server) watchFleet(store sluice.Store) {
 	if s.redis != nil {
 		h = StoreHealth{Store: "redis", Mode: redisMode(s.redis)}
 	}
-	s.svc.mon.setHealth(func() StoreHealth { return breakerHealth(h, store) })
+	s.svc.mon.setHealth(func() StoreHealth {
+		sh := breakerHealth(h, store)
+		sh.FallbackActive = sh.FallbackActive || s.health.Status().FallbackActive
+		return sh
+	})
 	s.metrics.Registry().MustRegister(newTopCollector(s.svc))
 	if s.redis != nil {
 		s.fleet = NewFleet(s.redis, s.svc, &FleetOptions{Logger: s.log})

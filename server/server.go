@@ -208,6 +208,7 @@ func New(opts Options) (*Server, error) {
 		// Until the service exists, the configuration loaded above counts.
 		configured: func() bool { return s.svc == nil || s.svc.Config() != nil }, reg: s.metrics.Registry(),
 	})
+	s.health.setFallback = s.metrics.SetFallback
 	store, err := s.openStore()
 	if err != nil {
 		s.close()
@@ -282,7 +283,7 @@ func (s *Server) openStore() (sluice.Store, error) {
 		}
 		s.closers = append(s.closers, func() { store.Close() })
 		s.health.breaker = func(ctx context.Context) { store.Probe(ctx) }
-		s.metrics.ObserveBreaker(sluice.BreakerEvent{Store: "redis", From: sluice.BreakerClosed, To: sluice.BreakerClosed})
+		healthObserver{s.metrics, s.health}.ObserveBreaker(sluice.BreakerEvent{Store: "redis", From: sluice.BreakerClosed, To: sluice.BreakerClosed})
 		return store, nil
 	}
 	m := memory.New(nil)
