@@ -13,12 +13,19 @@ import (
 // TTL under a millisecond.
 var ErrInvalidHeartbeat = errors.New("redisstore: invalid heartbeat")
 
-// fleetScript registers a fleet member and counts the members alive.
-var fleetScript = newScript(mustRead("fleet.lua"))
+// fleetScript registers a fleet member and counts the members alive;
+// rosterScript names them and those that withdrew, which leaveScript
+// records.
+var (
+	fleetScript  = newScript(mustRead("fleet.lua"))
+	rosterScript = newScript(mustRead("fleet_roster.lua"))
+	leaveScript  = newScript(mustRead("fleet_leave.lua"))
+)
 
 // Membership is a fleet registry on Redis: one sorted set per key prefix,
-// so only processes whose Stores share the Prefix count each other. It
-// implements resilient.Membership. Build one with Store.Membership.
+// so only processes whose Stores share the Prefix count each other, and
+// beside it (Key()+":left", the same hash slot) the members that withdrew.
+// It implements resilient.Roster. Build one with Store.Membership.
 type Membership struct {
 	client redis.UniversalClient
 	key    string
@@ -43,12 +50,7 @@ func (m *Membership) Heartbeat(ctx context.Context, member string, ttl time.Dura
 	if member == "" || ttl < time.Millisecond {
 		return 0, fmt.Errorf("%w: member %q, TTL %v (want a name and at least 1ms)", ErrInvalidHeartbeat, member, ttl)
 	}
-	keys := []string{m.key}
-	args := []any{member, ttl.Microseconds()}
-	v, err := m.client.EvalSha(ctx, fleetScript.sha.(string), keys, args...).Result()
-	if isNoScript(err) {
-		v, err = m.client.Eval(ctx, fleetScript.src, keys, args...).Result()
-	}
+	v, err := m.run(ctx, fleetScript, member, ttl)
 	if err != nil {
 		return 0, fmt.Errorf("redisstore: heartbeat: %w", err)
 	}
@@ -57,4 +59,74 @@ func (m *Membership) Heartbeat(ctx context.Context, member string, ttl time.Dura
 		return 0, fmt.Errorf("%w: heartbeat returned %T", ErrUnexpectedReply, v)
 	}
 	return int(n), nil
+}
+
+// Roster renews member's registration as Heartbeat does, and names the
+// members alive (member included) and those that withdrew (Leave) within
+// the last TTL they gave.
+func (m *Membership) Roster(ctx context.Context, member string, ttl time.Duration) (alive, left []string, err error) {
+	if m.client == nil {
+		return nil, nil, ErrNoClient
+	}
+	if member == "" || ttl < time.Millisecond {
+		return nil, nil, fmt.Errorf("%w: member %q, TTL %v (want a name and at least 1ms)", ErrInvalidHeartbeat, member, ttl)
+	}
+	v, err := m.run(ctx, rosterScript, member, ttl)
+	if err != nil {
+		return nil, nil, fmt.Errorf("redisstore: heartbeat: %w", err)
+	}
+	lists, ok := v.([]any)
+	if ok && len(lists) == 2 {
+		alive, ok = stringList(lists[0])
+		if ok {
+			left, ok = stringList(lists[1])
+		}
+	}
+	if !ok {
+		return nil, nil, fmt.Errorf("%w: roster returned %v", ErrUnexpectedReply, v)
+	}
+	return alive, left, nil
+}
+
+// Leave withdraws member's registration at once and lists it as withdrawn
+// for keep, so that the other members' next Roster calls drop it from
+// their count: a member that left is certainly gone, where one that is
+// merely silent may still be running.
+func (m *Membership) Leave(ctx context.Context, member string, keep time.Duration) error {
+	if m.client == nil {
+		return ErrNoClient
+	}
+	if member == "" || keep < time.Millisecond {
+		return fmt.Errorf("%w: member %q, TTL %v (want a name and at least 1ms)", ErrInvalidHeartbeat, member, keep)
+	}
+	if _, err := m.run(ctx, leaveScript, member, keep); err != nil {
+		return fmt.Errorf("redisstore: leave: %w", err)
+	}
+	return nil
+}
+
+// run runs a fleet script on the registry's two keys.
+func (m *Membership) run(ctx context.Context, s *script, member string, d time.Duration) (any, error) {
+	keys := []string{m.key, m.key + ":left"}
+	args := []any{member, d.Microseconds()}
+	v, err := m.client.EvalSha(ctx, s.sha.(string), keys, args...).Result()
+	if isNoScript(err) {
+		v, err = m.client.Eval(ctx, s.src, keys, args...).Result()
+	}
+	return v, err
+}
+
+// stringList reads a script's array of strings.
+func stringList(v any) ([]string, bool) {
+	a, ok := v.([]any)
+	if !ok {
+		return nil, false
+	}
+	out := make([]string, len(a))
+	for i, e := range a {
+		if out[i], ok = e.(string); !ok {
+			return nil, false
+		}
+	}
+	return out, true
 }

@@ -67,3 +67,48 @@ func testHeartbeat(t *testing.T, client redis.UniversalClient) {
 		t.Errorf("zero Store: %v, want ErrNoClient", err)
 	}
 }
+
+// Roster names the members alive and those that left; a member that
+// leaves is out of the count at once and listed as withdrawn for the time
+// it gave; on a Cluster too (both keys share a hash slot).
+func TestMembershipLeave(t *testing.T) {
+	t.Parallel()
+	for name, client := range map[string]func(*testing.T) redis.UniversalClient{
+		"standalone": func(t *testing.T) redis.UniversalClient { return redistest.Client(t) },
+		"cluster":    func(t *testing.T) redis.UniversalClient { return redistest.ClusterClient(t) },
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			m := redisstore.New(client(t), &redisstore.Options{Prefix: redistest.Prefix(t)}).Membership()
+			ctx := context.Background()
+			roster := func(member string) (alive, left []string) {
+				t.Helper()
+				alive, left, err := m.Roster(ctx, member, time.Minute)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return alive, left
+			}
+			roster("a")
+			if alive, left := roster("b"); len(alive) != 2 || len(left) != 0 {
+				t.Fatalf("alive %q, left %q; want a and b, none", alive, left)
+			}
+			if err := m.Leave(ctx, "b", 200*time.Millisecond); err != nil {
+				t.Fatal(err)
+			}
+			if alive, left := roster("a"); len(alive) != 1 || alive[0] != "a" || len(left) != 1 || left[0] != "b" {
+				t.Errorf("after b left: alive %q, left %q; want a, b", alive, left)
+			}
+			if n, err := m.Heartbeat(ctx, "a", time.Minute); err != nil || n != 1 {
+				t.Errorf("Heartbeat counts %d, %v; want 1", n, err)
+			}
+			time.Sleep(300 * time.Millisecond)
+			if _, left := roster("a"); len(left) != 0 {
+				t.Errorf("left %q after its listing expired, want none", left)
+			}
+			if err := m.Leave(ctx, "", time.Second); !errors.Is(err, redisstore.ErrInvalidHeartbeat) {
+				t.Errorf("Leave without a member: %v", err)
+			}
+		})
+	}
+}

@@ -24,6 +24,21 @@ type Membership interface {
 	Heartbeat(ctx context.Context, member string, ttl time.Duration) (alive int, err error)
 }
 
+// Roster is a Membership that names the members, so that one that stops
+// can withdraw (Leave) and the others drop it from their size at once: a
+// member that left is certainly gone, where a silent one may still be
+// running and is counted until Shrink has passed (redisstore.Membership is
+// one).
+type Roster interface {
+	Membership
+	// Roster is Heartbeat naming the members alive, member included, and
+	// those that withdrew within the last ttl they gave.
+	Roster(ctx context.Context, member string, ttl time.Duration) (alive, left []string, err error)
+	// Leave withdraws member's registration at once, and lists it as
+	// withdrawn for ttl.
+	Leave(ctx context.Context, member string, ttl time.Duration) error
+}
+
 // Fleet discovery defaults; see FleetOptions.
 const (
 	DefaultFleetRefresh = time.Second
@@ -135,6 +150,10 @@ type Fleet struct {
 	counted   bool
 	lowSince  time.Time // zero: no count below size since the last change
 	lowMax    int       // the largest count since lowSince
+	// With a Roster: when each member was last seen alive (those seen
+	// within TTL + Shrink), and the members known to have withdrawn.
+	seen map[string]time.Time
+	gone map[string]time.Time
 
 	stop chan struct{}
 	done chan struct{}
@@ -173,6 +192,8 @@ func NewFleet(reg Membership, opts *FleetOptions) (*Fleet, error) {
 		clock:    o.Clock,
 		stop:     make(chan struct{}),
 		done:     make(chan struct{}),
+		seen:     map[string]time.Time{},
+		gone:     map[string]time.Time{},
 	}
 	f.timeout = orDefault(o.Timeout, f.refresh)
 	if f.ttl <= f.refresh {
@@ -226,8 +247,10 @@ func (f *Fleet) Counted() bool {
 // Member returns this process's name in the registry.
 func (f *Fleet) Member() string { return f.member }
 
-// Close stops the heartbeat. The registration expires after TTL; Size
-// keeps its last value.
+// Close stops the heartbeat. The registration expires after TTL, and the
+// others count this process until Shrink after that (it might still be
+// running); Size keeps its last value. A process that stops for good
+// calls Leave instead.
 func (f *Fleet) Close() error {
 	if f.stop == nil {
 		return nil
@@ -235,6 +258,22 @@ func (f *Fleet) Close() error {
 	f.once.Do(func() { close(f.stop) })
 	<-f.done
 	return nil
+}
+
+// Leave stops the heartbeat as Close does and, on a Roster, withdraws the
+// registration, so that the others drop this process from their size at
+// their next heartbeat instead of after TTL + Shrink. Call it once this
+// process makes no more decisions: the others' shares grow at once.
+func (f *Fleet) Leave(ctx context.Context) error {
+	if f.stop == nil {
+		return nil
+	}
+	f.Close()
+	r, ok := f.reg.(Roster)
+	if !ok {
+		return nil
+	}
+	return r.Leave(ctx, f.member, f.ttl)
 }
 
 func (f *Fleet) loop() {
@@ -246,15 +285,52 @@ func (f *Fleet) loop() {
 // whether the registry answered.
 func (f *Fleet) beat(now time.Time) bool {
 	ctx, cancel := context.WithTimeout(context.Background(), f.timeout)
-	n, err := f.reg.Heartbeat(ctx, f.member, f.ttl)
-	cancel()
-	f.apply(now, n, err)
+	defer cancel()
+	r, ok := f.reg.(Roster)
+	if !ok {
+		n, err := f.reg.Heartbeat(ctx, f.member, f.ttl)
+		f.apply(now, n, err, 0)
+		return err == nil
+	}
+	alive, left, err := r.Roster(ctx, f.member, f.ttl)
+	f.apply(now, len(alive), err, f.roster(now, alive, left))
 	return err == nil
+}
+
+// roster records who is alive and who withdrew, and returns how many
+// withdrawals are new.
+func (f *Fleet) roster(now time.Time, alive, left []string) int {
+	for _, m := range alive {
+		if _, ok := f.gone[m]; !ok {
+			f.seen[m] = now
+		}
+	}
+	n := 0
+	for _, m := range left {
+		if _, ok := f.gone[m]; !ok && m != f.member {
+			f.gone[m] = now
+			delete(f.seen, m)
+			n++
+		}
+	}
+	// Past TTL + Shrink the fold has forgotten a member too.
+	for m, at := range f.seen {
+		if now.Sub(at) > f.ttl+f.shrink {
+			delete(f.seen, m)
+		}
+	}
+	for m, at := range f.gone {
+		if now.Sub(at) > f.ttl+f.shrink {
+			delete(f.gone, m)
+		}
+	}
+	return n
 }
 
 // apply folds one heartbeat's result into the state, logging and reporting
 // what changed.
-func (f *Fleet) apply(now time.Time, n int, err error) {
+// withdrawn is how many members the registry newly reports withdrawn.
+func (f *Fleet) apply(now time.Time, n int, err error, withdrawn int) {
 	old := FleetEvent{Size: f.Size(), Members: f.members, Reachable: f.reachable, Counted: f.counted}
 	if err == nil {
 		f.lastOK.Store(int64(now.Sub(f.base)))
@@ -274,6 +350,9 @@ func (f *Fleet) apply(now time.Time, n int, err error) {
 		f.members = n
 		if f.explicit == 0 {
 			f.fold(now, n)
+			if withdrawn > 0 {
+				f.dropWithdrawn()
+			}
 		}
 	}
 	f.beats++
@@ -311,6 +390,21 @@ func (f *Fleet) fold(now time.Time, n int) {
 			f.size.Store(int64(f.lowMax))
 			f.lowSince = time.Time{}
 		}
+	}
+}
+
+// dropWithdrawn lowers the size at once to the members seen alive within
+// TTL + Shrink that did not withdraw, when that is smaller: the fold's
+// counts included the withdrawn ones, who take no share any more, while a
+// silent member stays counted as long as the fold would keep it.
+func (f *Fleet) dropWithdrawn() {
+	u := max(len(f.seen), 1)
+	if u < f.Size() {
+		f.size.Store(int64(u))
+	}
+	f.lowMax = min(f.lowMax, u)
+	if f.lowMax >= f.Size() {
+		f.lowSince = time.Time{}
 	}
 }
 

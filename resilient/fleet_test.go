@@ -452,3 +452,56 @@ func TestFleetUncountedSlotNotExtended(t *testing.T) {
 		t.Fatalf("Release after the refused extend = %v, %v; want not held", ok, err)
 	}
 }
+
+// A member that leaves (Fleet.Leave) is dropped from the others' size at
+// their next heartbeat; one that goes silent (Close) is kept for Shrink,
+// and a later member's leaving does not drop the silent one early: the
+// size stays what every member that may still run needs.
+func TestFleetLeaveRedis(t *testing.T) {
+	race.SkipTiming(t)
+	t.Parallel()
+	client := redistest.Client(t)
+	prefix := redistest.Prefix(t)
+	join := func() *Fleet {
+		t.Helper()
+		f, err := NewFleet(redisstore.New(client, &redisstore.Options{Prefix: prefix}).Membership(),
+			&FleetOptions{Refresh: 50 * time.Millisecond, TTL: 200 * time.Millisecond, Shrink: time.Minute, Logger: discard})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { f.Close() })
+		return f
+	}
+	await := func(f *Fleet, want int, within time.Duration) time.Duration {
+		t.Helper()
+		start := time.Now()
+		for f.Size() != want {
+			if time.Since(start) > within {
+				t.Fatalf("size %d after %v, want %d", f.Size(), within, want)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		return time.Since(start)
+	}
+	ctx := context.Background()
+	a, b := join(), join()
+	await(a, 2, time.Second)
+	if err := b.Leave(ctx); err != nil {
+		t.Fatal(err)
+	}
+	took := await(a, 1, 500*time.Millisecond) // within a few heartbeats, not Shrink
+	t.Logf("the size fell %v after the leave", took.Round(time.Millisecond))
+
+	c := join()
+	await(a, 2, time.Second)
+	c.Close() // silent: it may still run, so it stays counted
+	d := join()
+	await(a, 3, time.Second)
+	if err := d.Leave(ctx); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(500 * time.Millisecond) // c's registration has lapsed, d's withdrawal is seen
+	if got := a.Size(); got != 2 {
+		t.Errorf("size %d after one member left and one went silent, want 2: the silent one is kept for Shrink", got)
+	}
+}

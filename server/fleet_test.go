@@ -359,3 +359,48 @@ func TestUnreachableAtStartStatus(t *testing.T) {
 		}
 	}
 }
+
+// TestFleetGracefulRestart: an instance stopped by SIGTERM withdraws its
+// registration, so that a restart leaves the count at 1 within a
+// heartbeat or two (not 2 for --fleet-shrink), and a rolling replacement
+// of one of two instances leaves 2; an instance killed without a word is
+// still counted, as one that may still run.
+func TestFleetGracefulRestart(t *testing.T) {
+	race.SkipTiming(t)
+	r := startRedis(t)
+	f := startFleet(t, r.url(), 1, fleetConfig)
+	f.awaitRegistry(t)
+	f.procs[0].stop(t)
+	f.procs = nil
+	f.add(t)
+	f.awaitRegistry(t)
+	took := f.awaitFleetSize(t, 1, 2500*time.Millisecond)
+	time.Sleep(1500 * time.Millisecond) // past the old registration's TTL
+	f.awaitFleetSize(t, 1, 0)
+	if strings.Contains(f.procs[0].stderr.String(), "fleet size changed") {
+		t.Errorf("the restarted instance counted its predecessor:\n%s", f.procs[0].stderr.String())
+	}
+	t.Logf("restarted: the count is 1 %v after the registration", took.Round(time.Millisecond))
+
+	// Rolling: a replacement joins, then the old one stops.
+	old := f.procs[0]
+	f.add(t)
+	f.awaitFleetSize(t, 2, 5*time.Second)
+	f.add(t) // the third, replacing the first
+	f.awaitFleetSize(t, 3, 5*time.Second)
+	old.stop(t)
+	f.procs = f.procs[1:]
+	took = f.awaitFleetSize(t, 2, 2500*time.Millisecond)
+	t.Logf("rolled: the count is 2 %v after the old instance stopped", took.Round(time.Millisecond))
+
+	// Killed: silent, so kept for --fleet-shrink.
+	if err := f.procs[1].cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	f.procs[1].cmd.Wait()
+	f.procs = f.procs[:1]
+	time.Sleep(4 * time.Second) // past its registration's TTL
+	if got := metric(t, f.procs[0], "sluice_fleet_size"); got != 2 {
+		t.Errorf("sluice_fleet_size %v after an instance was killed, want 2 kept for --fleet-shrink", got)
+	}
+}

@@ -141,7 +141,8 @@ type Server struct {
 	reloadMu   sync.Mutex
 	stamp      string // config files' modification times and sizes
 	fleet      *Fleet
-	fleetSize  func() int // the instances sharing Redis; nil without it
+	fleetSize  func() int       // the instances sharing Redis; nil without it
+	registry   *resilient.Fleet // this instance's fleet registration; nil without Redis
 }
 
 // recoverUnary turns a panic in a handler into an Internal error, logged
@@ -267,7 +268,7 @@ func (s *Server) openStore() (sluice.Store, error) {
 			return nil, err
 		}
 		s.closers = append(s.closers, func() { fleet.Close() })
-		s.fleetSize = fleet.Size
+		s.fleetSize, s.registry = fleet.Size, fleet
 		if s.opts.NoFailurePolicy {
 			// No policy answers for Redis, but a decision stays bounded:
 			// the error reaches Envoy, which applies failure_mode_deny.
@@ -475,6 +476,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	if s.fleet != nil {
 		s.fleet.Stop()
 	}
+	s.leaveFleet(ctx)
 	// Unused lease units go back while the store is still open; a Redis
 	// that does not answer in time keeps them, which only lowers what the
 	// fleet admits until they expire.
@@ -485,6 +487,21 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	cancel()
 	s.close()
 	return err
+}
+
+// leaveFleet withdraws the fleet registration once every request has
+// finished, so that the others' shares grow at once: a graceful restart
+// would otherwise count twice for --fleet-shrink. After a drain that ran
+// out a request may still be deciding: the registration then lapses.
+func (s *Server) leaveFleet(ctx context.Context) {
+	if s.registry == nil || ctx.Err() != nil {
+		return
+	}
+	lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), leaseReturnTimeout)
+	defer cancel()
+	if err := s.registry.Leave(lctx); err != nil {
+		s.log.Warn("fleet registration not withdrawn; the others count this instance until --fleet-shrink after it lapses", "err", err)
+	}
 }
 
 // leaseReturnTimeout bounds the return of unused lease units at shutdown.
