@@ -404,3 +404,38 @@ func TestFleetGracefulRestart(t *testing.T) {
 		t.Errorf("sluice_fleet_size %v after an instance was killed, want 2 kept for --fleet-shrink", got)
 	}
 }
+
+// TestWaitReplicasWarnings: wait_replicas on a master without replicas.
+// The start warns that the master has too few, and, when wait_timeout
+// plus Redis's timer tick (WAIT ends on a tick: 100ms at hz 10) does not
+// fit in --decision-timeout, that a missing replica will look like a
+// timeout. With a decision timeout that fits, the takes fail as not
+// replicated, and /v1/status names that cause, not "unreachable".
+func TestWaitReplicasWarnings(t *testing.T) {
+	r := startRedis(t)
+	slow := startFleet(t, r.url()+"?wait_replicas=1", 1, fleetConfig).procs[0]
+	for _, want := range []string{"wait_timeout plus Redis's timer tick exceeds --decision-timeout", "wait_timeout=100ms", "decision_timeout=50ms", "redis_hz=10", "want_decision_timeout_at_least=200ms",
+		"fewer connected replicas than wait_replicas", "connected_replicas=0"} {
+		if !strings.Contains(slow.stderr.String(), want) {
+			t.Errorf("start log lacks %q:\n%s", want, slow.stderr.String())
+		}
+	}
+	p := startFleet(t, r.url()+"?wait_replicas=1&wait_timeout=20ms", 1, fleetConfig, "--decision-timeout", "300ms").procs[0]
+	if strings.Contains(p.stderr.String(), "timer tick") {
+		t.Errorf("warned of the tick though 20ms + 100ms fits in 300ms:\n%s", p.stderr.String())
+	}
+	var reasons string
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		p.post(t, "/v1/check", `{"policy":"gcra","key":"a"}`)
+		_, st := p.getJSON(t, "/v1/status")
+		if reasons = fmt.Sprint(st["reasons"]); strings.Contains(reasons, "breaker is open") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the breaker did not open: %v", st)
+		}
+	}
+	if !strings.Contains(reasons, "calls failed: not_replicated: ") {
+		t.Errorf("reasons %s: want the cause not_replicated", reasons)
+	}
+}

@@ -135,6 +135,9 @@ var causes = []struct {
 	{redisstore.ErrTopology, "topology"},
 	{redisstore.ErrVersion, "version"},
 	{redisstore.ErrReplicas, "replicas"},
+	// A take WAIT found too few replicas for (wait_replicas): Redis
+	// answered, so not "unreachable".
+	{redisstore.ErrNotReplicated, "not_replicated"},
 }
 
 func cause(err error) string {

@@ -250,6 +250,7 @@ func (s *Server) openStore() (sluice.Store, error) {
 		if err := s.checkRedis(client); err != nil {
 			return nil, err
 		}
+		s.checkWait(client, storeOpts)
 		s.redis = client
 		s.metrics.storeName = "redis"
 		s.metrics.reg.MustRegister(newRedisInfo(client, 0))

@@ -1,12 +1,15 @@
 package server
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"net/url"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -287,4 +290,73 @@ func (s budgetStore) TakeAll(ctx context.Context, reqs []sluice.Request) ([]slui
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
 	return s.Store.TakeAll(ctx, reqs)
+}
+
+// defaultRedisHz is Redis's hz, assumed when INFO does not answer.
+const defaultRedisHz = 10
+
+// checkWait warns at start about wait_replicas settings that cannot work
+// as meant. Redis ends a WAIT that too few replicas acknowledge only on a
+// tick of its timer (1/hz: 100ms at the default hz 10), so a wait_timeout
+// that, with a tick, does not fit in the decision timeout makes a missing
+// replica look like a Redis timeout (ErrNotReplicated never comes); and a
+// master with fewer connected replicas than wait_replicas fails every take.
+func (s *Server) checkWait(c redis.UniversalClient, o redisstore.Options) {
+	if o.WaitReplicas <= 0 {
+		return
+	}
+	wait := cmp.Or(o.WaitTimeout, redisstore.DefaultWaitTimeout)
+	decision := cmp.Or(s.opts.DecisionTimeout, resilient.DefaultTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), startCheckTimeout)
+	defer cancel()
+	hz, replicas, err := redisReplication(ctx, c)
+	if err != nil {
+		hz = defaultRedisHz
+	}
+	tick := time.Second / time.Duration(max(hz, 1))
+	if wait+tick > decision {
+		s.log.Warn("wait_timeout plus Redis's timer tick exceeds --decision-timeout: a take too few replicas acknowledge times out instead of failing as not replicated, so every decision falls to the failure policy; raise --decision-timeout, or lower wait_timeout (and raise Redis's hz)",
+			"wait_timeout", wait, "redis_tick", tick, "redis_hz", hz, "decision_timeout", decision, "want_decision_timeout_at_least", wait+tick)
+	}
+	if err == nil && replicas < o.WaitReplicas {
+		s.log.Warn("Redis has fewer connected replicas than wait_replicas: every take fails as not replicated until they connect",
+			"wait_replicas", o.WaitReplicas, "connected_replicas", replicas)
+	}
+}
+
+// redisReplication reads hz and the connected replicas from INFO, the
+// smallest among a Cluster's masters.
+func redisReplication(ctx context.Context, c redis.UniversalClient) (hz, replicas int, err error) {
+	read := func(ctx context.Context, node redis.UniversalClient) (int, int, error) {
+		info, err := node.Info(ctx, "server", "replication").Result()
+		if err != nil {
+			return 0, 0, err
+		}
+		f := map[string]string{}
+		for line := range strings.Lines(info) {
+			if k, v, ok := strings.Cut(strings.TrimSpace(line), ":"); ok {
+				f[k] = v
+			}
+		}
+		hz, err1 := strconv.Atoi(f["hz"])
+		n, err2 := strconv.Atoi(f["connected_slaves"])
+		if err := errors.Join(err1, err2); err != nil {
+			return 0, 0, fmt.Errorf("INFO: %w", err)
+		}
+		return hz, n, nil
+	}
+	cc, ok := c.(*redis.ClusterClient)
+	if !ok {
+		return read(ctx, c)
+	}
+	var mu sync.Mutex
+	hz, replicas = 0, math.MaxInt
+	err = cc.ForEachMaster(ctx, func(ctx context.Context, node *redis.Client) error {
+		h, n, err := read(ctx, node)
+		mu.Lock()
+		defer mu.Unlock()
+		hz, replicas = max(hz, h), min(replicas, n)
+		return err
+	})
+	return hz, replicas, err
 }
