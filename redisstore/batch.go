@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -13,14 +14,22 @@ import (
 // batcher sends concurrent calls together, with no goroutine of its own
 // between calls.
 //
-// A call that finds fewer than inFlight batches in flight takes a slot and
-// goes at once, alone, on its caller's goroutine and context: no added
-// latency when the store is quiet. Otherwise it joins the queue and waits.
-// Whoever finishes with a slot hands it on: if calls are queued, a goroutine
-// takes up to max of them, sends them as one pipeline, and repeats while the
-// queue refills; the slot is released only once the queue is empty. So a
-// slot is free only while nobody waits, and that goroutine ends with the
-// burst that started it.
+// A call that finds fewer than inFlight batches in flight in its lane takes
+// a slot and goes at once, alone, on its caller's goroutine and context: no
+// added latency when the store is quiet. Otherwise it joins the lane's
+// queue and waits. Whoever finishes with a slot hands it on: if calls are
+// queued, a goroutine takes up to max of them, sends them as one pipeline,
+// and repeats while the queue refills; the slot is released only once the
+// queue is empty. So a slot is free only while nobody waits, and that
+// goroutine ends with the burst that started it.
+//
+// A standalone or Sentinel client has one lane. A ClusterClient has one per
+// master, the one that owns the call's first key in go-redis's slot map:
+// a master that stops answering holds only its own lane's slots and queue,
+// never the calls of the others. The lanes only share slots out fairly;
+// a call queued in the wrong lane (a slot moved, a failover the map has not
+// caught up with) still goes through the ClusterClient, which routes it and
+// follows MOVED and ASK.
 //
 // In a batch, one-key calls whose keys one script may touch together (all
 // of them on one server, those of one hash slot on a cluster) are merged
@@ -29,87 +38,166 @@ import (
 type batcher struct {
 	client   redis.UniversalClient
 	max      int // calls per batch
-	inFlight int // batches at once
+	inFlight int // batches at once, per lane
 	group    func(key string) string
 
+	lane // the only lane; on a cluster, calls whose master is unknown
+
+	cluster *redis.ClusterClient // nil: one lane
+	// ready: a call has succeeded on the cluster, so go-redis has a slot
+	// map and MasterForKey answers from memory. Until then it could load
+	// one on the caller's goroutine, past the caller's deadline.
+	ready  atomic.Bool
+	lanes  sync.Map   // *redis.Client (a master) → *lane
+	laneMu sync.Mutex // adding and pruning lanes
+	nLanes int        // in lanes
+	kept   int        // lanes left by the last prune
+}
+
+// lane is one queue of calls and its slots.
+type lane struct {
 	mu    sync.Mutex
 	busy  int     // slots taken
 	queue []*call // waiting calls, oldest first; non-empty only when busy == inFlight
 }
 
 func newBatcher(client redis.UniversalClient, max, inFlight int) *batcher {
-	return &batcher{client: client, max: max, inFlight: inFlight, group: groupOf(client)}
+	b := &batcher{client: client, max: max, inFlight: inFlight, group: groupOf(client)}
+	b.cluster, _ = client.(*redis.ClusterClient)
+	return b
 }
 
 // do sends c and sets its reply, or returns ctx.Err() as soon as ctx ends
 // (the command may still run if it was already sent).
 func (b *batcher) do(ctx context.Context, c *call) error {
-	b.mu.Lock()
-	if b.busy < b.inFlight {
-		b.busy++
-		b.mu.Unlock()
+	if b.cluster == nil {
+		return b.doIn(ctx, &b.lane, c)
+	}
+	err := b.doIn(ctx, b.laneOf(ctx, c), c)
+	if err == nil && c.err == nil && !b.ready.Load() {
+		b.ready.Store(true)
+	}
+	return err
+}
+
+// laneOf returns the lane of the master that owns c's first key.
+func (b *batcher) laneOf(ctx context.Context, c *call) *lane {
+	if !b.ready.Load() || len(c.args) <= 3 {
+		return &b.lane
+	}
+	key, ok := c.args[3].(string)
+	if !ok {
+		return &b.lane
+	}
+	node, err := b.cluster.MasterForKey(ctx, key)
+	if err != nil {
+		return &b.lane
+	}
+	if l, ok := b.lanes.Load(node); ok {
+		return l.(*lane)
+	}
+	return b.addLane(node)
+}
+
+// addLane returns node's lane, adding one if it has none. Masters come and
+// go with failovers and resharding, so before the lanes grow past twice
+// what the last prune left, the idle ones are dropped: a live master's is
+// added again on its next call. A call that found a lane just before it
+// was dropped still completes in it, as in any other.
+func (b *batcher) addLane(node *redis.Client) *lane {
+	b.laneMu.Lock()
+	defer b.laneMu.Unlock()
+	if l, ok := b.lanes.Load(node); ok {
+		return l.(*lane)
+	}
+	if b.nLanes >= 2*b.kept+4 {
+		b.lanes.Range(func(k, v any) bool {
+			l := v.(*lane)
+			l.mu.Lock()
+			idle := l.busy == 0
+			l.mu.Unlock()
+			if idle {
+				b.lanes.Delete(k)
+				b.nLanes--
+			}
+			return true
+		})
+		b.kept = b.nLanes
+	}
+	l := new(lane)
+	b.lanes.Store(node, l)
+	b.nLanes++
+	return l
+}
+
+// doIn is do in lane l.
+func (b *batcher) doIn(ctx context.Context, l *lane, c *call) error {
+	l.mu.Lock()
+	if l.busy < b.inFlight {
+		l.busy++
+		l.mu.Unlock()
 		return c.await(ctx, func() {
 			runOne(ctx, b.client, c)
-			b.release()
+			b.release(l)
 		})
 	}
 	if c.done == nil {
 		c.done = make(chan struct{}, 1)
 	}
 	c.until, _ = ctx.Deadline()
-	b.queue = append(b.queue, c)
-	b.mu.Unlock()
+	l.queue = append(l.queue, c)
+	l.mu.Unlock()
 	select {
 	case <-c.done:
 		return nil
 	case <-ctx.Done():
-		b.mu.Lock()
-		if i := slices.Index(b.queue, c); i >= 0 {
-			b.queue = slices.Delete(b.queue, i, i+1) // never sent
+		l.mu.Lock()
+		if i := slices.Index(l.queue, c); i >= 0 {
+			l.queue = slices.Delete(l.queue, i, i+1) // never sent
 		} else {
 			c.gone = true // in flight: its sender still holds it
 		}
-		b.mu.Unlock()
+		l.mu.Unlock()
 		return ctx.Err()
 	}
 }
 
-// release hands a finished slot on to the queued calls, or frees it.
-func (b *batcher) release() {
-	b.mu.Lock()
-	batch := b.next()
+// release hands a finished slot of l on to its queued calls, or frees it.
+func (b *batcher) release(l *lane) {
+	l.mu.Lock()
+	batch := b.next(l)
 	if batch == nil {
-		b.busy--
+		l.busy--
 	}
-	b.mu.Unlock()
+	l.mu.Unlock()
 	if batch != nil {
-		go b.loop(batch)
+		go b.loop(l, batch)
 	}
 }
 
-// loop sends batches on one slot until the queue is empty.
-func (b *batcher) loop(batch []*call) {
+// loop sends batches on one slot of l until its queue is empty.
+func (b *batcher) loop(l *lane, batch []*call) {
 	for batch != nil {
 		b.send(batch)
-		b.mu.Lock()
-		if batch = b.next(); batch == nil {
-			b.busy--
+		l.mu.Lock()
+		if batch = b.next(l); batch == nil {
+			l.busy--
 		}
-		b.mu.Unlock()
+		l.mu.Unlock()
 	}
 }
 
-// next takes up to max calls off the queue, or returns nil if it is empty.
-// b.mu is held.
-func (b *batcher) next() []*call {
-	n := min(len(b.queue), b.max)
+// next takes up to max calls off l's queue, or returns nil if it is empty.
+// l.mu is held.
+func (b *batcher) next(l *lane) []*call {
+	n := min(len(l.queue), b.max)
 	if n == 0 {
 		return nil
 	}
-	batch := slices.Clone(b.queue[:n])
-	rest := copy(b.queue, b.queue[n:])
-	clear(b.queue[rest:])
-	b.queue = b.queue[:rest]
+	batch := slices.Clone(l.queue[:n])
+	rest := copy(l.queue, l.queue[n:])
+	clear(l.queue[rest:])
+	l.queue = l.queue[:rest]
 	return batch
 }
 

@@ -92,13 +92,18 @@ func (w *watch) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Proces
 	}
 }
 
-// waitQueued waits until n calls wait in s's queue.
+// waitQueued waits until n calls wait in s's queues.
 func waitQueued(t *testing.T, s *Store, n int) {
 	t.Helper()
 	for {
-		s.batch.mu.Lock()
-		got := len(s.batch.queue)
-		s.batch.mu.Unlock()
+		got := 0
+		count := func(l *lane) {
+			l.mu.Lock()
+			got += len(l.queue)
+			l.mu.Unlock()
+		}
+		count(&s.batch.lane)
+		s.batch.lanes.Range(func(_, l any) bool { count(l.(*lane)); return true })
 		if got == n {
 			return
 		}
@@ -199,7 +204,6 @@ func TestBatchReload(t *testing.T) {
 				t.Error(err)
 			}
 		}
-		c.AddHook(&w)
 		clock := storetest.NewClock(storetest.T0)
 		s := New(c, &Options{Prefix: redistest.Prefix(t), Clock: clock.Now, MaxInFlight: 1})
 		l := sluice.PerMinute(10)
@@ -208,6 +212,24 @@ func TestBatchReload(t *testing.T) {
 				t.Errorf("%s: %+v %v, want allowed with 9 left", what, d, err)
 			}
 		}
+		// A cluster batches per master, once the client has a slot map:
+		// the queued keys are the held call's master's.
+		if _, err := s.Peek(ctx, "warm", l, 1); err != nil {
+			t.Fatal(err)
+		}
+		sameMaster := func(string, sluice.Algorithm) bool { return true }
+		if cc, ok := c.(*redis.ClusterClient); ok {
+			master := func(key string, a sluice.Algorithm) *redis.Client {
+				m, err := cc.MasterForKey(ctx, s.redisKey(key, a))
+				if err != nil {
+					t.Fatal(err)
+				}
+				return m
+			}
+			alone := master("alone", l.Algorithm)
+			sameMaster = func(key string, a sluice.Algorithm) bool { return master(key, a) == alone }
+		}
+		c.AddHook(&w)
 		var wg sync.WaitGroup
 		wg.Go(func() { // sent alone, held at the gate
 			d, err := s.Take(ctx, "alone", l, 1)
@@ -215,12 +237,17 @@ func TestBatchReload(t *testing.T) {
 		})
 		<-w.holdOne.reached
 		const queued = 12
-		for i := range queued {
+		for i, k := 0, 0; i < queued; k++ {
 			l := l.WithAlgorithm(sluice.Algorithms()[i%6])
+			key := fmt.Sprint("q", k)
+			if !sameMaster(key, l.Algorithm) {
+				continue
+			}
 			wg.Go(func() {
-				d, err := s.Take(ctx, fmt.Sprint("q", i), l, 1)
-				check(fmt.Sprintf("batched call %d (%v)", i, l.Algorithm), d, err)
+				d, err := s.Take(ctx, key, l, 1)
+				check(fmt.Sprintf("batched call %s (%v)", key, l.Algorithm), d, err)
 			})
+			i++
 		}
 		waitQueued(t, s, queued)
 		if err := flusher.ScriptFlush(ctx).Err(); err != nil {
@@ -450,4 +477,39 @@ func TestBatchMatchesMemory(t *testing.T) {
 			t.Error("no calls were merged into one script run")
 		}
 	})
+}
+
+// TestLanesPruned: masters that come and go (failovers, resharding) leave
+// lanes behind; once they outnumber twice what the last prune kept (plus
+// four), the idle ones are dropped, and a lane with calls in flight is kept.
+func TestLanesPruned(t *testing.T) {
+	dead := redistest.DeadAddr(t) // nothing is dialled
+	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{dead}})
+	t.Cleanup(func() { cc.Close() })
+	b := newBatcher(cc, DefaultMaxBatch, DefaultMaxInFlight)
+	node := func() *redis.Client {
+		n := redis.NewClient(&redis.Options{Addr: dead})
+		t.Cleanup(func() { n.Close() })
+		return n
+	}
+	first := node()
+	busy := b.addLane(first)
+	busy.busy = 1
+	for i := range 100 {
+		n := node()
+		if l := b.addLane(n); b.addLane(n) != l {
+			t.Fatalf("node %d: two lanes", i)
+		}
+		if b.nLanes > 6 {
+			t.Fatalf("%d lanes after %d masters, want at most 6", b.nLanes, i+2)
+		}
+	}
+	if l, ok := b.lanes.Load(first); !ok || l != busy {
+		t.Error("the lane with a call in flight was dropped")
+	}
+	count := 0
+	b.lanes.Range(func(any, any) bool { count++; return true })
+	if count != b.nLanes {
+		t.Errorf("%d lanes, counted %d", count, b.nLanes)
+	}
 }

@@ -180,3 +180,109 @@ func TestFaultSentinelFailover(t *testing.T) {
 		return at
 	})
 }
+
+// TestFaultClusterFrozenShard: with one shard of a 3-master cluster frozen
+// (its master and its replica stopped with SIGSTOP, so no failover comes;
+// cluster-require-full-coverage no, so the other masters go on serving),
+// calls for keys on the other masters keep succeeding within their 50 ms
+// deadlines, at least 99% of them, while those of the frozen shard's key
+// time out: a batched Store must not queue one master's calls behind
+// another's.
+func TestFaultClusterFrozenShard(t *testing.T) {
+	race.SkipTiming(t)
+	const (
+		deadline  = 50 * time.Millisecond
+		perKey    = 4 // goroutines
+		healthy   = 500 * time.Millisecond
+		frozenFor = 2500 * time.Millisecond
+	)
+	cl := redistest.StartCluster(t, &redistest.ClusterOptions{Replicas: 1,
+		Args: []string{"--cluster-require-full-coverage", "no"}})
+	s := redisstore.New(cl.Client(t), &redisstore.Options{Prefix: redistest.Prefix(t)})
+	l := failoverLimit
+
+	// One key on each master; the first one's shard freezes.
+	var keys []string
+	var masters []*redistest.Node
+	for i := 0; len(keys) < 3; i++ {
+		key := fmt.Sprint("k", i)
+		m := cl.MasterOf(t, s.Keys(key, l)[0])
+		if !slices.Contains(masters, m) {
+			keys, masters = append(keys, key), append(masters, m)
+		}
+	}
+	for _, key := range keys {
+		if _, err := s.Take(context.Background(), key, l, 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	type result struct {
+		end time.Time
+		ok  bool
+	}
+	var (
+		mu      sync.Mutex
+		results = make(map[string][]result)
+		stop    = make(chan struct{})
+		wg      sync.WaitGroup
+	)
+	for _, key := range keys {
+		for range perKey {
+			wg.Go(func() {
+				for {
+					select {
+					case <-stop:
+						return
+					default:
+					}
+					ctx, cancel := context.WithTimeout(context.Background(), deadline)
+					_, err := s.Take(ctx, key, l, 1)
+					cancel()
+					mu.Lock()
+					results[key] = append(results[key], result{time.Now(), err == nil})
+					mu.Unlock()
+				}
+			})
+		}
+	}
+	time.Sleep(healthy)
+	frozen := append([]*redistest.Node{masters[0]}, cl.ReplicasOf(t, masters[0])...)
+	from := time.Now()
+	for _, n := range frozen {
+		n.Pause(t)
+	}
+	time.Sleep(frozenFor)
+	until := time.Now()
+	close(stop)
+	wg.Wait()
+	for _, n := range frozen {
+		n.Resume(t)
+	}
+
+	for i, key := range keys {
+		var ok, failed int
+		for _, r := range results[key] {
+			if r.end.Before(from) || r.end.After(until) {
+				continue
+			}
+			if r.ok {
+				ok++
+			} else {
+				failed++
+			}
+		}
+		rate := float64(ok) / until.Sub(from).Seconds()
+		if i == 0 {
+			t.Logf("frozen shard's key %q: %d calls succeeded, %d failed", key, ok, failed)
+			continue
+		}
+		t.Logf("key %q on a live master: %d calls succeeded (%.0f/s), %d failed while the other shard was frozen", key, ok, rate, failed)
+		if failed*100 > ok+failed {
+			t.Errorf("key %q on a live master: %d of %d calls failed while another shard was frozen, want at most 1%%", key, failed, ok+failed)
+		}
+		if rate < 100 {
+			t.Errorf("key %q on a live master: %.0f calls/s succeeded while another shard was frozen, want at least 100/s", key, rate)
+		}
+	}
+}

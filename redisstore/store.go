@@ -12,6 +12,8 @@
 // Concurrent calls share round trips: calls that arrive while
 // Options.MaxInFlight batches are already on their way wait and leave
 // together in the next one, up to Options.MaxBatch calls, as one pipeline.
+// On a ClusterClient each master has its own batches and MaxInFlight, so
+// a master that stops answering delays no other master's calls.
 // Within a batch, the decisions that one script may make together (all of
 // them on a standalone or Sentinel client; those whose keys share a hash
 // slot on a Cluster) run in one script call, each still exactly as it would
@@ -120,8 +122,10 @@ type Options struct {
 	// round trip on its caller's context.
 	MaxBatch int
 	// MaxInFlight is how many batches (each a pipeline on one connection) a
-	// Store sends at once before further calls wait to be batched. Default
-	// DefaultMaxInFlight. Ignored when MaxBatch is 1.
+	// Store sends at once before further calls wait to be batched: per
+	// master on a ClusterClient (the master that owns the call's key in the
+	// client's slot map). Default DefaultMaxInFlight. Ignored when MaxBatch
+	// is 1.
 	MaxInFlight int
 	// WaitReplicas, when positive, makes every take wait until that many
 	// replicas of its master have acknowledged it (Redis WAIT, on the

@@ -164,6 +164,9 @@ type ClusterOptions struct {
 	// NodeTimeout is cluster-node-timeout: how long a master may be
 	// unreachable before the cluster fails it over. Default 1 s.
 	NodeTimeout time.Duration
+	// Args are extra redis-server arguments for every node, such as
+	// "--cluster-require-full-coverage", "no". Default: none.
+	Args []string
 }
 
 // Cluster is a private Redis Cluster started by StartCluster.
@@ -187,6 +190,7 @@ func StartCluster(t testing.TB, opts *ClusterOptions) *Cluster {
 		if opts.NodeTimeout > 0 {
 			o.NodeTimeout = opts.NodeTimeout
 		}
+		o.Args = opts.Args
 	}
 	c := &Cluster{}
 	for range o.Masters * (1 + o.Replicas) {
@@ -194,9 +198,10 @@ func StartCluster(t testing.TB, opts *ClusterOptions) *Cluster {
 			// The bus port is named: Redis's default, port+10000, may be
 			// past 65535 or taken.
 			bus := freePort(t)
-			return append(data(), "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+			args := append(data(), "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
 				"--cluster-port", strconv.Itoa(bus),
 				"--cluster-node-timeout", strconv.FormatInt(o.NodeTimeout.Milliseconds(), 10))
+			return append(args, o.Args...)
 		}))
 	}
 	c.create(t, o.Masters)
