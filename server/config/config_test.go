@@ -105,7 +105,8 @@ func TestConfigErrors(t *testing.T) {
 		{"cost not a number", "policies:\n  - name: a\n    limit: 1/s\n    cost: lots\n", `4:11: want an integer`},
 		{"bad key template", "policies:\n  - name: a\n    limit: 1/s\n    key: '{user'\n", `4:10: key "{user": unclosed '{'`},
 		{"template variable too long", "policies:\n  - name: a\n    limit: 1/s\n    key: '{" + strings.Repeat("v", 129) + "}'\n", `4:10: key "{` + strings.Repeat("v", 129) + `}": variable {vvvvvvvvvvvvvvvv…} is 129 bytes long: at most 128`},
-		{"adjacent template variables", "policies:\n  - name: a\n    limit: 1/s\n    key: '{u}{r}'\n", `4:10: key "{u}{r}": variables {u} and {r} need literal text between them, or their values could not be told apart`},
+		{"adjacent template variables", "policies:\n  - name: a\n    limit: 1/s\n    key: '{u}{r}'\n", `4:10: key "{u}{r}": variables {u} and {r} need text between them without '%', or their values could not be told apart`},
+		{"percent between template variables", "policies:\n  - name: a\n    limit: 1/s\n    key: '{u}%{r}'\n", `4:10: key "{u}%{r}": variables {u} and {r} need text between them without '%', or their values could not be told apart`},
 		{"template without variables", "policies:\n  - name: a\n    limit: 1/s\n    key: fixed\n", `4:10: key "fixed": needs at least one {variable}`},
 		{"same descriptor keys", "policies:\n  - name: a\n    limit: 1/s\n    key: '{u}:{r}'\n  - name: b\n    limit: 1/s\n    key: '{r}/{u}'\n", `7:10: key "{r}/{u}" takes the same descriptor entries as policy "a"`},
 		{"override without match", "policies:\n  - name: a\n    limit: 1/s\n    overrides:\n      - limit: 2/s\n", `5:9: override needs match and limit`},
@@ -453,7 +454,8 @@ func TestUnitMultiplier(t *testing.T) {
 
 // TestTemplateValuesEscaped: two descriptors never render one key. With
 // two variables or more, '%' and the bytes of the literal text between
-// them are percent-escaped in values; a lone variable is rendered as it is.
+// them are percent-escaped in every value but the last; a lone variable is
+// rendered as it is.
 func TestTemplateValuesEscaped(t *testing.T) {
 	t.Parallel()
 	cfg, err := Parse("test.yaml", []byte("policies:\n  - name: a\n    limit: 1/s\n    key: 'u={user}:{ip}'\n  - name: b\n    limit: 1/s\n    key: '<{k}>'\n"))
@@ -467,13 +469,60 @@ func TestTemplateValuesEscaped(t *testing.T) {
 	}{
 		{[]Entry{{"user", "bob"}, {"ip", "10.0.0.1"}}, "u=bob:10.0.0.1"},
 		{[]Entry{{"user", "a:b"}, {"ip", "c"}}, "u=a%3Ab:c"},
-		{[]Entry{{"user", "a"}, {"ip", "b:c"}}, "u=a:b%3Ac"},
-		{[]Entry{{"user", "x=%"}, {"ip", "u"}}, "u=x=%25:u"},
+		{[]Entry{{"user", "a"}, {"ip", "b:c"}}, "u=a:b:c"},
+		{[]Entry{{"user", "bob"}, {"ip", "2001:db8::1"}}, "u=bob:2001:db8::1"},
+		{[]Entry{{"user", "x=%"}, {"ip", "u%"}}, "u=x=%25:u%"},
 		{[]Entry{{"k", "a:b%>"}}, "<a:b%>>"},
 	} {
 		m, ok := dom.Match(tt.entries)
 		if !ok || m.Key != tt.want {
 			t.Errorf("Match(%v) = %q, %v; want %q", tt.entries, m.Key, ok, tt.want)
 		}
+	}
+}
+
+// TestTemplateInjective: over values drawn from the templates' own text,
+// '%' and hex digits, distinct descriptors never render one key.
+func TestTemplateInjective(t *testing.T) {
+	t.Parallel()
+	alphabet := []string{"", ":", "%", "3A", "a", "/", "-", "25", "::"}
+	var values []string
+	distinct := map[string]bool{}
+	for _, a := range alphabet {
+		for _, b := range alphabet {
+			if v := a + b; !distinct[v] {
+				distinct[v] = true
+				values = append(values, v)
+			}
+		}
+	}
+	for _, tmpl := range []string{"{a}:{b}", "x{a}/{b}-{c}y", "{a}:-{b}", "{a}::{b}:{c}"} {
+		tt, err := parseTemplate(tmpl)
+		if err != nil {
+			t.Fatal(err)
+		}
+		seen := map[string][]string{}
+		var fill func(vals []string)
+		fill = func(vals []string) {
+			if len(vals) == len(tt.vars) {
+				entries := make([]Entry, len(vals))
+				for i, v := range vals {
+					entries[i] = Entry{tt.vars[i], v}
+				}
+				key, ok := tt.render(entries)
+				if !ok {
+					t.Fatalf("%s: render(%q) failed", tmpl, vals)
+				}
+				if prev, ok := seen[key]; ok {
+					t.Fatalf("%s: %q and %q both render %q", tmpl, prev, vals, key)
+				}
+				seen[key] = append([]string(nil), vals...)
+				return
+			}
+			for _, v := range values {
+				fill(append(vals, v))
+			}
+		}
+		fill(nil)
 	}
 }

@@ -285,10 +285,14 @@ type template struct {
 	parts []string // literal, variable, literal, variable, ..., literal
 	vars  []string
 	// escape is, for a template of two variables or more, '%' and every
-	// byte of the literal text between variables: percent-escaped in
-	// values, so that no two
-	// descriptors render one key ("{user}:{ip}" with user "a:b" and ip "c"
-	// is "a%3Ab:c", not user "a" and ip "b:c"'s "a:b:c").
+	// byte of the literal text between variables: percent-escaped in the
+	// values of every variable but the last, so that no two descriptors
+	// render one key ("{user}:{ip}" with user "a:b" and ip "c" is
+	// "a%3Ab:c", not user "a" and ip "b:c"'s "a:b:c"). Reading a key from
+	// the left, each escaped value then ends where the next text begins
+	// (the text holds no '%', so no escape can be mistaken for it); the
+	// last value is what remains, so it needs no escaping, and an IPv6
+	// address in last place stays as it is.
 	escape [256]bool
 }
 
@@ -332,8 +336,8 @@ func parseTemplate(s string) (*template, error) {
 	}
 	if len(t.vars) > 1 {
 		for i, lit := range t.parts[1 : len(t.parts)-1] {
-			if lit == "" {
-				return nil, fmt.Errorf("variables {%s} and {%s} need literal text between them, or their values could not be told apart", t.vars[i], t.vars[i+1])
+			if lit == "" || strings.IndexByte(lit, '%') >= 0 {
+				return nil, fmt.Errorf("variables {%s} and {%s} need text between them without '%%', or their values could not be told apart", t.vars[i], t.vars[i+1])
 			}
 		}
 		t.escape['%'] = true
@@ -380,6 +384,11 @@ func (t *template) render(entries []Entry) (string, bool) {
 		b.WriteString(t.parts[i])
 		found := false
 		for _, e := range entries {
+			if e.Key == v && i == len(t.vars)-1 {
+				b.WriteString(e.Value)
+				found = true
+				break
+			}
 			if e.Key == v {
 				t.writeValue(&b, e.Value)
 				found = true
