@@ -52,6 +52,10 @@ type Grant struct {
 	// At is the store's time of the grant, µs since the Unix epoch. Return
 	// measures the lease's age from it. Example: 1767225600000000.
 	At int64
+
+	// Epoch names the key's state the units were taken from among its
+	// Resets: Return gives nothing back into a key Reset since. Example: 0.
+	Epoch int64
 }
 
 // Granter is implemented by stores that can lease units: grant up to n units
@@ -78,9 +82,11 @@ type Grant struct {
 //   - A Return gives nothing back into a key Reset after the grant: the
 //     grant's units were never charged to the key as it now is, and a
 //     return would admit them twice. A Reset of a key that holds state
-//     leaves a mark for ReturnHorizon, after which no return could give
-//     anything anyway. A grant in the Reset's own microsecond counts as
-//     made before it: its units are lost, never admitted twice.
+//     counts a new epoch, which the store keeps for ReturnHorizon after
+//     the Reset or its last grant (after that no return could give
+//     anything anyway); a grant carries the epoch it was taken in. No
+//     clock is compared, so clocks that disagree cannot let a return
+//     through.
 //   - A grant or return is sent at most once: resent, a return would make
 //     budget and a grant would strand it.
 //   - SlidingWindowLog is refused with ErrGrantUnsupported.

@@ -126,7 +126,7 @@
 // process's lease and resets the key in the store; other processes' leases
 // live on for at most D from their grants' sends, and their next grants
 // come from the reset key; units they do not spend are never returned
-// into it (the store marks the Reset, see sluice.Granter), so after a
+// into it (a Reset starts a new epoch of the key, see sluice.Granter), so after a
 // Reset the fleet admits at most what the exact limiter would from a
 // fresh key plus those leases' units. Leases are kept per key and Limit, so a changed
 // limit (a reloaded policy) is another lease: its first request asks the

@@ -656,9 +656,6 @@ func TestOneKeyTwoLimits(t *testing.T) {
 	if got, want := s.Len(), 1; got != want {
 		t.Errorf("Len after Reset = %d, want %d", got, want)
 	}
-	// A grant in the Reset's own microsecond counts as before it (its
-	// units could not go back): a's next grant comes a little later.
-	clock.Advance(time.Millisecond)
 	// b's lease lives on and reports the figure of its grant: the reset
 	// reaches it within D.
 	if d := take(t, s, "k", b, 1); d.Source != sluice.SourceLease || d.Remaining != 6 {

@@ -33,6 +33,7 @@ func (s *Store) Grant(ctx context.Context, key string, limit sluice.Limit, n int
 		st = new(state)
 	}
 	r, granted := grant(st, now, &p, n)
+	epoch := sh.epoch(key, limit, now, granted > 0)
 	at := now
 	if granted > 0 {
 		st.expires = now + r.reset
@@ -43,7 +44,9 @@ func (s *Store) Grant(ctx context.Context, key string, limit sluice.Limit, n int
 			at = max(now, st.a*p.period) // charged in a newer window: as at its start
 		}
 	}
-	return grantOf(limit, r, granted, at, now), nil
+	g := grantOf(limit, r, granted, at, now)
+	g.Epoch = epoch
+	return g, nil
 }
 
 // Return implements sluice.Granter.
@@ -65,7 +68,7 @@ func (s *Store) Return(ctx context.Context, key string, limit sluice.Limit, g sl
 		give = sluice.ReturnAllowance(limit, unused, now-g.At)
 	}
 	st := sh.tab.Find(tag, key)
-	if give == 0 || st == nil || st.expires <= now || sh.resetSince(key, limit.Algorithm, g.At, now) {
+	if give == 0 || st == nil || st.expires <= now || sh.epoch(key, limit, now, false) != g.Epoch {
 		return 0, nil // a fresh or reset key has nothing to give back into
 	}
 	// Report what the key took back: what a take could have more now.
@@ -180,14 +183,14 @@ type resetKey struct {
 	alg sluice.Algorithm
 }
 
-// mark is a Reset: when it happened and until when a return of a grant
-// made before it could still give something back (µs).
-type mark struct{ at, until int64 }
+// mark counts a key's Resets (its epoch) until no return of a grant made
+// before the last Reset or since could give anything back (µs).
+type mark struct{ epoch, until int64 }
 
-// markReset records a Reset at now of a key that held state, so that a
-// return of a grant made before it gives nothing back into the key as it
-// is now (sluice.Granter's contract). The marks are bounded as the keys
-// are: at MaxKeys, one is dropped at random, which can only let one return
+// markReset starts a new epoch of a key that held state, at now, so that a
+// return of a grant made before gives nothing back into the key as it is
+// now (sluice.Granter's contract). The marks are bounded as the keys are:
+// at MaxKeys, one is dropped at random, which can only let one return
 // through that the mark would have stopped.
 func (sh *shard) markReset(key string, l sluice.Limit, now int64) {
 	if l.Algorithm == sluice.SlidingWindowLog {
@@ -196,21 +199,33 @@ func (sh *shard) markReset(key string, l sluice.Limit, now int64) {
 	if sh.resets == nil {
 		sh.resets = make(map[resetKey]mark)
 	}
-	if len(sh.resets) >= sh.maxKeys {
+	k := resetKey{key, l.Algorithm}
+	m, ok := sh.resets[k]
+	if !ok && len(sh.resets) >= sh.maxKeys {
 		for k := range sh.resets {
 			delete(sh.resets, k)
 			break
 		}
 	}
-	sh.resets[resetKey{key, l.Algorithm}] = mark{at: now, until: now + sluice.ReturnHorizon(l).Microseconds()}
+	if now >= m.until {
+		m.epoch = 0
+	}
+	sh.resets[k] = mark{epoch: m.epoch + 1, until: now + sluice.ReturnHorizon(l).Microseconds()}
 }
 
-// resetSince reports whether key was Reset under a at or after a grant
-// charged at at (µs). A grant in the Reset's own microsecond counts as
-// before it: its return is lost, never admitted twice.
-func (sh *shard) resetSince(key string, a sluice.Algorithm, at, now int64) bool {
-	m, ok := sh.resets[resetKey{key, a}]
-	return ok && now < m.until && at <= m.at
+// epoch is key's epoch under l at now: 0 for a key never Reset, or not for
+// long. granting keeps the epoch for the horizon of a grant made now.
+func (sh *shard) epoch(key string, l sluice.Limit, now int64, granting bool) int64 {
+	k := resetKey{key, l.Algorithm}
+	m, ok := sh.resets[k]
+	if !ok || now >= m.until {
+		return 0
+	}
+	if granting {
+		m.until = max(m.until, now+sluice.ReturnHorizon(l).Microseconds())
+		sh.resets[k] = m
+	}
+	return m.epoch
 }
 
 // sweepResets forgets the marks no return can reach any more.

@@ -36,16 +36,16 @@ func (s *Store) Grant(ctx context.Context, key string, limit sluice.Limit, n int
 	if err := sluice.ValidateGrant(key, limit, n); err != nil {
 		return sluice.Grant{}, err
 	}
-	v, err := s.runGrant(ctx, modeGrant, key, limit, n, nil, nil)
+	v, err := s.runGrant(ctx, modeGrant, key, limit, n, horizonMS(limit), nil, nil)
 	if err != nil {
 		return sluice.Grant{}, err
 	}
-	if len(v) != 6 || v[0] < 0 || v[0] > n {
+	if len(v) != 7 || v[0] < 0 || v[0] > n {
 		return sluice.Grant{}, fmt.Errorf("redisstore: %v grant: %w: %v", limit.Algorithm, ErrUnexpectedReply, v)
 	}
 	r := result{remaining: v[1], retry: v[2], reset: v[3]}
 	d := r.decision(limit)
-	g := sluice.Grant{Granted: v[0], Limit: limit, Remaining: d.Remaining, ResetAfter: d.ResetAfter, At: v[4]}
+	g := sluice.Grant{Granted: v[0], Limit: limit, Remaining: d.Remaining, ResetAfter: d.ResetAfter, At: v[4], Epoch: v[6]}
 	if g.Granted == 0 {
 		g.RetryAfter = d.RetryAfter
 		return g, nil
@@ -65,7 +65,7 @@ func (s *Store) Return(ctx context.Context, key string, limit sluice.Limit, g sl
 	if windowPeriod(limit) == 0 {
 		interval = limit.Interval().Microseconds()
 	}
-	v, err := s.runGrant(ctx, modeReturn, key, limit, unused, g.At, interval)
+	v, err := s.runGrant(ctx, modeReturn, key, limit, unused, g.At, interval, g.Epoch)
 	if err != nil {
 		return 0, err
 	}
@@ -76,8 +76,9 @@ func (s *Store) Return(ctx context.Context, key string, limit sluice.Limit, g sl
 }
 
 // runGrant sends one call of the algorithm's grant script: ARGV is now,
-// mode, the limit's two parameters, n, and a return's at and interval.
-func (s *Store) runGrant(ctx context.Context, mode, key string, l sluice.Limit, n int64, at, interval any) ([]int64, error) {
+// mode, the limit's two parameters, n, then extra (a grant's horizon; a
+// return's at, interval and epoch).
+func (s *Store) runGrant(ctx context.Context, mode, key string, l sluice.Limit, n int64, extra ...any) ([]int64, error) {
 	now, err := s.now()
 	if err != nil {
 		return nil, err
@@ -87,11 +88,7 @@ func (s *Store) runGrant(ctx context.Context, mode, key string, l sluice.Limit, 
 	// alg -1: a batch sends it as a command of its own, and WaitReplicas
 	// waits for it, as for a take.
 	c := &call{script: sc, alg: -1}
-	if mode == modeReturn {
-		c.args = []any{"evalsha", sc.sha, "2", s.redisKey(key, l.Algorithm), s.resetKey(key, l.Algorithm), now, mode, p[0], p[1], n, at, interval}
-	} else {
-		c.args = []any{"evalsha", sc.sha, "1", s.redisKey(key, l.Algorithm), now, mode, p[0], p[1], n}
-	}
+	c.args = append([]any{"evalsha", sc.sha, "2", s.redisKey(key, l.Algorithm), s.resetKey(key, l.Algorithm), now, mode, p[0], p[1], n}, extra...)
 	v, err := s.run(ctx, c)
 	if err != nil {
 		return nil, fmt.Errorf("redisstore: %v %s: %w", l.Algorithm, mode, err)
@@ -102,10 +99,16 @@ func (s *Store) runGrant(ctx context.Context, mode, key string, l sluice.Limit, 
 // resetScript deletes a key's state and marks the Reset (reset.lua).
 var resetScript = newScript(mustRead("now.lua") + mustRead("reset.lua"))
 
-// resetKey is the Redis key of key's reset mark under a, beside its state
-// in the same hash slot. Its last ':' is followed by no algorithm's suffix.
+// resetKey is the Redis key of key's epoch under a (how many times it was
+// Reset, lately), beside its state in the same hash slot. Its last ':' is
+// followed by no algorithm's suffix.
 func (s *Store) resetKey(key string, a sluice.Algorithm) string {
 	return s.redisKey(key, a) + "-reset"
+}
+
+// horizonMS is sluice.ReturnHorizon in whole ms, at least 1.
+func horizonMS(l sluice.Limit) int64 {
+	return max((sluice.ReturnHorizon(l) + time.Millisecond - 1).Milliseconds(), 1)
 }
 
 // windowPeriod is the period of a window algorithm's limit, µs, and 0 for

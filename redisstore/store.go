@@ -324,14 +324,13 @@ func (s *Store) Reset(ctx context.Context, key string, limit sluice.Limit) error
 	}
 	ctx = ctxutil.OrBackground(ctx)
 	if limit.Algorithm != sluice.SlidingWindowLog {
-		// Marked, so that a lease granted before the Reset cannot return
-		// units into the key as it is after (sluice.Granter).
+		// A new epoch, so that a lease granted before the Reset cannot
+		// return units into the key as it is after (sluice.Granter).
 		now, err := s.now()
 		if err != nil {
 			return fmt.Errorf("redisstore: reset: %w", err)
 		}
-		ms := max(sluice.ReturnHorizon(limit).Milliseconds(), 1)
-		c := &call{script: resetScript, alg: -1, args: []any{"evalsha", resetScript.sha, "2", s.redisKey(key, limit.Algorithm), s.resetKey(key, limit.Algorithm), now, ms}}
+		c := &call{script: resetScript, alg: -1, args: []any{"evalsha", resetScript.sha, "2", s.redisKey(key, limit.Algorithm), s.resetKey(key, limit.Algorithm), now, horizonMS(limit)}}
 		if _, err := s.run(ctx, c); err != nil {
 			return fmt.Errorf("redisstore: reset: %w", err)
 		}

@@ -45,10 +45,13 @@ func testReturnAfterReset(t *testing.T, newStore NewStore, a sluice.Algorithm) {
 	if err != nil || old.Granted != 10 {
 		t.Fatalf("grant = %+v, %v; want 10 granted", old, err)
 	}
-	clock.Advance(10 * time.Millisecond)
+	// The Reset comes from a process whose clock is 20ms behind the
+	// granter's: no clock is compared.
+	clock.Advance(-20 * time.Millisecond)
 	if err := s.Reset(ctx, key, l); err != nil {
 		t.Fatal(err)
 	}
+	clock.Advance(30 * time.Millisecond)
 	// After the Reset the key is fresh: 8 units are taken from it.
 	if d, err := s.Take(ctx, key, l, 8); err != nil || !d.Allowed {
 		t.Fatalf("take 8 after reset = %+v, %v", d, err)
@@ -65,6 +68,21 @@ func testReturnAfterReset(t *testing.T, newStore NewStore, a sluice.Algorithm) {
 	}
 	if got, err := s.Return(ctx, key, l, g, 2); err != nil || got != 2 {
 		t.Fatalf("return of a grant from after the reset = %d, %v; want 2", got, err)
+	}
+	// A second Reset starts another epoch: the grant just made is of the
+	// one before.
+	g, err = s.Grant(ctx, key, l, 1)
+	if err != nil || g.Granted != 1 {
+		t.Fatalf("grant = %+v, %v; want 1", g, err)
+	}
+	if err := s.Reset(ctx, key, l); err != nil {
+		t.Fatal(err)
+	}
+	if d, err := s.Take(ctx, key, l, 10); err != nil || !d.Allowed {
+		t.Fatalf("take 10 after the second reset = %+v, %v", d, err)
+	}
+	if got, err := s.Return(ctx, key, l, g, 1); err != nil || got != 0 {
+		t.Fatalf("return across a second reset = %d, %v; want 0", got, err)
 	}
 	// Resetting a key without state leaves no mark, and a mark ends: a
 	// grant made after either returns.

@@ -8,19 +8,22 @@
 -- so that a grant is the algorithm's own peek and take, written once.
 --
 --   KEYS[1]  the key's state
---   KEYS[2]  return: the key's reset mark (reset.lua); a return of a grant
---            made at or before it gives nothing back
+--   KEYS[2]  the key's epoch (reset.lua): a grant reports it, and keeps it
+--            for ARGV[6]; a return of a grant of another gives nothing back
 --   ARGV[1]  now, µs; "" reads the server's TIME
 --   ARGV[2]  "grant" or "return"
 --   ARGV[3]  the algorithm's ARGV[3] (a limit parameter)
 --   ARGV[4]  the algorithm's ARGV[4] (the other)
 --   ARGV[5]  grant: the most units to take; return: the units unused
---   ARGV[6]  return: the grant's time, µs (the at it returned)
+--   ARGV[6]  grant: how long a return may follow it, ms
+--            (sluice.ReturnHorizon); return: the grant's time, µs (the at
+--            it returned)
 --   ARGV[7]  return: interval, µs per unit, for the age rule; 0 for the
 --            window algorithms, which give every unit back into the
 --            grant's window and none into a later one
+--   ARGV[8]  return: the grant's epoch
 --   Returns  grant: {granted, remaining, retry µs (when none granted),
---            reset µs, at, now}: at is the time the units were charged at
+--            reset µs, at, now, epoch}: at is the time the units were charged at
 --            (a caller behind the key's window is charged at its start)
 --            return: {units given back}: unused less one per interval
 --            begun since the grant, at least 0, and at most what the
@@ -34,8 +37,7 @@ local keys = {KEYS[1]}
 local n = tonumber(ARGV[5])
 if ARGV[2] == 'return' then
   local at = tonumber(ARGV[6])
-  local reset = redis.call('GET', KEYS[2])
-  if reset and at <= tonumber(reset) then
+  if tonumber(redis.call('GET', KEYS[2]) or '0') ~= tonumber(ARGV[8]) then
     return {0}
   end
   local interval = tonumber(ARGV[7])
@@ -62,10 +64,14 @@ end
 
 local peek = alg(keys, {now, 'peek', ARGV[3], ARGV[4], 1})
 local k = math.min(n, peek[2])
+local epoch = tonumber(redis.call('GET', KEYS[2]) or '0')
 for try = k, math.max(k - 1, 1), -1 do
   local r = alg(keys, {now, 'take', ARGV[3], ARGV[4], try})
   if r[1] == 1 then
-    return {try, r[2], 0, r[4], r[5] or now, now}
+    if epoch > 0 then
+      redis.call('PEXPIRE', KEYS[2], ARGV[6], 'GT')
+    end
+    return {try, r[2], 0, r[4], r[5] or now, now, epoch}
   end
 end
-return {0, peek[2], math.max(peek[3], 1), peek[4], now, now}
+return {0, peek[2], math.max(peek[3], 1), peek[4], now, now, epoch}
