@@ -126,13 +126,13 @@
 // process's lease and resets the key in the store; other processes' leases
 // live on for at most D from their grants' sends, and their next grants
 // come from the reset key; units they do not spend are never returned
-// into it (a Reset starts a new epoch of the key, see sluice.Granter), so after a
-// Reset the fleet admits at most what the exact limiter would from a
-// fresh key plus those leases' units. Leases are kept per key and Limit, so a changed
-// limit (a reloaded policy) is another lease: its first request asks the
-// store under the new limit at once, and the old limit's lease, no longer
-// asked, strands its units (they were taken from the store: this can only
-// lower admissions) until it is swept. A Store leases under at most 2^20
+// into it (a Reset starts a new epoch of the key, see sluice.Granter), so
+// after a Reset the fleet admits at most what the exact limiter would from
+// a fresh key plus those leases' units. Leases are kept per key and Limit,
+// so a changed limit (a reloaded policy) is another lease: its first
+// request asks the store under the new limit at once, and the old limit's
+// lease, no longer asked, strands its units (they were taken from the
+// store: this can only lower admissions) until it is swept. A Store leases under at most 2^20
 // distinct limits; one met after that is answered exactly by the store (a
 // program making a limit per call must not grow the Store without end).
 package lease
