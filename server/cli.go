@@ -191,6 +191,18 @@ func serve(args []string, stderr io.Writer) int {
 		log.Error("bad flag", "err", fmt.Sprintf("--fleet-size %d: want 1 or more", *fleetSize))
 		return 2
 	}
+	if *configFile == "" {
+		// Set but empty is a templating mistake, not a request for the
+		// demo: serving the demo's policies would silently stop limiting.
+		if flagSet(fs, "config") {
+			log.Error("bad flag", "err", "--config is empty: name a file or directory, or leave the flag out for the built-in demo")
+			return 2
+		}
+		if _, ok := os.LookupEnv("SLUICE_CONFIG"); ok {
+			log.Error("bad environment", "err", "SLUICE_CONFIG is set but empty: name a file or directory, or unset it for the built-in demo")
+			return 2
+		}
+	}
 	if fs.NArg() > 0 {
 		log.Error("unexpected argument", "arg", fs.Arg(0))
 		return 2

@@ -329,6 +329,8 @@ func TestCLIBadConfig(t *testing.T) {
 		{"negative decision timeout", []string{"serve", "--decision-timeout", "-1s", "--redis", "redis://127.0.0.1:1", "--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0"}, 2, "", "--decision-timeout -1s: want a positive duration"},
 		{"negative watch interval", []string{"serve", "--watch-interval", "-1s", "--redis", "redis://127.0.0.1:1", "--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0"}, 2, "", "--watch-interval -1s: want 0 (never) or at least 100ms"},
 		{"tiny watch interval", []string{"serve", "--watch-interval", "1us", "--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0"}, 2, "", "--watch-interval 1µs: want 0 (never) or at least 100ms"},
+		{"empty --config", []string{"serve", "--config", "", "--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0"}, 2, "", "--config is empty"},
+		{"empty config in the environment", []string{"serve", "--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0"}, 2, "", "SLUICE_CONFIG is set but empty"},
 		{"negative decision timeout in the environment", []string{"serve", "--redis", "redis://127.0.0.1:1", "--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0"}, 2, "", "SLUICE_DECISION_TIMEOUT -5s: want a positive duration"},
 	}
 	for _, tt := range tests {
@@ -341,9 +343,18 @@ func TestCLIBadConfig(t *testing.T) {
 			if strings.HasSuffix(tt.name, "in the environment") {
 				env = []string{"SLUICE_DECISION_TIMEOUT=-5s"}
 			}
+			if tt.name == "empty config in the environment" {
+				env = []string{"SLUICE_CONFIG="}
+			}
 			cmd := sluiceCmd(env, tt.args...)
 			cmd.Stdout, cmd.Stderr = &stdout, &stderr
-			err := cmd.Run()
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			// A case that wrongly starts serving would otherwise hang.
+			kill := time.AfterFunc(20*time.Second, func() { cmd.Process.Kill() })
+			err := cmd.Wait()
+			kill.Stop()
 			code := 0
 			if ee, ok := err.(*exec.ExitError); ok {
 				code = ee.ExitCode()
