@@ -11,10 +11,28 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/redis/go-redis/v9"
 	"google.golang.org/grpc/grpclog"
 )
+
+// clip shortens a client-chosen string for a log line or an error detail,
+// which must not grow with the input: past n bytes it is cut at a rune
+// boundary and says how long it was.
+func clip(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	cut := n
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return fmt.Sprintf("%s…(%d bytes)", s[:cut], len(s))
+}
+
+// logClip is how much of a client-chosen string a log line shows.
+const logClip = 64
 
 // ErrLogOption is wrapped by errors about --log-format and --log-level.
 var ErrLogOption = errors.New("server: invalid log option")

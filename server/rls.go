@@ -23,6 +23,10 @@ import (
 	"github.com/sluicehq/sluice/server/config"
 )
 
+// maxDomainLen bounds an unknown domain's length: longer is refused, not
+// answered OK (a configured domain of any length is served).
+const maxDomainLen = sluice.MaxKeyLen
+
 // rlsServer is Envoy's rate limit service: it turns a request's
 // descriptors into engine checks and the checks' decisions into statuses.
 type rlsServer struct {
@@ -136,6 +140,9 @@ func (r rlsServer) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequ
 	}
 	dom := r.svc.Config().Domain(req.Domain)
 	if dom == nil {
+		if len(req.Domain) > maxDomainLen {
+			return nil, status.Errorf(codes.InvalidArgument, "rate limit domain of %d bytes exceeds %d: no configuration names one so long", len(req.Domain), maxDomainLen)
+		}
 		r.svc.unknownDomain(req.Domain)
 	}
 	descs := make([]descriptor, len(req.Descriptors))

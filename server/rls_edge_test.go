@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"math"
 	"strings"
@@ -15,6 +16,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/sluicehq/sluice/memory"
 )
 
 // A request-carried limit of 0 blocks, like a configured one, and never
@@ -257,4 +260,44 @@ func rlsHeader(resp *rlsv3.RateLimitResponse, name string) string {
 		}
 	}
 	return ""
+// An unknown domain is logged clipped, with its length, beside at most
+// maxDomainsLogged configured ones: a client's domain must not make a log
+// line as long as itself. One longer than maxDomainLen is refused.
+func TestRLSUnknownDomainLogBounded(t *testing.T) {
+	var yaml strings.Builder
+	for i := range 15 {
+		if i > 0 {
+			yaml.WriteString("---\n")
+		}
+		fmt.Fprintf(&yaml, "domain: d%02d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1}\n", i)
+	}
+	var logs syncBuffer
+	mem := memory.New(nil)
+	t.Cleanup(func() { mem.Close() })
+	svc := NewService(mem, mustConfig(t, yaml.String()), &ServiceOptions{Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	c := serveRLS(t, svc)
+
+	long := strings.Repeat("x", maxDomainLen-1) + "\n"
+	if got, want := render(call(t, c, rlsRequest(long, desc("k=v")))), "OK: OK/-"; got != want {
+		t.Errorf("long unknown domain: %q, want %q", got, want)
+	}
+	line := logs.String()
+	if len(line) > 600 || !strings.Contains(line, `…(512 bytes)`) || strings.Contains(line, "\\n") || !strings.Contains(line, "d09 …(15 domains)]") {
+		t.Errorf("log line of %d bytes:\n%s", len(line), line)
+	}
+	// The same clipped form is remembered: logged once.
+	call(t, c, rlsRequest(long, desc("k=v")))
+	if got := strings.Count(logs.String(), "unknown domain"); got != 1 {
+		t.Errorf("%d log lines, want 1", got)
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_, err := c.ShouldRateLimit(ctx, rlsRequest(strings.Repeat("y", 1<<20), desc("k=v")))
+	if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "domain of 1048576 bytes exceeds 512") {
+		t.Errorf("1 MiB domain: %v, want InvalidArgument naming its length", err)
+	}
+	if got := strings.Count(logs.String(), "unknown domain"); got != 1 || len(logs.String()) > 600 {
+		t.Errorf("after a 1 MiB domain, %d bytes of log:\n%.1000s", len(logs.String()), logs.String())
+	}
 }

@@ -95,6 +95,10 @@ type Service struct {
 // past it.
 const maxUnknownDomains = 1000
 
+// maxDomainsLogged bounds the configured domains an unknown domain's log
+// line lists.
+const maxDomainsLogged = 10
+
 // ServiceOptions configures a Service. A nil *ServiceOptions is valid.
 type ServiceOptions struct {
 	// KeyPrefix is prepended to every store key. Default: none (the Redis
@@ -249,6 +253,8 @@ func (s *Service) unknownDomain(name string) {
 	s.metrics.unknownDomain()
 	s.unknownMu.Lock()
 	defer s.unknownMu.Unlock()
+	// Remembered and logged clipped: a client's domain may be a megabyte.
+	name = clip(name, logClip)
 	switch {
 	case s.unknown[name]:
 	case len(s.unknown) < maxUnknownDomains:
@@ -256,7 +262,11 @@ func (s *Service) unknownDomain(name string) {
 			s.unknown = map[string]bool{}
 		}
 		s.unknown[name] = true
-		s.log.Warn("rate limit request for an unknown domain: answered OK", "domain", name, "domains", s.snap.Load().cfg.Domains())
+		domains := s.snap.Load().cfg.Domains()
+		if len(domains) > maxDomainsLogged {
+			domains = append(domains[:maxDomainsLogged:maxDomainsLogged], fmt.Sprintf("…(%d domains)", len(domains)))
+		}
+		s.log.Warn("rate limit request for an unknown domain: answered OK", "domain", name, "domains", domains)
 		if len(s.unknown) == maxUnknownDomains {
 			s.log.Warn("too many unknown domains: no longer logging each; sluice_rls_unknown_domain_requests_total still counts them", "remembered", maxUnknownDomains)
 		}
