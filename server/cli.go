@@ -212,6 +212,13 @@ func serve(args []string, stderr io.Writer) int {
 		log.Error("bad flag", "err", err)
 		return 2
 	}
+	if *redisURL != "" {
+		// A URL go-redis would take and then fail on is a flag error too.
+		if err := checkRedisURL(*redisURL); err != nil {
+			log.Error("bad flag", "err", err)
+			return 2
+		}
+	}
 	if *watch == 0 {
 		*watch = -1
 	}

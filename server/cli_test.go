@@ -317,13 +317,19 @@ func TestCLIBadConfig(t *testing.T) {
 		{"check-config --help is help", []string{"check-config", "--help"}, 0, "Usage: sluice check-config FILE|DIR", ""},
 		{"check-config reads envoy's format", []string{"check-config", "testdata/envoy-example.yaml"}, 0, "foo: fixed_window 2/min", ""},
 		{"missing file", []string{"check-config", filepath.Join(dir, "none.yaml")}, 1, "", "no such file"},
-		{"bad redis URL", []string{"serve", "--redis", "http://x", "--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0"}, 1, "", "invalid redis URL"},
+		{"bad redis URL", []string{"serve", "--redis", "http://x", "--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0"}, 2, "", "invalid redis URL"},
+		// go-redis takes these, then panics or fails every dial for good.
+		{"negative pool size", []string{"serve", "--redis", "redis://127.0.0.1:1?pool_size=-5", "--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0"}, 2, "", `pool_size=\"-5\": want a whole number`},
+		{"negative dial timeout", []string{"serve", "--redis", "redis://127.0.0.1:1?dial_timeout=-1s", "--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0"}, 2, "", `dial_timeout=\"-1s\": want a positive duration`},
+		{"newline in client name", []string{"serve", "--redis", "redis://127.0.0.1:1?client_name=%0A", "--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0"}, 2, "", `client_name=\"\\n\": Redis takes printable ASCII`},
+		{"addr on redis://", []string{"serve", "--redis", "redis://127.0.0.1:1?addr=127.0.0.1:2", "--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0"}, 2, "", "for Redis Cluster use redis+cluster://"},
+		{"cluster URL without a host", []string{"serve", "--redis", "redis+cluster://", "--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0"}, 2, "", "no host: want redis://host:port"},
 		{"bad failure policy", []string{"serve", "--failure-policy", "maybe"}, 2, "", "failure policy"},
 		{"unknown command", []string{"launch"}, 2, "", "unknown command"},
 		{"bad environment", []string{"serve", "--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0"}, 2, "", "SLUICE_DECISION_TIMEOUT"},
 		// The flag wins, so the bad variable is never read: the run gets as
 		// far as the bad Redis URL.
-		{"flag over a bad environment", []string{"serve", "--decision-timeout", "10ms", "--redis", "http://x", "--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0"}, 1, "", "invalid redis URL"},
+		{"flag over a bad environment", []string{"serve", "--decision-timeout", "10ms", "--redis", "http://x", "--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0"}, 2, "", "invalid redis URL"},
 		{"no command", nil, 2, "", "Usage:"},
 		// Refused before Redis (nothing listens on port 1) is asked.
 		{"negative decision timeout", []string{"serve", "--decision-timeout", "-1s", "--redis", "redis://127.0.0.1:1", "--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0"}, 2, "", "--decision-timeout -1s: want a positive duration"},

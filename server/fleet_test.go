@@ -206,7 +206,7 @@ func TestCLIFleetSize(t *testing.T) {
 		stderr string
 	}{
 		{"bad environment", []string{"SLUICE_FLEET_SIZE=many"}, nil, 2, "SLUICE_FLEET_SIZE"},
-		{"flag over a bad environment", []string{"SLUICE_FLEET_SIZE=many"}, []string{"--fleet-size", "2", "--redis", "http://x"}, 1, "invalid redis URL"},
+		{"flag over a bad environment", []string{"SLUICE_FLEET_SIZE=many"}, []string{"--fleet-size", "2", "--redis", "http://x"}, 2, "invalid redis URL"},
 		{"negative", nil, []string{"--fleet-size", "-1"}, 2, "--fleet-size -1"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -65,11 +66,26 @@ func storeURLOptions(rawURL string) (string, redisstore.Options, error) {
 // Sentinel URL gives the Sentinels' own, if they need one, as
 // sentinel_username= and sentinel_password=.
 //
-// A plain redis:// URL with addr= parameters is a cluster, and one with
-// master_name= a Sentinel setup. Other query parameters are go-redis
-// options (dial_timeout=3s, pool_size=50...).
+// A plain redis:// URL with master_name= is a Sentinel setup; addr= on it
+// is refused (redis+cluster:// says cluster). Other query parameters are
+// go-redis options (dial_timeout=3s, pool_size=50...): negative numbers
+// and durations, and a client_name Redis would refuse, are errors.
 func NewRedisClient(rawURL string) (redis.UniversalClient, error) {
 	return newRedisClient(rawURL, 0)
+}
+
+// checkRedisURL reports whether rawURL is a --redis URL NewRedisClient and
+// the store accept, without connecting.
+func checkRedisURL(rawURL string) error {
+	rest, _, err := storeURLOptions(rawURL)
+	if err != nil {
+		return err
+	}
+	c, err := newRedisClient(rest, 0)
+	if err != nil {
+		return err
+	}
+	return c.Close()
 }
 
 // redisDefaultTimeout is go-redis's dial, read and write timeout when the
@@ -100,6 +116,9 @@ func newRedisClient(rawURL string, d time.Duration) (redis.UniversalClient, erro
 	}
 	u.Scheme = base
 	q := u.Query()
+	if err := checkURLOptions(u, variant, q); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrRedisURL, err)
+	}
 	switch {
 	case variant == "sentinel" || (variant == "" && q.Has("master_name")):
 		o, err := failoverOptions(u)
@@ -133,6 +152,71 @@ func newRedisClient(rawURL string, d time.Duration) (redis.UniversalClient, erro
 		return redis.NewClient(o), nil
 	}
 	return nil, fmt.Errorf("%w: scheme %q: want redis, rediss, redis+cluster or redis+sentinel", ErrRedisURL, u.Scheme+"+"+variant)
+}
+
+// URL options go-redis reads as durations and as whole numbers. It takes a
+// duration of 0 or less to mean none (a dial_timeout of -1s fails every
+// dial) and a negative size as given (a negative pool_size panics).
+var (
+	urlDurations = []string{"dial_timeout", "read_timeout", "write_timeout", "pool_timeout", "min_retry_backoff", "max_retry_backoff",
+		"conn_max_idle_time", "idle_timeout", "conn_max_lifetime", "max_conn_age", "conn_max_lifetime_jitter",
+		"route_by_latency_tolerance", "dialer_retry_timeout"}
+	urlInts = []string{"pool_size", "min_idle_conns", "max_idle_conns", "max_active_conns", "max_concurrent_dials", "max_retries",
+		"max_redirects", "dialer_retries", "pipeline_pool_size", "pipeline_read_buffer_size", "pipeline_write_buffer_size",
+		"failing_timeout_seconds", "protocol"}
+	// urlNone are the whole-number options whose -1 go-redis reads as none.
+	urlNone = []string{"max_retries", "max_redirects"}
+)
+
+// maxURLInt bounds the whole-number options: go-redis sizes channels and
+// buffers by them.
+const maxURLInt = 1 << 20
+
+// checkURLOptions refuses what go-redis would take without complaint and
+// then fail on, forever or at once: a negative number or duration, a
+// client name Redis refuses, addr= on a standalone URL (go-redis would make
+// it a cluster client), a URL without a host.
+func checkURLOptions(u *url.URL, variant string, q url.Values) error {
+	if u.Hostname() == "" {
+		return fmt.Errorf("no host: want %s://host:port", u.Scheme)
+	}
+	if variant == "" && q.Has("addr") {
+		return errors.New("addr= on a redis:// URL: for Redis Cluster use redis+cluster://host:port?addr=host2:port2")
+	}
+	for _, name := range urlDurations {
+		for _, v := range q[name] {
+			d, err := time.ParseDuration(v)
+			if n, ierr := strconv.Atoi(v); ierr == nil { // go-redis reads a bare number as seconds
+				d, err = time.Duration(n)*time.Second, nil
+			}
+			if err != nil || d <= 0 {
+				return fmt.Errorf("%s=%q: want a positive duration such as 3s", name, v)
+			}
+		}
+	}
+	for _, name := range urlInts {
+		for _, v := range q[name] {
+			n, err := strconv.Atoi(v)
+			if err == nil && n == -1 && slices.Contains(urlNone, name) {
+				continue
+			}
+			if err != nil || n < 0 || n > maxURLInt {
+				want := fmt.Sprintf("want a whole number from 0 to %d", maxURLInt)
+				if slices.Contains(urlNone, name) {
+					want += " (or -1 for none)"
+				}
+				return fmt.Errorf("%s=%q: %s", name, v, want)
+			}
+		}
+	}
+	for _, v := range q["client_name"] {
+		for _, c := range []byte(v) {
+			if c <= ' ' || c >= 0x7f {
+				return fmt.Errorf("client_name=%q: Redis takes printable ASCII without spaces", v)
+			}
+		}
+	}
+	return nil
 }
 
 // failoverOptions reads a Sentinel URL whose scheme is redis or rediss.
