@@ -126,7 +126,7 @@ const minWatchInterval = 100 * time.Millisecond
 func serve(args []string, stderr io.Writer) int {
 	fs := flag.NewFlagSet("sluice serve", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	var envErr, fleetErr, shrinkErr error
+	var envErr, fleetErr, shrinkErr, connErr error
 	var (
 		configFile  = fs.String("config", env("SLUICE_CONFIG", ""), "configuration `file` or directory (env SLUICE_CONFIG); default: the built-in demo")
 		redisURL    = fs.String("redis", env("SLUICE_REDIS_URL", ""), "Redis `URL` (env SLUICE_REDIS_URL): redis://, rediss://, redis+cluster://, redis+sentinel://; default: the embedded memory store")
@@ -145,6 +145,7 @@ func serve(args []string, stderr io.Writer) int {
 		grpcCert    = fs.String("grpc-tls-cert", "", "PEM certificate `file` to serve gRPC over TLS (with --grpc-tls-key); reloaded when it changes")
 		grpcKey     = fs.String("grpc-tls-key", "", "PEM key `file` for --grpc-tls-cert")
 		grpcCA      = fs.String("grpc-tls-client-ca", "", "PEM CA `file`: gRPC clients (Envoy) must present a certificate it signed (mutual TLS)")
+		maxConns    = fs.Int("max-connections", envParse("SLUICE_MAX_CONNECTIONS", DefaultMaxConnections, strconv.Atoi, &connErr), "most connections each listener (HTTP, gRPC) holds open at once; one more is closed as soon as accepted (env SLUICE_MAX_CONNECTIONS)")
 		watch       = fs.Duration("watch-interval", 2*time.Second, "how often to check the config file for changes: 0 never, otherwise at least "+minWatchInterval.String())
 		logFormat   = fs.String("log-format", env("SLUICE_LOG_FORMAT", "text"), "log `format`: text or json (env SLUICE_LOG_FORMAT)")
 		logLevel    = fs.String("log-level", env("SLUICE_LOG_LEVEL", "info"), "least `level` logged: debug, info, warn or error (env SLUICE_LOG_LEVEL)")
@@ -165,7 +166,7 @@ func serve(args []string, stderr io.Writer) int {
 	for _, e := range []struct {
 		flag string
 		err  error
-	}{{"decision-timeout", envErr}, {"fleet-size", fleetErr}, {"fleet-shrink", shrinkErr}} {
+	}{{"decision-timeout", envErr}, {"fleet-size", fleetErr}, {"fleet-shrink", shrinkErr}, {"max-connections", connErr}} {
 		if e.err != nil && !flagSet(fs, e.flag) { // flags win over the environment
 			log.Error("bad environment", "err", e.err)
 			return 2
@@ -203,6 +204,10 @@ func serve(args []string, stderr io.Writer) int {
 			return 2
 		}
 	}
+	if *maxConns < 1 {
+		log.Error("bad flag", "err", fmt.Sprintf("--max-connections %d: want 1 or more", *maxConns))
+		return 2
+	}
 	if fs.NArg() > 0 {
 		log.Error("unexpected argument", "arg", fs.Arg(0))
 		return 2
@@ -230,7 +235,7 @@ func serve(args []string, stderr io.Writer) int {
 	srv, err := New(Options{
 		ConfigFile: *configFile, RedisURL: *redisURL, HTTPAddr: *httpAddr, GRPCAddr: *grpcAddr,
 		FailurePolicy: fp, NoFailurePolicy: !withPolicy, DecisionTimeout: *timeout, FleetSize: *fleetSize, FleetShrink: *fleetShrink, AdminToken: *adminToken, WatchInterval: *watch, Logger: log,
-		InsecureAdmin: *insecure, DecisionToken: *decToken,
+		InsecureAdmin: *insecure, DecisionToken: *decToken, MaxConnections: *maxConns,
 		HTTPTLS: TLSFiles{CertFile: *httpCert, KeyFile: *httpKey, ClientCAFile: *httpCA},
 		GRPCTLS: TLSFiles{CertFile: *grpcCert, KeyFile: *grpcKey, ClientCAFile: *grpcCA},
 	})

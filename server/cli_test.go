@@ -335,6 +335,7 @@ func TestCLIBadConfig(t *testing.T) {
 		{"negative decision timeout", []string{"serve", "--decision-timeout", "-1s", "--redis", "redis://127.0.0.1:1", "--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0"}, 2, "", "--decision-timeout -1s: want a positive duration"},
 		{"negative watch interval", []string{"serve", "--watch-interval", "-1s", "--redis", "redis://127.0.0.1:1", "--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0"}, 2, "", "--watch-interval -1s: want 0 (never) or at least 100ms"},
 		{"tiny watch interval", []string{"serve", "--watch-interval", "1us", "--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0"}, 2, "", "--watch-interval 1µs: want 0 (never) or at least 100ms"},
+		{"no connections", []string{"serve", "--max-connections", "0", "--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0"}, 2, "", "--max-connections 0: want 1 or more"},
 		{"empty --config", []string{"serve", "--config", "", "--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0"}, 2, "", "--config is empty"},
 		{"empty config in the environment", []string{"serve", "--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0"}, 2, "", "SLUICE_CONFIG is set but empty"},
 		{"negative decision timeout in the environment", []string{"serve", "--redis", "redis://127.0.0.1:1", "--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0"}, 2, "", "SLUICE_DECISION_TIMEOUT -5s: want a positive duration"},

@@ -36,6 +36,9 @@ type Metrics struct {
 	unknown    prometheus.Counter
 	unmatched  *prometheus.CounterVec
 	timeout    prometheus.Gauge
+	// connRefused counts connections closed at once for the listener's
+	// cap (--max-connections).
+	connRefused *prometheus.CounterVec
 	// holds are the service's held slots, swept at each collection so
 	// that sluice_inflight_held drops a hold once past its timeout.
 	holds atomic.Pointer[heldSlots]
@@ -65,16 +68,17 @@ func NewMetrics() *Metrics {
 			Help:    "Time to answer a request, by API and endpoint; Envoy's rate limit filter timeout applies to the grpc ShouldRateLimit series.",
 			Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, 1},
 		}, []string{"api", "endpoint"}),
-		unknown:   newCounter("sluice_rls_unknown_domain_requests_total", "Envoy rate limit requests for a domain no configuration names; they are answered OK. Each domain is logged once (the first 1,000); it is not a label: requests choose it."),
-		unmatched: newCounterVec("sluice_rls_unmatched_descriptors_total", "Descriptors of a configured domain that no rule matches, so nothing limits them.", "domain"),
-		timeout:   newGauge("sluice_decision_timeout_seconds", "The longest wait for Redis before the failure policy answers (--decision-timeout); 0 without Redis. Alerts compare store latency with it."),
+		unknown:     newCounter("sluice_rls_unknown_domain_requests_total", "Envoy rate limit requests for a domain no configuration names; they are answered OK. Each domain is logged once (the first 1,000); it is not a label: requests choose it."),
+		unmatched:   newCounterVec("sluice_rls_unmatched_descriptors_total", "Descriptors of a configured domain that no rule matches, so nothing limits them.", "domain"),
+		connRefused: newCounterVec("sluice_connections_refused_total", "Connections closed as soon as accepted because the listener (http, grpc) had --max-connections open.", "listener"),
+		timeout:     newGauge("sluice_decision_timeout_seconds", "The longest wait for Redis before the failure policy answers (--decision-timeout); 0 without Redis. Alerts compare store latency with it."),
 	}
 	m.obs = promsluice.New(&promsluice.Options{Refresh: func() {
 		if h := m.holds.Load(); h != nil {
 			h.expire()
 		}
 	}})
-	m.reg.MustRegister(m.obs, m.fallback, m.reloads, m.configTime, m.requests, m.duration, m.unknown, m.unmatched, m.timeout,
+	m.reg.MustRegister(m.obs, m.fallback, m.reloads, m.configTime, m.requests, m.duration, m.unknown, m.unmatched, m.timeout, m.connRefused,
 		ReadBuildInfo().collector(),
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m.reloads.WithLabelValues("success")

@@ -7,6 +7,7 @@ import (
 	"io"
 	"math/big"
 	"net/http"
+	"os"
 	"reflect"
 	"strconv"
 	"strings"
@@ -96,6 +97,9 @@ func decodeProblem(err error, v any) (int, string) {
 	switch {
 	case errors.As(err, &tooBig):
 		return http.StatusRequestEntityTooLarge, fmt.Sprintf("the request body exceeds %d bytes", tooBig.Limit)
+	case errors.Is(err, os.ErrDeadlineExceeded):
+		// The server's read timeout: a client sending too slowly.
+		return http.StatusRequestTimeout, "the request body did not arrive in time: send it whole, at once"
 	case errors.Is(err, io.EOF):
 		return http.StatusBadRequest, "the request body is empty: send a JSON object with the fields " + fieldList(v)
 	case errors.Is(err, io.ErrUnexpectedEOF):

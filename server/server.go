@@ -41,6 +41,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/status"
 
 	"github.com/sluicehq/sluice"
@@ -116,6 +117,10 @@ type Options struct {
 	WatchInterval time.Duration
 	// Dashboard is served at "/". Default: a placeholder page.
 	Dashboard http.Handler
+	// MaxConnections caps the connections each listener (HTTP, gRPC) holds
+	// open at once; a connection past it is closed as soon as accepted.
+	// 0 or less: DefaultMaxConnections.
+	MaxConnections int
 	// Logger receives the service's log. Default: text to stderr.
 	Logger *slog.Logger
 }
@@ -317,14 +322,22 @@ func (s *Server) Start() error {
 			AdminToken: s.opts.AdminToken, AdminDisabled: admin == AdminDisabled, InsecureAdmin: admin == AdminInsecure, DecisionToken: s.opts.DecisionToken,
 			Health: s.health, Metrics: s.metrics, Dashboard: s.opts.Dashboard,
 		}),
-		ReadHeaderTimeout: 10 * time.Second,
-		IdleTimeout:       2 * time.Minute,
+		ReadHeaderTimeout: httpReadHeaderTimeout,
+		ReadTimeout:       httpReadTimeout,
+		WriteTimeout:      httpWriteTimeout + s.opts.DecisionTimeout,
+		IdleTimeout:       httpIdleTimeout,
 		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
 	}
 	s.httpSrv.Handler = s.metrics.instrumentHTTP(s.httpSrv.Handler)
 	// Workers keep their grown stacks between requests: a new goroutine
 	// per request would grow its stack through the Redis client every time.
 	s.grpcSrv = grpc.NewServer(grpc.NumStreamWorkers(uint32(64*runtime.GOMAXPROCS(0))), grpcCreds,
+		grpc.ConnectionTimeout(grpcHandshake),
+		grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionIdle: grpcMaxIdle, Time: grpcPing, Timeout: grpcPingTimeout}),
+		// Envoy's connection keepalive, if configured, pings at most this
+		// often; a client pinging faster is sent away (grpc-go's default
+		// allows one ping in 5 minutes, and none without a call).
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
 		grpc.ChainUnaryInterceptor(s.metrics.instrumentGRPC, s.recoverUnary, grpcToken(s.opts.DecisionToken), s.budgetUnary))
 	s.svc.RegisterRLS(s.grpcSrv)
 	s.grpcHealth = health.NewServer()

@@ -133,6 +133,13 @@ func (s *Server) listen() (grpc.ServerOption, error) {
 		s.httpLn.Close()
 		return nil, fmt.Errorf("server: grpc: %w", err)
 	}
+	// Capped beneath TLS: a handshake that never finishes holds a place.
+	n := s.opts.MaxConnections
+	if n <= 0 {
+		n = DefaultMaxConnections
+	}
+	s.httpLn = newCapListener(s.httpLn, "http", n, s.metrics, s.log)
+	s.grpcLn = newCapListener(s.grpcLn, "grpc", n, s.metrics, s.log)
 	if httpTLS != nil {
 		s.httpLn = tls.NewListener(s.httpLn, httpTLS)
 	}
