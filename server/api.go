@@ -10,6 +10,8 @@ import (
 	"net/http"
 	"reflect"
 	"slices"
+	"strconv"
+	"strings"
 	"time"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
@@ -116,7 +118,16 @@ func newHandler(s *Service, opts *HandlerOptions) http.Handler {
 	if o.Dashboard == nil {
 		o.Dashboard = placeholder{}
 	}
-	mux.Handle("/", o.Dashboard)
+	dash := o.Dashboard
+	mux.Handle("/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		// The dashboard's own 405 would be text: say it as the API does.
+		page := r.URL.Path == "/" || r.URL.Path == "/index.html" || strings.HasPrefix(r.URL.Path, "/static/")
+		if page && r.Method != http.MethodGet && r.Method != http.MethodHead {
+			methodNotAllowed(w, r, "GET")
+			return
+		}
+		dash.ServeHTTP(w, r)
+	}))
 	return crossOrigin(mux)
 }
 
@@ -246,6 +257,10 @@ func (a *api) reset(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
+	if req.Policy == "" { // as /v1/check says it
+		problem(w, http.StatusBadRequest, "policy is required")
+		return
+	}
 	if err := a.svc.Reset(r.Context(), req.Policy, req.Key); err != nil {
 		serviceError(w, err)
 		return
@@ -281,7 +296,12 @@ func (a *api) envoyJSON(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if err := protojson.Unmarshal(body, &req); err != nil {
-		problem(w, http.StatusBadRequest, "the request body is not a RateLimitRequest in JSON: "+scrub(err.Error()))
+		msg := scrub(err.Error())
+		if esc, at := loneSurrogate(body); esc != "" && strings.Contains(msg, "escape") {
+			// protojson names the text after the escape, not the escape.
+			msg = fmt.Sprintf("%s at byte %d is half of a UTF-16 surrogate pair without its other half: send the character itself, or both halves", esc, at)
+		}
+		problem(w, http.StatusBadRequest, "the request body is not a RateLimitRequest in JSON: "+msg)
 		return
 	}
 	resp, err := rlsServer{svc: a.svc}.ShouldRateLimit(r.Context(), &req)
@@ -303,6 +323,41 @@ func (a *api) envoyJSON(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusTooManyRequests)
 	}
 	w.Write(out)
+}
+
+// loneSurrogate finds a \u escape of a UTF-16 surrogate that is not
+// part of a high-low pair, and its offset in body.
+func loneSurrogate(body []byte) (string, int) {
+	hex := func(i int) (rune, bool) {
+		if i+6 > len(body) || body[i] != '\\' || body[i+1] != 'u' {
+			return 0, false
+		}
+		n, err := strconv.ParseUint(string(body[i+2:i+6]), 16, 16)
+		return rune(n), err == nil
+	}
+	for i := 0; i < len(body); i++ {
+		if body[i] != '\\' {
+			continue
+		}
+		r, ok := hex(i)
+		if !ok {
+			i++ // an escape of one character, \\ included
+			continue
+		}
+		switch {
+		case 0xD800 <= r && r < 0xDC00:
+			if lo, ok := hex(i + 6); ok && 0xDC00 <= lo && lo < 0xE000 {
+				i += 11
+				continue
+			}
+		case 0xDC00 <= r && r < 0xE000:
+		default:
+			i += 5
+			continue
+		}
+		return string(body[i : i+6]), i
+	}
+	return "", 0
 }
 
 // authorizedJSON lets allowed check the request's credentials, then decodes

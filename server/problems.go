@@ -44,7 +44,7 @@ func decodeError(w http.ResponseWriter, err error, v any) {
 func serviceProblem(err error) (int, string) {
 	switch {
 	case errors.Is(err, ErrUnknownPolicy):
-		name := tail(err, ErrUnknownPolicy)
+		name := clip(tail(err, ErrUnknownPolicy), logClip) // a name may be 60 KB
 		return http.StatusNotFound, fmt.Sprintf("there is no policy %s: GET /v1/policies lists the policies", name)
 	case errors.Is(err, sluice.ErrInvalidKey):
 		var n, most int

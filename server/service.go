@@ -378,6 +378,9 @@ func (s *Service) request(policy, key string, cost int64) (*config.Policy, enfor
 		return nil, enforce.Check{}, fmt.Errorf("%w: %w", ErrBadRequest, err)
 	}
 	if !cfg.Reaches(p, key) {
+		if why := config.EscapeProblem(key); why != "" {
+			return nil, enforce.Check{}, fmt.Errorf("%w: key %q of policy %q: %s", ErrBadRequest, clip(key, logClip), policy, why)
+		}
 		return nil, enforce.Check{}, fmt.Errorf("%w: no descriptor reaches key %q of policy %q: write the descriptor's entries, key=value,key=value", ErrBadRequest, key, policy)
 	}
 	if cost == 0 {

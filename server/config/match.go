@@ -217,6 +217,28 @@ func (c *Config) Reaches(p *Policy, key string) bool {
 	return ok && m.RateLimit.Policy == p && m.Key == key
 }
 
+// EscapeProblem says what is wrong with the %-escapes of a key written as
+// descriptor entries, "" when nothing is: EntriesKey writes each escape as
+// '%' and two upper-case hex digits, and Reaches matches only that form.
+func EscapeProblem(key string) string {
+	for i := 0; i < len(key); i++ {
+		if key[i] != '%' {
+			continue
+		}
+		if i+2 >= len(key) || !isHex(key[i+1]) || !isHex(key[i+2]) {
+			esc := key[i:min(i+3, len(key))]
+			return fmt.Sprintf("%q is not an escape: write '%%' as %%25, ',' as %%2C, '=' as %%3D, '|' as %%7C", esc)
+		}
+		if esc := key[i : i+3]; esc != strings.ToUpper(esc) {
+			return fmt.Sprintf("escape %q must be written in upper case, %q", esc, strings.ToUpper(esc))
+		}
+		i += 2
+	}
+	return ""
+}
+
+func isHex(c byte) bool { return '0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F' }
+
 // unescape undoes escapeTo.
 func unescape(s string) (string, bool) {
 	if !strings.Contains(s, "%") {
