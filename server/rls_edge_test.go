@@ -260,6 +260,8 @@ func rlsHeader(resp *rlsv3.RateLimitResponse, name string) string {
 		}
 	}
 	return ""
+}
+
 // An unknown domain is logged clipped, with its length, beside at most
 // maxDomainsLogged configured ones: a client's domain must not make a log
 // line as long as itself. One longer than maxDomainLen is refused.
