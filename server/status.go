@@ -95,13 +95,13 @@ func validUTF8JSON(body []byte) error {
 
 // ErrNoPolicies: a configuration without policies, which would let every
 // request through, and does not say allow_empty: true.
-var ErrNoPolicies = errors.New("server: the configuration has no policies (say allow_empty: true in it to run without any)")
+var ErrNoPolicies = errors.New("the configuration has no policies (say allow_empty: true in it to run without any)")
 
 // requirePolicies refuses an empty configuration unless it says so: an
 // emptied file must not silently drop every limit. Blocks limit too.
 func requirePolicies(cfg *config.Config) error {
 	if len(cfg.Policies) == 0 && cfg.Blocks() == 0 && !cfg.AllowEmpty {
-		return fmt.Errorf("%w: %s", ErrNoPolicies, strings.Join(cfg.Files, ", "))
+		return fmt.Errorf("%s: %w", strings.Join(cfg.Files, ", "), ErrNoPolicies)
 	}
 	return nil
 }

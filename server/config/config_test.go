@@ -137,6 +137,8 @@ func TestConfigErrors(t *testing.T) {
 		{"default domain used after it was named", "domain: sluice\npolicies: [{name: a, limit: 1/s}]\n---\npolicies: [{name: b, limit: 1/s}]\n", `4:1: duplicate domain "sluice" (first at test.yaml:1): policies without a domain: line are in domain "sluice"`},
 		{"default domain's policies keep unique names", "policies: [{name: a, limit: 1/s}]\n---\npolicies: [{name: a, limit: 2/s}]\n", `3:19: duplicate policy name "a" (first at test.yaml:1)`},
 		{"default domain's policies keep unique keys", "policies: [{name: a, limit: 1/s, key: '{u}'}]\n---\npolicies: [{name: b, limit: 2/s, key: '{u}'}]\n", `3:39: key "{u}" takes the same descriptor entries as policy "a"`},
+		{"unknown anchor", "policies:\n  - name: a\n    limit: 1/s\n    key: *nope\n", `4:5: unknown anchor 'nope' referenced`},
+		{"invalid utf-8", "policies:\n  - name: a\xff\n", `2:3: invalid leading UTF-8 octet`},
 		{"yaml syntax", "policies:\n  - name: a\n    limit: \"unclosed\n", `3:1: found unexpected end of stream`},
 		{"yaml tab", "policies:\n  - name: a\n\tlimit: 1/s\n", `3:1: found a tab character`},
 		{"not a mapping", "- a\n- b\n", `1:1: want a mapping`},
@@ -519,7 +521,11 @@ func TestTemplateInjective(t *testing.T) {
 				seen[key] = append([]string(nil), vals...)
 				return
 			}
-			for _, v := range values {
+			vs := values
+			if len(tt.vars) > 2 {
+				vs = alphabet // 3 variables of pairs would be 200,000 keys
+			}
+			for _, v := range vs {
 				fill(append(vals, v))
 			}
 		}

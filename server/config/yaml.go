@@ -97,9 +97,12 @@ func (l *loader) yamlError(data []byte, err error) {
 			}
 		}
 	}
-	if e.Line > 0 && !strings.Contains(e.Msg, "end of stream") {
+	if !strings.Contains(e.Msg, "end of stream") {
+		// The parser names no line for some errors (an unknown anchor,
+		// invalid UTF-8, nesting too deep) and too early a line for
+		// others: the first line whose prefix no longer parses is it.
 		lines := bytes.SplitAfter(data, []byte("\n"))
-		lo, hi := e.Line, len(lines) // the first lo lines may parse; all do not
+		lo, hi := max(e.Line, 1), len(lines) // the first lo lines may parse; all do not
 		for lo < hi {
 			mid := (lo + hi) / 2
 			if parses(bytes.Join(lines[:mid], nil)) {
