@@ -109,6 +109,7 @@ func TestConfigErrors(t *testing.T) {
 		{"percent between template variables", "policies:\n  - name: a\n    limit: 1/s\n    key: '{u}%{r}'\n", `4:10: key "{u}%{r}": variables {u} and {r} need text between them without '%', or their values could not be told apart`},
 		{"template without variables", "policies:\n  - name: a\n    limit: 1/s\n    key: fixed\n", `4:10: key "fixed": needs at least one {variable}`},
 		{"same descriptor keys", "policies:\n  - name: a\n    limit: 1/s\n    key: '{u}:{r}'\n  - name: b\n    limit: 1/s\n    key: '{r}/{u}'\n", `7:10: key "{r}/{u}" takes the same descriptor entries as policy "a"`},
+		{"override glob inside", "policies:\n  - name: a\n    limit: 1/s\n    overrides:\n      - {match: 'user-*-vip', limit: 2/s}\n", `5:17: override match "user-*-vip": '*' is a wildcard only at the end ("premium:*"); a match is a whole key or such a prefix`},
 		{"override without match", "policies:\n  - name: a\n    limit: 1/s\n    overrides:\n      - limit: 2/s\n", `5:9: override needs match and limit`},
 		{"duplicate override match", "policies:\n  - name: a\n    limit: 10/min\n    overrides:\n      - match: a\n        limit: 10/s\n      - match: a\n        limit: 20/s\n", `7:16: duplicate override match "a" (first at test.yaml:5)`},
 		{"duplicate override match in a list", "policies:\n  - name: a\n    limit: 10/min\n    overrides:\n      - {match: [x, y], limit: 10/s}\n      - {match: [z, y], limit: 20/s}\n", `6:21: duplicate override match "y" (first at test.yaml:5)`},

@@ -250,6 +250,11 @@ func (l *loader) overrides(p *Policy, list *yaml.Node) []Override {
 		shadowed := false
 		for _, m := range nodes {
 			o.Match = append(o.Match, l.str(m))
+			if s := o.Match[len(o.Match)-1]; strings.Contains(strings.TrimSuffix(s, "*"), "*") {
+				l.errorf(m, "override match %q: '*' is a wildcard only at the end (\"premium:*\"); a match is a whole key or such a prefix", s)
+				shadowed = true
+				continue
+			}
 			// The first matching override wins, so a match an earlier
 			// one already takes would never apply.
 			for _, e := range earlier {
