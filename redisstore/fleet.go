@@ -63,7 +63,7 @@ func (m *Membership) Heartbeat(ctx context.Context, member string, ttl time.Dura
 
 // Roster renews member's registration as Heartbeat does, and names the
 // members alive (member included) and those that withdrew (Leave) within
-// the last TTL they gave.
+// the last TTL they gave and have not registered again.
 func (m *Membership) Roster(ctx context.Context, member string, ttl time.Duration) (alive, left []string, err error) {
 	if m.client == nil {
 		return nil, nil, ErrNoClient

@@ -70,7 +70,8 @@ func testHeartbeat(t *testing.T, client redis.UniversalClient) {
 
 // Roster names the members alive and those that left; a member that
 // leaves is out of the count at once and listed as withdrawn for the time
-// it gave; on a Cluster too (both keys share a hash slot).
+// it gave, or until it registers again under its name; on a Cluster too
+// (both keys share a hash slot).
 func TestMembershipLeave(t *testing.T) {
 	t.Parallel()
 	for name, client := range map[string]func(*testing.T) redis.UniversalClient{
@@ -101,6 +102,13 @@ func TestMembershipLeave(t *testing.T) {
 			}
 			if n, err := m.Heartbeat(ctx, "a", time.Minute); err != nil || n != 1 {
 				t.Errorf("Heartbeat counts %d, %v; want 1", n, err)
+			}
+			// b restarts under its name: alive, and no longer withdrawn.
+			if alive, left := roster("b"); len(alive) != 2 || len(left) != 0 {
+				t.Errorf("b back: alive %q, left %q; want a and b, none", alive, left)
+			}
+			if err := m.Leave(ctx, "b", 200*time.Millisecond); err != nil {
+				t.Fatal(err)
 			}
 			time.Sleep(300 * time.Millisecond)
 			if _, left := roster("a"); len(left) != 0 {

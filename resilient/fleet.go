@@ -298,16 +298,19 @@ func (f *Fleet) beat(now time.Time) bool {
 }
 
 // roster records who is alive and who withdrew, and returns how many
-// withdrawals are new.
+// withdrawals are new. A name alive is never gone: a member may leave and
+// restart under the same name, and counting it short for even one
+// heartbeat would break n ≥ N.
 func (f *Fleet) roster(now time.Time, alive, left []string) int {
+	live := make(map[string]bool, len(alive))
 	for _, m := range alive {
-		if _, ok := f.gone[m]; !ok {
-			f.seen[m] = now
-		}
+		live[m] = true
+		f.seen[m] = now
+		delete(f.gone, m)
 	}
 	n := 0
 	for _, m := range left {
-		if _, ok := f.gone[m]; !ok && m != f.member {
+		if _, ok := f.gone[m]; !ok && !live[m] && m != f.member {
 			f.gone[m] = now
 			delete(f.seen, m)
 			n++

@@ -505,3 +505,57 @@ func TestFleetLeaveRedis(t *testing.T) {
 		t.Errorf("size %d after one member left and one went silent, want 2: the silent one is kept for Shrink", got)
 	}
 }
+
+// A member that leaves and restarts under the same name (FleetOptions.
+// Member) is counted at every heartbeat of the others: its old withdrawal
+// must not hide the new registration, even for one refresh, or the size
+// would dip below the members running (n ≥ N). The heartbeats are driven
+// by hand, so each one is checked.
+func TestFleetRestartSameNameRedis(t *testing.T) {
+	t.Parallel()
+	client := redistest.Client(t)
+	prefix := redistest.Prefix(t)
+	join := func(name string) *Fleet {
+		t.Helper()
+		f, err := NewFleet(redisstore.New(client, &redisstore.Options{Prefix: prefix}).Membership(),
+			&FleetOptions{Member: name, Refresh: time.Hour, TTL: 2 * time.Hour, Shrink: time.Minute, Logger: discard})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { f.Close() })
+		return f
+	}
+	ctx := context.Background()
+	expect := func(f *Fleet, want int, when string) {
+		t.Helper()
+		f.beat(time.Now())
+		if got := f.Size(); got != want {
+			t.Errorf("%s: %s's size %d, want %d", when, f.Member(), got, want)
+		}
+	}
+	a, b, r := join("A"), join("B"), join("R")
+	expect(a, 3, "all three up")
+
+	// R leaves and is back before A's next heartbeat.
+	if err := r.Leave(ctx); err != nil {
+		t.Fatal(err)
+	}
+	r = join("R")
+	for i := range 3 {
+		expect(a, 3, fmt.Sprintf("R left and restarted, heartbeat %d", i))
+	}
+
+	// R leaves, A sees it gone, then R is back: counted again, and still
+	// counted when another member leaves later.
+	if err := r.Leave(ctx); err != nil {
+		t.Fatal(err)
+	}
+	expect(a, 2, "R left")
+	r = join("R")
+	expect(a, 3, "R restarted")
+	if err := b.Leave(ctx); err != nil {
+		t.Fatal(err)
+	}
+	expect(a, 2, "B left, R running")
+	expect(r, 2, "B left, seen by R")
+}
