@@ -114,33 +114,102 @@ func (l *Limiter) Wait(ctx context.Context, key string) (Decision, error) {
 //
 // The waiters of one process on one key and limit (of any Limiter on the
 // same store, and of the middleware's Delay rules) form a line, first come
-// first served, and only its head asks the store again, after each
-// denial's RetryAfter. A waiter expects the head's wait plus what the
-// units ahead of it need; if ctx has a deadline that this would pass,
-// WaitN returns at once with an error wrapping context.DeadlineExceeded
-// and the denial, whose RetryAfter is the wait it would have needed,
-// rather than sleeping in vain. Units taken by other processes (or by this
-// one's callers that did not wait) are not in the line: with them a waiter
-// may still wait and then fail at its deadline.
+// first served: a caller that finds a line joins it without taking, and
+// only the line's head asks the store again, after each denial's
+// RetryAfter. A waiter expects its own wait (from the store, without
+// taking) plus what the units ahead of it need; if ctx has a deadline
+// that this would pass (less a store round trip and a millisecond, to ask
+// for the units in time), WaitN returns at once with an error wrapping
+// context.DeadlineExceeded and the denial, whose RetryAfter is the wait it
+// would have needed, rather than sleeping in vain. Units taken by other
+// processes are not in the line: with them a waiter may still wait and
+// then fail at its deadline.
 func (l *Limiter) WaitN(ctx context.Context, key string, n int64) (Decision, error) {
+	if line.Busy() {
+		if d, done, err := l.queue(ctx, key, n); done {
+			return d, err
+		}
+	}
+	start := time.Now()
 	d, err := l.AllowN(ctx, key, n)
 	if err != nil || d.Allowed {
 		return d, err
 	}
-	return l.wait(ctx, key, n, d)
+	return l.wait(ctx, key, n, d, time.Since(start))
+}
+
+// wake is how long after its units come back a waiter may take to ask for
+// them, besides the store's round trip: a timer's lateness.
+const wake = time.Millisecond
+
+// deadline is how long ctx lets a caller wait for its units to come back:
+// it must still ask for them, which takes a store round trip (rtt, as the
+// last call took) and a timer's wake-up; a waiter whose units come back
+// later than that cannot be served in time, and is refused at once.
+func deadline(ctx context.Context, rtt time.Duration) (time.Duration, time.Time, bool) {
+	d, bounded := ctx.Deadline()
+	if !bounded {
+		return time.Duration(1<<63 - 1), d, false
+	}
+	return time.Until(d) - rtt - wake, d, true
+}
+
+// queue joins the line already waiting on key, if there is one, without
+// taking: it asks the store how long n units need (Peek) and adds what the
+// line ahead needs. done is false when there is no line, or room for all
+// of it and this caller: then WaitN takes as usual.
+func (l *Limiter) queue(ctx context.Context, key string, n int64) (d Decision, done bool, err error) {
+	k, err := l.key(key)
+	if err != nil {
+		return Decision{}, true, err
+	}
+	owner := line.Owner(l.store, l)
+	if !line.Waiting(owner, k) {
+		return Decision{}, false, nil
+	}
+	snap := line.Look(owner, k, k+"\x00"+l.limit.String())
+	if snap == nil {
+		return Decision{}, false, nil
+	}
+	start := time.Now()
+	d, err = l.store.Peek(ctx, k, l.limit, n)
+	if err != nil {
+		return d, true, err
+	}
+	limit, _, _ := deadline(ctx, time.Since(start))
+	shape := l.limit.shape()
+	var est time.Duration
+	w, there := snap.Join([]int64{n}, func(ahead []int64) bool {
+		if d.Allowed {
+			est = shape.EstimateAllowed(d.Remaining, ahead[0], n)
+		} else {
+			est = shape.Estimate(max(d.RetryAfter, time.Millisecond), ahead[0], n)
+		}
+		return est > 0 && est <= limit
+	})
+	switch {
+	case !there || w == nil && est == 0:
+		return Decision{}, false, nil
+	case w == nil:
+		d.Allowed, d.Remaining = false, 0
+		d.RetryAfter = max(d.RetryAfter, est)
+		d.ResetAfter = max(d.ResetAfter, d.RetryAfter)
+		return d, true, fmt.Errorf("sluice: wait of %v would pass the deadline: %w", est, context.DeadlineExceeded)
+	}
+	d.Allowed, d.Remaining = false, 0
+	d.RetryAfter = max(d.RetryAfter, est)
+	d, err = l.waitIn(ctx, k, n, d, w, false)
+	return d, true, err
 }
 
 // wait is WaitN after its first denial d.
-func (l *Limiter) wait(ctx context.Context, key string, n int64, d Decision) (Decision, error) {
+// rtt is how long that take took.
+func (l *Limiter) wait(ctx context.Context, key string, n int64, d Decision, rtt time.Duration) (Decision, error) {
 	k, _ := l.key(key) // AllowN has checked it
-	limit := time.Duration(1<<63 - 1)
-	deadline, bounded := ctx.Deadline()
-	if bounded {
-		limit = time.Until(deadline)
-	}
+	limit, _, _ := deadline(ctx, rtt)
 	shape := l.limit.shape()
 	first := max(d.RetryAfter, time.Millisecond) // defensive: a store must not deny with no wait
-	w, est := line.Join(line.Owner(l.store, l), k+"\x00"+l.limit.String(), []int64{n}, func(ahead []int64) time.Duration {
+	w, est := line.Join(line.Owner(l.store, l), k, k+"\x00"+l.limit.String(), []int64{n}, func(ahead []int64) time.Duration {
 		return shape.Estimate(first, ahead[0], n)
 	}, limit)
 	if w == nil {
@@ -148,7 +217,16 @@ func (l *Limiter) wait(ctx context.Context, key string, n int64, d Decision) (De
 		d.ResetAfter = max(d.ResetAfter, d.RetryAfter)
 		return d, fmt.Errorf("sluice: wait of %v would pass the deadline: %w", est, context.DeadlineExceeded)
 	}
+	return l.waitIn(ctx, k, n, d, w, true)
+}
+
+// waitIn waits in line as w, denied with d, until admitted or ctx ends.
+// fresh: d came from a take just now, so a head sleeps on it; a waiter
+// that joined without taking asks the store as soon as it heads the line.
+func (l *Limiter) waitIn(ctx context.Context, k string, n int64, d Decision, w *line.Waiter, fresh bool) (Decision, error) {
 	defer w.Leave()
+	deadline, bounded := ctx.Deadline()
+	first := max(d.RetryAfter, time.Millisecond)
 	var timer *time.Timer
 	defer func() {
 		if timer != nil {
@@ -168,7 +246,7 @@ func (l *Limiter) wait(ctx context.Context, key string, n int64, d Decision) (De
 			return nil
 		}
 	}
-	if w.Head() {
+	if fresh && w.Head() {
 		// The denial in hand is fresh: sleep on it.
 		if bounded && time.Until(deadline) < first {
 			return d, fmt.Errorf("sluice: wait of %v would pass the deadline: %w", first, context.DeadlineExceeded)

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/openloop"
+	"github.com/sluicehq/sluice/internal/race"
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/redisstore"
 )
@@ -132,6 +134,49 @@ func TestWaitLineWindows(t *testing.T) {
 			if p90, most := late[len(late)*9/10], late[len(late)-1]; p90 > 250*time.Millisecond || most > 600*time.Millisecond {
 				t.Errorf("refusals took p90 %v, max %v; want at once", p90, most)
 			}
+		})
+	}
+}
+
+// The reviewer's open-loop scenario: requests arriving at twice the rate
+// (periodic, and seeded Poisson), each waiting at most 1s. Every newcomer that finds a line joins its end
+// instead of taking the unit its head waits for, so none is held to its
+// deadline and then refused: a request the line cannot serve in time is
+// refused at once.
+func TestWaitLineOpenLoop(t *testing.T) {
+	race.SkipTiming(t)
+	t.Parallel()
+	checkWaitOpenLoop(t, newMemory(t, nil))
+}
+
+func TestRedisWaitLineOpenLoop(t *testing.T) {
+	race.SkipTiming(t)
+	t.Parallel()
+	checkWaitOpenLoop(t, redisstore.New(redistest.Client(t), &redisstore.Options{Prefix: redistest.Prefix(t)}))
+}
+
+func checkWaitOpenLoop(t *testing.T, store sluice.Store) {
+	limit := sluice.PerSecond(10)
+	for name, arrivals := range map[string][]time.Duration{
+		"periodic": openloop.Periodic(20, 4*time.Second),
+		"poisson":  openloop.Poisson(1, 20, 4*time.Second),
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			l, err := sluice.NewLimiter(store, limit, &sluice.Options{Prefix: name + ":"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			out := openloop.Run(arrivals, func() bool {
+				ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+				defer cancel()
+				d, err := l.Wait(ctx, "open")
+				if err != nil && !errors.Is(err, context.DeadlineExceeded) || err == nil && !d.Allowed {
+					t.Errorf("Wait = %+v, %v", d, err)
+				}
+				return err == nil
+			})
+			openloop.Check(t, out, 100*time.Millisecond, int(limit.Capacity()), limit.Interval())
 		})
 	}
 }

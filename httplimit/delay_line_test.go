@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/openloop"
+	"github.com/sluicehq/sluice/internal/race"
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/memory"
 	"github.com/sluicehq/sluice/redisstore"
@@ -204,5 +206,58 @@ func TestTransportLineRefusesAtOnce(t *testing.T) {
 	checkLine(t, out, 5, 5, quick, 1500*time.Millisecond, 0)
 	if got := calls.Load(); got != runs*5 {
 		t.Errorf("provider called %d times, want %d", got, runs*5)
+	}
+}
+
+// The reviewer's open-loop scenario through the Delay middleware on a real
+// listener: requests arriving at twice the rate (periodic, and seeded
+// Poisson), MaxDelay 1s. A newcomer that finds a line joins it instead of
+// taking the unit its head waits for, so no request is held to MaxDelay
+// and then refused (429 after ~1s): it is served, or refused at once.
+func TestDelayLineOpenLoop(t *testing.T) {
+	race.SkipTiming(t)
+	t.Parallel()
+	store := memory.New(nil)
+	t.Cleanup(func() { store.Close() })
+	checkDelayOpenLoop(t, store)
+}
+
+func TestRedisDelayLineOpenLoop(t *testing.T) {
+	race.SkipTiming(t)
+	t.Parallel()
+	checkDelayOpenLoop(t, redisstore.New(redistest.Client(t), &redisstore.Options{Prefix: redistest.Prefix(t)}))
+}
+
+func checkDelayOpenLoop(t *testing.T, store sluice.Store) {
+	limit := sluice.PerSecond(10)
+	for name, arrivals := range map[string][]time.Duration{
+		"periodic": openloop.Periodic(20, 4*time.Second),
+		"poisson":  openloop.Poisson(2, 20, 4*time.Second),
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			m, err := New(store, []Rule{{Name: "d", Limit: limit, Key: Global(), Strategy: Delay, MaxDelay: time.Second}},
+				&Options{Prefix: name + ":"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			srv := httptest.NewServer(m.Handler(okHandler))
+			t.Cleanup(srv.Close)
+			client := srv.Client()
+			client.Transport.(*http.Transport).MaxIdleConnsPerHost = 64
+			out := openloop.Run(arrivals, func() bool {
+				resp, err := client.Get(srv.URL)
+				if err != nil {
+					t.Error(err)
+					return false
+				}
+				resp.Body.Close()
+				if resp.StatusCode != http.StatusOK && resp.StatusCode != http.StatusTooManyRequests {
+					t.Errorf("status %d", resp.StatusCode)
+				}
+				return resp.StatusCode == http.StatusOK
+			})
+			openloop.Check(t, out, 100*time.Millisecond, int(limit.Capacity()), limit.Interval())
+		})
 	}
 }

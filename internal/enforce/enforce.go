@@ -38,7 +38,8 @@ const (
 	// request that would need longer is rejected at once, its RetryAfter
 	// the wait it would have needed. The waiters of one process on one
 	// set of counters form a line (internal/line): only its head asks the
-	// store, and a newcomer's wait counts the units ahead of it. Takes
+	// store, a newcomer that finds a line joins it without taking, and its
+	// wait counts the units ahead of it. Takes
 	// from other processes are not in the line: with them a waiter may
 	// still be rejected at MaxDelay.
 	Delay
@@ -438,6 +439,29 @@ func (e *Engine) enforce(ctx context.Context, checks []Check, all bool) (Verdict
 			return false
 		}
 	}
+	if line.Busy() {
+		start = time.Now()
+		q, err := e.queue(ctx, checks, reqs, idx)
+		if err != nil {
+			e.observeErrors(ctx, checks)
+			return failed, err
+		}
+		switch {
+		case q.w != nil:
+			w, held = q.w, true
+			// Ask the store once those ahead are served, unless that
+			// comes after MaxDelay.
+			sleep(q.maxWait-time.Since(start), w.Turn())
+			if !w.Head() || ctx.Err() != nil {
+				waited = time.Since(start) // held to MaxDelay
+				q.ds[q.deny].RetryAfter = max(q.ds[q.deny].RetryAfter-waited, time.Millisecond)
+				return e.denied(ctx, checks, idx, q.ds, q.deny, waited, all)
+			}
+		case q.deny >= 0:
+			// Refused at once with the wait it would have needed.
+			return e.denied(ctx, checks, idx, q.ds, q.deny, 0, all)
+		}
+	}
 	for {
 		ds := oneDecision(len(reqs))
 		var err error
@@ -521,27 +545,101 @@ func (e *Engine) enforce(ctx context.Context, checks []Check, all bool) (Verdict
 				}
 			}
 		}
-		out := Verdict{Report: idx[deny], Decision: ds[deny], Waited: waited}
-		for j, d := range ds {
-			if d.Allowed {
-				continue
-			}
-			c := &checks[idx[j]]
-			if c.Rule.Strategy == Penalty && !madeUp(d) {
-				if block, ok := e.block(ctx, c); ok {
-					d.RetryAfter = max(d.RetryAfter, block)
-					d.ResetAfter = max(d.ResetAfter, d.RetryAfter)
-					ds[j] = d
-					if d.RetryAfter > out.Decision.RetryAfter {
-						out.Report, out.Decision = idx[j], d
-					}
+		return e.denied(ctx, checks, idx, ds, deny, waited, all)
+	}
+}
+
+// denied answers a request denied by ds[deny] (ds[j] for the counter
+// reqs[j] of the check idx[j]) after waiting waited.
+func (e *Engine) denied(ctx context.Context, checks []Check, idx []int, ds []sluice.Decision, deny int, waited time.Duration, all bool) (Verdict, error) {
+	out := Verdict{Report: idx[deny], Decision: ds[deny], Waited: waited}
+	for j, d := range ds {
+		if d.Allowed {
+			continue
+		}
+		c := &checks[idx[j]]
+		if c.Rule.Strategy == Penalty && !madeUp(d) {
+			if block, ok := e.block(ctx, c); ok {
+				d.RetryAfter = max(d.RetryAfter, block)
+				d.ResetAfter = max(d.ResetAfter, d.RetryAfter)
+				ds[j] = d
+				if d.RetryAfter > out.Decision.RetryAfter {
+					out.Report, out.Decision = idx[j], d
 				}
 			}
-			e.observe(c.Rule.Name, sluice.OutcomeDenied, d)
 		}
-		setCounters(checks, ds)
-		return e.deny(ctx, checks, out, all)
+		e.observe(c.Rule.Name, sluice.OutcomeDenied, d)
 	}
+	setCounters(checks, ds)
+	return e.deny(ctx, checks, out, all)
+}
+
+// queued is what queue did with a request.
+type queued struct {
+	w       *line.Waiter      // joined: wait for the turn, then ask the store
+	deny    int               // refused at once (or at the turn's timeout) by ds[deny]; -1 if not
+	ds      []sluice.Decision // the store's answers without taking
+	maxWait time.Duration     // the Delay rules' shortest MaxDelay
+}
+
+// queue puts a request whose counters already have a line in this process
+// at its end, without taking: a newcomer that took first would take the
+// unit the head waits for, so that the head is held to its MaxDelay and
+// refused. It asks the store what its units need (Peek) and adds what the
+// line ahead needs; over the MaxDelay of a Delay rule, or when a rule that
+// does not wait would have to, or with no waiting slot left, the request
+// is refused at once. With no line, or room for all of it and this
+// request, q is empty (deny -1) and the request takes as usual.
+func (e *Engine) queue(ctx context.Context, checks []Check, reqs []sluice.Request, idx []int) (q queued, err error) {
+	q.deny = -1
+	owner := line.Owner(e.store, e)
+	if !line.Waiting(owner, reqs[0].Key) {
+		return q, nil
+	}
+	snap := line.Look(owner, reqs[0].Key, lineName(reqs))
+	if snap == nil {
+		return q, nil
+	}
+	start := time.Now()
+	q.ds = make([]sluice.Decision, len(reqs))
+	for j, r := range reqs {
+		if q.ds[j], err = e.store.Peek(ctx, r.Key, r.Limit, r.Cost); err != nil {
+			return q, err
+		}
+	}
+	var est time.Duration
+	fits := func(ahead []int64) bool {
+		q.deny, est, q.maxWait = -1, 0, -1
+		wait := true
+		for j, r := range reqs {
+			d := counterWait(r, q.ds[j], ahead[j])
+			if d == 0 {
+				continue
+			}
+			if q.deny < 0 || d > est {
+				q.deny, est = j, d
+			}
+			if rule := checks[idx[j]].Rule; rule.Strategy != Delay {
+				wait = false
+			} else if q.maxWait < 0 || rule.MaxDelay < q.maxWait {
+				q.maxWait = rule.MaxDelay
+			}
+		}
+		return q.deny >= 0 && wait && est <= q.maxWait-time.Since(start)
+	}
+	var there bool
+	q.w, there = snap.Join(costs(reqs), func(ahead []int64) bool {
+		// The waiting slots are taken with the place, or neither.
+		return fits(ahead) && hold(checks, idx)
+	})
+	if !there || q.w == nil && q.deny < 0 {
+		return queued{deny: -1}, nil
+	}
+	d := &q.ds[q.deny]
+	d.Allowed, d.Remaining = false, 0 // what remains is the line's
+	d.RetryAfter = max(d.RetryAfter, est)
+	d.ResetAfter = max(d.ResetAfter, d.RetryAfter)
+	return q, nil
 }
 
 // join puts a denied request in its line, or refuses it (nil) with the
@@ -550,7 +648,7 @@ func (e *Engine) enforce(ctx context.Context, checks []Check, all bool) (Verdict
 func (e *Engine) join(reqs []sluice.Request, ds []sluice.Decision, maxWait time.Duration) (*line.Waiter, time.Duration) {
 	rs := append([]sluice.Request(nil), reqs...)
 	dd := append([]sluice.Decision(nil), ds...)
-	return line.Join(line.Owner(e.store, e), lineName(rs), costs(rs), func(ahead []int64) time.Duration {
+	return line.Join(line.Owner(e.store, e), rs[0].Key, lineName(rs), costs(rs), func(ahead []int64) time.Duration {
 		return estimate(rs, dd, ahead)
 	}, maxWait)
 }
@@ -584,16 +682,19 @@ func costs(reqs []sluice.Request) []int64 {
 func estimate(reqs []sluice.Request, ds []sluice.Decision, ahead []int64) time.Duration {
 	var most time.Duration
 	for j, r := range reqs {
-		s := Shape(r.Limit)
-		var d time.Duration
-		if ds[j].Allowed {
-			d = s.EstimateAllowed(ds[j].Remaining, ahead[j], r.Cost)
-		} else {
-			d = s.Estimate(max(ds[j].RetryAfter, time.Millisecond), ahead[j], r.Cost)
-		}
-		most = max(most, d)
+		most = max(most, counterWait(r, ds[j], ahead[j]))
 	}
 	return most
+}
+
+// counterWait is how long r's counter, which answered d, makes a request
+// wait behind ahead units.
+func counterWait(r sluice.Request, d sluice.Decision, ahead int64) time.Duration {
+	s := Shape(r.Limit)
+	if d.Allowed {
+		return s.EstimateAllowed(d.Remaining, ahead, r.Cost)
+	}
+	return s.Estimate(max(d.RetryAfter, time.Millisecond), ahead, r.Cost)
 }
 
 // Shape is what the line's estimate needs of l.

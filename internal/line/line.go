@@ -4,17 +4,22 @@
 // on its own Retry-After, with no order among them, lets all of them sleep
 // and then all but one be refused.
 //
-// Only the line's head asks the store; the others wait their turn. The
-// store still decides every admission: the line only orders this process's
-// waiters and refuses those it cannot serve in time. Takes from other
-// processes, and from requests of this one that are admitted without
-// waiting, are not in the line, so a waiter can still be refused at its
-// deadline after all.
+// Only the line's head asks the store; the others wait their turn. A
+// request that finds a line joins its end without taking first (Look,
+// Snapshot.Join): taking first, it would take the unit the head waits for
+// whenever one came back as it arrived, and the head would be held to its
+// deadline and refused. The store still decides every admission: the line
+// only orders this process's waiters and refuses those it cannot serve in
+// time. Takes from other processes, from requests of this one that do not
+// wait, and from those that took just as the line formed, are not in the
+// line, so a waiter can still be refused at its deadline after all.
 package line
 
 import (
+	"hash/maphash"
 	"reflect"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -83,23 +88,40 @@ func sat(base time.Duration, n int64, d time.Duration) time.Duration {
 	return base + time.Duration(n)*d
 }
 
-// id names a line: the store (when it can be a map key) or another owner,
-// and the keys and limits of the waiters.
-type id struct {
+// head finds a line: the store (when it can be a map key) or another
+// owner, and the key of the line's first counter; lines of other counter
+// sets sharing that key are chained behind it.
+type head struct {
 	owner any
-	name  string
+	key   string
 }
 
+// The registry is sharded by key, so that requests on other keys do not
+// queue on one mutex behind a busy key's line; live counts its lines, so
+// that with none a request looks at nothing else.
+const shards = 64
+
 var (
-	mu    sync.Mutex
-	lines = map[id]*Line{}
+	live     atomic.Int64
+	seed     = maphash.MakeSeed()
+	registry [shards]struct {
+		mu    sync.Mutex
+		lines map[head]*Line
+	}
 )
+
+func shardOf(key string) int { return int(maphash.String(seed, key) % shards) }
 
 // Line is the queue of one key and limit (or one set of them).
 type Line struct {
-	id      id
+	head    head
+	name    string
+	shard   int
+	next    *Line // another line with the same head
+	gone    bool  // out of the registry: its waiters all left
 	waiters []*Waiter
 	units   []int64 // per counter, the units of every waiter in the line
+	joined  []int64 // per counter, the units of every waiter that ever joined
 }
 
 // Waiter is one place in a line.
@@ -118,15 +140,86 @@ func Owner(store, fallback any) any {
 	return fallback
 }
 
+// Busy reports whether any line exists: without one, no request need look
+// further (one atomic load).
+func Busy() bool { return live.Load() > 0 }
+
+// Waiting reports whether a line whose first counter is key waits on
+// owner, without allocating.
+func Waiting(owner any, key string) bool {
+	sh := &registry[shardOf(key)]
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	return sh.lines[head{owner, key}] != nil
+}
+
+// find returns the line named name, if any; the shard's lock is held.
+func find(lines map[head]*Line, h head, name string) *Line {
+	for l := lines[h]; l != nil; l = l.next {
+		if l.name == name {
+			return l
+		}
+	}
+	return nil
+}
+
+// Snapshot is a line as a newcomer found it, before it asked the store how
+// long its own units need: with what joined since, the units ahead of it.
+type Snapshot struct {
+	line   *Line
+	units  []int64
+	joined []int64
+}
+
+// Look returns the line named name, whose first counter is key, on owner,
+// or nil if there is none. A request that finds one joins it (Snapshot.Join)
+// instead of taking first: a newcomer that took first would take the unit
+// the head waits for.
+func Look(owner any, key, name string) *Snapshot {
+	sh := &registry[shardOf(key)]
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	l := find(sh.lines, head{owner, key}, name)
+	if l == nil {
+		return nil
+	}
+	return &Snapshot{line: l, units: append([]int64(nil), l.units...), joined: append([]int64(nil), l.joined...)}
+}
+
+// Join puts a waiter of cost units (one per counter) at the end of the line
+// s looked at, if fits accepts the units now ahead of it per counter: those
+// in the line when s was taken and all that joined since (some of which may
+// have left, served, without the store's answer since s showing it: so the
+// estimate errs long, never short). It returns the waiter (nil when
+// refused), and false when the line has emptied since s (nothing done).
+func (s *Snapshot) Join(cost []int64, fits func(ahead []int64) bool) (*Waiter, bool) {
+	l := s.line
+	sh := &registry[l.shard]
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if l.gone {
+		return nil, false
+	}
+	ahead := make([]int64, len(cost))
+	for j := range ahead {
+		ahead[j] = s.units[j] + l.joined[j] - s.joined[j]
+	}
+	if !fits(ahead) {
+		return nil, true
+	}
+	return l.add(cost), true
+}
+
 // Join puts a waiter of cost units (one per counter) at the end of the
-// line named by owner and name, if estimate, given the units ahead per
-// counter, is at most limit. It returns the waiter (nil when refused) and
-// the estimate.
-func Join(owner any, name string, cost []int64, estimate func(ahead []int64) time.Duration, limit time.Duration) (*Waiter, time.Duration) {
-	mu.Lock()
-	defer mu.Unlock()
-	k := id{owner, name}
-	l := lines[k]
+// line named name (whose first counter is key) on owner, if estimate,
+// given the units ahead per counter, is at most limit. It returns the
+// waiter (nil when refused) and the estimate.
+func Join(owner any, key, name string, cost []int64, estimate func(ahead []int64) time.Duration, limit time.Duration) (*Waiter, time.Duration) {
+	h := head{owner, key}
+	sh := &registry[shardOf(key)]
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	l := find(sh.lines, h, name)
 	ahead := make([]int64, len(cost))
 	if l != nil {
 		copy(ahead, l.units)
@@ -136,9 +229,19 @@ func Join(owner any, name string, cost []int64, estimate func(ahead []int64) tim
 		return nil, est
 	}
 	if l == nil {
-		l = &Line{id: k, units: make([]int64, len(cost))}
-		lines[k] = l
+		l = &Line{head: h, name: name, shard: shardOf(key), units: make([]int64, len(cost)), joined: make([]int64, len(cost))}
+		if sh.lines == nil {
+			sh.lines = map[head]*Line{}
+		}
+		l.next = sh.lines[h]
+		sh.lines[h] = l
+		live.Add(1)
 	}
+	return l.add(cost), est
+}
+
+// add appends a waiter; the shard's lock is held.
+func (l *Line) add(cost []int64) *Waiter {
 	w := &Waiter{line: l, cost: cost, turn: make(chan struct{})}
 	if len(l.waiters) == 0 {
 		close(w.turn)
@@ -146,8 +249,9 @@ func Join(owner any, name string, cost []int64, estimate func(ahead []int64) tim
 	l.waiters = append(l.waiters, w)
 	for j, c := range cost {
 		l.units[j] += c
+		l.joined[j] += c
 	}
-	return w, est
+	return w
 }
 
 // Turn is closed when w heads its line: then, and only then, it asks the
@@ -167,12 +271,13 @@ func (w *Waiter) Head() bool {
 // Leave takes w out of its line, admitted or refused; the next waiter
 // becomes the head if w was. Calling it twice is harmless.
 func (w *Waiter) Leave() {
-	mu.Lock()
-	defer mu.Unlock()
 	l := w.line
 	if l == nil {
 		return
 	}
+	sh := &registry[l.shard]
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
 	w.line = nil
 	for i, o := range l.waiters {
 		if o != w {
@@ -188,17 +293,39 @@ func (w *Waiter) Leave() {
 		l.units[j] -= c
 	}
 	if len(l.waiters) == 0 {
-		delete(lines, l.id)
+		l.gone = true
+		live.Add(-1)
+		// Unchain l.
+		p := sh.lines[l.head]
+		if p == l {
+			if l.next == nil {
+				delete(sh.lines, l.head)
+			} else {
+				sh.lines[l.head] = l.next
+			}
+			return
+		}
+		for ; p != nil; p = p.next {
+			if p.next == l {
+				p.next = l.next
+				return
+			}
+		}
 	}
 }
 
 // Len reports how many waiters all lines hold, for tests.
 func Len() int {
-	mu.Lock()
-	defer mu.Unlock()
 	n := 0
-	for _, l := range lines {
-		n += len(l.waiters)
+	for i := range registry {
+		sh := &registry[i]
+		sh.mu.Lock()
+		for l := range sh.lines {
+			for c := sh.lines[l]; c != nil; c = c.next {
+				n += len(c.waiters)
+			}
+		}
+		sh.mu.Unlock()
 	}
 	return n
 }

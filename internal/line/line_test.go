@@ -46,15 +46,15 @@ func TestEstimate(t *testing.T) {
 func TestLine(t *testing.T) {
 	per := func(ahead []int64) time.Duration { return time.Duration(ahead[0]+1) * time.Second }
 	owner := new(int)
-	a, _ := Join(owner, "k", []int64{1}, per, 2*time.Second)
-	b, est := Join(owner, "k", []int64{1}, per, 2*time.Second)
+	a, _ := Join(owner, "k", "k", []int64{1}, per, 2*time.Second)
+	b, est := Join(owner, "k", "k", []int64{1}, per, 2*time.Second)
 	if a == nil || b == nil || est != 2*time.Second {
 		t.Fatalf("joins: %v %v %v", a, b, est)
 	}
-	if c, est := Join(owner, "k", []int64{1}, per, 2*time.Second); c != nil || est != 3*time.Second {
+	if c, est := Join(owner, "k", "k", []int64{1}, per, 2*time.Second); c != nil || est != 3*time.Second {
 		t.Fatalf("third join: %v %v, want refused with 3s", c, est)
 	}
-	other, _ := Join(owner, "other", []int64{1}, per, time.Second)
+	other, _ := Join(owner, "other", "other", []int64{1}, per, time.Second)
 	if !a.Head() || b.Head() || other == nil || !other.Head() {
 		t.Fatal("heads")
 	}
@@ -69,5 +69,63 @@ func TestLine(t *testing.T) {
 	other.Leave()
 	if n := Len(); n != 0 {
 		t.Errorf("%d left in lines", n)
+	}
+}
+
+// A newcomer that finds a line joins its end without taking first; the
+// units ahead of it are those in the line when it looked and all that
+// joined since, so its estimate errs long, never short; a line that
+// emptied meanwhile is not joined. With no line, Busy is false.
+func TestSnapshot(t *testing.T) {
+	owner := new(int)
+	if Busy() || Waiting(owner, "k") || Look(owner, "k", "k") != nil {
+		t.Fatal("a line before any joined")
+	}
+	per := func(ahead []int64) time.Duration { return time.Duration(ahead[0]+1) * time.Second }
+	a, _ := Join(owner, "k", "k", []int64{2}, per, time.Hour)
+	if !Busy() || !Waiting(owner, "k") || Look(owner, "k", "k x") != nil {
+		t.Fatal("Busy, Waiting or Look by another name")
+	}
+	snap := Look(owner, "k", "k")
+	b, _ := Join(owner, "k", "k", []int64{1}, per, time.Hour) // joins after the look
+	a.Leave()                                                 // served after the look
+	var seen []int64
+	c, there := snap.Join([]int64{1}, func(ahead []int64) bool { seen = ahead; return true })
+	if !there || c == nil || c.Head() || seen[0] != 3 {
+		t.Fatalf("join: %v %v, head %v, ahead %v; want behind b, 3 ahead (a's 2 and b's 1)", c, there, c != nil && c.Head(), seen)
+	}
+	if d, there := Look(owner, "k", "k").Join([]int64{1}, func([]int64) bool { return false }); d != nil || !there {
+		t.Fatal("refused join")
+	}
+	snap = Look(owner, "k", "k")
+	b.Leave()
+	c.Leave()
+	if d, there := snap.Join([]int64{1}, func([]int64) bool { return true }); d != nil || there {
+		t.Fatal("joined a line that emptied")
+	}
+	if Busy() || Len() != 0 {
+		t.Errorf("busy %v, %d waiting after all left", Busy(), Len())
+	}
+}
+
+// Lines of other counter sets that share a first key are told apart, and
+// each leaves the registry when it empties, in any order.
+func TestSharedFirstKey(t *testing.T) {
+	owner := new(int)
+	zero := func([]int64) time.Duration { return 0 }
+	a, _ := Join(owner, "k", "k 1", []int64{1}, zero, 0)
+	b, _ := Join(owner, "k", "k 2", []int64{1, 1}, zero, 0)
+	c, _ := Join(owner, "k", "k 3", []int64{1}, zero, 0)
+	if !a.Head() || !b.Head() || !c.Head() {
+		t.Fatal("each heads its own line")
+	}
+	b.Leave()
+	if Look(owner, "k", "k 2") != nil || Look(owner, "k", "k 1") == nil || Look(owner, "k", "k 3") == nil {
+		t.Fatal("after the middle line emptied")
+	}
+	c.Leave()
+	a.Leave()
+	if Waiting(owner, "k") || Busy() {
+		t.Error("lines left behind")
 	}
 }

@@ -1,0 +1,124 @@
+// Package openloop drives a limiter the way the reviewer measured the
+// wait line: requests arriving on their own schedule (periodic, or seeded
+// Poisson arrivals), each held at most a deadline, and checks the line's promise:
+// no request held to its deadline and then refused, and no more admitted
+// than the limit allows.
+package openloop
+
+import (
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+)
+
+// Outcome is one request: when it arrived and was answered, and whether
+// it was admitted.
+type Outcome struct {
+	Start, End time.Time
+	Allowed    bool
+}
+
+// Poisson returns the arrival times of requests at rate per second for
+// dur, at seeded exponential intervals.
+func Poisson(seed uint64, rate float64, dur time.Duration) []time.Duration {
+	rng := rand.New(rand.NewPCG(seed, seed))
+	var at []time.Duration
+	for t := time.Duration(0); t < dur; t += time.Duration(rng.ExpFloat64() / rate * float64(time.Second)) {
+		at = append(at, t)
+	}
+	return at
+}
+
+// Periodic returns arrival times every 1/rate seconds for dur: at twice a
+// GCRA limit's rate, every other request arrives just as a unit comes
+// back, which is when a newcomer that took first would beat the line's
+// head to it.
+func Periodic(rate float64, dur time.Duration) []time.Duration {
+	var at []time.Duration
+	for i := 0; time.Duration(float64(i)/rate*float64(time.Second)) < dur; i++ {
+		at = append(at, time.Duration(float64(i)/rate*float64(time.Second)))
+	}
+	return at
+}
+
+// Run starts a request at each arrival time, in its own goroutine, and
+// returns their outcomes once all are answered. do answers one request:
+// whether it was admitted.
+func Run(arrivals []time.Duration, do func() bool) []Outcome {
+	var (
+		mu  sync.Mutex
+		out []Outcome
+		wg  sync.WaitGroup
+	)
+	begin := time.Now()
+	for _, at := range arrivals {
+		time.Sleep(time.Until(begin.Add(at)))
+		wg.Go(func() {
+			start := time.Now()
+			ok := do()
+			o := Outcome{Start: start, End: time.Now(), Allowed: ok}
+			mu.Lock()
+			out = append(out, o)
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	return out
+}
+
+// Check fails t if a refused request was held longer than atOnce (the
+// line refuses at once what it cannot serve within the deadline), or if
+// more were admitted in some stretch of time than burst plus one per
+// interval of it (plus one for the clock's slack in timing the answers).
+// It fails too if none was held and admitted, or none refused: then the
+// run did not test the line.
+func Check(t *testing.T, out []Outcome, atOnce time.Duration, burst int, interval time.Duration) {
+	t.Helper()
+	var (
+		held, refused []time.Duration
+		admitted      []time.Time
+		waited        int
+	)
+	for _, o := range out {
+		took := o.End.Sub(o.Start)
+		if !o.Allowed {
+			refused = append(refused, took)
+			if took > atOnce {
+				held = append(held, took)
+			}
+			continue
+		}
+		admitted = append(admitted, o.End)
+		if took > interval/2 {
+			waited++
+		}
+	}
+	slices.Sort(refused)
+	t.Logf("%d requests: %d admitted (%d after waiting), %d refused (longest after %v), %d held and then refused",
+		len(out), len(admitted), waited, len(refused), last(refused), len(held))
+	if len(held) > 0 {
+		t.Errorf("%d requests held and then refused, after %v; want every refusal within %v", len(held), held, atOnce)
+	}
+	if waited == 0 || len(refused) == 0 {
+		t.Errorf("%d admitted after waiting, %d refused: the line was not tested", waited, len(refused))
+	}
+	slices.SortFunc(admitted, func(a, b time.Time) int { return a.Compare(b) })
+	for i := range admitted {
+		for j := i; j < len(admitted); j++ {
+			span := admitted[j].Sub(admitted[i])
+			if n, most := j-i+1, burst+int(span/interval)+1; n > most {
+				t.Errorf("%d admitted within %v, want at most %d", n, span, most)
+				return
+			}
+		}
+	}
+}
+
+func last(d []time.Duration) time.Duration {
+	if len(d) == 0 {
+		return 0
+	}
+	return d[len(d)-1]
+}
