@@ -138,7 +138,7 @@ func TestWaitLineWindows(t *testing.T) {
 	}
 }
 
-// The reviewer's open-loop scenario: requests arriving at twice the rate
+// An open-loop schedule: requests arriving at twice the rate
 // (periodic, and seeded Poisson), each waiting at most 1s. Every newcomer that finds a line joins its end
 // instead of taking the unit its head waits for, so none is held to its
 // deadline and then refused: a request the line cannot serve in time is
@@ -157,26 +157,19 @@ func TestRedisWaitLineOpenLoop(t *testing.T) {
 
 func checkWaitOpenLoop(t *testing.T, store sluice.Store) {
 	limit := sluice.PerSecond(10)
-	for name, arrivals := range map[string][]time.Duration{
-		"periodic": openloop.Periodic(20, 4*time.Second),
-		"poisson":  openloop.Poisson(1, 20, 4*time.Second),
-	} {
-		t.Run(name, func(t *testing.T) {
-			t.Parallel()
-			l, err := sluice.NewLimiter(store, limit, &sluice.Options{Prefix: name + ":"})
-			if err != nil {
-				t.Fatal(err)
+	openloop.Replay(t, 1, limit, func(t *testing.T, name string) func() bool {
+		l, err := sluice.NewLimiter(store, limit, &sluice.Options{Prefix: name + ":"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return func() bool {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			defer cancel()
+			d, err := l.Wait(ctx, "open")
+			if err != nil && !errors.Is(err, context.DeadlineExceeded) || err == nil && !d.Allowed {
+				t.Errorf("Wait = %+v, %v", d, err)
 			}
-			out := openloop.Run(arrivals, func() bool {
-				ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-				defer cancel()
-				d, err := l.Wait(ctx, "open")
-				if err != nil && !errors.Is(err, context.DeadlineExceeded) || err == nil && !d.Allowed {
-					t.Errorf("Wait = %+v, %v", d, err)
-				}
-				return err == nil
-			})
-			openloop.Check(t, out, 100*time.Millisecond, int(limit.Capacity()), limit.Interval())
-		})
-	}
+			return err == nil
+		}
+	})
 }

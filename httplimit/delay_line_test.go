@@ -86,7 +86,7 @@ func checkLine(t *testing.T, runs [][]outcome, minServed, maxServed int, quick, 
 	}
 }
 
-// The reviewer's scenarios for a Delay rule: waiters form a line, so a
+// Contention on a Delay rule: waiters form a line, so a
 // request the rate cannot serve within MaxDelay is refused at once instead
 // of being held to MaxDelay and then refused.
 func TestDelayLineRefusesAtOnce(t *testing.T) {
@@ -209,7 +209,7 @@ func TestTransportLineRefusesAtOnce(t *testing.T) {
 	}
 }
 
-// The reviewer's open-loop scenario through the Delay middleware on a real
+// An open-loop schedule through the Delay middleware on a real
 // listener: requests arriving at twice the rate (periodic, and seeded
 // Poisson), MaxDelay 1s. A newcomer that finds a line joins it instead of
 // taking the unit its head waits for, so no request is held to MaxDelay
@@ -230,34 +230,27 @@ func TestRedisDelayLineOpenLoop(t *testing.T) {
 
 func checkDelayOpenLoop(t *testing.T, store sluice.Store) {
 	limit := sluice.PerSecond(10)
-	for name, arrivals := range map[string][]time.Duration{
-		"periodic": openloop.Periodic(20, 4*time.Second),
-		"poisson":  openloop.Poisson(2, 20, 4*time.Second),
-	} {
-		t.Run(name, func(t *testing.T) {
-			t.Parallel()
-			m, err := New(store, []Rule{{Name: "d", Limit: limit, Key: Global(), Strategy: Delay, MaxDelay: time.Second}},
-				&Options{Prefix: name + ":"})
+	openloop.Replay(t, 2, limit, func(t *testing.T, name string) func() bool {
+		m, err := New(store, []Rule{{Name: "d", Limit: limit, Key: Global(), Strategy: Delay, MaxDelay: time.Second}},
+			&Options{Prefix: name + ":"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		srv := httptest.NewServer(m.Handler(okHandler))
+		t.Cleanup(srv.Close)
+		client := srv.Client()
+		client.Transport.(*http.Transport).MaxIdleConnsPerHost = 64
+		return func() bool {
+			resp, err := client.Get(srv.URL)
 			if err != nil {
-				t.Fatal(err)
+				t.Error(err)
+				return false
 			}
-			srv := httptest.NewServer(m.Handler(okHandler))
-			t.Cleanup(srv.Close)
-			client := srv.Client()
-			client.Transport.(*http.Transport).MaxIdleConnsPerHost = 64
-			out := openloop.Run(arrivals, func() bool {
-				resp, err := client.Get(srv.URL)
-				if err != nil {
-					t.Error(err)
-					return false
-				}
-				resp.Body.Close()
-				if resp.StatusCode != http.StatusOK && resp.StatusCode != http.StatusTooManyRequests {
-					t.Errorf("status %d", resp.StatusCode)
-				}
-				return resp.StatusCode == http.StatusOK
-			})
-			openloop.Check(t, out, 100*time.Millisecond, int(limit.Capacity()), limit.Interval())
-		})
-	}
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusOK && resp.StatusCode != http.StatusTooManyRequests {
+				t.Errorf("status %d", resp.StatusCode)
+			}
+			return resp.StatusCode == http.StatusOK
+		}
+	})
 }

@@ -1,6 +1,6 @@
-// Package openloop drives a limiter the way the reviewer measured the
-// wait line: requests arriving on their own schedule (periodic, or seeded
-// Poisson arrivals), each held at most a deadline, and checks the line's promise:
+// Package openloop drives a limiter with requests arriving on their own
+// schedule (periodic, or seeded Poisson arrivals), each held at most a
+// deadline, and checks the wait line's promise:
 // no request held to its deadline and then refused, and no more admitted
 // than the limit allows.
 package openloop
@@ -11,6 +11,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/sluicehq/sluice"
 )
 
 // Outcome is one request: when it arrived and was answered, and whether
@@ -41,6 +43,24 @@ func Periodic(rate float64, dur time.Duration) []time.Duration {
 		at = append(at, time.Duration(float64(i)/rate*float64(time.Second)))
 	}
 	return at
+}
+
+// Replay replays, in a parallel subtest per schedule (20 requests a
+// second for 4s, periodic and seeded Poisson), the requests that
+// newRequest(t, name) returns a function to answer, and checks their
+// outcomes under limit: none refused later than 100ms, none admitted
+// beyond the limit.
+func Replay(t *testing.T, seed uint64, limit sluice.Limit, newRequest func(t *testing.T, name string) func() bool) {
+	for name, arrivals := range map[string][]time.Duration{
+		"periodic": Periodic(20, 4*time.Second),
+		"poisson":  Poisson(seed, 20, 4*time.Second),
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			out := Run(arrivals, newRequest(t, name))
+			Check(t, out, 100*time.Millisecond, int(limit.Capacity()), limit.Interval())
+		})
+	}
 }
 
 // Run starts a request at each arrival time, in its own goroutine, and
