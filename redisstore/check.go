@@ -42,7 +42,8 @@ var (
 	// (NOPERM).
 	ErrPermission = errors.New("redisstore: Redis user lacks a permission")
 	// ErrTopology: a standalone client on a Cluster node or on a replica
-	// (READONLY), or a Cluster client on a standalone server.
+	// (READONLY), a Cluster client on a standalone server, or a Sentinel
+	// taken for a data node or a data node for a Sentinel.
 	ErrTopology = errors.New("redisstore: wrong Redis topology")
 	// ErrVersion: the server is older than MinVersion.
 	ErrVersion = errors.New("redisstore: Redis too old")
@@ -122,6 +123,12 @@ func Classify(err error) error {
 		return checkErr(ErrTopology, "the server is a Cluster node: use redis+cluster://", err)
 	case strings.HasPrefix(msg, "READONLY"):
 		return checkErr(ErrTopology, replicaHint, err)
+	case unknownCommand(msg, "sentinel"): // a Sentinel client asking a data node for the master
+		return checkErr(ErrTopology, dataNodeHint, err)
+	case unknownCommand(msg, "script"), unknownCommand(msg, "cluster"), unknownCommand(msg, "evalsha"):
+		// Only a Sentinel lacks these (a data node reached as redis:// or
+		// redis+cluster://).
+		return checkErr(ErrTopology, sentinelHint, err)
 	case strings.Contains(msg, "NOREPLICAS"):
 		return checkErr(ErrReplicas, "the server's min-replicas-to-write is not met: check its replicas' links, or the setting", err)
 	case strings.HasPrefix(msg, "CLUSTERDOWN"):
@@ -203,6 +210,18 @@ func Check(ctx context.Context, c redis.UniversalClient) (*CheckReport, error) {
 	return rep, nil
 }
 
+// Hints for a Sentinel and a data node taken one for the other.
+const (
+	sentinelHint = "the server is a Sentinel: use redis+sentinel://host:port?master_name=NAME, NAME the master it monitors"
+	dataNodeHint = "the server is a Redis data node, not a Sentinel: use redis:// (or redis+cluster:// for a Cluster node) with its address"
+)
+
+// unknownCommand reports whether msg is Redis's reply to a command it does
+// not have: "ERR unknown command 'name', with args beginning with: ...".
+func unknownCommand(msg, name string) bool {
+	return strings.Contains(strings.ToLower(msg), "unknown command '"+name+"'")
+}
+
 // replicaHint is what to do about a standalone URL naming a replica, which
 // refuses every write (READONLY).
 const replicaHint = "the server is a read-only replica: point the URL at the master, or use redis+sentinel:// so that failovers are followed"
@@ -228,6 +247,9 @@ func checkNode(ctx context.Context, node *redis.Client, cluster bool, rep *Check
 		return err
 	default:
 		fields := infoFields(info)
+		if fields["redis_mode"] == "sentinel" {
+			return checkErr(ErrTopology, sentinelHint, nil)
+		}
 		if fields["cluster_enabled"] == "1" && !cluster {
 			return checkErr(ErrTopology, "the server is a Cluster node: use redis+cluster://", nil)
 		}

@@ -204,6 +204,32 @@ func TestCheckTopology(t *testing.T) {
 		_, err := redisstore.Check(checkCtx(t), c)
 		wantKind(t, err, redisstore.ErrTopology, "redis://")
 	})
+	// A Sentinel and a data node taken one for the other answer with an
+	// unknown command: a configuration to fix, not an outage.
+	sentinel := redistest.StartServerOptions(t, &redistest.ServerOptions{Sentinel: true, Args: []string{
+		"sentinel monitor m " + strings.Replace(standalone.Addr, ":", " ", 1) + " 1",
+	}})
+	t.Run("standalone client on a Sentinel", func(t *testing.T) {
+		_, err := redisstore.Check(checkCtx(t), newClient(t, &redis.Options{Addr: sentinel.Addr}))
+		wantKind(t, err, redisstore.ErrTopology, "redis+sentinel://")
+	})
+	t.Run("Cluster client on a Sentinel", func(t *testing.T) {
+		c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{sentinel.Addr}, MaxRetries: -1})
+		t.Cleanup(func() { c.Close() })
+		_, err := redisstore.Check(checkCtx(t), c)
+		wantKind(t, err, redisstore.ErrTopology, "redis+sentinel://")
+	})
+	t.Run("Sentinel client on a data node", func(t *testing.T) {
+		c := redis.NewFailoverClient(&redis.FailoverOptions{MasterName: "m", SentinelAddrs: []string{standalone.Addr}, MaxRetries: -1})
+		t.Cleanup(func() { c.Close() })
+		_, err := redisstore.Check(checkCtx(t), c)
+		wantKind(t, err, redisstore.ErrTopology, "not a Sentinel: use redis://")
+	})
+	t.Run("standalone client on a Sentinel, INFO denied", func(t *testing.T) {
+		// Without INFO, the script Check loads names the Sentinel.
+		err := redisstore.Classify(errors.New("ERR unknown command 'script', with args beginning with: 'load' "))
+		wantKind(t, err, redisstore.ErrTopology, "redis+sentinel://")
+	})
 }
 
 func TestCheckClusterHealthy(t *testing.T) {

@@ -269,6 +269,48 @@ func TestServeRefusesWrongPassword(t *testing.T) {
 	}
 }
 
+// TestServeRefusesSentinelMixUp: a Sentinel named where a data node
+// belongs, or a data node where a Sentinel does, stops the start with one
+// line naming the URL scheme that fits, rather than serving under the
+// failure policy and retrying forever.
+func TestServeRefusesSentinelMixUp(t *testing.T) {
+	t.Parallel()
+	node := redistest.StartServer(t)
+	sentinel := redistest.StartServerOptions(t, &redistest.ServerOptions{Sentinel: true, Args: []string{
+		"sentinel monitor m " + strings.Replace(node.Addr, ":", " ", 1) + " 1",
+	}})
+	for _, tc := range []struct{ url, want string }{
+		{"redis+sentinel://" + node.Addr + "?master_name=m", "not a Sentinel: use redis://"},
+		{"redis://" + sentinel.Addr, "is a Sentinel: use redis+sentinel://"},
+		{"redis+cluster://" + sentinel.Addr, "is a Sentinel: use redis+sentinel://"},
+	} {
+		t.Run(strings.SplitN(tc.url, ":", 2)[0], func(t *testing.T) {
+			t.Parallel()
+			cmd := sluiceCmd(nil, "serve", "--redis", tc.url, "--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0")
+			var stderr syncBuffer
+			cmd.Stderr = &stderr
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			// One that serves instead runs until killed.
+			killer := time.AfterFunc(10*time.Second, func() { cmd.Process.Kill() })
+			err := cmd.Wait()
+			killer.Stop()
+			if code := cmd.ProcessState.ExitCode(); code != 1 {
+				t.Fatalf("exit %d (%v), want 1; stderr:\n%s", code, err, stderr.String())
+			}
+			lines := strings.Split(strings.TrimSpace(stderr.String()), "\n")
+			last := lines[len(lines)-1]
+			if !strings.Contains(last, "cannot start") || !strings.Contains(last, "redisstore: wrong Redis topology") || !strings.Contains(last, tc.want) {
+				t.Errorf("last line %q: want the start refused, naming %q", last, tc.want)
+			}
+			if strings.Contains(stderr.String(), "Redis unreachable at start") {
+				t.Errorf("stderr %q: a topology mistake taken for an outage", stderr.String())
+			}
+		})
+	}
+}
+
 // logged waits until the log has a line with every word, and returns it.
 func logged(t *testing.T, logs *syncBuffer, words ...string) string {
 	t.Helper()
