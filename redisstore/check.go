@@ -21,7 +21,7 @@ import (
 const MinVersion = "7.0"
 
 // Kinds of Redis failure that Check and Classify report. Test with
-// errors.Is. Every kind but ErrUnreachable and ErrReplicas also matches
+// errors.Is. Every kind but ErrUnreachable, ErrReplicas and ErrOOM also matches
 // ErrMisconfigured: retrying cannot help until someone changes the
 // configuration.
 var (
@@ -53,6 +53,10 @@ var (
 	// (min-replicas-to-write, NOREPLICAS): reachable, and back when its
 	// replicas are, or when the setting changes.
 	ErrReplicas = errors.New("redisstore: Redis refuses writes: too few replicas")
+	// ErrOOM: Redis refuses writes for want of memory (maxmemory reached
+	// under noeviction, OOM): reachable, and back when memory is freed
+	// (sluice's keys expire) or maxmemory is raised.
+	ErrOOM = errors.New("redisstore: Redis refuses writes: out of memory")
 	// ErrEviction is a warning, never returned as Check's error: the
 	// server's maxmemory-policy may evict sluice's keys, which resets
 	// limits.
@@ -81,7 +85,7 @@ func (e *CheckError) Error() string {
 
 // Is matches the kind, and ErrMisconfigured for every permanent kind.
 func (e *CheckError) Is(target error) bool {
-	return target == e.Kind || (target == ErrMisconfigured && e.Kind != ErrUnreachable && e.Kind != ErrEviction && e.Kind != ErrReplicas)
+	return target == e.Kind || (target == ErrMisconfigured && e.Kind != ErrUnreachable && e.Kind != ErrEviction && e.Kind != ErrReplicas && e.Kind != ErrOOM)
 }
 
 func (e *CheckError) Unwrap() error { return e.Err }
@@ -131,6 +135,8 @@ func Classify(err error) error {
 		return checkErr(ErrTopology, sentinelHint, err)
 	case strings.Contains(msg, "NOREPLICAS"):
 		return checkErr(ErrReplicas, "the server's min-replicas-to-write is not met: check its replicas' links, or the setting", err)
+	case strings.Contains(msg, "OOM command not allowed"):
+		return checkErr(ErrOOM, oomHint, err)
 	case strings.HasPrefix(msg, "CLUSTERDOWN"):
 		return checkErr(ErrUnreachable, "the Cluster is down (a failover under way, or slots without a master): retrying", err)
 	case strings.Contains(msg, "all sentinels") && errors.Is(err, redis.Nil):
@@ -222,6 +228,10 @@ func unknownCommand(msg, name string) bool {
 	return strings.Contains(strings.ToLower(msg), "unknown command '"+name+"'")
 }
 
+// oomHint is what to do about a Redis out of memory. Not an evicting
+// policy: evicted keys are reset limits.
+const oomHint = "used memory is over maxmemory and the policy (noeviction) refuses writes: raise maxmemory, or free memory (an evicting maxmemory-policy would let writes on but evict sluice's keys, resetting their limits)"
+
 // replicaHint is what to do about a standalone URL naming a replica, which
 // refuses every write (READONLY).
 const replicaHint = "the server is a read-only replica: point the URL at the master, or use redis+sentinel:// so that failovers are followed"
@@ -276,9 +286,11 @@ func checkNode(ctx context.Context, node *redis.Client, cluster bool, rep *Check
 }
 
 // accessScript reads the server's clock and a key and writes it as the
-// store's scripts do, without changing anything: PEXPIRE of a key that
-// does not exist does nothing.
-const accessScript = "redis.call('TIME') redis.call('GET', KEYS[1]) redis.call('PEXPIRE', KEYS[1], 1) return 1"
+// store's scripts do, without changing anything: SET XX of a key that does
+// not exist does nothing. SET, not PEXPIRE: Redis refuses only commands
+// that may grow memory (SET, as every take does) when out of memory, and
+// only before the script's first write, so that it must come first.
+const accessScript = "redis.call('TIME') redis.call('GET', KEYS[1]) redis.call('SET', KEYS[1], '', 'XX', 'PX', 1) return 1"
 
 var accessSHA = newScript(accessScript).sha.(string)
 
@@ -286,7 +298,8 @@ var accessSHA = newScript(accessScript).sha.(string)
 // prefix, as every decision does, so that an ACL user allowed scripts but
 // not sluice's keys, or not writes, is found before the first decision
 // (Check cannot: it does not know the prefix). The error is Classify's:
-// ErrPermission for such a user. It is sent as decisions are, with
+// ErrPermission for such a user; ErrReplicas or ErrOOM for a Redis that
+// refuses writes. It is sent as decisions are, with
 // EVALSHA (EVAL only when the server lacks the script), and calls TIME, so
 // that a user who lost either permission is found too.
 func (s *Store) CheckAccess(ctx context.Context) error {

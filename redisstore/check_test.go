@@ -14,6 +14,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/internal/testcert"
 	"github.com/sluicehq/sluice/redisstore"
@@ -395,4 +396,29 @@ func rewritingProxy(t *testing.T, addr string, from, to []byte) string {
 		}
 	}()
 	return ln.Addr().String()
+}
+
+// TestCheckAccessOutOfMemory: a Redis over maxmemory under noeviction
+// answers reads and refuses takes (OOM): CheckAccess, which writes, says
+// so as ErrOOM, not a misconfiguration, and so does a take's error.
+func TestCheckAccessOutOfMemory(t *testing.T) {
+	t.Parallel()
+	srv := redistest.StartServer(t, "--maxmemory", "1", "--maxmemory-policy", "noeviction")
+	c := newClient(t, &redis.Options{Addr: srv.Addr})
+	ctx := checkCtx(t)
+	s := redisstore.New(c, &redisstore.Options{Prefix: redistest.Prefix(t)})
+	err := s.CheckAccess(ctx)
+	if !errors.Is(err, redisstore.ErrOOM) || errors.Is(err, redisstore.ErrMisconfigured) || !strings.Contains(err.Error(), "raise maxmemory") {
+		t.Fatalf("CheckAccess = %v, want ErrOOM, not misconfigured, saying what to do", err)
+	}
+	_, err = s.Take(ctx, "k", sluice.PerSecond(10), 1)
+	if err := redisstore.Classify(err); !errors.Is(err, redisstore.ErrOOM) {
+		t.Errorf("Classify(a take's error) = %v, want ErrOOM", err)
+	}
+	if err := c.ConfigSet(ctx, "maxmemory", "0").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.CheckAccess(ctx); err != nil {
+		t.Errorf("CheckAccess with memory to spare: %v", err)
+	}
 }

@@ -112,7 +112,7 @@ func newHealthMetrics(reg *prometheus.Registry) *healthMetrics {
 	m := &healthMetrics{
 		degraded:        newGauge("sluice_degraded", "1 while decisions are degraded: the store does not answer, or the failure policy answers for it."),
 		storeUp:         newGauge("sluice_store_up", "1 while the store (Redis) answers the service's checks."),
-		storeChanges:    newCounterVec("sluice_store_transitions_total", "Store state changes: to=down (with the cause: unreachable, auth, tls...) or to=up.", "to", "cause"),
+		storeChanges:    newCounterVec("sluice_store_transitions_total", "Store state changes: to=down (with the cause: unreachable, auth, tls, database, sentinel_master, permission, topology, version, replicas, oom, not_replicated) or to=up.", "to", "cause"),
 		fallbackChanges: newCounterVec("sluice_fallback_transitions_total", "Failure policy changes: to=on when the breaker opens, to=off when it closes.", "to"),
 	}
 	reg.MustRegister(m.degraded, m.storeUp, m.storeChanges, m.fallbackChanges)
@@ -135,6 +135,7 @@ var causes = []struct {
 	{redisstore.ErrTopology, "topology"},
 	{redisstore.ErrVersion, "version"},
 	{redisstore.ErrReplicas, "replicas"},
+	{redisstore.ErrOOM, "oom"},
 	// A take WAIT found too few replicas for (wait_replicas): Redis
 	// answered, so not "unreachable".
 	{redisstore.ErrNotReplicated, "not_replicated"},
@@ -171,7 +172,7 @@ func (h *Health) storeResult(err error) {
 	default:
 		// Permanent causes are errors: someone must change a setting.
 		level := slog.LevelWarn
-		if errors.Is(err, redisstore.ErrMisconfigured) || errors.Is(err, redisstore.ErrReplicas) {
+		if errors.Is(err, redisstore.ErrMisconfigured) || errors.Is(err, redisstore.ErrReplicas) || errors.Is(err, redisstore.ErrOOM) {
 			level = slog.LevelError
 		}
 		msg := "store lost"
@@ -362,7 +363,8 @@ type StoreStatus struct {
 	Up bool `json:"up"`
 	// Cause and Error say why it does not: Cause is one word (unreachable,
 	// auth, tls, database, sentinel_master, permission, topology,
-	// version), Error Redis's one-sentence message.
+	// version, replicas, oom, not_replicated), Error Redis's one-sentence
+	// message.
 	Cause string `json:"cause,omitempty"`
 	Error string `json:"error,omitempty"`
 	// Since is when Up last changed (or the service started).
@@ -572,8 +574,15 @@ func (s *Server) checkAccess(rs *redisstore.Store) error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), startCheckTimeout)
 	defer cancel()
-	if err := rs.CheckAccess(ctx); errors.Is(err, redisstore.ErrMisconfigured) {
+	err := rs.CheckAccess(ctx)
+	if errors.Is(err, redisstore.ErrMisconfigured) {
 		return err
+	}
+	if err != nil {
+		// Reachable but refusing writes (out of memory, too few
+		// replicas): lost from the start, not only from the watch's first
+		// check.
+		s.health.storeResult(err)
 	}
 	return nil
 }

@@ -540,6 +540,52 @@ func TestServerRedisRefusesWrites(t *testing.T) {
 	}
 }
 
+// TestServerRedisOutOfMemory: a Redis whose used memory is over maxmemory
+// under noeviction refuses every take (OOM). It is a lost store of cause
+// oom, from the start-up check on (which must write to notice it): logged
+// at ERROR, counted, store_up 0, in /v1/status with what to do; back when
+// maxmemory is raised.
+func TestServerRedisOutOfMemory(t *testing.T) {
+	t.Parallel()
+	r := redistest.StartServer(t, "--maxmemory", "1", "--maxmemory-policy", "noeviction")
+	// No watch check within the test: what the start found.
+	var startLogs syncBuffer
+	fp, _, _ := ParseFailurePolicy("local")
+	first := runServer(t, Options{
+		ConfigFile: "testdata/envoy-example.yaml", RedisURL: "redis://" + r.Addr,
+		FailurePolicy: fp, StoreCheckInterval: time.Hour, Logger: slog.New(slog.NewTextHandler(&startLogs, nil)),
+	})
+	if st := first.health.Status(); st.Store.Up || st.Store.Cause != "oom" {
+		t.Errorf("status after the start: %+v, want the store down, cause oom", st.Store)
+	}
+	logged(t, &startLogs, "level=ERROR", "store lost", "cause=oom", "raise maxmemory")
+
+	var logs syncBuffer
+	_, p := startOnRedis(t, "redis://"+r.Addr, "local", &logs)
+	logged(t, &logs, "level=ERROR", "store lost", "cause=oom")
+	if got := scrapedMetric(t, p, "sluice_store_up"); got != "0" {
+		t.Errorf("sluice_store_up %q, want 0", got)
+	}
+	if got := scrapedMetric(t, p, `sluice_store_transitions_total{cause="oom",to="down"}`); got != "1" {
+		t.Errorf(`sluice_store_transitions_total{cause="oom",to="down"} %q, want 1`, got)
+	}
+	_, st := p.getJSON(t, "/v1/status")
+	store, _ := st["store"].(map[string]any)
+	if store["up"] != false || store["cause"] != "oom" || !strings.Contains(fmt.Sprint(store["error"]), "raise maxmemory") {
+		t.Errorf("/v1/status store %v: want down, cause oom, with what to do", store)
+	}
+	if reasons := fmt.Sprint(st["reasons"]); !strings.Contains(reasons, "out of memory") || strings.Contains(reasons, "unreachable") {
+		t.Errorf("reasons %s: want out of memory, not unreachable", reasons)
+	}
+	if err := r.Client(t).ConfigSet(context.Background(), "maxmemory", "0").Err(); err != nil {
+		t.Fatal(err)
+	}
+	logged(t, &logs, "store back")
+	if got := scrapedMetric(t, p, "sluice_store_up"); got != "1" {
+		t.Errorf("sluice_store_up %q after maxmemory was raised, want 1", got)
+	}
+}
+
 // TestServerEvictionSetAtRuntime: a maxmemory-policy that may evict
 // sluice's keys, set after the start, is logged by a periodic full check
 // and shown in /metrics; setting noeviction again is logged too.
