@@ -101,6 +101,12 @@ type FleetOptions struct {
 	// Clock returns the current time, for the shrink wait. Default:
 	// time.Now.
 	Clock func() time.Time
+
+	// Deferred: NewFleet does not register; Start does. For a process
+	// that may still fail to start (a listener's address in use): a
+	// registration would make the others count it until Shrink has
+	// passed. Default: false, NewFleet starts.
+	Deferred bool
 }
 
 // FleetEvent is a Fleet's state after a change.
@@ -144,7 +150,8 @@ type Fleet struct {
 	answered atomic.Bool
 
 	// Owned by the loop (and NewFleet before it starts).
-	beats     int // heartbeats so far, answered or not
+	beats     int  // heartbeats so far, answered or not
+	wasCount  bool // counted after some heartbeat before this one
 	members   int
 	reachable bool
 	counted   bool
@@ -155,15 +162,18 @@ type Fleet struct {
 	seen map[string]time.Time
 	gone map[string]time.Time
 
-	stop chan struct{}
-	done chan struct{}
-	once sync.Once
+	stop    chan struct{}
+	done    chan struct{}
+	once    sync.Once
+	started sync.Once // Start, or Close before it
+	joined  atomic.Bool
 }
 
 // NewFleet registers this process in reg, counts the fleet once (bounded
-// by Timeout) and keeps both up to date until Close. A registry that
-// cannot be reached now is no error: the Fleet starts at Size, or Default
-// with a warning, and keeps trying.
+// by Timeout) and keeps both up to date until Close; with
+// FleetOptions.Deferred, Start does that. A registry that cannot be
+// reached then is no error: the Fleet starts at Size, or Default with a
+// warning, and keeps trying.
 func NewFleet(reg Membership, opts *FleetOptions) (*Fleet, error) {
 	if reg == nil {
 		return nil, fmt.Errorf("%w: nil membership", ErrInvalidOptions)
@@ -214,13 +224,28 @@ func NewFleet(reg Membership, opts *FleetOptions) (*Fleet, error) {
 		start = orDefault(o.Default, DefaultFleetSize)
 	}
 	f.size.Store(int64(start))
-	if !f.beat(f.clock()) && f.explicit == 0 {
-		f.log.Warn("resilient: fleet registry unreachable at start; not counted by the fleet, so FallbackLocal takes no share until the registry answers (FleetOptions.Size takes one without it)",
-			"member", f.member, "size", start)
+	if !o.Deferred {
+		f.Start()
 	}
-	f.counted = f.Counted()
-	go f.loop()
 	return f, nil
+}
+
+// Start registers this process and starts the heartbeat, once, for a
+// Fleet made with FleetOptions.Deferred (NewFleet starts the others). It
+// does nothing after Close.
+func (f *Fleet) Start() {
+	if f.stop == nil {
+		return
+	}
+	f.started.Do(func() {
+		f.joined.Store(true)
+		if !f.beat(f.clock()) && f.explicit == 0 {
+			f.log.Warn("resilient: fleet registry unreachable at start; not counted by the fleet, so FallbackLocal takes no share until the registry answers (FleetOptions.Size takes one without it)",
+				"member", f.member, "size", f.Size())
+		}
+		f.counted = f.Counted()
+		go f.loop()
+	})
 }
 
 // Size returns the fleet size: FleetOptions.Size when set, else the
@@ -256,6 +281,7 @@ func (f *Fleet) Close() error {
 		return nil
 	}
 	f.once.Do(func() { close(f.stop) })
+	f.started.Do(func() { close(f.done) }) // never started: no loop to end
 	<-f.done
 	return nil
 }
@@ -270,7 +296,7 @@ func (f *Fleet) Leave(ctx context.Context) error {
 	}
 	f.Close()
 	r, ok := f.reg.(Roster)
-	if !ok {
+	if !ok || !f.joined.Load() {
 		return nil
 	}
 	return r.Leave(ctx, f.member, f.ttl)
@@ -365,13 +391,17 @@ func (f *Fleet) apply(now time.Time, n int, err error, withdrawn int) {
 		f.log.Info("resilient: fleet size changed", "member", f.member, "from", old.Size, "to", cur.Size, "members", cur.Members)
 	}
 	if cur.Counted != old.Counted && f.beats > 1 {
-		if cur.Counted {
+		switch {
+		case cur.Counted && f.wasCount:
 			f.log.Info("resilient: fleet counts this process again; FallbackLocal takes its share", "member", f.member)
-		} else {
+		case cur.Counted: // unreachable since the start: never counted before
+			f.log.Info("resilient: fleet counts this process; FallbackLocal takes its share", "member", f.member)
+		default:
 			f.log.Error("resilient: fleet registry unreachable for longer than the others count this process; FallbackLocal takes no share (refuses) until it answers",
 				"member", f.member, "after", f.ttl+f.shrink)
 		}
 	}
+	f.wasCount = f.wasCount || cur.Counted
 	if (cur.Size != old.Size || cur.Reachable != old.Reachable || cur.Counted != old.Counted) && f.onChange != nil {
 		f.onChange(cur)
 	}

@@ -558,4 +558,47 @@ func TestFleetRestartSameNameRedis(t *testing.T) {
 	}
 	expect(a, 2, "B left, R running")
 	expect(r, 2, "B left, seen by R")
+// A Deferred Fleet registers at Start, not before; one closed before it
+// starts never registers, and its Close and Leave return.
+func TestFleetDeferred(t *testing.T) {
+	t.Parallel()
+	reg := &script{answers: []int{1, 1}}
+	f, err := NewFleet(reg, &FleetOptions{Refresh: time.Hour, TTL: 2 * time.Hour, Deferred: true, Logger: discard})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg.mu.Lock()
+	if reg.member != "" {
+		t.Error("registered before Start")
+	}
+	reg.mu.Unlock()
+	if f.Counted() {
+		t.Error("counted before Start")
+	}
+	f.Start()
+	f.Start() // once
+	reg.mu.Lock()
+	if reg.member == "" || len(reg.answers) != 1 {
+		t.Errorf("after Start: member %q, %d answers left; want one heartbeat", reg.member, len(reg.answers))
+	}
+	reg.mu.Unlock()
+	if !f.Counted() {
+		t.Error("not counted after an answered registration")
+	}
+	f.Close()
+
+	never := &script{answers: []int{1}}
+	g, err := NewFleet(never, &FleetOptions{Deferred: true, Logger: discard})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := g.Leave(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	g.Start() // after Close: nothing
+	never.mu.Lock()
+	defer never.mu.Unlock()
+	if never.member != "" {
+		t.Error("a Fleet closed before Start registered")
+	}
 }

@@ -8,8 +8,8 @@ import (
 	"github.com/sluicehq/sluice/resilient"
 )
 
-// startFleet registers this instance in rs's fleet registry and keeps the
-// fleet size that the local fallback divides limits by (FleetSize wins over
+// startFleet prepares this instance's registration in rs's fleet registry
+// (Start registers it, once listening) and keeps the fleet size that the local fallback divides limits by (FleetSize wins over
 // what is discovered), exported as sluice_fleet_size. The Fleet logs each
 // change of size and each loss and return of the registry itself.
 func (s *Server) startFleet(rs *redisstore.Store) (*resilient.Fleet, error) {
@@ -34,6 +34,9 @@ func (s *Server) startFleet(rs *redisstore.Store) (*resilient.Fleet, error) {
 		Size:   s.opts.FleetSize,
 		Shrink: s.opts.FleetShrink,
 		Logger: s.log,
+		// Registered by Start once the listeners are bound: a start that
+		// fails must not be counted by the others for --fleet-shrink.
+		Deferred: true,
 		OnChange: func(e resilient.FleetEvent) {
 			size.Set(float64(e.Size))
 			reachable.Set(boolGauge(e.Reachable))

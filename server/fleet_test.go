@@ -439,3 +439,40 @@ func TestWaitReplicasWarnings(t *testing.T) {
 		t.Errorf("reasons %s: want the cause not_replicated", reasons)
 	}
 }
+
+// TestFleetFailedStartNotCounted: `sluice serve` runs that cannot start
+// (the HTTP or gRPC address in use) never register in the fleet, so the
+// instances that run do not count them: not even for the moment before a
+// withdrawal, which a size grown at once would keep until it was seen.
+func TestFleetFailedStartNotCounted(t *testing.T) {
+	t.Parallel()
+	r := redistest.StartServer(t)
+	f := startFleet(t, "redis://"+r.Addr, 2, failoverConfig)
+	f.awaitFleetSize(t, 2, 5*time.Second)
+	admin := r.Client(t)
+	ctx := context.Background()
+	for i := range 4 {
+		taken := []string{"--http", f.procs[0].http}
+		if i%2 == 1 {
+			taken = []string{"--grpc", f.procs[0].grpc}
+		}
+		cmd := sluiceCmd(nil, append(append([]string{"serve"}, f.args...), taken...)...)
+		out, err := cmd.CombinedOutput()
+		if code := cmd.ProcessState.ExitCode(); code != 1 || !strings.Contains(string(out), "address already in use") {
+			t.Fatalf("start on an address in use: exit %d (%v), want 1 naming it; output:\n%s", code, err, out)
+		}
+		// A registration withdrawn at once would be listed as withdrawn.
+		if n, err := admin.ZCard(ctx, "sluice:{fleet}:left").Result(); err != nil || n != 0 {
+			t.Fatalf("after failed start %d: %d withdrawn registrations (%v), want none: it registered", i, n, err)
+		}
+	}
+	if n, err := admin.ZCard(ctx, "sluice:{fleet}").Result(); err != nil || n != 2 {
+		t.Errorf("registry: %d members (%v), want the 2 running", n, err)
+	}
+	time.Sleep(1500 * time.Millisecond) // a heartbeat of each running instance
+	for i, p := range f.procs {
+		if got := metric(t, p, "sluice_fleet_size"); got != 2 {
+			t.Errorf("instance %d: sluice_fleet_size %v after failed starts, want 2", i, got)
+		}
+	}
+}

@@ -422,7 +422,11 @@ func TestServerRedisUnreachableAtStart(t *testing.T) {
 	}
 	r.Start(t)
 	logged(t, &logs, "level=INFO", "store back", "store=redis")
-	logged(t, &logs, "resilient: fleet counts this process again") // its own heartbeat, every second
+	// Its own heartbeat, every second. Never counted before: not "again".
+	logged(t, &logs, "resilient: fleet counts this process; FallbackLocal takes its share")
+	if strings.Contains(logs.String(), "counts this process again") {
+		t.Errorf("a process never counted before logged that the fleet counts it again:\n%s", logs.String())
+	}
 	if _, st := p.getJSON(t, "/v1/status"); st["degraded"] != false {
 		t.Errorf("status after Redis came: %v", st)
 	}

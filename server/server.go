@@ -367,6 +367,9 @@ func (s *Server) Start() error {
 	if s.fleet != nil {
 		s.fleet.Start()
 	}
+	if s.registry != nil {
+		s.registry.Start()
+	}
 	return nil
 }
 
