@@ -274,8 +274,12 @@ func checkNode(ctx context.Context, node *redis.Client, cluster bool, rep *Check
 			rep.Version = v
 		}
 		if p := fields["maxmemory_policy"]; MayEvict(p, fields["maxmemory"]) {
+			where := ""
+			if addr := node.Options().Addr; hostPort(addr) { // a Cluster's masters may differ
+				where = "node " + addr + ": "
+			}
 			rep.Warnings = append(rep.Warnings, checkErr(ErrEviction,
-				fmt.Sprintf("maxmemory-policy %s may evict sluice's keys and reset their limits; set noeviction", p), nil))
+				fmt.Sprintf("%smaxmemory-policy %s may evict sluice's keys and reset their limits; set noeviction", where, p), nil))
 		}
 	}
 	sha, err := node.ScriptLoad(ctx, probeScript).Result()

@@ -254,8 +254,31 @@ func TestCheckEvictionWarning(t *testing.T) {
 	if len(rep.Warnings) != 1 || !errors.Is(rep.Warnings[0], redisstore.ErrEviction) || errors.Is(rep.Warnings[0], redisstore.ErrMisconfigured) {
 		t.Fatalf("warnings %v, want one ErrEviction", rep.Warnings)
 	}
-	if msg := rep.Warnings[0].Error(); !strings.Contains(msg, "allkeys-lru") || !strings.Contains(msg, "noeviction") {
-		t.Errorf("warning %q: want the policy and the fix", msg)
+	if msg := rep.Warnings[0].Error(); !strings.Contains(msg, "allkeys-lru") || !strings.Contains(msg, "noeviction") || !strings.Contains(msg, "node "+srv.Addr) {
+		t.Errorf("warning %q: want the node, the policy and the fix", msg)
+	}
+}
+
+// TestCheckEvictionWarningCluster: on a Cluster the warning names the
+// master whose policy may evict, the one to change.
+func TestCheckEvictionWarningCluster(t *testing.T) {
+	t.Parallel()
+	cl := redistest.StartCluster(t, nil)
+	node := cl.MasterOf(t, "k")
+	admin := newClient(t, &redis.Options{Addr: node.Addr})
+	ctx := checkCtx(t)
+	if err := admin.ConfigSet(ctx, "maxmemory", "100mb").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := admin.ConfigSet(ctx, "maxmemory-policy", "volatile-lru").Err(); err != nil {
+		t.Fatal(err)
+	}
+	rep, err := redisstore.Check(ctx, cl.Client(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Warnings) != 1 || !strings.Contains(rep.Warnings[0].Error(), "node "+node.Addr+": maxmemory-policy volatile-lru") {
+		t.Fatalf("warnings %v, want one naming node %s", rep.Warnings, node.Addr)
 	}
 }
 
