@@ -1,10 +1,14 @@
 package redisstore
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
+	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -16,14 +20,22 @@ import (
 // dead master never sends, and every ClusterStateReloadInterval (60 s by
 // default): without this, a client keeps dialling a failed-over master
 // until then. A nil *reloader does nothing.
+//
+// From the first failure until the episode ends it reloads every every, on
+// a goroutine of its own rather than when calls fail: a caller's circuit
+// breaker may keep every call off Redis meanwhile. A reload that finds
+// other masters than the one before (a replica promoted) calls onFailover.
 type reloader struct {
 	cluster *redis.ClusterClient
 	every   time.Duration
 	log     *slog.Logger
-	last    atomic.Int64  // UnixNano of the last reload asked for
 	count   atomic.Uint64 // reloads asked for
-	failing atomic.Bool   // since the first reload after a success
+	failing atomic.Bool   // since the first failure after a success
 	lastBad atomic.Int64  // UnixNano of the last failure that may mean a node is gone
+	polling atomic.Bool   // the reloading goroutine runs
+	// onFailover is Store.OnFailover's hook; masters the last reload's.
+	onFailover atomic.Pointer[func()]
+	masters    string
 }
 
 // recoveredAfter is how long calls must succeed with no node failing before
@@ -32,22 +44,74 @@ type reloader struct {
 // logged a pair of lines every reload for as long as it stayed dead.
 const recoveredAfter = 5 * time.Second
 
-// failed reloads the slot map if err says a node may be gone and none was
-// asked for in the last r.every.
+// failed starts an episode of reloads if err says a node may be gone.
 func (r *reloader) failed(err error) {
 	if r == nil || !nodeTrouble(err) {
 		return
 	}
-	now, last := time.Now().UnixNano(), r.last.Load()
-	r.lastBad.Store(now)
-	if now-last < int64(r.every) || !r.last.CompareAndSwap(last, now) {
-		return
-	}
-	r.cluster.ReloadState(context.Background()) // asynchronous
-	n := r.count.Add(1)
+	r.lastBad.Store(time.Now().UnixNano())
 	if !r.failing.Swap(true) {
-		r.log.Warn("redisstore: cluster calls failing; reloading the slot map", "err", err, "reloads", n)
+		r.log.Warn("redisstore: cluster calls failing; reloading the slot map", "err", err, "reloads", r.count.Load()+1)
 	}
+	if !r.polling.Swap(true) {
+		go r.poll()
+	}
+}
+
+// poll reloads the slot map every r.every while the episode lasts, and
+// tells a change of masters.
+func (r *reloader) poll() {
+	for {
+		if r.pollEpisode() {
+			return // the client is closed
+		}
+		r.polling.Store(false)
+		// A failure between the loop's end and here found it polling.
+		if !r.failing.Load() || r.polling.Swap(true) {
+			return
+		}
+	}
+}
+
+// pollEpisode is poll's loop; it reports whether the client is closed.
+func (r *reloader) pollEpisode() bool {
+	every := cmp.Or(r.every, DefaultReloadInterval)
+	for r.failing.Load() {
+		ctx, cancel := context.WithTimeout(context.Background(), max(every, time.Second))
+		masters, err := r.reload(ctx)
+		cancel()
+		if errors.Is(err, redis.ErrClosed) {
+			return true
+		}
+		if err == nil && masters != r.masters {
+			changed := r.masters != ""
+			r.masters = masters
+			if fn := r.onFailover.Load(); changed && fn != nil {
+				r.log.Info("redisstore: cluster masters changed; a failover completed", "masters", masters)
+				(*fn)()
+			}
+		}
+		time.Sleep(every)
+	}
+	return false
+}
+
+// reload loads the slot map now and returns its masters' addresses.
+func (r *reloader) reload(ctx context.Context) (string, error) {
+	r.count.Add(1)
+	var (
+		mu    sync.Mutex
+		addrs []string
+	)
+	// ForEachMaster reloads first, then visits the new map's masters.
+	err := r.cluster.ForEachMaster(ctx, func(_ context.Context, node *redis.Client) error {
+		mu.Lock()
+		addrs = append(addrs, node.Options().Addr)
+		mu.Unlock()
+		return nil
+	})
+	slices.Sort(addrs)
+	return strings.Join(addrs, ","), err
 }
 
 // succeeded ends an episode of failures, once no node has failed for
@@ -56,6 +120,23 @@ func (r *reloader) succeeded() {
 	if r != nil && r.failing.Load() && time.Now().UnixNano()-r.lastBad.Load() >= int64(recoveredAfter) && r.failing.Swap(false) {
 		r.log.Info("redisstore: cluster calls succeeding again", "reloads", r.count.Load())
 	}
+}
+
+// OnFailover makes fn be called, on a goroutine of the Store's, when a
+// reload of a Cluster's slot map after failures finds other masters than
+// the reload before: a replica was promoted, and calls may succeed again
+// (a circuit breaker holding calls off Redis may probe at once). It
+// replaces any fn set before; nil removes it. On other clients it does
+// nothing.
+func (s *Store) OnFailover(fn func()) {
+	if s.reload == nil {
+		return
+	}
+	if fn == nil {
+		s.reload.onFailover.Store(nil)
+		return
+	}
+	s.reload.onFailover.Store(&fn)
 }
 
 // nodeTrouble reports whether err may come from a node that is gone or

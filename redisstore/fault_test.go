@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -152,6 +153,8 @@ func TestFaultClusterFailover(t *testing.T) {
 	cl := redistest.StartCluster(t, &redistest.ClusterOptions{Replicas: 1})
 	c := cl.Client(t)
 	s := redisstore.New(c, &redisstore.Options{Prefix: redistest.Prefix(t)})
+	var told atomic.Int32
+	s.OnFailover(func() { told.Add(1) })
 	const key = "hot"
 	master := cl.MasterOf(t, s.Keys(key, failoverLimit)[0])
 	replicas := cl.ReplicasOf(t, master)
@@ -161,6 +164,9 @@ func TestFaultClusterFailover(t *testing.T) {
 	})
 	if s.ClusterReloads() == 0 {
 		t.Error("no slot-map reload after the master died")
+	}
+	if told.Load() == 0 {
+		t.Error("OnFailover's hook not called after the promotion")
 	}
 }
 

@@ -42,10 +42,10 @@
 // client's read timeout, or until the reply.
 //
 // On a ClusterClient, a connection error or a timed-out call makes the
-// Store ask the client to reload its slot map (at most every
-// ReloadInterval), so that a failed-over master is left for its promoted
-// replica within a reload of the promotion; go-redis itself reloads only on
-// redirects and every ClusterStateReloadInterval.
+// Store reload the client's slot map every ReloadInterval until calls
+// succeed again, so that a failed-over master is left for its promoted
+// replica within a reload of the promotion (see OnFailover); go-redis
+// itself reloads only on redirects and every ClusterStateReloadInterval.
 //
 // Keys are laid out as Prefix + "{" + key + "}:" + algorithm code, so all
 // of one key's state lives in one Cluster hash slot and different
@@ -140,8 +140,8 @@ type Options struct {
 	// WaitTimeout bounds the wait for WaitReplicas. Default
 	// DefaultWaitTimeout.
 	WaitTimeout time.Duration
-	// ReloadInterval is the least time between two slot-map reloads that
-	// a ClusterClient's connection errors ask for. Default
+	// ReloadInterval is how often a ClusterClient's slot map is reloaded
+	// after connection errors, until calls succeed again. Default
 	// DefaultReloadInterval.
 	ReloadInterval time.Duration
 	// Logger receives one line when a ClusterClient's calls start failing

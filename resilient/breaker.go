@@ -109,6 +109,15 @@ func (b *breaker) allow(now time.Time) (call, probe bool) {
 	return true, true
 }
 
+// due makes an open breaker's next probe due at now.
+func (b *breaker) due(now time.Time) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.current() == sluice.BreakerOpen && now.Before(b.retryAt) {
+		b.retryAt = now
+	}
+}
+
 // success records a call sent at sent that the backend answered.
 func (b *breaker) success(probe bool, sent time.Time) {
 	if !probe {

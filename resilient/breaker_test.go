@@ -294,6 +294,36 @@ func TestProbeWithoutTraffic(t *testing.T) {
 	}
 }
 
+// ProbeNow, for a backend known to have recovered, closes an open breaker
+// at once, without waiting out the probe interval; a failed probe leaves
+// it open for another; on a closed breaker it sends nothing.
+func TestProbeNow(t *testing.T) {
+	clock := storetest.NewClock(storetest.T0)
+	f := newFlaky(clock.Now)
+	s, err := New(f, &Options{Policy: FailOpen, Clock: clock.Now, ProbeInterval: time.Hour, Logger: discard})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.ProbeNow(context.Background()); err != nil || f.calls.Load() != 0 {
+		t.Fatalf("closed: ProbeNow = %v after %d calls; want nothing sent", err, f.calls.Load())
+	}
+	f.mode.Store(1)
+	for i := 0; s.State() != sluice.BreakerOpen; i++ {
+		if i > 100 {
+			t.Fatal("the breaker never opened")
+		}
+		s.Take(context.Background(), "k", sluice.PerSecond(10), 1)
+		clock.Advance(100 * time.Millisecond)
+	}
+	if err := s.ProbeNow(context.Background()); err == nil || s.State() != sluice.BreakerOpen {
+		t.Fatalf("backend down: ProbeNow = %v, state %v; want the probe's error, open", err, s.State())
+	}
+	f.mode.Store(0)
+	if err := s.ProbeNow(context.Background()); err != nil || s.State() != sluice.BreakerClosed {
+		t.Fatalf("backend back: ProbeNow = %v, state %v; want closed within the probe interval", err, s.State())
+	}
+}
+
 // A long outage's probe cycles are logged at most once a minute after the
 // first ones, the skipped ones counted on the next line; every transition
 // is still observed.

@@ -462,6 +462,27 @@ func (s *Store) Probe(ctx context.Context) (bool, error) {
 	return true, err
 }
 
+// ProbeNow is for a backend known to have recovered (a Redis Cluster
+// whose replica was promoted: redisstore.Store.OnFailover): an open
+// breaker's probe is due at once rather than after ProbeInterval, and
+// ProbeNow sends probes as Probe does until the breaker closes, a probe
+// fails (the breaker opens for another ProbeInterval), or another is in
+// flight (a request's, whose successors go on probing). It does nothing
+// when the breaker is closed, and returns the error of a failed probe.
+func (s *Store) ProbeNow(ctx context.Context) error {
+	if s == nil || s.backend == nil {
+		return nil
+	}
+	s.br.due(s.clock())
+	for s.br.current() != sluice.BreakerClosed {
+		sent, err := s.Probe(ctx)
+		if !sent || err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // Take implements sluice.Store.
 func (s *Store) Take(ctx context.Context, key string, limit sluice.Limit, cost int64) (sluice.Decision, error) {
 	ctx = ctxutil.OrBackground(ctx)

@@ -21,14 +21,20 @@ policies:
 `
 
 // failoverRecovery is how soon after a promotion decisions must return to
-// Redis.
-const failoverRecovery = 3 * time.Second
+// Redis; clusterBack how soon on a Cluster, whose store tells the breaker
+// of the promotion (redisstore.Store.OnFailover) so that it probes at once
+// rather than after its probe interval and two more probes.
+const (
+	failoverRecovery = 3 * time.Second
+	clusterBack      = 750 * time.Millisecond
+)
 
 // checkRecovery runs load on f through a failover that kill starts and
 // promoted reports, and asserts that every decision was answered (under
-// local, by the fallback while Redis could not) and that the instances
-// have left their fallback a second after failoverRecovery.
-func checkRecovery(t *testing.T, f *fleet, kill func(), promoted func() time.Time) {
+// local, by the fallback while Redis could not), that every instance left
+// its breaker (decisions back on Redis) within back of the promotion, and
+// that they have all left their fallback a second after failoverRecovery.
+func checkRecovery(t *testing.T, f *fleet, kill func(), promoted func() time.Time, back time.Duration) {
 	t.Helper()
 	l := f.drive(2, "hot", "api")
 	time.Sleep(500 * time.Millisecond)
@@ -36,6 +42,19 @@ func checkRecovery(t *testing.T, f *fleet, kill func(), promoted func() time.Tim
 	kill()
 	at := promoted()
 	time.Sleep(time.Until(at.Add(failoverRecovery + time.Second)))
+	for i, p := range f.procs {
+		// The breaker's closing sends decisions back to Redis (the
+		// status follows at the next store check).
+		closed, ok := lastLogTime(p, "resilient: breaker closed")
+		if !ok || closed.Before(killed) {
+			continue // never opened
+		}
+		took := closed.Sub(at)
+		t.Logf("instance %d: decisions back on Redis %v after the promotion", i, took.Round(time.Millisecond))
+		if took > back {
+			t.Errorf("instance %d: decisions back on Redis %v after the promotion, want within %v", i, took.Round(time.Millisecond), back)
+		}
+	}
 	l.finish()
 	allowed, _, failed := l.sum()
 	t.Logf("promotion %v after the kill; %d decisions", at.Sub(killed).Round(time.Millisecond), allowed+failed)
@@ -52,8 +71,8 @@ func checkRecovery(t *testing.T, f *fleet, kill func(), promoted func() time.Tim
 // TestFaultServeClusterFailoverLocal: sluice serve under its default
 // policy (local) on a 3 masters + 3 replicas cluster under load; the master
 // that owns the hot key is killed (SIGKILL). Every decision is answered,
-// and the instances leave their fallback, which they log, within 4s of the
-// replica's promotion: a client that kept dialling the dead master would
+// the breakers close within clusterBack of the promotion, and the
+// instances leave their fallback, which they log, within 4s of it: a client that kept dialling the dead master would
 // keep them on it for good. (TestFaultServeClusterFailover times the
 // decisions under error.)
 func TestFaultServeClusterFailoverLocal(t *testing.T) {
@@ -65,7 +84,7 @@ func TestFaultServeClusterFailoverLocal(t *testing.T) {
 	checkRecovery(t, f, master.Kill, func() time.Time {
 		_, at := c.AwaitMaster(t, 10*time.Second, replicas...)
 		return at
-	})
+	}, clusterBack)
 	checkFallbackEpisode(t, f)
 	for i, p := range f.procs { // the failover is counted, not only logged
 		if got := metric(t, p, "sluice_redis_cluster_reloads_total"); got == 0 {
@@ -98,7 +117,7 @@ func TestFaultServeSentinelFailoverLocal(t *testing.T) {
 	checkRecovery(t, f, s.Master.Kill, func() time.Time {
 		_, at := s.AwaitMaster(t, 15*time.Second, s.Replicas...)
 		return at
-	})
+	}, failoverRecovery)
 	checkFallbackEpisode(t, f)
 }
 
@@ -109,4 +128,19 @@ func redisHashTag(policy, key string) string {
 	k := enforce.NewKeyer("", nil)
 	storeKey, _ := k.Keys(k.Base(policy), key, false)
 	return "{" + storeKey + "}"
+}
+
+// lastLogTime returns the time of p's last log line with message msg.
+func lastLogTime(p *proc, msg string) (time.Time, bool) {
+	var at time.Time
+	for line := range strings.Lines(p.stderr.String()) {
+		r, ok := parseRecord(strings.TrimSpace(line))
+		if !ok || r["msg"] != msg {
+			continue
+		}
+		if t, err := time.Parse(time.RFC3339Nano, r["time"]); err == nil {
+			at = t
+		}
+	}
+	return at, !at.IsZero()
 }

@@ -290,6 +290,7 @@ func (s *Server) openStore() (sluice.Store, error) {
 		}
 		s.closers = append(s.closers, func() { store.Close() })
 		s.health.breaker = func(ctx context.Context) { store.Probe(ctx) }
+		rs.OnFailover(func() { store.ProbeNow(context.Background()) }) // back on Redis soon after a promotion
 		healthObserver{s.metrics, s.health}.ObserveBreaker(sluice.BreakerEvent{Store: "redis", From: sluice.BreakerClosed, To: sluice.BreakerClosed})
 		return store, nil
 	}
