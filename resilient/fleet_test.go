@@ -558,6 +558,8 @@ func TestFleetRestartSameNameRedis(t *testing.T) {
 	}
 	expect(a, 2, "B left, R running")
 	expect(r, 2, "B left, seen by R")
+}
+
 // A Deferred Fleet registers at Start, not before; one closed before it
 // starts never registers, and its Close and Leave return.
 func TestFleetDeferred(t *testing.T) {
