@@ -170,6 +170,7 @@ func TestNewRedisClient(t *testing.T) {
 		{"redis://localhost:7000?addr=localhost:7001", "use redis+cluster://"},
 		{"redis+cluster://?addr=localhost:7001", "no host"},
 		{"redis://", "no host"},
+		{"redis+cluster://127.0.0.1:7001,127.0.0.1:7002", "is a list"},
 		{"redis://localhost?pool_size=-5", `pool_size="-5"`},
 		{"redis+cluster://localhost?pool_size=99999999999", `pool_size="99999999999"`},
 		{"redis://localhost?max_retries=-2", `max_retries="-2": want a whole number from 0 to 1048576 (or -1 for none)`},

@@ -175,10 +175,14 @@ const maxURLInt = 1 << 20
 // checkURLOptions refuses what go-redis would take without complaint and
 // then fail on, forever or at once: a negative number or duration, a
 // client name Redis refuses, addr= on a standalone URL (go-redis would make
-// it a cluster client), a URL without a host.
+// it a cluster client), a URL without a host, a list of hosts in one URL
+// (go-redis looks the whole list up as one name, forever).
 func checkURLOptions(u *url.URL, variant string, q url.Values) error {
 	if u.Hostname() == "" {
 		return fmt.Errorf("no host: want %s://host:port", u.Scheme)
+	}
+	if strings.Contains(u.Host, ",") {
+		return fmt.Errorf("host %q is a list: name one host:port, and the others with ?addr=host2:port2&addr=host3:port3", u.Host)
 	}
 	if variant == "" && q.Has("addr") {
 		return errors.New("addr= on a redis:// URL: for Redis Cluster use redis+cluster://host:port?addr=host2:port2")
