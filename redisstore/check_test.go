@@ -438,6 +438,30 @@ func TestCheckAccessOutOfMemory(t *testing.T) {
 	if err := redisstore.Classify(err); !errors.Is(err, redisstore.ErrOOM) {
 		t.Errorf("Classify(a take's error) = %v, want ErrOOM", err)
 	}
+	// Every algorithm's take is refused whole, before any write: a script
+	// whose first write cannot grow memory (a window's DEL) went on, under
+	// OOM, to create keys past maxmemory.
+	before, err := c.DBSize(ctx).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range sluice.Algorithms() {
+		l := sluice.PerSecond(10).WithAlgorithm(a)
+		if _, err := s.Take(ctx, "oom-"+a.String(), l, 1); !errors.Is(redisstore.Classify(err), redisstore.ErrOOM) {
+			t.Errorf("%v take under OOM: %v, want ErrOOM", a, err)
+		}
+		if a != sluice.SlidingWindowLog {
+			if _, err := s.Grant(ctx, "oom-grant-"+a.String(), l, 5); !errors.Is(redisstore.Classify(err), redisstore.ErrOOM) {
+				t.Errorf("%v grant under OOM: %v, want ErrOOM", a, err)
+			}
+		}
+	}
+	if _, err := s.TakeAll(ctx, []sluice.Request{{Key: "oom-a", Limit: sluice.PerSecond(1), Cost: 1}, {Key: "oom-b", Limit: sluice.PerSecond(1), Cost: 1}}); !errors.Is(redisstore.Classify(err), redisstore.ErrOOM) {
+		t.Errorf("TakeAll under OOM: %v, want ErrOOM", err)
+	}
+	if after, err := c.DBSize(ctx).Result(); err != nil || after != before {
+		t.Errorf("keys under OOM: %d before, %d after (%v); want none made", before, after, err)
+	}
 	if err := c.ConfigSet(ctx, "maxmemory", "0").Err(); err != nil {
 		t.Fatal(err)
 	}

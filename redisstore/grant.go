@@ -22,7 +22,7 @@ func init() {
 			continue
 		}
 		body := now + mustRead(algorithms[a].file)
-		grantScripts[a] = newScript(now + "local function alg(KEYS, ARGV)\n" + body + "\nend\n" + mustRead("grant.lua"))
+		grantScripts[a] = newTakeScript(now + "local function alg(KEYS, ARGV)\n" + body + "\nend\n" + mustRead("grant.lua"))
 	}
 }
 

@@ -20,8 +20,8 @@ var _ sluice.Slots = (*Store)(nil)
 // ZSET (see inflight_acquire.lua for its layout): one key to read, write
 // and expire, so that acquire and release each cost about one take.
 var (
-	acquireScript = newScript(mustRead("now.lua") + mustRead("inflight_acquire.lua"))
-	extendScript  = newScript(mustRead("now.lua") + mustRead("inflight_extend.lua"))
+	acquireScript = newTakeScript(mustRead("now.lua") + mustRead("inflight_acquire.lua"))
+	extendScript  = newTakeScript(mustRead("now.lua") + mustRead("inflight_extend.lua"))
 	releaseScript = newScript(mustRead("now.lua") + mustRead("inflight_release.lua"))
 )
 

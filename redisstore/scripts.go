@@ -60,6 +60,15 @@ func newScript(src string) *script {
 	return &script{src: src, sha: hex.EncodeToString(sum[:])}
 }
 
+// newTakeScript is newScript for a script that takes (or grants, or
+// acquires): a Lua shebang declares it, with no flags, so Redis refuses the
+// whole script while it is out of memory (OOM), before it writes anything.
+// Without one, Redis checks only the script's first write: a take whose
+// first write may not grow memory (a DEL of an expired window, a ZREM) went
+// on to create keys past maxmemory. Scripts that free memory (a release, a
+// Reset) keep running.
+func newTakeScript(src string) *script { return newScript("#!lua\n" + src) }
+
 // Each algorithm's file, after now.lua (the clock every script reads), is
 // its one-key script: every EVALSHA runs the whole chunk, so the files
 // define no functions or tables that the call does not need (a top-level
@@ -93,11 +102,11 @@ func init() {
 	algs.WriteString("local ALG = {}\n")
 	for a := range algorithms {
 		body := now + mustRead(algorithms[a].file)
-		algorithms[a].script = newScript(body)
+		algorithms[a].script = newTakeScript(body)
 		fmt.Fprintf(&algs, "ALG[%d] = function(KEYS, ARGV)\n%s\nend\n", a, body)
 	}
-	takeAllScript = newScript(algs.String() + now + mustRead("take_all.lua"))
-	takeEachScript = newScript(algs.String() + mustRead("take_each.lua"))
+	takeAllScript = newTakeScript(algs.String() + now + mustRead("take_all.lua"))
+	takeEachScript = newTakeScript(algs.String() + mustRead("take_each.lua"))
 }
 
 // mustRead returns an embedded script with its macros expanded.
