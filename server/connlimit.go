@@ -1,8 +1,10 @@
 package server
 
 import (
+	"container/list"
 	"log/slog"
 	"net"
+	"net/http"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -35,23 +37,36 @@ var (
 	grpcPingTimeout = 20 * time.Second
 )
 
-// capListener accepts at most cap connections at once; one past the cap is
-// closed at once (the client sees a reset and can try another instance)
-// rather than left queued, counted and logged at most once per quietFor.
+// capListener accepts at most cap connections at once. At the cap, a new
+// connection makes room by closing the connection idle the longest (an
+// HTTP keep-alive connection between requests, as ConnState reports), so
+// that idle pools cannot lock fresh clients (probes, scrapes) out until
+// their idle timeout; with none idle it is closed at once (the client sees
+// a reset and can try another instance) rather than left queued. Both are
+// counted and logged at most once per quietFor.
 type capListener struct {
 	net.Listener
-	name    string
-	sem     chan struct{}
-	refused prometheus.Counter
-	log     *slog.Logger
-	lastLog atomic.Int64 // unix nanoseconds of the last refusal logged
+	name       string
+	sem        chan struct{}
+	refused    prometheus.Counter
+	idleClosed prometheus.Counter
+	log        *slog.Logger
+	lastLog    atomic.Int64 // unix nanoseconds of the last refusal logged
+	lastIdle   atomic.Int64 // of the last idle connection closed logged
+
+	mu   sync.Mutex
+	idle list.List // *capConn idle, the longest idle at the front
 }
 
 func newCapListener(ln net.Listener, name string, n int, m *Metrics, log *slog.Logger) *capListener {
 	l := &capListener{Listener: ln, name: name, sem: make(chan struct{}, n), log: log}
 	if m != nil {
 		l.refused = m.connRefused.WithLabelValues(name)
-		m.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		l.idleClosed = prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "sluice_connections_idle_closed_total", Help: "Idle connections closed to make room for a new one, the listener (http, grpc) having --max-connections open.",
+			ConstLabels: prometheus.Labels{"listener": name},
+		})
+		m.reg.MustRegister(l.idleClosed, prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "sluice_connections_open", Help: "Connections open on each listener (http, grpc), at most --max-connections.",
 			ConstLabels: prometheus.Labels{"listener": name},
 		}, func() float64 { return float64(len(l.sem)) }))
@@ -65,10 +80,8 @@ func (l *capListener) Accept() (net.Conn, error) {
 		if err != nil {
 			return nil, err
 		}
-		select {
-		case l.sem <- struct{}{}:
-			return &capConn{Conn: c, release: func() { <-l.sem }}, nil
-		default:
+		if cc := l.admit(c); cc != nil {
+			return cc, nil
 		}
 		c.Close()
 		if l.refused != nil {
@@ -76,8 +89,76 @@ func (l *capListener) Accept() (net.Conn, error) {
 		}
 		now := time.Now().UnixNano()
 		if last := l.lastLog.Load(); now-last >= int64(quietFor) && l.lastLog.CompareAndSwap(last, now) {
-			l.log.Warn("connection limit reached: refusing new connections", "listener", l.name, "max_connections", cap(l.sem))
+			l.log.Warn("connection limit reached: refusing new connections, none idle", "listener", l.name, "max_connections", cap(l.sem))
 		}
+	}
+}
+
+// admit takes a place for c, closing idle connections to free one if need
+// be; nil if every place is held by a busy connection.
+func (l *capListener) admit(c net.Conn) *capConn {
+	for {
+		select {
+		case l.sem <- struct{}{}:
+			return &capConn{Conn: c, release: func() { <-l.sem }}
+		default:
+		}
+		if !l.closeIdle() {
+			return nil
+		}
+	}
+}
+
+// closeIdle closes the connection idle the longest, if any. Its place is
+// free on return (capConn.Close releases it, or has, once).
+func (l *capListener) closeIdle() bool {
+	l.mu.Lock()
+	e := l.idle.Front()
+	if e == nil {
+		l.mu.Unlock()
+		return false
+	}
+	cc := l.idle.Remove(e).(*capConn)
+	cc.idle = nil
+	l.mu.Unlock()
+	cc.Close()
+	if l.idleClosed != nil {
+		l.idleClosed.Inc()
+	}
+	now := time.Now().UnixNano()
+	if last := l.lastIdle.Load(); now-last >= int64(quietFor) && l.lastIdle.CompareAndSwap(last, now) {
+		l.log.Warn("connection limit reached: closing idle connections to make room", "listener", l.name, "max_connections", cap(l.sem))
+	}
+	return true
+}
+
+// setIdle marks c idle (the newest) or not.
+func (l *capListener) setIdle(c *capConn, idle bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if c.idle != nil {
+		l.idle.Remove(c.idle)
+		c.idle = nil
+	}
+	if idle {
+		c.idle = l.idle.PushBack(c)
+	}
+}
+
+// httpConnState is the HTTP server's ConnState: a connection between
+// requests (HTTP/1 keep-alive, or HTTP/2 without streams) may be closed to
+// make room.
+func (l *capListener) httpConnState(c net.Conn, st http.ConnState) {
+	for {
+		if cc, ok := c.(*capConn); ok {
+			l.setIdle(cc, st == http.StateIdle)
+			return
+		}
+		u, ok := c.(interface{ NetConn() net.Conn }) // *tls.Conn
+		if !ok {
+			return
+		}
+		c = u.NetConn()
 	}
 }
 
@@ -86,6 +167,7 @@ type capConn struct {
 	net.Conn
 	once    sync.Once
 	release func()
+	idle    *list.Element // in capListener.idle while idle; under its mu
 }
 
 func (c *capConn) Close() error {

@@ -140,6 +140,7 @@ type Server struct {
 	grpcSrv    *grpc.Server
 	grpcHealth *health.Server
 	httpLn     net.Listener
+	httpCap    *capListener // beneath httpLn's TLS, if any
 	grpcLn     net.Listener
 	stop       chan struct{}
 	wg         sync.WaitGroup
@@ -328,6 +329,7 @@ func (s *Server) Start() error {
 		WriteTimeout:      httpWriteTimeout + s.opts.DecisionTimeout,
 		IdleTimeout:       httpIdleTimeout,
 		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
+		ConnState:         s.httpCap.httpConnState,
 	}
 	s.httpSrv.Handler = s.metrics.instrumentHTTP(s.httpSrv.Handler)
 	// Workers keep their grown stacks between requests: a new goroutine

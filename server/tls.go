@@ -138,7 +138,8 @@ func (s *Server) listen() (grpc.ServerOption, error) {
 	if n <= 0 {
 		n = DefaultMaxConnections
 	}
-	s.httpLn = newCapListener(s.httpLn, "http", n, s.metrics, s.log)
+	s.httpCap = newCapListener(s.httpLn, "http", n, s.metrics, s.log)
+	s.httpLn = s.httpCap
 	s.grpcLn = newCapListener(s.grpcLn, "grpc", n, s.metrics, s.log)
 	if httpTLS != nil {
 		s.httpLn = tls.NewListener(s.httpLn, httpTLS)

@@ -1,0 +1,169 @@
+package server
+
+import (
+	"bufio"
+	"crypto/tls"
+	"io"
+	"net"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/internal/testcert"
+)
+
+// keepAlive sends one GET /healthz on a new connection, reads the answer
+// and leaves the connection open, idle between requests.
+func keepAlive(t *testing.T, addr string) net.Conn {
+	t.Helper()
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	io.WriteString(c, "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || resp.Close {
+		t.Fatalf("keep-alive /healthz: %s, close %v", resp.Status, resp.Close)
+	}
+	return c
+}
+
+// getNow asserts that a fresh connection's GET answers 200 within a second.
+func getNow(t *testing.T, c *http.Client, url string) {
+	t.Helper()
+	start := time.Now()
+	resp, err := c.Get(url)
+	if err != nil {
+		t.Errorf("GET %s with the listener at its cap: %v", url, err)
+		return
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || time.Since(start) > time.Second {
+		t.Errorf("GET %s: %s after %v, want 200 at once", url, resp.Status, time.Since(start))
+	}
+}
+
+// TestIdleConnectionsMakeRoom: with the HTTP listener's places all held by
+// idle keep-alive connections, fresh /healthz and /metrics requests are
+// answered at once, each closing the connection idle the longest (not
+// waiting out the 2-minute idle timeout), counted; none is refused.
+func TestIdleConnectionsMakeRoom(t *testing.T) {
+	const max = 20
+	srv := slowClientServer(t, max)
+	var idle []net.Conn
+	for range max {
+		idle = append(idle, keepAlive(t, srv.HTTPAddr()))
+		time.Sleep(5 * time.Millisecond) // in order of idleness
+	}
+	reg := srv.metrics.reg
+	lbl := map[string]string{"listener": "http"}
+	fresh := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Timeout: 2 * time.Second}
+	for i := range 6 {
+		getNow(t, fresh, "http://"+srv.HTTPAddr()+[]string{"/healthz", "/metrics"}[i%2])
+		// Back at the cap once the fresh connection is closed.
+		waitFor(t, func() bool { return metricValue(t, reg, "sluice_connections_open", lbl) == max-1 })
+		idle = append(idle, keepAlive(t, srv.HTTPAddr()))
+	}
+	// The six longest idle were closed, the others kept.
+	for i, c := range idle {
+		c.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
+		_, err := c.Read(make([]byte, 1))
+		if closed := !isTimeout(err); closed != (i < 6) {
+			t.Errorf("idle connection %d (of %d, oldest first): read %v", i, len(idle), err)
+		}
+	}
+	if got := metricValue(t, reg, "sluice_connections_idle_closed_total", lbl); got != 6 {
+		t.Errorf("sluice_connections_idle_closed_total{listener=http} = %v, want 6", got)
+	}
+	if got := metricValue(t, reg, "sluice_connections_refused_total", lbl); got != 0 {
+		t.Errorf("sluice_connections_refused_total{listener=http} = %v, want 0", got)
+	}
+	waitFor(t, func() bool { return metricValue(t, reg, "sluice_connections_open", lbl) == max })
+}
+
+// TestIdleConnectionsMakeRoomTLS: the same over HTTPS, HTTP/2 connections
+// without streams being idle.
+func TestIdleConnectionsMakeRoomTLS(t *testing.T) {
+	const max = 10
+	certs := testcert.New(t, "http")
+	srv := runServer(t, Options{HTTPTLS: TLSFiles{CertFile: certs.CertFile, KeyFile: certs.KeyFile}, MaxConnections: max})
+	url := "https://" + srv.HTTPAddr() + "/healthz"
+	client := func(keepAlive bool) *http.Client {
+		tr := &http.Transport{TLSClientConfig: &tls.Config{RootCAs: certs.Pool}, ForceAttemptHTTP2: true, DisableKeepAlives: !keepAlive}
+		t.Cleanup(tr.CloseIdleConnections)
+		return &http.Client{Transport: tr, Timeout: 2 * time.Second}
+	}
+	lbl := map[string]string{"listener": "http"}
+	idle := func() {
+		resp, err := client(true).Get(url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.ProtoMajor != 2 {
+			t.Fatalf("keep-alive client spoke %s, want HTTP/2", resp.Proto)
+		}
+	}
+	for range max {
+		idle()
+	}
+	for range 3 {
+		getNow(t, client(false), url)
+		waitFor(t, func() bool { return metricValue(t, srv.metrics.reg, "sluice_connections_open", lbl) == max-1 })
+		idle()
+	}
+	if got := metricValue(t, srv.metrics.reg, "sluice_connections_idle_closed_total", lbl); got != 3 {
+		t.Errorf("sluice_connections_idle_closed_total{listener=http} = %v, want 3", got)
+	}
+}
+
+// TestBusyConnectionsStillCap: with every place held by a request in
+// progress (a body still arriving), a new connection is closed at once and
+// counted as refused; no busy connection is closed for it.
+func TestBusyConnectionsStillCap(t *testing.T) {
+	const max = 10
+	srv := slowClientServer(t, max)
+	var busy []net.Conn
+	for range max {
+		c, err := net.Dial("tcp", srv.HTTPAddr())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		io.WriteString(c, "POST /v1/check HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{")
+		busy = append(busy, c)
+	}
+	// One idle connection too many is what makes room; here none is idle.
+	time.Sleep(200 * time.Millisecond) // all accepted and reading bodies
+	c, err := net.Dial("tcp", srv.HTTPAddr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetReadDeadline(time.Now().Add(time.Second))
+	if _, err := c.Read(make([]byte, 1)); err == nil || isTimeout(err) {
+		t.Errorf("connection past the cap of busy ones: read %v, want it closed at once", err)
+	}
+	reg := srv.metrics.reg
+	lbl := map[string]string{"listener": "http"}
+	if got := metricValue(t, reg, "sluice_connections_refused_total", lbl); got != 1 {
+		t.Errorf("sluice_connections_refused_total{listener=http} = %v, want 1", got)
+	}
+	if got := metricValue(t, reg, "sluice_connections_idle_closed_total", lbl); got != 0 {
+		t.Errorf("sluice_connections_idle_closed_total{listener=http} = %v, want 0", got)
+	}
+	for i, b := range busy {
+		b.SetReadDeadline(time.Now().Add(50 * time.Millisecond))
+		if _, err := b.Read(make([]byte, 1)); !isTimeout(err) {
+			t.Errorf("busy connection %d: read %v, want it still waiting for its body", i, err)
+		}
+	}
+}
