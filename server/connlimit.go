@@ -2,6 +2,7 @@ package server
 
 import (
 	"container/list"
+	"context"
 	"log/slog"
 	"net"
 	"net/http"
@@ -10,6 +11,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc/stats"
 )
 
 // DefaultMaxConnections is each listener's connection cap: both listeners
@@ -38,10 +40,10 @@ var (
 )
 
 // capListener accepts at most cap connections at once. At the cap, a new
-// connection makes room by closing the connection idle the longest (an
-// HTTP keep-alive connection between requests, as ConnState reports), so
-// that idle pools cannot lock fresh clients (probes, scrapes) out until
-// their idle timeout; with none idle it is closed at once (the client sees
+// connection makes room by closing the connection idle the longest (HTTP:
+// between requests, as ConnState reports; gRPC: past its handshake with no
+// call in progress, as grpcIdle reports), so that idle pools cannot lock
+// fresh clients (probes, scrapes, Envoy) out until their idle timeout; with none idle it is closed at once (the client sees
 // a reset and can try another instance) rather than left queued. Both are
 // counted and logged at most once per quietFor.
 type capListener struct {
@@ -54,12 +56,13 @@ type capListener struct {
 	lastLog    atomic.Int64 // unix nanoseconds of the last refusal logged
 	lastIdle   atomic.Int64 // of the last idle connection closed logged
 
-	mu   sync.Mutex
-	idle list.List // *capConn idle, the longest idle at the front
+	mu     sync.Mutex
+	idle   list.List           // *capConn idle, the longest idle at the front
+	byAddr map[string]*capConn // open connections by remote address, for gRPC's stats
 }
 
 func newCapListener(ln net.Listener, name string, n int, m *Metrics, log *slog.Logger) *capListener {
-	l := &capListener{Listener: ln, name: name, sem: make(chan struct{}, n), log: log}
+	l := &capListener{Listener: ln, name: name, sem: make(chan struct{}, n), log: log, byAddr: map[string]*capConn{}}
 	if m != nil {
 		l.refused = m.connRefused.WithLabelValues(name)
 		l.idleClosed = prometheus.NewCounter(prometheus.CounterOpts{
@@ -100,7 +103,11 @@ func (l *capListener) admit(c net.Conn) *capConn {
 	for {
 		select {
 		case l.sem <- struct{}{}:
-			return &capConn{Conn: c, release: func() { <-l.sem }}
+			cc := &capConn{Conn: c, l: l, addr: c.RemoteAddr().String()}
+			l.mu.Lock()
+			l.byAddr[cc.addr] = cc
+			l.mu.Unlock()
+			return cc
 		default:
 		}
 		if !l.closeIdle() {
@@ -136,13 +143,29 @@ func (l *capListener) closeIdle() bool {
 func (l *capListener) setIdle(c *capConn, idle bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	l.setIdleLocked(c, idle)
+}
+
+func (l *capListener) setIdleLocked(c *capConn, idle bool) {
 	if c.idle != nil {
 		l.idle.Remove(c.idle)
 		c.idle = nil
 	}
-	if idle {
+	if idle && !c.closed {
 		c.idle = l.idle.PushBack(c)
 	}
+}
+
+// release gives c's place back.
+func (l *capListener) release(c *capConn) {
+	l.mu.Lock()
+	c.closed = true
+	l.setIdleLocked(c, false)
+	if l.byAddr[c.addr] == c {
+		delete(l.byAddr, c.addr)
+	}
+	l.mu.Unlock()
+	<-l.sem
 }
 
 // httpConnState is the HTTP server's ConnState: a connection between
@@ -165,13 +188,63 @@ func (l *capListener) httpConnState(c net.Conn, st http.ConnState) {
 // capConn gives its place back when first closed.
 type capConn struct {
 	net.Conn
-	once    sync.Once
-	release func()
-	idle    *list.Element // in capListener.idle while idle; under its mu
+	l    *capListener
+	addr string
+	once sync.Once
+	// Under l.mu:
+	idle   *list.Element // in l.idle while idle
+	calls  int           // gRPC calls in progress
+	closed bool
 }
 
 func (c *capConn) Close() error {
 	err := c.Conn.Close()
-	c.once.Do(c.release)
+	c.once.Do(func() { c.l.release(c) })
 	return err
+}
+
+// grpcIdle is the gRPC server's stats handler: a connection past its
+// handshake without calls in progress may be closed to make room. (Its
+// GOAWAY at grpcMaxIdle comes minutes later.)
+type grpcIdle struct{ l *capListener }
+
+type grpcConnKey struct{}
+
+func (h grpcIdle) TagConn(ctx context.Context, info *stats.ConnTagInfo) context.Context {
+	h.l.mu.Lock()
+	c := h.l.byAddr[info.RemoteAddr.String()]
+	h.l.mu.Unlock()
+	if c == nil {
+		return ctx
+	}
+	return context.WithValue(ctx, grpcConnKey{}, c)
+}
+
+func (h grpcIdle) HandleConn(ctx context.Context, s stats.ConnStats) {
+	if _, ok := s.(*stats.ConnBegin); ok {
+		h.calls(ctx, 0)
+	}
+}
+
+func (h grpcIdle) TagRPC(ctx context.Context, _ *stats.RPCTagInfo) context.Context { return ctx }
+
+func (h grpcIdle) HandleRPC(ctx context.Context, s stats.RPCStats) {
+	switch s.(type) {
+	case *stats.Begin:
+		h.calls(ctx, 1)
+	case *stats.End:
+		h.calls(ctx, -1)
+	}
+}
+
+// calls adds d to the connection's calls in progress; with none it is idle.
+func (h grpcIdle) calls(ctx context.Context, d int) {
+	c, _ := ctx.Value(grpcConnKey{}).(*capConn)
+	if c == nil {
+		return
+	}
+	h.l.mu.Lock()
+	defer h.l.mu.Unlock()
+	c.calls += d
+	h.l.setIdleLocked(c, c.calls == 0)
 }

@@ -2,6 +2,7 @@ package server
 
 import (
 	"bufio"
+	"context"
 	"crypto/tls"
 	"io"
 	"net"
@@ -9,6 +10,12 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/status"
+
+	"github.com/sluicehq/sluice/internal/grpctest"
 	"github.com/sluicehq/sluice/internal/testcert"
 )
 
@@ -165,5 +172,67 @@ func TestBusyConnectionsStillCap(t *testing.T) {
 		if _, err := b.Read(make([]byte, 1)); !isTimeout(err) {
 			t.Errorf("busy connection %d: read %v, want it still waiting for its body", i, err)
 		}
+	}
+}
+
+// TestGRPCIdleConnectionsMakeRoom: gRPC connections without calls in
+// progress give their places to new ones at the cap (rather than holding
+// them until the 5-minute idle GOAWAY); connections with a call in
+// progress (a health Watch) do not, and a new one is refused.
+func TestGRPCIdleConnectionsMakeRoom(t *testing.T) {
+	const max = 5
+	srv := runServer(t, Options{MaxConnections: max})
+	reg := srv.metrics.reg
+	lbl := map[string]string{"listener": "grpc"}
+	check := func(cc *grpc.ClientConn) error {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		_, err := healthpb.NewHealthClient(cc).Check(ctx, &healthpb.HealthCheckRequest{})
+		return err
+	}
+	var idle []*grpc.ClientConn
+	for range max {
+		cc := grpctest.Dial(t, srv.GRPCAddr())
+		if err := check(cc); err != nil {
+			t.Fatal(err)
+		}
+		idle = append(idle, cc)
+	}
+	fresh := grpctest.Dial(t, srv.GRPCAddr())
+	if err := check(fresh); err != nil {
+		t.Errorf("Check on a new connection with the listener at its cap of idle ones: %v", err)
+	}
+	idle = append(idle, fresh)
+	if got := metricValue(t, reg, "sluice_connections_idle_closed_total", lbl); got != 1 {
+		t.Errorf("sluice_connections_idle_closed_total{listener=grpc} = %v, want 1", got)
+	}
+	if got := metricValue(t, reg, "sluice_connections_refused_total", lbl); got != 0 {
+		t.Errorf("sluice_connections_refused_total{listener=grpc} = %v, want 0", got)
+	}
+	for _, cc := range idle {
+		cc.Close()
+	}
+
+	// Every place busy: a Watch in progress on each connection.
+	waitFor(t, func() bool { return metricValue(t, reg, "sluice_connections_open", lbl) == 0 })
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	for range max {
+		w, err := healthpb.NewHealthClient(grpctest.Dial(t, srv.GRPCAddr())).Watch(ctx, &healthpb.HealthCheckRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := w.Recv(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := check(grpctest.Dial(t, srv.GRPCAddr())); status.Code(err) != codes.Unavailable {
+		t.Errorf("Check with every connection busy: %v, want Unavailable (refused)", err)
+	}
+	if got := metricValue(t, reg, "sluice_connections_refused_total", lbl); got < 1 {
+		t.Errorf("sluice_connections_refused_total{listener=grpc} = %v, want at least 1", got)
+	}
+	if got := metricValue(t, reg, "sluice_connections_idle_closed_total", lbl); got != 1 {
+		t.Errorf("sluice_connections_idle_closed_total{listener=grpc} = %v, want still 1", got)
 	}
 }

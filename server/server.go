@@ -141,6 +141,7 @@ type Server struct {
 	grpcHealth *health.Server
 	httpLn     net.Listener
 	httpCap    *capListener // beneath httpLn's TLS, if any
+	grpcCap    *capListener
 	grpcLn     net.Listener
 	stop       chan struct{}
 	wg         sync.WaitGroup
@@ -335,7 +336,7 @@ func (s *Server) Start() error {
 	// Workers keep their grown stacks between requests: a new goroutine
 	// per request would grow its stack through the Redis client every time.
 	s.grpcSrv = grpc.NewServer(grpc.NumStreamWorkers(uint32(64*runtime.GOMAXPROCS(0))), grpcCreds,
-		grpc.ConnectionTimeout(grpcHandshake),
+		grpc.ConnectionTimeout(grpcHandshake), grpc.StatsHandler(grpcIdle{s.grpcCap}),
 		grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionIdle: grpcMaxIdle, Time: grpcPing, Timeout: grpcPingTimeout}),
 		// Envoy's connection keepalive, if configured, pings at most this
 		// often; a client pinging faster is sent away (grpc-go's default

@@ -140,7 +140,8 @@ func (s *Server) listen() (grpc.ServerOption, error) {
 	}
 	s.httpCap = newCapListener(s.httpLn, "http", n, s.metrics, s.log)
 	s.httpLn = s.httpCap
-	s.grpcLn = newCapListener(s.grpcLn, "grpc", n, s.metrics, s.log)
+	s.grpcCap = newCapListener(s.grpcLn, "grpc", n, s.metrics, s.log)
+	s.grpcLn = s.grpcCap
 	if httpTLS != nil {
 		s.httpLn = tls.NewListener(s.httpLn, httpTLS)
 	}
