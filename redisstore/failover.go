@@ -33,6 +33,8 @@ type reloader struct {
 	failing atomic.Bool   // since the first failure after a success
 	lastBad atomic.Int64  // UnixNano of the last failure that may mean a node is gone
 	polling atomic.Bool   // the reloading goroutine runs
+	// inFlight counts reloads running, those abandoned by hedgedReload too.
+	inFlight atomic.Int32
 	// onFailover is Store.OnFailover's hook; masters the last reload's.
 	onFailover atomic.Pointer[func()]
 	masters    string
@@ -76,10 +78,11 @@ func (r *reloader) poll() {
 // pollEpisode is poll's loop; it reports whether the client is closed.
 func (r *reloader) pollEpisode() bool {
 	every := cmp.Or(r.every, DefaultReloadInterval)
+	// A round starts every every, or at once after one that took that long.
+	tick := time.NewTicker(every)
+	defer tick.Stop()
 	for r.failing.Load() {
-		ctx, cancel := context.WithTimeout(context.Background(), max(every, time.Second))
-		masters, err := r.reload(ctx)
-		cancel()
+		masters, err := r.hedgedReload(every)
 		if errors.Is(err, redis.ErrClosed) {
 			return true
 		}
@@ -91,10 +94,62 @@ func (r *reloader) pollEpisode() bool {
 				(*fn)()
 			}
 		}
-		time.Sleep(every)
+		<-tick.C
 	}
 	return false
 }
+
+// A reload that asks a hung node (a stopped process, a hung host: its port
+// accepts connections, nothing answers) waits out its deadline, or
+// go-redis's ReadTimeout (3 s by default) on a client without
+// ContextTimeoutEnabled: go-redis asks the nodes for CLUSTER SLOTS one at a
+// time, in random order, under one context. So hedgedReload starts another
+// reload every hedgeAfter until one returns, at most hedges per round and
+// maxReloads at once: one that asks a live node first wins, and since the
+// client keeps the map the last successful reload loaded, any reload's
+// answer is the client's map at that time.
+const (
+	hedgeAfter = 50 * time.Millisecond
+	hedges     = 4
+	maxReloads = 8 * hedges
+)
+
+// hedgedReload reloads the slot map as reload does, starting hedges as
+// above, and returns the first answer, or an error if none came within
+// every. Reloads it no longer waits for run on to their own end.
+func (r *reloader) hedgedReload(every time.Duration) (string, error) {
+	type answer struct {
+		masters string
+		err     error
+	}
+	answers := make(chan answer, hedges)
+	tick := time.NewTicker(hedgeAfter)
+	defer tick.Stop()
+	giveUp := time.After(every)
+	for started := 0; ; {
+		if started < hedges && r.inFlight.Load() < maxReloads {
+			started++
+			r.inFlight.Add(1)
+			go func() {
+				defer r.inFlight.Add(-1)
+				ctx, cancel := context.WithTimeout(context.Background(), max(every, time.Second))
+				defer cancel()
+				masters, err := r.reload(ctx)
+				answers <- answer{masters, err}
+			}()
+		}
+		select {
+		case a := <-answers:
+			return a.masters, a.err
+		case <-tick.C:
+		case <-giveUp:
+			return "", errNoReload
+		}
+	}
+}
+
+// errNoReload: no reload of a round answered in time.
+var errNoReload = errors.New("redisstore: no slot-map reload answered")
 
 // reload loads the slot map now and returns its masters' addresses.
 func (r *reloader) reload(ctx context.Context) (string, error) {
