@@ -60,12 +60,20 @@ func (r *reloader) failed(err error) {
 	}
 }
 
+// quietAfter is how long an episode's reloads go on with no call failing:
+// a store nobody calls (its client closed, as go-redis's cached slot map
+// hides from a reload) must not reload forever. The next failure starts
+// them again.
+var quietAfter = time.Minute
+
 // poll reloads the slot map every r.every while the episode lasts, and
 // tells a change of masters.
 func (r *reloader) poll() {
 	for {
 		if r.pollEpisode() {
-			return // the client is closed
+			// The client is closed, or no call failed for quietAfter.
+			r.polling.Store(false)
+			return
 		}
 		r.polling.Store(false)
 		// A failure between the loop's end and here found it polling.
@@ -75,13 +83,17 @@ func (r *reloader) poll() {
 	}
 }
 
-// pollEpisode is poll's loop; it reports whether the client is closed.
+// pollEpisode is poll's loop; it reports whether it stopped with the
+// episode still on: the client closed, or quiet for quietAfter.
 func (r *reloader) pollEpisode() bool {
 	every := cmp.Or(r.every, DefaultReloadInterval)
 	// A round starts every every, or at once after one that took that long.
 	tick := time.NewTicker(every)
 	defer tick.Stop()
 	for r.failing.Load() {
+		if time.Now().UnixNano()-r.lastBad.Load() > int64(quietAfter) {
+			return true
+		}
 		masters, err := r.hedgedReload(every)
 		if errors.Is(err, redis.ErrClosed) {
 			return true

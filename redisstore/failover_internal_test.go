@@ -35,3 +35,31 @@ func TestReloaderEpisode(t *testing.T) {
 		t.Errorf("%d succeeding lines after %v without failure, want 1:\n%s", n, recoveredAfter, logs.String())
 	}
 }
+
+// TestReloaderQuiet: an episode's reloads stop once no call has failed for
+// quietAfter (a store nobody calls, its client perhaps closed), and the
+// next failure starts them again.
+func TestReloaderQuiet(t *testing.T) {
+	defer func(d time.Duration) { quietAfter = d }(quietAfter)
+	quietAfter = 200 * time.Millisecond
+	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{"127.0.0.1:1"}})
+	defer c.Close()
+	r := &reloader{cluster: c, every: 20 * time.Millisecond, log: slog.New(slog.DiscardHandler)}
+	down := errors.New("dial tcp 127.0.0.1:7001: connect: connection refused")
+	r.failed(down)
+	waitFor := func(polling bool) {
+		t.Helper()
+		for deadline := time.Now().Add(5 * time.Second); r.polling.Load() != polling; {
+			if time.Now().After(deadline) {
+				t.Fatalf("polling = %v after 5s, want %v", !polling, polling)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	waitFor(false)
+	r.failed(down)
+	if !r.polling.Load() {
+		t.Fatal("a failure after a quiet stop did not start the reloads again")
+	}
+	waitFor(false)
+}
