@@ -2,7 +2,6 @@ package redisstore_test
 
 import (
 	"context"
-	"fmt"
 	"slices"
 	"sync"
 	"testing"
@@ -50,15 +49,7 @@ func TestFaultClusterFailoverFrozen(t *testing.T) {
 
 	// One key on each master: calls for the frozen one's fail and start
 	// the Store's reloads.
-	var keys []string
-	var masters []*redistest.Node
-	for i := 0; len(keys) < 3; i++ {
-		key := fmt.Sprint("k", i)
-		m := cl.MasterOf(t, s.Keys(key, l)[0])
-		if !slices.Contains(masters, m) {
-			keys, masters = append(keys, key), append(masters, m)
-		}
-	}
+	keys, masters := keyPerMaster(t, cl, s, l)
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	defer func() { close(stop); wg.Wait() }()

@@ -208,15 +208,7 @@ func TestFaultClusterFrozenShard(t *testing.T) {
 	l := failoverLimit
 
 	// One key on each master; the first one's shard freezes.
-	var keys []string
-	var masters []*redistest.Node
-	for i := 0; len(keys) < 3; i++ {
-		key := fmt.Sprint("k", i)
-		m := cl.MasterOf(t, s.Keys(key, l)[0])
-		if !slices.Contains(masters, m) {
-			keys, masters = append(keys, key), append(masters, m)
-		}
-	}
+	keys, masters := keyPerMaster(t, cl, s, l)
 	for _, key := range keys {
 		if _, err := s.Take(context.Background(), key, l, 1); err != nil {
 			t.Fatal(err)
@@ -291,4 +283,20 @@ func TestFaultClusterFrozenShard(t *testing.T) {
 			t.Errorf("key %q on a live master: %.0f calls/s succeeded while another shard was frozen, want at least 100/s", key, rate)
 		}
 	}
+}
+
+// keyPerMaster returns a key served by each of cl's three masters under l,
+// and those masters, in the same order.
+func keyPerMaster(t *testing.T, cl *redistest.Cluster, s *redisstore.Store, l sluice.Limit) ([]string, []*redistest.Node) {
+	t.Helper()
+	var keys []string
+	var masters []*redistest.Node
+	for i := 0; len(keys) < 3; i++ {
+		key := fmt.Sprint("k", i)
+		m := cl.MasterOf(t, s.Keys(key, l)[0])
+		if !slices.Contains(masters, m) {
+			keys, masters = append(keys, key), append(masters, m)
+		}
+	}
+	return keys, masters
 }
