@@ -150,15 +150,7 @@ func TestBusyConnectionsStillCap(t *testing.T) {
 	}
 	// One idle connection too many is what makes room; here none is idle.
 	time.Sleep(200 * time.Millisecond) // all accepted and reading bodies
-	c, err := net.Dial("tcp", srv.HTTPAddr())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	c.SetReadDeadline(time.Now().Add(time.Second))
-	if _, err := c.Read(make([]byte, 1)); err == nil || isTimeout(err) {
-		t.Errorf("connection past the cap of busy ones: read %v, want it closed at once", err)
-	}
+	closedAtOnce(t, srv.HTTPAddr(), "connection past the cap of busy ones")
 	reg := srv.metrics.reg
 	lbl := map[string]string{"listener": "http"}
 	if got := metricValue(t, reg, "sluice_connections_refused_total", lbl); got != 1 {

@@ -148,15 +148,7 @@ func TestConnectionCap(t *testing.T) {
 		conns = append(conns, c)
 	}
 	time.Sleep(200 * time.Millisecond) // all accepted
-	c, err := net.Dial("tcp", srv.HTTPAddr())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	c.SetReadDeadline(time.Now().Add(time.Second))
-	if _, err := c.Read(make([]byte, 1)); err == nil || isTimeout(err) {
-		t.Errorf("connection past the cap: read %v, want it closed at once", err)
-	}
+	closedAtOnce(t, srv.HTTPAddr(), "connection past the cap")
 	if got := metricValue(t, srv.metrics.reg, "sluice_connections_refused_total", map[string]string{"listener": "http"}); got < 1 {
 		t.Errorf("sluice_connections_refused_total{listener=http} = %v, want at least 1", got)
 	}
@@ -213,5 +205,20 @@ func TestGRPCIdleConnectionsReclaimed(t *testing.T) {
 		if !cc.WaitForStateChange(ctx, s) {
 			t.Fatalf("client connection still %v after 5s; want idle after the server's 1s idle limit", s)
 		}
+	}
+}
+
+// closedAtOnce dials addr and fails t unless the connection is closed
+// within a second, without a byte.
+func closedAtOnce(t *testing.T, addr, what string) {
+	t.Helper()
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetReadDeadline(time.Now().Add(time.Second))
+	if _, err := c.Read(make([]byte, 1)); err == nil || isTimeout(err) {
+		t.Errorf("%s: read %v, want it closed at once", what, err)
 	}
 }
