@@ -874,9 +874,13 @@ func retryFor(limit sluice.Limit, cost, wait int64) time.Duration {
 
 // restore puts back cost units that spend took from grant gen, when l
 // still holds that grant; otherwise they stay out of the store, which can
-// only lower admissions.
-func (l *lease) restore(gen uint64, cost int64) {
+// only lower admissions. local: spend answered from the lease, a local
+// decision that is now not made.
+func (l *lease) restore(gen uint64, cost int64, local bool) {
 	l.sh.mu.Lock()
+	if local {
+		l.sh.local-- // no decision was made after all
+	}
 	if l.gen == gen {
 		h := l.hot()
 		h.units += cost
@@ -993,7 +997,7 @@ func (s *Store) TakeAll(ctx context.Context, reqs []sluice.Request) ([]sluice.De
 	putBack := func() {
 		for i, l := range held {
 			if l != nil {
-				l.restore(gens[i], reqs[i].Cost)
+				l.restore(gens[i], reqs[i].Cost, out[i].Source == sluice.SourceLease)
 				out[i].Remaining += reqs[i].Cost
 			}
 		}

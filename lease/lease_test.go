@@ -1136,3 +1136,27 @@ func TestResetElsewhere(t *testing.T) {
 		})
 	}
 }
+
+// TestTakeAllRollbackNotLocal: a leased check put back because another
+// check denied is no local decision (the metric of local decisions counted
+// it, beside requests that were refused).
+func TestTakeAllRollbackNotLocal(t *testing.T) {
+	t.Parallel()
+	clock := storetest.NewClock(storetest.T0)
+	s := newLease(t, newMemory(t, clock), clock, time.Second, 10)
+	leased, exact := sluice.PerMinute(100), sluice.PerMinute(1).WithAlgorithm(sluice.FixedWindow)
+	take(t, s, "hot", leased, 1) // a lease of 10
+	local := s.Stats().Local
+	for i := range 5 {
+		ds, err := s.TakeAll(ctx, []sluice.Request{{Key: "hot", Limit: leased, Cost: 1}, {Key: "x", Limit: exact, Cost: 1}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := i == 0; ds[1].Allowed != want {
+			t.Fatalf("request %d: %+v, want the exact check allowed %v", i, ds, want)
+		}
+	}
+	if got := s.Stats().Local - local; got != 1 {
+		t.Errorf("%d local decisions, want 1 (the 4 rolled back are none)", got)
+	}
+}

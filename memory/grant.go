@@ -189,41 +189,55 @@ type mark struct{ epoch, until int64 }
 
 // markReset starts a new epoch of a key that held state, at now, so that a
 // return of a grant made before gives nothing back into the key as it is
-// now (sluice.Granter's contract). The marks are bounded as the keys are:
-// at MaxKeys, one is dropped at random, which can only let one return
-// through that the mark would have stopped.
+// now (sluice.Granter's contract).
 func (sh *shard) markReset(key string, l sluice.Limit, now int64) {
 	if l.Algorithm == sluice.SlidingWindowLog {
 		return // never granted
 	}
+	k := resetKey{key, l.Algorithm}
+	m := sh.resets[k]
+	if now >= m.until {
+		m = mark{}
+	}
+	// The longer of the Reset's horizon and that of the grants made before,
+	// whose limit a reload may have changed (see epoch).
+	sh.putMark(k, mark{epoch: m.epoch + 1, until: max(m.until, now+sluice.ReturnHorizon(l).Microseconds())})
+}
+
+// putMark stores m under k. The marks are bounded as the keys are: at
+// MaxKeys, one is dropped at random, which can only let one return through
+// that the mark would have stopped.
+func (sh *shard) putMark(k resetKey, m mark) {
 	if sh.resets == nil {
 		sh.resets = make(map[resetKey]mark)
 	}
-	k := resetKey{key, l.Algorithm}
-	m, ok := sh.resets[k]
-	if !ok && len(sh.resets) >= sh.maxKeys {
+	if _, had := sh.resets[k]; !had && len(sh.resets) >= sh.maxKeys {
 		for k := range sh.resets {
 			delete(sh.resets, k)
 			break
 		}
 	}
-	if now >= m.until {
-		m.epoch = 0
-	}
-	sh.resets[k] = mark{epoch: m.epoch + 1, until: now + sluice.ReturnHorizon(l).Microseconds()}
+	sh.resets[k] = m
 }
 
 // epoch is key's epoch under l at now: 0 for a key never Reset, or not for
-// long. granting keeps the epoch for the horizon of a grant made now.
+// long. granting keeps the epoch for the horizon of a grant made now: a
+// Reset meanwhile counts on from it, so the grant's return finds another
+// epoch even when the Reset's limit (reloaded) has a shorter horizon; had
+// the mark lapsed and come back at 0, the grant's 0 would pass for the new
+// key's.
 func (sh *shard) epoch(key string, l sluice.Limit, now int64, granting bool) int64 {
 	k := resetKey{key, l.Algorithm}
 	m, ok := sh.resets[k]
 	if !ok || now >= m.until {
-		return 0
+		m = mark{}
+		if !granting {
+			return 0
+		}
 	}
 	if granting {
 		m.until = max(m.until, now+sluice.ReturnHorizon(l).Microseconds())
-		sh.resets[k] = m
+		sh.putMark(k, m)
 	}
 	return m.epoch
 }

@@ -84,6 +84,32 @@ func testReturnAfterReset(t *testing.T, newStore NewStore, a sluice.Algorithm) {
 	if got, err := s.Return(ctx, key, l, g, 1); err != nil || got != 0 {
 		t.Fatalf("return across a second reset = %d, %v; want 0", got, err)
 	}
+	// A Reset under a limit of a shorter horizon (a reload changed it)
+	// keeps the epoch as long as the grant before it needs: the grant's
+	// return still finds another epoch once the Reset's own horizon (2ms at
+	// most) has passed, in real time too, for stores whose marks expire by
+	// the server's clock.
+	long := sluice.Limit{Rate: 10, Period: time.Second, Burst: 60}.WithAlgorithm(a)
+	if a == sluice.FixedWindow || a == sluice.SlidingWindowCounter {
+		long = sluice.PerMinute(600).WithAlgorithm(a)
+	}
+	short := sluice.Limit{Rate: 1, Period: time.Millisecond}.WithAlgorithm(a)
+	reloaded := uniqueKey(t, "reset-reloaded")
+	g, err = s.Grant(ctx, reloaded, long, 50)
+	if err != nil || g.Granted != 50 {
+		t.Fatalf("grant = %+v, %v; want 50", g, err)
+	}
+	if err := s.Reset(ctx, reloaded, short); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(30 * time.Millisecond)
+	clock.Advance(30 * time.Millisecond)
+	if d, err := s.Take(ctx, reloaded, long, 40); err != nil || !d.Allowed {
+		t.Fatalf("take 40 after the reset = %+v, %v", d, err)
+	}
+	if got, err := s.Return(ctx, reloaded, long, g, 40); err != nil || got != 0 {
+		t.Fatalf("return past the reset's shorter horizon = %d, %v; want 0", got, err)
+	}
 	// Resetting a key without state leaves no mark, and a mark ends: a
 	// grant made after either returns.
 	clock.Advance(sluice.ReturnHorizon(l) + time.Second)

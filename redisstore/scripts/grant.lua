@@ -68,8 +68,13 @@ local epoch = tonumber(redis.call('GET', KEYS[2]) or '0')
 for try = k, math.max(k - 1, 1), -1 do
   local r = alg(keys, {now, 'take', ARGV[3], ARGV[4], try})
   if r[1] == 1 then
-    if epoch > 0 then
-      redis.call('PEXPIRE', KEYS[2], ARGV[6], 'GT')
+    -- The epoch lives at least as long as this grant's return could give
+    -- anything: a Reset meanwhile counts on from it, and a return of this
+    -- grant then finds another epoch, even if the Reset's limit (reloaded)
+    -- has a shorter horizon. Had it lapsed and come back at 0, this grant's
+    -- epoch 0 would pass for the new key's.
+    if redis.call('PTTL', KEYS[2]) < tonumber(ARGV[6]) then
+      redis.call('SET', KEYS[2], epoch, 'PX', ARGV[6])
     end
     return {try, r[2], 0, r[4], r[5] or now, now, epoch}
   end
