@@ -23,10 +23,14 @@ policies:
 // failoverRecovery is how soon after a promotion decisions must return to
 // Redis; clusterBack how soon on a Cluster, whose store tells the breaker
 // of the promotion (redisstore.Store.OnFailover) so that it probes at once
-// rather than after its probe interval and two more probes.
+// rather than after its probe interval and two more probes. sentinelBack
+// is the same through Sentinel, whose +switch-master tells it: go-redis's
+// pool, having failed to dial the old master, dials again only once a
+// second, so up to a second more.
 const (
 	failoverRecovery = 3 * time.Second
 	clusterBack      = 750 * time.Millisecond
+	sentinelBack     = 1250 * time.Millisecond
 )
 
 // checkRecovery runs load on f through a failover that kill starts and
@@ -107,7 +111,8 @@ func checkFallbackEpisode(t *testing.T, f *fleet) {
 
 // TestFaultServeSentinelFailoverLocal: the same through Sentinel: 1
 // master + 1 replica + 3 Sentinels (quorum 2, down-after-milliseconds
-// 1000). (TestFaultServeSentinelFailover times the decisions under error.)
+// 1000). The instances hear +switch-master from the Sentinels, which they
+// log, and probe as soon as their client reaches the new master. (TestFaultServeSentinelFailover times the decisions under error.)
 func TestFaultServeSentinelFailoverLocal(t *testing.T) {
 	race.SkipTiming(t)
 	s := redistest.StartSentinel(t, nil)
@@ -117,8 +122,13 @@ func TestFaultServeSentinelFailoverLocal(t *testing.T) {
 	checkRecovery(t, f, s.Master.Kill, func() time.Time {
 		_, at := s.AwaitMaster(t, 15*time.Second, s.Replicas...)
 		return at
-	}, failoverRecovery)
+	}, sentinelBack)
 	checkFallbackEpisode(t, f)
+	for i, p := range f.procs {
+		if _, ok := lastLogTime(p, sentinelSwitchMsg); !ok {
+			t.Errorf("instance %d: no %q line", i, sentinelSwitchMsg)
+		}
+	}
 }
 
 // redisHashTag is the hash tag of the Redis key that holds key's state

@@ -293,6 +293,10 @@ func (s *Server) openStore() (sluice.Store, error) {
 		s.closers = append(s.closers, func() { store.Close() })
 		s.health.breaker = func(ctx context.Context) { store.Probe(ctx) }
 		rs.OnFailover(func() { store.ProbeNow(context.Background()) }) // back on Redis soon after a promotion
+		if o := sentinelFailoverOptions(redisURL); o != nil {          // the same through Sentinel
+			s.closers = append(s.closers, watchSwitchMaster(o, s.log,
+				func(ctx context.Context) error { return client.Ping(ctx).Err() }, store.ProbeNow))
+		}
 		healthObserver{s.metrics, s.health}.ObserveBreaker(sluice.BreakerEvent{Store: "redis", From: sluice.BreakerClosed, To: sluice.BreakerClosed})
 		return store, nil
 	}

@@ -1,0 +1,146 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net"
+	"net/url"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Backoff between subscriptions to a Sentinel that is down or refused.
+const (
+	sentinelRetryMin = 100 * time.Millisecond
+	sentinelRetryMax = 10 * time.Second
+	sentinelPing     = 15 * time.Second // idle time before a subscription is checked
+	// After a switch, pings for about 2 s, then the breaker's own probes.
+	sentinelPingTries   = 40
+	sentinelPingGap     = 50 * time.Millisecond
+	sentinelPingTimeout = 250 * time.Millisecond
+)
+
+const sentinelSwitchMsg = "redis: sentinel switched master; probing Redis now"
+
+// sentinelFailoverOptions returns the failover options of a Sentinel
+// --redis URL, and nil for any other (or a URL newRedisClient refuses).
+func sentinelFailoverOptions(rawURL string) *redis.FailoverOptions {
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		return nil
+	}
+	base, variant, _ := strings.Cut(u.Scheme, "+")
+	if variant != "sentinel" && (variant != "" || !u.Query().Has("master_name")) {
+		return nil
+	}
+	u.Scheme = base
+	o, err := failoverOptions(u)
+	if err != nil {
+		return nil
+	}
+	return o
+}
+
+// watchSwitchMaster subscribes to +switch-master on every Sentinel of o
+// and, when one announces a new master for o.MasterName, calls probe once
+// ping (the service's client) reaches it: the breaker then probes at once instead of after its probe interval, as on a
+// Cluster (redisstore.Store.OnFailover). Every Sentinel, not one, since
+// the one that is down may be the one a single subscription used; a switch
+// seen twice is acted on once. The returned stop ends the subscriptions.
+func watchSwitchMaster(o *redis.FailoverOptions, log *slog.Logger, ping, probe func(context.Context) error) (stop func()) {
+	ctx, cancel := context.WithCancel(context.Background())
+	var (
+		wg   sync.WaitGroup
+		mu   sync.Mutex
+		last string // the payload last acted on
+	)
+	onSwitch := func(payload string) {
+		f := strings.Fields(payload)
+		if len(f) != 5 || f[0] != o.MasterName {
+			return
+		}
+		mu.Lock()
+		seen := payload == last
+		last = payload
+		mu.Unlock()
+		if seen {
+			return
+		}
+		log.Info(sentinelSwitchMsg, "master_name", f[0],
+			"from", net.JoinHostPort(f[1], f[2]), "to", net.JoinHostPort(f[3], f[4]))
+		// Until the service's client has dialled the new master, a probe
+		// would fail and reopen the breaker: go-redis's pool, having
+		// failed to dial the old one, dials again only once a second. A
+		// ping, which the breaker does not see, waits for that dial.
+		for range sentinelPingTries {
+			pctx, cancel := context.WithTimeout(ctx, sentinelPingTimeout)
+			err := ping(pctx)
+			cancel()
+			if err == nil {
+				probe(ctx)
+				return
+			}
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(sentinelPingGap):
+			}
+		}
+	}
+	for _, addr := range o.SentinelAddrs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			subscribeSwitches(ctx, &redis.Options{
+				Addr: addr, Username: o.SentinelUsername, Password: o.SentinelPassword,
+				TLSConfig: o.TLSConfig, Dialer: o.Dialer, DialTimeout: o.DialTimeout,
+				MaxRetries: -1, PoolSize: 1, // retries are the loop's, with backoff
+			}, onSwitch)
+		}()
+	}
+	return func() { cancel(); wg.Wait() }
+}
+
+// subscribeSwitches delivers the +switch-master payloads of one Sentinel
+// until ctx ends, subscribing again with backoff after a failure (an
+// unreachable Sentinel is not worth a log line: the decisions' store
+// reports Redis's own state).
+func subscribeSwitches(ctx context.Context, opt *redis.Options, fn func(string)) {
+	sc := redis.NewSentinelClient(opt)
+	defer sc.Close()
+	backoff := sentinelRetryMin
+	for ctx.Err() == nil {
+		ps := sc.Subscribe(ctx, "+switch-master")
+		unblock := context.AfterFunc(ctx, func() { ps.Close() }) // a pending read ends with the connection
+		pinged := false
+		for {
+			m, err := ps.ReceiveTimeout(ctx, sentinelPing)
+			if err != nil {
+				// A quiet connection is pinged once: a Sentinel gone
+				// without a word leaves the read waiting for good.
+				var ne net.Error
+				if !pinged && errors.As(err, &ne) && ne.Timeout() && ps.Ping(ctx) == nil {
+					pinged = true
+					continue
+				}
+				break
+			}
+			pinged = false
+			backoff = sentinelRetryMin
+			if msg, ok := m.(*redis.Message); ok {
+				fn(msg.Payload)
+			}
+		}
+		unblock()
+		ps.Close()
+		select {
+		case <-ctx.Done():
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, sentinelRetryMax)
+	}
+}
