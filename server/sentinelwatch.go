@@ -34,7 +34,7 @@ func sentinelFailoverOptions(rawURL string) *redis.FailoverOptions {
 		return nil
 	}
 	base, variant, _ := strings.Cut(u.Scheme, "+")
-	if variant != "sentinel" && (variant != "" || !u.Query().Has("master_name")) {
+	if !isSentinel(variant, u.Query()) {
 		return nil
 	}
 	u.Scheme = base
@@ -47,8 +47,9 @@ func sentinelFailoverOptions(rawURL string) *redis.FailoverOptions {
 
 // watchSwitchMaster subscribes to +switch-master on every Sentinel of o
 // and, when one announces a new master for o.MasterName, calls probe once
-// ping (the service's client) reaches it: the breaker then probes at once instead of after its probe interval, as on a
-// Cluster (redisstore.Store.OnFailover). Every Sentinel, not one, since
+// ping (the service's client) reaches it: the breaker then probes at once
+// instead of after its probe interval, as on a Cluster
+// (redisstore.Store.OnFailover). Every Sentinel, not one, since
 // the one that is down may be the one a single subscription used; a switch
 // seen twice is acted on once. The returned stop ends the subscriptions.
 func watchSwitchMaster(o *redis.FailoverOptions, log *slog.Logger, ping, probe func(context.Context) error) (stop func()) {

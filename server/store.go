@@ -120,7 +120,7 @@ func newRedisClient(rawURL string, d time.Duration) (redis.UniversalClient, erro
 		return nil, fmt.Errorf("%w: %v", ErrRedisURL, err)
 	}
 	switch {
-	case variant == "sentinel" || (variant == "" && q.Has("master_name")):
+	case isSentinel(variant, q):
 		o, err := failoverOptions(u)
 		if err != nil {
 			return nil, fmt.Errorf("%w: %v", ErrRedisURL, redactErr(err, rawURL))
@@ -152,6 +152,13 @@ func newRedisClient(rawURL string, d time.Duration) (redis.UniversalClient, erro
 		return redis.NewClient(o), nil
 	}
 	return nil, fmt.Errorf("%w: scheme %q: want redis, rediss, redis+cluster or redis+sentinel", ErrRedisURL, u.Scheme+"+"+variant)
+}
+
+// isSentinel reports whether a --redis URL of that scheme variant and
+// query names a Sentinel setup: redis+sentinel://, or redis:// with
+// master_name=.
+func isSentinel(variant string, q url.Values) bool {
+	return variant == "sentinel" || (variant == "" && q.Has("master_name"))
 }
 
 // URL options go-redis reads as durations and as whole numbers. It takes a
