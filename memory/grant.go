@@ -228,12 +228,9 @@ func (sh *shard) putMark(k resetKey, m mark) {
 // key's.
 func (sh *shard) epoch(key string, l sluice.Limit, now int64, granting bool) int64 {
 	k := resetKey{key, l.Algorithm}
-	m, ok := sh.resets[k]
-	if !ok || now >= m.until {
+	m := sh.resets[k]
+	if now >= m.until { // none, or lapsed
 		m = mark{}
-		if !granting {
-			return 0
-		}
 	}
 	if granting {
 		m.until = max(m.until, now+sluice.ReturnHorizon(l).Microseconds())
