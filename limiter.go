@@ -139,8 +139,12 @@ func (l *Limiter) WaitN(ctx context.Context, key string, n int64) (Decision, err
 }
 
 // wake is how long after its units come back a waiter may take to ask for
-// them, besides the store's round trip: a timer's lateness.
-const wake = time.Millisecond
+// them, besides the store's round trip as the first call measured it: a
+// timer's lateness and a slower round trip on a loaded host (1ms let a
+// few waiters in 80 be held to their deadline and refused when the tests
+// ran beside others). Waits that end within it of the deadline are
+// refused at once.
+const wake = 10 * time.Millisecond
 
 // deadline is how long ctx lets a caller wait for its units to come back:
 // it must still ask for them, which takes a store round trip (rtt, as the
