@@ -164,7 +164,8 @@ func grant(st *state, now int64, p *params, n int64) (result, int64) {
 // grantOf reports a grant of granted units at now (µs), charged at at (µs,
 // see sluice.Grant.At), after result r.
 func grantOf(l sluice.Limit, r result, granted, at, now int64) sluice.Grant {
-	d := r.decision(l)
+	var d sluice.Decision
+	r.fill(&d, l)
 	g := sluice.Grant{Granted: granted, Limit: l, Remaining: d.Remaining, ResetAfter: d.ResetAfter, At: at}
 	if granted == 0 {
 		g.RetryAfter = d.RetryAfter

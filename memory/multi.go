@@ -50,7 +50,7 @@ func (s *Store) TakeAll(ctx context.Context, reqs []sluice.Request) ([]sluice.De
 			cp = *st
 		}
 		res := decide(&cp, now, &params[i], r.Cost, false)
-		out[i] = res.decision(r.Limit)
+		res.fill(&out[i], r.Limit)
 		all = all && res.allowed
 	}
 	if !all {
@@ -66,7 +66,7 @@ func (s *Store) TakeAll(ctx context.Context, reqs []sluice.Request) ([]sluice.De
 		}
 		res := decide(st, now, &params[i], r.Cost, true)
 		st.expires = now + res.reset
-		out[i] = res.decision(r.Limit)
+		res.fill(&out[i], r.Limit)
 	}
 	return out, nil
 }

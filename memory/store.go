@@ -213,7 +213,7 @@ func ctxErr(ctx context.Context) error {
 }
 
 // Take implements sluice.Store.
-func (s *Store) Take(ctx context.Context, key string, limit sluice.Limit, cost int64) (sluice.Decision, error) {
+func (s *Store) Take(ctx context.Context, key string, limit sluice.Limit, cost int64) (d sluice.Decision, err error) {
 	if err := ctxErr(ctx); err != nil {
 		return sluice.Decision{}, err
 	}
@@ -243,7 +243,8 @@ func (s *Store) Take(ctx context.Context, key string, limit sluice.Limit, cost i
 		r = sh.takeFresh(tag, key, now, p, cost)
 	}
 	sh.mu.Unlock()
-	return r.decision(limit), nil
+	r.fill(&d, limit)
+	return d, nil
 }
 
 // takeFresh decides a take on a key the shard does not hold, adding the
@@ -259,13 +260,13 @@ func (sh *shard) takeFresh(tag uint32, key string, now int64, p *params, cost in
 }
 
 // Peek implements sluice.Store.
-func (s *Store) Peek(ctx context.Context, key string, limit sluice.Limit, cost int64) (sluice.Decision, error) {
+func (s *Store) Peek(ctx context.Context, key string, limit sluice.Limit, cost int64) (d sluice.Decision, err error) {
 	if err := ctxErr(ctx); err != nil {
 		return sluice.Decision{}, err
 	}
 	p, err := s.check(key, limit, cost)
 	if err != nil {
-		return sluice.Decision{}, err
+		return d, err
 	}
 	sh, tag := s.locate(key, limit.Algorithm)
 	sh.mu.Lock()
@@ -276,7 +277,8 @@ func (s *Store) Peek(ctx context.Context, key string, limit sluice.Limit, cost i
 	}
 	r := decide(&cp, now, p, cost, false)
 	sh.mu.Unlock()
-	return r.decision(limit), nil
+	r.fill(&d, limit)
+	return d, nil
 }
 
 // Reset implements sluice.Store.
