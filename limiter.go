@@ -184,11 +184,7 @@ func (l *Limiter) queue(ctx context.Context, key string, n int64) (d Decision, d
 	shape := l.limit.shape()
 	var est time.Duration
 	w, there := snap.Join([]int64{n}, func(ahead []int64) bool {
-		if d.Allowed {
-			est = shape.EstimateAllowed(d.Remaining, ahead[0], n)
-		} else {
-			est = shape.Estimate(max(d.RetryAfter, time.Millisecond), ahead[0], n)
-		}
+		est = shape.Wait(d.Allowed, d.Remaining, d.RetryAfter, ahead[0], n)
 		return est > 0 && est <= limit
 	})
 	switch {

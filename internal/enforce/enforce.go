@@ -690,11 +690,7 @@ func estimate(reqs []sluice.Request, ds []sluice.Decision, ahead []int64) time.D
 // counterWait is how long r's counter, which answered d, makes a request
 // wait behind ahead units.
 func counterWait(r sluice.Request, d sluice.Decision, ahead int64) time.Duration {
-	s := Shape(r.Limit)
-	if d.Allowed {
-		return s.EstimateAllowed(d.Remaining, ahead, r.Cost)
-	}
-	return s.Estimate(max(d.RetryAfter, time.Millisecond), ahead, r.Cost)
+	return Shape(r.Limit).Wait(d.Allowed, d.Remaining, d.RetryAfter, ahead, r.Cost)
 }
 
 // Shape is what the line's estimate needs of l.

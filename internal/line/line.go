@@ -79,6 +79,16 @@ func (s Shape) EstimateAllowed(remaining, ahead, cost int64) time.Duration {
 	return sat(0, (need+max(s.Capacity, 1)-1)/max(s.Capacity, 1), s.Period)
 }
 
+// Wait is how long a waiter of cost units waits behind ahead units on a
+// counter that answered it without taking: allowed with remaining units
+// left, or denied with retry.
+func (s Shape) Wait(allowed bool, remaining int64, retry time.Duration, ahead, cost int64) time.Duration {
+	if allowed {
+		return s.EstimateAllowed(remaining, ahead, cost)
+	}
+	return s.Estimate(max(retry, time.Millisecond), ahead, cost) // a denial with no wait must still wait
+}
+
 // sat is base + n×d, saturating.
 func sat(base time.Duration, n int64, d time.Duration) time.Duration {
 	const most = time.Duration(1<<63 - 1)
