@@ -189,6 +189,24 @@ var noSlots = []exchange{
 	{"release, no slots", "POST", "/v1/release", `{"token":"` + forged + `"}`, "", 501, true},
 }
 
+// slowBodies are the exchanges with a service of a short read timeout:
+// every endpoint that reads a body answers a body still arriving with 408.
+var slowBodies = func() []exchange {
+	var list []exchange
+	for _, e := range []struct{ path, body string }{
+		{"/v1/check", `{"policy":"fw","key":"a"}`},
+		{"/v1/peek", `{"policy":"fw","key":"a"}`},
+		{"/v1/reset", `{"policy":"fw","key":"a"}`},
+		{"/v1/acquire", `{"policy":"jobs","key":"a"}`},
+		{"/v1/extend", `{"token":"` + forged + `"}`},
+		{"/v1/release", `{"token":"` + forged + `"}`},
+		{"/json", envoyBody("s")},
+	} {
+		list = append(list, exchange{e.path + " body too slow", "POST", e.path, e.body, "Bearer " + token, 408, true})
+	}
+	return list
+}()
+
 // rateOnly is a store without in-flight slots.
 type rateOnly struct{ sluice.Store }
 
@@ -319,6 +337,7 @@ func TestExchanges(t *testing.T) {
 	mem := memory.New(nil)
 	t.Cleanup(func() { mem.Close() })
 	run(t, start(t, server.Options{Store: rateOnly{mem}}), noSlots, true)
+	run(t, start(t, server.Options{AdminToken: token, ReadTimeout: 300 * time.Millisecond}), slowBodies, true)
 	run(t, start(t, server.Options{}), undocumented, false)
 
 	// Every documented operation and status was exercised.
@@ -377,7 +396,15 @@ func send(t *testing.T, base string, x exchange) (*http.Request, *http.Response,
 		}
 		return req
 	}
-	resp, err := http.DefaultClient.Do(mk())
+	first := mk()
+	if x.status == http.StatusRequestTimeout { // what provokes it: half the body, the rest after the response
+		rest := make(chan struct{})
+		defer close(rest)
+		half := len(x.body) / 2
+		first.Body = io.NopCloser(io.MultiReader(strings.NewReader(x.body[:half]), blocked{rest}, strings.NewReader(x.body[half:])))
+		first.ContentLength = int64(len(x.body))
+	}
+	resp, err := http.DefaultClient.Do(first)
 	if err != nil {
 		t.Fatalf("%s: %v", x.name, err)
 	}
@@ -388,6 +415,14 @@ func send(t *testing.T, base string, x exchange) (*http.Request, *http.Response,
 	}
 	resp.Body = io.NopCloser(bytes.NewReader(body))
 	return mk(), resp, body
+}
+
+// blocked reads nothing until its channel closes, then ends.
+type blocked struct{ c chan struct{} }
+
+func (b blocked) Read([]byte) (int, error) {
+	<-b.c
+	return 0, io.EOF
 }
 
 func describe(errs []*liberrors.ValidationError) string {

@@ -117,6 +117,10 @@ type Options struct {
 	WatchInterval time.Duration
 	// Dashboard is served at "/". Default: a placeholder page.
 	Dashboard http.Handler
+	// ReadTimeout bounds how long the HTTP listener waits for a request,
+	// headers and body: a body still arriving then is answered 408, so
+	// that slow clients cannot hold connections. 0 or less: 20s.
+	ReadTimeout time.Duration
 	// MaxConnections caps the connections each listener (HTTP, gRPC) holds
 	// open at once; a connection past it is closed as soon as accepted.
 	// 0 or less: DefaultMaxConnections.
@@ -324,13 +328,17 @@ func (s *Server) Start() error {
 		s.log.Warn("admin endpoints disabled: HTTP listens beyond loopback without an admin token; set --admin-token, or --insecure-admin to allow loopback clients",
 			"http", s.opts.HTTPAddr)
 	}
+	readTimeout := httpReadTimeout
+	if s.opts.ReadTimeout > 0 {
+		readTimeout = s.opts.ReadTimeout
+	}
 	s.httpSrv = &http.Server{
 		Handler: s.svc.Handler(&HandlerOptions{
 			AdminToken: s.opts.AdminToken, AdminDisabled: admin == AdminDisabled, InsecureAdmin: admin == AdminInsecure, DecisionToken: s.opts.DecisionToken,
 			Health: s.health, Metrics: s.metrics, Dashboard: s.opts.Dashboard,
 		}),
-		ReadHeaderTimeout: httpReadHeaderTimeout,
-		ReadTimeout:       httpReadTimeout,
+		ReadHeaderTimeout: min(httpReadHeaderTimeout, readTimeout),
+		ReadTimeout:       readTimeout,
 		WriteTimeout:      httpWriteTimeout + s.opts.DecisionTimeout,
 		IdleTimeout:       httpIdleTimeout,
 		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
