@@ -34,13 +34,19 @@ type Options struct {
 }
 
 // NewLimiter returns a Limiter enforcing limit on store. It fails with
-// ErrInvalidLimit if limit is invalid or store is nil.
+// ErrInvalidLimit if limit is invalid or store is nil, and with the store's
+// error when store is a LimitChecker that refuses limit.
 func NewLimiter(store Store, limit Limit, opts *Options) (*Limiter, error) {
 	if store == nil {
 		return nil, fmt.Errorf("%w: nil store", ErrInvalidLimit)
 	}
 	if err := limit.Validate(); err != nil {
 		return nil, err
+	}
+	if c, ok := store.(LimitChecker); ok {
+		if err := c.CheckLimit(limit); err != nil {
+			return nil, err
+		}
 	}
 	l := &Limiter{store: store, limit: limit}
 	if opts != nil {

@@ -40,6 +40,16 @@ type Request struct {
 	Cost  int64
 }
 
+// LimitChecker is implemented by stores that can tell, before any request,
+// that every request under a limit would fail whatever its key and cost: a
+// lease store whose staleness is longer than the limit's period, say.
+// NewLimiter and the middleware call it once per limit when built, so that
+// such a configuration is refused then rather than on every request. A nil
+// error promises nothing: the limit may still fail for some keys.
+type LimitChecker interface {
+	CheckLimit(limit Limit) error
+}
+
 // MultiStore is implemented by stores that can check several limits for one
 // request all-or-nothing: either every request's units are taken, or none
 // are. The Redis store does it in

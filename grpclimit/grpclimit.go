@@ -141,7 +141,8 @@ type Interceptor struct {
 }
 
 // New returns an Interceptor enforcing rules on store. Layered limits need
-// a sluice.MultiStore (memory and Redis stores are).
+// a sluice.MultiStore (memory and Redis stores are). A store that is a
+// sluice.LimitChecker (a lease store) checks each rule's limit here.
 func New(store sluice.Store, rules []Rule, opts *Options) (*Interceptor, error) {
 	var o Options
 	if opts != nil {
@@ -165,6 +166,15 @@ func New(store sluice.Store, rules []Rule, opts *Options) (*Interceptor, error) 
 		var err error
 		if rs, err = enforce.NewRules(store, specs, o.Prefix, o.HashKey, o.Observer, ErrNoKey); err != nil {
 			return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+		}
+	}
+	// A limit the store refuses for every key is refused here, not on
+	// every request.
+	if c, ok := store.(sluice.LimitChecker); ok {
+		for _, r := range rules {
+			if err := c.CheckLimit(r.Limit); err != nil {
+				return nil, fmt.Errorf("%w: rule %q: %w", ErrInvalidConfig, r.Name, err)
+			}
 		}
 	}
 	in := &Interceptor{

@@ -88,8 +88,12 @@
 // window's units may be spent up to the callers' skew either side of its
 // edges, as seen by one clock.
 //
-// SlidingWindowLog is refused (sluice.ErrGrantUnsupported): its units are
-// dated when taken, so a leased unit spent later would leave the log early.
+// SlidingWindowLog cannot be leased: its units are dated when taken, so a
+// leased unit spent later would leave the log early. Under MaxStaleness,
+// which applies to every limit, a sliding window log's keys are answered
+// exactly by the granter, as keys that are not hot. A D above zero that
+// Options.For gives such a key is an explicit request for a lease that
+// cannot be, and is refused with sluice.ErrGrantUnsupported.
 //
 // # Failure policies
 //
@@ -154,8 +158,9 @@ import (
 )
 
 var (
-	_ sluice.MultiStore = (*Store)(nil)
-	_ sluice.Slots      = (*Store)(nil)
+	_ sluice.MultiStore   = (*Store)(nil)
+	_ sluice.Slots        = (*Store)(nil)
+	_ sluice.LimitChecker = (*Store)(nil)
 )
 
 var (
@@ -185,7 +190,9 @@ type Options struct {
 	// MaxStaleness (D) is the longest a lease lives, from when its grant
 	// was sent: the most a fleet's admissions can run ahead of the store,
 	// in units of time (see the package doc's bound). It must be no longer
-	// than the Period of any limit the Store is used with. Default: none;
+	// than the Period of any limit the Store is used with (CheckLimit
+	// refuses one it is longer than). A sliding window log, which cannot be
+	// leased, is answered exactly under it. Default: none;
 	// it must be at least MinStaleness when For is nil, and is unused when
 	// For is set.
 	MaxStaleness time.Duration
@@ -467,7 +474,34 @@ func (s *Store) staleFor(key string, limit sluice.Limit) (time.Duration, error) 
 	if s.stale != nil {
 		return s.stale(key, limit), nil
 	}
+	if limit.Algorithm == sluice.SlidingWindowLog {
+		// A store-wide D asks for no lease on a limit that cannot have one:
+		// the granter answers it exactly, as a key that is not hot.
+		return 0, nil
+	}
 	return s.staleness, nil
+}
+
+// CheckLimit implements sluice.LimitChecker: the error every request under
+// limit would get whatever its key, so that a Limiter or middleware built
+// on the Store refuses the limit up front: ErrNoGranter for a zero Store,
+// and ErrInvalidStaleness when MaxStaleness is longer than limit's period.
+// With Options.For, staleness is per key, so a key's is checked per request
+// only.
+func (s *Store) CheckLimit(limit sluice.Limit) error {
+	if s == nil || s.granter == nil {
+		return ErrNoGranter
+	}
+	if s.stale != nil {
+		return nil
+	}
+	if err := limit.Validate(); err != nil {
+		return err
+	}
+	if d, _ := s.staleFor("", limit); d > limit.Period {
+		return fmt.Errorf("%w: %v for %v (at most its period, %v)", ErrInvalidStaleness, d, limit, limit.Period)
+	}
+	return nil
 }
 
 // validate checks a leased request of cost on key under limit, with

@@ -106,7 +106,6 @@ func TestBadInput(t *testing.T) {
 		want error
 	}{
 		{"staleness_above_period", sluice.PerSecond(10), 1, lease.ErrInvalidStaleness},
-		{"log", sluice.PerMinute(10).WithAlgorithm(sluice.SlidingWindowLog), 1, sluice.ErrGrantUnsupported},
 		{"cost", sluice.PerMinute(10), 0, sluice.ErrInvalidCost},
 		{"limit", sluice.Limit{Rate: 1}, 1, sluice.ErrInvalidLimit},
 	} {
@@ -1158,5 +1157,97 @@ func TestTakeAllRollbackNotLocal(t *testing.T) {
 	}
 	if got := s.Stats().Local - local; got != 1 {
 		t.Errorf("%d local decisions, want 1 (the 4 rolled back are none)", got)
+	}
+}
+
+// A store-wide MaxStaleness leases what can be leased: a sliding window
+// log, which cannot, is answered exactly by the granter, from the first
+// request on, in Take, Peek and TakeAll alike. A D that For gives such a
+// key asks for a lease explicitly, and is refused with
+// ErrGrantUnsupported.
+func TestLogUnderMaxStaleness(t *testing.T) {
+	t.Parallel()
+	clock, c, s := counted(t, 0, 50*time.Millisecond, 0)
+	logLimit := sluice.PerMinute(1000).WithAlgorithm(sluice.SlidingWindowLog)
+	for i := range 50 {
+		d, err := s.Take(ctx, "log", logLimit, 1)
+		if err != nil || !d.Allowed || d.Source != sluice.SourceBackend || d.Remaining != int64(999-i) {
+			t.Fatalf("take %d = %+v, %v; want the store's exact answer", i, d, err)
+		}
+	}
+	small := sluice.PerMinute(3).WithAlgorithm(sluice.SlidingWindowLog)
+	for i := range 5 {
+		d := take(t, s, "small", small, 1)
+		if d.Allowed != (i < 3) {
+			t.Fatalf("take %d of 3/min = %+v", i, d)
+		}
+	}
+	if d, err := s.Peek(ctx, "log", logLimit, 1); err != nil || d.Remaining != 950 {
+		t.Fatalf("Peek = %+v, %v; want the store's 950", d, err)
+	}
+	c.mu.Lock()
+	grants := c.grants
+	c.mu.Unlock()
+	if grants != 0 {
+		t.Fatalf("%d grants on sliding window logs, want 0", grants)
+	}
+	ds, err := s.TakeAll(ctx, []sluice.Request{{Key: "log", Limit: logLimit, Cost: 1}, {Key: "g", Limit: sluice.PerSecond(100), Cost: 1}})
+	if err != nil || !ds[0].Allowed || ds[0].Remaining != 949 || !ds[1].Allowed {
+		t.Fatalf("TakeAll = %+v, %v", ds, err)
+	}
+	if err := s.CheckLimit(logLimit); err != nil {
+		t.Fatalf("CheckLimit(log) = %v, want nil", err)
+	}
+
+	explicit, err := lease.New(c, &lease.Options{
+		For:   func(string, sluice.Limit) time.Duration { return 50 * time.Millisecond },
+		Clock: clock.Now,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := explicit.Take(ctx, "log", logLimit, 1); !errors.Is(err, sluice.ErrGrantUnsupported) {
+		t.Errorf("For on a log: Take err = %v, want ErrGrantUnsupported", err)
+	}
+	if _, err := explicit.Peek(ctx, "log", logLimit, 1); !errors.Is(err, sluice.ErrGrantUnsupported) {
+		t.Errorf("For on a log: Peek err = %v, want ErrGrantUnsupported", err)
+	}
+	if _, err := explicit.TakeAll(ctx, []sluice.Request{{Key: "log", Limit: logLimit, Cost: 1}}); !errors.Is(err, sluice.ErrGrantUnsupported) {
+		t.Errorf("For on a log: TakeAll err = %v, want ErrGrantUnsupported", err)
+	}
+}
+
+// CheckLimit refuses up front what every request would be refused: a
+// MaxStaleness longer than the limit's period, and a zero Store. NewLimiter
+// asks it.
+func TestCheckLimit(t *testing.T) {
+	t.Parallel()
+	_, _, s := counted(t, 0, 2*time.Second, 0)
+	short := sluice.PerSecond(10)
+	if err := s.CheckLimit(short); !errors.Is(err, lease.ErrInvalidStaleness) {
+		t.Errorf("CheckLimit(%v) = %v, want ErrInvalidStaleness", short, err)
+	}
+	if _, err := sluice.NewLimiter(s, short, nil); !errors.Is(err, lease.ErrInvalidStaleness) {
+		t.Errorf("NewLimiter(%v) = %v, want ErrInvalidStaleness", short, err)
+	}
+	for _, l := range []sluice.Limit{sluice.PerMinute(10), sluice.PerSecond(1).WithAlgorithm(sluice.SlidingWindowLog)} {
+		if err := s.CheckLimit(l); err != nil {
+			t.Errorf("CheckLimit(%v) = %v, want nil", l, err)
+		}
+		if _, err := sluice.NewLimiter(s, l, nil); err != nil {
+			t.Errorf("NewLimiter(%v) = %v, want nil", l, err)
+		}
+	}
+	var zero lease.Store
+	if err := zero.CheckLimit(sluice.PerMinute(1)); !errors.Is(err, lease.ErrNoGranter) {
+		t.Errorf("zero Store: CheckLimit = %v, want ErrNoGranter", err)
+	}
+	// For decides per key: nothing is known up front.
+	per, err := lease.New(newMemory(t, storetest.NewClock(storetest.T0)), &lease.Options{For: func(string, sluice.Limit) time.Duration { return time.Hour }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := per.CheckLimit(short); err != nil {
+		t.Errorf("For: CheckLimit = %v, want nil", err)
 	}
 }

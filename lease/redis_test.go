@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
@@ -590,5 +591,37 @@ func TestRedisSlotsPassThrough(t *testing.T) {
 	}
 	if d, err := rs.Acquire(ctx, "k", l, 1, "b"); err != nil || !d.Allowed {
 		t.Fatalf("after the release Redis refused b: %+v, %v", d, err)
+	}
+}
+
+// On Redis, a MaxStaleness store answers a sliding window log exactly
+// (the log's own limit, to the request, no error), and a D that For gives
+// a log is refused with ErrGrantUnsupported.
+func TestRedisLogUnderMaxStaleness(t *testing.T) {
+	t.Parallel()
+	rs := redisstore.New(redistest.Client(t), &redisstore.Options{Prefix: redistest.Prefix(t)})
+	s, err := lease.New(rs, &lease.Options{MaxStaleness: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := sluice.PerMinute(40).WithAlgorithm(sluice.SlidingWindowLog)
+	for i := range 50 {
+		d, err := s.Take(ctx, "log", l, 1)
+		if err != nil {
+			t.Fatalf("take %d: %v", i, err)
+		}
+		if d.Allowed != (i < 40) || d.Source != sluice.SourceBackend {
+			t.Fatalf("take %d = %+v; want the store's exact answer", i, d)
+		}
+	}
+	if st := s.Stats(); st.Grants != 0 {
+		t.Errorf("%d grants, want 0", st.Grants)
+	}
+	explicit, err := lease.New(rs, &lease.Options{For: func(string, sluice.Limit) time.Duration { return 50 * time.Millisecond }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := explicit.Take(ctx, "log2", l, 1); !errors.Is(err, sluice.ErrGrantUnsupported) {
+		t.Errorf("For on a log: err = %v, want ErrGrantUnsupported", err)
 	}
 }
