@@ -78,6 +78,9 @@ func (s *Store) granter() (sluice.Granter, error) {
 // through the breaker, and counts its outcome there as any call's.
 func pass[T any](ctx context.Context, s *Store, op string, fn func(context.Context) (T, error)) (T, error) {
 	var zero T
+	if err := ended(ctx, op); err != nil {
+		return zero, err
+	}
 	now := s.clock()
 	call, probe := s.br.allow(now)
 	if !call {

@@ -94,6 +94,9 @@ func (s *Store) Acquire(ctx context.Context, key string, l sluice.InFlightLimit,
 	if err != nil {
 		return sluice.SlotDecision{}, err
 	}
+	if err := ended(ctx, "acquire"); err != nil {
+		return sluice.SlotDecision{}, err
+	}
 	now := s.clock()
 	call, probe := s.br.allow(now)
 	if !call {
@@ -219,6 +222,9 @@ func (s *Store) Release(ctx context.Context, key string, holder string) (bool, e
 func (s *Store) onSlot(ctx context.Context, op, key, holder string, hold time.Duration, fn func(context.Context, sluice.Slots) (bool, error)) (bool, error) {
 	bs, err := s.slotBackend()
 	if err != nil {
+		return false, err
+	}
+	if err := ended(ctx, op); err != nil {
 		return false, err
 	}
 	now := s.clock()

@@ -295,7 +295,10 @@ type Options struct {
 //
 // Bad input (sluice.ValidateRequest fails) is returned as the backend would
 // return it and never counts as a backend failure. When the caller's
-// context ends, the error wraps the context's error and no policy applies.
+// context ends, the error wraps the context's error and no policy applies;
+// a call whose context has ended before it is made gets that error from
+// every method, whatever the breaker's state, and a deny-cache hit too
+// (the caller is gone: one answer for all paths).
 // Otherwise errors are the fallback store's own failures only.
 //
 // The zero value (and a zero MultiStore) refuses every call with
@@ -503,6 +506,9 @@ func (s *Store) decide(ctx context.Context, op, key string, limit sluice.Limit, 
 	if s == nil || s.backend == nil {
 		return sluice.Decision{}, ErrZeroStore
 	}
+	if err := ended(ctx, op); err != nil {
+		return sluice.Decision{}, err
+	}
 	now := s.clock()
 	if s.cache != nil {
 		if d, ok := s.cache.get(key, limit, cost, now); ok {
@@ -644,6 +650,9 @@ func (s *Store) Reset(ctx context.Context, key string, limit sluice.Limit) error
 	if s == nil || s.backend == nil {
 		return ErrZeroStore
 	}
+	if err := ended(ctx, "reset"); err != nil {
+		return err
+	}
 	if s.cache != nil {
 		s.cache.forget(key, limit)
 	}
@@ -677,6 +686,9 @@ func (m *MultiStore) TakeAll(ctx context.Context, reqs []sluice.Request) ([]slui
 	}
 	if s == nil || m.multi == nil {
 		return nil, ErrZeroStore
+	}
+	if err := ended(ctx, "take_all"); err != nil {
+		return nil, err
 	}
 	now := s.clock()
 	if s.cache != nil {
@@ -816,6 +828,17 @@ func badInput(err error) bool {
 	return errors.Is(err, sluice.ErrInvalidKey) || errors.Is(err, sluice.ErrInvalidLimit) ||
 		errors.Is(err, sluice.ErrInvalidCost) || errors.Is(err, sluice.ErrCostExceedsBurst) ||
 		errors.Is(err, sluice.ErrInvalidWeight) || errors.Is(err, sluice.ErrInvalidHolder)
+}
+
+// ended returns the error of a call whose context has already ended, as
+// callerFault words it, and nil otherwise. It is checked before the deny
+// cache, the breaker and the policy, so that such a call fails alike
+// whatever would have answered it, and spends no probe.
+func ended(ctx context.Context, op string) error {
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("resilient: %s: %w", op, err)
+	}
+	return nil
 }
 
 // callerFault returns the error to return as it is, with the probe
