@@ -19,6 +19,15 @@ const (
 	maxBurstSpan  = int64(1) << 52 // µs; Burst×Interval must stay below this
 )
 
+// MaxClockSkew is how far a caller's clock may lag state that another wrote
+// (another host's clock, or Redis's TIME after a failover) and still be
+// charged as at that state's time: the window algorithms charge it in the
+// newer window rather than reopen an older one. A stored window further
+// ahead than that was written under another Period (a policy reloaded with
+// a new Limit on the same key) and is read as expired: the key starts fresh
+// in the caller's window.
+const MaxClockSkew = time.Minute
+
 // Limit is a rate-limit policy: Rate units per Period, enforced by Algorithm.
 // It is a plain value: build one with PerSecond, PerMinute, PerHour or
 // ParseLimit and pass it with every call, so one Store serves many policies.

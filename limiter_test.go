@@ -119,6 +119,38 @@ func TestWaitCancel(t *testing.T) {
 	}
 }
 
+// A policy reloaded with another Period keeps its keys (Prefix and key name
+// the policy, not its limit): the new Limiter reads state the old one wrote.
+// A window counted in seconds once read as days overflowed and recursed
+// until the process died (fatal stack overflow); read as minutes it denied
+// with negative waits. Now the old window is stale and the key starts
+// fresh under the new limit.
+func TestLimiterPeriodReload(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	for _, a := range []sluice.Algorithm{sluice.FixedWindow, sluice.SlidingWindowCounter} {
+		for _, to := range []time.Duration{24 * time.Hour, time.Minute} {
+			s := newMemory(t, nil)
+			before, _ := sluice.NewLimiter(s, sluice.Limit{Algorithm: a, Rate: 5, Period: time.Second}, &sluice.Options{Prefix: "api:"})
+			after, _ := sluice.NewLimiter(s, sluice.Limit{Algorithm: a, Rate: 5, Period: to}, &sluice.Options{Prefix: "api:"})
+			for range 3 {
+				if _, err := before.Allow(ctx, "k"); err != nil {
+					t.Fatal(err)
+				}
+			}
+			for i := range 6 {
+				d, err := after.Allow(ctx, "k")
+				if err != nil {
+					t.Fatal(err)
+				}
+				if d.Allowed != (i < 5) || d.RetryAfter < 0 || d.RetryAfter > 2*to || d.ResetAfter <= 0 || d.ResetAfter > 2*to {
+					t.Fatalf("%v to %v, take %d after 3 under 1s: %+v; want %d of 5 allowed, waits within the new period", a, to, i+1, d, min(i+1, 5))
+				}
+			}
+		}
+	}
+}
+
 // A zero or nil Limiter refuses every call with a typed error, and a zero
 // Limit's figures are zeros: nothing panics.
 func TestZeroValuesDoNotPanic(t *testing.T) {

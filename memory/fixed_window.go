@@ -1,10 +1,29 @@
 package memory
 
+import (
+	"time"
+
+	"github.com/sluicehq/sluice"
+)
+
+// maxSkew is sluice.MaxClockSkew in µs.
+const maxSkew = int64(sluice.MaxClockSkew / time.Microsecond)
+
+// lagging reports whether stored window sw is ahead of the caller's window
+// w by no more than a clock lagging by up to maxSkew can explain: w+1 may
+// start within a microsecond of now. Further ahead, sw counts windows of
+// another period (the limit changed) and the state is stale. Counted in
+// windows, so that sw·period is never computed for an sw that could
+// overflow it.
+func lagging(sw, w, period int64) bool {
+	return sw > w && sw-w <= 1+maxSkew/period
+}
+
 // olderClock shifts a decision made at the start of the stored window back
 // to a caller whose clock is skew behind it (another host's clock, or
-// Redis's TIME after a failover). Such a caller is charged in the newer
-// window, as at its start: an older window must never replace a newer one,
-// which would admit its whole rate again.
+// Redis's TIME after a failover; see lagging for how far). Such a caller is
+// charged in the newer window, as at its start: an older window must never
+// replace a newer one, which would admit its whole rate again.
 func olderClock(skew int64, r result) result {
 	if r.retry > 0 {
 		r.retry += skew
@@ -17,11 +36,12 @@ func olderClock(skew int64, r result) result {
 
 // fixedWindow counts units per calendar window [w·period, (w+1)·period).
 // State: a = window number w, b = units taken in it. A denied request adds
-// nothing, so the count never passes rate. Mirrors
+// nothing, so the count never passes rate. A stored window other than w
+// (and not lagging) counts nothing: the key is fresh. Mirrors
 // redisstore/scripts/fixed_window.lua.
 func fixedWindow(st *state, now int64, p *params, cost int64, commit bool) result {
 	w := floorDiv(now, p.period)
-	if st.expires != 0 && st.a > w {
+	if st.expires != 0 && lagging(st.a, w, p.period) {
 		return olderClock(st.a*p.period-now, fixedWindow(st, st.a*p.period, p, cost, commit))
 	}
 	count := st.b

@@ -13,7 +13,7 @@ import "math"
 // conversions stop Go from fusing them), so both agree bit for bit.
 func slidingWindowCounter(st *state, now int64, p *params, cost int64, commit bool) result {
 	w := floorDiv(now, p.period)
-	if st.expires != 0 && st.a > w {
+	if st.expires != 0 && lagging(st.a, w, p.period) {
 		return olderClock(st.a*p.period-now, slidingWindowCounter(st, st.a*p.period, p, cost, commit))
 	}
 	cur, prev := swcRoll(st, w)

@@ -516,3 +516,104 @@ func grantDiffAdvance(r *rand.Rand, now time.Time) time.Duration {
 	}
 	return d
 }
+
+// limitChangeSteps is how many calls each limit of a limit-change sequence
+// gets in TestDifferentialLimitChange.
+const limitChangeSteps = 30
+
+// The scripts decide as the memory store does on state written under
+// another limit: storetest's limit-change sequences, each limit in turn
+// (and then once more) given random takes and peeks on one key of both
+// stores, one fake clock, every decision the same. A policy reloaded with
+// another Period, Rate or Burst keeps its keys, so each limit reads what the
+// one before it wrote.
+//
+// Redis's TTLs run in real time while the fake clock jumps, and state read
+// past its TTL under another limit is not always a fresh key's (a longer
+// interval refills it more slowly than its TTL assumed). So the test
+// expires the key on both stores when the fake clock reaches the memory
+// store's expiry (the last allowed take's ResetAfter), and otherwise holds
+// the Redis key up with diffTTLFloor.
+func TestDifferentialLimitChange(t *testing.T) {
+	seed := diffSeed(t)
+	client := redistest.Client(t)
+	for _, alg := range sluice.Algorithms() {
+		t.Run(alg.String(), func(t *testing.T) {
+			t.Parallel()
+			r := rand.New(rand.NewPCG(seed, 1<<16|uint64(alg)))
+			for i, seq := range storetest.LimitChanges(alg) {
+				t.Run(fmt.Sprint(i), func(t *testing.T) { runLimitChangeDiff(t, client, r, append(seq, seq...), seed) })
+			}
+		})
+	}
+}
+
+func runLimitChangeDiff(t *testing.T, client *redis.Client, r *rand.Rand, seq []sluice.Limit, seed uint64) {
+	ctx := context.Background()
+	start := storetest.T0.Add(time.Duration(r.Int64N(int64(24*time.Hour/time.Microsecond))) * time.Microsecond)
+	clock := storetest.NewClock(start)
+	mem, red := diffStores(t, client, clock)
+	k := &diffKey{name: "k"}
+	k.redis = red.Keys(k.name, seq[0])[0]
+	t.Cleanup(func() { client.Del(context.Background(), k.redis) })
+	var (
+		expires time.Time // the memory store's expiry of the key; zero: fresh
+		hist    []diffStep
+	)
+	for i := range len(seq) * limitChangeSteps {
+		k.limit = seq[i/limitChangeSteps]
+		if i%limitChangeSteps != 0 { // a new limit reads the state at once
+			clock.Advance(diffGap(r, clock.Now(), k))
+		}
+		now := clock.Now()
+		if !expires.IsZero() && !now.Before(expires) {
+			// Both fresh: the memory store keeps an expired state until it
+			// sweeps, for a caller whose clock steps back to read.
+			if err := client.Del(ctx, k.redis).Err(); err != nil {
+				t.Fatal(err)
+			}
+			if err := mem.Reset(ctx, k.name, k.limit); err != nil {
+				t.Fatal(err)
+			}
+			expires = time.Time{}
+		} else if !expires.IsZero() && raiseTTL(t, client, k.redis) < 0 {
+			t.Fatalf("step %d: Redis lost key %s, which the memory store holds until %v\n%s", i, k.redis, expires.Sub(start), diffReport(hist, k, start))
+		}
+		s := diffStep{step: i, at: now, op: diffTake, cost: diffCost(r, k.limit)}
+		var errM, errR error
+		if r.IntN(5) == 0 {
+			s.op = diffPeek
+			s.mem, errM = mem.Peek(ctx, k.name, k.limit, s.cost)
+			s.red, errR = red.Peek(ctx, k.name, k.limit, s.cost)
+		} else {
+			s.mem, errM = mem.Take(ctx, k.name, k.limit, s.cost)
+			s.red, errR = red.Take(ctx, k.name, k.limit, s.cost)
+		}
+		if errM != nil || errR != nil {
+			t.Fatalf("step %d (%v %s cost %d): memory error %v, redis error %v", i, s.op, k.name, s.cost, errM, errR)
+		}
+		hist = append(hist, s)
+		k.steps = append(k.steps, len(hist)-1)
+		k.last = s.mem
+		if !diffSame(s.mem, s.red, diffTolerance) {
+			t.Fatalf("step %d: %s cost %d at t=%d µs under %v (limits %v): memory and redis disagree\n  memory: %s\n  redis:  %s\n%s"+
+				"repeat: %s=%d go test -run '^%s$' ./redisstore/",
+				i, s.op, s.cost, s.at.UnixMicro(), k.limit, seq, fmtDecision(s.mem), fmtDecision(s.red),
+				diffReport(hist, k, start), diffSeedEnv, seed, t.Name())
+		}
+		if s.op == diffTake && s.mem.Allowed {
+			expires = now.Add(s.mem.ResetAfter)
+			if s.mem.ResetAfter == 0 {
+				// Fresh at once: Redis deleted the key. The memory store
+				// holds it until it sweeps, so a clock that then steps back
+				// would read it there alone.
+				if err := mem.Reset(ctx, k.name, k.limit); err != nil {
+					t.Fatal(err)
+				}
+				expires = time.Time{}
+			} else if raiseTTL(t, client, k.redis) == -2 {
+				t.Fatalf("step %d: Redis lost key %s at once (ResetAfter %v)", i, k.redis, s.red.ResetAfter)
+			}
+		}
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"regexp"
+	"strconv"
 	"strings"
 
 	"github.com/sluicehq/sluice"
@@ -152,7 +153,10 @@ func mustRead(name string) string {
 // charged in that newer window, as at its start: an older window must never
 // replace a newer one, which would admit its whole rate again. now moves to
 // the start of sw, and skew is what it moved, to turn durations back into
-// the caller's.
+// the caller's. Only as far as a clock lagging by sluice.MaxClockSkew can
+// explain, counted in windows as memory's lagging does: an sw further ahead
+// counts windows of another period (the limit changed), and the script
+// reads it as any window but w, as nothing.
 //
 //	local reset = swcreset(cur, prev, w, period)
 //
@@ -187,10 +191,16 @@ end
 local $w = floordiv(at, $period)
 local $skew = 0
 if mode ~= 'refund' and $sw and $sw > $w then
-  $skew = $sw * $period - now
-  now, $w = $sw * $period, $sw
+  local lag = floordiv($maxskew, $period)
+  if $sw - $w <= 1 + lag then
+    $skew = $sw * $period - now
+    now, $w = $sw * $period, $sw
+  end
 end`
 )
+
+// maxSkewLua is sluice.MaxClockSkew in µs, an integer literal.
+var maxSkewLua = strconv.FormatInt(sluice.MaxClockSkew.Microseconds(), 10)
 
 var (
 	floordivCall = regexp.MustCompile(`^(\s*)(local )?([A-Za-z_]\w*) = floordiv\(([A-Za-z_]\w*|\d+), ([A-Za-z_]\w*|\d+)\)$`)
@@ -230,7 +240,7 @@ func expand(src string) (string, error) {
 		} else if m := swcresetCall.FindStringSubmatch(code); m != nil {
 			body = strings.NewReplacer("$r", m[2], "$cur", m[3], "$prev", m[4], "$w", m[5], "$period", m[6]).Replace(swcresetLua)
 		} else if m := windowCall.FindStringSubmatch(code); m != nil {
-			body = strings.NewReplacer("$w", m[2], "$skew", m[3], "$sw", m[4], "$period", m[5]).Replace(windowLua)
+			body = strings.NewReplacer("$w", m[2], "$skew", m[3], "$sw", m[4], "$period", m[5], "$maxskew", maxSkewLua).Replace(windowLua)
 		} else {
 			return "", fmt.Errorf("a macro outside its statement form: %s", strings.TrimSpace(line))
 		}

@@ -62,8 +62,16 @@ elseif (w + 1) * period <= at then
 end
 local skew = 0
 if mode ~= 'refund' and sw and sw > w then
-  skew = sw * period - now
-  now, w = sw * period, sw
+  local lag = math.floor(60000000 / period)
+  if lag * period > 60000000 then
+    lag = lag - 1
+  elseif (lag + 1) * period <= 60000000 then
+    lag = lag + 1
+  end
+  if sw - w <= 1 + lag then
+    skew = sw * period - now
+    now, w = sw * period, sw
+  end
 end`},
 		{"swcreset", "local reset = swcreset(cur, prev, w, period)", `local reset = 0
 if cur > 0 then

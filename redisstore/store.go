@@ -25,8 +25,10 @@
 // application hosts cannot matter. Options.Clock supplies the caller's time
 // instead, for managed services that reject TIME and for tests. A caller
 // whose clock is behind state written by another (or TIME after a
-// failover) is charged as at that state's time, never earlier: the window
-// algorithms charge it in the newer window rather than reopen an older one.
+// failover) by up to sluice.MaxClockSkew is charged as at that state's
+// time, never earlier: the window algorithms charge it in the newer window
+// rather than reopen an older one. A window further ahead was counted in
+// another Period (the limit changed) and is read as expired.
 //
 // A take is charged once. Every script call is marked non-retryable, on
 // any client, the caller's own included: go-redis would otherwise send a

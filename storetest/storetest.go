@@ -4,7 +4,8 @@
 // articles' own examples, with a fake clock, then checks the properties the
 // Store contract promises: exact RetryAfter and ResetAfter, weighted costs,
 // Peek, Reset, typed errors that change nothing, independence of keys and
-// algorithms, exact admission under concurrency and all-or-nothing TakeAll.
+// algorithms, exact admission under concurrency, all-or-nothing TakeAll,
+// and decisions within bounds on state another limit wrote.
 //
 // Stores that keep in-flight slots (sluice.Slots) run RunInFlight too.
 //
@@ -95,6 +96,14 @@ func Run(t *testing.T, newStore NewStore) {
 			testProperties(t, newStore, a)
 		})
 	}
+	t.Run("limit_change", func(t *testing.T) {
+		for _, a := range []sluice.Algorithm{sluice.FixedWindow, sluice.SlidingWindowCounter, sluice.SlidingWindowLog} {
+			t.Run(a.String(), func(t *testing.T) {
+				t.Parallel()
+				testLimitChange(t, newStore, a)
+			})
+		}
+	})
 	t.Run("bad_input", func(t *testing.T) { testBadInput(t, newStore) })
 	t.Run("independence", func(t *testing.T) { testIndependence(t, newStore) })
 	t.Run("ended_context", func(t *testing.T) { testEndedContext(t, newStore) })
@@ -228,6 +237,34 @@ func tables() []table {
 			allow(150*time.Second, 1, 0, 90*time.Second),
 		},
 	})
+	// How far behind it may be: a stored window up to 1 + MaxClockSkew/
+	// Period windows ahead of the caller's (here 1 + 6) is a lagging clock
+	// (a lag of MaxClockSkew is always one); further ahead, it counts
+	// windows of another Period (a reloaded limit) and the key is fresh in
+	// the caller's window.
+	for _, tb := range []struct {
+		a                      sluice.Algorithm
+		lagReset, lagRetry     time.Duration
+		freshReset, freshRetry time.Duration
+	}{
+		{sluice.FixedWindow, 10 * time.Second, 10 * time.Second, 1 * time.Second, 1 * time.Second},
+		{sluice.SlidingWindowCounter, 20 * time.Second, 15 * time.Second, 11 * time.Second, 6 * time.Second},
+	} {
+		lag := sluice.MaxClockSkew
+		out = append(out, table{
+			name: tb.a.String() + "_lagging_clock_bound", limit: sluice.Limit{Algorithm: tb.a, Rate: 2, Period: 10 * time.Second},
+			source: "clock skew up to MaxClockSkew, and a window further ahead",
+			steps: []step{
+				allow(1000*time.Second, 1, 1, tb.lagReset),
+				allow(1000*time.Second-lag, 1, 0, tb.lagReset+lag),
+				deny(1000*time.Second-lag, 1, 0, tb.lagRetry+lag, tb.lagReset+lag),
+				deny(930*time.Second, 1, 0, tb.lagRetry+70*time.Second, tb.lagReset+70*time.Second), // window 93: 7 behind
+				allow(929*time.Second, 1, 1, tb.freshReset),                                         // window 92: 8 behind
+				allow(929*time.Second, 1, 0, tb.freshReset),
+				deny(929*time.Second, 1, 0, tb.freshRetry, tb.freshReset),
+			},
+		})
+	}
 	// The Decision doc example: 10/min, take 4, then ask for 7.
 	for _, a := range []sluice.Algorithm{sluice.GCRA, sluice.TokenBucket, sluice.LeakyBucket} {
 		out = append(out, table{

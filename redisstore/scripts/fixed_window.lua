@@ -37,7 +37,8 @@ if sw or h[2] then
 end
 
 -- w: the window of now (or, refunding, of the take's), never older than
--- the stored one; skew: how far now moved forward to reach it
+-- the stored one if a lagging clock explains it (else that one is stale:
+-- another period wrote it); skew: how far now moved forward to reach it
 local w, skew = window(sw, period)
 
 local count = 0

@@ -41,7 +41,8 @@ elseif mode == 'refund' then
 end
 
 -- w: the window of now (or, refunding, of the take's), never older than
--- the stored one; skew: how far now moved forward to reach it
+-- the stored one if a lagging clock explains it (else that one is stale:
+-- another period wrote it); skew: how far now moved forward to reach it
 local w, skew = window(sw, period)
 
 if mode == 'refund' then
