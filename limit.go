@@ -25,7 +25,10 @@ const (
 // newer window rather than reopen an older one. A stored window further
 // ahead than that was written under another Period (a policy reloaded with
 // a new Limit on the same key) and is read as expired: the key starts fresh
-// in the caller's window.
+// in the caller's window. So is a GCRA TAT more than MaxClockSkew past the
+// limit's burst span; within it, the TAT is waited out, so after a change
+// that shortens the span a GCRA key may wait up to MaxClockSkew longer
+// than the new limit alone would ask.
 const MaxClockSkew = time.Minute
 
 // Limit is a rate-limit policy: Rate units per Period, enforced by Algorithm.

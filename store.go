@@ -16,6 +16,10 @@ import "context"
 //   - Errors are backend failures only. A denial is a Decision with Allowed
 //     false, never an error.
 //   - Every key the store writes expires once its state is back to fresh.
+//   - A key's Limit may change between calls (a reloaded policy keeps its
+//     keys): state written under another Limit is read under the new one,
+//     and no decision on it fails, or has a wait that is negative or past
+//     the new limit's horizon (GCRA's may be MaxClockSkew past it).
 //   - Implementations are safe for concurrent use.
 //
 // Rate-limit keys often carry client identities; consider hashing raw IPs

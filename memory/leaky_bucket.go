@@ -11,6 +11,9 @@ func leakyBucket(st *state, now int64, p *params, cost int64, commit bool) resul
 	if st.expires == 0 {
 		level, last = 0, now
 	}
+	// A larger burst wrote it: full at last, and draining since, so that
+	// the key admits again within this limit's capacity × interval.
+	level = min(level, p.capacity)
 	if now > last {
 		leaked := (now - last) / p.interval
 		if leaked >= level {

@@ -10,6 +10,7 @@ func tokenBucket(st *state, now int64, p *params, cost int64, commit bool) resul
 	if st.expires == 0 {
 		tokens, last = p.capacity, now
 	}
+	tokens = min(tokens, p.capacity) // a larger burst wrote it
 	if now > last {
 		added := (now - last) / p.interval
 		if tokens+added >= p.capacity {

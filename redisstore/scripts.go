@@ -110,13 +110,17 @@ func init() {
 	takeEachScript = newTakeScript(algs.String() + mustRead("take_each.lua"))
 }
 
-// mustRead returns an embedded script with its macros expanded.
+// maxSkewName, in a script, stands for sluice.MaxClockSkew in µs.
+const maxSkewName = "MAX_CLOCK_SKEW_US"
+
+// mustRead returns an embedded script with its macros expanded and
+// maxSkewName replaced by its value.
 func mustRead(name string) string {
 	b, err := scriptFS.ReadFile("scripts/" + name)
 	if err == nil {
 		var src string
 		if src, err = expand(string(b)); err == nil {
-			return src
+			return strings.ReplaceAll(src, maxSkewName, strconv.FormatInt(sluice.MaxClockSkew.Microseconds(), 10))
 		}
 	}
 	panic(fmt.Sprintf("redisstore: embedded script %s: %v", name, err)) // a build defect, not a runtime input
@@ -191,16 +195,13 @@ end
 local $w = floordiv(at, $period)
 local $skew = 0
 if mode ~= 'refund' and $sw and $sw > $w then
-  local lag = floordiv($maxskew, $period)
+  local lag = floordiv(MAX_CLOCK_SKEW_US, $period)
   if $sw - $w <= 1 + lag then
     $skew = $sw * $period - now
     now, $w = $sw * $period, $sw
   end
 end`
 )
-
-// maxSkewLua is sluice.MaxClockSkew in µs, an integer literal.
-var maxSkewLua = strconv.FormatInt(sluice.MaxClockSkew.Microseconds(), 10)
 
 var (
 	floordivCall = regexp.MustCompile(`^(\s*)(local )?([A-Za-z_]\w*) = floordiv\(([A-Za-z_]\w*|\d+), ([A-Za-z_]\w*|\d+)\)$`)
@@ -240,7 +241,7 @@ func expand(src string) (string, error) {
 		} else if m := swcresetCall.FindStringSubmatch(code); m != nil {
 			body = strings.NewReplacer("$r", m[2], "$cur", m[3], "$prev", m[4], "$w", m[5], "$period", m[6]).Replace(swcresetLua)
 		} else if m := windowCall.FindStringSubmatch(code); m != nil {
-			body = strings.NewReplacer("$w", m[2], "$skew", m[3], "$sw", m[4], "$period", m[5], "$maxskew", maxSkewLua).Replace(windowLua)
+			body = strings.NewReplacer("$w", m[2], "$skew", m[3], "$sw", m[4], "$period", m[5]).Replace(windowLua)
 		} else {
 			return "", fmt.Errorf("a macro outside its statement form: %s", strings.TrimSpace(line))
 		}

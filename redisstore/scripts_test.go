@@ -4,6 +4,7 @@ import (
 	"flag"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/sluicehq/sluice"
@@ -62,10 +63,10 @@ elseif (w + 1) * period <= at then
 end
 local skew = 0
 if mode ~= 'refund' and sw and sw > w then
-  local lag = math.floor(60000000 / period)
-  if lag * period > 60000000 then
+  local lag = math.floor(MAX_CLOCK_SKEW_US / period)
+  if lag * period > MAX_CLOCK_SKEW_US then
     lag = lag - 1
-  elseif (lag + 1) * period <= 60000000 then
+  elseif (lag + 1) * period <= MAX_CLOCK_SKEW_US then
     lag = lag + 1
   end
   if sw - w <= 1 + lag then
@@ -120,6 +121,9 @@ func TestScripts(t *testing.T) {
 	for name, sc := range all {
 		if m := macroName.FindString(sc.src); m != "" {
 			t.Errorf("%s: %q survived expansion", name, m)
+		}
+		if strings.Contains(sc.src, maxSkewName) {
+			t.Errorf("%s: %s survived", name, maxSkewName)
 		}
 		if *writeScripts != "" {
 			if err := os.WriteFile(filepath.Join(*writeScripts, name), []byte(sc.src), 0o644); err != nil {

@@ -44,12 +44,19 @@ func windowed(a sluice.Algorithm) bool {
 // a unit or for the key to be fresh, when no caller's clock lags another's:
 // a window (two for the sliding window counter, whose previous window still
 // counts through the current one), or the time from empty to full.
+//
+// GCRA's state is one time, the TAT, which cannot tell a limit's change
+// from a clock's lag: a TAT up to sluice.MaxClockSkew past the span is read
+// as a lagging clock's and waited out (further, it is stale and the key
+// fresh). So after a change GCRA may ask for up to MaxClockSkew more.
 func horizon(l sluice.Limit) time.Duration {
 	switch l.Algorithm {
 	case sluice.FixedWindow, sluice.SlidingWindowLog:
 		return l.Period
 	case sluice.SlidingWindowCounter:
 		return 2 * l.Period
+	case sluice.GCRA:
+		return time.Duration(l.Capacity())*l.Interval() + sluice.MaxClockSkew
 	}
 	return time.Duration(l.Capacity()) * l.Interval()
 }

@@ -97,7 +97,7 @@ func Run(t *testing.T, newStore NewStore) {
 		})
 	}
 	t.Run("limit_change", func(t *testing.T) {
-		for _, a := range []sluice.Algorithm{sluice.FixedWindow, sluice.SlidingWindowCounter, sluice.SlidingWindowLog} {
+		for _, a := range sluice.Algorithms() {
 			t.Run(a.String(), func(t *testing.T) {
 				t.Parallel()
 				testLimitChange(t, newStore, a)
@@ -265,6 +265,18 @@ func tables() []table {
 			},
 		})
 	}
+	// GCRA's TAT up to span + MaxClockSkew ahead of the caller is a lagging
+	// clock's, charged as at that TAT; further, another limit wrote it
+	// (a longer span) and the key is fresh.
+	out = append(out, table{
+		name: "gcra_lagging_clock_bound", limit: sluice.PerSecond(1),
+		source: "clock skew up to MaxClockSkew, and a TAT further ahead",
+		steps: []step{
+			allow(1000*time.Second, 1, 0, time.Second), // TAT 1001s
+			deny(1000*time.Second-sluice.MaxClockSkew, 1, 0, 61*time.Second, 61*time.Second),
+			allow(1000*time.Second-sluice.MaxClockSkew-us, 1, 0, time.Second),
+		},
+	})
 	// The Decision doc example: 10/min, take 4, then ask for 7.
 	for _, a := range []sluice.Algorithm{sluice.GCRA, sluice.TokenBucket, sluice.LeakyBucket} {
 		out = append(out, table{

@@ -33,6 +33,9 @@ if tat then
   if tat == nil then
     error({err = 'ERR sluice: corrupt state in ' .. key})
   end
+  if tat - now > span + MAX_CLOCK_SKEW_US then
+    tat = now -- another span's, not a lagging clock's: as if expired
+  end
   if mode == 'refund' then
     tat = tat - cost * interval
   elseif tat < now then

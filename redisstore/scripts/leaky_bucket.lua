@@ -36,6 +36,9 @@ elseif mode == 'refund' then
 else
   level, last = 0, now
 end
+if level > capacity then
+  level = capacity -- a larger burst wrote it: full at last, draining since
+end
 if now > last then -- drain the whole units due
   local d = now - last
   local leaked = floordiv(d, interval)

@@ -35,6 +35,9 @@ elseif mode == 'refund' then
 else
   tokens, last = capacity, now
 end
+if tokens > capacity then
+  tokens = capacity -- a larger burst wrote it
+end
 if now > last then -- refill the whole tokens due
   local d = now - last
   local added = floordiv(d, interval)
