@@ -317,6 +317,45 @@ func TestTTLOlderClock(t *testing.T) {
 	})
 }
 
+// TestTTLLimitChange: on Redis's own clock, as deployed, a key taken under
+// 5/s and then under a longer or shorter Period gets a TTL within the new
+// limit's ResetAfter: a window counted in seconds read as one in minutes
+// once set TTLs of millennia.
+func TestTTLLimitChange(t *testing.T) {
+	ctx := context.Background()
+	redistest.Each(t, func(t *testing.T, c redis.UniversalClient) {
+		s := redisstore.New(c, &redisstore.Options{Prefix: redistest.Prefix(t)})
+		for _, a := range sluice.Algorithms() {
+			for i, to := range []time.Duration{time.Minute, 24 * time.Hour, 100 * time.Millisecond} {
+				key := fmt.Sprintf("k%d", i)
+				from := sluice.Limit{Algorithm: a, Rate: 5, Period: time.Second}
+				l := sluice.Limit{Algorithm: a, Rate: 5, Period: to}
+				for range 3 {
+					if _, err := s.Take(ctx, key, from, 1); err != nil {
+						t.Fatal(err)
+					}
+				}
+				d, err := s.Take(ctx, key, l, 1)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if d.RetryAfter < 0 || d.ResetAfter < 0 || d.ResetAfter > 2*to+sluice.MaxClockSkew {
+					t.Errorf("%v then %v: %+v", from, l, d)
+				}
+				for _, k := range s.Keys(key, l) {
+					pttl, err := c.PTTL(ctx, k).Result()
+					if err != nil {
+						t.Fatal(err)
+					}
+					if pttl > max(d.ResetAfter, from.Period)+2*time.Millisecond {
+						t.Errorf("%v then %v: PTTL %v, ResetAfter %v", from, l, pttl, d.ResetAfter)
+					}
+				}
+			}
+		}
+	})
+}
+
 // TestServerClock: with no Clock the scripts read Redis's TIME, and every
 // algorithm still counts down, denies and reports a bounded wait.
 func TestServerClock(t *testing.T) {
