@@ -55,6 +55,11 @@ type Health struct {
 	since    time.Time
 	fallback bool
 	openedBy error // the call error that opened the breaker, while open
+	// checks numbers the checks of the store as they start; applied is
+	// the last one recorded. /readyz's checks run beside the watch's, and
+	// one that started earlier but ended later (a dial retried through a
+	// restart) must not undo a newer result.
+	checks, applied uint64
 	// partial: the failure policy answered a decision whose store call
 	// failed while the breaker stayed closed (a Cluster node down among
 	// live ones fails only its keys' calls), at partialAt; degraded until
@@ -150,15 +155,43 @@ func cause(err error) string {
 	return "unreachable"
 }
 
-// storeResult records what a check of the store found. A change (down, a
-// new cause while down, up again) is logged once and counted.
+// check asks the store whether it answers and records the result.
+func (h *Health) check(ctx context.Context) error {
+	h.mu.Lock()
+	h.checks++
+	n := h.checks
+	h.mu.Unlock()
+	err := h.probe(ctx)
+	if err != nil && errors.Is(ctx.Err(), context.Canceled) {
+		return err // the caller left: nothing learned about the store
+	}
+	h.checked(n, err)
+	return err
+}
+
+// storeResult records what a check of the store that just ended found.
 func (h *Health) storeResult(err error) {
 	if h == nil {
 		return
 	}
+	h.mu.Lock()
+	h.checks++
+	n := h.checks
+	h.mu.Unlock()
+	h.checked(n, err)
+}
+
+// checked records what check n found, unless a check that started later
+// was recorded already. A change (down, a new cause while down, up again)
+// is logged once and counted.
+func (h *Health) checked(n uint64, err error) {
 	err = redisstore.Classify(err)
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	if n <= h.applied {
+		return
+	}
+	h.applied = n
 	was := h.storeErr
 	h.storeErr = err
 	switch {
@@ -441,7 +474,7 @@ func (h *Health) Status() Status {
 // store cannot make a probe time out.
 func (h *Health) ready(ctx context.Context) Status {
 	if h != nil && !h.withPolicy && h.probe != nil {
-		h.storeResult(h.probe(ctx))
+		h.check(ctx)
 	}
 	return h.Status()
 }
@@ -453,8 +486,7 @@ func (h *Health) watch(stop <-chan struct{}, interval time.Duration) {
 	}
 	tick.Every(stop, interval, func() {
 		ctx, cancel := context.WithTimeout(context.Background(), max(interval, time.Second))
-		err := h.probe(ctx)
-		h.storeResult(err)
+		err := h.check(ctx)
 		h.refresh(time.Now())
 		if err == nil && h.breaker != nil {
 			h.breaker(ctx)

@@ -5,11 +5,15 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
+	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -505,6 +509,64 @@ func TestServerHealthUnderErrorPolicy(t *testing.T) {
 	logged(t, &logs, "store back")
 	if got := grpcHealth(t, p.grpc, ""); got != healthpb.HealthCheckResponse_SERVING {
 		t.Errorf("gRPC health after Redis came back: %v", got)
+	}
+}
+
+// TestServerRecoveryOnceUnderReadyz: under the error policy every /readyz
+// and /v1/status request checks the store beside the watch. A check that
+// started before Redis came back but ended after (its dial retried through
+// the restart) must not undo the recovery: each outage is one "store
+// lost", one "store back" and one count each way.
+func TestServerRecoveryOnceUnderReadyz(t *testing.T) {
+	t.Parallel()
+	r := redistest.StartServer(t)
+	var logs syncBuffer
+	_, p := startOnRedis(t, "redis://"+r.Addr, "error", &logs)
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for i := range 6 {
+		path := []string{"/readyz", "/v1/status"}[i%2]
+		wg.Go(func() {
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				if resp, err := http.Get("http://" + p.http + path); err == nil {
+					io.Copy(io.Discard, resp.Body)
+					resp.Body.Close()
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+		})
+	}
+	const outages = 3
+	for i := 1; i <= outages; i++ {
+		r.Stop()
+		logged(t, &logs, "store lost")
+		time.Sleep(time.Second) // long enough for go-redis to stop dialing for a while
+		r.Start(t)
+		for n := 0; countLines(&logs, "store back") < i; n++ {
+			if n > 200 {
+				t.Fatalf("outage %d: Redis back, no store back in:\n%s", i, logs.String())
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		time.Sleep(1500 * time.Millisecond) // checks begun in the outage end, or retry, here
+	}
+	close(stop)
+	wg.Wait()
+	if lost, back := countLines(&logs, "store lost"), countLines(&logs, "store back"); lost != outages || back != outages {
+		t.Errorf("%d store lost and %d store back lines for %d outages, want one each per outage:\n%s", lost, back, outages, logs.String())
+	}
+	for _, series := range []string{`sluice_store_transitions_total{cause="",to="up"}`, `sluice_store_transitions_total{cause="unreachable",to="down"}`} {
+		if got := scrapedMetric(t, p, series); got != strconv.Itoa(outages) {
+			t.Errorf("%s %s, want %d", series, got, outages)
+		}
+	}
+	if code, body := p.get(t, "/readyz"); code != 200 {
+		t.Errorf("readyz with Redis back: %d %s", code, body)
 	}
 }
 
