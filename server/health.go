@@ -60,14 +60,17 @@ type Health struct {
 	// one that started earlier but ended later (a dial retried through a
 	// restart) must not undo a newer result.
 	checks, applied uint64
-	// partial: the failure policy answered a decision whose store call
-	// failed while the breaker stayed closed (a Cluster node down among
-	// live ones fails only its keys' calls), at partialAt; degraded until
-	// partialWindow has passed without one.
-	partial     bool
-	partialFrom time.Time // the first failed call of the current run
-	partialAt   time.Time
-	partialN    int64 // such decisions in the current episode
+	// partial: the failure policy has answered decisions whose store
+	// calls failed while the breaker stayed closed and the store answered
+	// the watch (a Cluster node down among live ones fails only its keys'
+	// calls), without a pause of partialGap, for partialAfter; the last
+	// at partialAt. Degraded until partialWindow passes without one.
+	partial   bool
+	runFrom   time.Time // the first failed call of the current run
+	runLast   time.Time // its last
+	runN      int64
+	partialAt time.Time
+	partialN  int64 // such decisions in the current episode
 	// uncounted: under the local policy, the fleet does not count this
 	// instance (resilient.Fleet.Counted), so the policy refuses;
 	// registered: a registration was ever answered (else nobody ever
@@ -218,6 +221,7 @@ func (h *Health) checked(n uint64, err error) {
 			h.publishLocked()
 			return
 		}
+		h.endPartialLocked()
 		h.count("down", cause(err))
 	}
 	h.since = time.Now()
@@ -250,6 +254,7 @@ func (h *Health) fallbackActive(on bool, why error) {
 		return
 	}
 	h.fallback = on
+	h.endPartialLocked()
 	to := "off"
 	if on {
 		to = "on"
@@ -275,13 +280,16 @@ func (h *Health) setGRPC(g *health.Server) {
 // rlsServiceName is the rate limit service's name for gRPC health.
 const rlsServiceName = "envoy.service.ratelimit.v3.RateLimitService"
 
-// partialWindow is how long after the failure policy last answered a
-// decision, with the breaker closed, the service still says degraded;
-// partialAfter how long such answers must go on, the breaker staying
-// closed, before it says so (a dead store opens the breaker sooner).
+// Partial failure: the failure policy answering decisions whose store
+// calls failed, with the breaker closed and the store answering the watch,
+// is degraded once such calls have gone on for partialAfter with no pause
+// of partialGap or more (isolated timeouts, a slow command, do not count;
+// a dead store opens the breaker sooner), and until partialWindow passes
+// without one.
 const (
 	partialWindow = 10 * time.Second
 	partialAfter  = 2 * time.Second
+	partialGap    = 500 * time.Millisecond
 )
 
 // failedCall records a decision the failure policy answered because its
@@ -293,15 +301,23 @@ func (h *Health) failedCall(now time.Time) {
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if h.partialFrom.IsZero() || now.Sub(h.partialAt) >= partialWindow {
-		h.partialFrom, h.partialN = now, 0
+	if h.fallback || h.storeErr != nil {
+		return // the breaker or the watch tells this failure
 	}
-	h.partialAt = now
-	h.partialN++
-	if h.partial || h.fallback || h.storeErr != nil || now.Sub(h.partialFrom) < partialAfter {
+	if h.partial {
+		h.partialAt = now
+		h.partialN++
 		return
 	}
-	h.partial = true
+	if h.runFrom.IsZero() || now.Sub(h.runLast) >= partialGap {
+		h.runFrom, h.runN = now, 0
+	}
+	h.runLast = now
+	h.runN++
+	if now.Sub(h.runFrom) < partialAfter {
+		return
+	}
+	h.partial, h.partialAt, h.partialN = true, now, h.runN
 	h.log.Warn("store calls failing while the breaker is closed: the failure policy answers them (part of the store down, such as a Cluster node?)",
 		"store", h.store, "failure_policy", h.policy)
 	h.publishLocked()
@@ -317,9 +333,18 @@ func (h *Health) refresh(now time.Time) {
 	defer h.mu.Unlock()
 	if h.partial && now.Sub(h.partialAt) >= partialWindow {
 		h.log.Info("store calls succeeding again", "store", h.store, "answered_by_policy", h.partialN)
-		h.partial, h.partialN, h.partialFrom = false, 0, time.Time{}
+		h.endPartialLocked()
 		h.publishLocked()
 	}
+}
+
+// endPartialLocked ends the episode of failing calls, and the run that
+// would start one: also when the breaker opens or closes or the store is
+// lost, whose own lines then tell the state (failures from before do not
+// add to a run after).
+func (h *Health) endPartialLocked() {
+	h.partial, h.partialN = false, 0
+	h.runFrom, h.runLast, h.runN = time.Time{}, time.Time{}, 0
 }
 
 func (h *Health) degradedLocked() bool {

@@ -884,34 +884,111 @@ func TestHealthCauseChange(t *testing.T) {
 
 // TestHealthPartialFailure: decisions the failure policy answers for failed
 // store calls while the breaker stays closed (a Cluster node down among
-// live ones) make the service degraded, once they have gone on for
-// partialAfter; logged once each way. A burst shorter than that (a dead
-// store, whose breaker opens first) says nothing.
+// live ones) make the service degraded once they have gone on for
+// partialAfter with no pause of partialGap; logged once each way.
+// Isolated failures (two stalls 2.6s apart), a run broken by a pause, and
+// failures from before the breaker opened and closed say nothing.
 func TestHealthPartialFailure(t *testing.T) {
 	var logs syncBuffer
 	reg := prometheus.NewRegistry()
 	h := newHealth(healthOptions{log: slog.New(slog.NewTextHandler(&logs, nil)), policy: "local", withPolicy: true, store: "redis", reg: reg})
 	t0 := time.Now()
-	h.failedCall(t0)
-	h.failedCall(t0.Add(time.Second))
-	if st := h.Status(); st.Degraded {
-		t.Fatalf("after 1s of failed calls: %+v, want not yet degraded", st)
+	fail := func(from, to time.Duration) {
+		for d := from; d <= to; d += 100 * time.Millisecond {
+			h.failedCall(t0.Add(d))
+		}
 	}
-	h.failedCall(t0.Add(partialAfter))
+	// Two stalls of two failed calls each, 2.6s apart.
+	fail(0, 100*time.Millisecond)
+	fail(2600*time.Millisecond, 2700*time.Millisecond)
+	// A run that pauses for partialGap before its 2s are up.
+	fail(3*time.Second, 4500*time.Millisecond)
+	fail(4500*time.Millisecond+partialGap, 6*time.Second)
+	if st := h.Status(); st.Degraded {
+		t.Fatalf("after failures never sustained for %v: %+v, want not degraded", partialAfter, st)
+	}
+	// A run the breaker interrupts: what failed before it opened does not
+	// add to what fails after it closed.
+	fail(7*time.Second, 8500*time.Millisecond)
+	h.fallbackActive(true, errors.New("i/o timeout"))
+	h.fallbackActive(false, nil)
+	fail(8600*time.Millisecond, 9500*time.Millisecond)
+	if st := h.Status(); st.Degraded {
+		t.Fatalf("1.5s of failures before the breaker opened, 0.9s after it closed: %+v, want not degraded", st)
+	}
+	fail(9600*time.Millisecond, 10600*time.Millisecond) // 2s since the run began, after the breaker closed
 	st := h.Status()
-	if !st.Degraded || len(st.Reasons) != 1 || !strings.Contains(st.Reasons[0], "answered 3 decisions") || !st.Ready {
+	if !st.Degraded || len(st.Reasons) != 1 || !strings.Contains(st.Reasons[0], "answered 21 decisions") || !st.Ready {
 		t.Fatalf("after %v of failed calls: %+v, want degraded, ready, the reason counted", partialAfter, st)
 	}
-	h.refresh(t0.Add(partialAfter + partialWindow - time.Second))
+	last := 10600 * time.Millisecond
+	h.refresh(t0.Add(last + partialWindow - time.Second))
 	if !h.Status().Degraded {
 		t.Fatal("degraded ended before partialWindow")
 	}
-	h.refresh(t0.Add(partialAfter + partialWindow))
+	h.refresh(t0.Add(last + partialWindow))
 	if st := h.Status(); st.Degraded {
 		t.Fatalf("after partialWindow without a failed call: %+v", st)
 	}
 	if n, m := countLines(&logs, "breaker is closed"), countLines(&logs, "store calls succeeding again"); n != 1 || m != 1 {
 		t.Errorf("%d and %d lines, want one each way:\n%s", n, m, logs.String())
+	}
+}
+
+// TestFaultPartialIgnoresIsolatedStalls: two stalls of Redis 2.6s apart
+// (DEBUG SLEEP 100ms, each failing a call or two under the 50ms decision
+// timeout) are not a partial failure of the store: not degraded, no line.
+func TestFaultPartialIgnoresIsolatedStalls(t *testing.T) {
+	race.SkipTiming(t)
+	r := redistest.StartServer(t, "--enable-debug-command", "local")
+	cfg := filepath.Join(t.TempDir(), "sluice.yaml")
+	if err := os.WriteFile(cfg, []byte("domain: d\npolicies:\n  - name: api\n    limit: fixed_window 1000000000/1h\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var logs syncBuffer
+	srv := runServer(t, Options{ConfigFile: cfg, RedisURL: "redis://" + r.Addr, StoreCheckInterval: 50 * time.Millisecond,
+		Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	p := &proc{http: srv.HTTPAddr()}
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			if resp, err := http.Post("http://"+p.http+"/v1/check", "application/json", strings.NewReader(`{"policy":"api","key":"k"}`)); err == nil {
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+			}
+		}
+	})
+	admin := r.Client(t)
+	ctx := context.Background()
+	time.Sleep(300 * time.Millisecond)
+	for i := range 2 {
+		if i > 0 {
+			time.Sleep(2600 * time.Millisecond)
+		}
+		if err := admin.Do(ctx, "DEBUG", "SLEEP", "0.1").Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	time.Sleep(300 * time.Millisecond)
+	close(stop)
+	wg.Wait()
+	if _, body := p.get(t, "/metrics"); !strings.Contains(body, `sluice_store_errors_total{op="take"`) {
+		t.Fatalf("no failed take during the stalls: the test tests nothing:\n%s", logs.String())
+	}
+	if got := scrapedMetric(t, p, `sluice_fallback_transitions_total{to="on"}`); got != "0" {
+		t.Fatalf("the breaker opened (%s): not the case under test", got)
+	}
+	if got := scrapedMetric(t, p, "sluice_degraded"); got != "0" {
+		t.Errorf("sluice_degraded %s after two isolated stalls, want 0", got)
+	}
+	if strings.Contains(logs.String(), "breaker is closed") {
+		t.Errorf("a partial failure logged for two isolated stalls:\n%s", logs.String())
 	}
 }
 
