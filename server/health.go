@@ -71,6 +71,7 @@ type Health struct {
 	runN      int64
 	partialAt time.Time
 	partialN  int64 // such decisions in the current episode
+	runErr    error // the last failed call's error (classified), for the log and status
 	// uncounted: under the local policy, the fleet does not count this
 	// instance (resilient.Fleet.Counted), so the policy refuses;
 	// registered: a registration was ever answered (else nobody ever
@@ -206,11 +207,7 @@ func (h *Health) checked(n uint64, err error) {
 		h.log.Info("store back", "store", h.store, "down_for", time.Since(h.since).Round(time.Millisecond))
 		h.count("up", "")
 	default:
-		// Permanent causes are errors: someone must change a setting.
-		level := slog.LevelWarn
-		if errors.Is(err, redisstore.ErrMisconfigured) || errors.Is(err, redisstore.ErrReplicas) || errors.Is(err, redisstore.ErrOOM) {
-			level = slog.LevelError
-		}
+		level := causeLevel(err)
 		msg := "store lost"
 		if was != nil {
 			msg = "store still lost, another cause" // one outage: since and the down count stay
@@ -226,6 +223,15 @@ func (h *Health) checked(n uint64, err error) {
 	}
 	h.since = time.Now()
 	h.publishLocked()
+}
+
+// causeLevel is the level of a store failure's line: permanent causes are
+// errors, since someone must change a setting.
+func causeLevel(err error) slog.Level {
+	if errors.Is(err, redisstore.ErrMisconfigured) || errors.Is(err, redisstore.ErrReplicas) || errors.Is(err, redisstore.ErrOOM) {
+		return slog.LevelError
+	}
+	return slog.LevelWarn
 }
 
 func (h *Health) count(to, cause string) {
@@ -295,15 +301,17 @@ const (
 // failedCall records a decision the failure policy answered because its
 // store call failed. With the breaker closed that is part of the store
 // failing: degraded, logged once per episode.
-func (h *Health) failedCall(now time.Time) {
+func (h *Health) failedCall(now time.Time, err error) {
 	if h == nil {
 		return
 	}
+	err = redisstore.Classify(err)
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.fallback || h.storeErr != nil {
 		return // the breaker or the watch tells this failure
 	}
+	h.runErr = err
 	if h.partial {
 		h.partialAt = now
 		h.partialN++
@@ -318,8 +326,8 @@ func (h *Health) failedCall(now time.Time) {
 		return
 	}
 	h.partial, h.partialAt, h.partialN = true, now, h.runN
-	h.log.Warn("store calls failing while the breaker is closed: the failure policy answers them (part of the store down, such as a Cluster node?)",
-		"store", h.store, "failure_policy", h.policy)
+	h.log.Log(context.Background(), causeLevel(err), "store calls failing while the breaker is closed: the failure policy answers them (part of the store down, such as a Cluster node?)",
+		"store", h.store, "cause", cause(err), "failure_policy", h.policy, "err", err)
 	h.publishLocked()
 }
 
@@ -343,7 +351,7 @@ func (h *Health) refresh(now time.Time) {
 // lost, whose own lines then tell the state (failures from before do not
 // add to a run after).
 func (h *Health) endPartialLocked() {
-	h.partial, h.partialN = false, 0
+	h.partial, h.partialN, h.runErr = false, 0, nil
 	h.runFrom, h.runLast, h.runN = time.Time{}, time.Time{}, 0
 }
 
@@ -487,8 +495,12 @@ func (h *Health) Status() Status {
 		st.Reasons = append(st.Reasons, "while Redis fails, "+h.policyAnswer())
 	}
 	if h.partial && !h.fallback && h.storeErr == nil {
-		st.Reasons = append(st.Reasons, fmt.Sprintf("store calls fail while the breaker is closed (part of the store down?): failure policy %s answered %d decisions, the last %v ago",
-			h.policy, h.partialN, time.Since(h.partialAt).Round(time.Millisecond)))
+		why := "part of the store down?"
+		if h.runErr != nil {
+			why = cause(h.runErr) + ": " + h.runErr.Error()
+		}
+		st.Reasons = append(st.Reasons, fmt.Sprintf("store calls fail while the breaker is closed (%s): failure policy %s answered %d decisions, the last %v ago",
+			why, h.policy, h.partialN, time.Since(h.partialAt).Round(time.Millisecond)))
 	}
 	return st
 }
@@ -662,7 +674,7 @@ type healthObserver struct {
 func (o healthObserver) ObserveStore(e sluice.StoreEvent) {
 	o.Metrics.ObserveStore(e)
 	if e.Err != nil && (e.Source == sluice.SourceFallback || e.Source == sluice.SourceFailOpen || e.Source == sluice.SourceFailClosed) {
-		o.h.failedCall(time.Now())
+		o.h.failedCall(time.Now(), e.Err)
 	}
 }
 

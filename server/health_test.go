@@ -895,7 +895,7 @@ func TestHealthPartialFailure(t *testing.T) {
 	t0 := time.Now()
 	fail := func(from, to time.Duration) {
 		for d := from; d <= to; d += 100 * time.Millisecond {
-			h.failedCall(t0.Add(d))
+			h.failedCall(t0.Add(d), errors.New("i/o timeout"))
 		}
 	}
 	// Two stalls of two failed calls each, 2.6s apart.
@@ -989,6 +989,59 @@ func TestFaultPartialIgnoresIsolatedStalls(t *testing.T) {
 	}
 	if strings.Contains(logs.String(), "breaker is closed") {
 		t.Errorf("a partial failure logged for two isolated stalls:\n%s", logs.String())
+	}
+}
+
+// TestFaultPartialFailureNamesCause: a Redis user refused one policy's
+// keys (ACL) fails every decision of that policy while the others pass and
+// the breaker stays closed: the partial failure's line and /v1/status
+// name the cause and Redis's error.
+func TestFaultPartialFailureNamesCause(t *testing.T) {
+	race.SkipTiming(t)
+	r := redistest.StartServer(t)
+	admin := r.Client(t)
+	ctx := context.Background()
+	sluiceUser(t, admin, "partial")
+	cfg := filepath.Join(t.TempDir(), "sluice.yaml")
+	if err := os.WriteFile(cfg, []byte("domain: d\npolicies:\n  - name: api\n    limit: fixed_window 1000000000/1h\n  - name: other\n    limit: fixed_window 1000000000/1h\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var logs syncBuffer
+	srv := runServer(t, Options{ConfigFile: cfg, RedisURL: "redis://partial:pw@" + r.Addr, StoreCheckInterval: 50 * time.Millisecond,
+		Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	p := &proc{http: srv.HTTPAddr()}
+	// Every key sluice uses but policy other's.
+	if err := admin.Do(ctx, "acl", "setuser", "partial", "resetkeys", "~sluice:check", "~sluice:{fleet}*", "~{sluice:fleet}*", "~sluice:{v2:api:*", "~sluice:{v2:sluice-breaker-probe*").Err(); err != nil {
+		t.Fatal(err)
+	}
+	check := func(policy string) {
+		if resp, err := http.Post("http://"+p.http+"/v1/check", "application/json", strings.NewReader(`{"policy":"`+policy+`","key":"k"}`)); err == nil {
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+		}
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	var st map[string]any
+	for {
+		check("api")
+		check("api")
+		check("other")
+		if _, st = p.getJSON(t, "/v1/status"); st["degraded"] == true {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("one policy's keys refused for 10s: status %v, want degraded", st)
+		}
+	}
+	if st["fallback_active"] == true {
+		t.Fatalf("status %v: the breaker opened; want it closed, policy api passing", st)
+	}
+	if reasons := fmt.Sprint(st["reasons"]); !strings.Contains(reasons, "permission: ") || !strings.Contains(reasons, "NOPERM") {
+		t.Errorf("reasons %s: want the cause (permission) and Redis's error", reasons)
+	}
+	line := logged(t, &logs, "store calls failing while the breaker is closed")
+	if !strings.Contains(line, "cause=permission") || !strings.Contains(line, "NOPERM") || !strings.Contains(line, "level=ERROR") {
+		t.Errorf("log line %q: want level ERROR, cause=permission and Redis's error", line)
 	}
 }
 
