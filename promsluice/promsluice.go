@@ -6,7 +6,7 @@
 //	sluice_decisions_total{policy,outcome}      outcome: allowed, denied, shadow_denied, error
 //	sluice_near_limit_total{policy}             allowed with Remaining <= NearLimitRatio × capacity
 //	sluice_store_calls_total{store,op,source}   source: backend, deny_cache, fallback, fail_open, fail_closed
-//	sluice_store_errors_total{store,op}         backend failures (timeouts included)
+//	sluice_store_errors_total{store,op}         backend failures (timeouts included); {store,op,cause} with Options.Cause
 //	sluice_store_latency_seconds{store,op}      backend latency, when the backend was called
 //	sluice_breaker_state{store,state}           1 for the current state (closed, half_open, open), 0 for the others
 //	sluice_inflight_acquires_total{policy,priority,outcome}  outcome: allowed, denied, shed, error
@@ -54,6 +54,11 @@ type Options struct {
 	// them there, so that a scrape never reads them stale. It may call
 	// the Collector's Observe methods. Default: nil.
 	Refresh func()
+	// Cause, if set, names the kind of a backend failure, as a label
+	// value: store_errors_total then has a cause label. It must return
+	// one of a small fixed set, never the error's text. Default: nil, no
+	// cause label.
+	Cause func(error) string
 }
 
 // Collector is a sluice.Observer that keeps Prometheus metrics. It is safe
@@ -62,6 +67,7 @@ type Options struct {
 type Collector struct {
 	ratio       float64
 	refresh     func()
+	cause       func(error) string
 	decisions   *prometheus.CounterVec
 	nearLimit   *prometheus.CounterVec
 	storeCalls  *prometheus.CounterVec
@@ -95,6 +101,10 @@ func New(opts *Options) *Collector {
 		o.LatencyBuckets = []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, 1}
 	}
 	ns := o.Namespace
+	errLabels := []string{"store", "op"}
+	if o.Cause != nil {
+		errLabels = append(errLabels, "cause")
+	}
 	counter := func(name, help string, labels ...string) *prometheus.CounterVec {
 		return prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: name, Help: help}, labels)
 	}
@@ -104,6 +114,7 @@ func New(opts *Options) *Collector {
 	return &Collector{
 		ratio:   o.NearLimitRatio,
 		refresh: o.Refresh,
+		cause:   o.Cause,
 		decisions: counter("decisions_total",
 			"Rate-limit decisions by policy and outcome (allowed, denied, shadow_denied, error).", "policy", "outcome"),
 		nearLimit: counter("near_limit_total",
@@ -111,7 +122,7 @@ func New(opts *Options) *Collector {
 		storeCalls: counter("store_calls_total",
 			"Calls of a wrapped store by operation and by who answered (backend, deny_cache, fallback, fail_open, fail_closed).", "store", "op", "source"),
 		storeErrors: counter("store_errors_total",
-			"Backend failures of a wrapped store, timeouts included.", "store", "op"),
+			"Backend failures of a wrapped store, timeouts included.", errLabels...),
 		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: ns, Name: "store_latency_seconds",
 			Help:    "Latency of backend calls of a wrapped store.",
@@ -206,7 +217,11 @@ func (c *Collector) ObserveStore(e sluice.StoreEvent) {
 	}
 	c.storeCalls.WithLabelValues(e.Store, e.Op, e.Source.String()).Inc()
 	if e.Err != nil {
-		c.storeErrors.WithLabelValues(e.Store, e.Op).Inc()
+		if c.cause != nil {
+			c.storeErrors.WithLabelValues(e.Store, e.Op, c.cause(e.Err)).Inc()
+		} else {
+			c.storeErrors.WithLabelValues(e.Store, e.Op).Inc()
+		}
 	}
 	if e.Latency > 0 {
 		c.latency.WithLabelValues(e.Store, e.Op).Observe(e.Latency.Seconds())

@@ -241,3 +241,59 @@ func TestZeroCollector(t *testing.T) {
 		t.Errorf("a zero Collector exposes %d metric families, want 0", len(mfs))
 	}
 }
+
+// TestCollectorErrorCause: with Options.Cause, store_errors_total has a
+// cause label naming each failure's kind; without, it has none.
+func TestCollectorErrorCause(t *testing.T) {
+	t.Parallel()
+	refused := fmt.Errorf("NOPERM no permissions to access a key")
+	for _, withCause := range []bool{false, true} {
+		var o promsluice.Options
+		if withCause {
+			o.Cause = func(err error) string {
+				if strings.Contains(err.Error(), "NOPERM") {
+					return "permission"
+				}
+				return "unreachable"
+			}
+		}
+		c := promsluice.New(&o)
+		reg := prometheus.NewPedanticRegistry()
+		reg.MustRegister(c)
+		for _, err := range []error{refused, refused, context.DeadlineExceeded} {
+			c.ObserveStore(sluice.StoreEvent{Store: "redis", Op: "take", Source: sluice.SourceFallback, Err: err})
+		}
+		want := map[string]float64{"": 3}
+		if withCause {
+			want = map[string]float64{"permission": 2, "unreachable": 1}
+		}
+		for cause, n := range want {
+			labels := map[string]string{"store": "redis", "op": "take"}
+			if cause != "" {
+				labels["cause"] = cause
+			}
+			if got := gather(t, reg, "sluice_store_errors_total", labels); got != n {
+				t.Errorf("with cause %v: store errors %v = %v, want %v", withCause, labels, got, n)
+			}
+		}
+		mfs, err := reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, mf := range mfs {
+			if mf.GetName() != "sluice_store_errors_total" {
+				continue
+			}
+			if got := len(mf.GetMetric()[0].GetLabel()); got != 2+btoi(withCause) {
+				t.Errorf("with cause %v: %d labels, want %d", withCause, got, 2+btoi(withCause))
+			}
+		}
+	}
+}
+
+func btoi(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}

@@ -978,7 +978,7 @@ func TestFaultPartialIgnoresIsolatedStalls(t *testing.T) {
 	time.Sleep(300 * time.Millisecond)
 	close(stop)
 	wg.Wait()
-	if _, body := p.get(t, "/metrics"); !strings.Contains(body, `sluice_store_errors_total{op="take"`) {
+	if _, body := p.get(t, "/metrics"); !strings.Contains(body, `sluice_store_errors_total{cause="unreachable",op="take",store="redis"}`) {
 		t.Fatalf("no failed take during the stalls: the test tests nothing:\n%s", logs.String())
 	}
 	if got := scrapedMetric(t, p, `sluice_fallback_transitions_total{to="on"}`); got != "0" {
@@ -1038,6 +1038,9 @@ func TestFaultPartialFailureNamesCause(t *testing.T) {
 	}
 	if reasons := fmt.Sprint(st["reasons"]); !strings.Contains(reasons, "permission: ") || !strings.Contains(reasons, "NOPERM") {
 		t.Errorf("reasons %s: want the cause (permission) and Redis's error", reasons)
+	}
+	if got := scrapedMetric(t, p, `sluice_store_errors_total{cause="permission",op="take",store="redis"}`); got == "" || got == "0" {
+		t.Errorf(`sluice_store_errors_total{cause="permission",op="take"} %q, want the refused takes`, got)
 	}
 	line := logged(t, &logs, "store calls failing while the breaker is closed")
 	if !strings.Contains(line, "cause=permission") || !strings.Contains(line, "NOPERM") || !strings.Contains(line, "level=ERROR") {

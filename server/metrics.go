@@ -16,6 +16,7 @@ import (
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/promsluice"
+	"github.com/sluicehq/sluice/redisstore"
 )
 
 // Metrics are the service's Prometheus metrics: package promsluice's
@@ -57,7 +58,6 @@ var _ sluice.SlotObserver = (*Metrics)(nil)
 func NewMetrics() *Metrics {
 	m := &Metrics{
 		reg:        prometheus.NewRegistry(),
-		obs:        promsluice.New(nil),
 		storeName:  "memory",
 		fallback:   newGauge("sluice_fallback_active", "1 while the failure policy answers decisions: the circuit breaker keeps them off Redis (open or half-open), or Redis does not answer the service's checks."),
 		reloads:    newCounterVec("sluice_config_reloads_total", "Configuration reloads by result (success, failure).", "result"),
@@ -77,6 +77,13 @@ func NewMetrics() *Metrics {
 		if h := m.holds.Load(); h != nil {
 			h.expire()
 		}
+	}, Cause: func(err error) string {
+		// The causes of sluice_store_transitions_total; a memory store
+		// fails only on a caller's mistake.
+		if m.storeName != "redis" {
+			return "other"
+		}
+		return cause(redisstore.Classify(err))
 	}})
 	m.reg.MustRegister(m.obs, m.fallback, m.reloads, m.configTime, m.requests, m.duration, m.unknown, m.unmatched, m.timeout, m.connRefused,
 		ReadBuildInfo().collector(),
