@@ -47,7 +47,8 @@ type SlotResult struct {
 	Priority sluice.Priority
 	// Decision is the store's, reported under the policy's full Max
 	// (Limit, Remaining); RetryAfter is an estimate (see
-	// sluice.SlotDecision).
+	// sluice.SlotDecision). A failure policy's answer (Source) has Limit
+	// the policy's too, but InUse and Remaining its own.
 	Decision sluice.SlotDecision
 	// Token releases or extends the slot; set when Decision.Allowed.
 	Token string
@@ -159,14 +160,16 @@ func (s *Service) Acquire(ctx context.Context, policy, key string, weight int64,
 		return SlotResult{}, fmt.Errorf("server: store: %w", err)
 	}
 	s.mon.recordSlot(p.Name, time.Since(start))
-	// A failure policy's answer keeps its own figures (under the fallback,
-	// this process's share of the priority's threshold) and is never a
-	// shed: whether the key had room is unknown.
+	// Limit is always the policy's (the caller's units). A failure
+	// policy's answer keeps its own InUse and Remaining (under the
+	// fallback: the weight this instance holds of its share, and what the
+	// share has left) and is never a shed: whether the key had room is
+	// unknown.
 	madeUp := d.Source == sluice.SourceFallback || d.Source == sluice.SourceFailClosed || d.Source == sluice.SourceFailOpen
 	if !madeUp {
-		d.Limit = f.Limit
 		d.Remaining = max(f.Limit.Max-d.InUse, 0)
 	}
+	d.Limit = f.Limit
 	res.Decision = d
 	switch {
 	case d.Allowed:

@@ -15,6 +15,7 @@ import (
 	"github.com/sluicehq/sluice/internal/race"
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/redisstore"
+	"github.com/sluicehq/sluice/resilient"
 	"github.com/sluicehq/sluice/server/config"
 )
 
@@ -161,5 +162,33 @@ policies:
 		if code, body, _ := post(t, bases[1], path, tokenBody(c["token"])); code != 404 {
 			t.Errorf("%s after the hold: %d %v, want 404", path, code, body)
 		}
+	}
+}
+
+// TestSlotsAcquireFailurePolicyFigures: an acquire the failure policy
+// answers (Redis refusing connections) reports the policy's max in limit
+// and says who answered in source, so that a made-up answer can be told
+// from the store's.
+func TestSlotsAcquireFailurePolicyFigures(t *testing.T) {
+	cfg := filepath.Join(t.TempDir(), "sluice.yaml")
+	if err := os.WriteFile(cfg, []byte("policies:\n  - name: jobs\n    in_flight: {max: 4, hold: 30s}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	r := redistest.StartServer(t)
+	url := "redis://" + r.Addr + "/0"
+	local := "http://" + runServer(t, Options{ConfigFile: cfg, RedisURL: url, FleetSize: 2}).HTTPAddr()
+	closed := "http://" + runServer(t, Options{ConfigFile: cfg, RedisURL: url, FailurePolicy: resilient.FailClosed}).HTTPAddr()
+	code, body, _ := post(t, local, "/v1/acquire", `{"policy":"jobs","key":"k"}`)
+	if _, ok := body["source"]; code != 200 || ok || body["limit"] != 4.0 {
+		t.Errorf("Redis answering: %d %v, want 200 with limit 4 and no source", code, body)
+	}
+	r.Stop() // refusing connections: the failure policies answer at once
+	code, body, _ = post(t, local, "/v1/acquire", `{"policy":"jobs","key":"k"}`)
+	if code != 200 || body["limit"] != 4.0 || body["in_use"] != 1.0 || body["remaining"] != 1.0 || body["source"] != "fallback" {
+		t.Errorf("local fallback grant: %d %v, want 200 with limit 4, in_use 1 and remaining 1 (of the share of 2), source fallback", code, body)
+	}
+	code, body, _ = post(t, closed, "/v1/acquire", `{"policy":"jobs","key":"k"}`)
+	if code != 429 || body["limit"] != 4.0 || body["source"] != "fail_closed" {
+		t.Errorf("closed: %d %v, want 429 with limit 4, source fail_closed", code, body)
 	}
 }

@@ -323,9 +323,10 @@ func (downSlots) Release(context.Context, string, string) (bool, error) {
 	return false, errors.New("down")
 }
 
-// A failure policy's in-flight answers keep their own figures and are
-// never reported as shed: under the fallback, this process's share (Max
-// over the fleet) is what is full, a 429; fail-closed denies, a 429 too.
+// A failure policy's in-flight answers keep their own InUse and Remaining
+// (Limit is the policy's) and are never reported as shed: under the
+// fallback, this process's share (Max over the fleet) is what is full, a
+// 429; fail-closed denies, a 429 too.
 func TestSlotsFailurePolicyNotShed(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
@@ -350,8 +351,8 @@ func TestSlotsFailurePolicyNotShed(t *testing.T) {
 			if want := i < tc.allowed; res.Decision.Allowed != want || res.Shed {
 				t.Fatalf("%v: acquire %d = %+v shed %v; want allowed %v, not shed", tc.policy, i, res.Decision, res.Shed, want)
 			}
-			if tc.policy == resilient.FallbackLocal && res.Decision.Limit.Max != 5 {
-				t.Errorf("%v: acquire %d reports a Max of %d; want this process's share, 5", tc.policy, i, res.Decision.Limit.Max)
+			if d := res.Decision; d.Limit.Max != 10 || tc.policy == resilient.FallbackLocal && d.Remaining != max(5-d.InUse, 0) {
+				t.Errorf("%v: acquire %d reports %+v; want the policy's Max, 10, and what is left of this process's share, 5", tc.policy, i, d)
 			}
 		}
 	}

@@ -37,6 +37,9 @@ type acquireResponse struct {
 	Remaining    int64 `json:"remaining"`
 	HoldMS       int64 `json:"hold_ms"`
 	RetryAfterMS int64 `json:"retry_after_ms"`
+	// Source says who answered when the store did not: "fallback",
+	// "fail_open" or "fail_closed", as /v1/check's.
+	Source string `json:"source,omitempty"`
 	// RetryAfterEstimate marks retry_after_ms (and Retry-After) as an
 	// estimate: a slot may free at any instant, or be extended.
 	RetryAfterEstimate bool `json:"retry_after_estimate,omitempty"`
@@ -101,6 +104,9 @@ func (a *api) acquire(w http.ResponseWriter, r *http.Request) {
 		Policy: res.Policy.Name, Key: res.Key, Allowed: d.Allowed, Token: res.Token, Weight: res.Weight,
 		Priority: res.Priority.String(), Shed: res.Shed, Limit: d.Limit.Max, InUse: d.InUse, Remaining: d.Remaining,
 		HoldMS: d.Limit.Hold.Milliseconds(), RetryAfterMS: ceilMS(d.RetryAfter),
+	}
+	if d.Source != sluice.SourceBackend {
+		body.Source = d.Source.String()
 	}
 	code := http.StatusOK
 	if !d.Allowed {
