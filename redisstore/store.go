@@ -118,6 +118,13 @@ type Options struct {
 	// Key TTLs still run on the server's clock, so a caller's clock must not
 	// fall behind real time by more than a key's ResetAfter (a fake clock in
 	// a test may jump ahead freely).
+	//
+	// In-flight slots take their deadlines from it too: with callers'
+	// clocks up to d apart, a hold written by one caller is swept or kept by
+	// another up to d early or late, so every hold is shortened or
+	// lengthened by up to d, and Max holds only while d is much smaller than
+	// Hold (clocks 2s apart with a 3s hold: slots freed 1s after their
+	// acquire, and more than Max held).
 	Clock func() time.Time
 	// MaxBatch is the most calls one batch carries. Default
 	// DefaultMaxBatch; 1 disables batching, so that every call is its own
