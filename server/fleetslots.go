@@ -2,6 +2,10 @@ package server
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
 	"strconv"
 	"strings"
 	"time"
@@ -139,6 +143,9 @@ func (f *Fleet) listen(stop <-chan struct{}) {
 func (f *Fleet) apply(msg string) {
 	svc := f.mon.svc
 	for line := range strings.Lines(msg) {
+		if f.passedOn(line) {
+			continue
+		}
 		n, ok := parseNote(line)
 		switch {
 		case !ok:
@@ -147,5 +154,132 @@ func (f *Fleet) apply(msg string) {
 		default:
 			svc.holds.extend(n.holder, svc.clock().Add(n.hold))
 		}
+	}
+}
+
+// A slot the local failure policy granted is held in the granting
+// instance's memory (its token names the instance, slots.go). Another
+// instance passes an extend or release of it on over the same channel,
+// one message each, and waits for the answer, so that the client is told
+// what the granting instance decided wherever its call lands. Instances
+// that predate this ignore the lines (parseNote refuses them).
+//
+//	F <id> <member> <op> <token>   a call passed on to member (base64url)
+//	A <id> <outcome> <hold_µs>     its answer: ok, gone (not held) or err
+
+const (
+	opExtend  = "e"
+	opRelease = "r"
+	// forwardTimeout bounds the wait for the granting instance's answer.
+	forwardTimeout = time.Second
+)
+
+type fwdAnswer struct {
+	outcome string
+	hold    time.Duration
+}
+
+// forward passes an extend or release of t, held in another instance's
+// fallback, on to that instance and returns its answer.
+func (f *Fleet) forward(ctx context.Context, op string, t slotToken) (time.Duration, error) {
+	held := fmt.Sprintf("the slot was granted by instance %s while Redis was away and is held there", t.member)
+	if f.mon.storeHealth().FallbackActive {
+		// No channel to pass it on: the client must reach that instance
+		// (or wait for Redis).
+		return 0, fmt.Errorf("%w: %s; Redis is unreachable, so only that instance can extend or release it: send the call there (route a token's calls to the instance that acquired it), or retry once Redis is back", ErrSlotElsewhere, held)
+	}
+	var b [16]byte
+	rand.Read(b[:])
+	id := hex.EncodeToString(b[:])
+	ch := make(chan fwdAnswer, 1)
+	f.fwdMu.Lock()
+	if f.fwd == nil {
+		f.fwd = map[string]chan fwdAnswer{}
+	}
+	f.fwd[id] = ch
+	f.fwdMu.Unlock()
+	defer func() {
+		f.fwdMu.Lock()
+		delete(f.fwd, id)
+		f.fwdMu.Unlock()
+	}()
+	ctx, cancel := context.WithTimeout(ctx, forwardTimeout)
+	defer cancel()
+	msg := strings.Join([]string{"F", id, b64.EncodeToString([]byte(t.member)), op, t.String()}, " ")
+	if err := f.client.Publish(ctx, f.noteChannel(), msg).Err(); err != nil {
+		return 0, fmt.Errorf("%w: %s; it could not be reached through Redis (%v): send the call there, or retry", ErrSlotElsewhere, held, err)
+	}
+	select {
+	case a := <-ch:
+		switch a.outcome {
+		case "ok":
+			return a.hold, nil
+		case "gone":
+			return 0, fmt.Errorf("%w: instance %s, whose fallback granted it, does not hold it (expired at its hold timeout, or released)", ErrSlotNotHeld, t.member)
+		}
+		return 0, fmt.Errorf("%w: %s; that instance could not answer for it: retry", ErrSlotElsewhere, held)
+	case <-ctx.Done():
+		return 0, fmt.Errorf("%w: %s; it did not answer within %v (it may have stopped, and the slot with it): retry, or send the call there", ErrSlotElsewhere, held, forwardTimeout)
+	}
+}
+
+// passedOn handles a line of a call passed on (F, when this instance is
+// its member) or of an answer (A, when this instance waits for it), and
+// reports whether line was one.
+func (f *Fleet) passedOn(line string) bool {
+	fl := strings.Fields(line)
+	switch {
+	case len(fl) == 5 && fl[0] == "F":
+		member, err := b64.DecodeString(fl[2])
+		if err != nil || string(member) != f.mon.instance || (fl[3] != opExtend && fl[3] != opRelease) {
+			return true
+		}
+		f.wg.Add(1)
+		go f.answer(fl[1], fl[3], fl[4])
+		return true
+	case len(fl) == 4 && fl[0] == "A":
+		us, err := strconv.ParseInt(fl[3], 10, 64)
+		if err != nil {
+			return true
+		}
+		f.fwdMu.Lock()
+		ch := f.fwd[fl[1]]
+		f.fwdMu.Unlock()
+		if ch != nil {
+			select {
+			case ch <- fwdAnswer{outcome: fl[2], hold: time.Duration(us) * time.Microsecond}:
+			default:
+			}
+		}
+		return true
+	}
+	return false
+}
+
+// answer runs a call passed on to this instance and publishes its outcome.
+func (f *Fleet) answer(id, op, token string) {
+	defer f.wg.Done()
+	svc := f.mon.svc
+	ctx, cancel := context.WithTimeout(context.Background(), forwardTimeout)
+	defer cancel()
+	var hold time.Duration
+	t, p, err := svc.token(token)
+	if err == nil {
+		if op == opExtend {
+			hold, err = svc.extend(ctx, t, p)
+		} else {
+			err = svc.release(ctx, t, p)
+		}
+	}
+	outcome := "ok"
+	switch {
+	case errors.Is(err, ErrSlotNotHeld), errors.Is(err, ErrBadToken):
+		outcome = "gone"
+	case err != nil:
+		outcome = "err"
+	}
+	msg := fmt.Sprintf("A %s %s %d", id, outcome, hold.Microseconds())
+	if err := f.client.Publish(ctx, f.noteChannel(), msg).Err(); err != nil {
+		f.log.Warn("fleet: the answer to an in-flight call passed on here was not sent", "op", op, "error", err)
 	}
 }

@@ -59,6 +59,9 @@ type Fleet struct {
 	stop chan struct{}
 	done chan struct{}
 	wg   sync.WaitGroup // the slot notes' relay and listener (fleetslots.go)
+
+	fwdMu sync.Mutex
+	fwd   map[string]chan fwdAnswer // calls passed on, by request id (fleetslots.go)
 }
 
 // instanceReport is what an instance publishes.

@@ -62,6 +62,8 @@ func serviceProblem(err error) (int, string) {
 		return http.StatusBadRequest, "token is not one acquire returned: send the token of an acquire's answer as it came"
 	case errors.Is(err, ErrSlotNotHeld):
 		return http.StatusNotFound, "the slot is not held: " + tail(err, ErrSlotNotHeld) + "; nothing was freed"
+	case errors.Is(err, ErrSlotElsewhere):
+		return http.StatusServiceUnavailable, tail(err, ErrSlotElsewhere)
 	case errors.Is(err, ErrNoSlots):
 		return http.StatusNotImplemented, "this server's store keeps no in-flight slots"
 	case errors.Is(err, ErrBadRequest), errors.Is(err, sluice.ErrInvalidLimit):

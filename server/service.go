@@ -37,6 +37,11 @@ var (
 	// expired at its hold timeout, or was never acquired (forged), or its
 	// policy is gone. Nothing was freed.
 	ErrSlotNotHeld = errors.New("server: slot not held")
+	// ErrSlotElsewhere: a token's slot was granted by another instance's
+	// local failure policy, held in that instance's memory, and the call
+	// could not be passed on to it (Redis away, or it did not answer).
+	// Nothing changed.
+	ErrSlotElsewhere = errors.New("server: slot held by another instance")
 	// ErrNoSlots: the store keeps no in-flight slots (a custom store that
 	// does not implement sluice.Slots).
 	ErrNoSlots = errors.New("server: the store keeps no in-flight slots")

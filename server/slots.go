@@ -19,12 +19,19 @@ import (
 // progress. The token is self-describing, so that any instance sharing
 // the store can extend or release it, whichever instance acquired it:
 //
-//	<holder>.<policy>.<key>
+//	<holder>.<policy>.<key>[.<member>]
 //
 // holder is the slot's 128-bit random holder id (32 hex digits, the part
 // nobody can guess); policy and key travel beside it in unpadded base64url.
 // A forged token names a holder nobody holds, so the store frees nothing
 // for it. Clients treat the token as opaque.
+//
+// member, also in base64url, marks a slot the local failure policy granted
+// (Redis away, or too slow): it is held in the granting instance's memory,
+// named by member, and only there can it be extended or released. Another
+// instance passes such a call on to it over the fleet's channel
+// (fleetslots.go). A forged member gains nothing: the holder still has to
+// be held where the call lands.
 //
 // A release that frees a slot leaves a tombstone (its holder, held for the
 // policy's hold in one of the policy's 4,096 tombstone keys, picked by the
@@ -59,18 +66,25 @@ type SlotResult struct {
 }
 
 // slotToken is what a token names.
-type slotToken struct{ holder, policy, key string }
+type slotToken struct {
+	holder, policy, key string
+	member              string // the instance whose fallback holds it; "" for the store
+}
 
 var b64 = base64.RawURLEncoding
 
 func (t slotToken) String() string {
-	return t.holder + "." + b64.EncodeToString([]byte(t.policy)) + "." + b64.EncodeToString([]byte(t.key))
+	s := t.holder + "." + b64.EncodeToString([]byte(t.policy)) + "." + b64.EncodeToString([]byte(t.key))
+	if t.member != "" {
+		s += "." + b64.EncodeToString([]byte(t.member))
+	}
+	return s
 }
 
 // parseToken reads a token as String writes it.
 func parseToken(s string) (slotToken, error) {
 	parts := strings.Split(s, ".")
-	if len(parts) != 3 || len(parts[0]) != 32 || strings.ToLower(parts[0]) != parts[0] {
+	if (len(parts) != 3 && len(parts) != 4) || len(parts[0]) != 32 || strings.ToLower(parts[0]) != parts[0] {
 		return slotToken{}, fmt.Errorf("%w: want the token acquire returned", ErrBadToken)
 	}
 	if _, err := hex.DecodeString(parts[0]); err != nil {
@@ -81,7 +95,15 @@ func parseToken(s string) (slotToken, error) {
 	if err1 != nil || err2 != nil || len(policy) == 0 || len(key) == 0 {
 		return slotToken{}, fmt.Errorf("%w: want the token acquire returned", ErrBadToken)
 	}
-	return slotToken{holder: parts[0], policy: string(policy), key: string(key)}, nil
+	t := slotToken{holder: parts[0], policy: string(policy), key: string(key)}
+	if len(parts) == 4 {
+		member, err := b64.DecodeString(parts[3])
+		if err != nil || len(member) == 0 {
+			return slotToken{}, fmt.Errorf("%w: want the token acquire returned", ErrBadToken)
+		}
+		t.member = string(member)
+	}
+	return t, nil
 }
 
 // inFlightPolicy returns the named in-flight policy.
@@ -174,7 +196,11 @@ func (s *Service) Acquire(ctx context.Context, policy, key string, weight int64,
 	switch {
 	case d.Allowed:
 		holder := slot.Holder()
-		res.Token = slotToken{holder: holder, policy: p.Name, key: key}.String()
+		t := slotToken{holder: holder, policy: p.Name, key: key}
+		if d.Source == sluice.SourceFallback {
+			t.member = s.mon.instance
+		}
+		res.Token = t.String()
 		s.holds.add(holder, heldSlot{policy: p.Name, priority: prio, weight: weight, until: s.clock().Add(f.Limit.Hold)})
 		s.observeSlot(res, sluice.SlotAcquire, sluice.OutcomeAllowed)
 	case !madeUp && d.InUse+weight <= f.Limit.Max:
@@ -215,6 +241,14 @@ func (s *Service) Extend(ctx context.Context, token string) (time.Duration, erro
 	if err != nil {
 		return 0, err
 	}
+	if s.elsewhere(t) {
+		return s.mon.fleet.forward(ctx, opExtend, t)
+	}
+	return s.extend(ctx, t, p)
+}
+
+// extend is Extend on this instance.
+func (s *Service) extend(ctx context.Context, t slotToken, p *config.Policy) (time.Duration, error) {
 	skey := s.slotKey(p, t.key)
 	res := SlotResult{Policy: p}
 	ok, err := s.slots.Extend(ctx, skey, p.InFlight.Limit, t.holder)
@@ -241,6 +275,21 @@ func (s *Service) Release(ctx context.Context, token string) error {
 	if err != nil {
 		return err
 	}
+	if s.elsewhere(t) {
+		_, err := s.mon.fleet.forward(ctx, opRelease, t)
+		return err
+	}
+	return s.release(ctx, t, p)
+}
+
+// elsewhere reports whether t's slot is held in another instance's
+// fallback, which a fleet can reach.
+func (s *Service) elsewhere(t slotToken) bool {
+	return t.member != "" && t.member != s.mon.instance && s.mon.fleet != nil
+}
+
+// release is Release on this instance.
+func (s *Service) release(ctx context.Context, t slotToken, p *config.Policy) error {
 	skey, tomb := s.slotKey(p, t.key), s.tombKey(p, t.holder)
 	mark := sluice.Concurrent(sluice.MaxInFlight, p.InFlight.Limit.Hold)
 	res := SlotResult{Policy: p}

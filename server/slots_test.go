@@ -194,7 +194,7 @@ func TestSlotsAPIBadInput(t *testing.T) {
 		{"no policy", "/v1/acquire", `{"key":"k"}`, 400, "policy is required"},
 		{"malformed token", "/v1/release", `{"token":"abc"}`, 400, "token is not one acquire returned"},
 		{"empty token", "/v1/extend", `{"token":""}`, 400, "token is not one acquire returned"},
-		{"token of an unknown policy", "/v1/release", tokenBody(slotToken{sluice.NewHolderID(), "nope", "k"}.String()), 404, "nothing was freed"},
+		{"token of an unknown policy", "/v1/release", tokenBody(slotToken{holder: sluice.NewHolderID(), policy: "nope", key: "k"}.String()), 404, "nothing was freed"},
 		{"unknown field", "/v1/release", `{"token":"x","slot":1}`, 400, "unknown field"},
 	}
 	for _, tt := range tests {

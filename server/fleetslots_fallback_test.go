@@ -1,0 +1,102 @@
+//go:build unix
+
+package server
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/internal/race"
+)
+
+// TestFleetFallbackSlotElsewhere: two `sluice serve` processes on one
+// Redis under the local failure policy. A slot one of them granted from
+// its fallback while Redis was stalled is held in its memory only: while
+// Redis stays away the other answers a release or extend of it with a 503
+// naming the granting instance; once Redis is back the other passes the
+// call on and answers as the granting instance does, never 404 for a
+// live slot.
+func TestFleetFallbackSlotElsewhere(t *testing.T) {
+	race.SkipTiming(t)
+	r := startRedis(t)
+	f := startFleet(t, r.url(), 2, `
+policies:
+  - name: jobs
+    in_flight: {max: 4, hold: 30s}
+`, "--fleet-size", "2")
+	a, b := f.procs[0], f.procs[1]
+	c := r.client()
+	defer c.Close()
+	ctx := context.Background()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		n, err := c.PubSubNumSub(ctx, "{sluice:fleet}:slots").Result()
+		if err == nil && n["{sluice:fleet}:slots"] == 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("listeners on the fleet's channel: %v, %v; want 2", n, err)
+		}
+	}
+	call := func(p *proc, path, token string) (int, map[string]any, http.Header) {
+		t.Helper()
+		return post(t, "http://"+p.http, path, tokenBody(token))
+	}
+	held := func(p *proc) float64 { return metric(t, p, `sluice_inflight_held{policy="jobs"}`) }
+
+	r.pause(t)
+	code, body := a.post(t, "/v1/acquire", `{"policy":"jobs","key":"k"}`)
+	if code != 200 || body["source"] != "fallback" {
+		r.resume(t)
+		t.Fatalf("acquire with Redis stalled: %d %v, want a fallback grant", code, body)
+	}
+	token := body["token"].(string)
+	parts := strings.Split(token, ".")
+	member, err := base64.RawURLEncoding.DecodeString(parts[len(parts)-1])
+	if len(parts) != 4 || err != nil {
+		r.resume(t)
+		t.Fatalf("fallback token %q: want a fourth part naming the granting instance", token)
+	}
+	for _, path := range []string{"/v1/extend", "/v1/release"} {
+		code, body, h := call(b, path, token)
+		if detail, _ := body["detail"].(string); code != 503 || h.Get("Retry-After") == "" || !strings.Contains(detail, string(member)) {
+			t.Errorf("%s at the other instance, Redis stalled: %d %v (Retry-After %q); want 503 naming instance %s, with Retry-After", path, code, body, h.Get("Retry-After"), member)
+		}
+	}
+	r.resume(t)
+
+	// Redis back: b passes the calls on to a, which holds the slot.
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		code, body, _ := call(b, "/v1/extend", token)
+		if code == 200 && body["hold_ms"] == 30000.0 {
+			break
+		}
+		if code != 503 || time.Now().After(deadline) {
+			t.Fatalf("extend at the other instance, Redis back: %d %v; want 200 with hold_ms 30000", code, body)
+		}
+	}
+	if got := held(a); got != 1 {
+		t.Errorf("the granting instance holds %v after the extend, want 1", got)
+	}
+	if code, body, _ := call(b, "/v1/release", token); code != 204 {
+		t.Fatalf("release at the other instance, Redis back: %d %v; want 204", code, body)
+	}
+	if got := held(a); got != 0 {
+		t.Errorf("the granting instance holds %v after the release, want 0", got)
+	}
+	code, body, _ = call(b, "/v1/extend", token)
+	if code != 404 {
+		t.Errorf("extend of the released slot at the other instance: %d %v; want 404", code, body)
+	}
+	// The whole max is free again: the fallback share no longer holds it.
+	for i := range 4 {
+		if code, body := b.post(t, "/v1/acquire", `{"policy":"jobs","key":"k"}`); code != 200 {
+			js, _ := json.Marshal(body)
+			t.Fatalf("acquire %d after the release: %d %s", i, code, js)
+		}
+	}
+}
