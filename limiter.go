@@ -124,8 +124,8 @@ func (l *Limiter) Wait(ctx context.Context, key string) (Decision, error) {
 // only the line's head asks the store again, after each denial's
 // RetryAfter. A waiter expects its own wait (from the store, without
 // taking) plus what the units ahead of it need; if ctx has a deadline
-// that this would pass (less a store round trip and a millisecond, to ask
-// for the units in time), WaitN returns at once with an error wrapping
+// that this would pass (less a store round trip and 10ms, to ask for the
+// units in time), WaitN returns at once with an error wrapping
 // context.DeadlineExceeded and the denial, whose RetryAfter is the wait it
 // would have needed, rather than sleeping in vain. Units taken by other
 // processes are not in the line: with them a waiter may still wait and
@@ -144,24 +144,17 @@ func (l *Limiter) WaitN(ctx context.Context, key string, n int64) (Decision, err
 	return l.wait(ctx, key, n, d, time.Since(start))
 }
 
-// wake is how long after its units come back a waiter may take to ask for
-// them, besides the store's round trip as the first call measured it: a
-// timer's lateness and a slower round trip on a loaded host (1ms let a
-// few waiters in 80 be held to their deadline and refused when the tests
-// ran beside others). Waits that end within it of the deadline are
-// refused at once.
-const wake = 10 * time.Millisecond
-
 // deadline is how long ctx lets a caller wait for its units to come back:
 // it must still ask for them, which takes a store round trip (rtt, as the
-// last call took) and a timer's wake-up; a waiter whose units come back
-// later than that cannot be served in time, and is refused at once.
+// last call took) and a timer's wake-up (line.Wake); a waiter whose units
+// come back later than that cannot be served in time, and is refused at
+// once.
 func deadline(ctx context.Context, rtt time.Duration) (time.Duration, time.Time, bool) {
 	d, bounded := ctx.Deadline()
 	if !bounded {
 		return time.Duration(1<<63 - 1), d, false
 	}
-	return time.Until(d) - rtt - wake, d, true
+	return time.Until(d) - rtt - line.Wake, d, true
 }
 
 // queue joins the line already waiting on key, if there is one, without

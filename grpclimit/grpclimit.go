@@ -84,8 +84,9 @@ type Rule struct {
 	// Strategy applies over the limit. Default: Reject.
 	Strategy Strategy
 	// MaxDelay is the longest a Delay rule holds a call. A call that would
-	// need longer, behind the calls this process already holds on its key,
-	// is rejected at once (see httplimit.Delay for the bound).
+	// need longer, or longer than its deadline allows, behind the calls
+	// this process already holds on its key, is rejected at once with
+	// ResourceExhausted (see httplimit.Delay for the bound).
 	MaxDelay time.Duration
 	// MaxWaiting is the most calls a Delay rule holds at once in this
 	// process; past it, calls over the limit are rejected at once.

@@ -34,9 +34,10 @@ type Strategy uint8
 const (
 	// Reject answers at once with "too many requests". The zero value.
 	Reject Strategy = iota
-	// Delay waits for quota up to the rule's MaxDelay, then serves; a
-	// request that would need longer is rejected at once, its RetryAfter
-	// the wait it would have needed. The waiters of one process on one
+	// Delay waits for quota up to the rule's MaxDelay, or the context's
+	// deadline less a store round trip and line.Wake if that comes first,
+	// then serves; a request that would need longer is rejected at once,
+	// its RetryAfter the wait it would have needed. The waiters of one process on one
 	// set of counters form a line (internal/line): only its head asks the
 	// store, a newcomer that finds a line joins it without taking, and its
 	// wait counts the units ahead of it. Takes
@@ -325,6 +326,7 @@ func (e *Engine) enforce(ctx context.Context, checks []Check, all bool) (Verdict
 		idx    = oneIdx[:0] // idx[j] is the first check of reqs[j]
 	)
 	enforcing, over := 0, -1
+	delaying := false // a Delay rule enforces: time the take, for its deadline
 	for i := range checks {
 		c := &checks[i]
 		c.Decision, c.decided, c.counter = sluice.Decision{}, false, -1
@@ -337,6 +339,7 @@ func (e *Engine) enforce(ctx context.Context, checks []Check, all bool) (Verdict
 			}
 		default:
 			enforcing++
+			delaying = delaying || c.Rule.Strategy == Delay
 		}
 	}
 	if enforcing > 1 {
@@ -464,7 +467,13 @@ func (e *Engine) enforce(ctx context.Context, checks []Check, all bool) (Verdict
 	}
 	for {
 		ds := oneDecision(len(reqs))
-		var err error
+		var (
+			err   error
+			asked time.Time
+		)
+		if delaying {
+			asked = time.Now()
+		}
 		if len(reqs) == 1 {
 			ds[0], err = e.store.Take(ctx, reqs[0].Key, reqs[0].Limit, reqs[0].Cost)
 		} else {
@@ -494,6 +503,10 @@ func (e *Engine) enforce(ctx context.Context, checks []Check, all bool) (Verdict
 				maxWait = r.MaxDelay
 			}
 		}
+		var rtt time.Duration
+		if delaying {
+			rtt = time.Since(asked)
+		}
 		if w != nil {
 			waited = time.Since(start)
 		}
@@ -513,7 +526,7 @@ func (e *Engine) enforce(ctx context.Context, checks []Check, all bool) (Verdict
 			switch {
 			case w != nil:
 				// The head of the line, asking again.
-				if waited+pause <= maxWait {
+				if pause <= waitLimit(ctx, maxWait-waited, rtt) {
 					sleep(pause, nil)
 					if ctx.Err() == nil {
 						continue
@@ -523,7 +536,7 @@ func (e *Engine) enforce(ctx context.Context, checks []Check, all bool) (Verdict
 				held = true
 				start = time.Now()
 				var est time.Duration
-				w, est = e.join(reqs, ds, maxWait)
+				w, est = e.join(reqs, ds, waitLimit(ctx, maxWait, rtt))
 				if w == nil {
 					// Refused at once with the wait it would have needed.
 					ds[deny].RetryAfter = max(ds[deny].RetryAfter, est)
@@ -586,7 +599,8 @@ type queued struct {
 // at its end, without taking: a newcomer that took first would take the
 // unit the head waits for, so that the head is held to its MaxDelay and
 // refused. It asks the store what its units need (Peek) and adds what the
-// line ahead needs; over the MaxDelay of a Delay rule, or when a rule that
+// line ahead needs; past the MaxDelay of a Delay rule or the context's
+// deadline (see waitLimit), or when a rule that
 // does not wait would have to, or with no waiting slot left, the request
 // is refused at once. With no line, or room for all of it and this
 // request, q is empty (deny -1) and the request takes as usual.
@@ -607,6 +621,7 @@ func (e *Engine) queue(ctx context.Context, checks []Check, reqs []sluice.Reques
 			return q, err
 		}
 	}
+	rtt := time.Since(start)
 	var est time.Duration
 	fits := func(ahead []int64) bool {
 		q.deny, est, q.maxWait = -1, 0, -1
@@ -625,7 +640,7 @@ func (e *Engine) queue(ctx context.Context, checks []Check, reqs []sluice.Reques
 				q.maxWait = rule.MaxDelay
 			}
 		}
-		return q.deny >= 0 && wait && est <= q.maxWait-time.Since(start)
+		return q.deny >= 0 && wait && est <= waitLimit(ctx, q.maxWait-time.Since(start), rtt)
 	}
 	var there bool
 	q.w, there = snap.Join(costs(reqs), func(ahead []int64) bool {
@@ -640,6 +655,17 @@ func (e *Engine) queue(ctx context.Context, checks []Check, reqs []sluice.Reques
 	d.RetryAfter = max(d.RetryAfter, est)
 	d.ResetAfter = max(d.ResetAfter, d.RetryAfter)
 	return q, nil
+}
+
+// waitLimit is how much longer a Delay request may wait: left of its
+// MaxDelay, or less when ctx's deadline comes first, less a store round
+// trip (rtt, as the last call took) and line.Wake to ask for the units in
+// time. A wait past it is refused at once, as one past MaxDelay is.
+func waitLimit(ctx context.Context, left, rtt time.Duration) time.Duration {
+	if d, ok := ctx.Deadline(); ok {
+		return min(left, time.Until(d)-rtt-line.Wake)
+	}
+	return left
 }
 
 // join puts a denied request in its line, or refuses it (nil) with the

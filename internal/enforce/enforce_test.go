@@ -148,7 +148,10 @@ func TestMaxWaiting(t *testing.T) {
 		t.Fatal(err)
 	}
 	checks := []Check{{Rule: &rules[0], Key: "d", Cost: 1}, {Rule: &rules[1], Key: "r", Cost: 1}}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	// Ended after a minute, but with no deadline: a deadline before the
+	// hour's wait would refuse at once by itself, slot or no slot.
+	ctx, cancel := context.WithCancel(context.Background())
+	defer time.AfterFunc(time.Minute, cancel).Stop()
 	defer cancel()
 	if v, err := eng.Enforce(ctx, checks); err != nil || !v.Allowed {
 		t.Fatalf("first request: %+v, %v", v, err)
