@@ -18,7 +18,7 @@ func (s *Store) Grant(ctx context.Context, key string, limit sluice.Limit, n int
 	if err := sluice.ValidateGrant(key, limit, n); err != nil {
 		return sluice.Grant{}, err
 	}
-	if s.shards == nil {
+	if s.zero() {
 		return sluice.Grant{}, ErrZeroStore
 	}
 	p := newParams(limit)
@@ -57,7 +57,7 @@ func (s *Store) Return(ctx context.Context, key string, limit sluice.Limit, g sl
 	if err := sluice.ValidateReturn(key, limit, g, unused); err != nil {
 		return 0, err
 	}
-	if s.shards == nil {
+	if s.zero() {
 		return 0, ErrZeroStore
 	}
 	p := newParams(limit)

@@ -76,7 +76,7 @@ func (s *Store) Acquire(ctx context.Context, key string, l sluice.InFlightLimit,
 	if err := sluice.ValidateSlot(key, l, weight, holder); err != nil {
 		return sluice.SlotDecision{}, err
 	}
-	if s.shards == nil {
+	if s.zero() {
 		return sluice.SlotDecision{}, ErrZeroStore
 	}
 	sh := s.shard(key)
@@ -185,7 +185,7 @@ func (s *Store) onHolder(key string, l sluice.InFlightLimit, holder string, f fu
 	if err := sluice.ValidateSlot(key, l, 1, holder); err != nil {
 		return false, err
 	}
-	if s.shards == nil {
+	if s.zero() {
 		return false, ErrZeroStore
 	}
 	sh := s.shard(key)
@@ -217,6 +217,9 @@ func (sh *shard) sweepSlots(now int64) {
 // HeldKeys returns the number of keys with in-flight state: holders,
 // expired or not, or none since the last sweep.
 func (s *Store) HeldKeys() int {
+	if s.zero() {
+		return 0
+	}
 	n := 0
 	for i := range s.shards {
 		sh := &s.shards[i]

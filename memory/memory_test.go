@@ -23,18 +23,50 @@ func TestConformance(t *testing.T) { storetest.Run(t, newStore) }
 
 func TestGrantConformance(t *testing.T) { storetest.RunGrant(t, newStore) }
 
-// A zero Store refuses every decision with ErrZeroStore instead of
-// panicking, and its housekeeping methods are harmless.
+// A zero Store, and a nil *Store alike, refuses every decision with
+// ErrZeroStore instead of panicking, and its housekeeping methods are
+// harmless.
 func TestZeroStore(t *testing.T) {
 	t.Parallel()
-	var s memory.Store
-	storetest.Refuses(t, &s, memory.ErrZeroStore)
-	if _, err := s.Take(context.Background(), "", sluice.PerSecond(10), 1); errors.Is(err, memory.ErrZeroStore) || err == nil {
+	for name, s := range map[string]*memory.Store{"zero": new(memory.Store), "nil": nil} {
+		t.Run(name, func(t *testing.T) {
+			checkZeroStore(t, s)
+		})
+	}
+}
+
+func checkZeroStore(t *testing.T, s *memory.Store) {
+	ctx := context.Background()
+	l := sluice.PerSecond(10)
+	storetest.Refuses(t, s, memory.ErrZeroStore)
+	if _, err := s.Take(ctx, "", l, 1); errors.Is(err, memory.ErrZeroStore) || err == nil {
 		t.Errorf("Take with an empty key: err = %v, want the validation error first", err)
+	}
+	if _, err := s.Peek(ctx, "k", sluice.Limit{}, 1); !errors.Is(err, sluice.ErrInvalidLimit) {
+		t.Errorf("Peek with a zero Limit: err = %v, want ErrInvalidLimit first", err)
+	}
+	if _, err := s.Grant(ctx, "k", l, 1); !errors.Is(err, memory.ErrZeroStore) {
+		t.Errorf("Grant: err = %v, want ErrZeroStore", err)
+	}
+	if _, err := s.Return(ctx, "k", l, sluice.Grant{Granted: 1}, 1); !errors.Is(err, memory.ErrZeroStore) {
+		t.Errorf("Return: err = %v, want ErrZeroStore", err)
+	}
+	slot := sluice.InFlightLimit{Max: 1, Hold: time.Second}
+	if _, err := s.Acquire(ctx, "k", slot, 1, "h"); !errors.Is(err, memory.ErrZeroStore) {
+		t.Errorf("Acquire: err = %v, want ErrZeroStore", err)
+	}
+	if _, err := s.Extend(ctx, "k", slot, "h"); !errors.Is(err, memory.ErrZeroStore) {
+		t.Errorf("Extend: err = %v, want ErrZeroStore", err)
+	}
+	if _, err := s.Release(ctx, "k", "h"); !errors.Is(err, memory.ErrZeroStore) {
+		t.Errorf("Release: err = %v, want ErrZeroStore", err)
 	}
 	s.Sweep()
 	if got := s.Len(); got != 0 {
 		t.Errorf("Len = %d, want 0", got)
+	}
+	if got := s.HeldKeys(); got != 0 {
+		t.Errorf("HeldKeys = %d, want 0", got)
 	}
 	if err := s.Close(); err != nil {
 		t.Errorf("Close = %v", err)

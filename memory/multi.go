@@ -16,7 +16,7 @@ func (s *Store) TakeAll(ctx context.Context, reqs []sluice.Request) ([]sluice.De
 	if err := ctxErr(ctx); err != nil {
 		return nil, err
 	}
-	if s.shards == nil {
+	if s.zero() {
 		return nil, ErrZeroStore
 	}
 	if err := sluice.ValidateRequests(reqs); err != nil {

@@ -62,9 +62,9 @@ type Options struct {
 }
 
 // Store is an in-memory sluice.Store, safe for concurrent use. Build one
-// with New and Close it when done to stop its sweeper. The zero value
-// refuses every decision with ErrZeroStore (its Len is 0; Close and Sweep
-// do nothing).
+// with New and Close it when done to stop its sweeper. The zero value, and
+// a nil *Store alike, refuses every decision with ErrZeroStore (its Len is
+// 0; Close and Sweep do nothing).
 type Store struct {
 	clock  func() time.Time // Options.Clock; nil reads the monotonic clock
 	base   time.Time        // the monotonic clock's anchor
@@ -142,7 +142,7 @@ func New(opts *Options) *Store {
 
 // Close stops the sweeper. The Store still answers afterwards.
 func (s *Store) Close() error {
-	if s.stop == nil {
+	if s.zero() {
 		return nil // a zero Store: no sweeper
 	}
 	s.once.Do(func() { close(s.stop) })
@@ -152,6 +152,9 @@ func (s *Store) Close() error {
 
 // Len returns the number of keys held, expired or not.
 func (s *Store) Len() int {
+	if s.zero() {
+		return 0
+	}
 	total := 0
 	for i := range s.shards {
 		sh := &s.shards[i]
@@ -161,6 +164,9 @@ func (s *Store) Len() int {
 	}
 	return total
 }
+
+// zero reports whether s is a zero or nil Store, which holds nothing.
+func (s *Store) zero() bool { return s == nil || s.shards == nil }
 
 func (s *Store) shardIndex(key string) uint64 { return maphash.String(s.seed, key) & s.mask }
 
@@ -187,6 +193,12 @@ func (s *Store) now() int64 {
 // params. It checks exactly what sluice.ValidateRequest does, in that order,
 // but validates a limit only the first time it meets it.
 func (s *Store) check(key string, limit sluice.Limit, cost int64) (*params, error) {
+	if s == nil { // no cache to validate through
+		if err := sluice.ValidateRequest(key, limit, cost); err != nil {
+			return nil, err
+		}
+		return nil, ErrZeroStore
+	}
 	if err := sluice.ValidateKey(key); err != nil {
 		return nil, err
 	}
@@ -219,8 +231,9 @@ func (s *Store) Take(ctx context.Context, key string, limit sluice.Limit, cost i
 	}
 	// The common case checks inline what check does (sluice.ValidateKey
 	// is the length test); anything it does not pass goes through check,
-	// for check's error.
-	p := s.limits.lookup(limit)
+	// for check's error. A nil s finds no params, so its only cost here
+	// is the nil check that reading s.limits needs anyway.
+	p := s.lookup(limit)
 	if p == nil || len(key) == 0 || len(key) > sluice.MaxKeyLen || cost < 1 || cost > p.capacity || s.shards == nil {
 		var err error
 		if p, err = s.check(key, limit, cost); err != nil {
@@ -245,6 +258,14 @@ func (s *Store) Take(ctx context.Context, key string, limit sluice.Limit, cost i
 	sh.mu.Unlock()
 	r.fill(&d, limit)
 	return d, nil
+}
+
+// lookup is s.limits.lookup, nil for a nil s.
+func (s *Store) lookup(limit sluice.Limit) *params {
+	if s == nil {
+		return nil
+	}
+	return s.limits.lookup(limit)
 }
 
 // takeFresh decides a take on a key the shard does not hold, adding the
@@ -292,7 +313,7 @@ func (s *Store) Reset(ctx context.Context, key string, limit sluice.Limit) error
 	if err := limit.Validate(); err != nil {
 		return err
 	}
-	if s.shards == nil {
+	if s.zero() {
 		return ErrZeroStore
 	}
 	sh, tag := s.locate(key, limit.Algorithm)
@@ -344,6 +365,9 @@ func (s *Store) sweepLoop(every time.Duration) {
 
 // Sweep removes expired keys now. The sweeper calls it periodically.
 func (s *Store) Sweep() {
+	if s.zero() {
+		return
+	}
 	for i := range s.shards {
 		sh := &s.shards[i]
 		sh.mu.Lock()
