@@ -126,7 +126,9 @@ type Options struct {
 
 // Interceptor enforces Rules on gRPC calls. Build one with New and install
 // Unary and Stream on a grpc.Server. It is safe for concurrent use. The
-// zero value has no rules: it passes every call through.
+// zero value has no rules: it passes every call through. A nil
+// *Interceptor (New's error ignored) fails every call with codes.Internal
+// naming the cause, never passing it through unlimited.
 //
 // In-flight and shedding rules (Options.InFlight, Options.Shed) are
 // checked first: a call acquires their slots before its rate rules take
@@ -194,8 +196,17 @@ func New(store sluice.Store, rules []Rule, opts *Options) (*Interceptor, error) 
 }
 
 // Unary returns the unary server interceptor. A call acquires its
-// in-flight slots first, then takes its rate units.
-func (in *Interceptor) Unary() grpc.UnaryServerInterceptor { return in.unaryHolding }
+// in-flight slots first, then takes its rate units. A nil info or handler
+// fails the call with codes.Internal.
+func (in *Interceptor) Unary() grpc.UnaryServerInterceptor {
+	if in == nil {
+		return func(context.Context, any, *grpc.UnaryServerInfo, grpc.UnaryHandler) (any, error) { return nil, errNil }
+	}
+	return in.unaryHolding
+}
+
+// errNil fails the calls through a nil *Interceptor.
+var errNil = status.Error(codes.Internal, "grpclimit: nil *grpclimit.Interceptor (New failed?)")
 
 func (in *Interceptor) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 	md, err := in.check(ctx, info.FullMethod)
@@ -210,8 +221,14 @@ func (in *Interceptor) unary(ctx context.Context, req any, info *grpc.UnaryServe
 
 // Stream returns the stream server interceptor. A stream is checked once,
 // when it opens, at the rule's cost; it holds its in-flight slots until
-// its handler returns.
-func (in *Interceptor) Stream() grpc.StreamServerInterceptor { return in.streamHolding }
+// its handler returns. A nil stream, info or handler fails the call with
+// codes.Internal.
+func (in *Interceptor) Stream() grpc.StreamServerInterceptor {
+	if in == nil {
+		return func(any, grpc.ServerStream, *grpc.StreamServerInfo, grpc.StreamHandler) error { return errNil }
+	}
+	return in.streamHolding
+}
 
 func (in *Interceptor) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
 	md, err := in.check(ss.Context(), info.FullMethod)

@@ -174,6 +174,8 @@ type Options struct {
 // connection, closes it).
 //
 // The zero value has no rules: its Handler passes every request through.
+// A nil *Middleware (New's error ignored) answers every request 500 with a
+// problem+json body naming the cause, never passing it through unlimited.
 type Middleware struct {
 	rules    *enforce.Rules[*http.Request]
 	slots    *enforce.SlotRules[*http.Request]
@@ -251,8 +253,14 @@ func New(store sluice.Store, rules []Rule, opts *Options) (*Middleware, error) {
 }
 
 // Handler returns next behind the middleware's rules. A nil next is
-// http.DefaultServeMux, as for http.Server's Handler.
+// http.DefaultServeMux, as for http.Server's Handler. On a nil m, it
+// answers every request 500 (see Middleware).
 func (m *Middleware) Handler(next http.Handler) http.Handler {
+	if m == nil {
+		return http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+			problem.Write(w, problem.New(http.StatusInternalServerError, "rate limiter misconfigured: nil *httplimit.Middleware (New failed?)"))
+		})
+	}
 	if next == nil {
 		next = http.DefaultServeMux
 	}

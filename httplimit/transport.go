@@ -53,8 +53,20 @@ func NewTransport(limiter *sluice.Limiter, opts *TransportOptions) (*Transport, 
 	return t, nil
 }
 
-// RoundTrip waits for quota (Limiter.WaitN) and then sends req.
+// RoundTrip waits for quota (Limiter.WaitN) and then sends req. A nil req
+// or URL fails with ErrKey (with the default key there is no host to key
+// on), a nil t with ErrInvalidConfig.
 func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
+	switch {
+	case req == nil:
+		return nil, fmt.Errorf("%w: nil Request", ErrKey)
+	case t == nil:
+		closeBody(req)
+		return nil, fmt.Errorf("%w: nil *httplimit.Transport: build one with NewTransport", ErrInvalidConfig)
+	case req.URL == nil:
+		closeBody(req)
+		return nil, fmt.Errorf("%w: nil Request.URL", ErrKey)
+	}
 	key := req.URL.Host
 	if t.key != nil {
 		key = t.key(req)
@@ -64,10 +76,15 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		cost = t.cost(req)
 	}
 	if _, err := t.limiter.WaitN(req.Context(), key, cost); err != nil {
-		if req.Body != nil {
-			req.Body.Close() // a RoundTripper must close the body, even on error
-		}
+		closeBody(req)
 		return nil, fmt.Errorf("httplimit: waiting for quota for %q: %w", key, err)
 	}
 	return t.base.RoundTrip(req)
+}
+
+// closeBody closes req's body: a RoundTripper must, even on error.
+func closeBody(req *http.Request) {
+	if req.Body != nil {
+		req.Body.Close()
+	}
 }
