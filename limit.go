@@ -81,12 +81,15 @@ func (l Limit) Capacity() int64 {
 // algorithms and GCRA: Period/Rate rounded up to a whole microsecond, so a
 // limit is never exceeded. It is exact when Period in µs is a multiple of
 // Rate ("100/min": 600ms); "3/s" gives 333,334µs. A Limit that Validate
-// refuses for its Rate or Period has none: 0.
+// refuses for its Rate or Period has none: 0. That includes a Rate faster
+// than one per microsecond under the bucket algorithms and GCRA; the
+// window algorithms accept one (and do not count in Intervals): 1µs.
 func (l Limit) Interval() time.Duration {
-	if l.Rate <= 0 || l.Period <= 0 {
+	p := l.Period.Microseconds()
+	if l.Rate < 1 || l.Rate > MaxRate || l.Period < MinPeriod || l.Period > MaxPeriod ||
+		l.Period%time.Microsecond != 0 || l.Rate > p && !l.Algorithm.windowed() {
 		return 0
 	}
-	p := l.Period.Microseconds()
 	return time.Duration((p+l.Rate-1)/l.Rate) * time.Microsecond
 }
 

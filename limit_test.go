@@ -125,6 +125,24 @@ func TestCapacityAndInterval(t *testing.T) {
 	if got := sluice.PerMinute(100).Interval(); got != 600*time.Millisecond {
 		t.Errorf("100/min interval = %v", got)
 	}
+	// Validate refuses these for their Rate or Period: no Interval. The
+	// window algorithms accept a rate faster than one per µs.
+	for _, l := range []sluice.Limit{
+		sluice.PerSecond(1_500_000),
+		{Rate: 1_000_000_000, Period: time.Millisecond},
+		{Rate: 1, Period: time.Microsecond},
+		{Rate: 1, Period: sluice.MaxPeriod + time.Microsecond},
+		{Rate: 1, Period: time.Second + time.Nanosecond},
+		{Rate: sluice.MaxRate + 1, Period: sluice.MaxPeriod},
+		{Rate: 0, Period: time.Second},
+	} {
+		if got := l.Interval(); got != 0 || l.Validate() == nil {
+			t.Errorf("%v: Interval %v, Validate %v; want 0 and a refusal", l, got, l.Validate())
+		}
+	}
+	if l := sluice.PerSecond(1_500_000).WithAlgorithm(sluice.FixedWindow); l.Interval() != time.Microsecond || l.Validate() != nil {
+		t.Errorf("%v: Interval %v, Validate %v; want 1µs and valid", l, l.Interval(), l.Validate())
+	}
 	if got := sluice.PerSecond(2).WithBurst(7).Capacity(); got != 7 {
 		t.Errorf("capacity = %d, want 7", got)
 	}
