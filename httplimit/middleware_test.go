@@ -637,6 +637,23 @@ func TestMaxWaitingPassedOn(t *testing.T) {
 	}
 }
 
+// RateLimit-Policy states a window algorithm's quota per its Period, even
+// where a unit's Interval rounds (faster than one unit per µs).
+func TestPolicyWindow(t *testing.T) {
+	t.Parallel()
+	for limit, want := range map[sluice.Limit]string{
+		{Algorithm: sluice.FixedWindow, Rate: 3_000_000, Period: time.Second}:          `"w";q=3000000;w=1`,
+		{Algorithm: sluice.FixedWindow, Rate: 1_000_000_000, Period: time.Millisecond}: `"w";q=1000000000000;w=1`,
+		{Algorithm: sluice.SlidingWindowCounter, Rate: 100, Period: time.Minute}:       `"w";q=100;w=60`,
+		{Algorithm: sluice.SlidingWindowLog, Rate: 3, Period: time.Second}:             `"w";q=3;w=1`,
+	} {
+		e := newEnv(t, []Rule{{Name: "w", Limit: limit, Key: Global()}}, nil)
+		if got := e.get("/").header.Get("RateLimit-Policy"); got != want {
+			t.Errorf("%v: RateLimit-Policy %s, want %s", limit, got, want)
+		}
+	}
+}
+
 // A zero Middleware has no rules: its Handler passes every request through.
 func TestZeroMiddleware(t *testing.T) {
 	t.Parallel()

@@ -177,13 +177,29 @@ func Write(h http.Header, set Selection, f Fields, d sluice.Decision, now func()
 // never below a RateLimit's r and q per w is the rate. A span under a
 // second is stated per second, the units one second brings.
 func policyField(quoted string, l sluice.Limit) string {
+	q, span := l.Capacity(), l.Period
 	iv := l.Interval()
-	q, span := l.Capacity(), time.Duration(l.Capacity())*iv
+	if !windowed(l.Algorithm) {
+		// Not Period: Intervals round up, so Burst of them can be longer.
+		span = time.Duration(q) * iv
+	}
 	w := CeilSeconds(span)
-	if span < time.Second && iv > 0 {
-		q, w = int64(time.Second/iv), 1
+	if span < time.Second && span > 0 {
+		w = 1
+		if windowed(l.Algorithm) {
+			// At most MaxRate × 1s/MinPeriod: no overflow.
+			q = q * int64(time.Second) / int64(l.Period)
+		} else {
+			q = int64(time.Second / iv)
+		}
 	}
 	return quoted + ";q=" + strconv.FormatInt(q, 10) + ";w=" + strconv.FormatInt(max(w, 1), 10)
+}
+
+// windowed reports whether a's whole capacity comes back at once over a
+// Period (the window algorithms) rather than a unit per Interval.
+func windowed(a sluice.Algorithm) bool {
+	return a == sluice.FixedWindow || a == sluice.SlidingWindowLog || a == sluice.SlidingWindowCounter
 }
 
 // CeilSeconds rounds d up to whole seconds; negative durations give 0.

@@ -30,6 +30,13 @@ func TestSet(t *testing.T) {
 		{"burst is the limit, a sub-second span per second", "b", sluice.Decision{Allowed: true, Limit: sluice.Limit{Rate: 10, Period: 100 * time.Millisecond, Burst: 20}, Remaining: 19}, fields{Limit: "20", Policy: `"b";q=100;w=1`, RateLimit: `"b";r=19;t=0`, Reset: "1700000000"}},
 		{"burst is the quota, over its refill", "b", sluice.Decision{Allowed: true, Limit: sluice.Limit{Rate: 10, Period: time.Second, Burst: 20}, Remaining: 19}, fields{Limit: "20", Policy: `"b";q=20;w=2`, RateLimit: `"b";r=19;t=0`}},
 		{"a sub-second window, per second", "b", sluice.Decision{Allowed: true, Limit: sluice.Limit{Algorithm: sluice.FixedWindow, Rate: 5, Period: 100 * time.Millisecond}, Remaining: 4}, fields{Policy: `"b";q=50;w=1`}},
+		// A window comes back whole at its Period, whatever its Interval's
+		// rounding: faster than one unit per µs, or a third of a second.
+		{"a window's w is its period", "b", sluice.Decision{Allowed: true, Limit: sluice.Limit{Algorithm: sluice.FixedWindow, Rate: 3_000_000, Period: time.Second}}, fields{Policy: `"b";q=3000000;w=1`}},
+		{"a window's w is its period, not rounded Intervals", "b", sluice.Decision{Allowed: true, Limit: sluice.Limit{Algorithm: sluice.SlidingWindowCounter, Rate: 3, Period: time.Second}}, fields{Policy: `"b";q=3;w=1`}},
+		{"a sub-second window faster than one unit per µs, per second", "b", sluice.Decision{Allowed: true, Limit: sluice.Limit{Algorithm: sluice.FixedWindow, Rate: 1_000_000_000, Period: time.Millisecond}}, fields{Policy: `"b";q=1000000000000;w=1`}},
+		{"a sub-second window, the units a second brings", "b", sluice.Decision{Allowed: true, Limit: sluice.Limit{Algorithm: sluice.SlidingWindowLog, Rate: 5, Period: 300 * time.Millisecond}}, fields{Policy: `"b";q=16;w=1`}},
+		{"a window of 1.5s, rounded up", "b", sluice.Decision{Allowed: true, Limit: sluice.Limit{Algorithm: sluice.FixedWindow, Rate: 7, Period: 1500 * time.Millisecond}}, fields{Policy: `"b";q=7;w=2`}},
 		{"name escaped", "a\"b\\c\n\xff", sluice.Decision{Allowed: true, Limit: lim, Remaining: 1}, fields{RateLimit: `"a\"b\\c%0A%FF";r=1;t=0`}},
 		{"non-ASCII percent-encoded", "café", sluice.Decision{Allowed: true, Limit: lim, Remaining: 1}, fields{RateLimit: `"caf%C3%A9";r=1;t=0`, Policy: `"caf%C3%A9";q=100;w=60`}},
 		{"percent itself encoded", "caf%C3%A9", sluice.Decision{Allowed: true, Limit: lim, Remaining: 1}, fields{RateLimit: `"caf%25C3%25A9";r=1;t=0`}},
