@@ -275,6 +275,13 @@ func TestErrors(t *testing.T) {
 	if _, err := New(store, []Rule{ok}, &Options{AllowedHeaders: httplimit.NoHeaders + 1}); !errors.Is(err, ErrInvalidConfig) {
 		t.Errorf("unknown header set: New = %v, want ErrInvalidConfig", err)
 	}
+	// The prefix's documented cap: 128 bytes.
+	if _, err := New(store, []Rule{ok}, &Options{Prefix: strings.Repeat("p", 129)}); !errors.Is(err, ErrInvalidConfig) {
+		t.Errorf("129-byte prefix: New = %v, want ErrInvalidConfig", err)
+	}
+	if _, err := New(store, []Rule{ok}, &Options{Prefix: strings.Repeat("p", 128)}); err != nil {
+		t.Errorf("128-byte prefix: %v", err)
+	}
 	if _, err := ClientIP(&IPOptions{TrustedProxies: []string{"x"}}); err == nil {
 		t.Error("bad CIDR accepted")
 	}

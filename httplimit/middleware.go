@@ -110,6 +110,7 @@ type Denial struct {
 type Options struct {
 	// Prefix starts every store key, so several middlewares or services can
 	// share a store. Keys are Prefix + rule name + a separator + the key.
+	// At most 128 bytes: New fails with ErrInvalidConfig for a longer one.
 	// Default: "httplimit:".
 	Prefix string
 

@@ -595,6 +595,7 @@ func TestNewErrors(t *testing.T) {
 		{"duplicate names", store, []Rule{ok, ok}, nil},
 		{"layered on a plain store", plainStore{store}, []Rule{ok, {Name: "two", Limit: sluice.PerSecond(1), Key: PeerIP()}}, nil},
 		{"long prefix", store, []Rule{ok}, &Options{Prefix: strings.Repeat("p", 129)}},
+		{"long prefix in bytes", store, []Rule{ok}, &Options{Prefix: strings.Repeat("é", 65)}},
 		{"unknown header set", store, []Rule{ok}, &Options{AllowedHeaders: NoHeaders + 1}},
 	}
 	for _, tt := range tests {
@@ -603,6 +604,9 @@ func TestNewErrors(t *testing.T) {
 				t.Errorf("New = %v, want ErrInvalidConfig", err)
 			}
 		})
+	}
+	if _, err := New(store, []Rule{ok}, &Options{Prefix: strings.Repeat("p", 128)}); err != nil {
+		t.Errorf("128-byte prefix: %v", err)
 	}
 	if _, err := New(plainStore{store}, []Rule{ok, {Name: "s", Limit: sluice.PerSecond(1), Key: PeerIP(), Strategy: Shadow}}, nil); err != nil {
 		t.Errorf("one enforcing rule and a shadow on a plain store: %v", err)
