@@ -124,7 +124,7 @@ func (l *Limiter) Wait(ctx context.Context, key string) (Decision, error) {
 // only the line's head asks the store again, after each denial's
 // RetryAfter. A waiter expects its own wait (from the store, without
 // taking) plus what the units ahead of it need; if ctx has a deadline
-// that this would pass (less a store round trip and 10ms, to ask for the
+// that this would pass (less a store round trip and 25ms, to ask for the
 // units in time), WaitN returns at once with an error wrapping
 // context.DeadlineExceeded and the denial, whose RetryAfter is the wait it
 // would have needed, rather than sleeping in vain. Units taken by other

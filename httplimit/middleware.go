@@ -21,7 +21,7 @@ const (
 	Reject = enforce.Reject
 	// Delay holds the request until quota is available, up to the rule's
 	// MaxDelay or, if that comes first, its context's deadline (less a
-	// store round trip and 10ms to ask for the units in time), then serves
+	// store round trip and 25ms to ask for the units in time), then serves
 	// it; a request that would need longer, or that finds MaxWaiting
 	// requests already held, is rejected at once, with the Retry-After it
 	// would have needed. The held requests of one
