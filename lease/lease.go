@@ -671,6 +671,9 @@ func (h *hot) local(limit sluice.Limit, now int64, allowed bool) sluice.Decision
 // asking for a new one; a key that is not leased, exactly by the store.
 func (s *Store) Take(ctx context.Context, key string, limit sluice.Limit, cost int64) (sluice.Decision, error) {
 	ctx = ctxutil.OrBackground(ctx)
+	if err := ctx.Err(); err != nil {
+		return sluice.Decision{}, err // as every store: an ended call takes nothing, the lease's units included
+	}
 	stale, err := s.staleFor(key, limit)
 	if err != nil {
 		return sluice.Decision{}, err
@@ -1002,6 +1005,9 @@ func (s *Store) giveBack(ctx context.Context, key string, limit sluice.Limit, g 
 // checks on one key under one algorithm are sluice.ErrInvalidKey.
 func (s *Store) TakeAll(ctx context.Context, reqs []sluice.Request) ([]sluice.Decision, error) {
 	ctx = ctxutil.OrBackground(ctx)
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
 	if s.granter == nil {
 		return nil, ErrNoGranter
 	}
@@ -1098,6 +1104,9 @@ func (s *Store) exactly(ctx context.Context, multi sluice.MultiStore, reqs []slu
 // without taking; otherwise the store does.
 func (s *Store) Peek(ctx context.Context, key string, limit sluice.Limit, cost int64) (sluice.Decision, error) {
 	ctx = ctxutil.OrBackground(ctx)
+	if err := ctx.Err(); err != nil {
+		return sluice.Decision{}, err
+	}
 	stale, err := s.check(key, limit, cost)
 	if err != nil {
 		return sluice.Decision{}, err

@@ -897,6 +897,34 @@ func TestRefillEndedContextKeepsUnits(t *testing.T) {
 	}
 }
 
+// A call whose context has ended is refused with its error, as by every
+// store, even when a live lease could answer it, and takes nothing.
+func TestEndedContextLeaseUntouched(t *testing.T) {
+	t.Parallel()
+	_, c, s := counted(t, 0, time.Second, 10)
+	l := sluice.PerSecond(100)
+	take(t, s, "k", l, 1) // a lease of 10, 9 left
+	ended, cancel := context.WithCancel(ctx)
+	cancel()
+	if _, err := s.Take(ended, "k", l, 1); !errors.Is(err, context.Canceled) {
+		t.Errorf("Take with an ended context from a live lease: %v; want context.Canceled", err)
+	}
+	if _, err := s.Peek(ended, "k", l, 1); !errors.Is(err, context.Canceled) {
+		t.Errorf("Peek with an ended context on a live lease: %v; want context.Canceled", err)
+	}
+	if _, err := s.TakeAll(ended, []sluice.Request{{Key: "k", Limit: l, Cost: 1}}); !errors.Is(err, context.Canceled) {
+		t.Errorf("TakeAll with an ended context on a live lease: %v; want context.Canceled", err)
+	}
+	for i := range 9 {
+		if d := take(t, s, "k", l, 1); d.Source != sluice.SourceLease {
+			t.Fatalf("take %d after the ended calls = %+v; want the lease's (9 units left)", i, d)
+		}
+	}
+	if c.grants != 1 {
+		t.Errorf("grants = %d, want 1", c.grants)
+	}
+}
+
 // abandoning is a granter in front of a failure policy: it takes
 // abandoned holders itself.
 type abandoning struct {
