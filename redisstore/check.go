@@ -21,9 +21,9 @@ import (
 const MinVersion = "7.0"
 
 // Kinds of Redis failure that Check and Classify report. Test with
-// errors.Is. Every kind but ErrUnreachable, ErrReplicas and ErrOOM also matches
-// ErrMisconfigured: retrying cannot help until someone changes the
-// configuration.
+// errors.Is. Every kind but ErrUnreachable, ErrStalled, ErrReplicas and ErrOOM
+// also matches ErrMisconfigured: retrying cannot help until someone changes
+// the configuration.
 var (
 	// ErrMisconfigured matches every permanent kind below.
 	ErrMisconfigured = errors.New("redisstore: Redis misconfigured")
@@ -49,6 +49,12 @@ var (
 	ErrVersion = errors.New("redisstore: Redis too old")
 	// ErrUnreachable: no answer (refused, timed out, reset); worth retrying.
 	ErrUnreachable = errors.New("redisstore: Redis unreachable")
+	// ErrStalled: Redis answers (PING, INFO) but a write does not complete
+	// in time: writes paused (CLIENT PAUSE ... WRITE, as during a manual
+	// failover), or a long script or command ahead of it. Check and
+	// CheckAccess report it; Classify cannot tell it from a timeout (see
+	// Stalled). Worth retrying.
+	ErrStalled = errors.New("redisstore: Redis stalled")
 	// ErrReplicas: Redis refuses writes for want of replicas
 	// (min-replicas-to-write, NOREPLICAS): reachable, and back when its
 	// replicas are, or when the setting changes.
@@ -85,7 +91,16 @@ func (e *CheckError) Error() string {
 
 // Is matches the kind, and ErrMisconfigured for every permanent kind.
 func (e *CheckError) Is(target error) bool {
-	return target == e.Kind || (target == ErrMisconfigured && e.Kind != ErrUnreachable && e.Kind != ErrEviction && e.Kind != ErrReplicas && e.Kind != ErrOOM)
+	return target == e.Kind || (target == ErrMisconfigured && !transient(e.Kind))
+}
+
+// transient reports whether a kind can pass without a configuration change.
+func transient(kind error) bool {
+	switch kind {
+	case ErrUnreachable, ErrStalled, ErrEviction, ErrReplicas, ErrOOM:
+		return true
+	}
+	return false
 }
 
 func (e *CheckError) Unwrap() error { return e.Err }
@@ -148,6 +163,33 @@ func Classify(err error) error {
 		return checkErr(ErrTLS, "check the server's certificate and the CA the client trusts", err)
 	}
 	return checkErr(ErrUnreachable, "retrying", err)
+}
+
+// stalledHint is what ErrStalled says: Redis is there, and what holds its
+// writes.
+const stalledHint = "it answers but a write did not complete in time (writes paused by CLIENT PAUSE, as in a manual failover, or a long script or command ahead): retrying"
+
+// Stalled is Classify for a caller who knows that the server answered just
+// before err: a timeout is then ErrStalled, not ErrUnreachable. Other errors
+// are Classify's.
+func Stalled(err error) error {
+	if isTimeout(err) {
+		var ce *CheckError
+		if !errors.As(err, &ce) || ce.Kind == ErrUnreachable {
+			if ce != nil {
+				err = ce.Err
+			}
+			return checkErr(ErrStalled, stalledHint, err)
+		}
+	}
+	return Classify(err)
+}
+
+// isTimeout reports whether err is a deadline that passed: the context's,
+// or the connection's read or write timeout.
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout())
 }
 
 // CheckReport is what Check learned about a healthy Redis.
@@ -282,11 +324,13 @@ func checkNode(ctx context.Context, node *redis.Client, cluster bool, rep *Check
 				fmt.Sprintf("%smaxmemory-policy %s may evict sluice's keys and reset their limits; set noeviction", where, p), nil))
 		}
 	}
+	// The node answered INFO: a timeout from here on is a node that
+	// holds scripts (writes paused), not one out of reach.
 	sha, err := node.ScriptLoad(ctx, probeScript).Result()
 	if err != nil {
-		return err
+		return Stalled(err)
 	}
-	return node.EvalSha(ctx, sha, nil).Err()
+	return Stalled(node.EvalSha(ctx, sha, nil).Err())
 }
 
 // accessScript reads the server's clock and a key and writes it as the
@@ -303,7 +347,8 @@ var accessSHA = newScript(accessScript).sha.(string)
 // not sluice's keys, or not writes, is found before the first decision
 // (Check cannot: it does not know the prefix). The error is Classify's:
 // ErrPermission for such a user; ErrReplicas or ErrOOM for a Redis that
-// refuses writes. It is sent as decisions are, with
+// refuses writes; ErrStalled for one that answers a PING but not the
+// script in time (writes paused). It is sent as decisions are, with
 // EVALSHA (EVAL only when the server lacks the script), and calls TIME, so
 // that a user who lost either permission is found too.
 func (s *Store) CheckAccess(ctx context.Context) error {
@@ -311,12 +356,26 @@ func (s *Store) CheckAccess(ctx context.Context) error {
 	if s.client == nil {
 		return ErrNoClient
 	}
-	keys := []string{s.prefix + "check"}
-	err := s.client.EvalSha(ctx, accessSHA, keys).Err()
+	key := s.prefix + "check"
+	// PING the server that holds the key first, so that a script timing
+	// out on a server that answers is told from one out of reach.
+	var node redis.Cmdable = s.client
+	if cc, ok := s.client.(*redis.ClusterClient); ok {
+		n, err := cc.MasterForKey(ctx, key)
+		if err != nil {
+			return Classify(err)
+		}
+		node = n
+	}
+	if err := node.Ping(ctx).Err(); err != nil {
+		return Classify(err)
+	}
+	keys := []string{key}
+	err := s.client.EvalSha(ctx, accessSHA, keys).Err() // a Cluster client follows MOVED
 	if isNoScript(err) {
 		err = s.client.Eval(ctx, accessScript, keys).Err()
 	}
-	return Classify(err)
+	return Stalled(err)
 }
 
 // infoFields parses INFO's "name:value" lines.

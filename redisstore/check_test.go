@@ -40,7 +40,7 @@ func wantKind(t *testing.T, err, kind error, words string) {
 	if !errors.Is(err, kind) {
 		t.Fatalf("Check = %v, want %v", err, kind)
 	}
-	if got, want := errors.Is(err, redisstore.ErrMisconfigured), kind != redisstore.ErrUnreachable; got != want {
+	if got, want := errors.Is(err, redisstore.ErrMisconfigured), kind != redisstore.ErrUnreachable && kind != redisstore.ErrStalled; got != want {
 		t.Errorf("errors.Is(%v, ErrMisconfigured) = %v, want %v", err, got, want)
 	}
 	msg := err.Error()
@@ -292,6 +292,44 @@ func TestCheckUnreachable(t *testing.T) {
 	l.Close()
 	_, err = redisstore.Check(checkCtx(t), newClient(t, &redis.Options{Addr: addr, DialTimeout: time.Second}))
 	wantKind(t, err, redisstore.ErrUnreachable, "retrying")
+}
+
+// TestCheckStalled: a Redis whose writes are paused answers PING and INFO
+// but holds every script: Check and CheckAccess call it stalled, which is
+// not a misconfiguration, and pass once it resumes. A server that answers
+// nothing (stopped) is unreachable, not stalled.
+func TestCheckStalled(t *testing.T) {
+	t.Parallel()
+	srv := redistest.StartServer(t)
+	c := newClient(t, &redis.Options{Addr: srv.Addr, ContextTimeoutEnabled: true}) // as sluice serve's
+	s := redisstore.New(c, &redisstore.Options{Prefix: redistest.Prefix(t)})
+	short := func() context.Context {
+		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+		t.Cleanup(cancel)
+		return ctx
+	}
+	admin := newClient(t, &redis.Options{Addr: srv.Addr})
+	if err := admin.Do(checkCtx(t), "client", "pause", 10000, "write").Err(); err != nil {
+		t.Fatal(err)
+	}
+	_, err := redisstore.Check(short(), c)
+	wantKind(t, err, redisstore.ErrStalled, "write did not complete")
+	wantKind(t, s.CheckAccess(short()), redisstore.ErrStalled, "write did not complete")
+	if err := admin.Do(checkCtx(t), "client", "unpause").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := redisstore.Check(checkCtx(t), c); err != nil {
+		t.Errorf("Check after unpause: %v", err)
+	}
+	if err := s.CheckAccess(checkCtx(t)); err != nil {
+		t.Errorf("CheckAccess after unpause: %v", err)
+	}
+
+	srv.Pause(t) // SIGSTOP: no answer at all
+	defer srv.Resume(t)
+	_, err = redisstore.Check(short(), c)
+	wantKind(t, err, redisstore.ErrUnreachable, "retrying")
+	wantKind(t, s.CheckAccess(short()), redisstore.ErrUnreachable, "retrying")
 }
 
 func TestCheckNilClient(t *testing.T) {

@@ -81,6 +81,8 @@ type Health struct {
 	grpc       *health.Server
 	// setFallback mirrors FallbackActive into sluice_fallback_active.
 	setFallback func(bool)
+	// setStalled tells the metrics whether the store is down as stalled.
+	setStalled func(bool)
 }
 
 // healthOptions configures newHealth.
@@ -121,7 +123,7 @@ func newHealthMetrics(reg *prometheus.Registry) *healthMetrics {
 	m := &healthMetrics{
 		degraded:        newGauge("sluice_degraded", "1 while decisions are degraded: the store does not answer, or the failure policy answers for it."),
 		storeUp:         newGauge("sluice_store_up", "1 while the store (Redis) answers the service's checks."),
-		storeChanges:    newCounterVec("sluice_store_transitions_total", "Store state changes: to=down (with the cause: unreachable, auth, tls, database, sentinel_master, permission, topology, version, replicas, oom, not_replicated) or to=up.", "to", "cause"),
+		storeChanges:    newCounterVec("sluice_store_transitions_total", "Store state changes: to=down (with the cause: unreachable, stalled, auth, tls, database, sentinel_master, permission, topology, version, replicas, oom, not_replicated) or to=up.", "to", "cause"),
 		fallbackChanges: newCounterVec("sluice_fallback_transitions_total", "Failure policy changes: to=on when the breaker opens, to=off when it closes.", "to"),
 	}
 	reg.MustRegister(m.degraded, m.storeUp, m.storeChanges, m.fallbackChanges)
@@ -145,6 +147,9 @@ var causes = []struct {
 	{redisstore.ErrVersion, "version"},
 	{redisstore.ErrReplicas, "replicas"},
 	{redisstore.ErrOOM, "oom"},
+	// Answers PING but holds writes (CLIENT PAUSE ... WRITE): reachable,
+	// so not "unreachable".
+	{redisstore.ErrStalled, "stalled"},
 	// A take WAIT found too few replicas for (wait_replicas): Redis
 	// answered, so not "unreachable".
 	{redisstore.ErrNotReplicated, "not_replicated"},
@@ -397,6 +402,9 @@ func (h *Health) publishLocked() {
 	if h.setFallback != nil {
 		h.setFallback(h.answeringLocked())
 	}
+	if h.setStalled != nil {
+		h.setStalled(errors.Is(h.storeErr, redisstore.ErrStalled))
+	}
 	if h.grpc != nil {
 		st := healthpb.HealthCheckResponse_NOT_SERVING
 		if ready {
@@ -428,7 +436,7 @@ type StoreStatus struct {
 	// Up is true while the store answers the service's checks.
 	Up bool `json:"up"`
 	// Cause and Error say why it does not: Cause is one word (unreachable,
-	// auth, tls, database, sentinel_master, permission, topology,
+	// stalled, auth, tls, database, sentinel_master, permission, topology,
 	// version, replicas, oom, not_replicated), Error Redis's one-sentence
 	// message.
 	Cause string `json:"cause,omitempty"`
@@ -573,8 +581,11 @@ func (s *Server) checkRedis(c redis.UniversalClient) error {
 		return err
 	}
 	if err != nil {
-		s.log.Warn("Redis unreachable at start; serving under the failure policy and retrying",
-			"failure_policy", s.health.policy, "every", s.opts.StoreCheckInterval, "err", err)
+		msg := "Redis unreachable at start; serving under the failure policy and retrying"
+		if errors.Is(err, redisstore.ErrStalled) {
+			msg = "Redis stalled at start (it answers, but a write does not complete); serving under the failure policy and retrying"
+		}
+		s.log.Warn(msg, "failure_policy", s.health.policy, "every", s.opts.StoreCheckInterval, "err", err)
 		s.health.storeResult(err)
 		return nil
 	}

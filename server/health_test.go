@@ -1073,6 +1073,71 @@ func TestFaultReadyzBoundedStalled(t *testing.T) {
 	pause.Do(context.Background(), "CLIENT", "UNPAUSE")
 }
 
+// TestFaultRedisWritesPaused: a Redis whose writes are paused (CLIENT PAUSE
+// WRITE) still answers PING and INFO: the store is lost as stalled, not
+// unreachable, at WARN (nothing to reconfigure), in the transitions, in
+// /v1/status and in the store errors' cause; unpaused, it is back once.
+// Paused at start, it does not stop the start (the check waits 5 s).
+func TestFaultRedisWritesPaused(t *testing.T) {
+	race.SkipTiming(t)
+	r := redistest.StartServer(t)
+	var logs, errLogs syncBuffer
+	_, p := startOnRedis(t, "redis://"+r.Addr, "local", &logs)
+	_, pe := startOnRedis(t, "redis://"+r.Addr, "error", &errLogs) // its decisions reach Redis
+	logged(t, &logs, "Redis checked")
+	logged(t, &errLogs, "Redis checked")
+	admin := r.Client(t)
+	ctx := context.Background()
+	if err := admin.Do(ctx, "client", "pause", 12000, "write").Err(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { admin.Do(ctx, "client", "unpause") })
+	var startLogs syncBuffer
+	startOnRedis(t, "redis://"+r.Addr, "local", &startLogs)
+	logged(t, &startLogs, "level=WARN", "Redis stalled at start", "failure_policy=local")
+	logged(t, &startLogs, "level=WARN", "store lost", "cause=stalled")
+	line := logged(t, &logs, "store lost")
+	if !strings.Contains(line, "level=WARN") || !strings.Contains(line, "cause=stalled") || !strings.Contains(line, "ready=true") {
+		t.Errorf("log line %q: want WARN, cause=stalled, ready", line)
+	}
+	if got := scrapedMetric(t, p, `sluice_store_transitions_total{cause="stalled",to="down"}`); got != "1" {
+		t.Errorf(`sluice_store_transitions_total{cause="stalled",to="down"} %q, want 1`, got)
+	}
+	if got := scrapedMetric(t, p, `sluice_redis_up{node="`+r.Addr+`"}`); got != "1" {
+		t.Errorf("sluice_redis_up %q: Redis answers INFO, want 1", got)
+	}
+	if _, st := p.getJSON(t, "/v1/status"); st["store"].(map[string]any)["cause"] != "stalled" {
+		t.Errorf("status %v: want the store's cause stalled", st)
+	}
+
+	logged(t, &errLogs, "store lost", "cause=stalled", "ready=false")
+	if code, _ := pe.post(t, "/v1/check", `{"policy":"rl.foo","key":"foo=a"}`); code != 503 {
+		t.Errorf("check under the error policy with writes paused: %d, want 503", code)
+	}
+	if got := scrapedMetric(t, pe, `sluice_store_errors_total{cause="stalled",op="take",store="redis"}`); got != "1" {
+		t.Errorf(`sluice_store_errors_total{cause="stalled",op="take"} %q, want 1`, got)
+	}
+
+	if err := admin.Do(ctx, "client", "unpause").Err(); err != nil {
+		t.Fatal(err)
+	}
+	logged(t, &logs, "store back")
+	logged(t, &errLogs, "store back")
+	time.Sleep(300 * time.Millisecond) // more checks, all passing
+	logged(t, &startLogs, "store back")
+	for _, l := range []*syncBuffer{&logs, &errLogs, &startLogs} {
+		if lost, back := countLines(l, "store lost"), countLines(l, "store back"); lost != 1 || back != 1 {
+			t.Errorf("%d store lost and %d store back lines, want one each:\n%s", lost, back, l.String())
+		}
+		if strings.Contains(l.String(), "cause=unreachable") || strings.Contains(l.String(), "Redis unreachable") {
+			t.Errorf("a Redis that answers called unreachable:\n%s", l.String())
+		}
+	}
+	if got := scrapedMetric(t, p, `sluice_store_transitions_total{cause="",to="up"}`); got != "1" {
+		t.Errorf("transitions to up %q, want 1", got)
+	}
+}
+
 // sluiceUser makes the ACL user name (password pw) with every permission
 // sluice serve needs, for tests that take some away.
 func sluiceUser(t *testing.T, admin *redis.Client, name string) {

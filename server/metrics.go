@@ -3,6 +3,7 @@ package server
 import (
 	"cmp"
 	"context"
+	"errors"
 	"net/http"
 	"strconv"
 	"sync/atomic"
@@ -17,6 +18,7 @@ import (
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/promsluice"
 	"github.com/sluicehq/sluice/redisstore"
+	"github.com/sluicehq/sluice/resilient"
 )
 
 // Metrics are the service's Prometheus metrics: package promsluice's
@@ -49,6 +51,9 @@ type Metrics struct {
 	// wrapped: a failure-policy store reports its calls to ObserveStore
 	// itself, so the service must not report them again.
 	wrapped bool
+	// stalled: the store watch finds Redis answering but holding writes,
+	// so a call's timeout is that, not Redis out of reach.
+	stalled atomic.Bool
 }
 
 var _ sluice.SlotObserver = (*Metrics)(nil)
@@ -82,6 +87,12 @@ func NewMetrics() *Metrics {
 		// fails only on a caller's mistake.
 		if m.storeName != "redis" {
 			return "other"
+		}
+		if m.stalled.Load() {
+			if errors.Is(err, resilient.ErrTimeout) {
+				return "stalled"
+			}
+			return cause(redisstore.Stalled(err))
 		}
 		return cause(redisstore.Classify(err))
 	}})

@@ -221,6 +221,7 @@ func New(opts Options) (*Server, error) {
 		configured: func() bool { return s.svc == nil || s.svc.Config() != nil }, reg: s.metrics.Registry(),
 	})
 	s.health.setFallback = s.metrics.SetFallback
+	s.health.setStalled = s.metrics.stalled.Store
 	store, err := s.openStore()
 	if err != nil {
 		s.close()
