@@ -100,3 +100,77 @@ policies:
 		}
 	}
 }
+
+// TestFleetFailOpenSlotAnyInstance: two `sluice serve` processes on one
+// Redis under the open failure policy. A slot it granted while Redis was
+// stalled holds nothing, anywhere: either instance answers its extend
+// (200, the policy's hold) and release (204, again and again) at once,
+// while Redis is away and once it is back, without asking Redis (the
+// other instance makes no store call for them; before, it asked Redis and
+// answered 503, then 404 "not held").
+func TestFleetFailOpenSlotAnyInstance(t *testing.T) {
+	race.SkipTiming(t)
+	r := startRedis(t)
+	f := startFleet(t, r.url(), 2, `
+policies:
+  - name: jobs
+    in_flight: {max: 4, hold: 30s}
+`, "--failure-policy", "open")
+	a, b := f.procs[0], f.procs[1]
+	call := func(p *proc, path, token string) (int, map[string]any) {
+		t.Helper()
+		code, body, _ := post(t, "http://"+p.http, path, tokenBody(token))
+		return code, body
+	}
+	r.pause(t)
+	code, body := a.post(t, "/v1/acquire", `{"policy":"jobs","key":"k"}`)
+	if code != 200 || body["source"] != "fail_open" {
+		r.resume(t)
+		t.Fatalf("acquire with Redis stalled: %d %v, want a fail_open grant", code, body)
+	}
+	token := body["token"].(string)
+	if !strings.HasSuffix(token, ".-") || strings.Count(token, ".") != 3 {
+		t.Errorf("fail_open token %q: want a fourth part -", token)
+	}
+	check := func(when string) {
+		t.Helper()
+		for _, p := range []*proc{b, a} {
+			if code, body := call(p, "/v1/extend", token); code != 200 || body["hold_ms"] != 30000.0 {
+				t.Errorf("%s: extend: %d %v, want 200 with hold_ms 30000", when, code, body)
+			}
+			for range 2 {
+				if code, body := call(p, "/v1/release", token); code != 204 {
+					t.Errorf("%s: release: %d %v, want 204", when, code, body)
+				}
+			}
+		}
+	}
+	check("Redis stalled")
+	r.resume(t)
+	check("Redis back")
+	_, metrics := b.get(t, "/metrics")
+	for line := range strings.Lines(metrics) {
+		if strings.HasPrefix(line, "sluice_store_calls_total{") && (strings.Contains(line, `op="extend"`) || strings.Contains(line, `op="release"`)) {
+			t.Errorf("the other instance called the store for a fail_open slot: %s", strings.TrimSpace(line))
+		}
+	}
+	// A Redis grant's token marked open frees nothing: the holder stays
+	// held in Redis, and max with it.
+	var tokens []string
+	for i := range 4 {
+		code, body := b.post(t, "/v1/acquire", `{"policy":"jobs","key":"k"}`)
+		if code != 200 || body["source"] != nil {
+			t.Fatalf("acquire %d with Redis back: %d %v", i, code, body)
+		}
+		tokens = append(tokens, body["token"].(string))
+	}
+	if code, _ := call(a, "/v1/release", tokens[0]+".-"); code != 204 {
+		t.Errorf("release of a token marked open: %d, want 204", code)
+	}
+	if code, body := a.post(t, "/v1/acquire", `{"policy":"jobs","key":"k"}`); code != 429 {
+		t.Errorf("acquire past max after a marked token's release: %d %v, want 429", code, body)
+	}
+	if code, _ := call(a, "/v1/release", tokens[0]); code != 204 {
+		t.Errorf("release of the real token: %d, want 204", code)
+	}
+}

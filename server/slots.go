@@ -19,7 +19,7 @@ import (
 // progress. The token is self-describing, so that any instance sharing
 // the store can extend or release it, whichever instance acquired it:
 //
-//	<holder>.<policy>.<key>[.<member>]
+//	<holder>.<policy>.<key>[.<member>|.-]
 //
 // holder is the slot's 128-bit random holder id (32 hex digits, the part
 // nobody can guess); policy and key travel beside it in unpadded base64url.
@@ -32,6 +32,13 @@ import (
 // instance passes such a call on to it over the fleet's channel
 // (fleetslots.go). A forged member gains nothing: the holder still has to
 // be held where the call lands.
+//
+// A fourth part "-" (never a base64url name: one character encodes no
+// byte) marks a slot the open failure policy granted: nothing holds it,
+// anywhere, so any instance answers its extend and release at once, as the
+// granting instance's store would (held), without asking Redis, which has
+// never heard of the holder. A forged "-" gains nothing either: it frees
+// and extends nothing.
 //
 // A release that frees a slot leaves a tombstone (its holder, held for the
 // policy's hold in one of the policy's 4,096 tombstone keys, picked by the
@@ -69,13 +76,20 @@ type SlotResult struct {
 type slotToken struct {
 	holder, policy, key string
 	member              string // the instance whose fallback holds it; "" for the store
+	open                bool   // granted by the open failure policy: nothing held
 }
+
+// openMark is a token's fourth part for a grant of the open failure policy.
+const openMark = "-"
 
 var b64 = base64.RawURLEncoding
 
 func (t slotToken) String() string {
 	s := t.holder + "." + b64.EncodeToString([]byte(t.policy)) + "." + b64.EncodeToString([]byte(t.key))
-	if t.member != "" {
+	switch {
+	case t.open:
+		s += "." + openMark
+	case t.member != "":
 		s += "." + b64.EncodeToString([]byte(t.member))
 	}
 	return s
@@ -96,7 +110,9 @@ func parseToken(s string) (slotToken, error) {
 		return slotToken{}, fmt.Errorf("%w: want the token acquire returned", ErrBadToken)
 	}
 	t := slotToken{holder: parts[0], policy: string(policy), key: string(key)}
-	if len(parts) == 4 {
+	if len(parts) == 4 && parts[3] == openMark {
+		t.open = true
+	} else if len(parts) == 4 {
 		member, err := b64.DecodeString(parts[3])
 		if err != nil || len(member) == 0 {
 			return slotToken{}, fmt.Errorf("%w: want the token acquire returned", ErrBadToken)
@@ -197,8 +213,11 @@ func (s *Service) Acquire(ctx context.Context, policy, key string, weight int64,
 	case d.Allowed:
 		holder := slot.Holder()
 		t := slotToken{holder: holder, policy: p.Name, key: key}
-		if d.Source == sluice.SourceFallback {
+		switch d.Source {
+		case sluice.SourceFallback:
 			t.member = s.mon.instance
+		case sluice.SourceFailOpen:
+			t.open = true
 		}
 		res.Token = t.String()
 		s.holds.add(holder, heldSlot{policy: p.Name, priority: prio, weight: weight, until: s.clock().Add(f.Limit.Hold)})
@@ -241,10 +260,23 @@ func (s *Service) Extend(ctx context.Context, token string) (time.Duration, erro
 	if err != nil {
 		return 0, err
 	}
+	if t.open {
+		return s.extendOpen(t, p), nil
+	}
 	if s.elsewhere(t) {
 		return s.mon.fleet.forward(ctx, opExtend, t)
 	}
 	return s.extend(ctx, t, p)
+}
+
+// extendOpen answers an extend of an open grant: held for another hold,
+// as the granting instance's store says of it, since nothing can lose it.
+func (s *Service) extendOpen(t slotToken, p *config.Policy) time.Duration {
+	if !s.holds.extend(t.holder, s.clock().Add(p.InFlight.Limit.Hold)) {
+		s.tellFleet(slotNote{holder: t.holder, hold: p.InFlight.Limit.Hold})
+	}
+	s.observeSlot(SlotResult{Policy: p}, sluice.SlotExtend, sluice.OutcomeAllowed)
+	return p.InFlight.Limit.Hold
 }
 
 // extend is Extend on this instance.
@@ -275,11 +307,29 @@ func (s *Service) Release(ctx context.Context, token string) error {
 	if err != nil {
 		return err
 	}
+	if t.open {
+		s.releaseOpen(t, p)
+		return nil
+	}
 	if s.elsewhere(t) {
 		_, err := s.mon.fleet.forward(ctx, opRelease, t)
 		return err
 	}
 	return s.release(ctx, t, p)
+}
+
+// releaseOpen answers a release of an open grant: nothing held, nothing
+// to free. On the granting instance an acquire that timed out may yet
+// have run on Redis: its store frees it there, in the background.
+func (s *Service) releaseOpen(t slotToken, p *config.Policy) {
+	if a, ok := s.slots.(interface{ AbandonSlot(key, holder string) }); ok {
+		a.AbandonSlot(s.slotKey(p, t.key), t.holder) // nothing unless this instance's acquire of it failed
+	}
+	res := SlotResult{Policy: p}
+	if res.Weight = s.holds.release(t.holder); res.Weight == 0 {
+		s.tellFleet(slotNote{holder: t.holder})
+	}
+	s.observeSlot(res, sluice.SlotRelease, sluice.OutcomeAllowed)
 }
 
 // elsewhere reports whether t's slot is held in another instance's

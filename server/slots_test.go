@@ -214,9 +214,11 @@ func TestSlotsAPIBadInput(t *testing.T) {
 
 func TestParseToken(t *testing.T) {
 	tok := slotToken{holder: sluice.NewHolderID(), policy: "p.1", key: "user=a,b"}
-	got, err := parseToken(tok.String())
-	if err != nil || got != tok {
-		t.Errorf("round trip: %+v, %v; want %+v", got, err, tok)
+	for _, tok := range []slotToken{tok, {holder: tok.holder, policy: "p", key: "k", member: "host-1"}, {holder: tok.holder, policy: "p", key: "k", open: true}} {
+		got, err := parseToken(tok.String())
+		if err != nil || got != tok {
+			t.Errorf("round trip: %+v, %v; want %+v", got, err, tok)
+		}
 	}
 	for _, bad := range []string{"", "a.b.c", tok.holder + ".." + "eA", strings.ToUpper(tok.holder) + tok.String()[32:], "zz" + tok.String()[2:], tok.String() + ".x"} {
 		if _, err := parseToken(bad); !errors.Is(err, ErrBadToken) {
