@@ -146,7 +146,9 @@ type Interceptor struct {
 
 // New returns an Interceptor enforcing rules on store. Layered limits need
 // a sluice.MultiStore (memory and Redis stores are). A store that is a
-// sluice.LimitChecker (a lease store) checks each rule's limit here.
+// sluice.LimitChecker (a lease store) checks here every limit a rule
+// uses, a Penalty rule's block included, so that a limit it refuses for
+// every key fails New rather than every request.
 func New(store sluice.Store, rules []Rule, opts *Options) (*Interceptor, error) {
 	var o Options
 	if opts != nil {
@@ -170,15 +172,6 @@ func New(store sluice.Store, rules []Rule, opts *Options) (*Interceptor, error) 
 		var err error
 		if rs, err = enforce.NewRules(store, specs, o.Prefix, o.HashKey, o.Observer, ErrNoKey); err != nil {
 			return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
-		}
-	}
-	// A limit the store refuses for every key is refused here, not on
-	// every request.
-	if c, ok := store.(sluice.LimitChecker); ok {
-		for _, r := range rules {
-			if err := c.CheckLimit(r.Limit); err != nil {
-				return nil, fmt.Errorf("%w: rule %q: %w", ErrInvalidConfig, r.Name, err)
-			}
 		}
 	}
 	in := &Interceptor{

@@ -70,3 +70,32 @@ func TestLeaseRefusedAtNew(t *testing.T) {
 		t.Errorf("zero lease.Store: New err = %v, want lease.ErrNoGranter", err)
 	}
 }
+
+// A Penalty rule's block key has a limit of its own, one unit per Penalty:
+// a lease store whose staleness is longer than the Penalty refuses it for
+// every key, so New refuses the rule rather than every request failing.
+// A Penalty the staleness fits is leased and blocks as it should.
+func TestRedisLeasePenaltyCheckedAtNew(t *testing.T) {
+	t.Parallel()
+	clk := storetest.NewClock(time.Now().Truncate(time.Second))
+	rs := redisstore.New(redistest.Client(t), &redisstore.Options{Prefix: redistest.Prefix(t), Clock: clk.Now})
+	ls, err := lease.New(rs, &lease.Options{MaxStaleness: time.Second, Clock: clk.Now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rule := Rule{Name: "login", Limit: sluice.Limit{Rate: 2, Period: 10 * time.Second}, Key: Global(), Strategy: Penalty, Penalty: 200 * time.Millisecond}
+	if _, err := New(ls, []Rule{rule}, nil); !errors.Is(err, ErrInvalidConfig) || !errors.Is(err, lease.ErrInvalidStaleness) {
+		t.Fatalf("Penalty shorter than MaxStaleness: New err = %v, want ErrInvalidConfig and lease.ErrInvalidStaleness", err)
+	}
+	rule.Penalty = 2 * time.Second
+	e := newEnvStore(t, clk, ls, []Rule{rule}, nil)
+	for i, want := range []int{200, 200, 429} {
+		if r := e.get("/"); r.status != want {
+			t.Fatalf("request %d: %d %q, want %d", i+1, r.status, r.body, want)
+		}
+	}
+	clk.Advance(5 * time.Second) // the limit would admit one again
+	if r := e.get("/"); r.status != 200 {
+		t.Fatalf("after the penalty: %d %q, want 200", r.status, r.body)
+	}
+}

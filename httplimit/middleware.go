@@ -194,7 +194,9 @@ type Middleware struct {
 // than one enforcing rule) need a store that implements sluice.MultiStore,
 // as the memory and Redis stores do. For a fleet, wrap the Redis store
 // with package resilient to choose the failure policy. A store that is a
-// sluice.LimitChecker (a lease store) checks each rule's limit here.
+// sluice.LimitChecker (a lease store) checks here every limit a rule
+// uses, a Penalty rule's block included, so that a limit it refuses for
+// every key fails New rather than every request.
 func New(store sluice.Store, rules []Rule, opts *Options) (*Middleware, error) {
 	var o Options
 	if opts != nil {
@@ -218,15 +220,6 @@ func New(store sluice.Store, rules []Rule, opts *Options) (*Middleware, error) {
 		var err error
 		if rs, err = enforce.NewRules(store, specs, o.Prefix, o.HashKey, o.Observer, ErrNoKey); err != nil {
 			return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
-		}
-	}
-	// A limit the store refuses for every key is refused here, not on
-	// every request.
-	if c, ok := store.(sluice.LimitChecker); ok {
-		for _, r := range rules {
-			if err := c.CheckLimit(r.Limit); err != nil {
-				return nil, fmt.Errorf("%w: rule %q: %w", ErrInvalidConfig, r.Name, err)
-			}
 		}
 	}
 	m := &Middleware{

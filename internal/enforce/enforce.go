@@ -939,8 +939,9 @@ func (e *Engine) observeErrors(ctx context.Context, checks []Check) {
 // least one rule, a key prefix of at most 128 bytes, rules that are valid,
 // keyed (keyed(i) reports whether rule i has a key function) and uniquely
 // named, and a MultiStore when more than one rule enforces — and returns the
-// engine and keyer. Errors are plain: callers wrap them with their own
-// ErrInvalidConfig.
+// engine and keyer. A store that is a sluice.LimitChecker checks every limit
+// a rule uses (see CheckLimits). Errors are plain: callers wrap them with
+// their own ErrInvalidConfig.
 func Setup(store sluice.Store, rules []Rule, keyed func(i int) bool, prefix string, hashKey []byte, observer sluice.Observer) (*Engine, *Keyer, error) {
 	if store == nil {
 		return nil, nil, errors.New("nil store")
@@ -976,5 +977,30 @@ func Setup(store sluice.Store, rules []Rule, keyed func(i int) bool, prefix stri
 	if enforcing > 1 && !eng.Multi() {
 		return nil, nil, fmt.Errorf("%d enforcing rules on %T: %w", enforcing, store, ErrNeedMultiStore)
 	}
+	for i := range rules {
+		if err := rules[i].CheckLimits(store); err != nil {
+			return nil, nil, err
+		}
+	}
 	return eng, NewKeyer(prefix, hashKey), nil
+}
+
+// CheckLimits asks store, when it is a sluice.LimitChecker, about every
+// limit r's checks use: its Limit and, for a Penalty rule, its block key's
+// PenaltyLimit, which is shorter than the Limit's period when Penalty is.
+// A limit refused here would fail every request under the rule.
+func (r *Rule) CheckLimits(store sluice.Store) error {
+	c, ok := store.(sluice.LimitChecker)
+	if !ok {
+		return nil
+	}
+	if err := c.CheckLimit(r.Limit); err != nil {
+		return fmt.Errorf("rule %q: %w", r.Name, err)
+	}
+	if r.Strategy == Penalty {
+		if err := c.CheckLimit(r.PenaltyLimit()); err != nil {
+			return fmt.Errorf("rule %q: penalty %v: %w", r.Name, r.Penalty, err)
+		}
+	}
+	return nil
 }
