@@ -168,6 +168,9 @@ var (
 	// Options.MaxStaleness of at least MinStaleness, or a key's staleness
 	// is below zero, between zero and MinStaleness, or longer than its
 	// limit's period.
+	// A call's error (and CheckLimit's) wraps sluice.ErrInvalidLimit too:
+	// the limit cannot be served here, so wrappers such as a
+	// resilient.Store take it for bad input, not a backend failure.
 	ErrInvalidStaleness = errors.New("lease: invalid maximum staleness")
 	// ErrNoGranter: the Store is a zero value, or was built without a
 	// granter.
@@ -499,7 +502,7 @@ func (s *Store) CheckLimit(limit sluice.Limit) error {
 		return err
 	}
 	if d, _ := s.staleFor("", limit); d > limit.Period {
-		return fmt.Errorf("%w: %v for %v (at most its period, %v)", ErrInvalidStaleness, d, limit, limit.Period)
+		return fmt.Errorf("%w: %w: %v for %v (at most its period, %v)", ErrInvalidStaleness, sluice.ErrInvalidLimit, d, limit, limit.Period)
 	}
 	return nil
 }
@@ -511,7 +514,7 @@ func validate(key string, limit sluice.Limit, cost int64, d time.Duration) error
 		return err
 	}
 	if d < 0 || d > 0 && d < MinStaleness || d > limit.Period {
-		return fmt.Errorf("%w: %v for %v (at least %v, at most its period, %v)", ErrInvalidStaleness, d, limit, MinStaleness, limit.Period)
+		return fmt.Errorf("%w: %w: %v for %v (at least %v, at most its period, %v)", ErrInvalidStaleness, sluice.ErrInvalidLimit, d, limit, MinStaleness, limit.Period)
 	}
 	return nil
 }

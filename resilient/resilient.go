@@ -110,11 +110,12 @@ import (
 )
 
 var (
-	_ sluice.Store      = (*Store)(nil)
-	_ sluice.MultiStore = (*MultiStore)(nil)
-	_ sluice.Granter    = (*Store)(nil) // grant.go
-	_ sluice.Granter    = (*MultiStore)(nil)
-	_ sluice.Slots      = (*Store)(nil) // inflight.go
+	_ sluice.Store        = (*Store)(nil)
+	_ sluice.MultiStore   = (*MultiStore)(nil)
+	_ sluice.Granter      = (*Store)(nil) // grant.go
+	_ sluice.Granter      = (*MultiStore)(nil)
+	_ sluice.Slots        = (*Store)(nil) // inflight.go
+	_ sluice.LimitChecker = (*Store)(nil)
 )
 
 // Errors returned by this package. Test with errors.Is.
@@ -293,8 +294,12 @@ type Options struct {
 // through as they are, the others are marked SourceDenyCache,
 // SourceFallback, SourceFailOpen or SourceFailClosed.
 //
-// Bad input (sluice.ValidateRequest fails) is returned as the backend would
-// return it and never counts as a backend failure. When the caller's
+// Bad input (sluice.ValidateRequest fails, or the backend refuses the call
+// with one of package sluice's bad-input errors: ErrInvalidLimit, ErrInvalidKey,
+// ErrInvalidCost, ErrCostExceedsBurst, ErrGrantUnsupported, ErrInvalidReturn,
+// ErrInvalidWeight, ErrInvalidHolder) is returned as the backend would
+// return it and never counts as a backend failure. A lease store's
+// lease.ErrInvalidStaleness is one: it wraps sluice.ErrInvalidLimit. When the caller's
 // context ends, the error wraps the context's error and no policy applies;
 // a call whose context has ended before it is made gets that error from
 // every method, whatever the breaker's state, and a deny-cache hit too
@@ -635,6 +640,31 @@ func (s *Store) closedDecision(limit sluice.Limit) sluice.Decision {
 	return sluice.Decision{Limit: limit, RetryAfter: s.probe, ResetAfter: s.probe, Source: sluice.SourceFailClosed}
 }
 
+// CheckLimit implements sluice.LimitChecker: ErrZeroStore for a zero
+// Store, otherwise the backend's verdict on limit and, under FallbackLocal,
+// the fallback's, when they are LimitCheckers (a lease store is). A limit
+// they refuse would fail every call with the caller's error, never the
+// policy's answer, so a Limiter or middleware built on s refuses it.
+func (s *Store) CheckLimit(limit sluice.Limit) error {
+	if s == nil || s.backend == nil {
+		return ErrZeroStore
+	}
+	if err := limit.Validate(); err != nil {
+		return err
+	}
+	if c, ok := s.backend.(sluice.LimitChecker); ok {
+		if err := c.CheckLimit(limit); err != nil {
+			return err
+		}
+	}
+	if c, ok := s.fallback.(sluice.LimitChecker); ok {
+		if err := c.CheckLimit(limit); err != nil {
+			return fmt.Errorf("resilient: fallback: %w", err)
+		}
+	}
+	return nil
+}
+
 // Reset implements sluice.Store. It resets the key on the backend (bounded
 // by the timeout but not subject to the policy: a failure is returned), in
 // the fallback store, and in this process's deny cache. Other processes'
@@ -823,11 +853,13 @@ func bounded[T any](ctx context.Context, timeout time.Duration, inline bool, fn 
 	}
 }
 
-// badInput reports whether err is the caller's fault, not the backend's.
+// badInput reports whether err is the caller's fault, not the backend's:
+// the same call would fail again whatever the backend's health.
 func badInput(err error) bool {
 	return errors.Is(err, sluice.ErrInvalidKey) || errors.Is(err, sluice.ErrInvalidLimit) ||
 		errors.Is(err, sluice.ErrInvalidCost) || errors.Is(err, sluice.ErrCostExceedsBurst) ||
-		errors.Is(err, sluice.ErrInvalidWeight) || errors.Is(err, sluice.ErrInvalidHolder)
+		errors.Is(err, sluice.ErrInvalidWeight) || errors.Is(err, sluice.ErrInvalidHolder) ||
+		errors.Is(err, sluice.ErrGrantUnsupported) || errors.Is(err, sluice.ErrInvalidReturn)
 }
 
 // ended returns the error of a call whose context has already ended, as
