@@ -230,7 +230,8 @@ type Options struct {
 // Store is a sluice.Store that answers from leases on a sluice.Granter. It
 // is safe for concurrent use; at most one grant per key is in flight at a
 // time in one Store. Build one with New and Close it to return unused
-// units. The zero value refuses every call with ErrNoGranter.
+// units. The zero value, and a nil *Store, refuse every call with
+// ErrNoGranter; their Stats are zeros and their Close does nothing.
 type Store struct {
 	granter   sluice.Granter
 	staleness time.Duration
@@ -270,6 +271,9 @@ type Stats struct {
 // zero Store reports zeros. It walks every key tracked, for Leased: read
 // it per scrape, not per request.
 func (s *Store) Stats() Stats {
+	if s == nil {
+		return Stats{}
+	}
 	var local uint64
 	leased := 0
 	now := s.now()
@@ -471,7 +475,7 @@ func (s *Store) check(key string, limit sluice.Limit, cost int64) (time.Duration
 // staleFor returns the key's maximum staleness, not yet validated: zero
 // when the key is not leased.
 func (s *Store) staleFor(key string, limit sluice.Limit) (time.Duration, error) {
-	if s.granter == nil {
+	if s == nil || s.granter == nil {
 		return 0, ErrNoGranter
 	}
 	if s.stale != nil {
@@ -1011,7 +1015,7 @@ func (s *Store) TakeAll(ctx context.Context, reqs []sluice.Request) ([]sluice.De
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	if s.granter == nil {
+	if s == nil || s.granter == nil {
 		return nil, ErrNoGranter
 	}
 	multi, _ := s.granter.(sluice.MultiStore)
@@ -1136,7 +1140,7 @@ func (s *Store) Peek(ctx context.Context, key string, limit sluice.Limit, cost i
 // leases live on for at most MaxStaleness.
 func (s *Store) Reset(ctx context.Context, key string, limit sluice.Limit) error {
 	ctx = ctxutil.OrBackground(ctx)
-	if s.granter == nil {
+	if s == nil || s.granter == nil {
 		return ErrNoGranter
 	}
 	if id := s.knownID(limit); id != 0 {
@@ -1152,11 +1156,19 @@ func (s *Store) Reset(ctx context.Context, key string, limit sluice.Limit) error
 
 // Len returns the number of keys the Store tracks (a lease, a remembered
 // denial, or only the key's demand), idle ones not yet swept included.
-func (s *Store) Len() int { return int(s.keys.Load()) }
+func (s *Store) Len() int {
+	if s == nil {
+		return 0
+	}
+	return int(s.keys.Load())
+}
 
 // Close returns every lease's unused units to the store, and forgets the
 // leases. The Store still answers afterwards.
 func (s *Store) Close(ctx context.Context) error {
+	if s == nil {
+		return nil
+	}
 	ctx = ctxutil.OrBackground(ctx)
 	var errs []error
 	for i := range s.shards {

@@ -52,7 +52,7 @@ func (s *Store) AbandonSlot(key, holder string) {
 }
 
 func (s *Store) slots() (sluice.Slots, error) {
-	if s.granter == nil {
+	if s == nil || s.granter == nil {
 		return nil, ErrNoGranter
 	}
 	st, ok := s.granter.(sluice.Slots)

@@ -353,7 +353,7 @@ var accessSHA = newScript(accessScript).sha.(string)
 // that a user who lost either permission is found too.
 func (s *Store) CheckAccess(ctx context.Context) error {
 	ctx = ctxutil.OrBackground(ctx)
-	if s.client == nil {
+	if s == nil || s.client == nil {
 		return ErrNoClient
 	}
 	key := s.prefix + "check"

@@ -196,7 +196,7 @@ func (r *reloader) succeeded() {
 // replaces any fn set before; nil removes it. On other clients it does
 // nothing.
 func (s *Store) OnFailover(fn func()) {
-	if s.reload == nil {
+	if s == nil || s.reload == nil {
 		return
 	}
 	if fn == nil {
@@ -226,7 +226,7 @@ func nodeTrouble(err error) bool {
 // ClusterClient to reload the slot map after connection errors (see
 // Options.ReloadInterval): a counter for a metric. It is 0 on other clients.
 func (s *Store) ClusterReloads() uint64 {
-	if s.reload == nil {
+	if s == nil || s.reload == nil {
 		return 0
 	}
 	return s.reload.count.Load()

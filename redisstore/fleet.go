@@ -35,6 +35,9 @@ type Membership struct {
 // Prefix + "{fleet}", one hash slot on a Cluster, which no rate-limit key
 // can equal (those end in ":" and an algorithm code).
 func (s *Store) Membership() *Membership {
+	if s == nil {
+		return &Membership{key: "{fleet}"}
+	}
 	return &Membership{client: s.client, key: s.prefix + "{fleet}"}
 }
 

@@ -34,6 +34,9 @@ func (s *Store) slotKey(key string) string {
 // SlotKeys returns the Redis keys that hold key's in-flight slots (one),
 // for inspecting TTLs or checking what was written. It does not validate.
 func (s *Store) SlotKeys(key string) []string {
+	if s == nil {
+		s = &Store{}
+	}
 	return []string{s.slotKey(key)}
 }
 
@@ -104,6 +107,9 @@ func (s *Store) Release(ctx context.Context, key string, holder string) (bool, e
 	}
 	if err := sluice.ValidateHolder(holder); err != nil {
 		return false, err
+	}
+	if s == nil {
+		return false, fmt.Errorf("redisstore: in-flight release: %w", ErrNoClient) // as a zero Store's
 	}
 	if s.young.take(key, holder) {
 		// One ZREM frees it; a reply of 0 means the id no longer holds

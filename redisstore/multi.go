@@ -30,10 +30,6 @@ func (s *Store) TakeAll(ctx context.Context, reqs []sluice.Request) ([]sluice.De
 	if err := sluice.ValidateRequests(reqs); err != nil {
 		return nil, fmt.Errorf("redisstore: %w", err)
 	}
-	keys := make([]string, len(reqs))
-	for i, r := range reqs {
-		keys[i] = s.redisKey(r.Key, r.Limit.Algorithm)
-	}
 	switch {
 	case len(reqs) == 0:
 		return []sluice.Decision{}, nil
@@ -43,6 +39,14 @@ func (s *Store) TakeAll(ctx context.Context, reqs []sluice.Request) ([]sluice.De
 			return nil, err
 		}
 		return []sluice.Decision{d}, nil
+	case s == nil || s.client == nil:
+		return nil, ErrNoClient
+	}
+	keys := make([]string, len(reqs))
+	for i, r := range reqs {
+		keys[i] = s.redisKey(r.Key, r.Limit.Algorithm)
+	}
+	switch {
 	case s.oneSlot(keys):
 		return s.takeAtomic(ctx, reqs, keys)
 	default:

@@ -163,7 +163,9 @@ type Options struct {
 // concurrent use and holds no rate-limit state of its own: any number of
 // Stores, in any number of processes, may share a server. It keeps no
 // goroutine running between calls, so it needs no Close. Build one with
-// New; the zero value answers every call with ErrNoClient.
+// New; the zero value, and a nil *Store, answer every call that would
+// reach Redis with ErrNoClient (Keys, SlotKeys and Membership answer as for
+// an empty Prefix).
 //
 // Every call returns ctx.Err() as soon as its context ends, whether it is
 // waiting for a batch or on the wire; if its command was already sent it
@@ -216,6 +218,9 @@ func New(client redis.UniversalClient, opts *Options) *Store {
 // Keys returns the Redis keys that hold key's state under l (one today), for
 // inspecting TTLs or checking what was written. It does not validate.
 func (s *Store) Keys(key string, l sluice.Limit) []string {
+	if s == nil {
+		s = &Store{}
+	}
 	return []string{s.redisKey(key, l.Algorithm)}
 }
 
@@ -230,7 +235,7 @@ func (s *Store) redisKey(key string, a sluice.Algorithm) string {
 // now returns the script's now argument: µs from the caller's clock, or ""
 // for the server's TIME.
 func (s *Store) now() (any, error) {
-	if s.client == nil {
+	if s == nil || s.client == nil {
 		return nil, ErrNoClient
 	}
 	if s.clock == nil {
@@ -328,7 +333,7 @@ func (s *Store) Reset(ctx context.Context, key string, limit sluice.Limit) error
 	if err := limit.Validate(); err != nil {
 		return err
 	}
-	if s.client == nil {
+	if s == nil || s.client == nil {
 		return ErrNoClient
 	}
 	ctx = ctxutil.OrBackground(ctx)

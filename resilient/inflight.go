@@ -136,8 +136,12 @@ func (s *Store) Acquire(ctx context.Context, key string, l sluice.InFlightLimit,
 // (sluice.ReleaseAbandoned), not through the breaker, which during the
 // outage it is meant for would refuse it, or count it as one more failure.
 // A holder the breaker kept from the backend never reached it: nothing is
-// sent. sluice.ReleaseAbandoned calls it.
+// sent. sluice.ReleaseAbandoned calls it. On a zero or nil Store it does
+// nothing.
 func (s *Store) AbandonSlot(key, holder string) {
+	if s == nil || s.backend == nil {
+		return
+	}
 	ref := slotRef{key, holder}
 	if _, ok := s.sent.get(ref, s.clock()); !ok {
 		return

@@ -306,8 +306,9 @@ type Options struct {
 // (the caller is gone: one answer for all paths).
 // Otherwise errors are the fallback store's own failures only.
 //
-// The zero value (and a zero MultiStore) refuses every call with
-// ErrZeroStore; its State is closed and its Close does nothing.
+// The zero value, a nil *Store and a zero MultiStore refuse every call
+// with ErrZeroStore (AbandonSlot, Probe and ProbeNow do nothing); their
+// State is closed and their Close does nothing.
 type Store struct {
 	backend  sluice.Store
 	fallback sluice.Store
