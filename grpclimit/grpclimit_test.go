@@ -193,7 +193,7 @@ func TestLayeredAndShadow(t *testing.T) {
 			t.Fatalf("call %d: %v", i, err)
 		}
 	}
-	d, err := store.Peek(context.Background(), "grpclimit:v2:method:"+healthpb.Health_Check_FullMethodName, sluice.PerMinute(100), 1)
+	d, err := store.Peek(context.Background(), "grpclimit:v3:method@406b20be:"+healthpb.Health_Check_FullMethodName, sluice.PerMinute(100), 1)
 	if err != nil || d.Remaining != 97 {
 		t.Errorf("method limit: %+v, %v; want 97 remaining (denied calls leak nothing)", d, err)
 	}

@@ -239,7 +239,7 @@ func TestInFlightThenRate(t *testing.T) {
 	if got, want := obs.get("one/release/allowed"), 3; got != want {
 		t.Errorf("slot releases = %d, want %d (the rate denial released its slot)", got, want)
 	}
-	slot, d, err := sluice.AcquireSlot(context.Background(), store, "httplimit:v2:one:*", oneAtATime[0].Limit, 1)
+	slot, d, err := sluice.AcquireSlot(context.Background(), store, "httplimit:v3:one:*", oneAtATime[0].Limit, 1)
 	if err != nil || !d.Allowed {
 		t.Fatalf("the slot is still held after the rate denial: %+v %v", d, err)
 	}

@@ -278,7 +278,7 @@ func TestLayeredLimitsLeakNothing(t *testing.T) {
 		}
 	}
 	// alice made 8 requests; only the 3 admitted ones count against her.
-	d, err := store.Peek(context.Background(), "httplimit:v2:user:alice", user, 1)
+	d, err := store.Peek(context.Background(), "httplimit:v3:user@01257885:alice", user, 1)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -520,7 +520,7 @@ func TestHashKey(t *testing.T) {
 	if strings.Contains(k1, "192.0.2.1") || strings.Contains(p1, "192.0.2.1") {
 		t.Errorf("raw IP in key %q / %q", k1, p1)
 	}
-	if k1 == k2 || k1 == p1 || !strings.HasPrefix(k1, "httplimit:v2:ip#") {
+	if k1 == k2 || k1 == p1 || !strings.HasPrefix(k1, "httplimit:v3:ip@a2e6a799#") {
 		t.Errorf("keys %q, %q, penalty %q", k1, k2, p1)
 	}
 	if again, _ := keys(m, "192.0.2.1"); again != k1 {

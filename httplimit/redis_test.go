@@ -93,7 +93,7 @@ func TestRedisLayeredNoLeak(t *testing.T) {
 		if got := ok.Load(); got != 25 {
 			t.Errorf("admitted %d, want exactly 25", got)
 		}
-		d, err := store.Peek(context.Background(), "httplimit:v2:account:acme", account, 1)
+		d, err := store.Peek(context.Background(), "httplimit:v3:account@db7dd091:acme", account, 1)
 		if err != nil {
 			t.Fatal(err)
 		}

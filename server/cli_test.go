@@ -413,8 +413,9 @@ func TestCLIReload(t *testing.T) {
 		if got, want := p.policies(t), "a=sliding_window_log 3/h,b=fixed_window 2/s"; got != want {
 			t.Errorf("after reload: %s, want %s", got, want)
 		}
-		// The key's state survives the reload: 1 of 3 is used.
-		if code, m := p.post(t, "/v1/check", `{"policy":"a","key":"k"}`); code != 200 || m["remaining"] != float64(1) {
+		// The changed limit counts in keys of its own: the check is the
+		// first of 3.
+		if code, m := p.post(t, "/v1/check", `{"policy":"a","key":"k"}`); code != 200 || m["remaining"] != float64(2) {
 			t.Errorf("after reload: %d %v", code, m)
 		}
 		write("policies:\n  - name: a\n    limit: sliding_window_log 3/h\n  - name: b\n    limit: 2/s\n    colour: blue\n")

@@ -25,7 +25,7 @@ func TestFaultServeClusterFailover(t *testing.T) {
 	race.SkipTiming(t)
 	cl := redistest.StartCluster(t, &redistest.ClusterOptions{Replicas: 1})
 	serveUnderFailover(t, cl.URL(), func(call func(context.Context, string) (int64, error)) (func(), func() time.Time) {
-		master := cl.MasterOf(t, redisHashTag("hot", "k"))
+		master := cl.MasterOf(t, redisHashTag(t, "hot", "fixed_window 1000000000/1h", "k"))
 		return master.Kill, func() time.Time {
 			_, at := cl.AwaitMaster(t, 10*time.Second, cl.ReplicasOf(t, master)...)
 			return at
@@ -124,7 +124,7 @@ func TestFaultServeClusterNodeDown(t *testing.T) {
 	if _, st := p.getJSON(t, "/v1/status"); st["degraded"] != false {
 		t.Fatalf("before: status %v, want not degraded", st)
 	}
-	cl.MasterOf(t, redisHashTag("api", "k0")).Kill()
+	cl.MasterOf(t, redisHashTag(t, "api", "fixed_window 1000000000/1h", "k0")).Kill()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		load()

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/enforce"
 	"github.com/sluicehq/sluice/internal/race"
 	"github.com/sluicehq/sluice/internal/redistest"
@@ -83,7 +84,7 @@ func TestFaultServeClusterFailoverLocal(t *testing.T) {
 	race.SkipTiming(t)
 	c := redistest.StartCluster(t, &redistest.ClusterOptions{Replicas: 1})
 	f := startFleet(t, c.URL(), 2, failoverConfig)
-	master := c.MasterOf(t, redisHashTag("api", "hot"))
+	master := c.MasterOf(t, redisHashTag(t, "api", "gcra 1000000/h", "hot"))
 	replicas := c.ReplicasOf(t, master)
 	checkRecovery(t, f, master.Kill, func() time.Time {
 		_, at := c.AwaitMaster(t, 10*time.Second, replicas...)
@@ -132,11 +133,17 @@ func TestFaultServeSentinelFailoverLocal(t *testing.T) {
 }
 
 // redisHashTag is the hash tag of the Redis key that holds key's state
-// under policy: the service's store key (one key grammar, package
-// internal/enforce) in braces.
-func redisHashTag(policy, key string) string {
+// under policy with limit l (as the configuration writes it): the
+// service's store key (one key grammar, package internal/enforce) in
+// braces.
+func redisHashTag(t *testing.T, policy, limit, key string) string {
+	t.Helper()
+	l, err := sluice.ParseLimit(limit)
+	if err != nil {
+		t.Fatal(err)
+	}
 	k := enforce.NewKeyer("", nil)
-	storeKey, _ := k.Keys(k.Base(policy), key, false)
+	storeKey, _ := k.Keys(k.LimitStem(k.Base(policy), l), key, false)
 	return "{" + storeKey + "}"
 }
 

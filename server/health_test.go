@@ -1011,7 +1011,7 @@ func TestFaultPartialFailureNamesCause(t *testing.T) {
 		Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	p := &proc{http: srv.HTTPAddr()}
 	// Every key sluice uses but policy other's.
-	if err := admin.Do(ctx, "acl", "setuser", "partial", "resetkeys", "~sluice:check", "~sluice:{fleet}*", "~{sluice:fleet}*", "~sluice:{v2:api:*", "~sluice:{v2:sluice-breaker-probe*").Err(); err != nil {
+	if err := admin.Do(ctx, "acl", "setuser", "partial", "resetkeys", "~sluice:check", "~sluice:{fleet}*", "~{sluice:fleet}*", "~sluice:{v3:api@*", "~sluice:{v2:sluice-breaker-probe*").Err(); err != nil {
 		t.Fatal(err)
 	}
 	check := func(policy string) {

@@ -168,6 +168,9 @@ func NewService(store sluice.Store, cfg *config.Config, opts *ServiceOptions) *S
 type snapshot struct {
 	cfg   *config.Config
 	bases map[*config.Policy]string // store key stems
+	// stems are the key stems of the policies' rules, with their limits
+	// (Keyer.LimitStem).
+	stems map[*enforce.Rule]string
 	// leases maps the stems of policies with a lease to its maximum
 	// staleness.
 	leases map[string]time.Duration
@@ -202,11 +205,15 @@ func (s *Service) SetConfig(cfg *config.Config) {
 		s.holds.forget(gone)
 		s.metrics.forget(gone)
 	}
-	snap := &snapshot{cfg: cfg, bases: make(map[*config.Policy]string, len(cfg.Policies)), version: s.version.Add(1)}
+	snap := &snapshot{cfg: cfg, bases: make(map[*config.Policy]string, len(cfg.Policies)), stems: map[*enforce.Rule]string{}, version: s.version.Add(1)}
 	snap.rings = s.stats.setPolicies(cfg.Policies)
 	s.mon.setPolicies(cfg.Policies)
 	for _, p := range cfg.Policies {
 		snap.bases[p] = s.keyer.Base(p.Name)
+		rules := p.Rules()
+		for i := range rules {
+			snap.stems[&rules[i]] = s.keyer.LimitStem(snap.bases[p], rules[i].Limit)
+		}
 		if p.Lease > 0 {
 			if snap.leases == nil {
 				snap.leases = map[string]time.Duration{}
@@ -287,11 +294,21 @@ func (s *Service) policyBase(p *config.Policy) string {
 	return s.keyer.Base(p.Name)
 }
 
+// ruleStem is the stem of the store keys of rule, one of p's: its name's
+// and its limit's, so that instances holding different limits for p (a
+// rollout) never read each other's counters.
+func (s *Service) ruleStem(p *config.Policy, rule *enforce.Rule) string {
+	if stem, ok := s.snap.Load().stems[rule]; ok {
+		return stem
+	}
+	return s.keyer.LimitStem(s.policyBase(p), rule.Limit)
+}
+
 // check is the engine check of key under p, taking cost units (0: only
 // look).
 func (s *Service) check(p *config.Policy, key string, cost int64) enforce.Check {
-	base := s.policyBase(p)
 	rule := p.Rule(key)
+	base := s.ruleStem(p, rule)
 	c := enforce.Check{Rule: rule, Cost: cost}
 	c.Key, c.PenaltyKey = s.keyer.Keys(base, key, rule.Strategy == enforce.Penalty)
 	return c

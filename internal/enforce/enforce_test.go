@@ -113,9 +113,9 @@ func TestRuleValidate(t *testing.T) {
 func TestKeyer(t *testing.T) {
 	t.Parallel()
 	plainK := NewKeyer("p:", nil)
-	base := plainK.Base("rule")
+	base := plainK.LimitStem(plainK.Base("rule"), sluice.PerMinute(10))
 	k, b := plainK.Keys(base, "1.2.3.4", true)
-	if k != "p:v2:rule:1.2.3.4" || b != "p:v2:rule!:1.2.3.4" {
+	if k != "p:v3:rule@01257885:1.2.3.4" || b != "p:v3:rule@01257885!:1.2.3.4" {
 		t.Errorf("plain keys %q %q", k, b)
 	}
 	if _, b := plainK.Keys(base, "x", false); b != "" {
@@ -123,13 +123,51 @@ func TestKeyer(t *testing.T) {
 	}
 	long := strings.Repeat("k", sluice.MaxKeyLen)
 	k, b = plainK.Keys(base, long, true)
-	if len(k) > sluice.MaxKeyLen || len(b) > sluice.MaxKeyLen || !strings.HasPrefix(k, "p:v2:rule#") {
+	if len(k) > sluice.MaxKeyLen || len(b) > sluice.MaxKeyLen || !strings.HasPrefix(k, "p:v3:rule@01257885#") {
 		t.Errorf("long id: %q, %q", k, b)
 	}
 	secret := NewKeyer("p:", []byte("s"))
 	k, _ = secret.Keys(base, "1.2.3.4", false)
-	if strings.Contains(k, "1.2.3.4") || !strings.HasPrefix(k, "p:v2:rule#") || len(k) != len("p:v2:rule#")+32 {
+	if strings.Contains(k, "1.2.3.4") || !strings.HasPrefix(k, "p:v3:rule@01257885#") || len(k) != len("p:v3:rule@01257885#")+32 {
 		t.Errorf("hashed key %q", k)
+	}
+	// In-flight keys carry no limit.
+	if k, _ := plainK.Keys(plainK.Base("rule"), "*", false); k != "p:v3:rule:*" {
+		t.Errorf("in-flight key %q", k)
+	}
+}
+
+// A rule's keys belong to its limit: two limits of one rule (a reload, or
+// a fleet mid-rollout) never share a counter, nor a block, while equal
+// limits written differently do; the keys of both still name the rule.
+func TestKeysBelongToTheLimit(t *testing.T) {
+	t.Parallel()
+	k := NewKeyer("p:", nil)
+	base := k.Base("api")
+	limits := []sluice.Limit{
+		sluice.PerSecond(5), sluice.PerSecond(5).WithBurst(6), sluice.PerSecond(6),
+		{Rate: 5, Period: 24 * time.Hour}, sluice.PerSecond(5).WithAlgorithm(sluice.FixedWindow),
+		sluice.PerSecond(5).WithAlgorithm(sluice.SlidingWindowCounter),
+		sluice.PerMinute(10).WithAlgorithm(sluice.FixedWindow), {Algorithm: sluice.FixedWindow, Rate: 10, Period: 10 * time.Minute},
+	}
+	seen := map[string]sluice.Limit{}
+	for _, l := range limits {
+		key, block := k.Keys(k.LimitStem(base, l), "alice", true)
+		for _, s := range []string{key, block} {
+			if prev, dup := seen[s]; dup {
+				t.Errorf("%v and %v share %q", prev, l, s)
+			}
+			seen[s] = l
+		}
+		if stem, ok := k.Stem(key); !ok || stem != base {
+			t.Errorf("Stem(%q) = %q, %v; want %q", key, stem, ok, base)
+		}
+		if _, ok := k.Stem(block); ok {
+			t.Errorf("Stem(block %q) is ok", block)
+		}
+	}
+	if a, b := k.LimitStem(base, sluice.PerSecond(5)), k.LimitStem(base, sluice.PerSecond(5).WithBurst(5)); a != b {
+		t.Errorf("5/s and 5/s burst 5: %q, %q", a, b)
 	}
 }
 
@@ -349,12 +387,13 @@ func TestPenaltyOutlivesRequest(t *testing.T) {
 	}
 }
 
-// No two distinct (rule, key) pairs share a store key, nor does a key a
-// block key, whatever bytes names and keys hold: names are escaped, and the
-// first separator after the tag ends them.
+// No two distinct (rule, limit, key) triples share a store key, nor does
+// a key a block key, nor a rate key an in-flight key, whatever bytes names
+// and keys hold: names are escaped, the first separator after the tag ends
+// them, and a fingerprint has a fixed length.
 func TestKeyGrammarIsInjective(t *testing.T) {
 	t.Parallel()
-	alphabet := []string{"a", ":", "#", "!", "%", "%3A", "3A", "v2:", "|", "{", "}"}
+	alphabet := []string{"a", ":", "#", "!", "@", "%", "%3A", "%40", "3A", "v2:", "v3:", "@01257885", "|", "{", "}"}
 	word := func(r *rand.Rand, minLen int) string {
 		var b strings.Builder
 		for n := minLen + r.IntN(4); n > 0; n-- {
@@ -362,12 +401,16 @@ func TestKeyGrammarIsInjective(t *testing.T) {
 		}
 		return b.String()
 	}
+	limits := []sluice.Limit{{}, sluice.PerMinute(10), sluice.PerMinute(11), sluice.PerMinute(10).WithAlgorithm(sluice.FixedWindow)}
 	r := rand.New(rand.NewPCG(1, 2))
 	for _, secret := range [][]byte{nil, []byte("s")} {
 		k := NewKeyer("p:", secret)
-		type pair struct{ name, id, kind string }
-		seen := map[string]pair{}
-		add := func(key string, p pair) {
+		type triple struct {
+			name, id, kind string
+			limit          sluice.Limit
+		}
+		seen := map[string]triple{}
+		add := func(key string, p triple) {
 			if prev, dup := seen[key]; dup && prev != p {
 				t.Fatalf("secret %q: %+v and %+v share the store key %q", secret, prev, p, key)
 			}
@@ -381,7 +424,13 @@ func TestKeyGrammarIsInjective(t *testing.T) {
 			if r.IntN(50) == 0 {
 				id = strings.Repeat("x", sluice.MaxKeyLen) // hashed id
 			}
-			key, block := k.Keys(k.Base(name), id, true)
+			l := limits[r.IntN(len(limits))]
+			base := k.Base(name)
+			stem, kind := base, "in-flight" // the zero limit stands for an in-flight rule's
+			if l != (sluice.Limit{}) {
+				stem, kind = k.LimitStem(base, l), "key"
+			}
+			key, block := k.Keys(stem, id, true)
 			if len(key) > sluice.MaxKeyLen || len(block) > sluice.MaxKeyLen {
 				t.Fatalf("%q, %q: key of %d, block of %d bytes", name, id, len(key), len(block))
 			}
@@ -390,14 +439,14 @@ func TestKeyGrammarIsInjective(t *testing.T) {
 			}
 			// Stem finds the rule of every key, a long name's too, and no
 			// rule for a block key.
-			if stem, ok := k.Stem(key); !ok || stem != k.Base(name) {
-				t.Fatalf("Stem(%q) = %q, %v; rule %q", key, stem, ok, name)
+			if got, ok := k.Stem(key); !ok || got != base {
+				t.Fatalf("Stem(%q) = %q, %v; rule %q", key, got, ok, name)
 			}
 			if _, ok := k.Stem(block); ok {
 				t.Fatalf("Stem(block %q) is ok", block)
 			}
-			add(key, pair{name, id, "key"})
-			add(block, pair{name, id, "block"})
+			add(key, triple{name, id, kind, l})
+			add(block, triple{name, id, kind + " block", l})
 		}
 	}
 }

@@ -121,6 +121,9 @@ func NewSlotRules[R any](store sluice.Store, specs []SlotSpec[R], prefix string,
 		seen[s.Name] = true
 		var key string
 		var count *atomic.Int64
+		// No limit fingerprint (LimitStem): the store's slots hold no state
+		// read under Max, and a Max changed on reload (or differing across
+		// a fleet) must still count the slots already held.
 		switch s.Kind {
 		case PerKey:
 			key, needStore = keyer.Base(s.Name), true

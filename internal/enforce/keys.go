@@ -12,20 +12,26 @@ import (
 )
 
 // KeyVersion tags every store key, so that a change of the grammar shows
-// in the keys themselves. v2 is the escaped grammar below; before it the
-// middleware and the service each had their own.
-const KeyVersion = "v2:"
+// in the keys themselves. v3 adds the limit's fingerprint to rate keys;
+// v2 was the escaped grammar without it; before v2 the middleware and the
+// service each had their own.
+const KeyVersion = "v3:"
 
 // Keyer builds store keys, in one grammar for every front end:
 //
-//	prefix "v2:" name ':' key        the key as it is
-//	prefix "v2:" name '#' hash       hashed: always with a secret, else when too long
-//	prefix "v2:" name '!' ':' key    a Penalty rule's block key ('!#' hash when hashed)
+//	prefix "v3:" name '@' fp ':' key        a rate rule's key as it is
+//	prefix "v3:" name '@' fp '#' hash       hashed: always with a secret, else when too long
+//	prefix "v3:" name '@' fp '!' ':' key    a Penalty rule's block key ('!#' hash when hashed)
+//	prefix "v3:" name ':' key               an in-flight rule's key (no fp; '#' hash likewise)
 //
-// The name is escaped ('%', ':', '#' and '!' become %XX), so the first of
-// ':', '#' and '!' after the tag ends it, and no two distinct (rule, key)
-// pairs, nor a key and a block key, share a store key. A name too long
-// for its keys to fit sluice.MaxKeyLen with a hashed key is itself
+// fp is the rule's limit's fingerprint (LimitStem): state counted under
+// one limit is never read under another, which would take it for stale
+// and start afresh (a reload, or instances of a fleet holding different
+// limits mid-rollout, resetting each other on every request). The name is
+// escaped ('%', ':', '#', '!' and '@' become %XX), so the first of ':',
+// '#', '!' and '@' after the tag ends it, and no two distinct (rule, limit,
+// key) triples, nor a key and a block key, share a store key. A name too
+// long for its keys to fit sluice.MaxKeyLen with a hashed key is itself
 // replaced by '#' and its hash (a name never holds a raw '#'), so every
 // key still names its rule's stem (Stem).
 type Keyer struct {
@@ -49,8 +55,12 @@ func NewKeyer(prefix string, secret []byte) *Keyer {
 // hashedName is the length of a hashed name: '#' and 32 hex digits.
 const hashedName = 1 + 32
 
+// fpLen is the length of a limit's fingerprint: '@' and 8 hex digits.
+const fpLen = 1 + 8
+
 // Base returns the key stem of a rule: prefix, tag and escaped name, or
-// the name's hash when it is too long.
+// the name's hash when it is too long. In-flight rules key under it; rate
+// rules under LimitStem(Base(name), limit).
 func (k *Keyer) Base(rule string) string {
 	var b strings.Builder
 	b.Grow(len(k.prefix) + len(KeyVersion) + len(rule))
@@ -58,7 +68,7 @@ func (k *Keyer) Base(rule string) string {
 	b.WriteString(KeyVersion)
 	for i := 0; i < len(rule); i++ {
 		switch c := rule[i]; c {
-		case '%', ':', '#', '!':
+		case '%', ':', '#', '!', '@':
 			const hexDigits = "0123456789ABCDEF"
 			b.WriteByte('%')
 			b.WriteByte(hexDigits[c>>4])
@@ -68,7 +78,7 @@ func (k *Keyer) Base(rule string) string {
 		}
 	}
 	base := b.String()
-	if len(base)+2+32 > sluice.MaxKeyLen {
+	if len(base)+fpLen+2+32 > sluice.MaxKeyLen {
 		n := len(k.prefix) + len(KeyVersion)
 		sum := sha256.Sum256([]byte(base[n:]))
 		return base[:n] + "#" + hex.EncodeToString(sum[:16])
@@ -76,28 +86,43 @@ func (k *Keyer) Base(rule string) string {
 	return base
 }
 
+// LimitStem returns the stem of a rate rule's keys under limit l: base
+// (from Base) and l's fingerprint, the first 32 bits of the SHA-256 of
+// l.String() (so equal limits written differently share their keys).
+func (k *Keyer) LimitStem(base string, l sluice.Limit) string {
+	sum := sha256.Sum256([]byte(l.String()))
+	return base + "@" + hex.EncodeToString(sum[:4])
+}
+
 // Stem returns the stem (Base) of the rule that key, a key from Keys,
-// belongs to. ok is false for a block key and a key from another Keyer.
+// belongs to, whatever the limit it counts under. ok is false for a block
+// key and a key from another Keyer.
 func (k *Keyer) Stem(key string) (stem string, ok bool) {
 	n := len(k.prefix) + len(KeyVersion)
 	if !strings.HasPrefix(key, k.prefix) || !strings.HasPrefix(key[len(k.prefix):], KeyVersion) {
 		return "", false
 	}
-	if len(key) > n && key[n] == '#' { // a hashed name
-		if len(key) <= n+hashedName || key[n+hashedName] == '!' {
+	end := n + hashedName // a hashed name
+	if len(key) <= n || key[n] != '#' {
+		i := strings.IndexAny(key[n:], ":#!@")
+		if i <= 0 {
 			return "", false
 		}
-		return key[:n+hashedName], true
+		end = n + i
 	}
-	i := strings.IndexAny(key[n:], ":#!")
-	if i <= 0 || key[n+i] == '!' {
-		return "", false
+	rest := end
+	if rest < len(key) && key[rest] == '@' {
+		rest += fpLen
 	}
-	return key[:n+i], true
+	if rest >= len(key) || (key[rest] != ':' && key[rest] != '#') {
+		return "", false // a block key ('!'), or cut short
+	}
+	return key[:end], true
 }
 
-// Keys returns the store key of id under the rule with stem base and, if
-// penalty, the rule's block key for id.
+// Keys returns the store key of id under the rule with stem base (Base,
+// or LimitStem for a rate rule) and, if penalty, the rule's block key for
+// id.
 func (k *Keyer) Keys(base, id string, penalty bool) (key, block string) {
 	sep := ":"
 	switch {

@@ -32,7 +32,7 @@ type Rules[R any] struct {
 	eng   *Engine
 	keyer *Keyer
 	specs []Spec[R]
-	bases []string // the key stems of specs (see Keyer.Base)
+	bases []string // the key stems of specs (see Keyer.LimitStem)
 	noKey error
 }
 
@@ -52,7 +52,7 @@ func NewRules[R any](store sluice.Store, specs []Spec[R], prefix string, hashKey
 	for i := range specs {
 		rs.specs[i] = specs[i]
 		rs.specs[i].Rule = rules[i] // as Setup prepared it
-		rs.bases[i] = keyer.Base(rules[i].Name)
+		rs.bases[i] = keyer.LimitStem(keyer.Base(rules[i].Name), rules[i].Limit)
 	}
 	return rs, nil
 }

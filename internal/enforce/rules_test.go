@@ -46,11 +46,11 @@ func TestRulesCollect(t *testing.T) {
 		keys     string
 		errMatch string
 	}{
-		{req: "ab", tags: "0 1 2", keys: "p:v2:all:ab p:v2:short:ab p:v2:dark:*"},
-		{req: "abcdef", tags: "0 2", keys: "p:v2:all:abcdef p:v2:dark:*"},
-		{req: "none", tags: "2", keys: "p:v2:dark:*"},
+		{req: "ab", tags: "0 1 2", keys: "p:v3:all@01257885:ab p:v3:short@01257885:ab p:v3:dark@01257885:*"},
+		{req: "abcdef", tags: "0 2", keys: "p:v3:all@01257885:abcdef p:v3:dark@01257885:*"},
+		{req: "none", tags: "2", keys: "p:v3:dark@01257885:*"},
 		{req: "fail", errMatch: `rule "all": boom`},
-		{req: "abcdefghijklmnop", tags: "0 2", keys: "p:v2:all:abcdefghijklmnop p:v2:dark:*"}, // a shadow cost over capacity: the engine records it
+		{req: "abcdefghijklmnop", tags: "0 2", keys: "p:v3:all@01257885:abcdefghijklmnop p:v3:dark@01257885:*"}, // a shadow cost over capacity: the engine records it
 	}
 	for _, tt := range tests {
 		checks, err := rs.Collect(tt.req, nil)

@@ -118,6 +118,11 @@ func (p *Policy) Rule(key string) *enforce.Rule {
 	return &p.rules[i+1]
 }
 
+// Rules returns the engine rules Rule picks from: the policy's, then one
+// per override (none for an in-flight policy or one not made by Load,
+// Parse or NewEnvoyPolicy). They are the config's: do not modify them.
+func (p *Policy) Rules() []enforce.Rule { return p.rules }
+
 // LimitFor returns the limit that applies to key: the first matching
 // override's, else the policy's.
 func (p *Policy) LimitFor(key string) sluice.Limit {
