@@ -21,11 +21,13 @@ import (
 // deadline), told how long they would have waited, rather than sleeping
 // until the deadline and failing then.
 func TestWaitLineFailsAtOnce(t *testing.T) {
+	race.SkipTiming(t)
 	t.Parallel()
 	checkWaitLine(t, newMemory(t, nil))
 }
 
 func TestRedisWaitLineFailsAtOnce(t *testing.T) {
+	race.SkipTiming(t)
 	t.Parallel()
 	checkWaitLine(t, redisstore.New(redistest.Client(t), &redisstore.Options{Prefix: redistest.Prefix(t)}))
 }

@@ -90,6 +90,7 @@ func checkLine(t *testing.T, runs [][]outcome, minServed, maxServed int, quick, 
 // request the rate cannot serve within MaxDelay is refused at once instead
 // of being held to MaxDelay and then refused.
 func TestDelayLineRefusesAtOnce(t *testing.T) {
+	race.SkipTiming(t)
 	t.Parallel()
 	for _, tc := range []struct {
 		maxDelay                time.Duration
@@ -112,6 +113,7 @@ func TestDelayLineRefusesAtOnce(t *testing.T) {
 
 // The same on a real Redis.
 func TestRedisDelayLineRefusesAtOnce(t *testing.T) {
+	race.SkipTiming(t)
 	t.Parallel()
 	store := redisstore.New(redistest.Client(t), &redisstore.Options{Prefix: redistest.Prefix(t)})
 	checkLine(t, delayRuns(t, store, 3, 20, 2*time.Second), 5, 6, quick, 1500*time.Millisecond, 2*time.Second)
@@ -163,6 +165,7 @@ func delayRuns(t *testing.T, store sluice.Store, runs, n int, maxDelay time.Dura
 // The Transport's equivalent: with a 2s deadline, the requests the rate
 // cannot send by then fail at once; the provider sees only those sent.
 func TestTransportLineRefusesAtOnce(t *testing.T) {
+	race.SkipTiming(t)
 	t.Parallel()
 	var calls atomic.Int64
 	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
