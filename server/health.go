@@ -295,8 +295,9 @@ const rlsServiceName = "envoy.service.ratelimit.v3.RateLimitService"
 // calls failed, with the breaker closed and the store answering the watch,
 // is degraded once such calls have gone on for partialAfter with no pause
 // of partialGap or more (isolated timeouts, a slow command, do not count;
-// a dead store opens the breaker sooner), and until partialWindow passes
-// without one.
+// a dead store opens the breaker sooner), or at the first one whose cause
+// is permanent (causeLevel ERROR), and until partialWindow passes without
+// one.
 const (
 	partialWindow = 10 * time.Second
 	partialAfter  = 2 * time.Second
@@ -327,7 +328,9 @@ func (h *Health) failedCall(now time.Time, err error) {
 	}
 	h.runLast = now
 	h.runN++
-	if now.Sub(h.runFrom) < partialAfter {
+	// A permanent cause (NOPERM, OOM, ...) will not pass on its own, and a
+	// policy with little traffic never sustains a run: told at once.
+	if now.Sub(h.runFrom) < partialAfter && causeLevel(err) < slog.LevelError {
 		return
 	}
 	h.partial, h.partialAt, h.partialN = true, now, h.runN

@@ -1048,6 +1048,126 @@ func TestFaultPartialFailureNamesCause(t *testing.T) {
 	}
 }
 
+// TestHealthPartialPermanentAtOnce: a permanent cause (NOPERM, OOM) will
+// not pass on its own, so its first failed call is a partial failure,
+// logged once at ERROR, however seldom the failing policy is used; a
+// transient cause as seldom says nothing.
+func TestHealthPartialPermanentAtOnce(t *testing.T) {
+	for _, tc := range []struct {
+		err     error
+		partial bool
+	}{
+		{errors.New("NOPERM No permissions to access a key"), true},
+		{errors.New("OOM command not allowed when used memory > 'maxmemory'."), true},
+		{errors.New("i/o timeout"), false},
+	} {
+		var logs syncBuffer
+		h := newHealth(healthOptions{log: slog.New(slog.NewTextHandler(&logs, nil)), policy: "local", withPolicy: true, store: "redis", reg: prometheus.NewRegistry()})
+		t0 := time.Now()
+		h.failedCall(t0, tc.err)
+		if got := h.Status().Degraded; got != tc.partial {
+			t.Errorf("%v: degraded %v after one failed call, want %v", tc.err, got, tc.partial)
+		}
+		// Every 550ms for 8s: never a run, but the same cause.
+		for d := 550 * time.Millisecond; d < 8*time.Second; d += 550 * time.Millisecond {
+			h.failedCall(t0.Add(d), tc.err)
+			h.refresh(t0.Add(d))
+		}
+		n := countLines(&logs, "breaker is closed")
+		if got := h.Status().Degraded; got != tc.partial || n != map[bool]int{true: 1, false: 0}[tc.partial] {
+			t.Errorf("%v every 550ms for 8s: degraded %v, %d lines; want %v and %d:\n%s", tc.err, got, n, tc.partial, map[bool]int{true: 1, false: 0}[tc.partial], logs.String())
+		}
+		if tc.partial && countLines(&logs, "level=ERROR") != 1 {
+			t.Errorf("%v: want the line at ERROR:\n%s", tc.err, logs.String())
+		}
+	}
+}
+
+// TestFaultPartialPermanentLowTraffic: a Redis user refused one policy's
+// keys, while another passes busily; that policy asked every 550ms (never a run of 2s without a 0.5s
+// pause): the first refused call makes the service degraded, with one
+// ERROR line naming the cause; before, nothing but the error counter.
+func TestFaultPartialPermanentLowTraffic(t *testing.T) {
+	race.SkipTiming(t)
+	r := redistest.StartServer(t)
+	admin := r.Client(t)
+	ctx := context.Background()
+	sluiceUser(t, admin, "seldom")
+	cfg := filepath.Join(t.TempDir(), "sluice.yaml")
+	if err := os.WriteFile(cfg, []byte("domain: d\npolicies:\n  - name: api\n    limit: fixed_window 1000000000/1h\n  - name: other\n    limit: fixed_window 1000000000/1h\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var logs syncBuffer
+	srv := runServer(t, Options{ConfigFile: cfg, RedisURL: "redis://seldom:pw@" + r.Addr, StoreCheckInterval: 50 * time.Millisecond,
+		Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	p := &proc{http: srv.HTTPAddr()}
+	// Every key sluice uses but policy other's.
+	if err := admin.Do(ctx, "acl", "setuser", "seldom", "resetkeys", "~sluice:check", "~sluice:{fleet}*", "~{sluice:fleet}*", "~sluice:{v2:api:*", "~sluice:{v2:sluice-breaker-probe*").Err(); err != nil {
+		t.Fatal(err)
+	}
+	// Policy api busy and passing keeps the breaker closed.
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(10 * time.Millisecond):
+			}
+			if resp, err := http.Post("http://"+p.http+"/v1/check", "application/json", strings.NewReader(`{"policy":"api","key":"k"}`)); err == nil {
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+			}
+		}
+	})
+	defer func() { close(stop); wg.Wait() }()
+	time.Sleep(200 * time.Millisecond)
+	start := time.Now()
+	var st map[string]any
+	for i := 0; ; i++ {
+		if resp, err := http.Post("http://"+p.http+"/v1/check", "application/json", strings.NewReader(`{"policy":"other","key":"k"}`)); err == nil {
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+		}
+		if _, st = p.getJSON(t, "/v1/status"); st["degraded"] == true {
+			break
+		}
+		if i == 3 {
+			t.Fatalf("%d refused calls of policy other, 550ms apart, over %v: status %v, metrics errors %q; want degraded at the first",
+				i+1, time.Since(start).Round(time.Millisecond), st, scrapedMetric(t, p, `sluice_store_errors_total{cause="permission",op="take",store="redis"}`))
+		}
+		time.Sleep(550 * time.Millisecond)
+	}
+	if st["fallback_active"] == true {
+		t.Fatalf("status %v: the breaker opened; not the case under test", st)
+	}
+	if got := scrapedMetric(t, p, "sluice_degraded"); got != "1" {
+		t.Errorf("sluice_degraded %s, want 1", got)
+	}
+	if reasons := fmt.Sprint(st["reasons"]); !strings.Contains(reasons, "permission: ") {
+		t.Errorf("reasons %s: want the cause (permission)", reasons)
+	}
+	line := logged(t, &logs, "store calls failing while the breaker is closed")
+	if !strings.Contains(line, "cause=permission") || !strings.Contains(line, "level=ERROR") {
+		t.Errorf("log line %q: want level ERROR and cause=permission", line)
+	}
+	// Still refused, still seldom: degraded throughout, one line.
+	for range 4 {
+		time.Sleep(550 * time.Millisecond)
+		if resp, err := http.Post("http://"+p.http+"/v1/check", "application/json", strings.NewReader(`{"policy":"other","key":"k"}`)); err == nil {
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+		}
+	}
+	if _, st = p.getJSON(t, "/v1/status"); st["degraded"] != true {
+		t.Errorf("status %v after more refused calls, want degraded", st)
+	}
+	if n := countLines(&logs, "breaker is closed"); n != 1 {
+		t.Errorf("%d partial-failure lines, want 1:\n%s", n, logs.String())
+	}
+}
+
 // TestFaultReadyzBoundedStalled: under the error policy /readyz asks Redis
 // itself, within its 2 s: a stalled Redis (every command paused) makes it
 // 503 in that time, the TLS sniff after a failed ping included.
