@@ -164,14 +164,25 @@ func (f *Fleet) apply(msg string) {
 // what the granting instance decided wherever its call lands. Instances
 // that predate this ignore the lines (parseNote refuses them).
 //
-//	F <id> <member> <op> <token>   a call passed on to member (base64url)
-//	A <id> <outcome> <hold_µs>     its answer: ok, gone (not held) or err
+//	F <id> <member> <op> <token> <until_ms>   a call passed on to member (base64url)
+//	A <id> <outcome> <hold_µs>                its answer: ok, gone (not held) or err
+//
+// until_ms is the forwarder's wall clock (Unix ms) when it stops waiting
+// and answers 503 "nothing changed". Redis may hold a message past that (a
+// stalled server delivers its queue when it resumes), so the member
+// carries out a call only before until_ms less forwardSkew by its own
+// clock: a 503 then really changed nothing, with the hosts' clocks up to
+// forwardSkew (less the answer's trip) apart. A line without until_ms
+// comes from an older forwarder and is carried out as before.
 
 const (
 	opExtend  = "e"
 	opRelease = "r"
 	// forwardTimeout bounds the wait for the granting instance's answer.
 	forwardTimeout = time.Second
+	// forwardSkew is the margin for the hosts' clocks and the answer's
+	// trip back before the forwarder's wait ends.
+	forwardSkew = 250 * time.Millisecond
 )
 
 type fwdAnswer struct {
@@ -203,9 +214,10 @@ func (f *Fleet) forward(ctx context.Context, op string, t slotToken) (time.Durat
 		delete(f.fwd, id)
 		f.fwdMu.Unlock()
 	}()
-	ctx, cancel := context.WithTimeout(ctx, forwardTimeout)
+	until := time.Now().Add(forwardTimeout)
+	ctx, cancel := context.WithDeadline(ctx, until)
 	defer cancel()
-	msg := strings.Join([]string{"F", id, b64.EncodeToString([]byte(t.member)), op, t.String()}, " ")
+	msg := strings.Join([]string{"F", id, b64.EncodeToString([]byte(t.member)), op, t.String(), strconv.FormatInt(until.UnixMilli(), 10)}, " ")
 	if err := f.client.Publish(ctx, f.noteChannel(), msg).Err(); err != nil {
 		return 0, fmt.Errorf("%w: %s; it could not be reached through Redis (%v): send the call there, or retry", ErrSlotElsewhere, held, err)
 	}
@@ -229,13 +241,26 @@ func (f *Fleet) forward(ctx context.Context, op string, t slotToken) (time.Durat
 func (f *Fleet) passedOn(line string) bool {
 	fl := strings.Fields(line)
 	switch {
-	case len(fl) == 5 && fl[0] == "F":
+	case (len(fl) == 5 || len(fl) == 6) && fl[0] == "F":
 		member, err := b64.DecodeString(fl[2])
 		if err != nil || string(member) != f.mon.instance || (fl[3] != opExtend && fl[3] != opRelease) {
 			return true
 		}
+		until := time.Now().Add(forwardTimeout)
+		if len(fl) == 6 {
+			ms, err := strconv.ParseInt(fl[5], 10, 64)
+			if err != nil {
+				return true
+			}
+			until = time.UnixMilli(ms).Add(-forwardSkew)
+			if !time.Now().Before(until) {
+				f.log.Warn("fleet: an in-flight call passed on here came after its forwarder stopped waiting (answered 503, nothing changed): not carried out", "op", fl[3], "late_by", time.Since(until.Add(forwardSkew)).Round(time.Millisecond))
+				f.lateCalls.Inc()
+				return true
+			}
+		}
 		f.wg.Add(1)
-		go f.answer(fl[1], fl[3], fl[4])
+		go f.answer(fl[1], fl[3], fl[4], until)
 		return true
 	case len(fl) == 4 && fl[0] == "A":
 		us, err := strconv.ParseInt(fl[3], 10, 64)
@@ -257,10 +282,10 @@ func (f *Fleet) passedOn(line string) bool {
 }
 
 // answer runs a call passed on to this instance and publishes its outcome.
-func (f *Fleet) answer(id, op, token string) {
+func (f *Fleet) answer(id, op, token string, until time.Time) {
 	defer f.wg.Done()
 	svc := f.mon.svc
-	ctx, cancel := context.WithTimeout(context.Background(), forwardTimeout)
+	ctx, cancel := context.WithDeadline(context.Background(), until)
 	defer cancel()
 	var hold time.Duration
 	t, p, err := svc.token(token)

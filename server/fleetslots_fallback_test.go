@@ -174,3 +174,80 @@ policies:
 		t.Errorf("release of the real token: %d, want 204", code)
 	}
 }
+
+// TestFleetFallbackForwardLateIgnored: a release passed on to the granting
+// instance while Redis is stalled is answered 503 "nothing changed" when
+// the wait ends; Redis delivers the queued message once it resumes, and
+// the granting instance must not carry it out then (it released the slot,
+// so that its extend answered 404). Same for an extend.
+func TestFleetFallbackForwardLateIgnored(t *testing.T) {
+	race.SkipTiming(t)
+	r := startRedis(t)
+	f := startFleet(t, r.url(), 2, `
+policies:
+  - name: jobs
+    in_flight: {max: 4, hold: 30s}
+`, "--fleet-size", "2")
+	a, b := f.procs[0], f.procs[1]
+	c := r.client()
+	defer c.Close()
+	ctx := context.Background()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		n, err := c.PubSubNumSub(ctx, "{sluice:fleet}:slots").Result()
+		if err == nil && n["{sluice:fleet}:slots"] == 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("listeners on the fleet's channel: %v, %v; want 2", n, err)
+		}
+	}
+	call := func(p *proc, path, token string) (int, map[string]any) {
+		t.Helper()
+		code, body, _ := post(t, "http://"+p.http, path, tokenBody(token))
+		return code, body
+	}
+	r.pause(t)
+	code, body := a.post(t, "/v1/acquire", `{"policy":"jobs","key":"k"}`)
+	r.resume(t)
+	if code != 200 || body["source"] != "fallback" {
+		t.Fatalf("acquire with Redis stalled: %d %v, want a fallback grant", code, body)
+	}
+	token := body["token"].(string)
+	// Forwarding works once Redis is back.
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		code, body := call(b, "/v1/extend", token)
+		if code == 200 {
+			break
+		}
+		if code != 503 || time.Now().After(deadline) {
+			t.Fatalf("extend at the other instance, Redis back: %d %v; want 200", code, body)
+		}
+	}
+	late := metric(t, a, "sluice_fleet_slot_calls_late_total")
+	// Stalled again: b's release and extend are passed on, and wait in
+	// Redis's queue past b's wait.
+	r.pause(t)
+	for _, path := range []string{"/v1/release", "/v1/extend"} {
+		if code, body := call(b, path, token); code != 503 {
+			r.resume(t)
+			t.Fatalf("%s at the other instance, Redis just stalled: %d %v; want 503", path, code, body)
+		}
+	}
+	r.resume(t)
+	time.Sleep(time.Second) // for the queued messages to reach a
+	if code, body := call(a, "/v1/extend", token); code != 200 || body["hold_ms"] != 30000.0 {
+		t.Errorf("extend at the granting instance after the 503s: %d %v; want 200 (a 503 changed nothing)", code, body)
+	}
+	if got := metric(t, a, `sluice_inflight_held{policy="jobs"}`); got != 1 {
+		t.Errorf("the granting instance holds %v, want 1", got)
+	}
+	if got := metric(t, a, "sluice_fleet_slot_calls_late_total"); got < late+1 {
+		t.Errorf("sluice_fleet_slot_calls_late_total %v, want more than %v", got, late)
+	}
+	if !strings.Contains(a.stderr.String(), "after its forwarder stopped waiting") {
+		t.Errorf("no line for the late calls; log:\n%s", a.stderr.String())
+	}
+	if code, body := call(b, "/v1/release", token); code != 204 {
+		t.Errorf("release at the other instance, Redis back: %d %v; want 204", code, body)
+	}
+}

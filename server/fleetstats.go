@@ -51,6 +51,7 @@ type Fleet struct {
 	instances    prometheus.GaugeFunc
 	failures     prometheus.Counter
 	notesDropped prometheus.Counter
+	lateCalls    prometheus.Counter
 
 	mu      sync.Mutex // guards others and failing
 	others  []instanceReport
@@ -111,6 +112,8 @@ func NewFleet(client redis.UniversalClient, svc *Service, opts *FleetOptions) *F
 		failures: newCounter("sluice_fleet_publish_failures_total", "Rounds in which this instance could not publish its figures to Redis or read the fleet's."),
 		notesDropped: newCounter("sluice_fleet_slot_notes_dropped_total",
 			"Notes of slots released or extended through this instance but acquired through another that were not sent (Redis away, or the queue full): the other instance counts those slots held until their hold timeout."),
+		lateCalls: newCounter("sluice_fleet_slot_calls_late_total",
+			"Releases and extends of slots this instance's fallback granted, passed on here by another instance after it had stopped waiting (and answered 503): not carried out."),
 	}
 	f.instances = prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "sluice_fleet_instances",
 		Help: "Instances whose figures the dashboard sums, this one included: those whose reports have not expired."},
@@ -122,7 +125,7 @@ func NewFleet(client redis.UniversalClient, svc *Service, opts *FleetOptions) *F
 
 // Collectors returns the fleet's metrics, for a Prometheus registry.
 func (f *Fleet) Collectors() []prometheus.Collector {
-	return []prometheus.Collector{f.instances, f.failures, f.notesDropped}
+	return []prometheus.Collector{f.instances, f.failures, f.notesDropped, f.lateCalls}
 }
 
 func (f *Fleet) setKey() string { return "{" + f.opts.Prefix + "}:instances" }
