@@ -231,8 +231,23 @@ func (f *Fleet) forward(ctx context.Context, op string, t slotToken) (time.Durat
 		}
 		return 0, fmt.Errorf("%w: %s; that instance could not answer for it: retry", ErrSlotElsewhere, held)
 	case <-ctx.Done():
+		if f.gone(t.member) {
+			return 0, fmt.Errorf("%w: instance %s, whose fallback granted it, has stopped (its fleet report is gone), and the slot with it", ErrSlotNotHeld, t.member)
+		}
 		return 0, fmt.Errorf("%w: %s; it did not answer within %v (it may have stopped, and the slot with it): retry, or send the call there", ErrSlotElsewhere, held, forwardTimeout)
 	}
+}
+
+// gone reports whether Redis says that instance member has stopped: every
+// running instance renews its fleet report every Interval, and one that
+// stops withdraws it (one killed, or cut off from Redis, lets it expire
+// after 5 Intervals). Asked only once member failed to answer, so that an
+// instance yet to publish its first report is not taken for stopped.
+func (f *Fleet) gone(member string) bool {
+	ctx, cancel := context.WithTimeout(context.Background(), forwardTimeout/2)
+	defer cancel()
+	n, err := f.client.Exists(ctx, f.reportKey(member)).Result()
+	return err == nil && n == 0
 }
 
 // passedOn handles a line of a call passed on (F, when this instance is

@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -249,5 +250,59 @@ policies:
 	}
 	if code, body := call(b, "/v1/release", token); code != 204 {
 		t.Errorf("release at the other instance, Redis back: %d %v; want 204", code, body)
+	}
+}
+
+// TestFleetFallbackGrantorStopped: the instance whose fallback granted a
+// slot stops (the slot goes with it) and starts again under a new id. A
+// release or extend of the slot through the other instance, or through the
+// new one, is 404 once the granting instance has not answered: its fleet
+// report is gone, so it is not running. Before, it was a 503 "retry"
+// forever, though no instance could hold the slot.
+func TestFleetFallbackGrantorStopped(t *testing.T) {
+	race.SkipTiming(t)
+	r := startRedis(t)
+	f := startFleet(t, r.url(), 2, `
+policies:
+  - name: jobs
+    in_flight: {max: 4, hold: 30s}
+`, "--fleet-size", "2")
+	a, b := f.procs[0], f.procs[1]
+	call := func(p *proc, path, token string) (int, map[string]any) {
+		t.Helper()
+		code, body, _ := post(t, "http://"+p.http, path, tokenBody(token))
+		return code, body
+	}
+	r.pause(t)
+	code, body := a.post(t, "/v1/acquire", `{"policy":"jobs","key":"k"}`)
+	r.resume(t)
+	if code != 200 || body["source"] != "fallback" {
+		t.Fatalf("acquire with Redis stalled: %d %v, want a fallback grant", code, body)
+	}
+	token := body["token"].(string)
+	// a answers through b while it runs.
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		code, body := call(b, "/v1/extend", token)
+		if code == 200 {
+			break
+		}
+		if code != 503 || time.Now().After(deadline) {
+			t.Fatalf("extend at the other instance, a running: %d %v; want 200", code, body)
+		}
+	}
+	a.signal(t, syscall.SIGTERM)
+	a.cmd.Wait()
+	a2 := f.add(t)
+	for _, p := range []*proc{b, a2} {
+		for _, path := range []string{"/v1/release", "/v1/extend"} {
+			start := time.Now()
+			code, body := call(p, path, token)
+			if detail, _ := body["detail"].(string); code != 404 || !strings.Contains(detail, "stopped") {
+				t.Errorf("%s after the granting instance stopped: %d %v; want 404 saying it stopped", path, code, body)
+			}
+			if took := time.Since(start); took > 3*time.Second {
+				t.Errorf("%s took %v", path, took)
+			}
+		}
 	}
 }
