@@ -1102,7 +1102,7 @@ func TestFaultPartialPermanentLowTraffic(t *testing.T) {
 		Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	p := &proc{http: srv.HTTPAddr()}
 	// Every key sluice uses but policy other's.
-	if err := admin.Do(ctx, "acl", "setuser", "seldom", "resetkeys", "~sluice:check", "~sluice:{fleet}*", "~{sluice:fleet}*", "~sluice:{v2:api:*", "~sluice:{v2:sluice-breaker-probe*").Err(); err != nil {
+	if err := admin.Do(ctx, "acl", "setuser", "seldom", "resetkeys", "~sluice:check", "~sluice:{fleet}*", "~{sluice:fleet}*", "~sluice:{v3:api@*", "~sluice:{v2:sluice-breaker-probe*").Err(); err != nil {
 		t.Fatal(err)
 	}
 	// Policy api busy and passing keeps the breaker closed.
