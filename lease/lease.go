@@ -650,33 +650,42 @@ func (h *hot) live(now int64) bool {
 // and returns the decision. Its shard sh must be locked. counted: the
 // request's cost is already in asked (the local path's is not, and reads
 // nothing behind h.l).
-func (h *hot) spendLocal(sh *shard, limit sluice.Limit, cost, now int64, counted bool) (sluice.Decision, bool) {
+func (h *hot) spendLocal(d *sluice.Decision, sh *shard, limit sluice.Limit, cost, now int64, counted bool) bool {
 	if !h.live(now) || h.units < cost {
-		return sluice.Decision{}, false
+		return false
 	}
 	h.units -= cost
 	if counted {
 		h.l.mark -= cost
 	}
 	sh.local++
-	return h.local(limit, now, true), true
+	h.fill(d, limit, now, true)
+	return true
 }
 
 // local is the decision a lease under limit makes at now.
 func (h *hot) local(limit sluice.Limit, now int64, allowed bool) sluice.Decision {
-	return sluice.Decision{
-		Allowed:    allowed,
-		Limit:      limit,
-		Remaining:  h.rest + h.units,
-		ResetAfter: max(time.Duration(h.reset-now), 0),
-		Source:     sluice.SourceLease,
-	}
+	var d sluice.Decision
+	h.fill(&d, limit, now, allowed)
+	return d
+}
+
+// fill writes local's decision into d, field by field: the local path's
+// caller returns d from where it lies, where copying a whole Decision
+// built on the stack stalls on the narrow stores that built it.
+func (h *hot) fill(d *sluice.Decision, limit sluice.Limit, now int64, allowed bool) {
+	d.Allowed = allowed
+	d.Limit = limit
+	d.Remaining = h.rest + h.units
+	d.RetryAfter = 0
+	d.ResetAfter = max(time.Duration(h.reset-now), 0)
+	d.Source = sluice.SourceLease
 }
 
 // Take implements sluice.Store: from the key's lease when it is live and
 // holds cost units, and otherwise after returning what is left of it and
 // asking for a new one; a key that is not leased, exactly by the store.
-func (s *Store) Take(ctx context.Context, key string, limit sluice.Limit, cost int64) (sluice.Decision, error) {
+func (s *Store) Take(ctx context.Context, key string, limit sluice.Limit, cost int64) (d sluice.Decision, err error) {
 	ctx = ctxutil.OrBackground(ctx)
 	if err := ctx.Err(); err != nil {
 		return sluice.Decision{}, err // as every store: an ended call takes nothing, the lease's units included
@@ -686,7 +695,7 @@ func (s *Store) Take(ctx context.Context, key string, limit sluice.Limit, cost i
 		return sluice.Decision{}, err
 	}
 	if stale != 0 {
-		if d, ok := s.fast(key, limit, cost, stale); ok {
+		if s.fast(&d, key, limit, cost, stale) {
 			return d, nil
 		}
 		d, _, _, exact, err := s.spend(ctx, key, limit, cost, stale, false)
@@ -699,25 +708,24 @@ func (s *Store) Take(ctx context.Context, key string, limit sluice.Limit, cost i
 
 // fast is spend's common case, a live lease that holds cost units, with
 // nothing to copy back through spend's results: it takes the units and
-// reports ok, or reports false having changed nothing.
-func (s *Store) fast(key string, limit sluice.Limit, cost int64, stale time.Duration) (sluice.Decision, bool) {
+// reports true with the decision in d, or reports false having changed
+// nothing.
+func (s *Store) fast(d *sluice.Decision, key string, limit sluice.Limit, cost int64, stale time.Duration) bool {
 	if s.keys.Load() >= s.sweepAt.Load() || stale < MinStaleness || stale > limit.Period || cost < 1 {
-		return sluice.Decision{}, false
+		return false
 	}
 	id := s.knownID(limit)
 	if id == 0 {
-		return sluice.Decision{}, false
+		return false
 	}
 	sh, tag := s.locate(key)
 	sh.mu.Lock()
+	ok := false
 	if h := sh.leases.FindKind(tag, id, key); h != nil && cost <= h.units { // no clock read for an empty lease
-		if d, ok := h.spendLocal(sh, limit, cost, s.now(), false); ok {
-			sh.mu.Unlock()
-			return d, true
-		}
+		ok = h.spendLocal(d, sh, limit, cost, s.now(), false)
 	}
 	sh.mu.Unlock()
-	return sluice.Decision{}, false
+	return ok
 }
 
 // spend answers a request of cost from the key's lease, taking the units
@@ -768,7 +776,8 @@ func (s *Store) spend(ctx context.Context, key string, limit sluice.Limit, cost 
 // l's shard must be locked.
 func (s *Store) answer(h *hot, cost int64, now int64, counted bool) (_ sluice.Decision, gen uint64, ok bool) {
 	l := h.l
-	if d, ok := h.spendLocal(l.sh, l.limit, cost, now, counted); ok {
+	var d sluice.Decision
+	if h.spendLocal(&d, l.sh, l.limit, cost, now, counted) {
 		return d, l.gen, true
 	}
 	if now < l.deny && !exactWait(l.limit, cost) {
