@@ -441,6 +441,28 @@ func TestPenalty(t *testing.T) {
 	}
 }
 
+// A block outlives a change of the rule's limit: a reload that tightens
+// the limit (the counters start afresh under it) keeps its abusers
+// blocked, on the same store.
+func TestPenaltyOutlivesLimitChange(t *testing.T) {
+	t.Parallel()
+	rule := Rule{Name: "otp", Limit: sluice.PerMinute(2), Key: Header("X-Phone"), Strategy: Penalty, Penalty: time.Hour}
+	e := newEnv(t, []Rule{rule}, nil)
+	for i, want := range []int{200, 200, 429} {
+		if r := e.get("/otp", "X-Phone", "1"); r.status != want {
+			t.Fatalf("request %d: %d, want %d", i, r.status, want)
+		}
+	}
+	rule.Limit = sluice.PerMinute(1)
+	tight := newEnvStore(t, e.clk, e.store, []Rule{rule}, nil)
+	if r := tight.get("/otp", "X-Phone", "1"); r.status != 429 || r.header.Get(HeaderRetryAfter) != "3600" {
+		t.Errorf("blocked key under the tightened limit: %d Retry-After %q, want 429 3600", r.status, r.header.Get(HeaderRetryAfter))
+	}
+	if r := tight.get("/otp", "X-Phone", "2"); r.status != 200 {
+		t.Errorf("another key under the tightened limit: %d, want 200", r.status)
+	}
+}
+
 // Delay holds a request until quota is back when that is within MaxDelay,
 // and rejects at once otherwise. Real time: the waits are short.
 func TestDelay(t *testing.T) {

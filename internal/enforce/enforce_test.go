@@ -115,7 +115,7 @@ func TestKeyer(t *testing.T) {
 	plainK := NewKeyer("p:", nil)
 	base := plainK.LimitStem(plainK.Base("rule"), sluice.PerMinute(10))
 	k, b := plainK.Keys(base, "1.2.3.4", true)
-	if k != "p:v3:rule@01257885:1.2.3.4" || b != "p:v3:rule@01257885!:1.2.3.4" {
+	if k != "p:v3:rule@01257885:1.2.3.4" || b != "p:v3:rule!:1.2.3.4" {
 		t.Errorf("plain keys %q %q", k, b)
 	}
 	if _, b := plainK.Keys(base, "x", false); b != "" {
@@ -151,13 +151,17 @@ func TestKeysBelongToTheLimit(t *testing.T) {
 		sluice.PerMinute(10).WithAlgorithm(sluice.FixedWindow), {Algorithm: sluice.FixedWindow, Rate: 10, Period: 10 * time.Minute},
 	}
 	seen := map[string]sluice.Limit{}
+	var blocks []string
 	for _, l := range limits {
 		key, block := k.Keys(k.LimitStem(base, l), "alice", true)
-		for _, s := range []string{key, block} {
-			if prev, dup := seen[s]; dup {
-				t.Errorf("%v and %v share %q", prev, l, s)
-			}
-			seen[s] = l
+		if prev, dup := seen[key]; dup {
+			t.Errorf("%v and %v share %q", prev, l, key)
+		}
+		seen[key] = l
+		blocks = append(blocks, block)
+		// A block outlives a change of limit: every limit's is the rule's.
+		if _, plain := k.Keys(base, "alice", true); block != plain {
+			t.Errorf("%v: block key %q, want the rule's %q", l, block, plain)
 		}
 		if stem, ok := k.Stem(key); !ok || stem != base {
 			t.Errorf("Stem(%q) = %q, %v; want %q", key, stem, ok, base)
@@ -446,7 +450,7 @@ func TestKeyGrammarIsInjective(t *testing.T) {
 				t.Fatalf("Stem(block %q) is ok", block)
 			}
 			add(key, triple{name, id, kind, l})
-			add(block, triple{name, id, kind + " block", l})
+			add(block, triple{name, id, "block", sluice.Limit{}}) // a block names the rule, not its limit
 		}
 	}
 }

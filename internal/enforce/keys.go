@@ -21,7 +21,7 @@ const KeyVersion = "v3:"
 //
 //	prefix "v3:" name '@' fp ':' key        a rate rule's key as it is
 //	prefix "v3:" name '@' fp '#' hash       hashed: always with a secret, else when too long
-//	prefix "v3:" name '@' fp '!' ':' key    a Penalty rule's block key ('!#' hash when hashed)
+//	prefix "v3:" name '!' ':' key           a Penalty rule's block key ('!#' hash when hashed; no fp)
 //	prefix "v3:" name ':' key               an in-flight rule's key (no fp; '#' hash likewise)
 //
 // fp is the rule's limit's fingerprint (LimitStem): state counted under
@@ -141,7 +141,13 @@ func (k *Keyer) Keys(base, id string, penalty bool) (key, block string) {
 	}
 	key = base + sep + id
 	if penalty {
-		block = base + "!" + sep + id
+		// A block names the rule, not its limit: an abuser blocked stays
+		// blocked when the limit is tightened (a reload, a rollout).
+		b := base
+		if n := len(b) - fpLen; n > 0 && b[n] == '@' {
+			b = b[:n]
+		}
+		block = b + "!" + sep + id
 	}
 	return key, block
 }
