@@ -151,14 +151,12 @@ func TestKeysBelongToTheLimit(t *testing.T) {
 		sluice.PerMinute(10).WithAlgorithm(sluice.FixedWindow), {Algorithm: sluice.FixedWindow, Rate: 10, Period: 10 * time.Minute},
 	}
 	seen := map[string]sluice.Limit{}
-	var blocks []string
 	for _, l := range limits {
 		key, block := k.Keys(k.LimitStem(base, l), "alice", true)
 		if prev, dup := seen[key]; dup {
 			t.Errorf("%v and %v share %q", prev, l, key)
 		}
 		seen[key] = l
-		blocks = append(blocks, block)
 		// A block outlives a change of limit: every limit's is the rule's.
 		if _, plain := k.Keys(base, "alice", true); block != plain {
 			t.Errorf("%v: block key %q, want the rule's %q", l, block, plain)
