@@ -118,11 +118,7 @@ policies:
     in_flight: {max: 4, hold: 30s}
 `, "--failure-policy", "open")
 	a, b := f.procs[0], f.procs[1]
-	call := func(p *proc, path, token string) (int, map[string]any) {
-		t.Helper()
-		code, body, _ := post(t, "http://"+p.http, path, tokenBody(token))
-		return code, body
-	}
+	call := func(p *proc, path, token string) (int, map[string]any) { return slotCall(t, p, path, token) }
 	r.pause(t)
 	code, body := a.post(t, "/v1/acquire", `{"policy":"jobs","key":"k"}`)
 	if code != 200 || body["source"] != "fail_open" {
@@ -202,28 +198,10 @@ policies:
 			t.Fatalf("listeners on the fleet's channel: %v, %v; want 2", n, err)
 		}
 	}
-	call := func(p *proc, path, token string) (int, map[string]any) {
-		t.Helper()
-		code, body, _ := post(t, "http://"+p.http, path, tokenBody(token))
-		return code, body
-	}
-	r.pause(t)
-	code, body := a.post(t, "/v1/acquire", `{"policy":"jobs","key":"k"}`)
-	r.resume(t)
-	if code != 200 || body["source"] != "fallback" {
-		t.Fatalf("acquire with Redis stalled: %d %v, want a fallback grant", code, body)
-	}
-	token := body["token"].(string)
+	call := func(p *proc, path, token string) (int, map[string]any) { return slotCall(t, p, path, token) }
+	token := stalledGrant(t, r, a)
 	// Forwarding works once Redis is back.
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-		code, body := call(b, "/v1/extend", token)
-		if code == 200 {
-			break
-		}
-		if code != 503 || time.Now().After(deadline) {
-			t.Fatalf("extend at the other instance, Redis back: %d %v; want 200", code, body)
-		}
-	}
+	extendedElsewhere(t, b, token, "Redis back")
 	late := metric(t, a, "sluice_fleet_slot_calls_late_total")
 	// Stalled again: b's release and extend are passed on, and wait in
 	// Redis's queue past b's wait.
@@ -268,28 +246,10 @@ policies:
     in_flight: {max: 4, hold: 30s}
 `, "--fleet-size", "2")
 	a, b := f.procs[0], f.procs[1]
-	call := func(p *proc, path, token string) (int, map[string]any) {
-		t.Helper()
-		code, body, _ := post(t, "http://"+p.http, path, tokenBody(token))
-		return code, body
-	}
-	r.pause(t)
-	code, body := a.post(t, "/v1/acquire", `{"policy":"jobs","key":"k"}`)
-	r.resume(t)
-	if code != 200 || body["source"] != "fallback" {
-		t.Fatalf("acquire with Redis stalled: %d %v, want a fallback grant", code, body)
-	}
-	token := body["token"].(string)
+	call := func(p *proc, path, token string) (int, map[string]any) { return slotCall(t, p, path, token) }
+	token := stalledGrant(t, r, a)
 	// a answers through b while it runs.
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-		code, body := call(b, "/v1/extend", token)
-		if code == 200 {
-			break
-		}
-		if code != 503 || time.Now().After(deadline) {
-			t.Fatalf("extend at the other instance, a running: %d %v; want 200", code, body)
-		}
-	}
+	extendedElsewhere(t, b, token, "a running")
 	a.signal(t, syscall.SIGTERM)
 	a.cmd.Wait()
 	a2 := f.add(t)
@@ -303,6 +263,41 @@ policies:
 			if took := time.Since(start); took > 3*time.Second {
 				t.Errorf("%s took %v", path, took)
 			}
+		}
+	}
+}
+
+// slotCall posts token to one of p's slot endpoints.
+func slotCall(t *testing.T, p *proc, path, token string) (int, map[string]any) {
+	t.Helper()
+	code, body, _ := post(t, "http://"+p.http, path, tokenBody(token))
+	return code, body
+}
+
+// stalledGrant acquires a slot of policy jobs at p while r is stalled, so
+// that p's local fallback grants it, and resumes r.
+func stalledGrant(t *testing.T, r *redisProc, p *proc) string {
+	t.Helper()
+	r.pause(t)
+	code, body := p.post(t, "/v1/acquire", `{"policy":"jobs","key":"k"}`)
+	r.resume(t)
+	if code != 200 || body["source"] != "fallback" {
+		t.Fatalf("acquire with Redis stalled: %d %v, want a fallback grant", code, body)
+	}
+	return body["token"].(string)
+}
+
+// extendedElsewhere extends token through p, another instance than the
+// one that granted it, until the granting one answers through p (200).
+func extendedElsewhere(t *testing.T, p *proc, token, when string) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		code, body := slotCall(t, p, "/v1/extend", token)
+		if code == 200 {
+			return
+		}
+		if code != 503 || time.Now().After(deadline) {
+			t.Fatalf("extend at the other instance, %s: %d %v; want 200", when, code, body)
 		}
 	}
 }
