@@ -24,25 +24,9 @@ import (
 // live slot.
 func TestFleetFallbackSlotElsewhere(t *testing.T) {
 	race.SkipTiming(t)
-	r := startRedis(t)
-	f := startFleet(t, r.url(), 2, `
-policies:
-  - name: jobs
-    in_flight: {max: 4, hold: 30s}
-`, "--fleet-size", "2")
+	r, f := jobsFleet(t)
 	a, b := f.procs[0], f.procs[1]
-	c := r.client()
-	defer c.Close()
-	ctx := context.Background()
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		n, err := c.PubSubNumSub(ctx, "{sluice:fleet}:slots").Result()
-		if err == nil && n["{sluice:fleet}:slots"] == 2 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("listeners on the fleet's channel: %v, %v; want 2", n, err)
-		}
-	}
+	listening(t, r, 2)
 	call := func(p *proc, path, token string) (int, map[string]any, http.Header) {
 		t.Helper()
 		return post(t, "http://"+p.http, path, tokenBody(token))
@@ -179,25 +163,9 @@ policies:
 // so that its extend answered 404). Same for an extend.
 func TestFleetFallbackForwardLateIgnored(t *testing.T) {
 	race.SkipTiming(t)
-	r := startRedis(t)
-	f := startFleet(t, r.url(), 2, `
-policies:
-  - name: jobs
-    in_flight: {max: 4, hold: 30s}
-`, "--fleet-size", "2")
+	r, f := jobsFleet(t)
 	a, b := f.procs[0], f.procs[1]
-	c := r.client()
-	defer c.Close()
-	ctx := context.Background()
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		n, err := c.PubSubNumSub(ctx, "{sluice:fleet}:slots").Result()
-		if err == nil && n["{sluice:fleet}:slots"] == 2 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("listeners on the fleet's channel: %v, %v; want 2", n, err)
-		}
-	}
+	listening(t, r, 2)
 	call := func(p *proc, path, token string) (int, map[string]any) { return slotCall(t, p, path, token) }
 	token := stalledGrant(t, r, a)
 	// Forwarding works once Redis is back.
@@ -239,12 +207,7 @@ policies:
 // forever, though no instance could hold the slot.
 func TestFleetFallbackGrantorStopped(t *testing.T) {
 	race.SkipTiming(t)
-	r := startRedis(t)
-	f := startFleet(t, r.url(), 2, `
-policies:
-  - name: jobs
-    in_flight: {max: 4, hold: 30s}
-`, "--fleet-size", "2")
+	r, f := jobsFleet(t)
 	a, b := f.procs[0], f.procs[1]
 	call := func(p *proc, path, token string) (int, map[string]any) { return slotCall(t, p, path, token) }
 	token := stalledGrant(t, r, a)
@@ -298,6 +261,34 @@ func extendedElsewhere(t *testing.T, p *proc, token, when string) {
 		}
 		if code != 503 || time.Now().After(deadline) {
 			t.Fatalf("extend at the other instance, %s: %d %v; want 200", when, code, body)
+		}
+	}
+}
+
+// jobsFleet starts a Redis and two instances on it, with one in-flight
+// policy, jobs (max 4, hold 30s), and any more flags.
+func jobsFleet(t *testing.T, args ...string) (*redisProc, *fleet) {
+	t.Helper()
+	r := startRedis(t)
+	return r, startFleet(t, r.url(), 2, `
+policies:
+  - name: jobs
+    in_flight: {max: 4, hold: 30s}
+`, append([]string{"--fleet-size", "2"}, args...)...)
+}
+
+// listening waits until n instances listen on the fleet's slot channel.
+func listening(t *testing.T, r *redisProc, n int64) {
+	t.Helper()
+	c := r.client()
+	defer c.Close()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		got, err := c.PubSubNumSub(context.Background(), "{sluice:fleet}:slots").Result()
+		if err == nil && got["{sluice:fleet}:slots"] == n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("listeners on the fleet's channel: %v, %v; want %d", got, err, n)
 		}
 	}
 }

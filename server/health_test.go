@@ -998,22 +998,7 @@ func TestFaultPartialIgnoresIsolatedStalls(t *testing.T) {
 // name the cause and Redis's error.
 func TestFaultPartialFailureNamesCause(t *testing.T) {
 	race.SkipTiming(t)
-	r := redistest.StartServer(t)
-	admin := r.Client(t)
-	ctx := context.Background()
-	sluiceUser(t, admin, "partial")
-	cfg := filepath.Join(t.TempDir(), "sluice.yaml")
-	if err := os.WriteFile(cfg, []byte("domain: d\npolicies:\n  - name: api\n    limit: fixed_window 1000000000/1h\n  - name: other\n    limit: fixed_window 1000000000/1h\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	var logs syncBuffer
-	srv := runServer(t, Options{ConfigFile: cfg, RedisURL: "redis://partial:pw@" + r.Addr, StoreCheckInterval: 50 * time.Millisecond,
-		Logger: slog.New(slog.NewTextHandler(&logs, nil))})
-	p := &proc{http: srv.HTTPAddr()}
-	// Every key sluice uses but policy other's.
-	if err := admin.Do(ctx, "acl", "setuser", "partial", "resetkeys", "~sluice:check", "~sluice:{fleet}*", "~{sluice:fleet}*", "~sluice:{v3:api@*", "~sluice:{v2:sluice-breaker-probe*").Err(); err != nil {
-		t.Fatal(err)
-	}
+	p, logs := otherRefused(t, "partial")
 	check := func(policy string) {
 		if resp, err := http.Post("http://"+p.http+"/v1/check", "application/json", strings.NewReader(`{"policy":"`+policy+`","key":"k"}`)); err == nil {
 			io.Copy(io.Discard, resp.Body)
@@ -1042,7 +1027,7 @@ func TestFaultPartialFailureNamesCause(t *testing.T) {
 	if got := scrapedMetric(t, p, `sluice_store_errors_total{cause="permission",op="take",store="redis"}`); got == "" || got == "0" {
 		t.Errorf(`sluice_store_errors_total{cause="permission",op="take"} %q, want the refused takes`, got)
 	}
-	line := logged(t, &logs, "store calls failing while the breaker is closed")
+	line := logged(t, logs, "store calls failing while the breaker is closed")
 	if !strings.Contains(line, "cause=permission") || !strings.Contains(line, "NOPERM") || !strings.Contains(line, "level=ERROR") {
 		t.Errorf("log line %q: want level ERROR, cause=permission and Redis's error", line)
 	}
@@ -1089,22 +1074,7 @@ func TestHealthPartialPermanentAtOnce(t *testing.T) {
 // ERROR line naming the cause; before, nothing but the error counter.
 func TestFaultPartialPermanentLowTraffic(t *testing.T) {
 	race.SkipTiming(t)
-	r := redistest.StartServer(t)
-	admin := r.Client(t)
-	ctx := context.Background()
-	sluiceUser(t, admin, "seldom")
-	cfg := filepath.Join(t.TempDir(), "sluice.yaml")
-	if err := os.WriteFile(cfg, []byte("domain: d\npolicies:\n  - name: api\n    limit: fixed_window 1000000000/1h\n  - name: other\n    limit: fixed_window 1000000000/1h\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	var logs syncBuffer
-	srv := runServer(t, Options{ConfigFile: cfg, RedisURL: "redis://seldom:pw@" + r.Addr, StoreCheckInterval: 50 * time.Millisecond,
-		Logger: slog.New(slog.NewTextHandler(&logs, nil))})
-	p := &proc{http: srv.HTTPAddr()}
-	// Every key sluice uses but policy other's.
-	if err := admin.Do(ctx, "acl", "setuser", "seldom", "resetkeys", "~sluice:check", "~sluice:{fleet}*", "~{sluice:fleet}*", "~sluice:{v3:api@*", "~sluice:{v2:sluice-breaker-probe*").Err(); err != nil {
-		t.Fatal(err)
-	}
+	p, logs := otherRefused(t, "seldom")
 	// Policy api busy and passing keeps the breaker closed.
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
@@ -1148,7 +1118,7 @@ func TestFaultPartialPermanentLowTraffic(t *testing.T) {
 	if reasons := fmt.Sprint(st["reasons"]); !strings.Contains(reasons, "permission: ") {
 		t.Errorf("reasons %s: want the cause (permission)", reasons)
 	}
-	line := logged(t, &logs, "store calls failing while the breaker is closed")
+	line := logged(t, logs, "store calls failing while the breaker is closed")
 	if !strings.Contains(line, "cause=permission") || !strings.Contains(line, "level=ERROR") {
 		t.Errorf("log line %q: want level ERROR and cause=permission", line)
 	}
@@ -1163,7 +1133,7 @@ func TestFaultPartialPermanentLowTraffic(t *testing.T) {
 	if _, st = p.getJSON(t, "/v1/status"); st["degraded"] != true {
 		t.Errorf("status %v after more refused calls, want degraded", st)
 	}
-	if n := countLines(&logs, "breaker is closed"); n != 1 {
+	if n := countLines(logs, "breaker is closed"); n != 1 {
 		t.Errorf("%d partial-failure lines, want 1:\n%s", n, logs.String())
 	}
 }
@@ -1266,4 +1236,26 @@ func sluiceUser(t *testing.T, admin *redis.Client, name string) {
 		"+evalsha", "+eval", "+script|load", "+time", "+@read", "+@write", "+publish", "+subscribe").Err(); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// otherRefused runs a service, policies api and other, as Redis user
+// user, whom an ACL then refuses every key of policy other's; it returns
+// the service and its log.
+func otherRefused(t *testing.T, user string) (*proc, *syncBuffer) {
+	t.Helper()
+	r := redistest.StartServer(t)
+	admin := r.Client(t)
+	sluiceUser(t, admin, user)
+	cfg := filepath.Join(t.TempDir(), "sluice.yaml")
+	if err := os.WriteFile(cfg, []byte("domain: d\npolicies:\n  - name: api\n    limit: fixed_window 1000000000/1h\n  - name: other\n    limit: fixed_window 1000000000/1h\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	logs := &syncBuffer{}
+	srv := runServer(t, Options{ConfigFile: cfg, RedisURL: "redis://" + user + ":pw@" + r.Addr, StoreCheckInterval: 50 * time.Millisecond,
+		Logger: slog.New(slog.NewTextHandler(logs, nil))})
+	// Every key sluice uses but policy other's.
+	if err := admin.Do(context.Background(), "acl", "setuser", user, "resetkeys", "~sluice:check", "~sluice:{fleet}*", "~{sluice:fleet}*", "~sluice:{v3:api@*", "~sluice:{v2:sluice-breaker-probe*").Err(); err != nil {
+		t.Fatal(err)
+	}
+	return &proc{http: srv.HTTPAddr()}, logs
 }
