@@ -524,10 +524,13 @@ func validate(key string, limit sluice.Limit, cost int64, d time.Duration) error
 }
 
 // locate hashes key once for both its shard and its tag in the shard's
-// table.
+// table, and starts loading the key's slot (as the memory store does: it
+// arrives while the caller locks the shard and reads the clock).
 func (s *Store) locate(key string) (*shard, uint32) {
 	h := maphash.String(s.seed, key)
-	return &s.shards[h&(shardCount-1)], uint32(h >> 32)
+	sh, tag := &s.shards[h&(shardCount-1)], uint32(h>>32)
+	sh.leases.Prefetch(tag)
+	return sh, tag
 }
 
 // limitID is an entry of Store.idCache.
@@ -720,9 +723,10 @@ func (s *Store) fast(d *sluice.Decision, key string, limit sluice.Limit, cost in
 	}
 	sh, tag := s.locate(key)
 	sh.mu.Lock()
+	now := s.now() // while the slot locate prefetched arrives
 	ok := false
-	if h := sh.leases.FindKind(tag, id, key); h != nil && cost <= h.units { // no clock read for an empty lease
-		ok = h.spendLocal(d, sh, limit, cost, s.now(), false)
+	if h := sh.leases.FindKind(tag, id, key); h != nil && cost <= h.units {
+		ok = h.spendLocal(d, sh, limit, cost, now, false)
 	}
 	sh.mu.Unlock()
 	return ok

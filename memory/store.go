@@ -172,10 +172,15 @@ func (s *Store) shardIndex(key string) uint64 { return maphash.String(s.seed, ke
 
 func (s *Store) shard(key string) *shard { return &s.shards[s.shardIndex(key)] }
 
-// locate hashes key once for both its shard and its tag under a.
+// locate hashes key once for both its shard and its tag under a, and
+// starts loading the key's slot, which then arrives while the caller
+// takes the shard's lock and reads the clock (over many keys, the slot is
+// a cache miss, and the clock read cannot begin before earlier loads end).
 func (s *Store) locate(key string, a sluice.Algorithm) (*shard, uint32) {
 	h := maphash.String(s.seed, key)
-	return &s.shards[h&s.mask], tagOf(h, a)
+	sh, tag := &s.shards[h&s.mask], tagOf(h, a)
+	sh.tab.Prefetch(tag)
+	return sh, tag
 }
 
 // now is the time in µs since the Unix epoch: the injected clock's, or the

@@ -7,13 +7,33 @@
 // 32-bit tag taken from it. A Table is not safe for concurrent use.
 package table
 
-import "math/rand/v2"
+import (
+	"math/rand/v2"
+	"sync/atomic"
+	"unsafe"
+
+	"github.com/sluicehq/sluice/internal/prefetch"
+)
 
 // Table maps keys to values of type V. The zero value is empty and ready.
 type Table[V any] struct {
 	slots []slot[V] // a power of two long, or nil
 	used  int       // slots live or tombstones: the load that lengthens probes
 	n     int       // slots live
+
+	// base and mask are slots' address and len-1, published for Prefetch,
+	// which runs without the lock that guards the rest.
+	base, mask atomic.Uintptr
+}
+
+// Prefetch starts loading the slot where tag's probe begins. It is safe
+// without the lock that guards every other method: it reads only base and
+// mask, and an address made stale by a concurrent rehash only wastes the
+// hint (a prefetch never faults). A caller prefetches, then takes its lock
+// and reads its clock while the line arrives.
+func (t *Table[V]) Prefetch(tag uint32) {
+	var s slot[V]
+	prefetch.Line(t.base.Load() + (uintptr(tag)&t.mask.Load())*unsafe.Sizeof(s))
 }
 
 // A slot is empty (meta 0), a tombstone (a deleted key, which probes pass
@@ -138,6 +158,8 @@ func (t *Table[V]) rehash() {
 	}
 	old := t.slots
 	t.slots, t.used = make([]slot[V], n), 0
+	t.base.Store(uintptr(unsafe.Pointer(&t.slots[0])))
+	t.mask.Store(uintptr(n - 1))
 	for i := range old {
 		if o := &old[i]; live(o.meta) {
 			*t.place(uint32(o.meta >> 32)) = *o

@@ -3,6 +3,7 @@ package table
 import (
 	"fmt"
 	"math/rand/v2"
+	"sync"
 	"testing"
 )
 
@@ -104,6 +105,34 @@ func TestSample(t *testing.T) {
 	for _, i := range idx[:n] {
 		if !tab.Live(i) {
 			t.Fatalf("sampled slot %d is not live", i)
+		}
+	}
+}
+
+// TestPrefetchWhileGrowing calls Prefetch without the lock while another
+// goroutine grows the table under it, as the stores do: the race detector
+// finds no race and nothing faults.
+func TestPrefetchWhileGrowing(t *testing.T) {
+	t.Parallel()
+	var (
+		mu  sync.Mutex
+		tab Table[int]
+	)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := range 20_000 {
+			mu.Lock()
+			tab.Add(uint32(i*2654435761), fmt.Sprint(i), i)
+			mu.Unlock()
+		}
+	}()
+	for i := uint32(0); ; i++ {
+		select {
+		case <-done:
+			return
+		default:
+			tab.Prefetch(i * 40503)
 		}
 	}
 }
