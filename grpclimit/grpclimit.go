@@ -9,6 +9,12 @@
 // and "ratelimit-policy" (see Options.AllowedHeaders). Stream calls are
 // checked once, when the stream opens.
 //
+// A call whose Cost exceeds its rule's capacity (the burst) could never be
+// admitted: it fails at once with codes.ResourceExhausted, a message
+// giving the cost and the capacity and a QuotaFailure, but no RetryInfo
+// and no "retry-after" or "ratelimit" metadata, since waiting will not
+// help. It takes nothing from any rule and starts no Penalty block.
+//
 // In-flight and shedding rules (Options.InFlight, Options.Shed) work as in
 // httplimit: a call, unary or stream, holds its slots until its handler
 // returns; refusals are codes.ResourceExhausted (per key) or
@@ -35,6 +41,7 @@ import (
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/enforce"
 	"github.com/sluicehq/sluice/internal/header"
+	"github.com/sluicehq/sluice/internal/problem"
 )
 
 // HeaderSet selects the rate-limit metadata of allowed calls; denied calls
@@ -76,7 +83,10 @@ type Rule struct {
 	Limit sluice.Limit
 	// Key says whom the call is counted against. Required.
 	Key KeyFunc
-	// Cost weighs a call (1 to Limit.Capacity()). Default: 1.
+	// Cost weighs a call. Below 1 it fails the call (Internal); above
+	// Limit.Capacity() the call can never be admitted and fails with
+	// ResourceExhausted without a RetryInfo, taking nothing (see the
+	// package doc). Default: 1.
 	Cost func(ctx context.Context, fullMethod string) int64
 	// Match selects the calls the rule applies to, by full method name
 	// ("/pkg.Service/Method"). Default: all.
@@ -260,7 +270,28 @@ func (in *Interceptor) check(ctx context.Context, method string) (metadata.MD, e
 	if v.Allowed {
 		return md, nil
 	}
+	if c := &checks[v.Report]; enforce.Never(c) {
+		// No wait admits it: nothing may say when to retry, and
+		// "ratelimit"'s t on a denial is a wait.
+		delete(md, "retry-after")
+		delete(md, "ratelimit")
+		return md, never(c.Rule.Name, c.Cost, c.Rule.Limit)
+	}
 	return md, denial(checks[v.Report].Rule.Name, v.Decision)
+}
+
+// never is the ResourceExhausted status for a call whose cost exceeds its
+// rule's capacity: a QuotaFailure naming the policy, and no RetryInfo.
+func never(policy string, cost int64, limit sluice.Limit) error {
+	st := status.New(codes.ResourceExhausted, "grpclimit: "+problem.NeverDetail(policy, cost, limit.Capacity()))
+	withDetails, err := st.WithDetails(&errdetails.QuotaFailure{Violations: []*errdetails.QuotaFailure_Violation{{
+		Subject:     policy,
+		Description: "cost " + strconv.FormatInt(cost, 10) + " exceeds the capacity of rate limit " + limit.String(),
+	}}})
+	if err != nil { // cannot happen: the detail is a well-formed message
+		return st.Err()
+	}
+	return withDetails.Err()
 }
 
 // headers is HeaderSet.Set as gRPC metadata (lower-case keys).

@@ -13,6 +13,18 @@
 // responses carry the two IETF fields, which say the same in two fields
 // instead of five; Options.AllowedHeaders chooses all five, or none.
 //
+// # Requests that can never be admitted
+//
+// A request whose Cost exceeds its rule's capacity (Limit.Capacity(), the
+// burst) could not be admitted however long its client waited. It is
+// denied at once with 429 and no Retry-After (nor RateLimit, whose t on a
+// denial is a wait), takes nothing from any rule and starts no Penalty
+// block; a Delay rule does not hold it. The default body says so, with
+// the cost and the capacity (see DefaultDenyHandler); a DenyHandler tells
+// it by Denial.Never. The observer records a denial, as for any request
+// over its limit. A Shadow rule records such a request as a shadow denial
+// and lets it through.
+//
 // In-flight rules (Options.InFlight) bound the requests of one key in
 // progress at once, and shedding rules (Options.Shed) keep a capacity,
 // fleet-wide or this process's, with shares reserved for critical and

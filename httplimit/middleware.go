@@ -75,8 +75,10 @@ type Rule struct {
 	Key KeyFunc
 
 	// Cost weighs a request in units of Limit, so that expensive endpoints
-	// use more quota. It must be between 1 and Limit.Capacity(). Default:
-	// 1 per request.
+	// use more quota. Below 1 it fails the request (ErrKey); above
+	// Limit.Capacity() the request can never be admitted and is denied
+	// without a Retry-After, taking nothing (see the package doc).
+	// Default: 1 per request.
 	Cost func(*http.Request) int64
 
 	// Match selects the requests the rule applies to. Default: all.
@@ -104,7 +106,16 @@ type Denial struct {
 	Policy string
 	// Decision is its decision; RetryAfter is how long to wait.
 	Decision sluice.Decision
+	// Cost is the request's cost under the rule, and Capacity the rule's
+	// Limit.Capacity(). A Cost above Capacity can never be admitted:
+	// Decision.RetryAfter is then zero and no Retry-After is set (see
+	// Never).
+	Cost, Capacity int64
 }
+
+// Never reports whether the denied request can never be admitted: its
+// cost exceeds the rule's capacity, so no wait would help.
+func (d Denial) Never() bool { return d.Cost > d.Capacity }
 
 // Options configures a Middleware. A nil *Options is valid.
 type Options struct {
@@ -296,6 +307,10 @@ func (m *Middleware) limit(w http.ResponseWriter, r *http.Request, next http.Han
 		m.onError(w, r, fmt.Errorf("%w: %w", ErrStore, err))
 		return
 	}
+	never := !v.Allowed && enforce.Never(&checks[v.Report])
+	if never {
+		v.Decision.RetryAfter = 0
+	}
 	if v.Report >= 0 && (!v.Allowed || m.allowed != NoHeaders) {
 		header.Write(w.Header(), m.allowed, m.fields[checks[v.Report].Tag], v.Decision, m.clock)
 	}
@@ -303,10 +318,20 @@ func (m *Middleware) limit(w http.ResponseWriter, r *http.Request, next http.Han
 		next.ServeHTTP(w, r)
 		return
 	}
-	tag := checks[v.Report].Tag
+	if never {
+		// As the service's Envoy answer: no wait admits it, and
+		// RateLimit's t on a denial is a wait.
+		w.Header().Del(header.RetryAfter)
+		w.Header().Del(header.RateLimit)
+	}
+	c := &checks[v.Report]
 	if m.deny == nil { // DefaultDenyHandler, without encoding anything
-		m.denials[tag].Write(w, max(header.CeilSeconds(v.Decision.RetryAfter), 1))
+		if never {
+			problem.Write(w, problem.Never(c.Rule.Name, c.Cost, c.Rule.Limit.Capacity()))
+			return
+		}
+		m.denials[c.Tag].Write(w, max(header.CeilSeconds(v.Decision.RetryAfter), 1))
 		return
 	}
-	m.deny(w, r, Denial{Policy: checks[v.Report].Rule.Name, Decision: v.Decision})
+	m.deny(w, r, Denial{Policy: c.Rule.Name, Decision: v.Decision, Cost: c.Cost, Capacity: c.Rule.Limit.Capacity()})
 }

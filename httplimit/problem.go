@@ -18,9 +18,21 @@ type Problem = problem.Problem
 //	{"type":"about:blank","title":"Too Many Requests","status":429,
 //	 "detail":"rate limit \"api\" exceeded; retry in 12s","policy":"api","retry_after":12}
 //
+// A request that can never be admitted (Denial.Never: its cost exceeds the
+// rule's capacity) gets a body of its own, without retry_after:
+//
+//	{"type":"https://pkg.go.dev/github.com/sluicehq/sluice/httplimit#hdr-Requests_that_can_never_be_admitted",
+//	 "title":"Request cost exceeds the rate limit's capacity","status":429,
+//	 "detail":"the request costs 15 units of rate limit \"api\", which never admits more than 10 at once: it can never be allowed, however long the client waits",
+//	 "policy":"api","cost":15,"capacity":10}
+//
 // It is the default: left unset, Options.DenyHandler writes the same body
 // encoded once per rule.
 func DefaultDenyHandler(w http.ResponseWriter, _ *http.Request, d Denial) {
+	if d.Never() {
+		problem.Write(w, problem.Never(d.Policy, d.Cost, d.Capacity))
+		return
+	}
 	problem.NewDenial(d.Policy).Write(w, max(header.CeilSeconds(d.Decision.RetryAfter), 1))
 }
 

@@ -70,8 +70,9 @@ func (rs *Rules[R]) Spec(i int) *Spec[R] { return &rs.specs[i] }
 
 // Collect appends to checks one check per rule that applies to req: its
 // Match accepts req and its Key finds a key. Each check's Tag is its rule's
-// index. An error (a Key failing otherwise, or a Cost out of range) names
-// the rule; the front end wraps it.
+// index. An error (a Key failing otherwise, or a Cost below 1) names the
+// rule; the front end wraps it. A Cost above the rule's capacity is kept:
+// the engine refuses such a check without taking anything (see Never).
 func (rs *Rules[R]) Collect(req R, checks []Check) ([]Check, error) {
 	if rs == nil {
 		return checks, nil
@@ -100,8 +101,10 @@ func (rs *Rules[R]) Collect(req R, checks []Check) ([]Check, error) {
 			cost = s.Cost(req)
 			if err := s.Limit.ValidateCost(cost); err != nil {
 				switch {
-				case shadow && errors.Is(err, sluice.ErrCostExceedsBurst):
-					// The engine records it as a shadow denial.
+				case errors.Is(err, sluice.ErrCostExceedsBurst):
+					// No wait would admit it: the engine denies the
+					// request without taking (a Shadow rule's is a shadow
+					// denial), and the front end says it is for good.
 				case shadow:
 					rs.eng.observe(s.Name, sluice.OutcomeError, sluice.Decision{})
 					continue
@@ -115,6 +118,12 @@ func (rs *Rules[R]) Collect(req R, checks []Check) ([]Check, error) {
 		checks = append(checks, c)
 	}
 	return checks, nil
+}
+
+// Never reports whether c asks more than its rule's capacity, so that no
+// wait would admit it: the front end answers without a retry time.
+func Never(c *Check) bool {
+	return !c.Over && c.Cost > c.Rule.Limit.Capacity()
 }
 
 // Enforce decides the collected checks (see Engine.Enforce).

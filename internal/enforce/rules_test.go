@@ -86,3 +86,26 @@ func TestRulesCollect(t *testing.T) {
 		t.Errorf("nil Rules: %v, %v, want nothing", cs, err)
 	}
 }
+
+// An enforcing rule's cost above its capacity is kept for the engine to
+// refuse (Never); a cost below 1 fails the request, naming the rule.
+func TestRulesCollectCostOverCapacity(t *testing.T) {
+	t.Parallel()
+	store := memory.New(nil)
+	t.Cleanup(func() { store.Close() })
+	rs, err := NewRules(store, []Spec[int64]{
+		{Rule: Rule{Name: "n", Limit: sluice.PerMinute(10)}, Key: Global[int64](), Cost: func(n int64) int64 { return n }},
+	}, "p:", nil, nil, errNoKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range []int64{10, 11} {
+		checks, err := rs.Collect(n, nil)
+		if err != nil || len(checks) != 1 || checks[0].Cost != n || Never(&checks[0]) != (n > 10) {
+			t.Errorf("cost %d: %+v, %v", n, checks, err)
+		}
+	}
+	if _, err := rs.Collect(0, nil); !errors.Is(err, sluice.ErrInvalidCost) || !strings.Contains(err.Error(), `rule "n"`) {
+		t.Errorf("cost 0: %v, want ErrInvalidCost naming the rule", err)
+	}
+}

@@ -20,6 +20,10 @@ type Problem struct {
 	Policy string `json:"policy,omitempty"`
 	// RetryAfter repeats the Retry-After header in seconds (denials only).
 	RetryAfter int64 `json:"retry_after,omitempty"`
+	// Cost and Capacity are set on a request whose cost exceeds what its
+	// rule can ever admit (type NeverType).
+	Cost     int64 `json:"cost,omitempty"`
+	Capacity int64 `json:"capacity,omitempty"`
 }
 
 // The fixed header values, shared: each is a full slice (cap 1), so an
@@ -49,6 +53,29 @@ func Write(w http.ResponseWriter, p Problem) {
 // New is the Problem of status with detail, of type about:blank.
 func New(status int, detail string) Problem {
 	return Problem{Type: "about:blank", Title: http.StatusText(status), Status: status, Detail: detail}
+}
+
+// NeverType is the problem type of a request whose cost exceeds its rule's
+// capacity: no wait would admit it. It points at the documentation.
+const NeverType = "https://pkg.go.dev/github.com/sluicehq/sluice/httplimit#hdr-Requests_that_can_never_be_admitted"
+
+// NeverTitle is NeverType's title.
+const NeverTitle = "Request cost exceeds the rate limit's capacity"
+
+// NeverDetail says why a request of cost can never be admitted under the
+// rule named policy, whose capacity is capacity.
+func NeverDetail(policy string, cost, capacity int64) string {
+	return "the request costs " + strconv.FormatInt(cost, 10) + " units of rate limit " + strconv.Quote(policy) +
+		", which never admits more than " + strconv.FormatInt(capacity, 10) + " at once: it can never be allowed, however long the client waits"
+}
+
+// Never is the 429 body of a request of cost under the rule named policy
+// of capacity capacity: no Retry-After, since waiting will not help.
+func Never(policy string, cost, capacity int64) Problem {
+	return Problem{
+		Type: NeverType, Title: NeverTitle, Status: http.StatusTooManyRequests,
+		Detail: NeverDetail(policy, cost, capacity), Policy: policy, Cost: cost, Capacity: capacity,
+	}
 }
 
 // Denial is a rule's 429 body, encoded once:

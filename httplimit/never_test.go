@@ -1,0 +1,117 @@
+package httplimit
+
+import (
+	"encoding/json"
+	"net/http"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/problem"
+	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/redisstore"
+	"github.com/sluicehq/sluice/storetest"
+)
+
+// costHeader is the request's cost, from its X-Cost field.
+func costHeader(r *http.Request) int64 {
+	n, _ := strconv.ParseInt(r.Header.Get("X-Cost"), 10, 64)
+	return n
+}
+
+// A request costing more than its rule's capacity is a 429 that says it can
+// never be admitted, with no Retry-After, and takes nothing: not from its
+// rule, nor from a layered one, and it starts no Penalty block; a Delay rule
+// does not hold it. On Redis, over a real listener.
+func TestRedisCostOverCapacity(t *testing.T) {
+	t.Parallel()
+	client := redistest.Client(t)
+	for _, st := range []Strategy{Reject, Delay, Penalty} {
+		t.Run(st.String(), func(t *testing.T) {
+			t.Parallel()
+			store := redisstore.New(client, &redisstore.Options{Prefix: redistest.Prefix(t)})
+			e := newEnvStore(t, storetest.NewClock(time.Now()), store, []Rule{
+				{Name: "account", Limit: sluice.PerHour(1), Key: Header("X-Account")},
+				{Name: "big", Limit: sluice.PerMinute(10), Key: PeerIP(), Cost: costHeader, Strategy: st, MaxDelay: time.Hour, Penalty: time.Hour},
+			}, nil)
+			start := time.Now()
+			r := e.get("/", "X-Cost", "11", "X-Account", "acme")
+			if took := time.Since(start); took > 5*time.Second {
+				t.Errorf("answered after %v: held", took)
+			}
+			if r.status != http.StatusTooManyRequests || r.header.Get("Content-Type") != "application/problem+json" {
+				t.Fatalf("cost 11 of 10: %d %q %s", r.status, r.header.Get("Content-Type"), r.body)
+			}
+			for _, f := range []string{HeaderRetryAfter, HeaderRateLimit} {
+				if v := r.header.Get(f); v != "" {
+					t.Errorf("%s: %q, want none: no wait admits the request", f, v)
+				}
+			}
+			if got := r.header.Get(HeaderRateLimitPolicy); got != `"big";q=10;w=60` {
+				t.Errorf("RateLimit-Policy %q", got)
+			}
+			if got := r.header.Get(HeaderLimit); got != "10" {
+				t.Errorf("X-RateLimit-Limit %q, want 10", got)
+			}
+			var p Problem
+			if err := json.Unmarshal([]byte(r.body), &p); err != nil {
+				t.Fatalf("%s: %v", r.body, err)
+			}
+			want := Problem{Type: problem.NeverType, Title: problem.NeverTitle, Status: 429, Policy: "big", Cost: 11, Capacity: 10}
+			detail := p.Detail
+			p.Detail = ""
+			if p != want {
+				t.Errorf("body %+v, want %+v", p, want)
+			}
+			for _, s := range []string{"costs 11 units", `"big"`, "more than 10", "never be allowed"} {
+				if !strings.Contains(detail, s) {
+					t.Errorf("detail %q does not say %q", detail, s)
+				}
+			}
+			if strings.Contains(r.body, "retry_after") {
+				t.Errorf("body %s has a retry_after", r.body)
+			}
+			if n := e.obs.get("big/denied"); n != 1 {
+				t.Errorf("observed %d denials of big, want 1", n)
+			}
+			// Nothing was taken: the whole capacity, and the account's one
+			// unit an hour, are there, and no block stands.
+			if r := e.get("/", "X-Cost", "10", "X-Account", "acme"); r.status != 200 {
+				t.Errorf("cost 10 after the refusal: %d %s, want 200", r.status, r.body)
+			}
+			if r := e.get("/", "X-Cost", "1", "X-Account", "acme"); r.status != 429 || r.header.Get(HeaderRetryAfter) == "" {
+				t.Errorf("over the limit: %d %v, want 429 with Retry-After", r.status, r.header)
+			}
+		})
+	}
+}
+
+// A DenyHandler is told that the request can never be admitted.
+func TestCostOverCapacityDenyHandler(t *testing.T) {
+	t.Parallel()
+	got := make(chan Denial, 1)
+	e := newEnv(t, []Rule{{Name: "c", Limit: sluice.PerSecond(5).WithBurst(7), Key: PeerIP(), Cost: costHeader}}, &Options{
+		DenyHandler: func(w http.ResponseWriter, _ *http.Request, d Denial) {
+			got <- d
+			w.WriteHeader(http.StatusTeapot)
+		},
+	})
+	if r := e.get("/", "X-Cost", "8"); r.status != http.StatusTeapot || r.header.Get(HeaderRetryAfter) != "" {
+		t.Fatalf("%d %v", r.status, r.header)
+	}
+	d := <-got
+	if !d.Never() || d.Policy != "c" || d.Cost != 8 || d.Capacity != 7 || d.Decision.Allowed || d.Decision.RetryAfter != 0 {
+		t.Errorf("Denial %+v", d)
+	}
+	if r := e.get("/", "X-Cost", "7"); r.status != 200 {
+		t.Errorf("cost 7 after the refusal: %d", r.status)
+	}
+	if r := e.get("/", "X-Cost", "1"); r.status != http.StatusTeapot {
+		t.Errorf("over the limit: %d", r.status)
+	}
+	if d := <-got; d.Never() || d.Cost != 1 || d.Decision.RetryAfter <= 0 {
+		t.Errorf("a plain denial: %+v", d)
+	}
+}
