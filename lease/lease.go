@@ -492,21 +492,29 @@ func (s *Store) staleFor(key string, limit sluice.Limit) (time.Duration, error) 
 // CheckLimit implements sluice.LimitChecker: the error every request under
 // limit would get whatever its key, so that a Limiter or middleware built
 // on the Store refuses the limit up front: ErrNoGranter for a zero Store,
-// and ErrInvalidStaleness when MaxStaleness is longer than limit's period.
+// sluice.ErrInvalidLimit for an invalid limit, ErrInvalidStaleness when
+// MaxStaleness is longer than limit's period, and then, when the granter
+// is a sluice.LimitChecker (a resilient.Store is), the granter's verdict.
 // With Options.For, staleness is per key, so a key's is checked per request
 // only.
 func (s *Store) CheckLimit(limit sluice.Limit) error {
 	if s == nil || s.granter == nil {
 		return ErrNoGranter
 	}
-	if s.stale != nil {
-		return nil
-	}
 	if err := limit.Validate(); err != nil {
 		return err
 	}
-	if d, _ := s.staleFor("", limit); d > limit.Period {
-		return fmt.Errorf("%w: %w: %v for %v (at most its period, %v)", ErrInvalidStaleness, sluice.ErrInvalidLimit, d, limit, limit.Period)
+	if s.stale == nil {
+		if d, _ := s.staleFor("", limit); d > limit.Period {
+			return fmt.Errorf("%w: %w: %v for %v (at most its period, %v)", ErrInvalidStaleness, sluice.ErrInvalidLimit, d, limit, limit.Period)
+		}
+	}
+	// No key is answered without the granter (a lease is its grant): what
+	// it refuses for every key fails every request.
+	if c, ok := s.granter.(sluice.LimitChecker); ok {
+		if err := c.CheckLimit(limit); err != nil {
+			return fmt.Errorf("lease: granter: %w", err)
+		}
 	}
 	return nil
 }

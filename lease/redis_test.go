@@ -20,9 +20,11 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/httplimit"
 	"github.com/sluicehq/sluice/internal/race"
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/lease"
+	"github.com/sluicehq/sluice/memory"
 	"github.com/sluicehq/sluice/redisstore"
 	"github.com/sluicehq/sluice/resilient"
 )
@@ -623,5 +625,63 @@ func TestRedisLogUnderMaxStaleness(t *testing.T) {
 	}
 	if _, err := explicit.Take(ctx, "log2", l, 1); !errors.Is(err, sluice.ErrGrantUnsupported) {
 		t.Errorf("For on a log: err = %v, want ErrGrantUnsupported", err)
+	}
+}
+
+// CheckLimit asks a granter that is a sluice.LimitChecker, after its own
+// checks: a lease over a resilient.Store on Redis whose local fallback is a
+// lease store with a 2s staleness refuses a 1s limit as the resilient store
+// does, so NewLimiter and httplimit.New fail rather than every request once
+// Redis fails. A zero resilient.Store is refused up front too.
+func TestRedisCheckLimitAsksGranter(t *testing.T) {
+	t.Parallel()
+	rs := redisstore.New(redistest.Client(t), &redisstore.Options{Prefix: redistest.Prefix(t)})
+	local := memory.New(nil)
+	t.Cleanup(func() { local.Close() })
+	fallback, err := lease.New(local, &lease.Options{MaxStaleness: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := resilient.New(rs, &resilient.Options{Policy: resilient.FallbackLocal, Fallback: fallback})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { res.Close() })
+	for _, opts := range []lease.Options{
+		{MaxStaleness: 50 * time.Millisecond},
+		{For: func(string, sluice.Limit) time.Duration { return 50 * time.Millisecond }},
+	} {
+		s, err := lease.New(res, &opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		short, long := sluice.PerSecond(10), sluice.PerMinute(600)
+		if err := s.CheckLimit(short); !errors.Is(err, lease.ErrInvalidStaleness) || !errors.Is(err, sluice.ErrInvalidLimit) {
+			t.Errorf("For %v: CheckLimit(%v) = %v, want the fallback's ErrInvalidStaleness", opts.For != nil, short, err)
+		}
+		if _, err := sluice.NewLimiter(s, short, nil); !errors.Is(err, lease.ErrInvalidStaleness) {
+			t.Errorf("NewLimiter(%v) = %v, want ErrInvalidStaleness", short, err)
+		}
+		if _, err := httplimit.New(s, []httplimit.Rule{{Name: "r", Limit: short, Key: httplimit.PeerIP()}}, nil); !errors.Is(err, httplimit.ErrInvalidConfig) || !errors.Is(err, lease.ErrInvalidStaleness) {
+			t.Errorf("httplimit.New(%v) = %v, want ErrInvalidConfig and ErrInvalidStaleness", short, err)
+		}
+		if err := s.CheckLimit(long); err != nil {
+			t.Errorf("CheckLimit(%v) = %v, want nil", long, err)
+		}
+		l, err := sluice.NewLimiter(s, long, nil)
+		if err != nil {
+			t.Fatalf("NewLimiter(%v) = %v", long, err)
+		}
+		if d, err := l.Allow(ctx, "k"); err != nil || !d.Allowed {
+			t.Errorf("Allow under %v = %+v, %v", long, d, err)
+		}
+		s.Close(ctx)
+	}
+	zero, err := lease.New(&resilient.Store{}, &lease.Options{MaxStaleness: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := zero.CheckLimit(sluice.PerMinute(600)); !errors.Is(err, resilient.ErrZeroStore) {
+		t.Errorf("over a zero resilient.Store: CheckLimit = %v, want resilient.ErrZeroStore", err)
 	}
 }
