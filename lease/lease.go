@@ -93,7 +93,8 @@
 // which applies to every limit, a sliding window log's keys are answered
 // exactly by the granter, as keys that are not hot. A D above zero that
 // Options.For gives such a key is an explicit request for a lease that
-// cannot be, and is refused with sluice.ErrGrantUnsupported.
+// cannot be, and is refused with sluice.ErrGrantUnsupported (wrapping
+// sluice.ErrInvalidLimit), changing nothing.
 //
 // # Failure policies
 //
@@ -204,9 +205,12 @@ type Options struct {
 	// MaxStaleness (a service knows each key's policy). Zero means no
 	// lease: the key is answered exactly by the granter, as without
 	// leases. A D below zero, between zero and MinStaleness, or longer
-	// than the limit's period is ErrInvalidStaleness on that call. It is called once per decision and
-	// must be safe for concurrent use. Default: nil, MaxStaleness for
-	// every key.
+	// than the limit's period is ErrInvalidStaleness on that call; a D
+	// above zero for a sliding window log, which cannot be leased, is
+	// sluice.ErrGrantUnsupported; both wrap sluice.ErrInvalidLimit. Being
+	// per key, neither can be refused before the call (CheckLimit). It is
+	// called once per decision and must be safe for concurrent use.
+	// Default: nil, MaxStaleness for every key.
 	For func(key string, limit sluice.Limit) time.Duration
 
 	// Size, when positive, is how many units each grant asks for, capped
@@ -523,6 +527,12 @@ func (s *Store) CheckLimit(limit sluice.Limit) error {
 // maximum staleness d.
 func validate(key string, limit sluice.Limit, cost int64, d time.Duration) error {
 	if err := sluice.ValidateGrant(key, limit, cost); err != nil {
+		if errors.Is(err, sluice.ErrGrantUnsupported) {
+			// Only Options.For leases a log (d > 0 here): the limit cannot
+			// be served as configured, which callers test for with
+			// ErrInvalidLimit, as for ErrInvalidStaleness.
+			return fmt.Errorf("%w: %w: Options.For gave %v for %v, which cannot be leased: want 0", sluice.ErrGrantUnsupported, sluice.ErrInvalidLimit, d, limit)
+		}
 		return err
 	}
 	if d < 0 || d > 0 && d < MinStaleness || d > limit.Period {

@@ -1192,7 +1192,7 @@ func TestTakeAllRollbackNotLocal(t *testing.T) {
 // log, which cannot, is answered exactly by the granter, from the first
 // request on, in Take, Peek and TakeAll alike. A D that For gives such a
 // key asks for a lease explicitly, and is refused with
-// ErrGrantUnsupported.
+// ErrGrantUnsupported, which wraps ErrInvalidLimit.
 func TestLogUnderMaxStaleness(t *testing.T) {
 	t.Parallel()
 	clock, c, s := counted(t, 0, 50*time.Millisecond, 0)
@@ -1234,14 +1234,14 @@ func TestLogUnderMaxStaleness(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := explicit.Take(ctx, "log", logLimit, 1); !errors.Is(err, sluice.ErrGrantUnsupported) {
-		t.Errorf("For on a log: Take err = %v, want ErrGrantUnsupported", err)
+	if _, err := explicit.Take(ctx, "log", logLimit, 1); !errors.Is(err, sluice.ErrGrantUnsupported) || !errors.Is(err, sluice.ErrInvalidLimit) {
+		t.Errorf("For on a log: Take err = %v, want ErrGrantUnsupported and ErrInvalidLimit", err)
 	}
-	if _, err := explicit.Peek(ctx, "log", logLimit, 1); !errors.Is(err, sluice.ErrGrantUnsupported) {
-		t.Errorf("For on a log: Peek err = %v, want ErrGrantUnsupported", err)
+	if _, err := explicit.Peek(ctx, "log", logLimit, 1); !errors.Is(err, sluice.ErrGrantUnsupported) || !errors.Is(err, sluice.ErrInvalidLimit) {
+		t.Errorf("For on a log: Peek err = %v, want ErrGrantUnsupported and ErrInvalidLimit", err)
 	}
-	if _, err := explicit.TakeAll(ctx, []sluice.Request{{Key: "log", Limit: logLimit, Cost: 1}}); !errors.Is(err, sluice.ErrGrantUnsupported) {
-		t.Errorf("For on a log: TakeAll err = %v, want ErrGrantUnsupported", err)
+	if _, err := explicit.TakeAll(ctx, []sluice.Request{{Key: "log", Limit: logLimit, Cost: 1}}); !errors.Is(err, sluice.ErrGrantUnsupported) || !errors.Is(err, sluice.ErrInvalidLimit) {
+		t.Errorf("For on a log: TakeAll err = %v, want ErrGrantUnsupported and ErrInvalidLimit", err)
 	}
 }
 

@@ -598,7 +598,8 @@ func TestRedisSlotsPassThrough(t *testing.T) {
 
 // On Redis, a MaxStaleness store answers a sliding window log exactly
 // (the log's own limit, to the request, no error), and a D that For gives
-// a log is refused with ErrGrantUnsupported.
+// a log is refused with ErrGrantUnsupported and ErrInvalidLimit, taking
+// nothing.
 func TestRedisLogUnderMaxStaleness(t *testing.T) {
 	t.Parallel()
 	rs := redisstore.New(redistest.Client(t), &redisstore.Options{Prefix: redistest.Prefix(t)})
@@ -623,8 +624,14 @@ func TestRedisLogUnderMaxStaleness(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := explicit.Take(ctx, "log2", l, 1); !errors.Is(err, sluice.ErrGrantUnsupported) {
-		t.Errorf("For on a log: err = %v, want ErrGrantUnsupported", err)
+	for i := range 3 {
+		if _, err := explicit.Take(ctx, "log2", l, 1); !errors.Is(err, sluice.ErrGrantUnsupported) || !errors.Is(err, sluice.ErrInvalidLimit) {
+			t.Errorf("For on a log: take %d: err = %v, want ErrGrantUnsupported and ErrInvalidLimit", i, err)
+		}
+	}
+	// Refused before Redis: nothing was taken.
+	if d, err := rs.Peek(ctx, "log2", l, 40); err != nil || !d.Allowed {
+		t.Errorf("the store after the refusals: %+v, %v; want all 40 units", d, err)
 	}
 }
 
