@@ -28,32 +28,50 @@ const (
 )
 
 // slotNote is a slot released (hold 0) or extended (its new hold from now)
-// through this instance, which did not acquire it.
+// through this instance, which did not acquire it; open for a grant of the
+// open failure policy, which applies only to a slot held as one.
 type slotNote struct {
 	holder string
 	hold   time.Duration
+	open   bool
 }
 
-// String is the note's line in a message: "r HOLDER" or "e HOLDER HOLD_µs".
+// noteOpen ends an open grant's note. Instances that predate it refuse
+// such lines: their open grants' notes lack it, and so they let them
+// expire at their hold rather than take them for a store's slot.
+const noteOpen = "o"
+
+// String is the note's line in a message: "r HOLDER" or "e HOLDER
+// HOLD_µs", followed by " o" for an open grant.
 func (n slotNote) String() string {
-	if n.hold == 0 {
-		return "r " + n.holder
+	s := "r " + n.holder
+	if n.hold != 0 {
+		s = "e " + n.holder + " " + strconv.FormatInt(n.hold.Microseconds(), 10)
 	}
-	return "e " + n.holder + " " + strconv.FormatInt(n.hold.Microseconds(), 10)
+	if n.open {
+		s += " " + noteOpen
+	}
+	return s
 }
 
 // parseNote reads a line String wrote.
 func parseNote(line string) (slotNote, bool) {
 	f := strings.Fields(line)
+	var n slotNote
+	if len(f) > 2 && f[len(f)-1] == noteOpen {
+		f, n.open = f[:len(f)-1], true
+	}
 	switch {
 	case len(f) == 2 && f[0] == "r":
-		return slotNote{holder: f[1]}, true
+		n.holder = f[1]
+		return n, true
 	case len(f) == 3 && f[0] == "e":
 		us, err := strconv.ParseInt(f[2], 10, 64)
 		if err != nil || us <= 0 {
 			return slotNote{}, false
 		}
-		return slotNote{holder: f[1], hold: time.Duration(us) * time.Microsecond}, true
+		n.holder, n.hold = f[1], time.Duration(us)*time.Microsecond
+		return n, true
 	}
 	return slotNote{}, false
 }
@@ -150,9 +168,9 @@ func (f *Fleet) apply(msg string) {
 		switch {
 		case !ok:
 		case n.hold == 0:
-			svc.holds.drop(n.holder)
+			svc.holds.drop(n.holder, n.open)
 		default:
-			svc.holds.extend(n.holder, svc.clock().Add(n.hold))
+			svc.holds.extend(n.holder, n.open, svc.clock().Add(n.hold))
 		}
 	}
 }

@@ -135,24 +135,60 @@ policies:
 			t.Errorf("the other instance called the store for a fail_open slot: %s", strings.TrimSpace(line))
 		}
 	}
-	// A Redis grant's token marked open frees nothing: the holder stays
-	// held in Redis, and max with it.
+}
+
+// TestFleetFailOpenMarkedStoreToken: under the open failure policy, the
+// holder of a slot Redis granted appends the open mark ".-" to its token.
+// Every instance answers 404 (not held), the one that acquired it and the
+// other, and nothing moves: Redis keeps the slot, and the acquiring
+// instance's sluice_inflight_held keeps counting it (before, each answered
+// 204 or 200, and the acquiring instance dropped the slot from its figures,
+// told by the other through a fleet note).
+func TestFleetFailOpenMarkedStoreToken(t *testing.T) {
+	race.SkipTiming(t)
+	r, f := jobsFleet(t, "--failure-policy", "open")
+	a, b := f.procs[0], f.procs[1]
+	listening(t, r, 2) // so that a note a sent would reach b
+	held := func(p *proc) float64 { return metric(t, p, `sluice_inflight_held{policy="jobs"}`) }
 	var tokens []string
-	for i := range 4 {
+	for i := range 2 {
 		code, body := b.post(t, "/v1/acquire", `{"policy":"jobs","key":"k"}`)
 		if code != 200 || body["source"] != nil {
-			t.Fatalf("acquire %d with Redis back: %d %v", i, code, body)
+			t.Fatalf("acquire %d: %d %v, want a grant by Redis", i, code, body)
 		}
 		tokens = append(tokens, body["token"].(string))
 	}
-	if code, _ := call(a, "/v1/release", tokens[0]+".-"); code != 204 {
-		t.Errorf("release of a token marked open: %d, want 204", code)
+	for _, p := range []*proc{a, b} {
+		for _, path := range []string{"/v1/release", "/v1/extend"} {
+			for _, tok := range tokens {
+				if code, body := slotCall(t, p, path, tok+".-"); code != 404 {
+					t.Errorf("%s of a Redis grant's token marked open at %s: %d %v, want 404", path, p.http, code, body)
+				}
+			}
+		}
+	}
+	time.Sleep(5 * noteEvery) // any note sent has reached b
+	if got := held(b); got != 2 {
+		t.Errorf("the acquiring instance holds %v after the marked calls, want 2", got)
+	}
+	// Redis still holds both: two more fill max (4), the next is denied.
+	for i := range 2 {
+		if code, body := a.post(t, "/v1/acquire", `{"policy":"jobs","key":"k"}`); code != 200 {
+			t.Fatalf("acquire %d of the 2 left: %d %v", i, code, body)
+		}
 	}
 	if code, body := a.post(t, "/v1/acquire", `{"policy":"jobs","key":"k"}`); code != 429 {
-		t.Errorf("acquire past max after a marked token's release: %d %v, want 429", code, body)
+		t.Errorf("acquire past max: %d %v, want 429", code, body)
 	}
-	if code, _ := call(a, "/v1/release", tokens[0]); code != 204 {
-		t.Errorf("release of the real token: %d, want 204", code)
+	for _, tok := range tokens {
+		if code, body := slotCall(t, a, "/v1/release", tok); code != 204 {
+			t.Errorf("release of the real token: %d %v, want 204", code, body)
+		}
+	}
+	for deadline := time.Now().Add(2 * time.Second); held(b) != 0; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the acquiring instance holds %v after the real releases elsewhere, want 0", held(b))
+		}
 	}
 }
 

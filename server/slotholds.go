@@ -16,7 +16,10 @@ import (
 // events). The store alone knows a fleet's holders; summed over the
 // instances behind one load balancer, these figures count each slot once.
 // A note from another instance that is lost leaves the slot counted here
-// until its hold timeout.
+// until its hold timeout. A grant of the open failure policy is held as
+// open, and only calls and notes about an open grant touch it, and only
+// those: a store holder's token marked open must not move a real slot's
+// figures.
 type heldSlots struct {
 	clock   func() time.Time
 	obs     sluice.SlotObserver // told of each hold sweep drops
@@ -30,6 +33,11 @@ type heldSlot struct {
 	priority sluice.Priority
 	weight   int64
 	until    time.Time
+	// open: granted by the open failure policy, under the token's holder
+	// id; storeHolder is the id the store was asked with (its acquire may
+	// have run on Redis all the same).
+	open        bool
+	storeHolder string
 }
 
 // minSweep is the fewest tracked holds that make an add sweep.
@@ -50,11 +58,12 @@ func (h *heldSlots) add(holder string, s heldSlot) {
 }
 
 // extend moves holder's timeout to until and reports whether this
-// instance counts holder's slot.
-func (h *heldSlots) extend(holder string, until time.Time) bool {
+// instance counts holder's slot as an open grant (open) or a store's.
+func (h *heldSlots) extend(holder string, open bool, until time.Time) bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	s, ok := h.holds[holder]
+	ok = ok && s.open == open
 	if ok {
 		s.until = until
 		h.holds[holder] = s
@@ -64,24 +73,28 @@ func (h *heldSlots) extend(holder string, until time.Time) bool {
 
 // drop stops counting holder's slot, released through another instance,
 // and reports it as a sluice.SlotExpire: held no more, with no release
-// through this instance.
-func (h *heldSlots) drop(holder string) {
+// through this instance. open says which kind of slot the note is about.
+func (h *heldSlots) drop(holder string, open bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if s, ok := h.holds[holder]; ok {
+	if s, ok := h.holds[holder]; ok && s.open == open {
 		delete(h.holds, holder)
 		h.obs.ObserveSlot(sluice.SlotEvent{Policy: s.policy, Op: sluice.SlotExpire, Outcome: sluice.OutcomeAllowed, Priority: s.priority, Weight: s.weight})
 	}
 }
 
-// release stops tracking holder's slot and returns the weight it held
-// (0 for a slot acquired through another instance, or swept).
-func (h *heldSlots) release(holder string) int64 {
+// release stops tracking holder's slot of that kind (open or not) and
+// returns it, weight 0 for a slot acquired through another instance, or
+// swept.
+func (h *heldSlots) release(holder string, open bool) heldSlot {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	s := h.holds[holder]
+	s, ok := h.holds[holder]
+	if !ok || s.open != open {
+		return heldSlot{}
+	}
 	delete(h.holds, holder)
-	return s.weight
+	return s
 }
 
 // expire drops the holds past their timeout, reporting each.

@@ -37,8 +37,13 @@ import (
 // byte) marks a slot the open failure policy granted: nothing holds it,
 // anywhere, so any instance answers its extend and release at once, as the
 // granting instance's store would (held), without asking Redis, which has
-// never heard of the holder. A forged "-" gains nothing either: it frees
-// and extends nothing.
+// never heard of the holder. Such a token's holder is not the store's but
+// one of its own whose last 8 hex digits check the first 24 (openHolder):
+// a store holder's token marked "-" fails the check (but once in 2^32)
+// and is answered as not held, by every instance, with no state to
+// consult. And what an instance counts keeps open grants apart from the
+// store's (heldSlots), so that even a token crafted to pass the check
+// frees and extends nothing.
 //
 // A release that frees a slot leaves a tombstone (its holder, held for the
 // policy's hold in one of the policy's 4,096 tombstone keys, picked by the
@@ -81,6 +86,23 @@ type slotToken struct {
 
 // openMark is a token's fourth part for a grant of the open failure policy.
 const openMark = "-"
+
+// newOpenHolder returns a holder id for an open grant's token: 96 random
+// bits, then 32 that check them.
+func newOpenHolder() string {
+	r := sluice.NewHolderID()[:24]
+	return r + openCheck(r)
+}
+
+func openCheck(r string) string {
+	sum := sha256.Sum256([]byte("sluice open grant\x00" + r))
+	return hex.EncodeToString(sum[:4])
+}
+
+// isOpenHolder reports whether h is a holder newOpenHolder returned.
+func isOpenHolder(h string) bool {
+	return len(h) == 32 && openCheck(h[:24]) == h[24:]
+}
 
 var b64 = base64.RawURLEncoding
 
@@ -211,16 +233,17 @@ func (s *Service) Acquire(ctx context.Context, policy, key string, weight int64,
 	res.Decision = d
 	switch {
 	case d.Allowed:
-		holder := slot.Holder()
-		t := slotToken{holder: holder, policy: p.Name, key: key}
+		t := slotToken{holder: slot.Holder(), policy: p.Name, key: key}
+		held := heldSlot{policy: p.Name, priority: prio, weight: weight, until: s.clock().Add(f.Limit.Hold)}
 		switch d.Source {
 		case sluice.SourceFallback:
 			t.member = s.mon.instance
 		case sluice.SourceFailOpen:
-			t.open = true
+			t.open, held.open, held.storeHolder = true, true, t.holder
+			t.holder = newOpenHolder()
 		}
 		res.Token = t.String()
-		s.holds.add(holder, heldSlot{policy: p.Name, priority: prio, weight: weight, until: s.clock().Add(f.Limit.Hold)})
+		s.holds.add(t.holder, held)
 		s.observeSlot(res, sluice.SlotAcquire, sluice.OutcomeAllowed)
 	case !madeUp && d.InUse+weight <= f.Limit.Max:
 		res.Shed = true
@@ -261,7 +284,7 @@ func (s *Service) Extend(ctx context.Context, token string) (time.Duration, erro
 		return 0, err
 	}
 	if t.open {
-		return s.extendOpen(t, p), nil
+		return s.extendOpen(t, p)
 	}
 	if s.elsewhere(t) {
 		return s.mon.fleet.forward(ctx, opExtend, t)
@@ -271,12 +294,26 @@ func (s *Service) Extend(ctx context.Context, token string) (time.Duration, erro
 
 // extendOpen answers an extend of an open grant: held for another hold,
 // as the granting instance's store says of it, since nothing can lose it.
-func (s *Service) extendOpen(t slotToken, p *config.Policy) time.Duration {
-	if !s.holds.extend(t.holder, s.clock().Add(p.InFlight.Limit.Hold)) {
-		s.tellFleet(slotNote{holder: t.holder, hold: p.InFlight.Limit.Hold})
+func (s *Service) extendOpen(t slotToken, p *config.Policy) (time.Duration, error) {
+	if err := s.openGrant(t, p, sluice.SlotExtend); err != nil {
+		return 0, err
+	}
+	if !s.holds.extend(t.holder, true, s.clock().Add(p.InFlight.Limit.Hold)) {
+		s.tellFleet(slotNote{holder: t.holder, hold: p.InFlight.Limit.Hold, open: true})
 	}
 	s.observeSlot(SlotResult{Policy: p}, sluice.SlotExtend, sluice.OutcomeAllowed)
-	return p.InFlight.Limit.Hold
+	return p.InFlight.Limit.Hold, nil
+}
+
+// openGrant refuses a token marked open whose holder no open grant has:
+// a store holder's token marked "-", which must not pass for a slot that
+// holds nothing.
+func (s *Service) openGrant(t slotToken, p *config.Policy, op sluice.SlotOp) error {
+	if isOpenHolder(t.holder) {
+		return nil
+	}
+	s.observeSlot(SlotResult{Policy: p}, op, sluice.OutcomeDenied)
+	return fmt.Errorf("%w: never acquired (a token marked open that the open failure policy did not grant)", ErrSlotNotHeld)
 }
 
 // extend is Extend on this instance.
@@ -292,7 +329,7 @@ func (s *Service) extend(ctx context.Context, t slotToken, p *config.Policy) (ti
 		s.observeSlot(res, sluice.SlotExtend, sluice.OutcomeDenied)
 		return 0, fmt.Errorf("%w: expired at its hold timeout, released, or never acquired", ErrSlotNotHeld)
 	}
-	if !s.holds.extend(t.holder, s.clock().Add(p.InFlight.Limit.Hold)) {
+	if !s.holds.extend(t.holder, false, s.clock().Add(p.InFlight.Limit.Hold)) {
 		s.tellFleet(slotNote{holder: t.holder, hold: p.InFlight.Limit.Hold})
 	}
 	s.observeSlot(res, sluice.SlotExtend, sluice.OutcomeAllowed)
@@ -308,8 +345,7 @@ func (s *Service) Release(ctx context.Context, token string) error {
 		return err
 	}
 	if t.open {
-		s.releaseOpen(t, p)
-		return nil
+		return s.releaseOpen(t, p)
 	}
 	if s.elsewhere(t) {
 		_, err := s.mon.fleet.forward(ctx, opRelease, t)
@@ -321,15 +357,20 @@ func (s *Service) Release(ctx context.Context, token string) error {
 // releaseOpen answers a release of an open grant: nothing held, nothing
 // to free. On the granting instance an acquire that timed out may yet
 // have run on Redis: its store frees it there, in the background.
-func (s *Service) releaseOpen(t slotToken, p *config.Policy) {
-	if a, ok := s.slots.(interface{ AbandonSlot(key, holder string) }); ok {
-		a.AbandonSlot(s.slotKey(p, t.key), t.holder) // nothing unless this instance's acquire of it failed
+func (s *Service) releaseOpen(t slotToken, p *config.Policy) error {
+	if err := s.openGrant(t, p, sluice.SlotRelease); err != nil {
+		return err
 	}
-	res := SlotResult{Policy: p}
-	if res.Weight = s.holds.release(t.holder); res.Weight == 0 {
-		s.tellFleet(slotNote{holder: t.holder})
+	held := s.holds.release(t.holder, true)
+	if a, ok := s.slots.(interface{ AbandonSlot(key, holder string) }); ok && held.storeHolder != "" {
+		a.AbandonSlot(s.slotKey(p, t.key), held.storeHolder) // nothing unless this instance's acquire of it failed
+	}
+	res := SlotResult{Policy: p, Weight: held.weight}
+	if res.Weight == 0 {
+		s.tellFleet(slotNote{holder: t.holder, open: true})
 	}
 	s.observeSlot(res, sluice.SlotRelease, sluice.OutcomeAllowed)
+	return nil
 }
 
 // elsewhere reports whether t's slot is held in another instance's
@@ -349,7 +390,7 @@ func (s *Service) release(ctx context.Context, t slotToken, p *config.Policy) er
 		return fmt.Errorf("server: store: %w", err)
 	}
 	if ok {
-		if res.Weight = s.holds.release(t.holder); res.Weight == 0 {
+		if res.Weight = s.holds.release(t.holder, false).weight; res.Weight == 0 {
 			s.tellFleet(slotNote{holder: t.holder})
 		}
 		s.observeSlot(res, sluice.SlotRelease, sluice.OutcomeAllowed)

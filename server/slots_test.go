@@ -220,6 +220,13 @@ func TestParseToken(t *testing.T) {
 			t.Errorf("round trip: %+v, %v; want %+v", got, err, tok)
 		}
 	}
+	// An open grant's holder checks itself; a store's fails (but once in 2^32).
+	if h := newOpenHolder(); !isOpenHolder(h) || len(h) != 32 {
+		t.Errorf("open holder %q does not check", h)
+	}
+	if isOpenHolder(tok.holder) {
+		t.Errorf("store holder %q passes for an open grant's", tok.holder)
+	}
 	for _, bad := range []string{"", "a.b.c", tok.holder + ".." + "eA", strings.ToUpper(tok.holder) + tok.String()[32:], "zz" + tok.String()[2:], tok.String() + ".x"} {
 		if _, err := parseToken(bad); !errors.Is(err, ErrBadToken) {
 			t.Errorf("parseToken(%q) = %v, want ErrBadToken", bad, err)
