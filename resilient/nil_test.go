@@ -9,9 +9,22 @@ import (
 	"github.com/sluicehq/sluice"
 )
 
+// zeroStore is what a zero Store and MultiStore answer for.
+type zeroStore interface {
+	sluice.Store
+	sluice.Slots
+	sluice.Granter
+	CheckLimit(sluice.Limit) error
+	AbandonSlot(key, holder string)
+	State() sluice.BreakerState
+	Probe(context.Context) (bool, error)
+	ProbeNow(context.Context) error
+	Close() error
+}
+
 // A nil *Store behaves as a zero Store: every call is refused with
-// ErrZeroStore (or does nothing), and none panics; so does a zero
-// MultiStore.
+// ErrZeroStore (or does nothing), and none panics; so do a zero
+// MultiStore and a nil *MultiStore (which panicked).
 func TestNilStore(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -19,8 +32,9 @@ func TestNilStore(t *testing.T) {
 	slot := sluice.InFlightLimit{Max: 1, Hold: time.Second}
 	for _, tc := range []struct {
 		name string
-		s    *Store
-	}{{"nil", nil}, {"zero", &Store{}}, {"zero MultiStore", (&MultiStore{}).Store}} {
+		s    zeroStore
+	}{{"nil", (*Store)(nil)}, {"zero", &Store{}}, {"zero MultiStore's Store", (&MultiStore{}).Store},
+		{"zero MultiStore", &MultiStore{}}, {"nil MultiStore", (*MultiStore)(nil)}} {
 		s := tc.s
 		if _, err := s.Take(ctx, "k", limit, 1); !errors.Is(err, ErrZeroStore) {
 			t.Errorf("%s: Take err = %v, want ErrZeroStore", tc.name, err)
@@ -67,7 +81,12 @@ func TestNilStore(t *testing.T) {
 			t.Errorf("%s: NewLimiter err = %v, want ErrZeroStore", tc.name, err)
 		}
 	}
-	if _, err := (&MultiStore{}).TakeAll(ctx, []sluice.Request{{Key: "k", Limit: limit, Cost: 1}}); !errors.Is(err, ErrZeroStore) {
-		t.Errorf("zero MultiStore: TakeAll err = %v, want ErrZeroStore", err)
+	for _, m := range []*MultiStore{{}, nil} {
+		if _, err := m.TakeAll(ctx, []sluice.Request{{Key: "k", Limit: limit, Cost: 1}}); !errors.Is(err, ErrZeroStore) {
+			t.Errorf("MultiStore %v: TakeAll err = %v, want ErrZeroStore", m, err)
+		}
+		if _, err := m.TakeAll(ctx, []sluice.Request{{Key: "", Limit: limit, Cost: 1}}); !errors.Is(err, sluice.ErrInvalidKey) {
+			t.Errorf("MultiStore %v: TakeAll of an empty key: err = %v, want ErrInvalidKey", m, err)
+		}
 	}
 }

@@ -306,7 +306,7 @@ type Options struct {
 // (the caller is gone: one answer for all paths).
 // Otherwise errors are the fallback store's own failures only.
 //
-// The zero value, a nil *Store and a zero MultiStore refuse every call
+// The zero value, a nil *Store and a zero or nil *MultiStore refuse every call
 // with ErrZeroStore (AbandonSlot, Probe and ProbeNow do nothing); their
 // State is closed and their Close does nothing.
 type Store struct {
@@ -709,7 +709,7 @@ func (s *Store) Reset(ctx context.Context, key string, limit sluice.Limit) error
 // SourceDenyCache.
 func (m *MultiStore) TakeAll(ctx context.Context, reqs []sluice.Request) ([]sluice.Decision, error) {
 	ctx = ctxutil.OrBackground(ctx)
-	s := m.Store
+	s := m.store()
 	for i, r := range reqs {
 		if err := sluice.ValidateRequest(r.Key, r.Limit, r.Cost); err != nil {
 			return nil, fmt.Errorf("request %d: %w", i, err)
