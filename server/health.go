@@ -117,6 +117,7 @@ type healthMetrics struct {
 	degraded, storeUp prometheus.Gauge
 	storeChanges      *prometheus.CounterVec
 	fallbackChanges   *prometheus.CounterVec
+	partialChanges    *prometheus.CounterVec
 }
 
 func newHealthMetrics(reg *prometheus.Registry) *healthMetrics {
@@ -125,10 +126,12 @@ func newHealthMetrics(reg *prometheus.Registry) *healthMetrics {
 		storeUp:         newGauge("sluice_store_up", "1 while the store (Redis) answers the service's checks."),
 		storeChanges:    newCounterVec("sluice_store_transitions_total", "Store state changes: to=down (with the cause: unreachable, stalled, auth, tls, database, sentinel_master, permission, topology, version, replicas, oom, not_replicated) or to=up.", "to", "cause"),
 		fallbackChanges: newCounterVec("sluice_fallback_transitions_total", "Failure policy changes: to=on when the breaker opens, to=off when it closes.", "to"),
+		partialChanges:  newCounterVec("sluice_partial_failure_transitions_total", "Partial store failures (store calls failing while the breaker stays closed and the store answers the checks): to=on with the cause (as sluice_store_transitions_total's) when one starts, to=off when it ends (10s without a failed call, or the breaker or a lost store taking over).", "to", "cause"),
 	}
-	reg.MustRegister(m.degraded, m.storeUp, m.storeChanges, m.fallbackChanges)
+	reg.MustRegister(m.degraded, m.storeUp, m.storeChanges, m.fallbackChanges, m.partialChanges)
 	m.fallbackChanges.WithLabelValues("on")
 	m.fallbackChanges.WithLabelValues("off")
+	m.partialChanges.WithLabelValues("off", "")
 	m.storeChanges.WithLabelValues("up", "")
 	return m
 }
@@ -334,6 +337,9 @@ func (h *Health) failedCall(now time.Time, err error) {
 		return
 	}
 	h.partial, h.partialAt, h.partialN = true, now, h.runN
+	if h.m != nil {
+		h.m.partialChanges.WithLabelValues("on", cause(err)).Inc()
+	}
 	h.log.Log(context.Background(), causeLevel(err), "store calls failing while the breaker is closed: the failure policy answers them (part of the store down, such as a Cluster node?)",
 		"store", h.store, "cause", cause(err), "failure_policy", h.policy, "err", err)
 	h.publishLocked()
@@ -357,8 +363,12 @@ func (h *Health) refresh(now time.Time) {
 // endPartialLocked ends the episode of failing calls, and the run that
 // would start one: also when the breaker opens or closes or the store is
 // lost, whose own lines then tell the state (failures from before do not
-// add to a run after).
+// add to a run after). An episode's end is counted however it ends, so
+// that on less off is the episodes under way.
 func (h *Health) endPartialLocked() {
+	if h.partial && h.m != nil {
+		h.m.partialChanges.WithLabelValues("off", "").Inc()
+	}
 	h.partial, h.partialN, h.runErr = false, 0, nil
 	h.runFrom, h.runLast, h.runN = time.Time{}, time.Time{}, 0
 }

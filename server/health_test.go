@@ -1033,6 +1033,61 @@ func TestFaultPartialFailureNamesCause(t *testing.T) {
 	}
 }
 
+// TestFaultPartialFailureTransitions: a partial failure (a Redis user
+// refused one policy's keys, the other policy passing) counts its start in
+// sluice_partial_failure_transitions_total{to="on"} with its cause, beside
+// its line, and its end, 10 s after the last refused call, in to="off",
+// beside the "succeeding again" line; before, only sluice_degraded and the
+// errors counter moved, where the breaker and the store count theirs.
+func TestFaultPartialFailureTransitions(t *testing.T) {
+	race.SkipTiming(t)
+	p, logs := otherRefused(t, "episode")
+	on, off := `sluice_partial_failure_transitions_total{cause="permission",to="on"}`, `sluice_partial_failure_transitions_total{cause="",to="off"}`
+	if got := scrapedMetric(t, p, off); got != "0" {
+		t.Errorf("%s %q at start, want 0", off, got)
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		p.post(t, "/v1/check", `{"policy":"api","key":"k"}`)
+		p.post(t, "/v1/check", `{"policy":"other","key":"k"}`)
+		if _, st := p.getJSON(t, "/v1/status"); st["degraded"] == true {
+			if st["fallback_active"] == true {
+				t.Fatalf("status %v: the breaker opened; not the case under test", st)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("policy other's keys refused for 10s: not degraded")
+		}
+	}
+	logged(t, logs, "store calls failing while the breaker is closed", "cause=permission")
+	if got := scrapedMetric(t, p, on); got != "1" {
+		t.Errorf("%s %q once the partial failure started, want 1", on, got)
+	}
+	if got := scrapedMetric(t, p, off); got != "0" {
+		t.Errorf("%s %q while it lasts, want 0", off, got)
+	}
+	// No more calls of policy other: the episode ends 10 s after the last.
+	for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+		p.post(t, "/v1/check", `{"policy":"api","key":"k"}`)
+		if _, st := p.getJSON(t, "/v1/status"); st["degraded"] == false {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("still degraded 15s after the last refused call")
+		}
+	}
+	logged(t, logs, "store calls succeeding again")
+	if got := scrapedMetric(t, p, off); got != "1" {
+		t.Errorf("%s %q once the partial failure ended, want 1", off, got)
+	}
+	if got := scrapedMetric(t, p, on); got != "1" {
+		t.Errorf("%s %q after the end, want 1", on, got)
+	}
+	if got := scrapedMetric(t, p, "sluice_degraded"); got != "0" {
+		t.Errorf("sluice_degraded %s after the end, want 0", got)
+	}
+}
+
 // TestHealthPartialPermanentAtOnce: a permanent cause (NOPERM, OOM) will
 // not pass on its own, so its first failed call is a partial failure,
 // logged once at ERROR, however seldom the failing policy is used; a
