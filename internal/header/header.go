@@ -7,6 +7,8 @@ package header
 
 import (
 	"errors"
+	"math"
+	"math/bits"
 	"net/http"
 	"strconv"
 	"strings"
@@ -180,8 +182,7 @@ func policyField(quoted string, l sluice.Limit) string {
 	q, span := l.Capacity(), l.Period
 	iv := l.Interval()
 	if !windowed(l.Algorithm) {
-		// Not Period: Intervals round up, so Burst of them can be longer.
-		span = time.Duration(q) * iv
+		span = refill(q, l)
 	}
 	w := CeilSeconds(span)
 	if span < time.Second && span > 0 {
@@ -194,6 +195,24 @@ func policyField(quoted string, l sluice.Limit) string {
 		}
 	}
 	return quoted + ";q=" + strconv.FormatInt(q, 10) + ";w=" + strconv.FormatInt(max(w, 1), 10)
+}
+
+// refill is how long q units take to come back at l's rate, q × Period /
+// Rate rounded up to the nanosecond: exact, not q Intervals, which are each
+// rounded up (3/s would come back in 1.000000002 s, stated as w=2).
+func refill(q int64, l sluice.Limit) time.Duration {
+	if l.Rate <= 0 || q <= 0 || l.Period <= 0 {
+		return time.Duration(q) * l.Interval()
+	}
+	hi, lo := bits.Mul64(uint64(q), uint64(l.Period))
+	if hi >= uint64(l.Rate) { // beyond any Duration
+		return time.Duration(math.MaxInt64)
+	}
+	quo, rem := bits.Div64(hi, lo, uint64(l.Rate))
+	if rem > 0 {
+		quo++
+	}
+	return time.Duration(min(quo, math.MaxInt64))
 }
 
 // windowed reports whether a's whole capacity comes back at once over a
