@@ -261,7 +261,7 @@ func (in *Interceptor) check(ctx context.Context, method string) (metadata.MD, e
 	}
 	v, err := in.rules.Enforce(ctx, checks)
 	if err != nil {
-		return nil, unavailable(ctx)
+		return nil, storeFailed(ctx, err)
 	}
 	var md metadata.MD
 	if v.Report >= 0 && (!v.Allowed || in.allowed != NoHeaders) {
@@ -328,6 +328,16 @@ func refusal(code codes.Code, msg string, retry time.Duration, policy, violation
 		return st.Err()
 	}
 	return withDetails.Err()
+}
+
+// storeFailed is the status of a call whose store call failed with err:
+// Internal naming the cause when the store refused what a rule asks of it
+// (a misconfiguration: no retry mends it), else unavailable's.
+func storeFailed(ctx context.Context, err error) error {
+	if cfg := (*enforce.ConfigError)(nil); errors.As(err, &cfg) {
+		return status.Error(codes.Internal, "grpclimit: rate limiter misconfigured: "+cfg.Cause())
+	}
+	return unavailable(ctx)
 }
 
 // unavailable is the status of a call the store could not decide: its

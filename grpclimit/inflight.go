@@ -143,10 +143,13 @@ func (in *Interceptor) acquire(ctx context.Context, method string) (*enforce.Hel
 		p = in.priority(ctx, method)
 	}
 	h, v, err := in.slots.Acquire(ctx, call{ctx, method}, p)
-	var storeErr *enforce.StoreError
+	var (
+		storeErr *enforce.StoreError
+		cfgErr   *enforce.ConfigError
+	)
 	switch {
-	case errors.As(err, &storeErr):
-		return nil, nil, unavailable(ctx)
+	case errors.As(err, &storeErr), errors.As(err, &cfgErr):
+		return nil, nil, storeFailed(ctx, err)
 	case err != nil:
 		return nil, nil, status.Errorf(codes.Internal, "grpclimit: cannot key call: %v", err)
 	case !v.Allowed:

@@ -126,10 +126,13 @@ func (m *Middleware) acquire(w http.ResponseWriter, r *http.Request) (h *enforce
 		p = m.priority(r)
 	}
 	h, v, err := m.slots.Acquire(r.Context(), r, p)
-	var storeErr *enforce.StoreError
+	var (
+		storeErr *enforce.StoreError
+		cfgErr   *enforce.ConfigError
+	)
 	switch {
-	case errors.As(err, &storeErr):
-		m.onError(w, r, fmt.Errorf("%w: %w", ErrStore, err))
+	case errors.As(err, &storeErr), errors.As(err, &cfgErr):
+		m.onError(w, r, storeError(err))
 	case err != nil:
 		m.onError(w, r, fmt.Errorf("%w: %w", ErrKey, err))
 	case !v.Allowed:

@@ -52,12 +52,17 @@ func ParseStrategy(s string) (Strategy, error) {
 }
 
 // Errors. Construction errors wrap ErrInvalidConfig; the errors passed to
-// Options.ErrorHandler wrap ErrKey or ErrStore.
+// Options.ErrorHandler wrap ErrKey, ErrStore, or ErrInvalidConfig when the
+// store refuses at a request what a rule asks of it (a lease store's
+// Options.For leasing a sliding window log): such an error also wraps the
+// store's own (sluice.ErrInvalidLimit, sluice.ErrGrantUnsupported, ...).
 var (
 	ErrInvalidConfig = errors.New("httplimit: invalid configuration")
 	// ErrKey: a rule's KeyFunc or Cost failed for a request.
 	ErrKey = errors.New("httplimit: cannot key request")
-	// ErrStore: the store failed (and no failure policy absorbed it).
+	// ErrStore: the store failed (and no failure policy absorbed it). A
+	// store's refusal of bad input is ErrInvalidConfig instead: no retry
+	// mends it.
 	ErrStore = errors.New("httplimit: store failed")
 )
 
@@ -146,7 +151,8 @@ type Options struct {
 	DenyHandler func(w http.ResponseWriter, r *http.Request, d Denial)
 
 	// ErrorHandler writes the response when a request cannot be decided:
-	// err wraps ErrKey (a KeyFunc or Cost failed) or ErrStore. To choose
+	// err wraps ErrKey (a KeyFunc or Cost failed), ErrStore, or
+	// ErrInvalidConfig (the store refused a rule's limit or cost). To choose
 	// between failing open and closed when Redis is down, wrap the store
 	// with package resilient rather than here. Default: DefaultErrorHandler.
 	ErrorHandler func(w http.ResponseWriter, r *http.Request, err error)
@@ -290,6 +296,15 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	m.limit(w, r, next)
 }
 
+// storeError wraps an error of the store for Options.ErrorHandler: a
+// refusal of what a rule asks is ErrInvalidConfig, else ErrStore.
+func storeError(err error) error {
+	if cfg := (*enforce.ConfigError)(nil); errors.As(err, &cfg) {
+		return fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	}
+	return fmt.Errorf("%w: %w", ErrStore, err)
+}
+
 // limit serves r under the rate rules.
 func (m *Middleware) limit(w http.ResponseWriter, r *http.Request, next http.Handler) {
 	var buf [4]enforce.Check
@@ -304,7 +319,7 @@ func (m *Middleware) limit(w http.ResponseWriter, r *http.Request, next http.Han
 	}
 	v, err := m.rules.Enforce(r.Context(), checks)
 	if err != nil {
-		m.onError(w, r, fmt.Errorf("%w: %w", ErrStore, err))
+		m.onError(w, r, storeError(err))
 		return
 	}
 	never := !v.Allowed && enforce.Never(&checks[v.Report])

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"net/http"
 
+	"github.com/sluicehq/sluice/internal/enforce"
 	"github.com/sluicehq/sluice/internal/header"
 	"github.com/sluicehq/sluice/internal/problem"
 )
@@ -38,10 +39,18 @@ func DefaultDenyHandler(w http.ResponseWriter, _ *http.Request, d Denial) {
 
 // DefaultErrorHandler answers 503 Service Unavailable with Retry-After: 1
 // when the store failed (ErrStore) and 500 Internal Server Error
-// otherwise, with a Problem body that does not reveal the error.
+// otherwise, with a Problem body that does not reveal the error. When the
+// store refused what a rule asks of it, the 500's detail names the rules
+// and the cause without the store's detail, which may hold a key:
+//
+//	"rate limiter misconfigured: the store refuses rule \"log\" (sluice: algorithm cannot grant)"
 func DefaultErrorHandler(w http.ResponseWriter, _ *http.Request, err error) {
 	status, detail := http.StatusInternalServerError, "rate limiter misconfigured"
-	if errors.Is(err, ErrStore) {
+	var cfg *enforce.ConfigError
+	switch {
+	case errors.As(err, &cfg): // never a 503: no wait mends it
+		detail += ": " + cfg.Cause()
+	case errors.Is(err, ErrStore):
 		status, detail = http.StatusServiceUnavailable, "rate limiter unavailable"
 		w.Header().Set("Retry-After", "1")
 	}

@@ -263,8 +263,9 @@ func (e *Engine) Multi() bool { return e.multi != nil }
 // counters are taken together or not at all (through the store's TakeAll
 // when there are several), and Shadow checks take their units only when
 // the request is admitted, so a dry run counts what enforcing would have
-// let through. Errors are store failures (or ErrNeedMultiStore); the
-// checks' Decision fields are written, nothing else.
+// let through. Errors are store failures, a *ConfigError when the store
+// refused what a rule asks of it, or ErrNeedMultiStore; the checks'
+// Decision fields are written, nothing else.
 func (e *Engine) Enforce(ctx context.Context, checks []Check) (Verdict, error) {
 	return e.enforce(ctx, checks, false)
 }
@@ -391,8 +392,7 @@ func (e *Engine) enforce(ctx context.Context, checks []Check, all bool) (Verdict
 		}
 		b, isBlocked, err := e.blockOf(ctx, c)
 		if err != nil {
-			e.observeErrors(ctx, checks)
-			return failed, err
+			return failed, e.failed(ctx, checks, err, c.Rule.Name)
 		}
 		if isBlocked {
 			c.Decision, c.decided = b, true
@@ -446,7 +446,6 @@ func (e *Engine) enforce(ctx context.Context, checks []Check, all bool) (Verdict
 		start = time.Now()
 		q, err := e.queue(ctx, checks, reqs, idx)
 		if err != nil {
-			e.observeErrors(ctx, checks)
 			return failed, err
 		}
 		switch {
@@ -483,8 +482,7 @@ func (e *Engine) enforce(ctx context.Context, checks []Check, all bool) (Verdict
 			}
 		}
 		if err != nil {
-			e.observeErrors(ctx, checks)
-			return failed, err
+			return failed, e.failed(ctx, checks, err, names(checks, idx)...)
 		}
 		deny, wait := -1, true
 		var longest time.Duration
@@ -603,7 +601,8 @@ type queued struct {
 // deadline (see waitLimit), or when a rule that
 // does not wait would have to, or with no waiting slot left, the request
 // is refused at once. With no line, or room for all of it and this
-// request, q is empty (deny -1) and the request takes as usual.
+// request, q is empty (deny -1) and the request takes as usual. Its error
+// is failed's.
 func (e *Engine) queue(ctx context.Context, checks []Check, reqs []sluice.Request, idx []int) (q queued, err error) {
 	q.deny = -1
 	owner := line.Owner(e.store, e)
@@ -618,7 +617,7 @@ func (e *Engine) queue(ctx context.Context, checks []Check, reqs []sluice.Reques
 	q.ds = make([]sluice.Decision, len(reqs))
 	for j, r := range reqs {
 		if q.ds[j], err = e.store.Peek(ctx, r.Key, r.Limit, r.Cost); err != nil {
-			return q, err
+			return q, e.failed(ctx, checks, err, checks[idx[j]].Rule.Name)
 		}
 	}
 	rtt := time.Since(start)
@@ -785,8 +784,7 @@ func (e *Engine) refuse(ctx context.Context, checks []Check, reqs []sluice.Reque
 		}
 		d, err := e.store.Peek(ctx, r.Key, r.Limit, min(r.Cost, r.Limit.Capacity()))
 		if err != nil {
-			e.observeErrors(ctx, checks)
-			return Verdict{Report: -1}, err
+			return Verdict{Report: -1}, e.failed(ctx, checks, err, checks[idx[j]].Rule.Name)
 		}
 		if full {
 			d.Allowed = false
@@ -919,6 +917,27 @@ func (e *Engine) observe(policy string, o sluice.Outcome, d sluice.Decision) {
 	if e.observer != nil {
 		e.observer.ObserveDecision(sluice.DecisionEvent{Policy: policy, Outcome: o, Decision: d})
 	}
+}
+
+// failed returns the error of a request whose store call for the rules
+// named policies failed with err: a *ConfigError when the store refused
+// what the rules ask of it (Misconfigured), which is no store failure;
+// else err, observed as each enforcing check's store failure.
+func (e *Engine) failed(ctx context.Context, checks []Check, err error, policies ...string) error {
+	if Misconfigured(err) {
+		return &ConfigError{Policies: policies, Err: err}
+	}
+	e.observeErrors(ctx, checks)
+	return err
+}
+
+// names returns the rule names of the checks at idx.
+func names(checks []Check, idx []int) []string {
+	ns := make([]string, len(idx))
+	for j, i := range idx {
+		ns[j] = checks[i].Rule.Name
+	}
+	return ns
 }
 
 // observeErrors observes each enforcing check's store failure. A call

@@ -232,8 +232,9 @@ type slotHold struct {
 // of the rules, for a request of priority p. All or none: on a refusal or
 // an error the slots taken so far are released. A nil Held with an
 // allowed verdict means no rule applied. Errors are a Key or Weight
-// failing (naming the rule; wrap it as a key error) or the store failing
-// (a *StoreError). A rule's Match, Key or Weight that panics releases the
+// failing (naming the rule; wrap it as a key error), the store refusing
+// what the rule asks (a *ConfigError, not observed as a store failure) or
+// the store failing (a *StoreError). A rule's Match, Key or Weight that panics releases the
 // slots taken so far, and the panic goes on.
 func (rs *SlotRules[R]) Acquire(ctx context.Context, req R, p sluice.Priority) (*Held, SlotVerdict, error) {
 	ok := SlotVerdict{Allowed: true, Rule: -1}
@@ -275,6 +276,10 @@ func (rs *SlotRules[R]) Acquire(ctx context.Context, req R, p sluice.Priority) (
 			h = &Held{ctx: context.WithoutCancel(ctx), observer: rs.observer, priority: p}
 		}
 		sh, d, err := rs.acquire(ctx, i, key, weight, p)
+		if err != nil && Misconfigured(err) {
+			h.Release()
+			return nil, SlotVerdict{Rule: i}, &ConfigError{Policies: []string{s.Name}, Err: err}
+		}
 		if err != nil {
 			if ctx.Err() == nil { // else the caller went away: no store failure
 				rs.observe(s.Name, sluice.SlotAcquire, sluice.OutcomeError, p, weight, sluice.SlotDecision{})

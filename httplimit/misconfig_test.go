@@ -1,0 +1,128 @@
+package httplimit
+
+import (
+	"encoding/json"
+	"errors"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/lease"
+	"github.com/sluicehq/sluice/redisstore"
+	"github.com/sluicehq/sluice/resilient"
+	"github.com/sluicehq/sluice/storetest"
+)
+
+// leaseEveryKey is a lease store on Redis whose Options.For leases every
+// key for a second, a sliding window log's too: a configuration error the
+// store can only raise per request.
+func leaseEveryKey(t *testing.T, clk *storetest.Clock) *lease.Store {
+	t.Helper()
+	rs := redisstore.New(redistest.Client(t), &redisstore.Options{Prefix: redistest.Prefix(t), Clock: clk.Now})
+	ls, err := lease.New(rs, &lease.Options{Clock: clk.Now, For: func(string, sluice.Limit) time.Duration { return time.Second }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ls
+}
+
+func onPath(p string) func(*http.Request) bool {
+	return func(r *http.Request) bool { return r.URL.Path == p }
+}
+
+// checkMisconfigured checks that r is the misconfiguration answer: 500
+// problem+json naming the refused rules and the cause, with nothing telling
+// the client to retry.
+func checkMisconfigured(t *testing.T, r response, rules, cause string) {
+	t.Helper()
+	if r.status != http.StatusInternalServerError || r.header.Get("Content-Type") != "application/problem+json" {
+		t.Fatalf("%d %q %s, want 500 problem+json", r.status, r.header.Get("Content-Type"), r.body)
+	}
+	if v := r.header.Get(HeaderRetryAfter); v != "" {
+		t.Errorf("Retry-After %q: no wait mends a configuration", v)
+	}
+	var p Problem
+	if err := json.Unmarshal([]byte(r.body), &p); err != nil {
+		t.Fatalf("%s: %v", r.body, err)
+	}
+	for _, s := range []string{"misconfigured", rules, cause} {
+		if !strings.Contains(p.Detail, s) {
+			t.Errorf("detail %q does not say %q", p.Detail, s)
+		}
+	}
+}
+
+// A limit the store refuses at a request (a lease store's Options.For
+// leasing a sliding window log) is a 500 naming the cause, not a 503 with
+// Retry-After as for a Redis outage, and is not observed as a store
+// failure. Alone and layered, over a real listener and Redis.
+func TestRedisStoreRefusesRuleIs500(t *testing.T) {
+	t.Parallel()
+	clk := storetest.NewClock(time.Now().Truncate(time.Second))
+	log := sluice.PerMinute(3).WithAlgorithm(sluice.SlidingWindowLog)
+	e := newEnvStore(t, clk, leaseEveryKey(t, clk), []Rule{
+		{Name: "log", Limit: log, Key: Global(), Match: onPath("/log")},
+		{Name: "api", Limit: sluice.PerMinute(100), Key: Global(), Match: onPath("/api")},
+		{Name: "layered", Limit: log, Key: Global(), Match: onPath("/both")},
+		{Name: "account", Limit: sluice.PerMinute(100), Key: Global(), Match: onPath("/both")},
+	}, nil)
+	checkMisconfigured(t, e.get("/log"), `rule "log"`, "cannot grant")
+	if r := e.get("/api"); r.status != 200 {
+		t.Errorf("/api: %d %s, want 200", r.status, r.body)
+	}
+	checkMisconfigured(t, e.get("/both"), `rules "layered", "account"`, "cannot grant")
+	for _, k := range []string{"log/error", "layered/error", "account/error"} {
+		if n := e.obs.get(k); n != 0 {
+			t.Errorf("observed %d %s: a configuration error is no store failure", n, k)
+		}
+	}
+	// An ErrorHandler is told it is a configuration error, and the store's
+	// own.
+	errs := make(chan error, 1)
+	h := newEnvStore(t, clk, leaseEveryKey(t, clk), []Rule{{Name: "log", Limit: log, Key: Global()}}, &Options{
+		ErrorHandler: func(w http.ResponseWriter, _ *http.Request, err error) {
+			errs <- err
+			w.WriteHeader(http.StatusTeapot)
+		},
+	})
+	if r := h.get("/"); r.status != http.StatusTeapot {
+		t.Fatalf("with an ErrorHandler: %d %s", r.status, r.body)
+	}
+	err := <-errs
+	if !errors.Is(err, ErrInvalidConfig) || !errors.Is(err, sluice.ErrGrantUnsupported) || !errors.Is(err, sluice.ErrInvalidLimit) || errors.Is(err, ErrStore) {
+		t.Errorf("ErrorHandler's err %v: want ErrInvalidConfig, sluice.ErrGrantUnsupported and sluice.ErrInvalidLimit, not ErrStore", err)
+	}
+}
+
+// Behind package resilient, a limit the backend refuses at every request
+// never opens the breaker nor gets the failure policy's answer: it is the
+// caller's error, answered 500, while the backend keeps answering the
+// other rules.
+func TestRedisStoreRefusesRuleKeepsBreakerClosed(t *testing.T) {
+	t.Parallel()
+	clk := storetest.NewClock(time.Now().Truncate(time.Second))
+	res, err := resilient.NewMulti(leaseEveryKey(t, clk), &resilient.Options{Policy: resilient.FailClosed, MinCalls: 5, FailureThreshold: 2, DeadAfter: time.Nanosecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { res.Close() })
+	e := newEnvStore(t, clk, res, []Rule{
+		{Name: "log", Limit: sluice.PerMinute(3).WithAlgorithm(sluice.SlidingWindowLog), Key: Global(), Match: onPath("/log")},
+		{Name: "api", Limit: sluice.PerMinute(100), Key: Global(), Match: onPath("/api")},
+	}, nil)
+	for range 10 {
+		checkMisconfigured(t, e.get("/log"), `rule "log"`, "cannot grant")
+	}
+	if s := res.State(); s != sluice.BreakerClosed {
+		t.Errorf("breaker %v after refused limits, want closed", s)
+	}
+	if r := e.get("/api"); r.status != 200 || r.header.Get(HeaderRateLimit) != `"api";r=99;t=1` {
+		t.Errorf("/api: %d %q %s, want 200 from the backend", r.status, r.header.Get(HeaderRateLimit), r.body)
+	}
+	if n := e.obs.get("log/error"); n != 0 {
+		t.Errorf("observed %d log/error", n)
+	}
+}
