@@ -13,7 +13,10 @@
 // admitted: it fails at once with codes.ResourceExhausted, a message
 // giving the cost and the capacity and a QuotaFailure, but no RetryInfo
 // and no "retry-after" or "ratelimit" metadata, since waiting will not
-// help. It takes nothing from any rule and starts no Penalty block.
+// help. It takes nothing from any rule and starts no Penalty block. The
+// answer does not depend on the store: when the store fails, it is the
+// same, without the "x-ratelimit-remaining" and "x-ratelimit-reset" that
+// only the store knows.
 //
 // In-flight and shedding rules (Options.InFlight, Options.Shed) work as in
 // httplimit: a call, unary or stream, holds its slots until its handler
@@ -275,6 +278,10 @@ func (in *Interceptor) check(ctx context.Context, method string) (metadata.MD, e
 		// "ratelimit"'s t on a denial is a wait.
 		delete(md, "retry-after")
 		delete(md, "ratelimit")
+		if v.Blind { // the store did not say: no made-up figures
+			delete(md, "x-ratelimit-remaining")
+			delete(md, "x-ratelimit-reset")
+		}
 		return md, never(c.Rule.Name, c.Cost, c.Rule.Limit)
 	}
 	return md, denial(checks[v.Report].Rule.Name, v.Decision)

@@ -23,7 +23,10 @@
 // the cost and the capacity (see DefaultDenyHandler); a DenyHandler tells
 // it by Denial.Never. The observer records a denial, as for any request
 // over its limit. A Shadow rule records such a request as a shadow denial
-// and lets it through.
+// and lets it through. The answer does not depend on the store: when the
+// store fails (and no failure policy answers), the request is denied so
+// all the same, without the X-RateLimit-Remaining and X-RateLimit-Reset
+// that only the store knows.
 //
 // In-flight rules (Options.InFlight) bound the requests of one key in
 // progress at once, and shedding rules (Options.Shed) keep a capacity,

@@ -338,6 +338,10 @@ func (m *Middleware) limit(w http.ResponseWriter, r *http.Request, next http.Han
 		// RateLimit's t on a denial is a wait.
 		w.Header().Del(header.RetryAfter)
 		w.Header().Del(header.RateLimit)
+		if v.Blind { // the store did not say: no made-up figures
+			w.Header().Del(header.Remaining)
+			w.Header().Del(header.Reset)
+		}
 	}
 	c := &checks[v.Report]
 	if m.deny == nil { // DefaultDenyHandler, without encoding anything

@@ -239,6 +239,11 @@ type Verdict struct {
 	Decision sluice.Decision
 	// Waited is how long Delay rules held the request.
 	Waited time.Duration
+	// Blind reports that the store failed to give the reported check's
+	// figures (Remaining, ResetAfter): a request that can never be
+	// admitted (Never) is denied without them, and the response must not
+	// state them.
+	Blind bool
 }
 
 // Engine checks rules against a store. It is safe for concurrent use.
@@ -774,16 +779,22 @@ func (e *Engine) deny(ctx context.Context, checks []Check, v Verdict, all bool) 
 // refuse denies a request without taking anything: a check is over its
 // limit before any store call (decided so by the front end, or asking more
 // than its counter's capacity). Counters over their capacity are peeked at
-// their capacity for the figures the response reports.
+// their capacity for the figures the response reports; without all, a
+// peek that fails leaves the denial without figures (Verdict.Blind), since
+// no answer of the store would change it.
 func (e *Engine) refuse(ctx context.Context, checks []Check, reqs []sluice.Request, idx []int, over int, all bool) (Verdict, error) {
 	ds := make([]sluice.Decision, len(reqs))
+	blind := false
 	for j, r := range reqs {
 		full := r.Cost > r.Limit.Capacity()
 		if !full && !all {
 			continue
 		}
 		d, err := e.store.Peek(ctx, r.Key, r.Limit, min(r.Cost, r.Limit.Capacity()))
-		if err != nil {
+		if err != nil && !all {
+			d = sluice.Decision{Limit: r.Limit}
+			blind = blind || j == checks[over].counter
+		} else if err != nil {
 			return Verdict{Report: -1}, e.failed(ctx, checks, err, checks[idx[j]].Rule.Name)
 		}
 		if full {
@@ -797,7 +808,7 @@ func (e *Engine) refuse(ctx context.Context, checks []Check, reqs []sluice.Reque
 			c.Decision, c.decided = ds[c.counter], true
 		}
 	}
-	return e.deny(ctx, checks, Verdict{Report: over, Decision: checks[over].Decision}, all)
+	return e.deny(ctx, checks, Verdict{Report: over, Decision: checks[over].Decision, Blind: blind}, all)
 }
 
 // fill peeks, when all, every check with a Key that has no decision yet.
