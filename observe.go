@@ -33,8 +33,9 @@ const (
 	// OutcomeShadowDenied: a shadow (dry-run) policy would have refused the
 	// request, but let it through.
 	OutcomeShadowDenied
-	// OutcomeError: the policy could not decide (a store failure that no
-	// failure policy absorbed).
+	// OutcomeError: the policy could not decide: a store failure that no
+	// failure policy absorbed, or a store refusing what the rule asks of
+	// it (a misconfiguration, answered 500 by httplimit).
 	OutcomeError
 	// OutcomeShed: an in-flight acquire refused by priority load shedding
 	// (the request's share of the capacity was full): the client did

@@ -931,14 +931,14 @@ func (e *Engine) observe(policy string, o sluice.Outcome, d sluice.Decision) {
 }
 
 // failed returns the error of a request whose store call for the rules
-// named policies failed with err: a *ConfigError when the store refused
-// what the rules ask of it (Misconfigured), which is no store failure;
-// else err, observed as each enforcing check's store failure.
+// named policies failed with err, observed as each enforcing check's error
+// (none decided): a *ConfigError when the store refused what the rules
+// ask of it (Misconfigured), which is no store failure, else err.
 func (e *Engine) failed(ctx context.Context, checks []Check, err error, policies ...string) error {
+	e.observeErrors(ctx, checks)
 	if Misconfigured(err) {
 		return &ConfigError{Policies: policies, Err: err}
 	}
-	e.observeErrors(ctx, checks)
 	return err
 }
 
@@ -951,7 +951,8 @@ func names(checks []Check, idx []int) []string {
 	return ns
 }
 
-// observeErrors observes each enforcing check's store failure. A call
+// observeErrors observes each enforcing check's error: a store failure or
+// a store refusing what a rule asks. A call
 // whose own context ended was not failed by the store: it is not observed
 // (the client went away, or its deadline passed).
 func (e *Engine) observeErrors(ctx context.Context, checks []Check) {
