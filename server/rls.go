@@ -174,7 +174,9 @@ func (r rlsServer) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequ
 		keys[i] = m.Key
 		if m.Policy != nil { // sluice-format policy
 			st.kind, st.policy, st.shadow = kindLimited, m.Policy, m.Policy.Strategy == enforce.Shadow
-			if req.HitsAddend == 0 && d.GetHitsAddend() == nil {
+			// The policy's cost stands in for hits left unsaid; negative
+			// hits only look, whatever the cost.
+			if req.HitsAddend == 0 && d.GetHitsAddend() == nil && !d.GetIsNegativeHits() {
 				st.hits = m.Policy.Cost
 			}
 			continue
