@@ -163,6 +163,10 @@ func serve(args []string, stderr io.Writer) int {
 		return 2
 	}
 	RouteLogs(log)
+	if msg, err := emptySetting(fs); err != nil {
+		log.Error(msg, "err", err)
+		return 2
+	}
 	for _, e := range []struct {
 		flag string
 		err  error
@@ -191,18 +195,6 @@ func serve(args []string, stderr io.Writer) int {
 	if *fleetSize < 0 {
 		log.Error("bad flag", "err", fmt.Sprintf("--fleet-size %d: want 1 or more", *fleetSize))
 		return 2
-	}
-	if *configFile == "" {
-		// Set but empty is a templating mistake, not a request for the
-		// demo: serving the demo's policies would silently stop limiting.
-		if flagSet(fs, "config") {
-			log.Error("bad flag", "err", "--config is empty: name a file or directory, or leave the flag out for the built-in demo")
-			return 2
-		}
-		if _, ok := os.LookupEnv("SLUICE_CONFIG"); ok {
-			log.Error("bad environment", "err", "SLUICE_CONFIG is set but empty: name a file or directory, or unset it for the built-in demo")
-			return 2
-		}
 	}
 	if *maxConns < 1 {
 		log.Error("bad flag", "err", fmt.Sprintf("--max-connections %d: want 1 or more", *maxConns))
@@ -299,6 +291,45 @@ func serve(args []string, stderr io.Writer) int {
 		return 0
 	}
 	return 0
+}
+
+// emptyRefused are the settings that refuse an empty value, as a flag or
+// in the environment. Set but empty is a templating mistake (a secret or
+// variable that came out empty), not a request for the default, and the
+// default may be far less safe: the demo's policies, the memory store
+// (limits per instance), no token, every interface.
+var emptyRefused = []struct{ flag, env, def string }{
+	{"config", "SLUICE_CONFIG", "the built-in demo"},
+	{"redis", "SLUICE_REDIS_URL", "the memory store, limits counted per instance"},
+	{"http", "SLUICE_HTTP_ADDR", ":8080, every interface"},
+	{"grpc", "SLUICE_GRPC_ADDR", ":8081, every interface"},
+	{"failure-policy", "SLUICE_FAILURE_POLICY", "local"},
+	{"decision-timeout", "SLUICE_DECISION_TIMEOUT", "50ms"},
+	{"fleet-size", "SLUICE_FLEET_SIZE", "discovered through Redis"},
+	{"fleet-shrink", "SLUICE_FLEET_SHRINK", resilient.DefaultFleetShrink.String()},
+	{"admin-token", "SLUICE_ADMIN_TOKEN", "no admin token"},
+	{"decision-token", "SLUICE_DECISION_TOKEN", "no decision token: every client is answered"},
+	{"max-connections", "SLUICE_MAX_CONNECTIONS", strconv.Itoa(DefaultMaxConnections)},
+	{"log-format", "SLUICE_LOG_FORMAT", "text"},
+	{"log-level", "SLUICE_LOG_LEVEL", "info"},
+}
+
+// emptySetting reports the first setting of emptyRefused given an empty
+// (or blank) value: the log message and the error, or a nil error. A flag
+// on the command line wins over its variable, which is then not read.
+func emptySetting(fs *flag.FlagSet) (string, error) {
+	for _, s := range emptyRefused {
+		if flagSet(fs, s.flag) {
+			if strings.TrimSpace(fs.Lookup(s.flag).Value.String()) == "" {
+				return "bad flag", fmt.Errorf("--%s is empty: give it a value, or leave the flag out for the default (%s)", s.flag, s.def)
+			}
+			continue
+		}
+		if v, ok := os.LookupEnv(s.env); ok && strings.TrimSpace(v) == "" {
+			return "bad environment", fmt.Errorf("%s is set but empty: give it a value, or unset it for the default (%s)", s.env, s.def)
+		}
+	}
+	return "", nil
 }
 
 // forcedStopWait bounds the wait for Shutdown after a second signal, which
