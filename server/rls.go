@@ -326,9 +326,10 @@ func (r rlsServer) response(descs []descriptor, checks []enforce.Check) *rlsv3.R
 			d.Allowed, d.RetryAfter = true, 0
 		}
 		header.All.Set(h, st.name(), d, now)
-		if st.kind == kindLimited && !d.Allowed && checks[st.check].Cost > checks[st.check].Rule.Limit.Capacity() {
-			// More hits than the limit's capacity: no wait admits them,
-			// and RateLimit's t on a denial is a wait. The X-RateLimit-*
+		if st.kind == kindLimited && !d.Allowed && keyCost(checks, st.check) > checks[st.check].Rule.Limit.Capacity() {
+			// More hits than the limit's capacity, from one descriptor or
+			// several naming the counter: no wait admits them, and
+			// RateLimit's t on a denial is a wait. The X-RateLimit-*
 			// fields and RateLimit-Policy still tell the capacity.
 			h.Del(header.RetryAfter)
 			h.Del(header.RateLimit)
@@ -343,6 +344,23 @@ func (r rlsServer) response(descs []descriptor, checks []enforce.Check) *rlsv3.R
 		headerPool.Put(h)
 	}
 	return resp
+}
+
+// keyCost is what the request asks of check i's counter: the costs of
+// every check naming its key, added up as the engine adds them
+// (saturating).
+func keyCost(checks []enforce.Check, i int) int64 {
+	var sum int64
+	for _, c := range checks {
+		if c.Key != checks[i].Key {
+			continue
+		}
+		if c.Cost > math.MaxInt64-sum {
+			return math.MaxInt64
+		}
+		sum += c.Cost
+	}
+	return sum
 }
 
 func currentLimit(st *descriptor, lim sluice.Limit) *rlsv3.RateLimitResponse_RateLimit {
