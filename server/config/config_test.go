@@ -108,6 +108,8 @@ func TestConfigErrors(t *testing.T) {
 		{"adjacent template variables", "policies:\n  - name: a\n    limit: 1/s\n    key: '{u}{r}'\n", `4:10: key "{u}{r}": variables {u} and {r} need text between them without '%', or their values could not be told apart`},
 		{"percent between template variables", "policies:\n  - name: a\n    limit: 1/s\n    key: '{u}%{r}'\n", `4:10: key "{u}%{r}": variables {u} and {r} need text between them without '%', or their values could not be told apart`},
 		{"template without variables", "policies:\n  - name: a\n    limit: 1/s\n    key: fixed\n", `4:10: key "fixed": needs at least one {variable}`},
+		{"policy as a template variable", "policies:\n  - name: a\n    limit: 1/s\n    key: '{policy}:{user}'\n", `4:10: key "{policy}:{user}": variable {policy} is reserved: a descriptor whose first entry is policy=NAME goes to the policy NAME`},
+		{"policy as an in-flight template variable", "policies:\n  - name: a\n    in_flight: {max: 3, hold: 10s}\n    key: '{policy}'\n", `4:10: key "{policy}": variable {policy} is reserved`},
 		{"same descriptor keys", "policies:\n  - name: a\n    limit: 1/s\n    key: '{u}:{r}'\n  - name: b\n    limit: 1/s\n    key: '{r}/{u}'\n", `7:10: key "{r}/{u}" takes the same descriptor entries as policy "a"`},
 		{"override glob inside", "policies:\n  - name: a\n    limit: 1/s\n    overrides:\n      - {match: 'user-*-vip', limit: 2/s}\n", `5:17: override match "user-*-vip": '*' is a wildcard only at the end ("premium:*"); a match is a whole key or such a prefix`},
 		{"override without match", "policies:\n  - name: a\n    limit: 1/s\n    overrides:\n      - limit: 2/s\n", `5:9: override needs match and limit`},

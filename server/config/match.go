@@ -149,13 +149,17 @@ func (d *Domain) lookup(entries []Entry) (Match, bool) {
 	return Match{}, false
 }
 
+// routingEntry is the entry key that, first in a descriptor, names the
+// policy; no key template may use it as a variable.
+const routingEntry = "policy"
+
 // lookupPolicy finds a sluice-format policy for a descriptor: either one
 // whose key template's variables are exactly the entries' keys, or one
 // named by a leading ("policy", NAME) entry whose other entries fill its
 // template. In-flight policies are never found: a descriptor naming one
 // is unmatched, as Envoy has no call to release a slot.
 func (d *Domain) lookupPolicy(entries []Entry) (Match, bool) {
-	if len(entries) > 0 && entries[0].Key == "policy" {
+	if len(entries) > 0 && entries[0].Key == routingEntry {
 		for _, p := range d.policies {
 			if p.Name == entries[0].Value && p.InFlight == nil {
 				if key, ok := p.tmpl.render(entries[1:]); ok {

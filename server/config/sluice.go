@@ -96,6 +96,14 @@ func (l *loader) keyTemplate(p *Policy, key, n *yaml.Node) bool {
 		l.errorf(orNode(key, n), "key %q: %v", p.Key, err)
 		return false
 	}
+	for _, v := range t.vars {
+		// A descriptor whose first entry is "policy" names a policy; one
+		// with the entries such a template needs would be routed by it.
+		if v == routingEntry {
+			l.errorf(orNode(key, n), "key %q: variable {%s} is reserved: a descriptor whose first entry is %s=NAME goes to the policy NAME, so whether a descriptor reaches this template would hang on its entries' order and values; name the variable otherwise (such as {%s_name})", p.Key, v, v, v)
+			return false
+		}
+	}
 	p.tmpl = t
 	return true
 }
