@@ -16,6 +16,11 @@ func TestCLICheckConfigKeyTemplates(t *testing.T) {
 		// never be meant for this template's {policy}.
 		{"policy variable", "policies:\n  - name: a\n    limit: 5/min\n    key: \"{user}\"\n  - name: b\n    limit: 2/min\n    key: \"{policy}:{user}\"\n",
 			`:7:10: key "{policy}:{user}": variable {policy} is reserved: a descriptor whose first entry is policy=NAME goes to the policy NAME`},
+		// Unquoted, {user} is a YAML mapping: one error, not a second
+		// about an empty template.
+		{"unquoted braces", "policies:\n  - name: a\n    limit: 5/s\n    key: {user}\n",
+			`:4:10: key is a YAML mapping, not a template: quote the braces (key: "{user}")`},
+		{"template a list", "policies:\n  - name: a\n    limit: 5/s\n    key: [user]\n", `:4:10: want a string, got a list`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -88,7 +88,17 @@ func (l *loader) policies(d *Domain, list *yaml.Node) {
 // missing key's errors).
 func (l *loader) keyTemplate(p *Policy, key, n *yaml.Node) bool {
 	if key != nil {
-		p.Key = l.str(key)
+		k := deref(key)
+		if k.Kind == yaml.MappingNode {
+			// Unquoted, YAML reads {user} as a mapping, not as text.
+			l.errorf(k, "key is a YAML mapping, not a template: quote the braces (key: %q)", braced(k))
+			return false
+		}
+		if k.Kind != yaml.ScalarNode || k.Tag == "!!null" {
+			l.str(key) // reports it, once
+			return false
+		}
+		p.Key = k.Value
 		p.explicit = true
 	}
 	t, err := parseTemplate(p.Key)
@@ -106,6 +116,23 @@ func (l *loader) keyTemplate(p *Policy, key, n *yaml.Node) bool {
 	}
 	p.tmpl = t
 	return true
+}
+
+// braced is the text that an unquoted template such as {user} was likely
+// written as, read back from the YAML mapping it became.
+func braced(m *yaml.Node) string {
+	var names []string
+	for i := 0; i+1 < len(m.Content); i += 2 {
+		k, v := m.Content[i], m.Content[i+1]
+		if k.Kind != yaml.ScalarNode || v.Kind != yaml.ScalarNode || v.Tag != "!!null" || v.Value != "" {
+			return "{user}"
+		}
+		names = append(names, "{"+k.Value+"}")
+	}
+	if len(names) != 1 {
+		return "{user}"
+	}
+	return names[0]
 }
 
 // strategy reads a policy's strategy and penalty fields. A service answers
