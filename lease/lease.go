@@ -124,8 +124,12 @@
 // figure a lease has is an upper bound for more than one unit, the store's
 // Take answers such a request, as it answers a remembered denial of one.
 // Requests of that cost then go to the
-// store's Take, exact, for D or until a grant covers as much. Peek answers from a live lease without
-// taking, and otherwise asks the store.
+// store's Take, exact, for D or until a grant covers as much. A request
+// that goes to the store's Take, whatever the reason, first gives back
+// what the lease holds, so that its units are in the store's answer. Peek
+// answers from a live lease that holds cost units without taking, and
+// otherwise asks the store, counting what a live lease would give back
+// before such a Take.
 //
 // Reset and config reloads take effect within D. Reset drops this
 // process's lease and resets the key in the store; other processes' leases
@@ -349,6 +353,7 @@ type lease struct {
 	gone     *hot         // its hot part once it has left the table
 	limit    sluice.Limit // validated, and grantable
 	capacity int64        // limit.Capacity()
+	sent     int64        // when the current grant was sent
 	until    int64        // spendable while now ≤ until
 	end      int64        // window algorithms: spendable while now < end; 0: no end
 	deny     int64        // a zero grant is remembered until then: at most D
@@ -844,17 +849,20 @@ func (s *Store) refill(ctx context.Context, l *lease, key string, limit sluice.L
 	// lose units to the return rule each time, and such a request could
 	// wait forever. After D the key is leased again.
 	short := !force && l.short > 0 && cost >= l.short && now < l.shortEnd
-	if n == 0 && !force && (!short || h.units == 0) {
+	toStore := !force && (n == 0 || short)
+	if toStore && h.units == 0 {
 		sh.mu.Unlock()
 		return sluice.Decision{}, 0, true, nil
 	}
+	// The lease's units go back before an exact Take too: left out, they
+	// would make the store deny what an exact limiter admits.
 	old, unused := l.grant, h.units
 	l.setUnits(h, 0)
 	sh.mu.Unlock()
 	if err := s.giveBack(ctx, key, limit, old, unused); err != nil {
 		return sluice.Decision{}, 0, false, err
 	}
-	if short {
+	if toStore {
 		return sluice.Decision{}, 0, true, nil
 	}
 	sent := s.now()
@@ -892,7 +900,7 @@ func (s *Store) refill(ctx context.Context, l *lease, key string, limit sluice.L
 	l.gen++
 	l.grant, h.rest = g, g.Remaining
 	l.setUnits(h, g.Granted)
-	l.until, l.end = sent+int64(stale), 0
+	l.sent, l.until, l.end = sent, sent+int64(stale), 0
 	if g.Window > 0 {
 		l.end = sent + int64(g.Window)
 	}
@@ -1139,7 +1147,8 @@ func (s *Store) exactly(ctx context.Context, multi sluice.MultiStore, reqs []slu
 }
 
 // Peek implements sluice.Store: a live lease that holds cost units answers
-// without taking; otherwise the store does.
+// without taking; otherwise the store does, counting the units a live
+// lease would give back before a Take of cost (under the return rule).
 func (s *Store) Peek(ctx context.Context, key string, limit sluice.Limit, cost int64) (sluice.Decision, error) {
 	ctx = ctxutil.OrBackground(ctx)
 	if err := ctx.Err(); err != nil {
@@ -1152,18 +1161,56 @@ func (s *Store) Peek(ctx context.Context, key string, limit sluice.Limit, cost i
 	if stale == 0 {
 		return s.granter.Peek(ctx, key, limit, cost)
 	}
+	var k int64 // units the live lease would give back before a Take
 	if id := s.knownID(limit); id != 0 {
 		sh, tag := s.locate(key)
 		sh.mu.Lock()
 		now := s.now()
-		if h := sh.leases.FindKind(tag, id, key); h != nil && h.live(now) && h.units >= cost {
-			d := h.local(limit, now, true)
-			sh.mu.Unlock()
-			return d, nil
+		if h := sh.leases.FindKind(tag, id, key); h != nil && h.live(now) {
+			if h.units >= cost {
+				d := h.local(limit, now, true)
+				sh.mu.Unlock()
+				return d, nil
+			}
+			k = h.units
+			if !windowed(limit) {
+				k = sluice.ReturnAllowance(limit, k, (now-h.l.sent)/1e3)
+			}
 		}
 		sh.mu.Unlock()
 	}
-	return s.granter.Peek(ctx, key, limit, cost)
+	if k == 0 {
+		return s.granter.Peek(ctx, key, limit, cost)
+	}
+	// A Take of cost would return the lease's units first (refill), of
+	// which the store would take back k: count them, as that Take would.
+	d, err := s.granter.Peek(ctx, key, limit, cost-k)
+	if err != nil || d.Allowed {
+		d.Remaining += k
+		return d, err
+	}
+	switch limit.Algorithm {
+	case sluice.SlidingWindowCounter:
+		// When cost units will be there depends on the previous window's
+		// count: the store's wait for all of them is an upper bound.
+		full, err := s.granter.Peek(ctx, key, limit, cost)
+		if err != nil {
+			return sluice.Decision{}, err
+		}
+		d.RetryAfter = max(d.RetryAfter, full.RetryAfter)
+	case sluice.FixedWindow: // the window's end, whatever the cost
+	default:
+		// The lease's k units may be gone by then: one Interval each.
+		d.RetryAfter += time.Duration(k) * limit.Interval()
+	}
+	d.Remaining += k
+	return d, nil
+}
+
+// windowed reports whether limit counts per window: a lease's units then
+// go back whole into the window they came from while it lasts.
+func windowed(limit sluice.Limit) bool {
+	return limit.Algorithm == sluice.FixedWindow || limit.Algorithm == sluice.SlidingWindowCounter
 }
 
 // Reset implements sluice.Store: it drops this process's lease (its units

@@ -1279,3 +1279,53 @@ func TestCheckLimit(t *testing.T) {
 		t.Errorf("For: CheckLimit = %v, want nil", err)
 	}
 }
+
+// A request that the live lease cannot cover goes to the store's Take with
+// the lease's units given back first: it is admitted as an exact limiter
+// would admit it, and Peek says so beforehand. Taken at one instant, no
+// unit is lost to the return rule.
+func TestCostAboveLeaseCountsLease(t *testing.T) {
+	t.Parallel()
+	for _, alg := range []sluice.Algorithm{sluice.FixedWindow, sluice.SlidingWindowCounter, sluice.GCRA, sluice.TokenBucket, sluice.LeakyBucket} {
+		t.Run(alg.String(), func(t *testing.T) {
+			t.Parallel()
+			l := sluice.PerMinute(100).WithAlgorithm(alg)
+			clock := storetest.NewClock(storetest.T0)
+			exact := newMemory(t, clock)
+			c := &counting{Granter: newMemory(t, clock), clock: clock}
+			// Sized by demand, at most 100 / (2 × 4) = 12 units: below the
+			// cost of 15.
+			s, err := lease.New(c, &lease.Options{MaxStaleness: 5 * time.Second, FleetSize: func() int { return 4 }, Clock: clock.Now})
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i := range 83 {
+				e, _ := exact.Take(ctx, "k", l, 1)
+				if d := take(t, s, "k", l, 1); !d.Allowed || !e.Allowed {
+					t.Fatalf("take %d: %+v (exact %+v)", i, d, e)
+				}
+			}
+			if c.grants == 0 || s.Stats().Local == 0 {
+				t.Fatalf("stats %+v: the key was never leased", s.Stats())
+			}
+			want, _ := exact.Peek(ctx, "k", l, 15)
+			p, err := s.Peek(ctx, "k", l, 15)
+			if err != nil || !p.Allowed || p.Remaining != want.Remaining {
+				t.Errorf("Peek(15) with 17 left = %+v, %v; want allowed, Remaining %d (exact %+v)", p, err, want.Remaining, want)
+			}
+			if p, _ := s.Peek(ctx, "k", l, 18); p.Allowed {
+				t.Errorf("Peek(18) with 17 left = %+v; want denied", p)
+			} else if e, _ := exact.Peek(ctx, "k", l, 18); p.RetryAfter < e.RetryAfter {
+				t.Errorf("Peek(18) with 17 left = %+v; RetryAfter below the exact %v", p, e.RetryAfter)
+			}
+			want, _ = exact.Take(ctx, "k", l, 15)
+			d := take(t, s, "k", l, 15)
+			if !d.Allowed || d.Remaining != want.Remaining {
+				t.Fatalf("Take(15) with 17 left = %+v; want allowed as exact: %+v", d, want)
+			}
+			if c.returns == 0 {
+				t.Fatalf("no return before the exact Take (grants %v, stats %+v): %+v", c.asked, s.Stats(), d)
+			}
+		})
+	}
+}

@@ -692,3 +692,42 @@ func TestRedisCheckLimitAsksGranter(t *testing.T) {
 		t.Errorf("over a zero resilient.Store: CheckLimit = %v, want resilient.ErrZeroStore", err)
 	}
 }
+
+// On a real Redis, a request of a cost above the lease's units is admitted
+// as the exact limiter admits it: the lease's units go back before the
+// Take (PerHour keeps the run inside one fixed window, bar an hour's edge).
+func TestRedisCostAboveLease(t *testing.T) {
+	client := redistest.Client(t)
+	for _, alg := range []sluice.Algorithm{sluice.FixedWindow, sluice.GCRA} {
+		t.Run(alg.String(), func(t *testing.T) {
+			t.Parallel()
+			if alg == sluice.FixedWindow && time.Until(time.Now().Truncate(time.Hour).Add(time.Hour)) < 10*time.Second {
+				time.Sleep(time.Until(time.Now().Truncate(time.Hour).Add(time.Hour + time.Second)))
+			}
+			rs := redisstore.New(client, &redisstore.Options{Prefix: redistest.Prefix(t)})
+			s, err := lease.New(rs, &lease.Options{MaxStaleness: 5 * time.Second, FleetSize: func() int { return 4 }})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { s.Close(ctx) })
+			l := sluice.PerHour(100).WithAlgorithm(alg) // leases of at most 12
+			for i := range 83 {
+				if d := take(t, s, "k", l, 1); !d.Allowed {
+					t.Fatalf("take %d: %+v", i, d)
+				}
+			}
+			if s.Stats().Local == 0 {
+				t.Fatalf("stats %+v: never leased", s.Stats())
+			}
+			if p, err := s.Peek(ctx, "k", l, 15); err != nil || !p.Allowed || p.Remaining < 15 {
+				t.Errorf("Peek(15) with 17 left = %+v, %v; want allowed", p, err)
+			}
+			if d := take(t, s, "k", l, 15); !d.Allowed || d.Remaining > 2 {
+				t.Errorf("Take(15) with 17 left = %+v; want allowed, at most 2 left", d)
+			}
+			if d := take(t, s, "k", l, 3); d.Allowed {
+				t.Errorf("Take(3) with at most 2 left = %+v; want denied", d)
+			}
+		})
+	}
+}
