@@ -32,11 +32,13 @@ import (
 // caveat); and a Reset on another process, a backend that lost its data (a
 // restarted Redis), or units the backend gives back after denying (a
 // non-atomic TakeAll's refund), each of which can make the cached denial
-// outlast the backend's, by at most r.
+// outlast the backend's, by at most r, or by at most Options.DenyCacheFor's
+// bound where it sets one.
 type denyCache struct {
 	seed   maphash.Seed
 	shards [16]denyShard
-	per    int // entries per shard
+	per    int                                                // entries per shard
+	keep   func(key string, limit sluice.Limit) time.Duration // Options.DenyCacheFor
 }
 
 type denyShard struct {
@@ -51,13 +53,14 @@ type denyKey struct {
 
 type denial struct {
 	until     time.Time // first instant the cost may be admitted
+	expire    time.Time // forgotten then: until, or sooner (Options.DenyCacheFor)
 	resetAt   time.Time
 	cost      int64
 	remaining int64
 }
 
-func newDenyCache(size int) *denyCache {
-	c := &denyCache{seed: maphash.MakeSeed(), per: max(size/16, 1)}
+func newDenyCache(size int, keep func(key string, limit sluice.Limit) time.Duration) *denyCache {
+	c := &denyCache{seed: maphash.MakeSeed(), per: max(size/16, 1), keep: keep}
 	for i := range c.shards {
 		c.shards[i].m = make(map[denyKey]denial)
 	}
@@ -76,7 +79,7 @@ func (c *denyCache) get(key string, limit sluice.Limit, cost int64, now time.Tim
 	k := denyKey{key, limit}
 	sh.mu.Lock()
 	e, ok := sh.m[k]
-	if ok && !now.Before(e.until) {
+	if ok && !now.Before(e.expire) {
 		delete(sh.m, k)
 		ok = false
 	}
@@ -99,6 +102,14 @@ func (c *denyCache) put(key string, limit sluice.Limit, cost int64, d sluice.Dec
 		return
 	}
 	e := denial{until: sent.Add(d.RetryAfter), resetAt: sent.Add(d.ResetAfter), cost: cost, remaining: d.Remaining}
+	e.expire = e.until
+	if c.keep != nil {
+		// Forgotten sooner, it still tells the backend's RetryAfter while
+		// kept: a client is never told to come back too early.
+		if k := c.keep(key, limit); k > 0 && k < d.RetryAfter {
+			e.expire = sent.Add(k)
+		}
+	}
 	sh := c.shard(key)
 	k := denyKey{key, limit}
 	sh.mu.Lock()
@@ -126,7 +137,7 @@ func (sh *denyShard) evict(now time.Time) {
 	var victim denyKey
 	freed := false
 	for k, e := range sh.m {
-		if !now.Before(e.until) {
+		if !now.Before(e.expire) {
 			delete(sh.m, k)
 			freed = true
 		}

@@ -64,7 +64,8 @@
 // would deny that request until T. Entries are per cost (a larger cost must
 // wait longer than T), dropped when this Store takes from the key, and
 // anchored at the time the request was sent, so they never outlast the
-// backend's own deadline. Options.DenyCacheSize bounds them.
+// backend's own deadline. Options.DenyCacheSize bounds them, and
+// Options.DenyCacheFor how long a key's are kept.
 //
 // One limit on that exactness: a backend whose TakeAll is not atomic (the
 // Redis store's cross-slot path on a Cluster takes, then refunds) can deny
@@ -278,6 +279,16 @@ type Options struct {
 	// repeated for up to its RetryAfter after the units are back.
 	DenyCacheSize int
 
+	// DenyCacheFor, when set, bounds how long a denial of key under limit
+	// is remembered, when it returns a duration above zero: a Reset on
+	// another process, which the cache cannot see, then reaches this one
+	// within that time. A lease store over this Store passes its maximum
+	// staleness D, so that a leased key's Reset takes effect within D
+	// (package lease) on requests it sends here too. It is called once per
+	// cached denial and must be safe for concurrent use. Default: nil, a
+	// denial is remembered until its RetryAfter.
+	DenyCacheFor func(key string, limit sluice.Limit) time.Duration
+
 	// Observer receives store events and breaker changes. Default: none.
 	Observer sluice.Observer
 
@@ -381,7 +392,7 @@ func New(backend sluice.Store, opts *Options) (*Store, error) {
 	}
 	s.br = newBreaker(&o, s.name)
 	if o.DenyCacheSize >= 0 {
-		s.cache = newDenyCache(orDefault(o.DenyCacheSize, 100_000))
+		s.cache = newDenyCache(orDefault(o.DenyCacheSize, 100_000), o.DenyCacheFor)
 	}
 	if s.policy == FallbackLocal && s.fallback == nil {
 		s.owned = memory.New(nil)

@@ -332,7 +332,7 @@ func TestDenyCacheMatchesBackend(t *testing.T) {
 
 func TestDenyCacheBounded(t *testing.T) {
 	t.Parallel()
-	c := newDenyCache(64)
+	c := newDenyCache(64, nil)
 	d := sluice.Decision{Limit: sluice.PerSecond(1), RetryAfter: time.Hour}
 	for i := range 10_000 {
 		c.put(string(rune('a'+i%26))+string(rune(i)), d.Limit, 1, d, t0)
@@ -611,4 +611,48 @@ func TestConformance(t *testing.T) {
 		t.Cleanup(func() { s.Close() })
 		return s
 	})
+}
+
+// DenyCacheFor bounds how long a denial is kept (a Reset elsewhere reaches
+// the key then), while the cached answer still tells the backend's own
+// RetryAfter; a key it gives no bound keeps its denial until then.
+func TestDenyCacheFor(t *testing.T) {
+	t.Parallel()
+	clk := storetest.NewClock(t0)
+	b := newFlaky(clk.Now)
+	const keep = 5 * time.Second
+	s, err := New(b, &Options{Clock: clk.Now, Timeout: slow, DenyCacheFor: func(key string, _ sluice.Limit) time.Duration {
+		if key == "leased" {
+			return keep
+		}
+		return 0
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	lim := sluice.PerMinute(2).WithAlgorithm(sluice.FixedWindow)
+	for _, key := range []string{"leased", "other"} {
+		clk.Set(t0)
+		for range 2 {
+			s.Take(context.Background(), key, lim, 1)
+		}
+		d, _ := s.Take(context.Background(), key, lim, 1)
+		if d.Allowed || d.RetryAfter <= keep {
+			t.Fatalf("%s: third take %+v; want denied for over %v", key, d, keep)
+		}
+		T := d.RetryAfter
+		clk.Advance(keep - time.Microsecond)
+		if d, _ := s.Take(context.Background(), key, lim, 1); d.Source != sluice.SourceDenyCache || d.RetryAfter != T-keep+time.Microsecond {
+			t.Errorf("%s: just before %v: %+v; want the cached denial, RetryAfter the backend's", key, keep, d)
+		}
+		if err := b.Reset(context.Background(), key, lim); err != nil { // another process's Reset
+			t.Fatal(err)
+		}
+		clk.Advance(time.Microsecond)
+		d, _ = s.Take(context.Background(), key, lim, 1)
+		if want := key == "leased"; d.Allowed != want {
+			t.Errorf("%s: %v after the denial, the key reset elsewhere: %+v; want allowed %v", key, keep, d, want)
+		}
+	}
 }

@@ -291,6 +291,7 @@ func (s *Server) openStore() (sluice.Store, error) {
 		store, err := resilient.NewMulti(budgetStore{rs, 0}, &resilient.Options{
 			Name: "redis", Policy: s.opts.FailurePolicy, Timeout: s.opts.DecisionTimeout, Observer: healthObserver{s.metrics, s.health},
 			Fleet: fleet, Logger: s.log, // a line per breaker transition and per failure policy switch
+			DenyCacheFor: s.leaseFor,
 		})
 		if err != nil {
 			return nil, fmt.Errorf("server: failure policy: %w", err)
@@ -308,6 +309,17 @@ func (s *Server) openStore() (sluice.Store, error) {
 	m := memory.New(nil)
 	s.closers = append(s.closers, func() { m.Close() })
 	return m, nil
+}
+
+// leaseFor is the Redis deny cache's DenyCacheFor: a leased policy's key
+// keeps a denial at most its lease's D, so that a Reset through another
+// instance reaches the requests its leases send to Redis within D, as the
+// README promises. s.svc is set before any decision.
+func (s *Server) leaseFor(key string, limit sluice.Limit) time.Duration {
+	if s.svc == nil {
+		return 0
+	}
+	return s.svc.leaseFor(key, limit)
 }
 
 // Service returns the decision service.
