@@ -103,7 +103,12 @@
 // nothing until its lease ends. Grants and returns pass through while the
 // breaker lets calls through; the failure policy never grants, so when a
 // grant is held back or fails (resilient.ErrNoGrant) the request is
-// answered by the resilient store's Take: the failure policy's answer. A
+// answered by the resilient store's Take: the failure policy's answer.
+// So are the requests that were waiting for that grant, and a request
+// whose return before a grant failed: none sends another call in turn to a
+// store that is not answering, so a stall costs a request at most the
+// grant it waited for and its own Take (two timeouts until the breaker
+// opens, not one per request queued before it). A
 // return held back or failed is not resent (a resent return would make
 // budget); its units stay out of the store, which can only lower
 // admissions.
@@ -361,6 +366,7 @@ type lease struct {
 	short    int64        // a grant could not cover this cost: such costs go to the store
 	shortEnd int64        // until then, D after that grant's send
 	gen      uint64       // counts grants: which one units came from
+	failed   uint64       // counts grants the granter failed (resilient.ErrNoGrant)
 	// asked is the units asked since folded, not yet in demand, but those
 	// spent from units since mark was set: the local path counts nothing,
 	// and fold adds mark − units.
@@ -793,8 +799,9 @@ func (s *Store) spend(ctx context.Context, key string, limit sluice.Limit, cost 
 		sh.mu.Unlock()
 		return d, l, gen, false, nil
 	}
+	failed := l.failed
 	sh.mu.Unlock()
-	d, gen, exact, err := s.refill(ctx, l, key, limit, cost, stale, force)
+	d, gen, exact, err := s.refill(ctx, l, key, limit, cost, stale, force, failed)
 	return d, l, gen, exact, err
 }
 
@@ -817,7 +824,8 @@ func (s *Store) answer(h *hot, cost int64, now int64, counted bool) (_ sluice.De
 // in flight: from the lease another refill made meanwhile, or by giving
 // back what is left and asking the store for a new grant, or (exact) by
 // the store's Take.
-func (s *Store) refill(ctx context.Context, l *lease, key string, limit sluice.Limit, cost int64, stale time.Duration, force bool) (_ sluice.Decision, gen uint64, exact bool, _ error) {
+// failed is l.failed when the request began to wait.
+func (s *Store) refill(ctx context.Context, l *lease, key string, limit sluice.Limit, cost int64, stale time.Duration, force bool, failed uint64) (_ sluice.Decision, gen uint64, exact bool, _ error) {
 	if err := l.refill.lockCtx(ctx); err != nil {
 		return sluice.Decision{}, 0, false, fmt.Errorf("lease: waiting for the key's grant: %w", err)
 	}
@@ -841,6 +849,14 @@ func (s *Store) refill(ctx context.Context, l *lease, key string, limit sluice.L
 		sh.mu.Unlock()
 		return sluice.Decision{}, 0, true, nil
 	}
+	if l.failed != failed {
+		// A grant failed while this request waited for it: another would
+		// cost it a second wait on a store that does not answer (each one
+		// the failure policy's timeout, in turn); the store's Take, which
+		// the policy answers, costs at most one.
+		sh.mu.Unlock()
+		return sluice.Decision{}, 0, true, nil
+	}
 	l.fold(h, now, stale)
 	n := s.sizeFor(l, limit, cost)
 	// A cost that a grant could not cover goes to the store's Take, all or
@@ -859,10 +875,18 @@ func (s *Store) refill(ctx context.Context, l *lease, key string, limit sluice.L
 	old, unused := l.grant, h.units
 	l.setUnits(h, 0)
 	sh.mu.Unlock()
-	if err := s.giveBack(ctx, key, limit, old, unused); err != nil {
+	held, err := s.giveBack(ctx, key, limit, old, unused)
+	if err != nil {
 		return sluice.Decision{}, 0, false, err
 	}
-	if toStore {
+	if held {
+		// The store did not answer the return: a grant now would most
+		// likely wait as long again before the policy answers.
+		sh.mu.Lock()
+		l.failed++
+		sh.mu.Unlock()
+	}
+	if toStore || held {
 		return sluice.Decision{}, 0, true, nil
 	}
 	sent := s.now()
@@ -871,6 +895,9 @@ func (s *Store) refill(ctx context.Context, l *lease, key string, limit sluice.L
 		s.grants.Add(1)
 	}
 	if errors.Is(err, resilient.ErrNoGrant) {
+		sh.mu.Lock()
+		l.failed++
+		sh.mu.Unlock()
 		return sluice.Decision{}, 0, true, nil // the failure policy answers
 	}
 	if err != nil {
@@ -1023,21 +1050,21 @@ func (s *Store) sizeFor(l *lease, limit sluice.Limit, cost int64) int64 {
 
 // giveBack returns unused units of g, once: on an error they stay out of
 // the store (a resent return could make budget). A return a failure policy
-// held back (resilient.ErrNoGrant) is no error of the request's: the
-// policy has counted it.
-func (s *Store) giveBack(ctx context.Context, key string, limit sluice.Limit, g sluice.Grant, unused int64) error {
+// held back or saw fail (resilient.ErrNoGrant, reported as held) is no
+// error of the request's: the policy has counted it.
+func (s *Store) giveBack(ctx context.Context, key string, limit sluice.Limit, g sluice.Grant, unused int64) (held bool, _ error) {
 	if unused == 0 {
-		return nil
+		return false, nil
 	}
 	n, err := s.granter.Return(ctx, key, limit, g, unused)
 	if errors.Is(err, resilient.ErrNoGrant) {
-		return nil
+		return true, nil
 	}
 	if err != nil {
-		return fmt.Errorf("lease: return: %w", err)
+		return false, fmt.Errorf("lease: return: %w", err)
 	}
 	s.returned.Add(uint64(n))
-	return nil
+	return false, nil
 }
 
 // TakeAll implements sluice.MultiStore, all-or-nothing: a leased check's
@@ -1269,7 +1296,8 @@ func (s *Store) Close(ctx context.Context) error {
 			g, unused := l.grant, l.gone.units
 			l.gone.units = 0
 			sh.mu.Unlock()
-			errs = append(errs, s.giveBack(ctx, l.key, l.limit, g, unused))
+			_, err := s.giveBack(ctx, l.key, l.limit, g, unused)
+			errs = append(errs, err)
 			l.refill.Unlock()
 		}
 	}

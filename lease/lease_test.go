@@ -1329,3 +1329,47 @@ func TestCostAboveLeaseCountsLease(t *testing.T) {
 		})
 	}
 }
+
+// failingGrant is a granter whose grants wait for release and then fail as
+// a resilient store's do when the backend does not answer.
+type failingGrant struct {
+	sluice.Granter
+	grants  atomic.Int64
+	sent    chan struct{}
+	release chan struct{}
+}
+
+func (f *failingGrant) Grant(ctx context.Context, key string, l sluice.Limit, n int64) (sluice.Grant, error) {
+	f.grants.Add(1)
+	f.sent <- struct{}{}
+	<-f.release
+	return sluice.Grant{}, fmt.Errorf("%w: timed out", resilient.ErrNoGrant)
+}
+
+// Requests queued behind a grant that fails go to the store's Take, not
+// each to a grant of its own in turn: with a stalled store each would wait
+// a timeout more.
+func TestQueuedBehindFailedGrant(t *testing.T) {
+	t.Parallel()
+	clock := storetest.NewClock(storetest.T0)
+	f := &failingGrant{Granter: newMemory(t, clock), sent: make(chan struct{}, 16), release: make(chan struct{})}
+	s := newLease(t, f, clock, time.Second, 10)
+	l := sluice.PerSecond(100)
+	const n = 8
+	done := make(chan sluice.Decision, n)
+	go func() { done <- take(t, s, "k", l, 1) }()
+	<-f.sent // the first request's grant is in flight
+	for range n - 1 {
+		go func() { done <- take(t, s, "k", l, 1) }()
+	}
+	time.Sleep(50 * time.Millisecond) // the others queue on the key's refill
+	close(f.release)
+	for range n {
+		if d := <-done; !d.Allowed || d.Source != sluice.SourceBackend {
+			t.Errorf("a request behind the failed grant = %+v; want the store's Take", d)
+		}
+	}
+	if got := f.grants.Load(); got != 1 {
+		t.Errorf("%d grants sent, want the one the others queued behind", got)
+	}
+}
