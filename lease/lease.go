@@ -731,11 +731,31 @@ func (s *Store) Take(ctx context.Context, key string, limit sluice.Limit, cost i
 			return d, nil
 		}
 		d, _, _, exact, err := s.spend(ctx, key, limit, cost, stale, false)
+		if errors.Is(err, errGrantFailed) {
+			if p, ok := s.granter.(policyTaker); ok {
+				return p.TakeByPolicy(ctx, key, limit, cost)
+			}
+			exact, err = true, nil
+		}
 		if !exact {
 			return d, err
 		}
 	}
 	return s.granter.Take(ctx, key, limit, cost)
+}
+
+// errGrantFailed: the store did not answer this key's grant or return,
+// during this request or while it waited for one (it is exact too). A
+// single Take then goes to the granter's failure policy without another
+// wait for the store when the granter can do that (policyTaker), so that a
+// request waits for a store that does not answer once, not twice; a
+// TakeAll's checks go to the store's TakeAll, all or nothing.
+var errGrantFailed = errors.New("lease: the store did not answer the key's grant")
+
+// policyTaker is a granter whose failure policy can answer a take without
+// calling its backend: resilient.Store.
+type policyTaker interface {
+	TakeByPolicy(ctx context.Context, key string, limit sluice.Limit, cost int64) (sluice.Decision, error)
 }
 
 // fast is spend's common case, a live lease that holds cost units, with
@@ -852,10 +872,10 @@ func (s *Store) refill(ctx context.Context, l *lease, key string, limit sluice.L
 	if l.failed != failed {
 		// A grant failed while this request waited for it: another would
 		// cost it a second wait on a store that does not answer (each one
-		// the failure policy's timeout, in turn); the store's Take, which
-		// the policy answers, costs at most one.
+		// the failure policy's timeout, in turn); the failure policy
+		// answers it (see errGrantFailed).
 		sh.mu.Unlock()
-		return sluice.Decision{}, 0, true, nil
+		return sluice.Decision{}, 0, true, errGrantFailed
 	}
 	l.fold(h, now, stale)
 	n := s.sizeFor(l, limit, cost)
@@ -885,8 +905,9 @@ func (s *Store) refill(ctx context.Context, l *lease, key string, limit sluice.L
 		sh.mu.Lock()
 		l.failed++
 		sh.mu.Unlock()
+		return sluice.Decision{}, 0, true, errGrantFailed
 	}
-	if toStore || held {
+	if toStore {
 		return sluice.Decision{}, 0, true, nil
 	}
 	sent := s.now()
@@ -898,7 +919,10 @@ func (s *Store) refill(ctx context.Context, l *lease, key string, limit sluice.L
 		sh.mu.Lock()
 		l.failed++
 		sh.mu.Unlock()
-		return sluice.Decision{}, 0, true, nil // the failure policy answers
+		if errors.Is(err, resilient.ErrNotSent) {
+			return sluice.Decision{}, 0, true, nil // the breaker is open: Take is the policy's
+		}
+		return sluice.Decision{}, 0, true, errGrantFailed
 	}
 	if err != nil {
 		return sluice.Decision{}, 0, false, err
@@ -1121,6 +1145,9 @@ func (s *Store) TakeAll(ctx context.Context, reqs []sluice.Request) ([]sluice.De
 	for i, r := range reqs {
 		if stale[i] > 0 {
 			d, l, gen, ex, err := s.spend(ctx, r.Key, r.Limit, r.Cost, stale[i], multi == nil)
+			if errors.Is(err, errGrantFailed) {
+				ex, err = true, nil
+			}
 			if err != nil {
 				putBack()
 				return nil, err

@@ -1373,3 +1373,50 @@ func TestQueuedBehindFailedGrant(t *testing.T) {
 		t.Errorf("%d grants sent, want the one the others queued behind", got)
 	}
 }
+
+// policyGrant is failingGrant over a granter whose failure policy can
+// answer without the store (resilient.Store's TakeByPolicy): it counts the
+// Takes that reach the store and the policy's answers.
+type policyGrant struct {
+	*failingGrant
+	takes, byPolicy atomic.Int64
+}
+
+func (p *policyGrant) Take(ctx context.Context, key string, l sluice.Limit, cost int64) (sluice.Decision, error) {
+	p.takes.Add(1)
+	return p.failingGrant.Take(ctx, key, l, cost)
+}
+
+func (p *policyGrant) TakeByPolicy(_ context.Context, _ string, l sluice.Limit, _ int64) (sluice.Decision, error) {
+	p.byPolicy.Add(1)
+	return sluice.Decision{Allowed: true, Limit: l, Source: sluice.SourceFallback}, nil
+}
+
+// With a granter whose policy can answer alone, the request whose grant
+// failed and those queued behind it are answered by the policy without
+// another call to the store: each waits for a store that does not answer
+// once, not a second time for a Take.
+func TestFailedGrantAnsweredByPolicy(t *testing.T) {
+	t.Parallel()
+	clock := storetest.NewClock(storetest.T0)
+	p := &policyGrant{failingGrant: &failingGrant{Granter: newMemory(t, clock), sent: make(chan struct{}, 16), release: make(chan struct{})}}
+	s := newLease(t, p, clock, time.Second, 10)
+	l := sluice.PerSecond(100)
+	const n = 8
+	done := make(chan sluice.Decision, n)
+	go func() { done <- take(t, s, "k", l, 1) }()
+	<-p.sent
+	for range n - 1 {
+		go func() { done <- take(t, s, "k", l, 1) }()
+	}
+	time.Sleep(50 * time.Millisecond) // the others queue on the key's refill
+	close(p.release)
+	for range n {
+		if d := <-done; !d.Allowed || d.Source != sluice.SourceFallback {
+			t.Errorf("a request behind the failed grant = %+v; want the policy's answer", d)
+		}
+	}
+	if g, tk, bp := p.grants.Load(), p.takes.Load(), p.byPolicy.Load(); g != 1 || tk != 0 || bp != n {
+		t.Errorf("%d grants, %d store Takes, %d policy answers; want 1, 0, %d", g, tk, bp, n)
+	}
+}

@@ -74,6 +74,25 @@ func (s *Store) granter() (sluice.Granter, error) {
 	return g, nil
 }
 
+// TakeByPolicy answers a take by the failure policy without calling the
+// backend, as Take does while the breaker is open: for a caller whose own
+// call for the key (package lease's grant) has just failed, so that the
+// request waits for a backend that does not answer once, not twice, before
+// the breaker has seen enough failures to open.
+func (s *Store) TakeByPolicy(ctx context.Context, key string, limit sluice.Limit, cost int64) (sluice.Decision, error) {
+	ctx = ctxutil.OrBackground(ctx)
+	if err := sluice.ValidateRequest(key, limit, cost); err != nil {
+		return sluice.Decision{}, err
+	}
+	if s == nil || s.backend == nil {
+		return sluice.Decision{}, ErrZeroStore
+	}
+	if err := ended(ctx, "take"); err != nil {
+		return sluice.Decision{}, err
+	}
+	return s.failOne(ctx, "take", key, limit, cost, true, 0, nil)
+}
+
 // pass sends a call that the failure policy cannot answer to the backend
 // through the breaker, and counts its outcome there as any call's.
 func pass[T any](ctx context.Context, s *Store, op string, fn func(context.Context) (T, error)) (T, error) {

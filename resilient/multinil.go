@@ -23,6 +23,11 @@ func (m *MultiStore) Take(ctx context.Context, key string, limit sluice.Limit, c
 	return m.store().Take(ctx, key, limit, cost)
 }
 
+// TakeByPolicy is Store.TakeByPolicy.
+func (m *MultiStore) TakeByPolicy(ctx context.Context, key string, limit sluice.Limit, cost int64) (sluice.Decision, error) {
+	return m.store().TakeByPolicy(ctx, key, limit, cost)
+}
+
 // Peek is Store.Peek.
 func (m *MultiStore) Peek(ctx context.Context, key string, limit sluice.Limit, cost int64) (sluice.Decision, error) {
 	return m.store().Peek(ctx, key, limit, cost)

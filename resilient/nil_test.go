@@ -15,6 +15,7 @@ type zeroStore interface {
 	sluice.Slots
 	sluice.Granter
 	CheckLimit(sluice.Limit) error
+	TakeByPolicy(ctx context.Context, key string, limit sluice.Limit, cost int64) (sluice.Decision, error)
 	AbandonSlot(key, holder string)
 	State() sluice.BreakerState
 	Probe(context.Context) (bool, error)
@@ -38,6 +39,9 @@ func TestNilStore(t *testing.T) {
 		s := tc.s
 		if _, err := s.Take(ctx, "k", limit, 1); !errors.Is(err, ErrZeroStore) {
 			t.Errorf("%s: Take err = %v, want ErrZeroStore", tc.name, err)
+		}
+		if _, err := s.TakeByPolicy(ctx, "k", limit, 1); !errors.Is(err, ErrZeroStore) {
+			t.Errorf("%s: TakeByPolicy err = %v, want ErrZeroStore", tc.name, err)
 		}
 		if _, err := s.Peek(ctx, "k", limit, 1); !errors.Is(err, ErrZeroStore) {
 			t.Errorf("%s: Peek err = %v, want ErrZeroStore", tc.name, err)
