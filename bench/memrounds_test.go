@@ -2,7 +2,6 @@ package bench
 
 import (
 	"context"
-	"math/rand/v2"
 	"runtime"
 	"runtime/metrics"
 	"slices"
@@ -25,18 +24,9 @@ import (
 // over the memory store's (sluice-lease-x-memory). Use -benchtime Nx for N
 // rounds.
 func BenchmarkMemoryStoreRounds(b *testing.B) {
-	keys, err := Keys(memKeys)
-	if err != nil {
-		b.Fatal(err)
-	}
-	shuffled := append([]string(nil), keys...)
-	r := rand.New(rand.NewPCG(1, 2))
-	r.Shuffle(len(shuffled), func(i, j int) { shuffled[i], shuffled[j] = shuffled[j], shuffled[i] })
-	for _, mode := range []string{"serial", "parallel", "serial-arrival", "parallel-arrival"} {
-		walk := shuffled
-		if strings.HasSuffix(mode, "-arrival") {
-			walk = keys
-		}
+	keys, walks := memWalks(b)
+	for _, mode := range memModes {
+		walk := walks[mode]
 		parallel := strings.HasPrefix(mode, "parallel")
 		b.Run(mode, func(b *testing.B) {
 			cs := memContenders()

@@ -112,18 +112,9 @@ func memContenders() []memContender {
 // x-map-mutex-cpu) from the same run; the leased row the share of its calls
 // answered from a lease (local/op).
 func BenchmarkMemoryStore(b *testing.B) {
-	keys, err := Keys(memKeys)
-	if err != nil {
-		b.Fatal(err)
-	}
-	shuffled := append([]string(nil), keys...)
-	r := rand.New(rand.NewPCG(1, 2))
-	r.Shuffle(len(shuffled), func(i, j int) { shuffled[i], shuffled[j] = shuffled[j], shuffled[i] })
-	for _, mode := range []string{"serial", "parallel", "serial-arrival", "parallel-arrival"} {
-		walk := shuffled
-		if strings.HasSuffix(mode, "-arrival") {
-			walk = keys
-		}
+	keys, walks := memWalks(b)
+	for _, mode := range memModes {
+		walk := walks[mode]
 		b.Run(mode, func(b *testing.B) {
 			nsop, cpuop := map[string]float64{}, map[string]float64{} // ns/op and cpu-ns/op by contender
 			for _, c := range memContenders() {
@@ -165,6 +156,29 @@ func BenchmarkMemoryStore(b *testing.B) {
 			}
 		})
 	}
+}
+
+// memModes are the memory comparison's walks: serial or on GOMAXPROCS
+// goroutines, over the keys in a seeded random order or in arrival order.
+var memModes = []string{"serial", "parallel", "serial-arrival", "parallel-arrival"}
+
+// memWalks returns the keys in arrival order and each mode's walk over them.
+func memWalks(b *testing.B) ([]string, map[string][]string) {
+	keys, err := Keys(memKeys)
+	if err != nil {
+		b.Fatal(err)
+	}
+	shuffled := append([]string(nil), keys...)
+	r := rand.New(rand.NewPCG(1, 2))
+	r.Shuffle(len(shuffled), func(i, j int) { shuffled[i], shuffled[j] = shuffled[j], shuffled[i] })
+	walks := map[string][]string{}
+	for _, mode := range memModes {
+		walks[mode] = shuffled
+		if strings.HasSuffix(mode, "-arrival") {
+			walks[mode] = keys
+		}
+	}
+	return keys, walks
 }
 
 // memWalk is one goroutine's walk over the keys, from start on, counting

@@ -21,6 +21,33 @@ func costHeader(r *http.Request) int64 {
 	return n
 }
 
+// checkNever checks that r answers a request costing 11 units of rule big's
+// 10 as one that can never be admitted: 429 problem+json with no
+// Retry-After or RateLimit field (no wait admits it), RateLimit-Policy and
+// X-RateLimit-Limit still sent; it returns the body.
+func checkNever(t *testing.T, r response) Problem {
+	t.Helper()
+	if r.status != http.StatusTooManyRequests || r.header.Get("Content-Type") != "application/problem+json" {
+		t.Fatalf("cost 11 of 10: %d %q %s, want 429 problem+json", r.status, r.header.Get("Content-Type"), r.body)
+	}
+	for _, f := range []string{HeaderRetryAfter, HeaderRateLimit} {
+		if v := r.header.Get(f); v != "" {
+			t.Errorf("%s: %q, want none: no wait admits the request", f, v)
+		}
+	}
+	if got := r.header.Get(HeaderRateLimitPolicy); got != `"big";q=10;w=60` {
+		t.Errorf("RateLimit-Policy %q", got)
+	}
+	if got := r.header.Get(HeaderLimit); got != "10" {
+		t.Errorf("X-RateLimit-Limit %q, want 10", got)
+	}
+	var p Problem
+	if err := json.Unmarshal([]byte(r.body), &p); err != nil {
+		t.Fatalf("%s: %v", r.body, err)
+	}
+	return p
+}
+
 // A request costing more than its rule's capacity is a 429 that says it can
 // never be admitted, with no Retry-After, and takes nothing: not from its
 // rule, nor from a layered one, and it starts no Penalty block; a Delay rule
@@ -41,24 +68,7 @@ func TestRedisCostOverCapacity(t *testing.T) {
 			if took := time.Since(start); took > 5*time.Second {
 				t.Errorf("answered after %v: held", took)
 			}
-			if r.status != http.StatusTooManyRequests || r.header.Get("Content-Type") != "application/problem+json" {
-				t.Fatalf("cost 11 of 10: %d %q %s", r.status, r.header.Get("Content-Type"), r.body)
-			}
-			for _, f := range []string{HeaderRetryAfter, HeaderRateLimit} {
-				if v := r.header.Get(f); v != "" {
-					t.Errorf("%s: %q, want none: no wait admits the request", f, v)
-				}
-			}
-			if got := r.header.Get(HeaderRateLimitPolicy); got != `"big";q=10;w=60` {
-				t.Errorf("RateLimit-Policy %q", got)
-			}
-			if got := r.header.Get(HeaderLimit); got != "10" {
-				t.Errorf("X-RateLimit-Limit %q, want 10", got)
-			}
-			var p Problem
-			if err := json.Unmarshal([]byte(r.body), &p); err != nil {
-				t.Fatalf("%s: %v", r.body, err)
-			}
+			p := checkNever(t, r)
 			want := Problem{Type: problem.NeverType, Title: problem.NeverTitle, Status: 429, Policy: "big", Cost: 11, Capacity: 10}
 			detail := p.Detail
 			p.Detail = ""
