@@ -109,6 +109,7 @@ func TestConfigErrors(t *testing.T) {
 		{"percent between template variables", "policies:\n  - name: a\n    limit: 1/s\n    key: '{u}%{r}'\n", `4:10: key "{u}%{r}": variables {u} and {r} need text between them without '%', or their values could not be told apart`},
 		{"template without variables", "policies:\n  - name: a\n    limit: 1/s\n    key: fixed\n", `4:10: key "fixed": needs at least one {variable}`},
 		{"unquoted template", "policies:\n  - name: a\n    limit: 1/s\n    key: {user}\n", `4:10: key is a YAML mapping, not a template: quote the braces (key: "{user}")`},
+		{"unquoted template with text after it", "policies:\n  - name: a\n    limit: 1/s\n    key: {user}:{id}\n", `4:5: did not find expected key: a value that starts with '{' is a YAML mapping; quote it (key: "{user}:{id}")`},
 		{"unquoted in-flight template", "policies:\n  - name: a\n    in_flight: {max: 3, hold: 10s}\n    key: {user}\n", `4:10: key is a YAML mapping, not a template: quote the braces (key: "{user}")`},
 		{"template not a string", "policies:\n  - name: a\n    limit: 1/s\n    key: [user]\n", `4:10: want a string, got a list`},
 		{"policy as a template variable", "policies:\n  - name: a\n    limit: 1/s\n    key: '{policy}:{user}'\n", `4:10: key "{policy}:{user}": variable {policy} is reserved: a descriptor whose first entry is policy=NAME goes to the policy NAME`},

@@ -115,8 +115,24 @@ func (l *loader) yamlError(data []byte, err error) {
 			e.Line = lo
 			e.Column = 1 + len(lines[lo-1]) - len(bytes.TrimLeft(lines[lo-1], " "))
 		}
+		if e.Line >= 1 && e.Line <= len(lines) {
+			e.Msg += braceHint(string(lines[e.Line-1]))
+		}
 	}
 	l.errs = append(l.errs, e)
+}
+
+// braceHint names the usual cause of a syntax error on a line whose value
+// starts with an unquoted '{' (key: {user}:{id}): YAML reads a flow
+// mapping there, which the rest of the value breaks.
+func braceHint(line string) string {
+	name, value, ok := strings.Cut(strings.TrimSpace(line), ": ")
+	value = strings.TrimSpace(value)
+	if !ok || !strings.HasPrefix(value, "{") {
+		return ""
+	}
+	name = strings.TrimSpace(strings.TrimPrefix(name, "- "))
+	return fmt.Sprintf(": a value that starts with '{' is a YAML mapping; quote it (%s: %q)", name, value)
 }
 
 // parses reports whether data is well-formed YAML.
