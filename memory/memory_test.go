@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"testing"
 	"time"
@@ -135,6 +136,57 @@ func TestMaxKeysBoundsMemory(t *testing.T) {
 	}
 	if n := s.Len(); n > 1000 {
 		t.Errorf("holding %d keys, want at most 1000", n)
+	}
+}
+
+// A MaxKeys near math.MaxInt is in effect no bound: rounding it up per
+// shard must not overflow into a bound that evicts every key but one per
+// shard, which let a key take its unit once per eviction.
+func TestMaxKeysMaxInt(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	for _, mk := range []int{math.MaxInt, math.MaxInt - 1, math.MaxInt - 62} {
+		s := memory.New(&memory.Options{MaxKeys: mk, SweepInterval: -1})
+		defer s.Close()
+		l := sluice.PerMinute(1)
+		admitted := 0
+		for range 3 {
+			for i := range 1000 {
+				d, err := s.Take(ctx, fmt.Sprint("user", i), l, 1)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if d.Allowed {
+					admitted++
+				}
+			}
+		}
+		if admitted != 1000 || s.Len() != 1000 {
+			t.Errorf("MaxKeys %d: 1,000 keys × 3 takes under 1/min admitted %d, holding %d keys; want 1000 and 1000", mk, admitted, s.Len())
+		}
+	}
+}
+
+// Shards beyond MaxShards is MaxShards: rounding it up to a power of two
+// looped forever (math.MaxInt) or allocated without bound (1<<40).
+func TestShardsClamped(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	for _, n := range []int{math.MaxInt, 1 << 40, memory.MaxShards + 1} {
+		made := make(chan *memory.Store, 1)
+		go func() { made <- memory.New(&memory.Options{Shards: n, SweepInterval: -1}) }()
+		select {
+		case s := <-made:
+			defer s.Close()
+			if _, err := s.Take(ctx, "k", sluice.PerMinute(1), 1); err != nil {
+				t.Fatalf("Shards %d: %v", n, err)
+			}
+			if d, _ := s.Take(ctx, "k", sluice.PerMinute(1), 1); d.Allowed {
+				t.Errorf("Shards %d: a second take under 1/min was allowed", n)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("Shards %d: New has not returned after 10s", n)
+		}
 	}
 }
 

@@ -31,6 +31,10 @@ var ErrZeroStore = errors.New("memory: zero Store: make one with New")
 // still in use.
 var ErrFull = errors.New("memory: full")
 
+// MaxShards bounds Options.Shards. Every shard is allocated up front, so
+// more than this would cost memory for no less lock contention.
+const MaxShards = 1 << 16
+
 // Options configures a Store. A nil *Options gives every default.
 type Options struct {
 	// Clock returns the current time. Default: the monotonic clock,
@@ -46,13 +50,15 @@ type Options struct {
 	// is full. Keys with in-flight slots are bounded apart, by the same
 	// number: at the cap, a new key takes the place of a sampled key
 	// without live holders, or its Acquire fails with ErrFull; a key with
-	// live holders is never dropped. Default: 1,000,000. A rate-limited
+	// live holders is never dropped. Any positive int is valid, up to
+	// math.MaxInt (in effect no bound). Default: 1,000,000. A rate-limited
 	// key costs a 64-byte slot in a table kept 41 % to 81 % full, 79 to
 	// 158 bytes besides its string; the sliding window log adds its log.
 	MaxKeys int
 
 	// Shards is the number of independently locked partitions, rounded up
-	// to a power of two. Default: 64.
+	// to a power of two, at most MaxShards (a larger value is MaxShards).
+	// Default: 64.
 	Shards int
 
 	// SweepInterval is how often expired keys are removed. Default: one
@@ -120,6 +126,9 @@ func New(opts *Options) *Store {
 	if o.Shards <= 0 {
 		o.Shards = 64
 	}
+	// Clamped first: rounding a larger value up to a power of two would
+	// overflow (and never end), or allocate without bound.
+	o.Shards = min(o.Shards, MaxShards)
 	n := 1
 	for n < o.Shards {
 		n <<= 1
@@ -129,7 +138,12 @@ func New(opts *Options) *Store {
 	}
 	base := time.Now()
 	s := &Store{clock: o.Clock, base: base, baseUS: base.UnixMicro(), seed: maphash.MakeSeed(), mask: uint64(n - 1), shards: make([]shard, n), stop: make(chan struct{})}
-	per := (o.MaxKeys + n - 1) / n
+	// MaxKeys/n rounded up, without MaxKeys+n-1, which overflows near
+	// math.MaxInt into a negative bound.
+	per := o.MaxKeys / n
+	if o.MaxKeys%n != 0 {
+		per++
+	}
 	for i := range s.shards {
 		s.shards[i].maxKeys = per
 	}
