@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/sluicehq/sluice/internal/ctxutil"
 	"github.com/sluicehq/sluice/internal/line"
 )
 
@@ -129,8 +130,10 @@ func (l *Limiter) Wait(ctx context.Context, key string) (Decision, error) {
 // context.DeadlineExceeded and the denial, whose RetryAfter is the wait it
 // would have needed, rather than sleeping in vain. Units taken by other
 // processes are not in the line: with them a waiter may still wait and
-// then fail at its deadline.
+// then fail at its deadline. A nil ctx is context.Background(), as for
+// every other method.
 func (l *Limiter) WaitN(ctx context.Context, key string, n int64) (Decision, error) {
+	ctx = ctxutil.OrBackground(ctx) // the stores accept nil; the wait reads ctx itself
 	if line.Busy() {
 		if d, done, err := l.queue(ctx, key, n); done {
 			return d, err

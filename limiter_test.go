@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -117,6 +118,59 @@ func TestWaitCancel(t *testing.T) {
 	if _, err := l.Wait(ctx, "k"); !errors.Is(err, context.Canceled) {
 		t.Errorf("Wait after cancel: %v", err)
 	}
+}
+
+// A nil context is context.Background() to every Limiter method, as to
+// the stores: WaitN dereferenced it once the key was denied (its own wait,
+// and a second waiter's joining the line), and panicked.
+func TestNilContextIsBackground(t *testing.T) {
+	t.Parallel()
+	var nilCtx context.Context
+	call := func(name string, fn func() error) {
+		t.Helper()
+		defer func() {
+			if p := recover(); p != nil {
+				t.Errorf("%s with a nil context panicked: %v", name, p)
+			}
+		}()
+		if err := fn(); err != nil {
+			t.Errorf("%s with a nil context: %v", name, err)
+		}
+	}
+	store := newMemory(t, nil)
+	l, _ := sluice.NewLimiter(store, sluice.PerSecond(20).WithBurst(1), nil)
+	call("Allow", func() error { _, err := l.Allow(nilCtx, "a"); return err })
+	call("Peek", func() error { _, err := l.Peek(nilCtx, "a"); return err })
+	call("Reset", func() error { return l.Reset(nilCtx, "a") })
+	for i := range 3 { // the 2nd and 3rd are denied and wait
+		call("Wait", func() error {
+			d, err := l.Wait(nilCtx, "w")
+			if err == nil && !d.Allowed {
+				t.Errorf("Wait %d: %+v, not allowed", i, d)
+			}
+			return err
+		})
+	}
+	// A waiter that finds a line joins it without taking.
+	var done sync.WaitGroup
+	done.Add(1)
+	go func() {
+		defer done.Done()
+		call("WaitN in line", func() error { _, err := l.WaitN(nilCtx, "q", 1); return err })
+	}()
+	call("WaitN first", func() error { _, err := l.WaitN(nilCtx, "q", 1); return err })
+	call("WaitN", func() error { _, err := l.WaitN(nilCtx, "q", 1); return err })
+	done.Wait()
+	call("AcquireSlot+Extend+Release", func() error {
+		slot, _, err := sluice.AcquireSlot(nilCtx, store, "s", sluice.Concurrent(1, time.Minute), 1)
+		if err != nil {
+			return err
+		}
+		if err := slot.Extend(nilCtx); err != nil {
+			return err
+		}
+		return slot.Release(nilCtx)
+	})
 }
 
 // A policy reloaded with another Period keeps its keys (Prefix and key name

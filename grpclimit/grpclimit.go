@@ -203,8 +203,8 @@ func New(store sluice.Store, rules []Rule, opts *Options) (*Interceptor, error) 
 }
 
 // Unary returns the unary server interceptor. A call acquires its
-// in-flight slots first, then takes its rate units. A nil info or handler
-// fails the call with codes.Internal.
+// in-flight slots first, then takes its rate units. A nil context, info or
+// handler fails the call with codes.Internal.
 func (in *Interceptor) Unary() grpc.UnaryServerInterceptor {
 	if in == nil {
 		return func(context.Context, any, *grpc.UnaryServerInfo, grpc.UnaryHandler) (any, error) { return nil, errNil }
@@ -228,8 +228,8 @@ func (in *Interceptor) unary(ctx context.Context, req any, info *grpc.UnaryServe
 
 // Stream returns the stream server interceptor. A stream is checked once,
 // when it opens, at the rule's cost; it holds its in-flight slots until
-// its handler returns. A nil stream, info or handler fails the call with
-// codes.Internal.
+// its handler returns. A nil stream, info or handler, or a stream whose
+// Context is nil, fails the call with codes.Internal.
 func (in *Interceptor) Stream() grpc.StreamServerInterceptor {
 	if in == nil {
 		return func(any, grpc.ServerStream, *grpc.StreamServerInfo, grpc.StreamHandler) error { return errNil }

@@ -165,8 +165,8 @@ func (in *Interceptor) acquire(ctx context.Context, method string) (*enforce.Hel
 // unaryHolding runs the unary call under its in-flight slots, released
 // when the handler returns or panics (the panic goes on).
 func (in *Interceptor) unaryHolding(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-	if info == nil || handler == nil {
-		return nil, status.Error(codes.Internal, "grpclimit: unary interceptor called with a nil info or handler")
+	if ctx == nil || info == nil || handler == nil {
+		return nil, status.Error(codes.Internal, "grpclimit: unary interceptor called with a nil context, info or handler")
 	}
 	h, md, err := in.acquire(ctx, info.FullMethod)
 	if err != nil {
@@ -184,6 +184,9 @@ func (in *Interceptor) unaryHolding(ctx context.Context, req any, info *grpc.Una
 func (in *Interceptor) streamHolding(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
 	if ss == nil || info == nil || handler == nil {
 		return status.Error(codes.Internal, "grpclimit: stream interceptor called with a nil stream, info or handler")
+	}
+	if ss.Context() == nil {
+		return status.Error(codes.Internal, "grpclimit: stream interceptor called with a stream whose context is nil")
 	}
 	h, md, err := in.acquire(ss.Context(), info.FullMethod)
 	if err != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"strings"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -11,7 +12,9 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 
+	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/grpctest"
+	"github.com/sluicehq/sluice/memory"
 )
 
 // A nil *Interceptor (New's error ignored) fails every call, unary and
@@ -59,3 +62,51 @@ func TestInterceptorNilArguments(t *testing.T) {
 		}
 	}
 }
+
+// A nil context (or a stream whose Context is nil) is refused with
+// Internal too: keying the call on its metadata, or handing the handler
+// nil, panicked.
+func TestInterceptorNilContext(t *testing.T) {
+	t.Parallel()
+	store := memory.New(nil)
+	t.Cleanup(func() { store.Close() })
+	in, err := New(store, []Rule{
+		{Name: "per-key", Limit: sluice.PerSecond(5), Key: Metadata("x-api-key")},
+		{Name: "global", Limit: sluice.PerSecond(1), Key: Global(), Strategy: Delay, MaxDelay: time.Second},
+	}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var nilCtx context.Context
+	ok := func(context.Context, any) (any, error) { return nil, nil }
+	for i := range 2 { // the second would be delayed
+		func() {
+			defer func() {
+				if p := recover(); p != nil {
+					t.Errorf("unary call %d with a nil context panicked: %v", i, p)
+				}
+			}()
+			_, err := in.Unary()(nilCtx, nil, &grpc.UnaryServerInfo{FullMethod: "/a/b"}, ok)
+			if status.Code(err) != codes.Internal {
+				t.Errorf("unary call %d with a nil context: %v, want Internal", i, err)
+			}
+		}()
+	}
+	func() {
+		defer func() {
+			if p := recover(); p != nil {
+				t.Errorf("stream with a nil context panicked: %v", p)
+			}
+		}()
+		err := in.Stream()(nil, nilContextStream{}, &grpc.StreamServerInfo{FullMethod: "/a/b"}, func(any, grpc.ServerStream) error { return nil })
+		if status.Code(err) != codes.Internal {
+			t.Errorf("stream with a nil context: %v, want Internal", err)
+		}
+	}()
+}
+
+// nilContextStream is a hand-made stream whose Context is nil; nothing
+// else of it may be called.
+type nilContextStream struct{ grpc.ServerStream }
+
+func (nilContextStream) Context() context.Context { return nil }
