@@ -177,16 +177,19 @@ func (l *Limiter) queue(ctx context.Context, key string, n int64) (d Decision, d
 	if snap == nil {
 		return Decision{}, false, nil
 	}
+	shape := l.limit.shape()
+	// On a sliding window, asking for the line's units and this caller's
+	// at once makes the estimate exact (see line.Shape.Estimate).
+	peeked := shape.PeekCost(snap.Ahead()[0], n)
 	start := time.Now()
-	d, err = l.store.Peek(ctx, k, l.limit, n)
+	d, err = l.store.Peek(ctx, k, l.limit, peeked)
 	if err != nil {
 		return d, true, err
 	}
 	limit, _, _ := deadline(ctx, time.Since(start))
-	shape := l.limit.shape()
 	var est time.Duration
 	w, there := snap.Join([]int64{n}, func(ahead []int64) bool {
-		est = shape.Wait(d.Allowed, d.Remaining, d.RetryAfter, ahead[0], n)
+		est = shape.Wait(d.Allowed, d.Remaining, d.RetryAfter, peeked, ahead[0], n)
 		return est > 0 && est <= limit
 	})
 	switch {
@@ -212,7 +215,7 @@ func (l *Limiter) wait(ctx context.Context, key string, n int64, d Decision, rtt
 	shape := l.limit.shape()
 	first := max(d.RetryAfter, time.Millisecond) // defensive: a store must not deny with no wait
 	w, est := line.Join(line.Owner(l.store, l), k, k+"\x00"+l.limit.String(), []int64{n}, func(ahead []int64) time.Duration {
-		return shape.Estimate(first, ahead[0], n)
+		return shape.Estimate(first, n, ahead[0], n)
 	}, limit)
 	if w == nil {
 		d.RetryAfter = max(d.RetryAfter, est)
@@ -284,8 +287,10 @@ func (l Limit) shape() line.Shape {
 	switch l.Algorithm {
 	case FixedWindow:
 		s.Kind = line.Fixed
-	case SlidingWindowLog, SlidingWindowCounter:
+	case SlidingWindowLog:
 		s.Kind = line.Sliding
+	case SlidingWindowCounter:
+		s.Kind = line.Counter
 	}
 	return s
 }

@@ -9,10 +9,12 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/line"
 	"github.com/sluicehq/sluice/internal/openloop"
 	"github.com/sluicehq/sluice/internal/race"
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/redisstore"
+	"github.com/sluicehq/sluice/storetest"
 )
 
 // WaitN's waiters on one key form a line: with a 2s deadline and
@@ -89,8 +91,9 @@ func checkWaitLine(t *testing.T, store sluice.Store) {
 	}
 }
 
-// The window algorithms' estimates err long: whatever the window's phase,
-// a waiter is served or refused at once, never held and then refused.
+// The window algorithms' estimates are exact (the log) or err long:
+// whatever the window's phase, a waiter is served or refused at once,
+// never held and then refused.
 func TestWaitLineWindows(t *testing.T) {
 	t.Parallel()
 	store := newMemory(t, nil)
@@ -174,4 +177,70 @@ func checkWaitOpenLoop(t *testing.T, store sluice.Store) {
 			return err == nil
 		}
 	})
+}
+
+// A sliding window log's waiter behind the line is told its exact wait:
+// 2/s, both units taken at T0 (a frozen clock), one waiter in line. Both
+// units come back at 1s, so the second waiter's wait is 1s (it was told
+// 2s, a Period more, and refused at once with a 1.3s deadline), and a
+// third's is 2s, a Period after the first unit.
+func TestWaitLineSlidingLogExact(t *testing.T) {
+	t.Parallel()
+	clock := storetest.NewClock(storetest.T0)
+	checkSlidingLogExact(t, newMemory(t, clock.Now))
+}
+
+func TestRedisWaitLineSlidingLogExact(t *testing.T) {
+	t.Parallel()
+	clock := storetest.NewClock(storetest.T0)
+	checkSlidingLogExact(t, redisstore.New(redistest.Client(t), &redisstore.Options{Prefix: redistest.Prefix(t), Clock: clock.Now}))
+}
+
+func checkSlidingLogExact(t *testing.T, store sluice.Store) {
+	l, err := sluice.NewLimiter(store, sluice.Limit{Algorithm: sluice.SlidingWindowLog, Rate: 2, Period: time.Second}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bg := context.Background()
+	for range 2 {
+		if d, err := l.Allow(bg, "k"); err != nil || !d.Allowed {
+			t.Fatalf("Allow: %+v, %v", d, err)
+		}
+	}
+	// The clock never moves: the waiters in line stay there until cancelled.
+	ctx, cancel := context.WithCancel(bg)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer cancel()
+	wait := func(timeout time.Duration) (sluice.Decision, error) {
+		c, stop := context.WithTimeout(ctx, timeout)
+		defer stop()
+		return l.Wait(c, "k")
+	}
+	wg.Go(func() { l.Wait(ctx, "k") })
+	for start := time.Now(); !line.Waiting(store, "k"); time.Sleep(time.Millisecond) {
+		if time.Since(start) > 5*time.Second {
+			t.Fatal("first waiter not in line after 5s")
+		}
+	}
+	// A deadline short of the wait: refused at once with the wait.
+	if d, err := wait(500 * time.Millisecond); !errors.Is(err, context.DeadlineExceeded) || d.Allowed || d.RetryAfter != time.Second {
+		t.Errorf("second waiter, 0.5s deadline: %+v, %v; want refused with RetryAfter 1s", d, err)
+	}
+	// A deadline past it: waits in line.
+	second := make(chan error, 1)
+	wg.Go(func() { _, err := wait(1300 * time.Millisecond); second <- err })
+	select {
+	case err := <-second:
+		t.Fatalf("second waiter, 1.3s deadline, refused: %v; want it in line", err)
+	case <-time.After(200 * time.Millisecond):
+	}
+	// The third's units come back a Period after the first's.
+	if d, err := wait(1500 * time.Millisecond); !errors.Is(err, context.DeadlineExceeded) || d.Allowed || d.RetryAfter != 2*time.Second {
+		t.Errorf("third waiter, 1.5s deadline: %+v, %v; want refused with RetryAfter 2s", d, err)
+	}
+	cancel()
+	if err := <-second; !errors.Is(err, context.Canceled) {
+		t.Errorf("second waiter: %v, want cancelled in line", err)
+	}
 }

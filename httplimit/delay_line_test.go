@@ -19,6 +19,7 @@ import (
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/memory"
 	"github.com/sluicehq/sluice/redisstore"
+	"github.com/sluicehq/sluice/storetest"
 )
 
 // quick bounds the 90th percentile of refusals "at once": generous, for
@@ -258,4 +259,72 @@ func checkDelayOpenLoop(t *testing.T, store sluice.Store) {
 			return resp.StatusCode == http.StatusOK
 		}
 	})
+}
+
+// A Delay rule on a sliding window log tells a request behind the line
+// its exact wait: 2/s, both units taken at T0 (a frozen clock), one
+// request held in line. Both units come back at 1s, so with a MaxDelay of
+// 1.3s the second request waits in line (it was told 2s, a Period more,
+// and refused at once), and a third, whose units come back a Period after
+// the first, is refused at once with Retry-After 2.
+func TestDelayLineSlidingLogExact(t *testing.T) {
+	t.Parallel()
+	clock := storetest.NewClock(storetest.T0)
+	store := memory.New(&memory.Options{Clock: clock.Now})
+	t.Cleanup(func() { store.Close() })
+	checkDelaySlidingLogExact(t, store, clock)
+}
+
+func TestRedisDelayLineSlidingLogExact(t *testing.T) {
+	t.Parallel()
+	clock := storetest.NewClock(storetest.T0)
+	checkDelaySlidingLogExact(t, redisstore.New(redistest.Client(t), &redisstore.Options{Prefix: redistest.Prefix(t), Clock: clock.Now}), clock)
+}
+
+func checkDelaySlidingLogExact(t *testing.T, store sluice.Store, clock *storetest.Clock) {
+	limit := sluice.Limit{Algorithm: sluice.SlidingWindowLog, Rate: 2, Period: time.Second}
+	m, err := New(store, []Rule{{Name: "d", Limit: limit, Key: Global(), Strategy: Delay, MaxDelay: 1300 * time.Millisecond}}, &Options{Clock: clock.Now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(m.Handler(okHandler))
+	t.Cleanup(srv.Close)
+	// The clock never moves: the requests in line stay there until
+	// cancelled.
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	get := func() (*http.Response, error) {
+		req, _ := http.NewRequestWithContext(ctx, "GET", srv.URL, nil)
+		resp, err := srv.Client().Do(req)
+		if err == nil {
+			resp.Body.Close()
+		}
+		return resp, err
+	}
+	for i := range 2 {
+		if resp, err := get(); err != nil || resp.StatusCode != http.StatusOK {
+			t.Fatalf("request %d: %v, %v", i, resp, err)
+		}
+	}
+	answered := make(chan *http.Response, 2)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer cancel()
+	for range 2 { // the first in line; the second behind it
+		wg.Go(func() {
+			if resp, err := get(); err == nil {
+				answered <- resp
+			}
+		})
+		time.Sleep(200 * time.Millisecond)
+	}
+	select {
+	case resp := <-answered:
+		t.Fatalf("a request in line answered %d, Retry-After %q; want both held", resp.StatusCode, resp.Header.Get(HeaderRetryAfter))
+	default:
+	}
+	resp, err := get()
+	if err != nil || resp.StatusCode != http.StatusTooManyRequests || resp.Header.Get(HeaderRetryAfter) != "2" {
+		t.Fatalf("third request: %v, %v; want 429 at once with Retry-After 2", resp, err)
+	}
 }

@@ -620,8 +620,12 @@ func (e *Engine) queue(ctx context.Context, checks []Check, reqs []sluice.Reques
 	}
 	start := time.Now()
 	q.ds = make([]sluice.Decision, len(reqs))
+	// On a sliding window, asking for the line's units and this request's
+	// at once makes the estimate exact (see line.Shape.Estimate).
+	peeked := make([]int64, len(reqs))
 	for j, r := range reqs {
-		if q.ds[j], err = e.store.Peek(ctx, r.Key, r.Limit, r.Cost); err != nil {
+		peeked[j] = Shape(r.Limit).PeekCost(snap.Ahead()[j], r.Cost)
+		if q.ds[j], err = e.store.Peek(ctx, r.Key, r.Limit, peeked[j]); err != nil {
 			return q, e.failed(ctx, checks, err, checks[idx[j]].Rule.Name)
 		}
 	}
@@ -631,7 +635,7 @@ func (e *Engine) queue(ctx context.Context, checks []Check, reqs []sluice.Reques
 		q.deny, est, q.maxWait = -1, 0, -1
 		wait := true
 		for j, r := range reqs {
-			d := counterWait(r, q.ds[j], ahead[j])
+			d := counterWait(r, q.ds[j], peeked[j], ahead[j])
 			if d == 0 {
 				continue
 			}
@@ -712,15 +716,15 @@ func costs(reqs []sluice.Request) []int64 {
 func estimate(reqs []sluice.Request, ds []sluice.Decision, ahead []int64) time.Duration {
 	var most time.Duration
 	for j, r := range reqs {
-		most = max(most, counterWait(r, ds[j], ahead[j]))
+		most = max(most, counterWait(r, ds[j], r.Cost, ahead[j]))
 	}
 	return most
 }
 
-// counterWait is how long r's counter, which answered d, makes a request
-// wait behind ahead units.
-func counterWait(r sluice.Request, d sluice.Decision, ahead int64) time.Duration {
-	return Shape(r.Limit).Wait(d.Allowed, d.Remaining, d.RetryAfter, ahead, r.Cost)
+// counterWait is how long r's counter, which answered d about peeked
+// units, makes a request wait behind ahead units.
+func counterWait(r sluice.Request, d sluice.Decision, peeked, ahead int64) time.Duration {
+	return Shape(r.Limit).Wait(d.Allowed, d.Remaining, d.RetryAfter, peeked, ahead, r.Cost)
 }
 
 // Shape is what the line's estimate needs of l.
@@ -729,8 +733,10 @@ func Shape(l sluice.Limit) line.Shape {
 	switch l.Algorithm {
 	case sluice.FixedWindow:
 		s.Kind = line.Fixed
-	case sluice.SlidingWindowLog, sluice.SlidingWindowCounter:
+	case sluice.SlidingWindowLog:
 		s.Kind = line.Sliding
+	case sluice.SlidingWindowCounter:
+		s.Kind = line.Counter
 	}
 	return s
 }

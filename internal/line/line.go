@@ -48,15 +48,61 @@ const (
 	Bucket Kind = iota
 	// Fixed: the whole capacity at each window's start.
 	Fixed
-	// Sliding: units come back over a window (log and counter).
+	// Sliding: units come back over a window, each a Period after it was
+	// taken (the sliding window log).
 	Sliding
+	// Counter: the sliding window counter, which weighs the previous
+	// window's count down over the current one.
+	Counter
 )
 
+// PeekCost is the cost to ask the store about (Peek) for a waiter of cost
+// units behind ahead, so that Estimate can be exact: for the sliding
+// kinds, the units of the line's last Capacity (ahead+cost when that is
+// at most Capacity); otherwise cost.
+func (s Shape) PeekCost(ahead, cost int64) int64 {
+	switch {
+	case ahead <= 0:
+		return cost
+	case s.Kind == Sliding:
+		_, r := s.windows(ahead, cost)
+		return r
+	case s.Kind == Counter && ahead+cost <= s.Capacity:
+		return ahead + cost
+	}
+	return cost
+}
+
+// windows splits the units of a line of ahead+cost on a sliding kind:
+// the waiter's units come at least q Periods after the first r of them,
+// r in [1, Capacity] (q = 0 when all fit the capacity at once).
+func (s Shape) windows(ahead, cost int64) (q, r int64) {
+	c := max(s.Capacity, 1)
+	q = (ahead + cost - 1) / c
+	return q, ahead + cost - q*c
+}
+
 // Estimate is how long a waiter of cost units waits, without other
-// takers, when the store has just denied it with retry (which covers its
-// own units) and ahead units wait before it in the line. It errs long:
-// a waiter told it can be served in time must not be held and then refused.
-func (s Shape) Estimate(retry time.Duration, ahead, cost int64) time.Duration {
+// takers, when the store has just denied peeked units with retry and
+// ahead units wait before it in the line. peeked is cost (the waiter's
+// own denial) or PeekCost(ahead', cost) for some ahead' ≤ ahead.
+//
+// For the sliding window log it is exact when ahead+cost fits the
+// capacity and peeked is that, and otherwise never longer than the wait
+// (a waiter that could be served in time is not refused): the log admits
+// at most Capacity units in any Period, so a unit comes at least a Period
+// after the one Capacity before it, and the first r at least when the
+// store frees r.
+//
+// For the sliding window counter, the store's answer for ahead+cost units
+// (when they fit the capacity) is exact when the line and the waiter are
+// admitted in one window, and otherwise errs long (across a window's end
+// the counter discounts the units the line took before it), by less than
+// a Period; beyond the capacity, or told less, the estimate errs long by
+// a Period: the counter can admit almost twice its capacity over a
+// Period that straddles two windows, and then nothing for most of the
+// next, so no figure of the log's kind bounds it.
+func (s Shape) Estimate(retry time.Duration, peeked, ahead, cost int64) time.Duration {
 	if ahead <= 0 {
 		return retry
 	}
@@ -67,35 +113,58 @@ func (s Shape) Estimate(retry time.Duration, ahead, cost int64) time.Duration {
 		// Each window from the next serves Capacity: the waiter's units
 		// come in window ⌈(ahead+cost)/Capacity⌉.
 		return sat(retry, (ahead+cost-1)/max(s.Capacity, 1), s.Period)
-	default:
-		// A sliding window frees its units over a whole Period, so even
-		// those that fit one window may need all of it: one more.
+	case Counter:
+		if peeked == ahead+cost {
+			return retry
+		}
 		return sat(retry, (ahead+cost-1)/max(s.Capacity, 1)+1, s.Period)
+	default:
+		q, r := s.windows(ahead, cost)
+		if peeked <= r {
+			// The first r come no sooner than the peeked ones.
+			return sat(retry, q, s.Period)
+		}
+		if q == 0 { // cannot happen: peeked ≤ ahead+cost = r
+			return retry
+		}
+		// Units r+Capacity ≥ peeked come no sooner than retry, the
+		// waiter's a further q-1 Periods on.
+		return max(sat(0, q, s.Period), sat(retry, q-1, s.Period))
 	}
 }
 
 // EstimateAllowed is Estimate for a counter that would have admitted the
-// waiter (a layered request denied by another counter), with remaining
-// units left.
+// waiter (a layered request denied by another counter, or peeked units
+// that are free now), with remaining units left.
 func (s Shape) EstimateAllowed(remaining, ahead, cost int64) time.Duration {
 	need := ahead + cost - remaining
 	if need <= 0 {
 		return 0
 	}
-	if s.Kind == Bucket {
+	switch s.Kind {
+	case Bucket:
 		return sat(0, need, s.Interval)
+	case Sliding:
+		// As Estimate: the waiter's units come q Periods after the first
+		// r; those are free now if r ≤ remaining, and not yet otherwise
+		// (some wait, of unknown length: the least there is).
+		q, r := s.windows(ahead, cost)
+		if r > remaining {
+			return max(sat(0, q, s.Period), time.Microsecond)
+		}
+		return sat(0, q, s.Period)
 	}
 	return sat(0, (need+max(s.Capacity, 1)-1)/max(s.Capacity, 1), s.Period)
 }
 
 // Wait is how long a waiter of cost units waits behind ahead units on a
-// counter that answered it without taking: allowed with remaining units
-// left, or denied with retry.
-func (s Shape) Wait(allowed bool, remaining int64, retry time.Duration, ahead, cost int64) time.Duration {
+// counter that answered it about peeked units (see Estimate) without
+// taking: allowed with remaining units left, or denied with retry.
+func (s Shape) Wait(allowed bool, remaining int64, retry time.Duration, peeked, ahead, cost int64) time.Duration {
 	if allowed {
 		return s.EstimateAllowed(remaining, ahead, cost)
 	}
-	return s.Estimate(max(retry, time.Millisecond), ahead, cost) // a denial with no wait must still wait
+	return s.Estimate(max(retry, time.Millisecond), peeked, ahead, cost) // a denial with no wait must still wait
 }
 
 // sat is base + n×d, saturating.
@@ -189,6 +258,10 @@ type Snapshot struct {
 	units  []int64
 	joined []int64
 }
+
+// Ahead returns the units per counter in the line when s was taken; more
+// may have joined since.
+func (s *Snapshot) Ahead() []int64 { return s.units }
 
 // Look returns the line named name, whose first counter is key, on owner,
 // or nil if there is none. A request that finds one joins it (Snapshot.Join)

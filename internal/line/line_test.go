@@ -9,35 +9,80 @@ func TestEstimate(t *testing.T) {
 	bucket := Shape{Kind: Bucket, Interval: 500 * time.Millisecond, Period: time.Second, Capacity: 2}
 	fixed := Shape{Kind: Fixed, Period: time.Second, Capacity: 4}
 	sliding := Shape{Kind: Sliding, Period: time.Second, Capacity: 4}
+	counter := Shape{Kind: Counter, Period: time.Second, Capacity: 4}
 	ms := time.Millisecond
 	for _, tc := range []struct {
-		s           Shape
-		ahead, cost int64
-		retry, want time.Duration
+		s                   Shape
+		peeked, ahead, cost int64
+		retry, want         time.Duration
 	}{
-		{bucket, 0, 1, 300 * ms, 300 * ms},  // the head: its own denial
-		{bucket, 3, 1, 300 * ms, 1800 * ms}, // one Interval per unit ahead
-		{bucket, 3, 2, 300 * ms, 1800 * ms}, // its own units are in retry
-		{fixed, 0, 1, 300 * ms, 300 * ms},
-		{fixed, 3, 1, 300 * ms, 300 * ms},   // all four fit the next window
-		{fixed, 4, 1, 300 * ms, 1300 * ms},  // the fifth needs the one after
-		{fixed, 7, 2, 300 * ms, 2300 * ms},  // units 8 and 9: the third window
-		{sliding, 0, 1, 300 * ms, 300 * ms}, // the head
-		{sliding, 3, 1, 300 * ms, 1300 * ms},
-		{sliding, 4, 1, 300 * ms, 2300 * ms},
+		{bucket, 1, 0, 1, 300 * ms, 300 * ms},  // the head: its own denial
+		{bucket, 1, 3, 1, 300 * ms, 1800 * ms}, // one Interval per unit ahead
+		{bucket, 2, 3, 2, 300 * ms, 1800 * ms}, // its own units are in retry
+		{fixed, 1, 0, 1, 300 * ms, 300 * ms},
+		{fixed, 1, 3, 1, 300 * ms, 300 * ms},   // all four fit the next window
+		{fixed, 1, 4, 1, 300 * ms, 1300 * ms},  // the fifth needs the one after
+		{fixed, 2, 7, 2, 300 * ms, 2300 * ms},  // units 8 and 9: the third window
+		{sliding, 1, 0, 1, 300 * ms, 300 * ms}, // the head
+		// The line's 3 and the waiter's 1 fit the capacity: the store's
+		// answer for all 4 is the wait, not a Period more.
+		{sliding, 4, 3, 1, 300 * ms, 300 * ms},
+		{sliding, 1, 3, 1, 300 * ms, 300 * ms}, // told only of its own unit: no more is known
+		// Units 5 (q=1, r=1): a Period after the first unit comes back.
+		{sliding, 1, 4, 1, 300 * ms, 1300 * ms},
+		{sliding, 3, 5, 2, 300 * ms, 1300 * ms}, // units 6 and 7: a Period after 3 come back
+		{sliding, 2, 5, 2, 300 * ms, 1300 * ms}, // peeked 2 ≤ r=3: a bound
+		// Units 4 and 5 (q=1, r=1) told of its own 2: a Period at least,
+		// and no sooner than its own.
+		{sliding, 2, 3, 2, 300 * ms, 1000 * ms},
+		{sliding, 2, 3, 2, 1500 * ms, 1500 * ms},
+		{counter, 1, 0, 1, 300 * ms, 300 * ms}, // the head
+		{counter, 4, 3, 1, 300 * ms, 300 * ms}, // the store's answer for all 4
+		// Told less, or beyond the capacity: a Period more, erring long.
+		{counter, 1, 3, 1, 300 * ms, 1300 * ms},
+		{counter, 1, 4, 1, 300 * ms, 2300 * ms},
 	} {
-		if got := tc.s.Estimate(tc.retry, tc.ahead, tc.cost); got != tc.want {
-			t.Errorf("%+v: Estimate(%v, %d, %d) = %v, want %v", tc.s, tc.retry, tc.ahead, tc.cost, got, tc.want)
+		if got := tc.s.Estimate(tc.retry, tc.peeked, tc.ahead, tc.cost); got != tc.want {
+			t.Errorf("%+v: Estimate(%v, %d, %d, %d) = %v, want %v", tc.s, tc.retry, tc.peeked, tc.ahead, tc.cost, got, tc.want)
 		}
 	}
-	if got := bucket.Estimate(time.Second, 1<<62, 1); got != 1<<63-1 {
+	if got := bucket.Estimate(time.Second, 1, 1<<62, 1); got != 1<<63-1 {
 		t.Errorf("huge line: %v, want saturated", got)
+	}
+	if got := sliding.Estimate(time.Second, 1, 1<<62, 1); got != 1<<63-1 {
+		t.Errorf("huge sliding line: %v, want saturated", got)
 	}
 	if got := bucket.EstimateAllowed(5, 3, 1); got != 0 {
 		t.Errorf("room for all: %v", got)
 	}
 	if got := bucket.EstimateAllowed(2, 3, 1); got != time.Second {
 		t.Errorf("two short: %v, want 1s", got)
+	}
+	for _, tc := range []struct {
+		remaining, ahead, cost int64
+		want                   time.Duration
+	}{
+		{4, 3, 1, 0},                // room for all
+		{3, 3, 1, time.Microsecond}, // the 4th is not free yet: some wait
+		{4, 4, 1, time.Second},      // the 5th: a Period after the first, free now
+		{1, 5, 2, time.Second},      // units 6 and 7: a Period after 3, not yet free
+	} {
+		if got := sliding.EstimateAllowed(tc.remaining, tc.ahead, tc.cost); got != tc.want {
+			t.Errorf("sliding EstimateAllowed(%d, %d, %d) = %v, want %v", tc.remaining, tc.ahead, tc.cost, got, tc.want)
+		}
+	}
+	for _, tc := range []struct {
+		s                 Shape
+		ahead, cost, want int64
+	}{
+		{bucket, 3, 1, 1}, {fixed, 3, 1, 1}, // their own units
+		{sliding, 0, 2, 2}, {sliding, 1, 2, 3}, {sliding, 3, 1, 4}, // all at once
+		{sliding, 4, 1, 1}, {sliding, 5, 2, 3}, {sliding, 8, 4, 4}, // the last Capacity's
+		{counter, 0, 2, 2}, {counter, 3, 1, 4}, {counter, 4, 1, 1}, // all at once, or its own
+	} {
+		if got := tc.s.PeekCost(tc.ahead, tc.cost); got != tc.want {
+			t.Errorf("%+v: PeekCost(%d, %d) = %d, want %d", tc.s, tc.ahead, tc.cost, got, tc.want)
+		}
 	}
 }
 
