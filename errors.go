@@ -16,3 +16,10 @@ var (
 	// the request could never be admitted, however long the caller waited.
 	ErrCostExceedsBurst = errors.New("sluice: cost exceeds burst")
 )
+
+// ErrStoreNotBuilt: the store is a zero value or was built without what it
+// needs (a nil client), so no call to it can ever succeed. A store package's
+// own sentinel for that wraps it (redisstore.ErrNoClient), so that wrappers
+// such as a resilient.Store return it to the caller instead of counting it
+// as an outage and answering by their failure policy forever.
+var ErrStoreNotBuilt = errors.New("sluice: store not built")

@@ -24,8 +24,8 @@ func TestNilStore(t *testing.T) {
 		s    *redisstore.Store
 	}{{"nil", nil}, {"zero", &redisstore.Store{}}} {
 		s := tc.s
-		if _, err := s.Take(ctx, "k", limit, 1); !errors.Is(err, redisstore.ErrNoClient) {
-			t.Errorf("%s: Take err = %v, want ErrNoClient", tc.name, err)
+		if _, err := s.Take(ctx, "k", limit, 1); !errors.Is(err, redisstore.ErrNoClient) || !errors.Is(err, sluice.ErrStoreNotBuilt) {
+			t.Errorf("%s: Take err = %v, want ErrNoClient, a sluice.ErrStoreNotBuilt", tc.name, err)
 		}
 		if _, err := s.Peek(ctx, "k", limit, 1); !errors.Is(err, redisstore.ErrNoClient) {
 			t.Errorf("%s: Peek err = %v, want ErrNoClient", tc.name, err)

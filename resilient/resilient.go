@@ -101,6 +101,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"reflect"
 	"strings"
 	"time"
 
@@ -121,7 +122,8 @@ var (
 
 // Errors returned by this package. Test with errors.Is.
 var (
-	// ErrInvalidOptions: New was given a nil backend or an option out of range.
+	// ErrInvalidOptions: New was given a nil backend (or fallback), a nil
+	// pointer as one, or an option out of range.
 	ErrInvalidOptions = errors.New("resilient: invalid options")
 	// ErrTimeout: the backend did not answer within Options.Timeout. It
 	// reaches the Observer (StoreEvent.Err); callers get the failure
@@ -130,8 +132,8 @@ var (
 	// ErrUnknownPolicy: ParsePolicy was given an unknown name.
 	ErrUnknownPolicy = errors.New("resilient: unknown failure policy")
 	// ErrZeroStore: the Store or MultiStore is a zero value, not one made
-	// by New or NewMulti.
-	ErrZeroStore = errors.New("resilient: zero Store: make one with New")
+	// by New or NewMulti. It wraps sluice.ErrStoreNotBuilt.
+	ErrZeroStore error = notBuilt("resilient: zero Store: make one with New")
 	// ErrNoSlots: the backend (or the fallback, under FallbackLocal) does
 	// not implement sluice.Slots.
 	ErrNoSlots = errors.New("resilient: store keeps no in-flight slots")
@@ -141,6 +143,13 @@ var (
 	// not extend it.
 	ErrSlotUnreachable = errors.New("resilient: backend unreachable for a slot it granted")
 )
+
+// notBuilt is an error that is also sluice.ErrStoreNotBuilt, under its own
+// message.
+type notBuilt string
+
+func (e notBuilt) Error() string { return string(e) }
+func (notBuilt) Unwrap() error   { return sluice.ErrStoreNotBuilt }
 
 // Policy is what a Store does when its backend fails or its breaker is open.
 type Policy uint8
@@ -310,7 +319,10 @@ type Options struct {
 // ErrInvalidCost, ErrCostExceedsBurst, ErrGrantUnsupported, ErrInvalidReturn,
 // ErrInvalidWeight, ErrInvalidHolder) is returned as the backend would
 // return it and never counts as a backend failure. A lease store's
-// lease.ErrInvalidStaleness is one: it wraps sluice.ErrInvalidLimit. When the caller's
+// lease.ErrInvalidStaleness is one: it wraps sluice.ErrInvalidLimit. So is a
+// backend's refusal because it was built without what it needs
+// (sluice.ErrStoreNotBuilt, as redisstore.ErrNoClient; memory.ErrZeroStore):
+// no policy answers for a backend that can never work. When the caller's
 // context ends, the error wraps the context's error and no policy applies;
 // a call whose context has ended before it is made gets that error from
 // every method, whatever the breaker's state, and a deny-cache hit too
@@ -347,16 +359,20 @@ type MultiStore struct {
 	fbMulti sluice.MultiStore
 }
 
-// New returns a Store applying opts around backend.
+// New returns a Store applying opts around backend. A nil backend, or a
+// nil pointer as backend or Options.Fallback, is refused with
+// ErrInvalidOptions.
 func New(backend sluice.Store, opts *Options) (*Store, error) {
-	if backend == nil {
-		return nil, fmt.Errorf("%w: nil backend", ErrInvalidOptions)
+	if isNil(backend) {
+		return nil, fmt.Errorf("%w: nil backend %T", ErrInvalidOptions, backend)
 	}
 	var o Options
 	if opts != nil {
 		o = *opts
 	}
 	switch {
+	case o.Fallback != nil && isNil(o.Fallback):
+		return nil, fmt.Errorf("%w: nil fallback %T", ErrInvalidOptions, o.Fallback)
 	case o.Policy > FailClosed:
 		return nil, fmt.Errorf("%w: unknown policy %d", ErrInvalidOptions, o.Policy)
 	case o.Timeout < 0:
@@ -404,7 +420,7 @@ func New(backend sluice.Store, opts *Options) (*Store, error) {
 // NewMulti returns a MultiStore applying opts around backend. Under
 // FallbackLocal, opts.Fallback (if set) must be a sluice.MultiStore.
 func NewMulti(backend sluice.MultiStore, opts *Options) (*MultiStore, error) {
-	if backend == nil {
+	if isNil(backend) {
 		return nil, fmt.Errorf("%w: nil backend", ErrInvalidOptions)
 	}
 	s, err := New(backend, opts)
@@ -865,10 +881,27 @@ func bounded[T any](ctx context.Context, timeout time.Duration, inline bool, fn 
 	}
 }
 
+// isNil reports whether v is nil or a nil pointer (a typed nil store, whose
+// every call would fail or panic).
+func isNil(v any) bool {
+	if v == nil {
+		return true
+	}
+	rv := reflect.ValueOf(v)
+	switch rv.Kind() {
+	case reflect.Pointer, reflect.Map, reflect.Func, reflect.Chan, reflect.Slice, reflect.Interface:
+		return rv.IsNil()
+	}
+	return false
+}
+
 // badInput reports whether err is the caller's fault, not the backend's:
-// the same call would fail again whatever the backend's health.
+// the same call would fail again whatever the backend's health. A backend
+// built wrong (sluice.ErrStoreNotBuilt, or a zero memory.Store, whose
+// sentinel predates it) is one: no outage would ever end.
 func badInput(err error) bool {
-	return errors.Is(err, sluice.ErrInvalidKey) || errors.Is(err, sluice.ErrInvalidLimit) ||
+	return errors.Is(err, sluice.ErrStoreNotBuilt) || errors.Is(err, memory.ErrZeroStore) ||
+		errors.Is(err, sluice.ErrInvalidKey) || errors.Is(err, sluice.ErrInvalidLimit) ||
 		errors.Is(err, sluice.ErrInvalidCost) || errors.Is(err, sluice.ErrCostExceedsBurst) ||
 		errors.Is(err, sluice.ErrInvalidWeight) || errors.Is(err, sluice.ErrInvalidHolder) ||
 		errors.Is(err, sluice.ErrGrantUnsupported) || errors.Is(err, sluice.ErrInvalidReturn)
