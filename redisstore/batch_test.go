@@ -388,11 +388,11 @@ func TestBatchMergedErrors(t *testing.T) {
 	for i, k := range keys {
 		switch k {
 		case "list":
-			if errs[i] == nil || !strings.Contains(errs[i].Error(), "WRONGTYPE") {
+			if !errors.Is(errs[i], ErrUnexpectedReply) || !strings.Contains(errs[i].Error(), "WRONGTYPE") {
 				t.Errorf("%s: %+v %v, want a WRONGTYPE error", k, ds[i], errs[i])
 			}
 		case "corrupt":
-			if errs[i] == nil || !strings.Contains(errs[i].Error(), "corrupt state") {
+			if !errors.Is(errs[i], ErrUnexpectedReply) || !strings.Contains(errs[i].Error(), "corrupt state") {
 				t.Errorf("%s: %+v %v, want a corrupt state error", k, ds[i], errs[i])
 			}
 		default:

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/sluicehq/sluice"
 )
 
@@ -61,13 +63,26 @@ func parseAll(v []int64, n int) ([]result, error) {
 	return rs, nil
 }
 
-// replyErr marks the client's failures to read a reply as an integer array
-// (a script returning something else) as ErrUnexpectedReply; server and
-// network errors pass as they are.
+// replyErr marks as ErrUnexpectedReply the client's failures to read a
+// reply as an integer array (a script returning something else), and the
+// server's refusals of a foreign value under a sluice key: WRONGTYPE (a
+// key of another type), or a script's "corrupt state" (a value that is
+// not the integer state sluice writes). Other server and network errors
+// pass as they are.
 func replyErr(err error) error {
 	var num *strconv.NumError
-	if errors.As(err, &num) || strings.HasPrefix(err.Error(), "redis: can't parse") {
+	if errors.As(err, &num) || strings.HasPrefix(err.Error(), "redis: can't parse") || foreign(err) {
 		return fmt.Errorf("%w: %w", ErrUnexpectedReply, err)
 	}
 	return err
+}
+
+// foreign reports whether err is Redis refusing what it found under a key.
+func foreign(err error) bool {
+	var rerr redis.Error
+	if !errors.As(err, &rerr) {
+		return false
+	}
+	msg := rerr.Error()
+	return strings.HasPrefix(msg, "WRONGTYPE") || strings.Contains(msg, "sluice: corrupt")
 }

@@ -80,8 +80,11 @@ var (
 
 var (
 	// ErrUnexpectedReply: Redis answered with something the scripts never
-	// return. It points at a version mismatch or a foreign value under a
-	// sluice key.
+	// return, or refused what it found under a sluice key: a value of
+	// another type (WRONGTYPE), or state sluice never writes (not an
+	// integer below 2^53, NaN, an infinity, a negative count). It points
+	// at a version mismatch or a foreign value under a sluice key; the
+	// key's calls fail until it is Reset or its TTL ends.
 	ErrUnexpectedReply = errors.New("redisstore: unexpected reply")
 	// ErrClock: Options.Clock returned a time before 1970, which the
 	// sliding window log cannot store.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -466,40 +467,78 @@ func dumpState(t *testing.T, c redis.UniversalClient, key string) string {
 	return fmt.Sprintf("%s %v", typ, v)
 }
 
-// TestForeignState: a sluice key holding the wrong type or a corrupt value
-// is an error, never a panic and never a silent fresh start.
+// TestForeignState: a sluice key holding the wrong type or a value sluice
+// never writes (not a number, NaN, an infinity, beyond 2^53, a fraction, a
+// negative count) is ErrUnexpectedReply from Take, Peek and TakeAll, never
+// a panic, a silent fresh start or a verdict drawn from it (a GCRA key
+// holding "nan" denied forever, with no RetryAfter and no TTL).
 func TestForeignState(t *testing.T) {
 	ctx := context.Background()
 	c := redistest.Client(t)
-	s := redisstore.New(c, &redisstore.Options{Prefix: redistest.Prefix(t)})
+	clock := storetest.NewClock(storetest.T0)
+	s := redisstore.New(c, &redisstore.Options{Prefix: redistest.Prefix(t), Clock: clock.Now})
+	now := strconv.FormatInt(storetest.T0.UnixMicro(), 10)
 	for _, l := range everyLimit() {
 		key := s.Keys("k", l)[0]
-		for _, tc := range []struct {
+		win := strconv.FormatInt(storetest.T0.UnixMicro()/l.Period.Microseconds(), 10) // now's fixed window
+		type state struct {
 			name string
 			set  func() error
-		}{
+		}
+		hash := func(name string, kv ...any) state {
+			return state{name, func() error { return c.HSet(ctx, key, kv...).Err() }}
+		}
+		cases := []state{
 			{"list", func() error { return c.RPush(ctx, key, "x").Err() }},
-			{"corrupt", func() error {
-				switch l.Algorithm {
-				case sluice.GCRA:
-					return c.Set(ctx, key, "not a number", 0).Err()
-				case sluice.SlidingWindowLog:
-					return c.Set(ctx, key, "a string", 0).Err()
-				default:
-					return c.HSet(ctx, key, "tokens", "x", "level", "x", "w", "x", "c", "x", "last", "x").Err()
-				}
-			}},
-		} {
+		}
+		bad := []string{"not a number", "nan", "inf", "-inf", "1e300", "99999999999999999999999", "1.5"}
+		switch l.Algorithm {
+		case sluice.GCRA:
+			for _, v := range bad {
+				cases = append(cases, state{v, func() error { return c.Set(ctx, key, v, 0).Err() }})
+			}
+			cases = append(cases, hash("hash", "tokens", "1"))
+		case sluice.SlidingWindowLog:
+			cases = append(cases, state{"string", func() error { return c.Set(ctx, key, "a string", 0).Err() }})
+		case sluice.TokenBucket, sluice.LeakyBucket:
+			count := map[sluice.Algorithm]string{sluice.TokenBucket: "tokens", sluice.LeakyBucket: "level"}[l.Algorithm]
+			for _, v := range append(bad, "-5") {
+				cases = append(cases, hash(count+"="+v, count, v, "last", now))
+			}
+			for _, v := range bad {
+				cases = append(cases, hash("last="+v, count, "1", "last", v))
+			}
+			cases = append(cases, state{"string", func() error { return c.Set(ctx, key, "1", 0).Err() }})
+		case sluice.FixedWindow:
+			for _, v := range append(bad, "-5") {
+				cases = append(cases, hash("n="+v, "w", win, "n", v))
+			}
+			for _, v := range bad {
+				cases = append(cases, hash("w="+v, "w", v, "n", "1"))
+			}
+		case sluice.SlidingWindowCounter:
+			for _, v := range append(bad, "-5") {
+				cases = append(cases, hash("c="+v, "w", win, "c", v, "p", "0"), hash("p="+v, "w", win, "c", "0", "p", v))
+			}
+			for _, v := range bad {
+				cases = append(cases, hash("w="+v, "w", v, "c", "1", "p", "0"))
+			}
+		}
+		for _, tc := range cases {
 			t.Run(l.Algorithm.String()+"/"+tc.name, func(t *testing.T) {
 				c.Del(ctx, key)
 				if err := tc.set(); err != nil {
 					t.Fatal(err)
 				}
-				if d, err := s.Take(ctx, "k", l, 1); err == nil {
-					t.Errorf("Take on a %s: %+v, want an error", tc.name, d)
+				if d, err := s.Take(ctx, "k", l, 1); !errors.Is(err, redisstore.ErrUnexpectedReply) {
+					t.Errorf("Take: %+v, %v; want ErrUnexpectedReply", d, err)
 				}
-				if d, err := s.Peek(ctx, "k", l, 1); err == nil {
-					t.Errorf("Peek on a %s: %+v, want an error", tc.name, d)
+				if d, err := s.Peek(ctx, "k", l, 1); !errors.Is(err, redisstore.ErrUnexpectedReply) {
+					t.Errorf("Peek: %+v, %v; want ErrUnexpectedReply", d, err)
+				}
+				reqs := []sluice.Request{{Key: "k", Limit: l, Cost: 1}}
+				if ds, err := s.TakeAll(ctx, reqs); !errors.Is(err, redisstore.ErrUnexpectedReply) {
+					t.Errorf("TakeAll: %+v, %v; want ErrUnexpectedReply", ds, err)
 				}
 			})
 		}

@@ -31,7 +31,7 @@ local h = redis.call('HMGET', key, 'w', 'n')
 local sw = h[1]
 if sw or h[2] then
   sw = tonumber(sw)
-  if sw == nil then
+  if sw == nil or not (sw > -9007199254740992 and sw < 9007199254740992) or sw % 1 ~= 0 then
     error({err = 'ERR sluice: corrupt state in ' .. key})
   end
 end
@@ -44,7 +44,7 @@ local w, skew = window(sw, period)
 local count = 0
 if sw == w then
   count = tonumber(h[2])
-  if count == nil then
+  if count == nil or not (count >= 0 and count < 9007199254740992) or count % 1 ~= 0 then
     error({err = 'ERR sluice: corrupt state in ' .. key})
   end
 end

@@ -19,7 +19,8 @@
 -- to a millisecond (ttlms); integer division is floordiv, which corrects
 -- the double quotient where it may round across an integer (both are
 -- macros, expanded when the scripts are loaded); state that does not parse
--- is an error, never a fresh start.
+-- as what sluice writes (an integer below 2^53, a count at least 0) is an
+-- error, never a fresh start or a verdict drawn from it.
 
 local key = KEYS[1]
 local interval = tonumber(ARGV[3])
@@ -30,7 +31,9 @@ local mode = ARGV[2]
 local tat = redis.call('GET', key)
 if tat then
   tat = tonumber(tat)
-  if tat == nil then
+  -- Only an integer below 2^53 is a TAT sluice wrote: a NaN compares
+  -- false with everything and would deny forever, with no retry.
+  if tat == nil or not (tat > -9007199254740992 and tat < 9007199254740992) or tat % 1 ~= 0 then
     error({err = 'ERR sluice: corrupt state in ' .. key})
   end
   if tat - now > span + MAX_CLOCK_SKEW_US then

@@ -28,7 +28,7 @@ local h = redis.call('HMGET', key, 'level', 'last')
 local level, last
 if h[1] or h[2] then
   level, last = tonumber(h[1]), tonumber(h[2])
-  if level == nil or last == nil then
+  if level == nil or last == nil or not (level >= 0 and level < 9007199254740992) or level % 1 ~= 0 or not (last > -9007199254740992 and last < 9007199254740992) or last % 1 ~= 0 then
     error({err = 'ERR sluice: corrupt state in ' .. key})
   end
 elseif mode == 'refund' then

@@ -33,7 +33,7 @@ local h = redis.call('HMGET', key, 'w', 'c', 'p')
 local sw, sc, sp
 if h[1] or h[2] or h[3] then
   sw, sc, sp = tonumber(h[1]), tonumber(h[2]), tonumber(h[3])
-  if sw == nil or sc == nil or sp == nil then
+  if sw == nil or sc == nil or sp == nil or not (sw > -9007199254740992 and sw < 9007199254740992) or sw % 1 ~= 0 or not (sc >= 0 and sc < 9007199254740992) or sc % 1 ~= 0 or not (sp >= 0 and sp < 9007199254740992) or sp % 1 ~= 0 then
     error({err = 'ERR sluice: corrupt state in ' .. key})
   end
 elseif mode == 'refund' then

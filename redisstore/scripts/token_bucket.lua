@@ -27,7 +27,7 @@ local h = redis.call('HMGET', key, 'tokens', 'last')
 local tokens, last
 if h[1] or h[2] then
   tokens, last = tonumber(h[1]), tonumber(h[2])
-  if tokens == nil or last == nil then
+  if tokens == nil or last == nil or not (tokens >= 0 and tokens < 9007199254740992) or tokens % 1 ~= 0 or not (last > -9007199254740992 and last < 9007199254740992) or last % 1 ~= 0 then
     error({err = 'ERR sluice: corrupt state in ' .. key})
   end
 elseif mode == 'refund' then
