@@ -13,7 +13,14 @@ import "time"
 // nothing. One that also implements SlotObserver receives the
 // middleware's in-flight events too.
 type Observer interface {
-	// ObserveDecision is called once per policy per request.
+	// ObserveDecision is called at most once per policy per request, for
+	// the policies that decided it: on an admitted request every policy
+	// that took units (shadow ones included); on a denied request only the
+	// policies that denied it (and shadow ones that could never admit it),
+	// since layered limits are all or nothing and the others took nothing;
+	// on a store failure each enforcing policy not yet decided, as
+	// OutcomeError. A policy's OutcomeAllowed count is thus the requests it
+	// charged. Checks that only look (cost 0) are not observed.
 	ObserveDecision(DecisionEvent)
 	// ObserveStore is called once per call of a wrapped store.
 	ObserveStore(StoreEvent)

@@ -3,7 +3,7 @@
 // (pass it as the Observer option of httplimit, grpclimit and resilient)
 // and a prometheus.Collector (register it once):
 //
-//	sluice_decisions_total{policy,outcome}      outcome: allowed, denied, shadow_denied, error
+//	sluice_decisions_total{policy,outcome}      outcome: allowed, denied, shadow_denied, error; a denied request counts only for the policies that denied it
 //	sluice_near_limit_total{policy}             allowed with Remaining <= NearLimitRatio × capacity
 //	sluice_store_calls_total{store,op,source}   source: backend, deny_cache, fallback, fail_open, fail_closed
 //	sluice_store_errors_total{store,op}         backend failures (timeouts included); {store,op,cause} with Options.Cause
@@ -116,7 +116,7 @@ func New(opts *Options) *Collector {
 		refresh: o.Refresh,
 		cause:   o.Cause,
 		decisions: counter("decisions_total",
-			"Rate-limit decisions by policy and outcome (allowed, denied, shadow_denied, error).", "policy", "outcome"),
+			"Rate-limit decisions by policy and outcome (allowed, denied, shadow_denied, error). A denied request counts only for the policies that denied it: the others took nothing.", "policy", "outcome"),
 		nearLimit: counter("near_limit_total",
 			"Allowed decisions that left little quota (Remaining at most the near-limit share of capacity).", "policy"),
 		storeCalls: counter("store_calls_total",

@@ -750,6 +750,15 @@ func oneDecision(n int) []sluice.Decision {
 	return nil
 }
 
+// decide marks the checks of counter j decided.
+func decide(checks []Check, j int) {
+	for i := range checks {
+		if checks[i].counter == j {
+			checks[i].decided = true
+		}
+	}
+}
+
 // setCounters gives each enforcing check its counter's decision.
 func setCounters(checks []Check, ds []sluice.Decision) {
 	for i := range checks {
@@ -806,6 +815,7 @@ func (e *Engine) refuse(ctx context.Context, checks []Check, reqs []sluice.Reque
 		if full {
 			d.Allowed = false
 			e.observe(checks[idx[j]].Rule.Name, sluice.OutcomeDenied, d)
+			decide(checks, j) // observed: a later peek's failure must not observe it again
 		}
 		ds[j] = d
 	}
@@ -938,7 +948,7 @@ func (e *Engine) observe(policy string, o sluice.Outcome, d sluice.Decision) {
 
 // failed returns the error of a request whose store call for the rules
 // named policies failed with err, observed as each enforcing check's error
-// (none decided): a *ConfigError when the store refused what the rules
+// (but those already decided): a *ConfigError when the store refused what the rules
 // ask of it (Misconfigured), which is no store failure, else err.
 func (e *Engine) failed(ctx context.Context, checks []Check, err error, policies ...string) error {
 	e.observeErrors(ctx, checks)
@@ -960,13 +970,15 @@ func names(checks []Check, idx []int) []string {
 // observeErrors observes each enforcing check's error: a store failure or
 // a store refusing what a rule asks. A call
 // whose own context ended was not failed by the store: it is not observed
-// (the client went away, or its deadline passed).
+// (the client went away, or its deadline passed). A check decided before
+// the failure (a Penalty rule's block, a counter over its capacity) was
+// observed then, and is not again: one event per policy per request.
 func (e *Engine) observeErrors(ctx context.Context, checks []Check) {
 	if ctx.Err() != nil {
 		return
 	}
 	for i := range checks {
-		if c := &checks[i]; c.Rule.Strategy != Shadow && c.Cost > 0 && !c.Over {
+		if c := &checks[i]; c.Rule.Strategy != Shadow && c.Cost > 0 && !c.Over && !c.decided {
 			e.observe(checks[i].Rule.Name, sluice.OutcomeError, sluice.Decision{})
 		}
 	}
