@@ -24,7 +24,9 @@ type Observer interface {
 	ObserveDecision(DecisionEvent)
 	// ObserveStore is called once per call of a wrapped store.
 	ObserveStore(StoreEvent)
-	// ObserveBreaker is called when a circuit breaker changes state.
+	// ObserveBreaker is called when a circuit breaker changes state, and
+	// once when it is built (resilient.New), with From and To both
+	// BreakerClosed: its initial state, which no change reports.
 	ObserveBreaker(BreakerEvent)
 }
 
@@ -139,7 +141,8 @@ var breakerNames = [...]string{"closed", "half_open", "open"}
 // String returns "closed", "half_open" or "open".
 func (s BreakerState) String() string { return label(breakerNames[:], int(s)) }
 
-// BreakerEvent reports a circuit breaker's change of state.
+// BreakerEvent reports a circuit breaker's change of state, or with From
+// equal to To its initial state.
 type BreakerEvent struct {
 	// Store names the wrapped store.
 	Store string

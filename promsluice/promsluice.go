@@ -8,7 +8,7 @@
 //	sluice_store_calls_total{store,op,source}   source: backend, deny_cache, fallback, fail_open, fail_closed
 //	sluice_store_errors_total{store,op}         backend failures (timeouts included); {store,op,cause} with Options.Cause
 //	sluice_store_latency_seconds{store,op}      backend latency, when the backend was called
-//	sluice_breaker_state{store,state}           1 for the current state (closed, half_open, open), 0 for the others
+//	sluice_breaker_state{store,state}           1 for the current state (closed, half_open, open), 0 for the others; from resilient.New on, which reports the initial state
 //	sluice_inflight_acquires_total{policy,priority,outcome}  outcome: allowed, denied, shed, error
 //	sluice_inflight_calls_total{policy,call,outcome}         call: extend, release; outcome: extended, released, released_before, not_held, error
 //	sluice_inflight_held{policy}                             weight this process holds now

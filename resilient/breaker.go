@@ -85,6 +85,16 @@ func newBreaker(o *Options, name string) breaker {
 
 func (b *breaker) current() sluice.BreakerState { return sluice.BreakerState(b.state.Load()) }
 
+// announce tells the observer the breaker's initial state, closed, as an
+// event from closed to closed: a gauge of its state (promsluice's
+// sluice_breaker_state) then has its series before the first transition,
+// for an alert on "open" to read.
+func (b *breaker) announce() {
+	if b.observer != nil {
+		b.observer.ObserveBreaker(sluice.BreakerEvent{Store: b.name, From: sluice.BreakerClosed, To: sluice.BreakerClosed})
+	}
+}
+
 // allow reports whether this call may go to the backend, and whether it is
 // a probe.
 func (b *breaker) allow(now time.Time) (call, probe bool) {

@@ -140,8 +140,8 @@ func TestMisbuiltBackend(t *testing.T) {
 			if _, err := s.Acquire(ctx, "k", slot, 1, "h"); !errors.Is(err, tc.want) {
 				t.Errorf("%s, %v: Acquire err = %v, want %v", tc.name, p, err, tc.want)
 			}
-			if st := s.State(); st != sluice.BreakerClosed || len(rec.breakers) != 0 {
-				t.Errorf("%s, %v: breaker %v after %v, want closed throughout", tc.name, p, st, rec.breakers)
+			if st := s.State(); st != sluice.BreakerClosed || len(rec.breakers) != 0 || rec.initial != 1 {
+				t.Errorf("%s, %v: breaker %v after %v (%d initial), want closed throughout, announced once", tc.name, p, st, rec.breakers, rec.initial)
 			}
 			for _, src := range []sluice.Source{sluice.SourceFailOpen, sluice.SourceFailClosed, sluice.SourceFallback} {
 				if n := rec.count(src); n != 0 {

@@ -361,8 +361,19 @@ type MultiStore struct {
 
 // New returns a Store applying opts around backend. A nil backend, or a
 // nil pointer as backend or Options.Fallback, is refused with
-// ErrInvalidOptions.
+// ErrInvalidOptions. Options.Observer receives the breaker's initial state
+// at once (see sluice.Observer.ObserveBreaker).
 func New(backend sluice.Store, opts *Options) (*Store, error) {
+	s, err := build(backend, opts)
+	if err != nil {
+		return nil, err
+	}
+	s.br.announce()
+	return s, nil
+}
+
+// build is New without announcing the breaker.
+func build(backend sluice.Store, opts *Options) (*Store, error) {
 	if isNil(backend) {
 		return nil, fmt.Errorf("%w: nil backend %T", ErrInvalidOptions, backend)
 	}
@@ -417,13 +428,13 @@ func New(backend sluice.Store, opts *Options) (*Store, error) {
 	return s, nil
 }
 
-// NewMulti returns a MultiStore applying opts around backend. Under
-// FallbackLocal, opts.Fallback (if set) must be a sluice.MultiStore.
+// NewMulti returns a MultiStore applying opts around backend, as New does.
+// Under FallbackLocal, opts.Fallback (if set) must be a sluice.MultiStore.
 func NewMulti(backend sluice.MultiStore, opts *Options) (*MultiStore, error) {
 	if isNil(backend) {
 		return nil, fmt.Errorf("%w: nil backend", ErrInvalidOptions)
 	}
-	s, err := New(backend, opts)
+	s, err := build(backend, opts)
 	if err != nil {
 		return nil, err
 	}
@@ -436,6 +447,7 @@ func NewMulti(backend sluice.MultiStore, opts *Options) (*MultiStore, error) {
 		}
 		m.fbMulti = fb
 	}
+	s.br.announce()
 	return m, nil
 }
 

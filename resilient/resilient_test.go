@@ -76,7 +76,8 @@ type recorder struct {
 	mu       sync.Mutex
 	sources  map[sluice.Source]int
 	errs     int
-	breakers []sluice.BreakerState
+	breakers []sluice.BreakerState // transitions' To
+	initial  int                   // initial-state events
 }
 
 func (r *recorder) ObserveDecision(sluice.DecisionEvent) {}
@@ -93,7 +94,11 @@ func (r *recorder) ObserveStore(e sluice.StoreEvent) {
 }
 func (r *recorder) ObserveBreaker(e sluice.BreakerEvent) {
 	r.mu.Lock()
-	r.breakers = append(r.breakers, e.To)
+	if e.From == e.To {
+		r.initial++ // the state at New: no transition
+	} else {
+		r.breakers = append(r.breakers, e.To)
+	}
 	r.mu.Unlock()
 }
 func (r *recorder) count(s sluice.Source) int {

@@ -303,7 +303,6 @@ func (s *Server) openStore() (sluice.Store, error) {
 			s.closers = append(s.closers, watchSwitchMaster(o, s.log,
 				func(ctx context.Context) error { return client.Ping(ctx).Err() }, store.ProbeNow))
 		}
-		healthObserver{s.metrics, s.health}.ObserveBreaker(sluice.BreakerEvent{Store: "redis", From: sluice.BreakerClosed, To: sluice.BreakerClosed})
 		return store, nil
 	}
 	m := memory.New(nil)
