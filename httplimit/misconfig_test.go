@@ -11,6 +11,7 @@ import (
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/lease"
+	"github.com/sluicehq/sluice/memory"
 	"github.com/sluicehq/sluice/redisstore"
 	"github.com/sluicehq/sluice/resilient"
 	"github.com/sluicehq/sluice/storetest"
@@ -125,5 +126,21 @@ func TestRedisStoreRefusesRuleKeepsBreakerClosed(t *testing.T) {
 	}
 	if n := e.obs.get("log/error"); n != 10 {
 		t.Errorf("observed %d log/error, want 10", n)
+	}
+}
+
+// A store built without what it needs (a redisstore without a client, a
+// zero memory store) fails every request the same way: a 500 naming the
+// cause, not a 503 that tells clients to come back.
+func TestStoreNotBuiltIs500(t *testing.T) {
+	t.Parallel()
+	clk := storetest.NewClock(time.Now().Truncate(time.Second))
+	for name, store := range map[string]sluice.Store{"redisstore": redisstore.New(nil, nil), "memory": &memory.Store{}} {
+		e := newEnvStore(t, clk, store, []Rule{{Name: "api", Limit: sluice.PerMinute(100), Key: Global()}}, nil)
+		r := e.get("/")
+		checkMisconfigured(t, r, `rule "api"`, "store not built")
+		if n := e.obs.get("api/error"); n != 1 {
+			t.Errorf("%s: observed %d api/error, want 1", name, n)
+		}
 	}
 }

@@ -183,8 +183,8 @@ var (
 	// resilient.Store take it for bad input, not a backend failure.
 	ErrInvalidStaleness = errors.New("lease: invalid maximum staleness")
 	// ErrNoGranter: the Store is a zero value, or was built without a
-	// granter.
-	ErrNoGranter = errors.New("lease: no granter")
+	// granter. It is also sluice.ErrStoreNotBuilt.
+	ErrNoGranter = fmt.Errorf("lease: no granter: %w", sluice.ErrStoreNotBuilt)
 	// ErrNoTakeAll: TakeAll has several checks that are not leased (or
 	// whose grants a failure policy held back), and the granter is not a
 	// sluice.MultiStore that could take them at once.

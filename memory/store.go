@@ -10,6 +10,7 @@ package memory
 import (
 	"context"
 	"errors"
+	"fmt"
 	"hash/maphash"
 	"sync"
 	"time"
@@ -22,8 +23,9 @@ import (
 var _ sluice.Store = (*Store)(nil)
 
 // ErrZeroStore: the Store is a zero value, not one made by New. Every
-// decision on it returns this error; it holds no keys.
-var ErrZeroStore = errors.New("memory: zero Store: make one with New")
+// decision on it returns this error (which is also sluice.ErrStoreNotBuilt);
+// it holds no keys.
+var ErrZeroStore = fmt.Errorf("memory: zero Store: make one with New: %w", sluice.ErrStoreNotBuilt)
 
 // ErrFull: Acquire found MaxKeys keys with in-flight state in the key's
 // shard, none of a small sample without live holders, and refused to add

@@ -909,10 +909,9 @@ func isNil(v any) bool {
 
 // badInput reports whether err is the caller's fault, not the backend's:
 // the same call would fail again whatever the backend's health. A backend
-// built wrong (sluice.ErrStoreNotBuilt, or a zero memory.Store, whose
-// sentinel predates it) is one: no outage would ever end.
+// built wrong (sluice.ErrStoreNotBuilt) is one: no outage would ever end.
 func badInput(err error) bool {
-	return errors.Is(err, sluice.ErrStoreNotBuilt) || errors.Is(err, memory.ErrZeroStore) ||
+	return errors.Is(err, sluice.ErrStoreNotBuilt) ||
 		errors.Is(err, sluice.ErrInvalidKey) || errors.Is(err, sluice.ErrInvalidLimit) ||
 		errors.Is(err, sluice.ErrInvalidCost) || errors.Is(err, sluice.ErrCostExceedsBurst) ||
 		errors.Is(err, sluice.ErrInvalidWeight) || errors.Is(err, sluice.ErrInvalidHolder) ||

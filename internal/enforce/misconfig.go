@@ -14,6 +14,7 @@ import (
 var badInput = []error{
 	sluice.ErrGrantUnsupported, sluice.ErrInvalidLimit, sluice.ErrCostExceedsBurst, sluice.ErrInvalidCost,
 	sluice.ErrInvalidKey, sluice.ErrInvalidWeight, sluice.ErrInvalidHolder, sluice.ErrInvalidReturn,
+	sluice.ErrStoreNotBuilt,
 }
 
 // Misconfigured reports whether err, a store's, is bad input: the store
