@@ -819,9 +819,9 @@ func (s *Store) spend(ctx context.Context, key string, limit sluice.Limit, cost 
 		sh.mu.Unlock()
 		return d, l, gen, false, nil
 	}
-	failed := l.failed
+	failed, grants := l.failed, l.gen
 	sh.mu.Unlock()
-	d, gen, exact, err := s.refill(ctx, l, key, limit, cost, stale, force, failed)
+	d, gen, exact, err := s.refill(ctx, l, key, limit, cost, stale, force, failed, grants)
 	return d, l, gen, exact, err
 }
 
@@ -844,8 +844,8 @@ func (s *Store) answer(h *hot, cost int64, now int64, counted bool) (_ sluice.De
 // in flight: from the lease another refill made meanwhile, or by giving
 // back what is left and asking the store for a new grant, or (exact) by
 // the store's Take.
-// failed is l.failed when the request began to wait.
-func (s *Store) refill(ctx context.Context, l *lease, key string, limit sluice.Limit, cost int64, stale time.Duration, force bool, failed uint64) (_ sluice.Decision, gen uint64, exact bool, _ error) {
+// failed and grants are l.failed and l.gen when the request began to wait.
+func (s *Store) refill(ctx context.Context, l *lease, key string, limit sluice.Limit, cost int64, stale time.Duration, force bool, failed, grants uint64) (_ sluice.Decision, gen uint64, exact bool, _ error) {
 	if err := l.refill.lockCtx(ctx); err != nil {
 		return sluice.Decision{}, 0, false, fmt.Errorf("lease: waiting for the key's grant: %w", err)
 	}
@@ -866,6 +866,17 @@ func (s *Store) refill(ctx context.Context, l *lease, key string, limit sluice.L
 	}
 	if now < l.deny && exactWait(limit, cost) && !force {
 		// The store's Take says when cost units will be there.
+		sh.mu.Unlock()
+		return sluice.Decision{}, 0, true, nil
+	}
+	if l.gen != grants && h.units == 0 && !force {
+		// A grant came while this request waited for it, and others spent
+		// it: the store had no more to spare then. Its Take answers (one
+		// round trip, beside the others queued), not a grant of its own in
+		// turn: with a store slower than the limit's interval every grant
+		// holds a unit or two, and requests queued a return and a grant
+		// each would wait for all of those ahead of them (a 429 held for
+		// hundreds of milliseconds).
 		sh.mu.Unlock()
 		return sluice.Decision{}, 0, true, nil
 	}

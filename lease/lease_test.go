@@ -1420,3 +1420,57 @@ func TestFailedGrantAnsweredByPolicy(t *testing.T) {
 		t.Errorf("%d grants, %d store Takes, %d policy answers; want 1, 0, %d", g, tk, bp, n)
 	}
 }
+
+// slowGrant is a granter whose every grant takes a round trip during which
+// one interval of the limit passes: the store refills a unit per grant.
+type slowGrant struct {
+	sluice.Granter
+	clock         *storetest.Clock
+	interval, rtt time.Duration
+	grants, takes atomic.Int64
+}
+
+func (g *slowGrant) Grant(ctx context.Context, key string, l sluice.Limit, n int64) (sluice.Grant, error) {
+	g.grants.Add(1)
+	time.Sleep(g.rtt)
+	g.clock.Advance(g.interval)
+	return g.Granter.Grant(ctx, key, l, n)
+}
+
+func (g *slowGrant) Take(ctx context.Context, key string, l sluice.Limit, cost int64) (sluice.Decision, error) {
+	g.takes.Add(1)
+	return g.Granter.Take(ctx, key, l, cost)
+}
+
+// Requests queued behind a grant that others spent go to the store's
+// Take, not each to a grant of its own in turn: with a store slower than
+// the limit's interval every grant holds a unit, and a line of grants
+// would hold a request a round trip for each one ahead of it (a 429
+// answered after hundreds of milliseconds).
+func TestQueuedBehindSpentGrantTakes(t *testing.T) {
+	t.Parallel()
+	clock := storetest.NewClock(storetest.T0)
+	mem := newMemory(t, clock)
+	l := sluice.PerSecond(100)
+	for range 100 { // the store's whole burst, spent elsewhere
+		if d, err := mem.Take(ctx, "k", l, 1); err != nil || !d.Allowed {
+			t.Fatal(d, err)
+		}
+	}
+	g := &slowGrant{Granter: mem, clock: clock, interval: l.Interval(), rtt: 20 * time.Millisecond}
+	s := newLease(t, g, clock, time.Second, 10)
+	const n = 16
+	done := make(chan sluice.Decision, n)
+	for range n {
+		go func() { done <- take(t, s, "k", l, 1) }()
+	}
+	allowed := 0
+	for range n {
+		if d := <-done; d.Allowed {
+			allowed++
+		}
+	}
+	if got := g.grants.Load(); got > 3 {
+		t.Errorf("%d grants sent for %d requests queued on one key (%d allowed, %d Takes); want at most 3: the rest take", got, n, allowed, g.takes.Load())
+	}
+}
