@@ -103,12 +103,14 @@
 // nothing until its lease ends. Grants and returns pass through while the
 // breaker lets calls through; the failure policy never grants, so when a
 // grant is held back or fails (resilient.ErrNoGrant) the request is
-// answered by the resilient store's Take: the failure policy's answer.
-// So are the requests that were waiting for that grant, and a request
-// whose return before a grant failed: none sends another call in turn to a
-// store that is not answering, so a stall costs a request at most the
-// grant it waited for and its own Take (two timeouts until the breaker
-// opens, not one per request queued before it). A
+// answered by the failure policy. So are the requests that were waiting
+// for that grant, and a request whose return before a grant failed: when
+// the call was sent and failed, by resilient.Store.TakeByPolicy, which
+// calls nothing; none sends another call in turn to a store that is not
+// answering, so a stall costs a request at most the one call it waited for
+// (one timeout, as an unleased request's, not one per request queued
+// before it). A request that waited for a grant that others then spent
+// goes to the store's Take, not to a grant of its own in turn. A
 // return held back or failed is not resent (a resent return would make
 // budget); its units stay out of the store, which can only lower
 // admissions.
