@@ -43,7 +43,10 @@ type Health struct {
 	store      string // memory, redis, or custom
 	probe      func(context.Context) error
 	configured func() bool
-	m          *healthMetrics
+	// live bounds a request's check of the store (liveCheck); 0 without
+	// a watch.
+	live time.Duration
+	m    *healthMetrics
 	// breaker sends the failure policy's breaker probe when one is due
 	// (resilient.Store.Probe); nil without a policy. The watch calls it
 	// after each check the store passed, so an instance no request
@@ -95,13 +98,15 @@ type healthOptions struct {
 	// cannot fail (memory).
 	probe      func(context.Context) error
 	configured func() bool
-	reg        *prometheus.Registry // nil: no metrics
+	// live: Health.live.
+	live time.Duration
+	reg  *prometheus.Registry // nil: no metrics
 }
 
 func newHealth(o healthOptions) *Health {
 	h := &Health{
 		log: o.log, policy: o.policy, withPolicy: o.withPolicy, store: o.store, probe: o.probe,
-		configured: o.configured, since: time.Now(),
+		configured: o.configured, live: o.live, since: time.Now(),
 	}
 	if h.log == nil {
 		h.log = slog.New(slog.DiscardHandler)
@@ -169,10 +174,7 @@ func cause(err error) string {
 
 // check asks the store whether it answers and records the result.
 func (h *Health) check(ctx context.Context) error {
-	h.mu.Lock()
-	h.checks++
-	n := h.checks
-	h.mu.Unlock()
+	n := h.startCheck()
 	err := h.probe(ctx)
 	if err != nil && errors.Is(ctx.Err(), context.Canceled) {
 		return err // the caller left: nothing learned about the store
@@ -181,16 +183,20 @@ func (h *Health) check(ctx context.Context) error {
 	return err
 }
 
+// startCheck numbers a check of the store as it starts.
+func (h *Health) startCheck() uint64 {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.checks++
+	return h.checks
+}
+
 // storeResult records what a check of the store that just ended found.
 func (h *Health) storeResult(err error) {
 	if h == nil {
 		return
 	}
-	h.mu.Lock()
-	h.checks++
-	n := h.checks
-	h.mu.Unlock()
-	h.checked(n, err)
+	h.checked(h.startCheck(), err)
 }
 
 // checked records what check n found, unless a check that started later
@@ -528,13 +534,33 @@ func (h *Health) Status() Status {
 
 // ready answers /readyz and /v1/status. Without a failure policy it asks
 // the store first, so the answer is current; with one, the store's state
-// cannot change readiness, so the watch's last result serves and a stalled
-// store cannot make a probe time out.
+// cannot change readiness, so the watch's last result serves.
 func (h *Health) ready(ctx context.Context) Status {
 	if h != nil && !h.withPolicy && h.probe != nil {
-		h.check(ctx)
+		h.liveCheck(ctx)
 	}
 	return h.Status()
+}
+
+// liveCheck is a request's check of the store. Under the service it is
+// bounded by the decision timeout, so that a silent store cannot hold a
+// probe past its own timeout, and one cut short by that bound learned
+// nothing: the watch, which waits longer, tells a silent store. Without a
+// watch (a handler's Ready) nothing else would, so it waits up to 2 s and
+// records what it found.
+func (h *Health) liveCheck(ctx context.Context) {
+	if h.live <= 0 {
+		ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		defer cancel()
+		h.check(ctx)
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, h.live)
+	defer cancel()
+	n := h.startCheck()
+	if err := h.probe(ctx); err == nil || ctx.Err() == nil {
+		h.checked(n, err)
+	}
 }
 
 // watch checks the store every interval until stop closes.

@@ -1193,29 +1193,65 @@ func TestFaultPartialPermanentLowTraffic(t *testing.T) {
 	}
 }
 
-// TestFaultReadyzBoundedStalled: under the error policy /readyz asks Redis
-// itself, within its 2 s: a stalled Redis (every command paused) makes it
-// 503 in that time, the TLS sniff after a failed ping included.
-func TestFaultReadyzBoundedStalled(t *testing.T) {
+// TestFaultReadyzAtOnceRedisSilent: under the error policy a Redis that
+// holds its replies makes /readyz a 503 naming why, once the watch has
+// found it silent; each request's own check waits only the decision
+// timeout, never a probe's 1 s timeout. /v1/status agrees. A real sluice
+// serve, through a proxy that holds Redis's replies.
+func TestFaultReadyzAtOnceRedisSilent(t *testing.T) {
 	race.SkipTiming(t)
-	r := redistest.StartServer(t)
-	srv := runServer(t, Options{ConfigFile: "testdata/envoy-example.yaml", RedisURL: "redis://" + r.Addr + "/0", NoFailurePolicy: true, Logger: slog.New(slog.DiscardHandler)})
-	p := &proc{http: srv.HTTPAddr()}
-	if code, _ := p.get(t, "/readyz"); code != 200 {
-		t.Fatalf("readyz with Redis up: %d", code)
+	cut := newStallProxy(t, redistest.Addr(t))
+	p := startSluice(t, nil, "--config", "testdata/envoy-example.yaml", "--redis", "redis://"+cut.addr(),
+		"--failure-policy", "error", "--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0", "--watch-interval", "0")
+	if code, body := p.get(t, "/readyz"); code != 200 {
+		t.Fatalf("readyz with Redis up: %d %s", code, body)
 	}
-	pause := r.Client(t)
-	if err := pause.Do(context.Background(), "CLIENT", "PAUSE", 5000, "ALL").Err(); err != nil {
-		t.Fatal(err)
-	}
-	for i := range 2 { // the first asks a store thought up, the second one known down
+	cut.stall()
+	client := &http.Client{Timeout: 5 * time.Second}
+	timed := func(path string) (int, string, time.Duration) {
 		start := time.Now()
-		code, _ := p.get(t, "/readyz")
-		if took := time.Since(start); code != 503 || took > 2500*time.Millisecond {
-			t.Errorf("readyz %d with Redis stalled: %d after %v, want 503 within 2.5s", i, code, took)
+		resp, err := client.Get("http://" + p.http + path)
+		if err != nil {
+			t.Fatalf("%s with Redis silent: %v", path, err)
 		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b), time.Since(start)
 	}
-	pause.Do(context.Background(), "CLIENT", "UNPAUSE")
+	var took []time.Duration
+	deadline := time.Now().Add(6 * time.Second) // the watch's check: its interval and 1 s timeout
+	code, body, d := timed("/readyz")
+	for took = append(took, d); code != 503; took = append(took, d) {
+		if time.Now().After(deadline) {
+			t.Fatalf("readyz still %d %q 6s into Redis's silence, want 503", code, body)
+		}
+		time.Sleep(50 * time.Millisecond)
+		code, body, d = timed("/readyz")
+	}
+	if !strings.Contains(body, "the store does not answer") || !strings.Contains(body, "no failure policy") {
+		t.Errorf("readyz 503 body %q: want the reason", body)
+	}
+	for range 10 {
+		path := "/readyz"
+		code, body, d = timed(path)
+		if code != 503 {
+			t.Errorf("readyz %d %q, want 503", code, body)
+		}
+		took = append(took, d)
+		code, body, d = timed("/v1/status")
+		if code != 200 || !strings.Contains(body, `"ready":false`) {
+			t.Errorf("status %d %s, want not ready", code, body)
+		}
+		took = append(took, d)
+		time.Sleep(50 * time.Millisecond)
+	}
+	slices.Sort(took)
+	if p90, worst := took[len(took)*9/10], took[len(took)-1]; p90 > 200*time.Millisecond || worst > 800*time.Millisecond {
+		t.Errorf("readyz and status with Redis silent: p90 %v, max %v over %d; want within 200ms and 800ms (a probe times out at 1s)", p90, worst, len(took))
+	}
+	if got := grpcHealth(t, p.grpc, ""); got != healthpb.HealthCheckResponse_NOT_SERVING {
+		t.Errorf("gRPC health with Redis silent: %v, want NOT_SERVING", got)
+	}
 }
 
 // TestFaultRedisWritesPaused: a Redis whose writes are paused (CLIENT PAUSE

@@ -149,8 +149,17 @@ func TestServerOnRedis(t *testing.T) {
 			pause.Close()
 			r.Stop()
 			defer r.Start(t)
-			if code, _ := p.get(t, "/readyz"); code != tt.downReady {
-				t.Errorf("readyz with Redis down: %d, want %d", code, tt.downReady)
+			// A request's own check waits only the decision timeout, less
+			// than the client's retries of a refused dial: the watch tells.
+			for deadline := time.Now().Add(3 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+				code, _ := p.get(t, "/readyz")
+				if code == tt.downReady {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Errorf("readyz with Redis down: %d for 3s, want %d", code, tt.downReady)
+					break
+				}
 			}
 			if code, body := p.post(t, "/v1/check", `{"policy":"rl.foo","key":"foo=`+tt.policy+`"}`); code != tt.downStatus {
 				t.Errorf("check with Redis down: %d %v, want %d", code, body, tt.downStatus)

@@ -219,6 +219,7 @@ func New(opts Options) (*Server, error) {
 		log: s.log, policy: policyName(opts), withPolicy: !opts.NoFailurePolicy, store: "memory",
 		// Until the service exists, the configuration loaded above counts.
 		configured: func() bool { return s.svc == nil || s.svc.Config() != nil }, reg: s.metrics.Registry(),
+		live: cmp.Or(opts.DecisionTimeout, resilient.DefaultTimeout),
 	})
 	s.health.setFallback = s.metrics.SetFallback
 	s.health.setStalled = s.metrics.stalled.Store
