@@ -186,12 +186,14 @@ func (f *Fleet) apply(msg string) {
 //	A <id> <outcome> <hold_µs>                its answer: ok, gone (not held) or err
 //
 // until_ms is the forwarder's wall clock (Unix ms) when it stops waiting
-// and answers 503 "nothing changed". Redis may hold a message past that (a
-// stalled server delivers its queue when it resumes), so the member
-// carries out a call only before until_ms less forwardSkew by its own
-// clock: a 503 then really changed nothing, with the hosts' clocks up to
-// forwardSkew (less the answer's trip) apart. A line without until_ms
-// comes from an older forwarder and is carried out as before.
+// and answers 503. Redis may hold a message past that (a stalled server
+// delivers its queue when it resumes), so the member carries out a call
+// only before until_ms less forwardSkew by its own clock: none is carried
+// out after its 503, with the hosts' clocks up to forwardSkew (less the
+// answer's trip) apart. One carried out before may still end in a 503 (its
+// answer lost on the way back), so a 503 leaves the outcome unknown;
+// retrying is safe. A line without until_ms comes from an older forwarder
+// and is carried out as before.
 
 const (
 	opExtend  = "e"
@@ -237,7 +239,9 @@ func (f *Fleet) forward(ctx context.Context, op string, t slotToken) (time.Durat
 	defer cancel()
 	msg := strings.Join([]string{"F", id, b64.EncodeToString([]byte(t.member)), op, t.String(), strconv.FormatInt(until.UnixMilli(), 10)}, " ")
 	if err := f.client.Publish(ctx, f.noteChannel(), msg).Err(); err != nil {
-		return 0, fmt.Errorf("%w: %s; it could not be reached through Redis (%v): send the call there, or retry", ErrSlotElsewhere, held, err)
+		// A timeout may come after Redis passed the call on: it may have
+		// been carried out.
+		return 0, fmt.Errorf("%w: %s; passing the call on through Redis failed (%v), so it may or may not have been carried out: retry, or send the call there", ErrSlotElsewhere, held, err)
 	}
 	select {
 	case a := <-ch:
@@ -287,7 +291,7 @@ func (f *Fleet) passedOn(line string) bool {
 			}
 			until = time.UnixMilli(ms).Add(-forwardSkew)
 			if !time.Now().Before(until) {
-				f.log.Warn("fleet: an in-flight call passed on here came after its forwarder stopped waiting (answered 503, nothing changed): not carried out", "op", fl[3], "late_by", time.Since(until.Add(forwardSkew)).Round(time.Millisecond))
+				f.log.Warn("fleet: an in-flight call passed on here came after its forwarder stopped waiting (answered 503): not carried out", "op", fl[3], "late_by", time.Since(until.Add(forwardSkew)).Round(time.Millisecond))
 				f.lateCalls.Inc()
 				return true
 			}

@@ -193,10 +193,10 @@ func TestFleetFailOpenMarkedStoreToken(t *testing.T) {
 }
 
 // TestFleetFallbackForwardLateIgnored: a release passed on to the granting
-// instance while Redis is stalled is answered 503 "nothing changed" when
-// the wait ends; Redis delivers the queued message once it resumes, and
-// the granting instance must not carry it out then (it released the slot,
-// so that its extend answered 404). Same for an extend.
+// instance while Redis is stalled is answered 503 when the wait ends;
+// Redis delivers the queued message once it resumes, and the granting
+// instance must not carry it out then (it released the slot, so that its
+// extend answered 404). Same for an extend.
 func TestFleetFallbackForwardLateIgnored(t *testing.T) {
 	race.SkipTiming(t)
 	r, f := jobsFleet(t)
@@ -219,7 +219,7 @@ func TestFleetFallbackForwardLateIgnored(t *testing.T) {
 	r.resume(t)
 	time.Sleep(time.Second) // for the queued messages to reach a
 	if code, body := call(a, "/v1/extend", token); code != 200 || body["hold_ms"] != 30000.0 {
-		t.Errorf("extend at the granting instance after the 503s: %d %v; want 200 (a 503 changed nothing)", code, body)
+		t.Errorf("extend at the granting instance after the 503s: %d %v; want 200 (a call delivered after its 503 is not carried out)", code, body)
 	}
 	if got := metric(t, a, `sluice_inflight_held{policy="jobs"}`); got != 1 {
 		t.Errorf("the granting instance holds %v, want 1", got)
@@ -232,6 +232,61 @@ func TestFleetFallbackForwardLateIgnored(t *testing.T) {
 	}
 	if code, body := call(b, "/v1/release", token); code != 204 {
 		t.Errorf("release at the other instance, Redis back: %d %v; want 204", code, body)
+	}
+}
+
+// TestFleetFallbackForward503MayHaveReleased: a release passed on to the
+// granting instance is answered 503 when the answer does not come back in
+// time, here because the forwarding instance's own Redis holds its replies
+// (its commands still reach Redis). The granting instance carried the
+// release out all the same: a 503 leaves the outcome unknown, and retrying
+// the release is safe (204, the slot released once); an extend is 404.
+func TestFleetFallbackForward503MayHaveReleased(t *testing.T) {
+	race.SkipTiming(t)
+	r := startRedis(t)
+	cut := newStallProxy(t, r.Addr)
+	f := startFleet(t, r.url(), 1, `
+policies:
+  - name: jobs
+    in_flight: {max: 4, hold: 30s}
+`, "--fleet-size", "2")
+	a := f.procs[0]
+	b := f.add(t, "--redis", "redis://"+cut.addr())
+	listening(t, r, 2)
+	token := stalledGrant(t, r, a)
+	extendedElsewhere(t, b, token, "Redis back")
+	held := func() float64 { return metric(t, a, `sluice_inflight_held{policy="jobs"}`) }
+	if got := held(); got != 1 {
+		t.Fatalf("the granting instance holds %v, want 1", got)
+	}
+
+	cut.holdReplies()
+	code, body := slotCall(t, b, "/v1/release", token)
+	cut.passReplies()
+	if code != 503 {
+		t.Fatalf("release passed on with the forwarder's replies held: %d %v, want 503", code, body)
+	}
+	if detail, _ := body["detail"].(string); strings.Contains(detail, "could not be reached") || !strings.Contains(detail, "may or may not have been carried out") {
+		t.Errorf("503 detail %q: want it to say the call may have been carried out", detail)
+	}
+	for deadline := time.Now().Add(5 * time.Second); held() != 0; time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the granting instance still holds the slot: the 503'd release was not carried out, which this test expects it was")
+		}
+	}
+	for _, p := range []*proc{b, a} {
+		for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+			code, body := slotCall(t, p, "/v1/release", token)
+			if code == 204 {
+				break
+			}
+			if code != 503 || time.Now().After(deadline) {
+				t.Fatalf("release retried at %s after the 503: %d %v, want 204", p.http, code, body)
+			}
+		}
+	}
+	if code, body := slotCall(t, b, "/v1/extend", token); code != 404 {
+		t.Errorf("extend of the released slot: %d %v, want 404", code, body)
 	}
 }
 

@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -22,11 +23,14 @@ import (
 // way waits, as with a Redis that hangs, while the Redis itself (shared by
 // other tests) keeps serving them.
 type stallProxy struct {
-	ln    net.Listener
-	mu    sync.RWMutex // held for writing while stalled
-	once  sync.Once
-	conns []net.Conn
-	cmu   sync.Mutex
+	ln   net.Listener
+	mu   sync.RWMutex // held for writing while stalled
+	once sync.Once
+	// replies, while set, is closed when Redis's replies may pass again
+	// (holdReplies): commands still reach Redis.
+	replies atomic.Pointer[chan struct{}]
+	conns   []net.Conn
+	cmu     sync.Mutex
 }
 
 func newStallProxy(t *testing.T, target string) *stallProxy {
@@ -58,18 +62,21 @@ func newStallProxy(t *testing.T, target string) *stallProxy {
 			p.cmu.Lock()
 			p.conns = append(p.conns, c, u)
 			p.cmu.Unlock()
-			go p.pipe(u, c)
-			go p.pipe(c, u)
+			go p.pipe(u, c, false)
+			go p.pipe(c, u, true)
 		}
 	}()
 	return p
 }
 
-func (p *stallProxy) pipe(dst, src net.Conn) {
+func (p *stallProxy) pipe(dst, src net.Conn, replies bool) {
 	buf := make([]byte, 32<<10)
 	for {
 		n, err := src.Read(buf)
 		if n > 0 {
+			if gate := p.replies.Load(); replies && gate != nil {
+				<-*gate
+			}
 			p.mu.RLock() // waits while stalled
 			_, werr := dst.Write(buf[:n])
 			p.mu.RUnlock()
@@ -83,6 +90,19 @@ func (p *stallProxy) pipe(dst, src net.Conn) {
 			}
 			return
 		}
+	}
+}
+
+// holdReplies holds Redis's replies until passReplies; commands still
+// reach Redis.
+func (p *stallProxy) holdReplies() {
+	gate := make(chan struct{})
+	p.replies.Store(&gate)
+}
+
+func (p *stallProxy) passReplies() {
+	if gate := p.replies.Swap(nil); gate != nil {
+		close(*gate)
 	}
 }
 
