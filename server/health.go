@@ -360,7 +360,10 @@ func (h *Health) refresh(now time.Time) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.partial && now.Sub(h.partialAt) >= partialWindow {
-		h.log.Info("store calls succeeding again", "store", h.store, "answered_by_policy", h.partialN)
+		// No call failed for partialWindow; none on the failing keys need
+		// have succeeded (a seldom-used policy refused by an ACL), so the
+		// line says what is known.
+		h.log.Info("store calls no longer failing", "store", h.store, "without_failure", partialWindow, "answered_by_policy", h.partialN)
 		h.endPartialLocked()
 		h.publishLocked()
 	}

@@ -930,7 +930,7 @@ func TestHealthPartialFailure(t *testing.T) {
 	if st := h.Status(); st.Degraded {
 		t.Fatalf("after partialWindow without a failed call: %+v", st)
 	}
-	if n, m := countLines(&logs, "breaker is closed"), countLines(&logs, "store calls succeeding again"); n != 1 || m != 1 {
+	if n, m := countLines(&logs, "breaker is closed"), countLines(&logs, "store calls no longer failing"); n != 1 || m != 1 {
 		t.Errorf("%d and %d lines, want one each way:\n%s", n, m, logs.String())
 	}
 }
@@ -1037,7 +1037,7 @@ func TestFaultPartialFailureNamesCause(t *testing.T) {
 // refused one policy's keys, the other policy passing) counts its start in
 // sluice_partial_failure_transitions_total{to="on"} with its cause, beside
 // its line, and its end, 10 s after the last refused call, in to="off",
-// beside the "succeeding again" line; before, only sluice_degraded and the
+// beside the "no longer failing" line; before, only sluice_degraded and the
 // errors counter moved, where the breaker and the store count theirs.
 func TestFaultPartialFailureTransitions(t *testing.T) {
 	race.SkipTiming(t)
@@ -1076,7 +1076,7 @@ func TestFaultPartialFailureTransitions(t *testing.T) {
 			t.Fatal("still degraded 15s after the last refused call")
 		}
 	}
-	logged(t, logs, "store calls succeeding again")
+	logged(t, logs, "store calls no longer failing")
 	if got := scrapedMetric(t, p, off); got != "1" {
 		t.Errorf("%s %q once the partial failure ended, want 1", off, got)
 	}

@@ -204,6 +204,7 @@ func (s *Service) SetConfig(cfg *config.Config) {
 		}
 		s.holds.forget(gone)
 		s.metrics.forget(gone)
+		s.mon.top.forget(gone)
 	}
 	snap := &snapshot{cfg: cfg, bases: make(map[*config.Policy]string, len(cfg.Policies)), stems: map[*enforce.Rule]string{}, version: s.version.Add(1)}
 	snap.rings = s.stats.setPolicies(cfg.Policies)

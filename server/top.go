@@ -123,6 +123,28 @@ func (t *topKeys) rotate(g int64) {
 	t.cur = [2]*sketch{newSketch(g), newSketch(g)}
 }
 
+// forget drops the policies' keys from both generations, so that a
+// policy a reload removed leaves /v1/top and the top-key metrics at once,
+// as its other series do.
+func (t *topKeys) forget(policies []string) {
+	if len(policies) == 0 {
+		return
+	}
+	gone := make(map[string]bool, len(policies))
+	for _, p := range policies {
+		gone[p] = true
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for _, s := range append(t.cur[:], t.prev[:]...) {
+		for id := range s.counters {
+			if gone[id.policy] {
+				delete(s.counters, id)
+			}
+		}
+	}
+}
+
 // utilisation is the share of d's limit in use after it: 1 when denied.
 func utilisation(d sluice.Decision) float64 {
 	c := d.Limit.Capacity()

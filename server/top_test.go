@@ -180,3 +180,39 @@ func TestTopCollector(t *testing.T) {
 		t.Errorf("hash not stable: %s, %s", got, want)
 	}
 }
+
+// A policy a reload removes leaves the top lists at once, with its other
+// series, in both generations; the policies that stay keep their counts.
+func TestTopForgetsRemovedPolicy(t *testing.T) {
+	t.Parallel()
+	clock := newFakeClock()
+	svc := newMemService(t, `
+policies:
+  - name: api
+    limit: fixed_window 3/min
+  - name: gone
+    limit: fixed_window 3/min
+`, clock)
+	for range 5 {
+		check(t, svc, "gone", "k") // 2 denials
+	}
+	clock.Advance(TopWindow) // the previous generation now holds them
+	for range 5 {
+		check(t, svc, "gone", "k")
+		check(t, svc, "api", "k")
+	}
+	svc.SetConfig(mustConfig(t, `
+policies:
+  - name: api
+    limit: fixed_window 3/min
+`))
+	l := svc.mon.top.Lists(TopN)
+	for _, e := range append(l.Denials, l.NearLimit...) {
+		if e.Policy == "gone" {
+			t.Errorf("%+v still listed after its policy was removed", e)
+		}
+	}
+	if len(l.Denials) != 1 || l.Denials[0].Policy != "api" || l.Denials[0].Count != 2 {
+		t.Errorf("denials = %+v, want api's k ×2", l.Denials)
+	}
+}
