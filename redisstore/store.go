@@ -91,7 +91,7 @@ var (
 	ErrClock = errors.New("redisstore: clock before 1970")
 	// ErrNoClient: the Store was built with a nil client, or is a zero
 	// value. It wraps sluice.ErrStoreNotBuilt.
-	ErrNoClient error = notBuilt("redisstore: no client")
+	ErrNoClient = fmt.Errorf("redisstore: no client: %w", sluice.ErrStoreNotBuilt)
 	// ErrNotReplicated: Options.WaitReplicas is set and fewer replicas
 	// acknowledged a take within Options.WaitTimeout. The take was charged
 	// on the master; a failover now could lose it.
@@ -100,13 +100,6 @@ var (
 	// than a Client, a Sentinel failover client or a ClusterClient.
 	ErrWaitUnsupported = errors.New("redisstore: WaitReplicas needs a Client, failover client or ClusterClient")
 )
-
-// notBuilt is an error that is also sluice.ErrStoreNotBuilt, under its own
-// message.
-type notBuilt string
-
-func (e notBuilt) Error() string { return string(e) }
-func (notBuilt) Unwrap() error   { return sluice.ErrStoreNotBuilt }
 
 // Defaults; see Options.
 const (

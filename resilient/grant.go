@@ -81,13 +81,7 @@ func (s *Store) granter() (sluice.Granter, error) {
 // the breaker has seen enough failures to open.
 func (s *Store) TakeByPolicy(ctx context.Context, key string, limit sluice.Limit, cost int64) (sluice.Decision, error) {
 	ctx = ctxutil.OrBackground(ctx)
-	if err := sluice.ValidateRequest(key, limit, cost); err != nil {
-		return sluice.Decision{}, err
-	}
-	if s == nil || s.backend == nil {
-		return sluice.Decision{}, ErrZeroStore
-	}
-	if err := ended(ctx, "take"); err != nil {
+	if err := s.refuse(ctx, "take", key, limit, cost); err != nil {
 		return sluice.Decision{}, err
 	}
 	return s.failOne(ctx, "take", key, limit, cost, true, 0, nil)

@@ -133,7 +133,7 @@ var (
 	ErrUnknownPolicy = errors.New("resilient: unknown failure policy")
 	// ErrZeroStore: the Store or MultiStore is a zero value, not one made
 	// by New or NewMulti. It wraps sluice.ErrStoreNotBuilt.
-	ErrZeroStore error = notBuilt("resilient: zero Store: make one with New")
+	ErrZeroStore = fmt.Errorf("resilient: zero Store: make one with New: %w", sluice.ErrStoreNotBuilt)
 	// ErrNoSlots: the backend (or the fallback, under FallbackLocal) does
 	// not implement sluice.Slots.
 	ErrNoSlots = errors.New("resilient: store keeps no in-flight slots")
@@ -143,13 +143,6 @@ var (
 	// not extend it.
 	ErrSlotUnreachable = errors.New("resilient: backend unreachable for a slot it granted")
 )
-
-// notBuilt is an error that is also sluice.ErrStoreNotBuilt, under its own
-// message.
-type notBuilt string
-
-func (e notBuilt) Error() string { return string(e) }
-func (notBuilt) Unwrap() error   { return sluice.ErrStoreNotBuilt }
 
 // Policy is what a Store does when its backend fails or its breaker is open.
 type Policy uint8
@@ -544,14 +537,20 @@ func (s *Store) Peek(ctx context.Context, key string, limit sluice.Limit, cost i
 	return s.decide(ctx, "peek", key, limit, cost, false)
 }
 
-func (s *Store) decide(ctx context.Context, op, key string, limit sluice.Limit, cost int64, take bool) (sluice.Decision, error) {
+// refuse returns why a decision cannot be made at all: bad input, a zero
+// Store, or ctx ended.
+func (s *Store) refuse(ctx context.Context, op, key string, limit sluice.Limit, cost int64) error {
 	if err := sluice.ValidateRequest(key, limit, cost); err != nil {
-		return sluice.Decision{}, err
+		return err
 	}
 	if s == nil || s.backend == nil {
-		return sluice.Decision{}, ErrZeroStore
+		return ErrZeroStore
 	}
-	if err := ended(ctx, op); err != nil {
+	return ended(ctx, op)
+}
+
+func (s *Store) decide(ctx context.Context, op, key string, limit sluice.Limit, cost int64, take bool) (sluice.Decision, error) {
+	if err := s.refuse(ctx, op, key, limit, cost); err != nil {
 		return sluice.Decision{}, err
 	}
 	now := s.clock()
