@@ -27,6 +27,7 @@ import (
 	"github.com/sluicehq/sluice/memory"
 	"github.com/sluicehq/sluice/redisstore"
 	"github.com/sluicehq/sluice/resilient"
+	"github.com/sluicehq/sluice/storetest"
 )
 
 // Leases on a real Redis, dated by its TIME: 4 Stores (the processes of a
@@ -730,4 +731,12 @@ func TestRedisCostAboveLease(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestQueuedBehindSpentGrantTakes on a real Redis (its clock injected, so
+// that each grant's round trip brings one unit back).
+func TestRedisQueuedBehindSpentGrantTakes(t *testing.T) {
+	t.Parallel()
+	clock := storetest.NewClock(storetest.T0)
+	checkQueuedBehindSpentGrant(t, redisstore.New(redistest.Client(t), &redisstore.Options{Prefix: redistest.Prefix(t), Clock: clock.Now}), clock)
 }
