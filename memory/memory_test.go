@@ -139,6 +139,29 @@ func TestMaxKeysBoundsMemory(t *testing.T) {
 	}
 }
 
+// A TakeAll that adds more keys to a full shard than it has room for keeps
+// them all: evicting one it has just taken from would forget that take, and
+// the next TakeAll on the same keys would be admitted again.
+func TestTakeAllKeepsItsOwnKeysWhenFull(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s := memory.New(&memory.Options{MaxKeys: 1, Shards: 1, SweepInterval: -1})
+	defer s.Close()
+	l := sluice.PerHour(1)
+	reqs := []sluice.Request{{Key: "a", Limit: l, Cost: 1}, {Key: "b", Limit: l, Cost: 1}, {Key: "c", Limit: l, Cost: 1}}
+	for round := range 3 {
+		ds, err := s.TakeAll(ctx, reqs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, d := range ds {
+			if d.Allowed != (round == 0) {
+				t.Fatalf("round %d: %s allowed=%v; want only the first round admitted (1/hour)", round, reqs[i].Key, d.Allowed)
+			}
+		}
+	}
+}
+
 // A MaxKeys near math.MaxInt is in effect no bound: rounding it up per
 // shard must not overflow into a bound that evicts every key but one per
 // shard, which let a key take its unit once per eviction.

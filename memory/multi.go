@@ -60,7 +60,7 @@ func (s *Store) TakeAll(ctx context.Context, reqs []sluice.Request) ([]sluice.De
 		sh, tag := s.locate(r.Key, r.Limit.Algorithm)
 		st := sh.tab.Find(tag, r.Key)
 		if st == nil {
-			st = sh.insert(tag, r.Key, state{}, now)
+			st = sh.insertKeeping(tag, r.Key, state{}, now, reqs)
 		} else if st.expires <= now {
 			st.clear()
 		}

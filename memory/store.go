@@ -49,7 +49,8 @@ type Options struct {
 	// key or, failing that, the sampled key closest to expiry (which then
 	// starts fresh). The bound is kept per shard (MaxKeys/Shards each,
 	// rounded up), so one busy shard can evict before the store as a whole
-	// is full. Keys with in-flight slots are bounded apart, by the same
+	// is full; a TakeAll never evicts its own keys, so it may leave a shard
+	// over its bound by fewer keys than it has. Keys with in-flight slots are bounded apart, by the same
 	// number: at the cap, a new key takes the place of a sampled key
 	// without live holders, or its Acquire fails with ErrFull; a key with
 	// live holders is never dropped. Any positive int is valid, up to
@@ -350,33 +351,53 @@ func (s *Store) Reset(ctx context.Context, key string, limit sluice.Limit) error
 // insert adds st under key, evicting first if the shard is full, and
 // returns where it now lives (valid until the next insert).
 func (sh *shard) insert(tag uint32, key string, st state, now int64) *state {
+	return sh.insertKeeping(tag, key, st, now, nil)
+}
+
+// insertKeeping is insert, evicting none of keep's keys: a TakeAll's own
+// keys, whose takes an eviction would forget. With none other to evict,
+// the shard holds more than maxKeys, by fewer keys than the call has.
+func (sh *shard) insertKeeping(tag uint32, key string, st state, now int64, keep []sluice.Request) *state {
 	if sh.n >= sh.maxKeys {
-		sh.evict(now)
+		sh.evict(now, keep)
 	}
 	sh.n++
 	return sh.tab.Add(tag, key, st)
 }
 
-// evict removes one key: the first expired one among a small random sample,
-// else the sample's soonest to expire, as Redis's volatile-ttl policy does.
-func (sh *shard) evict(now int64) {
+// evict removes one key not in keep: the first expired one among a small
+// random sample, else the sample's soonest to expire, as Redis's
+// volatile-ttl policy does.
+func (sh *shard) evict(now int64, keep []sluice.Request) {
 	idx, n := sh.tab.Sample()
-	if n == 0 {
-		return
-	}
-	victim := idx[0]
+	victim := -1
 	for _, i := range idx[:n] {
+		if kept(keep, sh.tab.Key(i)) {
+			continue
+		}
 		exp := sh.tab.At(i).expires
 		if exp <= now {
 			victim = i
 			break
 		}
-		if exp < sh.tab.At(victim).expires {
+		if victim < 0 || exp < sh.tab.At(victim).expires {
 			victim = i
 		}
 	}
+	if victim < 0 {
+		return
+	}
 	sh.tab.Bury(victim)
 	sh.n--
+}
+
+func kept(keep []sluice.Request, key string) bool {
+	for _, r := range keep {
+		if r.Key == key {
+			return true
+		}
+	}
+	return false
 }
 
 func (s *Store) sweepLoop(every time.Duration) {
