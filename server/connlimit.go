@@ -43,13 +43,19 @@ var (
 // connection makes room by closing the connection idle the longest (HTTP:
 // between requests, as ConnState reports; gRPC: past its handshake with no
 // call in progress, as grpcIdle reports), so that idle pools cannot lock
-// fresh clients (probes, scrapes, Envoy) out until their idle timeout; with none idle it is closed at once (the client sees
+// fresh clients (probes, scrapes, Envoy) out until their idle timeout; with
+// none idle it takes one of the few probe places (HTTP only: see
+// probesOnly) or, with those held too, is closed at once (the client sees
 // a reset and can try another instance) rather than left queued. Both are
 // counted and logged at most once per quietFor.
 type capListener struct {
 	net.Listener
-	name       string
-	sem        chan struct{}
+	name string
+	sem  chan struct{}
+	// probes are the places past the cap, for health probes alone: a pod
+	// busy to its cap is still alive and maybe ready, and a probe refused
+	// would have Kubernetes restart it. nil: none (gRPC).
+	probes     chan struct{}
 	refused    prometheus.Counter
 	idleClosed prometheus.Counter
 	log        *slog.Logger
@@ -61,8 +67,19 @@ type capListener struct {
 	byAddr map[string]*capConn // open connections by remote address, for gRPC's stats
 }
 
+// Probe places past an HTTP listener's cap, and how long a connection
+// holding one may stay open: a probe asks once and hangs up, and its
+// place must not be held by a client that sends nothing.
+var (
+	probePlaces = 8
+	probeLife   = 5 * time.Second
+)
+
 func newCapListener(ln net.Listener, name string, n int, m *Metrics, log *slog.Logger) *capListener {
 	l := &capListener{Listener: ln, name: name, sem: make(chan struct{}, n), log: log, byAddr: map[string]*capConn{}}
+	if name == "http" {
+		l.probes = make(chan struct{}, probePlaces)
+	}
 	if m != nil {
 		l.refused = m.connRefused.WithLabelValues(name)
 		l.idleClosed = prometheus.NewCounter(prometheus.CounterOpts{
@@ -111,8 +128,64 @@ func (l *capListener) admit(c net.Conn) *capConn {
 		default:
 		}
 		if !l.closeIdle() {
+			return l.admitProbe(c)
+		}
+	}
+}
+
+// admitProbe gives c one of the probe places, if one is free; it closes
+// after probeLife whatever it does.
+func (l *capListener) admitProbe(c net.Conn) *capConn {
+	select {
+	case l.probes <- struct{}{}:
+	default:
+		return nil // also without probe places (a nil channel)
+	}
+	cc := &capConn{Conn: c, l: l, addr: c.RemoteAddr().String(), probe: true}
+	time.AfterFunc(probeLife, func() { cc.Close() })
+	return cc
+}
+
+// probesOnly answers a request on a probe place (past the cap) only if it
+// is a health probe (/healthz, /readyz); any other is refused 503, so that
+// the places stay free for probes. Either way the connection then closes.
+func (l *capListener) probesOnly(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if c, _ := r.Context().Value(capConnKey{}).(*capConn); c != nil && c.probe {
+			w.Header().Set("Connection", "close")
+			if r.URL.Path != "/healthz" && r.URL.Path != "/readyz" {
+				w.Header().Set("Retry-After", "1")
+				problem(w, http.StatusServiceUnavailable,
+					"this instance holds --max-connections busy connections; past that only health probes are answered: retry, or try another instance")
+				return
+			}
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+type capConnKey struct{}
+
+// httpConnContext is the HTTP server's ConnContext: it tells probesOnly
+// the connection's place.
+func (l *capListener) httpConnContext(ctx context.Context, c net.Conn) context.Context {
+	if cc := unwrapCapConn(c); cc != nil {
+		return context.WithValue(ctx, capConnKey{}, cc)
+	}
+	return ctx
+}
+
+// unwrapCapConn finds the *capConn under c (beneath TLS), or nil.
+func unwrapCapConn(c net.Conn) *capConn {
+	for {
+		if cc, ok := c.(*capConn); ok {
+			return cc
+		}
+		u, ok := c.(interface{ NetConn() net.Conn }) // *tls.Conn
+		if !ok {
 			return nil
 		}
+		c = u.NetConn()
 	}
 }
 
@@ -151,7 +224,7 @@ func (l *capListener) setIdleLocked(c *capConn, idle bool) {
 		l.idle.Remove(c.idle)
 		c.idle = nil
 	}
-	if idle && !c.closed {
+	if idle && !c.closed && !c.probe {
 		c.idle = l.idle.PushBack(c)
 	}
 }
@@ -165,6 +238,10 @@ func (l *capListener) release(c *capConn) {
 		delete(l.byAddr, c.addr)
 	}
 	l.mu.Unlock()
+	if c.probe {
+		<-l.probes
+		return
+	}
 	<-l.sem
 }
 
@@ -172,16 +249,8 @@ func (l *capListener) release(c *capConn) {
 // requests (HTTP/1 keep-alive, or HTTP/2 without streams) may be closed to
 // make room.
 func (l *capListener) httpConnState(c net.Conn, st http.ConnState) {
-	for {
-		if cc, ok := c.(*capConn); ok {
-			l.setIdle(cc, st == http.StateIdle)
-			return
-		}
-		u, ok := c.(interface{ NetConn() net.Conn }) // *tls.Conn
-		if !ok {
-			return
-		}
-		c = u.NetConn()
+	if cc := unwrapCapConn(c); cc != nil {
+		l.setIdle(cc, st == http.StateIdle)
 	}
 }
 
@@ -195,6 +264,8 @@ type capConn struct {
 	idle   *list.Element // in l.idle while idle
 	calls  int           // gRPC calls in progress
 	closed bool
+	// probe: c holds a probe place (past the cap), not one of the cap's.
+	probe bool
 }
 
 func (c *capConn) Close() error {

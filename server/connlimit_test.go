@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -148,9 +149,17 @@ func TestBusyConnectionsStillCap(t *testing.T) {
 		io.WriteString(c, "POST /v1/check HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{")
 		busy = append(busy, c)
 	}
-	// One idle connection too many is what makes room; here none is idle.
+	// One idle connection too many is what makes room; here none is idle,
+	// and the probe places past the cap are held too.
+	for range probePlaces {
+		c, err := net.Dial("tcp", srv.HTTPAddr())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+	}
 	time.Sleep(200 * time.Millisecond) // all accepted and reading bodies
-	closedAtOnce(t, srv.HTTPAddr(), "connection past the cap of busy ones")
+	closedAtOnce(t, srv.HTTPAddr(), "connection past the cap of busy ones and the probe places")
 	reg := srv.metrics.reg
 	lbl := map[string]string{"listener": "http"}
 	if got := metricValue(t, reg, "sluice_connections_refused_total", lbl); got != 1 {
@@ -164,6 +173,52 @@ func TestBusyConnectionsStillCap(t *testing.T) {
 		if _, err := b.Read(make([]byte, 1)); !isTimeout(err) {
 			t.Errorf("busy connection %d: read %v, want it still waiting for its body", i, err)
 		}
+	}
+}
+
+// TestBusyConnectionsStillAnswerProbes: with every place under the cap
+// held by a busy connection, /healthz and /readyz on fresh connections are
+// still answered (a pod busy to its cap is alive: a refused liveness probe
+// would have Kubernetes restart it), each connection then closed; any
+// other request there is refused 503, so that the places stay free for
+// probes, and nothing is counted as refused.
+func TestBusyConnectionsStillAnswerProbes(t *testing.T) {
+	const max = 10
+	srv := slowClientServer(t, max)
+	for range max {
+		c, err := net.Dial("tcp", srv.HTTPAddr())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		io.WriteString(c, "POST /v1/check HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{")
+	}
+	time.Sleep(200 * time.Millisecond) // all accepted and reading bodies
+	client := &http.Client{Timeout: 2 * time.Second}
+	for range 3 * probePlaces { // more than the places: each is given back
+		for _, path := range []string{"/healthz", "/readyz"} {
+			resp, err := client.Get("http://" + srv.HTTPAddr() + path)
+			if err != nil {
+				t.Fatalf("GET %s with every place busy: %v", path, err)
+			}
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != 200 || !resp.Close {
+				t.Errorf("GET %s with every place busy: %s, close %v; want 200 and the connection closed", path, resp.Status, resp.Close)
+			}
+		}
+	}
+	resp, err := client.Post("http://"+srv.HTTPAddr()+"/v1/check", "application/json", strings.NewReader(`{"policy":"p","key":"k"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 503 || resp.Header.Get("Content-Type") != "application/problem+json" || resp.Header.Get("Retry-After") == "" || !resp.Close {
+		t.Errorf("check past the cap: %s %v %s; want 503 problem+json with Retry-After, connection closed", resp.Status, resp.Header, body)
+	}
+	if got := metricValue(t, srv.metrics.reg, "sluice_connections_refused_total", map[string]string{"listener": "http"}); got != 0 {
+		t.Errorf("sluice_connections_refused_total{listener=http} = %v, want 0", got)
 	}
 }
 

@@ -356,8 +356,9 @@ func (s *Server) Start() error {
 		IdleTimeout:       httpIdleTimeout,
 		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
 		ConnState:         s.httpCap.httpConnState,
+		ConnContext:       s.httpCap.httpConnContext,
 	}
-	s.httpSrv.Handler = s.metrics.instrumentHTTP(s.httpSrv.Handler)
+	s.httpSrv.Handler = s.metrics.instrumentHTTP(s.httpCap.probesOnly(s.httpSrv.Handler))
 	// Workers keep their grown stacks between requests: a new goroutine
 	// per request would grow its stack through the Redis client every time.
 	s.grpcSrv = grpc.NewServer(grpc.NumStreamWorkers(uint32(64*runtime.GOMAXPROCS(0))), grpcCreds,

@@ -128,8 +128,9 @@ func TestSlowBodiesCut(t *testing.T) {
 	promptly(t, srv)
 }
 
-// TestConnectionCap: past --max-connections a listener closes new
-// connections as soon as it accepts them, counted; the other listener
+// TestConnectionCap: past --max-connections (and, on HTTP, the probe
+// places) a listener closes new connections as soon as it accepts them,
+// counted; the other listener
 // still answers, and the cap frees as the idle ones are cut.
 func TestConnectionCap(t *testing.T) {
 	const max = 50
@@ -140,7 +141,7 @@ func TestConnectionCap(t *testing.T) {
 			c.Close()
 		}
 	})
-	for range max {
+	for range max + probePlaces { // the cap, then the probe places past it
 		c, err := net.Dial("tcp", srv.HTTPAddr())
 		if err != nil {
 			t.Fatal(err)
@@ -148,7 +149,7 @@ func TestConnectionCap(t *testing.T) {
 		conns = append(conns, c)
 	}
 	time.Sleep(200 * time.Millisecond) // all accepted
-	closedAtOnce(t, srv.HTTPAddr(), "connection past the cap")
+	closedAtOnce(t, srv.HTTPAddr(), "connection past the cap and the probe places")
 	if got := metricValue(t, srv.metrics.reg, "sluice_connections_refused_total", map[string]string{"listener": "http"}); got < 1 {
 		t.Errorf("sluice_connections_refused_total{listener=http} = %v, want at least 1", got)
 	}
