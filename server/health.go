@@ -75,6 +75,9 @@ type Health struct {
 	partialAt time.Time
 	partialN  int64 // such decisions in the current episode
 	runErr    error // the last failed call's error (classified), for the log and status
+	// confirming: a check of the store runs before a partial failure
+	// starts (confirmPartial).
+	confirming bool
 	// uncounted: under the local policy, the fleet does not count this
 	// instance (resilient.Fleet.Counted), so the policy refuses;
 	// registered: a registration was ever answered (else nobody ever
@@ -342,7 +345,39 @@ func (h *Health) failedCall(now time.Time, err error) {
 	if now.Sub(h.runFrom) < partialAfter && causeLevel(err) < slog.LevelError {
 		return
 	}
-	h.partial, h.partialAt, h.partialN = true, now, h.runN
+	if h.probe == nil {
+		h.startPartialLocked(now)
+		return
+	}
+	// Partial only if the store as a whole still answers: a Redis that
+	// refuses every connection (a password it no longer takes) is lost,
+	// and its first line must say so. Checked now, not at the next tick.
+	if !h.confirming {
+		h.confirming = true
+		go h.confirmPartial()
+	}
+}
+
+// confirmPartial checks the store after calls failed: lost, the check's
+// own line tells it; answering, the partial failure starts.
+func (h *Health) confirmPartial() {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	h.check(ctx)
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.confirming = false
+	if h.runErr == nil || h.partial || h.fallback || h.storeErr != nil {
+		return // the run ended meanwhile, or another line tells it
+	}
+	h.startPartialLocked(h.runLast)
+}
+
+// startPartialLocked starts a partial failure whose last failed call came
+// at last.
+func (h *Health) startPartialLocked(last time.Time) {
+	err := h.runErr
+	h.partial, h.partialAt, h.partialN = true, last, h.runN
 	if h.m != nil {
 		h.m.partialChanges.WithLabelValues("on", cause(err)).Inc()
 	}

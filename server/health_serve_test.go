@@ -1,0 +1,77 @@
+package server
+
+import (
+	"context"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice/internal/redistest"
+)
+
+// restartWithPassword stops r and starts a redis-server on its address
+// that requires password pw, stopped at cleanup.
+func restartWithPassword(t *testing.T, r *redisProc, pw string) {
+	t.Helper()
+	r.Stop()
+	cmd := exec.Command("redis-server", "--port", strings.TrimPrefix(r.Addr, "127.0.0.1:"), "--bind", "127.0.0.1",
+		"--save", "", "--appendonly", "no", "--requirepass", pw, "--dir", t.TempDir(),
+		"--logfile", filepath.Join(t.TempDir(), "redis.log"))
+	redistest.DieWithParent(cmd)
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	c := redis.NewClient(&redis.Options{Addr: r.Addr, Password: pw, MaxRetries: -1})
+	defer c.Close()
+	for deadline := time.Now().Add(10 * time.Second); c.Ping(context.Background()).Err() != nil; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("redis-server with a password did not start")
+		}
+	}
+}
+
+// TestServeRedisRestartedWithPassword: Redis restarted under load with a
+// password sluice serve does not have. The first line the service logs
+// about it is the truth, `store lost` with cause auth, and it is the only
+// one: no partial failure (a store that refuses every connection is lost,
+// not partly down), counted as such.
+func TestServeRedisRestartedWithPassword(t *testing.T) {
+	r := startRedis(t)
+	f := startFleet(t, r.url(), 1, "policies:\n  - name: api\n    limit: fixed_window 1000000000/1h\n", "--failure-policy", "local")
+	p := f.procs[0]
+	l := f.drive(4, "k", "api")
+	var once sync.Once
+	finish := func() { once.Do(l.finish) }
+	defer finish()
+	time.Sleep(300 * time.Millisecond)
+	restartWithPassword(t, r, "new")
+	f.awaitLogs(t, 10*time.Second, `msg="store lost"`)
+	time.Sleep(500 * time.Millisecond) // failed decisions go on: no other line may follow
+	finish()
+	logs := p.stderr.String()
+	var line string
+	for l := range strings.Lines(logs) {
+		if strings.Contains(l, `msg="store lost"`) {
+			line = l
+			break
+		}
+	}
+	if !strings.Contains(line, "cause=auth") || !strings.Contains(line, "level=ERROR") {
+		t.Errorf("store lost line %q: want ERROR, cause=auth", line)
+	}
+	if strings.Contains(logs, "breaker is closed") {
+		t.Errorf("a partial failure logged for a Redis that refuses every connection:\n%s", logs)
+	}
+	if got := metric(t, p, `sluice_partial_failure_transitions_total{cause="auth",to="on"}`); got > 0 {
+		t.Errorf("partial failure transitions (auth) %v, want none", got)
+	}
+	if got := metric(t, p, `sluice_store_transitions_total{cause="auth",to="down"}`); got != 1 {
+		t.Errorf("store transitions to down (auth) %v, want 1", got)
+	}
+}
