@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -67,7 +68,7 @@ type Health struct {
 	// calls failed while the breaker stayed closed and the store answered
 	// the watch (a Cluster node down among live ones fails only its keys'
 	// calls), without a pause of partialGap, for partialAfter; the last
-	// at partialAt. Degraded until partialWindow passes without one.
+	// at partialAt. Degraded until it ends (see decided and refresh).
 	partial   bool
 	runFrom   time.Time // the first failed call of the current run
 	runLast   time.Time // its last
@@ -78,6 +79,14 @@ type Health struct {
 	// confirming: a check of the store runs before a partial failure
 	// starts (confirmPartial).
 	confirming bool
+	// failing: the policies whose decisions the failure policy answered
+	// for a failed store call, since the last one Redis answered. A
+	// partial failure with a permanent cause ends when it is empty again.
+	failing map[string]bool
+	// tracking mirrors len(failing) > 0, and answering the failure policy
+	// answering while the breaker is open or the store lost, so that
+	// decided takes no lock on the hot path.
+	tracking, answering atomic.Bool
 	// uncounted: under the local policy, the fleet does not count this
 	// instance (resilient.Fleet.Counted), so the policy refuses;
 	// registered: a registration was ever answered (else nobody ever
@@ -134,7 +143,7 @@ func newHealthMetrics(reg *prometheus.Registry) *healthMetrics {
 		storeUp:         newGauge("sluice_store_up", "1 while the store (Redis) answers the service's checks."),
 		storeChanges:    newCounterVec("sluice_store_transitions_total", "Store state changes: to=down (with the cause: unreachable, stalled, auth, tls, database, sentinel_master, permission, topology, version, replicas, oom, not_replicated) or to=up.", "to", "cause"),
 		fallbackChanges: newCounterVec("sluice_fallback_transitions_total", "Failure policy changes: to=on when the breaker opens, to=off when it closes.", "to"),
-		partialChanges:  newCounterVec("sluice_partial_failure_transitions_total", "Partial store failures (store calls failing while the breaker stays closed and the store answers the checks): to=on with the cause (as sluice_store_transitions_total's) when one starts, to=off when it ends (10s without a failed call, or the breaker or a lost store taking over).", "to", "cause"),
+		partialChanges:  newCounterVec("sluice_partial_failure_transitions_total", "Partial store failures (store calls failing while the breaker stays closed and the store answers the checks): to=on with the cause (as sluice_store_transitions_total's) when one starts, to=off when it ends (a transient cause: 10s without a failed call; a permanent one: the store answering every policy that failed; or the breaker or a lost store taking over).", "to", "cause"),
 	}
 	reg.MustRegister(m.degraded, m.storeUp, m.storeChanges, m.fallbackChanges, m.partialChanges)
 	m.fallbackChanges.WithLabelValues("on")
@@ -308,8 +317,9 @@ const rlsServiceName = "envoy.service.ratelimit.v3.RateLimitService"
 // is degraded once such calls have gone on for partialAfter with no pause
 // of partialGap or more (isolated timeouts, a slow command, do not count;
 // a dead store opens the breaker sooner), or at the first one whose cause
-// is permanent (causeLevel ERROR), and until partialWindow passes without
-// one.
+// is permanent (causeLevel ERROR); until partialWindow passes without one
+// (a transient cause) or the store answers every policy that failed (a
+// permanent one: see decided).
 const (
 	partialWindow = 10 * time.Second
 	partialAfter  = 2 * time.Second
@@ -386,15 +396,88 @@ func (h *Health) startPartialLocked(last time.Time) {
 	h.publishLocked()
 }
 
-// refresh ends an episode of failing calls once partialWindow has passed
-// without one; the watch calls it every check.
+// decided records who answered a decision of policy: the failure policy
+// for a failed store call, or Redis. A partial failure with a permanent
+// cause ends on evidence, once Redis has answered every policy that
+// failed, not on a quiet spell: a policy used less often than
+// partialWindow would start and end one at each call.
+func (h *Health) decided(policy string, src sluice.Source) {
+	if h == nil {
+		return
+	}
+	switch src {
+	case sluice.SourceFallback, sluice.SourceFailOpen, sluice.SourceFailClosed:
+		if h.answering.Load() {
+			return
+		}
+	case sluice.SourceBackend:
+		if !h.tracking.Load() {
+			return
+		}
+	default:
+		return
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	defer func() { h.tracking.Store(len(h.failing) > 0) }()
+	if h.fallback || h.storeErr != nil {
+		return
+	}
+	switch src {
+	case sluice.SourceFallback, sluice.SourceFailOpen, sluice.SourceFailClosed:
+		if h.failing == nil {
+			h.failing = map[string]bool{}
+		}
+		h.failing[policy] = true
+	case sluice.SourceBackend:
+		if h.failing[policy] {
+			delete(h.failing, policy)
+			h.answeredLocked()
+		}
+	}
+}
+
+// forget drops policies a reload removed: no call of theirs can end a
+// partial failure any more.
+func (h *Health) forget(policies []string) {
+	if h == nil {
+		return
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	n := len(h.failing)
+	for _, p := range policies {
+		delete(h.failing, p)
+	}
+	h.tracking.Store(len(h.failing) > 0)
+	if len(h.failing) < n {
+		h.answeredLocked()
+	}
+}
+
+// answeredLocked ends a partial failure with a permanent cause once no
+// policy that failed is left unanswered.
+func (h *Health) answeredLocked() {
+	if !h.partial || len(h.failing) > 0 || !permanent(h.runErr) {
+		return
+	}
+	h.log.Info("store calls answered again", "store", h.store, "cause", cause(h.runErr), "answered_by_policy", h.partialN)
+	h.endPartialLocked()
+	h.publishLocked()
+}
+
+// permanent: a cause that does not pass until someone acts.
+func permanent(err error) bool { return err != nil && causeLevel(err) >= slog.LevelError }
+
+// refresh ends an episode of failing calls with a transient cause once
+// partialWindow has passed without one; the watch calls it every check.
 func (h *Health) refresh(now time.Time) {
 	if h == nil {
 		return
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if h.partial && now.Sub(h.partialAt) >= partialWindow {
+	if h.partial && !permanent(h.runErr) && now.Sub(h.partialAt) >= partialWindow {
 		// No call failed for partialWindow; none on the failing keys need
 		// have succeeded (a seldom-used policy refused by an ACL), so the
 		// line says what is known.
@@ -415,6 +498,8 @@ func (h *Health) endPartialLocked() {
 	}
 	h.partial, h.partialN, h.runErr = false, 0, nil
 	h.runFrom, h.runLast, h.runN = time.Time{}, time.Time{}, 0
+	clear(h.failing)
+	h.tracking.Store(false)
 }
 
 func (h *Health) degradedLocked() bool {
@@ -451,6 +536,7 @@ func (h *Health) policyAnswer() string {
 }
 
 func (h *Health) publishLocked() {
+	h.answering.Store(h.fallback || h.storeErr != nil)
 	ready := h.readyLocked()
 	if h.m != nil {
 		h.m.degraded.Set(b2f(h.degradedLocked()))

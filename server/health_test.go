@@ -998,7 +998,7 @@ func TestFaultPartialIgnoresIsolatedStalls(t *testing.T) {
 // name the cause and Redis's error.
 func TestFaultPartialFailureNamesCause(t *testing.T) {
 	race.SkipTiming(t)
-	p, logs := otherRefused(t, "partial")
+	p, logs, _ := otherRefused(t, "partial")
 	check := func(policy string) {
 		if resp, err := http.Post("http://"+p.http+"/v1/check", "application/json", strings.NewReader(`{"policy":"`+policy+`","key":"k"}`)); err == nil {
 			io.Copy(io.Discard, resp.Body)
@@ -1036,12 +1036,14 @@ func TestFaultPartialFailureNamesCause(t *testing.T) {
 // TestFaultPartialFailureTransitions: a partial failure (a Redis user
 // refused one policy's keys, the other policy passing) counts its start in
 // sluice_partial_failure_transitions_total{to="on"} with its cause, beside
-// its line, and its end, 10 s after the last refused call, in to="off",
-// beside the "no longer failing" line; before, only sluice_degraded and the
-// errors counter moved, where the breaker and the store count theirs.
+// its line. Its cause is permanent, so it lasts while the refused policy
+// gets no calls, past the 10 s that end a transient one (it ended then,
+// and started again at the next call: sluice_degraded flapped for a policy
+// used less often); it ends when Redis answers that policy again, once
+// the ACL is fixed, counted in to="off" beside its line.
 func TestFaultPartialFailureTransitions(t *testing.T) {
 	race.SkipTiming(t)
-	p, logs := otherRefused(t, "episode")
+	p, logs, admin := otherRefused(t, "episode")
 	on, off := `sluice_partial_failure_transitions_total{cause="permission",to="on"}`, `sluice_partial_failure_transitions_total{cause="",to="off"}`
 	if got := scrapedMetric(t, p, off); got != "0" {
 		t.Errorf("%s %q at start, want 0", off, got)
@@ -1066,17 +1068,32 @@ func TestFaultPartialFailureTransitions(t *testing.T) {
 	if got := scrapedMetric(t, p, off); got != "0" {
 		t.Errorf("%s %q while it lasts, want 0", off, got)
 	}
-	// No more calls of policy other: the episode ends 10 s after the last.
-	for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+	// No more calls of policy other, policy api passing: still refused,
+	// so still degraded past partialWindow.
+	for until := time.Now().Add(partialWindow + 1500*time.Millisecond); time.Now().Before(until); time.Sleep(200 * time.Millisecond) {
 		p.post(t, "/v1/check", `{"policy":"api","key":"k"}`)
-		if _, st := p.getJSON(t, "/v1/status"); st["degraded"] == false {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("still degraded 15s after the last refused call")
+		if _, st := p.getJSON(t, "/v1/status"); st["degraded"] != true {
+			t.Fatalf("status %v with policy other still refused, only unused; want degraded", st)
 		}
 	}
-	logged(t, logs, "store calls no longer failing")
+	if got := scrapedMetric(t, p, off); got != "0" {
+		t.Errorf("%s %q with policy other still refused, want 0", off, got)
+	}
+	// The ACL fixed, the next call of policy other is answered by Redis:
+	// that ends it.
+	if err := admin.Do(context.Background(), "acl", "setuser", "episode", "allkeys").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if code, body := p.post(t, "/v1/check", `{"policy":"other","key":"k"}`); code != 200 {
+		t.Fatalf("check of policy other once allowed: %d %v", code, body)
+	}
+	if _, st := p.getJSON(t, "/v1/status"); st["degraded"] != false {
+		t.Errorf("status %v once Redis answered policy other, want not degraded", st)
+	}
+	logged(t, logs, "store calls answered again", "cause=permission")
+	if n := countLines(logs, "store calls failing while the breaker is closed"); n != 1 {
+		t.Errorf("%d partial failure lines, want 1:\n%s", n, logs.String())
+	}
 	if got := scrapedMetric(t, p, off); got != "1" {
 		t.Errorf("%s %q once the partial failure ended, want 1", off, got)
 	}
@@ -1129,7 +1146,7 @@ func TestHealthPartialPermanentAtOnce(t *testing.T) {
 // ERROR line naming the cause; before, nothing but the error counter.
 func TestFaultPartialPermanentLowTraffic(t *testing.T) {
 	race.SkipTiming(t)
-	p, logs := otherRefused(t, "seldom")
+	p, logs, _ := otherRefused(t, "seldom")
 	// Policy api busy and passing keeps the breaker closed.
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
@@ -1331,8 +1348,8 @@ func sluiceUser(t *testing.T, admin *redis.Client, name string) {
 
 // otherRefused runs a service, policies api and other, as Redis user
 // user, whom an ACL then refuses every key of policy other's; it returns
-// the service and its log.
-func otherRefused(t *testing.T, user string) (*proc, *syncBuffer) {
+// the service, its log and an admin client of Redis.
+func otherRefused(t *testing.T, user string) (*proc, *syncBuffer, *redis.Client) {
 	t.Helper()
 	r := redistest.StartServer(t)
 	admin := r.Client(t)
@@ -1348,5 +1365,5 @@ func otherRefused(t *testing.T, user string) (*proc, *syncBuffer) {
 	if err := admin.Do(context.Background(), "acl", "setuser", user, "resetkeys", "~sluice:check", "~sluice:{fleet}*", "~{sluice:fleet}*", "~sluice:{v3:api@*", "~sluice:{v2:sluice-breaker-probe*").Err(); err != nil {
 		t.Fatal(err)
 	}
-	return &proc{http: srv.HTTPAddr()}, logs
+	return &proc{http: srv.HTTPAddr()}, logs, admin
 }

@@ -54,6 +54,9 @@ type Metrics struct {
 	// stalled: the store watch finds Redis answering but holding writes,
 	// so a call's timeout is that, not Redis out of reach.
 	stalled atomic.Bool
+	// health learns which policies Redis answers (Health.decided); nil
+	// without a store to watch.
+	health *Health
 }
 
 var _ sluice.SlotObserver = (*Metrics)(nil)
@@ -161,6 +164,7 @@ func (m *Metrics) forget(policies []string) {
 	for _, p := range policies {
 		m.obs.ForgetPolicy(p)
 	}
+	m.health.forget(policies)
 }
 
 // watchSlots makes h the held slots swept at each collection.
@@ -183,7 +187,12 @@ func (m *Metrics) reload(ok bool) {
 }
 
 // ObserveDecision implements sluice.Observer.
-func (m *Metrics) ObserveDecision(e sluice.DecisionEvent) { m.obs.ObserveDecision(e) }
+func (m *Metrics) ObserveDecision(e sluice.DecisionEvent) {
+	m.obs.ObserveDecision(e)
+	if m.health != nil && e.Outcome != sluice.OutcomeError {
+		m.health.decided(e.Policy, e.Decision.Source)
+	}
+}
 
 // ObserveStore implements sluice.Observer for the failure-policy store.
 // Single calls answered by the failure policy (a timeout while the breaker

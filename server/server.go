@@ -223,6 +223,7 @@ func New(opts Options) (*Server, error) {
 	})
 	s.health.setFallback = s.metrics.SetFallback
 	s.health.setStalled = s.metrics.stalled.Store
+	s.metrics.health = s.health
 	store, err := s.openStore()
 	if err != nil {
 		s.close()
