@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"slices"
 	"strings"
 	"sync"
@@ -19,6 +20,7 @@ import (
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/tick"
 	"github.com/sluicehq/sluice/redisstore"
+	"github.com/sluicehq/sluice/resilient"
 )
 
 // DefaultStoreCheckInterval is how often the service asks its store
@@ -98,6 +100,9 @@ type Health struct {
 	setFallback func(bool)
 	// setStalled tells the metrics whether the store is down as stalled.
 	setStalled func(bool)
+	// connected reports whether the client holds an established
+	// connection to the store; nil: unknown.
+	connected func() bool
 }
 
 // healthOptions configures newHealth.
@@ -277,6 +282,9 @@ func (h *Health) fallbackActive(on bool, why error) {
 	if h == nil {
 		return
 	}
+	if why != nil {
+		why = h.callErr(why)
+	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if why != nil || !on {
@@ -333,7 +341,7 @@ func (h *Health) failedCall(now time.Time, err error) {
 	if h == nil {
 		return
 	}
-	err = redisstore.Classify(err)
+	err = h.callErr(err)
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.fallback || h.storeErr != nil {
@@ -468,6 +476,24 @@ func (h *Health) answeredLocked() {
 
 // permanent: a cause that does not pass until someone acts.
 func permanent(err error) bool { return err != nil && causeLevel(err) >= slog.LevelError }
+
+// callErr classifies a failed store call. A timeout is the store out of
+// reach only if no connection to it is established: a timeout on one is a
+// store that holds its answer (writes paused, a long script, a frozen
+// process), which the watch may not have classified yet.
+func (h *Health) callErr(err error) error {
+	if h != nil && callTimeout(err) && h.connected != nil && !h.storeDown() && h.connected() {
+		return redisstore.Stalled(fmt.Errorf("%w (%w)", err, context.DeadlineExceeded))
+	}
+	return redisstore.Classify(err)
+}
+
+// callTimeout reports whether a store call failed for want of an answer in
+// time: the failure policy's timeout, or a deadline in the client.
+func callTimeout(err error) bool {
+	var ne net.Error
+	return errors.Is(err, resilient.ErrTimeout) || errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout())
+}
 
 // refresh ends an episode of failing calls with a transient cause once
 // partialWindow has passed without one; the watch calls it every check.
@@ -633,7 +659,7 @@ func (h *Health) Status() Status {
 	if h.fallback && h.storeErr == nil {
 		why := ""
 		if h.openedBy != nil {
-			why = " (calls failed: " + cause(redisstore.Classify(h.openedBy)) + ": " + h.openedBy.Error() + ")"
+			why = " (calls failed: " + cause(h.openedBy) + ": " + h.openedBy.Error() + ")"
 		}
 		until := " until a probe succeeds"
 		if h.uncounted {
@@ -858,4 +884,41 @@ func (o healthObserver) ObserveStore(e sluice.StoreEvent) {
 func (o healthObserver) ObserveBreaker(e sluice.BreakerEvent) {
 	o.Metrics.obs.ObserveBreaker(e)
 	o.h.fallbackActive(e.To != sluice.BreakerClosed, e.Err)
+}
+
+// dialWatch is a go-redis hook that remembers whether the last dial to
+// Redis succeeded: go-redis closes a connection whose call timed out and
+// dials another, so the pool's size says nothing, but a dial that
+// succeeds says the server is there.
+type dialWatch struct{ ok atomic.Bool }
+
+func (d *dialWatch) DialHook(next redis.DialHook) redis.DialHook {
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := next(ctx, network, addr)
+		d.ok.Store(err == nil)
+		return c, err
+	}
+}
+
+func (*dialWatch) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+
+func (*dialWatch) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// watchDials hooks c's dials (every node's, on a Cluster) and returns
+// Health.connected: true while the last dial succeeded.
+func watchDials(c redis.UniversalClient) func() bool {
+	d := &dialWatch{}
+	d.ok.Store(true) // the start's check connected, or says otherwise
+	switch c := c.(type) {
+	case *redis.ClusterClient:
+		c.OnNewNode(func(n *redis.Client) { n.AddHook(d) })
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		c.ForEachShard(ctx, func(_ context.Context, n *redis.Client) error { n.AddHook(d); return nil })
+	case *redis.Client:
+		c.AddHook(d)
+	}
+	return d.ok.Load
 }

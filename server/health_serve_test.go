@@ -11,6 +11,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/sluicehq/sluice/internal/race"
 	"github.com/sluicehq/sluice/internal/redistest"
 )
 
@@ -73,5 +74,39 @@ func TestServeRedisRestartedWithPassword(t *testing.T) {
 	}
 	if got := metric(t, p, `sluice_store_transitions_total{cause="auth",to="down"}`); got != 1 {
 		t.Errorf("store transitions to down (auth) %v, want 1", got)
+	}
+}
+
+// TestFaultStallNamedFromFirstFailure: Redis's writes paused (CLIENT
+// PAUSE WRITE) under load through sluice serve: every decision that timed
+// out is counted with cause stalled, from the first, on connections that
+// stay established; none is called unreachable while the watch (every
+// second) has yet to classify the stall.
+func TestFaultStallNamedFromFirstFailure(t *testing.T) {
+	race.SkipTiming(t)
+	for _, policy := range []string{"local", "error"} {
+		t.Run(policy, func(t *testing.T) {
+			r := startRedis(t)
+			f := startFleet(t, r.url(), 1, "policies:\n  - name: api\n    limit: fixed_window 1000000000/1h\n", "--failure-policy", policy)
+			p := f.procs[0]
+			l := f.drive(4, "k", "api")
+			time.Sleep(300 * time.Millisecond)
+			admin := r.client()
+			defer admin.Close()
+			if err := admin.Do(context.Background(), "CLIENT", "PAUSE", 1500, "WRITE").Err(); err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(2 * time.Second)
+			l.finish()
+			if got := metric(t, p, `sluice_store_errors_total{cause="stalled",op="take",store="redis"}`); got <= 0 {
+				t.Errorf("takes failed as stalled: %v, want some", got)
+			}
+			if got := metric(t, p, `sluice_store_errors_total{cause="unreachable",op="take",store="redis"}`); got > 0 {
+				t.Errorf("takes failed as unreachable: %v, want none (Redis answered all along):\n%s", got, p.stderr.String())
+			}
+			if strings.Contains(p.stderr.String(), "unreachable") {
+				t.Errorf("a stalled Redis called unreachable:\n%s", p.stderr.String())
+			}
+		})
 	}
 }

@@ -97,7 +97,7 @@ func NewMetrics() *Metrics {
 			}
 			return cause(redisstore.Stalled(err))
 		}
-		return cause(redisstore.Classify(err))
+		return cause(m.health.callErr(err))
 	}})
 	m.reg.MustRegister(m.obs, m.fallback, m.reloads, m.configTime, m.requests, m.duration, m.unknown, m.unmatched, m.timeout, m.connRefused,
 		ReadBuildInfo().collector(),

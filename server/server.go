@@ -266,6 +266,7 @@ func (s *Server) openStore() (sluice.Store, error) {
 		}
 		s.checkWait(client, storeOpts)
 		s.redis = client
+		s.health.connected = watchDials(client)
 		s.metrics.storeName = "redis"
 		s.metrics.reg.MustRegister(newRedisInfo(client, 0))
 		s.metrics.timeout.Set(cmp.Or(s.opts.DecisionTimeout, resilient.DefaultTimeout).Seconds())
