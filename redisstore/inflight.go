@@ -23,6 +23,10 @@ var (
 	acquireScript = newTakeScript(mustRead("now.lua") + mustRead("inflight_acquire.lua"))
 	extendScript  = newTakeScript(mustRead("now.lua") + mustRead("inflight_extend.lua"))
 	releaseScript = newScript(mustRead("now.lua") + mustRead("inflight_release.lua"))
+	// releaseOnceScript calls the release as a function of its own KEYS
+	// and ARGV, so that the release is written once.
+	releaseOnceScript = newScript(mustRead("now.lua") + "local function release(KEYS, ARGV)\n" +
+		mustRead("inflight_release.lua") + "\nend\n" + mustRead("inflight_release_once.lua"))
 )
 
 // slotKey returns the Redis key of key's in-flight holders, apart from
@@ -127,6 +131,44 @@ func (s *Store) Release(ctx context.Context, key string, holder string) (bool, e
 	defer c.recycle()
 	c.argv[5] = holder
 	return s.held(ctx, "release", c, 6)
+}
+
+// ReleaseOnce is Release that also remembers, for remember, a release
+// that freed holder's slot, in the same script run
+// (inflight_release_once.lua): sent again within remember, after an error
+// that left its outcome unknown, it reports the slot free (released,
+// before) rather than not held. released is false when holder held no
+// slot and no release of it is remembered. A release remembered is
+// remembered again for remember from now. It never takes the one-ZREM
+// path of a young holder: the record must be written with the release.
+func (s *Store) ReleaseOnce(ctx context.Context, key, holder string, remember time.Duration) (released, before bool, err error) {
+	if err := sluice.ValidateSlot(key, sluice.Concurrent(1, remember), 1, holder); err != nil {
+		return false, false, err
+	}
+	if s == nil {
+		return false, false, fmt.Errorf("redisstore: in-flight release: %w", ErrNoClient) // as a zero Store's
+	}
+	s.young.forget(key, holder)
+	c, err := s.slotCall(releaseOnceScript, key)
+	if err != nil {
+		return false, false, fmt.Errorf("redisstore: in-flight release: %w", err)
+	}
+	defer c.recycle()
+	// Two keys: the released holders' go between the ZSET and now.
+	c.argv[2], c.argv[4], c.argv[5] = "2", s.releasedKey(key), c.argv[4]
+	c.argv[6], c.argv[7] = holder, remember.Microseconds()
+	v, err := s.runSlot(ctx, c, 8, 1)
+	if err != nil || v[0] < 0 || v[0] > 2 {
+		return false, false, slotErr("release", v, err)
+	}
+	return v[0] != 0, v[0] == 2, nil
+}
+
+// releasedKey returns the Redis key of the releases of key's holders that
+// ReleaseOnce remembers: in the hash slot of key's holders, so that one
+// script writes both.
+func (s *Store) releasedKey(key string) string {
+	return s.prefix + "{" + key + "}:if2r"
 }
 
 // releaseYoung releases a holder of weight 1 that young knew to hold: its

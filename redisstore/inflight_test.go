@@ -2,6 +2,7 @@ package redisstore_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"strings"
@@ -475,5 +476,87 @@ func TestInFlightYoungConcurrent(t *testing.T) {
 	}
 	if d, err := ss[0].Acquire(ctx, "k", l, 8, "all"); err != nil || !d.Allowed || d.InUse != 8 {
 		t.Errorf("every holder released: Acquire(8 of 8) = %+v, %v; members %v", d, err, client.ZRangeWithScores(ctx, ss[0].SlotKeys("k")[0], 0, -1).Val())
+	}
+}
+
+// ReleaseOnce frees a slot and remembers its release for the time asked,
+// in the same script: sent again within it, it reports the slot released
+// before (and remembers it again); after it, or for a holder never held,
+// not held. Both keys live in one hash slot, so it runs on a cluster too.
+func TestInFlightReleaseOnce(t *testing.T) {
+	t.Parallel()
+	redistest.Each(t, func(t *testing.T, client redis.UniversalClient) {
+		ctx := context.Background()
+		clock := storetest.NewClock(storetest.T0)
+		s := redisstore.New(client, &redisstore.Options{Prefix: redistest.Prefix(t), Clock: clock.Now})
+		l := sluice.Concurrent(3, 10*time.Second)
+		release := func(h string, remember time.Duration, released, before bool) {
+			t.Helper()
+			r, b, err := s.ReleaseOnce(ctx, "k", h, remember)
+			if err != nil || r != released || b != before {
+				t.Fatalf("ReleaseOnce(%s) = %v, %v, %v; want %v, %v", h, r, b, err, released, before)
+			}
+		}
+		for _, h := range []string{"a", "b"} {
+			if d, err := s.Acquire(ctx, "k", l, 1, h); err != nil || !d.Allowed {
+				t.Fatalf("Acquire(%s) = %+v, %v", h, d, err)
+			}
+		}
+		if d, err := s.Acquire(ctx, "k", l, 2, "w"); err == nil && d.Allowed {
+			t.Fatalf("Acquire(w, 2) over max = %+v", d)
+		}
+		release("a", 5*time.Second, true, false) // young: still by the script
+		release("a", 5*time.Second, true, true)
+		if d, err := s.Acquire(ctx, "k", l, 2, "w"); err != nil || !d.Allowed || d.InUse != 3 {
+			t.Fatalf("a released, Acquire(w, 2) = %+v, %v; want allowed, 3 in use", d, err)
+		}
+		release("w", 5*time.Second, true, false) // a heavier holder
+		clock.Advance(4 * time.Second)
+		release("a", 5*time.Second, true, true) // remembered again from now
+		clock.Advance(4 * time.Second)
+		release("a", 5*time.Second, true, true)
+		clock.Advance(5 * time.Second)
+		release("a", 5*time.Second, false, false) // forgotten
+		release("never", 5*time.Second, false, false)
+		if ok, err := s.Release(ctx, "k", "b"); err != nil || ok {
+			t.Fatalf("Release(b) past its hold = %v, %v; want false", ok, err)
+		}
+		release("b", 5*time.Second, false, false) // expired, not released
+		if _, _, err := s.ReleaseOnce(ctx, "k", "b", 0); !errors.Is(err, sluice.ErrInvalidLimit) {
+			t.Errorf("ReleaseOnce remembering 0 = %v, want ErrInvalidLimit", err)
+		}
+	})
+}
+
+// A release whose reply is lost after Redis ran it (here: its caller gave
+// up during a CLIENT PAUSE, and it ran when the pause ended) is answered
+// "released before" when sent again: Release alone would say not held.
+func TestInFlightReleaseOnceLostReply(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	srv := redistest.StartServer(t)
+	client, admin := srv.Client(t), srv.Client(t)
+	s := redisstore.New(client, nil)
+	l := sluice.Concurrent(1, 10*time.Second)
+	if d, err := s.Acquire(ctx, "k", l, 1, "x"); err != nil || !d.Allowed {
+		t.Fatal(d, err)
+	}
+	if _, _, err := s.ReleaseOnce(ctx, "k", "other", time.Second); err != nil { // loads the script
+		t.Fatal(err)
+	}
+	if err := admin.Do(ctx, "client", "pause", "300", "write").Err(); err != nil {
+		t.Fatal(err)
+	}
+	rctx, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	if _, _, err := s.ReleaseOnce(rctx, "k", "x", 10*time.Second); err == nil {
+		t.Fatal("ReleaseOnce returned before Redis answered")
+	}
+	cancel()
+	time.Sleep(400 * time.Millisecond) // the release runs once the pause ends
+	if ok, err := s.Release(ctx, "k", "x"); err != nil || ok {
+		t.Fatalf("Release after the lost one = %v, %v; want false: it ran", ok, err)
+	}
+	if released, before, err := s.ReleaseOnce(ctx, "k", "x", 10*time.Second); err != nil || !released || !before {
+		t.Errorf("ReleaseOnce sent again = %v, %v, %v; want released before", released, before, err)
 	}
 }

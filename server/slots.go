@@ -45,13 +45,17 @@ import (
 // store's (heldSlots), so that even a token crafted to pass the check
 // frees and extends nothing.
 //
-// A release that frees a slot leaves a tombstone (its holder, held for the
-// policy's hold in one of the policy's 4,096 tombstone keys, picked by the
-// holder's first three hex digits), so that releasing the token again
-// answers "released before" rather than "unknown": a client retrying a
-// release it saw fail is told it succeeded. A second release racing with
-// the first may still find no tombstone yet and answer not held. The
-// tombstones share keys so that they cost a key each in neither store: in
+// A release that frees a slot leaves a tombstone, so that releasing the
+// token again answers "released before" rather than "unknown": a client
+// retrying a release it saw fail is told it succeeded. On a store that
+// can (onceReleaser: Redis without a failure policy) the store writes it
+// with the release, in one script: a release whose answer was lost left
+// its tombstone too. Elsewhere it is the holder, held for the policy's
+// hold in one of the policy's 4,096 tombstone keys, picked by the
+// holder's first three hex digits, written after the release: a second
+// release racing with the first may find none yet and answer not held,
+// and a release whose answer was lost leaves none. Those tombstones share
+// keys so that they cost a key each in neither store: in
 // the memory store a key each would fill its key bound
 // (memory.Options.MaxKeys) with releases, not with slots in use. There are
 // enough of them that a key's holders stay few (the memory store scans a
@@ -379,36 +383,66 @@ func (s *Service) elsewhere(t slotToken) bool {
 	return t.member != "" && t.member != s.mon.instance && s.mon.fleet != nil
 }
 
+// onceReleaser is a store that remembers a release in the same step as
+// it frees the slot (redisstore.Store.ReleaseOnce): a release sent again
+// after an error that left its outcome unknown is then told it released
+// the slot before, never 404.
+type onceReleaser interface {
+	ReleaseOnce(ctx context.Context, key, holder string, remember time.Duration) (released, before bool, err error)
+}
+
 // release is Release on this instance.
 func (s *Service) release(ctx context.Context, t slotToken, p *config.Policy) error {
-	skey, tomb := s.slotKey(p, t.key), s.tombKey(p, t.holder)
-	mark := sluice.Concurrent(sluice.MaxInFlight, p.InFlight.Limit.Hold)
+	skey := s.slotKey(p, t.key)
 	res := SlotResult{Policy: p}
+	if r, ok := s.slots.(onceReleaser); ok {
+		released, before, err := r.ReleaseOnce(ctx, skey, t.holder, p.InFlight.Limit.Hold)
+		if err != nil {
+			s.observeSlot(res, sluice.SlotRelease, sluice.OutcomeError)
+			return fmt.Errorf("server: store: %w", err)
+		}
+		return s.released(t, p, released, before)
+	}
+	tomb := s.tombKey(p, t.holder)
+	mark := sluice.Concurrent(sluice.MaxInFlight, p.InFlight.Limit.Hold)
 	ok, err := s.slots.Release(ctx, skey, t.holder)
 	if err != nil {
 		s.observeSlot(res, sluice.SlotRelease, sluice.OutcomeError)
 		return fmt.Errorf("server: store: %w", err)
 	}
 	if ok {
-		if res.Weight = s.holds.release(t.holder, false).weight; res.Weight == 0 {
-			s.tellFleet(slotNote{holder: t.holder})
-		}
-		s.observeSlot(res, sluice.SlotRelease, sluice.OutcomeAllowed)
 		if _, err := s.slots.Acquire(ctx, tomb, mark, 1, tombHolder(t.holder, t.key)); err != nil {
 			// Released all the same; only a repeat would be told 404.
 			s.log.Warn("released slot's tombstone not written: a repeated release of its token will answer 404", "policy", p.Name, "error", err)
 		}
-		return nil
+		return s.released(t, p, true, false)
 	}
 	before, err := s.slots.Extend(ctx, tomb, mark, tombHolder(t.holder, t.key))
 	if err != nil {
 		s.observeSlot(res, sluice.SlotRelease, sluice.OutcomeError)
 		return fmt.Errorf("server: store: %w", err)
 	}
-	if before {
-		observer{s}.ObserveSlot(sluice.SlotEvent{Policy: p.Name, Op: sluice.SlotRelease, Outcome: sluice.OutcomeAllowed, Again: true})
+	return s.released(t, p, before, before)
+}
+
+// released reports a release the store answered: freed now, freed by an
+// earlier release of the token (before), or not held (neither).
+func (s *Service) released(t slotToken, p *config.Policy, now, before bool) error {
+	switch {
+	case before:
+		// Still counted here when the release that freed it failed here
+		// (its answer lost).
+		w := s.holds.release(t.holder, false).weight
+		observer{s}.ObserveSlot(sluice.SlotEvent{Policy: p.Name, Op: sluice.SlotRelease, Outcome: sluice.OutcomeAllowed, Again: true, Weight: w})
+		return nil
+	case now:
+		res := SlotResult{Policy: p}
+		if res.Weight = s.holds.release(t.holder, false).weight; res.Weight == 0 {
+			s.tellFleet(slotNote{holder: t.holder})
+		}
+		s.observeSlot(res, sluice.SlotRelease, sluice.OutcomeAllowed)
 		return nil
 	}
-	s.observeSlot(res, sluice.SlotRelease, sluice.OutcomeDenied)
+	s.observeSlot(SlotResult{Policy: p}, sluice.SlotRelease, sluice.OutcomeDenied)
 	return fmt.Errorf("%w: expired at its hold timeout, or never acquired", ErrSlotNotHeld)
 }

@@ -61,6 +61,52 @@ func TestFaultSlotsServeOnRedis(t *testing.T) {
 	}
 }
 
+// TestFaultSlotReleaseLostAnswer: under the error failure policy, a
+// release whose Redis answer times out (Redis stalled: it runs the
+// release when it resumes, after the 503) is 503, and the same release
+// sent again is 204, as a repeated release is: the slot is free, and the
+// store remembered its release with it. The slot's full max can be
+// acquired again.
+func TestFaultSlotReleaseLostAnswer(t *testing.T) {
+	race.SkipTiming(t)
+	r := redistest.StartServer(t)
+	cfg := filepath.Join(t.TempDir(), "sluice.yaml")
+	if err := os.WriteFile(cfg, []byte(slotsConfig), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	base := "http://" + runServer(t, Options{ConfigFile: cfg, RedisURL: "redis://" + r.Addr + "/0", NoFailurePolicy: true}).HTTPAddr()
+	code, body, _ := post(t, base, "/v1/acquire", `{"policy":"exports","key":"ann","weight":10}`)
+	if code != 200 {
+		t.Fatalf("acquire: %d %v", code, body)
+	}
+	tok := tokenBody(body["token"])
+	if code, _, _ := post(t, base, "/v1/release", tokenBody(body["token"].(string)[:32]+".ZXhwb3J0cw.Ym9i")); code != 404 {
+		t.Fatalf("release of a slot never held (loads the scripts): %d, want 404", code)
+	}
+	r.Pause(t)
+	code, body, _ = post(t, base, "/v1/release", tok)
+	r.Resume(t)
+	if code != 503 {
+		t.Fatalf("release with Redis stalled: %d %v, want 503", code, body)
+	}
+	// Redis runs the release it had received as it resumes; the answer
+	// was lost.
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		code, body, _ = post(t, base, "/v1/release", tok)
+		if code != 503 || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if code != 204 {
+		t.Errorf("release sent again after the 503: %d %v, want 204 (released before)", code, body)
+	}
+	if code, body, _ := post(t, base, "/v1/acquire", `{"policy":"exports","key":"ann","weight":10}`); code != 200 {
+		t.Errorf("acquire of the whole max after the release: %d %v", code, body)
+	}
+}
+
 // TestRLSInFlightPolicy: Envoy's API has no release, so a descriptor
 // naming an in-flight policy matches nothing: OK, counted as unmatched,
 // and no slot is taken.

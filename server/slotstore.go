@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"time"
 
 	"github.com/sluicehq/sluice"
 )
@@ -24,6 +25,12 @@ func (s budgetStore) Extend(ctx context.Context, key string, l sluice.InFlightLi
 
 func (s budgetStore) Release(ctx context.Context, key string, holder string) (bool, error) {
 	return boundedBool(s, ctx, func(ctx context.Context) (bool, error) { return s.Store.Release(ctx, key, holder) })
+}
+
+func (s budgetStore) ReleaseOnce(ctx context.Context, key, holder string, remember time.Duration) (bool, bool, error) {
+	ctx, cancel := s.bound(ctx)
+	defer cancel()
+	return s.Store.ReleaseOnce(ctx, key, holder, remember)
 }
 
 func boundedBool(s budgetStore, ctx context.Context, f func(context.Context) (bool, error)) (bool, error) {
