@@ -749,10 +749,11 @@ func TestBrowser(t *testing.T) {
 		}
 		getJSON(t, base+"/v1/stats", "", &st)
 		o := st.Overview
-		shown := eval[map[string]string](t, ctx, `Object.fromEntries(["scope", "ov-rate", "ov-denied-ratio", "ov-allowed", "ov-denied", "store-health", "config-info"].map(id => [id, document.getElementById(id).textContent]))`)
+		shown := eval[map[string]string](t, ctx, `Object.fromEntries(["scope", "ov-rate", "ov-denied-ratio", "ov-allowed", "ov-denied", "ov-errors", "ov-error-ratio", "store-health", "config-info"].map(id => [id, document.getElementById(id).textContent]))`)
 		want := map[string]string{
 			"scope": "this instance", "ov-allowed": strconv.FormatInt(o.Allowed, 10), "ov-denied": strconv.FormatInt(o.Denied, 10),
 			"ov-rate": fmt.Sprintf("%.2f", o.DecisionsPerSecond), "ov-denied-ratio": fmt.Sprintf("%.1f%%", 100*o.DeniedRatio),
+			"ov-errors": strconv.FormatInt(o.Errors, 10), "ov-error-ratio": fmt.Sprintf("%.1f%%", 100*o.ErrorRatio),
 			"store-health": "memory",
 		}
 		for k, v := range want {
@@ -776,6 +777,9 @@ func TestBrowser(t *testing.T) {
 			}
 			if got, want := rows[i][6], strconv.FormatInt(p.Local, 10); !p.InFlight && got != want {
 				t.Errorf("row %d: local %q, /v1/stats %q", i, got, want)
+			}
+			if got, want := rows[i][7], strconv.FormatInt(p.Errors, 10); got != want {
+				t.Errorf("row %d: errors %q, /v1/stats %q", i, got, want)
 			}
 		}
 	})

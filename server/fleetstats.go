@@ -84,6 +84,9 @@ type fleetPolicy struct {
 	// Local is the overview window's decisions a lease answered, oldest
 	// first (absent from an instance that predates it).
 	Local []int64 `json:"local,omitempty"`
+	// Errors is the overview window's checks the store failed, oldest
+	// first (absent from an instance that predates it).
+	Errors []int64 `json:"errors,omitempty"`
 	// Latency counts decisions per LatencyBoundsMS bucket.
 	Latency []int64 `json:"latency"`
 	// InFlight and Held: as PolicyFigures'.
@@ -188,7 +191,7 @@ func (f *Fleet) report() instanceReport {
 		Top: f.mon.top.Lists(2 * TopN), // more than shown, so the fleet's merge ranks well
 	}
 	for i, s := range snap {
-		p := fleetPolicy{Policy: s.Policy, Allowed: s.Allowed[len(s.Allowed)-n:], Denied: s.Denied[len(s.Denied)-n:], Local: s.Local[len(s.Local)-n:]}
+		p := fleetPolicy{Policy: s.Policy, Allowed: s.Allowed[len(s.Allowed)-n:], Denied: s.Denied[len(s.Denied)-n:], Local: s.Local[len(s.Local)-n:], Errors: s.Errors[len(s.Errors)-n:]}
 		if i < len(o.Policies) && o.Policies[i].Policy == s.Policy {
 			p.Latency = o.Policies[i].latency
 			p.InFlight, p.Held = o.Policies[i].InFlight, o.Policies[i].Held
@@ -306,6 +309,9 @@ func (f *Fleet) overview(own Overview) Overview {
 					f.Denied += p.Denied[j]
 					if j < len(p.Local) {
 						f.Local += p.Local[j]
+					}
+					if j < len(p.Errors) {
+						f.Errors += p.Errors[j]
 					}
 				}
 			}

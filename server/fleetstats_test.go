@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/race"
 	"github.com/sluicehq/sluice/internal/redistest"
 )
@@ -57,6 +58,12 @@ func TestFiguresAcrossInstances(t *testing.T) {
 				check(t, b, "login", "x") // 2 allowed, 2 denied
 			}
 			check(t, b, "partner", "y")
+			// Checks the store failed, as the engine reports them.
+			for svc, n := range map[*Service]int{a: 1, b: 2} {
+				for range n {
+					observer{svc}.ObserveDecision(sluice.DecisionEvent{Policy: "login", Outcome: sluice.OutcomeError})
+				}
+			}
 			publish(t, fa)
 			publish(t, fb)
 			publish(t, fa)
@@ -67,6 +74,9 @@ func TestFiguresAcrossInstances(t *testing.T) {
 			}
 			if got := fmt.Sprint(o.Allowed, o.Denied, o.Policies[0].Allowed, o.Policies[0].Denied, o.Policies[1].Allowed); got != "5 3 4 3 1" {
 				t.Errorf("allowed, denied, login's, partner's allowed = %s, want 5 3 4 3 1", got)
+			}
+			if o.Errors != 3 || o.Policies[0].Errors != 3 || o.ErrorRatio != 3.0/11 {
+				t.Errorf("errors %d (login's %d), ratio %v; want 3 of 11 checks", o.Errors, o.Policies[0].Errors, o.ErrorRatio)
 			}
 			top, scope, n := a.mon.topLists(TopN)
 			if scope != "fleet" || n != 2 || len(top.Denials) != 1 || top.Denials[0].Count != 3 {

@@ -103,6 +103,10 @@ type PolicyFigures struct {
 	// Local counts the decisions of Allowed and Denied that a lease
 	// answered in memory, without the store.
 	Local int64 `json:"local"`
+	// Errors counts the checks (or acquires) the store failed, apart from
+	// Allowed and Denied: outcome="error" in the metrics, a shadow
+	// policy's included though its requests were let through.
+	Errors int64 `json:"errors"`
 	// LatencyP50MS and LatencyP99MS are the decision latency percentiles
 	// over the last one to two minutes, as the upper bound of their
 	// bucket in LatencyBoundsMS; -1 when there were no decisions.
@@ -131,11 +135,16 @@ type Overview struct {
 	Denied    int64 `json:"denied"`
 	// Local counts the decisions that leases answered in memory.
 	Local int64 `json:"local"`
+	// Errors counts the checks the store failed (PolicyFigures.Errors).
+	Errors int64 `json:"errors"`
 	// DecisionsPerSecond is (Allowed+Denied) / the window.
 	DecisionsPerSecond float64 `json:"decisions_per_second"`
 	// DeniedRatio is Denied / (Allowed+Denied), 0 without decisions.
-	DeniedRatio float64         `json:"denied_ratio"`
-	Policies    []PolicyFigures `json:"policies"`
+	DeniedRatio float64 `json:"denied_ratio"`
+	// ErrorRatio is Errors / (Allowed+Denied+Errors): the share of checks
+	// the store failed, 0 without checks.
+	ErrorRatio float64         `json:"error_ratio"`
+	Policies   []PolicyFigures `json:"policies"`
 }
 
 // monitor keeps one instance's operator figures.
@@ -260,6 +269,7 @@ func (m *monitor) local(series []Series) Overview {
 			f.Allowed += s.Allowed[i]
 			f.Denied += s.Denied[i]
 			f.Local += s.Local[i]
+			f.Errors += s.Errors[i]
 		}
 		if h := hists[s.Policy]; h != nil {
 			f.latency = h.counts(gen)
@@ -274,17 +284,21 @@ func (m *monitor) local(series []Series) Overview {
 
 // finish derives the totals, rates and percentiles from the policies' counts.
 func (o *Overview) finish() {
-	o.Allowed, o.Denied, o.Local = 0, 0, 0
+	o.Allowed, o.Denied, o.Local, o.Errors = 0, 0, 0, 0
 	for i := range o.Policies {
 		f := &o.Policies[i]
 		o.Allowed += f.Allowed
 		o.Denied += f.Denied
 		o.Local += f.Local
+		o.Errors += f.Errors
 		f.LatencyP50MS, f.LatencyP99MS = percentileMS(f.latency, 0.5), percentileMS(f.latency, 0.99)
 	}
 	if total := o.Allowed + o.Denied; total > 0 {
 		o.DecisionsPerSecond = float64(total) / (float64(o.WindowMS) / 1000)
 		o.DeniedRatio = float64(o.Denied) / float64(total)
+	}
+	if checks := o.Allowed + o.Denied + o.Errors; checks > 0 {
+		o.ErrorRatio = float64(o.Errors) / float64(checks)
 	}
 }
 

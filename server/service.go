@@ -93,6 +93,13 @@ type Service struct {
 
 	unknownMu sync.Mutex
 	unknown   map[string]bool // unknown domains logged, at most maxUnknownDomains
+
+	// The shadow policies whose last store call failed (logged once until
+	// one succeeds); shadowN counts them, so that a success costs no lock
+	// while none is failing.
+	shadowMu      sync.Mutex
+	shadowFailing map[string]bool
+	shadowN       atomic.Int32
 }
 
 // maxUnknownDomains bounds the unknown domains remembered (each is logged
@@ -204,6 +211,7 @@ func (s *Service) SetConfig(cfg *config.Config) {
 		}
 		s.holds.forget(gone)
 		s.metrics.forget(gone)
+		s.forgetShadows(gone)
 		s.mon.top.forget(gone)
 	}
 	snap := &snapshot{cfg: cfg, bases: make(map[*config.Policy]string, len(cfg.Policies)), stems: map[*enforce.Rule]string{}, version: s.version.Add(1)}
@@ -324,7 +332,52 @@ func (s *Service) enforce(ctx context.Context, checks []enforce.Check, keys []st
 		return v, fmt.Errorf("server: store: %w", err)
 	}
 	s.mon.record(checks, keys, time.Since(start))
+	s.noteShadows(checks)
 	return v, nil
+}
+
+// forgetShadows drops the removed policies' failing marks.
+func (s *Service) forgetShadows(policies []string) {
+	s.shadowMu.Lock()
+	defer s.shadowMu.Unlock()
+	for _, p := range policies {
+		if s.shadowFailing[p] {
+			delete(s.shadowFailing, p)
+			s.shadowN.Add(-1)
+		}
+	}
+}
+
+// noteShadows logs a shadow policy whose store call failed: the request
+// was let through (a dry run never blocks), so only its outcome="error"
+// in the metrics and the errors of /v1/stats show it. One line when a
+// policy's calls start failing, with the cause (misconfigured: the store
+// refused what the policy asks, which no retry mends), one when one
+// succeeds again.
+func (s *Service) noteShadows(checks []enforce.Check) {
+	for i := range checks {
+		c := &checks[i]
+		if c.Rule.Strategy != enforce.Shadow || c.Cost == 0 || c.Over || (c.Err == nil && s.shadowN.Load() == 0) {
+			continue
+		}
+		name := c.Rule.Name
+		s.shadowMu.Lock()
+		switch {
+		case c.Err != nil && !s.shadowFailing[name]:
+			if s.shadowFailing == nil {
+				s.shadowFailing = map[string]bool{}
+			}
+			s.shadowFailing[name] = true
+			s.shadowN.Add(1)
+			s.log.Warn("shadow policy's store call failed: requests let through, counted as errors (outcome=\"error\"; errors in /v1/stats) until one succeeds",
+				"policy", name, "misconfigured", enforce.Misconfigured(c.Err), "error", c.Err)
+		case c.Err == nil && s.shadowFailing[name]:
+			delete(s.shadowFailing, name)
+			s.shadowN.Add(-1)
+			s.log.Info("shadow policy's store calls succeeding again", "policy", name)
+		}
+		s.shadowMu.Unlock()
+	}
 }
 
 // Check takes cost units (the policy's cost when cost is 0) for key under
@@ -423,8 +476,10 @@ type observer struct{ s *Service }
 var _ sluice.SlotObserver = observer{}
 
 func (o observer) ObserveDecision(e sluice.DecisionEvent) {
-	if e.Outcome != sluice.OutcomeError {
-		if r := o.s.snap.Load().rings[e.Policy]; r != nil {
+	if r := o.s.snap.Load().rings[e.Policy]; r != nil {
+		if e.Outcome == sluice.OutcomeError {
+			o.s.stats.addError(r)
+		} else {
 			o.s.stats.add(r, e.Outcome != sluice.OutcomeAllowed)
 			if e.Decision.Source == sluice.SourceLease {
 				o.s.stats.addLocal(r)
@@ -437,9 +492,13 @@ func (o observer) ObserveDecision(e sluice.DecisionEvent) {
 }
 
 func (o observer) ObserveSlot(e sluice.SlotEvent) {
-	if e.Op == sluice.SlotAcquire && e.Outcome != sluice.OutcomeError {
+	if e.Op == sluice.SlotAcquire {
 		if r := o.s.snap.Load().rings[e.Policy]; r != nil {
-			o.s.stats.add(r, e.Outcome != sluice.OutcomeAllowed)
+			if e.Outcome == sluice.OutcomeError {
+				o.s.stats.addError(r)
+			} else {
+				o.s.stats.add(r, e.Outcome != sluice.OutcomeAllowed)
+			}
 		}
 	}
 	if m := o.s.metrics; m != nil {

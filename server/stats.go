@@ -9,8 +9,9 @@ import (
 )
 
 // Statistics for the dashboard's chart: allowed and denied decisions per
-// policy, and those of them a lease answered, in 5-second buckets over the
-// last 5 minutes.
+// policy, those of them a lease answered, and the checks the store failed
+// (outcome="error" in the metrics), in 5-second buckets over the last 5
+// minutes.
 const (
 	StatsBucket  = 5 * time.Second
 	StatsBuckets = 60
@@ -29,7 +30,7 @@ type Stats struct {
 // ring is one policy's buckets, reused as time moves on.
 type ring [StatsBuckets]bucket
 
-type bucket struct{ allowed, denied, local counter }
+type bucket struct{ allowed, denied, local, errors counter }
 
 // counter packs the number of its bucket (the low 32 bits of unix time /
 // StatsBucket: 680 years before they repeat) in its high half and its count
@@ -95,6 +96,13 @@ func (s *Stats) add(r *ring, denied bool) {
 	}
 }
 
+// addError counts one check in r that the store failed: no decision, as
+// the metrics' outcome="error".
+func (s *Stats) addError(r *ring) {
+	n := s.now()
+	r[slot(n)].errors.add(n)
+}
+
 // addLocal counts one decision in r as answered from a lease, beside add.
 func (s *Stats) addLocal(r *ring) {
 	n := s.now()
@@ -103,12 +111,15 @@ func (s *Stats) addLocal(r *ring) {
 
 // Series is one policy's counts, oldest bucket first; the last is the
 // current one. Local counts the allowed and denied decisions that a lease
-// answered in memory.
+// answered in memory. Errors counts the checks the store failed, apart
+// from Allowed and Denied: a shadow policy's among them, though its
+// requests were let through.
 type Series struct {
 	Policy  string  `json:"policy"`
 	Allowed []int64 `json:"allowed"`
 	Denied  []int64 `json:"denied"`
 	Local   []int64 `json:"local"`
+	Errors  []int64 `json:"errors"`
 }
 
 // Snapshot returns every policy's series, in configuration order.
@@ -119,11 +130,11 @@ func (s *Stats) Snapshot() []Series {
 	out := make([]Series, 0, len(s.order))
 	for _, name := range s.order {
 		r := s.series[name]
-		ser := Series{Policy: name, Allowed: make([]int64, StatsBuckets), Denied: make([]int64, StatsBuckets), Local: make([]int64, StatsBuckets)}
+		ser := Series{Policy: name, Allowed: make([]int64, StatsBuckets), Denied: make([]int64, StatsBuckets), Local: make([]int64, StatsBuckets), Errors: make([]int64, StatsBuckets)}
 		for i := range StatsBuckets {
 			want := n - StatsBuckets + 1 + int64(i)
 			b := &r[slot(want)]
-			ser.Allowed[i], ser.Denied[i], ser.Local[i] = b.allowed.get(want), b.denied.get(want), b.local.get(want)
+			ser.Allowed[i], ser.Denied[i], ser.Local[i], ser.Errors[i] = b.allowed.get(want), b.denied.get(want), b.local.get(want), b.errors.get(want)
 		}
 		out = append(out, ser)
 	}

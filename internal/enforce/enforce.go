@@ -219,6 +219,11 @@ type Check struct {
 	// for every check with a Key (peeking those the request did not
 	// take). An Over check's is a denial with no other field set.
 	Decision sluice.Decision
+	// Err is the store's error for a Shadow check whose take (or peek,
+	// when it could never be admitted) failed, which was observed as
+	// sluice.OutcomeError: the request goes on, since a dry run never
+	// blocks, and the front end can tell its operator why.
+	Err error
 
 	decided bool
 	counter int // the index of the check's counter among the store requests
@@ -335,7 +340,7 @@ func (e *Engine) enforce(ctx context.Context, checks []Check, all bool) (Verdict
 	delaying := false // a Delay rule enforces: time the take, for its deadline
 	for i := range checks {
 		c := &checks[i]
-		c.Decision, c.decided, c.counter = sluice.Decision{}, false, -1
+		c.Decision, c.Err, c.decided, c.counter = sluice.Decision{}, nil, false, -1
 		switch {
 		case c.Rule.Strategy == Shadow, c.Cost == 0 && !c.Over:
 		case c.Over:
@@ -901,7 +906,7 @@ func (e *Engine) shadow(ctx context.Context, c *Check) {
 	switch {
 	case err != nil:
 		e.observe(c.Rule.Name, sluice.OutcomeError, sluice.Decision{})
-		c.Decision, c.decided = sluice.Decision{Allowed: true, Limit: c.Rule.Limit}, true
+		c.Decision, c.Err, c.decided = sluice.Decision{Allowed: true, Limit: c.Rule.Limit}, err, true
 		return
 	case d.Allowed:
 		e.observe(c.Rule.Name, sluice.OutcomeAllowed, d)
@@ -917,6 +922,7 @@ func (e *Engine) shadowOver(ctx context.Context, c *Check) {
 	d, err := e.store.Peek(ctx, c.Key, c.Rule.Limit, c.Rule.Limit.Capacity())
 	if err != nil {
 		e.observe(c.Rule.Name, sluice.OutcomeError, sluice.Decision{})
+		c.Err = err
 		return
 	}
 	d.Allowed = false

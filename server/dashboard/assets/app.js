@@ -518,13 +518,16 @@
     $("ov-denied-ratio").textContent = formatRatio(o.denied_ratio);
     $("ov-allowed").textContent = String(o.allowed);
     $("ov-denied").textContent = String(o.denied);
+    // Checks the store failed: no decision, so in neither figure above.
+    $("ov-error-ratio").textContent = formatRatio(o.error_ratio || 0);
+    $("ov-errors").textContent = String(o.errors || 0);
     $("store-health").textContent = describeStore(data.store);
     const at = data.config_loaded_at ? new Date(data.config_loaded_at) : null;
     $("config-info").textContent = `version ${data.config_version}` +
       (at && !isNaN(at) ? ` \u00b7 loaded ${at.toISOString().replace("T", " ").slice(0, 19)} UTC` : "");
     fillRows($("policy-figures"), (o.policies || []).map((p) =>
       [p.policy, String(p.allowed), String(p.denied), formatLatency(p.latency_p50_ms), formatLatency(p.latency_p99_ms),
-        p.in_flight ? String(p.held || 0) : "\u2013", p.in_flight ? "\u2013" : String(p.local || 0)]));
+        p.in_flight ? String(p.held || 0) : "\u2013", p.in_flight ? "\u2013" : String(p.local || 0), String(p.errors || 0)]));
     for (const p of o.policies || []) {
       const card = cards.get(p.policy);
       if (!p.in_flight || !card || !card.heldNow) continue;
@@ -576,7 +579,7 @@
     return el;
   }
 
-  function drawChart(card, allowed, denied, bucketMs, local) {
+  function drawChart(card, allowed, denied, bucketMs, local, errors) {
     const { top, bars } = chartBars(allowed, denied, CHART_W, CHART_H);
     const nodes = [];
     // A shadow policy's denials were let through: drawn apart from real ones.
@@ -608,6 +611,10 @@
       c.localTotal = String(l);
       summary += `; ${l} answered locally from the lease (${a + d > 0 ? Math.round((100 * l) / (a + d)) : 0}%)`;
     }
+    // Checks the store failed are no bars (no decision) but are said.
+    const e = sum(errors);
+    c.errorsTotal = String(e);
+    if (e > 0) summary += `; ${e} failed in the store (no decision${card.policy.shadow ? ", let through" : ""})`;
     card.chart.setAttribute("aria-label", `Allowed and denied requests for ${card.policy.name}. ${summary}.`);
     card.el.querySelector(".axis-start").textContent = "\u2212" + span;
     card.el.querySelector(".chart-caption").textContent =
@@ -644,7 +651,7 @@
       for (const s of res.data.series) {
         const card = cards.get(s.policy);
         if (!card) continue;
-        drawChart(card, (s.allowed || []).map(Number), (s.denied || []).map(Number), bucketMs, (s.local || []).map(Number));
+        drawChart(card, (s.allowed || []).map(Number), (s.denied || []).map(Number), bucketMs, (s.local || []).map(Number), (s.errors || []).map(Number));
       }
       renderOverview(res.data);
       await refreshTop();
