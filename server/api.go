@@ -99,16 +99,15 @@ func newHandler(s *Service, opts *HandlerOptions) http.Handler {
 	if o.Metrics != nil {
 		mux.Handle("GET /metrics", o.Metrics.Handler())
 	}
-	allow := map[string]string{"/v1/policies": "GET", "/v1/stats": "GET", "/v1/status": "GET", "/v1/top": "GET", "/v1/": "GET", "/v1/openapi.json": "GET", "/v1/check": "POST", "/v1/peek": "POST", "/v1/reset": "POST", "/v1/acquire": "POST", "/v1/extend": "POST", "/v1/release": "POST"}
 	mux.HandleFunc("/v1/", func(w http.ResponseWriter, r *http.Request) {
-		if m, ok := allow[r.URL.Path]; ok {
-			methodNotAllowed(w, r, m)
-			return
-		}
 		problem(w, http.StatusNotFound, "no such endpoint: "+r.URL.Path)
 	})
-	// Outside /v1/ too, a wrong method must not reach the dashboard's 404.
-	others := map[string]string{"/json": "POST", "/healthz": "GET", "/readyz": "GET"}
+	// A wrong method is answered by a pattern of the endpoint's own path
+	// (not /v1/'s, nor the dashboard's 404), which the metrics label it
+	// with.
+	others := map[string]string{"/v1/policies": "GET", "/v1/stats": "GET", "/v1/status": "GET", "/v1/top": "GET", "/v1/{$}": "GET", "/v1/openapi.json": "GET",
+		"/v1/check": "POST", "/v1/peek": "POST", "/v1/reset": "POST", "/v1/acquire": "POST", "/v1/extend": "POST", "/v1/release": "POST",
+		"/json": "POST", "/healthz": "GET", "/readyz": "GET"}
 	if o.Metrics != nil {
 		others["/metrics"] = "GET"
 	}

@@ -68,7 +68,7 @@ func NewMetrics() *Metrics {
 		reg:        prometheus.NewRegistry(),
 		storeName:  "memory",
 		fallback:   newGauge("sluice_fallback_active", "1 while the failure policy answers decisions: the circuit breaker keeps them off Redis (open or half-open), or Redis does not answer the service's checks."),
-		reloads:    newCounterVec("sluice_config_reloads_total", "Configuration reloads by result (success, failure).", "result"),
+		reloads:    newCounterVec("sluice_config_reloads_total", "Configuration reloads by result (success, failure); the load at start is no reload.", "result"),
 		configTime: newGauge("sluice_config_last_reload_success_timestamp_seconds", "When the configuration in force was loaded."),
 		requests:   newCounterVec("sluice_api_requests_total", "Requests served, by API (grpc, http), endpoint (gRPC method or HTTP route) and code (gRPC status or HTTP status).", "api", "endpoint", "code"),
 		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
@@ -174,6 +174,15 @@ func (m *Metrics) watchSlots(h *heldSlots) {
 	}
 }
 
+// loaded notes the configuration loaded at start: no reload, but its
+// time is the last successful load's.
+func (m *Metrics) loaded() {
+	if m != nil {
+		m.configTime.SetToCurrentTime()
+	}
+}
+
+// reload counts a reload (not the load at start) by its result.
 func (m *Metrics) reload(ok bool) {
 	if m == nil {
 		return

@@ -230,7 +230,7 @@ func New(opts Options) (*Server, error) {
 		return nil, err
 	}
 	s.svc = NewService(store, cfg, &ServiceOptions{Metrics: s.metrics, Logger: s.log, FleetSize: s.fleetSize})
-	s.metrics.reload(true)
+	s.metrics.loaded()
 	s.watchFleet(store)
 	return s, nil
 }

@@ -277,3 +277,56 @@ func waitFor(t *testing.T, cond func() bool) {
 		}
 	}
 }
+
+// TestReloadsCountReloads: sluice_config_reloads_total counts reloads,
+// not the load at start, whose time is still the last successful load's.
+func TestReloadsCountReloads(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "sluice.yaml")
+	if err := os.WriteFile(file, []byte("policies:\n  - name: a\n    limit: 5/s\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	srv := runServer(t, Options{ConfigFile: file, WatchInterval: 10 * time.Millisecond})
+	reg := srv.Metrics().Registry()
+	value := func(name string, labels map[string]string) float64 {
+		v, _ := promtest.Value(t, reg, name, labels)
+		return v
+	}
+	if s, f := value("sluice_config_reloads_total", map[string]string{"result": "success"}), value("sluice_config_reloads_total", map[string]string{"result": "failure"}); s != 0 || f != 0 {
+		t.Errorf("after start: %v successful and %v failed reloads, want none", s, f)
+	}
+	if at := value("sluice_config_last_reload_success_timestamp_seconds", nil); at <= 0 {
+		t.Errorf("last successful load at %v, want the start's time", at)
+	}
+	if err := os.WriteFile(file, []byte("policies:\n  - name: a\n    limit: 6/s\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, func() bool { return value("sluice_config_reloads_total", map[string]string{"result": "success"}) == 1 })
+}
+
+// TestMethodNotAllowedRoute: a 405 is counted under its endpoint's route,
+// as /json's always was, not under /v1/'s, which keeps the unknown paths'
+// 404s.
+func TestMethodNotAllowedRoute(t *testing.T) {
+	srv := runServer(t, Options{})
+	base := "http://" + srv.HTTPAddr()
+	for _, c := range []struct{ method, path string }{{"GET", "/v1/check"}, {"POST", "/v1/stats"}, {"POST", "/v1/"}, {"GET", "/json"}, {"GET", "/v1/nope"}} {
+		req, _ := http.NewRequest(c.method, base+c.path, nil)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+	}
+	for _, want := range []struct {
+		endpoint, code string
+		n              float64
+	}{{"/v1/check", "405", 1}, {"/v1/stats", "405", 1}, {"/v1/{$}", "405", 1}, {"/json", "405", 1}, {"/v1/", "404", 1}, {"/v1/", "405", -1}} {
+		v, ok := promtest.Value(t, srv.Metrics().Registry(), "sluice_api_requests_total", map[string]string{"api": "http", "endpoint": want.endpoint, "code": want.code})
+		if !ok {
+			v = -1
+		}
+		if v != want.n {
+			t.Errorf("requests{endpoint=%q,code=%s} = %v, want %v", want.endpoint, want.code, v, want.n)
+		}
+	}
+}
