@@ -217,7 +217,51 @@ func (r rlsServer) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequ
 	if _, err := r.svc.enforce(ctx, checks, checkKeys); err != nil {
 		return nil, status.Error(codes.Unavailable, err.Error())
 	}
-	return r.response(descs, checks), nil
+	resp := r.response(descs, checks)
+	r.observeStateless(descs, keys, resp.OverallCode == rlsv3.RateLimitResponse_OK)
+	return resp, nil
+}
+
+// observeStateless reports the decisions of the descriptors that matched
+// a rule without state, which the engine never sees (a block is an Over
+// check, an unlimited rule none), as the engine reports the others': in
+// the metrics, the statistics and the top keys, under the rule's path
+// (an override's under its policy). A block that hits is denied (a
+// shadow one shadow_denied); an unlimited rule that hits is allowed when
+// the request is, and otherwise took nothing, as a policy the request
+// did not reach. Looks (no hits) are not decisions.
+func (r rlsServer) observeStateless(descs []descriptor, keys []string, admitted bool) {
+	now := r.svc.clock()
+	for i := range descs {
+		st := &descs[i]
+		if st.hits <= 0 || (st.kind != kindBlocked && st.kind != kindUnlimited) {
+			continue
+		}
+		var name string
+		switch {
+		case st.rl != nil:
+			name = st.rl.Path
+		case st.policy != nil: // a block the request carried
+			name = st.policy.Name
+		}
+		e := sluice.DecisionEvent{Policy: name, Outcome: sluice.OutcomeAllowed}
+		switch {
+		case st.kind == kindUnlimited && !admitted:
+			continue
+		case st.kind == kindUnlimited:
+			// Never near a limit: as much left as Envoy is told.
+			e.Decision = sluice.Decision{Allowed: true, Remaining: math.MaxUint32}
+		default:
+			window := st.period - time.Duration(now.UnixNano())%st.period
+			e.Decision = sluice.Decision{Limit: sluice.Limit{Algorithm: sluice.FixedWindow, Period: st.period}, RetryAfter: window, ResetAfter: window}
+			e.Outcome = sluice.OutcomeDenied
+			if st.shadow {
+				e.Outcome = sluice.OutcomeShadowDenied
+			}
+			r.svc.mon.top.record(name, keys[i], e.Decision)
+		}
+		observer{r.svc}.ObserveDecision(e)
+	}
 }
 
 // hitsAddend is the descriptor's hits_addend if set (zero means "check

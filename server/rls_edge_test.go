@@ -18,6 +18,7 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/sluicehq/sluice/memory"
+	"github.com/sluicehq/sluice/server/config"
 )
 
 // A request-carried limit of 0 blocks, like a configured one, and never
@@ -301,5 +302,112 @@ func TestRLSUnknownDomainLogBounded(t *testing.T) {
 	}
 	if got := strings.Count(logs.String(), "unknown domain"); got != 1 || len(logs.String()) > 600 {
 		t.Errorf("after a 1 MiB domain, %d bytes of log:\n%.1000s", len(logs.String()), logs.String())
+	}
+}
+
+// TestRLSStatelessRulesObserved: descriptors that match a block
+// (requests_per_unit: 0, configured or carried in the request) or an
+// unlimited rule, which the engine never sees, are decisions like the
+// others, through a real gRPC client: counted in the metrics and the
+// statistics (and so the overview) under the rule's path, blocks in the
+// top keys' denials; an unlimited rule counts only in admitted requests.
+func TestRLSStatelessRulesObserved(t *testing.T) {
+	clock := newFakeClock()
+	m := NewMetrics()
+	store := memory.New(&memory.Options{Clock: clock.Now, SweepInterval: -1})
+	t.Cleanup(func() { store.Close() })
+	cfg := mustConfig(t, `
+domain: edge
+descriptors:
+  - key: remote_address
+    rate_limit: {unit: second, requests_per_unit: 10}
+  - key: remote_address
+    value: 50.0.0.5
+    rate_limit: {unit: second, requests_per_unit: 0}
+  - key: path
+    value: /health
+    rate_limit: {unlimited: true}
+  - key: dry
+    shadow_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 0}
+`)
+	svc := NewService(store, cfg, &ServiceOptions{Clock: clock.Now, Metrics: m})
+	stateless := cfg.Stateless()
+	if len(stateless) != 3 {
+		t.Fatalf("stateless rules %q, want 3", stateless)
+	}
+	var blocked, dry, health string
+	for _, name := range stateless {
+		switch {
+		case strings.Contains(name, "50.0.0.5"):
+			blocked = name
+		case strings.Contains(name, "dry"):
+			dry = name
+		default:
+			health = name
+		}
+	}
+	c := serveRLS(t, svc)
+	block := desc()
+	block.Limit = &rlcommon.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 0, Unit: typev3.RateLimitUnit_MINUTE}
+	block.Entries = desc("user=u").Entries
+	for _, s := range []struct {
+		descs []*rlcommon.RateLimitDescriptor
+		want  rlsv3.RateLimitResponse_Code
+	}{
+		{[]*rlcommon.RateLimitDescriptor{desc("remote_address=50.0.0.5")}, rlsv3.RateLimitResponse_OVER_LIMIT},
+		{[]*rlcommon.RateLimitDescriptor{desc("remote_address=50.0.0.5")}, rlsv3.RateLimitResponse_OVER_LIMIT},
+		{[]*rlcommon.RateLimitDescriptor{desc("path=/health")}, rlsv3.RateLimitResponse_OK},
+		{[]*rlcommon.RateLimitDescriptor{desc("path=/health")}, rlsv3.RateLimitResponse_OK},
+		{[]*rlcommon.RateLimitDescriptor{desc("path=/health"), desc("remote_address=50.0.0.5")}, rlsv3.RateLimitResponse_OVER_LIMIT},
+		{[]*rlcommon.RateLimitDescriptor{desc("dry=x")}, rlsv3.RateLimitResponse_OK},
+		{[]*rlcommon.RateLimitDescriptor{block}, rlsv3.RateLimitResponse_OVER_LIMIT},
+	} {
+		if got := call(t, c, rlsRequest("edge", s.descs...)); got.OverallCode != s.want {
+			t.Fatalf("%v: %v, want %v", s.descs, got.OverallCode, s.want)
+		}
+	}
+	// A descriptor's hits_addend 0 only looks: no decision.
+	look := desc("remote_address=50.0.0.5")
+	look.HitsAddend = wrapperspb.UInt64(0)
+	call(t, c, rlsRequest("edge", look))
+
+	for _, w := range []struct {
+		policy, outcome string
+		n               float64
+	}{
+		{blocked, "denied", 3}, {health, "allowed", 2}, {dry, "shadow_denied", 1}, {config.OverrideName("edge"), "denied", 1},
+		{"blocked", "denied", -1}, // the engine's stand-in is no policy
+	} {
+		if got := decisionCount(t, m, w.policy, w.outcome); got != w.n {
+			t.Errorf("decisions{policy=%q,outcome=%s} = %v, want %v", w.policy, w.outcome, got, w.n)
+		}
+	}
+	o := svc.mon.overview(svc.Stats().Snapshot())
+	figures := map[string]PolicyFigures{}
+	for _, f := range o.Policies {
+		figures[f.Policy] = f
+	}
+	if f := figures[blocked]; f.Denied != 3 || f.Allowed != 0 {
+		t.Errorf("overview of the block: %+v, want 3 denied", f)
+	}
+	if f := figures[health]; f.Allowed != 2 || f.Denied != 0 {
+		t.Errorf("overview of the unlimited rule: %+v, want 2 allowed", f)
+	}
+	if f := figures[dry]; f.Denied != 1 {
+		t.Errorf("overview of the shadow block: %+v, want 1 (shadow) denied", f)
+	}
+	top := svc.mon.top.Lists(TopN)
+	found := false
+	for _, e := range top.Denials {
+		if e.Policy == blocked && e.Key == "remote_address=50.0.0.5" && e.Count == 3 {
+			found = true
+		}
+		if e.Policy == health {
+			t.Errorf("the unlimited rule among the top denials: %+v", e)
+		}
+	}
+	if !found {
+		t.Errorf("the block's key not among the top denials, 3 times: %+v", top.Denials)
 	}
 }

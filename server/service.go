@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -202,10 +203,15 @@ func (s *Service) SetConfig(cfg *config.Config) {
 	if s.engine == nil {
 		return
 	}
+	counted := countedPolicies(cfg)
 	if old := s.snap.Load(); old != nil {
+		kept := make(map[string]bool, len(counted))
+		for _, p := range counted {
+			kept[p.Name] = true
+		}
 		var gone []string
-		for _, p := range old.cfg.Policies {
-			if cfg.Policy(p.Name) == nil {
+		for _, p := range countedPolicies(old.cfg) {
+			if !kept[p.Name] {
 				gone = append(gone, p.Name)
 			}
 		}
@@ -215,7 +221,7 @@ func (s *Service) SetConfig(cfg *config.Config) {
 		s.mon.top.forget(gone)
 	}
 	snap := &snapshot{cfg: cfg, bases: make(map[*config.Policy]string, len(cfg.Policies)), stems: map[*enforce.Rule]string{}, version: s.version.Add(1)}
-	snap.rings = s.stats.setPolicies(cfg.Policies)
+	snap.rings = s.stats.setPolicies(counted)
 	s.mon.setPolicies(cfg.Policies)
 	for _, p := range cfg.Policies {
 		snap.bases[p] = s.keyer.Base(p.Name)
@@ -231,6 +237,19 @@ func (s *Service) SetConfig(cfg *config.Config) {
 		}
 	}
 	s.snap.Store(snap)
+}
+
+// countedPolicies are cfg's policies and, after them, its Envoy-format
+// rules without one (blocks and unlimited ones, named by their paths):
+// their decisions are counted too (rls.go), though they keep no state.
+func countedPolicies(cfg *config.Config) []*config.Policy {
+	out := slices.Clone(cfg.Policies)
+	for _, name := range cfg.Stateless() {
+		if cfg.Policy(name) == nil {
+			out = append(out, &config.Policy{Name: name})
+		}
+	}
+	return out
 }
 
 // ConfigVersion is a number that changes with every SetConfig, even one

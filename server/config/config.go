@@ -211,6 +211,27 @@ func (c *Config) Blocks() int {
 	return n
 }
 
+// Stateless returns the names of the Envoy-format rules that have no
+// policy, blocks (requests_per_unit: 0) and unlimited ones: their
+// descriptor paths, as a policy's name would be, sorted.
+func (c *Config) Stateless() []string {
+	var out []string
+	for _, d := range c.Domains() {
+		c.domains[d].root.stateless(&out)
+	}
+	sort.Strings(out)
+	return out
+}
+
+func (n *descNode) stateless(out *[]string) {
+	if n.rule != nil && (n.rule.Blocked || n.rule.Unlimited) {
+		*out = append(*out, n.rule.Path)
+	}
+	for _, c := range n.children {
+		c.stateless(out)
+	}
+}
+
 func (n *descNode) blocks() int {
 	b := 0
 	if n.rule != nil && n.rule.Blocked {
