@@ -104,6 +104,35 @@ type Granter interface {
 	Return(ctx context.Context, key string, limit Limit, g Grant, unused int64) (int64, error)
 }
 
+// Regranter is implemented by Granters that can give back a lease's unused
+// units and grant the next lease in one atomic step: package lease refills
+// a lease in one round trip with it, where Return and Grant take two.
+//
+// Contract, beside Granter's: Regrant is Return(ctx, key, limit, g,
+// unused) followed by Grant(ctx, key, limit, n), both at one instant of the
+// store's clock, with nothing in between: each part is exactly what its own
+// call would do then, so whatever holds of the two calls in sequence holds
+// of it. Bad input to either part (as Return and Grant refuse it) changes
+// nothing. It is sent at most once, as they are: after any other error its
+// outcome is unknown, and neither part may be assumed to have run or not.
+type Regranter interface {
+	Granter
+
+	// Regrant gives back unused units of g, a grant of key under limit,
+	// then takes up to n units of key, and reports how many units the
+	// return gave back and the new grant.
+	Regrant(ctx context.Context, key string, limit Limit, g Grant, unused, n int64) (returned int64, next Grant, _ error)
+}
+
+// ValidateRegrant checks a Regrant call as stores do before touching their
+// backend: the return's input, then the grant's.
+func ValidateRegrant(key string, l Limit, g Grant, unused, n int64) error {
+	if err := ValidateReturn(key, l, g, unused); err != nil {
+		return err
+	}
+	return ValidateGrant(key, l, n)
+}
+
 // ValidateGrant checks a Grant call as stores do before touching their
 // backend.
 func ValidateGrant(key string, l Limit, n int64) error {

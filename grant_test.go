@@ -51,6 +51,10 @@ func TestValidateGrant(t *testing.T) {
 		{"return_above_granted", sluice.ValidateReturn("k", l, g, 4), sluice.ErrInvalidReturn},
 		{"return_above_capacity", sluice.ValidateReturn("k", l, g, 11), sluice.ErrInvalidReturn},
 		{"return_log", sluice.ValidateReturn("k", l.WithAlgorithm(sluice.SlidingWindowLog), g, 1), sluice.ErrGrantUnsupported},
+		{"regrant", sluice.ValidateRegrant("k", l, g, 3, 10), nil},
+		{"regrant_bad_return", sluice.ValidateRegrant("k", l, g, 4, 1), sluice.ErrInvalidReturn},
+		{"regrant_bad_grant", sluice.ValidateRegrant("k", l, g, 3, 11), sluice.ErrCostExceedsBurst},
+		{"regrant_zero_grant", sluice.ValidateRegrant("k", l, g, 3, 0), sluice.ErrInvalidCost},
 	} {
 		if !errors.Is(c.err, c.want) || (c.want == nil) != (c.err == nil) {
 			t.Errorf("%s: err = %v, want %v", c.name, c.err, c.want)

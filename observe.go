@@ -110,7 +110,8 @@ func (s Source) String() string { return label(sourceNames[:], int(s)) }
 type StoreEvent struct {
 	// Store names the wrapped store, for metric labels.
 	Store string
-	// Op is "take", "take_all", "peek", "reset", "grant" or "return".
+	// Op is "take", "take_all", "peek", "reset", "grant", "return" or
+	// "regrant".
 	Op string
 	// Source says who answered.
 	Source Source

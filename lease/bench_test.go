@@ -1,12 +1,19 @@
 package lease_test
 
 import (
+	"context"
+	"slices"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/lease"
 	"github.com/sluicehq/sluice/memory"
+	"github.com/sluicehq/sluice/redisstore"
 )
 
 // BenchmarkLocal is a decision answered from a live lease: the local path,
@@ -45,5 +52,76 @@ func BenchmarkLocal(b *testing.B) {
 	}
 	if got := s.Stats(); got.Grants != 1 {
 		b.Fatalf("%d grants: the lease ran out", got.Grants)
+	}
+}
+
+// refillDelay is what BenchmarkRedisRefill adds to every round trip to
+// Redis: a store across a slow link.
+const refillDelay = 30 * time.Millisecond
+
+// delayed is a go-redis hook that holds every command, and every pipeline,
+// refillDelay before sending it, and counts the round trips.
+type delayed struct{ trips atomic.Int64 }
+
+func (h *delayed) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h *delayed) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		h.trips.Add(1)
+		time.Sleep(refillDelay)
+		return next(ctx, cmd)
+	}
+}
+
+func (h *delayed) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		h.trips.Add(1)
+		time.Sleep(refillDelay)
+		return next(ctx, cmds)
+	}
+}
+
+// BenchmarkRedisRefill is a request that its lease cannot cover, under the
+// limit, on a real Redis whose round trips each take refillDelay more: the
+// lease's leftover goes back and a new lease is granted, in one regrant,
+// and (return+grant) as a return and then a grant, over a granter that
+// cannot regrant. It reports the median and the 99th percentile of the
+// request's latency, and round trips per request.
+func BenchmarkRedisRefill(b *testing.B) {
+	client := redistest.Client(b)
+	var hook delayed
+	client.AddHook(&hook)
+	rs := redisstore.New(client, &redisstore.Options{Prefix: redistest.Prefix(b)})
+	l := sluice.Limit{Rate: 1e6, Period: time.Hour}
+	for _, c := range []struct {
+		name string
+		g    sluice.Granter
+	}{{"regrant", rs}, {"return+grant", struct{ sluice.Granter }{rs}}} {
+		b.Run(c.name, func(b *testing.B) {
+			s, err := lease.New(c.g, &lease.Options{MaxStaleness: time.Minute, Size: 3})
+			if err != nil {
+				b.Fatal(err)
+			}
+			// Each request costs 2 of a lease of 3: the 1 left cannot cover
+			// the next, which refills.
+			if d, err := s.Take(ctx, c.name, l, 2); err != nil || !d.Allowed {
+				b.Fatal(d, err)
+			}
+			var lat []time.Duration
+			trips := hook.trips.Load()
+			for b.Loop() {
+				start := time.Now()
+				d, err := s.Take(ctx, c.name, l, 2)
+				lat = append(lat, time.Since(start))
+				if err != nil || !d.Allowed || d.Source != sluice.SourceBackend {
+					b.Fatalf("refill = %+v, %v; want allowed by a new lease", d, err)
+				}
+			}
+			n := len(lat)
+			b.ReportMetric(float64(hook.trips.Load()-trips)/float64(n), "round-trips/op")
+			slices.Sort(lat)
+			b.ReportMetric(float64(lat[n/2])/1e6, "p50-ms")
+			b.ReportMetric(float64(lat[n*99/100])/1e6, "p99-ms")
+		})
 	}
 }

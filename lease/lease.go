@@ -15,7 +15,11 @@
 // to retry when n units, not one, will be there. Unused units go back to the store, under sluice.Granter's
 // return rule, on the first request an expired lease or one too small
 // cannot answer, and on Close; a lease forgotten among many idle keys
-// strands its units, which can only lower admissions.
+// strands its units, which can only lower admissions. When a new lease
+// follows such a return and the granter is a sluice.Regranter (the Redis
+// and memory stores are, and a resilient.Store over them), the return and
+// the grant are one call: a refill is one round trip, which every request
+// on the key waits for, not two.
 //
 // In-flight slots are never leased: a Store passes Acquire, Extend and
 // Release through to its granter (ErrNoSlots when it keeps none).
@@ -60,13 +64,15 @@
 // compared one; buckets are monotone (a fuller bucket grants everything a
 // less full one does, and stays fuller), so every later grant was possible
 // in the history without that return. By induction over returns, the
-// admissions are those of a history without returns, bounded above. The
-// bound is reached with equality (bound_test.go replays the schedule): a
-// lease granted B−1 units at a−D while the next unit is 1µs away, one unit
-// granted every I after it, each held by a request it cannot cover, and all
-// spent from a on. A naive return (every unused unit, at any age) breaks
-// it: a lease granted B, returned whole after the bucket refilled, lets the
-// fleet take B again on top of the refills.
+// admissions are those of a history without returns, bounded above. A
+// refill's regrant is such a return followed by such a grant at one
+// instant, so it is covered as it stands. The bound is reached with
+// equality (bound_test.go replays the schedule): a lease granted B−1 units
+// at a−D while the next unit is 1µs away, one unit granted every I after
+// it, each held by a request it cannot cover, and all spent from a on. A
+// naive return (every unused unit, at any age) breaks it: a lease granted
+// B, returned whole after the bucket refilled, lets the fleet take B again
+// on top of the refills.
 //
 // Sizing does not enter the bound: the proofs hold for grants of any size
 // (each is an exact take of the store's), and a lease's lifetime is D
@@ -113,7 +119,10 @@
 // goes to the store's Take, not to a grant of its own in turn. A
 // return held back or failed is not resent (a resent return would make
 // budget); its units stay out of the store, which can only lower
-// admissions.
+// admissions. A regrant (a return and a grant in one call) held back or
+// failed is such a return: not resent, its units out of the store, the
+// request and those waiting for it answered by the failure policy (a
+// resent grant would strand units too).
 //
 // # What callers see
 //
@@ -908,23 +917,38 @@ func (s *Store) refill(ctx context.Context, l *lease, key string, limit sluice.L
 	old, unused := l.grant, h.units
 	l.setUnits(h, 0)
 	sh.mu.Unlock()
-	held, err := s.giveBack(ctx, key, limit, old, unused)
-	if err != nil {
-		return sluice.Decision{}, 0, false, err
-	}
-	if held {
-		// The store did not answer the return: a grant now would most
-		// likely wait as long again before the policy answers.
-		sh.mu.Lock()
-		l.failed++
-		sh.mu.Unlock()
-		return sluice.Decision{}, 0, true, errGrantFailed
-	}
-	if toStore {
-		return sluice.Decision{}, 0, true, nil
+	// A granter that can regrant takes the return and the grant in one
+	// call: one round trip for a refill, where the request (and those
+	// queued behind it) would wait for two.
+	rg, one := s.granter.(sluice.Regranter)
+	one = one && unused > 0 && !toStore
+	if !one {
+		held, err := s.giveBack(ctx, key, limit, old, unused)
+		if err != nil {
+			return sluice.Decision{}, 0, false, err
+		}
+		if held {
+			// The store did not answer the return: a grant now would most
+			// likely wait as long again before the policy answers.
+			sh.mu.Lock()
+			l.failed++
+			sh.mu.Unlock()
+			return sluice.Decision{}, 0, true, errGrantFailed
+		}
+		if toStore {
+			return sluice.Decision{}, 0, true, nil
+		}
 	}
 	sent := s.now()
-	g, err := s.granter.Grant(ctx, key, limit, max(n, cost))
+	var g sluice.Grant
+	var err error
+	if one {
+		var back int64
+		back, g, err = rg.Regrant(ctx, key, limit, old, unused, max(n, cost))
+		s.returned.Add(uint64(back))
+	} else {
+		g, err = s.granter.Grant(ctx, key, limit, max(n, cost))
+	}
 	if !errors.Is(err, resilient.ErrNotSent) {
 		s.grants.Add(1)
 	}
@@ -932,12 +956,19 @@ func (s *Store) refill(ctx context.Context, l *lease, key string, limit sluice.L
 		sh.mu.Lock()
 		l.failed++
 		sh.mu.Unlock()
-		if errors.Is(err, resilient.ErrNotSent) {
+		if errors.Is(err, resilient.ErrNotSent) && !one {
 			return sluice.Decision{}, 0, true, nil // the breaker is open: Take is the policy's
 		}
+		// A regrant that failed or was held back is a return that did:
+		// the policy answers, as after a return held back.
 		return sluice.Decision{}, 0, true, errGrantFailed
 	}
 	if err != nil {
+		if one {
+			// Sent once, its outcome unknown: the request's error, as a
+			// failed return's is; the units stay out of the store.
+			return sluice.Decision{}, 0, false, fmt.Errorf("lease: regrant: %w", err)
+		}
 		return sluice.Decision{}, 0, false, err
 	}
 	s.granted.Add(uint64(g.Granted))

@@ -1485,3 +1485,118 @@ func checkQueuedBehindSpentGrant(t *testing.T, store interface {
 		t.Errorf("%d grants sent for %d requests queued on one key (%d allowed, %d Takes); want at most 3: the rest take", got, n, allowed, g.takes.Load())
 	}
 }
+
+// failingRegrant is a granter that can regrant, whose regrants wait for
+// release (when set) and then fail with err. It counts every call that
+// reaches the store, and the answers of its failure policy (as
+// resilient.Store's TakeByPolicy).
+type failingRegrant struct {
+	sluice.Granter
+	err                                        error
+	sent, release                              chan struct{}
+	regrants, grants, returns, takes, byPolicy atomic.Int64
+}
+
+func (f *failingRegrant) Regrant(context.Context, string, sluice.Limit, sluice.Grant, int64, int64) (int64, sluice.Grant, error) {
+	f.regrants.Add(1)
+	if f.release != nil {
+		f.sent <- struct{}{}
+		<-f.release
+	}
+	return 0, sluice.Grant{}, f.err
+}
+
+func (f *failingRegrant) Grant(ctx context.Context, key string, l sluice.Limit, n int64) (sluice.Grant, error) {
+	f.grants.Add(1)
+	return f.Granter.Grant(ctx, key, l, n)
+}
+
+func (f *failingRegrant) Return(ctx context.Context, key string, l sluice.Limit, g sluice.Grant, unused int64) (int64, error) {
+	f.returns.Add(1)
+	return f.Granter.Return(ctx, key, l, g, unused)
+}
+
+func (f *failingRegrant) Take(ctx context.Context, key string, l sluice.Limit, cost int64) (sluice.Decision, error) {
+	f.takes.Add(1)
+	return f.Granter.Take(ctx, key, l, cost)
+}
+
+func (f *failingRegrant) TakeByPolicy(_ context.Context, _ string, l sluice.Limit, _ int64) (sluice.Decision, error) {
+	f.byPolicy.Add(1)
+	return sluice.Decision{Allowed: true, Limit: l, Source: sluice.SourceFallback}, nil
+}
+
+// A refill's regrant that fails, or that a breaker holds back, is treated
+// as a return that failed: it is not resent, nor followed by a grant, a
+// return or a Take; the request and those queued behind it are answered by
+// the failure policy; the lease's leftover stays out of the store.
+func TestRegrantFailedAnsweredByPolicy(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		name string
+		err  error
+	}{
+		{"sent", fmt.Errorf("%w: timed out", resilient.ErrNoGrant)},
+		{"held_back", fmt.Errorf("%w: %w: breaker open", resilient.ErrNoGrant, resilient.ErrNotSent)},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			clock := storetest.NewClock(storetest.T0)
+			m := newMemory(t, clock)
+			f := &failingRegrant{Granter: m, err: c.err, sent: make(chan struct{}, 16), release: make(chan struct{})}
+			s := newLease(t, f, clock, 300*time.Millisecond, 10)
+			l := sluice.PerSecond(10)
+			take(t, s, "k", l, 1) // a lease of 10, 9 left
+			clock.Advance(301 * time.Millisecond)
+			const n = 8
+			done := make(chan sluice.Decision, n)
+			go func() { done <- take(t, s, "k", l, 1) }()
+			<-f.sent // the refill's regrant is in flight
+			for range n - 1 {
+				go func() { done <- take(t, s, "k", l, 1) }()
+			}
+			time.Sleep(50 * time.Millisecond) // the others queue on the key's refill
+			close(f.release)
+			for range n {
+				if d := <-done; !d.Allowed || d.Source != sluice.SourceFallback {
+					t.Errorf("a request behind the failed regrant = %+v; want the policy's answer", d)
+				}
+			}
+			if r, g, rt, tk, bp := f.regrants.Load(), f.grants.Load(), f.returns.Load(), f.takes.Load(), f.byPolicy.Load(); r != 1 || g != 1 || rt != 0 || tk != 0 || bp != n {
+				t.Errorf("%d regrants, %d grants, %d returns, %d Takes, %d policy answers; want 1, 1 (the first lease), 0, 0, %d", r, g, rt, tk, bp, n)
+			}
+			// 10 taken at 0, 3 refilled since: the 9 unused were not given back.
+			if d, err := m.Peek(ctx, "k", l, 1); err != nil || d.Remaining != 3 {
+				t.Errorf("the store: %+v, %v; want 3 left", d, err)
+			}
+			if st := s.Stats(); st.Returned != 0 {
+				t.Errorf("stats %+v; want nothing returned", st)
+			}
+		})
+	}
+}
+
+// A regrant that fails with an error a failure policy does not answer is
+// the request's error, as a return's would be; it is not resent.
+func TestRegrantErrorNotResent(t *testing.T) {
+	t.Parallel()
+	clock := storetest.NewClock(storetest.T0)
+	errDown := errors.New("redis: connection reset")
+	f := &failingRegrant{Granter: newMemory(t, clock), err: errDown}
+	s := newLease(t, f, clock, 300*time.Millisecond, 10)
+	l := sluice.PerSecond(10)
+	take(t, s, "k", l, 1)
+	clock.Advance(301 * time.Millisecond)
+	if d, err := s.Take(ctx, "k", l, 1); !errors.Is(err, errDown) {
+		t.Fatalf("Take whose regrant failed = %+v, %v; want its error", d, err)
+	}
+	if r, g, rt, tk := f.regrants.Load(), f.grants.Load(), f.returns.Load(), f.takes.Load(); r != 1 || g != 1 || rt != 0 || tk != 0 {
+		t.Errorf("%d regrants, %d grants, %d returns, %d Takes; want 1, 1 (the first lease), 0, 0", r, g, rt, tk)
+	}
+	// The lease gave its units to the failed call: the next request asks
+	// for a new lease alone.
+	f.err = nil
+	if d := take(t, s, "k", l, 1); !d.Allowed || d.Source != sluice.SourceBackend || f.grants.Load() != 2 || f.regrants.Load() != 1 {
+		t.Errorf("next Take = %+v after %d grants, %d regrants; want a grant of its own", d, f.grants.Load(), f.regrants.Load())
+	}
+}

@@ -3,6 +3,7 @@ package lease_test
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -739,4 +740,86 @@ func TestRedisQueuedBehindSpentGrantTakes(t *testing.T) {
 	t.Parallel()
 	clock := storetest.NewClock(storetest.T0)
 	checkQueuedBehindSpentGrant(t, redisstore.New(redistest.Client(t), &redisstore.Options{Prefix: redistest.Prefix(t), Clock: clock.Now}), clock)
+}
+
+// trips counts a client's round trips (a command on its own, or a
+// pipeline) and records each script call's mode (its ARGV[2]).
+type trips struct {
+	mu    sync.Mutex
+	n     int
+	modes []string
+}
+
+func (c *trips) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (c *trips) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		c.record(cmd)
+		return next(ctx, cmd)
+	}
+}
+
+func (c *trips) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		c.record(cmds...)
+		return next(ctx, cmds)
+	}
+}
+
+func (c *trips) record(cmds ...redis.Cmder) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.n++
+	for _, cmd := range cmds {
+		// EVALSHA sha numkeys key epoch-key now mode ...
+		if args := cmd.Args(); len(args) > 6 && (cmd.Name() == "evalsha" || cmd.Name() == "eval") {
+			c.modes = append(c.modes, fmt.Sprint(args[6]))
+		}
+	}
+}
+
+func (c *trips) take() (int, []string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n, modes := c.n, c.modes
+	c.n, c.modes = 0, nil
+	return n, modes
+}
+
+// On a real Redis, a refill under the limit (the lease's leftover given
+// back, a new lease granted) is one round trip, one script call, not a
+// return and then a grant; the store ends as the two calls would leave it.
+func TestRedisRefillOneRoundTrip(t *testing.T) {
+	t.Parallel()
+	client := redistest.Client(t)
+	var log trips
+	client.AddHook(&log)
+	rs := redisstore.New(client, &redisstore.Options{Prefix: redistest.Prefix(t)})
+	s, err := lease.New(rs, &lease.Options{MaxStaleness: time.Second, Size: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close(ctx) })
+	l := sluice.PerHour(600) // one unit per 6s: none comes back while the test runs
+	if d := take(t, s, "k", l, 6); !d.Allowed || d.Source != sluice.SourceBackend {
+		t.Fatalf("first take = %+v; want a grant", d)
+	}
+	if n, modes := log.take(); n != 1 || !slices.Equal(modes, []string{"grant"}) {
+		t.Fatalf("first take: %d round trips, script calls %v; want 1, [grant]", n, modes)
+	}
+	// 4 units left: a request of 6 refills the lease.
+	if d := take(t, s, "k", l, 6); !d.Allowed || d.Source != sluice.SourceBackend {
+		t.Fatalf("refill = %+v; want allowed by a new grant", d)
+	}
+	if n, modes := log.take(); n != 1 || !slices.Equal(modes, []string{"regrant"}) {
+		t.Fatalf("refill: %d round trips, script calls %v; want 1, [regrant]", n, modes)
+	}
+	// 10 granted, 4 given back less one unit for the interval begun (3),
+	// 10 granted: 17 taken.
+	if st := s.Stats(); st.Grants != 2 || st.Granted != 20 || st.Returned != 3 {
+		t.Errorf("stats %+v; want 2 grants, 20 units granted, 3 returned", st)
+	}
+	if d, err := rs.Peek(ctx, "k", l, 1); err != nil || d.Remaining != 600-17 {
+		t.Errorf("the store after the refill: %+v, %v; want %d left", d, err, 600-17)
+	}
 }

@@ -24,29 +24,7 @@ func (s *Store) Grant(ctx context.Context, key string, limit sluice.Limit, n int
 	p := newParams(limit)
 	sh, tag, now := s.lock(key, limit.Algorithm)
 	defer sh.mu.Unlock()
-	st := sh.tab.Find(tag, key)
-	if st != nil && st.expires <= now { // expired but not yet swept: fresh again
-		st.a, st.b, st.c, st.expires = 0, 0, 0, 0
-	}
-	fresh := st == nil
-	if fresh {
-		st = new(state)
-	}
-	r, granted := grant(st, now, &p, n)
-	epoch := sh.epoch(key, limit, now, granted > 0)
-	at := now
-	if granted > 0 {
-		st.expires = now + r.reset
-		if fresh {
-			sh.insert(tag, key, *st, now)
-		}
-		if windowed(limit.Algorithm) {
-			at = max(now, st.a*p.period) // charged in a newer window: as at its start
-		}
-	}
-	g := grantOf(limit, r, granted, at, now)
-	g.Epoch = epoch
-	return g, nil
+	return sh.grant(tag, key, limit, &p, n, now), nil
 }
 
 // Return implements sluice.Granter.
@@ -63,31 +41,83 @@ func (s *Store) Return(ctx context.Context, key string, limit sluice.Limit, g sl
 	p := newParams(limit)
 	sh, tag, now := s.lock(key, limit.Algorithm)
 	defer sh.mu.Unlock()
+	return sh.giveBack(tag, key, limit, &p, g, unused, now), nil
+}
+
+// Regrant implements sluice.Regranter: Return then Grant under one lock,
+// at one reading of the clock.
+func (s *Store) Regrant(ctx context.Context, key string, limit sluice.Limit, g sluice.Grant, unused, n int64) (int64, sluice.Grant, error) {
+	if err := ctxErr(ctx); err != nil {
+		return 0, sluice.Grant{}, err
+	}
+	if err := sluice.ValidateRegrant(key, limit, g, unused, n); err != nil {
+		return 0, sluice.Grant{}, err
+	}
+	if s.zero() {
+		return 0, sluice.Grant{}, ErrZeroStore
+	}
+	p := newParams(limit)
+	sh, tag, now := s.lock(key, limit.Algorithm)
+	defer sh.mu.Unlock()
+	back := sh.giveBack(tag, key, limit, &p, g, unused, now)
+	return back, sh.grant(tag, key, limit, &p, n, now), nil
+}
+
+// grant is Grant at now on sh, which must be locked.
+func (sh *shard) grant(tag uint32, key string, limit sluice.Limit, p *params, n, now int64) sluice.Grant {
+	st := sh.tab.Find(tag, key)
+	if st != nil && st.expires <= now { // expired but not yet swept: fresh again
+		st.a, st.b, st.c, st.expires = 0, 0, 0, 0
+	}
+	fresh := st == nil
+	if fresh {
+		st = new(state)
+	}
+	r, granted := grant(st, now, p, n)
+	epoch := sh.epoch(key, limit, now, granted > 0)
+	at := now
+	if granted > 0 {
+		st.expires = now + r.reset
+		if fresh {
+			sh.insert(tag, key, *st, now)
+		}
+		if windowed(limit.Algorithm) {
+			at = max(now, st.a*p.period) // charged in a newer window: as at its start
+		}
+	}
+	g := grantOf(limit, r, granted, at, now)
+	g.Epoch = epoch
+	return g
+}
+
+// giveBack is Return at now on sh, which must be locked: it reports what
+// the key took back.
+func (sh *shard) giveBack(tag uint32, key string, limit sluice.Limit, p *params, g sluice.Grant, unused, now int64) int64 {
 	give := unused
 	if !windowed(limit.Algorithm) {
 		give = sluice.ReturnAllowance(limit, unused, now-g.At)
 	}
 	st := sh.tab.Find(tag, key)
 	if give == 0 || st == nil || st.expires <= now || sh.epoch(key, limit, now, false) != g.Epoch {
-		return 0, nil // a fresh or reset key has nothing to give back into
+		return 0 // a fresh or reset key has nothing to give back into
 	}
 	// Report what the key took back: what a take could have more now.
-	before := decide(st, now, &p, 1, false).remaining
+	before := decide(st, now, p, 1, false).remaining
 	after := p.capacity
-	if giveBack(st, now, &p, give, g.At) {
+	if refund(st, now, p, give, g.At) {
 		sh.tab.Remove(tag, key)
 		sh.n--
 	} else {
-		after = decide(st, now, &p, 1, false).remaining
+		after = decide(st, now, p, 1, false).remaining
 	}
-	return min(give, max(after-before, 0)), nil
+	return min(give, max(after-before, 0))
 }
 
-// giveBack returns u units to st, taken at µs (the window algorithms'
+// refund returns u units to st, taken at µs (the window algorithms'
 // grant time), and reports whether st is fresh again. The bucket
 // algorithms and GCRA decide alike, so each state is read through a Peek as
 // the time until it is fresh, which u units shorten by u intervals.
-func giveBack(st *state, now int64, p *params, u, at int64) (fresh bool) {
+func refund(st *state, now int64, p *params, u, at int64) (fresh bool) {
 	switch p.alg {
 	case sluice.FixedWindow:
 		if st.a == floorDiv(at, p.period) {

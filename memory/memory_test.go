@@ -52,6 +52,9 @@ func checkZeroStore(t *testing.T, s *memory.Store) {
 	if _, err := s.Return(ctx, "k", l, sluice.Grant{Granted: 1}, 1); !errors.Is(err, memory.ErrZeroStore) {
 		t.Errorf("Return: err = %v, want ErrZeroStore", err)
 	}
+	if _, _, err := s.Regrant(ctx, "k", l, sluice.Grant{Granted: 1}, 1, 1); !errors.Is(err, memory.ErrZeroStore) {
+		t.Errorf("Regrant: err = %v, want ErrZeroStore", err)
+	}
 	slot := sluice.InFlightLimit{Max: 1, Hold: time.Second}
 	if _, err := s.Acquire(ctx, "k", slot, 1, "h"); !errors.Is(err, memory.ErrZeroStore) {
 		t.Errorf("Acquire: err = %v, want ErrZeroStore", err)

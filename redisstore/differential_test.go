@@ -413,11 +413,11 @@ func diffReport(hist []diffStep, k *diffKey, start time.Time) string {
 const grantDiffSteps = 600
 
 // The grant script is held to the memory store's Go: random traces of
-// grants, returns, takes and peeks on a few keys drive both stores with one
-// fake clock, and every answer must be the same. Periods are an hour and the
-// clock never stops within two seconds of a window's end, and every key's
-// TTL is raised after each write, so that Redis's real-time expiry cannot
-// drop a key the memory store still holds.
+// grants, returns, regrants, takes and peeks on a few keys drive both
+// stores with one fake clock, and every answer must be the same. Periods
+// are an hour and the clock never stops within two seconds of a window's
+// end, and every key's TTL is raised after each write, so that Redis's
+// real-time expiry cannot drop a key the memory store still holds.
 func TestGrantDifferential(t *testing.T) {
 	client := redistest.Client(t)
 	for _, alg := range sluice.Algorithms() {
@@ -477,7 +477,20 @@ func runGrantDiff(t *testing.T, client *redis.Client, r *rand.Rand, alg sluice.A
 			if err1 != nil || err2 != nil || um != ur {
 				t.Fatalf("%s: return %d of %+v: memory %d, %v; redis %d, %v", where, unused, g, um, err1, ur, err2)
 			}
-		case op < 7:
+		case op < 7 && len(k.grants) > 0:
+			i := r.IntN(len(k.grants))
+			g := k.grants[i]
+			k.grants = append(k.grants[:i], k.grants[i+1:]...)
+			unused, n := 1+r.Int64N(g.Granted), 1+r.Int64N(k.limit.Capacity())
+			um, gm, err1 := mem.Regrant(ctx, k.name, k.limit, g, unused, n)
+			ur, gr, err2 := red.Regrant(ctx, k.name, k.limit, g, unused, n)
+			if err1 != nil || err2 != nil || um != ur || gm != gr {
+				t.Fatalf("%s: regrant %d of %+v, then %d:\nmemory %d, %+v, %v\nredis  %d, %+v, %v", where, unused, g, n, um, gm, err1, ur, gr, err2)
+			}
+			if gm.Granted > 0 {
+				k.grants = append(k.grants, gm)
+			}
+		case op < 8:
 			dm, err1 := mem.Take(ctx, k.name, k.limit, 1)
 			dr, err2 := red.Take(ctx, k.name, k.limit, 1)
 			if err1 != nil || err2 != nil || dm != dr {

@@ -8,7 +8,7 @@ import (
 	"github.com/sluicehq/sluice"
 )
 
-var _ sluice.Granter = (*Store)(nil)
+var _ sluice.Regranter = (*Store)(nil)
 
 // grantScripts is indexed by sluice.Algorithm: each algorithm's script
 // wrapped as a function, then grant.lua (see its header); nil for the
@@ -27,8 +27,9 @@ func init() {
 }
 
 const (
-	modeGrant  = "grant"
-	modeReturn = "return"
+	modeGrant   = "grant"
+	modeReturn  = "return"
+	modeRegrant = "regrant"
 )
 
 // Grant implements sluice.Granter in one script call, never resent.
@@ -40,8 +41,48 @@ func (s *Store) Grant(ctx context.Context, key string, limit sluice.Limit, n int
 	if err != nil {
 		return sluice.Grant{}, err
 	}
+	return grantReply(limit, modeGrant, n, v)
+}
+
+// Return implements sluice.Granter in one script call, never resent.
+func (s *Store) Return(ctx context.Context, key string, limit sluice.Limit, g sluice.Grant, unused int64) (int64, error) {
+	if err := sluice.ValidateReturn(key, limit, g, unused); err != nil {
+		return 0, err
+	}
+	v, err := s.runGrant(ctx, modeReturn, key, limit, unused, g.At, returnInterval(limit), g.Epoch)
+	if err != nil {
+		return 0, err
+	}
+	if len(v) != 1 || v[0] < 0 || v[0] > unused {
+		return 0, fmt.Errorf("redisstore: %v return: %w: %v", limit.Algorithm, ErrUnexpectedReply, v)
+	}
+	return v[0], nil
+}
+
+// Regrant implements sluice.Regranter in one script call, never resent:
+// the return and the grant run in one script, at one now.
+func (s *Store) Regrant(ctx context.Context, key string, limit sluice.Limit, g sluice.Grant, unused, n int64) (int64, sluice.Grant, error) {
+	if err := sluice.ValidateRegrant(key, limit, g, unused, n); err != nil {
+		return 0, sluice.Grant{}, err
+	}
+	v, err := s.runGrant(ctx, modeRegrant, key, limit, unused, g.At, returnInterval(limit), g.Epoch, n, horizonMS(limit))
+	if err != nil {
+		return 0, sluice.Grant{}, err
+	}
+	if len(v) < 1 || v[0] < 0 || v[0] > unused {
+		return 0, sluice.Grant{}, fmt.Errorf("redisstore: %v regrant: %w: %v", limit.Algorithm, ErrUnexpectedReply, v)
+	}
+	next, err := grantReply(limit, modeRegrant, n, v[1:])
+	if err != nil {
+		return 0, sluice.Grant{}, err
+	}
+	return v[0], next, nil
+}
+
+// grantReply reads a grant's reply to a call of mode that asked for n.
+func grantReply(limit sluice.Limit, mode string, n int64, v []int64) (sluice.Grant, error) {
 	if len(v) != 7 || v[0] < 0 || v[0] > n {
-		return sluice.Grant{}, fmt.Errorf("redisstore: %v grant: %w: %v", limit.Algorithm, ErrUnexpectedReply, v)
+		return sluice.Grant{}, fmt.Errorf("redisstore: %v %s: %w: %v", limit.Algorithm, mode, ErrUnexpectedReply, v)
 	}
 	r := result{remaining: v[1], retry: v[2], reset: v[3]}
 	d := r.decision(limit)
@@ -56,28 +97,19 @@ func (s *Store) Grant(ctx context.Context, key string, limit sluice.Limit, n int
 	return g, nil
 }
 
-// Return implements sluice.Granter in one script call, never resent.
-func (s *Store) Return(ctx context.Context, key string, limit sluice.Limit, g sluice.Grant, unused int64) (int64, error) {
-	if err := sluice.ValidateReturn(key, limit, g, unused); err != nil {
-		return 0, err
-	}
-	interval := int64(0)
+// returnInterval is a return's ARGV interval: µs per unit for the age
+// rule, 0 for the window algorithms.
+func returnInterval(limit sluice.Limit) int64 {
 	if windowPeriod(limit) == 0 {
-		interval = limit.Interval().Microseconds()
+		return limit.Interval().Microseconds()
 	}
-	v, err := s.runGrant(ctx, modeReturn, key, limit, unused, g.At, interval, g.Epoch)
-	if err != nil {
-		return 0, err
-	}
-	if len(v) != 1 || v[0] < 0 || v[0] > unused {
-		return 0, fmt.Errorf("redisstore: %v return: %w: %v", limit.Algorithm, ErrUnexpectedReply, v)
-	}
-	return v[0], nil
+	return 0
 }
 
 // runGrant sends one call of the algorithm's grant script: ARGV is now,
 // mode, the limit's two parameters, n, then extra (a grant's horizon; a
-// return's at, interval and epoch).
+// return's at, interval and epoch; a regrant's those of a return, then
+// the grant's n and horizon).
 func (s *Store) runGrant(ctx context.Context, mode, key string, l sluice.Limit, n int64, extra ...any) ([]int64, error) {
 	now, err := s.now()
 	if err != nil {

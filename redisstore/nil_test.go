@@ -49,6 +49,9 @@ func TestNilStore(t *testing.T) {
 		if _, err := s.Return(ctx, "k", limit, sluice.Grant{Granted: 1}, 1); !errors.Is(err, redisstore.ErrNoClient) {
 			t.Errorf("%s: Return err = %v, want ErrNoClient", tc.name, err)
 		}
+		if _, _, err := s.Regrant(ctx, "k", limit, sluice.Grant{Granted: 1}, 1, 1); !errors.Is(err, redisstore.ErrNoClient) {
+			t.Errorf("%s: Regrant err = %v, want ErrNoClient", tc.name, err)
+		}
 		if _, err := s.Acquire(ctx, "k", slot, 1, "h"); !errors.Is(err, redisstore.ErrNoClient) {
 			t.Errorf("%s: Acquire err = %v, want ErrNoClient", tc.name, err)
 		}

@@ -220,9 +220,9 @@ func TestChargedOnce(t *testing.T) {
 	}
 }
 
-// TestGrantSentOnce: a grant or return whose reply is lost after Redis ran
-// it fails, and ran exactly once: resent, a grant would strand units and a
-// return would make them. Alone and batched.
+// TestGrantSentOnce: a grant, return or regrant whose reply is lost after
+// Redis ran it fails, and ran exactly once: resent, a grant would strand
+// units and a return would make them. Alone and batched.
 func TestGrantSentOnce(t *testing.T) {
 	ctx := context.Background()
 	direct := redistest.Client(t)
@@ -271,6 +271,18 @@ func TestGrantSentOnce(t *testing.T) {
 			}
 			if got := left(); got != 3 {
 				t.Fatalf("after a lost return of 2: %d left, want 3 (returned once)", got)
+			}
+			g, err = s.Grant(ctx, "k", l, 2)
+			if err != nil || g.Granted != 2 {
+				t.Fatalf("grant = %+v, %v", g, err)
+			}
+			proxy.armed.Store(true)
+			if n, next, err := s.Regrant(ctx, "k", l, g, 2, 1); err == nil {
+				t.Fatalf("regrant whose reply was lost: %d, %+v, want an error", n, next)
+			}
+			// 1 left, 2 back, 1 granted: 2. Run twice it would leave 3.
+			if got := left(); got != 2 {
+				t.Fatalf("after a lost regrant (2 back, 1 granted): %d left, want 2 (run once)", got)
 			}
 		})
 	}

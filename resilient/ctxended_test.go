@@ -89,6 +89,8 @@ func TestContextEndedBreakerOpen(t *testing.T) {
 			wantCanceled(t, "Grant", g, err)
 			n, err := s.Return(ctx, "k", l, sluice.Grant{Granted: 2}, 1)
 			wantCanceled(t, "Return", n, err)
+			n, g, err = s.Regrant(ctx, "k", l, sluice.Grant{Granted: 2}, 1, 2)
+			wantCanceled(t, "Regrant", []any{n, g}, err)
 			wantCanceled(t, "Reset", nil, s.Reset(ctx, "k", l))
 
 			dl, cancel := context.WithDeadline(context.Background(), time.Now().Add(-time.Second))

@@ -62,6 +62,45 @@ func (s *Store) Return(ctx context.Context, key string, limit sluice.Limit, gran
 	return n, err
 }
 
+// Regrant implements sluice.Regranter as Grant and Return do: passed in
+// one call to a backend that is a sluice.Regranter while the breaker lets
+// calls through, ErrNoGrant otherwise, never resent; one that failed may
+// have run, so the units it gave back stay out of the store, as a failed
+// return's. A regrant that gives units back clears the key's cached
+// denials. Over a backend that cannot regrant it is Return then Grant,
+// each passed as on its own; the grant is not sent when the return fails.
+func (s *Store) Regrant(ctx context.Context, key string, limit sluice.Limit, grant sluice.Grant, unused, n int64) (int64, sluice.Grant, error) {
+	ctx = ctxutil.OrBackground(ctx)
+	if err := sluice.ValidateRegrant(key, limit, grant, unused, n); err != nil {
+		return 0, sluice.Grant{}, err
+	}
+	g, err := s.granter()
+	if err != nil {
+		return 0, sluice.Grant{}, err
+	}
+	rg, ok := g.(sluice.Regranter)
+	if !ok {
+		back, err := s.Return(ctx, key, limit, grant, unused)
+		if err != nil {
+			return 0, sluice.Grant{}, err
+		}
+		next, err := s.Grant(ctx, key, limit, n)
+		return back, next, err
+	}
+	type regranted struct {
+		back int64
+		next sluice.Grant
+	}
+	r, err := pass(ctx, s, "regrant", func(ctx context.Context) (regranted, error) {
+		back, next, err := rg.Regrant(ctx, key, limit, grant, unused, n)
+		return regranted{back, next}, err
+	})
+	if r.back > 0 && s.cache != nil {
+		s.cache.forget(key, limit)
+	}
+	return r.back, r.next, err
+}
+
 // granter is the backend as a sluice.Granter.
 func (s *Store) granter() (sluice.Granter, error) {
 	if s == nil || s.backend == nil {

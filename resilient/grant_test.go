@@ -24,6 +24,13 @@ func (f *flaky) Return(ctx context.Context, key string, l sluice.Limit, g sluice
 	return f.Store.Return(ctx, key, l, g, unused)
 }
 
+func (f *flaky) Regrant(ctx context.Context, key string, l sluice.Limit, g sluice.Grant, unused, n int64) (int64, sluice.Grant, error) {
+	if err := f.fail(ctx); err != nil {
+		return 0, sluice.Grant{}, err
+	}
+	return f.Store.Regrant(ctx, key, l, g, unused, n)
+}
+
 // newGranting returns a flaky backend, a MultiStore on it with opts (nil:
 // defaults), and their fake clock.
 func newGranting(t *testing.T, opts *Options) (*flaky, *MultiStore, *storetest.Clock) {
@@ -129,5 +136,74 @@ func TestReturnForgetsDenials(t *testing.T) {
 	}
 	if d, err := s.Take(ctx, "k", l, 1); err != nil || !d.Allowed || d.Source != sluice.SourceBackend {
 		t.Fatalf("Take after the return = %+v, %v; want allowed by the backend", d, err)
+	}
+}
+
+// A regrant is one backend call, passed through as a grant is: ErrNoGrant
+// when it fails (the backend's error wrapped) or the breaker holds it back
+// (ErrNotSent, nothing sent); its return clears the key's cached denials.
+// Over a backend that cannot regrant it is a Return and then a Grant.
+func TestRegrant(t *testing.T) {
+	t.Parallel()
+	b, s, clk := newGranting(t, &Options{DeadAfter: time.Nanosecond})
+	l := sluice.PerMinute(10)
+	g, err := s.Grant(ctx, "k", l, 10)
+	if err != nil || g.Granted != 10 {
+		t.Fatalf("Grant = %+v, %v", g, err)
+	}
+	if d, err := s.Take(ctx, "k", l, 1); err != nil || d.Allowed {
+		t.Fatalf("Take of an empty key = %+v, %v; want denied", d, err)
+	}
+	if d, _ := s.Take(ctx, "k", l, 1); d.Source != sluice.SourceDenyCache {
+		t.Fatalf("second Take = %+v; want the deny cache", d)
+	}
+	calls := b.calls.Load()
+	back, next, err := s.Regrant(ctx, "k", l, g, 6, 4)
+	if err != nil || back != 6 || next.Granted != 4 || next.Remaining != 2 {
+		t.Fatalf("Regrant(6 back, 4) = %d, %+v, %v; want 6 back, 4 granted, 2 left", back, next, err)
+	}
+	if got := b.calls.Load() - calls; got != 1 {
+		t.Fatalf("%d backend calls for a regrant, want 1", got)
+	}
+	if d, err := s.Take(ctx, "k", l, 1); err != nil || !d.Allowed || d.Source != sluice.SourceBackend {
+		t.Fatalf("Take after the regrant = %+v, %v; want allowed by the backend", d, err)
+	}
+	if _, _, err := s.Regrant(ctx, "k", l, next, 5, 1); !errors.Is(err, sluice.ErrInvalidReturn) || errors.Is(err, ErrNoGrant) {
+		t.Fatalf("bad return: %v, want ErrInvalidReturn", err)
+	}
+	if _, _, err := s.Regrant(ctx, "k", l, next, 1, 0); !errors.Is(err, sluice.ErrInvalidCost) || errors.Is(err, ErrNoGrant) {
+		t.Fatalf("bad grant: %v, want ErrInvalidCost", err)
+	}
+
+	plain, err := New(struct{ sluice.Granter }{b}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { plain.Close() })
+	calls = b.calls.Load()
+	back, next2, err := plain.Regrant(ctx, "k", l, next, 4, 3)
+	if err != nil || back != 4 || next2.Granted != 3 {
+		t.Fatalf("over a backend that cannot regrant: %d, %+v, %v; want 4 back, 3 granted", back, next2, err)
+	}
+	if got := b.calls.Load() - calls; got != 2 {
+		t.Fatalf("%d backend calls over a backend that cannot regrant, want 2 (a return, a grant)", got)
+	}
+
+	b.mode.Store(1)
+	for i := 0; s.State() == sluice.BreakerClosed; i++ {
+		if _, _, err := s.Regrant(ctx, "k", l, next2, 1, 1); !errors.Is(err, ErrNoGrant) || !errors.Is(err, errDown) || errors.Is(err, ErrNotSent) {
+			t.Fatalf("failed regrant: %v, want ErrNoGrant wrapping the backend's error", err)
+		}
+		if i == 10 {
+			t.Fatal("breaker still closed after 10 failed regrants")
+		}
+		clk.Advance(time.Millisecond)
+	}
+	calls = b.calls.Load()
+	if _, _, err := s.Regrant(ctx, "k", l, next2, 1, 1); !errors.Is(err, ErrNoGrant) || !errors.Is(err, ErrNotSent) {
+		t.Fatalf("regrant with the breaker open: %v, want ErrNoGrant and ErrNotSent", err)
+	}
+	if b.calls.Load() != calls {
+		t.Fatal("the open breaker let a regrant through")
 	}
 }

@@ -51,6 +51,11 @@ func (m *MultiStore) Return(ctx context.Context, key string, limit sluice.Limit,
 	return m.store().Return(ctx, key, limit, grant, unused)
 }
 
+// Regrant is Store.Regrant.
+func (m *MultiStore) Regrant(ctx context.Context, key string, limit sluice.Limit, grant sluice.Grant, unused, n int64) (int64, sluice.Grant, error) {
+	return m.store().Regrant(ctx, key, limit, grant, unused, n)
+}
+
 // Acquire is Store.Acquire.
 func (m *MultiStore) Acquire(ctx context.Context, key string, l sluice.InFlightLimit, weight int64, holder string) (sluice.SlotDecision, error) {
 	return m.store().Acquire(ctx, key, l, weight, holder)

@@ -17,7 +17,7 @@ import (
 type zeroStore interface {
 	sluice.Store
 	sluice.Slots
-	sluice.Granter
+	sluice.Regranter
 	CheckLimit(sluice.Limit) error
 	TakeByPolicy(ctx context.Context, key string, limit sluice.Limit, cost int64) (sluice.Decision, error)
 	AbandonSlot(key, holder string)
@@ -61,6 +61,9 @@ func TestNilStore(t *testing.T) {
 		}
 		if _, err := s.Return(ctx, "k", limit, sluice.Grant{Granted: 1}, 1); !errors.Is(err, ErrZeroStore) {
 			t.Errorf("%s: Return err = %v, want ErrZeroStore", tc.name, err)
+		}
+		if _, _, err := s.Regrant(ctx, "k", limit, sluice.Grant{Granted: 1}, 1, 1); !errors.Is(err, ErrZeroStore) {
+			t.Errorf("%s: Regrant err = %v, want ErrZeroStore", tc.name, err)
 		}
 		if _, err := s.Acquire(ctx, "k", slot, 1, "h"); !errors.Is(err, ErrZeroStore) {
 			t.Errorf("%s: Acquire err = %v, want ErrZeroStore", tc.name, err)

@@ -22,9 +22,10 @@
 // failure policy starts answering when the breaker leaves closed and stops
 // when it closes.
 //
-// A Store is a sluice.Granter for package lease: grants and returns pass
-// through to a backend that grants while the breaker lets calls through,
-// and fail with ErrNoGrant otherwise; the failure policy never grants.
+// A Store is a sluice.Regranter for package lease: grants, returns and
+// regrants pass through to a backend that grants while the breaker lets
+// calls through, and fail with ErrNoGrant otherwise; the failure policy
+// never grants.
 //
 // # Bounds when the backend fails
 //
@@ -114,8 +115,8 @@ import (
 var (
 	_ sluice.Store        = (*Store)(nil)
 	_ sluice.MultiStore   = (*MultiStore)(nil)
-	_ sluice.Granter      = (*Store)(nil) // grant.go
-	_ sluice.Granter      = (*MultiStore)(nil)
+	_ sluice.Regranter    = (*Store)(nil) // grant.go
+	_ sluice.Regranter    = (*MultiStore)(nil)
 	_ sluice.Slots        = (*Store)(nil) // inflight.go
 	_ sluice.LimitChecker = (*Store)(nil)
 )

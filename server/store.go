@@ -381,6 +381,12 @@ func (s budgetStore) Return(ctx context.Context, key string, l sluice.Limit, g s
 	return s.Store.Return(ctx, key, l, g, unused)
 }
 
+func (s budgetStore) Regrant(ctx context.Context, key string, l sluice.Limit, g sluice.Grant, unused, n int64) (int64, sluice.Grant, error) {
+	ctx, cancel := s.bound(ctx)
+	defer cancel()
+	return s.Store.Regrant(ctx, key, l, g, unused, n)
+}
+
 func (s budgetStore) TakeAll(ctx context.Context, reqs []sluice.Request) ([]sluice.Decision, error) {
 	ctx, cancel := s.bound(ctx)
 	defer cancel()

@@ -3,6 +3,7 @@ package storetest
 import (
 	"context"
 	"errors"
+	"math/rand/v2"
 	"testing"
 	"time"
 
@@ -11,7 +12,8 @@ import (
 
 // RunGrant runs the conformance suite of sluice.Granter against the stores
 // newStore returns, which must implement it: partial grants, the return
-// rule, window returns and bad input.
+// rule, window returns and bad input; and, for a sluice.Regranter, that a
+// Regrant is a Return followed by a Grant.
 func RunGrant(t *testing.T, newStore NewStore) {
 	t.Run("grant_buckets", func(t *testing.T) {
 		for _, a := range []sluice.Algorithm{sluice.GCRA, sluice.TokenBucket, sluice.LeakyBucket} {
@@ -24,6 +26,14 @@ func RunGrant(t *testing.T, newStore NewStore) {
 	t.Run("grant_fixed_window", func(t *testing.T) { testGrantWindow(t, newStore, sluice.FixedWindow) })
 	t.Run("grant_sliding_window_counter", func(t *testing.T) { testGrantWindow(t, newStore, sluice.SlidingWindowCounter) })
 	t.Run("grant_bad_input", func(t *testing.T) { testGrantBadInput(t, newStore) })
+	t.Run("regrant", func(t *testing.T) {
+		for _, a := range []sluice.Algorithm{sluice.GCRA, sluice.TokenBucket, sluice.LeakyBucket, sluice.FixedWindow, sluice.SlidingWindowCounter} {
+			t.Run(a.String(), func(t *testing.T) {
+				t.Parallel()
+				testRegrant(t, newStore, a)
+			})
+		}
+	})
 	t.Run("return_after_reset", func(t *testing.T) {
 		for _, a := range []sluice.Algorithm{sluice.GCRA, sluice.TokenBucket, sluice.LeakyBucket, sluice.FixedWindow, sluice.SlidingWindowCounter} {
 			t.Run(a.String(), func(t *testing.T) {
@@ -321,5 +331,98 @@ func testGrantBadInput(t *testing.T, newStore NewStore) {
 			t.Errorf("return %d of 3: err = %v, want ErrInvalidReturn", unused, err)
 		}
 	}
+	if rg, ok := s.(sluice.Regranter); ok {
+		// Either part's bad input refuses the whole call: the return, valid
+		// on its own, is not made either.
+		for _, c := range []struct {
+			name      string
+			l         sluice.Limit
+			unused, n int64
+			want      error
+		}{
+			{"unused_zero", l, 0, 1, sluice.ErrInvalidReturn},
+			{"unused_above_granted", l, 4, 1, sluice.ErrInvalidReturn},
+			{"n_zero", l, 3, 0, sluice.ErrInvalidCost},
+			{"n_above_capacity", l, 3, 11, sluice.ErrCostExceedsBurst},
+			{"log", l.WithAlgorithm(sluice.SlidingWindowLog), 3, 1, sluice.ErrGrantUnsupported},
+		} {
+			if _, _, err := rg.Regrant(ctx, key, c.l, g, c.unused, c.n); !errors.Is(err, c.want) {
+				t.Errorf("regrant %s: err = %v, want %v", c.name, err, c.want)
+			}
+		}
+	}
 	checkPeek(t, s, key, l, 7) // nothing changed
+}
+
+// testRegrant replays one seeded history of takes, grants, lease spending,
+// refills and Resets on two keys at the same instants: on one a refill is a
+// Return and then a Grant, on the other a Regrant. Every answer, and each
+// key's state after every step, must be the same. Instants are whole
+// seconds under a per-minute limit, so that no key's state is within a
+// second of expiring (Redis expires keys by its own clock).
+func testRegrant(t *testing.T, newStore NewStore, a sluice.Algorithm) {
+	ctx := context.Background()
+	clock := NewClock(T0)
+	s := granter(t, newStore, clock)
+	rg, ok := s.(sluice.Regranter)
+	if !ok {
+		t.Skip("the store is not a sluice.Regranter")
+	}
+	l := sluice.PerMinute(10).WithAlgorithm(a)
+	keys := [2]string{uniqueKey(t, "two-calls"), uniqueKey(t, "regrant")}
+	var leases [2]sluice.Grant
+	var unused int64 // the same on both keys
+	r := rand.New(rand.NewPCG(uint64(a), 7))
+	refills := 0
+	for step := range 120 {
+		clock.Advance(time.Duration(r.IntN(9)) * time.Second)
+		switch op := r.IntN(10); {
+		case op < 3: // an exact take
+			cost := 1 + r.Int64N(3)
+			d0, err0 := s.Take(ctx, keys[0], l, cost)
+			d1, err1 := s.Take(ctx, keys[1], l, cost)
+			if err0 != nil || err1 != nil || d0 != d1 {
+				t.Fatalf("step %d: take %d: %+v, %v and %+v, %v", step, cost, d0, err0, d1, err1)
+			}
+		case op < 5 && unused > 0: // the lease spends
+			unused -= 1 + r.Int64N(unused)
+		case op == 5 && step%4 == 0:
+			for _, k := range keys {
+				if err := s.Reset(ctx, k, l); err != nil {
+					t.Fatal(err)
+				}
+			}
+		default: // a refill, or a first grant
+			n := 1 + r.Int64N(l.Capacity())
+			var back [2]int64
+			var next [2]sluice.Grant
+			var errs [2]error
+			if unused > 0 {
+				refills++
+				back[0], errs[0] = s.Return(ctx, keys[0], l, leases[0], unused)
+				if errs[0] == nil {
+					next[0], errs[0] = s.Grant(ctx, keys[0], l, n)
+				}
+				back[1], next[1], errs[1] = rg.Regrant(ctx, keys[1], l, leases[1], unused, n)
+			} else {
+				next[0], errs[0] = s.Grant(ctx, keys[0], l, n)
+				next[1], errs[1] = s.Grant(ctx, keys[1], l, n)
+			}
+			if errs[0] != nil || errs[1] != nil || back[0] != back[1] || next[0] != next[1] {
+				t.Fatalf("step %d: %d unused, then %d asked: return %d and grant %+v (%v); regrant %d and %+v (%v)",
+					step, unused, n, back[0], next[0], errs[0], back[1], next[1], errs[1])
+			}
+			leases, unused = next, next[0].Granted
+		}
+		for _, cost := range []int64{1, l.Capacity()} {
+			p0, err0 := s.Peek(ctx, keys[0], l, cost)
+			p1, err1 := s.Peek(ctx, keys[1], l, cost)
+			if err0 != nil || err1 != nil || p0 != p1 {
+				t.Fatalf("step %d: the keys differ: Peek(%d) = %+v, %v and %+v, %v", step, cost, p0, err0, p1, err1)
+			}
+		}
+	}
+	if refills < 20 {
+		t.Fatalf("only %d refills in the history", refills)
+	}
 }

@@ -1,0 +1,67 @@
+//go:build unix
+
+package server
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/internal/redistest"
+)
+
+// TestFleetLeaseRefillOneCall: a `sluice serve` on a real Redis, one
+// leased policy. Requests whose cost a lease's leftover cannot cover refill
+// the lease with one call to Redis, a regrant that gives the leftover back
+// and grants the next lease (the store's calls by op, from /metrics), never
+// a return and then a grant.
+func TestFleetLeaseRefillOneCall(t *testing.T) {
+	f := startFleet(t, "redis://"+redistest.Addr(t), 1, `
+policies:
+  - name: hot
+    limit: fixed_window 100000/hour
+    lease: 10s
+`)
+	p := f.procs[0]
+	key := fmt.Sprintf("refill-%d", time.Now().UnixNano())
+	for i := range 60 {
+		// Costs of 1 to 7: a lease sized by the demand seldom splits into
+		// whole requests.
+		code, js := p.post(t, "/v1/check", fmt.Sprintf(`{"policy":"hot","key":%q,"cost":%d}`, key, 1+i*5%7))
+		if code != 200 || js["allowed"] != true {
+			t.Fatalf("check %d: %d %v", i, code, js)
+		}
+	}
+	calls := storeCalls(t, p)
+	returned := metric(t, p, "sluice_lease_units_returned_total")
+	t.Logf("store calls by op: %v; lease units returned %v", calls, returned)
+	if calls["regrant"] == 0 || returned <= 0 {
+		t.Errorf("no regrant gave units back: calls %v, %v units returned", calls, returned)
+	}
+	if calls["return"] != 0 {
+		t.Errorf("%v returns sent on their own; want every refill's in its regrant", calls["return"])
+	}
+}
+
+// storeCalls sums sluice_store_calls_total on p by op.
+func storeCalls(t *testing.T, p *proc) map[string]float64 {
+	t.Helper()
+	_, body := p.get(t, "/metrics")
+	calls := map[string]float64{}
+	for line := range strings.Lines(body) {
+		series, value, ok := strings.Cut(strings.TrimSpace(line), " ")
+		if !ok || !strings.HasPrefix(series, "sluice_store_calls_total{") {
+			continue
+		}
+		_, op, _ := strings.Cut(series, `op="`)
+		op, _, _ = strings.Cut(op, `"`)
+		v, err := strconv.ParseFloat(value, 64)
+		if err != nil {
+			t.Fatalf("%q: %v", line, err)
+		}
+		calls[op] += v
+	}
+	return calls
+}
