@@ -145,7 +145,16 @@
 // what the lease holds, so that its units are in the store's answer. Peek
 // answers from a live lease that holds cost units without taking, and
 // otherwise asks the store, counting what a live lease would give back
-// before such a Take.
+// before such a Take. A lease that has ended holding units, which the next
+// request's refill would give back before asking the store, gives them back
+// on a Peek too, once, under the return rule: how many the store takes
+// back and, for the sliding window counter past their window, how much
+// they weigh on its estimate, only the store knows. So in one process on
+// the store's clock a Peek decides as a Take at the same instant would
+// (peek_test.go checks it). Where the store dates grants by its own clock,
+// a live lease's units are aged from the grant's send, before the store's
+// date of it, so a Peek may count fewer of them than the Take's return
+// gives back.
 //
 // Reset and config reloads take effect within D. Reset drops this
 // process's lease and resets the key in the store; other processes' leases
@@ -1246,7 +1255,9 @@ func (s *Store) exactly(ctx context.Context, multi sluice.MultiStore, reqs []slu
 
 // Peek implements sluice.Store: a live lease that holds cost units answers
 // without taking; otherwise the store does, counting the units a live
-// lease would give back before a Take of cost (under the return rule).
+// lease would give back before a Take of cost (under the return rule),
+// after a lease that has ended has given back what it holds, as that Take
+// would first.
 func (s *Store) Peek(ctx context.Context, key string, limit sluice.Limit, cost int64) (sluice.Decision, error) {
 	ctx = ctxutil.OrBackground(ctx)
 	if err := ctx.Err(); err != nil {
@@ -1260,22 +1271,23 @@ func (s *Store) Peek(ctx context.Context, key string, limit sluice.Limit, cost i
 		return s.granter.Peek(ctx, key, limit, cost)
 	}
 	var k int64 // units the live lease would give back before a Take
-	if id := s.knownID(limit); id != 0 {
-		sh, tag := s.locate(key)
-		sh.mu.Lock()
-		now := s.now()
-		if h := sh.leases.FindKind(tag, id, key); h != nil && h.live(now) {
-			if h.units >= cost {
-				d := h.local(limit, now, true)
-				sh.mu.Unlock()
-				return d, nil
-			}
-			k = h.units
-			if !windowed(limit) {
-				k = sluice.ReturnAllowance(limit, k, (now-h.l.sent)/1e3)
-			}
+	for settled := false; ; settled = true {
+		d, units, ended, ok := s.peekLease(key, limit, cost)
+		if ok {
+			return d, nil
 		}
-		sh.mu.Unlock()
+		k = units
+		if ended == nil || settled {
+			break
+		}
+		// The lease has ended holding units, which the Take after this
+		// Peek would give back before asking the store: give them back
+		// now, as it would, so that the store's answer counts them. How
+		// many it takes back, and for the sliding window counter past the
+		// lease's window how much they weigh, only the store knows.
+		if err := s.settle(ctx, ended, key, limit); err != nil {
+			return sluice.Decision{}, err
+		}
 	}
 	if k == 0 {
 		return s.granter.Peek(ctx, key, limit, cost)
@@ -1303,6 +1315,68 @@ func (s *Store) Peek(ctx context.Context, key string, limit sluice.Limit, cost i
 	}
 	d.Remaining += k
 	return d, nil
+}
+
+// peekLease looks at key's lease under limit for a Peek of cost: ok with
+// the decision when it is live and holds cost units; otherwise the units a
+// live lease would give back before a Take of cost, under the return rule,
+// or the lease when it has ended holding units.
+func (s *Store) peekLease(key string, limit sluice.Limit, cost int64) (_ sluice.Decision, k int64, ended *lease, ok bool) {
+	id := s.knownID(limit)
+	if id == 0 {
+		return sluice.Decision{}, 0, nil, false
+	}
+	sh, tag := s.locate(key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	now := s.now()
+	h := sh.leases.FindKind(tag, id, key)
+	switch {
+	case h == nil || h.units == 0:
+	case !h.live(now):
+		ended = h.l
+	case h.units >= cost:
+		return h.local(limit, now, true), 0, nil, true
+	case windowed(limit):
+		k = h.units
+	default:
+		k = sluice.ReturnAllowance(limit, h.units, (now-h.l.sent)/1e3)
+	}
+	return sluice.Decision{}, k, ended, false
+}
+
+// settle gives back the units that l, ended, still holds, as the refill of
+// the next request on it would: once, under its refill lock, and never
+// again (a return that fails leaves them out of the store, which can only
+// lower admissions). A lease refilled meanwhile, or gone from its table
+// (Reset drops its units, Close returns them), is left alone.
+func (s *Store) settle(ctx context.Context, l *lease, key string, limit sluice.Limit) error {
+	if err := l.refill.lockCtx(ctx); err != nil {
+		return fmt.Errorf("lease: waiting for the key's grant: %w", err)
+	}
+	defer l.refill.Unlock()
+	if err := ctx.Err(); err != nil {
+		return err // the units stay for a request that can give them back
+	}
+	sh := l.sh
+	sh.mu.Lock()
+	h := l.hot()
+	if l.gone != nil || h.units == 0 || h.live(s.now()) {
+		sh.mu.Unlock()
+		return nil
+	}
+	old, unused := l.grant, h.units
+	l.setUnits(h, 0)
+	sh.mu.Unlock()
+	held, err := s.giveBack(ctx, key, limit, old, unused)
+	if held {
+		// As after a refill's return that failed: requests waiting for
+		// this key go to the failure policy rather than call again.
+		sh.mu.Lock()
+		l.failed++
+		sh.mu.Unlock()
+	}
+	return err
 }
 
 // windowed reports whether limit counts per window: a lease's units then

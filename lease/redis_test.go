@@ -823,3 +823,12 @@ func TestRedisRefillOneRoundTrip(t *testing.T) {
 		t.Errorf("the store after the refill: %+v, %v; want %d left", d, err, 600-17)
 	}
 }
+
+// TestPeekCountsEndedLease on a real Redis (its clock injected).
+func TestRedisPeekCountsEndedLease(t *testing.T) {
+	t.Parallel()
+	client := redistest.Client(t)
+	checkPeekCountsEndedLease(t, func(t *testing.T, clock *storetest.Clock) sluice.Granter {
+		return redisstore.New(client, &redisstore.Options{Prefix: redistest.Prefix(t), Clock: clock.Now})
+	})
+}
