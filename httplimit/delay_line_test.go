@@ -56,9 +56,11 @@ func burst(n int, do func() outcome) []outcome {
 // checkLine checks runs of a burst against a line's promise: between
 // minServed and maxServed served, and every other refused at once (90% of
 // refusals within quick, none later than slow, well before anyone held to
-// MaxDelay would be), each told to retry after at least least: a wait just
-// under MaxDelay is refused too once the store's round trip has used the
-// rest, and Retry-After's whole seconds round it up to MaxDelay.
+// MaxDelay would be), each refused at once told to retry after at least
+// least: a wait just under MaxDelay is refused too once the store's round
+// trip has used the rest, and Retry-After's whole seconds round it up to
+// MaxDelay. A waiter a starved machine wakes late may find its unit gone
+// at its turn and be refused then, told the store's shorter wait.
 func checkLine(t *testing.T, runs [][]outcome, minServed, maxServed int, quick, slow, least time.Duration) {
 	t.Helper()
 	var refused []time.Duration
@@ -70,7 +72,7 @@ func checkLine(t *testing.T, runs [][]outcome, minServed, maxServed int, quick, 
 				continue
 			}
 			refused = append(refused, o.took)
-			if o.retry < least {
+			if o.retry < least && o.took <= quick {
 				t.Errorf("run %d: refused with Retry-After %v, want at least %v", r, o.retry, least)
 			}
 		}
@@ -101,7 +103,7 @@ func TestDelayLineRefusesAtOnce(t *testing.T) {
 		slow                    time.Duration
 	}{
 		// 2 at once, then 0.5s, 1s, 1.5s and 2s; 14 refused.
-		{2 * time.Second, 20, 5, 6, 1500 * time.Millisecond},
+		{2 * time.Second, 20, 5, 6, 1800 * time.Millisecond},
 		// 2 at once, then 0.5s; 5 refused, none held 500ms first.
 		{600 * time.Millisecond, 8, 3, 3, 400 * time.Millisecond},
 	} {
@@ -119,7 +121,7 @@ func TestRedisDelayLineRefusesAtOnce(t *testing.T) {
 	race.SkipTiming(t)
 	t.Parallel()
 	store := redisstore.New(redistest.Client(t), &redisstore.Options{Prefix: redistest.Prefix(t)})
-	checkLine(t, delayRuns(t, store, 3, 20, 2*time.Second), 5, 6, quick, 1500*time.Millisecond, 2*time.Second)
+	checkLine(t, delayRuns(t, store, 3, 20, 2*time.Second), 5, 6, quick, 1800*time.Millisecond, 2*time.Second)
 }
 
 // delayRuns runs bursts of n requests at once on runs servers, each with
