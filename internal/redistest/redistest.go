@@ -7,6 +7,8 @@
 //	SLUICE_REDIS_ADDR      standalone server, host:port
 //	SLUICE_REDIS_SENTINEL  a Sentinel watching it as master "sluice", host:port
 //	SLUICE_REDIS_CLUSTER   cluster seed nodes, comma-separated host:port
+//	SLUICE_REDIS_PORTS     lo-hi: the loopback ports private servers may use
+//	                       (default: any free port)
 //
 // When a variable is unset the test is skipped, except under CI=true, where
 // a missing Redis fails the test: CI never passes by skipping.
@@ -17,10 +19,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -209,16 +213,46 @@ func StartServerOptions(t testing.TB, opts *ServerOptions) *Server {
 	}
 }
 
-// freePort picks a free loopback port; a variable so that a test can hand
-// out a taken one.
+// freePort picks a free loopback port, within SLUICE_REDIS_PORTS
+// ("lo-hi") when it is set, so that a shared machine can keep the tests'
+// servers to ports of their own; a variable so that a test can hand out a
+// taken one.
 var freePort = func(t testing.TB) int {
 	t.Helper()
+	if r := os.Getenv("SLUICE_REDIS_PORTS"); r != "" {
+		return portIn(t, r)
+	}
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port
+}
+
+// portIn returns a port of the range "lo-hi" free on loopback, trying
+// them from a random one, so that test processes running at once seldom
+// pick the same.
+func portIn(t testing.TB, r string) int {
+	t.Helper()
+	a, b, _ := strings.Cut(r, "-")
+	lo, err1 := strconv.Atoi(a)
+	hi, err2 := strconv.Atoi(b)
+	if err1 != nil || err2 != nil || lo < 1 || hi < lo || hi > 65535 {
+		t.Fatalf("redistest: SLUICE_REDIS_PORTS=%q: want lo-hi, such as 27400-27499", r)
+	}
+	n := hi - lo + 1
+	start := rand.IntN(n)
+	for i := range n {
+		port := lo + (start+i)%n
+		l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
+		if err == nil {
+			l.Close()
+			return port
+		}
+	}
+	t.Fatalf("redistest: no free port in SLUICE_REDIS_PORTS=%s", r)
+	return 0
 }
 
 // DeadAddr returns a loopback address where nothing listens: connections

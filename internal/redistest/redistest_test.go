@@ -3,6 +3,7 @@ package redistest
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"slices"
 	"testing"
@@ -90,5 +91,27 @@ func TestFaultBindFailureNoticedFast(t *testing.T) {
 	// loaded one stretches the tail, not the median.
 	if median > 100*time.Millisecond || p90 > time.Second || worst > 2*time.Second {
 		t.Errorf("bind failure noticed in median %v, p90 %v, max %v; want the median within 100ms, p90 within 1s, max 2s", median, p90, worst)
+	}
+}
+
+// SLUICE_REDIS_PORTS keeps private servers to its range, and a port of
+// the range that is taken is passed over.
+func TestStartServerPortRange(t *testing.T) {
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Close()
+	port := taken.Addr().(*net.TCPAddr).Port
+	next, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port+1))
+	if err != nil {
+		t.Skipf("port %d, beside the taken one, is not free: %v", port+1, err)
+	}
+	next.Close()
+	t.Setenv("SLUICE_REDIS_PORTS", fmt.Sprintf("%d-%d", port, port+1))
+	for range 5 {
+		if got := freePort(t); got != port+1 {
+			t.Fatalf("freePort = %d, want %d (the range's free port)", got, port+1)
+		}
 	}
 }
