@@ -30,6 +30,13 @@ type slotKey struct {
 	// next is at or before the earliest deadline: no holder has expired
 	// before it, so a busy key is not scanned on every acquire.
 	next int64
+	// released are the releases ReleaseOnce remembers: holder → µs until
+	// which it is remembered. In the key's own state, as Redis keeps them
+	// in the key's hash slot, so that they cost no key of MaxKeys.
+	released map[string]int64
+	// forgetAt is the size of released at which the releases no longer
+	// remembered are next dropped.
+	forgetAt int
 }
 
 type slotHolder struct {
@@ -125,7 +132,8 @@ func (sh *shard) addSlotKey(key string, now int64) (*slotKey, error) {
 
 // reclaimSlotKey drops one key without live holders among a sample of
 // sh's in-flight keys (map iteration starts at a random place), reporting
-// whether it found one.
+// whether it found one. Releases it remembers go with it: a slot in use
+// is worth more than the answer to a repeated release.
 func (sh *shard) reclaimSlotKey(now int64) bool {
 	seen := 0
 	for key, k := range sh.slots {
@@ -179,6 +187,69 @@ func (s *Store) Release(ctx context.Context, key string, holder string) (bool, e
 	})
 }
 
+// ReleaseOnce is Release that also remembers, for remember, a release
+// that freed holder's slot, under the same lock, as
+// redisstore.Store.ReleaseOnce does in one script: sent again within
+// remember (its first answer lost), it reports the slot released before
+// rather than not held, and remembers it again from now. released is
+// false when holder held no slot and no release of it is remembered. A
+// key without live holders keeps its remembered releases until they end,
+// but may go, and they with it, when its shard is at MaxKeys.
+func (s *Store) ReleaseOnce(ctx context.Context, key, holder string, remember time.Duration) (released, before bool, err error) {
+	if err := ctxErr(ctx); err != nil {
+		return false, false, err
+	}
+	if err := sluice.ValidateSlot(key, sluice.Concurrent(1, remember), 1, holder); err != nil {
+		return false, false, err
+	}
+	if s.zero() {
+		return false, false, ErrZeroStore
+	}
+	sh := s.shard(key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	now := s.now()
+	k := sh.slots[key]
+	if k == nil {
+		return false, false, nil
+	}
+	if h, ok := k.live(holder, now); ok {
+		delete(k.holders, holder)
+		k.inUse -= h.weight
+	} else if until, ok := k.released[holder]; ok && now < until {
+		before = true
+	} else {
+		return false, false, nil
+	}
+	k.remember(holder, now+remember.Microseconds(), now)
+	return true, before, nil
+}
+
+// remember records holder's release until until, dropping the releases
+// forgotten at now once released has doubled since the last time, so
+// that a release costs amortised O(1).
+func (k *slotKey) remember(holder string, until, now int64) {
+	if k.released == nil {
+		k.released = make(map[string]int64, 1)
+	}
+	k.released[holder] = until
+	if len(k.released) >= k.forgetAt {
+		k.forget(now)
+		k.forgetAt = max(2*len(k.released), 8)
+	}
+}
+
+// forget drops the releases no longer remembered at now, reporting
+// whether any are left.
+func (k *slotKey) forget(now int64) bool {
+	for h, until := range k.released {
+		if until <= now {
+			delete(k.released, h)
+		}
+	}
+	return len(k.released) > 0
+}
+
 // onHolder validates, finds holder's live slot under key and applies f to
 // it, reporting whether there was one.
 func (s *Store) onHolder(key string, l sluice.InFlightLimit, holder string, f func(k *slotKey, h slotHolder, now int64)) (bool, error) {
@@ -204,11 +275,11 @@ func (s *Store) onHolder(key string, l sluice.InFlightLimit, holder string, f fu
 	return true, nil
 }
 
-// sweepSlots removes sh's expired holders, and keys left without any. The
-// caller holds sh.mu.
+// sweepSlots removes sh's expired holders and forgotten releases, and keys
+// left without either. The caller holds sh.mu.
 func (sh *shard) sweepSlots(now int64) {
 	for key, k := range sh.slots {
-		if k.prune(now); len(k.holders) == 0 {
+		if k.prune(now); len(k.holders) == 0 && !k.forget(now) {
 			delete(sh.slots, key)
 		}
 	}

@@ -148,3 +148,34 @@ func BenchmarkInFlight(b *testing.B) {
 		})
 	}
 }
+
+// The sweeper keeps a key whose holders are all gone while it remembers a
+// release of one (a repeat is still told released before), and drops it
+// once it remembers none.
+func TestInFlightReleaseOnceSweep(t *testing.T) {
+	t.Parallel()
+	s, clock := newSlotsStore(t, memory.Options{})
+	ctx := context.Background()
+	if d, err := s.Acquire(ctx, "k", sluice.Concurrent(1, 10*time.Second), 1, "h"); err != nil || !d.Allowed {
+		t.Fatal(d, err)
+	}
+	if released, before, err := s.ReleaseOnce(ctx, "k", "h", 5*time.Second); err != nil || !released || before {
+		t.Fatalf("ReleaseOnce = %v, %v, %v", released, before, err)
+	}
+	clock.Advance(4 * time.Second)
+	s.Sweep()
+	if released, before, err := s.ReleaseOnce(ctx, "k", "h", 5*time.Second); err != nil || !released || !before {
+		t.Fatalf("ReleaseOnce after a sweep = %v, %v, %v; want released before", released, before, err)
+	}
+	if n := s.HeldKeys(); n != 1 {
+		t.Errorf("HeldKeys = %d while a release is remembered, want 1", n)
+	}
+	clock.Advance(5 * time.Second)
+	s.Sweep()
+	if n := s.HeldKeys(); n != 0 {
+		t.Errorf("HeldKeys = %d once no release is remembered, want 0", n)
+	}
+	if released, before, err := s.ReleaseOnce(ctx, "k", "h", 5*time.Second); err != nil || released || before {
+		t.Errorf("ReleaseOnce once forgotten = %v, %v, %v; want not held", released, before, err)
+	}
+}

@@ -142,6 +142,105 @@ func RunInFlight(t *testing.T, newSlots NewSlots) {
 	t.Run("concurrent", func(t *testing.T) { t.Parallel(); testSlotConcurrent(t, newSlots) })
 	t.Run("handle", func(t *testing.T) { t.Parallel(); testSlotHandle(t, newSlots) })
 	t.Run("independence", func(t *testing.T) { t.Parallel(); testSlotIndependence(t, newSlots) })
+	t.Run("release_once", func(t *testing.T) { t.Parallel(); testSlotReleaseOnce(t, newSlots) })
+	t.Run("release_once_racing", func(t *testing.T) { t.Parallel(); testSlotReleaseOnceRacing(t, newSlots) })
+}
+
+// onceReleaser is a store that remembers a release with it
+// (redisstore.Store.ReleaseOnce and its twins).
+type onceReleaser interface {
+	ReleaseOnce(ctx context.Context, key, holder string, remember time.Duration) (released, before bool, err error)
+}
+
+// onceSetup is slotSetup for a store with ReleaseOnce; it skips others.
+func onceSetup(t *testing.T, newSlots NewSlots) (*Clock, sluice.Slots, onceReleaser, string) {
+	clock, st, key := slotSetup(t, newSlots)
+	r, ok := st.(onceReleaser)
+	if !ok {
+		t.Skipf("%T has no ReleaseOnce", st)
+	}
+	return clock, st, r, key
+}
+
+// ReleaseOnce frees a slot and remembers its release for the time asked:
+// sent again within it, it reports the slot released before (and
+// remembers it again from now); after it, for a holder never held, or
+// for one whose hold ran out, not held. Bad input is a typed error.
+func testSlotReleaseOnce(t *testing.T, newSlots NewSlots) {
+	clock, st, r, key := onceSetup(t, newSlots)
+	ctx := context.Background()
+	l := sluice.Concurrent(3, 10*second)
+	release := func(h string, released, before bool) {
+		t.Helper()
+		got, b, err := r.ReleaseOnce(ctx, key, h, 5*second)
+		if err != nil || got != released || b != before {
+			t.Fatalf("ReleaseOnce(%s) = %v, %v, %v; want %v, %v", h, got, b, err, released, before)
+		}
+	}
+	for _, h := range []string{"a", "b"} {
+		if d, err := st.Acquire(ctx, key, l, 1, h); err != nil || !d.Allowed {
+			t.Fatalf("Acquire(%s) = %+v, %v", h, d, err)
+		}
+	}
+	release("a", true, false)
+	release("a", true, true)
+	if d, err := st.Acquire(ctx, key, l, 2, "w"); err != nil || !d.Allowed || d.InUse != 3 {
+		t.Fatalf("a released, Acquire(w, 2) = %+v, %v; want allowed, 3 in use", d, err)
+	}
+	release("w", true, false)
+	clock.Advance(4 * second)
+	release("a", true, true) // remembered again from now
+	clock.Advance(4 * second)
+	release("a", true, true)
+	clock.Advance(5 * second)
+	release("a", false, false) // forgotten
+	release("never", false, false)
+	release("b", false, false) // its hold ran out: expired, not released
+	if ok, err := st.Release(ctx, key, "w"); err != nil || ok {
+		t.Errorf("Release of a holder ReleaseOnce freed = %v, %v; want false", ok, err)
+	}
+	for _, c := range []struct {
+		key, holder string
+		remember    time.Duration
+		want        error
+	}{{key, "a", 0, sluice.ErrInvalidLimit}, {"", "a", second, sluice.ErrInvalidKey}, {key, "", second, sluice.ErrInvalidHolder}} {
+		if _, _, err := r.ReleaseOnce(ctx, c.key, c.holder, c.remember); !errors.Is(err, c.want) {
+			t.Errorf("ReleaseOnce(%q, %q, %v) = %v, want %v", c.key, c.holder, c.remember, err, c.want)
+		}
+	}
+}
+
+// Releases of one holder racing each other all report it released, one
+// of them now: the release and its record are one step.
+func testSlotReleaseOnceRacing(t *testing.T, newSlots NewSlots) {
+	_, st, r, key := onceSetup(t, newSlots)
+	ctx := context.Background()
+	l := sluice.Concurrent(1, 10*second)
+	for round := range 20 {
+		h := fmt.Sprintf("h%d", round)
+		if d, err := st.Acquire(ctx, key, l, 1, h); err != nil || !d.Allowed {
+			t.Fatalf("Acquire(%s) = %+v, %v", h, d, err)
+		}
+		var now, before atomic.Int64
+		var wg sync.WaitGroup
+		for range 4 {
+			wg.Go(func() {
+				released, b, err := r.ReleaseOnce(ctx, key, h, 10*second)
+				switch {
+				case err != nil || !released:
+					t.Errorf("ReleaseOnce(%s) racing = %v, %v, %v; want released", h, released, b, err)
+				case b:
+					before.Add(1)
+				default:
+					now.Add(1)
+				}
+			})
+		}
+		wg.Wait()
+		if now.Load() != 1 || before.Load() != 3 {
+			t.Fatalf("round %d: %d released now, %d before; want 1 and 3", round, now.Load(), before.Load())
+		}
+	}
 }
 
 // runInFlightOf runs RunInFlight on newStore's stores if they keep slots
