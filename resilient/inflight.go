@@ -19,6 +19,8 @@ import (
 // change of n); FailOpen admits, holding nothing; FailClosed denies. A
 // holder granted by the policy is remembered here, and its Extend and
 // Release go where it was granted; every other holder's go to the backend.
+// A holder ReleaseOnce freed where the policy granted it stays remembered
+// while its release is, so that the release sent again goes there too.
 // In-flight denials never enter the deny cache: a slot can free at any
 // instant.
 
@@ -30,6 +32,10 @@ type slotGrant struct {
 	// backend: the backend's Acquire failed, perhaps after running, so the
 	// backend may hold the holder too; its release frees it there as well.
 	backend bool
+	// released: ReleaseOnce freed it, and expires is when its release is
+	// forgotten. Kept so that the release sent again goes where the
+	// release is remembered, not to the backend, which never held it.
+	released bool
 }
 
 type slotRef struct{ key, holder string }
@@ -199,9 +205,11 @@ func (s *Store) Extend(ctx context.Context, key string, l sluice.InFlightLimit, 
 	if err := sluice.ValidateSlot(key, l, 1, holder); err != nil {
 		return false, err
 	}
-	return s.onSlot(ctx, "extend", key, holder, l.Hold, func(ctx context.Context, st sluice.Slots) (bool, error) {
-		return st.Extend(ctx, key, l, holder)
+	a, err := s.onSlot(ctx, "extend", key, holder, l.Hold, 0, func(ctx context.Context, st sluice.Slots) (slotAnswer, error) {
+		ok, err := st.Extend(ctx, key, l, holder)
+		return slotAnswer{held: ok}, err
 	})
+	return a.held, err
 }
 
 // Release implements sluice.Slots. A holder the policy granted is released
@@ -216,40 +224,83 @@ func (s *Store) Release(ctx context.Context, key string, holder string) (bool, e
 	if err := sluice.ValidateHolder(holder); err != nil {
 		return false, err
 	}
-	return s.onSlot(ctx, "release", key, holder, 0, func(ctx context.Context, st sluice.Slots) (bool, error) {
-		return st.Release(ctx, key, holder)
+	a, err := s.onSlot(ctx, "release", key, holder, 0, 0, func(ctx context.Context, st sluice.Slots) (slotAnswer, error) {
+		ok, err := st.Release(ctx, key, holder)
+		return slotAnswer{held: ok}, err
 	})
+	return a.held, err
 }
 
-// onSlot runs an extend (hold > 0, the new hold) or a release (hold 0)
-// where holder was granted.
-func (s *Store) onSlot(ctx context.Context, op, key, holder string, hold time.Duration, fn func(context.Context, sluice.Slots) (bool, error)) (bool, error) {
+// onceReleaser is a store that frees a slot and remembers its release in
+// one step (redisstore.Store.ReleaseOnce, memory.Store.ReleaseOnce).
+type onceReleaser interface {
+	ReleaseOnce(ctx context.Context, key, holder string, remember time.Duration) (released, before bool, err error)
+}
+
+// ReleaseOnce is Release that also remembers, for remember, a release that
+// freed holder's slot, in the same step as it frees it, where the slot is
+// held: the backend's ReleaseOnce (redisstore.Store.ReleaseOnce) for a
+// holder the backend holds, the fallback's (memory.Store.ReleaseOnce) for
+// one the policy granted there. Sent again within remember, after an
+// error that left its outcome unknown (ErrSlotUnreachable: the backend may
+// have run it), or racing with the first, it reports the slot released
+// before rather than not held. A holder FailOpen granted holds nothing:
+// its release is remembered here. released is false when holder held no
+// slot and no release of it is remembered. A backend or fallback without
+// ReleaseOnce releases with Release and remembers nothing.
+func (s *Store) ReleaseOnce(ctx context.Context, key, holder string, remember time.Duration) (released, before bool, err error) {
+	ctx = ctxutil.OrBackground(ctx)
+	if err := sluice.ValidateSlot(key, sluice.Concurrent(1, remember), 1, holder); err != nil {
+		return false, false, err
+	}
+	a, err := s.onSlot(ctx, "release", key, holder, 0, remember, func(ctx context.Context, st sluice.Slots) (slotAnswer, error) {
+		if r, ok := st.(onceReleaser); ok {
+			released, before, err := r.ReleaseOnce(ctx, key, holder, remember)
+			return slotAnswer{held: released, before: before}, err
+		}
+		ok, err := st.Release(ctx, key, holder)
+		return slotAnswer{held: ok}, err
+	})
+	return a.held, a.before, err
+}
+
+// slotAnswer is a store's answer to an extend or a release: held (for a
+// release: freed, now or by an earlier release) and before (freed by an
+// earlier release, which the store remembered).
+type slotAnswer struct{ held, before bool }
+
+// onSlot runs an extend (hold > 0, the new hold) or a release (hold 0;
+// remember > 0 for a ReleaseOnce) where holder was granted.
+func (s *Store) onSlot(ctx context.Context, op, key, holder string, hold, remember time.Duration, fn func(context.Context, sluice.Slots) (slotAnswer, error)) (slotAnswer, error) {
 	bs, err := s.slotBackend()
 	if err != nil {
-		return false, err
+		return slotAnswer{}, err
 	}
 	if err := ended(ctx, op); err != nil {
-		return false, err
+		return slotAnswer{}, err
 	}
 	now := s.clock()
 	ref := slotRef{key, holder}
 	if g, ok := s.slots.get(ref, now); ok {
-		held := true
+		if g.released {
+			return s.releasedAgain(ctx, op, ref, g, remember, now, fn)
+		}
 		if !g.open && hold > 0 && s.policyNow() != FallbackLocal {
 			// No longer counted by the fleet (Fleet.Counted): the share
 			// this slot is part of is the others' now, so it is not
 			// extended but freed, and its holder told it is lost.
 			s.observe(op, sluice.SourceFailClosed, 0, nil)
 			if _, err := s.fallback.(sluice.Slots).Release(ctx, key, holder); err != nil {
-				return false, err
+				return slotAnswer{}, err
 			}
 			s.slots.forget(ref)
-			return false, nil
+			return slotAnswer{}, nil
 		}
+		a := slotAnswer{held: true}
 		if !g.open {
 			s.observe(op, sluice.SourceFallback, 0, nil)
-			if held, err = fn(ctx, s.fallback.(sluice.Slots)); err != nil {
-				return false, err
+			if a, err = fn(ctx, s.fallback.(sluice.Slots)); err != nil {
+				return slotAnswer{}, err
 			}
 		} else {
 			s.observe(op, sluice.SourceFailOpen, 0, nil)
@@ -259,31 +310,60 @@ func (s *Store) onSlot(ctx context.Context, op, key, holder string, hold time.Du
 			sluice.ReleaseAbandoned(bs, key, holder)
 		}
 		switch {
-		case !held || hold == 0:
+		case a.held && remember > 0:
+			s.slots.put(ref, slotGrant{open: g.open, released: true, expires: now.Add(remember)}, now)
+		case !a.held || hold == 0:
 			s.slots.forget(ref)
 		default:
 			g.expires = now.Add(hold)
 			s.slots.put(ref, g, now)
 		}
-		return held, nil
+		return a, nil
 	}
 	call, probe := s.br.allow(now)
 	if !call {
 		s.observe(op, s.policySource(), 0, nil)
-		return false, fmt.Errorf("resilient: %s: %w: breaker open", op, ErrSlotUnreachable)
+		return slotAnswer{}, fmt.Errorf("resilient: %s: %w: breaker open", op, ErrSlotUnreachable)
 	}
-	held, lat, err := bounded(ctx, s.timeout, s.inline, func(ctx context.Context) (bool, error) { return fn(ctx, bs) })
+	a, lat, err := bounded(ctx, s.timeout, s.inline, func(ctx context.Context) (slotAnswer, error) { return fn(ctx, bs) })
 	if err == nil {
-		s.br.answered(probe, now, held) // a holder not held: nothing written
+		s.br.answered(probe, now, a.held) // a holder not held: nothing written
 		s.observe(op, sluice.SourceBackend, lat, nil)
-		return held, nil
+		return a, nil
 	}
 	if err := s.callerFault(ctx, op, err, probe); err != nil {
-		return false, err
+		return slotAnswer{}, err
 	}
 	s.br.failure(probe, now, s.clock(), err)
 	s.observe(op, s.policySource(), lat, err)
-	return false, fmt.Errorf("resilient: %s: %w: %w", op, ErrSlotUnreachable, err)
+	return slotAnswer{}, fmt.Errorf("resilient: %s: %w: %w", op, ErrSlotUnreachable, err)
+}
+
+// releasedAgain answers a call on a holder the policy granted that a
+// ReleaseOnce has freed: an extend or a Release finds it not held; a
+// ReleaseOnce asks the fallback, which remembers the release (an open
+// grant's is remembered here alone), and renews it.
+func (s *Store) releasedAgain(ctx context.Context, op string, ref slotRef, g slotGrant, remember time.Duration, now time.Time, fn func(context.Context, sluice.Slots) (slotAnswer, error)) (slotAnswer, error) {
+	if remember == 0 {
+		return slotAnswer{}, nil
+	}
+	a := slotAnswer{held: true, before: true}
+	if g.open {
+		s.observe(op, sluice.SourceFailOpen, 0, nil)
+	} else {
+		s.observe(op, sluice.SourceFallback, 0, nil)
+		var err error
+		if a, err = fn(ctx, s.fallback.(sluice.Slots)); err != nil {
+			return slotAnswer{}, err
+		}
+	}
+	if !a.held {
+		s.slots.forget(ref)
+		return a, nil
+	}
+	g.expires = now.Add(remember)
+	s.slots.put(ref, g, now)
+	return a, nil
 }
 
 // slotBackend returns the backend as sluice.Slots.

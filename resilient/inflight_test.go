@@ -7,6 +7,8 @@ import (
 	"log/slog"
 	"slices"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -412,5 +414,122 @@ func TestSlotsAbandonOnlySent(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatal("abandoning a holder sent to the backend made no backend call")
 		}
+	}
+}
+
+// ReleaseOnce releases where the slot is held and remembers it there. A
+// Redis slot's release whose answer is lost while Redis is stopped
+// (ErrSlotUnreachable; Redis runs it as it resumes) is told released
+// before when sent again; a slot the fallback granted is remembered in
+// the fallback, and its release sent again, racing or later, even once
+// Redis is back, is told so too.
+func TestFaultSlotsReleaseOnce(t *testing.T) {
+	race.SkipTiming(t)
+	t.Parallel()
+	srv := redistest.StartServer(t)
+	client := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	t.Cleanup(func() { client.Close() })
+	s, err := New(redisstore.New(client, nil), &Options{Timeout: 100 * time.Millisecond, ProbeInterval: 50 * time.Millisecond, Logger: discard})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	ctx := context.Background()
+	const remember = 10 * time.Second
+	l := sluice.Concurrent(10, time.Minute)
+	release := func(key, h string, released, before bool) {
+		t.Helper()
+		r, b, err := s.ReleaseOnce(ctx, key, h, remember)
+		if err != nil || r != released || b != before {
+			t.Fatalf("ReleaseOnce(%s, %s) = %v, %v, %v; want %v, %v", key, h, r, b, err, released, before)
+		}
+	}
+	racing := func(key, h string) {
+		t.Helper()
+		var now, before atomic.Int64
+		var wg sync.WaitGroup
+		for range 4 {
+			wg.Go(func() {
+				r, b, err := s.ReleaseOnce(ctx, key, h, remember)
+				switch {
+				case err != nil || !r:
+					t.Errorf("ReleaseOnce(%s, %s) racing = %v, %v, %v; want released", key, h, r, b, err)
+				case b:
+					before.Add(1)
+				default:
+					now.Add(1)
+				}
+			})
+		}
+		wg.Wait()
+		if now.Load() != 1 || before.Load() != 3 {
+			t.Errorf("ReleaseOnce(%s, %s) racing: %d released now, %d before; want 1 and 3", key, h, now.Load(), before.Load())
+		}
+	}
+	acquire := func(key, h string, weight int64, src sluice.Source) {
+		t.Helper()
+		if d, err := s.Acquire(ctx, key, l, weight, h); err != nil || !d.Allowed || d.Source != src {
+			t.Fatalf("Acquire(%s, %s) = %+v, %v; want allowed by %v", key, h, d, err, src)
+		}
+	}
+	acquire("k", "r", 10, sluice.SourceBackend)
+	release("k", "nobody", false, false) // loads the script
+	srv.Pause(t)
+	t.Cleanup(func() { srv.Resume(t) }) // should the test end while it is stopped
+	if r, b, err := s.ReleaseOnce(ctx, "k", "r", remember); r || b || !errors.Is(err, ErrSlotUnreachable) {
+		t.Fatalf("ReleaseOnce with Redis stopped = %v, %v, %v; want ErrSlotUnreachable", r, b, err)
+	}
+	acquire("fb", "f", 1, sluice.SourceFallback)
+	acquire("fb", "g", 1, sluice.SourceFallback)
+	release("fb", "f", true, false)
+	release("fb", "f", true, true)
+	racing("fb", "g")
+	if ok, err := s.Extend(ctx, "fb", l, "f"); ok || err != nil {
+		t.Errorf("Extend of a released fallback slot = %v, %v; want not held", ok, err)
+	}
+	srv.Resume(t)
+	waitFor(t, "the breaker to close", func() bool {
+		s.Acquire(ctx, "other", l, 1, "probe")
+		return s.State() == sluice.BreakerClosed
+	})
+	release("k", "r", true, true) // Redis ran the lost one, and remembered it
+	acquire("k", "z", 10, sluice.SourceBackend)
+	release("fb", "f", true, true) // still the fallback's
+	release("fb", "g", true, true)
+	acquire("k2", "r2", 1, sluice.SourceBackend)
+	racing("k2", "r2")
+}
+
+// A slot FailOpen granted holds nothing; its release is remembered by the
+// Store itself: told released before when sent again, not held to an
+// extend.
+func TestSlotsReleaseOnceOpen(t *testing.T) {
+	t.Parallel()
+	client := redis.NewClient(&redis.Options{Addr: redistest.DeadAddr(t), MaxRetries: -1})
+	t.Cleanup(func() { client.Close() })
+	s, err := New(redisstore.New(client, nil), &Options{Policy: FailOpen, Logger: discard})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	ctx := context.Background()
+	l := sluice.Concurrent(1, time.Minute)
+	if d, err := s.Acquire(ctx, "k", l, 1, "o"); err != nil || !d.Allowed || d.Source != sluice.SourceFailOpen {
+		t.Fatalf("Acquire = %+v, %v; want allowed by FailOpen", d, err)
+	}
+	for i, before := range []bool{false, true, true} {
+		if r, b, err := s.ReleaseOnce(ctx, "k", "o", time.Minute); err != nil || !r || b != before {
+			t.Errorf("ReleaseOnce #%d = %v, %v, %v; want released, before %v", i+1, r, b, err, before)
+		}
+		if ok, err := s.Extend(ctx, "k", l, "o"); ok || err != nil {
+			t.Errorf("Extend after ReleaseOnce #%d = %v, %v; want not held", i+1, ok, err)
+		}
+	}
+	if _, _, err := s.ReleaseOnce(ctx, "k", "o", 0); !errors.Is(err, sluice.ErrInvalidLimit) {
+		t.Errorf("ReleaseOnce remembering 0 = %v, want ErrInvalidLimit", err)
+	}
+	var m *MultiStore
+	if _, _, err := m.ReleaseOnce(ctx, "k", "o", time.Minute); !errors.Is(err, ErrZeroStore) {
+		t.Errorf("nil MultiStore: ReleaseOnce = %v, want ErrZeroStore", err)
 	}
 }

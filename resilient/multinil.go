@@ -2,6 +2,7 @@ package resilient
 
 import (
 	"context"
+	"time"
 
 	"github.com/sluicehq/sluice"
 )
@@ -69,6 +70,11 @@ func (m *MultiStore) Extend(ctx context.Context, key string, l sluice.InFlightLi
 // Release is Store.Release.
 func (m *MultiStore) Release(ctx context.Context, key string, holder string) (bool, error) {
 	return m.store().Release(ctx, key, holder)
+}
+
+// ReleaseOnce is Store.ReleaseOnce.
+func (m *MultiStore) ReleaseOnce(ctx context.Context, key, holder string, remember time.Duration) (released, before bool, err error) {
+	return m.store().ReleaseOnce(ctx, key, holder, remember)
 }
 
 // AbandonSlot is Store.AbandonSlot.
