@@ -211,8 +211,8 @@ const youngShare = 2
 // extended it with a shorter hold), and its release needs no script to
 // check the deadline (BENCHMARKS.md, "In-flight slots"). A call that
 // failed forgets its holder: it may have run with another hold. At most
-// youngMax holders are remembered (holders never released, such as the
-// service's tombstones, would fill it): the rest go by script. Holders
+// youngMax holders are remembered (holders never released would fill
+// it): the rest go by script. Holders
 // no longer young are swept when the map fills, at most once a second
 // when it stays full.
 type youngHolders struct {

@@ -140,7 +140,9 @@ type ServiceOptions struct {
 // and Redis stores are); on another store they fail with
 // enforce.ErrNeedMultiStore. When store can grant (sluice.Granter), the
 // policies with a lease are answered from leases in front of it; Close
-// returns their unused units.
+// returns their unused units. In-flight slots need a sluice.Slots; a
+// repeated release of a token is 204 only on one that also remembers its
+// releases (ReleaseOnce: the memory, Redis and resilient stores do).
 func NewService(store sluice.Store, cfg *config.Config, opts *ServiceOptions) *Service {
 	var o ServiceOptions
 	if opts != nil {

@@ -45,22 +45,17 @@ import (
 // store's (heldSlots), so that even a token crafted to pass the check
 // frees and extends nothing.
 //
-// A release that frees a slot leaves a tombstone, so that releasing the
-// token again answers "released before" rather than "unknown": a client
-// retrying a release it saw fail is told it succeeded. On a store that
-// can (onceReleaser: Redis without a failure policy) the store writes it
-// with the release, in one script: a release whose answer was lost left
-// its tombstone too. Elsewhere it is the holder, held for the policy's
-// hold in one of the policy's 4,096 tombstone keys, picked by the
-// holder's first three hex digits, written after the release: a second
-// release racing with the first may find none yet and answer not held,
-// and a release whose answer was lost leaves none. Those tombstones share
-// keys so that they cost a key each in neither store: in
-// the memory store a key each would fill its key bound
-// (memory.Options.MaxKeys) with releases, not with slots in use. There are
-// enough of them that a key's holders stay few (the memory store scans a
-// key's holders when its first expires): at 1,000 releases a second and a
-// one-hour hold, under 900 a key.
+// A release that frees a slot is remembered for the policy's hold, so
+// that releasing the token again answers "released before" rather than
+// "unknown": a client retrying a release it saw fail is told it
+// succeeded. The store remembers it in the same step as it frees the slot
+// (ReleaseOnce: one script on Redis, one lock in the memory store,
+// resilient's where the slot is held), so a release whose answer was lost
+// is remembered too, and releases racing each other all see the slot
+// freed. The record lives with the slot's key (Redis: in its hash slot;
+// memory: in its state), bound to the holder and the key, and costs no
+// key of its own: one each would fill the memory store's key bound
+// (memory.Options.MaxKeys) with releases, not with slots in use.
 
 // SlotResult is the answer to an Acquire.
 type SlotResult struct {
@@ -170,23 +165,6 @@ func (s *Service) inFlightPolicy(name string) (*config.Policy, error) {
 // slotKey returns the store key of key's slots under p.
 func (s *Service) slotKey(p *config.Policy, key string) string {
 	k, _ := s.keyer.Keys(s.policyBase(p), key, false)
-	return k
-}
-
-// tombHolder is the tombstone's holder id for a token's holder and key:
-// bound to both, so that a token edited to name another key finds no
-// tombstone.
-func tombHolder(holder, key string) string {
-	sum := sha256.Sum256([]byte(holder + "\x00" + key))
-	return hex.EncodeToString(sum[:16])
-}
-
-// tombKey returns the store key of holder's tombstone under p (in the
-// namespace penalty blocks use; in-flight policies have no penalty). A
-// token's holder is 32 hex digits; a shorter one (none reaches here)
-// shares a key with the holders it begins.
-func (s *Service) tombKey(p *config.Policy, holder string) string {
-	_, k := s.keyer.Keys(s.policyBase(p), holder[:min(3, len(holder))], true)
 	return k
 }
 
@@ -384,9 +362,7 @@ func (s *Service) elsewhere(t slotToken) bool {
 }
 
 // onceReleaser is a store that remembers a release in the same step as
-// it frees the slot (redisstore.Store.ReleaseOnce): a release sent again
-// after an error that left its outcome unknown is then told it released
-// the slot before, never 404.
+// it frees the slot: redisstore's, memory's and resilient's ReleaseOnce.
 type onceReleaser interface {
 	ReleaseOnce(ctx context.Context, key, holder string, remember time.Duration) (released, before bool, err error)
 }
@@ -394,35 +370,19 @@ type onceReleaser interface {
 // release is Release on this instance.
 func (s *Service) release(ctx context.Context, t slotToken, p *config.Policy) error {
 	skey := s.slotKey(p, t.key)
-	res := SlotResult{Policy: p}
+	var released, before bool
+	var err error
 	if r, ok := s.slots.(onceReleaser); ok {
-		released, before, err := r.ReleaseOnce(ctx, skey, t.holder, p.InFlight.Limit.Hold)
-		if err != nil {
-			s.observeSlot(res, sluice.SlotRelease, sluice.OutcomeError)
-			return fmt.Errorf("server: store: %w", err)
-		}
-		return s.released(t, p, released, before)
+		released, before, err = r.ReleaseOnce(ctx, skey, t.holder, p.InFlight.Limit.Hold)
+	} else {
+		// Another store: nothing remembers the release (NewService).
+		released, err = s.slots.Release(ctx, skey, t.holder)
 	}
-	tomb := s.tombKey(p, t.holder)
-	mark := sluice.Concurrent(sluice.MaxInFlight, p.InFlight.Limit.Hold)
-	ok, err := s.slots.Release(ctx, skey, t.holder)
 	if err != nil {
-		s.observeSlot(res, sluice.SlotRelease, sluice.OutcomeError)
+		s.observeSlot(SlotResult{Policy: p}, sluice.SlotRelease, sluice.OutcomeError)
 		return fmt.Errorf("server: store: %w", err)
 	}
-	if ok {
-		if _, err := s.slots.Acquire(ctx, tomb, mark, 1, tombHolder(t.holder, t.key)); err != nil {
-			// Released all the same; only a repeat would be told 404.
-			s.log.Warn("released slot's tombstone not written: a repeated release of its token will answer 404", "policy", p.Name, "error", err)
-		}
-		return s.released(t, p, true, false)
-	}
-	before, err := s.slots.Extend(ctx, tomb, mark, tombHolder(t.holder, t.key))
-	if err != nil {
-		s.observeSlot(res, sluice.SlotRelease, sluice.OutcomeError)
-		return fmt.Errorf("server: store: %w", err)
-	}
-	return s.released(t, p, before, before)
+	return s.released(t, p, released, before)
 }
 
 // released reports a release the store answered: freed now, freed by an

@@ -2,8 +2,12 @@ package server
 
 import (
 	"context"
+	"fmt"
+	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -104,6 +108,85 @@ func TestFaultSlotReleaseLostAnswer(t *testing.T) {
 	}
 	if code, body, _ := post(t, base, "/v1/acquire", `{"policy":"exports","key":"ann","weight":10}`); code != 200 {
 		t.Errorf("acquire of the whole max after the release: %d %v", code, body)
+	}
+}
+
+// TestFaultSlotReleaseOnceServeLocal: `sluice serve` under the local
+// failure policy remembers a release with it, wherever the slot is held.
+// A Redis slot's release whose answer times out (Redis stopped: it runs
+// the release when it resumes) is 503, and the same release sent again
+// is 204, as a repeated release is; the slot's full max can be acquired
+// again. Releases of one token racing each other are all 204, for a Redis
+// slot and for one the fallback granted while Redis was stopped, and the
+// latter's release sent again once Redis is back is 204 too.
+func TestFaultSlotReleaseOnceServeLocal(t *testing.T) {
+	race.SkipTiming(t)
+	r := startRedis(t)
+	p := startFleet(t, r.url(), 1, slotsConfig, "--failure-policy", "local", "--fleet-size", "1").procs[0]
+	acquire := func(weight int, source string) string {
+		t.Helper()
+		code, body := p.post(t, "/v1/acquire", fmt.Sprintf(`{"policy":"exports","key":"ann","weight":%d,"priority":"critical"}`, weight))
+		if got, _ := body["source"].(string); code != 200 || got != source {
+			t.Fatalf("acquire of %d: %d %v; want 200 from %q", weight, code, body, source)
+		}
+		return tokenBody(body["token"])
+	}
+	racing := func(tok string) {
+		t.Helper()
+		codes := make([]int, 4)
+		var wg sync.WaitGroup
+		for i := range codes {
+			wg.Go(func() {
+				resp, err := http.Post("http://"+p.http+"/v1/release", "application/json", strings.NewReader(tok))
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				resp.Body.Close()
+				codes[i] = resp.StatusCode
+			})
+		}
+		wg.Wait()
+		for _, c := range codes {
+			if c != 204 {
+				t.Errorf("releases of one token racing: %v, want all 204", codes)
+				break
+			}
+		}
+	}
+	tok := acquire(10, "")
+	if code, _ := p.post(t, "/v1/release", `{"token":"0123456789abcdef0123456789abcdef.ZXhwb3J0cw.YW5u"}`); code != 404 {
+		t.Fatalf("release of a slot never held (loads the script): %d, want 404", code)
+	}
+	r.Pause(t)
+	code, body := p.post(t, "/v1/release", tok)
+	if code != 503 {
+		r.Resume(t)
+		t.Fatalf("release with Redis stopped: %d %v, want 503", code, body)
+	}
+	fb := acquire(1, "fallback") // granted by this instance's share while Redis is away
+	racing(fb)
+	r.Resume(t)
+	// Redis runs the release it had received as it resumes; its answer
+	// was lost. The breaker may hold calls back until its next probe.
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		code, body = p.post(t, "/v1/release", tok)
+		if code != 503 || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if code != 204 {
+		t.Errorf("release sent again after the 503: %d %v, want 204 (released before)", code, body)
+	}
+	if code, body := p.post(t, "/v1/release", fb); code != 204 {
+		t.Errorf("the fallback's slot released again with Redis back: %d %v, want 204", code, body)
+	}
+	all := acquire(10, "")
+	racing(all)
+	if code, body := p.post(t, "/v1/release", all); code != 204 {
+		t.Errorf("a released token released again: %d %v, want 204", code, body)
 	}
 }
 

@@ -292,11 +292,11 @@ func TestSlotsMetrics(t *testing.T) {
 	}
 }
 
-// TestTombstonesShareKeys: released tokens' tombstones live in a few keys
-// per policy, so one client acquiring and releasing over and over never
+// TestReleasesCostNoKeys: the releases a store remembers live with the
+// slot's key, so one client acquiring and releasing over and over never
 // fills the memory store's key bound (it did at MaxKeys releases within a
 // hold, one key each), and a repeated release is still told "released".
-func TestTombstonesShareKeys(t *testing.T) {
+func TestReleasesCostNoKeys(t *testing.T) {
 	t.Parallel()
 	clock := newFakeClock()
 	store := memory.New(&memory.Options{Clock: clock.Now, SweepInterval: -1, MaxKeys: 5000, Shards: 1})
@@ -318,6 +318,9 @@ func TestTombstonesShareKeys(t *testing.T) {
 	}
 	if err := svc.Release(ctx, first); err != nil {
 		t.Errorf("the first token, released again: %v; want released before", err)
+	}
+	if n := store.HeldKeys(); n != 1 {
+		t.Errorf("keys with in-flight state: %d, want 1 (the slot's)", n)
 	}
 }
 
