@@ -283,14 +283,5 @@ func (l *Limiter) waitIn(ctx context.Context, k string, n int64, d Decision, w *
 
 // shape is what a line's estimate needs of l.
 func (l Limit) shape() line.Shape {
-	s := line.Shape{Interval: l.Interval(), Period: l.Period, Capacity: l.Capacity()}
-	switch l.Algorithm {
-	case FixedWindow:
-		s.Kind = line.Fixed
-	case SlidingWindowLog:
-		s.Kind = line.Sliding
-	case SlidingWindowCounter:
-		s.Kind = line.Counter
-	}
-	return s
+	return line.ShapeOf(l.Algorithm.String(), l.Interval(), l.Period, l.Capacity())
 }

@@ -734,16 +734,7 @@ func counterWait(r sluice.Request, d sluice.Decision, peeked, ahead int64) time.
 
 // Shape is what the line's estimate needs of l.
 func Shape(l sluice.Limit) line.Shape {
-	s := line.Shape{Interval: l.Interval(), Period: l.Period, Capacity: l.Capacity()}
-	switch l.Algorithm {
-	case sluice.FixedWindow:
-		s.Kind = line.Fixed
-	case sluice.SlidingWindowLog:
-		s.Kind = line.Sliding
-	case sluice.SlidingWindowCounter:
-		s.Kind = line.Counter
-	}
-	return s
+	return line.ShapeOf(l.Algorithm.String(), l.Interval(), l.Period, l.Capacity())
 }
 
 // oneDecision returns a slice of n decisions, on the stack for one.

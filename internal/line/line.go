@@ -56,6 +56,22 @@ const (
 	Counter
 )
 
+// ShapeOf is the shape of a limit of the named algorithm (its config
+// name, as sluice.Algorithm's String gives it; this package cannot import
+// sluice's, which imports it).
+func ShapeOf(algorithm string, interval, period time.Duration, capacity int64) Shape {
+	s := Shape{Interval: interval, Period: period, Capacity: capacity}
+	switch algorithm {
+	case "fixed_window":
+		s.Kind = Fixed
+	case "sliding_window_log":
+		s.Kind = Sliding
+	case "sliding_window_counter":
+		s.Kind = Counter
+	}
+	return s
+}
+
 // PeekCost is the cost to ask the store about (Peek) for a waiter of cost
 // units behind ahead, so that Estimate can be exact: for the sliding
 // kinds, the units of the line's last Capacity (ahead+cost when that is
