@@ -115,7 +115,9 @@
 // calls nothing; none sends another call in turn to a store that is not
 // answering, so a stall costs a request at most the one call it waited for
 // (one timeout, as an unleased request's, not one per request queued
-// before it). A request that waited for a grant that others then spent
+// before it). A Peek whose return of an ended lease's units was held back
+// or failed is answered likewise, by resilient.Store.PeekByPolicy. A
+// request that waited for a grant that others then spent
 // goes to the store's Take, not to a grant of its own in turn. A
 // return held back or failed is not resent (a resent return would make
 // budget); its units stay out of the store, which can only lower
@@ -778,6 +780,11 @@ type policyTaker interface {
 	TakeByPolicy(ctx context.Context, key string, limit sluice.Limit, cost int64) (sluice.Decision, error)
 }
 
+// policyPeeker is policyTaker's counterpart for Peek.
+type policyPeeker interface {
+	PeekByPolicy(ctx context.Context, key string, limit sluice.Limit, cost int64) (sluice.Decision, error)
+}
+
 // fast is spend's common case, a live lease that holds cost units, with
 // nothing to copy back through spend's results: it takes the units and
 // reports true with the decision in d, or reports false having changed
@@ -1285,8 +1292,14 @@ func (s *Store) Peek(ctx context.Context, key string, limit sluice.Limit, cost i
 		// now, as it would, so that the store's answer counts them. How
 		// many it takes back, and for the sliding window counter past the
 		// lease's window how much they weigh, only the store knows.
-		if err := s.settle(ctx, ended, key, limit); err != nil {
+		held, err := s.settle(ctx, ended, key, limit)
+		if err != nil {
 			return sluice.Decision{}, err
+		}
+		if p, ok := s.granter.(policyPeeker); ok && held {
+			// The store did not answer the return: asking it again would
+			// cost the Peek a second wait (see errGrantFailed).
+			return p.PeekByPolicy(ctx, key, limit, cost)
 		}
 	}
 	if k == 0 {
@@ -1349,21 +1362,31 @@ func (s *Store) peekLease(key string, limit sluice.Limit, cost int64) (_ sluice.
 // the next request on it would: once, under its refill lock, and never
 // again (a return that fails leaves them out of the store, which can only
 // lower admissions). A lease refilled meanwhile, or gone from its table
-// (Reset drops its units, Close returns them), is left alone.
-func (s *Store) settle(ctx context.Context, l *lease, key string, limit sluice.Limit) error {
+// (Reset drops its units, Close returns them), is left alone. held: a
+// failure policy held back or saw fail this return, or a grant or return
+// of l's while the Peek waited for its lock.
+func (s *Store) settle(ctx context.Context, l *lease, key string, limit sluice.Limit) (held bool, _ error) {
+	l.sh.mu.Lock()
+	failed := l.failed
+	l.sh.mu.Unlock()
 	if err := l.refill.lockCtx(ctx); err != nil {
-		return fmt.Errorf("lease: waiting for the key's grant: %w", err)
+		return false, fmt.Errorf("lease: waiting for the key's grant: %w", err)
 	}
 	defer l.refill.Unlock()
 	if err := ctx.Err(); err != nil {
-		return err // the units stay for a request that can give them back
+		return false, err // the units stay for a request that can give them back
 	}
 	sh := l.sh
 	sh.mu.Lock()
 	h := l.hot()
-	if l.gone != nil || h.units == 0 || h.live(s.now()) {
+	live := h.live(s.now())
+	if !live && l.failed != failed {
 		sh.mu.Unlock()
-		return nil
+		return true, nil
+	}
+	if l.gone != nil || h.units == 0 || live {
+		sh.mu.Unlock()
+		return false, nil
 	}
 	old, unused := l.grant, h.units
 	l.setUnits(h, 0)
@@ -1376,7 +1399,7 @@ func (s *Store) settle(ctx context.Context, l *lease, key string, limit sluice.L
 		l.failed++
 		sh.mu.Unlock()
 	}
-	return err
+	return held, err
 }
 
 // windowed reports whether limit counts per window: a lease's units then

@@ -832,3 +832,54 @@ func TestRedisPeekCountsEndedLease(t *testing.T) {
 		return redisstore.New(client, &redisstore.Options{Prefix: redistest.Prefix(t), Clock: clock.Now})
 	})
 }
+
+// A Peek on a key whose lease ended holding units, with Redis stopped
+// (SIGSTOP), waits for one timeout, as an unleased check does: the return
+// of those units times out and the failure policy answers the Peek
+// (resilient.Store.PeekByPolicy); before, the Peek then asked the stopped
+// Redis again and waited twice.
+func TestFaultLeasePeekStallOneTimeout(t *testing.T) {
+	race.SkipTiming(t)
+	srv := redistest.StartServer(t)
+	client := redis.NewClient(&redis.Options{Addr: srv.Addr, ContextTimeoutEnabled: true})
+	t.Cleanup(func() { client.Close() })
+	prefix := redistest.Prefix(t)
+	const timeout, d, samples = 50 * time.Millisecond, 20 * time.Millisecond, 20
+	l := sluice.PerSecond(1000)
+	var lat []time.Duration
+	for i := range samples {
+		// A Store each, so that no breaker opens across the samples and
+		// every Peek's return is sent.
+		rs, err := resilient.NewMulti(redisstore.New(client, &redisstore.Options{Prefix: prefix}), &resilient.Options{
+			Timeout: timeout, Logger: slog.New(slog.DiscardHandler),
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		s, err := lease.New(rs, &lease.Options{MaxStaleness: d, Size: 10})
+		if err != nil {
+			t.Fatal(err)
+		}
+		key := fmt.Sprint("peek", i)
+		if dec := take(t, s, key, l, 1); dec.Source != sluice.SourceBackend {
+			t.Fatalf("first take = %+v; want a grant", dec)
+		}
+		time.Sleep(2 * d) // the lease ends holding 9 units
+		srv.Pause(t)
+		t0 := time.Now()
+		dec, err := s.Peek(ctx, key, l, 1)
+		took := time.Since(t0)
+		srv.Resume(t)
+		rs.Close()
+		if err != nil || dec.Source != sluice.SourceFallback {
+			t.Fatalf("Peek %d with Redis stopped = %+v, %v; want the failure policy's answer", i, dec, err)
+		}
+		lat = append(lat, took)
+	}
+	slices.Sort(lat)
+	p90, worst := lat[len(lat)*9/10], lat[len(lat)-1]
+	t.Logf("Peek with Redis stopped, timeout %v: median %v, p90 %v, max %v", timeout, lat[len(lat)/2], p90, worst)
+	if p90 > timeout+30*time.Millisecond || worst > 3*timeout {
+		t.Errorf("Peek with Redis stopped: p90 %v, max %v; want p90 ≤ %v, max ≤ %v (one timeout, %v)", p90, worst, timeout+30*time.Millisecond, 3*timeout, timeout)
+	}
+}

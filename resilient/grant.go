@@ -126,6 +126,17 @@ func (s *Store) TakeByPolicy(ctx context.Context, key string, limit sluice.Limit
 	return s.failOne(ctx, "take", key, limit, cost, true, 0, nil)
 }
 
+// PeekByPolicy answers a peek by the failure policy without calling the
+// backend, as TakeByPolicy answers a take: for package lease's Peek, whose
+// return of an ended lease's units has just failed or been held back.
+func (s *Store) PeekByPolicy(ctx context.Context, key string, limit sluice.Limit, cost int64) (sluice.Decision, error) {
+	ctx = ctxutil.OrBackground(ctx)
+	if err := s.refuse(ctx, "peek", key, limit, cost); err != nil {
+		return sluice.Decision{}, err
+	}
+	return s.failOne(ctx, "peek", key, limit, cost, false, 0, nil)
+}
+
 // pass sends a call that the failure policy cannot answer to the backend
 // through the breaker, and counts its outcome there as any call's.
 func pass[T any](ctx context.Context, s *Store, op string, fn func(context.Context) (T, error)) (T, error) {

@@ -29,6 +29,11 @@ func (m *MultiStore) TakeByPolicy(ctx context.Context, key string, limit sluice.
 	return m.store().TakeByPolicy(ctx, key, limit, cost)
 }
 
+// PeekByPolicy is Store.PeekByPolicy.
+func (m *MultiStore) PeekByPolicy(ctx context.Context, key string, limit sluice.Limit, cost int64) (sluice.Decision, error) {
+	return m.store().PeekByPolicy(ctx, key, limit, cost)
+}
+
 // Peek is Store.Peek.
 func (m *MultiStore) Peek(ctx context.Context, key string, limit sluice.Limit, cost int64) (sluice.Decision, error) {
 	return m.store().Peek(ctx, key, limit, cost)

@@ -20,6 +20,7 @@ type zeroStore interface {
 	sluice.Regranter
 	CheckLimit(sluice.Limit) error
 	TakeByPolicy(ctx context.Context, key string, limit sluice.Limit, cost int64) (sluice.Decision, error)
+	PeekByPolicy(ctx context.Context, key string, limit sluice.Limit, cost int64) (sluice.Decision, error)
 	AbandonSlot(key, holder string)
 	State() sluice.BreakerState
 	Probe(context.Context) (bool, error)
@@ -46,6 +47,9 @@ func TestNilStore(t *testing.T) {
 		}
 		if _, err := s.TakeByPolicy(ctx, "k", limit, 1); !errors.Is(err, ErrZeroStore) {
 			t.Errorf("%s: TakeByPolicy err = %v, want ErrZeroStore", tc.name, err)
+		}
+		if _, err := s.PeekByPolicy(ctx, "k", limit, 1); !errors.Is(err, ErrZeroStore) {
+			t.Errorf("%s: PeekByPolicy err = %v, want ErrZeroStore", tc.name, err)
 		}
 		if _, err := s.Peek(ctx, "k", limit, 1); !errors.Is(err, ErrZeroStore) {
 			t.Errorf("%s: Peek err = %v, want ErrZeroStore", tc.name, err)
