@@ -124,7 +124,10 @@
 // admissions. A regrant (a return and a grant in one call) held back or
 // failed is such a return: not resent, its units out of the store, the
 // request and those waiting for it answered by the failure policy (a
-// resent grant would strand units too).
+// resent grant would strand units too). Without a failure policy (an
+// error other than resilient.ErrNoGrant), a grant, regrant or return that
+// fails is the request's error, and the requests that were waiting for it
+// get that error at once, none sending a call of its own.
 //
 // # What callers see
 //
@@ -388,7 +391,8 @@ type lease struct {
 	short    int64        // a grant could not cover this cost: such costs go to the store
 	shortEnd int64        // until then, D after that grant's send
 	gen      uint64       // counts grants: which one units came from
-	failed   uint64       // counts grants the granter failed (resilient.ErrNoGrant)
+	failed   uint64       // counts grants, regrants and returns that failed
+	failErr  error        // the last failure's error; nil when a failure policy answers it (resilient.ErrNoGrant)
 	// asked is the units asked since folded, not yet in demand, but those
 	// spent from units since mark was set: the local path counts nothing,
 	// and fold adds mark − units.
@@ -911,8 +915,13 @@ func (s *Store) refill(ctx context.Context, l *lease, key string, limit sluice.L
 		// A grant failed while this request waited for it: another would
 		// cost it a second wait on a store that does not answer (each one
 		// the failure policy's timeout, in turn); the failure policy
-		// answers it (see errGrantFailed).
+		// answers it (see errGrantFailed), or, without one, that failure's
+		// error does.
+		err := l.failErr
 		sh.mu.Unlock()
+		if err != nil {
+			return sluice.Decision{}, 0, false, fmt.Errorf("lease: the key's grant failed while this request waited for it: %w", err)
+		}
 		return sluice.Decision{}, 0, true, errGrantFailed
 	}
 	l.fold(h, now, stale)
@@ -941,14 +950,13 @@ func (s *Store) refill(ctx context.Context, l *lease, key string, limit sluice.L
 	if !one {
 		held, err := s.giveBack(ctx, key, limit, old, unused)
 		if err != nil {
+			l.fail(ctx, err)
 			return sluice.Decision{}, 0, false, err
 		}
 		if held {
 			// The store did not answer the return: a grant now would most
 			// likely wait as long again before the policy answers.
-			sh.mu.Lock()
-			l.failed++
-			sh.mu.Unlock()
+			l.fail(ctx, nil)
 			return sluice.Decision{}, 0, true, errGrantFailed
 		}
 		if toStore {
@@ -969,9 +977,7 @@ func (s *Store) refill(ctx context.Context, l *lease, key string, limit sluice.L
 		s.grants.Add(1)
 	}
 	if errors.Is(err, resilient.ErrNoGrant) {
-		sh.mu.Lock()
-		l.failed++
-		sh.mu.Unlock()
+		l.fail(ctx, nil)
 		if errors.Is(err, resilient.ErrNotSent) && !one {
 			return sluice.Decision{}, 0, true, nil // the breaker is open: Take is the policy's
 		}
@@ -980,6 +986,9 @@ func (s *Store) refill(ctx context.Context, l *lease, key string, limit sluice.L
 		return sluice.Decision{}, 0, true, errGrantFailed
 	}
 	if err != nil {
+		// Those waiting for this call get its error at once: each sending
+		// its own in turn would wait a timeout more on a stalled store.
+		l.fail(ctx, err)
 		if one {
 			// Sent once, its outcome unknown: the request's error, as a
 			// failed return's is; the units stay out of the store.
@@ -1381,7 +1390,11 @@ func (s *Store) settle(ctx context.Context, l *lease, key string, limit sluice.L
 	h := l.hot()
 	live := h.live(s.now())
 	if !live && l.failed != failed {
+		err := l.failErr
 		sh.mu.Unlock()
+		if err != nil {
+			return false, fmt.Errorf("lease: the key's grant failed while this request waited for it: %w", err)
+		}
 		return true, nil
 	}
 	if l.gone != nil || h.units == 0 || live {
@@ -1392,14 +1405,27 @@ func (s *Store) settle(ctx context.Context, l *lease, key string, limit sluice.L
 	l.setUnits(h, 0)
 	sh.mu.Unlock()
 	held, err := s.giveBack(ctx, key, limit, old, unused)
-	if held {
+	if held || err != nil {
 		// As after a refill's return that failed: requests waiting for
-		// this key go to the failure policy rather than call again.
-		sh.mu.Lock()
-		l.failed++
-		sh.mu.Unlock()
+		// this key go to the failure policy, or get this error, rather
+		// than call again.
+		l.fail(ctx, err)
 	}
 	return held, err
+}
+
+// fail records that a grant, regrant or return of l's failed with err (nil:
+// a failure policy answers it), for the requests waiting for l's refill
+// lock, which the caller holds. A call that failed for its own context
+// says nothing of the store: those waiting call it themselves.
+func (l *lease) fail(ctx context.Context, err error) {
+	if err != nil && ctx.Err() != nil {
+		return
+	}
+	l.sh.mu.Lock()
+	l.failed++
+	l.failErr = err
+	l.sh.mu.Unlock()
 }
 
 // windowed reports whether limit counts per window: a lease's units then

@@ -1337,12 +1337,16 @@ type failingGrant struct {
 	grants  atomic.Int64
 	sent    chan struct{}
 	release chan struct{}
+	err     error // nil: resilient.ErrNoGrant
 }
 
 func (f *failingGrant) Grant(ctx context.Context, key string, l sluice.Limit, n int64) (sluice.Grant, error) {
 	f.grants.Add(1)
 	f.sent <- struct{}{}
 	<-f.release
+	if f.err != nil {
+		return sluice.Grant{}, f.err
+	}
 	return sluice.Grant{}, fmt.Errorf("%w: timed out", resilient.ErrNoGrant)
 }
 
@@ -1599,4 +1603,60 @@ func TestRegrantErrorNotResent(t *testing.T) {
 	if d := take(t, s, "k", l, 1); !d.Allowed || d.Source != sluice.SourceBackend || f.grants.Load() != 2 || f.regrants.Load() != 1 {
 		t.Errorf("next Take = %+v after %d grants, %d regrants; want a grant of its own", d, f.grants.Load(), f.regrants.Load())
 	}
+}
+
+// Without a failure policy (a grant's or regrant's error is not
+// resilient.ErrNoGrant), the requests queued behind a grant or regrant that
+// failed get its error at once: none sends a call of its own, grant, Take
+// or return, each of which would wait a timeout more on a stalled store.
+func TestQueuedBehindFailedGrantError(t *testing.T) {
+	t.Parallel()
+	errDown := errors.New("redis: i/o timeout")
+	const n = 8
+	check := func(t *testing.T, done chan error) {
+		for range n {
+			if err := <-done; !errors.Is(err, errDown) {
+				t.Errorf("a request behind the failed call: %v; want its error", err)
+			}
+		}
+	}
+	run := func(s *lease.Store, sent chan struct{}, release chan struct{}) chan error {
+		done := make(chan error, n)
+		l := sluice.PerSecond(10)
+		tk := func() {
+			_, err := s.Take(ctx, "k", l, 1)
+			done <- err
+		}
+		go tk()
+		<-sent // the first request's call is in flight
+		for range n - 1 {
+			go tk()
+		}
+		time.Sleep(50 * time.Millisecond) // the others queue on the key's refill
+		close(release)
+		return done
+	}
+	t.Run("grant", func(t *testing.T) {
+		t.Parallel()
+		clock := storetest.NewClock(storetest.T0)
+		p := &policyGrant{failingGrant: &failingGrant{Granter: newMemory(t, clock), sent: make(chan struct{}, 16), release: make(chan struct{}), err: errDown}}
+		s := newLease(t, struct{ sluice.Granter }{p}, clock, time.Second, 10) // no TakeByPolicy: no failure policy
+		check(t, run(s, p.sent, p.release))
+		if g, tk := p.grants.Load(), p.takes.Load(); g != 1 || tk != 0 {
+			t.Errorf("%d grants, %d store Takes; want 1, 0", g, tk)
+		}
+	})
+	t.Run("regrant", func(t *testing.T) {
+		t.Parallel()
+		clock := storetest.NewClock(storetest.T0)
+		f := &failingRegrant{Granter: newMemory(t, clock), err: errDown}
+		s := newLease(t, struct{ sluice.Regranter }{f}, clock, 300*time.Millisecond, 10)
+		take(t, s, "k", sluice.PerSecond(10), 1) // a lease of 10, 9 left
+		clock.Advance(301 * time.Millisecond)
+		f.sent, f.release = make(chan struct{}, 16), make(chan struct{})
+		check(t, run(s, f.sent, f.release))
+		if r, g, rt, tk := f.regrants.Load(), f.grants.Load(), f.returns.Load(), f.takes.Load(); r != 1 || g != 1 || rt != 0 || tk != 0 {
+			t.Errorf("%d regrants, %d grants, %d returns, %d Takes; want 1, 1 (the first lease), 0, 0", r, g, rt, tk)
+		}
+	})
 }
