@@ -16,32 +16,40 @@ import (
 // leased policy. Requests whose cost a lease's leftover cannot cover refill
 // the lease with one call to Redis, a regrant that gives the leftover back
 // and grants the next lease (the store's calls by op, from /metrics), never
-// a return and then a grant.
+// a return and then a grant. The metrics say so under every failure
+// policy: under error they counted every grant and regrant as a take.
 func TestFleetLeaseRefillOneCall(t *testing.T) {
-	f := startFleet(t, "redis://"+redistest.Addr(t), 1, `
+	for _, policy := range []string{"local", "error"} {
+		t.Run(policy, func(t *testing.T) {
+			f := startFleet(t, "redis://"+redistest.Addr(t), 1, `
 policies:
   - name: hot
     limit: fixed_window 100000/hour
     lease: 10s
-`)
-	p := f.procs[0]
-	key := fmt.Sprintf("refill-%d", time.Now().UnixNano())
-	for i := range 60 {
-		// Costs of 1 to 7: a lease sized by the demand seldom splits into
-		// whole requests.
-		code, js := p.post(t, "/v1/check", fmt.Sprintf(`{"policy":"hot","key":%q,"cost":%d}`, key, 1+i*5%7))
-		if code != 200 || js["allowed"] != true {
-			t.Fatalf("check %d: %d %v", i, code, js)
-		}
-	}
-	calls := storeCalls(t, p)
-	returned := metric(t, p, "sluice_lease_units_returned_total")
-	t.Logf("store calls by op: %v; lease units returned %v", calls, returned)
-	if calls["regrant"] == 0 || returned <= 0 {
-		t.Errorf("no regrant gave units back: calls %v, %v units returned", calls, returned)
-	}
-	if calls["return"] != 0 {
-		t.Errorf("%v returns sent on their own; want every refill's in its regrant", calls["return"])
+`, "--failure-policy", policy)
+			p := f.procs[0]
+			key := fmt.Sprintf("refill-%s-%d", policy, time.Now().UnixNano())
+			for i := range 60 {
+				// Costs of 1 to 7: a lease sized by the demand seldom splits into
+				// whole requests.
+				code, js := p.post(t, "/v1/check", fmt.Sprintf(`{"policy":"hot","key":%q,"cost":%d}`, key, 1+i*5%7))
+				if code != 200 || js["allowed"] != true {
+					t.Fatalf("check %d: %d %v", i, code, js)
+				}
+			}
+			calls := storeCalls(t, p)
+			returned := metric(t, p, "sluice_lease_units_returned_total")
+			t.Logf("store calls by op: %v; lease units returned %v", calls, returned)
+			if calls["regrant"] == 0 || returned <= 0 {
+				t.Errorf("no regrant gave units back: calls %v, %v units returned", calls, returned)
+			}
+			if calls["grant"] == 0 {
+				t.Errorf("calls %v: no grant counted", calls)
+			}
+			if calls["return"] != 0 {
+				t.Errorf("%v returns sent on their own; want every refill's in its regrant", calls["return"])
+			}
+		})
 	}
 }
 

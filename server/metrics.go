@@ -286,13 +286,28 @@ func (w *statusWriter) Write(b []byte) (int, error) {
 func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
 // timedStore reports the calls of store to m's store metrics (unless a
-// failure-policy store reports them itself). It keeps store's TakeAll.
+// failure-policy store reports them itself). It keeps store's TakeAll,
+// and its Grant, Return and Regrant, timed as their own ops: the service
+// puts it below the lease store, as a failure-policy store sits, so that
+// every policy reports the same ops.
 func timedStore(store sluice.Store, m *Metrics) sluice.Store {
 	if m == nil || m.wrapped { // the failure-policy store times its own calls
 		return store
 	}
 	t := timed{store, m}
-	if multi, ok := store.(sluice.MultiStore); ok {
+	multi, isMulti := store.(sluice.MultiStore)
+	g, isGranter := store.(sluice.Granter)
+	rg, isRegranter := store.(sluice.Regranter)
+	switch {
+	case isRegranter && isMulti:
+		return timedRegranterMulti{timedRegranter{timedGranter{t, g}, rg}, multi}
+	case isRegranter:
+		return timedRegranter{timedGranter{t, g}, rg}
+	case isGranter && isMulti:
+		return timedGranterMulti{timedGranter{t, g}, multi}
+	case isGranter:
+		return timedGranter{t, g}
+	case isMulti:
 		return timedMulti{t, multi}
 	}
 	return t
@@ -340,4 +355,61 @@ func (t timedMulti) TakeAll(ctx context.Context, reqs []sluice.Request) ([]sluic
 	ds, err := t.multi.TakeAll(ctx, reqs)
 	t.m.store("take_all", time.Since(start), err)
 	return ds, err
+}
+
+// CheckLimit passes store's verdict on (none when it gives none).
+func (t timed) CheckLimit(l sluice.Limit) error {
+	if c, ok := t.Store.(sluice.LimitChecker); ok {
+		return c.CheckLimit(l)
+	}
+	return nil
+}
+
+type timedGranter struct {
+	timed
+	g sluice.Granter
+}
+
+func (t timedGranter) Grant(ctx context.Context, key string, l sluice.Limit, n int64) (sluice.Grant, error) {
+	start := time.Now()
+	g, err := t.g.Grant(ctx, key, l, n)
+	t.m.store("grant", time.Since(start), err)
+	return g, err
+}
+
+func (t timedGranter) Return(ctx context.Context, key string, l sluice.Limit, g sluice.Grant, unused int64) (int64, error) {
+	start := time.Now()
+	n, err := t.g.Return(ctx, key, l, g, unused)
+	t.m.store("return", time.Since(start), err)
+	return n, err
+}
+
+type timedRegranter struct {
+	timedGranter
+	rg sluice.Regranter
+}
+
+func (t timedRegranter) Regrant(ctx context.Context, key string, l sluice.Limit, g sluice.Grant, unused, n int64) (int64, sluice.Grant, error) {
+	start := time.Now()
+	back, next, err := t.rg.Regrant(ctx, key, l, g, unused, n)
+	t.m.store("regrant", time.Since(start), err)
+	return back, next, err
+}
+
+type timedGranterMulti struct {
+	timedGranter
+	multi sluice.MultiStore
+}
+
+func (t timedGranterMulti) TakeAll(ctx context.Context, reqs []sluice.Request) ([]sluice.Decision, error) {
+	return timedMulti{t.timed, t.multi}.TakeAll(ctx, reqs)
+}
+
+type timedRegranterMulti struct {
+	timedRegranter
+	multi sluice.MultiStore
+}
+
+func (t timedRegranterMulti) TakeAll(ctx context.Context, reqs []sluice.Request) ([]sluice.Decision, error) {
+	return timedMulti{t.timed, t.multi}.TakeAll(ctx, reqs)
 }

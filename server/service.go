@@ -162,10 +162,14 @@ func NewService(store sluice.Store, cfg *config.Config, opts *ServiceOptions) *S
 	s.stats = newStats(o.Clock)
 	// Slots come from the store itself: leases wrap rate decisions only.
 	s.slots, _ = store.(sluice.Slots) // nil: acquires fail with ErrNoSlots
+	// Timed below the leases, as a failure-policy store is: grants,
+	// returns and regrants are store calls of their own, and decisions a
+	// lease answers are none.
+	store = timedStore(store, o.Metrics)
 	if s.leases = s.newLeases(store, leaseClock, &o); s.leases != nil {
 		store = s.leases
 	}
-	s.engine = enforce.New(timedStore(store, o.Metrics), observer{s})
+	s.engine = enforce.New(store, observer{s})
 	s.holds = newHeldSlots(o.Clock, observer{s})
 	o.Metrics.watchSlots(s.holds)
 	s.mon = newMonitor(s)
