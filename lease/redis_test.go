@@ -218,6 +218,7 @@ type fleetJob struct {
 	Start             int64 // Unix ns
 	Run               time.Duration
 	Seed              uint64
+	Weighted          bool // "under": costs 1 to 8, at a rate offering as many units
 }
 
 // admission is one admitted request of a key, between before and after
@@ -225,6 +226,7 @@ type fleetJob struct {
 type admission struct {
 	key           int
 	before, after int64
+	cost          int64
 }
 
 // fleetResult is what a fleet run's workers report.
@@ -273,7 +275,7 @@ func runFleet(t *testing.T, job fleetJob) fleetResult {
 		res.local, res.total = res.local+local, res.total+total
 		for in.Scan() {
 			var a admission
-			if _, err := fmt.Sscan(in.Text(), &a.key, &a.before, &a.after); err != nil {
+			if _, err := fmt.Sscan(in.Text(), &a.key, &a.before, &a.after, &a.cost); err != nil {
 				t.Fatalf("worker %d: %q: %v", p, in.Text(), err)
 			}
 			res.admitted = append(res.admitted, a)
@@ -314,9 +316,9 @@ func TestFleetLeaseWorker(t *testing.T) {
 		wg       sync.WaitGroup
 	)
 	// take decides one request of key in store and records it if admitted.
-	take := func(store sluice.Store, key int, l sluice.Limit) bool {
+	take := func(store sluice.Store, key int, l sluice.Limit, cost int64) bool {
 		before := time.Now().UnixNano()
-		d, err := store.Take(ctx, fmt.Sprint(key), l, 1)
+		d, err := store.Take(ctx, fmt.Sprint(key), l, cost)
 		after := time.Now().UnixNano()
 		if err != nil {
 			t.Error(err)
@@ -325,7 +327,7 @@ func TestFleetLeaseWorker(t *testing.T) {
 		total.Add(1)
 		if d.Allowed {
 			mu.Lock()
-			admitted = append(admitted, admission{key, before, after})
+			admitted = append(admitted, admission{key, before, after, cost})
 			mu.Unlock()
 		}
 		return true
@@ -334,20 +336,24 @@ func TestFleetLeaseWorker(t *testing.T) {
 	if job.Mode == "bound" {
 		for g := range fleetGoroutines {
 			wg.Go(func() {
-				boundLoad(g, end, func(key int, l sluice.Limit) bool { return take(leased, key, l) })
+				boundLoad(g, end, func(key int, l sluice.Limit) bool { return take(leased, key, l, 1) })
 			})
 		}
 	} else {
 		// The same arrivals, replayed at once on leases (key 0) and on the
 		// exact store (key 1): a pause of the machine hits both alike.
-		arrivals := poisson(job.Seed, job.Proc, start, job.Run)
+		arrivals := poisson(job.Seed, job.Proc, start, job.Run, job.Weighted)
 		for key, store := range []sluice.Store{leased, exact} {
 			var next atomic.Int64
 			for range fleetGoroutines {
 				wg.Go(func() {
 					for i := next.Add(1) - 1; i < int64(len(arrivals)); i = next.Add(1) - 1 {
 						time.Sleep(time.Until(arrivals[i]))
-						if !take(store, key, underLimit) {
+						cost := int64(1)
+						if job.Weighted {
+							cost = weightedCost(i)
+						}
+						if !take(store, key, underLimit, cost) {
 							return
 						}
 					}
@@ -359,7 +365,7 @@ func TestFleetLeaseWorker(t *testing.T) {
 	var out bytes.Buffer
 	fmt.Fprintf(&out, "%d %d\n", leased.Stats().Local, total.Load())
 	for _, a := range admitted {
-		fmt.Fprintf(&out, "%d %d %d\n", a.key, a.before, a.after)
+		fmt.Fprintf(&out, "%d %d %d %d\n", a.key, a.before, a.after, a.cost)
 	}
 	if err := os.WriteFile(job.Out, out.Bytes(), 0o600); err != nil {
 		t.Fatal(err)
@@ -522,9 +528,17 @@ const (
 	underRun = 3 * time.Second
 )
 
-// poisson is process proc's arrival times from start over run.
-func poisson(seed uint64, proc int, start time.Time, run time.Duration) []time.Time {
+// weightedCost is the cost of a weighted run's ith request of a process:
+// 1 to 8, 4.5 on average, the same on leases and on the exact store.
+func weightedCost(i int64) int64 { return 1 + i*5%8 }
+
+// poisson is process proc's arrival times from start over run: 1.5 times
+// the limit in units, so fewer requests when they are weighted.
+func poisson(seed uint64, proc int, start time.Time, run time.Duration, weighted bool) []time.Time {
 	rate := 1.5 * float64(underLimit.Rate) / underLimit.Period.Seconds() // per second, the fleet's
+	if weighted {
+		rate /= 4.5
+	}
 	if proc == 0 {
 		rate *= 0.8
 	} else {
@@ -538,39 +552,52 @@ func poisson(seed uint64, proc int, start time.Time, run time.Duration) []time.T
 	return out
 }
 
-// Leases admit at most 3 % fewer than the exact store, in total, under the
-// same open-loop schedule.
+// Leases admit at most 3 % fewer units than the exact store, in total,
+// under the same open-loop schedule, with requests of one unit. With
+// requests of 1 to 8 units, offering as many units, they admit 21–23 %
+// fewer (the README says why); the test holds that figure to 30 % so
+// that it can only improve.
 func TestFleetLeaseUnderAdmission(t *testing.T) {
 	race.SkipTiming(t)
-	res := runFleet(t, fleetJob{Addr: redistest.Addr(t), Prefix: redistest.Prefix(t), Mode: "under", Run: underRun, Seed: 13})
-	runs := [2]fleetResult{{start: res.start}, {start: res.start}} // leased, exact
-	for _, a := range res.admitted {
-		runs[a.key].admitted = append(runs[a.key].admitted, a)
+	for _, weighted := range []bool{false, true} {
+		t.Run(fmt.Sprintf("weighted=%v", weighted), func(t *testing.T) {
+			res := runFleet(t, fleetJob{Addr: redistest.Addr(t), Prefix: redistest.Prefix(t), Mode: "under", Run: underRun, Seed: 13, Weighted: weighted})
+			runs := [2]fleetResult{{start: res.start}, {start: res.start}} // leased, exact
+			var units [2]int64
+			for _, a := range res.admitted {
+				runs[a.key].admitted = append(runs[a.key].admitted, a)
+				units[a.key] += a.cost
+			}
+			leased, exact := runs[0], runs[1]
+			nl, ne := units[0], units[1]
+			short := float64(ne-nl) / float64(ne)
+			t.Logf("offered %d requests to each; exact admitted %d units, leased %d (%d decisions by a lease): %.2f%% fewer", res.total/2, ne, nl, res.local, 100*short)
+			want := 0.03
+			if weighted {
+				want = 0.30
+			}
+			if short > want {
+				t.Errorf("leases admitted %.2f%% fewer units than the exact store, want at most %.0f%%", 100*short, 100*want)
+			}
+			// The worst window of period/10 from each run's start.
+			w := (underLimit.Period / 10).Nanoseconds()
+			perWindow := func(r fleetResult) map[int64]int64 {
+				m := map[int64]int64{}
+				for _, a := range r.admitted {
+					m[(a.before-r.start)/w] += a.cost
+				}
+				return m
+			}
+			pl, pe := perWindow(leased), perWindow(exact)
+			var worst int64
+			for k := range pe {
+				if pe[k]-pl[k] > pe[worst]-pl[worst] {
+					worst = k
+				}
+			}
+			t.Logf("worst %v window: #%d, exact %d units, leased %d", time.Duration(w), worst, pe[worst], pl[worst])
+		})
 	}
-	leased, exact := runs[0], runs[1]
-	nl, ne := len(leased.admitted), len(exact.admitted)
-	short := float64(ne-nl) / float64(ne)
-	t.Logf("offered %d to each; exact admitted %d, leased %d (%d by a lease): %.2f%% fewer", res.total/2, ne, nl, res.local, 100*short)
-	if short > 0.03 {
-		t.Errorf("leases admitted %.2f%% fewer than the exact store, want at most 3%%", 100*short)
-	}
-	// The worst window of period/10 from each run's start.
-	w := (underLimit.Period / 10).Nanoseconds()
-	perWindow := func(r fleetResult) map[int64]int {
-		m := map[int64]int{}
-		for _, a := range r.admitted {
-			m[(a.before-r.start)/w]++
-		}
-		return m
-	}
-	pl, pe := perWindow(leased), perWindow(exact)
-	var worst int64
-	for k := range pe {
-		if pe[k]-pl[k] > pe[worst]-pl[worst] {
-			worst = k
-		}
-	}
-	t.Logf("worst %v window: #%d, exact %d, leased %d", time.Duration(w), worst, pe[worst], pl[worst])
 }
 
 // In-flight slots pass through a lease.Store to Redis, unleased: a second
