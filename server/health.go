@@ -337,7 +337,35 @@ const (
 // failedCall records a decision the failure policy answered because its
 // store call failed. With the breaker closed that is part of the store
 // failing: degraded, logged once per episode.
-func (h *Health) failedCall(now time.Time, err error) {
+func (h *Health) failedCall(now time.Time, err error) { h.failed(now, err, 1) }
+
+// failedLeaseCall records a lease's grant, regrant or return that failed:
+// a failed call as any other, though no decision is answered by it; the
+// requests that waited for it are answered by the failure policy
+// (policyAnswered counts them), with no error of their own.
+func (h *Health) failedLeaseCall(now time.Time, err error) { h.failed(now, err, 0) }
+
+// policyAnswered counts a decision the failure policy answered, with the
+// breaker closed, for a lease call that failed (resilient's TakeByPolicy),
+// in the run or episode that call's failure is part of.
+func (h *Health) policyAnswered() {
+	if h == nil || h.answering.Load() {
+		return
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	switch {
+	case h.fallback || h.storeErr != nil || h.runErr == nil:
+	case h.partial:
+		h.partialN++
+	default:
+		h.runN++
+	}
+}
+
+// failed records a failed store call, for which the failure policy
+// answered answered decisions.
+func (h *Health) failed(now time.Time, err error, answered int64) {
 	if h == nil {
 		return
 	}
@@ -350,14 +378,14 @@ func (h *Health) failedCall(now time.Time, err error) {
 	h.runErr = err
 	if h.partial {
 		h.partialAt = now
-		h.partialN++
+		h.partialN += answered
 		return
 	}
 	if h.runFrom.IsZero() || now.Sub(h.runLast) >= partialGap {
 		h.runFrom, h.runN = now, 0
 	}
 	h.runLast = now
-	h.runN++
+	h.runN += answered
 	// A permanent cause (NOPERM, OOM, ...) will not pass on its own, and a
 	// policy with little traffic never sustains a run: told at once.
 	if now.Sub(h.runFrom) < partialAfter && causeLevel(err) < slog.LevelError {
@@ -405,7 +433,7 @@ func (h *Health) startPartialLocked(last time.Time) {
 }
 
 // decided records who answered a decision of policy: the failure policy
-// for a failed store call, or Redis. A partial failure with a permanent
+// for a failed store call, or Redis (a lease included). A partial failure with a permanent
 // cause ends on evidence, once Redis has answered every policy that
 // failed, not on a quiet spell: a policy used less often than
 // partialWindow would start and end one at each call.
@@ -418,7 +446,7 @@ func (h *Health) decided(policy string, src sluice.Source) {
 		if h.answering.Load() {
 			return
 		}
-	case sluice.SourceBackend:
+	case sluice.SourceBackend, sluice.SourceLease:
 		if !h.tracking.Load() {
 			return
 		}
@@ -437,7 +465,9 @@ func (h *Health) decided(policy string, src sluice.Source) {
 			h.failing = map[string]bool{}
 		}
 		h.failing[policy] = true
-	case sluice.SourceBackend:
+	case sluice.SourceBackend, sluice.SourceLease:
+		// A lease's units are a grant Redis answered: under a lease, that
+		// is most of a policy's answers, a refill being fetched ahead.
 		if h.failing[policy] {
 			delete(h.failing, policy)
 			h.answeredLocked()
@@ -870,11 +900,20 @@ type healthObserver struct {
 }
 
 // ObserveStore implements sluice.Observer: a decision the failure policy
-// answered for a failed store call is part of the store failing.
+// answered for a failed store call is part of the store failing, and so
+// is a failed lease call (grant, regrant, return), which the failure
+// policy cannot answer: the decisions waiting for it it answers with no
+// error of their own (a take while the breaker is closed).
 func (o healthObserver) ObserveStore(e sluice.StoreEvent) {
 	o.Metrics.ObserveStore(e)
-	if e.Err != nil && (e.Source == sluice.SourceFallback || e.Source == sluice.SourceFailOpen || e.Source == sluice.SourceFailClosed) {
+	byPolicy := e.Source == sluice.SourceFallback || e.Source == sluice.SourceFailOpen || e.Source == sluice.SourceFailClosed
+	switch {
+	case byPolicy && e.Err != nil:
 		o.h.failedCall(time.Now(), e.Err)
+	case byPolicy && e.Op == "take":
+		o.h.policyAnswered()
+	case e.Source == sluice.SourceBackend && e.Err != nil && (e.Op == "grant" || e.Op == "regrant" || e.Op == "return"):
+		o.h.failedLeaseCall(time.Now(), e.Err)
 	}
 }
 

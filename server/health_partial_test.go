@@ -1,0 +1,121 @@
+//go:build unix
+
+package server
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice/internal/race"
+)
+
+// aclServe runs one `sluice serve` as the Redis user user (every
+// permission sluice needs, see sluiceUser) with configuration cfg, and
+// returns it with an admin client of its Redis.
+func aclServe(t *testing.T, user, cfg string) (*proc, *redis.Client) {
+	t.Helper()
+	r := startRedis(t)
+	admin := r.client()
+	t.Cleanup(func() { admin.Close() })
+	sluiceUser(t, admin, user)
+	f := startFleet(t, "redis://"+user+":pw@"+r.Addr, 1, cfg, "--failure-policy", "local")
+	return f.procs[0], admin
+}
+
+// allowKeys makes the keys user may use those of patterns, and the keys
+// every policy shares (the fleet's, the checks', the breaker's probe).
+func allowKeys(t *testing.T, admin *redis.Client, user string, patterns ...string) {
+	t.Helper()
+	args := []any{"acl", "setuser", user, "resetkeys", "~sluice:check", "~sluice:{fleet}*", "~{sluice:fleet}*", "~sluice:{v*:sluice-breaker-probe*"}
+	for _, p := range patterns {
+		args = append(args, p)
+	}
+	if err := admin.Do(context.Background(), args...).Err(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// await polls cond every 50ms until it holds, for at most within.
+func await(within time.Duration, cond func() bool) bool {
+	for deadline := time.Now().Add(within); ; time.Sleep(50 * time.Millisecond) {
+		if cond() {
+			return true
+		}
+		if time.Now().After(deadline) {
+			return false
+		}
+	}
+}
+
+// TestFaultPartialLeaseCallsFail: only a leased policy's lease calls fail
+// (an ACL refuses its keys) while another policy passes, so the breaker
+// stays closed: the failure policy answers that policy's requests, and
+// the service says so, as for failed takes: sluice_degraded, /v1/status,
+// one ERROR line naming the cause. Before, the failed grants reached the
+// store metrics alone. Fixing the ACL ends it, once a grant passes.
+func TestFaultPartialLeaseCallsFail(t *testing.T) {
+	race.SkipTiming(t)
+	p, admin := aclServe(t, "leased", `
+policies:
+  - name: hot
+    limit: 100000/s
+    lease: 100ms
+  - name: plain
+    limit: fixed_window 1000000000/1h
+`)
+	l := (&fleet{procs: []*proc{p}}).drive(4, "k", "plain", "plain", "plain", "hot")
+	defer l.finish()
+	if !await(5*time.Second, func() bool { return metric(t, p, "sluice_lease_keys_leased") >= 1 }) {
+		t.Fatal("no key of policy hot leased under load")
+	}
+	allowKeys(t, admin, "leased", "~sluice:{v*:plain@*")
+	if !await(5*time.Second, func() bool { return metric(t, p, "sluice_degraded") == 1 }) {
+		_, st := p.getJSON(t, "/v1/status")
+		t.Fatalf("policy hot's grants refused for 5s: sluice_degraded %v, status %v, grants refused %v; want degraded\n%s",
+			metric(t, p, "sluice_degraded"), st, metric(t, p, `sluice_store_errors_total{cause="permission",op="grant",store="redis"}`), p.stderr.String())
+	}
+	_, st := p.getJSON(t, "/v1/status")
+	if st["degraded"] != true || st["fallback_active"] == true {
+		t.Fatalf("status %v: want degraded, the breaker closed (policy plain passes)", st)
+	}
+	if reasons := reasonsOf(st); !strings.Contains(reasons, "permission: ") || !strings.Contains(reasons, "NOPERM") {
+		t.Errorf("reasons %q: want the cause (permission) and Redis's error", reasons)
+	}
+	var line string
+	for l := range strings.Lines(p.stderr.String()) {
+		if strings.Contains(l, "store calls failing while the breaker is closed") {
+			line = l
+		}
+	}
+	if !strings.Contains(line, "level=ERROR") || !strings.Contains(line, "cause=permission") {
+		t.Errorf("partial failure line %q: want one at ERROR with cause=permission; log:\n%s", line, p.stderr.String())
+	}
+	if got := metric(t, p, `sluice_partial_failure_transitions_total{cause="permission",to="on"}`); got != 1 {
+		t.Errorf(`sluice_partial_failure_transitions_total{cause="permission",to="on"} %v, want 1`, got)
+	}
+	// The ACL fixed: the next grant passes, and Redis answers policy hot.
+	allowKeys(t, admin, "leased", "~sluice:*")
+	if !await(15*time.Second, func() bool { return metric(t, p, "sluice_degraded") == 0 }) {
+		t.Fatalf("ACL fixed: still degraded\n%s", p.stderr.String())
+	}
+	if !strings.Contains(p.stderr.String(), "store calls answered again") {
+		t.Errorf("no end line:\n%s", p.stderr.String())
+	}
+}
+
+// reasonsOf joins /v1/status's reasons.
+func reasonsOf(st map[string]any) string {
+	var b strings.Builder
+	if vs, ok := st["reasons"].([]any); ok {
+		for _, s := range vs {
+			if s, ok := s.(string); ok {
+				b.WriteString(s + " ")
+			}
+		}
+	}
+	return b.String()
+}
