@@ -82,9 +82,12 @@ type Health struct {
 	// starts (confirmPartial).
 	confirming bool
 	// failing: the policies whose decisions the failure policy answered
-	// for a failed store call, since the last one Redis answered. A
-	// partial failure with a permanent cause ends when it is empty again.
+	// for a failed store call, since the last one Redis answered; cleared:
+	// Redis has answered the last of them since the last failed call. A
+	// partial failure with a permanent cause ends once both hold and no
+	// call has failed for partialWindow (see answeredLocked).
 	failing map[string]bool
+	cleared bool
 	// tracking mirrors len(failing) > 0, and answering the failure policy
 	// answering while the breaker is open or the store lost, so that
 	// decided takes no lock on the hot path.
@@ -326,8 +329,8 @@ const rlsServiceName = "envoy.service.ratelimit.v3.RateLimitService"
 // of partialGap or more (isolated timeouts, a slow command, do not count;
 // a dead store opens the breaker sooner), or at the first one whose cause
 // is permanent (causeLevel ERROR); until partialWindow passes without one
-// (a transient cause) or the store answers every policy that failed (a
-// permanent one: see decided).
+// (a transient cause), and the store has answered every policy that
+// failed since (a permanent one: see decided).
 const (
 	partialWindow = 10 * time.Second
 	partialAfter  = 2 * time.Second
@@ -376,6 +379,7 @@ func (h *Health) failed(now time.Time, err error, answered int64) {
 		return // the breaker or the watch tells this failure
 	}
 	h.runErr = err
+	h.cleared = false
 	if h.partial {
 		h.partialAt = now
 		h.partialN += answered
@@ -433,10 +437,13 @@ func (h *Health) startPartialLocked(last time.Time) {
 }
 
 // decided records who answered a decision of policy: the failure policy
-// for a failed store call, or Redis (a lease included). A partial failure with a permanent
-// cause ends on evidence, once Redis has answered every policy that
-// failed, not on a quiet spell: a policy used less often than
-// partialWindow would start and end one at each call.
+// for a failed store call, or Redis (a lease included). A partial failure
+// with a permanent cause ends on evidence, once Redis has answered every
+// policy that failed, not on a quiet spell alone: a policy used less
+// often than partialWindow would start and end one at each call. Nor on
+// an answer alone: where only some of a policy's keys are refused (an ACL, a
+// Cluster node whose user lacks a permission), its other keys' answers
+// would end one at each, and the next refusal start another.
 func (h *Health) decided(policy string, src sluice.Source) {
 	if h == nil {
 		return
@@ -470,7 +477,8 @@ func (h *Health) decided(policy string, src sluice.Source) {
 		// is most of a policy's answers, a refill being fetched ahead.
 		if h.failing[policy] {
 			delete(h.failing, policy)
-			h.answeredLocked()
+			h.cleared = len(h.failing) == 0
+			h.answeredLocked(time.Now())
 		}
 	}
 }
@@ -488,18 +496,21 @@ func (h *Health) forget(policies []string) {
 		delete(h.failing, p)
 	}
 	h.tracking.Store(len(h.failing) > 0)
-	if len(h.failing) < n {
-		h.answeredLocked()
+	if len(h.failing) < n && len(h.failing) == 0 && h.partial && permanent(h.runErr) {
+		h.log.Info("store calls answered again", "store", h.store, "cause", cause(h.runErr), "answered_by_policy", h.partialN)
+		h.endPartialLocked()
+		h.publishLocked()
 	}
 }
 
-// answeredLocked ends a partial failure with a permanent cause once no
-// policy that failed is left unanswered.
-func (h *Health) answeredLocked() {
-	if !h.partial || len(h.failing) > 0 || !permanent(h.runErr) {
+// answeredLocked ends a partial failure with a permanent cause once Redis
+// has answered every policy that failed and no call has failed for
+// partialWindow.
+func (h *Health) answeredLocked(now time.Time) {
+	if !h.partial || !permanent(h.runErr) || len(h.failing) > 0 || !h.cleared || now.Sub(h.partialAt) < partialWindow {
 		return
 	}
-	h.log.Info("store calls answered again", "store", h.store, "cause", cause(h.runErr), "answered_by_policy", h.partialN)
+	h.log.Info("store calls answered again", "store", h.store, "cause", cause(h.runErr), "without_failure", partialWindow, "answered_by_policy", h.partialN)
 	h.endPartialLocked()
 	h.publishLocked()
 }
@@ -526,14 +537,19 @@ func callTimeout(err error) bool {
 }
 
 // refresh ends an episode of failing calls with a transient cause once
-// partialWindow has passed without one; the watch calls it every check.
+// partialWindow has passed without one, and one with a permanent cause
+// once answered (answeredLocked); the watch calls it every check.
 func (h *Health) refresh(now time.Time) {
 	if h == nil {
 		return
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if h.partial && !permanent(h.runErr) && now.Sub(h.partialAt) >= partialWindow {
+	if permanent(h.runErr) {
+		h.answeredLocked(now)
+		return
+	}
+	if h.partial && now.Sub(h.partialAt) >= partialWindow {
 		// No call failed for partialWindow; none on the failing keys need
 		// have succeeded (a seldom-used policy refused by an ACL), so the
 		// line says what is known.
@@ -552,7 +568,7 @@ func (h *Health) endPartialLocked() {
 	if h.partial && h.m != nil {
 		h.m.partialChanges.WithLabelValues("off", "").Inc()
 	}
-	h.partial, h.partialN, h.runErr = false, 0, nil
+	h.partial, h.partialN, h.runErr, h.cleared = false, 0, nil, false
 	h.runFrom, h.runLast, h.runN = time.Time{}, time.Time{}, 0
 	clear(h.failing)
 	h.tracking.Store(false)

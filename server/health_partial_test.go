@@ -100,7 +100,15 @@ policies:
 	// The ACL fixed: the next grant passes, and Redis answers policy hot.
 	allowKeys(t, admin, "leased", "~sluice:*")
 	if !await(15*time.Second, func() bool { return metric(t, p, "sluice_degraded") == 0 }) {
-		t.Fatalf("ACL fixed: still degraded\n%s", p.stderr.String())
+		_, m := p.get(t, "/metrics")
+		var errs []string
+		for l := range strings.Lines(m) {
+			if strings.HasPrefix(l, "sluice_store_errors_total") || strings.HasPrefix(l, "sluice_decisions_total") {
+				errs = append(errs, l)
+			}
+		}
+		_, st := p.getJSON(t, "/v1/status")
+		t.Fatalf("ACL fixed: still degraded: %v\n%s\n%s", st, errs, p.stderr.String())
 	}
 	if !strings.Contains(p.stderr.String(), "store calls answered again") {
 		t.Errorf("no end line:\n%s", p.stderr.String())
@@ -118,4 +126,81 @@ func reasonsOf(st map[string]any) string {
 		}
 	}
 	return b.String()
+}
+
+// TestFaultPartialSomeKeysRefused: an ACL refuses some keys of one policy
+// (bad*) and allows its others (good*); requests alternate between them.
+// The cause is permanent, so it is one episode: one line, one start, no
+// end while the refusals go on, sluice_degraded 1 throughout (each good
+// key's answer ended it and the next refusal started another, every
+// ~100 ms). Once the refusals stop, the policy's next answer after 10 s
+// without a failed call ends it.
+func TestFaultPartialSomeKeysRefused(t *testing.T) {
+	race.SkipTiming(t)
+	p, admin := aclServe(t, "somekeys", `
+policies:
+  - name: plain
+    limit: fixed_window 1000000000/1h
+  - name: other
+    limit: fixed_window 1000000000/1h
+`)
+	allowKeys(t, admin, "somekeys", "~sluice:{v*:other@*", "~sluice:{v*:plain@*:good*")
+	check := func(policy, key string) string {
+		_, body := p.post(t, "/v1/check", `{"policy":"`+policy+`","key":"`+key+`"}`)
+		return sourceOf(body["source"])
+	}
+	if src := check("plain", "good1"); src != "" {
+		t.Fatalf("an allowed key answered by %s, want Redis", src)
+	}
+	on, off := `sluice_partial_failure_transitions_total{cause="permission",to="on"}`, `sluice_partial_failure_transitions_total{cause="",to="off"}`
+	check("plain", "bad1")
+	if !await(2*time.Second, func() bool { return metric(t, p, "sluice_degraded") == 1 }) {
+		t.Fatal("a refused key: not degraded")
+	}
+	var lastBad time.Time
+	for end := time.Now().Add(2500 * time.Millisecond); time.Now().Before(end); {
+		check("other", "k")
+		check("plain", "good1")
+		lastBad = time.Now()
+		if src := check("plain", "bad1"); src != "fallback" {
+			t.Fatalf("a refused key answered by %q, want the failure policy", src)
+		}
+		if got := metric(t, p, "sluice_degraded"); got != 1 {
+			t.Fatalf("sluice_degraded %v between a refused key and the next, want 1", got)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if got := metric(t, p, on); got != 1 {
+		t.Errorf("%s %v after 2.5 s of alternating keys, want 1", on, got)
+	}
+	if got := metric(t, p, off); got != 0 {
+		t.Errorf("%s %v while refusals go on, want 0", off, got)
+	}
+	if n := strings.Count(p.stderr.String(), "store calls failing while the breaker is closed"); n != 1 {
+		t.Errorf("%d partial failure lines, want 1:\n%s", n, p.stderr.String())
+	}
+	// No more refusals; the allowed keys go on.
+	if !await(partialWindow+3*time.Second, func() bool {
+		check("plain", "good1")
+		return metric(t, p, "sluice_degraded") == 0
+	}) {
+		t.Fatalf("refusals over: still degraded after %v\n%s", time.Since(lastBad), p.stderr.String())
+	}
+	if took := time.Since(lastBad); took < partialWindow {
+		t.Errorf("ended %v after the last refusal, want %v without one", took, partialWindow)
+	}
+	if !strings.Contains(p.stderr.String(), `msg="store calls answered again"`) {
+		t.Errorf("no end line:\n%s", p.stderr.String())
+	}
+	if got := metric(t, p, off); got != 1 {
+		t.Errorf("%s %v after the end, want 1", off, got)
+	}
+}
+
+// sourceOf is a /v1/check body's source: empty when Redis answered.
+func sourceOf(v any) string {
+	if s, ok := v.(string); ok {
+		return s
+	}
+	return ""
 }
