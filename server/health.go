@@ -491,13 +491,18 @@ func (h *Health) forget(policies []string) {
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	n := len(h.failing)
+	var removed []string
 	for _, p := range policies {
-		delete(h.failing, p)
+		if h.failing[p] {
+			removed = append(removed, p)
+			delete(h.failing, p)
+		}
 	}
 	h.tracking.Store(len(h.failing) > 0)
-	if len(h.failing) < n && len(h.failing) == 0 && h.partial && permanent(h.runErr) {
-		h.log.Info("store calls answered again", "store", h.store, "cause", cause(h.runErr), "answered_by_policy", h.partialN)
+	if len(removed) > 0 && len(h.failing) == 0 && h.partial && permanent(h.runErr) {
+		// Nothing was answered: the line must not say the store was.
+		h.log.Info("store calls failing no more: a reload removed the policies whose calls failed", "store", h.store, "cause", cause(h.runErr),
+			"removed", removed, "answered_by_policy", h.partialN)
 		h.endPartialLocked()
 		h.publishLocked()
 	}

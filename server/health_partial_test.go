@@ -4,7 +4,9 @@ package server
 
 import (
 	"context"
+	"os"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -15,15 +17,16 @@ import (
 
 // aclServe runs one `sluice serve` as the Redis user user (every
 // permission sluice needs, see sluiceUser) with configuration cfg, and
-// returns it with an admin client of its Redis.
-func aclServe(t *testing.T, user, cfg string) (*proc, *redis.Client) {
+// returns it with an admin client of its Redis and its configuration
+// file.
+func aclServe(t *testing.T, user, cfg string) (*proc, *redis.Client, string) {
 	t.Helper()
 	r := startRedis(t)
 	admin := r.client()
 	t.Cleanup(func() { admin.Close() })
 	sluiceUser(t, admin, user)
 	f := startFleet(t, "redis://"+user+":pw@"+r.Addr, 1, cfg, "--failure-policy", "local")
-	return f.procs[0], admin
+	return f.procs[0], admin, f.args[1]
 }
 
 // allowKeys makes the keys user may use those of patterns, and the keys
@@ -59,7 +62,7 @@ func await(within time.Duration, cond func() bool) bool {
 // store metrics alone. Fixing the ACL ends it, once a grant passes.
 func TestFaultPartialLeaseCallsFail(t *testing.T) {
 	race.SkipTiming(t)
-	p, admin := aclServe(t, "leased", `
+	p, admin, _ := aclServe(t, "leased", `
 policies:
   - name: hot
     limit: 100000/s
@@ -137,7 +140,7 @@ func reasonsOf(st map[string]any) string {
 // without a failed call ends it.
 func TestFaultPartialSomeKeysRefused(t *testing.T) {
 	race.SkipTiming(t)
-	p, admin := aclServe(t, "somekeys", `
+	p, admin, _ := aclServe(t, "somekeys", `
 policies:
   - name: plain
     limit: fixed_window 1000000000/1h
@@ -203,4 +206,38 @@ func sourceOf(v any) string {
 		return s
 	}
 	return ""
+}
+
+// TestPartialEndsWithRemovedPolicy: a partial failure (an ACL refusing
+// policy other's keys) ended by a reload that removes policy other says
+// so; it said "store calls answered again", though nothing was answered
+// and the ACL still refuses.
+func TestPartialEndsWithRemovedPolicy(t *testing.T) {
+	p, admin, cfg := aclServe(t, "removed", `
+policies:
+  - name: api
+    limit: fixed_window 1000000000/1h
+  - name: other
+    limit: fixed_window 1000000000/1h
+`)
+	allowKeys(t, admin, "removed", "~sluice:{v*:api@*")
+	p.post(t, "/v1/check", `{"policy":"api","key":"k"}`)
+	p.post(t, "/v1/check", `{"policy":"other","key":"k"}`)
+	if r := p.expect(t, "store calls failing while the breaker is closed: the failure policy answers them (part of the store down, such as a Cluster node?)"); r["cause"] != "permission" {
+		t.Fatalf("partial failure line %v: want cause permission", r)
+	}
+	if err := os.WriteFile(cfg, []byte("policies:\n  - name: api\n    limit: fixed_window 1000000000/1h\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	p.signal(t, syscall.SIGHUP)
+	r := p.expectAny(t, "store calls answered again", "store calls failing no more: a reload removed the policies whose calls failed")
+	if r["msg"] != "store calls failing no more: a reload removed the policies whose calls failed" || r["removed"] != "[other]" || r["cause"] != "permission" {
+		t.Errorf("end line %v: want it to say a reload removed policy other, cause permission", r)
+	}
+	if got := metric(t, p, "sluice_degraded"); got != 0 {
+		t.Errorf("sluice_degraded %v once the failing policy is gone, want 0", got)
+	}
+	if got := metric(t, p, `sluice_partial_failure_transitions_total{cause="",to="off"}`); got != 1 {
+		t.Errorf("transitions to off %v, want 1", got)
+	}
 }
