@@ -127,7 +127,22 @@ func newHandler(s *Service, opts *HandlerOptions) http.Handler {
 		}
 		dash.ServeHTTP(w, r)
 	}))
-	return crossOrigin(mux)
+	return routes{crossOrigin(mux), mux}
+}
+
+// routes is the service's handler, which can name a request's route
+// without serving it.
+type routes struct {
+	http.Handler
+	mux *http.ServeMux
+}
+
+// pattern is the route r would take, as ServeMux sets r.Pattern: for a
+// request refused before it is routed (probesOnly), so that the metrics
+// still label it with its endpoint.
+func (h routes) pattern(r *http.Request) string {
+	_, p := h.mux.Handler(r)
+	return p
 }
 
 type api struct {

@@ -154,6 +154,9 @@ func (l *capListener) probesOnly(next http.Handler) http.Handler {
 		if c, _ := r.Context().Value(capConnKey{}).(*capConn); c != nil && c.probe {
 			w.Header().Set("Connection", "close")
 			if r.URL.Path != "/healthz" && r.URL.Path != "/readyz" {
+				if rt, ok := next.(interface{ pattern(*http.Request) string }); ok {
+					r.Pattern = rt.pattern(r) // instrumentHTTP labels it by its endpoint
+				}
 				w.Header().Set("Retry-After", "1")
 				problem(w, http.StatusServiceUnavailable,
 					"this instance holds --max-connections busy connections; past that only health probes are answered: retry, or try another instance")

@@ -220,6 +220,27 @@ func TestBusyConnectionsStillAnswerProbes(t *testing.T) {
 	if got := metricValue(t, srv.metrics.reg, "sluice_connections_refused_total", map[string]string{"listener": "http"}); got != 0 {
 		t.Errorf("sluice_connections_refused_total{listener=http} = %v, want 0", got)
 	}
+	// Refused requests of known routes are counted by their endpoint, not
+	// as "other".
+	for _, path := range []string{"/v1/status", "/metrics"} {
+		resp, err := client.Get("http://" + srv.HTTPAddr() + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 503 {
+			t.Errorf("GET %s past the cap: %s, want 503", path, resp.Status)
+		}
+	}
+	for _, endpoint := range []string{"POST /v1/check", "GET /v1/status", "GET /metrics"} {
+		if got := metricValue(t, srv.metrics.reg, "sluice_api_requests_total", map[string]string{"api": "http", "endpoint": endpoint, "code": "503"}); got != 1 {
+			t.Errorf("sluice_api_requests_total{endpoint=%q,code=503} = %v, want 1", endpoint, got)
+		}
+	}
+	if got := metricValue(t, srv.metrics.reg, "sluice_api_requests_total", map[string]string{"api": "http", "endpoint": "other", "code": "503"}); got > 0 {
+		t.Errorf(`sluice_api_requests_total{endpoint="other",code=503} = %v, want 0`, got)
+	}
 }
 
 // TestGRPCIdleConnectionsMakeRoom: gRPC connections without calls in
