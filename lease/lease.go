@@ -15,7 +15,12 @@
 // to retry when n units, not one, will be there. Unused units go back to the store, under sluice.Granter's
 // return rule, on the first request an expired lease or one too small
 // cannot answer, and on Close; a lease forgotten among many idle keys
-// strands its units, which can only lower admissions. When a new lease
+// strands its units, which can only lower admissions. A live lease's last
+// units that are too few for a request and that the return rule would no
+// longer give back (GCRA and the buckets) are not returned: that request
+// spends them with the store's, the next grant's or its exact Take's, at
+// one instant within the lease's life; when the store denies the rest,
+// they stay for smaller requests. When a new lease
 // follows such a return and the granter is a sluice.Regranter (the Redis
 // and memory stores are, and a resilient.Store over them), the return and
 // the grant are one call: a refill is one round trip, which every request
@@ -40,7 +45,10 @@
 // # The bound
 //
 // Cumulative admissions never exceed what the store granted minus what was
-// returned: a unit is admitted once, from a lease that holds it.
+// returned: a unit is admitted once, from a lease that holds it (a request
+// that spends a lease's last units with the store's is admitted at an
+// instant within that lease's life, the store's units being granted or
+// taken by then, or not at all).
 //
 // GCRA, TokenBucket, LeakyBucket, with burst B and I = Limit.Interval (one
 // unit per I, so r = 1/I ≤ Rate/Period): over any closed interval of time
@@ -147,11 +155,15 @@
 // Requests of that cost then go to the
 // store's Take, exact, for D or until a grant covers as much. A request
 // that goes to the store's Take, whatever the reason, first gives back
-// what the lease holds, so that its units are in the store's answer. Peek
-// answers from a live lease that holds cost units without taking, and
-// otherwise asks the store, counting what a live lease would give back
-// before such a Take. A lease that has ended holding units, which the next
-// request's refill would give back before asking the store, gives them back
+// what the lease holds, so that its units are in the store's answer, or,
+// when the return rule would give none of them back, asks the store for
+// cost less those units and spends them with the ones it takes (a denial's
+// RetryAfter is then an upper bound: one Interval more per unit of the
+// lease's). Peek answers from a live lease that holds cost units without
+// taking, and otherwise asks the store, counting what a live lease would
+// give back before such a Take, or spend with it. A lease that has ended
+// holding units, which the next request's refill would give back before
+// asking the store, gives them back
 // on a Peek too, once, under the return rule: how many the store takes
 // back and, for the sliding window counter past their window, how much
 // they weigh on its estimate, only the store knows. So in one process on
@@ -756,7 +768,10 @@ func (s *Store) Take(ctx context.Context, key string, limit sluice.Limit, cost i
 		if s.fast(&d, key, limit, cost, stale) {
 			return d, nil
 		}
-		d, _, _, exact, err := s.spend(ctx, key, limit, cost, stale, false)
+		d, l, _, left, exact, err := s.spend(ctx, key, limit, cost, stale, false, true)
+		if left.units > 0 {
+			return s.topUp(ctx, l, left, key, limit, cost)
+		}
 		if errors.Is(err, errGrantFailed) {
 			if p, ok := s.granter.(policyTaker); ok {
 				return p.TakeByPolicy(ctx, key, limit, cost)
@@ -817,8 +832,11 @@ func (s *Store) fast(d *sluice.Decision, key string, limit sluice.Limit, cost in
 // (gen). exact says the store should answer instead, as it does for a key
 // that is not hot; force leases such a key all the same. The request is
 // validated here (stale too), in full only when the key has no lease under
-// limit yet: a lease's limit was validated when it was made.
-func (s *Store) spend(ctx context.Context, key string, limit sluice.Limit, cost int64, stale time.Duration, force bool) (_ sluice.Decision, _ *lease, gen uint64, exact bool, _ error) {
+// limit yet: a lease's limit was validated when it was made. topUp lets
+// the lease's last units be spent on the request with the store's (see
+// refill); a TakeAll, which may put the request's units back into a new
+// grant, must not. left: see refill.
+func (s *Store) spend(ctx context.Context, key string, limit sluice.Limit, cost int64, stale time.Duration, force, topUp bool) (_ sluice.Decision, _ *lease, gen uint64, left leftover, exact bool, _ error) {
 	if s.keys.Load() >= s.sweepAt.Load() {
 		s.sweep()
 	}
@@ -832,10 +850,10 @@ func (s *Store) spend(ctx context.Context, key string, limit sluice.Limit, cost 
 	if h == nil || cost < 1 || cost > h.l.capacity || stale < MinStaleness || stale > limit.Period {
 		sh.mu.Unlock()
 		if err := validate(key, limit, cost, stale); err != nil {
-			return sluice.Decision{}, nil, 0, false, err
+			return sluice.Decision{}, nil, 0, leftover{}, false, err
 		}
 		if id = s.id(limit); id == 0 {
-			return sluice.Decision{}, nil, 0, true, nil
+			return sluice.Decision{}, nil, 0, leftover{}, true, nil
 		}
 		sh.mu.Lock()
 		h = s.lease(sh, tag, id, key, limit)
@@ -848,12 +866,12 @@ func (s *Store) spend(ctx context.Context, key string, limit sluice.Limit, cost 
 	}
 	if ok {
 		sh.mu.Unlock()
-		return d, l, gen, false, nil
+		return d, l, gen, leftover{}, false, nil
 	}
 	failed, grants := l.failed, l.gen
 	sh.mu.Unlock()
-	d, gen, exact, err := s.refill(ctx, l, key, limit, cost, stale, force, failed, grants)
-	return d, l, gen, exact, err
+	d, gen, left, exact, err := s.refill(ctx, l, key, limit, cost, stale, force, topUp, failed, grants)
+	return d, l, gen, left, exact, err
 }
 
 // answer is l's decision at now without the store, when it has one: from a
@@ -874,18 +892,19 @@ func (s *Store) answer(h *hot, cost int64, now int64, counted bool) (_ sluice.De
 // refill answers a request that l could not, once no other refill of l is
 // in flight: from the lease another refill made meanwhile, or by giving
 // back what is left and asking the store for a new grant, or (exact) by
-// the store's Take.
+// the store's Take. left.units > 0 (with exact): that Take is to be of
+// cost − left.units, the lease's last units being spent with it (topUp).
 // failed and grants are l.failed and l.gen when the request began to wait.
-func (s *Store) refill(ctx context.Context, l *lease, key string, limit sluice.Limit, cost int64, stale time.Duration, force bool, failed, grants uint64) (_ sluice.Decision, gen uint64, exact bool, _ error) {
+func (s *Store) refill(ctx context.Context, l *lease, key string, limit sluice.Limit, cost int64, stale time.Duration, force, topUp bool, failed, grants uint64) (_ sluice.Decision, gen uint64, _ leftover, exact bool, _ error) {
 	if err := l.refill.lockCtx(ctx); err != nil {
-		return sluice.Decision{}, 0, false, fmt.Errorf("lease: waiting for the key's grant: %w", err)
+		return sluice.Decision{}, 0, leftover{}, false, fmt.Errorf("lease: waiting for the key's grant: %w", err)
 	}
 	defer l.refill.Unlock()
 	if err := ctx.Err(); err != nil {
 		// The lock was free, but the request is over: taking the lease's
 		// units out to return them would lose them to a call refused for
 		// its context.
-		return sluice.Decision{}, 0, false, err
+		return sluice.Decision{}, 0, leftover{}, false, err
 	}
 	sh := l.sh
 	sh.mu.Lock()
@@ -893,12 +912,12 @@ func (s *Store) refill(ctx context.Context, l *lease, key string, limit sluice.L
 	h := l.hot()
 	if d, gen, ok := s.answer(h, cost, now, true); ok {
 		sh.mu.Unlock()
-		return d, gen, false, nil
+		return d, gen, leftover{}, false, nil
 	}
 	if now < l.deny && exactWait(limit, cost) && !force {
 		// The store's Take says when cost units will be there.
 		sh.mu.Unlock()
-		return sluice.Decision{}, 0, true, nil
+		return sluice.Decision{}, 0, leftover{}, true, nil
 	}
 	if l.gen != grants && h.units == 0 && !force {
 		// A grant came while this request waited for it, and others spent
@@ -909,7 +928,7 @@ func (s *Store) refill(ctx context.Context, l *lease, key string, limit sluice.L
 		// each would wait for all of those ahead of them (a 429 held for
 		// hundreds of milliseconds).
 		sh.mu.Unlock()
-		return sluice.Decision{}, 0, true, nil
+		return sluice.Decision{}, 0, leftover{}, true, nil
 	}
 	if l.failed != failed {
 		// A grant failed while this request waited for it: another would
@@ -920,9 +939,9 @@ func (s *Store) refill(ctx context.Context, l *lease, key string, limit sluice.L
 		err := l.failErr
 		sh.mu.Unlock()
 		if err != nil {
-			return sluice.Decision{}, 0, false, fmt.Errorf("lease: the key's grant failed while this request waited for it: %w", err)
+			return sluice.Decision{}, 0, leftover{}, false, fmt.Errorf("lease: the key's grant failed while this request waited for it: %w", err)
 		}
-		return sluice.Decision{}, 0, true, errGrantFailed
+		return sluice.Decision{}, 0, leftover{}, true, errGrantFailed
 	}
 	l.fold(h, now, stale)
 	n := s.sizeFor(l, limit, cost)
@@ -933,15 +952,32 @@ func (s *Store) refill(ctx context.Context, l *lease, key string, limit sluice.L
 	// wait forever. After D the key is leased again.
 	short := !force && l.short > 0 && cost >= l.short && now < l.shortEnd
 	toStore := !force && (n == 0 || short)
-	if toStore && h.units == 0 {
+	// A live lease's last units, too few for cost, that the return rule
+	// would no longer give back (GCRA and the buckets: the lease has aged
+	// an Interval per unit) are spent on this request with the store's,
+	// by the grant or the exact Take, rather than lost: with weighted
+	// costs a lease mostly ends so. Whether they are depends only on what
+	// Peek reads (see stranded), not on the key's demand, so a Peek counts
+	// them as the Take after it does.
+	var keep int64
+	strand := stranded(h, limit, cost, now)
+	if strand && topUp {
+		keep = h.units
+	}
+	if toStore && (h.units == 0 || strand && !topUp) {
+		// Nothing to give back (stranded units stay for smaller requests).
 		sh.mu.Unlock()
-		return sluice.Decision{}, 0, true, nil
+		return sluice.Decision{}, 0, leftover{}, true, nil
 	}
 	// The lease's units go back before an exact Take too: left out, they
 	// would make the store deny what an exact limiter admits.
-	old, unused := l.grant, h.units
+	old, unused, keepStop := l.grant, h.units-keep, h.stop
 	l.setUnits(h, 0)
+	gen = l.gen
 	sh.mu.Unlock()
+	if toStore && keep > 0 {
+		return sluice.Decision{}, 0, leftover{keep, gen, keepStop}, true, nil
+	}
 	// A granter that can regrant takes the return and the grant in one
 	// call: one round trip for a refill, where the request (and those
 	// queued behind it) would wait for two.
@@ -951,16 +987,16 @@ func (s *Store) refill(ctx context.Context, l *lease, key string, limit sluice.L
 		held, err := s.giveBack(ctx, key, limit, old, unused)
 		if err != nil {
 			l.fail(ctx, err)
-			return sluice.Decision{}, 0, false, err
+			return sluice.Decision{}, 0, leftover{}, false, err
 		}
 		if held {
 			// The store did not answer the return: a grant now would most
 			// likely wait as long again before the policy answers.
 			l.fail(ctx, nil)
-			return sluice.Decision{}, 0, true, errGrantFailed
+			return sluice.Decision{}, 0, leftover{}, true, errGrantFailed
 		}
 		if toStore {
-			return sluice.Decision{}, 0, true, nil
+			return sluice.Decision{}, 0, leftover{}, true, nil
 		}
 	}
 	sent := s.now()
@@ -971,19 +1007,22 @@ func (s *Store) refill(ctx context.Context, l *lease, key string, limit sluice.L
 		back, g, err = rg.Regrant(ctx, key, limit, old, unused, max(n, cost))
 		s.returned.Add(uint64(back))
 	} else {
-		g, err = s.granter.Grant(ctx, key, limit, max(n, cost))
+		g, err = s.granter.Grant(ctx, key, limit, max(n, cost-keep))
 	}
 	if !errors.Is(err, resilient.ErrNotSent) {
 		s.grants.Add(1)
 	}
+	if err != nil && keep > 0 {
+		l.restore(gen, keep, false) // still the lease's, for smaller requests
+	}
 	if errors.Is(err, resilient.ErrNoGrant) {
 		l.fail(ctx, nil)
 		if errors.Is(err, resilient.ErrNotSent) && !one {
-			return sluice.Decision{}, 0, true, nil // the breaker is open: Take is the policy's
+			return sluice.Decision{}, 0, leftover{}, true, nil // the breaker is open: Take is the policy's
 		}
 		// A regrant that failed or was held back is a return that did:
 		// the policy answers, as after a return held back.
-		return sluice.Decision{}, 0, true, errGrantFailed
+		return sluice.Decision{}, 0, leftover{}, true, errGrantFailed
 	}
 	if err != nil {
 		// Those waiting for this call get its error at once: each sending
@@ -992,9 +1031,9 @@ func (s *Store) refill(ctx context.Context, l *lease, key string, limit sluice.L
 		if one {
 			// Sent once, its outcome unknown: the request's error, as a
 			// failed return's is; the units stay out of the store.
-			return sluice.Decision{}, 0, false, fmt.Errorf("lease: regrant: %w", err)
+			return sluice.Decision{}, 0, leftover{}, false, fmt.Errorf("lease: regrant: %w", err)
 		}
-		return sluice.Decision{}, 0, false, err
+		return sluice.Decision{}, 0, leftover{}, false, err
 	}
 	s.granted.Add(uint64(g.Granted))
 	sh.mu.Lock()
@@ -1002,17 +1041,27 @@ func (s *Store) refill(ctx context.Context, l *lease, key string, limit sluice.L
 	h = l.hot() // the table may have moved it
 	h.reset = sent + int64(g.ResetAfter)
 	if g.Granted == 0 {
+		if keep > 0 && l.gone == nil {
+			h.units += keep // still the lease's, for smaller requests
+			l.mark += keep
+		}
 		// Remembered for at most D, so that a Reset elsewhere reaches this
 		// process within D, as a lease's units do.
 		l.retry = sent + int64(g.RetryAfter)
 		l.deny = sent + int64(min(g.RetryAfter, stale))
 		if exactWait(limit, cost) && !force {
-			return sluice.Decision{}, 0, true, nil
+			return sluice.Decision{}, 0, leftover{}, true, nil
 		}
-		return sluice.Decision{Limit: limit, RetryAfter: retryFor(limit, cost, int64(g.RetryAfter)), ResetAfter: g.ResetAfter}, 0, false, nil
+		return sluice.Decision{Limit: limit, RetryAfter: retryFor(limit, cost, int64(g.RetryAfter)), ResetAfter: g.ResetAfter}, 0, leftover{}, false, nil
+	}
+	now = s.now()
+	if keep > 0 && (now > keepStop || g.Granted+keep < cost) {
+		// Past the old lease's life, or too few with the grant's: the old
+		// lease's units are stranded, as its return would have left them.
+		keep = 0
 	}
 	switch {
-	case g.Granted < cost && !force:
+	case g.Granted+keep < cost && !force:
 		l.short, l.shortEnd = cost, sent+int64(stale)
 	case g.Granted >= l.short:
 		l.short = 0
@@ -1025,16 +1074,22 @@ func (s *Store) refill(ctx context.Context, l *lease, key string, limit sluice.L
 		l.end = sent + int64(g.Window)
 	}
 	l.setStop(h)
-	now = s.now()
+	if keep > 0 && h.live(now) {
+		h.units -= cost - keep
+		l.mark -= cost - keep // counted in asked by spend
+		d := h.local(limit, now, true)
+		d.Source = sluice.SourceBackend
+		return d, l.gen, leftover{}, false, nil
+	}
 	if h.units >= cost && !h.live(now) {
 		// The grant came back after its lease's end: its units stay for
 		// the return rule, and the store answers this request exactly.
-		return sluice.Decision{}, 0, true, nil
+		return sluice.Decision{}, 0, leftover{}, true, nil
 	}
 	if !h.live(now) || h.units < cost {
 		if exactWait(limit, cost) && !force {
 			// The granted units stay in the lease for smaller requests.
-			return sluice.Decision{}, 0, true, nil
+			return sluice.Decision{}, 0, leftover{}, true, nil
 		}
 		d := h.local(limit, now, false)
 		// cost Intervals, not cost − units: by the retry this lease's
@@ -1045,13 +1100,56 @@ func (s *Store) refill(ctx context.Context, l *lease, key string, limit sluice.L
 			d.RetryAfter = max(time.Duration(l.end-now), time.Microsecond)
 		}
 		d.Source = sluice.SourceBackend
-		return d, 0, false, nil
+		return d, 0, leftover{}, false, nil
 	}
 	h.units -= cost
 	l.mark -= cost // counted in asked by spend
 	d := h.local(limit, now, true)
 	d.Source = sluice.SourceBackend
-	return d, l.gen, false, nil
+	return d, l.gen, leftover{}, false, nil
+}
+
+// stranded reports whether h, at now, holds units that a request of cost
+// spends with the store's (Take, see refill): live, fewer than cost, and
+// none of them given back by the return rule. Windowed limits' units go
+// back whole while their window lasts, so they never are. h's shard must
+// be locked.
+func stranded(h *hot, limit sluice.Limit, cost, now int64) bool {
+	return h.live(now) && h.units < cost && !windowed(limit) &&
+		sluice.ReturnAllowance(limit, h.units, (now-h.l.sent)/1e3) == 0
+}
+
+// leftover is a live lease's last units, which refill took out of it for
+// a request that needs more: of grant gen, spendable while now ≤ stop.
+type leftover struct {
+	units int64
+	gen   uint64
+	stop  int64
+}
+
+// topUp answers a request of cost from the store's Take of cost − units
+// and left's units: they are spent with the store's when it admits within
+// their lease's life, and otherwise put back (a request the store denies)
+// or stranded.
+func (s *Store) topUp(ctx context.Context, l *lease, left leftover, key string, limit sluice.Limit, cost int64) (sluice.Decision, error) {
+	d, err := s.granter.Take(ctx, key, limit, cost-left.units)
+	if err != nil || !d.Allowed {
+		l.restore(left.gen, left.units, false) // still the lease's, for smaller requests
+		if err == nil {
+			// The lease's units may be gone by then: one Interval each.
+			d.RetryAfter += time.Duration(left.units) * limit.Interval()
+			d.Remaining += left.units // as Peek counts them
+		}
+		return d, err
+	}
+	if s.now() > left.stop {
+		// The store may have taken its units after the lease ended: the
+		// lease's are stranded and the request denied, since admitting it
+		// could exceed the bound; the store's units are lost with it.
+		d.Allowed = false
+		d.RetryAfter = time.Duration(cost) * limit.Interval()
+	}
+	return d, nil
 }
 
 // exactWait reports whether a denial of cost units under limit must come
@@ -1213,7 +1311,7 @@ func (s *Store) TakeAll(ctx context.Context, reqs []sluice.Request) ([]sluice.De
 	all := true
 	for i, r := range reqs {
 		if stale[i] > 0 {
-			d, l, gen, ex, err := s.spend(ctx, r.Key, r.Limit, r.Cost, stale[i], multi == nil)
+			d, l, gen, _, ex, err := s.spend(ctx, r.Key, r.Limit, r.Cost, stale[i], multi == nil, false)
 			if errors.Is(err, errGrantFailed) {
 				ex, err = true, nil
 			}
@@ -1315,7 +1413,8 @@ func (s *Store) Peek(ctx context.Context, key string, limit sluice.Limit, cost i
 		return s.granter.Peek(ctx, key, limit, cost)
 	}
 	// A Take of cost would return the lease's units first (refill), of
-	// which the store would take back k: count them, as that Take would.
+	// which the store would take back k, or spend k of them with the
+	// store's: count them, as that Take would.
 	d, err := s.granter.Peek(ctx, key, limit, cost-k)
 	if err != nil || d.Allowed {
 		d.Remaining += k
@@ -1342,7 +1441,7 @@ func (s *Store) Peek(ctx context.Context, key string, limit sluice.Limit, cost i
 // peekLease looks at key's lease under limit for a Peek of cost: ok with
 // the decision when it is live and holds cost units; otherwise the units a
 // live lease would give back before a Take of cost, under the return rule,
-// or the lease when it has ended holding units.
+// or spend with the store's, or the lease when it has ended holding units.
 func (s *Store) peekLease(key string, limit sluice.Limit, cost int64) (_ sluice.Decision, k int64, ended *lease, ok bool) {
 	id := s.knownID(limit)
 	if id == 0 {
@@ -1359,7 +1458,8 @@ func (s *Store) peekLease(key string, limit sluice.Limit, cost int64) (_ sluice.
 		ended = h.l
 	case h.units >= cost:
 		return h.local(limit, now, true), 0, nil, true
-	case windowed(limit):
+	case windowed(limit) || stranded(h, limit, cost, now):
+		// Given back whole, or spent with the store's (see refill).
 		k = h.units
 	default:
 		k = sluice.ReturnAllowance(limit, h.units, (now-h.l.sent)/1e3)

@@ -1660,3 +1660,80 @@ func TestQueuedBehindFailedGrantError(t *testing.T) {
 		}
 	})
 }
+
+// A live lease's last units, too few for a request and too old for the
+// return rule to give any back, are spent on it with the store's: with a
+// grant, or with the store's exact Take for a cost a grant fell short of
+// (put back when that Take denies). They were given back for nothing, and
+// the request denied for the units they took from it. Peek agrees.
+func TestStrandedUnitsSpentWithStore(t *testing.T) {
+	t.Parallel()
+	for _, alg := range []sluice.Algorithm{sluice.GCRA, sluice.TokenBucket, sluice.LeakyBucket} {
+		l := sluice.Limit{Algorithm: alg, Rate: 10, Period: time.Second, Burst: 10} // one unit per 100ms
+		// drain takes every unit the store has left, as other processes do.
+		drain := func(t *testing.T, m *memory.Store) {
+			for {
+				if d, err := m.Take(ctx, "k", l, 1); err != nil || !d.Allowed {
+					return
+				}
+			}
+		}
+		// both Peeks cost and then Takes it, and wants both to decide allowed.
+		both := func(t *testing.T, s *lease.Store, cost int64, allowed bool) sluice.Decision {
+			t.Helper()
+			p, err := s.Peek(ctx, "k", l, cost)
+			if err != nil {
+				t.Fatal(err)
+			}
+			d := take(t, s, "k", l, cost)
+			if p.Allowed != allowed || d.Allowed != allowed {
+				t.Fatalf("Peek(%d) = %+v, Take(%d) = %+v; want allowed %v", cost, p, cost, d, allowed)
+			}
+			return d
+		}
+		t.Run(alg.String()+"/grant", func(t *testing.T) {
+			t.Parallel()
+			clock := storetest.NewClock(storetest.T0)
+			m := newMemory(t, clock)
+			c := &counting{Granter: m, clock: clock}
+			s := newLease(t, c, clock, time.Second, 4)
+			take(t, s, "k", l, 1)
+			take(t, s, "k", l, 1) // 2 of the grant's 4 left
+			drain(t, m)
+			clock.Advance(250 * time.Millisecond) // 2 units in the store; the lease's 2 aged past return
+			both(t, s, 4, true)
+			if c.grants != 2 || c.asked[1] != 4 {
+				t.Errorf("grants %v; want a second of 4 (2 needed, Size 4)", c.asked)
+			}
+		})
+		t.Run(alg.String()+"/exact", func(t *testing.T) {
+			t.Parallel()
+			clock := storetest.NewClock(storetest.T0)
+			m := newMemory(t, clock)
+			c := &counting{Granter: m, clock: clock}
+			s := newLease(t, c, clock, time.Second, 4)
+			take(t, s, "k", l, 1) // 3 left
+			drain(t, m)
+			// The 3 go back whole (age 0) and a grant of 6 gets 3: short,
+			// so costs of 6 go to the store's Take for D.
+			if d := take(t, s, "k", l, 6); d.Allowed {
+				t.Fatalf("Take(6) = %+v; want denied by a partial grant", d)
+			}
+			take(t, s, "k", l, 1) // 2 of the partial grant's 3 left
+			grants, returns := c.grants, c.returns
+			clock.Advance(250 * time.Millisecond) // 2 units in the store: 2 + 2 < 6
+			d := both(t, s, 6, false)
+			if d.RetryAfter < 350*time.Millisecond {
+				t.Errorf("Take(6) = %+v; want RetryAfter at least 350ms (6 units, 2 there, the next in 50ms)", d)
+			}
+			clock.Advance(200 * time.Millisecond) // 4 in the store, and the lease's 2 kept
+			both(t, s, 6, true)
+			if c.grants != grants || c.returns != returns {
+				t.Errorf("%d grants, %d returns; want %d, %d: the store's Take alone", c.grants, c.returns, grants, returns)
+			}
+			if d := take(t, s, "k", l, 1); d.Allowed {
+				t.Errorf("Take(1) = %+v; want denied, the lease and the store spent", d)
+			}
+		})
+	}
+}

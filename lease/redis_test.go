@@ -554,9 +554,10 @@ func poisson(seed uint64, proc int, start time.Time, run time.Duration, weighted
 
 // Leases admit at most 3 % fewer units than the exact store, in total,
 // under the same open-loop schedule, with requests of one unit. With
-// requests of 1 to 8 units, offering as many units, they admit 21–23 %
-// fewer (the README says why); the test holds that figure to 30 % so
-// that it can only improve.
+// requests of 1 to 8 units, offering as many units, they admit 7–10 %
+// fewer (the README says why; 21–23 % before a lease's last units were
+// spent with the store's rather than stranded); the test holds that
+// figure to 15 %.
 func TestFleetLeaseUnderAdmission(t *testing.T) {
 	race.SkipTiming(t)
 	for _, weighted := range []bool{false, true} {
@@ -574,7 +575,7 @@ func TestFleetLeaseUnderAdmission(t *testing.T) {
 			t.Logf("offered %d requests to each; exact admitted %d units, leased %d (%d decisions by a lease): %.2f%% fewer", res.total/2, ne, nl, res.local, 100*short)
 			want := 0.03
 			if weighted {
-				want = 0.30
+				want = 0.15
 			}
 			if short > want {
 				t.Errorf("leases admitted %.2f%% fewer units than the exact store, want at most %.0f%%", 100*short, 100*want)
