@@ -883,10 +883,20 @@ func (s *Store) answer(h *hot, cost int64, now int64, counted bool) (_ sluice.De
 	if h.spendLocal(&d, l.sh, l.limit, cost, now, counted) {
 		return d, l.gen, true
 	}
-	if now < l.deny && !exactWait(l.limit, cost) {
-		return sluice.Decision{Limit: l.limit, RetryAfter: retryFor(l.limit, cost, l.retry-now), ResetAfter: max(time.Duration(h.reset-now), 0), Source: sluice.SourceDenyCache}, 0, true
+	if d, ok := h.remembered(cost, now); ok {
+		return d, 0, true
 	}
 	return sluice.Decision{}, 0, false
+}
+
+// remembered is h's remembered denial of cost at now, if one is in force
+// for it. h's shard must be locked.
+func (h *hot) remembered(cost, now int64) (sluice.Decision, bool) {
+	l := h.l
+	if now < l.deny && !exactWait(l.limit, cost) {
+		return sluice.Decision{Limit: l.limit, RetryAfter: retryFor(l.limit, cost, l.retry-now), ResetAfter: max(time.Duration(h.reset-now), 0), Source: sluice.SourceDenyCache}, true
+	}
+	return sluice.Decision{}, false
 }
 
 // refill answers a request that l could not, once no other refill of l is
@@ -1452,12 +1462,20 @@ func (s *Store) peekLease(key string, limit sluice.Limit, cost int64) (_ sluice.
 	defer sh.mu.Unlock()
 	now := s.now()
 	h := sh.leases.FindKind(tag, id, key)
+	if h != nil {
+		// As a Take would answer: from a live lease that holds cost units,
+		// else from a remembered denial.
+		if h.live(now) && h.units >= cost {
+			return h.local(limit, now, true), 0, nil, true
+		}
+		if d, ok := h.remembered(cost, now); ok {
+			return d, 0, nil, true
+		}
+	}
 	switch {
 	case h == nil || h.units == 0:
 	case !h.live(now):
 		ended = h.l
-	case h.units >= cost:
-		return h.local(limit, now, true), 0, nil, true
 	case windowed(limit) || stranded(h, limit, cost, now):
 		// Given back whole, or spent with the store's (see refill).
 		k = h.units
