@@ -515,7 +515,7 @@ func (h *Health) answeredLocked(now time.Time) {
 	if !h.partial || !permanent(h.runErr) || len(h.failing) > 0 || !h.cleared || now.Sub(h.partialAt) < partialWindow {
 		return
 	}
-	h.log.Info("store calls answered again", "store", h.store, "cause", cause(h.runErr), "without_failure", partialWindow, "answered_by_policy", h.partialN)
+	h.log.Info("store calls answered again", "store", h.store, "cause", cause(h.runErr), "since_last_failure", now.Sub(h.partialAt).Round(time.Millisecond), "answered_by_policy", h.partialN)
 	h.endPartialLocked()
 	h.publishLocked()
 }
@@ -558,7 +558,7 @@ func (h *Health) refresh(now time.Time) {
 		// No call failed for partialWindow; none on the failing keys need
 		// have succeeded (a seldom-used policy refused by an ACL), so the
 		// line says what is known.
-		h.log.Info("store calls no longer failing", "store", h.store, "without_failure", partialWindow, "answered_by_policy", h.partialN)
+		h.log.Info("store calls no longer failing", "store", h.store, "since_last_failure", now.Sub(h.partialAt).Round(time.Millisecond), "answered_by_policy", h.partialN)
 		h.endPartialLocked()
 		h.publishLocked()
 	}
