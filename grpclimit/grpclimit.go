@@ -111,7 +111,8 @@ type Rule struct {
 
 // Options configures an Interceptor. A nil *Options is valid.
 type Options struct {
-	// Prefix starts every store key. At most 128 bytes: New fails with
+	// Prefix starts every store key, laid out as httplimit's (see
+	// httplimit.Options.Prefix). At most 128 bytes: New fails with
 	// ErrInvalidConfig for a longer one. Default: "grpclimit:".
 	Prefix string
 	// HashKey, when set, replaces every key with its HMAC-SHA-256 under this

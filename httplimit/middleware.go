@@ -125,7 +125,10 @@ func (d Denial) Never() bool { return d.Cost > d.Capacity }
 // Options configures a Middleware. A nil *Options is valid.
 type Options struct {
 	// Prefix starts every store key, so several middlewares or services can
-	// share a store. Keys are Prefix + rule name + a separator + the key.
+	// share a store. Keys are Prefix + "v3:" + the rule name (percent-
+	// escaped) + "@" + a fingerprint of its limit + ":" + the key, which
+	// the store wraps in its own prefix and suffix (sluice:{…}:gcra); see
+	// "Keys in the store" in the README.
 	// At most 128 bytes: New fails with ErrInvalidConfig for a longer one.
 	// Default: "httplimit:".
 	Prefix string
