@@ -251,6 +251,8 @@ func (a *api) check(w http.ResponseWriter, r *http.Request) {
 	hd := d
 	switch {
 	case peek:
+	case res.Look:
+		hd.Allowed, hd.RetryAfter = true, 0 // a look is never refused: no Retry-After
 	case res.ShadowDenied():
 		body.ShadowDenied = true
 		hd.Allowed, hd.RetryAfter = true, 0 // let through: no Retry-After

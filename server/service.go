@@ -58,11 +58,14 @@ type Result struct {
 	// Allowed reports whether the request may be served: a shadow policy's
 	// denial is let through.
 	Allowed bool
+	// Look marks a check of cost 0: never refused, though Decision may
+	// carry a cached denial.
+	Look bool
 }
 
 // ShadowDenied reports a shadow policy over its limit: let through, but
 // counted as denied.
-func (r Result) ShadowDenied() bool { return r.Allowed && !r.Decision.Allowed }
+func (r Result) ShadowDenied() bool { return r.Allowed && !r.Decision.Allowed && !r.Look }
 
 // Service is the state behind both transports (Envoy RLS over gRPC and the
 // JSON API): the configuration in force, the engine (package
@@ -431,7 +434,16 @@ func (s *Service) decide(ctx context.Context, policy, key string, cost int64, lo
 	if err != nil {
 		return Result{}, err
 	}
-	return Result{Policy: p, Key: key, Decision: checks[0].Decision, Allowed: v.Allowed}, nil
+	d := checks[0].Decision
+	if look && d.Source == sluice.SourceDenyCache {
+		// The deny cache keeps denials only: a look it answers tells that
+		// denial and its wait, not an "allowed" nobody decided.
+		if pd, err := s.engine.Peek(ctx, &c); err == nil && pd.Source == sluice.SourceDenyCache {
+			d = pd
+		}
+		d.Allowed = false
+	}
+	return Result{Policy: p, Key: key, Decision: d, Allowed: v.Allowed, Look: look}, nil
 }
 
 // Peek reports what Check would decide without taking anything. It is
