@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net/url"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -29,6 +30,19 @@ func clip(s string, n int) string {
 		cut--
 	}
 	return fmt.Sprintf("%s…(%d bytes)", s[:cut], len(s))
+}
+
+// clipQuoted is s quoted, its first n bytes only when it is longer, with
+// its length after the closing quote.
+func clipQuoted(s string, n int) string {
+	if len(s) <= n {
+		return strconv.Quote(s)
+	}
+	cut := n
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return fmt.Sprintf("%q…(%d bytes)", s[:cut], len(s))
 }
 
 // logClip is how much of a client-chosen string a log line shows.

@@ -44,7 +44,14 @@ func decodeError(w http.ResponseWriter, err error, v any) {
 func serviceProblem(err error) (int, string) {
 	switch {
 	case errors.Is(err, ErrUnknownPolicy):
-		name := clip(tail(err, ErrUnknownPolicy), logClip) // a name may be 60 KB
+		// A name may be 60 KB: clipped before quoting, so that the quotes
+		// stay whole and the length is the name's own.
+		name := tail(err, ErrUnknownPolicy)
+		if raw, uerr := strconv.Unquote(name); uerr == nil {
+			name = clipQuoted(raw, logClip)
+		} else {
+			name = clip(name, logClip)
+		}
 		return http.StatusNotFound, fmt.Sprintf("there is no policy %s: GET /v1/policies lists the policies", name)
 	case errors.Is(err, sluice.ErrInvalidKey):
 		var n, most int

@@ -26,7 +26,9 @@ func TestProblemShapes(t *testing.T) {
 		code                     int
 		detail                   string
 	}{
-		{"long unknown policy", "POST", "/v1/check", `{"policy":"` + strings.Repeat("n", 60000) + `","key":"k"}`, 404, "…(60002 bytes)"},
+		{"long unknown policy", "POST", "/v1/check", `{"policy":"` + strings.Repeat("n", 60000) + `","key":"k"}`, 404, `there is no policy "` + strings.Repeat("n", 64) + `"…(60000 bytes):`},
+		{"64-byte unknown policy", "POST", "/v1/check", `{"policy":"` + strings.Repeat("n", 64) + `","key":"k"}`, 404, `there is no policy "` + strings.Repeat("n", 64) + `": GET`},
+		{"65-byte unknown policy", "POST", "/v1/check", `{"policy":"` + strings.Repeat("n", 65) + `","key":"k"}`, 404, `there is no policy "` + strings.Repeat("n", 64) + `"…(65 bytes): GET`},
 		{"reset without a policy", "POST", "/v1/reset", `{"key":"k"}`, 400, "policy is required"},
 		{"lower-case escape", "POST", "/v1/check", `{"policy":"d.remote_address","key":"remote_address=a%2cb"}`, 400, `escape "%2c" must be written in upper case, "%2C"`},
 		{"bad escape", "POST", "/v1/check", `{"policy":"d.remote_address","key":"remote_address=a%zz"}`, 400, `"%zz" is not an escape`},
