@@ -6,6 +6,7 @@ import (
 	"errors"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -257,8 +258,10 @@ func (m *Metrics) instrumentHTTP(h http.Handler) http.Handler {
 		start := time.Now()
 		sw := &statusWriter{ResponseWriter: w}
 		h.ServeHTTP(sw, r)
-		// ServeMux records the pattern in the request it was given.
-		m.request("http", cmp.Or(r.Pattern, "other"), strconv.Itoa(cmp.Or(sw.code, http.StatusOK)), time.Since(start))
+		// ServeMux records the pattern in the request it was given; its
+		// exact-match marker is routing syntax, not part of the endpoint.
+		endpoint := strings.TrimSuffix(cmp.Or(r.Pattern, "other"), "{$}")
+		m.request("http", endpoint, strconv.Itoa(cmp.Or(sw.code, http.StatusOK)), time.Since(start))
 	})
 }
 

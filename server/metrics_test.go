@@ -53,8 +53,10 @@ func TestMetricsPerAPI(t *testing.T) {
 		}
 		resp.Body.Close()
 	}
-	if resp, err := http.Get("http://" + srv.HTTPAddr() + "/v1/nowhere"); err == nil {
-		resp.Body.Close()
+	for _, path := range []string{"/v1/nowhere", "/v1/"} {
+		if resp, err := http.Get("http://" + srv.HTTPAddr() + path); err == nil {
+			resp.Body.Close()
+		}
 	}
 	rls := dialRLS(t, srv.GRPCAddr())
 	const domain = "sluice" // the demo configuration's
@@ -75,6 +77,7 @@ func TestMetricsPerAPI(t *testing.T) {
 	}{
 		{"sluice_api_requests_total", map[string]string{"api": "http", "endpoint": "POST /v1/check", "code": "200"}, 2},
 		{"sluice_api_requests_total", map[string]string{"api": "http", "endpoint": "/v1/", "code": "404"}, 1},
+		{"sluice_api_requests_total", map[string]string{"api": "http", "endpoint": "GET /v1/", "code": "200"}, 1},
 		{"sluice_api_request_duration_seconds", map[string]string{"api": "http", "endpoint": "POST /v1/check"}, 2},
 		{"sluice_api_requests_total", map[string]string{"api": "grpc", "endpoint": rlsMethod, "code": "OK"}, 2},
 		{"sluice_api_request_duration_seconds", map[string]string{"api": "grpc", "endpoint": rlsMethod}, 2},
