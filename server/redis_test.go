@@ -179,7 +179,11 @@ func TestNewRedisClient(t *testing.T) {
 		{"redis://localhost:7000?addr=localhost:7001", "use redis+cluster://"},
 		{"redis+cluster://?addr=localhost:7001", "no host"},
 		{"redis://", "no host"},
-		{"redis+cluster://127.0.0.1:7001,127.0.0.1:7002", "is a list"},
+		{"redis+cluster://127.0.0.1:7001,127.0.0.1:7002", "is a list: name one host:port, and the others with redis+cluster://127.0.0.1:7001?addr="},
+		// A list on redis:// must not point at addr=, which redis:// refuses.
+		{"redis://h1:1,h2:2", `host "h1:1,h2:2" is a list: a redis:// URL names one Redis; for Redis Cluster use redis+cluster://h1:1?addr=h2:2, for Sentinel redis+sentinel://`},
+		{"rediss://h1:1,h2:2", "for Redis Cluster use rediss+cluster://h1:1?addr=h2:2"},
+		{"redis+sentinel://s1:1,s2:2?master_name=m", "redis+sentinel://s1:1?addr=s2:2"},
 		{"redis://localhost?pool_size=-5", `pool_size="-5"`},
 		{"redis+cluster://localhost?pool_size=99999999999", `pool_size="99999999999"`},
 		{"redis://localhost?max_retries=-2", `max_retries="-2": want a whole number from 0 to 1048576 (or -1 for none)`},

@@ -189,7 +189,14 @@ func checkURLOptions(u *url.URL, variant string, q url.Values) error {
 		return fmt.Errorf("no host: want %s://host:port", u.Scheme)
 	}
 	if strings.Contains(u.Host, ",") {
-		return fmt.Errorf("host %q is a list: name one host:port, and the others with ?addr=host2:port2&addr=host3:port3", u.Host)
+		hosts := strings.Split(u.Host, ",")
+		others := "?addr=" + strings.Join(hosts[1:], "&addr=")
+		if variant == "" {
+			// Not "use ?addr=": a redis:// URL refuses it, naming cluster.
+			return fmt.Errorf("host %q is a list: a %s:// URL names one Redis; for Redis Cluster use %s+cluster://%s%s, for Sentinel %s+sentinel://%s%s&master_name=NAME",
+				u.Host, u.Scheme, u.Scheme, hosts[0], others, u.Scheme, hosts[0], others)
+		}
+		return fmt.Errorf("host %q is a list: name one host:port, and the others with %s+%s://%s%s", u.Host, u.Scheme, variant, hosts[0], others)
 	}
 	if variant == "" && q.Has("addr") {
 		return errors.New("addr= on a redis:// URL: for Redis Cluster use redis+cluster://host:port?addr=host2:port2")
