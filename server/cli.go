@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"os"
 	"os/signal"
@@ -105,17 +106,26 @@ func env(name, def string) string {
 // envParse reads a value from the environment with parse; a bad value is
 // reported once the flags are parsed (a flag given on the command line
 // wins over it).
-func envParse[T any](name string, def T, parse func(string) (T, error), bad *error) T {
+func envParse[T any](name string, def T, parse func(string) (T, error), want string, bad *error) T {
 	v, ok := os.LookupEnv(name)
 	if !ok {
 		return def
 	}
 	x, err := parse(v)
 	if err != nil {
-		*bad = fmt.Errorf("%s: %w", name, err)
+		*bad = fmt.Errorf("%s=%q: want %s", name, v, want)
 		return def
 	}
 	return x
+}
+
+// source names where a setting came from, for its error: the flag when it
+// was given, else its variable (a flag wins over the environment).
+func source(fs *flag.FlagSet, flagName, envName string) (msg, name string) {
+	if _, ok := os.LookupEnv(envName); ok && !flagSet(fs, flagName) {
+		return "bad environment", envName
+	}
+	return "bad flag", "--" + flagName
 }
 
 // minWatchInterval bounds how often the config files are stat'ed: a
@@ -133,9 +143,9 @@ func serve(args []string, stderr io.Writer) int {
 		httpAddr    = fs.String("http", env("SLUICE_HTTP_ADDR", ""), "JSON API, dashboard and metrics `address` (env SLUICE_HTTP_ADDR); default :8080, 127.0.0.1:8080 for the demo")
 		grpcAddr    = fs.String("grpc", env("SLUICE_GRPC_ADDR", ""), "Envoy rate limit service `address` (env SLUICE_GRPC_ADDR); default :8081, 127.0.0.1:8081 for the demo")
 		failure     = fs.String("failure-policy", env("SLUICE_FAILURE_POLICY", "local"), "when Redis fails: local (enforce in this process), open, closed, or error (report it; Envoy decides) (env SLUICE_FAILURE_POLICY)")
-		timeout     = fs.Duration("decision-timeout", envParse("SLUICE_DECISION_TIMEOUT", 0, time.ParseDuration, &envErr), "longest wait for Redis before the failure policy answers (env SLUICE_DECISION_TIMEOUT); default 50ms. Above 5s it raises the Redis client's dial, read and write timeouts too, except those --redis sets (dial_timeout=, read_timeout=, write_timeout=), which still cut a call short")
-		fleetSize   = fs.Int("fleet-size", envParse("SLUICE_FLEET_SIZE", 0, strconv.Atoi, &fleetErr), "how many instances share Redis: under --failure-policy local each admits 1/N of every limit while Redis is away (env SLUICE_FLEET_SIZE); default: discovered through Redis")
-		fleetShrink = fs.Duration("fleet-shrink", envParse("SLUICE_FLEET_SHRINK", 0, time.ParseDuration, &shrinkErr), "how long the discovered fleet size must count fewer instances before it falls, and how long an instance cut off from Redis keeps its share under --failure-policy local after its last registration (plus 3s); every instance of a fleet must use the same (env SLUICE_FLEET_SHRINK); default 5m")
+		timeout     = fs.Duration("decision-timeout", envParse("SLUICE_DECISION_TIMEOUT", 0, time.ParseDuration, "a duration such as 50ms", &envErr), "longest wait for Redis before the failure policy answers (env SLUICE_DECISION_TIMEOUT); default 50ms. Above 5s it raises the Redis client's dial, read and write timeouts too, except those --redis sets (dial_timeout=, read_timeout=, write_timeout=), which still cut a call short")
+		fleetSize   = fs.Int("fleet-size", envParse("SLUICE_FLEET_SIZE", 0, strconv.Atoi, "a whole number", &fleetErr), "how many instances share Redis: under --failure-policy local each admits 1/N of every limit while Redis is away (env SLUICE_FLEET_SIZE); default: discovered through Redis")
+		fleetShrink = fs.Duration("fleet-shrink", envParse("SLUICE_FLEET_SHRINK", 0, time.ParseDuration, "a duration such as 5m", &shrinkErr), "how long the discovered fleet size must count fewer instances before it falls, and how long an instance cut off from Redis keeps its share under --failure-policy local after its last registration (plus 3s); every instance of a fleet must use the same (env SLUICE_FLEET_SHRINK); default 5m")
 		adminToken  = fs.String("admin-token", env("SLUICE_ADMIN_TOKEN", ""), "bearer `token` for admin endpoints (env SLUICE_ADMIN_TOKEN); default: loopback clients only, and none when --http is reachable from other hosts")
 		insecure    = fs.Bool("insecure-admin", false, "without --admin-token, keep admin endpoints open to loopback clients even when --http is reachable from other hosts")
 		decToken    = fs.String("decision-token", env("SLUICE_DECISION_TOKEN", ""), "bearer `token` decisions require: HTTP Authorization, gRPC authorization metadata (env SLUICE_DECISION_TOKEN); default: none")
@@ -145,7 +155,7 @@ func serve(args []string, stderr io.Writer) int {
 		grpcCert    = fs.String("grpc-tls-cert", "", "PEM certificate `file` to serve gRPC over TLS (with --grpc-tls-key); reloaded when it changes")
 		grpcKey     = fs.String("grpc-tls-key", "", "PEM key `file` for --grpc-tls-cert")
 		grpcCA      = fs.String("grpc-tls-client-ca", "", "PEM CA `file`: gRPC clients (Envoy) must present a certificate it signed (mutual TLS)")
-		maxConns    = fs.Int("max-connections", envParse("SLUICE_MAX_CONNECTIONS", DefaultMaxConnections, strconv.Atoi, &connErr), "most connections each listener (HTTP, gRPC) holds open at once; one more replaces the longest idle, or when none is idle is closed as soon as accepted (HTTP: after a few kept for health probes) (env SLUICE_MAX_CONNECTIONS)")
+		maxConns    = fs.Int("max-connections", envParse("SLUICE_MAX_CONNECTIONS", DefaultMaxConnections, strconv.Atoi, "a whole number", &connErr), "most connections each listener (HTTP, gRPC) holds open at once; one more replaces the longest idle, or when none is idle is closed as soon as accepted (HTTP: after a few kept for health probes) (env SLUICE_MAX_CONNECTIONS)")
 		watch       = fs.Duration("watch-interval", 2*time.Second, "how often to check the config file for changes: 0 never, otherwise at least "+minWatchInterval.String())
 		logFormat   = fs.String("log-format", env("SLUICE_LOG_FORMAT", "text"), "log `format`: text or json (env SLUICE_LOG_FORMAT)")
 		logLevel    = fs.String("log-level", env("SLUICE_LOG_LEVEL", "info"), "least `level` logged: debug, info, warn or error (env SLUICE_LOG_LEVEL)")
@@ -159,7 +169,15 @@ func serve(args []string, stderr io.Writer) int {
 	// Every line from here on is a log record, go-redis's and grpc-go's too.
 	log, err := NewLogger(stderr, *logFormat, *logLevel)
 	if err != nil {
-		fmt.Fprintln(stderr, "sluice serve:", err)
+		// Still one log record: in the format asked for when that is good.
+		flagName, envName := "log-level", "SLUICE_LOG_LEVEL"
+		fallback, ferr := NewLogger(stderr, *logFormat, "")
+		if ferr != nil {
+			flagName, envName = "log-format", "SLUICE_LOG_FORMAT"
+			fallback = slog.New(slog.NewTextHandler(stderr, nil))
+		}
+		msg, name := source(fs, flagName, envName)
+		fallback.Error(msg, "err", fmt.Sprintf("%s: %v", name, err))
 		return 2
 	}
 	RouteLogs(log)
@@ -177,11 +195,8 @@ func serve(args []string, stderr io.Writer) int {
 		}
 	}
 	if *timeout < 0 {
-		name := "--decision-timeout"
-		if !flagSet(fs, "decision-timeout") {
-			name = "SLUICE_DECISION_TIMEOUT"
-		}
-		log.Error("bad flag", "err", fmt.Sprintf("%s %v: want a positive duration (0 or unset: 50ms)", name, *timeout))
+		msg, name := source(fs, "decision-timeout", "SLUICE_DECISION_TIMEOUT")
+		log.Error(msg, "err", fmt.Sprintf("%s %v: want a positive duration (0 or unset: 50ms)", name, *timeout))
 		return 2
 	}
 	if *watch < 0 || (*watch > 0 && *watch < minWatchInterval) {
@@ -189,15 +204,18 @@ func serve(args []string, stderr io.Writer) int {
 		return 2
 	}
 	if *fleetShrink < 0 {
-		log.Error("bad flag", "err", fmt.Sprintf("--fleet-shrink %v: want a positive duration (0 or unset: %v)", *fleetShrink, resilient.DefaultFleetShrink))
+		msg, name := source(fs, "fleet-shrink", "SLUICE_FLEET_SHRINK")
+		log.Error(msg, "err", fmt.Sprintf("%s %v: want a positive duration (0 or unset: %v)", name, *fleetShrink, resilient.DefaultFleetShrink))
 		return 2
 	}
 	if *fleetSize < 0 {
-		log.Error("bad flag", "err", fmt.Sprintf("--fleet-size %d: want 1 or more", *fleetSize))
+		msg, name := source(fs, "fleet-size", "SLUICE_FLEET_SIZE")
+		log.Error(msg, "err", fmt.Sprintf("%s %d: want 1 or more", name, *fleetSize))
 		return 2
 	}
 	if *maxConns < 1 {
-		log.Error("bad flag", "err", fmt.Sprintf("--max-connections %d: want 1 or more", *maxConns))
+		msg, name := source(fs, "max-connections", "SLUICE_MAX_CONNECTIONS")
+		log.Error(msg, "err", fmt.Sprintf("%s %d: want 1 or more", name, *maxConns))
 		return 2
 	}
 	if fs.NArg() > 0 {
@@ -206,13 +224,15 @@ func serve(args []string, stderr io.Writer) int {
 	}
 	fp, withPolicy, err := ParseFailurePolicy(*failure)
 	if err != nil {
-		log.Error("bad flag", "err", err)
+		msg, name := source(fs, "failure-policy", "SLUICE_FAILURE_POLICY")
+		log.Error(msg, "err", fmt.Sprintf("%s: %v", name, err))
 		return 2
 	}
 	if *redisURL != "" {
 		// A URL go-redis would take and then fail on is a flag error too.
 		if err := checkRedisURL(*redisURL); err != nil {
-			log.Error("bad flag", "err", err)
+			msg, name := source(fs, "redis", "SLUICE_REDIS_URL")
+			log.Error(msg, "err", fmt.Sprintf("%s: %v", name, err))
 			return 2
 		}
 	}
