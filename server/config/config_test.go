@@ -102,7 +102,7 @@ func TestConfigErrors(t *testing.T) {
 		{"reserved name", "domain: d\npolicies:\n  - name: d.override\n    limit: 1/s\n    lease: 50ms\n", `3:11: policy name "d.override" is reserved`},
 		{"bad strategy", "policies:\n  - name: a\n    limit: 1/s\n    strategy: delay\n", `4:15: strategy "delay": want reject or shadow`},
 		{"cost above burst", "policies:\n  - name: a\n    limit: 1/s\n    cost: 2\n", `4:11: sluice: cost exceeds burst`},
-		{"cost not a number", "policies:\n  - name: a\n    limit: 1/s\n    cost: lots\n", `4:11: want an integer`},
+		{"cost not a number", "policies:\n  - name: a\n    limit: 1/s\n    cost: lots\n", `4:11: cost: want an integer`},
 		{"bad key template", "policies:\n  - name: a\n    limit: 1/s\n    key: '{user'\n", `4:10: key "{user": unclosed '{'`},
 		{"template variable too long", "policies:\n  - name: a\n    limit: 1/s\n    key: '{" + strings.Repeat("v", 129) + "}'\n", `4:10: key "{` + strings.Repeat("v", 129) + `}": variable {vvvvvvvvvvvvvvvv…} is 129 bytes long: at most 128`},
 		{"adjacent template variables", "policies:\n  - name: a\n    limit: 1/s\n    key: '{u}{r}'\n", `4:10: key "{u}{r}": variables {u} and {r} need text between them without '%', or their values could not be told apart`},
@@ -132,7 +132,7 @@ func TestConfigErrors(t *testing.T) {
 		{"control character in domain", "domain: \"a\\tb\"\npolicies: [{name: a, limit: 1/s}]\n", `1:9: domain "a\tb": want 1 to 1024 bytes of UTF-8 text without control characters`},
 		{"envoy without domain", "descriptors:\n  - key: a\n", `1:1: envoy ratelimit config needs a domain`},
 		{"envoy empty key", "domain: d\ndescriptors:\n  - value: a\n", `3:5: descriptor has empty key`},
-		{"envoy bad unit", "domain: d\ndescriptors:\n  - key: a\n    rate_limit:\n      unit: fortnight\n      requests_per_unit: 3\n", `5:13: invalid rate limit unit 'fortnight'`},
+		{"envoy bad unit", "domain: d\ndescriptors:\n  - key: a\n    rate_limit:\n      unit: fortnight\n      requests_per_unit: 3\n", `5:13: invalid rate limit unit 'fortnight': want second, minute, hour, day, week, month or year`},
 		{"envoy unlimited with unit", "domain: d\ndescriptors:\n  - key: a\n    rate_limit:\n      unlimited: true\n      unit: second\n", `6:13: should not specify rate limit unit when unlimited`},
 		{"envoy duplicate descriptor", "domain: d\ndescriptors:\n  - key: a\n    value: b\n  - key: a\n    value: b\n", `5:5: duplicate descriptor composite key 'd.a_b'`},
 		{"envoy share_threshold needs a wildcard", "domain: d\ndescriptors:\n  - key: a\n    value: b\n    share_threshold: true\n", `5:22: share_threshold can only be used with wildcard values`},
@@ -258,10 +258,16 @@ policies:
     lease: 50ms
   - name: login
     limit: 5/15m
+  - name: exposed
+    limit: 5/s
+    expose_keys: true
+  - name: jobs
+    in_flight: {max: 3, hold: 1s}
+    expose_keys: true
 `)
 	var b strings.Builder
 	cfg.Describe(&b)
-	for _, want := range []string{"  policy search: 1000/s, lease 50ms\n", "  policy login: 5/15m\n"} {
+	for _, want := range []string{"  policy search: 1000/s, lease 50ms\n", "  policy login: 5/15m\n", "  policy exposed: 5/s, expose_keys\n", ", expose_keys; JSON API only"} {
 		if !strings.Contains(b.String(), want) {
 			t.Errorf("Describe lacks %q:\n%s", want, b.String())
 		}

@@ -37,6 +37,9 @@ func (c *Config) Describe(w io.Writer) {
 			if p.Lease > 0 {
 				fmt.Fprintf(w, ", lease %v", p.Lease)
 			}
+			if p.ExposeKeys {
+				fmt.Fprint(w, ", expose_keys")
+			}
 			fmt.Fprintln(w)
 			for _, o := range p.Overrides {
 				fmt.Fprintf(w, "    override %s: %s\n", strings.Join(o.Match, ", "), o.Limit)

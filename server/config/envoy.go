@@ -132,7 +132,7 @@ func (l *loader) rateLimit(d *Domain, dn *descNode, name string, n *yaml.Node, s
 		if unit != nil {
 			v = unit.Value
 		}
-		l.errorf(orNode(unit, n), "invalid rate limit unit '%s'", v)
+		l.errorf(orNode(unit, n), "invalid rate limit unit '%s': want second, minute, hour, day, week, month or year", v)
 		return
 	}
 	r.Unit = period
@@ -140,7 +140,7 @@ func (l *loader) rateLimit(d *Domain, dn *descNode, name string, n *yaml.Node, s
 		// As envoyproxy/ratelimit's unit_multiplier: the window is unit×N,
 		// aligned, like every fixed window, on multiples of it since the
 		// Unix epoch.
-		m := l.integer(mult, 0, 1<<32-1)
+		m := l.integer(mult, "unit_multiplier", 0, 1<<32-1)
 		if m == 0 {
 			l.errorf(mult, "invalid unit multiplier of 0")
 			return
@@ -153,7 +153,7 @@ func (l *loader) rateLimit(d *Domain, dn *descNode, name string, n *yaml.Node, s
 	}
 	var perUnit int64
 	if rpu != nil {
-		perUnit = l.integer(rpu, 0, 1<<32-1)
+		perUnit = l.integer(rpu, "requests_per_unit", 0, 1<<32-1)
 	}
 	if perUnit == 0 { // envoyproxy/ratelimit's "block everything" (Example 3)
 		r.Blocked = true

@@ -58,7 +58,7 @@ func (l *loader) inFlight(p *Policy, n *yaml.Node, set map[string]*yaml.Node) bo
 	}
 	f := &InFlight{}
 	errs := len(l.errs)
-	f.Limit.Max = l.integer(max, 1, sluice.MaxInFlight)
+	f.Limit.Max = l.integer(max, "max", 1, sluice.MaxInFlight)
 	d, err := time.ParseDuration(l.str(hold))
 	if err != nil || d < time.Microsecond || d > sluice.MaxHold {
 		l.errorf(hold, "hold %q: want a duration between 1µs and %v (longer work extends its hold)", hold.Value, sluice.MaxHold)
@@ -109,6 +109,9 @@ func describeInFlight(w io.Writer, p *Policy) {
 	fmt.Fprintf(w, "  policy %s: %s", p.Name, p.InFlight)
 	if p.explicit {
 		fmt.Fprintf(w, ", key %s", p.Key)
+	}
+	if p.ExposeKeys {
+		fmt.Fprint(w, ", expose_keys")
 	}
 	fmt.Fprintln(w, "; JSON API only (acquire, extend, release), not offered over Envoy RLS")
 }

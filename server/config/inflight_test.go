@@ -43,9 +43,9 @@ policies:
 // file:line:column.
 func TestInFlightConfigErrors(t *testing.T) {
 	checkErrors(t, []errorCase{
-		{"max zero", "policies:\n  - name: a\n    in_flight: {max: 0, hold: 1s}\n", `3:22: 0 is out of range [1, 1000000]`},
-		{"max negative", "policies:\n  - name: a\n    in_flight: {max: -3, hold: 1s}\n", `3:22: -3 is out of range`},
-		{"max not a number", "policies:\n  - name: a\n    in_flight: {max: many, hold: 1s}\n", `3:22: want an integer`},
+		{"max zero", "policies:\n  - name: a\n    in_flight: {max: 0, hold: 1s}\n", `3:22: max 0 is out of range [1, 1000000]`},
+		{"max negative", "policies:\n  - name: a\n    in_flight: {max: -3, hold: 1s}\n", `3:22: max -3 is out of range`},
+		{"max not a number", "policies:\n  - name: a\n    in_flight: {max: many, hold: 1s}\n", `3:22: max: want an integer`},
 		{"hold zero", "policies:\n  - name: a\n    in_flight: {max: 1, hold: 0s}\n", `3:31: hold "0s": want a duration between 1µs and 24h0m0s`},
 		{"hold negative", "policies:\n  - name: a\n    in_flight: {max: 1, hold: -1s}\n", `3:31: hold "-1s"`},
 		{"hold above MaxHold", "policies:\n  - name: a\n    in_flight: {max: 1, hold: 25h}\n", `3:31: hold "25h"`},

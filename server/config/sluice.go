@@ -49,7 +49,7 @@ func (l *loader) policies(d *Domain, list *yaml.Node) {
 		}
 		p.Limit = lim
 		if cost != nil {
-			p.Cost = l.integer(cost, 1, sluice.MaxRate)
+			p.Cost = l.integer(cost, "cost", 1, sluice.MaxRate)
 			if err := p.Limit.ValidateCost(p.Cost); err != nil {
 				l.errorf(cost, "%v", err)
 			}
@@ -237,7 +237,7 @@ func (l *loader) limit(limit, alg, burst *yaml.Node, def sluice.Algorithm) (slui
 		return lim, false
 	}
 	if burst != nil {
-		b := l.integer(burst, 1, sluice.MaxRate)
+		b := l.integer(burst, "burst", 1, sluice.MaxRate)
 		// As for the algorithm: the same burst twice is fine, two are not.
 		if lim.Burst != 0 && lim.Burst != b {
 			l.errorf(burst, "burst %d contradicts the limit's burst %d: give the burst once, in the limit or in burst", b, lim.Burst)

@@ -331,15 +331,17 @@ func (l *loader) boolean(n *yaml.Node) bool {
 	return b
 }
 
-func (l *loader) integer(n *yaml.Node, min, max int64) int64 {
+// integer reads field name's value: the name is in the message, since a
+// flow mapping ({max: 0, hold: 1s}) puts several fields on one line.
+func (l *loader) integer(n *yaml.Node, name string, min, max int64) int64 {
 	n = deref(n)
 	var v int64
 	if n.Kind != yaml.ScalarNode || n.Tag != "!!int" || n.Decode(&v) != nil {
-		l.errorf(n, "want an integer, got %s", kindName(n))
+		l.errorf(n, "%s: want an integer, got %s", name, kindName(n))
 		return min
 	}
 	if v < min || v > max {
-		l.errorf(n, "%d is out of range [%d, %d]", v, min, max)
+		l.errorf(n, "%s %d is out of range [%d, %d]", name, v, min, max)
 		return min
 	}
 	return v
