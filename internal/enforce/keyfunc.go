@@ -90,7 +90,7 @@ func ContextValue[R any](pkg string, noKey error, ctx func(R) context.Context, k
 func ClientIP[R any](pkg string, trusted []string, header string, v4, v6 int, peer func(R) (addr string, ok bool), hops func(name string) func(R) []string) (KeyFunc[R], error) {
 	res, err := ipkey.New(trusted, header, v4, v6)
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", pkg, err)
+		return nil, err // the caller wraps it in its own package's error
 	}
 	lines := hops(res.Header())
 	return func(r R) (string, error) {
