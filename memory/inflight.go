@@ -199,30 +199,22 @@ func (s *Store) ReleaseOnce(ctx context.Context, key, holder string, remember ti
 	if err := ctxErr(ctx); err != nil {
 		return false, false, err
 	}
-	if err := sluice.ValidateSlot(key, sluice.Concurrent(1, remember), 1, holder); err != nil {
-		return false, false, err
-	}
-	if s.zero() {
-		return false, false, ErrZeroStore
-	}
-	sh := s.shard(key)
-	sh.mu.Lock()
-	defer sh.mu.Unlock()
-	now := s.now()
-	k := sh.slots[key]
-	if k == nil {
-		return false, false, nil
-	}
-	if h, ok := k.live(holder, now); ok {
-		delete(k.holders, holder)
-		k.inUse -= h.weight
-	} else if until, ok := k.released[holder]; ok && now < until {
-		before = true
-	} else {
-		return false, false, nil
-	}
-	k.remember(holder, now+remember.Microseconds(), now)
-	return true, before, nil
+	err = s.atKey(key, sluice.Concurrent(1, remember), holder, func(k *slotKey, now int64) {
+		if k == nil {
+			return
+		}
+		if h, ok := k.live(holder, now); ok {
+			delete(k.holders, holder)
+			k.inUse -= h.weight
+		} else if until, ok := k.released[holder]; ok && now < until {
+			before = true
+		} else {
+			return
+		}
+		released = true
+		k.remember(holder, now+remember.Microseconds(), now)
+	})
+	return released, before, err
 }
 
 // remember records holder's release until until, dropping the releases
@@ -253,26 +245,33 @@ func (k *slotKey) forget(now int64) bool {
 // onHolder validates, finds holder's live slot under key and applies f to
 // it, reporting whether there was one.
 func (s *Store) onHolder(key string, l sluice.InFlightLimit, holder string, f func(k *slotKey, h slotHolder, now int64)) (bool, error) {
+	held := false
+	err := s.atKey(key, l, holder, func(k *slotKey, now int64) {
+		if k == nil {
+			return
+		}
+		if h, ok := k.live(holder, now); ok {
+			f(k, h, now)
+			held = true
+		}
+	})
+	return held, err
+}
+
+// atKey runs f on key's in-flight state (nil if it has none) under its
+// shard's lock, after the checks every call about one holder makes.
+func (s *Store) atKey(key string, l sluice.InFlightLimit, holder string, f func(k *slotKey, now int64)) error {
 	if err := sluice.ValidateSlot(key, l, 1, holder); err != nil {
-		return false, err
+		return err
 	}
 	if s.zero() {
-		return false, ErrZeroStore
+		return ErrZeroStore
 	}
 	sh := s.shard(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	now := s.now()
-	k := sh.slots[key]
-	if k == nil {
-		return false, nil
-	}
-	h, ok := k.live(holder, now)
-	if !ok {
-		return false, nil
-	}
-	f(k, h, now)
-	return true, nil
+	f(sh.slots[key], s.now())
+	return nil
 }
 
 // sweepSlots removes sh's expired holders and forgotten releases, and keys
