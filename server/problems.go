@@ -76,7 +76,7 @@ func serviceProblem(err error) (int, string) {
 	case errors.Is(err, ErrBadRequest), errors.Is(err, sluice.ErrInvalidLimit):
 		return http.StatusBadRequest, scrub(err.Error())
 	}
-	return http.StatusServiceUnavailable, "the rate-limit store could not decide (it did not answer, or refused the call): try again shortly"
+	return http.StatusServiceUnavailable, "the rate-limit store did not answer, or refused the call: try again shortly"
 }
 
 // tail is what err says after sentinel's own text: the specifics.
