@@ -120,8 +120,15 @@ type StoreEvent struct {
 	Latency time.Duration
 	// Err is the backend's error, nil when it answered or was not called.
 	// The caller may still have received a decision (from the failure
-	// policy).
+	// policy). With Reported, it is the error of another call, the one the
+	// failure policy answers this decision for.
 	Err error
+	// Reported: Err is the error of an earlier call for the same key,
+	// which its own event reported: a decision the failure policy answered
+	// without calling the backend because the key's lease call (a grant,
+	// regrant or return) just failed (resilient.Store.TakeByPolicy). Count
+	// it as a decision answered for a failed call, not as another failure.
+	Reported bool
 }
 
 // BreakerState is a circuit breaker's state.

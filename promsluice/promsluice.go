@@ -216,7 +216,7 @@ func (c *Collector) ObserveStore(e sluice.StoreEvent) {
 		return // a zero Collector
 	}
 	c.storeCalls.WithLabelValues(e.Store, e.Op, e.Source.String()).Inc()
-	if e.Err != nil {
+	if e.Err != nil && !e.Reported { // a reported error was counted with its own call
 		if c.cause != nil {
 			c.storeErrors.WithLabelValues(e.Store, e.Op, c.cause(e.Err)).Inc()
 		} else {

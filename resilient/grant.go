@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
+	"sync/atomic"
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/ctxutil"
@@ -35,7 +37,7 @@ func (s *Store) Grant(ctx context.Context, key string, limit sluice.Limit, n int
 	if err != nil {
 		return sluice.Grant{}, err
 	}
-	return pass(ctx, s, "grant", func(ctx context.Context) (sluice.Grant, error) {
+	return pass(ctx, s, "grant", key, func(ctx context.Context) (sluice.Grant, error) {
 		return g.Grant(ctx, key, limit, n)
 	})
 }
@@ -53,7 +55,7 @@ func (s *Store) Return(ctx context.Context, key string, limit sluice.Limit, gran
 	if err != nil {
 		return 0, err
 	}
-	n, err := pass(ctx, s, "return", func(ctx context.Context) (int64, error) {
+	n, err := pass(ctx, s, "return", key, func(ctx context.Context) (int64, error) {
 		return g.Return(ctx, key, limit, grant, unused)
 	})
 	if n > 0 && s.cache != nil {
@@ -91,7 +93,7 @@ func (s *Store) Regrant(ctx context.Context, key string, limit sluice.Limit, gra
 		back int64
 		next sluice.Grant
 	}
-	r, err := pass(ctx, s, "regrant", func(ctx context.Context) (regranted, error) {
+	r, err := pass(ctx, s, "regrant", key, func(ctx context.Context) (regranted, error) {
 		back, next, err := rg.Regrant(ctx, key, limit, grant, unused, n)
 		return regranted{back, next}, err
 	})
@@ -117,36 +119,92 @@ func (s *Store) granter() (sluice.Granter, error) {
 // backend, as Take does while the breaker is open: for a caller whose own
 // call for the key (package lease's grant) has just failed, so that the
 // request waits for a backend that does not answer once, not twice, before
-// the breaker has seen enough failures to open.
+// the breaker has seen enough failures to open. Its Observer event
+// carries that call's error, marked sluice.StoreEvent.Reported: the
+// decision is answered for a failed call, though it made none.
 func (s *Store) TakeByPolicy(ctx context.Context, key string, limit sluice.Limit, cost int64) (sluice.Decision, error) {
 	ctx = ctxutil.OrBackground(ctx)
 	if err := s.refuse(ctx, "take", key, limit, cost); err != nil {
 		return sluice.Decision{}, err
 	}
-	return s.failOne(ctx, "take", key, limit, cost, true, 0, nil)
+	err := s.leases.get(key)
+	return s.failOne(ctx, "take", key, limit, cost, true, 0, err, err != nil)
 }
 
 // PeekByPolicy answers a peek by the failure policy without calling the
 // backend, as TakeByPolicy answers a take: for package lease's Peek, whose
-// return of an ended lease's units has just failed or been held back.
+// return of an ended lease's units has just failed (its event carries
+// that error, as TakeByPolicy's) or been held back.
 func (s *Store) PeekByPolicy(ctx context.Context, key string, limit sluice.Limit, cost int64) (sluice.Decision, error) {
 	ctx = ctxutil.OrBackground(ctx)
 	if err := s.refuse(ctx, "peek", key, limit, cost); err != nil {
 		return sluice.Decision{}, err
 	}
-	return s.failOne(ctx, "peek", key, limit, cost, false, 0, nil)
+	err := s.leases.get(key)
+	return s.failOne(ctx, "peek", key, limit, cost, false, 0, err, err != nil)
 }
 
-// pass sends a call that the failure policy cannot answer to the backend
-// through the breaker, and counts its outcome there as any call's.
-func pass[T any](ctx context.Context, s *Store, op string, fn func(context.Context) (T, error)) (T, error) {
+// leaseFailures remembers, per key, the error of the last lease call
+// (grant, return, regrant) sent for it, while that call is the key's last
+// and failed: TakeByPolicy and PeekByPolicy answer for it.
+type leaseFailures struct {
+	n  atomic.Int64 // len(m), so that the common case takes no lock
+	mu sync.Mutex
+	m  map[string]error
+}
+
+// maxLeaseFailures bounds the keys remembered: past it one is dropped, and
+// a decision answered for it reports no error (a count lost, nothing
+// wrong decided).
+const maxLeaseFailures = 4096
+
+// set records err (nil: forget) as key's last lease call's.
+func (f *leaseFailures) set(key string, err error) {
+	if err == nil && f.n.Load() == 0 {
+		return
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	defer func() { f.n.Store(int64(len(f.m))) }()
+	if err == nil {
+		delete(f.m, key)
+		return
+	}
+	if f.m == nil {
+		f.m = map[string]error{}
+	}
+	if _, ok := f.m[key]; !ok && len(f.m) >= maxLeaseFailures {
+		for k := range f.m {
+			delete(f.m, k)
+			break
+		}
+	}
+	f.m[key] = err
+}
+
+func (f *leaseFailures) get(key string) error {
+	if f.n.Load() == 0 {
+		return nil
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.m[key]
+}
+
+// pass sends a call for key that the failure policy cannot answer to the
+// backend through the breaker, and counts its outcome there as any
+// call's; a failure is remembered for the key (leaseFailures), anything
+// else forgets the last one.
+func pass[T any](ctx context.Context, s *Store, op, key string, fn func(context.Context) (T, error)) (T, error) {
 	var zero T
 	if err := ended(ctx, op); err != nil {
+		s.leases.set(key, nil)
 		return zero, err
 	}
 	now := s.clock()
 	call, probe := s.br.allow(now)
 	if !call {
+		s.leases.set(key, nil)
 		return zero, fmt.Errorf("%w: %w: %s: breaker %v", ErrNoGrant, ErrNotSent, op, s.br.current())
 	}
 	v, lat, err := bounded(ctx, s.timeout, s.inline, fn)
@@ -155,13 +213,16 @@ func pass[T any](ctx context.Context, s *Store, op string, fn func(context.Conte
 		s.br.success(probe, now)
 	case ctx.Err() != nil:
 		s.br.release(probe)
+		s.leases.set(key, nil)
 		return zero, fmt.Errorf("resilient: %s: %w", op, ctx.Err())
 	case badInput(err):
 		s.br.release(probe)
+		s.leases.set(key, nil)
 		return zero, err
 	default:
 		s.br.failure(probe, now, s.clock(), err)
 	}
+	s.leases.set(key, err)
 	s.observe(op, sluice.SourceBackend, lat, err)
 	if err != nil {
 		return zero, fmt.Errorf("%w: %s: %w", ErrNoGrant, op, err)

@@ -4,12 +4,19 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/promtest"
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/lease"
+	"github.com/sluicehq/sluice/promsluice"
 	"github.com/sluicehq/sluice/redisstore"
 	"github.com/sluicehq/sluice/resilient"
 )
@@ -86,4 +93,132 @@ func TestRedisLeaseGrantUnsupportedNotAFailure(t *testing.T) {
 		t.Fatalf("after 40 refused limits the breaker is %v, want closed", st)
 	}
 	takeBackend(t, s, "api", sluice.PerMinute(100))
+}
+
+// storeEvents records a store's Observer events.
+type storeEvents struct {
+	mu sync.Mutex
+	ev []sluice.StoreEvent
+}
+
+func (r *storeEvents) ObserveDecision(sluice.DecisionEvent) {}
+func (r *storeEvents) ObserveBreaker(sluice.BreakerEvent)   {}
+func (r *storeEvents) ObserveStore(e sluice.StoreEvent) {
+	r.mu.Lock()
+	r.ev = append(r.ev, e)
+	r.mu.Unlock()
+}
+
+// take returns and forgets the events recorded so far.
+func (r *storeEvents) take() []sluice.StoreEvent {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	ev := r.ev
+	r.ev = nil
+	return ev
+}
+
+// A decision the failure policy answers for a lease call that failed
+// (TakeByPolicy after a grant, PeekByPolicy after a return) is reported
+// with that call's error, marked Reported, so that observers count the
+// decision as answered for a failed call, and the failure once: Redis
+// refuses the keys (an ACL) while the breaker stays closed.
+func TestRedisByPolicyCarriesLeaseError(t *testing.T) {
+	t.Parallel()
+	r := redistest.StartServer(t)
+	admin := r.Client(t)
+	acl := func(keys string) {
+		t.Helper()
+		if err := admin.Do(context.Background(), "acl", "setuser", "leaser", "on", ">pw", "resetkeys", keys, "&*", "+@all").Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	acl("~*")
+	c := redis.NewClient(&redis.Options{Addr: r.Addr, Username: "leaser", Password: "pw"})
+	t.Cleanup(func() { c.Close() })
+	rec := &storeEvents{}
+	reg := prometheus.NewRegistry()
+	col := promsluice.New(nil)
+	reg.MustRegister(col)
+	res, err := resilient.NewMulti(redisstore.New(c, &redisstore.Options{Prefix: "t:"}), &resilient.Options{
+		Name: "redis", Policy: resilient.FallbackLocal, Logger: slog.New(slog.DiscardHandler), Observer: multiObserver{rec, col}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { res.Close() })
+	ls, err := lease.New(res, &lease.Options{Size: 10, For: func(string, sluice.Limit) time.Duration { return 50 * time.Millisecond }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	limit := sluice.PerSecond(1000)
+	if d, err := ls.Take(context.Background(), "peeked", limit, 1); err != nil || d.Source == sluice.SourceFallback {
+		t.Fatalf("take with every key allowed: %+v, %v; want Redis's lease", d, err)
+	}
+	acl("~t:*good*")
+	rec.take()
+
+	d, err := ls.Take(context.Background(), "bad", limit, 1)
+	if err != nil || d.Source != sluice.SourceFallback {
+		t.Fatalf("take of a refused key: %+v, %v; want the failure policy's answer", d, err)
+	}
+	time.Sleep(60 * time.Millisecond) // the lease of "peeked" ends, holding units
+	if d, err := ls.Peek(context.Background(), "peeked", limit, 1); err != nil || d.Source != sluice.SourceFallback {
+		t.Fatalf("peek of a refused key whose lease ended: %+v, %v; want the failure policy's answer", d, err)
+	}
+	var grant, ret error
+	answered := 0
+	for _, e := range rec.take() {
+		switch {
+		case e.Source == sluice.SourceBackend && e.Op == "grant":
+			grant = e.Err
+		case e.Source == sluice.SourceBackend && e.Op == "return":
+			ret = e.Err
+		case e.Source == sluice.SourceFallback && (e.Op == "take" || e.Op == "peek"):
+			answered++
+			want := grant
+			if e.Op == "peek" {
+				want = ret
+			}
+			if !e.Reported || e.Err == nil || e.Err != want {
+				t.Errorf("%s answered by the policy: Err %v, Reported %v; want the failed lease call's error (%v), reported", e.Op, e.Err, e.Reported, want)
+			}
+		default:
+			t.Errorf("unexpected event %+v", e)
+		}
+	}
+	noperm := func(err error) bool { return err != nil && strings.Contains(err.Error(), "NOPERM") }
+	if !noperm(grant) || !noperm(ret) || answered != 2 {
+		t.Fatalf("grant %v, return %v, %d decisions by the policy; want both refused (NOPERM), 2 decisions", grant, ret, answered)
+	}
+	if st := res.State(); st != sluice.BreakerClosed {
+		t.Fatalf("breaker %v, want closed", st)
+	}
+	// The failures are counted once, with their own calls.
+	for op, want := range map[string]float64{"grant": 1, "return": 1, "take": 0, "peek": 0} {
+		got, _ := promtest.Value(t, reg, "sluice_store_errors_total", map[string]string{"store": "redis", "op": op})
+		if got != want {
+			t.Errorf("sluice_store_errors_total{op=%q} = %v, want %v", op, got, want)
+		}
+	}
+}
+
+// multiObserver passes events to each of its observers.
+type multiObserver []sluice.Observer
+
+func (m multiObserver) ObserveDecision(e sluice.DecisionEvent) {
+	for _, o := range m {
+		o.ObserveDecision(e)
+	}
+}
+
+func (m multiObserver) ObserveStore(e sluice.StoreEvent) {
+	for _, o := range m {
+		o.ObserveStore(e)
+	}
+}
+
+func (m multiObserver) ObserveBreaker(e sluice.BreakerEvent) {
+	for _, o := range m {
+		o.ObserveBreaker(e)
+	}
 }

@@ -343,6 +343,7 @@ type Store struct {
 	cache    *denyCache  // nil when disabled
 	slots    policySlots // holders the policy granted (inflight.go)
 	sent     policySlots // holders whose backend Acquire failed: it may have run (AbandonSlot)
+	leases   leaseFailures
 }
 
 // MultiStore is a Store over a sluice.MultiStore backend: it also checks
@@ -563,7 +564,7 @@ func (s *Store) decide(ctx context.Context, op, key string, limit sluice.Limit, 
 	}
 	call, probe := s.br.allow(now)
 	if !call {
-		return s.failOne(ctx, op, key, limit, cost, take, 0, nil)
+		return s.failOne(ctx, op, key, limit, cost, take, 0, nil, false)
 	}
 	fn := s.backend.Peek
 	if take {
@@ -589,21 +590,30 @@ func (s *Store) decide(ctx context.Context, op, key string, limit sluice.Limit, 
 		return sluice.Decision{}, err
 	}
 	s.br.failure(probe, now, s.clock(), err)
-	return s.failOne(ctx, op, key, limit, cost, take, lat, err)
+	return s.failOne(ctx, op, key, limit, cost, take, lat, err, false)
 }
 
 // failOne answers one request by the policy. berr is the backend's error,
-// nil when the breaker kept the backend from being called.
-func (s *Store) failOne(ctx context.Context, op, key string, limit sluice.Limit, cost int64, take bool, lat time.Duration, berr error) (sluice.Decision, error) {
+// nil when the breaker kept the backend from being called; reported: it
+// is an earlier lease call's, which that call's event reported
+// (sluice.StoreEvent.Reported).
+func (s *Store) failOne(ctx context.Context, op, key string, limit sluice.Limit, cost int64, take bool, lat time.Duration, berr error, reported bool) (sluice.Decision, error) {
+	src := sluice.SourceFallback
 	switch s.policyNow() {
 	case FailOpen:
-		s.observe(op, sluice.SourceFailOpen, lat, berr)
-		return openDecision(limit, cost, take), nil
+		src = sluice.SourceFailOpen
 	case FailClosed:
-		s.observe(op, sluice.SourceFailClosed, lat, berr)
+		src = sluice.SourceFailClosed
+	}
+	if s.observer != nil {
+		s.observer.ObserveStore(sluice.StoreEvent{Store: s.name, Op: op, Source: src, Latency: lat, Err: berr, Reported: reported})
+	}
+	switch src {
+	case sluice.SourceFailOpen:
+		return openDecision(limit, cost, take), nil
+	case sluice.SourceFailClosed:
 		return s.closedDecision(limit), nil
 	}
-	s.observe(op, sluice.SourceFallback, lat, berr)
 	n := s.fleetSize()
 	fn := s.fallback.Peek
 	if take {

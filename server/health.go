@@ -344,27 +344,10 @@ func (h *Health) failedCall(now time.Time, err error) { h.failed(now, err, 1) }
 
 // failedLeaseCall records a lease's grant, regrant or return that failed:
 // a failed call as any other, though no decision is answered by it; the
-// requests that waited for it are answered by the failure policy
-// (policyAnswered counts them), with no error of their own.
+// requests that waited for it are answered by the failure policy, each
+// reported with its error (resilient's TakeByPolicy), so failedCall
+// counts them.
 func (h *Health) failedLeaseCall(now time.Time, err error) { h.failed(now, err, 0) }
-
-// policyAnswered counts a decision the failure policy answered, with the
-// breaker closed, for a lease call that failed (resilient's TakeByPolicy),
-// in the run or episode that call's failure is part of.
-func (h *Health) policyAnswered() {
-	if h == nil || h.answering.Load() {
-		return
-	}
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	switch {
-	case h.fallback || h.storeErr != nil || h.runErr == nil:
-	case h.partial:
-		h.partialN++
-	default:
-		h.runN++
-	}
-}
 
 // failed records a failed store call, for which the failure policy
 // answered answered decisions.
@@ -921,18 +904,16 @@ type healthObserver struct {
 }
 
 // ObserveStore implements sluice.Observer: a decision the failure policy
-// answered for a failed store call is part of the store failing, and so
-// is a failed lease call (grant, regrant, return), which the failure
-// policy cannot answer: the decisions waiting for it it answers with no
-// error of their own (a take while the breaker is closed).
+// answered for a failed store call is part of the store failing (one
+// waiting for a failed lease call carries that call's error), and so is a
+// failed lease call (grant, regrant, return), which the failure policy
+// cannot answer.
 func (o healthObserver) ObserveStore(e sluice.StoreEvent) {
 	o.Metrics.ObserveStore(e)
 	byPolicy := e.Source == sluice.SourceFallback || e.Source == sluice.SourceFailOpen || e.Source == sluice.SourceFailClosed
 	switch {
 	case byPolicy && e.Err != nil:
 		o.h.failedCall(time.Now(), e.Err)
-	case byPolicy && e.Op == "take":
-		o.h.policyAnswered()
 	case e.Source == sluice.SourceBackend && e.Err != nil && (e.Op == "grant" || e.Op == "regrant" || e.Op == "return"):
 		o.h.failedLeaseCall(time.Now(), e.Err)
 	}
