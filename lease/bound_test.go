@@ -115,16 +115,45 @@ func TestBoundReachedBuckets(t *testing.T) {
 			for at := int64(13 * iv); at <= a+tt; at += iv {
 				reqs = append(reqs, request{at: at, proc: 4, cost: 1})
 			}
-			f.run(t, l, reqs)
-			if got, want := f.most(tt), bucketBound(l, dd*time.Microsecond, tt); got != want {
-				t.Fatalf("most admitted over %dµs = %d, want the bound %d with equality", tt, got, want)
-			}
-			for _, span := range []int64{0, iv - 1, iv, dd, 1_000_000, 2_000_000} {
-				if got, bound := f.most(span), bucketBound(l, dd*time.Microsecond, span); got > bound {
-					t.Errorf("over %dµs: %d admitted, bound %d", span, got, bound)
-				}
-			}
+			f.check(t, l, reqs, dd, tt)
 		})
+		t.Run(alg.String()+"/weighted", func(t *testing.T) {
+			t.Parallel()
+			l := sluice.PerSecond(10).WithAlgorithm(alg)
+			// As above, with process 3's unit left in the store: at a
+			// process 0 spends its 9 as 4 + 4 and then a request of 2,
+			// its last unit with the store's (a grant's), at one instant
+			// within its lease's life.
+			f := newFleet(t, dd*time.Microsecond, []int64{10, 1, 1, 1})
+			reqs := []request{{at: 0, proc: 0, cost: 10}, {at: a - dd, proc: 0, cost: 10}}
+			for k := range int64(2) {
+				reqs = append(reqs, request{at: 10*iv + k*iv, proc: 1 + int(k), cost: 2})
+			}
+			reqs = append(reqs, request{at: a, proc: 0, cost: 4}, request{at: a, proc: 0, cost: 4}, request{at: a, proc: 0, cost: 2})
+			for p := 1; p <= 2; p++ {
+				reqs = append(reqs, request{at: a, proc: p, cost: 1})
+			}
+			for at := int64(13 * iv); at <= a+tt; at += iv {
+				reqs = append(reqs, request{at: at, proc: 3, cost: 1})
+			}
+			f.check(t, l, reqs, dd, tt)
+		})
+	}
+}
+
+// check runs reqs and wants the bucket bound over tt µs reached with
+// equality, and passed over no span.
+func (f *fleet) check(t *testing.T, l sluice.Limit, reqs []request, dd, tt int64) {
+	t.Helper()
+	d := time.Duration(dd) * time.Microsecond
+	f.run(t, l, reqs)
+	if got, want := f.most(tt), bucketBound(l, d, tt); got != want {
+		t.Fatalf("most admitted over %dµs = %d, want the bound %d with equality", tt, got, want)
+	}
+	for _, span := range []int64{0, l.Interval().Microseconds() - 1, l.Interval().Microseconds(), dd, 1_000_000, 2_000_000} {
+		if got, bound := f.most(span), bucketBound(l, d, span); got > bound {
+			t.Errorf("over %dµs: %d admitted, bound %d", span, got, bound)
+		}
 	}
 }
 

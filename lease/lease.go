@@ -16,11 +16,12 @@
 // return rule, on the first request an expired lease or one too small
 // cannot answer, and on Close; a lease forgotten among many idle keys
 // strands its units, which can only lower admissions. A live lease's last
-// units that are too few for a request and that the return rule would no
-// longer give back (GCRA and the buckets) are not returned: that request
-// spends them with the store's, the next grant's or its exact Take's, at
-// one instant within the lease's life; when the store denies the rest,
-// they stay for smaller requests. When a new lease
+// units that are too few for a request (GCRA and the buckets) are not
+// returned, which would lose one per Interval of the lease's age: that
+// request spends them with the store's, the next grant's or its exact
+// Take's, at one instant within the lease's life; when the store denies
+// the rest, or a grant is too small to cover the request with them, they
+// stay for smaller requests (and such a grant goes back at once). When a new lease
 // follows such a return and the granter is a sluice.Regranter (the Redis
 // and memory stores are, and a resilient.Store over them), the return and
 // the grant are one call: a refill is one round trip, which every request
@@ -156,7 +157,7 @@
 // store's Take, exact, for D or until a grant covers as much. A request
 // that goes to the store's Take, whatever the reason, first gives back
 // what the lease holds, so that its units are in the store's answer, or,
-// when the return rule would give none of them back, asks the store for
+// when the lease is live (GCRA and the buckets), asks the store for
 // cost less those units and spends them with the ones it takes (a denial's
 // RetryAfter is then an upper bound: one Interval more per unit of the
 // lease's). Peek answers from a live lease that holds cost units without
@@ -962,11 +963,10 @@ func (s *Store) refill(ctx context.Context, l *lease, key string, limit sluice.L
 	// wait forever. After D the key is leased again.
 	short := !force && l.short > 0 && cost >= l.short && now < l.shortEnd
 	toStore := !force && (n == 0 || short)
-	// A live lease's last units, too few for cost, that the return rule
-	// would no longer give back (GCRA and the buckets: the lease has aged
-	// an Interval per unit) are spent on this request with the store's,
-	// by the grant or the exact Take, rather than lost: with weighted
-	// costs a lease mostly ends so. Whether they are depends only on what
+	// A live lease's last units, too few for cost, are spent on this
+	// request with the store's (GCRA and the buckets), by the grant or the
+	// exact Take, rather than returned less one per Interval of the
+	// lease's age: with weighted costs a lease mostly ends so. Whether they are depends only on what
 	// Peek reads (see stranded), not on the key's demand, so a Peek counts
 	// them as the Take after it does.
 	var keep int64
@@ -1065,6 +1065,23 @@ func (s *Store) refill(ctx context.Context, l *lease, key string, limit sluice.L
 		return sluice.Decision{Limit: limit, RetryAfter: retryFor(limit, cost, int64(g.RetryAfter)), ResetAfter: g.ResetAfter}, 0, leftover{}, false, nil
 	}
 	now = s.now()
+	if keep > 0 && now <= keepStop && g.Granted+keep < cost && !force {
+		// Too few with the grant's: the old lease, still live, keeps its
+		// units for smaller requests, and the grant goes back at once,
+		// young enough that the return rule gives back all but the
+		// Intervals begun since (dropping the old units lost them all).
+		if l.gone == nil && l.gen == gen {
+			h.units += keep
+			l.mark += keep
+		}
+		sh.mu.Unlock()
+		if held, err := s.giveBack(ctx, key, limit, g, g.Granted); held || err != nil {
+			l.fail(ctx, err) // not resent: the grant's units stay out of the store
+		}
+		sh.mu.Lock()
+		l.short, l.shortEnd = cost, sent+int64(stale)
+		return sluice.Decision{Limit: limit, RetryAfter: time.Duration(cost) * limit.Interval(), ResetAfter: g.ResetAfter, Remaining: g.Remaining + g.Granted + keep, Source: sluice.SourceBackend}, 0, leftover{}, false, nil
+	}
 	if keep > 0 && (now > keepStop || g.Granted+keep < cost) {
 		// Past the old lease's life, or too few with the grant's: the old
 		// lease's units are stranded, as its return would have left them.
@@ -1120,13 +1137,11 @@ func (s *Store) refill(ctx context.Context, l *lease, key string, limit sluice.L
 }
 
 // stranded reports whether h, at now, holds units that a request of cost
-// spends with the store's (Take, see refill): live, fewer than cost, and
-// none of them given back by the return rule. Windowed limits' units go
-// back whole while their window lasts, so they never are. h's shard must
-// be locked.
+// spends with the store's (Take, see refill): live and fewer than cost.
+// Windowed limits' units go back whole while their window lasts, so they
+// never are. h's shard must be locked.
 func stranded(h *hot, limit sluice.Limit, cost, now int64) bool {
-	return h.live(now) && h.units < cost && !windowed(limit) &&
-		sluice.ReturnAllowance(limit, h.units, (now-h.l.sent)/1e3) == 0
+	return h.live(now) && h.units < cost && !windowed(limit)
 }
 
 // leftover is a live lease's last units, which refill took out of it for

@@ -1281,9 +1281,10 @@ func TestCheckLimit(t *testing.T) {
 }
 
 // A request that the live lease cannot cover goes to the store's Take with
-// the lease's units given back first: it is admitted as an exact limiter
-// would admit it, and Peek says so beforehand. Taken at one instant, no
-// unit is lost to the return rule.
+// the lease's units given back first (the window algorithms) or spent with
+// the store's (GCRA and the buckets): it is admitted as an exact limiter
+// would admit it, and Peek says so beforehand. No unit is lost to the
+// return rule.
 func TestCostAboveLeaseCountsLease(t *testing.T) {
 	t.Parallel()
 	for _, alg := range []sluice.Algorithm{sluice.FixedWindow, sluice.SlidingWindowCounter, sluice.GCRA, sluice.TokenBucket, sluice.LeakyBucket} {
@@ -1323,8 +1324,12 @@ func TestCostAboveLeaseCountsLease(t *testing.T) {
 			if !d.Allowed || d.Remaining != want.Remaining {
 				t.Fatalf("Take(15) with 17 left = %+v; want allowed as exact: %+v", d, want)
 			}
-			if c.returns == 0 {
+			windowed := alg == sluice.FixedWindow || alg == sluice.SlidingWindowCounter
+			if windowed && c.returns == 0 {
 				t.Fatalf("no return before the exact Take (grants %v, stats %+v): %+v", c.asked, s.Stats(), d)
+			}
+			if !windowed && c.returns != 0 {
+				t.Fatalf("%d returns before the exact Take (grants %v, stats %+v): the lease's units were given back, less the return rule's share, not spent", c.returns, c.asked, s.Stats())
 			}
 		})
 	}
@@ -1714,18 +1719,26 @@ func TestStrandedUnitsSpentWithStore(t *testing.T) {
 			s := newLease(t, c, clock, time.Second, 4)
 			take(t, s, "k", l, 1) // 3 left
 			drain(t, m)
-			// The 3 go back whole (age 0) and a grant of 6 gets 3: short,
-			// so costs of 6 go to the store's Take for D.
+			// The 3 are kept, young as they are (a return would give back
+			// all but one per Interval begun), and the grant for the other
+			// 3 gets none.
 			if d := take(t, s, "k", l, 6); d.Allowed {
-				t.Fatalf("Take(6) = %+v; want denied by a partial grant", d)
+				t.Fatalf("Take(6) = %+v; want denied, the store empty", d)
 			}
-			take(t, s, "k", l, 1) // 2 of the partial grant's 3 left
-			grants, returns := c.grants, c.returns
+			take(t, s, "k", l, 1) // 2 of the lease's 3 left
+			grants, returns, returned := c.grants, c.returns, c.returned
 			clock.Advance(250 * time.Millisecond) // 2 units in the store: 2 + 2 < 6
 			d := both(t, s, 6, false)
 			if d.RetryAfter < 350*time.Millisecond {
 				t.Errorf("Take(6) = %+v; want RetryAfter at least 350ms (6 units, 2 there, the next in 50ms)", d)
 			}
+			// The grant of 4 got the store's 2, too few with the lease's 2:
+			// it went back at once, whole, and the lease kept its 2 (they
+			// were dropped, lost to the fleet).
+			if c.grants != grants+1 || c.returns != returns+1 || c.returned != returned+2 {
+				t.Errorf("%d grants, %d returns giving back %d; want %d, %d, %d", c.grants, c.returns, c.returned, grants+1, returns+1, returned+2)
+			}
+			grants, returns = c.grants, c.returns
 			clock.Advance(200 * time.Millisecond) // 4 in the store, and the lease's 2 kept
 			both(t, s, 6, true)
 			if c.grants != grants || c.returns != returns {

@@ -554,10 +554,10 @@ func poisson(seed uint64, proc int, start time.Time, run time.Duration, weighted
 
 // Leases admit at most 3 % fewer units than the exact store, in total,
 // under the same open-loop schedule, with requests of one unit. With
-// requests of 1 to 8 units, offering as many units, they admit 7–10 %
-// fewer (the README says why; 21–23 % before a lease's last units were
-// spent with the store's rather than stranded); the test holds that
-// figure to 15 %.
+// requests of 1 to 8 units, offering as many units, they admit 5.3–6.5 %
+// fewer (the README says where the units go; 7–10 % before a live lease's
+// units were spent with the store's whatever its age, 21–23 % before they
+// were at all); the test holds that figure to 10 %.
 func TestFleetLeaseUnderAdmission(t *testing.T) {
 	race.SkipTiming(t)
 	for _, weighted := range []bool{false, true} {
@@ -575,7 +575,7 @@ func TestFleetLeaseUnderAdmission(t *testing.T) {
 			t.Logf("offered %d requests to each; exact admitted %d units, leased %d (%d decisions by a lease): %.2f%% fewer", res.total/2, ne, nl, res.local, 100*short)
 			want := 0.03
 			if weighted {
-				want = 0.15
+				want = 0.10
 			}
 			if short > want {
 				t.Errorf("leases admitted %.2f%% fewer units than the exact store, want at most %.0f%%", 100*short, 100*want)
@@ -814,16 +814,19 @@ func (c *trips) take() (int, []string) {
 	return n, modes
 }
 
-// On a real Redis, a refill under the limit (the lease's leftover given
-// back, a new lease granted) is one round trip, one script call, not a
-// return and then a grant; the store ends as the two calls would leave it.
+// On a real Redis, a refill under the limit (an ended lease's leftover
+// given back, a new lease granted) is one round trip, one script call, not
+// a return and then a grant; the store ends as the two calls would leave
+// it. A live lease's leftover is spent with the next grant's instead, in
+// one round trip too.
 func TestRedisRefillOneRoundTrip(t *testing.T) {
 	t.Parallel()
 	client := redistest.Client(t)
 	var log trips
 	client.AddHook(&log)
 	rs := redisstore.New(client, &redisstore.Options{Prefix: redistest.Prefix(t)})
-	s, err := lease.New(rs, &lease.Options{MaxStaleness: time.Second, Size: 10})
+	const d = 50 * time.Millisecond
+	s, err := lease.New(rs, &lease.Options{MaxStaleness: d, Size: 10})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -835,7 +838,8 @@ func TestRedisRefillOneRoundTrip(t *testing.T) {
 	if n, modes := log.take(); n != 1 || !slices.Equal(modes, []string{"grant"}) {
 		t.Fatalf("first take: %d round trips, script calls %v; want 1, [grant]", n, modes)
 	}
-	// 4 units left: a request of 6 refills the lease.
+	// 4 units left in a lease that has ended: a request of 6 refills it.
+	time.Sleep(d + 10*time.Millisecond)
 	if d := take(t, s, "k", l, 6); !d.Allowed || d.Source != sluice.SourceBackend {
 		t.Fatalf("refill = %+v; want allowed by a new grant", d)
 	}
@@ -849,6 +853,18 @@ func TestRedisRefillOneRoundTrip(t *testing.T) {
 	}
 	if d, err := rs.Peek(ctx, "k", l, 1); err != nil || d.Remaining != 600-17 {
 		t.Errorf("the store after the refill: %+v, %v; want %d left", d, err, 600-17)
+	}
+	log.take() // the Peek's
+	// 4 units left in the live lease: a request of 6 spends them with 2
+	// of the next grant's, one call, nothing given back.
+	if d := take(t, s, "k", l, 6); !d.Allowed || d.Source != sluice.SourceBackend {
+		t.Fatalf("refill of a live lease = %+v; want allowed by a new grant", d)
+	}
+	if n, modes := log.take(); n != 1 || !slices.Equal(modes, []string{"grant"}) {
+		t.Fatalf("refill of a live lease: %d round trips, script calls %v; want 1, [grant]", n, modes)
+	}
+	if st := s.Stats(); st.Grants != 3 || st.Granted != 30 || st.Returned != 3 {
+		t.Errorf("stats %+v; want 3 grants, 30 units granted, 3 returned", st)
 	}
 }
 
