@@ -38,9 +38,11 @@
 // least 4 units: it then gets leases of its demand rounded up, what the
 // process expects to use within D, capped at Capacity / (2 × fleet size)
 // (Options.FleetSize) so no process holds more than its share of the burst,
-// and at least 1. A key that is not hot, or whose lease would hold no more
-// than the request's cost, is not leased: the store answers the request
-// exactly, as without leases. An idle key's demand is forgotten when it is
+// and at least 1. A key that is not hot, or whose lease would hold fewer
+// than two requests of the request's cost, is not leased: the store answers
+// the request exactly, as without leases (with weighted costs, a process
+// that asks a few units per D on average is hot for a while after a large
+// request, and its leases mostly end unspent). An idle key's demand is forgotten when it is
 // swept. Options.Size replaces all this with one fixed size for every key.
 //
 // # The bound
@@ -1244,8 +1246,8 @@ func (l *lease) fold(h *hot, now int64, d time.Duration) {
 // Options.Size, raised to cost, when set. Otherwise 0 for a key that is not
 // hot (demand below hotUnits), and for a hot one its demand rounded up,
 // capped at Capacity / (2 × fleet size), at least 1; 0 again when that is
-// no more than cost, since such a lease would be a Take that may strand a
-// partial grant.
+// under twice cost, since such a lease would be a Take that strands what
+// is left of it: too few for another such request.
 func (s *Store) sizeFor(l *lease, limit sluice.Limit, cost int64) int64 {
 	if s.size > 0 {
 		return min(max(s.size, cost), limit.Capacity())
@@ -1258,7 +1260,7 @@ func (s *Store) sizeFor(l *lease, limit sluice.Limit, cost int64) int64 {
 		fleet = max(s.fleet(), 1)
 	}
 	n := min(int64(math.Ceil(l.demand)), max(limit.Capacity()/int64(2*fleet), 1))
-	if n <= cost {
+	if n < 2*cost {
 		return 0
 	}
 	return n

@@ -461,6 +461,18 @@ func TestAdaptiveSize(t *testing.T) {
 	if got := c.asked[len(c.asked)-1]; got != 4 {
 		t.Fatalf("burst: grant of %d, want 4", got)
 	}
+	// A lease holds at least two requests of the cost: at one instant
+	// costs 2 and 5 make a demand of 7, and a lease of 7 would keep 2
+	// units past a request of 5 (units such leases mostly strand), so the
+	// store answers it exactly; another 5, demand 12: a lease of 12.
+	grants = c.grants
+	take(t, s, "weighted", l, 2)
+	if d := take(t, s, "weighted", l, 5); !d.Allowed || d.Source != sluice.SourceBackend || c.grants != grants {
+		t.Fatalf("weighted: Take(5) at demand 7 = %+v after %d grants (%v); want exact, none", d, c.grants-grants, c.asked)
+	}
+	if d := take(t, s, "weighted", l, 5); !d.Allowed || c.grants != grants+1 || c.asked[len(c.asked)-1] != 12 {
+		t.Fatalf("weighted: Take(5) at demand 12 = %+v, grants %v; want one of 12", d, c.asked)
+	}
 }
 
 // Layered checks are all-or-nothing: a leased check's units are consumed

@@ -554,10 +554,11 @@ func poisson(seed uint64, proc int, start time.Time, run time.Duration, weighted
 
 // Leases admit at most 3 % fewer units than the exact store, in total,
 // under the same open-loop schedule, with requests of one unit. With
-// requests of 1 to 8 units, offering as many units, they admit 5.3–6.5 %
+// requests of 1 to 8 units, offering as many units, they admit 3.1–5.2 %
 // fewer (the README says where the units go; 7–10 % before a live lease's
-// units were spent with the store's whatever its age, 21–23 % before they
-// were at all); the test holds that figure to 10 %.
+// units were spent with the store's whatever its age and leases held two
+// requests, 21–23 % before they were spent at all); the test holds that
+// figure to 8 %.
 func TestFleetLeaseUnderAdmission(t *testing.T) {
 	race.SkipTiming(t)
 	for _, weighted := range []bool{false, true} {
@@ -575,7 +576,7 @@ func TestFleetLeaseUnderAdmission(t *testing.T) {
 			t.Logf("offered %d requests to each; exact admitted %d units, leased %d (%d decisions by a lease): %.2f%% fewer", res.total/2, ne, nl, res.local, 100*short)
 			want := 0.03
 			if weighted {
-				want = 0.10
+				want = 0.08
 			}
 			if short > want {
 				t.Errorf("leases admitted %.2f%% fewer units than the exact store, want at most %.0f%%", 100*short, 100*want)
