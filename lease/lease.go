@@ -18,10 +18,9 @@
 // strands its units, which can only lower admissions. A live lease's last
 // units that are too few for a request (GCRA and the buckets) are not
 // returned, which would lose one per Interval of the lease's age: that
-// request spends them with the store's, the next grant's or its exact
-// Take's, at one instant within the lease's life; when the store denies
-// the rest, or a grant is too small to cover the request with them, they
-// stay for smaller requests (and such a grant goes back at once). When a new lease
+// request spends them with the store's exact Take of the rest, at one
+// instant within the lease's life, and the next request is granted; when
+// the store denies the rest, they stay for smaller requests. When a new lease
 // follows such a return and the granter is a sluice.Regranter (the Redis
 // and memory stores are, and a resilient.Store over them), the return and
 // the grant are one call: a refill is one round trip, which every request
@@ -966,30 +965,33 @@ func (s *Store) refill(ctx context.Context, l *lease, key string, limit sluice.L
 	short := !force && l.short > 0 && cost >= l.short && now < l.shortEnd
 	toStore := !force && (n == 0 || short)
 	// A live lease's last units, too few for cost, are spent on this
-	// request with the store's (GCRA and the buckets), by the grant or the
-	// exact Take, rather than returned less one per Interval of the
-	// lease's age: with weighted costs a lease mostly ends so. Whether they are depends only on what
-	// Peek reads (see stranded), not on the key's demand, so a Peek counts
-	// them as the Take after it does.
-	var keep int64
+	// request with the store's exact Take of the rest (GCRA and the
+	// buckets), rather than returned less one per Interval of the lease's
+	// age: with weighted costs a lease mostly ends so. Not with a grant's:
+	// a loaded store's grant is often too small to cover the request with
+	// them, and then the grant or they are lost (returned young, or
+	// dropped); the Take is all or nothing, and the next request is
+	// granted. Whether they are spent so depends only on what Peek reads
+	// (see stranded), not on the key's demand, so a Peek counts them as
+	// the Take after it does.
 	strand := stranded(h, limit, cost, now)
 	if strand && topUp {
-		keep = h.units
+		left := leftover{h.units, l.gen, h.stop}
+		l.setUnits(h, 0)
+		sh.mu.Unlock()
+		return sluice.Decision{}, 0, left, true, nil
 	}
-	if toStore && (h.units == 0 || strand && !topUp) {
+	if toStore && (h.units == 0 || strand) {
 		// Nothing to give back (stranded units stay for smaller requests).
 		sh.mu.Unlock()
 		return sluice.Decision{}, 0, leftover{}, true, nil
 	}
 	// The lease's units go back before an exact Take too: left out, they
 	// would make the store deny what an exact limiter admits.
-	old, unused, keepStop := l.grant, h.units-keep, h.stop
+	old, unused := l.grant, h.units
 	l.setUnits(h, 0)
 	gen = l.gen
 	sh.mu.Unlock()
-	if toStore && keep > 0 {
-		return sluice.Decision{}, 0, leftover{keep, gen, keepStop}, true, nil
-	}
 	// A granter that can regrant takes the return and the grant in one
 	// call: one round trip for a refill, where the request (and those
 	// queued behind it) would wait for two.
@@ -1019,13 +1021,10 @@ func (s *Store) refill(ctx context.Context, l *lease, key string, limit sluice.L
 		back, g, err = rg.Regrant(ctx, key, limit, old, unused, max(n, cost))
 		s.returned.Add(uint64(back))
 	} else {
-		g, err = s.granter.Grant(ctx, key, limit, max(n, cost-keep))
+		g, err = s.granter.Grant(ctx, key, limit, max(n, cost))
 	}
 	if !errors.Is(err, resilient.ErrNotSent) {
 		s.grants.Add(1)
-	}
-	if err != nil && keep > 0 {
-		l.restore(gen, keep, false) // still the lease's, for smaller requests
 	}
 	if errors.Is(err, resilient.ErrNoGrant) {
 		l.fail(ctx, nil)
@@ -1053,10 +1052,6 @@ func (s *Store) refill(ctx context.Context, l *lease, key string, limit sluice.L
 	h = l.hot() // the table may have moved it
 	h.reset = sent + int64(g.ResetAfter)
 	if g.Granted == 0 {
-		if keep > 0 && l.gone == nil {
-			h.units += keep // still the lease's, for smaller requests
-			l.mark += keep
-		}
 		// Remembered for at most D, so that a Reset elsewhere reaches this
 		// process within D, as a lease's units do.
 		l.retry = sent + int64(g.RetryAfter)
@@ -1067,30 +1062,8 @@ func (s *Store) refill(ctx context.Context, l *lease, key string, limit sluice.L
 		return sluice.Decision{Limit: limit, RetryAfter: retryFor(limit, cost, int64(g.RetryAfter)), ResetAfter: g.ResetAfter}, 0, leftover{}, false, nil
 	}
 	now = s.now()
-	if keep > 0 && now <= keepStop && g.Granted+keep < cost && !force {
-		// Too few with the grant's: the old lease, still live, keeps its
-		// units for smaller requests, and the grant goes back at once,
-		// young enough that the return rule gives back all but the
-		// Intervals begun since (dropping the old units lost them all).
-		if l.gone == nil && l.gen == gen {
-			h.units += keep
-			l.mark += keep
-		}
-		sh.mu.Unlock()
-		if held, err := s.giveBack(ctx, key, limit, g, g.Granted); held || err != nil {
-			l.fail(ctx, err) // not resent: the grant's units stay out of the store
-		}
-		sh.mu.Lock()
-		l.short, l.shortEnd = cost, sent+int64(stale)
-		return sluice.Decision{Limit: limit, RetryAfter: time.Duration(cost) * limit.Interval(), ResetAfter: g.ResetAfter, Remaining: g.Remaining + g.Granted + keep, Source: sluice.SourceBackend}, 0, leftover{}, false, nil
-	}
-	if keep > 0 && (now > keepStop || g.Granted+keep < cost) {
-		// Past the old lease's life, or too few with the grant's: the old
-		// lease's units are stranded, as its return would have left them.
-		keep = 0
-	}
 	switch {
-	case g.Granted+keep < cost && !force:
+	case g.Granted < cost && !force:
 		l.short, l.shortEnd = cost, sent+int64(stale)
 	case g.Granted >= l.short:
 		l.short = 0
@@ -1103,13 +1076,6 @@ func (s *Store) refill(ctx context.Context, l *lease, key string, limit sluice.L
 		l.end = sent + int64(g.Window)
 	}
 	l.setStop(h)
-	if keep > 0 && h.live(now) {
-		h.units -= cost - keep
-		l.mark -= cost - keep // counted in asked by spend
-		d := h.local(limit, now, true)
-		d.Source = sluice.SourceBackend
-		return d, l.gen, leftover{}, false, nil
-	}
 	if h.units >= cost && !h.live(now) {
 		// The grant came back after its lease's end: its units stay for
 		// the return rule, and the store answers this request exactly.

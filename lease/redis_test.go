@@ -554,11 +554,11 @@ func poisson(seed uint64, proc int, start time.Time, run time.Duration, weighted
 
 // Leases admit at most 3 % fewer units than the exact store, in total,
 // under the same open-loop schedule, with requests of one unit. With
-// requests of 1 to 8 units, offering as many units, they admit 3.1–5.2 %
+// requests of 1 to 8 units, offering as many units, they admit 2.7–3.0 %
 // fewer (the README says where the units go; 7–10 % before a live lease's
-// units were spent with the store's whatever its age and leases held two
-// requests, 21–23 % before they were spent at all); the test holds that
-// figure to 8 %.
+// units were spent with the store's Take whatever its age and leases held
+// two requests, 21–23 % before they were spent at all); the test holds
+// that figure to 5 %.
 func TestFleetLeaseUnderAdmission(t *testing.T) {
 	race.SkipTiming(t)
 	for _, weighted := range []bool{false, true} {
@@ -576,7 +576,7 @@ func TestFleetLeaseUnderAdmission(t *testing.T) {
 			t.Logf("offered %d requests to each; exact admitted %d units, leased %d (%d decisions by a lease): %.2f%% fewer", res.total/2, ne, nl, res.local, 100*short)
 			want := 0.03
 			if weighted {
-				want = 0.08
+				want = 0.05
 			}
 			if short > want {
 				t.Errorf("leases admitted %.2f%% fewer units than the exact store, want at most %.0f%%", 100*short, 100*want)
@@ -818,7 +818,7 @@ func (c *trips) take() (int, []string) {
 // On a real Redis, a refill under the limit (an ended lease's leftover
 // given back, a new lease granted) is one round trip, one script call, not
 // a return and then a grant; the store ends as the two calls would leave
-// it. A live lease's leftover is spent with the next grant's instead, in
+// it. A live lease's leftover is spent with the store's Take instead, in
 // one round trip too.
 func TestRedisRefillOneRoundTrip(t *testing.T) {
 	t.Parallel()
@@ -856,16 +856,19 @@ func TestRedisRefillOneRoundTrip(t *testing.T) {
 		t.Errorf("the store after the refill: %+v, %v; want %d left", d, err, 600-17)
 	}
 	log.take() // the Peek's
-	// 4 units left in the live lease: a request of 6 spends them with 2
-	// of the next grant's, one call, nothing given back.
+	// 4 units left in the live lease: a request of 6 spends them with the
+	// store's Take of 2, one call, no grant, nothing given back.
 	if d := take(t, s, "k", l, 6); !d.Allowed || d.Source != sluice.SourceBackend {
-		t.Fatalf("refill of a live lease = %+v; want allowed by a new grant", d)
+		t.Fatalf("a cost above the live lease = %+v; want allowed with the store's Take", d)
 	}
-	if n, modes := log.take(); n != 1 || !slices.Equal(modes, []string{"grant"}) {
-		t.Fatalf("refill of a live lease: %d round trips, script calls %v; want 1, [grant]", n, modes)
+	if n, _ := log.take(); n != 1 {
+		t.Fatalf("a cost above the live lease: %d round trips; want 1", n)
 	}
-	if st := s.Stats(); st.Grants != 3 || st.Granted != 30 || st.Returned != 3 {
-		t.Errorf("stats %+v; want 3 grants, 30 units granted, 3 returned", st)
+	if st := s.Stats(); st.Grants != 2 || st.Returned != 3 {
+		t.Errorf("stats %+v; want 2 grants, 3 returned", st)
+	}
+	if d, err := rs.Peek(ctx, "k", l, 1); err != nil || d.Remaining != 600-19 {
+		t.Errorf("the store after the Take: %+v, %v; want %d left", d, err, 600-19)
 	}
 }
 
