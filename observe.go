@@ -111,8 +111,12 @@ type StoreEvent struct {
 	// Store names the wrapped store, for metric labels.
 	Store string
 	// Op is "take", "take_all", "peek", "reset", "grant", "return" or
-	// "regrant".
+	// "regrant" (and for in-flight slots "acquire", "extend", "release").
 	Op string
+	// Key is the call's key; empty for a take_all, which has several. It
+	// tells whose call it was (a service maps it to its policy); keys can
+	// carry client data and are unbounded: never a metric label.
+	Key string
 	// Source says who answered.
 	Source Source
 	// Latency is how long the backend call took, including a timed-out

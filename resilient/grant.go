@@ -223,7 +223,7 @@ func pass[T any](ctx context.Context, s *Store, op, key string, fn func(context.
 		s.br.failure(probe, now, s.clock(), err)
 	}
 	s.leases.set(key, err)
-	s.observe(op, sluice.SourceBackend, lat, err)
+	s.observe(op, key, sluice.SourceBackend, lat, err)
 	if err != nil {
 		return zero, fmt.Errorf("%w: %s: %w", ErrNoGrant, op, err)
 	}

@@ -113,7 +113,7 @@ func (s *Store) Acquire(ctx context.Context, key string, l sluice.InFlightLimit,
 	})
 	if err == nil {
 		s.br.answered(probe, now, d.Allowed) // a denial wrote nothing
-		s.observe("acquire", sluice.SourceBackend, lat, nil)
+		s.observe("acquire", key, sluice.SourceBackend, lat, nil)
 		if d.Allowed { // a resend, now held by the backend: free its fallback slot
 			ref := slotRef{key, holder}
 			if g, ok := s.slots.get(ref, now); ok && !g.open {
@@ -163,14 +163,14 @@ func (s *Store) failSlot(ctx context.Context, key string, l sluice.InFlightLimit
 	ref := slotRef{key, holder}
 	switch s.policyNow() {
 	case FailOpen:
-		s.observe("acquire", sluice.SourceFailOpen, lat, berr)
+		s.observe("acquire", key, sluice.SourceFailOpen, lat, berr)
 		s.slots.put(ref, slotGrant{open: true, expires: now.Add(l.Hold), backend: berr != nil}, now)
 		return sluice.SlotDecision{Allowed: true, Limit: l, InUse: weight, Remaining: l.Max - weight, Source: sluice.SourceFailOpen}, nil
 	case FailClosed:
-		s.observe("acquire", sluice.SourceFailClosed, lat, berr)
+		s.observe("acquire", key, sluice.SourceFailClosed, lat, berr)
 		return sluice.SlotDecision{Limit: l, RetryAfter: s.probe, Source: sluice.SourceFailClosed}, nil
 	}
-	s.observe("acquire", sluice.SourceFallback, lat, berr)
+	s.observe("acquire", key, sluice.SourceFallback, lat, berr)
 	fb, ok := s.fallback.(sluice.Slots)
 	if !ok {
 		return sluice.SlotDecision{}, fmt.Errorf("%w: fallback %T", ErrNoSlots, s.fallback)
@@ -289,7 +289,7 @@ func (s *Store) onSlot(ctx context.Context, op, key, holder string, hold, rememb
 			// No longer counted by the fleet (Fleet.Counted): the share
 			// this slot is part of is the others' now, so it is not
 			// extended but freed, and its holder told it is lost.
-			s.observe(op, sluice.SourceFailClosed, 0, nil)
+			s.observe(op, key, sluice.SourceFailClosed, 0, nil)
 			if _, err := s.fallback.(sluice.Slots).Release(ctx, key, holder); err != nil {
 				return slotAnswer{}, err
 			}
@@ -298,12 +298,12 @@ func (s *Store) onSlot(ctx context.Context, op, key, holder string, hold, rememb
 		}
 		a := slotAnswer{held: true}
 		if !g.open {
-			s.observe(op, sluice.SourceFallback, 0, nil)
+			s.observe(op, key, sluice.SourceFallback, 0, nil)
 			if a, err = fn(ctx, s.fallback.(sluice.Slots)); err != nil {
 				return slotAnswer{}, err
 			}
 		} else {
-			s.observe(op, sluice.SourceFailOpen, 0, nil)
+			s.observe(op, key, sluice.SourceFailOpen, 0, nil)
 		}
 		if hold == 0 && g.backend {
 			s.sent.forget(ref)
@@ -322,20 +322,20 @@ func (s *Store) onSlot(ctx context.Context, op, key, holder string, hold, rememb
 	}
 	call, probe := s.br.allow(now)
 	if !call {
-		s.observe(op, s.policySource(), 0, nil)
+		s.observe(op, key, s.policySource(), 0, nil)
 		return slotAnswer{}, fmt.Errorf("resilient: %s: %w: breaker open", op, ErrSlotUnreachable)
 	}
 	a, lat, err := bounded(ctx, s.timeout, s.inline, func(ctx context.Context) (slotAnswer, error) { return fn(ctx, bs) })
 	if err == nil {
 		s.br.answered(probe, now, a.held) // a holder not held: nothing written
-		s.observe(op, sluice.SourceBackend, lat, nil)
+		s.observe(op, key, sluice.SourceBackend, lat, nil)
 		return a, nil
 	}
 	if err := s.callerFault(ctx, op, err, probe); err != nil {
 		return slotAnswer{}, err
 	}
 	s.br.failure(probe, now, s.clock(), err)
-	s.observe(op, s.policySource(), lat, err)
+	s.observe(op, key, s.policySource(), lat, err)
 	return slotAnswer{}, fmt.Errorf("resilient: %s: %w: %w", op, ErrSlotUnreachable, err)
 }
 
@@ -349,9 +349,9 @@ func (s *Store) releasedAgain(ctx context.Context, op string, ref slotRef, g slo
 	}
 	a := slotAnswer{held: true, before: true}
 	if g.open {
-		s.observe(op, sluice.SourceFailOpen, 0, nil)
+		s.observe(op, ref.key, sluice.SourceFailOpen, 0, nil)
 	} else {
-		s.observe(op, sluice.SourceFallback, 0, nil)
+		s.observe(op, ref.key, sluice.SourceFallback, 0, nil)
 		var err error
 		if a, err = fn(ctx, s.fallback.(sluice.Slots)); err != nil {
 			return slotAnswer{}, err

@@ -558,7 +558,7 @@ func (s *Store) decide(ctx context.Context, op, key string, limit sluice.Limit, 
 	now := s.clock()
 	if s.cache != nil {
 		if d, ok := s.cache.get(key, limit, cost, now); ok {
-			s.observe(op, sluice.SourceDenyCache, 0, nil)
+			s.observe(op, key, sluice.SourceDenyCache, 0, nil)
 			return d, nil
 		}
 	}
@@ -583,7 +583,7 @@ func (s *Store) decide(ctx context.Context, op, key string, limit sluice.Limit, 
 				s.cache.forget(key, limit)
 			}
 		}
-		s.observe(op, sluice.SourceBackend, lat, nil)
+		s.observe(op, key, sluice.SourceBackend, lat, nil)
 		return d, nil
 	}
 	if err := s.callerFault(ctx, op, err, probe); err != nil {
@@ -606,7 +606,7 @@ func (s *Store) failOne(ctx context.Context, op, key string, limit sluice.Limit,
 		src = sluice.SourceFailClosed
 	}
 	if s.observer != nil {
-		s.observer.ObserveStore(sluice.StoreEvent{Store: s.name, Op: op, Source: src, Latency: lat, Err: berr, Reported: reported})
+		s.observer.ObserveStore(sluice.StoreEvent{Store: s.name, Op: op, Key: key, Source: src, Latency: lat, Err: berr, Reported: reported})
 	}
 	switch src {
 	case sluice.SourceFailOpen:
@@ -744,7 +744,7 @@ func (s *Store) Reset(ctx context.Context, key string, limit sluice.Limit) error
 	_, lat, err := bounded(ctx, s.timeout, s.inline, func(ctx context.Context) (struct{}, error) {
 		return struct{}{}, s.backend.Reset(ctx, key, limit)
 	})
-	s.observe("reset", sluice.SourceBackend, lat, err)
+	s.observe("reset", key, sluice.SourceBackend, lat, err)
 	if err != nil {
 		return fmt.Errorf("resilient: reset: %w", err)
 	}
@@ -784,7 +784,7 @@ func (m *MultiStore) TakeAll(ctx context.Context, reqs []sluice.Request) ([]slui
 			out[i] = d
 		}
 		if hit {
-			s.observe("take_all", sluice.SourceDenyCache, 0, nil)
+			s.observe("take_all", "", sluice.SourceDenyCache, 0, nil)
 			return out, nil
 		}
 	}
@@ -810,7 +810,7 @@ func (m *MultiStore) TakeAll(ctx context.Context, reqs []sluice.Request) ([]slui
 				}
 			}
 		}
-		s.observe("take_all", sluice.SourceBackend, lat, nil)
+		s.observe("take_all", "", sluice.SourceBackend, lat, nil)
 		return ds, nil
 	}
 	if err := s.callerFault(ctx, "take_all", err, probe); err != nil {
@@ -834,19 +834,19 @@ func (m *MultiStore) failAll(ctx context.Context, reqs []sluice.Request, lat tim
 	out := make([]sluice.Decision, len(reqs))
 	switch s.policyNow() {
 	case FailOpen:
-		s.observe("take_all", sluice.SourceFailOpen, lat, berr)
+		s.observe("take_all", "", sluice.SourceFailOpen, lat, berr)
 		for i, r := range reqs {
 			out[i] = openDecision(r.Limit, r.Cost, true)
 		}
 		return out, nil
 	case FailClosed:
-		s.observe("take_all", sluice.SourceFailClosed, lat, berr)
+		s.observe("take_all", "", sluice.SourceFailClosed, lat, berr)
 		for i, r := range reqs {
 			out[i] = s.closedDecision(r.Limit)
 		}
 		return out, nil
 	}
-	s.observe("take_all", sluice.SourceFallback, lat, berr)
+	s.observe("take_all", "", sluice.SourceFallback, lat, berr)
 	n := s.fleetSize()
 	local := make([]sluice.Request, len(reqs))
 	for i, r := range reqs {
@@ -862,9 +862,9 @@ func (m *MultiStore) failAll(ctx context.Context, reqs []sluice.Request, lat tim
 	return ds, nil
 }
 
-func (s *Store) observe(op string, src sluice.Source, lat time.Duration, err error) {
+func (s *Store) observe(op, key string, src sluice.Source, lat time.Duration, err error) {
 	if s.observer != nil {
-		s.observer.ObserveStore(sluice.StoreEvent{Store: s.name, Op: op, Source: src, Latency: lat, Err: err})
+		s.observer.ObserveStore(sluice.StoreEvent{Store: s.name, Op: op, Key: key, Source: src, Latency: lat, Err: err})
 	}
 }
 

@@ -81,9 +81,10 @@ type Health struct {
 	// confirming: a check of the store runs before a partial failure
 	// starts (confirmPartial).
 	confirming bool
-	// failing: the policies whose decisions the failure policy answered
-	// for a failed store call, since the last one Redis answered; cleared:
-	// Redis has answered the last of them since the last failed call. A
+	// failing: the policies whose store calls failed (a decision the
+	// failure policy answered, a lease's or a slot's call), since the last
+	// one Redis answered; cleared: Redis has answered the last of them
+	// since the last failed call. A
 	// partial failure with a permanent cause ends once both hold and no
 	// call has failed for partialWindow (see answeredLocked).
 	failing map[string]bool
@@ -106,6 +107,10 @@ type Health struct {
 	// connected reports whether the client holds an established
 	// connection to the store; nil: unknown.
 	connected func() bool
+	// policyOf names the policy a store key is of ("" for none known), so
+	// that a store call, a lease's or a slot's with no decision of its own,
+	// tells which policy failed or was answered; nil: none known.
+	policyOf func(key string) string
 }
 
 // healthOptions configures newHealth.
@@ -338,20 +343,23 @@ const (
 )
 
 // failedCall records a decision the failure policy answered because its
-// store call failed. With the breaker closed that is part of the store
-// failing: degraded, logged once per episode.
-func (h *Health) failedCall(now time.Time, err error) { h.failed(now, err, 1) }
+// store call, for a key of policy ("" unknown), failed. With the breaker
+// closed that is part of the store failing: degraded, logged once per
+// episode.
+func (h *Health) failedCall(now time.Time, policy string, err error) { h.failed(now, policy, err, 1) }
 
-// failedLeaseCall records a lease's grant, regrant or return that failed:
-// a failed call as any other, though no decision is answered by it; the
-// requests that waited for it are answered by the failure policy, each
-// reported with its error (resilient's TakeByPolicy), so failedCall
-// counts them.
-func (h *Health) failedLeaseCall(now time.Time, err error) { h.failed(now, err, 0) }
+// failedOtherCall records a failed store call that answers no decision: a
+// lease's grant, regrant or return (the requests that waited for it are
+// answered by the failure policy, each reported with its error by
+// resilient's TakeByPolicy, so failedCall counts them), or an in-flight
+// slot's extend or release. A failed call as any other.
+func (h *Health) failedOtherCall(now time.Time, policy string, err error) {
+	h.failed(now, policy, err, 0)
+}
 
-// failed records a failed store call, for which the failure policy
-// answered answered decisions.
-func (h *Health) failed(now time.Time, err error, answered int64) {
+// failed records a failed store call for a key of policy ("" unknown),
+// for which the failure policy answered answered decisions.
+func (h *Health) failed(now time.Time, policy string, err error, answered int64) {
 	if h == nil {
 		return
 	}
@@ -363,6 +371,9 @@ func (h *Health) failed(now time.Time, err error, answered int64) {
 	}
 	h.runErr = err
 	h.cleared = false
+	if policy != "" {
+		h.failingLocked(policy)
+	}
 	if h.partial {
 		h.partialAt = now
 		h.partialN += answered
@@ -445,25 +456,57 @@ func (h *Health) decided(policy string, src sluice.Source) {
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	defer func() { h.tracking.Store(len(h.failing) > 0) }()
 	if h.fallback || h.storeErr != nil {
 		return
 	}
 	switch src {
 	case sluice.SourceFallback, sluice.SourceFailOpen, sluice.SourceFailClosed:
-		if h.failing == nil {
-			h.failing = map[string]bool{}
-		}
-		h.failing[policy] = true
+		h.failingLocked(policy)
 	case sluice.SourceBackend, sluice.SourceLease:
 		// A lease's units are a grant Redis answered: under a lease, that
 		// is most of a policy's answers, a refill being fetched ahead.
-		if h.failing[policy] {
-			delete(h.failing, policy)
-			h.cleared = len(h.failing) == 0
-			h.answeredLocked(time.Now())
-		}
+		h.answeredByLocked(policy, time.Now())
 	}
+}
+
+// storeAnswered records a store call Redis answered, for key: evidence
+// that Redis answers its policy, as a decision is (decided), for the
+// calls that answer none (a lease's grant or return, an in-flight slot's
+// calls) and which alone may have started a partial failure.
+func (h *Health) storeAnswered(key string) {
+	if h == nil || !h.tracking.Load() || h.policyOf == nil {
+		return
+	}
+	policy := h.policyOf(key)
+	if policy == "" {
+		return
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.fallback || h.storeErr != nil {
+		return
+	}
+	h.answeredByLocked(policy, time.Now())
+}
+
+// failingLocked marks policy as one whose store call failed.
+func (h *Health) failingLocked(policy string) {
+	if h.failing == nil {
+		h.failing = map[string]bool{}
+	}
+	h.failing[policy] = true
+	h.tracking.Store(true)
+}
+
+// answeredByLocked records Redis answering policy at now.
+func (h *Health) answeredByLocked(policy string, now time.Time) {
+	if !h.failing[policy] {
+		return
+	}
+	delete(h.failing, policy)
+	h.tracking.Store(len(h.failing) > 0)
+	h.cleared = len(h.failing) == 0
+	h.answeredLocked(now)
 }
 
 // forget drops policies a reload removed: no call of theirs can end a
@@ -912,11 +955,24 @@ func (o healthObserver) ObserveStore(e sluice.StoreEvent) {
 	o.Metrics.ObserveStore(e)
 	byPolicy := e.Source == sluice.SourceFallback || e.Source == sluice.SourceFailOpen || e.Source == sluice.SourceFailClosed
 	switch {
-	case byPolicy && e.Err != nil:
-		o.h.failedCall(time.Now(), e.Err)
-	case e.Source == sluice.SourceBackend && e.Err != nil && (e.Op == "grant" || e.Op == "regrant" || e.Op == "return"):
-		o.h.failedLeaseCall(time.Now(), e.Err)
+	case e.Err == nil:
+		if e.Source == sluice.SourceBackend {
+			o.h.storeAnswered(e.Key)
+		}
+	case byPolicy && (e.Op == "take" || e.Op == "peek" || e.Op == "take_all" || e.Op == "acquire"):
+		o.h.failedCall(time.Now(), o.h.policyKey(e.Key), e.Err)
+	case byPolicy && (e.Op == "extend" || e.Op == "release"),
+		e.Source == sluice.SourceBackend && (e.Op == "grant" || e.Op == "regrant" || e.Op == "return"):
+		o.h.failedOtherCall(time.Now(), o.h.policyKey(e.Key), e.Err)
 	}
+}
+
+// policyKey is policyOf(key), "" when unknown.
+func (h *Health) policyKey(key string) string {
+	if h == nil || h.policyOf == nil || key == "" {
+		return ""
+	}
+	return h.policyOf(key)
 }
 
 // ObserveBreaker implements sluice.Observer. Health sets

@@ -241,3 +241,52 @@ policies:
 		t.Errorf("transitions to off %v, want 1", got)
 	}
 }
+
+// TestFaultPartialSlotCallsEnd: an ACL refuses an in-flight policy's keys,
+// so its acquires fail and the failure policy answers them while the
+// breaker stays closed: a partial failure (a permanent cause), with no
+// rate decision of that policy. Once the ACL is lifted, its next acquire
+// and release, answered by Redis, are the evidence that ends it,
+// partialWindow after the last failed call. Before, only the breaker
+// opening or Redis lost ended it.
+func TestFaultPartialSlotCallsEnd(t *testing.T) {
+	race.SkipTiming(t)
+	p, admin, _ := aclServe(t, "slots", `
+policies:
+  - name: plain
+    limit: fixed_window 1000000000/1h
+  - name: jobs
+    in_flight: {max: 100, hold: 30s}
+`)
+	allowKeys(t, admin, "slots", "~sluice:{v*:plain@*")
+	acquire := func() (int, map[string]any) {
+		return p.post(t, "/v1/acquire", `{"policy":"jobs","key":"k"}`)
+	}
+	if code, body := acquire(); code != 200 || body["source"] != "fallback" {
+		t.Fatalf("acquire of a refused key: %d %v, want the failure policy's slot", code, body)
+	}
+	if r := p.expect(t, "store calls failing while the breaker is closed: the failure policy answers them (part of the store down, such as a Cluster node?)"); r["cause"] != "permission" {
+		t.Fatalf("partial failure line %v: want cause permission", r)
+	}
+	if !await(2*time.Second, func() bool { return metric(t, p, "sluice_degraded") == 1 }) {
+		t.Fatal("a refused acquire: not degraded")
+	}
+	allowKeys(t, admin, "slots", "~sluice:*")
+	code, body := acquire()
+	if code != 200 || sourceOf(body["source"]) != "" {
+		t.Fatalf("acquire once the ACL allows it: %d %v, want Redis's slot", code, body)
+	}
+	if code, _ := p.post(t, "/v1/release", tokenBody(body["token"])); code != 204 {
+		t.Fatalf("release: %d, want 204", code)
+	}
+	if !await(partialWindow+5*time.Second, func() bool { return metric(t, p, "sluice_degraded") == 0 }) {
+		_, st := p.getJSON(t, "/v1/status")
+		t.Fatalf("Redis answers policy jobs again: still degraded after %v: %v\n%s", partialWindow+5*time.Second, st, p.stderr.String())
+	}
+	if r := p.expect(t, "store calls answered again"); r["cause"] != "permission" {
+		t.Errorf("end line %v: want cause permission", r)
+	}
+	if got := metric(t, p, `sluice_partial_failure_transitions_total{cause="",to="off"}`); got != 1 {
+		t.Errorf("transitions to off %v, want 1", got)
+	}
+}

@@ -24,6 +24,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/promtest"
 	"github.com/sluicehq/sluice/internal/race"
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/internal/testcert"
@@ -895,7 +896,7 @@ func TestHealthPartialFailure(t *testing.T) {
 	t0 := time.Now()
 	fail := func(from, to time.Duration) {
 		for d := from; d <= to; d += 100 * time.Millisecond {
-			h.failedCall(t0.Add(d), errors.New("i/o timeout"))
+			h.failedCall(t0.Add(d), "", errors.New("i/o timeout"))
 		}
 	}
 	// Two stalls of two failed calls each, 2.6s apart.
@@ -1123,13 +1124,13 @@ func TestHealthPartialPermanentAtOnce(t *testing.T) {
 		var logs syncBuffer
 		h := newHealth(healthOptions{log: slog.New(slog.NewTextHandler(&logs, nil)), policy: "local", withPolicy: true, store: "redis", reg: prometheus.NewRegistry()})
 		t0 := time.Now()
-		h.failedCall(t0, tc.err)
+		h.failedCall(t0, "", tc.err)
 		if got := h.Status().Degraded; got != tc.partial {
 			t.Errorf("%v: degraded %v after one failed call, want %v", tc.err, got, tc.partial)
 		}
 		// Every 550ms for 8s: never a run, but the same cause.
 		for d := 550 * time.Millisecond; d < 8*time.Second; d += 550 * time.Millisecond {
-			h.failedCall(t0.Add(d), tc.err)
+			h.failedCall(t0.Add(d), "", tc.err)
 			h.refresh(t0.Add(d))
 		}
 		n := countLines(&logs, "breaker is closed")
@@ -1368,4 +1369,41 @@ func otherRefused(t *testing.T, user string) (*proc, *syncBuffer, *redis.Client)
 		t.Fatal(err)
 	}
 	return &proc{http: srv.HTTPAddr()}, logs, admin
+}
+
+// TestHealthPartialLeaseCallsEnd: a partial failure started by a lease's
+// failed return (and a slot's failed release: no decision answered for
+// its policy, though its event names the failure policy) ends on
+// evidence, as one started by decisions does: a later lease call of that
+// policy Redis answered, then partialWindow without a failed call. Another
+// policy's answers are none. Before, it lasted until the breaker opened or
+// Redis was lost.
+func TestHealthPartialLeaseCallsEnd(t *testing.T) {
+	var logs syncBuffer
+	h := newHealth(healthOptions{log: slog.New(slog.NewTextHandler(&logs, nil)), policy: "local", withPolicy: true, store: "redis", reg: prometheus.NewRegistry()})
+	h.policyOf = func(key string) string {
+		name, _, _ := strings.Cut(key, ":")
+		return name
+	}
+	m := NewMetrics()
+	m.storeName, m.health = "redis", h
+	o := healthObserver{m, h}
+	refused := errors.New("NOPERM this user has no permissions to access one of the keys used as arguments")
+	o.ObserveStore(sluice.StoreEvent{Store: "redis", Op: "return", Key: "hot:k", Source: sluice.SourceBackend, Err: refused})
+	// A slot's failed release answers no decision either.
+	o.ObserveStore(sluice.StoreEvent{Store: "redis", Op: "release", Key: "hot:k", Source: sluice.SourceFallback, Err: refused})
+	if st := h.Status(); !st.Degraded || len(st.Reasons) != 1 || !strings.Contains(st.Reasons[0], "answered 0 decisions") {
+		t.Fatalf("a refused return and release: %+v, want degraded, no decision answered by the policy", st)
+	}
+	o.ObserveStore(sluice.StoreEvent{Store: "redis", Op: "grant", Key: "cold:k", Source: sluice.SourceBackend})
+	h.refresh(time.Now().Add(partialWindow + time.Second))
+	if !h.Status().Degraded {
+		t.Fatal("ended by another policy's grant")
+	}
+	o.ObserveStore(sluice.StoreEvent{Store: "redis", Op: "grant", Key: "hot:k", Source: sluice.SourceBackend})
+	h.refresh(time.Now().Add(partialWindow + time.Second))
+	if h.Status().Degraded || countLines(&logs, "store calls answered again") != 1 {
+		t.Errorf("policy hot's grant answered, then %v without a failure: degraded %v; want ended, one line:\n%s", partialWindow, h.Status().Degraded, logs.String())
+	}
+	promtest.Expect(t, m.reg, "sluice_store_errors_total", map[string]string{"store": "redis", "op": "return", "cause": "permission"}, 1)
 }

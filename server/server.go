@@ -223,6 +223,7 @@ func New(opts Options) (*Server, error) {
 	})
 	s.health.setFallback = s.metrics.SetFallback
 	s.health.setStalled = s.metrics.stalled.Store
+	s.health.policyOf = s.policyOf
 	s.metrics.health = s.health
 	store, err := s.openStore()
 	if err != nil {
@@ -322,6 +323,14 @@ func (s *Server) leaseFor(key string, limit sluice.Limit) time.Duration {
 		return 0
 	}
 	return s.svc.leaseFor(key, limit)
+}
+
+// policyOf is Health.policyOf: the policy whose store key key is.
+func (s *Server) policyOf(key string) string {
+	if s.svc == nil {
+		return ""
+	}
+	return s.svc.policyOf(key)
 }
 
 // Service returns the decision service.

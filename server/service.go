@@ -191,7 +191,9 @@ type snapshot struct {
 	// leases maps the stems of policies with a lease to its maximum
 	// staleness.
 	leases map[string]time.Duration
-	rings  map[string]*ring // statistics by policy name
+	// policies maps the policies' key stems (bases) back to their names.
+	policies map[string]string
+	rings    map[string]*ring // statistics by policy name
 	// version travels with cfg, so whoever reads it can rely on
 	// Config returning that configuration or a newer one.
 	version uint64
@@ -229,11 +231,13 @@ func (s *Service) SetConfig(cfg *config.Config) {
 		s.forgetShadows(gone)
 		s.mon.top.forget(gone)
 	}
-	snap := &snapshot{cfg: cfg, bases: make(map[*config.Policy]string, len(cfg.Policies)), stems: map[*enforce.Rule]string{}, version: s.version.Add(1)}
+	snap := &snapshot{cfg: cfg, bases: make(map[*config.Policy]string, len(cfg.Policies)), stems: map[*enforce.Rule]string{},
+		policies: make(map[string]string, len(cfg.Policies)), version: s.version.Add(1)}
 	snap.rings = s.stats.setPolicies(counted)
 	s.mon.setPolicies(cfg.Policies)
 	for _, p := range cfg.Policies {
 		snap.bases[p] = s.keyer.Base(p.Name)
+		snap.policies[snap.bases[p]] = p.Name
 		rules := p.Rules()
 		for i := range rules {
 			snap.stems[&rules[i]] = s.keyer.LimitStem(snap.bases[p], rules[i].Limit)
@@ -246,6 +250,21 @@ func (s *Service) SetConfig(cfg *config.Config) {
 		}
 	}
 	s.snap.Store(snap)
+}
+
+// policyOf names the policy whose store key key is (a rate or in-flight
+// key, whatever its limit), under the configuration in force; "" for
+// another key (a block key, one of a limit a request carried).
+func (s *Service) policyOf(key string) string {
+	snap := s.snap.Load()
+	if snap == nil {
+		return ""
+	}
+	stem, ok := s.keyer.Stem(key)
+	if !ok {
+		return ""
+	}
+	return snap.policies[stem]
 }
 
 // countedPolicies are cfg's policies and, after them, its Envoy-format
