@@ -19,8 +19,11 @@ type Observer interface {
 	// policies that denied it (and shadow ones that could never admit it),
 	// since layered limits are all or nothing and the others took nothing;
 	// on a store failure each enforcing policy not yet decided, as
-	// OutcomeError. A policy's OutcomeAllowed count is thus the requests it
-	// charged. Checks that only look (cost 0) are not observed.
+	// OutcomeError, and so a shadow policy whose take or peek failed (a
+	// denied request's shadow checks are peeked where every check gets a
+	// decision: the service's Envoy RLS and JSON API). A policy's
+	// OutcomeAllowed count is thus the requests it charged. Checks that
+	// only look (cost 0) are not observed.
 	ObserveDecision(DecisionEvent)
 	// ObserveStore is called once per call of a wrapped store.
 	ObserveStore(StoreEvent)

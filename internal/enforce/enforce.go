@@ -220,9 +220,10 @@ type Check struct {
 	// take). An Over check's is a denial with no other field set.
 	Decision sluice.Decision
 	// Err is the store's error for a Shadow check whose take (or peek,
-	// when it could never be admitted) failed, which was observed as
-	// sluice.OutcomeError: the request goes on, since a dry run never
-	// blocks, and the front end can tell its operator why.
+	// when it could never be admitted, or for EnforceAll when the request
+	// was denied) failed, which was observed as sluice.OutcomeError: the
+	// request goes on, since a dry run never blocks, and the front end can
+	// tell its operator why.
 	Err error
 
 	decided bool
@@ -837,6 +838,14 @@ func (e *Engine) fill(ctx context.Context, checks []Check, all bool) error {
 		d, err := e.store.Peek(ctx, c.Key, c.Rule.Limit, min(max(c.Cost, 1), c.Rule.Limit.Capacity()))
 		if err != nil {
 			if c.Rule.Strategy == Shadow { // a dry run never fails a request
+				// A shadow check of a denied request fails as one of an
+				// admitted request does (shadow): observed as an error,
+				// for the front end to tell. A look, or an Over check, is
+				// not observed; nor is a failure shadowOver observed.
+				if c.Cost > 0 && !c.Over && c.Err == nil {
+					e.observe(c.Rule.Name, sluice.OutcomeError, sluice.Decision{})
+					c.Err = err
+				}
 				c.Decision, c.decided = sluice.Decision{Allowed: true, Limit: c.Rule.Limit}, true
 				continue
 			}
