@@ -406,7 +406,8 @@ type lease struct {
 	shortEnd int64        // until then, D after that grant's send
 	gen      uint64       // counts grants: which one units came from
 	failed   uint64       // counts grants, regrants and returns that failed
-	failErr  error        // the last failure's error; nil when a failure policy answers it (resilient.ErrNoGrant)
+	failErr  error        // the last failure's error
+	byPolicy bool         // a failure policy answers for it (resilient.ErrNoGrant)
 	// asked is the units asked since folded, not yet in demand, but those
 	// spent from units since mark was set: the local path counts nothing,
 	// and fold adds mark − units.
@@ -776,7 +777,7 @@ func (s *Store) Take(ctx context.Context, key string, limit sluice.Limit, cost i
 		}
 		if errors.Is(err, errGrantFailed) {
 			if p, ok := s.granter.(policyTaker); ok {
-				return p.TakeByPolicy(ctx, key, limit, cost)
+				return p.TakeByPolicy(ctx, key, limit, cost, causeOf(err))
 			}
 			exact, err = true, nil
 		}
@@ -795,15 +796,38 @@ func (s *Store) Take(ctx context.Context, key string, limit sluice.Limit, cost i
 // TakeAll's checks go to the store's TakeAll, all or nothing.
 var errGrantFailed = errors.New("lease: the store did not answer the key's grant")
 
+// policyAnswers is errGrantFailed carrying the store's error that made it,
+// which the failure policy's answer reports as its cause.
+type policyAnswers struct{ cause error }
+
+func (e *policyAnswers) Error() string {
+	if e.cause == nil {
+		return errGrantFailed.Error()
+	}
+	return errGrantFailed.Error() + ": " + e.cause.Error()
+}
+
+func (e *policyAnswers) Is(target error) bool { return target == errGrantFailed }
+
+func (e *policyAnswers) Unwrap() error { return e.cause }
+
+// causeOf is the store's error that errGrantFailed err carries, if any.
+func causeOf(err error) error {
+	if p := (*policyAnswers)(nil); errors.As(err, &p) {
+		return p.cause
+	}
+	return nil
+}
+
 // policyTaker is a granter whose failure policy can answer a take without
 // calling its backend: resilient.Store.
 type policyTaker interface {
-	TakeByPolicy(ctx context.Context, key string, limit sluice.Limit, cost int64) (sluice.Decision, error)
+	TakeByPolicy(ctx context.Context, key string, limit sluice.Limit, cost int64, cause error) (sluice.Decision, error)
 }
 
 // policyPeeker is policyTaker's counterpart for Peek.
 type policyPeeker interface {
-	PeekByPolicy(ctx context.Context, key string, limit sluice.Limit, cost int64) (sluice.Decision, error)
+	PeekByPolicy(ctx context.Context, key string, limit sluice.Limit, cost int64, cause error) (sluice.Decision, error)
 }
 
 // fast is spend's common case, a live lease that holds cost units, with
@@ -948,12 +972,12 @@ func (s *Store) refill(ctx context.Context, l *lease, key string, limit sluice.L
 		// the failure policy's timeout, in turn); the failure policy
 		// answers it (see errGrantFailed), or, without one, that failure's
 		// error does.
-		err := l.failErr
+		err, byPolicy := l.failErr, l.byPolicy
 		sh.mu.Unlock()
-		if err != nil {
+		if !byPolicy {
 			return sluice.Decision{}, 0, leftover{}, false, fmt.Errorf("lease: the key's grant failed while this request waited for it: %w", err)
 		}
-		return sluice.Decision{}, 0, leftover{}, true, errGrantFailed
+		return sluice.Decision{}, 0, leftover{}, true, &policyAnswers{err}
 	}
 	l.fold(h, now, stale)
 	n := s.sizeFor(l, limit, cost)
@@ -999,15 +1023,15 @@ func (s *Store) refill(ctx context.Context, l *lease, key string, limit sluice.L
 	one = one && unused > 0 && !toStore
 	if !one {
 		held, err := s.giveBack(ctx, key, limit, old, unused)
-		if err != nil {
-			l.fail(ctx, err)
-			return sluice.Decision{}, 0, leftover{}, false, err
-		}
 		if held {
 			// The store did not answer the return: a grant now would most
 			// likely wait as long again before the policy answers.
-			l.fail(ctx, nil)
-			return sluice.Decision{}, 0, leftover{}, true, errGrantFailed
+			l.fail(ctx, err, true)
+			return sluice.Decision{}, 0, leftover{}, true, &policyAnswers{err}
+		}
+		if err != nil {
+			l.fail(ctx, err, false)
+			return sluice.Decision{}, 0, leftover{}, false, err
 		}
 		if toStore {
 			return sluice.Decision{}, 0, leftover{}, true, nil
@@ -1027,18 +1051,18 @@ func (s *Store) refill(ctx context.Context, l *lease, key string, limit sluice.L
 		s.grants.Add(1)
 	}
 	if errors.Is(err, resilient.ErrNoGrant) {
-		l.fail(ctx, nil)
+		l.fail(ctx, err, true)
 		if errors.Is(err, resilient.ErrNotSent) && !one {
 			return sluice.Decision{}, 0, leftover{}, true, nil // the breaker is open: Take is the policy's
 		}
 		// A regrant that failed or was held back is a return that did:
 		// the policy answers, as after a return held back.
-		return sluice.Decision{}, 0, leftover{}, true, errGrantFailed
+		return sluice.Decision{}, 0, leftover{}, true, &policyAnswers{err}
 	}
 	if err != nil {
 		// Those waiting for this call get its error at once: each sending
 		// its own in turn would wait a timeout more on a stalled store.
-		l.fail(ctx, err)
+		l.fail(ctx, err, false)
 		if one {
 			// Sent once, its outcome unknown: the request's error, as a
 			// failed return's is; the units stay out of the store.
@@ -1234,15 +1258,16 @@ func (s *Store) sizeFor(l *lease, limit sluice.Limit, cost int64) int64 {
 
 // giveBack returns unused units of g, once: on an error they stay out of
 // the store (a resent return could make budget). A return a failure policy
-// held back or saw fail (resilient.ErrNoGrant, reported as held) is no
-// error of the request's: the policy has counted it.
+// held back or saw fail (resilient.ErrNoGrant) is reported as held, with
+// that error for the policy's answer to report, but is no error of the
+// request's: the policy has counted it.
 func (s *Store) giveBack(ctx context.Context, key string, limit sluice.Limit, g sluice.Grant, unused int64) (held bool, _ error) {
 	if unused == 0 {
 		return false, nil
 	}
 	n, err := s.granter.Return(ctx, key, limit, g, unused)
 	if errors.Is(err, resilient.ErrNoGrant) {
-		return true, nil
+		return true, err
 	}
 	if err != nil {
 		return false, fmt.Errorf("lease: return: %w", err)
@@ -1393,13 +1418,14 @@ func (s *Store) Peek(ctx context.Context, key string, limit sluice.Limit, cost i
 		// many it takes back, and for the sliding window counter past the
 		// lease's window how much they weigh, only the store knows.
 		held, err := s.settle(ctx, ended, key, limit)
-		if err != nil {
+		if held {
+			if p, ok := s.granter.(policyPeeker); ok {
+				// The store did not answer the return: asking it again
+				// would cost the Peek a second wait (see errGrantFailed).
+				return p.PeekByPolicy(ctx, key, limit, cost, err)
+			}
+		} else if err != nil {
 			return sluice.Decision{}, err
-		}
-		if p, ok := s.granter.(policyPeeker); ok && held {
-			// The store did not answer the return: asking it again would
-			// cost the Peek a second wait (see errGrantFailed).
-			return p.PeekByPolicy(ctx, key, limit, cost)
 		}
 	}
 	if k == 0 {
@@ -1474,7 +1500,8 @@ func (s *Store) peekLease(key string, limit sluice.Limit, cost int64) (_ sluice.
 // lower admissions). A lease refilled meanwhile, or gone from its table
 // (Reset drops its units, Close returns them), is left alone. held: a
 // failure policy held back or saw fail this return, or a grant or return
-// of l's while the Peek waited for its lock.
+// of l's while the Peek waited for its lock; the error is then that
+// call's, for the policy's answer to report.
 func (s *Store) settle(ctx context.Context, l *lease, key string, limit sluice.Limit) (held bool, _ error) {
 	l.sh.mu.Lock()
 	failed := l.failed
@@ -1491,12 +1518,12 @@ func (s *Store) settle(ctx context.Context, l *lease, key string, limit sluice.L
 	h := l.hot()
 	live := h.live(s.now())
 	if !live && l.failed != failed {
-		err := l.failErr
+		err, byPolicy := l.failErr, l.byPolicy
 		sh.mu.Unlock()
-		if err != nil {
+		if !byPolicy {
 			return false, fmt.Errorf("lease: the key's grant failed while this request waited for it: %w", err)
 		}
-		return true, nil
+		return true, err
 	}
 	if l.gone != nil || h.units == 0 || live {
 		sh.mu.Unlock()
@@ -1510,22 +1537,23 @@ func (s *Store) settle(ctx context.Context, l *lease, key string, limit sluice.L
 		// As after a refill's return that failed: requests waiting for
 		// this key go to the failure policy, or get this error, rather
 		// than call again.
-		l.fail(ctx, err)
+		l.fail(ctx, err, held)
 	}
 	return held, err
 }
 
-// fail records that a grant, regrant or return of l's failed with err (nil:
-// a failure policy answers it), for the requests waiting for l's refill
-// lock, which the caller holds. A call that failed for its own context
+// fail records that a grant, regrant or return of l's failed with err
+// (byPolicy: a failure policy answers it, and reports err as the cause),
+// for the requests waiting for l's
+// refill lock, which the caller holds. A call that failed for its own context
 // says nothing of the store: those waiting call it themselves.
-func (l *lease) fail(ctx context.Context, err error) {
-	if err != nil && ctx.Err() != nil {
+func (l *lease) fail(ctx context.Context, err error, byPolicy bool) {
+	if !byPolicy && ctx.Err() != nil {
 		return
 	}
 	l.sh.mu.Lock()
 	l.failed++
-	l.failErr = err
+	l.failErr, l.byPolicy = err, byPolicy
 	l.sh.mu.Unlock()
 }
 
@@ -1591,8 +1619,9 @@ func (s *Store) Close(ctx context.Context) error {
 			g, unused := l.grant, l.gone.units
 			l.gone.units = 0
 			sh.mu.Unlock()
-			_, err := s.giveBack(ctx, l.key, l.limit, g, unused)
-			errs = append(errs, err)
+			if held, err := s.giveBack(ctx, l.key, l.limit, g, unused); !held {
+				errs = append(errs, err)
+			}
 			l.refill.Unlock()
 		}
 	}

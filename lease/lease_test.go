@@ -1408,7 +1408,7 @@ func (p *policyGrant) Take(ctx context.Context, key string, l sluice.Limit, cost
 	return p.failingGrant.Take(ctx, key, l, cost)
 }
 
-func (p *policyGrant) TakeByPolicy(_ context.Context, _ string, l sluice.Limit, _ int64) (sluice.Decision, error) {
+func (p *policyGrant) TakeByPolicy(_ context.Context, _ string, l sluice.Limit, _ int64, _ error) (sluice.Decision, error) {
 	p.byPolicy.Add(1)
 	return sluice.Decision{Allowed: true, Limit: l, Source: sluice.SourceFallback}, nil
 }
@@ -1542,7 +1542,7 @@ func (f *failingRegrant) Take(ctx context.Context, key string, l sluice.Limit, c
 	return f.Granter.Take(ctx, key, l, cost)
 }
 
-func (f *failingRegrant) TakeByPolicy(_ context.Context, _ string, l sluice.Limit, _ int64) (sluice.Decision, error) {
+func (f *failingRegrant) TakeByPolicy(_ context.Context, _ string, l sluice.Limit, _ int64, _ error) (sluice.Decision, error) {
 	f.byPolicy.Add(1)
 	return sluice.Decision{Allowed: true, Limit: l, Source: sluice.SourceFallback}, nil
 }

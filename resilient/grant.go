@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
-	"sync/atomic"
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/ctxutil"
@@ -119,92 +117,59 @@ func (s *Store) granter() (sluice.Granter, error) {
 // backend, as Take does while the breaker is open: for a caller whose own
 // call for the key (package lease's grant) has just failed, so that the
 // request waits for a backend that does not answer once, not twice, before
-// the breaker has seen enough failures to open. Its Observer event
-// carries that call's error, marked sluice.StoreEvent.Reported: the
-// decision is answered for a failed call, though it made none.
-func (s *Store) TakeByPolicy(ctx context.Context, key string, limit sluice.Limit, cost int64) (sluice.Decision, error) {
+// the breaker has seen enough failures to open. cause is that call's
+// error as it returned it; the Observer event carries the backend's error
+// in it, marked sluice.StoreEvent.Reported (the decision is answered for
+// a failed call, though it made none), or none when the call was not
+// sent.
+func (s *Store) TakeByPolicy(ctx context.Context, key string, limit sluice.Limit, cost int64, cause error) (sluice.Decision, error) {
 	ctx = ctxutil.OrBackground(ctx)
 	if err := s.refuse(ctx, "take", key, limit, cost); err != nil {
 		return sluice.Decision{}, err
 	}
-	err := s.leases.get(key)
-	return s.failOne(ctx, "take", key, limit, cost, true, 0, err, err != nil)
+	cause = backendErr(cause)
+	return s.failOne(ctx, "take", key, limit, cost, true, 0, cause, cause != nil)
 }
 
 // PeekByPolicy answers a peek by the failure policy without calling the
 // backend, as TakeByPolicy answers a take: for package lease's Peek, whose
 // return of an ended lease's units has just failed (its event carries
 // that error, as TakeByPolicy's) or been held back.
-func (s *Store) PeekByPolicy(ctx context.Context, key string, limit sluice.Limit, cost int64) (sluice.Decision, error) {
+func (s *Store) PeekByPolicy(ctx context.Context, key string, limit sluice.Limit, cost int64, cause error) (sluice.Decision, error) {
 	ctx = ctxutil.OrBackground(ctx)
 	if err := s.refuse(ctx, "peek", key, limit, cost); err != nil {
 		return sluice.Decision{}, err
 	}
-	err := s.leases.get(key)
-	return s.failOne(ctx, "peek", key, limit, cost, false, 0, err, err != nil)
+	cause = backendErr(cause)
+	return s.failOne(ctx, "peek", key, limit, cost, false, 0, cause, cause != nil)
 }
 
-// leaseFailures remembers, per key, the error of the last lease call
-// (grant, return, regrant) sent for it, while that call is the key's last
-// and failed: TakeByPolicy and PeekByPolicy answer for it.
-type leaseFailures struct {
-	n  atomic.Int64 // len(m), so that the common case takes no lock
-	mu sync.Mutex
-	m  map[string]error
-}
-
-// maxLeaseFailures bounds the keys remembered: past it one is dropped, and
-// a decision answered for it reports no error (a count lost, nothing
-// wrong decided).
-const maxLeaseFailures = 4096
-
-// set records err (nil: forget) as key's last lease call's.
-func (f *leaseFailures) set(key string, err error) {
-	if err == nil && f.n.Load() == 0 {
-		return
-	}
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	defer func() { f.n.Store(int64(len(f.m))) }()
-	if err == nil {
-		delete(f.m, key)
-		return
-	}
-	if f.m == nil {
-		f.m = map[string]error{}
-	}
-	if _, ok := f.m[key]; !ok && len(f.m) >= maxLeaseFailures {
-		for k := range f.m {
-			delete(f.m, k)
-			break
-		}
-	}
-	f.m[key] = err
-}
-
-func (f *leaseFailures) get(key string) error {
-	if f.n.Load() == 0 {
+// backendErr is the backend's own error in err, a call's error as pass
+// returns it: nil when the call was not sent (the breaker was open), so
+// that a decision the policy answers for it reports the failure the
+// call's own event did, or none.
+func backendErr(err error) error {
+	if err == nil || errors.Is(err, ErrNotSent) {
 		return nil
 	}
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.m[key]
+	if u, ok := err.(interface{ Unwrap() []error }); ok {
+		if es := u.Unwrap(); len(es) == 2 && es[0] == ErrNoGrant {
+			return es[1]
+		}
+	}
+	return err
 }
 
 // pass sends a call for key that the failure policy cannot answer to the
-// backend through the breaker, and counts its outcome there as any
-// call's; a failure is remembered for the key (leaseFailures), anything
-// else forgets the last one.
+// backend through the breaker, and counts its outcome there as any call's.
 func pass[T any](ctx context.Context, s *Store, op, key string, fn func(context.Context) (T, error)) (T, error) {
 	var zero T
 	if err := ended(ctx, op); err != nil {
-		s.leases.set(key, nil)
 		return zero, err
 	}
 	now := s.clock()
 	call, probe := s.br.allow(now)
 	if !call {
-		s.leases.set(key, nil)
 		return zero, fmt.Errorf("%w: %w: %s: breaker %v", ErrNoGrant, ErrNotSent, op, s.br.current())
 	}
 	v, lat, err := bounded(ctx, s.timeout, s.inline, fn)
@@ -213,16 +178,13 @@ func pass[T any](ctx context.Context, s *Store, op, key string, fn func(context.
 		s.br.success(probe, now)
 	case ctx.Err() != nil:
 		s.br.release(probe)
-		s.leases.set(key, nil)
 		return zero, fmt.Errorf("resilient: %s: %w", op, ctx.Err())
 	case badInput(err):
 		s.br.release(probe)
-		s.leases.set(key, nil)
 		return zero, err
 	default:
 		s.br.failure(probe, now, s.clock(), err)
 	}
-	s.leases.set(key, err)
 	s.observe(op, key, sluice.SourceBackend, lat, err)
 	if err != nil {
 		return zero, fmt.Errorf("%w: %s: %w", ErrNoGrant, op, err)

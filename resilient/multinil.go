@@ -25,13 +25,13 @@ func (m *MultiStore) Take(ctx context.Context, key string, limit sluice.Limit, c
 }
 
 // TakeByPolicy is Store.TakeByPolicy.
-func (m *MultiStore) TakeByPolicy(ctx context.Context, key string, limit sluice.Limit, cost int64) (sluice.Decision, error) {
-	return m.store().TakeByPolicy(ctx, key, limit, cost)
+func (m *MultiStore) TakeByPolicy(ctx context.Context, key string, limit sluice.Limit, cost int64, cause error) (sluice.Decision, error) {
+	return m.store().TakeByPolicy(ctx, key, limit, cost, cause)
 }
 
 // PeekByPolicy is Store.PeekByPolicy.
-func (m *MultiStore) PeekByPolicy(ctx context.Context, key string, limit sluice.Limit, cost int64) (sluice.Decision, error) {
-	return m.store().PeekByPolicy(ctx, key, limit, cost)
+func (m *MultiStore) PeekByPolicy(ctx context.Context, key string, limit sluice.Limit, cost int64, cause error) (sluice.Decision, error) {
+	return m.store().PeekByPolicy(ctx, key, limit, cost, cause)
 }
 
 // Peek is Store.Peek.

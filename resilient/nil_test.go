@@ -19,8 +19,8 @@ type zeroStore interface {
 	sluice.Slots
 	sluice.Regranter
 	CheckLimit(sluice.Limit) error
-	TakeByPolicy(ctx context.Context, key string, limit sluice.Limit, cost int64) (sluice.Decision, error)
-	PeekByPolicy(ctx context.Context, key string, limit sluice.Limit, cost int64) (sluice.Decision, error)
+	TakeByPolicy(ctx context.Context, key string, limit sluice.Limit, cost int64, cause error) (sluice.Decision, error)
+	PeekByPolicy(ctx context.Context, key string, limit sluice.Limit, cost int64, cause error) (sluice.Decision, error)
 	AbandonSlot(key, holder string)
 	State() sluice.BreakerState
 	Probe(context.Context) (bool, error)
@@ -45,10 +45,10 @@ func TestNilStore(t *testing.T) {
 		if _, err := s.Take(ctx, "k", limit, 1); !errors.Is(err, ErrZeroStore) {
 			t.Errorf("%s: Take err = %v, want ErrZeroStore", tc.name, err)
 		}
-		if _, err := s.TakeByPolicy(ctx, "k", limit, 1); !errors.Is(err, ErrZeroStore) {
+		if _, err := s.TakeByPolicy(ctx, "k", limit, 1, nil); !errors.Is(err, ErrZeroStore) {
 			t.Errorf("%s: TakeByPolicy err = %v, want ErrZeroStore", tc.name, err)
 		}
-		if _, err := s.PeekByPolicy(ctx, "k", limit, 1); !errors.Is(err, ErrZeroStore) {
+		if _, err := s.PeekByPolicy(ctx, "k", limit, 1, nil); !errors.Is(err, ErrZeroStore) {
 			t.Errorf("%s: PeekByPolicy err = %v, want ErrZeroStore", tc.name, err)
 		}
 		if _, err := s.Peek(ctx, "k", limit, 1); !errors.Is(err, ErrZeroStore) {

@@ -343,7 +343,6 @@ type Store struct {
 	cache    *denyCache  // nil when disabled
 	slots    policySlots // holders the policy granted (inflight.go)
 	sent     policySlots // holders whose backend Acquire failed: it may have run (AbandonSlot)
-	leases   leaseFailures
 }
 
 // MultiStore is a Store over a sluice.MultiStore backend: it also checks
