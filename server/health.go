@@ -242,26 +242,27 @@ func (h *Health) checked(n uint64, err error) {
 		return
 	case err != nil && was != nil && cause(err) == cause(was):
 		return
-	case err == nil:
-		h.log.Info("store back", "store", h.store, "down_for", time.Since(h.since).Round(time.Millisecond))
+	}
+	// The metrics change before the line that announces it: a reader of
+	// the line then finds them changed.
+	if err == nil {
+		downFor := time.Since(h.since)
 		h.count("up", "")
-	default:
-		level := causeLevel(err)
-		msg := "store lost"
-		if was != nil {
-			msg = "store still lost, another cause" // one outage: since and the down count stay
-		}
-		h.log.Log(context.Background(), level, msg, "store", h.store, "cause", cause(err),
-			"failure_policy", h.policy, "ready", h.readyLocked(), "err", err)
-		if was != nil {
-			h.publishLocked()
-			return
-		}
+		h.since = time.Now()
+		h.publishLocked()
+		h.log.Info("store back", "store", h.store, "down_for", downFor.Round(time.Millisecond))
+		return
+	}
+	msg := "store still lost, another cause" // one outage: since and the down count stay
+	if was == nil {
+		msg = "store lost"
 		h.endPartialLocked()
 		h.count("down", cause(err))
+		h.since = time.Now()
 	}
-	h.since = time.Now()
 	h.publishLocked()
+	h.log.Log(context.Background(), causeLevel(err), msg, "store", h.store, "cause", cause(err),
+		"failure_policy", h.policy, "ready", h.readyLocked(), "err", err)
 }
 
 // causeLevel is the level of a store failure's line: permanent causes are
@@ -425,9 +426,9 @@ func (h *Health) startPartialLocked(last time.Time) {
 	if h.m != nil {
 		h.m.partialChanges.WithLabelValues("on", cause(err)).Inc()
 	}
+	h.publishLocked()
 	h.log.Log(context.Background(), causeLevel(err), "store calls failing while the breaker is closed: the failure policy answers them (part of the store down, such as a Cluster node?)",
 		"store", h.store, "cause", cause(err), "failure_policy", h.policy, "err", err)
-	h.publishLocked()
 }
 
 // decided records who answered a decision of policy: the failure policy
@@ -527,10 +528,11 @@ func (h *Health) forget(policies []string) {
 	h.tracking.Store(len(h.failing) > 0)
 	if len(removed) > 0 && len(h.failing) == 0 && h.partial && permanent(h.runErr) {
 		// Nothing was answered: the line must not say the store was.
-		h.log.Info("store calls failing no more: a reload removed the policies whose calls failed", "store", h.store, "cause", cause(h.runErr),
-			"removed", removed, "answered_by_policy", h.partialN)
+		runErr, n := h.runErr, h.partialN
 		h.endPartialLocked()
 		h.publishLocked()
+		h.log.Info("store calls failing no more: a reload removed the policies whose calls failed", "store", h.store, "cause", cause(runErr),
+			"removed", removed, "answered_by_policy", n)
 	}
 }
 
@@ -541,9 +543,10 @@ func (h *Health) answeredLocked(now time.Time) {
 	if !h.partial || !permanent(h.runErr) || len(h.failing) > 0 || !h.cleared || now.Sub(h.partialAt) < partialWindow {
 		return
 	}
-	h.log.Info("store calls answered again", "store", h.store, "cause", cause(h.runErr), "since_last_failure", now.Sub(h.partialAt).Round(time.Millisecond), "answered_by_policy", h.partialN)
+	runErr, n := h.runErr, h.partialN
 	h.endPartialLocked()
 	h.publishLocked()
+	h.log.Info("store calls answered again", "store", h.store, "cause", cause(runErr), "since_last_failure", now.Sub(h.partialAt).Round(time.Millisecond), "answered_by_policy", n)
 }
 
 // permanent: a cause that does not pass until someone acts.
@@ -584,9 +587,10 @@ func (h *Health) refresh(now time.Time) {
 		// No call failed for partialWindow; none on the failing keys need
 		// have succeeded (a seldom-used policy refused by an ACL), so the
 		// line says what is known.
-		h.log.Info("store calls no longer failing", "store", h.store, "since_last_failure", now.Sub(h.partialAt).Round(time.Millisecond), "answered_by_policy", h.partialN)
+		n := h.partialN
 		h.endPartialLocked()
 		h.publishLocked()
+		h.log.Info("store calls no longer failing", "store", h.store, "since_last_failure", now.Sub(h.partialAt).Round(time.Millisecond), "answered_by_policy", n)
 	}
 }
 
