@@ -42,6 +42,12 @@ func allowKeys(t *testing.T, admin *redis.Client, user string, patterns ...strin
 	}
 }
 
+// logLine awaits a line containing msg in p's log, for at most 2 s: health
+// changes its metrics just before the line that announces the change.
+func logLine(p *proc, msg string) bool {
+	return await(2*time.Second, func() bool { return strings.Contains(p.stderr.String(), msg) })
+}
+
 // await polls cond every 50ms until it holds, for at most within.
 func await(within time.Duration, cond func() bool) bool {
 	for deadline := time.Now().Add(within); ; time.Sleep(50 * time.Millisecond) {
@@ -88,6 +94,7 @@ policies:
 	if reasons := reasonsOf(st); !strings.Contains(reasons, "permission: ") || !strings.Contains(reasons, "NOPERM") {
 		t.Errorf("reasons %q: want the cause (permission) and Redis's error", reasons)
 	}
+	logLine(p, "store calls failing while the breaker is closed")
 	var line string
 	for l := range strings.Lines(p.stderr.String()) {
 		if strings.Contains(l, "store calls failing while the breaker is closed") {
@@ -113,7 +120,7 @@ policies:
 		_, st := p.getJSON(t, "/v1/status")
 		t.Fatalf("ACL fixed: still degraded: %v\n%s\n%s", st, errs, p.stderr.String())
 	}
-	if !strings.Contains(p.stderr.String(), "store calls answered again") {
+	if !logLine(p, "store calls answered again") {
 		t.Errorf("no end line:\n%s", p.stderr.String())
 	}
 }
@@ -192,7 +199,7 @@ policies:
 	if took := time.Since(lastBad); took < partialWindow {
 		t.Errorf("ended %v after the last refusal, want %v without one", took, partialWindow)
 	}
-	if !strings.Contains(p.stderr.String(), `msg="store calls answered again"`) {
+	if !logLine(p, `msg="store calls answered again"`) {
 		t.Errorf("no end line:\n%s", p.stderr.String())
 	}
 	if got := metric(t, p, off); got != 1 {
