@@ -119,6 +119,35 @@ func bounded(ctx context.Context, done chan struct{}, send func()) error {
 	}
 }
 
+// ended is ctx.Err(), and context.DeadlineExceeded once ctx's deadline
+// has passed even if its timer has not fired yet: go-redis, with
+// ContextTimeoutEnabled, may end a read at the deadline just before it.
+func ended(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if dl, ok := ctx.Deadline(); ok && !time.Now().Before(dl) {
+		return context.DeadlineExceeded
+	}
+	return nil
+}
+
+// boundedErr is bounded for a command that returns only an error: f's
+// error, or ctx.Err() as soon as ctx ends. Every call that talks to Redis
+// outside the decision path (Check, CheckAccess, Membership) goes through
+// it, so that it keeps the same promise; and one that finishes once ctx
+// has ended is not a success (a heartbeat past its deadline is stale).
+func boundedErr(ctx context.Context, f func() error) error {
+	var err error
+	if berr := bounded(ctx, make(chan struct{}, 1), func() { err = f() }); berr != nil {
+		return berr
+	}
+	if end := ended(ctx); end != nil {
+		return end
+	}
+	return err
+}
+
 // await is bounded for c: on ctx's end, c is left to its sender.
 func (c *call) await(ctx context.Context, send func()) error {
 	if c.done == nil {

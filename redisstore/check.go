@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -210,8 +211,10 @@ type CheckReport struct {
 // on every master. The error is a *CheckError: errors.Is(err,
 // ErrMisconfigured) tells a configuration to fix from a Redis merely
 // unreachable (ErrUnreachable). Check writes nothing but a one-line
-// script into the script cache.
+// script into the script cache. It returns as soon as ctx ends, whatever
+// the client's timeouts, with an error that wraps ctx.Err().
 func Check(ctx context.Context, c redis.UniversalClient) (*CheckReport, error) {
+	ctx = ctxutil.OrBackground(ctx)
 	if c == nil {
 		return nil, ErrNoClient
 	}
@@ -225,7 +228,7 @@ func Check(ctx context.Context, c redis.UniversalClient) (*CheckReport, error) {
 			return nil, checkErr(ErrTLS, "the server does not speak TLS: use redis:// instead of rediss://", nil)
 		}
 	}
-	if err := c.Ping(ctx).Err(); err != nil {
+	if err := boundedErr(ctx, func() error { return c.Ping(ctx).Err() }); err != nil {
 		if tlsErr := plainAgainstTLS(ctx, c, err); tlsErr != nil {
 			return nil, tlsErr
 		}
@@ -235,9 +238,12 @@ func Check(ctx context.Context, c redis.UniversalClient) (*CheckReport, error) {
 	cc, cluster := c.(*redis.ClusterClient)
 	rep.Cluster = cluster
 	var mu sync.Mutex // ForEachMaster checks the masters at once
+	// Nodes that answered INFO and are in the probe script: a deadline
+	// then is a stalled Redis, not an unreachable one.
+	var scripting atomic.Int32
 	check := func(ctx context.Context, node *redis.Client) error {
 		var r CheckReport
-		err := checkNode(ctx, node, cluster, &r)
+		err := checkNode(ctx, node, cluster, &r, &scripting)
 		mu.Lock()
 		defer mu.Unlock()
 		if r.Version != "" && (rep.Version == "" || !versionAtLeast(r.Version, rep.Version)) {
@@ -246,13 +252,20 @@ func Check(ctx context.Context, c redis.UniversalClient) (*CheckReport, error) {
 		rep.Warnings = append(rep.Warnings, r.Warnings...)
 		return err
 	}
-	var err error
-	if cluster {
-		err = cc.ForEachMaster(ctx, check)
-	} else if node, ok := c.(*redis.Client); ok {
-		err = check(ctx, node)
-	}
+	// ForEachMaster may load the slot map first, on no deadline of ctx's.
+	err := boundedErr(ctx, func() error {
+		if cluster {
+			return cc.ForEachMaster(ctx, check)
+		}
+		if node, ok := c.(*redis.Client); ok {
+			return check(ctx, node)
+		}
+		return nil
+	})
 	if err != nil {
+		if ctx.Err() != nil && scripting.Load() > 0 {
+			return nil, Stalled(err)
+		}
 		return nil, Classify(err)
 	}
 	return rep, nil
@@ -290,7 +303,7 @@ func MayEvict(policy, maxmemory string) bool {
 // and every sluice script reads the clock.
 const probeScript = "redis.call('TIME') return 1"
 
-func checkNode(ctx context.Context, node *redis.Client, cluster bool, rep *CheckReport) error {
+func checkNode(ctx context.Context, node *redis.Client, cluster bool, rep *CheckReport, scripting *atomic.Int32) error {
 	info, err := node.Info(ctx, "server", "cluster", "memory", "replication").Result()
 	switch {
 	case err != nil && strings.Contains(err.Error(), "NOPERM"):
@@ -326,6 +339,8 @@ func checkNode(ctx context.Context, node *redis.Client, cluster bool, rep *Check
 	}
 	// The node answered INFO: a timeout from here on is a node that
 	// holds scripts (writes paused), not one out of reach.
+	scripting.Add(1)
+	defer scripting.Add(-1)
 	sha, err := node.ScriptLoad(ctx, probeScript).Result()
 	if err != nil {
 		return Stalled(err)
@@ -350,7 +365,9 @@ var accessSHA = newScript(accessScript).sha.(string)
 // refuses writes; ErrStalled for one that answers a PING but not the
 // script in time (writes paused). It is sent as decisions are, with
 // EVALSHA (EVAL only when the server lacks the script), and calls TIME, so
-// that a user who lost either permission is found too.
+// that a user who lost either permission is found too. It returns as soon
+// as ctx ends, whatever the client's timeouts, with an error that wraps
+// ctx.Err().
 func (s *Store) CheckAccess(ctx context.Context) error {
 	ctx = ctxutil.OrBackground(ctx)
 	if s == nil || s.client == nil {
@@ -359,23 +376,29 @@ func (s *Store) CheckAccess(ctx context.Context) error {
 	key := s.prefix + "check"
 	// PING the server that holds the key first, so that a script timing
 	// out on a server that answers is told from one out of reach.
-	var node redis.Cmdable = s.client
-	if cc, ok := s.client.(*redis.ClusterClient); ok {
-		n, err := cc.MasterForKey(ctx, key)
-		if err != nil {
-			return Classify(err)
+	// MasterForKey may load the slot map, on no deadline of ctx's.
+	err := boundedErr(ctx, func() error {
+		var node redis.Cmdable = s.client
+		if cc, ok := s.client.(*redis.ClusterClient); ok {
+			n, err := cc.MasterForKey(ctx, key)
+			if err != nil {
+				return err
+			}
+			node = n
 		}
-		node = n
-	}
-	if err := node.Ping(ctx).Err(); err != nil {
+		return node.Ping(ctx).Err()
+	})
+	if err != nil {
 		return Classify(err)
 	}
 	keys := []string{key}
-	err := s.client.EvalSha(ctx, accessSHA, keys).Err() // a Cluster client follows MOVED
-	if isNoScript(err) {
-		err = s.client.Eval(ctx, accessScript, keys).Err()
-	}
-	return Stalled(err)
+	return Stalled(boundedErr(ctx, func() error {
+		err := s.client.EvalSha(ctx, accessSHA, keys).Err() // a Cluster client follows MOVED
+		if isNoScript(err) {
+			err = s.client.Eval(ctx, accessScript, keys).Err()
+		}
+		return err
+	}))
 }
 
 // infoFields parses INFO's "name:value" lines.
@@ -416,6 +439,9 @@ func versionAtLeast(v, min string) bool {
 func plainAgainstTLS(ctx context.Context, c redis.UniversalClient, err error) error {
 	node, ok := c.(*redis.Client)
 	if !ok || node.Options().TLSConfig != nil || !hostPort(node.Options().Addr) || !errors.Is(Classify(err), ErrUnreachable) {
+		return nil
+	}
+	if ctx.Err() != nil { // the caller is gone: no handshake past its end
 		return nil
 	}
 	// A second at most, within the caller's deadline: /readyz must answer

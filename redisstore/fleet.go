@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice/internal/ctxutil"
 )
 
 // ErrInvalidHeartbeat: Membership.Heartbeat was given an empty member or a
@@ -108,15 +110,26 @@ func (m *Membership) Leave(ctx context.Context, member string, keep time.Duratio
 	return nil
 }
 
-// run runs a fleet script on the registry's two keys.
+// run runs a fleet script on the registry's two keys. It returns ctx.Err()
+// as soon as ctx ends, as the Store's calls do; the abandoned script may
+// still run (a heartbeat or leave, which the next one repeats).
 func (m *Membership) run(ctx context.Context, s *script, member string, d time.Duration) (any, error) {
+	ctx = ctxutil.OrBackground(ctx)
 	keys := []string{m.key, m.key + ":left"}
 	args := []any{member, d.Microseconds()}
-	v, err := m.client.EvalSha(ctx, s.sha.(string), keys, args...).Result()
-	if isNoScript(err) {
-		v, err = m.client.Eval(ctx, s.src, keys, args...).Result()
+	var v any
+	err := boundedErr(ctx, func() error {
+		var err error
+		v, err = m.client.EvalSha(ctx, s.sha.(string), keys, args...).Result()
+		if isNoScript(err) {
+			v, err = m.client.Eval(ctx, s.src, keys, args...).Result()
+		}
+		return err
+	})
+	if err != nil {
+		return nil, err // v may still be written by an abandoned send
 	}
-	return v, err
+	return v, nil
 }
 
 // stringList reads a script's array of strings.

@@ -38,8 +38,9 @@
 // NOSCRIPT (here). A call whose reply is lost fails; its take may have been
 // charged, so it can cost quota, never admit extra.
 //
-// A call returns as soon as its context ends, whatever the client's own
-// timeouts: it is abandoned, not cancelled. An abandoned call's command may
+// A call (Check, CheckAccess and Membership's included) returns as soon as
+// its context ends, whatever the client's own timeouts: it is abandoned,
+// not cancelled. An abandoned call's command may
 // still reach Redis and be charged, and holds its connection until the
 // client's read timeout, or until the reply.
 //
@@ -170,9 +171,11 @@ type Options struct {
 // reach Redis with ErrNoClient (Keys, SlotKeys and Membership answer as for
 // an empty Prefix).
 //
-// Every call returns ctx.Err() as soon as its context ends, whether it is
-// waiting for a batch or on the wire; if its command was already sent it
-// may still run, as with any Redis call that times out.
+// Every call returns an error wrapping ctx.Err() as soon as its context
+// ends, whether it is waiting for a batch or on the wire, and never
+// success once it has ended; CheckAccess and Membership's calls too. If
+// its command was already sent it may still run, as with any Redis call
+// that times out.
 type Store struct {
 	client  redis.UniversalClient
 	prefix  string
