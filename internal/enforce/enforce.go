@@ -842,7 +842,7 @@ func (e *Engine) fill(ctx context.Context, checks []Check, all bool) error {
 				// admitted request does (shadow): observed as an error,
 				// for the front end to tell. A look, or an Over check, is
 				// not observed; nor is a failure shadowOver observed.
-				if c.Cost > 0 && !c.Over && c.Err == nil {
+				if c.Cost > 0 && !c.Over && c.Err == nil && ctx.Err() == nil {
 					e.observe(c.Rule.Name, sluice.OutcomeError, sluice.Decision{})
 					c.Err = err
 				}
@@ -905,8 +905,11 @@ func (e *Engine) shadow(ctx context.Context, c *Check) {
 	d, err := e.store.Take(ctx, c.Key, c.Rule.Limit, c.Cost)
 	switch {
 	case err != nil:
-		e.observe(c.Rule.Name, sluice.OutcomeError, sluice.Decision{})
-		c.Decision, c.Err, c.decided = sluice.Decision{Allowed: true, Limit: c.Rule.Limit}, err, true
+		c.Decision, c.decided = sluice.Decision{Allowed: true, Limit: c.Rule.Limit}, true
+		if ctx.Err() == nil { // a client gone is no failure of the store's
+			e.observe(c.Rule.Name, sluice.OutcomeError, sluice.Decision{})
+			c.Err = err
+		}
 		return
 	case d.Allowed:
 		e.observe(c.Rule.Name, sluice.OutcomeAllowed, d)
@@ -921,8 +924,10 @@ func (e *Engine) shadow(ctx context.Context, c *Check) {
 func (e *Engine) shadowOver(ctx context.Context, c *Check) {
 	d, err := e.store.Peek(ctx, c.Key, c.Rule.Limit, c.Rule.Limit.Capacity())
 	if err != nil {
-		e.observe(c.Rule.Name, sluice.OutcomeError, sluice.Decision{})
-		c.Err = err
+		if ctx.Err() == nil { // a client gone is no failure of the store's
+			e.observe(c.Rule.Name, sluice.OutcomeError, sluice.Decision{})
+			c.Err = err
+		}
 		return
 	}
 	d.Allowed = false

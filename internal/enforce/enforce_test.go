@@ -608,3 +608,47 @@ func TestLastValue(t *testing.T) {
 		}
 	}
 }
+
+// goneAfter is a store whose client leaves (ctx cancelled) once the
+// enforcing rule's key has been taken, before the shadow rule's call.
+type goneAfter struct {
+	sluice.Store
+	key    string
+	cancel context.CancelFunc
+}
+
+func (g goneAfter) Take(ctx context.Context, key string, l sluice.Limit, cost int64) (sluice.Decision, error) {
+	d, err := g.Store.Take(ctx, key, l, cost)
+	if key == g.key {
+		g.cancel()
+	}
+	return d, err
+}
+
+// A shadow rule's call that fails because the client has gone is no store
+// failure: not observed as an error, nor reported as the check's error,
+// whether the request was admitted (the shadow takes) or denied (it peeks).
+func TestShadowClientGoneIsNoStoreError(t *testing.T) {
+	t.Parallel()
+	for _, admitted := range []bool{true, false} {
+		clock := storetest.NewClock(time.Unix(1_700_000_000, 0))
+		m := memory.New(&memory.Options{Clock: clock.Now, SweepInterval: -1})
+		t.Cleanup(func() { m.Close() })
+		en := &Rule{Name: "en", Limit: sluice.PerMinute(1)}
+		sh := &Rule{Name: "sh", Limit: sluice.PerMinute(5), Strategy: Shadow}
+		if !admitted {
+			if _, err := m.Take(context.Background(), "e", en.Limit, 1); err != nil {
+				t.Fatal(err)
+			}
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		var obs events
+		e := New(goneAfter{m, "e", cancel}, &obs)
+		c := []Check{{Rule: en, Key: "e", Cost: 1}, {Rule: sh, Key: "s", Cost: 1}}
+		e.EnforceAll(ctx, c)
+		cancel()
+		if strings.Contains(obs.String(), "sh=error") || c[1].Err != nil {
+			t.Errorf("admitted %v: observed %q, shadow check's error %v; want no error for a client gone", admitted, obs.String(), c[1].Err)
+		}
+	}
+}
