@@ -11,6 +11,7 @@ import (
 	io_prometheus_client "github.com/prometheus/client_model/go"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
+	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/memory"
 )
 
@@ -339,5 +340,30 @@ func TestLeaseLongName(t *testing.T) {
 	}
 	if st := svc.LeaseStats(); st.Local == 0 || st.Grants == 0 {
 		t.Errorf("lease stats %+v: want local decisions", st)
+	}
+}
+
+// policyOf names the policy of every store key its calls use: a rate key,
+// an in-flight key and a Penalty policy's block key, so that a partial
+// failure started by block-key calls can end on evidence.
+func TestPolicyOfEveryKey(t *testing.T) {
+	m := memory.New(nil)
+	t.Cleanup(func() { m.Close() })
+	svc := NewService(m, mustConfig(t, `
+policies:
+  - name: otp
+    limit: 5/min
+    strategy: penalty
+    penalty: 1m
+  - name: jobs
+    in_flight: {max: 2, hold: 1m}
+`), &ServiceOptions{Logger: slog.New(slog.DiscardHandler)})
+	otp := svc.keyer.Base("otp")
+	key, block := svc.keyer.Keys(svc.keyer.LimitStem(otp, sluice.PerMinute(5)), "alice", true)
+	slot, _ := svc.keyer.Keys(svc.keyer.Base("jobs"), "alice", false)
+	for k, want := range map[string]string{key: "otp", block: "otp", slot: "jobs", "elsewhere:alice": ""} {
+		if got := svc.policyOf(k); got != want {
+			t.Errorf("policyOf(%q) = %q, want %q", k, got, want)
+		}
 	}
 }

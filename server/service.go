@@ -260,7 +260,7 @@ func (s *Service) policyOf(key string) string {
 	if snap == nil {
 		return ""
 	}
-	stem, ok := s.keyer.Stem(key)
+	stem, ok := s.keyer.RuleStem(key) // a Penalty rule's block key too
 	if !ok {
 		return ""
 	}

@@ -167,6 +167,12 @@ func TestKeysBelongToTheLimit(t *testing.T) {
 		if _, ok := k.Stem(block); ok {
 			t.Errorf("Stem(block %q) is ok", block)
 		}
+		if stem, ok := k.RuleStem(block); !ok || stem != base {
+			t.Errorf("RuleStem(block %q) = %q, %v; want %q", block, stem, ok, base)
+		}
+		if stem, ok := k.RuleStem(key); !ok || stem != base {
+			t.Errorf("RuleStem(%q) = %q, %v; want %q", key, stem, ok, base)
+		}
 	}
 	if a, b := k.LimitStem(base, sluice.PerSecond(5)), k.LimitStem(base, sluice.PerSecond(5).WithBurst(5)); a != b {
 		t.Errorf("5/s and 5/s burst 5: %q, %q", a, b)

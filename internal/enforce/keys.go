@@ -98,26 +98,42 @@ func (k *Keyer) LimitStem(base string, l sluice.Limit) string {
 // belongs to, whatever the limit it counts under. ok is false for a block
 // key and a key from another Keyer.
 func (k *Keyer) Stem(key string) (stem string, ok bool) {
+	stem, block, ok := k.parse(key)
+	return stem, ok && !block
+}
+
+// RuleStem is Stem that also resolves a Penalty rule's block key to its
+// rule's stem: every store key the rule's calls use.
+func (k *Keyer) RuleStem(key string) (stem string, ok bool) {
+	stem, _, ok = k.parse(key)
+	return stem, ok
+}
+
+// parse returns the stem of key's rule and whether key is its block key.
+func (k *Keyer) parse(key string) (stem string, block, ok bool) {
 	n := len(k.prefix) + len(KeyVersion)
 	if !strings.HasPrefix(key, k.prefix) || !strings.HasPrefix(key[len(k.prefix):], KeyVersion) {
-		return "", false
+		return "", false, false
 	}
 	end := n + hashedName // a hashed name
 	if len(key) <= n || key[n] != '#' {
 		i := strings.IndexAny(key[n:], ":#!@")
 		if i <= 0 {
-			return "", false
+			return "", false, false
 		}
 		end = n + i
 	}
 	rest := end
-	if rest < len(key) && key[rest] == '@' {
+	switch {
+	case rest < len(key) && key[rest] == '@':
 		rest += fpLen
+	case rest < len(key) && key[rest] == '!':
+		rest, block = rest+1, true
 	}
 	if rest >= len(key) || (key[rest] != ':' && key[rest] != '#') {
-		return "", false // a block key ('!'), or cut short
+		return "", false, false // cut short
 	}
-	return key[:end], true
+	return key[:end], block, true
 }
 
 // Keys returns the store key of id under the rule with stem base (Base,
