@@ -110,8 +110,10 @@ func Metadata(name string) KeyFunc {
 // ContextValue returns a KeyFunc for the value stored under key in the
 // call's context by an earlier interceptor, such as the authenticated
 // account. Strings (of any string type), fmt.Stringers and integers (of
-// any kind) are accepted; a missing (nil) value or an empty string is
-// ErrNoKey; any other type is an error.
+// any kind) are accepted; a missing (nil) value, a typed nil pointer (a
+// nil *User for an anonymous caller), map, slice, func or channel
+// included, or an empty string is ErrNoKey; any other type, or a String
+// method that panics, is an error.
 func ContextValue(key any) KeyFunc {
 	return fromShared(enforce.ContextValue("grpclimit", ErrNoKey, call.context, key))
 }

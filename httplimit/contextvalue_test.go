@@ -3,10 +3,15 @@ package httplimit_test
 import (
 	"context"
 	"errors"
+	"net/http"
 	"net/http/httptest"
+	"strings"
+	"sync/atomic"
 	"testing"
 
+	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/httplimit"
+	"github.com/sluicehq/sluice/memory"
 )
 
 type acctKey struct{}
@@ -37,3 +42,62 @@ func TestContextValueKinds(t *testing.T) {
 		t.Errorf("a float: %v, want an error", err)
 	}
 }
+
+type ctxUser struct{ id string }
+
+func (u *ctxUser) String() string { return u.id }
+
+type panicky struct{}
+
+func (panicky) String() string { panic("boom") }
+
+// A typed nil stored by an auth middleware (a nil *User for an anonymous
+// caller) is ErrNoKey, so the rule does not apply; a String method that
+// panics is a key error, never a panic in the server. Over a real listener.
+func TestContextValueNilAndPanickingStringer(t *testing.T) {
+	t.Parallel()
+	store := memory.New(nil)
+	t.Cleanup(func() { store.Close() })
+	mw, err := httplimit.New(store, []httplimit.Rule{
+		{Name: "per-user", Limit: sluice.PerMinute(1), Key: httplimit.ContextValue(acctKey{})},
+	}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stored atomic.Value
+	auth := func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			v := stored.Load().(*holder).v
+			next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), acctKey{}, v)))
+		})
+	}
+	srv := httptest.NewServer(auth(mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))))
+	t.Cleanup(srv.Close)
+	get := func() int {
+		resp, err := http.Get(srv.URL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	for _, v := range []any{(*ctxUser)(nil), map[string]int(nil), []byte(nil), (func())(nil), (chan int)(nil)} {
+		stored.Store(&holder{v})
+		for i := range 3 { // the limit is 1 a minute: the rule must not apply
+			if code := get(); code != http.StatusOK {
+				t.Errorf("%T(nil), request %d: %d, want 200 (rule skipped)", v, i, code)
+			}
+		}
+	}
+	stored.Store(&holder{panicky{}})
+	if code := get(); code != http.StatusInternalServerError {
+		t.Errorf("a panicking String method: %d, want 500", code)
+	}
+	f := httplimit.ContextValue(acctKey{})
+	r := httptest.NewRequest("GET", "/", nil)
+	if _, err := f(r.WithContext(context.WithValue(r.Context(), acctKey{}, panicky{}))); err == nil || errors.Is(err, httplimit.ErrNoKey) || !strings.Contains(err.Error(), "panicked") {
+		t.Errorf("a panicking String method: %v, want an error saying so", err)
+	}
+}
+
+type holder struct{ v any }

@@ -106,7 +106,9 @@ func Cookie(name string) KeyFunc {
 // request's context, typically the authenticated user or account that an
 // earlier middleware put there. Strings (of any string type),
 // fmt.Stringers and integers (of any kind) are accepted; a missing (nil)
-// value or an empty string is ErrNoKey; any other type is an error.
+// value, a typed nil pointer (a nil *User for an anonymous caller), map,
+// slice, func or channel included, or an empty string is ErrNoKey; any
+// other type, or a String method that panics, is an error.
 func ContextValue(key any) KeyFunc {
 	return enforce.ContextValue("httplimit", ErrNoKey, (*http.Request).Context, key)
 }

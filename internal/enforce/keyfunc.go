@@ -47,19 +47,26 @@ func Compose[R any](pkg string, fns ...KeyFunc[R]) KeyFunc[R] {
 // ContextValue returns a KeyFunc for the value stored under key in the
 // request's context (ctx reads it from a request). Strings (of any
 // string type), fmt.Stringers and integers of any kind are accepted, an
-// empty string being noKey; a missing (nil) value
-// is noKey; any other type is an error.
+// empty string being noKey; a missing (nil) value, a typed nil pointer,
+// map, slice, func, channel or interface included, is noKey; any other type
+// is an error. A String method that panics is an error, never a panic.
 func ContextValue[R any](pkg string, noKey error, ctx func(R) context.Context, key any) KeyFunc[R] {
 	return func(r R) (string, error) {
 		v := ctx(r).Value(key)
+		if isNil(v) {
+			// An auth layer storing a nil *User for an anonymous caller:
+			// calling its String method would panic.
+			return "", noKey
+		}
 		var s string
 		switch t := v.(type) {
-		case nil:
-			return "", noKey
 		case string:
 			s = t
 		case fmt.Stringer:
-			s = t.String()
+			var err error
+			if s, err = safeString(pkg, t); err != nil {
+				return "", err
+			}
 		default:
 			// Named string types (type accountID string) and every
 			// integer kind, by kind.
@@ -79,6 +86,29 @@ func ContextValue[R any](pkg string, noKey error, ctx func(R) context.Context, k
 		}
 		return s, nil
 	}
+}
+
+// isNil reports whether v is nil or a typed nil of a kind that can be.
+func isNil(v any) bool {
+	if v == nil {
+		return true
+	}
+	switch rv := reflect.ValueOf(v); rv.Kind() {
+	case reflect.Pointer, reflect.Interface, reflect.Map, reflect.Slice, reflect.Func, reflect.Chan, reflect.UnsafePointer:
+		return rv.IsNil()
+	}
+	return false
+}
+
+// safeString calls s.String, turning a panic into an error as fmt does: a
+// key function must not take the server down.
+func safeString(pkg string, s fmt.Stringer) (str string, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			str, err = "", fmt.Errorf("%s: context value %T: String method panicked: %v", pkg, s, p)
+		}
+	}()
+	return s.String(), nil
 }
 
 // ClientIP returns a KeyFunc for a request's client address (see
