@@ -468,11 +468,11 @@ func (e *Engine) enforce(ctx context.Context, checks []Check, all bool) (Verdict
 			if !w.Head() || ctx.Err() != nil {
 				waited = time.Since(start) // held to MaxDelay
 				q.ds[q.deny].RetryAfter = max(q.ds[q.deny].RetryAfter-waited, time.Millisecond)
-				return e.denied(ctx, checks, idx, q.ds, q.deny, waited, all)
+				return e.denied(ctx, checks, idx, q.ds, q.deny, waited, all, nil)
 			}
 		case q.deny >= 0:
 			// Refused at once with the wait it would have needed.
-			return e.denied(ctx, checks, idx, q.ds, q.deny, 0, all)
+			return e.denied(ctx, checks, idx, q.ds, q.deny, 0, all, q.excused)
 		}
 	}
 	for {
@@ -496,6 +496,7 @@ func (e *Engine) enforce(ctx context.Context, checks []Check, all bool) (Verdict
 			return failed, e.failed(ctx, checks, err, names(checks, idx)...)
 		}
 		deny, wait := -1, true
+		var excused []bool
 		var longest time.Duration
 		maxWait := time.Duration(-1)
 		for j, d := range ds {
@@ -544,12 +545,13 @@ func (e *Engine) enforce(ctx context.Context, checks []Check, all bool) (Verdict
 			case held || hold(checks, idx):
 				held = true
 				start = time.Now()
-				var est time.Duration
-				w, est = e.join(reqs, ds, waitLimit(ctx, maxWait, rtt))
+				limit := waitLimit(ctx, maxWait, rtt)
+				var waits []time.Duration
+				w, waits = e.join(reqs, ds, limit)
 				if w == nil {
-					// Refused at once with the wait it would have needed.
-					ds[deny].RetryAfter = max(ds[deny].RetryAfter, est)
-					ds[deny].ResetAfter = max(ds[deny].ResetAfter, ds[deny].RetryAfter)
+					// Refused at once with the wait it would have needed,
+					// blaming the counters whose wait cannot be had.
+					deny, excused = blame(checks, idx, ds, waits, limit)
 					break
 				}
 				if w.Head() {
@@ -567,16 +569,57 @@ func (e *Engine) enforce(ctx context.Context, checks []Check, all bool) (Verdict
 				}
 			}
 		}
-		return e.denied(ctx, checks, idx, ds, deny, waited, all)
+		return e.denied(ctx, checks, idx, ds, deny, waited, all, excused)
 	}
 }
 
+// blame picks, for a request refused at once because its counters' waits
+// (waits[j] for ds[j], behind the line) cannot be had within limit, the
+// counters that refuse it: a rule that does not wait needing any wait, or
+// one needing more than limit. Each is marked denied with its wait (a
+// counter the store allowed may need the line's units); deny is the one
+// needing the longest. The others, Delay rules whose wait would fit, did
+// not deny the request: excused[j] says so, for the observer.
+func blame(checks []Check, idx []int, ds []sluice.Decision, waits []time.Duration, limit time.Duration) (deny int, excused []bool) {
+	deny = -1
+	excused = make([]bool, len(ds))
+	for j, wait := range waits {
+		if wait <= 0 && ds[j].Allowed {
+			continue
+		}
+		if checks[idx[j]].Rule.Strategy == Delay && wait <= limit {
+			excused[j] = true
+			continue
+		}
+		d := &ds[j]
+		d.Allowed = false
+		if wait > 0 {
+			d.Remaining = 0 // what remains is the line's
+		}
+		d.RetryAfter = max(d.RetryAfter, wait)
+		d.ResetAfter = max(d.ResetAfter, d.RetryAfter)
+		if deny < 0 || d.RetryAfter > ds[deny].RetryAfter {
+			deny = j
+		}
+	}
+	if deny < 0 { // cannot happen: the longest wait is past limit
+		for j := range ds {
+			if !ds[j].Allowed && (deny < 0 || ds[j].RetryAfter > ds[deny].RetryAfter) {
+				deny = j
+			}
+		}
+		return deny, nil
+	}
+	return deny, excused
+}
+
 // denied answers a request denied by ds[deny] (ds[j] for the counter
-// reqs[j] of the check idx[j]) after waiting waited.
-func (e *Engine) denied(ctx context.Context, checks []Check, idx []int, ds []sluice.Decision, deny int, waited time.Duration, all bool) (Verdict, error) {
+// reqs[j] of the check idx[j]) after waiting waited. A counter excused
+// (nil: none) did not deny it and is not observed.
+func (e *Engine) denied(ctx context.Context, checks []Check, idx []int, ds []sluice.Decision, deny int, waited time.Duration, all bool, excused []bool) (Verdict, error) {
 	out := Verdict{Report: idx[deny], Decision: ds[deny], Waited: waited}
 	for j, d := range ds {
-		if d.Allowed {
+		if d.Allowed || excused != nil && excused[j] {
 			continue
 		}
 		c := &checks[idx[j]]
@@ -602,6 +645,7 @@ type queued struct {
 	deny    int               // refused at once (or at the turn's timeout) by ds[deny]; -1 if not
 	ds      []sluice.Decision // the store's answers without taking
 	maxWait time.Duration     // the Delay rules' shortest MaxDelay
+	excused []bool            // refused at once: the counters that did not deny it
 }
 
 // queue puts a request whose counters already have a line in this process
@@ -636,12 +680,14 @@ func (e *Engine) queue(ctx context.Context, checks []Check, reqs []sluice.Reques
 		}
 	}
 	rtt := time.Since(start)
-	var est time.Duration
+	var est, limit time.Duration
+	waits := make([]time.Duration, len(reqs))
 	fits := func(ahead []int64) bool {
 		q.deny, est, q.maxWait = -1, 0, -1
 		wait := true
 		for j, r := range reqs {
 			d := counterWait(r, q.ds[j], peeked[j], ahead[j])
+			waits[j] = d
 			if d == 0 {
 				continue
 			}
@@ -654,7 +700,8 @@ func (e *Engine) queue(ctx context.Context, checks []Check, reqs []sluice.Reques
 				q.maxWait = rule.MaxDelay
 			}
 		}
-		return q.deny >= 0 && wait && est <= waitLimit(ctx, q.maxWait-time.Since(start), rtt)
+		limit = waitLimit(ctx, q.maxWait-time.Since(start), rtt)
+		return q.deny >= 0 && wait && est <= limit
 	}
 	var there bool
 	q.w, there = snap.Join(costs(reqs), func(ahead []int64) bool {
@@ -663,6 +710,10 @@ func (e *Engine) queue(ctx context.Context, checks []Check, reqs []sluice.Reques
 	})
 	if !there || q.w == nil && q.deny < 0 {
 		return queued{deny: -1}, nil
+	}
+	if q.w == nil {
+		q.deny, q.excused = blame(checks, idx, q.ds, waits, limit)
+		return q, nil
 	}
 	d := &q.ds[q.deny]
 	d.Allowed, d.Remaining = false, 0 // what remains is the line's
@@ -683,14 +734,16 @@ func waitLimit(ctx context.Context, left, rtt time.Duration) time.Duration {
 }
 
 // join puts a denied request in its line, or refuses it (nil) with the
-// wait it would need. It copies reqs and ds, which the fast path keeps on
-// the stack.
-func (e *Engine) join(reqs []sluice.Request, ds []sluice.Decision, maxWait time.Duration) (*line.Waiter, time.Duration) {
+// wait each counter would need. It copies reqs and ds, which the fast path
+// keeps on the stack.
+func (e *Engine) join(reqs []sluice.Request, ds []sluice.Decision, maxWait time.Duration) (*line.Waiter, []time.Duration) {
 	rs := append([]sluice.Request(nil), reqs...)
 	dd := append([]sluice.Decision(nil), ds...)
-	return line.Join(line.Owner(e.store, e), rs[0].Key, lineName(rs), costs(rs), func(ahead []int64) time.Duration {
-		return estimate(rs, dd, ahead)
+	waits := make([]time.Duration, len(rs))
+	w, _ := line.Join(line.Owner(e.store, e), rs[0].Key, lineName(rs), costs(rs), func(ahead []int64) time.Duration {
+		return estimate(rs, dd, ahead, waits)
 	}, maxWait)
+	return w, waits
 }
 
 // lineName names the line of a request's counters: their keys and limits.
@@ -718,11 +771,12 @@ func costs(reqs []sluice.Request) []int64 {
 }
 
 // estimate is how long a request denied with ds waits behind ahead units
-// per counter: the longest of its counters' waits.
-func estimate(reqs []sluice.Request, ds []sluice.Decision, ahead []int64) time.Duration {
+// per counter: the longest of its counters' waits, each put in waits[j].
+func estimate(reqs []sluice.Request, ds []sluice.Decision, ahead []int64, waits []time.Duration) time.Duration {
 	var most time.Duration
 	for j, r := range reqs {
-		most = max(most, counterWait(r, ds[j], r.Cost, ahead[j]))
+		waits[j] = counterWait(r, ds[j], r.Cost, ahead[j])
+		most = max(most, waits[j])
 	}
 	return most
 }
