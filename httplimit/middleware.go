@@ -216,8 +216,15 @@ type Middleware struct {
 // with package resilient to choose the failure policy. A store that is a
 // sluice.LimitChecker (a lease store) checks here every limit a rule
 // uses, a Penalty rule's block included, so that a limit it refuses for
-// every key fails New rather than every request.
+// every key fails New rather than every request. So does a store never
+// built (a zero or nil-pointer store: see sluice.CheckBuilt).
 func New(store sluice.Store, rules []Rule, opts *Options) (*Middleware, error) {
+	if store != nil {
+		// A zero or nil-pointer store would fail every request.
+		if err := sluice.CheckBuilt(store); err != nil {
+			return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+		}
+	}
 	var o Options
 	if opts != nil {
 		o = *opts

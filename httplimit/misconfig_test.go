@@ -130,13 +130,18 @@ func TestRedisStoreRefusesRuleKeepsBreakerClosed(t *testing.T) {
 }
 
 // A store built without what it needs (a redisstore without a client, a
-// zero memory store) fails every request the same way: a 500 naming the
-// cause, not a 503 that tells clients to come back.
+// zero memory store) is refused by New; one New cannot see through (a
+// wrapper that hides it) fails every request the same way: a 500 naming
+// the cause, not a 503 that tells clients to come back.
 func TestStoreNotBuiltIs500(t *testing.T) {
 	t.Parallel()
 	clk := storetest.NewClock(time.Now().Truncate(time.Second))
-	for name, store := range map[string]sluice.Store{"redisstore": redisstore.New(nil, nil), "memory": &memory.Store{}} {
-		e := newEnvStore(t, clk, store, []Rule{{Name: "api", Limit: sluice.PerMinute(100), Key: Global()}}, nil)
+	for name, store := range map[string]sluice.MultiStore{"redisstore": redisstore.New(nil, nil), "memory": &memory.Store{}} {
+		rules := []Rule{{Name: "api", Limit: sluice.PerMinute(100), Key: Global()}}
+		if _, err := New(store, rules, nil); !errors.Is(err, ErrInvalidConfig) || !errors.Is(err, sluice.ErrStoreNotBuilt) {
+			t.Errorf("%s: New: %v, want ErrInvalidConfig and ErrStoreNotBuilt", name, err)
+		}
+		e := newEnvStore(t, clk, struct{ sluice.MultiStore }{store}, []Rule{{Name: "api", Limit: sluice.PerMinute(100), Key: Global()}}, nil)
 		r := e.get("/")
 		checkMisconfigured(t, r, `rule "api"`, "store not built")
 		if n := e.obs.get("api/error"); n != 1 {

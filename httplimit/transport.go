@@ -38,10 +38,17 @@ type TransportOptions struct {
 
 var _ http.RoundTripper = (*Transport)(nil)
 
-// NewTransport returns a Transport drawing on limiter.
+// NewTransport returns a Transport drawing on limiter. A nil or zero
+// limiter (one not made by sluice.NewLimiter) is refused with
+// ErrInvalidConfig.
 func NewTransport(limiter *sluice.Limiter, opts *TransportOptions) (*Transport, error) {
 	if limiter == nil {
 		return nil, fmt.Errorf("%w: nil limiter", ErrInvalidConfig)
+	}
+	if err := limiter.Limit().Validate(); err != nil {
+		// NewLimiter validates its limit: this is a zero Limiter, which
+		// would fail every request.
+		return nil, fmt.Errorf("%w: zero Limiter: build one with sluice.NewLimiter: %w", ErrInvalidConfig, err)
 	}
 	t := &Transport{base: http.DefaultTransport, limiter: limiter}
 	if opts != nil {

@@ -221,8 +221,8 @@ var (
 	// the limit cannot be served here, so wrappers such as a
 	// resilient.Store take it for bad input, not a backend failure.
 	ErrInvalidStaleness = errors.New("lease: invalid maximum staleness")
-	// ErrNoGranter: the Store is a zero value, or was built without a
-	// granter. It is also sluice.ErrStoreNotBuilt.
+	// ErrNoGranter: the Store is a zero value, or New was given no granter
+	// or one never built. It is also sluice.ErrStoreNotBuilt.
 	ErrNoGranter = fmt.Errorf("lease: no granter: %w", sluice.ErrStoreNotBuilt)
 	// ErrNoTakeAll: TakeAll has several checks that are not leased (or
 	// whose grants a failure policy held back), and the granter is not a
@@ -489,10 +489,15 @@ func (l refillLock) TryLock() bool {
 }
 
 // New returns a Store that leases from g. opts must set MaxStaleness or
-// For.
+// For. A nil g, or one never built (a nil pointer, a zero memory.Store:
+// see sluice.CheckBuilt), is refused with ErrNoGranter.
 func New(g sluice.Granter, opts *Options) (*Store, error) {
 	if g == nil {
 		return nil, ErrNoGranter
+	}
+	if err := sluice.CheckBuilt(g); err != nil {
+		// A nil pointer or zero store: every refill would fail.
+		return nil, fmt.Errorf("%w: %w", ErrNoGranter, err)
 	}
 	var o Options
 	if opts != nil {

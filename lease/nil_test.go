@@ -8,6 +8,8 @@ import (
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/lease"
+	"github.com/sluicehq/sluice/memory"
+	"github.com/sluicehq/sluice/redisstore"
 )
 
 // A nil *Store behaves as a zero Store: every call is refused with
@@ -61,4 +63,28 @@ func TestNilStore(t *testing.T) {
 			t.Errorf("%s: NewLimiter err = %v, want ErrNoGranter", tc.name, err)
 		}
 	}
+}
+
+// New refuses a granter that was never built (a nil pointer, a zero
+// memory or Redis store) with ErrNoGranter: it used to be accepted, and
+// every refill then failed.
+func TestNewRefusesUnbuiltGranter(t *testing.T) {
+	t.Parallel()
+	opts := &lease.Options{MaxStaleness: time.Millisecond}
+	for name, g := range map[string]sluice.Granter{
+		"nil *memory.Store":     (*memory.Store)(nil),
+		"zero memory.Store":     &memory.Store{},
+		"zero redisstore.Store": &redisstore.Store{},
+	} {
+		if s, err := lease.New(g, opts); !errors.Is(err, lease.ErrNoGranter) || !errors.Is(err, sluice.ErrStoreNotBuilt) {
+			t.Errorf("New(%s): %v, %v; want ErrNoGranter", name, s, err)
+		}
+	}
+	m := memory.New(nil)
+	t.Cleanup(func() { m.Close() })
+	s, err := lease.New(m, opts)
+	if err != nil {
+		t.Fatalf("New(built memory store): %v", err)
+	}
+	s.Close(context.Background())
 }

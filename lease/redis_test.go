@@ -715,12 +715,10 @@ func TestRedisCheckLimitAsksGranter(t *testing.T) {
 		}
 		s.Close(ctx)
 	}
-	zero, err := lease.New(&resilient.Store{}, &lease.Options{MaxStaleness: 50 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := zero.CheckLimit(sluice.PerMinute(600)); !errors.Is(err, resilient.ErrZeroStore) {
-		t.Errorf("over a zero resilient.Store: CheckLimit = %v, want resilient.ErrZeroStore", err)
+	// A zero resilient.Store, which would refuse every limit, is refused
+	// by New.
+	if _, err := lease.New(&resilient.Store{}, &lease.Options{MaxStaleness: 50 * time.Millisecond}); !errors.Is(err, lease.ErrNoGranter) || !errors.Is(err, resilient.ErrZeroStore) {
+		t.Errorf("over a zero resilient.Store: New = %v, want ErrNoGranter and resilient.ErrZeroStore", err)
 	}
 }
 

@@ -124,7 +124,7 @@ var (
 // Errors returned by this package. Test with errors.Is.
 var (
 	// ErrInvalidOptions: New was given a nil backend (or fallback), a nil
-	// pointer as one, or an option out of range.
+	// pointer as one, a fallback never built, or an option out of range.
 	ErrInvalidOptions = errors.New("resilient: invalid options")
 	// ErrTimeout: the backend did not answer within Options.Timeout. It
 	// reaches the Observer (StoreEvent.Err); callers get the failure
@@ -355,7 +355,9 @@ type MultiStore struct {
 
 // New returns a Store applying opts around backend. A nil backend, or a
 // nil pointer as backend or Options.Fallback, is refused with
-// ErrInvalidOptions. Options.Observer receives the breaker's initial state
+// ErrInvalidOptions, as is a fallback that was never built (a zero
+// memory.Store: see sluice.CheckBuilt), which would fail every call of an
+// outage. A misbuilt backend fails every call with its own error (below). Options.Observer receives the breaker's initial state
 // at once (see sluice.Observer.ObserveBreaker).
 func New(backend sluice.Store, opts *Options) (*Store, error) {
 	s, err := build(backend, opts)
@@ -378,6 +380,9 @@ func build(backend sluice.Store, opts *Options) (*Store, error) {
 	switch {
 	case o.Fallback != nil && isNil(o.Fallback):
 		return nil, fmt.Errorf("%w: nil fallback %T", ErrInvalidOptions, o.Fallback)
+	case o.Fallback != nil && sluice.CheckBuilt(o.Fallback) != nil:
+		// It would answer nothing, and only an outage would show it.
+		return nil, fmt.Errorf("%w: fallback: %w", ErrInvalidOptions, sluice.CheckBuilt(o.Fallback))
 	case o.Policy > FailClosed:
 		return nil, fmt.Errorf("%w: unknown policy %d", ErrInvalidOptions, o.Policy)
 	case o.Timeout < 0:
