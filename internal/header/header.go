@@ -140,9 +140,15 @@ func Write(h http.Header, set Selection, f Fields, d sluice.Decision, now func()
 	t0 := len(buf)
 	buf = strconv.AppendInt(buf, t, 10)
 	t1 := len(buf)
+	policy := f.policy
+	if d.Limit != f.limit && d.Limit.Rate > 0 {
+		// A fallback reports its share: every field states that one
+		// limit, the policy too.
+		policy = policyField(f.quoted, d.Limit)
+	}
 	if d.Allowed && set == Standard {
 		vals := make([]string, 2)
-		vals[0], vals[1] = f.policy, string(buf)
+		vals[0], vals[1] = policy, string(buf)
 		h[canonPolicy] = vals[0:1:1]
 		h[canonRateLimit] = vals[1:2:2]
 		return
@@ -160,7 +166,7 @@ func Write(h http.Header, set Selection, f Fields, d sluice.Decision, now func()
 	}
 	vals[1] = s[r0:r1]
 	vals[2] = s[t1:reset]
-	vals[3] = f.policy
+	vals[3] = policy
 	vals[4] = s[:t1]
 	h[canonLimit] = vals[0:1:1]
 	h[canonRemaining] = vals[1:2:2]

@@ -73,7 +73,9 @@ func TestWriteRuleFields(t *testing.T) {
 	}{
 		{"allowed, standard fields", Standard, allowed, map[string]string{RetryAfter: "", Limit: "", Remaining: "", Reset: "", Policy: `"api";q=100;w=60`, RateLimit: `"api";r=1234567;t=2`}},
 		{"allowed, all fields", All, allowed, map[string]string{RetryAfter: "", Limit: "100", Remaining: "1234567", Reset: "1700000002", Policy: `"api";q=100;w=60`, RateLimit: `"api";r=1234567;t=2`}},
-		{"denied under a fallback limit, standard fields asked", Standard, sluice.Decision{Limit: sluice.PerMinute(25), RetryAfter: 2400 * time.Millisecond, ResetAfter: time.Minute}, fields{RetryAfter: "3", Limit: "25", Remaining: "0", Reset: "1700000061", Policy: `"api";q=100;w=60`, RateLimit: `"api";r=0;t=3`}},
+		{"denied under a fallback limit, standard fields asked", Standard, sluice.Decision{Limit: sluice.PerMinute(25), RetryAfter: 2400 * time.Millisecond, ResetAfter: time.Minute}, fields{RetryAfter: "3", Limit: "25", Remaining: "0", Reset: "1700000061", Policy: `"api";q=25;w=60`, RateLimit: `"api";r=0;t=3`}},
+		// One response states one limit: the share's, in the policy too.
+		{"allowed under a fallback limit, standard fields", Standard, sluice.Decision{Allowed: true, Limit: sluice.PerMinute(25), Remaining: 20, ResetAfter: 12 * time.Second}, map[string]string{RetryAfter: "", Limit: "", Remaining: "", Reset: "", Policy: `"api";q=25;w=60`, RateLimit: `"api";r=20;t=12`}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
