@@ -106,6 +106,8 @@ type Rule struct {
 	// Default: 1024.
 	MaxWaiting int
 	// Penalty is how long a Penalty rule blocks a key after a violation.
+	// Set under Reject or Delay it is refused (New fails), not ignored, as
+	// MaxDelay is under Reject or Penalty.
 	Penalty time.Duration
 }
 

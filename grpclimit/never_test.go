@@ -43,7 +43,7 @@ func TestRedisCostOverCapacity(t *testing.T) {
 			store := redisstore.New(client, &redisstore.Options{Prefix: redistest.Prefix(t)})
 			hc := serve(t, store, []Rule{
 				{Name: "account", Limit: sluice.PerHour(1), Key: Metadata("x-account")},
-				{Name: "big", Limit: sluice.PerMinute(10), Key: PeerIP(), Cost: costMetadata, Strategy: st, MaxDelay: time.Hour, Penalty: time.Hour},
+				{Name: "big", Limit: sluice.PerMinute(10), Key: PeerIP(), Cost: costMetadata, Strategy: st, MaxDelay: onlyFor(st, Delay), Penalty: onlyFor(st, Penalty)},
 			}, nil)
 			call := func(cost int, md *metadata.MD) error {
 				ctx := metadata.AppendToOutgoingContext(context.Background(), "x-cost", strconv.Itoa(cost), "x-account", "acme")
@@ -95,4 +95,13 @@ func TestRedisCostOverCapacity(t *testing.T) {
 			}
 		})
 	}
+}
+
+// onlyFor is an hour under strategy want and 0 under st otherwise: a
+// rule's MaxDelay and Penalty are refused under other strategies.
+func onlyFor(st, want Strategy) time.Duration {
+	if st == want {
+		return time.Hour
+	}
+	return 0
 }

@@ -92,7 +92,8 @@ type Rule struct {
 	// Strategy applies over the limit. Default: Reject.
 	Strategy Strategy
 
-	// MaxDelay is the longest a Delay rule holds a request.
+	// MaxDelay is the longest a Delay rule holds a request. Set under
+	// Reject or Penalty it is refused (New fails), not ignored.
 	MaxDelay time.Duration
 
 	// MaxWaiting is the most requests a Delay rule holds at once in this
@@ -101,7 +102,7 @@ type Rule struct {
 	MaxWaiting int
 
 	// Penalty is how long a Penalty rule blocks a key after a violation
-	// (1ms to sluice.MaxPeriod).
+	// (1ms to sluice.MaxPeriod). Set under Reject or Delay it is refused.
 	Penalty time.Duration
 }
 

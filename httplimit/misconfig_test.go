@@ -149,3 +149,20 @@ func TestStoreNotBuiltIs500(t *testing.T) {
 		}
 	}
 }
+
+// A Reject rule (the default) with MaxDelay or Penalty set is refused,
+// naming the field: either used to be ignored in silence, so a rule meant
+// to delay or block only rejected.
+func TestRuleSettingsOfAnotherStrategy(t *testing.T) {
+	t.Parallel()
+	store := memory.New(nil)
+	t.Cleanup(func() { store.Close() })
+	for field, r := range map[string]Rule{
+		"MaxDelay": {Name: "api", Limit: sluice.PerMinute(10), Key: Global(), MaxDelay: time.Second},
+		"Penalty":  {Name: "api", Limit: sluice.PerMinute(10), Key: Global(), Penalty: time.Minute},
+	} {
+		if _, err := New(store, []Rule{r}, nil); !errors.Is(err, ErrInvalidConfig) || !strings.Contains(err.Error(), field) {
+			t.Errorf("a Reject rule with %s: %v, want ErrInvalidConfig naming it", field, err)
+		}
+	}
+}

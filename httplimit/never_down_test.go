@@ -29,7 +29,7 @@ func TestRedisDownCostOverCapacity(t *testing.T) {
 			store := redisstore.New(client, &redisstore.Options{Prefix: redistest.Prefix(t)})
 			e := newEnvStore(t, storetest.NewClock(time.Now()), store, []Rule{
 				{Name: "account", Limit: sluice.PerHour(1), Key: Header("X-Account")},
-				{Name: "big", Limit: sluice.PerMinute(10), Key: PeerIP(), Cost: costHeader, Strategy: st, MaxDelay: time.Hour, Penalty: time.Hour},
+				{Name: "big", Limit: sluice.PerMinute(10), Key: PeerIP(), Cost: costHeader, Strategy: st, MaxDelay: onlyFor(st, Delay), Penalty: onlyFor(st, Penalty)},
 			}, &Options{AllowedHeaders: AllHeaders})
 			r := e.get("/", "X-Cost", "11", "X-Account", "acme")
 			p := checkNever(t, r)

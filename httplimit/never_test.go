@@ -61,7 +61,7 @@ func TestRedisCostOverCapacity(t *testing.T) {
 			store := redisstore.New(client, &redisstore.Options{Prefix: redistest.Prefix(t)})
 			e := newEnvStore(t, storetest.NewClock(time.Now()), store, []Rule{
 				{Name: "account", Limit: sluice.PerHour(1), Key: Header("X-Account")},
-				{Name: "big", Limit: sluice.PerMinute(10), Key: PeerIP(), Cost: costHeader, Strategy: st, MaxDelay: time.Hour, Penalty: time.Hour},
+				{Name: "big", Limit: sluice.PerMinute(10), Key: PeerIP(), Cost: costHeader, Strategy: st, MaxDelay: onlyFor(st, Delay), Penalty: onlyFor(st, Penalty)},
 			}, nil)
 			start := time.Now()
 			r := e.get("/", "X-Cost", "11", "X-Account", "acme")
@@ -124,4 +124,13 @@ func TestCostOverCapacityDenyHandler(t *testing.T) {
 	if d := <-got; d.Never() || d.Cost != 1 || d.Decision.RetryAfter <= 0 {
 		t.Errorf("a plain denial: %+v", d)
 	}
+}
+
+// onlyFor is an hour under strategy want and 0 under st otherwise: a
+// rule's MaxDelay and Penalty are refused under other strategies.
+func onlyFor(st, want Strategy) time.Duration {
+	if st == want {
+		return time.Hour
+	}
+	return 0
 }

@@ -167,6 +167,14 @@ func (r *Rule) Validate() error {
 	default:
 		return fmt.Errorf("%w: %q: unknown strategy %d", ErrInvalidRule, r.Name, r.Strategy)
 	}
+	// A setting the strategy ignores is a mistake (a Penalty without
+	// Strategy: Penalty blocks nobody). Shadow stands in for any strategy.
+	if r.MaxDelay != 0 && r.Strategy != Delay && r.Strategy != Shadow {
+		return fmt.Errorf("%w: %q: MaxDelay applies only to strategy Delay, not %v", ErrInvalidRule, r.Name, r.Strategy)
+	}
+	if r.Penalty != 0 && r.Strategy != Penalty && r.Strategy != Shadow {
+		return fmt.Errorf("%w: %q: Penalty applies only to strategy Penalty, not %v", ErrInvalidRule, r.Name, r.Strategy)
+	}
 	return nil
 }
 

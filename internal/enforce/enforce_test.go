@@ -95,6 +95,13 @@ func TestRuleValidate(t *testing.T) {
 		{Rule{Name: "p", Limit: lim, Strategy: Penalty, Penalty: time.Microsecond}, false},
 		{Rule{Name: "p", Limit: lim, Strategy: Penalty, Penalty: 400 * 24 * time.Hour}, false},
 		{Rule{Name: "s", Limit: lim, Strategy: 9}, false},
+		// A setting the strategy ignores: MaxDelay and Penalty belong to
+		// Delay and Penalty; Shadow stands in for either.
+		{Rule{Name: "r", Limit: lim, MaxDelay: time.Second}, false},
+		{Rule{Name: "r", Limit: lim, Penalty: time.Hour}, false},
+		{Rule{Name: "d", Limit: lim, Strategy: Delay, MaxDelay: time.Second, Penalty: time.Hour}, false},
+		{Rule{Name: "p", Limit: lim, Strategy: Penalty, Penalty: time.Hour, MaxDelay: time.Second}, false},
+		{Rule{Name: "s", Limit: lim, Strategy: Shadow, MaxDelay: time.Second, Penalty: time.Hour}, true},
 	} {
 		if err := tt.r.Validate(); (err == nil) != tt.ok {
 			t.Errorf("Validate(%+v) = %v", tt.r, err)
