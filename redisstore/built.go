@@ -13,3 +13,15 @@ func (s *Store) CheckBuilt() error {
 	}
 	return nil
 }
+
+var _ sluice.BuildChecker = (*Membership)(nil)
+
+// CheckBuilt implements sluice.BuildChecker: ErrNoClient for a zero or nil
+// Membership, or one of a Store without a client; nil otherwise. It does
+// not call Redis.
+func (m *Membership) CheckBuilt() error {
+	if m == nil || m.client == nil {
+		return ErrNoClient
+	}
+	return nil
+}

@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/tick"
 )
 
@@ -127,8 +128,9 @@ type FleetEvent struct {
 // expires after TTL. The size grows as soon as a count is larger and falls
 // only after every count for Shrink was smaller; while the registry is
 // unreachable it is kept. Build one with NewFleet and Close it when done.
-// Its methods are safe for concurrent use. A zero Fleet discovers nothing:
-// Size reports 0 (a Store reading it divides by 1) and Close does nothing.
+// Its methods are safe for concurrent use. A zero Fleet, and a nil *Fleet,
+// discover nothing: Size reports 0 (a Store reading it divides by 1) and
+// Close does nothing.
 type Fleet struct {
 	reg      Membership
 	member   string
@@ -173,10 +175,17 @@ type Fleet struct {
 // by Timeout) and keeps both up to date until Close; with
 // FleetOptions.Deferred, Start does that. A registry that cannot be
 // reached then is no error: the Fleet starts at Size, or Default with a
-// warning, and keeps trying.
+// warning, and keeps trying. A registry never built (a nil pointer, a zero
+// redisstore.Membership: see sluice.CheckBuilt) is refused with
+// ErrInvalidOptions.
 func NewFleet(reg Membership, opts *FleetOptions) (*Fleet, error) {
 	if reg == nil {
 		return nil, fmt.Errorf("%w: nil membership", ErrInvalidOptions)
+	}
+	if err := sluice.CheckBuilt(reg); err != nil {
+		// A zero redisstore.Membership has no client: it could only ever
+		// warn that the registry is unreachable.
+		return nil, fmt.Errorf("%w: membership: %w", ErrInvalidOptions, err)
 	}
 	var o FleetOptions
 	if opts != nil {
@@ -234,7 +243,7 @@ func NewFleet(reg Membership, opts *FleetOptions) (*Fleet, error) {
 // Fleet made with FleetOptions.Deferred (NewFleet starts the others). It
 // does nothing after Close.
 func (f *Fleet) Start() {
-	if f.stop == nil {
+	if f == nil || f.stop == nil {
 		return
 	}
 	f.started.Do(func() {
@@ -250,7 +259,12 @@ func (f *Fleet) Start() {
 
 // Size returns the fleet size: FleetOptions.Size when set, else the
 // discovered size. It is at least 1, but for a zero Fleet.
-func (f *Fleet) Size() int { return int(f.size.Load()) }
+func (f *Fleet) Size() int {
+	if f == nil {
+		return 0
+	}
+	return int(f.size.Load())
+}
 
 // Counted reports whether the rest of the fleet counts this process, so
 // that its fallback may take a share of a limit: FleetOptions.Size is set,
@@ -263,21 +277,26 @@ func (f *Fleet) Size() int { return int(f.size.Load()) }
 // Store's FallbackLocal refuses while it is false (as FailClosed). A zero
 // Fleet is always counted.
 func (f *Fleet) Counted() bool {
-	if f.stop == nil || f.explicit > 0 {
+	if f == nil || f.stop == nil || f.explicit > 0 {
 		return true
 	}
 	return f.answered.Load() && f.clock().Sub(f.base)-time.Duration(f.lastOK.Load()) < f.ttl+f.shrink
 }
 
 // Member returns this process's name in the registry.
-func (f *Fleet) Member() string { return f.member }
+func (f *Fleet) Member() string {
+	if f == nil {
+		return ""
+	}
+	return f.member
+}
 
 // Close stops the heartbeat. The registration expires after TTL, and the
 // others count this process until Shrink after that (it might still be
 // running); Size keeps its last value. A process that stops for good
 // calls Leave instead.
 func (f *Fleet) Close() error {
-	if f.stop == nil {
+	if f == nil || f.stop == nil {
 		return nil
 	}
 	f.once.Do(func() { close(f.stop) })
@@ -291,7 +310,7 @@ func (f *Fleet) Close() error {
 // their next heartbeat instead of after TTL + Shrink. Call it once this
 // process makes no more decisions: the others' shares grow at once.
 func (f *Fleet) Leave(ctx context.Context) error {
-	if f.stop == nil {
+	if f == nil || f.stop == nil {
 		return nil
 	}
 	f.Close()

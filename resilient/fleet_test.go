@@ -604,3 +604,41 @@ func TestFleetDeferred(t *testing.T) {
 		t.Error("a Fleet closed before Start registered")
 	}
 }
+
+// A zero redisstore.Membership (no client) is refused by NewFleet: it
+// used to be accepted and only warn "registry unreachable", forever. A
+// nil *Fleet answers as a zero one, where Size panicked. A Membership of
+// a real Redis is accepted.
+func TestFleetUnbuiltMembershipAndNil(t *testing.T) {
+	t.Parallel()
+	for name, reg := range map[string]Membership{
+		"zero redisstore.Membership": &redisstore.Membership{},
+		"nil *redisstore.Membership": (*redisstore.Membership)(nil),
+		"of a Store without client":  redisstore.New(nil, nil).Membership(),
+	} {
+		if f, err := NewFleet(reg, &FleetOptions{Logger: discard}); !errors.Is(err, ErrInvalidOptions) || !errors.Is(err, redisstore.ErrNoClient) {
+			t.Errorf("NewFleet(%s) = %v, %v; want ErrInvalidOptions and ErrNoClient", name, f, err)
+		}
+	}
+	var f *Fleet
+	if f.Size() != 0 || !f.Counted() || f.Member() != "" || f.Close() != nil || f.Leave(context.Background()) != nil {
+		t.Error("nil *Fleet: want size 0, counted, no member, Close and Leave doing nothing")
+	}
+	f.Start()
+	s, err := New(newFlaky(nil), &Options{Fleet: f, Logger: discard})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := s.fleetSize(); got != 1 {
+		t.Errorf("a Store over a nil *Fleet divides by %d, want 1", got)
+	}
+	client := redistest.Client(t)
+	real, err := NewFleet(redisstore.New(client, &redisstore.Options{Prefix: redistest.Prefix(t)}).Membership(), &FleetOptions{Logger: discard})
+	if err != nil {
+		t.Fatalf("NewFleet over real Redis: %v", err)
+	}
+	defer real.Close()
+	if real.Size() != 1 {
+		t.Errorf("a fleet of one on real Redis: size %d", real.Size())
+	}
+}
