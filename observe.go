@@ -21,7 +21,8 @@ type Observer interface {
 	// on a store failure each enforcing policy not yet decided, as
 	// OutcomeError, and so a shadow policy whose take or peek failed (a
 	// denied request's shadow checks are peeked where every check gets a
-	// decision: the service's Envoy RLS and JSON API). A policy's
+	// decision: the service's Envoy RLS and JSON API); on a key or cost
+	// failure, the policy that failed, as OutcomeError. A policy's
 	// OutcomeAllowed count is thus the requests it charged. Checks that
 	// only look (cost 0) are not observed.
 	ObserveDecision(DecisionEvent)
@@ -46,8 +47,10 @@ const (
 	// request, but let it through.
 	OutcomeShadowDenied
 	// OutcomeError: the policy could not decide: a store failure that no
-	// failure policy absorbed, or a store refusing what the rule asks of
-	// it (a misconfiguration, answered 500 by httplimit).
+	// failure policy absorbed, a store refusing what the rule asks of it
+	// (a misconfiguration, answered 500 by httplimit), or a request the
+	// rule could not key or weigh (its key function failed, its Cost was
+	// below 1: also a 500).
 	OutcomeError
 	// OutcomeShed: an in-flight acquire refused by priority load shedding
 	// (the request's share of the capacity was full): the client did

@@ -343,13 +343,25 @@ func remainingOf(h http.Header) string {
 	return ""
 }
 
-// A cost below 1 is the cost function's fault, not the client's: 500. (A
-// cost above the capacity is the client's: see TestRedisCostOverCapacity.)
+// A cost below 1 is the cost function's fault, not the client's: 500,
+// observed as the rule's error (it was not observed at all), as is a key
+// function's failure. (A cost above the capacity is the client's: see
+// TestRedisCostOverCapacity.)
 func TestBadCostAtRequestTime(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, []Rule{{Name: "c", Limit: sluice.PerMinute(3), Key: PeerIP(), Cost: func(*http.Request) int64 { return 0 }}}, nil)
+	e := newEnv(t, []Rule{
+		{Name: "c", Limit: sluice.PerMinute(3), Key: PeerIP(), Cost: func(*http.Request) int64 { return 0 }},
+		{Name: "other", Limit: sluice.PerMinute(3), Key: Global()},
+	}, nil)
 	if r := e.get("/"); r.status != 500 || !strings.Contains(r.body, "misconfigured") {
 		t.Errorf("cost 0: %d %s", r.status, r.body)
+	}
+	if n, others := e.obs.get("c/error"), e.obs.get("other/allowed")+e.obs.get("other/error"); n != 1 || others != 0 {
+		t.Errorf("cost 0: observed c/error %d, other %d; want 1 and 0", n, others)
+	}
+	e = newEnv(t, []Rule{{Name: "k", Limit: sluice.PerMinute(3), Key: func(*http.Request) (string, error) { return "", errors.New("boom") }}}, nil)
+	if r := e.get("/"); r.status != 500 || e.obs.get("k/error") != 1 {
+		t.Errorf("a failing key function: %d, observed k/error %d; want 500 and 1", r.status, e.obs.get("k/error"))
 	}
 }
 

@@ -71,7 +71,7 @@ func (rs *Rules[R]) Spec(i int) *Spec[R] { return &rs.specs[i] }
 // Collect appends to checks one check per rule that applies to req: its
 // Match accepts req and its Key finds a key. Each check's Tag is its rule's
 // index. An error (a Key failing otherwise, or a Cost below 1) names the
-// rule; the front end wraps it. A Cost above the rule's capacity is kept:
+// rule, which is observed as OutcomeError; the front end wraps it. A Cost above the rule's capacity is kept:
 // the engine refuses such a check without taking anything (see Never).
 func (rs *Rules[R]) Collect(req R, checks []Check) ([]Check, error) {
 	if rs == nil {
@@ -90,8 +90,10 @@ func (rs *Rules[R]) Collect(req R, checks []Check) ([]Check, error) {
 			if errors.Is(err, rs.noKey) {
 				continue
 			}
+			// The rule could not decide: an error, observed as a store
+			// failure is, so that a 500 shows in the metrics.
+			rs.eng.observe(s.Name, sluice.OutcomeError, sluice.Decision{})
 			if shadow {
-				rs.eng.observe(s.Name, sluice.OutcomeError, sluice.Decision{})
 				continue
 			}
 			return checks, fmt.Errorf("rule %q: %w", s.Name, err)
@@ -109,6 +111,7 @@ func (rs *Rules[R]) Collect(req R, checks []Check) ([]Check, error) {
 					rs.eng.observe(s.Name, sluice.OutcomeError, sluice.Decision{})
 					continue
 				default:
+					rs.eng.observe(s.Name, sluice.OutcomeError, sluice.Decision{})
 					return checks, fmt.Errorf("rule %q: %w", s.Name, err)
 				}
 			}
