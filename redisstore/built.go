@@ -5,11 +5,11 @@ import "github.com/sluicehq/sluice"
 var _ sluice.BuildChecker = (*Store)(nil)
 
 // CheckBuilt implements sluice.BuildChecker: ErrNoClient for a zero or nil
-// Store, or one made with a nil client; nil otherwise. It does not call
-// Redis.
+// Store, or one made with a nil client; ErrInvalidOptions for one made
+// with invalid Options; nil otherwise. It does not call Redis.
 func (s *Store) CheckBuilt() error {
 	if s == nil || s.client == nil {
-		return ErrNoClient
+		return s.unbuilt()
 	}
 	return nil
 }

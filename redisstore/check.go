@@ -371,7 +371,7 @@ var accessSHA = newScript(accessScript).sha.(string)
 func (s *Store) CheckAccess(ctx context.Context) error {
 	ctx = ctxutil.OrBackground(ctx)
 	if s == nil || s.client == nil {
-		return ErrNoClient
+		return s.unbuilt()
 	}
 	key := s.prefix + "check"
 	// PING the server that holds the key first, so that a script timing

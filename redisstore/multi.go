@@ -40,7 +40,7 @@ func (s *Store) TakeAll(ctx context.Context, reqs []sluice.Request) ([]sluice.De
 		}
 		return []sluice.Decision{d}, nil
 	case s == nil || s.client == nil:
-		return nil, ErrNoClient
+		return nil, s.unbuilt()
 	}
 	keys := make([]string, len(reqs))
 	for i, r := range reqs {

@@ -93,6 +93,13 @@ var (
 	// ErrNoClient: the Store was built with a nil client, or is a zero
 	// value. It wraps sluice.ErrStoreNotBuilt.
 	ErrNoClient = fmt.Errorf("redisstore: no client: %w", sluice.ErrStoreNotBuilt)
+	// ErrInvalidOptions: New was given a negative MaxBatch, MaxInFlight,
+	// WaitReplicas, WaitTimeout or ReloadInterval (0 is the default). The
+	// Store then answers every call that would reach Redis with it, as one
+	// without a client does, and CheckBuilt reports it, so that the
+	// middleware, resilient (as a fallback) and lease refuse it when built.
+	// It wraps sluice.ErrStoreNotBuilt.
+	ErrInvalidOptions = fmt.Errorf("redisstore: invalid options: %w", sluice.ErrStoreNotBuilt)
 	// ErrNotReplicated: Options.WaitReplicas is set and fewer replicas
 	// acknowledged a take within Options.WaitTimeout. The take was charged
 	// on the master; a failover now could lose it.
@@ -110,7 +117,8 @@ const (
 	DefaultReloadInterval = 250 * time.Millisecond
 )
 
-// Options configures a Store. A nil *Options gives every default.
+// Options configures a Store. A nil *Options gives every default, as does
+// 0 for a number or duration; a negative one is refused (ErrInvalidOptions).
 type Options struct {
 	// Prefix of every Redis key. Default "sluice:".
 	Prefix string
@@ -186,6 +194,7 @@ type Store struct {
 	params  atomic.Pointer[map[sluice.Limit]params]
 	paramMu sync.Mutex
 	young   youngHolders
+	bad     error // New's options were invalid: client is nil
 }
 
 // New returns a Store using client. opts may be nil. The Store does not own
@@ -206,6 +215,10 @@ func New(client redis.UniversalClient, opts *Options) *Store {
 		o.WaitTimeout = cmp.Or(max(opts.WaitTimeout, 0), o.WaitTimeout)
 		o.ReloadInterval = cmp.Or(max(opts.ReloadInterval, 0), o.ReloadInterval)
 		o.Logger = cmp.Or(opts.Logger, o.Logger)
+		if s.bad = badOptions(opts); s.bad != nil {
+			// No call may reach Redis under settings the caller did not ask for.
+			s.client, client = nil, nil
+		}
 	}
 	if o.WaitReplicas > 0 {
 		// WAIT counts the writes of one connection: each take goes alone.
@@ -219,6 +232,39 @@ func New(client redis.UniversalClient, opts *Options) *Store {
 		s.reload = &reloader{cluster: cc, every: o.ReloadInterval, log: o.Logger}
 	}
 	return s
+}
+
+// badOptions names the first negative setting of o, where 0 means the
+// default and a negative value was taken for it in silence.
+func badOptions(o *Options) error {
+	for _, f := range []struct {
+		name string
+		v    int64
+	}{
+		{"MaxBatch", int64(o.MaxBatch)},
+		{"MaxInFlight", int64(o.MaxInFlight)},
+		{"WaitReplicas", int64(o.WaitReplicas)},
+		{"WaitTimeout", int64(o.WaitTimeout)},
+		{"ReloadInterval", int64(o.ReloadInterval)},
+	} {
+		if f.v < 0 {
+			v := strconv.FormatInt(f.v, 10)
+			if f.name == "WaitTimeout" || f.name == "ReloadInterval" {
+				v = time.Duration(f.v).String()
+			}
+			return fmt.Errorf("%w: %s %s is negative (0 means the default)", ErrInvalidOptions, f.name, v)
+		}
+	}
+	return nil
+}
+
+// unbuilt is the error of a call that cannot reach Redis: why New left
+// the Store without a client.
+func (s *Store) unbuilt() error {
+	if s != nil && s.bad != nil {
+		return s.bad
+	}
+	return ErrNoClient
 }
 
 // Keys returns the Redis keys that hold key's state under l (one today), for
@@ -242,7 +288,7 @@ func (s *Store) redisKey(key string, a sluice.Algorithm) string {
 // for the server's TIME.
 func (s *Store) now() (any, error) {
 	if s == nil || s.client == nil {
-		return nil, ErrNoClient
+		return nil, s.unbuilt()
 	}
 	if s.clock == nil {
 		return "", nil
@@ -340,7 +386,7 @@ func (s *Store) Reset(ctx context.Context, key string, limit sluice.Limit) error
 		return err
 	}
 	if s == nil || s.client == nil {
-		return ErrNoClient
+		return s.unbuilt()
 	}
 	ctx = ctxutil.OrBackground(ctx)
 	if limit.Algorithm != sluice.SlidingWindowLog {
