@@ -558,8 +558,12 @@ func testConcurrent(t *testing.T, s sluice.Store, clock *Clock, l sluice.Limit) 
 		return // approximate; covered by the never-more check in the boundary test
 	}
 	key := uniqueKey(t, "conc")
-	var admitted atomic.Int64
-	var wg sync.WaitGroup
+	var (
+		mu       sync.Mutex
+		admitted int64
+		sources  = map[sluice.Source]int{} // of the decisions, for the failure message
+		wg       sync.WaitGroup
+	)
 	for range 8 {
 		wg.Add(1)
 		go func() {
@@ -570,15 +574,18 @@ func testConcurrent(t *testing.T, s sluice.Store, clock *Clock, l sluice.Limit) 
 					t.Error(err)
 					return
 				}
+				mu.Lock()
 				if d.Allowed {
-					admitted.Add(1)
+					admitted++
 				}
+				sources[d.Source]++
+				mu.Unlock()
 			}
 		}()
 	}
 	wg.Wait()
-	if got := admitted.Load(); got != l.Capacity() {
-		t.Errorf("concurrent takes admitted %d, want exactly %d", got, l.Capacity())
+	if admitted != l.Capacity() {
+		t.Errorf("concurrent takes admitted %d, want exactly %d (decisions by source: %v)", admitted, l.Capacity(), sources)
 	}
 }
 
