@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -153,12 +152,7 @@ func waitRLS(take TakeFunc) error {
 }
 
 func freePort(b *testing.B) string {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer l.Close()
-	return fmt.Sprint(l.Addr().(*net.TCPAddr).Port)
+	return fmt.Sprint(redistest.FreePort(b))
 }
 
 // run starts cmd and stops it when the benchmark ends.

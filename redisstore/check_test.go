@@ -284,13 +284,7 @@ func TestCheckEvictionWarningCluster(t *testing.T) {
 
 func TestCheckUnreachable(t *testing.T) {
 	t.Parallel()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := l.Addr().String()
-	l.Close()
-	_, err = redisstore.Check(checkCtx(t), newClient(t, &redis.Options{Addr: addr, DialTimeout: time.Second}))
+	_, err := redisstore.Check(checkCtx(t), newClient(t, &redis.Options{Addr: redistest.DeadAddr(t), DialTimeout: time.Second}))
 	wantKind(t, err, redisstore.ErrUnreachable, "retrying")
 }
 
@@ -422,11 +416,7 @@ func TestCheckVersion(t *testing.T) {
 // the same length) in what the server sends back.
 func rewritingProxy(t *testing.T, addr string, from, to []byte) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
+	ln := redistest.Listen(t)
 	go func() {
 		for {
 			in, err := ln.Accept()

@@ -34,10 +34,7 @@ type cutProxy struct {
 
 func startCutProxy(t *testing.T, target string) *cutProxy {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	l := redistest.Listen(t)
 	p := &cutProxy{Addr: l.Addr().String(), target: target, l: l}
 	p.wg.Go(p.serve)
 	t.Cleanup(func() { l.Close(); p.wg.Wait() })

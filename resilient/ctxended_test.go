@@ -3,7 +3,6 @@ package resilient
 import (
 	"context"
 	"errors"
-	"net"
 	"testing"
 	"time"
 
@@ -31,18 +30,6 @@ func wantCanceled(t *testing.T, what string, v any, err error) {
 	}
 }
 
-// deadPort returns a loopback address that refuses connections.
-func deadPort(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := l.Addr().String()
-	l.Close()
-	return addr
-}
-
 // With the breaker open on a dead Redis, a call whose context has ended
 // gets the context's error under every policy, from every method, as it
 // does with the breaker closed; calls with a live context still get the
@@ -52,7 +39,7 @@ func TestContextEndedBreakerOpen(t *testing.T) {
 	for _, p := range policies {
 		t.Run(p.String(), func(t *testing.T) {
 			t.Parallel()
-			client := redis.NewClient(&redis.Options{Addr: deadPort(t), MaxRetries: -1})
+			client := redis.NewClient(&redis.Options{Addr: redistest.DeadAddr(t), MaxRetries: -1})
 			t.Cleanup(func() { client.Close() })
 			s, err := NewMulti(redisstore.New(client, nil), &Options{Policy: p, Nodes: 1, Timeout: time.Second, DeadAfter: time.Millisecond, FailureThreshold: 1, ProbeInterval: time.Hour})
 			if err != nil {

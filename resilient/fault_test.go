@@ -3,7 +3,6 @@ package resilient
 import (
 	"context"
 	"fmt"
-	"net"
 	"slices"
 	"strconv"
 	"strings"
@@ -176,11 +175,7 @@ func TestFaultScriptFlush(t *testing.T) {
 // connections are refused or accepted and never answered.
 func TestFaultUnreachable(t *testing.T) {
 	t.Parallel()
-	silent, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { silent.Close() })
+	silent := redistest.Listen(t)
 	go func() { // accept, read everything, answer nothing
 		for {
 			c, err := silent.Accept()
@@ -197,12 +192,7 @@ func TestFaultUnreachable(t *testing.T) {
 			}()
 		}
 	}()
-	refused, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	refusedAddr := refused.Addr().String()
-	refused.Close()
+	refusedAddr := redistest.DeadAddr(t)
 
 	for _, tt := range []struct {
 		name  string

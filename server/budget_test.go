@@ -10,6 +10,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/redisstore"
 )
 
@@ -18,10 +19,7 @@ import (
 // answer (a listener that reads and never replies), not at the client's
 // read timeout.
 func TestBudgetStoreBoundsLeaseCalls(t *testing.T) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	l := redistest.Listen(t)
 	var mu sync.Mutex
 	var conns []net.Conn
 	go func() {

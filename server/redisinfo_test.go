@@ -125,10 +125,7 @@ func TestRedisInfo(t *testing.T) {
 // answers holds a scrape no longer than the collector's time bound.
 func TestFaultRedisInfoStalled(t *testing.T) {
 	race.SkipTiming(t)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	ln := redistest.Listen(t)
 	var mu sync.Mutex
 	var conns []net.Conn
 	t.Cleanup(func() {

@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"log/slog"
-	"net"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -24,12 +23,7 @@ import (
 func TestWatchSwitchMaster(t *testing.T) {
 	rdb := redistest.Client(t)
 	ctx := context.Background()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	dead := ln.Addr().String()
-	ln.Close()
+	dead := redistest.DeadAddr(t)
 
 	var buf bytes.Buffer
 	var pings, probes atomic.Int32

@@ -35,10 +35,7 @@ type stallProxy struct {
 
 func newStallProxy(t *testing.T, target string) *stallProxy {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	ln := redistest.Listen(t)
 	p := &stallProxy{ln: ln}
 	t.Cleanup(func() {
 		ln.Close()

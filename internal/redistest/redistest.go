@@ -7,8 +7,13 @@
 //	SLUICE_REDIS_ADDR      standalone server, host:port
 //	SLUICE_REDIS_SENTINEL  a Sentinel watching it as master "sluice", host:port
 //	SLUICE_REDIS_CLUSTER   cluster seed nodes, comma-separated host:port
-//	SLUICE_REDIS_PORTS     lo-hi: the loopback ports private servers may use
-//	                       (default: any free port)
+//	SLUICE_REDIS_PORTS     lo-hi: the loopback ports private servers, stand-in
+//	                       listeners (Listen) and dead addresses (DeadAddr)
+//	                       may use (default: any free port)
+//
+// A test that needs a port of its own, open or closed, takes it from
+// FreePort, Listen or DeadAddr, never from the kernel's ephemeral range
+// directly: on a shared CI machine that range is other services' too.
 //
 // When a variable is unset the test is skipped, except under CI=true, where
 // a missing Redis fails the test: CI never passes by skipping.
@@ -255,11 +260,36 @@ func portIn(t testing.TB, r string) int {
 	return 0
 }
 
+// FreePort returns a loopback port free now, within SLUICE_REDIS_PORTS when
+// it is set: for a server process of the test's own that binds it.
+func FreePort(t testing.TB) int {
+	t.Helper()
+	return freePort(t)
+}
+
 // DeadAddr returns a loopback address where nothing listens: connections
 // are refused, as by a Redis that is down.
 func DeadAddr(t testing.TB) string {
 	t.Helper()
 	return fmt.Sprintf("127.0.0.1:%d", freePort(t))
+}
+
+// Listen returns a loopback listener on a port of freePort's, closed at
+// cleanup: a stand-in server (one that never answers, a proxy) is then
+// kept to SLUICE_REDIS_PORTS as the private redis-servers are.
+func Listen(t testing.TB) net.Listener {
+	t.Helper()
+	for attempt := 1; ; attempt++ {
+		l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", freePort(t)))
+		if err == nil {
+			t.Cleanup(func() { l.Close() })
+			return l
+		}
+		// Another process took the port since it was picked.
+		if attempt == startAttempts {
+			t.Fatalf("redistest: %v", err)
+		}
+	}
 }
 
 var errAddrInUse = errors.New("redistest: address in use")

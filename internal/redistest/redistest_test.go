@@ -4,8 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"net"
+	"os"
+	"path/filepath"
+	"regexp"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -113,5 +118,78 @@ func TestStartServerPortRange(t *testing.T) {
 		if got := freePort(t); got != port+1 {
 			t.Fatalf("freePort = %d, want %d (the range's free port)", got, port+1)
 		}
+	}
+}
+
+// Listen, DeadAddr and FreePort keep to SLUICE_REDIS_PORTS as the private
+// servers do; DeadAddr's address refuses connections.
+func TestPortsInRange(t *testing.T) {
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := taken.Addr().(*net.TCPAddr).Port
+	taken.Close()
+	t.Setenv("SLUICE_REDIS_PORTS", fmt.Sprintf("%d-%d", port, port))
+	want := fmt.Sprintf("127.0.0.1:%d", port)
+	if got := FreePort(t); got != port {
+		t.Errorf("FreePort = %d, want %d", got, port)
+	}
+	dead := DeadAddr(t)
+	if dead != want {
+		t.Errorf("DeadAddr = %s, want %s", dead, want)
+	}
+	if c, err := net.DialTimeout("tcp", dead, time.Second); err == nil {
+		c.Close()
+		t.Errorf("DeadAddr %s accepted a connection", dead)
+	}
+	l := Listen(t)
+	if got := l.Addr().String(); got != want {
+		t.Errorf("Listen on %s, want %s", got, want)
+	}
+	c, err := net.DialTimeout("tcp", l.Addr().String(), time.Second)
+	if err != nil {
+		t.Fatalf("dial Listen's %s: %v", l.Addr(), err)
+	}
+	c.Close()
+}
+
+// No test of the module takes a loopback port from the kernel's ephemeral
+// range for a stand-in server or a dead address: on a shared machine
+// that range is other services' too. They take it from FreePort, Listen
+// or DeadAddr (sluice serve's own --http/--grpc 127.0.0.1:0 listeners
+// dial nothing and stay as they are).
+func TestNoEphemeralPortsInTests(t *testing.T) {
+	root := filepath.Join("..", "..")
+	bad := regexp.MustCompile(`net\.Listen\("tcp", "(127\.0\.0\.1|localhost|\[::1\]):0"\)`)
+	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() {
+			// This package's tests build SLUICE_REDIS_PORTS itself from
+			// ports the kernel picked.
+			if d.Name() == "testdata" || path == filepath.Join(root, "internal", "redistest") ||
+				strings.HasPrefix(d.Name(), ".") && path != root {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		if !strings.HasSuffix(path, "_test.go") {
+			return nil
+		}
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		for i, line := range strings.Split(string(b), "\n") {
+			if bad.MatchString(line) {
+				t.Errorf("%s:%d: %s: take the port from redistest.Listen, DeadAddr or FreePort", path, i+1, strings.TrimSpace(line))
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
 	}
 }
