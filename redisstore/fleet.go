@@ -11,8 +11,8 @@ import (
 	"github.com/sluicehq/sluice/internal/ctxutil"
 )
 
-// ErrInvalidHeartbeat: Membership.Heartbeat was given an empty member or a
-// TTL under a millisecond.
+// ErrInvalidHeartbeat: Membership.Heartbeat, Roster or Leave was given an
+// empty member or a TTL (Leave: keep) under a millisecond.
 var ErrInvalidHeartbeat = errors.New("redisstore: invalid heartbeat")
 
 // fleetScript registers a fleet member and counts the members alive;
@@ -49,19 +49,16 @@ func (m *Membership) Key() string { return m.key }
 // Heartbeat registers member as alive for ttl on the server's clock, drops
 // expired members and returns how many are alive, in one script.
 func (m *Membership) Heartbeat(ctx context.Context, member string, ttl time.Duration) (int, error) {
-	if m.client == nil {
-		return 0, ErrNoClient
-	}
-	if member == "" || ttl < time.Millisecond {
-		return 0, fmt.Errorf("%w: member %q, TTL %v (want a name and at least 1ms)", ErrInvalidHeartbeat, member, ttl)
+	if err := m.check(member, ttl); err != nil {
+		return 0, callErr("heartbeat", err)
 	}
 	v, err := m.run(ctx, fleetScript, member, ttl)
 	if err != nil {
-		return 0, fmt.Errorf("redisstore: heartbeat: %w", err)
+		return 0, callErr("heartbeat", err)
 	}
 	n, ok := v.(int64)
 	if !ok {
-		return 0, fmt.Errorf("%w: heartbeat returned %T", ErrUnexpectedReply, v)
+		return 0, callErr("heartbeat", fmt.Errorf("%w: %T", ErrUnexpectedReply, v))
 	}
 	return int(n), nil
 }
@@ -70,15 +67,12 @@ func (m *Membership) Heartbeat(ctx context.Context, member string, ttl time.Dura
 // members alive (member included) and those that withdrew (Leave) within
 // the last TTL they gave and have not registered again.
 func (m *Membership) Roster(ctx context.Context, member string, ttl time.Duration) (alive, left []string, err error) {
-	if m.client == nil {
-		return nil, nil, ErrNoClient
-	}
-	if member == "" || ttl < time.Millisecond {
-		return nil, nil, fmt.Errorf("%w: member %q, TTL %v (want a name and at least 1ms)", ErrInvalidHeartbeat, member, ttl)
+	if err := m.check(member, ttl); err != nil {
+		return nil, nil, callErr("roster", err)
 	}
 	v, err := m.run(ctx, rosterScript, member, ttl)
 	if err != nil {
-		return nil, nil, fmt.Errorf("redisstore: heartbeat: %w", err)
+		return nil, nil, callErr("roster", err)
 	}
 	lists, ok := v.([]any)
 	if ok && len(lists) == 2 {
@@ -88,7 +82,7 @@ func (m *Membership) Roster(ctx context.Context, member string, ttl time.Duratio
 		}
 	}
 	if !ok {
-		return nil, nil, fmt.Errorf("%w: roster returned %v", ErrUnexpectedReply, v)
+		return nil, nil, callErr("roster", fmt.Errorf("%w: %v", ErrUnexpectedReply, v))
 	}
 	return alive, left, nil
 }
@@ -98,16 +92,30 @@ func (m *Membership) Roster(ctx context.Context, member string, ttl time.Duratio
 // their count: a member that left is certainly gone, where one that is
 // merely silent may still be running.
 func (m *Membership) Leave(ctx context.Context, member string, keep time.Duration) error {
+	if err := m.check(member, keep); err != nil {
+		return callErr("leave", err)
+	}
+	if _, err := m.run(ctx, leaveScript, member, keep); err != nil {
+		return callErr("leave", err)
+	}
+	return nil
+}
+
+// check refuses a call without a client, member or TTL.
+func (m *Membership) check(member string, ttl time.Duration) error {
 	if m.client == nil {
 		return ErrNoClient
 	}
-	if member == "" || keep < time.Millisecond {
-		return fmt.Errorf("%w: member %q, TTL %v (want a name and at least 1ms)", ErrInvalidHeartbeat, member, keep)
-	}
-	if _, err := m.run(ctx, leaveScript, member, keep); err != nil {
-		return fmt.Errorf("redisstore: leave: %w", err)
+	if member == "" || ttl < time.Millisecond {
+		return fmt.Errorf("%w: member %q, TTL %v (want a name and at least 1ms)", ErrInvalidHeartbeat, member, ttl)
 	}
 	return nil
+}
+
+// callErr names the Membership call that failed: the fleet logs these, and
+// a failed Roster or Leave must not read as a failed heartbeat.
+func callErr(call string, err error) error {
+	return fmt.Errorf("redisstore: %s: %w", call, err)
 }
 
 // run runs a fleet script on the registry's two keys. It returns ctx.Err()

@@ -3,6 +3,7 @@ package redisstore_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -118,5 +119,49 @@ func TestMembershipLeave(t *testing.T) {
 				t.Errorf("Leave without a member: %v", err)
 			}
 		})
+	}
+}
+
+// Each Membership call's error names that call, whatever failed: no
+// client, bad input, or Redis down. The errors stay typed.
+func TestMembershipErrorsNameTheCall(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	down := redis.NewClient(&redis.Options{Addr: redistest.DeadAddr(t), MaxRetries: -1, DialTimeout: time.Second})
+	t.Cleanup(func() { down.Close() })
+	calls := []struct {
+		name string
+		call func(m *redisstore.Membership, member string) error
+	}{
+		{"heartbeat", func(m *redisstore.Membership, member string) error {
+			_, err := m.Heartbeat(ctx, member, time.Second)
+			return err
+		}},
+		{"roster", func(m *redisstore.Membership, member string) error {
+			_, _, err := m.Roster(ctx, member, time.Second)
+			return err
+		}},
+		{"leave", func(m *redisstore.Membership, member string) error { return m.Leave(ctx, member, time.Second) }},
+	}
+	for _, c := range calls {
+		for _, tc := range []struct {
+			what   string
+			m      *redisstore.Membership
+			member string
+			want   error // nil: any error
+		}{
+			{"no client", (&redisstore.Store{}).Membership(), "a", redisstore.ErrNoClient},
+			{"empty member", redisstore.New(down, nil).Membership(), "", redisstore.ErrInvalidHeartbeat},
+			{"Redis down", redisstore.New(down, nil).Membership(), "a", nil},
+		} {
+			err := c.call(tc.m, tc.member)
+			if err == nil || tc.want != nil && !errors.Is(err, tc.want) {
+				t.Errorf("%s, %s: %v, want %v", c.name, tc.what, err, tc.want)
+				continue
+			}
+			if prefix := "redisstore: " + c.name + ": "; !strings.HasPrefix(err.Error(), prefix) {
+				t.Errorf("%s, %s: %q, want it to begin %q", c.name, tc.what, err, prefix)
+			}
+		}
 	}
 }
