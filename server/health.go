@@ -831,6 +831,9 @@ func (s *Server) checkRedis(c redis.UniversalClient) error {
 	s.health.probe = func(ctx context.Context) error {
 		down := s.health.storeDown()
 		if !down && !w.due(time.Now()) {
+			// Bounded by ctx: c comes from newRedisClient, which sets
+			// ContextTimeoutEnabled on every kind of client (a default
+			// go-redis client would wait out its 5s ReadTimeout).
 			return c.Ping(ctx).Err()
 		}
 		// Coming back must mean usable: the full check, not a ping;

@@ -222,15 +222,21 @@ func TestNewRedisClient(t *testing.T) {
 				return
 			}
 			defer c.Close()
-			kind := "cluster"
-			if rc, ok := c.(*redis.Client); ok {
+			var kind string
+			var ctxTimeout bool // health's probe relies on it too: its Ping ends with its context
+			switch rc := c.(type) {
+			case *redis.Client:
 				kind = "standalone"
 				if strings.Contains(tt.url, "master_name") {
 					kind = "failover" // NewFailoverClient returns a *redis.Client too
 				}
-				if !rc.Options().ContextTimeoutEnabled {
-					t.Error("ContextTimeoutEnabled off: the failure policy's timeout would not stop calls")
-				}
+				ctxTimeout = rc.Options().ContextTimeoutEnabled
+			case *redis.ClusterClient:
+				kind = "cluster"
+				ctxTimeout = rc.Options().ContextTimeoutEnabled
+			}
+			if !ctxTimeout {
+				t.Error("ContextTimeoutEnabled off: the failure policy's timeout would not stop calls")
 			}
 			if kind != tt.kind {
 				t.Errorf("%T, want %s", c, tt.kind)
