@@ -3,6 +3,7 @@ package redisstore
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"time"
 
@@ -132,6 +133,20 @@ func ended(ctx context.Context) error {
 	return nil
 }
 
+// atEnd is err, a finished call's, or once ctx has ended, ctx's error
+// wrapping it: with ContextTimeoutEnabled go-redis ends a read at ctx's
+// deadline as a network timeout, a hair before ctx's own timer fires, and
+// the caller was promised ctx's error.
+func atEnd(ctx context.Context, err error) error {
+	if err == nil {
+		return nil
+	}
+	if end := ended(ctx); end != nil && !errors.Is(err, end) {
+		return fmt.Errorf("%w: %w", end, err)
+	}
+	return err
+}
+
 // boundedErr is bounded for a command that returns only an error: f's
 // error, or ctx.Err() as soon as ctx ends. Every call that talks to Redis
 // outside the decision path (Check, CheckAccess, Membership) goes through
@@ -142,10 +157,10 @@ func boundedErr(ctx context.Context, f func() error) error {
 	if berr := bounded(ctx, make(chan struct{}, 1), func() { err = f() }); berr != nil {
 		return berr
 	}
-	if end := ended(ctx); end != nil {
-		return end
+	if err != nil {
+		return atEnd(ctx, err) // what failed stays in the chain (a stalled script)
 	}
-	return err
+	return ended(ctx)
 }
 
 // await is bounded for c: on ctx's end, c is left to its sender.

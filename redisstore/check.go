@@ -238,8 +238,8 @@ func Check(ctx context.Context, c redis.UniversalClient) (*CheckReport, error) {
 	cc, cluster := c.(*redis.ClusterClient)
 	rep.Cluster = cluster
 	var mu sync.Mutex // ForEachMaster checks the masters at once
-	// Nodes that answered INFO and are in the probe script: a deadline
-	// then is a stalled Redis, not an unreachable one.
+	// Nodes that answered INFO and whose probe script has not completed:
+	// a deadline then is a stalled Redis, not an unreachable one.
 	var scripting atomic.Int32
 	check := func(ctx context.Context, node *redis.Client) error {
 		var r CheckReport
@@ -338,14 +338,19 @@ func checkNode(ctx context.Context, node *redis.Client, cluster bool, rep *Check
 		}
 	}
 	// The node answered INFO: a timeout from here on is a node that
-	// holds scripts (writes paused), not one out of reach.
+	// holds scripts (writes paused), not one out of reach. It stays
+	// counted unless its script completes: Check may read the count after
+	// the call ended at the deadline, or after ctx ended without it.
 	scripting.Add(1)
-	defer scripting.Add(-1)
 	sha, err := node.ScriptLoad(ctx, probeScript).Result()
 	if err != nil {
 		return Stalled(err)
 	}
-	return Stalled(node.EvalSha(ctx, sha, nil).Err())
+	if err := node.EvalSha(ctx, sha, nil).Err(); err != nil {
+		return Stalled(err)
+	}
+	scripting.Add(-1)
+	return nil
 }
 
 // accessScript reads the server's clock and a key and writes it as the

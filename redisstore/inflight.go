@@ -182,7 +182,7 @@ func (s *Store) releaseYoung(ctx context.Context, key, holder string) (bool, err
 	cmd.SetFirstKeyPos(1)
 	err := c.await(ctx, func() { _ = s.client.Process(ctx, cmd) })
 	if err == nil {
-		err = cmd.Err()
+		err = atEnd(ctx, cmd.Err())
 	}
 	if err != nil {
 		s.reload.failed(err)

@@ -481,7 +481,7 @@ func (s *Store) run(ctx context.Context, c *call) ([]int64, error) {
 		err = c.await(ctx, func() { runOne(ctx, s.client, c) })
 	}
 	if err == nil {
-		err = c.err
+		err = atEnd(ctx, c.err)
 	}
 	if err != nil {
 		s.reload.failed(err)
