@@ -35,11 +35,15 @@ type Options struct {
 }
 
 // NewLimiter returns a Limiter enforcing limit on store. It fails with
-// ErrInvalidLimit if limit is invalid or store is nil, and with the store's
-// error when store is a LimitChecker that refuses limit.
+// ErrInvalidLimit if limit is invalid or store is nil, with an error
+// wrapping ErrStoreNotBuilt when store was never built (CheckBuilt), and
+// with the store's error when store is a LimitChecker that refuses limit.
 func NewLimiter(store Store, limit Limit, opts *Options) (*Limiter, error) {
 	if store == nil {
 		return nil, fmt.Errorf("%w: nil store", ErrInvalidLimit)
+	}
+	if err := CheckBuilt(store); err != nil {
+		return nil, err // it would fail every call
 	}
 	if err := limit.Validate(); err != nil {
 		return nil, err

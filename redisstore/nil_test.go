@@ -81,8 +81,8 @@ func TestNilStore(t *testing.T) {
 		if n := s.ClusterReloads(); n != 0 {
 			t.Errorf("%s: ClusterReloads = %d, want 0", tc.name, n)
 		}
-		if _, err := sluice.NewLimiter(s, limit, nil); err != nil {
-			t.Errorf("%s: NewLimiter: %v", tc.name, err) // a Store is no LimitChecker
+		if _, err := sluice.NewLimiter(s, limit, nil); !errors.Is(err, sluice.ErrStoreNotBuilt) || !errors.Is(err, redisstore.ErrNoClient) {
+			t.Errorf("%s: NewLimiter err = %v, want ErrStoreNotBuilt (ErrNoClient)", tc.name, err)
 		}
 	}
 }
