@@ -103,7 +103,8 @@ type Rule struct {
 	MaxDelay time.Duration
 	// MaxWaiting is the most calls a Delay rule holds at once in this
 	// process; past it, calls over the limit are rejected at once.
-	// Default: 1024.
+	// Default: 1024. Under Reject or Penalty it is refused (New fails),
+	// not ignored.
 	MaxWaiting int
 	// Penalty is how long a Penalty rule blocks a key after a violation.
 	// Set under Reject or Delay it is refused (New fails), not ignored, as

@@ -98,7 +98,8 @@ type Rule struct {
 
 	// MaxWaiting is the most requests a Delay rule holds at once in this
 	// process; past it, requests over the limit are rejected at once.
-	// Default: 1024.
+	// Default: 1024. Under Reject or Penalty it is refused (New fails),
+	// not ignored.
 	MaxWaiting int
 
 	// Penalty is how long a Penalty rule blocks a key after a violation

@@ -158,8 +158,9 @@ func TestRuleSettingsOfAnotherStrategy(t *testing.T) {
 	store := memory.New(nil)
 	t.Cleanup(func() { store.Close() })
 	for field, r := range map[string]Rule{
-		"MaxDelay": {Name: "api", Limit: sluice.PerMinute(10), Key: Global(), MaxDelay: time.Second},
-		"Penalty":  {Name: "api", Limit: sluice.PerMinute(10), Key: Global(), Penalty: time.Minute},
+		"MaxDelay":   {Name: "api", Limit: sluice.PerMinute(10), Key: Global(), MaxDelay: time.Second},
+		"Penalty":    {Name: "api", Limit: sluice.PerMinute(10), Key: Global(), Penalty: time.Minute},
+		"MaxWaiting": {Name: "api", Limit: sluice.PerMinute(10), Key: Global(), MaxWaiting: 8},
 	} {
 		if _, err := New(store, []Rule{r}, nil); !errors.Is(err, ErrInvalidConfig) || !strings.Contains(err.Error(), field) {
 			t.Errorf("a Reject rule with %s: %v, want ErrInvalidConfig naming it", field, err)

@@ -172,6 +172,9 @@ func (r *Rule) Validate() error {
 	if r.MaxDelay != 0 && r.Strategy != Delay && r.Strategy != Shadow {
 		return fmt.Errorf("%w: %q: MaxDelay applies only to strategy Delay, not %v", ErrInvalidRule, r.Name, r.Strategy)
 	}
+	if r.MaxWaiting != 0 && r.Strategy != Delay && r.Strategy != Shadow {
+		return fmt.Errorf("%w: %q: MaxWaiting applies only to strategy Delay, not %v", ErrInvalidRule, r.Name, r.Strategy)
+	}
 	if r.Penalty != 0 && r.Strategy != Penalty && r.Strategy != Shadow {
 		return fmt.Errorf("%w: %q: Penalty applies only to strategy Penalty, not %v", ErrInvalidRule, r.Name, r.Strategy)
 	}

@@ -99,6 +99,9 @@ func TestRuleValidate(t *testing.T) {
 		// Delay and Penalty; Shadow stands in for either.
 		{Rule{Name: "r", Limit: lim, MaxDelay: time.Second}, false},
 		{Rule{Name: "r", Limit: lim, Penalty: time.Hour}, false},
+		{Rule{Name: "r", Limit: lim, MaxWaiting: 10}, false},
+		{Rule{Name: "p", Limit: lim, Strategy: Penalty, Penalty: time.Hour, MaxWaiting: 10}, false},
+		{Rule{Name: "s", Limit: lim, Strategy: Shadow, MaxWaiting: 10}, true},
 		{Rule{Name: "d", Limit: lim, Strategy: Delay, MaxDelay: time.Second, Penalty: time.Hour}, false},
 		{Rule{Name: "p", Limit: lim, Strategy: Penalty, Penalty: time.Hour, MaxDelay: time.Second}, false},
 		{Rule{Name: "s", Limit: lim, Strategy: Shadow, MaxDelay: time.Second, Penalty: time.Hour}, true},
