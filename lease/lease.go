@@ -92,10 +92,12 @@
 // FixedWindow: a lease never outlives the window its units were taken
 // from, as the store's clock sees it, and its unused units return only into
 // that window's count, so each window admits at most Rate, exactly as
-// without leases. SlidingWindowCounter: the same, and at any local
+// without leases; a lease's last units spent with the store's Take of the
+// rest are admitted by that Take, within the window, where the store has
+// counted both. SlidingWindowCounter: the same, and at any local
 // admission the weighted estimate of what was admitted is at most the
-// estimate at the lease's grant, which was within the limit: the estimate
-// never exceeds the limit. Its own approximation against a true sliding
+// estimate at the lease's grant (or at that Take), which was within the
+// limit: the estimate never exceeds the limit. Its own approximation against a true sliding
 // window is unchanged. The lifetime is measured on the process's clock from
 // the send, and only the rate at which clocks run enters: a Store whose
 // clock runs slower than the store's by a fraction ε may spend a lease up to
@@ -994,9 +996,10 @@ func (s *Store) refill(ctx context.Context, l *lease, key string, limit sluice.L
 	short := !force && l.short > 0 && cost >= l.short && now < l.shortEnd
 	toStore := !force && (n == 0 || short)
 	// A live lease's last units, too few for cost, are spent on this
-	// request with the store's exact Take of the rest (GCRA and the
-	// buckets), rather than returned less one per Interval of the lease's
-	// age: with weighted costs a lease mostly ends so. Not with a grant's:
+	// request with the store's exact Take of the rest, rather than
+	// returned less one per Interval of the lease's age (or, windowed,
+	// whole: into nothing once another process has reset the key): with
+	// weighted costs a lease mostly ends so. Not with a grant's:
 	// a loaded store's grant is often too small to cover the request with
 	// them, and then the grant or they are lost (returned young, or
 	// dropped); the Take is all or nothing, and the next request is
@@ -1135,10 +1138,12 @@ func (s *Store) refill(ctx context.Context, l *lease, key string, limit sluice.L
 
 // stranded reports whether h, at now, holds units that a request of cost
 // spends with the store's (Take, see refill): live and fewer than cost.
-// Windowed limits' units go back whole while their window lasts, so they
-// never are. h's shard must be locked.
+// Windowed limits' too: given back whole instead, they would go back
+// into nothing once another process has reset the key (a new epoch),
+// and the store's answer would no longer be the one Peek counted on.
+// h's shard must be locked.
 func stranded(h *hot, limit sluice.Limit, cost, now int64) bool {
-	return h.live(now) && h.units < cost && !windowed(limit)
+	return h.live(now) && h.units < cost
 }
 
 // leftover is a live lease's last units, which refill took out of it for
@@ -1490,8 +1495,8 @@ func (s *Store) peekLease(key string, limit sluice.Limit, cost int64) (_ sluice.
 	case h == nil || h.units == 0:
 	case !h.live(now):
 		ended = h.l
-	case windowed(limit) || stranded(h, limit, cost, now):
-		// Given back whole, or spent with the store's (see refill).
+	case stranded(h, limit, cost, now):
+		// Spent with the store's (see refill).
 		k = h.units
 	default:
 		k = sluice.ReturnAllowance(limit, h.units, (now-h.l.sent)/1e3)
@@ -1560,12 +1565,6 @@ func (l *lease) fail(ctx context.Context, err error, byPolicy bool) {
 	l.failed++
 	l.failErr, l.byPolicy = err, byPolicy
 	l.sh.mu.Unlock()
-}
-
-// windowed reports whether limit counts per window: a lease's units then
-// go back whole into the window they came from while it lasts.
-func windowed(limit sluice.Limit) bool {
-	return limit.Algorithm == sluice.FixedWindow || limit.Algorithm == sluice.SlidingWindowCounter
 }
 
 // Reset implements sluice.Store: it drops this process's lease (its units

@@ -11,6 +11,7 @@ import (
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/lease"
+	"github.com/sluicehq/sluice/memory"
 	"github.com/sluicehq/sluice/resilient"
 	"github.com/sluicehq/sluice/storetest"
 )
@@ -188,6 +189,40 @@ func TestPeekEndedLeaseReturnFails(t *testing.T) {
 			}
 			if st := s.Stats(); st.Returned != 0 {
 				t.Errorf("stats %+v; want nothing returned", st)
+			}
+		})
+	}
+}
+
+// A windowed lease's last units, too few for a request, are spent with the
+// store's Take of the rest, as the buckets' are: given back whole, they
+// went back into nothing once another process had reset the key (a new
+// epoch), so a Peek that counted them said allowed and the Take at the
+// same instant was denied.
+func TestPeekAsTakeAfterResetElsewhere(t *testing.T) {
+	for _, alg := range []sluice.Algorithm{sluice.FixedWindow, sluice.SlidingWindowCounter} {
+		t.Run(alg.String(), func(t *testing.T) {
+			clock := storetest.NewClock(storetest.T0)
+			mem := memory.New(&memory.Options{Clock: clock.Now, SweepInterval: -1})
+			defer mem.Close()
+			l := sluice.Limit{Algorithm: alg, Rate: 4, Period: time.Second}
+			a, _ := lease.New(mem, &lease.Options{MaxStaleness: 900 * time.Millisecond, Size: 2, Clock: clock.Now})
+			b, _ := lease.New(mem, &lease.Options{MaxStaleness: 900 * time.Millisecond, Clock: clock.Now})
+
+			if d, _ := a.Take(ctx, "k", l, 1); !d.Allowed { // A leases 2, spends 1: 1 left in A's lease
+				t.Fatal(d)
+			}
+			if err := b.Reset(ctx, "k", l); err != nil { // another process resets the key
+				t.Fatal(err)
+			}
+			if d, _ := b.Take(ctx, "k", l, 1); !d.Allowed { // and takes 1: the store has 3
+				t.Fatal(d)
+			}
+			p, _ := a.Peek(ctx, "k", l, 4)
+			d, _ := a.Take(ctx, "k", l, 4)
+			t.Logf("A.Peek(4) = allowed %v remaining %d; A.Take(4) = allowed %v remaining %d source %v", p.Allowed, p.Remaining, d.Allowed, d.Remaining, d.Source)
+			if p.Allowed != d.Allowed {
+				t.Errorf("Peek(4) allowed=%v, Take(4) at the same instant allowed=%v", p.Allowed, d.Allowed)
 			}
 		})
 	}
