@@ -294,16 +294,18 @@ func seeds() int {
 	return 500
 }
 
+// variants are the kinds of schedule every search tries.
+var variants = []struct {
+	name string
+	g    func(r *rand.Rand) gen
+}{
+	{"plain", func(r *rand.Rand) gen { return gen{r: r} }},
+	{"all", func(r *rand.Rand) gen { return gen{r: r, all: true} }},
+	{"skew", func(r *rand.Rand) gen { return gen{r: r, skew: true, all: true} }},
+	{"reset", func(r *rand.Rand) gen { return gen{r: r, resets: true, all: true} }},
+}
+
 func TestSearch(t *testing.T) {
-	variants := []struct {
-		name string
-		g    func(r *rand.Rand) gen
-	}{
-		{"plain", func(r *rand.Rand) gen { return gen{r: r} }},
-		{"all", func(r *rand.Rand) gen { return gen{r: r, all: true} }},
-		{"skew", func(r *rand.Rand) gen { return gen{r: r, skew: true, all: true} }},
-		{"reset", func(r *rand.Rand) gen { return gen{r: r, resets: true, all: true} }},
-	}
 	for _, v := range variants {
 		for _, alg := range []sluice.Algorithm{sluice.GCRA, sluice.TokenBucket, sluice.LeakyBucket} {
 			t.Run(v.name+"/"+alg.String(), func(t *testing.T) {

@@ -59,15 +59,6 @@ func (w *world) windowViolation(l sluice.Limit, d time.Duration) string {
 }
 
 func TestSearchWindows(t *testing.T) {
-	variants := []struct {
-		name string
-		g    func(r *rand.Rand) gen
-	}{
-		{"plain", func(r *rand.Rand) gen { return gen{r: r} }},
-		{"all", func(r *rand.Rand) gen { return gen{r: r, all: true} }},
-		{"skew", func(r *rand.Rand) gen { return gen{r: r, skew: true, all: true} }},
-		{"reset", func(r *rand.Rand) gen { return gen{r: r, resets: true, all: true} }},
-	}
 	for _, v := range variants {
 		for _, alg := range []sluice.Algorithm{sluice.FixedWindow, sluice.SlidingWindowCounter} {
 			t.Run(v.name+"/"+alg.String(), func(t *testing.T) {
