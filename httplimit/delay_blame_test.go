@@ -23,11 +23,14 @@ import (
 // Reject rule's wait, and on memory the observer counted both.
 func TestDelayRejectBlame(t *testing.T) {
 	t.Parallel()
-	for _, name := range []string{"memory", "redis"} {
+	for _, name := range []string{"memory", "redis", "memory/sequential", "redis/sequential"} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
+			// Sequential: no line forms; the third request waits its 0.5 s
+			// and the later ones are refused by cap at once.
+			sequential := strings.HasSuffix(name, "/sequential")
 			var store sluice.Store
-			if name == "redis" {
+			if strings.HasPrefix(name, "redis") {
 				store = redisstore.New(redistest.Client(t), &redisstore.Options{Prefix: redistest.Prefix(t)})
 			} else {
 				m := memory.New(nil)
@@ -52,7 +55,7 @@ func TestDelayRejectBlame(t *testing.T) {
 			)
 			for range 6 {
 				wg.Add(1)
-				go func() {
+				request := func() {
 					defer wg.Done()
 					resp, err := http.Get(srv.URL)
 					if err != nil {
@@ -73,7 +76,12 @@ func TestDelayRejectBlame(t *testing.T) {
 						problems = append(problems, fmt.Sprintf("RateLimit %q, Policy %q, Retry-After %q, body %s",
 							h.Get(HeaderRateLimit), h.Get(HeaderRateLimitPolicy), h.Get(HeaderRetryAfter), b))
 					}
-				}()
+				}
+				if sequential {
+					request()
+				} else {
+					go request()
+				}
 			}
 			wg.Wait()
 			for _, p := range problems {

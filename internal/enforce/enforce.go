@@ -580,8 +580,36 @@ func (e *Engine) enforce(ctx context.Context, checks []Check, all bool) (Verdict
 				}
 			}
 		}
+		if !wait && excused == nil {
+			// A rule that does not wait refused it: a Delay rule whose
+			// wait would have fit did not.
+			deny, excused = excuse(ctx, checks, idx, ds, waited, rtt)
+		}
 		return e.denied(ctx, checks, idx, ds, deny, waited, all, excused)
 	}
+}
+
+// excuse picks, for a request that a rule which does not wait refused,
+// the counters that refuse it: all but the Delay rules whose wait would
+// have fit their MaxDelay (less what the request waited already, and
+// within the context's deadline), which excused[j] marks. deny is the one
+// of them needing the longest wait, whose figures the answer gives.
+func excuse(ctx context.Context, checks []Check, idx []int, ds []sluice.Decision, waited, rtt time.Duration) (deny int, excused []bool) {
+	deny = -1
+	excused = make([]bool, len(ds))
+	for j, d := range ds {
+		if d.Allowed {
+			continue
+		}
+		if r := checks[idx[j]].Rule; r.Strategy == Delay && d.RetryAfter <= waitLimit(ctx, r.MaxDelay-waited, rtt) {
+			excused[j] = true
+			continue
+		}
+		if deny < 0 || d.RetryAfter > ds[deny].RetryAfter {
+			deny = j
+		}
+	}
+	return deny, excused
 }
 
 // blame picks, for a request refused at once because its counters' waits
