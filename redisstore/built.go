@@ -17,11 +17,11 @@ func (s *Store) CheckBuilt() error {
 var _ sluice.BuildChecker = (*Membership)(nil)
 
 // CheckBuilt implements sluice.BuildChecker: ErrNoClient for a zero or nil
-// Membership, or one of a Store without a client; nil otherwise. It does
-// not call Redis.
+// Membership, or one of a Store without a client (its ErrInvalidOptions
+// when it refused its Options); nil otherwise. It does not call Redis.
 func (m *Membership) CheckBuilt() error {
 	if m == nil || m.client == nil {
-		return ErrNoClient
+		return m.unbuilt()
 	}
 	return nil
 }

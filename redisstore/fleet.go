@@ -31,6 +31,7 @@ var (
 type Membership struct {
 	client redis.UniversalClient
 	key    string
+	bad    error // the Store's refusal of its Options, if any
 }
 
 // Membership returns the fleet registry of this Store's prefix: the key
@@ -40,7 +41,7 @@ func (s *Store) Membership() *Membership {
 	if s == nil {
 		return &Membership{key: "{fleet}"}
 	}
-	return &Membership{client: s.client, key: s.prefix + "{fleet}"}
+	return &Membership{client: s.client, key: s.prefix + "{fleet}", bad: s.bad}
 }
 
 // Key returns the Redis key of the registry.
@@ -104,7 +105,7 @@ func (m *Membership) Leave(ctx context.Context, member string, keep time.Duratio
 // check refuses a call without a client, member or TTL.
 func (m *Membership) check(member string, ttl time.Duration) error {
 	if m.client == nil {
-		return ErrNoClient
+		return m.unbuilt()
 	}
 	if member == "" || ttl < time.Millisecond {
 		return fmt.Errorf("%w: member %q, TTL %v (want a name and at least 1ms)", ErrInvalidHeartbeat, member, ttl)
@@ -153,4 +154,12 @@ func stringList(v any) ([]string, bool) {
 		}
 	}
 	return out, true
+}
+
+// unbuilt is why m has no client: its Store's refused Options, or none given.
+func (m *Membership) unbuilt() error {
+	if m != nil && m.bad != nil {
+		return m.bad
+	}
+	return ErrNoClient
 }

@@ -42,6 +42,13 @@ func TestNegativeOptions(t *testing.T) {
 		if err := s.CheckBuilt(); !errors.Is(err, redisstore.ErrInvalidOptions) || !strings.Contains(err.Error(), field) {
 			t.Errorf("%s negative: CheckBuilt = %v", field, err)
 		}
+		// Its fleet registry says the same, not that no client was given.
+		if err := s.Membership().CheckBuilt(); !errors.Is(err, redisstore.ErrInvalidOptions) || !strings.Contains(err.Error(), field) {
+			t.Errorf("%s negative: Membership().CheckBuilt = %v", field, err)
+		}
+		if _, err := s.Membership().Heartbeat(ctx, "me", time.Second); !errors.Is(err, redisstore.ErrInvalidOptions) {
+			t.Errorf("%s negative: Membership().Heartbeat = %v, want ErrInvalidOptions", field, err)
+		}
 		if n, err := client.Exists(ctx, s.Keys("k", limit)...).Result(); err != nil || n != 0 {
 			t.Errorf("%s negative: %d keys written (%v), want none", field, n, err)
 		}

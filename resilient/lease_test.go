@@ -222,3 +222,16 @@ func (m multiObserver) ObserveBreaker(e sluice.BreakerEvent) {
 		o.ObserveBreaker(e)
 	}
 }
+
+// A zero lease.Store as the fallback is refused by New: it used to be
+// accepted, and then every decision of an outage failed.
+func TestNewRefusesZeroLeaseFallback(t *testing.T) {
+	t.Parallel()
+	backend := redisstore.New(redistest.Client(t), &redisstore.Options{Prefix: redistest.Prefix(t)})
+	if _, err := resilient.New(backend, &resilient.Options{Fallback: &lease.Store{}}); !errors.Is(err, resilient.ErrInvalidOptions) || !errors.Is(err, lease.ErrNoGranter) {
+		t.Errorf("New with a zero lease.Store fallback: %v, want ErrInvalidOptions (lease.ErrNoGranter)", err)
+	}
+	if _, err := resilient.New(backend, &resilient.Options{Fallback: (*lease.Store)(nil)}); !errors.Is(err, resilient.ErrInvalidOptions) {
+		t.Errorf("New with a nil *lease.Store fallback: %v, want ErrInvalidOptions", err)
+	}
+}
