@@ -168,12 +168,6 @@ type Interceptor struct {
 // every key fails New rather than every request. So does a store never
 // built (a zero or nil-pointer store: see sluice.CheckBuilt).
 func New(store sluice.Store, rules []Rule, opts *Options) (*Interceptor, error) {
-	if store != nil {
-		// A zero or nil-pointer store would fail every request.
-		if err := sluice.CheckBuilt(store); err != nil {
-			return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
-		}
-	}
 	var o Options
 	if opts != nil {
 		o = *opts

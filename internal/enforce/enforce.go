@@ -1088,9 +1088,10 @@ func (e *Engine) observeErrors(ctx context.Context, checks []Check) {
 	}
 }
 
-// Setup validates what the HTTP and gRPC constructors share — a store, at
-// least one rule, a key prefix of at most 128 bytes, rules that are valid,
-// keyed (keyed(i) reports whether rule i has a key function) and uniquely
+// Setup validates what the HTTP and gRPC constructors share — a store
+// that was built (sluice.CheckBuilt), at least one rule, a key prefix of
+// at most 128 bytes, rules that are valid, keyed (keyed(i) reports
+// whether rule i has a key function) and uniquely
 // named, and a MultiStore when more than one rule enforces — and returns the
 // engine and keyer. A store that is a sluice.LimitChecker checks every limit
 // a rule uses (see CheckLimits). Errors are plain: callers wrap them with
@@ -1098,6 +1099,9 @@ func (e *Engine) observeErrors(ctx context.Context, checks []Check) {
 func Setup(store sluice.Store, rules []Rule, keyed func(i int) bool, prefix string, hashKey []byte, observer sluice.Observer) (*Engine, *Keyer, error) {
 	if store == nil {
 		return nil, nil, errors.New("nil store")
+	}
+	if err := sluice.CheckBuilt(store); err != nil {
+		return nil, nil, err // a zero or nil-pointer store would fail every request
 	}
 	if len(rules) == 0 {
 		return nil, nil, errors.New("no rules")

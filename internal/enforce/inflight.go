@@ -137,6 +137,9 @@ func NewSlotRules[R any](store sluice.Store, specs []SlotSpec[R], prefix string,
 		rs.counts = append(rs.counts, count)
 	}
 	if needStore {
+		if err := sluice.CheckBuilt(store); err != nil {
+			return nil, err // a zero or nil-pointer store would fail every request
+		}
 		slots, ok := store.(sluice.Slots)
 		if !ok {
 			return nil, fmt.Errorf("in-flight rules on %T, which does not implement sluice.Slots", store)
