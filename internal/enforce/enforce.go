@@ -592,42 +592,21 @@ func (e *Engine) enforce(ctx context.Context, checks []Check, all bool) (Verdict
 // excuse picks, for a request that a rule which does not wait refused,
 // the counters that refuse it: all but the Delay rules whose wait would
 // have fit their MaxDelay (less what the request waited already, and
-// within the context's deadline), which excused[j] marks. deny is the one
-// of them needing the longest wait, whose figures the answer gives.
+// within the context's deadline). See refusers.
 func excuse(ctx context.Context, checks []Check, idx []int, ds []sluice.Decision, waited, rtt time.Duration) (deny int, excused []bool) {
-	deny = -1
-	excused = make([]bool, len(ds))
-	for j, d := range ds {
-		if d.Allowed {
-			continue
-		}
-		if r := checks[idx[j]].Rule; r.Strategy == Delay && d.RetryAfter <= waitLimit(ctx, r.MaxDelay-waited, rtt) {
-			excused[j] = true
-			continue
-		}
-		if deny < 0 || d.RetryAfter > ds[deny].RetryAfter {
-			deny = j
-		}
-	}
-	return deny, excused
+	return refusers(checks, idx, ds, func(j int) bool {
+		return ds[j].RetryAfter <= waitLimit(ctx, checks[idx[j]].Rule.MaxDelay-waited, rtt)
+	})
 }
 
 // blame picks, for a request refused at once because its counters' waits
 // (waits[j] for ds[j], behind the line) cannot be had within limit, the
 // counters that refuse it: a rule that does not wait needing any wait, or
 // one needing more than limit. Each is marked denied with its wait (a
-// counter the store allowed may need the line's units); deny is the one
-// needing the longest. The others, Delay rules whose wait would fit, did
-// not deny the request: excused[j] says so, for the observer.
+// counter the store allowed may need the line's units). See refusers.
 func blame(checks []Check, idx []int, ds []sluice.Decision, waits []time.Duration, limit time.Duration) (deny int, excused []bool) {
-	deny = -1
-	excused = make([]bool, len(ds))
 	for j, wait := range waits {
-		if wait <= 0 && ds[j].Allowed {
-			continue
-		}
-		if checks[idx[j]].Rule.Strategy == Delay && wait <= limit {
-			excused[j] = true
+		if wait <= 0 && ds[j].Allowed || checks[idx[j]].Rule.Strategy == Delay && wait <= limit {
 			continue
 		}
 		d := &ds[j]
@@ -637,17 +616,35 @@ func blame(checks []Check, idx []int, ds []sluice.Decision, waits []time.Duratio
 		}
 		d.RetryAfter = max(d.RetryAfter, wait)
 		d.ResetAfter = max(d.ResetAfter, d.RetryAfter)
+	}
+	return refusers(checks, idx, ds, func(j int) bool { return waits[j] <= limit })
+}
+
+// refusers returns, of the counters ds denies, the one needing the
+// longest wait among those that refuse the request: all but the Delay
+// rules whose wait fits (fits(j)), which did not deny it: excused[j] says
+// so, for the observer. With none refusing (which the callers rule out),
+// the longest denial, none excused.
+func refusers(checks []Check, idx []int, ds []sluice.Decision, fits func(j int) bool) (deny int, excused []bool) {
+	deny, longest := -1, -1
+	excused = make([]bool, len(ds))
+	for j, d := range ds {
+		if d.Allowed {
+			continue
+		}
+		if longest < 0 || d.RetryAfter > ds[longest].RetryAfter {
+			longest = j
+		}
+		if checks[idx[j]].Rule.Strategy == Delay && fits(j) {
+			excused[j] = true
+			continue
+		}
 		if deny < 0 || d.RetryAfter > ds[deny].RetryAfter {
 			deny = j
 		}
 	}
-	if deny < 0 { // cannot happen: the longest wait is past limit
-		for j := range ds {
-			if !ds[j].Allowed && (deny < 0 || ds[j].RetryAfter > ds[deny].RetryAfter) {
-				deny = j
-			}
-		}
-		return deny, nil
+	if deny < 0 {
+		return longest, nil
 	}
 	return deny, excused
 }
