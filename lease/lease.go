@@ -1162,12 +1162,10 @@ func (s *Store) topUp(ctx context.Context, l *lease, left leftover, key string, 
 	d, err := s.granter.Take(ctx, key, limit, cost-left.units)
 	if err != nil || !d.Allowed {
 		l.restore(left.gen, left.units, false) // still the lease's, for smaller requests
-		if err == nil {
-			// The lease's units may be gone by then: one Interval each.
-			d.RetryAfter += time.Duration(left.units) * limit.Interval()
-			d.Remaining += left.units // as Peek counts them
+		if err != nil {
+			return d, err
 		}
-		return d, err
+		return s.withUnits(ctx, d, key, limit, cost, left.units) // as Peek counts them
 	}
 	if s.now() > left.stop {
 		// The store may have taken its units after the lease ended: the
@@ -1449,6 +1447,13 @@ func (s *Store) Peek(ctx context.Context, key string, limit sluice.Limit, cost i
 		d.Remaining += k
 		return d, err
 	}
+	return s.withUnits(ctx, d, key, limit, cost, k)
+}
+
+// withUnits is d, the store's denial of cost − k units, as the answer to
+// a request of cost with k units of a lease to spend: Take's and Peek's
+// alike, so that they agree.
+func (s *Store) withUnits(ctx context.Context, d sluice.Decision, key string, limit sluice.Limit, cost, k int64) (sluice.Decision, error) {
 	switch limit.Algorithm {
 	case sluice.SlidingWindowCounter:
 		// When cost units will be there depends on the previous window's

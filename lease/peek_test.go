@@ -227,3 +227,33 @@ func TestPeekAsTakeAfterResetElsewhere(t *testing.T) {
 		})
 	}
 }
+
+// A denied request that a lease's last units would have gone with: Peek
+// and Take give the same wait (for the fixed window the window's end, not
+// one Interval more per unit, which only the buckets need).
+func TestPeekAsTakeStrandedDenialWait(t *testing.T) {
+	t.Parallel()
+	for _, alg := range []sluice.Algorithm{sluice.FixedWindow, sluice.SlidingWindowCounter, sluice.GCRA} {
+		t.Run(alg.String(), func(t *testing.T) {
+			clock := storetest.NewClock(storetest.T0)
+			mem := memory.New(&memory.Options{Clock: clock.Now, SweepInterval: -1})
+			defer mem.Close()
+			l := sluice.Limit{Algorithm: alg, Rate: 4, Period: time.Second}
+			a, err := lease.New(mem, &lease.Options{MaxStaleness: 900 * time.Millisecond, Size: 2, Clock: clock.Now})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if d, _ := a.Take(ctx, "k", l, 1); !d.Allowed || d.Source != sluice.SourceLease && d.Source != sluice.SourceBackend {
+				t.Fatal(d)
+			}
+			if d, _ := mem.Take(ctx, "k", l, 2); !d.Allowed { // another process takes the rest
+				t.Fatal(d)
+			}
+			p, _ := a.Peek(ctx, "k", l, 2)
+			d, _ := a.Take(ctx, "k", l, 2)
+			if p.Allowed || d.Allowed || p.RetryAfter != d.RetryAfter {
+				t.Errorf("Peek(2) = %+v, Take(2) = %+v; want both denied with one wait", p, d)
+			}
+		})
+	}
+}
