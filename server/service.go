@@ -252,9 +252,9 @@ func (s *Service) SetConfig(cfg *config.Config) {
 	s.snap.Store(snap)
 }
 
-// policyOf names the policy whose store key key is (a rate or in-flight
-// key, whatever its limit), under the configuration in force; "" for
-// another key (a block key, one of a limit a request carried).
+// policyOf names the policy whose store key key is (a rate, in-flight or
+// Penalty block key, whatever its limit), under the configuration in
+// force; "" for another key (one of a limit a request carried).
 func (s *Service) policyOf(key string) string {
 	snap := s.snap.Load()
 	if snap == nil {
