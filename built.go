@@ -8,7 +8,9 @@ import (
 // BuildChecker is implemented by stores that can tell, without calling
 // their backend, that they were not built (a zero value, a nil pointer, a
 // nil client): CheckBuilt then returns an error wrapping ErrStoreNotBuilt,
-// else nil. The memory, Redis and resilient stores implement it.
+// else nil. memory.Store, redisstore.Store, lease.Store, resilient.Store
+// and resilient.MultiStore implement it, and so does redisstore.Membership,
+// a fleet registry rather than a store, which resilient.NewFleet checks.
 type BuildChecker interface {
 	CheckBuilt() error
 }
