@@ -3,6 +3,7 @@ package resilient
 import (
 	"context"
 	"errors"
+	"sync/atomic"
 	"testing"
 
 	"github.com/sluicehq/sluice"
@@ -47,5 +48,50 @@ func TestNewRefusesUnbuiltFallback(t *testing.T) {
 	}
 	if err := s.Reset(context.Background(), "k", sluice.PerSecond(5)); err != nil {
 		t.Errorf("Reset with Redis up: %v", err)
+	}
+}
+
+// checkCounted is a fallback that counts its CheckBuilt calls: a zero
+// memory.Store, which refuses, or a built one.
+type checkCounted struct {
+	*memory.Store
+	calls atomic.Int32
+}
+
+func (c *checkCounted) CheckBuilt() error {
+	c.calls.Add(1)
+	return c.Store.CheckBuilt()
+}
+
+// New and NewMulti ask the fallback whether it was built once, whether it
+// was or not.
+func TestNewChecksFallbackOnce(t *testing.T) {
+	t.Parallel()
+	backend := redisstore.New(redistest.Client(t), &redisstore.Options{Prefix: redistest.Prefix(t)})
+	built := memory.New(nil)
+	t.Cleanup(func() { built.Close() })
+	for name, mem := range map[string]*memory.Store{"unbuilt": {}, "built": built} {
+		fb := &checkCounted{Store: mem}
+		s, err := New(backend, &Options{Fallback: fb})
+		if (err != nil) != (name == "unbuilt") {
+			t.Errorf("New, %s fallback: %v", name, err)
+		}
+		if s != nil {
+			s.Close()
+		}
+		if got := fb.calls.Load(); got != 1 {
+			t.Errorf("New, %s fallback: CheckBuilt called %d times, want 1", name, got)
+		}
+		fb.calls.Store(0)
+		m, err := NewMulti(backend, &Options{Fallback: fb})
+		if (err != nil) != (name == "unbuilt") {
+			t.Errorf("NewMulti, %s fallback: %v", name, err)
+		}
+		if m != nil {
+			m.Close()
+		}
+		if got := fb.calls.Load(); got != 1 {
+			t.Errorf("NewMulti, %s fallback: CheckBuilt called %d times, want 1", name, got)
+		}
 	}
 }

@@ -377,12 +377,16 @@ func build(backend sluice.Store, opts *Options) (*Store, error) {
 	if opts != nil {
 		o = *opts
 	}
+	var unbuilt error
+	if o.Fallback != nil && !isNil(o.Fallback) {
+		unbuilt = sluice.CheckBuilt(o.Fallback)
+	}
 	switch {
 	case o.Fallback != nil && isNil(o.Fallback):
 		return nil, fmt.Errorf("%w: nil fallback %T", ErrInvalidOptions, o.Fallback)
-	case o.Fallback != nil && sluice.CheckBuilt(o.Fallback) != nil:
+	case unbuilt != nil:
 		// It would answer nothing, and only an outage would show it.
-		return nil, fmt.Errorf("%w: fallback: %w", ErrInvalidOptions, sluice.CheckBuilt(o.Fallback))
+		return nil, fmt.Errorf("%w: fallback: %w", ErrInvalidOptions, unbuilt)
 	case o.Policy > FailClosed:
 		return nil, fmt.Errorf("%w: unknown policy %d", ErrInvalidOptions, o.Policy)
 	case o.Timeout < 0:
