@@ -226,8 +226,8 @@ type Options struct {
 	Fleet *Fleet
 
 	// Fallback is the local store for FallbackLocal. For a MultiStore it
-	// must implement sluice.MultiStore. Default: a memory.Store that the
-	// Store owns and closes in Close.
+	// must implement sluice.MultiStore. Default: a memory.Store on Clock
+	// that the Store owns and closes in Close.
 	Fallback sluice.Store
 
 	// FailureRate opens the breaker when at least this share of the
@@ -295,8 +295,9 @@ type Options struct {
 	// Observer receives store events and breaker changes. Default: none.
 	Observer sluice.Observer
 
-	// Clock returns the current time, for the deny cache and the breaker.
-	// Default: time.Now.
+	// Clock returns the current time, for the deny cache, the breaker and
+	// the default Fallback (a Fallback given here keeps its own clock).
+	// Default: time.Now (the default Fallback's own clock, monotonic).
 	Clock func() time.Time
 }
 
@@ -425,7 +426,7 @@ func build(backend sluice.Store, opts *Options) (*Store, error) {
 		s.cache = newDenyCache(orDefault(o.DenyCacheSize, 100_000), o.DenyCacheFor)
 	}
 	if s.policy == FallbackLocal && s.fallback == nil {
-		s.owned = memory.New(nil)
+		s.owned = memory.New(&memory.Options{Clock: o.Clock})
 		s.fallback = s.owned
 	}
 	return s, nil
