@@ -54,6 +54,10 @@ type breaker struct {
 	cycles     int
 	quietUntil time.Time
 	unlogged   int
+
+	// closed logs the failure policy's answers while the breaker is
+	// closed (policyAnswered).
+	closed closedAnswers
 }
 
 // windowSlices is how many parts the failure-rate window is kept in: the window
@@ -67,6 +71,7 @@ type slot struct {
 
 func newBreaker(o *Options, name string) breaker {
 	window := orDefault(o.Window, 10*time.Second)
+	log := orDefault(o.Logger, slog.Default())
 	return breaker{
 		rate:       orDefault(o.FailureRate, 0.5),
 		minCalls:   int64(orDefault(o.MinCalls, 20)),
@@ -78,8 +83,9 @@ func newBreaker(o *Options, name string) breaker {
 		name:       name,
 		policy:     o.Policy,
 		observer:   o.Observer,
-		log:        orDefault(o.Logger, slog.Default()),
+		log:        log,
 		jitter:     rand.Float64,
+		closed:     closedAnswers{log: log, store: name, policy: o.Policy, gather: closedGather, quiet: closedQuiet},
 	}
 }
 
@@ -92,6 +98,15 @@ func (b *breaker) current() sluice.BreakerState { return sluice.BreakerState(b.s
 func (b *breaker) announce() {
 	if b.observer != nil {
 		b.observer.ObserveBreaker(sluice.BreakerEvent{Store: b.name, From: sluice.BreakerClosed, To: sluice.BreakerClosed})
+	}
+}
+
+// policyAnswered notes a decision the failure policy answered, for a call
+// that failed with err (nil: none was sent). While the breaker is closed
+// no transition tells it: closedAnswers logs it.
+func (b *breaker) policyAnswered(err error) {
+	if b.current() == sluice.BreakerClosed {
+		b.closed.note(err)
 	}
 }
 
@@ -260,6 +275,9 @@ func (b *breaker) set(now time.Time, to sluice.BreakerState, why string, err err
 	from := b.current()
 	if from == to {
 		return
+	}
+	if from == sluice.BreakerClosed {
+		b.closed.flush() // the answers before it opened, told before it
 	}
 	// An outage probes every ProbeInterval: after its first probe cycle
 	// (half_open, open again) is logged, the next ones are logged at most

@@ -161,8 +161,9 @@ func (l *lines) all() []string {
 }
 
 // A flap is logged as one line per transition, plus one as the failure
-// policy starts and one as it stops; nothing else, however many calls. An
-// opening names the error of the call that opened it.
+// policy starts and one as it stops, and before the opening one for the
+// calls that failed while the breaker was closed; nothing else, however
+// many calls. An opening names the error of the call that opened it.
 func TestBreakerLogsFlap(t *testing.T) {
 	t.Parallel()
 	clk := storetest.NewClock(t0)
@@ -184,14 +185,15 @@ func TestBreakerLogsFlap(t *testing.T) {
 	}
 	take(10)
 	b.mode.Store(1)
-	take(30) // 20 calls open it; the rest fall back without a line
+	take(30) // 20 calls, 10 failed, open it; the rest fall back without a line
 	clk.Advance(time.Second)
 	take(5) // a failed probe
 	b.mode.Store(0)
 	clk.Advance(time.Second)
 	take(10) // two good probes close it
 	want := []string{
-		"resilient: breaker open store=redis from=closed error=backend down", // the cause, on the line
+		closedMsg + " store=redis policy=local decisions=9 error=backend down", // the 9 before the opening
+		"resilient: breaker open store=redis from=closed error=backend down",   // the cause, on the line
 		"resilient: failure policy on store=redis policy=local",
 		"resilient: breaker half_open store=redis from=open",
 		"resilient: breaker open store=redis from=half_open error=backend down",

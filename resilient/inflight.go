@@ -161,6 +161,7 @@ func (s *Store) AbandonSlot(key, holder string) {
 // failSlot answers an Acquire by the policy.
 func (s *Store) failSlot(ctx context.Context, key string, l sluice.InFlightLimit, weight int64, holder string, now time.Time, lat time.Duration, berr error) (sluice.SlotDecision, error) {
 	ref := slotRef{key, holder}
+	s.br.policyAnswered(berr)
 	switch s.policyNow() {
 	case FailOpen:
 		s.observe("acquire", key, sluice.SourceFailOpen, lat, berr)

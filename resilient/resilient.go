@@ -19,8 +19,21 @@
 // release or extend of a held slot, a grant): a peek or a denial proves
 // only that reads work, and the next call probes instead. Each transition
 // is one log line (Options.Logger) and an Observer BreakerEvent; the
-// failure policy starts answering when the breaker leaves closed and stops
-// when it closes.
+// failure policy starts answering every call when the breaker leaves
+// closed and stops when it closes.
+//
+// With the breaker closed, the policy answers each call that failed on its
+// own (one timeout on a starved host). No transition tells those, so they
+// have a WARN line of their own, "resilient: failure policy answered
+// failed calls (breaker still closed)": a second after the first such
+// answer, with how many decisions the policy answered since the last such
+// line (decisions), the policy, the store and the first of their errors
+// (error); then at most one a minute while they go on, and at once, before
+// the breaker's own line, if it opens, or at Close. A burst is thus one
+// line, not one per decision. Every decision the policy answers, the
+// breaker closed or not, is also an Observer StoreEvent whose Source is
+// the policy's: promsluice counts them in
+// sluice_store_calls_total{source="fallback"} (or fail_open, fail_closed).
 //
 // A Store is a sluice.Regranter for package lease: grants, returns and
 // regrants pass through to a backend that grants while the breaker lets
@@ -271,7 +284,9 @@ type Options struct {
 	CloseAfter int
 
 	// Logger receives one line per breaker transition and per switch of the
-	// failure policy on and off. Default: slog.Default(); for none, pass
+	// failure policy on and off, and one for the decisions the policy
+	// answered while the breaker stayed closed, at most once a minute (see
+	// the package doc). Default: slog.Default(); for none, pass
 	// slog.New(slog.DiscardHandler).
 	Logger *slog.Logger
 
@@ -455,10 +470,15 @@ func NewMulti(backend sluice.MultiStore, opts *Options) (*MultiStore, error) {
 	return m, nil
 }
 
-// Close releases the default fallback store. The backend is the caller's
-// to close.
+// Close writes the pending line for decisions the failure policy answered
+// while the breaker was closed, if any, and releases the default fallback
+// store. The backend is the caller's to close.
 func (s *Store) Close() error {
-	if s != nil && s.owned != nil {
+	if s == nil {
+		return nil
+	}
+	s.br.closed.flush()
+	if s.owned != nil {
 		return s.owned.Close()
 	}
 	return nil
@@ -607,6 +627,7 @@ func (s *Store) decide(ctx context.Context, op, key string, limit sluice.Limit, 
 // is an earlier lease call's, which that call's event reported
 // (sluice.StoreEvent.Reported).
 func (s *Store) failOne(ctx context.Context, op, key string, limit sluice.Limit, cost int64, take bool, lat time.Duration, berr error, reported bool) (sluice.Decision, error) {
+	s.br.policyAnswered(berr)
 	src := sluice.SourceFallback
 	switch s.policyNow() {
 	case FailOpen:
@@ -840,6 +861,7 @@ func allowedAll(ds []sluice.Decision) bool {
 
 func (m *MultiStore) failAll(ctx context.Context, reqs []sluice.Request, lat time.Duration, berr error) ([]sluice.Decision, error) {
 	s := m.Store
+	s.br.policyAnswered(berr)
 	out := make([]sluice.Decision, len(reqs))
 	switch s.policyNow() {
 	case FailOpen:
