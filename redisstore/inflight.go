@@ -32,7 +32,7 @@ var (
 // slotKey returns the Redis key of key's in-flight holders, apart from
 // every algorithm's key.
 func (s *Store) slotKey(key string) string {
-	return s.prefix + "{" + key + "}:if2"
+	return s.keyOf(key, "if2")
 }
 
 // SlotKeys returns the Redis keys that hold key's in-flight slots (one),
@@ -168,7 +168,7 @@ func (s *Store) ReleaseOnce(ctx context.Context, key, holder string, remember ti
 // ReleaseOnce remembers: in the hash slot of key's holders, so that one
 // script writes both.
 func (s *Store) releasedKey(key string) string {
-	return s.prefix + "{" + key + "}:if2r"
+	return s.keyOf(key, "if2r")
 }
 
 // releaseYoung releases a holder of weight 1 that young knew to hold: its

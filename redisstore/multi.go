@@ -21,8 +21,9 @@ import (
 // gone and may be denied. A take whose reply is lost (a timeout, a context
 // ended while the call was in flight) is not given back, since it may not
 // have run: it can cost quota, never admit extra. To stay on the atomic
-// path in a Cluster, give related keys a common hash tag
-// ("{tenant42}:user7").
+// path in a Cluster, give related keys a common hash tag, anywhere in the
+// key ("{tenant42}:user7", "api:{tenant42}:ip"): a tagged key's state is
+// stored so that Redis hashes exactly its tag (see the package doc).
 //
 // Two requests on the same key and algorithm are rejected with
 // sluice.ErrInvalidKey, as by the memory store.

@@ -25,9 +25,9 @@ type algorithm struct {
 	script *script // now.lua, then file; built by init
 }
 
-// algorithms is indexed by sluice.Algorithm. No suffix contains ':' or
-// '}', so the text after a key's last ':' names the algorithm and no two
-// (key, algorithm) pairs can map to one Redis key.
+// algorithms is indexed by sluice.Algorithm. No suffix contains ':', so
+// the text after a key's last ':' names the algorithm and no two (key,
+// algorithm) pairs can map to one Redis key (see keyOf).
 var algorithms = []algorithm{
 	sluice.GCRA:                 {file: "gcra.lua", suffix: "gcra", reply: 4, params: intervalSpan},
 	sluice.TokenBucket:          {file: "token_bucket.lua", suffix: "tb", reply: 4, params: intervalCapacity},

@@ -23,15 +23,25 @@ func groupOf(client redis.UniversalClient) func(key string) string {
 	}
 }
 
-// hashTag returns the part of key Redis Cluster hashes: the text between the
-// first "{" and the next "}", if non-empty, else the whole key.
+// hashTag returns the part of key Redis Cluster hashes: its tag (tagOf) if
+// it has one, else the whole key.
 func hashTag(key string) string {
-	if i := strings.IndexByte(key, '{'); i >= 0 {
-		if j := strings.IndexByte(key[i+1:], '}'); j > 0 {
-			return key[i+1 : i+1+j]
-		}
+	if tag, ok := tagOf(key); ok {
+		return tag
 	}
 	return key
+}
+
+// tagOf returns key's hash tag as Redis Cluster defines it: the text between
+// the first "{" and the next "}", if non-empty. ok is false for a key
+// without one, which Redis hashes whole.
+func tagOf(key string) (tag string, ok bool) {
+	if i := strings.IndexByte(key, '{'); i >= 0 {
+		if j := strings.IndexByte(key[i+1:], '}'); j > 0 {
+			return key[i+1 : i+1+j], true
+		}
+	}
+	return "", false
 }
 
 // slot returns the Redis Cluster hash slot of key: CRC16 (XMODEM) of its

@@ -17,7 +17,7 @@ func TestSlot(t *testing.T) {
 	s := New(c, nil)
 	keys := []string{"", "a", "foo", "123456789", "{user1000}.following", "foo{}{bar}", "foo{{bar}}zap", "foo{bar}{zap}"}
 	for _, a := range sluice.Algorithms() {
-		keys = append(keys, s.redisKey("k", a), s.redisKey("}x", a), s.redisKey("{tenant}:u", a))
+		keys = append(keys, s.redisKey("k", a), s.redisKey("}x", a), s.redisKey("{tenant}:u", a), s.redisKey("api:{tenant}:u", a))
 	}
 	for _, k := range keys {
 		want, err := c.ClusterKeySlot(context.Background(), k).Result()
@@ -32,7 +32,7 @@ func TestSlot(t *testing.T) {
 
 func TestOneSlot(t *testing.T) {
 	key := func(k string) string { return New(nil, nil).redisKey(k, sluice.GCRA) }
-	together := []string{key("{t}:a"), key("{t}:b")}
+	together := []string{key("{t}:a"), key("api:{t}:b")}
 	apart := []string{key("user"), key("ip")}
 	if slot(apart[0]) == slot(apart[1]) {
 		t.Fatal("pick keys in different slots")

@@ -50,9 +50,11 @@
 // replica within a reload of the promotion (see OnFailover); go-redis
 // itself reloads only on redirects and every ClusterStateReloadInterval.
 //
-// Keys are laid out as Prefix + "{" + key + "}:" + algorithm code, so all
-// of one key's state lives in one Cluster hash slot and different
-// algorithms never share state. Every key gets a TTL equal to the
+// Keys are laid out as Prefix + "{" + key + "}:" + algorithm code, or, for
+// a key with a hash tag ("{t1}:a", "api:{t1}:b"), Prefix + "[" + key + "]:"
+// + algorithm code, so all of one key's state lives in one Cluster hash
+// slot, keys with a common tag share it (TakeAll's atomic path) and
+// different algorithms never share state. Every key gets a TTL equal to the
 // decision's ResetAfter (rounded up to a millisecond): an expired key is
 // exactly a fresh one.
 package redisstore
@@ -120,7 +122,8 @@ const (
 // Options configures a Store. A nil *Options gives every default, as does
 // 0 for a number or duration; a negative one is refused (ErrInvalidOptions).
 type Options struct {
-	// Prefix of every Redis key. Default "sluice:".
+	// Prefix of every Redis key. Default "sluice:". A "{" in it decides
+	// every key's hash slot in place of the keys' own hash tags.
 	Prefix string
 	// Clock, when non-nil, supplies "now" from the caller (for managed Redis
 	// that rejects TIME, and for deterministic tests). Nil (the default)
@@ -268,7 +271,9 @@ func (s *Store) unbuilt() error {
 }
 
 // Keys returns the Redis keys that hold key's state under l (one today), for
-// inspecting TTLs or checking what was written. It does not validate.
+// inspecting TTLs or checking what was written: Prefix + "{" + key + "}:" +
+// algorithm code, or Prefix + "[" + key + "]:" + code for a key with a hash
+// tag. It does not validate.
 func (s *Store) Keys(key string, l sluice.Limit) []string {
 	if s == nil {
 		s = &Store{}
@@ -280,6 +285,32 @@ func (s *Store) redisKey(key string, a sluice.Algorithm) string {
 	suffix := "unknown"
 	if a.Valid() {
 		suffix = algorithms[a].suffix
+	}
+	return s.keyOf(key, suffix)
+}
+
+// keyOf returns the Redis key of key's state named by suffix: an
+// algorithm's code, that code + "-reset" (resetKey), "if2" or "if2r" (the
+// in-flight keys). Every Redis key built from a caller's key is built here.
+//
+// A key with a hash tag (tagOf) is stored as Prefix + "[" + key + "]:" +
+// suffix. With no "{" in Prefix, the key's own first "{", next "}" and the
+// tag between them are then the Redis key's, so Redis hashes exactly that
+// tag and related keys ("api:{t1}:a", "{t1}:b") share a slot. Any other key
+// keeps the layout of earlier versions, Prefix + "{" + key + "}:" + suffix,
+// and so its stored state. (Prefix + "{" + tag + "}" + key would not do:
+// "{a}" would give "{a}{a}:S", the old layout of the untagged "a}{a".)
+//
+// No two (key, suffix) pairs share a Redis key: no suffix holds ':', so
+// the suffix is the text after the last ':'; the byte after Prefix, '{' or
+// '[', tells the layout; and key is what lies between that byte and the
+// "}:" or "]:" before the suffix. So a tagged key never meets an untagged
+// one, nor any key of the old layout (all begin Prefix + "{"), nor the
+// registry's Prefix + "{fleet}" and "{fleet}:left" or Prefix + "check".
+// TestKeyLayoutInjective enumerates it.
+func (s *Store) keyOf(key, suffix string) string {
+	if _, ok := tagOf(key); ok {
+		return s.prefix + "[" + key + "]:" + suffix
 	}
 	return s.prefix + "{" + key + "}:" + suffix
 }

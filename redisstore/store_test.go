@@ -600,10 +600,18 @@ func TestNoClient(t *testing.T) {
 
 // TestTakeAllMatchesMemory: random layered requests (one to three limits
 // over three keys, every algorithm) decide exactly as the memory store's
-// TakeAll, on the one-script path (standalone) and on the take-and-refund
-// path (cluster, keys in different slots). Each algorithm keeps one limit,
-// so a key's state always means the same thing to both stores.
+// TakeAll, on the one-script path (standalone, and keys with a common hash
+// tag on the cluster) and on the take-and-refund path (cluster, untagged
+// keys in different slots). Each algorithm keeps one limit, so a key's
+// state always means the same thing to both stores.
 func TestTakeAllMatchesMemory(t *testing.T) {
+	for name, keys := range map[string][3]string{"untagged": {"k0", "k1", "k2"}, "tagged": {"api:{t}:k0", "{t}:k1", "k2{t}"}} {
+		// A name with a hash tag would give the Prefix one.
+		t.Run(name, func(t *testing.T) { t.Parallel(); takeAllMatchesMemory(t, keys) })
+	}
+}
+
+func takeAllMatchesMemory(t *testing.T, keys [3]string) {
 	ctx := context.Background()
 	redistest.Each(t, func(t *testing.T, c redis.UniversalClient) {
 		t.Parallel()
@@ -619,7 +627,7 @@ func TestTakeAllMatchesMemory(t *testing.T) {
 			for j := range n {
 				a := sluice.Algorithm(perm[j])
 				l := sluice.Limit{Algorithm: a, Rate: int64(3 + perm[j]%3), Period: 10 * time.Second}
-				reqs = append(reqs, sluice.Request{Key: fmt.Sprint("k", rng.IntN(3)), Limit: l, Cost: 1 + rng.Int64N(3)})
+				reqs = append(reqs, sluice.Request{Key: keys[rng.IntN(3)], Limit: l, Cost: 1 + rng.Int64N(3)})
 			}
 			dr, er := rs.TakeAll(ctx, reqs)
 			dm, em := ms.TakeAll(ctx, reqs)
