@@ -2,6 +2,7 @@ package grpclimit
 
 import (
 	"context"
+	"log/slog"
 	"strings"
 	"testing"
 
@@ -28,17 +29,18 @@ type cvKey struct{}
 
 // An auth interceptor storing a nil *user for an anonymous caller: the
 // per-user rule does not apply (ErrNoKey) and the per-IP rule limits the
-// call; a panicking String method is Internal. Without a recovery
+// call; a panicking String method is Internal, logged. Without a recovery
 // interceptor either one used to kill the server process. Over a real
 // server and client.
 func TestContextValueTypedNil(t *testing.T) {
 	t.Parallel()
 	store := memory.New(nil)
 	t.Cleanup(func() { store.Close() })
+	var logs logBuffer
 	in, err := New(store, []Rule{
 		{Name: "per-user", Limit: sluice.PerMinute(1), Key: ContextValue(cvKey{})},
 		{Name: "per-ip", Limit: sluice.PerMinute(2), Key: PeerIP()},
-	}, nil)
+	}, &Options{Logger: slog.New(slog.NewJSONHandler(&logs, nil))})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -61,7 +63,10 @@ func TestContextValueTypedNil(t *testing.T) {
 	}
 	value = cvPanicky{} // no call in flight: the handler reads it after this write
 	_, err = client.Check(ctx, &healthpb.HealthCheckRequest{})
-	if st, _ := status.FromError(err); st.Code() != codes.Internal || !strings.Contains(st.Message(), "panicked") {
-		t.Errorf("a panicking String method: %v, want Internal saying so", err)
+	if status.Code(err) != codes.Internal {
+		t.Errorf("a panicking String method: %v, want Internal", err)
+	}
+	if l := logs.lines(t); len(l) != 1 || !strings.Contains(l[0]["error"].(string), "panicked") {
+		t.Errorf("log %v, want one line saying the String method panicked", l)
 	}
 }

@@ -28,9 +28,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
@@ -86,7 +88,8 @@ type Rule struct {
 	Limit sluice.Limit
 	// Key says whom the call is counted against. Required.
 	Key KeyFunc
-	// Cost weighs a call. Below 1 it fails the call (Internal); above
+	// Cost weighs a call. Below 1 it fails the call (Internal, with the
+	// detail logged: see Options.Logger); above
 	// Limit.Capacity() the call can never be admitted and fails with
 	// ResourceExhausted without a RetryInfo, taking nothing (see the
 	// package doc). Default: 1.
@@ -140,6 +143,12 @@ type Options struct {
 	// Priority says how important a call is, for Shed rules. Default: nil,
 	// every call critical (a ShedRule is then a plain capacity).
 	Priority PriorityFunc
+	// Logger receives why a rule could not decide a call (its key
+	// function failed, its Cost was below 1, its Weight outside 1..Max):
+	// the client gets Internal "grpclimit: rate limiter misconfigured"
+	// only. One line at ERROR, then at most one a minute, counting the
+	// calls not logged. Default: slog.Default().
+	Logger *slog.Logger
 }
 
 // Interceptor enforces Rules on gRPC calls. Build one with New and install
@@ -159,6 +168,7 @@ type Interceptor struct {
 	exempt   func(context.Context, string) bool
 	allowed  HeaderSet
 	clock    func() time.Time
+	failures failureLog
 }
 
 // New returns an Interceptor enforcing rules on store. Layered limits need
@@ -193,10 +203,11 @@ func New(store sluice.Store, rules []Rule, opts *Options) (*Interceptor, error) 
 		}
 	}
 	in := &Interceptor{
-		rules:   rs,
-		exempt:  o.Exempt,
-		allowed: o.AllowedHeaders,
-		clock:   o.Clock,
+		rules:    rs,
+		exempt:   o.Exempt,
+		allowed:  o.AllowedHeaders,
+		clock:    o.Clock,
+		failures: failureLog{logger: o.Logger},
 	}
 	if in.clock == nil {
 		in.clock = time.Now
@@ -262,7 +273,7 @@ func (in *Interceptor) check(ctx context.Context, method string) (metadata.MD, e
 	var buf [4]enforce.Check
 	checks, err := in.rules.Collect(call{ctx, method}, buf[:0])
 	if err != nil {
-		return nil, status.Errorf(codes.Internal, "grpclimit: cannot key call: %v", err)
+		return nil, in.misconfigured(method, err)
 	}
 	if len(checks) == 0 {
 		return nil, nil
@@ -290,6 +301,53 @@ func (in *Interceptor) check(ctx context.Context, method string) (metadata.MD, e
 		return md, never(c.Rule.Name, c.Cost, c.Rule.Limit)
 	}
 	return md, denial(checks[v.Report].Rule.Name, v.Decision)
+}
+
+// errMisconfigured fails a call a rule could not key or weigh. It names
+// neither the rule nor the error, which are the server's business (as
+// httplimit's 500): they go to the log.
+var errMisconfigured = status.Error(codes.Internal, "grpclimit: rate limiter misconfigured")
+
+// misconfigured logs why a rule could not decide the call (err names the
+// rule) and returns the status the client gets.
+func (in *Interceptor) misconfigured(method string, err error) error {
+	msg := "grpclimit: rule cannot key call"
+	if errors.Is(err, sluice.ErrInvalidCost) || errors.Is(err, sluice.ErrInvalidWeight) {
+		msg = "grpclimit: rule cannot weigh call"
+	}
+	in.failures.log(msg, method, err)
+	return errMisconfigured
+}
+
+// failureLog logs the calls rules could not decide: the first at once,
+// then at most one a minute, so that a broken Cost function failing every
+// call does not flood the log.
+type failureLog struct {
+	logger  *slog.Logger
+	mu      sync.Mutex
+	last    time.Time // when the last line was written
+	skipped int64     // failures since then not logged
+}
+
+// failureLogEvery is how often failureLog writes a line at most.
+const failureLogEvery = time.Minute
+
+func (f *failureLog) log(msg, method string, err error) {
+	f.mu.Lock()
+	now := time.Now()
+	if !f.last.IsZero() && now.Sub(f.last) < failureLogEvery {
+		f.skipped++
+		f.mu.Unlock()
+		return
+	}
+	skipped := f.skipped
+	f.last, f.skipped = now, 0
+	f.mu.Unlock()
+	logger := f.logger
+	if logger == nil {
+		logger = slog.Default()
+	}
+	logger.Error(msg, "method", method, "error", err.Error(), "calls_not_logged", skipped)
 }
 
 // never is the ResourceExhausted status for a call whose cost exceeds its

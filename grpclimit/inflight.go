@@ -151,7 +151,7 @@ func (in *Interceptor) acquire(ctx context.Context, method string) (*enforce.Hel
 	case errors.As(err, &storeErr), errors.As(err, &cfgErr):
 		return nil, nil, storeFailed(ctx, err)
 	case err != nil:
-		return nil, nil, status.Errorf(codes.Internal, "grpclimit: cannot key call: %v", err)
+		return nil, nil, in.misconfigured(method, err)
 	case !v.Allowed:
 		md := metadata.Pairs("retry-after", strconv.FormatInt(v.RetrySeconds(), 10))
 		if v.Shed {

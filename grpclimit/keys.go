@@ -14,7 +14,8 @@ import (
 
 // KeyFunc says whom a call is counted against. It returns ErrNoKey when the
 // call carries no such key; the rule then does not apply to it. Any other
-// error fails the call with codes.Internal.
+// error fails the call with codes.Internal "grpclimit: rate limiter
+// misconfigured", the error going to Options.Logger, not to the client.
 type KeyFunc func(ctx context.Context, fullMethod string) (string, error)
 
 // call is one call as the shared rule collector sees it (see
