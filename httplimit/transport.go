@@ -2,7 +2,12 @@ package httplimit
 
 import (
 	"fmt"
+	"net"
 	"net/http"
+	"net/netip"
+	"net/url"
+	"strconv"
+	"strings"
 
 	"github.com/sluicehq/sluice"
 )
@@ -30,7 +35,13 @@ type TransportOptions struct {
 	// Base performs the requests. Default: http.DefaultTransport.
 	Base http.RoundTripper
 	// Key is the quota a request draws on. Default: its URL's host, so one
-	// Transport can call several providers, each with its own quota.
+	// Transport can call several providers, each with its own quota. The
+	// host is normalized, so that one provider has one quota however its
+	// URLs spell it: lower case, without a trailing dot or the scheme's
+	// default port (80 for http, 443 for https), an IP address in its
+	// canonical form, an IPv4-mapped IPv6 address as the IPv4 address
+	// ("[::ffff:127.0.0.1]:8080" is "127.0.0.1:8080"). Names are not
+	// resolved: "localhost" and "127.0.0.1" are two quotas.
 	Key func(*http.Request) string
 	// Cost is a request's weight. Default: 1.
 	Cost func(*http.Request) int64
@@ -61,8 +72,8 @@ func NewTransport(limiter *sluice.Limiter, opts *TransportOptions) (*Transport, 
 }
 
 // RoundTrip waits for quota (Limiter.WaitN) and then sends req. A nil req
-// or URL fails with ErrKey (with the default key there is no host to key
-// on), a nil t with ErrInvalidConfig.
+// or URL fails with ErrKey, as does a URL without a host under the default
+// key (there is no host to key on); a nil t fails with ErrInvalidConfig.
 func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	switch {
 	case req == nil:
@@ -74,9 +85,12 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		closeBody(req)
 		return nil, fmt.Errorf("%w: nil Request.URL", ErrKey)
 	}
-	key := req.URL.Host
+	var key string
 	if t.key != nil {
 		key = t.key(req)
+	} else if key = hostKey(req.URL); key == "" {
+		closeBody(req)
+		return nil, fmt.Errorf("%w: request URL has no host", ErrKey)
 	}
 	cost := int64(1)
 	if t.cost != nil {
@@ -94,4 +108,39 @@ func closeBody(req *http.Request) {
 	if req.Body != nil {
 		req.Body.Close()
 	}
+}
+
+// hostKey is the default key: u's host, normalized (see
+// TransportOptions.Key), or "" when u has none. Only spellings of one
+// address are merged: resolving names would make the key depend on DNS.
+func hostKey(u *url.URL) string {
+	host, port := strings.TrimSuffix(u.Hostname(), "."), u.Port()
+	if host == "" {
+		return ""
+	}
+	if a, err := netip.ParseAddr(host); err == nil {
+		host = a.Unmap().String()
+	} else {
+		host = strings.ToLower(host)
+	}
+	if n, err := strconv.ParseUint(port, 10, 16); err == nil {
+		port = strconv.FormatUint(n, 10) // "0443" is 443
+	}
+	switch strings.ToLower(u.Scheme) {
+	case "http":
+		if port == "80" {
+			port = ""
+		}
+	case "https":
+		if port == "443" {
+			port = ""
+		}
+	}
+	if port != "" {
+		return net.JoinHostPort(host, port)
+	}
+	if strings.Contains(host, ":") { // IPv6: bracketed, as in a URL
+		return "[" + host + "]"
+	}
+	return host
 }
