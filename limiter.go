@@ -68,6 +68,24 @@ func (l *Limiter) Limit() Limit {
 	return l.limit
 }
 
+// Store returns the store l decides on (nil for a zero Limiter), for code
+// that keeps state of its own beside l's keys: httplimit.Transport keeps
+// a provider's Retry-After there, so that a fleet sharing l shares it.
+func (l *Limiter) Store() Store {
+	if l == nil {
+		return nil
+	}
+	return l.store
+}
+
+// Prefix returns the prefix of l's keys (Options.Prefix).
+func (l *Limiter) Prefix() string {
+	if l == nil {
+		return ""
+	}
+	return l.prefix
+}
+
 // key joins the prefix. An empty caller key is rejected here (the joined
 // key would not be empty); the store enforces MaxKeyLen on the joined key.
 func (l *Limiter) key(key string) (string, error) {

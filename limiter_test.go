@@ -234,3 +234,20 @@ func TestZeroValuesDoNotPanic(t *testing.T) {
 		t.Errorf("ReturnAllowance under a zero Limit = %d, want 0", got)
 	}
 }
+
+func TestLimiterStoreAndPrefix(t *testing.T) {
+	t.Parallel()
+	store := memory.New(nil)
+	t.Cleanup(func() { store.Close() })
+	l, err := sluice.NewLimiter(store, sluice.PerSecond(1), &sluice.Options{Prefix: "api:"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l.Store() != sluice.Store(store) || l.Prefix() != "api:" {
+		t.Errorf("Store, Prefix = %v, %q; want the store and \"api:\"", l.Store(), l.Prefix())
+	}
+	var zero *sluice.Limiter
+	if zero.Store() != nil || zero.Prefix() != "" {
+		t.Error("a nil Limiter has a store or a prefix")
+	}
+}

@@ -36,7 +36,8 @@
 // until its handler returns; refusals are 429 (per key) or 503 (shed).
 //
 // Transport is the outbound side: an http.RoundTripper that waits for quota
-// before calling a rate-limited third-party API.
+// before calling a rate-limited third-party API, and holds a key's requests
+// for as long as the API's 429 or 503 Retry-After asks.
 //
 // For a shared limit across a fleet, pass a Redis store, wrapped by package
 // resilient to choose what happens when Redis fails.

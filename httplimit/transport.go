@@ -2,12 +2,14 @@ package httplimit
 
 import (
 	"fmt"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/netip"
 	"net/url"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/sluicehq/sluice"
 )
@@ -22,12 +24,26 @@ import (
 // other processes send on the key can still make one wait and then fail
 // at its deadline.
 //
+// When the provider answers 429 Too Many Requests or 503 Service
+// Unavailable with a Retry-After (seconds, or an HTTP-date read against
+// the response's Date), the Transport holds the key's requests until then
+// (at most MaxProviderHold): none is sent before the hold ends, and then they
+// draw on the quota again. A request whose deadline ends before the hold
+// does fails at once with an error wrapping ErrProviderHold and
+// context.DeadlineExceeded; one without a deadline waits, until its
+// context ends. The hold is kept in this process and in the limiter's
+// store, beside the quota's key, so that a fleet sharing a Redis store
+// holds together. Requests already sent when the 429 arrives are not
+// recalled. Other rate-limit headers (RateLimit, X-RateLimit-Reset) are
+// not read: providers disagree on what they mean.
+//
 // With a Redis store, a whole fleet shares the provider's quota.
 type Transport struct {
 	base    http.RoundTripper
 	limiter *sluice.Limiter
 	key     func(*http.Request) string
 	cost    func(*http.Request) int64
+	holds   holds
 }
 
 // TransportOptions configures a Transport. A nil *TransportOptions is valid.
@@ -45,6 +61,10 @@ type TransportOptions struct {
 	Key func(*http.Request) string
 	// Cost is a request's weight. Default: 1.
 	Cost func(*http.Request) int64
+	// Logger receives a line when a provider's hold could not be shared
+	// through the store (this process still holds), or looked up there.
+	// Default: slog.Default().
+	Logger *slog.Logger
 }
 
 var _ http.RoundTripper = (*Transport)(nil)
@@ -62,18 +82,23 @@ func NewTransport(limiter *sluice.Limiter, opts *TransportOptions) (*Transport, 
 		return nil, fmt.Errorf("%w: zero Limiter: build one with sluice.NewLimiter: %w", ErrInvalidConfig, err)
 	}
 	t := &Transport{base: http.DefaultTransport, limiter: limiter}
+	t.holds = holds{store: limiter.Store(), prefix: limiter.Prefix(), logger: slog.Default()}
 	if opts != nil {
 		if opts.Base != nil {
 			t.base = opts.Base
 		}
 		t.key, t.cost = opts.Key, opts.Cost
+		if opts.Logger != nil {
+			t.holds.logger = opts.Logger
+		}
 	}
 	return t, nil
 }
 
-// RoundTrip waits for quota (Limiter.WaitN) and then sends req. A nil req
-// or URL fails with ErrKey, as does a URL without a host under the default
-// key (there is no host to key on); a nil t fails with ErrInvalidConfig.
+// RoundTrip waits out the provider's hold on req's key, if any, then for
+// quota (Limiter.WaitN), and then sends req. A nil req or URL fails with
+// ErrKey, as does a URL without a host under the default key (there is no
+// host to key on); a nil t fails with ErrInvalidConfig.
 func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	switch {
 	case req == nil:
@@ -96,11 +121,32 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if t.cost != nil {
 		cost = t.cost(req)
 	}
-	if _, err := t.limiter.WaitN(req.Context(), key, cost); err != nil {
-		closeBody(req)
-		return nil, fmt.Errorf("httplimit: waiting for quota for %q: %w", key, err)
+	ctx := req.Context()
+	for {
+		// No quota is taken while the key is known to be held; a hold
+		// found only after the take (set while this request waited, or by
+		// another process) costs the unit taken, and the request draws
+		// again once the hold ends, so that the held requests do not all
+		// go at once.
+		if err := t.holds.wait(ctx, key); err != nil {
+			closeBody(req)
+			return nil, err
+		}
+		if _, err := t.limiter.WaitN(ctx, key, cost); err != nil {
+			closeBody(req)
+			return nil, fmt.Errorf("httplimit: waiting for quota for %q: %w", key, err)
+		}
+		if !t.holds.held(ctx, key) {
+			break
+		}
 	}
-	return t.base.RoundTrip(req)
+	resp, err := t.base.RoundTrip(req)
+	if err == nil && (resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode == http.StatusServiceUnavailable) {
+		if d := retryAfter(resp.Header, time.Now()); d > 0 {
+			t.holds.hold(ctx, key, d)
+		}
+	}
+	return resp, err
 }
 
 // closeBody closes req's body: a RoundTripper must, even on error.
