@@ -37,7 +37,11 @@ const (
 	// Penalty rejects, and after a violation blocks the key for the rule's
 	// Penalty duration, whatever its limit says: the defence for abused
 	// endpoints such as one-time-password requests. The block lives in the
-	// store, so it holds across a fleet sharing a Redis store.
+	// store, so it holds across a fleet sharing a Redis store. Checking it
+	// is a store call before the take (and starting it one after a
+	// violation): a resilient store's Timeout bounds each call, so with
+	// Redis stalled a Penalty rule's request waits two Timeouts where a
+	// Reject rule's waits one.
 	Penalty = enforce.Penalty
 )
 

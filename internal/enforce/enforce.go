@@ -51,7 +51,10 @@ const (
 	// Penalty rejects, and on a violation blocks the key for the rule's
 	// Penalty duration. The block is a key in the store, so it holds across
 	// a fleet. A denial made up by a failure policy (Decision.Source
-	// SourceFailClosed) is no violation and starts no block.
+	// SourceFailClosed) is no violation and starts no block. The block
+	// check is a store call of its own before the take, each bounded by a
+	// failure policy's Timeout: that Timeout is the store's, unknown here,
+	// so the two cannot share one deadline.
 	Penalty
 )
 
