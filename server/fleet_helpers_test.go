@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -19,6 +20,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/sluicehq/sluice/internal/race"
 	"github.com/sluicehq/sluice/internal/redistest"
 )
 
@@ -320,4 +322,84 @@ func (l *load) lastFailure() (at time.Time, why string) {
 		return time.Time{}, ""
 	}
 	return time.Unix(0, last), why
+}
+
+// stallDecisionTimeout is the lease stall tests' --decision-timeout: their
+// latency bounds are small multiples of it.
+const stallDecisionTimeout = 50 * time.Millisecond
+
+// leaseStall is one `sluice serve` on a private Redis, under a failure
+// policy, whose answers on leased keys a test times while it stalls that
+// Redis.
+type leaseStall struct {
+	redis  *redisProc
+	client *http.Client
+	url    string
+}
+
+// startLeaseStall starts the instance with cfg under --failure-policy
+// policy and a decision timeout of stallDecisionTimeout. The test's bounds
+// are on timers, so it skips under the race detector.
+func startLeaseStall(t *testing.T, policy, cfg string) *leaseStall {
+	t.Helper()
+	race.SkipTiming(t)
+	r := startRedis(t)
+	f := startFleet(t, r.url(), 1, cfg, "--failure-policy", policy, "--decision-timeout", stallDecisionTimeout.String())
+	return &leaseStall{
+		redis:  r,
+		client: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}, Timeout: 5 * time.Second},
+		url:    "http://" + f.procs[0].http + "/v1/check",
+	}
+}
+
+// check sends one check for key "stall" under policy, and returns its
+// status and how long the answer took.
+func (s *leaseStall) check(policy string) (code int, took time.Duration, err error) {
+	t0 := time.Now()
+	resp, err := s.client.Post(s.url, "application/json", strings.NewReader(fmt.Sprintf(`{"policy":%q,"key":"stall"}`, policy)))
+	took = time.Since(t0)
+	if err != nil {
+		return 0, took, err
+	}
+	resp.Body.Close()
+	return resp.StatusCode, took, nil
+}
+
+// stallTimes collects answers' latencies and status codes from many
+// goroutines.
+type stallTimes struct {
+	mu    sync.Mutex
+	took  []time.Duration
+	codes map[int]int
+}
+
+func (s *stallTimes) add(took time.Duration, code int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.codes == nil {
+		s.codes = map[int]int{}
+	}
+	s.took = append(s.took, took)
+	s.codes[code]++
+}
+
+// len is the number of answers collected; call it after the goroutines
+// adding them are done, as bound.
+func (s *stallTimes) len() int { return len(s.took) }
+
+// bound logs the latencies and fails the test when their pct-th percentile
+// is above pBound or the slowest above maxBound. what names the
+// measurement in both.
+func (s *stallTimes) bound(t *testing.T, what string, pct int, pBound, maxBound time.Duration) {
+	t.Helper()
+	slices.Sort(s.took)
+	n := len(s.took)
+	if n == 0 {
+		t.Fatalf("%s: no answers", what)
+	}
+	p, worst := s.took[n*pct/100], s.took[n-1]
+	t.Logf("%s: %d answers, median %v, p%d %v, max %v; codes %v", what, n, s.took[n/2], pct, p, worst, s.codes)
+	if p > pBound || worst > maxBound {
+		t.Errorf("%s: p%d %v, max %v; want p%d ≤ %v, max ≤ %v (decision timeout %v)", what, pct, p, worst, pct, pBound, maxBound, stallDecisionTimeout)
+	}
 }
