@@ -5,8 +5,7 @@ import (
 	"testing"
 
 	"github.com/sluicehq/sluice"
-	"github.com/sluicehq/sluice/memory"
-	"github.com/sluicehq/sluice/redisstore"
+	"github.com/sluicehq/sluice/internal/unbuilt"
 )
 
 // New refuses a store that was never built: it used to be accepted and
@@ -14,13 +13,9 @@ import (
 func TestNewRefusesUnbuiltStore(t *testing.T) {
 	t.Parallel()
 	rules := []Rule{{Name: "api", Limit: sluice.PerMinute(10), Key: Global()}}
-	for name, store := range map[string]sluice.Store{
-		"nil *memory.Store":     (*memory.Store)(nil),
-		"zero memory.Store":     &memory.Store{},
-		"zero redisstore.Store": &redisstore.Store{},
-	} {
-		if in, err := New(store, rules, nil); !errors.Is(err, ErrInvalidConfig) || !errors.Is(err, sluice.ErrStoreNotBuilt) {
-			t.Errorf("New(%s): %v, %v; want ErrInvalidConfig and ErrStoreNotBuilt", name, in, err)
+	for _, u := range unbuilt.Stores() {
+		if in, err := New(u.Store, rules, nil); !errors.Is(err, ErrInvalidConfig) || !errors.Is(err, sluice.ErrStoreNotBuilt) {
+			t.Errorf("New(%s): %v, %v; want ErrInvalidConfig and ErrStoreNotBuilt", u.Name, in, err)
 		}
 	}
 }

@@ -8,9 +8,8 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/unbuilt"
 	"github.com/sluicehq/sluice/memory"
-	"github.com/sluicehq/sluice/redisstore"
-	"github.com/sluicehq/sluice/resilient"
 )
 
 // New refuses a store that was never built, and NewTransport a zero
@@ -19,20 +18,13 @@ import (
 func TestNewRefusesUnbuiltStore(t *testing.T) {
 	t.Parallel()
 	rules := []Rule{{Name: "api", Limit: sluice.PerMinute(10), Key: Global()}}
-	for name, store := range map[string]sluice.Store{
-		"nil *memory.Store":       (*memory.Store)(nil),
-		"zero memory.Store":       &memory.Store{},
-		"nil *redisstore.Store":   (*redisstore.Store)(nil),
-		"zero redisstore.Store":   &redisstore.Store{},
-		"zero resilient.Store":    &resilient.Store{},
-		"nil *resilient.MultiSto": (*resilient.MultiStore)(nil),
-	} {
-		if m, err := New(store, rules, nil); !errors.Is(err, ErrInvalidConfig) || !errors.Is(err, sluice.ErrStoreNotBuilt) {
-			t.Errorf("New(%s): %v, %v; want ErrInvalidConfig and ErrStoreNotBuilt", name, m, err)
+	for _, u := range unbuilt.Stores() {
+		if m, err := New(u.Store, rules, nil); !errors.Is(err, ErrInvalidConfig) || !errors.Is(err, sluice.ErrStoreNotBuilt) {
+			t.Errorf("New(%s): %v, %v; want ErrInvalidConfig and ErrStoreNotBuilt", u.Name, m, err)
 		}
 		inflight := &Options{InFlight: []InFlightRule{{Name: "f", Limit: sluice.Concurrent(1, time.Second), Key: Global()}}}
-		if m, err := New(store, nil, inflight); !errors.Is(err, ErrInvalidConfig) {
-			t.Errorf("New(%s) with in-flight rules only: %v, %v; want ErrInvalidConfig", name, m, err)
+		if m, err := New(u.Store, nil, inflight); !errors.Is(err, ErrInvalidConfig) {
+			t.Errorf("New(%s) with in-flight rules only: %v, %v; want ErrInvalidConfig", u.Name, m, err)
 		}
 	}
 	if tr, err := NewTransport(&sluice.Limiter{}, nil); !errors.Is(err, ErrInvalidConfig) {
