@@ -225,7 +225,13 @@ func StartServerOptions(t testing.TB, opts *ServerOptions) *Server {
 var freePort = func(t testing.TB) int {
 	t.Helper()
 	if r := os.Getenv("SLUICE_REDIS_PORTS"); r != "" {
-		return portIn(t, r)
+		return portIn(t, r, func(port int) bool {
+			l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
+			if err == nil {
+				l.Close()
+			}
+			return err == nil
+		})
 	}
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -235,10 +241,10 @@ var freePort = func(t testing.TB) int {
 	return l.Addr().(*net.TCPAddr).Port
 }
 
-// portIn returns a port of the range "lo-hi" free on loopback, trying
-// them from a random one, so that test processes running at once seldom
-// pick the same.
-func portIn(t testing.TB, r string) int {
+// portIn returns the first port of the range "lo-hi" that take accepts
+// (a free one, on loopback), trying them from a random one, so that test
+// processes running at once seldom pick the same.
+func portIn(t testing.TB, r string, take func(port int) bool) int {
 	t.Helper()
 	a, b, _ := strings.Cut(r, "-")
 	lo, err1 := strconv.Atoi(a)
@@ -249,10 +255,7 @@ func portIn(t testing.TB, r string) int {
 	n := hi - lo + 1
 	start := rand.IntN(n)
 	for i := range n {
-		port := lo + (start+i)%n
-		l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
-		if err == nil {
-			l.Close()
+		if port := lo + (start+i)%n; take(port) {
 			return port
 		}
 	}
@@ -268,10 +271,27 @@ func FreePort(t testing.TB) int {
 }
 
 // DeadAddr returns a loopback address where nothing listens: connections
-// are refused, as by a Redis that is down.
+// are refused, as by a Redis that is down. Until the test's cleanup its
+// port stays bound to a socket that never listens, so that no other test
+// of the run (FreePort, Listen, a private server) nor another process can
+// listen there and answer in its place. (On systems other than unix ones
+// the port is only free when picked.)
 func DeadAddr(t testing.TB) string {
 	t.Helper()
-	return fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	var port int
+	var release func()
+	var err error
+	hold := func(p int) bool {
+		port, release, err = holdPort(p)
+		return err == nil
+	}
+	if r := os.Getenv("SLUICE_REDIS_PORTS"); r != "" {
+		portIn(t, r, hold)
+	} else if !hold(0) {
+		t.Fatalf("redistest: %v", err)
+	}
+	t.Cleanup(release)
+	return fmt.Sprintf("127.0.0.1:%d", port)
 }
 
 // Listen returns a loopback listener on a port of freePort's, closed at
