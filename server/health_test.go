@@ -376,6 +376,38 @@ func startOnRedis(t *testing.T, url, policy string, logs *syncBuffer) (*Server, 
 	return srv, &proc{http: srv.HTTPAddr(), grpc: srv.GRPCAddr()}
 }
 
+// sendCheck posts a check of key "k" under policy to p and drops the
+// answer: load whose answers the test reads elsewhere (metrics, logs).
+func sendCheck(p *proc, policy string) {
+	resp, err := http.Post("http://"+p.http+"/v1/check", "application/json", strings.NewReader(`{"policy":"`+policy+`","key":"k"}`))
+	if err == nil {
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+	}
+}
+
+// keepCalling runs workers goroutines, each calling f with its number and
+// then sleeping pause, until the returned stop, which waits for the calls
+// in flight.
+func keepCalling(workers int, pause time.Duration, f func(worker int)) (stop func()) {
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	for i := range workers {
+		wg.Go(func() {
+			for {
+				select {
+				case <-done:
+					return
+				default:
+				}
+				f(i)
+				time.Sleep(pause)
+			}
+		})
+	}
+	return func() { close(done); wg.Wait() }
+}
+
 func grpcHealth(t *testing.T, addr, service string) healthpb.HealthCheckResponse_ServingStatus {
 	t.Helper()
 	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
@@ -523,25 +555,12 @@ func TestServerRecoveryOnceUnderReadyz(t *testing.T) {
 	r := redistest.StartServer(t)
 	var logs syncBuffer
 	_, p := startOnRedis(t, "redis://"+r.Addr, "error", &logs)
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	for i := range 6 {
-		path := []string{"/readyz", "/v1/status"}[i%2]
-		wg.Go(func() {
-			for {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				if resp, err := http.Get("http://" + p.http + path); err == nil {
-					io.Copy(io.Discard, resp.Body)
-					resp.Body.Close()
-				}
-				time.Sleep(10 * time.Millisecond)
-			}
-		})
-	}
+	stop := keepCalling(6, 10*time.Millisecond, func(i int) {
+		if resp, err := http.Get("http://" + p.http + []string{"/readyz", "/v1/status"}[i%2]); err == nil {
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+		}
+	})
 	const outages = 3
 	for i := 1; i <= outages; i++ {
 		r.Stop()
@@ -556,8 +575,7 @@ func TestServerRecoveryOnceUnderReadyz(t *testing.T) {
 		}
 		time.Sleep(1500 * time.Millisecond) // checks begun in the outage end, or retry, here
 	}
-	close(stop)
-	wg.Wait()
+	stop()
 	if lost, back := countLines(&logs, "store lost"), countLines(&logs, "store back"); lost != outages || back != outages {
 		t.Errorf("%d store lost and %d store back lines for %d outages, want one each per outage:\n%s", lost, back, outages, logs.String())
 	}
@@ -950,21 +968,7 @@ func TestFaultPartialIgnoresIsolatedStalls(t *testing.T) {
 	srv := runServer(t, Options{ConfigFile: cfg, RedisURL: "redis://" + r.Addr, StoreCheckInterval: 50 * time.Millisecond,
 		Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	p := &proc{http: srv.HTTPAddr()}
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		for {
-			select {
-			case <-stop:
-				return
-			default:
-			}
-			if resp, err := http.Post("http://"+p.http+"/v1/check", "application/json", strings.NewReader(`{"policy":"api","key":"k"}`)); err == nil {
-				io.Copy(io.Discard, resp.Body)
-				resp.Body.Close()
-			}
-		}
-	})
+	stop := keepCalling(1, 0, func(int) { sendCheck(p, "api") })
 	admin := r.Client(t)
 	ctx := context.Background()
 	time.Sleep(300 * time.Millisecond)
@@ -977,8 +981,7 @@ func TestFaultPartialIgnoresIsolatedStalls(t *testing.T) {
 		}
 	}
 	time.Sleep(300 * time.Millisecond)
-	close(stop)
-	wg.Wait()
+	stop()
 	// Timeouts on established connections: the stall named as such.
 	if _, body := p.get(t, "/metrics"); !strings.Contains(body, `sluice_store_errors_total{cause="stalled",op="take",store="redis"}`) ||
 		strings.Contains(body, `sluice_store_errors_total{cause="unreachable"`) {
@@ -1002,18 +1005,12 @@ func TestFaultPartialIgnoresIsolatedStalls(t *testing.T) {
 func TestFaultPartialFailureNamesCause(t *testing.T) {
 	race.SkipTiming(t)
 	p, logs, _ := otherRefused(t, "partial")
-	check := func(policy string) {
-		if resp, err := http.Post("http://"+p.http+"/v1/check", "application/json", strings.NewReader(`{"policy":"`+policy+`","key":"k"}`)); err == nil {
-			io.Copy(io.Discard, resp.Body)
-			resp.Body.Close()
-		}
-	}
 	deadline := time.Now().Add(10 * time.Second)
 	var st map[string]any
 	for {
-		check("api")
-		check("api")
-		check("other")
+		sendCheck(p, "api")
+		sendCheck(p, "api")
+		sendCheck(p, "other")
 		if _, st = p.getJSON(t, "/v1/status"); st["degraded"] == true {
 			break
 		}
@@ -1151,30 +1148,13 @@ func TestFaultPartialPermanentLowTraffic(t *testing.T) {
 	race.SkipTiming(t)
 	p, logs, _ := otherRefused(t, "seldom")
 	// Policy api busy and passing keeps the breaker closed.
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		for {
-			select {
-			case <-stop:
-				return
-			case <-time.After(10 * time.Millisecond):
-			}
-			if resp, err := http.Post("http://"+p.http+"/v1/check", "application/json", strings.NewReader(`{"policy":"api","key":"k"}`)); err == nil {
-				io.Copy(io.Discard, resp.Body)
-				resp.Body.Close()
-			}
-		}
-	})
-	defer func() { close(stop); wg.Wait() }()
+	stop := keepCalling(1, 10*time.Millisecond, func(int) { sendCheck(p, "api") })
+	defer stop()
 	time.Sleep(200 * time.Millisecond)
 	start := time.Now()
 	var st map[string]any
 	for i := 0; ; i++ {
-		if resp, err := http.Post("http://"+p.http+"/v1/check", "application/json", strings.NewReader(`{"policy":"other","key":"k"}`)); err == nil {
-			io.Copy(io.Discard, resp.Body)
-			resp.Body.Close()
-		}
+		sendCheck(p, "other")
 		if _, st = p.getJSON(t, "/v1/status"); st["degraded"] == true {
 			break
 		}
@@ -1200,10 +1180,7 @@ func TestFaultPartialPermanentLowTraffic(t *testing.T) {
 	// Still refused, still seldom: degraded throughout, one line.
 	for range 4 {
 		time.Sleep(550 * time.Millisecond)
-		if resp, err := http.Post("http://"+p.http+"/v1/check", "application/json", strings.NewReader(`{"policy":"other","key":"k"}`)); err == nil {
-			io.Copy(io.Discard, resp.Body)
-			resp.Body.Close()
-		}
+		sendCheck(p, "other")
 	}
 	if _, st = p.getJSON(t, "/v1/status"); st["degraded"] != true {
 		t.Errorf("status %v after more refused calls, want degraded", st)
