@@ -3,7 +3,6 @@
 package server
 
 import (
-	"context"
 	"os"
 	"strings"
 	"syscall"
@@ -27,19 +26,6 @@ func aclServe(t *testing.T, user, cfg string) (*proc, *redis.Client, string) {
 	sluiceUser(t, admin, user)
 	f := startFleet(t, "redis://"+user+":pw@"+r.Addr, 1, cfg, "--failure-policy", "local")
 	return f.procs[0], admin, f.args[1]
-}
-
-// allowKeys makes the keys user may use those of patterns, and the keys
-// every policy shares (the fleet's, the checks', the breaker's probe).
-func allowKeys(t *testing.T, admin *redis.Client, user string, patterns ...string) {
-	t.Helper()
-	args := []any{"acl", "setuser", user, "resetkeys", "~sluice:check", "~sluice:{fleet}*", "~{sluice:fleet}*", "~sluice:{v*:sluice-breaker-probe*"}
-	for _, p := range patterns {
-		args = append(args, p)
-	}
-	if err := admin.Do(context.Background(), args...).Err(); err != nil {
-		t.Fatal(err)
-	}
 }
 
 // logLine awaits a line containing msg in p's log, for at most 2 s: health

@@ -1326,6 +1326,19 @@ func sluiceUser(t *testing.T, admin *redis.Client, name string) {
 	}
 }
 
+// allowKeys makes the keys user may use those of patterns, and the keys
+// every policy shares (the fleet's, the checks', the breaker's probe).
+func allowKeys(t *testing.T, admin *redis.Client, user string, patterns ...string) {
+	t.Helper()
+	args := []any{"acl", "setuser", user, "resetkeys", "~sluice:check", "~sluice:{fleet}*", "~{sluice:fleet}*", "~sluice:{v*:sluice-breaker-probe*"}
+	for _, p := range patterns {
+		args = append(args, p)
+	}
+	if err := admin.Do(context.Background(), args...).Err(); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // otherRefused runs a service, policies api and other, as Redis user
 // user, whom an ACL then refuses every key of policy other's; it returns
 // the service, its log and an admin client of Redis.
@@ -1342,9 +1355,7 @@ func otherRefused(t *testing.T, user string) (*proc, *syncBuffer, *redis.Client)
 	srv := runServer(t, Options{ConfigFile: cfg, RedisURL: "redis://" + user + ":pw@" + r.Addr, StoreCheckInterval: 50 * time.Millisecond,
 		Logger: slog.New(slog.NewTextHandler(logs, nil))})
 	// Every key sluice uses but policy other's.
-	if err := admin.Do(context.Background(), "acl", "setuser", user, "resetkeys", "~sluice:check", "~sluice:{fleet}*", "~{sluice:fleet}*", "~sluice:{v3:api@*", "~sluice:{v2:sluice-breaker-probe*").Err(); err != nil {
-		t.Fatal(err)
-	}
+	allowKeys(t, admin, user, "~sluice:{v*:api@*")
 	return &proc{http: srv.HTTPAddr()}, logs, admin
 }
 
