@@ -26,7 +26,7 @@ func TestFleetLeaseRefillOneCall(t *testing.T) {
 policies:
   - name: hot
     limit: fixed_window 100000/hour
-    lease: 50ms
+    lease: 250ms
 `, "--failure-policy", policy)
 			p := f.procs[0]
 			key := fmt.Sprintf("refill-%s-%d", policy, time.Now().UnixNano())
@@ -38,7 +38,11 @@ policies:
 					t.Fatalf("check %d: %d %v", i, code, js)
 				}
 				if i%10 == 9 {
-					time.Sleep(80 * time.Millisecond) // the lease ends holding units
+					// The lease ends holding units. D is long enough that a
+					// slow machine's requests still read as demand for a lease
+					// (a key without it is not leased, and its units go back
+					// with a return of their own).
+					time.Sleep(300 * time.Millisecond)
 				}
 			}
 			calls := storeCalls(t, p)
