@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -40,14 +41,16 @@ var (
 )
 
 // capListener accepts at most cap connections at once. At the cap, a new
-// connection makes room by closing the connection idle the longest (HTTP:
+// connection makes room by closing the oldest silent one (accepted, but no
+// request yet: see capConn.silent), else the one idle the longest (HTTP:
 // between requests, as ConnState reports; gRPC: past its handshake with no
-// call in progress, as grpcIdle reports), so that idle pools cannot lock
-// fresh clients (probes, scrapes, Envoy) out until their idle timeout; with
-// none idle it takes one of the few probe places (HTTP only: see
-// probesOnly) or, with those held too, is closed at once (the client sees
-// a reset and can try another instance) rather than left queued. Both are
-// counted and logged at most once per quietFor.
+// call in progress, as grpcIdle reports), so that silent sockets and idle
+// pools cannot lock fresh clients (probes, scrapes, Envoy) out until their
+// timeouts; with none of either it takes one of the few probe places (HTTP
+// only: see probesOnly), where a silent holder gives way the same, or is
+// closed at once (the client sees a reset and can try another instance)
+// rather than left queued. Both are counted and logged at most once per
+// quietFor.
 type capListener struct {
 	net.Listener
 	name string
@@ -62,10 +65,17 @@ type capListener struct {
 	lastLog    atomic.Int64 // unix nanoseconds of the last refusal logged
 	lastIdle   atomic.Int64 // of the last idle connection closed logged
 
-	mu     sync.Mutex
-	idle   list.List           // *capConn idle, the longest idle at the front
-	byAddr map[string]*capConn // open connections by remote address, for gRPC's stats
+	mu   sync.Mutex
+	idle list.List // *capConn idle, the longest idle at the front
+	// silent and silentProbes: *capConn silent, under the cap and on the
+	// probe places, the oldest at the front.
+	silent, silentProbes list.List
+	byAddr               map[string]*capConn // open connections by remote address, for gRPC's stats
 }
+
+// closeScan bounds the connections of a list closeIdle looks at: those
+// with bytes unread are few and soon served.
+const closeScan = 64
 
 // Probe places past an HTTP listener's cap, and how long a connection
 // holding one may stay open: a probe asks once and hangs up, and its
@@ -83,7 +93,7 @@ func newCapListener(ln net.Listener, name string, n int, m *Metrics, log *slog.L
 	if m != nil {
 		l.refused = m.connRefused.WithLabelValues(name)
 		l.idleClosed = prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "sluice_connections_idle_closed_total", Help: "Idle connections closed to make room for a new one, the listener (http, grpc) having --max-connections open.",
+			Name: "sluice_connections_idle_closed_total", Help: "Silent or idle connections closed to make room for a new one, the listener (http, grpc) having --max-connections open.",
 			ConstLabels: prometheus.Labels{"listener": name},
 		})
 		m.reg.MustRegister(l.idleClosed, prometheus.NewGaugeFunc(prometheus.GaugeOpts{
@@ -109,41 +119,54 @@ func (l *capListener) Accept() (net.Conn, error) {
 		}
 		now := time.Now().UnixNano()
 		if last := l.lastLog.Load(); now-last >= int64(quietFor) && l.lastLog.CompareAndSwap(last, now) {
-			l.log.Warn("connection limit reached: refusing new connections, none idle", "listener", l.name, "max_connections", cap(l.sem))
+			l.log.Warn("connection limit reached: refusing new connections, none silent or idle", "listener", l.name, "max_connections", cap(l.sem))
 		}
 	}
 }
 
-// admit takes a place for c, closing idle connections to free one if need
-// be; nil if every place is held by a busy connection.
+// admit takes a place for c, closing silent or idle connections to free
+// one if need be; nil if every place is held by a busy connection.
 func (l *capListener) admit(c net.Conn) *capConn {
 	for {
 		select {
 		case l.sem <- struct{}{}:
-			cc := &capConn{Conn: c, l: l, addr: c.RemoteAddr().String()}
-			l.mu.Lock()
-			l.byAddr[cc.addr] = cc
-			l.mu.Unlock()
-			return cc
+			return l.track(&capConn{Conn: c, l: l, addr: c.RemoteAddr().String()})
 		default:
 		}
-		if !l.closeIdle() {
+		if !l.closeIdle(&l.silent, &l.idle) {
 			return l.admitProbe(c)
 		}
 	}
 }
 
-// admitProbe gives c one of the probe places, if one is free; it closes
-// after probeLife whatever it does.
+// admitProbe gives c one of the probe places, closing a silent holder to
+// free one if need be; it closes after probeLife whatever it does.
 func (l *capListener) admitProbe(c net.Conn) *capConn {
-	select {
-	case l.probes <- struct{}{}:
-	default:
-		return nil // also without probe places (a nil channel)
+	for {
+		select {
+		case l.probes <- struct{}{}:
+			cc := l.track(&capConn{Conn: c, l: l, addr: c.RemoteAddr().String(), probe: true})
+			time.AfterFunc(probeLife, func() { cc.Close() })
+			return cc
+		default:
+		}
+		if l.probes == nil || !l.closeIdle(&l.silentProbes) {
+			return nil
+		}
 	}
-	cc := &capConn{Conn: c, l: l, addr: c.RemoteAddr().String(), probe: true}
-	time.AfterFunc(probeLife, func() { cc.Close() })
-	return cc
+}
+
+// track records c, silent until its server says otherwise.
+func (l *capListener) track(c *capConn) *capConn {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.byAddr[c.addr] = c
+	if c.probe {
+		c.silent = l.silentProbes.PushBack(c)
+	} else {
+		c.silent = l.silent.PushBack(c)
+	}
+	return c
 }
 
 // probesOnly answers a request on a probe place (past the cap) only if it
@@ -192,17 +215,29 @@ func unwrapCapConn(c net.Conn) *capConn {
 	}
 }
 
-// closeIdle closes the connection idle the longest, if any. Its place is
-// free on return (capConn.Close releases it, or has, once).
-func (l *capListener) closeIdle() bool {
+// closeIdle closes the first connection of lists, in order, with no bytes
+// waiting unread in its socket (those are a request its server is about to
+// read). It reports whether it closed one, whose place is then free
+// (capConn.Close releases it, or has, once).
+func (l *capListener) closeIdle(lists ...*list.List) bool {
 	l.mu.Lock()
-	e := l.idle.Front()
-	if e == nil {
+	var cc *capConn
+	for _, ls := range lists {
+		n := 0
+		for e := ls.Front(); e != nil && cc == nil && n < closeScan; e, n = e.Next(), n+1 {
+			if c := e.Value.(*capConn); !unread(c.Conn) {
+				cc = c
+			}
+		}
+		if cc != nil {
+			break
+		}
+	}
+	if cc == nil {
 		l.mu.Unlock()
 		return false
 	}
-	cc := l.idle.Remove(e).(*capConn)
-	cc.idle = nil
+	l.unlistLocked(cc)
 	l.mu.Unlock()
 	cc.Close()
 	if l.idleClosed != nil {
@@ -210,7 +245,7 @@ func (l *capListener) closeIdle() bool {
 	}
 	now := time.Now().UnixNano()
 	if last := l.lastIdle.Load(); now-last >= int64(quietFor) && l.lastIdle.CompareAndSwap(last, now) {
-		l.log.Warn("connection limit reached: closing idle connections to make room", "listener", l.name, "max_connections", cap(l.sem))
+		l.log.Warn("connection limit reached: closing silent or idle connections to make room", "listener", l.name, "max_connections", cap(l.sem))
 	}
 	return true
 }
@@ -222,13 +257,27 @@ func (l *capListener) setIdle(c *capConn, idle bool) {
 	l.setIdleLocked(c, idle)
 }
 
+// setIdleLocked also ends c's silence: its server has heard from it.
 func (l *capListener) setIdleLocked(c *capConn, idle bool) {
+	l.unlistLocked(c)
+	if idle && !c.closed && !c.probe {
+		c.idle = l.idle.PushBack(c)
+	}
+}
+
+// unlistLocked takes c off the lists of connections to close for room.
+func (l *capListener) unlistLocked(c *capConn) {
 	if c.idle != nil {
 		l.idle.Remove(c.idle)
 		c.idle = nil
 	}
-	if idle && !c.closed && !c.probe {
-		c.idle = l.idle.PushBack(c)
+	if c.silent != nil {
+		if c.probe {
+			l.silentProbes.Remove(c.silent)
+		} else {
+			l.silent.Remove(c.silent)
+		}
+		c.silent = nil
 	}
 }
 
@@ -236,7 +285,7 @@ func (l *capListener) setIdleLocked(c *capConn, idle bool) {
 func (l *capListener) release(c *capConn) {
 	l.mu.Lock()
 	c.closed = true
-	l.setIdleLocked(c, false)
+	l.unlistLocked(c)
 	if l.byAddr[c.addr] == c {
 		delete(l.byAddr, c.addr)
 	}
@@ -250,9 +299,10 @@ func (l *capListener) release(c *capConn) {
 
 // httpConnState is the HTTP server's ConnState: a connection between
 // requests (HTTP/1 keep-alive, or HTTP/2 without streams) may be closed to
-// make room.
+// make room. Past StateNew a connection is no longer silent: its first
+// request (HTTP/2: its preface) has arrived, after any TLS handshake.
 func (l *capListener) httpConnState(c net.Conn, st http.ConnState) {
-	if cc := unwrapCapConn(c); cc != nil {
+	if cc := unwrapCapConn(c); cc != nil && st != http.StateNew {
 		l.setIdle(cc, st == http.StateIdle)
 	}
 }
@@ -264,8 +314,13 @@ type capConn struct {
 	addr string
 	once sync.Once
 	// Under l.mu:
-	idle   *list.Element // in l.idle while idle
-	calls  int           // gRPC calls in progress
+	idle *list.Element // in l.idle while idle
+	// silent: in l.silent (l.silentProbes) from its accept until its
+	// server reports it (HTTP: a request or the HTTP/2 preface read, past
+	// any TLS handshake; gRPC: its handshake done). Closing it loses
+	// nothing a client sent, and a silent one may be no client at all.
+	silent *list.Element
+	calls  int // gRPC calls in progress
 	closed bool
 	// probe: c holds a probe place (past the cap), not one of the cap's.
 	probe bool
@@ -278,8 +333,9 @@ func (c *capConn) Close() error {
 }
 
 // grpcIdle is the gRPC server's stats handler: a connection past its
-// handshake without calls in progress may be closed to make room. (Its
-// GOAWAY at grpcMaxIdle comes minutes later.)
+// handshake (ConnBegin: TLS, the HTTP/2 preface and settings) without
+// calls in progress may be closed to make room; before, it is silent.
+// (Its GOAWAY at grpcMaxIdle comes minutes later.)
 type grpcIdle struct{ l *capListener }
 
 type grpcConnKey struct{}
@@ -321,4 +377,25 @@ func (h grpcIdle) calls(ctx context.Context, d int) {
 	defer h.l.mu.Unlock()
 	c.calls += d
 	h.l.setIdleLocked(c, c.calls == 0)
+}
+
+// quietOwnCloses drops net/http's "TLS handshake error" lines for
+// connections this process closed in their handshake (for room, at a probe
+// place's end, at shutdown): the listener counts and logs those, and a
+// flood of silent sockets would otherwise log a line each.
+type quietOwnCloses struct{ slog.Handler }
+
+func (h quietOwnCloses) Handle(ctx context.Context, r slog.Record) error {
+	if strings.HasPrefix(r.Message, "http: TLS handshake error") && strings.HasSuffix(r.Message, net.ErrClosed.Error()) {
+		return nil
+	}
+	return h.Handler.Handle(ctx, r)
+}
+
+func (h quietOwnCloses) WithAttrs(as []slog.Attr) slog.Handler {
+	return quietOwnCloses{h.Handler.WithAttrs(as)}
+}
+
+func (h quietOwnCloses) WithGroup(name string) slog.Handler {
+	return quietOwnCloses{h.Handler.WithGroup(name)}
 }

@@ -365,7 +365,7 @@ func (s *Server) Start() error {
 		ReadTimeout:       readTimeout,
 		WriteTimeout:      httpWriteTimeout + s.opts.DecisionTimeout,
 		IdleTimeout:       httpIdleTimeout,
-		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
+		ErrorLog:          slog.NewLogLogger(quietOwnCloses{s.log.Handler()}, slog.LevelWarn),
 		ConnState:         s.httpCap.httpConnState,
 		ConnContext:       s.httpCap.httpConnContext,
 	}

@@ -30,12 +30,20 @@ func shortTimeouts(t *testing.T) {
 func slowClientServer(t *testing.T, maxConns int) *Server {
 	t.Helper()
 	shortTimeouts(t)
+	return capServer(t, Options{MaxConnections: maxConns})
+}
+
+// capServer serves policy p and the RLS domain d (descriptor k) with opts
+// (a connection cap, TLS).
+func capServer(t *testing.T, opts Options) *Server {
+	t.Helper()
 	file := filepath.Join(t.TempDir(), "sluice.yaml")
 	yaml := "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1000000}\n---\npolicies:\n  - name: p\n    limit: 1000000/s\n"
 	if err := os.WriteFile(file, []byte(yaml), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	srv := startServer(t, Options{ConfigFile: file, WatchInterval: -1, MaxConnections: maxConns})
+	opts.ConfigFile, opts.WatchInterval = file, -1
+	srv := startServer(t, opts)
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
@@ -128,12 +136,13 @@ func TestSlowBodiesCut(t *testing.T) {
 	promptly(t, srv)
 }
 
-// TestConnectionCap: past --max-connections (and, on HTTP, the probe
-// places) a listener closes new connections as soon as it accepts them,
-// counted; the other listener
-// still answers, and the cap frees as the idle ones are cut.
+// TestConnectionCap: past --max-connections of busy ones (and, on HTTP,
+// the probe places: none here) a listener closes new connections as soon
+// as it accepts them, counted; the other listener still answers, and the
+// cap frees as the slow bodies are cut.
 func TestConnectionCap(t *testing.T) {
 	const max = 50
+	noProbePlaces(t)
 	srv := slowClientServer(t, max)
 	var conns []net.Conn
 	t.Cleanup(func() {
@@ -141,15 +150,16 @@ func TestConnectionCap(t *testing.T) {
 			c.Close()
 		}
 	})
-	for range max + probePlaces { // the cap, then the probe places past it
+	for range max {
 		c, err := net.Dial("tcp", srv.HTTPAddr())
 		if err != nil {
 			t.Fatal(err)
 		}
+		io.WriteString(c, "POST /v1/check HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{")
 		conns = append(conns, c)
 	}
-	time.Sleep(200 * time.Millisecond) // all accepted
-	closedAtOnce(t, srv.HTTPAddr(), "connection past the cap and the probe places")
+	time.Sleep(200 * time.Millisecond) // all accepted and reading bodies
+	closedAtOnce(t, srv.HTTPAddr(), "connection past the cap")
 	if got := metricValue(t, srv.metrics.reg, "sluice_connections_refused_total", map[string]string{"listener": "http"}); got < 1 {
 		t.Errorf("sluice_connections_refused_total{listener=http} = %v, want at least 1", got)
 	}
@@ -162,8 +172,8 @@ func TestConnectionCap(t *testing.T) {
 	if _, err := dialRLS(t, srv.GRPCAddr()).ShouldRateLimit(ctx, rlsRequest("d", desc("k=v"))); err != nil {
 		t.Errorf("ShouldRateLimit with HTTP at its cap: %v", err)
 	}
-	// Connections that never send a request are cut at the header
-	// timeout (1s here), freeing the cap.
+	// Bodies still arriving are cut at the read timeout (2s here), freeing
+	// the cap.
 	waitFor(t, func() bool {
 		resp, err := (&http.Client{Timeout: time.Second}).Get("http://" + srv.HTTPAddr() + "/healthz")
 		if err == nil {

@@ -133,7 +133,8 @@ func (s *Server) listen() (grpc.ServerOption, error) {
 		s.httpLn.Close()
 		return nil, fmt.Errorf("server: grpc: %w", err)
 	}
-	// Capped beneath TLS: a handshake that never finishes holds a place.
+	// Capped beneath TLS: a handshake that never finishes holds a place
+	// (until one is wanted: it is silent).
 	n := s.opts.MaxConnections
 	if n <= 0 {
 		n = DefaultMaxConnections
