@@ -280,6 +280,7 @@ func serve(args []string, stderr io.Writer) int {
 			continue
 		}
 		log.Info("shutting down", "signal", sig.String())
+		first, at := sig, time.Now()
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		done := make(chan error, 1)
 		go func() { done <- srv.Shutdown(ctx) }()
@@ -290,6 +291,10 @@ func serve(args []string, stderr io.Writer) int {
 			case err = <-done:
 				break wait
 			case sig := <-sigs:
+				if sig == first && time.Since(at) < repeatWindow {
+					log.Info("signal repeated: the same stop, still graceful", "signal", sig.String(), "window", repeatWindow)
+					continue
+				}
 				if sig != syscall.SIGHUP { // a second interrupt: wait for nothing, Redis included
 					log.Warn("forced stop", "signal", sig.String())
 					cancel()
@@ -307,7 +312,7 @@ func serve(args []string, stderr io.Writer) int {
 			log.Error("shutdown", "err", err)
 			return 1
 		}
-		log.Info("stopped")
+		log.Info("stopped", "forced", false)
 		return 0
 	}
 	return 0
@@ -355,6 +360,11 @@ func emptySetting(fs *flag.FlagSet) (string, error) {
 // forcedStopWait bounds the wait for Shutdown after a second signal, which
 // has told it to stop waiting.
 const forcedStopWait = 200 * time.Millisecond
+
+// repeatWindow: the first stop signal again within this long is not a
+// second signal. GNU timeout, and supervisors like it, send SIGTERM to the
+// process and then to its process group, a millisecond apart.
+const repeatWindow = time.Second
 
 // flagSet reports whether the named flag was given on the command line.
 func flagSet(fs *flag.FlagSet, name string) bool {

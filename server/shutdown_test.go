@@ -3,6 +3,7 @@
 package server
 
 import (
+	"context"
 	"io"
 	"net"
 	"net/http"
@@ -17,6 +18,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/redisstore"
 )
 
 // stallProxy forwards TCP to a Redis until stalled: then every byte either
@@ -109,39 +111,117 @@ func (p *stallProxy) stall() { p.once.Do(p.mu.Lock) }
 func (p *stallProxy) addr() string { return p.ln.Addr().String() }
 
 // TestCLISecondSignalWithRedisStalled: the first SIGTERM waits for a
-// request that waits on a stalled Redis; the second stops the process at
+// request that waits on a stalled Redis; a second signal (the same one
+// past the repeat window, or another one at once) stops the process at
 // once, though the fleet, the leases and the store would each wait on
 // Redis to say goodbye.
 func TestCLISecondSignalWithRedisStalled(t *testing.T) {
-	proxy := newStallProxy(t, redistest.Addr(t))
+	for _, tt := range []struct {
+		name   string
+		second syscall.Signal
+		after  time.Duration
+	}{
+		{"SIGTERM past the repeat window", syscall.SIGTERM, repeatWindow + 200*time.Millisecond},
+		{"SIGINT at once", syscall.SIGINT, time.Millisecond},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			proxy := newStallProxy(t, redistest.Addr(t))
+			cfg := filepath.Join(t.TempDir(), "sluice.yaml")
+			if err := os.WriteFile(cfg, []byte("policies:\n  - name: a\n    limit: 100/s\n    lease: 50ms\n"), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			p := startSluice(t, nil, "--config", cfg, "--redis", "redis://"+proxy.addr(), "--decision-timeout", "10s",
+				"--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0", "--watch-interval", "0")
+			key := redistest.Prefix(t)
+			for range 20 { // leases taken, so that there are units to return
+				if code, m := p.post(t, "/v1/check", `{"policy":"a","key":"`+key+`"}`); code != 200 {
+					t.Fatalf("check: %d %v", code, m)
+				}
+			}
+			proxy.stall()
+			go func() { // in flight, waiting on Redis for up to 10s
+				http.Post("http://"+p.http+"/v1/check", "application/json", strings.NewReader(`{"policy":"a","key":"`+key+`:other"}`))
+			}()
+			time.Sleep(200 * time.Millisecond)
+			p.signal(t, syscall.SIGTERM)
+			p.expect(t, "shutting down")
+			time.Sleep(tt.after)
+			start := time.Now()
+			p.signal(t, tt.second)
+			err := p.cmd.Wait()
+			if took := time.Since(start); took > 700*time.Millisecond {
+				t.Errorf("exit %v after the second signal, want at once; stderr:\n%s", took, p.stderr.String())
+			}
+			if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 1 {
+				t.Errorf("exit after a forced stop: %v, want status 1", err)
+			}
+			p.expect(t, "forced stop")
+			if r := p.expect(t, "stopped"); r["forced"] != "true" {
+				t.Errorf("stopped %v, want forced=true", r)
+			}
+		})
+	}
+}
+
+// TestCLIRepeatedSignalIsOne: SIGTERM twice a millisecond apart, as GNU
+// timeout sends it (to the process, then to its process group), is one
+// request to stop, not two: the stop is graceful, exit status 0, the fleet
+// registration withdrawn and the leases' units returned.
+func TestCLIRepeatedSignalIsOne(t *testing.T) {
+	r := redistest.StartServer(t)
+	proxy := newStallProxy(t, r.Addr)
+	url := "redis://" + proxy.addr()
 	cfg := filepath.Join(t.TempDir(), "sluice.yaml")
-	if err := os.WriteFile(cfg, []byte("policies:\n  - name: a\n    limit: 100/s\n    lease: 50ms\n"), 0o600); err != nil {
+	if err := os.WriteFile(cfg, []byte("policies:\n  - name: a\n    limit: 100/s\n    lease: 1s\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	p := startSluice(t, nil, "--config", cfg, "--redis", "redis://"+proxy.addr(), "--decision-timeout", "10s",
+	p := startSluice(t, nil, "--config", cfg, "--redis", url, "--decision-timeout", "5s",
 		"--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0", "--watch-interval", "0")
-	key := redistest.Prefix(t)
-	for range 20 { // leases taken, so that there are units to return
-		if code, m := p.post(t, "/v1/check", `{"policy":"a","key":"`+key+`"}`); code != 200 {
+	(&fleet{procs: []*proc{p}}).awaitRegistry(t)
+	admin := r.Client(t)
+	_, opts, err := storeURLOptions(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	registry := redisstore.New(admin, &opts).Membership().Key()
+	ctx := context.Background()
+	if n, err := admin.ZCard(ctx, registry).Result(); err != nil || n != 1 {
+		t.Fatalf("registry %s: %d members (%v), want this instance", registry, n, err)
+	}
+	for range 5 { // a lease taken, so that there are units to return
+		if code, m := p.post(t, "/v1/check", `{"policy":"a","key":"k"}`); code != 200 {
 			t.Fatalf("check: %d %v", code, m)
 		}
 	}
-	proxy.stall()
-	go func() { // in flight, waiting on Redis for up to 10s
-		http.Post("http://"+p.http+"/v1/check", "application/json", strings.NewReader(`{"policy":"a","key":"`+key+`:other"}`))
-	}()
+	// A request in flight until Redis's replies pass again, so that the
+	// second signal comes while the stop is under way.
+	proxy.holdReplies()
+	go http.Post("http://"+p.http+"/v1/check", "application/json", strings.NewReader(`{"policy":"a","key":"other"}`))
 	time.Sleep(200 * time.Millisecond)
+	p.signal(t, syscall.SIGTERM)
+	time.Sleep(time.Millisecond)
 	p.signal(t, syscall.SIGTERM)
 	p.expect(t, "shutting down")
-	time.Sleep(200 * time.Millisecond)
-	start := time.Now()
-	p.signal(t, syscall.SIGTERM)
-	err := p.cmd.Wait()
-	if took := time.Since(start); took > 700*time.Millisecond {
-		t.Errorf("exit %v after the second signal, want at once; stderr:\n%s", took, p.stderr.String())
+	time.Sleep(500 * time.Millisecond) // a forced stop would be over
+	proxy.passReplies()
+	if r := p.expect(t, "stopped"); r["forced"] != "false" {
+		t.Errorf("stopped %v, want forced=false; stderr:\n%s", r, p.stderr.String())
 	}
-	if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 1 {
-		t.Errorf("exit after a forced stop: %v, want status 1", err)
+	if err := p.cmd.Wait(); err != nil {
+		t.Errorf("exit after SIGTERM twice at once: %v, want status 0; stderr:\n%s", err, p.stderr.String())
 	}
-	p.expect(t, "forced stop")
+	if !strings.Contains(p.stderr.String(), `msg="signal repeated: the same stop, still graceful" signal=terminated window=1s`) {
+		t.Log("the two signals arrived as one") // the kernel keeps one pending
+	}
+	for _, bad := range []string{"forced stop", "not withdrawn", "not returned"} {
+		if strings.Contains(p.stderr.String(), bad) {
+			t.Errorf("log says %q:\n%s", bad, p.stderr.String())
+		}
+	}
+	if n, err := admin.ZCard(ctx, registry).Result(); err != nil || n != 0 {
+		t.Errorf("registry: %d members (%v) after the stop, want the registration withdrawn", n, err)
+	}
+	if n, err := admin.ZCard(ctx, registry+":left").Result(); err != nil || n != 1 {
+		t.Errorf("registry: %d members listed as withdrawn (%v), want 1", n, err)
+	}
 }
