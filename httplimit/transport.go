@@ -136,7 +136,12 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 			closeBody(req)
 			return nil, fmt.Errorf("httplimit: waiting for quota for %q: %w", key, err)
 		}
-		if !t.holds.held(ctx, key) {
+		if t.holds.held(ctx, key) {
+			continue
+		}
+		// Last look before sending: a 429 another request got while this
+		// one read the store holds it too.
+		if t.holds.left(key) <= 0 {
 			break
 		}
 	}

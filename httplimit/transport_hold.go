@@ -157,8 +157,8 @@ func (h *holds) wait(ctx context.Context, key string) error {
 
 // held reports whether key is held, here or in the store (a hold another
 // process or an earlier request set): then it is held here too, until
-// then. A store that cannot say is logged and counts as no hold: the
-// quota, just taken, still bounds the request.
+// then. A store that cannot say is logged and counts as no hold but this
+// process's own: the quota, just taken, still bounds the request.
 func (h *holds) held(ctx context.Context, key string) bool {
 	if h.left(key) > 0 {
 		return true
@@ -168,10 +168,11 @@ func (h *holds) held(ctx context.Context, key string) bool {
 		if ctx.Err() == nil {
 			h.log("httplimit: could not look up the provider's hold in the store", key, err)
 		}
-		return false
+		return h.left(key) > 0
 	}
 	if d.Allowed || d.RetryAfter <= 0 || madeUp(d) {
-		return false
+		// A 429 may have come back here while the store was asked.
+		return h.left(key) > 0
 	}
 	h.extend(key, time.Now().Add(d.RetryAfter))
 	return true
