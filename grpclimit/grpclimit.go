@@ -144,7 +144,8 @@ type Options struct {
 	// every call critical (a ShedRule is then a plain capacity).
 	Priority PriorityFunc
 	// Logger receives why a rule could not decide a call (its key
-	// function failed, its Cost was below 1, its Weight outside 1..Max):
+	// function failed, its Cost was below 1, its Weight outside 1..Max,
+	// the store refused its limit):
 	// the client gets Internal "grpclimit: rate limiter misconfigured"
 	// only. One line at ERROR, then at most one a minute, counting the
 	// calls not logged. Default: slog.Default().
@@ -280,7 +281,7 @@ func (in *Interceptor) check(ctx context.Context, method string) (metadata.MD, e
 	}
 	v, err := in.rules.Enforce(ctx, checks)
 	if err != nil {
-		return nil, storeFailed(ctx, err)
+		return nil, in.storeFailed(ctx, method, err)
 	}
 	var md metadata.MD
 	if v.Report >= 0 && (!v.Allowed || in.allowed != NoHeaders) {
@@ -312,7 +313,10 @@ var errMisconfigured = status.Error(codes.Internal, "grpclimit: rate limiter mis
 // rule) and returns the status the client gets.
 func (in *Interceptor) misconfigured(method string, err error) error {
 	msg := "grpclimit: rule cannot key call"
-	if errors.Is(err, sluice.ErrInvalidCost) || errors.Is(err, sluice.ErrInvalidWeight) {
+	switch {
+	case errors.As(err, new(*enforce.ConfigError)):
+		msg = "grpclimit: store refuses rule"
+	case errors.Is(err, sluice.ErrInvalidCost) || errors.Is(err, sluice.ErrInvalidWeight):
 		msg = "grpclimit: rule cannot weigh call"
 	}
 	in.failures.log(msg, method, err)
@@ -401,11 +405,11 @@ func refusal(code codes.Code, msg string, retry time.Duration, policy, violation
 }
 
 // storeFailed is the status of a call whose store call failed with err:
-// Internal naming the cause when the store refused what a rule asks of it
-// (a misconfiguration: no retry mends it), else unavailable's.
-func storeFailed(ctx context.Context, err error) error {
-	if cfg := (*enforce.ConfigError)(nil); errors.As(err, &cfg) {
-		return status.Error(codes.Internal, "grpclimit: rate limiter misconfigured: "+cfg.Cause())
+// misconfigured's when the store refused what a rule asks of it (no retry
+// mends it), else unavailable's.
+func (in *Interceptor) storeFailed(ctx context.Context, method string, err error) error {
+	if errors.As(err, new(*enforce.ConfigError)) {
+		return in.misconfigured(method, err)
 	}
 	return unavailable(ctx)
 }

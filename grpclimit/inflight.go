@@ -149,7 +149,7 @@ func (in *Interceptor) acquire(ctx context.Context, method string) (*enforce.Hel
 	)
 	switch {
 	case errors.As(err, &storeErr), errors.As(err, &cfgErr):
-		return nil, nil, storeFailed(ctx, err)
+		return nil, nil, in.storeFailed(ctx, method, err)
 	case err != nil:
 		return nil, nil, in.misconfigured(method, err)
 	case !v.Allowed:

@@ -2,12 +2,12 @@ package grpclimit
 
 import (
 	"context"
+	"log/slog"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
-	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
@@ -31,8 +31,10 @@ func (*errorCount) ObserveStore(sluice.StoreEvent)     {}
 func (*errorCount) ObserveBreaker(sluice.BreakerEvent) {}
 
 // A limit the store refuses at a call (a lease store's Options.For leasing
-// a sliding window log) is Internal naming the cause, not Unavailable
-// with a RetryInfo as for a Redis outage, observed as an error outcome. Over a real listener and Redis.
+// a sliding window log) is Internal with the generic message of every
+// misconfiguration, not Unavailable with a RetryInfo as for a Redis
+// outage; the rule and the cause go to Options.Logger, and the call is
+// observed as an error outcome. Over a real listener and Redis.
 func TestRedisStoreRefusesRuleIsInternal(t *testing.T) {
 	t.Parallel()
 	clk := storetest.NewClock(time.Now().Truncate(time.Second))
@@ -42,24 +44,28 @@ func TestRedisStoreRefusesRuleIsInternal(t *testing.T) {
 		t.Fatal(err)
 	}
 	obs := &errorCount{}
+	var logs logBuffer
 	client := serve(t, ls, []Rule{{Name: "log", Limit: sluice.PerMinute(3).WithAlgorithm(sluice.SlidingWindowLog), Key: Global()}},
-		&Options{Clock: clk.Now, Observer: obs})
+		&Options{Clock: clk.Now, Observer: obs, Logger: slog.New(slog.NewJSONHandler(&logs, nil))})
 	_, err = client.Check(context.Background(), &healthpb.HealthCheckRequest{})
 	st := status.Convert(err)
-	if st.Code() != codes.Internal {
-		t.Fatalf("%v, want Internal", err)
+	if st.Code() != codes.Internal || st.Message() != "grpclimit: rate limiter misconfigured" {
+		t.Fatalf("%v, want Internal \"grpclimit: rate limiter misconfigured\"", err)
 	}
-	for _, s := range []string{"misconfigured", `rule "log"`, "cannot grant"} {
-		if !strings.Contains(st.Message(), s) {
-			t.Errorf("message %q does not say %q", st.Message(), s)
-		}
-	}
-	for _, d := range st.Details() {
-		if _, ok := d.(*errdetails.RetryInfo); ok {
-			t.Errorf("a RetryInfo %v: no wait mends a configuration", d)
-		}
+	if len(st.Details()) != 0 {
+		t.Errorf("details %v, want none: no wait mends a configuration", st.Details())
 	}
 	if n := obs.n.Load(); n != 1 {
 		t.Errorf("observed %d error outcomes, want 1: a misconfiguration shows where errors do", n)
+	}
+	lines := logs.lines(t)
+	if len(lines) != 1 {
+		t.Fatalf("log lines %v, want one", lines)
+	}
+	l := lines[0]
+	errText, _ := l["error"].(string)
+	if l["level"] != "ERROR" || l["msg"] != "grpclimit: store refuses rule" || l["method"] != "/grpc.health.v1.Health/Check" ||
+		!strings.Contains(errText, `rule "log"`) || !strings.Contains(errText, "cannot grant") {
+		t.Errorf("log line %v, want ERROR \"grpclimit: store refuses rule\" naming the method, the rule and the cause", l)
 	}
 }
