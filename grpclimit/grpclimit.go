@@ -32,7 +32,6 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
@@ -46,6 +45,7 @@ import (
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/enforce"
 	"github.com/sluicehq/sluice/internal/header"
+	"github.com/sluicehq/sluice/internal/logpace"
 	"github.com/sluicehq/sluice/internal/problem"
 )
 
@@ -147,8 +147,10 @@ type Options struct {
 	// function failed, its Cost was below 1, its Weight outside 1..Max,
 	// the store refused its limit):
 	// the client gets Internal "grpclimit: rate limiter misconfigured"
-	// only. One line at ERROR, then at most one a minute, counting the
-	// calls not logged. Default: slog.Default().
+	// only. Per rule and kind of failure, one line at ERROR at once, then
+	// at most one a minute: the latest call held back, with the number of
+	// the others (calls_not_logged), written when the minute ends.
+	// Default: slog.Default().
 	Logger *slog.Logger
 }
 
@@ -323,35 +325,38 @@ func (in *Interceptor) misconfigured(method string, err error) error {
 	return errMisconfigured
 }
 
-// failureLog logs the calls rules could not decide: the first at once,
-// then at most one a minute, so that a broken Cost function failing every
-// call does not flood the log.
+// failureLog logs the calls rules could not decide, paced per rule and
+// kind of failure (see logpace): a broken Cost function failing every
+// call does not flood the log, one rule's failures do not hide
+// another's, and the calls held back are counted when the minute ends.
 type failureLog struct {
-	logger  *slog.Logger
-	mu      sync.Mutex
-	last    time.Time // when the last line was written
-	skipped int64     // failures since then not logged
+	logger *slog.Logger
+	pace   logpace.Pacer
 }
 
-// failureLogEvery is how often failureLog writes a line at most.
-const failureLogEvery = time.Minute
-
 func (f *failureLog) log(msg, method string, err error) {
-	f.mu.Lock()
-	now := time.Now()
-	if !f.last.IsZero() && now.Sub(f.last) < failureLogEvery {
-		f.skipped++
-		f.mu.Unlock()
-		return
+	f.pace.Log(msg+"\x00"+failedRule(err), func(notLogged int64) {
+		logger := f.logger
+		if logger == nil {
+			logger = slog.Default()
+		}
+		logger.Error(msg, "method", method, "error", err.Error(), "calls_not_logged", notLogged)
+	})
+}
+
+// failedRule names the rules of err, a rule's failure to decide a call:
+// its ConfigError's policies, or the rule its text starts with ("rule
+// \"name\": ..."). Never the rest of the text, which may be a key's.
+func failedRule(err error) string {
+	if cfg := (*enforce.ConfigError)(nil); errors.As(err, &cfg) {
+		return strings.Join(cfg.Policies, "\x00")
 	}
-	skipped := f.skipped
-	f.last, f.skipped = now, 0
-	f.mu.Unlock()
-	logger := f.logger
-	if logger == nil {
-		logger = slog.Default()
+	if rest, ok := strings.CutPrefix(err.Error(), "rule "); ok {
+		if q, err := strconv.QuotedPrefix(rest); err == nil {
+			return q
+		}
 	}
-	logger.Error(msg, "method", method, "error", err.Error(), "calls_not_logged", skipped)
+	return ""
 }
 
 // never is the ResourceExhausted status for a call whose cost exceeds its

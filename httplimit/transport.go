@@ -62,7 +62,9 @@ type TransportOptions struct {
 	// Cost is a request's weight. Default: 1.
 	Cost func(*http.Request) int64
 	// Logger receives a line when a provider's hold could not be shared
-	// through the store (this process still holds), or looked up there.
+	// through the store (this process still holds), or looked up there:
+	// per kind, one at once, then at most one a minute, with the number
+	// not logged (failures_not_logged) written when the minute ends.
 	// Default: slog.Default().
 	Logger *slog.Logger
 }

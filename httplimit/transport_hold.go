@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/logpace"
 )
 
 // ErrProviderHold is wrapped, with context.DeadlineExceeded, by the error
@@ -63,8 +64,6 @@ const (
 	// holdWriteTimeout bounds the store calls sharing a hold: they run
 	// after the provider answered, whatever the request's context says.
 	holdWriteTimeout = time.Second
-	// logEvery is how often the holds' failures are logged at most.
-	logEvery = time.Minute
 )
 
 // holdLook is the limit holds are read under: its span covers the longest
@@ -78,11 +77,10 @@ type holds struct {
 	store  sluice.Store
 	prefix string
 	logger *slog.Logger
+	pace   logpace.Pacer // the store's failures' lines, per kind
 
-	mu      sync.Mutex
-	until   map[string]time.Time // by key; expired entries are swept
-	logged  time.Time            // when a failure was last logged
-	skipped int64                // failures not logged since
+	mu    sync.Mutex
+	until map[string]time.Time // by key; expired entries are swept
 }
 
 // left returns how long key is held in this process.
@@ -243,18 +241,10 @@ func (h *holds) storeKey(key string) string {
 	return k
 }
 
-// log writes one line for a failure of the store's holds, then at most
-// one a minute, counting the others.
+// log writes a line for a failure of the store's holds: per kind (msg),
+// one at once, then at most one a minute, with the number not logged.
 func (h *holds) log(msg, key string, err error) {
-	h.mu.Lock()
-	now := time.Now()
-	if !h.logged.IsZero() && now.Sub(h.logged) < logEvery {
-		h.skipped++
-		h.mu.Unlock()
-		return
-	}
-	skipped := h.skipped
-	h.logged, h.skipped = now, 0
-	h.mu.Unlock()
-	h.logger.Warn(msg, "key", key, "error", err.Error(), "failures_not_logged", skipped)
+	h.pace.Log(msg, func(notLogged int64) {
+		h.logger.Warn(msg, "key", key, "error", err.Error(), "failures_not_logged", notLogged)
+	})
 }

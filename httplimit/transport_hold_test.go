@@ -1,9 +1,13 @@
 package httplimit
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
+	"log/slog"
 	"net/http"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -295,4 +299,81 @@ func TestRetryAfter(t *testing.T) {
 			t.Errorf("Retry-After %q, Date %q: %v, want %v", tt.retry, tt.date, got, tt.want)
 		}
 	}
+}
+
+// The holds' store failures are logged per kind, one line at once, and the
+// failures held back are counted when the period ends though none
+// follows: 20 failed look-ups are two lines accounting for all 20, and a
+// failed share within the period has a line of its own at once. Over a
+// real Redis store whose server is down.
+func TestTransportHoldLogPaced(t *testing.T) {
+	t.Parallel()
+	const every = time.Second
+	client := redis.NewClient(&redis.Options{Addr: redistest.DeadAddr(t), MaxRetries: -1, DialerRetries: 1})
+	t.Cleanup(func() { client.Close() })
+	var logs syncBuffer
+	h := &holds{
+		store:  redisstore.New(client, &redisstore.Options{Prefix: redistest.Prefix(t)}),
+		logger: slog.New(slog.NewJSONHandler(&logs, nil)),
+	}
+	h.pace.Every = every
+	ctx := context.Background()
+	start := time.Now()
+	for range 20 {
+		if h.held(ctx, "api.example") {
+			t.Fatal("held with a store down and no hold here")
+		}
+	}
+	h.hold(ctx, "api.example", time.Second)
+	inOne := time.Since(start) < every/2
+	if lines := logs.records(t); inOne && len(lines) != 2 {
+		t.Errorf("lines at once %v, want one per kind", lines)
+	}
+	time.Sleep(every + every/2)
+	lines := logs.records(t)
+	counted := map[string]int64{}
+	for _, l := range lines {
+		msg, _ := l["msg"].(string)
+		n, _ := l["failures_not_logged"].(float64)
+		counted[msg] += 1 + int64(n)
+	}
+	if inOne && len(lines) != 3 {
+		t.Errorf("lines %v, want 3: one per kind at once, then one for 19 look-ups held back", lines)
+	}
+	for msg, want := range map[string]int64{
+		"httplimit: could not look up the provider's hold in the store":                              20,
+		"httplimit: could not share the provider's hold through the store; this process holds alone": 1,
+	} {
+		if counted[msg] != want {
+			t.Errorf("%q: lines account for %d failures, want %d", msg, counted[msg], want)
+		}
+	}
+}
+
+// syncBuffer is a slog JSON sink safe for timers' goroutines.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+// records returns the records written so far.
+func (b *syncBuffer) records(t *testing.T) []map[string]any {
+	t.Helper()
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	var out []map[string]any
+	for l := range strings.Lines(b.buf.String()) {
+		var m map[string]any
+		if err := json.Unmarshal([]byte(l), &m); err != nil {
+			t.Fatalf("log line %q: %v", l, err)
+		}
+		out = append(out, m)
+	}
+	return out
 }
