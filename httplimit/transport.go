@@ -1,6 +1,7 @@
 package httplimit
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
 	"net"
@@ -27,7 +28,8 @@ import (
 // When the provider answers 429 Too Many Requests or 503 Service
 // Unavailable with a Retry-After (seconds, or an HTTP-date read against
 // the response's Date), the Transport holds the key's requests until then
-// (at most MaxProviderHold): none is sent before the hold ends, and then they
+// (at most MaxProviderHold, or TransportOptions.MaxHold): none is sent
+// before the hold ends, unless ClearHold lifts it, and then they
 // draw on the quota again. A request whose deadline ends before the hold
 // does fails at once with an error wrapping ErrProviderHold and
 // context.DeadlineExceeded; one without a deadline waits, until its
@@ -67,6 +69,11 @@ type TransportOptions struct {
 	// not logged (failures_not_logged) written when the minute ends.
 	// Default: slog.Default().
 	Logger *slog.Logger
+	// MaxHold is the longest hold one Retry-After, or a hold read from the
+	// store, keeps this Transport's requests. Default (0):
+	// MaxProviderHold; above it, or negative, NewTransport fails with
+	// ErrInvalidConfig. ClearHold lifts a hold sooner.
+	MaxHold time.Duration
 }
 
 var _ http.RoundTripper = (*Transport)(nil)
@@ -93,8 +100,30 @@ func NewTransport(limiter *sluice.Limiter, opts *TransportOptions) (*Transport, 
 		if opts.Logger != nil {
 			t.holds.logger = opts.Logger
 		}
+		if opts.MaxHold < 0 || opts.MaxHold > MaxProviderHold {
+			return nil, fmt.Errorf("%w: MaxHold %v outside 0..%v", ErrInvalidConfig, opts.MaxHold, MaxProviderHold)
+		}
+		t.holds.max = opts.MaxHold
 	}
 	return t, nil
+}
+
+// ClearHold lifts the provider's hold on key (a key as TransportOptions.Key
+// gives it, or the normalized host by default) in this process and in the
+// store, so that every Transport sharing the store sends again: their
+// waiters look at the store at least once a second. An error says the
+// store's hold could not be cleared; this process's is cleared anyway.
+// The quota's own state is untouched (see sluice.Limiter.Reset).
+func (t *Transport) ClearHold(ctx context.Context, key string) error {
+	if t == nil {
+		return fmt.Errorf("%w: nil *httplimit.Transport: build one with NewTransport", ErrInvalidConfig)
+	}
+	err := t.holds.store.Reset(ctx, t.holds.storeKey(key), holdLook)
+	t.holds.clear(key)
+	if err != nil {
+		return fmt.Errorf("httplimit: clearing the provider's hold on %q in the store: %w", key, err)
+	}
+	return nil
 }
 
 // RoundTrip waits out the provider's hold on req's key, if any, then for

@@ -64,6 +64,10 @@ const (
 	// holdWriteTimeout bounds the store calls sharing a hold: they run
 	// after the provider answered, whatever the request's context says.
 	holdWriteTimeout = time.Second
+	// holdRecheck is how often a process's waiters on a held key look at
+	// the store again, so that a hold cleared elsewhere (ClearHold) lifts
+	// here too: at most one look per key and period.
+	holdRecheck = time.Second
 )
 
 // holdLook is the limit holds are read under: its span covers the longest
@@ -79,8 +83,21 @@ type holds struct {
 	logger *slog.Logger
 	pace   logpace.Pacer // the store's failures' lines, per kind
 
+	max time.Duration // the longest hold kept; 0: MaxProviderHold
+
 	mu    sync.Mutex
-	until map[string]time.Time // by key; expired entries are swept
+	until map[string]held // by key; expired entries are swept
+	wake  chan struct{}   // closed when a hold is cleared here
+}
+
+// held is a key's hold in this process.
+type held struct {
+	end time.Time
+	// shared is when the store was last seen to hold it as long (zero:
+	// not yet, or it could not): a look at the store started after it
+	// that finds no hold means the hold was cleared.
+	shared  time.Time
+	checked time.Time // when a waiter last looked at the store
 }
 
 // left returns how long key is held in this process.
@@ -90,11 +107,11 @@ func (h *holds) left(key string) time.Duration {
 	if len(h.until) == 0 {
 		return 0
 	}
-	end, ok := h.until[key]
+	e, ok := h.until[key]
 	if !ok {
 		return 0
 	}
-	left := time.Until(end)
+	left := time.Until(e.end)
 	if left <= 0 {
 		delete(h.until, key)
 	}
@@ -102,24 +119,76 @@ func (h *holds) left(key string) time.Duration {
 }
 
 // extend holds key in this process until end, unless it is held longer.
-func (h *holds) extend(key string, end time.Time) {
+// shared is when the store was seen to hold it so (zero: not yet).
+func (h *holds) extend(key string, end, shared time.Time) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.until == nil {
-		h.until = make(map[string]time.Time)
+		h.until = make(map[string]held)
 	}
-	if cur, ok := h.until[key]; ok && !cur.Before(end) {
+	if cur, ok := h.until[key]; ok && !cur.end.Before(end) {
+		if !shared.IsZero() && cur.end.Equal(end) {
+			cur.shared = shared
+			h.until[key] = cur
+		}
 		return
 	}
 	if len(h.until) >= 64 {
 		now := time.Now()
 		for k, e := range h.until {
-			if !e.After(now) {
+			if !e.end.After(now) {
 				delete(h.until, k)
 			}
 		}
 	}
-	h.until[key] = end
+	h.until[key] = held{end: end, shared: shared}
+}
+
+// cap is d cut to the longest hold kept.
+func (h *holds) cap(d time.Duration) time.Duration {
+	if h.max > 0 {
+		return min(d, h.max)
+	}
+	return d
+}
+
+// gone drops key's hold in this process when the store, looked at from
+// since, no longer has it though it had it before: it was cleared.
+func (h *holds) gone(key string, since time.Time) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if e, ok := h.until[key]; ok && !e.shared.IsZero() && e.shared.Before(since) {
+		delete(h.until, key)
+	}
+}
+
+// clear drops key's hold in this process and wakes its waiters.
+func (h *holds) clear(key string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	delete(h.until, key)
+	if h.wake != nil {
+		close(h.wake)
+		h.wake = nil
+	}
+}
+
+// waiting returns the channel closed when a hold is cleared here, and
+// whether key's waiters are due to look at the store again (the caller
+// then does).
+func (h *holds) waiting(key string) (<-chan struct{}, bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.wake == nil {
+		h.wake = make(chan struct{})
+	}
+	e, ok := h.until[key]
+	due := ok && time.Since(e.checked) >= holdRecheck
+	if due {
+		e.checked = time.Now()
+		h.until[key] = e
+	}
+	return h.wake, due
 }
 
 // wait returns once key is not held in this process, or at once with an
@@ -136,21 +205,44 @@ func (h *holds) wait(ctx context.Context, key string) error {
 		if left <= 0 {
 			return nil
 		}
+		wake, due := h.waiting(key)
+		if due {
+			h.recheck(ctx, key)
+			continue
+		}
 		if d, ok := ctx.Deadline(); ok && time.Until(d) < left {
 			return fmt.Errorf("httplimit: %q is held for %v more, past the request's deadline: %w (%w)",
 				key, left.Round(time.Millisecond), ErrProviderHold, context.DeadlineExceeded)
 		}
+		sleep := min(left, holdRecheck)
 		if timer == nil {
-			timer = time.NewTimer(left)
+			timer = time.NewTimer(sleep)
 		} else {
-			timer.Reset(left)
+			timer.Reset(sleep)
 		}
 		select {
 		case <-ctx.Done():
 			return fmt.Errorf("httplimit: waiting out the provider's hold on %q: %w", key, ctx.Err())
 		case <-timer.C:
+		case <-wake:
 		}
 	}
+}
+
+// recheck looks at key's hold in the store, for a waiter: a hold cleared
+// there is dropped here. A store that cannot say changes nothing.
+func (h *holds) recheck(ctx context.Context, key string) {
+	start := time.Now()
+	d, err := h.store.Peek(ctx, h.storeKey(key), holdLook, holdLook.Capacity())
+	if err != nil || madeUp(d) {
+		return
+	}
+	if d.Allowed || d.RetryAfter <= 0 {
+		h.gone(key, start)
+		return
+	}
+	now := time.Now()
+	h.extend(key, now.Add(h.cap(d.RetryAfter)), now)
 }
 
 // held reports whether key is held, here or in the store (a hold another
@@ -161,6 +253,7 @@ func (h *holds) held(ctx context.Context, key string) bool {
 	if h.left(key) > 0 {
 		return true
 	}
+	start := time.Now()
 	d, err := h.store.Peek(ctx, h.storeKey(key), holdLook, holdLook.Capacity())
 	if err != nil {
 		if ctx.Err() == nil {
@@ -168,23 +261,33 @@ func (h *holds) held(ctx context.Context, key string) bool {
 		}
 		return h.left(key) > 0
 	}
-	if d.Allowed || d.RetryAfter <= 0 || madeUp(d) {
-		// A 429 may have come back here while the store was asked.
+	if madeUp(d) {
 		return h.left(key) > 0
 	}
-	h.extend(key, time.Now().Add(d.RetryAfter))
+	if d.Allowed || d.RetryAfter <= 0 {
+		// A 429 may have come back here while the store was asked: its
+		// hold stands until shared, unless it was cleared since.
+		h.gone(key, start)
+		return h.left(key) > 0
+	}
+	now := time.Now()
+	h.extend(key, now.Add(h.cap(d.RetryAfter)), now)
 	return true
 }
 
 // hold holds key for d: in this process at once, then in the store for
 // the fleet.
 func (h *holds) hold(ctx context.Context, key string, d time.Duration) {
-	h.extend(key, time.Now().Add(d))
+	d = h.cap(d)
+	end := time.Now().Add(d)
+	h.extend(key, end, time.Time{})
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), holdWriteTimeout)
 	defer cancel()
 	if err := h.share(ctx, h.storeKey(key), d); err != nil {
 		h.log("httplimit: could not share the provider's hold through the store; this process holds alone", key, err)
+		return
 	}
+	h.extend(key, end, time.Now())
 }
 
 // share raises the store's hold on k to at least d from now, never
@@ -201,8 +304,11 @@ func (h *holds) share(ctx context.Context, k string, d time.Duration) error {
 	units := func(d time.Duration) int64 { return int64((d + holdUnit - 1) / holdUnit) }
 	want := units(d) + 1 // +1: have rounds the hold seen up
 	seen, err := h.store.Peek(ctx, k, holdLook, holdLook.Capacity())
-	if err != nil || madeUp(seen) {
+	if err != nil {
 		return err
+	}
+	if madeUp(seen) {
+		return errPolicyAnswered
 	}
 	var have int64
 	if !seen.Allowed {
@@ -214,14 +320,21 @@ func (h *holds) share(ctx context.Context, k string, d time.Duration) error {
 			return nil
 		}
 		took, err := h.store.Take(ctx, k, set, want-have)
-		if err != nil || took.Allowed || madeUp(took) {
+		if err != nil || took.Allowed {
 			return err
+		}
+		if madeUp(took) {
+			return errPolicyAnswered
 		}
 		// Denied: the hold is longer than seen, by the wait.
 		have += units(took.RetryAfter)
 	}
 	return errors.New("httplimit: the store's hold kept changing")
 }
+
+// errPolicyAnswered: the store's failure policy answered, so nothing was
+// written.
+var errPolicyAnswered = errors.New("httplimit: the store's failure policy answered in its place")
 
 // madeUp reports whether d is a failure policy's answer, which says
 // nothing about a hold.
