@@ -64,3 +64,34 @@ func TestNegativeOptions(t *testing.T) {
 		t.Errorf("default options: CheckBuilt = %v", err)
 	}
 }
+
+// A Prefix whose first "{" is followed by "}" ("rl{}:") makes Redis hash
+// each whole key, so a key and its partner keys (reset epoch, in-flight
+// holders) land in different slots of a Cluster: the Store refuses it with
+// ErrInvalidOptions naming Prefix, and CheckBuilt says so. A tag with text
+// in it, or a "{}" after the first tag, is taken. Against a real Redis.
+func TestEmptyHashTagPrefix(t *testing.T) {
+	t.Parallel()
+	client := redistest.Client(t)
+	ctx := context.Background()
+	limit := sluice.PerSecond(5)
+	base := redistest.Prefix(t)
+	for _, p := range []string{"rl{}:", "{}", "rl{}{t}:"} {
+		s := redisstore.New(client, &redisstore.Options{Prefix: base + p})
+		if _, err := s.Take(ctx, "k", limit, 1); !errors.Is(err, redisstore.ErrInvalidOptions) || !strings.Contains(err.Error(), "Prefix") {
+			t.Errorf("Prefix %q: Take = %v, want ErrInvalidOptions naming Prefix", p, err)
+		}
+		if err := s.CheckBuilt(); !errors.Is(err, redisstore.ErrInvalidOptions) || !strings.Contains(err.Error(), "Prefix") {
+			t.Errorf("Prefix %q: CheckBuilt = %v, want ErrInvalidOptions naming Prefix", p, err)
+		}
+	}
+	for _, p := range []string{"rl{t}:", "rl{t}{}:", "rl}{:"} {
+		s := redisstore.New(client, &redisstore.Options{Prefix: base + p})
+		if err := s.CheckBuilt(); err != nil {
+			t.Errorf("Prefix %q: CheckBuilt = %v", p, err)
+		}
+		if d, err := s.Take(ctx, "k", limit, 1); err != nil || !d.Allowed {
+			t.Errorf("Prefix %q: Take = %+v, %v", p, d, err)
+		}
+	}
+}

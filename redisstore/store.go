@@ -66,6 +66,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -96,7 +97,8 @@ var (
 	// value. It wraps sluice.ErrStoreNotBuilt.
 	ErrNoClient = fmt.Errorf("redisstore: no client: %w", sluice.ErrStoreNotBuilt)
 	// ErrInvalidOptions: New was given a negative MaxBatch, MaxInFlight,
-	// WaitReplicas, WaitTimeout or ReloadInterval (0 is the default). The
+	// WaitReplicas, WaitTimeout or ReloadInterval (0 is the default), or a
+	// Prefix whose first "{" is followed by "}" (an empty hash tag). The
 	// Store then answers every call that would reach Redis with it, as one
 	// without a client does, and CheckBuilt reports it, so that the
 	// middleware, resilient (as a fallback) and lease refuse it when built.
@@ -123,7 +125,9 @@ const (
 // 0 for a number or duration; a negative one is refused (ErrInvalidOptions).
 type Options struct {
 	// Prefix of every Redis key. Default "sluice:". A "{" in it decides
-	// every key's hash slot in place of the keys' own hash tags.
+	// every key's hash slot in place of the keys' own hash tags; an empty
+	// tag (the first "{" followed by "}", as in "rl{}:") is refused with
+	// ErrInvalidOptions, since Redis then hashes each whole key.
 	Prefix string
 	// Clock, when non-nil, supplies "now" from the caller (for managed Redis
 	// that rejects TIME, and for deterministic tests). Nil (the default)
@@ -257,6 +261,11 @@ func badOptions(o *Options) error {
 			}
 			return fmt.Errorf("%w: %s %s is negative (0 means the default)", ErrInvalidOptions, f.name, v)
 		}
+	}
+	// Redis hashes a whole key whose first "{" is followed by "}": a key
+	// and its partner keys would land in different slots (CROSSSLOT).
+	if i := strings.IndexByte(o.Prefix, '{'); i >= 0 && strings.HasPrefix(o.Prefix[i+1:], "}") {
+		return fmt.Errorf("%w: Prefix %q has an empty hash tag (its first \"{\" is followed by \"}\"), so Redis would hash each whole key and split a key from its partner keys", ErrInvalidOptions, o.Prefix)
 	}
 	return nil
 }
