@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice"
+	"golang.org/x/net/idna"
 )
 
 // Transport is an http.RoundTripper that waits for quota before each
@@ -58,8 +59,9 @@ type TransportOptions struct {
 	// URLs spell it: lower case, without a trailing dot or the scheme's
 	// default port (80 for http, 443 for https), an IP address in its
 	// canonical form, an IPv4-mapped IPv6 address as the IPv4 address
-	// ("[::ffff:127.0.0.1]:8080" is "127.0.0.1:8080"). Names are not
-	// resolved: "localhost" and "127.0.0.1" are two quotas.
+	// ("[::ffff:127.0.0.1]:8080" is "127.0.0.1:8080"), an international
+	// name in its ASCII form ("bücher.example" is "xn--bcher-kva.example").
+	// Names are not resolved: "localhost" and "127.0.0.1" are two quotas.
 	Key func(*http.Request) string
 	// Cost is a request's weight. Default: 1.
 	Cost func(*http.Request) int64
@@ -202,6 +204,8 @@ func hostKey(u *url.URL) string {
 	}
 	if a, err := netip.ParseAddr(host); err == nil {
 		host = a.Unmap().String()
+	} else if a, err := idna.Lookup.ToASCII(host); err == nil {
+		host = a // as net/http dials it: "bücher.example" is "xn--bcher-kva.example"
 	} else {
 		host = strings.ToLower(host)
 	}

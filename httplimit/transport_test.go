@@ -117,6 +117,9 @@ func TestTransportHostKey(t *testing.T) {
 		"http://LocalHost:8080/":          "localhost:8080",
 		"http://localhost/":               "localhost", // not 127.0.0.1: names are not resolved
 		"http:///path":                    "",
+		"http://bücher.example/":          "xn--bcher-kva.example",
+		"http://BÜCHER.example:80/":       "xn--bcher-kva.example",
+		"http://xn--bcher-kva.example/":   "xn--bcher-kva.example",
 	} {
 		u, err := url.Parse(raw)
 		if err != nil {
