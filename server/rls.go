@@ -317,8 +317,10 @@ func (r rlsServer) response(descs []descriptor, checks []enforce.Check) *rlsv3.R
 		Statuses:    make([]*rlsv3.RateLimitResponse_DescriptorStatus, len(descs)),
 	}
 	// Headers describe the first enforced descriptor over the limit, else
-	// the one closest to it, as envoyproxy/ratelimit chooses. A shadow
-	// descriptor over its limit is only close to it.
+	// the enforced one closest to it, as envoyproxy/ratelimit chooses. A
+	// shadow descriptor never does: a dry run must not change what clients
+	// see, so shadow descriptors alone get no headers (as the library's
+	// Shadow strategy sends none).
 	head, headOver := -1, false
 	decs := make([]sluice.Decision, len(descs))
 	for i := range descs {
@@ -350,7 +352,10 @@ func (r rlsServer) response(descs []descriptor, checks []enforce.Check) *rlsv3.R
 			ds.LimitRemaining = uint32(min(decs[i].Remaining, math.MaxUint32))
 			ds.DurationUntilReset = durationpb.New(untilReset(decs[i], checks[st.check].Rule.Limit, now))
 		}
-		if !decs[i].Allowed && !st.shadow {
+		if st.shadow {
+			continue
+		}
+		if !decs[i].Allowed {
 			ds.Code = rlsv3.RateLimitResponse_OVER_LIMIT
 			resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
 			if !headOver {
@@ -366,9 +371,6 @@ func (r rlsServer) response(descs []descriptor, checks []enforce.Check) *rlsv3.R
 		st := &descs[head]
 		h := headerPool.Get().(http.Header)
 		d := decs[head]
-		if st.shadow {
-			d.Allowed, d.RetryAfter = true, 0
-		}
 		header.All.Set(h, st.name(), d, now)
 		if st.kind == kindLimited && !d.Allowed && keyCost(checks, st.check) > checks[st.check].Rule.Limit.Capacity() {
 			// More hits than the limit's capacity, from one descriptor or
