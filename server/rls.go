@@ -350,7 +350,10 @@ func (r rlsServer) response(descs []descriptor, checks []enforce.Check) *rlsv3.R
 			decs[i] = checks[st.check].Decision
 			ds.CurrentLimit = currentLimit(st, checks[st.check].Rule.Limit)
 			ds.LimitRemaining = uint32(min(decs[i].Remaining, math.MaxUint32))
-			ds.DurationUntilReset = durationpb.New(untilReset(decs[i], checks[st.check].Rule.Limit, now))
+			// The headers' reset: until the key is full again, so 0 for
+			// one nothing has been taken from, whose window's end would
+			// bring nothing back.
+			ds.DurationUntilReset = durationpb.New(max(decs[i].ResetAfter, 0))
 		}
 		if st.shadow {
 			continue
@@ -425,16 +428,4 @@ func currentLimit(st *descriptor, lim sluice.Limit) *rlsv3.RateLimitResponse_Rat
 		l.Name = st.policy.Name
 	}
 	return l
-}
-
-// untilReset is duration_until_reset: when the key is fresh again. A fixed
-// window with nothing taken yet reports the end of the current window, as
-// envoyproxy/ratelimit always does.
-func untilReset(d sluice.Decision, lim sluice.Limit, now time.Time) time.Duration {
-	r := d.ResetAfter
-	if r <= 0 && lim.Algorithm == sluice.FixedWindow {
-		p := lim.Period
-		r = p - time.Duration(now.UnixMicro()%p.Microseconds())*time.Microsecond
-	}
-	return r
 }

@@ -226,8 +226,8 @@ func TestRLSHitsAboveCapacityNoRetryAfter(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if resp.OverallCode != rlsv3.RateLimitResponse_OVER_LIMIT || resp.Statuses[0].DurationUntilReset.AsDuration() != time.Minute {
-		t.Errorf("response %v, want over the limit, reset in a minute", resp)
+	if resp.OverallCode != rlsv3.RateLimitResponse_OVER_LIMIT || resp.Statuses[0].DurationUntilReset.AsDuration() != 0 {
+		t.Errorf("response %v, want over the limit, reset 0 (nothing taken: full already)", resp)
 	}
 	for _, h := range resp.ResponseHeadersToAdd {
 		if h.Key == "Retry-After" || h.Key == "RateLimit" {
