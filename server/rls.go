@@ -231,7 +231,6 @@ func (r rlsServer) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequ
 // the request is, and otherwise took nothing, as a policy the request
 // did not reach. Looks (no hits) are not decisions.
 func (r rlsServer) observeStateless(descs []descriptor, keys []string, admitted bool) {
-	now := r.svc.clock()
 	for i := range descs {
 		st := &descs[i]
 		if st.hits <= 0 || (st.kind != kindBlocked && st.kind != kindUnlimited) {
@@ -252,8 +251,7 @@ func (r rlsServer) observeStateless(descs []descriptor, keys []string, admitted 
 			// Never near a limit: as much left as Envoy is told.
 			e.Decision = sluice.Decision{Allowed: true, Remaining: math.MaxUint32}
 		default:
-			window := st.period - time.Duration(now.UnixNano())%st.period
-			e.Decision = sluice.Decision{Limit: sluice.Limit{Algorithm: sluice.FixedWindow, Period: st.period}, RetryAfter: window, ResetAfter: window}
+			e.Decision = blockDecision(st)
 			e.Outcome = sluice.OutcomeDenied
 			if st.shadow {
 				e.Outcome = sluice.OutcomeShadowDenied
@@ -334,18 +332,12 @@ func (r rlsServer) response(descs []descriptor, checks []enforce.Check) *rlsv3.R
 		case kindNone:
 			continue
 		case kindBlocked:
-			window := st.period - time.Duration(now.UnixNano())%st.period
-			decs[i] = sluice.Decision{
-				Allowed:    st.hits == 0,
-				Limit:      sluice.Limit{Algorithm: sluice.FixedWindow, Period: st.period},
-				RetryAfter: window,
-				ResetAfter: window,
-			}
+			decs[i] = blockDecision(st)
 			ds.CurrentLimit = &rlsv3.RateLimitResponse_RateLimit{Unit: envoyUnitByPeriod[st.period]}
 			if st.rl != nil {
 				ds.CurrentLimit.Name, ds.CurrentLimit.Unit = st.rl.Name, envoyUnitByPeriod[st.rl.Unit]
 			}
-			ds.DurationUntilReset = durationpb.New(window)
+			ds.DurationUntilReset = durationpb.New(0) // as the headers' reset: now
 		case kindLimited:
 			decs[i] = checks[st.check].Decision
 			ds.CurrentLimit = currentLimit(st, checks[st.check].Rule.Limit)
@@ -375,11 +367,12 @@ func (r rlsServer) response(descs []descriptor, checks []enforce.Check) *rlsv3.R
 		h := headerPool.Get().(http.Header)
 		d := decs[head]
 		header.All.Set(h, st.name(), d, now)
-		if st.kind == kindLimited && !d.Allowed && keyCost(checks, st.check) > checks[st.check].Rule.Limit.Capacity() {
-			// More hits than the limit's capacity, from one descriptor or
-			// several naming the counter: no wait admits them, and
-			// RateLimit's t on a denial is a wait. The X-RateLimit-*
-			// fields and RateLimit-Policy still tell the capacity.
+		if !d.Allowed && (st.kind == kindBlocked || keyCost(checks, st.check) > checks[st.check].Rule.Limit.Capacity()) {
+			// More hits than the limit's capacity (a block's is 0), from
+			// one descriptor or several naming the counter: no wait admits
+			// them, and RateLimit's t on a denial is a wait. The
+			// X-RateLimit-* fields and RateLimit-Policy still tell the
+			// capacity.
 			h.Del(header.RetryAfter)
 			h.Del(header.RateLimit)
 		}
@@ -393,6 +386,13 @@ func (r rlsServer) response(descs []descriptor, checks []enforce.Check) *rlsv3.R
 		headerPool.Put(h)
 	}
 	return resp
+}
+
+// blockDecision is a block's (capacity 0): a hit is denied and no wait
+// admits it, and a key that can hold nothing is as full as it gets, so its
+// reset is now. A look is allowed, with nothing left.
+func blockDecision(st *descriptor) sluice.Decision {
+	return sluice.Decision{Allowed: st.hits == 0, Limit: sluice.Limit{Algorithm: sluice.FixedWindow, Period: st.period}}
 }
 
 // keyCost is what the request asks of check i's counter: the costs of
