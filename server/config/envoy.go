@@ -47,24 +47,24 @@ func (l *loader) descriptors(d *Domain, parent *descNode, path string, list *yam
 		}
 		name := path + "." + finalKey
 		if detailed != nil {
-			l.boolean(detailed) // metrics detail: accepted, the Prometheus labels are per policy
+			l.boolean(detailed, "detailed_metric") // metrics detail: accepted, the Prometheus labels are per policy
 		}
 		if valueToMetric != nil {
-			l.boolean(valueToMetric)
+			l.boolean(valueToMetric, "value_to_metric")
 		}
 		if metadata != nil && metadata.Kind != yaml.MappingNode {
 			// Envoy's dynamic metadata for the descriptor: accepted, not sent
 			l.errorf(metadata, "metadata wants a mapping, got %s", kindName(metadata))
 		}
 		wildcard := strings.Contains(ek.value, "*")
-		if share != nil && l.boolean(share) {
+		if share != nil && l.boolean(share, "share_threshold") {
 			if !wildcard {
 				l.errorf(share, "share_threshold can only be used with wildcard values (containing '*'), but found key '%s'", finalKey)
 			}
 			dn.shareThreshold = true
 		}
-		shadowMode := shadow != nil && l.boolean(shadow)
-		quotaMode := quota != nil && l.boolean(quota)
+		shadowMode := shadow != nil && l.boolean(shadow, "shadow_mode")
+		quotaMode := quota != nil && l.boolean(quota, "quota_mode")
 		if rateLimit != nil {
 			l.rateLimit(d, dn, name, rateLimit, shadowMode, quotaMode)
 		}
@@ -119,7 +119,7 @@ func (l *loader) rateLimit(d *Domain, dn *descNode, name string, n *yaml.Node, s
 	if unit != nil {
 		period = envoyUnits[strings.ToLower(l.str(unit))]
 	}
-	if unlimited != nil && l.boolean(unlimited) {
+	if unlimited != nil && l.boolean(unlimited, "unlimited") {
 		if period != 0 {
 			l.errorf(unit, "should not specify rate limit unit when unlimited")
 		}

@@ -23,7 +23,7 @@ func (l *loader) policies(d *Domain, list *yaml.Node) {
 			continue
 		}
 		p := &Policy{Cost: 1, Domain: d.name, Key: "{key}", pos: l.at(n)}
-		p.ExposeKeys = expose != nil && l.boolean(expose)
+		p.ExposeKeys = expose != nil && l.boolean(expose, "expose_keys")
 		if name == nil {
 			l.errorf(n, "policy needs a name")
 			continue

@@ -168,7 +168,7 @@ func (l *loader) document(n *yaml.Node) {
 	l.fields(n, map[string]**yaml.Node{
 		"domain": &domainNode, "policies": &policies, "descriptors": &descriptors, "allow_empty": &allowEmpty,
 	})
-	if allowEmpty != nil && l.boolean(allowEmpty) {
+	if allowEmpty != nil && l.boolean(allowEmpty, "allow_empty") {
 		l.cfg.AllowEmpty = true
 	}
 	if policies == nil && descriptors == nil && domainNode == nil {
@@ -322,11 +322,19 @@ func (l *loader) str(n *yaml.Node) string {
 	return n.Value
 }
 
-func (l *loader) boolean(n *yaml.Node) bool {
+// boolean reads field name's value, which must be a YAML boolean: true
+// or false, unquoted. Decoding alone would also turn YAML 1.1's yes, on,
+// y (quoted too) into true, while refusing a quoted "true".
+func (l *loader) boolean(n *yaml.Node, name string) bool {
 	n = deref(n)
 	var b bool
-	if n.Kind != yaml.ScalarNode || n.Decode(&b) != nil {
-		l.errorf(n, "want true or false, got %s", kindName(n))
+	if n.Kind != yaml.ScalarNode || n.Tag != "!!bool" || n.Decode(&b) != nil {
+		got := kindName(n)
+		if n.Kind == yaml.ScalarNode && n.Style&(yaml.DoubleQuotedStyle|yaml.SingleQuotedStyle) != 0 {
+			got = "a quoted string " + got
+		}
+		l.errorf(n, "%s: want true or false, unquoted, got %s", name, got)
+		return false
 	}
 	return b
 }
