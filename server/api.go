@@ -100,7 +100,7 @@ func newHandler(s *Service, opts *HandlerOptions) http.Handler {
 		mux.Handle("GET /metrics", o.Metrics.Handler())
 	}
 	mux.HandleFunc("/v1/", func(w http.ResponseWriter, r *http.Request) {
-		problem(w, http.StatusNotFound, "no such endpoint: "+r.URL.Path)
+		problem(w, http.StatusNotFound, "no such endpoint: "+clip(r.URL.Path, logClip)+": GET /v1/ lists the endpoints")
 	})
 	// A wrong method is answered by a pattern of the endpoint's own path
 	// (not /v1/'s, nor the dashboard's 404), which the metrics label it
@@ -125,7 +125,7 @@ func newHandler(s *Service, opts *HandlerOptions) http.Handler {
 			methodNotAllowed(w, r, "GET")
 			return
 		}
-		dash.ServeHTTP(w, r)
+		dash.ServeHTTP(&dashboardWriter{ResponseWriter: w, r: r}, r)
 	}))
 	return routes{crossOrigin(mux), mux}
 }
@@ -472,8 +472,50 @@ func methodNotAllowed(w http.ResponseWriter, r *http.Request, m string) {
 		allow = "GET, HEAD"
 	}
 	w.Header().Set("Allow", allow)
-	problem(w, http.StatusMethodNotAllowed, "use "+m+" for "+r.URL.Path+", not "+r.Method)
+	problem(w, http.StatusMethodNotAllowed, "use "+m+" for "+clip(r.URL.Path, logClip)+", not "+r.Method)
 }
+
+// dashboardWriter passes the dashboard's answers on, except a 404 or 405,
+// which it answers as the API does, as a problem: every path the dashboard
+// has no file for reaches it, and its own errors are text.
+type dashboardWriter struct {
+	http.ResponseWriter
+	r        *http.Request
+	replaced bool // the dashboard's body is dropped
+}
+
+func (d *dashboardWriter) WriteHeader(code int) {
+	if d.replaced {
+		return
+	}
+	h := d.Header()
+	switch code {
+	case http.StatusNotFound:
+		d.replaced = true
+		h.Del("Content-Length")
+		problem(d.ResponseWriter, code, "no such page or endpoint: "+clip(d.r.URL.Path, logClip)+": GET /v1/ lists the API's endpoints")
+	case http.StatusMethodNotAllowed:
+		d.replaced = true
+		h.Del("Content-Length")
+		detail := d.r.Method + " is not allowed for " + clip(d.r.URL.Path, logClip)
+		if allow := h.Get("Allow"); allow != "" {
+			detail = "use " + allow + " for " + clip(d.r.URL.Path, logClip) + ", not " + d.r.Method
+		}
+		problem(d.ResponseWriter, code, detail)
+	default:
+		d.ResponseWriter.WriteHeader(code)
+	}
+}
+
+func (d *dashboardWriter) Write(b []byte) (int, error) {
+	if d.replaced {
+		return len(b), nil
+	}
+	return d.ResponseWriter.Write(b)
+}
+
+// Unwrap lets http.ResponseController reach the connection's writer.
+func (d *dashboardWriter) Unwrap() http.ResponseWriter { return d.ResponseWriter }
 
 // problem writes an RFC 9457 problem details body.
 func problem(w http.ResponseWriter, code int, detail string) {

@@ -1,0 +1,147 @@
+package server
+
+import (
+	"encoding/json"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+)
+
+// httpDo sends one request to base+path and returns the response and its
+// body.
+func httpDo(t *testing.T, method, url string, hdr map[string]string) (*http.Response, string) {
+	t.Helper()
+	req, err := http.NewRequest(method, url, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for k, v := range hdr {
+		req.Header.Set(k, v)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp, string(b)
+}
+
+// checkProblem fails unless the response is a problem+json of status
+// code whose detail contains want.
+func checkProblem(t *testing.T, what string, resp *http.Response, body string, code int, want string) {
+	t.Helper()
+	if resp.StatusCode != code || resp.Header.Get("Content-Type") != "application/problem+json" {
+		t.Errorf("%s: %d %s %.300q, want %d application/problem+json", what, resp.StatusCode, resp.Header.Get("Content-Type"), body, code)
+		return
+	}
+	if resp.Request.Method == http.MethodHead {
+		return
+	}
+	var p struct {
+		Status int    `json:"status"`
+		Title  string `json:"title"`
+		Detail string `json:"detail"`
+	}
+	if err := json.Unmarshal([]byte(body), &p); err != nil || p.Status != code || p.Title != http.StatusText(code) || !strings.Contains(p.Detail, want) {
+		t.Errorf("%s: body %.300q, want a problem of status %d whose detail has %q", what, body, code, want)
+	}
+	if len(p.Detail) > 200 {
+		t.Errorf("%s: detail of %d bytes: it must not grow with the path", what, len(p.Detail))
+	}
+}
+
+// TestUnknownPathsAreProblems: a `sluice serve` process answers every 404
+// and 405 as a problem+json, outside /v1/ too (/nope, /json/, a file the
+// dashboard lacks), where they were the dashboard's text/plain; the
+// dashboard's files, /healthz, /readyz, /metrics and the API still
+// answer as before.
+func TestUnknownPathsAreProblems(t *testing.T) {
+	p := startSluice(t, nil, "--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0")
+	base := "http://" + p.http
+	long := "/" + strings.Repeat("x", 5000)
+	for _, tt := range []struct {
+		method, path string
+		code         int
+		want         string
+	}{
+		{"GET", "/nope", 404, "no such page or endpoint: /nope"},
+		{"POST", "/nope", 404, "/nope"},
+		{"HEAD", "/nope", 404, ""},
+		{"GET", "/json/", 404, "/json/"},
+		{"GET", "/healthz/", 404, "/healthz/"},
+		{"GET", "/metrics/x", 404, "/metrics/x"},
+		{"GET", "/static/nope.js", 404, "/static/nope.js"},
+		{"GET", "/index.htm", 404, "/index.htm"},
+		{"GET", long, 404, "(5001 bytes)"},
+		{"GET", "/v1/nothing", 404, "no such endpoint: /v1/nothing"},
+		{"GET", "/v1" + long, 404, "(5004 bytes)"},
+		{"PUT", "/static/app.js", 405, "use GET for /static/app.js, not PUT"},
+		{"DELETE", "/index.html", 405, "use GET"},
+		{"POST", "/", 405, "use GET"},
+		{"GET", "/json", 405, "use POST"},
+		{"POST", "/healthz", 405, "use GET"},
+		{"POST", "/metrics", 405, "use GET"},
+	} {
+		resp, body := httpDo(t, tt.method, base+tt.path, nil)
+		checkProblem(t, tt.method+" "+clip(tt.path, 20), resp, body, tt.code, tt.want)
+	}
+	// What is there still answers.
+	for _, tt := range []struct{ path, ctype, has string }{
+		{"/", "text/html; charset=utf-8", "<html"},
+		{"/index.html", "text/html; charset=utf-8", "<html"},
+		{"/static/app.js", "text/javascript; charset=utf-8", ""},
+		{"/static/style.css", "text/css; charset=utf-8", ""},
+		{"/healthz", "text/plain; charset=utf-8", "ok"},
+		{"/readyz", "", ""},
+		{"/metrics", "", "sluice_"},
+		{"/v1/", "application/json", "openapi"},
+		{"/v1/openapi.json", "", "openapi"},
+	} {
+		resp, body := httpDo(t, "GET", base+tt.path, nil)
+		if resp.StatusCode != 200 || (tt.ctype != "" && resp.Header.Get("Content-Type") != tt.ctype) || !strings.Contains(body, tt.has) {
+			t.Errorf("GET %s: %d %s %.100q, want 200 %s with %q", tt.path, resp.StatusCode, resp.Header.Get("Content-Type"), body, tt.ctype, tt.has)
+		}
+		if etag := resp.Header.Get("ETag"); etag != "" {
+			if again, _ := httpDo(t, "GET", base+tt.path, map[string]string{"If-None-Match": etag}); again.StatusCode != http.StatusNotModified {
+				t.Errorf("GET %s with its ETag: %d, want 304", tt.path, again.StatusCode)
+			}
+		}
+	}
+}
+
+// A dashboard of the embedder's own (Options.Dashboard) keeps its pages,
+// and its 404 and 405 become problems too, its Allow kept.
+func TestCustomDashboardErrorsAreProblems(t *testing.T) {
+	dash := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch {
+		case r.URL.Path == "/custom" && r.Method == http.MethodGet:
+			io.WriteString(w, "custom page")
+		case r.URL.Path == "/custom":
+			w.Header().Set("Allow", "GET")
+			http.Error(w, "method not allowed", http.StatusMethodNotAllowed)
+		case r.URL.Path == "/bare":
+			w.WriteHeader(http.StatusMethodNotAllowed)
+		default:
+			http.NotFound(w, r)
+		}
+	})
+	srv := runServer(t, Options{Dashboard: dash})
+	base := "http://" + srv.HTTPAddr()
+	if resp, body := httpDo(t, "GET", base+"/custom", nil); resp.StatusCode != 200 || body != "custom page" {
+		t.Errorf("GET /custom: %d %q", resp.StatusCode, body)
+	}
+	resp, body := httpDo(t, "PUT", base+"/custom", nil)
+	checkProblem(t, "PUT /custom", resp, body, 405, "use GET for /custom, not PUT")
+	if resp.Header.Get("Allow") != "GET" {
+		t.Errorf("PUT /custom: Allow %q, want the dashboard's GET", resp.Header.Get("Allow"))
+	}
+	resp, body = httpDo(t, "PUT", base+"/bare", nil)
+	checkProblem(t, "PUT /bare", resp, body, 405, "PUT is not allowed for /bare")
+	resp, body = httpDo(t, "GET", base+"/other", nil)
+	checkProblem(t, "GET /other", resp, body, 404, "/other")
+}
