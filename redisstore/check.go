@@ -121,6 +121,9 @@ func Classify(err error) error {
 		return ce
 	}
 	msg := err.Error()
+	// Redis's own reply, matched by its start: err's text begins with
+	// the caller's context ("redisstore: gcra take: READONLY ...").
+	reply := replyText(err)
 	var (
 		header  tls.RecordHeaderError
 		alert   tls.AlertError
@@ -139,9 +142,9 @@ func Classify(err error) error {
 		return checkErr(ErrDatabase, "pick a database below the server's databases setting in the URL's /db", err)
 	case strings.Contains(msg, "cluster support disabled"):
 		return checkErr(ErrTopology, "the server is not a Cluster: use redis:// instead of redis+cluster://", err)
-	case strings.HasPrefix(msg, "MOVED "), strings.HasPrefix(msg, "ASK "):
+	case strings.HasPrefix(reply, "MOVED "), strings.HasPrefix(reply, "ASK "):
 		return checkErr(ErrTopology, "the server is a Cluster node: use redis+cluster://", err)
-	case strings.HasPrefix(msg, "READONLY"):
+	case strings.HasPrefix(reply, "READONLY"), strings.Contains(reply, "-READONLY "): // the second: refused inside a script
 		return checkErr(ErrTopology, replicaHint, err)
 	case unknownCommand(msg, "sentinel"): // a Sentinel client asking a data node for the master
 		return checkErr(ErrTopology, dataNodeHint, err)
@@ -153,7 +156,7 @@ func Classify(err error) error {
 		return checkErr(ErrReplicas, "the server's min-replicas-to-write is not met: check its replicas' links, or the setting", err)
 	case strings.Contains(msg, "OOM command not allowed"):
 		return checkErr(ErrOOM, oomHint, err)
-	case strings.HasPrefix(msg, "CLUSTERDOWN"):
+	case strings.HasPrefix(reply, "CLUSTERDOWN"):
 		return checkErr(ErrUnreachable, "the Cluster is down (a failover under way, or slots without a master): retrying", err)
 	case strings.Contains(msg, "all sentinels") && errors.Is(err, redis.Nil):
 		return checkErr(ErrSentinelMaster, "check master_name in the Redis URL against the Sentinels' configuration", err)
@@ -164,6 +167,16 @@ func Classify(err error) error {
 		return checkErr(ErrTLS, "check the server's certificate and the CA the client trusts", err)
 	}
 	return checkErr(ErrUnreachable, "retrying", err)
+}
+
+// replyText is the error reply Redis sent, as Redis wrote it, unwrapped
+// from err; err's own text when it carries none.
+func replyText(err error) string {
+	var reply redis.Error
+	if errors.As(err, &reply) {
+		return reply.Error()
+	}
+	return err.Error()
 }
 
 // stalledHint is what ErrStalled says: Redis is there, and what holds its

@@ -233,6 +233,49 @@ func TestCheckTopology(t *testing.T) {
 	})
 }
 
+// TestClassifyDecisionTopology: a decision's error carries the Store's
+// context before Redis's reply ("redisstore: gcra take: READONLY ..."),
+// and Classify still names the topology: a take, a grant and an atomic
+// TakeAll on a master turned replica (READONLY), a take on a Cluster node
+// through a standalone client (MOVED).
+func TestClassifyDecisionTopology(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	master := redistest.StartServer(t)
+	node := redistest.StartServer(t)
+	s := redisstore.New(newClient(t, &redis.Options{Addr: node.Addr}), nil)
+	l := sluice.PerMinute(10)
+	if _, err := s.Take(ctx, "k", l, 1); err != nil {
+		t.Fatal(err)
+	}
+	host, port, _ := net.SplitHostPort(master.Addr)
+	if err := newClient(t, &redis.Options{Addr: node.Addr}).ReplicaOf(ctx, host, port).Err(); err != nil {
+		t.Fatal(err)
+	}
+	_, takeErr := s.Take(ctx, "k", l, 1)
+	_, grantErr := s.Grant(ctx, "k", l, 2)
+	_, allErr := s.TakeAll(ctx, []sluice.Request{{Key: "a", Limit: l, Cost: 1}, {Key: "b", Limit: l, Cost: 1}})
+	for _, err := range []error{takeErr, grantErr, allErr} {
+		if got := redisstore.Classify(err); !errors.Is(got, redisstore.ErrTopology) || !strings.Contains(got.Error(), "replica") {
+			t.Errorf("Classify(%v) = %v, want ErrTopology naming the replica", err, got)
+		}
+	}
+
+	// A key another node serves: the node answers MOVED.
+	addr := redistest.ClusterAddrs(t)[0]
+	onNode := redisstore.New(newClient(t, &redis.Options{Addr: addr}), &redisstore.Options{Prefix: redistest.Prefix(t)})
+	for i := 0; ; i++ {
+		_, err := onNode.Take(ctx, fmt.Sprint("moved-", i), l, 1)
+		if err == nil {
+			continue // a key of this node's slots
+		}
+		if got := redisstore.Classify(err); !errors.Is(got, redisstore.ErrTopology) || !strings.Contains(got.Error(), "redis+cluster://") {
+			t.Errorf("Classify(%v) = %v, want ErrTopology naming redis+cluster://", err, got)
+		}
+		break
+	}
+}
+
 func TestCheckClusterHealthy(t *testing.T) {
 	t.Parallel()
 	rep, err := redisstore.Check(checkCtx(t), redistest.ClusterClient(t))
