@@ -43,8 +43,9 @@ var (
 	// (NOPERM).
 	ErrPermission = errors.New("redisstore: Redis user lacks a permission")
 	// ErrTopology: a standalone client on a Cluster node or on a replica
-	// (READONLY), a Cluster client on a standalone server, or a Sentinel
-	// taken for a data node or a data node for a Sentinel.
+	// (read-only, READONLY, or one that accepts writes its master never
+	// sees), a Cluster client on a standalone server, or a Sentinel taken
+	// for a data node or a data node for a Sentinel.
 	ErrTopology = errors.New("redisstore: wrong Redis topology")
 	// ErrVersion: the server is older than MinVersion.
 	ErrVersion = errors.New("redisstore: Redis too old")
@@ -300,9 +301,27 @@ func unknownCommand(msg, name string) bool {
 // policy: evicted keys are reset limits.
 const oomHint = "used memory is over maxmemory and the policy (noeviction) refuses writes: raise maxmemory, or free memory (an evicting maxmemory-policy would let writes on but evict sluice's keys, resetting their limits)"
 
-// replicaHint is what to do about a standalone URL naming a replica, which
-// refuses every write (READONLY).
-const replicaHint = "the server is a read-only replica: point the URL at the master, or use redis+sentinel:// so that failovers are followed"
+// What to do about a standalone URL naming a replica: one that refuses
+// every write (READONLY), one that takes writes (replica-read-only no),
+// or one INFO did not say which of the two.
+const (
+	replicaHint         = "the server is a replica, read-only: it refuses every write; " + replicaFix
+	writableReplicaHint = "the server is a replica that accepts writes (replica-read-only no), but its master and the instances using it never see them, and its next sync with the master discards them; " + replicaFix
+	someReplicaHint     = "the server is a replica; " + replicaFix
+	replicaFix          = "point the URL at the master, or use redis+sentinel:// so that failovers are followed"
+)
+
+// replicaHintOf is the hint for a replica whose INFO replication says
+// slave_read_only is readOnly.
+func replicaHintOf(readOnly string) string {
+	switch readOnly {
+	case "1":
+		return replicaHint
+	case "0":
+		return writableReplicaHint
+	}
+	return someReplicaHint
+}
 
 // MayEvict reports whether a server with INFO memory's maxmemory_policy
 // and maxmemory may evict sluice's keys: a policy other than noeviction,
@@ -332,7 +351,7 @@ func checkNode(ctx context.Context, node *redis.Client, cluster bool, rep *Check
 			return checkErr(ErrTopology, "the server is a Cluster node: use redis+cluster://", nil)
 		}
 		if fields["role"] == "slave" && !cluster {
-			return checkErr(ErrTopology, replicaHint, nil)
+			return checkErr(ErrTopology, replicaHintOf(fields["slave_read_only"]), nil)
 		}
 		v := fields["redis_version"]
 		if !versionAtLeast(v, MinVersion) {

@@ -194,9 +194,17 @@ func TestCheckTopology(t *testing.T) {
 	t.Run("standalone client on a replica", func(t *testing.T) {
 		replica := redistest.StartServer(t, "--replicaof", "127.0.0.1", strings.Split(standalone.Addr, ":")[1])
 		_, err := redisstore.Check(checkCtx(t), newClient(t, &redis.Options{Addr: replica.Addr}))
-		wantKind(t, err, redisstore.ErrTopology, "read-only replica")
+		wantKind(t, err, redisstore.ErrTopology, "a replica, read-only: it refuses every write")
 		if got := redisstore.Classify(errors.New("READONLY You can't write against a read only replica.")); !errors.Is(got, redisstore.ErrTopology) {
 			t.Errorf("Classify(READONLY) = %v, want ErrTopology", got)
+		}
+	})
+	t.Run("standalone client on a writable replica", func(t *testing.T) {
+		replica := redistest.StartServer(t, "--replicaof", "127.0.0.1", strings.Split(standalone.Addr, ":")[1], "--replica-read-only", "no")
+		_, err := redisstore.Check(checkCtx(t), newClient(t, &redis.Options{Addr: replica.Addr}))
+		wantKind(t, err, redisstore.ErrTopology, "a replica that accepts writes (replica-read-only no)")
+		if strings.Contains(err.Error(), "read-only") && !strings.Contains(err.Error(), "replica-read-only") {
+			t.Errorf("a writable replica called read-only: %v", err)
 		}
 	})
 	t.Run("Cluster client on a standalone server", func(t *testing.T) {
