@@ -22,9 +22,9 @@ import (
 const MinVersion = "7.0"
 
 // Kinds of Redis failure that Check and Classify report. Test with
-// errors.Is. Every kind but ErrUnreachable, ErrStalled, ErrReplicas and ErrOOM
-// also matches ErrMisconfigured: retrying cannot help until someone changes
-// the configuration.
+// errors.Is. Every kind but ErrUnreachable, ErrStalled, ErrReplicas, ErrOOM
+// and ErrMaxClients also matches ErrMisconfigured: retrying cannot help
+// until someone changes the configuration.
 var (
 	// ErrMisconfigured matches every permanent kind below.
 	ErrMisconfigured = errors.New("redisstore: Redis misconfigured")
@@ -65,6 +65,12 @@ var (
 	// under noeviction, OOM): reachable, and back when memory is freed
 	// (sluice's keys expire) or maxmemory is raised.
 	ErrOOM = errors.New("redisstore: Redis refuses writes: out of memory")
+	// ErrMaxClients: Redis refuses new connections, having maxclients
+	// open ("ERR max number of clients reached"): reachable, connections
+	// already open still work, and back when clients close theirs or
+	// maxclients is raised. Only a client hooked by DetectRefusals tells
+	// it; on others it is a broken pipe or an EOF, ErrUnreachable.
+	ErrMaxClients = errors.New("redisstore: Redis refuses new connections: max clients reached")
 	// ErrEviction is a warning, never returned as Check's error: the
 	// server's maxmemory-policy may evict sluice's keys, which resets
 	// limits.
@@ -99,7 +105,7 @@ func (e *CheckError) Is(target error) bool {
 // transient reports whether a kind can pass without a configuration change.
 func transient(kind error) bool {
 	switch kind {
-	case ErrUnreachable, ErrStalled, ErrEviction, ErrReplicas, ErrOOM:
+	case ErrUnreachable, ErrStalled, ErrEviction, ErrReplicas, ErrOOM, ErrMaxClients:
 		return true
 	}
 	return false
@@ -157,6 +163,8 @@ func Classify(err error) error {
 		return checkErr(ErrReplicas, "the server's min-replicas-to-write is not met: check its replicas' links, or the setting", err)
 	case strings.Contains(msg, "OOM command not allowed"):
 		return checkErr(ErrOOM, oomHint, err)
+	case strings.Contains(msg, maxClientsReply):
+		return checkErr(ErrMaxClients, maxClientsHint, err)
 	case strings.HasPrefix(reply, "CLUSTERDOWN"):
 		return checkErr(ErrUnreachable, "the Cluster is down (a failover under way, or slots without a master): retrying", err)
 	case strings.Contains(msg, "all sentinels") && errors.Is(err, redis.Nil):
@@ -179,6 +187,9 @@ func replyText(err error) string {
 	}
 	return err.Error()
 }
+
+// maxClientsHint is what to do about a Redis at its maxclients.
+const maxClientsHint = "it has maxclients connections open and refuses more (connections already open still work): raise maxclients, or find who holds them (CLIENT LIST); retrying"
 
 // stalledHint is what ErrStalled says: Redis is there, and what holds its
 // writes.

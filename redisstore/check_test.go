@@ -40,7 +40,8 @@ func wantKind(t *testing.T, err, kind error, words string) {
 	if !errors.Is(err, kind) {
 		t.Fatalf("Check = %v, want %v", err, kind)
 	}
-	if got, want := errors.Is(err, redisstore.ErrMisconfigured), kind != redisstore.ErrUnreachable && kind != redisstore.ErrStalled; got != want {
+	transient := kind == redisstore.ErrUnreachable || kind == redisstore.ErrStalled || kind == redisstore.ErrMaxClients
+	if got, want := errors.Is(err, redisstore.ErrMisconfigured), !transient; got != want {
 		t.Errorf("errors.Is(%v, ErrMisconfigured) = %v, want %v", err, got, want)
 	}
 	msg := err.Error()
@@ -281,6 +282,50 @@ func TestClassifyDecisionTopology(t *testing.T) {
 			t.Errorf("Classify(%v) = %v, want ErrTopology naming redis+cluster://", err, got)
 		}
 		break
+	}
+}
+
+// TestMaxClients: a Redis with maxclients connections open refuses a new
+// one as it accepts it ("ERR max number of clients reached"). Through a
+// client hooked by DetectRefusals, Check and the decisions that need a new
+// connection fail with ErrMaxClients, transient, and Redis's words; once a
+// connection closes, both pass.
+func TestMaxClients(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	r := redistest.StartServer(t, "--maxclients", "1")
+	holder := newClient(t, &redis.Options{Addr: r.Addr})
+	if err := holder.Ping(ctx).Err(); err != nil { // the only connection Redis takes
+		t.Fatal(err)
+	}
+	c := newClient(t, &redis.Options{Addr: r.Addr})
+	redisstore.DetectRefusals(c)
+	_, err := redisstore.Check(checkCtx(t), c)
+	wantKind(t, err, redisstore.ErrMaxClients, "ERR max number of clients reached")
+	if !strings.Contains(err.Error(), "raise maxclients") {
+		t.Errorf("Check = %v: want what to do", err)
+	}
+	s := redisstore.New(c, nil)
+	l := sluice.PerMinute(10)
+	_, takeErr := s.Take(ctx, "k", l, 1)
+	_, grantErr := s.Grant(ctx, "k", l, 2)
+	for _, err := range []error{takeErr, grantErr} {
+		if got := redisstore.Classify(err); !errors.Is(got, redisstore.ErrMaxClients) || !strings.Contains(got.Error(), "ERR max number of clients reached") {
+			t.Errorf("Classify(%v) = %v, want ErrMaxClients with Redis's words", err, got)
+		}
+	}
+	holder.Close()
+	var checkErr error
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		if _, checkErr = redisstore.Check(checkCtx(t), c); checkErr == nil {
+			break
+		}
+	}
+	if checkErr != nil {
+		t.Fatalf("Check after the other connection closed: %v", checkErr)
+	}
+	if _, err := s.Take(ctx, "k", l, 1); err != nil {
+		t.Errorf("take after the other connection closed: %v", err)
 	}
 }
 

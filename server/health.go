@@ -154,7 +154,7 @@ func newHealthMetrics(reg *prometheus.Registry) *healthMetrics {
 	m := &healthMetrics{
 		degraded:        newGauge("sluice_degraded", "1 while decisions are degraded: the store does not answer, or the failure policy answers for it."),
 		storeUp:         newGauge("sluice_store_up", "1 while the store (Redis) answers the service's checks."),
-		storeChanges:    newCounterVec("sluice_store_transitions_total", "Store state changes: to=down (with the cause: unreachable, stalled, auth, tls, database, sentinel_master, permission, topology, version, replicas, oom, not_replicated) or to=up.", "to", "cause"),
+		storeChanges:    newCounterVec("sluice_store_transitions_total", "Store state changes: to=down (with the cause: unreachable, stalled, auth, tls, database, sentinel_master, permission, topology, version, replicas, oom, maxclients, not_replicated) or to=up.", "to", "cause"),
 		fallbackChanges: newCounterVec("sluice_fallback_transitions_total", "Failure policy changes: to=on when the breaker opens, to=off when it closes.", "to"),
 		partialChanges:  newCounterVec("sluice_partial_failure_transitions_total", "Partial store failures (store calls failing while the breaker stays closed and the store answers the checks): to=on with the cause (as sluice_store_transitions_total's) when one starts, to=off when it ends (a transient cause: 10s without a failed call; a permanent one: the store answering every policy that failed; or the breaker or a lost store taking over).", "to", "cause"),
 	}
@@ -180,6 +180,7 @@ var causes = []struct {
 	{redisstore.ErrVersion, "version"},
 	{redisstore.ErrReplicas, "replicas"},
 	{redisstore.ErrOOM, "oom"},
+	{redisstore.ErrMaxClients, "maxclients"},
 	// Answers PING but holds writes (CLIENT PAUSE ... WRITE): reachable,
 	// so not "unreachable".
 	{redisstore.ErrStalled, "stalled"},
@@ -268,7 +269,8 @@ func (h *Health) checked(n uint64, err error) {
 // causeLevel is the level of a store failure's line: permanent causes are
 // errors, since someone must change a setting.
 func causeLevel(err error) slog.Level {
-	if errors.Is(err, redisstore.ErrMisconfigured) || errors.Is(err, redisstore.ErrReplicas) || errors.Is(err, redisstore.ErrOOM) {
+	if errors.Is(err, redisstore.ErrMisconfigured) || errors.Is(err, redisstore.ErrReplicas) || errors.Is(err, redisstore.ErrOOM) ||
+		errors.Is(err, redisstore.ErrMaxClients) {
 		return slog.LevelError
 	}
 	return slog.LevelWarn
@@ -687,8 +689,8 @@ type StoreStatus struct {
 	Up bool `json:"up"`
 	// Cause and Error say why it does not: Cause is one word (unreachable,
 	// stalled, auth, tls, database, sentinel_master, permission, topology,
-	// version, replicas, oom, not_replicated), Error Redis's one-sentence
-	// message.
+	// version, replicas, oom, maxclients, not_replicated), Error Redis's
+	// one-sentence message.
 	Cause string `json:"cause,omitempty"`
 	Error string `json:"error,omitempty"`
 	// Since is when Up last changed (or the service started).
@@ -855,8 +857,11 @@ func (s *Server) checkRedis(c redis.UniversalClient) error {
 	}
 	if err != nil {
 		msg := "Redis unreachable at start; serving under the failure policy and retrying"
-		if errors.Is(err, redisstore.ErrStalled) {
+		switch {
+		case errors.Is(err, redisstore.ErrStalled):
 			msg = "Redis stalled at start (it answers, but a write does not complete); serving under the failure policy and retrying"
+		case errors.Is(err, redisstore.ErrMaxClients):
+			msg = "Redis refuses new connections at start (maxclients reached); serving under the failure policy and retrying"
 		}
 		s.log.Warn(msg, "failure_policy", s.health.policy, "every", s.opts.StoreCheckInterval, "err", err)
 		s.health.storeResult(err)

@@ -261,6 +261,7 @@ func (s *Server) openStore() (sluice.Store, error) {
 		if err != nil {
 			return nil, err
 		}
+		redisstore.DetectRefusals(client) // Redis at maxclients: its words, not a broken pipe
 		s.closers = append(s.closers, func() { client.Close() })
 		if err := s.checkRedis(client); err != nil {
 			return nil, err

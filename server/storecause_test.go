@@ -2,9 +2,13 @@ package server
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice/internal/redistest"
 )
@@ -37,6 +41,90 @@ func TestServerTakeOnReplicaCause(t *testing.T) {
 	}
 	if _, body := p.get(t, "/metrics"); strings.Contains(body, `sluice_store_errors_total{cause="unreachable"`) {
 		t.Errorf("takes refused by a replica counted as unreachable:\n%s", grepLines(body, "sluice_store_errors_total"))
+	}
+}
+
+// TestServerRedisMaxClients: a Redis with maxclients connections open
+// refuses new ones as it accepts them. At start and at runtime the store is
+// lost with cause maxclients, logged with Redis's words, not "unreachable"
+// with a broken pipe; /v1/status says so; the takes that fail meanwhile are
+// counted with that cause; and it is back once Redis takes connections.
+func TestServerRedisMaxClients(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	r := redistest.StartServer(t, "--maxclients", "1")
+	// One connection, the only one Redis takes while maxclients is 1.
+	admin := redis.NewClient(&redis.Options{Addr: r.Addr, PoolSize: 1, MaxRetries: -1})
+	t.Cleanup(func() { admin.Close() })
+	if err := admin.Ping(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+
+	var logs syncBuffer
+	srv, p := startOnRedis(t, "redis://"+r.Addr, "local", &logs)
+	line := logged(t, &logs, "Redis refuses new connections at start")
+	if !strings.Contains(line, "ERR max number of clients reached") {
+		t.Errorf("start line %q: want Redis's words", line)
+	}
+	if st := srv.health.Status(); st.Store.Up || st.Store.Cause != "maxclients" {
+		t.Errorf("status after the start: %+v, want the store down, cause maxclients", st.Store)
+	}
+	_, st := p.getJSON(t, "/v1/status")
+	store, _ := st["store"].(map[string]any)
+	if store["cause"] != "maxclients" || !strings.Contains(fmt.Sprint(store["error"]), "ERR max number of clients reached") {
+		t.Errorf("/v1/status store %v: want cause maxclients with Redis's words", store)
+	}
+	if reasons := fmt.Sprint(st["reasons"]); strings.Contains(reasons, "unreachable") || strings.Contains(reasons, "broken pipe") {
+		t.Errorf("reasons %s: want max clients, not unreachable", reasons)
+	}
+	if err := admin.ConfigSet(ctx, "maxclients", "10000").Err(); err != nil {
+		t.Fatal(err)
+	}
+	logged(t, &logs, "store back")
+	if code, _ := p.post(t, "/v1/check", `{"policy":"rl.foo","key":"foo=a"}`); code != 200 {
+		t.Fatalf("check with Redis back: %d", code)
+	}
+
+	// At runtime: the service's connections closed while Redis takes no
+	// new one.
+	if err := admin.ConfigSet(ctx, "maxclients", "1").Err(); err != nil {
+		t.Fatal(err)
+	}
+	for _, typ := range []string{"normal", "pubsub"} {
+		if err := admin.Do(ctx, "client", "kill", "type", typ, "skipme", "yes").Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	const series = `sluice_store_errors_total{cause="maxclients",op="take",store="redis"}`
+	if !eventually(func() bool {
+		p.post(t, "/v1/check", `{"policy":"rl.foo","key":"foo=a"}`)
+		got := scrapedMetric(t, p, series)
+		return got != "" && got != "0"
+	}) {
+		_, body := p.get(t, "/metrics")
+		t.Fatalf("no take counted as %s:\n%s", series, grepLines(body, "sluice_store_errors_total"))
+	}
+	if !eventually(func() bool { return countLines(&logs, "store lost") == 2 }) {
+		t.Fatalf("no store lost line at runtime:\n%s", logs.String())
+	}
+	lost := grepLines(logs.String(), "store lost")
+	if line := lost[strings.Index(lost, "\n")+1:]; !strings.Contains(line, "level=ERROR") || !strings.Contains(line, "cause=maxclients") ||
+		!strings.Contains(line, "ERR max number of clients reached") {
+		t.Errorf("store lost line %q: want ERROR, cause maxclients, with Redis's words", line)
+	}
+	if strings.Contains(logs.String(), "cause=unreachable") || strings.Contains(logs.String(), "broken pipe") {
+		t.Errorf("a Redis at maxclients called unreachable:\n%s", logs.String())
+	}
+	if _, body := p.get(t, "/metrics"); strings.Contains(body, `sluice_store_errors_total{cause="unreachable"`) {
+		t.Errorf("takes refused at maxclients counted as unreachable:\n%s", grepLines(body, "sluice_store_errors_total"))
+	}
+	if err := admin.ConfigSet(ctx, "maxclients", "10000").Err(); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); countLines(&logs, "store back") < 2; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("no second store back once Redis took connections again:\n%s", logs.String())
+		}
 	}
 }
 
