@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -60,7 +61,7 @@ func (c *call) recycle() {
 // read timeout, when Redis may already have run it: a take would be charged
 // twice. NoRetry stops that on every client type; redirects (MOVED, ASK)
 // and a READONLY node, which mean the command did not run, are still
-// followed, and NOSCRIPT is retried here.
+// followed, and NOSCRIPT and TRYAGAIN are retried here.
 type scriptCmd struct{ *redis.IntSliceCmd }
 
 // NoRetry implements redis.Cmder.
@@ -173,4 +174,60 @@ func (c *call) await(ctx context.Context, send func()) error {
 		c.gone = true
 	}
 	return err
+}
+
+// A Cluster answers TRYAGAIN, without running the script, to a call whose
+// keys a slot migration has split between two nodes (a grant's state and
+// epoch, a ReleaseOnce's holders and released holders): Redis asks clients
+// to try again after a short delay. A call tries again, after a backoff
+// from tryAgainFirst doubling up to tryAgainMost, for up to tryAgainFor and
+// never past its context's deadline: it then fails with the TRYAGAIN (see
+// ErrResharding), before the deadline rather than at it.
+const (
+	tryAgainFirst = 2 * time.Millisecond
+	tryAgainMost  = 50 * time.Millisecond
+	tryAgainFor   = time.Second
+)
+
+// tryAgain is one call's retries of TRYAGAIN; the zero value has made none.
+type tryAgain struct {
+	start time.Time
+	wait  time.Duration
+}
+
+// again reports whether c, just answered, met TRYAGAIN and is to be sent
+// again: it then waits out the backoff and clears c's reply. It reports
+// false, with c's error as it is, when the retries' time is up, when the
+// next one would start past ctx's deadline, or when ctx ends meanwhile.
+func (r *tryAgain) again(ctx context.Context, c *call) bool {
+	if !isTryAgain(c.err) || ended(ctx) != nil {
+		return false
+	}
+	now := time.Now()
+	if r.start.IsZero() {
+		r.start, r.wait = now, tryAgainFirst
+	} else {
+		r.wait = min(2*r.wait, tryAgainMost)
+	}
+	next := now.Add(r.wait)
+	if next.Sub(r.start) > tryAgainFor {
+		return false
+	}
+	if dl, ok := ctx.Deadline(); ok && !next.Before(dl) {
+		return false
+	}
+	t := time.NewTimer(r.wait)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-ctx.Done():
+		return false
+	}
+	c.val, c.err = nil, nil
+	return true
+}
+
+// isTryAgain reports whether err is Redis's TRYAGAIN.
+func isTryAgain(err error) bool {
+	return err != nil && strings.HasPrefix(replyText(err), "TRYAGAIN")
 }

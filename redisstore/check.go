@@ -22,9 +22,9 @@ import (
 const MinVersion = "7.0"
 
 // Kinds of Redis failure that Check and Classify report. Test with
-// errors.Is. Every kind but ErrUnreachable, ErrStalled, ErrReplicas, ErrOOM
-// and ErrMaxClients also matches ErrMisconfigured: retrying cannot help
-// until someone changes the configuration.
+// errors.Is. Every kind but ErrUnreachable, ErrStalled, ErrReplicas, ErrOOM,
+// ErrMaxClients and ErrResharding also matches ErrMisconfigured: retrying
+// cannot help until someone changes the configuration.
 var (
 	// ErrMisconfigured matches every permanent kind below.
 	ErrMisconfigured = errors.New("redisstore: Redis misconfigured")
@@ -71,6 +71,13 @@ var (
 	// maxclients is raised. Only a client hooked by DetectRefusals tells
 	// it; on others it is a broken pipe or an EOF, ErrUnreachable.
 	ErrMaxClients = errors.New("redisstore: Redis refuses new connections: max clients reached")
+	// ErrResharding: a Cluster slot is migrating and a call's keys are
+	// split between its two nodes, so Redis answers TRYAGAIN and runs
+	// nothing. The Store tries such a call again for up to a second
+	// within its deadline; this is a call whose keys stayed split that
+	// long: a migration under way, or one left half done (redis-cli
+	// --cluster fix finishes it).
+	ErrResharding = errors.New("redisstore: Redis Cluster slot migrating")
 	// ErrEviction is a warning, never returned as Check's error: the
 	// server's maxmemory-policy may evict sluice's keys, which resets
 	// limits.
@@ -105,7 +112,7 @@ func (e *CheckError) Is(target error) bool {
 // transient reports whether a kind can pass without a configuration change.
 func transient(kind error) bool {
 	switch kind {
-	case ErrUnreachable, ErrStalled, ErrEviction, ErrReplicas, ErrOOM, ErrMaxClients:
+	case ErrUnreachable, ErrStalled, ErrEviction, ErrReplicas, ErrOOM, ErrMaxClients, ErrResharding:
 		return true
 	}
 	return false
@@ -165,6 +172,8 @@ func Classify(err error) error {
 		return checkErr(ErrOOM, oomHint, err)
 	case strings.Contains(msg, maxClientsReply):
 		return checkErr(ErrMaxClients, maxClientsHint, err)
+	case strings.HasPrefix(reply, "TRYAGAIN"):
+		return checkErr(ErrResharding, "the call's keys are split between the two nodes of a slot in migration, and stayed so while it tried again: if this lasts, finish the migration (redis-cli --cluster fix)", err)
 	case strings.HasPrefix(reply, "CLUSTERDOWN"):
 		return checkErr(ErrUnreachable, "the Cluster is down (a failover under way, or slots without a master): retrying", err)
 	case strings.Contains(msg, "all sentinels") && errors.Is(err, redis.Nil):

@@ -35,8 +35,9 @@
 // command (or a whole pipeline) again after a lost connection or a read
 // timeout, when Redis may already have run it. Only answers that mean the
 // script did not run are followed or retried: MOVED and ASK (by go-redis),
-// NOSCRIPT (here). A call whose reply is lost fails; its take may have been
-// charged, so it can cost quota, never admit extra.
+// NOSCRIPT and TRYAGAIN (here; see ErrResharding). A call whose reply is
+// lost fails; its take may have been charged, so it can cost quota, never
+// admit extra.
 //
 // A call (Check, CheckAccess and Membership's included) returns as soon as
 // its context ends, whatever the client's own timeouts: it is abandoned,
@@ -512,13 +513,19 @@ func (s *Store) run(ctx context.Context, c *call) ([]int64, error) {
 		return nil, err // never sent
 	}
 	var err error
-	switch {
-	case s.batch != nil:
-		err = s.batch.do(ctx, c)
-	case s.wait != nil && c.takes():
-		err = c.await(ctx, func() { s.runWaited(ctx, c) })
-	default:
-		err = c.await(ctx, func() { runOne(ctx, s.client, c) })
+	var retry tryAgain
+	for {
+		switch {
+		case s.batch != nil:
+			err = s.batch.do(ctx, c)
+		case s.wait != nil && c.takes():
+			err = c.await(ctx, func() { s.runWaited(ctx, c) })
+		default:
+			err = c.await(ctx, func() { runOne(ctx, s.client, c) })
+		}
+		if err != nil || !retry.again(ctx, c) {
+			break
+		}
 	}
 	if err == nil {
 		err = atEnd(ctx, c.err)

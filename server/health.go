@@ -154,7 +154,7 @@ func newHealthMetrics(reg *prometheus.Registry) *healthMetrics {
 	m := &healthMetrics{
 		degraded:        newGauge("sluice_degraded", "1 while decisions are degraded: the store does not answer, or the failure policy answers for it."),
 		storeUp:         newGauge("sluice_store_up", "1 while the store (Redis) answers the service's checks."),
-		storeChanges:    newCounterVec("sluice_store_transitions_total", "Store state changes: to=down (with the cause: unreachable, stalled, auth, tls, database, sentinel_master, permission, topology, version, replicas, oom, maxclients, not_replicated) or to=up.", "to", "cause"),
+		storeChanges:    newCounterVec("sluice_store_transitions_total", "Store state changes: to=down (with the cause: unreachable, stalled, auth, tls, database, sentinel_master, permission, topology, version, replicas, oom, maxclients, resharding, not_replicated) or to=up.", "to", "cause"),
 		fallbackChanges: newCounterVec("sluice_fallback_transitions_total", "Failure policy changes: to=on when the breaker opens, to=off when it closes.", "to"),
 		partialChanges:  newCounterVec("sluice_partial_failure_transitions_total", "Partial store failures (store calls failing while the breaker stays closed and the store answers the checks): to=on with the cause (as sluice_store_transitions_total's) when one starts, to=off when it ends (a transient cause: 10s without a failed call; a permanent one: the store answering every policy that failed; or the breaker or a lost store taking over).", "to", "cause"),
 	}
@@ -181,6 +181,9 @@ var causes = []struct {
 	{redisstore.ErrReplicas, "replicas"},
 	{redisstore.ErrOOM, "oom"},
 	{redisstore.ErrMaxClients, "maxclients"},
+	// TRYAGAIN past the store's retries: a slot migration split a call's
+	// keys, so not "unreachable".
+	{redisstore.ErrResharding, "resharding"},
 	// Answers PING but holds writes (CLIENT PAUSE ... WRITE): reachable,
 	// so not "unreachable".
 	{redisstore.ErrStalled, "stalled"},
@@ -689,8 +692,8 @@ type StoreStatus struct {
 	Up bool `json:"up"`
 	// Cause and Error say why it does not: Cause is one word (unreachable,
 	// stalled, auth, tls, database, sentinel_master, permission, topology,
-	// version, replicas, oom, maxclients, not_replicated), Error Redis's
-	// one-sentence message.
+	// version, replicas, oom, maxclients, resharding, not_replicated),
+	// Error Redis's one-sentence message.
 	Cause string `json:"cause,omitempty"`
 	Error string `json:"error,omitempty"`
 	// Since is when Up last changed (or the service started).

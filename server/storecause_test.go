@@ -3,7 +3,11 @@ package server
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"net"
+	"os"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -125,6 +129,134 @@ func TestServerRedisMaxClients(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatalf("no second store back once Redis took connections again:\n%s", logs.String())
 		}
+	}
+}
+
+// TestServerClusterReshardingCause: a leased policy's key whose state a
+// slot migration moved while its epoch stayed behind: the lease's grants
+// meet TRYAGAIN until the migration completes. The failed grants are
+// counted with cause resharding, none as unreachable, and once the slot
+// is finished decisions go to Redis again.
+func TestServerClusterReshardingCause(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	cl := redistest.StartCluster(t, &redistest.ClusterOptions{Masters: 2})
+	cfg := filepath.Join(t.TempDir(), "sluice.yaml")
+	if err := os.WriteFile(cfg, []byte("policies:\n  - name: hot\n    limit: 1000000/hour\n    lease: 100ms\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var logs syncBuffer
+	fp, _, _ := ParseFailurePolicy("local")
+	srv := runServer(t, Options{ConfigFile: cfg, RedisURL: cl.URL(), FailurePolicy: fp,
+		StoreCheckInterval: 50 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	p := &proc{http: srv.HTTPAddr(), grpc: srv.GRPCAddr()}
+	check := func() int { // a demand the key is leased for: 10 units a request
+		code, _ := p.post(t, "/v1/check", `{"policy":"hot","key":"k","cost":10}`)
+		return code
+	}
+	grants := func() float64 {
+		_, body := p.get(t, "/metrics")
+		var n float64
+		for line := range strings.Lines(body) {
+			if strings.HasPrefix(line, "sluice_store_calls_total{") && strings.Contains(line, `grant"`) {
+				f := strings.Fields(line)
+				v, _ := strconv.ParseFloat(f[len(f)-1], 64)
+				n += v
+			}
+		}
+		return n
+	}
+	if !eventually(func() bool { return check() == 200 && grants() > 0 }) {
+		t.Fatalf("the key was never leased:\n%s", logs.String())
+	}
+
+	// The lease's state key, and the node that holds it.
+	var state string
+	var src *redistest.Node
+	for _, n := range cl.Nodes {
+		c := redis.NewClient(&redis.Options{Addr: n.Addr})
+		keys, err := c.Keys(ctx, "*").Result()
+		c.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, k := range keys {
+			if strings.Contains(k, "hot") && !strings.HasSuffix(k, "-reset") {
+				state, src = k, n
+			}
+		}
+	}
+	if state == "" {
+		t.Fatal("the lease wrote no state key")
+	}
+	dst := cl.Nodes[0]
+	if dst == src {
+		dst = cl.Nodes[1]
+	}
+	srcC := redis.NewClient(&redis.Options{Addr: src.Addr})
+	dstC := redis.NewClient(&redis.Options{Addr: dst.Addr})
+	t.Cleanup(func() { srcC.Close(); dstC.Close() })
+	slot, err := srcC.ClusterKeySlot(ctx, state).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	srcID, _ := srcC.Do(ctx, "cluster", "myid").Text()
+	dstID, _ := dstC.Do(ctx, "cluster", "myid").Text()
+	host, port, _ := net.SplitHostPort(dst.Addr)
+	for _, step := range [][]any{
+		{dstC, "cluster", "setslot", slot, "importing", srcID},
+		{srcC, "cluster", "setslot", slot, "migrating", dstID},
+		{srcC, "migrate", host, port, "", 0, 5000, "keys", state},
+	} {
+		if err := step[0].(*redis.Client).Do(ctx, step[1:]...).Err(); err != nil {
+			t.Fatalf("%v: %v", step[1:], err)
+		}
+	}
+
+	if !eventually(func() bool {
+		check()
+		_, body := p.get(t, "/metrics")
+		return strings.Contains(body, `cause="resharding"`)
+	}) {
+		_, body := p.get(t, "/metrics")
+		t.Fatalf("no store error counted as resharding:\n%s", grepLines(body, "sluice_store_errors_total"))
+	}
+	if _, body := p.get(t, "/metrics"); strings.Contains(body, `sluice_store_errors_total{cause="unreachable"`) {
+		t.Errorf("grants refused with TRYAGAIN counted as unreachable:\n%s", grepLines(body, "sluice_store_errors_total"))
+	}
+
+	// Finish the migration: the grants succeed again.
+	left, err := srcC.ClusterGetKeysInSlot(ctx, int(slot), 100).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(left) > 0 {
+		args := []any{"migrate", host, port, "", 0, 5000, "keys"}
+		for _, k := range left {
+			args = append(args, k)
+		}
+		if err := srcC.Do(ctx, args...).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, c := range []*redis.Client{dstC, srcC} {
+		if err := c.Do(ctx, "cluster", "setslot", slot, "node", dstID).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	errs := func() string {
+		_, body := p.get(t, "/metrics")
+		return grepLines(body, `cause="resharding"`)
+	}
+	settled := errs()
+	if !eventually(func() bool {
+		before := grants()
+		for range 5 {
+			check()
+		}
+		return grants() > before && errs() == settled
+	}) {
+		t.Errorf("grants still failing after the migration completed:\n%s\n%s", errs(), logs.String())
 	}
 }
 
