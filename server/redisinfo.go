@@ -3,8 +3,10 @@ package server
 import (
 	"bufio"
 	"context"
+	"log/slog"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -26,6 +28,8 @@ const redisInfoTimeout = time.Second
 type redisInfo struct {
 	client  redis.UniversalClient
 	timeout time.Duration
+	// evictions, when set, is told each node's evicted_keys.
+	evictions *evictionWatch
 }
 
 var (
@@ -68,12 +72,21 @@ func (c *redisInfo) Describe(ch chan<- *prometheus.Desc) {
 func (c *redisInfo) Collect(ch chan<- prometheus.Metric) {
 	ctx, cancel := context.WithTimeout(context.Background(), c.timeout)
 	defer cancel()
-	switch cl := c.client.(type) {
+	eachNode(ctx, c.client, func(ctx context.Context, node *redis.Client, name string) {
+		c.collectNode(ctx, ch, node, name)
+	})
+}
+
+// eachNode calls f for every node client reports on, at once on a
+// cluster: each master, by address; a Sentinel-managed master as
+// "master" (its address changes on failover).
+func eachNode(ctx context.Context, client redis.UniversalClient, f func(ctx context.Context, node *redis.Client, name string)) {
+	switch cl := client.(type) {
 	case *redis.ClusterClient:
 		// Masters answer in parallel (ForEachMaster waits for all); one
 		// that does not is reported down without hiding the others.
 		cl.ForEachMaster(ctx, func(ctx context.Context, node *redis.Client) error {
-			collectNode(ctx, ch, node, node.Options().Addr)
+			f(ctx, node, node.Options().Addr)
 			return nil
 		})
 	case *redis.Client:
@@ -81,18 +94,19 @@ func (c *redisInfo) Collect(ch chan<- prometheus.Metric) {
 		if name == "FailoverClient" {
 			name = "master"
 		}
-		collectNode(ctx, ch, cl, name)
+		f(ctx, cl, name)
 	}
 }
 
-func collectNode(ctx context.Context, ch chan<- prometheus.Metric, c redis.Cmdable, node string) {
-	raw, err := c.Info(ctx, "memory", "stats", "commandstats").Result()
+func (c *redisInfo) collectNode(ctx context.Context, ch chan<- prometheus.Metric, cl redis.Cmdable, node string) {
+	raw, err := cl.Info(ctx, "memory", "stats", "commandstats").Result()
 	if err != nil {
 		ch <- prometheus.MustNewConstMetric(redisUpDesc, prometheus.GaugeValue, 0, node)
 		return
 	}
 	ch <- prometheus.MustNewConstMetric(redisUpDesc, prometheus.GaugeValue, 1, node)
 	info := parseInfo(raw)
+	c.evictions.observe(node, info, time.Now())
 	gauge := func(d *prometheus.Desc, field string, t prometheus.ValueType) {
 		if v, err := strconv.ParseFloat(info[field], 64); err == nil {
 			ch <- prometheus.MustNewConstMetric(d, t, v, node)
@@ -144,4 +158,100 @@ func commandStat(v string) map[string]string {
 		}
 	}
 	return m
+}
+
+// evictionWatch tells Redis evicting keys (each an evicted sluice key's
+// limit started afresh) when it happens, not only when a full check, up
+// to a minute later, finds a policy that may: it reads every node's
+// evicted_keys (INFO stats) on each poll (every store check, while Redis
+// answers) and each /metrics scrape. A count grown since the node's last
+// read starts an episode, logged once at WARN with the count; one that
+// stays put for evictionQuietPolls polls ends it, logged at INFO with the
+// episode's total. The first read of a node, and one after its count went
+// down (a restart, CONFIG RESETSTAT), only sets where counting starts.
+// Readiness does not change: Redis still answers.
+type evictionWatch struct {
+	log   *slog.Logger
+	quiet time.Duration // evictionQuietPolls polls
+	mu    sync.Mutex
+	nodes map[string]*evictedNode
+}
+
+// evictionQuietPolls is how many polls without an eviction end an
+// episode: a minute at the default store check interval.
+const evictionQuietPolls = 60
+
+// evictedNode is what an evictionWatch knows of one node.
+type evictedNode struct {
+	count int64     // evicted_keys at the last read
+	since time.Time // the episode's start; zero between episodes
+	last  time.Time // the episode's last growth
+	total int64     // evicted in the episode
+}
+
+func newEvictionWatch(log *slog.Logger, every time.Duration) *evictionWatch {
+	return &evictionWatch{log: log, quiet: evictionQuietPolls * every, nodes: map[string]*evictedNode{}}
+}
+
+// observe takes a node's INFO fields, read at now. A nil watch does
+// nothing.
+func (w *evictionWatch) observe(node string, info map[string]string, now time.Time) {
+	if w == nil {
+		return
+	}
+	count, err := strconv.ParseInt(info["evicted_keys"], 10, 64)
+	if err != nil {
+		return
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	n := w.nodes[node]
+	switch {
+	case n == nil:
+		w.nodes[node] = &evictedNode{count: count}
+		return
+	case count < n.count: // counted afresh
+		n.count = count
+		return
+	case count == n.count:
+		if !n.since.IsZero() && now.Sub(n.last) >= w.quiet {
+			w.log.Info("Redis no longer evicting keys", "node", node, "evicted", n.total,
+				"lasted", n.last.Sub(n.since).Round(time.Millisecond))
+			n.since, n.total = time.Time{}, 0
+		}
+		return
+	}
+	grown := count - n.count
+	n.count, n.last = count, now
+	if !n.since.IsZero() {
+		n.total += grown
+		return
+	}
+	n.since, n.total = now, grown
+	w.log.Warn("Redis evicting keys: an evicted sluice key starts its limit afresh; set maxmemory-policy noeviction, or give Redis more memory",
+		"node", node, "evicted", grown, "maxmemory_policy", info["maxmemory_policy"], "maxmemory", info["maxmemory"])
+}
+
+// watch reads every node's INFO every interval until stop is closed,
+// skipping the polls when down reports the store lost.
+func (w *evictionWatch) watch(stop <-chan struct{}, every time.Duration, client redis.UniversalClient, down func() bool) {
+	tick := time.NewTicker(every)
+	defer tick.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-tick.C:
+		}
+		if down() {
+			continue
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), min(every, redisInfoTimeout))
+		eachNode(ctx, client, func(ctx context.Context, node *redis.Client, name string) {
+			if raw, err := node.Info(ctx, "stats", "memory").Result(); err == nil {
+				w.observe(name, parseInfo(raw), time.Now())
+			}
+		})
+		cancel()
+	}
 }

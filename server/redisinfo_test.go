@@ -2,8 +2,11 @@ package server
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -165,4 +168,84 @@ func TestFaultRedisInfoStalled(t *testing.T) {
 	if p90 > 2*bound || worst > 10*bound {
 		t.Errorf("scrapes took p90 %v, max %v; the bound is %v", p90, worst, bound)
 	}
+}
+
+// TestServerEvictionEpisode: Redis evicting keys under a running service
+// (maxmemory-policy allkeys-lru set at runtime, memory full) is logged at
+// once, a WARN line with the count, and only once however long the
+// evictions go on; the episode's end once none has come for
+// evictionQuietPolls polls, with its total. The service stays ready, and
+// sluice_redis_evicted_keys_total counts them.
+func TestServerEvictionEpisode(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	r := redistest.StartServer(t)
+	var logs syncBuffer
+	_, p := startOnRedis(t, "redis://"+r.Addr, "local", &logs) // a poll every 50 ms
+	logged(t, &logs, "Redis checked")
+	admin := r.Client(t)
+	used, err := admin.Info(ctx, "memory").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	usedBytes, _ := strconv.ParseInt(parseInfo(used)["used_memory"], 10, 64)
+	if err := admin.ConfigSet(ctx, "maxmemory", strconv.FormatInt(usedBytes+4<<20, 10)).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := admin.ConfigSet(ctx, "maxmemory-policy", "allkeys-lru").Err(); err != nil {
+		t.Fatal(err)
+	}
+	evicted := func() int64 {
+		info, err := admin.Info(ctx, "stats").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		n, _ := strconv.ParseInt(parseInfo(info)["evicted_keys"], 10, 64)
+		return n
+	}
+	value := strings.Repeat("x", 10<<10)
+	fill := func(round int) { // 1 MB
+		pipe := admin.Pipeline()
+		for i := range 100 {
+			pipe.Set(ctx, fmt.Sprintf("fill:%d:%d", round, i), value, 0)
+		}
+		if _, err := pipe.Exec(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	round := 0
+	for ; evicted() == 0; round++ {
+		if round > 100 {
+			t.Fatal("Redis evicted nothing after 100 MB")
+		}
+		fill(round)
+	}
+	// Evictions go on for 20 polls and more.
+	for end := time.Now().Add(time.Second); time.Now().Before(end); round++ {
+		fill(round)
+		time.Sleep(20 * time.Millisecond)
+	}
+	line := logged(t, &logs, "Redis evicting keys", "level=WARN", "evicted=", "maxmemory_policy=allkeys-lru")
+	if n := countLines(&logs, "Redis evicting keys"); n != 1 {
+		t.Errorf("%d lines for one episode of evictions, want 1:\n%s", n, logs.String())
+	}
+	if code, body := p.get(t, "/readyz"); code != 200 {
+		t.Errorf("readyz while Redis evicts: %d %s", code, body)
+	}
+	if got := scrapedMetric(t, p, `sluice_redis_evicted_keys_total{node="`+r.Addr+`"}`); got == "" || got == "0" {
+		t.Errorf("sluice_redis_evicted_keys_total %q, want the evictions", got)
+	}
+	end := logged(t, &logs, "Redis no longer evicting keys", "evicted=")
+	first, _ := strconv.Atoi(logValue(line, "evicted"))
+	total, _ := strconv.Atoi(logValue(end, "evicted"))
+	if first <= 0 || total < first || int64(total) > evicted() {
+		t.Errorf("evicted %d at the start and %d in the episode; Redis counts %d:\n%s", first, total, evicted(), logs.String())
+	}
+}
+
+// logValue returns a text log line's value for key.
+func logValue(line, key string) string {
+	_, v, _ := strings.Cut(line, " "+key+"=")
+	v, _, _ = strings.Cut(v, " ")
+	return strings.TrimSpace(v)
 }

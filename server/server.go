@@ -139,6 +139,8 @@ type Server struct {
 	health  *Health
 	closers []func()
 	redis   redis.UniversalClient // nil without --redis
+	// evictions watches Redis's evicted_keys; nil without --redis.
+	evictions *evictionWatch
 
 	httpSrv    *http.Server
 	grpcSrv    *grpc.Server
@@ -270,7 +272,10 @@ func (s *Server) openStore() (sluice.Store, error) {
 		s.redis = client
 		s.health.connected = watchDials(client)
 		s.metrics.storeName = "redis"
-		s.metrics.reg.MustRegister(newRedisInfo(client, 0))
+		info := newRedisInfo(client, 0)
+		info.evictions = newEvictionWatch(s.log, s.opts.StoreCheckInterval)
+		s.evictions = info.evictions
+		s.metrics.reg.MustRegister(info)
 		s.metrics.timeout.Set(cmp.Or(s.opts.DecisionTimeout, resilient.DefaultTimeout).Seconds())
 		storeOpts.Logger = s.log
 		rs := redisstore.New(client, &storeOpts)
@@ -390,6 +395,13 @@ func (s *Server) Start() error {
 		defer s.wg.Done()
 		s.health.watch(s.stop, s.opts.StoreCheckInterval)
 	}()
+	if s.evictions != nil {
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			s.evictions.watch(s.stop, s.opts.StoreCheckInterval, s.redis, s.health.storeDown)
+		}()
+	}
 	go func() {
 		defer s.wg.Done()
 		if err := s.httpSrv.Serve(s.httpLn); err != nil && !errors.Is(err, http.ErrServerClosed) {
