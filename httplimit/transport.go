@@ -72,7 +72,9 @@ type TransportOptions struct {
 	// Default: slog.Default().
 	Logger *slog.Logger
 	// MaxHold is the longest hold one Retry-After, or a hold read from the
-	// store, keeps this Transport's requests. Default (0):
+	// store, keeps this Transport's requests; a hold read from the store
+	// counts from when this Transport first saw it (a later, longer hold
+	// there is a new one). Default (0):
 	// MaxProviderHold; above it, or negative, NewTransport fails with
 	// ErrInvalidConfig. ClearHold lifts a hold sooner.
 	MaxHold time.Duration

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net/http"
 	"net/url"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -156,4 +157,98 @@ func mustURL(t *testing.T, raw string) *url.URL {
 		t.Fatal(err)
 	}
 	return u
+}
+
+// MaxHold bounds a hold another Transport wrote to the store from when
+// this Transport first saw it: looking at the store again, while waiting
+// or for a new request, does not restart it. A later, longer hold is a
+// new one. Transport a (no MaxHold) gets an hour's 429; b (MaxHold 1s),
+// on the same Redis, sends about a second after it first sees the hold.
+func TestRedisTransportMaxHoldOfSharedHold(t *testing.T) {
+	t.Parallel()
+	var fromB atomic.Int64
+	upstream := serveUpstream(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/limited" {
+			w.Header().Set("Retry-After", "3600")
+			w.WriteHeader(http.StatusTooManyRequests)
+			return
+		}
+		if r.Header.Get("X-From") == "b" {
+			fromB.Add(1)
+		}
+	}))
+	prefix := redistest.Prefix(t)
+	client := redistest.Client(t)
+	transport := func(maxHold time.Duration) *Transport {
+		lim, err := sluice.NewLimiter(redisstore.New(client, &redisstore.Options{Prefix: prefix}), sluice.PerSecond(100), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tr, err := NewTransport(lim, &TransportOptions{MaxHold: maxHold})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return tr
+	}
+	const maxHold = time.Second
+	a, b := transport(0), transport(maxHold)
+	get := func(tr *Transport, path string, within time.Duration) error {
+		ctx, cancel := context.WithTimeout(context.Background(), within)
+		defer cancel()
+		req, _ := http.NewRequestWithContext(ctx, "GET", upstream.URL+path, nil)
+		if tr == b {
+			req.Header.Set("X-From", "b")
+		}
+		resp, err := tr.RoundTrip(req)
+		if err == nil {
+			resp.Body.Close()
+		}
+		return err
+	}
+	for round := range 2 {
+		if err := get(a, "/limited", 5*time.Second); err != nil {
+			t.Fatalf("round %d: a's 429: %v", round, err)
+		}
+		// b sees the hour's hold, capped.
+		seen := time.Now()
+		if err := get(b, "/", 200*time.Millisecond); !errors.Is(err, ErrProviderHold) {
+			t.Fatalf("round %d: b inside the hold: %v, want ErrProviderHold", round, err)
+		}
+		// A waiter, and new requests arriving while it waits (each looks
+		// at the store), all go once MaxHold has passed since b first saw
+		// the hold.
+		var wg sync.WaitGroup
+		took := make([]time.Duration, 3)
+		for i := range took {
+			wg.Go(func() {
+				time.Sleep(time.Duration(i) * 400 * time.Millisecond)
+				if err := get(b, "/", 10*time.Second); err != nil {
+					t.Errorf("round %d: b's request %d: %v", round, i, err)
+				}
+				took[i] = time.Since(seen)
+			})
+		}
+		wg.Wait()
+		for i, d := range took {
+			if d < maxHold-100*time.Millisecond || d > maxHold+700*time.Millisecond {
+				t.Errorf("round %d: b's request %d sent %v after b first saw the hold, want about MaxHold (%v)", round, i, d, maxHold)
+			}
+		}
+		// b is no longer held by it; a still is.
+		start := time.Now()
+		if err := get(b, "/", 5*time.Second); err != nil || time.Since(start) > 300*time.Millisecond {
+			t.Errorf("round %d: b after MaxHold: %v after %v, want sent at once", round, err, time.Since(start))
+		}
+		if err := get(a, "/", 200*time.Millisecond); !errors.Is(err, ErrProviderHold) {
+			t.Errorf("round %d: a after b's MaxHold: %v, want ErrProviderHold", round, err)
+		}
+		// Round 1: a later 429 sets a longer hold, which holds b anew.
+		time.Sleep(100 * time.Millisecond)
+		if err := a.ClearHold(context.Background(), hostKey(mustURL(t, upstream.URL))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := fromB.Load(); n != 2*4 {
+		t.Errorf("b sent %d requests, want 8", n)
+	}
 }

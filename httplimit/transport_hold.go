@@ -68,6 +68,10 @@ const (
 	// the store again, so that a hold cleared elsewhere (ClearHold) lifts
 	// here too: at most one look per key and period.
 	holdRecheck = time.Second
+	// holdSame is how much later than a hold already seen in the store
+	// one read there may end and still be that hold: reads of one hold
+	// differ by their round trips.
+	holdSame = time.Second
 )
 
 // holdLook is the limit holds are read under: its span covers the longest
@@ -86,8 +90,17 @@ type holds struct {
 	max time.Duration // the longest hold kept; 0: MaxProviderHold
 
 	mu    sync.Mutex
-	until map[string]held // by key; expired entries are swept
-	wake  chan struct{}   // closed when a hold is cleared here
+	until map[string]held      // by key; expired entries are swept
+	seen  map[string]storeHold // by key, under a MaxHold; ended ones are swept
+	wake  chan struct{}        // closed when a hold is cleared here
+}
+
+// storeHold is a hold in the store as this Transport first saw it: MaxHold
+// counts from then, so that each look at the store, by a waiter or a new
+// request, does not start it again.
+type storeHold struct {
+	end   time.Time // when the store's hold ends
+	first time.Time // when this Transport first saw it
 }
 
 // held is a key's hold in this process.
@@ -152,11 +165,47 @@ func (h *holds) cap(d time.Duration) time.Duration {
 	return d
 }
 
+// fromStore returns when a hold the store has on key, read at now with d
+// left, ends in this process: at most MaxHold after this Transport first
+// saw that hold. One ending later than the hold seen (by over holdSame),
+// or seen after that one ended, is a new hold.
+func (h *holds) fromStore(key string, now time.Time, d time.Duration) time.Time {
+	end := now.Add(d)
+	if h.max == 0 {
+		return end // the store's holds are no longer than MaxProviderHold
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	s, ok := h.seen[key]
+	switch {
+	case !ok || !s.end.After(now) || end.After(s.end.Add(holdSame)):
+		if h.seen == nil {
+			h.seen = make(map[string]storeHold)
+		}
+		if len(h.seen) >= 64 {
+			for k, e := range h.seen {
+				if !e.end.After(now) {
+					delete(h.seen, k)
+				}
+			}
+		}
+		s = storeHold{end: end, first: now}
+	case end.After(s.end):
+		s.end = end
+	}
+	h.seen[key] = s
+	if capped := s.first.Add(h.max); capped.Before(end) {
+		return capped
+	}
+	return end
+}
+
 // gone drops key's hold in this process when the store, looked at from
 // since, no longer has it though it had it before: it was cleared.
 func (h *holds) gone(key string, since time.Time) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	delete(h.seen, key) // the store has no hold: the next one is new
 	if e, ok := h.until[key]; ok && !e.shared.IsZero() && e.shared.Before(since) {
 		delete(h.until, key)
 	}
@@ -167,6 +216,7 @@ func (h *holds) clear(key string) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	delete(h.until, key)
+	delete(h.seen, key)
 	if h.wake != nil {
 		close(h.wake)
 		h.wake = nil
@@ -242,7 +292,9 @@ func (h *holds) recheck(ctx context.Context, key string) {
 		return
 	}
 	now := time.Now()
-	h.extend(key, now.Add(h.cap(d.RetryAfter)), now)
+	if end := h.fromStore(key, now, d.RetryAfter); end.After(now) {
+		h.extend(key, end, now)
+	}
 }
 
 // held reports whether key is held, here or in the store (a hold another
@@ -271,7 +323,12 @@ func (h *holds) held(ctx context.Context, key string) bool {
 		return h.left(key) > 0
 	}
 	now := time.Now()
-	h.extend(key, now.Add(h.cap(d.RetryAfter)), now)
+	end := h.fromStore(key, now, d.RetryAfter)
+	if !end.After(now) {
+		// This Transport has waited MaxHold for it already.
+		return h.left(key) > 0
+	}
+	h.extend(key, end, now)
 	return true
 }
 
@@ -279,19 +336,24 @@ func (h *holds) held(ctx context.Context, key string) bool {
 // the fleet.
 func (h *holds) hold(ctx context.Context, key string, d time.Duration) {
 	d = h.cap(d)
-	end := time.Now().Add(d)
+	start := time.Now()
+	end := start.Add(d)
 	h.extend(key, end, time.Time{})
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), holdWriteTimeout)
 	defer cancel()
-	if err := h.share(ctx, h.storeKey(key), d); err != nil {
+	stored, err := h.share(ctx, h.storeKey(key), d)
+	if err != nil {
 		h.log("httplimit: could not share the provider's hold through the store; this process holds alone", key, err)
 		return
 	}
+	// This 429 shows the store's hold too (another's, when longer):
+	// MaxHold counts from it.
+	h.fromStore(key, start, stored)
 	h.extend(key, end, time.Now())
 }
 
 // share raises the store's hold on k to at least d from now, never
-// lowering a longer one. The take is a compare-and-set: under a limit
+// lowering a longer one, and returns the hold it left, from its start. The take is a compare-and-set: under a limit
 // whose capacity is the hold wanted, taking that less the hold seen is
 // admitted only while the hold is no longer than seen, so holds set at
 // once by several requests or processes do not add up. A denial tells
@@ -300,15 +362,15 @@ func (h *holds) hold(ctx context.Context, key string, d time.Duration) {
 // reads another span's state: one set by another process between the look
 // and the take would be cut to d. Only Retry-Afters a minute apart, within
 // one round trip, meet that.)
-func (h *holds) share(ctx context.Context, k string, d time.Duration) error {
+func (h *holds) share(ctx context.Context, k string, d time.Duration) (time.Duration, error) {
 	units := func(d time.Duration) int64 { return int64((d + holdUnit - 1) / holdUnit) }
 	want := units(d) + 1 // +1: have rounds the hold seen up
 	seen, err := h.store.Peek(ctx, k, holdLook, holdLook.Capacity())
 	if err != nil {
-		return err
+		return 0, err
 	}
 	if madeUp(seen) {
-		return errPolicyAnswered
+		return 0, errPolicyAnswered
 	}
 	var have int64
 	if !seen.Allowed {
@@ -317,19 +379,22 @@ func (h *holds) share(ctx context.Context, k string, d time.Duration) error {
 	set := sluice.Limit{Rate: holdRate, Period: holdPeriod, Burst: want}
 	for range 3 {
 		if have >= want {
-			return nil
+			return time.Duration(have) * holdUnit, nil
 		}
 		took, err := h.store.Take(ctx, k, set, want-have)
-		if err != nil || took.Allowed {
-			return err
+		if err != nil {
+			return 0, err
+		}
+		if took.Allowed {
+			return time.Duration(want) * holdUnit, nil
 		}
 		if madeUp(took) {
-			return errPolicyAnswered
+			return 0, errPolicyAnswered
 		}
 		// Denied: the hold is longer than seen, by the wait.
 		have += units(took.RetryAfter)
 	}
-	return errors.New("httplimit: the store's hold kept changing")
+	return 0, errors.New("httplimit: the store's hold kept changing")
 }
 
 // errPolicyAnswered: the store's failure policy answered, so nothing was

@@ -246,7 +246,7 @@ func TestTransportHoldShare(t *testing.T) {
 				{"shorter", 2 * time.Second, 3 * time.Second},
 			} {
 				start := time.Now()
-				if err := h.share(ctx, h.storeKey("k"), step.hold); err != nil {
+				if _, err := h.share(ctx, h.storeKey("k"), step.hold); err != nil {
 					t.Fatal(err)
 				}
 				near(step.what, left("k")+time.Since(start), step.want)
@@ -254,7 +254,7 @@ func TestTransportHoldShare(t *testing.T) {
 			var wg sync.WaitGroup
 			for range 8 {
 				wg.Go(func() {
-					if err := h.share(ctx, h.storeKey("together"), 2*time.Second); err != nil {
+					if _, err := h.share(ctx, h.storeKey("together"), 2*time.Second); err != nil {
 						t.Error(err)
 					}
 				})
