@@ -100,7 +100,7 @@ func newHandler(s *Service, opts *HandlerOptions) http.Handler {
 		mux.Handle("GET /metrics", o.Metrics.Handler())
 	}
 	mux.HandleFunc("/v1/", func(w http.ResponseWriter, r *http.Request) {
-		problem(w, http.StatusNotFound, "no such endpoint: "+clip(r.URL.Path, logClip)+": GET /v1/ lists the endpoints")
+		problem(w, http.StatusNotFound, "no such endpoint: "+asked(r)+": GET /v1/ lists the endpoints")
 	})
 	// A wrong method is answered by a pattern of the endpoint's own path
 	// (not /v1/'s, nor the dashboard's 404), which the metrics label it
@@ -119,9 +119,10 @@ func newHandler(s *Service, opts *HandlerOptions) http.Handler {
 	}
 	dash := o.Dashboard
 	mux.Handle("/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		// The dashboard's own 405 would be text: say it as the API does.
+		// The dashboard's pages take GET alone, whatever the dashboard
+		// answers other methods; a path it has no page for is 404.
 		page := r.URL.Path == "/" || r.URL.Path == "/index.html" || strings.HasPrefix(r.URL.Path, "/static/")
-		if page && r.Method != http.MethodGet && r.Method != http.MethodHead {
+		if page && r.Method != http.MethodGet && r.Method != http.MethodHead && dashboardHas(dash, r) {
 			methodNotAllowed(w, r, "GET")
 			return
 		}
@@ -472,7 +473,42 @@ func methodNotAllowed(w http.ResponseWriter, r *http.Request, m string) {
 		allow = "GET, HEAD"
 	}
 	w.Header().Set("Allow", allow)
-	problem(w, http.StatusMethodNotAllowed, "use "+m+" for "+clip(r.URL.Path, logClip)+", not "+r.Method)
+	problem(w, http.StatusMethodNotAllowed, "use "+m+" for "+asked(r)+", not "+r.Method)
+}
+
+// asked is r's path for a 404's or 405's detail: as requested, escaped
+// (/v1%2fcheck is not /v1/check), and clipped.
+func asked(r *http.Request) string {
+	return clip(r.URL.EscapedPath(), logClip)
+}
+
+// dashboardHas reports whether dash has a page at r's path: asked with
+// HEAD, which is safe to send, it does not answer 404.
+func dashboardHas(dash http.Handler, r *http.Request) bool {
+	head := r.Clone(r.Context())
+	head.Method, head.Body, head.ContentLength = http.MethodHead, http.NoBody, 0
+	st := &statusOnly{header: http.Header{}}
+	dash.ServeHTTP(st, head)
+	return st.code != http.StatusNotFound
+}
+
+// statusOnly keeps a response's status and drops the rest.
+type statusOnly struct {
+	header http.Header
+	code   int
+}
+
+func (s *statusOnly) Header() http.Header { return s.header }
+
+func (s *statusOnly) WriteHeader(code int) {
+	if s.code == 0 {
+		s.code = code
+	}
+}
+
+func (s *statusOnly) Write(b []byte) (int, error) {
+	s.WriteHeader(http.StatusOK)
+	return len(b), nil
 }
 
 // dashboardWriter passes the dashboard's answers on, except a 404 or 405,
@@ -493,13 +529,13 @@ func (d *dashboardWriter) WriteHeader(code int) {
 	case http.StatusNotFound:
 		d.replaced = true
 		h.Del("Content-Length")
-		problem(d.ResponseWriter, code, "no such page or endpoint: "+clip(d.r.URL.Path, logClip)+": GET /v1/ lists the API's endpoints")
+		problem(d.ResponseWriter, code, "no such page or endpoint: "+asked(d.r)+": GET /v1/ lists the API's endpoints")
 	case http.StatusMethodNotAllowed:
 		d.replaced = true
 		h.Del("Content-Length")
-		detail := d.r.Method + " is not allowed for " + clip(d.r.URL.Path, logClip)
+		detail := d.r.Method + " is not allowed for " + asked(d.r)
 		if allow := h.Get("Allow"); allow != "" {
-			detail = "use " + allow + " for " + clip(d.r.URL.Path, logClip) + ", not " + d.r.Method
+			detail = "use " + allow + " for " + asked(d.r) + ", not " + d.r.Method
 		}
 		problem(d.ResponseWriter, code, detail)
 	default:

@@ -144,4 +144,48 @@ func TestCustomDashboardErrorsAreProblems(t *testing.T) {
 	checkProblem(t, "PUT /bare", resp, body, 405, "PUT is not allowed for /bare")
 	resp, body = httpDo(t, "GET", base+"/other", nil)
 	checkProblem(t, "GET /other", resp, body, 404, "/other")
+	// A page path it has nothing at is 404 for any method.
+	resp, body = httpDo(t, "POST", base+"/static/none.js", nil)
+	checkProblem(t, "POST /static/none.js", resp, body, 404, "no such page or endpoint: /static/none.js")
+}
+
+// A path that does not exist is 404 whatever the method (the dashboard's
+// paths included: a wrong method is 405 only on a page or file it has),
+// and a 404 names the path as requested, escaped: /v1%2fcheck is not
+// /v1/check, which exists. A `sluice serve` process.
+func TestNotFoundWhateverTheMethod(t *testing.T) {
+	p := startSluice(t, nil, "--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0")
+	base := "http://" + p.http
+	for _, m := range []string{"OPTIONS", "POST", "PUT", "DELETE", "PATCH", "GET", "HEAD"} {
+		for _, path := range []string{"/static/nope.js", "/static/", "/static/app.js/x", "/nope"} {
+			resp, body := httpDo(t, m, base+path, nil)
+			checkProblem(t, m+" "+path, resp, body, 404, "no such page or endpoint: "+path)
+			if allow := resp.Header.Get("Allow"); allow != "" {
+				t.Errorf("%s %s: Allow %q on a 404", m, path, allow)
+			}
+		}
+	}
+	// What is there still gets 405, its Allow naming GET and HEAD.
+	for _, tt := range []struct{ method, path string }{{"OPTIONS", "/static/app.js"}, {"POST", "/"}, {"DELETE", "/index.html"}, {"PUT", "/static/style.css"}} {
+		resp, body := httpDo(t, tt.method, base+tt.path, nil)
+		checkProblem(t, tt.method+" "+tt.path, resp, body, 405, "use GET for "+tt.path+", not "+tt.method)
+		if allow := resp.Header.Get("Allow"); allow != "GET, HEAD" {
+			t.Errorf("%s %s: Allow %q, want GET, HEAD", tt.method, tt.path, allow)
+		}
+	}
+	// The path as requested, escaped, and clipped when long.
+	long := "/v1%2f" + strings.Repeat("x", 5000)
+	for _, tt := range []struct{ method, path, want string }{
+		{"GET", "/v1%2fcheck", "no such page or endpoint: /v1%2fcheck: "},
+		{"POST", "/v1%2fcheck", "no such page or endpoint: /v1%2fcheck: "},
+		{"GET", "/static%2fapp.jsx", "no such page or endpoint: /static%2fapp.jsx: "},
+		{"GET", "/v1/no%2fsuch", "no such endpoint: /v1/no%2fsuch: "},
+		{"GET", "/%C3%BCber", "no such page or endpoint: /%C3%BCber: "},
+		{"GET", long, "no such page or endpoint: /v1%2fxxx"},
+		{"GET", long, "(5006 bytes)"},
+		{"POST", "/healthz%2f", "/healthz%2f"},
+	} {
+		resp, body := httpDo(t, tt.method, base+tt.path, nil)
+		checkProblem(t, tt.method+" "+clip(tt.path, 20), resp, body, 404, tt.want)
+	}
 }
