@@ -309,7 +309,7 @@ func (s *Service) extend(ctx context.Context, t slotToken, p *config.Policy) (ti
 	}
 	if !ok {
 		s.observeSlot(res, sluice.SlotExtend, sluice.OutcomeDenied)
-		return 0, fmt.Errorf("%w: expired at its hold timeout, released, or never acquired", ErrSlotNotHeld)
+		return 0, fmt.Errorf("%w: expired at its hold timeout, released, lost by the store (a Redis restart without persistence), or never acquired", ErrSlotNotHeld)
 	}
 	if !s.holds.extend(t.holder, false, s.clock().Add(p.InFlight.Limit.Hold)) {
 		s.tellFleet(slotNote{holder: t.holder, hold: p.InFlight.Limit.Hold})
@@ -404,5 +404,5 @@ func (s *Service) released(t slotToken, p *config.Policy, now, before bool) erro
 		return nil
 	}
 	s.observeSlot(SlotResult{Policy: p}, sluice.SlotRelease, sluice.OutcomeDenied)
-	return fmt.Errorf("%w: expired at its hold timeout, or never acquired", ErrSlotNotHeld)
+	return fmt.Errorf("%w: expired at its hold timeout, lost by the store (a Redis restart without persistence), or never acquired", ErrSlotNotHeld)
 }
