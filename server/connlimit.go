@@ -42,7 +42,8 @@ var (
 
 // capListener accepts at most cap connections at once. At the cap, a new
 // connection makes room by closing the oldest silent one (accepted, but no
-// request yet: see capConn.silent), else the one idle the longest (HTTP:
+// request yet: see capConn.silent) older than silentGrace, else the one
+// idle the longest (HTTP:
 // between requests, as ConnState reports; gRPC: past its handshake with no
 // call in progress, as grpcIdle reports), so that silent sockets and idle
 // pools cannot lock fresh clients (probes, scrapes, Envoy) out until their
@@ -76,6 +77,12 @@ type capListener struct {
 // closeScan bounds the connections of a list closeIdle looks at: those
 // with bytes unread are few and soon served.
 const closeScan = 64
+
+// silentGrace: a silent connection younger than this may be a client
+// still in its handshake or sending its first request (at least a round
+// trip), and is not closed for room. Well above a handshake's round trips,
+// well below the 10s header and handshake timeouts.
+var silentGrace = time.Second
 
 // Probe places past an HTTP listener's cap, and how long a connection
 // holding one may stay open: a probe asks once and hangs up, and its
@@ -133,7 +140,7 @@ func (l *capListener) admit(c net.Conn) *capConn {
 			return l.track(&capConn{Conn: c, l: l, addr: c.RemoteAddr().String()})
 		default:
 		}
-		if !l.closeIdle(&l.silent, &l.idle) {
+		if !l.closeIdle(pass{&l.silent, silentGrace}, pass{&l.idle, 0}) {
 			return l.admitProbe(c)
 		}
 	}
@@ -150,7 +157,7 @@ func (l *capListener) admitProbe(c net.Conn) *capConn {
 			return cc
 		default:
 		}
-		if l.probes == nil || !l.closeIdle(&l.silentProbes) {
+		if l.probes == nil || !l.closeIdle(pass{&l.silentProbes, silentGrace}) {
 			return nil
 		}
 	}
@@ -161,6 +168,7 @@ func (l *capListener) track(c *capConn) *capConn {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.byAddr[c.addr] = c
+	c.since = time.Now()
 	if c.probe {
 		c.silent = l.silentProbes.PushBack(c)
 	} else {
@@ -215,17 +223,31 @@ func unwrapCapConn(c net.Conn) *capConn {
 	}
 }
 
-// closeIdle closes the first connection of lists, in order, with no bytes
-// waiting unread in its socket (those are a request its server is about to
-// read). It reports whether it closed one, whose place is then free
-// (capConn.Close releases it, or has, once).
-func (l *capListener) closeIdle(lists ...*list.List) bool {
+// pass is a list closeIdle looks in, and how long a connection must have
+// been on it (silent, or idle) to be closed.
+type pass struct {
+	ls  *list.List
+	min time.Duration
+}
+
+// closeIdle closes the first connection of the passes' lists, in order,
+// on its list for at least the pass's min and with no bytes waiting unread
+// in its socket (those are a request its server is about to read). It
+// reports whether it closed one, whose place is then free (capConn.Close
+// releases it, or has, once).
+func (l *capListener) closeIdle(passes ...pass) bool {
 	l.mu.Lock()
+	at := time.Now()
 	var cc *capConn
-	for _, ls := range lists {
+	for _, p := range passes {
 		n := 0
-		for e := ls.Front(); e != nil && cc == nil && n < closeScan; e, n = e.Next(), n+1 {
-			if c := e.Value.(*capConn); !unread(c.Conn) {
+		// A list is in order of since: past a young one, all are young.
+		for e := p.ls.Front(); e != nil && cc == nil && n < closeScan; e, n = e.Next(), n+1 {
+			c := e.Value.(*capConn)
+			if at.Sub(c.since) < p.min {
+				break
+			}
+			if !unread(c.Conn) {
 				cc = c
 			}
 		}
@@ -262,6 +284,7 @@ func (l *capListener) setIdleLocked(c *capConn, idle bool) {
 	l.unlistLocked(c)
 	if idle && !c.closed && !c.probe {
 		c.idle = l.idle.PushBack(c)
+		c.since = time.Now()
 	}
 }
 
@@ -320,6 +343,8 @@ type capConn struct {
 	// any TLS handshake; gRPC: its handshake done). Closing it loses
 	// nothing a client sent, and a silent one may be no client at all.
 	silent *list.Element
+	// since: when c was accepted while silent, when it went idle while idle.
+	since  time.Time
 	calls  int // gRPC calls in progress
 	closed bool
 	// probe: c holds a probe place (past the cap), not one of the cap's.

@@ -64,6 +64,7 @@ const partialClientHello = "\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03"
 // 10s handshake and header timeouts.
 func TestSilentConnectionsMakeRoom(t *testing.T) {
 	const max = 10
+	grace := shortGrace(t)
 	srv := capServer(t, Options{MaxConnections: max})
 	reg := srv.metrics.reg
 	var httpSilent, grpcSilent []net.Conn
@@ -77,6 +78,7 @@ func TestSilentConnectionsMakeRoom(t *testing.T) {
 			return metricValue(t, reg, "sluice_connections_open", map[string]string{"listener": l}) == max
 		})
 	}
+	time.Sleep(grace) // all past the grace
 	rlsNow(t, dialRLS(t, srv.GRPCAddr()))
 	fresh := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Timeout: 2 * time.Second}
 	getNow(t, fresh, "http://"+srv.HTTPAddr()+"/v1/policies")
@@ -108,6 +110,7 @@ func TestSilentConnectionsMakeRoom(t *testing.T) {
 // that one has been idle: a keep-alive pool has shown it is a client.
 func TestSilentConnectionsGoBeforeIdle(t *testing.T) {
 	const max = 6
+	grace := shortGrace(t)
 	srv := capServer(t, Options{MaxConnections: max})
 	reg := srv.metrics.reg
 	lbl := map[string]string{"listener": "http"}
@@ -119,6 +122,7 @@ func TestSilentConnectionsGoBeforeIdle(t *testing.T) {
 	silent := []net.Conn{dialSilent(t, srv.HTTPAddr(), ""), dialSilent(t, srv.HTTPAddr(), "")}
 	full := func() {
 		waitFor(t, func() bool { return metricValue(t, reg, "sluice_connections_open", lbl) == max })
+		time.Sleep(grace) // the silent ones past the grace
 	}
 	fresh := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Timeout: 2 * time.Second}
 	url := "http://" + srv.HTTPAddr() + "/healthz"
@@ -159,11 +163,12 @@ func TestSilentConnectionsGoBeforeIdle(t *testing.T) {
 
 // TestSilentConnectionsLeaveProbePlaces: with every place under the cap
 // busy, connections that send nothing cannot hold the probe places past
-// it: each new one takes the place of the oldest silent one, so /healthz
-// and /readyz are still answered at once and a pod busy to its cap is not
+// it: each new one takes the place of the oldest silent one past the
+// grace, so /healthz and /readyz are still answered at once and a pod busy to its cap is not
 // restarted for refused liveness probes.
 func TestSilentConnectionsLeaveProbePlaces(t *testing.T) {
 	const max = 10
+	grace := shortGrace(t)
 	srv := capServer(t, Options{MaxConnections: max})
 	var busy []net.Conn
 	for range max {
@@ -178,6 +183,7 @@ func TestSilentConnectionsLeaveProbePlaces(t *testing.T) {
 	time.Sleep(100 * time.Millisecond) // all accepted
 	client := &http.Client{Timeout: 2 * time.Second}
 	for range 2 * probePlaces {
+		time.Sleep(grace) // the new silent ones past the grace
 		for _, path := range []string{"/healthz", "/readyz"} {
 			start := time.Now()
 			resp, err := client.Get("http://" + srv.HTTPAddr() + path)
@@ -192,9 +198,8 @@ func TestSilentConnectionsLeaveProbePlaces(t *testing.T) {
 		}
 		dialSilent(t, srv.HTTPAddr(), "") // and more keep coming
 	}
-	if got := metricValue(t, srv.metrics.reg, "sluice_connections_refused_total", lbl); got != 0 {
-		t.Errorf("sluice_connections_refused_total{listener=http} = %v, want 0", got)
-	}
+	// Silent connections coming faster than the grace are refused once
+	// every place is held (not counted here): the probes are what matter.
 	for i, b := range busy {
 		if !stillOpen(b) {
 			t.Errorf("busy connection %d closed, want it still waiting for its body", i)
@@ -212,6 +217,7 @@ func TestSilentTLSConnectionsMakeRoom(t *testing.T) {
 	certs := testcert.New(t, "silent")
 	files := TLSFiles{CertFile: certs.CertFile, KeyFile: certs.KeyFile}
 	var logs syncBuffer
+	grace := shortGrace(t)
 	srv := capServer(t, Options{HTTPTLS: files, GRPCTLS: files, MaxConnections: max, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	reg := srv.metrics.reg
 	open := func(l string, n float64) {
@@ -226,6 +232,7 @@ func TestSilentTLSConnectionsMakeRoom(t *testing.T) {
 	}
 	open("http", max)
 	open("grpc", max)
+	time.Sleep(grace)
 	for i := range 4 {
 		tr := &http.Transport{TLSClientConfig: &tls.Config{RootCAs: certs.Pool}, ForceAttemptHTTP2: i%2 == 1, DisableKeepAlives: true}
 		if i%2 == 0 {
