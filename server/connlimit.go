@@ -43,15 +43,14 @@ var (
 // capListener accepts at most cap connections at once. At the cap, a new
 // connection makes room by closing the oldest silent one (accepted, but no
 // request yet: see capConn.silent) older than silentGrace, else the one
-// idle the longest (HTTP:
-// between requests, as ConnState reports; gRPC: past its handshake with no
-// call in progress, as grpcIdle reports), so that silent sockets and idle
-// pools cannot lock fresh clients (probes, scrapes, Envoy) out until their
-// timeouts; with none of either it takes one of the few probe places (HTTP
-// only: see probesOnly), where a silent holder gives way the same, or is
-// closed at once (the client sees a reset and can try another instance)
-// rather than left queued. Both are counted and logged at most once per
-// quietFor.
+// idle the longest (HTTP: between requests, as ConnState reports; gRPC:
+// past its handshake with no call in progress, as grpcIdle reports), so
+// that silent sockets and idle pools cannot lock fresh clients (probes,
+// scrapes, Envoy) out until their timeouts; with none of either it takes
+// one of the few probe places (HTTP only: see probesOnly), where a silent
+// or idle holder gives way the same, or is closed at once (the client sees
+// a reset and can try another instance) rather than left queued. Both are
+// counted and logged at most once per quietFor.
 type capListener struct {
 	net.Listener
 	name string
@@ -68,6 +67,9 @@ type capListener struct {
 
 	mu   sync.Mutex
 	idle list.List // *capConn idle, the longest idle at the front
+	// idleProbes: *capConn idle on the probe places (HTTP/2 without
+	// streams), the longest idle at the front.
+	idleProbes list.List
 	// silent and silentProbes: *capConn silent, under the cap and on the
 	// probe places, the oldest at the front.
 	silent, silentProbes list.List
@@ -77,6 +79,11 @@ type capListener struct {
 // closeScan bounds the connections of a list closeIdle looks at: those
 // with bytes unread are few and soon served.
 const closeScan = 64
+
+// idleMin: an idle connection idle for less than this is likely about to
+// be sent its next request (an HTTP/2 client's first comes just after its
+// preface); it is not closed for room when another choice exists.
+var idleMin = 100 * time.Millisecond
 
 // silentGrace: a silent connection younger than this may be a client
 // still in its handshake or sending its first request (at least a round
@@ -146,8 +153,9 @@ func (l *capListener) admit(c net.Conn) *capConn {
 	}
 }
 
-// admitProbe gives c one of the probe places, closing a silent holder to
-// free one if need be; it closes after probeLife whatever it does.
+// admitProbe gives c one of the probe places, closing a silent or idle
+// holder to free one if need be; it closes after probeLife whatever it
+// does.
 func (l *capListener) admitProbe(c net.Conn) *capConn {
 	for {
 		select {
@@ -157,7 +165,7 @@ func (l *capListener) admitProbe(c net.Conn) *capConn {
 			return cc
 		default:
 		}
-		if l.probes == nil || !l.closeIdle(pass{&l.silentProbes, silentGrace}) {
+		if l.probes == nil || !l.closeIdle(pass{&l.silentProbes, silentGrace}, pass{&l.idleProbes, idleMin}) {
 			return nil
 		}
 	}
@@ -282,8 +290,14 @@ func (l *capListener) setIdle(c *capConn, idle bool) {
 // setIdleLocked also ends c's silence: its server has heard from it.
 func (l *capListener) setIdleLocked(c *capConn, idle bool) {
 	l.unlistLocked(c)
-	if idle && !c.closed && !c.probe {
-		c.idle = l.idle.PushBack(c)
+	if idle && !c.closed {
+		// An HTTP/2 connection without streams on a probe place too: it
+		// must not hold the place for probeLife.
+		if c.probe {
+			c.idle = l.idleProbes.PushBack(c)
+		} else {
+			c.idle = l.idle.PushBack(c)
+		}
 		c.since = time.Now()
 	}
 }
@@ -291,7 +305,11 @@ func (l *capListener) setIdleLocked(c *capConn, idle bool) {
 // unlistLocked takes c off the lists of connections to close for room.
 func (l *capListener) unlistLocked(c *capConn) {
 	if c.idle != nil {
-		l.idle.Remove(c.idle)
+		if c.probe {
+			l.idleProbes.Remove(c.idle)
+		} else {
+			l.idle.Remove(c.idle)
+		}
 		c.idle = nil
 	}
 	if c.silent != nil {
@@ -321,8 +339,8 @@ func (l *capListener) release(c *capConn) {
 }
 
 // httpConnState is the HTTP server's ConnState: a connection between
-// requests (HTTP/1 keep-alive, or HTTP/2 without streams) may be closed to
-// make room. Past StateNew a connection is no longer silent: its first
+// requests (HTTP/1 keep-alive, or HTTP/2 without streams, idle since its
+// last stream's end or its preface) may be closed to make room. Past StateNew a connection is no longer silent: its first
 // request (HTTP/2: its preface) has arrived, after any TLS handshake.
 func (l *capListener) httpConnState(c net.Conn, st http.ConnState) {
 	if cc := unwrapCapConn(c); cc != nil && st != http.StateNew {
@@ -337,7 +355,7 @@ type capConn struct {
 	addr string
 	once sync.Once
 	// Under l.mu:
-	idle *list.Element // in l.idle while idle
+	idle *list.Element // in l.idle (l.idleProbes) while idle
 	// silent: in l.silent (l.silentProbes) from its accept until its
 	// server reports it (HTTP: a request or the HTTP/2 preface read, past
 	// any TLS handshake; gRPC: its handshake done). Closing it loses

@@ -2,11 +2,16 @@ package server
 
 import (
 	"bufio"
+	"crypto/tls"
+	"crypto/x509"
 	"io"
 	"net"
 	"net/http"
+	"sync"
 	"testing"
 	"time"
+
+	"github.com/sluicehq/sluice/internal/testcert"
 )
 
 // shortGrace shortens silentGrace for a test that needs silent connections
@@ -77,5 +82,88 @@ func TestNewConnectionsAreNotSilentOnes(t *testing.T) {
 		if !stillOpen(c) {
 			t.Errorf("silent connection %d, younger than %v, closed", i, silentGrace)
 		}
+	}
+}
+
+// h2PrefaceOnly opens a TLS connection negotiating h2 and sends the HTTP/2
+// preface and an empty SETTINGS frame, then nothing: past the handshake,
+// without a stream. It returns when the connection is closed, by the
+// server or by stop.
+func h2PrefaceOnly(addr string, roots *x509.CertPool, stop <-chan struct{}) {
+	c, err := tls.Dial("tcp", addr, &tls.Config{RootCAs: roots, NextProtos: []string{"h2"}})
+	if err != nil {
+		return
+	}
+	defer c.Close()
+	done := make(chan struct{})
+	defer close(done)
+	go func() {
+		select {
+		case <-stop:
+			c.Close()
+		case <-done:
+		}
+	}()
+	io.WriteString(c, "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00")
+	io.Copy(io.Discard, c) // the server's settings, then its close
+}
+
+// TestIdleHTTP2LeavesProbePlaces: over TLS, HTTP/2 connections that send
+// their preface and settings and then no request hold no probe place
+// against a probe: with every place under the cap busy and the probe
+// places held by such connections, re-dialling as soon as closed,
+// /healthz over HTTP/2 is still answered, each time closing one.
+func TestIdleHTTP2LeavesProbePlaces(t *testing.T) {
+	const max = 4
+	certs := testcert.New(t, "h2idle")
+	srv := capServer(t, Options{HTTPTLS: TLSFiles{CertFile: certs.CertFile, KeyFile: certs.KeyFile}, MaxConnections: max})
+	reg := srv.metrics.reg
+	lbl := map[string]string{"listener": "http"}
+	for range max { // busy: a body still arriving
+		c, err := tls.Dial("tcp", srv.HTTPAddr(), &tls.Config{RootCAs: certs.Pool, NextProtos: []string{"http/1.1"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		io.WriteString(c, "POST /v1/check HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{")
+	}
+	waitFor(t, func() bool { return metricValue(t, reg, "sluice_connections_open", lbl) == max })
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for range probePlaces {
+		wg.Go(func() {
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				h2PrefaceOnly(srv.HTTPAddr(), certs.Pool, stop)
+				time.Sleep(20 * time.Millisecond)
+			}
+		})
+	}
+	defer func() {
+		close(stop)
+		wg.Wait()
+	}()
+	time.Sleep(300 * time.Millisecond) // the probe places held, idle past idleMin
+	ok := 0
+	const probes = 16
+	for range probes {
+		tr := &http.Transport{TLSClientConfig: &tls.Config{RootCAs: certs.Pool}, ForceAttemptHTTP2: true}
+		resp, err := (&http.Client{Transport: tr, Timeout: 2 * time.Second}).Get("https://" + srv.HTTPAddr() + "/healthz")
+		if err == nil {
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode == 200 && resp.ProtoMajor == 2 {
+				ok++
+			}
+		}
+		tr.CloseIdleConnections()
+		time.Sleep(50 * time.Millisecond)
+	}
+	if ok != probes {
+		t.Errorf("%d of %d /healthz over HTTP/2 answered with the probe places held by idle HTTP/2 connections, want all", ok, probes)
 	}
 }
