@@ -140,6 +140,11 @@ func (l *capListener) Accept() (net.Conn, error) {
 
 // admit takes a place for c, closing silent or idle connections to free
 // one if need be; nil if every place is held by a busy connection.
+//
+// Closing an idle connection is abrupt (neither grpc-go nor net/http's
+// HTTP/2 server can send one connection a GOAWAY): a request its client
+// sends at that moment fails. So one idle for less than idleMin, likely
+// about to be used, goes only when a probe place cannot be had.
 func (l *capListener) admit(c net.Conn) *capConn {
 	for {
 		select {
@@ -147,8 +152,14 @@ func (l *capListener) admit(c net.Conn) *capConn {
 			return l.track(&capConn{Conn: c, l: l, addr: c.RemoteAddr().String()})
 		default:
 		}
-		if !l.closeIdle(pass{&l.silent, silentGrace}, pass{&l.idle, 0}) {
-			return l.admitProbe(c)
+		if l.closeIdle(pass{&l.silent, silentGrace}, pass{&l.idle, idleMin}) {
+			continue
+		}
+		if cc := l.admitProbe(c); cc != nil {
+			return cc
+		}
+		if !l.closeIdle(pass{&l.idle, 0}) {
+			return nil
 		}
 	}
 }

@@ -51,6 +51,7 @@ func TestNewConnectionsAreNotSilentOnes(t *testing.T) {
 	for range max {
 		keepAlive(t, srv.HTTPAddr())
 	}
+	time.Sleep(idleMin)
 	failed := 0
 	const rounds = 20
 	for range rounds {
@@ -64,6 +65,7 @@ func TestNewConnectionsAreNotSilentOnes(t *testing.T) {
 		}
 		// a and b now idle, the cap's places again.
 		waitFor(t, func() bool { return metricValue(t, reg, "sluice_connections_open", lbl) == max })
+		time.Sleep(idleMin) // and idle long enough to give way
 	}
 	if failed > 0 {
 		t.Errorf("%d of %d new connections failed with idle keep-alive connections open, want none", failed, 2*rounds)
@@ -165,5 +167,55 @@ func TestIdleHTTP2LeavesProbePlaces(t *testing.T) {
 	}
 	if ok != probes {
 		t.Errorf("%d of %d /healthz over HTTP/2 answered with the probe places held by idle HTTP/2 connections, want all", ok, probes)
+	}
+}
+
+// TestJustIdleConnectionsKept: at the cap, a connection idle for less than
+// idleMin (likely about to send its next request, which closing it would
+// lose) is not closed while a probe place can be had: a probe takes one
+// and every keep-alive connection stays open. Past idleMin the longest
+// idle goes; with no probe place free, a just-idle one goes rather than
+// the new connection being refused.
+func TestJustIdleConnectionsKept(t *testing.T) {
+	const max = 4
+	old := idleMin
+	idleMin = time.Second // well past the keep-alive connections' setup
+	t.Cleanup(func() { idleMin = old })
+	srv := capServer(t, Options{MaxConnections: max})
+	reg := srv.metrics.reg
+	lbl := map[string]string{"listener": "http"}
+	var idle []net.Conn
+	for range max {
+		idle = append(idle, keepAlive(t, srv.HTTPAddr()))
+	}
+	fresh := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Timeout: 2 * time.Second}
+	getNow(t, fresh, "http://"+srv.HTTPAddr()+"/healthz")
+	for i, c := range idle {
+		if !stillOpen(c) {
+			t.Errorf("keep-alive connection %d, idle for less than %v, closed while a probe place was free", i, idleMin)
+		}
+	}
+	if got := metricValue(t, reg, "sluice_connections_idle_closed_total", lbl); got != 0 {
+		t.Errorf("sluice_connections_idle_closed_total{listener=http} = %v, want 0", got)
+	}
+	time.Sleep(idleMin)
+	getNow(t, fresh, "http://"+srv.HTTPAddr()+"/v1/policies") // not a probe: under the cap
+	if stillOpen(idle[0]) || !stillOpen(idle[1]) {
+		t.Error("past idleMin, the longest idle connection, and only it, was not closed")
+	}
+
+	// No probe place: a just-idle connection still gives way.
+	noProbePlaces(t)
+	srv = capServer(t, Options{MaxConnections: max})
+	idle = idle[:0]
+	for range max {
+		idle = append(idle, keepAlive(t, srv.HTTPAddr()))
+	}
+	getNow(t, fresh, "http://"+srv.HTTPAddr()+"/v1/policies")
+	if stillOpen(idle[0]) {
+		t.Error("with no probe place, the longest idle connection, though idle for less than idleMin, was not closed")
+	}
+	if got := metricValue(t, srv.metrics.reg, "sluice_connections_refused_total", lbl); got != 0 {
+		t.Errorf("sluice_connections_refused_total{listener=http} = %v, want 0", got)
 	}
 }

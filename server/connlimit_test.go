@@ -124,6 +124,7 @@ func TestIdleConnectionsMakeRoomTLS(t *testing.T) {
 		idle()
 	}
 	for range 3 {
+		time.Sleep(idleMin) // just idle ones go only when no probe place is free
 		getNow(t, client(false), url)
 		waitFor(t, func() bool { return metricValue(t, srv.metrics.reg, "sluice_connections_open", lbl) == max-1 })
 		idle()
