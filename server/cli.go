@@ -155,7 +155,7 @@ func serve(args []string, stderr io.Writer) int {
 		grpcCert    = fs.String("grpc-tls-cert", "", "PEM certificate `file` to serve gRPC over TLS (with --grpc-tls-key); reloaded when it changes")
 		grpcKey     = fs.String("grpc-tls-key", "", "PEM key `file` for --grpc-tls-cert")
 		grpcCA      = fs.String("grpc-tls-client-ca", "", "PEM CA `file`: gRPC clients (Envoy) must present a certificate it signed (mutual TLS)")
-		maxConns    = fs.Int("max-connections", envParse("SLUICE_MAX_CONNECTIONS", DefaultMaxConnections, strconv.Atoi, "a whole number", &connErr), "most connections each listener (HTTP, gRPC) holds open at once; one more replaces the longest idle, or when none is idle is closed as soon as accepted (HTTP: after a few kept for health probes) (env SLUICE_MAX_CONNECTIONS)")
+		maxConns    = fs.Int("max-connections", envParse("SLUICE_MAX_CONNECTIONS", DefaultMaxConnections, strconv.Atoi, "a whole number", &connErr), "most connections each listener (HTTP, gRPC) holds open at once; one more takes the place of the oldest silent one (no request yet, 1s after it was accepted), else of the one idle longest (one idle under 100ms only when no probe place is free), else takes one of 8 places kept for health probes (HTTP), else is closed as soon as accepted (env SLUICE_MAX_CONNECTIONS)")
 		watch       = fs.Duration("watch-interval", 2*time.Second, "how often to check the config file for changes: 0 never, otherwise at least "+minWatchInterval.String())
 		logFormat   = fs.String("log-format", env("SLUICE_LOG_FORMAT", "text"), "log `format`: text or json (env SLUICE_LOG_FORMAT)")
 		logLevel    = fs.String("log-level", env("SLUICE_LOG_LEVEL", "info"), "least `level` logged: debug, info, warn or error (env SLUICE_LOG_LEVEL)")
