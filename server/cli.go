@@ -291,8 +291,9 @@ func serve(args []string, stderr io.Writer) int {
 			case err = <-done:
 				break wait
 			case sig := <-sigs:
-				if sig == first && time.Since(at) < repeatWindow {
-					log.Info("signal repeated: the same stop, still graceful", "signal", sig.String(), "window", repeatWindow)
+				if sig == syscall.SIGTERM && sig == first && time.Since(at) < repeatWindow {
+					log.Info("signal repeated: the same stop, still graceful; to force it, send another signal, or this one again after the window",
+						"signal", sig.String(), "window", repeatWindow)
 					continue
 				}
 				if sig != syscall.SIGHUP { // a second interrupt: wait for nothing, Redis included
@@ -361,9 +362,10 @@ func emptySetting(fs *flag.FlagSet) (string, error) {
 // has told it to stop waiting.
 const forcedStopWait = 200 * time.Millisecond
 
-// repeatWindow: the first stop signal again within this long is not a
+// repeatWindow: SIGTERM again within this long of the first is not a
 // second signal. GNU timeout, and supervisors like it, send SIGTERM to the
-// process and then to its process group, a millisecond apart.
+// process and then to its process group, a millisecond apart. Not SIGINT:
+// a person pressing Ctrl-C twice means to force the stop.
 const repeatWindow = time.Second
 
 // flagSet reports whether the named flag was given on the command line.

@@ -110,19 +110,20 @@ func (p *stallProxy) stall() { p.once.Do(p.mu.Lock) }
 
 func (p *stallProxy) addr() string { return p.ln.Addr().String() }
 
-// TestCLISecondSignalWithRedisStalled: the first SIGTERM waits for a
-// request that waits on a stalled Redis; a second signal (the same one
-// past the repeat window, or another one at once) stops the process at
-// once, though the fleet, the leases and the store would each wait on
-// Redis to say goodbye.
+// TestCLISecondSignalWithRedisStalled: the first stop signal waits for a
+// request that waits on a stalled Redis; a second signal (SIGTERM again
+// past the repeat window, another one at once, or SIGINT again within the
+// window: Ctrl-C twice) stops the process at once, though the fleet, the
+// leases and the store would each wait on Redis to say goodbye.
 func TestCLISecondSignalWithRedisStalled(t *testing.T) {
 	for _, tt := range []struct {
-		name   string
-		second syscall.Signal
-		after  time.Duration
+		name          string
+		first, second syscall.Signal
+		after         time.Duration
 	}{
-		{"SIGTERM past the repeat window", syscall.SIGTERM, repeatWindow + 200*time.Millisecond},
-		{"SIGINT at once", syscall.SIGINT, time.Millisecond},
+		{"SIGTERM past the repeat window", syscall.SIGTERM, syscall.SIGTERM, repeatWindow + 200*time.Millisecond},
+		{"SIGINT at once", syscall.SIGTERM, syscall.SIGINT, time.Millisecond},
+		{"SIGINT twice", syscall.SIGINT, syscall.SIGINT, 300 * time.Millisecond},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			proxy := newStallProxy(t, redistest.Addr(t))
@@ -143,7 +144,7 @@ func TestCLISecondSignalWithRedisStalled(t *testing.T) {
 				http.Post("http://"+p.http+"/v1/check", "application/json", strings.NewReader(`{"policy":"a","key":"`+key+`:other"}`))
 			}()
 			time.Sleep(200 * time.Millisecond)
-			p.signal(t, syscall.SIGTERM)
+			p.signal(t, tt.first)
 			p.expect(t, "shutting down")
 			time.Sleep(tt.after)
 			start := time.Now()
@@ -166,7 +167,8 @@ func TestCLISecondSignalWithRedisStalled(t *testing.T) {
 // TestCLIRepeatedSignalIsOne: SIGTERM twice a millisecond apart, as GNU
 // timeout sends it (to the process, then to its process group), is one
 // request to stop, not two: the stop is graceful, exit status 0, the fleet
-// registration withdrawn and the leases' units returned.
+// registration withdrawn and the leases' units returned. So is a third
+// within the window, logged with how to force the stop.
 func TestCLIRepeatedSignalIsOne(t *testing.T) {
 	r := redistest.StartServer(t)
 	proxy := newStallProxy(t, r.Addr)
@@ -202,6 +204,8 @@ func TestCLIRepeatedSignalIsOne(t *testing.T) {
 	time.Sleep(time.Millisecond)
 	p.signal(t, syscall.SIGTERM)
 	p.expect(t, "shutting down")
+	time.Sleep(300 * time.Millisecond)
+	p.signal(t, syscall.SIGTERM)       // surely past the first, within the window
 	time.Sleep(500 * time.Millisecond) // a forced stop would be over
 	proxy.passReplies()
 	if r := p.expect(t, "stopped"); r["forced"] != "false" {
@@ -210,8 +214,8 @@ func TestCLIRepeatedSignalIsOne(t *testing.T) {
 	if err := p.cmd.Wait(); err != nil {
 		t.Errorf("exit after SIGTERM twice at once: %v, want status 0; stderr:\n%s", err, p.stderr.String())
 	}
-	if !strings.Contains(p.stderr.String(), `msg="signal repeated: the same stop, still graceful" signal=terminated window=1s`) {
-		t.Log("the two signals arrived as one") // the kernel keeps one pending
+	if !strings.Contains(p.stderr.String(), `msg="signal repeated: the same stop, still graceful; to force it, send another signal, or this one again after the window" signal=terminated window=1s`) {
+		t.Errorf("log: want signal repeated, saying how to force the stop:\n%s", p.stderr.String())
 	}
 	for _, bad := range []string{"forced stop", "not withdrawn", "not returned"} {
 		if strings.Contains(p.stderr.String(), bad) {
