@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"testing"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -24,7 +25,10 @@ func TestFallbackHeadersStateTheShare(t *testing.T) {
 	client := redis.NewClient(&redis.Options{Addr: srv.Addr, MaxRetries: -1})
 	t.Cleanup(func() { client.Close() })
 	st, err := resilient.NewMulti(redisstore.New(client, &redisstore.Options{Prefix: redistest.Prefix(t)}),
-		&resilient.Options{Nodes: 4, Logger: slog.New(slog.DiscardHandler)})
+		// A generous Timeout: on a loaded machine a first call (a dial, a
+		// script load) may take longer than the default 50ms, and the
+		// fallback would answer while Redis is up.
+		&resilient.Options{Nodes: 4, Timeout: 5 * time.Second, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)
 	}

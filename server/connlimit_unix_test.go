@@ -6,15 +6,14 @@ import (
 	"net"
 	"testing"
 	"time"
+
+	"github.com/sluicehq/sluice/internal/redistest"
 )
 
 // TestUnread: unread sees a peer's bytes waiting in the socket until they
 // are read, without taking them; a Read in progress does not hold it up.
 func TestUnread(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	ln := redistest.Listen(t)
 	defer ln.Close()
 	client, err := net.Dial("tcp", ln.Addr().String())
 	if err != nil {

