@@ -58,9 +58,16 @@ type Health struct {
 
 	mu       sync.Mutex
 	storeErr error // classified; nil while the store answers
-	since    time.Time
-	fallback bool
-	openedBy error // the call error that opened the breaker, while open
+	// since: while the store is lost, the start of the outage's earliest
+	// evidence; else when it came back (or the service started).
+	since time.Time
+	// firstFail is the start of the earliest failed check or store call
+	// since answeredAt, the start of the last check the store passed:
+	// the watch declares the store lost a check or more after its first
+	// failure, and the outage is counted from there.
+	firstFail, answeredAt time.Time
+	fallback              bool
+	openedBy              error // the call error that opened the breaker, while open
 	// checks numbers the checks of the store as they start; applied is
 	// the last one recorded. /readyz's checks run beside the watch's, and
 	// one that started earlier but ended later (a dial retried through a
@@ -203,12 +210,12 @@ func cause(err error) string {
 
 // check asks the store whether it answers and records the result.
 func (h *Health) check(ctx context.Context) error {
-	n := h.startCheck()
+	n, start := h.startCheck(), time.Now()
 	err := h.probe(ctx)
 	if err != nil && errors.Is(ctx.Err(), context.Canceled) {
 		return err // the caller left: nothing learned about the store
 	}
-	h.checked(n, err)
+	h.checked(n, start, err)
 	return err
 }
 
@@ -225,13 +232,13 @@ func (h *Health) storeResult(err error) {
 	if h == nil {
 		return
 	}
-	h.checked(h.startCheck(), err)
+	h.checked(h.startCheck(), time.Now(), err)
 }
 
-// checked records what check n found, unless a check that started later
-// was recorded already. A change (down, a new cause while down, up again)
-// is logged once and counted.
-func (h *Health) checked(n uint64, err error) {
+// checked records what check n, which started at start, found, unless a
+// check that started later was recorded already. A change (down, a new
+// cause while down, up again) is logged once and counted.
+func (h *Health) checked(n uint64, start time.Time, err error) {
 	err = redisstore.Classify(err)
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -239,6 +246,18 @@ func (h *Health) checked(n uint64, err error) {
 		return
 	}
 	h.applied = n
+	if err == nil {
+		// The store answered after start: failures from before are not
+		// of the next outage.
+		if start.After(h.answeredAt) {
+			h.answeredAt = start
+		}
+		if h.firstFail.Before(start) {
+			h.firstFail = time.Time{}
+		}
+	} else {
+		h.failedAtLocked(start)
+	}
 	was := h.storeErr
 	h.storeErr = err
 	switch {
@@ -250,9 +269,10 @@ func (h *Health) checked(n uint64, err error) {
 	// The metrics change before the line that announces it: a reader of
 	// the line then finds them changed.
 	if err == nil {
-		downFor := time.Since(h.since)
+		now := time.Now()
+		downFor := now.Sub(h.since)
 		h.count("up", "")
-		h.since = time.Now()
+		h.since = now
 		h.publishLocked()
 		h.log.Info("store back", "store", h.store, "down_for", downFor.Round(time.Millisecond))
 		return
@@ -262,11 +282,27 @@ func (h *Health) checked(n uint64, err error) {
 		msg = "store lost"
 		h.endPartialLocked()
 		h.count("down", cause(err))
-		h.since = time.Now()
+		h.since = start
+		if !h.firstFail.IsZero() && h.firstFail.Before(start) {
+			h.since = h.firstFail
+		}
+		h.firstFail = time.Time{}
 	}
 	h.publishLocked()
 	h.log.Log(context.Background(), causeLevel(err), msg, "store", h.store, "cause", cause(err),
 		"failure_policy", h.policy, "ready", h.readyLocked(), "err", err)
+}
+
+// failedAtLocked records a failed check or store call that started at t,
+// unless the store answered a check started since: evidence of an outage
+// the watch may not have declared yet.
+func (h *Health) failedAtLocked(t time.Time) {
+	if h.storeErr != nil || t.Before(h.answeredAt) {
+		return
+	}
+	if h.firstFail.IsZero() || t.Before(h.firstFail) {
+		h.firstFail = t
+	}
 }
 
 // causeLevel is the level of a store failure's line: permanent causes are
@@ -696,7 +732,9 @@ type StoreStatus struct {
 	// Error Redis's one-sentence message.
 	Cause string `json:"cause,omitempty"`
 	Error string `json:"error,omitempty"`
-	// Since is when Up last changed (or the service started).
+	// Since is when Up last changed (or the service started); for a lost
+	// store, when its outage's first failed check or store call started,
+	// as the `store back` line's down_for counts.
 	Since time.Time `json:"since"`
 }
 
@@ -793,9 +831,9 @@ func (h *Health) liveCheck(ctx context.Context) {
 	}
 	ctx, cancel := context.WithTimeout(ctx, h.live)
 	defer cancel()
-	n := h.startCheck()
+	n, start := h.startCheck(), time.Now()
 	if err := h.probe(ctx); err == nil || ctx.Err() == nil {
-		h.checked(n, err)
+		h.checked(n, start, err)
 	}
 }
 
@@ -968,6 +1006,9 @@ type healthObserver struct {
 // cannot answer.
 func (o healthObserver) ObserveStore(e sluice.StoreEvent) {
 	o.Metrics.ObserveStore(e)
+	if e.Err != nil && !e.Reported && !errors.Is(e.Err, context.Canceled) {
+		o.h.callFailed(time.Now().Add(-e.Latency))
+	}
 	byPolicy := e.Source == sluice.SourceFallback || e.Source == sluice.SourceFailOpen || e.Source == sluice.SourceFailClosed
 	switch {
 	case e.Err == nil:
@@ -980,6 +1021,17 @@ func (o healthObserver) ObserveStore(e sluice.StoreEvent) {
 		e.Source == sluice.SourceBackend && (e.Op == "grant" || e.Op == "regrant" || e.Op == "return"):
 		o.h.failedOtherCall(time.Now(), o.h.policyKey(e.Key), e.Err)
 	}
+}
+
+// callFailed records a store call that started at start and failed: the
+// earliest evidence of an outage may be a call's, before any check fails.
+func (h *Health) callFailed(start time.Time) {
+	if h == nil {
+		return
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.failedAtLocked(start)
 }
 
 // policyKey is policyOf(key), "" when unknown.

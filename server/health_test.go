@@ -862,6 +862,30 @@ func TestIdleBreakerCloses(t *testing.T) {
 	}
 }
 
+// TestHealthDownForFromFirstEvidence: an outage counts from its first
+// failed call or check, not from the check that declared the store lost;
+// a failure from before the store last passed a check is not part of it.
+// /v1/status's since agrees.
+func TestHealthDownForFromFirstEvidence(t *testing.T) {
+	var logs syncBuffer
+	h := newHealth(healthOptions{log: slog.New(slog.NewTextHandler(&logs, nil)), policy: "local", withPolicy: true, store: "redis"})
+	now := time.Now()
+	refused := errors.New("dial tcp 127.0.0.1:6379: connect: connection refused")
+	h.callFailed(now.Add(-3 * time.Second))
+	h.checked(h.startCheck(), now.Add(-2*time.Second), nil) // answered since: not this outage
+	h.callFailed(now.Add(-time.Second))
+	h.checked(h.startCheck(), now.Add(-500*time.Millisecond), refused)
+	if got := h.Status().Store.Since; !got.Equal(now.Add(-time.Second)) {
+		t.Errorf("since %v, want the first failed call's start %v", got, now.Add(-time.Second))
+	}
+	h.storeResult(nil)
+	line := logged(t, &logs, "store back")
+	d, err := time.ParseDuration(strings.TrimPrefix(strings.Fields(line[strings.Index(line, "down_for="):])[0], "down_for="))
+	if err != nil || d < time.Second || d >= 2*time.Second {
+		t.Errorf("down_for in %q: %v, %v; want from the first failed call after the last passed check (1s ago)", line, d, err)
+	}
+}
+
 // TestHealthCauseChange: an outage whose cause changes (unreachable, then
 // a restarted Redis without the ACL user) is one outage: one down count,
 // a line for the new cause, and down_for from its start.
