@@ -28,6 +28,7 @@ import (
 type reloader struct {
 	cluster *redis.ClusterClient
 	every   time.Duration
+	quiet   time.Duration // quietAfter when zero (tests shorten it)
 	log     *slog.Logger
 	count   atomic.Uint64 // reloads asked for
 	failing atomic.Bool   // since the first failure after a success
@@ -64,7 +65,7 @@ func (r *reloader) failed(err error) {
 // a store nobody calls (its client closed, as go-redis's cached slot map
 // hides from a reload) must not reload forever. The next failure starts
 // them again.
-var quietAfter = time.Minute
+const quietAfter = time.Minute
 
 // poll reloads the slot map every r.every while the episode lasts, and
 // tells a change of masters.
@@ -87,11 +88,12 @@ func (r *reloader) poll() {
 // episode still on: the client closed, or quiet for quietAfter.
 func (r *reloader) pollEpisode() bool {
 	every := cmp.Or(r.every, DefaultReloadInterval)
+	quiet := cmp.Or(r.quiet, quietAfter)
 	// A round starts every every, or at once after one that took that long.
 	tick := time.NewTicker(every)
 	defer tick.Stop()
 	for r.failing.Load() {
-		if time.Now().UnixNano()-r.lastBad.Load() > int64(quietAfter) {
+		if time.Now().UnixNano()-r.lastBad.Load() > int64(quiet) {
 			return true
 		}
 		masters, err := r.hedgedReload(every)

@@ -40,11 +40,9 @@ func TestReloaderEpisode(t *testing.T) {
 // quietAfter (a store nobody calls, its client perhaps closed), and the
 // next failure starts them again.
 func TestReloaderQuiet(t *testing.T) {
-	defer func(d time.Duration) { quietAfter = d }(quietAfter)
-	quietAfter = 200 * time.Millisecond
 	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{"127.0.0.1:1"}})
 	defer c.Close()
-	r := &reloader{cluster: c, every: 20 * time.Millisecond, log: slog.New(slog.DiscardHandler)}
+	r := &reloader{cluster: c, every: 20 * time.Millisecond, quiet: 200 * time.Millisecond, log: slog.New(slog.DiscardHandler)}
 	down := errors.New("dial tcp 127.0.0.1:7001: connect: connection refused")
 	r.failed(down)
 	waitFor := func(polling bool) {
