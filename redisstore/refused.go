@@ -32,7 +32,8 @@ func (e *refusedError) Error() string { return "redis refused the connection: " 
 // an EOF: ErrUnreachable, Redis's words lost. Call it once, before c's
 // first command: on a ClusterClient it hooks each node client created from
 // then on. The hook only reads what Redis sends first on each connection;
-// it costs no round trip.
+// it costs no round trip. Over TLS Redis refuses a connection before the
+// handshake, without a word: that still fails with EOF (ErrUnreachable).
 func DetectRefusals(c redis.UniversalClient) {
 	switch c := c.(type) {
 	case *redis.ClusterClient:
