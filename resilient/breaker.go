@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/logpace"
 )
 
 // breaker is a circuit breaker that tells a slow backend from a dead one.
@@ -85,7 +86,7 @@ func newBreaker(o *Options, name string) breaker {
 		observer:   o.Observer,
 		log:        log,
 		jitter:     rand.Float64,
-		closed:     closedAnswers{log: log, store: name, policy: o.Policy, gather: closedGather, quiet: closedQuiet},
+		closed:     closedAnswers{log: log, store: name, policy: o.Policy, pace: logpace.Pacer{Gather: closedGather, Every: closedQuiet}},
 	}
 }
 

@@ -7,6 +7,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/sluicehq/sluice/internal/logpace"
 )
 
 // decisionSum is a slog.Handler that adds up the decisions attribute of
@@ -32,7 +34,7 @@ func (d *decisionSum) Handle(_ context.Context, r slog.Record) error {
 func TestClosedAnswersCountsEveryAnswer(t *testing.T) {
 	t.Parallel()
 	sum := &decisionSum{}
-	c := &closedAnswers{log: slog.New(sum), store: "s", gather: 5 * time.Millisecond}
+	c := &closedAnswers{log: slog.New(sum), store: "s", pace: logpace.Pacer{Gather: 5 * time.Millisecond}}
 	var wg sync.WaitGroup
 	for range 8 {
 		wg.Go(func() {

@@ -9,5 +9,5 @@ const ClosedMsg = closedMsg
 // while the breaker is closed before its line, and the least time between
 // two such lines, for tests that cannot wait a minute.
 func PaceClosedLines(s *Store, gather, quiet time.Duration) {
-	s.br.closed.gather, s.br.closed.quiet = gather, quiet
+	s.br.closed.pace.Gather, s.br.closed.pace.Every = gather, quiet
 }

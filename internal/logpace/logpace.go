@@ -21,6 +21,9 @@ const maxIdle = 256
 type Pacer struct {
 	// Every is the least time between two lines of one kind.
 	Every time.Duration
+	// Gather, when positive, holds back a period's first event too, for
+	// Gather, so that a burst is one line that counts all of it.
+	Gather time.Duration
 
 	mu    sync.Mutex
 	kinds map[string]*kind
@@ -35,9 +38,10 @@ type kind struct {
 
 // Log writes the line of an event of kind k: write(notLogged) writes it,
 // with the number of earlier events of k that had no line. With no line
-// of k in the last period it is written now, with 0; else the event is
-// held back, and when the period ends the latest held-back event's line
-// is written with the number of the others.
+// of k in the last period it is written now, with 0 (or, with Gather,
+// when Gather ends); else the event is held back, and when the period
+// ends the latest held-back event's line is written with the number of
+// the others.
 func (p *Pacer) Log(k string, write func(notLogged int64)) {
 	every := p.Every
 	if every <= 0 {
@@ -56,7 +60,8 @@ func (p *Pacer) Log(k string, write func(notLogged int64)) {
 		c = &kind{}
 		p.kinds[k] = c
 	}
-	if c.timer == nil && (c.last.IsZero() || now.Sub(c.last) >= every) {
+	due := c.last.IsZero() || now.Sub(c.last) >= every
+	if c.timer == nil && due && p.Gather <= 0 {
 		c.last = now
 		p.mu.Unlock()
 		write(0)
@@ -65,9 +70,29 @@ func (p *Pacer) Log(k string, write func(notLogged int64)) {
 	c.n++
 	c.write = write
 	if c.timer == nil {
-		c.timer = time.AfterFunc(c.last.Add(every).Sub(now), func() { p.flush(c) })
+		wait := p.Gather
+		if !due {
+			wait = max(wait, c.last.Add(every).Sub(now))
+		}
+		c.timer = time.AfterFunc(wait, func() { p.flush(c) })
 	}
 	p.mu.Unlock()
+}
+
+// Flush writes every held-back line now.
+func (p *Pacer) Flush() {
+	p.mu.Lock()
+	var pending []*kind
+	for _, c := range p.kinds {
+		if c.timer != nil {
+			c.timer.Stop()
+			pending = append(pending, c)
+		}
+	}
+	p.mu.Unlock()
+	for _, c := range pending {
+		p.flush(c)
+	}
 }
 
 // flush writes c's held-back line.

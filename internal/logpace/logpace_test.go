@@ -64,3 +64,44 @@ func TestPacer(t *testing.T) {
 		t.Errorf("held-back line written %v after the first, want when the period ends (200ms)", d)
 	}
 }
+
+// With Gather, a period's first event is held back too: a burst is one
+// line, written when Gather ends, that counts all of it; Flush writes a
+// held-back line at once.
+func TestPacerGatherAndFlush(t *testing.T) {
+	t.Parallel()
+	p := &Pacer{Every: time.Hour, Gather: 50 * time.Millisecond}
+	var (
+		mu    sync.Mutex
+		lines []int64
+	)
+	log := func() {
+		p.Log("k", func(n int64) {
+			mu.Lock()
+			defer mu.Unlock()
+			lines = append(lines, n)
+		})
+	}
+	count := func() int {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(lines)
+	}
+	for range 10 {
+		log()
+	}
+	if n := count(); n != 0 {
+		t.Fatalf("%d lines at once, want none before Gather ends", n)
+	}
+	for deadline := time.Now().Add(5 * time.Second); count() == 0 && time.Now().Before(deadline); {
+		time.Sleep(5 * time.Millisecond)
+	}
+	log() // within the period: held back until it ends, or a Flush
+	log()
+	p.Flush()
+	mu.Lock()
+	defer mu.Unlock()
+	if len(lines) != 2 || lines[0] != 9 || lines[1] != 1 {
+		t.Errorf("lines %v, want [9 1]: the burst's 10 in one line, then the 2 held back, flushed", lines)
+	}
+}
