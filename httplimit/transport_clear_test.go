@@ -33,15 +33,7 @@ func TestRedisTransportClearHold(t *testing.T) {
 	prefix := redistest.Prefix(t)
 	client := redistest.Client(t)
 	transport := func() *Transport {
-		lim, err := sluice.NewLimiter(redisstore.New(client, &redisstore.Options{Prefix: prefix}), sluice.PerSecond(100), nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		tr, err := NewTransport(lim, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return tr
+		return newTransport(t, redisstore.New(client, &redisstore.Options{Prefix: prefix}), sluice.PerSecond(100), nil)
 	}
 	a, b := transport(), transport()
 	key := hostKey(mustURL(t, upstream.URL))
@@ -180,15 +172,7 @@ func TestRedisTransportMaxHoldOfSharedHold(t *testing.T) {
 	prefix := redistest.Prefix(t)
 	client := redistest.Client(t)
 	transport := func(maxHold time.Duration) *Transport {
-		lim, err := sluice.NewLimiter(redisstore.New(client, &redisstore.Options{Prefix: prefix}), sluice.PerSecond(100), nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		tr, err := NewTransport(lim, &TransportOptions{MaxHold: maxHold})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return tr
+		return newTransport(t, redisstore.New(client, &redisstore.Options{Prefix: prefix}), sluice.PerSecond(100), &TransportOptions{MaxHold: maxHold})
 	}
 	const maxHold = time.Second
 	a, b := transport(0), transport(maxHold)

@@ -60,15 +60,7 @@ func TestTransportHoldsOnRetryAfter(t *testing.T) {
 	// Two instances of a service: each its own Store, Limiter and
 	// Transport, on one Redis.
 	instance := func(c redis.UniversalClient) *http.Client {
-		lim, err := sluice.NewLimiter(redisstore.New(c, &redisstore.Options{Prefix: prefix}), sluice.PerSecond(10), nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		tr, err := NewTransport(lim, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return &http.Client{Transport: tr}
+		return &http.Client{Transport: newTransport(t, redisstore.New(c, &redisstore.Options{Prefix: prefix}), sluice.PerSecond(10), nil)}
 	}
 	clients := map[string]*http.Client{"a": instance(client), "b": instance(client)}
 	get := func(ctx context.Context, from string) (*http.Response, error) {
@@ -171,15 +163,7 @@ func TestTransportHoldsOnRetryAfterDate(t *testing.T) {
 	}))
 	store := memory.New(nil)
 	t.Cleanup(func() { store.Close() })
-	lim, err := sluice.NewLimiter(store, sluice.PerSecond(100), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tr, err := NewTransport(lim, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	client := &http.Client{Transport: tr}
+	client := &http.Client{Transport: newTransport(t, store, sluice.PerSecond(100), nil)}
 	var prev time.Time
 	for i, want := range []int{http.StatusServiceUnavailable, http.StatusTooManyRequests, http.StatusOK} {
 		resp, err := client.Get(upstream.URL)

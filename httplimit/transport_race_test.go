@@ -109,16 +109,9 @@ func sendsDuringHold(t *testing.T, redisAddr string) int {
 	}))
 	rc := redis.NewClient(&redis.Options{Addr: redisAddr})
 	t.Cleanup(func() { rc.Close() })
-	lim, err := sluice.NewLimiter(redisstore.New(rc, &redisstore.Options{Prefix: redistest.Prefix(t)}), sluice.PerSecond(1_000_000), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
 	log := &sendLog{base: &http.Transport{MaxIdleConnsPerHost: 64}}
 	t.Cleanup(log.base.(*http.Transport).CloseIdleConnections)
-	tr, err := NewTransport(lim, &TransportOptions{Base: log})
-	if err != nil {
-		t.Fatal(err)
-	}
+	tr := newTransport(t, redisstore.New(rc, &redisstore.Options{Prefix: redistest.Prefix(t)}), sluice.PerSecond(1_000_000), &TransportOptions{Base: log})
 	var returned atomic.Pointer[time.Time]
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()

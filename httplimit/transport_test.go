@@ -208,3 +208,17 @@ func serveUpstream(t *testing.T, h http.Handler) *httptest.Server {
 	t.Cleanup(srv.Close)
 	return srv
 }
+
+// newTransport is a Transport over a Limiter of limit on store.
+func newTransport(t testing.TB, store sluice.Store, limit sluice.Limit, opts *TransportOptions) *Transport {
+	t.Helper()
+	lim, err := sluice.NewLimiter(store, limit, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr, err := NewTransport(lim, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tr
+}
