@@ -186,7 +186,7 @@ func TestJustIdleConnectionsKept(t *testing.T) {
 	lbl := map[string]string{"listener": "http"}
 	var idle []net.Conn
 	for range max {
-		idle = append(idle, keepAlive(t, srv.HTTPAddr()))
+		idle = append(idle, idleKeepAlive(t, srv)) // in order of idleness
 	}
 	fresh := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Timeout: 2 * time.Second}
 	getNow(t, fresh, "http://"+srv.HTTPAddr()+"/healthz")
@@ -209,7 +209,7 @@ func TestJustIdleConnectionsKept(t *testing.T) {
 	srv = capServer(t, Options{MaxConnections: max})
 	idle = idle[:0]
 	for range max {
-		idle = append(idle, keepAlive(t, srv.HTTPAddr()))
+		idle = append(idle, idleKeepAlive(t, srv))
 	}
 	getNow(t, fresh, "http://"+srv.HTTPAddr()+"/v1/policies")
 	if stillOpen(idle[0]) {

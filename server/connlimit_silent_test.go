@@ -1,6 +1,7 @@
 package server
 
 import (
+	"bufio"
 	"context"
 	"crypto/tls"
 	"io"
@@ -119,7 +120,8 @@ func TestFaultCapSilentConnectionsGoBeforeIdle(t *testing.T) {
 	lbl := map[string]string{"listener": "http"}
 	var idle []net.Conn
 	for range max - 2 {
-		idle = append(idle, keepAlive(t, srv.HTTPAddr()))
+		// In order of idleness, as the server sees it: idle[0] the longest.
+		idle = append(idle, idleKeepAlive(t, srv))
 	}
 	time.Sleep(20 * time.Millisecond) // idle longer than the silent ones are old
 	silent := []net.Conn{dialSilent(t, srv.HTTPAddr(), ""), dialSilent(t, srv.HTTPAddr(), "")}
@@ -145,10 +147,22 @@ func TestFaultCapSilentConnectionsGoBeforeIdle(t *testing.T) {
 			t.Errorf("idle keep-alive connection %d closed while silent ones were open", i)
 		}
 	}
-	// (That the longest idle goes once no silent one is left is
-	// TestJustIdleConnectionsKept's.)
-	if got := metricValue(t, reg, "sluice_connections_idle_closed_total", lbl); got != 2 {
-		t.Errorf("sluice_connections_idle_closed_total{listener=http} = %v, want 2", got)
+	// With the silent one a client at last, the longest idle goes.
+	io.WriteString(silent[2], "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+	silent[2].SetReadDeadline(time.Now().Add(5 * time.Second))
+	resp, err := http.ReadResponse(bufio.NewReader(silent[2]), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	idle = append(idle, keepAlive(t, srv.HTTPAddr())) // at the cap again
+	full()
+	getNow(t, fresh, url)
+	if stillOpen(idle[0]) {
+		t.Error("with no silent connection left, the longest idle one was not closed")
+	}
+	if got := metricValue(t, reg, "sluice_connections_idle_closed_total", lbl); got != 3 {
+		t.Errorf("sluice_connections_idle_closed_total{listener=http} = %v, want 3", got)
 	}
 }
 

@@ -43,6 +43,24 @@ func keepAlive(t *testing.T, addr string) net.Conn {
 	return c
 }
 
+// idleKeepAlive is keepAlive on srv's HTTP listener, returning once the
+// server has marked the connection idle. It does so after writing the
+// answer, which the client may read first, and orders idle connections by
+// that mark: under load, the next connection's whole exchange can come in
+// between.
+func idleKeepAlive(t *testing.T, srv *Server) net.Conn {
+	t.Helper()
+	c := keepAlive(t, srv.HTTPAddr())
+	l := srv.httpCap
+	waitFor(t, func() bool {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		cc := l.byAddr[c.LocalAddr().String()]
+		return cc != nil && cc.idle != nil
+	})
+	return c
+}
+
 // getNow asserts that a fresh connection's GET answers 200 within a second.
 func getNow(t *testing.T, c *http.Client, url string) {
 	t.Helper()
@@ -68,9 +86,9 @@ func TestIdleConnectionsMakeRoom(t *testing.T) {
 	srv := slowClientServer(t, max)
 	var idle []net.Conn
 	for range max {
-		idle = append(idle, keepAlive(t, srv.HTTPAddr()))
-		time.Sleep(5 * time.Millisecond) // in order of idleness
+		idle = append(idle, idleKeepAlive(t, srv)) // in order of idleness
 	}
+	time.Sleep(idleMin) // all idle long enough to give way
 	reg := srv.metrics.reg
 	lbl := map[string]string{"listener": "http"}
 	fresh := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Timeout: 2 * time.Second}
