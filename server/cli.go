@@ -30,7 +30,8 @@ Run "sluice serve -h" for the serve flags.
 `
 
 // Main runs the sluice command line (args without the program name) and
-// returns the process exit code.
+// returns the process exit code. After serve, SIGINT, SIGTERM and SIGHUP
+// stay caught (and are dropped): the caller is to exit with the code.
 func Main(args []string, stdout, stderr io.Writer) int {
 	if len(args) == 0 {
 		fmt.Fprint(stderr, usage)
@@ -241,9 +242,11 @@ func serve(args []string, stderr io.Writer) int {
 	}
 	// Catch signals before anything can be sent one: a SIGHUP that arrived
 	// between Start and Notify would kill the process (its default action).
+	// Never stopped: the caller exits with serve's code, and a signal after
+	// the stop (GNU timeout's second SIGTERM, to the process group) would
+	// otherwise kill the process with its own status instead.
 	sigs := make(chan os.Signal, 1)
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
-	defer signal.Stop(sigs)
 	srv, err := New(Options{
 		ConfigFile: *configFile, RedisURL: *redisURL, HTTPAddr: *httpAddr, GRPCAddr: *grpcAddr,
 		FailurePolicy: fp, NoFailurePolicy: !withPolicy, DecisionTimeout: *timeout, FleetSize: *fleetSize, FleetShrink: *fleetShrink, AdminToken: *adminToken, WatchInterval: *watch, Logger: log,

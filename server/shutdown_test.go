@@ -229,3 +229,38 @@ func TestCLIRepeatedSignalIsOne(t *testing.T) {
 		t.Errorf("registry: %d members listed as withdrawn (%v), want 1", n, err)
 	}
 }
+
+// TestCLILateSignalAfterStop: a SIGTERM that arrives once the graceful
+// stop is over (GNU timeout's second one, to the process group, sent after
+// a quick stop) does not change the exit status: 0, not 143 as an
+// uncaught SIGTERM would have it. From the "stopped" line on, SIGTERM is
+// sent again and again until the process is gone, so that some land
+// between the end of the stop and the exit; a few processes in a row, as
+// that window is short.
+func TestCLILateSignalAfterStop(t *testing.T) {
+	for range 20 {
+		p := startSluice(t, nil, "--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0")
+		exited := make(chan error, 1)
+		go func() { exited <- p.cmd.Wait() }()
+		p.signal(t, syscall.SIGTERM)
+		if r := p.expect(t, "stopped"); r["forced"] != "false" {
+			t.Fatalf("stopped %v, want forced=false", r)
+		}
+		deadline := time.After(10 * time.Second)
+		var err error
+	late:
+		for {
+			select {
+			case err = <-exited:
+				break late
+			case <-deadline:
+				t.Fatalf("still running 10s after its stop; stderr:\n%s", p.stderr.String())
+			default:
+				p.cmd.Process.Signal(syscall.SIGTERM) // fails once it is gone
+			}
+		}
+		if err != nil {
+			t.Fatalf("exit with SIGTERM sent after the graceful stop: %v, want status 0; stderr:\n%s", err, p.stderr.String())
+		}
+	}
+}
