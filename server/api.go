@@ -53,7 +53,11 @@ type HandlerOptions struct {
 	Ready func(context.Context) error
 	// Metrics is served at /metrics when set.
 	Metrics *Metrics
-	// Dashboard is served at "/". Default: a placeholder page.
+	// Dashboard is served at "/". Default: a placeholder page. Its page paths
+	// (/, /index.html, /static/...) take GET and HEAD alone: a request of
+	// another method there is still served to it, whose 404 stands (no such
+	// page) and any other answer becomes a 405; its 404s and 405s become
+	// problems.
 	Dashboard http.Handler
 }
 
@@ -120,13 +124,15 @@ func newHandler(s *Service, opts *HandlerOptions) http.Handler {
 	dash := o.Dashboard
 	mux.Handle("/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		// The dashboard's pages take GET alone, whatever the dashboard
-		// answers other methods; a path it has no page for is 404.
+		// answers other methods; a path it has no page for is 404. Only
+		// the dashboard knows its paths: it is served the request itself
+		// and its 404 stands, any other answer becoming the 405.
 		page := r.URL.Path == "/" || r.URL.Path == "/index.html" || strings.HasPrefix(r.URL.Path, "/static/")
-		if page && r.Method != http.MethodGet && r.Method != http.MethodHead && dashboardHas(dash, r) {
-			methodNotAllowed(w, r, "GET")
-			return
+		dw := &dashboardWriter{ResponseWriter: w, r: r, getOnly: page && r.Method != http.MethodGet && r.Method != http.MethodHead}
+		dash.ServeHTTP(dw, r)
+		if dw.getOnly && !dw.answered {
+			dw.WriteHeader(http.StatusOK) // it wrote nothing: an empty 200
 		}
-		dash.ServeHTTP(&dashboardWriter{ResponseWriter: w, r: r}, r)
 	}))
 	return routes{crossOrigin(mux), mux}
 }
@@ -482,57 +488,40 @@ func asked(r *http.Request) string {
 	return clip(r.URL.EscapedPath(), logClip)
 }
 
-// dashboardHas reports whether dash has a page at r's path: asked with
-// HEAD, which is safe to send, it does not answer 404.
-func dashboardHas(dash http.Handler, r *http.Request) bool {
-	head := r.Clone(r.Context())
-	head.Method, head.Body, head.ContentLength = http.MethodHead, http.NoBody, 0
-	st := &statusOnly{header: http.Header{}}
-	dash.ServeHTTP(st, head)
-	return st.code != http.StatusNotFound
-}
-
-// statusOnly keeps a response's status and drops the rest.
-type statusOnly struct {
-	header http.Header
-	code   int
-}
-
-func (s *statusOnly) Header() http.Header { return s.header }
-
-func (s *statusOnly) WriteHeader(code int) {
-	if s.code == 0 {
-		s.code = code
-	}
-}
-
-func (s *statusOnly) Write(b []byte) (int, error) {
-	s.WriteHeader(http.StatusOK)
-	return len(b), nil
-}
-
 // dashboardWriter passes the dashboard's answers on, except a 404 or 405,
 // which it answers as the API does, as a problem: every path the dashboard
-// has no file for reaches it, and its own errors are text.
+// has no file for reaches it, and its own errors are text. With getOnly
+// (another method than GET or HEAD on one of its page paths), any answer
+// but 404 is a 405 naming GET.
 type dashboardWriter struct {
 	http.ResponseWriter
 	r        *http.Request
+	getOnly  bool
+	answered bool // WriteHeader was called
 	replaced bool // the dashboard's body is dropped
 }
 
 func (d *dashboardWriter) WriteHeader(code int) {
-	if d.replaced {
+	if d.replaced || d.answered {
 		return
 	}
+	if code >= 100 && code < 200 { // informational (103): the answer is still to come
+		if !d.getOnly {
+			d.ResponseWriter.WriteHeader(code)
+		}
+		return
+	}
+	d.answered = true
 	h := d.Header()
-	switch code {
-	case http.StatusNotFound:
-		d.replaced = true
-		h.Del("Content-Length")
+	switch {
+	case code == http.StatusNotFound:
+		d.replace()
 		problem(d.ResponseWriter, code, "no such page or endpoint: "+asked(d.r)+": GET /v1/ lists the API's endpoints")
-	case http.StatusMethodNotAllowed:
-		d.replaced = true
-		h.Del("Content-Length")
+	case d.getOnly:
+		d.replace()
+		methodNotAllowed(d.ResponseWriter, d.r, "GET")
+	case code == http.StatusMethodNotAllowed:
+		d.replace()
 		detail := d.r.Method + " is not allowed for " + asked(d.r)
 		if allow := h.Get("Allow"); allow != "" {
 			detail = "use " + allow + " for " + asked(d.r) + ", not " + d.r.Method
@@ -543,15 +532,33 @@ func (d *dashboardWriter) WriteHeader(code int) {
 	}
 }
 
+// replace drops the dashboard's body and the headers that describe it.
+func (d *dashboardWriter) replace() {
+	d.replaced = true
+	for _, k := range []string{"Content-Length", "Content-Range", "Content-Encoding", "ETag", "Last-Modified"} {
+		d.Header().Del(k)
+	}
+}
+
 func (d *dashboardWriter) Write(b []byte) (int, error) {
+	if !d.answered {
+		d.WriteHeader(http.StatusOK)
+	}
 	if d.replaced {
 		return len(b), nil
 	}
 	return d.ResponseWriter.Write(b)
 }
 
-// Unwrap lets http.ResponseController reach the connection's writer.
-func (d *dashboardWriter) Unwrap() http.ResponseWriter { return d.ResponseWriter }
+// Unwrap lets http.ResponseController reach the connection's writer;
+// not while the answer may be replaced by a 405, which a flush would
+// pre-empt.
+func (d *dashboardWriter) Unwrap() http.ResponseWriter {
+	if d.getOnly {
+		return nil
+	}
+	return d.ResponseWriter
+}
 
 // problem writes an RFC 9457 problem details body.
 func problem(w http.ResponseWriter, code int, detail string) {

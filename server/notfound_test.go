@@ -4,7 +4,9 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 )
 
@@ -147,6 +149,64 @@ func TestCustomDashboardErrorsAreProblems(t *testing.T) {
 	// A page path it has nothing at is 404 for any method.
 	resp, body = httpDo(t, "POST", base+"/static/none.js", nil)
 	checkProblem(t, "POST /static/none.js", resp, body, 404, "no such page or endpoint: /static/none.js")
+}
+
+// TestCustomDashboardSeesOnlyRealRequests: telling a page the dashboard
+// lacks (404) from one it has (405 for a method other than GET or HEAD)
+// sends it no request of the server's own: it sees each request sent, once,
+// as sent. Its answer to another method on a page path, even 200 or none,
+// becomes the 405.
+func TestCustomDashboardSeesOnlyRealRequests(t *testing.T) {
+	var mu sync.Mutex
+	var seen []string
+	dash := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		seen = append(seen, r.Method+" "+r.URL.Path)
+		mu.Unlock()
+		switch r.URL.Path {
+		case "/", "/static/app.js", "/custom":
+			io.WriteString(w, "page") // whatever the method, as http.FileServer does
+		case "/static/empty.js":
+		default:
+			http.NotFound(w, r)
+		}
+	})
+	srv := runServer(t, Options{Dashboard: dash})
+	base := "http://" + srv.HTTPAddr()
+	var sent []string
+	for _, tt := range []struct {
+		method, path string
+		code         int
+		want         string
+	}{
+		{"GET", "/", 200, ""},
+		{"HEAD", "/", 200, ""},
+		{"POST", "/", 405, "use GET for /, not POST"},
+		{"OPTIONS", "/static/app.js", 405, "use GET for /static/app.js, not OPTIONS"},
+		{"DELETE", "/static/empty.js", 405, "use GET for /static/empty.js, not DELETE"},
+		{"POST", "/static/none.js", 404, "no such page or endpoint: /static/none.js"},
+		{"PUT", "/static/", 404, "no such page or endpoint: /static/"},
+		{"HEAD", "/index.html", 404, ""},
+		{"PUT", "/custom", 200, ""}, // not a page path: its answer stands
+		{"GET", "/other", 404, "no such page or endpoint: /other"},
+	} {
+		resp, body := httpDo(t, tt.method, base+tt.path, nil)
+		sent = append(sent, tt.method+" "+tt.path)
+		what := tt.method + " " + tt.path
+		if tt.code != 200 {
+			checkProblem(t, what, resp, body, tt.code, tt.want)
+		} else if resp.StatusCode != 200 {
+			t.Errorf("%s: %d %q, want the dashboard's 200", what, resp.StatusCode, body)
+		}
+		if allow := resp.Header.Get("Allow"); tt.code == 405 && allow != "GET, HEAD" {
+			t.Errorf("%s: Allow %q, want GET, HEAD", what, allow)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if !slices.Equal(seen, sent) {
+		t.Errorf("the dashboard was asked\n%q\nwant the requests sent, and only them:\n%q", seen, sent)
+	}
 }
 
 // A path that does not exist is 404 whatever the method (the dashboard's

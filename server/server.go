@@ -115,7 +115,11 @@ type Options struct {
 	// WatchInterval is how often the config file's modification time is
 	// checked for changes. Default 2s; negative disables watching.
 	WatchInterval time.Duration
-	// Dashboard is served at "/". Default: a placeholder page.
+	// Dashboard is served at "/". Default: the built-in dashboard. Its page paths
+	// (/, /index.html, /static/...) take GET and HEAD alone: a request of
+	// another method there is still served to it, whose 404 stands (no such
+	// page) and any other answer becomes a 405; its 404s and 405s become
+	// problems.
 	Dashboard http.Handler
 	// ReadTimeout bounds how long the HTTP listener waits for a request,
 	// headers and body: a body still arriving then is answered 408, so
