@@ -716,6 +716,7 @@ func (s *Store) sweep() {
 			}
 			l.refill.Unlock()
 		}
+		sh.leases.Fit()
 		sh.mu.Unlock()
 	}
 	s.sweepAt.Store(max(minSweep, 2*s.keys.Load()))

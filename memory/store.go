@@ -57,6 +57,8 @@ type Options struct {
 	// math.MaxInt (in effect no bound). Default: 1,000,000. A rate-limited
 	// key costs a 64-byte slot in a table kept 41 % to 81 % full, 79 to
 	// 158 bytes besides its string; the sliding window log adds its log.
+	// A sweep that leaves a shard's table less than an eighth full
+	// shrinks it, so a burst of keys gives its memory back once expired.
 	MaxKeys int
 
 	// Shards is the number of independently locked partitions, rounded up
@@ -422,6 +424,7 @@ func (s *Store) Sweep() {
 				sh.n--
 			}
 		}
+		sh.tab.Fit()
 		sh.mu.Unlock()
 	}
 }

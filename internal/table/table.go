@@ -167,6 +167,15 @@ func (t *Table[V]) rehash() {
 	}
 }
 
+// Fit shrinks the table when less than an eighth of its slots are live,
+// as after a sweep: rehash grows it and nothing else shrinks it, so a
+// burst of keys would otherwise keep its memory after its keys expired.
+func (t *Table[V]) Fit() {
+	if len(t.slots) > 16 && 8*t.n < len(t.slots) {
+		t.rehash()
+	}
+}
+
 // Len is the number of keys held.
 func (t *Table[V]) Len() int { return t.n }
 

@@ -136,3 +136,33 @@ func TestPrefetchWhileGrowing(t *testing.T) {
 		}
 	}
 }
+
+// TestFitShrinksAfterBurying: burying most keys, as a sweep does, and then
+// Fit gives the slots back; the keys left are all still found.
+func TestFitShrinksAfterBurying(t *testing.T) {
+	t.Parallel()
+	var tab Table[int]
+	for i := range 100_000 {
+		tab.Add(uint32(i*2654435761), fmt.Sprint(i), i)
+	}
+	grown := tab.Slots()
+	for i := range tab.Slots() {
+		if tab.Live(i) && *tab.At(i)%100 != 0 {
+			tab.Bury(i)
+		}
+	}
+	tab.Fit()
+	if tab.Slots() > grown/16 {
+		t.Fatalf("%d slots for %d keys after Fit (%d before)", tab.Slots(), tab.Len(), grown)
+	}
+	for i := 0; i < 100_000; i += 100 {
+		if v := tab.Find(uint32(i*2654435761), fmt.Sprint(i)); v == nil || *v != i {
+			t.Fatalf("key %d lost by Fit", i)
+		}
+	}
+	n := tab.Slots()
+	tab.Fit() // a fitted table stays as it is
+	if tab.Slots() != n {
+		t.Fatalf("a second Fit went from %d to %d slots", n, tab.Slots())
+	}
+}
