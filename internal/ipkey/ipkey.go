@@ -105,7 +105,28 @@ func (r *Resolver) Client(peer netip.Addr, lines []string) netip.Addr {
 	}
 	client := peer
 	hops := 0
+	// step takes the next hop leftwards and reports whether the walk ends.
+	step := func(a netip.Addr, ok bool) bool {
+		if !ok {
+			return true
+		}
+		client = a
+		hops++
+		return !r.Trusts(a) || hops >= MaxHops
+	}
 	for i := len(lines) - 1; i >= 0; i-- {
+		if r.forwarded {
+			line := lines[i]
+			var ring [MaxHops]span
+			n := forwardedElements(line, &ring)
+			for k := range min(n, MaxHops) {
+				e := ring[(n-1-k)%MaxHops]
+				if step(forwardedFor(line[e.start:e.end])) {
+					return client
+				}
+			}
+			continue
+		}
 		rest := lines[i]
 		for rest != "" {
 			var hop string
@@ -118,12 +139,7 @@ func (r *Resolver) Client(peer netip.Addr, lines []string) netip.Addr {
 			if hop == "" {
 				continue
 			}
-			a, ok := r.parseHop(hop)
-			if !ok {
-				return client
-			}
-			client = a
-			if hops++; !r.Trusts(a) || hops >= MaxHops {
+			if step(parseAddr(hop)) {
 				return client
 			}
 		}
@@ -131,30 +147,118 @@ func (r *Resolver) Client(peer netip.Addr, lines []string) netip.Addr {
 	return client
 }
 
-func (r *Resolver) parseHop(hop string) (netip.Addr, bool) {
-	if r.forwarded {
-		return forwardedFor(hop)
+type span struct{ start, end int }
+
+// forwardedElements finds the non-empty forwarded-elements of one
+// Forwarded line (RFC 7239 §4: elements separated by commas, pairs by
+// semicolons), splitting only outside quoted-strings (RFC 7230 §3.2.6):
+// a proxy quotes values such as host= that the client chose, and a comma
+// or semicolon inside them must not start a hop. Only the last MaxHops
+// elements are kept, in ring, the i-th at i%MaxHops; it returns how many
+// there were. An unterminated quoted-string runs to the end of the line.
+func forwardedElements(line string, ring *[MaxHops]span) int {
+	n, start := 0, 0
+	add := func(end int) {
+		if strings.TrimSpace(line[start:end]) != "" {
+			ring[n%MaxHops] = span{start, end}
+			n++
+		}
+		start = end + 1
 	}
-	return parseAddr(hop)
+	for i := 0; i < len(line); i++ {
+		switch line[i] {
+		case '"':
+			i = skipQuoted(line, i)
+		case ',':
+			add(i)
+		}
+	}
+	add(len(line))
+	return n
+}
+
+// skipQuoted returns the index of the quote that closes the quoted-string
+// opening at s[i], or len(s) when it is unterminated; a backslash escapes
+// the byte after it (quoted-pair).
+func skipQuoted(s string, i int) int {
+	for i++; i < len(s); i++ {
+		switch s[i] {
+		case '\\':
+			i++
+		case '"':
+			return i
+		}
+	}
+	return len(s)
 }
 
 // forwardedFor extracts the for= node of one Forwarded element
 // (RFC 7239 §4): for=192.0.2.60;proto=http, for="[2001:db8::1]:4711".
+// An element that does not parse (a pair without "=", an unterminated or
+// trailing-garbage quoted-string, for= twice) has no usable node: the walk
+// then ends at the trusted proxy that reported it.
 func forwardedFor(elem string) (netip.Addr, bool) {
-	for elem != "" {
-		var pair string
-		pair, elem, _ = strings.Cut(elem, ";")
-		name, value, ok := strings.Cut(strings.TrimSpace(pair), "=")
-		if !ok || !strings.EqualFold(strings.TrimSpace(name), "for") {
+	var node string
+	found := false
+	for start, i := 0, 0; i <= len(elem); i++ {
+		if i < len(elem) && elem[i] == '"' {
+			if i = skipQuoted(elem, i); i == len(elem) {
+				return netip.Addr{}, false
+			}
 			continue
 		}
-		value = strings.TrimSpace(value)
-		if len(value) >= 2 && value[0] == '"' && value[len(value)-1] == '"' {
-			value = value[1 : len(value)-1]
+		if i < len(elem) && elem[i] != ';' {
+			continue
 		}
-		return parseAddr(value)
+		pair := strings.TrimSpace(elem[start:i])
+		start = i + 1
+		if pair == "" {
+			continue
+		}
+		name, value, ok := strings.Cut(pair, "=")
+		name = strings.TrimSpace(name)
+		if !ok || name == "" {
+			return netip.Addr{}, false
+		}
+		value, ok = unquote(strings.TrimSpace(value))
+		if !ok {
+			return netip.Addr{}, false
+		}
+		if strings.EqualFold(name, "for") {
+			if found {
+				return netip.Addr{}, false
+			}
+			node, found = value, true
+		}
 	}
-	return netip.Addr{}, false
+	if !found {
+		return netip.Addr{}, false
+	}
+	return parseAddr(node)
+}
+
+// unquote returns a value as written, or a quoted-string's content with
+// its quoted-pairs undone. A quote anywhere but around the whole value is
+// malformed.
+func unquote(v string) (string, bool) {
+	if !strings.Contains(v, `"`) {
+		return v, true
+	}
+	if len(v) < 2 || v[0] != '"' || skipQuoted(v, 0) != len(v)-1 {
+		return "", false
+	}
+	v = v[1 : len(v)-1]
+	if !strings.Contains(v, `\`) {
+		return v, true
+	}
+	var b strings.Builder
+	for i := 0; i < len(v); i++ {
+		if v[i] == '\\' && i+1 < len(v) {
+			i++
+		}
+		b.WriteByte(v[i])
+	}
+	return b.String(), true
 }
 
 // parseAddr accepts an address, optionally with a port, IPv6 optionally

@@ -36,6 +36,22 @@ func TestClient(t *testing.T) {
 		{"Forwarded obfuscated", proxies, "Forwarded", "10.1.2.3", []string{`for=_hidden, for=10.0.0.1`}, "10.0.0.1"},
 		{"Forwarded without for", proxies, "Forwarded", "10.1.2.3", []string{`proto=https`}, "10.1.2.3"},
 		{"Forwarded ignored when XFF configured", proxies, "", "10.1.2.3", nil, "10.1.2.3"},
+		// A proxy quotes values the client chose (host=): a comma or
+		// semicolon inside a quoted-string splits nothing.
+		{"Forwarded two elements", proxies, "Forwarded", "10.0.0.1", []string{`for=6.6.6.6, for=203.0.113.9;proto=https`}, "203.0.113.9"},
+		{"Forwarded quoted ';' before for", proxies, "Forwarded", "10.0.0.1", []string{`host="x;for=6.6.6.6;y=";for=203.0.113.9`}, "203.0.113.9"},
+		{"Forwarded quoted ',' after for", proxies, "Forwarded", "10.0.0.1", []string{`for=203.0.113.9;host="a,for=6.6.6.6"`}, "203.0.113.9"},
+		{"Forwarded escaped quote inside quotes", proxies, "Forwarded", "10.0.0.1", []string{`host="a\",for=6.6.6.6;";for=203.0.113.9`}, "203.0.113.9"},
+		{"Forwarded quoted-pair in for", proxies, "Forwarded", "10.0.0.1", []string{`for="\203.0.113.9"`}, "203.0.113.9"},
+		{"Forwarded several lines", proxies, "Forwarded", "10.0.0.1", []string{`for=6.6.6.6`, `for=203.0.113.9`, `for=10.0.0.2`}, "203.0.113.9"},
+		{"Forwarded for=unknown", proxies, "Forwarded", "10.0.0.1", []string{`for=unknown`}, "10.0.0.1"},
+		{"Forwarded for=_hidden", proxies, "Forwarded", "10.0.0.1", []string{`for=_hidden`}, "10.0.0.1"},
+		// Malformed elements name no client: the walk ends at the proxy.
+		{"Forwarded unterminated quote", proxies, "Forwarded", "10.0.0.1", []string{`for=6.6.6.6, for=203.0.113.9;host="a,for=6.6.6.6`}, "10.0.0.1"},
+		{"Forwarded garbage after quotes", proxies, "Forwarded", "10.0.0.1", []string{`for="203.0.113.9"x`}, "10.0.0.1"},
+		{"Forwarded for twice", proxies, "Forwarded", "10.0.0.1", []string{`for=203.0.113.9;for=6.6.6.6`}, "10.0.0.1"},
+		{"Forwarded pair without =", proxies, "Forwarded", "10.0.0.1", []string{`for=203.0.113.9;secure`}, "10.0.0.1"},
+		{"Forwarded empty elements and pairs skipped", proxies, "Forwarded", "10.0.0.1", []string{`for=6.6.6.6, ,;for=203.0.113.9;;proto=https,, `}, "203.0.113.9"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -60,6 +76,23 @@ func TestClientBoundedWalk(t *testing.T) {
 	line := "198.51.100.1," + strings.Repeat("10.0.0.1,", 100_000) + "10.0.0.2"
 	if got := r.Client(netip.MustParseAddr("10.1.1.1"), []string{line}); got.String() == "198.51.100.1" || !r.Trusts(got) {
 		t.Errorf("Client = %v: want the walk to stop after %d trusted hops", got, MaxHops)
+	}
+}
+
+func TestClientBoundedWalkForwarded(t *testing.T) {
+	t.Parallel()
+	r, err := New([]string{"10.0.0.0/8"}, Forwarded, 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	line := `for=198.51.100.1,` + strings.Repeat(`for=10.0.0.1;host="a,b;c",`, 100_000) + `for=10.0.0.2`
+	if got := r.Client(netip.MustParseAddr("10.1.1.1"), []string{line}); got.String() == "198.51.100.1" || !r.Trusts(got) {
+		t.Errorf("Client = %v: want the walk to stop after %d trusted hops", got, MaxHops)
+	}
+	// Fewer trusted hops than MaxHops: the walk reaches the client.
+	line = `for=198.51.100.1,` + strings.Repeat(`for=10.0.0.1;host="a,b;c",`, MaxHops-2) + `for=10.0.0.2`
+	if got := r.Client(netip.MustParseAddr("10.1.1.1"), []string{line}); got.String() != "198.51.100.1" {
+		t.Errorf("Client = %v, want 198.51.100.1", got)
 	}
 }
 
