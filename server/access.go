@@ -6,6 +6,7 @@ import (
 	"mime"
 	"net"
 	"net/http"
+	"net/netip"
 	"strings"
 
 	"google.golang.org/grpc"
@@ -100,7 +101,33 @@ func (a *api) admin(w http.ResponseWriter, r *http.Request) bool {
 		problem(w, http.StatusForbidden, "admin endpoint: without an admin token only loopback clients may call it")
 		return false
 	}
+	// A loopback peer is not enough: a page on another site whose name
+	// its DNS rebinds to 127.0.0.1 is same-origin to the browser, which
+	// sends its requests here with that name as Host.
+	if !loopbackHost(r.Host) {
+		problem(w, http.StatusForbidden, "admin endpoint: without an admin token the request must be addressed to a loopback host "+
+			"(localhost, 127.0.0.1 or [::1], any port); a request from loopback naming another host is refused "+
+			"as a DNS rebinding attack may send it: call the server by its loopback address, or set --admin-token")
+		return false
+	}
 	return true
+}
+
+// loopbackHost reports whether a Host header (host or host:port) names
+// this host by loopback alone: localhost, or a loopback IP literal. No
+// name that a DNS server answers for, which an attacker could rebind.
+func loopbackHost(hostport string) bool {
+	host := hostport
+	if h, _, err := net.SplitHostPort(hostport); err == nil {
+		host = h
+	} else if len(host) > 2 && host[0] == '[' && host[len(host)-1] == ']' {
+		host = host[1 : len(host)-1]
+	}
+	if strings.EqualFold(strings.TrimSuffix(host, "."), "localhost") {
+		return true
+	}
+	a, err := netip.ParseAddr(host)
+	return err == nil && a.WithZone("").Unmap().IsLoopback()
 }
 
 // decision applies the decision token, when one is set. The admin token

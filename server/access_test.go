@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -214,5 +215,92 @@ func TestServerAdminDisabledBeyondLoopback(t *testing.T) {
 	}
 	if code, body := p.get(t, "/v1/status"); code != 200 || !strings.Contains(body, `"admin":"insecure"`) {
 		t.Errorf("status with --insecure-admin beyond loopback: %d %s, want admin insecure", code, body)
+	}
+}
+
+// A page on a site whose DNS rebinds its name to 127.0.0.1 is same-origin
+// to the browser, so CrossOriginProtection lets its requests through, with
+// that name as Host. Without an admin token, admin endpoints answer only
+// requests addressed to a loopback host; decisions and reads are as before.
+func TestAdminRefusesRebindingHost(t *testing.T) {
+	// Browser headers of a rebound page, as the page sends them.
+	sameOrigin := func(host string) map[string]string {
+		return map[string]string{"Origin": "http://" + host, "Sec-Fetch-Site": "same-origin", "Sec-Fetch-Mode": "cors"}
+	}
+	send := func(t *testing.T, method, url, host, body string, hdr map[string]string) (int, string, string) {
+		t.Helper()
+		req, err := http.NewRequest(method, url, strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Host = host
+		if body != "" {
+			req.Header.Set("Content-Type", "application/json")
+		}
+		for k, v := range hdr {
+			req.Header.Set(k, v)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, resp.Header.Get("Content-Type"), string(b)
+	}
+	for _, mode := range []struct {
+		name string
+		opts Options
+	}{
+		{AdminLoopback, Options{}},
+		{AdminInsecure, Options{HTTPAddr: "0.0.0.0:0", InsecureAdmin: true}},
+	} {
+		t.Run(mode.name, func(t *testing.T) {
+			srv := runServer(t, mode.opts)
+			_, port, _ := net.SplitHostPort(srv.HTTPAddr())
+			base := "http://127.0.0.1:" + port
+			reset := `{"policy":"` + srv.Service().Config().Policies[0].Name + `","key":"victim@example.com"}`
+			for _, host := range []string{"evil.example:" + port, "evil.example", "localhost.evil.example:" + port, "127.0.0.1.nip.io:" + port, "10.1.2.3:" + port, "[2001:db8::1]:" + port} {
+				code, ct, body := send(t, "POST", base+"/v1/reset", host, reset, sameOrigin(host))
+				if code != 403 || ct != "application/problem+json" || !strings.Contains(body, "DNS rebinding") {
+					t.Errorf("reset with Host %s: %d %s %s, want 403 problem+json naming DNS rebinding", host, code, ct, body)
+				}
+				if code, _, body := send(t, "GET", base+"/v1/top", host, "", sameOrigin(host)); code != 403 || strings.Contains(body, "denials") {
+					t.Errorf("top with Host %s: %d %s, want 403", host, code, body)
+				}
+			}
+			for _, host := range []string{"127.0.0.1:" + port, "localhost:" + port, "LocalHost:" + port, "localhost.:" + port, "localhost", "127.9.9.9:" + port, "[::1]:" + port, "[::ffff:127.0.0.1]:" + port} {
+				if code, _, body := send(t, "POST", base+"/v1/reset", host, reset, sameOrigin(host)); code != 204 {
+					t.Errorf("reset with Host %s: %d %s, want 204", host, code, body)
+				}
+				if code, _, body := send(t, "GET", base+"/v1/top", host, "", nil); code != 200 {
+					t.Errorf("top with Host %s: %d %s, want 200", host, code, body)
+				}
+			}
+			// Only admin endpoints check the Host.
+			if code, _, body := send(t, "GET", base+"/v1/status", "evil.example:"+port, "", sameOrigin("evil.example:"+port)); code != 200 {
+				t.Errorf("status with a foreign Host: %d %s, want 200", code, body)
+			}
+		})
+	}
+	// A token authorizes whatever the Host: a proxy may forward any name.
+	srv := runServer(t, Options{AdminToken: "adm"})
+	_, port, _ := net.SplitHostPort(srv.HTTPAddr())
+	reset := `{"policy":"` + srv.Service().Config().Policies[0].Name + `","key":"k"}`
+	if code, _, body := send(t, "POST", "http://127.0.0.1:"+port+"/v1/reset", "sluice.example.com", reset, map[string]string{"Authorization": "Bearer adm"}); code != 204 {
+		t.Errorf("reset with the admin token and a foreign Host: %d %s, want 204", code, body)
+	}
+}
+
+func TestLoopbackHost(t *testing.T) {
+	for host, want := range map[string]bool{
+		"localhost": true, "localhost:8080": true, "LOCALHOST:1": true, "localhost.": true, "localhost.:80": true,
+		"127.0.0.1": true, "127.0.0.1:8080": true, "127.255.0.9:1": true, "[::1]": true, "[::1]:8080": true, "[::ffff:127.0.0.1]:80": true,
+		"": false, "evil.example": false, "evil.example:8080": false, "localhost.evil.example": false, "sub.localhost": false,
+		"127.0.0.1.evil.example": false, "127.1": false, "0x7f000001": false, "[::2]:80": false, "10.0.0.1": false, "[": false, "[]": false,
+	} {
+		if got := loopbackHost(host); got != want {
+			t.Errorf("loopbackHost(%q) = %v, want %v", host, got, want)
+		}
 	}
 }

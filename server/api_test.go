@@ -47,6 +47,7 @@ func (e *apiEnv) do(t *testing.T, method, path, body string, hdr map[string]stri
 	t.Helper()
 	r := httptest.NewRequest(method, path, strings.NewReader(body))
 	r.RemoteAddr = "127.0.0.1:40000"
+	r.Host = "127.0.0.1:8080" // as a loopback client addresses the server
 	if method == "POST" {
 		r.Header.Set("Content-Type", "application/json")
 	}
@@ -55,6 +56,9 @@ func (e *apiEnv) do(t *testing.T, method, path, body string, hdr map[string]stri
 	}
 	for k, v := range hdr {
 		r.Header.Set(k, v)
+	}
+	if h, ok := hdr["Host"]; ok {
+		r.Host = h
 	}
 	w := httptest.NewRecorder()
 	e.h.ServeHTTP(w, r)
