@@ -131,6 +131,12 @@ type Options struct {
 	MaxConnections int
 	// Logger receives the service's log. Default: text to stderr.
 	Logger *slog.Logger
+	// KeyHashSecret keys the hash that stands for a key in the top-key
+	// metrics' labels (ServiceOptions.KeyHashSecret), at least
+	// MinKeyHashSecret bytes: give every instance of a fleet the same, so
+	// that their labels agree. Default: $SLUICE_KEY_HASH_SECRET, else a
+	// random secret per process (logged at start).
+	KeyHashSecret string
 }
 
 // Server runs the service. Build it with New, then Start; stop it with
@@ -215,6 +221,10 @@ func New(opts Options) (*Server, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.NewTextHandler(os.Stderr, nil))
 	}
+	secret, err := keyHashSecret(opts.KeyHashSecret)
+	if err != nil {
+		return nil, err
+	}
 	s := &Server{opts: opts, log: opts.Logger, metrics: NewMetrics(), stop: make(chan struct{})}
 	cfg, err := s.loadConfig()
 	if err != nil {
@@ -236,7 +246,11 @@ func New(opts Options) (*Server, error) {
 		s.close()
 		return nil, err
 	}
-	s.svc = NewService(store, cfg, &ServiceOptions{Metrics: s.metrics, Logger: s.log, FleetSize: s.fleetSize})
+	s.svc = NewService(store, cfg, &ServiceOptions{Metrics: s.metrics, Logger: s.log, FleetSize: s.fleetSize, KeyHashSecret: []byte(secret)})
+	if secret == "" {
+		s.log.Info("top-key metric labels are hashed with a random secret: they differ between instances and restarts; "+
+			"set "+KeyHashSecretEnv+", the same on every instance, for labels that agree", "secret", "random")
+	}
 	s.metrics.loaded()
 	s.watchFleet(store)
 	return s, nil

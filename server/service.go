@@ -95,6 +95,8 @@ type Service struct {
 	version atomic.Uint64 // counts SetConfig calls
 	leases  *lease.Store  // nil when the store cannot grant
 
+	keyLabels keyLabels // the top-key metrics' hashed labels
+
 	unknownMu sync.Mutex
 	unknown   map[string]bool // unknown domains logged, at most maxUnknownDomains
 
@@ -136,6 +138,11 @@ type ServiceOptions struct {
 	// Logger receives the service's events (unknown domains). Default:
 	// slog.Default().
 	Logger *slog.Logger
+	// KeyHashSecret keys the hash that stands for a key in the top-key
+	// metrics' labels (HMAC-SHA-256). Instances given the same secret show
+	// a key under the same label. Default: a random secret, so labels
+	// differ between instances and restarts.
+	KeyHashSecret []byte
 }
 
 // NewService returns a Service deciding with store under cfg. Requests
@@ -161,7 +168,8 @@ func NewService(store sluice.Store, cfg *config.Config, opts *ServiceOptions) *S
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
-	s := &Service{keyer: enforce.NewKeyer(o.KeyPrefix, o.HashKey), clock: o.Clock, metrics: o.Metrics, log: o.Logger}
+	s := &Service{keyer: enforce.NewKeyer(o.KeyPrefix, o.HashKey), clock: o.Clock, metrics: o.Metrics, log: o.Logger,
+		keyLabels: newKeyLabels(o.KeyHashSecret)}
 	s.stats = newStats(o.Clock)
 	// Slots come from the store itself: leases wrap rate decisions only.
 	s.slots, _ = store.(sluice.Slots) // nil: acquires fail with ErrNoSlots

@@ -2,6 +2,8 @@ package server
 
 import (
 	"cmp"
+	"crypto/hmac"
+	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
 	"slices"
@@ -215,16 +217,39 @@ func mergeTop(n int, lists ...[]TopEntry) []TopEntry {
 	return out[:min(n, len(out))]
 }
 
-// metricKey is the key as a metric label shows it: the key itself only for
-// a policy whose configuration opts in (expose_keys), otherwise a stable
-// prefix of its SHA-256, so API keys, user ids and IPs stay out of the
-// metrics while a repeat offender is still recognisable.
-func metricKey(p *config.Policy, key string) string {
+// keyLabels turns keys into top-key metric labels. API keys, user ids,
+// phone numbers and IPs are easily guessed, so a bare hash of one can be
+// reversed from a dictionary: the label is a keyed hash (HMAC-SHA-256),
+// which only a holder of the secret can recompute.
+type keyLabels struct{ secret []byte }
+
+// newKeyLabels uses secret, or a random one when it is empty: labels then
+// agree within this process only.
+func newKeyLabels(secret []byte) keyLabels {
+	if len(secret) == 0 {
+		secret = make([]byte, 32)
+		rand.Read(secret) // never fails (crypto/rand)
+	}
+	return keyLabels{secret: slices.Clone(secret)}
+}
+
+// hash is "hmac:" and 12 hex digits of the key's HMAC: short enough for a
+// label, long enough that two keys of one top list hardly ever share one.
+func (k keyLabels) hash(key string) string {
+	m := hmac.New(sha256.New, k.secret)
+	m.Write([]byte(key))
+	return "hmac:" + hex.EncodeToString(m.Sum(nil)[:6])
+}
+
+// label is the key as a metric label shows it: the key itself only for a
+// policy whose configuration opts in (expose_keys), otherwise its hash, so
+// clients' identities stay out of the metrics while a repeat offender is
+// still recognisable.
+func (k keyLabels) label(p *config.Policy, key string) string {
 	if p != nil && p.ExposeKeys {
 		return key
 	}
-	sum := sha256.Sum256([]byte(key))
-	return "sha256:" + hex.EncodeToString(sum[:6])
+	return k.hash(key)
 }
 
 // topCollector exports the current top lists (this instance's): a series
@@ -241,9 +266,9 @@ func newTopCollector(svc *Service) *topCollector {
 	return &topCollector{
 		svc: svc,
 		denials: prometheus.NewDesc("sluice_top_key_denials",
-			"Denials of the keys denied most in the last one to two minutes (the top 20 only). The key is hashed unless its policy sets expose_keys.", labels, nil),
+			"Denials of the keys denied most in the last one to two minutes (the top 20 only). The key is a keyed hash (hmac:) unless its policy sets expose_keys.", labels, nil),
 		nearLimit: prometheus.NewDesc("sluice_top_key_near_limit",
-			"Decisions at or near the limit of the keys that press on their limit most in the last one to two minutes (the top 20 only). The key is hashed unless its policy sets expose_keys.", labels, nil),
+			"Decisions at or near the limit of the keys that press on their limit most in the last one to two minutes (the top 20 only). The key is a keyed hash (hmac:) unless its policy sets expose_keys.", labels, nil),
 	}
 }
 
@@ -258,7 +283,7 @@ func (c *topCollector) Collect(ch chan<- prometheus.Metric) {
 	emit := func(d *prometheus.Desc, l []TopEntry) {
 		seen := map[topID]bool{} // two keys can share a hash prefix: one series each
 		for _, e := range l {
-			id := topID{e.Policy, metricKey(cfg.Policy(e.Policy), e.Key)}
+			id := topID{e.Policy, c.svc.keyLabels.label(cfg.Policy(e.Policy), e.Key)}
 			if seen[id] {
 				continue
 			}

@@ -2,8 +2,12 @@ package server
 
 import (
 	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -167,8 +171,8 @@ func TestTopCollector(t *testing.T) {
 					t.Errorf("partner opts in: key label %q, want acme", key)
 				}
 			case "login":
-				if !strings.HasPrefix(key, "sha256:") || len(key) != len("sha256:")+12 || strings.Contains(key, "10.0.0") {
-					t.Errorf("login's key label %q: want a 12-digit hash prefix", key)
+				if !strings.HasPrefix(key, "hmac:") || len(key) != len("hmac:")+12 || strings.Contains(key, "10.0.0") {
+					t.Errorf("login's key label %q: want a 12-digit keyed hash", key)
 				}
 			}
 		}
@@ -176,8 +180,38 @@ func TestTopCollector(t *testing.T) {
 	if series != TopN {
 		t.Errorf("%d denial series, want the top %d only", series, TopN)
 	}
-	if got, want := metricKey(nil, "10.0.0.1"), metricKey(nil, "10.0.0.1"); got != want {
+	if got, want := svc.keyLabels.label(nil, "10.0.0.1"), svc.keyLabels.label(nil, "10.0.0.1"); got != want {
 		t.Errorf("hash not stable: %s, %s", got, want)
+	}
+}
+
+// A hashed label is an HMAC under the service's secret: instances given
+// one secret agree, and without the secret the label cannot be recomputed
+// from a dictionary of likely keys, as a bare SHA-256 could.
+func TestKeyLabelsKeyed(t *testing.T) {
+	t.Parallel()
+	const key = "+15558675309"
+	secret := []byte("0123456789abcdef0123456789abcdef")
+	mac := hmac.New(sha256.New, secret)
+	mac.Write([]byte(key))
+	want := "hmac:" + hex.EncodeToString(mac.Sum(nil)[:6])
+	a, b := newKeyLabels(secret), newKeyLabels(slices.Clone(secret))
+	if got := a.label(nil, key); got != want || b.label(nil, key) != want {
+		t.Errorf("label %q, %q; want %q for both", got, b.label(nil, key), want)
+	}
+	bare := sha256.Sum256([]byte(key))
+	if got := a.label(nil, key); strings.Contains(got, hex.EncodeToString(bare[:6])) {
+		t.Errorf("label %q holds the key's bare SHA-256 prefix", got)
+	}
+	// Without a secret each gets a random one of its own.
+	r1, r2 := newKeyLabels(nil), newKeyLabels(nil)
+	if l1, l2 := r1.label(nil, key), r2.label(nil, key); l1 == l2 || l1 == want || !strings.HasPrefix(l1, "hmac:") {
+		t.Errorf("random secrets: labels %q, %q; want two different hmac: labels", l1, l2)
+	}
+	// The secret is copied: a caller reusing its buffer changes nothing.
+	secret[0] ^= 1
+	if got := a.label(nil, key); got != want {
+		t.Errorf("label after the caller changed its secret: %q, want %q", got, want)
 	}
 }
 
