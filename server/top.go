@@ -9,6 +9,7 @@ import (
 	"slices"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -241,15 +242,31 @@ func (k keyLabels) hash(key string) string {
 	return "hmac:" + hex.EncodeToString(m.Sum(nil)[:6])
 }
 
-// label is the key as a metric label shows it: the key itself only for a
-// policy whose configuration opts in (expose_keys), otherwise its hash, so
-// clients' identities stay out of the metrics while a repeat offender is
-// still recognisable.
+// MaxExposedKey is the longest key an expose_keys label shows whole, in
+// bytes; a longer one shows its first ExposedKeyPrefix bytes (fewer, to
+// end on a whole character), "…" and its hash, so that a client sending
+// huge keys cannot make every scrape carry them.
+const (
+	MaxExposedKey    = 128
+	ExposedKeyPrefix = 96
+)
+
+// label is the key as a metric label shows it: the key itself (clipped)
+// only for a policy whose configuration opts in (expose_keys), otherwise
+// its hash, so clients' identities stay out of the metrics while a repeat
+// offender is still recognisable.
 func (k keyLabels) label(p *config.Policy, key string) string {
-	if p != nil && p.ExposeKeys {
+	if p == nil || !p.ExposeKeys {
+		return k.hash(key)
+	}
+	if len(key) <= MaxExposedKey {
 		return key
 	}
-	return k.hash(key)
+	cut := ExposedKeyPrefix
+	for cut > 0 && !utf8.RuneStart(key[cut]) {
+		cut--
+	}
+	return key[:cut] + "…" + k.hash(key)
 }
 
 // topCollector exports the current top lists (this instance's): a series

@@ -7,10 +7,13 @@ import (
 	"encoding/hex"
 	"fmt"
 	"math/rand/v2"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -248,5 +251,64 @@ policies:
 	}
 	if len(l.Denials) != 1 || l.Denials[0].Policy != "api" || l.Denials[0].Count != 2 {
 		t.Errorf("denials = %+v, want api's k ×2", l.Denials)
+	}
+}
+
+// An exposed key longer than MaxExposedKey shows its first bytes, ending
+// on a whole character, and its keyed hash: a client's 60 KB key must not
+// make every scrape carry it.
+func TestExposedKeyClipped(t *testing.T) {
+	t.Parallel()
+	p := mustConfig(t, topConfig).Policy("partner")
+	k := newKeyLabels([]byte("0123456789abcdef0123456789abcdef"))
+	short := strings.Repeat("k", MaxExposedKey)
+	if got := k.label(p, short); got != short {
+		t.Errorf("a key of %d bytes: label %q, want it whole", len(short), got)
+	}
+	long := strings.Repeat("k", MaxExposedKey+1)
+	if got, want := k.label(p, long), strings.Repeat("k", ExposedKeyPrefix)+"…"+k.hash(long); got != want {
+		t.Errorf("a key of %d bytes: label %q, want %q", len(long), got, want)
+	}
+	// "€" is 3 bytes: the prefix stops before the one byte 96 falls in.
+	euros := "a" + strings.Repeat("€", 60)
+	got := k.label(p, euros)
+	if want := euros[:94] + "…" + k.hash(euros); got != want || !utf8.ValidString(got) {
+		t.Errorf("multi-byte key: label %q, want %q (valid UTF-8)", got, want)
+	}
+	// Long keys sharing their first bytes still get labels of their own.
+	huge := strings.Repeat("x", 60_000)
+	a, b := k.label(p, huge+"a"), k.label(p, huge+"b")
+	if a == b || len(a) > MaxExposedKey || len(b) > MaxExposedKey || a != k.label(p, huge+"a") {
+		t.Errorf("60 KB keys: labels %q, %q; want two stable labels of at most %d bytes", a, b, MaxExposedKey)
+	}
+}
+
+// Through a real listener: /metrics keeps its lines short however long the
+// exposed keys that clients send.
+func TestExposedKeyClippedInMetrics(t *testing.T) {
+	cfg := filepath.Join(t.TempDir(), "c.yaml")
+	if err := os.WriteFile(cfg, []byte("policies:\n  - name: otp\n    limit: fixed_window 1/min\n    expose_keys: true\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	srv := runServer(t, Options{ConfigFile: cfg, KeyHashSecret: "0123456789abcdef0123456789abcdef"})
+	p := &proc{http: srv.HTTPAddr()}
+	key := strings.Repeat("x", 60_000)
+	for i, want := range []int{200, 429} {
+		if code, m := p.post(t, "/v1/check", `{"policy":"otp","key":"`+key+`"}`); code != want {
+			t.Fatalf("check %d: %d %v, want %d", i+1, code, m, want)
+		}
+	}
+	code, metrics := p.get(t, "/metrics")
+	if code != 200 {
+		t.Fatalf("/metrics: %d", code)
+	}
+	want := `sluice_top_key_denials{key="` + strings.Repeat("x", ExposedKeyPrefix) + "…" + srv.Service().keyLabels.hash(key) + `",policy="otp"} 1`
+	if !strings.Contains(metrics, want) {
+		t.Errorf("no line %s in /metrics", want)
+	}
+	for line := range strings.Lines(metrics) {
+		if len(line) > 1000 {
+			t.Errorf("a /metrics line of %d bytes: %.200s…", len(line), line)
+		}
 	}
 }

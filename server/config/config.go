@@ -73,8 +73,8 @@ type Policy struct {
 	InFlight *InFlight
 
 	// ExposeKeys lets the top-keys metrics carry this policy's keys as
-	// they are; by default they carry a hash prefix (keys are API keys,
-	// user ids, IPs).
+	// they are (clipped past 128 bytes); by default they carry a keyed
+	// hash (keys are API keys, user ids, IPs).
 	ExposeKeys bool
 
 	// Lease is the maximum staleness (D) of the policy's leases (package
