@@ -17,6 +17,7 @@ import (
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/enforce"
+	"github.com/sluicehq/sluice/internal/ipkey"
 )
 
 // ErrConfig is wrapped by every configuration error. An *Error carries the
@@ -71,6 +72,16 @@ type Policy struct {
 	// Limit, Cost, Strategy, Penalty and Overrides are then unset, and
 	// only the JSON API's acquire, extend and release use it.
 	InFlight *InFlight
+
+	// IPv6Prefix, when set (1 to 128), groups the values of the key
+	// template's variables that are IP addresses, as Envoy descriptors
+	// fill them: an IPv6 address is keyed by its /IPv6Prefix
+	// ("2001:db8:1:2::/64"), an IPv4-mapped one as the IPv4 address, so
+	// that one host cannot rotate through its /64 for fresh budgets.
+	// Sluice format `ipv6_prefix: 64`. Default 0: values as sent, as
+	// envoyproxy/ratelimit keys them.
+	IPv6Prefix int
+	ipGroup    *ipkey.Resolver
 
 	// ExposeKeys lets the top-keys metrics carry this policy's keys as
 	// they are (clipped past 128 bytes); by default they carry a keyed

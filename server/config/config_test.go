@@ -524,7 +524,7 @@ func TestTemplateInjective(t *testing.T) {
 				for i, v := range vals {
 					entries[i] = Entry{tt.vars[i], v}
 				}
-				key, ok := tt.render(entries)
+				key, ok := tt.render(entries, nil)
 				if !ok {
 					t.Fatalf("%s: render(%q) failed", tmpl, vals)
 				}

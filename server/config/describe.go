@@ -37,6 +37,9 @@ func (c *Config) Describe(w io.Writer) {
 			if p.Lease > 0 {
 				fmt.Fprintf(w, ", lease %v", p.Lease)
 			}
+			if p.IPv6Prefix > 0 {
+				fmt.Fprintf(w, ", ipv6_prefix %d", p.IPv6Prefix)
+			}
 			if p.ExposeKeys {
 				fmt.Fprint(w, ", expose_keys")
 			}
@@ -90,6 +93,9 @@ func (n *descNode) describe(w io.Writer, indent string) {
 		}
 		if c.shareThreshold {
 			fmt.Fprint(w, ", share_threshold")
+		}
+		if c.ipv6Prefix > 0 {
+			fmt.Fprintf(w, ", ipv6_prefix %d", c.ipv6Prefix)
 		}
 		fmt.Fprintln(w)
 		c.describe(w, indent+"  ")

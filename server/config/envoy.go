@@ -8,6 +8,7 @@ import (
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/enforce"
+	"github.com/sluicehq/sluice/internal/ipkey"
 )
 
 // Envoy units, as envoyproxy/ratelimit converts them to seconds.
@@ -24,11 +25,12 @@ var envoyUnits = map[string]time.Duration{
 // descriptors loads envoyproxy/ratelimit's format into the tree under parent.
 func (l *loader) descriptors(d *Domain, parent *descNode, path string, list *yaml.Node) {
 	for _, n := range l.seq(list) {
-		var key, value, rateLimit, children, shadow, quota, detailed, valueToMetric, share, metadata *yaml.Node
+		var key, value, rateLimit, children, shadow, quota, detailed, valueToMetric, share, metadata, ipv6 *yaml.Node
 		if !l.fields(n, map[string]**yaml.Node{
 			"key": &key, "value": &value, "rate_limit": &rateLimit, "descriptors": &children,
 			"shadow_mode": &shadow, "quota_mode": &quota, "detailed_metric": &detailed,
 			"value_to_metric": &valueToMetric, "share_threshold": &share, "metadata": &metadata,
+			"ipv6_prefix": &ipv6, // sluice's own: envoyproxy/ratelimit keys every value as sent
 		}) {
 			continue
 		}
@@ -62,6 +64,13 @@ func (l *loader) descriptors(d *Domain, parent *descNode, path string, list *yam
 				l.errorf(share, "share_threshold can only be used with wildcard values (containing '*'), but found key '%s'", finalKey)
 			}
 			dn.shareThreshold = true
+		}
+		if ipv6 != nil {
+			if ek.value != "" && !wildcard {
+				l.errorf(ipv6, "ipv6_prefix groups the addresses a descriptor matches, but '%s' matches the value %q only: put it on the descriptor without a value (or with a wildcard one)", finalKey, ek.value)
+			} else {
+				dn.ipv6Prefix, dn.ipGroup = l.ipv6Prefix(ipv6)
+			}
 		}
 		shadowMode := shadow != nil && l.boolean(shadow, "shadow_mode")
 		quotaMode := quota != nil && l.boolean(quota, "quota_mode")
@@ -184,4 +193,16 @@ func (l *loader) rateLimit(d *Domain, dn *descNode, name string, n *yaml.Node, s
 	}
 	r.Policy = p
 	dn.rule = r
+}
+
+// ipv6Prefix reads an ipv6_prefix field (1 to 128): the prefix length and
+// the resolver that groups addresses by it.
+func (l *loader) ipv6Prefix(n *yaml.Node) (int, *ipkey.Resolver) {
+	bits := int(l.integer(n, "ipv6_prefix", 1, 128))
+	r, err := ipkey.New(nil, "", 0, bits)
+	if err != nil { // cannot happen: bits is in range
+		l.errorf(n, "ipv6_prefix: %v", err)
+		return 0, nil
+	}
+	return bits, r
 }

@@ -37,7 +37,7 @@ type InFlight struct {
 
 // rateFields are the fields of a rate policy, which an in-flight policy
 // must not have.
-var rateFields = []string{"limit", "algorithm", "burst", "cost", "strategy", "penalty", "overrides", "lease"}
+var rateFields = []string{"limit", "algorithm", "burst", "cost", "strategy", "penalty", "overrides", "lease", "ipv6_prefix"}
 
 // inFlight reads an in-flight policy's in_flight mapping n into p; set are
 // the policy's other fields by name. It reports false after an error.

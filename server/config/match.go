@@ -2,10 +2,13 @@ package config
 
 import (
 	"fmt"
+	"net/netip"
 	"sort"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/sluicehq/sluice/internal/ipkey"
 )
 
 // Domain is one Envoy rate-limit domain: envoyproxy/ratelimit's descriptor
@@ -28,7 +31,11 @@ type descNode struct {
 	wildcards      []wildcard // children with wildcard values, in file order
 	rule           *RateLimit
 	shareThreshold bool
-	pos            pos
+	// ipGroup, from ipv6_prefix, keys this entry's value by its address
+	// group when it is an IP address; nil keys it as sent.
+	ipGroup    *ipkey.Resolver
+	ipv6Prefix int
+	pos        pos
 }
 
 // RateLimit is an Envoy rate_limit block.
@@ -112,7 +119,7 @@ func (d *Domain) Match(entries []Entry) (Match, bool) {
 // one that stops above a rule, matches nothing.
 func (d *Domain) lookup(entries []Entry) (Match, bool) {
 	node := d.root
-	var shared []string // share_threshold pattern per entry, if any
+	var shared []string // per entry, a value keyed in its place: a share_threshold pattern or an address group
 	for i, e := range entries {
 		next := node.children[entryKey{e.Key, e.Value}]
 		if next == nil {
@@ -135,6 +142,12 @@ func (d *Domain) lookup(entries []Entry) (Match, bool) {
 		if next == nil {
 			return Match{}, false
 		}
+		if g, ok := groupIP(next.ipGroup, e.Value); ok && (shared == nil || shared[i] == "") {
+			if shared == nil {
+				shared = make([]string, len(entries))
+			}
+			shared[i] = g
+		}
 		if i == len(entries)-1 {
 			if next.rule == nil {
 				return Match{}, false
@@ -147,6 +160,21 @@ func (d *Domain) lookup(entries []Entry) (Match, bool) {
 		node = next
 	}
 	return Match{}, false
+}
+
+// groupIP returns the address group value is keyed by under r (from
+// ipv6_prefix): ok is false without r, or when value is not an IP
+// address. Only an address as Envoy's remote_address sends it is grouped:
+// no port, brackets or prefix, so that a group's own key stays itself.
+func groupIP(r *ipkey.Resolver, value string) (string, bool) {
+	if r == nil {
+		return "", false
+	}
+	a, err := netip.ParseAddr(value)
+	if err != nil {
+		return "", false
+	}
+	return r.Key(a), true
 }
 
 // routingEntry is the entry key that, first in a descriptor, names the
@@ -162,7 +190,7 @@ func (d *Domain) lookupPolicy(entries []Entry) (Match, bool) {
 	if len(entries) > 0 && entries[0].Key == routingEntry {
 		for _, p := range d.policies {
 			if p.Name == entries[0].Value && p.InFlight == nil {
-				if key, ok := p.tmpl.render(entries[1:]); ok {
+				if key, ok := p.tmpl.render(entries[1:], p.ipGroup); ok {
 					return Match{Policy: p, Key: key}, true
 				}
 				return Match{}, false
@@ -182,7 +210,7 @@ func (d *Domain) lookupPolicy(entries []Entry) (Match, bool) {
 	if p == nil {
 		return Match{}, false
 	}
-	key, ok := p.tmpl.render(entries)
+	key, ok := p.tmpl.render(entries, p.ipGroup)
 	if !ok {
 		return Match{}, false
 	}
@@ -203,9 +231,18 @@ func (c *Config) Reaches(p *Policy, key string) bool {
 	if !p.envoy {
 		return true
 	}
+	counted, ok := c.CountedKey(p, key)
+	return ok && counted == key
+}
+
+// CountedKey returns the key Envoy's requests count under when their
+// descriptor is the one an Envoy-format policy's key writes: the key
+// itself, or with a value grouped (ipv6_prefix). ok is false when no such
+// descriptor reaches p.
+func (c *Config) CountedKey(p *Policy, key string) (string, bool) {
 	d := c.domains[p.Domain]
-	if d == nil {
-		return false
+	if !p.envoy || d == nil {
+		return "", false
 	}
 	var entries []Entry
 	for _, part := range strings.Split(key, ",") {
@@ -213,12 +250,15 @@ func (c *Config) Reaches(p *Policy, key string) bool {
 		k, okk := unescape(k)
 		v, okv := unescape(v)
 		if !ok || !okk || !okv {
-			return false
+			return "", false
 		}
 		entries = append(entries, Entry{k, v})
 	}
 	m, ok := d.lookup(entries)
-	return ok && m.RateLimit.Policy == p && m.Key == key
+	if !ok || m.RateLimit.Policy != p {
+		return "", false
+	}
+	return m.Key, true
 }
 
 // EscapeProblem says what is wrong with the %-escapes of a key written as
@@ -400,8 +440,9 @@ func (t *template) signature() string {
 }
 
 // render fills the template from entries, which must supply every variable
-// exactly once and nothing else.
-func (t *template) render(entries []Entry) (string, bool) {
+// exactly once and nothing else; a value that is an IP address is keyed
+// by its group under group (nil: as sent).
+func (t *template) render(entries []Entry, group *ipkey.Resolver) (string, bool) {
 	if len(entries) != len(t.vars) {
 		return "", false
 	}
@@ -410,16 +451,20 @@ func (t *template) render(entries []Entry) (string, bool) {
 		b.WriteString(t.parts[i])
 		found := false
 		for _, e := range entries {
-			if e.Key == v && i == len(t.vars)-1 {
-				b.WriteString(e.Value)
-				found = true
-				break
+			if e.Key != v {
+				continue
 			}
-			if e.Key == v {
-				t.writeValue(&b, e.Value)
-				found = true
-				break
+			value := e.Value
+			if g, ok := groupIP(group, value); ok {
+				value = g
 			}
+			if i == len(t.vars)-1 {
+				b.WriteString(value)
+			} else {
+				t.writeValue(&b, value)
+			}
+			found = true
+			break
 		}
 		if !found {
 			return "", false

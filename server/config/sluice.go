@@ -14,11 +14,11 @@ import (
 // policies loads sluice's own format: a list of named policies.
 func (l *loader) policies(d *Domain, list *yaml.Node) {
 	for _, n := range l.seq(list) {
-		var name, alg, limit, burst, key, cost, strategy, penalty, overrides, expose, lease, inFlight *yaml.Node
+		var name, alg, limit, burst, key, cost, strategy, penalty, overrides, expose, lease, inFlight, ipv6 *yaml.Node
 		if !l.fields(n, map[string]**yaml.Node{
 			"name": &name, "algorithm": &alg, "limit": &limit, "burst": &burst, "key": &key,
 			"cost": &cost, "strategy": &strategy, "penalty": &penalty, "overrides": &overrides,
-			"expose_keys": &expose, "lease": &lease, "in_flight": &inFlight,
+			"expose_keys": &expose, "lease": &lease, "in_flight": &inFlight, "ipv6_prefix": &ipv6,
 		}) {
 			continue
 		}
@@ -33,7 +33,7 @@ func (l *loader) policies(d *Domain, list *yaml.Node) {
 			continue
 		}
 		if inFlight != nil {
-			rate := map[string]*yaml.Node{"limit": limit, "algorithm": alg, "burst": burst, "cost": cost, "strategy": strategy, "penalty": penalty, "overrides": overrides, "lease": lease}
+			rate := map[string]*yaml.Node{"limit": limit, "algorithm": alg, "burst": burst, "cost": cost, "strategy": strategy, "penalty": penalty, "overrides": overrides, "lease": lease, "ipv6_prefix": ipv6}
 			if l.inFlight(p, inFlight, rate) && l.keyTemplate(p, key, n) && l.addPolicy(p, name) {
 				d.policies = append(d.policies, p)
 			}
@@ -65,6 +65,9 @@ func (l *loader) policies(d *Domain, list *yaml.Node) {
 		}
 		if lease != nil && !l.lease(p, lease) {
 			continue
+		}
+		if ipv6 != nil {
+			p.IPv6Prefix, p.ipGroup = l.ipv6Prefix(ipv6)
 		}
 		if !l.addPolicy(p, name) {
 			continue
