@@ -20,11 +20,17 @@
 // returned, which would lose one per Interval of the lease's age: that
 // request spends them with the store's exact Take of the rest, at one
 // instant within the lease's life, and the next request is granted; when
-// the store denies the rest, they stay for smaller requests. When a new lease
-// follows such a return and the granter is a sluice.Regranter (the Redis
-// and memory stores are, and a resilient.Store over them), the return and
-// the grant are one call: a refill is one round trip, which every request
-// on the key waits for, not two.
+// the store denies the rest, they stay for smaller requests. When that
+// Take comes back after the lease's life, they cannot be spent (the store
+// may have taken its units after the lease ended): they go back under the
+// return rule, and the request takes as many from the store too, exactly
+// (units taken go together as a lease's would, within D of the Take that
+// took the first of them and in one window; when the store denies, those
+// taken are lost with the request, as a client's that gives up halfway).
+// When a new lease follows such a return and the granter is a
+// sluice.Regranter (the Redis and memory stores are, and a resilient.Store
+// over them), the return and the grant are one call: a refill is one round
+// trip, which every request on the key waits for, not two.
 //
 // In-flight slots are never leased: a Store passes Acquire, Extend and
 // Release through to its granter (ErrNoSlots when it keeps none).
@@ -50,7 +56,7 @@
 // returned: a unit is admitted once, from a lease that holds it (a request
 // that spends a lease's last units with the store's is admitted at an
 // instant within that lease's life, the store's units being granted or
-// taken by then, or not at all).
+// taken by then, or with the store's units alone).
 //
 // GCRA, TokenBucket, LeakyBucket, with burst B and I = Limit.Interval (one
 // unit per I, so r = 1/I ≤ Rate/Period): over any closed interval of time
@@ -781,7 +787,7 @@ func (s *Store) Take(ctx context.Context, key string, limit sluice.Limit, cost i
 		}
 		d, l, _, left, exact, err := s.spend(ctx, key, limit, cost, stale, false, true)
 		if left.units > 0 {
-			return s.topUp(ctx, l, left, key, limit, cost)
+			return s.topUp(ctx, l, left, key, limit, cost, stale)
 		}
 		if errors.Is(err, errGrantFailed) {
 			if p, ok := s.granter.(policyTaker); ok {
@@ -1009,7 +1015,7 @@ func (s *Store) refill(ctx context.Context, l *lease, key string, limit sluice.L
 	// the Take after it does.
 	strand := stranded(h, limit, cost, now)
 	if strand && topUp {
-		left := leftover{h.units, l.gen, h.stop}
+		left := leftover{h.units, l.gen, h.stop, l.grant}
 		l.setUnits(h, 0)
 		sh.mu.Unlock()
 		return sluice.Decision{}, 0, left, true, nil
@@ -1148,34 +1154,191 @@ func stranded(h *hot, limit sluice.Limit, cost, now int64) bool {
 }
 
 // leftover is a live lease's last units, which refill took out of it for
-// a request that needs more: of grant gen, spendable while now ≤ stop.
+// a request that needs more: of grant gen (g), spendable while now ≤ stop.
 type leftover struct {
 	units int64
 	gen   uint64
 	stop  int64
+	g     sluice.Grant
 }
 
 // topUp answers a request of cost from the store's Take of cost − units
 // and left's units: they are spent with the store's when it admits within
-// their lease's life, and otherwise put back (a request the store denies)
-// or stranded.
-func (s *Store) topUp(ctx context.Context, l *lease, left leftover, key string, limit sluice.Limit, cost int64) (sluice.Decision, error) {
+// their lease's life, and otherwise put back (a request the store denies).
+// A Take that comes back after their lease's life is finished by finish.
+func (s *Store) topUp(ctx context.Context, l *lease, left leftover, key string, limit sluice.Limit, cost int64, stale time.Duration) (sluice.Decision, error) {
+	t := topped{req: sluice.Request{Key: key, Limit: limit, Cost: cost}, l: l, left: left, stale: stale}
+	t.first.sent = s.now()
 	d, err := s.granter.Take(ctx, key, limit, cost-left.units)
 	if err != nil || !d.Allowed {
-		l.restore(left.gen, left.units, false) // still the lease's, for smaller requests
+		perr := s.putBack(ctx, l, left, key, limit) // still the lease's, for smaller requests
 		if err != nil {
 			return d, err
 		}
+		if perr != nil {
+			return sluice.Decision{}, perr
+		}
 		return s.withUnits(ctx, d, key, limit, cost, left.units) // as Peek counts them
 	}
-	if s.now() > left.stop {
-		// The store may have taken its units after the lease ended: the
-		// lease's are stranded and the request denied, since admitting it
-		// could exceed the bound; the store's units are lost with it.
-		d.Allowed = false
-		d.RetryAfter = time.Duration(cost) * limit.Interval()
+	t.first.back, t.first.reset = s.now(), d.ResetAfter
+	if t.first.back <= left.stop {
+		return d, nil
 	}
-	return d, nil
+	ds, _, err := s.finish(ctx, nil, []topped{t})
+	if err != nil {
+		return sluice.Decision{}, err
+	}
+	return ds[0], nil
+}
+
+// topped is a request whose lease's last units (left, of l) went with the
+// store's Take of the rest, which admitted: sent and answered as first.
+type topped struct {
+	req   sluice.Request // the whole cost
+	l     *lease
+	left  leftover
+	stale time.Duration
+	first span
+}
+
+// finish answers requests whose store's Take of the rest came back after
+// their lease's life, all or nothing: their lease's units cannot be spent
+// (the store may have taken its units after the lease ended), so they go
+// back under the return rule, and each request takes as many from the
+// store too, exactly, rather than being denied with the store's units
+// taken for nothing. Units taken go together as a lease's would: within
+// stale of the send of the Take that took the first of them, and for the
+// window algorithms in one window; otherwise the last Take's units are
+// kept, and the rest taken again (after finishRounds, or when the units
+// kept are already too old, the whole cost: an exact Take). Denied, the
+// units taken are lost with the requests, as a client's that gives up
+// halfway, and a request's wait is for its whole cost. ok: every request
+// was admitted.
+func (s *Store) finish(ctx context.Context, multi sluice.MultiStore, ts []topped) (_ []sluice.Decision, ok bool, _ error) {
+	for _, t := range ts {
+		if err := s.putBack(ctx, t.l, t.left, t.req.Key, t.req.Limit); err != nil {
+			return nil, false, err
+		}
+	}
+	// held is what a request holds of its cost: units taken, the send of
+	// the Take that took the first of them, and the Take that says which
+	// window they count in.
+	type held struct {
+		units, since int64
+		at           span
+	}
+	hs := make([]held, len(ts))
+	for i, t := range ts {
+		hs[i] = held{t.req.Cost - t.left.units, t.first.sent, t.first}
+	}
+	ds := make([]sluice.Decision, len(ts))
+	open := make([]int, len(ts)) // the requests not yet answered
+	for i := range open {
+		open[i] = i
+	}
+	for round := 0; len(open) > 0; round++ {
+		now := s.now()
+		need := make([]sluice.Request, len(open))
+		for j, i := range open {
+			h, t := &hs[i], ts[i]
+			if round == finishRounds || now > h.since+int64(t.stale) || windowed(t.req.Limit) && h.at.windowEnd(t.req.Limit) <= now {
+				h.units = 0 // too old, or of a window that may have ended
+			}
+			need[j] = t.req
+			need[j].Cost -= h.units
+		}
+		sent := s.now()
+		got, err := s.exactly(ctx, multi, need, true)
+		if err != nil {
+			return nil, false, err
+		}
+		back := s.now()
+		ok = true
+		for j, i := range open {
+			ds[i], ok = got[j], ok && got[j].Allowed
+		}
+		if !ok {
+			for _, i := range open {
+				if t := ts[i]; !ds[i].Allowed && hs[i].units > 0 {
+					if ds[i], err = s.waitFor(ctx, ds[i], t.req.Key, t.req.Limit, t.req.Cost, hs[i].units); err != nil {
+						return nil, false, err
+					}
+				}
+			}
+			return ds, false, nil
+		}
+		var next []int
+		for j, i := range open {
+			h, t := &hs[i], ts[i]
+			this := span{sent, back, got[j].ResetAfter}
+			if h.units == 0 || back <= h.since+int64(t.stale) && sameWindow(t.req.Limit, h.at, this) {
+				continue
+			}
+			*h = held{need[j].Cost, sent, this}
+			next = append(next, i)
+		}
+		open = next
+	}
+	return ds, true, nil
+}
+
+// finishRounds is how many Takes finish sends, at most, before the whole
+// cost's (only a store whose calls straddle a window's end each time, or
+// last near D, needs more than one).
+const finishRounds = 3
+
+// span is a Take that admitted: sent and answered (back) on the Store's
+// clock, and its decision's ResetAfter.
+type span struct {
+	sent, back int64
+	reset      time.Duration
+}
+
+// windowEnd is the earliest the window that t counted in can end, under
+// a window algorithm: reset after t's instant, which lies between sent
+// and back, and for the sliding window counter a period sooner (the key
+// is fresh once that window's count has weighed for a period more); less
+// a µs for the stores' rounding.
+func (t span) windowEnd(limit sluice.Limit) int64 {
+	end := t.sent + int64(t.reset-time.Microsecond)
+	if limit.Algorithm == sluice.SlidingWindowCounter {
+		end -= int64(limit.Period)
+	}
+	return end
+}
+
+// sameWindow reports whether a and b surely counted in one window: each
+// window's end lies within its Take's sent..back after its ResetAfter,
+// and two windows' ends lie a period apart. Always true for the
+// algorithms without windows.
+func sameWindow(limit sluice.Limit, a, b span) bool {
+	if !windowed(limit) {
+		return true
+	}
+	lo := min(a.sent+int64(a.reset), b.sent+int64(b.reset))
+	hi := max(a.back+int64(a.reset), b.back+int64(b.reset))
+	// The stores count µs: a µs either way for their rounding.
+	return hi-lo < int64(limit.Period-2*time.Microsecond)
+}
+
+// windowed reports whether limit's algorithm counts in windows.
+func windowed(limit sluice.Limit) bool {
+	return limit.Algorithm == sluice.FixedWindow || limit.Algorithm == sluice.SlidingWindowCounter
+}
+
+// putBack puts left's units back into l when it still holds their grant
+// (a lease that has ended gives them back on its next refill); otherwise
+// it gives them back now, under the return rule, rather than strand them.
+// Only a return the store refused is an error; one a failure policy held
+// back leaves them out of the store, which can only lower admissions.
+func (s *Store) putBack(ctx context.Context, l *lease, left leftover, key string, limit sluice.Limit) error {
+	if l.restore(left.gen, left.units, false) {
+		return nil
+	}
+	if _, err := s.giveBack(ctx, key, limit, left.g, left.units); err != nil && !errors.Is(err, resilient.ErrNoGrant) {
+		return err
+	}
+	return nil
 }
 
 // exactWait reports whether a denial of cost units under limit must come
@@ -1199,21 +1362,22 @@ func retryFor(limit sluice.Limit, cost, wait int64) time.Duration {
 	return d
 }
 
-// restore puts back cost units that spend took from grant gen, when l
-// still holds that grant; otherwise they stay out of the store, which can
-// only lower admissions. local: spend answered from the lease, a local
-// decision that is now not made.
-func (l *lease) restore(gen uint64, cost int64, local bool) {
+// restore puts back cost units that spend took from grant gen, and
+// reports whether it did: only while l still holds that grant. local:
+// spend answered from the lease, a local decision that is now not made.
+func (l *lease) restore(gen uint64, cost int64, local bool) bool {
 	l.sh.mu.Lock()
+	defer l.sh.mu.Unlock()
 	if local {
 		l.sh.local-- // no decision was made after all
 	}
-	if l.gen == gen {
-		h := l.hot()
-		h.units += cost
-		l.mark += cost // still asked
+	if l.gen != gen {
+		return false
 	}
-	l.sh.mu.Unlock()
+	h := l.hot()
+	h.units += cost
+	l.mark += cost // still asked
+	return true
 }
 
 // hotUnits is the demand, in units expected within D, from which a key is
@@ -1455,6 +1619,14 @@ func (s *Store) Peek(ctx context.Context, key string, limit sluice.Limit, cost i
 // a request of cost with k units of a lease to spend: Take's and Peek's
 // alike, so that they agree.
 func (s *Store) withUnits(ctx context.Context, d sluice.Decision, key string, limit sluice.Limit, cost, k int64) (sluice.Decision, error) {
+	d, err := s.waitFor(ctx, d, key, limit, cost, k)
+	d.Remaining += k
+	return d, err
+}
+
+// waitFor is d, the store's denial of cost − k units, with the wait for
+// cost units: an upper bound, since k units may be gone by then.
+func (s *Store) waitFor(ctx context.Context, d sluice.Decision, key string, limit sluice.Limit, cost, k int64) (sluice.Decision, error) {
 	switch limit.Algorithm {
 	case sluice.SlidingWindowCounter:
 		// When cost units will be there depends on the previous window's
@@ -1466,10 +1638,9 @@ func (s *Store) withUnits(ctx context.Context, d sluice.Decision, key string, li
 		d.RetryAfter = max(d.RetryAfter, full.RetryAfter)
 	case sluice.FixedWindow: // the window's end, whatever the cost
 	default:
-		// The lease's k units may be gone by then: one Interval each.
+		// One Interval for each of the k units.
 		d.RetryAfter += time.Duration(k) * limit.Interval()
 	}
-	d.Remaining += k
 	return d, nil
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -1748,5 +1749,222 @@ func TestStrandedUnitsSpentWithStore(t *testing.T) {
 				t.Errorf("Take(1) = %+v; want denied, the lease and the store spent", d)
 			}
 		})
+	}
+}
+
+// lateTake is a granter over a memory store whose Takes take rtt, half
+// of it before the store decides and half after, on the test's clock, or
+// the next of trips when set; during (when set) runs before the store
+// decides, as a request elsewhere in the process would.
+type lateTake struct {
+	*memory.Store
+	clock  *storetest.Clock
+	rtt    time.Duration
+	trips  [][2]time.Duration // before and after the store decides
+	during func()
+	takes  []int64 // each Take's cost
+}
+
+func (g *lateTake) call(cost int64, f func()) {
+	g.takes = append(g.takes, cost)
+	trip := [2]time.Duration{g.rtt / 2, g.rtt / 2}
+	if len(g.trips) > 0 {
+		trip, g.trips = g.trips[0], g.trips[1:]
+	}
+	g.clock.Advance(trip[0])
+	if f := g.during; f != nil {
+		g.during = nil
+		f()
+	}
+	f()
+	g.clock.Advance(trip[1])
+}
+
+func (g *lateTake) Take(ctx context.Context, key string, l sluice.Limit, cost int64) (d sluice.Decision, err error) {
+	g.call(cost, func() { d, err = g.Store.Take(ctx, key, l, cost) })
+	return d, err
+}
+
+// A lease's last units go with the store's Take of the rest (see
+// TestStrandedUnitsSpentWithStore); when that Take comes back after the
+// lease's life they cannot be spent (the store may have taken its units
+// after the lease ended), and the request takes them from the store too:
+// admitted when the store has them, exactly, not denied with the store's
+// units taken for nothing; the lease's units go back under the return
+// rule. When the store has too few, the denial's wait is for the whole
+// cost, since the units the first Take spent are gone with it.
+func TestTopUpTakeBackAfterLease(t *testing.T) {
+	t.Parallel()
+	l := sluice.Limit{Rate: 10, Period: time.Second, Burst: 20} // GCRA, one unit per 100ms
+	const d = 300 * time.Millisecond
+	setup := func(t *testing.T) (*storetest.Clock, *memory.Store, *lateTake, *lease.Store) {
+		clock := storetest.NewClock(storetest.T0)
+		m := newMemory(t, clock)
+		g := &lateTake{Store: m, clock: clock, rtt: 10 * time.Millisecond}
+		s := newLease(t, g, clock, d, 10)
+		if dec := take(t, s, "k", l, 5); !dec.Allowed { // granted 10 at 0, 5 left
+			t.Fatal(dec)
+		}
+		return clock, m, g, s
+	}
+	t.Run("admitted", func(t *testing.T) {
+		t.Parallel()
+		clock, m, g, s := setup(t)
+		clock.Set(storetest.T0.Add(d - 5*time.Millisecond)) // 12 in the store
+		// 8: the store's Take of 3 decides at 300ms, within the lease's
+		// life, and comes back at 305ms, after it: 5 more from the store.
+		dec := take(t, s, "k", l, 8)
+		if !dec.Allowed || dec.Source != sluice.SourceBackend {
+			t.Fatalf("Take(8) = %+v; want admitted by the store", dec)
+		}
+		if want := []int64{3, 5}; !slices.Equal(g.takes, want) {
+			t.Fatalf("the store's Takes: %v, want %v", g.takes, want)
+		}
+		// 10 + 3 refills, less 3 and 5: 5 left at 315ms.
+		if p, err := m.Peek(ctx, "k", l, 5); err != nil || !p.Allowed {
+			t.Fatalf("store after: %+v, %v; want 5 left", p, err)
+		}
+		if p, err := m.Peek(ctx, "k", l, 6); err != nil || p.Allowed {
+			t.Fatalf("store after: %+v, %v; want 5 left", p, err)
+		}
+		// The lease's 5 go back on the next refill, under the return rule:
+		// at 316ms, 5 − ⌈316/100⌉ = 1.
+		clock.Advance(time.Millisecond)
+		take(t, s, "k", l, 1)
+		if st := s.Stats(); st.Returned != 1 {
+			t.Fatalf("stats %+v: want the lease's 5 returned less 4 Intervals: 1", st)
+		}
+	})
+	t.Run("slow", func(t *testing.T) {
+		t.Parallel()
+		clock, _, g, s := setup(t)
+		g.rtt = 400 * time.Millisecond
+		clock.Set(storetest.T0.Add(100 * time.Millisecond))
+		// The Take of 3 comes back 400ms after it was sent: its units
+		// are as old as a lease's can be, and the store answers the 8.
+		if dec := take(t, s, "k", l, 8); !dec.Allowed {
+			t.Fatalf("Take(8) = %+v; want admitted by the store", dec)
+		}
+		if want := []int64{3, 8}; !slices.Equal(g.takes, want) {
+			t.Fatalf("the store's Takes: %v, want %v", g.takes, want)
+		}
+	})
+	t.Run("denied", func(t *testing.T) {
+		t.Parallel()
+		clock, m, _, s := setup(t)
+		for { // the store's last units, spent elsewhere
+			if dec, err := m.Take(ctx, "k", l, 1); err != nil || !dec.Allowed {
+				break
+			}
+		}
+		clock.Set(storetest.T0.Add(d - 5*time.Millisecond)) // 2 in the store
+		// Take(3) at 300ms: 3 there; then 5: none.
+		dec := take(t, s, "k", l, 8)
+		if dec.Allowed {
+			t.Fatalf("Take(8) = %+v; want denied", dec)
+		}
+		// The store's 3 are spent: 8 more are needed, by 1.1s.
+		clock.Advance(dec.RetryAfter)
+		if p, err := m.Peek(ctx, "k", l, 8); err != nil || !p.Allowed {
+			t.Fatalf("the store has no 8 after the denial's RetryAfter %v: %+v, %v", dec.RetryAfter, p, err)
+		}
+	})
+}
+
+// Under the fixed window a lease ends with its window: a Take of the rest
+// that comes back after the window's end goes with a second Take of the
+// lease's units when the store counted it in the new window (its
+// ResetAfter says which), and otherwise the store answers the whole cost
+// in the new window: the first Take's units are gone with the old one.
+func TestTopUpTakeBackAfterWindow(t *testing.T) {
+	t.Parallel()
+	l := sluice.Limit{Algorithm: sluice.FixedWindow, Rate: 10, Period: time.Second}
+	for _, c := range []struct {
+		name  string
+		at    time.Duration // when the request of 8 is sent; the store decides 5ms later
+		takes []int64
+	}{
+		{"new", 995 * time.Millisecond, []int64{3, 5}},
+		{"old", 990 * time.Millisecond, []int64{3, 8}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			clock := storetest.NewClock(storetest.T0)
+			m := newMemory(t, clock)
+			g := &lateTake{Store: m, clock: clock, rtt: 10 * time.Millisecond}
+			s := newLease(t, g, clock, time.Second, 6)
+			take(t, s, "k", l, 1) // 6 granted in the first window, 5 left
+			clock.Set(storetest.T0.Add(c.at))
+			if dec := take(t, s, "k", l, 8); !dec.Allowed {
+				t.Fatalf("Take(8) = %+v; want admitted in the new window", dec)
+			}
+			if !slices.Equal(g.takes, c.takes) {
+				t.Fatalf("the store's Takes: %v, want %v", g.takes, c.takes)
+			}
+			// The new window counts 8, whichever way: 2 left.
+			if p, err := m.Peek(ctx, "k", l, 1); err != nil || p.Remaining != 2 {
+				t.Fatalf("store: %+v, %v; want 2 left in the new window", p, err)
+			}
+		})
+	}
+}
+
+// When the second Take, of the lease's units, is the one that crosses
+// the window's end, the two Takes' units cannot go together either: the
+// second's go with a third Take of the rest, in the new window.
+func TestTopUpSecondTakeAfterWindow(t *testing.T) {
+	t.Parallel()
+	l := sluice.Limit{Algorithm: sluice.FixedWindow, Rate: 10, Period: time.Second}
+	clock := storetest.NewClock(storetest.T0)
+	m := newMemory(t, clock)
+	g := &lateTake{Store: m, clock: clock}
+	s := newLease(t, g, clock, 990*time.Millisecond, 6)
+	take(t, s, "k", l, 1) // 6 granted, 5 left, until 990ms
+	clock.Set(storetest.T0.Add(980 * time.Millisecond))
+	// The Take of 3 decides at 983ms and comes back at 991ms, after the
+	// lease; the Take of 5 decides at 1001ms, in the next window.
+	g.trips = [][2]time.Duration{{3 * time.Millisecond, 8 * time.Millisecond}, {10 * time.Millisecond, 0}}
+	if dec := take(t, s, "k", l, 8); !dec.Allowed {
+		t.Fatalf("Take(8) = %+v; want admitted in the new window", dec)
+	}
+	// The 5 stay the request's, in the new window, and 3 more go with them.
+	if want := []int64{3, 5, 3}; !slices.Equal(g.takes, want) {
+		t.Fatalf("the store's Takes: %v, want %v", g.takes, want)
+	}
+	if p, err := m.Peek(ctx, "k", l, 1); err != nil || p.Remaining != 10-8 {
+		t.Fatalf("store: %+v, %v; want 8 counted in the new window", p, err)
+	}
+}
+
+// A lease's last units that a request could not spend with the store's
+// (it denied the rest) go back into the lease; when the lease was
+// refilled meanwhile, by another request while that Take was on its way,
+// they go back to the store under the return rule, not into nothing.
+func TestTopUpUnitsBackAfterRefill(t *testing.T) {
+	t.Parallel()
+	l := sluice.Limit{Rate: 10, Period: time.Second, Burst: 20}
+	clock := storetest.NewClock(storetest.T0)
+	m := newMemory(t, clock)
+	g := &lateTake{Store: m, clock: clock}
+	s := newLease(t, g, clock, 300*time.Millisecond, 10)
+	take(t, s, "k", l, 5) // 5 of 10 left; 10 in the store
+	g.during = func() {
+		m.Take(ctx, "k", l, 10) // elsewhere: the store is empty
+		clock.Advance(100 * time.Millisecond)
+		// Another request of this process, on the lease the first one
+		// emptied: a grant of the one unit back.
+		if dec := take(t, s, "k", l, 1); !dec.Allowed {
+			t.Errorf("Take(1) during the first Take = %+v", dec)
+		}
+	}
+	if dec := take(t, s, "k", l, 8); dec.Allowed { // Take(3): none there
+		t.Fatalf("Take(8) = %+v; want denied", dec)
+	}
+	// The 5 went back at age 100ms: 4 in the store.
+	if p, err := m.Peek(ctx, "k", l, 4); err != nil || !p.Allowed {
+		t.Fatalf("store: %+v, %v; want the 5 returned less one Interval: 4", p, err)
+	}
+	if p, err := m.Peek(ctx, "k", l, 5); err != nil || p.Allowed {
+		t.Fatalf("store: %+v, %v; want the 5 returned less one Interval: 4", p, err)
 	}
 }
