@@ -20,19 +20,23 @@ import (
 // estimate within Rate at every admission for the sliding window counter.
 
 // request is one request of a schedule: at µs after the start, from
-// process proc, for cost units; a close instead returns proc's leases.
+// process proc, for cost units; with all, a TakeAll of them and of all
+// units of key k2; a close instead returns proc's leases.
 type request struct {
 	at    int64
 	proc  int
 	cost  int64
+	all   int64
 	close bool
 }
 
 // fleet is a schedule's processes and what they admitted.
 type fleet struct {
-	clock    *storetest.Clock
-	procs    []*lease.Store
-	admitted []int64 // µs after the start, one entry per unit
+	clock     *storetest.Clock
+	procs     []*lease.Store
+	admitted  []int64      // µs after the start, one entry per unit
+	admitted2 []int64      // the same for k2, of TakeAll's requests
+	l2        sluice.Limit // k2's limit
 }
 
 func newFleet(t *testing.T, d time.Duration, sizes []int64) *fleet {
@@ -55,6 +59,21 @@ func (f *fleet) run(t *testing.T, l sluice.Limit, reqs []request) {
 			}
 			continue
 		}
+		if r.all > 0 {
+			ds, err := f.procs[r.proc].TakeAll(ctx, []sluice.Request{{Key: "k", Limit: l, Cost: r.cost}, {Key: "k2", Limit: f.l2, Cost: r.all}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if ds[0].Allowed && ds[1].Allowed {
+				for range r.cost {
+					f.admitted = append(f.admitted, r.at)
+				}
+				for range r.all {
+					f.admitted2 = append(f.admitted2, r.at)
+				}
+			}
+			continue
+		}
 		if d := take(t, f.procs[r.proc], "k", l, r.cost); d.Allowed {
 			for range r.cost {
 				f.admitted = append(f.admitted, r.at)
@@ -64,11 +83,15 @@ func (f *fleet) run(t *testing.T, l sluice.Limit, reqs []request) {
 }
 
 // most is the most units admitted over a closed interval of length t µs.
-func (f *fleet) most(t int64) int64 {
+func (f *fleet) most(t int64) int64 { return most(f.admitted, t) }
+
+// most is the most of admitted, sorted, within a closed interval of
+// length t µs.
+func most(admitted []int64, t int64) int64 {
 	var best int64
 	j := 0
-	for i := range f.admitted { // admitted is sorted: the schedule ran in order
-		for j < len(f.admitted) && f.admitted[j] <= f.admitted[i]+t {
+	for i := range admitted {
+		for j < len(admitted) && admitted[j] <= admitted[i]+t {
 			j++
 		}
 		best = max(best, int64(j-i))
@@ -302,4 +325,42 @@ func TestBoundSlidingWindowCounter(t *testing.T) {
 		t.Fatal("no schedule's estimate reached the limit")
 	}
 	t.Logf("the estimate reached the limit in %d of 300 schedules", reached)
+}
+
+// TakeAll's layered checks keep the bound on every key: random schedules
+// as TestBoundSearchBuckets's, half of their requests a TakeAll of the key
+// and of a second leased key under another limit, where a lease whose
+// units are too few for its check spends them with the store's Take of
+// the rest or, denied by the other check, keeps them.
+func TestBoundSearchTakeAll(t *testing.T) {
+	schedules := 1000
+	if race.Enabled {
+		schedules = 300
+	}
+	for _, alg := range bucketAlgorithms {
+		t.Run(alg.String(), func(t *testing.T) {
+			t.Parallel()
+			for seed := range uint64(schedules) {
+				r := rand.New(rand.NewPCG(seed, 7+uint64(alg)))
+				l := sluice.Limit{Algorithm: alg, Rate: 2 + r.Int64N(6), Period: time.Second, Burst: 1 + r.Int64N(6)}
+				f, d, sizes := randomFleet(t, r, l)
+				f.l2 = sluice.Limit{Algorithm: alg, Rate: 2 + r.Int64N(6), Period: time.Second, Burst: 1 + r.Int64N(6)}
+				reqs := randomSchedule(r, l, len(sizes))
+				for i := range reqs {
+					if !reqs[i].close && r.IntN(2) == 0 {
+						reqs[i].all = 1 + r.Int64N(f.l2.Capacity())
+					}
+				}
+				f.run(t, l, reqs)
+				for _, span := range spans(l, d) {
+					if got, bound := most(f.admitted, span), bucketBound(l, d, span); got > bound {
+						t.Fatalf("seed %d, %v, D %v, sizes %v: %d admitted over %dµs, bound %d", seed, l, d, sizes, got, span, bound)
+					}
+					if got, bound := most(f.admitted2, span), bucketBound(f.l2, d, span); got > bound {
+						t.Fatalf("seed %d, k2 %v, D %v, sizes %v: %d admitted over %dµs, bound %d", seed, f.l2, d, sizes, got, span, bound)
+					}
+				}
+			}
+		})
+	}
 }

@@ -874,8 +874,8 @@ func (s *Store) fast(d *sluice.Decision, key string, limit sluice.Limit, cost in
 // validated here (stale too), in full only when the key has no lease under
 // limit yet: a lease's limit was validated when it was made. topUp lets
 // the lease's last units be spent on the request with the store's (see
-// refill); a TakeAll, which may put the request's units back into a new
-// grant, must not. left: see refill.
+// refill): a TakeAll's only over a MultiStore, whose TakeAll takes the
+// rest all or nothing with the other checks. left: see refill.
 func (s *Store) spend(ctx context.Context, key string, limit sluice.Limit, cost int64, stale time.Duration, force, topUp bool) (_ sluice.Decision, _ *lease, gen uint64, left leftover, exact bool, _ error) {
 	if s.keys.Load() >= s.sweepAt.Load() {
 		s.sweep()
@@ -1453,7 +1453,11 @@ func (s *Store) giveBack(ctx context.Context, key string, limit sluice.Limit, g 
 // units are taken from its lease first and put back when another check
 // denies, and the checks not leased go to the granter's TakeAll, only once
 // every leased one admits (otherwise they are Peeked). Units put back after
-// their lease was replaced stay out of the store. A granter that is not a
+// their lease was replaced stay out of the store. A live lease whose units
+// are too few for its check spends them with the store's Take of the rest,
+// as Take does (see refill), in that TakeAll: when it denies, the lease
+// keeps them; when it comes back after the lease's life, finish takes
+// their number from the store too. A granter that is not a
 // sluice.MultiStore gets every check with a staleness above zero leased,
 // hot or not, and at most one with none (ErrNoTakeAll otherwise; a limit
 // met after the Store's 2^20th is never leased, see the package doc). Two
@@ -1499,16 +1503,36 @@ func (s *Store) TakeAll(ctx context.Context, reqs []sluice.Request) ([]sluice.De
 	}
 	var exact []sluice.Request
 	var at []int
+	var tops []topped
+	var topAt []int // each top-up's index in reqs
+	// putLeft puts the units of the top-ups back, which the requests
+	// could not spend (a failed call, or another check's denial).
+	putLeft := func() error {
+		var errs []error
+		for _, t := range tops {
+			errs = append(errs, s.putBack(ctx, t.l, t.left, t.req.Key, t.req.Limit))
+		}
+		return errors.Join(errs...)
+	}
 	all := true
 	for i, r := range reqs {
 		if stale[i] > 0 {
-			d, l, gen, _, ex, err := s.spend(ctx, r.Key, r.Limit, r.Cost, stale[i], multi == nil, false)
+			// With a MultiStore, a live lease's last units too few for the
+			// check go with the store's Take of the rest, all or nothing
+			// with the other exact checks, as Take spends them: returned,
+			// young as they are, the return rule would keep one per
+			// Interval of their age (at a high rate, all of them).
+			d, l, gen, left, ex, err := s.spend(ctx, r.Key, r.Limit, r.Cost, stale[i], multi == nil, multi != nil)
+			if left.units > 0 {
+				tops, topAt = append(tops, topped{req: r, l: l, left: left, stale: stale[i]}), append(topAt, i)
+				r.Cost -= left.units
+			}
 			if errors.Is(err, errGrantFailed) {
 				ex, err = true, nil
 			}
 			if err != nil {
 				putBack()
-				return nil, err
+				return nil, errors.Join(err, putLeft())
 			}
 			if !ex {
 				out[i], all = d, all && d.Allowed
@@ -1520,16 +1544,62 @@ func (s *Store) TakeAll(ctx context.Context, reqs []sluice.Request) ([]sluice.De
 		}
 		exact, at = append(exact, r), append(at, i)
 	}
+	sent := s.now()
 	ds, err := s.exactly(ctx, multi, exact, all)
 	if err != nil {
 		putBack()
-		return nil, err
+		return nil, errors.Join(err, putLeft())
 	}
+	back := s.now()
 	for j, d := range ds {
 		out[at[j]], all = d, all && d.Allowed
 	}
 	if !all {
 		putBack()
+		if err := putLeft(); err != nil {
+			return nil, err
+		}
+		for k, i := range topAt {
+			t := tops[k]
+			if out[i].Allowed {
+				out[i].Remaining += t.left.units // a Peek of the rest: as Peek counts them
+				continue
+			}
+			if out[i], err = s.withUnits(ctx, out[i], t.req.Key, t.req.Limit, t.req.Cost, t.left.units); err != nil {
+				return nil, err
+			}
+		}
+		return out, nil
+	}
+	var late []topped
+	var lateAt []int
+	for k, i := range topAt {
+		if back > tops[k].left.stop {
+			t := tops[k]
+			t.first = span{sent, back, out[i].ResetAfter}
+			late, lateAt = append(late, t), append(lateAt, i)
+		}
+	}
+	if len(late) == 0 {
+		return out, nil
+	}
+	lds, ok, err := s.finish(ctx, multi, late)
+	if err != nil || !ok {
+		// The exact checks' units are lost with the request (see finish);
+		// the leases' go back, the top-ups' that were in time too.
+		putBack()
+		var errs []error
+		for _, t := range tops {
+			if back <= t.left.stop {
+				errs = append(errs, s.putBack(ctx, t.l, t.left, t.req.Key, t.req.Limit))
+			}
+		}
+		if err := errors.Join(append(errs, err)...); err != nil {
+			return nil, err
+		}
+	}
+	for j, i := range lateAt {
+		out[i] = lds[j]
 	}
 	return out, nil
 }

@@ -1752,17 +1752,18 @@ func TestStrandedUnitsSpentWithStore(t *testing.T) {
 	}
 }
 
-// lateTake is a granter over a memory store whose Takes take rtt, half
-// of it before the store decides and half after, on the test's clock, or
-// the next of trips when set; during (when set) runs before the store
-// decides, as a request elsewhere in the process would.
+// lateTake is a granter over a memory store whose Takes and TakeAlls take
+// rtt, half of it before the store decides and half after, on the test's
+// clock, or the next of trips when set; during (when set) runs before the
+// store decides, as a request elsewhere in the process would.
 type lateTake struct {
 	*memory.Store
-	clock  *storetest.Clock
-	rtt    time.Duration
-	trips  [][2]time.Duration // before and after the store decides
-	during func()
-	takes  []int64 // each Take's cost
+	clock    *storetest.Clock
+	rtt      time.Duration
+	trips    [][2]time.Duration // before and after the store decides
+	during   func()
+	takes    []int64 // each Take's cost, a TakeAll's costs' sum
+	regrants int     // Regrants and Returns
 }
 
 func (g *lateTake) call(cost int64, f func()) {
@@ -1783,6 +1784,25 @@ func (g *lateTake) call(cost int64, f func()) {
 func (g *lateTake) Take(ctx context.Context, key string, l sluice.Limit, cost int64) (d sluice.Decision, err error) {
 	g.call(cost, func() { d, err = g.Store.Take(ctx, key, l, cost) })
 	return d, err
+}
+
+func (g *lateTake) TakeAll(ctx context.Context, reqs []sluice.Request) (ds []sluice.Decision, err error) {
+	var cost int64
+	for _, r := range reqs {
+		cost += r.Cost
+	}
+	g.call(cost, func() { ds, err = g.Store.TakeAll(ctx, reqs) })
+	return ds, err
+}
+
+func (g *lateTake) Regrant(ctx context.Context, key string, l sluice.Limit, gr sluice.Grant, unused, n int64) (int64, sluice.Grant, error) {
+	g.regrants++
+	return g.Store.Regrant(ctx, key, l, gr, unused, n)
+}
+
+func (g *lateTake) Return(ctx context.Context, key string, l sluice.Limit, gr sluice.Grant, unused int64) (int64, error) {
+	g.regrants++
+	return g.Store.Return(ctx, key, l, gr, unused)
 }
 
 // A lease's last units go with the store's Take of the rest (see
@@ -1933,6 +1953,84 @@ func TestTopUpSecondTakeAfterWindow(t *testing.T) {
 	}
 	if p, err := m.Peek(ctx, "k", l, 1); err != nil || p.Remaining != 10-8 {
 		t.Fatalf("store: %+v, %v; want 8 counted in the new window", p, err)
+	}
+}
+
+// In a TakeAll, a lease whose units are too few for its check spends them
+// with the store's Take of the rest, in the store's all-or-nothing TakeAll
+// with the other checks, as Take does; it was returned young (the return
+// rule keeping one unit per Interval of its age) for a new grant. When
+// another check denies, the lease keeps its units.
+func TestTakeAllSpendsLastUnits(t *testing.T) {
+	t.Parallel()
+	la, lb := sluice.Limit{Rate: 10, Period: time.Second, Burst: 20}, sluice.PerMinute(1)
+	clock := storetest.NewClock(storetest.T0)
+	m := newMemory(t, clock)
+	g := &lateTake{Store: m, clock: clock}
+	s, err := lease.New(g, &lease.Options{Size: 10, Clock: clock.Now, For: func(key string, _ sluice.Limit) time.Duration {
+		if key == "b" {
+			return 0 // exact
+		}
+		return 300 * time.Millisecond
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	take(t, s, "a", la, 5) // 10 granted, 5 left; 10 in the store
+	clock.Set(storetest.T0.Add(150 * time.Millisecond))
+	reqs := []sluice.Request{{Key: "a", Limit: la, Cost: 8}, {Key: "b", Limit: lb, Cost: 1}}
+	ds, err := s.TakeAll(ctx, reqs)
+	if err != nil || !ds[0].Allowed || !ds[1].Allowed {
+		t.Fatalf("TakeAll = %+v, %v; want both admitted", ds, err)
+	}
+	if want := []int64{3 + 1}; !slices.Equal(g.takes, want) || g.regrants != 0 {
+		t.Fatalf("the store's TakeAlls %v, %d regrants and returns; want one TakeAll of a's 3 and b's 1, none", g.takes, g.regrants)
+	}
+	// 10 + 1 refilled − 3: none lost to a young return.
+	if p, err := m.Peek(ctx, "a", la, 8); err != nil || !p.Allowed || p.Remaining != 8 {
+		t.Fatalf("store: %+v, %v; want 8 left", p, err)
+	}
+	// b is spent: the next TakeAll is denied, a's lease keeps its units
+	// (a grant of the store's 8, 2 spent by a request of 2).
+	take(t, s, "a", la, 2)
+	reqs[0].Cost = 9
+	if ds, err := s.TakeAll(ctx, reqs); err != nil || ds[1].Allowed {
+		t.Fatalf("TakeAll = %+v, %v; want b denied", ds, err)
+	}
+	if d, err := s.Peek(ctx, "a", la, 6); err != nil || !d.Allowed || d.Source != sluice.SourceLease {
+		t.Fatalf("a after the denial: %+v, %v; want its lease's 6 kept", d, err)
+	}
+}
+
+// A TakeAll whose store call comes back after the lease's life takes the
+// lease's units from the store too, as Take does (TestTopUpTakeBackAfterLease).
+func TestTakeAllTopUpBackAfterLease(t *testing.T) {
+	t.Parallel()
+	la, lb := sluice.Limit{Rate: 10, Period: time.Second, Burst: 20}, sluice.PerMinute(10)
+	clock := storetest.NewClock(storetest.T0)
+	m := newMemory(t, clock)
+	g := &lateTake{Store: m, clock: clock, rtt: 10 * time.Millisecond}
+	s, err := lease.New(g, &lease.Options{Size: 10, Clock: clock.Now, For: func(key string, _ sluice.Limit) time.Duration {
+		if key == "b" {
+			return 0
+		}
+		return 300 * time.Millisecond
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	take(t, s, "a", la, 5)
+	clock.Set(storetest.T0.Add(295 * time.Millisecond))
+	ds, err := s.TakeAll(ctx, []sluice.Request{{Key: "a", Limit: la, Cost: 8}, {Key: "b", Limit: lb, Cost: 1}})
+	if err != nil || !ds[0].Allowed || !ds[1].Allowed {
+		t.Fatalf("TakeAll = %+v, %v; want both admitted", ds, err)
+	}
+	if want := []int64{3 + 1, 5}; !slices.Equal(g.takes, want) {
+		t.Fatalf("the store's calls took %v, want %v", g.takes, want)
+	}
+	// 10 + 3 refilled − 3 − 5.
+	if p, err := m.Peek(ctx, "a", la, 5); err != nil || !p.Allowed || p.Remaining != 5 {
+		t.Fatalf("store: %+v, %v; want 5 left", p, err)
 	}
 }
 
