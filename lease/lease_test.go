@@ -476,6 +476,39 @@ func TestAdaptiveSize(t *testing.T) {
 	}
 }
 
+// A lease holds three quarters of its size when the key's last grant left
+// the store under half its capacity: units stranded in a lease that ends
+// unspent cost admissions only when the store runs short.
+func TestLeaseSizeWhenScarce(t *testing.T) {
+	t.Parallel()
+	clock := storetest.NewClock(storetest.T0)
+	m := newMemory(t, clock)
+	c := &counting{Granter: m, clock: clock}
+	s := newLease(t, c, clock, 100*time.Millisecond, 0)
+	l := sluice.PerSecond(100) // Capacity 100, a unit per 10ms
+	every := func(n int) {
+		t.Helper()
+		for range n {
+			take(t, s, "k", l, 1)
+			clock.Advance(10 * time.Millisecond)
+		}
+	}
+	every(100) // 10 per D: leases of 10, the store full
+	if n := c.asked[len(c.asked)-1]; n != 10 {
+		t.Fatalf("store full: grants %v, want the last of 10", c.asked)
+	}
+	// Others take the store down to 40; the next lease's grant leaves it
+	// under half, and the lease after it holds ⌈10 × 3/4⌉ = 8.
+	for range 50 {
+		m.Take(ctx, "k", l, 1)
+	}
+	grants := len(c.asked)
+	every(20)
+	if got := c.asked[grants+1:]; len(got) == 0 || slices.ContainsFunc(got, func(n int64) bool { return n != 8 }) {
+		t.Fatalf("store under half: grants %v, want 8 each after the first", c.asked[grants:])
+	}
+}
+
 // Layered checks are all-or-nothing: a leased check's units are consumed
 // only when every other check admits, whether that other check is leased
 // or answered exactly by the store.
