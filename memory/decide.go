@@ -14,7 +14,8 @@ type params struct {
 	period   int64 // µs
 	interval int64 // µs per unit (bucket algorithms and GCRA), rounded up
 	capacity int64
-	span     int64 // capacity × interval: how far GCRA's TAT may run ahead
+	span     int64  // capacity × interval: how far GCRA's TAT may run ahead
+	fillPer  uint64 // 2⁶²/capacity: fillOf multiplies, not divides, per decision
 	limit    sluice.Limit
 }
 
@@ -28,6 +29,9 @@ func newParams(l sluice.Limit) params {
 		limit:    l,
 	}
 	p.span = p.capacity * p.interval
+	if p.capacity > 0 {
+		p.fillPer = (1 << 62) / uint64(p.capacity)
+	}
 	return p
 }
 

@@ -67,7 +67,7 @@ func (s *Store) Regrant(ctx context.Context, key string, limit sluice.Limit, g s
 func (sh *shard) grant(tag uint32, key string, limit sluice.Limit, p *params, n, now int64) sluice.Grant {
 	st := sh.tab.Find(tag, key)
 	if st != nil && st.expires <= now { // expired but not yet swept: fresh again
-		st.a, st.b, st.c, st.expires = 0, 0, 0, 0
+		st.a, st.b, st.c, st.fill, st.expires = 0, 0, 0, 0, 0
 	}
 	fresh := st == nil
 	if fresh {
@@ -78,6 +78,7 @@ func (sh *shard) grant(tag uint32, key string, limit sluice.Limit, p *params, n,
 	at := now
 	if granted > 0 {
 		st.expires = now + r.reset
+		st.fill = fillOf(&r, p)
 		if fresh {
 			sh.insert(tag, key, *st, now)
 		}
@@ -108,7 +109,8 @@ func (sh *shard) giveBack(tag uint32, key string, limit sluice.Limit, p *params,
 		sh.tab.Remove(tag, key)
 		sh.n--
 	} else {
-		after = decide(st, now, p, 1, false).remaining
+		r := decide(st, now, p, 1, false)
+		after, st.fill = r.remaining, fillOf(&r, p)
 	}
 	return min(give, max(after-before, 0))
 }
@@ -129,7 +131,7 @@ func refund(st *state, now int64, p *params, u, at int64) (fresh bool) {
 		case w:
 			st.b = max(st.b-u, 0)
 		case w + 1:
-			st.c = max(st.c-u, 0)
+			st.c = int32(max(int64(st.c)-u, 0))
 		default:
 			return false
 		}

@@ -66,6 +66,7 @@ func (s *Store) TakeAll(ctx context.Context, reqs []sluice.Request) ([]sluice.De
 		}
 		res := decide(st, now, &params[i], r.Cost, true)
 		st.expires = now + res.reset
+		st.fill = fillOf(&res, &params[i])
 		res.fill(&out[i], r.Limit)
 	}
 	return out, nil

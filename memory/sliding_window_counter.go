@@ -22,7 +22,7 @@ func slidingWindowCounter(st *state, now int64, p *params, cost int64, commit bo
 		r.allowed = true
 		if commit {
 			cur += cost
-			st.a, st.b, st.c = w, cur, prev
+			st.a, st.b, st.c = w, cur, int32(prev) // prev ≤ rate ≤ sluice.MaxRate
 		}
 	} else {
 		r.retry = swcRetry(w, cur, prev, now, p, cost) - now
@@ -43,7 +43,7 @@ func swcRoll(st *state, w int64) (cur, prev int64) {
 	case st.expires == 0:
 		return 0, 0
 	case st.a == w:
-		return st.b, st.c
+		return st.b, int64(st.c)
 	case st.a == w-1:
 		return 0, st.b
 	default:

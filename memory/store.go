@@ -45,9 +45,11 @@ type Options struct {
 	Clock func() time.Time
 
 	// MaxKeys bounds the number of keys held, so a flood of random keys
-	// cannot exhaust memory. When full, inserting a key evicts an expired
-	// key or, failing that, the sampled key closest to expiry (which then
-	// starts fresh). The bound is kept per shard (MaxKeys/Shards each,
+	// cannot exhaust memory. When full, inserting a key evicts one of a
+	// few keys sampled (see evict): an expired one, else the one that had
+	// taken the smallest share of its limit, else the soonest to expire.
+	// An evicted key starts fresh, so it may admit again what it had
+	// taken: at most its limit's capacity. The bound is kept per shard (MaxKeys/Shards each,
 	// rounded up), so one busy shard can evict before the store as a whole
 	// is full; a TakeAll never evicts its own keys, so it may leave a shard
 	// over its bound by fewer keys than it has. Keys with in-flight slots are bounded apart, by the same
@@ -105,18 +107,43 @@ type shard struct {
 //
 // The log is behind a pointer so that every other algorithm's state, the
 // common case, takes 40 bytes, not 80: fewer cache lines per decision.
+//
+// c is the sliding window counter's previous count, at most sluice.MaxRate,
+// so 32 bits hold it and leave room for fill within the 40 bytes.
 type state struct {
-	a, b, c int64
+	a, b    int64
+	c       int32
+	fill    uint32 // the share of its limit the key had taken (see fillOf)
 	expires int64
 	log     *ring // sliding_window_log only; nil until it logs a unit
 }
 
 // clear makes st fresh, keeping the log's buffer.
 func (st *state) clear() {
-	st.a, st.b, st.c, st.expires = 0, 0, 0, 0
+	st.a, st.b, st.c, st.fill, st.expires = 0, 0, 0, 0, 0
 	if st.log != nil {
 		st.log.clear()
 	}
+}
+
+// fillFull is the fill of a key that had taken its whole limit: one being
+// denied, or a Penalty block. Every other fill is at most 2³⁰.
+const fillFull = 1 << 31
+
+// fillOf is the share of its limit a key has taken after decision r: what
+// evicting it would let it admit again (eviction's cost), relative to the
+// limit, in units of 2⁻³⁰. It keeps its value until the key's next
+// decision, so for a key left alone it overstates what the key has taken
+// now, never understates it.
+func fillOf(r *result, p *params) uint32 {
+	taken := p.capacity - r.remaining
+	switch {
+	case taken >= p.capacity:
+		return fillFull
+	case taken <= 0:
+		return 0
+	}
+	return uint32(uint64(taken) * p.fillPer >> 32)
 }
 
 // New returns a Store. Close it to stop the sweeper.
@@ -276,6 +303,7 @@ func (s *Store) Take(ctx context.Context, key string, limit sluice.Limit, cost i
 		if r.allowed {
 			st.expires = now + r.reset
 		}
+		st.fill = fillOf(&r, p)
 	} else {
 		r = sh.takeFresh(tag, key, now, p, cost)
 	}
@@ -299,6 +327,7 @@ func (sh *shard) takeFresh(tag uint32, key string, now int64, p *params, cost in
 	r := decide(&fresh, now, p, cost, true)
 	if r.allowed {
 		fresh.expires = now + r.reset
+		fresh.fill = fillOf(&r, p)
 		sh.insert(tag, key, fresh, now)
 	}
 	return r
@@ -367,23 +396,29 @@ func (sh *shard) insertKeeping(tag uint32, key string, st state, now int64, keep
 	return sh.tab.Add(tag, key, st)
 }
 
-// evict removes one key not in keep: the first expired one among a small
-// random sample, else the sample's soonest to expire, as Redis's
-// volatile-ttl policy does.
+// evict removes one key not in keep: of a small random sample, the one
+// whose loss admits the least. An evicted key starts fresh, admitting
+// again what it had taken, so: an expired key (fresh already), else the
+// one that had taken the smallest share of its limit, else, among equals,
+// the soonest to expire (the least time its state had left to count). A
+// key that had taken its whole limit (denying, or a Penalty block) thus
+// goes only when every key sampled had too: a flood of new keys, one unit
+// each, evicts its own keys, not the keys it wants afresh.
 func (sh *shard) evict(now int64, keep []sluice.Request) {
 	idx, n := sh.tab.Sample()
 	victim := -1
+	var v *state
 	for _, i := range idx[:n] {
 		if kept(keep, sh.tab.Key(i)) {
 			continue
 		}
-		exp := sh.tab.At(i).expires
-		if exp <= now {
+		st := sh.tab.At(i)
+		if st.expires <= now {
 			victim = i
 			break
 		}
-		if victim < 0 || exp < sh.tab.At(victim).expires {
-			victim = i
+		if v == nil || st.fill < v.fill || st.fill == v.fill && st.expires < v.expires {
+			victim, v = i, st
 		}
 	}
 	if victim < 0 {

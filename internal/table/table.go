@@ -9,6 +9,7 @@ package table
 
 import (
 	"math/rand/v2"
+	"slices"
 	"sync/atomic"
 	"unsafe"
 
@@ -195,19 +196,24 @@ func (t *Table[V]) Key(i int) string { return t.slots[i].key }
 // maxmemory-samples does for eviction.
 const SampleSize = 5
 
-// Sample returns up to SampleSize live slots (n of them), from a random
-// place on, for eviction.
+// Sample returns up to SampleSize live slots (n of them), for eviction:
+// each the first live slot at or after a random slot of its own, so that
+// they are spread over the table. Adjacent slots would sample a key with
+// the keys placed beside it, which under linear probing are often the
+// ones added last: a sampled key and its own neighbourhood, not the
+// table.
 func (t *Table[V]) Sample() (idx [SampleSize]int, n int) {
-	if len(t.slots) == 0 {
+	if t.n == 0 {
 		return idx, 0
 	}
 	mask := len(t.slots) - 1
-	start := rand.IntN(len(t.slots))
-	for j := 0; j < len(t.slots) && n < SampleSize; j++ {
-		if i := (start + j) & mask; live(t.slots[i].meta) {
-			idx[n] = i
-			n++
+	for n < min(SampleSize, t.n) {
+		i := rand.IntN(len(t.slots))
+		for !live(t.slots[i].meta) || slices.Contains(idx[:n], i) {
+			i = (i + 1) & mask
 		}
+		idx[n] = i
+		n++
 	}
 	return idx, n
 }

@@ -109,6 +109,45 @@ func TestSample(t *testing.T) {
 	}
 }
 
+// TestSampleSpread: a sample's slots are spread over the table, not a run
+// of neighbours (under linear probing, a key's neighbours are often the
+// keys added last, which an eviction by age then never picks over it). Of
+// 1,000 samples over 10,000 keys (16,384 slots), about 1 % hold a pair of
+// slots within 8 of each other; every sample of adjacent slots did.
+func TestSampleSpread(t *testing.T) {
+	t.Parallel()
+	var tab Table[int]
+	for i := range 10_000 {
+		tab.Add(uint32(i)*2654435761, fmt.Sprint(i), i)
+	}
+	near := 0
+	for range 1000 {
+		idx, n := tab.Sample()
+		if n != SampleSize {
+			t.Fatalf("sampled %d of 10,000", n)
+		}
+		close := false
+		for a := range n {
+			for b := range a {
+				d := idx[a] - idx[b]
+				if d < 0 {
+					d = -d
+				}
+				close = close || d <= 8 || tab.Slots()-d <= 8
+				if d == 0 {
+					t.Fatalf("slot %d sampled twice", idx[a])
+				}
+			}
+		}
+		if close {
+			near++
+		}
+	}
+	if near > 100 {
+		t.Errorf("%d of 1,000 samples hold slots within 8 of each other, want them spread", near)
+	}
+}
+
 // TestPrefetchWhileGrowing calls Prefetch without the lock while another
 // goroutine grows the table under it, as the stores do: the race detector
 // finds no race and nothing faults.

@@ -1,0 +1,116 @@
+package memory_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/memory"
+	"github.com/sluicehq/sluice/storetest"
+)
+
+// A flood of new keys, one unit each, into a full store evicts flood keys,
+// never the keys it wants afresh: keys that have taken their whole limit.
+// With four exhausted keys in a one-shard store, every sample of five keys
+// holds a flood key, which has taken less; so no exhausted key may go,
+// under any algorithm. (Evicting the sample's soonest to expire, as before,
+// evicted them under the window algorithms and the log, where the keys
+// taken first expire first.)
+func TestFloodKeepsExhaustedKeys(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	for _, a := range sluice.Algorithms() {
+		t.Run(a.String(), func(t *testing.T) {
+			t.Parallel()
+			clock := storetest.NewClock(storetest.T0)
+			const maxKeys = 200
+			s := memory.New(&memory.Options{Clock: clock.Now, MaxKeys: maxKeys, Shards: 1, SweepInterval: -1})
+			defer s.Close()
+			l := sluice.Limit{Algorithm: a, Rate: 5, Period: 15 * time.Minute}
+			victims := []string{"victim-0", "victim-1", "victim-2", "victim-3"}
+			for _, v := range victims {
+				for i := range 6 {
+					d, err := s.Take(ctx, v, l, 1)
+					if err != nil {
+						t.Fatal(err)
+					}
+					if d.Allowed != (i < 5) {
+						t.Fatalf("%s take %d: allowed=%v under 5/15m", v, i+1, d.Allowed)
+					}
+				}
+			}
+			for i := range 10 * maxKeys {
+				clock.Advance(50 * time.Millisecond) // 100 s in all: no unit comes back (one in 3 min)
+				if _, err := s.Take(ctx, fmt.Sprint("flood-", i), l, 1); err != nil {
+					t.Fatal(err)
+				}
+				if i%10 != 0 {
+					continue
+				}
+				for _, v := range victims {
+					if d, err := s.Peek(ctx, v, l, 1); err != nil || d.Allowed {
+						t.Fatalf("after %d flood keys %s is admitted again (%+v, %v): evicted", i+1, v, d, err)
+					}
+				}
+			}
+			if n := s.Len(); n != maxKeys {
+				t.Errorf("holding %d keys, want %d", n, maxKeys)
+			}
+		})
+	}
+}
+
+// The review's login scenario: sliding_window_log 5/15m, a victim key
+// denied, then 1.5 × MaxKeys distinct keys, again and again. The victim
+// stays denied all along (it was admitted 5 times more after each flood
+// when eviction took the soonest to expire), until its own entries expire.
+func TestKeyFloodLogin(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	clock := storetest.NewClock(storetest.T0)
+	const maxKeys = 1000
+	s := memory.New(&memory.Options{Clock: clock.Now, MaxKeys: maxKeys, SweepInterval: -1}) // 64 shards of 16
+	defer s.Close()
+	login := sluice.Limit{Algorithm: sluice.SlidingWindowLog, Rate: 5, Period: 15 * time.Minute}
+	victim := "victim@example.com"
+	for i := range 6 {
+		d, err := s.Take(ctx, victim, login, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d.Allowed != (i < 5) {
+			t.Fatalf("victim attempt %d: allowed=%v", i+1, d.Allowed)
+		}
+	}
+	next := 0
+	for round := range 5 {
+		for range maxKeys * 3 / 2 {
+			if _, err := s.Take(ctx, fmt.Sprint("flood-", next), login, 1); err != nil {
+				t.Fatal(err)
+			}
+			next++
+		}
+		clock.Advance(30 * time.Second) // the review's flood took 28 s
+		for i := range 6 {
+			d, err := s.Take(ctx, victim, login, 1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if d.Allowed {
+				t.Fatalf("round %d, attempt %d: the victim was admitted after %d flood keys", round, i+1, next)
+			}
+			if want := 15*time.Minute - time.Duration(round+1)*30*time.Second; d.RetryAfter != want {
+				t.Fatalf("round %d: retry after %v, want %v (its first entry's expiry)", round, d.RetryAfter, want)
+			}
+		}
+		if n := s.Len(); n > maxKeys+64 { // rounded up per shard
+			t.Fatalf("round %d: holding %d keys", round, n)
+		}
+	}
+	clock.Advance(15 * time.Minute)
+	if d, err := s.Take(ctx, victim, login, 1); err != nil || !d.Allowed {
+		t.Errorf("15 minutes on: %+v, %v; want the victim admitted again", d, err)
+	}
+}
