@@ -33,6 +33,9 @@ var ErrZeroStore = fmt.Errorf("memory: zero Store: make one with New: %w", sluic
 // still in use.
 var ErrFull = errors.New("memory: full")
 
+// DefaultMaxKeys is Options.MaxKeys's default.
+const DefaultMaxKeys = 1_000_000
+
 // MaxShards bounds Options.Shards. Every shard is allocated up front, so
 // more than this would cost memory for no less lock contention.
 const MaxShards = 1 << 16
@@ -153,7 +156,7 @@ func New(opts *Options) *Store {
 		o = *opts
 	}
 	if o.MaxKeys <= 0 {
-		o.MaxKeys = 1_000_000
+		o.MaxKeys = DefaultMaxKeys
 	}
 	if o.Shards <= 0 {
 		o.Shards = 64

@@ -15,6 +15,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/sluicehq/sluice/memory"
 	"github.com/sluicehq/sluice/resilient"
 	"github.com/sluicehq/sluice/server/config"
 )
@@ -137,7 +138,7 @@ const minWatchInterval = 100 * time.Millisecond
 func serve(args []string, stderr io.Writer) int {
 	fs := flag.NewFlagSet("sluice serve", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	var envErr, fleetErr, shrinkErr, connErr error
+	var envErr, fleetErr, shrinkErr, connErr, keysErr error
 	var (
 		configFile  = fs.String("config", env("SLUICE_CONFIG", ""), "configuration `file` or directory (env SLUICE_CONFIG); default: the built-in demo")
 		redisURL    = fs.String("redis", env("SLUICE_REDIS_URL", ""), "Redis `URL` (env SLUICE_REDIS_URL): redis://, rediss://, redis+cluster://, redis+sentinel://; default: the embedded memory store")
@@ -157,6 +158,7 @@ func serve(args []string, stderr io.Writer) int {
 		grpcKey     = fs.String("grpc-tls-key", "", "PEM key `file` for --grpc-tls-cert")
 		grpcCA      = fs.String("grpc-tls-client-ca", "", "PEM CA `file`: gRPC clients (Envoy) must present a certificate it signed (mutual TLS)")
 		maxConns    = fs.Int("max-connections", envParse("SLUICE_MAX_CONNECTIONS", DefaultMaxConnections, strconv.Atoi, "a whole number", &connErr), "most connections each listener (HTTP, gRPC) holds open at once; one more takes the place of the oldest silent one (no request yet, 1s after it was accepted), else of the one idle longest (one idle under 100ms only when no probe place is free), else takes one of 8 places kept for health probes (HTTP), else is closed as soon as accepted (env SLUICE_MAX_CONNECTIONS)")
+		maxKeys     = fs.Int("max-keys", envParse("SLUICE_MAX_KEYS", memory.DefaultMaxKeys, strconv.Atoi, "a whole number", &keysErr), "most keys the memory store holds, to bound its memory (without --redis; with it, the local failure policy's store): past it a new key takes the place of one that had taken little of its limit, which starts afresh (env SLUICE_MAX_KEYS)")
 		watch       = fs.Duration("watch-interval", 2*time.Second, "how often to check the config file for changes: 0 never, otherwise at least "+minWatchInterval.String())
 		logFormat   = fs.String("log-format", env("SLUICE_LOG_FORMAT", "text"), "log `format`: text or json (env SLUICE_LOG_FORMAT)")
 		logLevel    = fs.String("log-level", env("SLUICE_LOG_LEVEL", "info"), "least `level` logged: debug, info, warn or error (env SLUICE_LOG_LEVEL)")
@@ -189,7 +191,7 @@ func serve(args []string, stderr io.Writer) int {
 	for _, e := range []struct {
 		flag string
 		err  error
-	}{{"decision-timeout", envErr}, {"fleet-size", fleetErr}, {"fleet-shrink", shrinkErr}, {"max-connections", connErr}} {
+	}{{"decision-timeout", envErr}, {"fleet-size", fleetErr}, {"fleet-shrink", shrinkErr}, {"max-connections", connErr}, {"max-keys", keysErr}} {
 		if e.err != nil && !flagSet(fs, e.flag) { // flags win over the environment
 			log.Error("bad environment", "err", e.err)
 			return 2
@@ -217,6 +219,11 @@ func serve(args []string, stderr io.Writer) int {
 	if *maxConns < 1 {
 		msg, name := source(fs, "max-connections", "SLUICE_MAX_CONNECTIONS")
 		log.Error(msg, "err", fmt.Sprintf("%s %d: want 1 or more", name, *maxConns))
+		return 2
+	}
+	if *maxKeys < 1 {
+		msg, name := source(fs, "max-keys", "SLUICE_MAX_KEYS")
+		log.Error(msg, "err", fmt.Sprintf("%s %d: want 1 or more", name, *maxKeys))
 		return 2
 	}
 	if fs.NArg() > 0 {
@@ -250,7 +257,7 @@ func serve(args []string, stderr io.Writer) int {
 	srv, err := New(Options{
 		ConfigFile: *configFile, RedisURL: *redisURL, HTTPAddr: *httpAddr, GRPCAddr: *grpcAddr,
 		FailurePolicy: fp, NoFailurePolicy: !withPolicy, DecisionTimeout: *timeout, FleetSize: *fleetSize, FleetShrink: *fleetShrink, AdminToken: *adminToken, WatchInterval: *watch, Logger: log,
-		InsecureAdmin: *insecure, DecisionToken: *decToken, MaxConnections: *maxConns,
+		InsecureAdmin: *insecure, DecisionToken: *decToken, MaxConnections: *maxConns, MaxKeys: *maxKeys,
 		HTTPTLS: TLSFiles{CertFile: *httpCert, KeyFile: *httpKey, ClientCAFile: *httpCA},
 		GRPCTLS: TLSFiles{CertFile: *grpcCert, KeyFile: *grpcKey, ClientCAFile: *grpcCA},
 	})
@@ -339,6 +346,7 @@ var emptyRefused = []struct{ flag, env, def string }{
 	{"admin-token", "SLUICE_ADMIN_TOKEN", "no admin token"},
 	{"decision-token", "SLUICE_DECISION_TOKEN", "no decision token: every client is answered"},
 	{"max-connections", "SLUICE_MAX_CONNECTIONS", strconv.Itoa(DefaultMaxConnections)},
+	{"max-keys", "SLUICE_MAX_KEYS", strconv.Itoa(memory.DefaultMaxKeys)},
 	{"log-format", "SLUICE_LOG_FORMAT", "text"},
 	{"log-level", "SLUICE_LOG_LEVEL", "info"},
 }

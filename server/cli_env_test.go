@@ -21,6 +21,8 @@ func TestBadSettingNamesItsSource(t *testing.T) {
 		{"SLUICE_FLEET_SIZE=x", nil, []string{`msg="bad environment"`, `SLUICE_FLEET_SIZE=\"x\": want a whole number`}},
 		{"SLUICE_FLEET_SIZE=-2", nil, []string{`msg="bad environment"`, `SLUICE_FLEET_SIZE -2: want 1 or more`}},
 		{"SLUICE_MAX_CONNECTIONS=0", nil, []string{`msg="bad environment"`, `SLUICE_MAX_CONNECTIONS 0: want 1 or more`}},
+		{"SLUICE_MAX_KEYS=many", nil, []string{`msg="bad environment"`, `SLUICE_MAX_KEYS=\"many\": want a whole number`}},
+		{"SLUICE_MAX_KEYS=-1", nil, []string{`msg="bad environment"`, `SLUICE_MAX_KEYS -1: want 1 or more`}},
 		{"SLUICE_FLEET_SHRINK=-1s", nil, []string{`msg="bad environment"`, `SLUICE_FLEET_SHRINK -1s: want a positive duration`}},
 		{"SLUICE_DECISION_TIMEOUT=-1s", nil, []string{`msg="bad environment"`, `SLUICE_DECISION_TIMEOUT -1s`}},
 		{"SLUICE_LOG_FORMAT=xml", nil, []string{`msg="bad environment"`, `SLUICE_LOG_FORMAT: `, `want text or json`}},

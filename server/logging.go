@@ -195,7 +195,7 @@ func (s *Server) storeAttr() slog.Attr {
 		if s.opts.Store != nil {
 			return slog.Group("store", "kind", fmt.Sprintf("%T", s.opts.Store))
 		}
-		return slog.Group("store", "kind", "memory")
+		return slog.Group("store", "kind", "memory", "max_keys", s.opts.MaxKeys)
 	}
 	return slog.Group("store", "kind", "redis", "url", redactURL(s.opts.RedisURL))
 }

@@ -76,7 +76,7 @@ func TestNewLoggerDurations(t *testing.T) {
 }
 
 // The startup line names the Redis mode, addresses and database, and
-// never the password.
+// never the password; or the memory store's bound.
 func TestStoreAttr(t *testing.T) {
 	t.Parallel()
 	tests := []struct {
@@ -87,10 +87,10 @@ func TestStoreAttr(t *testing.T) {
 		{"rediss://user:s3cret@redis.example:6380", []string{`"tls":true`, `"db":0`, `user:xxxxx@`}},
 		{"redis+cluster://:s3cret@10.0.0.1:7000?addr=10.0.0.2:7000", []string{`"mode":"cluster"`, `"addrs":["10.0.0.1:7000","10.0.0.2:7000"]`}},
 		{"redis+sentinel://:s3cret@10.0.0.1:26379?master_name=main&sentinel_password=s3cret&db=2&wait_replicas=1", []string{`"mode":"sentinel"`, `"master":"main"`, `"sentinels":["10.0.0.1:26379"]`, `"db":2`, `:xxxxx@`, `sentinel_password=xxxxx`}},
-		{"", []string{`"store":{"kind":"memory"}`}},
+		{"", []string{`"store":{"kind":"memory","max_keys":1000}`}},
 	}
 	for _, tt := range tests {
-		s := &Server{opts: Options{RedisURL: tt.url}}
+		s := &Server{opts: Options{RedisURL: tt.url, MaxKeys: 1000}}
 		if tt.url != "" {
 			raw, _, err := storeURLOptions(tt.url) // as the server does
 			if err != nil {

@@ -92,6 +92,10 @@ type Options struct {
 	// discovered through Redis (resilient.Fleet); resilient.DefaultFleetSize,
 	// with a warning, while Redis cannot be reached at start.
 	FleetSize int
+	// MaxKeys bounds the keys an in-process memory store holds
+	// (memory.Options.MaxKeys): the embedded store without RedisURL, the
+	// local failure policy's with it. Default: memory.DefaultMaxKeys.
+	MaxKeys int
 	// FleetShrink is resilient.FleetOptions.Shrink: how long the
 	// discovered size must count fewer instances before it falls, and how
 	// long (with the registration's 3s) an instance cut off from Redis
@@ -215,6 +219,9 @@ func New(opts Options) (*Server, error) {
 	if opts.WatchInterval == 0 {
 		opts.WatchInterval = 2 * time.Second
 	}
+	if opts.MaxKeys <= 0 {
+		opts.MaxKeys = memory.DefaultMaxKeys
+	}
 	if opts.Dashboard == nil {
 		opts.Dashboard = dashboard.Handler()
 	}
@@ -316,10 +323,14 @@ func (s *Server) openStore() (sluice.Store, error) {
 			return budgetStore{rs, cmp.Or(s.opts.DecisionTimeout, resilient.DefaultTimeout)}, nil
 		}
 		s.metrics.wrapped = true
+		var local sluice.Store // resilient's own default unless bounded here
+		if s.opts.FailurePolicy == resilient.FallbackLocal {
+			local = s.memoryStore()
+		}
 		store, err := resilient.NewMulti(budgetStore{rs, 0}, &resilient.Options{
 			Name: "redis", Policy: s.opts.FailurePolicy, Timeout: s.opts.DecisionTimeout, Observer: healthObserver{s.metrics, s.health},
 			Fleet: fleet, Logger: s.log, // a line per breaker transition and per failure policy switch
-			DenyCacheFor: s.leaseFor,
+			DenyCacheFor: s.leaseFor, Fallback: local,
 		})
 		if err != nil {
 			return nil, fmt.Errorf("server: failure policy: %w", err)
@@ -333,9 +344,15 @@ func (s *Server) openStore() (sluice.Store, error) {
 		}
 		return store, nil
 	}
-	m := memory.New(nil)
+	return s.memoryStore(), nil
+}
+
+// memoryStore makes an in-process store of at most MaxKeys keys, closed
+// with the server.
+func (s *Server) memoryStore() *memory.Store {
+	m := memory.New(&memory.Options{MaxKeys: s.opts.MaxKeys})
 	s.closers = append(s.closers, func() { m.Close() })
-	return m, nil
+	return m
 }
 
 // leaseFor is the Redis deny cache's DenyCacheFor: a leased policy's key
