@@ -58,7 +58,54 @@ func TestFloodKeepsExhaustedKeys(t *testing.T) {
 			if n := s.Len(); n != maxKeys {
 				t.Errorf("holding %d keys, want %d", n, maxKeys)
 			}
+			want := memory.Evictions{Keys: uint64(len(victims) + 10*maxKeys - maxKeys)}
+			if got := s.Evictions(); got != want {
+				t.Errorf("Evictions() = %+v, want %+v: every flood key past the bound, none exhausted", got, want)
+			}
 		})
+	}
+}
+
+// Evictions counts the keys evicted before they expired, and apart those
+// that had taken their whole limit; an expired key is fresh already, and
+// its removal is no eviction. MaxKeys reports the bound.
+func TestEvictionsCounted(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	clock := storetest.NewClock(storetest.T0)
+	s := memory.New(&memory.Options{Clock: clock.Now, MaxKeys: 1, Shards: 1, SweepInterval: -1})
+	defer s.Close()
+	if got := s.MaxKeys(); got != 1 {
+		t.Errorf("MaxKeys() = %d, want 1", got)
+	}
+	if got := memory.New(&memory.Options{SweepInterval: -1}).MaxKeys(); got != memory.DefaultMaxKeys {
+		t.Errorf("default MaxKeys() = %d, want %d", got, memory.DefaultMaxKeys)
+	}
+	take := func(key string, l sluice.Limit) {
+		t.Helper()
+		if _, err := s.Take(ctx, key, l, 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	hourly, twice := sluice.PerHour(1), sluice.PerHour(2)
+	steps := []struct {
+		do   func()
+		want memory.Evictions
+	}{
+		{func() { take("a", hourly) }, memory.Evictions{}},
+		{func() { take("b", twice) }, memory.Evictions{Keys: 1, Exhausted: 1}},                            // a, exhausted
+		{func() { take("c", hourly) }, memory.Evictions{Keys: 2, Exhausted: 1}},                           // b, half taken
+		{func() { clock.Advance(time.Hour); take("d", hourly) }, memory.Evictions{Keys: 2, Exhausted: 1}}, // c, expired
+	}
+	for i, st := range steps {
+		st.do()
+		if got := s.Evictions(); got != st.want {
+			t.Errorf("step %d: Evictions() = %+v, want %+v", i, got, st.want)
+		}
+	}
+	var zero memory.Store
+	if got := zero.Evictions(); got != (memory.Evictions{}) || zero.MaxKeys() != 0 {
+		t.Errorf("zero Store: Evictions() = %+v, MaxKeys() = %d", got, zero.MaxKeys())
 	}
 }
 

@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"hash/maphash"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/sluicehq/sluice"
@@ -82,16 +83,17 @@ type Options struct {
 // a nil *Store alike, refuses every decision with ErrZeroStore (its Len is
 // 0; Close and Sweep do nothing).
 type Store struct {
-	clock  func() time.Time // Options.Clock; nil reads the monotonic clock
-	base   time.Time        // the monotonic clock's anchor
-	baseUS int64            // base, µs since the Unix epoch
-	limits limitCache
-	seed   maphash.Seed
-	mask   uint64
-	shards []shard
-	stop   chan struct{}
-	done   sync.WaitGroup
-	once   sync.Once
+	maxKeys int              // Options.MaxKeys, or its default
+	clock   func() time.Time // Options.Clock; nil reads the monotonic clock
+	base    time.Time        // the monotonic clock's anchor
+	baseUS  int64            // base, µs since the Unix epoch
+	limits  limitCache
+	seed    maphash.Seed
+	mask    uint64
+	shards  []shard
+	stop    chan struct{}
+	done    sync.WaitGroup
+	once    sync.Once
 }
 
 type shard struct {
@@ -101,7 +103,10 @@ type shard struct {
 	maxKeys int
 	slots   map[string]*slotKey // in-flight holders by key (inflight.go)
 	resets  map[resetKey]mark   // recent Resets, which returns must not undo (grant.go)
-	_       [64]byte            // keep shards on separate cache lines
+	// evicted and exhausted count evictions (see Evictions): written under
+	// mu, read without it.
+	evicted, exhausted atomic.Uint64
+	_                  [64]byte // keep shards on separate cache lines
 }
 
 // state is one key's state. Its fields mean what the algorithm's file says.
@@ -172,7 +177,7 @@ func New(opts *Options) *Store {
 		o.SweepInterval = time.Minute
 	}
 	base := time.Now()
-	s := &Store{clock: o.Clock, base: base, baseUS: base.UnixMicro(), seed: maphash.MakeSeed(), mask: uint64(n - 1), shards: make([]shard, n), stop: make(chan struct{})}
+	s := &Store{maxKeys: o.MaxKeys, clock: o.Clock, base: base, baseUS: base.UnixMicro(), seed: maphash.MakeSeed(), mask: uint64(n - 1), shards: make([]shard, n), stop: make(chan struct{})}
 	// MaxKeys/n rounded up, without MaxKeys+n-1, which overflows near
 	// math.MaxInt into a negative bound.
 	per := o.MaxKeys / n
@@ -212,6 +217,40 @@ func (s *Store) Len() int {
 		sh.mu.Unlock()
 	}
 	return total
+}
+
+// MaxKeys returns the bound on the keys held: Options.MaxKeys, or its
+// default (0 for a zero Store).
+func (s *Store) MaxKeys() int {
+	if s.zero() {
+		return 0
+	}
+	return s.maxKeys
+}
+
+// Evictions counts the keys a Store evicted to stay within MaxKeys.
+type Evictions struct {
+	// Keys counts the keys evicted before they expired: each started its
+	// limit afresh, and could admit again what it had taken.
+	Keys uint64
+	// Exhausted counts those of them that had taken their whole limit
+	// (denying, or a Penalty block), each of which could admit its whole
+	// limit again: evicted only when every key sampled had too.
+	Exhausted uint64
+}
+
+// Evictions returns the keys evicted since New. It is safe to call at
+// any time, and cheap: a monitor polls it.
+func (s *Store) Evictions() Evictions {
+	var e Evictions
+	if s.zero() {
+		return e
+	}
+	for i := range s.shards {
+		e.Keys += s.shards[i].evicted.Load()
+		e.Exhausted += s.shards[i].exhausted.Load()
+	}
+	return e
 }
 
 // zero reports whether s is a zero or nil Store, which holds nothing.
@@ -417,7 +456,7 @@ func (sh *shard) evict(now int64, keep []sluice.Request) {
 		}
 		st := sh.tab.At(i)
 		if st.expires <= now {
-			victim = i
+			victim, v = i, nil
 			break
 		}
 		if v == nil || st.fill < v.fill || st.fill == v.fill && st.expires < v.expires {
@@ -426,6 +465,12 @@ func (sh *shard) evict(now int64, keep []sluice.Request) {
 	}
 	if victim < 0 {
 		return
+	}
+	if v != nil { // not expired: its limit starts afresh
+		sh.evicted.Add(1)
+		if v.fill == fillFull {
+			sh.exhausted.Add(1)
+		}
 	}
 	sh.tab.Bury(victim)
 	sh.n--

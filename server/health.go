@@ -35,7 +35,7 @@ const DefaultStoreCheckInterval = time.Second
 // the store is down, since the policy answers; without one (error) it is
 // ready only while the store answers. Degraded means decisions are not
 // what a healthy fleet would make: the store is down, or the failure
-// policy is answering for it.
+// policy is answering for it, or the memory store evicts keys.
 //
 // Every change is one log line and a metric. A nil *Health is always
 // ready and never degraded. It is safe for concurrent use.
@@ -114,6 +114,13 @@ type Health struct {
 	// connected reports whether the client holds an established
 	// connection to the store; nil: unknown.
 	connected func() bool
+	// evicting is the reason while the memory store evicts keys (see
+	// memoryWatch), "" otherwise: degraded, as the limits of the keys it
+	// evicts start afresh, though still ready.
+	evicting string
+	// memory reads the memory store's figures for /v1/status, without
+	// mu; nil without a memory store.
+	memory func() *MemoryStatus
 	// policyOf names the policy a store key is of ("" for none known), so
 	// that a store call, a lease's or a slot's with no decision of its own,
 	// tells which policy failed or was answered; nil: none known.
@@ -159,7 +166,7 @@ type healthMetrics struct {
 
 func newHealthMetrics(reg *prometheus.Registry) *healthMetrics {
 	m := &healthMetrics{
-		degraded:        newGauge("sluice_degraded", "1 while decisions are degraded: the store does not answer, or the failure policy answers for it."),
+		degraded:        newGauge("sluice_degraded", "1 while decisions are degraded: the store does not answer, or the failure policy answers for it, or the memory store evicts keys (each starting its limit afresh)."),
 		storeUp:         newGauge("sluice_store_up", "1 while the store (Redis) answers the service's checks."),
 		storeChanges:    newCounterVec("sluice_store_transitions_total", "Store state changes: to=down (with the cause: unreachable, stalled, auth, tls, database, sentinel_master, permission, topology, version, replicas, oom, maxclients, resharding, not_replicated) or to=up.", "to", "cause"),
 		fallbackChanges: newCounterVec("sluice_fallback_transitions_total", "Failure policy changes: to=on when the breaker opens, to=off when it closes.", "to"),
@@ -651,7 +658,19 @@ func (h *Health) endPartialLocked() {
 }
 
 func (h *Health) degradedLocked() bool {
-	return h.storeErr != nil || h.fallback || h.partial || h.uncounted
+	return h.storeErr != nil || h.fallback || h.partial || h.uncounted || h.evicting != ""
+}
+
+// setEvicting records the memory store evicting keys (a reason) or no
+// longer ("").
+func (h *Health) setEvicting(reason string) {
+	if h == nil {
+		return
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.evicting = reason
+	h.publishLocked()
 }
 
 // fleetCounted records whether the fleet counts this instance, and
@@ -736,6 +755,9 @@ type StoreStatus struct {
 	// store, when its outage's first failed check or store call started,
 	// as the `store back` line's down_for counts.
 	Since time.Time `json:"since"`
+	// Memory is the in-process memory store, if there is one: the store
+	// itself, or the local failure policy's.
+	Memory *MemoryStatus `json:"memory,omitempty"`
 }
 
 // Status is the body of /v1/status.
@@ -762,12 +784,16 @@ func (h *Health) Status() Status {
 	if h == nil {
 		return Status{Ready: true, Reasons: []string{}, FailurePolicy: "local", Store: StoreStatus{Kind: "memory", Up: true}}
 	}
+	var mem *MemoryStatus
+	if h.memory != nil {
+		mem = h.memory() // before mu: it may record an episode's start or end
+	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	st := Status{
 		Ready: h.readyLocked(), Degraded: h.degradedLocked(), Reasons: []string{},
 		FailurePolicy: h.policy, FallbackActive: h.answeringLocked(),
-		Store: StoreStatus{Kind: h.store, Up: h.storeErr == nil, Since: h.since},
+		Store: StoreStatus{Kind: h.store, Up: h.storeErr == nil, Since: h.since, Memory: mem},
 	}
 	if h.configured != nil && !h.configured() {
 		st.Reasons = append(st.Reasons, "no configuration is loaded")
@@ -794,6 +820,9 @@ func (h *Health) Status() Status {
 	if h.uncounted && !h.answeringLocked() {
 		// Nothing answers by the policy now: say what it would do.
 		st.Reasons = append(st.Reasons, "while Redis fails, "+h.policyAnswer())
+	}
+	if h.evicting != "" {
+		st.Reasons = append(st.Reasons, h.evicting)
 	}
 	if h.partial && !h.fallback && h.storeErr == nil {
 		why := "part of the store down?"

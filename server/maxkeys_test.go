@@ -1,6 +1,7 @@
 package server
 
 import (
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -18,8 +19,10 @@ const maxKeysConfig = "policies:\n  - name: login\n    limit: 1/hour\n"
 // embedded one and, with --redis, the local failure policy's (Redis
 // unreachable here, so the policy answers every check; a fleet of one,
 // named, takes the whole limit). At 64 keys, one a shard, 1,000 keys
-// evict a denied key, which is admitted again; at the default (1,000,000)
-// the same flood leaves it denied. The start line names the bound.
+// evict a denied key, which is admitted again, and the evictions are told
+// (a WARN line; /v1/status degraded, with the count); at the default
+// (1,000,000) the same flood leaves it denied, and evicts nothing. The
+// start line names the bound.
 func TestCLIMaxKeys(t *testing.T) {
 	t.Parallel()
 	cfg := filepath.Join(t.TempDir(), "sluice.yaml")
@@ -61,6 +64,19 @@ func TestCLIMaxKeys(t *testing.T) {
 			}
 			if got := check("victim") == 200; got != tt.evicted {
 				t.Errorf("after 1,000 other keys the victim is admitted: %v, want %v", got, tt.evicted)
+			}
+			code, body := p.get(t, "/v1/status")
+			var st Status
+			if err := json.Unmarshal([]byte(body), &st); code != 200 || err != nil || st.Store.Memory == nil {
+				t.Fatalf("/v1/status: %d %s (%v)", code, body, err)
+			}
+			if mem := st.Store.Memory; (mem.EvictedKeys > 0) != tt.evicted || mem.Evicting != tt.evicted || mem.MaxKeys != map[bool]int{false: 1_000_000, true: 64}[tt.evicted] {
+				t.Errorf("/v1/status store.memory %+v; evictions expected: %v", *mem, tt.evicted)
+			}
+			if tt.evicted {
+				if r := p.expect(t, memoryEvictingMsg); r["level"] != "WARN" || r["max_keys"] != "64" || r["evicted"] == "" {
+					t.Errorf("eviction line %v", r)
+				}
 			}
 			p.stop(t)
 		})

@@ -155,6 +155,8 @@ type Server struct {
 	redis   redis.UniversalClient // nil without --redis
 	// evictions watches Redis's evicted_keys; nil without --redis.
 	evictions *evictionWatch
+	// memWatch watches the memory store's evictions; nil without one.
+	memWatch *memoryWatch
 
 	httpSrv    *http.Server
 	grpcSrv    *grpc.Server
@@ -352,6 +354,9 @@ func (s *Server) openStore() (sluice.Store, error) {
 func (s *Server) memoryStore() *memory.Store {
 	m := memory.New(&memory.Options{MaxKeys: s.opts.MaxKeys})
 	s.closers = append(s.closers, func() { m.Close() })
+	s.memWatch = newMemoryWatch(m, s.log, s.health, s.opts.StoreCheckInterval)
+	s.health.memory = s.memWatch.status
+	s.metrics.reg.MustRegister(s.memWatch)
 	return m
 }
 
@@ -435,6 +440,13 @@ func (s *Server) Start() error {
 		go func() {
 			defer s.wg.Done()
 			s.evictions.watch(s.stop, s.opts.StoreCheckInterval, s.redis, s.health.storeDown)
+		}()
+	}
+	if s.memWatch != nil {
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			s.memWatch.watch(s.stop, s.opts.StoreCheckInterval)
 		}()
 	}
 	go func() {
