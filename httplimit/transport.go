@@ -122,6 +122,12 @@ func (t *Transport) ClearHold(ctx context.Context, key string) error {
 	if t == nil {
 		return fmt.Errorf("%w: nil *httplimit.Transport: build one with NewTransport", ErrInvalidConfig)
 	}
+	if writing := t.holds.drop(key); writing != nil {
+		select { // a write started before the clear must not land after it
+		case <-writing:
+		case <-ctx.Done():
+		}
+	}
 	err := t.holds.store.Reset(ctx, t.holds.storeKey(key), holdLook)
 	t.holds.clear(key)
 	if err != nil {
@@ -130,10 +136,24 @@ func (t *Transport) ClearHold(ctx context.Context, key string) error {
 	return nil
 }
 
+// Close waits until no provider's hold is being shared through the store
+// (see RoundTrip): each write takes at most a second. After it returns
+// nothing of the Transport's runs or logs, until its next request: the
+// Transport stays usable.
+func (t *Transport) Close() error {
+	if t != nil {
+		t.holds.flush()
+	}
+	return nil
+}
+
 // RoundTrip waits out the provider's hold on req's key, if any, then for
 // quota (Limiter.WaitN), and then sends req. A nil req or URL fails with
 // ErrKey, as does a URL without a host under the default key (there is no
-// host to key on); a nil t fails with ErrInvalidConfig.
+// host to key on); a nil t fails with ErrInvalidConfig. A 429 or 503 with
+// Retry-After is returned once its hold is shared through the store or
+// req's context ends, whichever comes first: the write (at most a second)
+// goes on without it, one at a time per key.
 func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	switch {
 	case req == nil:

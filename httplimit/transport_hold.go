@@ -62,7 +62,8 @@ const (
 	holdRate   = int64(MaxProviderHold / time.Millisecond)
 	holdUnit   = time.Millisecond
 	// holdWriteTimeout bounds the store calls sharing a hold: they run
-	// after the provider answered, whatever the request's context says.
+	// after the provider answered, whatever the request's context says,
+	// in the background once that context ends.
 	holdWriteTimeout = time.Second
 	// holdRecheck is how often a process's waiters on a held key look at
 	// the store again, so that a hold cleared elsewhere (ClearHold) lifts
@@ -93,6 +94,22 @@ type holds struct {
 	until map[string]held      // by key; expired entries are swept
 	seen  map[string]storeHold // by key, under a MaxHold; ended ones are swept
 	wake  chan struct{}        // closed when a hold is cleared here
+	// writes are the holds being shared through the store, by key: one
+	// writer per key, so that a burst of 429s on a slow store costs one
+	// write at a time, not one each.
+	writes map[string]*write
+	idle   chan struct{} // closed when writes empties (nil: nobody waits)
+}
+
+// write is a key's writer: the hold it is writing and the one to write
+// next, each with a channel closed once written (or given up).
+type write struct {
+	cur      time.Time // the end being written
+	curDone  chan struct{}
+	next     time.Time // the longest end still to write; zero: none
+	nextCtx  context.Context
+	nextDone chan struct{}
+	cleared  bool // ClearHold ran since the current write started
 }
 
 // storeHold is a hold in the store as this Transport first saw it: MaxHold
@@ -136,6 +153,11 @@ func (h *holds) left(key string) time.Duration {
 func (h *holds) extend(key string, end, shared time.Time) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	h.extendLocked(key, end, shared)
+}
+
+// extendLocked is extend with h.mu held.
+func (h *holds) extendLocked(key string, end, shared time.Time) {
 	if h.until == nil {
 		h.until = make(map[string]held)
 	}
@@ -170,12 +192,17 @@ func (h *holds) cap(d time.Duration) time.Duration {
 // saw that hold. One ending later than the hold seen (by over holdSame),
 // or seen after that one ended, is a new hold.
 func (h *holds) fromStore(key string, now time.Time, d time.Duration) time.Time {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.fromStoreLocked(key, now, d)
+}
+
+// fromStoreLocked is fromStore with h.mu held.
+func (h *holds) fromStoreLocked(key string, now time.Time, d time.Duration) time.Time {
 	end := now.Add(d)
 	if h.max == 0 {
 		return end // the store's holds are no longer than MaxProviderHold
 	}
-	h.mu.Lock()
-	defer h.mu.Unlock()
 	s, ok := h.seen[key]
 	switch {
 	case !ok || !s.end.After(now) || end.After(s.end.Add(holdSame)):
@@ -333,23 +360,130 @@ func (h *holds) held(ctx context.Context, key string) bool {
 }
 
 // hold holds key for d: in this process at once, then in the store for
-// the fleet.
+// the fleet. It waits for the store's write until ctx ends, no longer:
+// the write goes on without it (see holdWriteTimeout).
 func (h *holds) hold(ctx context.Context, key string, d time.Duration) {
-	d = h.cap(d)
-	start := time.Now()
-	end := start.Add(d)
+	end := time.Now().Add(h.cap(d))
 	h.extend(key, end, time.Time{})
+	select {
+	case <-h.queue(ctx, key, end):
+	case <-ctx.Done():
+	}
+}
+
+// queue has key's hold until end written to the store, by key's writer
+// (started if there is none), and returns a channel closed once it is.
+// An end no later than the one being written waits for that.
+func (h *holds) queue(ctx context.Context, key string, end time.Time) <-chan struct{} {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	w := h.writes[key]
+	if w != nil && w.curDone != nil && !end.After(w.cur) {
+		return w.curDone
+	}
+	if w == nil {
+		if h.writes == nil {
+			h.writes = make(map[string]*write)
+		}
+		w = &write{}
+		h.writes[key] = w
+		go h.writer(key, w)
+	}
+	if w.nextDone == nil {
+		w.nextDone = make(chan struct{})
+	}
+	if end.After(w.next) {
+		w.next, w.nextCtx = end, ctx
+	}
+	return w.nextDone
+}
+
+// writer writes key's holds to the store, one at a time, until none is
+// left to write.
+func (h *holds) writer(key string, w *write) {
+	for {
+		h.mu.Lock()
+		if w.curDone != nil {
+			close(w.curDone)
+			w.cur, w.curDone = time.Time{}, nil
+		}
+		if w.nextDone == nil {
+			delete(h.writes, key)
+			if len(h.writes) == 0 && h.idle != nil {
+				close(h.idle)
+				h.idle = nil
+			}
+			h.mu.Unlock()
+			return
+		}
+		end, ctx := w.next, w.nextCtx
+		w.cur, w.curDone, w.cleared = end, w.nextDone, false
+		w.next, w.nextCtx, w.nextDone = time.Time{}, nil, nil
+		h.mu.Unlock()
+		h.write(ctx, key, end, w)
+	}
+}
+
+// write shares key's hold until end through the store, bounded by
+// holdWriteTimeout whatever ctx (the request's) says: the provider has
+// answered, and the fleet should hold too.
+func (h *holds) write(ctx context.Context, key string, end time.Time, w *write) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), holdWriteTimeout)
 	defer cancel()
+	start := time.Now()
+	d := end.Sub(start)
+	if d <= 0 {
+		return
+	}
 	stored, err := h.share(ctx, h.storeKey(key), d)
 	if err != nil {
 		h.log("httplimit: could not share the provider's hold through the store; this process holds alone", key, err)
 		return
 	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if w.cleared {
+		return // this process's hold is gone: the write must not bring it back
+	}
 	// This 429 shows the store's hold too (another's, when longer):
 	// MaxHold counts from it.
-	h.fromStore(key, start, stored)
-	h.extend(key, end, time.Now())
+	h.fromStoreLocked(key, start, stored)
+	h.extendLocked(key, end, time.Now())
+}
+
+// drop forgets key's holds not yet written, and returns a channel closed
+// once the one being written, if any, is: ClearHold waits for it, so that
+// a write started before the clear does not set the hold again after it.
+func (h *holds) drop(key string) <-chan struct{} {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	w := h.writes[key]
+	if w == nil {
+		return nil
+	}
+	w.cleared = true
+	if w.nextDone != nil {
+		close(w.nextDone) // its waiters go: the hold is cleared
+		w.next, w.nextCtx, w.nextDone = time.Time{}, nil, nil
+	}
+	return w.curDone
+}
+
+// flush returns once no hold is being written.
+func (h *holds) flush() {
+	for {
+		h.mu.Lock()
+		if len(h.writes) == 0 {
+			h.mu.Unlock()
+			return
+		}
+		if h.idle == nil {
+			h.idle = make(chan struct{})
+		}
+		idle := h.idle
+		h.mu.Unlock()
+		<-idle
+	}
 }
 
 // share raises the store's hold on k to at least d from now, never

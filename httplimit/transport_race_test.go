@@ -35,17 +35,29 @@ func (s *sendLog) RoundTrip(req *http.Request) (*http.Response, error) {
 // the replies for delay: a Redis a little farther away than loopback.
 func delayProxy(t *testing.T, target string, delay time.Duration) string {
 	t.Helper()
+	addr, set := slowProxy(t, target)
+	set(delay)
+	return addr
+}
+
+// slowProxy is delayProxy with a delay set, from none, by set: a Redis
+// that turns slow.
+func slowProxy(t *testing.T, target string) (addr string, set func(time.Duration)) {
+	t.Helper()
+	var delay atomic.Int64
 	l := redistest.Listen(t)
 	var wg sync.WaitGroup
 	t.Cleanup(func() { l.Close(); wg.Wait() })
-	pipe := func(dst, src net.Conn, d time.Duration) {
+	pipe := func(dst, src net.Conn, slow bool) {
 		defer dst.Close()
 		defer src.Close()
 		buf := make([]byte, 64<<10)
 		for {
 			n, err := src.Read(buf)
 			if n > 0 {
-				time.Sleep(d)
+				if slow {
+					time.Sleep(time.Duration(delay.Load()))
+				}
 				if _, werr := dst.Write(buf[:n]); werr != nil {
 					return
 				}
@@ -66,11 +78,11 @@ func delayProxy(t *testing.T, target string, delay time.Duration) string {
 				in.Close()
 				continue
 			}
-			wg.Go(func() { pipe(out, in, 0) })
-			wg.Go(func() { pipe(in, out, delay) })
+			wg.Go(func() { pipe(out, in, false) })
+			wg.Go(func() { pipe(in, out, true) })
 		}
 	})
-	return l.Addr().String()
+	return l.Addr().String(), func(d time.Duration) { delay.Store(int64(d)) }
 }
 
 // No request is handed to the base transport once a 429 with Retry-After

@@ -209,7 +209,8 @@ func serveUpstream(t *testing.T, h http.Handler) *httptest.Server {
 	return srv
 }
 
-// newTransport is a Transport over a Limiter of limit on store.
+// newTransport is a Transport over a Limiter of limit on store, closed at
+// cleanup.
 func newTransport(t testing.TB, store sluice.Store, limit sluice.Limit, opts *TransportOptions) *Transport {
 	t.Helper()
 	lim, err := sluice.NewLimiter(store, limit, nil)
@@ -220,5 +221,6 @@ func newTransport(t testing.TB, store sluice.Store, limit sluice.Limit, opts *Tr
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { tr.Close() }) // no write of a hold outlives the test
 	return tr
 }
