@@ -20,11 +20,11 @@ const (
 	// Reject answers 429 at once. The zero value.
 	Reject = enforce.Reject
 	// Delay holds the request until quota is available, up to the rule's
-	// MaxDelay or, if that comes first, its context's deadline (less a
-	// store round trip and 25ms to ask for the units in time), then serves
-	// it; a request that would need longer, or that finds MaxWaiting
-	// requests already held, is rejected at once, with the Retry-After it
-	// would have needed. The held requests of one
+	// MaxDelay or, if that comes first, its context's deadline, then serves
+	// it; a request expected to need longer than either less a store round
+	// trip and 25ms to ask for the units in time (of MaxDelay, at most
+	// half), or that finds MaxWaiting requests already held, is rejected
+	// at once, with the Retry-After it would have needed. The held requests of one
 	// process on one key form a line (first come, first served) whose
 	// length counts in that estimate; requests of other processes on the
 	// key do not, so with them a held request may still be rejected at

@@ -35,12 +35,14 @@ const (
 	// Reject answers at once with "too many requests". The zero value.
 	Reject Strategy = iota
 	// Delay waits for quota up to the rule's MaxDelay, or the context's
-	// deadline less a store round trip and line.Wake if that comes first,
-	// then serves; a request that would need longer is rejected at once,
-	// its RetryAfter the wait it would have needed. The waiters of one process on one
+	// deadline if that comes first, then serves; a request expected to
+	// need longer than either, less a store round trip and line.Wake (of
+	// MaxDelay, at most half), is rejected at once, its RetryAfter the
+	// wait it would have needed. The waiters of one process on one
 	// set of counters form a line (internal/line): only its head asks the
 	// store, a newcomer that finds a line joins it without taking, and its
-	// wait counts the units ahead of it. Takes
+	// wait counts the units ahead of it (and, on a bucket with no burst to
+	// spare, the heads' lateness: see lineDrift). Takes
 	// from other processes are not in the line: with them a waiter may
 	// still be rejected at MaxDelay.
 	Delay
@@ -271,6 +273,10 @@ type Engine struct {
 	store    sluice.Store
 	multi    sluice.MultiStore // nil if store is not one
 	observer sluice.Observer
+	// turnLate is how long after its denial's RetryAfter a line's head
+	// was admitted, averaged: a timer's lateness and the take's round
+	// trip. See lineDrift.
+	turnLate atomic.Int64
 }
 
 // New returns an Engine over store, reporting to observer (which may be
@@ -437,6 +443,7 @@ func (e *Engine) enforce(ctx context.Context, checks []Check, all bool) (Verdict
 		held   bool
 		w      *line.Waiter // this request's place in its line, once denied
 		start  time.Time
+		due    time.Time // when the head's last pause ended, as the store said
 	)
 	defer func() {
 		if timer != nil {
@@ -537,6 +544,9 @@ func (e *Engine) enforce(ctx context.Context, checks []Check, all bool) (Verdict
 		if deny < 0 {
 			if w != nil {
 				w.Leave() // the next in line may ask now
+				if !due.IsZero() {
+					e.late(time.Since(due))
+				}
 			}
 			for j, d := range ds {
 				e.observe(checks[idx[j]].Rule.Name, sluice.OutcomeAllowed, d)
@@ -549,8 +559,11 @@ func (e *Engine) enforce(ctx context.Context, checks []Check, all bool) (Verdict
 		if wait && ctx.Err() == nil {
 			switch {
 			case w != nil:
-				// The head of the line, asking again.
-				if pause <= waitLimit(ctx, maxWait-waited, rtt) {
+				// The head of the line, asking again. Its wait is the
+				// store's answer, not an estimate: it goes on while that
+				// ends by MaxDelay (and in time for the deadline).
+				if pause <= min(maxWait-waited, deadlineLimit(ctx, rtt)) {
+					due = time.Now().Add(pause)
 					sleep(pause, nil)
 					if ctx.Err() == nil {
 						continue
@@ -559,7 +572,7 @@ func (e *Engine) enforce(ctx context.Context, checks []Check, all bool) (Verdict
 			case held || hold(checks, idx):
 				held = true
 				start = time.Now()
-				limit := waitLimit(ctx, maxWait, rtt)
+				limit := waitLimit(ctx, maxWait, 0, rtt)
 				var waits []time.Duration
 				w, waits = e.join(reqs, ds, limit)
 				if w == nil {
@@ -569,6 +582,7 @@ func (e *Engine) enforce(ctx context.Context, checks []Check, all bool) (Verdict
 					break
 				}
 				if w.Head() {
+					due = time.Now().Add(pause)
 					sleep(pause, nil) // the denial in hand says how long
 				} else {
 					// Ask the store once those ahead are served, unless
@@ -598,7 +612,7 @@ func (e *Engine) enforce(ctx context.Context, checks []Check, all bool) (Verdict
 // within the context's deadline). See refusers.
 func excuse(ctx context.Context, checks []Check, idx []int, ds []sluice.Decision, waited, rtt time.Duration) (deny int, excused []bool) {
 	return refusers(checks, idx, ds, func(j int) bool {
-		return ds[j].RetryAfter <= waitLimit(ctx, checks[idx[j]].Rule.MaxDelay-waited, rtt)
+		return ds[j].RetryAfter <= waitLimit(ctx, checks[idx[j]].Rule.MaxDelay, waited, rtt)
 	})
 }
 
@@ -725,7 +739,7 @@ func (e *Engine) queue(ctx context.Context, checks []Check, reqs []sluice.Reques
 		q.deny, est, q.maxWait = -1, 0, -1
 		wait := true
 		for j, r := range reqs {
-			d := counterWait(r, q.ds[j], peeked[j], ahead[j])
+			d := e.counterWait(r, q.ds[j], peeked[j], ahead[j])
 			waits[j] = d
 			if d == 0 {
 				continue
@@ -739,7 +753,7 @@ func (e *Engine) queue(ctx context.Context, checks []Check, reqs []sluice.Reques
 				q.maxWait = rule.MaxDelay
 			}
 		}
-		limit = waitLimit(ctx, q.maxWait-time.Since(start), rtt)
+		limit = waitLimit(ctx, q.maxWait, time.Since(start), rtt)
 		return q.deny >= 0 && wait && est <= limit
 	}
 	var there bool
@@ -761,15 +775,27 @@ func (e *Engine) queue(ctx context.Context, checks []Check, reqs []sluice.Reques
 	return q, nil
 }
 
-// waitLimit is how much longer a Delay request may wait: left of its
-// MaxDelay, or less when ctx's deadline comes first, less a store round
-// trip (rtt, as the last call took) and line.Wake to ask for the units in
-// time. A wait past it is refused at once, as one past MaxDelay is.
-func waitLimit(ctx context.Context, left, rtt time.Duration) time.Duration {
+// waitLimit is how much longer a Delay request that has waited waited
+// may expect to wait when it joins its line: what is left of its
+// maxDelay, less a store round trip (rtt, as the last call took) and
+// line.Wake, or less when ctx's deadline comes first (deadlineLimit). A
+// wait past it is refused at once: a turn expected just before MaxDelay
+// comes after it often enough (timers late, the line's takes each a
+// little later than the last) that the request would be held to it and
+// refused anyway. Of MaxDelay that margin takes at most half, so that a
+// short one still holds the shortest waits.
+func waitLimit(ctx context.Context, maxDelay, waited, rtt time.Duration) time.Duration {
+	return min(maxDelay-waited-min(rtt+line.Wake, maxDelay/2), deadlineLimit(ctx, rtt))
+}
+
+// deadlineLimit is how much longer a request may wait for ctx's deadline:
+// until it, less a store round trip and line.Wake to ask for the units in
+// time.
+func deadlineLimit(ctx context.Context, rtt time.Duration) time.Duration {
 	if d, ok := ctx.Deadline(); ok {
-		return min(left, time.Until(d)-rtt-line.Wake)
+		return time.Until(d) - rtt - line.Wake
 	}
-	return left
+	return math.MaxInt64
 }
 
 // join puts a denied request in its line, or refuses it (nil) with the
@@ -780,7 +806,7 @@ func (e *Engine) join(reqs []sluice.Request, ds []sluice.Decision, maxWait time.
 	dd := append([]sluice.Decision(nil), ds...)
 	waits := make([]time.Duration, len(rs))
 	w, _ := line.Join(line.Owner(e.store, e), rs[0].Key, lineName(rs), costs(rs), func(ahead []int64) time.Duration {
-		return estimate(rs, dd, ahead, waits)
+		return e.estimate(rs, dd, ahead, waits)
 	}, maxWait)
 	return w, waits
 }
@@ -811,10 +837,10 @@ func costs(reqs []sluice.Request) []int64 {
 
 // estimate is how long a request denied with ds waits behind ahead units
 // per counter: the longest of its counters' waits, each put in waits[j].
-func estimate(reqs []sluice.Request, ds []sluice.Decision, ahead []int64, waits []time.Duration) time.Duration {
+func (e *Engine) estimate(reqs []sluice.Request, ds []sluice.Decision, ahead []int64, waits []time.Duration) time.Duration {
 	var most time.Duration
 	for j, r := range reqs {
-		waits[j] = counterWait(r, ds[j], r.Cost, ahead[j])
+		waits[j] = e.counterWait(r, ds[j], r.Cost, ahead[j])
 		most = max(most, waits[j])
 	}
 	return most
@@ -822,8 +848,51 @@ func estimate(reqs []sluice.Request, ds []sluice.Decision, ahead []int64, waits 
 
 // counterWait is how long r's counter, which answered d about peeked
 // units, makes a request wait behind ahead units.
-func counterWait(r sluice.Request, d sluice.Decision, peeked, ahead int64) time.Duration {
-	return Shape(r.Limit).Wait(d.Allowed, d.Remaining, d.RetryAfter, peeked, ahead, r.Cost)
+func (e *Engine) counterWait(r sluice.Request, d sluice.Decision, peeked, ahead int64) time.Duration {
+	wait := Shape(r.Limit).Wait(d.Allowed, d.Remaining, d.RetryAfter, peeked, ahead, r.Cost)
+	if drift := lineDrift(r, ahead, time.Duration(e.turnLate.Load())); wait < math.MaxInt64-drift {
+		return wait + drift
+	}
+	return math.MaxInt64
+}
+
+// lineDrift is how much later than the limit's shape says a request's
+// units come behind ahead units, on a bucket whose burst cannot absorb
+// the heads' lateness (late, each): a head admitted late there takes its
+// unit late, and the next comes an Interval after that, so the lateness
+// adds up along the line (Burst 1: 100/s, a line of 47 and heads 0.6ms
+// late put the last 30ms behind the estimate). Waiters ahead are counted
+// as asking r's cost each.
+func lineDrift(r sluice.Request, ahead int64, late time.Duration) time.Duration {
+	s := Shape(r.Limit)
+	if s.Kind != line.Bucket || ahead <= 0 || late <= 0 {
+		return 0
+	}
+	if s.Capacity-1 > int64(late/max(s.Interval, 1)) {
+		return 0 // the burst's slack takes it
+	}
+	per := late - time.Duration(s.Capacity-1)*s.Interval
+	if per <= 0 {
+		return 0
+	}
+	turns := (ahead + r.Cost - 1) / max(r.Cost, 1)
+	if turns > int64(math.MaxInt64/per) {
+		return math.MaxInt64
+	}
+	return time.Duration(turns) * per
+}
+
+// late records how long after its pause a line's head was admitted, for
+// lineDrift: a moving average, each sample at most line.Wake (a stall
+// once, a GC pause, is no lateness to expect of every head).
+func (e *Engine) late(d time.Duration) {
+	d = min(max(d, 0), line.Wake)
+	old := time.Duration(e.turnLate.Load())
+	if old == 0 {
+		e.turnLate.Store(int64(d))
+		return
+	}
+	e.turnLate.Store(int64(old + (d-old)/8))
 }
 
 // Shape is what the line's estimate needs of l.
