@@ -22,9 +22,11 @@ type Observer interface {
 	// OutcomeError, and so a shadow policy whose take or peek failed (a
 	// denied request's shadow checks are peeked where every check gets a
 	// decision: the service's Envoy RLS and JSON API); on a key or cost
-	// failure, the policy that failed, as OutcomeError. A policy's
-	// OutcomeAllowed count is thus the requests it charged. Checks that
-	// only look (cost 0) are not observed.
+	// failure, the policy that failed, as OutcomeError. A request whose
+	// context ended while a Delay rule held it is not observed, as a store
+	// failure of an ended context is not: no client hears its answer. A
+	// policy's OutcomeAllowed count is thus the requests it charged. Checks
+	// that only look (cost 0) are not observed.
 	ObserveDecision(DecisionEvent)
 	// ObserveStore is called once per call of a wrapped store.
 	ObserveStore(StoreEvent)

@@ -102,7 +102,8 @@ type Rule struct {
 	// MaxDelay is the longest a Delay rule holds a call. A call that would
 	// need longer, or longer than its deadline allows, behind the calls
 	// this process already holds on its key, is rejected at once with
-	// ResourceExhausted (see httplimit.Delay for the bound).
+	// ResourceExhausted (see httplimit.Delay for the bound). A call whose
+	// context ends while held gets its context's code and is no denial.
 	MaxDelay time.Duration
 	// MaxWaiting is the most calls a Delay rule holds at once in this
 	// process; past it, calls over the limit are rejected at once.
@@ -284,6 +285,9 @@ func (in *Interceptor) check(ctx context.Context, method string) (metadata.MD, e
 	v, err := in.rules.Enforce(ctx, checks)
 	if err != nil {
 		return nil, in.storeFailed(ctx, method, err)
+	}
+	if v.Abandoned { // its context ended while held: its own code, no denial
+		return nil, status.FromContextError(ctx.Err()).Err()
 	}
 	var md metadata.MD
 	if v.Report >= 0 && (!v.Allowed || in.allowed != NoHeaders) {

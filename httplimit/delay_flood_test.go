@@ -17,7 +17,8 @@ import (
 
 // A flood on a Delay rule holds at most MaxWaiting requests; every other
 // request is refused at once, so goroutines and memory stay bounded however
-// many arrive, and the held ones leave when their callers give up.
+// many arrive, and the held ones leave when their callers give up, with
+// nothing written (no 429: nobody is there to read it).
 //
 // Not parallel: it counts the process's goroutines, so it runs alone.
 func TestDelayFloodBounded(t *testing.T) {
@@ -49,10 +50,10 @@ func TestDelayFloodBounded(t *testing.T) {
 	)
 	serve := func() {
 		defer wg.Done()
-		rec := httptest.NewRecorder()
+		rec := &wroteStatus{ResponseWriter: httptest.NewRecorder()}
 		h.ServeHTTP(rec, httptest.NewRequestWithContext(ctx, "GET", "/", nil))
 		statusMu.Lock()
-		status[rec.Code]++
+		status[rec.code]++
 		statusMu.Unlock()
 		finished.Add(1)
 	}
@@ -99,7 +100,10 @@ func TestDelayFloodBounded(t *testing.T) {
 	giveUp()
 	wg.Wait()
 	settle("the held requests' goroutines to exit", func() bool { return runtime.NumGoroutine() <= base+slack })
-	if got, want := status[http.StatusTooManyRequests], waves*wave-1; got != want {
+	if got, want := status[http.StatusTooManyRequests], waves*wave-maxWaiting-1; got != want {
 		t.Errorf("refused %d in all, want %d", got, want)
+	}
+	if got := status[0]; got != maxWaiting {
+		t.Errorf("%d answered nothing, want the %d held ones, given up", got, maxWaiting)
 	}
 }

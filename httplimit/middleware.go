@@ -1,6 +1,7 @@
 package httplimit
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net/http"
@@ -28,7 +29,9 @@ const (
 	// process on one key form a line (first come, first served) whose
 	// length counts in that estimate; requests of other processes on the
 	// key do not, so with them a held request may still be rejected at
-	// MaxDelay.
+	// MaxDelay. A request whose context ends while held (its client gave
+	// up) is no denial: nothing is written, or a 503 when a deadline set
+	// on the server's side passed, and the Observer counts nothing.
 	Delay = enforce.Delay
 	// Shadow decides and records (see Options.Observer) but never blocks
 	// and sets no headers: a dry run before enforcing a new limit. It
@@ -306,6 +309,16 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	m.limit(w, r, next)
 }
 
+// abandoned answers a request whose context ended while a Delay rule held
+// it: no 429, and no denial counted. A client gone hears nothing, so
+// nothing is written; a deadline passed (set on the server's side: the
+// client may still wait) is a 503, as http.TimeoutHandler's.
+func abandoned(w http.ResponseWriter, r *http.Request) {
+	if errors.Is(r.Context().Err(), context.DeadlineExceeded) {
+		problem.Write(w, problem.New(http.StatusServiceUnavailable, "the request's deadline passed while it waited for quota"))
+	}
+}
+
 // storeError wraps an error of the store for Options.ErrorHandler: a
 // refusal of what a rule asks is ErrInvalidConfig, else ErrStore.
 func storeError(err error) error {
@@ -330,6 +343,10 @@ func (m *Middleware) limit(w http.ResponseWriter, r *http.Request, next http.Han
 	v, err := m.rules.Enforce(r.Context(), checks)
 	if err != nil {
 		m.onError(w, r, storeError(err))
+		return
+	}
+	if v.Abandoned {
+		abandoned(w, r)
 		return
 	}
 	never := !v.Allowed && enforce.Never(&checks[v.Report])

@@ -266,6 +266,11 @@ type Verdict struct {
 	// admitted (Never) is denied without them, and the response must not
 	// state them.
 	Blind bool
+	// Abandoned reports a denial of a request whose context ended while a
+	// Delay rule held it: no client hears it, so it was not observed (as a
+	// store failure of an ended context is not), and the front end
+	// answers the context's error, not a denial.
+	Abandoned bool
 }
 
 // Engine checks rules against a store. It is safe for concurrent use.
@@ -489,11 +494,11 @@ func (e *Engine) enforce(ctx context.Context, checks []Check, all bool) (Verdict
 			if !w.Head() || ctx.Err() != nil {
 				waited = time.Since(start) // held to MaxDelay
 				q.ds[q.deny].RetryAfter = max(q.ds[q.deny].RetryAfter-waited, time.Millisecond)
-				return e.denied(ctx, checks, idx, q.ds, q.deny, waited, all, nil)
+				return e.denied(ctx, checks, idx, q.ds, q.deny, waited, all, nil, held)
 			}
 		case q.deny >= 0:
 			// Refused at once with the wait it would have needed.
-			return e.denied(ctx, checks, idx, q.ds, q.deny, 0, all, q.excused)
+			return e.denied(ctx, checks, idx, q.ds, q.deny, 0, all, q.excused, false)
 		}
 	}
 	for {
@@ -602,7 +607,7 @@ func (e *Engine) enforce(ctx context.Context, checks []Check, all bool) (Verdict
 			// wait would have fit did not.
 			deny, excused = excuse(ctx, checks, idx, ds, waited, rtt)
 		}
-		return e.denied(ctx, checks, idx, ds, deny, waited, all, excused)
+		return e.denied(ctx, checks, idx, ds, deny, waited, all, excused, held)
 	}
 }
 
@@ -668,9 +673,11 @@ func refusers(checks []Check, idx []int, ds []sluice.Decision, fits func(j int) 
 
 // denied answers a request denied by ds[deny] (ds[j] for the counter
 // reqs[j] of the check idx[j]) after waiting waited. A counter excused
-// (nil: none) did not deny it and is not observed.
-func (e *Engine) denied(ctx context.Context, checks []Check, idx []int, ds []sluice.Decision, deny int, waited time.Duration, all bool, excused []bool) (Verdict, error) {
-	out := Verdict{Report: idx[deny], Decision: ds[deny], Waited: waited}
+// (nil: none) did not deny it and is not observed; nor is any when the
+// request was held (by a Delay rule) and its context has ended: it is
+// Abandoned. A Penalty rule's block starts all the same.
+func (e *Engine) denied(ctx context.Context, checks []Check, idx []int, ds []sluice.Decision, deny int, waited time.Duration, all bool, excused []bool, held bool) (Verdict, error) {
+	out := Verdict{Report: idx[deny], Decision: ds[deny], Waited: waited, Abandoned: held && ctx.Err() != nil}
 	for j, d := range ds {
 		if d.Allowed || excused != nil && excused[j] {
 			continue
@@ -686,7 +693,9 @@ func (e *Engine) denied(ctx context.Context, checks []Check, idx []int, ds []slu
 				}
 			}
 		}
-		e.observe(c.Rule.Name, sluice.OutcomeDenied, d)
+		if !out.Abandoned {
+			e.observe(c.Rule.Name, sluice.OutcomeDenied, d)
+		}
 	}
 	setCounters(checks, ds)
 	return e.deny(ctx, checks, out, all)

@@ -1,0 +1,140 @@
+package grpclimit
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/status"
+
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/grpctest"
+	"github.com/sluicehq/sluice/internal/line"
+	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/memory"
+	"github.com/sluicehq/sluice/redisstore"
+	"github.com/sluicehq/sluice/storetest"
+)
+
+// decisions counts an Observer's decisions per policy and outcome.
+type decisions struct {
+	mu sync.Mutex
+	n  map[string]int
+}
+
+func (d *decisions) ObserveDecision(e sluice.DecisionEvent) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.n == nil {
+		d.n = map[string]int{}
+	}
+	d.n[e.Policy+"/"+e.Outcome.String()]++
+}
+func (d *decisions) ObserveStore(sluice.StoreEvent)     {}
+func (d *decisions) ObserveBreaker(sluice.BreakerEvent) {}
+func (d *decisions) get(k string) int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.n[k]
+}
+
+// A call a Delay rule holds whose client cancels it, or whose deadline
+// passes while it waits behind another, is no denial: the interceptor
+// returns the context's code (Canceled, DeadlineExceeded), as for a store
+// call its context ended, not ResourceExhausted, and the Observer counts
+// no denial, as httplimit's and the service's do not. On frozen clocks
+// (memory and a real Redis), so that a held call stays held: 1/s with a
+// burst of 10, all taken (Redis keeps the key 10s of real time).
+func TestDelayAbandoned(t *testing.T) {
+	t.Parallel()
+	clock := storetest.NewClock(t0)
+	mem := memory.New(&memory.Options{Clock: clock.Now})
+	t.Cleanup(func() { mem.Close() })
+	for name, store := range map[string]sluice.Store{
+		"memory": mem,
+		"redis":  redisstore.New(redistest.Client(t), &redisstore.Options{Prefix: redistest.Prefix(t), Clock: clock.Now}),
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			obs := &decisions{}
+			in, err := New(store, []Rule{{Name: "d", Limit: sluice.PerSecond(1).WithBurst(10), Key: Global(), Strategy: Delay, MaxDelay: 10 * time.Second}},
+				&Options{Observer: obs, Clock: clock.Now})
+			if err != nil {
+				t.Fatal(err)
+			}
+			// What the interceptor returned, seen from the one outside it.
+			returned := make(chan codes.Code, 4)
+			outer := func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+				resp, err := h(ctx, req)
+				returned <- status.Code(err)
+				return resp, err
+			}
+			srv := grpc.NewServer(grpc.ChainUnaryInterceptor(outer, in.Unary()))
+			healthpb.RegisterHealthServer(srv, health.NewServer())
+			client := healthpb.NewHealthClient(grpctest.Serve(t, srv))
+			check := func(ctx context.Context) error {
+				_, err := client.Check(ctx, &healthpb.HealthCheckRequest{})
+				return err
+			}
+			for i := range 10 {
+				if err := check(context.Background()); err != nil {
+					t.Fatalf("call %d of the burst: %v", i, err)
+				}
+				<-returned
+			}
+
+			// A client that cancels while held.
+			ctx, cancel := context.WithCancel(context.Background())
+			time.AfterFunc(200*time.Millisecond, cancel)
+			if err := check(ctx); status.Code(err) != codes.Canceled {
+				t.Fatalf("call cancelled while held: %v, want Canceled", err)
+			}
+			if code := <-returned; code != codes.Canceled {
+				t.Errorf("call cancelled while held: the interceptor returned %v, want Canceled", code)
+			}
+
+			// A deadline the 2s wait fits, behind a call held first (then
+			// cancelled).
+			first, stop := context.WithCancel(context.Background())
+			firstDone := make(chan struct{})
+			go func() {
+				defer close(firstDone)
+				check(first)
+			}()
+			checks, err := in.rules.Collect(call{context.Background(), "/grpc.health.v1.Health/Check"}, nil)
+			if err != nil || len(checks) != 1 {
+				t.Fatalf("Collect: %v, %v", checks, err)
+			}
+			for deadline := time.Now().Add(5 * time.Second); !line.Waiting(store, checks[0].Key) && time.Now().Before(deadline); {
+				time.Sleep(time.Millisecond)
+			}
+			ctx, cancel = context.WithTimeout(context.Background(), 2500*time.Millisecond)
+			err = check(ctx)
+			cancel()
+			if status.Code(err) != codes.DeadlineExceeded {
+				t.Errorf("call whose deadline passed while held: %v, want DeadlineExceeded", err)
+			}
+			// The server's deadline, or the client's cancel sent as its own
+			// passed: whichever ended the call's context first.
+			if code := <-returned; code != codes.DeadlineExceeded && code != codes.Canceled {
+				t.Errorf("call whose deadline passed while held: the interceptor returned %v, want DeadlineExceeded or Canceled", code)
+			}
+			stop()
+			<-firstDone
+			if code := <-returned; code != codes.Canceled {
+				t.Errorf("the call ahead, cancelled: the interceptor returned %v, want Canceled", code)
+			}
+			if n := obs.get("d/denied"); n != 0 {
+				t.Errorf("Observer counted %d denials, want none: no call was answered one", n)
+			}
+			if n := obs.get("d/allowed"); n != 10 {
+				t.Errorf("Observer counted %d admitted, want the burst's 10", n)
+			}
+		})
+	}
+}
