@@ -1,6 +1,8 @@
 package lease_test
 
 import (
+	"context"
+	"fmt"
 	"math/rand/v2"
 	"slices"
 	"testing"
@@ -9,6 +11,7 @@ import (
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/race"
 	"github.com/sluicehq/sluice/lease"
+	"github.com/sluicehq/sluice/memory"
 	"github.com/sluicehq/sluice/storetest"
 )
 
@@ -19,40 +22,111 @@ import (
 // and the buckets, Rate per window for the fixed window, the weighted
 // estimate within Rate at every admission for the sliding window counter.
 
-// request is one request of a schedule: at µs after the start, from
-// process proc, for cost units; with all, a TakeAll of them and of all
-// units of key k2; a close instead returns proc's leases.
+// request is one request of a schedule: at µs after the start (or when
+// the request before it ends, if later), from process proc, for cost
+// units; with all, a TakeAll of them and of all units of key k2, whose
+// store calls take delays; a close instead returns proc's leases.
 type request struct {
-	at    int64
-	proc  int
-	cost  int64
-	all   int64
-	close bool
+	at     int64
+	proc   int
+	cost   int64
+	all    int64
+	delays []int64
+	close  bool
 }
 
 // fleet is a schedule's processes and what they admitted.
 type fleet struct {
 	clock     *storetest.Clock
+	d         time.Duration
 	procs     []*lease.Store
+	calls     []*stepped   // each process's granter
 	admitted  []int64      // µs after the start, one entry per unit
 	admitted2 []int64      // the same for k2, of TakeAll's requests
 	l2        sluice.Limit // k2's limit
+	late      []string     // TakeAll checks spent from a lease after its life
 }
 
 func newFleet(t *testing.T, d time.Duration, sizes []int64) *fleet {
-	f := &fleet{clock: storetest.NewClock(storetest.T0)}
+	f := &fleet{clock: storetest.NewClock(storetest.T0), d: d}
 	m := newMemory(t, f.clock)
 	for _, size := range sizes {
-		f.procs = append(f.procs, newLease(t, m, f.clock, d, size))
+		c := &stepped{Store: m, f: f, granted: map[string]int64{}}
+		f.calls = append(f.calls, c)
+		f.procs = append(f.procs, newLease(t, c, f.clock, d, size))
 	}
 	return f
+}
+
+// now is the fleet's clock, in µs after the start.
+func (f *fleet) now() int64 { return f.clock.Now().Sub(storetest.T0).Microseconds() }
+
+// stepped is a process's granter: each of its Grants, Regrants, Takes and
+// TakeAlls takes the next of delay µs before the store decides, on the
+// fleet's clock (none once delay is spent), and it notes when each key's
+// last grant of units was sent and, while took is set, the keys the store
+// took units of.
+type stepped struct {
+	*memory.Store
+	f       *fleet
+	delay   []int64
+	granted map[string]int64
+	took    map[string]bool
+}
+
+func (c *stepped) wait() {
+	if len(c.delay) > 0 {
+		c.f.clock.Advance(time.Duration(c.delay[0]) * time.Microsecond)
+		c.delay = c.delay[1:]
+	}
+}
+
+func (c *stepped) taken(key string) {
+	if c.took != nil {
+		c.took[key] = true
+	}
+}
+
+func (c *stepped) Take(ctx context.Context, key string, l sluice.Limit, cost int64) (sluice.Decision, error) {
+	c.wait()
+	c.taken(key)
+	return c.Store.Take(ctx, key, l, cost)
+}
+
+func (c *stepped) TakeAll(ctx context.Context, reqs []sluice.Request) ([]sluice.Decision, error) {
+	c.wait()
+	for _, r := range reqs {
+		c.taken(r.Key)
+	}
+	return c.Store.TakeAll(ctx, reqs)
+}
+
+func (c *stepped) Grant(ctx context.Context, key string, l sluice.Limit, n int64) (sluice.Grant, error) {
+	sent := c.f.now()
+	c.wait()
+	g, err := c.Store.Grant(ctx, key, l, n)
+	if g.Granted > 0 {
+		c.granted[key] = sent
+	}
+	return g, err
+}
+
+func (c *stepped) Regrant(ctx context.Context, key string, l sluice.Limit, old sluice.Grant, unused, n int64) (int64, sluice.Grant, error) {
+	sent := c.f.now()
+	c.wait()
+	back, g, err := c.Store.Regrant(ctx, key, l, old, unused, n)
+	if g.Granted > 0 {
+		c.granted[key] = sent
+	}
+	return back, g, err
 }
 
 func (f *fleet) run(t *testing.T, l sluice.Limit, reqs []request) {
 	t.Helper()
 	slices.SortStableFunc(reqs, func(a, b request) int { return int(a.at - b.at) })
 	for _, r := range reqs {
-		f.clock.Set(storetest.T0.Add(time.Duration(r.at) * time.Microsecond))
+		at := max(r.at, f.now())
+		f.clock.Set(storetest.T0.Add(time.Duration(at) * time.Microsecond))
 		if r.close {
 			if err := f.procs[r.proc].Close(ctx); err != nil {
 				t.Fatal(err)
@@ -60,23 +134,37 @@ func (f *fleet) run(t *testing.T, l sluice.Limit, reqs []request) {
 			continue
 		}
 		if r.all > 0 {
+			c := f.calls[r.proc]
+			c.delay, c.took = r.delays, map[string]bool{}
 			ds, err := f.procs[r.proc].TakeAll(ctx, []sluice.Request{{Key: "k", Limit: l, Cost: r.cost}, {Key: "k2", Limit: f.l2, Cost: r.all}})
 			if err != nil {
 				t.Fatal(err)
 			}
+			c.delay = nil
 			if ds[0].Allowed && ds[1].Allowed {
+				// The units are spent now, when the request is admitted,
+				// after its store calls.
+				spent := f.now()
 				for range r.cost {
-					f.admitted = append(f.admitted, r.at)
+					f.admitted = append(f.admitted, spent)
 				}
 				for range r.all {
-					f.admitted2 = append(f.admitted2, r.at)
+					f.admitted2 = append(f.admitted2, spent)
+				}
+				// A check the store took nothing for was spent from the
+				// process's last lease of its key, which must still live.
+				for _, key := range []string{"k", "k2"} {
+					if !c.took[key] && spent > c.granted[key]+f.d.Microseconds() {
+						f.late = append(f.late, fmt.Sprintf("%s at %dµs (sent at %dµs, from %dµs): lease granted at %dµs", key, spent, at, r.at, c.granted[key]))
+					}
 				}
 			}
+			c.took = nil
 			continue
 		}
 		if d := take(t, f.procs[r.proc], "k", l, r.cost); d.Allowed {
 			for range r.cost {
-				f.admitted = append(f.admitted, r.at)
+				f.admitted = append(f.admitted, at)
 			}
 		}
 	}
@@ -331,7 +419,13 @@ func TestBoundSlidingWindowCounter(t *testing.T) {
 // as TestBoundSearchBuckets's, half of their requests a TakeAll of the key
 // and of a second leased key under another limit, where a lease whose
 // units are too few for its check spends them with the store's Take of
-// the rest or, denied by the other check, keeps them.
+// the rest or, denied by the other check, keeps them. Most TakeAlls' store
+// calls take time, so that leases end while one is out; their units count
+// when the request is admitted, after its last call, and a check spent
+// from a lease alone must find it live then. Only the first three calls
+// take time, D/3 at most each, so a unit that the store took in one of
+// them is at most D old when the request is admitted, as a lease's may be:
+// the bound holds for every unit counted so.
 func TestBoundSearchTakeAll(t *testing.T) {
 	schedules := 1000
 	if race.Enabled {
@@ -349,9 +443,15 @@ func TestBoundSearchTakeAll(t *testing.T) {
 				for i := range reqs {
 					if !reqs[i].close && r.IntN(2) == 0 {
 						reqs[i].all = 1 + r.Int64N(f.l2.Capacity())
+						if r.IntN(4) != 0 {
+							reqs[i].delays = randomDelays(r, d)
+						}
 					}
 				}
 				f.run(t, l, reqs)
+				if len(f.late) > 0 {
+					t.Fatalf("seed %d, %v, k2 %v, D %v, sizes %v: spent after the lease's life: %v", seed, l, f.l2, d, sizes, f.late)
+				}
 				for _, span := range spans(l, d) {
 					if got, bound := most(f.admitted, span), bucketBound(l, d, span); got > bound {
 						t.Fatalf("seed %d, %v, D %v, sizes %v: %d admitted over %dµs, bound %d", seed, l, d, sizes, got, span, bound)
@@ -363,4 +463,23 @@ func TestBoundSearchTakeAll(t *testing.T) {
 			}
 		})
 	}
+}
+
+// randomDelays draws how long each of a TakeAll's first three store calls
+// takes, in µs: none, a few µs, up to D/3, or D/3 most often.
+func randomDelays(r *rand.Rand, d time.Duration) []int64 {
+	most := d.Microseconds() / 3
+	delays := make([]int64, 3)
+	for i := range delays {
+		switch r.IntN(6) {
+		case 0:
+		case 1:
+			delays[i] = min(1+r.Int64N(3), most)
+		case 2:
+			delays[i] = r.Int64N(most + 1)
+		default:
+			delays[i] = most
+		}
+	}
+	return delays
 }

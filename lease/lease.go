@@ -60,7 +60,12 @@
 // returned: a unit is admitted once, from a lease that holds it (a request
 // that spends a lease's last units with the store's is admitted at an
 // instant within that lease's life, the store's units being granted or
-// taken by then, or with the store's units alone).
+// taken by then, or with the store's units alone). A TakeAll is admitted
+// when its last store call (a grant, or the Take of its other checks) is
+// back, and spends its leases' units then, each within its lease's life;
+// a check whose lease ended before takes its units from the store instead,
+// exactly, all or nothing with the others, and the lease's go back under
+// the return rule.
 //
 // GCRA, TokenBucket, LeakyBucket, with burst B and I = Limit.Interval (one
 // unit per I, so r = 1/I ≤ Rate/Period): over any closed interval of time
@@ -872,15 +877,16 @@ func (s *Store) fast(d *sluice.Decision, key string, limit sluice.Limit, cost in
 }
 
 // spend answers a request of cost from the key's lease, taking the units
-// when it allows, and reports the lease and the grant they came from
-// (gen). exact says the store should answer instead, as it does for a key
-// that is not hot; force leases such a key all the same. The request is
-// validated here (stale too), in full only when the key has no lease under
-// limit yet: a lease's limit was validated when it was made. topUp lets
-// the lease's last units be spent on the request with the store's (see
-// refill): a TakeAll's only over a MultiStore, whose TakeAll takes the
-// rest all or nothing with the other checks. left: see refill.
-func (s *Store) spend(ctx context.Context, key string, limit sluice.Limit, cost int64, stale time.Duration, force, topUp bool) (_ sluice.Decision, _ *lease, gen uint64, left leftover, exact bool, _ error) {
+// when it allows, and reports the lease and the units it took (got: of
+// which grant, spendable until when). exact says the store should answer
+// instead, as it does for a key that is not hot; force leases such a key
+// all the same. The request is validated here (stale too), in full only
+// when the key has no lease under limit yet: a lease's limit was validated
+// when it was made. topUp lets the lease's last units be spent on the
+// request with the store's (see refill): a TakeAll's only over a
+// MultiStore, whose TakeAll takes the rest all or nothing with the other
+// checks. left: see refill.
+func (s *Store) spend(ctx context.Context, key string, limit sluice.Limit, cost int64, stale time.Duration, force, topUp bool) (_ sluice.Decision, _ *lease, got, left leftover, exact bool, _ error) {
 	if s.keys.Load() >= s.sweepAt.Load() {
 		s.sweep()
 	}
@@ -894,43 +900,43 @@ func (s *Store) spend(ctx context.Context, key string, limit sluice.Limit, cost 
 	if h == nil || cost < 1 || cost > h.l.capacity || stale < MinStaleness || stale > limit.Period {
 		sh.mu.Unlock()
 		if err := validate(key, limit, cost, stale); err != nil {
-			return sluice.Decision{}, nil, 0, leftover{}, false, err
+			return sluice.Decision{}, nil, leftover{}, leftover{}, false, err
 		}
 		if id = s.id(limit); id == 0 {
-			return sluice.Decision{}, nil, 0, leftover{}, true, nil
+			return sluice.Decision{}, nil, leftover{}, leftover{}, true, nil
 		}
 		sh.mu.Lock()
 		h = s.lease(sh, tag, id, key, limit)
 	}
 	l := h.l
 	now := s.now()
-	d, gen, ok := s.answer(h, cost, now, false)
+	d, got, ok := s.answer(h, cost, now, false)
 	if !ok || !d.Allowed {
 		l.asked += cost // not spent from units, which counts itself
 	}
 	if ok {
 		sh.mu.Unlock()
-		return d, l, gen, leftover{}, false, nil
+		return d, l, got, leftover{}, false, nil
 	}
 	failed, grants := l.failed, l.gen
 	sh.mu.Unlock()
-	d, gen, left, exact, err := s.refill(ctx, l, key, limit, cost, stale, force, topUp, failed, grants)
-	return d, l, gen, left, exact, err
+	d, got, left, exact, err := s.refill(ctx, l, key, limit, cost, stale, force, topUp, failed, grants)
+	return d, l, got, left, exact, err
 }
 
 // answer is l's decision at now without the store, when it has one: from a
-// live lease that holds cost units, taking them, or a remembered denial.
-// l's shard must be locked.
-func (s *Store) answer(h *hot, cost int64, now int64, counted bool) (_ sluice.Decision, gen uint64, ok bool) {
+// live lease that holds cost units, taking them (got), or a remembered
+// denial. l's shard must be locked.
+func (s *Store) answer(h *hot, cost int64, now int64, counted bool) (_ sluice.Decision, got leftover, ok bool) {
 	l := h.l
 	var d sluice.Decision
 	if h.spendLocal(&d, l.sh, l.limit, cost, now, counted) {
-		return d, l.gen, true
+		return d, leftover{cost, l.gen, h.stop, l.grant, true}, true
 	}
 	if d, ok := h.remembered(cost, now); ok {
-		return d, 0, true
+		return d, leftover{}, true
 	}
-	return sluice.Decision{}, 0, false
+	return sluice.Decision{}, leftover{}, false
 }
 
 // remembered is h's remembered denial of cost at now, if one is in force
@@ -948,30 +954,31 @@ func (h *hot) remembered(cost, now int64) (sluice.Decision, bool) {
 // back what is left and asking the store for a new grant, or (exact) by
 // the store's Take. left.units > 0 (with exact): that Take is to be of
 // cost − left.units, the lease's last units being spent with it (topUp).
-// failed and grants are l.failed and l.gen when the request began to wait.
-func (s *Store) refill(ctx context.Context, l *lease, key string, limit sluice.Limit, cost int64, stale time.Duration, force, topUp bool, failed, grants uint64) (_ sluice.Decision, gen uint64, _ leftover, exact bool, _ error) {
+// got: the lease's units an admission spent. failed and grants are
+// l.failed and l.gen when the request began to wait.
+func (s *Store) refill(ctx context.Context, l *lease, key string, limit sluice.Limit, cost int64, stale time.Duration, force, topUp bool, failed, grants uint64) (_ sluice.Decision, got, _ leftover, exact bool, _ error) {
 	if err := l.refill.lockCtx(ctx); err != nil {
-		return sluice.Decision{}, 0, leftover{}, false, fmt.Errorf("lease: waiting for the key's grant: %w", err)
+		return sluice.Decision{}, leftover{}, leftover{}, false, fmt.Errorf("lease: waiting for the key's grant: %w", err)
 	}
 	defer l.refill.Unlock()
 	if err := ctx.Err(); err != nil {
 		// The lock was free, but the request is over: taking the lease's
 		// units out to return them would lose them to a call refused for
 		// its context.
-		return sluice.Decision{}, 0, leftover{}, false, err
+		return sluice.Decision{}, leftover{}, leftover{}, false, err
 	}
 	sh := l.sh
 	sh.mu.Lock()
 	now := s.now()
 	h := l.hot()
-	if d, gen, ok := s.answer(h, cost, now, true); ok {
+	if d, got, ok := s.answer(h, cost, now, true); ok {
 		sh.mu.Unlock()
-		return d, gen, leftover{}, false, nil
+		return d, got, leftover{}, false, nil
 	}
 	if now < l.deny && exactWait(limit, cost) && !force {
 		// The store's Take says when cost units will be there.
 		sh.mu.Unlock()
-		return sluice.Decision{}, 0, leftover{}, true, nil
+		return sluice.Decision{}, leftover{}, leftover{}, true, nil
 	}
 	if l.gen != grants && h.units == 0 && !force {
 		// A grant came while this request waited for it, and others spent
@@ -982,7 +989,7 @@ func (s *Store) refill(ctx context.Context, l *lease, key string, limit sluice.L
 		// each would wait for all of those ahead of them (a 429 held for
 		// hundreds of milliseconds).
 		sh.mu.Unlock()
-		return sluice.Decision{}, 0, leftover{}, true, nil
+		return sluice.Decision{}, leftover{}, leftover{}, true, nil
 	}
 	if l.failed != failed {
 		// A grant failed while this request waited for it: another would
@@ -993,9 +1000,9 @@ func (s *Store) refill(ctx context.Context, l *lease, key string, limit sluice.L
 		err, byPolicy := l.failErr, l.byPolicy
 		sh.mu.Unlock()
 		if !byPolicy {
-			return sluice.Decision{}, 0, leftover{}, false, fmt.Errorf("lease: the key's grant failed while this request waited for it: %w", err)
+			return sluice.Decision{}, leftover{}, leftover{}, false, fmt.Errorf("lease: the key's grant failed while this request waited for it: %w", err)
 		}
-		return sluice.Decision{}, 0, leftover{}, true, &policyAnswers{err}
+		return sluice.Decision{}, leftover{}, leftover{}, true, &policyAnswers{err}
 	}
 	l.fold(h, now, stale)
 	n := s.sizeFor(h, limit, cost)
@@ -1019,21 +1026,20 @@ func (s *Store) refill(ctx context.Context, l *lease, key string, limit sluice.L
 	// the Take after it does.
 	strand := stranded(h, limit, cost, now)
 	if strand && topUp {
-		left := leftover{h.units, l.gen, h.stop, l.grant}
+		left := leftover{h.units, l.gen, h.stop, l.grant, false}
 		l.setUnits(h, 0)
 		sh.mu.Unlock()
-		return sluice.Decision{}, 0, left, true, nil
+		return sluice.Decision{}, leftover{}, left, true, nil
 	}
 	if toStore && (h.units == 0 || strand) {
 		// Nothing to give back (stranded units stay for smaller requests).
 		sh.mu.Unlock()
-		return sluice.Decision{}, 0, leftover{}, true, nil
+		return sluice.Decision{}, leftover{}, leftover{}, true, nil
 	}
 	// The lease's units go back before an exact Take too: left out, they
 	// would make the store deny what an exact limiter admits.
 	old, unused := l.grant, h.units
 	l.setUnits(h, 0)
-	gen = l.gen
 	sh.mu.Unlock()
 	// A granter that can regrant takes the return and the grant in one
 	// call: one round trip for a refill, where the request (and those
@@ -1046,14 +1052,14 @@ func (s *Store) refill(ctx context.Context, l *lease, key string, limit sluice.L
 			// The store did not answer the return: a grant now would most
 			// likely wait as long again before the policy answers.
 			l.fail(ctx, err, true)
-			return sluice.Decision{}, 0, leftover{}, true, &policyAnswers{err}
+			return sluice.Decision{}, leftover{}, leftover{}, true, &policyAnswers{err}
 		}
 		if err != nil {
 			l.fail(ctx, err, false)
-			return sluice.Decision{}, 0, leftover{}, false, err
+			return sluice.Decision{}, leftover{}, leftover{}, false, err
 		}
 		if toStore {
-			return sluice.Decision{}, 0, leftover{}, true, nil
+			return sluice.Decision{}, leftover{}, leftover{}, true, nil
 		}
 	}
 	sent := s.now()
@@ -1072,11 +1078,11 @@ func (s *Store) refill(ctx context.Context, l *lease, key string, limit sluice.L
 	if errors.Is(err, resilient.ErrNoGrant) {
 		l.fail(ctx, err, true)
 		if errors.Is(err, resilient.ErrNotSent) && !one {
-			return sluice.Decision{}, 0, leftover{}, true, nil // the breaker is open: Take is the policy's
+			return sluice.Decision{}, leftover{}, leftover{}, true, nil // the breaker is open: Take is the policy's
 		}
 		// A regrant that failed or was held back is a return that did:
 		// the policy answers, as after a return held back.
-		return sluice.Decision{}, 0, leftover{}, true, &policyAnswers{err}
+		return sluice.Decision{}, leftover{}, leftover{}, true, &policyAnswers{err}
 	}
 	if err != nil {
 		// Those waiting for this call get its error at once: each sending
@@ -1085,9 +1091,9 @@ func (s *Store) refill(ctx context.Context, l *lease, key string, limit sluice.L
 		if one {
 			// Sent once, its outcome unknown: the request's error, as a
 			// failed return's is; the units stay out of the store.
-			return sluice.Decision{}, 0, leftover{}, false, fmt.Errorf("lease: regrant: %w", err)
+			return sluice.Decision{}, leftover{}, leftover{}, false, fmt.Errorf("lease: regrant: %w", err)
 		}
-		return sluice.Decision{}, 0, leftover{}, false, err
+		return sluice.Decision{}, leftover{}, leftover{}, false, err
 	}
 	s.granted.Add(uint64(g.Granted))
 	sh.mu.Lock()
@@ -1100,9 +1106,9 @@ func (s *Store) refill(ctx context.Context, l *lease, key string, limit sluice.L
 		l.retry = sent + int64(g.RetryAfter)
 		l.deny = sent + int64(min(g.RetryAfter, stale))
 		if exactWait(limit, cost) && !force {
-			return sluice.Decision{}, 0, leftover{}, true, nil
+			return sluice.Decision{}, leftover{}, leftover{}, true, nil
 		}
-		return sluice.Decision{Limit: limit, RetryAfter: retryFor(limit, cost, int64(g.RetryAfter)), ResetAfter: g.ResetAfter}, 0, leftover{}, false, nil
+		return sluice.Decision{Limit: limit, RetryAfter: retryFor(limit, cost, int64(g.RetryAfter)), ResetAfter: g.ResetAfter}, leftover{}, leftover{}, false, nil
 	}
 	now = s.now()
 	switch {
@@ -1122,12 +1128,12 @@ func (s *Store) refill(ctx context.Context, l *lease, key string, limit sluice.L
 	if h.units >= cost && !h.live(now) {
 		// The grant came back after its lease's end: its units stay for
 		// the return rule, and the store answers this request exactly.
-		return sluice.Decision{}, 0, leftover{}, true, nil
+		return sluice.Decision{}, leftover{}, leftover{}, true, nil
 	}
 	if !h.live(now) || h.units < cost {
 		if exactWait(limit, cost) && !force {
 			// The granted units stay in the lease for smaller requests.
-			return sluice.Decision{}, 0, leftover{}, true, nil
+			return sluice.Decision{}, leftover{}, leftover{}, true, nil
 		}
 		d := h.local(limit, now, false)
 		// cost Intervals, not cost − units: by the retry this lease's
@@ -1138,13 +1144,13 @@ func (s *Store) refill(ctx context.Context, l *lease, key string, limit sluice.L
 			d.RetryAfter = max(time.Duration(l.end-now), time.Microsecond)
 		}
 		d.Source = sluice.SourceBackend
-		return d, 0, leftover{}, false, nil
+		return d, leftover{}, leftover{}, false, nil
 	}
 	h.units -= cost
 	l.mark -= cost // counted in asked by spend
 	d := h.local(limit, now, true)
 	d.Source = sluice.SourceBackend
-	return d, l.gen, leftover{}, false, nil
+	return d, leftover{cost, l.gen, h.stop, g, false}, leftover{}, false, nil
 }
 
 // stranded reports whether h, at now, holds units that a request of cost
@@ -1157,13 +1163,17 @@ func stranded(h *hot, limit sluice.Limit, cost, now int64) bool {
 	return h.live(now) && h.units < cost
 }
 
-// leftover is a live lease's last units, which refill took out of it for
-// a request that needs more: of grant gen (g), spendable while now ≤ stop.
+// leftover is units taken out of a lease for a request: a live lease's
+// last units, which refill took out of it for a request that needs more,
+// or those a TakeAll's check spent. Of grant gen (g), spendable while
+// now ≤ stop; local: spent as a decision from the lease (Stats.Local),
+// which is not made if they go back.
 type leftover struct {
 	units int64
 	gen   uint64
 	stop  int64
 	g     sluice.Grant
+	local bool
 }
 
 // topUp answers a request of cost from the store's Take of cost − units
@@ -1188,45 +1198,46 @@ func (s *Store) topUp(ctx context.Context, l *lease, left leftover, key string, 
 	if t.first.back <= left.stop {
 		return d, nil
 	}
-	ds, _, err := s.finish(ctx, nil, []topped{t})
-	if err != nil {
+	ds := []sluice.Decision{d}
+	if _, err := s.finish(ctx, nil, []topped{t}, ds, t.first.back); err != nil {
 		return sluice.Decision{}, err
 	}
 	return ds[0], nil
 }
 
-// topped is a request whose lease's last units (left, of l) went with the
-// store's Take of the rest, which admitted: sent and answered as first.
+// topped is an admitted request that holds units of a lease (left, of l),
+// spendable only while that lease lives, and the units the store took for
+// the rest of its cost, by first (none when left covers the cost). Its
+// answer is out[at] of finish's out.
 type topped struct {
 	req   sluice.Request // the whole cost
 	l     *lease
 	left  leftover
 	stale time.Duration
 	first span
+	at    int
 }
 
-// finish answers requests whose store's Take of the rest came back after
-// their lease's life, all or nothing: their lease's units cannot be spent
-// (the store may have taken its units after the lease ended), so they go
-// back under the return rule, and each request takes as many from the
-// store too, exactly, rather than being denied with the store's units
-// taken for nothing. Units taken go together as a lease's would: within
-// stale of the send of the Take that took the first of them, and for the
-// window algorithms in one window; otherwise the last Take's units are
-// kept, and the rest taken again (after finishRounds, or when the units
-// kept are already too old, the whole cost: an exact Take). Denied, the
-// units taken are lost with the requests, as a client's that gives up
-// halfway, and a request's wait is for its whole cost. ok: every request
-// was admitted.
-func (s *Store) finish(ctx context.Context, multi sluice.MultiStore, ts []topped) (_ []sluice.Decision, ok bool, _ error) {
-	for _, t := range ts {
-		if err := s.putBack(ctx, t.l, t.left, t.req.Key, t.req.Limit); err != nil {
-			return nil, false, err
-		}
-	}
-	// held is what a request holds of its cost: units taken, the send of
-	// the Take that took the first of them, and the Take that says which
-	// window they count in.
+// finish answers requests, all or nothing, that the store admitted (or
+// their leases did) with the last call coming back at back, when a lease
+// had ended by then: its units cannot be spent (the store may have taken
+// its units after the lease ended), so they go back under the return rule,
+// and the request takes as many from the store too, exactly, rather than
+// being denied with the store's units taken for nothing. That Take comes
+// back later still, so every lease's units are looked at again after it.
+// Units taken go together as a lease's would: within stale of the send of
+// the Take that took the first of them, and for the window algorithms in
+// one window; otherwise the last Take's units are kept, and the rest taken
+// again (after finishRounds, or when the units kept are already too old,
+// the whole cost: an exact Take). Denied, the leases' units still held go
+// back, the units taken are lost with the requests, as a client's that
+// gives up halfway, and a request's wait is for its whole cost. out holds
+// the requests' answers, and gets the store's. ok: every request was
+// admitted.
+func (s *Store) finish(ctx context.Context, multi sluice.MultiStore, ts []topped, out []sluice.Decision, back int64) (ok bool, _ error) {
+	// held is what a request holds of its cost from the store: units
+	// taken, the send of the Take that took the first of them, and the
+	// Take that says which window they count in.
 	type held struct {
 		units, since int64
 		at           span
@@ -1235,55 +1246,105 @@ func (s *Store) finish(ctx context.Context, multi sluice.MultiStore, ts []topped
 	for i, t := range ts {
 		hs[i] = held{t.req.Cost - t.left.units, t.first.sent, t.first}
 	}
-	ds := make([]sluice.Decision, len(ts))
-	open := make([]int, len(ts)) // the requests not yet answered
-	for i := range open {
-		open[i] = i
+	// giveUp puts back the leases' units still held, for a request that is
+	// not admitted.
+	giveUp := func() error {
+		var errs []error
+		for i := range ts {
+			if t := &ts[i]; t.left.units > 0 {
+				errs = append(errs, s.putBack(ctx, t.l, t.left, t.req.Key, t.req.Limit))
+				out[t.at].Remaining += t.left.units // as Peek counts them
+				t.left.units = 0
+			}
+		}
+		return errors.Join(errs...)
 	}
-	for round := 0; len(open) > 0; round++ {
+	for round := 0; ; round++ {
+		var open []int // the requests that need more from the store
+		for i := range ts {
+			t := &ts[i]
+			if t.left.units > 0 && back > t.left.stop {
+				err := s.putBack(ctx, t.l, t.left, t.req.Key, t.req.Limit)
+				t.left.units = 0
+				if err != nil {
+					return false, errors.Join(err, giveUp())
+				}
+			}
+			if hs[i].units+t.left.units < t.req.Cost {
+				open = append(open, i)
+			}
+		}
+		if len(open) == 0 {
+			return true, nil
+		}
 		now := s.now()
 		need := make([]sluice.Request, len(open))
 		for j, i := range open {
 			h, t := &hs[i], ts[i]
-			if round == finishRounds || now > h.since+int64(t.stale) || windowed(t.req.Limit) && h.at.windowEnd(t.req.Limit) <= now {
+			if round >= finishRounds || now > h.since+int64(t.stale) || windowed(t.req.Limit) && h.at.windowEnd(t.req.Limit) <= now {
 				h.units = 0 // too old, or of a window that may have ended
 			}
 			need[j] = t.req
 			need[j].Cost -= h.units
 		}
 		sent := s.now()
-		got, err := s.exactly(ctx, multi, need, true)
+		got, err := s.takeRest(ctx, multi, need)
 		if err != nil {
-			return nil, false, err
+			return false, errors.Join(err, giveUp())
 		}
-		back := s.now()
+		back = s.now()
 		ok = true
 		for j, i := range open {
-			ds[i], ok = got[j], ok && got[j].Allowed
+			out[ts[i].at], ok = got[j], ok && got[j].Allowed
 		}
 		if !ok {
+			errs := []error{giveUp()}
 			for _, i := range open {
-				if t := ts[i]; !ds[i].Allowed && hs[i].units > 0 {
-					if ds[i], err = s.waitFor(ctx, ds[i], t.req.Key, t.req.Limit, t.req.Cost, hs[i].units); err != nil {
-						return nil, false, err
-					}
+				if t := ts[i]; !out[t.at].Allowed && hs[i].units > 0 {
+					out[t.at], err = s.waitFor(ctx, out[t.at], t.req.Key, t.req.Limit, t.req.Cost, hs[i].units)
+					errs = append(errs, err)
 				}
 			}
-			return ds, false, nil
+			return false, errors.Join(errs...)
 		}
-		var next []int
 		for j, i := range open {
 			h, t := &hs[i], ts[i]
 			this := span{sent, back, got[j].ResetAfter}
-			if h.units == 0 || back <= h.since+int64(t.stale) && sameWindow(t.req.Limit, h.at, this) {
-				continue
+			switch {
+			case h.units == 0:
+				*h = held{t.req.Cost, sent, this}
+			case back <= h.since+int64(t.stale) && sameWindow(t.req.Limit, h.at, this):
+				h.units = t.req.Cost
+			default:
+				*h = held{need[j].Cost, sent, this} // the rest again
 			}
-			*h = held{need[j].Cost, sent, this}
-			next = append(next, i)
 		}
-		open = next
 	}
-	return ds, true, nil
+}
+
+// takeRest takes reqs from the store, all or nothing, for finish: in one
+// TakeAll, or from a granter that has none (TakeAll's checks were all
+// leased then) one at a time, until one denies, the rest then Peeked; the
+// units of those taken before it are lost with the request.
+func (s *Store) takeRest(ctx context.Context, multi sluice.MultiStore, reqs []sluice.Request) ([]sluice.Decision, error) {
+	if multi != nil || len(reqs) < 2 {
+		return s.exactly(ctx, multi, reqs, true)
+	}
+	out := make([]sluice.Decision, len(reqs))
+	take := true
+	for i, r := range reqs {
+		var err error
+		if take {
+			out[i], err = s.granter.Take(ctx, r.Key, r.Limit, r.Cost)
+		} else {
+			out[i], err = s.granter.Peek(ctx, r.Key, r.Limit, r.Cost)
+		}
+		if err != nil {
+			return nil, err
+		}
+		take = take && out[i].Allowed
+	}
+	return out, nil
 }
 
 // finishRounds is how many Takes finish sends, at most, before the whole
@@ -1336,7 +1397,7 @@ func windowed(limit sluice.Limit) bool {
 // Only a return the store refused is an error; one a failure policy held
 // back leaves them out of the store, which can only lower admissions.
 func (s *Store) putBack(ctx context.Context, l *lease, left leftover, key string, limit sluice.Limit) error {
-	if l.restore(left.gen, left.units, false) {
+	if l.restore(left.gen, left.units, left.local) {
 		return nil
 	}
 	if _, err := s.giveBack(ctx, key, limit, left.g, left.units); err != nil && !errors.Is(err, resilient.ErrNoGrant) {
@@ -1474,8 +1535,10 @@ func (s *Store) giveBack(ctx context.Context, key string, limit sluice.Limit, g 
 // their lease was replaced stay out of the store. A live lease whose units
 // are too few for its check spends them with the store's Take of the rest,
 // as Take does (see refill), in that TakeAll: when it denies, the lease
-// keeps them; when it comes back after the lease's life, finish takes
-// their number from the store too. A granter that is not a
+// keeps them. The leases' units are spent when the request is admitted,
+// once the last store call is back: when a lease has ended by then, finish
+// takes their number from the store too (one at a time from a granter that
+// is not a MultiStore; see takeRest). A granter that is not a
 // sluice.MultiStore gets every check with a staleness above zero leased,
 // hot or not, and at most one with none (ErrNoTakeAll otherwise; a limit
 // met after the Store's 2^20th is never leased, see the package doc). Two
@@ -1510,11 +1573,11 @@ func (s *Store) TakeAll(ctx context.Context, reqs []sluice.Request) ([]sluice.De
 	}
 	out := make([]sluice.Decision, len(reqs))
 	held := make([]*lease, len(reqs))
-	gens := make([]uint64, len(reqs))
+	spent := make([]leftover, len(reqs)) // the units each held lease's check took
 	putBack := func() {
 		for i, l := range held {
 			if l != nil {
-				l.restore(gens[i], reqs[i].Cost, out[i].Source == sluice.SourceLease)
+				l.restore(spent[i].gen, spent[i].units, spent[i].local)
 				out[i].Remaining += reqs[i].Cost
 			}
 		}
@@ -1540,7 +1603,7 @@ func (s *Store) TakeAll(ctx context.Context, reqs []sluice.Request) ([]sluice.De
 			// with the other exact checks, as Take spends them: returned,
 			// young as they are, the return rule would keep one per
 			// Interval of their age (at a high rate, all of them).
-			d, l, gen, left, ex, err := s.spend(ctx, r.Key, r.Limit, r.Cost, stale[i], multi == nil, multi != nil)
+			d, l, got, left, ex, err := s.spend(ctx, r.Key, r.Limit, r.Cost, stale[i], multi == nil, multi != nil)
 			if left.units > 0 {
 				tops, topAt = append(tops, topped{req: r, l: l, left: left, stale: stale[i]}), append(topAt, i)
 				r.Cost -= left.units
@@ -1555,7 +1618,7 @@ func (s *Store) TakeAll(ctx context.Context, reqs []sluice.Request) ([]sluice.De
 			if !ex {
 				out[i], all = d, all && d.Allowed
 				if d.Allowed {
-					held[i], gens[i] = l, gen
+					held[i], spent[i] = l, got
 				}
 				continue
 			}
@@ -1589,35 +1652,32 @@ func (s *Store) TakeAll(ctx context.Context, reqs []sluice.Request) ([]sluice.De
 		}
 		return out, nil
 	}
-	var late []topped
-	var lateAt []int
-	for k, i := range topAt {
-		if back > tops[k].left.stop {
-			t := tops[k]
-			t.first = span{sent, back, out[i].ResetAfter}
-			late, lateAt = append(late, t), append(lateAt, i)
-		}
+	// The leases' units are spent now, as the request is admitted: not
+	// those of a lease that ended while the store's call, or another
+	// check's grant, was out (see finish).
+	late := false
+	for i, l := range held {
+		late = late || l != nil && back > spent[i].stop
 	}
-	if len(late) == 0 {
+	for _, t := range tops {
+		late = late || back > t.left.stop
+	}
+	if !late {
 		return out, nil
 	}
-	lds, ok, err := s.finish(ctx, multi, late)
-	if err != nil || !ok {
-		// The exact checks' units are lost with the request (see finish);
-		// the leases' go back, the top-ups' that were in time too.
-		putBack()
-		var errs []error
-		for _, t := range tops {
-			if back <= t.left.stop {
-				errs = append(errs, s.putBack(ctx, t.l, t.left, t.req.Key, t.req.Limit))
-			}
-		}
-		if err := errors.Join(append(errs, err)...); err != nil {
-			return nil, err
+	var ts []topped
+	for i, l := range held {
+		if l != nil {
+			ts = append(ts, topped{req: reqs[i], l: l, left: spent[i], stale: stale[i], at: i})
 		}
 	}
-	for j, i := range lateAt {
-		out[i] = lds[j]
+	for k, i := range topAt {
+		t := tops[k]
+		t.first, t.at = span{sent, back, out[i].ResetAfter}, i
+		ts = append(ts, t)
+	}
+	if _, err := s.finish(ctx, multi, ts, out, back); err != nil {
+		return nil, err
 	}
 	return out, nil
 }

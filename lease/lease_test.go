@@ -2099,3 +2099,109 @@ func TestTopUpUnitsBackAfterRefill(t *testing.T) {
 		t.Fatalf("store: %+v, %v; want the 5 returned less one Interval: 4", p, err)
 	}
 }
+
+// A TakeAll spends its leases' units when it is admitted, once every check
+// is in: a lease that ends while the store's call for the other checks is
+// out cannot be spent (the request would be admitted after the lease's
+// life), and its check takes its units from the store instead, exactly,
+// as a top-up's (TestTakeAllTopUpBackAfterLease); the lease's units go
+// back under the return rule.
+func TestTakeAllLeaseEndsBeforeReturn(t *testing.T) {
+	t.Parallel()
+	la, lb := sluice.Limit{Rate: 10, Period: time.Second, Burst: 20}, sluice.PerMinute(10)
+	const d = 300 * time.Millisecond
+	stale := func(key string, _ sluice.Limit) time.Duration {
+		if key == "b" {
+			return 0 // exact
+		}
+		return d
+	}
+	t.Run("store call", func(t *testing.T) {
+		t.Parallel()
+		clock := storetest.NewClock(storetest.T0)
+		m := newMemory(t, clock)
+		g := &lateTake{Store: m, clock: clock, rtt: 10 * time.Millisecond}
+		s, err := lease.New(g, &lease.Options{Size: 10, Clock: clock.Now, For: stale})
+		if err != nil {
+			t.Fatal(err)
+		}
+		take(t, s, "a", la, 1) // granted 10 at 0, 9 left until 300ms
+		clock.Set(storetest.T0.Add(d - 5*time.Millisecond))
+		// a's 2 come from its lease at 295ms; b's TakeAll decides at 300ms
+		// and comes back at 305ms, after a's lease.
+		ds, err := s.TakeAll(ctx, []sluice.Request{{Key: "a", Limit: la, Cost: 2}, {Key: "b", Limit: lb, Cost: 1}})
+		if err != nil || !ds[0].Allowed || !ds[1].Allowed {
+			t.Fatalf("TakeAll = %+v, %v; want both admitted", ds, err)
+		}
+		if ds[0].Source != sluice.SourceBackend {
+			t.Errorf("a's decision = %+v; want the store's", ds[0])
+		}
+		if want := []int64{1, 2}; !slices.Equal(g.takes, want) {
+			t.Fatalf("the store's calls took %v, want %v (b, then a's 2)", g.takes, want)
+		}
+		// 10 + 3 refilled − 2 at 315ms.
+		if p, err := m.Peek(ctx, "a", la, 1); err != nil || p.Remaining != 11 {
+			t.Fatalf("store: %+v, %v; want 11 left", p, err)
+		}
+		if st := s.Stats(); st.Local != 0 {
+			t.Errorf("stats %+v: want no local decision", st)
+		}
+		// The lease's 9 go back on its next refill: at 316ms, 9 − 4.
+		clock.Advance(time.Millisecond)
+		take(t, s, "a", la, 1)
+		if st := s.Stats(); st.Returned != 5 {
+			t.Fatalf("stats %+v: want the lease's 9 returned less 4 Intervals: 5", st)
+		}
+	})
+	t.Run("grant", func(t *testing.T) {
+		t.Parallel()
+		// No MultiStore, and another leased check's grant out past a's
+		// lease: a's 2 are the store's Take.
+		clock, c, s := counted(t, 0, d, 10)
+		take(t, s, "a", la, 1)
+		clock.Set(storetest.T0.Add(d - 5*time.Millisecond))
+		c.delay = 10 * time.Millisecond
+		ds, err := s.TakeAll(ctx, []sluice.Request{{Key: "a", Limit: la, Cost: 2}, {Key: "c", Limit: la, Cost: 1}})
+		if err != nil || !ds[0].Allowed || !ds[1].Allowed || ds[0].Source != sluice.SourceBackend {
+			t.Fatalf("TakeAll = %+v, %v; want both admitted, a by the store", ds, err)
+		}
+		// 10 + 3 refilled − 2 at 305ms.
+		if p, err := c.Granter.Peek(ctx, "a", la, 1); err != nil || p.Remaining != 11 {
+			t.Fatalf("store: %+v, %v; want 11 left", p, err)
+		}
+	})
+	// Without a MultiStore, two leases that end while the one exact check
+	// is out are taken one at a time: all or nothing in what the request
+	// is told, the first's units lost when the second is denied.
+	for _, denied := range []bool{false, true} {
+		t.Run(fmt.Sprintf("each/denied=%v", denied), func(t *testing.T) {
+			t.Parallel()
+			clock := storetest.NewClock(storetest.T0)
+			m := newMemory(t, clock)
+			g := &lateTake{Store: m, clock: clock, rtt: 10 * time.Millisecond}
+			s, err := lease.New(struct{ sluice.Granter }{g}, &lease.Options{Size: 10, Clock: clock.Now, For: stale})
+			if err != nil {
+				t.Fatal(err)
+			}
+			take(t, s, "a", la, 1)
+			take(t, s, "c", la, 1)
+			if denied {
+				m.Take(ctx, "c", la, 10) // elsewhere: c's store is empty
+			}
+			clock.Set(storetest.T0.Add(d - 5*time.Millisecond))
+			ds, err := s.TakeAll(ctx, []sluice.Request{{Key: "a", Limit: la, Cost: 2}, {Key: "c", Limit: la, Cost: 5}, {Key: "b", Limit: lb, Cost: 1}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if want := []int64{1, 2, 5}; !slices.Equal(g.takes, want) {
+				t.Fatalf("the store's Takes %v, want %v", g.takes, want)
+			}
+			if ok := ds[0].Allowed && ds[1].Allowed && ds[2].Allowed; ok == denied || ds[1].Allowed == denied {
+				t.Fatalf("TakeAll = %+v; want c denied: %v", ds, denied)
+			}
+			if ds[0].Source != sluice.SourceBackend {
+				t.Errorf("a's decision = %+v; want the store's", ds[0])
+			}
+		})
+	}
+}

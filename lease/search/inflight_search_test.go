@@ -32,7 +32,7 @@ type iworld struct {
 	admit   []int64
 	resets  []int64
 	hooks   []*hook // one per op being run (a stack)
-	lastTk  []int64 // per stack level: the last Take/TakeAll's store time, −1 none
+	lastTk  []int64 // per stack level: the store time of the last Take/TakeAll of k, −1 none
 	peekBad []string
 	trace   bool
 	t       testing.TB
@@ -70,7 +70,9 @@ func (g *wrap) call(lockFree bool, f func()) {
 func (g *wrap) Take(ctx context.Context, key string, l sluice.Limit, cost int64) (d sluice.Decision, err error) {
 	g.call(true, func() {
 		d, err = g.w.mem.Take(ctx, key, l, cost)
-		g.w.lastTk[len(g.w.lastTk)-1] = g.w.now
+		if key == "k" {
+			g.w.lastTk[len(g.w.lastTk)-1] = g.w.now
+		}
 	})
 	return
 }
@@ -84,7 +86,11 @@ func (g *wrap) Reset(ctx context.Context, key string, l sluice.Limit) error {
 func (g *wrap) TakeAll(ctx context.Context, reqs []sluice.Request) (ds []sluice.Decision, err error) {
 	g.call(true, func() {
 		ds, err = g.w.mem.TakeAll(ctx, reqs)
-		g.w.lastTk[len(g.w.lastTk)-1] = g.w.now
+		for _, r := range reqs {
+			if r.Key == "k" {
+				g.w.lastTk[len(g.w.lastTk)-1] = g.w.now
+			}
+		}
 	})
 	return
 }
@@ -141,7 +147,7 @@ func (w *iworld) execH(o iop) {
 	p := w.procs[o.proc]
 	when := func(src sluice.Source) int64 {
 		if src == sluice.SourceLease {
-			return start // local decisions are made before any call
+			return start // a Take's local decisions are made before any call
 		}
 		if tk := w.lastTk[len(w.lastTk)-1]; tk >= 0 {
 			return tk
@@ -194,6 +200,9 @@ func (w *iworld) execH(o iop) {
 			t.Fatal(err)
 		}
 		at := when(ds[0].Source)
+		if ds[0].Source == sluice.SourceLease {
+			at = w.now // spent when the request is admitted, after k2's calls
+		}
 		if w.trace {
 			t.Logf("%v @%d all -> %v %v src %v at %d", o.op, start, ds[0].Allowed, ds[1].Allowed, ds[0].Source, at)
 		}
