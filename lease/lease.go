@@ -26,7 +26,8 @@
 // return rule, and the request takes as many from the store too, exactly
 // (units taken go together as a lease's would, within D of the Take that
 // took the first of them and in one window; when the store denies, those
-// taken are lost with the request, as a client's that gives up halfway).
+// taken are lost with the request, as a client's that gives up halfway,
+// and so are those taken again; Stats.Lost counts them).
 // When a new lease follows such a return and the granter is a
 // sluice.Regranter (the Redis and memory stores are, and a resilient.Store
 // over them), the return and the grant are one call: a refill is one round
@@ -213,6 +214,7 @@ import (
 	"fmt"
 	"hash/maphash"
 	"math"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -320,7 +322,7 @@ type Store struct {
 	sweepAt  atomic.Int64                 // sweep idle leases when keys reaches this
 	sweeping sync.Mutex                   // one sweep at a time
 
-	grants, granted, returned atomic.Uint64
+	grants, granted, returned, lost atomic.Uint64
 }
 
 // Stats counts what a Store has done since New; every field is cumulative
@@ -330,10 +332,16 @@ type Stats struct {
 	Grants   uint64 // grant calls sent to the store (not those a breaker held back)
 	Granted  uint64 // units the store granted
 	Returned uint64 // units the store took back
+	Lost     uint64 // units the store took for requests that could not spend them
 	Keys     int    // keys tracked now (a lease, a remembered denial, or only demand)
 	Leased   int    // keys with a live lease now: units to spend, within D
 	// Keys and Leased count a key once per limit it is used under: twice
-	// only while a reloaded policy's old limit is still tracked.
+	// only while a reloaded policy's old limit is still tracked. Lost:
+	// when a lease ends while the store's Take of the rest of a request
+	// (a TakeAll's, of its other checks) is out, the request takes the
+	// lease's units from the store too (see the package doc); the units
+	// taken are lost when the store then denies, and those too old to go
+	// with the rest when it takes them again.
 }
 
 // Stats returns the Store's counters. It is safe to call at any time; a
@@ -365,6 +373,7 @@ func (s *Store) Stats() Stats {
 		Grants:   s.grants.Load(),
 		Granted:  s.granted.Load(),
 		Returned: s.returned.Load(),
+		Lost:     s.lost.Load(),
 		Keys:     s.Len(),
 		Leased:   leased,
 	}
@@ -1282,6 +1291,7 @@ func (s *Store) finish(ctx context.Context, multi sluice.MultiStore, ts []topped
 		for j, i := range open {
 			h, t := &hs[i], ts[i]
 			if round >= finishRounds || now > h.since+int64(t.stale) || windowed(t.req.Limit) && h.at.windowEnd(t.req.Limit) <= now {
+				s.lost.Add(uint64(h.units))
 				h.units = 0 // too old, or of a window that may have ended
 			}
 			need[j] = t.req
@@ -1298,6 +1308,16 @@ func (s *Store) finish(ctx context.Context, multi sluice.MultiStore, ts []topped
 			out[ts[i].at], ok = got[j], ok && got[j].Allowed
 		}
 		if !ok {
+			var lost int64 // what the store took for the requests
+			for i := range hs {
+				lost += hs[i].units
+			}
+			for j := range open {
+				if got[j].Allowed {
+					lost += need[j].Cost
+				}
+			}
+			s.lost.Add(uint64(lost))
 			errs := []error{giveUp()}
 			for _, i := range open {
 				if t := ts[i]; !out[t.at].Allowed && hs[i].units > 0 {
@@ -1316,6 +1336,7 @@ func (s *Store) finish(ctx context.Context, multi sluice.MultiStore, ts []topped
 			case back <= h.since+int64(t.stale) && sameWindow(t.req.Limit, h.at, this):
 				h.units = t.req.Cost
 			default:
+				s.lost.Add(uint64(h.units))
 				*h = held{need[j].Cost, sent, this} // the rest again
 			}
 		}
@@ -1676,8 +1697,20 @@ func (s *Store) TakeAll(ctx context.Context, reqs []sluice.Request) ([]sluice.De
 		t.first, t.at = span{sent, back, out[i].ResetAfter}, i
 		ts = append(ts, t)
 	}
-	if _, err := s.finish(ctx, multi, ts, out, back); err != nil {
+	ok, err := s.finish(ctx, multi, ts, out, back)
+	if err != nil {
 		return nil, err
+	}
+	if !ok {
+		// The checks the store answered alone are lost too (a top-up's
+		// rest is finish's).
+		var lost int64
+		for j, i := range at {
+			if !slices.Contains(topAt, i) {
+				lost += exact[j].Cost
+			}
+		}
+		s.lost.Add(uint64(lost))
 	}
 	return out, nil
 }

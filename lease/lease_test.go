@@ -2202,6 +2202,90 @@ func TestTakeAllLeaseEndsBeforeReturn(t *testing.T) {
 			if ds[0].Source != sluice.SourceBackend {
 				t.Errorf("a's decision = %+v; want the store's", ds[0])
 			}
+			// Denied, b's 1 and a's 2 were taken for nothing.
+			if st, lost := s.Stats(), map[bool]uint64{false: 0, true: 3}[denied]; st.Lost != lost {
+				t.Errorf("stats %+v: want %d lost", st, lost)
+			}
 		})
 	}
+}
+
+// Units the store took for a request that could not spend them, when a
+// lease ended while the store's Take of the rest was out, are counted in
+// Stats.Lost: those of a request the store then denied (a Take's first
+// Take of the rest, a TakeAll's other checks too), and those too old to
+// go with the rest, taken again.
+func TestLostUnitsCounted(t *testing.T) {
+	t.Parallel()
+	l := sluice.Limit{Rate: 10, Period: time.Second, Burst: 20} // GCRA, one unit per 100ms
+	const d = 300 * time.Millisecond
+	drain := func(m *memory.Store, key string) {
+		for {
+			if dec, err := m.Take(ctx, key, l, 1); err != nil || !dec.Allowed {
+				return
+			}
+		}
+	}
+	for _, c := range []struct {
+		name    string
+		rtt     time.Duration
+		at      time.Duration // when the request of 8 is sent
+		drained bool
+		lost    uint64
+	}{
+		// The Take of 3 comes back at 305ms, after the lease; the Take of
+		// the lease's 5 is denied: the 3 are lost.
+		{"denied", 10 * time.Millisecond, d - 5*time.Millisecond, true, 3},
+		// The Take of 3 comes back 400ms after it was sent, too old: the
+		// whole 8 are taken again, the 3 lost.
+		{"too old", 400 * time.Millisecond, 100 * time.Millisecond, false, 3},
+		// The Take of 5 goes with the 3: none lost.
+		{"admitted", 10 * time.Millisecond, d - 5*time.Millisecond, false, 0},
+	} {
+		t.Run("Take/"+c.name, func(t *testing.T) {
+			t.Parallel()
+			clock := storetest.NewClock(storetest.T0)
+			m := newMemory(t, clock)
+			g := &lateTake{Store: m, clock: clock, rtt: c.rtt}
+			s := newLease(t, g, clock, d, 10)
+			take(t, s, "k", l, 5) // granted 10 at 0, 5 left
+			if c.drained {
+				drain(m, "k")
+			}
+			clock.Set(storetest.T0.Add(c.at))
+			if dec := take(t, s, "k", l, 8); dec.Allowed == c.drained {
+				t.Fatalf("Take(8) = %+v; want allowed %v", dec, !c.drained)
+			}
+			if st := s.Stats(); st.Lost != c.lost {
+				t.Fatalf("stats %+v: want %d lost", st, c.lost)
+			}
+		})
+	}
+	t.Run("TakeAll", func(t *testing.T) {
+		t.Parallel()
+		clock := storetest.NewClock(storetest.T0)
+		m := newMemory(t, clock)
+		g := &lateTake{Store: m, clock: clock, rtt: 10 * time.Millisecond}
+		s, err := lease.New(g, &lease.Options{Size: 10, Clock: clock.Now, For: func(key string, _ sluice.Limit) time.Duration {
+			if key == "b" {
+				return 0
+			}
+			return d
+		}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		take(t, s, "a", l, 1) // 9 left until 300ms
+		drain(m, "a")
+		clock.Set(storetest.T0.Add(d - 5*time.Millisecond))
+		// b's 2 are taken at 300ms and come back at 305ms, after a's lease;
+		// the store has 3 of a's 4, and the request is denied: b's 2 lost.
+		ds, err := s.TakeAll(ctx, []sluice.Request{{Key: "a", Limit: l, Cost: 4}, {Key: "b", Limit: sluice.PerMinute(10), Cost: 2}})
+		if err != nil || ds[0].Allowed {
+			t.Fatalf("TakeAll = %+v, %v; want a denied", ds, err)
+		}
+		if st := s.Stats(); st.Lost != 2 {
+			t.Fatalf("stats %+v: want b's 2 lost", st)
+		}
+	})
 }

@@ -8,6 +8,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/promtest"
 	"github.com/sluicehq/sluice/lease"
 	"github.com/sluicehq/sluice/memory"
 	"github.com/sluicehq/sluice/promsluice"
@@ -45,6 +46,9 @@ func TestLeaseCollector(t *testing.T) {
 		if got := gather(t, reg, name, nil); got != want {
 			t.Errorf("%s = %v, want %v", name, got, want)
 		}
+	}
+	if v, ok := promtest.Value(t, reg, "sluice_lease_units_lost_total", nil); !ok || v != 0 {
+		t.Errorf("sluice_lease_units_lost_total = %v (exposed: %v), want 0", v, ok)
 	}
 	// A lease with units to spend is counted until its D ends.
 	if d, err := ls.Take(ctx, "other", sluice.PerSecond(100), 1); err != nil || !d.Allowed {
