@@ -243,7 +243,7 @@ func (a *api) check(w http.ResponseWriter, r *http.Request) {
 		res, err = a.svc.Check(r.Context(), req.Policy, req.Key, cost)
 	}
 	if err != nil {
-		serviceError(w, err)
+		serviceFailed(w, r, err)
 		return
 	}
 	d := res.Decision
@@ -285,7 +285,7 @@ func (a *api) reset(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if err := a.svc.Reset(r.Context(), req.Policy, req.Key); err != nil {
-		serviceError(w, err)
+		serviceFailed(w, r, err)
 		return
 	}
 	w.WriteHeader(http.StatusNoContent)
@@ -346,6 +346,36 @@ func (a *api) envoyJSON(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusTooManyRequests)
 	}
 	w.Write(out)
+}
+
+// serviceFailed answers a request the service failed with err: the
+// problem err is, unless the store did not answer because the request's
+// own context ended while it waited. That is no store failure, so no 503
+// telling the client to come back, and no decision either; it is answered
+// as httplimit answers a request whose context ended while a Delay rule
+// held it: a client gone hears nothing, so nothing is written, and a
+// deadline set on the server's side is a 503 without Retry-After.
+func serviceFailed(w http.ResponseWriter, r *http.Request, err error) {
+	cerr := ended(r.Context())
+	if code, _ := serviceProblem(err); cerr == nil || code != http.StatusServiceUnavailable {
+		serviceError(w, err)
+		return
+	}
+	if errors.Is(cerr, context.DeadlineExceeded) {
+		problem(w, http.StatusServiceUnavailable, "the request's deadline passed while it waited for the rate-limit store")
+	}
+}
+
+// ended is ctx's error, or DeadlineExceeded once its deadline has passed:
+// a store call that its deadline cut short can return before ctx says so.
+func ended(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if dl, ok := ctx.Deadline(); ok && !time.Now().Before(dl) {
+		return context.DeadlineExceeded
+	}
+	return nil
 }
 
 // loneSurrogate finds a \u escape of a UTF-16 surrogate that is not

@@ -261,7 +261,14 @@ func (m *Metrics) instrumentHTTP(h http.Handler) http.Handler {
 		// ServeMux records the pattern in the request it was given; its
 		// exact-match marker is routing syntax, not part of the endpoint.
 		endpoint := strings.TrimSuffix(cmp.Or(r.Pattern, "other"), "{$}")
-		m.request("http", endpoint, strconv.Itoa(cmp.Or(sw.code, http.StatusOK)), time.Since(start))
+		code := strconv.Itoa(cmp.Or(sw.code, http.StatusOK))
+		if sw.code == 0 && r.Context().Err() != nil {
+			// Its client went away before an answer and none was written:
+			// nginx's "client closed request", not the empty 200 net/http
+			// would send to nobody.
+			code = "499"
+		}
+		m.request("http", endpoint, code, time.Since(start))
 	})
 }
 
