@@ -329,8 +329,12 @@ func (a *api) envoyJSON(w http.ResponseWriter, r *http.Request) {
 	}
 	resp, err := rlsServer{svc: a.svc}.ShouldRateLimit(r.Context(), &req)
 	if err != nil {
-		if status.Code(err) == codes.Unavailable {
+		switch status.Code(err) {
+		case codes.Unavailable:
 			serviceError(w, err)
+			return
+		case codes.Canceled, codes.DeadlineExceeded: // the request's own context ended
+			abandoned(w, r)
 			return
 		}
 		problem(w, http.StatusBadRequest, scrub(status.Convert(err).Message()))
@@ -356,12 +360,17 @@ func (a *api) envoyJSON(w http.ResponseWriter, r *http.Request) {
 // held it: a client gone hears nothing, so nothing is written, and a
 // deadline set on the server's side is a 503 without Retry-After.
 func serviceFailed(w http.ResponseWriter, r *http.Request, err error) {
-	cerr := ended(r.Context())
-	if code, _ := serviceProblem(err); cerr == nil || code != http.StatusServiceUnavailable {
+	if code, _ := serviceProblem(err); code != http.StatusServiceUnavailable || ended(r.Context()) == nil {
 		serviceError(w, err)
 		return
 	}
-	if errors.Is(cerr, context.DeadlineExceeded) {
+	abandoned(w, r)
+}
+
+// abandoned answers a request whose context ended while the store was
+// awaited: nothing for a client gone, a 503 for a deadline passed.
+func abandoned(w http.ResponseWriter, r *http.Request) {
+	if errors.Is(ended(r.Context()), context.DeadlineExceeded) {
 		problem(w, http.StatusServiceUnavailable, "the request's deadline passed while it waited for the rate-limit store")
 	}
 }

@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"errors"
 	"math"
 	"net/http"
 	"strconv"
@@ -215,6 +216,11 @@ func (r rlsServer) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequ
 		}
 	}
 	if _, err := r.svc.enforce(ctx, checks, checkKeys); err != nil {
+		if cerr := ended(ctx); cerr != nil && !errors.As(err, new(*enforce.ConfigError)) {
+			// Its caller gave up while the store was awaited: no store
+			// failure, so the context's code, as grpclimit returns it.
+			return nil, status.FromContextError(cerr).Err()
+		}
 		return nil, status.Error(codes.Unavailable, err.Error())
 	}
 	resp := r.response(descs, checks)
