@@ -198,7 +198,9 @@ func (s *Service) Acquire(ctx context.Context, policy, key string, weight int64,
 	start := time.Now()
 	slot, d, err := sluice.AcquireSlot(ctx, s.slots, skey, f.Limit.For(prio, f.Reserve), weight)
 	if err != nil {
-		s.observeSlot(res, sluice.SlotAcquire, sluice.OutcomeError)
+		if ended(ctx) == nil { // else its caller went away: no store failure, as the engine's
+			s.observeSlot(res, sluice.SlotAcquire, sluice.OutcomeError)
+		}
 		return SlotResult{}, fmt.Errorf("server: store: %w", err)
 	}
 	s.mon.recordSlot(p.Name, time.Since(start))
@@ -304,7 +306,9 @@ func (s *Service) extend(ctx context.Context, t slotToken, p *config.Policy) (ti
 	res := SlotResult{Policy: p}
 	ok, err := s.slots.Extend(ctx, skey, p.InFlight.Limit, t.holder)
 	if err != nil {
-		s.observeSlot(res, sluice.SlotExtend, sluice.OutcomeError)
+		if ended(ctx) == nil {
+			s.observeSlot(res, sluice.SlotExtend, sluice.OutcomeError)
+		}
 		return 0, fmt.Errorf("server: store: %w", err)
 	}
 	if !ok {

@@ -96,7 +96,7 @@ func (a *api) acquire(w http.ResponseWriter, r *http.Request) {
 	}
 	res, err := a.svc.Acquire(r.Context(), req.Policy, req.Key, weight, prio)
 	if err != nil {
-		serviceError(w, err)
+		serviceFailed(w, r, err)
 		return
 	}
 	d := res.Decision
@@ -127,7 +127,7 @@ func (a *api) extend(w http.ResponseWriter, r *http.Request) {
 	}
 	hold, err := a.svc.Extend(r.Context(), req.Token)
 	if err != nil {
-		serviceError(w, err)
+		serviceFailed(w, r, err)
 		return
 	}
 	writeJSON(w, http.StatusOK, map[string]int64{"hold_ms": hold.Milliseconds()})
