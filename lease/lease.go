@@ -1553,7 +1553,7 @@ func (s *Store) giveBack(ctx context.Context, key string, limit sluice.Limit, g 
 // units are taken from its lease first and put back when another check
 // denies, and the checks not leased go to the granter's TakeAll, only once
 // every leased one admits (otherwise they are Peeked). Units put back after
-// their lease was replaced stay out of the store. A live lease whose units
+// their lease was regranted go back to the store under the return rule. A live lease whose units
 // are too few for its check spends them with the store's Take of the rest,
 // as Take does (see refill), in that TakeAll: when it denies, the lease
 // keeps them. The leases' units are spent when the request is admitted,
@@ -1595,13 +1595,20 @@ func (s *Store) TakeAll(ctx context.Context, reqs []sluice.Request) ([]sluice.De
 	out := make([]sluice.Decision, len(reqs))
 	held := make([]*lease, len(reqs))
 	spent := make([]leftover, len(reqs)) // the units each held lease's check took
-	putBack := func() {
+	// putBack puts back the units the held leases' checks took: into
+	// their lease, or, when it was regranted meanwhile (by requests
+	// answered while this one's store call was out), to the store under
+	// the return rule. Dropped, they were lost to a fixed window until its
+	// end: under overload most of what it had.
+	putBack := func() error {
+		var errs []error
 		for i, l := range held {
 			if l != nil {
-				l.restore(spent[i].gen, spent[i].units, spent[i].local)
+				errs = append(errs, s.putBack(ctx, l, spent[i], reqs[i].Key, reqs[i].Limit))
 				out[i].Remaining += reqs[i].Cost
 			}
 		}
+		return errors.Join(errs...)
 	}
 	var exact []sluice.Request
 	var at []int
@@ -1633,8 +1640,7 @@ func (s *Store) TakeAll(ctx context.Context, reqs []sluice.Request) ([]sluice.De
 				ex, err = true, nil
 			}
 			if err != nil {
-				putBack()
-				return nil, errors.Join(err, putLeft())
+				return nil, errors.Join(err, putBack(), putLeft())
 			}
 			if !ex {
 				out[i], all = d, all && d.Allowed
@@ -1649,16 +1655,14 @@ func (s *Store) TakeAll(ctx context.Context, reqs []sluice.Request) ([]sluice.De
 	sent := s.now()
 	ds, err := s.exactly(ctx, multi, exact, all)
 	if err != nil {
-		putBack()
-		return nil, errors.Join(err, putLeft())
+		return nil, errors.Join(err, putBack(), putLeft())
 	}
 	back := s.now()
 	for j, d := range ds {
 		out[at[j]], all = d, all && d.Allowed
 	}
 	if !all {
-		putBack()
-		if err := putLeft(); err != nil {
+		if err := errors.Join(putBack(), putLeft()); err != nil {
 			return nil, err
 		}
 		for k, i := range topAt {
