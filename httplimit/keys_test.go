@@ -48,6 +48,28 @@ func TestSpoofedForwardedFor(t *testing.T) {
 	}
 }
 
+// A trusted proxy appends its element to the client's Forwarded line; a
+// quote the client leaves open must not swallow that element and so key
+// the client as the proxy (a fresh budget). End to end over a real
+// listener whose peer, 127.0.0.1, is the trusted proxy.
+func TestForwardedClientQuoteKeepsProxyElement(t *testing.T) {
+	t.Parallel()
+	key, err := ClientIP(&IPOptions{TrustedProxies: []string{"127.0.0.0/8", "::1"}, Header: "Forwarded"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := newEnv(t, []Rule{{Name: "ip", Limit: sluice.PerHour(1), Key: key}}, nil)
+	const proxy = "for=203.0.113.9"
+	if r := e.get("/", "Forwarded", proxy); r.status != 200 {
+		t.Fatalf("first request: %d, want 200", r.status)
+	}
+	for _, client := range []string{`for="`, `for=6.6.6.6;host="`, `host="a\"`, `for=198.51.100.1;by="x`} {
+		if r := e.get("/", "Forwarded", client+", "+proxy); r.status != 429 {
+			t.Errorf("client sent %q: %d, want 429 (keyed 203.0.113.9, whose hour is spent)", client, r.status)
+		}
+	}
+}
+
 func TestKeyFuncs(t *testing.T) {
 	t.Parallel()
 	type userID int

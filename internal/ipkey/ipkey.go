@@ -117,13 +117,14 @@ func (r *Resolver) Client(peer netip.Addr, lines []string) netip.Addr {
 	for i := len(lines) - 1; i >= 0; i-- {
 		if r.forwarded {
 			line := lines[i]
-			var ring [MaxHops]span
-			n := forwardedElements(line, &ring)
-			for k := range min(n, MaxHops) {
-				e := ring[(n-1-k)%MaxHops]
-				if step(forwardedFor(line[e.start:e.end])) {
-					return client
+			for end := len(line); end >= 0; {
+				start := lastElement(line[:end])
+				if elem := line[start:end]; strings.TrimSpace(elem) != "" {
+					if step(forwardedFor(elem)) {
+						return client
+					}
 				}
+				end = start - 1
 			}
 			continue
 		}
@@ -147,34 +148,36 @@ func (r *Resolver) Client(peer netip.Addr, lines []string) netip.Addr {
 	return client
 }
 
-type span struct{ start, end int }
-
-// forwardedElements finds the non-empty forwarded-elements of one
-// Forwarded line (RFC 7239 §4: elements separated by commas, pairs by
-// semicolons), splitting only outside quoted-strings (RFC 7230 §3.2.6):
-// a proxy quotes values such as host= that the client chose, and a comma
-// or semicolon inside them must not start a hop. Only the last MaxHops
-// elements are kept, in ring, the i-th at i%MaxHops; it returns how many
-// there were. An unterminated quoted-string runs to the end of the line.
-func forwardedElements(line string, ring *[MaxHops]span) int {
-	n, start := 0, 0
-	add := func(end int) {
-		if strings.TrimSpace(line[start:end]) != "" {
-			ring[n%MaxHops] = span{start, end}
-			n++
-		}
-		start = end + 1
-	}
-	for i := 0; i < len(line); i++ {
-		switch line[i] {
+// lastElement returns where the last forwarded-element of s starts: just
+// after the rightmost comma outside quoted-strings (RFC 7239 §4, RFC 7230
+// §3.2.6), or 0. The scan runs from the right because proxies append:
+// the trusted proxies' elements are found before, and whatever the client
+// wrote to their left (an unterminated quote, say) cannot change them.
+// Scanning leftwards, a quote opens a quoted-string when outside one and
+// closes it unless an odd run of backslashes (a quoted-pair) precedes it.
+func lastElement(s string) int {
+	quoted := false
+	for i := len(s) - 1; i >= 0; i-- {
+		switch s[i] {
 		case '"':
-			i = skipQuoted(line, i)
+			if !quoted {
+				quoted = true
+				continue
+			}
+			k := i
+			for k > 0 && s[k-1] == '\\' {
+				k--
+			}
+			if (i-k)%2 == 0 {
+				quoted = false
+			}
 		case ',':
-			add(i)
+			if !quoted {
+				return i + 1
+			}
 		}
 	}
-	add(len(line))
-	return n
+	return 0
 }
 
 // skipQuoted returns the index of the quote that closes the quoted-string

@@ -47,10 +47,23 @@ func TestClient(t *testing.T) {
 		{"Forwarded for=unknown", proxies, "Forwarded", "10.0.0.1", []string{`for=unknown`}, "10.0.0.1"},
 		{"Forwarded for=_hidden", proxies, "Forwarded", "10.0.0.1", []string{`for=_hidden`}, "10.0.0.1"},
 		// Malformed elements name no client: the walk ends at the proxy.
-		{"Forwarded unterminated quote", proxies, "Forwarded", "10.0.0.1", []string{`for=6.6.6.6, for=203.0.113.9;host="a,for=6.6.6.6`}, "10.0.0.1"},
 		{"Forwarded garbage after quotes", proxies, "Forwarded", "10.0.0.1", []string{`for="203.0.113.9"x`}, "10.0.0.1"},
 		{"Forwarded for twice", proxies, "Forwarded", "10.0.0.1", []string{`for=203.0.113.9;for=6.6.6.6`}, "10.0.0.1"},
 		{"Forwarded pair without =", proxies, "Forwarded", "10.0.0.1", []string{`for=203.0.113.9;secure`}, "10.0.0.1"},
+		{"Forwarded unterminated quote in the proxy's element", proxies, "Forwarded", "10.0.0.1", []string{`for=203.0.113.9;host="a`}, "10.0.0.1"},
+		// Elements are split from the right: a client's unterminated or
+		// escaped quote cannot swallow the element its proxy appended.
+		{"Forwarded client's lone quote", proxies, "Forwarded", "10.0.0.1", []string{`for=", for=203.0.113.9`}, "203.0.113.9"},
+		{"Forwarded client's unterminated quote after a pair", proxies, "Forwarded", "10.0.0.1", []string{`for=6.6.6.6;host=", for=203.0.113.9`}, "203.0.113.9"},
+		{"Forwarded client's escaped closing quote", proxies, "Forwarded", "10.0.0.1", []string{`host="a\", for=203.0.113.9`}, "203.0.113.9"},
+		{"Forwarded client's unterminated by", proxies, "Forwarded", "10.0.0.1", []string{`for=198.51.100.1;by="x, for=203.0.113.9`}, "203.0.113.9"},
+		{"Forwarded client's quote, then trusted hops", proxies, "Forwarded", "10.0.0.1", []string{`for=", for=203.0.113.9, for=10.0.0.2;host="a,b"`}, "203.0.113.9"},
+		{"Forwarded client's unterminated quote before a quoted for", proxies, "Forwarded", "10.0.0.1", []string{`host="a,for=6.6.6.6, for="[2001:db8::9]:4711"`}, "2001:db8::9"},
+		{"Forwarded client's quote on its own line", proxies, "Forwarded", "10.0.0.1", []string{`for="`, `for=203.0.113.9`}, "203.0.113.9"},
+		{"Forwarded escaped backslash closes the quote", proxies, "Forwarded", "10.0.0.1", []string{`for=6.6.6.6;host="a\\", for=203.0.113.9;host="b\\"`}, "203.0.113.9"},
+		// What a client writes left of its proxy's element is all it
+		// controls: a quote opened there does not reach rightwards.
+		{"Forwarded unterminated quote left of the proxy's element", proxies, "Forwarded", "10.0.0.1", []string{`for=6.6.6.6, for=203.0.113.9;host="a,for=198.51.100.1`}, "198.51.100.1"},
 		{"Forwarded empty elements and pairs skipped", proxies, "Forwarded", "10.0.0.1", []string{`for=6.6.6.6, ,;for=203.0.113.9;;proto=https,, `}, "203.0.113.9"},
 	}
 	for _, tt := range tests {
