@@ -9,6 +9,7 @@ import (
 	"slices"
 	"sync"
 	"time"
+	"unicode"
 	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -259,12 +260,26 @@ func (k keyLabels) label(p *config.Policy, key string) string {
 	if p == nil || !p.ExposeKeys {
 		return k.hash(key)
 	}
-	if len(key) <= MaxExposedKey {
-		return key
+	// A key holding "…" is clipped too, whatever its length, so that only
+	// clipped labels contain it and no key can be sent as another key's
+	// clipped label (the series would merge). So is one with invalid UTF-8
+	// or control characters: the prefix shown stops before them.
+	cut, whole := 0, len(key) <= MaxExposedKey
+	for i := 0; i < len(key); {
+		r, size := utf8.DecodeRuneInString(key[i:])
+		if r == '…' || unicode.IsControl(r) || (r == utf8.RuneError && size == 1) {
+			whole = false
+			break
+		}
+		i += size
+		if i <= ExposedKeyPrefix {
+			cut = i
+		} else if !whole {
+			break
+		}
 	}
-	cut := ExposedKeyPrefix
-	for cut > 0 && !utf8.RuneStart(key[cut]) {
-		cut--
+	if whole {
+		return key
 	}
 	return key[:cut] + "…" + k.hash(key)
 }
@@ -298,14 +313,19 @@ func (c *topCollector) Collect(ch chan<- prometheus.Metric) {
 	lists := c.svc.mon.top.Lists(TopN) // this instance's: a fleet sums them in PromQL
 	cfg := c.svc.Config()
 	emit := func(d *prometheus.Desc, l []TopEntry) {
-		seen := map[topID]bool{} // two keys can share a hash prefix: one series each
+		// Two keys can share a label (a hash prefix): their counts are
+		// summed, one series, so that neither key is hidden.
+		var ids []topID
+		count := map[topID]float64{}
 		for _, e := range l {
 			id := topID{e.Policy, c.svc.keyLabels.label(cfg.Policy(e.Policy), e.Key)}
-			if seen[id] {
-				continue
+			if _, ok := count[id]; !ok {
+				ids = append(ids, id)
 			}
-			seen[id] = true
-			ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, float64(e.Count), id.policy, id.key)
+			count[id] += float64(e.Count)
+		}
+		for _, id := range ids {
+			ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, count[id], id.policy, id.key)
 		}
 	}
 	emit(c.denials, lists.Denials)

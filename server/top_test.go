@@ -312,3 +312,68 @@ func TestExposedKeyClippedInMetrics(t *testing.T) {
 		}
 	}
 }
+
+// No key can be sent as another key's clipped label: a key holding the
+// clip marker, control characters or invalid UTF-8 is clipped too, its
+// prefix stopping before them.
+func TestExposedKeyLabelUnforgeable(t *testing.T) {
+	t.Parallel()
+	p := mustConfig(t, topConfig).Policy("partner")
+	k := newKeyLabels([]byte("0123456789abcdef0123456789abcdef"))
+	long := strings.Repeat("A", 95) + "é" + strings.Repeat("B", 200)
+	forged := k.label(p, long)
+	if got := k.label(p, forged); got == forged || got != strings.Repeat("A", 95)+"…"+k.hash(forged) {
+		t.Errorf("the label %q sent as a key: label %q, want it clipped at its marker", forged, got)
+	}
+	for key, want := range map[string]string{
+		"a…b":            "a…" + k.hash("a…b"),
+		"line\nbreak":    "line…" + k.hash("line\nbreak"),
+		"esc\x1b[31m":    "esc…" + k.hash("esc\x1b[31m"),
+		"bad\xffutf8":    "bad…" + k.hash("bad\xffutf8"),
+		"ok \ufffd é 東京": "ok \ufffd é 東京",
+	} {
+		got := k.label(p, key)
+		if got != want || !utf8.ValidString(got) {
+			t.Errorf("key %q: label %q, want %q (valid UTF-8)", key, got, want)
+		}
+	}
+}
+
+// Through a real listener (review repro): a client sending a long key's
+// clipped label as its own key gets a series of its own, and the long
+// key's series stays on /metrics.
+func TestExposedKeyLabelForgeryInMetrics(t *testing.T) {
+	cfg := filepath.Join(t.TempDir(), "c.yaml")
+	if err := os.WriteFile(cfg, []byte("policies:\n  - name: otp\n    limit: fixed_window 1/min\n    expose_keys: true\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	srv := runServer(t, Options{ConfigFile: cfg, KeyHashSecret: "0123456789abcdef0123456789abcdef"})
+	p := &proc{http: srv.HTTPAddr()}
+	check := func(key string, n int) {
+		t.Helper()
+		for i := range n {
+			want := 429
+			if i == 0 {
+				want = 200
+			}
+			if code, m := p.post(t, "/v1/check", `{"policy":"otp","key":"`+key+`"}`); code != want {
+				t.Fatalf("check %d of %.20q: %d %v, want %d", i+1, key, code, m, want)
+			}
+		}
+	}
+	long := strings.Repeat("A", 95) + "é" + strings.Repeat("B", 200)
+	check(long, 3)
+	forged := srv.Service().keyLabels.label(srv.Service().Config().Policy("otp"), long)
+	check(forged, 6)
+	_, metrics := p.get(t, "/metrics")
+	var lines []string
+	for line := range strings.Lines(metrics) {
+		if strings.HasPrefix(line, "sluice_top_key_denials{") {
+			lines = append(lines, strings.TrimSpace(line))
+		}
+	}
+	want := `sluice_top_key_denials{key="` + forged + `",policy="otp"} 2`
+	if len(lines) != 2 || !slices.Contains(lines, want) {
+		t.Errorf("top-key denials on /metrics:\n%s\nwant two series, one of them %s", strings.Join(lines, "\n"), want)
+	}
+}
