@@ -71,3 +71,68 @@ func TestRLSIPv6PrefixGroupsAddresses(t *testing.T) {
 		p.stop(t)
 	})
 }
+
+// The JSON API keys a grouped policy as RLS does, against a real sluice
+// serve: on a sluice-format policy the addresses of a /64 (and an
+// IPv4-mapped one) are 400 naming the group's key, which shares RLS's
+// counter; on an Envoy-format one a group spelled in upper case is 400
+// too. check-config refuses an override that names one address.
+func TestJSONIPv6PrefixKeysAsRLS(t *testing.T) {
+	dir := t.TempDir()
+	cfg := filepath.Join(dir, "c.yaml")
+	const yaml = `domain: edge
+descriptors:
+  - key: remote_address
+    ipv6_prefix: 64
+    rate_limit: {unit: minute, requests_per_unit: 2}
+policies:
+  - name: perip
+    limit: 2/min
+    key: "{remote_address}"
+    ipv6_prefix: 64
+`
+	if err := os.WriteFile(cfg, []byte(yaml), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	p := startSluice(t, []string{"SLUICE_CONFIG=" + cfg, "SLUICE_HTTP_ADDR=127.0.0.1:0", "SLUICE_GRPC_ADDR=127.0.0.1:0"})
+	c := dialRLS(t, p.grpc)
+	for i, want := range []rlsv3.RateLimitResponse_Code{rlsv3.RateLimitResponse_OK, rlsv3.RateLimitResponse_OK, rlsv3.RateLimitResponse_OVER_LIMIT} {
+		if got := call(t, c, rlsRequest("edge", desc("policy=perip", fmt.Sprintf("remote_address=2001:db8:1:2::%d", i+1)))).OverallCode; got != want {
+			t.Fatalf("RLS request %d: %s, want %s", i+1, got, want)
+		}
+	}
+	check := func(policy, key string, want int, detail string) {
+		t.Helper()
+		code, m := p.post(t, "/v1/check", fmt.Sprintf(`{"policy":%q,"key":%q}`, policy, key))
+		if code != want || !strings.Contains(fmt.Sprint(m["detail"]), detail) {
+			t.Errorf("check %s %q: %d %v, want %d with detail naming %s", policy, key, code, m, want, detail)
+		}
+	}
+	for i := 10; i <= 13; i++ {
+		check("perip", fmt.Sprintf("2001:db8:1:2::%d", i), 400, `"2001:db8:1:2::/64"`)
+	}
+	check("perip", "::ffff:198.51.100.7", 400, `"198.51.100.7"`)
+	check("perip", "2001:DB8:1:2::/64", 400, `"2001:db8:1:2::/64"`)
+	check("perip", "2001:db8:1:2::/64", 429, "") // RLS spent the group's budget
+	check("perip", "198.51.100.7", 200, "")
+	pol := "edge.remote_address"
+	check(pol, "remote_address=2001:DB8:1:2::/64", 400, `"remote_address=2001:db8:1:2::/64"`)
+	check(pol, "remote_address=2001:db8:1:2::/64", 200, "")
+	p.stop(t)
+
+	bad := filepath.Join(dir, "override.yaml")
+	if err := os.WriteFile(bad, []byte(`policies:
+  - name: login
+    limit: 5/min
+    key: "{user}:{ip}"
+    ipv6_prefix: 64
+    overrides:
+      - match: "vip:2001:db8:1:2::5"
+        limit: 100/min
+`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if code, stderr := runSluice(t, nil, "check-config", bad); code == 0 || !strings.Contains(stderr, bad+`:7:16: override match "vip:2001:db8:1:2::5" never applies`) {
+		t.Errorf("check-config: exit %d, want an error at %s:7:16; stderr:\n%s", code, bad, stderr)
+	}
+}

@@ -313,3 +313,19 @@ func (r *Resolver) Key(a netip.Addr) string {
 	}
 	return p.String()
 }
+
+// PrefixKey returns the key of the group p names, written as Key writes
+// it (masked, lower case): ok only when p is one group, an IPv6 prefix of
+// the resolver's IPv6 length or an IPv4 one of its IPv4 length (under 32),
+// so that one group spelled two ways is one key.
+func (r *Resolver) PrefixKey(p netip.Prefix) (string, bool) {
+	a := p.Addr()
+	bits := r.v6
+	if a.Is4() {
+		bits = r.v4
+	}
+	if a.Is4In6() || bits >= a.BitLen() || p.Bits() != bits {
+		return "", false
+	}
+	return p.Masked().String(), true
+}

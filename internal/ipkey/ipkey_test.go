@@ -203,3 +203,24 @@ func BenchmarkPeerKey(b *testing.B) {
 		})
 	}
 }
+
+func TestPrefixKey(t *testing.T) {
+	t.Parallel()
+	r, err := New(nil, "", 24, 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for in, want := range map[string]string{
+		"2001:DB8:1:2::/64":       "2001:db8:1:2::/64",
+		"2001:db8:1:2::7/64":      "2001:db8:1:2::/64",
+		"2001:db8::/48":           "", // not one group of /64
+		"198.51.100.7/24":         "198.51.100.0/24",
+		"198.51.100.0/32":         "",
+		"::ffff:198.51.100.0/120": "",
+	} {
+		got, ok := r.PrefixKey(netip.MustParsePrefix(in))
+		if got != want || ok != (want != "") {
+			t.Errorf("PrefixKey(%s) = %q, %v; want %q", in, got, ok, want)
+		}
+	}
+}

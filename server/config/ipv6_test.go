@@ -58,6 +58,9 @@ func TestIPv6PrefixGroupsDescriptorValues(t *testing.T) {
 		"::ffff:c633:6407":     "remote_address=198.51.100.7",
 		"198.051.100.007":      "remote_address=198.051.100.007", // not an address: as sent
 		"2001:db8:1:2::/64":    "remote_address=2001:db8:1:2::/64",
+		"2001:DB8:1:2::/64":    "remote_address=2001:db8:1:2::/64", // a group's key, however spelled
+		"2001:db8:1:2::7/64":   "remote_address=2001:db8:1:2::/64",
+		"2001:DB8::/48":        "remote_address=2001:DB8::/48", // no group of /64: as sent
 		"[2001:db8:1:2::1]":    "remote_address=[2001:db8:1:2::1]",
 		"not-an-ip":            "remote_address=not-an-ip",
 	} {
@@ -105,12 +108,52 @@ func TestIPv6PrefixReaches(t *testing.T) {
 	}
 }
 
+// A sluice-format policy's JSON key is the grouped one too: a key whose
+// template value is one address of a group (or a group spelled another
+// way) is a counter RLS never reaches.
+func TestIPv6PrefixReachesSluiceFormat(t *testing.T) {
+	t.Parallel()
+	cfg := mustConfig(t, ipv6Config+`  - name: perip
+    limit: 2/min
+    key: "{remote_address}"
+    ipv6_prefix: 64
+  - name: tagged
+    limit: 2/min
+    key: "ip:{addr}:end"
+    ipv6_prefix: 64
+`)
+	for _, tt := range []struct{ policy, key, counted string }{
+		{"perip", "2001:db8:1:2::/64", ""},
+		{"perip", "198.51.100.7", ""},
+		{"perip", "not-an-ip", ""},
+		{"perip", "2001:DB8:1:2::/64", "2001:db8:1:2::/64"},
+		{"perip", "2001:db8:1:2::10", "2001:db8:1:2::/64"},
+		{"perip", "2001:db8:1:2::13", "2001:db8:1:2::/64"},
+		{"perip", "::ffff:198.51.100.7", "198.51.100.7"},
+		{"perip", "fe80::1%eth0", "fe80::/64"},
+		{"tagged", "ip:2001:db8:1:2::10:end", "ip:2001:db8:1:2::/64:end"},
+		{"tagged", "ip:2001:db8:1:2::/64:end", ""},
+		{"tagged", "2001:db8:1:2::10", ""}, // fits no descriptor's key: as before
+		{"login", "bob:2001:db8:1:2ff::1", "bob:2001:db8:1:200::/56"},
+		{"login", "bob:2001:db8:1:200::/56", ""},
+		{"login", "2001%3Adb8%3A%3A1:10.0.0.1", "2001%3Adb8%3A%3A/56:10.0.0.1"},
+		{"login", "2001%3Adb8%3A%3A/56:::ffff:10.0.0.1", "2001%3Adb8%3A%3A/56:10.0.0.1"},
+	} {
+		p := cfg.Policy(tt.policy)
+		got, ok := cfg.CountedKey(p, tt.key)
+		if reaches := cfg.Reaches(p, tt.key); reaches != (tt.counted == "") || got != tt.counted || ok != (tt.counted != "") {
+			t.Errorf("%s key %q: Reaches %v, CountedKey %q %v; want counted %q", tt.policy, tt.key, reaches, got, ok, tt.counted)
+		}
+	}
+}
+
 func TestIPv6PrefixErrors(t *testing.T) {
 	checkErrors(t, []errorCase{
 		{"exact value", "domain: d\ndescriptors:\n  - key: a\n    value: x\n    ipv6_prefix: 64\n    rate_limit: {unit: second, requests_per_unit: 1}\n", `5:18: ipv6_prefix groups the addresses a descriptor matches, but 'a_x' matches the value "x" only`},
 		{"zero", "domain: d\ndescriptors:\n  - key: a\n    ipv6_prefix: 0\n", `4:18: ipv6_prefix 0 is out of range [1, 128]`},
 		{"too long", "policies:\n  - name: a\n    limit: 1/s\n    ipv6_prefix: 129\n", `4:18: ipv6_prefix 129 is out of range [1, 128]`},
 		{"not a number", "policies:\n  - name: a\n    limit: 1/s\n    ipv6_prefix: /64\n", `4:18: ipv6_prefix: want an integer`},
+		{"override of one address", "policies:\n  - name: a\n    limit: 1/s\n    key: \"{user}:{ip}\"\n    ipv6_prefix: 64\n    overrides:\n      - match: [\"vip:2001:db8:1:2::/64\", \"vip:2001:db8:1:2::5\"]\n        limit: 100/s\n", `7:42: override match "vip:2001:db8:1:2::5" never applies: ipv6_prefix 64 keys its address by group, as "vip:2001:db8:1:2::/64"`},
 		{"in-flight", "policies:\n  - name: a\n    ipv6_prefix: 64\n    in_flight: {max: 1, hold: 1s}\n", `3:18: policy "a" is an in-flight policy: it takes no ipv6_prefix`},
 	})
 }

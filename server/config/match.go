@@ -165,16 +165,19 @@ func (d *Domain) lookup(entries []Entry) (Match, bool) {
 // groupIP returns the address group value is keyed by under r (from
 // ipv6_prefix): ok is false without r, or when value is not an IP
 // address. Only an address as Envoy's remote_address sends it is grouped:
-// no port, brackets or prefix, so that a group's own key stays itself.
+// no port or brackets. A group's own key (2001:db8:1:2::/64) is itself,
+// however written (upper case, unmasked), so that it names one counter.
 func groupIP(r *ipkey.Resolver, value string) (string, bool) {
 	if r == nil {
 		return "", false
 	}
-	a, err := netip.ParseAddr(value)
-	if err != nil {
-		return "", false
+	if a, err := netip.ParseAddr(value); err == nil {
+		return r.Key(a), true
 	}
-	return r.Key(a), true
+	if p, err := netip.ParsePrefix(value); err == nil {
+		return r.PrefixKey(p)
+	}
+	return "", false
 }
 
 // routingEntry is the entry key that, first in a descriptor, names the
@@ -227,9 +230,14 @@ func EntriesKey(entries []Entry) string { return entriesKey(entries, nil) }
 // for a sluice-format policy, and for an Envoy-format one only a key
 // written as its descriptor's entries (as EntriesKey writes them) that the
 // domain's tree matches to p.
+//
+// Under ipv6_prefix the key must be the grouped one: a key that names one
+// address of a group (or a group written another way) is a counter no
+// Envoy request shares.
 func (c *Config) Reaches(p *Policy, key string) bool {
 	if !p.envoy {
-		return true
+		_, regrouped := p.regroup(key)
+		return !regrouped
 	}
 	counted, ok := c.CountedKey(p, key)
 	return ok && counted == key
@@ -237,11 +245,15 @@ func (c *Config) Reaches(p *Policy, key string) bool {
 
 // CountedKey returns the key Envoy's requests count under when their
 // descriptor is the one an Envoy-format policy's key writes: the key
-// itself, or with a value grouped (ipv6_prefix). ok is false when no such
-// descriptor reaches p.
+// itself, or with a value grouped (ipv6_prefix). For a sluice-format
+// policy it is the key with its template's values grouped, ok only when
+// that changes it. ok is false when no such descriptor reaches p.
 func (c *Config) CountedKey(p *Policy, key string) (string, bool) {
+	if !p.envoy {
+		return p.regroup(key)
+	}
 	d := c.domains[p.Domain]
-	if !p.envoy || d == nil {
+	if d == nil {
 		return "", false
 	}
 	var entries []Entry
@@ -471,5 +483,62 @@ func (t *template) render(entries []Entry, group *ipkey.Resolver) (string, bool)
 		}
 	}
 	b.WriteString(t.parts[len(t.parts)-1])
+	return b.String(), true
+}
+
+// regroup returns key as the policy's descriptors render it when its
+// template's values are grouped (ipv6_prefix): ok only when that differs
+// from key. A key that does not fit the template is left alone.
+func (p *Policy) regroup(key string) (string, bool) {
+	if p.ipGroup == nil || p.tmpl == nil {
+		return "", false
+	}
+	t := p.tmpl
+	rest, ok := strings.CutPrefix(key, t.parts[0])
+	if !ok {
+		return "", false
+	}
+	var b strings.Builder
+	b.WriteString(t.parts[0])
+	changed := false
+	last := len(t.vars) - 1
+	for i := range t.vars {
+		// Values but the last hold no byte of the text after them
+		// (escaped), so each ends where that text first appears.
+		var raw string
+		if i < last {
+			j := strings.Index(rest, t.parts[i+1])
+			if j < 0 {
+				return "", false
+			}
+			raw, rest = rest[:j], rest[j+len(t.parts[i+1]):]
+		} else {
+			suffix := t.parts[i+1]
+			if !strings.HasSuffix(rest, suffix) {
+				return "", false
+			}
+			raw = rest[:len(rest)-len(suffix)]
+		}
+		value := raw
+		if i < last {
+			if value, ok = unescape(raw); !ok {
+				return "", false
+			}
+		}
+		switch g, ok := groupIP(p.ipGroup, value); {
+		case ok && g != value && i < last:
+			t.writeValue(&b, g)
+			changed = true
+		case ok && g != value:
+			b.WriteString(g)
+			changed = true
+		default:
+			b.WriteString(raw)
+		}
+		b.WriteString(t.parts[i+1])
+	}
+	if !changed {
+		return "", false
+	}
 	return b.String(), true
 }

@@ -60,14 +60,14 @@ func (l *loader) policies(d *Domain, list *yaml.Node) {
 		if !l.keyTemplate(p, key, n) {
 			continue
 		}
+		if ipv6 != nil {
+			p.IPv6Prefix, p.ipGroup = l.ipv6Prefix(ipv6)
+		}
 		if overrides != nil {
 			p.Overrides = l.overrides(p, overrides)
 		}
 		if lease != nil && !l.lease(p, lease) {
 			continue
-		}
-		if ipv6 != nil {
-			p.IPv6Prefix, p.ipGroup = l.ipv6Prefix(ipv6)
 		}
 		if !l.addPolicy(p, name) {
 			continue
@@ -292,6 +292,15 @@ func (l *loader) overrides(p *Policy, list *yaml.Node) []Override {
 				l.errorf(m, "override match %q: '*' is a wildcard only at the end (\"premium:*\"); a match is a whole key or such a prefix", s)
 				shadowed = true
 				continue
+			}
+			// Keys are grouped before overrides match them: a match
+			// naming one address of a group would never apply.
+			if s := o.Match[len(o.Match)-1]; !strings.HasSuffix(s, "*") {
+				if g, ok := p.regroup(s); ok {
+					l.errorf(m, "override match %q never applies: ipv6_prefix %d keys its address by group, as %q; match that", s, p.IPv6Prefix, g)
+					shadowed = true
+					continue
+				}
 			}
 			// The first matching override wins, so a match an earlier
 			// one already takes would never apply.
