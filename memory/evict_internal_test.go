@@ -3,6 +3,7 @@ package memory
 import (
 	"hash/maphash"
 	"testing"
+	"time"
 	"unsafe"
 
 	"github.com/sluicehq/sluice"
@@ -33,8 +34,11 @@ func TestFillOf(t *testing.T) {
 	if fill(five, 4) >= fillFull || fill(big, sluice.MaxRate-1) >= fillFull {
 		t.Error("a key with a unit left counts as full")
 	}
-	if fill(five, 5) != fillFull || fill(big, sluice.MaxRate) != fillFull || fill(five, 7) != fillFull {
+	if fill(five, 5) < fillFull || fill(big, sluice.MaxRate) < fillFull || fill(five, 7) != fill(five, 5) {
 		t.Error("a key with its limit taken is not full")
+	}
+	if one := (sluice.Limit{Rate: 1, Period: 24 * time.Hour}); !(fill(one, 1) < fill(five, 5) && fill(five, 5) < fill(big, sluice.MaxRate)) {
+		t.Error("full keys do not follow their capacity: the smallest must go first")
 	}
 	if !(fill(big, 1) < fill(five, 1) && fill(five, 1) < fill(five, 2) && fill(five, 2) < fill(big, sluice.MaxRate/2)) {
 		t.Error("fills do not follow the share taken")
@@ -61,6 +65,7 @@ func TestEvictOrder(t *testing.T) {
 		{"least filled", []key{{"a", fillFull, now + 1}, {"b", 9, now + 2}, {"c", 3, now + 9}, {"d", fillFull, now + 3}, {"e", 7, now + 4}}, "", "c"},
 		{"soonest among equals", []key{{"a", 3, now + 9}, {"b", 3, now + 4}, {"c", 3, now + 7}, {"d", fillFull, now + 1}, {"e", 5, now + 2}}, "", "b"},
 		{"all full: soonest", []key{{"a", fillFull, now + 9}, {"b", fillFull, now + 4}, {"c", fillFull, now + 2}, {"d", fillFull, now + 7}, {"e", fillFull, now + 5}}, "", "c"},
+		{"all full: smallest capacity", []key{{"a", fillFull | 5, now + 1}, {"b", fillFull | 1, now + 9}, {"c", fillFull | 5, now + 2}, {"d", fillFull | 1, now + 8}, {"e", fillFull | 5, now + 3}}, "", "d"},
 		{"keep", []key{{"a", 1, now + 1}, {"b", 2, now + 2}, {"c", 3, now + 3}, {"d", 4, now + 4}, {"e", 5, now + 5}}, "a", "b"},
 	} {
 		t.Run(c.name, func(t *testing.T) {

@@ -66,6 +66,44 @@ func TestFloodKeepsExhaustedKeys(t *testing.T) {
 	}
 }
 
+// A flood whose every key is spent by its one unit (a limit of 1 a day,
+// outliving the victims' 15 minutes) still evicts its own keys: among
+// keys that have all taken their whole limit, the one of the smallest
+// capacity goes first, whose eviction admits the fewest units. (Evicting
+// the soonest to expire among them, as before, evicted the victims.)
+func TestFloodOfSpentKeysKeepsExhaustedKeys(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	clock := storetest.NewClock(storetest.T0)
+	const maxKeys = 200
+	s := memory.New(&memory.Options{Clock: clock.Now, MaxKeys: maxKeys, Shards: 1, SweepInterval: -1})
+	defer s.Close()
+	login := sluice.Limit{Algorithm: sluice.SlidingWindowLog, Rate: 5, Period: 15 * time.Minute}
+	signup := sluice.Limit{Algorithm: sluice.FixedWindow, Rate: 1, Period: 24 * time.Hour}
+	victims := []string{"victim-0", "victim-1", "victim-2", "victim-3"}
+	for _, v := range victims {
+		for range 6 {
+			if _, err := s.Take(ctx, v, login, 1); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	for i := range 10 * maxKeys {
+		clock.Advance(50 * time.Millisecond)
+		if d, err := s.Take(ctx, fmt.Sprint("signup-", i), signup, 1); err != nil || !d.Allowed {
+			t.Fatalf("flood key %d: %+v, %v", i, d, err)
+		}
+		if i%10 != 0 {
+			continue
+		}
+		for _, v := range victims {
+			if d, err := s.Peek(ctx, v, login, 1); err != nil || d.Allowed {
+				t.Fatalf("after %d spent flood keys %s is admitted again (%+v, %v): evicted", i+1, v, d, err)
+			}
+		}
+	}
+}
+
 // Evictions counts the keys evicted before they expired, and apart those
 // that had taken their whole limit; an expired key is fresh already, and
 // its removal is no eviction. MaxKeys reports the bound.

@@ -134,8 +134,10 @@ func (st *state) clear() {
 	}
 }
 
-// fillFull is the fill of a key that had taken its whole limit: one being
-// denied, or a Penalty block. Every other fill is at most 2³⁰.
+// fillFull marks the fill of a key that had taken its whole limit (one
+// being denied, or a Penalty block): fillFull | its capacity, so that
+// among such keys the one whose eviction admits the fewest units goes
+// first. Every other fill is at most 2³⁰.
 const fillFull = 1 << 31
 
 // fillOf is the share of its limit a key has taken after decision r: what
@@ -147,7 +149,7 @@ func fillOf(r *result, p *params) uint32 {
 	taken := p.capacity - r.remaining
 	switch {
 	case taken >= p.capacity:
-		return fillFull
+		return fillFull | uint32(min(p.capacity, fillFull-1))
 	case taken <= 0:
 		return 0
 	}
@@ -444,8 +446,10 @@ func (sh *shard) insertKeeping(tag uint32, key string, st state, now int64, keep
 // one that had taken the smallest share of its limit, else, among equals,
 // the soonest to expire (the least time its state had left to count). A
 // key that had taken its whole limit (denying, or a Penalty block) thus
-// goes only when every key sampled had too: a flood of new keys, one unit
-// each, evicts its own keys, not the keys it wants afresh.
+// goes only when every key sampled had too, and then the one of the
+// smallest capacity first: a flood of new keys, one unit each, evicts its
+// own keys, not the keys it wants afresh, even when each of its keys is
+// spent by its one unit (a limit of 1 a day).
 func (sh *shard) evict(now int64, keep []sluice.Request) {
 	idx, n := sh.tab.Sample()
 	victim := -1
@@ -468,7 +472,7 @@ func (sh *shard) evict(now int64, keep []sluice.Request) {
 	}
 	if v != nil { // not expired: its limit starts afresh
 		sh.evicted.Add(1)
-		if v.fill == fillFull {
+		if v.fill >= fillFull {
 			sh.exhausted.Add(1)
 		}
 	}
