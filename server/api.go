@@ -23,6 +23,7 @@ import (
 	"github.com/sluicehq/sluice/internal/enforce"
 	"github.com/sluicehq/sluice/internal/header"
 	probjson "github.com/sluicehq/sluice/internal/problem"
+	"github.com/sluicehq/sluice/server/dashboard"
 )
 
 // MaxBodyBytes bounds JSON request bodies.
@@ -53,11 +54,13 @@ type HandlerOptions struct {
 	Ready func(context.Context) error
 	// Metrics is served at /metrics when set.
 	Metrics *Metrics
-	// Dashboard is served at "/". Default: a placeholder page. Its page paths
-	// (/, /index.html, /static/...) take GET and HEAD alone: a request of
-	// another method there is still served to it, whose 404 stands (no such
-	// page) and any other answer becomes a 405; its 404s and 405s become
-	// problems.
+	// Dashboard is served at "/" and every path the API does not take.
+	// Default: a placeholder page. The placeholder's and the built-in
+	// dashboard's (server/dashboard) page paths (/, /index.html,
+	// /static/...) take GET and HEAD alone, any other path is 404, both as
+	// problems. Any other handler answers every request it is sent itself,
+	// whatever the method, its 404s and 405s included, unchanged; its
+	// writer supports Flush (http.Flusher, http.ResponseController).
 	Dashboard http.Handler
 }
 
@@ -122,6 +125,13 @@ func newHandler(s *Service, opts *HandlerOptions) http.Handler {
 		o.Dashboard = placeholder{}
 	}
 	dash := o.Dashboard
+	if _, ph := dash.(placeholder); !ph && !dashboard.IsBuiltin(dash) {
+		// A custom dashboard is an application of its own (forms, streams):
+		// it owns every path the API does not, answers every method itself,
+		// and gets the connection's writer, Flush and all.
+		mux.Handle("/", dash)
+		return routes{crossOrigin(mux), mux}
+	}
 	mux.Handle("/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		// The dashboard's pages take GET alone, whatever the dashboard
 		// answers other methods; a path it has no page for is 404. Only

@@ -295,6 +295,15 @@ func (w *statusWriter) Write(b []byte) (int, error) {
 // Unwrap lets http.ResponseController reach the connection's writer.
 func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
+// Flush makes the writer an http.Flusher, which handlers that stream
+// (server-sent events) assert rather than finding it through Unwrap.
+func (w *statusWriter) Flush() {
+	if w.code == 0 {
+		w.code = http.StatusOK
+	}
+	http.NewResponseController(w.ResponseWriter).Flush()
+}
+
 // timedStore reports the calls of store to m's store metrics (unless a
 // failure-policy store reports them itself). It keeps store's TakeAll,
 // and its Grant, Return and Regrant, timed as their own ops: the service

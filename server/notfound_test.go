@@ -1,13 +1,17 @@
 package server
 
 import (
+	"bufio"
 	"encoding/json"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 )
 
 // httpDo sends one request to base+path and returns the response and its
@@ -116,96 +120,120 @@ func TestUnknownPathsAreProblems(t *testing.T) {
 	}
 }
 
-// A dashboard of the embedder's own (Options.Dashboard) keeps its pages,
-// and its 404 and 405 become problems too, its Allow kept.
-func TestCustomDashboardErrorsAreProblems(t *testing.T) {
-	dash := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		switch {
-		case r.URL.Path == "/custom" && r.Method == http.MethodGet:
-			io.WriteString(w, "custom page")
-		case r.URL.Path == "/custom":
-			w.Header().Set("Allow", "GET")
-			http.Error(w, "method not allowed", http.StatusMethodNotAllowed)
-		case r.URL.Path == "/bare":
-			w.WriteHeader(http.StatusMethodNotAllowed)
-		default:
-			http.NotFound(w, r)
-		}
-	})
-	srv := runServer(t, Options{Dashboard: dash})
-	base := "http://" + srv.HTTPAddr()
-	if resp, body := httpDo(t, "GET", base+"/custom", nil); resp.StatusCode != 200 || body != "custom page" {
-		t.Errorf("GET /custom: %d %q", resp.StatusCode, body)
-	}
-	resp, body := httpDo(t, "PUT", base+"/custom", nil)
-	checkProblem(t, "PUT /custom", resp, body, 405, "use GET for /custom, not PUT")
-	if resp.Header.Get("Allow") != "GET" {
-		t.Errorf("PUT /custom: Allow %q, want the dashboard's GET", resp.Header.Get("Allow"))
-	}
-	resp, body = httpDo(t, "PUT", base+"/bare", nil)
-	checkProblem(t, "PUT /bare", resp, body, 405, "PUT is not allowed for /bare")
-	resp, body = httpDo(t, "GET", base+"/other", nil)
-	checkProblem(t, "GET /other", resp, body, 404, "/other")
-	// A page path it has nothing at is 404 for any method.
-	resp, body = httpDo(t, "POST", base+"/static/none.js", nil)
-	checkProblem(t, "POST /static/none.js", resp, body, 404, "no such page or endpoint: /static/none.js")
-}
-
-// TestCustomDashboardSeesOnlyRealRequests: telling a page the dashboard
-// lacks (404) from one it has (405 for a method other than GET or HEAD)
-// sends it no request of the server's own: it sees each request sent, once,
-// as sent. Its answer to another method on a page path, even 200 or none,
-// becomes the 405.
-func TestCustomDashboardSeesOnlyRealRequests(t *testing.T) {
+// A custom dashboard (Options.Dashboard, HandlerOptions.Dashboard) is an
+// application of its own: every method on its paths is served to it and
+// its answer stands, its own 404 and 405 included (a form's POST / runs
+// once and is answered 201, not 405); it sees each request sent, once, and
+// no other; its writer is an http.Flusher, so it can stream server-sent
+// events. The API's paths stay the API's. Both through a Server and
+// through Service.Handler, on real listeners.
+func TestCustomDashboardOwnsItsPaths(t *testing.T) {
 	var mu sync.Mutex
 	var seen []string
-	dash := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	var actions atomic.Int64
+	sent := make(chan struct{})
+	dash := http.NewServeMux()
+	dash.HandleFunc("GET /{$}", func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "<form method=post>") })
+	dash.HandleFunc("POST /{$}", func(w http.ResponseWriter, r *http.Request) {
+		actions.Add(1)
+		w.WriteHeader(http.StatusCreated)
+		io.WriteString(w, "saved")
+	})
+	dash.HandleFunc("GET /custom", func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "custom page") })
+	dash.HandleFunc("GET /events", func(w http.ResponseWriter, r *http.Request) {
+		f, ok := w.(http.Flusher)
+		if !ok {
+			http.Error(w, "no http.Flusher", http.StatusInternalServerError)
+			return
+		}
+		w.Header().Set("Content-Type", "text/event-stream")
+		io.WriteString(w, "data: 1\n\n")
+		f.Flush()
+		select { // the client must have read the first event before the handler ends
+		case <-sent:
+		case <-time.After(5 * time.Second):
+			return
+		}
+		io.WriteString(w, "data: 2\n\n")
+		if err := http.NewResponseController(w).Flush(); err != nil {
+			t.Errorf("ResponseController.Flush: %v", err)
+		}
+	})
+	logged := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		mu.Lock()
 		seen = append(seen, r.Method+" "+r.URL.Path)
 		mu.Unlock()
-		switch r.URL.Path {
-		case "/", "/static/app.js", "/custom":
-			io.WriteString(w, "page") // whatever the method, as http.FileServer does
-		case "/static/empty.js":
-		default:
-			http.NotFound(w, r)
-		}
+		dash.ServeHTTP(w, r)
 	})
-	srv := runServer(t, Options{Dashboard: dash})
-	base := "http://" + srv.HTTPAddr()
-	var sent []string
-	for _, tt := range []struct {
-		method, path string
-		code         int
-		want         string
-	}{
-		{"GET", "/", 200, ""},
-		{"HEAD", "/", 200, ""},
-		{"POST", "/", 405, "use GET for /, not POST"},
-		{"OPTIONS", "/static/app.js", 405, "use GET for /static/app.js, not OPTIONS"},
-		{"DELETE", "/static/empty.js", 405, "use GET for /static/empty.js, not DELETE"},
-		{"POST", "/static/none.js", 404, "no such page or endpoint: /static/none.js"},
-		{"PUT", "/static/", 404, "no such page or endpoint: /static/"},
-		{"HEAD", "/index.html", 404, ""},
-		{"PUT", "/custom", 200, ""}, // not a page path: its answer stands
-		{"GET", "/other", 404, "no such page or endpoint: /other"},
-	} {
-		resp, body := httpDo(t, tt.method, base+tt.path, nil)
-		sent = append(sent, tt.method+" "+tt.path)
-		what := tt.method + " " + tt.path
-		if tt.code != 200 {
-			checkProblem(t, what, resp, body, tt.code, tt.want)
-		} else if resp.StatusCode != 200 {
-			t.Errorf("%s: %d %q, want the dashboard's 200", what, resp.StatusCode, body)
+
+	srv := runServer(t, Options{Dashboard: logged})
+	hs := httptest.NewServer(newMemService(t, apiConfig, newFakeClock()).Handler(&HandlerOptions{Dashboard: logged}))
+	t.Cleanup(hs.Close)
+	for _, base := range []string{"http://" + srv.HTTPAddr(), hs.URL} {
+		mu.Lock()
+		seen = nil
+		mu.Unlock()
+		actions.Store(0)
+		var sentReqs []string
+		for _, tt := range []struct {
+			method, path string
+			code         int
+			ctype, body  string
+		}{
+			{"GET", "/", 200, "", "<form method=post>"},
+			{"POST", "/", 201, "", "saved"},
+			{"HEAD", "/", 200, "", ""},
+			{"GET", "/custom", 200, "", "custom page"},
+			// Its own 405 and 404, as ServeMux writes them.
+			{"PUT", "/custom", 405, "text/plain; charset=utf-8", "Method Not Allowed"},
+			{"DELETE", "/", 405, "text/plain; charset=utf-8", "Method Not Allowed"},
+			{"GET", "/other", 404, "text/plain; charset=utf-8", "404 page not found"},
+			{"POST", "/static/none.js", 404, "text/plain; charset=utf-8", "404 page not found"},
+		} {
+			what := base + ": " + tt.method + " " + tt.path
+			resp, body := httpDo(t, tt.method, base+tt.path, nil)
+			sentReqs = append(sentReqs, tt.method+" "+tt.path)
+			if resp.StatusCode != tt.code || (tt.ctype != "" && resp.Header.Get("Content-Type") != tt.ctype) || !strings.Contains(body, tt.body) {
+				t.Errorf("%s: %d %s %q, want the dashboard's own %d %s %q", what, resp.StatusCode, resp.Header.Get("Content-Type"), body, tt.code, tt.ctype, tt.body)
+			}
+			if tt.code == 405 && !strings.Contains(resp.Header.Get("Allow"), "GET") {
+				t.Errorf("%s: Allow %q, want the dashboard's", what, resp.Header.Get("Allow"))
+			}
 		}
-		if allow := resp.Header.Get("Allow"); tt.code == 405 && allow != "GET, HEAD" {
-			t.Errorf("%s: Allow %q, want GET, HEAD", what, allow)
+		if n := actions.Load(); n != 1 {
+			t.Errorf("%s: the POST / action ran %d times, want 1", base, n)
 		}
-	}
-	mu.Lock()
-	defer mu.Unlock()
-	if !slices.Equal(seen, sent) {
-		t.Errorf("the dashboard was asked\n%q\nwant the requests sent, and only them:\n%q", seen, sent)
+		mu.Lock()
+		if !slices.Equal(seen, sentReqs) {
+			t.Errorf("%s: the dashboard was asked\n%q\nwant the requests sent, and only them:\n%q", base, seen, sentReqs)
+		}
+		mu.Unlock()
+
+		// The API's paths are not the dashboard's.
+		resp, body := httpDo(t, "GET", base+"/v1/nope", nil)
+		checkProblem(t, base+": GET /v1/nope", resp, body, 404, "no such endpoint: /v1/nope")
+		resp, body = httpDo(t, "POST", base+"/healthz", nil)
+		checkProblem(t, base+": POST /healthz", resp, body, 405, "use GET for /healthz, not POST")
+
+		// Server-sent events: the first arrives while the handler still runs.
+		resp, err := http.Get(base + "/events")
+		if err != nil {
+			t.Fatal(err)
+		}
+		br := bufio.NewReader(resp.Body)
+		line, err := br.ReadString('\n')
+		if resp.StatusCode != 200 || line != "data: 1\n" {
+			t.Errorf("%s: GET /events: %d, first line %q (%v), want 200 and data: 1 streamed", base, resp.StatusCode, line, err)
+		}
+		select {
+		case sent <- struct{}{}:
+		case <-time.After(time.Second): // the handler has given up
+		}
+		rest, _ := io.ReadAll(br)
+		resp.Body.Close()
+		if !strings.Contains(string(rest), "data: 2") {
+			t.Errorf("%s: GET /events: rest %q, want data: 2", base, rest)
+		}
 	}
 }
 

@@ -119,11 +119,12 @@ type Options struct {
 	// WatchInterval is how often the config file's modification time is
 	// checked for changes. Default 2s; negative disables watching.
 	WatchInterval time.Duration
-	// Dashboard is served at "/". Default: the built-in dashboard. Its page paths
-	// (/, /index.html, /static/...) take GET and HEAD alone: a request of
-	// another method there is still served to it, whose 404 stands (no such
-	// page) and any other answer becomes a 405; its 404s and 405s become
-	// problems.
+	// Dashboard is served at "/" and every path the API does not take.
+	// Default: the built-in dashboard, whose page paths (/, /index.html,
+	// /static/...) take GET and HEAD alone, any other path being 404, both
+	// as problems. Any other handler answers every request it is sent
+	// itself, whatever the method, its 404s and 405s included, unchanged;
+	// its writer supports Flush (http.Flusher, http.ResponseController).
 	Dashboard http.Handler
 	// ReadTimeout bounds how long the HTTP listener waits for a request,
 	// headers and body: a body still arriving then is answered 408, so

@@ -88,6 +88,13 @@ func Handler() http.Handler {
 	return &handler{files: files}
 }
 
+// IsBuiltin reports whether h is the dashboard Handler returns, whose
+// paths and methods the server knows.
+func IsBuiltin(h http.Handler) bool {
+	_, ok := h.(*handler)
+	return ok
+}
+
 // load reads every embedded file once and keys it by the URL it is served at.
 func load(fsys fs.FS) (map[string]asset, error) {
 	files := make(map[string]asset)
