@@ -7,3 +7,16 @@ func SetMaxLimits(n int) func() {
 	maxLimits = n
 	return func() { maxLimits = old }
 }
+
+// Slots is the number of slots in s's tables, live or not: what their
+// memory is sized by.
+func Slots(s *Store) int {
+	n := 0
+	for i := range s.shards {
+		sh := &s.shards[i]
+		sh.mu.Lock()
+		n += sh.leases.Slots()
+		sh.mu.Unlock()
+	}
+	return n
+}

@@ -52,7 +52,11 @@
 // not leased: the store answers the request exactly, as without leases (with
 // weighted costs, a process that asks a few units per D on average is hot
 // for a while after a large request, and its leases mostly end unspent). An
-// idle key's demand is forgotten when it is swept. Options.Size replaces all
+// idle key's demand is forgotten when it is swept: when the keys held have
+// doubled, and on the clock at a request at least a second after the last
+// sweep (then only keys not asked for within their D), so that a burst's
+// keys and their memory go about D + 1 s after their last request (see
+// sweepEvery for how far apart sweeps of a large table are). Options.Size replaces all
 // this with one fixed size for every key.
 //
 // # The bound
@@ -320,7 +324,10 @@ type Store struct {
 	idCache  [256]atomic.Pointer[limitID] // ids by limitHash, read without idMu
 	keys     atomic.Int64                 // leases held in all shards
 	sweepAt  atomic.Int64                 // sweep idle leases when keys reaches this
+	sweepDue atomic.Int64                 // or when now (ns) reaches this: see sweepEvery
 	sweeping sync.Mutex                   // one sweep at a time
+	sweptTo  int64                        // keys left by the last sweep, under sweeping
+	churnTo  int64                        // until then (ns) sweeps may find keys idle, under sweeping
 
 	grants, granted, returned, lost atomic.Uint64
 }
@@ -381,6 +388,21 @@ func (s *Store) Stats() Stats {
 
 // minSweep is the least number of leases held before idle ones are swept.
 const minSweep = 10_000
+
+// sweepEvery is the least time between the sweeps that run on the clock,
+// beside those the table's growth starts, so that the memory of a burst of
+// keys is given back once they are idle, as the table shrinks (Table.Fit)
+// only in a sweep. A sweep visits every key (about 1µs each), so the next
+// one waits churnCost times as long as the last one took while keys may
+// turn idle (for the longest D, plus sweepEvery, after a sweep that found
+// the table a quarter larger than the last one left it, or freed a
+// quarter of it: the work is paid for by that many keys come or gone),
+// sweepCost times otherwise: at most 10 % and 1 % of a core.
+const (
+	sweepEvery = time.Second
+	churnCost  = 10
+	sweepCost  = 100
+)
 
 // shardCount shards the leases so that requests on different keys rarely
 // share a mutex.
@@ -477,8 +499,9 @@ func (l *lease) setStop(h *hot) {
 type refilling struct {
 	refill refillLock
 	grant  sluice.Grant
-	demand float64 // units this process expects to ask for within D
-	folded int64   // when asked was last folded into demand
+	demand float64       // units this process expects to ask for within D
+	folded int64         // when asked was last folded into demand
+	foldD  time.Duration // the D of that fold, over which demand decays
 }
 
 // refillLock is a mutex that a waiter can leave when its context ends: a
@@ -535,6 +558,7 @@ func New(g sluice.Granter, opts *Options) (*Store, error) {
 	base := time.Now()
 	s := &Store{granter: g, staleness: o.MaxStaleness, stale: o.For, size: o.Size, fleet: o.FleetSize, clock: o.Clock, base: base, baseNS: base.UnixNano(), seed: maphash.MakeSeed(), shards: make([]shard, shardCount), ids: map[sluice.Limit]*limitID{}}
 	s.sweepAt.Store(minSweep)
+	s.sweepDue.Store(s.now() + int64(sweepEvery))
 	return s, nil
 }
 
@@ -714,13 +738,17 @@ func (s *Store) drop(l *lease) {
 // remember, no call in flight. An expired lease's unused units are left
 // with it: stranded, they can only lower admissions. It runs when the
 // leases held have doubled since the last sweep, so its cost per new key
-// is constant.
-func (s *Store) sweep() {
+// is constant, and on the clock (timed: see sweepEvery), when it forgets
+// only keys not asked for within their D, whose demand has mostly decayed,
+// so that a key asked for less often than every sweepEvery keeps it.
+func (s *Store) sweep(timed bool) {
 	if !s.sweeping.TryLock() {
 		return
 	}
 	defer s.sweeping.Unlock()
+	start := time.Now()
 	now := s.now()
+	seen, freed, longest := s.keys.Load(), int64(0), time.Duration(0)
 	for i := range s.shards {
 		sh := &s.shards[i]
 		sh.mu.Lock()
@@ -733,17 +761,38 @@ func (s *Store) sweep() {
 			if !l.refill.TryLock() {
 				continue
 			}
-			if !h.live(now) && now >= l.deny {
+			if !h.live(now) && now >= l.deny && (!timed || now-l.folded >= int64(l.foldD)) {
 				h.leave()
 				sh.leases.Bury(i)
 				s.keys.Add(-1)
+				freed++
+			} else {
+				longest = max(longest, l.foldD)
 			}
 			l.refill.Unlock()
 		}
 		sh.leases.Fit()
 		sh.mu.Unlock()
 	}
-	s.sweepAt.Store(max(minSweep, 2*s.keys.Load()))
+	if !timed || 4*(seen-s.sweptTo) >= s.sweptTo || 4*freed >= seen {
+		s.churnTo = now + int64(longest+sweepEvery)
+	}
+	s.sweptTo = s.keys.Load()
+	s.sweepAt.Store(max(minSweep, 2*s.sweptTo))
+	wait := sweepCost * time.Since(start)
+	if now < s.churnTo {
+		wait = churnCost * time.Since(start)
+	}
+	s.sweepDue.Store(now + int64(max(sweepEvery, wait)))
+}
+
+// sweepIfDue sweeps when the table has doubled or the clock says so.
+func (s *Store) sweepIfDue() {
+	if s.keys.Load() >= s.sweepAt.Load() {
+		s.sweep(false)
+	} else if s.now() >= s.sweepDue.Load() {
+		s.sweep(true)
+	}
 }
 
 // live reports whether h's units may be spent at now.
@@ -878,7 +927,7 @@ func (s *Store) fast(d *sluice.Decision, key string, limit sluice.Limit, cost in
 	sh.mu.Lock()
 	now := s.now() // while the slot locate prefetched arrives
 	ok := false
-	if h := sh.leases.FindKind(tag, id, key); h != nil && cost <= h.units {
+	if h := sh.leases.FindKind(tag, id, key); h != nil && cost <= h.units && now < s.sweepDue.Load() {
 		ok = h.spendLocal(d, sh, limit, cost, now, false)
 	}
 	sh.mu.Unlock()
@@ -896,9 +945,7 @@ func (s *Store) fast(d *sluice.Decision, key string, limit sluice.Limit, cost in
 // MultiStore, whose TakeAll takes the rest all or nothing with the other
 // checks. left: see refill.
 func (s *Store) spend(ctx context.Context, key string, limit sluice.Limit, cost int64, stale time.Duration, force, topUp bool) (_ sluice.Decision, _ *lease, got, left leftover, exact bool, _ error) {
-	if s.keys.Load() >= s.sweepAt.Load() {
-		s.sweep()
-	}
+	s.sweepIfDue()
 	sh, tag := s.locate(key)
 	id := s.knownID(limit)
 	sh.mu.Lock()
@@ -1487,7 +1534,7 @@ func (l *lease) fold(h *hot, now int64, d time.Duration) {
 		w := -math.Expm1(-float64(dt) / float64(d))
 		l.demand = l.demand*(1-w) + float64(l.asked)*w*float64(d)/float64(dt)
 	}
-	l.asked, l.folded = 0, now
+	l.asked, l.folded, l.foldD = 0, now, d
 }
 
 // sizeFor is how many units a grant for h's lease asks to cover a request of

@@ -339,6 +339,66 @@ func TestSweep(t *testing.T) {
 	}
 }
 
+// A burst of hot keys that then go idle is swept on the clock, and its
+// tables shrink, with no further growth of the table to start a sweep:
+// within a second (sweepEvery) of their D passing, at the next request.
+// A key asked for less often than that but within its D keeps its demand.
+func TestSweepOnTheClock(t *testing.T) {
+	t.Parallel()
+	clock := storetest.NewClock(storetest.T0)
+	d := map[string]time.Duration{}
+	s, err := lease.New(newMemory(t, clock), &lease.Options{
+		For: func(key string, _ sluice.Limit) time.Duration {
+			if v, ok := d[key]; ok {
+				return v
+			}
+			return 300 * time.Millisecond
+		},
+		Clock: clock.Now,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d["slow"] = 10 * time.Second
+	l := sluice.PerMinute(6_000_000)
+	const burst = 4_000 // fewer than start a sweep by growth
+	for i := range burst {
+		for range 8 { // hot: leased
+			take(t, s, fmt.Sprint("hot-", i), l, 1)
+		}
+	}
+	take(t, s, "slow", l, 1)
+	if st := s.Stats(); st.Keys != burst+1 || st.Leased < burst {
+		t.Fatalf("after the burst: %+v, want %d keys, the burst's leased", st, burst+1)
+	}
+	grown := lease.Slots(s)
+	clock.Advance(900 * time.Millisecond) // the leases have ended, but a sweep is not due
+	take(t, s, "slow", l, 1)
+	if got := s.Len(); got != burst+1 {
+		t.Fatalf("Len = %d before a sweep is due, want %d", got, burst+1)
+	}
+	clock.Advance(200 * time.Millisecond) // a second since New
+	take(t, s, "after", l, 1)
+	if got := s.Len(); got != 2 {
+		t.Fatalf("Len = %d a second after the burst, want 2 (slow and after)", got)
+	}
+	if got := lease.Slots(s); got >= grown/4 {
+		t.Fatalf("%d slots after the sweep, want under a quarter of the burst's %d", got, grown)
+	}
+	// "slow", last asked for at 0.9 s, is kept until its D of 10 s has
+	// passed.
+	clock.Advance(8 * time.Second)
+	take(t, s, "after", l, 1)
+	if got := s.Len(); got != 2 {
+		t.Fatalf("Len = %d 8.2 s after slow was asked for, want 2", got)
+	}
+	clock.Advance(2 * time.Second)
+	take(t, s, "after", l, 1)
+	if got := s.Len(); got != 1 {
+		t.Fatalf("Len = %d 10.2 s after slow was asked for (D 10 s), want 1", got)
+	}
+}
+
 // Options.For gives each key its own staleness: zero answers exactly
 // through the granter, a positive D leases for D, and one longer than the
 // limit's period is refused on that call.
