@@ -315,7 +315,7 @@ func TestCLIBadConfig(t *testing.T) {
 		{"check-config names a lease longer than the period", []string{"check-config", stale}, 1, "", stale + ":4:12: lease 2s is longer than the period"},
 		{"check-config shows a lease", []string{"check-config", leased}, 0, "policy api: 10/s, lease 50ms\n", ""},
 		{"check-config --help is help", []string{"check-config", "--help"}, 0, "Usage: sluice check-config FILE|DIR", ""},
-		{"serve -h describes the connection cap as the README does", []string{"serve", "-h"}, 0, "", "one more takes the place of the oldest silent one (no request yet, 1s after it was accepted), else of the one idle longest"},
+		{"serve -h describes the connection cap as the README does", []string{"serve", "-h"}, 0, "", "one more takes the place of the oldest silent one (no request yet, 1s after it was accepted), else of the one stalled longest"},
 		{"check-config reads envoy's format", []string{"check-config", "testdata/envoy-example.yaml"}, 0, "foo: fixed_window 2/min", ""},
 		{"missing file", []string{"check-config", filepath.Join(dir, "none.yaml")}, 1, "", "no such file"},
 		{"bad redis URL", []string{"serve", "--redis", "http://x", "--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0"}, 2, "", "invalid redis URL"},

@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"google.golang.org/grpc/stats"
 )
 
 // DefaultMaxConnections is each listener's connection cap: both listeners
@@ -41,16 +40,18 @@ var (
 )
 
 // capListener accepts at most cap connections at once. At the cap, a new
-// connection makes room by closing the oldest silent one (accepted, but no
-// request yet: see capConn.silent) older than silentGrace, else the one
-// idle the longest (HTTP: between requests, as ConnState reports; gRPC:
-// past its handshake with no call in progress, as grpcIdle reports), so
-// that silent sockets and idle pools cannot lock fresh clients (probes,
-// scrapes, Envoy) out until their timeouts; with none of either it takes
-// one of the few probe places (HTTP only: see probesOnly), where a silent
-// or idle holder gives way the same, or is closed at once (the client sees
-// a reset and can try another instance) rather than left queued. Both are
-// counted and logged at most once per quietFor.
+// connection makes room by closing the oldest silent one (accepted, but
+// nothing heard yet: see connSilent) older than silentGrace, else the one
+// stalled the longest (requests begun, none arrived whole: see
+// connStalled) for stallMin, else the one idle the longest (HTTP: between
+// requests, as ConnState reports; gRPC: past its handshake with no call in
+// progress, as grpcConns reports), so that silent sockets, requests that
+// never finish arriving and idle pools cannot lock fresh clients (probes,
+// scrapes, Envoy) out until their timeouts; with none of those it takes
+// one of the few probe places (HTTP only: see probesOnly), where a silent,
+// stalled or idle holder gives way the same, or is closed at once (the
+// client sees a reset and can try another instance) rather than left
+// queued. Both are counted and logged at most once per quietFor.
 type capListener struct {
 	net.Listener
 	name string
@@ -65,15 +66,12 @@ type capListener struct {
 	lastLog    atomic.Int64 // unix nanoseconds of the last refusal logged
 	lastIdle   atomic.Int64 // of the last idle connection closed logged
 
-	mu   sync.Mutex
-	idle list.List // *capConn idle, the longest idle at the front
-	// idleProbes: *capConn idle on the probe places (HTTP/2 without
-	// streams), the longest idle at the front.
-	idleProbes list.List
-	// silent and silentProbes: *capConn silent, under the cap and on the
-	// probe places, the oldest at the front.
-	silent, silentProbes list.List
-	byAddr               map[string]*capConn // open connections by remote address, for gRPC's stats
+	mu sync.Mutex
+	// The connections that may be closed for room, by state, each list in
+	// the order they took it (the longest at the front); [0] under the
+	// cap, [1] on the probe places.
+	silent, stalled, idle [2]list.List
+	byAddr                map[string]*capConn // open connections by remote address, for gRPC's stats
 }
 
 // closeScan bounds the connections of a list closeIdle looks at: those
@@ -91,6 +89,25 @@ var idleMin = 100 * time.Millisecond
 // well below the 10s header and handshake timeouts.
 var silentGrace = time.Second
 
+// stallMin is how long a connection may be stalled before it can be
+// closed for room ahead of idle ones. A gRPC call's message follows its
+// headers at once, so stallFloor; an HTTP body may wait for a 100
+// Continue, a round trip, so silentGrace, as a new connection's first
+// request.
+func (l *capListener) stallMin() time.Duration {
+	if l.name == "grpc" {
+		return stallFloor
+	}
+	return silentGrace
+}
+
+// stallFloor: a connection stalled for less than this is likely just
+// receiving the rest of a request (a gRPC call's message follows its
+// headers within microseconds) and is not closed for room. Past it a
+// stalled HTTP connection, at the cap with no probe place free, goes
+// before a just-idle one and before a new connection is refused.
+var stallFloor = 10 * time.Millisecond
+
 // Probe places past an HTTP listener's cap, and how long a connection
 // holding one may stay open: a probe asks once and hangs up, and its
 // place must not be held by a client that sends nothing.
@@ -107,7 +124,7 @@ func newCapListener(ln net.Listener, name string, n int, m *Metrics, log *slog.L
 	if m != nil {
 		l.refused = m.connRefused.WithLabelValues(name)
 		l.idleClosed = prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "sluice_connections_idle_closed_total", Help: "Silent or idle connections closed to make room for a new one, the listener (http, grpc) having --max-connections open.",
+			Name: "sluice_connections_idle_closed_total", Help: "Silent, stalled or idle connections closed to make room for a new one, the listener (http, grpc) having --max-connections open.",
 			ConstLabels: prometheus.Labels{"listener": name},
 		})
 		m.reg.MustRegister(l.idleClosed, prometheus.NewGaugeFunc(prometheus.GaugeOpts{
@@ -133,18 +150,19 @@ func (l *capListener) Accept() (net.Conn, error) {
 		}
 		now := time.Now().UnixNano()
 		if last := l.lastLog.Load(); now-last >= int64(quietFor) && l.lastLog.CompareAndSwap(last, now) {
-			l.log.Warn("connection limit reached: refusing new connections, none silent or idle", "listener", l.name, "max_connections", cap(l.sem))
+			l.log.Warn("connection limit reached: refusing new connections, none silent, stalled or idle", "listener", l.name, "max_connections", cap(l.sem))
 		}
 	}
 }
 
-// admit takes a place for c, closing silent or idle connections to free
-// one if need be; nil if every place is held by a busy connection.
+// admit takes a place for c, closing silent, stalled or idle connections
+// to free one if need be; nil if every place is held by a busy connection.
 //
 // Closing an idle connection is abrupt (neither grpc-go nor net/http's
 // HTTP/2 server can send one connection a GOAWAY): a request its client
 // sends at that moment fails. So one idle for less than idleMin, likely
-// about to be used, goes only when a probe place cannot be had.
+// about to be used, goes only when a probe place cannot be had, and after
+// any stalled one past stallFloor.
 func (l *capListener) admit(c net.Conn) *capConn {
 	for {
 		select {
@@ -152,21 +170,21 @@ func (l *capListener) admit(c net.Conn) *capConn {
 			return l.track(&capConn{Conn: c, l: l, addr: c.RemoteAddr().String()})
 		default:
 		}
-		if l.closeIdle(pass{&l.silent, silentGrace}, pass{&l.idle, idleMin}) {
+		if l.closeIdle(pass{&l.silent[0], silentGrace}, pass{&l.stalled[0], l.stallMin()}, pass{&l.idle[0], idleMin}) {
 			continue
 		}
 		if cc := l.admitProbe(c); cc != nil {
 			return cc
 		}
-		if !l.closeIdle(pass{&l.idle, 0}) {
+		if !l.closeIdle(pass{&l.stalled[0], stallFloor}, pass{&l.idle[0], 0}) {
 			return nil
 		}
 	}
 }
 
-// admitProbe gives c one of the probe places, closing a silent or idle
-// holder to free one if need be; it closes after probeLife whatever it
-// does.
+// admitProbe gives c one of the probe places, closing a silent, stalled
+// or idle holder to free one if need be; it closes after probeLife
+// whatever it does.
 func (l *capListener) admitProbe(c net.Conn) *capConn {
 	for {
 		select {
@@ -176,7 +194,7 @@ func (l *capListener) admitProbe(c net.Conn) *capConn {
 			return cc
 		default:
 		}
-		if l.probes == nil || !l.closeIdle(pass{&l.silentProbes, silentGrace}, pass{&l.idleProbes, idleMin}) {
+		if l.probes == nil || !l.closeIdle(pass{&l.silent[1], silentGrace}, pass{&l.stalled[1], l.stallMin()}, pass{&l.idle[1], idleMin}) {
 			return nil
 		}
 	}
@@ -187,12 +205,8 @@ func (l *capListener) track(c *capConn) *capConn {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.byAddr[c.addr] = c
-	c.since = time.Now()
-	if c.probe {
-		c.silent = l.silentProbes.PushBack(c)
-	} else {
-		c.silent = l.silent.PushBack(c)
-	}
+	c.state = connSilent
+	c.listLocked(&l.silent[c.place()])
 	return c
 }
 
@@ -243,7 +257,7 @@ func unwrapCapConn(c net.Conn) *capConn {
 }
 
 // pass is a list closeIdle looks in, and how long a connection must have
-// been on it (silent, or idle) to be closed.
+// been on it (silent, stalled or idle) to be closed.
 type pass struct {
 	ls  *list.List
 	min time.Duration
@@ -278,7 +292,7 @@ func (l *capListener) closeIdle(passes ...pass) bool {
 		l.mu.Unlock()
 		return false
 	}
-	l.unlistLocked(cc)
+	cc.unlistLocked()
 	l.mu.Unlock()
 	cc.Close()
 	if l.idleClosed != nil {
@@ -286,50 +300,57 @@ func (l *capListener) closeIdle(passes ...pass) bool {
 	}
 	now := time.Now().UnixNano()
 	if last := l.lastIdle.Load(); now-last >= int64(quietFor) && l.lastIdle.CompareAndSwap(last, now) {
-		l.log.Warn("connection limit reached: closing silent or idle connections to make room", "listener", l.name, "max_connections", cap(l.sem))
+		l.log.Warn("connection limit reached: closing silent, stalled or idle connections to make room", "listener", l.name, "max_connections", cap(l.sem))
 	}
 	return true
 }
 
-// setIdle marks c idle (the newest) or not.
-func (l *capListener) setIdle(c *capConn, idle bool) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.setIdleLocked(c, idle)
-}
+// connState is where a connection stands for the cap, from what its
+// server reports.
+type connState int8
 
-// setIdleLocked also ends c's silence: its server has heard from it.
-func (l *capListener) setIdleLocked(c *capConn, idle bool) {
-	l.unlistLocked(c)
-	if idle && !c.closed {
+const (
+	// connSilent: nothing heard yet (HTTP: no request headers, nor the
+	// HTTP/2 preface, past any TLS handshake; gRPC: no call's headers).
+	// Closing it loses nothing a client sent, and it may be no client at
+	// all.
+	connSilent connState = iota
+	// connIdle: no request in progress.
+	connIdle
+	// connStalled: requests in progress, none arrived whole (HTTP: a body
+	// still coming; gRPC: a call without its message). A request begun
+	// and never finished holds a place as surely as silence.
+	connStalled
+	// connBusy: a request that arrived whole is being answered.
+	connBusy
+	connClosed
+)
+
+// relistLocked puts c on the list its state calls for, if that changed.
+func (l *capListener) relistLocked(c *capConn) {
+	st := connBusy
+	switch {
+	case c.closed:
+		st = connClosed
+	case !c.reported:
+		st = connSilent
+	case c.idleNow:
 		// An HTTP/2 connection without streams on a probe place too: it
 		// must not hold the place for probeLife.
-		if c.probe {
-			c.idle = l.idleProbes.PushBack(c)
-		} else {
-			c.idle = l.idle.PushBack(c)
-		}
-		c.since = time.Now()
+		st = connIdle
+	case c.waiting > 0 && c.busy == 0:
+		st = connStalled
 	}
-}
-
-// unlistLocked takes c off the lists of connections to close for room.
-func (l *capListener) unlistLocked(c *capConn) {
-	if c.idle != nil {
-		if c.probe {
-			l.idleProbes.Remove(c.idle)
-		} else {
-			l.idle.Remove(c.idle)
-		}
-		c.idle = nil
+	if st == c.state {
+		return
 	}
-	if c.silent != nil {
-		if c.probe {
-			l.silentProbes.Remove(c.silent)
-		} else {
-			l.silent.Remove(c.silent)
-		}
-		c.silent = nil
+	c.unlistLocked()
+	c.state = st
+	switch st {
+	case connIdle:
+		c.listLocked(&l.idle[c.place()])
+	case connStalled:
+		c.listLocked(&l.stalled[c.place()])
 	}
 }
 
@@ -337,7 +358,7 @@ func (l *capListener) unlistLocked(c *capConn) {
 func (l *capListener) release(c *capConn) {
 	l.mu.Lock()
 	c.closed = true
-	l.unlistLocked(c)
+	l.relistLocked(c)
 	if l.byAddr[c.addr] == c {
 		delete(l.byAddr, c.addr)
 	}
@@ -351,12 +372,18 @@ func (l *capListener) release(c *capConn) {
 
 // httpConnState is the HTTP server's ConnState: a connection between
 // requests (HTTP/1 keep-alive, or HTTP/2 without streams, idle since its
-// last stream's end or its preface) may be closed to make room. Past StateNew a connection is no longer silent: its first
-// request (HTTP/2: its preface) has arrived, after any TLS handshake.
+// last stream's end or its preface) may be closed to make room. Past
+// StateNew a connection is no longer silent: its first request (HTTP/2:
+// its preface) has arrived, after any TLS handshake.
 func (l *capListener) httpConnState(c net.Conn, st http.ConnState) {
-	if cc := unwrapCapConn(c); cc != nil && st != http.StateNew {
-		l.setIdle(cc, st == http.StateIdle)
+	cc := unwrapCapConn(c)
+	if cc == nil || st == http.StateNew {
+		return
 	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	cc.reported, cc.idleNow = true, st == http.StateIdle
+	l.relistLocked(cc)
 }
 
 // capConn gives its place back when first closed.
@@ -366,71 +393,49 @@ type capConn struct {
 	addr string
 	once sync.Once
 	// Under l.mu:
-	idle *list.Element // in l.idle (l.idleProbes) while idle
-	// silent: in l.silent (l.silentProbes) from its accept until its
-	// server reports it (HTTP: a request or the HTTP/2 preface read, past
-	// any TLS handshake; gRPC: its handshake done). Closing it loses
-	// nothing a client sent, and a silent one may be no client at all.
-	silent *list.Element
-	// since: when c was accepted while silent, when it went idle while idle.
-	since  time.Time
-	calls  int // gRPC calls in progress
-	closed bool
+	state connState
+	on    *list.List    // the list of its state, if any (silent, stalled, idle)
+	elem  *list.Element // its element there
+	since time.Time     // when it took its state
+	// reported: its server has heard from it (HTTP: a request's headers or
+	// the HTTP/2 preface, past any TLS handshake; gRPC: a call's headers);
+	// idleNow: it has no request in progress.
+	reported, idleNow bool
+	// busy and waiting: its requests (gRPC: calls) in progress that have
+	// arrived whole, and that have not.
+	busy, waiting int
+	closed        bool
 	// probe: c holds a probe place (past the cap), not one of the cap's.
 	probe bool
+}
+
+// place indexes the listener's lists: 1 on a probe place.
+func (c *capConn) place() int {
+	if c.probe {
+		return 1
+	}
+	return 0
+}
+
+// listLocked puts c at the back of ls, since now.
+func (c *capConn) listLocked(ls *list.List) {
+	c.since = time.Now()
+	c.on, c.elem = ls, ls.PushBack(c)
+}
+
+// unlistLocked takes c off the list of connections to close for room it
+// is on, if any.
+func (c *capConn) unlistLocked() {
+	if c.elem != nil {
+		c.on.Remove(c.elem)
+		c.on, c.elem = nil, nil
+	}
 }
 
 func (c *capConn) Close() error {
 	err := c.Conn.Close()
 	c.once.Do(func() { c.l.release(c) })
 	return err
-}
-
-// grpcIdle is the gRPC server's stats handler: a connection past its
-// handshake (ConnBegin: TLS, the HTTP/2 preface and settings) without
-// calls in progress may be closed to make room; before, it is silent.
-// (Its GOAWAY at grpcMaxIdle comes minutes later.)
-type grpcIdle struct{ l *capListener }
-
-type grpcConnKey struct{}
-
-func (h grpcIdle) TagConn(ctx context.Context, info *stats.ConnTagInfo) context.Context {
-	h.l.mu.Lock()
-	c := h.l.byAddr[info.RemoteAddr.String()]
-	h.l.mu.Unlock()
-	if c == nil {
-		return ctx
-	}
-	return context.WithValue(ctx, grpcConnKey{}, c)
-}
-
-func (h grpcIdle) HandleConn(ctx context.Context, s stats.ConnStats) {
-	if _, ok := s.(*stats.ConnBegin); ok {
-		h.calls(ctx, 0)
-	}
-}
-
-func (h grpcIdle) TagRPC(ctx context.Context, _ *stats.RPCTagInfo) context.Context { return ctx }
-
-func (h grpcIdle) HandleRPC(ctx context.Context, s stats.RPCStats) {
-	switch s.(type) {
-	case *stats.Begin:
-		h.calls(ctx, 1)
-	case *stats.End:
-		h.calls(ctx, -1)
-	}
-}
-
-// calls adds d to the connection's calls in progress; with none it is idle.
-func (h grpcIdle) calls(ctx context.Context, d int) {
-	c, _ := ctx.Value(grpcConnKey{}).(*capConn)
-	if c == nil {
-		return
-	}
-	h.l.mu.Lock()
-	defer h.l.mu.Unlock()
-	c.calls += d
-	h.l.setIdleLocked(c, c.calls == 0)
 }
 
 // quietOwnCloses drops net/http's "TLS handshake error" lines for

@@ -264,7 +264,7 @@ func TestSilentTLSConnectionsMakeRoom(t *testing.T) {
 		t.Errorf("sluice_connections_idle_closed_total{listener=http} = %v, want 4", got)
 	}
 	time.Sleep(100 * time.Millisecond) // the closed handshakes end
-	if n := strings.Count(logs.String(), "closing silent or idle connections"); n != 2 || strings.Contains(logs.String(), "handshake error") {
+	if n := strings.Count(logs.String(), "closing silent, stalled or idle connections"); n != 2 || strings.Contains(logs.String(), "handshake error") {
 		t.Errorf("log: want one line of closing silent connections per listener, no handshake errors:\n%s", logs.String())
 	}
 }

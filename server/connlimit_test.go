@@ -56,7 +56,7 @@ func idleKeepAlive(t *testing.T, srv *Server) net.Conn {
 		l.mu.Lock()
 		defer l.mu.Unlock()
 		cc := l.byAddr[c.LocalAddr().String()]
-		return cc != nil && cc.idle != nil
+		return cc != nil && cc.state == connIdle
 	})
 	return c
 }

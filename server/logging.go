@@ -88,7 +88,7 @@ func durationString(_ []string, a slog.Attr) slog.Attr {
 func RouteLogs(log *slog.Logger) {
 	slog.SetDefault(log)
 	redis.SetLogger(redisLogger{log.With("logger", "go-redis"), &quiet{lines: map[string]*quietLine{}}})
-	grpclog.SetLoggerV2(grpcLogger{log.With("logger", "grpc")})
+	grpclog.SetLoggerV2(grpcLogger{log.With("logger", "grpc"), &quiet{lines: map[string]*quietLine{}}})
 }
 
 // redisLogger hands go-redis's lines (pool and Sentinel events) to slog.
@@ -121,8 +121,6 @@ func (l redisLogger) Printf(ctx context.Context, format string, v ...any) {
 		l.log.InfoContext(ctx, msg)
 		return
 	}
-	now := time.Now()
-	l.mu.Lock()
 	// Held back by format: a failed dial's line differs by its attempt
 	// count or connection number and is the same news. A Sentinel's line
 	// names a master, and a new one is news: those go by the line.
@@ -130,40 +128,72 @@ func (l redisLogger) Printf(ctx context.Context, format string, v ...any) {
 	if strings.Contains(format, "sentinel") {
 		key = msg
 	}
-	q := l.lines[key]
-	if q == nil {
-		if len(l.lines) >= 1000 { // formats and masters are few; keep it bounded all the same
-			clear(l.lines)
-		}
-		q = &quietLine{}
-		l.lines[key] = q
-	} else if now.Sub(q.at) < quietFor {
-		q.dropped++
-		l.mu.Unlock()
-		return
-	}
-	dropped := q.dropped
-	q.at, q.dropped = now, 0
-	l.mu.Unlock()
-	if dropped > 0 {
+	ok, dropped := l.allow(key)
+	switch {
+	case !ok:
+	case dropped > 0:
 		l.log.InfoContext(ctx, msg, "repeats_not_logged", dropped)
-		return
+	default:
+		l.log.InfoContext(ctx, msg)
 	}
-	l.log.InfoContext(ctx, msg)
+}
+
+// allow reports whether a line of key goes out now, and how many of its
+// repeats were held back since the last that did.
+func (q *quiet) allow(key string) (ok bool, dropped int) {
+	now := time.Now()
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	l := q.lines[key]
+	if l == nil {
+		if len(q.lines) >= 1000 { // formats and masters are few; keep it bounded all the same
+			clear(q.lines)
+		}
+		l = &quietLine{}
+		q.lines[key] = l
+	} else if now.Sub(l.at) < quietFor {
+		l.dropped++
+		return false, 0
+	}
+	dropped = l.dropped
+	l.at, l.dropped = now, 0
+	return true, dropped
 }
 
 // grpcLogger hands grpc-go's log to slog. Its info lines are chatty
-// (every connection's state), so they go out at debug level.
-type grpcLogger struct{ log *slog.Logger }
+// (every connection's state), so they go out at debug level. A warning
+// repeated word for word goes out once per quietFor, with the number held
+// back: each call whose connection closed before its status was written
+// (a client gone, or the connection cap closing stalled calls) is one.
+type grpcLogger struct {
+	log *slog.Logger
+	*quiet
+}
 
 func (l grpcLogger) Info(args ...any)                 { l.log.Debug(fmt.Sprint(args...)) }
 func (l grpcLogger) Infoln(args ...any)               { l.log.Debug(sprintln(args)) }
 func (l grpcLogger) Infof(format string, args ...any) { l.log.Debug(fmt.Sprintf(format, args...)) }
-func (l grpcLogger) Warning(args ...any)              { l.log.Warn(fmt.Sprint(args...)) }
-func (l grpcLogger) Warningln(args ...any)            { l.log.Warn(sprintln(args)) }
+func (l grpcLogger) Warning(args ...any)              { l.warn(fmt.Sprint(args...)) }
+func (l grpcLogger) Warningln(args ...any)            { l.warn(sprintln(args)) }
 func (l grpcLogger) Warningf(format string, args ...any) {
-	l.log.Warn(fmt.Sprintf(format, args...))
+	l.warn(fmt.Sprintf(format, args...))
 }
+
+func (l grpcLogger) warn(msg string) {
+	if l.quiet == nil {
+		l.log.Warn(msg)
+		return
+	}
+	ok, dropped := l.allow(msg)
+	switch {
+	case !ok:
+	case dropped > 0:
+		l.log.Warn(msg, "repeats_not_logged", dropped)
+	default:
+		l.log.Warn(msg)
+	}
+}
+
 func (l grpcLogger) Error(args ...any)                 { l.log.Error(fmt.Sprint(args...)) }
 func (l grpcLogger) Errorln(args ...any)               { l.log.Error(sprintln(args)) }
 func (l grpcLogger) Errorf(format string, args ...any) { l.log.Error(fmt.Sprintf(format, args...)) }

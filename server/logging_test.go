@@ -176,3 +176,29 @@ func TestRedisLoggerQuiet(t *testing.T) {
 		t.Errorf("the next line does not count the 50 held back:\n%s", buf.String())
 	}
 }
+
+// grpc-go's warnings repeated word for word go out once per quietFor, the
+// next with the count of those held back: the connection cap closing
+// stalled calls' connections costs a line every ten seconds, not one per
+// call whose status could not be written. Other warnings still go out.
+func TestGRPCLoggerQuiet(t *testing.T) {
+	t.Parallel()
+	var buf bytes.Buffer
+	l := grpcLogger{slog.New(slog.NewTextHandler(&buf, nil)), &quiet{lines: map[string]*quietLine{}}}
+	const closing = `[core] [Server #1] grpc: Server.processRPC failed to write status: connection error: desc = "transport is closing"`
+	for range 30 {
+		l.Warningf("[core] [Server #1] grpc: Server.processRPC failed to write status: %v", `connection error: desc = "transport is closing"`)
+	}
+	l.Warningln("[core]", "something else")
+	if n := strings.Count(buf.String(), "failed to write status"); n != 1 {
+		t.Errorf("%d lines of the same warning, want 1:\n%s", n, buf.String())
+	}
+	if !strings.Contains(buf.String(), "something else") {
+		t.Errorf("another warning held back:\n%s", buf.String())
+	}
+	l.lines[closing].at = time.Now().Add(-quietFor)
+	l.Warning(closing)
+	if !strings.Contains(buf.String(), "repeats_not_logged=29") {
+		t.Errorf("the next line does not count the 29 held back:\n%s", buf.String())
+	}
+}

@@ -417,10 +417,14 @@ func (s *Server) Start() error {
 		ConnContext:       s.httpCap.httpConnContext,
 	}
 	s.httpSrv.Handler = s.metrics.instrumentHTTP(s.httpCap.probesOnly(s.httpSrv.Handler))
+	// The gate refuses calls without the decision token on their headers;
+	// grpcToken below still guards the handlers.
+	conns := grpcConns{s.grpcCap}
+	gate := newGRPCGate(conns, s.opts.DecisionToken, s.metrics, s.log)
 	// Workers keep their grown stacks between requests: a new goroutine
 	// per request would grow its stack through the Redis client every time.
 	s.grpcSrv = grpc.NewServer(grpc.NumStreamWorkers(uint32(64*runtime.GOMAXPROCS(0))), grpcCreds,
-		grpc.ConnectionTimeout(grpcHandshake), grpc.StatsHandler(grpcIdle{s.grpcCap}),
+		grpc.ConnectionTimeout(grpcHandshake), grpc.StatsHandler(conns), grpc.InTapHandle(gate.tap),
 		grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionIdle: grpcMaxIdle, Time: grpcPing, Timeout: grpcPingTimeout}),
 		// Envoy's connection keepalive, if configured, pings at most this
 		// often; a client pinging faster is sent away (grpc-go's default
@@ -430,6 +434,7 @@ func (s *Server) Start() error {
 	s.svc.RegisterRLS(s.grpcSrv)
 	s.grpcHealth = health.NewServer()
 	healthpb.RegisterHealthServer(s.grpcSrv, s.grpcHealth)
+	gate.serving(s.grpcSrv)
 	s.health.setGRPC(s.grpcHealth)
 	s.wg.Add(3)
 	go func() {
