@@ -211,13 +211,14 @@ func (l *capListener) track(c *capConn) *capConn {
 }
 
 // probesOnly answers a request on a probe place (past the cap) only if it
-// is a health probe (/healthz, /readyz); any other is refused 503, so that
-// the places stay free for probes. Either way the connection then closes.
+// is a health probe (GET or HEAD /healthz, /readyz, without a body); any
+// other is refused 503 (its body not read: see httpRequests), so that the
+// places stay free for probes. Either way the connection then closes.
 func (l *capListener) probesOnly(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if c, _ := r.Context().Value(capConnKey{}).(*capConn); c != nil && c.probe {
 			w.Header().Set("Connection", "close")
-			if r.URL.Path != "/healthz" && r.URL.Path != "/readyz" {
+			if !isProbe(r) {
 				if rt, ok := next.(interface{ pattern(*http.Request) string }); ok {
 					r.Pattern = rt.pattern(r) // instrumentHTTP labels it by its endpoint
 				}
@@ -229,6 +230,12 @@ func (l *capListener) probesOnly(next http.Handler) http.Handler {
 		}
 		next.ServeHTTP(w, r)
 	})
+}
+
+// isProbe: a health probe, as Kubernetes and load balancers send them.
+func isProbe(r *http.Request) bool {
+	return (r.Method == http.MethodGet || r.Method == http.MethodHead) && r.ContentLength == 0 &&
+		(r.URL.Path == "/healthz" || r.URL.Path == "/readyz")
 }
 
 type capConnKey struct{}
@@ -383,6 +390,11 @@ func (l *capListener) httpConnState(c net.Conn, st http.ConnState) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	cc.reported, cc.idleNow = true, st == http.StateIdle
+	if cc.idleNow {
+		// Every request has ended, HTTP/1 bodies read or dropped.
+		cc.busy, cc.waiting = 0, 0
+		cc.gen++
+	}
 	l.relistLocked(cc)
 }
 
@@ -402,9 +414,9 @@ type capConn struct {
 	// idleNow: it has no request in progress.
 	reported, idleNow bool
 	// busy and waiting: its requests (gRPC: calls) in progress that have
-	// arrived whole, and that have not.
-	busy, waiting int
-	closed        bool
+	// arrived whole, and that have not; gen counts its idle turns (HTTP).
+	busy, waiting, gen int
+	closed             bool
 	// probe: c holds a probe place (past the cap), not one of the cap's.
 	probe bool
 }

@@ -118,16 +118,15 @@ func h2PrefaceOnly(addr string, roots *x509.CertPool, stop <-chan struct{}) {
 func TestIdleHTTP2LeavesProbePlaces(t *testing.T) {
 	const max = 4
 	certs := testcert.New(t, "h2idle")
-	srv := capServer(t, Options{HTTPTLS: TLSFiles{CertFile: certs.CertFile, KeyFile: certs.KeyFile}, MaxConnections: max})
+	srv, hold, _ := holdingServer(t, Options{HTTPTLS: TLSFiles{CertFile: certs.CertFile, KeyFile: certs.KeyFile}, MaxConnections: max})
 	reg := srv.metrics.reg
 	lbl := map[string]string{"listener": "http"}
-	for range max { // busy: a body still arriving
+	for range max { // busy: a decision pending
 		c, err := tls.Dial("tcp", srv.HTTPAddr(), &tls.Config{RootCAs: certs.Pool, NextProtos: []string{"http/1.1"}})
 		if err != nil {
 			t.Fatal(err)
 		}
-		t.Cleanup(func() { c.Close() })
-		io.WriteString(c, "POST /v1/check HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{")
+		hold(c)
 	}
 	waitFor(t, func() bool { return metricValue(t, reg, "sluice_connections_open", lbl) == max })
 	stop := make(chan struct{})

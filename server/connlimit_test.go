@@ -153,26 +153,19 @@ func TestIdleConnectionsMakeRoomTLS(t *testing.T) {
 }
 
 // TestBusyConnectionsStillCap: with every place held by a request in
-// progress (a body still arriving) and no probe place free, a new
-// connection is closed at once and counted as refused; no busy connection
-// is closed for it.
+// progress (arrived whole, its decision pending) and no probe place free,
+// a new connection is closed at once and counted as refused; no busy
+// connection is closed for it.
 func TestBusyConnectionsStillCap(t *testing.T) {
 	const max = 10
 	// No probe places: a connection can hold one busy only while its probe
 	// is answered (a silent one gives way as under the cap).
 	noProbePlaces(t)
-	srv := slowClientServer(t, max)
+	srv, hold, _ := holdingServer(t, Options{MaxConnections: max})
 	var busy []net.Conn
 	for range max {
-		c, err := net.Dial("tcp", srv.HTTPAddr())
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { c.Close() })
-		io.WriteString(c, "POST /v1/check HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{")
-		busy = append(busy, c)
+		busy = append(busy, hold(dialHTTP(t, srv)))
 	}
-	time.Sleep(200 * time.Millisecond) // all accepted and reading bodies
 	closedAtOnce(t, srv.HTTPAddr(), "connection past the cap of busy ones")
 	reg := srv.metrics.reg
 	lbl := map[string]string{"listener": "http"}
@@ -185,7 +178,7 @@ func TestBusyConnectionsStillCap(t *testing.T) {
 	for i, b := range busy {
 		b.SetReadDeadline(time.Now().Add(50 * time.Millisecond))
 		if _, err := b.Read(make([]byte, 1)); !isTimeout(err) {
-			t.Errorf("busy connection %d: read %v, want it still waiting for its body", i, err)
+			t.Errorf("busy connection %d: read %v, want it still waiting for its answer", i, err)
 		}
 	}
 }
@@ -205,16 +198,10 @@ func noProbePlaces(t *testing.T) {
 // probes, and nothing is counted as refused.
 func TestBusyConnectionsStillAnswerProbes(t *testing.T) {
 	const max = 10
-	srv := slowClientServer(t, max)
+	srv, hold, _ := holdingServer(t, Options{MaxConnections: max})
 	for range max {
-		c, err := net.Dial("tcp", srv.HTTPAddr())
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { c.Close() })
-		io.WriteString(c, "POST /v1/check HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{")
+		hold(dialHTTP(t, srv))
 	}
-	time.Sleep(200 * time.Millisecond) // all accepted and reading bodies
 	client := &http.Client{Timeout: 2 * time.Second}
 	for range 3 * probePlaces { // more than the places: each is given back
 		for _, path := range []string{"/healthz", "/readyz"} {

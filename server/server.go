@@ -416,7 +416,7 @@ func (s *Server) Start() error {
 		ConnState:         s.httpCap.httpConnState,
 		ConnContext:       s.httpCap.httpConnContext,
 	}
-	s.httpSrv.Handler = s.metrics.instrumentHTTP(s.httpCap.probesOnly(s.httpSrv.Handler))
+	s.httpSrv.Handler = s.httpCap.httpRequests(s.metrics.instrumentHTTP(s.httpCap.probesOnly(s.httpSrv.Handler)))
 	// The gate refuses calls without the decision token on their headers;
 	// grpcToken below still guards the handlers.
 	conns := grpcConns{s.grpcCap}
