@@ -15,8 +15,8 @@ import (
 // between calls.
 //
 // A call that finds fewer than inFlight batches in flight in its lane takes
-// a slot and goes at once, alone, on its caller's goroutine and context: no
-// added latency when the store is quiet. Otherwise it joins the lane's
+// a slot and goes at once, alone: no added latency when the store is
+// quiet. Otherwise it joins the lane's
 // queue and waits. Whoever finishes with a slot hands it on: if calls are
 // queued, a goroutine takes up to max of them, sends them as one pipeline,
 // and repeats while the queue refills; the slot is released only once the
@@ -132,19 +132,22 @@ func (b *batcher) addLane(node *redis.Client) *lane {
 
 // doIn is do in lane l.
 func (b *batcher) doIn(ctx context.Context, l *lane, c *call) error {
+	budget := budgetOf(ctx)
 	l.mu.Lock()
 	if l.busy < b.inFlight {
 		l.busy++
 		l.mu.Unlock()
 		return c.await(ctx, func() {
-			runOne(ctx, b.client, c)
+			sctx, cancel := sendContext(ctx, budget)
+			runOne(sctx, b.client, c)
+			cancel()
 			b.release(l)
 		})
 	}
 	if c.done == nil {
 		c.done = make(chan struct{}, 1)
 	}
-	c.until, _ = ctx.Deadline()
+	c.budget = budget
 	l.queue = append(l.queue, c)
 	l.mu.Unlock()
 	select {
@@ -212,17 +215,14 @@ type unit struct {
 
 // send runs batch as one pipeline and wakes its callers. The pipeline runs
 // on a context of its own, since it carries many callers' commands: no
-// caller's cancellation may fail the others. It lasts at most until the
-// latest of their deadlines, if every caller has one (go-redis applies it
-// with ContextTimeoutEnabled), and otherwise the client's read and write
-// timeouts bound it.
+// caller's cancellation may fail the others, and a caller that stops
+// waiting leaves the reply to come (see sendContext). It lasts at most
+// lateFactor times the longest of the callers' budgets, if every caller has
+// one (go-redis applies it with ContextTimeoutEnabled), and otherwise the
+// client's read and write timeouts bound it.
 func (b *batcher) send(batch []*call) {
-	ctx := context.Background()
-	if until := latest(batch); !until.IsZero() {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithDeadline(ctx, until)
-		defer cancel()
-	}
+	ctx, cancel := sendContext(context.Background(), longest(batch))
+	defer cancel()
 	units := b.units(batch)
 	b.exec(ctx, units)
 	// Calls to send again on their own: decisions that raised an error
@@ -357,16 +357,14 @@ func (b *batcher) exec(ctx context.Context, units []*unit) {
 	}
 }
 
-// latest returns the latest deadline of the calls, or zero if any has none.
-func latest(calls []*call) time.Time {
-	var until time.Time
+// longest returns the longest budget of the calls, or 0 if any has none.
+func longest(calls []*call) time.Duration {
+	var most time.Duration
 	for _, c := range calls {
-		if c.until.IsZero() {
-			return time.Time{}
+		if c.budget <= 0 {
+			return 0
 		}
-		if c.until.After(until) {
-			until = c.until
-		}
+		most = max(most, c.budget)
 	}
-	return until
+	return most
 }

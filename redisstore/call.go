@@ -23,8 +23,9 @@ type call struct {
 	val  []int64
 	err  error
 	done chan struct{} // batched calls: receives once val and err are set
-	// until is a batched call's deadline, if its caller has one.
-	until time.Time
+	// budget is what a batched call's caller had left when it called;
+	// 0: its context has no deadline.
+	budget time.Duration
 	// gone: the caller stopped waiting while the call was in flight, so the
 	// sender may still write to it and it must not be recycled.
 	gone bool
@@ -84,6 +85,39 @@ func isNoScript(err error) bool {
 	return err != nil && (errors.Is(err, redis.ErrNoScript) || redis.HasErrorPrefix(err, "NOSCRIPT"))
 }
 
+// lateFactor: a command runs for up to this many times what its caller
+// had left (see sendContext).
+const lateFactor = 10
+
+// sendContext returns the context to send a command on for a caller with
+// budget left (0: no deadline): base's values, not its end, and a deadline
+// of its own lateFactor times budget away. The caller stops waiting at its
+// own deadline; the command runs on. With ContextTimeoutEnabled go-redis
+// closes a connection whose read the deadline cuts, so a caller's deadline
+// would close a connection for every reply a little late, and each next
+// call would pay a new connection's handshake (several round trips) and
+// time out in turn. A reply up to lateFactor times late returns its
+// connection to the pool; a Redis that never answers is still cut off.
+func sendContext(base context.Context, budget time.Duration) (context.Context, context.CancelFunc) {
+	ctx := base
+	if ctx.Done() != nil {
+		ctx = context.WithoutCancel(base)
+	}
+	if budget <= 0 {
+		return ctx, func() {}
+	}
+	return context.WithTimeout(ctx, lateFactor*budget)
+}
+
+// budgetOf is what ctx has left, or 0 if it has no deadline.
+func budgetOf(ctx context.Context) time.Duration {
+	dl, ok := ctx.Deadline()
+	if !ok {
+		return 0
+	}
+	return max(time.Until(dl), time.Nanosecond)
+}
+
 // runOne sends c on its own, on ctx: EVALSHA, and EVAL if the server has
 // lost the script.
 func runOne(ctx context.Context, client redis.UniversalClient, c *call) {
@@ -100,8 +134,9 @@ func runOne(ctx context.Context, client redis.UniversalClient, c *call) {
 // or with ctx.Err() as soon as ctx ends, whichever comes first: a caller's
 // deadline bounds its call whatever the client's own timeouts (go-redis
 // applies a context's deadline to reads and writes only with
-// ContextTimeoutEnabled). An abandoned send runs on until the client's
-// timeouts end it, and a take it carried may still be charged. send always
+// ContextTimeoutEnabled). An abandoned send runs on until its own deadline
+// (sendContext) or the client's timeouts end it, and a take it carried may
+// still be charged. send always
 // runs. done (buffered, empty) receives one signal when send returns. A
 // context that can never end costs no goroutine: send runs on the caller's.
 func bounded(ctx context.Context, done chan struct{}, send func()) error {

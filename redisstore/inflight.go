@@ -180,9 +180,16 @@ func (s *Store) releaseYoung(ctx context.Context, key, holder string) (bool, err
 	defer c.recycle()
 	cmd := plainCmd{redis.NewIntCmd(ctx, "zrem", s.slotKey(key), "h"+holder)}
 	cmd.SetFirstKeyPos(1)
-	err := c.await(ctx, func() { _ = s.client.Process(ctx, cmd) })
+	err := c.await(ctx, func() {
+		sctx, cancel := sendContext(ctx, budgetOf(ctx))
+		_ = s.client.Process(sctx, cmd)
+		cancel()
+	})
 	if err == nil {
 		err = atEnd(ctx, cmd.Err())
+	}
+	if err == nil {
+		err = ended(ctx) // see Store.run
 	}
 	if err != nil {
 		s.reload.failed(err)

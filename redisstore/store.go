@@ -43,7 +43,12 @@
 // its context ends, whatever the client's own timeouts: it is abandoned,
 // not cancelled. An abandoned call's command may
 // still reach Redis and be charged, and holds its connection until the
-// client's read timeout, or until the reply.
+// reply or the client's read timeout; a script call's (a decision's, a
+// slot's, a lease's) until the reply or ten times what its caller had
+// when it called, whichever comes first (with ContextTimeoutEnabled; else
+// the read timeout again). A reply that is only late thus returns its
+// connection to the pool: go-redis closes one whose read a deadline cuts,
+// and a new one costs the next call a handshake of several round trips.
 //
 // On a ClusterClient, a connection error or a timed-out call makes the
 // Store reload the client's slot map every ReloadInterval until calls
@@ -148,7 +153,7 @@ type Options struct {
 	Clock func() time.Time
 	// MaxBatch is the most calls one batch carries. Default
 	// DefaultMaxBatch; 1 disables batching, so that every call is its own
-	// round trip on its caller's context.
+	// round trip.
 	MaxBatch int
 	// MaxInFlight is how many batches (each a pipeline on one connection) a
 	// Store sends at once before further calls wait to be batched: per
@@ -519,9 +524,17 @@ func (s *Store) run(ctx context.Context, c *call) ([]int64, error) {
 		case s.batch != nil:
 			err = s.batch.do(ctx, c)
 		case s.wait != nil && c.takes():
-			err = c.await(ctx, func() { s.runWaited(ctx, c) })
+			err = c.await(ctx, func() {
+				sctx, cancel := sendContext(ctx, budgetOf(ctx))
+				s.runWaited(sctx, c)
+				cancel()
+			})
 		default:
-			err = c.await(ctx, func() { runOne(ctx, s.client, c) })
+			err = c.await(ctx, func() {
+				sctx, cancel := sendContext(ctx, budgetOf(ctx))
+				runOne(sctx, s.client, c)
+				cancel()
+			})
 		}
 		if err != nil || !retry.again(ctx, c) {
 			break
@@ -529,6 +542,11 @@ func (s *Store) run(ctx context.Context, c *call) ([]int64, error) {
 	}
 	if err == nil {
 		err = atEnd(ctx, c.err)
+	}
+	if err == nil {
+		// A reply that came as ctx ended, its waiter woken late: the
+		// command runs past its caller's deadline now.
+		err = ended(ctx)
 	}
 	if err != nil {
 		s.reload.failed(err)
