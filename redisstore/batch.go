@@ -2,7 +2,9 @@ package redisstore
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"net"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -16,8 +18,9 @@ import (
 //
 // A call that finds fewer than inFlight batches in flight in its lane takes
 // a slot and goes at once, alone: no added latency when the store is
-// quiet. Otherwise it joins the lane's
-// queue and waits. Whoever finishes with a slot hands it on: if calls are
+// quiet. Otherwise it joins the lane's queue and waits, unless the wait
+// would cost it too much of its deadline (see hurried): then it takes a
+// slot beyond inFlight, up to most, and goes alone at once. Whoever finishes with a slot hands it on: if calls are
 // queued, a goroutine takes up to max of them, sends them as one pipeline,
 // and repeats while the queue refills; the slot is released only once the
 // queue is empty. So a slot is free only while nobody waits, and that
@@ -41,6 +44,11 @@ type batcher struct {
 	inFlight int // batches at once, per lane
 	group    func(key string) string
 
+	// most is how many slots a lane may take, hurried calls' included;
+	// read from the client at the first hurried call (New does not touch
+	// the client).
+	most func() int
+
 	lane // the only lane; on a cluster, calls whose master is unknown
 
 	cluster *redis.ClusterClient // nil: one lane
@@ -57,14 +65,65 @@ type batcher struct {
 // lane is one queue of calls and its slots.
 type lane struct {
 	mu    sync.Mutex
-	busy  int     // slots taken
-	queue []*call // waiting calls, oldest first; non-empty only when busy == inFlight
+	busy  int          // slots taken
+	queue []*call      // waiting calls, oldest first; non-empty only when busy >= inFlight
+	rtt   atomic.Int64 // smoothed round trip of the lane's sends, ns; 0 before the first
 }
 
-func newBatcher(client redis.UniversalClient, max, inFlight int) *batcher {
-	b := &batcher{client: client, max: max, inFlight: inFlight, group: groupOf(client)}
+func newBatcher(client redis.UniversalClient, maxBatch, inFlight int) *batcher {
+	b := &batcher{client: client, max: maxBatch, inFlight: inFlight, group: groupOf(client)}
+	b.most = sync.OnceValue(func() int { return max(poolSize(client), inFlight) })
 	b.cluster, _ = client.(*redis.ClusterClient)
 	return b
+}
+
+// poolSize is how many connections client keeps to a server (each node, on
+// a cluster), or 0 if it cannot tell: as many as hurried calls may take,
+// as they would with batching off.
+func poolSize(client redis.UniversalClient) int {
+	var size, active int
+	switch c := client.(type) {
+	case *redis.Client:
+		o := c.Options()
+		size, active = o.PoolSize, o.MaxActiveConns
+	case *redis.ClusterClient:
+		o := c.Options()
+		size, active = o.PoolSize, o.MaxActiveConns
+	}
+	if active > 0 {
+		size = min(size, active)
+	}
+	return size
+}
+
+// hurried reports whether a call with budget left (0: no deadline) cannot
+// afford to queue in l. A queued call is sent when a slot frees, up to a
+// round trip later, and answered a round trip after that: it queues only
+// while those two round trips fit in half its budget. Redis nearby, that
+// is every call; Redis a quarter of the budget away or more, none, and each
+// goes at once, in a slot of its own.
+func (l *lane) hurried(budget time.Duration) bool {
+	return budget > 0 && 4*time.Duration(l.rtt.Load()) > budget
+}
+
+// observe adds a send of l that took d and ended in err to l's round trip,
+// if it was one: answered, or cut off (then d is less than the round trip).
+// A connection refused is none.
+func (l *lane) observe(d time.Duration, err error) {
+	var rerr redis.Error
+	var nerr net.Error
+	if err != nil && !errors.As(err, &rerr) && !errors.Is(err, context.DeadlineExceeded) &&
+		!(errors.As(err, &nerr) && nerr.Timeout()) {
+		return
+	}
+	// Smoothed as TCP smooths its own (an eighth of each sample). Racing
+	// updates may lose a sample, which only slows the average.
+	old := l.rtt.Load()
+	if old == 0 {
+		l.rtt.Store(int64(d))
+		return
+	}
+	l.rtt.Store(old + (int64(d)-old)/8)
 }
 
 // do sends c and sets its reply, or returns ctx.Err() as soon as ctx ends
@@ -133,13 +192,16 @@ func (b *batcher) addLane(node *redis.Client) *lane {
 // doIn is do in lane l.
 func (b *batcher) doIn(ctx context.Context, l *lane, c *call) error {
 	budget := budgetOf(ctx)
+	hurried := l.hurried(budget)
 	l.mu.Lock()
-	if l.busy < b.inFlight {
+	if l.busy < b.inFlight || (hurried && l.busy < b.most()) {
 		l.busy++
 		l.mu.Unlock()
 		return c.await(ctx, func() {
 			sctx, cancel := sendContext(ctx, budget)
+			start := time.Now()
 			runOne(sctx, b.client, c)
+			l.observe(time.Since(start), c.err)
 			cancel()
 			b.release(l)
 		})
@@ -181,7 +243,7 @@ func (b *batcher) release(l *lane) {
 // loop sends batches on one slot of l until its queue is empty.
 func (b *batcher) loop(l *lane, batch []*call) {
 	for batch != nil {
-		b.send(batch)
+		b.send(l, batch)
 		l.mu.Lock()
 		if batch = b.next(l); batch == nil {
 			l.busy--
@@ -220,11 +282,13 @@ type unit struct {
 // lateFactor times the longest of the callers' budgets, if every caller has
 // one (go-redis applies it with ContextTimeoutEnabled), and otherwise the
 // client's read and write timeouts bound it.
-func (b *batcher) send(batch []*call) {
+func (b *batcher) send(l *lane, batch []*call) {
 	ctx, cancel := sendContext(context.Background(), longest(batch))
 	defer cancel()
 	units := b.units(batch)
+	start := time.Now()
 	b.exec(ctx, units)
+	l.observe(time.Since(start), units[0].cmd.Err())
 	// Calls to send again on their own: decisions that raised an error
 	// inside takeEachScript (so that each reports its own), and merged runs
 	// that a cluster refused before running them because their keys were

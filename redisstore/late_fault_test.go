@@ -3,6 +3,9 @@ package redisstore_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -81,5 +84,83 @@ func TestFaultLateReplyKeepsConnection(t *testing.T) {
 			}
 			t.Logf("connection closed %v after the call started", time.Since(start).Round(time.Millisecond))
 		})
+	}
+}
+
+// load runs n goroutines that take in a loop for d, each call waiting at
+// most wait, and returns the latencies of the calls that succeeded and
+// how many failed. sample, if set, runs every 5ms meanwhile.
+func load(s *redisstore.Store, n int, d, wait time.Duration, sample func()) (lat []time.Duration, failed int) {
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	end := time.Now().Add(d)
+	l := sluice.PerSecond(1_000_000)
+	for g := range n {
+		wg.Go(func() {
+			for i := 0; time.Now().Before(end); i++ {
+				ctx, cancel := context.WithTimeout(context.Background(), wait)
+				start := time.Now()
+				_, err := s.Take(ctx, fmt.Sprint("k", g, ":", i%100), l, 1)
+				took := time.Since(start)
+				cancel()
+				mu.Lock()
+				if err != nil {
+					failed++
+				} else {
+					lat = append(lat, took)
+				}
+				mu.Unlock()
+			}
+		})
+	}
+	for sample != nil && time.Now().Before(end) {
+		sample()
+		time.Sleep(5 * time.Millisecond)
+	}
+	wg.Wait()
+	slices.Sort(lat)
+	return lat, failed
+}
+
+// TestFaultSlowRedisCallsGoAtOnce: with Redis a third of the callers'
+// deadline away, a call does not queue for a batch (sent when a slot
+// frees, up to a round trip later, and answered a round trip after that):
+// it goes at once, beyond MaxInFlight, so it takes one round trip, not up
+// to two. Slots stay within the client's pool.
+func TestFaultSlowRedisCallsGoAtOnce(t *testing.T) {
+	race.SkipTiming(t)
+	const (
+		rtt  = 30 * time.Millisecond
+		wait = 100 * time.Millisecond
+		pool = 6
+	)
+	srv := redistest.StartServer(t)
+	proxy := redistest.StartDelayProxy(t, srv.Addr)
+	proxy.SetDelay(rtt / 2)
+	// Pipelines on the pool too, so that it bounds every connection.
+	c := redis.NewClient(&redis.Options{Addr: proxy.Addr, ContextTimeoutEnabled: true, PoolSize: pool, PipelinePoolSize: -1})
+	t.Cleanup(func() { c.Close() })
+	s := redisstore.New(c, &redisstore.Options{Prefix: redistest.Prefix(t), MaxInFlight: 1})
+
+	load(s, 4, time.Second, wait, nil) // connections dialled, the round trip measured
+	lat, failed := load(s, 4, 2*time.Second, wait, nil)
+	if len(lat) == 0 {
+		t.Fatalf("no call succeeded, %d failed", failed)
+	}
+	p50, p90 := lat[len(lat)/2], lat[len(lat)*9/10]
+	t.Logf("4 goroutines, Redis %v away, MaxInFlight 1: %d calls, %d failed, p50 %v, p90 %v", rtt, len(lat)+failed, failed,
+		p50.Round(time.Millisecond/10), p90.Round(time.Millisecond/10))
+	if p50 > rtt*3/2 {
+		t.Errorf("p50 %v: calls waited for batches; want about one round trip (%v), at most %v", p50, rtt, rtt*3/2)
+	}
+	if failed*100 > len(lat)+failed {
+		t.Errorf("%d of %d calls failed, want at most 1%%", failed, len(lat)+failed)
+	}
+
+	// More callers than the pool holds: slots stop at its size.
+	most := int64(0)
+	load(s, 3*pool, time.Second, wait, func() { most = max(most, proxy.Open()) })
+	if most > pool+1 {
+		t.Errorf("%d connections open for %d goroutines, the pool holding %d", most, 3*pool, pool)
 	}
 }

@@ -19,7 +19,12 @@
 // slot on a Cluster) run in one script call, each still exactly as it would
 // alone: this roughly halves what Redis spends per decision. A call that
 // finds a slot free goes alone at once, so batching adds no latency to a
-// quiet Store.
+// quiet Store. Nor to a distant Redis: a call waits for a batch only while
+// Redis's round trip (the Store's smoothed measure of its sends) is under
+// a quarter of what the call has left of its deadline; otherwise it goes
+// at once, beyond MaxInFlight, up to as many calls as the client's
+// connection pool holds (PoolSize, or MaxActiveConns if smaller), as with
+// batching off.
 //
 // Time comes from the Redis server (TIME) by default, so clock skew between
 // application hosts cannot matter. Options.Clock supplies the caller's time
@@ -158,8 +163,10 @@ type Options struct {
 	// MaxInFlight is how many batches (each a pipeline on one connection) a
 	// Store sends at once before further calls wait to be batched: per
 	// master on a ClusterClient (the master that owns the call's key in the
-	// client's slot map). Default DefaultMaxInFlight. Ignored when MaxBatch
-	// is 1.
+	// client's slot map). A call whose deadline is less than four round
+	// trips away does not wait: it goes at once, up to the client's pool
+	// size (see the package doc). Default DefaultMaxInFlight. Ignored when
+	// MaxBatch is 1.
 	MaxInFlight int
 	// WaitReplicas, when positive, makes every take wait until that many
 	// replicas of its master have acknowledged it (Redis WAIT, on the
