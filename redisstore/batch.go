@@ -68,12 +68,27 @@ type lane struct {
 	busy  int          // slots taken
 	queue []*call      // waiting calls, oldest first; non-empty only when busy >= inFlight
 	rtt   atomic.Int64 // smoothed round trip of the lane's sends, ns; 0 before the first
+
+	// node is the server the lane's calls go to, to dial ahead on (see
+	// ahead); nil: none known (a cluster's calls whose master is not).
+	node    pinger
+	peak    int  // the most slots taken at once since the pool was last known warm
+	warming bool // a dial ahead is under way
+}
+
+// pinger is a client of one server.
+type pinger interface {
+	Ping(ctx context.Context) *redis.StatusCmd
+	PoolStats() *redis.PoolStats
 }
 
 func newBatcher(client redis.UniversalClient, maxBatch, inFlight int) *batcher {
 	b := &batcher{client: client, max: maxBatch, inFlight: inFlight, group: groupOf(client)}
 	b.most = sync.OnceValue(func() int { return max(poolSize(client), inFlight) })
 	b.cluster, _ = client.(*redis.ClusterClient)
+	if b.cluster == nil {
+		b.lane.node = client
+	}
 	return b
 }
 
@@ -106,15 +121,96 @@ func (l *lane) hurried(budget time.Duration) bool {
 	return budget > 0 && 4*time.Duration(l.rtt.Load()) > budget
 }
 
-// observe adds a send of l that took d and ended in err to l's round trip,
-// if it was one: answered, or cut off (then d is less than the round trip).
-// A connection refused is none.
-func (l *lane) observe(d time.Duration, err error) {
-	var rerr redis.Error
+// ahead dials connections ahead of the lane's calls, when a hurried one
+// has just taken more slots at once than since the pool was last known
+// warm, until the pool holds one more connection than that: a PING for
+// each one short, sent when no connection is idle, so that each dials one,
+// outside any caller's deadline, and leaves it in the pool for the next
+// calls. The first
+// command on a new connection costs several round trips (the handshake:
+// HELLO, CLIENT SETINFO), which against a distant Redis is more than a
+// decision's deadline: without this, each call that grows the lane's
+// concurrency would time out on it. It has the deadline of a send for a
+// caller with budget left.
+func (l *lane) ahead(budget time.Duration) {
+	ctx, cancel := sendContext(context.Background(), budget)
+	defer cancel()
+	defer func() {
+		l.mu.Lock()
+		l.warming = false
+		l.mu.Unlock()
+	}()
+	for range aheadTries {
+		l.mu.Lock()
+		need := l.peak + 1
+		l.mu.Unlock()
+		st := l.node.PoolStats()
+		short := need - int(st.TotalConns)
+		switch {
+		case short <= 0:
+			return
+		case st.IdleConns > 0:
+			// A PING would take it, and the caller that just gave it
+			// back would dial in its place, on its own deadline.
+			time.Sleep(aheadPause)
+			continue
+		}
+		// A burst of calls may leave the pool several short: all at once.
+		var lost atomic.Bool
+		var wg sync.WaitGroup
+		for range short {
+			wg.Go(func() {
+				if connLost(l.node.Ping(ctx).Err()) {
+					lost.Store(true)
+				}
+			})
+		}
+		wg.Wait()
+		if lost.Load() {
+			l.mu.Lock()
+			l.peak = 0
+			l.mu.Unlock()
+			return
+		}
+	}
+}
+
+// A dial ahead looks at the pool up to aheadTries times, aheadPause apart
+// while a connection is idle.
+const (
+	aheadTries = 4
+	aheadPause = time.Millisecond
+)
+
+// connLost reports whether a send that ended in err lost its connection:
+// refused, reset or closed, or cut off waiting for a reply (go-redis
+// closes the connection then). Any of them may have emptied the pool.
+func connLost(err error) bool {
+	if err == nil {
+		return false
+	}
+	var rerr redis.Error // escapes: allocated only for an error
+	return !errors.As(err, &rerr)
+}
+
+// timedOut reports whether err is a send cut off waiting for Redis.
+func timedOut(err error) bool {
 	var nerr net.Error
-	if err != nil && !errors.As(err, &rerr) && !errors.Is(err, context.DeadlineExceeded) &&
-		!(errors.As(err, &nerr) && nerr.Timeout()) {
-		return
+	return errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &nerr) && nerr.Timeout())
+}
+
+// observe adds a send of l that took d and ended in err to l's round trip,
+// if it was one: answered, or cut off (then d is less than the round trip;
+// a connection refused is none). A lost connection makes the next calls
+// dial ahead again.
+func (l *lane) observe(d time.Duration, err error) {
+	if connLost(err) {
+		l.mu.Lock()
+		l.peak = 0
+		l.mu.Unlock()
+		if !timedOut(err) {
+			return
+		}
 	}
 	// Smoothed as TCP smooths its own (an eighth of each sample). Racing
 	// updates may lose a sample, which only slows the average.
@@ -183,7 +279,7 @@ func (b *batcher) addLane(node *redis.Client) *lane {
 		})
 		b.kept = b.nLanes
 	}
-	l := new(lane)
+	l := &lane{node: node}
 	b.lanes.Store(node, l)
 	b.nLanes++
 	return l
@@ -196,7 +292,16 @@ func (b *batcher) doIn(ctx context.Context, l *lane, c *call) error {
 	l.mu.Lock()
 	if l.busy < b.inFlight || (hurried && l.busy < b.most()) {
 		l.busy++
+		// Only a hurried call's deadline is shorter than a handshake.
+		ahead := false
+		if hurried && l.busy > l.peak && l.node != nil {
+			l.peak = l.busy
+			ahead, l.warming = !l.warming, true
+		}
 		l.mu.Unlock()
+		if ahead {
+			go l.ahead(budget)
+		}
 		return c.await(ctx, func() {
 			sctx, cancel := sendContext(ctx, budget)
 			start := time.Now()

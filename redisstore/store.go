@@ -24,7 +24,12 @@
 // a quarter of what the call has left of its deadline; otherwise it goes
 // at once, beyond MaxInFlight, up to as many calls as the client's
 // connection pool holds (PoolSize, or MaxActiveConns if smaller), as with
-// batching off.
+// batching off. A new connection's first command costs its handshake
+// (HELLO, CLIENT SETINFO: about four round trips with the command), more
+// than a hurried call's deadline, so when hurried calls take more slots at
+// once than since the pool was last known warm, the Store dials one
+// connection ahead of them (a PING, outside any caller's deadline, when
+// none is idle): a growing load finds one ready.
 //
 // Time comes from the Redis server (TIME) by default, so clock skew between
 // application hosts cannot matter. Options.Clock supplies the caller's time
