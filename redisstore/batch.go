@@ -44,6 +44,8 @@ type batcher struct {
 	inFlight int // batches at once, per lane
 	group    func(key string) string
 
+	slow *slowLog // nil: no line for hurried calls
+
 	// most is how many slots a lane may take, hurried calls' included;
 	// read from the client at the first hurried call (New does not touch
 	// the client).
@@ -289,6 +291,9 @@ func (b *batcher) addLane(node *redis.Client) *lane {
 func (b *batcher) doIn(ctx context.Context, l *lane, c *call) error {
 	budget := budgetOf(ctx)
 	hurried := l.hurried(budget)
+	if hurried && b.slow != nil {
+		b.slow.hurried(budget)
+	}
 	l.mu.Lock()
 	if l.busy < b.inFlight || (hurried && l.busy < b.most()) {
 		l.busy++

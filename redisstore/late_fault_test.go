@@ -1,9 +1,11 @@
 package redisstore_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"strings"
 	"sync"
@@ -237,5 +239,79 @@ func TestFaultGrowingLoadFindsConnectionsReady(t *testing.T) {
 	}
 	if len(failed)*20 > calls {
 		t.Errorf("%d of %d calls failed, want at most 5%%", len(failed), calls)
+	}
+}
+
+// lockedBuffer is a bytes.Buffer for a logger written from many goroutines.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
+}
+
+// TestFaultSlowRedisWarns: RoundTrip reports Redis's round trip, and a
+// Redis whose round trip is over a quarter of the calls' deadlines (20ms
+// for 50ms) is one WARN line, after a second of such calls and once a
+// minute at most, however many calls; a nearby one none.
+func TestFaultSlowRedisWarns(t *testing.T) {
+	race.SkipTiming(t)
+	const (
+		rtt  = 20 * time.Millisecond
+		wait = 50 * time.Millisecond
+	)
+	srv := redistest.StartServer(t)
+	proxy := redistest.StartDelayProxy(t, srv.Addr)
+	for _, tc := range []struct {
+		name string
+		opts redisstore.Options
+	}{{"batched", redisstore.Options{}}, {"MaxBatch 1", redisstore.Options{MaxBatch: 1}}} {
+		t.Run(tc.name, func(t *testing.T) {
+			for _, delay := range []time.Duration{0, rtt / 2} {
+				proxy.SetDelay(delay)
+				c := redis.NewClient(&redis.Options{Addr: proxy.Addr, ContextTimeoutEnabled: true})
+				t.Cleanup(func() { c.Close() })
+				var logs lockedBuffer
+				opts := tc.opts
+				opts.Prefix = redistest.Prefix(t)
+				opts.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+				s := redisstore.New(c, &opts)
+				if s.RoundTrip() != 0 {
+					t.Errorf("RoundTrip %v before any call, want 0", s.RoundTrip())
+				}
+				lat, failed := load(s, 4, 1500*time.Millisecond, wait, nil) // the line is written after 1s
+				got := s.RoundTrip()
+				lines := strings.Count(logs.String(), "Redis round trip over a quarter")
+				t.Logf("Redis %v away: RoundTrip %v, %d calls (%d failed), %d lines: %s", 2*delay, got, len(lat)+failed, failed, lines, logs.String())
+				if delay == 0 {
+					if got <= 0 || got > wait/4 {
+						t.Errorf("RoundTrip %v on loopback, want above 0 and under %v", got, wait/4)
+					}
+					if lines != 0 {
+						t.Errorf("%d lines for a Redis on loopback, want none", lines)
+					}
+					continue
+				}
+				if got < rtt*3/4 || got > 2*rtt {
+					t.Errorf("RoundTrip %v, Redis %v away", got, rtt)
+				}
+				if lines != 1 {
+					t.Errorf("%d lines for a Redis a round trip of %v away from calls waiting %v, want 1", lines, rtt, wait)
+				}
+				if !strings.Contains(logs.String(), "level=WARN") || !strings.Contains(logs.String(), "deadline=50ms") {
+					t.Errorf("the line: want level=WARN and deadline=50ms")
+				}
+			}
+		})
 	}
 }

@@ -214,7 +214,9 @@ type Store struct {
 	prefix  string
 	clock   func() time.Time
 	batch   *batcher // nil: every call on its own
-	wait    []any    // WAIT's arguments after each take, or nil
+	solo    lane     // without batch: the calls' round trip
+	slow    *slowLog
+	wait    []any // WAIT's arguments after each take, or nil
 	reload  *reloader
 	params  atomic.Pointer[map[sluice.Limit]params]
 	paramMu sync.Mutex
@@ -250,8 +252,10 @@ func New(client redis.UniversalClient, opts *Options) *Store {
 		s.wait = []any{"wait", o.WaitReplicas, max(1, o.WaitTimeout.Milliseconds())}
 		o.MaxBatch = 1
 	}
+	s.slow = &slowLog{log: o.Logger, rtt: s.RoundTrip}
 	if client != nil && o.MaxBatch > 1 {
 		s.batch = newBatcher(client, o.MaxBatch, o.MaxInFlight)
+		s.batch.slow = s.slow
 	}
 	if cc, ok := client.(*redis.ClusterClient); ok {
 		s.reload = &reloader{cluster: cc, every: o.ReloadInterval, log: o.Logger}
@@ -522,6 +526,16 @@ func (s *Store) refund(ctx context.Context, req sluice.Request, r result) error 
 	return nil
 }
 
+// sendAlone is sendContext for a call sent on its own, unbatched; it
+// writes slowLog's line for a hurried one too.
+func (s *Store) sendAlone(ctx context.Context) (context.Context, context.CancelFunc) {
+	budget := budgetOf(ctx)
+	if s.solo.hurried(budget) {
+		s.slow.hurried(budget)
+	}
+	return sendContext(ctx, budget)
+}
+
 // run sends c, batched or on its own, and returns its reply, or ctx.Err()
 // as soon as ctx ends.
 func (s *Store) run(ctx context.Context, c *call) ([]int64, error) {
@@ -537,14 +551,16 @@ func (s *Store) run(ctx context.Context, c *call) ([]int64, error) {
 			err = s.batch.do(ctx, c)
 		case s.wait != nil && c.takes():
 			err = c.await(ctx, func() {
-				sctx, cancel := sendContext(ctx, budgetOf(ctx))
+				sctx, cancel := s.sendAlone(ctx)
 				s.runWaited(sctx, c)
 				cancel()
 			})
 		default:
 			err = c.await(ctx, func() {
-				sctx, cancel := sendContext(ctx, budgetOf(ctx))
+				sctx, cancel := s.sendAlone(ctx)
+				start := time.Now()
 				runOne(sctx, s.client, c)
+				s.solo.observe(time.Since(start), c.err)
 				cancel()
 			})
 		}

@@ -314,6 +314,10 @@ func (s *Server) openStore() (sluice.Store, error) {
 			Name: "sluice_redis_cluster_reloads_total",
 			Help: "Times the Redis store reloaded a cluster's slot map after a connection error or a timed-out call (a failover, usually).",
 		}, func() float64 { return float64(rs.ClusterReloads()) }))
+		s.metrics.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "sluice_redis_round_trip_seconds",
+			Help: "The Redis store's smoothed round trip (the slowest master's on a cluster). Over a quarter of the decision timeout decisions stop waiting to be batched; near it they time out.",
+		}, func() float64 { return rs.RoundTrip().Seconds() }))
 		fleet, err := s.startFleet(rs)
 		if err != nil {
 			return nil, err

@@ -1,0 +1,74 @@
+package redisstore
+
+import (
+	"log/slog"
+	"sync/atomic"
+	"time"
+)
+
+// slowLog's line is written once hurried calls have gone on for
+// slowGather (a new connection's first call, its handshake included, is
+// one sample of several round trips), at most once every slowEvery.
+const (
+	slowGather = time.Second
+	slowEvery  = time.Minute
+)
+
+// slowLog writes the Store's line for a Redis whose round trip is a
+// quarter or more of its callers' deadlines (hurried calls): still in
+// use, but near the point where the failure policy answers for it.
+type slowLog struct {
+	log  *slog.Logger
+	rtt  func() time.Duration // the Store's RoundTrip
+	next atomic.Int64         // Unix ns before which no line is started; 0: any time
+	n    atomic.Int64         // hurried calls since the last line
+	last atomic.Int64         // the latest hurried call's budget, ns
+}
+
+// hurried counts a hurried call whose caller had budget left.
+func (w *slowLog) hurried(budget time.Duration) {
+	w.n.Add(1)
+	w.last.Store(int64(budget))
+	now := time.Now().UnixNano()
+	next := w.next.Load()
+	if now < next || !w.next.CompareAndSwap(next, now+int64(slowEvery)) {
+		return
+	}
+	time.AfterFunc(slowGather, w.write)
+}
+
+// write writes the line, unless Redis is no longer that slow.
+func (w *slowLog) write() {
+	rtt, budget := w.rtt(), time.Duration(w.last.Load())
+	n := w.n.Swap(0)
+	if 4*rtt <= budget {
+		w.next.Store(0) // a passing slowness: the next one may be told
+		return
+	}
+	w.log.Warn("redisstore: Redis round trip over a quarter of the calls' deadline: they no longer wait to be batched, and fail once it nears the deadline",
+		"round_trip", rtt.Round(100*time.Microsecond), "deadline", budget.Round(time.Millisecond), "calls", n)
+}
+
+// RoundTrip returns the Store's smoothed measure of Redis's round trip
+// (the slowest master's, on a Cluster): the time its script calls took,
+// answered or cut off, an eighth of each new one mixed in. 0 before the
+// first call. A call queues for a batch only while this is under a
+// quarter of what the call has left of its deadline (see the package doc).
+func (s *Store) RoundTrip() time.Duration {
+	if s == nil {
+		return 0
+	}
+	rtt := s.solo.rtt.Load()
+	if b := s.batch; b != nil {
+		lanes := false
+		b.lanes.Range(func(_, v any) bool {
+			lanes = true
+			rtt = max(rtt, v.(*lane).rtt.Load())
+			return true
+		})
+		if !lanes { // a cluster's first calls' lane is left once lanes exist
+			rtt = max(rtt, b.lane.rtt.Load())
+		}
+	}
+	return time.Duration(rtt)
+}
