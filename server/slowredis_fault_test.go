@@ -1,12 +1,16 @@
 package server
 
 import (
+	"fmt"
 	"io"
+	"math/rand/v2"
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -73,5 +77,89 @@ func TestFaultServeSlowRedisRoundTrip(t *testing.T) {
 	got, err := strconv.ParseFloat(scrapedMetric(t, p, "sluice_redis_round_trip_seconds"), 64)
 	if err != nil || got < 0.015 || got > 0.04 {
 		t.Errorf("sluice_redis_round_trip_seconds %v (%v), Redis 20ms away", got, err)
+	}
+}
+
+// pacedChecks runs callers goroutines for d, each posting a check of a key
+// of its own every period (from a random phase), the first at once and the
+// others joining one by one over ramp. It returns how many checks each
+// source answered ("" for Redis) and their latencies, sorted.
+func pacedChecks(p *proc, callers int, period, ramp, d time.Duration) (map[string]int, []time.Duration) {
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: callers}}
+	defer client.CloseIdleConnections()
+	var mu sync.Mutex
+	sources := map[string]int{}
+	var lat []time.Duration
+	var wg sync.WaitGroup
+	end := time.Now().Add(d)
+	for c := range callers {
+		wg.Go(func() {
+			next := time.Now().Add(ramp*time.Duration(c)/time.Duration(callers) + time.Duration(rand.Int64N(int64(period))))
+			for i := 0; ; i++ {
+				time.Sleep(time.Until(next))
+				if !time.Now().Before(end) {
+					return
+				}
+				next = next.Add(period)
+				start := time.Now()
+				src := checkSource(client, p, fmt.Sprint("c", c, ":", i))
+				took := time.Since(start)
+				mu.Lock()
+				sources[src]++
+				lat = append(lat, took)
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	slices.Sort(lat)
+	return sources, lat
+}
+
+// TestFaultServeSlowRedisStaysInUse: `sluice serve` with its defaults
+// (decision timeout 50ms) on a Redis behind a delaying proxy, 8 clients
+// each sending a check every 20ms (joining over a second):
+//
+//   - round trip 20ms (40% of the timeout): at least 99% of the decisions
+//     come from Redis, the failure policy never takes over, and the
+//     connections to Redis stay few;
+//   - round trip 60ms (above the timeout): the decisions fall back at the
+//     timeout and the breaker opens.
+func TestFaultServeSlowRedisStaysInUse(t *testing.T) {
+	race.SkipTiming(t)
+	const (
+		callers = 8
+		period  = 20 * time.Millisecond
+	)
+	p, proxy := serveBehindProxy(t)
+	proxy.SetDelay(10 * time.Millisecond)
+	before := proxy.Accepted()
+	sources, lat := pacedChecks(p, callers, period, time.Second, 4*time.Second)
+	n := len(lat)
+	t.Logf("round trip 20ms: %d checks, %v; p50 %v, p99 %v; %d new Redis connections", n, sources, lat[n/2], lat[n*99/100], proxy.Accepted()-before)
+	if sources[""]*100 < n*99 {
+		t.Errorf("round trip 20ms: %d of %d decisions from Redis (%v), want at least 99%%", sources[""], n, sources)
+	}
+	if got := scrapedMetric(t, p, `sluice_fallback_transitions_total{to="on"}`); got != "" && got != "0" {
+		t.Errorf("round trip 20ms: the failure policy took over %s times, want never", got)
+	}
+	// Each client has at most one check in flight; the service adds its
+	// checks' and the fleet registry's connections.
+	if got := proxy.Accepted() - before; got > 2*callers {
+		t.Errorf("round trip 20ms: %d new Redis connections for %d clients, want at most %d", got, callers, 2*callers)
+	}
+
+	proxy.SetDelay(30 * time.Millisecond)
+	sources, lat = pacedChecks(p, callers, period, 0, 3*time.Second)
+	n = len(lat)
+	t.Logf("round trip 60ms: %d checks, %v; p50 %v, p99 %v, slowest %v; %d Redis connections open", n, sources, lat[n/2], lat[n*99/100], lat[n-1], proxy.Open())
+	if sources["fallback"]*10 < n*9 {
+		t.Errorf("round trip 60ms: %d of %d decisions from the fallback (%v), want at least 90%%", sources["fallback"], n, sources)
+	}
+	if got := scrapedMetric(t, p, `sluice_fallback_transitions_total{to="on"}`); got == "" || got == "0" {
+		t.Errorf("round trip 60ms: the failure policy never took over")
+	}
+	if p99 := lat[n*99/100]; p99 > 80*time.Millisecond {
+		t.Errorf("round trip 60ms: p99 %v, want about the decision timeout (50ms) or less", p99)
 	}
 }
