@@ -7,8 +7,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -340,17 +338,10 @@ func stallers(t *testing.T, addr string, n int, md ...string) {
 // calls' connections are the ones closed for room.
 func TestFaultGRPCStalledCallsLeaveEnvoyRoom(t *testing.T) {
 	race.SkipTiming(t)
-	file := filepath.Join(t.TempDir(), "sluice.yaml")
-	if err := os.WriteFile(file, []byte("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1000000}\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	file := writeConfig(t, "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1000000}\n")
 	for _, token := range []string{"", "dec"} {
 		t.Run(fmt.Sprintf("token=%q", token), func(t *testing.T) {
-			args := []string{"--config", file, "--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0", "--watch-interval", "0", "--max-connections", "10"}
-			if token != "" {
-				args = append(args, "--decision-token", token)
-			}
-			p := startSluice(t, nil, args...)
+			p := startCapped(t, file, token)
 			ctx := metadata.AppendToOutgoingContext(context.Background(), "authorization", "Bearer "+token)
 			decide := func(cc *grpc.ClientConn) error {
 				ctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)

@@ -262,17 +262,10 @@ func slowPosters(t *testing.T, addr string, n int, interval time.Duration) {
 // when the read timeout ends it.
 func TestFaultSlowBodiesLeaveProbesRoom(t *testing.T) {
 	race.SkipTiming(t)
-	file := filepath.Join(t.TempDir(), "sluice.yaml")
-	if err := os.WriteFile(file, []byte("policies:\n  - name: p\n    limit: 1000000/s\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	file := writeConfig(t, "policies:\n  - name: p\n    limit: 1000000/s\n")
 	for _, token := range []string{"", "dec"} {
 		t.Run(fmt.Sprintf("token=%q", token), func(t *testing.T) {
-			args := []string{"--config", file, "--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0", "--watch-interval", "0", "--max-connections", "10"}
-			if token != "" {
-				args = append(args, "--decision-token", token)
-			}
-			p := startSluice(t, nil, args...)
+			p := startCapped(t, file, token)
 			// More than the cap and the probe places.
 			slowPosters(t, p.http, 24, 200*time.Millisecond)
 			time.Sleep(time.Second) // every place taken, again and again
@@ -332,4 +325,25 @@ func TestFaultSlowBodiesLeaveProbesRoom(t *testing.T) {
 			}
 		})
 	}
+}
+
+// writeConfig writes a config file into the test's temporary directory.
+func writeConfig(t *testing.T, yaml string) string {
+	t.Helper()
+	file := filepath.Join(t.TempDir(), "sluice.yaml")
+	if err := os.WriteFile(file, []byte(yaml), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return file
+}
+
+// startCapped runs `sluice serve` on file at --max-connections 10, with
+// --decision-token when token is not empty.
+func startCapped(t *testing.T, file, token string) *proc {
+	t.Helper()
+	args := []string{"--config", file, "--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0", "--watch-interval", "0", "--max-connections", "10"}
+	if token != "" {
+		args = append(args, "--decision-token", token)
+	}
+	return startSluice(t, nil, args...)
 }
