@@ -1398,21 +1398,7 @@ func (s *Store) takeRest(ctx context.Context, multi sluice.MultiStore, reqs []sl
 	if multi != nil || len(reqs) < 2 {
 		return s.exactly(ctx, multi, reqs, true)
 	}
-	out := make([]sluice.Decision, len(reqs))
-	take := true
-	for i, r := range reqs {
-		var err error
-		if take {
-			out[i], err = s.granter.Take(ctx, r.Key, r.Limit, r.Cost)
-		} else {
-			out[i], err = s.granter.Peek(ctx, r.Key, r.Limit, r.Cost)
-		}
-		if err != nil {
-			return nil, err
-		}
-		take = take && out[i].Allowed
-	}
-	return out, nil
+	return s.oneByOne(ctx, reqs, true, true)
 }
 
 // finishRounds is how many Takes finish sends, at most, before the whole
@@ -1775,6 +1761,12 @@ func (s *Store) exactly(ctx context.Context, multi sluice.MultiStore, reqs []slu
 		}
 		return multi.TakeAll(ctx, reqs)
 	}
+	return s.oneByOne(ctx, reqs, take, false)
+}
+
+// oneByOne asks the granter about each of reqs in turn: Take while take
+// holds, else Peek; with untilDenied, Peek from the first denial on.
+func (s *Store) oneByOne(ctx context.Context, reqs []sluice.Request, take, untilDenied bool) ([]sluice.Decision, error) {
 	out := make([]sluice.Decision, len(reqs))
 	for i, r := range reqs {
 		var err error
@@ -1785,6 +1777,9 @@ func (s *Store) exactly(ctx context.Context, multi sluice.MultiStore, reqs []slu
 		}
 		if err != nil {
 			return nil, err
+		}
+		if untilDenied {
+			take = take && out[i].Allowed
 		}
 	}
 	return out, nil
