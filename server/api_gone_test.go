@@ -161,19 +161,26 @@ func TestFaultServeCheckClientGone(t *testing.T) {
 			if want := map[string]float64{"200": 1, "499": 1}; !equalCounts(codes, want) {
 				t.Errorf("POST /v1/check counted by code %v, want %v", codes, want)
 			}
-			allowed, denied, errs := decisionCounts(t, p, "api")
-			if allowed != 1 || denied != 0 || errs != 0 {
-				t.Errorf("/v1/stats: allowed %d, denied %d, errors %d; want 1, 0, 0", allowed, denied, errs)
-			}
-			for _, outcome := range []string{"denied", "error"} {
-				if got := metric(t, p, `sluice_decisions_total{outcome="`+outcome+`",policy="api"}`); got > 0 {
-					t.Errorf("sluice_decisions_total %s = %v, want none", outcome, got)
-				}
-			}
-			if d := topDenials(t, p); len(d) != 0 {
-				t.Errorf("/v1/top denials %v, want none", d)
-			}
+			oneAllowedNothingElse(t, p, "api")
 		})
+	}
+}
+
+// oneAllowedNothingElse checks that policy counts one allowed decision and
+// no denial or error anywhere: /v1/stats, sluice_decisions_total, /v1/top.
+func oneAllowedNothingElse(t *testing.T, p *proc, policy string) {
+	t.Helper()
+	allowed, denied, errs := decisionCounts(t, p, policy)
+	if allowed != 1 || denied != 0 || errs != 0 {
+		t.Errorf("/v1/stats: allowed %d, denied %d, errors %d; want 1, 0, 0", allowed, denied, errs)
+	}
+	for _, outcome := range []string{"denied", "error"} {
+		if got := metric(t, p, `sluice_decisions_total{outcome="`+outcome+`",policy="`+policy+`"}`); got > 0 {
+			t.Errorf("sluice_decisions_total %s = %v, want none", outcome, got)
+		}
+	}
+	if d := topDenials(t, p); len(d) != 0 {
+		t.Errorf("/v1/top denials %v, want none", d)
 	}
 }
 

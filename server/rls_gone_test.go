@@ -64,18 +64,7 @@ func TestFaultServeRLSClientGone(t *testing.T) {
 			if want := map[string]float64{"499": 1}; !equalCounts(jsonCodes, want) {
 				t.Errorf("POST /json counted by code %v, want %v", jsonCodes, want)
 			}
-			allowed, denied, errs := decisionCounts(t, p, "api")
-			if allowed != 1 || denied != 0 || errs != 0 {
-				t.Errorf("/v1/stats: allowed %d, denied %d, errors %d; want 1, 0, 0", allowed, denied, errs)
-			}
-			for _, outcome := range []string{"denied", "error"} {
-				if got := metric(t, p, `sluice_decisions_total{outcome="`+outcome+`",policy="api"}`); got > 0 {
-					t.Errorf("sluice_decisions_total %s = %v, want none", outcome, got)
-				}
-			}
-			if d := topDenials(t, p); len(d) != 0 {
-				t.Errorf("/v1/top denials %v, want none", d)
-			}
+			oneAllowedNothingElse(t, p, "api")
 		})
 	}
 }
