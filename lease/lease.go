@@ -40,7 +40,9 @@
 //
 // Each key's demand in a process is the units it asked for per D, as an
 // exponentially weighted moving average with time constant D (each request
-// counts its cost, admitted or not). A key is hot when its demand is at
+// counts its cost, admitted or not, but a TakeAll that is denied counts
+// none of its checks': a check that another one denies spends nothing, and
+// leases kept for it would end unspent). A key is hot when its demand is at
 // least 4 units: it then gets leases of its demand rounded up, what the
 // process expects to use within D, capped at Capacity / (2 × fleet size)
 // (Options.FleetSize) so no process holds more than its share of the burst,
@@ -1520,6 +1522,9 @@ func (l *lease) fold(h *hot, now int64, d time.Duration) {
 		w := -math.Expm1(-float64(dt) / float64(d))
 		l.demand = l.demand*(1-w) + float64(l.asked)*w*float64(d)/float64(dt)
 	}
+	// A denied TakeAll takes its cost out after a fold may have counted it
+	// (unask): asked, and so the sum, can be negative.
+	l.demand = max(l.demand, 0)
 	l.asked, l.folded, l.foldD = 0, now, d
 }
 
@@ -1626,6 +1631,7 @@ func (s *Store) TakeAll(ctx context.Context, reqs []sluice.Request) ([]sluice.De
 		return nil, ErrNoTakeAll
 	}
 	out := make([]sluice.Decision, len(reqs))
+	asked := make([]*lease, len(reqs)) // each leased check's lease, whose demand its cost counts in
 	held := make([]*lease, len(reqs))
 	spent := make([]leftover, len(reqs)) // the units each held lease's check took
 	// putBack puts back the units the held leases' checks took: into
@@ -1665,6 +1671,7 @@ func (s *Store) TakeAll(ctx context.Context, reqs []sluice.Request) ([]sluice.De
 			// young as they are, the return rule would keep one per
 			// Interval of their age (at a high rate, all of them).
 			d, l, got, left, ex, err := s.spend(ctx, r.Key, r.Limit, r.Cost, stale[i], multi == nil, multi != nil)
+			asked[i] = l
 			if left.units > 0 {
 				tops, topAt = append(tops, topped{req: r, l: l, left: left, stale: stale[i]}), append(topAt, i)
 				r.Cost -= left.units
@@ -1698,6 +1705,7 @@ func (s *Store) TakeAll(ctx context.Context, reqs []sluice.Request) ([]sluice.De
 		if err := errors.Join(putBack(), putLeft()); err != nil {
 			return nil, err
 		}
+		unask(asked, reqs)
 		for k, i := range topAt {
 			t := tops[k]
 			if out[i].Allowed {
@@ -1750,6 +1758,22 @@ func (s *Store) TakeAll(ctx context.Context, reqs []sluice.Request) ([]sluice.De
 		s.lost.Add(uint64(lost))
 	}
 	return out, nil
+}
+
+// unask takes a denied TakeAll's costs out of its leased checks' demand.
+// A check that another one keeps denying spends nothing; counted, those
+// requests kept its key leased, and every lease ended unspent and went
+// back less the return rule's unit per Interval begun: about a unit per D
+// lost, which drained a key that refills slower than that. A check denied
+// by its own store is at its limit, where a lease grants nothing anyway.
+func unask(ls []*lease, reqs []sluice.Request) {
+	for i, l := range ls {
+		if l != nil {
+			l.sh.mu.Lock()
+			l.asked -= reqs[i].Cost
+			l.sh.mu.Unlock()
+		}
+	}
 }
 
 // exactly answers TakeAll's checks that are not leased: taken, all or
