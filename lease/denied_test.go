@@ -72,6 +72,11 @@ func TestTakeAllDeniedElsewhereKeepsBudget(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("admitted %d; user's remaining %d; stats %+v", admitted, d.Remaining, s.Stats())
+	// What the return rule kept is counted: a unit or so per lease of
+	// the first 80 ms, where it was a unit per D throughout.
+	if st := s.Stats(); st.Forfeited > 10 {
+		t.Errorf("%d units forfeited to the return rule, want at most 10", st.Forfeited)
+	}
 	if admitted != 0 {
 		t.Errorf("admitted %d requests that ep denies", admitted)
 	}

@@ -331,7 +331,7 @@ type Store struct {
 	sweptTo  int64                        // keys left by the last sweep, under sweeping
 	churnTo  int64                        // until then (ns) sweeps may find keys idle, under sweeping
 
-	grants, granted, returned, lost atomic.Uint64
+	grants, granted, returned, lost, forfeited atomic.Uint64
 }
 
 // Stats counts what a Store has done since New; every field is cumulative
@@ -342,8 +342,13 @@ type Stats struct {
 	Granted  uint64 // units the store granted
 	Returned uint64 // units the store took back
 	Lost     uint64 // units the store took for requests that could not spend them
-	Keys     int    // keys tracked now (a lease, a remembered denial, or only demand)
-	Leased   int    // keys with a live lease now: units to spend, within D
+	// Forfeited counts the unused units that returns did not give back:
+	// the return rule's keep, one unit per Interval begun since the grant
+	// (the price of the bound), or all of them into a window that has
+	// ended. Leases that end unspent show here.
+	Forfeited uint64
+	Keys      int // keys tracked now (a lease, a remembered denial, or only demand)
+	Leased    int // keys with a live lease now: units to spend, within D
 	// Keys and Leased count a key once per limit it is used under: twice
 	// only while a reloaded policy's old limit is still tracked. Lost:
 	// when a lease ends while the store's Take of the rest of a request
@@ -378,13 +383,14 @@ func (s *Store) Stats() Stats {
 		sh.mu.Unlock()
 	}
 	return Stats{
-		Local:    local,
-		Grants:   s.grants.Load(),
-		Granted:  s.granted.Load(),
-		Returned: s.returned.Load(),
-		Lost:     s.lost.Load(),
-		Keys:     s.Len(),
-		Leased:   leased,
+		Local:     local,
+		Grants:    s.grants.Load(),
+		Granted:   s.granted.Load(),
+		Returned:  s.returned.Load(),
+		Lost:      s.lost.Load(),
+		Forfeited: s.forfeited.Load(),
+		Keys:      s.Len(),
+		Leased:    leased,
 	}
 }
 
@@ -1127,6 +1133,9 @@ func (s *Store) refill(ctx context.Context, l *lease, key string, limit sluice.L
 		var back int64
 		back, g, err = rg.Regrant(ctx, key, limit, old, unused, max(n, cost))
 		s.returned.Add(uint64(back))
+		if err == nil {
+			s.forfeited.Add(uint64(max(unused-back, 0)))
+		}
 	} else {
 		g, err = s.granter.Grant(ctx, key, limit, max(n, cost))
 	}
@@ -1584,6 +1593,7 @@ func (s *Store) giveBack(ctx context.Context, key string, limit sluice.Limit, g 
 		return false, fmt.Errorf("lease: return: %w", err)
 	}
 	s.returned.Add(uint64(n))
+	s.forfeited.Add(uint64(max(unused-n, 0)))
 	return false, nil
 }
 

@@ -69,6 +69,11 @@ func TestLeaseCollector(t *testing.T) {
 	if got, want := gather(t, reg, "sluice_lease_keys", nil), 0.0; got != want {
 		t.Errorf("after Close, sluice_lease_keys = %v, want %v", got, want)
 	}
+	// Close gave back other's 3 unused units 200 ms after its grant: at
+	// 100 a second the return rule keeps 20, so none went back.
+	if got, want := gather(t, reg, "sluice_lease_units_forfeited_total", nil), 3.0; got != want {
+		t.Errorf("after Close, sluice_lease_units_forfeited_total = %v, want %v", got, want)
+	}
 }
 
 func TestZeroLeaseCollector(t *testing.T) {

@@ -408,7 +408,7 @@ func testLeasesRedis(t *testing.T, policy string) {
 	st := svc.LeaseStats()
 	got := map[string]float64{}
 	for _, name := range []string{"sluice_lease_local_decisions_total", "sluice_lease_grants_total", "sluice_lease_units_granted_total",
-		"sluice_lease_units_returned_total", "sluice_lease_units_lost_total", "sluice_lease_keys", "sluice_lease_keys_leased"} {
+		"sluice_lease_units_returned_total", "sluice_lease_units_lost_total", "sluice_lease_units_forfeited_total", "sluice_lease_keys", "sluice_lease_keys_leased"} {
 		got[name] = metricValue(t, srv.Metrics().Registry(), name, nil)
 	}
 	after := svc.LeaseStats()
@@ -418,6 +418,7 @@ func testLeasesRedis(t *testing.T, policy string) {
 		"sluice_lease_units_granted_total":   {st.Granted, after.Granted},
 		"sluice_lease_units_returned_total":  {st.Returned, after.Returned},
 		"sluice_lease_units_lost_total":      {st.Lost, after.Lost},
+		"sluice_lease_units_forfeited_total": {st.Forfeited, after.Forfeited},
 		"sluice_lease_keys":                  {uint64(st.Keys), uint64(after.Keys)},
 		"sluice_lease_keys_leased":           {uint64(st.Leased), uint64(after.Leased)},
 	} {
