@@ -43,6 +43,8 @@ var (
 		"1 if the node's maxmemory-policy (the label) may evict sluice's keys under its maxmemory, resetting their limits; 0 if not.", []string{"node", "policy"}, nil)
 	redisEvictedDesc = prometheus.NewDesc("sluice_redis_evicted_keys_total",
 		"Keys Redis evicted under maxmemory (INFO stats); sluice's keys among them lose their limits' state.", []string{"node"}, nil)
+	redisRestartsDesc = prometheus.NewDesc("sluice_redis_restarts_total",
+		"Restarts of the Redis node seen by this instance (a new run_id, started since the last look): the limits whose state Redis had not saved start afresh.", []string{"node"}, nil)
 	redisScriptCallsDesc = prometheus.NewDesc("sluice_redis_script_calls_total",
 		"Script calls Redis ran (INFO commandstats), by command: evalsha, eval.", []string{"node", "command"}, nil)
 	redisScriptSecondsDesc = prometheus.NewDesc("sluice_redis_script_seconds_total",
@@ -63,7 +65,7 @@ func newRedisInfo(client redis.UniversalClient, timeout time.Duration) *redisInf
 // Describe implements prometheus.Collector.
 func (c *redisInfo) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{redisUpDesc, redisUsedDesc, redisMaxDesc, redisMayEvictDesc,
-		redisEvictedDesc, redisScriptCallsDesc, redisScriptSecondsDesc, redisScriptPerCallDesc} {
+		redisEvictedDesc, redisRestartsDesc, redisScriptCallsDesc, redisScriptSecondsDesc, redisScriptPerCallDesc} {
 		ch <- d
 	}
 }
@@ -99,7 +101,7 @@ func eachNode(ctx context.Context, client redis.UniversalClient, f func(ctx cont
 }
 
 func (c *redisInfo) collectNode(ctx context.Context, ch chan<- prometheus.Metric, cl redis.Cmdable, node string) {
-	raw, err := cl.Info(ctx, "memory", "stats", "commandstats").Result()
+	raw, err := cl.Info(ctx, "server", "persistence", "memory", "stats", "commandstats").Result()
 	if err != nil {
 		ch <- prometheus.MustNewConstMetric(redisUpDesc, prometheus.GaugeValue, 0, node)
 		return
@@ -115,6 +117,9 @@ func (c *redisInfo) collectNode(ctx context.Context, ch chan<- prometheus.Metric
 	gauge(redisUsedDesc, "used_memory", prometheus.GaugeValue)
 	gauge(redisMaxDesc, "maxmemory", prometheus.GaugeValue)
 	gauge(redisEvictedDesc, "evicted_keys", prometheus.CounterValue)
+	if n, ok := c.evictions.restarts(node); ok {
+		ch <- prometheus.MustNewConstMetric(redisRestartsDesc, prometheus.CounterValue, float64(n), node)
+	}
 	if p := info["maxmemory_policy"]; p != "" {
 		v := 0.0
 		if redisstore.MayEvict(p, info["maxmemory"]) {
@@ -170,6 +175,8 @@ func commandStat(v string) map[string]string {
 // episode's total. The first read of a node, and one after its count went
 // down (a restart, CONFIG RESETSTAT), only sets where counting starts.
 // Readiness does not change: Redis still answers.
+//
+// It also tells a restart of a node (see restarted), from INFO server.
 type evictionWatch struct {
 	log   *slog.Logger
 	quiet time.Duration // evictionQuietPolls polls
@@ -187,6 +194,10 @@ type evictedNode struct {
 	since time.Time // the episode's start; zero between episodes
 	last  time.Time // the episode's last growth
 	total int64     // evicted in the episode
+
+	runID    string    // the server's run_id at the last read
+	read     time.Time // the last read
+	restarts int64     // restarts seen
 }
 
 func newEvictionWatch(log *slog.Logger, every time.Duration) *evictionWatch {
@@ -206,10 +217,14 @@ func (w *evictionWatch) observe(node string, info map[string]string, now time.Ti
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	n := w.nodes[node]
-	switch {
-	case n == nil:
-		w.nodes[node] = &evictedNode{count: count}
+	if n == nil {
+		n = &evictedNode{count: count}
+		w.nodes[node] = n
+		w.restarted(node, n, info, now)
 		return
+	}
+	w.restarted(node, n, info, now)
+	switch {
 	case count < n.count: // counted afresh
 		n.count = count
 		return
@@ -232,6 +247,53 @@ func (w *evictionWatch) observe(node string, info map[string]string, now time.Ti
 		"node", node, "evicted", grown, "maxmemory_policy", info["maxmemory_policy"], "maxmemory", info["maxmemory"])
 }
 
+// restarted tells a restart of node: a new run_id whose server started
+// since the last read (uptime_in_seconds). A new run_id on an older
+// server is another server under the node's name (a Sentinel failover,
+// told by its own lines), not a restart. Redis keeps nothing it had not
+// written to its AOF or last RDB save: the limits of the keys it lost
+// start afresh, each admitting up to its whole limit again. w.mu is held.
+func (w *evictionWatch) restarted(node string, n *evictedNode, info map[string]string, now time.Time) {
+	id := info["run_id"]
+	if id == "" {
+		return // INFO without its server section
+	}
+	prev, read := n.runID, n.read
+	n.runID, n.read = id, now
+	if prev == "" || id == prev {
+		return
+	}
+	up, err := strconv.ParseInt(info["uptime_in_seconds"], 10, 64)
+	if err != nil || time.Duration(up)*time.Second > now.Sub(read)+time.Second {
+		return
+	}
+	n.restarts++
+	args := []any{"node", node, "uptime", time.Duration(up) * time.Second, "aof_enabled", info["aof_enabled"]}
+	if k := info["rdb_last_load_keys_loaded"]; k != "" {
+		args = append(args, "keys_loaded", k)
+	}
+	msg := "Redis restarted: sluice's keys it had not saved are gone and their limits start afresh (each may admit up to its whole limit again)"
+	if info["aof_enabled"] != "1" {
+		msg += "; appendonly yes keeps them"
+	}
+	w.log.Warn(msg, args...)
+}
+
+// restarts returns how many restarts of node the watch has seen, and
+// whether it knows node's run_id at all. A nil watch knows nothing.
+func (w *evictionWatch) restarts(node string) (int64, bool) {
+	if w == nil {
+		return 0, false
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	n := w.nodes[node]
+	if n == nil || n.runID == "" {
+		return 0, false
+	}
+	return n.restarts, true
+}
+
 // watch reads every node's INFO every interval until stop is closed,
 // skipping the polls when down reports the store lost.
 func (w *evictionWatch) watch(stop <-chan struct{}, every time.Duration, client redis.UniversalClient, down func() bool) {
@@ -248,7 +310,7 @@ func (w *evictionWatch) watch(stop <-chan struct{}, every time.Duration, client 
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), min(every, redisInfoTimeout))
 		eachNode(ctx, client, func(ctx context.Context, node *redis.Client, name string) {
-			if raw, err := node.Info(ctx, "stats", "memory").Result(); err == nil {
+			if raw, err := node.Info(ctx, "server", "persistence", "stats", "memory").Result(); err == nil {
 				w.observe(name, parseInfo(raw), time.Now())
 			}
 		})
