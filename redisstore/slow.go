@@ -1,9 +1,13 @@
 package redisstore
 
 import (
+	"context"
 	"log/slog"
+	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // slowLog's line is written once hurried calls have gone on for
@@ -54,16 +58,22 @@ func (w *slowLog) write() {
 // answered or cut off, an eighth of each new one mixed in. 0 before the
 // first call. A call queues for a batch only while this is under a
 // quarter of what the call has left of its deadline (see the package doc).
+// On a Cluster only the nodes that are masters now count: a master lost
+// to a failover is asked nothing more, so its last, slow figure would
+// stay for good.
 func (s *Store) RoundTrip() time.Duration {
 	if s == nil {
 		return 0
 	}
 	rtt := s.solo.rtt.Load()
 	if b := s.batch; b != nil {
+		masters := b.masters()
 		lanes := false
-		b.lanes.Range(func(_, v any) bool {
+		b.lanes.Range(func(node, v any) bool {
 			lanes = true
-			rtt = max(rtt, v.(*lane).rtt.Load())
+			if masters == nil || masters[node] {
+				rtt = max(rtt, v.(*lane).rtt.Load())
+			}
 			return true
 		})
 		if !lanes { // a cluster's first calls' lane is left once lanes exist
@@ -72,3 +82,29 @@ func (s *Store) RoundTrip() time.Duration {
 	}
 	return time.Duration(rtt)
 }
+
+// masters returns the Cluster's masters now, as the lanes are keyed, or
+// nil when that is not known (not a Cluster, or no slot map in time).
+func (b *batcher) masters() map[any]bool {
+	if b.cluster == nil {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), mastersTimeout)
+	defer cancel()
+	var mu sync.Mutex
+	m := map[any]bool{}
+	err := b.cluster.ForEachMaster(ctx, func(_ context.Context, node *redis.Client) error {
+		mu.Lock()
+		m[node] = true
+		mu.Unlock()
+		return nil
+	})
+	if err != nil {
+		return nil
+	}
+	return m
+}
+
+// mastersTimeout bounds masters' wait for a slot map (it has one but
+// while the Cluster client loads its first).
+const mastersTimeout = 100 * time.Millisecond
