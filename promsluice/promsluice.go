@@ -13,6 +13,8 @@
 //	sluice_inflight_calls_total{policy,call,outcome}         call: extend, release; outcome: extended, released, released_before, not_held, error
 //	sluice_inflight_held{policy}                             weight this process holds now
 //	sluice_inflight_expired_total{policy}                    weight of holds the store found past their hold timeout
+//	sluice_fallback_evicted_keys_total{store}                keys resilient's default fallback evicted (each starts its limit afresh)
+//	sluice_fallback_evicted_exhausted_keys_total{store}      of those, keys that had taken their whole limit
 //
 // The middleware and the service report the same in-flight events
 // (sluice.SlotEvent), so both export these under one description.
@@ -31,8 +33,9 @@ import (
 )
 
 var (
-	_ sluice.SlotObserver  = (*Collector)(nil)
-	_ prometheus.Collector = (*Collector)(nil)
+	_ sluice.SlotObserver     = (*Collector)(nil)
+	_ sluice.EvictionObserver = (*Collector)(nil)
+	_ prometheus.Collector    = (*Collector)(nil)
 )
 
 // Options configures a Collector. A nil *Options is valid.
@@ -78,6 +81,8 @@ type Collector struct {
 	slotCalls   *prometheus.CounterVec
 	held        *prometheus.GaugeVec
 	expired     *prometheus.CounterVec
+	evicted     *prometheus.CounterVec
+	exhausted   *prometheus.CounterVec
 }
 
 // New returns a Collector. Register it with a prometheus.Registerer.
@@ -136,6 +141,10 @@ func New(opts *Options) *Collector {
 		slotCalls: counter("inflight_calls_total",
 			"In-flight slot extends and releases by policy, call (extend, release) and outcome: extended, released, released_before (a repeated release), not_held (expired or never acquired: nothing freed) or error (the store frees the slot at its hold timeout).",
 			"policy", "call", "outcome"),
+		evicted: counter("fallback_evicted_keys_total",
+			"Keys a wrapped store's default fallback evicted to stay within its bound; each starts its limit afresh.", "store"),
+		exhausted: counter("fallback_evicted_exhausted_keys_total",
+			"Of fallback_evicted_keys_total, keys that had taken their whole limit (denying, or a Penalty block): each may admit its whole limit again.", "store"),
 		held: gauge("inflight_held",
 			"In-flight weight acquired through this process and neither released through it nor past its hold timeout, by policy; summed over the fleet, the weight in use.", "policy"),
 		expired: counter("inflight_expired_total",
@@ -145,7 +154,16 @@ func New(opts *Options) *Collector {
 
 // vecs returns every metric vector of c, for Describe and Collect.
 func (c *Collector) vecs() []prometheus.Collector {
-	return []prometheus.Collector{c.decisions, c.nearLimit, c.storeCalls, c.storeErrors, c.latency, c.breaker, c.acquires, c.slotCalls, c.held, c.expired}
+	return []prometheus.Collector{c.decisions, c.nearLimit, c.storeCalls, c.storeErrors, c.latency, c.breaker, c.acquires, c.slotCalls, c.held, c.expired, c.evicted, c.exhausted}
+}
+
+// ObserveEvictions implements sluice.EvictionObserver.
+func (c *Collector) ObserveEvictions(e sluice.EvictionEvent) {
+	if c == nil || c.decisions == nil {
+		return // a zero Collector
+	}
+	c.evicted.WithLabelValues(e.Store).Add(float64(e.Keys))
+	c.exhausted.WithLabelValues(e.Store).Add(float64(e.Exhausted))
 }
 
 // ObserveDecision implements sluice.Observer.

@@ -104,6 +104,7 @@ func (s *Store) Acquire(ctx context.Context, key string, l sluice.InFlightLimit,
 		return sluice.SlotDecision{}, err
 	}
 	now := s.clock()
+	s.evict.check(now)
 	call, probe := s.br.allow(now)
 	if !call {
 		return s.failSlot(ctx, key, l, weight, holder, now, 0, nil)

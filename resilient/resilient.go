@@ -62,7 +62,8 @@
 // share at every moment (with a Fleet, a process the others may no longer
 // count takes none: see Fleet.Counted); the backend loses no acknowledged write; n·c is at most the
 // capacity (else each process admits one such request per refill of the
-// whole capacity); the fallback store evicts no key; for the window
+// whole capacity); the fallback store evicts no key (the default one
+// tells when it does: see Store.FallbackEvictions); for the window
 // algorithms, the process's and the backend's clocks agree. With n below
 // the real count N, the fallbacks' share is multiplied by N/n. A Fleet
 // whose size shrinks from N by k gives the remaining processes larger
@@ -240,8 +241,13 @@ type Options struct {
 
 	// Fallback is the local store for FallbackLocal. For a MultiStore it
 	// must implement sluice.MultiStore. Default: a memory.Store on Clock
-	// that the Store owns and closes in Close.
+	// of FallbackMaxKeys keys that the Store owns and closes in Close,
+	// and whose evictions it reports (see FallbackEvictions).
 	Fallback sluice.Store
+
+	// FallbackMaxKeys bounds the keys of the default Fallback
+	// (memory.Options.MaxKeys). Default: memory.DefaultMaxKeys.
+	FallbackMaxKeys int
 
 	// FailureRate opens the breaker when at least this share of the
 	// backend calls in the last Window failed (timeouts included), once
@@ -357,6 +363,7 @@ type Store struct {
 	clock    func() time.Time
 	br       breaker
 	cache    *denyCache  // nil when disabled
+	evict    *evictWatch // the owned fallback's evictions; nil without one
 	slots    policySlots // holders the policy granted (inflight.go)
 	sent     policySlots // holders whose backend Acquire failed: it may have run (AbandonSlot)
 }
@@ -409,6 +416,8 @@ func build(backend sluice.Store, opts *Options) (*Store, error) {
 		return nil, fmt.Errorf("%w: negative timeout %v", ErrInvalidOptions, o.Timeout)
 	case o.Nodes < 0:
 		return nil, fmt.Errorf("%w: negative node count %d", ErrInvalidOptions, o.Nodes)
+	case o.FallbackMaxKeys < 0:
+		return nil, fmt.Errorf("%w: negative FallbackMaxKeys %d", ErrInvalidOptions, o.FallbackMaxKeys)
 	case o.FailureThreshold < 0:
 		return nil, fmt.Errorf("%w: negative failure threshold %d", ErrInvalidOptions, o.FailureThreshold)
 	case o.ProbeInterval < 0:
@@ -441,8 +450,9 @@ func build(backend sluice.Store, opts *Options) (*Store, error) {
 		s.cache = newDenyCache(orDefault(o.DenyCacheSize, 100_000), o.DenyCacheFor)
 	}
 	if s.policy == FallbackLocal && s.fallback == nil {
-		s.owned = memory.New(&memory.Options{Clock: o.Clock})
+		s.owned = memory.New(&memory.Options{Clock: o.Clock, MaxKeys: o.FallbackMaxKeys})
 		s.fallback = s.owned
+		s.evict = newEvictWatch(s.owned, orDefault(o.Logger, slog.Default()), s.name, o.Observer)
 	}
 	return s, nil
 }
@@ -515,6 +525,7 @@ func (s *Store) Probe(ctx context.Context) (bool, error) {
 		return false, nil
 	}
 	now := s.clock()
+	s.evict.check(now)
 	call, probe := s.br.allow(now)
 	if !call || !probe {
 		return false, nil
@@ -585,6 +596,7 @@ func (s *Store) decide(ctx context.Context, op, key string, limit sluice.Limit, 
 		return sluice.Decision{}, err
 	}
 	now := s.clock()
+	s.evict.check(now)
 	if s.cache != nil {
 		if d, ok := s.cache.get(key, limit, cost, now); ok {
 			s.observe(op, key, sluice.SourceDenyCache, 0, nil)
@@ -650,6 +662,7 @@ func (s *Store) failOne(ctx context.Context, op, key string, limit sluice.Limit,
 		fn = s.fallback.Take
 	}
 	d, err := fn(ctx, key, limit, localCost(limit, cost, n))
+	s.evict.check(s.clock())
 	if err != nil {
 		return sluice.Decision{}, err
 	}
@@ -801,6 +814,7 @@ func (m *MultiStore) TakeAll(ctx context.Context, reqs []sluice.Request) ([]slui
 		return nil, err
 	}
 	now := s.clock()
+	s.evict.check(now)
 	if s.cache != nil {
 		hit := false
 		out := make([]sluice.Decision, len(reqs))
@@ -884,6 +898,7 @@ func (m *MultiStore) failAll(ctx context.Context, reqs []sluice.Request, lat tim
 		local[i] = sluice.Request{Key: r.Key, Limit: r.Limit, Cost: localCost(r.Limit, r.Cost, n)}
 	}
 	ds, err := m.fbMulti.TakeAll(ctx, local)
+	s.evict.check(s.clock())
 	if err != nil {
 		return nil, err
 	}

@@ -1,0 +1,79 @@
+package resilient
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/redisstore"
+	"github.com/sluicehq/sluice/storetest"
+)
+
+// evictions is a recorder that also adds up EvictionEvents.
+type evictions struct {
+	recorder
+	keys atomic.Uint64
+}
+
+func (e *evictions) ObserveEvictions(ev sluice.EvictionEvent) { e.keys.Add(ev.Keys) }
+
+// The default fallback that evicts keys during an outage says so as
+// sluice serve's memory store does: one WARN line when it starts, an
+// EvictionEvent per growth, FallbackEvictions reporting it, and one INFO
+// line once it has stopped for a minute.
+func TestDefaultFallbackEvictionsTold(t *testing.T) {
+	t.Parallel()
+	c := redis.NewClient(&redis.Options{Addr: redistest.DeadAddr(t), MaxRetries: -1})
+	t.Cleanup(func() { c.Close() })
+	clk := storetest.NewClock(t0)
+	log, obs := &lines{}, &evictions{}
+	s, err := New(redisstore.New(c, nil), &Options{Clock: clk.Now, Logger: slog.New(log), Observer: obs, FallbackMaxKeys: 64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	flood := func(from int) {
+		for i := range 200 {
+			if d, err := s.Take(context.Background(), fmt.Sprint("k", from+i), sluice.PerHour(10), 1); err != nil || d.Source != sluice.SourceFallback {
+				t.Fatalf("take: %+v, %v; want a fallback decision", d, err)
+			}
+		}
+	}
+	count := func(msg string) (n int) {
+		for _, l := range log.all() {
+			if strings.HasPrefix(l, msg) {
+				n++
+			}
+		}
+		return n
+	}
+	const on, off = "resilient: fallback store evicting keys", "resilient: fallback store no longer evicting keys"
+	flood(0)
+	clk.Advance(2 * time.Second)
+	flood(1000)
+	ev, evicting := s.FallbackEvictions()
+	if ev.Keys == 0 || !evicting {
+		t.Fatalf("FallbackEvictions = %+v, %v after 400 keys into 64: want evictions, evicting", ev, evicting)
+	}
+	if got := obs.keys.Load(); got != ev.Keys {
+		t.Errorf("EvictionEvents add up to %d keys, FallbackEvictions says %d", got, ev.Keys)
+	}
+	if count(on) != 1 || count(off) != 0 {
+		t.Errorf("lines %q: want one %q and no %q", log.all(), on, off)
+	}
+	clk.Advance(evictQuiet + 2*time.Second)
+	if _, evicting := s.FallbackEvictions(); evicting {
+		t.Error("still evicting after a quiet minute")
+	}
+	if count(on) != 1 || count(off) != 1 {
+		t.Errorf("lines %q: want one %q and one %q", log.all(), on, off)
+	}
+}
