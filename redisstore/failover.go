@@ -39,6 +39,9 @@ type reloader struct {
 	// onFailover is Store.OnFailover's hook; masters the last reload's.
 	onFailover atomic.Pointer[func()]
 	masters    string
+	// mapped: a call or a reload has succeeded, so the client has a slot
+	// map and MasterForKey answers from memory (Partition).
+	mapped atomic.Bool
 }
 
 // recoveredAfter is how long calls must succeed with no node failing before
@@ -99,6 +102,9 @@ func (r *reloader) pollEpisode() bool {
 		masters, err := r.hedgedReload(every)
 		if errors.Is(err, redis.ErrClosed) {
 			return true
+		}
+		if err == nil && !r.mapped.Load() {
+			r.mapped.Store(true)
 		}
 		if err == nil && masters != r.masters {
 			changed := r.masters != ""
@@ -186,6 +192,9 @@ func (r *reloader) reload(ctx context.Context) (string, error) {
 // succeeded ends an episode of failures, once no node has failed for
 // recoveredAfter.
 func (r *reloader) succeeded() {
+	if r != nil && !r.mapped.Load() {
+		r.mapped.Store(true)
+	}
 	if r != nil && r.failing.Load() && time.Now().UnixNano()-r.lastBad.Load() >= int64(recoveredAfter) && r.failing.Swap(false) {
 		r.log.Info("redisstore: cluster calls succeeding again", "reloads", r.count.Load())
 	}

@@ -1,6 +1,7 @@
 package redisstore
 
 import (
+	"context"
 	"strconv"
 	"strings"
 
@@ -60,4 +61,45 @@ func slot(key string) uint16 {
 		}
 	}
 	return crc & 16383
+}
+
+// Partition implements sluice.Partitioner. On a ClusterClient it names the
+// master that owns key's hash slot in the client's slot map, by its
+// address, as go-redis routes key's calls: a circuit breaker kept per
+// master (package resilient) then stops calling a master that is down
+// while the others go on deciding. It answers from memory: "" until a call
+// or a reload has loaded the map, and on a standalone or Sentinel client
+// (one server) or any other client.
+func (s *Store) Partition(key string) string {
+	if s == nil || s.reload == nil || !s.reload.mapped.Load() {
+		return ""
+	}
+	hashed, ok := s.hashedAs(key)
+	if !ok {
+		return ""
+	}
+	node, err := s.reload.cluster.MasterForKey(context.Background(), hashed)
+	if err != nil {
+		return ""
+	}
+	return node.Options().Addr
+}
+
+// hashedAs returns a string in the hash slot of key's Redis keys: key
+// itself where Redis hashes the same part of both (no "{" in Prefix, and a
+// key with a hash tag or no "}"), else one of those keys. ok is false for
+// an untagged key that starts with "}" under a Prefix without "{": its
+// Redis keys' tag is empty, so Redis hashes each whole, suffix included,
+// and they lie in as many slots as there are algorithms.
+func (s *Store) hashedAs(key string) (string, bool) {
+	if strings.IndexByte(s.prefix, '{') < 0 {
+		_, tagged := tagOf(key)
+		switch {
+		case tagged || strings.IndexByte(key, '}') < 0:
+			return key, true
+		case key[0] == '}':
+			return "", false
+		}
+	}
+	return s.keyOf(key, ""), true
 }

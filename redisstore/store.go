@@ -65,6 +65,9 @@
 // succeed again, so that a failed-over master is left for its promoted
 // replica within a reload of the promotion (see OnFailover); go-redis
 // itself reloads only on redirects and every ClusterStateReloadInterval.
+// Store.Partition names the master that owns a key's slot in that map (a
+// sluice.Partitioner), so that package resilient keeps a circuit breaker
+// per master.
 //
 // Keys are laid out as Prefix + "{" + key + "}:" + algorithm code, or, for
 // a key with a hash tag ("{t1}:a", "api:{t1}:b"), Prefix + "[" + key + "]:"
@@ -94,8 +97,9 @@ import (
 )
 
 var (
-	_ sluice.Store      = (*Store)(nil)
-	_ sluice.MultiStore = (*Store)(nil)
+	_ sluice.Store       = (*Store)(nil)
+	_ sluice.MultiStore  = (*Store)(nil)
+	_ sluice.Partitioner = (*Store)(nil) // slot.go
 )
 
 var (
