@@ -166,6 +166,10 @@ func (s BreakerState) String() string { return label(breakerNames[:], int(s)) }
 type BreakerEvent struct {
 	// Store names the wrapped store.
 	Store string
+	// Partition names the partition of the store whose breaker this is
+	// (see Partitioner: a Redis Cluster master's address), "" for a
+	// breaker of the whole store.
+	Partition string
 	// From and To are the states before and after the change.
 	From, To BreakerState
 	// Err is, when To is BreakerOpen, the error of the call that opened

@@ -8,7 +8,7 @@
 //	sluice_store_calls_total{store,op,source}   source: backend, deny_cache, fallback, fail_open, fail_closed
 //	sluice_store_errors_total{store,op}         backend failures (timeouts included); {store,op,cause} with Options.Cause
 //	sluice_store_latency_seconds{store,op}      backend latency, when the backend was called
-//	sluice_breaker_state{store,state}           1 for the current state (closed, half_open, open), 0 for the others; from resilient.New on, which reports the initial state
+//	sluice_breaker_state{store,partition,state} 1 for the current state (closed, half_open, open), 0 for the others; from resilient.New on, which reports the initial state; partition: a Redis Cluster master's address for its breaker, "" for the store's own
 //	sluice_inflight_acquires_total{policy,priority,outcome}  outcome: allowed, denied, shed, error
 //	sluice_inflight_calls_total{policy,call,outcome}         call: extend, release; outcome: extended, released, released_before, not_held, error
 //	sluice_inflight_held{policy}                             weight this process holds now
@@ -134,7 +134,7 @@ func New(opts *Options) *Collector {
 			Buckets: o.LatencyBuckets,
 		}, []string{"store", "op"}),
 		breaker: gauge("breaker_state",
-			"Circuit breaker state of a wrapped store: 1 for the current state (closed, half_open, open), 0 for the others.", "store", "state"),
+			"Circuit breaker state of a wrapped store, or of one partition of it (a Redis Cluster master, by address; \"\" for the whole store): 1 for the current state (closed, half_open, open), 0 for the others.", "store", "partition", "state"),
 		acquires: counter("inflight_acquires_total",
 			"In-flight slot acquires by policy, the request's priority (critical, normal, sheddable) and outcome: allowed, denied (the key's slots are full: 429), shed (the priority's share is full: 503) or error.",
 			"policy", "priority", "outcome"),
@@ -258,7 +258,7 @@ func (c *Collector) ObserveBreaker(e sluice.BreakerEvent) {
 		if s == e.To {
 			v = 1
 		}
-		c.breaker.WithLabelValues(e.Store, s.String()).Set(v)
+		c.breaker.WithLabelValues(e.Store, e.Partition, s.String()).Set(v)
 	}
 }
 

@@ -34,14 +34,19 @@ type breaker struct {
 	interval   time.Duration
 	closeAfter int
 	name       string
+	partition  string // the backend's partition it guards; "": the whole store
 	policy     Policy
 	observer   sluice.Observer
 	log        *slog.Logger
 	jitter     func() float64 // in [0, 1); nil: none (tests)
 
-	state  atomic.Uint32 // sluice.BreakerState, read without the lock on the hot path
-	run    atomic.Int64  // consecutive failures while closed
-	window [windowSlices]slot
+	state atomic.Uint32 // sluice.BreakerState, read without the lock on the hot path
+	run   atomic.Int64  // consecutive failures while closed
+	// lastGood is the UnixNano send time of the latest call the backend
+	// answered: a call that spans partitions and failed is not charged to
+	// one that answered a call sent after it (see MultiStore.TakeAll).
+	lastGood atomic.Int64
+	window   [windowSlices]slot
 
 	mu       sync.Mutex
 	runStart time.Time // the first failure of the run
@@ -59,6 +64,9 @@ type breaker struct {
 	// closed logs the failure policy's answers while the breaker is
 	// closed (policyAnswered).
 	closed closedAnswers
+
+	// probeKey is a key found on the partition, for Probe; "": none yet.
+	probeKey string
 }
 
 // windowSlices is how many parts the failure-rate window is kept in: the window
@@ -90,7 +98,19 @@ func newBreaker(o *Options, name string) breaker {
 	}
 }
 
+// forPartition names the partition b guards, in its lines and events.
+func (b *breaker) forPartition(p string) {
+	b.partition, b.closed.partition = p, p
+}
+
 func (b *breaker) current() sluice.BreakerState { return sluice.BreakerState(b.state.Load()) }
+
+// answeredAt notes that the backend answered a call sent at sent.
+func (b *breaker) answeredAt(sent time.Time) {
+	if t := sent.UnixNano(); t > b.lastGood.Load() {
+		b.lastGood.Store(t)
+	}
+}
 
 // announce tells the observer the breaker's initial state, closed, as an
 // event from closed to closed: a gauge of its state (promsluice's
@@ -98,7 +118,7 @@ func (b *breaker) current() sluice.BreakerState { return sluice.BreakerState(b.s
 // for an alert on "open" to read.
 func (b *breaker) announce() {
 	if b.observer != nil {
-		b.observer.ObserveBreaker(sluice.BreakerEvent{Store: b.name, From: sluice.BreakerClosed, To: sluice.BreakerClosed})
+		b.observer.ObserveBreaker(sluice.BreakerEvent{Store: b.name, Partition: b.partition, From: sluice.BreakerClosed, To: sluice.BreakerClosed})
 	}
 }
 
@@ -146,6 +166,7 @@ func (b *breaker) due(now time.Time) {
 
 // success records a call sent at sent that the backend answered.
 func (b *breaker) success(probe bool, sent time.Time) {
+	b.answeredAt(sent)
 	if !probe {
 		b.count(sent, false)
 		if b.run.Load() != 0 {
@@ -225,6 +246,7 @@ func (b *breaker) reopen(now time.Time, why string, err error) {
 // closes nor opens the breaker, and the next call probes.
 func (b *breaker) answered(probe bool, sent time.Time, wrote bool) {
 	if probe && !wrote {
+		b.answeredAt(sent)
 		b.release(probe)
 		return
 	}
@@ -306,7 +328,7 @@ func (b *breaker) set(now time.Time, to sluice.BreakerState, why string, err err
 		level = slog.LevelWarn
 	}
 	ctx := context.Background()
-	attrs := []any{"store", b.name, "from", from.String(), "reason", why}
+	attrs := b.attrs("from", from.String(), "reason", why)
 	if err != nil {
 		attrs = append(attrs, "error", err)
 	}
@@ -325,11 +347,21 @@ func (b *breaker) set(now time.Time, to sluice.BreakerState, why string, err err
 	}
 	switch {
 	case from == sluice.BreakerClosed:
-		b.log.Log(ctx, slog.LevelWarn, "resilient: failure policy on", "store", b.name, "policy", b.policy.String())
+		b.log.Log(ctx, slog.LevelWarn, "resilient: failure policy on", b.attrs("policy", b.policy.String())...)
 	case to == sluice.BreakerClosed:
-		b.log.Log(ctx, slog.LevelInfo, "resilient: failure policy off", "store", b.name, "policy", b.policy.String())
+		b.log.Log(ctx, slog.LevelInfo, "resilient: failure policy off", b.attrs("policy", b.policy.String())...)
 	}
 	if b.observer != nil {
-		b.observer.ObserveBreaker(sluice.BreakerEvent{Store: b.name, From: from, To: to, Err: err})
+		b.observer.ObserveBreaker(sluice.BreakerEvent{Store: b.name, Partition: b.partition, From: from, To: to, Err: err})
 	}
+}
+
+// attrs are a line's attributes: the store, its partition if b guards
+// one, then more.
+func (b *breaker) attrs(more ...any) []any {
+	a := []any{"store", b.name}
+	if b.partition != "" {
+		a = append(a, "partition", b.partition)
+	}
+	return append(a, more...)
 }

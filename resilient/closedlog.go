@@ -33,10 +33,11 @@ const closedMsg = "resilient: failure policy answered failed calls (breaker stil
 // any pending line before its own when it opens, and Close before the
 // Store goes. Times are the real clock's: they pace lines, not limits.
 type closedAnswers struct {
-	log    *slog.Logger
-	store  string
-	policy Policy
-	pace   logpace.Pacer // Gather: closedGather; Every: closedQuiet
+	log       *slog.Logger
+	store     string
+	partition string // "": the whole store
+	policy    Policy
+	pace      logpace.Pacer // Gather: closedGather; Every: closedQuiet
 
 	mu    sync.Mutex
 	first error // the first error since the last line (nil: none had one)
@@ -61,7 +62,11 @@ func (c *closedAnswers) write(n int64) {
 	first := c.first
 	c.first = nil
 	c.mu.Unlock()
-	attrs := []any{"store", c.store, "policy", c.policy.String(), "decisions", n}
+	attrs := []any{"store", c.store}
+	if c.partition != "" {
+		attrs = append(attrs, "partition", c.partition)
+	}
+	attrs = append(attrs, "policy", c.policy.String(), "decisions", n)
 	if first != nil {
 		attrs = append(attrs, "error", first)
 	}

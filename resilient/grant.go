@@ -128,7 +128,7 @@ func (s *Store) TakeByPolicy(ctx context.Context, key string, limit sluice.Limit
 		return sluice.Decision{}, err
 	}
 	cause = backendErr(cause)
-	return s.failOne(ctx, "take", key, limit, cost, true, 0, cause, cause != nil)
+	return s.failOne(ctx, s.breakerFor(key), "take", key, limit, cost, true, 0, cause, cause != nil)
 }
 
 // PeekByPolicy answers a peek by the failure policy without calling the
@@ -141,7 +141,7 @@ func (s *Store) PeekByPolicy(ctx context.Context, key string, limit sluice.Limit
 		return sluice.Decision{}, err
 	}
 	cause = backendErr(cause)
-	return s.failOne(ctx, "peek", key, limit, cost, false, 0, cause, cause != nil)
+	return s.failOne(ctx, s.breakerFor(key), "peek", key, limit, cost, false, 0, cause, cause != nil)
 }
 
 // backendErr is the backend's own error in err, a call's error as pass
@@ -168,22 +168,23 @@ func pass[T any](ctx context.Context, s *Store, op, key string, fn func(context.
 		return zero, err
 	}
 	now := s.clock()
-	call, probe := s.br.allow(now)
+	b := s.breakerFor(key)
+	call, probe := b.allow(now)
 	if !call {
-		return zero, fmt.Errorf("%w: %w: %s: breaker %v", ErrNoGrant, ErrNotSent, op, s.br.current())
+		return zero, fmt.Errorf("%w: %w: %s: breaker %v", ErrNoGrant, ErrNotSent, op, b.current())
 	}
 	v, lat, err := bounded(ctx, s.timeout, s.inline, fn)
 	switch {
 	case err == nil:
-		s.br.success(probe, now)
+		b.success(probe, now)
 	case ctx.Err() != nil:
-		s.br.release(probe)
+		b.release(probe)
 		return zero, fmt.Errorf("resilient: %s: %w", op, ctx.Err())
 	case badInput(err):
-		s.br.release(probe)
+		b.release(probe)
 		return zero, err
 	default:
-		s.br.failure(probe, now, s.clock(), err)
+		b.failure(probe, now, s.clock(), err)
 	}
 	s.observe(op, key, sluice.SourceBackend, lat, err)
 	if err != nil {

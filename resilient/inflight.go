@@ -105,15 +105,16 @@ func (s *Store) Acquire(ctx context.Context, key string, l sluice.InFlightLimit,
 	}
 	now := s.clock()
 	s.evict.check(now)
-	call, probe := s.br.allow(now)
+	b := s.breakerFor(key)
+	call, probe := b.allow(now)
 	if !call {
-		return s.failSlot(ctx, key, l, weight, holder, now, 0, nil)
+		return s.failSlot(ctx, b, key, l, weight, holder, now, 0, nil)
 	}
 	d, lat, err := bounded(ctx, s.timeout, s.inline, func(ctx context.Context) (sluice.SlotDecision, error) {
 		return bs.Acquire(ctx, key, l, weight, holder)
 	})
 	if err == nil {
-		s.br.answered(probe, now, d.Allowed) // a denial wrote nothing
+		b.answered(probe, now, d.Allowed) // a denial wrote nothing
 		s.observe("acquire", key, sluice.SourceBackend, lat, nil)
 		if d.Allowed { // a resend, now held by the backend: free its fallback slot
 			ref := slotRef{key, holder}
@@ -130,11 +131,11 @@ func (s *Store) Acquire(ctx context.Context, key string, l sluice.InFlightLimit,
 	// The acquire may have run in the backend all the same: remembered, so
 	// that AbandonSlot releases it there, and only such holders.
 	s.sent.put(slotRef{key, holder}, slotGrant{expires: now.Add(l.Hold)}, now)
-	if err := s.callerFault(ctx, "acquire", err, probe); err != nil {
+	if err := s.callerFault(ctx, "acquire", err, gate{b, probe}); err != nil {
 		return sluice.SlotDecision{}, err
 	}
-	s.br.failure(probe, now, s.clock(), err)
-	return s.failSlot(ctx, key, l, weight, holder, now, lat, err)
+	b.failure(probe, now, s.clock(), err)
+	return s.failSlot(ctx, b, key, l, weight, holder, now, lat, err)
 }
 
 // AbandonSlot releases holder, given up after its Acquire failed or the
@@ -160,9 +161,9 @@ func (s *Store) AbandonSlot(key, holder string) {
 }
 
 // failSlot answers an Acquire by the policy.
-func (s *Store) failSlot(ctx context.Context, key string, l sluice.InFlightLimit, weight int64, holder string, now time.Time, lat time.Duration, berr error) (sluice.SlotDecision, error) {
+func (s *Store) failSlot(ctx context.Context, b *breaker, key string, l sluice.InFlightLimit, weight int64, holder string, now time.Time, lat time.Duration, berr error) (sluice.SlotDecision, error) {
 	ref := slotRef{key, holder}
-	s.br.policyAnswered(berr)
+	b.policyAnswered(berr)
 	switch s.policyNow() {
 	case FailOpen:
 		s.observe("acquire", key, sluice.SourceFailOpen, lat, berr)
@@ -322,21 +323,22 @@ func (s *Store) onSlot(ctx context.Context, op, key, holder string, hold, rememb
 		}
 		return a, nil
 	}
-	call, probe := s.br.allow(now)
+	b := s.breakerFor(key)
+	call, probe := b.allow(now)
 	if !call {
 		s.observe(op, key, s.policySource(), 0, nil)
 		return slotAnswer{}, fmt.Errorf("resilient: %s: %w: breaker open", op, ErrSlotUnreachable)
 	}
 	a, lat, err := bounded(ctx, s.timeout, s.inline, func(ctx context.Context) (slotAnswer, error) { return fn(ctx, bs) })
 	if err == nil {
-		s.br.answered(probe, now, a.held) // a holder not held: nothing written
+		b.answered(probe, now, a.held) // a holder not held: nothing written
 		s.observe(op, key, sluice.SourceBackend, lat, nil)
 		return a, nil
 	}
-	if err := s.callerFault(ctx, op, err, probe); err != nil {
+	if err := s.callerFault(ctx, op, err, gate{b, probe}); err != nil {
 		return slotAnswer{}, err
 	}
-	s.br.failure(probe, now, s.clock(), err)
+	b.failure(probe, now, s.clock(), err)
 	s.observe(op, key, s.policySource(), lat, err)
 	return slotAnswer{}, fmt.Errorf("resilient: %s: %w: %w", op, ErrSlotUnreachable, err)
 }

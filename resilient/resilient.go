@@ -35,6 +35,17 @@
 // the policy's: promsluice counts them in
 // sluice_store_calls_total{source="fallback"} (or fail_open, fail_closed).
 //
+// A backend that is a sluice.Partitioner (redisstore's on a Redis Cluster,
+// whose partitions are its masters) has a breaker per partition, each with
+// its own transitions, probes, lines (naming the partition) and
+// BreakerEvents (BreakerEvent.Partition): one master down sends only its
+// own keys to the failure policy (see partition.go for why breakers follow
+// masters, not slot ranges). A TakeAll whose keys span partitions goes to
+// the backend only while each of their breakers lets it, else the policy
+// answers it whole; one that fails is charged to the partitions that have
+// not answered a call sent since it. State is the worst of the breakers;
+// Breakers lists each.
+//
 // A Store is a sluice.Regranter for package lease: grants, returns and
 // regrants pass through to a backend that grants while the breaker lets
 // calls through, and fail with ErrNoGrant otherwise; the failure policy
@@ -46,7 +57,10 @@
 // n·c against the whole limit, n being the fleet size it assumes, in state
 // kept across breaker cycles and fleet size changes. The backend and the
 // fallbacks are then each an exact limiter, and the fleet admits at most
-// their sum. With B the capacity, r = Rate/Period, T an interval's length
+// their sum, key by key: over a partitioned backend, only the keys of a
+// partition whose breaker opened (and of TakeAlls spanning it) have a
+// fallback episode, the others staying exact. With B the capacity, r =
+// Rate/Period, T an interval's length
 // and D a fallback episode's length within it:
 //
 //   - GCRA, TokenBucket, LeakyBucket: an exact limiter admits B + r·T. With
@@ -118,6 +132,8 @@ import (
 	"log/slog"
 	"reflect"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/sluicehq/sluice"
@@ -361,11 +377,17 @@ type Store struct {
 	probe    time.Duration
 	observer sluice.Observer
 	clock    func() time.Time
-	br       breaker
-	cache    *denyCache  // nil when disabled
-	evict    *evictWatch // the owned fallback's evictions; nil without one
-	slots    policySlots // holders the policy granted (inflight.go)
-	sent     policySlots // holders whose backend Acquire failed: it may have run (AbandonSlot)
+	br       breaker // the whole store's, or its keys' of no known partition
+	// parter is the backend as a sluice.Partitioner, nil if it is not;
+	// parts the breakers of its partitions (partition.go), made with opts.
+	parter sluice.Partitioner
+	parts  atomic.Pointer[map[string]*breaker]
+	partMu sync.Mutex
+	opts   Options
+	cache  *denyCache  // nil when disabled
+	evict  *evictWatch // the owned fallback's evictions; nil without one
+	slots  policySlots // holders the policy granted (inflight.go)
+	sent   policySlots // holders whose backend Acquire failed: it may have run (AbandonSlot)
 }
 
 // MultiStore is a Store over a sluice.MultiStore backend: it also checks
@@ -446,6 +468,8 @@ func build(backend sluice.Store, opts *Options) (*Store, error) {
 		s.clock = time.Now
 	}
 	s.br = newBreaker(&o, s.name)
+	s.opts = o
+	s.parter, _ = backend.(sluice.Partitioner)
 	if o.DenyCacheSize >= 0 {
 		s.cache = newDenyCache(orDefault(o.DenyCacheSize, 100_000), o.DenyCacheFor)
 	}
@@ -487,81 +511,11 @@ func (s *Store) Close() error {
 	if s == nil {
 		return nil
 	}
-	s.br.closed.flush()
+	for _, b := range s.breakers() {
+		b.closed.flush()
+	}
 	if s.owned != nil {
 		return s.owned.Close()
-	}
-	return nil
-}
-
-// State returns the breaker's current state.
-func (s *Store) State() sluice.BreakerState {
-	if s == nil {
-		return sluice.BreakerClosed // a zero MultiStore
-	}
-	return s.br.current()
-}
-
-// probeKey and probeLimit are what Probe takes from: a key no decision
-// uses, under a limit that always admits, so that the probe writes as an
-// allowed take does (a backend that answers reads but refuses writes, out
-// of memory or a replica, keeps the breaker open).
-const probeKey = "sluice-breaker-probe"
-
-var probeLimit = sluice.PerSecond(1_000_000) // one a microsecond, the finest a limit may be
-
-// Probe sends the breaker's probe itself, when one is due: the breaker is
-// open past its probe interval, or half-open with no probe in flight. A
-// store that no request reaches (an idle instance, traffic moved to
-// others) would otherwise stay open, and its health degraded, until the
-// next request after the backend came back. The probe is a Take of one
-// unit of a key no decision uses, under a limit that always admits (its
-// state lasts a millisecond on Redis), bounded by Options.Timeout; its
-// outcome counts as a request's probe would. Probe does nothing when the breaker is closed or
-// no probe is due, and reports whether it sent one and its error.
-func (s *Store) Probe(ctx context.Context) (bool, error) {
-	ctx = ctxutil.OrBackground(ctx)
-	if s == nil || s.backend == nil || s.br.current() == sluice.BreakerClosed {
-		return false, nil
-	}
-	now := s.clock()
-	s.evict.check(now)
-	call, probe := s.br.allow(now)
-	if !call || !probe {
-		return false, nil
-	}
-	_, _, err := bounded(ctx, s.timeout, s.inline, func(ctx context.Context) (sluice.Decision, error) {
-		return s.backend.Take(ctx, probeKey, probeLimit, 1)
-	})
-	if err == nil {
-		s.br.success(true, now)
-		return true, nil
-	}
-	if cerr := ctx.Err(); cerr != nil {
-		s.br.release(true)
-		return true, cerr
-	}
-	s.br.failure(true, now, s.clock(), err)
-	return true, err
-}
-
-// ProbeNow is for a backend known to have recovered (a Redis Cluster
-// whose replica was promoted: redisstore.Store.OnFailover): an open
-// breaker's probe is due at once rather than after ProbeInterval, and
-// ProbeNow sends probes as Probe does until the breaker closes, a probe
-// fails (the breaker opens for another ProbeInterval), or another is in
-// flight (a request's, whose successors go on probing). It does nothing
-// when the breaker is closed, and returns the error of a failed probe.
-func (s *Store) ProbeNow(ctx context.Context) error {
-	if s == nil || s.backend == nil {
-		return nil
-	}
-	s.br.due(s.clock())
-	for s.br.current() != sluice.BreakerClosed {
-		sent, err := s.Probe(ctx)
-		if !sent || err != nil {
-			return err
-		}
 	}
 	return nil
 }
@@ -603,9 +557,10 @@ func (s *Store) decide(ctx context.Context, op, key string, limit sluice.Limit, 
 			return d, nil
 		}
 	}
-	call, probe := s.br.allow(now)
+	b := s.breakerFor(key)
+	call, probe := b.allow(now)
 	if !call {
-		return s.failOne(ctx, op, key, limit, cost, take, 0, nil, false)
+		return s.failOne(ctx, b, op, key, limit, cost, take, 0, nil, false)
 	}
 	fn := s.backend.Peek
 	if take {
@@ -615,7 +570,7 @@ func (s *Store) decide(ctx context.Context, op, key string, limit sluice.Limit, 
 		return fn(ctx, key, limit, cost)
 	})
 	if err == nil {
-		s.br.answered(probe, now, take && d.Allowed)
+		b.answered(probe, now, take && d.Allowed)
 		if s.cache != nil {
 			switch {
 			case !d.Allowed && d.Source != sluice.SourceFailClosed: // a wrapped resilient store's made-up denial is no state
@@ -627,19 +582,19 @@ func (s *Store) decide(ctx context.Context, op, key string, limit sluice.Limit, 
 		s.observe(op, key, sluice.SourceBackend, lat, nil)
 		return d, nil
 	}
-	if err := s.callerFault(ctx, op, err, probe); err != nil {
+	if err := s.callerFault(ctx, op, err, gate{b, probe}); err != nil {
 		return sluice.Decision{}, err
 	}
-	s.br.failure(probe, now, s.clock(), err)
-	return s.failOne(ctx, op, key, limit, cost, take, lat, err, false)
+	b.failure(probe, now, s.clock(), err)
+	return s.failOne(ctx, b, op, key, limit, cost, take, lat, err, false)
 }
 
-// failOne answers one request by the policy. berr is the backend's error,
+// failOne answers one request by the policy, for key's breaker b. berr is the backend's error,
 // nil when the breaker kept the backend from being called; reported: it
 // is an earlier lease call's, which that call's event reported
 // (sluice.StoreEvent.Reported).
-func (s *Store) failOne(ctx context.Context, op, key string, limit sluice.Limit, cost int64, take bool, lat time.Duration, berr error, reported bool) (sluice.Decision, error) {
-	s.br.policyAnswered(berr)
+func (s *Store) failOne(ctx context.Context, b *breaker, op, key string, limit sluice.Limit, cost int64, take bool, lat time.Duration, berr error, reported bool) (sluice.Decision, error) {
+	b.policyAnswered(berr)
 	src := sluice.SourceFallback
 	switch s.policyNow() {
 	case FailOpen:
@@ -832,9 +787,9 @@ func (m *MultiStore) TakeAll(ctx context.Context, reqs []sluice.Request) ([]slui
 			return out, nil
 		}
 	}
-	call, probe := s.br.allow(now)
+	gs, call := s.allowAll(reqs, now)
 	if !call {
-		return m.failAll(ctx, reqs, 0, nil)
+		return m.failAll(ctx, gs, reqs, 0, nil)
 	}
 	ds, lat, err := bounded(ctx, s.timeout, s.inline, func(ctx context.Context) ([]sluice.Decision, error) {
 		return m.multi.TakeAll(ctx, reqs)
@@ -843,7 +798,9 @@ func (m *MultiStore) TakeAll(ctx context.Context, reqs []sluice.Request) ([]slui
 		err = fmt.Errorf("resilient: backend returned %d decisions for %d requests", len(ds), len(reqs))
 	}
 	if err == nil {
-		s.br.answered(probe, now, allowedAll(ds))
+		for _, g := range gs {
+			g.b.answered(g.probe, now, allowedAll(ds))
+		}
 		if s.cache != nil {
 			took := allowedAll(ds)
 			for i, d := range ds {
@@ -857,11 +814,10 @@ func (m *MultiStore) TakeAll(ctx context.Context, reqs []sluice.Request) ([]slui
 		s.observe("take_all", "", sluice.SourceBackend, lat, nil)
 		return ds, nil
 	}
-	if err := s.callerFault(ctx, "take_all", err, probe); err != nil {
+	if err := s.callerFault(ctx, "take_all", err, gs...); err != nil {
 		return nil, err
 	}
-	s.br.failure(probe, now, s.clock(), err)
-	return m.failAll(ctx, reqs, lat, err)
+	return m.failAll(ctx, failedAll(gs, now, s.clock(), err), reqs, lat, err)
 }
 
 func allowedAll(ds []sluice.Decision) bool {
@@ -873,9 +829,13 @@ func allowedAll(ds []sluice.Decision) bool {
 	return true
 }
 
-func (m *MultiStore) failAll(ctx context.Context, reqs []sluice.Request, lat time.Duration, berr error) ([]sluice.Decision, error) {
+// failAll answers a TakeAll by the policy; gs are the breakers that kept
+// it from the backend or were charged with its failure.
+func (m *MultiStore) failAll(ctx context.Context, gs []gate, reqs []sluice.Request, lat time.Duration, berr error) ([]sluice.Decision, error) {
 	s := m.Store
-	s.br.policyAnswered(berr)
+	for _, g := range gs {
+		g.b.policyAnswered(berr)
+	}
 	out := make([]sluice.Decision, len(reqs))
 	switch s.policyNow() {
 	case FailOpen:
@@ -988,16 +948,23 @@ func ended(ctx context.Context, op string) error {
 // callerFault returns the error to return as it is, with the probe
 // released, when a failed backend call was the caller's doing (its context
 // ended, or bad input), and nil when the backend failed.
-func (s *Store) callerFault(ctx context.Context, op string, err error, probe bool) error {
+func (s *Store) callerFault(ctx context.Context, op string, err error, gs ...gate) error {
 	if cerr := ctx.Err(); cerr != nil {
-		s.br.release(probe)
+		release(gs)
 		return fmt.Errorf("resilient: %s: %w", op, cerr)
 	}
 	if badInput(err) {
-		s.br.release(probe)
+		release(gs)
 		return err
 	}
 	return nil
+}
+
+// release gives back the probes of gs.
+func release(gs []gate) {
+	for _, g := range gs {
+		g.b.release(g.probe)
+	}
 }
 
 // localLimit is l divided among nodes, as a fallback decision reports it:

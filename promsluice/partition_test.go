@@ -1,0 +1,30 @@
+package promsluice_test
+
+import (
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/promtest"
+	"github.com/sluicehq/sluice/promsluice"
+)
+
+// A partition's breaker has series of its own in sluice_breaker_state,
+// apart from the store's.
+func TestBreakerStateByPartition(t *testing.T) {
+	c := promsluice.New(nil)
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(c)
+	c.ObserveBreaker(sluice.BreakerEvent{Store: "redis"})
+	c.ObserveBreaker(sluice.BreakerEvent{Store: "redis", Partition: "10.0.0.2:6379", From: sluice.BreakerClosed, To: sluice.BreakerOpen})
+	for _, tc := range []struct {
+		partition, state string
+		want             float64
+	}{{"", "closed", 1}, {"", "open", 0}, {"10.0.0.2:6379", "open", 1}, {"10.0.0.2:6379", "closed", 0}} {
+		got, ok := promtest.Value(t, reg, "sluice_breaker_state", map[string]string{"store": "redis", "partition": tc.partition, "state": tc.state})
+		if !ok || got != tc.want {
+			t.Errorf("sluice_breaker_state{partition=%q,state=%q} = %v (%v), want %v", tc.partition, tc.state, got, ok, tc.want)
+		}
+	}
+}
