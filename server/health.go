@@ -68,6 +68,11 @@ type Health struct {
 	firstFail, answeredAt time.Time
 	fallback              bool
 	openedBy              error // the call error that opened the breaker, while open
+	// parts: the Redis Cluster masters (by address) whose own breakers
+	// are open or half-open, each with the error that opened it: the
+	// failure policy answers their keys, the others' decide on Redis.
+	// Degraded while it has any.
+	parts map[string]error
 	// checks numbers the checks of the store as they start; applied is
 	// the last one recorded. /readyz's checks run beside the watch's, and
 	// one that started earlier but ended later (a dial retried through a
@@ -325,6 +330,35 @@ func causeLevel(err error) slog.Level {
 func (h *Health) count(to, cause string) {
 	if h.m != nil {
 		h.m.storeChanges.WithLabelValues(to, cause).Inc()
+	}
+}
+
+// partitionBreaker records the breaker of one Redis Cluster master's
+// keys (resilient's per-partition breakers): on when it leaves closed,
+// off when it closes. Unlike the store's own breaker, it leaves
+// FallbackActive off (the failure policy answers only that master's
+// keys) but the instance degraded, the master named in the status.
+func (h *Health) partitionBreaker(partition string, on bool, why error) {
+	if h == nil {
+		return
+	}
+	if why != nil {
+		why = h.callErr(why)
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	_, was := h.parts[partition]
+	switch {
+	case on && (why != nil || !was):
+		if h.parts == nil {
+			h.parts = map[string]error{}
+		}
+		h.parts[partition] = why
+	case !on:
+		delete(h.parts, partition)
+	}
+	if on != was {
+		h.publishLocked()
 	}
 }
 
@@ -658,7 +692,7 @@ func (h *Health) endPartialLocked() {
 }
 
 func (h *Health) degradedLocked() bool {
-	return h.storeErr != nil || h.fallback || h.partial || h.uncounted || h.evicting != ""
+	return h.storeErr != nil || h.fallback || h.partial || h.uncounted || h.evicting != "" || len(h.parts) > 0
 }
 
 // setEvicting records the memory store evicting keys (a reason) or no
@@ -772,7 +806,12 @@ type Status struct {
 	FailurePolicy string `json:"failure_policy"`
 	// FallbackActive: the failure policy answers decisions (the breaker
 	// is open, or the store does not answer).
-	FallbackActive bool        `json:"fallback_active"`
+	FallbackActive bool `json:"fallback_active"`
+	// OpenPartitions names the Redis Cluster masters (by address) whose
+	// own breakers are open or half-open: the failure policy answers
+	// their keys while the other masters' keys decide on Redis
+	// (FallbackActive stays false for that).
+	OpenPartitions []string    `json:"open_partitions,omitempty"`
 	Store          StoreStatus `json:"store"`
 	// Admin says whether admin endpoints (reset) are enabled, and how:
 	// "token", "loopback", "insecure" or "disabled".
@@ -816,6 +855,21 @@ func (h *Health) Status() Status {
 			until = ""
 		}
 		st.Reasons = append(st.Reasons, "the breaker is open"+why+": "+h.policyAnswer()+until)
+	}
+	for p := range h.parts {
+		st.OpenPartitions = append(st.OpenPartitions, p)
+	}
+	slices.Sort(st.OpenPartitions)
+	if parts := st.OpenPartitions; len(parts) > 0 && !h.fallback && h.storeErr == nil {
+		why := ""
+		if err := h.parts[parts[0]]; err != nil {
+			why = " (calls failed: " + cause(err) + ": " + err.Error() + ")"
+		}
+		whose := "the breaker of Redis Cluster master " + parts[0] + " is open"
+		if len(parts) > 1 {
+			whose = "the breakers of Redis Cluster masters " + strings.Join(parts, ", ") + " are open"
+		}
+		st.Reasons = append(st.Reasons, whose+why+": for their keys, "+h.policyAnswer()+" until a probe succeeds; the other masters' keys decide on Redis")
 	}
 	if h.uncounted && !h.answeringLocked() {
 		// Nothing answers by the policy now: say what it would do.
@@ -1076,6 +1130,10 @@ func (h *Health) policyKey(key string) string {
 // answers while the store is down and the breaker not yet open.
 func (o healthObserver) ObserveBreaker(e sluice.BreakerEvent) {
 	o.Metrics.obs.ObserveBreaker(e)
+	if e.Partition != "" {
+		o.h.partitionBreaker(e.Partition, e.To != sluice.BreakerClosed, e.Err)
+		return
+	}
 	o.h.fallbackActive(e.To != sluice.BreakerClosed, e.Err)
 }
 

@@ -14,6 +14,7 @@ import (
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/enforce"
+	"github.com/sluicehq/sluice/resilient"
 	"github.com/sluicehq/sluice/server/config"
 )
 
@@ -92,6 +93,10 @@ type StoreHealth struct {
 	// FallbackActive is true while the failure policy decides instead of
 	// Redis (the breaker open or half-open).
 	FallbackActive bool `json:"fallback_active"`
+	// OpenPartitions names the Redis Cluster masters (by address) whose
+	// own breakers are open or half-open: the failure policy decides
+	// their keys only.
+	OpenPartitions []string `json:"open_partitions,omitempty"`
 }
 
 // PolicyFigures is one policy's overview line.
@@ -243,8 +248,22 @@ func (m *monitor) storeHealth() StoreHealth {
 	return f()
 }
 
-// breakerHealth reads the breaker of a failure-policy store, if store has one.
+// breakerHealth reads the breaker of a failure-policy store, if store has
+// one: its own (Breaker, FallbackActive), and its Cluster masters' apart.
 func breakerHealth(h StoreHealth, store sluice.Store) StoreHealth {
+	if b, ok := store.(interface {
+		Breakers() []resilient.BreakerStatus
+	}); ok {
+		for _, p := range b.Breakers() {
+			switch {
+			case p.Partition == "":
+				h.Breaker, h.FallbackActive = p.State.String(), p.State != sluice.BreakerClosed
+			case p.State != sluice.BreakerClosed:
+				h.OpenPartitions = append(h.OpenPartitions, p.Partition)
+			}
+		}
+		return h
+	}
 	if b, ok := store.(interface{ State() sluice.BreakerState }); ok {
 		st := b.State()
 		h.Breaker, h.FallbackActive = st.String(), st != sluice.BreakerClosed

@@ -1,0 +1,104 @@
+package server
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice/internal/race"
+	"github.com/sluicehq/sluice/internal/redistest"
+)
+
+// TestFaultServeClusterMasterStopped: one master of three stops (SIGSTOP,
+// the cluster left serving the other slots). Its own breaker opens: its
+// keys are answered by the failure policy, the other masters' keys by
+// Redis, and /v1/status says so, degraded, naming the master, while the
+// instance stays ready. Once the master is back, every key decides on
+// Redis and no master is named.
+func TestFaultServeClusterMasterStopped(t *testing.T) {
+	race.SkipTiming(t)
+	cl := redistest.StartCluster(t, &redistest.ClusterOptions{Args: []string{"--cluster-require-full-coverage", "no"}})
+	config := filepath.Join(t.TempDir(), "sluice.yaml")
+	const limit = "fixed_window 1000000000/1h"
+	if err := os.WriteFile(config, []byte("domain: d\npolicies:\n  - name: api\n    limit: "+limit+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	p := startSluice(t, nil, "--config", config, "--redis", cl.URL(), "--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0",
+		"--failure-policy", "local", "--decision-timeout", "50ms", "--watch-interval", "200ms")
+	master := func(i int) string { return cl.MasterOf(t, redisHashTag(t, "api", limit, fmt.Sprint("k", i))).Addr }
+	// source checks every key once and returns who answered each master's keys.
+	source := func() map[string]map[string]bool {
+		by := map[string]map[string]bool{}
+		for i := range 30 {
+			_, body := p.post(t, "/v1/check", fmt.Sprintf(`{"policy":"api","key":"k%d"}`, i))
+			m := master(i)
+			if by[m] == nil {
+				by[m] = map[string]bool{}
+			}
+			by[m][fmt.Sprint(body["source"])] = true
+		}
+		return by
+	}
+	source()
+	stopped := cl.MasterOf(t, redisHashTag(t, "api", limit, "k0"))
+	stopped.Pause(t)
+	resumed := false
+	t.Cleanup(func() {
+		if !resumed {
+			stopped.Resume(t)
+		}
+	})
+	var st map[string]any
+	for deadline := time.Now().Add(15 * time.Second); ; {
+		source()
+		_, st = p.getJSON(t, "/v1/status")
+		if fmt.Sprint(st["open_partitions"]) == "["+stopped.Addr+"]" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("one master stopped for 15s under load: status %v, want its breaker open", st)
+		}
+	}
+	if st["degraded"] != true || st["ready"] != true || !strings.Contains(fmt.Sprint(st["reasons"]), "the breaker of Redis Cluster master "+stopped.Addr+" is open") {
+		t.Errorf("status %v: want ready, degraded, the master named in a reason", st)
+	}
+	for m, srcs := range source() {
+		want := "<nil>" // the store itself: no source in the answer
+		if m == stopped.Addr {
+			want = "fallback"
+		}
+		if len(srcs) != 1 || !srcs[want] {
+			t.Errorf("keys on %s answered by %v, want %s only", m, srcs, want)
+		}
+	}
+	p.expect(t, "resilient: breaker open")
+
+	stopped.Resume(t)
+	resumed = true
+	c := redis.NewClient(&redis.Options{Addr: stopped.Addr})
+	defer c.Close()
+	if err := c.Ping(context.Background()).Err(); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(15 * time.Second); ; {
+		_, st = p.getJSON(t, "/v1/status")
+		if st["open_partitions"] == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("master back for 15s: status %v, want no master named", st)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	for m, srcs := range source() {
+		if len(srcs) != 1 || !srcs["<nil>"] {
+			t.Errorf("keys on %s answered by %v after recovery, want Redis", m, srcs)
+		}
+	}
+}
