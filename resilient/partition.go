@@ -226,9 +226,13 @@ func (s *Store) probeOne(ctx context.Context, b *breaker) (bool, error) {
 	key, ok := s.probeKeyFor(b)
 	now := s.clock()
 	if !ok {
+		why := "no key lives on it any more (its slots moved: a failover or resharding)"
+		if b == &s.br {
+			why = "the backend now names each key's partition, whose own breaker guards it"
+		}
 		b.mu.Lock()
 		b.probing = false
-		b.set(now, sluice.BreakerClosed, "no key lives on it any more (its slots moved: a failover or resharding)", nil)
+		b.set(now, sluice.BreakerClosed, why, nil)
 		b.mu.Unlock()
 		if b != &s.br {
 			s.forget(b)
