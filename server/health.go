@@ -73,6 +73,9 @@ type Health struct {
 	// failure policy answers their keys, the others' decide on Redis.
 	// Degraded while it has any.
 	parts map[string]error
+	// lastAnswer is when Redis last answered a store call (UnixNano),
+	// read by checked with a master's breaker open.
+	lastAnswer atomic.Int64
 	// checks numbers the checks of the store as they start; applied is
 	// the last one recorded. /readyz's checks run beside the watch's, and
 	// one that started earlier but ended later (a dial retried through a
@@ -256,6 +259,13 @@ func (h *Health) checked(n uint64, start time.Time, err error) {
 	defer h.mu.Unlock()
 	if n <= h.applied {
 		return
+	}
+	if err != nil && len(h.parts) > 0 && h.lastAnswer.Load() >= start.UnixNano() {
+		// A check that failed while a Cluster master's breaker is open and
+		// Redis answered calls since it started failed on that master
+		// (a ping goes to a random one): the store answers, and the
+		// master's breaker tells its keys' failure.
+		err = nil
 	}
 	h.applied = n
 	if err == nil {
@@ -1096,6 +1106,7 @@ func (o healthObserver) ObserveStore(e sluice.StoreEvent) {
 	switch {
 	case e.Err == nil:
 		if e.Source == sluice.SourceBackend {
+			o.h.lastAnswer.Store(time.Now().UnixNano())
 			o.h.storeAnswered(e.Key)
 		}
 	case byPolicy && (e.Op == "take" || e.Op == "peek" || e.Op == "take_all" || e.Op == "acquire"):

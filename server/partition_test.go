@@ -19,7 +19,8 @@ import (
 // the cluster left serving the other slots). Its own breaker opens: its
 // keys are answered by the failure policy, the other masters' keys by
 // Redis, and /v1/status says so, degraded, naming the master, while the
-// instance stays ready. Once the master is back, every key decides on
+// instance stays ready and the store up (the checks that fail on that
+// master are not the store lost). Once the master is back, every key decides on
 // Redis and no master is named.
 func TestFaultServeClusterMasterStopped(t *testing.T) {
 	race.SkipTiming(t)
@@ -31,7 +32,13 @@ func TestFaultServeClusterMasterStopped(t *testing.T) {
 	}
 	p := startSluice(t, nil, "--config", config, "--redis", cl.URL(), "--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0",
 		"--failure-policy", "local", "--decision-timeout", "50ms", "--watch-interval", "200ms")
-	master := func(i int) string { return cl.MasterOf(t, redisHashTag(t, "api", limit, fmt.Sprint("k", i))).Addr }
+	// Each key's master, read before one stops: a stopped master is soon
+	// marked failed, and the cluster then names no master of its slots.
+	masters := map[int]string{}
+	for i := range 30 {
+		masters[i] = cl.MasterOf(t, redisHashTag(t, "api", limit, fmt.Sprint("k", i))).Addr
+	}
+	master := func(i int) string { return masters[i] }
 	// source checks every key once and returns who answered each master's keys.
 	source := func() map[string]map[string]bool {
 		by := map[string]map[string]bool{}
@@ -64,6 +71,16 @@ func TestFaultServeClusterMasterStopped(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatalf("one master stopped for 15s under load: status %v, want its breaker open", st)
 		}
+	}
+	// It stays so under load, the service's checks of Redis (a ping goes
+	// to a random master) notwithstanding: the store is not lost.
+	for range 15 {
+		source()
+		time.Sleep(200 * time.Millisecond)
+	}
+	_, st = p.getJSON(t, "/v1/status")
+	if st["fallback_active"] != false || fmt.Sprint(st["store"].(map[string]any)["up"]) != "true" {
+		t.Errorf("status %v after 3s: want the store up and fallback_active false, one master's keys on the fallback", st)
 	}
 	if st["degraded"] != true || st["ready"] != true || !strings.Contains(fmt.Sprint(st["reasons"]), "the breaker of Redis Cluster master "+stopped.Addr+" is open") {
 		t.Errorf("status %v: want ready, degraded, the master named in a reason", st)
