@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/memory"
 )
 
 // A nil *MultiStore answers every call as a zero one does (ErrZeroStore,
@@ -96,3 +97,11 @@ func (m *MultiStore) ProbeNow(ctx context.Context) error { return m.store().Prob
 
 // Close is Store.Close.
 func (m *MultiStore) Close() error { return m.store().Close() }
+
+// Breakers is Store.Breakers.
+func (m *MultiStore) Breakers() []BreakerStatus { return m.store().Breakers() }
+
+// FallbackEvictions is Store.FallbackEvictions.
+func (m *MultiStore) FallbackEvictions() (evicted memory.Evictions, evicting bool) {
+	return m.store().FallbackEvictions()
+}

@@ -170,3 +170,15 @@ func downOpen(s *MultiStore, addr string) bool {
 	}
 	return false
 }
+
+// A nil MultiStore reports one closed breaker and no evictions, as a nil
+// Store does, rather than dereference its Store.
+func TestNilMultiStoreBreakers(t *testing.T) {
+	var m *MultiStore
+	if bs := m.Breakers(); len(bs) != 1 || bs[0].State != sluice.BreakerClosed {
+		t.Errorf("Breakers = %+v, want one closed", bs)
+	}
+	if e, evicting := m.FallbackEvictions(); e.Keys != 0 || evicting {
+		t.Errorf("FallbackEvictions = %+v, %v, want none", e, evicting)
+	}
+}
