@@ -64,10 +64,13 @@
 // and D a fallback episode's length within it:
 //
 //   - GCRA, TokenBucket, LeakyBucket: an exact limiter admits B + r·T. With
-//     one episode the fleet admits at most B + r·T + B + min(B, r·D), an
-//     excess of at most 2·B whatever D (the fallbacks' burst, and the
-//     backend's refill while unused); with any number of episodes, at most
-//     2·(B + r·T).
+//     one episode, D long for every process and S longer for some (their
+//     breakers close one after another), the fleet admits at most
+//     B + r·T + B + min(B, r·D) + r·S, an excess of at most 2·B + r·S
+//     whatever D (the fallbacks' burst, the backend's refill while unused,
+//     and the backend's whole rate to the processes back on it while the
+//     others' fallbacks serve their shares: exactly r times the mean lag);
+//     with any number of episodes, at most 2·(B + r·T).
 //   - FixedWindow, SlidingWindowCounter (per window), SlidingWindowLog (per
 //     Period-long span): at most 2·Rate where a switch falls, Rate
 //     elsewhere.
