@@ -53,7 +53,10 @@ type breaker struct {
 	runLast  time.Time // the last failure of the run
 	retryAt  time.Time // open: when the next probe may go
 	probing  bool      // half-open: a probe is in flight
-	good     int       // half-open: probes that succeeded in a row
+	// dueAgain: the backend was said to be back (due) while a probe was
+	// in flight, so should that probe fail, the next is due at once.
+	dueAgain bool
+	good     int // half-open: probes that succeeded in a row
 	// Logging an outage's probe cycles (set): transitions between open and
 	// half-open since it closed last, the time before which the next is
 	// not logged, and how many went unlogged.
@@ -155,12 +158,19 @@ func (b *breaker) allow(now time.Time) (call, probe bool) {
 	return true, true
 }
 
-// due makes an open breaker's next probe due at now.
+// due makes an open breaker's next probe due at now, or, with a probe in
+// flight, the one after it should it fail: a probe sent to the backend
+// that failed over (a dead master's address) says nothing of the new one.
 func (b *breaker) due(now time.Time) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if b.current() == sluice.BreakerOpen && now.Before(b.retryAt) {
-		b.retryAt = now
+	switch b.current() {
+	case sluice.BreakerOpen:
+		if now.Before(b.retryAt) {
+			b.retryAt = now
+		}
+	case sluice.BreakerHalfOpen:
+		b.dueAgain = b.probing
 	}
 }
 
@@ -196,6 +206,10 @@ func (b *breaker) failure(probe bool, sent, now time.Time, err error) {
 	if probe {
 		b.probing = false
 		b.reopen(now, "probe failed", err)
+		if b.dueAgain {
+			b.dueAgain = false
+			b.retryAt = now
+		}
 		return
 	}
 	calls, fails := b.count(sent, true)
@@ -315,6 +329,9 @@ func (b *breaker) set(now time.Time, to sluice.BreakerState, why string, err err
 	}
 	b.state.Store(uint32(to))
 	b.good = 0
+	if to == sluice.BreakerClosed {
+		b.dueAgain = false
+	}
 	if to == sluice.BreakerClosed {
 		b.run.Store(0)
 		for i := range b.window {
