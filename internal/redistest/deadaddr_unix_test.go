@@ -81,3 +81,45 @@ func TestDeadAddrHeld(t *testing.T) {
 		free(t, dead)
 	})
 }
+
+// A stopped server's port is held until its restart, as DeadAddr's is:
+// connections are refused, and no other listener (a client's ephemeral
+// port, another test's server) can take it and make the restart fail
+// with "address in use". The cleanup frees it.
+func TestStoppedServerPortHeld(t *testing.T) {
+	for _, cluster := range []bool{false, true} {
+		t.Run(fmt.Sprintf("cluster=%v", cluster), func(t *testing.T) {
+			var addrs []string
+			t.Run("stopped", func(t *testing.T) {
+				s := StartServerOptions(t, &ServerOptions{Cluster: cluster})
+				addrs = []string{s.Addr}
+				if cluster {
+					addrs = append(addrs, fmt.Sprintf("127.0.0.1:%d", s.bus))
+				}
+				s.Stop()
+				for _, addr := range addrs {
+					if l, err := net.Listen("tcp", addr); err == nil {
+						l.Close()
+						t.Errorf("listened on stopped server's %s before its restart", addr)
+					}
+				}
+				c, err := net.DialTimeout("tcp", s.Addr, time.Second)
+				if err == nil {
+					c.Close()
+				}
+				if !errors.Is(err, syscall.ECONNREFUSED) {
+					t.Errorf("dial stopped server %s: %v, want connection refused", s.Addr, err)
+				}
+				s.Start(t)
+				s.Stop()
+			})
+			for _, addr := range addrs {
+				l, err := net.Listen("tcp", addr)
+				if err != nil {
+					t.Fatalf("stopped server's %s still held after its test's cleanup: %v", addr, err)
+				}
+				l.Close()
+			}
+		})
+	}
+}

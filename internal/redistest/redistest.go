@@ -154,6 +154,8 @@ type Server struct {
 	opts ServerOptions
 	cmd  *exec.Cmd
 	exit chan struct{} // closed when cmd has exited
+	// held free the ports a stopped server holds until its restart.
+	held []func()
 }
 
 // ServerOptions configures a private server. A nil *ServerOptions starts a
@@ -201,7 +203,10 @@ func StartServerOptions(t testing.TB, opts *ServerOptions) *Server {
 	if _, err := exec.LookPath("redis-server"); err != nil {
 		missing(t, "redis-server on PATH")
 	}
-	t.Cleanup(s.Stop)
+	t.Cleanup(func() {
+		s.Stop()
+		s.unhold()
+	})
 	for attempt := 1; ; attempt++ {
 		s.port = freePort(t)
 		if s.opts.Cluster {
@@ -328,6 +333,7 @@ func (s *Server) Start(t testing.TB) {
 // difference, and another process answering on the port cannot pass for
 // this one.
 func (s *Server) start() error {
+	s.unhold()
 	logFile := filepath.Join(s.dir, fmt.Sprintf("redis-%d.log", s.port))
 	os.Remove(logFile)
 	args := []string{"--bind", "127.0.0.1", "--dir", s.dir, "--logfile", logFile}
@@ -402,7 +408,13 @@ func (s *Server) Client(t testing.TB) *redis.Client {
 }
 
 // Stop kills the server (SIGKILL: a crash, not a clean shutdown) and waits
-// for it to exit. Stopping a stopped server does nothing.
+// for it to exit. Stopping a stopped server does nothing. Until Start, or
+// the test's cleanup, its port (and cluster bus port) stays bound to a
+// socket that never listens, as DeadAddr's: connections are refused, and
+// neither a client's ephemeral port nor another server can take it and
+// fail the restart with "address in use". Where connections the kill
+// closed linger (TIME_WAIT) that bind fails; their own binding then keeps
+// clients' ephemeral ports and servers started on port 0 off it.
 func (s *Server) Stop() {
 	if s.cmd == nil || s.cmd.Process == nil {
 		return
@@ -410,4 +422,20 @@ func (s *Server) Stop() {
 	s.cmd.Process.Kill()
 	<-s.exit
 	s.cmd = nil
+	for _, port := range []int{s.port, s.bus} {
+		if port == 0 {
+			continue
+		}
+		if _, release, err := holdPort(port); err == nil {
+			s.held = append(s.held, release)
+		}
+	}
+}
+
+// unhold frees the ports Stop held.
+func (s *Server) unhold() {
+	for _, release := range s.held {
+		release()
+	}
+	s.held = nil
 }
