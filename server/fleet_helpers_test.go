@@ -332,23 +332,25 @@ const stallDecisionTimeout = 50 * time.Millisecond
 // policy, whose answers on leased keys a test times while it stalls that
 // Redis.
 type leaseStall struct {
-	redis  *redisProc
-	client *http.Client
-	url    string
+	redis   *redisProc
+	client  *http.Client
+	url     string
+	timeout time.Duration // its --decision-timeout
 }
 
 // startLeaseStall starts the instance with cfg under --failure-policy
-// policy and a decision timeout of stallDecisionTimeout. The test's bounds
-// are on timers, so it skips under the race detector.
-func startLeaseStall(t *testing.T, policy, cfg string) *leaseStall {
+// policy and a decision timeout of timeout. The test's bounds are on
+// timers, so it skips under the race detector.
+func startLeaseStall(t *testing.T, policy, cfg string, timeout time.Duration) *leaseStall {
 	t.Helper()
 	race.SkipTiming(t)
 	r := startRedis(t)
-	f := startFleet(t, r.url(), 1, cfg, "--failure-policy", policy, "--decision-timeout", stallDecisionTimeout.String())
+	f := startFleet(t, r.url(), 1, cfg, "--failure-policy", policy, "--decision-timeout", timeout.String())
 	return &leaseStall{
-		redis:  r,
-		client: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}, Timeout: 5 * time.Second},
-		url:    "http://" + f.procs[0].http + "/v1/check",
+		redis:   r,
+		client:  &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}, Timeout: 5 * time.Second},
+		url:     "http://" + f.procs[0].http + "/v1/check",
+		timeout: timeout,
 	}
 }
 
@@ -389,8 +391,8 @@ func (s *stallTimes) len() int { return len(s.took) }
 
 // bound logs the latencies and fails the test when their pct-th percentile
 // is above pBound or the slowest above maxBound. what names the
-// measurement in both.
-func (s *stallTimes) bound(t *testing.T, what string, pct int, pBound, maxBound time.Duration) {
+// measurement in both; timeout is the instance's decision timeout.
+func (s *stallTimes) bound(t *testing.T, what string, timeout time.Duration, pct int, pBound, maxBound time.Duration) {
 	t.Helper()
 	slices.Sort(s.took)
 	n := len(s.took)
@@ -400,6 +402,6 @@ func (s *stallTimes) bound(t *testing.T, what string, pct int, pBound, maxBound 
 	p, worst := s.took[n*pct/100], s.took[n-1]
 	t.Logf("%s: %d answers, median %v, p%d %v, max %v; codes %v", what, n, s.took[n/2], pct, p, worst, s.codes)
 	if p > pBound || worst > maxBound {
-		t.Errorf("%s: p%d %v, max %v; want p%d ≤ %v, max ≤ %v (decision timeout %v)", what, pct, p, worst, pct, pBound, maxBound, stallDecisionTimeout)
+		t.Errorf("%s: p%d %v, max %v; want p%d ≤ %v, max ≤ %v (decision timeout %v)", what, pct, p, worst, pct, pBound, maxBound, timeout)
 	}
 }

@@ -23,7 +23,7 @@ policies:
     limit: gcra 1000/s burst 100
     key: "{k_g}"
     lease: 50ms
-`)
+`, stallDecisionTimeout)
 	const rounds, clients = 6, 40
 	var lat stallTimes
 	for round := range rounds {
@@ -64,7 +64,7 @@ policies:
 	if lat.len() != rounds*clients {
 		t.Fatalf("%d answers, want %d", lat.len(), rounds*clients)
 	}
-	lat.bound(t, fmt.Sprintf("Redis stopped, %d × %d requests at once", rounds, clients), 99, 100*time.Millisecond, 200*time.Millisecond)
+	lat.bound(t, fmt.Sprintf("Redis stopped, %d × %d requests at once", rounds, clients), s.timeout, 99, 100*time.Millisecond, 200*time.Millisecond)
 	if lat.codes[http.StatusOK] != 0 {
 		t.Errorf("codes %v: a decision made with Redis stopped and no failure policy", lat.codes)
 	}
