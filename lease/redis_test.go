@@ -234,6 +234,9 @@ type fleetResult struct {
 	admitted     []admission
 	local, total int64 // decisions answered by a lease, and all decisions
 	start        int64 // the run's start, Unix ns
+	// late is how late the latest "under" request was sent after its
+	// arrival time, in any worker.
+	late time.Duration
 }
 
 // runFleet runs job on fleetProcs workers and merges what they admitted.
@@ -269,10 +272,11 @@ func runFleet(t *testing.T, job fleetJob) fleetResult {
 		}
 		in := bufio.NewScanner(f)
 		var local, total int64
+		var late time.Duration
 		if in.Scan() {
-			fmt.Sscan(in.Text(), &local, &total)
+			fmt.Sscan(in.Text(), &local, &total, &late)
 		}
-		res.local, res.total = res.local+local, res.total+total
+		res.local, res.total, res.late = res.local+local, res.total+total, max(res.late, late)
 		for in.Scan() {
 			var a admission
 			if _, err := fmt.Sscan(in.Text(), &a.key, &a.before, &a.after, &a.cost); err != nil {
@@ -313,6 +317,7 @@ func TestFleetLeaseWorker(t *testing.T) {
 		mu       sync.Mutex
 		admitted []admission
 		total    atomic.Int64
+		late     atomic.Int64 // ns, the latest request's
 		wg       sync.WaitGroup
 	)
 	// take decides one request of key in store and records it if admitted.
@@ -349,6 +354,11 @@ func TestFleetLeaseWorker(t *testing.T) {
 				wg.Go(func() {
 					for i := next.Add(1) - 1; i < int64(len(arrivals)); i = next.Add(1) - 1 {
 						time.Sleep(time.Until(arrivals[i]))
+						for l := int64(time.Since(arrivals[i])); ; {
+							if was := late.Load(); l <= was || late.CompareAndSwap(was, l) {
+								break
+							}
+						}
 						cost := int64(1)
 						if job.Weighted {
 							cost = weightedCost(i)
@@ -363,7 +373,7 @@ func TestFleetLeaseWorker(t *testing.T) {
 	}
 	wg.Wait()
 	var out bytes.Buffer
-	fmt.Fprintf(&out, "%d %d\n", leased.Stats().Local, total.Load())
+	fmt.Fprintf(&out, "%d %d %d\n", leased.Stats().Local, total.Load(), late.Load())
 	for _, a := range admitted {
 		fmt.Fprintf(&out, "%d %d %d %d\n", a.key, a.before, a.after, a.cost)
 	}
@@ -526,6 +536,9 @@ var underLimit = sluice.Limit{Rate: 400, Period: time.Second, Burst: 100}
 const (
 	underD   = 50 * time.Millisecond
 	underRun = 3 * time.Second
+	// underLate is how late a worker may send a request before its run is
+	// run again: well under underD.
+	underLate = 20 * time.Millisecond
 )
 
 // weightedCost is the cost of a weighted run's ith request of a process:
@@ -564,7 +577,25 @@ func TestFleetLeaseUnderAdmission(t *testing.T) {
 	race.SkipTiming(t)
 	for _, weighted := range []bool{false, true} {
 		t.Run(fmt.Sprintf("weighted=%v", weighted), func(t *testing.T) {
-			res := runFleet(t, fleetJob{Addr: redistest.Addr(t), Prefix: redistest.Prefix(t), Mode: "under", Run: underRun, Seed: 13, Weighted: weighted})
+			// A run the workers could not keep to its schedule says little
+			// of the leases: a busy machine's pauses end leases holding
+			// units no request spends. Run up to three times, and judge
+			// the run kept best to its schedule.
+			var res fleetResult
+			for try := 0; try < 3; try++ {
+				r := runFleet(t, fleetJob{Addr: redistest.Addr(t), Prefix: redistest.Prefix(t), Mode: "under", Run: underRun, Seed: 13, Weighted: weighted})
+				var u [2]int64
+				for _, a := range r.admitted {
+					u[a.key] += a.cost
+				}
+				t.Logf("run %d: the workers sent up to %v late; leases admitted %.2f%% fewer", try+1, r.late, 100*float64(u[1]-u[0])/float64(u[1]))
+				if try == 0 || r.late < res.late {
+					res = r
+				}
+				if res.late <= underLate {
+					break
+				}
+			}
 			runs := [2]fleetResult{{start: res.start}, {start: res.start}} // leased, exact
 			var units [2]int64
 			for _, a := range res.admitted {
