@@ -925,9 +925,22 @@ func (h *Health) liveCheck(ctx context.Context) {
 	ctx, cancel := context.WithTimeout(ctx, h.live)
 	defer cancel()
 	n, start := h.startCheck(), time.Now()
-	if err := h.probe(ctx); err == nil || ctx.Err() == nil {
+	if err := h.probe(ctx); err == nil || !cutShort(ctx) {
 		h.checked(n, start, err)
 	}
+}
+
+// cutShort reports whether ctx has ended, or its deadline has passed
+// though its timer has not fired yet: go-redis (ContextTimeoutEnabled) and
+// redisstore end a call at the deadline itself, and on a loaded machine
+// the timer runs late. Reading ctx.Err() alone, a live check cut short
+// recorded a lost store (unreachable or stalled) with Redis up.
+func cutShort(ctx context.Context) bool {
+	if ctx.Err() != nil {
+		return true
+	}
+	dl, ok := ctx.Deadline()
+	return ok && !time.Now().Before(dl)
 }
 
 // watch checks the store every interval until stop closes.

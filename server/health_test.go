@@ -1419,3 +1419,27 @@ func TestHealthPartialLeaseCallsEnd(t *testing.T) {
 	}
 	promtest.Expect(t, m.reg, "sluice_store_errors_total", map[string]string{"store": "redis", "op": "return", "cause": "permission"}, 1)
 }
+
+// TestHealthLiveCheckCutShort: a request's check of the store that its own
+// bound cuts short learned nothing, also when the probe returns at the
+// deadline before the context's timer has fired (go-redis ends a read at
+// the deadline; redisstore then says context.DeadlineExceeded): it was
+// recorded as a lost store, unreachable, with Redis up, an extra
+// "store lost" and "store back" on a loaded machine.
+func TestHealthLiveCheckCutShort(t *testing.T) {
+	var logs syncBuffer
+	h := newHealth(healthOptions{log: slog.New(slog.NewTextHandler(&logs, nil)), policy: "error", store: "redis", live: 5 * time.Millisecond,
+		probe: func(ctx context.Context) error {
+			dl, _ := ctx.Deadline()
+			time.Sleep(time.Until(dl) - time.Millisecond)
+			for time.Now().Before(dl) {
+			}
+			return fmt.Errorf("redisstore: %w", context.DeadlineExceeded)
+		}})
+	for range 50 {
+		h.ready(context.Background())
+	}
+	if st := h.Status(); !st.Store.Up || countLines(&logs, "store lost") != 0 {
+		t.Errorf("50 live checks cut short by their bound: store %+v; want up, nothing learned:\n%s", st.Store, logs.String())
+	}
+}
