@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/maphash"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -450,24 +451,44 @@ func (sh *shard) insertKeeping(tag uint32, key string, st state, now int64, keep
 // smallest capacity first: a flood of new keys, one unit each, evicts its
 // own keys, not the keys it wants afresh, even when each of its keys is
 // spent by its one unit (a limit of 1 a day).
+//
+// keep's keys are not candidates, and a TakeAll with many keys in a small
+// shard can fill a sample with them: up to evictRounds samples are drawn
+// until SampleSize distinct candidates are seen, and a key that had taken
+// its whole limit goes only when that many were; else the shard holds more
+// than maxKeys for now (by fewer keys than the call has). Drawn once, a
+// sample of a TakeAll's own keys and a denied key evicted the denied key,
+// though the shard held keys that had taken next to nothing.
 func (sh *shard) evict(now int64, keep []sluice.Request) {
-	idx, n := sh.tab.Sample()
 	victim := -1
 	var v *state
-	for _, i := range idx[:n] {
-		if kept(keep, sh.tab.Key(i)) {
-			continue
+	var seen [table.SampleSize]int
+	n := 0
+draw:
+	for range evictRounds {
+		idx, m := sh.tab.Sample()
+		for _, i := range idx[:m] {
+			if kept(keep, sh.tab.Key(i)) || slices.Contains(seen[:n], i) {
+				continue
+			}
+			if n < len(seen) {
+				seen[n] = i
+				n++
+			}
+			st := sh.tab.At(i)
+			if st.expires <= now {
+				victim, v = i, nil
+				break draw
+			}
+			if v == nil || st.fill < v.fill || st.fill == v.fill && st.expires < v.expires {
+				victim, v = i, st
+			}
 		}
-		st := sh.tab.At(i)
-		if st.expires <= now {
-			victim, v = i, nil
+		if keep == nil || n >= len(seen) {
 			break
 		}
-		if v == nil || st.fill < v.fill || st.fill == v.fill && st.expires < v.expires {
-			victim, v = i, st
-		}
 	}
-	if victim < 0 {
+	if victim < 0 || v != nil && v.fill >= fillFull && keep != nil && n < len(seen) {
 		return
 	}
 	if v != nil { // not expired: its limit starts afresh
@@ -479,6 +500,10 @@ func (sh *shard) evict(now int64, keep []sluice.Request) {
 	sh.tab.Bury(victim)
 	sh.n--
 }
+
+// evictRounds is how many samples evict draws at most for a TakeAll whose
+// own keys crowd them.
+const evictRounds = 4
 
 func kept(keep []sluice.Request, key string) bool {
 	for _, r := range keep {
