@@ -3,11 +3,11 @@ package resilient
 import (
 	"context"
 	"log/slog"
-	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/evictions"
 	"github.com/sluicehq/sluice/memory"
 )
 
@@ -26,12 +26,7 @@ type evictWatch struct {
 	name     string
 	observer sluice.EvictionObserver // nil: none
 	next     atomic.Int64            // UnixNano of the next read
-
-	mu    sync.Mutex
-	last  memory.Evictions // at the last read
-	start memory.Evictions // before the episode
-	since time.Time        // the episode's start; zero between episodes
-	grew  time.Time        // the episode's last growth seen
+	ep       evictions.Watch         // Quiet: evictQuiet
 }
 
 const (
@@ -40,7 +35,7 @@ const (
 )
 
 func newEvictWatch(store *memory.Store, log *slog.Logger, name string, o sluice.Observer) *evictWatch {
-	w := &evictWatch{store: store, log: log, name: name}
+	w := &evictWatch{store: store, log: log, name: name, ep: evictions.Watch{Store: store, Quiet: evictQuiet}}
 	w.observer, _ = o.(sluice.EvictionObserver)
 	return w
 }
@@ -59,36 +54,28 @@ func (w *evictWatch) check(now time.Time) {
 }
 
 func (w *evictWatch) read(now time.Time) {
-	e := w.store.Evictions()
-	w.mu.Lock()
-	defer w.mu.Unlock()
+	c := w.ep.Read(now)
+	if c.Grown.Keys > 0 && w.observer != nil {
+		w.observer.ObserveEvictions(sluice.EvictionEvent{Store: w.name, Keys: c.Grown.Keys, Exhausted: c.Grown.Exhausted})
+	}
 	switch {
-	case e.Keys > w.last.Keys:
-		if w.observer != nil {
-			w.observer.ObserveEvictions(sluice.EvictionEvent{Store: w.name, Keys: e.Keys - w.last.Keys, Exhausted: e.Exhausted - w.last.Exhausted})
-		}
-		if w.since.IsZero() {
-			w.since, w.start = now, w.last
-			w.log.Log(context.Background(), slog.LevelWarn,
-				"resilient: fallback store evicting keys: it is full, and an evicted key starts its limit afresh, beyond this process's share; raise Options.FallbackMaxKeys",
-				"store", w.name, "evicted", e.Keys-w.last.Keys, "exhausted", e.Exhausted-w.last.Exhausted,
-				"keys", w.store.Len(), "max_keys", w.store.MaxKeys())
-		}
-		w.last, w.grew = e, now
-	case !w.since.IsZero() && now.Sub(w.grew) >= evictQuiet:
+	case c.Started:
+		w.log.Log(context.Background(), slog.LevelWarn,
+			"resilient: fallback store evicting keys: it is full, and an evicted key starts its limit afresh, beyond this process's share; raise Options.FallbackMaxKeys",
+			"store", w.name, "evicted", c.Grown.Keys, "exhausted", c.Grown.Exhausted,
+			"keys", w.store.Len(), "max_keys", w.store.MaxKeys())
+	case c.Ended:
 		w.log.Log(context.Background(), slog.LevelInfo, "resilient: fallback store no longer evicting keys",
-			"store", w.name, "evicted", w.last.Keys-w.start.Keys, "exhausted", w.last.Exhausted-w.start.Exhausted,
-			"lasted", w.grew.Sub(w.since).Round(time.Millisecond))
-		w.since, w.start = time.Time{}, memory.Evictions{}
+			"store", w.name, "evicted", c.Total.Keys, "exhausted", c.Total.Exhausted,
+			"lasted", c.Lasted.Round(time.Millisecond))
 	}
 }
 
 // status reads the evictions now.
 func (w *evictWatch) status(now time.Time) (memory.Evictions, bool) {
 	w.read(now)
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.last, !w.since.IsZero()
+	last, since := w.ep.State()
+	return last, !since.IsZero()
 }
 
 // FallbackEvictions reports the keys the default fallback store (the

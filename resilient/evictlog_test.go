@@ -17,13 +17,13 @@ import (
 	"github.com/sluicehq/sluice/storetest"
 )
 
-// evictions is a recorder that also adds up EvictionEvents.
-type evictions struct {
+// evictionRecorder is a recorder that also adds up EvictionEvents.
+type evictionRecorder struct {
 	recorder
 	keys atomic.Uint64
 }
 
-func (e *evictions) ObserveEvictions(ev sluice.EvictionEvent) { e.keys.Add(ev.Keys) }
+func (e *evictionRecorder) ObserveEvictions(ev sluice.EvictionEvent) { e.keys.Add(ev.Keys) }
 
 // The default fallback that evicts keys during an outage says so as
 // sluice serve's memory store does: one WARN line when it starts, an
@@ -34,7 +34,7 @@ func TestDefaultFallbackEvictionsTold(t *testing.T) {
 	c := redis.NewClient(&redis.Options{Addr: redistest.DeadAddr(t), MaxRetries: -1})
 	t.Cleanup(func() { c.Close() })
 	clk := storetest.NewClock(t0)
-	log, obs := &lines{}, &evictions{}
+	log, obs := &lines{}, &evictionRecorder{}
 	s, err := New(redisstore.New(c, nil), &Options{Clock: clk.Now, Logger: slog.New(log), Observer: obs, FallbackMaxKeys: 64})
 	if err != nil {
 		t.Fatal(err)

@@ -3,11 +3,11 @@ package server
 import (
 	"log/slog"
 	"strconv"
-	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/sluicehq/sluice/internal/evictions"
 	"github.com/sluicehq/sluice/internal/tick"
 	"github.com/sluicehq/sluice/memory"
 )
@@ -42,13 +42,7 @@ type memoryWatch struct {
 	store  *memory.Store
 	log    *slog.Logger
 	health *Health
-	quiet  time.Duration // evictionQuietPolls polls
-
-	mu    sync.Mutex
-	last  memory.Evictions // at the last read
-	start memory.Evictions // before the episode; zero between episodes
-	since time.Time        // the episode's start; zero between episodes
-	grew  time.Time        // the episode's last eviction seen
+	ep     evictions.Watch // Quiet: evictionQuietPolls polls
 }
 
 var (
@@ -66,28 +60,20 @@ var (
 const memoryEvictingMsg = "memory store evicting keys: it is full, and an evicted key starts its limit afresh; raise --max-keys, or use Redis"
 
 func newMemoryWatch(store *memory.Store, log *slog.Logger, health *Health, every time.Duration) *memoryWatch {
-	return &memoryWatch{store: store, log: log, health: health, quiet: evictionQuietPolls * every}
+	return &memoryWatch{store: store, log: log, health: health, ep: evictions.Watch{Store: store, Quiet: evictionQuietPolls * every}}
 }
 
 // poll reads the store's evictions at now.
 func (w *memoryWatch) poll(now time.Time) {
-	e := w.store.Evictions()
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	switch {
-	case e.Keys > w.last.Keys:
-		if w.since.IsZero() {
-			w.since, w.start = now, w.last
-			w.log.Warn(memoryEvictingMsg, "evicted", e.Keys-w.last.Keys, "exhausted", e.Exhausted-w.last.Exhausted,
-				"keys", w.store.Len(), "max_keys", w.store.MaxKeys())
-			w.health.setEvicting("the memory store is full (--max-keys " + strconv.Itoa(w.store.MaxKeys()) +
-				"): it evicts keys, each starting its limit afresh (store.memory counts them); raise --max-keys, or use Redis")
-		}
-		w.last, w.grew = e, now
-	case !w.since.IsZero() && now.Sub(w.grew) >= w.quiet:
-		w.log.Info("memory store no longer evicting keys", "evicted", w.last.Keys-w.start.Keys,
-			"exhausted", w.last.Exhausted-w.start.Exhausted, "lasted", w.grew.Sub(w.since).Round(time.Millisecond))
-		w.since, w.start = time.Time{}, memory.Evictions{}
+	switch c := w.ep.Read(now); {
+	case c.Started:
+		w.log.Warn(memoryEvictingMsg, "evicted", c.Grown.Keys, "exhausted", c.Grown.Exhausted,
+			"keys", w.store.Len(), "max_keys", w.store.MaxKeys())
+		w.health.setEvicting("the memory store is full (--max-keys " + strconv.Itoa(w.store.MaxKeys()) +
+			"): it evicts keys, each starting its limit afresh (store.memory counts them); raise --max-keys, or use Redis")
+	case c.Ended:
+		w.log.Info("memory store no longer evicting keys", "evicted", c.Total.Keys,
+			"exhausted", c.Total.Exhausted, "lasted", c.Lasted.Round(time.Millisecond))
 		w.health.setEvicting("")
 	}
 }
@@ -102,12 +88,9 @@ func (w *memoryWatch) status() *MemoryStatus {
 	w.poll(time.Now())
 	e := w.store.Evictions()
 	st := &MemoryStatus{Keys: w.store.Len(), MaxKeys: w.store.MaxKeys(), EvictedKeys: e.Keys, EvictedExhaustedKeys: e.Exhausted}
-	w.mu.Lock()
-	if !w.since.IsZero() {
-		since := w.since
+	if _, since := w.ep.State(); !since.IsZero() {
 		st.Evicting, st.EvictingSince = true, &since
 	}
-	w.mu.Unlock()
 	return st
 }
 
