@@ -9,6 +9,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/race"
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/redisstore"
@@ -50,24 +51,8 @@ func TestFaultClusterFailoverFrozen(t *testing.T) {
 	// One key on each master: calls for the frozen one's fail and start
 	// the Store's reloads.
 	keys, masters := keyPerMaster(t, cl, s, l)
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	defer func() { close(stop); wg.Wait() }()
 	for _, s := range stores {
-		for _, key := range keys {
-			wg.Go(func() {
-				for {
-					select {
-					case <-stop:
-						return
-					case <-time.After(10 * time.Millisecond):
-					}
-					ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
-					_, _ = s.Take(ctx, key, l, 1)
-					cancel()
-				}
-			})
-		}
+		defer takeEach(s, keys, l, 10*time.Millisecond)()
 	}
 	time.Sleep(300 * time.Millisecond)
 
@@ -103,4 +88,26 @@ func TestFaultClusterFailoverFrozen(t *testing.T) {
 	}
 	slices.Sort(lags)
 	t.Logf("OnFailover after the promotion: %v", lags)
+}
+
+// takeEach takes a unit of each key from s every interval, each call
+// bounded by 100 ms, until the returned stop is called.
+func takeEach(s *redisstore.Store, keys []string, l sluice.Limit, every time.Duration) (stop func()) {
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	for _, key := range keys {
+		wg.Go(func() {
+			for {
+				select {
+				case <-done:
+					return
+				case <-time.After(every):
+				}
+				ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+				_, _ = s.Take(ctx, key, l, 1)
+				cancel()
+			}
+		})
+	}
+	return func() { close(done); wg.Wait() }
 }

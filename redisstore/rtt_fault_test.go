@@ -1,8 +1,6 @@
 package redisstore_test
 
 import (
-	"context"
-	"sync"
 	"testing"
 	"time"
 
@@ -23,23 +21,7 @@ func TestFaultRoundTripFollowsFailover(t *testing.T) {
 	l := failoverLimit
 	s := redisstore.New(cl.Client(t), &redisstore.Options{Prefix: redistest.Prefix(t)})
 	keys, masters := keyPerMaster(t, cl, s, l)
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	defer func() { close(stop); wg.Wait() }()
-	for _, key := range keys {
-		wg.Go(func() {
-			for {
-				select {
-				case <-stop:
-					return
-				case <-time.After(5 * time.Millisecond):
-				}
-				ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
-				_, _ = s.Take(ctx, key, l, 1)
-				cancel()
-			}
-		})
-	}
+	defer takeEach(s, keys, l, 5*time.Millisecond)()
 	time.Sleep(300 * time.Millisecond)
 	before := s.RoundTrip()
 	m := masters[0]
