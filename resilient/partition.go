@@ -114,8 +114,7 @@ type BreakerStatus struct {
 // Breakers returns the state of each breaker: the Store's own (Partition
 // ""), then, over a backend that is a sluice.Partitioner, one per
 // partition its keys were found on, by name. A partition no key maps to
-// any more is dropped by the next Probe that finds it so while its breaker
-// is not closed; a closed one stays listed.
+// any more is dropped by the next Probe that finds it so.
 func (s *Store) Breakers() []BreakerStatus {
 	if s == nil {
 		return []BreakerStatus{{State: sluice.BreakerClosed}}
@@ -195,11 +194,11 @@ func (s *Store) probeKeyFor(b *breaker) (string, bool) {
 // unit of a key no decision uses, on the breaker's partition, under a
 // limit that always admits (its state lasts a millisecond on Redis),
 // bounded by Options.Timeout; its outcome counts as a request's probe
-// would. A partition breaker that is not closed and whose partition no
-// key maps to any more (its master failed over, or its slots moved) is
-// closed, with its line, and forgotten. Probe does nothing for a closed
-// breaker or one with no probe due, and reports whether it sent a probe
-// and the first error.
+// would. A partition breaker whose partition no key maps to any more (its
+// master failed over, or its slots moved) is forgotten, closed first, with
+// its line, if it was not. Probe sends nothing for a closed breaker or one
+// with no probe due, and reports whether it sent a probe and the first
+// error.
 func (s *Store) Probe(ctx context.Context) (bool, error) {
 	ctx = ctxutil.OrBackground(ctx)
 	if s == nil || s.backend == nil {
@@ -221,6 +220,14 @@ func (s *Store) Probe(ctx context.Context) (bool, error) {
 // probeOne is Probe for b.
 func (s *Store) probeOne(ctx context.Context, b *breaker) (bool, error) {
 	if b.current() == sluice.BreakerClosed {
+		// A closed breaker of a partition no key maps to any more (a
+		// master failed over while its keys still answered) is forgotten
+		// too, or such breakers would pile up with failovers.
+		if b != &s.br {
+			if _, ok := s.probeKeyFor(b); !ok {
+				s.forget(b)
+			}
+		}
 		return false, nil
 	}
 	key, ok := s.probeKeyFor(b)
