@@ -3,7 +3,6 @@ package resilient
 import (
 	"context"
 	"fmt"
-	"math/rand/v2"
 	"slices"
 	"sync"
 	"testing"
@@ -12,6 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/openloop"
 	"github.com/sluicehq/sluice/internal/race"
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/redisstore"
@@ -30,34 +30,20 @@ type pacedRun struct {
 func runPaced(s sluice.Store, callers int, period, ramp, d time.Duration) pacedRun {
 	var mu sync.Mutex
 	r := pacedRun{sources: map[sluice.Source]int{}}
-	var wg sync.WaitGroup
 	lim := sluice.PerSecond(1_000_000)
-	end := time.Now().Add(d)
-	for c := range callers {
-		wg.Go(func() {
-			next := time.Now().Add(ramp*time.Duration(c)/time.Duration(callers) + time.Duration(rand.Int64N(int64(period))))
-			for i := 0; ; i++ {
-				time.Sleep(time.Until(next))
-				if !time.Now().Before(end) {
-					return
-				}
-				next = next.Add(period)
-				start := time.Now()
-				dec, err := s.Take(context.Background(), fmt.Sprint("c", c, ":", i), lim, 1)
-				took := time.Since(start)
-				mu.Lock()
-				if err != nil {
-					r.errs++
-				} else {
-					r.sources[dec.Source]++
-				}
-				r.lat = append(r.lat, took)
-				mu.Unlock()
-			}
-		})
-	}
-	wg.Wait()
-	slices.Sort(r.lat)
+	r.lat = openloop.Paced(callers, period, ramp, d, func(c, i int) time.Duration {
+		start := time.Now()
+		dec, err := s.Take(context.Background(), fmt.Sprint("c", c, ":", i), lim, 1)
+		took := time.Since(start)
+		mu.Lock()
+		defer mu.Unlock()
+		if err != nil {
+			r.errs++
+		} else {
+			r.sources[dec.Source]++
+		}
+		return took
+	})
 	return r
 }
 

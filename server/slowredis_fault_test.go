@@ -3,17 +3,16 @@ package server
 import (
 	"fmt"
 	"io"
-	"math/rand/v2"
 	"net/http"
 	"os"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice/internal/openloop"
 	"github.com/sluicehq/sluice/internal/race"
 	"github.com/sluicehq/sluice/internal/redistest"
 )
@@ -89,30 +88,15 @@ func pacedChecks(p *proc, callers int, period, ramp, d time.Duration) (map[strin
 	defer client.CloseIdleConnections()
 	var mu sync.Mutex
 	sources := map[string]int{}
-	var lat []time.Duration
-	var wg sync.WaitGroup
-	end := time.Now().Add(d)
-	for c := range callers {
-		wg.Go(func() {
-			next := time.Now().Add(ramp*time.Duration(c)/time.Duration(callers) + time.Duration(rand.Int64N(int64(period))))
-			for i := 0; ; i++ {
-				time.Sleep(time.Until(next))
-				if !time.Now().Before(end) {
-					return
-				}
-				next = next.Add(period)
-				start := time.Now()
-				src := checkSource(client, p, fmt.Sprint("c", c, ":", i))
-				took := time.Since(start)
-				mu.Lock()
-				sources[src]++
-				lat = append(lat, took)
-				mu.Unlock()
-			}
-		})
-	}
-	wg.Wait()
-	slices.Sort(lat)
+	lat := openloop.Paced(callers, period, ramp, d, func(c, i int) time.Duration {
+		start := time.Now()
+		src := checkSource(client, p, fmt.Sprint("c", c, ":", i))
+		took := time.Since(start)
+		mu.Lock()
+		sources[src]++
+		mu.Unlock()
+		return took
+	})
 	return sources, lat
 }
 

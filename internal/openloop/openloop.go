@@ -144,3 +144,34 @@ func last(d []time.Duration) time.Duration {
 	}
 	return d[len(d)-1]
 }
+
+// Paced runs callers goroutines for d, each calling do(c, i) for its i-th
+// request every period (from a random phase), the first caller at once
+// and the others joining one by one over ramp, and waits for them. do
+// returns how long its request took; Paced returns every such time,
+// sorted.
+func Paced(callers int, period, ramp, d time.Duration, do func(c, i int) time.Duration) []time.Duration {
+	var mu sync.Mutex
+	var lat []time.Duration
+	var wg sync.WaitGroup
+	end := time.Now().Add(d)
+	for c := range callers {
+		wg.Go(func() {
+			next := time.Now().Add(ramp*time.Duration(c)/time.Duration(callers) + time.Duration(rand.Int64N(int64(period))))
+			for i := 0; ; i++ {
+				time.Sleep(time.Until(next))
+				if !time.Now().Before(end) {
+					return
+				}
+				next = next.Add(period)
+				took := do(c, i)
+				mu.Lock()
+				lat = append(lat, took)
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	slices.Sort(lat)
+	return lat
+}
