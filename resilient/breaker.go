@@ -25,6 +25,12 @@ import (
 // The hysteresis: opening takes a failure rate over many calls or a long
 // unbroken run of failures; closing takes several good probes and clears
 // the window, so a closed breaker reopens only on new evidence.
+//
+// New evidence only: every transition starts a generation, each call is
+// let through under one (its turn), and the outcome of a call let through
+// under an older generation is ignored. Calls sent before the breaker
+// opened that fail after probes closed it (still dialling a master that
+// failed over) tell of the backend before the probes judged it anew.
 type breaker struct {
 	rate       float64
 	minCalls   int64
@@ -40,8 +46,11 @@ type breaker struct {
 	log        *slog.Logger
 	jitter     func() float64 // in [0, 1); nil: none (tests)
 
-	state atomic.Uint32 // sluice.BreakerState, read without the lock on the hot path
-	run   atomic.Int64  // consecutive failures while closed
+	// state is generation<<8 | sluice.BreakerState, read without the
+	// lock on the hot path: one word, so that a turn's generation is
+	// that of the state that let the call through.
+	state atomic.Uint64
+	run   atomic.Int64 // consecutive failures while closed
 	// lastGood is the UnixNano send time of the latest call the backend
 	// answered: a call that spans partitions and failed is not charged to
 	// one that answered a call sent after it (see MultiStore.TakeAll).
@@ -106,7 +115,17 @@ func (b *breaker) forPartition(p string) {
 	b.partition, b.closed.partition = p, p
 }
 
-func (b *breaker) current() sluice.BreakerState { return sluice.BreakerState(b.state.Load()) }
+func (b *breaker) current() sluice.BreakerState { return sluice.BreakerState(b.state.Load() & 0xff) }
+
+// turn is a call's pass through the breaker: whether it is a probe, and
+// the generation it was let through under.
+type turn struct {
+	probe bool
+	gen   uint64
+}
+
+// stale reports whether the breaker has changed state since t was given.
+func (b *breaker) stale(t turn) bool { return b.state.Load()>>8 != t.gen }
 
 // answeredAt notes that the backend answered a call sent at sent.
 func (b *breaker) answeredAt(sent time.Time) {
@@ -134,28 +153,27 @@ func (b *breaker) policyAnswered(err error) {
 	}
 }
 
-// allow reports whether this call may go to the backend, and whether it is
-// a probe.
-func (b *breaker) allow(now time.Time) (call, probe bool) {
-	if b.current() == sluice.BreakerClosed {
-		return true, false
+// allow reports whether this call may go to the backend, and its turn.
+func (b *breaker) allow(now time.Time) (bool, turn) {
+	if v := b.state.Load(); sluice.BreakerState(v&0xff) == sluice.BreakerClosed {
+		return true, turn{gen: v >> 8}
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	switch b.current() {
 	case sluice.BreakerClosed:
-		return true, false
+		return true, turn{gen: b.state.Load() >> 8}
 	case sluice.BreakerOpen:
 		if now.Before(b.retryAt) {
-			return false, false
+			return false, turn{}
 		}
 		b.set(now, sluice.BreakerHalfOpen, "probe", nil)
 	}
 	if b.probing {
-		return false, false
+		return false, turn{}
 	}
 	b.probing = true
-	return true, true
+	return true, turn{probe: true, gen: b.state.Load() >> 8}
 }
 
 // due makes an open breaker's next probe due at now, or, with a probe in
@@ -174,10 +192,14 @@ func (b *breaker) due(now time.Time) {
 	}
 }
 
-// success records a call sent at sent that the backend answered.
-func (b *breaker) success(probe bool, sent time.Time) {
+// success records a call sent at sent that the backend answered. Only
+// probes close the breaker; a stale call counts for nothing but lastGood.
+func (b *breaker) success(t turn, sent time.Time) {
 	b.answeredAt(sent)
-	if !probe {
+	if !t.probe {
+		if b.stale(t) {
+			return
+		}
 		b.count(sent, false)
 		if b.run.Load() != 0 {
 			b.run.Store(0)
@@ -186,6 +208,9 @@ func (b *breaker) success(probe bool, sent time.Time) {
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	if b.stale(t) {
+		return // its half-open ended without it (Probe closed the breaker)
+	}
 	b.probing = false
 	if b.good++; b.good >= b.closeAfter {
 		b.set(sent, sluice.BreakerClosed, fmt.Sprintf("%d probes succeeded", b.good), nil)
@@ -200,10 +225,17 @@ func (b *breaker) success(probe bool, sent time.Time) {
 // longer than the window between them, show a dead backend,
 // while a process that stalled (a long GC or CPU throttling) sees the
 // calls it had in flight fail together, sent at about the same time.
-func (b *breaker) failure(probe bool, sent, now time.Time, err error) {
+//
+// A stale call is ignored: sent before the breaker opened, it must not
+// reopen it once probes have closed it; a probe whose half-open ended
+// without it must not reopen a breaker Probe closed.
+func (b *breaker) failure(t turn, sent, now time.Time, err error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if probe {
+	if b.stale(t) {
+		return
+	}
+	if t.probe {
 		b.probing = false
 		b.reopen(now, "probe failed", err)
 		if b.dueAgain {
@@ -212,10 +244,9 @@ func (b *breaker) failure(probe bool, sent, now time.Time, err error) {
 		}
 		return
 	}
+	// Neither stale nor a probe: let through by, and sent under, this
+	// closed state.
 	calls, fails := b.count(sent, true)
-	if b.current() != sluice.BreakerClosed {
-		return // a call sent before the breaker opened
-	}
 	// A run spans no quiet gap longer than the window: calls that failed
 	// minutes apart, with none sent between, say nothing of the backend
 	// in between, and a lone failure after them must not open the breaker.
@@ -258,21 +289,23 @@ func (b *breaker) reopen(now time.Time, why string, err error) {
 // that wrote nothing (a peek, a denial) proves reads only: a backend that
 // refuses writes (out of memory, a replica) answers those. It neither
 // closes nor opens the breaker, and the next call probes.
-func (b *breaker) answered(probe bool, sent time.Time, wrote bool) {
-	if probe && !wrote {
+func (b *breaker) answered(t turn, sent time.Time, wrote bool) {
+	if t.probe && !wrote {
 		b.answeredAt(sent)
-		b.release(probe)
+		b.release(t)
 		return
 	}
-	b.success(probe, sent)
+	b.success(t, sent)
 }
 
-func (b *breaker) release(probe bool) {
-	if !probe {
+func (b *breaker) release(t turn) {
+	if !t.probe {
 		return
 	}
 	b.mu.Lock()
-	b.probing = false
+	if !b.stale(t) { // else the probe in flight, if any, is another's
+		b.probing = false
+	}
 	b.mu.Unlock()
 }
 
@@ -327,7 +360,7 @@ func (b *breaker) set(now time.Time, to sluice.BreakerState, why string, err err
 			b.quietUntil = now.Add(time.Minute)
 		}
 	}
-	b.state.Store(uint32(to))
+	b.state.Store((b.state.Load()>>8+1)<<8 | uint64(to))
 	b.good = 0
 	if to == sluice.BreakerClosed {
 		b.dueAgain = false

@@ -214,14 +214,14 @@ func TestBreakerStall(t *testing.T) {
 	b := newBreaker(&Options{Logger: discard}, "store")
 	b.jitter = nil
 	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
-	b.failure(false, at(0), at(50), nil) // timed out before the stall
-	for i := range 4 {                   // in flight through a 600ms stall
-		b.failure(false, at(10+i), at(650), nil)
+	b.failure(turn{}, at(0), at(50), nil) // timed out before the stall
+	for i := range 4 {                    // in flight through a 600ms stall
+		b.failure(turn{}, at(10+i), at(650), nil)
 	}
 	if got := b.current(); got != sluice.BreakerClosed {
 		t.Fatalf("after a stall: %v, want closed", got)
 	}
-	b.failure(false, at(500), at(550), nil)
+	b.failure(turn{}, at(500), at(550), nil)
 	if got := b.current(); got != sluice.BreakerOpen {
 		t.Errorf("after calls sent 500ms apart failed: %v, want open", got)
 	}
@@ -236,14 +236,14 @@ func TestBreakerQuietGap(t *testing.T) {
 	b.jitter = nil
 	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
 	for i := range 3 {
-		b.failure(false, at(10*i), at(10*i+50), nil)
+		b.failure(turn{}, at(10*i), at(10*i+50), nil)
 	}
-	b.failure(false, at(600_000), at(600_050), nil) // ten minutes on
+	b.failure(turn{}, at(600_000), at(600_050), nil) // ten minutes on
 	if got := b.current(); got != sluice.BreakerClosed {
 		t.Fatalf("a lone failure after ten quiet minutes: %v, want closed", got)
 	}
-	b.failure(false, at(600_300), at(600_350), nil)
-	b.failure(false, at(600_500), at(600_550), nil)
+	b.failure(turn{}, at(600_300), at(600_350), nil)
+	b.failure(turn{}, at(600_500), at(600_550), nil)
 	if got := b.current(); got != sluice.BreakerOpen {
 		t.Errorf("failures sent over 500ms after it: %v, want open", got)
 	}

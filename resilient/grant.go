@@ -169,22 +169,22 @@ func pass[T any](ctx context.Context, s *Store, op, key string, fn func(context.
 	}
 	now := s.clock()
 	b := s.breakerFor(key)
-	call, probe := b.allow(now)
+	call, tn := b.allow(now)
 	if !call {
 		return zero, fmt.Errorf("%w: %w: %s: breaker %v", ErrNoGrant, ErrNotSent, op, b.current())
 	}
 	v, lat, err := bounded(ctx, s.timeout, s.inline, fn)
 	switch {
 	case err == nil:
-		b.success(probe, now)
+		b.success(tn, now)
 	case ctx.Err() != nil:
-		b.release(probe)
+		b.release(tn)
 		return zero, fmt.Errorf("resilient: %s: %w", op, ctx.Err())
 	case badInput(err):
-		b.release(probe)
+		b.release(tn)
 		return zero, err
 	default:
-		b.failure(probe, now, s.clock(), err)
+		b.failure(tn, now, s.clock(), err)
 	}
 	s.observe(op, key, sluice.SourceBackend, lat, err)
 	if err != nil {

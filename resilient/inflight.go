@@ -106,7 +106,7 @@ func (s *Store) Acquire(ctx context.Context, key string, l sluice.InFlightLimit,
 	now := s.clock()
 	s.evict.check(now)
 	b := s.breakerFor(key)
-	call, probe := b.allow(now)
+	call, tn := b.allow(now)
 	if !call {
 		return s.failSlot(ctx, b, key, l, weight, holder, now, 0, nil)
 	}
@@ -114,7 +114,7 @@ func (s *Store) Acquire(ctx context.Context, key string, l sluice.InFlightLimit,
 		return bs.Acquire(ctx, key, l, weight, holder)
 	})
 	if err == nil {
-		b.answered(probe, now, d.Allowed) // a denial wrote nothing
+		b.answered(tn, now, d.Allowed) // a denial wrote nothing
 		s.observe("acquire", key, sluice.SourceBackend, lat, nil)
 		if d.Allowed { // a resend, now held by the backend: free its fallback slot
 			ref := slotRef{key, holder}
@@ -131,10 +131,10 @@ func (s *Store) Acquire(ctx context.Context, key string, l sluice.InFlightLimit,
 	// The acquire may have run in the backend all the same: remembered, so
 	// that AbandonSlot releases it there, and only such holders.
 	s.sent.put(slotRef{key, holder}, slotGrant{expires: now.Add(l.Hold)}, now)
-	if err := s.callerFault(ctx, "acquire", err, gate{b, probe}); err != nil {
+	if err := s.callerFault(ctx, "acquire", err, gate{b, tn}); err != nil {
 		return sluice.SlotDecision{}, err
 	}
-	b.failure(probe, now, s.clock(), err)
+	b.failure(tn, now, s.clock(), err)
 	return s.failSlot(ctx, b, key, l, weight, holder, now, lat, err)
 }
 
@@ -324,21 +324,21 @@ func (s *Store) onSlot(ctx context.Context, op, key, holder string, hold, rememb
 		return a, nil
 	}
 	b := s.breakerFor(key)
-	call, probe := b.allow(now)
+	call, tn := b.allow(now)
 	if !call {
 		s.observe(op, key, s.policySource(), 0, nil)
 		return slotAnswer{}, fmt.Errorf("resilient: %s: %w: breaker open", op, ErrSlotUnreachable)
 	}
 	a, lat, err := bounded(ctx, s.timeout, s.inline, func(ctx context.Context) (slotAnswer, error) { return fn(ctx, bs) })
 	if err == nil {
-		b.answered(probe, now, a.held) // a holder not held: nothing written
+		b.answered(tn, now, a.held) // a holder not held: nothing written
 		s.observe(op, key, sluice.SourceBackend, lat, nil)
 		return a, nil
 	}
-	if err := s.callerFault(ctx, op, err, gate{b, probe}); err != nil {
+	if err := s.callerFault(ctx, op, err, gate{b, tn}); err != nil {
 		return slotAnswer{}, err
 	}
-	b.failure(probe, now, s.clock(), err)
+	b.failure(tn, now, s.clock(), err)
 	s.observe(op, key, s.policySource(), lat, err)
 	return slotAnswer{}, fmt.Errorf("resilient: %s: %w: %w", op, ErrSlotUnreachable, err)
 }

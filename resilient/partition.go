@@ -246,22 +246,22 @@ func (s *Store) probeOne(ctx context.Context, b *breaker) (bool, error) {
 		}
 		return false, nil
 	}
-	call, probe := b.allow(now)
-	if !call || !probe {
+	call, tn := b.allow(now)
+	if !call || !tn.probe {
 		return false, nil
 	}
 	_, _, err := bounded(ctx, s.timeout, s.inline, func(ctx context.Context) (sluice.Decision, error) {
 		return s.backend.Take(ctx, key, probeLimit, 1)
 	})
 	if err == nil {
-		b.success(true, now)
+		b.success(tn, now)
 		return true, nil
 	}
 	if cerr := ctx.Err(); cerr != nil {
-		b.release(true)
+		b.release(tn)
 		return true, cerr
 	}
-	b.failure(true, now, s.clock(), err)
+	b.failure(tn, now, s.clock(), err)
 	return true, err
 }
 
@@ -292,8 +292,8 @@ func (s *Store) ProbeNow(ctx context.Context) error {
 
 // gate is a call's pass through one breaker.
 type gate struct {
-	b     *breaker
-	probe bool
+	b *breaker
+	t turn
 }
 
 // allowAll asks the breaker of each request's partition, once each,
@@ -309,14 +309,14 @@ next:
 				continue next
 			}
 		}
-		call, probe := b.allow(now)
+		call, tn := b.allow(now)
 		if !call {
 			for _, g := range gs {
-				g.b.release(g.probe)
+				g.b.release(g.t)
 			}
 			return []gate{{b: b}}, false
 		}
-		gs = append(gs, gate{b, probe})
+		gs = append(gs, gate{b, tn})
 	}
 	return gs, true
 }
@@ -328,16 +328,16 @@ next:
 // charged, or all of gs when none was.
 func failedAll(gs []gate, sent, now time.Time, err error) []gate {
 	if len(gs) == 1 {
-		gs[0].b.failure(gs[0].probe, sent, now, err)
+		gs[0].b.failure(gs[0].t, sent, now, err)
 		return gs
 	}
 	var charged []gate
 	for _, g := range gs {
 		if g.b.lastGood.Load() >= sent.UnixNano() {
-			g.b.release(g.probe)
+			g.b.release(g.t)
 			continue
 		}
-		g.b.failure(g.probe, sent, now, err)
+		g.b.failure(g.t, sent, now, err)
 		charged = append(charged, g)
 	}
 	if len(charged) == 0 {

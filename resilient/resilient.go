@@ -20,7 +20,10 @@
 // only that reads work, and the next call probes instead. Each transition
 // is one log line (Options.Logger) and an Observer BreakerEvent; the
 // failure policy starts answering every call when the breaker leaves
-// closed and stops when it closes.
+// closed and stops when it closes. The outcome of a call sent before the
+// breaker's last transition is ignored: calls sent before it opened that
+// fail after probes closed it (still dialling a master that failed over)
+// do not reopen it.
 //
 // With the breaker closed, the policy answers each call that failed on its
 // own (one timeout on a starved host). No transition tells those, so they
@@ -561,7 +564,7 @@ func (s *Store) decide(ctx context.Context, op, key string, limit sluice.Limit, 
 		}
 	}
 	b := s.breakerFor(key)
-	call, probe := b.allow(now)
+	call, tn := b.allow(now)
 	if !call {
 		return s.failOne(ctx, b, op, key, limit, cost, take, 0, nil, false)
 	}
@@ -573,7 +576,7 @@ func (s *Store) decide(ctx context.Context, op, key string, limit sluice.Limit, 
 		return fn(ctx, key, limit, cost)
 	})
 	if err == nil {
-		b.answered(probe, now, take && d.Allowed)
+		b.answered(tn, now, take && d.Allowed)
 		if s.cache != nil {
 			switch {
 			case !d.Allowed && d.Source != sluice.SourceFailClosed: // a wrapped resilient store's made-up denial is no state
@@ -585,10 +588,10 @@ func (s *Store) decide(ctx context.Context, op, key string, limit sluice.Limit, 
 		s.observe(op, key, sluice.SourceBackend, lat, nil)
 		return d, nil
 	}
-	if err := s.callerFault(ctx, op, err, gate{b, probe}); err != nil {
+	if err := s.callerFault(ctx, op, err, gate{b, tn}); err != nil {
 		return sluice.Decision{}, err
 	}
-	b.failure(probe, now, s.clock(), err)
+	b.failure(tn, now, s.clock(), err)
 	return s.failOne(ctx, b, op, key, limit, cost, take, lat, err, false)
 }
 
@@ -802,7 +805,7 @@ func (m *MultiStore) TakeAll(ctx context.Context, reqs []sluice.Request) ([]slui
 	}
 	if err == nil {
 		for _, g := range gs {
-			g.b.answered(g.probe, now, allowedAll(ds))
+			g.b.answered(g.t, now, allowedAll(ds))
 		}
 		if s.cache != nil {
 			took := allowedAll(ds)
@@ -966,7 +969,7 @@ func (s *Store) callerFault(ctx context.Context, op string, err error, gs ...gat
 // release gives back the probes of gs.
 func release(gs []gate) {
 	for _, g := range gs {
-		g.b.release(g.probe)
+		g.b.release(g.t)
 	}
 }
 

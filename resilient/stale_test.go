@@ -1,0 +1,175 @@
+package resilient
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/storetest"
+)
+
+// held is a backend whose takes, while on is set, hang until gate is
+// closed and then fail: calls sent to a master that has gone (dialling
+// it, or waiting on its socket) that fail late.
+type held struct {
+	*flaky
+	on   atomic.Bool
+	n    atomic.Int64 // takes hanging
+	gate chan struct{}
+}
+
+func newHeld(clock func() time.Time) *held {
+	return &held{flaky: newFlaky(clock), gate: make(chan struct{})}
+}
+
+func (h *held) Take(ctx context.Context, key string, l sluice.Limit, cost int64) (sluice.Decision, error) {
+	if h.on.Load() {
+		h.n.Add(1)
+		<-h.gate
+		return sluice.Decision{}, errDown
+	}
+	return h.flaky.Take(ctx, key, l, cost)
+}
+
+// waitHeld waits until n takes hang.
+func (h *held) waitHeld(t *testing.T, n int64) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); h.n.Load() < n; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d takes hanging, want %d", h.n.Load(), n)
+		}
+	}
+}
+
+// heldParted is held over a backend of partitions (parted's).
+type heldParted struct {
+	*held
+	parts *parted
+}
+
+func (h heldParted) Partition(key string) string { return h.parts.Partition(key) }
+
+// Calls sent while the breaker was closed that fail only after it opened,
+// half-opened and closed on a good probe leave it closed: they tell of the
+// backend before the probe judged it anew. A Sentinel switch did this:
+// the breaker closed on the new master at once, then reopened on calls
+// still dialling the old one, and closed again 1.7 s later.
+func TestStaleFailuresDoNotReopen(t *testing.T) {
+	t.Parallel()
+	clk := storetest.NewClock(t0)
+	h := newHeld(clk.Now)
+	rec := &recorder{}
+	s, err := New(h, &Options{Policy: FailOpen, Clock: clk.Now, Observer: rec, Timeout: slow, Logger: discard, CloseAfter: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	s.br.jitter = nil
+	ctx := context.Background()
+	lim := sluice.PerSecond(1000)
+
+	// 30 calls sent over 600ms hang: enough, once they fail, to open a
+	// closed breaker both by rate (30 of 30) and by DeadAfter.
+	h.on.Store(true)
+	var wg sync.WaitGroup
+	for i := range 30 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s.Take(ctx, "k", lim, 1)
+		}()
+		h.waitHeld(t, int64(i+1))
+		clk.Advance(20 * time.Millisecond)
+	}
+	h.on.Store(false)
+
+	// Other calls fail at once and open the breaker.
+	h.mode.Store(1)
+	for i := 0; s.State() != sluice.BreakerOpen; i++ {
+		if i > 100 {
+			t.Fatal("the breaker never opened")
+		}
+		s.Take(ctx, "k", lim, 1)
+		clk.Advance(100 * time.Millisecond)
+	}
+	// The backend is back: a probe closes it.
+	h.mode.Store(0)
+	clk.Advance(time.Second)
+	if d, err := s.Take(ctx, "k", lim, 1); err != nil || d.Source != sluice.SourceBackend || s.State() != sluice.BreakerClosed {
+		t.Fatalf("probe: %+v, %v, state %v; want answered, closed", d, err, s.State())
+	}
+	// Now the calls sent before the opening fail.
+	close(h.gate)
+	wg.Wait()
+	if got := s.State(); got != sluice.BreakerClosed {
+		t.Errorf("after failures of calls sent before the opening: %v, want closed", got)
+	}
+	want := []sluice.BreakerState{sluice.BreakerOpen, sluice.BreakerHalfOpen, sluice.BreakerClosed}
+	if got := rec.breakers; !equal(got, want) {
+		t.Errorf("breaker events = %v, want %v", got, want)
+	}
+	// Calls sent since still count: failures over DeadAfter open it.
+	h.mode.Store(1)
+	for range 3 {
+		clk.Advance(300 * time.Millisecond)
+		s.Take(ctx, "k", lim, 1)
+	}
+	if got := s.State(); got != sluice.BreakerOpen {
+		t.Errorf("after new calls failed for 600ms: %v, want open", got)
+	}
+}
+
+// A probe sent before its breaker last changed state says nothing of the
+// breaker's state now: a partition's breaker that Probe closed and forgot
+// (its keys moved to another master) while a request's probe was out to
+// the old master is not reopened when that probe fails.
+func TestStaleProbeDoesNotReopen(t *testing.T) {
+	t.Parallel()
+	clk := storetest.NewClock(t0)
+	h := newHeld(clk.Now)
+	parts := &parted{flaky: h.flaky}
+	rec := &recorder{}
+	s, err := New(heldParted{h, parts}, &Options{Policy: FailOpen, Clock: clk.Now, Observer: rec, Timeout: slow, Logger: discard})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	ctx := context.Background()
+	lim := sluice.PerSecond(1000)
+	h.mode.Store(1)
+	for i := 0; s.State() != sluice.BreakerOpen; i++ {
+		if i > 100 {
+			t.Fatal("A's breaker never opened")
+		}
+		s.Take(ctx, "a1", lim, 1)
+		clk.Advance(100 * time.Millisecond)
+	}
+	h.mode.Store(0)
+	clk.Advance(2 * time.Second) // past the probe interval and its jitter
+	h.on.Store(true)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		s.Take(ctx, "a1", lim, 1) // the probe, out to A
+	}()
+	h.waitHeld(t, 1)
+	h.on.Store(false)
+	parts.mu.Lock()
+	parts.moved = "B" // a failover: A's keys live on B now
+	parts.mu.Unlock()
+	if _, err := s.Probe(ctx); err != nil {
+		t.Fatal(err)
+	}
+	close(h.gate) // the probe out to A fails
+	<-done
+	want := []sluice.BreakerState{sluice.BreakerOpen, sluice.BreakerHalfOpen, sluice.BreakerClosed}
+	if got := rec.breakers; !equal(got, want) {
+		t.Errorf("breaker events = %v, want %v (A's, closed and forgotten, not reopened)", got, want)
+	}
+	if got := s.State(); got != sluice.BreakerClosed {
+		t.Errorf("state %v, want closed", got)
+	}
+}
