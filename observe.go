@@ -162,7 +162,7 @@ var breakerNames = [...]string{"closed", "half_open", "open"}
 func (s BreakerState) String() string { return label(breakerNames[:], int(s)) }
 
 // BreakerEvent reports a circuit breaker's change of state, or with From
-// equal to To its initial state.
+// equal to To its initial state, or with Forgotten set its end.
 type BreakerEvent struct {
 	// Store names the wrapped store.
 	Store string
@@ -175,4 +175,9 @@ type BreakerEvent struct {
 	// Err is, when To is BreakerOpen, the error of the call that opened
 	// the breaker; nil otherwise.
 	Err error
+	// Forgotten reports that a partition's breaker is gone, closed (From
+	// and To BreakerClosed): no key maps to its partition any more (a
+	// Redis Cluster master failed over or lost its slots), so whatever an
+	// observer keeps for it, a metric's series, may go.
+	Forgotten bool
 }

@@ -28,3 +28,22 @@ func TestBreakerStateByPartition(t *testing.T) {
 		}
 	}
 }
+
+// A forgotten partition's breaker takes its series with it: a failed-over
+// master's address would otherwise report closed for good.
+func TestBreakerStateForgotten(t *testing.T) {
+	c := promsluice.New(nil)
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(c)
+	c.ObserveBreaker(sluice.BreakerEvent{Store: "redis"})
+	c.ObserveBreaker(sluice.BreakerEvent{Store: "redis", Partition: "10.0.0.2:6379"})
+	c.ObserveBreaker(sluice.BreakerEvent{Store: "redis", Partition: "10.0.0.2:6379", Forgotten: true})
+	for _, state := range []string{"closed", "half_open", "open"} {
+		if got, ok := promtest.Value(t, reg, "sluice_breaker_state", map[string]string{"store": "redis", "partition": "10.0.0.2:6379", "state": state}); ok {
+			t.Errorf("sluice_breaker_state{partition=10.0.0.2:6379,state=%q} = %v after its breaker was forgotten, want no series", state, got)
+		}
+	}
+	if got, ok := promtest.Value(t, reg, "sluice_breaker_state", map[string]string{"store": "redis", "partition": "", "state": "closed"}); !ok || got != 1 {
+		t.Errorf("the store's own breaker: closed = %v (%v), want 1", got, ok)
+	}
+}

@@ -8,7 +8,7 @@
 //	sluice_store_calls_total{store,op,source}   source: backend, deny_cache, fallback, fail_open, fail_closed
 //	sluice_store_errors_total{store,op}         backend failures (timeouts included); {store,op,cause} with Options.Cause
 //	sluice_store_latency_seconds{store,op}      backend latency, when the backend was called
-//	sluice_breaker_state{store,partition,state} 1 for the current state (closed, half_open, open), 0 for the others; from resilient.New on, which reports the initial state; partition: a Redis Cluster master's address for its breaker, "" for the store's own
+//	sluice_breaker_state{store,partition,state} 1 for the current state (closed, half_open, open), 0 for the others; from resilient.New on, which reports the initial state; partition: a Redis Cluster master's address for its breaker, "" for the store's own; a master's series go when its breaker is forgotten (no key maps to it any more)
 //	sluice_inflight_acquires_total{policy,priority,outcome}  outcome: allowed, denied, shed, error
 //	sluice_inflight_calls_total{policy,call,outcome}         call: extend, release; outcome: extended, released, released_before, not_held, error
 //	sluice_inflight_held{policy}                             weight this process holds now
@@ -254,6 +254,10 @@ func (c *Collector) ObserveBreaker(e sluice.BreakerEvent) {
 		return // a zero Collector
 	}
 	for _, s := range [...]sluice.BreakerState{sluice.BreakerClosed, sluice.BreakerHalfOpen, sluice.BreakerOpen} {
+		if e.Forgotten {
+			c.breaker.DeleteLabelValues(e.Store, e.Partition, s.String())
+			continue
+		}
 		v := 0.0
 		if s == e.To {
 			v = 1

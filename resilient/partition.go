@@ -73,12 +73,13 @@ func (s *Store) addPartition(p string) *breaker {
 	return b
 }
 
-// forget drops p's breaker b, if it is still p's.
+// forget drops p's breaker b, if it is still p's, and tells the
+// observer, whose series for it would otherwise stay for good.
 func (s *Store) forget(b *breaker) {
 	s.partMu.Lock()
-	defer s.partMu.Unlock()
 	old := s.parts.Load()
 	if old == nil || (*old)[b.partition] != b {
+		s.partMu.Unlock()
 		return
 	}
 	m := make(map[string]*breaker, len(*old))
@@ -88,6 +89,15 @@ func (s *Store) forget(b *breaker) {
 		}
 	}
 	s.parts.Store(&m)
+	s.partMu.Unlock()
+	// A new generation: calls still out on it count for nothing, so they
+	// cannot open it and bring back what the observer just dropped.
+	b.mu.Lock()
+	b.state.Store((b.state.Load()>>8+1)<<8 | uint64(sluice.BreakerClosed))
+	b.mu.Unlock()
+	if b.observer != nil {
+		b.observer.ObserveBreaker(sluice.BreakerEvent{Store: b.name, Partition: b.partition, From: sluice.BreakerClosed, To: sluice.BreakerClosed, Forgotten: true})
+	}
 }
 
 // breakers returns every breaker: the Store's own first, then the

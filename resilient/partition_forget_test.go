@@ -5,6 +5,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/storetest"
@@ -59,5 +60,54 @@ func TestClosedPartitionForgotten(t *testing.T) {
 	}
 	if got := strings.Join(names(), ","); got != ",B" {
 		t.Errorf("after A's keys moved, breakers %q, want the store's and B's", got)
+	}
+}
+
+// A forgotten partition's breaker is told to the observer (its metric
+// series go), and calls still out on it when it went, failing afterwards,
+// do not open it again: nothing would ever close or forget it, and its
+// series would say open for good.
+func TestForgottenPartitionTold(t *testing.T) {
+	t.Parallel()
+	clk := storetest.NewClock(t0)
+	h := newHeld(clk.Now)
+	parts := &parted{flaky: h.flaky}
+	rec := &recorder{}
+	s, err := New(heldParted{h, parts}, &Options{Policy: FailOpen, Clock: clk.Now, Observer: rec, Timeout: slow, Logger: discard})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	ctx := context.Background()
+	lim := sluice.PerSecond(1000)
+	// 30 calls on A hang while its breaker is closed: enough, failing, to
+	// open it by rate and by DeadAfter.
+	h.on.Store(true)
+	var wg sync.WaitGroup
+	for i := range 30 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s.Take(ctx, "a1", lim, 1)
+		}()
+		h.waitHeld(t, int64(i+1))
+		clk.Advance(20 * time.Millisecond)
+	}
+	h.on.Store(false)
+	parts.mu.Lock()
+	parts.moved = "B" // a failover: A's keys live on B now
+	parts.mu.Unlock()
+	if _, err := s.Probe(ctx); err != nil {
+		t.Fatal(err)
+	}
+	close(h.gate)
+	wg.Wait()
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	if got := strings.Join(rec.forgotten, ","); got != "A" {
+		t.Errorf("forgotten partitions %q, want A", got)
+	}
+	if len(rec.breakers) != 0 {
+		t.Errorf("breaker events %v after A was forgotten, want none", rec.breakers)
 	}
 }

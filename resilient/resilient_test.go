@@ -75,11 +75,12 @@ func (f *flaky) TakeAll(ctx context.Context, reqs []sluice.Request) ([]sluice.De
 
 // recorder is an Observer that counts what it sees.
 type recorder struct {
-	mu       sync.Mutex
-	sources  map[sluice.Source]int
-	errs     int
-	breakers []sluice.BreakerState // transitions' To
-	initial  int                   // initial-state events
+	mu        sync.Mutex
+	sources   map[sluice.Source]int
+	errs      int
+	breakers  []sluice.BreakerState // transitions' To
+	initial   int                   // initial-state events
+	forgotten []string              // partitions whose breakers went
 }
 
 func (r *recorder) ObserveDecision(sluice.DecisionEvent) {}
@@ -96,7 +97,9 @@ func (r *recorder) ObserveStore(e sluice.StoreEvent) {
 }
 func (r *recorder) ObserveBreaker(e sluice.BreakerEvent) {
 	r.mu.Lock()
-	if e.From == e.To {
+	if e.Forgotten {
+		r.forgotten = append(r.forgotten, e.Partition)
+	} else if e.From == e.To {
 		r.initial++ // the state at New: no transition
 	} else {
 		r.breakers = append(r.breakers, e.To)
