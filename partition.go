@@ -11,3 +11,13 @@ type Partitioner interface {
 	// memory, without a call, and is safe for concurrent use.
 	Partition(key string) string
 }
+
+// KeyFailure is implemented by an error of a call on several keys (a
+// TakeAll whose keys span partitions) that failed on one key's partition:
+// FailedKey names that key, so that a per-partition breaker charges that
+// partition alone, not the ones whose keys were answered. Find it with
+// errors.As.
+type KeyFailure interface {
+	error
+	FailedKey() string
+}

@@ -114,7 +114,7 @@ func (s *Store) takeInTurn(ctx context.Context, reqs []sluice.Request) ([]sluice
 	for i, req := range reqs {
 		r, err := s.decide(ctx, modeTake, req.Key, req.Limit, req.Cost)
 		if err != nil {
-			return nil, errors.Join(err, undo())
+			return nil, errors.Join(&keyFailed{req.Key, err}, undo())
 		}
 		out[i] = r.decision(req.Limit)
 		if r.allowed {
@@ -130,7 +130,7 @@ func (s *Store) takeInTurn(ctx context.Context, reqs []sluice.Request) ([]sluice
 			}
 			p, err := s.decide(ctx, modePeek, q.Key, q.Limit, q.Cost)
 			if err != nil {
-				return nil, err
+				return nil, &keyFailed{q.Key, err}
 			}
 			out[j] = p.decision(q.Limit)
 		}
@@ -138,3 +138,17 @@ func (s *Store) takeInTurn(ctx context.Context, reqs []sluice.Request) ([]sluice
 	}
 	return out, nil
 }
+
+// keyFailed is the error of a TakeAll in turn (keys spanning Cluster
+// slots) on one of its keys: as err, and a sluice.KeyFailure naming the
+// key, so that a breaker per master charges that key's master alone.
+type keyFailed struct {
+	key string
+	err error
+}
+
+var _ sluice.KeyFailure = (*keyFailed)(nil)
+
+func (e *keyFailed) Error() string     { return e.err.Error() }
+func (e *keyFailed) Unwrap() error     { return e.err }
+func (e *keyFailed) FailedKey() string { return e.key }

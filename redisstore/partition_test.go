@@ -2,7 +2,10 @@ package redisstore_test
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"testing"
+	"time"
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/redistest"
@@ -50,5 +53,44 @@ func TestPartitionNamesKeysMaster(t *testing.T) {
 	}
 	if p := one.Partition("a"); p != "" {
 		t.Errorf("standalone: Partition = %q, want \"\"", p)
+	}
+}
+
+// A TakeAll whose keys span masters and that fails on one master names
+// the key it failed on (sluice.KeyFailure), in either order, so that a
+// breaker per master charges that master, not the one that answered.
+func TestTakeAllNamesFailedKey(t *testing.T) {
+	t.Parallel()
+	cl := redistest.StartCluster(t, &redistest.ClusterOptions{Args: []string{"--cluster-require-full-coverage", "no"}})
+	s := redisstore.New(cl.Client(t), &redisstore.Options{Prefix: redistest.Prefix(t)})
+	lim := sluice.PerMinute(10)
+	ctx := context.Background()
+	byMaster := map[string]string{}
+	for i := 0; len(byMaster) < 2; i++ {
+		k := fmt.Sprint("k", i)
+		if _, err := s.Take(ctx, k, lim, 1); err != nil {
+			t.Fatal(err)
+		}
+		byMaster[cl.MasterOf(t, s.Keys(k, lim)[0]).Addr] = k
+	}
+	var down, live string
+	for _, k := range byMaster {
+		if down == "" {
+			down = k
+		} else {
+			live = k
+		}
+	}
+	stopped := cl.MasterOf(t, s.Keys(down, lim)[0])
+	stopped.Pause(t)
+	defer stopped.Resume(t)
+	for _, keys := range [][]string{{live, down}, {down, live}} {
+		cctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+		_, err := s.TakeAll(cctx, []sluice.Request{{Key: keys[0], Limit: lim, Cost: 1}, {Key: keys[1], Limit: lim, Cost: 1}})
+		cancel()
+		kf, ok := errors.AsType[sluice.KeyFailure](err)
+		if !ok || kf.FailedKey() != down {
+			t.Errorf("TakeAll(%v) with %q's master stopped: %v; want a sluice.KeyFailure naming %q", keys, down, err, down)
+		}
 	}
 }

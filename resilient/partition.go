@@ -3,6 +3,7 @@ package resilient
 import (
 	"cmp"
 	"context"
+	"errors"
 	"slices"
 	"strconv"
 	"time"
@@ -332,18 +333,28 @@ next:
 }
 
 // failedAll charges a failed call sent at sent through gs: to its one
-// breaker, or, for a call that spanned partitions, to those that have not
+// breaker, or, for a call that spanned partitions, to the partition of the
+// key the error names (sluice.KeyFailure) or else to those that have not
 // answered a call sent since (one that did is up; the call failed for
 // another's sake), giving the others' probes back. It returns the breakers
 // charged, or all of gs when none was.
-func failedAll(gs []gate, sent, now time.Time, err error) []gate {
+func (s *Store) failedAll(gs []gate, sent, now time.Time, err error) []gate {
 	if len(gs) == 1 {
 		gs[0].b.failure(gs[0].t, sent, now, err)
 		return gs
 	}
+	var culprit *breaker
+	if kf, ok := errors.AsType[sluice.KeyFailure](err); ok && s.parter != nil {
+		if m := s.parts.Load(); m != nil {
+			culprit = (*m)[s.parter.Partition(kf.FailedKey())]
+		}
+	}
+	if !slices.ContainsFunc(gs, func(g gate) bool { return g.b == culprit }) {
+		culprit = nil
+	}
 	var charged []gate
 	for _, g := range gs {
-		if g.b.lastGood.Load() >= sent.UnixNano() {
+		if culprit != nil && g.b != culprit || culprit == nil && g.b.lastGood.Load() >= sent.UnixNano() {
 			g.b.release(g.t)
 			continue
 		}

@@ -2,6 +2,7 @@ package resilient
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -109,5 +110,62 @@ func TestForgottenPartitionTold(t *testing.T) {
 	}
 	if len(rec.breakers) != 0 {
 		t.Errorf("breaker events %v after A was forgotten, want none", rec.breakers)
+	}
+}
+
+// spanFailing is a partitioned backend whose TakeAll, while failing, fails
+// on partition A's key and says so (sluice.KeyFailure), as redisstore's
+// does for keys spanning Cluster masters.
+type spanFailing struct{ *parted }
+
+type keyFailure struct{ key string }
+
+func (e keyFailure) Error() string     { return "down: " + e.key }
+func (e keyFailure) FailedKey() string { return e.key }
+
+func (p spanFailing) TakeAll(ctx context.Context, reqs []sluice.Request) ([]sluice.Decision, error) {
+	if p.mode.Load() == 1 {
+		for _, r := range reqs {
+			if p.Partition(r.Key) == "A" {
+				return nil, fmt.Errorf("take all: %w", keyFailure{r.Key})
+			}
+		}
+	}
+	return p.parted.TakeAll(ctx, reqs)
+}
+
+// A layered call spanning two partitions that fails on one of them, and
+// says which (sluice.KeyFailure), is charged to that one alone: a master
+// whose only traffic is such calls stays closed while the other is down.
+func TestSpanningFailureChargesItsPartition(t *testing.T) {
+	t.Parallel()
+	clk := storetest.NewClock(t0)
+	p := spanFailing{&parted{flaky: newFlaky(clk.Now)}}
+	s, err := NewMulti(p, &Options{Policy: FailOpen, Clock: clk.Now, Logger: discard})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	ctx := context.Background()
+	lim := sluice.PerSecond(1000)
+	reqs := []sluice.Request{{Key: "b1", Limit: lim, Cost: 1}, {Key: "a1", Limit: lim, Cost: 1}}
+	if _, err := s.TakeAll(ctx, reqs); err != nil {
+		t.Fatal(err)
+	}
+	p.mode.Store(1)
+	for range 50 {
+		clk.Advance(100 * time.Millisecond)
+		if _, err := s.TakeAll(ctx, reqs); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, b := range s.Breakers() {
+		want := sluice.BreakerClosed
+		if b.Partition == "A" {
+			want = sluice.BreakerOpen
+		}
+		if b.State != want {
+			t.Errorf("breaker of %q is %v, want %v (the calls failed on A's key)", b.Partition, b.State, want)
+		}
 	}
 }

@@ -823,7 +823,7 @@ func (m *MultiStore) TakeAll(ctx context.Context, reqs []sluice.Request) ([]slui
 	if err := s.callerFault(ctx, "take_all", err, gs...); err != nil {
 		return nil, err
 	}
-	return m.failAll(ctx, failedAll(gs, now, s.clock(), err), reqs, lat, err)
+	return m.failAll(ctx, s.failedAll(gs, now, s.clock(), err), reqs, lat, err)
 }
 
 func allowedAll(ds []sluice.Decision) bool {
