@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -130,6 +131,10 @@ func Classify(err error) error {
 	if err == nil {
 		return nil
 	}
+	var pe *PartialError
+	if errors.As(err, &pe) {
+		return pe // each master's error is classified already
+	}
 	var ce *CheckError
 	if errors.As(err, &ce) {
 		return ce
@@ -208,6 +213,9 @@ const stalledHint = "it answers but a write did not complete in time (writes pau
 // before err: a timeout is then ErrStalled, not ErrUnreachable. Other errors
 // are Classify's.
 func Stalled(err error) error {
+	if errors.Is(err, ErrPartial) {
+		return Classify(err)
+	}
 	if isTimeout(err) {
 		var ce *CheckError
 		if !errors.As(err, &ce) || ce.Kind == ErrUnreachable {
@@ -233,6 +241,9 @@ type CheckReport struct {
 	Version string
 	// Cluster is true for a Cluster.
 	Cluster bool
+	// Masters is a Cluster's masters, by address, sorted: every one
+	// checked.
+	Masters []string
 	// Warnings are problems that do not stop sluice: ErrEviction, or
 	// checks the user may not run (INFO denied).
 	Warnings []error
@@ -242,9 +253,11 @@ type CheckReport struct {
 // answers, authentication and the database index are right, TLS works,
 // the client's topology matches the server's, the version is at least
 // MinVersion, and the user may run sluice's scripts. A Cluster is checked
-// on every master. The error is a *CheckError: errors.Is(err,
-// ErrMisconfigured) tells a configuration to fix from a Redis merely
-// unreachable (ErrUnreachable). Check writes nothing but a one-line
+// on every master of the client's slot map. The error is a *CheckError:
+// errors.Is(err, ErrMisconfigured) tells a configuration to fix from a
+// Redis merely unreachable (ErrUnreachable); on a Cluster where some
+// masters pass and others fail, it is a *PartialError (ErrPartial), and
+// the report is the passing masters'. Check writes nothing but a one-line
 // script into the script cache. It returns as soon as ctx ends, whatever
 // the client's timeouts, with an error that wraps ctx.Err().
 func Check(ctx context.Context, c redis.UniversalClient) (*CheckReport, error) {
@@ -262,39 +275,68 @@ func Check(ctx context.Context, c redis.UniversalClient) (*CheckReport, error) {
 			return nil, checkErr(ErrTLS, "the server does not speak TLS: use redis:// instead of rediss://", nil)
 		}
 	}
-	if err := boundedErr(ctx, func() error { return c.Ping(ctx).Err() }); err != nil {
-		if tlsErr := plainAgainstTLS(ctx, c, err); tlsErr != nil {
-			return nil, tlsErr
-		}
-		return nil, Classify(err)
-	}
 	rep := &CheckReport{}
-	cc, cluster := c.(*redis.ClusterClient)
-	rep.Cluster = cluster
-	var mu sync.Mutex // ForEachMaster checks the masters at once
-	// Nodes that answered INFO and whose probe script has not completed:
-	// a deadline then is a stalled Redis, not an unreachable one.
-	var scripting atomic.Int32
-	check := func(ctx context.Context, node *redis.Client) error {
-		var r CheckReport
-		err := checkNode(ctx, node, cluster, &r, &scripting)
+	var mu sync.Mutex // the masters are checked at once
+	merge := func(r *CheckReport) {
 		mu.Lock()
 		defer mu.Unlock()
 		if r.Version != "" && (rep.Version == "" || !versionAtLeast(r.Version, rep.Version)) {
 			rep.Version = r.Version
 		}
 		rep.Warnings = append(rep.Warnings, r.Warnings...)
-		return err
 	}
-	// ForEachMaster may load the slot map first, on no deadline of ctx's.
+	if cc, ok := c.(*redis.ClusterClient); ok {
+		// Every master on its own: one down among live ones is a partial
+		// failure, not a Cluster that cannot be used.
+		rep.Cluster = true
+		masters, err := clusterMasters(ctx, cc, "")
+		if err != nil {
+			return nil, err
+		}
+		for _, m := range masters {
+			rep.Masters = append(rep.Masters, m.addr)
+		}
+		slices.Sort(rep.Masters)
+		err = eachMaster(ctx, masters, func(ctx context.Context, m clusterMaster, answered func()) error {
+			if err := m.node.Ping(ctx).Err(); err != nil {
+				return Classify(err)
+			}
+			answered()
+			var r CheckReport
+			var scripting atomic.Int32
+			err := checkNode(ctx, m.node, true, &r, &scripting)
+			merge(&r)
+			if err != nil && scripting.Load() > 0 {
+				return Stalled(err)
+			}
+			return Classify(err)
+		})
+		if errors.Is(err, ErrPartial) {
+			return rep, err
+		}
+		if err != nil {
+			return nil, err
+		}
+		return rep, nil
+	}
+	if err := boundedErr(ctx, func() error { return c.Ping(ctx).Err() }); err != nil {
+		if tlsErr := plainAgainstTLS(ctx, c, err); tlsErr != nil {
+			return nil, tlsErr
+		}
+		return nil, Classify(err)
+	}
+	// Nodes that answered INFO and whose probe script has not completed:
+	// a deadline then is a stalled Redis, not an unreachable one.
+	var scripting atomic.Int32
 	err := boundedErr(ctx, func() error {
-		if cluster {
-			return cc.ForEachMaster(ctx, check)
+		node, ok := c.(*redis.Client)
+		if !ok {
+			return nil
 		}
-		if node, ok := c.(*redis.Client); ok {
-			return check(ctx, node)
-		}
-		return nil
+		var r CheckReport
+		err := checkNode(ctx, node, false, &r, &scripting)
+		merge(&r)
+		return err
 	})
 	if err != nil {
 		if ctx.Err() != nil && scripting.Load() > 0 {
@@ -422,40 +464,55 @@ var accessSHA = newScript(accessScript).sha.(string)
 // refuses writes; ErrStalled for one that answers a PING but not the
 // script in time (writes paused). It is sent as decisions are, with
 // EVALSHA (EVAL only when the server lacks the script), and calls TIME, so
-// that a user who lost either permission is found too. It returns as soon
-// as ctx ends, whatever the client's timeouts, with an error that wraps
-// ctx.Err().
+// that a user who lost either permission is found too. On a Cluster it
+// runs on every master of the client's slot map, each with a key in one of
+// its slots: where some masters pass and others fail, the error is a
+// *PartialError (ErrPartial). It returns as soon as ctx ends, whatever the
+// client's timeouts, with an error that wraps ctx.Err().
 func (s *Store) CheckAccess(ctx context.Context) error {
 	ctx = ctxutil.OrBackground(ctx)
 	if s == nil || s.client == nil {
 		return s.unbuilt()
 	}
+	if cc, ok := s.client.(*redis.ClusterClient); ok {
+		return s.checkAccessMasters(ctx, cc)
+	}
 	key := s.prefix + "check"
-	// PING the server that holds the key first, so that a script timing
-	// out on a server that answers is told from one out of reach.
-	// MasterForKey may load the slot map, on no deadline of ctx's.
-	err := boundedErr(ctx, func() error {
-		var node redis.Cmdable = s.client
-		if cc, ok := s.client.(*redis.ClusterClient); ok {
-			n, err := cc.MasterForKey(ctx, key)
-			if err != nil {
-				return err
-			}
-			node = n
-		}
-		return node.Ping(ctx).Err()
-	})
-	if err != nil {
+	// PING the server first, so that a script timing out on a server that
+	// answers is told from one out of reach.
+	if err := boundedErr(ctx, func() error { return s.client.Ping(ctx).Err() }); err != nil {
 		return Classify(err)
 	}
-	keys := []string{key}
-	return Stalled(boundedErr(ctx, func() error {
-		err := s.client.EvalSha(ctx, accessSHA, keys).Err() // a Cluster client follows MOVED
-		if isNoScript(err) {
-			err = s.client.Eval(ctx, accessScript, keys).Err()
-		}
+	return Stalled(boundedErr(ctx, func() error { return s.runAccess(ctx, key) }))
+}
+
+// checkAccessMasters is CheckAccess on a Cluster: on every master of the
+// slot map, each with a key of its own slots, so that one master down
+// among live ones is a *PartialError, not the store lost.
+func (s *Store) checkAccessMasters(ctx context.Context, cc *redis.ClusterClient) error {
+	masters, err := clusterMasters(ctx, cc, s.prefix)
+	if err != nil {
 		return err
-	}))
+	}
+	return eachMaster(ctx, masters, func(ctx context.Context, m clusterMaster, answered func()) error {
+		if err := m.node.Ping(ctx).Err(); err != nil {
+			return Classify(err)
+		}
+		answered()
+		return Stalled(s.runAccess(ctx, m.key))
+	})
+}
+
+// runAccess runs the access script on key, as decisions are sent: EVALSHA,
+// and EVAL when the server lacks the script. A Cluster client follows
+// MOVED.
+func (s *Store) runAccess(ctx context.Context, key string) error {
+	keys := []string{key}
+	err := s.client.EvalSha(ctx, accessSHA, keys).Err()
+	if isNoScript(err) {
+		err = s.client.Eval(ctx, accessScript, keys).Err()
+	}
+	return err
 }
 
 // infoFields parses INFO's "name:value" lines.

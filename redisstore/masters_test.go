@@ -1,0 +1,129 @@
+package redisstore_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/redisstore"
+)
+
+// On a Cluster, Check and CheckAccess run on every master: with one
+// stopped (SIGSTOP) they name it in a *PartialError, the others among the
+// answered, by the end of their context; with every master stopped the
+// error is one master's, not a partial one. The store's prefix with a hash
+// tag of its own puts every key on one master, the only one CheckAccess
+// asks.
+func TestCheckClusterMasterStopped(t *testing.T) {
+	t.Parallel()
+	cl := redistest.StartCluster(t, &redistest.ClusterOptions{Args: []string{"--cluster-require-full-coverage", "no"}})
+	c := cl.Client(t)
+	s := redisstore.New(c, nil)
+	ctx := func() context.Context {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		t.Cleanup(cancel)
+		return ctx
+	}
+	rep, err := redisstore.Check(ctx(), c)
+	if err != nil || len(rep.Masters) != 3 {
+		t.Fatalf("Check = %+v, %v: want 3 masters, nil", rep, err)
+	}
+	if err := s.CheckAccess(ctx()); err != nil {
+		t.Fatalf("CheckAccess = %v", err)
+	}
+
+	stopped := cl.MasterOf(t, "sluice:check")
+	tag := ""
+	for i := 0; tag == ""; i++ {
+		if p := fmt.Sprintf("p{%d}:", i); cl.MasterOf(t, p+"check") != stopped {
+			tag = p
+		}
+	}
+	paused := map[*redistest.Node]bool{}
+	pause := func(n *redistest.Node) {
+		n.Pause(t)
+		paused[n] = true
+	}
+	defer func() {
+		for n := range paused {
+			n.Resume(t)
+		}
+	}()
+	pause(stopped)
+	partial := func(what string, err error) {
+		t.Helper()
+		var pe *redisstore.PartialError
+		if !errors.As(err, &pe) || !errors.Is(err, redisstore.ErrPartial) {
+			t.Fatalf("%s = %v, want a *PartialError", what, err)
+		}
+		if !slices.Equal(pe.Addrs(), []string{stopped.Addr}) || len(pe.Answered) != 2 || slices.Contains(pe.Answered, stopped.Addr) {
+			t.Errorf("%s: failed %v, answered %v; want %s failed alone", what, pe.Addrs(), pe.Answered, stopped.Addr)
+		}
+		if !errors.Is(err, redisstore.ErrUnreachable) || errors.Is(err, redisstore.ErrMisconfigured) {
+			t.Errorf("%s = %v, want the master unreachable, nothing misconfigured", what, err)
+		}
+	}
+	start := time.Now()
+	rep, err = redisstore.Check(ctx(), c)
+	partial("Check", err)
+	if rep == nil || len(rep.Masters) != 3 || rep.Version == "" {
+		t.Errorf("Check's report %+v with a master stopped: want the three masters, the others' version", rep)
+	}
+	partial("CheckAccess", s.CheckAccess(ctx()))
+	if d := time.Since(start); d > 3*time.Second {
+		t.Errorf("the checks took %v, want each within its 1s context", d)
+	}
+	tagged := redisstore.New(c, &redisstore.Options{Prefix: tag})
+	if err := tagged.CheckAccess(ctx()); err != nil {
+		t.Errorf("CheckAccess under prefix %q, whose keys are all on a live master, = %v, want nil", tag, err)
+	}
+
+	for _, n := range cl.Nodes {
+		if n != stopped {
+			pause(n)
+		}
+	}
+	err = s.CheckAccess(ctx())
+	if errors.Is(err, redisstore.ErrPartial) || !errors.Is(err, redisstore.ErrUnreachable) || !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("CheckAccess with every master stopped = %v, want ErrUnreachable wrapping the deadline, not partial", err)
+	}
+	for n := range paused {
+		n.Resume(t)
+		delete(paused, n)
+	}
+	if err := s.CheckAccess(ctx()); err != nil {
+		t.Errorf("CheckAccess with every master back = %v", err)
+	}
+}
+
+func TestJoinMasters(t *testing.T) {
+	down := redisstore.Classify(errors.New("dial tcp: connection refused"))
+	perm := redisstore.Classify(errors.New("NOPERM no"))
+	a := &redisstore.PartialError{Failed: map[string]error{"a:1": down}, Answered: []string{"b:1", "c:1"}}
+	b := &redisstore.PartialError{Failed: map[string]error{"b:1": perm}, Answered: []string{"a:1", "c:1"}}
+	var pe *redisstore.PartialError
+	if err := redisstore.JoinMasters(nil, nil); err != nil {
+		t.Errorf("JoinMasters(nil, nil) = %v", err)
+	}
+	if err := redisstore.JoinMasters(nil, a); !errors.As(err, &pe) || !slices.Equal(pe.Addrs(), []string{"a:1"}) {
+		t.Errorf("JoinMasters(nil, a) = %v, want a", err)
+	}
+	if err := redisstore.JoinMasters(a, b); !errors.As(err, &pe) || !slices.Equal(pe.Addrs(), []string{"a:1", "b:1"}) || !slices.Equal(pe.Answered, []string{"c:1"}) {
+		t.Errorf("JoinMasters(a, b) = %v, want a:1 and b:1 failing, c:1 answered", err)
+	}
+	c := &redisstore.PartialError{Failed: map[string]error{"c:1": down}, Answered: []string{"a:1", "b:1"}}
+	err := redisstore.JoinMasters(a, b, c)
+	if errors.Is(err, redisstore.ErrPartial) || !errors.Is(err, redisstore.ErrPermission) {
+		t.Errorf("JoinMasters with every master failing = %v, want the misconfigured one's error alone", err)
+	}
+	whole := redisstore.Classify(redis.ErrClosed)
+	if err := redisstore.JoinMasters(a, whole); err != whole {
+		t.Errorf("JoinMasters(a, whole) = %v, want %v", err, whole)
+	}
+}
