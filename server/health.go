@@ -35,7 +35,8 @@ const DefaultStoreCheckInterval = time.Second
 // the store is down, since the policy answers; without one (error) it is
 // ready only while the store answers. Degraded means decisions are not
 // what a healthy fleet would make: the store is down, or the failure
-// policy is answering for it, or the memory store evicts keys.
+// policy is answering for it, or a Redis Cluster master fails the checks
+// while the others pass them, or the memory store evicts keys.
 //
 // Every change is one log line and a metric. A nil *Health is always
 // ready and never degraded. It is safe for concurrent use.
@@ -73,9 +74,12 @@ type Health struct {
 	// failure policy answers their keys, the others' decide on Redis.
 	// Degraded while it has any.
 	parts map[string]error
-	// lastAnswer is when Redis last answered a store call (UnixNano),
-	// read by checked with a master's breaker open.
-	lastAnswer atomic.Int64
+	// masters: the Redis Cluster masters (by address) that fail the
+	// service's checks while others pass them, each with its error
+	// (classified) and since when. Degraded while it has any.
+	masters map[string]failingMaster
+	// known: the masters sluice_store_node_up has a series for.
+	known map[string]bool
 	// checks numbers the checks of the store as they start; applied is
 	// the last one recorded. /readyz's checks run beside the watch's, and
 	// one that started earlier but ended later (a dial retried through a
@@ -167,6 +171,7 @@ func newHealth(o healthOptions) *Health {
 
 type healthMetrics struct {
 	degraded, storeUp prometheus.Gauge
+	nodeUp            *prometheus.GaugeVec
 	storeChanges      *prometheus.CounterVec
 	fallbackChanges   *prometheus.CounterVec
 	partialChanges    *prometheus.CounterVec
@@ -174,13 +179,15 @@ type healthMetrics struct {
 
 func newHealthMetrics(reg *prometheus.Registry) *healthMetrics {
 	m := &healthMetrics{
-		degraded:        newGauge("sluice_degraded", "1 while decisions are degraded: the store does not answer, or the failure policy answers for it, or the memory store evicts keys (each starting its limit afresh)."),
+		degraded:        newGauge("sluice_degraded", "1 while decisions are degraded: the store does not answer, or the failure policy answers for it, or a Redis Cluster master fails the checks (sluice_store_node_up), or the memory store evicts keys (each starting its limit afresh)."),
 		storeUp:         newGauge("sluice_store_up", "1 while the store (Redis) answers the service's checks."),
 		storeChanges:    newCounterVec("sluice_store_transitions_total", "Store state changes: to=down (with the cause: unreachable, stalled, auth, tls, database, sentinel_master, permission, topology, version, replicas, oom, maxclients, resharding, not_replicated) or to=up.", "to", "cause"),
 		fallbackChanges: newCounterVec("sluice_fallback_transitions_total", "Failure policy changes: to=on when the breaker opens, to=off when it closes.", "to"),
 		partialChanges:  newCounterVec("sluice_partial_failure_transitions_total", "Partial store failures (store calls failing while the breaker stays closed and the store answers the checks): to=on with the cause (as sluice_store_transitions_total's) when one starts, to=off when it ends (a transient cause: 10s without a failed call; a permanent one: the store answering every policy that failed; or the breaker or a lost store taking over).", "to", "cause"),
+		nodeUp: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "sluice_store_node_up",
+			Help: "Redis Cluster only: 1 while the master (node: its address) passes the service's checks, 0 while it fails them (its keys' calls fail; the others' decide on Redis, unless all fail: sluice_store_up 0)."}, []string{"node"}),
 	}
-	reg.MustRegister(m.degraded, m.storeUp, m.storeChanges, m.fallbackChanges, m.partialChanges)
+	reg.MustRegister(m.degraded, m.storeUp, m.storeChanges, m.fallbackChanges, m.partialChanges, m.nodeUp)
 	m.fallbackChanges.WithLabelValues("on")
 	m.fallbackChanges.WithLabelValues("off")
 	m.partialChanges.WithLabelValues("off", "")
@@ -260,14 +267,16 @@ func (h *Health) checked(n uint64, start time.Time, err error) {
 	if n <= h.applied {
 		return
 	}
-	if err != nil && len(h.parts) > 0 && h.lastAnswer.Load() >= start.UnixNano() {
-		// A check that failed while a Cluster master's breaker is open and
-		// Redis answered calls since it started failed on that master
-		// (a ping goes to a random one): the store answers, and the
-		// master's breaker tells its keys' failure.
+	h.applied = n
+	// Some Cluster masters failing while others answer is the store up:
+	// the failing ones are named, their keys' calls fail.
+	var part *redisstore.PartialError
+	if errors.As(err, &part) {
 		err = nil
 	}
-	h.applied = n
+	// After the store's own line, if any: a store back with a master
+	// still failing says so in that order.
+	defer h.mastersLocked(part, err)
 	if err == nil {
 		// The store answered after start: failures from before are not
 		// of the next outage.
@@ -313,6 +322,135 @@ func (h *Health) checked(n uint64, start time.Time, err error) {
 	h.publishLocked()
 	h.log.Log(context.Background(), causeLevel(err), msg, "store", h.store, "cause", cause(err),
 		"failure_policy", h.policy, "ready", h.readyLocked(), "err", err)
+}
+
+// failingMaster is a Redis Cluster master that fails the service's
+// checks while others pass them.
+type failingMaster struct {
+	err   error // classified
+	since time.Time
+}
+
+// mastersLocked records which Cluster masters fail the service's checks:
+// those part names, or none when a check passed (err nil, part nil). A
+// check that failed on every master (err) is the store lost, whose own
+// line tells it: the masters then stay as they were. Each master that
+// starts failing, changes cause or passes again is one line, and its
+// sluice_store_node_up changes before it.
+func (h *Health) mastersLocked(part *redisstore.PartialError, err error) {
+	if err != nil {
+		for a := range h.known {
+			h.nodeUp(a, false)
+		}
+		return
+	}
+	var failed map[string]error
+	var addrs []string
+	if part != nil {
+		failed, addrs = part.Failed, part.Addrs()
+		for _, a := range part.Answered {
+			h.knowLocked(a)
+			h.nodeUp(a, true)
+		}
+	}
+	now := time.Now()
+	for _, a := range addrs {
+		e := failed[a]
+		was, ok := h.masters[a]
+		if ok && cause(was.err) == cause(e) {
+			h.masters[a] = failingMaster{e, was.since}
+			continue
+		}
+		msg := "Redis Cluster master failing the service's checks: its keys' calls fail, the other masters' decide on Redis"
+		since := now
+		if ok {
+			msg, since = "Redis Cluster master still failing the service's checks, another cause", was.since
+		}
+		if h.masters == nil {
+			h.masters = map[string]failingMaster{}
+		}
+		h.masters[a] = failingMaster{e, since}
+		h.knowLocked(a)
+		h.nodeUp(a, false)
+		h.publishLocked()
+		h.log.Log(context.Background(), causeLevel(e), msg, "store", h.store, "node", a, "cause", cause(e),
+			"failure_policy", h.policy, "err", e)
+	}
+	for a, fm := range h.masters {
+		if _, still := failed[a]; still {
+			continue
+		}
+		delete(h.masters, a)
+		downFor := now.Sub(fm.since).Round(time.Millisecond)
+		if (part != nil && !slices.Contains(part.Answered, a)) || (part == nil && !h.known[a]) {
+			// A failover or a resharding took its slots: nothing of
+			// sluice's is on it any more.
+			h.forgetLocked(a)
+			h.publishLocked()
+			h.log.Info("Redis Cluster master failing the service's checks is no longer a master", "store", h.store, "node", a, "failed_for", downFor)
+			continue
+		}
+		h.nodeUp(a, true)
+		h.publishLocked()
+		h.log.Info("Redis Cluster master passes the service's checks again", "store", h.store, "node", a, "down_for", downFor)
+	}
+	if part == nil {
+		for a := range h.known {
+			h.nodeUp(a, true)
+		}
+	}
+}
+
+// setMasters records the Cluster's masters, by address, as a full check of
+// Redis found them: sluice_store_node_up has a series for each, and for
+// none else.
+func (h *Health) setMasters(addrs []string) {
+	if h == nil || len(addrs) == 0 {
+		return
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for a := range h.known {
+		if !slices.Contains(addrs, a) {
+			h.forgetLocked(a)
+		}
+	}
+	for _, a := range addrs {
+		if !h.known[a] {
+			h.knowLocked(a)
+			_, failing := h.masters[a]
+			h.nodeUp(a, !failing && h.storeErr == nil)
+		}
+	}
+}
+
+func (h *Health) knowLocked(addr string) {
+	if h.known == nil {
+		h.known = map[string]bool{}
+	}
+	h.known[addr] = true
+}
+
+// forgetLocked drops a master no longer in the slot map.
+func (h *Health) forgetLocked(addr string) {
+	delete(h.known, addr)
+	if h.m != nil {
+		h.m.nodeUp.DeleteLabelValues(addr)
+	}
+}
+
+func (h *Health) nodeUp(addr string, up bool) {
+	if h.m != nil {
+		h.m.nodeUp.WithLabelValues(addr).Set(b2f(up))
+	}
+}
+
+// mastersFailing reports whether some Cluster masters fail the service's
+// checks.
+func (h *Health) mastersFailing() bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return len(h.masters) > 0
 }
 
 // failedAtLocked records a failed check or store call that started at t,
@@ -702,7 +840,7 @@ func (h *Health) endPartialLocked() {
 }
 
 func (h *Health) degradedLocked() bool {
-	return h.storeErr != nil || h.fallback || h.partial || h.uncounted || h.evicting != "" || len(h.parts) > 0
+	return h.storeErr != nil || h.fallback || h.partial || h.uncounted || h.evicting != "" || len(h.parts) > 0 || len(h.masters) > 0
 }
 
 // setEvicting records the memory store evicting keys (a reason) or no
@@ -821,7 +959,12 @@ type Status struct {
 	// own breakers are open or half-open: the failure policy answers
 	// their keys while the other masters' keys decide on Redis
 	// (FallbackActive stays false for that).
-	OpenPartitions []string    `json:"open_partitions,omitempty"`
+	OpenPartitions []string `json:"open_partitions,omitempty"`
+	// FailingMasters names the Redis Cluster masters (by address) that
+	// fail the service's checks while the others pass them: their keys'
+	// calls fail, the others' decide on Redis. Ready stays true: the store
+	// is lost only when every master fails.
+	FailingMasters []string    `json:"failing_masters,omitempty"`
 	Store          StoreStatus `json:"store"`
 	// Admin says whether admin endpoints (reset) are enabled, and how:
 	// "token", "loopback", "insecure" or "disabled".
@@ -880,6 +1023,22 @@ func (h *Health) Status() Status {
 			whose = "the breakers of Redis Cluster masters " + strings.Join(parts, ", ") + " are open"
 		}
 		st.Reasons = append(st.Reasons, whose+why+": for their keys, "+h.policyAnswer()+" until a probe succeeds; the other masters' keys decide on Redis")
+	}
+	for a := range h.masters {
+		st.FailingMasters = append(st.FailingMasters, a)
+	}
+	slices.Sort(st.FailingMasters)
+	if ms := st.FailingMasters; len(ms) > 0 && h.storeErr == nil {
+		err := h.masters[ms[0]].err
+		whose, its := "Redis Cluster master "+ms[0]+" fails the service's checks ("+cause(err)+": "+err.Error()+"): ", "its"
+		if len(ms) > 1 {
+			whose, its = "Redis Cluster masters "+strings.Join(ms, ", ")+" fail the service's checks ("+ms[0]+": "+cause(err)+": "+err.Error()+"): ", "their"
+		}
+		then := its + " keys' decisions fail (no failure policy)"
+		if h.withPolicy {
+			then = its + " keys' calls fail, and for them " + h.policyAnswer()
+		}
+		st.Reasons = append(st.Reasons, whose+then+"; the other masters' keys decide on Redis")
 	}
 	if h.uncounted && !h.answeringLocked() {
 		// Nothing answers by the policy now: say what it would do.
@@ -956,6 +1115,13 @@ func (h *Health) watch(stop <-chan struct{}, interval time.Duration) {
 			h.breaker(ctx)
 		}
 		cancel()
+		if errors.Is(err, redisstore.ErrPartial) && h.breaker != nil {
+			// The live masters' breakers are still probed, on a time of
+			// their own: a stopped master held the check to its end.
+			ctx, cancel := context.WithTimeout(context.Background(), max(interval, time.Second))
+			h.breaker(ctx)
+			cancel()
+		}
 	})
 }
 
@@ -977,9 +1143,17 @@ const startCheckTimeout = 5 * time.Second
 func (s *Server) checkRedis(c redis.UniversalClient) error {
 	s.health.store = "redis"
 	w := checkWarnings{every: recheckChecks * s.opts.StoreCheckInterval}
+	_, cluster := c.(*redis.ClusterClient)
 	s.health.probe = func(ctx context.Context) error {
 		down := s.health.storeDown()
-		if !down && !w.due(time.Now()) {
+		// A master failing among live ones comes back usable too: the
+		// full check while any does.
+		if !down && !w.due(time.Now()) && (!cluster || !s.health.mastersFailing()) {
+			if cluster {
+				// A ping would go to one master, chosen at random:
+				// CheckAccess (checkAccess) pings every one.
+				return nil
+			}
 			// Bounded by ctx: c comes from newRedisClient, which sets
 			// ContextTimeoutEnabled on every kind of client (a default
 			// go-redis client would wait out its 5s ReadTimeout).
@@ -991,8 +1165,9 @@ func (s *Server) checkRedis(c redis.UniversalClient) error {
 		// recheckChecks-th check is the full one, for a CONFIG SET made
 		// at runtime.
 		rep, err := redisstore.Check(ctx, c)
-		if err == nil {
+		if rep != nil { // passed, or some Cluster masters did
 			w.log(s.log, rep.Warnings, down)
+			s.health.setMasters(rep.Masters)
 		}
 		return err
 	}
@@ -1002,9 +1177,14 @@ func (s *Server) checkRedis(c redis.UniversalClient) error {
 	if errors.Is(err, redisstore.ErrMisconfigured) {
 		return err
 	}
+	if rep != nil {
+		s.health.setMasters(rep.Masters)
+	}
 	if err != nil {
 		msg := "Redis unreachable at start; serving under the failure policy and retrying"
 		switch {
+		case errors.Is(err, redisstore.ErrPartial):
+			msg = "some Redis Cluster masters fail at start; their keys' calls fail, the others' decide on Redis; retrying"
 		case errors.Is(err, redisstore.ErrStalled):
 			msg = "Redis stalled at start (it answers, but a write does not complete); serving under the failure policy and retrying"
 		case errors.Is(err, redisstore.ErrMaxClients):
@@ -1068,11 +1248,20 @@ func (s *Server) checkAccess(rs *redisstore.Store) error {
 	// watch runs the access script too, so readiness tells the truth
 	// where no breaker does (the error policy).
 	ping := s.health.probe
+	_, cluster := s.redis.(*redis.ClusterClient)
 	s.health.probe = func(ctx context.Context) error {
-		if err := ping(ctx); err != nil {
-			return err
+		if !cluster {
+			if err := ping(ctx); err != nil {
+				return err
+			}
+			return rs.CheckAccess(ctx)
 		}
-		return rs.CheckAccess(ctx)
+		// Every master on its own, and both checks at once: a master that
+		// holds one to ctx's end must not leave the other no time.
+		pinged := make(chan error, 1)
+		go func() { pinged <- ping(ctx) }()
+		err := rs.CheckAccess(ctx)
+		return redisstore.JoinMasters(<-pinged, err)
 	}
 	if s.health.storeDown() {
 		return nil
@@ -1119,7 +1308,6 @@ func (o healthObserver) ObserveStore(e sluice.StoreEvent) {
 	switch {
 	case e.Err == nil:
 		if e.Source == sluice.SourceBackend {
-			o.h.lastAnswer.Store(time.Now().UnixNano())
 			o.h.storeAnswered(e.Key)
 		}
 	case byPolicy && (e.Op == "take" || e.Op == "peek" || e.Op == "take_all" || e.Op == "acquire"):

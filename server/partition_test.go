@@ -119,3 +119,106 @@ func TestFaultServeClusterMasterStopped(t *testing.T) {
 		}
 	}
 }
+
+// TestFaultServeClusterMasterStoppedIdle: one master of three stops
+// (SIGSTOP), the one that holds the key the service's check of Redis once
+// used alone, with no traffic on any key, so that no breaker tells it.
+// Under the default policy and under error (no breaker at all), the
+// instance stays ready with the store up, degraded, /v1/status and
+// /readyz naming the master, sluice_store_node_up 0 for it, and a key on
+// another master decides on Redis; once it continues, the partial failure
+// clears.
+func TestFaultServeClusterMasterStoppedIdle(t *testing.T) {
+	race.SkipTiming(t)
+	cl := redistest.StartCluster(t, &redistest.ClusterOptions{Args: []string{"--cluster-require-full-coverage", "no"}})
+	config := filepath.Join(t.TempDir(), "sluice.yaml")
+	const limit = "fixed_window 1000000000/1h"
+	if err := os.WriteFile(config, []byte("domain: d\npolicies:\n  - name: api\n    limit: "+limit+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	policies := []string{"local", "error"}
+	procs := map[string]*proc{}
+	for _, policy := range policies {
+		procs[policy] = startSluice(t, nil, "--config", config, "--redis", cl.URL(), "--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0",
+			"--failure-policy", policy, "--decision-timeout", "50ms", "--watch-interval", "200ms")
+	}
+	stopped := cl.MasterOf(t, "sluice:check")
+	live := ""
+	for i := 0; live == ""; i++ {
+		if k := fmt.Sprint("k", i); cl.MasterOf(t, redisHashTag(t, "api", limit, k)) != stopped {
+			live = k
+		}
+	}
+	stopped.Pause(t)
+	resumed := false
+	t.Cleanup(func() {
+		if !resumed {
+			stopped.Resume(t)
+		}
+	})
+	named := "Redis Cluster master " + stopped.Addr + " fails the service's checks"
+	for _, policy := range policies {
+		p := procs[policy]
+		var st map[string]any
+		for deadline := time.Now().Add(5 * time.Second); ; {
+			_, st = p.getJSON(t, "/v1/status")
+			if fmt.Sprint(st["failing_masters"]) == "["+stopped.Addr+"]" {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: one master stopped for 5s: status %v, want it in failing_masters", policy, st)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		r := p.expect(t, "Redis Cluster master failing the service's checks: its keys' calls fail, the other masters' decide on Redis")
+		if r["node"] != stopped.Addr {
+			t.Errorf("%s: failing line %v, want node=%s", policy, r, stopped.Addr)
+		}
+		if got := scrapedMetric(t, p, `sluice_store_node_up{node="`+stopped.Addr+`"}`); got != "0" {
+			t.Errorf("%s: sluice_store_node_up for the stopped master %q, want 0", policy, got)
+		}
+	}
+	// It stays so: the store is not lost, nor the instance unready.
+	for range 4 {
+		time.Sleep(300 * time.Millisecond)
+		for _, policy := range policies {
+			p := procs[policy]
+			_, st := p.getJSON(t, "/v1/status")
+			if st["ready"] != true || st["degraded"] != true || fmt.Sprint(st["store"].(map[string]any)["up"]) != "true" ||
+				fmt.Sprint(st["failing_masters"]) != "["+stopped.Addr+"]" || !strings.Contains(fmt.Sprint(st["reasons"]), named) {
+				t.Fatalf("%s: status %v with one master stopped: want ready, degraded, the store up, the master named", policy, st)
+			}
+			if code, body := p.get(t, "/readyz"); code != 200 || !strings.Contains(body, named) {
+				t.Errorf("%s: /readyz %d %q, want 200 naming the master", policy, code, body)
+			}
+		}
+	}
+	for _, policy := range policies {
+		if code, body := procs[policy].post(t, "/v1/check", `{"policy":"api","key":"`+live+`"}`); code != 200 || body["source"] != nil {
+			t.Errorf("%s: a key on a live master: %d %v, want decided on Redis", policy, code, body)
+		}
+	}
+
+	stopped.Resume(t)
+	resumed = true
+	for _, policy := range policies {
+		p := procs[policy]
+		var st map[string]any
+		for deadline := time.Now().Add(5 * time.Second); ; {
+			_, st = p.getJSON(t, "/v1/status")
+			if st["failing_masters"] == nil && st["degraded"] == false {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: master continued for 5s: status %v, want none failing, not degraded", policy, st)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		if r := p.expect(t, "Redis Cluster master passes the service's checks again"); r["node"] != stopped.Addr {
+			t.Errorf("%s: back line %v, want node=%s", policy, r, stopped.Addr)
+		}
+		if got := scrapedMetric(t, p, `sluice_store_node_up{node="`+stopped.Addr+`"}`); got != "1" {
+			t.Errorf("%s: sluice_store_node_up after the master continued %q, want 1", policy, got)
+		}
+	}
+}
