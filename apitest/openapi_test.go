@@ -452,3 +452,28 @@ func goInternals(detail string) string {
 	}
 	return ""
 }
+
+// The states a single service cannot reach here (a Cluster master's
+// breaker open, a master failing the checks) still match the document:
+// /v1/status and /v1/stats's store with every optional list set.
+func TestClusterFieldsDocumented(t *testing.T) {
+	_, model := loadDocument(t)
+	masters := []string{"10.0.0.2:6379"}
+	for name, v := range map[string]any{
+		"Status": server.Status{
+			Ready: true, Degraded: true, Reasons: []string{"a master"}, FailurePolicy: "local",
+			OpenPartitions: masters, FailingMasters: masters,
+			Store: server.StoreStatus{Kind: "redis", Up: true, Since: time.Now()}, Admin: "token",
+		},
+		"StoreHealth": server.StoreHealth{Store: "redis", Mode: "cluster", Breaker: "open", OpenPartitions: masters},
+	} {
+		body, err := json.Marshal(v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		schema := model.Components.Schemas.GetOrZero(name).Schema()
+		if ok, errs := schema_validation.NewSchemaValidator().ValidateSchemaBytes(schema, body); !ok {
+			t.Errorf("%s %s does not match the document: %s", name, body, describe(errs))
+		}
+	}
+}
