@@ -210,14 +210,19 @@ type fwdAnswer struct {
 	hold    time.Duration
 }
 
+// errGrantorStopped: the instance a call was passed on to has stopped
+// (Fleet.gone), and the slot its fallback held with it.
+var errGrantorStopped = errors.New("the granting instance has stopped")
+
 // forward passes an extend or release of t, held in another instance's
-// fallback, on to that instance and returns its answer.
-func (f *Fleet) forward(ctx context.Context, op string, t slotToken) (time.Duration, error) {
+// fallback, on to that instance and returns its answer. answered reports
+// that the instance answered: it carried the call out, and counted it.
+func (f *Fleet) forward(ctx context.Context, op string, t slotToken) (hold time.Duration, answered bool, err error) {
 	held := fmt.Sprintf("the slot was granted by instance %s while Redis was away and is held there", t.member)
 	if f.mon.storeHealth().FallbackActive {
 		// No channel to pass it on: the client must reach that instance
 		// (or wait for Redis).
-		return 0, fmt.Errorf("%w: %s; Redis is unreachable, so only that instance can extend or release it: send the call there (route a token's calls to the instance that acquired it), or retry once Redis is back", ErrSlotElsewhere, held)
+		return 0, false, fmt.Errorf("%w: %s; Redis is unreachable, so only that instance can extend or release it: send the call there (route a token's calls to the instance that acquired it), or retry once Redis is back", ErrSlotElsewhere, held)
 	}
 	var b [16]byte
 	rand.Read(b[:])
@@ -241,22 +246,22 @@ func (f *Fleet) forward(ctx context.Context, op string, t slotToken) (time.Durat
 	if err := f.client.Publish(ctx, f.noteChannel(), msg).Err(); err != nil {
 		// A timeout may come after Redis passed the call on: it may have
 		// been carried out.
-		return 0, fmt.Errorf("%w: %s; passing the call on through Redis failed (%v), so it may or may not have been carried out: retry, or send the call there", ErrSlotElsewhere, held, err)
+		return 0, false, fmt.Errorf("%w: %s; passing the call on through Redis failed (%v), so it may or may not have been carried out: retry, or send the call there", ErrSlotElsewhere, held, err)
 	}
 	select {
 	case a := <-ch:
 		switch a.outcome {
 		case "ok":
-			return a.hold, nil
+			return a.hold, true, nil
 		case "gone":
-			return 0, fmt.Errorf("%w: instance %s, whose fallback granted it, does not hold it (expired at its hold timeout, or released)", ErrSlotNotHeld, t.member)
+			return 0, true, fmt.Errorf("%w: instance %s, whose fallback granted it, does not hold it (expired at its hold timeout, or released)", ErrSlotNotHeld, t.member)
 		}
-		return 0, fmt.Errorf("%w: %s; that instance could not answer for it: retry", ErrSlotElsewhere, held)
+		return 0, true, fmt.Errorf("%w: %s; that instance could not answer for it: retry", ErrSlotElsewhere, held)
 	case <-ctx.Done():
 		if f.gone(t.member) {
-			return 0, fmt.Errorf("%w: instance %s, whose fallback granted it, has stopped (its fleet report is gone), and the slot with it", ErrSlotNotHeld, t.member)
+			return 0, false, errGrantorStopped
 		}
-		return 0, fmt.Errorf("%w: %s; it did not answer within %v (it may have stopped, and the slot with it): retry, or send the call there", ErrSlotElsewhere, held, forwardTimeout)
+		return 0, false, fmt.Errorf("%w: %s; it did not answer within %v (it may have stopped, and the slot with it): retry, or send the call there", ErrSlotElsewhere, held, forwardTimeout)
 	}
 }
 

@@ -294,8 +294,9 @@ policies:
 // slot stops (the slot goes with it) and starts again under a new id. A
 // release or extend of the slot through the other instance, or through the
 // new one, is 404 once the granting instance has not answered: its fleet
-// report is gone, so it is not running. Before, it was a 503 "retry"
-// forever, though no instance could hold the slot.
+// report is gone, so it is not running, and Redis does not hold its holder.
+// Before, it was a 503 "retry" forever, though no instance could hold the
+// slot.
 func TestFleetFallbackGrantorStopped(t *testing.T) {
 	race.SkipTiming(t)
 	r, f := jobsFleet(t)
@@ -304,6 +305,10 @@ func TestFleetFallbackGrantorStopped(t *testing.T) {
 	token := stalledGrant(t, r, a)
 	// a answers through b while it runs.
 	extendedElsewhere(t, b, token, "a running")
+	// Its acquire ran on Redis when Redis resumed; taken away here, as if
+	// it had not (TestFleetFallbackGrantorStoppedStoreHeld keeps it).
+	ranLate(t, r, token)
+	heldOnRedis(t, r, token, true)
 	a.signal(t, syscall.SIGTERM)
 	a.cmd.Wait()
 	a2 := f.add(t)
@@ -317,6 +322,85 @@ func TestFleetFallbackGrantorStopped(t *testing.T) {
 			if took := time.Since(start); took > 3*time.Second {
 				t.Errorf("%s took %v", path, took)
 			}
+		}
+	}
+}
+
+// TestFleetFallbackGrantorStoppedStoreHeld: an acquire that timed out on
+// a stalled Redis, granted by the instance's fallback, runs on Redis once
+// it resumes, under the same holder, and only the granting instance would
+// free it there. Once that instance has stopped, a release of the slot
+// through another instance frees the holder on Redis (204, and 204 when
+// sent again), an extend extends it there (200), and a call about a holder
+// Redis does not hold is 404. Before, both calls were 404 "nothing was
+// freed" while Redis kept the holders until their hold timeout.
+func TestFleetFallbackGrantorStoppedStoreHeld(t *testing.T) {
+	race.SkipTiming(t)
+	r, f := jobsFleet(t)
+	a, b := f.procs[0], f.procs[1]
+	tokens := []string{stalledGrant(t, r, a), stalledGrant(t, r, a)}
+	onRedis := func(tok string) bool { return heldOnRedis(t, r, tok, false) }
+	for _, tok := range tokens {
+		ranLate(t, r, tok)
+	}
+	a.signal(t, syscall.SIGTERM)
+	a.cmd.Wait()
+
+	if code, body := slotCall(t, b, "/v1/extend", tokens[0]); code != 200 || body["hold_ms"] != 30000.0 {
+		t.Errorf("extend after the granting instance stopped, Redis holding the holder: %d %v; want 200 with hold_ms 30000", code, body)
+	}
+	for i, tok := range tokens {
+		for range 2 {
+			if code, body := slotCall(t, b, "/v1/release", tok); code != 204 {
+				t.Errorf("release %d after the granting instance stopped, Redis holding the holder: %d %v; want 204", i, code, body)
+			}
+		}
+		if onRedis(tok) {
+			t.Errorf("Redis still holds holder %d after its release", i)
+		}
+	}
+	code, body := slotCall(t, b, "/v1/extend", tokens[1])
+	if detail, _ := body["detail"].(string); code != 404 || !strings.Contains(detail, "stopped") {
+		t.Errorf("extend of the released holder: %d %v; want 404 saying the granting instance stopped", code, body)
+	}
+	// The whole max is free again.
+	for i := range 4 {
+		if code, body := b.post(t, "/v1/acquire", `{"policy":"jobs","key":"k"}`); code != 200 || body["source"] != nil {
+			t.Fatalf("acquire %d after the releases: %d %v", i, code, body)
+		}
+	}
+}
+
+// heldOnRedis reports whether Redis holds token's holder, removing it
+// when remove.
+func heldOnRedis(t *testing.T, r *redisProc, token string, remove bool) bool {
+	t.Helper()
+	c := r.client()
+	defer c.Close()
+	ctx := context.Background()
+	keys, err := c.Keys(ctx, "*:if2").Result()
+	if err != nil || len(keys) > 1 {
+		t.Fatalf("in-flight keys on Redis: %v, %v; want one at most", keys, err)
+	}
+	if len(keys) == 0 {
+		return false
+	}
+	member := "h" + strings.Split(token, ".")[0]
+	if remove {
+		n, err := c.ZRem(ctx, keys[0], member).Result()
+		return err == nil && n == 1
+	}
+	_, err = c.ZScore(ctx, keys[0], member).Result()
+	return err == nil
+}
+
+// ranLate waits until the acquire of token, granted by a fallback when it
+// timed out on a stalled Redis, has run on Redis.
+func ranLate(t *testing.T, r *redisProc, token string) {
+	t.Helper()
+	for deadline := time.Now().Add(5 * time.Second); !heldOnRedis(t, r, token, false); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the acquire that timed out did not run on Redis when it resumed; this test needs it to")
 		}
 	}
 }

@@ -271,7 +271,7 @@ func (s *Service) Extend(ctx context.Context, token string) (time.Duration, erro
 		return s.extendOpen(t, p)
 	}
 	if s.elsewhere(t) {
-		return s.mon.fleet.forward(ctx, opExtend, t)
+		return s.passOn(ctx, opExtend, t, p)
 	}
 	return s.extend(ctx, t, p)
 }
@@ -334,7 +334,7 @@ func (s *Service) Release(ctx context.Context, token string) error {
 		return s.releaseOpen(t, p)
 	}
 	if s.elsewhere(t) {
-		_, err := s.mon.fleet.forward(ctx, opRelease, t)
+		_, err := s.passOn(ctx, opRelease, t, p)
 		return err
 	}
 	return s.release(ctx, t, p)
@@ -363,6 +363,37 @@ func (s *Service) releaseOpen(t slotToken, p *config.Policy) error {
 // fallback, which a fleet can reach.
 func (s *Service) elsewhere(t slotToken) bool {
 	return t.member != "" && t.member != s.mon.instance && s.mon.fleet != nil
+}
+
+// passOn passes an extend or release of t on to the instance whose
+// fallback holds the slot (Fleet.forward) and returns its answer.
+func (s *Service) passOn(ctx context.Context, op string, t slotToken, p *config.Policy) (time.Duration, error) {
+	hold, _, err := s.mon.fleet.forward(ctx, op, t)
+	if errors.Is(err, errGrantorStopped) {
+		return s.grantorStopped(ctx, op, t, p)
+	}
+	return hold, err
+}
+
+// grantorStopped carries out an extend or release of t, whose granting
+// instance has stopped, on the store. Its fallback slot went with it, but
+// its acquire on Redis, which timed out, may have run all the same (when
+// Redis resumed), under the same holder: only the granting instance would
+// have freed that, and so it would hold until its hold timeout. The store
+// answers for it, as for a slot Redis granted: released (204) or extended
+// (200) when it holds the holder, and not held otherwise.
+func (s *Service) grantorStopped(ctx context.Context, op string, t slotToken, p *config.Policy) (time.Duration, error) {
+	var hold time.Duration
+	var err error
+	if op == opExtend {
+		hold, err = s.extend(ctx, t, p)
+	} else {
+		err = s.release(ctx, t, p)
+	}
+	if errors.Is(err, ErrSlotNotHeld) {
+		err = fmt.Errorf("%w: instance %s, whose fallback granted it, has stopped (its fleet report is gone), and the slot with it", ErrSlotNotHeld, t.member)
+	}
+	return hold, err
 }
 
 // onceReleaser is a store that remembers a release in the same step as
