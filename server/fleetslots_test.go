@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"os"
 	"path/filepath"
 	"testing"
@@ -210,4 +211,91 @@ func TestFleetSlotsReleasedElsewhere(t *testing.T) {
 		t.Fatalf("release through b: %d", code)
 	}
 	t.Logf("released through b: the fleet drops it after %v (the hold is 60 s)", await("released through b", 0))
+}
+
+// TestSlotsNotHeldDropped: slots the store lost (a Redis restart without
+// persistence; here their key deleted) are counted no more once a release
+// or an extend of them answers not held: at once through the instance that
+// acquired them, within a few note intervals through another one. Before,
+// the acquiring instance counted them, sluice_inflight_held included, until
+// their hold passed (up to 24 h).
+func TestSlotsNotHeldDropped(t *testing.T) {
+	c := redis.NewClient(&redis.Options{Addr: redistest.StartServer(t).Addr})
+	t.Cleanup(func() { c.Close() })
+	prefix := redistest.Prefix(t)
+	ctx := context.Background()
+	cfg := "policies:\n  - name: jobs\n    in_flight: {max: 10, hold: 1h}\n"
+	svcs, ms := make([]*Service, 2), make([]*Metrics, 2)
+	for i := range svcs {
+		ms[i] = NewMetrics()
+		svcs[i] = NewService(redisstore.New(c, &redisstore.Options{Prefix: prefix}), mustConfig(t, cfg), &ServiceOptions{Metrics: ms[i]})
+		f := NewFleet(c, svcs[i], &FleetOptions{Prefix: prefix + "fleet"})
+		f.Start()
+		t.Cleanup(f.Stop)
+	}
+	a, b := svcs[0], svcs[1]
+	channel := "{" + prefix + "fleet}:slots"
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if n, err := c.PubSubNumSub(ctx, channel).Result(); err == nil && n[channel] == 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("listeners on %s: want 2", channel)
+		}
+	}
+	gauge := func() float64 {
+		return metricValue(t, ms[0].Registry(), "sluice_inflight_held", map[string]string{"policy": "jobs"})
+	}
+	var tokens []string
+	for range 3 {
+		res, err := a.Acquire(ctx, "jobs", "k", 2, sluice.PriorityCritical)
+		if err != nil || !res.Decision.Allowed {
+			t.Fatalf("acquire: %+v, %v", res.Decision, err)
+		}
+		tokens = append(tokens, res.Token)
+	}
+	keys, err := c.Keys(ctx, prefix+"*:if2").Result()
+	if err != nil || len(keys) != 1 {
+		t.Fatalf("in-flight keys: %v, %v", keys, err)
+	}
+	c.Del(ctx, keys...)
+	if err := a.Release(ctx, tokens[0]); !errors.Is(err, ErrSlotNotHeld) {
+		t.Fatalf("release of a lost slot: %v, want ErrSlotNotHeld", err)
+	}
+	if got := gauge(); got != 4 {
+		t.Errorf("held after the release of a lost slot through a: %v, want 4", got)
+	}
+	if _, err := a.Extend(ctx, tokens[1]); !errors.Is(err, ErrSlotNotHeld) {
+		t.Fatalf("extend of a lost slot: %v, want ErrSlotNotHeld", err)
+	}
+	if got := gauge(); got != 2 {
+		t.Errorf("held after the extend of a lost slot through a: %v, want 2", got)
+	}
+	if err := b.Release(ctx, tokens[2]); !errors.Is(err, ErrSlotNotHeld) {
+		t.Fatalf("release of a lost slot through b: %v, want ErrSlotNotHeld", err)
+	}
+	for deadline := time.Now().Add(2 * time.Second); gauge() != 0; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("held 2 s after the release of a lost slot through b: %v, want 0", gauge())
+		}
+	}
+}
+
+// A 404 for a token nobody here acquired (a forged one, as likely as a
+// slot the store lost) is told to the fleet only while the note queue is
+// at most half full, so that such tokens never push out the notes of real
+// releases and extends.
+func TestSlotsNotHeldNotesBounded(t *testing.T) {
+	_, svc, _ := newSlotsService(t)
+	svc.notes = make(chan slotNote, noteQueue) // no relay drains it
+	ctx := context.Background()
+	for range noteQueue {
+		tok := slotToken{holder: sluice.NewHolderID(), policy: "exports", key: "ann"}
+		if err := svc.Release(ctx, tok.String()); !errors.Is(err, ErrSlotNotHeld) {
+			t.Fatalf("release of a forged token: %v, want ErrSlotNotHeld", err)
+		}
+	}
+	if got := len(svc.notes); got != noteQueue/2+1 {
+		t.Fatalf("notes queued for %d forged tokens: %d, want %d", noteQueue, got, noteQueue/2+1)
+	}
 }

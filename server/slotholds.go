@@ -71,16 +71,21 @@ func (h *heldSlots) extend(holder string, open bool, until time.Time) bool {
 	return ok
 }
 
-// drop stops counting holder's slot, released through another instance,
-// and reports it as a sluice.SlotExpire: held no more, with no release
-// through this instance. open says which kind of slot the note is about.
-func (h *heldSlots) drop(holder string, open bool) {
+// drop stops counting holder's slot, released through another instance
+// or found not held by the store, and reports it as a sluice.SlotExpire:
+// held no more, with no release through this instance. open says which
+// kind of slot the call or note is about. It reports whether this instance
+// counted the slot.
+func (h *heldSlots) drop(holder string, open bool) bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if s, ok := h.holds[holder]; ok && s.open == open {
-		delete(h.holds, holder)
-		h.obs.ObserveSlot(sluice.SlotEvent{Policy: s.policy, Op: sluice.SlotExpire, Outcome: sluice.OutcomeAllowed, Priority: s.priority, Weight: s.weight})
+	s, ok := h.holds[holder]
+	if !ok || s.open != open {
+		return false
 	}
+	delete(h.holds, holder)
+	h.obs.ObserveSlot(sluice.SlotEvent{Policy: s.policy, Op: sluice.SlotExpire, Outcome: sluice.OutcomeAllowed, Priority: s.priority, Weight: s.weight})
+	return true
 }
 
 // release stops tracking holder's slot of that kind (open or not) and

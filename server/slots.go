@@ -312,6 +312,7 @@ func (s *Service) extend(ctx context.Context, t slotToken, p *config.Policy) (ti
 		return 0, fmt.Errorf("server: store: %w", err)
 	}
 	if !ok {
+		s.notHeld(t)
 		s.observeSlot(res, sluice.SlotExtend, sluice.OutcomeDenied)
 		return 0, fmt.Errorf("%w: expired at its hold timeout, released, lost by the store (a Redis restart without persistence), or never acquired", ErrSlotNotHeld)
 	}
@@ -438,6 +439,24 @@ func (s *Service) released(t slotToken, p *config.Policy, now, before bool) erro
 		s.observeSlot(res, sluice.SlotRelease, sluice.OutcomeAllowed)
 		return nil
 	}
+	s.notHeld(t)
 	s.observeSlot(SlotResult{Policy: p}, sluice.SlotRelease, sluice.OutcomeDenied)
 	return fmt.Errorf("%w: expired at its hold timeout, lost by the store (a Redis restart without persistence), or never acquired", ErrSlotNotHeld)
+}
+
+// notHeld stops counting t's slot, which the store found not held
+// (expired, or lost by a Redis restart without persistence): at once when
+// it was acquired here; else, for a slot Redis granted, the fleet is told
+// as of a release elsewhere, so that the instance that acquired it stops
+// counting it too. Any token names a holder, so such a note goes only
+// while the queue is at most half full: 404s for forged tokens can never
+// push out the notes of real releases and extends. A fallback slot's
+// token names the instance that holds it: nobody else counts it.
+func (s *Service) notHeld(t slotToken) {
+	if s.holds.drop(t.holder, false) || t.member != "" {
+		return
+	}
+	if len(s.notes) <= cap(s.notes)/2 {
+		s.tellFleet(slotNote{holder: t.holder})
+	}
 }
