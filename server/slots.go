@@ -367,11 +367,20 @@ func (s *Service) elsewhere(t slotToken) bool {
 }
 
 // passOn passes an extend or release of t on to the instance whose
-// fallback holds the slot (Fleet.forward) and returns its answer.
+// fallback holds the slot (Fleet.forward) and returns its answer. Each
+// call is counted once in the fleet: by the instance that carried it out,
+// or here, as an error, when none answered (the client's 503).
 func (s *Service) passOn(ctx context.Context, op string, t slotToken, p *config.Policy) (time.Duration, error) {
-	hold, _, err := s.mon.fleet.forward(ctx, op, t)
-	if errors.Is(err, errGrantorStopped) {
+	hold, answered, err := s.mon.fleet.forward(ctx, op, t)
+	switch {
+	case errors.Is(err, errGrantorStopped):
 		return s.grantorStopped(ctx, op, t, p)
+	case err != nil && !answered && ended(ctx) == nil:
+		sop := sluice.SlotRelease
+		if op == opExtend {
+			sop = sluice.SlotExtend
+		}
+		s.observeSlot(SlotResult{Policy: p}, sop, sluice.OutcomeError)
 	}
 	return hold, err
 }
