@@ -14,6 +14,7 @@ import (
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/race"
 	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/memory"
 	"github.com/sluicehq/sluice/redisstore"
 )
 
@@ -298,4 +299,72 @@ func TestSlotsNotHeldNotesBounded(t *testing.T) {
 	if got := len(svc.notes); got != noteQueue/2+1 {
 		t.Fatalf("notes queued for %d forged tokens: %d, want %d", noteQueue, got, noteQueue/2+1)
 	}
+}
+
+// TestReleasesRememberedBounded: a release is remembered for the policy's
+// hold, at most rememberRelease, on Redis as in memory. With hold 24h,
+// 100 releases a second kept 8.6 million records (about 1.1 GB) in one key;
+// now 30,000 at most. A release sent again within the bound is 204
+// (released before); after it, 404, as after the hold of a shorter one.
+func TestReleasesRememberedBounded(t *testing.T) {
+	cfg := "policies:\n  - name: jobs\n    in_flight: {max: 10, hold: 24h}\n"
+	t.Run("redis", func(t *testing.T) {
+		c := redis.NewClient(&redis.Options{Addr: redistest.StartServer(t).Addr})
+		t.Cleanup(func() { c.Close() })
+		prefix := redistest.Prefix(t)
+		ctx := context.Background()
+		svc := NewService(redisstore.New(c, &redisstore.Options{Prefix: prefix}), mustConfig(t, cfg), nil)
+		for range 3 {
+			res, err := svc.Acquire(ctx, "jobs", "k", 1, sluice.PriorityCritical)
+			if err != nil || !res.Decision.Allowed {
+				t.Fatalf("acquire: %+v, %v", res.Decision, err)
+			}
+			if err := svc.Release(ctx, res.Token); err != nil {
+				t.Fatal(err)
+			}
+		}
+		keys, err := c.Keys(ctx, prefix+"*:if2r").Result()
+		if err != nil || len(keys) != 1 {
+			t.Fatalf("release records: %v, %v; want one key", keys, err)
+		}
+		now, err := c.Time(ctx).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		until := now.Add(rememberRelease).UnixMicro()
+		recs, err := c.ZRangeWithScores(ctx, keys[0], 0, -1).Result()
+		if err != nil || len(recs) != 3 {
+			t.Fatalf("release records: %v, %v; want 3", recs, err)
+		}
+		for _, r := range recs {
+			if int64(r.Score) > until {
+				t.Errorf("a release is remembered until %v, more than %v from now", time.UnixMicro(int64(r.Score)), rememberRelease)
+			}
+		}
+		if ttl := c.PTTL(ctx, keys[0]).Val(); ttl > rememberRelease+time.Second {
+			t.Errorf("the records' key expires in %v, want at most %v", ttl, rememberRelease)
+		}
+	})
+	t.Run("memory", func(t *testing.T) {
+		clock := newFakeClock()
+		store := memory.New(&memory.Options{Clock: clock.Now, SweepInterval: -1})
+		t.Cleanup(func() { store.Close() })
+		svc := NewService(store, mustConfig(t, cfg), &ServiceOptions{Clock: clock.Now})
+		ctx := context.Background()
+		res, err := svc.Acquire(ctx, "jobs", "k", 1, sluice.PriorityCritical)
+		if err != nil || !res.Decision.Allowed {
+			t.Fatalf("acquire: %+v, %v", res.Decision, err)
+		}
+		if err := svc.Release(ctx, res.Token); err != nil {
+			t.Fatal(err)
+		}
+		clock.Set(t0.Add(rememberRelease - time.Second))
+		if err := svc.Release(ctx, res.Token); err != nil {
+			t.Errorf("released again within the bound: %v, want released before", err)
+		}
+		clock.Set(t0.Add(2*rememberRelease + time.Second)) // the second release renewed the record
+		if err := svc.Release(ctx, res.Token); !errors.Is(err, ErrSlotNotHeld) {
+			t.Errorf("released again past the bound: %v, want ErrSlotNotHeld", err)
+		}
+	})
 }

@@ -45,10 +45,10 @@ import (
 // store's (heldSlots), so that even a token crafted to pass the check
 // frees and extends nothing.
 //
-// A release that frees a slot is remembered for the policy's hold, so
-// that releasing the token again answers "released before" rather than
-// "unknown": a client retrying a release it saw fail is told it
-// succeeded. The store remembers it in the same step as it frees the slot
+// A release that frees a slot is remembered for the policy's hold, at
+// most rememberRelease, so that releasing the token again answers
+// "released before" rather than "unknown": a client retrying a release it
+// saw fail is told it succeeded. The store remembers it in the same step as it frees the slot
 // (ReleaseOnce: one script on Redis, one lock in the memory store,
 // resilient's where the slot is held), so a release whose answer was lost
 // is remembered too, and releases racing each other all see the slot
@@ -406,6 +406,15 @@ func (s *Service) grantorStopped(ctx context.Context, op string, t slotToken, p 
 	return hold, err
 }
 
+// rememberRelease bounds how long a release is remembered. Each record
+// costs about 140 bytes on Redis, all in one key per slot key, so a hold's
+// worth at a high release rate could reach gigabytes; and a release sent
+// again comes soon after the first (a client retrying its 503). The record
+// decides nothing: acquires and extends never read it, so a release sent
+// again after it is gone only answers not held (404) instead of released
+// before, as after any hold timeout.
+const rememberRelease = 5 * time.Minute
+
 // onceReleaser is a store that remembers a release in the same step as
 // it frees the slot: redisstore's, memory's and resilient's ReleaseOnce.
 type onceReleaser interface {
@@ -418,7 +427,7 @@ func (s *Service) release(ctx context.Context, t slotToken, p *config.Policy) er
 	var released, before bool
 	var err error
 	if r, ok := s.slots.(onceReleaser); ok {
-		released, before, err = r.ReleaseOnce(ctx, skey, t.holder, p.InFlight.Limit.Hold)
+		released, before, err = r.ReleaseOnce(ctx, skey, t.holder, min(p.InFlight.Limit.Hold, rememberRelease))
 	} else {
 		// Another store: nothing remembers the release (NewService).
 		released, err = s.slots.Release(ctx, skey, t.holder)
