@@ -144,7 +144,9 @@ func TestAlertingRules(t *testing.T) {
 	}
 	// The conditions an operator must hear about.
 	for _, want := range []string{"SluiceRedisLost", "SluiceFallbackActive", "SluiceBreakerOpen",
-		"SluiceDenialRatioJump", "SluiceStoreLatencyNearTimeout", "SluiceConfigReloadFailed"} {
+		"SluiceDenialRatioJump", "SluiceStoreLatencyNearTimeout", "SluiceConfigReloadFailed",
+		"SluiceInFlightReleaseErrors", "SluiceInFlightExpiring", "SluiceInFlightFull",
+		"SluiceInFlightShedding", "SluiceFleetSlotNotesDropped"} {
 		if !slices.Contains(alerts, want) {
 			t.Errorf("no %s alert; have %v", want, alerts)
 		}
@@ -193,6 +195,7 @@ func TestGrafanaDashboard(t *testing.T) {
 		t.Fatal(err)
 	}
 	queries := 0
+	shown := map[string]bool{}
 	for _, p := range dash.Panels {
 		if p.Type != "row" && len(p.Targets) == 0 {
 			t.Errorf("panel %q has no query", p.Title)
@@ -200,6 +203,22 @@ func TestGrafanaDashboard(t *testing.T) {
 		for _, tg := range p.Targets {
 			queries++
 			checkExpr(t, dashboardFile+": panel "+strconv.Quote(p.Title), substitute(tg.Expr), metrics)
+			if e, err := parser.NewParser(parser.Options{}).ParseExpr(substitute(tg.Expr)); err == nil {
+				parser.Inspect(e, func(node parser.Node, _ []parser.Node) error {
+					if vs, ok := node.(*parser.VectorSelector); ok {
+						shown[vs.Name] = true
+					}
+					return nil
+				})
+			}
+		}
+	}
+	// The figures an operator must see.
+	for _, want := range []string{"sluice_decisions_total", "sluice_fallback_active",
+		"sluice_inflight_held", "sluice_inflight_acquires_total", "sluice_inflight_calls_total",
+		"sluice_inflight_expired_total", "sluice_fleet_slot_notes_dropped_total"} {
+		if !shown[want] {
+			t.Errorf("no panel shows %s", want)
 		}
 	}
 	for _, v := range dash.Templating.List {
