@@ -369,3 +369,41 @@ func TestSlotsFailurePolicyNotShed(t *testing.T) {
 		}
 	}
 }
+
+// TestSlotsSurviveLimitChange: in-flight keys carry no fingerprint of the
+// limit, so a reload that lowers max keeps the slots held: 8 held, max 10
+// → 3, an acquire is denied with in_use 8 until releases bring it below 3.
+// A release or extend whose token names a policy that is no longer an
+// in-flight one is 404, not 400.
+func TestSlotsSurviveLimitChange(t *testing.T) {
+	_, svc, _ := newSlotsService(t)
+	ctx := context.Background()
+	var tokens []string
+	for range 8 {
+		res, err := svc.Acquire(ctx, "exports", "ann", 1, sluice.PriorityCritical)
+		if err != nil || !res.Decision.Allowed {
+			t.Fatalf("acquire: %+v, %v", res.Decision, err)
+		}
+		tokens = append(tokens, res.Token)
+	}
+	svc.SetConfig(mustConfig(t, strings.Replace(slotsConfig, "max: 10", "max: 3", 1)))
+	res, err := svc.Acquire(ctx, "exports", "ann", 1, sluice.PriorityCritical)
+	if err != nil || res.Decision.Allowed || res.Decision.InUse != 8 {
+		t.Fatalf("acquire after max 10 → 3 with 8 held: %+v, %v; want denied, in use 8", res.Decision, err)
+	}
+	for _, tok := range tokens[:6] {
+		if err := svc.Release(ctx, tok); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if res, err := svc.Acquire(ctx, "exports", "ann", 1, sluice.PriorityCritical); err != nil || !res.Decision.Allowed || res.Decision.InUse != 3 {
+		t.Errorf("acquire with 2 of max 3 held: %+v, %v; want allowed, in use 3", res.Decision, err)
+	}
+	svc.SetConfig(mustConfig(t, "policies:\n  - name: exports\n    limit: 100/min\n"))
+	if err := svc.Release(ctx, tokens[6]); !errors.Is(err, ErrSlotNotHeld) {
+		t.Errorf("release of a token whose policy now limits a rate: %v, want ErrSlotNotHeld (404)", err)
+	}
+	if _, err := svc.Extend(ctx, tokens[7]); !errors.Is(err, ErrSlotNotHeld) {
+		t.Errorf("extend of a token whose policy now limits a rate: %v, want ErrSlotNotHeld (404)", err)
+	}
+}
