@@ -334,9 +334,9 @@ next:
 
 // failedAll charges a failed call sent at sent through gs: to its one
 // breaker, or, for a call that spanned partitions, to the partition of the
-// key the error names (sluice.KeyFailure) or else to those that have not
-// answered a call sent since (one that did is up; the call failed for
-// another's sake), giving the others' probes back. It returns the breakers
+// key the error names (sluice.KeyFailure), else to those it probed, else
+// to those that have not answered a call sent since (one that did is up;
+// the call failed for another's sake), giving the others' probes back. It returns the breakers
 // charged, or all of gs when none was.
 func (s *Store) failedAll(gs []gate, sent, now time.Time, err error) []gate {
 	if len(gs) == 1 {
@@ -352,9 +352,23 @@ func (s *Store) failedAll(gs []gate, sent, now time.Time, err error) []gate {
 	if !slices.ContainsFunc(gs, func(g gate) bool { return g.b == culprit }) {
 		culprit = nil
 	}
+	// Unnamed, a failure of a call that probed some of its partitions (the
+	// others closed) is theirs: they were open for failing, the others
+	// answer their own calls.
+	probing := culprit == nil && slices.ContainsFunc(gs, func(g gate) bool { return g.t.probe }) &&
+		slices.ContainsFunc(gs, func(g gate) bool { return !g.t.probe })
 	var charged []gate
 	for _, g := range gs {
-		if culprit != nil && g.b != culprit || culprit == nil && g.b.lastGood.Load() >= sent.UnixNano() {
+		var spared bool
+		switch {
+		case culprit != nil:
+			spared = g.b != culprit
+		case probing:
+			spared = !g.t.probe
+		default:
+			spared = g.b.lastGood.Load() >= sent.UnixNano()
+		}
+		if spared {
 			g.b.release(g.t)
 			continue
 		}

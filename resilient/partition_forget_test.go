@@ -169,3 +169,98 @@ func TestSpanningFailureChargesItsPartition(t *testing.T) {
 		}
 	}
 }
+
+// stallingSpan is a partitioned backend whose TakeAll, while on, answers
+// partition B's keys and stalls on A's until its context ends, then
+// fails naming the A key, as redisstore does on a Cluster whose master
+// A is stopped: the call runs out of time on A, not on B.
+type stallingSpan struct{ *parted }
+
+func (p stallingSpan) TakeAll(ctx context.Context, reqs []sluice.Request) ([]sluice.Decision, error) {
+	if p.mode.Load() == 1 {
+		for _, r := range reqs {
+			if p.Partition(r.Key) == "A" {
+				<-ctx.Done()
+				return nil, fmt.Errorf("take all: %w", keyFailure{r.Key})
+			}
+		}
+	}
+	return p.parted.TakeAll(ctx, reqs)
+}
+
+// A spanning call that runs out of time on one partition is charged to
+// that one: its error, naming the partition, comes back before the
+// timeout (without TrustContext too, where a call that outlives the
+// timeout is given up on and its error never read).
+func TestSpanningTimeoutChargesItsPartition(t *testing.T) {
+	t.Parallel()
+	p := stallingSpan{&parted{flaky: newFlaky(time.Now)}}
+	s, err := NewMulti(p, &Options{Policy: FailOpen, Timeout: 20 * time.Millisecond, Logger: discard})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	ctx := context.Background()
+	lim := sluice.PerSecond(1000)
+	reqs := []sluice.Request{{Key: "b1", Limit: lim, Cost: 1}, {Key: "a1", Limit: lim, Cost: 1}}
+	if _, err := s.TakeAll(ctx, reqs); err != nil {
+		t.Fatal(err)
+	}
+	p.mode.Store(1)
+	for i := 0; !downOpen(s, "A"); i++ {
+		if i > 200 {
+			t.Fatalf("A's breaker never opened: %+v", s.Breakers())
+		}
+		start := time.Now()
+		if _, err := s.TakeAll(ctx, reqs); err != nil {
+			t.Fatal(err)
+		}
+		if el := time.Since(start); el > time.Second {
+			t.Fatalf("a spanning call took %v with a 20ms timeout", el)
+		}
+	}
+	for _, b := range s.Breakers() {
+		if b.Partition == "B" && b.State != sluice.BreakerClosed {
+			t.Errorf("breaker of B is %v, want closed (the calls ran out of time on A)", b.State)
+		}
+	}
+}
+
+// A spanning call that probes one partition (open for failing) and fails
+// without naming a key is charged to that partition alone: the other,
+// closed, answers its own calls.
+func TestSpanningProbeFailureChargesProbed(t *testing.T) {
+	t.Parallel()
+	clk := storetest.NewClock(t0)
+	p := &parted{flaky: newFlaky(clk.Now)}
+	s, err := NewMulti(p, &Options{Policy: FailOpen, Clock: clk.Now, Logger: discard})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	ctx := context.Background()
+	lim := sluice.PerSecond(1000)
+	if _, err := s.Take(ctx, "b1", lim, 1); err != nil {
+		t.Fatal(err)
+	}
+	p.mode.Store(1) // every call fails, naming nothing
+	for i := 0; !downOpen(s, "A"); i++ {
+		if i > 100 {
+			t.Fatal("A's breaker never opened")
+		}
+		s.Take(ctx, "a1", lim, 1)
+		clk.Advance(100 * time.Millisecond)
+	}
+	reqs := []sluice.Request{{Key: "b1", Limit: lim, Cost: 1}, {Key: "a1", Limit: lim, Cost: 1}}
+	for range 20 { // each a probe of A, spanning B, over 40s
+		clk.Advance(2 * time.Second)
+		if _, err := s.TakeAll(ctx, reqs); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, b := range s.Breakers() {
+		if b.Partition == "B" && b.State != sluice.BreakerClosed {
+			t.Errorf("breaker of B is %v, want closed: the failed calls were A's probes", b.State)
+		}
+	}
+}

@@ -798,7 +798,19 @@ func (m *MultiStore) TakeAll(ctx context.Context, reqs []sluice.Request) ([]slui
 		return m.failAll(ctx, gs, reqs, 0, nil)
 	}
 	ds, lat, err := bounded(ctx, s.timeout, s.inline, func(ctx context.Context) ([]sluice.Decision, error) {
-		return m.multi.TakeAll(ctx, reqs)
+		if len(gs) == 1 || s.inline {
+			return m.multi.TakeAll(ctx, reqs)
+		}
+		// A call spanning partitions ends a little before bounded gives up
+		// on it, so that its error, which may name the partition it failed
+		// on (sluice.KeyFailure), comes back to charge that one alone.
+		cctx, cancel := context.WithTimeout(ctx, s.timeout-min(s.timeout/5, 10*time.Millisecond))
+		defer cancel()
+		ds, err := m.multi.TakeAll(cctx, reqs)
+		if err != nil && ctx.Err() == nil && cctx.Err() != nil {
+			err = fmt.Errorf("%w after %v: %w", ErrTimeout, s.timeout, err)
+		}
+		return ds, err
 	})
 	if err == nil && len(ds) != len(reqs) {
 		err = fmt.Errorf("resilient: backend returned %d decisions for %d requests", len(ds), len(reqs))
