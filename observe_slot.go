@@ -24,8 +24,10 @@ const (
 	// expired or never acquired; nothing freed) or OutcomeError (the
 	// release failed; the store frees the slot at its hold timeout).
 	SlotRelease
-	// SlotExtend: a holder moved its hold timeout. Outcome is
-	// OutcomeAllowed (extended), OutcomeDenied (not held) or OutcomeError.
+	// SlotExtend: a holder moved its hold timeout (the middleware extends
+	// a running request's slots about every third of their hold). Outcome
+	// is OutcomeAllowed (extended), OutcomeDenied (not held: the slot is
+	// lost, and the middleware also reports a SlotExpire) or OutcomeError.
 	SlotExtend
 	// SlotExpire: a slot this process acquired is held no more, with no
 	// release through this process: it passed its hold timeout (its
@@ -53,9 +55,10 @@ type SlotEvent struct {
 	// Priority is the request's priority: PriorityCritical when the
 	// front end has no priority.
 	Priority Priority
-	// Weight is, for an acquire, the weight asked for; for a release or
-	// an expiry, the weight this process holds no more (0 when it held
-	// none of it: a slot acquired through another process).
+	// Weight is, for an acquire, the weight asked for; for an extend, the
+	// slot's; for a release or an expiry, the weight this process holds
+	// no more (0 when it held none of it: a slot acquired through another
+	// process).
 	Weight int64
 	// Again, on a SlotRelease with OutcomeAllowed, reports a repeated
 	// release of a slot an earlier release freed: nothing freed now.

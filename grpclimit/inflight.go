@@ -20,10 +20,11 @@ import (
 // call over it fails with codes.ResourceExhausted, an errdetails.RetryInfo
 // holding an estimate (see sluice.SlotDecision.RetryAfter) and an
 // errdetails.QuotaFailure naming the rule. A stream holds its slot until
-// its handler returns.
+// its handler returns, the interceptor extending it every third of its
+// hold or so meanwhile (so does a slow unary call).
 type InFlightRule struct {
 	Name   string                                             // unique among all the rules; required
-	Limit  sluice.InFlightLimit                               // per key; Hold frees a dead process's slots; required
+	Limit  sluice.InFlightLimit                               // per key; Hold frees a dead process's slots (a running call's are extended); required
 	Key    KeyFunc                                            // whom the call counts against; required
 	Weight func(ctx context.Context, fullMethod string) int64 // slots per call, 1 to Limit.Max; default 1
 	Match  func(ctx context.Context, fullMethod string) bool  // the calls the rule applies to; default all
@@ -104,6 +105,7 @@ func (in *Interceptor) setupSlots(store sluice.Store, rules []Rule, o *Options) 
 	if err != nil {
 		return fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
+	slots.SetLogger(o.Logger)
 	in.slots, in.priority = slots, o.Priority
 	return nil
 }

@@ -21,7 +21,7 @@ import (
 // sluice.SlotDecision.RetryAfter): a slot may free at any instant.
 type InFlightRule struct {
 	Name   string                    // in the 429 body and metrics, unique among all the rules; required
-	Limit  sluice.InFlightLimit      // per key; Hold frees a dead process's slots: size it well above the longest request; required
+	Limit  sluice.InFlightLimit      // per key; Hold frees a dead process's slots (a running request's are extended every third of it or so); required
 	Key    KeyFunc                   // whom the request counts against; required
 	Weight func(*http.Request) int64 // slots per request, 1 to Limit.Max; default 1
 	Match  func(*http.Request) bool  // the requests the rule applies to; default all
@@ -156,9 +156,9 @@ func refuseSlot(w http.ResponseWriter, v enforce.SlotVerdict) {
 	problem.Write(w, p)
 }
 
-// serveHolding serves r while h holds its slots, releasing them when next
-// returns or panics (the panic goes on), or, if next hijacks the
-// connection, when the hijacked connection is closed.
+// serveHolding serves r while h holds (and extends) its slots, releasing
+// them when next returns or panics (the panic goes on), or, if next
+// hijacks the connection, when the hijacked connection is closed.
 func serveHolding(w http.ResponseWriter, r *http.Request, h *enforce.Held, next func(http.ResponseWriter, *http.Request)) {
 	hw := &holdingWriter{ResponseWriter: w, held: h}
 	defer func() {

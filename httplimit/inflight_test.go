@@ -761,13 +761,17 @@ func TestInFlightFlushError(t *testing.T) {
 	}
 }
 
-// sluice_inflight_held drops a request that outlives its hold when the
-// hold passes (the store has freed its slot then), not when it returns.
-func TestInFlightHeldGaugePastHold(t *testing.T) {
-	store := memory.New(nil)
+// sluice_inflight_held drops a request whose slot the store no longer
+// holds (here its hold passed on the store's clock, between two extends)
+// when an extend finds it lost, not when the request returns; the extend
+// says "not held" and the next request is admitted.
+func TestInFlightHeldGaugeLost(t *testing.T) {
+	clk := storetest.NewClock(t0)
+	store := memory.New(&memory.Options{Clock: clk.Now, SweepInterval: -1})
 	defer store.Close()
 	var mu sync.Mutex
 	held := map[string]int64{}
+	lost := make(chan struct{}, 1)
 	obs := slotObserverFunc(func(e sluice.SlotEvent) {
 		mu.Lock()
 		defer mu.Unlock()
@@ -776,10 +780,12 @@ func TestInFlightHeldGaugePastHold(t *testing.T) {
 			held[e.Policy] += e.Weight
 		case e.Op == sluice.SlotRelease, e.Op == sluice.SlotExpire:
 			held[e.Policy] -= e.Weight
+		case e.Op == sluice.SlotExtend && e.Outcome == sluice.OutcomeDenied:
+			lost <- struct{}{}
 		}
 	})
 	m, err := New(store, nil, &Options{Observer: obs,
-		InFlight: []InFlightRule{{Name: "one", Limit: sluice.Concurrent(1, 300*time.Millisecond), Key: Global()}}})
+		InFlight: []InFlightRule{{Name: "one", Limit: sluice.Concurrent(1, 150*time.Millisecond), Key: Global()}}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -787,7 +793,9 @@ func TestInFlightHeldGaugePastHold(t *testing.T) {
 	srv := httptest.NewServer(m.Handler(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { entered <- struct{}{}; <-release })))
 	defer srv.Close()
 	var wg sync.WaitGroup
-	for i := range 2 { // the second enters once the first's hold has passed
+	defer wg.Wait()
+	defer close(release) // first: the handlers return
+	get := func() {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -795,17 +803,33 @@ func TestInFlightHeldGaugePastHold(t *testing.T) {
 				resp.Body.Close()
 			}
 		}()
-		<-entered
-		if i == 0 {
-			time.Sleep(400 * time.Millisecond)
-		}
 	}
+	get()
+	<-entered
+	time.Sleep(300 * time.Millisecond) // extended, on the store's clock too
+	resp, err := srv.Client().Get(srv.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusTooManyRequests {
+		t.Fatalf("past two holds: %d, want 429 (the slot extended)", resp.StatusCode)
+	}
+	clk.Advance(time.Second)
+	select {
+	case <-lost:
+	case <-time.After(5 * time.Second):
+		t.Fatal("no extend found the slot lost")
+	}
+	get() // admitted: the store holds the first no more
+	<-entered
 	mu.Lock()
 	if held["one"] != 1 {
-		t.Errorf("held %d on a limit of 1, the first hold past, want 1", held["one"])
+		t.Errorf("held %d on a limit of 1, the first slot lost, want 1", held["one"])
 	}
 	mu.Unlock()
-	close(release)
+	release <- struct{}{}
+	release <- struct{}{}
 	wg.Wait()
 	mu.Lock()
 	defer mu.Unlock()

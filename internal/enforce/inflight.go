@@ -4,17 +4,23 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/logpace"
 )
 
 // In-flight rules, written once for every front end as rules.go writes
 // rate rules: which rules apply to a request, its key and weight under
 // each, the acquire of every slot (all or none: a refusal releases those
-// already taken), and one release for all of them, detached from the
-// request so that a client going away cannot make it fail.
+// already taken), extends of the store-backed slots while the request
+// runs (so that a stream or a slow request keeps its slots past their
+// hold), and one release for all of them, detached from the request so
+// that a client going away cannot make it fail.
 
 // SlotKind is what an in-flight rule bounds, and so how its refusals read.
 type SlotKind uint8
@@ -39,10 +45,14 @@ const (
 // them may free at any instant.
 const WorkerRetryAfter = time.Second
 
-// releaseTimeout bounds the release of a request's slots. It runs on a
-// context detached from the request's: a slot whose release fails is
-// freed by the store at its hold timeout.
+// releaseTimeout bounds the release of a request's slots, and each round
+// of extends. It runs on a context detached from the request's: a slot
+// whose release fails is freed by the store at its hold timeout.
 const releaseTimeout = time.Second
+
+// minKeep is the shortest wait between two rounds of extends, however
+// short a hold: a hold that short is lost between two rounds.
+const minKeep = time.Millisecond
 
 // SlotSpec is a front end's in-flight rule over requests of type R.
 type SlotSpec[R any] struct {
@@ -73,13 +83,46 @@ type SlotSpec[R any] struct {
 // type R. The zero value (or nil) has no rules: every request passes,
 // holding nothing. It is safe for concurrent use.
 type SlotRules[R any] struct {
+	store  sluice.Slots
+	specs  []SlotSpec[R]
+	keys   []string        // PerKey: the key stem; Shed: the one key
+	counts []*atomic.Int64 // Worker: the weight this process holds
+	keyer  *Keyer
+	noKey  error
+	env    *holdEnv
+}
+
+// holdEnv is what the slots of every request of one SlotRules share.
+type holdEnv struct {
 	store    sluice.Slots
-	specs    []SlotSpec[R]
-	keys     []string        // PerKey: the key stem; Shed: the one key
-	counts   []*atomic.Int64 // Worker: the weight this process holds
-	keyer    *Keyer
 	observer sluice.SlotObserver
-	noKey    error
+	logger   *slog.Logger // nil: slog.Default()
+	pace     logpace.Pacer
+}
+
+// SetLogger sets where a slot lost while its request runs is logged:
+// default slog.Default(). Call it before use.
+func (rs *SlotRules[R]) SetLogger(l *slog.Logger) {
+	if rs != nil {
+		rs.env.logger = l
+	}
+}
+
+// log writes a line, paced per rule and message (logpace).
+func (e *holdEnv) log(msg, rule string, attrs ...any) {
+	e.pace.Log(msg+"\x00"+rule, func(notLogged int64) {
+		l := e.logger
+		if l == nil {
+			l = slog.Default()
+		}
+		l.Warn(msg, append([]any{"rule", rule, "not_logged", notLogged}, attrs...)...)
+	})
+}
+
+func (e *holdEnv) observe(name string, op sluice.SlotOp, o sluice.Outcome, p sluice.Priority, weight int64) {
+	if e.observer != nil {
+		e.observer.ObserveSlot(sluice.SlotEvent{Policy: name, Op: op, Outcome: o, Priority: p, Weight: weight})
+	}
 }
 
 // NewSlotRules checks specs and returns them ready to acquire: valid
@@ -95,8 +138,8 @@ func NewSlotRules[R any](store sluice.Store, specs []SlotSpec[R], prefix string,
 	if len(specs) == 0 {
 		return nil, nil
 	}
-	rs := &SlotRules[R]{specs: append([]SlotSpec[R](nil), specs...), noKey: noKey}
-	rs.observer, _ = observer.(sluice.SlotObserver)
+	rs := &SlotRules[R]{specs: append([]SlotSpec[R](nil), specs...), noKey: noKey, env: &holdEnv{}}
+	rs.env.observer, _ = observer.(sluice.SlotObserver)
 	seen := make(map[string]bool, len(specs)+n)
 	for i := range n {
 		seen[taken(i)] = true
@@ -144,7 +187,7 @@ func NewSlotRules[R any](store sluice.Store, specs []SlotSpec[R], prefix string,
 		if !ok {
 			return nil, fmt.Errorf("in-flight rules on %T, which does not implement sluice.Slots", store)
 		}
-		rs.store = slots
+		rs.store, rs.env.store = slots, slots
 	}
 	return rs, nil
 }
@@ -208,14 +251,22 @@ type SlotVerdict struct {
 	Decision sluice.SlotDecision
 }
 
-// Held is the slots one request holds. Release frees them all, once; it
-// is safe from any goroutine and a nil *Held holds nothing.
+// Held is the slots one request holds. Until Release, its store-backed
+// slots are extended every third of their hold or so (the first time only
+// once a request has run that long, so a short one costs no extend).
+// Release frees them all, once; it is safe from any goroutine and a nil
+// *Held holds nothing.
 type Held struct {
 	ctx      context.Context // the request's values, never its end
-	holds    []slotHold
-	observer sluice.SlotObserver
+	holds    []*slotHold
+	env      *holdEnv
 	priority sluice.Priority
 	done     atomic.Bool
+	// keep extends the store-backed slots about every "every"; nil with
+	// none. mu orders its rescheduling with Release's stop.
+	mu    sync.Mutex
+	keep  *time.Timer
+	every time.Duration
 }
 
 type slotHold struct {
@@ -223,6 +274,8 @@ type slotHold struct {
 	slot   *sluice.Slot  // store-backed rules
 	count  *atomic.Int64 // Worker rules
 	weight int64
+	// lost: an extend found the slot no longer held (keep's alone).
+	lost bool
 	// With an observer, a store-backed hold reports a sluice.SlotExpire
 	// when its hold passes unreleased (the store has freed it): state goes
 	// from 0 to 1 (released) or 2 (expired), once.
@@ -245,6 +298,7 @@ func (rs *SlotRules[R]) Acquire(ctx context.Context, req R, p sluice.Priority) (
 		return nil, ok, nil
 	}
 	var h *Held
+	obs := rs.env.observer
 	defer func() {
 		if r := recover(); r != nil {
 			h.Release() // else a Worker rule's count is lost for good
@@ -276,7 +330,7 @@ func (rs *SlotRules[R]) Acquire(ctx context.Context, req R, p sluice.Priority) (
 			}
 		}
 		if h == nil {
-			h = &Held{ctx: context.WithoutCancel(ctx), observer: rs.observer, priority: p}
+			h = &Held{ctx: context.WithoutCancel(ctx), env: rs.env, priority: p}
 		}
 		sh, d, err := rs.acquire(ctx, i, key, weight, p)
 		if err != nil && Misconfigured(err) {
@@ -300,24 +354,94 @@ func (rs *SlotRules[R]) Acquire(ctx context.Context, req R, p sluice.Priority) (
 			return nil, SlotVerdict{Rule: i, Policy: s.Name, Shed: s.Kind != PerKey, Decision: d}, nil
 		}
 		rs.observe(s.Name, sluice.SlotAcquire, sluice.OutcomeAllowed, p, weight, d)
-		if sh.slot != nil && rs.observer != nil {
-			st, obs, name := new(atomic.Int32), rs.observer, s.Name
-			sh.state = st
-			sh.timer = time.AfterFunc(s.Limit.Hold, func() {
-				if st.CompareAndSwap(0, 2) {
-					obs.ObserveSlot(sluice.SlotEvent{Policy: name, Op: sluice.SlotExpire, Outcome: sluice.OutcomeAllowed, Priority: p, Weight: weight})
-				}
-			})
+		if sh.slot != nil {
+			hold := s.Limit.Hold
+			if h.every == 0 || hold/3 < h.every {
+				h.every = max(hold/3, minKeep)
+			}
+			if obs != nil {
+				st, name := new(atomic.Int32), s.Name
+				sh.state = st
+				sh.timer = time.AfterFunc(hold, func() {
+					if st.CompareAndSwap(0, 2) {
+						obs.ObserveSlot(sluice.SlotEvent{Policy: name, Op: sluice.SlotExpire, Outcome: sluice.OutcomeAllowed, Priority: p, Weight: weight})
+					}
+				})
+			}
 		}
 		h.holds = append(h.holds, sh)
+	}
+	if h != nil && h.every > 0 {
+		h.mu.Lock() // its first round may come before the assignment is seen
+		h.keep = time.AfterFunc(h.wait(), h.extend)
+		h.mu.Unlock()
 	}
 	return h, ok, nil
 }
 
+// wait is the time to the next round of extends: a third of the shortest
+// hold, less up to a quarter of that at random, so that the requests that
+// started together do not extend together.
+func (h *Held) wait() time.Duration {
+	return h.every - rand.N(h.every/4+1)
+}
+
+// extend extends every store-backed slot of h that is held, and schedules
+// the next round (the timer runs one at a time). A slot found no longer
+// held (the store lost it, or it expired while the store was unreachable)
+// is reported and logged, and extended no more: the request goes on. A
+// failure is reported, and tried again at the next round.
+func (h *Held) extend() {
+	start := time.Now()
+	ctx, cancel := context.WithTimeout(h.ctx, releaseTimeout)
+	for _, sh := range h.holds {
+		if h.done.Load() {
+			break
+		}
+		if sh.slot == nil || sh.lost {
+			continue
+		}
+		err := sh.slot.Extend(ctx)
+		if h.done.Load() {
+			break // released meanwhile: a "not held" is the release's doing
+		}
+		h.extended(sh, err)
+	}
+	cancel()
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if !h.done.Load() {
+		h.keep.Reset(max(h.wait()-time.Since(start), minKeep))
+	}
+}
+
+// extended reports the outcome of sh's extend.
+func (h *Held) extended(sh *slotHold, err error) {
+	switch {
+	case err == nil:
+		hold := sh.slot.Limit().Hold
+		if sh.state != nil && sh.state.Load() == 0 {
+			sh.timer.Reset(hold)
+		}
+		h.env.observe(sh.name, sluice.SlotExtend, sluice.OutcomeAllowed, h.priority, sh.weight)
+	case errors.Is(err, sluice.ErrSlotLost):
+		sh.lost = true
+		h.env.observe(sh.name, sluice.SlotExtend, sluice.OutcomeDenied, h.priority, sh.weight)
+		if sh.state != nil && sh.state.CompareAndSwap(0, 2) {
+			sh.timer.Stop()
+			h.env.observe(sh.name, sluice.SlotExpire, sluice.OutcomeAllowed, h.priority, sh.weight)
+		}
+		h.env.log("sluice: in-flight slot lost while its request runs; it may be taken by another", sh.name,
+			"weight", sh.weight)
+	default:
+		h.env.observe(sh.name, sluice.SlotExtend, sluice.OutcomeError, h.priority, sh.weight)
+	}
+}
+
 // acquire takes rule i's slot of weight under key for priority p.
-func (rs *SlotRules[R]) acquire(ctx context.Context, i int, key string, weight int64, p sluice.Priority) (slotHold, sluice.SlotDecision, error) {
+func (rs *SlotRules[R]) acquire(ctx context.Context, i int, key string, weight int64, p sluice.Priority) (*slotHold, sluice.SlotDecision, error) {
 	s := &rs.specs[i]
-	sh := slotHold{name: s.Name, weight: weight}
+	sh := &slotHold{name: s.Name, weight: weight}
 	switch s.Kind {
 	case Worker:
 		max := s.Reserve.Threshold(s.Limit.Max, p)
@@ -351,8 +475,8 @@ func (rs *SlotRules[R]) acquire(ctx context.Context, i int, key string, weight i
 }
 
 func (rs *SlotRules[R]) observe(name string, op sluice.SlotOp, o sluice.Outcome, p sluice.Priority, weight int64, d sluice.SlotDecision) {
-	if rs.observer != nil {
-		rs.observer.ObserveSlot(sluice.SlotEvent{Policy: name, Op: op, Outcome: o, Priority: p, Weight: weight, Decision: d})
+	if rs.env.observer != nil {
+		rs.env.observer.ObserveSlot(sluice.SlotEvent{Policy: name, Op: op, Outcome: o, Priority: p, Weight: weight, Decision: d})
 	}
 }
 
@@ -365,9 +489,13 @@ func (h *Held) Release() {
 	if h == nil || !h.done.CompareAndSwap(false, true) {
 		return
 	}
+	if h.keep != nil {
+		h.mu.Lock()
+		h.keep.Stop()
+		h.mu.Unlock()
+	}
 	var ctx context.Context
-	for i := range h.holds {
-		sh := &h.holds[i]
+	for _, sh := range h.holds {
 		outcome := sluice.OutcomeAllowed
 		weight := sh.weight
 		if sh.count != nil {
@@ -390,9 +518,7 @@ func (h *Held) Release() {
 				weight = 0 // past its hold: reported held no more then
 			}
 		}
-		if h.observer != nil {
-			h.observer.ObserveSlot(sluice.SlotEvent{Policy: sh.name, Op: sluice.SlotRelease, Outcome: outcome, Priority: h.priority, Weight: weight})
-		}
+		h.env.observe(sh.name, sluice.SlotRelease, outcome, h.priority, weight)
 	}
 }
 
