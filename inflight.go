@@ -24,7 +24,8 @@ import (
 // well above the longest request, or extend. It is the store's guarantee:
 // while a shared store is unreachable, package resilient's local fallback
 // lets each of n processes hold at most max(⌊Max/n⌋, 1) more, and a
-// release lost meanwhile frees its slot only at its hold timeout.
+// release lost meanwhile frees its slot at its hold timeout, unless sent
+// again (RetryRelease).
 
 // Bounds that InFlightLimit.Validate enforces: quantities stay exact in
 // Redis Lua's doubles, and one key's holder set stays small enough to scan.
@@ -211,8 +212,18 @@ type abandoner interface {
 	AbandonSlot(key, holder string)
 }
 
-// abandoned bounds the ReleaseAbandoned calls at work at once.
-var abandoned = make(chan struct{}, 64)
+// releasing bounds the background releases (ReleaseAbandoned's and
+// RetryRelease's) at work at once. They are cheap (a goroutine, mostly
+// asleep), and an outage under load makes many: one dropped keeps its
+// slot, if held, until its hold timeout.
+var releasing = make(chan struct{}, MaxBackgroundReleases)
+
+// MaxBackgroundReleases is how many releases ReleaseAbandoned and
+// RetryRelease have at work at once, at most, together.
+const MaxBackgroundReleases = 1024
+
+// releaseTry bounds one background release.
+const releaseTry = 5 * time.Second
 
 // ReleaseAbandoned frees holder's slot, if it holds one, after an Acquire
 // of it returned an error and the holder is given up (never resent): the
@@ -221,33 +232,103 @@ var abandoned = make(chan struct{}, 64)
 // returns at once and releases in the background, with a timeout of its
 // own, and once more a second later if nothing was held yet (the acquire
 // may reach the store after the first release; an abandoned id is never
-// reused, so a second release cannot free a later holder). At most 64 run
-// at once; beyond that, and if both releases fail, the slot frees at its
-// hold timeout.
+// reused, so a second release cannot free a later holder). At most
+// MaxBackgroundReleases run at once, with RetryRelease's; beyond that, and
+// if both releases fail, the slot frees at its hold timeout.
 func ReleaseAbandoned(store Slots, key, holder string) {
 	if a, ok := store.(abandoner); ok {
 		a.AbandonSlot(key, holder)
 		return
 	}
+	releaseLater(releasing, store, key, holder, 0, time.Time{}, func(try int, _ time.Duration, held bool, _ error) (time.Duration, bool) {
+		return time.Second, try == 0 && !held
+	}, nil)
+}
+
+// Backoff of RetryRelease: the first retry after retryFirst, each wait
+// then doubled up to retryMax.
+const (
+	retryFirst = 100 * time.Millisecond
+	retryMax   = 3 * time.Second
+)
+
+// ErrRetriesFull: MaxBackgroundReleases releases are already at work in
+// the background; the slot frees at its hold timeout.
+var ErrRetriesFull = errors.New("sluice: too many releases being retried")
+
+// RetryRelease frees holder's slot in the background after a Release of
+// it failed (the store unreachable or stalled, a breaker open, a timeout
+// leaving the outcome unknown), so that the slot does not stay held, and
+// refuse others, until its hold timeout. until is when the store frees it
+// anyway: the hold's end, as last acquired or extended. It returns at
+// once, and tries 100ms later, then at waits doubling up to 3s, each try
+// bounded by 5s, until the store answers (held or not: a release whose
+// answer came is never sent again), fails with ErrStoreNotBuilt, or until
+// has passed. Sending a release again is safe because a holder id is
+// never reused (NewHolderID): one that ran already frees nothing more.
+// done, if not nil, is called once with the store's answer (whether holder
+// held its slot then), on the background goroutine; it is not called when
+// no answer came. Bad input is refused (ErrInvalidKey, ErrInvalidHolder;
+// ErrInvalidLimit for a nil store), and at most MaxBackgroundReleases run
+// at once, with ReleaseAbandoned's: beyond that, ErrRetriesFull. An until
+// already past sends nothing (nil).
+func RetryRelease(store Slots, key, holder string, until time.Time, done func(held bool)) error {
+	if store == nil {
+		return fmt.Errorf("%w: nil store", ErrInvalidLimit)
+	}
+	if err := ValidateKey(key); err != nil {
+		return err
+	}
+	if err := ValidateHolder(holder); err != nil {
+		return err
+	}
+	if !time.Now().Before(until) {
+		return nil
+	}
+	if !releaseLater(releasing, store, key, holder, retryFirst, until, func(_ int, wait time.Duration, _ bool, err error) (time.Duration, bool) {
+		wait = min(2*wait, retryMax)
+		return wait, err != nil && !errors.Is(err, ErrStoreNotBuilt) && time.Now().Add(wait).Before(until)
+	}, done) {
+		return ErrRetriesFull
+	}
+	return nil
+}
+
+// releaseLater sends holder's release in the background, after first and
+// then after each wait again says (given the try's number, the wait
+// before it and its answer), until again says no more; each try is
+// bounded by releaseTry and until (if not zero). done gets the answer of
+// the last try, if it came. At most cap(slots) run at once: false if
+// there is no room.
+func releaseLater(slots chan struct{}, store Slots, key, holder string, first time.Duration, until time.Time,
+	again func(try int, wait time.Duration, held bool, err error) (time.Duration, bool), done func(held bool)) bool {
 	select {
-	case abandoned <- struct{}{}:
+	case slots <- struct{}{}:
 	default:
-		return
+		return false
 	}
 	go func() {
-		defer func() { <-abandoned }()
-		for try := range 2 {
-			if try > 0 {
-				time.Sleep(time.Second)
+		defer func() { <-slots }()
+		wait := first
+		for try := 0; ; try++ {
+			time.Sleep(wait)
+			deadline := time.Now().Add(releaseTry)
+			if !until.IsZero() && until.Before(deadline) {
+				deadline = until
 			}
-			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			held, _ := store.Release(ctx, key, holder)
+			ctx, cancel := context.WithDeadline(context.Background(), deadline)
+			held, err := store.Release(ctx, key, holder)
 			cancel()
-			if held {
+			var more bool
+			if wait, more = again(try, wait, held, err); !more {
+				if err == nil && done != nil {
+					done(held)
+				}
 				return
 			}
 		}
 	}()
+	return true
 }
 
 // Key, Limit, Weight and Holder report what s was acquired with (zero

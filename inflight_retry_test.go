@@ -1,0 +1,211 @@
+package sluice_test
+
+import (
+	"context"
+	"errors"
+	"net"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/redisstore"
+)
+
+// A release that failed (Redis down) and is handed to RetryRelease frees
+// the slot once Redis is back, and is not sent again after its answer.
+func TestRetryReleaseFreesWhenBack(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	srv := redistest.StartServer(t, "--appendonly", "yes", "--appendfsync", "always") // the slot survives a restart
+	client := redis.NewClient(&redis.Options{Addr: srv.Addr, MaxRetries: -1})
+	t.Cleanup(func() { client.Close() })
+	store := redisstore.New(client, &redisstore.Options{Prefix: redistest.Prefix(t)})
+	limit := sluice.Concurrent(1, 30*time.Second)
+	slot, _, err := sluice.AcquireSlot(ctx, store, "k", limit, 1)
+	if err != nil || slot == nil {
+		t.Fatal(slot, err)
+	}
+	srv.Stop()
+	if err := slot.Release(ctx); err == nil {
+		t.Fatal("Release with Redis down: nil error")
+	}
+	answers := make(chan bool, 2)
+	if err := sluice.RetryRelease(store, "k", slot.Holder(), time.Now().Add(limit.Hold), func(held bool) { answers <- held }); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(500 * time.Millisecond) // a few tries fail
+	srv.Start(t)
+	select {
+	case held := <-answers:
+		if !held {
+			t.Error("the release sent again found nothing held")
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("no answer 5s after Redis came back")
+	}
+	commands := func() int {
+		info, err := client.Info(ctx, "stats").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, v, _ := strings.Cut(info, "total_commands_processed:")
+		n, _ := strconv.Atoi(strings.TrimSpace(strings.SplitN(v, "\n", 2)[0]))
+		return n
+	}
+	before := commands()
+	time.Sleep(time.Second)
+	if n := commands() - before; n != 1 { // the first INFO
+		t.Errorf("%d commands in the second after the answer, want none but INFO", n-1)
+	}
+	if len(answers) != 0 {
+		t.Error("done called twice")
+	}
+	other, d, err := sluice.AcquireSlot(ctx, store, "k", limit, 1)
+	if err != nil || other == nil {
+		t.Fatalf("another holder after the retried release: %+v %v", d, err)
+	}
+	other.Release(ctx)
+}
+
+// Against a store that never answers, RetryRelease stops trying once
+// until has passed, with no answer; bad input is refused.
+func TestRetryReleaseGivesUp(t *testing.T) {
+	t.Parallel()
+	ln := redistest.Listen(t) // accepts and closes: every try fails
+	var mu sync.Mutex
+	var dials []time.Time
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			dials = append(dials, time.Now())
+			mu.Unlock()
+			c.Close()
+		}
+	}()
+	client := redis.NewClient(&redis.Options{Addr: ln.Addr().String(), MaxRetries: -1, DialerRetries: 1})
+	t.Cleanup(func() { client.Close() })
+	store := redisstore.New(client, &redisstore.Options{Prefix: redistest.Prefix(t)})
+	until := time.Now().Add(time.Second)
+	answered := make(chan bool, 1)
+	if err := sluice.RetryRelease(store, "k", sluice.NewHolderID(), until, func(held bool) { answered <- held }); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(time.Until(until) + 3*time.Second)
+	mu.Lock()
+	defer mu.Unlock()
+	if len(dials) == 0 {
+		t.Fatal("never tried")
+	}
+	if last := dials[len(dials)-1]; last.After(until) {
+		t.Errorf("tried %v after until (%d tries)", last.Sub(until), len(dials))
+	}
+	if len(answered) != 0 {
+		t.Error("done called without an answer")
+	}
+	for _, c := range []struct {
+		store       sluice.Slots
+		key, holder string
+		want        error
+	}{
+		{nil, "k", "h", sluice.ErrInvalidLimit},
+		{store, "", "h", sluice.ErrInvalidKey},
+		{store, "k", "", sluice.ErrInvalidHolder},
+	} {
+		if err := sluice.RetryRelease(c.store, c.key, c.holder, time.Now().Add(time.Minute), nil); !errors.Is(err, c.want) {
+			t.Errorf("RetryRelease(%v, %q, %q) = %v, want %v", c.store, c.key, c.holder, err, c.want)
+		}
+	}
+}
+
+// At most MaxBackgroundReleases retried releases are at work at once: the
+// next is ErrRetriesFull. Not parallel: it fills the process's bound.
+func TestRetryReleaseBounded(t *testing.T) {
+	ln := redistest.Listen(t) // accepts and never answers: every try waits out its deadline
+	var conns []net.Conn
+	var mu sync.Mutex
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
+		}
+	}()
+	t.Cleanup(func() {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range conns {
+			c.Close()
+		}
+	})
+	// One connection: the other tries wait for it, holding no socket.
+	client := redis.NewClient(&redis.Options{Addr: ln.Addr().String(), MaxRetries: -1, PoolSize: 1, PoolTimeout: time.Minute})
+	t.Cleanup(func() { client.Close() })
+	store := redisstore.New(client, &redisstore.Options{Prefix: redistest.Prefix(t)})
+	until := time.Now().Add(time.Second)
+	for i := range sluice.MaxBackgroundReleases {
+		if err := sluice.RetryRelease(store, "k", sluice.NewHolderID(), until, nil); err != nil {
+			t.Fatalf("retry %d: %v", i, err)
+		}
+	}
+	if err := sluice.RetryRelease(store, "k", sluice.NewHolderID(), until, nil); !errors.Is(err, sluice.ErrRetriesFull) {
+		t.Fatalf("one retry more: %v, want ErrRetriesFull", err)
+	}
+	// Past until they give up, and the bound is free again.
+	for end := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		err := sluice.RetryRelease(store, "k", sluice.NewHolderID(), time.Now().Add(10*time.Millisecond), nil)
+		if err == nil {
+			break
+		}
+		if time.Now().After(end) {
+			t.Fatalf("10s after until: %v", err)
+		}
+	}
+	time.Sleep(200 * time.Millisecond) // the probe's own retry ends
+}
+
+// A burst of abandoned acquires (a Redis stall under load times out
+// dozens at once, most of which never ran) does not crowd out the release
+// of one that ran: before, ReleaseAbandoned dropped all beyond 64 at work,
+// each at work a second when nothing was held, and the slots of those
+// dropped stayed held to their hold timeout.
+func TestReleaseAbandonedBurst(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	store := redisstore.New(redistest.Client(t), &redisstore.Options{Prefix: redistest.Prefix(t)})
+	limit := sluice.Concurrent(1, 30*time.Second)
+	ran := sluice.NewHolderID()
+	if d, err := store.Acquire(ctx, "k", limit, 1, ran); err != nil || !d.Allowed {
+		t.Fatal(d, err)
+	}
+	for range 200 {
+		sluice.ReleaseAbandoned(store, "k", sluice.NewHolderID()) // never acquired: tried again in a second
+	}
+	sluice.ReleaseAbandoned(store, "k", ran)
+	for end := time.Now().Add(3 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		slot, _, err := sluice.AcquireSlot(ctx, store, "k", limit, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if slot != nil {
+			slot.Release(ctx)
+			break
+		}
+		if time.Now().After(end) {
+			t.Fatal("the abandoned holder that ran still holds 3s later")
+		}
+	}
+}
