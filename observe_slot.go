@@ -22,7 +22,10 @@ const (
 	// SlotRelease: a holder gave its slot back. Outcome is OutcomeAllowed
 	// (freed, or freed before when Again), OutcomeDenied (not held:
 	// expired or never acquired; nothing freed) or OutcomeError (the
-	// release failed; the store frees the slot at its hold timeout).
+	// release failed: the middleware sends it again in the background,
+	// RetryRelease, and reports the answer as one more SlotRelease, with
+	// a SlotExpire when nothing was held; failing that, the store frees
+	// the slot at its hold timeout).
 	SlotRelease
 	// SlotExtend: a holder moved its hold timeout (the middleware extends
 	// a running request's slots about every third of their hold). Outcome

@@ -47,7 +47,8 @@ const WorkerRetryAfter = time.Second
 
 // releaseTimeout bounds the release of a request's slots, and each round
 // of extends. It runs on a context detached from the request's: a slot
-// whose release fails is freed by the store at its hold timeout.
+// whose release fails is released again in the background
+// (sluice.RetryRelease), or freed by the store at its hold timeout.
 const releaseTimeout = time.Second
 
 // minKeep is the shortest wait between two rounds of extends, however
@@ -100,8 +101,8 @@ type holdEnv struct {
 	pace     logpace.Pacer
 }
 
-// SetLogger sets where a slot lost while its request runs is logged:
-// default slog.Default(). Call it before use.
+// SetLogger sets where a slot lost while its request runs, and a release
+// that failed, are logged: default slog.Default(). Call it before use.
 func (rs *SlotRules[R]) SetLogger(l *slog.Logger) {
 	if rs != nil {
 		rs.env.logger = l
@@ -274,6 +275,10 @@ type slotHold struct {
 	slot   *sluice.Slot  // store-backed rules
 	count  *atomic.Int64 // Worker rules
 	weight int64
+	// until is when the store frees the slot unless extended (Unix ns,
+	// from the answer of its acquire or last extend): how long a failed
+	// release is worth sending again.
+	until atomic.Int64
 	// lost: an extend found the slot no longer held (keep's alone).
 	lost bool
 	// With an observer, a store-backed hold reports a sluice.SlotExpire
@@ -356,6 +361,7 @@ func (rs *SlotRules[R]) Acquire(ctx context.Context, req R, p sluice.Priority) (
 		rs.observe(s.Name, sluice.SlotAcquire, sluice.OutcomeAllowed, p, weight, d)
 		if sh.slot != nil {
 			hold := s.Limit.Hold
+			sh.until.Store(time.Now().Add(hold).UnixNano())
 			if h.every == 0 || hold/3 < h.every {
 				h.every = max(hold/3, minKeep)
 			}
@@ -420,6 +426,7 @@ func (h *Held) extended(sh *slotHold, err error) {
 	switch {
 	case err == nil:
 		hold := sh.slot.Limit().Hold
+		sh.until.Store(time.Now().Add(hold).UnixNano())
 		if sh.state != nil && sh.state.Load() == 0 {
 			sh.timer.Reset(hold)
 		}
@@ -483,8 +490,9 @@ func (rs *SlotRules[R]) observe(name string, op sluice.SlotOp, o sluice.Outcome,
 // Release frees every slot h holds. Only the first call does anything.
 // It runs on a context detached from the request's (its values kept) and
 // bounded by a second, so that it works after the client has gone away;
-// a release that fails anyway is observed, and the store frees that slot
-// at its hold timeout.
+// a release that fails anyway is observed and logged, and sent again in
+// the background (sluice.RetryRelease) until the store answers or the
+// slot's hold has passed.
 func (h *Held) Release() {
 	if h == nil || !h.done.CompareAndSwap(false, true) {
 		return
@@ -507,9 +515,10 @@ func (h *Held) Release() {
 				defer cancel()
 			}
 			if err := sh.slot.Release(ctx); err != nil {
-				// The store holds the slot to its hold timeout: it is
-				// reported held until then (by the timer, SlotExpire).
+				// Until a retry frees it, the store holds the slot: it is
+				// reported held (at most until the timer's SlotExpire).
 				outcome, weight = sluice.OutcomeError, 0
+				h.retryRelease(sh, err)
 			}
 		}
 		if sh.state != nil && outcome == sluice.OutcomeAllowed {
@@ -520,6 +529,36 @@ func (h *Held) Release() {
 		}
 		h.env.observe(sh.name, sluice.SlotRelease, outcome, h.priority, weight)
 	}
+}
+
+// retryRelease hands sh's failed release to sluice.RetryRelease, whose
+// answer is reported as one more release (or, not held, as an expiry).
+func (h *Held) retryRelease(sh *slotHold, err error) {
+	var done func(bool)
+	if sh.state != nil {
+		done = func(held bool) {
+			if held {
+				weight := sh.weight
+				sh.timer.Stop()
+				if !sh.state.CompareAndSwap(0, 1) {
+					weight = 0 // past its hold: reported held no more then
+				}
+				h.env.observe(sh.name, sluice.SlotRelease, sluice.OutcomeAllowed, h.priority, weight)
+				return
+			}
+			h.env.observe(sh.name, sluice.SlotRelease, sluice.OutcomeDenied, h.priority, 0)
+			if sh.state.CompareAndSwap(0, 2) {
+				sh.timer.Stop()
+				h.env.observe(sh.name, sluice.SlotExpire, sluice.OutcomeAllowed, h.priority, sh.weight)
+			}
+		}
+	}
+	until := time.Unix(0, sh.until.Load())
+	attrs := []any{"error", err.Error(), "held_until", until.UTC().Format(time.RFC3339Nano)}
+	if err := sluice.RetryRelease(h.env.store, sh.slot.Key(), sh.slot.Holder(), until, done); err != nil {
+		attrs = append(attrs, "not_retried", err.Error())
+	}
+	h.env.log("sluice: in-flight release failed; sent again in the background until its hold ends", sh.name, attrs...)
 }
 
 // StoreError is a store failure met while acquiring a slot: front ends
