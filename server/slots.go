@@ -434,9 +434,44 @@ func (s *Service) release(ctx context.Context, t slotToken, p *config.Policy) er
 	}
 	if err != nil {
 		s.observeSlot(SlotResult{Policy: p}, sluice.SlotRelease, sluice.OutcomeError)
+		s.retryRelease(t, p, skey)
 		return fmt.Errorf("server: store: %w", err)
 	}
 	return s.released(t, p, released, before)
+}
+
+// retryRelease sends a release that failed again in the background
+// (sluice.RetryRelease), until the store answers or the slot's hold has
+// passed, so that the slot does not stay held, refusing others, until its
+// hold timeout when the client does not resend it. Its answer counts as a
+// release of its own, unless the client's resend freed the slot first.
+// Beyond RetryRelease's bound (sluice.ErrRetriesFull) the slot frees at
+// its hold timeout, as before.
+func (s *Service) retryRelease(t slotToken, p *config.Policy, skey string) {
+	st := &onceSlots{Slots: s.slots, remember: min(p.InFlight.Limit.Hold, rememberRelease)}
+	_ = sluice.RetryRelease(st, skey, t.holder, time.Now().Add(p.InFlight.Limit.Hold), func(held bool) {
+		if !st.before {
+			s.released(t, p, held, false)
+		}
+	})
+}
+
+// onceSlots releases through ReleaseOnce when the store has it, so that a
+// release retried in the background is remembered as the client's is.
+type onceSlots struct {
+	sluice.Slots
+	remember time.Duration
+	before   bool // the last answer: released by an earlier release
+}
+
+func (o *onceSlots) Release(ctx context.Context, key, holder string) (bool, error) {
+	r, ok := o.Slots.(onceReleaser)
+	if !ok {
+		return o.Slots.Release(ctx, key, holder)
+	}
+	released, before, err := r.ReleaseOnce(ctx, key, holder, o.remember)
+	o.before = before
+	return released, err
 }
 
 // released reports a release the store answered: freed now, freed by an

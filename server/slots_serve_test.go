@@ -336,3 +336,47 @@ func TestSlotsAcquireFailurePolicyFigures(t *testing.T) {
 		t.Errorf("closed: %d %v, want 429 with limit 4, source fail_closed", code, body)
 	}
 }
+
+// TestFaultSlotReleaseRetried: a release that fails without reaching
+// Redis (the breaker open after a stall, Redis back but not yet probed) is
+// 503, and the service sends it again by itself once Redis answers: the
+// slot's full max can be acquired again within seconds, not at its 30s
+// hold timeout, though the client never resent it.
+func TestFaultSlotReleaseRetried(t *testing.T) {
+	race.SkipTiming(t)
+	r := redistest.StartServer(t)
+	cfg := filepath.Join(t.TempDir(), "sluice.yaml")
+	if err := os.WriteFile(cfg, []byte(slotsConfig), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	srv := runServer(t, Options{ConfigFile: cfg, RedisURL: "redis://" + r.Addr + "/0", FleetSize: 1})
+	base := "http://" + srv.HTTPAddr()
+	code, body, _ := post(t, base, "/v1/acquire", `{"policy":"exports","key":"ann","weight":10}`)
+	if code != 200 {
+		t.Fatalf("acquire: %d %v", code, body)
+	}
+	tok := tokenBody(body["token"])
+	r.Pause(t)
+	for i := 0; !srv.health.Status().FallbackActive; i++ {
+		if i > 100 {
+			t.Fatal("the breaker never opened with Redis stalled")
+		}
+		post(t, base, "/v1/acquire", `{"policy":"exports","key":"bob"}`)
+	}
+	r.Resume(t)
+	code, body, _ = post(t, base, "/v1/release", tok)
+	if code != 503 {
+		t.Fatalf("release with the breaker open: %d %v, want 503", code, body)
+	}
+	deadline := time.Now().Add(8 * time.Second)
+	for {
+		code, body, _ = post(t, base, "/v1/acquire", `{"policy":"exports","key":"ann","weight":10}`)
+		if code == 200 && body["source"] != "fallback" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("8s after a release that failed (never resent by the client): acquire of the whole max %d %v, want 200 from Redis", code, body)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
