@@ -243,3 +243,19 @@ func eachMaster(ctx context.Context, masters []clusterMaster, check func(ctx con
 	}
 	return mastersErr(errs)
 }
+
+// Masters returns the masters of cc's slot map, as it routes calls: from
+// memory, with no reload (go-redis's ForEachMaster reloads first, asking
+// one node after another, so a stopped node can hold it to its deadline),
+// but for the load of a client that has no map yet.
+func Masters(ctx context.Context, cc *redis.ClusterClient) ([]*redis.Client, error) {
+	ms, err := clusterMasters(ctx, cc, "")
+	if err != nil {
+		return nil, err
+	}
+	nodes := make([]*redis.Client, len(ms))
+	for i, m := range ms {
+		nodes[i] = m.node
+	}
+	return nodes, nil
+}

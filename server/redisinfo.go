@@ -85,12 +85,20 @@ func (c *redisInfo) Collect(ch chan<- prometheus.Metric) {
 func eachNode(ctx context.Context, client redis.UniversalClient, f func(ctx context.Context, node *redis.Client, name string)) {
 	switch cl := client.(type) {
 	case *redis.ClusterClient:
-		// Masters answer in parallel (ForEachMaster waits for all); one
-		// that does not is reported down without hiding the others.
-		cl.ForEachMaster(ctx, func(ctx context.Context, node *redis.Client) error {
-			f(ctx, node, node.Options().Addr)
-			return nil
-		})
+		// The masters of the slot map in memory: ForEachMaster reloads it
+		// first, one node after another, and one stopped node (a replica
+		// too) held that to the deadline and every master read as down.
+		// They answer in parallel; one that does not is reported down
+		// without hiding the others.
+		nodes, err := redisstore.Masters(ctx, cl)
+		if err != nil {
+			return
+		}
+		var wg sync.WaitGroup
+		for _, node := range nodes {
+			wg.Go(func() { f(ctx, node, node.Options().Addr) })
+		}
+		wg.Wait()
 	case *redis.Client:
 		name := cl.Options().Addr
 		if name == "FailoverClient" {

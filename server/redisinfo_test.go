@@ -249,3 +249,37 @@ func logValue(line, key string) string {
 	v, _, _ = strings.Cut(v, " ")
 	return strings.TrimSpace(v)
 }
+
+// A stopped replica (a node no master's INFO depends on) does not slow the
+// scrape nor mark the masters down: the masters are those of the client's
+// slot map in memory, not of a reload that asks nodes one by one and
+// waited out the stopped one (1s, every master then read as down).
+func TestFaultRedisInfoStoppedReplica(t *testing.T) {
+	race.SkipTiming(t)
+	cl := redistest.StartCluster(t, &redistest.ClusterOptions{Replicas: 1, NodeTimeout: time.Minute})
+	c := cl.Client(t)
+	if err := c.Ping(context.Background()).Err(); err != nil {
+		t.Fatal(err)
+	}
+	g := gatherRedisInfo(t, c, time.Second)
+	var masters []*redistest.Node
+	for _, n := range cl.Nodes {
+		if len(cl.ReplicasOf(t, n)) > 0 {
+			masters = append(masters, n)
+		}
+	}
+	replica := cl.ReplicasOf(t, masters[0])[0]
+	replica.Pause(t)
+	defer replica.Resume(t)
+	for i := range 10 {
+		start := time.Now()
+		for _, m := range masters {
+			if got := metricValue(t, g, "sluice_redis_up", map[string]string{"node": m.Addr}); got != 1 {
+				t.Errorf("scrape %d: sluice_redis_up{node=%s} = %v with only a replica stopped, want 1", i, m.Addr, got)
+			}
+		}
+		if took := time.Since(start); took > 500*time.Millisecond {
+			t.Errorf("scrape %d took %v with only a replica stopped", i, took)
+		}
+	}
+}
