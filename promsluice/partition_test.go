@@ -47,3 +47,25 @@ func TestBreakerStateForgotten(t *testing.T) {
 		t.Errorf("the store's own breaker: closed = %v (%v), want 1", got, ok)
 	}
 }
+
+// Each transition of a breaker, a partition's too, is counted: an episode
+// that opens and closes between two scrapes still shows, and a forgotten
+// master's counts stay.
+func TestBreakerTransitionsCounted(t *testing.T) {
+	c := promsluice.New(nil)
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(c)
+	const m = "10.0.0.2:6379"
+	c.ObserveBreaker(sluice.BreakerEvent{Store: "redis", Partition: m})
+	from := sluice.BreakerClosed
+	for _, to := range []sluice.BreakerState{sluice.BreakerOpen, sluice.BreakerHalfOpen, sluice.BreakerOpen, sluice.BreakerHalfOpen, sluice.BreakerClosed} {
+		c.ObserveBreaker(sluice.BreakerEvent{Store: "redis", Partition: m, From: from, To: to})
+		from = to
+	}
+	c.ObserveBreaker(sluice.BreakerEvent{Store: "redis", Partition: m, Forgotten: true})
+	for to, want := range map[string]float64{"open": 2, "half_open": 2, "closed": 1} {
+		if got, ok := promtest.Value(t, reg, "sluice_breaker_transitions_total", map[string]string{"store": "redis", "partition": m, "to": to}); !ok || got != want {
+			t.Errorf("sluice_breaker_transitions_total{to=%q} = %v (%v), want %v", to, got, ok, want)
+		}
+	}
+}

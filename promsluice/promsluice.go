@@ -9,6 +9,7 @@
 //	sluice_store_errors_total{store,op}         backend failures (timeouts included); {store,op,cause} with Options.Cause
 //	sluice_store_latency_seconds{store,op}      backend latency, when the backend was called
 //	sluice_breaker_state{store,partition,state} 1 for the current state (closed, half_open, open), 0 for the others; from resilient.New on, which reports the initial state; partition: a Redis Cluster master's address for its breaker, "" for the store's own; a master's series go when its breaker is forgotten (no key maps to it any more)
+//	sluice_breaker_transitions_total{store,partition,to}     each change of a breaker's state (to: closed, half_open, open), so that an episode shorter than a scrape interval still shows (a forgotten master's counts stay)
 //	sluice_inflight_acquires_total{policy,priority,outcome}  outcome: allowed, denied, shed, error
 //	sluice_inflight_calls_total{policy,call,outcome}         call: extend, release; outcome: extended, released, released_before, not_held, error
 //	sluice_inflight_held{policy}                             weight this process holds now
@@ -68,21 +69,22 @@ type Options struct {
 // for concurrent use. Build one with New: the zero value (and a nil
 // *Collector) observes nothing and exposes no metrics.
 type Collector struct {
-	ratio       float64
-	refresh     func()
-	cause       func(error) string
-	decisions   *prometheus.CounterVec
-	nearLimit   *prometheus.CounterVec
-	storeCalls  *prometheus.CounterVec
-	storeErrors *prometheus.CounterVec
-	latency     *prometheus.HistogramVec
-	breaker     *prometheus.GaugeVec
-	acquires    *prometheus.CounterVec
-	slotCalls   *prometheus.CounterVec
-	held        *prometheus.GaugeVec
-	expired     *prometheus.CounterVec
-	evicted     *prometheus.CounterVec
-	exhausted   *prometheus.CounterVec
+	ratio        float64
+	refresh      func()
+	cause        func(error) string
+	decisions    *prometheus.CounterVec
+	nearLimit    *prometheus.CounterVec
+	storeCalls   *prometheus.CounterVec
+	storeErrors  *prometheus.CounterVec
+	latency      *prometheus.HistogramVec
+	breaker      *prometheus.GaugeVec
+	breakerMoves *prometheus.CounterVec
+	acquires     *prometheus.CounterVec
+	slotCalls    *prometheus.CounterVec
+	held         *prometheus.GaugeVec
+	expired      *prometheus.CounterVec
+	evicted      *prometheus.CounterVec
+	exhausted    *prometheus.CounterVec
 }
 
 // New returns a Collector. Register it with a prometheus.Registerer.
@@ -135,6 +137,8 @@ func New(opts *Options) *Collector {
 		}, []string{"store", "op"}),
 		breaker: gauge("breaker_state",
 			"Circuit breaker state of a wrapped store, or of one partition of it (a Redis Cluster master, by address; \"\" for the whole store): 1 for the current state (closed, half_open, open), 0 for the others.", "store", "partition", "state"),
+		breakerMoves: counter("breaker_transitions_total",
+			"Changes of state of a wrapped store's circuit breaker, or of one partition's (a Redis Cluster master, by address; \"\" for the whole store), by the state changed to (closed, half_open, open): an episode shorter than a scrape interval, which breaker_state may miss, still shows.", "store", "partition", "to"),
 		acquires: counter("inflight_acquires_total",
 			"In-flight slot acquires by policy, the request's priority (critical, normal, sheddable) and outcome: allowed, denied (the key's slots are full: 429), shed (the priority's share is full: 503) or error.",
 			"policy", "priority", "outcome"),
@@ -154,7 +158,7 @@ func New(opts *Options) *Collector {
 
 // vecs returns every metric vector of c, for Describe and Collect.
 func (c *Collector) vecs() []prometheus.Collector {
-	return []prometheus.Collector{c.decisions, c.nearLimit, c.storeCalls, c.storeErrors, c.latency, c.breaker, c.acquires, c.slotCalls, c.held, c.expired, c.evicted, c.exhausted}
+	return []prometheus.Collector{c.decisions, c.nearLimit, c.storeCalls, c.storeErrors, c.latency, c.breaker, c.breakerMoves, c.acquires, c.slotCalls, c.held, c.expired, c.evicted, c.exhausted}
 }
 
 // ObserveEvictions implements sluice.EvictionObserver.
@@ -253,8 +257,13 @@ func (c *Collector) ObserveBreaker(e sluice.BreakerEvent) {
 	if c == nil || c.decisions == nil {
 		return // a zero Collector
 	}
+	if e.From != e.To {
+		c.breakerMoves.WithLabelValues(e.Store, e.Partition, e.To.String()).Inc()
+	}
 	for _, s := range [...]sluice.BreakerState{sluice.BreakerClosed, sluice.BreakerHalfOpen, sluice.BreakerOpen} {
 		if e.Forgotten {
+			// Its transitions' counts stay: an episode just before a
+			// failover would otherwise vanish unscraped.
 			c.breaker.DeleteLabelValues(e.Store, e.Partition, s.String())
 			continue
 		}
