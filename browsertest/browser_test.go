@@ -678,6 +678,7 @@ func TestBrowser(t *testing.T) {
 			{`[formatRate(7 / 60), formatRate(35), formatRate(1234.5)]`, `["0.12","35.0","1235"]`},
 			{`[formatRatio(3 / 7), formatLatency(0.5), formatLatency(-1), formatLatency(2000)]`, `["42.9%","≤ 0.5 ms","–","> 1 s"]`},
 			{`describeStore({store: "redis", mode: "cluster", breaker: "half_open", fallback_active: true})`, `"redis (cluster) · breaker half-open · fallback deciding"`},
+			{`describeStore({store: "redis", mode: "cluster", breaker: "closed", fallback_active: false, open_partitions: ["10.0.0.2:6379"]})`, `"redis (cluster) · breaker closed · breaker open for master 10.0.0.2:6379: fallback deciding their keys"`},
 			{`describeScope({scope: "fleet", instances: 3}).badge`, `"fleet · 3 instances"`},
 			{`describeScope({scope: "instance", instances: 1}).text`, `"this instance only (no shared Redis)"`},
 		}

@@ -154,6 +154,9 @@
     let text = st.store + (st.mode ? ` (${st.mode})` : "");
     if (st.breaker) text += " \u00b7 breaker " + st.breaker.replace("_", "-");
     if (st.fallback_active) text += " \u00b7 fallback deciding";
+    // A Cluster master's own breaker: the fallback decides its keys only.
+    const parts = st.open_partitions || [];
+    if (parts.length) text += ` \u00b7 breaker open for master${parts.length === 1 ? "" : "s"} ${parts.join(", ")}: fallback deciding their keys`;
     return text;
   }
 
