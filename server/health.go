@@ -1261,6 +1261,16 @@ func (s *Server) checkAccess(rs *redisstore.Store) error {
 		pinged := make(chan error, 1)
 		go func() { pinged <- ping(ctx) }()
 		err := rs.CheckAccess(ctx)
+		// The masters as calls are routed now, from memory: a failover
+		// (a planned one fails no call) shows in sluice_store_node_up at
+		// the next check, not at the next full one, a minute on.
+		if ms, merr := redisstore.Masters(ctx, s.redis.(*redis.ClusterClient)); merr == nil {
+			addrs := make([]string, len(ms))
+			for i, m := range ms {
+				addrs[i] = m.Options().Addr
+			}
+			s.health.setMasters(addrs)
+		}
 		return redisstore.JoinMasters(<-pinged, err)
 	}
 	if s.health.storeDown() {

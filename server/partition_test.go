@@ -222,3 +222,38 @@ func TestFaultServeClusterMasterStoppedIdle(t *testing.T) {
 		}
 	}
 }
+
+// TestFaultServeClusterPlannedFailoverNodeUp: after a planned failover
+// (CLUSTER FAILOVER on a replica, which fails no call), sluice_store_node_up
+// names the promoted master, and no longer the demoted one, within a few
+// checks, not at the next full check a minute on.
+func TestFaultServeClusterPlannedFailoverNodeUp(t *testing.T) {
+	race.SkipTiming(t)
+	cl := redistest.StartCluster(t, &redistest.ClusterOptions{Replicas: 1})
+	config := filepath.Join(t.TempDir(), "sluice.yaml")
+	if err := os.WriteFile(config, []byte("domain: d\npolicies:\n  - name: api\n    limit: 100/s\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	p := startSluice(t, nil, "--config", config, "--redis", cl.URL(), "--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0",
+		"--watch-interval", "200ms")
+	old := cl.MasterOf(t, "sluice:check")
+	if got := scrapedMetric(t, p, `sluice_store_node_up{node="`+old.Addr+`"}`); got != "1" {
+		t.Fatalf("sluice_store_node_up for master %s: %q, want 1", old.Addr, got)
+	}
+	replica := cl.ReplicasOf(t, old)[0]
+	rc := redis.NewClient(&redis.Options{Addr: replica.Addr})
+	defer rc.Close()
+	if err := rc.ClusterFailover(context.Background()).Err(); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(8 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		promoted := scrapedMetric(t, p, `sluice_store_node_up{node="`+replica.Addr+`"}`)
+		demoted := scrapedMetric(t, p, `sluice_store_node_up{node="`+old.Addr+`"}`)
+		if promoted == "1" && demoted == "" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("8s after CLUSTER FAILOVER: sluice_store_node_up promoted %s %q, demoted %s %q; want 1 and no series", replica.Addr, promoted, old.Addr, demoted)
+		}
+	}
+}
