@@ -80,21 +80,9 @@ func TestForgottenPartitionTold(t *testing.T) {
 	}
 	t.Cleanup(func() { s.Close() })
 	ctx := context.Background()
-	lim := sluice.PerSecond(1000)
 	// 30 calls on A hang while its breaker is closed: enough, failing, to
 	// open it by rate and by DeadAfter.
-	h.on.Store(true)
-	var wg sync.WaitGroup
-	for i := range 30 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			s.Take(ctx, "a1", lim, 1)
-		}()
-		h.waitHeld(t, int64(i+1))
-		clk.Advance(20 * time.Millisecond)
-	}
-	h.on.Store(false)
+	wg := hang(t, s, h, clk, "a1", 30)
 	parts.mu.Lock()
 	parts.moved = "B" // a failover: A's keys live on B now
 	parts.mu.Unlock()

@@ -44,6 +44,21 @@ func (h *held) waitHeld(t *testing.T, n int64) {
 	}
 }
 
+// hang starts n takes of key on s that hang in h, sent 20ms apart on clk,
+// and returns them to wait for once h.gate is closed.
+func hang(t *testing.T, s *Store, h *held, clk *storetest.Clock, key string, n int) *sync.WaitGroup {
+	t.Helper()
+	h.on.Store(true)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() { s.Take(context.Background(), key, sluice.PerSecond(1000), 1) })
+		h.waitHeld(t, int64(i+1))
+		clk.Advance(20 * time.Millisecond)
+	}
+	h.on.Store(false)
+	return &wg
+}
+
 // heldParted is held over a backend of partitions (parted's).
 type heldParted struct {
 	*held
@@ -73,18 +88,7 @@ func TestStaleFailuresDoNotReopen(t *testing.T) {
 
 	// 30 calls sent over 600ms hang: enough, once they fail, to open a
 	// closed breaker both by rate (30 of 30) and by DeadAfter.
-	h.on.Store(true)
-	var wg sync.WaitGroup
-	for i := range 30 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			s.Take(ctx, "k", lim, 1)
-		}()
-		h.waitHeld(t, int64(i+1))
-		clk.Advance(20 * time.Millisecond)
-	}
-	h.on.Store(false)
+	wg := hang(t, s, h, clk, "k", 30)
 
 	// Other calls fail at once and open the breaker.
 	h.mode.Store(1)
