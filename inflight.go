@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -234,7 +235,8 @@ const releaseTry = 5 * time.Second
 // may reach the store after the first release; an abandoned id is never
 // reused, so a second release cannot free a later holder). At most
 // MaxBackgroundReleases run at once, with RetryRelease's; beyond that, and
-// if both releases fail, the slot frees at its hold timeout.
+// if both releases fail, the slot frees at its hold timeout. A process
+// that stops drops the releases still at work: see WaitReleases.
 func ReleaseAbandoned(store Slots, key, holder string) {
 	if a, ok := store.(abandoner); ok {
 		a.AbandonSlot(key, holder)
@@ -271,7 +273,8 @@ var ErrRetriesFull = errors.New("sluice: too many releases being retried")
 // no answer came. Bad input is refused (ErrInvalidKey, ErrInvalidHolder;
 // ErrInvalidLimit for a nil store), and at most MaxBackgroundReleases run
 // at once, with ReleaseAbandoned's: beyond that, ErrRetriesFull. An until
-// already past sends nothing (nil).
+// already past sends nothing (nil). A process that stops drops the
+// releases still at work: see WaitReleases.
 func RetryRelease(store Slots, key, holder string, until time.Time, done func(held bool)) error {
 	if store == nil {
 		return fmt.Errorf("%w: nil store", ErrInvalidLimit)
@@ -307,8 +310,9 @@ func releaseLater(slots chan struct{}, store Slots, key, holder string, first ti
 	default:
 		return false
 	}
+	background.add()
 	go func() {
-		defer func() { <-slots }()
+		defer func() { <-slots; background.done() }()
 		wait := first
 		for try := 0; ; try++ {
 			time.Sleep(wait)
@@ -329,6 +333,70 @@ func releaseLater(slots chan struct{}, store Slots, key, holder string, first ti
 		}
 	}()
 	return true
+}
+
+// background counts the releases at work in the background, for
+// WaitReleases: a process that stops drops them, and their slots stay held
+// to their hold timeout.
+var background pendingReleases
+
+type pendingReleases struct {
+	mu   sync.Mutex
+	n    int
+	idle chan struct{} // closed when n drops to 0; nil while 0
+}
+
+func (p *pendingReleases) add() {
+	p.mu.Lock()
+	if p.n == 0 {
+		p.idle = make(chan struct{})
+	}
+	p.n++
+	p.mu.Unlock()
+}
+
+func (p *pendingReleases) done() {
+	p.mu.Lock()
+	if p.n--; p.n == 0 {
+		close(p.idle)
+		p.idle = nil
+	}
+	p.mu.Unlock()
+}
+
+func (p *pendingReleases) state() (int, chan struct{}) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.n, p.idle
+}
+
+// PendingReleases returns how many releases RetryRelease and
+// ReleaseAbandoned have at work in the background now.
+func PendingReleases() int {
+	n, _ := background.state()
+	return n
+}
+
+// WaitReleases waits until no release is at work in the background
+// (RetryRelease's, ReleaseAbandoned's), or until ctx ends, and returns how
+// many still were: releases a process that stops now drops, whose slots
+// stay held until their hold timeout. Call it at shutdown, after the
+// server's own Shutdown (no request may start another) and before the
+// store is closed, with the time left to stop: each release ends once the
+// store answers it or its hold has passed, so with the store still
+// unreachable the wait lasts until ctx ends. Releases started meanwhile
+// are waited for too. An ended ctx returns the count at once.
+func WaitReleases(ctx context.Context) int {
+	for {
+		n, idle := background.state()
+		if n == 0 || ctx.Err() != nil {
+			return n
+		}
+		select {
+		case <-idle:
+		case <-ctx.Done():
+		}
+	}
 }
 
 // Key, Limit, Weight and Holder report what s was acquired with (zero

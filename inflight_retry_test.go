@@ -209,3 +209,77 @@ func TestReleaseAbandonedBurst(t *testing.T) {
 		}
 	}
 }
+
+// WaitReleases waits for the releases at work in the background, so that
+// a process that stops while Redis is away briefly still frees the slots
+// whose release failed; with the store still unreachable it returns when
+// its context ends, with the count left. Not parallel: it counts the
+// process's releases.
+func TestWaitReleases(t *testing.T) {
+	ctx := context.Background()
+	if n := sluice.WaitReleases(ctx); n != 0 { // those of earlier tests
+		t.Fatalf("WaitReleases with no deadline: %d left", n)
+	}
+	srv := redistest.StartServer(t, "--appendonly", "yes", "--appendfsync", "always") // the slot survives a restart
+	client := redis.NewClient(&redis.Options{Addr: srv.Addr, MaxRetries: -1})
+	t.Cleanup(func() { client.Close() })
+	store := redisstore.New(client, &redisstore.Options{Prefix: redistest.Prefix(t)})
+	limit := sluice.Concurrent(1, 30*time.Second)
+	slot, _, err := sluice.AcquireSlot(ctx, store, "k", limit, 1)
+	if err != nil || slot == nil {
+		t.Fatal(slot, err)
+	}
+	srv.Stop()
+	if err := slot.Release(ctx); err == nil {
+		t.Fatal("Release with Redis down: nil error")
+	}
+	if err := sluice.RetryRelease(store, "k", slot.Holder(), time.Now().Add(limit.Hold), nil); err != nil {
+		t.Fatal(err)
+	}
+	if n := sluice.PendingReleases(); n != 1 {
+		t.Errorf("PendingReleases = %d, want 1", n)
+	}
+	go func() {
+		time.Sleep(500 * time.Millisecond)
+		srv.Start(t)
+	}()
+	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	start := time.Now()
+	if n := sluice.WaitReleases(wctx); n != 0 {
+		t.Fatalf("WaitReleases with Redis back in 0.5s: %d left after %v", n, time.Since(start))
+	}
+	t.Logf("released %v after the wait began", time.Since(start))
+	client.Close() // as a process that stops: nothing more is sent
+	check := redisstore.New(srv.Client(t), &redisstore.Options{Prefix: redistest.Prefix(t)})
+	other, d, err := sluice.AcquireSlot(ctx, check, "k", limit, 1)
+	if err != nil || other == nil {
+		t.Fatalf("the slot whose release failed still held after WaitReleases: %+v %v", d, err)
+	}
+	other.Release(ctx)
+
+	// The store unreachable for good: bounded by the context.
+	dead := redis.NewClient(&redis.Options{Addr: redistest.DeadAddr(t), MaxRetries: -1, DialerRetries: 1})
+	t.Cleanup(func() { dead.Close() })
+	deadStore := redisstore.New(dead, &redisstore.Options{Prefix: redistest.Prefix(t)})
+	for range 3 {
+		if err := sluice.RetryRelease(deadStore, "k", sluice.NewHolderID(), time.Now().Add(2*time.Second), nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	wctx, cancel = context.WithTimeout(ctx, 300*time.Millisecond)
+	defer cancel()
+	start = time.Now()
+	if n := sluice.WaitReleases(wctx); n != 3 {
+		t.Errorf("WaitReleases with the store unreachable: %d left, want 3", n)
+	}
+	if took := time.Since(start); took > time.Second {
+		t.Errorf("WaitReleases with a 300ms context took %v", took)
+	}
+	if n := sluice.WaitReleases(wctx); n != 3 { // ended: at once
+		t.Errorf("WaitReleases with an ended context: %d, want 3", n)
+	}
+	if n := sluice.WaitReleases(ctx); n != 0 { // they give up at until
+		t.Errorf("WaitReleases past until: %d left", n)
+	}
+}
