@@ -561,7 +561,8 @@ func configStamp(files []string) string {
 }
 
 // Shutdown stops accepting requests, waits for those in flight (until ctx
-// ends), withdraws the fleet report, returns unused lease units (bounded
+// ends), then for the releases being sent again in the background (until
+// ctx ends: their count is logged if any are left), withdraws the fleet report, returns unused lease units (bounded
 // by leaseReturnTimeout, even when ctx's deadline cut the wait short) and
 // releases the store. A ctx canceled (a second signal: stop now) makes it
 // return at once: the rest goes on in the background, and unused lease
@@ -590,6 +591,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	case <-waited:
 	case <-ctx.Done():
 	}
+	s.waitReleases(ctx)
 	if errors.Is(ctx.Err(), context.Canceled) {
 		go func() {
 			<-waited // the health check may still be using the store
@@ -616,6 +618,34 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	s.close()
 	return err
 }
+
+// waitReleases gives the releases sent again in the background (a
+// client's that failed with Redis away: sluice.RetryRelease) what is left
+// of ctx, while the store and the fleet's channel are still open: once the
+// process is gone, their slots stay held to their hold timeout. Requests
+// have stopped, so no more start but those forwarded by the fleet. A ctx
+// without a deadline waits at most maxReleaseWait.
+func (s *Server) waitReleases(ctx context.Context) {
+	n := sluice.PendingReleases()
+	if n == 0 {
+		return
+	}
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, maxReleaseWait)
+		defer cancel()
+	}
+	start := time.Now()
+	if left := sluice.WaitReleases(ctx); left > 0 {
+		s.log.Warn("in-flight releases not sent before stop; their slots free at their hold timeout", "releases", left, "waited", time.Since(start))
+		return
+	}
+	s.log.Info("in-flight releases sent before stop", "releases", n, "waited", time.Since(start))
+}
+
+// maxReleaseWait bounds waitReleases under a Shutdown context without a
+// deadline: the CLI's grace period.
+const maxReleaseWait = 30 * time.Second
 
 // leaveFleet withdraws the fleet registration once every request has
 // finished, so that the others' shares grow at once: a graceful restart

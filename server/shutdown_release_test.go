@@ -1,0 +1,105 @@
+package server
+
+import (
+	"context"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/redistest"
+)
+
+// TestShutdownWaitsForReleases: a release that failed with Redis away
+// (503, sent again in the background) still frees its slot when the
+// instance stops gracefully while Redis is away and Redis returns within
+// the grace period; with Redis away for good, the stop ends with the
+// grace period and logs how many releases it gave up. Before, Shutdown
+// closed the store under the background release, and the slot stayed
+// held to its hold timeout, with nothing logged. Not parallel: the
+// background releases are the process's.
+func TestShutdownWaitsForReleases(t *testing.T) {
+	// A hold well past the stop, but short: a release given up at the
+	// stop retries (in a test, where the process goes on, on a closed
+	// store) until it passes.
+	const hold = 8 * time.Second
+	cfg := filepath.Join(t.TempDir(), "sluice.yaml")
+	if err := os.WriteFile(cfg, []byte(strings.Replace(slotsConfig, "hold: 30s", "hold: 8s", 1)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		ctx, cancel := context.WithTimeout(context.Background(), hold+5*time.Second)
+		defer cancel()
+		sluice.WaitReleases(ctx) // not to count in the next test's
+	}()
+	r := redistest.StartServer(t, "--appendonly", "yes", "--appendfsync", "always") // the slot survives a restart
+	// The default failure policy (local): the release fails past its
+	// breaker, which stays open until its probe after Redis returns.
+	start := func(logs *syncBuffer) *Server {
+		return startServer(t, Options{ConfigFile: cfg, RedisURL: "redis://" + r.Addr + "/0", FleetSize: 1,
+			Logger: slog.New(slog.NewTextHandler(logs, nil))})
+	}
+	// failedRelease acquires key's whole max on srv and releases it with
+	// Redis stopped: 503.
+	failedRelease := func(srv *Server, key string) {
+		t.Helper()
+		base := "http://" + srv.HTTPAddr()
+		code, body, _ := post(t, base, "/v1/acquire", `{"policy":"exports","key":"`+key+`","weight":10}`)
+		if code != 200 {
+			t.Fatalf("acquire: %d %v", code, body)
+		}
+		r.Stop()
+		if code, body, _ := post(t, base, "/v1/release", tokenBody(body["token"])); code != 503 {
+			t.Fatalf("release with Redis stopped: %d %v, want 503", code, body)
+		}
+	}
+
+	t.Run("Redis back within the grace period", func(t *testing.T) {
+		logs := new(syncBuffer)
+		srv := start(logs)
+		failedRelease(srv, "ann")
+		go func() {
+			time.Sleep(time.Second)
+			r.Start(t)
+		}()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		began := time.Now()
+		if err := srv.Shutdown(ctx); err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("stopped in %v", time.Since(began))
+		// At once: a release still retrying after the stop (only in a test,
+		// where the process goes on) must not count.
+		check := runServer(t, Options{ConfigFile: cfg, RedisURL: "redis://" + r.Addr + "/0", NoFailurePolicy: true})
+		if code, body, _ := post(t, "http://"+check.HTTPAddr(), "/v1/acquire", `{"policy":"exports","key":"ann","weight":10}`); code != 200 {
+			t.Errorf("acquire of the whole max after the stop: %d %v; want 200 (the failed release sent before the stop)", code, body)
+		}
+		if !strings.Contains(logs.String(), `msg="in-flight releases sent before stop"`) {
+			t.Errorf("no line for the releases sent at stop in:\n%s", logs)
+		}
+	})
+
+	t.Run("Redis away for good", func(t *testing.T) {
+		logs := new(syncBuffer)
+		srv := start(logs)
+		failedRelease(srv, "bob")
+		defer r.Start(t)
+		ctx, cancel := context.WithTimeout(context.Background(), 1500*time.Millisecond)
+		defer cancel()
+		began := time.Now()
+		srv.Shutdown(ctx)
+		// The fleet's withdrawal and the lease return have bounds of their
+		// own, past ctx's.
+		if took := time.Since(began); took > 1500*time.Millisecond+2*leaseReturnTimeout+time.Second {
+			t.Errorf("Shutdown with a 1.5s grace took %v", took)
+		}
+		want := `level=WARN msg="in-flight releases not sent before stop; their slots free at their hold timeout" releases=`
+		if !strings.Contains(logs.String(), want) {
+			t.Errorf("no %q in:\n%s", want, logs)
+		}
+	})
+}
