@@ -24,8 +24,9 @@ const (
 	// expired or never acquired; nothing freed) or OutcomeError (the
 	// release failed: the middleware sends it again in the background,
 	// RetryRelease, and reports the answer as one more SlotRelease, with
-	// a SlotExpire when nothing was held; failing that, the store frees
-	// the slot at its hold timeout).
+	// a SlotExpire when nothing was held; failing that, or with
+	// NotRetried when too many were being sent again, the store frees the
+	// slot at its hold timeout).
 	SlotRelease
 	// SlotExtend: a holder moved its hold timeout (the middleware extends
 	// a running request's slots about every third of their hold). Outcome
@@ -66,6 +67,11 @@ type SlotEvent struct {
 	// Again, on a SlotRelease with OutcomeAllowed, reports a repeated
 	// release of a slot an earlier release freed: nothing freed now.
 	Again bool
+	// NotRetried, on a SlotRelease with OutcomeError, reports a failed
+	// release that is not sent again in the background: MaxBackgroundReleases
+	// were at work already (ErrRetriesFull), so the slot stays held to its
+	// hold timeout.
+	NotRetried bool
 	// Decision is the acquire's decision; zero for the other ops and for
 	// errors.
 	Decision SlotDecision

@@ -11,7 +11,7 @@
 //	sluice_breaker_state{store,partition,state} 1 for the current state (closed, half_open, open), 0 for the others; from resilient.New on, which reports the initial state; partition: a Redis Cluster master's address for its breaker, "" for the store's own; a master's series go when its breaker is forgotten (no key maps to it any more)
 //	sluice_breaker_transitions_total{store,partition,to}     each change of a breaker's state (to: closed, half_open, open), so that an episode shorter than a scrape interval still shows (a forgotten master's counts stay)
 //	sluice_inflight_acquires_total{policy,priority,outcome}  outcome: allowed, denied, shed, error
-//	sluice_inflight_calls_total{policy,call,outcome}         call: extend, release; outcome: extended, released, released_before, not_held, error
+//	sluice_inflight_calls_total{policy,call,outcome}         call: extend, release; outcome: extended, released, released_before, not_held, error, not_retried
 //	sluice_inflight_held{policy}                             weight this process holds now
 //	sluice_inflight_expired_total{policy}                    weight of holds the store found past their hold timeout
 //	sluice_fallback_evicted_keys_total{store}                keys resilient's default fallback evicted (each starts its limit afresh)
@@ -143,7 +143,7 @@ func New(opts *Options) *Collector {
 			"In-flight slot acquires by policy, the request's priority (critical, normal, sheddable) and outcome: allowed, denied (the key's slots are full: 429), shed (the priority's share is full: 503) or error.",
 			"policy", "priority", "outcome"),
 		slotCalls: counter("inflight_calls_total",
-			"In-flight slot extends and releases by policy, call (extend, release) and outcome: extended, released, released_before (a repeated release), not_held (expired or never acquired: nothing freed) or error (the store frees the slot at its hold timeout).",
+			"In-flight slot extends and releases by policy, call (extend, release) and outcome: extended, released, released_before (a repeated release), not_held (expired or never acquired: nothing freed), error (a release is sent again in the background until the store answers or its hold passes, an extend tried again at the next round) or not_retried (a failed release not sent again, too many being sent already: the store frees the slot at its hold timeout).",
 			"policy", "call", "outcome"),
 		evicted: counter("fallback_evicted_keys_total",
 			"Keys a wrapped store's default fallback evicted to stay within its bound; each starts its limit afresh.", "store"),
@@ -220,6 +220,8 @@ func (c *Collector) ObserveSlot(e sluice.SlotEvent) {
 // callOutcome is the outcome label of an extend or release.
 func callOutcome(e sluice.SlotEvent) string {
 	switch {
+	case e.Outcome == sluice.OutcomeError && e.NotRetried:
+		return "not_retried"
 	case e.Outcome == sluice.OutcomeError:
 		return "error"
 	case e.Outcome != sluice.OutcomeAllowed:

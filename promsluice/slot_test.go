@@ -42,6 +42,7 @@ func TestCollectorSlotEvents(t *testing.T) {
 		{Policy: "p", Op: sluice.SlotRelease, Outcome: sluice.OutcomeAllowed}, // acquired elsewhere
 		{Policy: "p", Op: sluice.SlotRelease, Outcome: sluice.OutcomeDenied},
 		{Policy: "p", Op: sluice.SlotRelease, Outcome: sluice.OutcomeError},
+		{Policy: "p", Op: sluice.SlotRelease, Outcome: sluice.OutcomeError, NotRetried: true},
 	} {
 		c.ObserveSlot(e)
 	}
@@ -63,6 +64,7 @@ func TestCollectorSlotEvents(t *testing.T) {
 	promtest.Expect(t, reg, "sluice_inflight_calls_total", calls("release", "released_before"), 1)
 	promtest.Expect(t, reg, "sluice_inflight_calls_total", calls("release", "not_held"), 1)
 	promtest.Expect(t, reg, "sluice_inflight_calls_total", calls("release", "error"), 1)
+	promtest.Expect(t, reg, "sluice_inflight_calls_total", calls("release", "not_retried"), 1)
 	promtest.Expect(t, reg, "sluice_inflight_held", held, 0) // the 4 expired
 }
 

@@ -15,6 +15,7 @@ import (
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/enforce"
+	"github.com/sluicehq/sluice/internal/logpace"
 	"github.com/sluicehq/sluice/lease"
 	"github.com/sluicehq/sluice/server/config"
 )
@@ -94,6 +95,8 @@ type Service struct {
 	log     *slog.Logger
 	version atomic.Uint64 // counts SetConfig calls
 	leases  *lease.Store  // nil when the store cannot grant
+	// dropped paces the lines of failed releases not sent again.
+	dropped logpace.Pacer
 
 	keyLabels keyLabels // the top-key metrics' hashed labels
 

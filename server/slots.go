@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/enforce"
 	"github.com/sluicehq/sluice/server/config"
 )
 
@@ -433,8 +434,8 @@ func (s *Service) release(ctx context.Context, t slotToken, p *config.Policy) er
 		released, err = s.slots.Release(ctx, skey, t.holder)
 	}
 	if err != nil {
-		s.observeSlot(SlotResult{Policy: p}, sluice.SlotRelease, sluice.OutcomeError)
-		s.retryRelease(t, p, skey)
+		retried := s.retryRelease(t, p, skey, err)
+		observer{s}.ObserveSlot(sluice.SlotEvent{Policy: p.Name, Op: sluice.SlotRelease, Outcome: sluice.OutcomeError, NotRetried: !retried})
 		return fmt.Errorf("server: store: %w", err)
 	}
 	return s.released(t, p, released, before)
@@ -446,14 +447,24 @@ func (s *Service) release(ctx context.Context, t slotToken, p *config.Policy) er
 // hold timeout when the client does not resend it. Its answer counts as a
 // release of its own, unless the client's resend freed the slot first.
 // Beyond RetryRelease's bound (sluice.ErrRetriesFull) the slot frees at
-// its hold timeout, as before.
-func (s *Service) retryRelease(t slotToken, p *config.Policy, skey string) {
+// its hold timeout: false, and a line, paced per policy, as the
+// middleware's.
+func (s *Service) retryRelease(t slotToken, p *config.Policy, skey string, failed error) bool {
 	st := &onceSlots{Slots: s.slots, remember: min(p.InFlight.Limit.Hold, rememberRelease)}
-	_ = sluice.RetryRelease(st, skey, t.holder, time.Now().Add(p.InFlight.Limit.Hold), func(held bool) {
+	until := time.Now().Add(p.InFlight.Limit.Hold)
+	err := sluice.RetryRelease(st, skey, t.holder, until, func(held bool) {
 		if !st.before {
 			s.released(t, p, held, false)
 		}
 	})
+	if err == nil {
+		return true
+	}
+	s.dropped.Log(p.Name, func(notLogged int64) {
+		s.log.Warn(enforce.DroppedReleaseMsg, "policy", p.Name, "dropped", notLogged+1, "max_background", sluice.MaxBackgroundReleases,
+			"error", failed.Error(), "held_until", until.UTC().Format(time.RFC3339Nano), "not_retried", err.Error())
+	})
+	return false
 }
 
 // onceSlots releases through ReleaseOnce when the store has it, so that a

@@ -120,6 +120,24 @@ func (e *holdEnv) log(msg, rule string, attrs ...any) {
 	})
 }
 
+// logDropped writes the line of a failed release not sent again, paced
+// per rule, with the count of those dropped since the last line.
+func (e *holdEnv) logDropped(rule string, attrs ...any) {
+	const msg = "sluice: " + DroppedReleaseMsg
+	e.pace.Log(msg+"\x00"+rule, func(notLogged int64) {
+		l := e.logger
+		if l == nil {
+			l = slog.Default()
+		}
+		l.Warn(msg, append([]any{"rule", rule, "dropped", notLogged + 1, "max_background", sluice.MaxBackgroundReleases}, attrs...)...)
+	})
+}
+
+// DroppedReleaseMsg is the line of failed releases not sent again
+// (sluice.ErrRetriesFull): the service's; the middleware's has "sluice: "
+// before it.
+const DroppedReleaseMsg = "in-flight release failed and not sent again: too many being sent again in the background; its slot frees at its hold timeout"
+
 func (e *holdEnv) observe(name string, op sluice.SlotOp, o sluice.Outcome, p sluice.Priority, weight int64) {
 	if e.observer != nil {
 		e.observer.ObserveSlot(sluice.SlotEvent{Policy: name, Op: op, Outcome: o, Priority: p, Weight: weight})
@@ -506,6 +524,7 @@ func (h *Held) Release() {
 	for _, sh := range h.holds {
 		outcome := sluice.OutcomeAllowed
 		weight := sh.weight
+		notRetried := false
 		if sh.count != nil {
 			sh.count.Add(-sh.weight)
 		} else {
@@ -518,7 +537,7 @@ func (h *Held) Release() {
 				// Until a retry frees it, the store holds the slot: it is
 				// reported held (at most until the timer's SlotExpire).
 				outcome, weight = sluice.OutcomeError, 0
-				h.retryRelease(sh, err)
+				notRetried = !h.retryRelease(sh, err)
 			}
 		}
 		if sh.state != nil && outcome == sluice.OutcomeAllowed {
@@ -527,13 +546,16 @@ func (h *Held) Release() {
 				weight = 0 // past its hold: reported held no more then
 			}
 		}
-		h.env.observe(sh.name, sluice.SlotRelease, outcome, h.priority, weight)
+		if h.env.observer != nil {
+			h.env.observer.ObserveSlot(sluice.SlotEvent{Policy: sh.name, Op: sluice.SlotRelease, Outcome: outcome, Priority: h.priority, Weight: weight, NotRetried: notRetried})
+		}
 	}
 }
 
 // retryRelease hands sh's failed release to sluice.RetryRelease, whose
-// answer is reported as one more release (or, not held, as an expiry).
-func (h *Held) retryRelease(sh *slotHold, err error) {
+// answer is reported as one more release (or, not held, as an expiry). It
+// reports false when the release is not sent again: too many are.
+func (h *Held) retryRelease(sh *slotHold, err error) bool {
 	var done func(bool)
 	if sh.state != nil {
 		done = func(held bool) {
@@ -555,10 +577,14 @@ func (h *Held) retryRelease(sh *slotHold, err error) {
 	}
 	until := time.Unix(0, sh.until.Load())
 	attrs := []any{"error", err.Error(), "held_until", until.UTC().Format(time.RFC3339Nano)}
-	if err := sluice.RetryRelease(h.env.store, sh.slot.Key(), sh.slot.Holder(), until, done); err != nil {
-		attrs = append(attrs, "not_retried", err.Error())
+	if rerr := sluice.RetryRelease(h.env.store, sh.slot.Key(), sh.slot.Holder(), until, done); rerr != nil {
+		// A line of its own: the failures' line is paced per rule, and one
+		// written before the bound filled says they are sent again.
+		h.env.logDropped(sh.name, append(attrs, "not_retried", rerr.Error())...)
+		return false
 	}
 	h.env.log("sluice: in-flight release failed; sent again in the background until its hold ends", sh.name, attrs...)
+	return true
 }
 
 // StoreError is a store failure met while acquiring a slot: front ends

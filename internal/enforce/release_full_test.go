@@ -1,0 +1,125 @@
+package enforce
+
+import (
+	"bytes"
+	"context"
+	"log/slog"
+	"net"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/redisstore"
+)
+
+// fillReleases fills the bound of sluice.MaxBackgroundReleases releases
+// at work in the background, against a server that never answers, until until; they are
+// waited for at cleanup.
+func fillReleases(t *testing.T, until time.Time) {
+	t.Helper()
+	ln := redistest.Listen(t)
+	var mu sync.Mutex
+	var conns []net.Conn
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
+		}
+	}()
+	// One connection: the other tries wait for it, holding no socket.
+	client := redis.NewClient(&redis.Options{Addr: ln.Addr().String(), MaxRetries: -1, PoolSize: 1, PoolTimeout: time.Minute})
+	store := redisstore.New(client, &redisstore.Options{Prefix: redistest.Prefix(t)})
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Until(until)+10*time.Second)
+		defer cancel()
+		sluice.WaitReleases(ctx)
+		client.Close()
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range conns {
+			c.Close()
+		}
+	})
+	for i := range sluice.MaxBackgroundReleases - sluice.PendingReleases() {
+		if err := sluice.RetryRelease(store, "k", sluice.NewHolderID(), until, nil); err != nil {
+			t.Fatalf("release %d: %v", i, err)
+		}
+	}
+}
+
+// notRetried records the releases observed as failed and not sent again.
+type notRetried struct {
+	slotEvents
+	n int
+}
+
+func (e *notRetried) ObserveSlot(ev sluice.SlotEvent) {
+	e.slotEvents.ObserveSlot(ev)
+	if ev.Op == sluice.SlotRelease && ev.NotRetried {
+		e.mu.Lock()
+		e.n++
+		e.mu.Unlock()
+	}
+}
+
+// A release that fails while sluice.MaxBackgroundReleases are being sent
+// again is not sent again: it is observed as such (NotRetried, for the
+// not_retried metric) and logged on a line of its own, paced, with the
+// count dropped. Before, nothing told it from a release sent again but
+// an attribute of the failures' line, which its pacing had mostly held
+// back. Not parallel: it fills the process's bound.
+func TestReleaseNotRetriedIsLoud(t *testing.T) {
+	ctx := context.Background()
+	r := redistest.StartServer(t)
+	store := redisstore.New(r.Client(t), &redisstore.Options{Prefix: redistest.Prefix(t)})
+	obs := &notRetried{}
+	var logs bytes.Buffer
+	var lmu sync.Mutex
+	rs := observedRules(t, store, obs, SlotSpec[string]{Name: "one", Limit: sluice.Concurrent(10, 30*time.Second), Key: ident})
+	rs.SetLogger(slog.New(slog.NewTextHandler(writerFunc(func(p []byte) (int, error) {
+		lmu.Lock()
+		defer lmu.Unlock()
+		return logs.Write(p)
+	}), nil)))
+	var held []*Held
+	for range 3 {
+		h, v, err := rs.Acquire(ctx, "k", sluice.PriorityCritical)
+		if err != nil || !v.Allowed {
+			t.Fatal(v, err)
+		}
+		held = append(held, h)
+	}
+	held[0].Release() // before the outage: freed
+	r.Stop()
+	held[1].Release() // sent again in the background
+	fillReleases(t, time.Now().Add(2*time.Second))
+	held[2].Release() // no room
+	if obs.n != 1 {
+		t.Errorf("%d releases observed as not sent again, want 1; events: %s", obs.n, obs)
+	}
+	if n := obs.count("release/error"); n != 2 {
+		t.Errorf("%d failed releases observed, want 2; events: %s", n, obs)
+	}
+	r.Start(t) // the one sent again lands
+	lmu.Lock()
+	out := logs.String()
+	lmu.Unlock()
+	want := `level=WARN msg="sluice: ` + DroppedReleaseMsg + `" rule=one dropped=1 max_background=1024`
+	if !strings.Contains(out, want) || strings.Count(out, "\n") != 2 {
+		t.Errorf("log:\n%s\nwant the failures' line and one with %q", out, want)
+	}
+}
+
+type writerFunc func([]byte) (int, error)
+
+func (f writerFunc) Write(p []byte) (int, error) { return f(p) }
