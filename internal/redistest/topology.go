@@ -284,8 +284,11 @@ func (c *Cluster) URL() string {
 	return u
 }
 
-// awaitReady waits until every node says cluster_state:ok and knows every
-// other node, and every replica's link to its master is up.
+// awaitReady waits until every node says cluster_state:ok, knows every
+// other node and the owner of every slot, and every replica's link to its
+// master is up. With cluster-require-full-coverage no a node says ok before
+// it has heard which master owns which slots: a master stopped then never
+// tells it, and its CLUSTER SLOTS, which a client may load, leaves them out.
 func (c *Cluster) awaitReady(t testing.TB, masters int, d time.Duration) {
 	t.Helper()
 	var why string
@@ -306,7 +309,8 @@ func (c *Cluster) notReady(masters int) string {
 			cl.Close()
 			return err.Error()
 		}
-		if !strings.Contains(info, "cluster_state:ok") || !strings.Contains(info, fmt.Sprintf("cluster_known_nodes:%d\r", len(c.Nodes))) {
+		if !strings.Contains(info, "cluster_state:ok") || !strings.Contains(info, fmt.Sprintf("cluster_known_nodes:%d\r", len(c.Nodes))) ||
+			!strings.Contains(info, "cluster_slots_assigned:16384\r") {
 			cl.Close()
 			return n.Addr + ": " + lastLines([]byte(info), 20)
 		}
