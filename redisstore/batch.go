@@ -491,9 +491,9 @@ func (b *batcher) units(batch []*call) []*unit {
 }
 
 // exec runs units as one pipeline, then retries those that met NOSCRIPT:
-// it loads their scripts (on every master of a cluster) and sends them
-// again by EVALSHA; any that still miss (the cache was flushed again
-// meanwhile) go by EVAL, which cannot.
+// it loads their scripts (see load) and sends them again by EVALSHA; any
+// that still miss (the cache was flushed again meanwhile, or the load went
+// to a node the slot has left) go by EVAL, which cannot.
 func (b *batcher) exec(ctx context.Context, units []*unit) {
 	pipeline := func(units []*unit, eval bool) {
 		pipe := b.client.Pipeline()
@@ -513,22 +513,56 @@ func (b *batcher) exec(ctx context.Context, units []*unit) {
 	if len(failed) == 0 {
 		return
 	}
-	eval := false
-	loaded := make(map[*script]bool)
-	for _, u := range failed {
-		if !loaded[u.script] {
-			loaded[u.script] = true
-			if b.client.ScriptLoad(ctx, u.script.src).Err() != nil {
-				eval = true
-			}
-		}
-	}
+	eval := !b.load(ctx, failed)
 	pipeline(failed, eval)
 	if !eval {
 		if failed = slices.DeleteFunc(failed, found); len(failed) > 0 {
 			pipeline(failed, true)
 		}
 	}
+}
+
+// load loads the scripts of units on the server they went to, and reports
+// whether every load succeeded. On a cluster that is the master of each
+// unit's first key, not ClusterClient.ScriptLoad: that reloads the slot map
+// asking nodes one at a time and then loads on every node, so one stopped
+// master held the batch, its callers and its lane's slot for the client's
+// read timeout, whatever master the batch was for.
+func (b *batcher) load(ctx context.Context, units []*unit) bool {
+	type load struct {
+		node   redis.Cmdable
+		script *script
+	}
+	loads := make(map[load]bool)
+	for _, u := range units {
+		var node redis.Cmdable = b.client
+		if b.cluster != nil {
+			if len(u.args) <= 3 {
+				return false
+			}
+			key, ok := u.args[3].(string)
+			if !ok {
+				return false
+			}
+			master, err := b.cluster.MasterForKey(ctx, key)
+			if err != nil {
+				return false
+			}
+			node = master
+		}
+		loads[load{node, u.script}] = true
+	}
+	var failed atomic.Bool
+	var wg sync.WaitGroup
+	for l := range loads {
+		wg.Go(func() {
+			if l.node.ScriptLoad(ctx, l.script.src).Err() != nil {
+				failed.Store(true)
+			}
+		})
+	}
+	wg.Wait()
+	return !failed.Load()
 }
 
 // longest returns the longest budget of the calls, or 0 if any has none.

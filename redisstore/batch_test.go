@@ -62,14 +62,38 @@ func (w *watch) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 			w.holdOne.pass()
 		}
 		err := next(ctx, cmd)
-		if args := cmd.Args(); len(args) > 1 && cmd.Name() == "script" && args[1] == "load" {
-			w.scriptLoads.Add(1)
-			if w.afterLoad != nil {
-				w.afterLoad()
-			}
-		}
+		w.loaded(cmd)
 		return err
 	}
+}
+
+// loaded counts cmd if it is a SCRIPT LOAD, and runs afterLoad.
+func (w *watch) loaded(cmd redis.Cmder) {
+	if args := cmd.Args(); len(args) > 1 && cmd.Name() == "script" && args[1] == "load" {
+		w.scriptLoads.Add(1)
+		if w.afterLoad != nil {
+			w.afterLoad()
+		}
+	}
+}
+
+// loads counts a watch's SCRIPT LOADs on the client of a cluster's node:
+// the store loads scripts on the master a batch went to, not through the
+// ClusterClient.
+type loads struct{ w *watch }
+
+func (l loads) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (l loads) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		l.w.loaded(cmd)
+		return err
+	}
+}
+
+func (l loads) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
 }
 
 func (w *watch) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
@@ -230,6 +254,15 @@ func TestBatchReload(t *testing.T) {
 			sameMaster = func(key string, a sluice.Algorithm) bool { return master(key, a) == alone }
 		}
 		c.AddHook(&w)
+		if cc, ok := c.(*redis.ClusterClient); ok {
+			err := cc.ForEachShard(ctx, func(_ context.Context, n *redis.Client) error {
+				n.AddHook(loads{&w})
+				return nil
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
 		var wg sync.WaitGroup
 		wg.Go(func() { // sent alone, held at the gate
 			d, err := s.Take(ctx, "alone", l, 1)

@@ -300,3 +300,105 @@ func keyPerMaster(t *testing.T, cl *redistest.Cluster, s *redisstore.Store, l sl
 	}
 	return keys, masters
 }
+
+// TestFaultClusterStoppedMasterScriptReload: on a 3-master cluster with one
+// master stopped (SIGSTOP), the other masters' takes keep succeeding within
+// their 40 ms deadlines while their scripts must be loaded again (their
+// caches flushed): a batch that meets NOSCRIPT loads its scripts on its own
+// master. Loading them on every node, the stopped one's included, held
+// the batch, its callers and its lane's slot for go-redis's read timeout,
+// and nearly every take on a live master failed. Three rounds, each with
+// another master stopped; a live key's takes may fail at most twice in a
+// round (a loaded machine may miss a 40 ms deadline).
+func TestFaultClusterStoppedMasterScriptReload(t *testing.T) {
+	race.SkipTiming(t)
+	const (
+		deadline = 40 * time.Millisecond
+		workers  = 4
+		takes    = 40 // per worker and round
+		maxFails = 2  // per live key and round
+	)
+	ctx := context.Background()
+	// A node timeout longer than a round: no node is flagged as failing, so
+	// a round's stop never leaves the next one's live masters in a minority
+	// (CLUSTERDOWN).
+	cl := redistest.StartCluster(t, &redistest.ClusterOptions{NodeTimeout: 5 * time.Second,
+		Args: []string{"--cluster-require-full-coverage", "no"}})
+	// One batch in flight per master: a batch held up holds up every call
+	// of its master, so each round shows it.
+	s := redisstore.New(cl.Client(t), &redisstore.Options{Prefix: redistest.Prefix(t), MaxInFlight: 1})
+	l := sluice.PerSecond(100000)
+	keys, masters := keyPerMaster(t, cl, s, l)
+	// A client's first calls load go-redis's command table from a node
+	// at random, which may be the one stopped: not what this test is for.
+	for _, key := range keys {
+		if _, err := s.Take(ctx, key, l, 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for round, down := range masters {
+		for i, m := range masters {
+			if m == down {
+				continue
+			}
+			c := redis.NewClient(&redis.Options{Addr: m.Addr})
+			err := c.ScriptFlush(ctx).Err()
+			c.Close()
+			if err != nil {
+				t.Fatalf("SCRIPT FLUSH on the master of %q: %v", keys[i], err)
+			}
+		}
+		down.Pause(t)
+		var (
+			mu    sync.Mutex
+			fails = make(map[string]int)
+			errs  = make(map[string]error)
+			wg    sync.WaitGroup
+		)
+		for range workers {
+			wg.Go(func() {
+				for range takes {
+					for _, key := range keys { // the stopped master's key too
+						ctx, cancel := context.WithTimeout(ctx, deadline)
+						_, err := s.Take(ctx, key, l, 1)
+						cancel()
+						if err != nil {
+							mu.Lock()
+							fails[key]++
+							errs[key] = err
+							mu.Unlock()
+						}
+					}
+				}
+			})
+		}
+		wg.Wait()
+		down.Resume(t)
+		for i, key := range keys {
+			if masters[i] == down {
+				t.Logf("round %d: stopped master's key %q: %d of %d takes failed", round, key, fails[key], workers*takes)
+				continue
+			}
+			t.Logf("round %d: live key %q: %d of %d takes failed", round, key, fails[key], workers*takes)
+			if fails[key] > maxFails {
+				t.Errorf("round %d: live key %q: %d of %d takes failed (last: %v) while another master was stopped, want at most %d",
+					round, key, fails[key], workers*takes, errs[key], maxFails)
+			}
+		}
+		// The next round starts with every master answering.
+		for _, key := range keys {
+			for try := 0; ; try++ {
+				ctx, cancel := context.WithTimeout(ctx, time.Second)
+				_, err := s.Take(ctx, key, l, 1)
+				cancel()
+				if err == nil {
+					break
+				}
+				if try == 10 {
+					t.Fatalf("round %d: %q still failing after its master resumed: %v", round, key, err)
+				}
+				time.Sleep(100 * time.Millisecond)
+			}
+		}
+	}
+}
