@@ -162,6 +162,71 @@ func TestPartitionBreakerClusterMasterDown(t *testing.T) {
 	}
 }
 
+// On a Redis Cluster, a master whose only traffic is layered calls
+// spanning it and a stopped master keeps its breaker closed: each call
+// runs out of time on the stopped master, and its error says so.
+func TestFaultSpanningTrafficChargesStoppedMaster(t *testing.T) {
+	t.Parallel()
+	cl := redistest.StartCluster(t, &redistest.ClusterOptions{Args: []string{"--cluster-require-full-coverage", "no"}})
+	rs := redisstore.New(cl.Client(t), &redisstore.Options{Prefix: redistest.Prefix(t)})
+	s, err := NewMulti(rs, &Options{Name: "redis", Logger: discard, ProbeInterval: 200 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	ctx := context.Background()
+	lim := sluice.PerSecond(1000)
+	byMaster := map[string]string{}
+	for i := 0; len(byMaster) < 2; i++ {
+		k := fmt.Sprint("key", i)
+		if _, err := s.Take(ctx, k, lim, 1); err != nil {
+			t.Fatal(err)
+		}
+		m := cl.MasterOf(t, rs.Keys(k, lim)[0]).Addr
+		if p := rs.Partition(k); p != m {
+			t.Fatalf("Partition(%q) = %q, want %q", k, p, m)
+		}
+		byMaster[m] = k
+	}
+	var down, live string
+	for m := range byMaster {
+		if down == "" {
+			down = m
+		} else {
+			live = m
+		}
+	}
+	reqs := []sluice.Request{{Key: byMaster[live], Limit: lim, Cost: 1}, {Key: byMaster[down], Limit: lim, Cost: 1}}
+	node := cl.MasterOf(t, rs.Keys(byMaster[down], lim)[0])
+	node.Pause(t)
+	defer node.Resume(t)
+	var wg sync.WaitGroup
+	stop := make(chan struct{})
+	for range 4 {
+		wg.Go(func() {
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				s.TakeAll(ctx, reqs)
+			}
+		})
+	}
+	time.Sleep(3 * time.Second) // the stopped master's breaker opens, then probes
+	close(stop)
+	wg.Wait()
+	if !downOpen(s, down) {
+		t.Errorf("breakers %+v: want %s's open", s.Breakers(), down)
+	}
+	for _, b := range s.Breakers() {
+		if b.Partition == live && b.State != sluice.BreakerClosed {
+			t.Errorf("breaker of live %s is %v: charged with the stopped master's failures", live, b.State)
+		}
+	}
+}
+
 func downOpen(s *MultiStore, addr string) bool {
 	for _, b := range s.Breakers() {
 		if b.Partition == addr && b.State == sluice.BreakerOpen {
