@@ -623,29 +623,39 @@ func (s *Server) Shutdown(ctx context.Context) error {
 // client's that failed with Redis away: sluice.RetryRelease) what is left
 // of ctx, while the store and the fleet's channel are still open: once the
 // process is gone, their slots stay held to their hold timeout. Requests
-// have stopped, so no more start but those forwarded by the fleet. A ctx
-// without a deadline waits at most maxReleaseWait.
+// have stopped, so no more start but those forwarded by the fleet. It
+// waits at most maxReleaseWait, within ctx.
 func (s *Server) waitReleases(ctx context.Context) {
-	n := sluice.PendingReleases()
+	if s.svc == nil {
+		return
+	}
+	// This service's own: the process's (sluice.WaitReleases) may be
+	// another service's in the same process, which its stop waits for.
+	n := s.svc.pendingReleases()
 	if n == 0 {
 		return
 	}
-	if _, ok := ctx.Deadline(); !ok {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, maxReleaseWait)
-		defer cancel()
-	}
+	ctx, cancel := context.WithTimeout(ctx, maxReleaseWait)
+	defer cancel()
 	start := time.Now()
-	if left := sluice.WaitReleases(ctx); left > 0 {
-		s.log.Warn("in-flight releases not sent before stop; their slots free at their hold timeout", "releases", left, "waited", time.Since(start))
-		return
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for left := n; left > 0; left = s.svc.pendingReleases() {
+		select {
+		case <-ctx.Done():
+			s.log.Warn("in-flight releases not sent before stop; their slots free at their hold timeout", "releases", left, "waited", time.Since(start))
+			return
+		case <-tick.C:
+		}
 	}
 	s.log.Info("in-flight releases sent before stop", "releases", n, "waited", time.Since(start))
 }
 
-// maxReleaseWait bounds waitReleases under a Shutdown context without a
-// deadline: the CLI's grace period.
-const maxReleaseWait = 30 * time.Second
+// maxReleaseWait bounds waitReleases: time for a retry or two once Redis
+// is back (they are at most 3s apart). A Redis still down at the stop
+// would otherwise hold every stop for the whole grace period, for
+// releases that cannot be sent.
+const maxReleaseWait = 5 * time.Second
 
 // leaveFleet withdraws the fleet registration once every request has
 // finished, so that the others' shares grow at once: a graceful restart

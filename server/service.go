@@ -97,6 +97,9 @@ type Service struct {
 	leases  *lease.Store  // nil when the store cannot grant
 	// dropped paces the lines of failed releases not sent again.
 	dropped logpace.Pacer
+	// retrying: the holders whose releases retryRelease sends again, by
+	// when RetryRelease gives up (pendingReleases).
+	retrying sync.Map
 
 	keyLabels keyLabels // the top-key metrics' hashed labels
 

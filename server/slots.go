@@ -452,7 +452,9 @@ func (s *Service) release(ctx context.Context, t slotToken, p *config.Policy) er
 func (s *Service) retryRelease(t slotToken, p *config.Policy, skey string, failed error) bool {
 	st := &onceSlots{Slots: s.slots, remember: min(p.InFlight.Limit.Hold, rememberRelease)}
 	until := time.Now().Add(p.InFlight.Limit.Hold)
+	s.retrying.Store(t.holder, until)
 	err := sluice.RetryRelease(st, skey, t.holder, until, func(held bool) {
+		s.retrying.Delete(t.holder)
 		if !st.before {
 			s.released(t, p, held, false)
 		}
@@ -460,11 +462,29 @@ func (s *Service) retryRelease(t slotToken, p *config.Policy, skey string, faile
 	if err == nil {
 		return true
 	}
+	s.retrying.Delete(t.holder)
 	s.dropped.Log(p.Name, func(notLogged int64) {
 		s.log.Warn(enforce.DroppedReleaseMsg, "policy", p.Name, "dropped", notLogged+1, "max_background", sluice.MaxBackgroundReleases,
 			"error", failed.Error(), "held_until", until.UTC().Format(time.RFC3339Nano), "not_retried", err.Error())
 	})
 	return false
+}
+
+// pendingReleases counts this service's releases being sent again in the
+// background (retryRelease) whose answer has not come and whose hold has
+// not passed (RetryRelease gives up then). sluice.PendingReleases counts
+// the whole process's, another service's too.
+func (s *Service) pendingReleases() int {
+	n, now := 0, time.Now()
+	s.retrying.Range(func(k, v any) bool {
+		if now.Before(v.(time.Time)) {
+			n++
+		} else {
+			s.retrying.Delete(k)
+		}
+		return true
+	})
+	return n
 }
 
 // onceSlots releases through ReleaseOnce when the store has it, so that a
