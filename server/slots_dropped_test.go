@@ -1,22 +1,16 @@
 package server
 
 import (
-	"context"
 	"log/slog"
-	"net"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
-	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/enforce"
 	"github.com/sluicehq/sluice/internal/redistest"
-	"github.com/sluicehq/sluice/redisstore"
+	"github.com/sluicehq/sluice/internal/releasetest"
 )
 
 // TestReleaseNotRetriedIsLogged: a release that fails (503) while
@@ -45,7 +39,7 @@ func TestReleaseNotRetriedIsLogged(t *testing.T) {
 	}
 	r.Stop()
 	defer r.Start(t) // for the cleanup's Shutdown
-	fillBackgroundReleases(t, time.Now().Add(2*time.Second))
+	releasetest.Fill(t, time.Now().Add(2*time.Second))
 	for _, tok := range tokens {
 		if code, body, _ := post(t, base, "/v1/release", tok); code != 503 {
 			t.Fatalf("release with Redis stopped: %d %v, want 503", code, body)
@@ -59,45 +53,5 @@ func TestReleaseNotRetriedIsLogged(t *testing.T) {
 	want := `level=WARN msg="` + enforce.DroppedReleaseMsg + `" policy=exports dropped=1 max_background=1024`
 	if got := logs.String(); strings.Count(got, want) != 1 {
 		t.Errorf("log:\n%s\nwant one line with %q (the second held back by the pacing)", got, want)
-	}
-}
-
-// fillBackgroundReleases fills the bound of sluice.MaxBackgroundReleases
-// releases at work in the background, against a server that never
-// answers, until until; they are waited for at cleanup.
-func fillBackgroundReleases(t *testing.T, until time.Time) {
-	t.Helper()
-	ln := redistest.Listen(t)
-	var mu sync.Mutex
-	var conns []net.Conn
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			conns = append(conns, c)
-			mu.Unlock()
-		}
-	}()
-	// One connection: the other tries wait for it, holding no socket.
-	client := redis.NewClient(&redis.Options{Addr: ln.Addr().String(), MaxRetries: -1, PoolSize: 1, PoolTimeout: time.Minute})
-	store := redisstore.New(client, &redisstore.Options{Prefix: redistest.Prefix(t)})
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Until(until)+10*time.Second)
-		defer cancel()
-		sluice.WaitReleases(ctx)
-		client.Close()
-		mu.Lock()
-		defer mu.Unlock()
-		for _, c := range conns {
-			c.Close()
-		}
-	})
-	for i := range sluice.MaxBackgroundReleases - sluice.PendingReleases() {
-		if err := sluice.RetryRelease(store, "k", sluice.NewHolderID(), until, nil); err != nil {
-			t.Fatalf("release %d: %v", i, err)
-		}
 	}
 }
