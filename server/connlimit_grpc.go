@@ -117,10 +117,11 @@ type grpcGate struct {
 	stalled prometheus.Counter
 	log     *slog.Logger
 	pace    logpace.Pacer // Every: quietFor
+	first   time.Duration // grpcFirstMessage, read once: timers read it late
 }
 
 func newGRPCGate(conns grpcConns, token string, m *Metrics, log *slog.Logger) *grpcGate {
-	g := &grpcGate{conns: conns, log: log, metrics: m, pace: logpace.Pacer{Every: quietFor}}
+	g := &grpcGate{conns: conns, log: log, metrics: m, pace: logpace.Pacer{Every: quietFor}, first: grpcFirstMessage}
 	if token != "" {
 		g.token = grpcToken(token)
 	}
@@ -158,7 +159,7 @@ func (g *grpcGate) tap(ctx context.Context, info *tap.Info) (context.Context, er
 	call := &grpcCall{method: info.FullMethodName, cancel: cancel}
 	// The cancel reaches the stream's reader: a stream's context is the
 	// one returned here.
-	call.timer = time.AfterFunc(grpcFirstMessage, func() { g.late(ctx, call) })
+	call.timer = time.AfterFunc(g.first, func() { g.late(ctx, call) })
 	return context.WithValue(ctx, grpcCallKey{}, call), nil
 }
 
@@ -168,8 +169,12 @@ func (g *grpcGate) late(ctx context.Context, call *grpcCall) {
 	if call.got.Load() {
 		return
 	}
+	// Read before the cancel, which ends the call: read after, a call
+	// the cancel had ended was taken for one already answered, and went
+	// uncounted and unlogged.
+	served := call.begun.Load() && !call.ended.Load()
 	call.cancel()
-	if !call.begun.Load() || call.ended.Load() {
+	if !served {
 		return // a method not served, already answered
 	}
 	if g.stalled != nil {
@@ -181,6 +186,6 @@ func (g *grpcGate) late(ctx context.Context, call *grpcCall) {
 	}
 	g.pace.Log("", func(notLogged int64) {
 		g.log.Warn("gRPC call cancelled: its request message had not come within the wait after its headers",
-			"wait", grpcFirstMessage, "method", call.method, "peer", peer, "calls_not_logged", notLogged)
+			"wait", g.first, "method", call.method, "peer", peer, "calls_not_logged", notLogged)
 	})
 }
