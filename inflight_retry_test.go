@@ -239,10 +239,15 @@ func TestWaitReleases(t *testing.T) {
 	if n := sluice.PendingReleases(); n != 1 {
 		t.Errorf("PendingReleases = %d, want 1", n)
 	}
+	restarted := make(chan struct{})
 	go func() {
+		defer close(restarted)
 		time.Sleep(500 * time.Millisecond)
 		srv.Start(t)
 	}()
+	// The cleanup's Stop must see the Start: the release's answer orders
+	// nothing between the goroutines.
+	defer func() { <-restarted }()
 	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	start := time.Now()
@@ -250,6 +255,7 @@ func TestWaitReleases(t *testing.T) {
 		t.Fatalf("WaitReleases with Redis back in 0.5s: %d left after %v", n, time.Since(start))
 	}
 	t.Logf("released %v after the wait began", time.Since(start))
+	<-restarted
 	client.Close() // as a process that stops: nothing more is sent
 	check := redisstore.New(srv.Client(t), &redisstore.Options{Prefix: redistest.Prefix(t)})
 	other, d, err := sluice.AcquireSlot(ctx, check, "k", limit, 1)
