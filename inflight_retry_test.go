@@ -17,12 +17,12 @@ import (
 	"github.com/sluicehq/sluice/redisstore"
 )
 
-// A release that failed (Redis down) and is handed to RetryRelease frees
-// the slot once Redis is back, and is not sent again after its answer.
-func TestRetryReleaseFreesWhenBack(t *testing.T) {
-	t.Parallel()
+// failedRelease acquires a slot on a Redis that keeps it across a restart
+// (appendfsync always), stops that Redis and fails the slot's release.
+func failedRelease(t *testing.T) (*redistest.Server, *redis.Client, *redisstore.Store, sluice.InFlightLimit, *sluice.Slot) {
+	t.Helper()
 	ctx := context.Background()
-	srv := redistest.StartServer(t, "--appendonly", "yes", "--appendfsync", "always") // the slot survives a restart
+	srv := redistest.StartServer(t, "--appendonly", "yes", "--appendfsync", "always")
 	client := redis.NewClient(&redis.Options{Addr: srv.Addr, MaxRetries: -1})
 	t.Cleanup(func() { client.Close() })
 	store := redisstore.New(client, &redisstore.Options{Prefix: redistest.Prefix(t)})
@@ -35,6 +35,15 @@ func TestRetryReleaseFreesWhenBack(t *testing.T) {
 	if err := slot.Release(ctx); err == nil {
 		t.Fatal("Release with Redis down: nil error")
 	}
+	return srv, client, store, limit, slot
+}
+
+// A release that failed (Redis down) and is handed to RetryRelease frees
+// the slot once Redis is back, and is not sent again after its answer.
+func TestRetryReleaseFreesWhenBack(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	srv, client, store, limit, slot := failedRelease(t)
 	answers := make(chan bool, 2)
 	if err := sluice.RetryRelease(store, "k", slot.Holder(), time.Now().Add(limit.Hold), func(held bool) { answers <- held }); err != nil {
 		t.Fatal(err)
@@ -220,19 +229,7 @@ func TestWaitReleases(t *testing.T) {
 	if n := sluice.WaitReleases(ctx); n != 0 { // those of earlier tests
 		t.Fatalf("WaitReleases with no deadline: %d left", n)
 	}
-	srv := redistest.StartServer(t, "--appendonly", "yes", "--appendfsync", "always") // the slot survives a restart
-	client := redis.NewClient(&redis.Options{Addr: srv.Addr, MaxRetries: -1})
-	t.Cleanup(func() { client.Close() })
-	store := redisstore.New(client, &redisstore.Options{Prefix: redistest.Prefix(t)})
-	limit := sluice.Concurrent(1, 30*time.Second)
-	slot, _, err := sluice.AcquireSlot(ctx, store, "k", limit, 1)
-	if err != nil || slot == nil {
-		t.Fatal(slot, err)
-	}
-	srv.Stop()
-	if err := slot.Release(ctx); err == nil {
-		t.Fatal("Release with Redis down: nil error")
-	}
+	srv, client, store, limit, slot := failedRelease(t)
 	if err := sluice.RetryRelease(store, "k", slot.Holder(), time.Now().Add(limit.Hold), nil); err != nil {
 		t.Fatal(err)
 	}
