@@ -165,7 +165,7 @@ func (t *topKeys) record(policy, key string, d sluice.Decision) {
 		return
 	}
 	g := t.generation()
-	id := topID{policy, key}
+	id := topID{policy, clipTopKey(key)}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.rotate(g)
@@ -173,6 +173,25 @@ func (t *topKeys) record(policy, key string, d sluice.Decision) {
 		t.cur[listDenials].add(id, u)
 	}
 	t.cur[listNearLimit].add(id, u)
+}
+
+// MaxTopKey is the longest key the top lists hold whole, in bytes: a
+// longer one (a descriptor value can be megabytes) is held, listed and
+// published to the fleet as its first MaxTopKey bytes, "…" and the hex
+// SHA-256 of the whole key, so that the sketch, /v1/top and the fleet
+// reports stay small whatever keys clients send.
+const MaxTopKey = 512
+
+func clipTopKey(key string) string {
+	if len(key) <= MaxTopKey {
+		return key
+	}
+	cut := MaxTopKey
+	for cut > 0 && !utf8.RuneStart(key[cut]) {
+		cut--
+	}
+	sum := sha256.Sum256([]byte(key))
+	return key[:cut] + "…sha256:" + hex.EncodeToString(sum[:])
 }
 
 // Lists returns this instance's top keys over the last one to two windows.

@@ -107,6 +107,35 @@ policies:
 	}
 }
 
+// A key of megabytes (an Envoy descriptor value may be) is held and listed
+// clipped, so the sketch, /v1/top and the fleet's reports stay small; keys
+// sharing their first bytes keep entries of their own.
+func TestTopKeyClipped(t *testing.T) {
+	t.Parallel()
+	clock := newFakeClock()
+	svc := newMemService(t, `
+policies:
+  - name: api
+    limit: fixed_window 1/min
+`, clock)
+	huge := strings.Repeat("x", 1<<20)
+	for _, k := range []string{huge + "a", huge + "b", huge + "a"} {
+		check(t, svc, "api", k)
+	}
+	l := svc.mon.top.Lists(TopN)
+	if len(l.NearLimit) != 2 {
+		t.Fatalf("near limit has %d entries, want 2", len(l.NearLimit))
+	}
+	for _, e := range l.NearLimit {
+		if len(e.Key) > MaxTopKey+100 || !strings.HasPrefix(e.Key, huge[:MaxTopKey]+"…sha256:") {
+			t.Errorf("entry of %d bytes (%.40q…), want the first %d bytes and a hash", len(e.Key), e.Key, MaxTopKey)
+		}
+	}
+	if l.NearLimit[0].Key == l.NearLimit[1].Key {
+		t.Errorf("two long keys share the entry %.40q…", l.NearLimit[0].Key)
+	}
+}
+
 // Lists cover the current window and the one before; older counts go.
 func TestTopWindow(t *testing.T) {
 	t.Parallel()

@@ -250,6 +250,28 @@ func TestDescribe(t *testing.T) {
 	}
 }
 
+// A quota_mode rule is listed as such, not as shadow_mode: the two differ
+// in what Envoy's responses say.
+func TestDescribeQuotaMode(t *testing.T) {
+	cfg := mustConfig(t, `
+domain: q
+descriptors:
+  - key: a
+    rate_limit: {unit: minute, requests_per_unit: 1}
+    quota_mode: true
+  - key: b
+    rate_limit: {unit: minute, requests_per_unit: 1}
+    shadow_mode: true
+`)
+	var b strings.Builder
+	cfg.Describe(&b)
+	for _, want := range []string{"  a: fixed_window 1/min, quota_mode\n", "  b: fixed_window 1/min, shadow_mode\n"} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("Describe lacks %q:\n%s", want, b.String())
+		}
+	}
+}
+
 func TestDescribeLease(t *testing.T) {
 	cfg := mustConfig(t, `
 policies:

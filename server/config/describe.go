@@ -81,7 +81,10 @@ func (n *descNode) describe(w io.Writer, indent string) {
 			default:
 				fmt.Fprintf(w, ": %s", r.Policy.Limit)
 			}
-			if r.Shadow {
+			switch {
+			case r.Quota:
+				fmt.Fprint(w, ", quota_mode")
+			case r.Shadow:
 				fmt.Fprint(w, ", shadow_mode")
 			}
 			if r.Name != "" {

@@ -105,7 +105,7 @@ func (l *loader) rateLimit(d *Domain, dn *descNode, name string, n *yaml.Node, s
 		l.errorf(lease, "lease: Envoy-format limits are exact; write the limit as a sluice-format policy to lease it")
 		return
 	}
-	r := &RateLimit{Shadow: shadow || quota, Path: name}
+	r := &RateLimit{Shadow: shadow || quota, Quota: quota && !shadow, Path: name}
 	if rname != nil {
 		r.Name = l.str(rname)
 	}

@@ -49,8 +49,10 @@ type RateLimit struct {
 	Period time.Duration
 	// Unit is the unit as written, which Envoy's responses name.
 	Unit time.Duration
-	// Shadow: shadow_mode or quota_mode, never over the limit.
+	// Shadow: shadow_mode or quota_mode, never over the limit; Quota
+	// says which was written, for check-config's listing.
 	Shadow   bool
+	Quota    bool
 	Name     string
 	Replaces []string
 	// Path is the descriptor path the block sits at, as envoyproxy/ratelimit
