@@ -71,7 +71,33 @@ func (scriptCmd) NoRetry() bool { return true }
 func newCmd(ctx context.Context, args []any) scriptCmd {
 	cmd := redis.NewIntSliceCmd(ctx, args...)
 	cmd.SetFirstKeyPos(3) // a cluster routes by the first key, after numkeys
+	cmd.SetStepCount(1)   // see keyed
 	return scriptCmd{cmd}
+}
+
+// keyed marks cmd with its key step, as newCmd does: go-redis's Cluster
+// client reads it otherwise from its command table, which it loads on the
+// first ClusterClient.Process (COMMAND, from nodes one at a time) under a
+// lock every later Process takes, so a stopped node asked first held every
+// call of a new client for the read timeout (3 s). With it set the table
+// is never needed: the key's position is set too, and no command sluice
+// sends has a routing policy of its own.
+func keyed[C redis.Cmder](cmd C) C {
+	cmd.SetStepCount(1)
+	return cmd
+}
+
+// evalCmd is EVALSHA (or EVAL) of script on keys, as go-redis's EvalSha
+// builds it, marked by keyed.
+func evalCmd(ctx context.Context, verb, script string, keys []string, args ...any) *redis.Cmd {
+	argv := make([]any, 0, 3+len(keys)+len(args))
+	argv = append(argv, verb, script, len(keys))
+	for _, k := range keys {
+		argv = append(argv, k)
+	}
+	cmd := redis.NewCmd(ctx, append(argv, args...)...)
+	cmd.SetFirstKeyPos(3)
+	return keyed(cmd)
 }
 
 // evalArgs are args, an EVALSHA of s, as an EVAL: the script's source in

@@ -490,6 +490,9 @@ func (s *Store) CheckAccess(ctx context.Context) error {
 // slot map, each with a key of its own slots, so that one master down
 // among live ones is a *PartialError, not the store lost.
 func (s *Store) checkAccessMasters(ctx context.Context, cc *redis.ClusterClient) error {
+	if err := s.reload.awaitMap(ctx); err != nil {
+		return Classify(err)
+	}
 	masters, err := clusterMasters(ctx, cc, s.prefix)
 	if err != nil {
 		return err
@@ -508,9 +511,9 @@ func (s *Store) checkAccessMasters(ctx context.Context, cc *redis.ClusterClient)
 // MOVED.
 func (s *Store) runAccess(ctx context.Context, key string) error {
 	keys := []string{key}
-	err := s.client.EvalSha(ctx, accessSHA, keys).Err()
+	err := s.client.Process(ctx, evalCmd(ctx, "evalsha", accessSHA, keys))
 	if isNoScript(err) {
-		err = s.client.Eval(ctx, accessScript, keys).Err()
+		err = s.client.Process(ctx, evalCmd(ctx, "eval", accessScript, keys))
 	}
 	return err
 }

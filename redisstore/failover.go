@@ -42,6 +42,53 @@ type reloader struct {
 	// mapped: a call or a reload has succeeded, so the client has a slot
 	// map and MasterForKey answers from memory (Partition).
 	mapped atomic.Bool
+	// first is closed when the round loading the client's first slot map
+	// ends (awaitMap); nil while none runs.
+	firstMu sync.Mutex
+	first   chan struct{}
+}
+
+// awaitMap waits until the client has a slot map, or ctx ends. go-redis
+// loads a new client's map on the first calls, each asking the nodes one
+// at a time in random order: a call that asked a stopped node (SIGSTOP, a
+// hung host) first waited out its deadline, or the read timeout (3 s).
+// Here one round of hedged reloads, firstReloads of them at once, loads
+// it for every caller: with one node of three stopped, all of them ask it
+// first one time in 3^8. If the round fails (no node answers in time), the
+// callers go on and go-redis loads the map as before; the next call starts
+// another round.
+func (r *reloader) awaitMap(ctx context.Context) error {
+	if r == nil || r.mapped.Load() {
+		return nil
+	}
+	r.firstMu.Lock()
+	done := r.first
+	if done == nil {
+		done = make(chan struct{})
+		r.first = done
+		go r.loadFirst(done)
+	}
+	r.firstMu.Unlock()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// firstReloads is how many reloads awaitMap's round starts at once.
+const firstReloads = 8
+
+// loadFirst runs awaitMap's round and closes done when it ends.
+func (r *reloader) loadFirst(done chan struct{}) {
+	if _, err := r.hedgedReload(cmp.Or(r.every, DefaultReloadInterval), firstReloads, false); err == nil {
+		r.mapped.Store(true)
+	}
+	r.firstMu.Lock()
+	r.first = nil
+	r.firstMu.Unlock()
+	close(done)
 }
 
 // recoveredAfter is how long calls must succeed with no node failing before
@@ -99,7 +146,7 @@ func (r *reloader) pollEpisode() bool {
 		if time.Now().UnixNano()-r.lastBad.Load() > int64(quiet) {
 			return true
 		}
-		masters, err := r.hedgedReload(every)
+		masters, err := r.hedgedReload(every, 1, true)
 		if errors.Is(err, redis.ErrClosed) {
 			return true
 		}
@@ -134,34 +181,44 @@ const (
 	maxReloads = 8 * hedges
 )
 
-// hedgedReload reloads the slot map as reload does, starting hedges as
-// above, and returns the first answer, or an error if none came within
-// every. Reloads it no longer waits for run on to their own end.
-func (r *reloader) hedgedReload(every time.Duration) (string, error) {
+// hedgedReload reloads the slot map as reload does, atOnce reloads at
+// first and hedges as above, and returns the first answer, or an error if
+// none came within every. Reloads it no longer waits for run on to their
+// own end. counted: ClusterReloads counts them.
+func (r *reloader) hedgedReload(every time.Duration, atOnce int, counted bool) (string, error) {
 	type answer struct {
 		masters string
 		err     error
 	}
-	answers := make(chan answer, hedges)
+	answers := make(chan answer, atOnce+hedges)
+	start := func() {
+		if r.inFlight.Load() >= maxReloads {
+			return
+		}
+		r.inFlight.Add(1)
+		go func() {
+			defer r.inFlight.Add(-1)
+			ctx, cancel := context.WithTimeout(context.Background(), max(every, time.Second))
+			defer cancel()
+			masters, err := r.reload(ctx, counted)
+			answers <- answer{masters, err}
+		}()
+	}
+	for range atOnce {
+		start()
+	}
 	tick := time.NewTicker(hedgeAfter)
 	defer tick.Stop()
 	giveUp := time.After(every)
-	for started := 0; ; {
-		if started < hedges && r.inFlight.Load() < maxReloads {
-			started++
-			r.inFlight.Add(1)
-			go func() {
-				defer r.inFlight.Add(-1)
-				ctx, cancel := context.WithTimeout(context.Background(), max(every, time.Second))
-				defer cancel()
-				masters, err := r.reload(ctx)
-				answers <- answer{masters, err}
-			}()
-		}
+	for started := atOnce; ; {
 		select {
 		case a := <-answers:
 			return a.masters, a.err
 		case <-tick.C:
+			if started < atOnce+hedges-1 {
+				started++
+				start()
+			}
 		case <-giveUp:
 			return "", errNoReload
 		}
@@ -172,8 +229,10 @@ func (r *reloader) hedgedReload(every time.Duration) (string, error) {
 var errNoReload = errors.New("redisstore: no slot-map reload answered")
 
 // reload loads the slot map now and returns its masters' addresses.
-func (r *reloader) reload(ctx context.Context) (string, error) {
-	r.count.Add(1)
+func (r *reloader) reload(ctx context.Context, counted bool) (string, error) {
+	if counted {
+		r.count.Add(1)
+	}
 	var (
 		mu    sync.Mutex
 		addrs []string

@@ -129,10 +129,12 @@ func (m *Membership) run(ctx context.Context, s *script, member string, d time.D
 	var v any
 	err := boundedErr(ctx, func() error {
 		var err error
-		v, err = m.client.EvalSha(ctx, s.sha.(string), keys, args...).Result()
-		if isNoScript(err) {
-			v, err = m.client.Eval(ctx, s.src, keys, args...).Result()
+		cmd := evalCmd(ctx, "evalsha", s.sha.(string), keys, args...)
+		if err = m.client.Process(ctx, cmd); isNoScript(err) {
+			cmd = evalCmd(ctx, "eval", s.src, keys, args...)
+			err = m.client.Process(ctx, cmd)
 		}
+		v = cmd.Val()
 		return err
 	})
 	if err != nil {

@@ -178,7 +178,11 @@ func (s *Store) releaseYoung(ctx context.Context, key, holder string) (bool, err
 	ctx = ctxutil.OrBackground(ctx)
 	c := calls.Get().(*call)
 	defer c.recycle()
-	cmd := plainCmd{redis.NewIntCmd(ctx, "zrem", s.slotKey(key), "h"+holder)}
+	if err := s.reload.awaitMap(ctx); err != nil {
+		s.reload.failed(err)
+		return false, fmt.Errorf("redisstore: in-flight release: %w", err)
+	}
+	cmd := plainCmd{keyed(redis.NewIntCmd(ctx, "zrem", s.slotKey(key), "h"+holder))}
 	cmd.SetFirstKeyPos(1)
 	err := c.await(ctx, func() {
 		sctx, cancel := sendContext(ctx, budgetOf(ctx))

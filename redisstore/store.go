@@ -468,9 +468,14 @@ func (s *Store) Reset(ctx context.Context, key string, limit sluice.Limit) error
 		}
 		return nil
 	}
+	if err := s.reload.awaitMap(ctx); err != nil {
+		return fmt.Errorf("redisstore: reset: %w", err)
+	}
+	del := keyed(redis.NewIntCmd(ctx, "del", s.redisKey(key, limit.Algorithm)))
+	del.SetFirstKeyPos(1)
 	var err error
 	if berr := bounded(ctx, make(chan struct{}, 1), func() {
-		err = s.client.Del(ctx, s.redisKey(key, limit.Algorithm)).Err()
+		err = s.client.Process(ctx, del)
 	}); berr != nil {
 		return fmt.Errorf("redisstore: reset: %w", berr)
 	}
@@ -545,6 +550,10 @@ func (s *Store) sendAlone(ctx context.Context) (context.Context, context.CancelF
 func (s *Store) run(ctx context.Context, c *call) ([]int64, error) {
 	ctx = ctxutil.OrBackground(ctx)
 	if err := ctx.Err(); err != nil {
+		return nil, err // never sent
+	}
+	if err := s.reload.awaitMap(ctx); err != nil {
+		s.reload.failed(err)
 		return nil, err // never sent
 	}
 	var err error
