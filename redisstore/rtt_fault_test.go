@@ -1,6 +1,7 @@
 package redisstore_test
 
 import (
+	"context"
 	"testing"
 	"time"
 
@@ -42,4 +43,48 @@ func TestFaultRoundTripFollowsFailover(t *testing.T) {
 	if after >= 20*time.Millisecond {
 		t.Errorf("RoundTrip up to %v from 1.5 s to 2.5 s after the promotion, want the live masters' (under 20ms; %v before the freeze)", after, before)
 	}
+}
+
+// TestFaultRoundTripStoppedMaster: with a master stopped (SIGSTOP: its
+// port accepts connections, nothing answers) and no failover, RoundTrip
+// answers at once, from the slot map in memory, with the figure of calls
+// that went before. It listed the masters with go-redis's ForEachMaster,
+// which reloads the slot map first, asking nodes one at a time: one that
+// asked the stopped master first waited out the 100 ms bound, or on a
+// client with go-redis's defaults its 3 s read timeout.
+func TestFaultRoundTripStoppedMaster(t *testing.T) {
+	race.SkipTiming(t)
+	const (
+		calls = 20
+		bound = 20 * time.Millisecond
+	)
+	cl := redistest.StartCluster(t, &redistest.ClusterOptions{NodeTimeout: 30 * time.Second,
+		Args: []string{"--cluster-require-full-coverage", "no"}})
+	l := failoverLimit
+	s := redisstore.New(cl.Client(t), &redisstore.Options{Prefix: redistest.Prefix(t)})
+	keys, masters := keyPerMaster(t, cl, s, l)
+	for range 20 {
+		for _, key := range keys {
+			if _, err := s.Take(context.Background(), key, l, 1); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	before := s.RoundTrip()
+	masters[0].Pause(t)
+	defer masters[0].Resume(t)
+	var slowest time.Duration
+	for i := range calls {
+		start := time.Now()
+		rtt := s.RoundTrip()
+		took := time.Since(start)
+		slowest = max(slowest, took)
+		if took > bound {
+			t.Fatalf("RoundTrip %d of %d with a master stopped took %v, want under %v", i+1, calls, took, bound)
+		}
+		if rtt <= 0 || rtt >= bound {
+			t.Fatalf("RoundTrip %d of %d with a master stopped: %v, want the calls' figure (%v before the stop)", i+1, calls, rtt, before)
+		}
+	}
+	t.Logf("RoundTrip %v before the stop; with a master stopped, %d calls answered in at most %v", before, calls, slowest)
 }

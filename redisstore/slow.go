@@ -3,11 +3,8 @@ package redisstore
 import (
 	"context"
 	"log/slog"
-	"sync"
 	"sync/atomic"
 	"time"
-
-	"github.com/redis/go-redis/v9"
 )
 
 // slowLog's line is written once hurried calls have gone on for
@@ -84,23 +81,23 @@ func (s *Store) RoundTrip() time.Duration {
 }
 
 // masters returns the Cluster's masters now, as the lanes are keyed, or
-// nil when that is not known (not a Cluster, or no slot map in time).
+// nil when that is not known (not a Cluster, or no slot map in time). From
+// the slot map in memory (Masters): go-redis's ForEachMaster reloads it
+// first, asking nodes one at a time, so a stopped node held RoundTrip (and
+// a scrape of its metric) for the bound below, or returned nil.
 func (b *batcher) masters() map[any]bool {
 	if b.cluster == nil {
 		return nil
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), mastersTimeout)
 	defer cancel()
-	var mu sync.Mutex
-	m := map[any]bool{}
-	err := b.cluster.ForEachMaster(ctx, func(_ context.Context, node *redis.Client) error {
-		mu.Lock()
-		m[node] = true
-		mu.Unlock()
-		return nil
-	})
+	nodes, err := Masters(ctx, b.cluster)
 	if err != nil {
 		return nil
+	}
+	m := make(map[any]bool, len(nodes))
+	for _, node := range nodes {
+		m[node] = true
 	}
 	return m
 }
