@@ -497,6 +497,8 @@ func (s *Store) checkAccessMasters(ctx context.Context, cc *redis.ClusterClient)
 	if err != nil {
 		return err
 	}
+	// A periodic check tells a failover no call told (OnFailover).
+	defer s.reload.look(true)
 	return eachMaster(ctx, masters, func(ctx context.Context, m clusterMaster, answered func()) error {
 		if err := m.node.Ping(ctx).Err(); err != nil {
 			return Classify(err)

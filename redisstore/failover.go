@@ -36,9 +36,14 @@ type reloader struct {
 	polling atomic.Bool   // the reloading goroutine runs
 	// inFlight counts reloads running, those abandoned by hedgedReload too.
 	inFlight atomic.Int32
-	// onFailover is Store.OnFailover's hook; masters the last reload's.
+	// onFailover is Store.OnFailover's hook.
 	onFailover atomic.Pointer[func()]
-	masters    string
+	// lookMu guards masters, the masters the slot map in memory named
+	// when last looked at (look), and samples, a key of each.
+	lookMu   sync.Mutex
+	masters  string
+	samples  []clusterMaster
+	nextLook atomic.Int64 // UnixNano before which a call does not look
 	// mapped: a call or a reload has succeeded, so the client has a slot
 	// map and MasterForKey answers from memory (Partition).
 	mapped atomic.Bool
@@ -146,20 +151,15 @@ func (r *reloader) pollEpisode() bool {
 		if time.Now().UnixNano()-r.lastBad.Load() > int64(quiet) {
 			return true
 		}
-		masters, err := r.hedgedReload(every, 1, true)
+		_, err := r.hedgedReload(every, 1, true)
 		if errors.Is(err, redis.ErrClosed) {
 			return true
 		}
-		if err == nil && !r.mapped.Load() {
-			r.mapped.Store(true)
-		}
-		if err == nil && masters != r.masters {
-			changed := r.masters != ""
-			r.masters = masters
-			if fn := r.onFailover.Load(); changed && fn != nil {
-				r.log.Info("redisstore: cluster masters changed; a failover completed", "masters", masters)
-				(*fn)()
+		if err == nil {
+			if !r.mapped.Load() {
+				r.mapped.Store(true)
 			}
+			r.look(true)
 		}
 		<-tick.C
 	}
@@ -248,23 +248,93 @@ func (r *reloader) reload(ctx context.Context, counted bool) (string, error) {
 	return strings.Join(addrs, ","), err
 }
 
+// lookEvery is how often calls look at the slot map in memory (look).
+const lookEvery = 100 * time.Millisecond
+
+// look tells a change of the masters of the client's slot map in memory
+// (a replica promoted): one line, and OnFailover's hook. A planned
+// failover (CLUSTER FAILOVER) fails no call, so no reload episode starts;
+// go-redis reloads its map itself on the MOVED a call to the demoted
+// master meets, and every ClusterStateReloadInterval, and the next look
+// finds it. Calls look at most every lookEvery, at a key of each master
+// they knew (a promotion moves every slot of its master); only when one
+// moved are all the slots read, as force (a reload, a check) always does.
+func (r *reloader) look(force bool) {
+	if r == nil || !r.mapped.Load() {
+		return
+	}
+	if !force {
+		now := time.Now().UnixNano()
+		next := r.nextLook.Load()
+		if now < next || !r.nextLook.CompareAndSwap(next, now+int64(lookEvery)) || !r.lookMu.TryLock() {
+			return
+		}
+	} else {
+		r.lookMu.Lock()
+	}
+	defer r.lookMu.Unlock()
+	ctx := context.Background() // with a map, MasterForKey answers from memory
+	if !force && r.samples != nil && !r.moved(ctx) {
+		return
+	}
+	ms, err := clusterMasters(ctx, r.cluster, "")
+	if err != nil || len(ms) == 0 {
+		return
+	}
+	addrs := make([]string, len(ms))
+	for i, m := range ms {
+		addrs[i] = m.addr
+	}
+	slices.Sort(addrs)
+	masters := strings.Join(addrs, ",")
+	r.samples = ms
+	if masters == r.masters {
+		return
+	}
+	changed := r.masters != ""
+	r.masters = masters
+	if !changed {
+		return
+	}
+	r.log.Info("redisstore: cluster masters changed; a failover completed", "masters", masters)
+	if fn := r.onFailover.Load(); fn != nil {
+		go (*fn)()
+	}
+}
+
+// moved reports whether a sample key's slot has another master now.
+func (r *reloader) moved(ctx context.Context) bool {
+	for _, m := range r.samples {
+		node, err := r.cluster.MasterForKey(ctx, m.key)
+		if err != nil || node.Options().Addr != m.addr {
+			return true
+		}
+	}
+	return false
+}
+
 // succeeded ends an episode of failures, once no node has failed for
-// recoveredAfter.
+// recoveredAfter, and looks at the slot map.
 func (r *reloader) succeeded() {
 	if r != nil && !r.mapped.Load() {
 		r.mapped.Store(true)
 	}
+	r.look(false)
 	if r != nil && r.failing.Load() && time.Now().UnixNano()-r.lastBad.Load() >= int64(recoveredAfter) && r.failing.Swap(false) {
 		r.log.Info("redisstore: cluster calls succeeding again", "reloads", r.count.Load())
 	}
 }
 
-// OnFailover makes fn be called, on a goroutine of the Store's, when a
-// reload of a Cluster's slot map after failures finds other masters than
-// the reload before: a replica was promoted, and calls may succeed again
-// (a circuit breaker holding calls off Redis may probe at once). It
-// replaces any fn set before; nil removes it. On other clients it does
-// nothing.
+// OnFailover makes fn be called, on a goroutine of its own, when the
+// masters of a Cluster client's slot map change: a replica was promoted,
+// and calls may succeed again (a circuit breaker holding calls off Redis
+// may probe at once). The Store looks at the map in memory after each
+// reload of a failure episode, at each CheckAccess, and at most every
+// 100 ms after calls that succeed, so it tells a planned failover (which
+// fails no call) within 100 ms of a call after go-redis's map names the
+// promoted replica: go-redis reloads it on the MOVED a call to the demoted
+// master meets, and every ClusterStateReloadInterval. It replaces any fn
+// set before; nil removes it. On other clients it does nothing.
 func (s *Store) OnFailover(fn func()) {
 	if s == nil || s.reload == nil {
 		return
