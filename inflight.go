@@ -145,6 +145,13 @@ type SlotDecision struct {
 	Expired int64
 	// Source: as Decision.Source.
 	Source Source
+	// ReleaseDropped is set by AcquireSlot alone, on an error or a failure
+	// policy's denial, whose holder the store may hold all the same: its
+	// release (ReleaseAbandoned) was not sent, MaxBackgroundReleases being
+	// at work already (ErrRetriesFull), so a slot held stays held to its
+	// hold timeout. Count and log it as a release not sent again
+	// (SlotEvent.NotRetried). Example: false.
+	ReleaseDropped bool
 }
 
 // Slots is implemented by stores that keep in-flight slots: the memory
@@ -199,7 +206,7 @@ func AcquireSlot(ctx context.Context, store Slots, key string, limit InFlightLim
 		// The store may hold the holder all the same: an error after the
 		// acquire ran, or a failure policy's denial after the backend's.
 		if (err != nil && ValidateSlot(key, limit, weight, holder) == nil) || d.Source == SourceFallback || d.Source == SourceFailClosed {
-			ReleaseAbandoned(store, key, holder)
+			d.ReleaseDropped = TryReleaseAbandoned(store, key, holder) != nil
 		}
 		return nil, d, err
 	}
@@ -209,8 +216,14 @@ func AcquireSlot(ctx context.Context, store Slots, key string, limit InFlightLim
 // abandoner is a store in front of another (a failure policy's), which
 // sends an abandoned holder's release where its acquire may have run,
 // past its own breaker and timeout: ReleaseAbandoned hands it the holder.
+// A tryAbandoner also reports a release it could not start; an abandoner
+// alone is taken to have started it.
 type abandoner interface {
 	AbandonSlot(key, holder string)
+}
+
+type tryAbandoner interface {
+	TryAbandonSlot(key, holder string) error
 }
 
 // releasing bounds the background releases (ReleaseAbandoned's and
@@ -236,15 +249,36 @@ const releaseTry = 5 * time.Second
 // reused, so a second release cannot free a later holder). At most
 // MaxBackgroundReleases run at once, with RetryRelease's; beyond that, and
 // if both releases fail, the slot frees at its hold timeout. A process
-// that stops drops the releases still at work: see WaitReleases.
+// that stops drops the releases still at work: see WaitReleases. It does not say
+// when it drops one: TryReleaseAbandoned does.
 func ReleaseAbandoned(store Slots, key, holder string) {
+	_ = TryReleaseAbandoned(store, key, holder)
+}
+
+// TryReleaseAbandoned is ReleaseAbandoned that reports a release it could
+// not start: ErrRetriesFull when MaxBackgroundReleases are at work
+// already, so that the caller counts and logs it as a release not sent
+// again (AcquireSlot reports it as SlotDecision.ReleaseDropped). A store
+// in front of another (resilient's) is handed the holder by its
+// TryAbandonSlot, or AbandonSlot, which reports nothing. A nil store is
+// ErrInvalidLimit.
+func TryReleaseAbandoned(store Slots, key, holder string) error {
+	if store == nil {
+		return fmt.Errorf("%w: nil store", ErrInvalidLimit)
+	}
+	if a, ok := store.(tryAbandoner); ok {
+		return a.TryAbandonSlot(key, holder)
+	}
 	if a, ok := store.(abandoner); ok {
 		a.AbandonSlot(key, holder)
-		return
+		return nil
 	}
-	releaseLater(releasing, store, key, holder, 0, time.Time{}, func(try int, _ time.Duration, held bool, _ error) (time.Duration, bool) {
+	if !releaseLater(releasing, store, key, holder, 0, time.Time{}, func(try int, _ time.Duration, held bool, _ error) (time.Duration, bool) {
 		return time.Second, try == 0 && !held
-	}, nil)
+	}, nil) {
+		return ErrRetriesFull
+	}
+	return nil
 }
 
 // Backoff of RetryRelease: the first retry after retryFirst, each wait

@@ -14,6 +14,7 @@ import (
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/internal/releasetest"
 	"github.com/sluicehq/sluice/redisstore"
 )
 
@@ -284,5 +285,32 @@ func TestWaitReleases(t *testing.T) {
 	}
 	if n := sluice.WaitReleases(ctx); n != 0 { // they give up at until
 		t.Errorf("WaitReleases past until: %d left", n)
+	}
+}
+
+// With MaxBackgroundReleases at work, the release of an abandoned holder
+// is not sent and TryReleaseAbandoned says so, as AcquireSlot's
+// ReleaseDropped does for an acquire that failed; ReleaseAbandoned stays
+// silent. Before, nothing told it. Not parallel: it fills the process's
+// bound.
+func TestTryReleaseAbandonedFull(t *testing.T) {
+	ctx := context.Background()
+	dead := redis.NewClient(&redis.Options{Addr: redistest.DeadAddr(t), MaxRetries: -1, DialerRetries: 1})
+	t.Cleanup(func() { dead.Close() })
+	store := redisstore.New(dead, &redisstore.Options{Prefix: redistest.Prefix(t)})
+	if err := sluice.TryReleaseAbandoned(nil, "k", "h"); !errors.Is(err, sluice.ErrInvalidLimit) {
+		t.Errorf("TryReleaseAbandoned(nil store) = %v, want ErrInvalidLimit", err)
+	}
+	releasetest.Fill(t, time.Now().Add(2*time.Second))
+	if err := sluice.TryReleaseAbandoned(store, "k", sluice.NewHolderID()); !errors.Is(err, sluice.ErrRetriesFull) {
+		t.Errorf("TryReleaseAbandoned with the bound full = %v, want ErrRetriesFull", err)
+	}
+	sluice.ReleaseAbandoned(store, "k", sluice.NewHolderID())
+	slot, d, err := sluice.AcquireSlot(ctx, store, "k", sluice.Concurrent(1, time.Minute), 1)
+	if err == nil || slot != nil {
+		t.Fatalf("AcquireSlot with the store unreachable = %v, %v; want an error", slot, err)
+	}
+	if !d.ReleaseDropped {
+		t.Error("AcquireSlot's error, its release not sent: ReleaseDropped false")
 	}
 }

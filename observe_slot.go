@@ -70,7 +70,9 @@ type SlotEvent struct {
 	// NotRetried, on a SlotRelease with OutcomeError, reports a failed
 	// release that is not sent again in the background: MaxBackgroundReleases
 	// were at work already (ErrRetriesFull), so the slot stays held to its
-	// hold timeout.
+	// hold timeout. The middleware and the service report so, with Weight
+	// 0, the release of an abandoned acquire that was not sent
+	// (SlotDecision.ReleaseDropped): the store may hold its slot.
 	NotRetried bool
 	// Decision is the acquire's decision; zero for the other ops and for
 	// errors.

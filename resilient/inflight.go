@@ -3,12 +3,14 @@ package resilient
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/ctxutil"
+	"github.com/sluicehq/sluice/internal/logpace"
 )
 
 // In-flight slots go to the backend under the breaker, as takes do. When
@@ -144,21 +146,35 @@ func (s *Store) Acquire(ctx context.Context, key string, l sluice.InFlightLimit,
 // (sluice.ReleaseAbandoned), not through the breaker, which during the
 // outage it is meant for would refuse it, or count it as one more failure.
 // A holder the breaker kept from the backend never reached it: nothing is
-// sent. sluice.ReleaseAbandoned calls it. On a zero or nil Store it does
-// nothing.
+// sent. On a zero or nil Store it does nothing. It does not say when the
+// release could not be started: TryAbandonSlot does.
 func (s *Store) AbandonSlot(key, holder string) {
+	_ = s.TryAbandonSlot(key, holder)
+}
+
+// TryAbandonSlot is AbandonSlot that reports a release it could not
+// start: sluice.ErrRetriesFull when sluice.MaxBackgroundReleases are at
+// work already (sluice.TryReleaseAbandoned), for the caller to count and
+// log. sluice.ReleaseAbandoned and sluice.TryReleaseAbandoned call it.
+func (s *Store) TryAbandonSlot(key, holder string) error {
 	if s == nil || s.backend == nil {
-		return
+		return nil
 	}
 	ref := slotRef{key, holder}
 	if _, ok := s.sent.get(ref, s.clock()); !ok {
-		return
+		return nil
 	}
 	s.sent.forget(ref)
-	if bs, err := s.slotBackend(); err == nil {
-		sluice.ReleaseAbandoned(bs, key, holder)
+	bs, err := s.slotBackend()
+	if err != nil {
+		return nil
 	}
+	return sluice.TryReleaseAbandoned(bs, key, holder)
 }
+
+// droppedAbandons paces the line of a backend release that onSlot could
+// not start, per Store name.
+var droppedAbandons logpace.Pacer
 
 // failSlot answers an Acquire by the policy.
 func (s *Store) failSlot(ctx context.Context, b *breaker, key string, l sluice.InFlightLimit, weight int64, holder string, now time.Time, lat time.Duration, berr error) (sluice.SlotDecision, error) {
@@ -310,7 +326,14 @@ func (s *Store) onSlot(ctx context.Context, op, key, holder string, hold, rememb
 		}
 		if hold == 0 && g.backend {
 			s.sent.forget(ref)
-			sluice.ReleaseAbandoned(bs, key, holder)
+			if err := sluice.TryReleaseAbandoned(bs, key, holder); err != nil {
+				// The caller's release succeeded (here): only a line says
+				// the backend may hold the slot to its hold timeout.
+				droppedAbandons.Log(s.name, func(notLogged int64) {
+					orDefault(s.opts.Logger, slog.Default()).Warn("resilient: release of a slot the backend may hold not sent: too many being sent in the background; it frees at its hold timeout",
+						"store", s.name, "dropped", notLogged+1, "max_background", sluice.MaxBackgroundReleases)
+				})
+			}
 		}
 		switch {
 		case a.held && remember > 0:

@@ -86,6 +86,11 @@ func (m *MultiStore) ReleaseOnce(ctx context.Context, key, holder string, rememb
 // AbandonSlot is Store.AbandonSlot.
 func (m *MultiStore) AbandonSlot(key, holder string) { m.store().AbandonSlot(key, holder) }
 
+// TryAbandonSlot is Store.TryAbandonSlot.
+func (m *MultiStore) TryAbandonSlot(key, holder string) error {
+	return m.store().TryAbandonSlot(key, holder)
+}
+
 // State is Store.State.
 func (m *MultiStore) State() sluice.BreakerState { return m.store().State() }
 

@@ -198,6 +198,9 @@ func (s *Service) Acquire(ctx context.Context, policy, key string, weight int64,
 	// all the same (an error, a failure policy's denial).
 	start := time.Now()
 	slot, d, err := sluice.AcquireSlot(ctx, s.slots, skey, f.Limit.For(prio, f.Reserve), weight)
+	if d.ReleaseDropped {
+		s.abandonDropped(p, prio)
+	}
 	if err != nil {
 		if ended(ctx) == nil { // else its caller went away: no store failure, as the engine's
 			s.observeSlot(res, sluice.SlotAcquire, sluice.OutcomeError)
@@ -350,8 +353,13 @@ func (s *Service) releaseOpen(t slotToken, p *config.Policy) error {
 		return err
 	}
 	held := s.holds.release(t.holder, true)
-	if a, ok := s.slots.(interface{ AbandonSlot(key, holder string) }); ok && held.storeHolder != "" {
-		a.AbandonSlot(s.slotKey(p, t.key), held.storeHolder) // nothing unless this instance's acquire of it failed
+	if a, ok := s.slots.(interface {
+		TryAbandonSlot(key, holder string) error
+	}); ok && held.storeHolder != "" {
+		// Nothing unless this instance's acquire of it failed.
+		if a.TryAbandonSlot(s.slotKey(p, t.key), held.storeHolder) != nil {
+			s.abandonDropped(p, held.priority)
+		}
 	}
 	res := SlotResult{Policy: p, Weight: held.weight}
 	if res.Weight == 0 {
@@ -468,6 +476,19 @@ func (s *Service) retryRelease(t slotToken, p *config.Policy, skey string, faile
 			"error", failed.Error(), "held_until", until.UTC().Format(time.RFC3339Nano), "not_retried", err.Error())
 	})
 	return false
+}
+
+// abandonDropped reports the release of an abandoned acquire (failed, or
+// answered by the failure policy, perhaps after running on Redis) that
+// was not sent (sluice.ErrRetriesFull): counted as not_retried and logged
+// as retryRelease's, since the store may hold the slot to its hold
+// timeout.
+func (s *Service) abandonDropped(p *config.Policy, prio sluice.Priority) {
+	observer{s}.ObserveSlot(sluice.SlotEvent{Policy: p.Name, Op: sluice.SlotRelease, Outcome: sluice.OutcomeError, Priority: prio, NotRetried: true})
+	s.dropped.Log(p.Name, func(notLogged int64) {
+		s.log.Warn(enforce.DroppedReleaseMsg, "policy", p.Name, "dropped", notLogged+1, "max_background", sluice.MaxBackgroundReleases,
+			"abandoned", true, "not_retried", sluice.ErrRetriesFull.Error())
+	})
 }
 
 // pendingReleases counts this service's releases being sent again in the

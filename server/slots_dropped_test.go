@@ -55,3 +55,35 @@ func TestReleaseNotRetriedIsLogged(t *testing.T) {
 		t.Errorf("log:\n%s\nwant one line with %q (the second held back by the pacing)", got, want)
 	}
 }
+
+// TestAbandonedNotSentIsCounted: the release of an acquire that failed
+// (503: the acquire may have run on Redis) that finds
+// sluice.MaxBackgroundReleases at work is not sent: the service counts it
+// as not_retried and logs it on the same line, marked abandoned. Before,
+// AcquireSlot dropped it without a word. Not parallel: it fills the
+// process's bound.
+func TestAbandonedNotSentIsCounted(t *testing.T) {
+	cfg := filepath.Join(t.TempDir(), "sluice.yaml")
+	if err := os.WriteFile(cfg, []byte(slotsConfig), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	r := redistest.StartServer(t)
+	logs := new(syncBuffer)
+	srv := runServer(t, Options{ConfigFile: cfg, RedisURL: "redis://" + r.Addr + "/0", NoFailurePolicy: true,
+		Logger: slog.New(slog.NewTextHandler(logs, nil))})
+	base := "http://" + srv.HTTPAddr()
+	r.Stop()
+	defer r.Start(t) // for the cleanup's Shutdown
+	releasetest.Fill(t, time.Now().Add(2*time.Second))
+	if code, body, _ := post(t, base, "/v1/acquire", `{"policy":"exports","key":"ann"}`); code != 503 {
+		t.Fatalf("acquire with Redis stopped: %d %v, want 503", code, body)
+	}
+	labels := map[string]string{"policy": "exports", "call": "release", "outcome": "not_retried"}
+	if v := metricValue(t, srv.Metrics().Registry(), "sluice_inflight_calls_total", labels); v != 1 {
+		t.Errorf("not_retried releases = %v, want 1", v)
+	}
+	want := `level=WARN msg="` + enforce.DroppedReleaseMsg + `" policy=exports dropped=1 max_background=1024 abandoned=true`
+	if got := logs.String(); strings.Count(got, want) != 1 {
+		t.Errorf("log:\n%s\nwant one line with %q", got, want)
+	}
+}

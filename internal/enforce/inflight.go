@@ -356,6 +356,9 @@ func (rs *SlotRules[R]) Acquire(ctx context.Context, req R, p sluice.Priority) (
 			h = &Held{ctx: context.WithoutCancel(ctx), env: rs.env, priority: p}
 		}
 		sh, d, err := rs.acquire(ctx, i, key, weight, p)
+		if d.ReleaseDropped {
+			rs.abandonDropped(s.Name, p)
+		}
 		if err != nil && Misconfigured(err) {
 			h.Release()
 			return nil, SlotVerdict{Rule: i}, &ConfigError{Policies: []string{s.Name}, Err: err}
@@ -497,6 +500,17 @@ func (rs *SlotRules[R]) acquire(ctx context.Context, i int, key string, weight i
 		sh.slot = slot
 		return sh, d, err
 	}
+}
+
+// abandonDropped reports the release of an abandoned acquire (an error, a
+// failure policy's denial) that was not sent: too many were being sent.
+// It counts and logs as a failed release not sent again: the store may
+// hold the slot to its hold timeout.
+func (rs *SlotRules[R]) abandonDropped(name string, p sluice.Priority) {
+	if rs.env.observer != nil {
+		rs.env.observer.ObserveSlot(sluice.SlotEvent{Policy: name, Op: sluice.SlotRelease, Outcome: sluice.OutcomeError, Priority: p, NotRetried: true})
+	}
+	rs.env.logDropped(name, "abandoned", true, "not_retried", sluice.ErrRetriesFull.Error())
 }
 
 func (rs *SlotRules[R]) observe(name string, op sluice.SlotOp, o sluice.Outcome, p sluice.Priority, weight int64, d sluice.SlotDecision) {

@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/internal/releasetest"
@@ -81,3 +83,38 @@ func TestReleaseNotRetriedIsLoud(t *testing.T) {
 type writerFunc func([]byte) (int, error)
 
 func (f writerFunc) Write(p []byte) (int, error) { return f(p) }
+
+// The release of an abandoned acquire (the store failed: the acquire may
+// have run) that finds sluice.MaxBackgroundReleases at work is not sent:
+// it is observed as a release not sent again and logged on the same
+// line, marked abandoned. Before, AcquireSlot dropped it without a word.
+// Not parallel: it fills the process's bound.
+func TestAbandonedNotSentIsLoud(t *testing.T) {
+	ctx := context.Background()
+	dead := redis.NewClient(&redis.Options{Addr: redistest.DeadAddr(t), MaxRetries: -1, DialerRetries: 1})
+	t.Cleanup(func() { dead.Close() })
+	store := redisstore.New(dead, &redisstore.Options{Prefix: redistest.Prefix(t)})
+	obs := &notRetried{}
+	var logs bytes.Buffer
+	var lmu sync.Mutex
+	rs := observedRules(t, store, obs, SlotSpec[string]{Name: "one", Limit: sluice.Concurrent(10, 30*time.Second), Key: ident})
+	rs.SetLogger(slog.New(slog.NewTextHandler(writerFunc(func(p []byte) (int, error) {
+		lmu.Lock()
+		defer lmu.Unlock()
+		return logs.Write(p)
+	}), nil)))
+	releasetest.Fill(t, time.Now().Add(2*time.Second))
+	if _, _, err := rs.Acquire(ctx, "k", sluice.PriorityCritical); err == nil {
+		t.Fatal("acquire with the store unreachable: no error")
+	}
+	if obs.n != 1 {
+		t.Errorf("%d releases observed as not sent again, want 1; events: %s", obs.n, obs)
+	}
+	lmu.Lock()
+	out := logs.String()
+	lmu.Unlock()
+	want := `level=WARN msg="sluice: ` + DroppedReleaseMsg + `" rule=one dropped=1 max_background=1024 abandoned=true`
+	if !strings.Contains(out, want) {
+		t.Errorf("log:\n%s\nwant a line with %q", out, want)
+	}
+}
