@@ -23,3 +23,11 @@ var (
 // such as a resilient.Store return it to the caller instead of counting it
 // as an outage and answering by their failure policy forever.
 var ErrStoreNotBuilt = errors.New("sluice: store not built")
+
+// ErrStoreClosed: the store, or the client it talks through, was closed by
+// its owner, so no call to it can succeed again. A store package's error
+// for it matches it with errors.Is (redisstore's, for a closed go-redis
+// client), so that the releases sent in the background (RetryRelease,
+// ReleaseAbandoned) stop at once rather than trying until their hold ends,
+// and resilient returns it rather than answering by its failure policy.
+var ErrStoreClosed = errors.New("sluice: store closed")

@@ -248,8 +248,9 @@ const releaseTry = 5 * time.Second
 // may reach the store after the first release; an abandoned id is never
 // reused, so a second release cannot free a later holder). At most
 // MaxBackgroundReleases run at once, with RetryRelease's; beyond that, and
-// if both releases fail, the slot frees at its hold timeout. A process
-// that stops drops the releases still at work: see WaitReleases. It does not say
+// if both releases fail, the slot frees at its hold timeout. A closed
+// store (ErrStoreClosed) is not sent the second. A process that stops
+// drops the releases still at work: see WaitReleases. It does not say
 // when it drops one: TryReleaseAbandoned does.
 func ReleaseAbandoned(store Slots, key, holder string) {
 	_ = TryReleaseAbandoned(store, key, holder)
@@ -273,12 +274,18 @@ func TryReleaseAbandoned(store Slots, key, holder string) error {
 		a.AbandonSlot(key, holder)
 		return nil
 	}
-	if !releaseLater(releasing, store, key, holder, 0, time.Time{}, func(try int, _ time.Duration, held bool, _ error) (time.Duration, bool) {
-		return time.Second, try == 0 && !held
+	if !releaseLater(releasing, store, key, holder, 0, time.Time{}, func(try int, _ time.Duration, held bool, err error) (time.Duration, bool) {
+		return time.Second, try == 0 && !held && !hopeless(err)
 	}, nil) {
 		return ErrRetriesFull
 	}
 	return nil
+}
+
+// hopeless reports whether err says no release to the store can ever
+// succeed: never built, or closed.
+func hopeless(err error) bool {
+	return errors.Is(err, ErrStoreNotBuilt) || errors.Is(err, ErrStoreClosed)
 }
 
 // Backoff of RetryRelease: the first retry after retryFirst, each wait
@@ -299,9 +306,10 @@ var ErrRetriesFull = errors.New("sluice: too many releases being retried")
 // anyway: the hold's end, as last acquired or extended. It returns at
 // once, and tries 100ms later, then at waits doubling up to 3s, each try
 // bounded by 5s, until the store answers (held or not: a release whose
-// answer came is never sent again), fails with ErrStoreNotBuilt, or until
-// has passed. Sending a release again is safe because a holder id is
-// never reused (NewHolderID): one that ran already frees nothing more.
+// answer came is never sent again), fails with ErrStoreNotBuilt or
+// ErrStoreClosed (no try ever will succeed), or until has passed. Sending
+// a release again is safe because a holder id is never reused
+// (NewHolderID): one that ran already frees nothing more.
 // done, if not nil, is called once with the store's answer (whether holder
 // held its slot then), on the background goroutine; it is not called when
 // no answer came. Bad input is refused (ErrInvalidKey, ErrInvalidHolder;
@@ -324,7 +332,7 @@ func RetryRelease(store Slots, key, holder string, until time.Time, done func(he
 	}
 	if !releaseLater(releasing, store, key, holder, retryFirst, until, func(_ int, wait time.Duration, _ bool, err error) (time.Duration, bool) {
 		wait = min(2*wait, retryMax)
-		return wait, err != nil && !errors.Is(err, ErrStoreNotBuilt) && time.Now().Add(wait).Before(until)
+		return wait, err != nil && !hopeless(err) && time.Now().Add(wait).Before(until)
 	}, done) {
 		return ErrRetriesFull
 	}

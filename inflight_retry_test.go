@@ -314,3 +314,30 @@ func TestTryReleaseAbandonedFull(t *testing.T) {
 		t.Error("AcquireSlot's error, its release not sent: ReleaseDropped false")
 	}
 }
+
+// A release sent again to a store whose client was closed stops at its
+// next try: a closed store never answers. Before, it tried every 3s until
+// its hold ended (30s here). Not parallel: it counts the process's
+// releases.
+func TestRetryReleaseStopsOnClosedStore(t *testing.T) {
+	_, client, store, limit, slot := failedRelease(t)
+	answered := make(chan bool, 1)
+	if err := sluice.RetryRelease(store, "k", slot.Holder(), time.Now().Add(limit.Hold), func(held bool) { answered <- held }); err != nil {
+		t.Fatal(err)
+	}
+	if n := sluice.PendingReleases(); n != 1 {
+		t.Fatalf("PendingReleases = %d, want 1", n)
+	}
+	client.Close()
+	start := time.Now()
+	for sluice.PendingReleases() != 0 {
+		if time.Since(start) > 2*time.Second {
+			t.Fatalf("release still pending %v after the client was closed", time.Since(start))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Logf("ended %v after the client was closed", time.Since(start))
+	if len(answered) != 0 {
+		t.Error("done called without an answer")
+	}
+}

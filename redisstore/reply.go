@@ -67,9 +67,14 @@ func parseAll(v []int64, n int) ([]result, error) {
 // reply as an integer array (a script returning something else), and the
 // server's refusals of a foreign value under a sluice key: WRONGTYPE (a
 // key of another type), or a script's "corrupt state" (a value that is
-// not the integer state sluice writes). Other server and network errors
-// pass as they are.
+// not the integer state sluice writes). A closed client's error
+// (redis.ErrClosed) also matches sluice.ErrStoreClosed: no call will ever
+// succeed, so background releases stop on it. Other server and network
+// errors pass as they are.
 func replyErr(err error) error {
+	if errors.Is(err, redis.ErrClosed) {
+		return fmt.Errorf("%w: %w", sluice.ErrStoreClosed, err)
+	}
 	var num *strconv.NumError
 	if errors.As(err, &num) || strings.HasPrefix(err.Error(), "redis: can't parse") || foreign(err) {
 		return fmt.Errorf("%w: %w", ErrUnexpectedReply, err)

@@ -359,8 +359,9 @@ type Options struct {
 // return it and never counts as a backend failure. A lease store's
 // lease.ErrInvalidStaleness is one: it wraps sluice.ErrInvalidLimit. So is a
 // backend's refusal because it was built without what it needs
-// (sluice.ErrStoreNotBuilt, as redisstore.ErrNoClient; memory.ErrZeroStore):
-// no policy answers for a backend that can never work. When the caller's
+// (sluice.ErrStoreNotBuilt, as redisstore.ErrNoClient; memory.ErrZeroStore),
+// or closed by its owner (sluice.ErrStoreClosed, as redisstore's error for
+// a closed client): no policy answers for a backend that can never work. When the caller's
 // context ends, the error wraps the context's error and no policy applies;
 // a call whose context has ended before it is made gets that error from
 // every method, whatever the breaker's state, and a deny-cache hit too
@@ -943,9 +944,10 @@ func isNil(v any) bool {
 
 // badInput reports whether err is the caller's fault, not the backend's:
 // the same call would fail again whatever the backend's health. A backend
-// built wrong (sluice.ErrStoreNotBuilt) is one: no outage would ever end.
+// built wrong (sluice.ErrStoreNotBuilt) is one: no outage would ever end;
+// so is one its owner closed (sluice.ErrStoreClosed).
 func badInput(err error) bool {
-	return errors.Is(err, sluice.ErrStoreNotBuilt) ||
+	return errors.Is(err, sluice.ErrStoreNotBuilt) || errors.Is(err, sluice.ErrStoreClosed) ||
 		errors.Is(err, sluice.ErrInvalidKey) || errors.Is(err, sluice.ErrInvalidLimit) ||
 		errors.Is(err, sluice.ErrInvalidCost) || errors.Is(err, sluice.ErrCostExceedsBurst) ||
 		errors.Is(err, sluice.ErrInvalidWeight) || errors.Is(err, sluice.ErrInvalidHolder) ||
