@@ -274,7 +274,9 @@ func TryReleaseAbandoned(store Slots, key, holder string) error {
 		a.AbandonSlot(key, holder)
 		return nil
 	}
-	if !releaseLater(releasing, store, key, holder, 0, time.Time{}, func(try int, _ time.Duration, held bool, err error) (time.Duration, bool) {
+	// Never woken by WaitReleases: the second release is for an acquire
+	// that may still be on its way.
+	if !releaseLater(releasing, store, key, holder, 0, time.Time{}, false, func(try int, _ time.Duration, held bool, err error) (time.Duration, bool) {
 		return time.Second, try == 0 && !held && !hopeless(err)
 	}, nil) {
 		return ErrRetriesFull
@@ -309,7 +311,9 @@ var ErrRetriesFull = errors.New("sluice: too many releases being retried")
 // answer came is never sent again), fails with ErrStoreNotBuilt or
 // ErrStoreClosed (no try ever will succeed), or until has passed. Sending
 // a release again is safe because a holder id is never reused
-// (NewHolderID): one that ran already frees nothing more.
+// (NewHolderID): one that ran already frees nothing more. WaitReleases
+// wakes a retry waiting between tries: it tries at once, then keeps its
+// backoff.
 // done, if not nil, is called once with the store's answer (whether holder
 // held its slot then), on the background goroutine; it is not called when
 // no answer came. Bad input is refused (ErrInvalidKey, ErrInvalidHolder;
@@ -330,7 +334,7 @@ func RetryRelease(store Slots, key, holder string, until time.Time, done func(he
 	if !time.Now().Before(until) {
 		return nil
 	}
-	if !releaseLater(releasing, store, key, holder, retryFirst, until, func(_ int, wait time.Duration, _ bool, err error) (time.Duration, bool) {
+	if !releaseLater(releasing, store, key, holder, retryFirst, until, true, func(_ int, wait time.Duration, _ bool, err error) (time.Duration, bool) {
 		wait = min(2*wait, retryMax)
 		return wait, err != nil && !hopeless(err) && time.Now().Add(wait).Before(until)
 	}, done) {
@@ -343,9 +347,11 @@ func RetryRelease(store Slots, key, holder string, until time.Time, done func(he
 // then after each wait again says (given the try's number, the wait
 // before it and its answer), until again says no more; each try is
 // bounded by releaseTry and until (if not zero). done gets the answer of
-// the last try, if it came. At most cap(slots) run at once: false if
-// there is no room.
-func releaseLater(slots chan struct{}, store Slots, key, holder string, first time.Duration, until time.Time,
+// the last try, if it came. With wakeable, the first WaitReleases that
+// finds it waiting between tries ends that wait (once: a store still
+// down is not tried in a loop by a caller polling WaitReleases). At most
+// cap(slots) run at once: false if there is no room.
+func releaseLater(slots chan struct{}, store Slots, key, holder string, first time.Duration, until time.Time, wakeable bool,
 	again func(try int, wait time.Duration, held bool, err error) (time.Duration, bool), done func(held bool)) bool {
 	select {
 	case slots <- struct{}{}:
@@ -357,7 +363,19 @@ func releaseLater(slots chan struct{}, store Slots, key, holder string, first ti
 		defer func() { <-slots; background.done() }()
 		wait := first
 		for try := 0; ; try++ {
-			time.Sleep(wait)
+			if wait > 0 {
+				var woken <-chan struct{}
+				if wakeable {
+					woken = background.wakes()
+				}
+				t := time.NewTimer(wait)
+				select {
+				case <-t.C:
+				case <-woken:
+					t.Stop()
+					wakeable = false
+				}
+			}
 			deadline := time.Now().Add(releaseTry)
 			if !until.IsZero() && until.Before(deadline) {
 				deadline = until
@@ -386,6 +404,27 @@ type pendingReleases struct {
 	mu   sync.Mutex
 	n    int
 	idle chan struct{} // closed when n drops to 0; nil while 0
+	wake chan struct{} // closed by WaitReleases; nil until asked for
+}
+
+// wakes returns the channel the next WaitReleases closes.
+func (p *pendingReleases) wakes() <-chan struct{} {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.wake == nil {
+		p.wake = make(chan struct{})
+	}
+	return p.wake
+}
+
+// wakeAll wakes the retries waiting between tries.
+func (p *pendingReleases) wakeAll() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.wake != nil {
+		close(p.wake)
+		p.wake = nil
+	}
 }
 
 func (p *pendingReleases) add() {
@@ -427,8 +466,12 @@ func PendingReleases() int {
 // store is closed, with the time left to stop: each release ends once the
 // store answers it or its hold has passed, so with the store still
 // unreachable the wait lasts until ctx ends. Releases started meanwhile
-// are waited for too. An ended ctx returns the count at once.
+// are waited for too. An ended ctx returns the count at once. The retries
+// of RetryRelease waiting between tries try at once, so that a store back
+// already does not hold a stop for up to a backoff (3s) more; each then
+// keeps its backoff while the wait lasts.
 func WaitReleases(ctx context.Context) int {
+	background.wakeAll()
 	for {
 		n, idle := background.state()
 		if n == 0 || ctx.Err() != nil {

@@ -341,3 +341,36 @@ func TestRetryReleaseStopsOnClosedStore(t *testing.T) {
 		t.Error("done called without an answer")
 	}
 }
+
+// WaitReleases wakes a retry asleep in its backoff: with the store back,
+// a stop sends it at once rather than at the retry's next try, up to 3s
+// later. Not parallel: it waits for the process's releases.
+func TestWaitReleasesWakesRetries(t *testing.T) {
+	ctx := context.Background()
+	srv, client, store, limit, slot := failedRelease(t)
+	if err := sluice.RetryRelease(store, "k", slot.Holder(), time.Now().Add(limit.Hold), nil); err != nil {
+		t.Fatal(err)
+	}
+	// Tries fail at 0.1, 0.3, 0.7, 1.5 and 3.1s; the next waits 3s.
+	time.Sleep(3600 * time.Millisecond)
+	srv.Start(t)
+	if _, err := client.Ping(ctx).Result(); err != nil {
+		t.Fatal(err)
+	}
+	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	start := time.Now()
+	if n := sluice.WaitReleases(wctx); n != 0 {
+		t.Fatalf("WaitReleases: %d left", n)
+	}
+	if took := time.Since(start); took > 500*time.Millisecond {
+		t.Errorf("WaitReleases with the store back took %v, want the retry woken at once", took)
+	} else {
+		t.Logf("WaitReleases took %v", took)
+	}
+	other, d, err := sluice.AcquireSlot(ctx, store, "k", limit, 1)
+	if err != nil || other == nil {
+		t.Fatalf("the slot still held after WaitReleases: %+v %v", d, err)
+	}
+	other.Release(ctx)
+}
