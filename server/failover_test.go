@@ -24,7 +24,7 @@ import (
 func TestFaultServeClusterFailover(t *testing.T) {
 	race.SkipTiming(t)
 	cl := redistest.StartCluster(t, &redistest.ClusterOptions{Replicas: 1})
-	serveUnderFailover(t, cl.URL(), func(call func(context.Context, string) (int64, error)) (func(), func() time.Time) {
+	serveUnderFailover(t, cl.URL(), "cluster", func(call func(context.Context, string) (int64, error)) (func(), func() time.Time) {
 		master := cl.MasterOf(t, redisHashTag(t, "hot", "fixed_window 1000000000/1h", "k"))
 		return master.Kill, func() time.Time {
 			_, at := cl.AwaitMaster(t, 10*time.Second, cl.ReplicasOf(t, master)...)
@@ -38,7 +38,7 @@ func TestFaultServeClusterFailover(t *testing.T) {
 func TestFaultServeSentinelFailover(t *testing.T) {
 	race.SkipTiming(t)
 	set := redistest.StartSentinel(t, nil)
-	serveUnderFailover(t, set.URL(), func(func(context.Context, string) (int64, error)) (func(), func() time.Time) {
+	serveUnderFailover(t, set.URL(), "sentinel", func(func(context.Context, string) (int64, error)) (func(), func() time.Time) {
 		return set.Master.Kill, func() time.Time {
 			_, at := set.AwaitMaster(t, 10*time.Second, set.Replicas...)
 			return at
@@ -50,8 +50,8 @@ func TestFaultServeSentinelFailover(t *testing.T) {
 // never denies during the test and failure policy "error", and runs
 // redistest.UnderFailover through its JSON API. master returns how to kill
 // the hot key's master and how to wait for the promotion; it may call the
-// API first to find the master.
-func serveUnderFailover(t *testing.T, redisURL string, master func(call func(context.Context, string) (int64, error)) (kill func(), promoted func() time.Time)) {
+// API first to find the master. The failover must be counted under kind.
+func serveUnderFailover(t *testing.T, redisURL, kind string, master func(call func(context.Context, string) (int64, error)) (kill func(), promoted func() time.Time)) {
 	t.Helper()
 	config := filepath.Join(t.TempDir(), "sluice.yaml")
 	err := os.WriteFile(config, []byte("domain: failover\npolicies:\n  - name: hot\n    limit: fixed_window 1000000000/1h\n"), 0o600)
@@ -92,6 +92,16 @@ func serveUnderFailover(t *testing.T, redisURL string, master func(call func(con
 		Fail:     kill,
 		Promoted: promoted,
 	})
+	series := `sluice_redis_failovers_total{kind="` + kind + `"}`
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		got := scrapedMetric(t, p, series)
+		if got != "" && got != "0" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s = %q after the failover, want at least 1", series, got)
+		}
+	}
 }
 
 // TestFaultServeClusterNodeDown: one master of three dies and stays dead

@@ -256,4 +256,14 @@ func TestFaultServeClusterPlannedFailoverNodeUp(t *testing.T) {
 			t.Fatalf("8s after CLUSTER FAILOVER: sluice_store_node_up promoted %s %q, demoted %s %q; want 1 and no series", replica.Addr, promoted, old.Addr, demoted)
 		}
 	}
+	// The failover is counted once, by the check that saw it or a call's look.
+	for deadline := time.Now().Add(3 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		got := scrapedMetric(t, p, `sluice_redis_failovers_total{kind="cluster"}`)
+		if got == "1" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("sluice_redis_failovers_total{kind=\"cluster\"} = %q after CLUSTER FAILOVER, want 1", got)
+		}
+	}
 }

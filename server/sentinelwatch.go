@@ -51,8 +51,9 @@ func sentinelFailoverOptions(rawURL string) *redis.FailoverOptions {
 // instead of after its probe interval, as on a Cluster
 // (redisstore.Store.OnFailover). Every Sentinel, not one, since
 // the one that is down may be the one a single subscription used; a switch
-// seen twice is acted on once. The returned stop ends the subscriptions.
-func watchSwitchMaster(o *redis.FailoverOptions, log *slog.Logger, ping, probe func(context.Context) error) (stop func()) {
+// seen twice is acted on once, and told to seen once. The returned stop
+// ends the subscriptions.
+func watchSwitchMaster(o *redis.FailoverOptions, log *slog.Logger, ping, probe func(context.Context) error, seen func()) (stop func()) {
 	ctx, cancel := context.WithCancel(context.Background())
 	var (
 		wg   sync.WaitGroup
@@ -65,14 +66,15 @@ func watchSwitchMaster(o *redis.FailoverOptions, log *slog.Logger, ping, probe f
 			return
 		}
 		mu.Lock()
-		seen := payload == last
+		again := payload == last
 		last = payload
 		mu.Unlock()
-		if seen {
+		if again {
 			return
 		}
 		log.Info(sentinelSwitchMsg, "master_name", f[0],
 			"from", net.JoinHostPort(f[1], f[2]), "to", net.JoinHostPort(f[3], f[4]))
+		seen()
 		// Until the service's client has dialled the new master, a probe
 		// would fail and reopen the breaker: go-redis's pool, having
 		// failed to dial the old one, dials again only once a second. A

@@ -26,7 +26,7 @@ func TestWatchSwitchMaster(t *testing.T) {
 	dead := redistest.DeadAddr(t)
 
 	var buf bytes.Buffer
-	var pings, probes atomic.Int32
+	var pings, probes, switches atomic.Int32
 	ping := func(context.Context) error {
 		if pings.Add(1) <= 2 {
 			return errors.New("not yet") // the client still on the old master
@@ -35,7 +35,7 @@ func TestWatchSwitchMaster(t *testing.T) {
 	}
 	probe := func(context.Context) error { probes.Add(1); return nil }
 	stop := watchSwitchMaster(&redis.FailoverOptions{MasterName: "m", SentinelAddrs: []string{dead, redistest.Addr(t)}},
-		slog.New(slog.NewTextHandler(&buf, nil)), ping, probe)
+		slog.New(slog.NewTextHandler(&buf, nil)), ping, probe, func() { switches.Add(1) })
 	stopped := false
 	defer func() {
 		if !stopped {
@@ -85,6 +85,9 @@ func TestWatchSwitchMaster(t *testing.T) {
 	}
 	if got := strings.Count(buf.String(), sentinelSwitchMsg); got != 2 {
 		t.Errorf("%d switch lines, want 2; log:\n%s", got, buf.String())
+	}
+	if got := switches.Load(); got != 2 {
+		t.Errorf("%d switches told, want 2 (one per new master, the other name's none)", got)
 	}
 	if !strings.Contains(buf.String(), "to=127.0.0.1:3") {
 		t.Errorf("no new master in the log:\n%s", buf.String())

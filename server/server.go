@@ -33,6 +33,7 @@ import (
 	"runtime"
 	"runtime/debug"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -318,6 +319,27 @@ func (s *Server) openStore() (sluice.Store, error) {
 			Name: "sluice_redis_round_trip_seconds",
 			Help: "The Redis store's smoothed round trip (the slowest master's on a cluster). Over a quarter of the decision timeout decisions stop waiting to be batched; near it they time out.",
 		}, func() float64 { return rs.RoundTrip().Seconds() }))
+		// A failover is counted whatever the failure policy; with one, its
+		// breaker probes the new master at once (probe, set below).
+		failovers := prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sluice_redis_failovers_total",
+			Help: "Redis master changes seen: kind cluster (the masters of the slot map changed), sentinel (+switch-master). Writes the old master had not replicated are lost with it: the limits they counted start partly afresh.",
+		}, []string{"kind"})
+		s.metrics.reg.MustRegister(failovers)
+		var probe atomic.Pointer[func(context.Context) error]
+		probeNow := func(ctx context.Context) error {
+			if p := probe.Load(); p != nil {
+				return (*p)(ctx)
+			}
+			return nil
+		}
+		clusterFailovers := failovers.WithLabelValues("cluster")
+		rs.OnFailover(func() { clusterFailovers.Inc(); probeNow(context.Background()) })
+		if o := sentinelFailoverOptions(redisURL); o != nil {
+			switches := failovers.WithLabelValues("sentinel")
+			s.closers = append(s.closers, watchSwitchMaster(o, s.log,
+				func(ctx context.Context) error { return client.Ping(ctx).Err() }, probeNow, switches.Inc))
+		}
 		fleet, err := s.startFleet(rs)
 		if err != nil {
 			return nil, err
@@ -344,11 +366,8 @@ func (s *Server) openStore() (sluice.Store, error) {
 		}
 		s.closers = append(s.closers, func() { store.Close() })
 		s.health.breaker = func(ctx context.Context) { store.Probe(ctx) }
-		rs.OnFailover(func() { store.ProbeNow(context.Background()) }) // back on Redis soon after a promotion
-		if o := sentinelFailoverOptions(redisURL); o != nil {          // the same through Sentinel
-			s.closers = append(s.closers, watchSwitchMaster(o, s.log,
-				func(ctx context.Context) error { return client.Ping(ctx).Err() }, store.ProbeNow))
-		}
+		probeStore := store.ProbeNow
+		probe.Store(&probeStore) // back on Redis soon after a promotion
 		return store, nil
 	}
 	return s.memoryStore(), nil

@@ -331,7 +331,7 @@ func TestExposedKeyClippedInMetrics(t *testing.T) {
 	if code != 200 {
 		t.Fatalf("/metrics: %d", code)
 	}
-	want := `sluice_top_key_denials{key="` + strings.Repeat("x", ExposedKeyPrefix) + "…" + srv.Service().keyLabels.hash(key) + `",policy="otp"} 1`
+	want := `sluice_top_key_denials{key="` + strings.Repeat("x", ExposedKeyPrefix) + "…" + srv.Service().keyLabels.hash(clipTopKey(key)) + `",policy="otp"} 1`
 	if !strings.Contains(metrics, want) {
 		t.Errorf("no line %s in /metrics", want)
 	}
