@@ -302,7 +302,7 @@ var errAny = errors.New("any error")
 
 func TestKeyFuncs(t *testing.T) {
 	t.Parallel()
-	ctx := metadata.NewIncomingContext(context.Background(), metadata.Pairs("x-api-key", "k1", "x-forwarded-for", "198.51.100.1"))
+	ctx := metadata.NewIncomingContext(context.Background(), metadata.Pairs("x-api-key", "k1", "x-forwarded-for", "198.51.100.1", "x-tag", "{t}50%"))
 	m := "/pkg.Svc/Do"
 	for name, tt := range map[string]struct {
 		fn   KeyFunc
@@ -311,10 +311,12 @@ func TestKeyFuncs(t *testing.T) {
 	}{
 		"metadata":         {Metadata("X-API-Key"), "k1", nil},
 		"missing metadata": {Metadata("x-other"), "", ErrNoKey},
-		"method":           {Method(), m, nil},
-		"global":           {Global(), "*", nil},
-		"compose":          {Compose(Metadata("x-api-key"), Method()), "2:k111:/pkg.Svc/Do", nil},
-		"compose missing":  {Compose(Metadata("x-other"), Method()), "", ErrNoKey},
+		// A client's braces would pick its key's Cluster slot.
+		"metadata braces": {Metadata("x-tag"), "%7Bt%7D50%25", nil},
+		"method":          {Method(), m, nil},
+		"global":          {Global(), "*", nil},
+		"compose":         {Compose(Metadata("x-api-key"), Method()), "2:k111:/pkg.Svc/Do", nil},
+		"compose missing": {Compose(Metadata("x-other"), Method()), "", ErrNoKey},
 	} {
 		got, err := tt.fn(ctx, m)
 		if !errors.Is(err, tt.err) || got != tt.want {

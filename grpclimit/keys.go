@@ -16,6 +16,12 @@ import (
 // call carries no such key; the rule then does not apply to it. Any other
 // error fails the call with codes.Internal "grpclimit: rate limiter
 // misconfigured", the error going to Options.Logger, not to the client.
+//
+// A key may carry a Redis Cluster hash tag ("{tenant42}:user", see the
+// README's "Layered limits") to share a slot with related keys: the user's
+// own KeyFunc and ContextValue keep theirs, while Metadata and Method,
+// which read what the client sent, escape '%', '{' and '}' (as %25, %7B
+// and %7D), so that no client picks its key's slot.
 type KeyFunc func(ctx context.Context, fullMethod string) (string, error)
 
 // call is one call as the shared rule collector sees it (see
@@ -96,13 +102,14 @@ func PeerIP() KeyFunc {
 }
 
 // Metadata returns a KeyFunc for the first value of the named incoming
-// metadata key, such as an API key. Missing or empty is ErrNoKey.
+// metadata key, such as an API key. Missing or empty is ErrNoKey. The
+// value's '%', '{' and '}' are written %25, %7B and %7D (see KeyFunc).
 func Metadata(name string) KeyFunc {
 	name = strings.ToLower(name)
 	return func(ctx context.Context, _ string) (string, error) {
 		md, _ := metadata.FromIncomingContext(ctx)
 		if v := md.Get(name); len(v) > 0 && v[0] != "" {
-			return v[0], nil
+			return enforce.EscapeKey(v[0]), nil
 		}
 		return "", ErrNoKey
 	}
@@ -120,9 +127,10 @@ func ContextValue(key any) KeyFunc {
 }
 
 // Method returns a KeyFunc for the full method name, "/pkg.Service/Method":
-// a limit per operation.
+// a limit per operation. The client names it, so it is escaped as
+// Metadata's values are (a method of a .proto file holds none of them).
 func Method() KeyFunc {
-	return func(_ context.Context, m string) (string, error) { return m, nil }
+	return func(_ context.Context, m string) (string, error) { return enforce.EscapeKey(m), nil }
 }
 
 // Global returns a KeyFunc putting every call under one key.

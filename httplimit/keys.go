@@ -16,7 +16,13 @@ import (
 // fails the request (see Options.ErrorHandler).
 //
 // Keys are opaque: the middleware prefixes them with the rule's name, and
-// hashes them when Options.HashKey is set or when they are too long.
+// hashes them when Options.HashKey is set or when they are too long. A key
+// may carry a Redis Cluster hash tag ("{tenant42}:user", see the README's
+// "Layered limits") to share a slot with related keys: the user's own
+// KeyFunc and ContextValue keep theirs, while the functions that read the
+// request (Header, Cookie, Route) escape '%', '{' and '}' (as %25, %7B and
+// %7D), so that no client, nor a mux pattern's wildcard, picks a key's
+// slot.
 //
 // It is a func(*http.Request) (string, error); Global, Compose,
 // ContextValue and ClientIP are written once for httplimit and grpclimit.
@@ -79,26 +85,29 @@ func PeerIP() KeyFunc {
 }
 
 // Header returns a KeyFunc for the first value of the named request header,
-// such as an API key. A missing or empty header is ErrNoKey.
+// such as an API key. A missing or empty header is ErrNoKey. The value's
+// '%', '{' and '}' are written %25, %7B and %7D, so that a client cannot
+// choose its key's Redis Cluster slot (see KeyFunc).
 func Header(name string) KeyFunc {
 	name = http.CanonicalHeaderKey(name)
 	return func(r *http.Request) (string, error) {
 		if v := r.Header[name]; len(v) > 0 && v[0] != "" {
-			return v[0], nil
+			return enforce.EscapeKey(v[0]), nil
 		}
 		return "", ErrNoKey
 	}
 }
 
 // Cookie returns a KeyFunc for the value of the named cookie, such as a
-// session id. A missing or empty cookie is ErrNoKey.
+// session id. A missing or empty cookie is ErrNoKey. Its '%', '{' and '}'
+// are escaped as Header's are.
 func Cookie(name string) KeyFunc {
 	return func(r *http.Request) (string, error) {
 		c, err := r.Cookie(name)
 		if err != nil || c.Value == "" {
 			return "", ErrNoKey
 		}
-		return c.Value, nil
+		return enforce.EscapeKey(c.Value), nil
 	}
 }
 
@@ -113,11 +122,14 @@ func ContextValue(key any) KeyFunc {
 	return enforce.ContextValue("httplimit", ErrNoKey, (*http.Request).Context, key)
 }
 
-// Route returns a KeyFunc for the method and route: "GET /items/{id}" when
-// the middleware runs inside an http.ServeMux route (r.Pattern is set),
-// else the method and URL path. Paths come from clients, so wrapping a
-// whole mux with a Route key lets clients create keys at will; the store's
-// key bound then applies.
+// Route returns a KeyFunc for the method and route: "GET /items/%7Bid%7D"
+// for the pattern "GET /items/{id}" when the middleware runs inside an
+// http.ServeMux route (r.Pattern is set), else the method and URL path.
+// '%', '{' and '}' are escaped as Header's are: a pattern's wildcard would
+// otherwise be a Redis Cluster hash tag, putting every client's key of
+// every route whose first wildcard is {id} on one master.
+// Paths come from clients, so wrapping a whole mux with a Route key lets
+// clients create keys at will; the store's key bound then applies.
 func Route() KeyFunc {
 	return func(r *http.Request) (string, error) {
 		p := r.Pattern
@@ -126,7 +138,7 @@ func Route() KeyFunc {
 		} else if i := strings.IndexByte(p, ' '); i >= 0 {
 			p = p[i+1:] // the pattern's own method, if any, is r.Method
 		}
-		return r.Method + " " + p, nil
+		return enforce.EscapeKey(r.Method + " " + p), nil
 	}
 }
 

@@ -18,6 +18,35 @@ func Global[R any]() KeyFunc[R] {
 	return func(R) (string, error) { return "*", nil }
 }
 
+// EscapeKey returns s, text taken from a request (a path or pattern, a
+// header, a cookie, metadata), with '%', '{' and '}' written %25, %7B and
+// %7D, injectively. A '{' the client chose would open a Redis Cluster hash
+// tag, and a '}' would close the one redisstore wraps an untagged key in
+// ("{key}:gcra") early: either way the client, or a mux pattern's
+// wildcard, would pick its key's slot and so its master. Text without
+// them comes back as it is. Keys the user's own KeyFunc or ContextValue
+// returns are not escaped: a tag is theirs to choose.
+func EscapeKey(s string) string {
+	if !strings.ContainsAny(s, "%{}") {
+		return s
+	}
+	var b strings.Builder
+	b.Grow(len(s) + 8)
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; c {
+		case '%':
+			b.WriteString("%25")
+		case '{':
+			b.WriteString("%7B")
+		case '}':
+			b.WriteString("%7D")
+		default:
+			b.WriteByte(c)
+		}
+	}
+	return b.String()
+}
+
 // Compose returns a KeyFunc for the combination of fns. If any part fails
 // (its no-key error included), so does the whole. Parts are
 // length-prefixed, so no two different combinations produce one key.
