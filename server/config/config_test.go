@@ -119,6 +119,8 @@ func TestConfigErrors(t *testing.T) {
 		{"override without match", "policies:\n  - name: a\n    limit: 1/s\n    overrides:\n      - limit: 2/s\n", `5:9: override needs match and limit`},
 		{"duplicate override match", "policies:\n  - name: a\n    limit: 10/min\n    overrides:\n      - match: a\n        limit: 10/s\n      - match: a\n        limit: 20/s\n", `7:16: duplicate override match "a" (first at test.yaml:5)`},
 		{"duplicate override match in a list", "policies:\n  - name: a\n    limit: 10/min\n    overrides:\n      - {match: [x, y], limit: 10/s}\n      - {match: [z, y], limit: 20/s}\n", `6:21: duplicate override match "y" (first at test.yaml:5)`},
+		{"override match with a brace", "policies:\n  - name: a\n    limit: 10/min\n    overrides:\n      - {match: 't{x}*', limit: 10/s}\n", `5:17: override match "t{x}*" never applies: a '{' in a key is written %7B`},
+		{"override match with a lone percent", "policies:\n  - name: a\n    limit: 10/min\n    overrides:\n      - {match: 50%off, limit: 10/s}\n", `5:17: override match "50%off" never applies: "%of" is not an escape`},
 		{"override match behind a prefix", "policies:\n  - name: a\n    limit: 10/min\n    overrides:\n      - {match: premium-*, limit: 10/s}\n      - {match: premium-gold*, limit: 20/s}\n", `6:17: override match "premium-gold*" never applies: the earlier match "premium-*" (at test.yaml:5) takes all its keys first`},
 		{"lease on a sliding window log", "policies:\n  - name: a\n    limit: sliding_window_log 5/min\n    lease: 50ms\n", `4:12: lease: the policy's limit (sliding_window_log 5/min) cannot be leased`},
 		{"lease on an override's sliding window log", "policies:\n  - name: a\n    limit: 5/min\n    lease: 50ms\n    overrides:\n      - {match: x, limit: sliding_window_log 9/min}\n", `4:12: lease: override x (sliding_window_log 9/min) cannot be leased`},
@@ -489,10 +491,10 @@ func TestUnitMultiplier(t *testing.T) {
 	}
 }
 
-// TestTemplateValuesEscaped: two descriptors never render one key. With
-// two variables or more, '%' and the bytes of the literal text between
-// them are percent-escaped in every value but the last; a lone variable is
-// rendered as it is.
+// TestTemplateValuesEscaped: two descriptors never render one key, and no
+// value puts a brace in it. Every value's '%', '{' and '}' are
+// percent-escaped; with two variables or more, so are the bytes of the
+// literal text between them in every value but the last.
 func TestTemplateValuesEscaped(t *testing.T) {
 	t.Parallel()
 	cfg, err := Parse("test.yaml", []byte("policies:\n  - name: a\n    limit: 1/s\n    key: 'u={user}:{ip}'\n  - name: b\n    limit: 1/s\n    key: '<{k}>'\n"))
@@ -508,8 +510,11 @@ func TestTemplateValuesEscaped(t *testing.T) {
 		{[]Entry{{"user", "a:b"}, {"ip", "c"}}, "u=a%3Ab:c"},
 		{[]Entry{{"user", "a"}, {"ip", "b:c"}}, "u=a:b:c"},
 		{[]Entry{{"user", "bob"}, {"ip", "2001:db8::1"}}, "u=bob:2001:db8::1"},
-		{[]Entry{{"user", "x=%"}, {"ip", "u%"}}, "u=x=%25:u%"},
-		{[]Entry{{"k", "a:b%>"}}, "<a:b%>>"},
+		{[]Entry{{"user", "x=%"}, {"ip", "u%"}}, "u=x=%25:u%25"},
+		{[]Entry{{"k", "a:b%>"}}, "<a:b%25>>"},
+		{[]Entry{{"k", "{x}"}}, "<%7Bx%7D>"},
+		{[]Entry{{"k", "}x"}}, "<%7Dx>"},
+		{[]Entry{{"user", "{t}"}, {"ip", "{t}"}}, "u=%7Bt%7D:%7Bt%7D"},
 	} {
 		m, ok := dom.Match(tt.entries)
 		if !ok || m.Key != tt.want {
@@ -519,10 +524,11 @@ func TestTemplateValuesEscaped(t *testing.T) {
 }
 
 // TestTemplateInjective: over values drawn from the templates' own text,
-// '%' and hex digits, distinct descriptors never render one key.
+// '%', braces and hex digits, distinct descriptors never render one key,
+// and no key holds a brace.
 func TestTemplateInjective(t *testing.T) {
 	t.Parallel()
-	alphabet := []string{"", ":", "%", "3A", "a", "/", "-", "25", "::"}
+	alphabet := []string{"", ":", "%", "3A", "a", "/", "-", "25", "::", "{", "}", "7B"}
 	var values []string
 	distinct := map[string]bool{}
 	for _, a := range alphabet {
@@ -533,7 +539,7 @@ func TestTemplateInjective(t *testing.T) {
 			}
 		}
 	}
-	for _, tmpl := range []string{"{a}:{b}", "x{a}/{b}-{c}y", "{a}:-{b}", "{a}::{b}:{c}"} {
+	for _, tmpl := range []string{"{a}", "k{a}", "{a}:{b}", "x{a}/{b}-{c}y", "{a}:-{b}", "{a}::{b}:{c}"} {
 		tt, err := parseTemplate(tmpl)
 		if err != nil {
 			t.Fatal(err)
@@ -550,6 +556,9 @@ func TestTemplateInjective(t *testing.T) {
 				if !ok {
 					t.Fatalf("%s: render(%q) failed", tmpl, vals)
 				}
+				if strings.ContainsAny(key, "{}") {
+					t.Fatalf("%s: %q renders %q, with a brace", tmpl, vals, key)
+				}
 				if prev, ok := seen[key]; ok {
 					t.Fatalf("%s: %q and %q both render %q", tmpl, prev, vals, key)
 				}
@@ -565,5 +574,44 @@ func TestTemplateInjective(t *testing.T) {
 			}
 		}
 		fill(nil)
+	}
+}
+
+// No client's value puts a brace in a key, which would pick its Redis
+// Cluster slot: descriptors' values are escaped, and a JSON API key is
+// written as they render, braces and lone '%' refused with the reason.
+func TestKeysCarryNoBrace(t *testing.T) {
+	t.Parallel()
+	cfg, err := Parse("test.yaml", []byte("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1}\npolicies:\n  - name: a\n    limit: 1/s\n    key: '{user}'\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, ok := cfg.Domain("d").Match([]Entry{{"k", "{x}%"}})
+	if want := "k=%7Bx%7D%25"; !ok || m.Key != want {
+		t.Errorf("Envoy-format key %q, %v; want %q", m.Key, ok, want)
+	}
+	if got := EntriesKey([]Entry{{"}", "{"}}); got != "%7D=%7B" {
+		t.Errorf("EntriesKey = %q", got)
+	}
+	envoy, sluiceFormat := m.RateLimit.Policy, cfg.Policy("a")
+	for _, tt := range []struct {
+		p       *Policy
+		key     string
+		reaches bool
+		problem string
+	}{
+		{sluiceFormat, "%7Bx%7D%25", true, ""},
+		{sluiceFormat, "{x}", false, `a '{' in a key is written %7B`},
+		{sluiceFormat, "x}", false, `a '}' in a key is written %7D`},
+		{sluiceFormat, "50%off", false, `"%of" is not an escape`},
+		{envoy, "k=%7Bx%7D%25", true, ""},
+		{envoy, "k={x}%25", false, `a '{' in a key is written %7B`},
+	} {
+		if got := cfg.Reaches(tt.p, tt.key); got != tt.reaches {
+			t.Errorf("%s: Reaches(%q) = %v", tt.p.Name, tt.key, got)
+		}
+		if got := EscapeProblem(tt.key); !strings.HasPrefix(got, tt.problem) || (tt.problem == "") != (got == "") {
+			t.Errorf("EscapeProblem(%q) = %q, want %q…", tt.key, got, tt.problem)
+		}
 	}
 }

@@ -130,7 +130,7 @@ func TestIPv6PrefixReachesSluiceFormat(t *testing.T) {
 		{"perip", "2001:db8:1:2::10", "2001:db8:1:2::/64"},
 		{"perip", "2001:db8:1:2::13", "2001:db8:1:2::/64"},
 		{"perip", "::ffff:198.51.100.7", "198.51.100.7"},
-		{"perip", "fe80::1%eth0", "fe80::/64"},
+		{"perip", "fe80::1%25eth0", "fe80::/64"}, // a value's '%' is escaped
 		{"tagged", "ip:2001:db8:1:2::10:end", "ip:2001:db8:1:2::/64:end"},
 		{"tagged", "ip:2001:db8:1:2::/64:end", ""},
 		{"tagged", "2001:db8:1:2::10", ""}, // fits no descriptor's key: as before

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/sluicehq/sluice/internal/enforce"
 	"github.com/sluicehq/sluice/internal/ipkey"
 )
 
@@ -224,7 +225,7 @@ func (d *Domain) lookupPolicy(entries []Entry) (Match, bool) {
 
 // EntriesKey renders descriptor entries as a state key:
 // "key=value,key=value", with '%', ',', '=' and '|' escaped so that no two
-// descriptors share a key.
+// descriptors share a key, and '{' and '}' so that none picks its slot.
 func EntriesKey(entries []Entry) string { return entriesKey(entries, nil) }
 
 // Reaches reports whether a descriptor reaches key under p, so that a
@@ -236,8 +237,14 @@ func EntriesKey(entries []Entry) string { return entriesKey(entries, nil) }
 // Under ipv6_prefix the key must be the grouped one: a key that names one
 // address of a group (or a group written another way) is a counter no
 // Envoy request shares.
+//
+// A key with a raw brace, or a '%' that is not an escape, is one no
+// descriptor renders (EscapeProblem says why).
 func (c *Config) Reaches(p *Policy, key string) bool {
 	if !p.envoy {
+		if EscapeProblem(key) != "" {
+			return false
+		}
 		_, regrouped := p.regroup(key)
 		return !regrouped
 	}
@@ -275,17 +282,21 @@ func (c *Config) CountedKey(p *Policy, key string) (string, bool) {
 	return m.Key, true
 }
 
-// EscapeProblem says what is wrong with the %-escapes of a key written as
-// descriptor entries, "" when nothing is: EntriesKey writes each escape as
-// '%' and two upper-case hex digits, and Reaches matches only that form.
+// EscapeProblem says what is wrong with the %-escapes of a key, written
+// as descriptor entries or as a rendered key template, "" when nothing is:
+// both write each escape as '%' and two upper-case hex digits, and every
+// '{' and '}' escaped, and Reaches matches only that form.
 func EscapeProblem(key string) string {
+	if i := strings.IndexAny(key, "{}"); i >= 0 {
+		return fmt.Sprintf("a %q in a key is written %%%02X (a value's braces are escaped, so that no client picks its key's Redis Cluster slot)", key[i], key[i])
+	}
 	for i := 0; i < len(key); i++ {
 		if key[i] != '%' {
 			continue
 		}
 		if i+2 >= len(key) || !isHex(key[i+1]) || !isHex(key[i+2]) {
 			esc := key[i:min(i+3, len(key))]
-			return fmt.Sprintf("%q is not an escape: write '%%' as %%25, ',' as %%2C, '=' as %%3D, '|' as %%7C", esc)
+			return fmt.Sprintf("%q is not an escape: write '%%' as %%25, ',' as %%2C, '=' as %%3D, '|' as %%7C, '{' as %%7B, '}' as %%7D", esc)
 		}
 		if esc := key[i : i+3]; esc != strings.ToUpper(esc) {
 			return fmt.Sprintf("escape %q must be written in upper case, %q", esc, strings.ToUpper(esc))
@@ -349,10 +360,13 @@ func entriesKey(entries []Entry, shared []string) string {
 	return b.String()
 }
 
+// escapeTo writes s with '%', ',', '=' and '|' percent-escaped, so that
+// entries read back unambiguously, and '{' and '}', so that no client's
+// value makes a Redis Cluster hash tag of its key (see template).
 func escapeTo(b *strings.Builder, s string) {
 	for i := 0; i < len(s); i++ {
 		switch c := s[i]; c {
-		case '%', ',', '=', '|':
+		case '%', ',', '=', '|', '{', '}':
 			fmt.Fprintf(b, "%%%02X", c)
 		default:
 			b.WriteByte(c)
@@ -361,18 +375,24 @@ func escapeTo(b *strings.Builder, s string) {
 }
 
 // template is a key template: literal text and {variables}.
+//
+// Every value is written with '%', '{' and '}' percent-escaped
+// (enforce.EscapeKey): the template's own braces are its variables, so
+// any brace in a rendered key would be a client's, opening a Redis
+// Cluster hash tag (or ending the one redisstore wraps a key in) and so
+// choosing the key's slot.
 type template struct {
 	parts []string // literal, variable, literal, variable, ..., literal
 	vars  []string
-	// escape is, for a template of two variables or more, '%' and every
-	// byte of the literal text between variables: percent-escaped in the
-	// values of every variable but the last, so that no two descriptors
-	// render one key ("{user}:{ip}" with user "a:b" and ip "c" is
-	// "a%3Ab:c", not user "a" and ip "b:c"'s "a:b:c"). Reading a key from
-	// the left, each escaped value then ends where the next text begins
-	// (the text holds no '%', so no escape can be mistaken for it); the
-	// last value is what remains, so it needs no escaping, and an IPv6
-	// address in last place stays as it is.
+	// escape is, for a template of two variables or more, '%', '{', '}'
+	// and every byte of the literal text between variables: percent-escaped
+	// in the values of every variable but the last, so that no two
+	// descriptors render one key ("{user}:{ip}" with user "a:b" and ip "c"
+	// is "a%3Ab:c", not user "a" and ip "b:c"'s "a:b:c"). Reading a key
+	// from the left, each escaped value then ends where the next text
+	// begins (the text holds no '%', so no escape can be mistaken for it);
+	// the last value is what remains, so it needs only the escapes every
+	// value has, and an IPv6 address in last place stays as it is.
 	escape [256]bool
 }
 
@@ -420,7 +440,7 @@ func parseTemplate(s string) (*template, error) {
 				return nil, fmt.Errorf("variables {%s} and {%s} need text between them without '%%', or their values could not be told apart", t.vars[i], t.vars[i+1])
 			}
 		}
-		t.escape['%'] = true
+		t.escape['%'], t.escape['{'], t.escape['}'] = true, true, true
 		for _, lit := range t.parts[1 : len(t.parts)-1] {
 			for i := 0; i < len(lit); i++ {
 				t.escape[lit[i]] = true
@@ -473,7 +493,7 @@ func (t *template) render(entries []Entry, group *ipkey.Resolver) (string, bool)
 				value = g
 			}
 			if i == len(t.vars)-1 {
-				b.WriteString(value)
+				b.WriteString(enforce.EscapeKey(value))
 			} else {
 				t.writeValue(&b, value)
 			}
@@ -521,18 +541,16 @@ func (p *Policy) regroup(key string) (string, bool) {
 			}
 			raw = rest[:len(rest)-len(suffix)]
 		}
-		value := raw
-		if i < last {
-			if value, ok = unescape(raw); !ok {
-				return "", false
-			}
+		value, ok := unescape(raw)
+		if !ok {
+			return "", false
 		}
 		switch g, ok := groupIP(p.ipGroup, value); {
 		case ok && g != value && i < last:
 			t.writeValue(&b, g)
 			changed = true
 		case ok && g != value:
-			b.WriteString(g)
+			b.WriteString(enforce.EscapeKey(g))
 			changed = true
 		default:
 			b.WriteString(raw)

@@ -293,6 +293,12 @@ func (l *loader) overrides(p *Policy, list *yaml.Node) []Override {
 				shadowed = true
 				continue
 			}
+			// Rendered keys hold no brace and only whole escapes.
+			if s := o.Match[len(o.Match)-1]; strings.ContainsAny(s, "{}") || !strings.HasSuffix(s, "*") && EscapeProblem(s) != "" {
+				l.errorf(m, "override match %q never applies: %s", s, EscapeProblem(strings.TrimSuffix(s, "*")))
+				shadowed = true
+				continue
+			}
 			// Keys are grouped before overrides match them: a match
 			// naming one address of a group would never apply.
 			if s := o.Match[len(o.Match)-1]; !strings.HasSuffix(s, "*") {
