@@ -87,8 +87,10 @@ type tenantKey struct{}
 // pattern's wildcard ("{id}") and client-sent braces spread over the slots
 // as any key does, and layered rules are one atomic TakeAll only when the
 // user's own KeyFunc gives both keys a common tag.
+//
+// Not parallel: its cluster's six ports are then free again before the
+// parallel tests that stop and restart servers on theirs run.
 func TestClusterRequestTextNoHashTag(t *testing.T) {
-	t.Parallel()
 	hook := &scriptKeys{}
 	client := clusterClient(t, hook)
 	prefix := redistest.Prefix(t)
