@@ -163,9 +163,11 @@ func (s *Service) inFlightPolicy(name string) (*config.Policy, error) {
 	return p, nil
 }
 
-// slotKey returns the store key of key's slots under p.
+// slotKey returns the store key of key's slots under p. The key is the
+// client's, escaped as request text is (enforce.EscapeKey), so that it
+// never chooses its Redis Cluster slot with a hash tag.
 func (s *Service) slotKey(p *config.Policy, key string) string {
-	k, _ := s.keyer.Keys(s.policyBase(p), key, false)
+	k, _ := s.keyer.Keys(s.policyBase(p), enforce.EscapeKey(key), false)
 	return k
 }
 

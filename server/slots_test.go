@@ -407,3 +407,31 @@ func TestSlotsSurviveLimitChange(t *testing.T) {
 		t.Errorf("extend of a token whose policy now limits a rate: %v, want ErrSlotNotHeld (404)", err)
 	}
 }
+
+// An in-flight key is the client's: its braces never make a Redis Cluster
+// hash tag, and escaping keeps distinct keys apart.
+func TestSlotKeyCarriesNoBrace(t *testing.T) {
+	t.Parallel()
+	store := memory.New(nil)
+	t.Cleanup(func() { store.Close() })
+	svc := NewService(store, mustConfig(t, slotsConfig), &ServiceOptions{})
+	p := svc.Config().Policy("exports")
+	seen := map[string]string{}
+	for _, key := range []string{"{x}", "x}", "%7Bx%7D", "{x}%", "ann"} {
+		k := svc.slotKey(p, key)
+		if strings.ContainsAny(k, "{}") {
+			t.Errorf("key %q: store key %q holds a brace", key, k)
+		}
+		if other, dup := seen[k]; dup {
+			t.Errorf("keys %q and %q share the store key %q", key, other, k)
+		}
+		seen[k] = key
+	}
+	res, err := svc.Acquire(context.Background(), "exports", "{x}", 1, sluice.PriorityCritical)
+	if err != nil || !res.Decision.Allowed {
+		t.Fatalf("acquire {x}: %+v, %v", res.Decision, err)
+	}
+	if err := svc.Release(context.Background(), res.Token); err != nil {
+		t.Errorf("release {x}: %v", err)
+	}
+}
