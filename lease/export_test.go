@@ -20,3 +20,32 @@ func Slots(s *Store) int {
 	}
 	return n
 }
+
+// WaitSweep waits until no sweep is under way in s.
+func WaitSweep(s *Store) {
+	s.sw.mu.Lock()
+	done := s.sw.done
+	s.sw.mu.Unlock()
+	if done != nil {
+		<-done
+	}
+}
+
+// PauseSweeps makes the goroutine of each sweep s starts from now on call
+// pause before each chunk it walks.
+func PauseSweeps(s *Store, pause func()) {
+	s.sw.mu.Lock()
+	s.sw.pause = pause
+	s.sw.mu.Unlock()
+}
+
+// Sweeping reports whether a sweep is under way in s, and how many slots
+// it has walked.
+func Sweeping(s *Store) (on bool, visited int) {
+	s.sw.mu.Lock()
+	defer s.sw.mu.Unlock()
+	return s.sw.on, s.sw.visited
+}
+
+// SweepChunk is sweepChunk.
+const SweepChunk = sweepChunk

@@ -57,8 +57,15 @@
 // idle key's demand is forgotten when it is swept: when the keys held have
 // doubled, and on the clock at a request at least a second after the last
 // sweep (then only keys not asked for within their D), so that a burst's
-// keys and their memory go about D + 1 s after their last request (see
-// sweepEvery for how far apart sweeps of a large table are). Options.Size replaces all
+// keys and their memory go about D + 1 s after their last request, plus the
+// sweep's walk of the table, about 1µs per key held (see sweepEvery for how
+// far apart sweeps of a large table are). A sweep runs in a goroutine of
+// its own, which Close stops: the request that finds it due only starts it,
+// and it holds a shard's lock for 32 slots at a time (about 20µs), but to
+// shrink the shard's table once walked (about 3ns a slot: 0.1 ms a shard
+// at a million keys). A request that makes a key while the table is over
+// the size that starts a sweep walks 32 slots of it too, so that a flood of
+// new keys cannot outrun it. Options.Size replaces all
 // this with one fixed size for every key.
 //
 // # The bound
@@ -307,7 +314,7 @@ type Options struct {
 // Store is a sluice.Store that answers from leases on a sluice.Granter. It
 // is safe for concurrent use; at most one grant per key is in flight at a
 // time in one Store. Build one with New and Close it to return unused
-// units. The zero value, and a nil *Store, refuse every call with
+// units (and stop a sweep under way). The zero value, and a nil *Store, refuse every call with
 // ErrNoGranter; their Stats are zeros and their Close does nothing.
 type Store struct {
 	granter   sluice.Granter
@@ -327,9 +334,8 @@ type Store struct {
 	keys     atomic.Int64                 // leases held in all shards
 	sweepAt  atomic.Int64                 // sweep idle leases when keys reaches this
 	sweepDue atomic.Int64                 // or when now (ns) reaches this: see sweepEvery
-	sweeping sync.Mutex                   // one sweep at a time
-	sweptTo  int64                        // keys left by the last sweep, under sweeping
-	churnTo  int64                        // until then (ns) sweeps may find keys idle, under sweeping
+	assistAt atomic.Int64                 // a key made while keys reaches this walks a chunk of the sweep
+	sw       sweeper
 
 	grants, granted, returned, lost, forfeited atomic.Uint64
 }
@@ -401,7 +407,7 @@ const minSweep = 10_000
 // beside those the table's growth starts, so that the memory of a burst of
 // keys is given back once they are idle, as the table shrinks (Table.Fit)
 // only in a sweep. A sweep visits every key (about 1µs each), so the next
-// one waits churnCost times as long as the last one took while keys may
+// one waits churnCost times as long as walking the last one took while keys may
 // turn idle (for the longest D, plus sweepEvery, after a sweep that found
 // the table a quarter larger than the last one left it, or freed a
 // quarter of it: the work is paid for by that many keys come or gone),
@@ -567,6 +573,7 @@ func New(g sluice.Granter, opts *Options) (*Store, error) {
 	s := &Store{granter: g, staleness: o.MaxStaleness, stale: o.For, size: o.Size, fleet: o.FleetSize, clock: o.Clock, base: base, baseNS: base.UnixNano(), seed: maphash.MakeSeed(), shards: make([]shard, shardCount), ids: map[sluice.Limit]*limitID{}}
 	s.sweepAt.Store(minSweep)
 	s.sweepDue.Store(s.now() + int64(sweepEvery))
+	s.assistAt.Store(math.MaxInt64)
 	return s, nil
 }
 
@@ -722,14 +729,17 @@ func (s *Store) id(limit sluice.Limit) uint32 {
 }
 
 // lease returns key's lease under limit (id) in sh, which must be locked,
-// with its hot part, making one if needed; limit must have been validated.
-func (s *Store) lease(sh *shard, tag, id uint32, key string, limit sluice.Limit) *hot {
+// with its hot part, making one if needed (made), its refill locked, so
+// that a sweep does not forget it before its first refill; limit must
+// have been validated.
+func (s *Store) lease(sh *shard, tag, id uint32, key string, limit sluice.Limit) (_ *hot, made bool) {
 	if h := sh.leases.FindKind(tag, id, key); h != nil {
-		return h
+		return h, false
 	}
 	l := &lease{sh: sh, key: key, tag: tag, id: id, limit: limit, capacity: limit.Capacity(), refilling: &refilling{refill: newLock()}}
+	l.refill.Lock()
 	s.keys.Add(1)
-	return sh.leases.AddKind(tag, id, key, hot{l: l})
+	return sh.leases.AddKind(tag, id, key, hot{l: l}), true
 }
 
 // drop forgets l, whose shard must be locked.
@@ -742,64 +752,215 @@ func (s *Store) drop(l *lease) {
 	s.keys.Add(-1)
 }
 
-// sweep forgets the leases that are idle: nothing to spend, no denial to
-// remember, no call in flight. An expired lease's unused units are left
-// with it: stranded, they can only lower admissions. It runs when the
-// leases held have doubled since the last sweep, so its cost per new key
-// is constant, and on the clock (timed: see sweepEvery), when it forgets
-// only keys not asked for within their D, whose demand has mostly decayed,
-// so that a key asked for less often than every sweepEvery keeps it.
-func (s *Store) sweep(timed bool) {
-	if !s.sweeping.TryLock() {
+// sweeper is the progress of a sweep, which forgets the leases that are
+// idle: nothing to spend, no denial to remember, no call in flight. An
+// expired lease's unused units are left with it: stranded, they can only
+// lower admissions. A sweep starts when the leases held have doubled
+// since the last one, so its cost per new key is constant, and on the
+// clock (timed: see sweepEvery), when it forgets only keys not asked for
+// within their D, whose demand has mostly decayed, so that a key asked for
+// less often than every sweepEvery keeps it.
+//
+// The request that finds a sweep due starts it; a goroutine of its own
+// walks it, sweepChunk slots of one shard at a time, the shards in turn,
+// and exits when it is done (or Close stops it). A table of a million keys
+// takes about a second to walk: in one request, as it was, that request
+// paid all of it and the others on the shard being swept waited for a
+// sixty-fourth of it. A table of a few keys is walked by that request. A
+// sweep forgets the keys idle when it started. A request that makes a key
+// while the table is over its growth threshold walks one chunk itself, so
+// that a flood of new keys pays for the sweep it makes due and cannot
+// outrun it. A key that a shard's growth moves during a sweep may be
+// passed over: the next sweep has it.
+type sweeper struct {
+	mu      sync.Mutex      // held while a chunk is walked; guards the rest
+	on      bool            // a sweep is under way
+	timed   bool            // it forgets only keys not asked for within their D
+	now     int64           // when it started: it forgets the keys idle then
+	stop    bool            // Close: end it where it is
+	done    chan struct{}   // closed when its goroutine has exited
+	pos     [shardCount]int // each shard's next slot to walk; -1 once walked
+	next    int             // the shard to walk a chunk of next
+	left    int             // shards not yet walked
+	seen    int64           // keys held when it started
+	freed   int64           // keys it forgot
+	longest time.Duration   // the longest D of a key it kept
+	work    time.Duration   // time spent walking its chunks
+	visited int             // slots walked
+	sweptTo int64           // keys left by the last sweep
+	churnTo int64           // until then (ns) sweeps may find keys idle
+	pause   func()          // tests: called by the goroutine before each chunk
+}
+
+// sweepChunk is how many slots of one shard a sweep walks under the
+// shard's lock, and the most a request walks for it: about 1µs per live
+// slot on a busy host (a cache miss or two each), far less per empty one.
+const sweepChunk = 32
+
+// sweepIfDue starts a sweep when the table has doubled or the clock says
+// so.
+func (s *Store) sweepIfDue() {
+	if s.keys.Load() >= s.sweepAt.Load() {
+		s.startSweep(false)
+	} else if s.now() >= s.sweepDue.Load() {
+		s.startSweep(true)
+	}
+}
+
+// startSweep starts a sweep in a goroutine of its own unless one is under
+// way.
+func (s *Store) startSweep(timed bool) {
+	w := &s.sw
+	if !w.mu.TryLock() {
+		return // a chunk is being walked: a sweep is under way
+	}
+	defer w.mu.Unlock()
+	if w.on {
 		return
 	}
-	defer s.sweeping.Unlock()
-	start := time.Now()
-	now := s.now()
-	seen, freed, longest := s.keys.Load(), int64(0), time.Duration(0)
+	w.on, w.timed, w.stop, w.now = true, timed, false, s.now()
+	w.pos, w.next, w.left = [shardCount]int{}, 0, shardCount
+	w.seen, w.freed, w.longest, w.work, w.visited = s.keys.Load(), 0, 0, 0, 0
+	// Until it ends, no request starts another or leaves the fast path for
+	// it; one that makes a key while the table is over its threshold walks
+	// a chunk.
+	s.assistAt.Store(s.sweepAt.Load())
+	s.sweepAt.Store(math.MaxInt64)
+	s.sweepDue.Store(math.MaxInt64)
+	if s.small() {
+		// A chunk's worth: walked here, without a goroutine, and in order
+		// with the requests (a test's schedule replays alike).
+		for s.sweepChunk(); w.left > 0; s.sweepChunk() {
+		}
+		s.endSweep()
+		return
+	}
+	w.done = make(chan struct{})
+	go s.sweepAll(w.done, w.pause)
+}
+
+// small reports whether the table's keys and slots are few enough to walk
+// in one chunk's time.
+func (s *Store) small() bool {
+	if s.keys.Load() > sweepChunk {
+		return false
+	}
+	slots := 0
 	for i := range s.shards {
 		sh := &s.shards[i]
 		sh.mu.Lock()
-		for i := range sh.leases.Slots() {
-			if !sh.leases.Live(i) {
-				continue
-			}
-			h := sh.leases.At(i)
-			l := h.l
-			if !l.refill.TryLock() {
-				continue
-			}
-			if !h.live(now) && now >= l.deny && (!timed || now-l.folded >= int64(l.foldD)) {
-				h.leave()
-				sh.leases.Bury(i)
-				s.keys.Add(-1)
-				freed++
-			} else {
-				longest = max(longest, l.foldD)
-			}
-			l.refill.Unlock()
-		}
-		sh.leases.Fit()
+		slots += sh.leases.Slots()
 		sh.mu.Unlock()
 	}
-	if !timed || 4*(seen-s.sweptTo) >= s.sweptTo || 4*freed >= seen {
-		s.churnTo = now + int64(longest+sweepEvery)
+	return slots <= 32*sweepChunk
+}
+
+// sweepAll walks the sweep under way to its end.
+func (s *Store) sweepAll(done chan struct{}, pause func()) {
+	defer close(done)
+	for {
+		if pause != nil {
+			pause()
+		}
+		if !s.sweepStep() {
+			return
+		}
 	}
-	s.sweptTo = s.keys.Load()
-	s.sweepAt.Store(max(minSweep, 2*s.sweptTo))
-	wait := sweepCost * time.Since(start)
-	if now < s.churnTo {
-		wait = churnCost * time.Since(start)
+}
+
+// sweepStep walks the next chunk of the sweep under way, if any, and
+// reports whether more is left.
+func (s *Store) sweepStep() bool {
+	w := &s.sw
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if !w.on {
+		return false
+	}
+	if !w.stop {
+		s.sweepChunk()
+		if w.left > 0 {
+			return true
+		}
+	}
+	s.endSweep()
+	return false
+}
+
+// sweepChunk walks up to sweepChunk slots of the next shard not yet
+// walked, forgetting the keys idle at the sweep's start there, and shrinks
+// the shard's table (Table.Fit) once it has walked all of it. s.sw.mu must
+// be held.
+func (s *Store) sweepChunk() {
+	w := &s.sw
+	start, now := time.Now(), w.now
+	defer func() { w.work += time.Since(start) }()
+	i := w.next
+	for w.pos[i] < 0 {
+		i = (i + 1) % shardCount
+	}
+	w.next = (i + 1) % shardCount
+	sh := &s.shards[i]
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	j := w.pos[i]
+	for end := min(j+sweepChunk, sh.leases.Slots()); j < end; j++ {
+		w.visited++
+		if !sh.leases.Live(j) {
+			continue
+		}
+		h := sh.leases.At(j)
+		l := h.l
+		if !l.refill.TryLock() {
+			continue
+		}
+		if !h.live(now) && now >= l.deny && (!w.timed || now-l.folded >= int64(l.foldD)) {
+			h.leave()
+			sh.leases.Bury(j)
+			s.keys.Add(-1)
+			w.freed++
+		} else {
+			w.longest = max(w.longest, l.foldD)
+		}
+		l.refill.Unlock()
+	}
+	if j < sh.leases.Slots() {
+		w.pos[i] = j
+		return
+	}
+	sh.leases.Fit()
+	w.pos[i], w.left = -1, w.left-1
+}
+
+// endSweep ends the sweep under way and sets when the next is due. s.sw.mu
+// must be held.
+func (s *Store) endSweep() {
+	w := &s.sw
+	now := w.now
+	w.on = false
+	if !w.timed || 4*(w.seen-w.sweptTo) >= w.sweptTo || 4*w.freed >= w.seen {
+		w.churnTo = now + int64(w.longest+sweepEvery)
+	}
+	w.sweptTo = s.keys.Load()
+	s.assistAt.Store(math.MaxInt64)
+	s.sweepAt.Store(max(minSweep, 2*w.sweptTo))
+	wait := sweepCost * w.work
+	if now < w.churnTo {
+		wait = churnCost * w.work
 	}
 	s.sweepDue.Store(now + int64(max(sweepEvery, wait)))
 }
 
-// sweepIfDue sweeps when the table has doubled or the clock says so.
-func (s *Store) sweepIfDue() {
-	if s.keys.Load() >= s.sweepAt.Load() {
-		s.sweep(false)
-	} else if s.now() >= s.sweepDue.Load() {
-		s.sweep(true)
+// stopSweep ends the sweep under way, if any, and waits for its goroutine
+// to exit.
+func (s *Store) stopSweep() {
+	w := &s.sw
+	w.mu.Lock()
+	w.stop = true
+	done := w.done
+	w.mu.Unlock()
+	if done != nil {
+		<-done
 	}
 }
 
@@ -958,6 +1119,7 @@ func (s *Store) spend(ctx context.Context, key string, limit sluice.Limit, cost 
 	id := s.knownID(limit)
 	sh.mu.Lock()
 	var h *hot
+	made := false
 	if id != 0 {
 		h = sh.leases.FindKind(tag, id, key)
 	}
@@ -969,8 +1131,11 @@ func (s *Store) spend(ctx context.Context, key string, limit sluice.Limit, cost 
 		if id = s.id(limit); id == 0 {
 			return sluice.Decision{}, nil, leftover{}, leftover{}, true, nil
 		}
+		if h == nil && s.keys.Load() >= s.assistAt.Load() {
+			s.sweepStep() // a flood of new keys pays for the sweep it made due
+		}
 		sh.mu.Lock()
-		h = s.lease(sh, tag, id, key, limit)
+		h, made = s.lease(sh, tag, id, key, limit)
 	}
 	l := h.l
 	now := s.now()
@@ -979,12 +1144,15 @@ func (s *Store) spend(ctx context.Context, key string, limit sluice.Limit, cost 
 		l.asked += cost // not spent from units, which counts itself
 	}
 	if ok {
+		if made {
+			l.refill.Unlock()
+		}
 		sh.mu.Unlock()
 		return d, l, got, leftover{}, false, nil
 	}
 	failed, grants := l.failed, l.gen
 	sh.mu.Unlock()
-	d, got, left, exact, err := s.refill(ctx, l, key, limit, cost, stale, force, topUp, failed, grants)
+	d, got, left, exact, err := s.refill(ctx, l, key, limit, cost, stale, force, topUp, made, failed, grants)
 	return d, l, got, left, exact, err
 }
 
@@ -1018,11 +1186,14 @@ func (h *hot) remembered(cost, now int64) (sluice.Decision, bool) {
 // back what is left and asking the store for a new grant, or (exact) by
 // the store's Take. left.units > 0 (with exact): that Take is to be of
 // cost − left.units, the lease's last units being spent with it (topUp).
-// got: the lease's units an admission spent. failed and grants are
-// l.failed and l.gen when the request began to wait.
-func (s *Store) refill(ctx context.Context, l *lease, key string, limit sluice.Limit, cost int64, stale time.Duration, force, topUp bool, failed, grants uint64) (_ sluice.Decision, got, _ leftover, exact bool, _ error) {
-	if err := l.refill.lockCtx(ctx); err != nil {
-		return sluice.Decision{}, leftover{}, leftover{}, false, fmt.Errorf("lease: waiting for the key's grant: %w", err)
+// got: the lease's units an admission spent. held: the caller made l and
+// holds its refill already. failed and grants are l.failed and l.gen when
+// the request began to wait.
+func (s *Store) refill(ctx context.Context, l *lease, key string, limit sluice.Limit, cost int64, stale time.Duration, force, topUp, held bool, failed, grants uint64) (_ sluice.Decision, got, _ leftover, exact bool, _ error) {
+	if !held {
+		if err := l.refill.lockCtx(ctx); err != nil {
+			return sluice.Decision{}, leftover{}, leftover{}, false, fmt.Errorf("lease: waiting for the key's grant: %w", err)
+		}
 	}
 	defer l.refill.Unlock()
 	if err := ctx.Err(); err != nil {
@@ -2040,6 +2211,7 @@ func (s *Store) Close(ctx context.Context) error {
 		return nil
 	}
 	ctx = ctxutil.OrBackground(ctx)
+	s.stopSweep()
 	var errs []error
 	for i := range s.shards {
 		sh := &s.shards[i]
