@@ -470,6 +470,7 @@ type lease struct {
 	failed   uint64       // counts grants, regrants and returns that failed
 	failErr  error        // the last failure's error
 	byPolicy bool         // a failure policy answers for it (resilient.ErrNoGrant)
+	granting bool         // a grant is out: its units will replace the lease's (see restore)
 	// asked is the units asked since folded, not yet in demand, but those
 	// spent from units since mark was set: the local path counts nothing,
 	// and fold adds mark − units.
@@ -1275,6 +1276,7 @@ func (s *Store) refill(ctx context.Context, l *lease, key string, limit sluice.L
 	// would make the store deny what an exact limiter admits.
 	old, unused := l.grant, h.units
 	l.setUnits(h, 0)
+	l.granting = !toStore
 	sh.mu.Unlock()
 	// A granter that can regrant takes the return and the grant in one
 	// call: one round trip for a refill, where the request (and those
@@ -1283,6 +1285,9 @@ func (s *Store) refill(ctx context.Context, l *lease, key string, limit sluice.L
 	one = one && unused > 0 && !toStore
 	if !one {
 		held, err := s.giveBack(ctx, key, limit, old, unused)
+		if held || err != nil {
+			l.doneGranting() // none is sent
+		}
 		if held {
 			// The store did not answer the return: a grant now would most
 			// likely wait as long again before the policy answers.
@@ -1310,6 +1315,9 @@ func (s *Store) refill(ctx context.Context, l *lease, key string, limit sluice.L
 	} else {
 		g, err = s.granter.Grant(ctx, key, limit, max(n, cost))
 	}
+	if err != nil {
+		l.doneGranting()
+	}
 	if !errors.Is(err, resilient.ErrNotSent) {
 		s.grants.Add(1)
 	}
@@ -1336,6 +1344,7 @@ func (s *Store) refill(ctx context.Context, l *lease, key string, limit sluice.L
 	s.granted.Add(uint64(g.Granted))
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
+	l.granting = false
 	h = l.hot() // the table may have moved it
 	h.reset = sent + int64(g.ResetAfter)
 	if g.Granted == 0 {
@@ -1672,7 +1681,9 @@ func (l *lease) restore(gen uint64, cost int64, local bool) bool {
 	if local {
 		l.sh.local-- // no decision was made after all
 	}
-	if l.gen != gen {
+	if l.gen != gen || l.granting {
+		// A grant under way would land on them: their grant's units go
+		// back to the store.
 		return false
 	}
 	h := l.hot()
@@ -2166,6 +2177,13 @@ func (s *Store) settle(ctx context.Context, l *lease, key string, limit sluice.L
 // for the requests waiting for l's
 // refill lock, which the caller holds. A call that failed for its own context
 // says nothing of the store: those waiting call it themselves.
+// doneGranting records that l's grant is back, or was never sent.
+func (l *lease) doneGranting() {
+	l.sh.mu.Lock()
+	l.granting = false
+	l.sh.mu.Unlock()
+}
+
 func (l *lease) fail(ctx context.Context, err error, byPolicy bool) {
 	if !byPolicy && ctx.Err() != nil {
 		return
