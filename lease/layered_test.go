@@ -197,6 +197,7 @@ type gated struct {
 	*memory.Store
 	mu    sync.Mutex
 	gates map[string]chan struct{}
+	takes map[string]chan struct{}
 	held  chan string
 }
 
@@ -208,6 +209,19 @@ func (g *gated) wait(key string) {
 		g.held <- key
 		<-gate
 	}
+}
+
+// Take holds the first Take of a key in takes until its gate opens.
+func (g *gated) Take(ctx context.Context, key string, l sluice.Limit, cost int64) (sluice.Decision, error) {
+	g.mu.Lock()
+	gate := g.takes[key]
+	delete(g.takes, key)
+	g.mu.Unlock()
+	if gate != nil {
+		g.held <- key
+		<-gate
+	}
+	return g.Store.Take(ctx, key, l, cost)
 }
 
 func (g *gated) Grant(ctx context.Context, key string, l sluice.Limit, n int64) (sluice.Grant, error) {
@@ -268,5 +282,46 @@ func TestPutBackDuringGrant(t *testing.T) {
 	// Two units admitted on a frozen clock, every unused one given back.
 	if d, err := m.Peek(ctx, "g", lg, 1); err != nil || d.Remaining != 98 {
 		t.Fatalf("g in the store after Close: %+v, %v; want 98 left (100 less the 2 admitted)", d, err)
+	}
+}
+
+// While a top-up has a live lease's last units out, with the store's Take
+// of the rest, another request on the key goes to the store's Take rather
+// than a new grant: when the store denies the rest, the units go back into
+// the lease. A new grant replaced the lease, and they went back to the
+// store under the return rule, which kept them; under closed-loop overload
+// that was what was left of layered checks' loss (TestLayeredClosedLoop).
+func TestTopUpKeepsLease(t *testing.T) {
+	t.Parallel()
+	clock := storetest.NewClock(storetest.T0)
+	m := newMemory(t, clock)
+	g := &gated{Store: m, takes: map[string]chan struct{}{}, held: make(chan string)}
+	s := newLease(t, g, clock, time.Second, 4)
+	l := sluice.PerSecond(10) // one unit per 100 ms
+	take(t, s, "k", l, 1)     // a lease of 4, 3 left
+	take(t, s, "k", l, 2)     // 1 left
+	if d, err := m.Take(ctx, "k", l, 6); err != nil || !d.Allowed {
+		t.Fatal(d, err) // the store is empty
+	}
+	clock.Advance(250 * time.Millisecond) // 2 units back in the store; the lease lives
+	gate := make(chan struct{})
+	g.takes["k"] = gate
+	first := make(chan sluice.Decision)
+	go func() { first <- take(t, s, "k", l, 3) }() // the lease's 1 and 2 from the store
+	if k := <-g.held; k != "k" {
+		t.Fatalf("held %s's Take", k)
+	}
+	if d := take(t, s, "k", l, 1); !d.Allowed {
+		t.Fatalf("a take while the top-up is out: %+v, want allowed", d)
+	}
+	close(gate) // 1 unit left in the store: the top-up is denied
+	if d := <-first; d.Allowed {
+		t.Fatalf("the top-up: %+v, want denied", d)
+	}
+	if st := s.Stats(); st.Forfeited != 0 || st.Grants != 1 {
+		t.Fatalf("%+v: want one grant, nothing forfeited", st)
+	}
+	if d := take(t, s, "k", l, 1); !d.Allowed || d.Source != sluice.SourceLease {
+		t.Fatalf("after the top-up: %+v, want the lease's unit", d)
 	}
 }

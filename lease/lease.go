@@ -20,7 +20,10 @@
 // returned, which would lose one per Interval of the lease's age: that
 // request spends them with the store's exact Take of the rest, at one
 // instant within the lease's life, and the next request is granted; when
-// the store denies the rest, they stay for smaller requests. When that
+// the store denies the rest, they stay for smaller requests (while that
+// Take is out, the key's other requests in the process go to the store's
+// Take too: a new grant would replace the lease, and they would go back
+// less one unit per Interval of their age). When that
 // Take comes back after the lease's life, they cannot be spent (the store
 // may have taken its units after the lease ended): they go back under the
 // return rule, and the request takes as many from the store too, exactly
@@ -471,6 +474,8 @@ type lease struct {
 	failErr  error        // the last failure's error
 	byPolicy bool         // a failure policy answers for it (resilient.ErrNoGrant)
 	granting bool         // a grant is out: its units will replace the lease's (see restore)
+	out      int64        // units of grant outGen that top-ups have out
+	outGen   uint64
 	// asked is the units asked since folded, not yet in demand, but those
 	// spent from units since mark was set: the local path counts nothing,
 	// and fold adds mark − units.
@@ -1248,7 +1253,12 @@ func (s *Store) refill(ctx context.Context, l *lease, key string, limit sluice.L
 	// lose units to the return rule each time, and such a request could
 	// wait forever. After D the key is leased again.
 	short := !force && l.short > 0 && cost >= l.short && now < l.shortEnd
-	toStore := !force && (n == 0 || short)
+	// While a top-up (below) has the live lease's last units out, the
+	// store's Take answers: a new grant would replace the lease, and the
+	// units, when the store denies the rest, would go back less the return
+	// rule's share (under overload, all of them).
+	pending := l.out > 0 && l.outGen == l.gen && now <= h.stop
+	toStore := !force && (n == 0 || short || pending)
 	// A live lease's last units, too few for cost, are spent on this
 	// request with the store's exact Take of the rest, rather than
 	// returned less one per Interval of the lease's age (or, windowed,
@@ -1263,6 +1273,10 @@ func (s *Store) refill(ctx context.Context, l *lease, key string, limit sluice.L
 	strand := stranded(h, limit, cost, now)
 	if strand && topUp {
 		left := leftover{h.units, l.gen, h.stop, l.grant, false}
+		if l.outGen != l.gen {
+			l.out = 0
+		}
+		l.out, l.outGen = l.out+left.units, l.gen
 		l.setUnits(h, 0)
 		sh.mu.Unlock()
 		return sluice.Decision{}, leftover{}, left, true, nil
@@ -1428,6 +1442,7 @@ type leftover struct {
 // their lease's life, and otherwise put back (a request the store denies).
 // A Take that comes back after their lease's life is finished by finish.
 func (s *Store) topUp(ctx context.Context, l *lease, left leftover, key string, limit sluice.Limit, cost int64, stale time.Duration) (sluice.Decision, error) {
+	defer l.toppedUp(left)
 	t := topped{req: sluice.Request{Key: key, Limit: limit, Cost: cost}, l: l, left: left, stale: stale}
 	t.first.sent = s.now()
 	d, err := s.granter.Take(ctx, key, limit, cost-left.units)
@@ -1844,6 +1859,11 @@ func (s *Store) TakeAll(ctx context.Context, reqs []sluice.Request) ([]sluice.De
 	var exact []sluice.Request
 	var at []int
 	var tops []topped
+	defer func() {
+		for _, t := range tops {
+			t.l.toppedUp(t.left)
+		}
+	}()
 	var topAt []int // each top-up's index in reqs
 	// putLeft puts the units of the top-ups back, which the requests
 	// could not spend (a failed call, or another check's denial).
@@ -2177,6 +2197,15 @@ func (s *Store) settle(ctx context.Context, l *lease, key string, limit sluice.L
 // for the requests waiting for l's
 // refill lock, which the caller holds. A call that failed for its own context
 // says nothing of the store: those waiting call it themselves.
+// toppedUp records that a top-up's units, left, are spent or put back.
+func (l *lease) toppedUp(left leftover) {
+	l.sh.mu.Lock()
+	if l.outGen == left.gen {
+		l.out -= left.units
+	}
+	l.sh.mu.Unlock()
+}
+
 // doneGranting records that l's grant is back, or was never sent.
 func (l *lease) doneGranting() {
 	l.sh.mu.Lock()

@@ -2134,9 +2134,11 @@ func TestTakeAllTopUpBackAfterLease(t *testing.T) {
 }
 
 // A lease's last units that a request could not spend with the store's
-// (it denied the rest) go back into the lease; when the lease was
-// refilled meanwhile, by another request while that Take was on its way,
-// they go back to the store under the return rule, not into nothing.
+// (it denied the rest) go back into the lease. Another request of the
+// process, while that Take is on its way, finds the lease empty and goes
+// to the store's Take: a new grant would replace the lease, and the units
+// would go back to the store under the return rule, which keeps one per
+// Interval of their age.
 func TestTopUpUnitsBackAfterRefill(t *testing.T) {
 	t.Parallel()
 	l := sluice.Limit{Rate: 10, Period: time.Second, Burst: 20}
@@ -2149,20 +2151,23 @@ func TestTopUpUnitsBackAfterRefill(t *testing.T) {
 		m.Take(ctx, "k", l, 10) // elsewhere: the store is empty
 		clock.Advance(100 * time.Millisecond)
 		// Another request of this process, on the lease the first one
-		// emptied: a grant of the one unit back.
-		if dec := take(t, s, "k", l, 1); !dec.Allowed {
-			t.Errorf("Take(1) during the first Take = %+v", dec)
+		// emptied: the store's Take of the one unit back.
+		if dec := take(t, s, "k", l, 1); !dec.Allowed || dec.Source != sluice.SourceBackend {
+			t.Errorf("Take(1) during the first Take = %+v, want the store's", dec)
 		}
 	}
 	if dec := take(t, s, "k", l, 8); dec.Allowed { // Take(3): none there
 		t.Fatalf("Take(8) = %+v; want denied", dec)
 	}
-	// The 5 went back at age 100ms: 4 in the store.
-	if p, err := m.Peek(ctx, "k", l, 4); err != nil || !p.Allowed {
-		t.Fatalf("store: %+v, %v; want the 5 returned less one Interval: 4", p, err)
+	if st := s.Stats(); st.Grants != 1 || st.Forfeited != 0 {
+		t.Fatalf("%+v: want one grant, nothing forfeited", st)
 	}
-	if p, err := m.Peek(ctx, "k", l, 5); err != nil || p.Allowed {
-		t.Fatalf("store: %+v, %v; want the 5 returned less one Interval: 4", p, err)
+	// The 5 are the lease's again; the store has none.
+	if dec := take(t, s, "k", l, 5); !dec.Allowed || dec.Source != sluice.SourceLease {
+		t.Fatalf("Take(5) = %+v; want the lease's", dec)
+	}
+	if p, err := m.Peek(ctx, "k", l, 1); err != nil || p.Allowed {
+		t.Fatalf("store: %+v, %v; want none left", p, err)
 	}
 }
 
