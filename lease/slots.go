@@ -46,9 +46,18 @@ func (s *Store) Release(ctx context.Context, key string, holder string) (bool, e
 // (sluice.ReleaseAbandoned), so that a failure policy under the leases
 // sends it past its breaker as it would without them.
 func (s *Store) AbandonSlot(key, holder string) {
-	if st, err := s.slots(); err == nil {
-		sluice.ReleaseAbandoned(st, key, holder)
+	_ = s.TryAbandonSlot(key, holder)
+}
+
+// TryAbandonSlot is AbandonSlot that reports a release it could not start
+// (sluice.TryReleaseAbandoned: sluice.ErrRetriesFull), so that the caller
+// counts it; ErrNoGranter or ErrNoSlots when there is no granter's slots.
+func (s *Store) TryAbandonSlot(key, holder string) error {
+	st, err := s.slots()
+	if err != nil {
+		return err
 	}
+	return sluice.TryReleaseAbandoned(st, key, holder)
 }
 
 func (s *Store) slots() (sluice.Slots, error) {
