@@ -5,10 +5,12 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -150,9 +152,28 @@ func TestServerClusterReshardingCause(t *testing.T) {
 	srv := runServer(t, Options{ConfigFile: cfg, RedisURL: cl.URL(), FailurePolicy: fp,
 		StoreCheckInterval: 50 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	p := &proc{http: srv.HTTPAddr(), grpc: srv.GRPCAddr()}
-	check := func() int { // a demand the key is leased for: 10 units a request
-		code, _ := p.post(t, "/v1/check", `{"policy":"hot","key":"k","cost":10}`)
-		return code
+	// A demand the key is leased for: 10 units a request, 8 at once, so
+	// that it is hot however slowly a loaded machine answers each one.
+	check := func() int {
+		var wg sync.WaitGroup
+		codes := make([]int, 8)
+		for i := range codes {
+			wg.Go(func() {
+				resp, err := http.Post("http://"+p.http+"/v1/check", "application/json", strings.NewReader(`{"policy":"hot","key":"k","cost":10}`))
+				if err != nil {
+					return
+				}
+				resp.Body.Close()
+				codes[i] = resp.StatusCode
+			})
+		}
+		wg.Wait()
+		for _, c := range codes {
+			if c != http.StatusOK {
+				return c
+			}
+		}
+		return http.StatusOK
 	}
 	grants := func() float64 {
 		_, body := p.get(t, "/metrics")
