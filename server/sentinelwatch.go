@@ -24,7 +24,7 @@ const (
 	sentinelPingTimeout = 250 * time.Millisecond
 )
 
-const sentinelSwitchMsg = "redis: sentinel switched master; probing Redis now"
+const sentinelSwitchMsg = "redis: sentinel switched master"
 
 // sentinelFailoverOptions returns the failover options of a Sentinel
 // --redis URL, and nil for any other (or a URL newRedisClient refuses).

@@ -147,6 +147,23 @@ func TestKeyer(t *testing.T) {
 	}
 }
 
+// A rule's name never gives its keys a Redis Cluster hash tag: the key's
+// own tag (a user's, to keep layered rules on one slot) is the first.
+func TestKeyerNameCarriesNoBrace(t *testing.T) {
+	t.Parallel()
+	k := NewKeyer("p:", nil)
+	a, _ := k.Keys(k.LimitStem(k.Base("api{v1}"), sluice.PerMinute(10)), "{tenant42}:u", false)
+	b, _ := k.Keys(k.LimitStem(k.Base("ip"), sluice.PerMinute(10)), "{tenant42}:u", false)
+	for _, key := range []string{a, b} {
+		if i := strings.IndexByte(key, '{'); i < 0 || !strings.HasPrefix(key[i:], "{tenant42}") {
+			t.Errorf("key %q: its first tag is not the key's own {tenant42}", key)
+		}
+	}
+	if k.Base("a{b") == k.Base("a%7Bb") {
+		t.Errorf("names a{b and a%%7Bb share the stem %q", k.Base("a{b"))
+	}
+}
+
 // A rule's keys belong to its limit: two limits of one rule (a reload, or
 // a fleet mid-rollout) never share a counter, nor a block, while equal
 // limits written differently do; the keys of both still name the rule.

@@ -28,7 +28,9 @@ const KeyVersion = "v3:"
 // one limit is never read under another, which would take it for stale
 // and start afresh (a reload, or instances of a fleet holding different
 // limits mid-rollout, resetting each other on every request). The name is
-// escaped ('%', ':', '#', '!' and '@' become %XX), so the first of ':',
+// escaped ('%', ':', '#', '!' and '@' become %XX, and '{' and '}' too, so
+// that a name never holds a Redis Cluster hash tag that would override the
+// key's own), so the first of ':',
 // '#', '!' and '@' after the tag ends it, and no two distinct (rule, limit,
 // key) triples, nor a key and a block key, share a store key. A name too
 // long for its keys to fit sluice.MaxKeyLen with a hashed key is itself
@@ -68,7 +70,7 @@ func (k *Keyer) Base(rule string) string {
 	b.WriteString(KeyVersion)
 	for i := 0; i < len(rule); i++ {
 		switch c := rule[i]; c {
-		case '%', ':', '#', '!', '@':
+		case '%', ':', '#', '!', '@', '{', '}':
 			const hexDigits = "0123456789ABCDEF"
 			b.WriteByte('%')
 			b.WriteByte(hexDigits[c>>4])
