@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"slices"
 	"sync"
@@ -45,6 +46,10 @@ type batcher struct {
 	group    func(key string) string
 
 	slow *slowLog // nil: no line for hurried calls
+	// log, when set, receives the lanes' stall lines (stallLog); stalls
+	// counts their switches.
+	log    *slog.Logger
+	stalls *atomic.Int64
 
 	// most is how many slots a lane may take, hurried calls' included;
 	// read from the client at the first hurried call (New does not touch
@@ -70,6 +75,18 @@ type lane struct {
 	busy  int          // slots taken
 	queue []*call      // waiting calls, oldest first; non-empty only when busy >= inFlight
 	rtt   atomic.Int64 // smoothed round trip of the lane's sends, ns; 0 before the first
+	// answered is rtt of the sends answered only, rising faster: how late
+	// a reply may still come (sendContext). Cut-off sends would raise it
+	// to the cut.
+	answered atomic.Int64
+	// stalled: the lane's latest send was cut off unanswered, none
+	// answered since (Redis stopped, a dead link). The lane then sends one
+	// batch at a time, dials nothing ahead, and hurried calls queue: each
+	// send holds a connection until its deadline and the next dials anew,
+	// so more at once only churned connections.
+	stalled atomic.Bool
+	stall   *stallLog     // nil: no lines
+	probe   chan struct{} // the unbatched calls' one send while stalled (gate)
 
 	// node is the server the lane's calls go to, to dial ahead on (see
 	// ahead); nil: none known (a cluster's calls whose master is not).
@@ -92,6 +109,14 @@ func newBatcher(client redis.UniversalClient, maxBatch, inFlight int) *batcher {
 		b.lane.node = client
 	}
 	return b
+}
+
+// stallLog returns the stall lines of a lane of node ("": the one server).
+func (b *batcher) stallLog(node string) *stallLog {
+	if b.log == nil {
+		return nil
+	}
+	return &stallLog{log: b.log, count: b.stalls, node: node}
 }
 
 // poolSize is how many connections client keeps to a server (each node, on
@@ -135,7 +160,7 @@ func (l *lane) hurried(budget time.Duration) bool {
 // concurrency would time out on it. It has the deadline of a send for a
 // caller with budget left.
 func (l *lane) ahead(budget time.Duration) {
-	ctx, cancel := sendContext(context.Background(), budget)
+	ctx, cancel := sendContext(context.Background(), budget, l.answeredRTT())
 	defer cancel()
 	defer func() {
 		l.mu.Lock()
@@ -201,11 +226,56 @@ func timedOut(err error) bool {
 	return errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &nerr) && nerr.Timeout())
 }
 
+// gate lets an unbatched call of l send: at once, or while l is stalled
+// once no other such call is on the wire, as the batched calls go one
+// batch at a time. It returns ctx's error if ctx ends first, the call
+// never sent; else done, to call once the send has returned.
+func (l *lane) gate(ctx context.Context) (done func(), err error) {
+	if l.probe == nil || !l.stalled.Load() {
+		return func() {}, nil
+	}
+	select {
+	case l.probe <- struct{}{}:
+		if err := ended(ctx); err != nil {
+			<-l.probe
+			return nil, err
+		}
+		return func() { <-l.probe }, nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+// seen sets whether l is stalled from the end of one of its sends: an
+// answer ends a stall, a send cut off unanswered starts one.
+func (l *lane) seen(err error) {
+	switch {
+	case !connLost(err):
+		if l.stalled.Load() && l.stalled.CompareAndSwap(true, false) {
+			l.stall.answered()
+		}
+	case timedOut(err):
+		if !l.stalled.Load() && l.stalled.CompareAndSwap(false, true) {
+			l.stall.stalled()
+		}
+	}
+}
+
 // observe adds a send of l that took d and ended in err to l's round trip,
 // if it was one: answered, or cut off (then d is less than the round trip;
 // a connection refused is none). A lost connection makes the next calls
 // dial ahead again.
 func (l *lane) observe(d time.Duration, err error) {
+	l.seen(err)
+	if !connLost(err) {
+		// Up fast: replies that start coming late must keep their
+		// connections from the first ones on.
+		if old := l.answered.Load(); int64(d) > old {
+			l.answered.Store(old + (int64(d)-old)/2)
+		} else {
+			smooth(&l.answered, d)
+		}
+	}
 	if connLost(err) {
 		l.mu.Lock()
 		l.peak = 0
@@ -214,15 +284,23 @@ func (l *lane) observe(d time.Duration, err error) {
 			return
 		}
 	}
-	// Smoothed as TCP smooths its own (an eighth of each sample). Racing
-	// updates may lose a sample, which only slows the average.
-	old := l.rtt.Load()
+	smooth(&l.rtt, d)
+}
+
+// smooth mixes sample d into the round trip v as TCP smooths its own (an
+// eighth of each sample). Racing updates may lose a sample, which only
+// slows the average.
+func smooth(v *atomic.Int64, d time.Duration) {
+	old := v.Load()
 	if old == 0 {
-		l.rtt.Store(int64(d))
+		v.Store(int64(d))
 		return
 	}
-	l.rtt.Store(old + (int64(d)-old)/8)
+	v.Store(old + (int64(d)-old)/8)
 }
+
+// answeredRTT is l's round trip over its answered sends; 0 before one.
+func (l *lane) answeredRTT() time.Duration { return time.Duration(l.answered.Load()) }
 
 // do sends c and sets its reply, or returns ctx.Err() as soon as ctx ends
 // (the command may still run if it was already sent).
@@ -281,7 +359,7 @@ func (b *batcher) addLane(node *redis.Client) *lane {
 		})
 		b.kept = b.nLanes
 	}
-	l := &lane{node: node}
+	l := &lane{node: node, stall: b.stallLog(node.Options().Addr)}
 	b.lanes.Store(node, l)
 	b.nLanes++
 	return l
@@ -294,12 +372,13 @@ func (b *batcher) doIn(ctx context.Context, l *lane, c *call) error {
 	if hurried && b.slow != nil {
 		b.slow.hurried(budget)
 	}
+	stalled := l.stalled.Load()
 	l.mu.Lock()
-	if l.busy < b.inFlight || (hurried && l.busy < b.most()) {
+	if l.busy < b.slots(stalled) || (hurried && !stalled && l.busy < b.most()) {
 		l.busy++
 		// Only a hurried call's deadline is shorter than a handshake.
 		ahead := false
-		if hurried && l.busy > l.peak && l.node != nil {
+		if hurried && !stalled && l.busy > l.peak && l.node != nil {
 			l.peak = l.busy
 			ahead, l.warming = !l.warming, true
 		}
@@ -308,7 +387,7 @@ func (b *batcher) doIn(ctx context.Context, l *lane, c *call) error {
 			go l.ahead(budget)
 		}
 		return c.await(ctx, func() {
-			sctx, cancel := sendContext(ctx, budget)
+			sctx, cancel := sendContext(ctx, budget, l.answeredRTT())
 			start := time.Now()
 			runOne(sctx, b.client, c)
 			l.observe(time.Since(start), c.err)
@@ -337,13 +416,18 @@ func (b *batcher) doIn(ctx context.Context, l *lane, c *call) error {
 	}
 }
 
+// slots is how many slots a lane's calls take before they queue.
+func (b *batcher) slots(stalled bool) int {
+	if stalled {
+		return 1
+	}
+	return b.inFlight
+}
+
 // release hands a finished slot of l on to its queued calls, or frees it.
 func (b *batcher) release(l *lane) {
 	l.mu.Lock()
-	batch := b.next(l)
-	if batch == nil {
-		l.busy--
-	}
+	batch := b.handOn(l)
 	l.mu.Unlock()
 	if batch != nil {
 		go b.loop(l, batch)
@@ -355,11 +439,24 @@ func (b *batcher) loop(l *lane, batch []*call) {
 	for batch != nil {
 		b.send(l, batch)
 		l.mu.Lock()
-		if batch = b.next(l); batch == nil {
-			l.busy--
-		}
+		batch = b.handOn(l)
 		l.mu.Unlock()
 	}
+}
+
+// handOn returns the next batch for a slot of l just finished, or frees
+// the slot: when the queue is empty, or when l is stalled and another slot
+// will hand the queue on. l.mu is held.
+func (b *batcher) handOn(l *lane) []*call {
+	if l.busy > 1 && l.stalled.Load() {
+		l.busy--
+		return nil
+	}
+	batch := b.next(l)
+	if batch == nil {
+		l.busy--
+	}
+	return batch
 }
 
 // next takes up to max calls off l's queue, or returns nil if it is empty.
@@ -389,11 +486,11 @@ type unit struct {
 // on a context of its own, since it carries many callers' commands: no
 // caller's cancellation may fail the others, and a caller that stops
 // waiting leaves the reply to come (see sendContext). It lasts at most
-// lateFactor times the longest of the callers' budgets, if every caller has
+// sendContext's time for the longest of the callers' budgets, if every caller has
 // one (go-redis applies it with ContextTimeoutEnabled), and otherwise the
 // client's read and write timeouts bound it.
 func (b *batcher) send(l *lane, batch []*call) {
-	ctx, cancel := sendContext(context.Background(), longest(batch))
+	ctx, cancel := sendContext(context.Background(), longest(batch), l.answeredRTT())
 	defer cancel()
 	units := b.units(batch)
 	start := time.Now()

@@ -111,20 +111,30 @@ func isNoScript(err error) bool {
 	return err != nil && (errors.Is(err, redis.ErrNoScript) || redis.HasErrorPrefix(err, "NOSCRIPT"))
 }
 
-// lateFactor: a command runs for up to this many times what its caller
-// had left (see sendContext).
-const lateFactor = 10
+// Past its caller's deadline a command runs on for lateRTTs of Redis's
+// round trips (as its answered sends measure it), at least lateMin and at
+// most lateMax times what its caller had (see sendContext): room for a
+// late reply and a new connection's handshake and first command (about
+// five round trips),
+// while a Redis that answers nothing holds a connection 3 times its
+// caller's time. A fixed 10 times held each one 500 ms for a 50 ms caller.
+const (
+	lateRTTs = 8
+	lateMin  = 2
+	lateMax  = 9
+)
 
 // sendContext returns the context to send a command on for a caller with
-// budget left (0: no deadline): base's values, not its end, and a deadline
-// of its own lateFactor times budget away. The caller stops waiting at its
-// own deadline; the command runs on. With ContextTimeoutEnabled go-redis
+// budget left (0: no deadline), Redis's answered round trip being rtt (0:
+// not known): base's values, not its end, and a deadline of its own past
+// the caller's (see lateRTTs). The caller stops waiting at its own
+// deadline; the command runs on. With ContextTimeoutEnabled go-redis
 // closes a connection whose read the deadline cuts, so a caller's deadline
 // would close a connection for every reply a little late, and each next
 // call would pay a new connection's handshake (several round trips) and
-// time out in turn. A reply up to lateFactor times late returns its
-// connection to the pool; a Redis that never answers is still cut off.
-func sendContext(base context.Context, budget time.Duration) (context.Context, context.CancelFunc) {
+// time out in turn. A reply a few round trips late returns its connection
+// to the pool; a Redis that never answers is still cut off.
+func sendContext(base context.Context, budget, rtt time.Duration) (context.Context, context.CancelFunc) {
 	ctx := base
 	if ctx.Done() != nil {
 		ctx = context.WithoutCancel(base)
@@ -132,7 +142,7 @@ func sendContext(base context.Context, budget time.Duration) (context.Context, c
 	if budget <= 0 {
 		return ctx, func() {}
 	}
-	return context.WithTimeout(ctx, lateFactor*budget)
+	return context.WithTimeout(ctx, budget+min(max(lateRTTs*rtt, lateMin*budget), lateMax*budget))
 }
 
 // budgetOf is what ctx has left, or 0 if it has no deadline.

@@ -185,7 +185,7 @@ func (s *Store) releaseYoung(ctx context.Context, key, holder string) (bool, err
 	cmd := plainCmd{keyed(redis.NewIntCmd(ctx, "zrem", s.slotKey(key), "h"+holder))}
 	cmd.SetFirstKeyPos(1)
 	err := c.await(ctx, func() {
-		sctx, cancel := sendContext(ctx, budgetOf(ctx))
+		sctx, cancel := sendContext(ctx, budgetOf(ctx), s.answeredRTT())
 		_ = s.client.Process(sctx, cmd)
 		cancel()
 	})

@@ -25,8 +25,8 @@ import (
 // their deadlines, but their commands run on and their connections go
 // back to the pool: go-redis with ContextTimeoutEnabled would otherwise
 // close each one, and every next call would pay a new connection's
-// handshake. A reply that does not come within lateFactor times the
-// caller's budget still ends its connection.
+// handshake. A reply that does not come within a few round trips (at
+// most 10 times the caller's budget) still ends its connection.
 func TestFaultLateReplyKeepsConnection(t *testing.T) {
 	race.SkipTiming(t)
 	srv := redistest.StartServer(t)
@@ -79,7 +79,7 @@ func TestFaultLateReplyKeepsConnection(t *testing.T) {
 			}
 
 			// Redis 2s away: a caller waiting 20ms ends its command's
-			// connection within lateFactor (10) times that, not at the reply.
+			// connection within 10 times that, not at the reply.
 			open := proxy.Open()
 			proxy.SetDelay(time.Second)
 			start := time.Now()

@@ -105,3 +105,64 @@ func (b *batcher) masters() map[any]bool {
 // mastersTimeout bounds masters' wait for a slot map (it has one but
 // while the Cluster client loads its first).
 const mastersTimeout = 100 * time.Millisecond
+
+// stallLog tells a lane's switches into and out of stalled (see lane):
+// a WARN line when its sends start being cut off unanswered, an INFO line
+// when one is answered again. Lines start at most once every stallEvery
+// per lane, so that a flapping link does not flood the log; Stalls counts
+// every switch. A nil *stallLog writes and counts nothing.
+type stallLog struct {
+	log   *slog.Logger
+	count *atomic.Int64 // the Store's Stalls
+	node  string        // the lane's master on a Cluster; "" for one server
+	next  atomic.Int64  // Unix ns before which no WARN line is written
+	since atomic.Int64  // Unix ns of the WARN line whose INFO line is due; 0: none
+}
+
+// stallEvery: at most one WARN line per lane this often.
+const stallEvery = 10 * time.Second
+
+func (w *stallLog) stalled() {
+	if w == nil {
+		return
+	}
+	w.count.Add(1)
+	now := time.Now().UnixNano()
+	next := w.next.Load()
+	if now < next || !w.next.CompareAndSwap(next, now+int64(stallEvery)) {
+		return
+	}
+	w.since.Store(now)
+	w.log.Warn("redisstore: Redis stopped answering: its calls go one batch at a time, and hurried ones queue, until it answers",
+		w.attrs("stalls", w.count.Load())...)
+}
+
+func (w *stallLog) answered() {
+	if w == nil {
+		return
+	}
+	since := w.since.Swap(0)
+	if since == 0 {
+		return
+	}
+	w.log.Info("redisstore: Redis answering again",
+		w.attrs("stalled_for", time.Duration(time.Now().UnixNano()-since).Round(time.Millisecond))...)
+}
+
+func (w *stallLog) attrs(kv ...any) []any {
+	if w.node != "" {
+		kv = append(kv, "node", w.node)
+	}
+	return kv
+}
+
+// Stalls returns how many times a Redis server (a Cluster master) stopped
+// answering the Store's calls: a send cut off at its deadline unanswered
+// after one was answered. While it lasts the Store sends that server one
+// batch at a time (see the package doc).
+func (s *Store) Stalls() int64 {
+	if s == nil {
+		return 0
+	}
+	return s.stalls.Load()
+}

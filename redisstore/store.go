@@ -54,11 +54,21 @@
 // not cancelled. An abandoned call's command may
 // still reach Redis and be charged, and holds its connection until the
 // reply or the client's read timeout; a script call's (a decision's, a
-// slot's, a lease's) until the reply or ten times what its caller had
-// when it called, whichever comes first (with ContextTimeoutEnabled; else
-// the read timeout again). A reply that is only late thus returns its
-// connection to the pool: go-redis closes one whose read a deadline cuts,
-// and a new one costs the next call a handshake of several round trips.
+// slot's, a lease's) until the reply or, past what its caller had when it
+// called, eight of Redis's round trips (as its answered calls measure it),
+// at least twice and at most nine times what the caller had, whichever
+// comes first (with ContextTimeoutEnabled; else the read timeout again).
+// A reply that is only late thus returns its connection to the pool:
+// go-redis closes one whose read a deadline cuts, and a new one costs the
+// next call a handshake of several round trips. A Redis that answers
+// nothing holds each connection three times its caller's time.
+//
+// Once a call to a server (a Cluster master) is cut off unanswered, and
+// until one is answered, the Store sends that server one batch at a time
+// (one unbatched call, with MaxBatch 1): the others wait for it or their
+// deadlines, and nothing is dialled ahead. Against a stopped Redis each
+// send would otherwise take a connection until its cut, and the next dial
+// a new one. See Stalls.
 //
 // On a ClusterClient, a connection error or a timed-out call makes the
 // Store reload the client's slot map every ReloadInterval until calls
@@ -225,7 +235,8 @@ type Store struct {
 	params  atomic.Pointer[map[sluice.Limit]params]
 	paramMu sync.Mutex
 	young   youngHolders
-	bad     error // New's options were invalid: client is nil
+	stalls  atomic.Int64 // see Stalls
+	bad     error        // New's options were invalid: client is nil
 }
 
 // New returns a Store using client. opts may be nil. The Store does not own
@@ -257,9 +268,13 @@ func New(client redis.UniversalClient, opts *Options) *Store {
 		o.MaxBatch = 1
 	}
 	s.slow = &slowLog{log: o.Logger, rtt: s.RoundTrip}
+	s.solo.stall = &stallLog{log: o.Logger, count: &s.stalls}
+	s.solo.probe = make(chan struct{}, 1)
 	if client != nil && o.MaxBatch > 1 {
 		s.batch = newBatcher(client, o.MaxBatch, o.MaxInFlight)
 		s.batch.slow = s.slow
+		s.batch.log, s.batch.stalls = o.Logger, &s.stalls
+		s.batch.lane.stall = s.batch.stallLog("")
 	}
 	if cc, ok := client.(*redis.ClusterClient); ok {
 		s.reload = &reloader{cluster: cc, every: o.ReloadInterval, log: o.Logger}
@@ -535,14 +550,25 @@ func (s *Store) refund(ctx context.Context, req sluice.Request, r result) error 
 	return nil
 }
 
-// sendAlone is sendContext for a call sent on its own, unbatched; it
-// writes slowLog's line for a hurried one too.
-func (s *Store) sendAlone(ctx context.Context) (context.Context, context.CancelFunc) {
-	budget := budgetOf(ctx)
+// sendAlone is sendContext for a call sent on its own, unbatched, whose
+// caller had budget when it called (not after a wait at the gate: the send
+// would be cut off at once, and its new connection with it); it writes
+// slowLog's line for a hurried one too.
+func (s *Store) sendAlone(ctx context.Context, budget time.Duration) (context.Context, context.CancelFunc) {
 	if s.solo.hurried(budget) {
 		s.slow.hurried(budget)
 	}
-	return sendContext(ctx, budget)
+	return sendContext(ctx, budget, s.solo.answeredRTT())
+}
+
+// answeredRTT is Redis's round trip over the answered sends of the
+// Store's lanes (the first on a Cluster), for a send outside them.
+func (s *Store) answeredRTT() time.Duration {
+	rtt := s.solo.answeredRTT()
+	if s.batch != nil {
+		rtt = max(rtt, s.batch.lane.answeredRTT())
+	}
+	return rtt
 }
 
 // run sends c, batched or on its own, and returns its reply, or ctx.Err()
@@ -563,19 +589,30 @@ func (s *Store) run(ctx context.Context, c *call) ([]int64, error) {
 		case s.batch != nil:
 			err = s.batch.do(ctx, c)
 		case s.wait != nil && c.takes():
-			err = c.await(ctx, func() {
-				sctx, cancel := s.sendAlone(ctx)
-				s.runWaited(sctx, c)
-				cancel()
-			})
+			budget := budgetOf(ctx)
+			var sent func()
+			if sent, err = s.solo.gate(ctx); err == nil {
+				err = c.await(ctx, func() {
+					sctx, cancel := s.sendAlone(ctx, budget)
+					s.runWaited(sctx, c)
+					s.solo.seen(c.err)
+					cancel()
+					sent()
+				})
+			}
 		default:
-			err = c.await(ctx, func() {
-				sctx, cancel := s.sendAlone(ctx)
-				start := time.Now()
-				runOne(sctx, s.client, c)
-				s.solo.observe(time.Since(start), c.err)
-				cancel()
-			})
+			budget := budgetOf(ctx)
+			var sent func()
+			if sent, err = s.solo.gate(ctx); err == nil {
+				err = c.await(ctx, func() {
+					sctx, cancel := s.sendAlone(ctx, budget)
+					start := time.Now()
+					runOne(sctx, s.client, c)
+					s.solo.observe(time.Since(start), c.err)
+					cancel()
+					sent()
+				})
+			}
 		}
 		if err != nil || !retry.again(ctx, c) {
 			break
