@@ -181,6 +181,9 @@ func Classify(err error) error {
 		return checkErr(ErrResharding, "the call's keys are split between the two nodes of a slot in migration, and stayed so while it tried again: if this lasts, finish the migration (redis-cli --cluster fix)", err)
 	case strings.HasPrefix(reply, "CLUSTERDOWN"):
 		return checkErr(ErrUnreachable, "the Cluster is down (a failover under way, or slots without a master): retrying", err)
+	case errors.Is(err, redis.ErrClosed):
+		// Unreachable for good, as decisions' errors say (replyErr).
+		return checkErr(ErrUnreachable, "the client is closed", closedErr(err))
 	case strings.Contains(msg, "all sentinels") && errors.Is(err, redis.Nil):
 		return checkErr(ErrSentinelMaster, "check master_name in the Redis URL against the Sentinels' configuration", err)
 	case errors.As(err, &header):
@@ -557,7 +560,7 @@ func versionAtLeast(v, min string) bool {
 // deadline, a second at most, and reports ErrTLS if it works.
 func plainAgainstTLS(ctx context.Context, c redis.UniversalClient, err error) error {
 	node, ok := c.(*redis.Client)
-	if !ok || node.Options().TLSConfig != nil || !hostPort(node.Options().Addr) || !errors.Is(Classify(err), ErrUnreachable) {
+	if !ok || errors.Is(err, redis.ErrClosed) || node.Options().TLSConfig != nil || !hostPort(node.Options().Addr) || !errors.Is(Classify(err), ErrUnreachable) {
 		return nil
 	}
 	if ctx.Err() != nil { // the caller is gone: no handshake past its end

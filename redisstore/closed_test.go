@@ -13,26 +13,87 @@ import (
 	"github.com/sluicehq/sluice/redisstore"
 )
 
-// Calls on a Store whose client was closed fail with an error that is
-// sluice.ErrStoreClosed (and still redis.ErrClosed), so that background
-// releases stop on it.
+// Every call on a Store whose client was closed fails with an error that
+// is sluice.ErrStoreClosed (and still redis.ErrClosed), so that background
+// releases, and any caller, stop on it: decisions, TakeAll, lease grants,
+// in-flight slots, Reset, the checks and the fleet registry's calls, with
+// and without batching.
 func TestClosedClientIsErrStoreClosed(t *testing.T) {
-	t.Parallel()
+	redistest.Each(t, func(t *testing.T, c redis.UniversalClient) {
+		for _, tc := range []struct {
+			name string
+			opts redisstore.Options
+		}{{"batched", redisstore.Options{}}, {"MaxBatch 1", redisstore.Options{MaxBatch: 1}}} {
+			t.Run(tc.name, func(t *testing.T) {
+				closedStore(t, c, tc.opts)
+			})
+		}
+	})
+}
+
+func closedStore(t *testing.T, c redis.UniversalClient, opts redisstore.Options) {
 	ctx := context.Background()
-	c := redis.NewClient(&redis.Options{Addr: redistest.Addr(t)})
-	store := redisstore.New(c, &redisstore.Options{Prefix: redistest.Prefix(t)})
-	l := sluice.Concurrent(2, time.Minute)
-	if d, err := store.Acquire(ctx, "k", l, 1, "h"); err != nil || !d.Allowed {
+	opts.Prefix = redistest.Prefix(t)
+	// A client of its own to close, built as c.
+	var own redis.UniversalClient
+	switch c := c.(type) {
+	case *redis.ClusterClient:
+		own = redis.NewClusterClient(c.Options())
+	case *redis.Client:
+		own = redis.NewClient(c.Options())
+	}
+	store := redisstore.New(own, &opts)
+	l, swl := sluice.PerSecond(5), sluice.Limit{Algorithm: sluice.SlidingWindowLog, Rate: 5, Period: time.Second}
+	in := sluice.Concurrent(2, time.Minute)
+	if d, err := store.Acquire(ctx, "k", in, 1, "h"); err != nil || !d.Allowed {
 		t.Fatal(d, err)
 	}
-	c.Close()
-	_, rerr := store.Release(ctx, "k", "h")
-	_, _, oerr := store.ReleaseOnce(ctx, "k", "h", time.Minute)
-	_, aerr := store.Acquire(ctx, "k", l, 1, "h2")
-	_, terr := store.Take(ctx, "k", sluice.PerSecond(5), 1)
-	for name, err := range map[string]error{"Release": rerr, "ReleaseOnce": oerr, "Acquire": aerr, "Take": terr} {
+	g, err := store.Grant(ctx, "g", l, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fleet := store.Membership()
+	if _, err := fleet.Heartbeat(ctx, "m", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	own.Close()
+
+	for _, call := range []struct {
+		name string
+		err  func() error
+	}{
+		{"Take", func() error { _, err := store.Take(ctx, "k", l, 1); return err }},
+		{"Peek", func() error { _, err := store.Peek(ctx, "k", l, 1); return err }},
+		{"Reset", func() error { return store.Reset(ctx, "k", l) }},
+		{"Reset sliding window log", func() error { return store.Reset(ctx, "k", swl) }},
+		{"TakeAll", func() error {
+			_, err := store.TakeAll(ctx, []sluice.Request{{Key: "{t}a", Limit: l, Cost: 1}, {Key: "{t}b", Limit: l, Cost: 1}})
+			return err
+		}},
+		{"TakeAll across slots", func() error {
+			_, err := store.TakeAll(ctx, []sluice.Request{{Key: "a", Limit: l, Cost: 1}, {Key: "b", Limit: l, Cost: 1}})
+			return err
+		}},
+		{"Grant", func() error { _, err := store.Grant(ctx, "g", l, 1); return err }},
+		{"Return", func() error { _, err := store.Return(ctx, "g", l, g, 1); return err }},
+		{"Regrant", func() error { _, _, err := store.Regrant(ctx, "g", l, g, 1, 1); return err }},
+		{"Acquire", func() error { _, err := store.Acquire(ctx, "k", in, 1, "h2"); return err }},
+		{"Extend", func() error { _, err := store.Extend(ctx, "k", in, "h"); return err }},
+		{"Release", func() error { _, err := store.Release(ctx, "k", "h"); return err }},
+		{"ReleaseOnce", func() error { _, _, err := store.ReleaseOnce(ctx, "k", "h", time.Minute); return err }},
+		{"CheckAccess", func() error { return store.CheckAccess(ctx) }},
+		{"Check", func() error { _, err := redisstore.Check(ctx, own); return err }},
+		{"Heartbeat", func() error { _, err := fleet.Heartbeat(ctx, "m", time.Minute); return err }},
+		{"Roster", func() error { _, _, err := fleet.Roster(ctx, "m", time.Minute); return err }},
+		{"Leave", func() error { return fleet.Leave(ctx, "m", time.Minute) }},
+	} {
+		start := time.Now()
+		err := call.err()
 		if !errors.Is(err, sluice.ErrStoreClosed) || !errors.Is(err, redis.ErrClosed) {
-			t.Errorf("%s after Close = %v, want sluice.ErrStoreClosed and redis.ErrClosed", name, err)
+			t.Errorf("%s after Close = %v, want sluice.ErrStoreClosed and redis.ErrClosed", call.name, err)
+		}
+		if d := time.Since(start); d > 100*time.Millisecond {
+			t.Logf("%s after Close took %v", call.name, d)
 		}
 	}
 }

@@ -138,7 +138,7 @@ func (m *Membership) run(ctx context.Context, s *script, member string, d time.D
 		return err
 	})
 	if err != nil {
-		return nil, err // v may still be written by an abandoned send
+		return nil, closedErr(err) // v may still be written by an abandoned send
 	}
 	return v, nil
 }

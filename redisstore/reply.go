@@ -73,11 +73,20 @@ func parseAll(v []int64, n int) ([]result, error) {
 // errors pass as they are.
 func replyErr(err error) error {
 	if errors.Is(err, redis.ErrClosed) {
-		return fmt.Errorf("%w: %w", sluice.ErrStoreClosed, err)
+		return closedErr(err)
 	}
 	var num *strconv.NumError
 	if errors.As(err, &num) || strings.HasPrefix(err.Error(), "redis: can't parse") || foreign(err) {
 		return fmt.Errorf("%w: %w", ErrUnexpectedReply, err)
+	}
+	return err
+}
+
+// closedErr is err, and sluice.ErrStoreClosed too if it is a closed
+// client's (redis.ErrClosed).
+func closedErr(err error) error {
+	if errors.Is(err, redis.ErrClosed) && !errors.Is(err, sluice.ErrStoreClosed) {
+		return fmt.Errorf("%w: %w", sluice.ErrStoreClosed, err)
 	}
 	return err
 }

@@ -495,7 +495,7 @@ func (s *Store) Reset(ctx context.Context, key string, limit sluice.Limit) error
 		return fmt.Errorf("redisstore: reset: %w", berr)
 	}
 	if err != nil {
-		return fmt.Errorf("redisstore: reset: %w", err)
+		return fmt.Errorf("redisstore: reset: %w", replyErr(err))
 	}
 	return nil
 }
