@@ -593,13 +593,23 @@ func (b *batcher) units(batch []*call) []*unit {
 // to a node the slot has left) go by EVAL, which cannot.
 func (b *batcher) exec(ctx context.Context, units []*unit) {
 	pipeline := func(units []*unit, eval bool) {
-		pipe := b.client.Pipeline()
 		for _, u := range units {
 			args := u.args
 			if eval {
 				args = evalArgs(u.script, args)
 			}
 			u.cmd = newCmd(ctx, args)
+		}
+		if len(units) == 1 {
+			// One command (a batch merged into one script run, as on one
+			// server it mostly is) goes on the client's pool: go-redis
+			// takes a pipeline's connection from a pool of its own,
+			// PipelinePoolSize more connections than PoolSize.
+			_ = b.client.Process(ctx, units[0].cmd)
+			return
+		}
+		pipe := b.client.Pipeline()
+		for _, u := range units {
 			_ = pipe.Process(ctx, u.cmd)
 		}
 		_, _ = pipe.Exec(ctx) // every command keeps its own error

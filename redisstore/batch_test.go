@@ -23,10 +23,10 @@ import (
 // watch is a go-redis hook that counts what a client sends and lets a test
 // hold single commands or pipelines at a gate.
 type watch struct {
-	pipelines   atomic.Int64 // pipelines sent
+	pipelines   atomic.Int64 // batches sent: pipelines, and merged runs sent alone
 	merged      atomic.Int64 // runs of takeEachScript (several calls in one command)
-	noscript    atomic.Int64 // pipelined commands that met NOSCRIPT
-	evals       atomic.Int64 // EVAL commands sent in pipelines
+	noscript    atomic.Int64 // batched commands that met NOSCRIPT
+	evals       atomic.Int64 // EVAL commands sent in batches
 	scriptLoads atomic.Int64
 
 	holdOne, holdPipe *gate  // nil: no gate
@@ -58,12 +58,43 @@ func (w *watch) DialHook(next redis.DialHook) redis.DialHook { return next }
 
 func (w *watch) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
+		if isMerged(cmd) { // a batch of one command: not pipelined
+			w.holdPipe.pass()
+			err := next(ctx, cmd)
+			w.sent([]redis.Cmder{cmd})
+			if isNoScript(err) && cmd.Err() == nil { // set on cmd once the hooks return
+				w.noscript.Add(1)
+			}
+			return err
+		}
 		if cmd.Name() == "evalsha" {
 			w.holdOne.pass()
 		}
 		err := next(ctx, cmd)
 		w.loaded(cmd)
 		return err
+	}
+}
+
+// isMerged reports whether cmd is a run of takeEachScript.
+func isMerged(cmd redis.Cmder) bool {
+	args := cmd.Args()
+	return len(args) > 1 && (args[1] == takeEachScript.sha || args[1] == takeEachScript.src)
+}
+
+// sent counts a batch of cmds, answered.
+func (w *watch) sent(cmds []redis.Cmder) {
+	w.pipelines.Add(1)
+	for _, c := range cmds {
+		if isNoScript(c.Err()) {
+			w.noscript.Add(1)
+		}
+		if c.Name() == "eval" {
+			w.evals.Add(1)
+		}
+		if isMerged(c) {
+			w.merged.Add(1)
+		}
 	}
 }
 
@@ -100,18 +131,7 @@ func (w *watch) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Proces
 	return func(ctx context.Context, cmds []redis.Cmder) error {
 		w.holdPipe.pass()
 		err := next(ctx, cmds)
-		w.pipelines.Add(1)
-		for _, c := range cmds {
-			if isNoScript(c.Err()) {
-				w.noscript.Add(1)
-			}
-			if c.Name() == "eval" {
-				w.evals.Add(1)
-			}
-			if args := c.Args(); len(args) > 1 && (args[1] == takeEachScript.sha || args[1] == takeEachScript.src) {
-				w.merged.Add(1)
-			}
-		}
+		w.sent(cmds)
 		return err
 	}
 }
