@@ -1,0 +1,78 @@
+package redisstore_test
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/race"
+	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/redisstore"
+	"github.com/sluicehq/sluice/resilient"
+)
+
+// TestFaultColdStartWarm: resilient over a Store started cold (a new
+// client, Redis's script cache empty) against a Redis 40 ms away, with
+// resilient's 50 ms timeout. Warmed before it serves, no decision's first
+// call pays a handshake or a NOSCRIPT, and the breaker never leaves
+// closed. Without Warm the first calls time out and the breaker opened at
+// start (measured: once in each of 5 runs).
+func TestFaultColdStartWarm(t *testing.T) {
+	race.SkipTiming(t)
+	srv := redistest.StartServer(t)
+	proxy := redistest.StartDelayProxy(t, srv.Addr)
+	proxy.SetDelay(20 * time.Millisecond)
+	for _, warm := range []bool{true, false} {
+		t.Run(fmt.Sprint("warm=", warm), func(t *testing.T) {
+			if err := srv.Client(t).ScriptFlush(context.Background()).Err(); err != nil {
+				t.Fatal(err)
+			}
+			c := redis.NewClient(&redis.Options{Addr: proxy.Addr, ContextTimeoutEnabled: true})
+			redisstore.DetectRefusals(c)
+			t.Cleanup(func() { c.Close() })
+			store := redisstore.New(c, &redisstore.Options{Prefix: redistest.Prefix(t)})
+			var logs syncBuffer
+			rs, err := resilient.New(store, &resilient.Options{Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if warm {
+				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				err := store.Warm(ctx)
+				cancel()
+				if err != nil {
+					t.Fatal(err)
+				}
+			}
+			var failed, calls atomic.Int64
+			var wg sync.WaitGroup
+			end := time.Now().Add(time.Second)
+			l := sluice.PerSecond(1_000_000)
+			for g := range 8 {
+				wg.Go(func() {
+					for i := 0; time.Now().Before(end); i++ {
+						_, err := rs.Take(context.Background(), fmt.Sprint("k", g, ":", i%10), l, 1)
+						calls.Add(1)
+						if err != nil {
+							failed.Add(1)
+						}
+					}
+				})
+			}
+			wg.Wait()
+			opened := strings.Count(logs.String(), "resilient: breaker open")
+			t.Logf("warm %v: %d calls, %d failed, breaker opened %d times, %d stalls; state %v", warm, calls.Load(), failed.Load(), opened, store.Stalls(), rs.State())
+			if warm && (opened > 0 || rs.State() != sluice.BreakerClosed) {
+				t.Errorf("breaker opened %d times after Warm, state %v:\n%.2000s", opened, rs.State(), logs.String())
+			}
+		})
+	}
+}
