@@ -188,6 +188,8 @@ func TestNewRedisClient(t *testing.T) {
 		{"redis+cluster://localhost?pool_size=99999999999", `pool_size="99999999999"`},
 		{"redis://localhost?max_retries=-2", `max_retries="-2": want a whole number from 0 to 1048576 (or -1 for none)`},
 		{"redis://localhost?max_retries=-1", "standalone"},
+		{"redis+cluster://localhost:7000?pipeline_pool_size=-1", "cluster"},
+		{"redis://localhost?pipeline_pool_size=-2", `pipeline_pool_size="-2"`},
 		{"redis://localhost?dial_timeout=-1s", `dial_timeout="-1s"`},
 		{"redis://localhost?read_timeout=0", `read_timeout="0"`},
 		{"redis+sentinel://localhost?master_name=m&conn_max_idle_time=-1", `conn_max_idle_time="-1"`},

@@ -311,10 +311,24 @@ func (s *Server) openStore() (sluice.Store, error) {
 		if err := s.checkAccess(rs); err != nil {
 			return nil, err
 		}
+		if !s.health.storeDown() {
+			// Connections and scripts ready before the first decision: a
+			// distant Redis's first calls would pay handshakes and
+			// NOSCRIPT over the decision timeout, and open the breaker.
+			ctx, cancel := context.WithTimeout(context.Background(), startCheckTimeout)
+			if err := rs.Warm(ctx); err != nil {
+				s.log.Warn("Redis warm-up incomplete; the first decisions dial and load scripts themselves", "err", err)
+			}
+			cancel()
+		}
 		s.metrics.reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name: "sluice_redis_cluster_reloads_total",
 			Help: "Times the Redis store reloaded a cluster's slot map after a connection error or a timed-out call (a failover, usually).",
 		}, func() float64 { return float64(rs.ClusterReloads()) }))
+		s.metrics.reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "sluice_redis_stalls_total",
+			Help: "Times a Redis server (a Cluster master) stopped answering the store's calls: a send cut off unanswered after one was answered. While it lasts the store sends it one batch at a time.",
+		}, func() float64 { return float64(rs.Stalls()) }))
 		s.metrics.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "sluice_redis_round_trip_seconds",
 			Help: "The Redis store's smoothed round trip (the slowest master's on a cluster). Over a quarter of the decision timeout decisions stop waiting to be batched; near it they time out.",

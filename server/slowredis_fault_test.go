@@ -147,3 +147,43 @@ func TestFaultServeSlowRedisStaysInUse(t *testing.T) {
 		t.Errorf("round trip 60ms: p99 %v, want about the decision timeout (50ms) or less", p99)
 	}
 }
+
+// TestFaultServeColdStartWarm: `sluice serve` started on a Redis 40ms away
+// (round trip), its script cache empty, decision timeout 50ms: its first
+// decisions, 8 at once, are Redis's and its breaker never opens, since the
+// store is warmed (connections dialled, scripts loaded) before it serves.
+// Cold, every one of the first calls paid a handshake or a NOSCRIPT and
+// EVAL over the timeout, and the breaker opened once at start.
+func TestFaultServeColdStartWarm(t *testing.T) {
+	race.SkipTiming(t)
+	srv := redistest.StartServer(t)
+	srv.Client(t).ScriptFlush(t.Context())
+	proxy := redistest.StartDelayProxy(t, srv.Addr)
+	proxy.SetDelay(20 * time.Millisecond)
+	file := filepath.Join(t.TempDir(), "sluice.yaml")
+	if err := os.WriteFile(file, []byte(slowRedisConfig), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	p := startSluice(t, nil, "--config", file, "--redis", "redis://"+proxy.Addr, "--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0",
+		"--watch-interval", "0", "--failure-policy", "local", "--decision-timeout", "50ms")
+	var mu sync.Mutex
+	sources := map[string]int{}
+	var wg sync.WaitGroup
+	for w := range 8 {
+		wg.Go(func() {
+			for i := range 5 {
+				src := checkSource(http.DefaultClient, p, fmt.Sprintf("k%d-%d", w, i))
+				mu.Lock()
+				sources[src]++
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	if sources[""] != 40 {
+		t.Errorf("first 40 decisions by source %v, want all 40 from Redis", sources)
+	}
+	if got := scrapedMetric(t, p, `sluice_breaker_transitions_total{partition="",store="redis",to="open"}`); got != "" && got != "0" {
+		t.Errorf("the breaker opened %s times at start", got)
+	}
+}

@@ -171,8 +171,10 @@ var (
 	urlInts = []string{"pool_size", "min_idle_conns", "max_idle_conns", "max_active_conns", "max_concurrent_dials", "max_retries",
 		"max_redirects", "dialer_retries", "pipeline_pool_size", "pipeline_read_buffer_size", "pipeline_write_buffer_size",
 		"failing_timeout_seconds", "protocol"}
-	// urlNone are the whole-number options whose -1 go-redis reads as none.
-	urlNone = []string{"max_retries", "max_redirects"}
+	// urlNone are the whole-number options whose -1 go-redis reads as none
+	// (pipeline_pool_size=-1: pipelines share the main pool, so a client
+	// opens at most pool_size connections to a server).
+	urlNone = []string{"max_retries", "max_redirects", "pipeline_pool_size"}
 )
 
 // maxURLInt bounds the whole-number options: go-redis sizes channels and
