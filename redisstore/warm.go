@@ -49,9 +49,11 @@ func (s *Store) Warm(ctx context.Context) error {
 			nodes = append(nodes, n)
 		}
 	} else {
+		// Only the lane the calls will use: with batching the solo lane
+		// sends nothing, and a round trip seeded there stayed for good.
 		n := node{client: s.client, lanes: []*lane{&s.solo}}
 		if s.batch != nil {
-			n.lanes = append(n.lanes, &s.batch.lane)
+			n.lanes = []*lane{&s.batch.lane}
 		}
 		nodes = append(nodes, n)
 	}

@@ -76,3 +76,37 @@ func TestFaultColdStartWarm(t *testing.T) {
 		})
 	}
 }
+
+// TestFaultWarmRoundTripFollows: Warm's round trip seeds the lane the
+// calls use, and only it, so RoundTrip follows Redis once calls answer:
+// warmed 40 ms away, then with Redis near, it falls to the calls' figure.
+// Seeded into the unbatched lane too, which a batching Store never sends
+// on, it stayed at the warm-up's 40 ms for good (and so did
+// sluice_redis_round_trip_seconds).
+func TestFaultWarmRoundTripFollows(t *testing.T) {
+	race.SkipTiming(t)
+	srv := redistest.StartServer(t)
+	proxy := redistest.StartDelayProxy(t, srv.Addr)
+	proxy.SetDelay(20 * time.Millisecond)
+	c := redis.NewClient(&redis.Options{Addr: proxy.Addr, ContextTimeoutEnabled: true})
+	t.Cleanup(func() { c.Close() })
+	store := redisstore.New(c, &redisstore.Options{Prefix: redistest.Prefix(t)})
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := store.Warm(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if rtt := store.RoundTrip(); rtt < 30*time.Millisecond {
+		t.Fatalf("RoundTrip after Warm 40ms away: %v", rtt)
+	}
+	proxy.SetDelay(0)
+	l := sluice.PerSecond(1_000_000)
+	for i := range 2000 {
+		if _, err := store.Take(ctx, fmt.Sprint("k", i%10), l, 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if rtt := store.RoundTrip(); rtt > 10*time.Millisecond {
+		t.Errorf("RoundTrip %v after 2,000 calls with Redis near, warmed 40ms away: still the warm-up's", rtt)
+	}
+}

@@ -56,6 +56,11 @@ type Health struct {
 	// after each check the store passed, so an instance no request
 	// reaches still closes its breaker.
 	breaker func(context.Context)
+	// breakerNow probes every open breaker at once (resilient.Store.
+	// ProbeNow): the watch calls it instead of breaker on the check that
+	// finds the store back, so that no instance waits out a probe interval
+	// after a failed probe (the fleet's stagger S, its r·S, shrinks).
+	breakerNow func(context.Context)
 
 	mu       sync.Mutex
 	storeErr error // classified; nil while the store answers
@@ -1109,9 +1114,13 @@ func (h *Health) watch(stop <-chan struct{}, interval time.Duration) {
 	}
 	tick.Every(stop, interval, func() {
 		ctx, cancel := context.WithTimeout(context.Background(), max(interval, time.Second))
+		wasDown := h.storeDown()
 		err := h.check(ctx)
 		h.refresh(time.Now())
-		if err == nil && h.breaker != nil {
+		switch {
+		case err == nil && wasDown && h.breakerNow != nil:
+			h.breakerNow(ctx)
+		case err == nil && h.breaker != nil:
 			h.breaker(ctx)
 		}
 		cancel()

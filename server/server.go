@@ -380,6 +380,7 @@ func (s *Server) openStore() (sluice.Store, error) {
 		}
 		s.closers = append(s.closers, func() { store.Close() })
 		s.health.breaker = func(ctx context.Context) { store.Probe(ctx) }
+		s.health.breakerNow = func(ctx context.Context) { store.ProbeNow(ctx) }
 		probeStore := store.ProbeNow
 		probe.Store(&probeStore) // back on Redis soon after a promotion
 		return store, nil
