@@ -21,6 +21,7 @@ type Table[V any] struct {
 	slots []slot[V] // a power of two long, or nil
 	used  int       // slots live or tombstones: the load that lengthens probes
 	n     int       // slots live
+	gen   uint64    // rehashes so far: a Cursor's keys have moved when it changes
 
 	// base and mask are slots' address and len-1, published for Prefetch,
 	// which runs without the lock that guards the rest.
@@ -159,6 +160,7 @@ func (t *Table[V]) rehash() {
 	}
 	old := t.slots
 	t.slots, t.used = make([]slot[V], n), 0
+	t.gen++
 	t.base.Store(uintptr(unsafe.Pointer(&t.slots[0])))
 	t.mask.Store(uintptr(n - 1))
 	for i := range old {
@@ -175,6 +177,42 @@ func (t *Table[V]) Fit() {
 	if len(t.slots) > 16 && 8*t.n < len(t.slots) {
 		t.rehash()
 	}
+}
+
+// A Cursor walks a table's slots a chunk at a time, its lock released
+// between chunks, so that a walk of a large table holds the lock for a
+// chunk, not the table. The zero Cursor starts at slot 0.
+type Cursor struct {
+	next     int    // the next slot to walk
+	gen      uint64 // the table's rehashes when the last chunk was walked
+	restarts int
+	started  bool
+}
+
+// MaxRestarts is how many times a Cursor's walk starts again at slot 0
+// when the table was rehashed between two of its chunks.
+const MaxRestarts = 2
+
+// Chunk returns the slots [from, to) a walk with c visits next, at most n
+// of them, under the lock the caller holds; ok is false when the walk has
+// visited every slot. A rehash between two chunks (the table grown, shrunk,
+// or rebuilt to drop its tombstones) moves keys: the walk then starts
+// again at slot 0 (restarted; a caller that counts forgets what it counted
+// of this table), at most MaxRestarts times, so that a key present
+// throughout is visited; past that it goes on where it was, and a key
+// moved behind it is not visited, one moved ahead of it may be twice.
+func (t *Table[V]) Chunk(c *Cursor, n int) (from, to int, restarted, ok bool) {
+	if c.started && c.gen != t.gen && c.restarts < MaxRestarts {
+		c.next, restarted = 0, true
+		c.restarts++
+	}
+	c.started, c.gen = true, t.gen
+	if c.next >= len(t.slots) {
+		return 0, 0, restarted, false
+	}
+	from, to = c.next, min(c.next+n, len(t.slots))
+	c.next = to
+	return from, to, restarted, true
 }
 
 // Len is the number of keys held.

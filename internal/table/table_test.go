@@ -205,3 +205,55 @@ func TestFitShrinksAfterBurying(t *testing.T) {
 		t.Fatalf("a second Fit went from %d to %d slots", n, tab.Slots())
 	}
 }
+
+// TestCursor walks a table a chunk at a time while keys come and go
+// between chunks, growing and shrinking it: every key present throughout
+// is visited, whatever the rehashes moved, and no chunk is longer than
+// asked.
+func TestCursor(t *testing.T) {
+	t.Parallel()
+	var tab Table[int]
+	for i := range 1000 {
+		tab.Add(uint32(i)*2654435761, fmt.Sprint(i), i)
+	}
+	var c Cursor
+	seen := map[int]bool{}
+	added, restarts := 1000, 0
+	for chunk := 0; ; chunk++ {
+		from, to, restarted, ok := tab.Chunk(&c, 7)
+		if restarted {
+			restarts++
+		}
+		if !ok {
+			break
+		}
+		if to-from > 7 || to > tab.Slots() {
+			t.Fatalf("chunk [%d, %d) of %d slots", from, to, tab.Slots())
+		}
+		for i := from; i < to; i++ {
+			if tab.Live(i) {
+				seen[*tab.At(i)] = true
+			}
+		}
+		switch chunk {
+		case 10: // grow it: the keys move
+			for range 8000 {
+				tab.Add(uint32(added)*2654435761, fmt.Sprint(added), added)
+				added++
+			}
+		case 20: // shrink it
+			for i := 1000; i < added; i++ {
+				tab.Remove(uint32(i)*2654435761, fmt.Sprint(i))
+			}
+			tab.Fit()
+		}
+	}
+	if restarts != 2 {
+		t.Errorf("%d restarts, want 2", restarts)
+	}
+	for i := range 1000 {
+		if !seen[i] {
+			t.Fatalf("key %d, present throughout, not visited", i)
+		}
+	}
+}
