@@ -272,11 +272,13 @@ func (sh *shard) epoch(key string, l sluice.Limit, now int64, granting bool) int
 	return m.epoch
 }
 
-// sweepResets forgets the marks no return can reach any more.
-func (sh *shard) sweepResets(now int64) {
+// sweepResets forgets the marks no return can reach any more, a chunk at
+// a time (h), as sweepSlots walks its map. The caller holds sh.mu.
+func (sh *shard) sweepResets(now int64, h *sweepHold) {
 	for k, m := range sh.resets {
 		if m.until <= now {
 			delete(sh.resets, k)
 		}
+		h.walked(1)
 	}
 }

@@ -275,12 +275,15 @@ func (s *Store) atKey(key string, l sluice.InFlightLimit, holder string, f func(
 }
 
 // sweepSlots removes sh's expired holders and forgotten releases, and keys
-// left without either. The caller holds sh.mu.
-func (sh *shard) sweepSlots(now int64) {
+// left without either, a chunk at a time (h). The caller holds sh.mu.
+// Between chunks the map may change: a key added then may or may not be
+// met, one deleted is not (the language's rule for a range loop).
+func (sh *shard) sweepSlots(now int64, h *sweepHold) {
 	for key, k := range sh.slots {
 		if k.prune(now); len(k.holders) == 0 && !k.forget(now) {
 			delete(sh.slots, key)
 		}
+		h.walked(1)
 	}
 }
 

@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/maphash"
+	"runtime"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -95,6 +96,8 @@ type Store struct {
 	stop    chan struct{}
 	done    sync.WaitGroup
 	once    sync.Once
+
+	sweepPaused func(walked int) // tests: called between a sweep's chunks, the lock released
 }
 
 type shard struct {
@@ -519,24 +522,77 @@ func (s *Store) sweepLoop(every time.Duration) {
 	tick.Every(s.stop, every, s.Sweep)
 }
 
-// Sweep removes expired keys now. The sweeper calls it periodically.
+// Sweep removes the expired keys, in-flight holders and Reset marks now.
+// The sweeper calls it periodically. It holds a shard's lock for
+// sweepChunk entries at a time, so that a request on the shard waits for
+// a chunk's walk (under a microsecond), not the shard's (0.3 ms or more at
+// a million keys over 64 shards); and, once the shard is walked, to shrink
+// its table when it is left less than an eighth full (0.05-0.1 ms at that
+// size). A key expired when Sweep reaches its shard goes, though its table
+// grows or shrinks meanwhile (table.Cursor); one that expires while the
+// shard is walked may stay until the next sweep, as a fresh key.
 func (s *Store) Sweep() {
 	if s.zero() {
 		return
 	}
 	for i := range s.shards {
-		sh := &s.shards[i]
-		sh.mu.Lock()
-		now := s.now()
-		sh.sweepSlots(now)
-		sh.sweepResets(now)
-		for i := range sh.tab.Slots() {
+		s.shards[i].sweep(s)
+	}
+}
+
+// sweepChunk is how many slots, in-flight keys or Reset marks of a shard a
+// sweep walks under the shard's lock: about 10ns a slot, more for a key it
+// removes.
+const sweepChunk = 32
+
+// sweep removes sh's expired keys, holders and marks, sweepChunk entries
+// per hold of sh.mu.
+func (sh *shard) sweep(s *Store) {
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	now := s.now()
+	h := sweepHold{s: s, sh: sh}
+	sh.sweepSlots(now, &h)
+	sh.sweepResets(now, &h)
+	var c table.Cursor
+	for {
+		from, to, _, ok := sh.tab.Chunk(&c, sweepChunk-h.n)
+		if !ok {
+			break
+		}
+		for i := from; i < to; i++ {
 			if sh.tab.Live(i) && sh.tab.At(i).expires <= now {
 				sh.tab.Bury(i)
 				sh.n--
 			}
 		}
-		sh.tab.Fit()
-		sh.mu.Unlock()
+		h.walked(to - from)
 	}
+	sh.tab.Fit()
+}
+
+// sweepHold counts what a sweep walked under one hold of a shard's lock.
+type sweepHold struct {
+	s  *Store
+	sh *shard
+	n  int
+}
+
+// walked counts n more entries, and lets the lock go for a moment once
+// the hold has walked sweepChunk.
+func (h *sweepHold) walked(n int) {
+	if h.n += n; h.n < sweepChunk {
+		return
+	}
+	h.sh.mu.Unlock()
+	// The lock's waiter is woken to run next on this processor: yielding
+	// lets it take the lock before this walk does again. Without it a
+	// request could wait out a run of chunks (p99.9 270µs while sweeps
+	// ran, in one run; 3-4µs with it).
+	runtime.Gosched()
+	if h.s.sweepPaused != nil {
+		h.s.sweepPaused(h.n)
+	}
+	h.n = 0
+	h.sh.mu.Lock()
 }
