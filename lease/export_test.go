@@ -49,3 +49,7 @@ func Sweeping(s *Store) (on bool, visited int) {
 
 // SweepChunk is sweepChunk.
 const SweepChunk = sweepChunk
+
+// PauseStats makes s's Stats call pause between the chunks it walks, its
+// shard's lock released, with how many slots the chunk walked.
+func PauseStats(s *Store, pause func(walked int)) { s.statsPaused = pause }

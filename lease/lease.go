@@ -230,6 +230,7 @@ import (
 	"fmt"
 	"hash/maphash"
 	"math"
+	"runtime"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -341,6 +342,8 @@ type Store struct {
 	sw       sweeper
 
 	grants, granted, returned, lost, forfeited atomic.Uint64
+
+	statsPaused func(walked int) // tests: called between Stats' chunks, the lock released
 }
 
 // Stats counts what a Store has done since New; every field is cumulative
@@ -369,7 +372,10 @@ type Stats struct {
 
 // Stats returns the Store's counters. It is safe to call at any time; a
 // zero Store reports zeros. It walks every key tracked, for Leased: read
-// it per scrape, not per request.
+// it per scrape, not per request. It holds a shard's lock for sweepChunk
+// slots at a time, not the shard, so Leased is not one instant's count:
+// a lease that starts or ends during the walk may be counted or not (it
+// is at most Keys).
 func (s *Store) Stats() Stats {
 	if s == nil {
 		return Stats{}
@@ -381,16 +387,34 @@ func (s *Store) Stats() Stats {
 		sh := &s.shards[i]
 		sh.mu.Lock()
 		local += sh.local
-		for j := range sh.leases.Slots() {
-			if !sh.leases.Live(j) {
-				continue
+		n := 0 // leased in sh
+		var c table.Cursor
+		for {
+			from, to, restarted, ok := sh.leases.Chunk(&c, sweepChunk)
+			if restarted {
+				n = 0 // its keys moved: counted again
 			}
-			if sh.leases.At(j).live(now) {
-				leased++
+			if !ok {
+				break
 			}
+			for j := from; j < to; j++ {
+				if sh.leases.Live(j) && sh.leases.At(j).live(now) {
+					n++
+				}
+			}
+			sh.mu.Unlock()
+			// The lock's waiter is woken to run next on this processor:
+			// yielding lets it take the lock before this walk does again.
+			runtime.Gosched()
+			if s.statsPaused != nil {
+				s.statsPaused(to - from)
+			}
+			sh.mu.Lock()
 		}
 		sh.mu.Unlock()
+		leased += n
 	}
+	keys := s.Len()
 	return Stats{
 		Local:     local,
 		Grants:    s.grants.Load(),
@@ -398,8 +422,8 @@ func (s *Store) Stats() Stats {
 		Returned:  s.returned.Load(),
 		Lost:      s.lost.Load(),
 		Forfeited: s.forfeited.Load(),
-		Keys:      s.Len(),
-		Leased:    leased,
+		Keys:      keys,
+		Leased:    min(leased, keys),
 	}
 }
 
