@@ -499,7 +499,7 @@ func TestBatchMatchesMemory(t *testing.T) {
 			var wg sync.WaitGroup
 			for i := range keys {
 				wg.Go(func() {
-					key := fmt.Sprintf("t}%d", i)
+					key := fmt.Sprintf("{t}%d", i)
 					if peek[i] {
 						got[i], errs[i] = rs.Peek(ctx, key, limits[i], costs[i])
 					} else {
@@ -509,7 +509,7 @@ func TestBatchMatchesMemory(t *testing.T) {
 			}
 			wg.Wait()
 			for i := range keys {
-				key := fmt.Sprintf("t}%d", i)
+				key := fmt.Sprintf("{t}%d", i)
 				var want sluice.Decision
 				var err error
 				if peek[i] {

@@ -47,30 +47,37 @@ func storeKeys(s *Store, key string) map[string]string {
 // oldKey is the only layout of earlier versions.
 func oldKey(prefix, key, suffix string) string { return prefix + "{" + key + "}:" + suffix }
 
-// TestKeyLayoutInjective enumerates every key up to 7 bytes over the bytes
-// that matter to the layout ('a', '{', '}', ':'): no two (key, suffix)
+// TestKeyLayoutInjective enumerates every key up to 6 bytes over the bytes
+// that matter to the layout ('a', '{', '}', ':', '%'): no two (key, suffix)
 // pairs, tagged or not, share a Redis key; none meets a key of the old
 // layout unless it is that same (untagged) key's; none meets the
-// registry's or CheckAccess's keys; a tagged key's every Redis key hashes
-// exactly its tag, and an untagged key's keep the old layout. The layout
-// Prefix + "{" + tag + "}" + key, which also hashes the tag, is shown to
-// collide, so that the enumeration is known to find collisions.
+// registry's or CheckAccess's keys. Under a Prefix without "{", a tagged
+// key's every Redis key hashes exactly its tag; a key with a "}" but no
+// tag has moved, and its every Redis key hashes all of it, escaped (the
+// old layout hashed the text before its first "}": every "user}…" key in
+// one slot); any other key keeps the old layout. The layout Prefix + "{" +
+// tag + "}" + key, which also hashes the tag, is shown to collide, so that
+// the enumeration is known to find collisions.
 func TestKeyLayoutInjective(t *testing.T) {
 	sfx := suffixes()
 	if len(sfx) != 2*(len(sluice.Algorithms())+1)+2 {
 		t.Fatalf("suffixes %q", sfx)
 	}
+	alphabet := []string{"a", "{", "}", ":", "%"}
 	keys := []string{""}
-	for n := 1; n <= 7; n++ {
-		for _, k := range keys[len(keys)-pow4(n-1):] {
-			for _, c := range []string{"a", "{", "}", ":"} {
+	for n, from := 1, 0; n <= 6; n++ {
+		to := len(keys)
+		for _, k := range keys[from:to] {
+			for _, c := range alphabet {
 				keys = append(keys, k+c)
 			}
 		}
+		from = to
 	}
 	keys = keys[1:] // an empty key is refused before any key is built
-	for _, prefix := range []string{"", "sluice:"} {
+	for _, prefix := range []string{"", "sluice:", "p{t}:"} {
 		s := &Store{prefix: prefix}
+		hashes := !strings.Contains(prefix, "{")
 		owner := make(map[string]string, len(keys)*len(sfx)*2)
 		claim := func(redisKey, who string) {
 			if o, ok := owner[redisKey]; ok && o != who {
@@ -82,25 +89,45 @@ func TestKeyLayoutInjective(t *testing.T) {
 		fleet := s.Membership().Key()
 		claim(fleet, "the registry")
 		claim(fleet+":left", "the registry's withdrawn")
-		tagged := 0
+		hashedBy := map[string]string{} // a braced untagged key's hash tag: whose
+		tagged, braced := 0, 0
 		for _, k := range keys {
 			built := storeKeys(s, k)
 			if len(built) != len(sfx) {
 				t.Fatalf("key %q: %d distinct Redis keys, want %d", k, len(built), len(sfx))
 			}
 			tag, ok := tagOf(k)
+			closes := !ok && strings.Contains(k, "}")
 			for rk, what := range built {
 				claim(rk, fmt.Sprintf("%s of %q", what, k))
 				suffix := rk[strings.LastIndexByte(rk, ':')+1:]
 				switch {
-				case !ok && rk != oldKey(prefix, k, suffix):
+				case !ok && !closes && rk != oldKey(prefix, k, suffix):
 					t.Fatalf("untagged %q: %s is %q, want the old layout", k, what, rk)
+				case closes && rk == oldKey(prefix, k, suffix):
+					t.Fatalf("%q (a \"}\", no tag): %s is %q, the old layout", k, what, rk)
+				case !hashes:
 				case ok && hashTag(rk) != tag:
 					t.Fatalf("%q (tag %q): %s %q hashes %q", k, tag, what, rk, hashTag(rk))
+				case closes && hashTag(rk) != tagEscaper.Replace(k):
+					t.Fatalf("%q (a \"}\", no tag): %s %q hashes %q, not all of the key", k, what, rk, hashTag(rk))
+				}
+			}
+			if closes && hashes {
+				h := hashTag(s.slotKey(k))
+				if o, dup := hashedBy[h]; dup {
+					t.Fatalf("%q and %q both hash %q", o, k, h)
+				}
+				hashedBy[h] = k
+				if s.hashedAs(k) != s.keyOf(k, "") {
+					t.Fatalf("hashedAs(%q) = %q", k, s.hashedAs(k))
 				}
 			}
 			if ok {
 				tagged++
+			}
+			if closes {
+				braced++
 			}
 		}
 		// Keys of the old layout left by an earlier version, tagged ones
@@ -113,8 +140,8 @@ func TestKeyLayoutInjective(t *testing.T) {
 				}
 			}
 		}
-		if tagged == 0 || tagged == len(keys) {
-			t.Fatalf("%d of %d keys tagged: the enumeration misses a layout", tagged, len(keys))
+		if tagged == 0 || braced == 0 || tagged+braced == len(keys) {
+			t.Fatalf("%d tagged and %d braced of %d keys: the enumeration misses a layout", tagged, braced, len(keys))
 		}
 	}
 	// The tag-first layout fails the same check: "{a}" would take the old
@@ -138,14 +165,14 @@ func TestKeyLayoutInjective(t *testing.T) {
 	}
 }
 
-func pow4(n int) int { return 1 << (2 * n) }
-
-// FuzzKeyLayout: two distinct keys never share a Redis key, and a tagged
-// key's Redis keys hash its tag.
+// FuzzKeyLayout: two distinct keys never share a Redis key, a tagged
+// key's Redis keys hash its tag, and those of a key with a "}" but no tag
+// all of it.
 func FuzzKeyLayout(f *testing.F) {
 	for _, seed := range [][2]string{
 		{"{a}", "a}{a"}, {"api:{t1}:a", "{t1}:b"}, {"{t1}:b", "{{t1}:b}"}, {"a}", "[a]"},
 		{"{}", "{}{a}"}, {"x]:gcra", "x"}, {"{a}]:if2", "{a}"}, {"fleet", "fleet}:left"},
+		{"a}b", "a%7Db"}, {"}", "%7D"}, {"a}b", "a%7Db}"}, {"user}1", "user}2"},
 	} {
 		f.Add(seed[0], seed[1])
 	}
@@ -159,8 +186,12 @@ func FuzzKeyLayout(f *testing.F) {
 			if _, ok := b2[rk]; ok {
 				t.Fatalf("%q and %q share Redis key %q", k1, k2, rk)
 			}
-			if tag, ok := tagOf(k1); ok && hashTag(rk) != tag {
+			tag, ok := tagOf(k1)
+			if ok && hashTag(rk) != tag {
 				t.Fatalf("%q: %q hashes %q, not its tag %q", k1, rk, hashTag(rk), tag)
+			}
+			if !ok && strings.Contains(k1, "}") && hashTag(rk) != tagEscaper.Replace(k1) {
+				t.Fatalf("%q: %q hashes %q, not all of the key", k1, rk, hashTag(rk))
 			}
 		}
 		if len(b1) != len(suffixes()) {
@@ -256,7 +287,7 @@ func atomicTake(t *testing.T, c *redis.ClusterClient, calls []scriptCall) []stri
 // anywhere in them (a Limiter's Prefix before it, the middleware's rule
 // stem before it) share a slot, the tag's, and TakeAll takes them in one
 // atomic script; two httplimit rules keyed by the same tagged key do too.
-// Untagged keys keep the Redis keys of earlier versions.
+// Untagged keys without a "}" keep the Redis keys of earlier versions.
 func TestClusterTaggedKeys(t *testing.T) {
 	ctx := context.Background()
 	c := redistest.ClusterClient(t)
@@ -277,8 +308,9 @@ func TestClusterTaggedKeys(t *testing.T) {
 			t.Errorf("%q: SlotKeys in slot %d, want %d", k, got, tagSlot)
 		}
 	}
-	// Untagged keys: the old layout, Keys and SlotKeys included.
-	for _, k := range []string{"user7", "a}b", "{}x", "}{"} {
+	// Untagged keys without a "}": the old layout, Keys and SlotKeys
+	// included.
+	for _, k := range []string{"user7", "x{y", "{"} {
 		for _, l := range []sluice.Limit{sluice.PerMinute(5), sluice.PerMinute(5).WithAlgorithm(sluice.SlidingWindowLog)} {
 			want := []string{prefix + "{" + k + "}:" + algorithms[l.Algorithm].suffix}
 			if got := s.Keys(k, l); len(got) != 1 || got[0] != want[0] {
@@ -340,4 +372,63 @@ func TestClusterTaggedKeys(t *testing.T) {
 			}
 		}
 	}
+}
+
+// TestClusterBracedKeysSpread: on a real Cluster, keys with a "}" but no
+// hash tag ("user}1" … "user}30") are hashed whole, so they spread over
+// the masters; each key's Redis keys (every algorithm's state and epoch,
+// the in-flight holders) share one slot, so a call that touches several
+// (a Reset) runs as one script, for a key starting "}" too; Partition
+// names the master its state is on. In the old layout
+// "sluice:{user}1}:gcra" hashed "user": all 30 keys in one slot, on one
+// master; and "sluice:{}a}:gcra" hashed whole, each key in a slot of its
+// own (Reset: CROSSSLOT).
+func TestClusterBracedKeysSpread(t *testing.T) {
+	ctx := context.Background()
+	c := redistest.ClusterClient(t)
+	s := New(c, &Options{Prefix: redistest.Prefix(t)})
+	l := sluice.PerMinute(5)
+	masters := map[string]int{}
+	keys := []string{"}", "}a", "{}x", "a}b{"}
+	for i := 1; i <= 30; i++ {
+		keys = append(keys, fmt.Sprint("user}", i))
+	}
+	for _, k := range keys {
+		if _, err := s.Take(ctx, k, l, 1); err != nil {
+			t.Fatalf("Take(%q): %v", k, err)
+		}
+		if err := s.Reset(ctx, k, l); err != nil {
+			t.Fatalf("Reset(%q): %v", k, err)
+		}
+		slot := keySlot(t, c, s.SlotKeys(k)[0])
+		for rk, what := range storeKeys(s, k) {
+			if got := keySlot(t, c, rk); got != slot {
+				t.Fatalf("%q: %s %q in slot %d, its holders' in %d", k, what, rk, got, slot)
+			}
+		}
+		node, err := c.MasterForKey(ctx, s.Keys(k, l)[0])
+		if err != nil {
+			t.Fatal(err)
+		}
+		addr := node.Options().Addr
+		if p := s.Partition(k); p != addr {
+			t.Errorf("Partition(%q) = %q, want %q", k, p, addr)
+		}
+		if strings.HasPrefix(k, "user}") {
+			masters[addr]++
+		}
+	}
+	var all sync.Map
+	if err := c.ForEachMaster(ctx, func(_ context.Context, m *redis.Client) error {
+		all.Store(m.Options().Addr, true)
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	all.Range(func(any, any) bool { n++; return true })
+	if n < 2 || len(masters) != n {
+		t.Errorf("30 keys user}1…user}30 on %d of %d masters: %v", len(masters), n, masters)
+	}
+	t.Logf("30 keys over the masters: %v", masters)
 }

@@ -31,8 +31,8 @@ func TestClusterRedirects(t *testing.T) {
 	nodes := clusterNodes(t, cl)
 	a, b := nodes[0], nodes[1]
 
-	// A hash tag in one of a's slots: every key below is "<tag>}<n>", so the
-	// Redis key's hash tag is <tag>.
+	// A hash tag in one of a's slots: every key below is "{<tag>}<n>", so
+	// its Redis keys' hash tag is <tag>.
 	var tag string
 	for i := 0; ; i++ {
 		if tag = fmt.Sprint("t", i); slot(tag) < 8192 {
@@ -71,7 +71,7 @@ func TestClusterRedirects(t *testing.T) {
 			for k := range keys {
 				l := limits[k%len(limits)]
 				wg.Go(func() {
-					key := fmt.Sprintf("%s}%d", tag, k)
+					key := fmt.Sprintf("{%s}%d", tag, k)
 					d, err := st.s.Take(ctx, key, l, 1)
 					if err != nil || !d.Allowed || d.Remaining != want {
 						t.Errorf("%s, %s %s %v: %+v %v, want allowed with %d left", step, st.name, key, l.Algorithm, d, err, want)
@@ -102,8 +102,8 @@ func TestClusterRedirects(t *testing.T) {
 
 	// Start moving it back, but carry over only half of each store's keys: b
 	// answers ASK for them.
-	migrate(t, b, a, s0, func(key string) bool { // "<prefix>{<tag>}<n>}:<algorithm>"
-		rest := key[:strings.LastIndex(key, "}")]
+	migrate(t, b, a, s0, func(key string) bool { // "<prefix>[{<tag>}<n>]:<algorithm>"
+		rest := key[:strings.LastIndex(key, "]")]
 		n, err := strconv.Atoi(rest[strings.LastIndex(rest, "}")+1:])
 		return err == nil && n%2 == 0
 	})

@@ -74,11 +74,7 @@ func (s *Store) Partition(key string) string {
 	if s == nil || s.reload == nil || !s.reload.mapped.Load() {
 		return ""
 	}
-	hashed, ok := s.hashedAs(key)
-	if !ok {
-		return ""
-	}
-	node, err := s.reload.cluster.MasterForKey(context.Background(), hashed)
+	node, err := s.reload.cluster.MasterForKey(context.Background(), s.hashedAs(key))
 	if err != nil {
 		return ""
 	}
@@ -87,19 +83,12 @@ func (s *Store) Partition(key string) string {
 
 // hashedAs returns a string in the hash slot of key's Redis keys: key
 // itself where Redis hashes the same part of both (no "{" in Prefix, and a
-// key with a hash tag or no "}"), else one of those keys. ok is false for
-// an untagged key that starts with "}" under a Prefix without "{": its
-// Redis keys' tag is empty, so Redis hashes each whole, suffix included,
-// and they lie in as many slots as there are algorithms.
-func (s *Store) hashedAs(key string) (string, bool) {
+// key with a hash tag or no "}"), else one of those keys.
+func (s *Store) hashedAs(key string) string {
 	if strings.IndexByte(s.prefix, '{') < 0 {
-		_, tagged := tagOf(key)
-		switch {
-		case tagged || strings.IndexByte(key, '}') < 0:
-			return key, true
-		case key[0] == '}':
-			return "", false
+		if _, tagged := tagOf(key); tagged || strings.IndexByte(key, '}') < 0 {
+			return key
 		}
 	}
-	return s.keyOf(key, ""), true
+	return s.keyOf(key, "")
 }

@@ -81,9 +81,11 @@
 //
 // Keys are laid out as Prefix + "{" + key + "}:" + algorithm code, or, for
 // a key with a hash tag ("{t1}:a", "api:{t1}:b"), Prefix + "[" + key + "]:"
-// + algorithm code, so all of one key's state lives in one Cluster hash
-// slot, keys with a common tag share it (TakeAll's atomic path) and
-// different algorithms never share state. Every key gets a TTL equal to the
+// + algorithm code, or, for a key with a "}" but no tag ("user}7"), Prefix
+// + "{" + key + "}%:" + algorithm code with the key's "%" and "}" escaped,
+// so all of one key's state lives in one Cluster hash slot, keys with a
+// common tag share it (TakeAll's atomic path), a key without one is hashed
+// whole, and different algorithms never share state. Every key gets a TTL equal to the
 // decision's ResetAfter (rounded up to a millisecond): an expired key is
 // exactly a fresh one.
 package redisstore
@@ -322,8 +324,9 @@ func (s *Store) unbuilt() error {
 
 // Keys returns the Redis keys that hold key's state under l (one today), for
 // inspecting TTLs or checking what was written: Prefix + "{" + key + "}:" +
-// algorithm code, or Prefix + "[" + key + "]:" + code for a key with a hash
-// tag. It does not validate.
+// algorithm code, Prefix + "[" + key + "]:" + code for a key with a hash
+// tag, or Prefix + "{" + key + "}%:" + code, its "%" and "}" written "%25"
+// and "%7D", for a key with a "}" but no tag. It does not validate.
 func (s *Store) Keys(key string, l sluice.Limit) []string {
 	if s == nil {
 		s = &Store{}
@@ -346,24 +349,37 @@ func (s *Store) redisKey(key string, a sluice.Algorithm) string {
 // A key with a hash tag (tagOf) is stored as Prefix + "[" + key + "]:" +
 // suffix. With no "{" in Prefix, the key's own first "{", next "}" and the
 // tag between them are then the Redis key's, so Redis hashes exactly that
-// tag and related keys ("api:{t1}:a", "{t1}:b") share a slot. Any other key
-// keeps the layout of earlier versions, Prefix + "{" + key + "}:" + suffix,
-// and so its stored state. (Prefix + "{" + tag + "}" + key would not do:
-// "{a}" would give "{a}{a}:S", the old layout of the untagged "a}{a".)
+// tag and related keys ("api:{t1}:a", "{t1}:b") share a slot. A key with a
+// "}" but no tag ("user}7", "{}x") is stored as Prefix + "{" + escaped +
+// "}%:" + suffix, its "%" and "}" written "%25" and "%7D": in the old
+// layout its own first "}" ended the tag, so every "user}…" key hashed
+// "user" (one slot, one master), and one starting "}" an empty tag (each
+// suffix in a slot of its own). Any other key keeps the layout of earlier
+// versions, Prefix + "{" + key + "}:" + suffix, and so its stored state.
+// (Prefix + "{" + tag + "}" + key would not do for tagged keys: "{a}"
+// would give "{a}{a}:S", the old layout of the untagged "a}{a".)
 //
 // No two (key, suffix) pairs share a Redis key: no suffix holds ':', so
-// the suffix is the text after the last ':'; the byte after Prefix, '{' or
-// '[', tells the layout; and key is what lies between that byte and the
-// "}:" or "]:" before the suffix. So a tagged key never meets an untagged
-// one, nor any key of the old layout (all begin Prefix + "{"), nor the
-// registry's Prefix + "{fleet}" and "{fleet}:left" or Prefix + "check".
+// the suffix is the text after the last ':'; the byte after Prefix ('{' or
+// '[') and the one before ":" + suffix ('}', ']' or '%') tell the layout;
+// and key is what lies between them (unescaped, in the '%' layout).
+// So no key meets another's, nor any key of the old layout but its own
+// (all begin Prefix + "{" and end "}:" + suffix), nor the registry's
+// Prefix + "{fleet}" and "{fleet}:left" or Prefix + "check".
 // TestKeyLayoutInjective enumerates it.
 func (s *Store) keyOf(key, suffix string) string {
 	if _, ok := tagOf(key); ok {
 		return s.prefix + "[" + key + "]:" + suffix
 	}
+	if strings.IndexByte(key, '}') >= 0 {
+		return s.prefix + "{" + tagEscaper.Replace(key) + "}%:" + suffix
+	}
 	return s.prefix + "{" + key + "}:" + suffix
 }
+
+// tagEscaper writes a key with a "}" but no tag as a hash tag: Redis
+// hashes all of it, and no two keys give one text.
+var tagEscaper = strings.NewReplacer("%", "%25", "}", "%7D")
 
 // now returns the script's now argument: µs from the caller's clock, or ""
 // for the server's TIME.

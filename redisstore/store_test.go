@@ -143,8 +143,8 @@ func TestNoScript(t *testing.T) {
 		}
 		c.ScriptFlush(ctx)
 		reqs := []sluice.Request{
-			{Key: "tenant}a", Limit: sluice.PerMinute(5), Cost: 1},
-			{Key: "tenant}b", Limit: sluice.PerMinute(5).WithAlgorithm(sluice.FixedWindow), Cost: 2},
+			{Key: "{tenant}a", Limit: sluice.PerMinute(5), Cost: 1},
+			{Key: "{tenant}b", Limit: sluice.PerMinute(5).WithAlgorithm(sluice.FixedWindow), Cost: 2},
 		}
 		if ds, err := s.TakeAll(ctx, reqs); err != nil || !ds[0].Allowed || ds[1].Remaining != 3 {
 			t.Fatalf("TakeAll after SCRIPT FLUSH: %+v %v", ds, err)
@@ -376,7 +376,7 @@ func TestServerClock(t *testing.T) {
 			if err != nil || d.Allowed || d.RetryAfter <= 0 || d.RetryAfter > 2*time.Hour || d.ResetAfter <= 0 {
 				t.Fatalf("%v 4th take: %+v %v, want denied with a wait within two periods", l, d, err)
 			}
-			reqs := []sluice.Request{{Key: "t}1", Limit: l, Cost: 1}, {Key: "t}2", Limit: l, Cost: 3}}
+			reqs := []sluice.Request{{Key: "{t}1", Limit: l, Cost: 1}, {Key: "{t}2", Limit: l, Cost: 3}}
 			ds, err := s.TakeAll(ctx, reqs)
 			if err != nil || !ds[0].Allowed || !ds[1].Allowed || ds[0].Remaining != 2 || ds[1].Remaining != 0 {
 				t.Fatalf("%v TakeAll: %+v %v", l, ds, err)

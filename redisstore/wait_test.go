@@ -56,7 +56,7 @@ func TestWaitReplicas(t *testing.T) {
 			if d, err := s.Take(ctx, "k", l, 1); err != nil || d.Remaining != 8 {
 				t.Fatalf("take after SCRIPT FLUSH: %+v %v", d, err)
 			}
-			reqs := []sluice.Request{{Key: "t}a", Limit: l, Cost: 1}, {Key: "t}b", Limit: l.WithAlgorithm(sluice.FixedWindow), Cost: 2}}
+			reqs := []sluice.Request{{Key: "{t}a", Limit: l, Cost: 1}, {Key: "{t}b", Limit: l.WithAlgorithm(sluice.FixedWindow), Cost: 2}}
 			if ds, err := s.TakeAll(ctx, reqs); err != nil || ds[1].Remaining != 8 {
 				t.Fatalf("take all: %+v %v", ds, err)
 			}
