@@ -40,10 +40,11 @@ type reloader struct {
 	onFailover atomic.Pointer[func()]
 	// lookMu guards masters, the masters the slot map in memory named
 	// when last looked at (look), and samples, a key of each.
-	lookMu   sync.Mutex
-	masters  string
-	samples  []clusterMaster
-	nextLook atomic.Int64 // UnixNano before which a call does not look
+	lookMu  sync.Mutex
+	masters string
+	samples []clusterMaster
+	// lookDue: a look is scheduled (look), lookEvery after a call.
+	lookDue atomic.Bool
 	// readSlots, when set, replaces clusterMasters in look (tests).
 	readSlots func(context.Context, *redis.ClusterClient, string) ([]clusterMaster, error)
 	// mapped: a call or a reload has succeeded, so the client has a slot
@@ -250,43 +251,50 @@ func (r *reloader) reload(ctx context.Context, counted bool) (string, error) {
 	return strings.Join(addrs, ","), err
 }
 
-// lookEvery is how often calls look at the slot map in memory (look).
+// lookEvery is how long after a call the slot map in memory is looked at
+// (look), and so how often while calls go on.
 const lookEvery = 100 * time.Millisecond
 
 // look tells a change of the masters of the client's slot map in memory
 // (a replica promoted): one line, and OnFailover's hook. A planned
 // failover (CLUSTER FAILOVER) fails no call, so no reload episode starts;
 // go-redis reloads its map itself on the MOVED a call to the demoted
-// master meets, and every ClusterStateReloadInterval, and the next look
-// finds it. Calls look at most every lookEvery, at a key of each master
-// they knew (a promotion moves every slot of its master); only when one
-// moved are all the slots read, as force (a reload, a check) always does,
-// and then on a goroutine of its own: reading 16,384 slots' masters costs
-// about a millisecond, which the call that saw the move paid.
+// master meets, and every ClusterStateReloadInterval, and a look finds
+// it. force (a reload, a check) reads every slot's master now. A call
+// (!force) only makes sure that a look runs lookEvery later, on a timer,
+// at most one pending: the redirected call succeeds before go-redis's
+// reload, which it started, lands, so a look right after it found
+// nothing, and with one call a second the failover was told a second
+// late. That look reads a key of each master it knew (a promotion moves
+// every slot of its master), and all 16,384 slots (about a millisecond)
+// only when one moved; never on the caller's goroutine.
 func (r *reloader) look(force bool) {
 	if r == nil || !r.mapped.Load() {
 		return
 	}
+	if !force {
+		if !r.lookDue.Load() && !r.lookDue.Swap(true) {
+			time.AfterFunc(lookEvery, r.lookLater)
+		}
+		return
+	}
+	r.lookMu.Lock()
+	defer r.lookMu.Unlock()
+	r.readMasters(context.Background())
+}
+
+// lookLater is the look a call scheduled.
+func (r *reloader) lookLater() {
+	// A call from here on schedules another: this look may run before
+	// its answer's redirect reloads the map.
+	r.lookDue.Store(false)
 	ctx := context.Background() // with a map, MasterForKey answers from memory
-	if force {
-		r.lookMu.Lock()
-		defer r.lookMu.Unlock()
-		r.readMasters(ctx)
-		return
-	}
-	now := time.Now().UnixNano()
-	next := r.nextLook.Load()
-	if now < next || !r.nextLook.CompareAndSwap(next, now+int64(lookEvery)) || !r.lookMu.TryLock() {
-		return
-	}
+	r.lookMu.Lock()
+	defer r.lookMu.Unlock()
 	if r.samples != nil && !r.moved(ctx) {
-		r.lookMu.Unlock()
 		return
 	}
-	go func() {
-		defer r.lookMu.Unlock()
-		r.readMasters(ctx)
-	}()
+	r.readMasters(ctx)
 }
 
 // readMasters reads the masters of the slot map in memory and tells a
@@ -348,12 +356,13 @@ func (r *reloader) succeeded() {
 // masters of a Cluster client's slot map change: a replica was promoted,
 // and calls may succeed again (a circuit breaker holding calls off Redis
 // may probe at once). The Store looks at the map in memory after each
-// reload of a failure episode, at each CheckAccess, and at most every
-// 100 ms after calls that succeed, so it tells a planned failover (which
-// fails no call) within 100 ms of a call after go-redis's map names the
-// promoted replica: go-redis reloads it on the MOVED a call to the demoted
-// master meets, and every ClusterStateReloadInterval. It replaces any fn
-// set before; nil removes it. On other clients it does nothing.
+// reload of a failure episode, at each CheckAccess, and 100 ms after a
+// call that succeeds (at most every 100 ms while calls go on), so it
+// tells a planned failover (which fails no call) about 100 ms after the
+// first call the demoted master redirects, whatever the traffic: go-redis
+// reloads its map on that MOVED, and every ClusterStateReloadInterval.
+// It replaces any fn set before; nil removes it. On other clients it does
+// nothing.
 func (s *Store) OnFailover(fn func()) {
 	if s == nil || s.reload == nil {
 		return

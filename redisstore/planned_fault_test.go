@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -43,21 +44,43 @@ func (w *syncBuffer) String() string {
 // only at the next failure episode, and never without one. The lag rides
 // on go-redis's reload, not on a timer of the Store's, so the test only
 // requires it within a generous maximum, each master failed over in turn.
+//
+// A third store is called once a second, on the failed-over master's key:
+// its first call after the promotion is redirected and succeeds before
+// go-redis's reload of its map lands, so a look right after that call
+// finds nothing, and it was told at its next call, 1.0–1.6 s after the
+// promotion. The look a call schedules lookEvery later tells it; the
+// test requires it within sparseWithin of the first MOVED its client met.
 func TestFaultClusterPlannedFailover(t *testing.T) {
 	race.SkipTiming(t)
-	const within = 5 * time.Second
+	const (
+		within       = 5 * time.Second
+		sparseWithin = 500 * time.Millisecond
+	)
 	cl := redistest.StartCluster(t, &redistest.ClusterOptions{Replicas: 1})
 	l := failoverLimit
-	names := []string{"calls", "checks"}
+	names := []string{"calls", "checks", "sparse"}
 	var (
 		mu   sync.Mutex
 		told = map[string][]time.Time{}
 		logs = map[string]*syncBuffer{}
 	)
+	// The sparse store's client notes each MOVED its nodes answer.
+	var moved movedLog
+	sparse := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cl.Addrs(), NewClient: func(o *redis.Options) *redis.Client {
+		c := redis.NewClient(o)
+		c.AddHook(&moved)
+		return c
+	}})
+	t.Cleanup(func() { sparse.Close() })
 	stores := map[string]*redisstore.Store{}
 	for _, name := range names {
 		logs[name] = &syncBuffer{}
-		s := redisstore.New(cl.Client(t), &redisstore.Options{Prefix: redistest.Prefix(t),
+		client := cl.Client(t)
+		if name == "sparse" {
+			client = sparse
+		}
+		s := redisstore.New(client, &redisstore.Options{Prefix: redistest.Prefix(t),
 			Logger: slog.New(slog.NewTextHandler(logs[name], nil))})
 		s.OnFailover(func() {
 			mu.Lock()
@@ -82,13 +105,40 @@ func TestFaultClusterPlannedFailover(t *testing.T) {
 			}
 		}
 	})
+	// One call a second, on the key of the master failed over next.
+	var next atomic.Int32
+	wg.Go(func() {
+		for {
+			select {
+			case <-done:
+				return
+			case <-time.After(time.Second):
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			_, _ = stores["sparse"].Take(ctx, keys[next.Load()], l, 1)
+			cancel()
+		}
+	})
 	defer func() { close(done); wg.Wait() }()
-	time.Sleep(500 * time.Millisecond)
+	time.Sleep(1500 * time.Millisecond)
 
+	var sparseLags []time.Duration
 	for i, m := range masters {
+		next.Store(int32(i))
+		time.Sleep(1100 * time.Millisecond) // the sparse store has called the key once
 		replica := cl.ReplicasOf(t, m)[0]
+		// The promoted replica has the scripts, as one that served before
+		// does: a redirected call that met NOSCRIPT took a round trip
+		// more, often enough for go-redis's reload to land first.
+		rc := redis.NewClient(&redis.Options{Addr: replica.Addr})
+		err := redisstore.New(rc, nil).Warm(context.Background())
+		rc.Close()
+		if err != nil {
+			t.Fatalf("failover %d: loading the scripts on %s: %v", i+1, replica.Addr, err)
+		}
+		sent := time.Now()
 		c := redis.NewClient(&redis.Options{Addr: replica.Addr})
-		err := c.Do(context.Background(), "cluster", "failover").Err()
+		err = c.Do(context.Background(), "cluster", "failover").Err()
 		c.Close()
 		if err != nil {
 			t.Fatalf("failover %d: CLUSTER FAILOVER on %s: %v", i+1, replica.Addr, err)
@@ -105,6 +155,20 @@ func TestFaultClusterPlannedFailover(t *testing.T) {
 				mu.Unlock()
 				if n == i+1 {
 					t.Logf("failover %d, store under %s: OnFailover %v after the test saw the promotion", i+1, name, last.Sub(at).Round(time.Millisecond))
+					if name != "sparse" {
+						break
+					}
+					first, ok := moved.firstAfter(sent)
+					if !ok {
+						t.Logf("failover %d: the sparse store's client met no MOVED", i+1)
+						break
+					}
+					lag := last.Sub(first)
+					t.Logf("failover %d, store under one call a second: OnFailover %v after its first MOVED", i+1, lag.Round(time.Millisecond))
+					if lag > sparseWithin {
+						t.Errorf("failover %d, store under one call a second: OnFailover %v after its first MOVED, want within %v", i+1, lag.Round(time.Millisecond), sparseWithin)
+					}
+					sparseLags = append(sparseLags, lag)
 					break
 				}
 				if n > i+1 {
@@ -116,6 +180,9 @@ func TestFaultClusterPlannedFailover(t *testing.T) {
 			}
 		}
 	}
+	if len(sparseLags) == 0 {
+		t.Error("the sparse store's client met no MOVED in any failover")
+	}
 	time.Sleep(time.Second) // a second call for one failover would show by now
 	for _, name := range names {
 		mu.Lock()
@@ -125,5 +192,52 @@ func TestFaultClusterPlannedFailover(t *testing.T) {
 		if n != len(masters) || lines != len(masters) {
 			t.Errorf("store under %s: OnFailover called %d times, %d lines, for %d failovers; log:\n%s", name, n, lines, len(masters), logs[name])
 		}
+	}
+}
+
+// movedLog is a go-redis hook, on a cluster's node clients, that notes when
+// a node answers MOVED.
+type movedLog struct {
+	mu sync.Mutex
+	at []time.Time
+}
+
+func (l *movedLog) note(err error) {
+	if err != nil && strings.HasPrefix(err.Error(), "MOVED ") {
+		l.mu.Lock()
+		l.at = append(l.at, time.Now())
+		l.mu.Unlock()
+	}
+}
+
+// firstAfter returns the time of the first MOVED after t.
+func (l *movedLog) firstAfter(t time.Time) (time.Time, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, at := range l.at {
+		if at.After(t) {
+			return at, true
+		}
+	}
+	return time.Time{}, false
+}
+
+func (l *movedLog) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (l *movedLog) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		l.note(err)
+		return err
+	}
+}
+
+func (l *movedLog) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		err := next(ctx, cmds)
+		for _, c := range cmds {
+			l.note(c.Err())
+		}
+		return err
 	}
 }
