@@ -1,3 +1,5 @@
+//go:build measure
+
 package lease_test
 
 import (
@@ -22,7 +24,7 @@ import (
 // taking from 1,000 other keys, first alone, then while Stats is called
 // over and over. It logs the requests' latency in each phase.
 //
-//	SLUICE_STATS_KEYS=1000000 go test -run TestStatsLatency -v ./lease/
+//	SLUICE_STATS_KEYS=1000000 go test -tags measure -run TestStatsLatency -v ./lease/
 func TestStatsLatency(t *testing.T) {
 	n, _ := strconv.Atoi(os.Getenv("SLUICE_STATS_KEYS"))
 	if n <= 0 {

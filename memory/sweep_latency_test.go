@@ -1,3 +1,5 @@
+//go:build measure
+
 package memory_test
 
 import (
@@ -23,7 +25,7 @@ import (
 // then while one Sweep removes every one of the keys, an hour later. It
 // logs the requests' latency in each phase.
 //
-//	SLUICE_SWEEP_KEYS=1000000 go test -run TestSweepLatency -v ./memory/
+//	SLUICE_SWEEP_KEYS=1000000 go test -tags measure -run TestSweepLatency -v ./memory/
 func TestSweepLatency(t *testing.T) {
 	n, _ := strconv.Atoi(os.Getenv("SLUICE_SWEEP_KEYS"))
 	if n <= 0 {
