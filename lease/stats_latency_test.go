@@ -4,16 +4,13 @@ package lease_test
 
 import (
 	"fmt"
-	"math/rand/v2"
 	"os"
-	"slices"
 	"strconv"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/latencytest"
 	"github.com/sluicehq/sluice/lease"
 	"github.com/sluicehq/sluice/memory"
 	"github.com/sluicehq/sluice/storetest"
@@ -48,36 +45,7 @@ func TestStatsLatency(t *testing.T) {
 		take(t, s, keys[i], l, 1)
 	}
 	phase := func(name string, d time.Duration, during func()) {
-		var (
-			stop atomic.Bool
-			lats []time.Duration
-			wg   sync.WaitGroup
-		)
-		wg.Go(func() {
-			r := rand.New(rand.NewPCG(1, 2))
-			for !stop.Load() {
-				a := time.Now()
-				if _, err := s.Take(ctx, keys[r.IntN(len(keys))], l, 1); err != nil {
-					t.Error(err)
-					return
-				}
-				lats = append(lats, time.Since(a))
-			}
-		})
-		time.Sleep(50 * time.Millisecond) // the stream is running
-		a := time.Now()
-		if during != nil {
-			during()
-		} else {
-			time.Sleep(d)
-		}
-		took := time.Since(a)
-		stop.Store(true)
-		wg.Wait()
-		slices.Sort(lats)
-		q := func(p float64) time.Duration { return lats[int(p*float64(len(lats)-1))] }
-		t.Logf("%s (%v): %d requests: p50 %v, p99 %v, p99.9 %v, p99.99 %v, max %v",
-			name, took.Round(time.Millisecond), len(lats), q(.5), q(.99), q(.999), q(.9999), lats[len(lats)-1])
+		latencytest.Phase(t, name, keys, func(k string) error { _, err := s.Take(ctx, k, l, 1); return err }, d, during, nil)
 	}
 	phase("no Stats", 2*time.Second, nil)
 	phase("Stats over and over", 0, func() {

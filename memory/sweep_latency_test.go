@@ -5,16 +5,14 @@ package memory_test
 import (
 	"context"
 	"fmt"
-	"math/rand/v2"
 	"os"
-	"slices"
 	"strconv"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/latencytest"
 	"github.com/sluicehq/sluice/memory"
 )
 
@@ -52,39 +50,8 @@ func TestSweepLatency(t *testing.T) {
 		keys[i] = fmt.Sprint("s", i)
 	}
 	l := sluice.PerSecond(1_000_000)
-	// phase runs the request stream while during runs, or for d if during
-	// is nil, and logs its latency.
 	phase := func(name string, d time.Duration, during func()) {
-		var (
-			stop atomic.Bool
-			lats []time.Duration
-			wg   sync.WaitGroup
-		)
-		wg.Go(func() {
-			r := rand.New(rand.NewPCG(1, 2))
-			for !stop.Load() {
-				a := time.Now()
-				if _, err := s.Take(ctx, keys[r.IntN(len(keys))], l, 1); err != nil {
-					t.Error(err)
-					return
-				}
-				lats = append(lats, time.Since(a))
-			}
-		})
-		time.Sleep(50 * time.Millisecond) // the stream is running
-		a := time.Now()
-		if during != nil {
-			during()
-		} else {
-			time.Sleep(d)
-		}
-		took := time.Since(a)
-		stop.Store(true)
-		wg.Wait()
-		slices.Sort(lats)
-		q := func(p float64) time.Duration { return lats[int(p*float64(len(lats)-1))] }
-		t.Logf("%s (%v): %d requests: p50 %v, p99 %v, p99.9 %v, p99.99 %v, max %v; %d keys",
-			name, took.Round(time.Millisecond), len(lats), q(.5), q(.99), q(.999), q(.9999), lats[len(lats)-1], s.Len())
+		latencytest.Phase(t, name, keys, func(k string) error { _, err := s.Take(ctx, k, l, 1); return err }, d, during, func() string { return fmt.Sprintf("%d keys", s.Len()) })
 	}
 	phase("no sweep", 2*time.Second, nil)
 	phase("sweeps, nothing expired", 0, func() {
