@@ -319,6 +319,11 @@ func (r *reloader) readMasters(ctx context.Context) {
 		return
 	}
 	changed := r.masters != ""
+	if changed && midFailover(r.masters, addrs) {
+		// The promoted replica holds some slots, its old master the
+		// rest: told once the old master has none.
+		return
+	}
 	r.masters = masters
 	if !changed {
 		return
@@ -327,6 +332,22 @@ func (r *reloader) readMasters(ctx context.Context) {
 	if fn := r.onFailover.Load(); fn != nil {
 		go (*fn)()
 	}
+}
+
+// midFailover reports whether addrs (sorted) are the masters last told
+// and more: a map read in the middle of a failover, where the old master
+// still owns slots beside the replica taking them over.
+func midFailover(last string, addrs []string) bool {
+	old := strings.Split(last, ",")
+	if len(addrs) <= len(old) {
+		return false
+	}
+	for _, a := range old {
+		if _, ok := slices.BinarySearch(addrs, a); !ok {
+			return false
+		}
+	}
+	return true
 }
 
 // moved reports whether a sample key's slot has another master now.
