@@ -260,8 +260,7 @@ func TestShadowModeCountsOnlyAdmitted(t *testing.T) {
 }
 
 // unit_multiplier: a window of unit×N aligned on multiples of it since the
-// Unix epoch, reported with the unit as written, as envoyproxy/ratelimit
-// does.
+// Unix epoch, reported with the unit as written and its multiplier.
 func TestRLSUnitMultiplier(t *testing.T) {
 	clock := newFakeClock()
 	svc := newMemService(t, `
@@ -275,8 +274,8 @@ descriptors:
 	resp := call(t, c, rlsRequest("d", desc("k=a")))
 	st := resp.Statuses[0]
 	if st.CurrentLimit.GetUnit() != rlsv3.RateLimitResponse_RateLimit_MINUTE || st.CurrentLimit.GetRequestsPerUnit() != 2 ||
-		st.DurationUntilReset.AsDuration() != 3*time.Minute {
-		t.Errorf("status %v, want 2 per MINUTE, reset in 3m", st)
+		st.CurrentLimit.GetUnitMultiplier().GetValue() != 5 || st.DurationUntilReset.AsDuration() != 3*time.Minute {
+		t.Errorf("status %v, want 2 per 5 × MINUTE, reset in 3m", st)
 	}
 	for _, step := range []struct {
 		at   time.Duration

@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/enforce"
@@ -79,6 +80,7 @@ type descriptor struct {
 	rl     *config.RateLimit // Envoy-format match
 	policy *config.Policy    // limited; names a blocked override's headers
 	period time.Duration     // blocked only
+	unit   time.Duration     // a limit override's unit as sent, without unit_multiplier
 	hits   int64
 	shadow bool // shadow_mode, quota_mode or a shadow policy: never over limit
 	check  int  // index of the descriptor's check, or -1
@@ -294,8 +296,19 @@ func overrideLimit(st *descriptor, domain string, entries []config.Entry, o *rlc
 	// One counter per entries, rate and unit, so that two overrides never
 	// share a counter under different limits. The leading '|' cannot start
 	// a configured descriptor's key, so neither do the two.
+	unit := period
+	mult := strings.ToLower(rlsv3.RateLimitResponse_RateLimit_Unit(o.GetUnit()).String())
+	if m := o.GetUnitMultiplier().GetValue(); m > 1 {
+		// As Envoy's API says: the period is unit_multiplier units.
+		if int64(m) > int64(sluice.MaxPeriod/period) {
+			return "", status.Errorf(codes.InvalidArgument, "descriptor limit override: unit_multiplier %d makes a window longer than %v", m, sluice.MaxPeriod)
+		}
+		period *= time.Duration(m)
+		mult = strconv.FormatUint(uint64(m), 10) + "x" + mult
+	}
 	key := "|" + strconv.FormatUint(uint64(o.GetRequestsPerUnit()), 10) + "/" +
-		strings.ToLower(rlsv3.RateLimitResponse_RateLimit_Unit(o.GetUnit()).String()) + "|" + config.EntriesKey(entries)
+		mult + "|" + config.EntriesKey(entries)
+	st.unit = unit
 	name := config.OverrideName(domain)
 	if o.GetRequestsPerUnit() == 0 {
 		st.kind, st.period = kindBlocked, period
@@ -339,9 +352,10 @@ func (r rlsServer) response(descs []descriptor, checks []enforce.Check) *rlsv3.R
 			continue
 		case kindBlocked:
 			decs[i] = blockDecision(st)
-			ds.CurrentLimit = &rlsv3.RateLimitResponse_RateLimit{Unit: envoyUnitByPeriod[st.period]}
+			ds.CurrentLimit = currentLimit(st, sluice.Limit{Period: st.period})
+			ds.CurrentLimit.Name = "" // a block's status names only its rate_limit's name
 			if st.rl != nil {
-				ds.CurrentLimit.Name, ds.CurrentLimit.Unit = st.rl.Name, envoyUnitByPeriod[st.rl.Unit]
+				ds.CurrentLimit.Name = st.rl.Name
 			}
 			ds.DurationUntilReset = durationpb.New(0) // as the headers' reset: now
 		case kindLimited:
@@ -420,12 +434,18 @@ func keyCost(checks []enforce.Check, i int) int64 {
 
 func currentLimit(st *descriptor, lim sluice.Limit) *rlsv3.RateLimitResponse_RateLimit {
 	l := &rlsv3.RateLimitResponse_RateLimit{RequestsPerUnit: uint32(lim.Rate)}
-	unit := lim.Period
-	if st.rl != nil {
-		unit = st.rl.Unit // the unit as written, without unit_multiplier
+	unit, period := lim.Period, lim.Period
+	switch {
+	case st.rl != nil:
+		unit, period = st.rl.Unit, st.rl.Period // the unit as written; the window is unit × unit_multiplier
+	case st.unit != 0:
+		unit = st.unit // a limit override's unit as sent
 	}
 	if u, ok := envoyUnitByPeriod[unit]; ok {
 		l.Unit = u
+		if period > unit && period%unit == 0 {
+			l.UnitMultiplier = wrapperspb.UInt32(uint32(period / unit))
+		}
 	}
 	switch {
 	case st.rl != nil:

@@ -214,6 +214,44 @@ func TestRLSOverrideAboveMaxRate(t *testing.T) {
 	}
 }
 
+// A limit the request carries with a unit_multiplier counts over a window
+// of that many units, and says so in its status, as Envoy's API defines it;
+// one whose window would pass sluice.MaxPeriod is refused.
+func TestRLSOverrideUnitMultiplier(t *testing.T) {
+	clock := newFakeClock()
+	svc := newMemService(t, "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 5}\n", clock)
+	c := serveRLS(t, svc)
+	o := desc("user=a")
+	o.Limit = &rlcommon.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 2, Unit: typev3.RateLimitUnit_SECOND,
+		UnitMultiplier: wrapperspb.UInt32(10)}
+	for _, step := range []struct {
+		at   time.Duration
+		want rlsv3.RateLimitResponse_Code
+	}{
+		{time.Second, rlsv3.RateLimitResponse_OK},
+		{2 * time.Second, rlsv3.RateLimitResponse_OK},
+		{3 * time.Second, rlsv3.RateLimitResponse_OVER_LIMIT},
+		{9 * time.Second, rlsv3.RateLimitResponse_OVER_LIMIT}, // 2 per second would admit again
+		{10 * time.Second, rlsv3.RateLimitResponse_OK},
+	} {
+		clock.Set(t0.Add(step.at))
+		resp := call(t, c, rlsRequest("d", o))
+		st := resp.Statuses[0]
+		if resp.OverallCode != step.want {
+			t.Errorf("at %v: %v, want %v", step.at, resp.OverallCode, step.want)
+		}
+		if l := st.CurrentLimit; l.GetRequestsPerUnit() != 2 || l.GetUnit() != rlsv3.RateLimitResponse_RateLimit_SECOND || l.GetUnitMultiplier().GetValue() != 10 {
+			t.Errorf("at %v: current_limit %v, want 2 per 10 × SECOND", step.at, l)
+		}
+	}
+	o.Limit.UnitMultiplier = wrapperspb.UInt32(math.MaxUint32)
+	o.Limit.Unit = typev3.RateLimitUnit_YEAR
+	_, err := c.ShouldRateLimit(context.Background(), rlsRequest("d", o))
+	if status.Code(err) != codes.InvalidArgument {
+		t.Errorf("a window of 2^32 years: %v, want InvalidArgument", err)
+	}
+}
+
 // A descriptor whose hits_addend exceeds its limit's capacity is over the
 // limit with no Retry-After, nor a RateLimit field (whose t would be a
 // wait): no wait would admit it.

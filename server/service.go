@@ -531,7 +531,7 @@ func (s *Service) request(policy, key string, cost int64) (*config.Policy, enfor
 			return nil, enforce.Check{}, fmt.Errorf("%w: key %q of policy %q: %s", ErrBadRequest, clip(key, logClip), policy, why)
 		}
 		if counted, ok := cfg.CountedKey(p, key); ok {
-			return nil, enforce.Check{}, fmt.Errorf("%w: Envoy's requests with the entries of key %q count under key %q of policy %q (ipv6_prefix groups addresses): send that", ErrBadRequest, key, counted, policy)
+			return nil, enforce.Check{}, fmt.Errorf("%w: Envoy's requests with the entries of key %q count under key %q of policy %q (a share_threshold wildcard counts every value it matches as one, and ipv6_prefix groups addresses): send that", ErrBadRequest, key, counted, policy)
 		}
 		return nil, enforce.Check{}, fmt.Errorf("%w: no descriptor reaches key %q of policy %q: write the descriptor's entries, key=value,key=value", ErrBadRequest, key, policy)
 	}
