@@ -508,7 +508,7 @@ func exactFields(body []byte, v any) error {
 			return nil
 		}
 		if string(skip) == "null" { // no field of the API is nullable
-			return fmt.Errorf("%w: field %q is null: leave it out for its default, or send a value", ErrBadRequest, name)
+			return fmt.Errorf("%w: field %q is null: send a value, or leave the field out where it is optional", ErrBadRequest, name)
 		}
 	}
 	return nil
