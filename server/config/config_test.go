@@ -491,6 +491,40 @@ func TestUnitMultiplier(t *testing.T) {
 	}
 }
 
+// A unit_multiplier out of range is one error, not two.
+func TestUnitMultiplierOutOfRangeOneError(t *testing.T) {
+	t.Parallel()
+	_, err := Parse("test.yaml", []byte("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 5, unit_multiplier: -3}\n"))
+	if err == nil || strings.Count(err.Error(), "test.yaml:") != 1 || !strings.Contains(err.Error(), "out of range") {
+		t.Errorf("got %v, want one error saying out of range", err)
+	}
+}
+
+// An Envoy-format field written with no value (rate_limit:, value:,
+// metadata:) is left out, as envoyproxy/ratelimit's reader takes it.
+func TestEnvoyNullFieldsLeftOut(t *testing.T) {
+	t.Parallel()
+	cfg, err := Parse("test.yaml", []byte(`domain: d
+descriptors:
+  - key: a
+    rate_limit:
+    metadata:
+    descriptors:
+      - key: b
+        value:
+        rate_limit: {unit: second, requests_per_unit: 5}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p := cfg.Policy("d.a.b"); p == nil || p.Limit.Rate != 5 {
+		t.Errorf("d.a.b: %+v, want 5/s", p)
+	}
+	if p := cfg.Policy("d.a"); p != nil {
+		t.Errorf("d.a: %+v, want no policy (rate_limit: with no value)", p)
+	}
+}
+
 // TestTemplateValuesEscaped: two descriptors never render one key, and no
 // value puts a brace in it. Every value's '%', '{' and '}' are
 // percent-escaped; with two variables or more, so are the bytes of the

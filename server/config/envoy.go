@@ -38,6 +38,9 @@ func (l *loader) descriptors(d *Domain, parent *descNode, path string, list *yam
 			l.errorf(n, "descriptor has empty key")
 			continue
 		}
+		// A field written with no value is left out, as envoyproxy/ratelimit's
+		// reader takes it (its zero value): "rate_limit:" sets no limit.
+		value, rateLimit, metadata = notNull(value), notNull(rateLimit), notNull(metadata)
 		dn := &descNode{children: map[entryKey]*descNode{}, pos: l.at(n)}
 		ek := entryKey{key: l.str(key)}
 		if value != nil {
@@ -89,6 +92,14 @@ func (l *loader) descriptors(d *Domain, parent *descNode, path string, list *yam
 			l.descriptors(d, dn, name, children)
 		}
 	}
+}
+
+// notNull returns n, or nil for a YAML null.
+func notNull(n *yaml.Node) *yaml.Node {
+	if n != nil && n.Kind == yaml.ScalarNode && n.Tag == "!!null" {
+		return nil
+	}
+	return n
 }
 
 func (l *loader) rateLimit(d *Domain, dn *descNode, name string, n *yaml.Node, shadow, quota bool) {
@@ -149,7 +160,11 @@ func (l *loader) rateLimit(d *Domain, dn *descNode, name string, n *yaml.Node, s
 		// As envoyproxy/ratelimit's unit_multiplier: the window is unit×N,
 		// aligned, like every fixed window, on multiples of it since the
 		// Unix epoch.
+		errs := len(l.errs)
 		m := l.integer(mult, "unit_multiplier", 0, 1<<32-1)
+		if len(l.errs) > errs {
+			return // said why
+		}
 		if m == 0 {
 			l.errorf(mult, "invalid unit multiplier of 0")
 			return
