@@ -302,3 +302,30 @@ func (r *tryAgain) again(ctx context.Context, c *call) bool {
 func isTryAgain(err error) bool {
 	return err != nil && strings.HasPrefix(replyText(err), "TRYAGAIN")
 }
+
+// noteClosed records, after c failed with redis.ErrClosed on a Cluster
+// client, whether that client is closed, so that every later call fails at
+// once: go-redis's Cluster client takes a closed node for one a reload
+// dropped and tries again after its retry backoff, three times, with the
+// slot map it still holds, so each call on a closed client took 100–145 ms
+// to fail. It is closed if the master of c's key, in that map, is: go-redis
+// closes a node's client only when it closes, or when a reload drops the
+// node from the map, and MasterForKey reads the map in memory. The PING
+// fails at once on a closed node, with no round trip.
+func (s *Store) noteClosed(ctx context.Context, c *call) {
+	cc, ok := s.client.(*redis.ClusterClient)
+	if !ok || len(c.args) <= 3 {
+		return
+	}
+	key, ok := c.args[3].(string)
+	if !ok {
+		return
+	}
+	node, err := cc.MasterForKey(ctx, key)
+	if err == nil {
+		err = node.Ping(ctx).Err()
+	}
+	if errors.Is(err, redis.ErrClosed) {
+		s.closed.Store(true)
+	}
+}

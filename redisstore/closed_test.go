@@ -3,12 +3,15 @@ package redisstore_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"slices"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/race"
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/redisstore"
 )
@@ -95,5 +98,61 @@ func closedStore(t *testing.T, c redis.UniversalClient, opts redisstore.Options)
 		if d := time.Since(start); d > 100*time.Millisecond {
 			t.Logf("%s after Close took %v", call.name, d)
 		}
+	}
+}
+
+// TestClosedClusterFailsAtOnce: calls on a Store whose Cluster client was
+// closed fail with sluice.ErrStoreClosed at once, used before the Close or
+// not. go-redis, holding a slot map, tried each call again three times
+// after its retry backoff: 100–145 ms each. The first call after the Close
+// still pays that once (nothing cheaper tells a closed Cluster client).
+func TestClosedClusterFailsAtOnce(t *testing.T) {
+	race.SkipTiming(t)
+	seed := redistest.ClusterClient(t)
+	l := sluice.PerSecond(1_000_000)
+	for _, tc := range []struct {
+		name string
+		opts redisstore.Options
+		used bool
+	}{
+		{"batched", redisstore.Options{}, true},
+		{"MaxBatch 1", redisstore.Options{MaxBatch: 1}, true},
+		{"batched, unused", redisstore.Options{}, false},
+		{"MaxBatch 1, unused", redisstore.Options{MaxBatch: 1}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			own := redis.NewClusterClient(seed.Options())
+			opts := tc.opts
+			opts.Prefix = redistest.Prefix(t)
+			store := redisstore.New(own, &opts)
+			if tc.used {
+				if _, err := store.Take(context.Background(), "k", l, 1); err != nil {
+					t.Fatal(err)
+				}
+			}
+			own.Close()
+			start := time.Now()
+			if _, err := store.Take(context.Background(), "first", l, 1); !errors.Is(err, sluice.ErrStoreClosed) {
+				t.Fatalf("Take after Close = %v, want sluice.ErrStoreClosed", err)
+			}
+			first := time.Since(start)
+			took := make([]time.Duration, 100)
+			for i := range took {
+				ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+				start := time.Now()
+				_, err := store.Take(ctx, fmt.Sprint("k", i), l, 1)
+				took[i] = time.Since(start)
+				cancel()
+				if !errors.Is(err, sluice.ErrStoreClosed) {
+					t.Fatalf("Take after Close = %v, want sluice.ErrStoreClosed", err)
+				}
+			}
+			slices.Sort(took)
+			p99 := took[98]
+			t.Logf("first call after Close %v; the 100 next: p50 %v, p99 %v, max %v", first, took[49], p99, took[99])
+			if p99 > time.Millisecond {
+				t.Errorf("calls after Close took p99 %v, want under 1ms", p99)
+			}
+		})
 	}
 }

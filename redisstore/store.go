@@ -238,6 +238,7 @@ type Store struct {
 	paramMu sync.Mutex
 	young   youngHolders
 	stalls  atomic.Int64 // see Stalls
+	closed  atomic.Bool  // the client is closed (noteClosed)
 	bad     error        // New's options were invalid: client is nil
 }
 
@@ -594,6 +595,9 @@ func (s *Store) run(ctx context.Context, c *call) ([]int64, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err // never sent
 	}
+	if s.closed.Load() {
+		return nil, replyErr(redis.ErrClosed)
+	}
 	if err := s.reload.awaitMap(ctx); err != nil {
 		s.reload.failed(err)
 		return nil, err // never sent
@@ -643,6 +647,9 @@ func (s *Store) run(ctx context.Context, c *call) ([]int64, error) {
 		err = ended(ctx)
 	}
 	if err != nil {
+		if errors.Is(err, redis.ErrClosed) {
+			s.noteClosed(ctx, c)
+		}
 		s.reload.failed(err)
 		return nil, replyErr(err)
 	}
