@@ -74,11 +74,13 @@ type lane struct {
 	mu    sync.Mutex
 	busy  int          // slots taken
 	queue []*call      // waiting calls, oldest first; non-empty only when busy >= inFlight
-	rtt   atomic.Int64 // smoothed round trip of the lane's sends, ns; 0 before the first
-	// answered is rtt of the sends answered only, rising faster: how late
-	// a reply may still come (sendContext). Cut-off sends would raise it
-	// to the cut.
+	rtt   atomic.Int64 // smoothed round trip of the lane's answered sends, ns; 0 before the first
+	// answered is rtt rising faster: how late a reply may still come
+	// (sendContext).
 	answered atomic.Int64
+	// resumed: Unix ns when the lane's latest stall ended; a send on the
+	// wire then waited through it, and is no round trip (seen).
+	resumed atomic.Int64
 	// stalled: the lane's latest send was cut off unanswered, none
 	// answered since (Redis stopped, a dead link). The lane then sends one
 	// batch at a time, dials nothing ahead, and hurried calls queue: each
@@ -246,43 +248,51 @@ func (l *lane) gate(ctx context.Context) (done func(), err error) {
 	}
 }
 
-// seen sets whether l is stalled from the end of one of its sends: an
-// answer ends a stall, a send cut off unanswered starts one.
-func (l *lane) seen(err error) {
+// seen sets whether l is stalled from the end of one of its sends, which
+// took d: an answer ends a stall, a send cut off unanswered starts one. It
+// reports whether the send was a round trip: answered, and not on the wire
+// when a stall ended (its reply waited for Redis to resume).
+func (l *lane) seen(d time.Duration, err error) bool {
+	now := time.Now().UnixNano()
 	switch {
 	case !connLost(err):
 		if l.stalled.Load() && l.stalled.CompareAndSwap(true, false) {
+			l.resumed.Store(now)
 			l.stall.answered()
+			return false
 		}
+		return now-int64(d) >= l.resumed.Load()
 	case timedOut(err):
 		if !l.stalled.Load() && l.stalled.CompareAndSwap(false, true) {
 			l.stall.stalled()
+		} else {
+			l.stall.cut()
 		}
 	}
+	return false
 }
 
-// observe adds a send of l that took d and ended in err to l's round trip,
-// if it was one: answered, or cut off (then d is less than the round trip;
-// a connection refused is none). A lost connection makes the next calls
-// dial ahead again.
+// observe adds a send of l that took d and ended in err to l's round
+// trips, if it was one (see seen). A send cut off unanswered is none: its
+// time is the cut, and with it in, a lane's round trip after a stall
+// stood at 62–83 ms for 50 ms callers, so the first calls once Redis
+// answered took it for a distant one and dialled the pool full. A lost
+// connection makes the next calls dial ahead again.
 func (l *lane) observe(d time.Duration, err error) {
-	l.seen(err)
-	if !connLost(err) {
-		// Up fast: replies that start coming late must keep their
-		// connections from the first ones on.
-		if old := l.answered.Load(); int64(d) > old {
-			l.answered.Store(old + (int64(d)-old)/2)
-		} else {
-			smooth(&l.answered, d)
-		}
-	}
 	if connLost(err) {
 		l.mu.Lock()
 		l.peak = 0
 		l.mu.Unlock()
-		if !timedOut(err) {
-			return
-		}
+	}
+	if !l.seen(d, err) {
+		return
+	}
+	// Up fast: replies that start coming late must keep their
+	// connections from the first ones on.
+	if old := l.answered.Load(); int64(d) > old {
+		l.answered.Store(old + (int64(d)-old)/2)
+	} else {
+		smooth(&l.answered, d)
 	}
 	smooth(&l.rtt, d)
 }

@@ -51,8 +51,10 @@ func (w *slowLog) write() {
 }
 
 // RoundTrip returns the Store's smoothed measure of Redis's round trip
-// (the slowest master's, on a Cluster): the time its script calls took,
-// answered or cut off, an eighth of each new one mixed in. 0 before the
+// (the slowest master's, on a Cluster): the time its answered script calls
+// took, an eighth of each new one mixed in. A send cut off unanswered, or
+// answered only once a stall ended, measures the stall, not the round
+// trip (Stalls counts those). 0 before the
 // first call. A call queues for a batch only while this is under a
 // quarter of what the call has left of its deadline (see the package doc).
 // On a Cluster only the nodes that are masters now count: a master lost
@@ -117,6 +119,7 @@ type stallLog struct {
 	node  string        // the lane's master on a Cluster; "" for one server
 	next  atomic.Int64  // Unix ns before which no WARN line is written
 	since atomic.Int64  // Unix ns of the WARN line whose INFO line is due; 0: none
+	cutAt atomic.Int64  // Unix ns of the stall's latest send cut off unanswered
 }
 
 // stallEvery: at most one WARN line per lane this often.
@@ -128,6 +131,7 @@ func (w *stallLog) stalled() {
 	}
 	w.count.Add(1)
 	now := time.Now().UnixNano()
+	w.cutAt.Store(now)
 	next := w.next.Load()
 	if now < next || !w.next.CompareAndSwap(next, now+int64(stallEvery)) {
 		return
@@ -137,6 +141,19 @@ func (w *stallLog) stalled() {
 		w.attrs("stalls", w.count.Load())...)
 }
 
+// cut notes a send cut off unanswered while the lane is stalled.
+func (w *stallLog) cut() {
+	if w != nil {
+		w.cutAt.Store(time.Now().UnixNano())
+	}
+}
+
+// answered writes the INFO line. When Redis resumed is known only between
+// the stall's last send cut off and its first answer: nothing is sent
+// between a stalled lane's calls, so with sparse calls the first answer
+// comes with the next call, whenever that is. The line gives both bounds,
+// from the WARN line: stalled_for_at_least, to the last send cut off;
+// answered_after, to the first answer.
 func (w *stallLog) answered() {
 	if w == nil {
 		return
@@ -145,8 +162,10 @@ func (w *stallLog) answered() {
 	if since == 0 {
 		return
 	}
+	now := time.Now().UnixNano()
 	w.log.Info("redisstore: Redis answering again",
-		w.attrs("stalled_for", time.Duration(time.Now().UnixNano()-since).Round(time.Millisecond))...)
+		w.attrs("stalled_for_at_least", time.Duration(max(w.cutAt.Load()-since, 0)).Round(time.Millisecond),
+			"answered_after", time.Duration(now-since).Round(time.Millisecond))...)
 }
 
 func (w *stallLog) attrs(kv ...any) []any {

@@ -201,3 +201,159 @@ func TestFaultStalledRedisBoundsConnections(t *testing.T) {
 		})
 	}
 }
+
+// connectedClients is Redis's connected_clients, less the one asking.
+func connectedClients(t *testing.T, admin *redis.Client) int {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	info, err := admin.Info(ctx, "clients").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for line := range strings.Lines(info) {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "connected_clients:"); ok {
+			var n int
+			fmt.Sscan(v, &n)
+			return n - 1
+		}
+	}
+	t.Fatalf("no connected_clients in %q", info)
+	return 0
+}
+
+// TestFaultStallLeavesPoolAsBefore: Redis stopped (SIGSTOP) for a second
+// under 1,000 calls a second (50 ms deadlines, a pool of 20), then
+// resumed, the calls going on. The store's connections afterwards are
+// about what they were before, and the stall is told as a stall, not as
+// a slow Redis. Before, the round trip counted the sends cut off unanswered
+// (and the one answered as Redis resumed, which waited through the stall):
+// 62–83 ms at 50 ms deadlines, so the first calls once Redis answered took
+// it for a distant one, went at once each on a connection of its own and
+// dialled ahead, and the pool grew to its size and stayed there (go-redis
+// closes idle connections after 30 minutes); and the slow-Redis line was
+// written with that figure.
+func TestFaultStallLeavesPoolAsBefore(t *testing.T) {
+	race.SkipTiming(t)
+	const (
+		wait = 50 * time.Millisecond
+		pool = 20
+	)
+	srv := redistest.StartServer(t)
+	admin := srv.Client(t)
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr, ContextTimeoutEnabled: true, PoolSize: pool})
+	redisstore.DetectRefusals(c)
+	t.Cleanup(func() { c.Close() })
+	var logs syncBuffer
+	s := redisstore.New(c, &redisstore.Options{Prefix: redistest.Prefix(t),
+		Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	if err := s.Warm(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	l := sluice.PerSecond(1_000_000)
+	take := func(key string) error {
+		ctx, cancel := context.WithTimeout(context.Background(), wait)
+		defer cancel()
+		_, err := s.Take(ctx, key, l, 1)
+		return err
+	}
+	var wg sync.WaitGroup
+	load := func(d time.Duration) {
+		tick := time.NewTicker(time.Millisecond)
+		defer tick.Stop()
+		for i := 0; i < int(d/time.Millisecond); i++ {
+			<-tick.C
+			wg.Go(func() { _ = take(fmt.Sprint("k", i%100)) })
+		}
+		wg.Wait()
+	}
+
+	load(time.Second)
+	before := connectedClients(t, admin)
+	rttBefore := s.RoundTrip()
+	srv.Pause(t)
+	load(3 * time.Second)
+	st := c.PoolStats()
+	during := int(st.TotalConns)
+	if st.PipelineStats != nil {
+		during += int(st.PipelineStats.TotalConns)
+	}
+	rttDuring := s.RoundTrip()
+	srv.Resume(t)
+	for take("k0") != nil { // the stall ends
+		time.Sleep(10 * time.Millisecond)
+	}
+	// Bursts of calls at once, as Redis resumes (clients trying
+	// again): calls that take Redis for a distant one each go at
+	// once on a connection of their own, and the store dials ahead
+	// for them.
+	for range 5 {
+		for i := range pool {
+			wg.Go(func() { _ = take(fmt.Sprint("k", i)) })
+		}
+		wg.Wait()
+		time.Sleep(100 * time.Millisecond)
+	}
+	load(time.Second)
+	after := connectedClients(t, admin)
+	t.Logf("connections before %d, during %d (pooled), after %d; round trip before %v, during %v, after %v; %d stalls",
+		before, during, after, rttBefore.Round(10*time.Microsecond), rttDuring.Round(10*time.Microsecond),
+		s.RoundTrip().Round(10*time.Microsecond), s.Stalls())
+	if after > before+3 {
+		t.Errorf("%d connections 2s after Redis resumed, %d before it stopped", after, before)
+	}
+	if s.Stalls() == 0 {
+		t.Error("no stall counted")
+	}
+	if strings.Contains(logs.String(), "round trip over a quarter") {
+		t.Errorf("a stall told as a slow Redis: %q", logs.String())
+	}
+}
+
+// TestFaultStallLineBounds: with sparse calls, the first answer after a
+// stall comes with the next call, whenever that is, so the INFO line gives
+// when Redis resumed as bounds: stalled at least until the last send cut
+// off, answered after the first answer. Before, one stalled_for ran to the
+// next call: 1.3 s here, for a stall of 0.45 s.
+func TestFaultStallLineBounds(t *testing.T) {
+	race.SkipTiming(t)
+	srv := redistest.StartServer(t)
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr, ContextTimeoutEnabled: true})
+	t.Cleanup(func() { c.Close() })
+	var logs syncBuffer
+	s := redisstore.New(c, &redisstore.Options{Prefix: redistest.Prefix(t), Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	l := sluice.PerSecond(1_000_000)
+	take := func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+		defer cancel()
+		_, err := s.Take(ctx, "k", l, 1)
+		return err
+	}
+	if err := take(); err != nil {
+		t.Fatal(err)
+	}
+	srv.Pause(t)
+	for range 2 {
+		_ = take()
+		time.Sleep(150 * time.Millisecond) // the send is cut off
+	}
+	srv.Resume(t)
+	time.Sleep(time.Second)
+	if err := take(); err != nil {
+		t.Fatal(err)
+	}
+	line := logs.String()
+	t.Log(line)
+	var least, after time.Duration
+	for f := range strings.FieldsSeq(line) {
+		if v, ok := strings.CutPrefix(f, "stalled_for_at_least="); ok {
+			least, _ = time.ParseDuration(v)
+		}
+		if v, ok := strings.CutPrefix(f, "answered_after="); ok {
+			after, _ = time.ParseDuration(v)
+		}
+	}
+	if least <= 0 || least > 400*time.Millisecond || after < time.Second {
+		t.Errorf("stalled_for_at_least %v, answered_after %v: want the last cut (about 150 ms after the first) and the answer (over 1 s after)", least, after)
+	}
+}

@@ -615,7 +615,7 @@ func (s *Store) run(ctx context.Context, c *call) ([]int64, error) {
 				err = c.await(ctx, func() {
 					sctx, cancel := s.sendAlone(ctx, budget)
 					s.runWaited(sctx, c)
-					s.solo.seen(c.err)
+					s.solo.seen(0, c.err)
 					cancel()
 					sent()
 				})
