@@ -94,7 +94,10 @@ func (c *tally) TakeAll(ctx context.Context, reqs []sluice.Request) ([]sluice.De
 // a fixed window 300/s check, both leased at 50 ms, costs 1-8, for 5 s,
 // beside as many on the store exactly. It logs the units each admitted,
 // what denied, and per key what the store granted, took back and took.
-// SLUICE_LAYERED_ONLY=g or f sends that check alone.
+// SLUICE_LAYERED_ONLY=g or f sends that check alone. SLUICE_LAYERED_PHASE=ms
+// starts the run that far into a fixed window (on this host's clock, which a
+// local Redis's TIME reads): 0 starts with a window, where the fixed window
+// is spent about halfway through the first second and then denies.
 //
 //	SLUICE_REDIS_ADDR=127.0.0.1:6379 SLUICE_LAYERED_CLIENTS=2 go test -tags measure -run TestLayeredClosedLoop -v ./lease/
 func TestLayeredClosedLoop(t *testing.T) {
@@ -122,6 +125,13 @@ func TestLayeredClosedLoop(t *testing.T) {
 	exact := redisstore.New(client, &redisstore.Options{Prefix: prefix + "exact:"})
 	var leasedUnits, exactUnits, leasedReqs, exactReqs atomic.Int64
 	var deniedG, deniedF, deniedBoth [8]atomic.Int64
+	var leasedPerSec, exactPerSec [6]atomic.Int64 // units admitted in each second of the run
+	if ms, err := strconv.Atoi(os.Getenv("SLUICE_LAYERED_PHASE")); err == nil {
+		into := time.Duration(ms) * time.Millisecond % time.Second
+		now := time.Now()
+		wait := (into - time.Duration(now.UnixNano())%time.Second + time.Second) % time.Second
+		time.Sleep(wait)
+	}
 	start := time.Now()
 	var wg sync.WaitGroup
 	for p := range procs {
@@ -151,6 +161,7 @@ func TestLayeredClosedLoop(t *testing.T) {
 							exactReqs.Add(1)
 							if ds[0].Allowed && ds[len(ds)-1].Allowed {
 								exactUnits.Add(cost)
+								exactPerSec[min(int(time.Since(start)/time.Second), 5)].Add(cost)
 							}
 							continue
 						}
@@ -161,6 +172,7 @@ func TestLayeredClosedLoop(t *testing.T) {
 						switch {
 						case ds[0].Allowed && ds[1].Allowed:
 							leasedUnits.Add(cost)
+							leasedPerSec[min(int(time.Since(start)/time.Second), 5)].Add(cost)
 						case !ds[0].Allowed && !ds[1].Allowed:
 							deniedBoth[ds[0].Source].Add(1)
 						case !ds[0].Allowed:
@@ -175,7 +187,11 @@ func TestLayeredClosedLoop(t *testing.T) {
 	}
 	wg.Wait()
 	l, e := leasedUnits.Load(), exactUnits.Load()
+	t.Logf("started %v into a fixed window", time.Duration(start.UnixNano())%time.Second)
 	t.Logf("%d clients per store: leased %d units in %d requests, exact %d in %d: %.1f%% fewer", clients, l, leasedReqs.Load(), e, exactReqs.Load(), 100*float64(e-l)/float64(e))
+	for i := range 5 {
+		t.Logf("  second %d: leased %d units, exact %d", i, leasedPerSec[i].Load(), exactPerSec[i].Load())
+	}
 	for src := range 8 {
 		if n := deniedG[src].Load() + deniedF[src].Load() + deniedBoth[src].Load(); n > 0 {
 			t.Logf("  source %v: denied by GCRA only %d, by FW only %d, both %d", sluice.Source(src), deniedG[src].Load(), deniedF[src].Load(), deniedBoth[src].Load())
