@@ -145,3 +145,51 @@ func TestTopUpKeepsLease(t *testing.T) {
 		t.Fatalf("after the top-up: %+v, want the lease's unit", d)
 	}
 }
+
+// A GCRA lease taken for a TakeAll that a spent fixed window denies until
+// its window's end goes back at once, and while the window denies the
+// GCRA's next checks are the store's: held until it ended, it went back
+// less one unit per Interval of its age, every D, and under closed-loop
+// overload starting with a window layered checks lost 7-14 % of the exact
+// limiter's units (TestLayeredClosedLoop, SLUICE_LAYERED_PHASE=0).
+func TestSiblingDenialReturnsLease(t *testing.T) {
+	t.Parallel()
+	clock := storetest.NewClock(storetest.T0) // a window's start
+	m := newMemory(t, clock)
+	const d = 50 * time.Millisecond
+	s := newLease(t, m, clock, d, 10)
+	lg := sluice.PerSecond(100) // one unit per 10 ms
+	lf := sluice.Limit{Algorithm: sluice.FixedWindow, Rate: 10, Period: time.Second}
+	if d, err := m.Take(ctx, "f", lf, 10); err != nil || !d.Allowed {
+		t.Fatal(d, err) // the window is spent until T0 + 1s
+	}
+	if d, err := m.Take(ctx, "g", lg, 100); err != nil || !d.Allowed {
+		t.Fatal(d, err) // the GCRA is empty
+	}
+	clock.Advance(100 * time.Millisecond) // 10 units back in the GCRA
+	reqs := []sluice.Request{{Key: "g", Limit: lg, Cost: 1}, {Key: "f", Limit: lf, Cost: 1}}
+	for range 3 {
+		ds, err := s.TakeAll(ctx, reqs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !ds[0].Allowed || ds[1].Allowed {
+			t.Fatalf("TakeAll: %+v, want the GCRA's verdict allowed and the window's denied", ds)
+		}
+	}
+	if st := s.Stats(); st.Grants != 2 || st.Granted != 10 || st.Returned != 10 {
+		t.Fatalf("%+v: want a grant of 10 units for the GCRA, all of them back at once, and one grant of nothing for the window", st)
+	}
+	clock.Advance(d + 10*time.Millisecond)
+	if err := s.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// Nothing admitted: the 10 units there at the grant and the 6 refilled
+	// since, as without leases.
+	if d, err := m.Peek(ctx, "g", lg, 1); err != nil || d.Remaining != 16 {
+		t.Fatalf("the GCRA after Close: %+v, %v; want 16 left", d, err)
+	}
+	if st := s.Stats(); st.Forfeited != 0 {
+		t.Fatalf("%+v: want nothing forfeited", st)
+	}
+}

@@ -490,6 +490,7 @@ type lease struct {
 	until    int64        // spendable while now ≤ until
 	end      int64        // window algorithms: spendable while now < end; 0: no end
 	deny     int64        // a zero grant is remembered until then: at most D
+	quiet    int64        // until then a TakeAll's refill is the store's Take (see Store.quiet)
 	retry    int64        // when that grant's store expected a unit again
 	short    int64        // a grant could not cover this cost: such costs go to the store
 	shortEnd int64        // until then, D after that grant's send
@@ -1051,7 +1052,7 @@ func (s *Store) Take(ctx context.Context, key string, limit sluice.Limit, cost i
 		if s.fast(&d, key, limit, cost, stale) {
 			return d, nil
 		}
-		d, l, _, left, exact, err := s.spend(ctx, key, limit, cost, stale, false, true)
+		d, l, _, left, exact, err := s.spend(ctx, key, limit, cost, stale, false, true, false)
 		if left.units > 0 {
 			return s.topUp(ctx, l, left, key, limit, cost, stale)
 		}
@@ -1143,7 +1144,7 @@ func (s *Store) fast(d *sluice.Decision, key string, limit sluice.Limit, cost in
 // request with the store's (see refill): a TakeAll's only over a
 // MultiStore, whose TakeAll takes the rest all or nothing with the other
 // checks. left: see refill.
-func (s *Store) spend(ctx context.Context, key string, limit sluice.Limit, cost int64, stale time.Duration, force, topUp bool) (_ sluice.Decision, _ *lease, got, left leftover, exact bool, _ error) {
+func (s *Store) spend(ctx context.Context, key string, limit sluice.Limit, cost int64, stale time.Duration, force, topUp, layered bool) (_ sluice.Decision, _ *lease, got, left leftover, exact bool, _ error) {
 	s.sweepIfDue()
 	sh, tag := s.locate(key)
 	id := s.knownID(limit)
@@ -1182,7 +1183,7 @@ func (s *Store) spend(ctx context.Context, key string, limit sluice.Limit, cost 
 	}
 	failed, grants := l.failed, l.gen
 	sh.mu.Unlock()
-	d, got, left, exact, err := s.refill(ctx, l, key, limit, cost, stale, force, topUp, made, failed, grants)
+	d, got, left, exact, err := s.refill(ctx, l, key, limit, cost, stale, force, topUp, layered, made, failed, grants)
 	return d, l, got, left, exact, err
 }
 
@@ -1219,7 +1220,7 @@ func (h *hot) remembered(cost, now int64) (sluice.Decision, bool) {
 // got: the lease's units an admission spent. held: the caller made l and
 // holds its refill already. failed and grants are l.failed and l.gen when
 // the request began to wait.
-func (s *Store) refill(ctx context.Context, l *lease, key string, limit sluice.Limit, cost int64, stale time.Duration, force, topUp, held bool, failed, grants uint64) (_ sluice.Decision, got, _ leftover, exact bool, _ error) {
+func (s *Store) refill(ctx context.Context, l *lease, key string, limit sluice.Limit, cost int64, stale time.Duration, force, topUp, layered, held bool, failed, grants uint64) (_ sluice.Decision, got, _ leftover, exact bool, _ error) {
 	if !held {
 		if err := l.refill.lockCtx(ctx); err != nil {
 			return sluice.Decision{}, leftover{}, leftover{}, false, fmt.Errorf("lease: waiting for the key's grant: %w", err)
@@ -1282,7 +1283,11 @@ func (s *Store) refill(ctx context.Context, l *lease, key string, limit sluice.L
 	// units, when the store denies the rest, would go back less the return
 	// rule's share (under overload, all of them).
 	pending := l.out > 0 && l.outGen == l.gen && now <= h.stop
-	toStore := !force && (n == 0 || short || pending)
+	// While another check of its TakeAlls denies (see quiet), the store's
+	// Take answers a TakeAll's check with the others, all or nothing: a
+	// grant would end unspent.
+	hushed := layered && now < l.quiet
+	toStore := !force && (n == 0 || short || pending || hushed)
 	// A live lease's last units, too few for cost, are spent on this
 	// request with the store's exact Take of the rest, rather than
 	// returned less one per Interval of the lease's age (or, windowed,
@@ -1832,7 +1837,10 @@ func (s *Store) giveBack(ctx context.Context, key string, limit sluice.Limit, g 
 // sluice.MultiStore gets every check with a staleness above zero leased,
 // hot or not, and at most one with none (ErrNoTakeAll otherwise; a limit
 // met after the Store's 2^20th is never leased, see the package doc). Two
-// checks on one key under one algorithm are sluice.ErrInvalidKey.
+// checks on one key under one algorithm are sluice.ErrInvalidKey. Over a
+// MultiStore, when other checks deny for D or longer, a GCRA or bucket
+// check's lease gives its units back at once, and for D that key's refills
+// in TakeAlls are the store's Take with the others, not grants (see quiet).
 func (s *Store) TakeAll(ctx context.Context, reqs []sluice.Request) ([]sluice.Decision, error) {
 	ctx = ctxutil.OrBackground(ctx)
 	if err := ctx.Err(); err != nil {
@@ -1906,7 +1914,7 @@ func (s *Store) TakeAll(ctx context.Context, reqs []sluice.Request) ([]sluice.De
 			// with the other exact checks, as Take spends them: returned,
 			// young as they are, the return rule would keep one per
 			// Interval of their age (at a high rate, all of them).
-			d, l, got, left, ex, err := s.spend(ctx, r.Key, r.Limit, r.Cost, stale[i], multi == nil, multi != nil)
+			d, l, got, left, ex, err := s.spend(ctx, r.Key, r.Limit, r.Cost, stale[i], multi == nil, multi != nil, true)
 			asked[i] = l
 			if left.units > 0 {
 				tops, topAt = append(tops, topped{req: r, l: l, left: left, stale: stale[i]}), append(topAt, i)
@@ -1952,6 +1960,13 @@ func (s *Store) TakeAll(ctx context.Context, reqs []sluice.Request) ([]sluice.De
 				return nil, err
 			}
 		}
+		if multi != nil {
+			// (Without a MultiStore a check must be leased: a lease given
+			// back would be granted again at the next request.)
+			if err := s.quietAll(ctx, reqs, stale, asked, out); err != nil {
+				return nil, err
+			}
+		}
 		return out, nil
 	}
 	// The leases' units are spent now, as the request is admitted: not
@@ -1994,6 +2009,64 @@ func (s *Store) TakeAll(ctx context.Context, reqs []sluice.Request) ([]sluice.De
 		s.lost.Add(uint64(lost))
 	}
 	return out, nil
+}
+
+// quietAll quiets (see quiet) the GCRA and bucket leases of a denied
+// TakeAll's checks that another check denies for D or longer. asked holds
+// the leases its checks were asked from.
+func (s *Store) quietAll(ctx context.Context, reqs []sluice.Request, stale []time.Duration, asked []*lease, out []sluice.Decision) error {
+	var errs []error
+	for i, r := range reqs {
+		if asked[i] == nil || windowed(r.Limit) {
+			// A window's units go back whole while it lasts, and a lease
+			// of it quieted would send every request to the store while
+			// another check denies.
+			continue
+		}
+		var wait time.Duration // until every other check could admit
+		for j, d := range out {
+			if j != i && !d.Allowed {
+				wait = max(wait, d.RetryAfter)
+			}
+		}
+		if wait < stale[i] {
+			continue // a lease granted now could still be spent
+		}
+		errs = append(errs, s.quiet(ctx, asked[i], r.Key, r.Limit, stale[i]))
+	}
+	return errors.Join(errs...)
+}
+
+// quiet is for a GCRA or bucket lease whose TakeAll another check denied
+// for D or longer: no TakeAll can spend its units while it lives, nor
+// a new lease's (layered checks mostly come together), and a lease that
+// ends unspent goes back less one unit per Interval of its age. Under a
+// spent fixed window that lost about all the GCRA refilled meanwhile:
+// every D, each process's refill for a request the window then denied.
+// So its units go back now, young, and for D its TakeAlls' refills are
+// the store's Take, all or nothing with the other checks, not grants.
+// Returns keep the bound (see "The bound"); exact Takes are exact.
+func (s *Store) quiet(ctx context.Context, l *lease, key string, limit sluice.Limit, stale time.Duration) error {
+	sh := l.sh
+	sh.mu.Lock()
+	now := s.now()
+	h := l.hot()
+	if l.gone != nil {
+		sh.mu.Unlock()
+		return nil
+	}
+	l.quiet = max(l.quiet, now+int64(stale))
+	if h.units == 0 || l.granting {
+		sh.mu.Unlock()
+		return nil
+	}
+	old, unused := l.grant, h.units
+	l.setUnits(h, 0)
+	sh.mu.Unlock()
+	if _, err := s.giveBack(ctx, key, limit, old, unused); err != nil && !errors.Is(err, resilient.ErrNoGrant) {
+		return err
+	}
+	return nil
 }
 
 // unask takes a denied TakeAll's costs out of its leased checks' demand.
