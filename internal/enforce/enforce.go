@@ -361,6 +361,10 @@ func (e *Engine) enforce(ctx context.Context, checks []Check, all bool) (Verdict
 		oneIdx [1]int
 		reqs   = oneReq[:0] // one per counter of the enforcing checks
 		idx    = oneIdx[:0] // idx[j] is the first check of reqs[j]
+		// many is reqs's array when more than one check enforces: only
+		// it is passed to TakeAll, which an interface call makes escape,
+		// so that oneReq stays on the stack (one allocation a request).
+		many []sluice.Request
 	)
 	enforcing, over := 0, -1
 	delaying := false // a Delay rule enforces: time the take, for its deadline
@@ -380,7 +384,8 @@ func (e *Engine) enforce(ctx context.Context, checks []Check, all bool) (Verdict
 		}
 	}
 	if enforcing > 1 {
-		reqs = make([]sluice.Request, 0, enforcing)
+		many = make([]sluice.Request, 0, enforcing)
+		reqs = many
 		idx = make([]int, 0, enforcing)
 	}
 	for i := range checks {
@@ -513,7 +518,10 @@ func (e *Engine) enforce(ctx context.Context, checks []Check, all bool) (Verdict
 		if len(reqs) == 1 {
 			ds[0], err = e.store.Take(ctx, reqs[0].Key, reqs[0].Limit, reqs[0].Cost)
 		} else {
-			ds, err = e.multi.TakeAll(ctx, reqs)
+			// Two counters or more come from as many enforcing checks, so
+			// reqs is many's array, never reallocated (enforcing is its
+			// capacity).
+			ds, err = e.multi.TakeAll(ctx, many[:len(reqs)])
 			if err == nil && len(ds) != len(reqs) {
 				err = fmt.Errorf("enforce: store returned %d decisions for %d limits", len(ds), len(reqs))
 			}
