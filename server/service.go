@@ -527,7 +527,7 @@ func (s *Service) request(policy, key string, cost int64) (*config.Policy, enfor
 		return nil, enforce.Check{}, fmt.Errorf("%w: %w", ErrBadRequest, sluice.ValidateKey(key))
 	}
 	if !cfg.Reaches(p, key) {
-		if why := config.EscapeProblem(key); why != "" {
+		if why := p.KeyEscapeProblem(key); why != "" {
 			return nil, enforce.Check{}, fmt.Errorf("%w: key %q of policy %q: %s", ErrBadRequest, clip(key, logClip), policy, why)
 		}
 		if counted, ok := cfg.CountedKey(p, key); ok {

@@ -121,6 +121,7 @@ func TestConfigErrors(t *testing.T) {
 		{"duplicate override match in a list", "policies:\n  - name: a\n    limit: 10/min\n    overrides:\n      - {match: [x, y], limit: 10/s}\n      - {match: [z, y], limit: 20/s}\n", `6:21: duplicate override match "y" (first at test.yaml:5)`},
 		{"override match with a brace", "policies:\n  - name: a\n    limit: 10/min\n    overrides:\n      - {match: 't{x}*', limit: 10/s}\n", `5:17: override match "t{x}*" never applies: a '{' in a key is written %7B`},
 		{"override match with a lone percent", "policies:\n  - name: a\n    limit: 10/min\n    overrides:\n      - {match: 50%off, limit: 10/s}\n", `5:17: override match "50%off" never applies: "%of" is not an escape`},
+		{"override match with an escape never rendered", "policies:\n  - name: a\n    limit: 10/min\n    overrides:\n      - {match: '%41', limit: 10/s}\n", `5:17: override match "%41" never applies: "%41" is not an escape here: a value escapes only '%', '{' and '}' (%25, %7B, %7D); send "A"`},
 		{"override match behind a prefix", "policies:\n  - name: a\n    limit: 10/min\n    overrides:\n      - {match: premium-*, limit: 10/s}\n      - {match: premium-gold*, limit: 20/s}\n", `6:17: override match "premium-gold*" never applies: the earlier match "premium-*" (at test.yaml:5) takes all its keys first`},
 		{"lease on a sliding window log", "policies:\n  - name: a\n    limit: sliding_window_log 5/min\n    lease: 50ms\n", `4:12: lease: the policy's limit (sliding_window_log 5/min) cannot be leased`},
 		{"lease on an override's sliding window log", "policies:\n  - name: a\n    limit: 5/min\n    lease: 50ms\n    overrides:\n      - {match: x, limit: sliding_window_log 9/min}\n", `4:12: lease: override x (sliding_window_log 9/min) cannot be leased`},
@@ -597,6 +598,17 @@ func TestTemplateInjective(t *testing.T) {
 					t.Fatalf("%s: %q and %q both render %q", tmpl, prev, vals, key)
 				}
 				seen[key] = append([]string(nil), vals...)
+				// The JSON API takes every rendered key, and no other
+				// spelling of it.
+				p := &Policy{tmpl: tt}
+				if why := p.KeyEscapeProblem(key); why != "" {
+					t.Fatalf("%s: %q renders %q, refused: %s", tmpl, vals, key, why)
+				}
+				if i := strings.IndexByte(key, 'a'); i >= 0 {
+					if alias := key[:i] + "%61" + key[i+1:]; p.KeyEscapeProblem(alias) == "" {
+						t.Fatalf("%s: %q renders %q, and %q is taken too", tmpl, vals, key, alias)
+					}
+				}
 				return
 			}
 			vs := values
@@ -640,6 +652,9 @@ func TestKeysCarryNoBrace(t *testing.T) {
 		{sluiceFormat, "50%off", false, `"%of" is not an escape`},
 		{envoy, "k=%7Bx%7D%25", true, ""},
 		{envoy, "k={x}%25", false, `a '{' in a key is written %7B`},
+		{sluiceFormat, "%41", false, ""},
+		{sluiceFormat, "x%3A", false, ""},
+		{envoy, "k=%41", false, ""},
 	} {
 		if got := cfg.Reaches(tt.p, tt.key); got != tt.reaches {
 			t.Errorf("%s: Reaches(%q) = %v", tt.p.Name, tt.key, got)

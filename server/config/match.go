@@ -238,11 +238,12 @@ func EntriesKey(entries []Entry) string { return entriesKey(entries, nil) }
 // address of a group (or a group written another way) is a counter no
 // Envoy request shares.
 //
-// A key with a raw brace, or a '%' that is not an escape, is one no
-// descriptor renders (EscapeProblem says why).
+// A key with a raw brace, a '%' that is not an escape, or an escape its
+// rendering never writes (%41 for "A") is one no descriptor renders
+// (KeyEscapeProblem says why).
 func (c *Config) Reaches(p *Policy, key string) bool {
 	if !p.envoy {
-		if EscapeProblem(key) != "" {
+		if p.KeyEscapeProblem(key) != "" {
 			return false
 		}
 		_, regrouped := p.regroup(key)
@@ -304,6 +305,108 @@ func EscapeProblem(key string) string {
 		i += 2
 	}
 	return ""
+}
+
+// KeyEscapeProblem says what is wrong with key's escapes as a key of p,
+// "" when nothing is: EscapeProblem's syntax, and then every escape one
+// that p's keys are rendered with there, so that no second spelling of a
+// key (%41 for "A") makes a counter of its own that no descriptor
+// reaches. The problem names the key to send. A key that does not fit
+// p's template at all is held to the escapes every value has.
+func (p *Policy) KeyEscapeProblem(key string) string {
+	if why := EscapeProblem(key); why != "" {
+		return why
+	}
+	canon, rule := p.canonical(key)
+	if canon == key {
+		return ""
+	}
+	i := 0
+	for i < len(key) && i < len(canon) && key[i] == canon[i] {
+		i++
+	}
+	what := fmt.Sprintf("%q is not an escape", key[i:min(i+3, len(key))])
+	if i < len(key) && key[i] != '%' {
+		what = fmt.Sprintf("a %q is written %%%02X", key[i], key[i])
+	}
+	return fmt.Sprintf("%s here: %s; send %q", what, rule, canon)
+}
+
+// canonical returns key with its values written as p's keys render them,
+// and the rule it follows; key itself when it has none to compare (an
+// Envoy-format key not written as entries).
+func (p *Policy) canonical(key string) (string, string) {
+	if p.envoy {
+		const rule = "an entry's key and value escape only '%', ',', '=', '|', '{' and '}' (%25, %2C, %3D, %7C, %7B, %7D)"
+		var b strings.Builder
+		for i, part := range strings.Split(key, ",") {
+			k, v, ok := strings.Cut(part, "=")
+			k, okk := unescape(k)
+			v, okv := unescape(v)
+			if !ok || !okk || !okv {
+				return key, rule
+			}
+			if i > 0 {
+				b.WriteByte(',')
+			}
+			escapeTo(&b, k)
+			b.WriteByte('=')
+			escapeTo(&b, v)
+		}
+		return b.String(), rule
+	}
+	rule := "a value escapes only '%', '{' and '}' (%25, %7B, %7D)"
+	t := p.tmpl
+	if t == nil {
+		return onlyKeyEscapes(key), rule
+	}
+	if len(t.vars) > 1 {
+		rule += ", and one before the template's last variable the text between its variables too"
+	}
+	raws, ok := t.split(key)
+	if !ok {
+		return onlyKeyEscapes(key), rule
+	}
+	var b strings.Builder
+	b.WriteString(t.parts[0])
+	for i, raw := range raws {
+		v, ok := unescape(raw)
+		if !ok {
+			return key, rule
+		}
+		if i == len(raws)-1 {
+			b.WriteString(enforce.EscapeKey(v))
+		} else {
+			t.writeValue(&b, v)
+		}
+		b.WriteString(t.parts[i+1])
+	}
+	return b.String(), rule
+}
+
+// onlyKeyEscapes returns key with every escape but %25, %7B and %7D (the
+// ones enforce.EscapeKey writes) undone.
+func onlyKeyEscapes(key string) string {
+	var b strings.Builder
+	for i := 0; i < len(key); i++ {
+		if key[i] != '%' || i+2 >= len(key) {
+			b.WriteByte(key[i])
+			continue
+		}
+		switch esc := key[i+1 : i+3]; esc {
+		case "25", "7B", "7D":
+			b.WriteString(key[i : i+3])
+		default:
+			n, err := strconv.ParseUint(esc, 16, 8)
+			if err != nil {
+				b.WriteByte(key[i])
+				continue
+			}
+			b.WriteByte(byte(n))
+		}
+		i += 2
+	}
+	return b.String()
 }
 
 func isHex(c byte) bool { return '0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F' }
@@ -516,7 +619,7 @@ func (p *Policy) regroup(key string) (string, bool) {
 		return "", false
 	}
 	t := p.tmpl
-	rest, ok := strings.CutPrefix(key, t.parts[0])
+	raws, ok := t.split(key)
 	if !ok {
 		return "", false
 	}
@@ -524,23 +627,7 @@ func (p *Policy) regroup(key string) (string, bool) {
 	b.WriteString(t.parts[0])
 	changed := false
 	last := len(t.vars) - 1
-	for i := range t.vars {
-		// Values but the last hold no byte of the text after them
-		// (escaped), so each ends where that text first appears.
-		var raw string
-		if i < last {
-			j := strings.Index(rest, t.parts[i+1])
-			if j < 0 {
-				return "", false
-			}
-			raw, rest = rest[:j], rest[j+len(t.parts[i+1]):]
-		} else {
-			suffix := t.parts[i+1]
-			if !strings.HasSuffix(rest, suffix) {
-				return "", false
-			}
-			raw = rest[:len(rest)-len(suffix)]
-		}
+	for i, raw := range raws {
 		value, ok := unescape(raw)
 		if !ok {
 			return "", false
@@ -561,4 +648,33 @@ func (p *Policy) regroup(key string) (string, bool) {
 		return "", false
 	}
 	return b.String(), true
+}
+
+// split returns key's values as written (escaped) when key fits t, its
+// literal text in place: ok false when it does not.
+func (t *template) split(key string) ([]string, bool) {
+	rest, ok := strings.CutPrefix(key, t.parts[0])
+	if !ok {
+		return nil, false
+	}
+	raws := make([]string, len(t.vars))
+	last := len(t.vars) - 1
+	for i := range t.vars {
+		// Values but the last hold no byte of the text after them
+		// (escaped), so each ends where that text first appears.
+		if i < last {
+			j := strings.Index(rest, t.parts[i+1])
+			if j < 0 {
+				return nil, false
+			}
+			raws[i], rest = rest[:j], rest[j+len(t.parts[i+1]):]
+		} else {
+			suffix := t.parts[i+1]
+			if !strings.HasSuffix(rest, suffix) {
+				return nil, false
+			}
+			raws[i] = rest[:len(rest)-len(suffix)]
+		}
+	}
+	return raws, true
 }

@@ -293,9 +293,10 @@ func (l *loader) overrides(p *Policy, list *yaml.Node) []Override {
 				shadowed = true
 				continue
 			}
-			// Rendered keys hold no brace and only whole escapes.
-			if s := o.Match[len(o.Match)-1]; strings.ContainsAny(s, "{}") || !strings.HasSuffix(s, "*") && EscapeProblem(s) != "" {
-				l.errorf(m, "override match %q never applies: %s", s, EscapeProblem(strings.TrimSuffix(s, "*")))
+			// Rendered keys hold no brace and only the escapes their
+			// rendering writes.
+			if s := o.Match[len(o.Match)-1]; strings.ContainsAny(s, "{}") || !strings.HasSuffix(s, "*") && p.KeyEscapeProblem(s) != "" {
+				l.errorf(m, "override match %q never applies: %s", s, p.KeyEscapeProblem(strings.TrimSuffix(s, "*")))
 				shadowed = true
 				continue
 			}
