@@ -50,7 +50,10 @@ type Health struct {
 	// live bounds a request's check of the store (liveCheck); 0 without
 	// a watch.
 	live time.Duration
-	m    *healthMetrics
+	// quick asks the store, ahead of a request's check (quickCheck),
+	// without retrying a dial or a command (quickPing); nil: none.
+	quick func(context.Context) error
+	m     *healthMetrics
 	// breaker sends the failure policy's breaker probe when one is due
 	// (resilient.Store.Probe); nil without a policy. The watch calls it
 	// after each check the store passed, so an instance no request
@@ -1089,9 +1092,32 @@ func (h *Health) liveCheck(ctx context.Context) {
 	ctx, cancel := context.WithTimeout(ctx, h.live)
 	defer cancel()
 	n, start := h.startCheck(), time.Now()
+	if err := h.quickCheck(ctx); err != nil || cutShort(ctx) {
+		if err != nil {
+			h.checked(n, start, err)
+		}
+		return
+	}
 	if err := h.probe(ctx); err == nil || !cutShort(ctx) {
 		h.checked(n, start, err)
 	}
+}
+
+// quickCheck runs the quick ping, if any, and returns its error when it
+// found Redis unreachable, else nil. The probe's client retries a refused
+// dial, and then the command, for about a second, so a killed Redis went
+// unheard by a request's check (cut short by its bound). Any other failure (maxclients refusing the
+// ping's new connection while the pool's go on working) is the probe's
+// to judge.
+func (h *Health) quickCheck(ctx context.Context) error {
+	if h.quick == nil {
+		return nil
+	}
+	err := h.quick(ctx)
+	if err == nil || cutShort(ctx) || cause(redisstore.Classify(err)) != "unreachable" {
+		return nil
+	}
+	return err
 }
 
 // cutShort reports whether ctx has ended, or its deadline has passed
@@ -1206,6 +1232,39 @@ func (s *Server) checkRedis(c redis.UniversalClient) error {
 	w.log(s.log, rep.Warnings, true)
 	s.log.Info("Redis checked", "version", rep.Version, "cluster", rep.Cluster)
 	return nil
+}
+
+// quickPing returns a check of c's Redis (standalone, or the master a
+// Sentinel names) that neither retries a dial nor waits to retry a
+// command, as c's client does for about a second: it pings on a client
+// of its own, of one connection, and when that fails dials afresh, and
+// returns that dial's error, or nil when the dial succeeds (the ping's
+// connection may have been closed while it idled; and go-redis's pool,
+// once a dial failed, fails the next for up to a second without
+// dialing, so only a dial of its own is an answer). Nil for a Cluster,
+// whose check asks every master (checkAccess).
+func quickPing(c redis.UniversalClient) (ping func(context.Context) error, closeIt func()) {
+	rc, ok := c.(*redis.Client)
+	if !ok {
+		return nil, func() {}
+	}
+	o := *rc.Options()
+	o.MaxRetries, o.DialerRetries = -1, 1
+	o.PoolSize, o.MinIdleConns, o.MaxIdleConns, o.MaxActiveConns = 1, 0, 1, 0
+	q := redis.NewClient(&o)
+	redisstore.DetectRefusals(q)
+	dial, network, addr := o.Dialer, o.Network, o.Addr
+	return func(ctx context.Context) error {
+		if q.Ping(ctx).Err() == nil {
+			return nil
+		}
+		conn, err := dial(ctx, network, addr)
+		if err != nil {
+			return err
+		}
+		conn.Close()
+		return nil
+	}, func() { q.Close() }
 }
 
 // recheckChecks: a Redis that answers is checked in full

@@ -297,6 +297,12 @@ func (s *Server) openStore() (sluice.Store, error) {
 		if err := s.checkRedis(client); err != nil {
 			return nil, err
 		}
+		if s.opts.NoFailurePolicy {
+			// Only the error policy's /readyz asks Redis itself.
+			var closeQuick func()
+			s.health.quick, closeQuick = quickPing(client)
+			s.closers = append(s.closers, closeQuick)
+		}
 		s.checkWait(client, storeOpts)
 		s.redis = client
 		s.health.connected = watchDials(client)
