@@ -50,8 +50,8 @@ type Health struct {
 	// live bounds a request's check of the store (liveCheck); 0 without
 	// a watch.
 	live time.Duration
-	// quick asks the store, ahead of a request's check (quickCheck),
-	// without retrying a dial or a command (quickPing); nil: none.
+	// quick asks the store, ahead of every check (quickCheck), without
+	// retrying a dial or a command (quickPing); nil: none.
 	quick func(context.Context) error
 	m     *healthMetrics
 	// breaker sends the failure policy's breaker probe when one is due
@@ -241,7 +241,10 @@ func cause(err error) string {
 // check asks the store whether it answers and records the result.
 func (h *Health) check(ctx context.Context) error {
 	n, start := h.startCheck(), time.Now()
-	err := h.probe(ctx)
+	err := h.quickCheck(ctx)
+	if err == nil {
+		err = h.probe(ctx)
+	}
 	if err != nil && errors.Is(ctx.Err(), context.Canceled) {
 		return err // the caller left: nothing learned about the store
 	}
@@ -1106,7 +1109,8 @@ func (h *Health) liveCheck(ctx context.Context) {
 // quickCheck runs the quick ping, if any, and returns its error when it
 // found Redis unreachable, else nil. The probe's client retries a refused
 // dial, and then the command, for about a second, so a killed Redis went
-// unheard by a request's check (cut short by its bound). Any other failure (maxclients refusing the
+// unheard by a request's check (cut short by its bound) and was told by
+// the watch's a second late. Any other failure (maxclients refusing the
 // ping's new connection while the pool's go on working) is the probe's
 // to judge.
 func (h *Health) quickCheck(ctx context.Context) error {
