@@ -16,12 +16,15 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/race"
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/lease"
 	"github.com/sluicehq/sluice/memory"
 	"github.com/sluicehq/sluice/redisstore"
+	"github.com/sluicehq/sluice/resilient"
 	"github.com/sluicehq/sluice/storetest"
 )
 
@@ -845,3 +848,146 @@ func (slotObserverFunc) ObserveDecision(sluice.DecisionEvent) {}
 func (slotObserverFunc) ObserveStore(sluice.StoreEvent)       {}
 func (slotObserverFunc) ObserveBreaker(sluice.BreakerEvent)   {}
 func (f slotObserverFunc) ObserveSlot(e sluice.SlotEvent)     { f(e) }
+
+// A request that outlives its hold keeps its slot, the middleware
+// extending it while the handler runs, and so does a hijacked connection
+// until it is closed. Two servers, each on its own resilient store over
+// one Redis: A's request (or hijacked connection) holds the one slot for
+// 2.5 holds, and B is refused all along; once it ends, B is admitted.
+func TestInFlightExtendedPastHold(t *testing.T) {
+	t.Parallel()
+	const hold = 600 * time.Millisecond
+	for _, hijack := range []bool{false, true} {
+		name := map[bool]string{false: "slow handler", true: "hijacked connection"}[hijack]
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			prefix := redistest.Prefix(t)
+			rules := []InFlightRule{{Name: "one", Limit: sluice.Concurrent(1, hold), Key: Global()}}
+			serveOn := func(h http.Handler) *env {
+				store, err := resilient.New(redisstore.New(redistest.Client(t), &redisstore.Options{Prefix: prefix}), nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { store.Close() })
+				return slotEnv(t, store, nil, &Options{InFlight: rules}, h)
+			}
+			entered, leave, ended := make(chan struct{}, 1), make(chan struct{}), make(chan struct{})
+			var once sync.Once
+			letGo := func() { once.Do(func() { close(leave) }) }
+			a := serveOn(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if r.URL.Path != "/hold" {
+					return
+				}
+				if !hijack {
+					entered <- struct{}{}
+					<-leave
+					close(ended)
+					return
+				}
+				c, rw, err := http.NewResponseController(w).Hijack()
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				rw.WriteString("HTTP/1.1 101 Switching Protocols\r\nUpgrade: test\r\nConnection: Upgrade\r\n\r\n")
+				rw.Flush()
+				entered <- struct{}{}
+				go func() { // the connection outlives the handler
+					<-leave
+					c.Close()
+					close(ended)
+				}()
+			}))
+			b := serveOn(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+			conn, err := net.Dial("tcp", a.srv.Listener.Addr().String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close()
+			defer letGo() // also on a failure: the servers' cleanups wait for the handler
+			conn.Write([]byte("GET /hold HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: test\r\n\r\n"))
+			<-entered
+			for end := time.Now().Add(hold * 5 / 2); time.Now().Before(end); time.Sleep(hold / 4) {
+				if r := b.get("/"); r.status != http.StatusTooManyRequests {
+					t.Fatalf("B while A holds: %d, want 429 (A's slot lost)", r.status)
+				}
+			}
+			letGo()
+			<-ended
+			if hijack {
+				bufio.NewReader(conn).ReadString('\n')
+			}
+			var status int
+			for range 100 { // the release runs after the handler returns
+				if status = b.get("/").status; status == http.StatusOK {
+					break
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+			if status != http.StatusOK {
+				t.Errorf("B after A ended: %d, want 200", status)
+			}
+		})
+	}
+}
+
+// A release that fails (Redis down as the handler returns) is sent again
+// in the background: once Redis is back, the slot frees within seconds,
+// not at its 30s hold.
+func TestInFlightFailedReleaseRetried(t *testing.T) {
+	t.Parallel()
+	srv := redistest.StartServer(t, "--appendonly", "yes", "--appendfsync", "always") // the slot survives a restart
+	client := redis.NewClient(&redis.Options{Addr: srv.Addr, MaxRetries: -1})
+	t.Cleanup(func() { client.Close() })
+	store := redisstore.New(client, &redisstore.Options{Prefix: redistest.Prefix(t)})
+	obs := &slotRecorder{}
+	entered, leave := make(chan struct{}, 1), make(chan struct{})
+	var once sync.Once
+	letGo := func() { once.Do(func() { close(leave) }) }
+	defer letGo()
+	e := slotEnv(t, store, nil, &Options{Observer: obs,
+		InFlight: []InFlightRule{{Name: "one", Limit: sluice.Concurrent(1, 30*time.Second), Key: Global()}}},
+		http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.URL.Path == "/hold" {
+				entered <- struct{}{}
+				<-leave
+			}
+		}))
+	conn, err := net.Dial("tcp", e.srv.Listener.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	conn.Write([]byte("GET /hold HTTP/1.1\r\nHost: x\r\n\r\n"))
+	<-entered
+	srv.Stop()
+	letGo() // its release fails: Redis is down
+	for end := time.Now().Add(5 * time.Second); obs.count("one/release/error") == 0; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(end) {
+			t.Fatal("no failed release")
+		}
+	}
+	time.Sleep(500 * time.Millisecond) // tries fail meanwhile
+	srv.Start(t)
+	back := time.Now()
+	status := 0
+	for time.Since(back) < 10*time.Second {
+		if status = e.get("/").status; status == http.StatusOK {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if status != http.StatusOK {
+		t.Fatalf("10s after Redis came back: %d, want 200 (the failed release sent again)", status)
+	}
+	t.Logf("slot free %v after Redis came back", time.Since(back).Round(10*time.Millisecond))
+	if n := obs.count("one/release/allowed"); n != 2 {
+		t.Errorf("%d releases reported freed, want 2 (the one sent again, the second request's)", n)
+	}
+}
+
+func (r *slotRecorder) count(k string) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.n[k]
+}
