@@ -2,7 +2,6 @@ package grpclimit
 
 import (
 	"context"
-	"log/slog"
 	"strings"
 	"testing"
 
@@ -14,7 +13,7 @@ import (
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/grpctest"
-	"github.com/sluicehq/sluice/memory"
+	"github.com/sluicehq/sluice/internal/middlewaretest"
 )
 
 type cvUser struct{ id string }
@@ -34,13 +33,12 @@ type cvKey struct{}
 // server and client.
 func TestContextValueTypedNil(t *testing.T) {
 	t.Parallel()
-	store := memory.New(nil)
-	t.Cleanup(func() { store.Close() })
-	var logs logBuffer
+	store := middlewaretest.Memory(t)
+	var logs middlewaretest.Log
 	in, err := New(store, []Rule{
 		{Name: "per-user", Limit: sluice.PerMinute(1), Key: ContextValue(cvKey{})},
 		{Name: "per-ip", Limit: sluice.PerMinute(2), Key: PeerIP()},
-	}, &Options{Logger: slog.New(slog.NewJSONHandler(&logs, nil))})
+	}, &Options{Logger: logs.Logger()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -66,7 +64,7 @@ func TestContextValueTypedNil(t *testing.T) {
 	if status.Code(err) != codes.Internal {
 		t.Errorf("a panicking String method: %v, want Internal", err)
 	}
-	if l := logs.lines(t); len(l) != 1 || !strings.Contains(l[0]["error"].(string), "panicked") {
+	if l := logs.Records(t); len(l) != 1 || !strings.Contains(l[0]["error"].(string), "panicked") {
 		t.Errorf("log %v, want one line saying the String method panicked", l)
 	}
 }

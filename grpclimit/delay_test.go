@@ -2,7 +2,6 @@ package grpclimit
 
 import (
 	"context"
-	"sync"
 	"testing"
 	"time"
 
@@ -15,35 +14,12 @@ import (
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/grpctest"
 	"github.com/sluicehq/sluice/internal/line"
+	"github.com/sluicehq/sluice/internal/middlewaretest"
 	"github.com/sluicehq/sluice/internal/openloop"
 	"github.com/sluicehq/sluice/internal/race"
-	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/memory"
-	"github.com/sluicehq/sluice/redisstore"
 	"github.com/sluicehq/sluice/storetest"
 )
-
-// decisions counts an Observer's decisions per policy and outcome.
-type decisions struct {
-	mu sync.Mutex
-	n  map[string]int
-}
-
-func (d *decisions) ObserveDecision(e sluice.DecisionEvent) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.n == nil {
-		d.n = map[string]int{}
-	}
-	d.n[e.Policy+"/"+e.Outcome.String()]++
-}
-func (d *decisions) ObserveStore(sluice.StoreEvent)     {}
-func (d *decisions) ObserveBreaker(sluice.BreakerEvent) {}
-func (d *decisions) get(k string) int {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	return d.n[k]
-}
 
 // A call a Delay rule holds whose client cancels it, or whose deadline
 // passes while it waits behind another, is no denial: the interceptor
@@ -59,11 +35,11 @@ func TestDelayAbandoned(t *testing.T) {
 	t.Cleanup(func() { mem.Close() })
 	for name, store := range map[string]sluice.Store{
 		"memory": mem,
-		"redis":  redisstore.New(redistest.Client(t), &redisstore.Options{Prefix: redistest.Prefix(t), Clock: clock.Now}),
+		"redis":  middlewaretest.Redis(t, clock),
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
-			obs := &decisions{}
+			obs := &middlewaretest.Decisions{}
 			in, err := New(store, []Rule{{Name: "d", Limit: sluice.PerSecond(1).WithBurst(10), Key: Global(), Strategy: Delay, MaxDelay: 10 * time.Second}},
 				&Options{Observer: obs, Clock: clock.Now})
 			if err != nil {
@@ -131,10 +107,10 @@ func TestDelayAbandoned(t *testing.T) {
 			if code := <-returned; code != codes.Canceled {
 				t.Errorf("the call ahead, cancelled: the interceptor returned %v, want Canceled", code)
 			}
-			if n := obs.get("d/denied"); n != 0 {
+			if n := obs.Get("d/denied"); n != 0 {
 				t.Errorf("Observer counted %d denials, want none: no call was answered one", n)
 			}
-			if n := obs.get("d/allowed"); n != 10 {
+			if n := obs.Get("d/allowed"); n != 10 {
 				t.Errorf("Observer counted %d admitted, want the burst's 10", n)
 			}
 		})
@@ -155,8 +131,7 @@ func checkWithin(client healthpb.HealthClient, d time.Duration) error {
 // a newcomer that finds a line. Not parallel: it watches this process's
 // lines.
 func TestDelayDeadline(t *testing.T) {
-	store := memory.New(nil)
-	t.Cleanup(func() { store.Close() })
+	store := middlewaretest.Memory(t)
 	for _, tc := range []struct {
 		name    string
 		limit   sluice.Limit
@@ -201,8 +176,7 @@ func TestDelayDeadline(t *testing.T) {
 func TestDelayDeadlineOpenLoop(t *testing.T) {
 	race.SkipTiming(t)
 	t.Parallel()
-	store := memory.New(nil)
-	t.Cleanup(func() { store.Close() })
+	store := middlewaretest.Memory(t)
 	limit := sluice.PerSecond(10)
 	openloop.Replay(t, 4, limit, func(t *testing.T, name string) func() bool {
 		client := serve(t, store, []Rule{{Name: "d", Limit: limit, Key: Global(), Strategy: Delay, MaxDelay: 5 * time.Second}},

@@ -21,6 +21,7 @@ import (
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/httplimit"
 	"github.com/sluicehq/sluice/internal/grpctest"
+	"github.com/sluicehq/sluice/internal/middlewaretest"
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/memory"
 	"github.com/sluicehq/sluice/redisstore"
@@ -215,8 +216,7 @@ func TestPenaltyAndDelay(t *testing.T) {
 	}
 
 	// Delay on real time: one per 50ms, held up to 5s.
-	real := memory.New(nil)
-	t.Cleanup(func() { real.Close() })
+	real := middlewaretest.Memory(t)
 	client = serve(t, real, []Rule{{Name: "smooth", Limit: sluice.Limit{Rate: 20, Period: time.Second, Burst: 1}, Key: Global(), Strategy: Delay, MaxDelay: 5 * time.Second}}, nil)
 	for i := range 3 {
 		if _, err := client.Check(context.Background(), &healthpb.HealthCheckRequest{}); err != nil {

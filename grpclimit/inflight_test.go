@@ -3,7 +3,6 @@ package grpclimit
 import (
 	"context"
 	"errors"
-	"sync"
 	"testing"
 	"time"
 
@@ -15,6 +14,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/middlewaretest"
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/redisstore"
 	"github.com/sluicehq/sluice/resilient"
@@ -117,7 +117,7 @@ func TestInFlightStream(t *testing.T) {
 // Slots first, rate units second: a rate denial releases the slot.
 func TestInFlightThenRate(t *testing.T) {
 	t.Parallel()
-	obs := &slotRecorder{}
+	obs := &middlewaretest.Slots{}
 	rate := []Rule{{Name: "rate", Limit: sluice.PerHour(1), Key: Global()}}
 	client := serveHealth(t, slotStore(t), rate, &Options{InFlight: oneAtATime, Observer: obs}, healthServing{})
 	for i, want := range []codes.Code{codes.OK, codes.ResourceExhausted, codes.ResourceExhausted} {
@@ -125,7 +125,7 @@ func TestInFlightThenRate(t *testing.T) {
 			t.Errorf("call %d: %v, want %v", i, err, want)
 		}
 	}
-	if a, r := obs.count("acquire"), obs.count("release"); a != 3 || r != 3 {
+	if a, r := obs.Get("one/acquire/allowed"), obs.Get("one/release/allowed"); a != 3 || r != 3 {
 		t.Errorf("acquires %d, releases %d; want 3 and 3", a, r)
 	}
 }
@@ -203,30 +203,6 @@ type healthServing struct {
 
 func (healthServing) Check(context.Context, *healthpb.HealthCheckRequest) (*healthpb.HealthCheckResponse, error) {
 	return &healthpb.HealthCheckResponse{Status: healthpb.HealthCheckResponse_SERVING}, nil
-}
-
-// slotRecorder counts slot events by op.
-type slotRecorder struct {
-	mu sync.Mutex
-	n  map[string]int
-}
-
-func (r *slotRecorder) ObserveDecision(sluice.DecisionEvent) {}
-func (r *slotRecorder) ObserveStore(sluice.StoreEvent)       {}
-func (r *slotRecorder) ObserveBreaker(sluice.BreakerEvent)   {}
-func (r *slotRecorder) ObserveSlot(e sluice.SlotEvent) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.n == nil {
-		r.n = map[string]int{}
-	}
-	r.n[e.Op.String()]++
-}
-
-func (r *slotRecorder) count(op string) int {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.n[op]
 }
 
 // slotStore is a memory store on a fake clock: no hold runs out.

@@ -15,9 +15,8 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/sluicehq/sluice"
-	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/internal/middlewaretest"
 	"github.com/sluicehq/sluice/lease"
-	"github.com/sluicehq/sluice/redisstore"
 	"github.com/sluicehq/sluice/storetest"
 )
 
@@ -53,7 +52,7 @@ func TestLeaseLogRule(t *testing.T) {
 func TestRedisLeasePenaltyCheckedAtNew(t *testing.T) {
 	t.Parallel()
 	clk := storetest.NewClock(time.Now().Truncate(time.Second))
-	rs := redisstore.New(redistest.Client(t), &redisstore.Options{Prefix: redistest.Prefix(t), Clock: clk.Now})
+	rs := middlewaretest.Redis(t, clk)
 	ls, err := lease.New(rs, &lease.Options{MaxStaleness: time.Second, Clock: clk.Now})
 	if err != nil {
 		t.Fatal(err)

@@ -1,14 +1,9 @@
 package grpclimit
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
-	"log/slog"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -21,23 +16,10 @@ import (
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/grpctest"
-	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/internal/middlewaretest"
 	"github.com/sluicehq/sluice/lease"
-	"github.com/sluicehq/sluice/memory"
-	"github.com/sluicehq/sluice/redisstore"
 	"github.com/sluicehq/sluice/storetest"
 )
-
-// errorCount counts the decisions observed as store failures.
-type errorCount struct{ n atomic.Int64 }
-
-func (c *errorCount) ObserveDecision(e sluice.DecisionEvent) {
-	if e.Outcome == sluice.OutcomeError {
-		c.n.Add(1)
-	}
-}
-func (*errorCount) ObserveStore(sluice.StoreEvent)     {}
-func (*errorCount) ObserveBreaker(sluice.BreakerEvent) {}
 
 // A limit the store refuses at a call (a lease store's Options.For leasing
 // a sliding window log) is Internal with the generic message of every
@@ -47,15 +29,15 @@ func (*errorCount) ObserveBreaker(sluice.BreakerEvent) {}
 func TestRedisStoreRefusesRuleIsInternal(t *testing.T) {
 	t.Parallel()
 	clk := storetest.NewClock(time.Now().Truncate(time.Second))
-	rs := redisstore.New(redistest.Client(t), &redisstore.Options{Prefix: redistest.Prefix(t), Clock: clk.Now})
+	rs := middlewaretest.Redis(t, clk)
 	ls, err := lease.New(rs, &lease.Options{Clock: clk.Now, For: func(string, sluice.Limit) time.Duration { return time.Second }})
 	if err != nil {
 		t.Fatal(err)
 	}
-	obs := &errorCount{}
-	var logs logBuffer
+	obs := &middlewaretest.Decisions{}
+	var logs middlewaretest.Log
 	client := serve(t, ls, []Rule{{Name: "log", Limit: sluice.PerMinute(3).WithAlgorithm(sluice.SlidingWindowLog), Key: Global()}},
-		&Options{Clock: clk.Now, Observer: obs, Logger: slog.New(slog.NewJSONHandler(&logs, nil))})
+		&Options{Clock: clk.Now, Observer: obs, Logger: logs.Logger()})
 	_, err = client.Check(context.Background(), &healthpb.HealthCheckRequest{})
 	st := status.Convert(err)
 	if st.Code() != codes.Internal || st.Message() != "grpclimit: rate limiter misconfigured" {
@@ -64,10 +46,10 @@ func TestRedisStoreRefusesRuleIsInternal(t *testing.T) {
 	if len(st.Details()) != 0 {
 		t.Errorf("details %v, want none: no wait mends a configuration", st.Details())
 	}
-	if n := obs.n.Load(); n != 1 {
+	if n := obs.Get("log/error"); n != 1 {
 		t.Errorf("observed %d error outcomes, want 1: a misconfiguration shows where errors do", n)
 	}
-	lines := logs.lines(t)
+	lines := logs.Records(t)
 	if len(lines) != 1 {
 		t.Fatalf("log lines %v, want one", lines)
 	}
@@ -79,37 +61,6 @@ func TestRedisStoreRefusesRuleIsInternal(t *testing.T) {
 	}
 }
 
-// logBuffer is a slog JSON sink safe for the server's goroutines.
-type logBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *logBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-// lines returns the records written so far.
-func (b *logBuffer) lines(t *testing.T) []map[string]any {
-	t.Helper()
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	var out []map[string]any
-	for _, l := range strings.Split(strings.TrimSpace(b.buf.String()), "\n") {
-		if l == "" {
-			continue
-		}
-		var m map[string]any
-		if err := json.Unmarshal([]byte(l), &m); err != nil {
-			t.Fatalf("log line %q: %v", l, err)
-		}
-		out = append(out, m)
-	}
-	return out
-}
-
 // A call a rule cannot weigh (Cost below 1) or key (its key function
 // fails) gets Internal with a generic message: no rule name, package or
 // error reaches the client. The detail goes to the Observer (an error for
@@ -117,8 +68,7 @@ func (b *logBuffer) lines(t *testing.T) []map[string]any {
 // and client.
 func TestMisconfiguredCallIsGeneric(t *testing.T) {
 	t.Parallel()
-	store := memory.New(nil)
-	t.Cleanup(func() { store.Close() })
+	store := middlewaretest.Memory(t)
 	for _, tt := range []struct {
 		name, msg, detail string
 		rule              Rule
@@ -136,11 +86,11 @@ func TestMisconfiguredCallIsGeneric(t *testing.T) {
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			var logs logBuffer
-			obs := &errorCount{}
+			var logs middlewaretest.Log
+			obs := &middlewaretest.Decisions{}
 			client := serve(t, store, []Rule{tt.rule}, &Options{
 				Observer: obs,
-				Logger:   slog.New(slog.NewJSONHandler(&logs, nil)),
+				Logger:   logs.Logger(),
 			})
 			for i := range 3 {
 				_, err := client.Check(context.Background(), &healthpb.HealthCheckRequest{})
@@ -152,10 +102,10 @@ func TestMisconfiguredCallIsGeneric(t *testing.T) {
 					t.Errorf("call %d: details %v, want none", i, st.Details())
 				}
 			}
-			if got := obs.n.Load(); got != 3 {
+			if got := obs.Get("per-key/error"); got != 3 {
 				t.Errorf("observed errors %d, want 3", got)
 			}
-			lines := logs.lines(t)
+			lines := logs.Records(t)
 			if len(lines) != 1 {
 				t.Fatalf("log lines %v, want one (the next within a minute are counted, not written)", lines)
 			}
@@ -176,8 +126,7 @@ func TestMisconfiguredCallIsGeneric(t *testing.T) {
 // have lines of their own at once. Over a real server and client.
 func TestMisconfiguredLogPaced(t *testing.T) {
 	t.Parallel()
-	store := memory.New(nil)
-	t.Cleanup(func() { store.Close() })
+	store := middlewaretest.Memory(t)
 	const every = time.Second
 	failing := func(ctx context.Context) string {
 		md, _ := metadata.FromIncomingContext(ctx)
@@ -204,8 +153,8 @@ func TestMisconfiguredLogPaced(t *testing.T) {
 		}},
 		{Name: "c", Limit: sluice.PerMinute(1000), Key: Global(), Cost: weigh("c")},
 	}
-	var logs logBuffer
-	in, err := New(store, rules, &Options{Logger: slog.New(slog.NewJSONHandler(&logs, nil))})
+	var logs middlewaretest.Log
+	in, err := New(store, rules, &Options{Logger: logs.Logger()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -228,12 +177,12 @@ func TestMisconfiguredLogPaced(t *testing.T) {
 	// The line counts hold when the calls fit in one period; the
 	// accounting holds anyway.
 	inOne := time.Since(start) < every/2
-	if lines := logs.lines(t); inOne && len(lines) != 3 {
+	if lines := logs.Records(t); inOne && len(lines) != 3 {
 		t.Errorf("lines at once %v, want one per rule", lines)
 	}
 	time.Sleep(every + every/2)
 	counted := map[string]int64{}
-	lines := logs.lines(t)
+	lines := logs.Records(t)
 	for _, l := range lines {
 		errText, _ := l["error"].(string)
 		n, _ := l["calls_not_logged"].(float64)

@@ -14,7 +14,7 @@ import (
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/grpctest"
-	"github.com/sluicehq/sluice/memory"
+	"github.com/sluicehq/sluice/internal/middlewaretest"
 )
 
 // A nil *Interceptor (New's error ignored) fails every call, unary and
@@ -68,8 +68,7 @@ func TestInterceptorNilArguments(t *testing.T) {
 // nil, panicked.
 func TestInterceptorNilContext(t *testing.T) {
 	t.Parallel()
-	store := memory.New(nil)
-	t.Cleanup(func() { store.Close() })
+	store := middlewaretest.Memory(t)
 	in, err := New(store, []Rule{
 		{Name: "per-key", Limit: sluice.PerSecond(5), Key: Metadata("x-api-key")},
 		{Name: "global", Limit: sluice.PerSecond(1), Key: Global(), Strategy: Delay, MaxDelay: time.Second},

@@ -11,7 +11,7 @@ import (
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/httplimit"
-	"github.com/sluicehq/sluice/memory"
+	"github.com/sluicehq/sluice/internal/middlewaretest"
 )
 
 type acctKey struct{}
@@ -56,8 +56,7 @@ func (panicky) String() string { panic("boom") }
 // panics is a key error, never a panic in the server. Over a real listener.
 func TestContextValueNilAndPanickingStringer(t *testing.T) {
 	t.Parallel()
-	store := memory.New(nil)
-	t.Cleanup(func() { store.Close() })
+	store := middlewaretest.Memory(t)
 	mw, err := httplimit.New(store, []httplimit.Rule{
 		{Name: "per-user", Limit: sluice.PerMinute(1), Key: httplimit.ContextValue(acctKey{})},
 	}, nil)

@@ -18,11 +18,10 @@ import (
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/line"
+	"github.com/sluicehq/sluice/internal/middlewaretest"
 	"github.com/sluicehq/sluice/internal/openloop"
 	"github.com/sluicehq/sluice/internal/race"
-	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/memory"
-	"github.com/sluicehq/sluice/redisstore"
 	"github.com/sluicehq/sluice/storetest"
 )
 
@@ -113,8 +112,7 @@ func TestDelayLineRefusesAtOnce(t *testing.T) {
 	} {
 		t.Run(fmt.Sprint(tc.maxDelay, "/", tc.n), func(t *testing.T) {
 			t.Parallel()
-			store := memory.New(nil)
-			t.Cleanup(func() { store.Close() })
+			store := middlewaretest.Memory(t)
 			checkLine(t, delayRuns(t, store, 4, tc.n, tc.maxDelay), tc.minServed, tc.maxServed, quick, tc.slow, tc.maxDelay)
 		})
 	}
@@ -124,7 +122,7 @@ func TestDelayLineRefusesAtOnce(t *testing.T) {
 func TestRedisDelayLineRefusesAtOnce(t *testing.T) {
 	race.SkipTiming(t)
 	t.Parallel()
-	store := redisstore.New(redistest.Client(t), &redisstore.Options{Prefix: redistest.Prefix(t)})
+	store := middlewaretest.Redis(t, nil)
 	checkLine(t, delayRuns(t, store, 3, 20, 2*time.Second), 5, 6, quick, 1800*time.Millisecond, 2*time.Second)
 }
 
@@ -181,8 +179,7 @@ func TestTransportLineRefusesAtOnce(t *testing.T) {
 		calls.Add(1)
 	}))
 	t.Cleanup(upstream.Close)
-	store := memory.New(nil)
-	t.Cleanup(func() { store.Close() })
+	store := middlewaretest.Memory(t)
 	const runs, n = 4, 20
 	out := make([][]outcome, runs)
 	var wg sync.WaitGroup
@@ -229,15 +226,14 @@ func TestTransportLineRefusesAtOnce(t *testing.T) {
 func TestDelayLineOpenLoop(t *testing.T) {
 	race.SkipTiming(t)
 	t.Parallel()
-	store := memory.New(nil)
-	t.Cleanup(func() { store.Close() })
+	store := middlewaretest.Memory(t)
 	checkDelayOpenLoop(t, store)
 }
 
 func TestRedisDelayLineOpenLoop(t *testing.T) {
 	race.SkipTiming(t)
 	t.Parallel()
-	checkDelayOpenLoop(t, redisstore.New(redistest.Client(t), &redisstore.Options{Prefix: redistest.Prefix(t)}))
+	checkDelayOpenLoop(t, middlewaretest.Redis(t, nil))
 }
 
 func checkDelayOpenLoop(t *testing.T, store sluice.Store) {
@@ -284,7 +280,7 @@ func TestDelayLineSlidingLogExact(t *testing.T) {
 func TestRedisDelayLineSlidingLogExact(t *testing.T) {
 	t.Parallel()
 	clock := storetest.NewClock(storetest.T0)
-	checkDelaySlidingLogExact(t, redisstore.New(redistest.Client(t), &redisstore.Options{Prefix: redistest.Prefix(t), Clock: clock.Now}), clock)
+	checkDelaySlidingLogExact(t, middlewaretest.Redis(t, clock), clock)
 }
 
 func checkDelaySlidingLogExact(t *testing.T, store sluice.Store, clock *storetest.Clock) {
@@ -374,13 +370,12 @@ func getStatus(t *testing.T, srv *httptest.Server, query string) (int, time.Dura
 // refuses one past MaxDelay: first denied, and a newcomer that finds a
 // line. Not parallel: it watches this process's lines.
 func TestDelayDeadline(t *testing.T) {
-	store := memory.New(nil)
-	t.Cleanup(func() { store.Close() })
+	store := middlewaretest.Memory(t)
 	checkDelayDeadline(t, store)
 }
 
 func TestRedisDelayDeadline(t *testing.T) {
-	checkDelayDeadline(t, redisstore.New(redistest.Client(t), &redisstore.Options{Prefix: redistest.Prefix(t)}))
+	checkDelayDeadline(t, middlewaretest.Redis(t, nil))
 }
 
 func checkDelayDeadline(t *testing.T, store sluice.Store) {
@@ -436,8 +431,7 @@ func checkDelayDeadline(t *testing.T, store sluice.Store) {
 func TestDelayDeadlineOpenLoop(t *testing.T) {
 	race.SkipTiming(t)
 	t.Parallel()
-	store := memory.New(nil)
-	t.Cleanup(func() { store.Close() })
+	store := middlewaretest.Memory(t)
 	limit := sluice.PerSecond(10)
 	openloop.Replay(t, 3, limit, func(t *testing.T, name string) func() bool {
 		m, err := New(store, []Rule{{Name: "d", Limit: limit, Key: Global(), Strategy: Delay, MaxDelay: 5 * time.Second}},
@@ -497,11 +491,11 @@ func TestDelayAbandoned(t *testing.T) {
 	t.Cleanup(func() { mem.Close() })
 	for name, store := range map[string]sluice.Store{
 		"memory": mem,
-		"redis":  redisstore.New(redistest.Client(t), &redisstore.Options{Prefix: redistest.Prefix(t), Clock: clock.Now}),
+		"redis":  middlewaretest.Redis(t, clock),
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
-			obs := &recorder{}
+			obs := &middlewaretest.Decisions{}
 			m, err := New(store, []Rule{{Name: "d", Limit: sluice.PerSecond(1).WithBurst(10), Key: Global(), Strategy: Delay, MaxDelay: 10 * time.Second}},
 				&Options{Observer: obs, Clock: clock.Now})
 			if err != nil {
@@ -586,10 +580,10 @@ func TestDelayAbandoned(t *testing.T) {
 			if resp.Header.Get(HeaderRetryAfter) != "" {
 				t.Errorf("request held past its deadline: Retry-After %q, want none (no denial)", resp.Header.Get(HeaderRetryAfter))
 			}
-			if n := obs.get("d/denied"); n != 0 {
+			if n := obs.Get("d/denied"); n != 0 {
 				t.Errorf("Observer counted %d denials, want none: no request was answered one", n)
 			}
-			if n := obs.get("d/allowed"); n != 10 {
+			if n := obs.Get("d/allowed"); n != 10 {
 				t.Errorf("Observer counted %d admitted, want the burst's 10", n)
 			}
 		})
@@ -611,13 +605,12 @@ func TestDelayRejectBlame(t *testing.T) {
 			sequential := strings.HasSuffix(name, "/sequential")
 			var store sluice.Store
 			if strings.HasPrefix(name, "redis") {
-				store = redisstore.New(redistest.Client(t), &redisstore.Options{Prefix: redistest.Prefix(t)})
+				store = middlewaretest.Redis(t, nil)
 			} else {
-				m := memory.New(nil)
-				t.Cleanup(func() { m.Close() })
+				m := middlewaretest.Memory(t)
 				store = m
 			}
-			obs := &recorder{}
+			obs := &middlewaretest.Decisions{}
 			mw, err := New(store, []Rule{
 				{Name: "slow", Limit: sluice.PerSecond(2), Key: Global(), Strategy: Delay, MaxDelay: 3 * time.Second},
 				{Name: "cap", Limit: sluice.PerMinute(3), Key: Global()},
@@ -670,10 +663,10 @@ func TestDelayRejectBlame(t *testing.T) {
 			if refused != 3 {
 				t.Errorf("%d refused, want 3 (cap is 3 a minute)", refused)
 			}
-			if n := obs.get("slow/denied"); n != 0 {
+			if n := obs.Get("slow/denied"); n != 0 {
 				t.Errorf("observer: slow denied %d, want 0 (its wait fits MaxDelay)", n)
 			}
-			if n := obs.get("cap/denied"); n != refused {
+			if n := obs.Get("cap/denied"); n != refused {
 				t.Errorf("observer: cap denied %d, want %d", n, refused)
 			}
 		})

@@ -19,6 +19,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/middlewaretest"
 	"github.com/sluicehq/sluice/internal/race"
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/lease"
@@ -209,7 +210,7 @@ func TestInFlightHijackHoldsUntilClose(t *testing.T) {
 func TestInFlightThenRate(t *testing.T) {
 	t.Parallel()
 	store := fakeSlots(t)
-	obs := &slotRecorder{}
+	obs := &middlewaretest.Slots{}
 	g := newGate()
 	rate := []Rule{{Name: "rate", Limit: sluice.PerHour(2), Key: Global()}}
 	e := slotEnv(t, store, rate, &Options{InFlight: oneAtATime, Observer: obs}, g)
@@ -228,7 +229,7 @@ func TestInFlightThenRate(t *testing.T) {
 	if code := <-done; code != 200 {
 		t.Fatalf("second admitted request: %d", code)
 	}
-	if got := obs.get("rate/allowed"); got != 2 {
+	if got := obs.Get("rate/allowed"); got != 2 {
 		t.Errorf("rate decisions allowed = %d, want 2", got)
 	}
 	// Now the rate rule denies, after the slot was acquired: the denial
@@ -236,10 +237,10 @@ func TestInFlightThenRate(t *testing.T) {
 	if r := e.get("/"); r.status != http.StatusTooManyRequests || !strings.Contains(r.body, "rate limit") {
 		t.Fatalf("over the rate: %d %s", r.status, r.body)
 	}
-	if got, want := obs.get("one/acquire/allowed"), 3; got != want {
+	if got, want := obs.Get("one/acquire/allowed"), 3; got != want {
 		t.Errorf("slot acquires = %d, want %d", got, want)
 	}
-	if got, want := obs.get("one/release/allowed"), 3; got != want {
+	if got, want := obs.Get("one/release/allowed"), 3; got != want {
 		t.Errorf("slot releases = %d, want %d (the rate denial released its slot)", got, want)
 	}
 	slot, d, err := sluice.AcquireSlot(context.Background(), store, "httplimit:v3:one:*", oneAtATime[0].Limit, 1)
@@ -383,19 +384,6 @@ func TestInFlightBadWeight(t *testing.T) {
 // noSlots is a store that keeps no in-flight slots.
 type noSlots struct{ sluice.Store }
 
-// slotRecorder counts decisions ("policy/outcome") and slot events
-// ("policy/op/outcome").
-type slotRecorder struct{ recorder }
-
-func (r *slotRecorder) ObserveSlot(e sluice.SlotEvent) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.n == nil {
-		r.n = map[string]int{}
-	}
-	r.n[e.Policy+"/"+e.Op.String()+"/"+e.Outcome.String()]++
-}
-
 // A client that goes away ends its request's context; the handler returns
 // and the slot is released all the same: the release does not run on the
 // cancelled context (on Redis it would fail, and the slot stay held for
@@ -403,7 +391,7 @@ func (r *slotRecorder) ObserveSlot(e sluice.SlotEvent) {
 func TestInFlightReleaseWhenClientGone(t *testing.T) {
 	t.Parallel()
 	stores := map[string]sluice.Store{"memory": fakeSlots(t)}
-	stores["redis"] = redisstore.New(redistest.Client(t), &redisstore.Options{Prefix: redistest.Prefix(t)})
+	stores["redis"] = middlewaretest.Redis(t, nil)
 	for name, store := range stores {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
@@ -456,8 +444,7 @@ const shedHold = 50 * time.Millisecond
 
 func TestShedding(t *testing.T) {
 	t.Parallel()
-	store := memory.New(nil)
-	t.Cleanup(func() { store.Close() })
+	store := middlewaretest.Memory(t)
 	runShedding(t, 3, 3*time.Second, func() sluice.Store { return store }, []ShedRule{{Name: "fleet", Capacity: sluice.Concurrent(shedCapacity, time.Minute), Reserve: shedReserve}})
 }
 
@@ -465,8 +452,7 @@ func TestShedding(t *testing.T) {
 // count, no store.
 func TestWorkerShedding(t *testing.T) {
 	t.Parallel()
-	store := memory.New(nil)
-	t.Cleanup(func() { store.Close() })
+	store := middlewaretest.Memory(t)
 	runShedding(t, 1, 3*time.Second, func() sluice.Store { return store }, []ShedRule{{Name: "workers", Workers: shedCapacity, Reserve: shedReserve}})
 }
 
@@ -486,7 +472,7 @@ func TestFleetSheddingRedis(t *testing.T) {
 // entry sees an exact snapshot, and the store's count at each critical
 // refusal.
 type shedRun struct {
-	recorder
+	middlewaretest.Decisions
 	mu       sync.Mutex
 	in       [3]int64 // requests of each priority in a handler now
 	max      [3]int64 // the most seen: sheddable; sheddable+normal; all
@@ -940,7 +926,7 @@ func TestInFlightFailedReleaseRetried(t *testing.T) {
 	client := redis.NewClient(&redis.Options{Addr: srv.Addr, MaxRetries: -1})
 	t.Cleanup(func() { client.Close() })
 	store := redisstore.New(client, &redisstore.Options{Prefix: redistest.Prefix(t)})
-	obs := &slotRecorder{}
+	obs := &middlewaretest.Slots{}
 	entered, leave := make(chan struct{}, 1), make(chan struct{})
 	var once sync.Once
 	letGo := func() { once.Do(func() { close(leave) }) }
@@ -962,7 +948,7 @@ func TestInFlightFailedReleaseRetried(t *testing.T) {
 	<-entered
 	srv.Stop()
 	letGo() // its release fails: Redis is down
-	for end := time.Now().Add(5 * time.Second); obs.count("one/release/error") == 0; time.Sleep(5 * time.Millisecond) {
+	for end := time.Now().Add(5 * time.Second); obs.Get("one/release/error") == 0; time.Sleep(5 * time.Millisecond) {
 		if time.Now().After(end) {
 			t.Fatal("no failed release")
 		}
@@ -981,13 +967,7 @@ func TestInFlightFailedReleaseRetried(t *testing.T) {
 		t.Fatalf("10s after Redis came back: %d, want 200 (the failed release sent again)", status)
 	}
 	t.Logf("slot free %v after Redis came back", time.Since(back).Round(10*time.Millisecond))
-	if n := obs.count("one/release/allowed"); n != 2 {
+	if n := obs.Get("one/release/allowed"); n != 2 {
 		t.Errorf("%d releases reported freed, want 2 (the one sent again, the second request's)", n)
 	}
-}
-
-func (r *slotRecorder) count(k string) int {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.n[k]
 }

@@ -8,7 +8,7 @@ import (
 	"testing"
 
 	"github.com/sluicehq/sluice"
-	"github.com/sluicehq/sluice/memory"
+	"github.com/sluicehq/sluice/internal/middlewaretest"
 )
 
 // A spoofed X-Forwarded-For from an untrusted peer does not change the key;
@@ -161,8 +161,7 @@ func TestComposeUnambiguous(t *testing.T) {
 // handler.
 func TestKeyErrorHandled(t *testing.T) {
 	t.Parallel()
-	store := memory.New(nil)
-	t.Cleanup(func() { store.Close() })
+	store := middlewaretest.Memory(t)
 	m, err := New(store, []Rule{{Name: "p", Limit: sluice.PerMinute(1), Key: PeerIP()}}, nil)
 	if err != nil {
 		t.Fatal(err)

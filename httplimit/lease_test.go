@@ -6,10 +6,9 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice"
-	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/internal/middlewaretest"
 	"github.com/sluicehq/sluice/lease"
 	"github.com/sluicehq/sluice/memory"
-	"github.com/sluicehq/sluice/redisstore"
 	"github.com/sluicehq/sluice/storetest"
 )
 
@@ -27,7 +26,7 @@ func TestLeaseLogRule(t *testing.T) {
 func TestRedisLeaseLogRule(t *testing.T) {
 	t.Parallel()
 	clk := storetest.NewClock(time.Now().Truncate(time.Second))
-	rs := redisstore.New(redistest.Client(t), &redisstore.Options{Prefix: redistest.Prefix(t), Clock: clk.Now})
+	rs := middlewaretest.Redis(t, clk)
 	testLeaseLogRule(t, clk, rs)
 }
 
@@ -56,8 +55,7 @@ func testLeaseLogRule(t *testing.T, clk *storetest.Clock, g sluice.Granter) {
 // request.
 func TestLeaseRefusedAtNew(t *testing.T) {
 	t.Parallel()
-	mem := memory.New(nil)
-	t.Cleanup(func() { mem.Close() })
+	mem := middlewaretest.Memory(t)
 	ls, err := lease.New(mem, &lease.Options{MaxStaleness: 2 * time.Second})
 	if err != nil {
 		t.Fatal(err)
@@ -78,7 +76,7 @@ func TestLeaseRefusedAtNew(t *testing.T) {
 func TestRedisLeasePenaltyCheckedAtNew(t *testing.T) {
 	t.Parallel()
 	clk := storetest.NewClock(time.Now().Truncate(time.Second))
-	rs := redisstore.New(redistest.Client(t), &redisstore.Options{Prefix: redistest.Prefix(t), Clock: clk.Now})
+	rs := middlewaretest.Redis(t, clk)
 	ls, err := lease.New(rs, &lease.Options{MaxStaleness: time.Second, Clock: clk.Now})
 	if err != nil {
 		t.Fatal(err)

@@ -9,11 +9,11 @@ import (
 	"net/http/httptest"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/middlewaretest"
 	"github.com/sluicehq/sluice/lease"
 	"github.com/sluicehq/sluice/memory"
 	"github.com/sluicehq/sluice/storetest"
@@ -32,7 +32,7 @@ type env struct {
 	clk   *storetest.Clock
 	store sluice.Store
 	srv   *httptest.Server
-	obs   *recorder
+	obs   *middlewaretest.Decisions
 }
 
 func newEnv(t *testing.T, rules []Rule, opts *Options) *env {
@@ -45,7 +45,7 @@ func newEnv(t *testing.T, rules []Rule, opts *Options) *env {
 
 func newEnvStore(t *testing.T, clk *storetest.Clock, store sluice.Store, rules []Rule, opts *Options) *env {
 	t.Helper()
-	e := &env{t: t, clk: clk, store: store, obs: &recorder{}}
+	e := &env{t: t, clk: clk, store: store, obs: &middlewaretest.Decisions{}}
 	var o Options
 	if opts != nil {
 		o = *opts
@@ -86,28 +86,6 @@ func (e *env) get(path string, header ...string) response {
 		e.t.Fatal(err)
 	}
 	return response{resp.StatusCode, resp.Header, string(b)}
-}
-
-// recorder is an Observer keeping decision counts per policy and outcome.
-type recorder struct {
-	mu sync.Mutex
-	n  map[string]int // "policy/outcome"
-}
-
-func (r *recorder) ObserveDecision(e sluice.DecisionEvent) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.n == nil {
-		r.n = map[string]int{}
-	}
-	r.n[e.Policy+"/"+e.Outcome.String()]++
-}
-func (r *recorder) ObserveStore(sluice.StoreEvent)     {}
-func (r *recorder) ObserveBreaker(sluice.BreakerEvent) {}
-func (r *recorder) get(k string) int {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.n[k]
 }
 
 func TestHeadersAllowedAndDenied(t *testing.T) {
@@ -169,7 +147,7 @@ func testHeaders(t *testing.T, set HeaderSet) {
 	if p.Status != 429 || p.Policy != "api" || p.RetryAfter != 30 || !strings.Contains(p.Detail, `"api"`) {
 		t.Errorf("problem = %+v", p)
 	}
-	if got := e.obs.get("api/denied"); got != 2 {
+	if got := e.obs.Get("api/denied"); got != 2 {
 		t.Errorf("observed %d denials, want 2", got)
 	}
 }
@@ -356,12 +334,12 @@ func TestBadCostAtRequestTime(t *testing.T) {
 	if r := e.get("/"); r.status != 500 || !strings.Contains(r.body, "misconfigured") {
 		t.Errorf("cost 0: %d %s", r.status, r.body)
 	}
-	if n, others := e.obs.get("c/error"), e.obs.get("other/allowed")+e.obs.get("other/error"); n != 1 || others != 0 {
+	if n, others := e.obs.Get("c/error"), e.obs.Get("other/allowed")+e.obs.Get("other/error"); n != 1 || others != 0 {
 		t.Errorf("cost 0: observed c/error %d, other %d; want 1 and 0", n, others)
 	}
 	e = newEnv(t, []Rule{{Name: "k", Limit: sluice.PerMinute(3), Key: func(*http.Request) (string, error) { return "", errors.New("boom") }}}, nil)
-	if r := e.get("/"); r.status != 500 || e.obs.get("k/error") != 1 {
-		t.Errorf("a failing key function: %d, observed k/error %d; want 500 and 1", r.status, e.obs.get("k/error"))
+	if r := e.get("/"); r.status != 500 || e.obs.Get("k/error") != 1 {
+		t.Errorf("a failing key function: %d, observed k/error %d; want 500 and 1", r.status, e.obs.Get("k/error"))
 	}
 }
 
@@ -421,7 +399,7 @@ func TestShadow(t *testing.T) {
 			t.Fatalf("request %d: %d, RateLimit %q", i, r.status, r.header.Get(HeaderRateLimit))
 		}
 	}
-	if a, d := e.obs.get("dark/allowed"), e.obs.get("dark/shadow_denied"); a != 2 || d != 3 {
+	if a, d := e.obs.Get("dark/allowed"), e.obs.Get("dark/shadow_denied"); a != 2 || d != 3 {
 		t.Errorf("shadow recorded %d allowed, %d shadow-denied; want 2, 3", a, d)
 	}
 }
@@ -481,8 +459,7 @@ func TestPenaltyOutlivesLimitChange(t *testing.T) {
 // and rejects at once otherwise. Real time: the waits are short.
 func TestDelay(t *testing.T) {
 	t.Parallel()
-	store := memory.New(nil)
-	t.Cleanup(func() { store.Close() })
+	store := middlewaretest.Memory(t)
 	for _, tt := range []struct {
 		name     string
 		limit    sluice.Limit
@@ -515,8 +492,7 @@ func TestDelay(t *testing.T) {
 // A Delay wait ends with the request's context.
 func TestDelayHonoursContext(t *testing.T) {
 	t.Parallel()
-	store := memory.New(nil)
-	t.Cleanup(func() { store.Close() })
+	store := middlewaretest.Memory(t)
 	m, err := New(store, []Rule{{Name: "d", Limit: sluice.PerHour(1), Key: Global(), Strategy: Delay, MaxDelay: 2 * time.Hour}}, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -536,8 +512,7 @@ func TestDelayHonoursContext(t *testing.T) {
 
 func TestHashKey(t *testing.T) {
 	t.Parallel()
-	store := memory.New(nil)
-	t.Cleanup(func() { store.Close() })
+	store := middlewaretest.Memory(t)
 	m, err := New(store, []Rule{{Name: "ip", Limit: sluice.PerMinute(1), Key: PeerIP(), Strategy: Penalty, Penalty: time.Minute}}, &Options{HashKey: []byte("secret")})
 	if err != nil {
 		t.Fatal(err)
@@ -606,8 +581,7 @@ func TestHostileHeaders(t *testing.T) {
 
 func TestNewErrors(t *testing.T) {
 	t.Parallel()
-	store := memory.New(nil)
-	t.Cleanup(func() { store.Close() })
+	store := middlewaretest.Memory(t)
 	ok := Rule{Name: "ok", Limit: sluice.PerSecond(1), Key: PeerIP()}
 	with := func(f func(*Rule)) []Rule { r := ok; f(&r); return []Rule{r} }
 	tests := []struct {

@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice"
-	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/internal/middlewaretest"
 	"github.com/sluicehq/sluice/internal/unbuilt"
 	"github.com/sluicehq/sluice/lease"
 	"github.com/sluicehq/sluice/memory"
@@ -24,7 +24,7 @@ import (
 // store can only raise per request.
 func leaseEveryKey(t *testing.T, clk *storetest.Clock) *lease.Store {
 	t.Helper()
-	rs := redisstore.New(redistest.Client(t), &redisstore.Options{Prefix: redistest.Prefix(t), Clock: clk.Now})
+	rs := middlewaretest.Redis(t, clk)
 	ls, err := lease.New(rs, &lease.Options{Clock: clk.Now, For: func(string, sluice.Limit) time.Duration { return time.Second }})
 	if err != nil {
 		t.Fatal(err)
@@ -79,7 +79,7 @@ func TestRedisStoreRefusesRuleIs500(t *testing.T) {
 	// Observed as errors (no rule decided), so that a dashboard of error
 	// outcomes shows the misconfiguration.
 	for _, k := range []string{"log/error", "layered/error", "account/error"} {
-		if n := e.obs.get(k); n != 1 {
+		if n := e.obs.Get(k); n != 1 {
 			t.Errorf("observed %d %s, want 1", n, k)
 		}
 	}
@@ -126,7 +126,7 @@ func TestRedisStoreRefusesRuleKeepsBreakerClosed(t *testing.T) {
 	if r := e.get("/api"); r.status != 200 || r.header.Get(HeaderRateLimit) != `"api";r=99;t=1` {
 		t.Errorf("/api: %d %q %s, want 200 from the backend", r.status, r.header.Get(HeaderRateLimit), r.body)
 	}
-	if n := e.obs.get("log/error"); n != 10 {
+	if n := e.obs.Get("log/error"); n != 10 {
 		t.Errorf("observed %d log/error, want 10", n)
 	}
 }
@@ -146,7 +146,7 @@ func TestStoreNotBuiltIs500(t *testing.T) {
 		e := newEnvStore(t, clk, struct{ sluice.MultiStore }{store}, []Rule{{Name: "api", Limit: sluice.PerMinute(100), Key: Global()}}, nil)
 		r := e.get("/")
 		checkMisconfigured(t, r, `rule "api"`, "store not built")
-		if n := e.obs.get("api/error"); n != 1 {
+		if n := e.obs.Get("api/error"); n != 1 {
 			t.Errorf("%s: observed %d api/error, want 1", name, n)
 		}
 	}
@@ -157,8 +157,7 @@ func TestStoreNotBuiltIs500(t *testing.T) {
 // to delay or block only rejected.
 func TestRuleSettingsOfAnotherStrategy(t *testing.T) {
 	t.Parallel()
-	store := memory.New(nil)
-	t.Cleanup(func() { store.Close() })
+	store := middlewaretest.Memory(t)
 	for field, r := range map[string]Rule{
 		"MaxDelay":   {Name: "api", Limit: sluice.PerMinute(10), Key: Global(), MaxDelay: time.Second},
 		"Penalty":    {Name: "api", Limit: sluice.PerMinute(10), Key: Global(), Penalty: time.Minute},
@@ -190,8 +189,7 @@ func TestNewRefusesUnbuiltStore(t *testing.T) {
 	}
 	// A built limiter is accepted, and a round trip over a real listener
 	// goes through.
-	store := memory.New(nil)
-	t.Cleanup(func() { store.Close() })
+	store := middlewaretest.Memory(t)
 	lim, err := sluice.NewLimiter(store, sluice.PerMinute(10), nil)
 	if err != nil {
 		t.Fatal(err)

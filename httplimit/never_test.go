@@ -85,7 +85,7 @@ func TestRedisCostOverCapacity(t *testing.T) {
 			if strings.Contains(r.body, "retry_after") {
 				t.Errorf("body %s has a retry_after", r.body)
 			}
-			if n := e.obs.get("big/denied"); n != 1 {
+			if n := e.obs.Get("big/denied"); n != 1 {
 				t.Errorf("observed %d denials of big, want 1", n)
 			}
 			// Nothing was taken: the whole capacity, and the account's one
@@ -164,7 +164,7 @@ func TestRedisDownCostOverCapacity(t *testing.T) {
 			if p.Type != problem.NeverType || p.Policy != "big" || p.Cost != 11 || p.Capacity != 10 {
 				t.Errorf("body %+v", p)
 			}
-			if d, n := e.obs.get("big/denied"), e.obs.get("big/error"); d != 1 || n != 0 {
+			if d, n := e.obs.Get("big/denied"), e.obs.Get("big/error"); d != 1 || n != 0 {
 				t.Errorf("observed %d denials and %d errors of big, want 1 and 0", d, n)
 			}
 			if r := e.get("/", "X-Cost", "1", "X-Account", "acme"); r.status != http.StatusServiceUnavailable {

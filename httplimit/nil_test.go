@@ -11,7 +11,7 @@ import (
 	"testing"
 
 	"github.com/sluicehq/sluice"
-	"github.com/sluicehq/sluice/memory"
+	"github.com/sluicehq/sluice/internal/middlewaretest"
 )
 
 // A nil *Middleware (New's error ignored) answers every request 500 with
@@ -46,8 +46,7 @@ func TestNilMiddleware(t *testing.T) {
 // than panicking.
 func TestTransportBadInput(t *testing.T) {
 	t.Parallel()
-	store := memory.New(nil)
-	t.Cleanup(func() { store.Close() })
+	store := middlewaretest.Memory(t)
 	lim, err := sluice.NewLimiter(store, sluice.PerSecond(10), nil)
 	if err != nil {
 		t.Fatal(err)

@@ -1,11 +1,8 @@
 package httplimit
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
-	"log/slog"
 	"net"
 	"net/http"
 	"net/url"
@@ -18,8 +15,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/middlewaretest"
 	"github.com/sluicehq/sluice/internal/redistest"
-	"github.com/sluicehq/sluice/memory"
 	"github.com/sluicehq/sluice/redisstore"
 )
 
@@ -163,8 +160,7 @@ func TestTransportHoldsOnRetryAfterDate(t *testing.T) {
 			w.WriteHeader(http.StatusTooManyRequests) // no Retry-After
 		}
 	}))
-	store := memory.New(nil)
-	t.Cleanup(func() { store.Close() })
+	store := middlewaretest.Memory(t)
 	client := &http.Client{Transport: newTransport(t, store, sluice.PerSecond(100), nil)}
 	var prev time.Time
 	for i, want := range []int{http.StatusServiceUnavailable, http.StatusTooManyRequests, http.StatusOK} {
@@ -196,11 +192,10 @@ func TestTransportHoldsOnRetryAfterDate(t *testing.T) {
 // On memory and on a real Redis.
 func TestTransportHoldShare(t *testing.T) {
 	t.Parallel()
-	mem := memory.New(nil)
-	t.Cleanup(func() { mem.Close() })
+	mem := middlewaretest.Memory(t)
 	for name, store := range map[string]sluice.Store{
 		"memory": mem,
-		"redis":  redisstore.New(redistest.Client(t), &redisstore.Options{Prefix: redistest.Prefix(t)}),
+		"redis":  middlewaretest.Redis(t, nil),
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
@@ -302,10 +297,10 @@ func TestTransportHoldLogPaced(t *testing.T) {
 	const every = time.Second
 	client := redis.NewClient(&redis.Options{Addr: redistest.DeadAddr(t), MaxRetries: -1, DialerRetries: 1})
 	t.Cleanup(func() { client.Close() })
-	var logs syncBuffer
+	var logs middlewaretest.Log
 	h := &holds{
 		store:  redisstore.New(client, &redisstore.Options{Prefix: redistest.Prefix(t)}),
-		logger: slog.New(slog.NewJSONHandler(&logs, nil)),
+		logger: logs.Logger(),
 	}
 	h.pace.Every = every
 	ctx := context.Background()
@@ -317,11 +312,11 @@ func TestTransportHoldLogPaced(t *testing.T) {
 	}
 	h.hold(ctx, "api.example", time.Second)
 	inOne := time.Since(start) < every/2
-	if lines := logs.records(t); inOne && len(lines) != 2 {
+	if lines := logs.Records(t); inOne && len(lines) != 2 {
 		t.Errorf("lines at once %v, want one per kind", lines)
 	}
 	time.Sleep(every + every/2)
-	lines := logs.records(t)
+	lines := logs.Records(t)
 	counted := map[string]int64{}
 	for _, l := range lines {
 		msg, _ := l["msg"].(string)
@@ -339,34 +334,6 @@ func TestTransportHoldLogPaced(t *testing.T) {
 			t.Errorf("%q: lines account for %d failures, want %d", msg, counted[msg], want)
 		}
 	}
-}
-
-// syncBuffer is a slog JSON sink safe for timers' goroutines.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-// records returns the records written so far.
-func (b *syncBuffer) records(t *testing.T) []map[string]any {
-	t.Helper()
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	var out []map[string]any
-	for l := range strings.Lines(b.buf.String()) {
-		var m map[string]any
-		if err := json.Unmarshal([]byte(l), &m); err != nil {
-			t.Fatalf("log line %q: %v", l, err)
-		}
-		out = append(out, m)
-	}
-	return out
 }
 
 // slowHold is a Transport whose Redis turns slow (replies held by a proxy)
@@ -672,7 +639,7 @@ func TestRedisTransportMaxHold(t *testing.T) {
 			w.WriteHeader(http.StatusTooManyRequests)
 		}
 	}))
-	lim, err := sluice.NewLimiter(redisstore.New(redistest.Client(t), &redisstore.Options{Prefix: redistest.Prefix(t)}), sluice.PerSecond(100), nil)
+	lim, err := sluice.NewLimiter(middlewaretest.Redis(t, nil), sluice.PerSecond(100), nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -15,8 +15,8 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/middlewaretest"
 	"github.com/sluicehq/sluice/internal/redistest"
-	"github.com/sluicehq/sluice/memory"
 )
 
 func TestTransport(t *testing.T) {
@@ -27,8 +27,7 @@ func TestTransport(t *testing.T) {
 		io.WriteString(w, "pong")
 	}))
 	t.Cleanup(upstream.Close)
-	store := memory.New(nil)
-	t.Cleanup(func() { store.Close() })
+	store := middlewaretest.Memory(t)
 	// Two at once, then one per 20ms: short real waits.
 	lim, err := sluice.NewLimiter(store, sluice.Limit{Rate: 50, Period: time.Second, Burst: 2}, nil)
 	if err != nil {
@@ -140,8 +139,7 @@ func TestTransportOneQuotaPerHost(t *testing.T) {
 		calls.Add(1)
 	}))
 	port := upstream.Listener.Addr().(*net.TCPAddr).Port
-	store := memory.New(nil)
-	t.Cleanup(func() { store.Close() })
+	store := middlewaretest.Memory(t)
 	lim, err := sluice.NewLimiter(store, sluice.PerHour(3), nil)
 	if err != nil {
 		t.Fatal(err)
