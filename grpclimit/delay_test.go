@@ -12,7 +12,6 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/sluicehq/sluice"
-	"github.com/sluicehq/sluice/internal/grpctest"
 	"github.com/sluicehq/sluice/internal/line"
 	"github.com/sluicehq/sluice/internal/middlewaretest"
 	"github.com/sluicehq/sluice/internal/openloop"
@@ -52,9 +51,7 @@ func TestDelayAbandoned(t *testing.T) {
 				returned <- status.Code(err)
 				return resp, err
 			}
-			srv := grpc.NewServer(grpc.ChainUnaryInterceptor(outer, in.Unary()))
-			healthpb.RegisterHealthServer(srv, health.NewServer())
-			client := healthpb.NewHealthClient(grpctest.Serve(t, srv))
+			client := healthOn(t, grpc.NewServer(grpc.ChainUnaryInterceptor(outer, in.Unary())), health.NewServer())
 			check := func(ctx context.Context) error {
 				_, err := client.Check(ctx, &healthpb.HealthCheckRequest{})
 				return err

@@ -44,7 +44,13 @@ func serveHealth(t *testing.T, store sluice.Store, rules []Rule, opts *Options, 
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := grpc.NewServer(grpc.UnaryInterceptor(in.Unary()), grpc.StreamInterceptor(in.Stream()))
+	return healthOn(t, grpc.NewServer(grpc.UnaryInterceptor(in.Unary()), grpc.StreamInterceptor(in.Stream())), svc)
+}
+
+// healthOn registers svc on srv, serves srv on a loopback listener until
+// the test ends, and returns a client of it.
+func healthOn(t *testing.T, srv *grpc.Server, svc healthpb.HealthServer) healthpb.HealthClient {
+	t.Helper()
 	healthpb.RegisterHealthServer(srv, svc)
 	return healthpb.NewHealthClient(grpctest.Serve(t, srv))
 }

@@ -15,7 +15,6 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/sluicehq/sluice"
-	"github.com/sluicehq/sluice/internal/grpctest"
 	"github.com/sluicehq/sluice/internal/middlewaretest"
 	"github.com/sluicehq/sluice/lease"
 	"github.com/sluicehq/sluice/storetest"
@@ -159,9 +158,7 @@ func TestMisconfiguredLogPaced(t *testing.T) {
 		t.Fatal(err)
 	}
 	in.failures.pace.Every = every
-	srv := grpc.NewServer(grpc.UnaryInterceptor(in.Unary()))
-	healthpb.RegisterHealthServer(srv, health.NewServer())
-	client := healthpb.NewHealthClient(grpctest.Serve(t, srv))
+	client := healthOn(t, grpc.NewServer(grpc.UnaryInterceptor(in.Unary())), health.NewServer())
 
 	calls := map[string]int64{"a": 20, "b": 1, "c": 3}
 	start := time.Now()
