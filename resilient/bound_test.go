@@ -3,6 +3,7 @@ package resilient
 import (
 	"context"
 	"fmt"
+	"math"
 	"strings"
 	"testing"
 	"time"
@@ -43,11 +44,7 @@ func newSim(t *testing.T, n int, fleet *Fleet) *sim {
 		if fleet == nil {
 			o.Nodes = n
 		}
-		st, err := New(b, o)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { st.Close() })
+		st := newStore(t, b, o)
 		s.backends = append(s.backends, b)
 		s.stores = append(s.stores, st)
 	}
@@ -103,20 +100,9 @@ func (s *sim) run(key string, lim sluice.Limit, end, step time.Duration, phases 
 }
 
 // episode is the schedule of one outage from 0 to d: the backend drained
-// just before it, the fallback drained at both ends, the backend just after.
-func episode(d time.Duration) func(time.Duration) string {
-	return func(at time.Duration) string {
-		switch {
-		case at == 0:
-			return "up down"
-		case at < d:
-			return "down"
-		case at == d:
-			return "down up"
-		}
-		return "up"
-	}
-}
+// just before it, the fallback drained at both ends, the backend just after
+// (flaps with no second outage).
+func episode(d time.Duration) func(time.Duration) string { return flaps(d, math.MaxInt64) }
 
 // The bucket algorithms over an interval of length T holding one fallback
 // episode of length D: the fleet admits at most

@@ -130,6 +130,19 @@ func runSteps(t *testing.T, s *Store, b *flaky, clk *storetest.Clock, rec *recor
 
 var discard = slog.New(slog.DiscardHandler)
 
+// takeUntilOpen takes key on s, 100ms apart on clk, until s's breaker
+// opens: the test's backend fails them.
+func takeUntilOpen(t *testing.T, s *Store, clk *storetest.Clock, key string, lim sluice.Limit) {
+	t.Helper()
+	for i := 0; s.State() != sluice.BreakerOpen; i++ {
+		if i > 100 {
+			t.Fatalf("the breaker never opened taking %q", key)
+		}
+		s.Take(context.Background(), key, lim, 1)
+		clk.Advance(100 * time.Millisecond)
+	}
+}
+
 // lines is a slog.Handler that keeps each record's message and attributes.
 type lines struct {
 	mu  sync.Mutex
@@ -169,11 +182,7 @@ func TestBreakerLogsFlap(t *testing.T) {
 	clk := storetest.NewClock(t0)
 	b := newFlaky(clk.Now)
 	log := &lines{}
-	s, err := New(b, &Options{Name: "redis", Clock: clk.Now, Timeout: slow, Logger: slog.New(log), CloseAfter: 2})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Close() })
+	s := newStore(t, b, &Options{Name: "redis", Clock: clk.Now, Timeout: slow, Logger: slog.New(log), CloseAfter: 2})
 	s.br.jitter = nil
 	lim := sluice.PerSecond(1000)
 	take := func(n int) {
@@ -264,13 +273,7 @@ func TestProbeWithoutTraffic(t *testing.T) {
 	}
 	f.mode.Store(1)
 	l := sluice.PerSecond(10)
-	for i := 0; s.State() != sluice.BreakerOpen; i++ {
-		if i > 100 {
-			t.Fatal("the breaker never opened")
-		}
-		s.Take(context.Background(), "k", l, 1)
-		clock.Advance(100 * time.Millisecond)
-	}
+	takeUntilOpen(t, s, clock, "k", l)
 	calls := f.calls.Load()
 	if sent, _ := s.Probe(context.Background()); sent || f.calls.Load() != calls {
 		t.Fatal("Probe sent a probe before the probe interval")
@@ -310,13 +313,7 @@ func TestProbeNow(t *testing.T) {
 		t.Fatalf("closed: ProbeNow = %v after %d calls; want nothing sent", err, f.calls.Load())
 	}
 	f.mode.Store(1)
-	for i := 0; s.State() != sluice.BreakerOpen; i++ {
-		if i > 100 {
-			t.Fatal("the breaker never opened")
-		}
-		s.Take(context.Background(), "k", sluice.PerSecond(10), 1)
-		clock.Advance(100 * time.Millisecond)
-	}
+	takeUntilOpen(t, s, clock, "k", sluice.PerSecond(10))
 	if err := s.ProbeNow(context.Background()); err == nil || s.State() != sluice.BreakerOpen {
 		t.Fatalf("backend down: ProbeNow = %v, state %v; want the probe's error, open", err, s.State())
 	}
@@ -335,11 +332,7 @@ func TestBreakerLogsLongOutage(t *testing.T) {
 	b := newFlaky(clk.Now)
 	log := &lines{}
 	rec := &recorder{}
-	s, err := New(b, &Options{Name: "redis", Clock: clk.Now, Timeout: slow, Logger: slog.New(log), Observer: rec, CloseAfter: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Close() })
+	s := newStore(t, b, &Options{Name: "redis", Clock: clk.Now, Timeout: slow, Logger: slog.New(log), Observer: rec, CloseAfter: 1})
 	s.br.jitter = nil
 	lim := sluice.PerSecond(1000)
 	b.mode.Store(1)
@@ -386,13 +379,7 @@ func TestProbeNeedsWrites(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for i := 0; s.State() != sluice.BreakerOpen; i++ {
-		if i > 100 {
-			t.Fatal("the breaker never opened")
-		}
-		s.Take(context.Background(), "k", sluice.PerSecond(10), 1)
-		clock.Advance(100 * time.Millisecond)
-	}
+	takeUntilOpen(t, s, clock, "k", sluice.PerSecond(10))
 	for i := range 3 {
 		clock.Advance(2 * time.Second)
 		if sent, err := s.Probe(context.Background()); !sent || err == nil {
@@ -416,13 +403,7 @@ func TestProbeNeedsWrites(t *testing.T) {
 		t.Fatal(err)
 	}
 	f.mode.Store(1)
-	for i := 0; s2.State() != sluice.BreakerOpen; i++ {
-		if i > 100 {
-			t.Fatal("the breaker never opened")
-		}
-		s2.Take(context.Background(), "k", sluice.PerSecond(10), 1)
-		clock.Advance(100 * time.Millisecond)
-	}
+	takeUntilOpen(t, s2, clock, "k", sluice.PerSecond(10))
 	f.mode.Store(0)
 	for i := 0; s2.State() != sluice.BreakerClosed; i++ {
 		if i > 20 {
@@ -447,13 +428,7 @@ func TestProbeNowWhileProbing(t *testing.T) {
 	}
 	lim := sluice.PerSecond(10)
 	f.mode.Store(1)
-	for i := 0; s.State() != sluice.BreakerOpen; i++ {
-		if i > 100 {
-			t.Fatal("the breaker never opened")
-		}
-		s.Take(context.Background(), "k", lim, 1)
-		clock.Advance(100 * time.Millisecond)
-	}
+	takeUntilOpen(t, s, clock, "k", lim)
 	clock.Advance(2 * time.Hour) // a probe is due
 	f.mode.Store(3)              // it hangs until its deadline
 	calls := f.calls.Load()

@@ -25,11 +25,7 @@ func TestDefaultFallbackUsesClock(t *testing.T) {
 	c := redis.NewClient(&redis.Options{Addr: redistest.DeadAddr(t), MaxRetries: -1})
 	t.Cleanup(func() { c.Close() })
 	clk := storetest.NewClock(t0)
-	s, err := New(redisstore.New(c, nil), &Options{Clock: clk.Now, Logger: discard})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Close() })
+	s := newStore(t, redisstore.New(c, nil), &Options{Clock: clk.Now, Logger: discard})
 	lim := sluice.PerHour(1)
 	take := func(what string, want bool) {
 		t.Helper()
@@ -62,11 +58,7 @@ func TestDefaultFallbackEvictionsTold(t *testing.T) {
 	t.Cleanup(func() { c.Close() })
 	clk := storetest.NewClock(t0)
 	log, obs := &lines{}, &evictionRecorder{}
-	s, err := New(redisstore.New(c, nil), &Options{Clock: clk.Now, Logger: slog.New(log), Observer: obs, FallbackMaxKeys: 64})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Close() })
+	s := newStore(t, redisstore.New(c, nil), &Options{Clock: clk.Now, Logger: slog.New(log), Observer: obs, FallbackMaxKeys: 64})
 	flood := func(from int) {
 		for i := range 200 {
 			if d, err := s.Take(context.Background(), fmt.Sprint("k", from+i), sluice.PerHour(10), 1); err != nil || d.Source != sluice.SourceFallback {

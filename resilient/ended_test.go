@@ -20,11 +20,7 @@ func TestClosedBackendIsReturned(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	c := redis.NewClient(&redis.Options{Addr: redistest.Addr(t)})
-	s, err := New(redisstore.New(c, &redisstore.Options{Prefix: redistest.Prefix(t)}), &Options{Policy: FallbackLocal, Logger: discard})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Close() })
+	s := newStore(t, redisstore.New(c, &redisstore.Options{Prefix: redistest.Prefix(t)}), &Options{Policy: FallbackLocal, Logger: discard})
 	c.Close()
 	l := sluice.Concurrent(2, time.Minute)
 	for i := range 20 {
@@ -68,11 +64,7 @@ func TestContextEndedBreakerOpen(t *testing.T) {
 			t.Parallel()
 			client := redis.NewClient(&redis.Options{Addr: redistest.DeadAddr(t), MaxRetries: -1})
 			t.Cleanup(func() { client.Close() })
-			s, err := NewMulti(redisstore.New(client, nil), &Options{Policy: p, Nodes: 1, Timeout: time.Second, DeadAfter: time.Millisecond, FailureThreshold: 1, ProbeInterval: time.Hour})
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { s.Close() })
+			s := newMultiStore(t, redisstore.New(client, nil), &Options{Policy: p, Nodes: 1, Timeout: time.Second, DeadAfter: time.Millisecond, FailureThreshold: 1, ProbeInterval: time.Hour})
 			l := sluice.PerMinute(10)
 			waitFor(t, "the breaker to open", func() bool {
 				s.Take(context.Background(), "k", l, 1)
@@ -136,11 +128,7 @@ func TestContextEndedRedis(t *testing.T) {
 	for _, p := range policies {
 		t.Run(p.String(), func(t *testing.T) {
 			t.Parallel()
-			s, err := NewMulti(redisstore.New(client, &redisstore.Options{Prefix: redistest.Prefix(t)}), &Options{Policy: p, Nodes: 1, Timeout: time.Second})
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { s.Close() })
+			s := newMultiStore(t, redisstore.New(client, &redisstore.Options{Prefix: redistest.Prefix(t)}), &Options{Policy: p, Nodes: 1, Timeout: time.Second})
 			l := sluice.PerMinute(3)
 			ctx := canceled()
 			d, err := s.Take(ctx, "k", l, 1)

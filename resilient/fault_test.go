@@ -146,11 +146,7 @@ func TestFaultScriptFlush(t *testing.T) {
 	client := srv.Client(t)
 	rec := &recorder{}
 	// A long timeout: this test is about NOSCRIPT, not a busy machine.
-	s, err := NewMulti(redisstore.New(client, nil), &Options{Timeout: 5 * time.Second, Observer: rec})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Close() })
+	s := newMultiStore(t, redisstore.New(client, nil), &Options{Timeout: 5 * time.Second, Observer: rec})
 	l := startLoad(s, 4)
 	for range 20 {
 		before := rec.count(sluice.SourceBackend)
@@ -288,11 +284,7 @@ func slowRedis(t *testing.T, pause, period, d time.Duration) (*opened, *load) {
 		t.Fatal(err)
 	}
 	rec := &opened{}
-	s, err := NewMulti(redisstore.New(client, nil), &Options{Observer: rec, Logger: discard})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Close() })
+	s := newMultiStore(t, redisstore.New(client, nil), &Options{Observer: rec, Logger: discard})
 	l := startPacedLoad(s, 8, time.Millisecond)
 	waitFor(t, "decisions from Redis", func() bool { return rec.count(sluice.SourceBackend) >= 100 })
 	pauses(t, srv.Addr, pause, period)
@@ -354,11 +346,7 @@ func TestFaultDeadRedisOpensWithinASecond(t *testing.T) {
 			client := redis.NewClient(&redis.Options{Addr: srv.Addr, MaxRetries: -1})
 			t.Cleanup(func() { client.Close() })
 			rec := &opened{}
-			s, err := NewMulti(redisstore.New(client, nil), &Options{Observer: rec, Logger: discard, ProbeInterval: 100 * time.Millisecond})
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { s.Close() })
+			s := newMultiStore(t, redisstore.New(client, nil), &Options{Observer: rec, Logger: discard, ProbeInterval: 100 * time.Millisecond})
 			pid := redisPID(t, client)
 			l := startLoad(s, 4)
 			defer l.end()

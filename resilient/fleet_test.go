@@ -361,11 +361,7 @@ func TestFleetCounted(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { f.Close() })
-	s, err := New(storetest.Down{}, &Options{Fleet: f, Logger: discard, Clock: clk.Now})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Close() })
+	s := newStore(t, storetest.Down{}, &Options{Fleet: f, Logger: discard, Clock: clk.Now})
 	source := func() sluice.Source {
 		t.Helper()
 		d, err := s.Take(context.Background(), "k", sluice.PerSecond(30), 1)
@@ -423,11 +419,7 @@ func TestFleetUncountedSlotNotExtended(t *testing.T) {
 	t.Cleanup(func() { f.Close() })
 	b := newFlaky(clk.Now)
 	b.mode.Store(1) // the backend is down
-	s, err := New(b, &Options{Fleet: f, Logger: discard, Clock: clk.Now})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Close() })
+	s := newStore(t, b, &Options{Fleet: f, Logger: discard, Clock: clk.Now})
 	ctx := context.Background()
 	l := sluice.Concurrent(30, 10*time.Minute)
 	if d, err := s.Acquire(ctx, "k", l, 10, "h"); err != nil || !d.Allowed || d.Source != sluice.SourceFallback {

@@ -42,15 +42,28 @@ func newGranting(t *testing.T, opts *Options) (*flaky, *MultiStore, *storetest.C
 	o.Clock, o.Logger = clk.Now, discard
 	b := newFlaky(clk.Now)
 	t.Cleanup(func() { b.Close() })
-	s, err := NewMulti(b, &o)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Close() })
+	s := newMultiStore(t, b, &o)
 	return b, s, clk
 }
 
 var ctx = context.Background()
+
+// grantAllDenied grants all of key's 10 units under l, then checks that a
+// take is denied and the next one answered from the deny cache.
+func grantAllDenied(t *testing.T, s *MultiStore, key string, l sluice.Limit) sluice.Grant {
+	t.Helper()
+	g, err := s.Grant(ctx, key, l, 10)
+	if err != nil || g.Granted != 10 {
+		t.Fatalf("Grant = %+v, %v", g, err)
+	}
+	if d, err := s.Take(ctx, key, l, 1); err != nil || d.Allowed {
+		t.Fatalf("Take of an empty key = %+v, %v; want denied", d, err)
+	}
+	if d, _ := s.Take(ctx, key, l, 1); d.Source != sluice.SourceDenyCache {
+		t.Fatalf("second Take = %+v; want the deny cache", d)
+	}
+	return g
+}
 
 // Grants and returns pass through while the breaker lets calls through;
 // a failed one, or one the open breaker holds back, is ErrNoGrant, never a
@@ -101,11 +114,7 @@ func TestGrant(t *testing.T) {
 		t.Fatalf("Take with the breaker open = %+v, %v; want the fallback", d, err)
 	}
 
-	plain, err := New(struct{ sluice.Store }{b.Store}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { plain.Close() })
+	plain := newStore(t, struct{ sluice.Store }{b.Store}, nil)
 	if _, err := plain.Grant(ctx, "k", l, 1); !errors.Is(err, ErrNoGrant) {
 		t.Fatalf("a backend that cannot grant: %v, want ErrNoGrant", err)
 	}
@@ -121,16 +130,7 @@ func TestReturnForgetsDenials(t *testing.T) {
 	t.Parallel()
 	_, s, _ := newGranting(t, nil)
 	l := sluice.PerMinute(10)
-	g, err := s.Grant(ctx, "k", l, 10)
-	if err != nil || g.Granted != 10 {
-		t.Fatalf("Grant = %+v, %v", g, err)
-	}
-	if d, err := s.Take(ctx, "k", l, 1); err != nil || d.Allowed {
-		t.Fatalf("Take of an empty key = %+v, %v; want denied", d, err)
-	}
-	if d, _ := s.Take(ctx, "k", l, 1); d.Source != sluice.SourceDenyCache {
-		t.Fatalf("second Take = %+v; want the deny cache", d)
-	}
+	g := grantAllDenied(t, s, "k", l)
 	if n, err := s.Return(ctx, "k", l, g, 10); err != nil || n != 10 {
 		t.Fatalf("Return = %d, %v", n, err)
 	}
@@ -147,16 +147,7 @@ func TestRegrant(t *testing.T) {
 	t.Parallel()
 	b, s, clk := newGranting(t, &Options{DeadAfter: time.Nanosecond})
 	l := sluice.PerMinute(10)
-	g, err := s.Grant(ctx, "k", l, 10)
-	if err != nil || g.Granted != 10 {
-		t.Fatalf("Grant = %+v, %v", g, err)
-	}
-	if d, err := s.Take(ctx, "k", l, 1); err != nil || d.Allowed {
-		t.Fatalf("Take of an empty key = %+v, %v; want denied", d, err)
-	}
-	if d, _ := s.Take(ctx, "k", l, 1); d.Source != sluice.SourceDenyCache {
-		t.Fatalf("second Take = %+v; want the deny cache", d)
-	}
+	g := grantAllDenied(t, s, "k", l)
 	calls := b.calls.Load()
 	back, next, err := s.Regrant(ctx, "k", l, g, 6, 4)
 	if err != nil || back != 6 || next.Granted != 4 || next.Remaining != 2 {
@@ -175,11 +166,7 @@ func TestRegrant(t *testing.T) {
 		t.Fatalf("bad grant: %v, want ErrInvalidCost", err)
 	}
 
-	plain, err := New(struct{ sluice.Granter }{b}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { plain.Close() })
+	plain := newStore(t, struct{ sluice.Granter }{b}, nil)
 	calls = b.calls.Load()
 	back, next2, err := plain.Regrant(ctx, "k", l, next, 4, 3)
 	if err != nil || back != 4 || next2.Granted != 3 {

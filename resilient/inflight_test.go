@@ -431,11 +431,7 @@ func TestFaultSlotsReleaseOnce(t *testing.T) {
 	srv := redistest.StartServer(t)
 	client := redis.NewClient(&redis.Options{Addr: srv.Addr})
 	t.Cleanup(func() { client.Close() })
-	s, err := New(redisstore.New(client, nil), &Options{Timeout: 100 * time.Millisecond, ProbeInterval: 50 * time.Millisecond, Logger: discard})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Close() })
+	s := newStore(t, redisstore.New(client, nil), &Options{Timeout: 100 * time.Millisecond, ProbeInterval: 50 * time.Millisecond, Logger: discard})
 	ctx := context.Background()
 	const remember = 10 * time.Second
 	l := sluice.Concurrent(10, time.Minute)
@@ -509,11 +505,7 @@ func TestSlotsReleaseOnceOpen(t *testing.T) {
 	t.Parallel()
 	client := redis.NewClient(&redis.Options{Addr: redistest.DeadAddr(t), MaxRetries: -1})
 	t.Cleanup(func() { client.Close() })
-	s, err := New(redisstore.New(client, nil), &Options{Policy: FailOpen, Logger: discard})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Close() })
+	s := newStore(t, redisstore.New(client, nil), &Options{Policy: FailOpen, Logger: discard})
 	ctx := context.Background()
 	l := sluice.Concurrent(1, time.Minute)
 	if d, err := s.Acquire(ctx, "k", l, 1, "o"); err != nil || !d.Allowed || d.Source != sluice.SourceFailOpen {
@@ -566,20 +558,12 @@ func TestAbandonNotSentSaysSo(t *testing.T) {
 	backend := redisstore.New(client, &redisstore.Options{Prefix: redistest.Prefix(t)})
 	l := sluice.Concurrent(5, time.Minute)
 
-	closed, err := New(backend, &Options{Policy: FailClosed, Logger: discard})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { closed.Close() })
+	closed := newStore(t, backend, &Options{Policy: FailClosed, Logger: discard})
 	if _, err := closed.Acquire(ctx, "k", l, 1, "sent"); err != nil {
 		t.Fatal(err)
 	}
 	logs := &lockedBuffer{}
-	local, err := New(backend, &Options{Policy: FallbackLocal, Name: "local", Logger: slog.New(slog.NewTextHandler(logs, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { local.Close() })
+	local := newStore(t, backend, &Options{Policy: FallbackLocal, Name: "local", Logger: slog.New(slog.NewTextHandler(logs, nil))})
 	if d, err := local.Acquire(ctx, "k", l, 1, "fallback"); err != nil || !d.Allowed || d.Source != sluice.SourceFallback {
 		t.Fatalf("Acquire = %+v, %v; want allowed by the fallback", d, err)
 	}

@@ -16,6 +16,30 @@ import (
 	"github.com/sluicehq/sluice/storetest"
 )
 
+// startPartialCluster starts a Cluster of three masters, each with that
+// many replicas, whose live masters keep serving their slots while one is
+// failed, and returns it with a store on it.
+func startPartialCluster(t *testing.T, replicas int) (*redistest.Cluster, *redisstore.Store) {
+	t.Helper()
+	cl := redistest.StartCluster(t, &redistest.ClusterOptions{Replicas: replicas,
+		Args: []string{"--cluster-require-full-coverage", "no"}})
+	return cl, redisstore.New(cl.Client(t), &redisstore.Options{Prefix: redistest.Prefix(t)})
+}
+
+// takeOnMaster takes k through s and returns the address of the master
+// serving it, once rs's Partition has said the same.
+func takeOnMaster(t *testing.T, s sluice.Store, cl *redistest.Cluster, rs *redisstore.Store, k string, lim sluice.Limit) string {
+	t.Helper()
+	if _, err := s.Take(context.Background(), k, lim, 1); err != nil {
+		t.Fatal(err)
+	}
+	m := cl.MasterOf(t, rs.Keys(k, lim)[0]).Addr
+	if p := rs.Partition(k); p != m {
+		t.Fatalf("Partition(%q) = %q, want %q", k, p, m)
+	}
+	return m
+}
+
 // On a Redis Cluster of three masters, one master stopped opens only its
 // own breaker: keys on the other two go on deciding on Redis, exactly,
 // while the stopped master's keys fall back; layered calls that span it
@@ -24,17 +48,9 @@ import (
 // every key decides on Redis again once it is back.
 func TestPartitionBreakerClusterMasterDown(t *testing.T) {
 	t.Parallel()
-	cl := redistest.StartCluster(t, &redistest.ClusterOptions{
-		// The live masters keep serving their slots while one is failed.
-		Args: []string{"--cluster-require-full-coverage", "no"},
-	})
-	rs := redisstore.New(cl.Client(t), &redisstore.Options{Prefix: redistest.Prefix(t)})
+	cl, rs := startPartialCluster(t, 0)
 	log := &lines{}
-	s, err := NewMulti(rs, &Options{Name: "redis", Logger: slog.New(log), ProbeInterval: 200 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Close() })
+	s := newMultiStore(t, rs, &Options{Name: "redis", Logger: slog.New(log), ProbeInterval: 200 * time.Millisecond})
 	ctx := context.Background()
 	warm := sluice.PerSecond(1000)
 
@@ -42,13 +58,7 @@ func TestPartitionBreakerClusterMasterDown(t *testing.T) {
 	byMaster := map[string][]string{}
 	for i := range 60 {
 		k := fmt.Sprint("key", i)
-		if _, err := s.Take(ctx, k, warm, 1); err != nil {
-			t.Fatal(err)
-		}
-		m := cl.MasterOf(t, rs.Keys(k, warm)[0]).Addr
-		if p := rs.Partition(k); p != m {
-			t.Fatalf("Partition(%q) = %q, want %q", k, p, m)
-		}
+		m := takeOnMaster(t, s, cl, rs, k, warm)
 		byMaster[m] = append(byMaster[m], k)
 	}
 	if len(byMaster) != 3 {
@@ -169,25 +179,14 @@ func TestPartitionBreakerClusterMasterDown(t *testing.T) {
 // runs out of time on the stopped master, and its error says so.
 func TestFaultSpanningTrafficChargesStoppedMaster(t *testing.T) {
 	t.Parallel()
-	cl := redistest.StartCluster(t, &redistest.ClusterOptions{Args: []string{"--cluster-require-full-coverage", "no"}})
-	rs := redisstore.New(cl.Client(t), &redisstore.Options{Prefix: redistest.Prefix(t)})
-	s, err := NewMulti(rs, &Options{Name: "redis", Logger: discard, ProbeInterval: 200 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Close() })
+	cl, rs := startPartialCluster(t, 0)
+	s := newMultiStore(t, rs, &Options{Name: "redis", Logger: discard, ProbeInterval: 200 * time.Millisecond})
 	ctx := context.Background()
 	lim := sluice.PerSecond(1000)
 	byMaster := map[string]string{}
 	for i := 0; len(byMaster) < 2; i++ {
 		k := fmt.Sprint("key", i)
-		if _, err := s.Take(ctx, k, lim, 1); err != nil {
-			t.Fatal(err)
-		}
-		m := cl.MasterOf(t, rs.Keys(k, lim)[0]).Addr
-		if p := rs.Partition(k); p != m {
-			t.Fatalf("Partition(%q) = %q, want %q", k, p, m)
-		}
+		m := takeOnMaster(t, s, cl, rs, k, lim)
 		byMaster[m] = k
 	}
 	var down, live string
@@ -308,15 +307,7 @@ func TestClosedPartitionForgotten(t *testing.T) {
 // series would say open for good.
 func TestForgottenPartitionTold(t *testing.T) {
 	t.Parallel()
-	clk := storetest.NewClock(t0)
-	h := newHeld(clk.Now)
-	parts := &parted{flaky: h.flaky}
-	rec := &recorder{}
-	s, err := New(heldParted{h, parts}, &Options{Policy: FailOpen, Clock: clk.Now, Observer: rec, Timeout: slow, Logger: discard})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Close() })
+	s, h, parts, clk, rec := newHeldParted(t)
 	ctx := context.Background()
 	// 30 calls on A hang while its breaker is closed: enough, failing, to
 	// open it by rate and by DeadAfter.
@@ -367,11 +358,7 @@ func TestSpanningFailureChargesItsPartition(t *testing.T) {
 	t.Parallel()
 	clk := storetest.NewClock(t0)
 	p := spanFailing{&parted{flaky: newFlaky(clk.Now)}}
-	s, err := NewMulti(p, &Options{Policy: FailOpen, Clock: clk.Now, Logger: discard})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Close() })
+	s := newMultiStore(t, p, &Options{Policy: FailOpen, Clock: clk.Now, Logger: discard})
 	ctx := context.Background()
 	lim := sluice.PerSecond(1000)
 	reqs := []sluice.Request{{Key: "b1", Limit: lim, Cost: 1}, {Key: "a1", Limit: lim, Cost: 1}}
@@ -421,11 +408,7 @@ func (p stallingSpan) TakeAll(ctx context.Context, reqs []sluice.Request) ([]slu
 func TestSpanningTimeoutChargesItsPartition(t *testing.T) {
 	t.Parallel()
 	p := stallingSpan{&parted{flaky: newFlaky(time.Now)}}
-	s, err := NewMulti(p, &Options{Policy: FailOpen, Timeout: 20 * time.Millisecond, Logger: discard})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Close() })
+	s := newMultiStore(t, p, &Options{Policy: FailOpen, Timeout: 20 * time.Millisecond, Logger: discard})
 	ctx := context.Background()
 	lim := sluice.PerSecond(1000)
 	reqs := []sluice.Request{{Key: "b1", Limit: lim, Cost: 1}, {Key: "a1", Limit: lim, Cost: 1}}
@@ -459,11 +442,7 @@ func TestSpanningProbeFailureChargesProbed(t *testing.T) {
 	t.Parallel()
 	clk := storetest.NewClock(t0)
 	p := &parted{flaky: newFlaky(clk.Now)}
-	s, err := NewMulti(p, &Options{Policy: FailOpen, Clock: clk.Now, Logger: discard})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Close() })
+	s := newMultiStore(t, p, &Options{Policy: FailOpen, Clock: clk.Now, Logger: discard})
 	ctx := context.Background()
 	lim := sluice.PerSecond(1000)
 	if _, err := s.Take(ctx, "b1", lim, 1); err != nil {
@@ -498,15 +477,9 @@ func TestSpanningProbeFailureChargesProbed(t *testing.T) {
 func TestPartitionBreakerFollowsFailover(t *testing.T) {
 	race.SkipTiming(t)
 	t.Parallel()
-	cl := redistest.StartCluster(t, &redistest.ClusterOptions{Replicas: 1,
-		Args: []string{"--cluster-require-full-coverage", "no"}})
-	rs := redisstore.New(cl.Client(t), &redisstore.Options{Prefix: redistest.Prefix(t)})
+	cl, rs := startPartialCluster(t, 1)
 	log := &lines{}
-	s, err := New(rs, &Options{Name: "redis", Logger: slog.New(log)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Close() })
+	s := newStore(t, rs, &Options{Name: "redis", Logger: slog.New(log)})
 	ctx := context.Background()
 	lim := sluice.PerSecond(1000)
 	var keys []string

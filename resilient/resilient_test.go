@@ -32,6 +32,29 @@ type flaky struct {
 
 var errDown = errors.New("backend down")
 
+// newStore is New that fails the test on an error and closes the store
+// when the test ends.
+func newStore(t *testing.T, backend sluice.Store, o *Options) *Store {
+	t.Helper()
+	s, err := New(backend, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+// newMultiStore is newStore for NewMulti.
+func newMultiStore(t *testing.T, backend sluice.MultiStore, o *Options) *MultiStore {
+	t.Helper()
+	s, err := NewMulti(backend, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
 func newFlaky(clock func() time.Time) *flaky {
 	return &flaky{Store: memory.New(&memory.Options{Clock: clock, SweepInterval: -1}), stall: make(chan struct{})}
 }
@@ -140,11 +163,7 @@ func TestPolicies(t *testing.T) {
 				t.Cleanup(func() { fb.Close() })
 				o.Fallback = fb
 			}
-			s, err := New(b, &o)
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { s.Close() })
+			s := newStore(t, b, &o)
 			allowed := 0
 			var last sluice.Decision
 			for range 12 {
@@ -232,11 +251,7 @@ func TestDenyCache(t *testing.T) {
 	t.Parallel()
 	clk := storetest.NewClock(t0)
 	b := newFlaky(clk.Now)
-	s, err := New(b, &Options{Clock: clk.Now, Timeout: slow})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Close() })
+	s := newStore(t, b, &Options{Clock: clk.Now, Timeout: slow})
 	for _, a := range sluice.Algorithms() {
 		t.Run(a.String(), func(t *testing.T) {
 			lim := sluice.Limit{Algorithm: a, Rate: 2, Period: time.Second}
@@ -413,11 +428,7 @@ func TestTakeAll(t *testing.T) {
 	clk := storetest.NewClock(t0)
 	b := newFlaky(clk.Now)
 	rec := &recorder{}
-	s, err := NewMulti(b, &Options{Clock: clk.Now, Observer: rec, Timeout: slow})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Close() })
+	s := newMultiStore(t, b, &Options{Clock: clk.Now, Observer: rec, Timeout: slow})
 	ip := sluice.PerMinute(2)
 	user := sluice.PerMinute(100)
 	reqs := []sluice.Request{{Key: "ip", Limit: ip, Cost: 1}, {Key: "user", Limit: user, Cost: 1}}
@@ -550,11 +561,7 @@ func TestDecisionSource(t *testing.T) {
 			t.Parallel()
 			clk := storetest.NewClock(t0)
 			b := newFlaky(clk.Now)
-			s, err := NewMulti(b, &Options{Policy: p, Clock: clk.Now, Timeout: slow, FailureThreshold: 100})
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { s.Close() })
+			s := newMultiStore(t, b, &Options{Policy: p, Clock: clk.Now, Timeout: slow, FailureThreshold: 100})
 			ctx := context.Background()
 			check := func(what string, d sluice.Decision, want sluice.Source) {
 				t.Helper()
@@ -625,11 +632,7 @@ func TestConformance(t *testing.T) {
 // own, which admits what the backend has already denied.
 func conformanceStore(t *testing.T, backend sluice.MultiStore, now func() time.Time) *MultiStore {
 	t.Helper()
-	s, err := NewMulti(backend, &Options{Logger: discard, Clock: now, DenyCacheSize: -1, Timeout: slow})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Close() })
+	s := newMultiStore(t, backend, &Options{Logger: discard, Clock: now, DenyCacheSize: -1, Timeout: slow})
 	return s
 }
 

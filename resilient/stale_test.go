@@ -71,6 +71,17 @@ type heldParted struct {
 
 func (h heldParted) Partition(key string) string { return h.parts.Partition(key) }
 
+// newHeldParted is a FailOpen store on clk over a heldParted backend,
+// telling rec.
+func newHeldParted(t *testing.T) (s *Store, h *held, parts *parted, clk *storetest.Clock, rec *recorder) {
+	clk = storetest.NewClock(t0)
+	h = newHeld(clk.Now)
+	parts = &parted{flaky: h.flaky}
+	rec = &recorder{}
+	s = newStore(t, heldParted{h, parts}, &Options{Policy: FailOpen, Clock: clk.Now, Observer: rec, Timeout: slow, Logger: discard})
+	return s, h, parts, clk, rec
+}
+
 // Calls sent while the breaker was closed that fail only after it opened,
 // half-opened and closed on a good probe leave it closed: they tell of the
 // backend before the probe judged it anew. A Sentinel switch did this:
@@ -81,11 +92,7 @@ func TestStaleFailuresDoNotReopen(t *testing.T) {
 	clk := storetest.NewClock(t0)
 	h := newHeld(clk.Now)
 	rec := &recorder{}
-	s, err := New(h, &Options{Policy: FailOpen, Clock: clk.Now, Observer: rec, Timeout: slow, Logger: discard, CloseAfter: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Close() })
+	s := newStore(t, h, &Options{Policy: FailOpen, Clock: clk.Now, Observer: rec, Timeout: slow, Logger: discard, CloseAfter: 1})
 	s.br.jitter = nil
 	ctx := context.Background()
 	lim := sluice.PerSecond(1000)
@@ -96,13 +103,7 @@ func TestStaleFailuresDoNotReopen(t *testing.T) {
 
 	// Other calls fail at once and open the breaker.
 	h.mode.Store(1)
-	for i := 0; s.State() != sluice.BreakerOpen; i++ {
-		if i > 100 {
-			t.Fatal("the breaker never opened")
-		}
-		s.Take(ctx, "k", lim, 1)
-		clk.Advance(100 * time.Millisecond)
-	}
+	takeUntilOpen(t, s, clk, "k", lim)
 	// The backend is back: a probe closes it.
 	h.mode.Store(0)
 	clk.Advance(time.Second)
@@ -136,25 +137,11 @@ func TestStaleFailuresDoNotReopen(t *testing.T) {
 // the old master is not reopened when that probe fails.
 func TestStaleProbeDoesNotReopen(t *testing.T) {
 	t.Parallel()
-	clk := storetest.NewClock(t0)
-	h := newHeld(clk.Now)
-	parts := &parted{flaky: h.flaky}
-	rec := &recorder{}
-	s, err := New(heldParted{h, parts}, &Options{Policy: FailOpen, Clock: clk.Now, Observer: rec, Timeout: slow, Logger: discard})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Close() })
+	s, h, parts, clk, rec := newHeldParted(t)
 	ctx := context.Background()
 	lim := sluice.PerSecond(1000)
 	h.mode.Store(1)
-	for i := 0; s.State() != sluice.BreakerOpen; i++ {
-		if i > 100 {
-			t.Fatal("A's breaker never opened")
-		}
-		s.Take(ctx, "a1", lim, 1)
-		clk.Advance(100 * time.Millisecond)
-	}
+	takeUntilOpen(t, s, clk, "a1", lim)
 	h.mode.Store(0)
 	clk.Advance(2 * time.Second) // past the probe interval and its jitter
 	h.on.Store(true)
