@@ -46,11 +46,7 @@ func TestReleaseNotRetriedIsLoud(t *testing.T) {
 	var logs bytes.Buffer
 	var lmu sync.Mutex
 	rs := observedRules(t, store, obs, SlotSpec[string]{Name: "one", Limit: sluice.Concurrent(10, 30*time.Second), Key: ident})
-	rs.SetLogger(slog.New(slog.NewTextHandler(writerFunc(func(p []byte) (int, error) {
-		lmu.Lock()
-		defer lmu.Unlock()
-		return logs.Write(p)
-	}), nil)))
+	rs.SetLogger(slog.New(slog.NewTextHandler(lockedWriter{&lmu, &logs}, nil)))
 	var held []*Held
 	for range 3 {
 		h, v, err := rs.Acquire(ctx, "k", sluice.PriorityCritical)
@@ -80,10 +76,6 @@ func TestReleaseNotRetriedIsLoud(t *testing.T) {
 	}
 }
 
-type writerFunc func([]byte) (int, error)
-
-func (f writerFunc) Write(p []byte) (int, error) { return f(p) }
-
 // The release of an abandoned acquire (the store failed: the acquire may
 // have run) that finds sluice.MaxBackgroundReleases at work is not sent:
 // it is observed as a release not sent again and logged on the same
@@ -98,11 +90,7 @@ func TestAbandonedNotSentIsLoud(t *testing.T) {
 	var logs bytes.Buffer
 	var lmu sync.Mutex
 	rs := observedRules(t, store, obs, SlotSpec[string]{Name: "one", Limit: sluice.Concurrent(10, 30*time.Second), Key: ident})
-	rs.SetLogger(slog.New(slog.NewTextHandler(writerFunc(func(p []byte) (int, error) {
-		lmu.Lock()
-		defer lmu.Unlock()
-		return logs.Write(p)
-	}), nil)))
+	rs.SetLogger(slog.New(slog.NewTextHandler(lockedWriter{&lmu, &logs}, nil)))
 	releasetest.Fill(t, time.Now().Add(2*time.Second))
 	if _, _, err := rs.Acquire(ctx, "k", sluice.PriorityCritical); err == nil {
 		t.Fatal("acquire with the store unreachable: no error")
