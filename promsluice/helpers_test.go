@@ -6,6 +6,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sluicehq/sluice/internal/promtest"
+	"github.com/sluicehq/sluice/promsluice"
 )
 
 // gather returns the value of the metric whose labels include labels, or
@@ -14,4 +15,13 @@ func gather(t *testing.T, g prometheus.Gatherer, name string, labels map[string]
 	t.Helper()
 	v, _ := promtest.Value(t, g, name, labels)
 	return v
+}
+
+// registered is a collector made with opts and a registry holding it.
+func registered(t *testing.T, opts *promsluice.Options) (*promsluice.Collector, *prometheus.Registry) {
+	t.Helper()
+	c := promsluice.New(opts)
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(c)
+	return c, reg
 }

@@ -15,9 +15,9 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
-
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/httplimit"
+	"github.com/sluicehq/sluice/internal/promtest"
 	"github.com/sluicehq/sluice/lease"
 	"github.com/sluicehq/sluice/memory"
 	"github.com/sluicehq/sluice/promsluice"
@@ -189,9 +189,7 @@ func Example() {
 // Buckets out of order, repeated or infinite are put right rather than
 // left to panic at the first observation.
 func TestLatencyBucketsSanitised(t *testing.T) {
-	c := promsluice.New(&promsluice.Options{LatencyBuckets: []float64{0.1, 0.01, 0.1, math.Inf(1), math.NaN()}})
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(c)
+	c, reg := registered(t, &promsluice.Options{LatencyBuckets: []float64{0.1, 0.01, 0.1, math.Inf(1), math.NaN()}})
 	c.ObserveStore(sluice.StoreEvent{Store: "redis", Op: "take", Source: sluice.SourceBackend, Latency: 5 * time.Millisecond})
 	if _, err := reg.Gather(); err != nil {
 		t.Fatal(err)
@@ -199,9 +197,7 @@ func TestLatencyBucketsSanitised(t *testing.T) {
 }
 
 func TestForgetPolicy(t *testing.T) {
-	c := promsluice.New(nil)
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(c)
+	c, reg := registered(t, nil)
 	for _, p := range []string{"gone", "kept"} {
 		c.ObserveDecision(sluice.DecisionEvent{Policy: p, Outcome: sluice.OutcomeAllowed, Decision: sluice.Decision{Allowed: true, Limit: sluice.PerMinute(10)}})
 	}
@@ -296,4 +292,17 @@ func btoi(b bool) int {
 		return 1
 	}
 	return 0
+}
+
+// A fallback's evictions add up in sluice_fallback_evicted_keys_total and
+// its exhausted share, by store.
+func TestFallbackEvictionsCounted(t *testing.T) {
+	c, reg := registered(t, nil)
+	c.ObserveEvictions(sluice.EvictionEvent{Store: "redis", Keys: 5, Exhausted: 1})
+	c.ObserveEvictions(sluice.EvictionEvent{Store: "redis", Keys: 2})
+	for name, want := range map[string]float64{"sluice_fallback_evicted_keys_total": 7, "sluice_fallback_evicted_exhausted_keys_total": 1} {
+		if got, ok := promtest.Value(t, reg, name, map[string]string{"store": "redis"}); !ok || got != want {
+			t.Errorf("%s = %v (%v), want %v", name, got, ok, want)
+		}
+	}
 }
