@@ -292,6 +292,9 @@ func Check(ctx context.Context, c redis.UniversalClient) (*CheckReport, error) {
 		// Every master on its own: one down among live ones is a partial
 		// failure, not a Cluster that cannot be used.
 		rep.Cluster = true
+		if err := awaitClientMap(ctx, cc); err != nil {
+			return nil, Classify(err)
+		}
 		masters, err := clusterMasters(ctx, cc, "")
 		if err != nil {
 			return nil, err

@@ -6,11 +6,13 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
+	"weak"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -47,11 +49,16 @@ type reloader struct {
 	lookDue atomic.Bool
 	// readSlots, when set, replaces clusterMasters in look (tests).
 	readSlots func(context.Context, *redis.ClusterClient, string) ([]clusterMaster, error)
-	// mapped: a call or a reload has succeeded, so the client has a slot
-	// map and MasterForKey answers from memory (Partition).
+	// firstLoad's mapped: a call or a reload has succeeded, so the client
+	// has a slot map and MasterForKey answers from memory (Partition).
+	firstLoad
+}
+
+// firstLoad is the loading of a client's first slot map (awaitMap).
+type firstLoad struct {
 	mapped atomic.Bool
-	// first is closed when the round loading the client's first slot map
-	// ends (awaitMap); nil while none runs.
+	// first is closed when the round loading the map ends; nil while
+	// none runs.
 	firstMu sync.Mutex
 	first   chan struct{}
 }
@@ -66,17 +73,40 @@ type reloader struct {
 // callers go on and go-redis loads the map as before; the next call starts
 // another round.
 func (r *reloader) awaitMap(ctx context.Context) error {
-	if r == nil || r.mapped.Load() {
+	if r == nil || r.mapped.Load() { // no closure to allocate per call
 		return nil
 	}
-	r.firstMu.Lock()
-	done := r.first
+	return r.firstLoad.await(ctx, func() bool {
+		_, err := r.hedgedReload(cmp.Or(r.every, DefaultReloadInterval), firstReloads, false)
+		return err == nil
+	})
+}
+
+// firstReloads is how many reloads awaitMap's round starts at once.
+const firstReloads = 8
+
+// await runs load, once for all callers at a time, until it reports the
+// map loaded, and waits for the round, or for ctx's end.
+func (f *firstLoad) await(ctx context.Context, load func() bool) error {
+	if f.mapped.Load() {
+		return nil
+	}
+	f.firstMu.Lock()
+	done := f.first
 	if done == nil {
 		done = make(chan struct{})
-		r.first = done
-		go r.loadFirst(done)
+		f.first = done
+		go func() {
+			if load() {
+				f.mapped.Store(true)
+			}
+			f.firstMu.Lock()
+			f.first = nil
+			f.firstMu.Unlock()
+			close(done)
+		}()
 	}
-	r.firstMu.Unlock()
+	f.firstMu.Unlock()
 	select {
 	case <-done:
 		return nil
@@ -85,18 +115,26 @@ func (r *reloader) awaitMap(ctx context.Context) error {
 	}
 }
 
-// firstReloads is how many reloads awaitMap's round starts at once.
-const firstReloads = 8
+// clientLoads is the first-map loading of each ClusterClient the
+// package-level Check and Masters were given, by a weak pointer, so that
+// a client dropped is dropped here too.
+var clientLoads sync.Map // weak.Pointer[redis.ClusterClient] → *firstLoad
 
-// loadFirst runs awaitMap's round and closes done when it ends.
-func (r *reloader) loadFirst(done chan struct{}) {
-	if _, err := r.hedgedReload(cmp.Or(r.every, DefaultReloadInterval), firstReloads, false); err == nil {
-		r.mapped.Store(true)
+// awaitClientMap is awaitMap for the package-level functions: a client
+// has its first map loaded as a Store's is, once.
+func awaitClientMap(ctx context.Context, cc *redis.ClusterClient) error {
+	key := weak.Make(cc)
+	v, ok := clientLoads.Load(key)
+	if !ok {
+		var loaded bool
+		if v, loaded = clientLoads.LoadOrStore(key, new(firstLoad)); !loaded {
+			runtime.AddCleanup(cc, func(k weak.Pointer[redis.ClusterClient]) { clientLoads.Delete(k) }, key)
+		}
 	}
-	r.firstMu.Lock()
-	r.first = nil
-	r.firstMu.Unlock()
-	close(done)
+	return v.(*firstLoad).await(ctx, func() bool {
+		_, err := (&reloader{cluster: cc}).hedgedReload(DefaultReloadInterval, firstReloads, false)
+		return err == nil
+	})
 }
 
 // recoveredAfter is how long calls must succeed with no node failing before

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -100,5 +101,33 @@ func TestLookOffCaller(t *testing.T) {
 	r.lookMu.Unlock()
 	if masters != "127.0.0.1:7000" {
 		t.Errorf("masters %q after the read, want 127.0.0.1:7000", masters)
+	}
+}
+
+// TestClientLoadsDropped: the package-level functions' note of a client's
+// first slot map goes with the client, so that a process building many
+// clients does not keep one per client.
+func TestClientLoadsDropped(t *testing.T) {
+	count := func() int {
+		n := 0
+		clientLoads.Range(func(any, any) bool { n++; return true })
+		return n
+	}
+	before := count()
+	for range 5 {
+		c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{"127.0.0.1:1"}})
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Millisecond)
+		_ = awaitClientMap(ctx, c)
+		cancel()
+		c.Close()
+	}
+	if n := count(); n < before+5 {
+		t.Fatalf("%d clients noted, want at least %d", n, before+5)
+	}
+	for deadline := time.Now().Add(5 * time.Second); count() > before; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d clients still noted after 5s, want %d", count(), before)
+		}
+		runtime.GC()
 	}
 }

@@ -246,9 +246,14 @@ func eachMaster(ctx context.Context, masters []clusterMaster, check func(ctx con
 
 // Masters returns the masters of cc's slot map, as it routes calls: from
 // memory, with no reload (go-redis's ForEachMaster reloads first, asking
-// one node after another, so a stopped node can hold it to its deadline),
-// but for the load of a client that has no map yet.
+// one node after another, so a stopped node can hold it to its deadline).
+// A client's first map is loaded as a Store loads it, with several
+// reloads at once, the first answer winning, on the first call of Masters
+// or Check given the client.
 func Masters(ctx context.Context, cc *redis.ClusterClient) ([]*redis.Client, error) {
+	if err := awaitClientMap(ctx, cc); err != nil {
+		return nil, Classify(err)
+	}
 	ms, err := clusterMasters(ctx, cc, "")
 	if err != nil {
 		return nil, err

@@ -10,6 +10,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/sluicehq/sluice/internal/race"
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/redisstore"
 )
@@ -125,5 +126,64 @@ func TestJoinMasters(t *testing.T) {
 	whole := redisstore.Classify(redis.ErrClosed)
 	if err := redisstore.JoinMasters(a, whole); err != whole {
 		t.Errorf("JoinMasters(a, whole) = %v, want %v", err, whole)
+	}
+}
+
+// TestFaultClusterNewClientMastersStoppedMaster: the package-level Masters
+// and Check, on a new ClusterClient while one master of three is stopped
+// (SIGSTOP), load the client's first slot map as a Store does, with 8
+// reloads at once: Masters answers within mastersWithin, and Check names
+// the stopped master in a *PartialError, the two others answered. go-redis
+// loads a new client's map asking the nodes one at a time in random
+// order: one that asked the stopped master first waited out the read
+// timeout (3 s), or the caller's deadline with ContextTimeoutEnabled, and
+// Check, its context ended, failed whole. Each round builds new clients,
+// so that the map is loaded afresh.
+func TestFaultClusterNewClientMastersStoppedMaster(t *testing.T) {
+	race.SkipTiming(t)
+	const (
+		rounds        = 6
+		mastersWithin = 300 * time.Millisecond
+		checkWithin   = 500 * time.Millisecond // Check waits for the stopped master until then
+	)
+	cl := redistest.StartCluster(t, &redistest.ClusterOptions{NodeTimeout: 30 * time.Second,
+		Args: []string{"--cluster-require-full-coverage", "no"}})
+	stopped := cl.Nodes[0]
+	stopped.Pause(t)
+	defer stopped.Resume(t)
+	var slowest time.Duration
+	defer func() { t.Logf("Masters took %v at most", slowest.Round(time.Millisecond)) }()
+	for round := range rounds {
+		for _, timed := range []bool{false, true} {
+			opts := &redis.ClusterOptions{Addrs: cl.Addrs(), ContextTimeoutEnabled: timed}
+			c := redis.NewClusterClient(opts)
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			start := time.Now()
+			nodes, err := redisstore.Masters(ctx, c)
+			d := time.Since(start)
+			slowest = max(slowest, d)
+			cancel()
+			c.Close()
+			if err != nil || len(nodes) != 3 || d > mastersWithin {
+				t.Errorf("round %d, ContextTimeoutEnabled=%v: Masters = %d nodes, %v after %v; want 3 within %v",
+					round, timed, len(nodes), err, d.Round(time.Millisecond), mastersWithin)
+			}
+
+			c = redis.NewClusterClient(opts)
+			ctx, cancel = context.WithTimeout(context.Background(), checkWithin)
+			start = time.Now()
+			rep, err := redisstore.Check(ctx, c)
+			d = time.Since(start)
+			cancel()
+			c.Close()
+			var pe *redisstore.PartialError
+			if !errors.As(err, &pe) || !slices.Equal(pe.Addrs(), []string{stopped.Addr}) || len(pe.Answered) != 2 || rep == nil || len(rep.Masters) != 3 {
+				t.Errorf("round %d, ContextTimeoutEnabled=%v: Check = %+v, %v after %v; want %s failed alone, two answered",
+					round, timed, rep, err, d.Round(time.Millisecond), stopped.Addr)
+			}
+			if d > checkWithin+200*time.Millisecond {
+				t.Errorf("round %d, ContextTimeoutEnabled=%v: Check took %v, want its %v context", round, timed, d.Round(time.Millisecond), checkWithin)
+			}
+		}
 	}
 }
