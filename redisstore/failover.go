@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"runtime"
 	"slices"
 	"strings"
@@ -52,6 +53,10 @@ type reloader struct {
 	// firstLoad's mapped: a call or a reload has succeeded, so the client
 	// has a slot map and MasterForKey answers from memory (Partition).
 	firstLoad
+	// quit, closed once the Store is garbage, stops the watch; nil (a
+	// reloader of the package-level functions, or a test's) runs none.
+	quit     chan struct{}
+	watching atomic.Bool // the watch runs
 }
 
 // firstLoad is the loading of a client's first slot map (awaitMap).
@@ -78,6 +83,9 @@ func (r *reloader) awaitMap(ctx context.Context) error {
 	}
 	return r.firstLoad.await(ctx, func() bool {
 		_, err := r.hedgedReload(cmp.Or(r.every, DefaultReloadInterval), firstReloads, false)
+		if err == nil {
+			r.setMapped()
+		}
 		return err == nil
 	})
 }
@@ -135,6 +143,13 @@ func awaitClientMap(ctx context.Context, cc *redis.ClusterClient) error {
 		_, err := (&reloader{cluster: cc}).hedgedReload(DefaultReloadInterval, firstReloads, false)
 		return err == nil
 	})
+}
+
+// setMapped notes that the client has a slot map, and starts the watch.
+func (r *reloader) setMapped() {
+	if !r.mapped.Load() && !r.mapped.Swap(true) {
+		r.startWatch()
+	}
 }
 
 // recoveredAfter is how long calls must succeed with no node failing before
@@ -197,9 +212,7 @@ func (r *reloader) pollEpisode() bool {
 			return true
 		}
 		if err == nil {
-			if !r.mapped.Load() {
-				r.mapped.Store(true)
-			}
+			r.setMapped()
 			r.look(true)
 		}
 		<-tick.C
@@ -297,8 +310,7 @@ const lookEvery = 100 * time.Millisecond
 // (a replica promoted): one line, and OnFailover's hook. A planned
 // failover (CLUSTER FAILOVER) fails no call, so no reload episode starts;
 // go-redis reloads its map itself on the MOVED a call to the demoted
-// master meets, and every ClusterStateReloadInterval, and a look finds
-// it. force (a reload, a check) reads every slot's master now. A call
+// master meets, or the watch reloads it, and a look finds it. force (a reload, a check) reads every slot's master now. A call
 // (!force) only makes sure that a look runs lookEvery later, on a timer,
 // at most one pending: the redirected call succeeds before go-redis's
 // reload, which it started, lands, so a look right after it found
@@ -399,11 +411,205 @@ func (r *reloader) moved(ctx context.Context) bool {
 	return false
 }
 
+// watchEvery is how often a Store on a Cluster client asks a node for
+// the slot map (watch), so that a change of masters is told within about
+// that time of the promotion with no call at all: a planned failover
+// fails no call, and go-redis reloads its map only on a redirect, and on
+// a call once the map is ClusterStateReloadInterval old (a minute by
+// default).
+const watchEvery = time.Second
+
+// watchTries is how many reloads the watch makes for one answer the map
+// in memory still differs from: a reload may ask a node that has not heard
+// of the change yet, but a difference no reload ends must not reload every
+// second.
+const watchTries = 3
+
+// startWatch starts the watch, once, on a Store's reloader.
+func (r *reloader) startWatch() {
+	if r.quit != nil && !r.watching.Swap(true) {
+		go r.watch()
+	}
+}
+
+// watch asks one master of the map in memory for CLUSTER SLOTS every
+// watchEvery and, when a range's master differs from the map's, reloads
+// the map and looks at it (look), which tells a change of masters. A node
+// that does not answer within watchEvery is left for the next one. It
+// ends when the Store is garbage (quit) or the client is closed.
+func (r *reloader) watch() {
+	defer r.watching.Store(false)
+	tick := time.NewTicker(watchEvery)
+	defer tick.Stop()
+	var (
+		next  int    // the sample master asked next
+		seen  string // the last answer that differed
+		tries int    // reloads for it
+		out   sync.Map
+	)
+	for {
+		select {
+		case <-r.quit:
+			return
+		case <-tick.C:
+		}
+		samples := r.sampled()
+		if len(samples) == 0 { // no look yet: the masters a change is told from
+			r.look(true)
+			if samples = r.sampled(); len(samples) == 0 {
+				continue
+			}
+		}
+		slots, origin, err := r.askSlots(samples[next%len(samples)].node, &out)
+		if errors.Is(err, redis.ErrClosed) && r.closed() {
+			return
+		}
+		if err != nil {
+			// go-redis closes a node's client a minute after the node
+			// left the map: look again for the masters to ask.
+			if errors.Is(err, redis.ErrClosed) {
+				r.look(true)
+			}
+			next++
+			continue
+		}
+		answer, differs := r.differs(slots, origin)
+		if !differs {
+			tries = 0
+			continue
+		}
+		if answer != seen {
+			seen, tries = answer, 0
+		}
+		if tries >= watchTries {
+			continue
+		}
+		tries++
+		_, err = r.hedgedReload(cmp.Or(r.every, DefaultReloadInterval), 1, false)
+		if errors.Is(err, redis.ErrClosed) {
+			return
+		}
+		if err == nil {
+			r.look(true)
+		}
+	}
+}
+
+// closed reports whether the cluster client is closed: a node's client
+// may be, the cluster's live on.
+func (r *reloader) closed() bool {
+	ctx, cancel := context.WithTimeout(context.Background(), watchEvery)
+	defer cancel()
+	return errors.Is(r.cluster.Ping(ctx).Err(), redis.ErrClosed)
+}
+
+// sampled returns the masters the last look found, a key of each.
+func (r *reloader) sampled() []clusterMaster {
+	r.lookMu.Lock()
+	defer r.lookMu.Unlock()
+	return r.samples
+}
+
+// askSlots asks node for CLUSTER SLOTS (or the client's ClusterSlots
+// option, as its reloads do), within watchEvery, and returns the answer
+// and the address its node addresses are relative to. A node whose last
+// answer is still out (out holds its address) is not asked again.
+func (r *reloader) askSlots(node *redis.Client, out *sync.Map) ([]redis.ClusterSlot, string, error) {
+	origin := node.Options().Addr
+	ask := func(ctx context.Context) ([]redis.ClusterSlot, error) {
+		// CLUSTER SLOTS, as go-redis's reloads ask, and as the ACL
+		// README names allows (CLUSTER SHARDS is another permission).
+		cmd := redis.NewClusterSlotsCmd(ctx, "cluster", "slots")
+		_ = node.Process(ctx, cmd)
+		return cmd.Result()
+	}
+	if fn := r.cluster.Options().ClusterSlots; fn != nil {
+		origin, ask = "", fn
+	}
+	if _, busy := out.LoadOrStore(origin, true); busy {
+		return nil, "", errAskOut
+	}
+	type answer struct {
+		slots []redis.ClusterSlot
+		err   error
+	}
+	answers := make(chan answer, 1)
+	ctx, cancel := context.WithTimeout(context.Background(), watchEvery)
+	defer cancel()
+	go func() {
+		defer out.Delete(origin)
+		slots, err := ask(ctx)
+		answers <- answer{slots, err}
+	}()
+	select {
+	case a := <-answers:
+		return a.slots, origin, a.err
+	case <-ctx.Done():
+		return nil, "", ctx.Err()
+	}
+}
+
+// errAskOut: the watch's last question to a node is still unanswered.
+var errAskOut = errors.New("redisstore: slot map question still out")
+
+// differs reports whether a slot range of slots (a node's CLUSTER SLOTS,
+// origin its address) has another master in the client's map in memory,
+// with the answer as text.
+func (r *reloader) differs(slots []redis.ClusterSlot, origin string) (string, bool) {
+	var b strings.Builder
+	differs := false
+	keys := slotKeys("")
+	for _, sl := range slots {
+		if len(sl.Nodes) == 0 || sl.Start < 0 || sl.End >= len(keys) || sl.Start > sl.End {
+			continue
+		}
+		addr := clientAddr(sl.Nodes[0].Addr, origin)
+		fmt.Fprintf(&b, "%d-%d %s,", sl.Start, sl.End, addr)
+		for _, at := range []int{sl.Start, sl.End} {
+			node, err := r.cluster.MasterForKey(context.Background(), keys[at])
+			if err != nil || node.Options().Addr != addr {
+				differs = true
+			}
+		}
+	}
+	return b.String(), differs
+}
+
+// clientAddr is the address go-redis gives a node that CLUSTER SLOTS,
+// answered by origin, names addr (newClusterState): a loopback host
+// becomes origin's host unless that is loopback too, and port 0 (a
+// TLS-only cluster) origin's port.
+func clientAddr(addr, origin string) string {
+	originHost, originPort, _ := net.SplitHostPort(origin)
+	if !loopbackHost(originHost) {
+		if host, port, err := net.SplitHostPort(addr); err == nil {
+			if ip := net.ParseIP(host); ip != nil && ip.IsLoopback() {
+				addr = net.JoinHostPort(originHost, port)
+			}
+		}
+	}
+	if originPort != "" && originPort != "0" {
+		if host, port, err := net.SplitHostPort(addr); err == nil && port == "0" {
+			addr = net.JoinHostPort(host, originPort)
+		}
+	}
+	return addr
+}
+
+// loopbackHost is go-redis's isLoopback.
+func loopbackHost(host string) bool {
+	if ip := net.ParseIP(host); ip != nil {
+		return ip.IsLoopback()
+	}
+	host = strings.ToLower(host)
+	return host == "localhost" || strings.HasSuffix(host, ".docker.internal")
+}
+
 // succeeded ends an episode of failures, once no node has failed for
 // recoveredAfter, and looks at the slot map.
 func (r *reloader) succeeded() {
-	if r != nil && !r.mapped.Load() {
-		r.mapped.Store(true)
+	if r != nil {
+		r.setMapped()
 	}
 	r.look(false)
 	if r != nil && r.failing.Load() && time.Now().UnixNano()-r.lastBad.Load() >= int64(recoveredAfter) && r.failing.Swap(false) {
@@ -418,10 +624,14 @@ func (r *reloader) succeeded() {
 // reload of a failure episode, at each CheckAccess, and 100 ms after a
 // call that succeeds (at most every 100 ms while calls go on), so it
 // tells a planned failover (which fails no call) about 100 ms after the
-// first call the demoted master redirects, whatever the traffic: go-redis
-// reloads its map on that MOVED, and every ClusterStateReloadInterval.
-// It replaces any fn set before; nil removes it. On other clients it does
-// nothing.
+// first call the demoted master redirects: go-redis reloads its map on
+// that MOVED. Once the client has a map, the Store also asks a master for
+// the slot map every second and reloads the client's map when they
+// differ, so a failover is told within about a second of the promotion
+// with no call at all (a second more for each node asked that does not
+// answer); that watch ends when the client is closed or the Store is
+// garbage. It replaces any fn set before; nil removes it. On other
+// clients it does nothing.
 func (s *Store) OnFailover(fn func()) {
 	if s == nil || s.reload == nil {
 		return

@@ -11,6 +11,9 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/redistest"
 )
 
 // One dead master among live ones: calls fail and succeed in turn, and
@@ -130,4 +133,46 @@ func TestClientLoadsDropped(t *testing.T) {
 		}
 		runtime.GC()
 	}
+}
+
+// TestWatchStops: a Store's watch of the slot map starts with its client's
+// first map, and ends once the client is closed, or once the Store is
+// garbage while its client lives on.
+func TestWatchStops(t *testing.T) {
+	ctx := context.Background()
+	awaitWatching := func(r *reloader, want bool, gc bool) {
+		t.Helper()
+		for deadline := time.Now().Add(5 * time.Second); r.watching.Load() != want; time.Sleep(10 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("watching = %v after 5s, want %v", !want, want)
+			}
+			if gc {
+				runtime.GC()
+			}
+		}
+	}
+	l := sluice.PerSecond(10)
+
+	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: redistest.ClusterAddrs(t)})
+	s := New(c, &Options{Prefix: redistest.Prefix(t)})
+	if s.reload.watching.Load() {
+		t.Fatal("a watch runs before the client has a slot map")
+	}
+	if _, err := s.Take(ctx, "k", l, 1); err != nil {
+		t.Fatal(err)
+	}
+	awaitWatching(s.reload, true, false)
+	c.Close()
+	awaitWatching(s.reload, false, false)
+	runtime.KeepAlive(s) // stopped by the Close, not by the cleanup
+
+	c = redistest.ClusterClient(t)
+	s = New(c, &Options{Prefix: redistest.Prefix(t)})
+	if _, err := s.Take(ctx, "k", l, 1); err != nil {
+		t.Fatal(err)
+	}
+	r := s.reload
+	awaitWatching(r, true, false)
+	s = nil
+	awaitWatching(r, false, true)
 }

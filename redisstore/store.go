@@ -75,6 +75,9 @@
 // succeed again, so that a failed-over master is left for its promoted
 // replica within a reload of the promotion (see OnFailover); go-redis
 // itself reloads only on redirects and every ClusterStateReloadInterval.
+// The Store also asks a master for the slot map every second, and reloads
+// the client's map when they differ, so that a master change that fails
+// no call (CLUSTER FAILOVER) is followed, and told, without one.
 // Store.Partition names the master that owns a key's slot in that map (a
 // sluice.Partitioner), so that package resilient keeps a circuit breaker
 // per master.
@@ -96,6 +99,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -280,7 +284,9 @@ func New(client redis.UniversalClient, opts *Options) *Store {
 		s.batch.lane.stall = s.batch.stallLog("")
 	}
 	if cc, ok := client.(*redis.ClusterClient); ok {
-		s.reload = &reloader{cluster: cc, every: o.ReloadInterval, log: o.Logger}
+		s.reload = &reloader{cluster: cc, every: o.ReloadInterval, log: o.Logger, quit: make(chan struct{})}
+		// The watch stops once the Store is garbage (or its client closed).
+		runtime.AddCleanup(s, func(quit chan struct{}) { close(quit) }, s.reload.quit)
 	}
 	return s
 }
