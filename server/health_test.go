@@ -101,7 +101,7 @@ const documentedACL = "on >pw resetkeys ~sluice:* ~{sluice:fleet}:* resetchannel
 // line and the ACL the tests run with grant the same commands, keys and
 // channels.
 func TestDocumentedACLAgrees(t *testing.T) {
-	readme, err := os.ReadFile("../README.md")
+	readme, err := os.ReadFile("../docs/deploy.md")
 	if err != nil {
 		t.Fatal(err)
 	}
