@@ -1,5 +1,6 @@
-// Package readmetest proves that every Go example in the README compiles,
-// and that every fragment runs without panicking.
+// Package readmetest proves that every Go example in README.md and
+// docs/*.md compiles, that every fragment runs without panicking, and that
+// every relative link and anchor between them resolves.
 package readmetest
 
 import (
@@ -19,14 +20,14 @@ import (
 	"time"
 )
 
-// A README example is either a whole program (it starts with a package
+// An example is either a whole program (it starts with a package
 // clause), built as it is, or a fragment: statements, optionally after an
 // import block. A fragment runs inside
 //
 //	func snippetN(ctx context.Context, apiKey string, store *memory.Store) error { { FRAGMENT } ... }
 //
 // so it may use ctx, apiKey and store (and return an error) as the
-// README's prose assumes; a fragment without imports gets those of the
+// prose assumes; a fragment without imports gets those of the
 // packages it names (see packages).
 var packages = map[string]string{
 	"context":    "context",
@@ -43,11 +44,12 @@ var packages = map[string]string{
 }
 
 type snippet struct {
-	line int // of the opening fence in README.md
+	file string // relative to the repository's root
+	line int    // of the opening fence
 	src  string
 }
 
-func goSnippets(t *testing.T, readme string) []snippet {
+func goSnippets(t *testing.T, file, readme string) []snippet {
 	t.Helper()
 	var out []snippet
 	lines := strings.Split(readme, "\n")
@@ -61,7 +63,7 @@ func goSnippets(t *testing.T, readme string) []snippet {
 			b.WriteString(lines[i])
 			b.WriteByte('\n')
 		}
-		out = append(out, snippet{line: start + 1, src: b.String()})
+		out = append(out, snippet{file: file, line: start + 1, src: b.String()})
 	}
 	return out
 }
@@ -87,7 +89,7 @@ func fragment(t *testing.T, n int, s snippet) string {
 	var uses strings.Builder
 	f, err := parser.ParseFile(token.NewFileSet(), "", "package p\nfunc f() {\n"+body+"\n}\n", 0)
 	if err != nil {
-		t.Fatalf("README.md:%d: %v\n%s", s.line, err, s.src)
+		t.Fatalf("%s:%d: %v\n%s", s.file, s.line, err, s.src)
 	}
 	for _, st := range f.Decls[0].(*ast.FuncDecl).Body.List {
 		if as, ok := st.(*ast.AssignStmt); ok && as.Tok == token.DEFINE {
@@ -109,27 +111,30 @@ import (
 var _ = context.Background
 var _ *memory.Store
 
-// README.md:%d
+// %s:%d
 func snippet%d(ctx context.Context, apiKey string, store *memory.Store) error {
 	{
 %s
 %s	}
 	return nil
 }
-`, imports, s.line, n, body, uses.String())
+`, imports, s.file, s.line, n, body, uses.String())
 }
 
 func TestREADME(t *testing.T) {
 	if testing.Short() {
-		t.Skip("builds the README's examples with the go command")
+		t.Skip("builds the documentation's examples with the go command")
 	}
-	readme, err := os.ReadFile("../../README.md")
-	if err != nil {
-		t.Fatal(err)
+	var snippets []snippet
+	for _, file := range docFiles(t) {
+		text, err := os.ReadFile(filepath.Join("../..", file))
+		if err != nil {
+			t.Fatal(err)
+		}
+		snippets = append(snippets, goSnippets(t, file, string(text))...)
 	}
-	snippets := goSnippets(t, string(readme))
 	if len(snippets) == 0 {
-		t.Fatal("no Go examples found in README.md")
+		t.Fatal("no Go examples found in README.md or docs/")
 	}
 	// The examples are built as packages of this module (so they import
 	// it as users do): files in a temporary directory, laid over a
@@ -158,7 +163,7 @@ func TestREADME(t *testing.T) {
 			continue
 		}
 		write(fmt.Sprintf("fragments/snippet%d.go", n), fragment(t, n, s))
-		fmt.Fprintf(&calls, "\trun(%d, snippet%d)\n", s.line, n)
+		fmt.Fprintf(&calls, "\trun(\"%s:%d\", snippet%d)\n", s.file, s.line, n)
 	}
 	write("fragments/main.go", `package main
 
@@ -170,14 +175,14 @@ import (
 	"github.com/sluicehq/sluice/memory"
 )
 
-// run calls one fragment; an error (no Redis on the README's address, say)
-// is fine, a panic is not.
-func run(line int, f func(context.Context, string, *memory.Store) error) {
+// run calls one fragment; an error (no Redis on the example's address,
+// say) is fine, a panic is not.
+func run(at string, f func(context.Context, string, *memory.Store) error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	store := memory.New(nil)
 	defer store.Close()
-	fmt.Printf("README.md:%d: %v\n", line, f(ctx, "client-1", store))
+	fmt.Printf("%s: %v\n", at, f(ctx, "client-1", store))
 }
 
 func main() {
