@@ -17,8 +17,8 @@ import (
 // error fails the call with codes.Internal "grpclimit: rate limiter
 // misconfigured", the error going to Options.Logger, not to the client.
 //
-// A key may carry a Redis Cluster hash tag ("{tenant42}:user", see the
-// README's "Layered limits") to share a slot with related keys: the user's
+// A key may carry a Redis Cluster hash tag ("{tenant42}:user", see
+// "Layered limits" in docs/middleware.md) to share a slot with related keys: the user's
 // own KeyFunc and ContextValue keep theirs, while Metadata and Method,
 // which read what the client sent, escape '%', '{' and '}' (as %25, %7B
 // and %7D), so that no client picks its key's slot.

@@ -17,8 +17,8 @@ import (
 //
 // Keys are opaque: the middleware prefixes them with the rule's name, and
 // hashes them when Options.HashKey is set or when they are too long. A key
-// may carry a Redis Cluster hash tag ("{tenant42}:user", see the README's
-// "Layered limits") to share a slot with related keys: the user's own
+// may carry a Redis Cluster hash tag ("{tenant42}:user", see "Layered
+// limits" in docs/middleware.md) to share a slot with related keys: the user's own
 // KeyFunc and ContextValue keep theirs, while the functions that read the
 // request (Header, Cookie, Route) escape '%', '{' and '}' (as %25, %7B and
 // %7D), so that no client, nor a mux pattern's wildcard, picks a key's

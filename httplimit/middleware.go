@@ -137,7 +137,7 @@ type Options struct {
 	// share a store. Keys are Prefix + "v3:" + the rule name (percent-
 	// escaped) + "@" + a fingerprint of its limit + ":" + the key, which
 	// the store wraps in its own prefix and suffix (sluice:{…}:gcra); see
-	// "Keys in the store" in the README.
+	// "Keys in the store" in docs/middleware.md.
 	// At most 128 bytes: New fails with ErrInvalidConfig for a longer one.
 	// Default: "httplimit:".
 	Prefix string

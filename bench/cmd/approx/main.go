@@ -1,5 +1,5 @@
 // Command approx measures what sluice's approximations cost, with numbers
-// the README quotes:
+// README.md and docs/algorithms.md quote:
 //
 //   - the sliding window counter against an exact sliding window log, on a
 //     one-hour trace of 1,000 clients (a light and a heavy traffic mix):
