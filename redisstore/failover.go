@@ -518,7 +518,7 @@ func (r *reloader) askSlots(node *redis.Client, out *sync.Map) ([]redis.ClusterS
 	origin := node.Options().Addr
 	ask := func(ctx context.Context) ([]redis.ClusterSlot, error) {
 		// CLUSTER SLOTS, as go-redis's reloads ask, and as the ACL
-		// README names allows (CLUSTER SHARDS is another permission).
+		// docs/deploy.md names allows (CLUSTER SHARDS is another permission).
 		cmd := redis.NewClusterSlotsCmd(ctx, "cluster", "slots")
 		_ = node.Process(ctx, cmd)
 		return cmd.Result()

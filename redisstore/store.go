@@ -201,7 +201,7 @@ type Options struct {
 	// charged on the master). It costs a replication round trip per take
 	// and turns batching off (see BENCHMARKS.md). Default 0: a take is
 	// reported once its master has run it, and a failover may lose the
-	// takes not yet replicated (see the README, "When Redis loses writes").
+	// takes not yet replicated (docs/redis.md, "When Redis loses writes").
 	WaitReplicas int
 	// WaitTimeout bounds the wait for WaitReplicas. Default
 	// DefaultWaitTimeout.
