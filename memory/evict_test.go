@@ -24,10 +24,8 @@ func TestFloodKeepsExhaustedKeys(t *testing.T) {
 	for _, a := range sluice.Algorithms() {
 		t.Run(a.String(), func(t *testing.T) {
 			t.Parallel()
-			clock := storetest.NewClock(storetest.T0)
 			const maxKeys = 200
-			s := memory.New(&memory.Options{Clock: clock.Now, MaxKeys: maxKeys, Shards: 1, SweepInterval: -1})
-			defer s.Close()
+			s, clock := newClocked(t, memory.Options{MaxKeys: maxKeys, Shards: 1})
 			l := sluice.Limit{Algorithm: a, Rate: 5, Period: 15 * time.Minute}
 			victims := []string{"victim-0", "victim-1", "victim-2", "victim-3"}
 			for _, v := range victims {
@@ -74,10 +72,8 @@ func TestFloodKeepsExhaustedKeys(t *testing.T) {
 func TestFloodOfSpentKeysKeepsExhaustedKeys(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	clock := storetest.NewClock(storetest.T0)
 	const maxKeys = 200
-	s := memory.New(&memory.Options{Clock: clock.Now, MaxKeys: maxKeys, Shards: 1, SweepInterval: -1})
-	defer s.Close()
+	s, clock := newClocked(t, memory.Options{MaxKeys: maxKeys, Shards: 1})
 	login := sluice.Limit{Algorithm: sluice.SlidingWindowLog, Rate: 5, Period: 15 * time.Minute}
 	signup := sluice.Limit{Algorithm: sluice.FixedWindow, Rate: 1, Period: 24 * time.Hour}
 	victims := []string{"victim-0", "victim-1", "victim-2", "victim-3"}
@@ -110,9 +106,7 @@ func TestFloodOfSpentKeysKeepsExhaustedKeys(t *testing.T) {
 func TestEvictionsCounted(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	clock := storetest.NewClock(storetest.T0)
-	s := memory.New(&memory.Options{Clock: clock.Now, MaxKeys: 1, Shards: 1, SweepInterval: -1})
-	defer s.Close()
+	s, clock := newClocked(t, memory.Options{MaxKeys: 1, Shards: 1})
 	if got := s.MaxKeys(); got != 1 {
 		t.Errorf("MaxKeys() = %d, want 1", got)
 	}
@@ -154,10 +148,8 @@ func TestEvictionsCounted(t *testing.T) {
 func TestKeyFloodLogin(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	clock := storetest.NewClock(storetest.T0)
 	const maxKeys = 1000
-	s := memory.New(&memory.Options{Clock: clock.Now, MaxKeys: maxKeys, SweepInterval: -1}) // 64 shards of 16
-	defer s.Close()
+	s, clock := newClocked(t, memory.Options{MaxKeys: maxKeys}) // 64 shards of 16
 	login := sluice.Limit{Algorithm: sluice.SlidingWindowLog, Rate: 5, Period: 15 * time.Minute}
 	victim := "victim@example.com"
 	for i := range 6 {

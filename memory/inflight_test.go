@@ -9,18 +9,7 @@ import (
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/memory"
-	"github.com/sluicehq/sluice/storetest"
 )
-
-// newSlotsStore returns a Store on a fake clock without a sweeper, closed
-// at the end of the test or benchmark.
-func newSlotsStore(tb testing.TB, o memory.Options) (*memory.Store, *storetest.Clock) {
-	clock := storetest.NewClock(storetest.T0)
-	o.Clock, o.SweepInterval = clock.Now, -1
-	s := memory.New(&o)
-	tb.Cleanup(func() { s.Close() })
-	return s, clock
-}
 
 // A zero Store refuses slots with ErrZeroStore, after validating.
 func TestInFlightZeroStore(t *testing.T) {
@@ -28,15 +17,7 @@ func TestInFlightZeroStore(t *testing.T) {
 	var s memory.Store
 	ctx := context.Background()
 	l := sluice.Concurrent(1, time.Second)
-	if _, err := s.Acquire(ctx, "k", l, 1, "h"); !errors.Is(err, memory.ErrZeroStore) {
-		t.Errorf("Acquire: err = %v, want ErrZeroStore", err)
-	}
-	if _, err := s.Extend(ctx, "k", l, "h"); !errors.Is(err, memory.ErrZeroStore) {
-		t.Errorf("Extend: err = %v, want ErrZeroStore", err)
-	}
-	if _, err := s.Release(ctx, "k", "h"); !errors.Is(err, memory.ErrZeroStore) {
-		t.Errorf("Release: err = %v, want ErrZeroStore", err)
-	}
+	refusesSlots(t, &s, l)
 	if _, err := s.Acquire(ctx, "k", l, 0, "h"); !errors.Is(err, sluice.ErrInvalidWeight) {
 		t.Errorf("Acquire with weight 0: err = %v, want the validation error first", err)
 	}
@@ -45,7 +26,7 @@ func TestInFlightZeroStore(t *testing.T) {
 // Sweep drops the holders of keys nobody touches after their holds end.
 func TestInFlightSweep(t *testing.T) {
 	t.Parallel()
-	s, clock := newSlotsStore(t, memory.Options{})
+	s, clock := newClocked(t, memory.Options{})
 	ctx := context.Background()
 	for _, k := range []string{"a", "b", "c"} {
 		if _, err := s.Acquire(ctx, k, sluice.Concurrent(1, time.Second), 1, "h"); err != nil {
@@ -65,7 +46,7 @@ func TestInFlightSweep(t *testing.T) {
 // dropped.
 func TestInFlightMaxKeys(t *testing.T) {
 	t.Parallel()
-	s, clock := newSlotsStore(t, memory.Options{MaxKeys: 4, Shards: 1})
+	s, clock := newClocked(t, memory.Options{MaxKeys: 4, Shards: 1})
 	ctx := context.Background()
 	l := sluice.Concurrent(1, 10*time.Second)
 	for i := range 4 {
@@ -106,7 +87,7 @@ func TestInFlightMaxKeys(t *testing.T) {
 // acquireRelease returns a store whose key "busy" has 3 holders, and a
 // function that acquires and releases a slot of weight 2 on key.
 func acquireRelease(tb testing.TB) func(key string) {
-	s, _ := newSlotsStore(tb, memory.Options{})
+	s, _ := newClocked(tb, memory.Options{})
 	ctx := context.Background()
 	l := sluice.Concurrent(10, time.Minute)
 	for _, h := range []string{"h1", "h2", "h3"} {
@@ -154,7 +135,7 @@ func BenchmarkInFlight(b *testing.B) {
 // once it remembers none.
 func TestInFlightReleaseOnceSweep(t *testing.T) {
 	t.Parallel()
-	s, clock := newSlotsStore(t, memory.Options{})
+	s, clock := newClocked(t, memory.Options{})
 	ctx := context.Background()
 	if d, err := s.Acquire(ctx, "k", sluice.Concurrent(1, 10*time.Second), 1, "h"); err != nil || !d.Allowed {
 		t.Fatal(d, err)

@@ -20,6 +20,16 @@ func newStore(t *testing.T, now func() time.Time) sluice.Store {
 	return s
 }
 
+// newClocked returns a Store on a fake clock at T0 without a sweeper, closed
+// at the end of the test or benchmark.
+func newClocked(tb testing.TB, o memory.Options) (*memory.Store, *storetest.Clock) {
+	clock := storetest.NewClock(storetest.T0)
+	o.Clock, o.SweepInterval = clock.Now, -1
+	s := memory.New(&o)
+	tb.Cleanup(func() { s.Close() })
+	return s, clock
+}
+
 func TestConformance(t *testing.T) { storetest.Run(t, newStore) }
 
 func TestGrantConformance(t *testing.T) { storetest.RunGrant(t, newStore) }
@@ -55,16 +65,7 @@ func checkZeroStore(t *testing.T, s *memory.Store) {
 	if _, _, err := s.Regrant(ctx, "k", l, sluice.Grant{Granted: 1}, 1, 1); !errors.Is(err, memory.ErrZeroStore) {
 		t.Errorf("Regrant: err = %v, want ErrZeroStore", err)
 	}
-	slot := sluice.InFlightLimit{Max: 1, Hold: time.Second}
-	if _, err := s.Acquire(ctx, "k", slot, 1, "h"); !errors.Is(err, memory.ErrZeroStore) {
-		t.Errorf("Acquire: err = %v, want ErrZeroStore", err)
-	}
-	if _, err := s.Extend(ctx, "k", slot, "h"); !errors.Is(err, memory.ErrZeroStore) {
-		t.Errorf("Extend: err = %v, want ErrZeroStore", err)
-	}
-	if _, err := s.Release(ctx, "k", "h"); !errors.Is(err, memory.ErrZeroStore) {
-		t.Errorf("Release: err = %v, want ErrZeroStore", err)
-	}
+	refusesSlots(t, s, sluice.InFlightLimit{Max: 1, Hold: time.Second})
 	s.Sweep()
 	if got := s.Len(); got != 0 {
 		t.Errorf("Len = %d, want 0", got)
@@ -74,6 +75,22 @@ func checkZeroStore(t *testing.T, s *memory.Store) {
 	}
 	if err := s.Close(); err != nil {
 		t.Errorf("Close = %v", err)
+	}
+}
+
+// refusesSlots: s, a zero or nil Store, refuses every slot call with
+// ErrZeroStore.
+func refusesSlots(t *testing.T, s *memory.Store, l sluice.InFlightLimit) {
+	t.Helper()
+	ctx := context.Background()
+	if _, err := s.Acquire(ctx, "k", l, 1, "h"); !errors.Is(err, memory.ErrZeroStore) {
+		t.Errorf("Acquire: err = %v, want ErrZeroStore", err)
+	}
+	if _, err := s.Extend(ctx, "k", l, "h"); !errors.Is(err, memory.ErrZeroStore) {
+		t.Errorf("Extend: err = %v, want ErrZeroStore", err)
+	}
+	if _, err := s.Release(ctx, "k", "h"); !errors.Is(err, memory.ErrZeroStore) {
+		t.Errorf("Release: err = %v, want ErrZeroStore", err)
 	}
 }
 
@@ -219,9 +236,7 @@ func TestShardsClamped(t *testing.T) {
 func TestSweepRemovesExpiredKeys(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	clock := storetest.NewClock(storetest.T0)
-	s := memory.New(&memory.Options{Clock: clock.Now, SweepInterval: -1})
-	defer s.Close()
+	s, clock := newClocked(t, memory.Options{})
 	for _, a := range sluice.Algorithms() {
 		for i := range 10 {
 			if _, err := s.Take(ctx, fmt.Sprint("k", i), sluice.PerMinute(5).WithAlgorithm(a), 1); err != nil {
