@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/middlewaretest"
 	"github.com/sluicehq/sluice/lease"
 	"github.com/sluicehq/sluice/memory"
 	"github.com/sluicehq/sluice/redisstore"
@@ -20,8 +21,7 @@ import (
 // without calling it.
 func TestCheckBuilt(t *testing.T) {
 	t.Parallel()
-	m := memory.New(nil)
-	t.Cleanup(func() { m.Close() })
+	m := middlewaretest.Memory(t)
 	for name, s := range map[string]sluice.Store{
 		"nil":                   nil,
 		"nil *memory.Store":     (*memory.Store)(nil),

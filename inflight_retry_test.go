@@ -13,6 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/middlewaretest"
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/internal/releasetest"
 	"github.com/sluicehq/sluice/redisstore"
@@ -195,7 +196,7 @@ func TestRetryReleaseBounded(t *testing.T) {
 func TestReleaseAbandonedBurst(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	store := redisstore.New(redistest.Client(t), &redisstore.Options{Prefix: redistest.Prefix(t)})
+	store := middlewaretest.Redis(t, nil)
 	limit := sluice.Concurrent(1, 30*time.Second)
 	ran := sluice.NewHolderID()
 	if d, err := store.Acquire(ctx, "k", limit, 1, ran); err != nil || !d.Allowed {

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/middlewaretest"
 	"github.com/sluicehq/sluice/memory"
 	"github.com/sluicehq/sluice/storetest"
 )
@@ -237,8 +238,7 @@ func TestZeroValuesDoNotPanic(t *testing.T) {
 
 func TestLimiterStoreAndPrefix(t *testing.T) {
 	t.Parallel()
-	store := memory.New(nil)
-	t.Cleanup(func() { store.Close() })
+	store := middlewaretest.Memory(t)
 	l, err := sluice.NewLimiter(store, sluice.PerSecond(1), &sluice.Options{Prefix: "api:"})
 	if err != nil {
 		t.Fatal(err)

@@ -10,10 +10,9 @@ import (
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/line"
+	"github.com/sluicehq/sluice/internal/middlewaretest"
 	"github.com/sluicehq/sluice/internal/openloop"
 	"github.com/sluicehq/sluice/internal/race"
-	"github.com/sluicehq/sluice/internal/redistest"
-	"github.com/sluicehq/sluice/redisstore"
 	"github.com/sluicehq/sluice/storetest"
 )
 
@@ -31,7 +30,7 @@ func TestWaitLineFailsAtOnce(t *testing.T) {
 func TestRedisWaitLineFailsAtOnce(t *testing.T) {
 	race.SkipTiming(t)
 	t.Parallel()
-	checkWaitLine(t, redisstore.New(redistest.Client(t), &redisstore.Options{Prefix: redistest.Prefix(t)}))
+	checkWaitLine(t, middlewaretest.Redis(t, nil))
 }
 
 func checkWaitLine(t *testing.T, store sluice.Store) {
@@ -157,7 +156,7 @@ func TestWaitLineOpenLoop(t *testing.T) {
 func TestRedisWaitLineOpenLoop(t *testing.T) {
 	race.SkipTiming(t)
 	t.Parallel()
-	checkWaitOpenLoop(t, redisstore.New(redistest.Client(t), &redisstore.Options{Prefix: redistest.Prefix(t)}))
+	checkWaitOpenLoop(t, middlewaretest.Redis(t, nil))
 }
 
 func checkWaitOpenLoop(t *testing.T, store sluice.Store) {
@@ -193,7 +192,7 @@ func TestWaitLineSlidingLogExact(t *testing.T) {
 func TestRedisWaitLineSlidingLogExact(t *testing.T) {
 	t.Parallel()
 	clock := storetest.NewClock(storetest.T0)
-	checkSlidingLogExact(t, redisstore.New(redistest.Client(t), &redisstore.Options{Prefix: redistest.Prefix(t), Clock: clock.Now}))
+	checkSlidingLogExact(t, middlewaretest.Redis(t, clock))
 }
 
 func checkSlidingLogExact(t *testing.T, store sluice.Store) {

@@ -1,6 +1,7 @@
 // Package middlewaretest holds what the tests of the HTTP middleware and
 // the gRPC interceptors both set up: stores on the test's own Redis and
-// memory, and recorders of the logs and observations they report.
+// memory, and recorders of the logs and observations they report. The
+// library's own tests take their stores from here too.
 package middlewaretest
 
 import (
