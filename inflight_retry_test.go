@@ -3,7 +3,6 @@ package sluice_test
 import (
 	"context"
 	"errors"
-	"net"
 	"strconv"
 	"strings"
 	"sync"
@@ -38,6 +37,14 @@ func failedRelease(t *testing.T) (*redistest.Server, *redis.Client, *redisstore.
 		t.Fatal("Release with Redis down: nil error")
 	}
 	return srv, client, store, limit, slot
+}
+
+// unreachable is a store on an address nothing listens on, tried once a
+// call.
+func unreachable(t *testing.T) *redisstore.Store {
+	dead := redis.NewClient(&redis.Options{Addr: redistest.DeadAddr(t), MaxRetries: -1, DialerRetries: 1})
+	t.Cleanup(func() { dead.Close() })
+	return redisstore.New(dead, &redisstore.Options{Prefix: redistest.Prefix(t)})
 }
 
 // A release that failed (Redis down) and is handed to RetryRelease frees
@@ -141,31 +148,7 @@ func TestRetryReleaseGivesUp(t *testing.T) {
 // At most MaxBackgroundReleases retried releases are at work at once: the
 // next is ErrRetriesFull. Not parallel: it fills the process's bound.
 func TestRetryReleaseBounded(t *testing.T) {
-	ln := redistest.Listen(t) // accepts and never answers: every try waits out its deadline
-	var conns []net.Conn
-	var mu sync.Mutex
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			conns = append(conns, c)
-			mu.Unlock()
-		}
-	}()
-	t.Cleanup(func() {
-		mu.Lock()
-		defer mu.Unlock()
-		for _, c := range conns {
-			c.Close()
-		}
-	})
-	// One connection: the other tries wait for it, holding no socket.
-	client := redis.NewClient(&redis.Options{Addr: ln.Addr().String(), MaxRetries: -1, PoolSize: 1, PoolTimeout: time.Minute})
-	t.Cleanup(func() { client.Close() })
-	store := redisstore.New(client, &redisstore.Options{Prefix: redistest.Prefix(t)})
+	store := releasetest.Unanswered(t) // every try waits out its deadline
 	until := time.Now().Add(time.Second)
 	for i := range sluice.MaxBackgroundReleases {
 		if err := sluice.RetryRelease(store, "k", sluice.NewHolderID(), until, nil); err != nil {
@@ -264,9 +247,7 @@ func TestWaitReleases(t *testing.T) {
 	other.Release(ctx)
 
 	// The store unreachable for good: bounded by the context.
-	dead := redis.NewClient(&redis.Options{Addr: redistest.DeadAddr(t), MaxRetries: -1, DialerRetries: 1})
-	t.Cleanup(func() { dead.Close() })
-	deadStore := redisstore.New(dead, &redisstore.Options{Prefix: redistest.Prefix(t)})
+	deadStore := unreachable(t)
 	for range 3 {
 		if err := sluice.RetryRelease(deadStore, "k", sluice.NewHolderID(), time.Now().Add(2*time.Second), nil); err != nil {
 			t.Fatal(err)
@@ -296,9 +277,7 @@ func TestWaitReleases(t *testing.T) {
 // bound.
 func TestTryReleaseAbandonedFull(t *testing.T) {
 	ctx := context.Background()
-	dead := redis.NewClient(&redis.Options{Addr: redistest.DeadAddr(t), MaxRetries: -1, DialerRetries: 1})
-	t.Cleanup(func() { dead.Close() })
-	store := redisstore.New(dead, &redisstore.Options{Prefix: redistest.Prefix(t)})
+	store := unreachable(t)
 	if err := sluice.TryReleaseAbandoned(nil, "k", "h"); !errors.Is(err, sluice.ErrInvalidLimit) {
 		t.Errorf("TryReleaseAbandoned(nil store) = %v, want ErrInvalidLimit", err)
 	}

@@ -21,6 +21,26 @@ import (
 // are waited for at cleanup.
 func Fill(t *testing.T, until time.Time) {
 	t.Helper()
+	store := Unanswered(t)
+	// Registered last, so run first: the releases end before the client
+	// and the connections close.
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Until(until)+10*time.Second)
+		defer cancel()
+		sluice.WaitReleases(ctx)
+	})
+	for i := range sluice.MaxBackgroundReleases - sluice.PendingReleases() {
+		if err := sluice.RetryRelease(store, "k", sluice.NewHolderID(), until, nil); err != nil {
+			t.Fatalf("release %d: %v", i, err)
+		}
+	}
+}
+
+// Unanswered is a store on a server that accepts connections and never
+// answers, through a client of one connection: the other calls wait for
+// it, holding no socket. The client and the connections close at cleanup.
+func Unanswered(t *testing.T) *redisstore.Store {
+	t.Helper()
 	ln := redistest.Listen(t)
 	var mu sync.Mutex
 	var conns []net.Conn
@@ -35,23 +55,14 @@ func Fill(t *testing.T, until time.Time) {
 			mu.Unlock()
 		}
 	}()
-	// One connection: the other tries wait for it, holding no socket.
-	client := redis.NewClient(&redis.Options{Addr: ln.Addr().String(), MaxRetries: -1, PoolSize: 1, PoolTimeout: time.Minute})
-	store := redisstore.New(client, &redisstore.Options{Prefix: redistest.Prefix(t)})
 	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Until(until)+10*time.Second)
-		defer cancel()
-		sluice.WaitReleases(ctx)
-		client.Close()
 		mu.Lock()
 		defer mu.Unlock()
 		for _, c := range conns {
 			c.Close()
 		}
 	})
-	for i := range sluice.MaxBackgroundReleases - sluice.PendingReleases() {
-		if err := sluice.RetryRelease(store, "k", sluice.NewHolderID(), until, nil); err != nil {
-			t.Fatalf("release %d: %v", i, err)
-		}
-	}
+	client := redis.NewClient(&redis.Options{Addr: ln.Addr().String(), MaxRetries: -1, PoolSize: 1, PoolTimeout: time.Minute})
+	t.Cleanup(func() { client.Close() })
+	return redisstore.New(client, &redisstore.Options{Prefix: redistest.Prefix(t)})
 }
