@@ -10,6 +10,7 @@ import (
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/middlewaretest"
+	"github.com/sluicehq/sluice/internal/nilctx"
 	"github.com/sluicehq/sluice/memory"
 	"github.com/sluicehq/sluice/storetest"
 )
@@ -127,24 +128,13 @@ func TestWaitCancel(t *testing.T) {
 func TestNilContextIsBackground(t *testing.T) {
 	t.Parallel()
 	var nilCtx context.Context
-	call := func(name string, fn func() error) {
-		t.Helper()
-		defer func() {
-			if p := recover(); p != nil {
-				t.Errorf("%s with a nil context panicked: %v", name, p)
-			}
-		}()
-		if err := fn(); err != nil {
-			t.Errorf("%s with a nil context: %v", name, err)
-		}
-	}
 	store := newMemory(t, nil)
 	l, _ := sluice.NewLimiter(store, sluice.PerSecond(20).WithBurst(1), nil)
-	call("Allow", func() error { _, err := l.Allow(nilCtx, "a"); return err })
-	call("Peek", func() error { _, err := l.Peek(nilCtx, "a"); return err })
-	call("Reset", func() error { return l.Reset(nilCtx, "a") })
+	nilctx.Call(t, "Allow", func() error { _, err := l.Allow(nilCtx, "a"); return err })
+	nilctx.Call(t, "Peek", func() error { _, err := l.Peek(nilCtx, "a"); return err })
+	nilctx.Call(t, "Reset", func() error { return l.Reset(nilCtx, "a") })
 	for i := range 3 { // the 2nd and 3rd are denied and wait
-		call("Wait", func() error {
+		nilctx.Call(t, "Wait", func() error {
 			d, err := l.Wait(nilCtx, "w")
 			if err == nil && !d.Allowed {
 				t.Errorf("Wait %d: %+v, not allowed", i, d)
@@ -157,12 +147,12 @@ func TestNilContextIsBackground(t *testing.T) {
 	done.Add(1)
 	go func() {
 		defer done.Done()
-		call("WaitN in line", func() error { _, err := l.WaitN(nilCtx, "q", 1); return err })
+		nilctx.Call(t, "WaitN in line", func() error { _, err := l.WaitN(nilCtx, "q", 1); return err })
 	}()
-	call("WaitN first", func() error { _, err := l.WaitN(nilCtx, "q", 1); return err })
-	call("WaitN", func() error { _, err := l.WaitN(nilCtx, "q", 1); return err })
+	nilctx.Call(t, "WaitN first", func() error { _, err := l.WaitN(nilCtx, "q", 1); return err })
+	nilctx.Call(t, "WaitN", func() error { _, err := l.WaitN(nilCtx, "q", 1); return err })
 	done.Wait()
-	call("AcquireSlot+Extend+Release", func() error {
+	nilctx.Call(t, "AcquireSlot+Extend+Release", func() error {
 		slot, _, err := sluice.AcquireSlot(nilCtx, store, "s", sluice.Concurrent(1, time.Minute), 1)
 		if err != nil {
 			return err

@@ -30,6 +30,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/nilctx"
 )
 
 // NewStore returns the store under test. It must read the time from now,
@@ -709,27 +710,16 @@ func testNilContext(t *testing.T, newStore NewStore) {
 	key := uniqueKey(t, "nil")
 	l := sluice.PerMinute(4)
 	var nilCtx context.Context
-	call := func(name string, fn func() error) {
-		t.Helper()
-		defer func() {
-			if p := recover(); p != nil {
-				t.Errorf("%s with a nil context panicked: %v", name, p)
-			}
-		}()
-		if err := fn(); err != nil {
-			t.Errorf("%s with a nil context: %v", name, err)
-		}
-	}
-	call("Take", func() error { _, err := s.Take(nilCtx, key, l, 1); return err })
-	call("Peek", func() error { _, err := s.Peek(nilCtx, key, l, 1); return err })
+	nilctx.Call(t, "Take", func() error { _, err := s.Take(nilCtx, key, l, 1); return err })
+	nilctx.Call(t, "Peek", func() error { _, err := s.Peek(nilCtx, key, l, 1); return err })
 	if m, ok := s.(sluice.MultiStore); ok {
-		call("TakeAll", func() error {
+		nilctx.Call(t, "TakeAll", func() error {
 			_, err := m.TakeAll(nilCtx, []sluice.Request{{Key: key, Limit: l, Cost: 1}})
 			return err
 		})
 	}
 	if g, ok := s.(sluice.Granter); ok {
-		call("Grant+Return", func() error {
+		nilctx.Call(t, "Grant+Return", func() error {
 			gr, err := g.Grant(nilCtx, key, l, 1)
 			if err != nil {
 				return err
@@ -740,7 +730,7 @@ func testNilContext(t *testing.T, newStore NewStore) {
 	}
 	if sl, ok := s.(sluice.Slots); ok {
 		il := sluice.Concurrent(2, time.Minute)
-		call("Acquire+Extend+Release", func() error {
+		nilctx.Call(t, "Acquire+Extend+Release", func() error {
 			if _, err := sl.Acquire(nilCtx, key, il, 1, "h"); err != nil {
 				return err
 			}
@@ -751,7 +741,7 @@ func testNilContext(t *testing.T, newStore NewStore) {
 			return err
 		})
 	}
-	call("Reset", func() error { return s.Reset(nilCtx, key, l) })
+	nilctx.Call(t, "Reset", func() error { return s.Reset(nilCtx, key, l) })
 }
 
 // testTakeAll: layered limits are all-or-nothing.
