@@ -79,6 +79,13 @@ func uniqueKey(t *testing.T, name string) string {
 	return fmt.Sprintf("storetest:%d:%d:%d:%s:%s", os.Getpid(), time.Now().UnixNano(), keySeq.Add(1), t.Name(), name)
 }
 
+// storeSetup returns a clock at T0, a store on it and a key of the test's
+// own.
+func storeSetup(t *testing.T, newStore NewStore, name string) (*Clock, sluice.Store, string) {
+	clock := NewClock(T0)
+	return clock, newStore(t, clock.Now), uniqueKey(t, name)
+}
+
 // Run runs the conformance suite against the stores newStore returns.
 func Run(t *testing.T, newStore NewStore) {
 	t.Run("tables", func(t *testing.T) {
@@ -374,9 +381,7 @@ func testBoundary(t *testing.T, newStore NewStore) {
 	for _, a := range sluice.Algorithms() {
 		t.Run(a.String(), func(t *testing.T) {
 			t.Parallel()
-			clock := NewClock(T0)
-			s := newStore(t, clock.Now)
-			key := uniqueKey(t, "edge")
+			clock, s, key := storeSetup(t, newStore, "edge")
 			l := sluice.Limit{Algorithm: a, Rate: 10, Period: 10 * time.Second}
 			admitted := 0
 			for _, at := range []time.Duration{9 * time.Second, 11 * time.Second} {
@@ -632,9 +637,7 @@ func (b BadInput) ForAlgorithm(a sluice.Algorithm) sluice.Limit {
 // testBadInput: typed errors, and nothing written.
 func testBadInput(t *testing.T, newStore NewStore) {
 	ctx := context.Background()
-	clock := NewClock(T0)
-	s := newStore(t, clock.Now)
-	key := uniqueKey(t, "bad")
+	_, s, key := storeSetup(t, newStore, "bad")
 	good := sluice.PerMinute(10)
 	for _, c := range BadInputs(key, good) {
 		for _, a := range []sluice.Algorithm{sluice.GCRA, sluice.SlidingWindowLog, sluice.FixedWindow} {
@@ -683,9 +686,7 @@ func testIndependence(t *testing.T, newStore NewStore) {
 // testEndedContext: a call whose context has ended returns its error and
 // changes nothing.
 func testEndedContext(t *testing.T, newStore NewStore) {
-	clock := NewClock(T0)
-	s := newStore(t, clock.Now)
-	key := uniqueKey(t, "ended")
+	_, s, key := storeSetup(t, newStore, "ended")
 	l := sluice.PerMinute(4)
 	ended, cancel := context.WithCancel(context.Background())
 	cancel()
@@ -705,9 +706,7 @@ func testEndedContext(t *testing.T, newStore NewStore) {
 // testNilContext: a nil context is taken for context.Background() by every
 // call, as the memory store does, never a panic.
 func testNilContext(t *testing.T, newStore NewStore) {
-	clock := NewClock(T0)
-	s := newStore(t, clock.Now)
-	key := uniqueKey(t, "nil")
+	_, s, key := storeSetup(t, newStore, "nil")
 	l := sluice.PerMinute(4)
 	var nilCtx context.Context
 	nilctx.Call(t, "Take", func() error { _, err := s.Take(nilCtx, key, l, 1); return err })
