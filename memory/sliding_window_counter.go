@@ -57,8 +57,11 @@ func swcEstimate(prev, cur, elapsed, period int64) float64 {
 }
 
 // swcRetry finds the first instant t at which cost units fit. It solves the
-// estimate for t, then nudges t by single microseconds so that float
-// rounding cannot make it early or late.
+// estimate for t in exact arithmetic, then checks that against the float
+// estimate the decisions use: that estimate never grows with t, so fits is
+// monotone, and when the solution is not the first instant that fits (a
+// small weighted count can vanish in the float sum beside a large rate, up
+// to seconds before the solution over 366 days) a bisection finds it.
 func swcRetry(w, cur, prev, now int64, p *params, cost int64) int64 {
 	fits := func(t int64) bool {
 		tw := floorDiv(t, p.period)
@@ -85,11 +88,22 @@ func swcRetry(w, cur, prev, now int64, p *params, cost int64) int64 {
 		t = (w+1)*p.period + min(max(e, 0), p.period)
 	}
 	t = max(t, now+1)
-	for i := 0; i < 3 && t-1 > now && fits(t-1); i++ {
-		t--
-	}
 	for i := 0; i < 3 && !fits(t); i++ {
 		t++
+	}
+	if !fits(t) {
+		t = (w + 2) * p.period // nothing counted is left: cost ≤ rate fits
+	}
+	if t-1 > now && fits(t-1) { // fits(now) is false: it was denied
+		lo := now
+		for t-lo > 1 {
+			mid := lo + (t-lo)/2
+			if fits(mid) {
+				t = mid
+			} else {
+				lo = mid
+			}
+		}
 	}
 	return t
 }

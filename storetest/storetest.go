@@ -98,6 +98,7 @@ func Run(t *testing.T, newStore NewStore) {
 	})
 	t.Run("boundary", func(t *testing.T) { testBoundary(t, newStore) })
 	t.Run("seed004_150_files", func(t *testing.T) { testFiles150(t, newStore) })
+	t.Run("retry_after_extreme", func(t *testing.T) { testRetryAfterExtreme(t, newStore) })
 	for _, a := range sluice.Algorithms() {
 		t.Run(a.String(), func(t *testing.T) {
 			t.Parallel()
@@ -400,6 +401,58 @@ func testBoundary(t *testing.T, newStore NewStore) {
 				t.Errorf("%v admitted %d of 20 across the window edge, want %d", l, admitted, want[a])
 			}
 		})
+	}
+}
+
+// testRetryAfterExtreme: RetryAfter is exact for limits at the edges of
+// what is valid, where a float estimate rounds: a few units of one window
+// beside a request of a whole limit of a billion over 366 days weigh less
+// than half a unit of the limit's float, so the sliding window counter's
+// estimate admits well before the instant solved in exact arithmetic.
+// Waiting RetryAfter admits; a microsecond less does not.
+func testRetryAfterExtreme(t *testing.T, newStore NewStore) {
+	ctx := context.Background()
+	for _, a := range sluice.Algorithms() {
+		for _, l := range []sluice.Limit{
+			{Algorithm: a, Rate: sluice.MaxRate, Period: sluice.MaxPeriod},
+			{Algorithm: a, Rate: 100_000, Period: sluice.MaxPeriod},
+			{Algorithm: a, Rate: sluice.MaxRate, Period: time.Hour},
+			{Algorithm: a, Rate: 100, Period: time.Minute},
+		} {
+			if l.Validate() != nil {
+				continue // a sliding log of a billion
+			}
+			for _, carried := range []bool{false, true} { // the units in this window, or the one before
+				name := fmt.Sprintf("%s/carried=%v", strings.ReplaceAll(l.String(), " ", "_"), carried)
+				t.Run(name, func(t *testing.T) {
+					clock := NewClock(T0.Add(1234567 * time.Microsecond))
+					s := newStore(t, clock.Now)
+					key := uniqueKey(t, "x")
+					if d, err := s.Take(ctx, key, l, 3); err != nil || !d.Allowed {
+						t.Fatalf("first take: %+v %v", d, err)
+					}
+					if carried {
+						clock.Advance(l.Period)
+					}
+					capacity := l.Capacity()
+					d, err := s.Take(ctx, key, l, capacity)
+					if err != nil {
+						t.Fatal(err)
+					}
+					if d.Allowed {
+						return // the units before have gone: nothing to wait for
+					}
+					clock.Advance(d.RetryAfter - time.Microsecond)
+					if p, err := s.Peek(ctx, key, l, capacity); err != nil || p.Allowed {
+						t.Fatalf("admitted 1µs before RetryAfter %v: %+v %v", d.RetryAfter, p, err)
+					}
+					clock.Advance(time.Microsecond)
+					if p, err := s.Peek(ctx, key, l, capacity); err != nil || !p.Allowed {
+						t.Fatalf("still denied after RetryAfter %v: %+v %v", d.RetryAfter, p, err)
+					}
+				})
+			}
+		}
 	}
 }
 

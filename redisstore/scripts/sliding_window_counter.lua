@@ -79,8 +79,10 @@ if prev * ((period - elapsed) / period) + cur + cost <= rate then
 else
   allowed = 0
   -- The first instant t at which cost units fit: solve the estimate for t,
-  -- then nudge t by single microseconds so that float rounding cannot make
-  -- it early or late.
+  -- then check that against the float estimate the decisions use, which
+  -- never grows with t: when the solution is not the first instant that
+  -- fits (a small weighted count can vanish in the sum beside a large
+  -- rate), bisect.
   local function fits(t)
     local tw = floordiv(t, period)
     local c, pv = cur, prev
@@ -106,16 +108,24 @@ else
   end
   t = math.max(t, now + 1)
   for _ = 1, 3 do
-    if not (t - 1 > now and fits(t - 1)) then
-      break
-    end
-    t = t - 1
-  end
-  for _ = 1, 3 do
     if fits(t) then
       break
     end
     t = t + 1
+  end
+  if not fits(t) then
+    t = (w + 2) * period -- nothing counted is left: cost <= rate fits
+  end
+  if t - 1 > now and fits(t - 1) then -- fits(now) is false: it was denied
+    local lo = now
+    while t - lo > 1 do
+      local mid = lo + math.floor((t - lo) / 2)
+      if fits(mid) then
+        t = mid
+      else
+        lo = mid
+      end
+    end
   end
   retry = t - now
 end
