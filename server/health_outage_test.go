@@ -1,0 +1,178 @@
+//go:build unix
+
+package server
+
+import (
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/internal/race"
+)
+
+// TestFaultDownForFromFirstFailure: Redis frozen (SIGSTOP) or killed
+// under load through sluice serve, whose watch checks every second. The
+// watch declares the store lost a check or more after the first decision
+// failed; `store back`'s down_for counts from that first failure: at least
+// the outage (stop to restart) less a little, at most stop to the line.
+func TestFaultDownForFromFirstFailure(t *testing.T) {
+	race.SkipTiming(t)
+	const outage = 2500 * time.Millisecond
+	for _, how := range []string{"sigstop", "kill"} {
+		t.Run(how, func(t *testing.T) {
+			r := startRedis(t)
+			f := startFleet(t, r.url(), 1, "policies:\n  - name: api\n    limit: fixed_window 1000000000/1h\n", "--failure-policy", "local")
+			p := f.procs[0]
+			l := f.drive(2, "k", "api")
+			defer l.finish()
+			time.Sleep(300 * time.Millisecond)
+			stopped := time.Now()
+			if how == "sigstop" {
+				r.pause(t)
+			} else {
+				r.Stop()
+			}
+			time.Sleep(outage)
+			if how == "sigstop" {
+				r.resume(t)
+			} else {
+				r.restart(t) // returns once Redis is ready
+			}
+			restarted := time.Now()
+			var line string
+			for deadline := time.Now().Add(10 * time.Second); line == ""; time.Sleep(5 * time.Millisecond) {
+				for l := range strings.Lines(p.stderr.String()) {
+					if strings.Contains(l, `msg="store back"`) {
+						line = l
+					}
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("no store back line:\n%s", p.stderr.String())
+				}
+			}
+			seen := time.Now()
+			_, v, ok := strings.Cut(line, "down_for=")
+			if !ok {
+				t.Fatalf("store back line %q: no down_for", line)
+			}
+			downFor, err := time.ParseDuration(strings.Fields(v)[0])
+			if err != nil {
+				t.Fatalf("store back line %q: %v", line, err)
+			}
+			// The decisions in flight at the stop fail within the decision
+			// timeout (or at once, refused).
+			const tolerance = 200 * time.Millisecond
+			if lo, hi := restarted.Sub(stopped)-tolerance, seen.Sub(stopped); downFor < lo || downFor > hi {
+				t.Errorf("down_for=%v, want within [%v, %v] (stop to restart %v, less %v; stop to the line seen):\n%s",
+					downFor, lo, hi, restarted.Sub(stopped), tolerance, p.stderr.String())
+			}
+		})
+	}
+}
+
+// TestFaultStoreLostIdleAtOnce: under the error policy an instance no
+// request reaches learns that Redis was killed from the watch's next
+// check, which says so as it starts (a refused dial), not once go-redis
+// has retried for its 1 s timeout; /v1/status's since is that check's
+// start, so `store back`'s down_for counts from it: the outage less up to
+// one check interval at its start, plus up to one at its end.
+func TestFaultStoreLostIdleAtOnce(t *testing.T) {
+	race.SkipTiming(t)
+	r := startRedis(t)
+	p := serveErrorPolicy(t, r)
+	count := func(msg string) int { return strings.Count(p.stderr.String(), `msg="`+msg+`"`) }
+	const trials, outage = 5, 1500 * time.Millisecond
+	for i := range trials {
+		time.Sleep(rand.N(time.Second))
+		r.Stop()
+		killed := time.Now()
+		for count("store lost") < i+1 {
+			if time.Since(killed) > 5*time.Second {
+				t.Fatalf("no store lost line 5s after Redis was killed:\n%s", p.stderr.String())
+			}
+			time.Sleep(2 * time.Millisecond)
+		}
+		seen := time.Now()
+		_, st := p.getJSON(t, "/v1/status")
+		since, err := time.Parse(time.RFC3339Nano, st["store"].(map[string]any)["since"].(string))
+		if err != nil {
+			t.Fatal(err)
+		}
+		// The watch checks every second; its check is told at once.
+		if after, told := since.Sub(killed), seen.Sub(since); after < 0 || after > 1300*time.Millisecond || told > 300*time.Millisecond {
+			t.Errorf("trial %d: since %v after the kill, store lost seen %v after since; want within [0, 1.3s] and 300ms", i, after, told)
+		}
+		time.Sleep(outage - time.Since(killed))
+		r.restart(t)
+		for count("store back") < i+1 {
+			if time.Since(killed) > 10*time.Second {
+				t.Fatalf("no store back line:\n%s", p.stderr.String())
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+}
+
+// TestFaultReadyzRedisKilled: under the error policy, /readyz is 503 soon
+// after Redis is killed (its port refusing connections), by the request's
+// own check, not a second later by the watch's. A real sluice serve, Redis
+// killed 20 times at a random point of the watch's 1 s interval, /readyz
+// asked every 5 ms.
+func TestFaultReadyzRedisKilled(t *testing.T) {
+	race.SkipTiming(t)
+	r := startRedis(t)
+	p := serveErrorPolicy(t, r)
+	client := &http.Client{Timeout: 5 * time.Second}
+	readyz := func() int {
+		resp, err := client.Get("http://" + p.http + "/readyz")
+		if err != nil {
+			t.Fatalf("readyz: %v", err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	// until asks /readyz every 5 ms until it answers code, and returns
+	// how long that took.
+	until := func(code int, what string) time.Duration {
+		start := time.Now()
+		for readyz() != code {
+			if time.Since(start) > 10*time.Second {
+				t.Fatalf("readyz not %d 10s after %s", code, what)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		return time.Since(start)
+	}
+	const trials = 20
+	var lags []time.Duration
+	for i := range trials {
+		if i > 0 {
+			r.restart(t)
+		}
+		until(200, "Redis started")
+		time.Sleep(rand.N(time.Second))
+		r.Stop()
+		lags = append(lags, until(503, "Redis was killed"))
+	}
+	slices.Sort(lags)
+	p50, p95, worst := lags[trials/2], lags[trials*95/100], lags[trials-1]
+	t.Logf("Redis killed to /readyz 503 over %d trials: p50 %v, p95 %v, max %v", trials, p50, p95, worst)
+	// The watch checks every second: a lag near that is the watch's.
+	if p95 > 250*time.Millisecond || worst > 500*time.Millisecond {
+		t.Errorf("Redis killed to /readyz 503: p50 %v, p95 %v, max %v over %d trials; want p95 within 250ms and max within 500ms (the watch's interval is 1s): %v",
+			p50, p95, worst, trials, lags)
+	}
+}
+
+// serveErrorPolicy runs `sluice serve` on the Envoy example against r,
+// under the error policy, so that every outage shows in its answers.
+func serveErrorPolicy(t *testing.T, r *redisProc) *proc {
+	t.Helper()
+	return startSluice(t, nil, "--config", "testdata/envoy-example.yaml", "--redis", r.url(),
+		"--failure-policy", "error", "--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0", "--watch-interval", "0")
+}
