@@ -10,12 +10,15 @@ import (
 	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
 	"google.golang.org/grpc"
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/grpctest"
 	"github.com/sluicehq/sluice/internal/promtest"
+	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/memory"
+	"github.com/sluicehq/sluice/redisstore"
 	"github.com/sluicehq/sluice/server/config"
 	"github.com/sluicehq/sluice/storetest"
 )
@@ -44,6 +47,13 @@ func newMemService(t testing.TB, yaml string, clock *fakeClock) *Service {
 	store := memory.New(&memory.Options{Clock: clock.Now, SweepInterval: -1})
 	t.Cleanup(func() { store.Close() })
 	return NewService(store, mustConfig(t, yaml), &ServiceOptions{Clock: clock.Now})
+}
+
+// newRedisService returns a Service on a Redis store over c, under the
+// test's own prefix.
+func newRedisService(t testing.TB, c redis.UniversalClient, yaml string) *Service {
+	t.Helper()
+	return NewService(redisstore.New(c, &redisstore.Options{Prefix: redistest.Prefix(t)}), mustConfig(t, yaml), nil)
 }
 
 // serveRLS serves svc's RLS on a real loopback listener, on a gRPC server
