@@ -6,8 +6,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -325,16 +323,6 @@ func TestFaultSlowBodiesLeaveProbesRoom(t *testing.T) {
 			}
 		})
 	}
-}
-
-// writeConfig writes a config file into the test's temporary directory.
-func writeConfig(t *testing.T, yaml string) string {
-	t.Helper()
-	file := filepath.Join(t.TempDir(), "sluice.yaml")
-	if err := os.WriteFile(file, []byte(yaml), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	return file
 }
 
 // startCapped runs `sluice serve` on file at --max-connections 10, with

@@ -5,8 +5,6 @@ package server
 import (
 	"context"
 	"errors"
-	"os"
-	"path/filepath"
 	"slices"
 	"sync"
 	"testing"
@@ -63,10 +61,7 @@ func TestWithBudget(t *testing.T) {
 func TestFaultRLSDeadline(t *testing.T) {
 	race.SkipTiming(t)
 	r := startRedis(t)
-	cfg := filepath.Join(t.TempDir(), "sluice.yaml")
-	if err := os.WriteFile(cfg, []byte("policies:\n  - name: api\n    limit: 1000/h\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	cfg := writeConfig(t, "policies:\n  - name: api\n    limit: 1000/h\n")
 	const (
 		deadline = 20 * time.Millisecond
 		waves    = 30

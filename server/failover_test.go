@@ -120,10 +120,7 @@ func TestFaultServeClusterNodeDown(t *testing.T) {
 		}
 		c.Close()
 	}
-	config := filepath.Join(t.TempDir(), "sluice.yaml")
-	if err := os.WriteFile(config, []byte("domain: d\npolicies:\n  - name: api\n    limit: fixed_window 1000000000/1h\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	config := writeConfig(t, "domain: d\npolicies:\n  - name: api\n    limit: fixed_window 1000000000/1h\n")
 	p := startSluice(t, nil, "--config", config, "--redis", cl.URL(), "--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0",
 		"--failure-policy", "local", "--decision-timeout", "50ms", "--watch-interval", "0")
 	load := func() {

@@ -7,8 +7,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"os"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -102,10 +100,7 @@ type fleet struct {
 // args...`.
 func startFleet(t *testing.T, url string, n int, cfg string, args ...string) *fleet {
 	t.Helper()
-	file := filepath.Join(t.TempDir(), "sluice.yaml")
-	if err := os.WriteFile(file, []byte(strings.TrimLeft(cfg, "\n")), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	file := writeConfig(t, strings.TrimLeft(cfg, "\n"))
 	f := &fleet{args: append([]string{"--config", file, "--redis", url,
 		"--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0", "--watch-interval", "0"}, args...)}
 	for range n {

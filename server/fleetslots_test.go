@@ -4,8 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"os"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -156,10 +154,7 @@ policies:
 func TestFleetSlotsReleasedElsewhere(t *testing.T) {
 	race.SkipTiming(t)
 	r := redistest.StartServer(t)
-	cfg := filepath.Join(t.TempDir(), "sluice.yaml")
-	if err := os.WriteFile(cfg, []byte("policies:\n  - name: jobs\n    in_flight: {max: 10, hold: 60s}\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	cfg := writeConfig(t, "policies:\n  - name: jobs\n    in_flight: {max: 10, hold: 60s}\n")
 	env := []string{"SLUICE_HTTP_ADDR=127.0.0.1:0", "SLUICE_GRPC_ADDR=127.0.0.1:0", "SLUICE_REDIS_URL=redis://" + r.Addr + "/0"}
 	a, b := startSluice(t, env, "--config", cfg), startSluice(t, env, "--config", cfg)
 	held := func(p *proc) (int64, int) {

@@ -3,7 +3,6 @@ package server
 import (
 	"context"
 	"log/slog"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -126,10 +125,7 @@ func TestFaultBreakerProbedWhenStoreBack(t *testing.T) {
 	admin := r.Client(t)
 	ctx := context.Background()
 	sluiceUser(t, admin, "flaky")
-	cfg := filepath.Join(t.TempDir(), "sluice.yaml")
-	if err := os.WriteFile(cfg, []byte(slotsConfig), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	cfg := writeConfig(t, slotsConfig)
 	srv := runServer(t, Options{ConfigFile: cfg, RedisURL: "redis://flaky:pw@" + r.Addr + "/0", StoreCheckInterval: 100 * time.Millisecond, Logger: slog.New(slog.DiscardHandler)})
 	var worst time.Duration
 	for episode := range 6 {

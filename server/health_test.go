@@ -9,7 +9,6 @@ import (
 	"log/slog"
 	"net/http"
 	"os"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -183,10 +182,7 @@ func TestServerRunsWithDocumentedACL(t *testing.T) {
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			cfg := filepath.Join(t.TempDir(), "sluice.yaml")
-			if err := os.WriteFile(cfg, []byte(slotsConfig), 0o600); err != nil {
-				t.Fatal(err)
-			}
+			cfg := writeConfig(t, slotsConfig)
 			srv := runServer(t, Options{ConfigFile: cfg, RedisURL: tt.url(t), Logger: slog.New(slog.DiscardHandler)})
 			ctx := context.Background()
 			key := fmt.Sprint("ann-", time.Now().UnixNano()) // the servers may be shared
@@ -233,10 +229,7 @@ func TestStatusNamesWhyTheBreakerOpened(t *testing.T) {
 	r := redistest.StartServer(t)
 	admin := r.Client(t)
 	sluiceUser(t, admin, "nowrite")
-	cfg := filepath.Join(t.TempDir(), "sluice.yaml")
-	if err := os.WriteFile(cfg, []byte(slotsConfig), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	cfg := writeConfig(t, slotsConfig)
 	srv := runServer(t, Options{ConfigFile: cfg, RedisURL: "redis://nowrite:pw@" + r.Addr + "/0", Logger: slog.New(slog.DiscardHandler)})
 	ctx := context.Background()
 	if err := admin.Do(ctx, "acl", "setuser", "nowrite", "-@write").Err(); err != nil {
@@ -834,10 +827,7 @@ func TestIdleBreakerCloses(t *testing.T) {
 	admin := r.Client(t)
 	ctx := context.Background()
 	sluiceUser(t, admin, "flaky")
-	cfg := filepath.Join(t.TempDir(), "sluice.yaml")
-	if err := os.WriteFile(cfg, []byte(slotsConfig), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	cfg := writeConfig(t, slotsConfig)
 	srv := runServer(t, Options{ConfigFile: cfg, RedisURL: "redis://flaky:pw@" + r.Addr + "/0", StoreCheckInterval: 100 * time.Millisecond, Logger: slog.New(slog.DiscardHandler)})
 	if err := admin.Do(ctx, "acl", "setuser", "flaky", "-@write").Err(); err != nil {
 		t.Fatal(err)
@@ -984,10 +974,7 @@ func TestHealthPartialFailure(t *testing.T) {
 func TestFaultPartialIgnoresIsolatedStalls(t *testing.T) {
 	race.SkipTiming(t)
 	r := redistest.StartServer(t, "--enable-debug-command", "local")
-	cfg := filepath.Join(t.TempDir(), "sluice.yaml")
-	if err := os.WriteFile(cfg, []byte("domain: d\npolicies:\n  - name: api\n    limit: fixed_window 1000000000/1h\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	cfg := writeConfig(t, "domain: d\npolicies:\n  - name: api\n    limit: fixed_window 1000000000/1h\n")
 	var logs syncBuffer
 	srv := runServer(t, Options{ConfigFile: cfg, RedisURL: "redis://" + r.Addr, StoreCheckInterval: 50 * time.Millisecond,
 		Logger: slog.New(slog.NewTextHandler(&logs, nil))})
@@ -1371,10 +1358,7 @@ func otherRefused(t *testing.T, user string) (*proc, *syncBuffer, *redis.Client)
 	r := redistest.StartServer(t)
 	admin := r.Client(t)
 	sluiceUser(t, admin, user)
-	cfg := filepath.Join(t.TempDir(), "sluice.yaml")
-	if err := os.WriteFile(cfg, []byte("domain: d\npolicies:\n  - name: api\n    limit: fixed_window 1000000000/1h\n  - name: other\n    limit: fixed_window 1000000000/1h\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	cfg := writeConfig(t, "domain: d\npolicies:\n  - name: api\n    limit: fixed_window 1000000000/1h\n  - name: other\n    limit: fixed_window 1000000000/1h\n")
 	logs := &syncBuffer{}
 	srv := runServer(t, Options{ConfigFile: cfg, RedisURL: "redis://" + user + ":pw@" + r.Addr, StoreCheckInterval: 50 * time.Millisecond,
 		Logger: slog.New(slog.NewTextHandler(logs, nil))})

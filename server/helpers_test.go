@@ -2,6 +2,8 @@ package server
 
 import (
 	"context"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -39,6 +41,16 @@ func mustConfig(t testing.TB, yaml string) *config.Config {
 		t.Fatalf("config: %v", err)
 	}
 	return cfg
+}
+
+// writeConfig writes a config file into the test's temporary directory.
+func writeConfig(t testing.TB, yaml string) string {
+	t.Helper()
+	file := filepath.Join(t.TempDir(), "sluice.yaml")
+	if err := os.WriteFile(file, []byte(yaml), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return file
 }
 
 // newMemService returns a Service on a memory store driven by clock.

@@ -6,8 +6,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"log/slog"
-	"os"
-	"path/filepath"
 	"regexp"
 	"slices"
 	"strings"
@@ -18,10 +16,7 @@ import (
 // a denied key under one label, the HMAC of the key under that secret; one
 // without it logs that its labels are its own, and shows another label.
 func TestKeyHashSecretAcrossProcesses(t *testing.T) {
-	cfg := filepath.Join(t.TempDir(), "c.yaml")
-	if err := os.WriteFile(cfg, []byte("policies:\n  - name: login\n    limit: fixed_window 1/min\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	cfg := writeConfig(t, "policies:\n  - name: login\n    limit: fixed_window 1/min\n")
 	const secret = "5f1b0c9e8d7a6b5c4d3e2f1a0b9c8d7e"
 	const key = "+15558675309"
 	mac := hmac.New(sha256.New, []byte(secret))

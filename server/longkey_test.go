@@ -1,8 +1,6 @@
 package server
 
 import (
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 
@@ -15,10 +13,7 @@ import (
 // API must hash it the same way, so that both front ends share its counter.
 func TestLongKeySharedByRLSAndJSON(t *testing.T) {
 	addr := redistest.Addr(t)
-	cfg := filepath.Join(t.TempDir(), "c.yaml")
-	if err := os.WriteFile(cfg, []byte("domain: d\npolicies:\n  - name: api\n    limit: fixed_window 3/1h\n    key: \"{user}\"\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	cfg := writeConfig(t, "domain: d\npolicies:\n  - name: api\n    limit: fixed_window 3/1h\n    key: \"{user}\"\n")
 	srv := runServer(t, Options{ConfigFile: cfg, RedisURL: "redis://" + addr + "/0"})
 	p := &proc{http: srv.HTTPAddr()}
 	rls := dialRLS(t, srv.GRPCAddr())

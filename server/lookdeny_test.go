@@ -1,8 +1,6 @@
 package server
 
 import (
-	"os"
-	"path/filepath"
 	"testing"
 
 	"github.com/sluicehq/sluice/internal/redistest"
@@ -12,10 +10,7 @@ import (
 // answer "allowed" on the deny cache's word.
 func TestLookAtCachedDenial(t *testing.T) {
 	addr := redistest.Addr(t)
-	cfg := filepath.Join(t.TempDir(), "c.yaml")
-	if err := os.WriteFile(cfg, []byte("domain: d\npolicies:\n  - name: api\n    limit: fixed_window 1/1h\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	cfg := writeConfig(t, "domain: d\npolicies:\n  - name: api\n    limit: fixed_window 1/1h\n")
 	srv := runServer(t, Options{ConfigFile: cfg, RedisURL: "redis://" + addr + "/0"})
 	p := &proc{http: srv.HTTPAddr()}
 	key := redistest.Prefix(t) + "k"

@@ -3,8 +3,6 @@ package server
 import (
 	"encoding/json"
 	"fmt"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 
@@ -25,10 +23,7 @@ const maxKeysConfig = "policies:\n  - name: login\n    limit: 1/hour\n"
 // start line names the bound.
 func TestCLIMaxKeys(t *testing.T) {
 	t.Parallel()
-	cfg := filepath.Join(t.TempDir(), "sluice.yaml")
-	if err := os.WriteFile(cfg, []byte(maxKeysConfig), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	cfg := writeConfig(t, maxKeysConfig)
 	dead := "redis://" + redistest.DeadAddr(t)
 	for _, tt := range []struct {
 		name    string

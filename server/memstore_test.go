@@ -4,8 +4,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
-	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -28,10 +26,7 @@ const loginConfig = "domain: sluice\npolicies:\n  - name: login\n    limit: slid
 // no longer degraded.
 func TestMemoryEvictionEpisode(t *testing.T) {
 	t.Parallel()
-	cfg := filepath.Join(t.TempDir(), "sluice.yaml")
-	if err := os.WriteFile(cfg, []byte(loginConfig), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	cfg := writeConfig(t, loginConfig)
 	var logs syncBuffer
 	srv := runServer(t, Options{
 		ConfigFile: cfg, MaxKeys: 640, StoreCheckInterval: 50 * time.Millisecond, // quiet after 3 s

@@ -230,10 +230,7 @@ func TestFaultServeClusterMasterStoppedIdle(t *testing.T) {
 func TestFaultServeClusterPlannedFailoverNodeUp(t *testing.T) {
 	race.SkipTiming(t)
 	cl := redistest.StartCluster(t, &redistest.ClusterOptions{Replicas: 1})
-	config := filepath.Join(t.TempDir(), "sluice.yaml")
-	if err := os.WriteFile(config, []byte("domain: d\npolicies:\n  - name: api\n    limit: 100/s\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	config := writeConfig(t, "domain: d\npolicies:\n  - name: api\n    limit: 100/s\n")
 	p := startSluice(t, nil, "--config", config, "--redis", cl.URL(), "--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0",
 		"--watch-interval", "200ms")
 	old := cl.MasterOf(t, "sluice:check")

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net/url"
 	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -338,10 +337,7 @@ func TestLeasesRedis(t *testing.T) {
 
 func testLeasesRedis(t *testing.T, policy string) {
 	rs := redistest.StartServer(t)
-	file := filepath.Join(t.TempDir(), "sluice.yaml")
-	if err := os.WriteFile(file, []byte(leaseConfig("    lease: 500ms")), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	file := writeConfig(t, leaseConfig("    lease: 500ms"))
 	fp, ok, err := ParseFailurePolicy(policy)
 	if err != nil {
 		t.Fatal(err)
@@ -480,10 +476,7 @@ func TestLeasesReturnedAtShutdown(t *testing.T) {
 
 func testLeasesReturnedAtShutdown(t *testing.T, ctx context.Context) {
 	rs := redistest.StartServer(t)
-	file := filepath.Join(t.TempDir(), "sluice.yaml")
-	if err := os.WriteFile(file, []byte("policies:\n  - name: hot\n    limit: fixed_window 1000/h\n    lease: 1s\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	file := writeConfig(t, "policies:\n  - name: hot\n    limit: fixed_window 1000/h\n    lease: 1s\n")
 	opts := Options{ConfigFile: file, RedisURL: "redis://" + rs.Addr, WatchInterval: -1, DecisionTimeout: 5 * time.Second}
 	start := time.Now()
 	srv := runServer(t, opts)

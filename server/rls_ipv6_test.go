@@ -21,10 +21,7 @@ func TestRLSIPv6PrefixGroupsAddresses(t *testing.T) {
 		if grouped {
 			extra = "    ipv6_prefix: 64\n"
 		}
-		cfg := filepath.Join(t.TempDir(), "c.yaml")
-		if err := os.WriteFile(cfg, []byte(fmt.Sprintf(rule, extra)), 0o600); err != nil {
-			t.Fatal(err)
-		}
+		cfg := writeConfig(t, fmt.Sprintf(rule, extra))
 		p = startSluice(t, []string{"SLUICE_CONFIG=" + cfg, "SLUICE_HTTP_ADDR=127.0.0.1:0", "SLUICE_GRPC_ADDR=127.0.0.1:0"})
 		c := dialRLS(t, p.grpc)
 		ask := func(ip string) rlsv3.RateLimitResponse_Code {

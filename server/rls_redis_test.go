@@ -4,8 +4,6 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
-	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -27,10 +25,7 @@ import (
 func startServerConfig(t *testing.T, cfg string) *Server {
 	t.Helper()
 	r := redistest.StartServer(t)
-	file := filepath.Join(t.TempDir(), "sluice.yaml")
-	if err := os.WriteFile(file, []byte(strings.TrimLeft(cfg, "\n")), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	file := writeConfig(t, strings.TrimLeft(cfg, "\n"))
 	return runServer(t, Options{ConfigFile: file, RedisURL: "redis://" + r.Addr, NoFailurePolicy: true})
 }
 

@@ -281,10 +281,7 @@ func waitFor(t *testing.T, cond func() bool) {
 // TestReloadsCountReloads: sluice_config_reloads_total counts reloads,
 // not the load at start, whose time is still the last successful load's.
 func TestReloadsCountReloads(t *testing.T) {
-	file := filepath.Join(t.TempDir(), "sluice.yaml")
-	if err := os.WriteFile(file, []byte("policies:\n  - name: a\n    limit: 5/s\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	file := writeConfig(t, "policies:\n  - name: a\n    limit: 5/s\n")
 	srv := runServer(t, Options{ConfigFile: file, WatchInterval: 10 * time.Millisecond})
 	reg := srv.Metrics().Registry()
 	value := func(name string, labels map[string]string) float64 {

@@ -3,8 +3,6 @@ package server
 import (
 	"context"
 	"log/slog"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -26,10 +24,7 @@ func TestShutdownWaitsForReleases(t *testing.T) {
 	// stop retries (in a test, where the process goes on, on a closed
 	// store) until it passes.
 	const hold = 8 * time.Second
-	cfg := filepath.Join(t.TempDir(), "sluice.yaml")
-	if err := os.WriteFile(cfg, []byte(strings.Replace(slotsConfig, "hold: 30s", "hold: 8s", 1)), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	cfg := writeConfig(t, strings.Replace(slotsConfig, "hold: 30s", "hold: 8s", 1))
 	defer func() {
 		ctx, cancel := context.WithTimeout(context.Background(), hold+5*time.Second)
 		defer cancel()

@@ -7,9 +7,7 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -127,10 +125,7 @@ func TestCLISecondSignalWithRedisStalled(t *testing.T) {
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			proxy := newStallProxy(t, redistest.Addr(t))
-			cfg := filepath.Join(t.TempDir(), "sluice.yaml")
-			if err := os.WriteFile(cfg, []byte("policies:\n  - name: a\n    limit: 100/s\n    lease: 50ms\n"), 0o600); err != nil {
-				t.Fatal(err)
-			}
+			cfg := writeConfig(t, "policies:\n  - name: a\n    limit: 100/s\n    lease: 50ms\n")
 			p := startSluice(t, nil, "--config", cfg, "--redis", "redis://"+proxy.addr(), "--decision-timeout", "10s",
 				"--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0", "--watch-interval", "0")
 			key := redistest.Prefix(t)
@@ -173,10 +168,7 @@ func TestCLIRepeatedSignalIsOne(t *testing.T) {
 	r := redistest.StartServer(t)
 	proxy := newStallProxy(t, r.Addr)
 	url := "redis://" + proxy.addr()
-	cfg := filepath.Join(t.TempDir(), "sluice.yaml")
-	if err := os.WriteFile(cfg, []byte("policies:\n  - name: a\n    limit: 100/s\n    lease: 1s\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	cfg := writeConfig(t, "policies:\n  - name: a\n    limit: 100/s\n    lease: 1s\n")
 	p := startSluice(t, nil, "--config", cfg, "--redis", url, "--decision-timeout", "5s",
 		"--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0", "--watch-interval", "0")
 	(&fleet{procs: []*proc{p}}).awaitRegistry(t)

@@ -2,8 +2,6 @@ package server
 
 import (
 	"log/slog"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -20,10 +18,7 @@ import (
 // discarded: nothing said the slot would stay held to its hold timeout.
 // Not parallel: it fills the process's bound.
 func TestReleaseNotRetriedIsLogged(t *testing.T) {
-	cfg := filepath.Join(t.TempDir(), "sluice.yaml")
-	if err := os.WriteFile(cfg, []byte(slotsConfig), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	cfg := writeConfig(t, slotsConfig)
 	r := redistest.StartServer(t)
 	logs := new(syncBuffer)
 	srv := runServer(t, Options{ConfigFile: cfg, RedisURL: "redis://" + r.Addr + "/0", NoFailurePolicy: true,
@@ -63,10 +58,7 @@ func TestReleaseNotRetriedIsLogged(t *testing.T) {
 // AcquireSlot dropped it without a word. Not parallel: it fills the
 // process's bound.
 func TestAbandonedNotSentIsCounted(t *testing.T) {
-	cfg := filepath.Join(t.TempDir(), "sluice.yaml")
-	if err := os.WriteFile(cfg, []byte(slotsConfig), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	cfg := writeConfig(t, slotsConfig)
 	r := redistest.StartServer(t)
 	logs := new(syncBuffer)
 	srv := runServer(t, Options{ConfigFile: cfg, RedisURL: "redis://" + r.Addr + "/0", NoFailurePolicy: true,

@@ -4,8 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net/http"
-	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -33,10 +31,7 @@ import (
 func TestFaultSlotsServeOnRedis(t *testing.T) {
 	race.SkipTiming(t)
 	r := redistest.StartServer(t)
-	cfg := filepath.Join(t.TempDir(), "sluice.yaml")
-	if err := os.WriteFile(cfg, []byte(slotsConfig), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	cfg := writeConfig(t, slotsConfig)
 	local := "http://" + runServer(t, Options{ConfigFile: cfg, RedisURL: "redis://" + r.Addr + "/0", FleetSize: 1}).HTTPAddr()
 	strict := "http://" + runServer(t, Options{ConfigFile: cfg, RedisURL: "redis://" + r.Addr + "/0", NoFailurePolicy: true}).HTTPAddr()
 	code, body, _ := post(t, local, "/v1/acquire", `{"policy":"exports","key":"ann","weight":10}`)
@@ -74,10 +69,7 @@ func TestFaultSlotsServeOnRedis(t *testing.T) {
 func TestFaultSlotReleaseLostAnswer(t *testing.T) {
 	race.SkipTiming(t)
 	r := redistest.StartServer(t)
-	cfg := filepath.Join(t.TempDir(), "sluice.yaml")
-	if err := os.WriteFile(cfg, []byte(slotsConfig), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	cfg := writeConfig(t, slotsConfig)
 	base := "http://" + runServer(t, Options{ConfigFile: cfg, RedisURL: "redis://" + r.Addr + "/0", NoFailurePolicy: true}).HTTPAddr()
 	code, body, _ := post(t, base, "/v1/acquire", `{"policy":"exports","key":"ann","weight":10}`)
 	if code != 200 {
@@ -314,10 +306,7 @@ policies:
 // and says who answered in source, so that a made-up answer can be told
 // from the store's.
 func TestSlotsAcquireFailurePolicyFigures(t *testing.T) {
-	cfg := filepath.Join(t.TempDir(), "sluice.yaml")
-	if err := os.WriteFile(cfg, []byte("policies:\n  - name: jobs\n    in_flight: {max: 4, hold: 30s}\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	cfg := writeConfig(t, "policies:\n  - name: jobs\n    in_flight: {max: 4, hold: 30s}\n")
 	r := redistest.StartServer(t)
 	url := "redis://" + r.Addr + "/0"
 	local := "http://" + runServer(t, Options{ConfigFile: cfg, RedisURL: url, FleetSize: 2}).HTTPAddr()
@@ -345,10 +334,7 @@ func TestSlotsAcquireFailurePolicyFigures(t *testing.T) {
 func TestFaultSlotReleaseRetried(t *testing.T) {
 	race.SkipTiming(t)
 	r := redistest.StartServer(t)
-	cfg := filepath.Join(t.TempDir(), "sluice.yaml")
-	if err := os.WriteFile(cfg, []byte(slotsConfig), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	cfg := writeConfig(t, slotsConfig)
 	srv := runServer(t, Options{ConfigFile: cfg, RedisURL: "redis://" + r.Addr + "/0", FleetSize: 1})
 	base := "http://" + srv.HTTPAddr()
 	code, body, _ := post(t, base, "/v1/acquire", `{"policy":"exports","key":"ann","weight":10}`)

@@ -4,8 +4,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -30,10 +28,7 @@ func serveBehindProxy(t *testing.T, args ...string) (*proc, *redistest.DelayProx
 	t.Helper()
 	srv := redistest.StartServer(t)
 	proxy := redistest.StartDelayProxy(t, srv.Addr)
-	file := filepath.Join(t.TempDir(), "sluice.yaml")
-	if err := os.WriteFile(file, []byte(slowRedisConfig), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	file := writeConfig(t, slowRedisConfig)
 	p := startSluice(t, nil, append([]string{"--config", file, "--redis", "redis://" + proxy.Addr,
 		"--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0", "--watch-interval", "0"}, args...)...)
 	return p, proxy
@@ -160,10 +155,7 @@ func TestFaultServeColdStartWarm(t *testing.T) {
 	srv.Client(t).ScriptFlush(t.Context())
 	proxy := redistest.StartDelayProxy(t, srv.Addr)
 	proxy.SetDelay(20 * time.Millisecond)
-	file := filepath.Join(t.TempDir(), "sluice.yaml")
-	if err := os.WriteFile(file, []byte(slowRedisConfig), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	file := writeConfig(t, slowRedisConfig)
 	p := startSluice(t, nil, "--config", file, "--redis", "redis://"+proxy.Addr, "--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0",
 		"--watch-interval", "0", "--failure-policy", "local", "--decision-timeout", "50ms")
 	var mu sync.Mutex

@@ -4,8 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"log/slog"
-	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -101,10 +99,7 @@ policies:
 // policy's failures are logged once, with the cause, and their end once.
 func TestStoreErrorsCountedAlike(t *testing.T) {
 	r := redistest.StartServer(t)
-	cfg := filepath.Join(t.TempDir(), "sluice.yaml")
-	if err := os.WriteFile(cfg, []byte(storeErrorsConfig), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	cfg := writeConfig(t, storeErrorsConfig)
 	logs := &syncBuffer{}
 	srv := runServer(t, Options{ConfigFile: cfg, RedisURL: "redis://" + r.Addr + "/0", NoFailurePolicy: true,
 		Logger: slog.New(slog.NewJSONHandler(logs, nil))})

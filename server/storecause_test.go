@@ -6,8 +6,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -143,10 +141,7 @@ func TestServerClusterReshardingCause(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	cl := redistest.StartCluster(t, &redistest.ClusterOptions{Masters: 2})
-	cfg := filepath.Join(t.TempDir(), "sluice.yaml")
-	if err := os.WriteFile(cfg, []byte("policies:\n  - name: hot\n    limit: 1000000/hour\n    lease: 100ms\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	cfg := writeConfig(t, "policies:\n  - name: hot\n    limit: 1000000/hour\n    lease: 100ms\n")
 	var logs syncBuffer
 	fp, _, _ := ParseFailurePolicy("local")
 	srv := runServer(t, Options{ConfigFile: cfg, RedisURL: cl.URL(), FailurePolicy: fp,

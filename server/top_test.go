@@ -7,8 +7,6 @@ import (
 	"encoding/hex"
 	"fmt"
 	"math/rand/v2"
-	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -315,10 +313,7 @@ func TestExposedKeyClipped(t *testing.T) {
 // Through a real listener: /metrics keeps its lines short however long the
 // exposed keys that clients send.
 func TestExposedKeyClippedInMetrics(t *testing.T) {
-	cfg := filepath.Join(t.TempDir(), "c.yaml")
-	if err := os.WriteFile(cfg, []byte("policies:\n  - name: otp\n    limit: fixed_window 1/min\n    expose_keys: true\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	cfg := writeConfig(t, "policies:\n  - name: otp\n    limit: fixed_window 1/min\n    expose_keys: true\n")
 	srv := runServer(t, Options{ConfigFile: cfg, KeyHashSecret: "0123456789abcdef0123456789abcdef"})
 	p := &proc{http: srv.HTTPAddr()}
 	key := strings.Repeat("x", 60_000)
@@ -372,10 +367,7 @@ func TestExposedKeyLabelUnforgeable(t *testing.T) {
 // clipped label as its own key gets a series of its own, and the long
 // key's series stays on /metrics.
 func TestExposedKeyLabelForgeryInMetrics(t *testing.T) {
-	cfg := filepath.Join(t.TempDir(), "c.yaml")
-	if err := os.WriteFile(cfg, []byte("policies:\n  - name: otp\n    limit: fixed_window 1/min\n    expose_keys: true\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	cfg := writeConfig(t, "policies:\n  - name: otp\n    limit: fixed_window 1/min\n    expose_keys: true\n")
 	srv := runServer(t, Options{ConfigFile: cfg, KeyHashSecret: "0123456789abcdef0123456789abcdef"})
 	p := &proc{http: srv.HTTPAddr()}
 	check := func(key string, n int) {
