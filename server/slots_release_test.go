@@ -108,11 +108,7 @@ func TestShutdownWaitsForReleases(t *testing.T) {
 // discarded: nothing said the slot would stay held to its hold timeout.
 // Not parallel: it fills the process's bound.
 func TestReleaseNotRetriedIsLogged(t *testing.T) {
-	cfg := writeConfig(t, slotsConfig)
-	r := redistest.StartServer(t)
-	logs := new(syncBuffer)
-	srv := runServer(t, Options{ConfigFile: cfg, RedisURL: "redis://" + r.Addr + "/0", NoFailurePolicy: true,
-		Logger: slog.New(slog.NewTextHandler(logs, nil))})
+	r, srv, logs := slotsOnOwnRedis(t)
 	base := "http://" + srv.HTTPAddr()
 	var tokens []string
 	for _, key := range []string{"ann", "bob"} {
@@ -148,11 +144,7 @@ func TestReleaseNotRetriedIsLogged(t *testing.T) {
 // AcquireSlot dropped it without a word. Not parallel: it fills the
 // process's bound.
 func TestAbandonedNotSentIsCounted(t *testing.T) {
-	cfg := writeConfig(t, slotsConfig)
-	r := redistest.StartServer(t)
-	logs := new(syncBuffer)
-	srv := runServer(t, Options{ConfigFile: cfg, RedisURL: "redis://" + r.Addr + "/0", NoFailurePolicy: true,
-		Logger: slog.New(slog.NewTextHandler(logs, nil))})
+	r, srv, logs := slotsOnOwnRedis(t)
 	base := "http://" + srv.HTTPAddr()
 	r.Stop()
 	defer r.Start(t) // for the cleanup's Shutdown
@@ -168,4 +160,16 @@ func TestAbandonedNotSentIsCounted(t *testing.T) {
 	if got := logs.String(); strings.Count(got, want) != 1 {
 		t.Errorf("log:\n%s\nwant one line with %q", got, want)
 	}
+}
+
+// slotsOnOwnRedis serves slotsConfig on a redis-server of its own, which
+// the test may stop, with no failure policy and its log in text.
+func slotsOnOwnRedis(t *testing.T) (*redistest.Server, *Server, *syncBuffer) {
+	t.Helper()
+	cfg := writeConfig(t, slotsConfig)
+	r := redistest.StartServer(t)
+	logs := new(syncBuffer)
+	srv := runServer(t, Options{ConfigFile: cfg, RedisURL: "redis://" + r.Addr + "/0", NoFailurePolicy: true,
+		Logger: slog.New(slog.NewTextHandler(logs, nil))})
+	return r, srv, logs
 }
