@@ -447,8 +447,8 @@ func TestFleetLease(t *testing.T) {
 		for _, span := range []int64{fleetBoundD.Nanoseconds(), period / 10, period, 2 * period} {
 			got := surelyWithin(adm, span)
 			bound := l.Capacity() + (span+fleetBoundD.Nanoseconds())/l.Interval().Nanoseconds()
-			if windowed {
-				bound = l.Rate * (span/period + 2)
+			if windowed { // a closed interval meets ⌈span/period⌉ + 1 windows
+				bound = l.Rate * ((span+period-1)/period + 1)
 			}
 			if got > bound {
 				t.Errorf("key %d (%v): %d admitted within %v, bound %d", key, l, got, time.Duration(span), bound)
