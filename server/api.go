@@ -9,10 +9,12 @@ import (
 	"io"
 	"net/http"
 	"reflect"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
 	"time"
+	"unicode"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc/codes"
@@ -316,6 +318,31 @@ func (a *api) stats(w http.ResponseWriter, _ *http.Request) {
 	writeJSON(w, http.StatusOK, body)
 }
 
+// jsonField matches the field protojson names in its errors, by its JSON
+// name (hitsAddend).
+var jsonField = regexp.MustCompile(`\bfield ([a-z][a-zA-Z0-9]*)`)
+
+// protoFieldNames adds to each field protojson's message names by its JSON
+// name the proto name, which Envoy's and envoyproxy/ratelimit's documents
+// use: "field hits_addend (hitsAddend)". Either is accepted in a request.
+func protoFieldNames(msg string) string {
+	return jsonField.ReplaceAllStringFunc(msg, func(m string) string {
+		name := m[len("field "):]
+		var b strings.Builder
+		for _, r := range name {
+			if unicode.IsUpper(r) {
+				b.WriteByte('_')
+				r = unicode.ToLower(r)
+			}
+			b.WriteRune(r)
+		}
+		if b.String() == name {
+			return m
+		}
+		return "field " + b.String() + " (" + name + ")"
+	})
+}
+
 // envoyJSON is ShouldRateLimit with a JSON body, as envoyproxy/ratelimit's
 // /json endpoint: 200 when OK, 429 when over the limit.
 func (a *api) envoyJSON(w http.ResponseWriter, r *http.Request) {
@@ -334,7 +361,7 @@ func (a *api) envoyJSON(w http.ResponseWriter, r *http.Request) {
 			// protojson names the text after the escape, not the escape.
 			msg = fmt.Sprintf("%s at byte %d is half of a UTF-16 surrogate pair without its other half: send the character itself, or both halves", esc, at)
 		}
-		problem(w, http.StatusBadRequest, "the request body is not a RateLimitRequest in JSON: "+msg)
+		problem(w, http.StatusBadRequest, "the request body is not a RateLimitRequest in JSON: "+protoFieldNames(msg))
 		return
 	}
 	resp, err := rlsServer{svc: a.svc}.ShouldRateLimit(r.Context(), &req)

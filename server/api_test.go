@@ -404,6 +404,11 @@ func TestEnvoyJSONEndpoint(t *testing.T) {
 	if w := e.do(t, "POST", "/json", `{"domain":`, nil, ""); w.Code != 400 {
 		t.Errorf("malformed: %d", w.Code)
 	}
+	// A bad field is named as Envoy's documents name it, and as sent.
+	w = e.do(t, "POST", "/json", `{"domain":"web","descriptors":[{"entries":[{"key":"k","value":"v"}]}],"hits_addend":"x"}`, nil, "")
+	if w.Code != 400 || !strings.Contains(w.Body.String(), "field hits_addend (hitsAddend)") {
+		t.Errorf("bad hits_addend: %d %s", w.Code, w.Body.String())
+	}
 }
 
 // goInternals returns the first Go package prefix or type wording found in a
