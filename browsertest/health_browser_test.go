@@ -39,6 +39,9 @@ func TestBrowserHealthBanner(t *testing.T) {
 	if !eval[bool](t, ctx, `document.getElementById("reset-off").offsetParent !== null`) {
 		t.Error("no note saying Reset is disabled")
 	}
+	// No token can show the top keys: the note does not ask for one.
+	waitFor(t, ctx, `document.getElementById("top-note").textContent.includes("--admin-token")`,
+		`document.getElementById("top-note").textContent`)
 
 	down.Store(false)
 	waitFor(t, ctx, `document.body.dataset.health === "ok"`, `document.body.innerText`)
@@ -48,4 +51,20 @@ func TestBrowserHealthBanner(t *testing.T) {
 	if p := logs.problems(); len(p) > 0 {
 		t.Errorf("console problems: %v", p)
 	}
+}
+
+// TestBrowserDecisionToken: with a decision token the page's first looks
+// are refused; once the token is typed in, the cards look again, without a
+// click.
+func TestBrowserDecisionToken(t *testing.T) {
+	_, ts := serveDashboard(t, "", &server.HandlerOptions{DecisionToken: "dec-token"})
+	ctx, _ := newBrowser(t) // the refused looks are console errors, on purpose
+	step(t, ctx, "open the dashboard", chromedp.Navigate(ts.URL+"/"))
+	waitFor(t, ctx, `document.body.dataset.ready === "true"`, `document.body.innerText`)
+	remaining := `document.querySelector(".card .remaining-now").textContent`
+	if got := eval[string](t, ctx, remaining); strings.Contains(got, " of ") {
+		t.Fatalf("remaining %q without the decision token", got)
+	}
+	step(t, ctx, "type the token", chromedp.SendKeys(chromedp.ID("admin-token"), "dec-token"))
+	waitFor(t, ctx, remaining+`.includes(" of ")`, remaining)
 }

@@ -543,6 +543,9 @@
   // topRefused is the token the top keys were last refused with: the poll
   // asks again only once another is entered.
   let topRefused = null;
+  // adminDisabled: the server has no admin token and listens beyond
+  // loopback (health says so), so no token typed here can help.
+  let adminDisabled = false;
 
   async function refreshTop() {
     if (topRefused !== null && topRefused === $("admin-token").value.trim()) return;
@@ -557,7 +560,9 @@
       topRefused = $("admin-token").value.trim();
       fillRows($("top-denials"), []);
       fillRows($("top-near"), []);
-      $("top-note").textContent = "The top keys are clients' own keys: enter the admin token above to see them.";
+      $("top-note").textContent = adminDisabled
+        ? "The top keys are clients' own keys, shown only with an admin token: this server listens beyond loopback and has none (start it with --admin-token)."
+        : "The top keys are clients' own keys: enter the admin token above to see them.";
       return;
     }
     if (res.status !== 200 || !res.data) {
@@ -697,6 +702,7 @@
     }
     document.body.dataset.health = !st.ready ? "not-ready" : st.degraded ? "degraded" : "ok";
     const off = st.admin === "disabled";
+    adminDisabled = off;
     $("reset-all").hidden = off;
     $("reset-off").hidden = !off;
   }
@@ -724,7 +730,14 @@
     const savedKey = session(KEY_STORE);
     if (savedKey) $("key").value = savedKey;
     $("admin-token").value = session(TOKEN_STORE);
-    $("admin-token").addEventListener("input", (e) => session(TOKEN_STORE, e.target.value.trim()));
+    // A new token may be the one the decision endpoints wanted: look again
+    // once typing pauses (the peeks refused without it showed nothing).
+    let tokenPeek;
+    $("admin-token").addEventListener("input", (e) => {
+      session(TOKEN_STORE, e.target.value.trim());
+      clearTimeout(tokenPeek);
+      tokenPeek = setTimeout(peekAll, 400);
+    });
     $("key").addEventListener("change", () => {
       session(KEY_STORE, currentKey());
       for (const c of cards.values()) clearResults(c);
