@@ -537,6 +537,13 @@ func parseTemplate(s string) (*template, error) {
 	if len(t.vars) == 0 {
 		return nil, fmt.Errorf("needs at least one {variable}")
 	}
+	// A rendered key's '%' starts an escape: a raw one in the text around
+	// the variables would render keys the JSON API cannot name.
+	for _, lit := range []string{t.parts[0], t.parts[len(t.parts)-1]} {
+		if why := EscapeProblem(lit); why != "" {
+			return nil, fmt.Errorf("the text around its variables: %s", why)
+		}
+	}
 	if len(t.vars) > 1 {
 		for i, lit := range t.parts[1 : len(t.parts)-1] {
 			if lit == "" || strings.IndexByte(lit, '%') >= 0 {
