@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/logtest"
 	"github.com/sluicehq/sluice/internal/middlewaretest"
 	"github.com/sluicehq/sluice/lease"
 	"github.com/sluicehq/sluice/storetest"
@@ -34,7 +35,7 @@ func TestRedisStoreRefusesRuleIsInternal(t *testing.T) {
 		t.Fatal(err)
 	}
 	obs := &middlewaretest.Decisions{}
-	var logs middlewaretest.Log
+	var logs logtest.Log
 	client := serve(t, ls, []Rule{{Name: "log", Limit: sluice.PerMinute(3).WithAlgorithm(sluice.SlidingWindowLog), Key: Global()}},
 		&Options{Clock: clk.Now, Observer: obs, Logger: logs.Logger()})
 	_, err = client.Check(context.Background(), &healthpb.HealthCheckRequest{})
@@ -85,7 +86,7 @@ func TestMisconfiguredCallIsGeneric(t *testing.T) {
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			var logs middlewaretest.Log
+			var logs logtest.Log
 			obs := &middlewaretest.Decisions{}
 			client := serve(t, store, []Rule{tt.rule}, &Options{
 				Observer: obs,
@@ -152,7 +153,7 @@ func TestMisconfiguredLogPaced(t *testing.T) {
 		}},
 		{Name: "c", Limit: sluice.PerMinute(1000), Key: Global(), Cost: weigh("c")},
 	}
-	var logs middlewaretest.Log
+	var logs logtest.Log
 	in, err := New(store, rules, &Options{Logger: logs.Logger()})
 	if err != nil {
 		t.Fatal(err)

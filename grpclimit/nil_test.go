@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/logtest"
 	"github.com/sluicehq/sluice/internal/middlewaretest"
 )
 
@@ -125,7 +126,7 @@ type cvKey struct{}
 func TestContextValueTypedNil(t *testing.T) {
 	t.Parallel()
 	store := middlewaretest.Memory(t)
-	var logs middlewaretest.Log
+	var logs logtest.Log
 	in, err := New(store, []Rule{
 		{Name: "per-user", Limit: sluice.PerMinute(1), Key: ContextValue(cvKey{})},
 		{Name: "per-ip", Limit: sluice.PerMinute(2), Key: PeerIP()},

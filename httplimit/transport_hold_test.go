@@ -15,6 +15,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/logtest"
 	"github.com/sluicehq/sluice/internal/middlewaretest"
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/redisstore"
@@ -297,7 +298,7 @@ func TestTransportHoldLogPaced(t *testing.T) {
 	const every = time.Second
 	client := redis.NewClient(&redis.Options{Addr: redistest.DeadAddr(t), MaxRetries: -1, DialerRetries: 1})
 	t.Cleanup(func() { client.Close() })
-	var logs middlewaretest.Log
+	var logs logtest.Log
 	h := &holds{
 		store:  redisstore.New(client, &redisstore.Options{Prefix: redistest.Prefix(t)}),
 		logger: logs.Logger(),

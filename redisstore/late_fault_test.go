@@ -1,11 +1,9 @@
 package redisstore_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"slices"
 	"strings"
 	"sync"
@@ -15,6 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/logtest"
 	"github.com/sluicehq/sluice/internal/race"
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/redisstore"
@@ -242,24 +241,6 @@ func TestFaultGrowingLoadFindsConnectionsReady(t *testing.T) {
 	}
 }
 
-// lockedBuffer is a bytes.Buffer for a logger written from many goroutines.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
-}
-
 // TestFaultSlowRedisWarns: RoundTrip reports Redis's round trip, and a
 // Redis whose round trip is over a quarter of the calls' deadlines (20ms
 // for 50ms) is one WARN line, after a second of such calls and once a
@@ -281,10 +262,10 @@ func TestFaultSlowRedisWarns(t *testing.T) {
 				proxy.SetDelay(delay)
 				c := redis.NewClient(&redis.Options{Addr: proxy.Addr, ContextTimeoutEnabled: true})
 				t.Cleanup(func() { c.Close() })
-				var logs lockedBuffer
+				var logs logtest.Log
 				opts := tc.opts
 				opts.Prefix = redistest.Prefix(t)
-				opts.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+				opts.Logger = logs.TextLogger()
 				s := redisstore.New(c, &opts)
 				if s.RoundTrip() != 0 {
 					t.Errorf("RoundTrip %v before any call, want 0", s.RoundTrip())

@@ -1,9 +1,7 @@
 package redisstore_test
 
 import (
-	"bytes"
 	"context"
-	"log/slog"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -12,28 +10,11 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/sluicehq/sluice/internal/logtest"
 	"github.com/sluicehq/sluice/internal/race"
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/redisstore"
 )
-
-// syncBuffer is a log destination safe for concurrent writers.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (w *syncBuffer) Write(p []byte) (int, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.b.Write(p)
-}
-
-func (w *syncBuffer) String() string {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.b.String()
-}
 
 // TestFaultClusterPlannedFailover: a planned failover (CLUSTER FAILOVER on
 // a replica) fails no call, so no reload episode starts; the Store still
@@ -65,7 +46,7 @@ func TestFaultClusterPlannedFailover(t *testing.T) {
 	var (
 		mu   sync.Mutex
 		told = map[string][]time.Time{}
-		logs = map[string]*syncBuffer{}
+		logs = map[string]*logtest.Log{}
 	)
 	// The sparse store's client notes each MOVED its nodes answer.
 	var moved movedLog
@@ -77,13 +58,13 @@ func TestFaultClusterPlannedFailover(t *testing.T) {
 	t.Cleanup(func() { sparse.Close() })
 	stores := map[string]*redisstore.Store{}
 	for _, name := range names {
-		logs[name] = &syncBuffer{}
+		logs[name] = &logtest.Log{}
 		client := cl.Client(t)
 		if name == "sparse" {
 			client = sparse
 		}
 		s := redisstore.New(client, &redisstore.Options{Prefix: redistest.Prefix(t),
-			Logger: slog.New(slog.NewTextHandler(logs[name], nil))})
+			Logger: logs[name].TextLogger()})
 		s.OnFailover(func() {
 			mu.Lock()
 			told[name] = append(told[name], time.Now())
@@ -259,13 +240,13 @@ func TestFaultClusterPlannedFailoverIdle(t *testing.T) {
 	var (
 		mu   sync.Mutex
 		told = map[string][]time.Time{}
-		logs = map[string]*syncBuffer{}
+		logs = map[string]*logtest.Log{}
 	)
 	stores := map[string]*redisstore.Store{}
 	for _, name := range names {
-		logs[name] = &syncBuffer{}
+		logs[name] = &logtest.Log{}
 		s := redisstore.New(cl.Client(t), &redisstore.Options{Prefix: redistest.Prefix(t),
-			Logger: slog.New(slog.NewTextHandler(logs[name], nil))})
+			Logger: logs[name].TextLogger()})
 		s.OnFailover(func() {
 			mu.Lock()
 			told[name] = append(told[name], time.Now())

@@ -3,7 +3,6 @@ package redisstore_test
 import (
 	"context"
 	"fmt"
-	"log/slog"
 	"net"
 	"runtime"
 	"slices"
@@ -16,6 +15,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/logtest"
 	"github.com/sluicehq/sluice/internal/race"
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/redisstore"
@@ -116,9 +116,9 @@ func TestFaultStalledRedisBoundsConnections(t *testing.T) {
 			redisstore.DetectRefusals(c)
 			c.AddHook(m)
 			t.Cleanup(func() { c.Close() })
-			var logs syncBuffer
+			var logs logtest.Log
 			s := redisstore.New(c, &redisstore.Options{Prefix: redistest.Prefix(t), MaxBatch: tc.maxBatch,
-				Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+				Logger: logs.TextLogger()})
 			l := sluice.PerSecond(1_000_000)
 			take := func(key string, wait time.Duration) error {
 				ctx, cancel := context.WithTimeout(context.Background(), wait)
@@ -244,9 +244,9 @@ func TestFaultStallLeavesPoolAsBefore(t *testing.T) {
 	c := redis.NewClient(&redis.Options{Addr: srv.Addr, ContextTimeoutEnabled: true, PoolSize: pool})
 	redisstore.DetectRefusals(c)
 	t.Cleanup(func() { c.Close() })
-	var logs syncBuffer
+	var logs logtest.Log
 	s := redisstore.New(c, &redisstore.Options{Prefix: redistest.Prefix(t),
-		Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+		Logger: logs.TextLogger()})
 	if err := s.Warm(context.Background()); err != nil {
 		t.Fatal(err)
 	}
@@ -320,8 +320,8 @@ func TestFaultStallLineBounds(t *testing.T) {
 	srv := redistest.StartServer(t)
 	c := redis.NewClient(&redis.Options{Addr: srv.Addr, ContextTimeoutEnabled: true})
 	t.Cleanup(func() { c.Close() })
-	var logs syncBuffer
-	s := redisstore.New(c, &redisstore.Options{Prefix: redistest.Prefix(t), Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	var logs logtest.Log
+	s := redisstore.New(c, &redisstore.Options{Prefix: redistest.Prefix(t), Logger: logs.TextLogger()})
 	l := sluice.PerSecond(1_000_000)
 	take := func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)

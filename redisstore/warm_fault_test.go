@@ -3,7 +3,6 @@ package redisstore_test
 import (
 	"context"
 	"fmt"
-	"log/slog"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -13,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/logtest"
 	"github.com/sluicehq/sluice/internal/race"
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/redisstore"
@@ -39,8 +39,8 @@ func TestFaultColdStartWarm(t *testing.T) {
 			redisstore.DetectRefusals(c)
 			t.Cleanup(func() { c.Close() })
 			store := redisstore.New(c, &redisstore.Options{Prefix: redistest.Prefix(t)})
-			var logs syncBuffer
-			rs, err := resilient.New(store, &resilient.Options{Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+			var logs logtest.Log
+			rs, err := resilient.New(store, &resilient.Options{Logger: logs.TextLogger()})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -1,7 +1,6 @@
 package resilient
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -15,6 +14,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/logtest"
 	"github.com/sluicehq/sluice/internal/race"
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/internal/releasetest"
@@ -528,23 +528,6 @@ func TestSlotsReleaseOnceOpen(t *testing.T) {
 	}
 }
 
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 // With sluice.MaxBackgroundReleases at work, the backend release of a
 // holder whose backend Acquire failed is not sent, and says so:
 // TryAbandonSlot returns ErrRetriesFull, AcquireSlot sets ReleaseDropped
@@ -562,8 +545,8 @@ func TestAbandonNotSentSaysSo(t *testing.T) {
 	if _, err := closed.Acquire(ctx, "k", l, 1, "sent"); err != nil {
 		t.Fatal(err)
 	}
-	logs := &lockedBuffer{}
-	local := newStore(t, backend, &Options{Policy: FallbackLocal, Name: "local", Logger: slog.New(slog.NewTextHandler(logs, nil))})
+	logs := &logtest.Log{}
+	local := newStore(t, backend, &Options{Policy: FallbackLocal, Name: "local", Logger: logs.TextLogger()})
 	if d, err := local.Acquire(ctx, "k", l, 1, "fallback"); err != nil || !d.Allowed || d.Source != sluice.SourceFallback {
 		t.Fatalf("Acquire = %+v, %v; want allowed by the fallback", d, err)
 	}

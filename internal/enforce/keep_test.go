@@ -1,9 +1,7 @@
 package enforce
 
 import (
-	"bytes"
 	"context"
-	"log/slog"
 	"strings"
 	"sync"
 	"testing"
@@ -12,6 +10,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/logtest"
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/memory"
 	"github.com/sluicehq/sluice/redisstore"
@@ -152,9 +151,8 @@ func TestKeepLostSlot(t *testing.T) {
 	t.Cleanup(func() { store.Close() })
 	obs := &slotEvents{}
 	rs := observedRules(t, store, obs, SlotSpec[string]{Name: "one", Limit: sluice.Concurrent(1, hold), Key: ident})
-	var buf bytes.Buffer
-	var mu sync.Mutex
-	rs.SetLogger(slog.New(slog.NewTextHandler(lockedWriter{&mu, &buf}, nil)))
+	var logs logtest.Log
+	rs.SetLogger(logs.TextLogger())
 	h, v, err := rs.Acquire(context.Background(), "k", sluice.PriorityCritical)
 	if err != nil || !v.Allowed {
 		t.Fatal(v, err)
@@ -165,20 +163,7 @@ func TestKeepLostSlot(t *testing.T) {
 	if got := obs.String(); got != "acquire/allowed extend/denied expire/allowed release/allowed" {
 		t.Errorf("events %q", got)
 	}
-	mu.Lock()
-	defer mu.Unlock()
-	if n := strings.Count(buf.String(), "slot lost"); n != 1 || !strings.Contains(buf.String(), "rule=one") {
-		t.Errorf("log %q: want one line naming the rule", buf.String())
+	if out := logs.String(); strings.Count(out, "slot lost") != 1 || !strings.Contains(out, "rule=one") {
+		t.Errorf("log %q: want one line naming the rule", out)
 	}
-}
-
-type lockedWriter struct {
-	mu *sync.Mutex
-	w  *bytes.Buffer
-}
-
-func (w lockedWriter) Write(p []byte) (int, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.w.Write(p)
 }

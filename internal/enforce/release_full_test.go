@@ -1,17 +1,15 @@
 package enforce
 
 import (
-	"bytes"
 	"context"
-	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/logtest"
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/internal/releasetest"
 	"github.com/sluicehq/sluice/redisstore"
@@ -43,10 +41,9 @@ func TestReleaseNotRetriedIsLoud(t *testing.T) {
 	r := redistest.StartServer(t)
 	store := redisstore.New(r.Client(t), &redisstore.Options{Prefix: redistest.Prefix(t)})
 	obs := &notRetried{}
-	var logs bytes.Buffer
-	var lmu sync.Mutex
+	var logs logtest.Log
 	rs := observedRules(t, store, obs, SlotSpec[string]{Name: "one", Limit: sluice.Concurrent(10, 30*time.Second), Key: ident})
-	rs.SetLogger(slog.New(slog.NewTextHandler(lockedWriter{&lmu, &logs}, nil)))
+	rs.SetLogger(logs.TextLogger())
 	var held []*Held
 	for range 3 {
 		h, v, err := rs.Acquire(ctx, "k", sluice.PriorityCritical)
@@ -67,9 +64,7 @@ func TestReleaseNotRetriedIsLoud(t *testing.T) {
 		t.Errorf("%d failed releases observed, want 2; events: %s", n, obs)
 	}
 	r.Start(t) // the one sent again lands
-	lmu.Lock()
 	out := logs.String()
-	lmu.Unlock()
 	want := `level=WARN msg="sluice: ` + DroppedReleaseMsg + `" rule=one dropped=1 max_background=1024`
 	if !strings.Contains(out, want) || strings.Count(out, "\n") != 2 {
 		t.Errorf("log:\n%s\nwant the failures' line and one with %q", out, want)
@@ -87,10 +82,9 @@ func TestAbandonedNotSentIsLoud(t *testing.T) {
 	t.Cleanup(func() { dead.Close() })
 	store := redisstore.New(dead, &redisstore.Options{Prefix: redistest.Prefix(t)})
 	obs := &notRetried{}
-	var logs bytes.Buffer
-	var lmu sync.Mutex
+	var logs logtest.Log
 	rs := observedRules(t, store, obs, SlotSpec[string]{Name: "one", Limit: sluice.Concurrent(10, 30*time.Second), Key: ident})
-	rs.SetLogger(slog.New(slog.NewTextHandler(lockedWriter{&lmu, &logs}, nil)))
+	rs.SetLogger(logs.TextLogger())
 	releasetest.Fill(t, time.Now().Add(2*time.Second))
 	if _, _, err := rs.Acquire(ctx, "k", sluice.PriorityCritical); err == nil {
 		t.Fatal("acquire with the store unreachable: no error")
@@ -98,9 +92,7 @@ func TestAbandonedNotSentIsLoud(t *testing.T) {
 	if obs.n != 1 {
 		t.Errorf("%d releases observed as not sent again, want 1; events: %s", obs.n, obs)
 	}
-	lmu.Lock()
 	out := logs.String()
-	lmu.Unlock()
 	want := `level=WARN msg="sluice: ` + DroppedReleaseMsg + `" rule=one dropped=1 max_background=1024 abandoned=true`
 	if !strings.Contains(out, want) {
 		t.Errorf("log:\n%s\nwant a line with %q", out, want)

@@ -1,14 +1,10 @@
 // Package middlewaretest holds what the tests of the HTTP middleware and
 // the gRPC interceptors both set up: stores on the test's own Redis and
-// memory, and recorders of the logs and observations they report. The
-// library's own tests take their stores from here too.
+// memory, and recorders of the observations they report. The library's
+// own tests take their stores from here too.
 package middlewaretest
 
 import (
-	"bytes"
-	"encoding/json"
-	"log/slog"
-	"strings"
 	"sync"
 	"testing"
 
@@ -36,37 +32,6 @@ func Redis(t testing.TB, clk *storetest.Clock) *redisstore.Store {
 		opts.Clock = clk.Now
 	}
 	return redisstore.New(redistest.Client(t), opts)
-}
-
-// Log is a slog JSON sink safe for the goroutines of servers and timers.
-type Log struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-// Logger is a JSON logger writing to l.
-func (l *Log) Logger() *slog.Logger { return slog.New(slog.NewJSONHandler(l, nil)) }
-
-func (l *Log) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.Write(p)
-}
-
-// Records returns the records written so far.
-func (l *Log) Records(t testing.TB) []map[string]any {
-	t.Helper()
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	var out []map[string]any
-	for line := range strings.Lines(l.buf.String()) {
-		var m map[string]any
-		if err := json.Unmarshal([]byte(line), &m); err != nil {
-			t.Fatalf("log line %q: %v", line, err)
-		}
-		out = append(out, m)
-	}
-	return out
 }
 
 // Decisions is an Observer counting decisions by "policy/outcome".
