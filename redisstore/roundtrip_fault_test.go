@@ -19,6 +19,85 @@ import (
 	"github.com/sluicehq/sluice/resilient"
 )
 
+// TestFaultRoundTripFollowsFailover: once a frozen master's replica is
+// promoted, Store.RoundTrip (sluice serve's sluice_redis_round_trip_seconds,
+// and the slow-Redis line's figure) is the live masters' again. It was the
+// slowest lane's ever used, so it stayed at the dead master's last timed-out
+// calls for good, and the slow-Redis WARN line named that figure after the
+// cluster had recovered.
+func TestFaultRoundTripFollowsFailover(t *testing.T) {
+	race.SkipTiming(t)
+	cl := redistest.StartCluster(t, &redistest.ClusterOptions{Replicas: 1})
+	l := failoverLimit
+	s := redisstore.New(cl.Client(t), &redisstore.Options{Prefix: redistest.Prefix(t)})
+	keys, masters := keyPerMaster(t, cl, s, l)
+	defer takeEach(s, keys, l, 5*time.Millisecond)()
+	time.Sleep(300 * time.Millisecond)
+	before := s.RoundTrip()
+	m := masters[0]
+	replicas := cl.ReplicasOf(t, m)
+	m.Pause(t)
+	_, at := cl.AwaitMaster(t, 10*time.Second, replicas...)
+	// Thawed, the old master (a replica now) answers the calls it held,
+	// seconds late: that lane's figure climbs to hundreds of ms, and
+	// without its node among the masters nothing is sent to bring it down.
+	m.Resume(t)
+	time.Sleep(1500 * time.Millisecond)
+	var after time.Duration
+	for end := time.Now().Add(time.Second); time.Now().Before(end); time.Sleep(10 * time.Millisecond) {
+		after = max(after, s.RoundTrip())
+	}
+	t.Logf("RoundTrip %v before the freeze, at most %v from 1.5 s to 2.5 s after the promotion (%v after it)",
+		before, after, time.Since(at).Round(time.Millisecond))
+	if after >= 20*time.Millisecond {
+		t.Errorf("RoundTrip up to %v from 1.5 s to 2.5 s after the promotion, want the live masters' (under 20ms; %v before the freeze)", after, before)
+	}
+}
+
+// TestFaultRoundTripStoppedMaster: with a master stopped (SIGSTOP: its
+// port accepts connections, nothing answers) and no failover, RoundTrip
+// answers at once, from the slot map in memory, with the figure of calls
+// that went before. It listed the masters with go-redis's ForEachMaster,
+// which reloads the slot map first, asking nodes one at a time: one that
+// asked the stopped master first waited out the 100 ms bound, or on a
+// client with go-redis's defaults its 3 s read timeout.
+func TestFaultRoundTripStoppedMaster(t *testing.T) {
+	race.SkipTiming(t)
+	const (
+		calls = 20
+		bound = 20 * time.Millisecond
+	)
+	cl := redistest.StartCluster(t, &redistest.ClusterOptions{NodeTimeout: 30 * time.Second,
+		Args: []string{"--cluster-require-full-coverage", "no"}})
+	l := failoverLimit
+	s := redisstore.New(cl.Client(t), &redisstore.Options{Prefix: redistest.Prefix(t)})
+	keys, masters := keyPerMaster(t, cl, s, l)
+	for range 20 {
+		for _, key := range keys {
+			if _, err := s.Take(context.Background(), key, l, 1); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	before := s.RoundTrip()
+	masters[0].Pause(t)
+	defer masters[0].Resume(t)
+	var slowest time.Duration
+	for i := range calls {
+		start := time.Now()
+		rtt := s.RoundTrip()
+		took := time.Since(start)
+		slowest = max(slowest, took)
+		if took > bound {
+			t.Fatalf("RoundTrip %d of %d with a master stopped took %v, want under %v", i+1, calls, took, bound)
+		}
+		if rtt <= 0 || rtt >= bound {
+			t.Fatalf("RoundTrip %d of %d with a master stopped: %v, want the calls' figure (%v before the stop)", i+1, calls, rtt, before)
+		}
+	}
+	t.Logf("RoundTrip %v before the stop; with a master stopped, %d calls answered in at most %v", before, calls, slowest)
+}
+
 // TestFaultColdStartWarm: resilient over a Store started cold (a new
 // client, Redis's script cache empty) against a Redis 40 ms away, with
 // resilient's 50 ms timeout. Warmed before it serves, no decision's first
