@@ -42,11 +42,7 @@ func TestFaultClusterFailoverFrozen(t *testing.T) {
 	)
 	for _, name := range names {
 		s := redisstore.New(clients[name], &redisstore.Options{Prefix: redistest.Prefix(t)})
-		s.OnFailover(func() {
-			mu.Lock()
-			told[name] = append(told[name], time.Now())
-			mu.Unlock()
-		})
+		noteFailovers(s, &mu, told, name)
 		stores[name] = s
 	}
 	s := stores[names[0]]
@@ -91,6 +87,16 @@ func TestFaultClusterFailoverFrozen(t *testing.T) {
 	}
 	slices.Sort(lags)
 	t.Logf("OnFailover after the promotion: %v", lags)
+}
+
+// noteFailovers appends to told[name], under mu, the time of each
+// OnFailover call of s.
+func noteFailovers(s *redisstore.Store, mu *sync.Mutex, told map[string][]time.Time, name string) {
+	s.OnFailover(func() {
+		mu.Lock()
+		told[name] = append(told[name], time.Now())
+		mu.Unlock()
+	})
 }
 
 // takeEach takes a unit of each key from s every interval, each call
@@ -151,7 +157,7 @@ func TestFaultClusterPlannedFailover(t *testing.T) {
 	var moved movedLog
 	sparse := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cl.Addrs(), NewClient: func(o *redis.Options) *redis.Client {
 		c := redis.NewClient(o)
-		c.AddHook(&moved)
+		c.AddHook(redistest.AfterEach(func(_ redis.Cmder, err error) { moved.note(err) }))
 		return c
 	}})
 	t.Cleanup(func() { sparse.Close() })
@@ -164,11 +170,7 @@ func TestFaultClusterPlannedFailover(t *testing.T) {
 		}
 		s := redisstore.New(client, &redisstore.Options{Prefix: redistest.Prefix(t),
 			Logger: logs[name].TextLogger()})
-		s.OnFailover(func() {
-			mu.Lock()
-			told[name] = append(told[name], time.Now())
-			mu.Unlock()
-		})
+		noteFailovers(s, &mu, told, name)
 		stores[name] = s
 	}
 	keys, masters := keyPerMaster(t, cl, stores["calls"], l)
@@ -275,8 +277,8 @@ func TestFaultClusterPlannedFailover(t *testing.T) {
 	}
 }
 
-// movedLog is a go-redis hook, on a cluster's node clients, that notes when
-// a node answers MOVED.
+// movedLog notes when a node answers MOVED, hooked on a cluster's node
+// clients.
 type movedLog struct {
 	mu sync.Mutex
 	at []time.Time
@@ -300,26 +302,6 @@ func (l *movedLog) firstAfter(t time.Time) (time.Time, bool) {
 		}
 	}
 	return time.Time{}, false
-}
-
-func (l *movedLog) DialHook(next redis.DialHook) redis.DialHook { return next }
-
-func (l *movedLog) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		err := next(ctx, cmd)
-		l.note(err)
-		return err
-	}
-}
-
-func (l *movedLog) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []redis.Cmder) error {
-		err := next(ctx, cmds)
-		for _, c := range cmds {
-			l.note(c.Err())
-		}
-		return err
-	}
 }
 
 // TestFaultClusterPlannedFailoverIdle: a store that made one call and then
@@ -346,11 +328,7 @@ func TestFaultClusterPlannedFailoverIdle(t *testing.T) {
 		logs[name] = &logtest.Log{}
 		s := redisstore.New(cl.Client(t), &redisstore.Options{Prefix: redistest.Prefix(t),
 			Logger: logs[name].TextLogger()})
-		s.OnFailover(func() {
-			mu.Lock()
-			told[name] = append(told[name], time.Now())
-			mu.Unlock()
-		})
+		noteFailovers(s, &mu, told, name)
 		stores[name] = s
 	}
 	keys, masters := keyPerMaster(t, cl, stores["idle"], l)

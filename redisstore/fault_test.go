@@ -286,6 +286,25 @@ func TestFaultClusterFrozenShard(t *testing.T) {
 	}
 }
 
+// stoppableCluster starts a 3-master cluster whose live masters go on
+// serving while one is stopped, none failed over within the test.
+func stoppableCluster(t *testing.T) *redistest.Cluster {
+	t.Helper()
+	return redistest.StartCluster(t, &redistest.ClusterOptions{NodeTimeout: 30 * time.Second,
+		Args: []string{"--cluster-require-full-coverage", "no"}})
+}
+
+// timedClient is a client bounding each command by its context's deadline
+// (ContextTimeoutEnabled), as the fault tests' callers need, closed at
+// cleanup.
+func timedClient(t testing.TB, o redis.Options) *redis.Client {
+	t.Helper()
+	o.ContextTimeoutEnabled = true
+	c := redis.NewClient(&o)
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
 // keyPerMaster returns a key served by each of cl's three masters under l,
 // and those masters, in the same order.
 func keyPerMaster(t *testing.T, cl *redistest.Cluster, s *redisstore.Store, l sluice.Limit) ([]string, []*redistest.Node) {
@@ -485,8 +504,7 @@ func TestFaultEveryCallDeadline(t *testing.T) {
 			// go-redis ends the read itself at the deadline, racing the
 			// context's own timer: the error must still be the context's.
 			srv := redistest.StartServer(t)
-			c := redis.NewClient(&redis.Options{Addr: srv.Addr, ContextTimeoutEnabled: true})
-			t.Cleanup(func() { c.Close() })
+			c := timedClient(t, redis.Options{Addr: srv.Addr})
 			return c, fault{srv.Pause, srv.Resume}
 		}},
 		{"standalone/sigstop", func(t *testing.T) (redis.UniversalClient, fault) {

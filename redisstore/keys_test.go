@@ -200,8 +200,8 @@ func FuzzKeyLayout(f *testing.F) {
 	})
 }
 
-// scriptLog is a go-redis hook that records the script calls a client
-// sends, alone or in pipelines: each one's SHA and keys.
+// scriptLog records the script calls a client sends, alone or in
+// pipelines: each one's SHA and keys.
 type scriptLog struct {
 	mu    sync.Mutex
 	calls []scriptCall
@@ -239,26 +239,6 @@ func (l *scriptLog) take() []scriptCall {
 	return c
 }
 
-func (l *scriptLog) DialHook(next redis.DialHook) redis.DialHook { return next }
-
-func (l *scriptLog) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		err := next(ctx, cmd)
-		l.note(cmd)
-		return err
-	}
-}
-
-func (l *scriptLog) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []redis.Cmder) error {
-		err := next(ctx, cmds)
-		for _, c := range cmds {
-			l.note(c)
-		}
-		return err
-	}
-}
-
 // keySlot is the cluster's own CLUSTER KEYSLOT of key.
 func keySlot(t *testing.T, c *redis.ClusterClient, key string) int64 {
 	t.Helper()
@@ -292,7 +272,7 @@ func TestClusterTaggedKeys(t *testing.T) {
 	ctx := context.Background()
 	c := redistest.ClusterClient(t)
 	var log scriptLog
-	c.AddHook(&log)
+	c.AddHook(redistest.AfterEach(func(cmd redis.Cmder, _ error) { log.note(cmd) }))
 	prefix := redistest.Prefix(t)
 	s := New(c, &Options{Prefix: prefix})
 	tagSlot := keySlot(t, c, "t1")

@@ -38,8 +38,7 @@ func TestFaultLateReplyKeepsConnection(t *testing.T) {
 	}{{"batched", redisstore.Options{}}, {"MaxBatch 1", redisstore.Options{MaxBatch: 1}}} {
 		t.Run(tc.name, func(t *testing.T) {
 			proxy.SetDelay(0)
-			c := redis.NewClient(&redis.Options{Addr: proxy.Addr, ContextTimeoutEnabled: true})
-			t.Cleanup(func() { c.Close() })
+			c := timedClient(t, redis.Options{Addr: proxy.Addr})
 			opts := tc.opts
 			opts.Prefix = redistest.Prefix(t)
 			s := redisstore.New(c, &opts)
@@ -148,8 +147,7 @@ func TestFaultSlowRedisCallsGoAtOnce(t *testing.T) {
 	proxy := redistest.StartDelayProxy(t, srv.Addr)
 	proxy.SetDelay(rtt / 2)
 	// Pipelines on the pool too, so that it bounds every connection.
-	c := redis.NewClient(&redis.Options{Addr: proxy.Addr, ContextTimeoutEnabled: true, PoolSize: pool, PipelinePoolSize: -1})
-	t.Cleanup(func() { c.Close() })
+	c := timedClient(t, redis.Options{Addr: proxy.Addr, PoolSize: pool, PipelinePoolSize: -1})
 	s := redisstore.New(c, &redisstore.Options{Prefix: redistest.Prefix(t), MaxInFlight: 1})
 
 	load(s, 4, time.Second, wait, nil) // connections dialled, the round trip measured
@@ -192,8 +190,7 @@ func TestFaultGrowingLoadFindsConnectionsReady(t *testing.T) {
 	srv := redistest.StartServer(t)
 	proxy := redistest.StartDelayProxy(t, srv.Addr)
 	proxy.SetDelay(rtt / 2)
-	c := redis.NewClient(&redis.Options{Addr: proxy.Addr, ContextTimeoutEnabled: true})
-	t.Cleanup(func() { c.Close() })
+	c := timedClient(t, redis.Options{Addr: proxy.Addr})
 	s := redisstore.New(c, &redisstore.Options{Prefix: redistest.Prefix(t)})
 	l := sluice.PerSecond(1_000_000)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -261,8 +258,7 @@ func TestFaultSlowRedisWarns(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			for _, delay := range []time.Duration{0, rtt / 2} {
 				proxy.SetDelay(delay)
-				c := redis.NewClient(&redis.Options{Addr: proxy.Addr, ContextTimeoutEnabled: true})
-				t.Cleanup(func() { c.Close() })
+				c := timedClient(t, redis.Options{Addr: proxy.Addr})
 				var logs logtest.Log
 				opts := tc.opts
 				opts.Prefix = redistest.Prefix(t)
@@ -308,8 +304,7 @@ func TestBatchesStayInPool(t *testing.T) {
 	srv := redistest.StartServer(t)
 	proxy := redistest.StartDelayProxy(t, srv.Addr)
 	proxy.SetDelay(5 * time.Millisecond)
-	c := redis.NewClient(&redis.Options{Addr: proxy.Addr, ContextTimeoutEnabled: true, PoolSize: pool})
-	t.Cleanup(func() { c.Close() })
+	c := timedClient(t, redis.Options{Addr: proxy.Addr, PoolSize: pool})
 	s := redisstore.New(c, &redisstore.Options{Prefix: redistest.Prefix(t)})
 	admin := srv.Client(t)
 	most := 0

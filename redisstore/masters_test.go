@@ -146,8 +146,7 @@ func TestFaultClusterNewClientMastersStoppedMaster(t *testing.T) {
 		mastersWithin = 300 * time.Millisecond
 		checkWithin   = 500 * time.Millisecond // Check waits for the stopped master until then
 	)
-	cl := redistest.StartCluster(t, &redistest.ClusterOptions{NodeTimeout: 30 * time.Second,
-		Args: []string{"--cluster-require-full-coverage", "no"}})
+	cl := stoppableCluster(t)
 	stopped := cl.Nodes[0]
 	stopped.Pause(t)
 	defer stopped.Resume(t)
@@ -203,8 +202,7 @@ func TestFaultClusterNewClientStoppedMaster(t *testing.T) {
 		deadline = 100 * time.Millisecond
 	)
 	ctx := context.Background()
-	cl := redistest.StartCluster(t, &redistest.ClusterOptions{NodeTimeout: 30 * time.Second,
-		Args: []string{"--cluster-require-full-coverage", "no"}})
+	cl := stoppableCluster(t)
 	l := failoverLimit
 	keys, masters := keyPerMaster(t, cl, redisstore.New(nil, nil), l)
 	masters[0].Pause(t)

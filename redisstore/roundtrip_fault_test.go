@@ -67,8 +67,7 @@ func TestFaultRoundTripStoppedMaster(t *testing.T) {
 		calls = 20
 		bound = 20 * time.Millisecond
 	)
-	cl := redistest.StartCluster(t, &redistest.ClusterOptions{NodeTimeout: 30 * time.Second,
-		Args: []string{"--cluster-require-full-coverage", "no"}})
+	cl := stoppableCluster(t)
 	l := failoverLimit
 	s := redisstore.New(cl.Client(t), &redisstore.Options{Prefix: redistest.Prefix(t)})
 	keys, masters := keyPerMaster(t, cl, s, l)
@@ -114,9 +113,8 @@ func TestFaultColdStartWarm(t *testing.T) {
 			if err := srv.Client(t).ScriptFlush(context.Background()).Err(); err != nil {
 				t.Fatal(err)
 			}
-			c := redis.NewClient(&redis.Options{Addr: proxy.Addr, ContextTimeoutEnabled: true})
+			c := timedClient(t, redis.Options{Addr: proxy.Addr})
 			redisstore.DetectRefusals(c)
-			t.Cleanup(func() { c.Close() })
 			store := redisstore.New(c, &redisstore.Options{Prefix: redistest.Prefix(t)})
 			var logs logtest.Log
 			rs, err := resilient.New(store, &resilient.Options{Logger: logs.TextLogger()})
@@ -167,8 +165,7 @@ func TestFaultWarmRoundTripFollows(t *testing.T) {
 	srv := redistest.StartServer(t)
 	proxy := redistest.StartDelayProxy(t, srv.Addr)
 	proxy.SetDelay(20 * time.Millisecond)
-	c := redis.NewClient(&redis.Options{Addr: proxy.Addr, ContextTimeoutEnabled: true})
-	t.Cleanup(func() { c.Close() })
+	c := timedClient(t, redis.Options{Addr: proxy.Addr})
 	store := redisstore.New(c, &redisstore.Options{Prefix: redistest.Prefix(t)})
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()

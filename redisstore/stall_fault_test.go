@@ -112,10 +112,9 @@ func TestFaultStalledRedisBoundsConnections(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			srv := redistest.StartServer(t)
 			m := &wireMeter{}
-			c := redis.NewClient(&redis.Options{Addr: srv.Addr, ContextTimeoutEnabled: true, PoolSize: pool, Dialer: m.dial})
+			c := timedClient(t, redis.Options{Addr: srv.Addr, PoolSize: pool, Dialer: m.dial})
 			redisstore.DetectRefusals(c)
 			c.AddHook(m)
-			t.Cleanup(func() { c.Close() })
 			var logs logtest.Log
 			s := redisstore.New(c, &redisstore.Options{Prefix: redistest.Prefix(t), MaxBatch: tc.maxBatch,
 				Logger: logs.TextLogger()})
@@ -241,9 +240,8 @@ func TestFaultStallLeavesPoolAsBefore(t *testing.T) {
 	)
 	srv := redistest.StartServer(t)
 	admin := srv.Client(t)
-	c := redis.NewClient(&redis.Options{Addr: srv.Addr, ContextTimeoutEnabled: true, PoolSize: pool})
+	c := timedClient(t, redis.Options{Addr: srv.Addr, PoolSize: pool})
 	redisstore.DetectRefusals(c)
-	t.Cleanup(func() { c.Close() })
 	var logs logtest.Log
 	s := redisstore.New(c, &redisstore.Options{Prefix: redistest.Prefix(t),
 		Logger: logs.TextLogger()})
@@ -318,8 +316,7 @@ func TestFaultStallLeavesPoolAsBefore(t *testing.T) {
 func TestFaultStallLineBounds(t *testing.T) {
 	race.SkipTiming(t)
 	srv := redistest.StartServer(t)
-	c := redis.NewClient(&redis.Options{Addr: srv.Addr, ContextTimeoutEnabled: true})
-	t.Cleanup(func() { c.Close() })
+	c := timedClient(t, redis.Options{Addr: srv.Addr})
 	var logs logtest.Log
 	s := redisstore.New(c, &redisstore.Options{Prefix: redistest.Prefix(t), Logger: logs.TextLogger()})
 	l := sluice.PerSecond(1_000_000)
