@@ -75,8 +75,9 @@
 //     others' fallbacks serve their shares: exactly r times the mean lag);
 //     with any number of episodes, at most 2·(B + r·T).
 //   - FixedWindow, SlidingWindowCounter (per window), SlidingWindowLog (per
-//     Period-long span): at most 2·Rate where a switch falls, Rate
-//     elsewhere.
+//     Period-long span): at most 2·Rate where a switch falls or any
+//     process is on its fallback (the backend admits Rate to the others
+//     while the fallbacks take their shares), Rate elsewhere.
 //
 // Preconditions: n is at least the real number of processes taking a
 // share at every moment (with a Fleet, a process the others may no longer
