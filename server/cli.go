@@ -349,6 +349,12 @@ var emptyRefused = []struct{ flag, env, def string }{
 	{"max-keys", "SLUICE_MAX_KEYS", strconv.Itoa(memory.DefaultMaxKeys)},
 	{"log-format", "SLUICE_LOG_FORMAT", "text"},
 	{"log-level", "SLUICE_LOG_LEVEL", "info"},
+	// No variable: an empty file name from a template would serve plain
+	// text where TLS was meant.
+	{"http-tls-cert", "", "plain HTTP"},
+	{"http-tls-key", "", "plain HTTP"},
+	{"grpc-tls-cert", "", "plain gRPC"},
+	{"grpc-tls-key", "", "plain gRPC"},
 }
 
 // emptySetting reports the first setting of emptyRefused given an empty
@@ -362,7 +368,7 @@ func emptySetting(fs *flag.FlagSet) (string, error) {
 			}
 			continue
 		}
-		if v, ok := os.LookupEnv(s.env); ok && strings.TrimSpace(v) == "" {
+		if v, ok := os.LookupEnv(s.env); s.env != "" && ok && strings.TrimSpace(v) == "" {
 			return "bad environment", fmt.Errorf("%s is set but empty: give it a value, or unset it for the default (%s)", s.env, s.def)
 		}
 	}
