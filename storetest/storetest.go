@@ -410,9 +410,14 @@ func testBoundary(t *testing.T, newStore NewStore) {
 // than half a unit of the limit's float, so the sliding window counter's
 // estimate admits well before the instant solved in exact arithmetic.
 // Waiting RetryAfter admits; a microsecond less does not.
+//
+// Only the window algorithms: a bucket's few units at such rates are
+// microseconds of state, which a store on Redis keeps for a millisecond of
+// real time while the fake clock waits (RetryAfter exactness for them is
+// testProperties').
 func testRetryAfterExtreme(t *testing.T, newStore NewStore) {
 	ctx := context.Background()
-	for _, a := range sluice.Algorithms() {
+	for _, a := range []sluice.Algorithm{sluice.FixedWindow, sluice.SlidingWindowLog, sluice.SlidingWindowCounter} {
 		for _, l := range []sluice.Limit{
 			{Algorithm: a, Rate: sluice.MaxRate, Period: sluice.MaxPeriod},
 			{Algorithm: a, Rate: 100_000, Period: sluice.MaxPeriod},
