@@ -290,15 +290,5 @@ func (sh *shard) sweepSlots(now int64, h *sweepHold) {
 // HeldKeys returns the number of keys with in-flight state: holders,
 // expired or not, or none since the last sweep.
 func (s *Store) HeldKeys() int {
-	if s.zero() {
-		return 0
-	}
-	n := 0
-	for i := range s.shards {
-		sh := &s.shards[i]
-		sh.mu.Lock()
-		n += len(sh.slots)
-		sh.mu.Unlock()
-	}
-	return n
+	return s.sum(func(sh *shard) int { return len(sh.slots) })
 }

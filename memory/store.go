@@ -212,6 +212,12 @@ func (s *Store) Close() error {
 
 // Len returns the number of keys held, expired or not.
 func (s *Store) Len() int {
+	return s.sum(func(sh *shard) int { return sh.n })
+}
+
+// sum adds up count over the shards, each under its lock; 0 on a zero
+// Store.
+func (s *Store) sum(count func(*shard) int) int {
 	if s.zero() {
 		return 0
 	}
@@ -219,7 +225,7 @@ func (s *Store) Len() int {
 	for i := range s.shards {
 		sh := &s.shards[i]
 		sh.mu.Lock()
-		total += sh.n
+		total += count(sh)
 		sh.mu.Unlock()
 	}
 	return total
