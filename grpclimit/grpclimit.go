@@ -289,22 +289,15 @@ func (in *Interceptor) check(ctx context.Context, method string) (metadata.MD, e
 	if v.Abandoned { // its context ended while held: its own code, no denial
 		return nil, status.FromContextError(ctx.Err()).Err()
 	}
+	noWait := !v.Allowed && enforce.Never(&checks[v.Report])
 	var md metadata.MD
 	if v.Report >= 0 && (!v.Allowed || in.allowed != NoHeaders) {
-		md = headers(in.allowed, checks[v.Report].Rule.Name, v.Decision, in.clock())
+		md = headers(in.allowed, checks[v.Report].Rule.Name, v.Decision, in.clock(), noWait, v.Blind)
 	}
 	if v.Allowed {
 		return md, nil
 	}
-	if c := &checks[v.Report]; enforce.Never(c) {
-		// No wait admits it: nothing may say when to retry, and
-		// "ratelimit"'s t on a denial is a wait.
-		delete(md, "retry-after")
-		delete(md, "ratelimit")
-		if v.Blind { // the store did not say: no made-up figures
-			delete(md, "x-ratelimit-remaining")
-			delete(md, "x-ratelimit-reset")
-		}
+	if c := &checks[v.Report]; noWait {
 		return md, never(c.Rule.Name, c.Cost, c.Rule.Limit)
 	}
 	return md, denial(checks[v.Report].Rule.Name, v.Decision)
@@ -377,10 +370,14 @@ func never(policy string, cost int64, limit sluice.Limit) error {
 	return withDetails.Err()
 }
 
-// headers is HeaderSet.Set as gRPC metadata (lower-case keys).
-func headers(set HeaderSet, policy string, d sluice.Decision, now time.Time) metadata.MD {
+// headers is HeaderSet.Set as gRPC metadata (lower-case keys), less what
+// a denial no wait admits must not say (header.OmitNever) when noWait.
+func headers(set HeaderSet, policy string, d sluice.Decision, now time.Time, noWait, blind bool) metadata.MD {
 	h := http.Header{}
 	set.Set(h, policy, d, now)
+	if noWait {
+		header.OmitNever(h, blind)
+	}
 	md := make(metadata.MD, len(h))
 	for k, v := range h {
 		md[strings.ToLower(k)] = v

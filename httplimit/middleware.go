@@ -360,15 +360,8 @@ func (m *Middleware) limit(w http.ResponseWriter, r *http.Request, next http.Han
 		next.ServeHTTP(w, r)
 		return
 	}
-	if never {
-		// As the service's Envoy answer: no wait admits it, and
-		// RateLimit's t on a denial is a wait.
-		w.Header().Del(header.RetryAfter)
-		w.Header().Del(header.RateLimit)
-		if v.Blind { // the store did not say: no made-up figures
-			w.Header().Del(header.Remaining)
-			w.Header().Del(header.Reset)
-		}
+	if never { // as the service's Envoy answer
+		header.OmitNever(w.Header(), v.Blind)
 	}
 	c := &checks[v.Report]
 	if m.deny == nil { // DefaultDenyHandler, without encoding anything

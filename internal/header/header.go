@@ -98,6 +98,19 @@ func (s Selection) Set(h http.Header, policy string, d sluice.Decision, now time
 	Write(h, s, Fields{quoted: q, policy: policyField(q, d.Limit)}, d, func() time.Time { return now })
 }
 
+// OmitNever removes from h what a denial no wait admits (enforce.Never)
+// must not say: Retry-After and RateLimit (whose t on a denial is a wait)
+// and, when blind (the store did not give its figures), the
+// X-RateLimit-Remaining and X-RateLimit-Reset only it knows.
+func OmitNever(h http.Header, blind bool) {
+	delete(h, canonRetryAfter)
+	delete(h, canonRateLimit)
+	if blind {
+		delete(h, canonRemaining)
+		delete(h, canonReset)
+	}
+}
+
 // Fields are a rule's field values that do not change per request.
 type Fields struct {
 	quoted   string       // the policy name as a structured-field string
