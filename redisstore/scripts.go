@@ -167,6 +167,21 @@ func mustRead(name string) string {
 // sets reset to the time from now until a sliding window counter whose
 // window w counts cur and whose window before counts prev is fresh: the end
 // of w+1 while cur counts, of w while only prev does, else 0. All are names.
+//
+//	local n, last = loadbucket(key, fresh)
+//
+// reads a bucket's state, the HASH key of fields named as n (a whole count
+// at least 0) and last (a time, µs), as the token and leaky buckets keep
+// it: state that is not two integers below 2^53 is an error; no state is a
+// fresh bucket, n = fresh and last = now, or, refunding, nothing to give
+// back (the script returns {}). fresh is a name or an integer literal, the
+// others names.
+//
+//	storebucket(key, n, last, reset)
+//
+// writes it back for a decision whose ResetAfter is reset µs: with a TTL
+// of reset (ttlms), or, when reset is not positive, deleting the key (the
+// bucket is fresh again). All are names.
 const (
 	floordivLua = `$q = math.floor($a / $b)
 if $q * $b > $a then
@@ -188,6 +203,25 @@ if $cur > 0 then
 elseif $prev > 0 then
   $r = ($w + 1) * $period - now
 end`
+	loadbucketLua = `local h = redis.call('HMGET', $key, '$n', '$last')
+local $n, $last
+if h[1] or h[2] then
+  $n, $last = tonumber(h[1]), tonumber(h[2])
+  if $n == nil or $last == nil or not ($n >= 0 and $n < 9007199254740992) or $n % 1 ~= 0 or not ($last > -9007199254740992 and $last < 9007199254740992) or $last % 1 ~= 0 then
+    error({err = 'ERR sluice: corrupt state in ' .. $key})
+  end
+elseif mode == 'refund' then
+  return {}
+else
+  $n, $last = $fresh, now
+end`
+	storebucketLua = `if $reset > 0 then
+  local ttl = ttlms($reset)
+  redis.call('HSET', $key, '$n', string.format('%d', $n), '$last', string.format('%d', $last))
+  redis.call('PEXPIRE', $key, string.format('%d', ttl))
+else
+  redis.call('DEL', $key)
+end`
 	windowLua = `local at = now
 if mode == 'refund' then
   at = tonumber(ARGV[6])
@@ -204,12 +238,14 @@ end`
 )
 
 var (
-	floordivCall = regexp.MustCompile(`^(\s*)(local )?([A-Za-z_]\w*) = floordiv\(([A-Za-z_]\w*|\d+), ([A-Za-z_]\w*|\d+)\)$`)
-	ttlmsCall    = regexp.MustCompile(`^(\s*)local ([A-Za-z_]\w*) = ttlms\((.+)\)$`)
-	expireCall   = regexp.MustCompile(`^(\s*)expire\(([A-Za-z_]\w*), ([A-Za-z_]\w*)\)$`)
-	windowCall   = regexp.MustCompile(`^(\s*)local ([A-Za-z_]\w*), ([A-Za-z_]\w*) = window\(([A-Za-z_]\w*), ([A-Za-z_]\w*)\)$`)
-	swcresetCall = regexp.MustCompile(`^(\s*)local ([A-Za-z_]\w*) = swcreset\(([A-Za-z_]\w*), ([A-Za-z_]\w*), ([A-Za-z_]\w*), ([A-Za-z_]\w*)\)$`)
-	macroName    = regexp.MustCompile(`\b(floordiv|ttlms|expire|window|swcreset)\(`)
+	floordivCall    = regexp.MustCompile(`^(\s*)(local )?([A-Za-z_]\w*) = floordiv\(([A-Za-z_]\w*|\d+), ([A-Za-z_]\w*|\d+)\)$`)
+	ttlmsCall       = regexp.MustCompile(`^(\s*)local ([A-Za-z_]\w*) = ttlms\((.+)\)$`)
+	expireCall      = regexp.MustCompile(`^(\s*)expire\(([A-Za-z_]\w*), ([A-Za-z_]\w*)\)$`)
+	windowCall      = regexp.MustCompile(`^(\s*)local ([A-Za-z_]\w*), ([A-Za-z_]\w*) = window\(([A-Za-z_]\w*), ([A-Za-z_]\w*)\)$`)
+	swcresetCall    = regexp.MustCompile(`^(\s*)local ([A-Za-z_]\w*) = swcreset\(([A-Za-z_]\w*), ([A-Za-z_]\w*), ([A-Za-z_]\w*), ([A-Za-z_]\w*)\)$`)
+	loadbucketCall  = regexp.MustCompile(`^(\s*)local ([A-Za-z_]\w*), ([A-Za-z_]\w*) = loadbucket\(([A-Za-z_]\w*), ([A-Za-z_]\w*|\d+)\)$`)
+	storebucketCall = regexp.MustCompile(`^(\s*)storebucket\(([A-Za-z_]\w*), ([A-Za-z_]\w*), ([A-Za-z_]\w*), ([A-Za-z_]\w*)\)$`)
+	macroName       = regexp.MustCompile(`\b(floordiv|ttlms|expire|window|swcreset|loadbucket|storebucket)\(`)
 )
 
 // expand replaces every macro statement in src by its definition.
@@ -240,6 +276,10 @@ func expand(src string) (string, error) {
 			body = strings.NewReplacer("$key", m[2], "$us", m[3]).Replace(expireLua)
 		} else if m := swcresetCall.FindStringSubmatch(code); m != nil {
 			body = strings.NewReplacer("$r", m[2], "$cur", m[3], "$prev", m[4], "$w", m[5], "$period", m[6]).Replace(swcresetLua)
+		} else if m := loadbucketCall.FindStringSubmatch(code); m != nil {
+			body = strings.NewReplacer("$n", m[2], "$last", m[3], "$key", m[4], "$fresh", m[5]).Replace(loadbucketLua)
+		} else if m := storebucketCall.FindStringSubmatch(code); m != nil {
+			body = strings.NewReplacer("$key", m[2], "$n", m[3], "$last", m[4], "$reset", m[5]).Replace(storebucketLua)
 		} else if m := windowCall.FindStringSubmatch(code); m != nil {
 			body = strings.NewReplacer("$w", m[2], "$skew", m[3], "$sw", m[4], "$period", m[5]).Replace(windowLua)
 		} else {

@@ -80,6 +80,31 @@ if cur > 0 then
 elseif prev > 0 then
   reset = (w + 1) * period - now
 end`},
+		{"loadbucket", "local level, last = loadbucket(key, 0)", `local h = redis.call('HMGET', key, 'level', 'last')
+local level, last
+if h[1] or h[2] then
+  level, last = tonumber(h[1]), tonumber(h[2])
+  if level == nil or last == nil or not (level >= 0 and level < 9007199254740992) or level % 1 ~= 0 or not (last > -9007199254740992 and last < 9007199254740992) or last % 1 ~= 0 then
+    error({err = 'ERR sluice: corrupt state in ' .. key})
+  end
+elseif mode == 'refund' then
+  return {}
+else
+  level, last = 0, now
+end`},
+		{"storebucket", "  storebucket(key, tokens, last, reset)", `  if reset > 0 then
+    local ttl_us = reset + 999
+    local ttl = math.floor(ttl_us / 1000)
+    if ttl * 1000 > ttl_us then
+      ttl = ttl - 1
+    elseif (ttl + 1) * 1000 <= ttl_us then
+      ttl = ttl + 1
+    end
+    redis.call('HSET', key, 'tokens', string.format('%d', tokens), 'last', string.format('%d', last))
+    redis.call('PEXPIRE', key, string.format('%d', ttl))
+  else
+    redis.call('DEL', key)
+  end`},
 		{"comment mentions a macro", "-- floordiv(a, b) is a macro", "-- floordiv(a, b) is a macro"},
 	}
 	for _, tt := range tests {
@@ -100,6 +125,8 @@ end`},
 		"redis.call('PEXPIRE', key, ttlms(reset))",
 		"expire(key, reset + 1)",
 		"local w = window(sw, period)",
+		"local n, last = loadbucket(key, capacity + 1)",
+		"storebucket(key, n, last)",
 	} {
 		if got, err := expand(bad); err == nil {
 			t.Errorf("expand(%q) = %q, want an error", bad, got)

@@ -24,18 +24,7 @@ local capacity = tonumber(ARGV[4])
 local cost = tonumber(ARGV[5])
 local mode = ARGV[2]
 
-local h = redis.call('HMGET', key, 'level', 'last')
-local level, last
-if h[1] or h[2] then
-  level, last = tonumber(h[1]), tonumber(h[2])
-  if level == nil or last == nil or not (level >= 0 and level < 9007199254740992) or level % 1 ~= 0 or not (last > -9007199254740992 and last < 9007199254740992) or last % 1 ~= 0 then
-    error({err = 'ERR sluice: corrupt state in ' .. key})
-  end
-elseif mode == 'refund' then
-  return {}
-else
-  level, last = 0, now
-end
+local level, last = loadbucket(key, 0)
 if level > capacity then
   level = capacity -- a larger burst wrote it: full at last, draining since
 end
@@ -71,13 +60,7 @@ if level > 0 then
   reset = last + level * interval - now
 end
 if write then
-  if reset > 0 then
-    local ttl = ttlms(reset)
-    redis.call('HSET', key, 'level', string.format('%d', level), 'last', string.format('%d', last))
-    redis.call('PEXPIRE', key, string.format('%d', ttl))
-  else
-    redis.call('DEL', key) -- empty again: fresh
-  end
+  storebucket(key, level, last, reset)
   if mode == 'refund' then
     return {}
   end

@@ -23,18 +23,7 @@ local capacity = tonumber(ARGV[4])
 local cost = tonumber(ARGV[5])
 local mode = ARGV[2]
 
-local h = redis.call('HMGET', key, 'tokens', 'last')
-local tokens, last
-if h[1] or h[2] then
-  tokens, last = tonumber(h[1]), tonumber(h[2])
-  if tokens == nil or last == nil or not (tokens >= 0 and tokens < 9007199254740992) or tokens % 1 ~= 0 or not (last > -9007199254740992 and last < 9007199254740992) or last % 1 ~= 0 then
-    error({err = 'ERR sluice: corrupt state in ' .. key})
-  end
-elseif mode == 'refund' then
-  return {}
-else
-  tokens, last = capacity, now
-end
+local tokens, last = loadbucket(key, capacity)
 if tokens > capacity then
   tokens = capacity -- a larger burst wrote it
 end
@@ -67,13 +56,7 @@ if tokens < capacity then
   reset = last + (capacity - tokens) * interval - now
 end
 if write then
-  if reset > 0 then
-    local ttl = ttlms(reset)
-    redis.call('HSET', key, 'tokens', string.format('%d', tokens), 'last', string.format('%d', last))
-    redis.call('PEXPIRE', key, string.format('%d', ttl))
-  else
-    redis.call('DEL', key) -- full again: fresh
-  end
+  storebucket(key, tokens, last, reset)
   if mode == 'refund' then
     return {}
   end
