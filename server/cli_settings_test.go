@@ -42,8 +42,7 @@ func runSluice(t *testing.T, env []string, args ...string) (int, string) {
 // memory store (each instance its own limits), no decision token, or a
 // listener on every interface.
 func TestCLIEmptySettingsRefused(t *testing.T) {
-	cfg := filepath.Join(t.TempDir(), "sluice.yaml")
-	os.WriteFile(cfg, []byte("policies:\n  - name: api\n    limit: 5/min\n    key: \"{api_key}\"\n"), 0o644)
+	cfg := writeConfig(t, "policies:\n  - name: api\n    limit: 5/min\n    key: \"{api_key}\"\n")
 	base := []string{"--config", cfg, "--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0"}
 	// without returns base less the flag (and its value) named.
 	without := func(flag string) []string {

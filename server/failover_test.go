@@ -6,8 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
-	"os"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -53,11 +51,7 @@ func TestFaultServeSentinelFailover(t *testing.T) {
 // API first to find the master. The failover must be counted under kind.
 func serveUnderFailover(t *testing.T, redisURL, kind string, master func(call func(context.Context, string) (int64, error)) (kill func(), promoted func() time.Time)) {
 	t.Helper()
-	config := filepath.Join(t.TempDir(), "sluice.yaml")
-	err := os.WriteFile(config, []byte("domain: failover\npolicies:\n  - name: hot\n    limit: fixed_window 1000000000/1h\n"), 0o600)
-	if err != nil {
-		t.Fatal(err)
-	}
+	config := writeConfig(t, "domain: failover\npolicies:\n  - name: hot\n    limit: fixed_window 1000000000/1h\n")
 	p := startSluice(t, nil, "--config", config, "--redis", redisURL, "--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0",
 		"--failure-policy", "error", "--decision-timeout", redistest.FailoverCallTimeout.String(), "--watch-interval", "0")
 	client := &http.Client{Timeout: 5 * time.Second}

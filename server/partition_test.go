@@ -3,8 +3,6 @@ package server
 import (
 	"context"
 	"fmt"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -25,11 +23,8 @@ import (
 func TestFaultServeClusterMasterStopped(t *testing.T) {
 	race.SkipTiming(t)
 	cl := redistest.StartCluster(t, &redistest.ClusterOptions{Args: []string{"--cluster-require-full-coverage", "no"}})
-	config := filepath.Join(t.TempDir(), "sluice.yaml")
 	const limit = "fixed_window 1000000000/1h"
-	if err := os.WriteFile(config, []byte("domain: d\npolicies:\n  - name: api\n    limit: "+limit+"\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	config := writeConfig(t, "domain: d\npolicies:\n  - name: api\n    limit: "+limit+"\n")
 	p := startSluice(t, nil, "--config", config, "--redis", cl.URL(), "--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0",
 		"--failure-policy", "local", "--decision-timeout", "50ms", "--watch-interval", "200ms")
 	// Each key's master, read before one stops: a stopped master is soon
@@ -131,11 +126,8 @@ func TestFaultServeClusterMasterStopped(t *testing.T) {
 func TestFaultServeClusterMasterStoppedIdle(t *testing.T) {
 	race.SkipTiming(t)
 	cl := redistest.StartCluster(t, &redistest.ClusterOptions{Args: []string{"--cluster-require-full-coverage", "no"}})
-	config := filepath.Join(t.TempDir(), "sluice.yaml")
 	const limit = "fixed_window 1000000000/1h"
-	if err := os.WriteFile(config, []byte("domain: d\npolicies:\n  - name: api\n    limit: "+limit+"\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	config := writeConfig(t, "domain: d\npolicies:\n  - name: api\n    limit: "+limit+"\n")
 	policies := []string{"local", "error"}
 	procs := map[string]*proc{}
 	for _, policy := range policies {

@@ -4,8 +4,6 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -13,11 +11,7 @@ import (
 // TestProblemShapes: answers to hostile or mistaken requests, over a real
 // listener, are problem+json, bounded, and name what was wrong.
 func TestProblemShapes(t *testing.T) {
-	file := filepath.Join(t.TempDir(), "sluice.yaml")
-	yaml := "domain: d\ndescriptors:\n  - key: remote_address\n    rate_limit: {unit: second, requests_per_unit: 100}\n---\npolicies:\n  - name: p\n    limit: 10/s\n"
-	if err := os.WriteFile(file, []byte(yaml), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	file := writeConfig(t, "domain: d\ndescriptors:\n  - key: remote_address\n    rate_limit: {unit: second, requests_per_unit: 100}\n---\npolicies:\n  - name: p\n    limit: 10/s\n")
 	srv := startServer(t, Options{ConfigFile: file, WatchInterval: -1})
 	t.Cleanup(func() { srv.Shutdown(t.Context()) })
 	base := "http://" + srv.HTTPAddr()

@@ -5,8 +5,6 @@ package server
 import (
 	"encoding/json"
 	"log/slog"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 
@@ -25,8 +23,7 @@ func TestShadowPeekFailureOfDeniedRequest(t *testing.T) {
 	admin := r.Client(t)
 	sluiceUser(t, admin, "shadowpeek")
 	allowKeys(t, admin, "shadowpeek", "~sluice:{v*:api@*")
-	cfg := filepath.Join(t.TempDir(), "sluice.yaml")
-	if err := os.WriteFile(cfg, []byte(`
+	cfg := writeConfig(t, `
 policies:
   - name: dry
     limit: 5/min
@@ -35,9 +32,7 @@ policies:
   - name: api
     limit: 1/min
     key: "{user}"
-`), 0o600); err != nil {
-		t.Fatal(err)
-	}
+`)
 	logs := &syncBuffer{}
 	srv := runServer(t, Options{ConfigFile: cfg, RedisURL: "redis://shadowpeek:pw@" + r.Addr + "/0", NoFailurePolicy: true,
 		Logger: slog.New(slog.NewJSONHandler(logs, nil))})

@@ -6,8 +6,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -38,11 +36,7 @@ func slowClientServer(t *testing.T, maxConns int) *Server {
 // (a connection cap, TLS).
 func capServer(t *testing.T, opts Options) *Server {
 	t.Helper()
-	file := filepath.Join(t.TempDir(), "sluice.yaml")
-	yaml := "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1000000}\n---\npolicies:\n  - name: p\n    limit: 1000000/s\n"
-	if err := os.WriteFile(file, []byte(yaml), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	file := writeConfig(t, "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1000000}\n---\npolicies:\n  - name: p\n    limit: 1000000/s\n")
 	opts.ConfigFile, opts.WatchInterval = file, -1
 	srv := startServer(t, opts)
 	t.Cleanup(func() {

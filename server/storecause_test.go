@@ -34,15 +34,7 @@ func TestServerTakeOnReplicaCause(t *testing.T) {
 	if err := r.Client(t).ReplicaOf(context.Background(), host, port).Err(); err != nil {
 		t.Fatal(err)
 	}
-	const series = `sluice_store_errors_total{cause="topology",op="take",store="redis"}`
-	if !eventually(func() bool {
-		p.post(t, "/v1/check", `{"policy":"rl.foo","key":"foo=a"}`)
-		got := scrapedMetric(t, p, series)
-		return got != "" && got != "0"
-	}) {
-		_, body := p.get(t, "/metrics")
-		t.Fatalf("no take counted as %s:\n%s", series, grepLines(body, "sluice_store_errors_total"))
-	}
+	waitTakesCounted(t, p, "topology")
 	if _, body := p.get(t, "/metrics"); strings.Contains(body, `sluice_store_errors_total{cause="unreachable"`) {
 		t.Errorf("takes refused by a replica counted as unreachable:\n%s", grepLines(body, "sluice_store_errors_total"))
 	}
@@ -99,15 +91,7 @@ func TestServerRedisMaxClients(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	const series = `sluice_store_errors_total{cause="maxclients",op="take",store="redis"}`
-	if !eventually(func() bool {
-		p.post(t, "/v1/check", `{"policy":"rl.foo","key":"foo=a"}`)
-		got := scrapedMetric(t, p, series)
-		return got != "" && got != "0"
-	}) {
-		_, body := p.get(t, "/metrics")
-		t.Fatalf("no take counted as %s:\n%s", series, grepLines(body, "sluice_store_errors_total"))
-	}
+	waitTakesCounted(t, p, "maxclients")
 	if !eventually(func() bool { return countLines(&logs, "store lost") == 2 }) {
 		t.Fatalf("no store lost line at runtime:\n%s", logs.String())
 	}
@@ -273,6 +257,21 @@ func TestServerClusterReshardingCause(t *testing.T) {
 		return grants() > before && errs() == settled
 	}) {
 		t.Errorf("grants still failing after the migration completed:\n%s\n%s", errs(), logs.String())
+	}
+}
+
+// waitTakesCounted checks rl.foo until a take is counted as a store error
+// with cause, failing the test if none is.
+func waitTakesCounted(t *testing.T, p *proc, cause string) {
+	t.Helper()
+	series := `sluice_store_errors_total{cause="` + cause + `",op="take",store="redis"}`
+	if !eventually(func() bool {
+		p.post(t, "/v1/check", `{"policy":"rl.foo","key":"foo=a"}`)
+		got := scrapedMetric(t, p, series)
+		return got != "" && got != "0"
+	}) {
+		_, body := p.get(t, "/metrics")
+		t.Fatalf("no take counted as %s:\n%s", series, grepLines(body, "sluice_store_errors_total"))
 	}
 }
 
