@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"net"
 	"runtime"
 	"slices"
@@ -55,8 +56,10 @@ type reloader struct {
 	firstLoad
 	// quit, closed once the Store is garbage, stops the watch; nil (a
 	// reloader of the package-level functions, or a test's) runs none.
-	quit     chan struct{}
-	watching atomic.Bool // the watch runs
+	quit chan struct{}
+	// watching: the watch runs. Its own allocation, so that the watch
+	// holds it without holding the reloader (see watch).
+	watching *atomic.Bool
 }
 
 // firstLoad is the loading of a client's first slot map (awaitMap).
@@ -428,71 +431,89 @@ const watchTries = 3
 // startWatch starts the watch, once, on a Store's reloader.
 func (r *reloader) startWatch() {
 	if r.quit != nil && !r.watching.Swap(true) {
-		go r.watch()
+		go watchSlots(weak.Make(r), r.quit, r.watching)
 	}
 }
 
-// watch asks one master of the map in memory for CLUSTER SLOTS every
-// watchEvery and, when a range's master differs from the map's, reloads
-// the map and looks at it (look), which tells a change of masters. A node
-// that does not answer within watchEvery is left for the next one. It
-// ends when the Store is garbage (quit) or the client is closed.
-func (r *reloader) watch() {
-	defer r.watching.Store(false)
+// watchState is what the watch keeps between its questions.
+type watchState struct {
+	next  int    // the sample master asked next
+	seen  string // the last answer that differed
+	tries int    // reloads for it
+	out   sync.Map
+}
+
+// watchSlots asks the masters of the map in memory in turn for CLUSTER
+// SLOTS, one every watchEvery, and, when a range's master differs from the
+// map's, reloads the map and looks at it (look), which tells a change of
+// masters. A node that does not answer within watchEvery is left. It
+// ends when the Store is garbage (quit) or the client is closed. It holds
+// the reloader only while it asks: an OnFailover hook that refers to its
+// Store (the reloader holds the hook) must not keep the Store, and the
+// watch, alive.
+func watchSlots(wr weak.Pointer[reloader], quit chan struct{}, watching *atomic.Bool) {
+	defer watching.Store(false)
 	tick := time.NewTicker(watchEvery)
 	defer tick.Stop()
-	var (
-		next  int    // the sample master asked next
-		seen  string // the last answer that differed
-		tries int    // reloads for it
-		out   sync.Map
-	)
+	// Stores on one client ask their masters in turn, each from its own
+	// start, rather than all the first one.
+	st := watchState{next: rand.IntN(1 << 16)}
 	for {
 		select {
-		case <-r.quit:
+		case <-quit:
 			return
 		case <-tick.C:
 		}
-		samples := r.sampled()
-		if len(samples) == 0 { // no look yet: the masters a change is told from
-			r.look(true)
-			if samples = r.sampled(); len(samples) == 0 {
-				continue
-			}
-		}
-		slots, origin, err := r.askSlots(samples[next%len(samples)].node, &out)
-		if errors.Is(err, redis.ErrClosed) && r.closed() {
+		r := wr.Value()
+		if r == nil || r.watchOnce(&st) {
 			return
-		}
-		if err != nil {
-			// go-redis closes a node's client a minute after the node
-			// left the map: look again for the masters to ask.
-			if errors.Is(err, redis.ErrClosed) {
-				r.look(true)
-			}
-			next++
-			continue
-		}
-		answer, differs := r.differs(slots, origin)
-		if !differs {
-			tries = 0
-			continue
-		}
-		if answer != seen {
-			seen, tries = answer, 0
-		}
-		if tries >= watchTries {
-			continue
-		}
-		tries++
-		_, err = r.hedgedReload(cmp.Or(r.every, DefaultReloadInterval), 1, false)
-		if errors.Is(err, redis.ErrClosed) {
-			return
-		}
-		if err == nil {
-			r.look(true)
 		}
 	}
+}
+
+// watchOnce asks once, and reports whether the watch should end: the
+// client is closed.
+func (r *reloader) watchOnce(st *watchState) (done bool) {
+	samples := r.sampled()
+	if len(samples) == 0 { // no look yet: the masters a change is told from
+		r.look(true)
+		if samples = r.sampled(); len(samples) == 0 {
+			return false
+		}
+	}
+	slots, origin, err := r.askSlots(samples[st.next%len(samples)].node, &st.out)
+	st.next++
+	if errors.Is(err, redis.ErrClosed) && r.closed() {
+		return true
+	}
+	if err != nil {
+		// go-redis closes a node's client a minute after the node
+		// left the map: look again for the masters to ask.
+		if errors.Is(err, redis.ErrClosed) {
+			r.look(true)
+		}
+		return false
+	}
+	answer, differs := r.differs(slots, origin)
+	if !differs {
+		st.tries = 0
+		return false
+	}
+	if answer != st.seen {
+		st.seen, st.tries = answer, 0
+	}
+	if st.tries >= watchTries {
+		return false
+	}
+	st.tries++
+	_, err = r.hedgedReload(cmp.Or(r.every, DefaultReloadInterval), 1, false)
+	if errors.Is(err, redis.ErrClosed) {
+		return true
+	}
+	if err == nil {
+		r.look(true)
+	}
+	return false
 }
 
 // closed reports whether the cluster client is closed: a node's client

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"runtime"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -175,6 +176,28 @@ func TestWatchStops(t *testing.T) {
 	awaitWatching(r, true, false)
 	s = nil
 	awaitWatching(r, false, true)
+
+	// A hook that refers to its Store (the reloader holds the hook) does
+	// not keep the Store, nor the watch, alive.
+	w := func() *atomic.Bool {
+		hooked := New(c, &Options{Prefix: redistest.Prefix(t)})
+		hooked.OnFailover(func() { _ = hooked.RoundTrip() })
+		if _, err := hooked.Take(ctx, "k", l, 1); err != nil {
+			t.Fatal(err)
+		}
+		return hooked.reload.watching
+	}()
+	for deadline := time.Now().Add(5 * time.Second); !w.Load(); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("no watch")
+		}
+	}
+	for deadline := time.Now().Add(5 * time.Second); w.Load(); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the watch of a Store whose hook refers to it still runs 5s after it was dropped")
+		}
+		runtime.GC()
+	}
 }
 
 // A slot map read mid-failover lists the old masters and the promoted

@@ -284,7 +284,7 @@ func New(client redis.UniversalClient, opts *Options) *Store {
 		s.batch.lane.stall = s.batch.stallLog("")
 	}
 	if cc, ok := client.(*redis.ClusterClient); ok {
-		s.reload = &reloader{cluster: cc, every: o.ReloadInterval, log: o.Logger, quit: make(chan struct{})}
+		s.reload = &reloader{cluster: cc, every: o.ReloadInterval, log: o.Logger, quit: make(chan struct{}), watching: new(atomic.Bool)}
 		// The watch stops once the Store is garbage (or its client closed).
 		runtime.AddCleanup(s, func(quit chan struct{}) { close(quit) }, s.reload.quit)
 	}
