@@ -702,6 +702,9 @@
     }
     document.body.dataset.health = !st.ready ? "not-ready" : st.degraded ? "degraded" : "ok";
     const off = st.admin === "disabled";
+    // The top keys' note depends on it: a refusal noted before this answer
+    // came (a slow status) is shown again with the right words.
+    if (off !== adminDisabled) topRefused = null;
     adminDisabled = off;
     $("reset-all").hidden = off;
     $("reset-off").hidden = !off;
