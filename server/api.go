@@ -322,25 +322,29 @@ func (a *api) stats(w http.ResponseWriter, _ *http.Request) {
 // name (hitsAddend).
 var jsonField = regexp.MustCompile(`\bfield ([a-z][a-zA-Z0-9]*)`)
 
-// protoFieldNames adds to each field protojson's message names by its JSON
+// protoFieldNames adds to the field protojson's message names by its JSON
 // name the proto name, which Envoy's and envoyproxy/ratelimit's documents
 // use: "field hits_addend (hitsAddend)". Either is accepted in a request.
+//
+// Only that one: what follows it may quote the client's own value.
 func protoFieldNames(msg string) string {
-	return jsonField.ReplaceAllStringFunc(msg, func(m string) string {
-		name := m[len("field "):]
-		var b strings.Builder
-		for _, r := range name {
-			if unicode.IsUpper(r) {
-				b.WriteByte('_')
-				r = unicode.ToLower(r)
-			}
-			b.WriteRune(r)
+	loc := jsonField.FindStringSubmatchIndex(msg)
+	if loc == nil {
+		return msg
+	}
+	name := msg[loc[2]:loc[3]]
+	var b strings.Builder
+	for _, r := range name {
+		if unicode.IsUpper(r) {
+			b.WriteByte('_')
+			r = unicode.ToLower(r)
 		}
-		if b.String() == name {
-			return m
-		}
-		return "field " + b.String() + " (" + name + ")"
-	})
+		b.WriteRune(r)
+	}
+	if b.String() == name {
+		return msg
+	}
+	return msg[:loc[2]] + b.String() + " (" + name + ")" + msg[loc[3]:]
 }
 
 // envoyJSON is ShouldRateLimit with a JSON body, as envoyproxy/ratelimit's

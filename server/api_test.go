@@ -409,6 +409,11 @@ func TestEnvoyJSONEndpoint(t *testing.T) {
 	if w.Code != 400 || !strings.Contains(w.Body.String(), "field hits_addend (hitsAddend)") {
 		t.Errorf("bad hits_addend: %d %s", w.Code, w.Body.String())
 	}
+	// The client's own value is quoted as sent.
+	w = e.do(t, "POST", "/json", `{"domain":"web","descriptors":[{"entries":[{"key":"k","value":"v"}]}],"hitsAddend":"field fooBar"}`, nil, "")
+	if w.Code != 400 || !strings.Contains(w.Body.String(), `field fooBar`) {
+		t.Errorf("value rewritten: %d %s", w.Code, w.Body.String())
+	}
 }
 
 // goInternals returns the first Go package prefix or type wording found in a
