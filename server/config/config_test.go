@@ -514,7 +514,7 @@ descriptors:
     descriptors:
       - key: b
         value:
-        rate_limit: {unit: second, requests_per_unit: 5}
+        rate_limit: {unit: second, requests_per_unit: 5, unit_multiplier: , name: }
 `))
 	if err != nil {
 		t.Fatal(err)

@@ -40,6 +40,7 @@ func (l *loader) descriptors(d *Domain, parent *descNode, path string, list *yam
 		}
 		// A field written with no value is left out, as envoyproxy/ratelimit's
 		// reader takes it (its zero value): "rate_limit:" sets no limit.
+		// Booleans stay strict: an empty one is an error naming it.
 		value, rateLimit, metadata = notNull(value), notNull(rateLimit), notNull(metadata)
 		dn := &descNode{children: map[entryKey]*descNode{}, pos: l.at(n)}
 		ek := entryKey{key: l.str(key)}
@@ -111,6 +112,7 @@ func (l *loader) rateLimit(d *Domain, dn *descNode, name string, n *yaml.Node, s
 	}, map[string]bool{"lease": true}) {
 		return
 	}
+	rname, alg, mult = notNull(rname), notNull(alg), notNull(mult)
 	if lease != nil {
 		// Envoy's format stays what envoyproxy/ratelimit reads, exact.
 		l.errorf(lease, "lease: Envoy-format limits are exact; write the limit as a sluice-format policy to lease it")
