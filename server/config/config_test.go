@@ -106,7 +106,7 @@ func TestConfigErrors(t *testing.T) {
 		{"bad key template", "policies:\n  - name: a\n    limit: 1/s\n    key: '{user'\n", `4:10: key "{user": unclosed '{'`},
 		{"template variable too long", "policies:\n  - name: a\n    limit: 1/s\n    key: '{" + strings.Repeat("v", 129) + "}'\n", `4:10: key "{` + strings.Repeat("v", 129) + `}": variable {vvvvvvvvvvvvvvvv…} is 129 bytes long: at most 128`},
 		{"adjacent template variables", "policies:\n  - name: a\n    limit: 1/s\n    key: '{u}{r}'\n", `4:10: key "{u}{r}": variables {u} and {r} need text between them without '%', or their values could not be told apart`},
-		{"raw percent around a template variable", "policies:\n  - name: a\n    limit: 1/s\n    key: '100%:{u}'\n", `4:10: key "100%:{u}": the text around its variables: "%:" is not an escape: write '%' as %25`},
+		{"raw percent around a template variable", "policies:\n  - name: a\n    limit: 1/s\n    key: '100%:{u}'\n", `4:10: key "100%:{u}": the text around its variables: "%:" is not an escape: write a '%' of the key's text as %25`},
 		{"percent between template variables", "policies:\n  - name: a\n    limit: 1/s\n    key: '{u}%{r}'\n", `4:10: key "{u}%{r}": variables {u} and {r} need text between them without '%', or their values could not be told apart`},
 		{"template without variables", "policies:\n  - name: a\n    limit: 1/s\n    key: fixed\n", `4:10: key "fixed": needs at least one {variable}`},
 		{"unquoted template", "policies:\n  - name: a\n    limit: 1/s\n    key: {user}\n", `4:10: key is a YAML mapping, not a template: quote the braces (key: "{user}")`},

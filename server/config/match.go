@@ -297,7 +297,7 @@ func EscapeProblem(key string) string {
 		}
 		if i+2 >= len(key) || !isHex(key[i+1]) || !isHex(key[i+2]) {
 			esc := key[i:min(i+3, len(key))]
-			return fmt.Sprintf("%q is not an escape: write '%%' as %%25, ',' as %%2C, '=' as %%3D, '|' as %%7C, '{' as %%7B, '}' as %%7D", esc)
+			return fmt.Sprintf("%q is not an escape: write a '%%' of the key's text as %%25", esc)
 		}
 		if esc := key[i : i+3]; esc != strings.ToUpper(esc) {
 			return fmt.Sprintf("escape %q must be written in upper case, %q", esc, strings.ToUpper(esc))
