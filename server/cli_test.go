@@ -13,11 +13,11 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice/internal/logtest"
 	"github.com/sluicehq/sluice/internal/redistest"
 )
 
@@ -86,22 +86,8 @@ func parseRecord(line string) (r logRecord, ok bool) {
 	return r, r["msg"] != "" && r["level"] != ""
 }
 
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
+// syncBuffer is the tests' log sink, safe for concurrent writers.
+type syncBuffer = logtest.Log
 
 func sluiceCmd(env []string, args ...string) *exec.Cmd {
 	cmd := exec.Command(os.Args[0], args...)
