@@ -297,10 +297,11 @@ func (in *Interceptor) check(ctx context.Context, method string) (metadata.MD, e
 	if v.Allowed {
 		return md, nil
 	}
-	if c := &checks[v.Report]; noWait {
+	c := &checks[v.Report]
+	if noWait {
 		return md, never(c.Rule.Name, c.Cost, c.Rule.Limit)
 	}
-	return md, denial(checks[v.Report].Rule.Name, v.Decision)
+	return md, denial(c.Rule.Name, v.Decision)
 }
 
 // errMisconfigured fails a call a rule could not key or weigh. It names

@@ -313,7 +313,8 @@ const lookEvery = 100 * time.Millisecond
 // (a replica promoted): one line, and OnFailover's hook. A planned
 // failover (CLUSTER FAILOVER) fails no call, so no reload episode starts;
 // go-redis reloads its map itself on the MOVED a call to the demoted
-// master meets, or the watch reloads it, and a look finds it. force (a reload, a check) reads every slot's master now. A call
+// master meets, or the watch reloads it, and a look finds it. force (a
+// reload, a check) reads every slot's master now. A call
 // (!force) only makes sure that a look runs lookEvery later, on a timer,
 // at most one pending: the redirected call succeeds before go-redis's
 // reload, which it started, lands, so a look right after it found

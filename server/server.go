@@ -407,7 +407,7 @@ func (s *Server) memoryStore() *memory.Store {
 
 // leaseFor is the Redis deny cache's DenyCacheFor: a leased policy's key
 // keeps a denial at most its lease's D, so that a Reset through another
-// instance reaches the requests its leases send to Redis within D, as the
+// instance reaches the requests its leases send to Redis within D, as
 // docs/leases.md promises. s.svc is set before any decision.
 func (s *Server) leaseFor(key string, limit sluice.Limit) time.Duration {
 	if s.svc == nil {

@@ -374,11 +374,7 @@ func (p *Policy) canonical(key string) (string, string) {
 		if !ok {
 			return key, rule
 		}
-		if i == len(raws)-1 {
-			b.WriteString(enforce.EscapeKey(v))
-		} else {
-			t.writeValue(&b, v)
-		}
+		t.writeValueAt(&b, i, v)
 		b.WriteString(t.parts[i+1])
 	}
 	return b.String(), rule
@@ -443,6 +439,17 @@ func (t *template) writeValue(b *strings.Builder, v string) {
 		} else {
 			b.WriteByte(c)
 		}
+	}
+}
+
+// writeValueAt writes v as the template renders its i-th value: the last
+// with the escapes every key value has (enforce.EscapeKey), the others
+// with the text between the variables escaped too.
+func (t *template) writeValueAt(b *strings.Builder, i int, v string) {
+	if i == len(t.vars)-1 {
+		b.WriteString(enforce.EscapeKey(v))
+	} else {
+		t.writeValue(b, v)
 	}
 }
 
@@ -602,11 +609,7 @@ func (t *template) render(entries []Entry, group *ipkey.Resolver) (string, bool)
 			if g, ok := groupIP(group, value); ok {
 				value = g
 			}
-			if i == len(t.vars)-1 {
-				b.WriteString(enforce.EscapeKey(value))
-			} else {
-				t.writeValue(&b, value)
-			}
+			t.writeValueAt(&b, i, value)
 			found = true
 			break
 		}
@@ -633,20 +636,15 @@ func (p *Policy) regroup(key string) (string, bool) {
 	var b strings.Builder
 	b.WriteString(t.parts[0])
 	changed := false
-	last := len(t.vars) - 1
 	for i, raw := range raws {
 		value, ok := unescape(raw)
 		if !ok {
 			return "", false
 		}
-		switch g, ok := groupIP(p.ipGroup, value); {
-		case ok && g != value && i < last:
-			t.writeValue(&b, g)
+		if g, ok := groupIP(p.ipGroup, value); ok && g != value {
+			t.writeValueAt(&b, i, g)
 			changed = true
-		case ok && g != value:
-			b.WriteString(enforce.EscapeKey(g))
-			changed = true
-		default:
+		} else {
 			b.WriteString(raw)
 		}
 		b.WriteString(t.parts[i+1])
