@@ -83,6 +83,11 @@ var (
 	// server's maxmemory-policy may evict sluice's keys, which resets
 	// limits.
 	ErrEviction = errors.New("redisstore: Redis may evict keys")
+	// ErrNoPersistence is a warning, never returned as Check's error: the
+	// server runs without its append-only file, so a restart loses the
+	// decisions made since its last snapshot, if any, and resets those
+	// limits.
+	ErrNoPersistence = errors.New("redisstore: Redis may lose decisions on restart")
 )
 
 // CheckError is a classified Redis failure: Kind is one of this package's
@@ -113,7 +118,7 @@ func (e *CheckError) Is(target error) bool {
 // transient reports whether a kind can pass without a configuration change.
 func transient(kind error) bool {
 	switch kind {
-	case ErrUnreachable, ErrStalled, ErrEviction, ErrReplicas, ErrOOM, ErrMaxClients, ErrResharding:
+	case ErrUnreachable, ErrStalled, ErrEviction, ErrNoPersistence, ErrReplicas, ErrOOM, ErrMaxClients, ErrResharding:
 		return true
 	}
 	return false
@@ -247,7 +252,8 @@ type CheckReport struct {
 	// Masters is a Cluster's masters, by address, sorted: every one
 	// checked.
 	Masters []string
-	// Warnings are problems that do not stop sluice: ErrEviction, or
+	// Warnings are problems that do not stop sluice: ErrEviction,
+	// ErrNoPersistence, or
 	// checks the user may not run (INFO denied).
 	Warnings []error
 }
@@ -404,10 +410,10 @@ func MayEvict(policy, maxmemory string) bool {
 const probeScript = "redis.call('TIME') return 1"
 
 func checkNode(ctx context.Context, node *redis.Client, cluster bool, rep *CheckReport, scripting *atomic.Int32) error {
-	info, err := node.Info(ctx, "server", "cluster", "memory", "replication").Result()
+	info, err := node.Info(ctx, "server", "cluster", "memory", "replication", "persistence").Result()
 	switch {
 	case err != nil && strings.Contains(err.Error(), "NOPERM"):
-		rep.Warnings = append(rep.Warnings, checkErr(ErrPermission, "INFO denied: version, topology and eviction policy not checked", err))
+		rep.Warnings = append(rep.Warnings, checkErr(ErrPermission, "INFO denied: version, topology, eviction policy and persistence not checked", err))
 	case err != nil:
 		return err
 	default:
@@ -428,13 +434,17 @@ func checkNode(ctx context.Context, node *redis.Client, cluster bool, rep *Check
 		if rep.Version == "" || !versionAtLeast(v, rep.Version) {
 			rep.Version = v
 		}
+		where := ""
+		if addr := node.Options().Addr; hostPort(addr) { // a Cluster's masters may differ
+			where = "node " + addr + ": "
+		}
 		if p := fields["maxmemory_policy"]; MayEvict(p, fields["maxmemory"]) {
-			where := ""
-			if addr := node.Options().Addr; hostPort(addr) { // a Cluster's masters may differ
-				where = "node " + addr + ": "
-			}
 			rep.Warnings = append(rep.Warnings, checkErr(ErrEviction,
 				fmt.Sprintf("%smaxmemory-policy %s may evict sluice's keys and reset their limits; set noeviction", where, p), nil))
+		}
+		if fields["aof_enabled"] == "0" {
+			rep.Warnings = append(rep.Warnings, checkErr(ErrNoPersistence,
+				where+"appendonly no, so a restart loses every decision since the last RDB snapshot, if any, and those keys' limits start afresh; set appendonly yes (appendfsync everysec loses at most about a second)", nil))
 		}
 	}
 	// The node answered INFO: a timeout from here on is a node that

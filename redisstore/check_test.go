@@ -52,7 +52,7 @@ func wantKind(t *testing.T, err, kind error, words string) {
 
 func TestCheckHealthy(t *testing.T) {
 	t.Parallel()
-	srv := redistest.StartServer(t)
+	srv := redistest.StartServerOptions(t, &redistest.ServerOptions{Args: []string{"--appendonly", "yes"}})
 	rep, err := redisstore.Check(checkCtx(t), newClient(t, &redis.Options{Addr: srv.Addr}))
 	if err != nil {
 		t.Fatal(err)
@@ -60,6 +60,36 @@ func TestCheckHealthy(t *testing.T) {
 	if rep.Cluster || len(rep.Warnings) != 0 || !strings.HasPrefix(rep.Version, "7.") && !strings.HasPrefix(rep.Version, "8.") {
 		t.Errorf("report %+v: want a standalone server of 7.0 or later without warnings", rep)
 	}
+}
+
+// TestCheckPersistenceWarning: a server without appendonly loses decisions
+// when it restarts; Check says so, naming the node and the setting, as a
+// warning that does not refuse the start.
+func TestCheckPersistenceWarning(t *testing.T) {
+	t.Parallel()
+	srv := redistest.StartServer(t) // --appendonly no
+	rep, err := redisstore.Check(checkCtx(t), newClient(t, &redis.Options{Addr: srv.Addr}))
+	if err != nil {
+		t.Fatalf("Check = %v: a server without appendonly warns, it does not refuse", err)
+	}
+	if len(rep.Warnings) != 1 || !errors.Is(rep.Warnings[0], redisstore.ErrNoPersistence) || errors.Is(rep.Warnings[0], redisstore.ErrMisconfigured) {
+		t.Fatalf("warnings %v, want one ErrNoPersistence", rep.Warnings)
+	}
+	if msg := rep.Warnings[0].Error(); !strings.Contains(msg, "node "+srv.Addr+": appendonly no,") || !strings.Contains(msg, "appendonly yes") {
+		t.Errorf("warning %q: want the node, the setting and the fix", msg)
+	}
+}
+
+// others drops ErrNoPersistence from ws: the test servers run without
+// appendonly.
+func others(ws []error) []error {
+	var out []error
+	for _, w := range ws {
+		if !errors.Is(w, redisstore.ErrNoPersistence) {
+			out = append(out, w)
+		}
+	}
+	return out
 }
 
 func TestCheckAuthentication(t *testing.T) {
@@ -178,7 +208,7 @@ func TestCheckPermission(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if len(rep.Warnings) != 1 || !errors.Is(rep.Warnings[0], redisstore.ErrPermission) {
+		if ws := others(rep.Warnings); len(ws) != 1 || !errors.Is(ws[0], redisstore.ErrPermission) {
 			t.Errorf("warnings %v, want one ErrPermission", rep.Warnings)
 		}
 	})
@@ -347,10 +377,11 @@ func TestCheckEvictionWarning(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Check = %v: an eviction policy warns, it does not refuse", err)
 	}
-	if len(rep.Warnings) != 1 || !errors.Is(rep.Warnings[0], redisstore.ErrEviction) || errors.Is(rep.Warnings[0], redisstore.ErrMisconfigured) {
+	ws := others(rep.Warnings)
+	if len(ws) != 1 || !errors.Is(ws[0], redisstore.ErrEviction) || errors.Is(ws[0], redisstore.ErrMisconfigured) {
 		t.Fatalf("warnings %v, want one ErrEviction", rep.Warnings)
 	}
-	if msg := rep.Warnings[0].Error(); !strings.Contains(msg, "allkeys-lru") || !strings.Contains(msg, "noeviction") || !strings.Contains(msg, "node "+srv.Addr) {
+	if msg := ws[0].Error(); !strings.Contains(msg, "allkeys-lru") || !strings.Contains(msg, "noeviction") || !strings.Contains(msg, "node "+srv.Addr) {
 		t.Errorf("warning %q: want the node, the policy and the fix", msg)
 	}
 }
@@ -373,7 +404,7 @@ func TestCheckEvictionWarningCluster(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(rep.Warnings) != 1 || !strings.Contains(rep.Warnings[0].Error(), "node "+node.Addr+": maxmemory-policy volatile-lru") {
+	if ws := others(rep.Warnings); len(ws) != 1 || !strings.Contains(ws[0].Error(), "node "+node.Addr+": maxmemory-policy volatile-lru") {
 		t.Fatalf("warnings %v, want one naming node %s", rep.Warnings, node.Addr)
 	}
 }

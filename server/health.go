@@ -1293,7 +1293,9 @@ func (w *checkWarnings) due(now time.Time) bool {
 }
 
 // log logs the warnings of a full check: every one if all, else those
-// new since the last check, and a line when the last ones are gone.
+// new since the last check, and a line naming those of the last check
+// that are gone (others may stay: a Redis without appendonly keeps its
+// warning while an eviction policy is set right).
 func (w *checkWarnings) log(l *slog.Logger, ws []error, all bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -1305,8 +1307,14 @@ func (w *checkWarnings) log(l *slog.Logger, ws []error, all bool) {
 			l.Warn("Redis check", "warning", e)
 		}
 	}
-	if len(now) == 0 && len(w.last) > 0 {
-		l.Info("Redis check: warnings cleared", "were", strings.Join(w.last, "; "))
+	var gone []string
+	for _, was := range w.last {
+		if !slices.Contains(now, was) {
+			gone = append(gone, was)
+		}
+	}
+	if len(gone) > 0 {
+		l.Info("Redis check: warnings cleared", "were", strings.Join(gone, "; "))
 	}
 	w.last = now
 }

@@ -41,6 +41,8 @@ var (
 		"Redis's maxmemory (INFO memory); 0: no limit.", []string{"node"}, nil)
 	redisMayEvictDesc = prometheus.NewDesc("sluice_redis_may_evict",
 		"1 if the node's maxmemory-policy (the label) may evict sluice's keys under its maxmemory, resetting their limits; 0 if not.", []string{"node", "policy"}, nil)
+	redisAOFDesc = prometheus.NewDesc("sluice_redis_aof_enabled",
+		"1 if the node writes an append-only file (INFO persistence aof_enabled); 0: a restart loses the decisions since its last RDB snapshot, if any, and those limits start afresh.", []string{"node"}, nil)
 	redisEvictedDesc = prometheus.NewDesc("sluice_redis_evicted_keys_total",
 		"Keys Redis evicted under maxmemory (INFO stats); sluice's keys among them lose their limits' state.", []string{"node"}, nil)
 	redisRestartsDesc = prometheus.NewDesc("sluice_redis_restarts_total",
@@ -65,7 +67,7 @@ func newRedisInfo(client redis.UniversalClient, timeout time.Duration) *redisInf
 // Describe implements prometheus.Collector.
 func (c *redisInfo) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{redisUpDesc, redisUsedDesc, redisMaxDesc, redisMayEvictDesc,
-		redisEvictedDesc, redisRestartsDesc, redisScriptCallsDesc, redisScriptSecondsDesc, redisScriptPerCallDesc} {
+		redisAOFDesc, redisEvictedDesc, redisRestartsDesc, redisScriptCallsDesc, redisScriptSecondsDesc, redisScriptPerCallDesc} {
 		ch <- d
 	}
 }
@@ -125,6 +127,7 @@ func (c *redisInfo) collectNode(ctx context.Context, ch chan<- prometheus.Metric
 	gauge(redisUsedDesc, "used_memory", prometheus.GaugeValue)
 	gauge(redisMaxDesc, "maxmemory", prometheus.GaugeValue)
 	gauge(redisEvictedDesc, "evicted_keys", prometheus.CounterValue)
+	gauge(redisAOFDesc, "aof_enabled", prometheus.GaugeValue)
 	if n, ok := c.evictions.restarts(node); ok {
 		ch <- prometheus.MustNewConstMetric(redisRestartsDesc, prometheus.CounterValue, float64(n), node)
 	}

@@ -77,6 +77,9 @@ func TestRedisInfo(t *testing.T) {
 		if got := metricValue(t, g, "sluice_redis_may_evict", map[string]string{"node": c.Options().Addr, "policy": "noeviction"}); got != 0 {
 			t.Errorf("may evict under noeviction = %v, want 0", got)
 		}
+		if got := metricValue(t, g, "sluice_redis_aof_enabled", node); got != 0 { // the test servers run --appendonly no
+			t.Errorf("aof enabled = %v, want 0", got)
+		}
 		if got := metricValue(t, g, "sluice_redis_evicted_keys_total", node); got < 0 {
 			t.Errorf("evicted keys missing")
 		}
