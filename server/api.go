@@ -322,17 +322,32 @@ func (a *api) stats(w http.ResponseWriter, _ *http.Request) {
 // name (hitsAddend).
 var jsonField = regexp.MustCompile(`\bfield ([a-z][a-zA-Z0-9]*)`)
 
+// jsonAt matches the position protojson gives its errors: "(line 1:84)",
+// the line and the column (in characters) where the bad value starts.
+var jsonAt = regexp.MustCompile(`\(line (\d+):(\d+)\)`)
+
+// keyBefore matches the JSON key whose value ends the text it is run on.
+var keyBefore = regexp.MustCompile(`"([A-Za-z_][A-Za-z0-9_]*)"\s*:\s*$`)
+
 // protoFieldNames adds to the field protojson's message names by its JSON
 // name the proto name, which Envoy's and envoyproxy/ratelimit's documents
 // use: "field hits_addend (hitsAddend)". Either is accepted in a request.
+// A wrapper's (a descriptor's hits_addend is a UInt64Value) is named
+// "value" by protojson, the wrapper's own inner field, which the client
+// never sent: the key in body before the error's position names it.
 //
 // Only that one: what follows it may quote the client's own value.
-func protoFieldNames(msg string) string {
+func protoFieldNames(msg string, body []byte) string {
 	loc := jsonField.FindStringSubmatchIndex(msg)
 	if loc == nil {
 		return msg
 	}
 	name := msg[loc[2]:loc[3]]
+	if name == "value" {
+		if key := keyAt(msg, body); key != "" && key != name {
+			name = key
+		}
+	}
 	var b strings.Builder
 	for _, r := range name {
 		if unicode.IsUpper(r) {
@@ -342,9 +357,55 @@ func protoFieldNames(msg string) string {
 		b.WriteRune(r)
 	}
 	if b.String() == name {
-		return msg
+		return msg[:loc[2]] + name + msg[loc[3]:]
 	}
 	return msg[:loc[2]] + b.String() + " (" + name + ")" + msg[loc[3]:]
+}
+
+// keyAt returns the key of the value at the position msg gives in body,
+// or "".
+func keyAt(msg string, body []byte) string {
+	m := jsonAt.FindStringSubmatch(msg)
+	if m == nil {
+		return ""
+	}
+	line, _ := strconv.Atoi(m[1])
+	col, _ := strconv.Atoi(m[2])
+	rest := string(body)
+	for ; line > 1; line-- {
+		i := strings.IndexByte(rest, '\n')
+		if i < 0 {
+			return ""
+		}
+		rest = rest[i+1:]
+	}
+	off := len(body) - len(rest)
+	for i := range rest { // col counts characters from 1
+		if col--; col == 0 {
+			k := keyBefore.FindStringSubmatch(string(body[:off+i]))
+			if k == nil {
+				return ""
+			}
+			name := k[1]
+			if strings.Contains(name, "_") { // the proto name: as protojson would give the JSON one
+				var b strings.Builder
+				up := false
+				for _, r := range name {
+					if r == '_' {
+						up = true
+						continue
+					}
+					if up {
+						r, up = unicode.ToUpper(r), false
+					}
+					b.WriteRune(r)
+				}
+				name = b.String()
+			}
+			return name
+		}
+	}
+	return ""
 }
 
 // envoyJSON is ShouldRateLimit with a JSON body, as envoyproxy/ratelimit's
@@ -365,7 +426,7 @@ func (a *api) envoyJSON(w http.ResponseWriter, r *http.Request) {
 			// protojson names the text after the escape, not the escape.
 			msg = fmt.Sprintf("%s at byte %d is half of a UTF-16 surrogate pair without its other half: send the character itself, or both halves", esc, at)
 		}
-		problem(w, http.StatusBadRequest, "the request body is not a RateLimitRequest in JSON: "+protoFieldNames(msg))
+		problem(w, http.StatusBadRequest, "the request body is not a RateLimitRequest in JSON: "+protoFieldNames(msg, body))
 		return
 	}
 	resp, err := rlsServer{svc: a.svc}.ShouldRateLimit(r.Context(), &req)

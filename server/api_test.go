@@ -409,6 +409,19 @@ func TestEnvoyJSONEndpoint(t *testing.T) {
 	if w.Code != 400 || !strings.Contains(w.Body.String(), "field hits_addend (hitsAddend)") {
 		t.Errorf("bad hits_addend: %d %s", w.Code, w.Body.String())
 	}
+	// A descriptor's hits_addend is a wrapper (UInt64Value): it is named,
+	// not the wrapper's inner field (value), on any line; an entry's value
+	// stays value.
+	for _, tc := range []struct{ body, want string }{
+		{`{"domain":"web","descriptors":[{"entries":[{"key":"k","value":"v"}],"hits_addend":-1}]}`, "field hits_addend (hitsAddend): -1"},
+		{"{\"domain\":\"web\",\n\"descriptors\":[{\"entries\":[{\"key\":\"k\",\"value\":\"v\"}],\n  \"hitsAddend\" : {\"value\":3}}]}", "field hits_addend (hitsAddend): {"},
+		{`{"domain":"web","descriptors":[{"entries":[{"key":"k","value":5}]}]}`, "string field value: 5"},
+	} {
+		w = e.do(t, "POST", "/json", tc.body, nil, "")
+		if w.Code != 400 || !strings.Contains(w.Body.String(), tc.want) {
+			t.Errorf("%s: %d %s, want %q", tc.body, w.Code, w.Body.String(), tc.want)
+		}
+	}
 	// The client's own value is quoted as sent.
 	w = e.do(t, "POST", "/json", `{"domain":"web","descriptors":[{"entries":[{"key":"k","value":"v"}]}],"hitsAddend":"field fooBar"}`, nil, "")
 	if w.Code != 400 || !strings.Contains(w.Body.String(), `field fooBar`) {
