@@ -12,6 +12,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice/internal/ctxutil"
 )
 
 // A fleet is every instance publishing its figures to the same Redis under
@@ -204,7 +206,7 @@ func (f *Fleet) report() instanceReport {
 // Publish runs one round: write this instance's report, renew its listing,
 // drop stale listings and read the other instances' reports.
 func (f *Fleet) Publish(ctx context.Context) error {
-	err := f.publish(ctx)
+	err := f.publish(ctxutil.OrBackground(ctx))
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	switch {

@@ -46,6 +46,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/ctxutil"
 	"github.com/sluicehq/sluice/internal/tick"
 	"github.com/sluicehq/sluice/memory"
 	"github.com/sluicehq/sluice/redisstore"
@@ -434,6 +435,13 @@ func (s *Server) Metrics() *Metrics { return s.metrics }
 // background. The bound addresses are then available from HTTPAddr and
 // GRPCAddr (useful with port 0).
 func (s *Server) Start() error {
+	// Its listeners, metrics and store are set up once: a second Start
+	// would register them again, and one after Shutdown use a closed store.
+	select {
+	case <-s.stop:
+		return fmt.Errorf("server: Start after Shutdown: %w", http.ErrServerClosed)
+	default:
+	}
 	grpcCreds, err := s.listen()
 	if err != nil {
 		return err
@@ -524,11 +532,21 @@ func (s *Server) Start() error {
 	return nil
 }
 
-// HTTPAddr returns the HTTP listener's address once started.
-func (s *Server) HTTPAddr() string { return s.httpLn.Addr().String() }
+// HTTPAddr returns the HTTP listener's address once started ("" before).
+func (s *Server) HTTPAddr() string {
+	if s == nil || s.httpLn == nil {
+		return ""
+	}
+	return s.httpLn.Addr().String()
+}
 
-// GRPCAddr returns the gRPC listener's address once started.
-func (s *Server) GRPCAddr() string { return s.grpcLn.Addr().String() }
+// GRPCAddr returns the gRPC listener's address once started ("" before).
+func (s *Server) GRPCAddr() string {
+	if s == nil || s.grpcLn == nil {
+		return ""
+	}
+	return s.grpcLn.Addr().String()
+}
 
 // Reload reads the configuration file again and swaps it in. A bad
 // configuration is rejected and the one in force stays. Requests in flight
@@ -608,6 +626,7 @@ func configStamp(files []string) string {
 // return at once: the rest goes on in the background, and unused lease
 // units are not returned but expire.
 func (s *Server) Shutdown(ctx context.Context) error {
+	ctx = ctxutil.OrBackground(ctx)
 	select {
 	case <-s.stop:
 	default:

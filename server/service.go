@@ -174,6 +174,11 @@ func NewService(store sluice.Store, cfg *config.Config, opts *ServiceOptions) *S
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
+	if store == nil {
+		// Every decision then fails as a store never built does, rather
+		// than panicking in the engine on a caller's request.
+		store = unbuiltStore{}
+	}
 	s := &Service{keyer: enforce.NewKeyer(o.KeyPrefix, o.HashKey), clock: o.Clock, metrics: o.Metrics, log: o.Logger,
 		keyLabels: newKeyLabels(o.KeyHashSecret)}
 	s.stats = newStats(o.Clock)
@@ -216,17 +221,23 @@ type snapshot struct {
 // Config returns the configuration in force (an empty one for a zero
 // Service).
 func (s *Service) Config() *config.Config {
+	if s == nil {
+		return &config.Config{}
+	}
 	if snap := s.snap.Load(); snap != nil {
 		return snap.cfg
 	}
 	return &config.Config{}
 }
 
-// SetConfig swaps in a new configuration and changes ConfigVersion. On a
-// zero Service it does nothing.
+// SetConfig swaps in a new configuration and changes ConfigVersion; nil
+// is an empty one. On a zero Service it does nothing.
 func (s *Service) SetConfig(cfg *config.Config) {
-	if s.engine == nil {
+	if s == nil || s.engine == nil {
 		return
+	}
+	if cfg == nil {
+		cfg = &config.Config{}
 	}
 	counted := countedPolicies(cfg)
 	if old := s.snap.Load(); old != nil {
@@ -509,7 +520,7 @@ func (s *Service) Reset(ctx context.Context, policy, key string) error {
 // request validates a JSON API request and returns its check; cost 0 is
 // the policy's cost.
 func (s *Service) request(policy, key string, cost int64) (*config.Policy, enforce.Check, error) {
-	if s.engine == nil {
+	if s == nil || s.engine == nil {
 		return nil, enforce.Check{}, ErrZeroService
 	}
 	cfg := s.Config()
@@ -584,3 +595,20 @@ func (o observer) ObserveSlot(e sluice.SlotEvent) {
 
 func (observer) ObserveStore(sluice.StoreEvent)     {}
 func (observer) ObserveBreaker(sluice.BreakerEvent) {}
+
+// unbuiltStore stands in for the nil store NewService was given.
+type unbuiltStore struct{}
+
+var errNilStore = fmt.Errorf("%w: NewService was given a nil store", sluice.ErrStoreNotBuilt)
+
+func (unbuiltStore) Take(context.Context, string, sluice.Limit, int64) (sluice.Decision, error) {
+	return sluice.Decision{}, errNilStore
+}
+
+func (unbuiltStore) Peek(context.Context, string, sluice.Limit, int64) (sluice.Decision, error) {
+	return sluice.Decision{}, errNilStore
+}
+
+func (unbuiltStore) Reset(context.Context, string, sluice.Limit) error { return errNilStore }
+
+func (unbuiltStore) CheckBuilt() error { return errNilStore }

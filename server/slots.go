@@ -146,7 +146,7 @@ func parseToken(s string) (slotToken, error) {
 
 // inFlightPolicy returns the named in-flight policy.
 func (s *Service) inFlightPolicy(name string) (*config.Policy, error) {
-	if s.engine == nil {
+	if s == nil || s.engine == nil {
 		return nil, ErrZeroService
 	}
 	p := s.Config().Policy(name)
@@ -252,7 +252,7 @@ func (s *Service) observeSlot(res SlotResult, op sluice.SlotOp, o sluice.Outcome
 
 // token parses a token and finds its policy and store keys.
 func (s *Service) token(token string) (slotToken, *config.Policy, error) {
-	if s.engine == nil {
+	if s == nil || s.engine == nil {
 		return slotToken{}, nil, ErrZeroService
 	}
 	t, err := parseToken(token)
