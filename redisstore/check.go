@@ -100,6 +100,9 @@ type CheckError struct {
 
 // Error is one sentence: the kind, what to do, and what Redis said.
 func (e *CheckError) Error() string {
+	if e == nil || e.Kind == nil {
+		return "redisstore: check failed"
+	}
 	msg := e.Kind.Error()
 	if e.Hint != "" {
 		msg += ": " + e.Hint
@@ -112,6 +115,9 @@ func (e *CheckError) Error() string {
 
 // Is matches the kind, and ErrMisconfigured for every permanent kind.
 func (e *CheckError) Is(target error) bool {
+	if e == nil {
+		return false
+	}
 	return target == e.Kind || (target == ErrMisconfigured && !transient(e.Kind))
 }
 
@@ -124,7 +130,12 @@ func transient(kind error) bool {
 	return false
 }
 
-func (e *CheckError) Unwrap() error { return e.Err }
+func (e *CheckError) Unwrap() error {
+	if e == nil {
+		return nil
+	}
+	return e.Err
+}
 
 func checkErr(kind error, hint string, err error) *CheckError {
 	return &CheckError{Kind: kind, Hint: hint, Err: err}
@@ -271,7 +282,7 @@ type CheckReport struct {
 // the client's timeouts, with an error that wraps ctx.Err().
 func Check(ctx context.Context, c redis.UniversalClient) (*CheckReport, error) {
 	ctx = ctxutil.OrBackground(ctx)
-	if c == nil {
+	if c = orNil(c); c == nil {
 		return nil, ErrNoClient
 	}
 	// TLS spoken to a plaintext port hangs until the dial timeout: ask in

@@ -44,8 +44,13 @@ func (s *Store) Membership() *Membership {
 	return &Membership{client: s.client, key: s.prefix + "{fleet}", bad: s.bad}
 }
 
-// Key returns the Redis key of the registry.
-func (m *Membership) Key() string { return m.key }
+// Key returns the Redis key of the registry ("" for a nil Membership).
+func (m *Membership) Key() string {
+	if m == nil {
+		return ""
+	}
+	return m.key
+}
 
 // Heartbeat registers member as alive for ttl on the server's clock, drops
 // expired members and returns how many are alive, in one script.
@@ -104,7 +109,7 @@ func (m *Membership) Leave(ctx context.Context, member string, keep time.Duratio
 
 // check refuses a call without a client, member or TTL.
 func (m *Membership) check(member string, ttl time.Duration) error {
-	if m.client == nil {
+	if m == nil || m.client == nil {
 		return m.unbuilt()
 	}
 	if member == "" || ttl < time.Millisecond {

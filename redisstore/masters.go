@@ -11,6 +11,8 @@ import (
 	"sync/atomic"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice/internal/ctxutil"
 )
 
 // ErrPartial: on a Redis Cluster, some masters failed a check while the
@@ -33,6 +35,9 @@ type PartialError struct {
 
 // Addrs is the failing masters' addresses, sorted.
 func (e *PartialError) Addrs() []string {
+	if e == nil {
+		return nil
+	}
 	addrs := make([]string, 0, len(e.Failed))
 	for a := range e.Failed {
 		addrs = append(addrs, a)
@@ -42,6 +47,9 @@ func (e *PartialError) Addrs() []string {
 }
 
 func (e *PartialError) Error() string {
+	if e == nil {
+		return ErrPartial.Error()
+	}
 	var b strings.Builder
 	fmt.Fprintf(&b, "%s: %d of %d", ErrPartial.Error(), len(e.Failed), len(e.Failed)+len(e.Answered))
 	for i, a := range e.Addrs() {
@@ -62,6 +70,9 @@ func (e *PartialError) Is(target error) bool { return target == ErrPartial }
 
 // Unwrap is the failing masters' errors, in the order of their addresses.
 func (e *PartialError) Unwrap() []error {
+	if e == nil {
+		return nil
+	}
 	errs := make([]error, 0, len(e.Failed))
 	for _, a := range e.Addrs() {
 		errs = append(errs, e.Failed[a])
@@ -251,6 +262,10 @@ func eachMaster(ctx context.Context, masters []clusterMaster, check func(ctx con
 // reloads at once, the first answer winning, on the first call of Masters
 // or Check given the client.
 func Masters(ctx context.Context, cc *redis.ClusterClient) ([]*redis.Client, error) {
+	if cc == nil {
+		return nil, ErrNoClient
+	}
+	ctx = ctxutil.OrBackground(ctx)
 	if err := awaitClientMap(ctx, cc); err != nil {
 		return nil, Classify(err)
 	}

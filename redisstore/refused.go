@@ -35,7 +35,7 @@ func (e *refusedError) Error() string { return "redis refused the connection: " 
 // it costs no round trip. Over TLS Redis refuses a connection before the
 // handshake, without a word: that still fails with EOF (ErrUnreachable).
 func DetectRefusals(c redis.UniversalClient) {
-	switch c := c.(type) {
+	switch c := orNil(c).(type) {
 	case *redis.ClusterClient:
 		c.OnNewNode(func(n *redis.Client) { n.AddHook(refusalHook{}) })
 	case *redis.Client: // a failover client too
