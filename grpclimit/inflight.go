@@ -80,6 +80,9 @@ func PriorityMetadata(name string, opts *PriorityOptions) (PriorityFunc, error) 
 // error or a name that is no priority gives def ("" for "normal"). It
 // fails when def names no priority (sluice.ErrInvalidPriority).
 func PriorityFrom(key KeyFunc, def string) (PriorityFunc, error) {
+	if key == nil {
+		return nil, fmt.Errorf("%w: PriorityFrom was given a nil KeyFunc", ErrInvalidConfig)
+	}
 	f, err := enforce.PriorityFrom("grpclimit", key.keyFunc(), def)
 	return fromSharedPriority(f), err
 }

@@ -92,6 +92,9 @@ func PriorityHeader(name string, opts *PriorityOptions) (PriorityFunc, error) {
 // or a name that is no priority gives def ("" for "normal"). It fails
 // when def names no priority (sluice.ErrInvalidPriority).
 func PriorityFrom(key KeyFunc, def string) (PriorityFunc, error) {
+	if key == nil {
+		return nil, fmt.Errorf("%w: PriorityFrom was given a nil KeyFunc", ErrInvalidConfig)
+	}
 	return enforce.PriorityFrom("httplimit", key, def)
 }
 

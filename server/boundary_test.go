@@ -10,6 +10,7 @@ import (
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/memory"
+	"github.com/sluicehq/sluice/resilient"
 )
 
 // TestNewServiceNilStore: a Service given a nil store refuses every
@@ -106,5 +107,13 @@ func TestFleetPublishNilContext(t *testing.T) {
 	//lint:ignore SA1012 a nil context is what is tested
 	if err := f.Publish(nil); err != nil {
 		t.Errorf("Publish(nil): %v", err)
+	}
+}
+
+// TestParseFailurePolicyUnknown: an unknown name wraps
+// resilient.ErrUnknownPolicy, as resilient.ParsePolicy's error does.
+func TestParseFailurePolicyUnknown(t *testing.T) {
+	if _, _, err := ParseFailurePolicy("sometimes"); !errors.Is(err, resilient.ErrUnknownPolicy) {
+		t.Errorf("ParseFailurePolicy: %v, want resilient.ErrUnknownPolicy", err)
 	}
 }

@@ -307,7 +307,7 @@ func ParseFailurePolicy(s string) (p resilient.Policy, ok bool, err error) {
 	}
 	p, err = resilient.ParsePolicy(s)
 	if err != nil {
-		return 0, false, fmt.Errorf("server: failure policy %q: want error, local, open or closed", s)
+		return 0, false, fmt.Errorf("server: failure policy %q: want error, local, open or closed: %w", s, resilient.ErrUnknownPolicy)
 	}
 	return p, true, nil
 }

@@ -160,7 +160,7 @@ func (p *Policy) override(key string) int {
 func NewEnvoyPolicy(name, domain string, lim sluice.Limit) (*Policy, error) {
 	p := &Policy{Name: name, Limit: lim, Cost: 1, Domain: domain, envoy: true}
 	if err := p.setRules(); err != nil {
-		return nil, err
+		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
 	}
 	return p, nil
 }
