@@ -119,8 +119,8 @@ func NewTransport(limiter *sluice.Limiter, opts *TransportOptions) (*Transport, 
 // store's hold could not be cleared; this process's is cleared anyway.
 // The quota's own state is untouched (see sluice.Limiter.Reset).
 func (t *Transport) ClearHold(ctx context.Context, key string) error {
-	if t == nil {
-		return fmt.Errorf("%w: nil *httplimit.Transport: build one with NewTransport", ErrInvalidConfig)
+	if t == nil || t.holds.store == nil {
+		return fmt.Errorf("%w: nil or zero *httplimit.Transport: build one with NewTransport", ErrInvalidConfig)
 	}
 	if writing := t.holds.drop(key); writing != nil {
 		select { // a write started before the clear must not land after it

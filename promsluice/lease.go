@@ -51,8 +51,8 @@ func NewLeaseCollector(s *lease.Store, opts *Options) *LeaseCollector {
 
 // Describe implements prometheus.Collector.
 func (c *LeaseCollector) Describe(ch chan<- *prometheus.Desc) {
-	if c.stats == nil {
-		return // a zero LeaseCollector
+	if c == nil || c.stats == nil {
+		return // a nil or zero LeaseCollector
 	}
 	for _, d := range [...]*prometheus.Desc{c.local, c.grants, c.granted, c.returned, c.lost, c.forfeited, c.keys, c.leased} {
 		ch <- d
@@ -61,8 +61,8 @@ func (c *LeaseCollector) Describe(ch chan<- *prometheus.Desc) {
 
 // Collect implements prometheus.Collector.
 func (c *LeaseCollector) Collect(ch chan<- prometheus.Metric) {
-	if c.stats == nil {
-		return // a zero LeaseCollector
+	if c == nil || c.stats == nil {
+		return // a nil or zero LeaseCollector
 	}
 	st := c.stats()
 	for d, v := range map[*prometheus.Desc]uint64{c.local: st.Local, c.grants: st.Grants, c.granted: st.Granted, c.returned: st.Returned, c.lost: st.Lost, c.forfeited: st.Forfeited} {

@@ -83,4 +83,8 @@ func TestZeroLeaseCollector(t *testing.T) {
 	if mfs, err := reg.Gather(); err != nil || len(mfs) != 0 {
 		t.Errorf("a zero LeaseCollector gathers %d families, %v; want none", len(mfs), err)
 	}
+	// A nil one, as a nil Collector: nothing, no panic.
+	var c *promsluice.LeaseCollector
+	c.Describe(make(chan *prometheus.Desc, 16))
+	c.Collect(make(chan prometheus.Metric, 16))
 }

@@ -7,9 +7,12 @@ import (
 	"net/http"
 	"testing"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/memory"
+	"github.com/sluicehq/sluice/redisstore"
 	"github.com/sluicehq/sluice/resilient"
 )
 
@@ -115,5 +118,31 @@ func TestFleetPublishNilContext(t *testing.T) {
 func TestParseFailurePolicyUnknown(t *testing.T) {
 	if _, _, err := ParseFailurePolicy("sometimes"); !errors.Is(err, resilient.ErrUnknownPolicy) {
 		t.Errorf("ParseFailurePolicy: %v, want resilient.ErrUnknownPolicy", err)
+	}
+}
+
+// TestNewFleetWithoutClientOrService: a Fleet built without a Redis client
+// (nil, or a nil *redis.Client) or without a built Service publishes
+// nothing and says why, rather than ending the process from Start's
+// goroutines.
+func TestNewFleetWithoutClientOrService(t *testing.T) {
+	m := memory.New(nil)
+	defer m.Close()
+	svc := NewService(m, DemoConfig(), nil)
+	var typedNil *redis.Client
+	for name, f := range map[string]*Fleet{
+		"nil client":       NewFleet(nil, svc, nil),
+		"typed nil client": NewFleet(typedNil, svc, nil),
+		"nil service":      NewFleet(redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"}), nil, nil),
+		"zero service":     NewFleet(redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"}), &Service{}, nil),
+	} {
+		f.Start()
+		if err := f.Publish(context.Background()); !errors.Is(err, redisstore.ErrNoClient) && !errors.Is(err, ErrZeroService) {
+			t.Errorf("%s: Publish = %v, want ErrNoClient or ErrZeroService", name, err)
+		}
+		if c := f.Collectors(); c != nil {
+			t.Errorf("%s: Collectors = %v, want none", name, c)
+		}
+		f.Stop()
 	}
 }

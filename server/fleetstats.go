@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"reflect"
 	"strconv"
 	"sync"
 	"time"
@@ -14,6 +15,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice/internal/ctxutil"
+	"github.com/sluicehq/sluice/redisstore"
 )
 
 // A fleet is every instance publishing its figures to the same Redis under
@@ -44,11 +46,14 @@ type FleetOptions struct {
 // Build it with NewFleet; Start and Stop run it in the background, or call
 // Publish to run one round. Safe for concurrent use.
 type Fleet struct {
-	client redis.UniversalClient
-	mon    *monitor
-	opts   FleetOptions
-	ttl    time.Duration
-	log    *slog.Logger
+	// unusable: built without a client or a service, so it publishes
+	// nothing (every method says so instead of dereferencing them).
+	unusable error
+	client   redis.UniversalClient
+	mon      *monitor
+	opts     FleetOptions
+	ttl      time.Duration
+	log      *slog.Logger
 
 	instances    prometheus.GaugeFunc
 	failures     prometheus.Counter
@@ -109,6 +114,12 @@ func NewFleet(client redis.UniversalClient, svc *Service, opts *FleetOptions) *F
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
+	switch {
+	case client == nil || reflect.ValueOf(client).Kind() == reflect.Pointer && reflect.ValueOf(client).IsNil():
+		return &Fleet{unusable: fmt.Errorf("server: fleet figures: %w", redisstore.ErrNoClient), opts: o, log: o.Logger}
+	case svc == nil || svc.mon == nil:
+		return &Fleet{unusable: fmt.Errorf("server: fleet figures: %w", ErrZeroService), opts: o, log: o.Logger}
+	}
 	f := &Fleet{
 		client: client, mon: svc.mon, opts: o, log: o.Logger,
 		// Long enough to survive two missed rounds, short enough that a
@@ -130,6 +141,9 @@ func NewFleet(client redis.UniversalClient, svc *Service, opts *FleetOptions) *F
 
 // Collectors returns the fleet's metrics, for a Prometheus registry.
 func (f *Fleet) Collectors() []prometheus.Collector {
+	if f.unusable != nil {
+		return nil
+	}
 	return []prometheus.Collector{f.instances, f.failures, f.notesDropped, f.lateCalls}
 }
 
@@ -141,6 +155,10 @@ func (f *Fleet) reportKey(id string) string {
 // Start publishes every Interval until Stop, and relays and applies the
 // fleet's slot notes.
 func (f *Fleet) Start() {
+	if f.unusable != nil {
+		f.log.Error("fleet figures not published", "err", f.unusable)
+		return
+	}
 	f.stop, f.done = make(chan struct{}), make(chan struct{})
 	f.wg.Add(2)
 	go f.relay(f.mon.svc.notes, f.stop)
@@ -206,6 +224,9 @@ func (f *Fleet) report() instanceReport {
 // Publish runs one round: write this instance's report, renew its listing,
 // drop stale listings and read the other instances' reports.
 func (f *Fleet) Publish(ctx context.Context) error {
+	if f.unusable != nil {
+		return f.unusable
+	}
 	err := f.publish(ctxutil.OrBackground(ctx))
 	f.mu.Lock()
 	defer f.mu.Unlock()
