@@ -1205,7 +1205,7 @@ func (s *Server) checkRedis(c redis.UniversalClient) error {
 		// at runtime.
 		rep, err := redisstore.Check(ctx, c)
 		if rep != nil { // passed, or some Cluster masters did
-			w.log(s.log, rep.Warnings, down)
+			w.log(s.log, rep.Warnings, down && err == nil, err == nil)
 			s.health.setMasters(rep.Masters)
 		}
 		return err
@@ -1233,7 +1233,7 @@ func (s *Server) checkRedis(c redis.UniversalClient) error {
 		s.health.storeResult(err)
 		return nil
 	}
-	w.log(s.log, rep.Warnings, true)
+	w.log(s.log, rep.Warnings, true, true)
 	s.log.Info("Redis checked", "version", rep.Version, "cluster", rep.Cluster)
 	return nil
 }
@@ -1295,8 +1295,10 @@ func (w *checkWarnings) due(now time.Time) bool {
 // log logs the warnings of a full check: every one if all, else those
 // new since the last check, and a line naming those of the last check
 // that are gone (others may stay: a Redis without appendonly keeps its
-// warning while an eviction policy is set right).
-func (w *checkWarnings) log(l *slog.Logger, ws []error, all bool) {
+// warning while an eviction policy is set right). A check that not every
+// Cluster master passed (not complete) reports only the others' warnings:
+// those of the failing ones are not gone, only unasked.
+func (w *checkWarnings) log(l *slog.Logger, ws []error, all, complete bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.next = time.Now().Add(w.every)
@@ -1306,6 +1308,14 @@ func (w *checkWarnings) log(l *slog.Logger, ws []error, all bool) {
 		if all || !slices.Contains(w.last, now[i]) {
 			l.Warn("Redis check", "warning", e)
 		}
+	}
+	if !complete {
+		for _, n := range now {
+			if !slices.Contains(w.last, n) {
+				w.last = append(w.last, n)
+			}
+		}
+		return
 	}
 	var gone []string
 	for _, was := range w.last {

@@ -2,7 +2,9 @@ package server
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"testing"
 	"time"
@@ -112,6 +114,42 @@ func TestFaultServeClusterMasterStopped(t *testing.T) {
 		if len(srcs) != 1 || !srcs["<nil>"] {
 			t.Errorf("keys on %s answered by %v after recovery, want Redis", m, srcs)
 		}
+	}
+	// Each master's appendonly warning was logged once, at start: the
+	// checks the stopped master failed neither cleared its warning nor
+	// repeated the others'.
+	logs := p.stderr.String()
+	for m := range source() {
+		if n := strings.Count(logs, "node "+m+": appendonly no"); n != 1 {
+			t.Errorf("master %s's appendonly warning logged %d times, want once:\n%s", m, n, logs)
+		}
+	}
+	if strings.Contains(logs, "warnings cleared") {
+		t.Errorf("a warning cleared while its master was only unasked:\n%s", logs)
+	}
+}
+
+// TestCheckWarningsLog: a full check logs each warning once while it
+// stays; a check some Cluster master failed neither clears that master's
+// warnings nor repeats the others'; a complete one tells those gone.
+func TestCheckWarningsLog(t *testing.T) {
+	var logs syncBuffer
+	l := slog.New(slog.NewTextHandler(&logs, nil))
+	var w checkWarnings
+	a, b := errors.New("node a: appendonly no"), errors.New("node b: appendonly no")
+	w.log(l, []error{a, b}, true, true)  // start
+	w.log(l, []error{a}, false, false)   // b unasked
+	w.log(l, []error{a}, false, false)   // again
+	w.log(l, []error{a, b}, false, true) // b back
+	if got := strings.Count(logs.String(), "node a: appendonly no"); got != 1 {
+		t.Errorf("a logged %d times, want 1:\n%s", got, logs.String())
+	}
+	if got := strings.Count(logs.String(), "node b: appendonly no"); got != 1 || strings.Contains(logs.String(), "cleared") {
+		t.Errorf("b logged %d times, want 1, never cleared:\n%s", got, logs.String())
+	}
+	w.log(l, []error{b}, false, true) // a's setting fixed
+	if !strings.Contains(logs.String(), `msg="Redis check: warnings cleared" were="node a: appendonly no"`) {
+		t.Errorf("a's warning gone while b's stays: want a line naming a:\n%s", logs.String())
 	}
 }
 
