@@ -264,11 +264,11 @@ func checkDelayOpenLoop(t *testing.T, store sluice.Store) {
 }
 
 // A Delay rule on a sliding window log tells a request behind the line
-// its exact wait: 2/s, both units taken at T0 (a frozen clock), one
-// request held in line. Both units come back at 1s, so with a MaxDelay of
-// 1.3s the second request waits in line (it was told 2s, a Period more,
+// its exact wait: 2 per 10s, both units taken at T0 (a frozen clock), one
+// request held in line. Both units come back at 10s, so with a MaxDelay of
+// 13s the second request waits in line (it was told 20s, a Period more,
 // and refused at once), and a third, whose units come back a Period after
-// the first, is refused at once with Retry-After 2.
+// the first, is refused at once with Retry-After 20.
 func TestDelayLineSlidingLogExact(t *testing.T) {
 	t.Parallel()
 	clock := storetest.NewClock(storetest.T0)
@@ -284,8 +284,12 @@ func TestRedisDelayLineSlidingLogExact(t *testing.T) {
 }
 
 func checkDelaySlidingLogExact(t *testing.T, store sluice.Store, clock *storetest.Clock) {
-	limit := sluice.Limit{Algorithm: sluice.SlidingWindowLog, Rate: 2, Period: time.Second}
-	m, err := New(store, []Rule{{Name: "d", Limit: limit, Key: Global(), Strategy: Delay, MaxDelay: 1300 * time.Millisecond}}, &Options{Clock: clock.Now})
+	// The line's head asks the store again once the wait it was told has
+	// passed in real time, and leaves the line past MaxDelay: a Period of
+	// 10s, not 1s, keeps it in line however slowly the machine runs the
+	// requests behind it.
+	limit := sluice.Limit{Algorithm: sluice.SlidingWindowLog, Rate: 2, Period: 10 * time.Second}
+	m, err := New(store, []Rule{{Name: "d", Limit: limit, Key: Global(), Strategy: Delay, MaxDelay: 13 * time.Second}}, &Options{Clock: clock.Now})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -308,26 +312,37 @@ func checkDelaySlidingLogExact(t *testing.T, store sluice.Store, clock *storetes
 			t.Fatalf("request %d: %v, %v", i, resp, err)
 		}
 	}
+	checks, err := m.rules.Collect(httptest.NewRequest("GET", "/", nil), nil)
+	if err != nil || len(checks) != 1 {
+		t.Fatalf("Collect: %v, %v", checks, err)
+	}
 	answered := make(chan *http.Response, 2)
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	defer cancel()
-	for range 2 { // the first in line; the second behind it
+	for n := range 2 { // the first in line; the second behind it
 		wg.Go(func() {
 			if resp, err := get(); err == nil {
 				answered <- resp
 			}
 		})
-		time.Sleep(200 * time.Millisecond)
-	}
-	select {
-	case resp := <-answered:
-		t.Fatalf("a request in line answered %d, Retry-After %q; want both held", resp.StatusCode, resp.Header.Get(HeaderRetryAfter))
-	default:
+		for deadline := time.Now().Add(5 * time.Second); line.Held(store, checks[0].Key) <= n; time.Sleep(time.Millisecond) {
+			select {
+			case resp := <-answered:
+				t.Fatalf("request %d answered %d, Retry-After %q; want it held in line", n, resp.StatusCode, resp.Header.Get(HeaderRetryAfter))
+			default:
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("request %d not in line after 5s (%d held)", n, line.Held(store, checks[0].Key))
+			}
+		}
 	}
 	resp, err := get()
-	if err != nil || resp.StatusCode != http.StatusTooManyRequests || resp.Header.Get(HeaderRetryAfter) != "2" {
-		t.Fatalf("third request: %v, %v; want 429 at once with Retry-After 2", resp, err)
+	if err != nil || resp.StatusCode != http.StatusTooManyRequests || resp.Header.Get(HeaderRetryAfter) != "20" {
+		t.Fatalf("third request: %v, %v; want 429 at once with Retry-After 20", resp, err)
+	}
+	if n := line.Held(store, checks[0].Key); n != 2 {
+		t.Errorf("%d requests in line after the third, want the first two", n)
 	}
 }
 

@@ -422,6 +422,19 @@ func (w *Waiter) Leave() {
 	}
 }
 
+// Held reports how many waiters the lines whose first counter is key hold
+// on owner, for tests.
+func Held(owner any, key string) int {
+	sh := &registry[shardOf(key)]
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	n := 0
+	for l := sh.lines[head{owner, key}]; l != nil; l = l.next {
+		n += len(l.waiters)
+	}
+	return n
+}
+
 // Len reports how many waiters all lines hold, for tests.
 func Len() int {
 	n := 0
