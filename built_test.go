@@ -87,7 +87,7 @@ func TestBuildCheckerDocNamesImplementers(t *testing.T) {
 				if star, ok := recv.(*ast.StarExpr); ok {
 					recv = star.X
 				}
-				if id, ok := recv.(*ast.Ident); ok {
+				if id, ok := recv.(*ast.Ident); ok && id.IsExported() { // a reader cannot name an unexported one
 					impls = append(impls, f.Name.Name+"."+id.Name)
 				}
 			}
