@@ -1172,8 +1172,24 @@ func policyName(o Options) string {
 	return o.FailurePolicy.String()
 }
 
-// startCheckTimeout bounds the check of Redis at start.
-const startCheckTimeout = 5 * time.Second
+// startCheckTimeout bounds the check of Redis at start, and each step
+// after it (the access check, the warm-up); partialStartTimeout bounds
+// those steps when some Cluster masters failed the check: a silent one
+// would hold each to its end (5s more a step before the service starts),
+// where the others answer in milliseconds, and the watch checks every
+// master from then on.
+const (
+	startCheckTimeout   = 5 * time.Second
+	partialStartTimeout = time.Second
+)
+
+// startTimeout bounds a step of the start after the check of Redis.
+func (s *Server) startTimeout() time.Duration {
+	if s.health.mastersFailing() {
+		return partialStartTimeout
+	}
+	return startCheckTimeout
+}
 
 // checkRedis checks Redis at start: a misconfiguration (see
 // redisstore.Check) is returned, to refuse the start; an unreachable Redis
@@ -1366,7 +1382,7 @@ func (s *Server) checkAccess(rs *redisstore.Store) error {
 	if s.health.storeDown() {
 		return nil
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), startCheckTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), s.startTimeout())
 	defer cancel()
 	err := rs.CheckAccess(ctx)
 	if errors.Is(err, redisstore.ErrMisconfigured) {

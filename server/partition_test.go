@@ -294,3 +294,27 @@ func TestFaultServeClusterPlannedFailoverNodeUp(t *testing.T) {
 		}
 	}
 }
+
+// TestFaultServeStartsWithClusterMasterStopped: one master of three
+// stopped (SIGSTOP) before the start. The start's check waits its 5s for
+// that master; its access check and its warm-up then give the masters a
+// second each, not another 5s each, since the others answer in
+// milliseconds and the watch checks every master from then on. The
+// instance starts, the master named.
+func TestFaultServeStartsWithClusterMasterStopped(t *testing.T) {
+	race.SkipTiming(t)
+	cl := redistest.StartCluster(t, &redistest.ClusterOptions{Args: []string{"--cluster-require-full-coverage", "no"}})
+	stopped := cl.MasterOf(t, "k")
+	stopped.Pause(t)
+	t.Cleanup(func() { stopped.Resume(t) })
+	start := time.Now()
+	p := startSluice(t, nil, "--redis", cl.URL(), "--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0", "--watch-interval", "200ms")
+	// startCheckTimeout, then partialStartTimeout twice, with 2.5s to
+	// spare for a busy machine: either step's full 5s would pass it.
+	if took, most := time.Since(start), startCheckTimeout+2*partialStartTimeout+2500*time.Millisecond; took > most {
+		t.Errorf("started %v after its launch with one master stopped, want at most %v", took.Round(time.Millisecond), most)
+	}
+	if _, st := p.getJSON(t, "/v1/status"); !strings.Contains(fmt.Sprint(st["reasons"]), stopped.Addr) {
+		t.Errorf("status %v: want the stopped master named", st)
+	}
+}

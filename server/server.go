@@ -322,7 +322,7 @@ func (s *Server) openStore() (sluice.Store, error) {
 			// Connections and scripts ready before the first decision: a
 			// distant Redis's first calls would pay handshakes and
 			// NOSCRIPT over the decision timeout, and open the breaker.
-			ctx, cancel := context.WithTimeout(context.Background(), startCheckTimeout)
+			ctx, cancel := context.WithTimeout(context.Background(), s.startTimeout())
 			if err := rs.Warm(ctx); err != nil {
 				s.log.Warn("Redis warm-up incomplete; the first decisions dial and load scripts themselves", "err", err)
 			}
