@@ -458,6 +458,7 @@ func TestYAMLErrorLine(t *testing.T) {
 	for _, tt := range []struct{ yaml, want string }{
 		{"domain: d\ndescriptors:\n  - key: a\n    rate_limit:\n      unit: second\n     requests_per_unit: 3\n", "test.yaml:6:6: "},
 		{"policies:\n  - name: a\n    limit: 1/s\n  - name: b\n   limit: 2/s\n", "test.yaml:5:4: "},
+		{"'unclosed", "test.yaml:1:1: found unexpected end of stream"}, // the library names no line on the first
 	} {
 		if _, err := Parse("test.yaml", []byte(tt.yaml)); err == nil || !strings.HasPrefix(err.Error(), tt.want) {
 			t.Errorf("err = %v, want %s...", err, tt.want)

@@ -119,6 +119,10 @@ func (l *loader) yamlError(data []byte, err error) {
 			e.Msg += braceHint(string(lines[e.Line-1]))
 		}
 	}
+	if e.Line == 0 {
+		// The library leaves out the line only when it is the first.
+		e.Line, e.Column = 1, 1
+	}
 	l.errs = append(l.errs, e)
 }
 
