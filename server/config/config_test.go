@@ -410,6 +410,21 @@ descriptors:
 	}
 }
 
+// An alias inside the mapping or descriptor list it names is refused,
+// naming the line: read, it would merge itself or nest itself forever
+// (the process died of a stack overflow).
+func TestYAMLAliasCycles(t *testing.T) {
+	t.Parallel()
+	checkErrors(t, []errorCase{
+		{"merge of itself", "domain: d\ndescriptors:\n  - key: a\n    rate_limit: &x\n      <<: *x\n", `5:11: a merge key names a mapping that holds it (*x)`},
+		{"merge list with itself", "domain: d\ndescriptors:\n  - key: a\n    rate_limit: &x\n      <<: [{unit: second}, *x]\n", `5:28: a merge key names a mapping that holds it (*x)`},
+		{"merge of a mapping merging it", "domain: d\ndescriptors:\n  - key: a\n    rate_limit: &x\n      <<: {<<: *x}\n", `5:16: a merge key names a mapping that holds it (*x)`},
+		{"descriptors holding themselves", "domain: d\ndescriptors: &l\n  - key: a\n    descriptors: *l\n", `2:14: descriptors: an alias names a list of descriptors that holds it`},
+	})
+	// A mapping merged twice, side by side, is no cycle.
+	mustConfig(t, "domain: d\ndescriptors:\n  - key: a\n    rate_limit: &x {unit: second, requests_per_unit: 3}\n  - key: b\n    rate_limit: &y {<<: *x, name: n}\n  - key: c\n    rate_limit: {<<: [*x, *y]}\n")
+}
+
 const wildcardConfig = `
 domain: d
 descriptors:

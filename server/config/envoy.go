@@ -24,6 +24,13 @@ var envoyUnits = map[string]time.Duration{
 
 // descriptors loads envoyproxy/ratelimit's format into the tree under parent.
 func (l *loader) descriptors(d *Domain, parent *descNode, path string, list *yaml.Node) {
+	list = deref(list)
+	if l.reading[list] {
+		l.errorf(list, "descriptors: an alias names a list of descriptors that holds it: its tree would never end")
+		return
+	}
+	l.reading[list] = true
+	defer delete(l.reading, list)
 	for _, n := range l.seq(list) {
 		var key, value, rateLimit, children, shadow, quota, detailed, valueToMetric, share, metadata, ipv6 *yaml.Node
 		if !l.fields(n, map[string]**yaml.Node{

@@ -36,12 +36,16 @@ type loader struct {
 	// implicitDefault: the default domain was made by policies naming no
 	// domain, so more such policies join it.
 	implicitDefault bool
+	// reading holds the mappings and descriptor lists being read: an alias
+	// to one of them inside it would be read forever.
+	reading map[*yaml.Node]bool
 }
 
 func newLoader() *loader {
 	return &loader{
-		cfg:    &Config{byName: map[string]*Policy{}, domains: map[string]*Domain{}},
-		domPos: map[string]pos{},
+		cfg:     &Config{byName: map[string]*Policy{}, domains: map[string]*Domain{}},
+		domPos:  map[string]pos{},
+		reading: map[*yaml.Node]bool{},
 	}
 }
 
@@ -244,16 +248,18 @@ func (l *loader) fieldsOffering(n *yaml.Node, want map[string]**yaml.Node, unlis
 		return false
 	}
 	ok := true
-	var merged []*yaml.Node
+	l.reading[n] = true
+	defer delete(l.reading, n)
+	var merged, mergedAt []*yaml.Node // mergedAt: where each is named
 	for i := 0; i+1 < len(n.Content); i += 2 {
 		k, v := n.Content[i], deref(n.Content[i+1])
 		if k.Tag == "!!merge" {
 			switch v.Kind {
 			case yaml.MappingNode:
-				merged = append(merged, v)
+				merged, mergedAt = append(merged, v), append(mergedAt, n.Content[i+1])
 			case yaml.SequenceNode:
 				for _, m := range v.Content {
-					merged = append(merged, deref(m))
+					merged, mergedAt = append(merged, deref(m)), append(mergedAt, m)
 				}
 			default:
 				l.errorf(v, "a merge key wants a mapping or a list of them, got %s", kindName(v))
@@ -281,9 +287,14 @@ func (l *loader) fieldsOffering(n *yaml.Node, want map[string]**yaml.Node, unlis
 		}
 		*dst = v
 	}
-	for _, m := range merged {
+	for i, m := range merged {
 		if m.Kind != yaml.MappingNode {
 			l.errorf(m, "a merge key wants a mapping, got %s", kindName(m))
+			ok = false
+			continue
+		}
+		if l.reading[m] {
+			l.errorf(mergedAt[i], "a merge key names a mapping that holds it (*%s): it would merge itself forever", mergedAt[i].Value)
 			ok = false
 			continue
 		}
