@@ -2,6 +2,7 @@ package config
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -423,6 +424,24 @@ func TestYAMLAliasCycles(t *testing.T) {
 	})
 	// A mapping merged twice, side by side, is no cycle.
 	mustConfig(t, "domain: d\ndescriptors:\n  - key: a\n    rate_limit: &x {unit: second, requests_per_unit: 3}\n  - key: b\n    rate_limit: &y {<<: *x, name: n}\n  - key: c\n    rate_limit: {<<: [*x, *y]}\n")
+}
+
+// Descriptor lists aliased into lists repeat their descriptors, doubling
+// at each level: 30 levels (120 lines) made a billion descriptors, read for
+// hours. Past maxRepeats repeats the configuration is refused, at once.
+func TestYAMLAliasRepeatsBounded(t *testing.T) {
+	t.Parallel()
+	var b strings.Builder
+	b.WriteString("domain: d\ndescriptors:\n  - key: k0\n    descriptors: &l0\n      - {key: a, rate_limit: {unit: second, requests_per_unit: 1}}\n")
+	for i := 1; i <= 30; i++ {
+		fmt.Fprintf(&b, "  - key: k%d\n    descriptors: &l%d\n      - {key: a, descriptors: *l%d}\n      - {key: b, descriptors: *l%d}\n", i, i, i-1, i-1)
+	}
+	checkErrors(t, []errorCase{{"30 levels", b.String(), "5:9: descriptors: aliases repeat more than 100000 descriptors"}})
+	// 10 levels, 2,047 descriptors, load.
+	cfg := mustConfig(t, strings.Join(strings.SplitAfter(b.String(), "\n")[:5+4*10], ""))
+	if got := len(cfg.Policies); got != 1<<11-1 {
+		t.Errorf("%d policies, want %d", got, 1<<11-1)
+	}
 }
 
 const wildcardConfig = `

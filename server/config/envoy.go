@@ -22,6 +22,10 @@ var envoyUnits = map[string]time.Duration{
 	"year":   365 * 24 * time.Hour,
 }
 
+// maxRepeats bounds how many descriptors aliases repeat in one
+// configuration; reading each takes microseconds and a policy.
+const maxRepeats = 100_000
+
 // descriptors loads envoyproxy/ratelimit's format into the tree under parent.
 func (l *loader) descriptors(d *Domain, parent *descNode, path string, list *yaml.Node) {
 	list = deref(list)
@@ -32,6 +36,18 @@ func (l *loader) descriptors(d *Domain, parent *descNode, path string, list *yam
 	l.reading[list] = true
 	defer delete(l.reading, list)
 	for _, n := range l.seq(list) {
+		if l.repeats > maxRepeats {
+			return
+		}
+		if l.read[n] {
+			// Lists aliased into lists repeat their descriptors: a few
+			// dozen lines could make billions.
+			if l.repeats++; l.repeats > maxRepeats {
+				l.errorf(n, "descriptors: aliases repeat more than %d descriptors: write the tree out, or repeat fewer of its levels", maxRepeats)
+				return
+			}
+		}
+		l.read[n] = true
 		var key, value, rateLimit, children, shadow, quota, detailed, valueToMetric, share, metadata, ipv6 *yaml.Node
 		if !l.fields(n, map[string]**yaml.Node{
 			"key": &key, "value": &value, "rate_limit": &rateLimit, "descriptors": &children,

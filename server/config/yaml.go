@@ -39,6 +39,10 @@ type loader struct {
 	// reading holds the mappings and descriptor lists being read: an alias
 	// to one of them inside it would be read forever.
 	reading map[*yaml.Node]bool
+	// read holds the descriptors read; repeats counts those read again
+	// through an alias, which maxRepeats bounds.
+	read    map[*yaml.Node]bool
+	repeats int
 }
 
 func newLoader() *loader {
@@ -46,6 +50,7 @@ func newLoader() *loader {
 		cfg:     &Config{byName: map[string]*Policy{}, domains: map[string]*Domain{}},
 		domPos:  map[string]pos{},
 		reading: map[*yaml.Node]bool{},
+		read:    map[*yaml.Node]bool{},
 	}
 }
 
