@@ -700,3 +700,23 @@ func TestKeysCarryNoBrace(t *testing.T) {
 		}
 	}
 }
+
+// Text between a template's variables may hold hex digits, which the
+// escapes of the values before it hold too: a key is read past its
+// escapes, so "%41%3000" under "{a}0{b}" (a's "A" escaped, which no
+// descriptor renders) is refused, not taken as a counter of its own.
+func TestTemplateTextHexDigits(t *testing.T) {
+	t.Parallel()
+	cfg := mustConfig(t, "policies:\n  - name: a\n    limit: 1/s\n    key: '{a}0{b}'\n")
+	p := cfg.Policy("a")
+	m, ok := cfg.Domain(DefaultDomain).Match([]Entry{{"a", "0"}, {"b", "0"}})
+	if !ok || m.Key != "%3000" || !cfg.Reaches(p, m.Key) {
+		t.Fatalf("Match = %q, %v; reaches %v", m.Key, ok, cfg.Reaches(p, m.Key))
+	}
+	if cfg.Reaches(p, "%41%3000") {
+		t.Errorf("%q reaches the policy; descriptors render %q", "%41%3000", "A%3000")
+	}
+	if got, want := p.KeyEscapeProblem("%41%3000"), `send "A%3000"`; !strings.Contains(got, want) {
+		t.Errorf("KeyEscapeProblem = %q, want it to say %s", got, want)
+	}
+}

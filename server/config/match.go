@@ -666,9 +666,10 @@ func (t *template) split(key string) ([]string, bool) {
 	last := len(t.vars) - 1
 	for i := range t.vars {
 		// Values but the last hold no byte of the text after them
-		// (escaped), so each ends where that text first appears.
+		// (escaped), so each ends where that text first appears outside
+		// an escape (the text may hold hex digits: "{a}0{b}").
 		if i < last {
-			j := strings.Index(rest, t.parts[i+1])
+			j := indexOutsideEscapes(rest, t.parts[i+1])
 			if j < 0 {
 				return nil, false
 			}
@@ -682,4 +683,19 @@ func (t *template) split(key string) ([]string, bool) {
 		}
 	}
 	return raws, true
+}
+
+// indexOutsideEscapes is strings.Index(s, sub) for a sub that starts
+// with no '%', skipping the %XX escapes of s.
+func indexOutsideEscapes(s, sub string) int {
+	for i := 0; i < len(s); i++ {
+		if s[i] == '%' {
+			i += 2
+			continue
+		}
+		if strings.HasPrefix(s[i:], sub) {
+			return i
+		}
+	}
+	return -1
 }
