@@ -229,3 +229,37 @@ func TestValidateRequests(t *testing.T) {
 		}
 	}
 }
+
+// FuzzParseLimit: a limit string parses or is refused with
+// ErrInvalidLimit, never panics; a limit that parses is valid and reads
+// back from its String as itself (a burst equal to the rate is the
+// default, which String leaves out).
+func FuzzParseLimit(f *testing.F) {
+	for _, s := range []string{"100/min", "10/s", "5000/1h", "30/90s", "1000/day", "10/s burst 20", "token_bucket 10/s burst 20",
+		"sliding_window_log 300/5m", "fixed_window 5000/h", "2000000/s", "0.5s", "1/0.5s", "1/0h30m", "10/fortnight", "5/15m",
+		"leaky_bucket 5/s burst 9", "1/366day", "1/367day", "9223372036854775807/s", "1/9223372036854775807ms", "burst 3", "/", " "} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		l, err := sluice.ParseLimit(s)
+		if err != nil {
+			if !errors.Is(err, sluice.ErrInvalidLimit) {
+				t.Fatalf("ParseLimit(%q): %v does not wrap ErrInvalidLimit", s, err)
+			}
+			return
+		}
+		if err := l.Validate(); err != nil {
+			t.Fatalf("ParseLimit(%q) = %v, invalid: %v", s, l, err)
+		}
+		var back sluice.Limit
+		if err := back.UnmarshalText([]byte(l.String())); err != nil {
+			t.Fatalf("ParseLimit(%q) = %#v, written %q, which does not parse: %v", s, l, l.String(), err)
+		}
+		if l.Burst == l.Rate {
+			l.Burst = 0
+		}
+		if back != l {
+			t.Fatalf("ParseLimit(%q) = %#v, written %q, reads back as %#v", s, l, l.String(), back)
+		}
+	})
+}
