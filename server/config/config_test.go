@@ -500,6 +500,33 @@ func TestYAMLErrorLine(t *testing.T) {
 	}
 }
 
+// YAML breaks lines at CR LF and at a lone CR too: a file with either
+// line ending has its errors on the lines it has with LF.
+func TestYAMLErrorLineEndings(t *testing.T) {
+	t.Parallel()
+	for _, text := range []string{
+		"domain: d\ndescriptors:\n  - key: a\n    rate_limit:\n      unit: second\n     requests_per_unit: 3\n",
+		"policies:\n  - name: a\n    limit: 1/s\n  - name: b\n   limit: 2/s\n",
+		"policies:\n  - name: a\n    limit: 1/s\n    key: *nope\n",
+		"policies:\n  - name: a\n    limit: 1/s\n  - name: b\xff\n",
+		"policies:\n  - name: a\n\tlimit: 1/s\n",
+		"policies:\n  - name: a\n    limit: \"unclosed\n",
+		"policies:\n  - name: a\n    limit: nope\n",
+		"domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: fortnight, requests_per_unit: 1}\n",
+	} {
+		_, want := Parse("test.yaml", []byte(text))
+		if want == nil {
+			t.Fatalf("%q: no error", text)
+		}
+		for _, br := range []string{"\r\n", "\r"} {
+			_, err := Parse("test.yaml", []byte(strings.ReplaceAll(text, "\n", br)))
+			if err == nil || err.Error() != want.Error() {
+				t.Errorf("%q with %q line endings:\n  %v\nwant\n  %v", text, br, err, want)
+			}
+		}
+	}
+}
+
 // unit_multiplier makes the window unit×N, as in envoyproxy/ratelimit.
 func TestUnitMultiplier(t *testing.T) {
 	t.Parallel()

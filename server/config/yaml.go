@@ -110,7 +110,7 @@ func (l *loader) yamlError(data []byte, err error) {
 		// The parser names no line for some errors (an unknown anchor,
 		// invalid UTF-8, nesting too deep) and too early a line for
 		// others: the first line whose prefix no longer parses is it.
-		lines := bytes.SplitAfter(data, []byte("\n"))
+		lines := yamlLines(data)
 		lo, hi := max(e.Line, 1), len(lines) // the first lo lines may parse; all do not
 		for lo < hi {
 			mid := (lo + hi) / 2
@@ -133,6 +133,36 @@ func (l *loader) yamlError(data []byte, err error) {
 		e.Line, e.Column = 1, 1
 	}
 	l.errs = append(l.errs, e)
+}
+
+// yamlLines splits data after each line break as YAML counts them: CR
+// LF, CR, LF, NEL, LS and PS, so that a file written with CR line
+// endings has its lines too.
+func yamlLines(data []byte) [][]byte {
+	var lines [][]byte
+	start := 0
+	for i := 0; i < len(data); {
+		n := 0
+		switch rest := data[i:]; {
+		case bytes.HasPrefix(rest, []byte("\r\n")):
+			n = 2
+		case rest[0] == '\r', rest[0] == '\n':
+			n = 1
+		case bytes.HasPrefix(rest, []byte("\u0085")):
+			n = 2
+		case bytes.HasPrefix(rest, []byte("\u2028")), bytes.HasPrefix(rest, []byte("\u2029")):
+			n = 3
+		}
+		if n == 0 {
+			i++
+			continue
+		}
+		i += n
+		lines = append(lines, data[start:i])
+		start = i
+	}
+	// The last line, or an empty one after a final break, as SplitAfter.
+	return append(lines, data[start:])
 }
 
 // braceHint names the usual cause of a syntax error on a line whose value
