@@ -1,6 +1,7 @@
 package server
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"net/http"
@@ -8,12 +9,15 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/sluicehq/sluice/memory"
 )
 
 const fuzzConfig = `
@@ -60,22 +64,47 @@ func FuzzJSONAPI(f *testing.F) {
 		`{"domain":"edge","descriptors":[{"entries":[{"key":"route","value":"a"}],"limit":{"requests_per_unit":2,"unit":"HOUR"}}]}`,
 		`{"domain":"edge","descriptors":[{"entries":[{"key":"route","value":"a"}],"limit":{"requests_per_unit":2,"unit":"UNKNOWN"}}]}`,
 		`{"domain":"","descriptors":[]}`, `{"domain":"edge","descriptors":[{"entries":[{"key":"route","value":"a"}],"hitsAddend":"x"}]}`,
+		// Field names in another case, numbers of other shapes, a BOM,
+		// text cut short, unknown fields.
+		`{"Policy":"api","Key":"bob","COST":2}`, `{"policy":"api","key":"bob","cost":1.5}`, `{"policy":"api","key":"bob","cost":1e3}`,
+		`{"policy":"api","key":"bob","cost":"1"}`, `{"policy":"api","key":"bob","colour":1}`, "\ufeff{\"policy\":\"api\",\"key\":\"bob\"}",
+		`{"policy":"api","key":"bob"`, `{"policy":"api","key":"b\u0000b"}`, `{"policy":"login","key":"x","cost":5}`,
+		`{"policy":"exports","key":"bob","weight":9223372036854775807}`, `{"policy":"exports","key":"bob","priority":"critical"}`,
+		`{"token":"AAAAAAAAAAAAAAAAAAAAAA=="}`, `{"token":"x","policy":"api"}`,
+		`{"domain":"edge","descriptors":[{"entries":[]}]}`, `{"domain":"edge","descriptors":[null]}`,
+		`{"domain":"edge","descriptors":[{"entries":[{"key":"route","value":"a"}],"is_negative_hits":true,"hits_addend":3}]}`,
+		`{"domain":"edge","descriptors":[{"entries":[{"key":"route","value":"a"}],"hitsAddend":"18446744073709551615"}]}`,
+		`{"domain":"edge","descriptors":[{"entries":[{"key":"route","value":"a"}],"limit":{"requests_per_unit":4294967295,"unit":"YEAR","unit_multiplier":4294967295}}]}`,
+		`{"domain":"edge","hits_addend":4294967295,"descriptors":[{"entries":[{"key":"route","value":"a"}]}],"colour":1}`,
 	} {
 		for i := range fuzzPaths {
 			f.Add(uint8(i), []byte(b))
 		}
 	}
+	var (
+		svc   *Service
+		h     http.Handler
+		clock *fakeClock
+	)
 	f.Fuzz(func(t *testing.T, path uint8, body []byte) {
-		svc := newMemService(t, fuzzConfig, newFakeClock())
-		h := svc.Handler(nil)
+		// One service for all the inputs a process runs: building one
+		// each time cost most of a run. Each input resets the counters it
+		// checks, and starts a minute on (holds expire, windows move).
+		if svc == nil {
+			clock = newFakeClock()
+			store := memory.New(&memory.Options{Clock: clock.Now, SweepInterval: time.Second})
+			svc = NewService(store, mustConfig(t, fuzzConfig), &ServiceOptions{Clock: clock.Now})
+			h = svc.Handler(nil)
+		}
+		clock.Advance(time.Minute)
 		target := fuzzPaths[int(path)%len(fuzzPaths)]
-		// The counters the body may name: its key under each rate policy.
+		// The counters the body may name: its key under each rate policy,
+		// decoded as the handler does (field names match in any case).
 		keys := []string{"bob", "x"}
-		var named map[string]any
-		if json.Unmarshal(body, &named) == nil {
-			if k, ok := named["key"].(string); ok {
-				keys = append(keys, k)
-			}
+		var named struct{ Key *string }
+		_ = json.NewDecoder(bytes.NewReader(body)).Decode(&named)
+		if named.Key != nil {
+			keys = append(keys, *named.Key)
 		}
 		peek := func() []int64 {
 			var out []int64
@@ -90,6 +119,11 @@ func FuzzJSONAPI(f *testing.F) {
 				}
 			}
 			return out
+		}
+		for _, p := range []string{"api", "login"} {
+			for _, k := range keys {
+				_ = svc.Reset(context.Background(), p, k)
+			}
 		}
 		// Take a little first, so that a reset that should not have
 		// happened shows.
@@ -130,6 +164,12 @@ func FuzzRLS(f *testing.F) {
 	f.Add("edge", "policy", "api", "user", "{x}%", uint64(6), true, uint32(0), false, int32(4), uint32(0), uint32(0))
 	f.Add("other", "", "", "", "", uint64(1), false, uint32(0), false, int32(-1), uint32(1), uint32(0))
 	f.Add("", "route", "a", "", "", uint64(1), false, uint32(0), false, int32(0), uint32(0), uint32(0))
+	// Units past SECOND..WEEK and the longest windows multiplied, keys
+	// and values that are empty, control bytes or escapes.
+	f.Add("edge", "route", "a", "", "", uint64(1), false, uint32(0), false, int32(6), uint32(1), uint32(1<<32-1))
+	f.Add("edge", "route", "a", "", "", uint64(1), false, uint32(0), false, int32(1<<31-1), uint32(1), uint32(0))
+	f.Add("edge", "route", "", "", "x", uint64(1), false, uint32(0), false, int32(7), uint32(0), uint32(2))
+	f.Add("edge\x00", "route\x00", "%7B", "path", "/api%", uint64(3), true, uint32(0), true, int32(0), uint32(0), uint32(0))
 	f.Fuzz(func(t *testing.T, domain, k1, v1, k2, v2 string, hits uint64, setHits bool, reqHits uint32, negative bool, unit int32, rpu, mult uint32) {
 		svc := newMemService(t, fuzzConfig, newFakeClock())
 		d := desc(k1 + "=" + v1)
