@@ -99,6 +99,10 @@ func checkConfigError(t *testing.T, data []byte, err error) {
 func FuzzParse(f *testing.F) {
 	for _, s := range testConfigs(f) {
 		f.Add([]byte(s), "user", "bob", "ip", "2001:db8::1")
+		// YAML breaks lines at CR LF and at a lone CR too.
+		for _, br := range []string{"\r\n", "\r"} {
+			f.Add([]byte(strings.ReplaceAll(s, "\n", br)), "user", "bob", "ip", "2001:db8::1")
+		}
 	}
 	f.Fuzz(func(t *testing.T, data []byte, k1, v1, k2, v2 string) {
 		cfg, err := Parse("fuzz.yaml", data)
@@ -161,8 +165,10 @@ func checkLimitText(t *testing.T, l sluice.Limit) {
 // themselves, and split back into the values that rendered them; any
 // other key is judged without a panic.
 func FuzzKeyTemplate(f *testing.F) {
-	for _, s := range []string{"{key}", "{a}", "k{a}", "{a}:{b}", "x{a}/{b}-{c}y", "{a}:-{b}", "{a}::{b}:{c}", "u={user}:{ip}", "<{k}>", "{user", "{u}{r}", "100%:{u}", "{u}%{r}", "fixed", "{policy}:{user}", "{a}}", "}{a}", "{}", "%25{a}%7B"} {
+	for _, s := range []string{"{key}", "{a}", "k{a}", "{a}:{b}", "x{a}/{b}-{c}y", "{a}:-{b}", "{a}::{b}:{c}", "u={user}:{ip}", "<{k}>", "{user", "{u}{r}", "100%:{u}", "{u}%{r}", "fixed", "{policy}:{user}", "{a}}", "}{a}", "{}", "%25{a}%7B",
+		"{a}{a}", "{a}%7D", "{ a }", "{a:b}", "{é}", "%{a}", "{a}%", "{a}%2", "{a}%25{b}"} {
 		f.Add(s, "bob", "a:b%{}", "2001:db8::1", "%41")
+		f.Add(s, "", ":", "%7B%25", "{a}")
 	}
 	f.Fuzz(func(t *testing.T, tmpl, v1, v2, v3, other string) {
 		tt, err := parseTemplate(tmpl)
