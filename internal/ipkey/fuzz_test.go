@@ -10,8 +10,15 @@ import (
 // trusted proxy appends after the client's text is the client found.
 func FuzzClient(f *testing.F) {
 	for _, s := range []string{"1.1.1.1", "6.6.6.6, 7.7.7.7", "garbage", "[2001:db8::1]:443", " , ,, ", "::ffff:198.51.100.1",
-		`for=6.6.6.6`, `for=", `, `host="a\`, `for=6.6.6.6;host="`, `for="[2001:db8:cafe::17]:4711";proto=https`, `for=_hidden`, `for=203.0.113.9;for=6.6.6.6`, `by="x`} {
+		`for=6.6.6.6`, `for=", `, `host="a\`, `for=6.6.6.6;host="`, `for="[2001:db8:cafe::17]:4711";proto=https`, `for=_hidden`, `for=203.0.113.9;for=6.6.6.6`, `by="x`,
+		"1.1.1.1:80", "[::1]", "fe80::1%eth0", `for="[fe80::1%eth0]"`, "for=unknown", "FOR=1.1.1.1", "for = 1.1.1.1", "1.1.1.1,", ",1.1.1.1",
+		"01.1.1.1", "1.1.1.1\t", "::ffff:10.0.0.1", `for="::ffff:10.0.0.1"`, "10.0.0.1, 10.0.0.2"} {
 		f.Add("10.1.2.3:5000", s, "2001:db8::7")
+	}
+	// Peers a listener may report in other forms: a 4in6 trusted proxy,
+	// a zone, a Unix socket's.
+	for _, p := range []string{"[::ffff:10.1.2.3]:5000", "[fe80::1%eth0]:80", "@", "", "10.1.2.3", "[2001:db8:ffff::1]:1"} {
+		f.Add(p, "6.6.6.6", "10.0.0.0/8")
 	}
 	proxies := []string{"10.0.0.0/8", "2001:db8:ffff::/48", "192.0.2.7"}
 	xff, err := New(proxies, XForwardedFor, 0, 0)
