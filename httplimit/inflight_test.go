@@ -971,3 +971,60 @@ func TestInFlightFailedReleaseRetried(t *testing.T) {
 		t.Errorf("%d releases reported freed, want 2 (the one sent again, the second request's)", n)
 	}
 }
+
+// Requests held at once, each on its own key, are each extended while
+// they run (a second request on a key is refused past the hold), no slot
+// is reported expired, and no extend comes after the releases.
+func TestInFlightExtendsWhileHeldOnly(t *testing.T) {
+	t.Parallel()
+	const hold, n = 300 * time.Millisecond, 20
+	store := memory.New(nil)
+	t.Cleanup(func() { store.Close() })
+	obs := &middlewaretest.Slots{}
+	m, err := New(store, nil, &Options{Observer: obs,
+		InFlight: []InFlightRule{{Name: "one", Limit: sluice.Concurrent(1, hold), Key: Header("X-Client")}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	leave := make(chan struct{})
+	var entered, done sync.WaitGroup
+	h := m.Handler(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { entered.Done(); <-leave }))
+	serve := func(i int) int {
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, newBenchRequest(fmt.Sprint(i)))
+		return w.Code
+	}
+	entered.Add(n)
+	done.Add(n)
+	for i := range n {
+		go func() {
+			defer done.Done()
+			serve(i)
+		}()
+	}
+	entered.Wait()
+	func() {
+		defer close(leave)
+		time.Sleep(hold * 5 / 2)
+		for i := range n {
+			if code := serve(i); code != http.StatusTooManyRequests {
+				t.Errorf("a second request on key %d 2.5 holds in: %d, want 429", i, code)
+			}
+		}
+	}()
+	done.Wait()
+	extends := obs.Get("one/extend/allowed")
+	if extends < 5*n {
+		t.Errorf("%d extends of %d requests held 2.5 holds, want at least %d", extends, n, 5*n)
+	}
+	if e := obs.Get("one/expire/allowed"); e != 0 {
+		t.Errorf("%d slots reported expired, extended all along", e)
+	}
+	time.Sleep(hold)
+	if got := obs.Get("one/extend/allowed") + obs.Get("one/extend/denied") + obs.Get("one/extend/error"); got != extends {
+		t.Errorf("%d extends after the releases", got-extends)
+	}
+	if r := obs.Get("one/release/allowed"); r != n {
+		t.Errorf("%d releases, want %d", r, n)
+	}
+}

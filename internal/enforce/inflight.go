@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -99,6 +98,7 @@ type holdEnv struct {
 	observer sluice.SlotObserver
 	logger   *slog.Logger // nil: slog.Default()
 	pace     logpace.Pacer
+	keep     keeper
 }
 
 // SetLogger sets where a slot lost while its request runs, and a release
@@ -281,11 +281,15 @@ type Held struct {
 	env      *holdEnv
 	priority sluice.Priority
 	done     atomic.Bool
-	// keep extends the store-backed slots about every "every"; nil with
-	// none. mu orders its rescheduling with Release's stop.
-	mu    sync.Mutex
-	keep  *time.Timer
+	// every is about how often the store-backed slots are extended; 0
+	// with none.
 	every time.Duration
+	// Under env.keep.mu: when the next round of extends is due (Unix ns),
+	// when the keeper looks at h next, h's place in its heap (+1; 0: not
+	// in it), and whether a round runs.
+	next, at  int64
+	index     int
+	extending bool
 }
 
 type slotHold struct {
@@ -300,10 +304,9 @@ type slotHold struct {
 	// lost: an extend found the slot no longer held (keep's alone).
 	lost bool
 	// With an observer, a store-backed hold reports a sluice.SlotExpire
-	// when its hold passes unreleased (the store has freed it): state goes
-	// from 0 to 1 (released) or 2 (expired), once.
+	// when its hold passes unreleased (the store has freed it), from the
+	// keeper: state goes from 0 to 1 (released) or 2 (expired), once.
 	state *atomic.Int32
-	timer *time.Timer
 }
 
 // Acquire acquires the slot of every rule that applies to req (its Match
@@ -387,21 +390,17 @@ func (rs *SlotRules[R]) Acquire(ctx context.Context, req R, p sluice.Priority) (
 				h.every = max(hold/3, minKeep)
 			}
 			if obs != nil {
-				st, name := new(atomic.Int32), s.Name
-				sh.state = st
-				sh.timer = time.AfterFunc(hold, func() {
-					if st.CompareAndSwap(0, 2) {
-						obs.ObserveSlot(sluice.SlotEvent{Policy: name, Op: sluice.SlotExpire, Outcome: sluice.OutcomeAllowed, Priority: p, Weight: weight})
-					}
-				})
+				sh.state = new(atomic.Int32)
 			}
 		}
 		h.holds = append(h.holds, sh)
 	}
 	if h != nil && h.every > 0 {
-		h.mu.Lock() // its first round may come before the assignment is seen
-		h.keep = time.AfterFunc(h.wait(), h.extend)
-		h.mu.Unlock()
+		k := &rs.env.keep
+		k.mu.Lock()
+		h.next = time.Now().Add(h.wait()).UnixNano()
+		k.schedule(h)
+		k.mu.Unlock()
 	}
 	return h, ok, nil
 }
@@ -414,7 +413,7 @@ func (h *Held) wait() time.Duration {
 }
 
 // extend extends every store-backed slot of h that is held, and schedules
-// the next round (the timer runs one at a time). A slot found no longer
+// the next round (the keeper starts one at a time). A slot found no longer
 // held (the store lost it, or it expired while the store was unreachable)
 // is reported and logged, and extended no more: the request goes on. A
 // failure is reported, and tried again at the next round.
@@ -435,11 +434,12 @@ func (h *Held) extend() {
 		h.extended(sh, err)
 	}
 	cancel()
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if !h.done.Load() {
-		h.keep.Reset(max(h.wait()-time.Since(start), minKeep))
-	}
+	k := &h.env.keep
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	h.extending = false
+	h.next = time.Now().Add(max(h.wait()-time.Since(start), minKeep)).UnixNano()
+	k.schedule(h) // its slots' expiries too, moved by the extends
 }
 
 // extended reports the outcome of sh's extend.
@@ -448,15 +448,11 @@ func (h *Held) extended(sh *slotHold, err error) {
 	case err == nil:
 		hold := sh.slot.Limit().Hold
 		sh.until.Store(time.Now().Add(hold).UnixNano())
-		if sh.state != nil && sh.state.Load() == 0 {
-			sh.timer.Reset(hold)
-		}
 		h.env.observe(sh.name, sluice.SlotExtend, sluice.OutcomeAllowed, h.priority, sh.weight)
 	case errors.Is(err, sluice.ErrSlotLost):
 		sh.lost = true
 		h.env.observe(sh.name, sluice.SlotExtend, sluice.OutcomeDenied, h.priority, sh.weight)
 		if sh.state != nil && sh.state.CompareAndSwap(0, 2) {
-			sh.timer.Stop()
 			h.env.observe(sh.name, sluice.SlotExpire, sluice.OutcomeAllowed, h.priority, sh.weight)
 		}
 		h.env.log("sluice: in-flight slot lost while its request runs; it may be taken by another", sh.name,
@@ -529,10 +525,15 @@ func (h *Held) Release() {
 	if h == nil || !h.done.CompareAndSwap(false, true) {
 		return
 	}
-	if h.keep != nil {
-		h.mu.Lock()
-		h.keep.Stop()
-		h.mu.Unlock()
+	if h.every > 0 {
+		// After the releases: a slot whose release failed still has its
+		// expiry to report.
+		defer func() {
+			k := &h.env.keep
+			k.mu.Lock()
+			k.schedule(h)
+			k.mu.Unlock()
+		}()
 	}
 	var ctx context.Context
 	for _, sh := range h.holds {
@@ -549,13 +550,12 @@ func (h *Held) Release() {
 			}
 			if err := sh.slot.Release(ctx); err != nil {
 				// Until a retry frees it, the store holds the slot: it is
-				// reported held (at most until the timer's SlotExpire).
+				// reported held (at most until the keeper's SlotExpire).
 				outcome, weight = sluice.OutcomeError, 0
 				notRetried = !h.retryRelease(sh, err)
 			}
 		}
 		if sh.state != nil && outcome == sluice.OutcomeAllowed {
-			sh.timer.Stop()
 			if !sh.state.CompareAndSwap(0, 1) {
 				weight = 0 // past its hold: reported held no more then
 			}
@@ -575,7 +575,6 @@ func (h *Held) retryRelease(sh *slotHold, err error) bool {
 		done = func(held bool) {
 			if held {
 				weight := sh.weight
-				sh.timer.Stop()
 				if !sh.state.CompareAndSwap(0, 1) {
 					weight = 0 // past its hold: reported held no more then
 				}
@@ -584,7 +583,6 @@ func (h *Held) retryRelease(sh *slotHold, err error) bool {
 			}
 			h.env.observe(sh.name, sluice.SlotRelease, sluice.OutcomeDenied, h.priority, 0)
 			if sh.state.CompareAndSwap(0, 2) {
-				sh.timer.Stop()
 				h.env.observe(sh.name, sluice.SlotExpire, sluice.OutcomeAllowed, h.priority, sh.weight)
 			}
 		}

@@ -2,6 +2,7 @@ package enforce
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -12,6 +13,7 @@ import (
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/logtest"
 	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/internal/timercount"
 	"github.com/sluicehq/sluice/memory"
 	"github.com/sluicehq/sluice/redisstore"
 	"github.com/sluicehq/sluice/storetest"
@@ -165,5 +167,112 @@ func TestKeepLostSlot(t *testing.T) {
 	}
 	if out := logs.String(); strings.Count(out, "slot lost") != 1 || !strings.Contains(out, "rule=one") {
 		t.Errorf("log %q: want one line naming the rule", out)
+	}
+}
+
+// A held request arms no timer of its own: one timer per SlotRules starts
+// every request's extends and reports every slot's expiry. (Before, each
+// arms one for its extends and, observed, one per slot for its expiry.)
+func TestKeepArmsNoTimerPerRequest(t *testing.T) {
+	store := memory.New(nil)
+	t.Cleanup(func() { store.Close() })
+	rs := observedRules(t, store, &slotEvents{}, SlotSpec[string]{Name: "one", Limit: sluice.Concurrent(1, time.Minute), Key: ident})
+	warm, _, err := rs.Acquire(context.Background(), "warm", sluice.PriorityCritical) // once-only timers: the rules', crypto/rand's
+	if err != nil {
+		t.Fatal(err)
+	}
+	warm.Release()
+	const n = 100
+	held := make([]*Held, 0, n)
+	defer func() {
+		for _, h := range held {
+			h.Release()
+		}
+	}()
+	timers := timercount.Of(func() {
+		for i := range n {
+			h, v, err := rs.Acquire(context.Background(), fmt.Sprint(i), sluice.PriorityCritical)
+			if err != nil || !v.Allowed {
+				t.Fatal(v, err)
+			}
+			held = append(held, h)
+		}
+	})
+	if timers != 0 {
+		t.Errorf("%d timers armed for %d held requests, want none", timers, n)
+	}
+}
+
+// Many requests held at once are each extended while they run (past their
+// hold), their slots reported expired never, and none is extended after
+// its release.
+func TestKeepManyHeld(t *testing.T) {
+	t.Parallel()
+	const hold, n = 300 * time.Millisecond, 50
+	store := memory.New(nil)
+	t.Cleanup(func() { store.Close() })
+	obs := &slotEvents{}
+	rs := observedRules(t, store, obs, SlotSpec[string]{Name: "one", Limit: sluice.Concurrent(1, hold), Key: ident})
+	held := make([]*Held, n)
+	for i := range held {
+		h, v, err := rs.Acquire(context.Background(), fmt.Sprint(i), sluice.PriorityCritical)
+		if err != nil || !v.Allowed {
+			t.Fatal(v, err)
+		}
+		held[i] = h
+	}
+	time.Sleep(hold * 5 / 2)
+	for i := range held {
+		if _, v, err := rs.Acquire(context.Background(), fmt.Sprint(i), sluice.PriorityCritical); err != nil || v.Allowed {
+			t.Fatalf("another request for key %d 2.5 holds in: %+v %v, want refused", i, v, err)
+		}
+	}
+	for _, h := range held {
+		h.Release()
+	}
+	extends := obs.count("extend/allowed")
+	if extends < 5*n {
+		t.Errorf("%d extends of %d requests over 2.5 holds, want at least %d", extends, n, 5*n)
+	}
+	if e := obs.count("expire/allowed"); e != 0 {
+		t.Errorf("%d expiries reported of slots extended all along", e)
+	}
+	time.Sleep(hold)
+	if got := obs.count("extend/allowed") + obs.count("extend/denied") + obs.count("extend/error"); got != extends {
+		t.Errorf("%d extends after the releases", got-extends)
+	}
+}
+
+// A slot whose extends fail (Redis down) is reported expired once its
+// hold passes, not before (even while a round of extends waits on the
+// store), and once only.
+func TestKeepReportsExpiry(t *testing.T) {
+	t.Parallel()
+	const hold = 400 * time.Millisecond
+	srv := redistest.StartServer(t)
+	client := redis.NewClient(&redis.Options{Addr: srv.Addr, MaxRetries: -1})
+	t.Cleanup(func() { client.Close() })
+	store := redisstore.New(client, &redisstore.Options{Prefix: redistest.Prefix(t)})
+	obs := &slotEvents{}
+	rs := observedRules(t, store, obs, SlotSpec[string]{Name: "one", Limit: sluice.Concurrent(1, hold), Key: ident})
+	h, v, err := rs.Acquire(context.Background(), "k", sluice.PriorityCritical)
+	if err != nil || !v.Allowed {
+		t.Fatal(v, err)
+	}
+	start := time.Now()
+	srv.Stop()
+	for obs.count("expire/allowed") == 0 {
+		if time.Since(start) > 3*hold {
+			t.Fatalf("no expiry 3 holds in: %s", obs)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if d := time.Since(start); d < hold*3/4 {
+		t.Errorf("expiry reported %v in, before the %v hold passed", d, hold)
+	}
+	h.Release()
+	time.Sleep(hold)
+	if n := obs.count("expire/allowed"); n != 1 {
+		t.Errorf("%d expiries reported, want 1: %s", n, obs)
 	}
 }
