@@ -15,6 +15,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice/internal/ctxutil"
+	"github.com/sluicehq/sluice/internal/tick"
 	"github.com/sluicehq/sluice/redisstore"
 )
 
@@ -165,18 +166,13 @@ func (f *Fleet) Start() {
 	go f.listen(f.stop)
 	go func() {
 		defer close(f.done)
-		t := time.NewTicker(f.opts.Interval)
-		defer t.Stop()
-		for {
+		publish := func() {
 			ctx, cancel := context.WithTimeout(context.Background(), f.opts.Interval)
-			f.Publish(ctx)
-			cancel()
-			select {
-			case <-f.stop:
-				return
-			case <-t.C:
-			}
+			defer cancel()
+			_ = f.Publish(ctx)
 		}
+		publish()
+		tick.Every(f.stop, f.opts.Interval, publish)
 	}()
 }
 

@@ -16,6 +16,14 @@ func Every(stop <-chan struct{}, interval time.Duration, f func()) {
 		case <-stop:
 			return
 		case <-t.C:
+			// A tick that came while f ran is ready beside a stop that came
+			// then too, and select picks either: without this a stop could
+			// wait for f once more, each time with even odds.
+			select {
+			case <-stop:
+				return
+			default:
+			}
 			f()
 		}
 	}
