@@ -620,7 +620,8 @@ func configStamp(files []string) string {
 
 // Shutdown stops accepting requests, waits for those in flight (until ctx
 // ends), then for the releases being sent again in the background (until
-// ctx ends: their count is logged if any are left), withdraws the fleet report, returns unused lease units (bounded
+// ctx ends, at most maxReleaseWait: their count is logged if any are
+// left), withdraws the fleet report, returns unused lease units (bounded
 // by leaseReturnTimeout, even when ctx's deadline cut the wait short) and
 // releases the store. A ctx canceled (a second signal: stop now) makes it
 // return at once: the rest goes on in the background, and unused lease
