@@ -195,10 +195,11 @@ type Slot struct {
 
 // AcquireSlot acquires a slot of weight for key under limit with a fresh
 // holder id. It returns a nil Slot when the decision denies. A nil store
-// is ErrInvalidLimit, as for NewLimiter.
+// is an error matching both ErrStoreNotBuilt and ErrInvalidLimit, as for
+// NewLimiter.
 func AcquireSlot(ctx context.Context, store Slots, key string, limit InFlightLimit, weight int64) (*Slot, SlotDecision, error) {
 	if store == nil {
-		return nil, SlotDecision{}, fmt.Errorf("%w: nil store", ErrInvalidLimit)
+		return nil, SlotDecision{}, errNilStore
 	}
 	holder := NewHolderID()
 	d, err := store.Acquire(ctx, key, limit, weight, holder)
@@ -262,10 +263,10 @@ func ReleaseAbandoned(store Slots, key, holder string) {
 // again (AcquireSlot reports it as SlotDecision.ReleaseDropped). A store
 // in front of another (resilient's) is handed the holder by its
 // TryAbandonSlot, or AbandonSlot, which reports nothing. A nil store is
-// ErrInvalidLimit.
+// an error matching both ErrStoreNotBuilt and ErrInvalidLimit.
 func TryReleaseAbandoned(store Slots, key, holder string) error {
 	if store == nil {
-		return fmt.Errorf("%w: nil store", ErrInvalidLimit)
+		return errNilStore
 	}
 	if a, ok := store.(tryAbandoner); ok {
 		return a.TryAbandonSlot(key, holder)
@@ -317,13 +318,14 @@ var ErrRetriesFull = errors.New("sluice: too many releases being retried")
 // done, if not nil, is called once with the store's answer (whether holder
 // held its slot then), on the background goroutine; it is not called when
 // no answer came. Bad input is refused (ErrInvalidKey, ErrInvalidHolder;
-// ErrInvalidLimit for a nil store), and at most MaxBackgroundReleases run
+// for a nil store an error matching both ErrStoreNotBuilt and
+// ErrInvalidLimit), and at most MaxBackgroundReleases run
 // at once, with ReleaseAbandoned's: beyond that, ErrRetriesFull. An until
 // already past sends nothing (nil). A process that stops drops the
 // releases still at work: see WaitReleases.
 func RetryRelease(store Slots, key, holder string, until time.Time, done func(held bool)) error {
 	if store == nil {
-		return fmt.Errorf("%w: nil store", ErrInvalidLimit)
+		return errNilStore
 	}
 	if err := ValidateKey(key); err != nil {
 		return err

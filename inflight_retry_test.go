@@ -133,14 +133,17 @@ func TestRetryReleaseGivesUp(t *testing.T) {
 	for _, c := range []struct {
 		store       sluice.Slots
 		key, holder string
-		want        error
+		want        []error
 	}{
-		{nil, "k", "h", sluice.ErrInvalidLimit},
-		{store, "", "h", sluice.ErrInvalidKey},
-		{store, "k", "", sluice.ErrInvalidHolder},
+		{nil, "k", "h", []error{sluice.ErrInvalidLimit, sluice.ErrStoreNotBuilt}},
+		{store, "", "h", []error{sluice.ErrInvalidKey}},
+		{store, "k", "", []error{sluice.ErrInvalidHolder}},
 	} {
-		if err := sluice.RetryRelease(c.store, c.key, c.holder, time.Now().Add(time.Minute), nil); !errors.Is(err, c.want) {
-			t.Errorf("RetryRelease(%v, %q, %q) = %v, want %v", c.store, c.key, c.holder, err, c.want)
+		err := sluice.RetryRelease(c.store, c.key, c.holder, time.Now().Add(time.Minute), nil)
+		for _, want := range c.want {
+			if !errors.Is(err, want) {
+				t.Errorf("RetryRelease(%v, %q, %q) = %v, want %v", c.store, c.key, c.holder, err, want)
+			}
 		}
 	}
 }
@@ -278,8 +281,8 @@ func TestWaitReleases(t *testing.T) {
 func TestTryReleaseAbandonedFull(t *testing.T) {
 	ctx := context.Background()
 	store := unreachable(t)
-	if err := sluice.TryReleaseAbandoned(nil, "k", "h"); !errors.Is(err, sluice.ErrInvalidLimit) {
-		t.Errorf("TryReleaseAbandoned(nil store) = %v, want ErrInvalidLimit", err)
+	if err := sluice.TryReleaseAbandoned(nil, "k", "h"); !errors.Is(err, sluice.ErrInvalidLimit) || !errors.Is(err, sluice.ErrStoreNotBuilt) {
+		t.Errorf("TryReleaseAbandoned(nil store) = %v, want ErrInvalidLimit and ErrStoreNotBuilt", err)
 	}
 	releasetest.Fill(t, time.Now().Add(2*time.Second))
 	if err := sluice.TryReleaseAbandoned(store, "k", sluice.NewHolderID()); !errors.Is(err, sluice.ErrRetriesFull) {

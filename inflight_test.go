@@ -80,7 +80,7 @@ func TestNilSlot(t *testing.T) {
 
 func TestAcquireSlotNilStore(t *testing.T) {
 	s, _, err := sluice.AcquireSlot(context.Background(), nil, "k", sluice.Concurrent(1, time.Second), 1)
-	if s != nil || !errors.Is(err, sluice.ErrInvalidLimit) {
-		t.Errorf("AcquireSlot(nil store) = %v, %v; want ErrInvalidLimit", s, err)
+	if s != nil || !errors.Is(err, sluice.ErrInvalidLimit) || !errors.Is(err, sluice.ErrStoreNotBuilt) {
+		t.Errorf("AcquireSlot(nil store) = %v, %v; want ErrInvalidLimit and ErrStoreNotBuilt", s, err)
 	}
 }

@@ -34,13 +34,18 @@ type Options struct {
 	Prefix string
 }
 
+// errNilStore refuses a nil store. It is ErrStoreNotBuilt, the error a
+// caller looks for, and also ErrInvalidLimit, which it used to be alone.
+var errNilStore = fmt.Errorf("%w: nil store (%w)", ErrInvalidLimit, ErrStoreNotBuilt)
+
 // NewLimiter returns a Limiter enforcing limit on store. It fails with
-// ErrInvalidLimit if limit is invalid or store is nil, with an error
-// wrapping ErrStoreNotBuilt when store was never built (CheckBuilt), and
-// with the store's error when store is a LimitChecker that refuses limit.
+// ErrInvalidLimit if limit is invalid, with an error wrapping
+// ErrStoreNotBuilt when store is nil (also ErrInvalidLimit) or was never
+// built (CheckBuilt), and with the store's error when store is a
+// LimitChecker that refuses limit.
 func NewLimiter(store Store, limit Limit, opts *Options) (*Limiter, error) {
 	if store == nil {
-		return nil, fmt.Errorf("%w: nil store", ErrInvalidLimit)
+		return nil, errNilStore
 	}
 	if err := CheckBuilt(store); err != nil {
 		return nil, err // it would fail every call

@@ -23,8 +23,8 @@ func newMemory(t *testing.T, now func() time.Time) *memory.Store {
 
 func TestNewLimiterErrors(t *testing.T) {
 	t.Parallel()
-	if _, err := sluice.NewLimiter(nil, sluice.PerSecond(1), nil); !errors.Is(err, sluice.ErrInvalidLimit) {
-		t.Errorf("nil store: %v", err)
+	if _, err := sluice.NewLimiter(nil, sluice.PerSecond(1), nil); !errors.Is(err, sluice.ErrInvalidLimit) || !errors.Is(err, sluice.ErrStoreNotBuilt) {
+		t.Errorf("nil store: %v, want ErrInvalidLimit and ErrStoreNotBuilt", err)
 	}
 	if _, err := sluice.NewLimiter(newMemory(t, nil), sluice.Limit{}, nil); !errors.Is(err, sluice.ErrInvalidLimit) {
 		t.Errorf("zero limit: %v", err)
