@@ -251,6 +251,33 @@ func TestCloseReset(t *testing.T) {
 	}
 }
 
+// A Reset whose ctx is already cancelled still drops the local lease (its
+// unused units are not returned) and reports the cancellation; the store's
+// reset did not happen here, and a memory store says so.
+func TestResetCancelledDropsLease(t *testing.T) {
+	t.Parallel()
+	clock := storetest.NewClock(storetest.T0)
+	m := newMemory(t, clock)
+	s := newLease(t, m, clock, 300*time.Millisecond, 10)
+	l := sluice.PerSecond(10)
+	take(t, s, "k", l, 3) // a lease of 10, 7 left locally, none in the store
+	cancelled, cancel := context.WithCancel(ctx)
+	cancel()
+	if err := s.Reset(cancelled, "k", l); !errors.Is(err, context.Canceled) {
+		t.Fatalf("Reset with a cancelled ctx = %v, want context.Canceled", err)
+	}
+	if got := s.Len(); got != 0 {
+		t.Errorf("Len after a cancelled Reset = %d, want 0 (the lease dropped)", got)
+	}
+	// The 7 local units are gone, and the store's key was not reset.
+	if d := take(t, s, "k", l, 1); d.Allowed || d.Source != sluice.SourceBackend {
+		t.Errorf("after a cancelled Reset: %+v, want denied by the store (no lease left, key not reset)", d)
+	}
+	if got := s.Stats(); got.Returned != 0 {
+		t.Errorf("Stats().Returned = %d, want 0 (a Reset returns nothing)", got.Returned)
+	}
+}
+
 // Each process's lease is independent and safe under concurrent use: the
 // fleet admits exactly what the store granted.
 func TestConcurrent(t *testing.T) {
