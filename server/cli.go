@@ -98,8 +98,12 @@ func printErrors(w io.Writer, err error) {
 	fmt.Fprintf(w, "sluice: %v\n", err)
 }
 
-func env(name, def string) string {
-	if v, ok := os.LookupEnv(name); ok {
+// lookupEnv reads one environment variable: os.LookupEnv, or a map in
+// tests.
+type lookupEnv func(name string) (string, bool)
+
+func (look lookupEnv) env(name, def string) string {
+	if v, ok := look(name); ok {
 		return v
 	}
 	return def
@@ -108,8 +112,8 @@ func env(name, def string) string {
 // envParse reads a value from the environment with parse; a bad value is
 // reported once the flags are parsed (a flag given on the command line
 // wins over it).
-func envParse[T any](name string, def T, parse func(string) (T, error), want string, bad *error) T {
-	v, ok := os.LookupEnv(name)
+func envParse[T any](look lookupEnv, name string, def T, parse func(string) (T, error), want string, bad *error) T {
+	v, ok := look(name)
 	if !ok {
 		return def
 	}
@@ -123,8 +127,8 @@ func envParse[T any](name string, def T, parse func(string) (T, error), want str
 
 // source names where a setting came from, for its error: the flag when it
 // was given, else its variable (a flag wins over the environment).
-func source(fs *flag.FlagSet, flagName, envName string) (msg, name string) {
-	if _, ok := os.LookupEnv(envName); ok && !flagSet(fs, flagName) {
+func (look lookupEnv) source(fs *flag.FlagSet, flagName, envName string) (msg, name string) {
+	if _, ok := look(envName); ok && !flagSet(fs, flagName) {
 		return "bad environment", envName
 	}
 	return "bad flag", "--" + flagName
@@ -134,118 +138,163 @@ func source(fs *flag.FlagSet, flagName, envName string) (msg, name string) {
 // microsecond interval would spin a core.
 const minWatchInterval = 100 * time.Millisecond
 
-// serve runs the service; its every line is a log record on stderr.
-func serve(args []string, stderr io.Writer) int {
+// serveSettings are serve's settings, from its flags and the environment.
+type serveSettings struct {
+	configFile, redisURL, httpAddr, grpcAddr string
+	failure                                  resilient.Policy
+	withPolicy                               bool // failure is set: not "error"
+	timeout, fleetShrink, watch              time.Duration
+	fleetSize, maxConns, maxKeys             int
+	adminToken, decToken                     string
+	insecure                                 bool
+	httpTLS, grpcTLS                         TLSFiles
+	logFormat, logLevel                      string
+}
+
+// settingError is a bad setting: msg is "bad flag", "bad environment" or
+// "unexpected argument", and err names the flag or the variable; attr is
+// the log attribute for err.
+type settingError struct {
+	msg, attr string
+	err       error
+}
+
+func (e *settingError) Error() string { return e.msg + ": " + e.err.Error() }
+
+// parseServe reads serve's settings from args and the environment. Its
+// errors: flag.ErrHelp, another of package flag's (which it wrote to out),
+// or a *settingError. On a settingError the log format and level are
+// those asked for, for the logger that reports it.
+func parseServe(args []string, look lookupEnv, out io.Writer) (serveSettings, error) {
 	fs := flag.NewFlagSet("sluice serve", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs.SetOutput(out)
 	var envErr, fleetErr, shrinkErr, connErr, keysErr error
 	var (
-		configFile  = fs.String("config", env("SLUICE_CONFIG", ""), "configuration `file` or directory (env SLUICE_CONFIG); default: the built-in demo")
-		redisURL    = fs.String("redis", env("SLUICE_REDIS_URL", ""), "Redis `URL` (env SLUICE_REDIS_URL): redis://, rediss://, redis+cluster://, redis+sentinel://; default: the embedded memory store")
-		httpAddr    = fs.String("http", env("SLUICE_HTTP_ADDR", ""), "JSON API, dashboard and metrics `address` (env SLUICE_HTTP_ADDR); default :8080, 127.0.0.1:8080 for the demo")
-		grpcAddr    = fs.String("grpc", env("SLUICE_GRPC_ADDR", ""), "Envoy rate limit service `address` (env SLUICE_GRPC_ADDR); default :8081, 127.0.0.1:8081 for the demo")
-		failure     = fs.String("failure-policy", env("SLUICE_FAILURE_POLICY", "local"), "when Redis fails: local (enforce in this process), open, closed, or error (report it; Envoy decides) (env SLUICE_FAILURE_POLICY)")
-		timeout     = fs.Duration("decision-timeout", envParse("SLUICE_DECISION_TIMEOUT", 0, time.ParseDuration, "a duration such as 50ms", &envErr), "longest wait for Redis before the failure policy answers (env SLUICE_DECISION_TIMEOUT); default 50ms. Above 5s it raises the Redis client's dial, read and write timeouts too, except those --redis sets (dial_timeout=, read_timeout=, write_timeout=), which still cut a call short")
-		fleetSize   = fs.Int("fleet-size", envParse("SLUICE_FLEET_SIZE", 0, strconv.Atoi, "a whole number", &fleetErr), "how many instances share Redis: under --failure-policy local each admits 1/N of every limit while Redis is away (env SLUICE_FLEET_SIZE); default: discovered through Redis")
-		fleetShrink = fs.Duration("fleet-shrink", envParse("SLUICE_FLEET_SHRINK", 0, time.ParseDuration, "a duration such as 5m", &shrinkErr), "how long the discovered fleet size must count fewer instances before it falls, and how long an instance cut off from Redis keeps its share under --failure-policy local after its last registration (plus 3s); every instance of a fleet must use the same (env SLUICE_FLEET_SHRINK); default 5m")
-		adminToken  = fs.String("admin-token", env("SLUICE_ADMIN_TOKEN", ""), "bearer `token` for admin endpoints (env SLUICE_ADMIN_TOKEN); default: loopback clients only, and none when --http is reachable from other hosts")
+		configFile  = fs.String("config", look.env("SLUICE_CONFIG", ""), "configuration `file` or directory (env SLUICE_CONFIG); default: the built-in demo")
+		redisURL    = fs.String("redis", look.env("SLUICE_REDIS_URL", ""), "Redis `URL` (env SLUICE_REDIS_URL): redis://, rediss://, redis+cluster://, redis+sentinel://; default: the embedded memory store")
+		httpAddr    = fs.String("http", look.env("SLUICE_HTTP_ADDR", ""), "JSON API, dashboard and metrics `address` (env SLUICE_HTTP_ADDR); default :8080, 127.0.0.1:8080 for the demo")
+		grpcAddr    = fs.String("grpc", look.env("SLUICE_GRPC_ADDR", ""), "Envoy rate limit service `address` (env SLUICE_GRPC_ADDR); default :8081, 127.0.0.1:8081 for the demo")
+		failure     = fs.String("failure-policy", look.env("SLUICE_FAILURE_POLICY", "local"), "when Redis fails: local (enforce in this process), open, closed, or error (report it; Envoy decides) (env SLUICE_FAILURE_POLICY)")
+		timeout     = fs.Duration("decision-timeout", envParse(look, "SLUICE_DECISION_TIMEOUT", 0, time.ParseDuration, "a duration such as 50ms", &envErr), "longest wait for Redis before the failure policy answers (env SLUICE_DECISION_TIMEOUT); default 50ms. Above 5s it raises the Redis client's dial, read and write timeouts too, except those --redis sets (dial_timeout=, read_timeout=, write_timeout=), which still cut a call short")
+		fleetSize   = fs.Int("fleet-size", envParse(look, "SLUICE_FLEET_SIZE", 0, strconv.Atoi, "a whole number", &fleetErr), "how many instances share Redis: under --failure-policy local each admits 1/N of every limit while Redis is away (env SLUICE_FLEET_SIZE); default: discovered through Redis")
+		fleetShrink = fs.Duration("fleet-shrink", envParse(look, "SLUICE_FLEET_SHRINK", 0, time.ParseDuration, "a duration such as 5m", &shrinkErr), "how long the discovered fleet size must count fewer instances before it falls, and how long an instance cut off from Redis keeps its share under --failure-policy local after its last registration (plus 3s); every instance of a fleet must use the same (env SLUICE_FLEET_SHRINK); default 5m")
+		adminToken  = fs.String("admin-token", look.env("SLUICE_ADMIN_TOKEN", ""), "bearer `token` for admin endpoints (env SLUICE_ADMIN_TOKEN); default: loopback clients only, and none when --http is reachable from other hosts")
 		insecure    = fs.Bool("insecure-admin", false, "without --admin-token, keep admin endpoints open to loopback clients even when --http is reachable from other hosts")
-		decToken    = fs.String("decision-token", env("SLUICE_DECISION_TOKEN", ""), "bearer `token` decisions require: HTTP Authorization, gRPC authorization metadata (env SLUICE_DECISION_TOKEN); default: none")
+		decToken    = fs.String("decision-token", look.env("SLUICE_DECISION_TOKEN", ""), "bearer `token` decisions require: HTTP Authorization, gRPC authorization metadata (env SLUICE_DECISION_TOKEN); default: none")
 		httpCert    = fs.String("http-tls-cert", "", "PEM certificate `file` to serve HTTPS (with --http-tls-key); reloaded when it changes")
 		httpKey     = fs.String("http-tls-key", "", "PEM key `file` for --http-tls-cert")
 		httpCA      = fs.String("http-tls-client-ca", "", "PEM CA `file`: HTTP clients must present a certificate it signed (mutual TLS)")
 		grpcCert    = fs.String("grpc-tls-cert", "", "PEM certificate `file` to serve gRPC over TLS (with --grpc-tls-key); reloaded when it changes")
 		grpcKey     = fs.String("grpc-tls-key", "", "PEM key `file` for --grpc-tls-cert")
 		grpcCA      = fs.String("grpc-tls-client-ca", "", "PEM CA `file`: gRPC clients (Envoy) must present a certificate it signed (mutual TLS)")
-		maxConns    = fs.Int("max-connections", envParse("SLUICE_MAX_CONNECTIONS", DefaultMaxConnections, strconv.Atoi, "a whole number", &connErr), "most connections each listener (HTTP, gRPC) holds open at once; one more takes the place of the oldest silent one (no request yet, 1s after it was accepted), else of the one stalled longest (no request arrived whole: an HTTP body still coming 1s after its headers, a gRPC call without its message 10ms after), else of the one idle longest (one idle under 100ms only when no probe place is free), else takes one of 8 places kept for health probes (HTTP), else is closed as soon as accepted (env SLUICE_MAX_CONNECTIONS)")
-		maxKeys     = fs.Int("max-keys", envParse("SLUICE_MAX_KEYS", memory.DefaultMaxKeys, strconv.Atoi, "a whole number", &keysErr), "most keys the memory store holds, to bound its memory (without --redis; with it, the local failure policy's store): past it a new key takes the place of one that had taken little of its limit, which starts afresh (env SLUICE_MAX_KEYS)")
+		maxConns    = fs.Int("max-connections", envParse(look, "SLUICE_MAX_CONNECTIONS", DefaultMaxConnections, strconv.Atoi, "a whole number", &connErr), "most connections each listener (HTTP, gRPC) holds open at once; one more takes the place of the oldest silent one (no request yet, 1s after it was accepted), else of the one stalled longest (no request arrived whole: an HTTP body still coming 1s after its headers, a gRPC call without its message 10ms after), else of the one idle longest (one idle under 100ms only when no probe place is free), else takes one of 8 places kept for health probes (HTTP), else is closed as soon as accepted (env SLUICE_MAX_CONNECTIONS)")
+		maxKeys     = fs.Int("max-keys", envParse(look, "SLUICE_MAX_KEYS", memory.DefaultMaxKeys, strconv.Atoi, "a whole number", &keysErr), "most keys the memory store holds, to bound its memory (without --redis; with it, the local failure policy's store): past it a new key takes the place of one that had taken little of its limit, which starts afresh (env SLUICE_MAX_KEYS)")
 		watch       = fs.Duration("watch-interval", 2*time.Second, "how often to check the config file for changes: 0 never, otherwise at least "+minWatchInterval.String())
-		logFormat   = fs.String("log-format", env("SLUICE_LOG_FORMAT", "text"), "log `format`: text or json (env SLUICE_LOG_FORMAT)")
-		logLevel    = fs.String("log-level", env("SLUICE_LOG_LEVEL", "info"), "least `level` logged: debug, info, warn or error (env SLUICE_LOG_LEVEL)")
+		logFormat   = fs.String("log-format", look.env("SLUICE_LOG_FORMAT", "text"), "log `format`: text or json (env SLUICE_LOG_FORMAT)")
+		logLevel    = fs.String("log-level", look.env("SLUICE_LOG_LEVEL", "info"), "least `level` logged: debug, info, warn or error (env SLUICE_LOG_LEVEL)")
 	)
 	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		return 2
+		return serveSettings{}, err
 	}
-	// Every line from here on is a log record, go-redis's and grpc-go's too.
-	log, err := NewLogger(stderr, *logFormat, *logLevel)
-	if err != nil {
-		// Still one log record: in the format asked for when that is good.
+	st := serveSettings{
+		configFile: *configFile, redisURL: *redisURL, httpAddr: *httpAddr, grpcAddr: *grpcAddr,
+		timeout: *timeout, fleetShrink: *fleetShrink, watch: *watch,
+		fleetSize: *fleetSize, maxConns: *maxConns, maxKeys: *maxKeys,
+		adminToken: *adminToken, decToken: *decToken, insecure: *insecure,
+		httpTLS:   TLSFiles{CertFile: *httpCert, KeyFile: *httpKey, ClientCAFile: *httpCA},
+		grpcTLS:   TLSFiles{CertFile: *grpcCert, KeyFile: *grpcKey, ClientCAFile: *grpcCA},
+		logFormat: *logFormat, logLevel: *logLevel,
+	}
+	bad := func(msg string, format string, args ...any) (serveSettings, error) {
+		return st, &settingError{msg, "err", fmt.Errorf(format, args...)}
+	}
+	if _, err := NewLogger(io.Discard, *logFormat, *logLevel); err != nil {
 		flagName, envName := "log-level", "SLUICE_LOG_LEVEL"
-		fallback, ferr := NewLogger(stderr, *logFormat, "")
-		if ferr != nil {
+		if _, ferr := NewLogger(io.Discard, *logFormat, ""); ferr != nil {
 			flagName, envName = "log-format", "SLUICE_LOG_FORMAT"
-			fallback = slog.New(slog.NewTextHandler(stderr, nil))
 		}
-		msg, name := source(fs, flagName, envName)
-		fallback.Error(msg, "err", fmt.Sprintf("%s: %v", name, err))
-		return 2
+		msg, name := look.source(fs, flagName, envName)
+		return bad(msg, "%s: %v", name, err)
 	}
-	RouteLogs(log)
-	if msg, err := emptySetting(fs); err != nil {
-		log.Error(msg, "err", err)
-		return 2
+	if msg, err := emptySetting(fs, look); err != nil {
+		return st, &settingError{msg, "err", err}
 	}
 	for _, e := range []struct {
 		flag string
 		err  error
 	}{{"decision-timeout", envErr}, {"fleet-size", fleetErr}, {"fleet-shrink", shrinkErr}, {"max-connections", connErr}, {"max-keys", keysErr}} {
 		if e.err != nil && !flagSet(fs, e.flag) { // flags win over the environment
-			log.Error("bad environment", "err", e.err)
-			return 2
+			return st, &settingError{"bad environment", "err", e.err}
 		}
 	}
 	if *timeout < 0 {
-		msg, name := source(fs, "decision-timeout", "SLUICE_DECISION_TIMEOUT")
-		log.Error(msg, "err", fmt.Sprintf("%s %v: want a positive duration (0 or unset: 50ms)", name, *timeout))
-		return 2
+		msg, name := look.source(fs, "decision-timeout", "SLUICE_DECISION_TIMEOUT")
+		return bad(msg, "%s %v: want a positive duration (0 or unset: 50ms)", name, *timeout)
 	}
 	if *watch < 0 || (*watch > 0 && *watch < minWatchInterval) {
-		log.Error("bad flag", "err", fmt.Sprintf("--watch-interval %v: want 0 (never) or at least %v", *watch, minWatchInterval))
-		return 2
+		return bad("bad flag", "--watch-interval %v: want 0 (never) or at least %v", *watch, minWatchInterval)
 	}
 	if *fleetShrink < 0 {
-		msg, name := source(fs, "fleet-shrink", "SLUICE_FLEET_SHRINK")
-		log.Error(msg, "err", fmt.Sprintf("%s %v: want a positive duration (0 or unset: %v)", name, *fleetShrink, resilient.DefaultFleetShrink))
-		return 2
+		msg, name := look.source(fs, "fleet-shrink", "SLUICE_FLEET_SHRINK")
+		return bad(msg, "%s %v: want a positive duration (0 or unset: %v)", name, *fleetShrink, resilient.DefaultFleetShrink)
 	}
 	if *fleetSize < 0 {
-		msg, name := source(fs, "fleet-size", "SLUICE_FLEET_SIZE")
-		log.Error(msg, "err", fmt.Sprintf("%s %d: want 1 or more", name, *fleetSize))
-		return 2
+		msg, name := look.source(fs, "fleet-size", "SLUICE_FLEET_SIZE")
+		return bad(msg, "%s %d: want 1 or more", name, *fleetSize)
 	}
 	if *maxConns < 1 {
-		msg, name := source(fs, "max-connections", "SLUICE_MAX_CONNECTIONS")
-		log.Error(msg, "err", fmt.Sprintf("%s %d: want 1 or more", name, *maxConns))
-		return 2
+		msg, name := look.source(fs, "max-connections", "SLUICE_MAX_CONNECTIONS")
+		return bad(msg, "%s %d: want 1 or more", name, *maxConns)
 	}
 	if *maxKeys < 1 {
-		msg, name := source(fs, "max-keys", "SLUICE_MAX_KEYS")
-		log.Error(msg, "err", fmt.Sprintf("%s %d: want 1 or more", name, *maxKeys))
-		return 2
+		msg, name := look.source(fs, "max-keys", "SLUICE_MAX_KEYS")
+		return bad(msg, "%s %d: want 1 or more", name, *maxKeys)
 	}
 	if fs.NArg() > 0 {
-		log.Error("unexpected argument", "arg", fs.Arg(0))
-		return 2
+		return st, &settingError{"unexpected argument", "arg", errors.New(fs.Arg(0))}
 	}
 	fp, withPolicy, err := ParseFailurePolicy(*failure)
 	if err != nil {
-		msg, name := source(fs, "failure-policy", "SLUICE_FAILURE_POLICY")
-		log.Error(msg, "err", fmt.Sprintf("%s: %v", name, err))
-		return 2
+		msg, name := look.source(fs, "failure-policy", "SLUICE_FAILURE_POLICY")
+		return bad(msg, "%s: %v", name, err)
 	}
+	st.failure, st.withPolicy = fp, withPolicy
 	if *redisURL != "" {
 		// A URL go-redis would take and then fail on is a flag error too.
 		if err := checkRedisURL(*redisURL); err != nil {
-			msg, name := source(fs, "redis", "SLUICE_REDIS_URL")
-			log.Error(msg, "err", fmt.Sprintf("%s: %v", name, err))
-			return 2
+			msg, name := look.source(fs, "redis", "SLUICE_REDIS_URL")
+			return bad(msg, "%s: %v", name, err)
 		}
 	}
-	if *watch == 0 {
-		*watch = -1
+	return st, nil
+}
+
+// serve runs the service; its every line is a log record on stderr.
+func serve(args []string, stderr io.Writer) int {
+	st, err := parseServe(args, os.LookupEnv, stderr)
+	var bad *settingError
+	if errors.Is(err, flag.ErrHelp) {
+		return 0
+	} else if err != nil && !errors.As(err, &bad) {
+		return 2 // package flag wrote it
+	}
+	// Every line from here on is a log record, go-redis's and grpc-go's too,
+	// a bad setting's in the format asked for when that is good.
+	log, lerr := NewLogger(stderr, st.logFormat, st.logLevel)
+	if lerr != nil {
+		log, lerr = NewLogger(stderr, st.logFormat, "")
+	}
+	if lerr != nil {
+		log = slog.New(slog.NewTextHandler(stderr, nil))
+	}
+	if bad != nil {
+		log.Error(bad.msg, bad.attr, bad.err)
+		return 2
+	}
+	RouteLogs(log)
+	watch := st.watch
+	if watch == 0 {
+		watch = -1
 	}
 	// Catch signals before anything can be sent one: a SIGHUP that arrived
 	// between Start and Notify would kill the process (its default action).
@@ -255,11 +304,10 @@ func serve(args []string, stderr io.Writer) int {
 	sigs := make(chan os.Signal, 1)
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
 	srv, err := New(Options{
-		ConfigFile: *configFile, RedisURL: *redisURL, HTTPAddr: *httpAddr, GRPCAddr: *grpcAddr,
-		FailurePolicy: fp, NoFailurePolicy: !withPolicy, DecisionTimeout: *timeout, FleetSize: *fleetSize, FleetShrink: *fleetShrink, AdminToken: *adminToken, WatchInterval: *watch, Logger: log,
-		InsecureAdmin: *insecure, DecisionToken: *decToken, MaxConnections: *maxConns, MaxKeys: *maxKeys,
-		HTTPTLS: TLSFiles{CertFile: *httpCert, KeyFile: *httpKey, ClientCAFile: *httpCA},
-		GRPCTLS: TLSFiles{CertFile: *grpcCert, KeyFile: *grpcKey, ClientCAFile: *grpcCA},
+		ConfigFile: st.configFile, RedisURL: st.redisURL, HTTPAddr: st.httpAddr, GRPCAddr: st.grpcAddr,
+		FailurePolicy: st.failure, NoFailurePolicy: !st.withPolicy, DecisionTimeout: st.timeout, FleetSize: st.fleetSize, FleetShrink: st.fleetShrink, AdminToken: st.adminToken, WatchInterval: watch, Logger: log,
+		InsecureAdmin: st.insecure, DecisionToken: st.decToken, MaxConnections: st.maxConns, MaxKeys: st.maxKeys,
+		HTTPTLS: st.httpTLS, GRPCTLS: st.grpcTLS,
 	})
 	if err != nil {
 		log.Error("cannot start", "err", err)
@@ -271,14 +319,14 @@ func serve(args []string, stderr io.Writer) int {
 		return 1
 	}
 	config := "built-in demo"
-	if *configFile != "" {
-		config = *configFile
+	if st.configFile != "" {
+		config = st.configFile
 	}
 	bi := ReadBuildInfo()
 	log.Info("sluice started", "version", bi.Version, "revision", bi.Revision, "config", config,
 		"policies", len(srv.Service().Config().Policies), srv.storeAttr())
 	scheme := "http"
-	if *httpCert != "" {
+	if st.httpTLS.CertFile != "" {
 		scheme = "https"
 	}
 	log.Info("http", "addr", srv.HTTPAddr(), "dashboard", scheme+"://"+browsable(srv.HTTPAddr())+"/")
@@ -360,7 +408,7 @@ var emptyRefused = []struct{ flag, env, def string }{
 // emptySetting reports the first setting of emptyRefused given an empty
 // (or blank) value: the log message and the error, or a nil error. A flag
 // on the command line wins over its variable, which is then not read.
-func emptySetting(fs *flag.FlagSet) (string, error) {
+func emptySetting(fs *flag.FlagSet, look lookupEnv) (string, error) {
 	for _, s := range emptyRefused {
 		if flagSet(fs, s.flag) {
 			if strings.TrimSpace(fs.Lookup(s.flag).Value.String()) == "" {
@@ -368,7 +416,7 @@ func emptySetting(fs *flag.FlagSet) (string, error) {
 			}
 			continue
 		}
-		if v, ok := os.LookupEnv(s.env); s.env != "" && ok && strings.TrimSpace(v) == "" {
+		if v, ok := look(s.env); s.env != "" && ok && strings.TrimSpace(v) == "" {
 			return "bad environment", fmt.Errorf("%s is set but empty: give it a value, or unset it for the default (%s)", s.env, s.def)
 		}
 	}
