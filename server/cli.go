@@ -134,6 +134,29 @@ func (look lookupEnv) source(fs *flag.FlagSet, flagName, envName string) (msg, n
 	return "bad flag", "--" + flagName
 }
 
+// wholeValue is an int flag in base 10, as its variable is read: flag.Int
+// reads 010 as 8 and takes 0x10 and 1_000, which the variable refused.
+type wholeValue int
+
+func (v *wholeValue) Set(s string) error {
+	n, err := strconv.Atoi(s)
+	if err != nil {
+		return errors.New("want a whole number")
+	}
+	*v = wholeValue(n)
+	return nil
+}
+
+func (v *wholeValue) String() string { return strconv.Itoa(int(*v)) }
+
+// wholeFlag defines a wholeValue flag.
+func wholeFlag(fs *flag.FlagSet, name string, def int, usage string) *int {
+	p := new(int)
+	*p = def
+	fs.Var((*wholeValue)(p), name, usage)
+	return p
+}
+
 // minWatchInterval bounds how often the config files are stat'ed: a
 // microsecond interval would spin a core.
 const minWatchInterval = 100 * time.Millisecond
@@ -176,7 +199,7 @@ func parseServe(args []string, look lookupEnv, out io.Writer) (serveSettings, er
 		grpcAddr    = fs.String("grpc", look.env("SLUICE_GRPC_ADDR", ""), "Envoy rate limit service `address` (env SLUICE_GRPC_ADDR); default :8081, 127.0.0.1:8081 for the demo")
 		failure     = fs.String("failure-policy", look.env("SLUICE_FAILURE_POLICY", "local"), "when Redis fails: local (enforce in this process), open, closed, or error (report it; Envoy decides) (env SLUICE_FAILURE_POLICY)")
 		timeout     = fs.Duration("decision-timeout", envParse(look, "SLUICE_DECISION_TIMEOUT", 0, time.ParseDuration, "a duration such as 50ms", &envErr), "longest wait for Redis before the failure policy answers (env SLUICE_DECISION_TIMEOUT); default 50ms. Above 5s it raises the Redis client's dial, read and write timeouts too, except those --redis sets (dial_timeout=, read_timeout=, write_timeout=), which still cut a call short")
-		fleetSize   = fs.Int("fleet-size", envParse(look, "SLUICE_FLEET_SIZE", 0, strconv.Atoi, "a whole number", &fleetErr), "how many instances share Redis: under --failure-policy local each admits 1/N of every limit while Redis is away (env SLUICE_FLEET_SIZE); default: discovered through Redis")
+		fleetSize   = wholeFlag(fs, "fleet-size", envParse(look, "SLUICE_FLEET_SIZE", 0, strconv.Atoi, "a whole number", &fleetErr), "how many `instances` share Redis: under --failure-policy local each admits 1/N of every limit while Redis is away (env SLUICE_FLEET_SIZE); default: discovered through Redis")
 		fleetShrink = fs.Duration("fleet-shrink", envParse(look, "SLUICE_FLEET_SHRINK", 0, time.ParseDuration, "a duration such as 5m", &shrinkErr), "how long the discovered fleet size must count fewer instances before it falls, and how long an instance cut off from Redis keeps its share under --failure-policy local after its last registration (plus 3s); every instance of a fleet must use the same (env SLUICE_FLEET_SHRINK); default 5m")
 		adminToken  = fs.String("admin-token", look.env("SLUICE_ADMIN_TOKEN", ""), "bearer `token` for admin endpoints (env SLUICE_ADMIN_TOKEN); default: loopback clients only, and none when --http is reachable from other hosts")
 		insecure    = fs.Bool("insecure-admin", false, "without --admin-token, keep admin endpoints open to loopback clients even when --http is reachable from other hosts")
@@ -187,8 +210,8 @@ func parseServe(args []string, look lookupEnv, out io.Writer) (serveSettings, er
 		grpcCert    = fs.String("grpc-tls-cert", "", "PEM certificate `file` to serve gRPC over TLS (with --grpc-tls-key); reloaded when it changes")
 		grpcKey     = fs.String("grpc-tls-key", "", "PEM key `file` for --grpc-tls-cert")
 		grpcCA      = fs.String("grpc-tls-client-ca", "", "PEM CA `file`: gRPC clients (Envoy) must present a certificate it signed (mutual TLS)")
-		maxConns    = fs.Int("max-connections", envParse(look, "SLUICE_MAX_CONNECTIONS", DefaultMaxConnections, strconv.Atoi, "a whole number", &connErr), "most connections each listener (HTTP, gRPC) holds open at once; one more takes the place of the oldest silent one (no request yet, 1s after it was accepted), else of the one stalled longest (no request arrived whole: an HTTP body still coming 1s after its headers, a gRPC call without its message 10ms after), else of the one idle longest (one idle under 100ms only when no probe place is free), else takes one of 8 places kept for health probes (HTTP), else is closed as soon as accepted (env SLUICE_MAX_CONNECTIONS)")
-		maxKeys     = fs.Int("max-keys", envParse(look, "SLUICE_MAX_KEYS", memory.DefaultMaxKeys, strconv.Atoi, "a whole number", &keysErr), "most keys the memory store holds, to bound its memory (without --redis; with it, the local failure policy's store): past it a new key takes the place of one that had taken little of its limit, which starts afresh (env SLUICE_MAX_KEYS)")
+		maxConns    = wholeFlag(fs, "max-connections", envParse(look, "SLUICE_MAX_CONNECTIONS", DefaultMaxConnections, strconv.Atoi, "a whole number", &connErr), "most `connections` each listener (HTTP, gRPC) holds open at once; one more takes the place of the oldest silent one (no request yet, 1s after it was accepted), else of the one stalled longest (no request arrived whole: an HTTP body still coming 1s after its headers, a gRPC call without its message 10ms after), else of the one idle longest (one idle under 100ms only when no probe place is free), else takes one of 8 places kept for health probes (HTTP), else is closed as soon as accepted (env SLUICE_MAX_CONNECTIONS)")
+		maxKeys     = wholeFlag(fs, "max-keys", envParse(look, "SLUICE_MAX_KEYS", memory.DefaultMaxKeys, strconv.Atoi, "a whole number", &keysErr), "most `keys` the memory store holds, to bound its memory (without --redis; with it, the local failure policy's store): past it a new key takes the place of one that had taken little of its limit, which starts afresh (env SLUICE_MAX_KEYS)")
 		watch       = fs.Duration("watch-interval", 2*time.Second, "how often to check the config file for changes: 0 never, otherwise at least "+minWatchInterval.String())
 		logFormat   = fs.String("log-format", look.env("SLUICE_LOG_FORMAT", "text"), "log `format`: text or json (env SLUICE_LOG_FORMAT)")
 		logLevel    = fs.String("log-level", look.env("SLUICE_LOG_LEVEL", "info"), "least `level` logged: debug, info, warn or error (env SLUICE_LOG_LEVEL)")
