@@ -7,6 +7,7 @@ import (
 	"go/token"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -62,6 +63,13 @@ func testConfigs(tb testing.TB) []string {
 // naming the file and, but for an empty file, a line of it.
 func checkConfigError(t *testing.T, data []byte, err error) {
 	t.Helper()
+	checkFilesError(t, map[string][]byte{"fuzz.yaml": data}, err)
+}
+
+// checkFilesError is checkConfigError for a configuration of several
+// files: files maps each name to its text.
+func checkFilesError(t *testing.T, files map[string][]byte, err error) {
+	t.Helper()
 	if !errors.Is(err, ErrConfig) {
 		t.Fatalf("error does not wrap ErrConfig: %v", err)
 	}
@@ -69,21 +77,22 @@ func checkConfigError(t *testing.T, data []byte, err error) {
 	if j, ok := err.(interface{ Unwrap() []error }); ok {
 		errs = j.Unwrap()
 	}
-	// YAML breaks lines at \r too (and at NEL, LS and PS): count them all.
-	lines := 1
-	for _, br := range []string{"\n", "\r", "\u0085", "\u2028", "\u2029"} {
-		lines += strings.Count(string(data), br)
-	}
 	for _, e := range errs {
 		var ce *Error
 		if !errors.As(e, &ce) {
 			t.Fatalf("a problem is not a *config.Error: %v", e)
 		}
-		if ce.File != "fuzz.yaml" {
+		data, ok := files[ce.File]
+		if !ok {
 			t.Fatalf("problem names file %q: %v", ce.File, e)
 		}
 		if ce.Msg == "empty configuration" {
 			continue
+		}
+		// YAML breaks lines at \r too (and at NEL, LS and PS): count them all.
+		lines := 1
+		for _, br := range []string{"\n", "\r", "\u0085", "\u2028", "\u2029"} {
+			lines += strings.Count(string(data), br)
 		}
 		if ce.Line < 1 || ce.Line > lines {
 			t.Fatalf("problem names line %d of %d: %v", ce.Line, lines, e)
@@ -202,5 +211,71 @@ func FuzzKeyTemplate(f *testing.F) {
 		}
 		_ = p.KeyEscapeProblem(other)
 		_ = EscapeProblem(other)
+	})
+}
+
+// FuzzLoadDir loads a directory of two files, a.yaml and b.yml, of any
+// text: it never panics; a refusal is an ErrConfig naming file:line of one
+// of them, whose first problems are a.yaml's alone (Load reads the files
+// in order); and a second load agrees with the first, error or
+// configuration.
+func FuzzLoadDir(f *testing.F) {
+	configs := testConfigs(f)
+	for i, s := range configs {
+		f.Add([]byte(s), []byte(configs[(i+1)%len(configs)]))
+		f.Add([]byte(s), []byte(s)) // the same names in both files
+	}
+	for _, p := range [][2]string{
+		{"policies:\n  - name: p\n    limit: 1/s\n", "policies:\n  - name: q\n    limit: 2/s\n"},
+		{"policies:\n  - name: p\n    limit: 1/s\n", "domain: sluice\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1}\n"},
+		{"domain: sluice\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1}\n", "policies:\n  - name: p\n    limit: 1/s\n"},
+		{"domain: one\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1}\n", "domain: one\n"},
+		{"domain: one\n", "domain: two\npolicies:\n  - name: p\n    limit: 1/s\n"},
+		{"allow_empty: true\npolicies: []\n", "allow_empty: false\npolicies: []\n"},
+		{"policies:\n  - name: p\n    limit: 1/s\n", "# nothing\n"},
+		{"policies:\n  - name: p\n    limit: 1/s\n", ""},
+		{"", ""},
+		{"policies:\n  - name: p\n    limit: 1/s\n", "policies:\n  - name: p\n\tlimit: [\n"},
+		{"a: &x 1\n", "b: *x\n"},
+		{"policies:\r  - name: p\r    limit: 1/s\r", "policies:\r\n  - name: p\r\n    limit: 1/s\r\n"},
+		{"domain: sluice.override\n", "policies:\n  - name: sluice.override\n    limit: 1/s\n"},
+		{"---\npolicies: []\n---\npolicies:\n  - name: p\n    limit: 1/s\n", "---\n---\n"},
+	} {
+		f.Add([]byte(p[0]), []byte(p[1]))
+	}
+	dir := f.TempDir()
+	aName, bName := filepath.Join(dir, "a.yaml"), filepath.Join(dir, "b.yml")
+	f.Fuzz(func(t *testing.T, a, b []byte) {
+		if err := os.WriteFile(aName, a, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(bName, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		cfg, err := Load(dir)
+		again, errAgain := Load(dir)
+		if err != nil {
+			checkFilesError(t, map[string][]byte{aName: a, bName: b}, err)
+			if errAgain == nil || errAgain.Error() != err.Error() {
+				t.Fatalf("two loads differ:\n%v\n%v", err, errAgain)
+			}
+			// a.yaml's problems come first, as they are alone.
+			if _, aErr := Parse(aName, a); aErr != nil && !strings.HasPrefix(err.Error(), aErr.Error()) {
+				t.Fatalf("a.yaml alone: %v\nwith b.yml: %v", aErr, err)
+			}
+			return
+		}
+		if errAgain != nil {
+			t.Fatalf("loads once, then: %v", errAgain)
+		}
+		if !slices.Equal(cfg.Files, []string{aName, bName}) || !slices.Equal(again.Files, cfg.Files) {
+			t.Fatalf("files %q, then %q; want %q", cfg.Files, again.Files, []string{aName, bName})
+		}
+		var first, second strings.Builder
+		cfg.Describe(&first)
+		again.Describe(&second)
+		if first.String() != second.String() {
+			t.Fatalf("two loads differ:\n%s\n%s", first.String(), second.String())
+		}
 	})
 }
