@@ -2327,10 +2327,9 @@ func (l *lease) fail(ctx context.Context, err error, byPolicy bool) {
 // The lease is dropped first, whatever ctx: a ctx cancelled or past its
 // deadline, before or during the call, still drops it, and Reset returns
 // the store's error, ctx's included, when the store's reset may or may not
-// have happened. Dropping can only lower admissions (the units are
-// stranded until the key refills), so a failed Reset never leaves this
-// process admitting from the budget it meant to forget; call it again to
-// be sure the key was reset.
+// have happened. Dropping can only lower admissions (the lease's unused
+// units are stranded, not returned), so it is safe whatever became of the
+// store's reset; call Reset again to be sure the key was reset.
 func (s *Store) Reset(ctx context.Context, key string, limit sluice.Limit) error {
 	ctx = ctxutil.OrBackground(ctx)
 	if s == nil || s.granter == nil {
