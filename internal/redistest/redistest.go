@@ -231,19 +231,30 @@ var freePort = func(t testing.TB) int {
 	t.Helper()
 	if r := os.Getenv("SLUICE_REDIS_PORTS"); r != "" {
 		return portIn(t, r, func(port int) bool {
-			l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
-			if err == nil {
-				l.Close()
-			}
+			_, err := portFree(port)
 			return err == nil
 		})
 	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	port, err := portFree(0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	return port
+}
+
+// portFree returns port (0: one the kernel picks) if a socket can bind it
+// without SO_REUSEADDR. net.Listen sets SO_REUSEADDR, and so binds a port
+// whose connections linger (TIME_WAIT, FIN_WAIT2) after a server was
+// killed: the port of a stopped server that Stop could not hold, which
+// another test would then take, and the stopped server's clients
+// reconnect to (one test's client met another's maxclients 1).
+func portFree(port int) (int, error) {
+	held, release, err := holdPort(port)
+	if err != nil {
+		return 0, err
+	}
+	release()
+	return held, nil
 }
 
 // portIn returns the first port of the range "lo-hi" that take accepts
