@@ -157,6 +157,36 @@ func wholeFlag(fs *flag.FlagSet, name string, def int, usage string) *int {
 	return p
 }
 
+// secretValue is a string flag whose default, often from the environment
+// (a token, a Redis URL with its password), -h must not print: show gives
+// what it may print of it ("" prints no default).
+type secretValue struct {
+	p    *string
+	show func(string) string
+}
+
+func (v secretValue) Set(s string) error { *v.p = s; return nil }
+
+func (v secretValue) Get() any { return *v.p }
+
+func (v secretValue) String() string {
+	if v.p == nil || *v.p == "" {
+		return ""
+	}
+	return v.show(*v.p)
+}
+
+// secretFlag defines a secretValue flag.
+func secretFlag(fs *flag.FlagSet, name, def string, show func(string) string, usage string) *string {
+	p := new(string)
+	*p = def
+	fs.Var(secretValue{p, show}, name, usage)
+	return p
+}
+
+// hidden shows nothing of a token.
+func hidden(string) string { return "" }
+
 // minWatchInterval bounds how often the config files are stat'ed: a
 // microsecond interval would spin a core.
 const minWatchInterval = 100 * time.Millisecond
@@ -194,16 +224,16 @@ func parseServe(args []string, look lookupEnv, out io.Writer) (serveSettings, er
 	var envErr, fleetErr, shrinkErr, connErr, keysErr error
 	var (
 		configFile  = fs.String("config", look.env("SLUICE_CONFIG", ""), "configuration `file` or directory (env SLUICE_CONFIG); default: the built-in demo")
-		redisURL    = fs.String("redis", look.env("SLUICE_REDIS_URL", ""), "Redis `URL` (env SLUICE_REDIS_URL): redis://, rediss://, redis+cluster://, redis+sentinel://; default: the embedded memory store")
+		redisURL    = secretFlag(fs, "redis", look.env("SLUICE_REDIS_URL", ""), redactURL, "Redis `URL` (env SLUICE_REDIS_URL): redis://, rediss://, redis+cluster://, redis+sentinel://; default: the embedded memory store")
 		httpAddr    = fs.String("http", look.env("SLUICE_HTTP_ADDR", ""), "JSON API, dashboard and metrics `address` (env SLUICE_HTTP_ADDR); default :8080, 127.0.0.1:8080 for the demo")
 		grpcAddr    = fs.String("grpc", look.env("SLUICE_GRPC_ADDR", ""), "Envoy rate limit service `address` (env SLUICE_GRPC_ADDR); default :8081, 127.0.0.1:8081 for the demo")
 		failure     = fs.String("failure-policy", look.env("SLUICE_FAILURE_POLICY", "local"), "when Redis fails: local (enforce in this process), open, closed, or error (report it; Envoy decides) (env SLUICE_FAILURE_POLICY)")
 		timeout     = fs.Duration("decision-timeout", envParse(look, "SLUICE_DECISION_TIMEOUT", 0, time.ParseDuration, "a duration such as 50ms", &envErr), "longest wait for Redis before the failure policy answers (env SLUICE_DECISION_TIMEOUT); default 50ms. Above 5s it raises the Redis client's dial, read and write timeouts too, except those --redis sets (dial_timeout=, read_timeout=, write_timeout=), which still cut a call short")
 		fleetSize   = wholeFlag(fs, "fleet-size", envParse(look, "SLUICE_FLEET_SIZE", 0, strconv.Atoi, "a whole number", &fleetErr), "how many `instances` share Redis: under --failure-policy local each admits 1/N of every limit while Redis is away (env SLUICE_FLEET_SIZE); default: discovered through Redis")
 		fleetShrink = fs.Duration("fleet-shrink", envParse(look, "SLUICE_FLEET_SHRINK", 0, time.ParseDuration, "a duration such as 5m", &shrinkErr), "how long the discovered fleet size must count fewer instances before it falls, and how long an instance cut off from Redis keeps its share under --failure-policy local after its last registration (plus 3s); every instance of a fleet must use the same (env SLUICE_FLEET_SHRINK); default 5m")
-		adminToken  = fs.String("admin-token", look.env("SLUICE_ADMIN_TOKEN", ""), "bearer `token` for admin endpoints (env SLUICE_ADMIN_TOKEN); default: loopback clients only, and none when --http is reachable from other hosts")
+		adminToken  = secretFlag(fs, "admin-token", look.env("SLUICE_ADMIN_TOKEN", ""), hidden, "bearer `token` for admin endpoints (env SLUICE_ADMIN_TOKEN); default: loopback clients only, and none when --http is reachable from other hosts")
 		insecure    = fs.Bool("insecure-admin", false, "without --admin-token, keep admin endpoints open to loopback clients even when --http is reachable from other hosts")
-		decToken    = fs.String("decision-token", look.env("SLUICE_DECISION_TOKEN", ""), "bearer `token` decisions require: HTTP Authorization, gRPC authorization metadata (env SLUICE_DECISION_TOKEN); default: none")
+		decToken    = secretFlag(fs, "decision-token", look.env("SLUICE_DECISION_TOKEN", ""), hidden, "bearer `token` decisions require: HTTP Authorization, gRPC authorization metadata (env SLUICE_DECISION_TOKEN); default: none")
 		httpCert    = fs.String("http-tls-cert", "", "PEM certificate `file` to serve HTTPS (with --http-tls-key); reloaded when it changes")
 		httpKey     = fs.String("http-tls-key", "", "PEM key `file` for --http-tls-cert")
 		httpCA      = fs.String("http-tls-client-ca", "", "PEM CA `file`: HTTP clients must present a certificate it signed (mutual TLS)")
@@ -434,7 +464,7 @@ var emptyRefused = []struct{ flag, env, def string }{
 func emptySetting(fs *flag.FlagSet, look lookupEnv) (string, error) {
 	for _, s := range emptyRefused {
 		if flagSet(fs, s.flag) {
-			if strings.TrimSpace(fs.Lookup(s.flag).Value.String()) == "" {
+			if strings.TrimSpace(flagText(fs, s.flag)) == "" {
 				return "bad flag", fmt.Errorf("--%s is empty: give it a value, or leave the flag out for the default (%s)", s.flag, s.def)
 			}
 			continue
@@ -444,6 +474,18 @@ func emptySetting(fs *flag.FlagSet, look lookupEnv) (string, error) {
 		}
 	}
 	return "", nil
+}
+
+// flagText is a flag's value as given: through flag.Getter, since a
+// secret's String hides it.
+func flagText(fs *flag.FlagSet, name string) string {
+	v := fs.Lookup(name).Value
+	if g, ok := v.(flag.Getter); ok {
+		if s, ok := g.Get().(string); ok {
+			return s
+		}
+	}
+	return v.String()
 }
 
 // forcedStopWait bounds the wait for Shutdown after a second signal, which
