@@ -273,7 +273,9 @@ type CheckReport struct {
 // answers, authentication and the database index are right, TLS works,
 // the client's topology matches the server's, the version is at least
 // MinVersion, and the user may run sluice's scripts. A Cluster is checked
-// on every master of the client's slot map. The error is a *CheckError:
+// on every master of the client's slot map, each within
+// CheckMasterTimeout (1s): a silent master fails then, however long ctx
+// runs, and the others are reported. The error is a *CheckError:
 // errors.Is(err, ErrMisconfigured) tells a configuration to fix from a
 // Redis merely unreachable (ErrUnreachable); on a Cluster where some
 // masters pass and others fail, it is a *PartialError (ErrPartial), and
@@ -321,18 +323,7 @@ func Check(ctx context.Context, c redis.UniversalClient) (*CheckReport, error) {
 		}
 		slices.Sort(rep.Masters)
 		err = eachMaster(ctx, masters, func(ctx context.Context, m clusterMaster, answered func()) error {
-			if err := m.node.Ping(ctx).Err(); err != nil {
-				return Classify(err)
-			}
-			answered()
-			var r CheckReport
-			var scripting atomic.Int32
-			err := checkNode(ctx, m.node, true, &r, &scripting)
-			merge(&r)
-			if err != nil && scripting.Load() > 0 {
-				return Stalled(err)
-			}
-			return Classify(err)
+			return checkMaster(ctx, m, answered, merge)
 		})
 		if errors.Is(err, ErrPartial) {
 			return rep, err
@@ -368,6 +359,46 @@ func Check(ctx context.Context, c redis.UniversalClient) (*CheckReport, error) {
 		return nil, Classify(err)
 	}
 	return rep, nil
+}
+
+// CheckMasterTimeout bounds each Redis Cluster master's part of Check
+// (PING, INFO, the probe script), whatever the client's timeouts. A live
+// master passes in a few round trips, so one silent or stalled among live
+// ones is named this long after Check starts rather than holding Check,
+// and a service's start, to its context's end. The context still bounds
+// the whole.
+const CheckMasterTimeout = time.Second
+
+// checkMaster is Check on one master of a Cluster, within
+// CheckMasterTimeout. merge takes the master's report once its check has
+// ended; a check cut short may still be running, so it gives none.
+func checkMaster(ctx context.Context, m clusterMaster, answered func(), merge func(*CheckReport)) error {
+	mctx, cancel := context.WithTimeout(ctx, CheckMasterTimeout)
+	defer cancel()
+	var r CheckReport
+	var scripting atomic.Int32
+	var ferr, err error // ferr, r: the check's, read once it has ended
+	berr := bounded(mctx, make(chan struct{}, 1), func() {
+		if ferr = m.node.Ping(mctx).Err(); ferr != nil {
+			return
+		}
+		answered()
+		ferr = checkNode(mctx, m.node, true, &r, &scripting)
+	})
+	if berr == nil {
+		merge(&r)
+		err = atEnd(mctx, ferr)
+	} else {
+		when := fmt.Sprintf("within %v", CheckMasterTimeout)
+		if ctx.Err() != nil {
+			when = "before the check's end"
+		}
+		err = fmt.Errorf("no answer from %s %s: %w", m.addr, when, berr)
+	}
+	if err != nil && scripting.Load() > 0 {
+		return Stalled(err)
+	}
+	return Classify(err)
 }
 
 // Hints for a Sentinel and a data node taken one for the other.
