@@ -1,21 +1,11 @@
 package redisstore
 
 import (
-	"reflect"
-
 	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice/internal/nilclient"
 )
 
-// orNil returns nil for a nil client and for a nil pointer in a non-nil
-// interface (a *redis.Client variable never assigned), which go-redis
-// would dereference on the first command: on a request's path, or in a
-// Cluster's background reload, where it would end the process.
-func orNil(c redis.UniversalClient) redis.UniversalClient {
-	if c == nil {
-		return nil
-	}
-	if v := reflect.ValueOf(c); v.Kind() == reflect.Pointer && v.IsNil() {
-		return nil
-	}
-	return c
-}
+// orNil is nilclient.Or, shared with the service's Fleet so that both
+// take the same clients for none.
+func orNil(c redis.UniversalClient) redis.UniversalClient { return nilclient.Or(c) }

@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
-	"reflect"
 	"strconv"
 	"sync"
 	"time"
@@ -15,6 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice/internal/ctxutil"
+	"github.com/sluicehq/sluice/internal/nilclient"
 	"github.com/sluicehq/sluice/internal/tick"
 	"github.com/sluicehq/sluice/redisstore"
 )
@@ -116,7 +116,7 @@ func NewFleet(client redis.UniversalClient, svc *Service, opts *FleetOptions) *F
 		o.Logger = slog.Default()
 	}
 	switch {
-	case client == nil || reflect.ValueOf(client).Kind() == reflect.Pointer && reflect.ValueOf(client).IsNil():
+	case nilclient.Or(client) == nil:
 		return &Fleet{unusable: fmt.Errorf("server: fleet figures: %w", redisstore.ErrNoClient), opts: o, log: o.Logger}
 	case svc == nil || svc.mon == nil:
 		return &Fleet{unusable: fmt.Errorf("server: fleet figures: %w", ErrZeroService), opts: o, log: o.Logger}
