@@ -138,6 +138,10 @@ type Health struct {
 	// memoryWatch), "" otherwise: degraded, as the limits of the keys it
 	// evicts start afresh, though still ready.
 	evicting string
+	// sentinel is the reason while a Sentinel client is on a master the
+	// Sentinels replaced, or refused one its Sentinel still names (see
+	// masterConns), "" otherwise.
+	sentinel string
 	// memory reads the memory store's figures for /v1/status, without
 	// mu; nil without a memory store.
 	memory func() *MemoryStatus
@@ -187,7 +191,7 @@ type healthMetrics struct {
 
 func newHealthMetrics(reg *prometheus.Registry) *healthMetrics {
 	m := &healthMetrics{
-		degraded:        newGauge("sluice_degraded", "1 while decisions are degraded: the store does not answer, or the failure policy answers for it, or a Redis Cluster master fails the checks (sluice_store_node_up), or the memory store evicts keys (each starting its limit afresh)."),
+		degraded:        newGauge("sluice_degraded", "1 while decisions are degraded: the store does not answer, or the failure policy answers for it, or a Redis Cluster master fails the checks (sluice_store_node_up), or the memory store evicts keys (each starting its limit afresh), or a Sentinel client is on a master the Sentinels replaced."),
 		storeUp:         newGauge("sluice_store_up", "1 while the store (Redis) answers the service's checks."),
 		storeChanges:    newCounterVec("sluice_store_transitions_total", "Store state changes: to=down (with the cause: unreachable, stalled, auth, tls, database, sentinel_master, permission, topology, version, replicas, oom, maxclients, resharding, not_replicated) or to=up.", "to", "cause"),
 		fallbackChanges: newCounterVec("sluice_fallback_transitions_total", "Failure policy changes: to=on when the breaker opens, to=off when it closes.", "to"),
@@ -851,7 +855,7 @@ func (h *Health) endPartialLocked() {
 }
 
 func (h *Health) degradedLocked() bool {
-	return h.storeErr != nil || h.fallback || h.partial || h.uncounted || h.evicting != "" || len(h.parts) > 0 || len(h.masters) > 0
+	return h.storeErr != nil || h.fallback || h.partial || h.uncounted || h.evicting != "" || h.sentinel != "" || len(h.parts) > 0 || len(h.masters) > 0
 }
 
 // setEvicting records the memory store evicting keys (a reason) or no
@@ -863,6 +867,18 @@ func (h *Health) setEvicting(reason string) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.evicting = reason
+	h.publishLocked()
+}
+
+// setSentinel records the Sentinel client on a replaced master (a
+// reason) or on the one announced ("").
+func (h *Health) setSentinel(reason string) {
+	if h == nil {
+		return
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.sentinel = reason
 	h.publishLocked()
 }
 
@@ -1057,6 +1073,9 @@ func (h *Health) Status() Status {
 	}
 	if h.evicting != "" {
 		st.Reasons = append(st.Reasons, h.evicting)
+	}
+	if h.sentinel != "" {
+		st.Reasons = append(st.Reasons, h.sentinel)
 	}
 	if h.partial && !h.fallback && h.storeErr == nil {
 		why := "part of the store down?"

@@ -560,7 +560,7 @@ func TestRedisClientCoversDecisionTimeout(t *testing.T) {
 		{"redis://127.0.0.1:1", 50 * time.Millisecond, 5 * time.Second, 5 * time.Second, 5 * time.Second},
 		{"redis://127.0.0.1:1?read_timeout=1s", 20 * time.Second, 20 * time.Second, time.Second, 20 * time.Second},
 	} {
-		c, err := newRedisClient(tt.url, tt.d)
+		c, err := newRedisClient(tt.url, tt.d, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -570,7 +570,7 @@ func TestRedisClientCoversDecisionTimeout(t *testing.T) {
 		}
 		c.Close()
 	}
-	c, err := newRedisClient("redis+cluster://127.0.0.1:1", 20*time.Second)
+	c, err := newRedisClient("redis+cluster://127.0.0.1:1", 20*time.Second, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -50,10 +50,12 @@ func sentinelFailoverOptions(rawURL string) *redis.FailoverOptions {
 // ping (the service's client) reaches it: the breaker then probes at once
 // instead of after its probe interval, as on a Cluster
 // (redisstore.Store.OnFailover). Every Sentinel, not one, since
-// the one that is down may be the one a single subscription used; a switch
-// seen twice is acted on once, and told to seen once. The returned stop
-// ends the subscriptions.
-func watchSwitchMaster(o *redis.FailoverOptions, log *slog.Logger, ping, probe func(context.Context) error, seen func()) (stop func()) {
+// the one that is down may be the one a single subscription used, and
+// the one leading a planned failover announces it last; a switch seen
+// twice is acted on once, and told to switched (old and new master's
+// addresses) once, before the ping. The returned stop ends the
+// subscriptions.
+func watchSwitchMaster(o *redis.FailoverOptions, log *slog.Logger, ping, probe func(context.Context) error, switched func(from, to string)) (stop func()) {
 	ctx, cancel := context.WithCancel(context.Background())
 	var (
 		wg   sync.WaitGroup
@@ -72,9 +74,9 @@ func watchSwitchMaster(o *redis.FailoverOptions, log *slog.Logger, ping, probe f
 		if again {
 			return
 		}
-		log.Info(sentinelSwitchMsg, "master_name", f[0],
-			"from", net.JoinHostPort(f[1], f[2]), "to", net.JoinHostPort(f[3], f[4]))
-		seen()
+		from, to := net.JoinHostPort(f[1], f[2]), net.JoinHostPort(f[3], f[4])
+		log.Info(sentinelSwitchMsg, "master_name", f[0], "from", from, "to", to)
+		switched(from, to)
 		// Until the service's client has dialled the new master, a probe
 		// would fail and reopen the breaker: go-redis's pool, having
 		// failed to dial the old one, dials again only once a second. A

@@ -35,7 +35,7 @@ func TestWatchSwitchMaster(t *testing.T) {
 	}
 	probe := func(context.Context) error { probes.Add(1); return nil }
 	stop := watchSwitchMaster(&redis.FailoverOptions{MasterName: "m", SentinelAddrs: []string{dead, redistest.Addr(t)}},
-		slog.New(slog.NewTextHandler(&buf, nil)), ping, probe, func() { switches.Add(1) })
+		slog.New(slog.NewTextHandler(&buf, nil)), ping, probe, func(string, string) { switches.Add(1) })
 	stopped := false
 	defer func() {
 		if !stopped {

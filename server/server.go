@@ -289,7 +289,18 @@ func (s *Server) openStore() (sluice.Store, error) {
 		if err != nil {
 			return nil, err
 		}
-		client, err := newRedisClient(redisURL, s.opts.DecisionTimeout)
+		var conns *masterConns
+		if sentinelFailoverOptions(redisURL) != nil {
+			replaced := prometheus.NewCounterVec(prometheus.CounterOpts{
+				Name: "sluice_redis_replaced_master_total",
+				Help: "Sentinel only: times the client was on a master a Sentinel announced replaced (+switch-master), how=closed: its connections closed, so that it dials the new one; how=refused: its Sentinel still named the old one, which decisions then did not use until the Sentinels agreed.",
+			}, []string{"how"})
+			replaced.WithLabelValues("closed")
+			replaced.WithLabelValues("refused")
+			s.metrics.reg.MustRegister(replaced)
+			conns = newMasterConns(s.log, s.health.setSentinel, func(how string) { replaced.WithLabelValues(how).Inc() })
+		}
+		client, err := newRedisClient(redisURL, s.opts.DecisionTimeout, conns)
 		if err != nil {
 			return nil, err
 		}
@@ -359,7 +370,8 @@ func (s *Server) openStore() (sluice.Store, error) {
 		if o := sentinelFailoverOptions(redisURL); o != nil {
 			switches := failovers.WithLabelValues("sentinel")
 			s.closers = append(s.closers, watchSwitchMaster(o, s.log,
-				func(ctx context.Context) error { return client.Ping(ctx).Err() }, probeNow, switches.Inc))
+				func(ctx context.Context) error { return client.Ping(ctx).Err() }, probeNow,
+				func(from, to string) { switches.Inc(); conns.switched(from, to) }))
 		}
 		fleet, err := s.startFleet(rs)
 		if err != nil {

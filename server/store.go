@@ -71,7 +71,7 @@ func storeURLOptions(rawURL string) (string, redisstore.Options, error) {
 // go-redis options (dial_timeout=3s, pool_size=50...): negative numbers
 // and durations, and a client_name Redis would refuse, are errors.
 func NewRedisClient(rawURL string) (redis.UniversalClient, error) {
-	return newRedisClient(rawURL, 0)
+	return newRedisClient(rawURL, 0, nil)
 }
 
 // checkRedisURL reports whether rawURL is a --redis URL NewRedisClient and
@@ -81,7 +81,7 @@ func checkRedisURL(rawURL string) error {
 	if err != nil {
 		return err
 	}
-	c, err := newRedisClient(rest, 0)
+	c, err := newRedisClient(rest, 0, nil)
 	if err != nil {
 		return err
 	}
@@ -104,8 +104,10 @@ func coverTimeout(d time.Duration, timeouts ...*time.Duration) {
 }
 
 // newRedisClient is NewRedisClient whose timeouts the URL does not set
-// last at least the decision timeout d.
-func newRedisClient(rawURL string, d time.Duration) (redis.UniversalClient, error) {
+// last at least the decision timeout d. A Sentinel client dials through
+// conns, when not nil, so that a switch any Sentinel announces can move it
+// (masterConns).
+func newRedisClient(rawURL string, d time.Duration, conns *masterConns) (redis.UniversalClient, error) {
 	u, err := url.Parse(rawURL)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrRedisURL, redactErr(err, rawURL))
@@ -127,6 +129,11 @@ func newRedisClient(rawURL string, d time.Duration) (redis.UniversalClient, erro
 		}
 		o.ContextTimeoutEnabled = true
 		coverTimeout(d, &o.DialTimeout, &o.ReadTimeout, &o.WriteTimeout)
+		if conns != nil {
+			// go-redis's own dial, which a Dialer replaces.
+			conns.dial = redis.NewDialer(&redis.Options{DialTimeout: cmp.Or(o.DialTimeout, redisDefaultTimeout), TLSConfig: o.TLSConfig})
+			o.Dialer = conns.Dial
+		}
 		return redis.NewFailoverClient(o), nil
 	case variant == "cluster" || (variant == "" && q.Has("addr")):
 		o, err := redis.ParseClusterURL(u.String())

@@ -1,0 +1,189 @@
+package server
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"log/slog"
+	"net"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/redisstore"
+)
+
+// testConns is a masterConns on a fake clock, recording what it tells.
+type testConns struct {
+	*masterConns
+	log     bytes.Buffer
+	mu      sync.Mutex
+	reasons []string
+	counts  map[string]int
+	clock   time.Time
+}
+
+func newTestConns() *testConns {
+	tc := &testConns{counts: map[string]int{}, clock: time.Now()}
+	tc.masterConns = newMasterConns(slog.New(slog.NewTextHandler(&tc.log, nil)),
+		func(r string) { tc.mu.Lock(); tc.reasons = append(tc.reasons, r); tc.mu.Unlock() },
+		func(how string) { tc.mu.Lock(); tc.counts[how]++; tc.mu.Unlock() })
+	tc.dial = (&net.Dialer{Timeout: time.Second}).DialContext
+	tc.now = func() time.Time { tc.mu.Lock(); defer tc.mu.Unlock(); return tc.clock }
+	return tc
+}
+
+func (tc *testConns) advance(d time.Duration) {
+	tc.mu.Lock()
+	tc.clock = tc.clock.Add(d)
+	tc.mu.Unlock()
+}
+
+func (tc *testConns) lastReason() string {
+	tc.mu.Lock()
+	defer tc.mu.Unlock()
+	if len(tc.reasons) == 0 {
+		return "(none)"
+	}
+	return tc.reasons[len(tc.reasons)-1]
+}
+
+// TestMasterConnsSwitch: a switch closes the connections to the old master
+// and no other; a dial to it is then refused (one log line, one count, a
+// reason) until a dial to the new one, which ends the reason, and for
+// sentinelReplacedFor at most: after that the Sentinel is followed.
+func TestMasterConnsSwitch(t *testing.T) {
+	srv := redistest.StartServer(t)
+	old := srv.Addr
+	_, port, _ := net.SplitHostPort(old)
+	other := net.JoinHostPort("localhost", port) // the same server, another address
+	tc := newTestConns()
+	ctx := context.Background()
+
+	a, err := tc.Dial(ctx, "tcp", old)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := tc.Dial(ctx, "tcp", other)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	tc.switched(old, other)
+	a.SetReadDeadline(time.Now().Add(time.Second))
+	if _, err := a.Read(make([]byte, 1)); !errors.Is(err, net.ErrClosed) {
+		t.Errorf("old master's connection after the switch: read %v, want closed", err)
+	}
+	a.Close() // as go-redis would; twice is harmless
+	if _, err := b.Write([]byte("PING\r\n")); err != nil {
+		t.Errorf("new master's connection after the switch: %v", err)
+	}
+	if tc.counts["closed"] != 1 || !strings.Contains(tc.lastReason(), "replaced by "+other) {
+		t.Errorf("counts %v, reason %q; want one closing, told", tc.counts, tc.lastReason())
+	}
+
+	// The client's Sentinel still names the old master.
+	tc.advance(time.Second)
+	for range 3 {
+		if _, err := tc.Dial(ctx, "tcp", old); !errors.Is(err, errReplacedMaster) {
+			t.Fatalf("dial to the replaced master: %v, want errReplacedMaster", err)
+		}
+	}
+	if tc.counts["refused"] != 1 || strings.Count(tc.log.String(), refusedMasterMsg) != 1 {
+		t.Errorf("three refusals: counts %v, log:\n%s\nwant one refusal counted and logged", tc.counts, tc.log.String())
+	}
+	if r := tc.lastReason(); !strings.Contains(r, "names Redis master "+old) {
+		t.Errorf("reason %q", r)
+	}
+	c, err := tc.Dial(ctx, "tcp", other)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Close()
+	if r := tc.lastReason(); r != "" || !strings.Contains(tc.log.String(), agreedMasterMsg) {
+		t.Errorf("on the new master: reason %q, log:\n%s", r, tc.log.String())
+	}
+	if _, err := tc.Dial(ctx, "tcp", old); !errors.Is(err, errReplacedMaster) {
+		t.Fatalf("dial to the replaced master after one to the new: %v, want refused still", err)
+	}
+
+	// Long after, a Sentinel naming it means a switch back went unheard.
+	tc.advance(sentinelReplacedFor)
+	d, err := tc.Dial(ctx, "tcp", old)
+	if err != nil {
+		t.Fatalf("dial %v after the switch: %v, want the Sentinel followed", sentinelReplacedFor, err)
+	}
+	d.Close()
+	if !strings.Contains(tc.log.String(), disagreeMasterMsg) || tc.lastReason() != "" {
+		t.Errorf("reason %q, log:\n%s", tc.lastReason(), tc.log.String())
+	}
+}
+
+// TestMasterConnsMidCall: a take under way on a connection the switch
+// closes fails, and is not sent again on a new connection: the server,
+// its writes paused, never ran it, and it counts nothing once they resume.
+func TestMasterConnsMidCall(t *testing.T) {
+	srv := redistest.StartServer(t)
+	tc := newTestConns()
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr, Dialer: tc.Dial})
+	defer rdb.Close()
+	s := redisstore.New(rdb, &redisstore.Options{Prefix: redistest.Prefix(t)})
+	ctx := context.Background()
+	limit := sluice.PerHour(100)
+	if _, err := s.Take(ctx, "k", limit, 1); err != nil {
+		t.Fatal(err)
+	}
+	admin := srv.Client(t)
+	if err := admin.Do(ctx, "client", "pause", "5000", "write").Err(); err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Do(ctx, "client", "unpause")
+	done := make(chan error, 1)
+	go func() {
+		_, err := s.Take(ctx, "k", limit, 1)
+		done <- err
+	}()
+	time.Sleep(200 * time.Millisecond) // the take waits on the paused server
+	// Past the refusal: a retry could dial the same server again.
+	tc.switched(srv.Addr, "127.0.0.1:1")
+	tc.advance(sentinelReplacedFor)
+	select {
+	case err := <-done:
+		if err == nil {
+			t.Fatal("the take on the closed connection succeeded")
+		}
+	case <-time.After(3 * time.Second):
+		t.Fatal("the take on the closed connection still waits")
+	}
+	if err := admin.Do(ctx, "client", "unpause").Err(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(100 * time.Millisecond)
+	d, err := s.Peek(ctx, "k", limit, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := limit.Rate - d.Remaining; got != 1 {
+		t.Errorf("%d taken, want 1: the take on the closed connection ran", got)
+	}
+}
+
+// TestHealthSentinelReason: a Sentinel client on a replaced master makes
+// the instance degraded, with the reason, until it is told otherwise.
+func TestHealthSentinelReason(t *testing.T) {
+	h := newHealth(healthOptions{policy: "local", withPolicy: true, store: "redis"})
+	h.setSentinel("Redis master a was replaced by b")
+	if st := h.Status(); !st.Degraded || !st.Ready || !slices.Contains(st.Reasons, "Redis master a was replaced by b") {
+		t.Errorf("status %+v, want ready, degraded, with the reason", st)
+	}
+	h.setSentinel("")
+	if st := h.Status(); st.Degraded || len(st.Reasons) != 0 {
+		t.Errorf("status %+v, want not degraded", st)
+	}
+}
