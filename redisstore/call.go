@@ -303,29 +303,32 @@ func isTryAgain(err error) bool {
 	return err != nil && strings.HasPrefix(replyText(err), "TRYAGAIN")
 }
 
-// noteClosed records, after c failed with redis.ErrClosed on a Cluster
-// client, whether that client is closed, so that every later call fails at
-// once: go-redis's Cluster client takes a closed node for one a reload
-// dropped and tries again after its retry backoff, three times, with the
-// slot map it still holds, so each call on a closed client took 100–145 ms
-// to fail. It is closed if the master of c's key, in that map, is: go-redis
-// closes a node's client only when it closes, or when a reload drops the
-// node from the map, and MasterForKey reads the map in memory. The PING
-// fails at once on a closed node, with no round trip.
-func (s *Store) noteClosed(ctx context.Context, c *call) {
-	cc, ok := s.client.(*redis.ClusterClient)
-	if !ok || len(c.args) <= 3 {
-		return
-	}
-	key, ok := c.args[3].(string)
-	if !ok {
-		return
-	}
-	node, err := cc.MasterForKey(ctx, key)
-	if err == nil {
-		err = node.Ping(ctx).Err()
-	}
-	if errors.Is(err, redis.ErrClosed) {
+// failed is the error of a call on key that failed with err. A Cluster
+// client closed by its owner makes it sluice.ErrStoreClosed, and every
+// later call fail at once, whatever err is: go-redis's Cluster client
+// takes a closed node for one a reload dropped and tries again after its
+// retry backoff, three times, so a call on a closed client takes 100–145
+// ms to return redis.ErrClosed, and a shorter deadline (resilient's 50 ms)
+// cut it first, every time. Other failures may mean a node is gone: the
+// slot map is reloaded (reloader.failed), never for a closed client.
+func (s *Store) failed(key string, err error) error {
+	if s.reload != nil && s.reload.clientClosed(key) {
 		s.closed.Store(true)
+		if !errors.Is(err, redis.ErrClosed) {
+			err = fmt.Errorf("%w: %w", err, redis.ErrClosed)
+		}
+		return replyErr(err)
 	}
+	s.reload.failed(err)
+	return replyErr(err)
+}
+
+// callKey is the key c's script runs on, which names its master.
+func (c *call) callKey() string {
+	if len(c.args) > argKey {
+		if k, ok := c.args[argKey].(string); ok {
+			return k
+		}
+	}
+	return ""
 }

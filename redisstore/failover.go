@@ -210,6 +210,10 @@ func (r *reloader) pollEpisode() bool {
 		if time.Now().UnixNano()-r.lastBad.Load() > int64(quiet) {
 			return true
 		}
+		// A reload on a closed client answers from the map it holds.
+		if r.clientClosed("") {
+			return true
+		}
 		_, err := r.hedgedReload(every, 1, true)
 		if errors.Is(err, redis.ErrClosed) {
 			return true
@@ -515,6 +519,23 @@ func (r *reloader) watchOnce(st *watchState) (done bool) {
 		r.look(true)
 	}
 	return false
+}
+
+// clientClosed reports whether the cluster client is closed, with no
+// round trip: the PING of the master of key, in the map in memory, is
+// sent on a context already ended, so a live node's fails unsent and a
+// closed one's with redis.ErrClosed (a closed client has no map to load
+// either). go-redis closes a node's client only when it closes, or when a
+// reload drops the node from the map, which MasterForKey then no longer
+// names.
+func (r *reloader) clientClosed(key string) bool {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	node, err := r.cluster.MasterForKey(ctx, key)
+	if err == nil {
+		err = node.Ping(ctx).Err()
+	}
+	return errors.Is(err, redis.ErrClosed)
 }
 
 // closed reports whether the cluster client is closed: a node's client

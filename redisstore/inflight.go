@@ -176,13 +176,16 @@ func (s *Store) releasedKey(key string) string {
 // frees it, without a script, and its reply says whether it was there.
 func (s *Store) releaseYoung(ctx context.Context, key, holder string) (bool, error) {
 	ctx = ctxutil.OrBackground(ctx)
+	if s.closed.Load() {
+		return false, fmt.Errorf("redisstore: in-flight release: %w", replyErr(redis.ErrClosed))
+	}
 	c := calls.Get().(*call)
 	defer c.recycle()
+	slot := s.slotKey(key)
 	if err := s.reload.awaitMap(ctx); err != nil {
-		s.reload.failed(err)
-		return false, fmt.Errorf("redisstore: in-flight release: %w", err)
+		return false, fmt.Errorf("redisstore: in-flight release: %w", s.failed(slot, err))
 	}
-	cmd := plainCmd{keyed(redis.NewIntCmd(ctx, "zrem", s.slotKey(key), "h"+holder))}
+	cmd := plainCmd{keyed(redis.NewIntCmd(ctx, "zrem", slot, "h"+holder))}
 	cmd.SetFirstKeyPos(1)
 	err := c.await(ctx, func() {
 		sctx, cancel := sendContext(ctx, budgetOf(ctx), s.answeredRTT())
@@ -196,8 +199,7 @@ func (s *Store) releaseYoung(ctx context.Context, key, holder string) (bool, err
 		err = ended(ctx) // see Store.run
 	}
 	if err != nil {
-		s.reload.failed(err)
-		return false, fmt.Errorf("redisstore: in-flight release: %w", replyErr(err))
+		return false, fmt.Errorf("redisstore: in-flight release: %w", s.failed(slot, err))
 	}
 	s.reload.succeeded()
 	return cmd.Val() == 1, nil

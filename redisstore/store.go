@@ -72,7 +72,7 @@
 //
 // On a ClusterClient, a connection error or a timed-out call makes the
 // Store reload the client's slot map every ReloadInterval until calls
-// succeed again, so that a failed-over master is left for its promoted
+// succeed again (or the client is closed), so that a failed-over master is left for its promoted
 // replica within a reload of the promotion (see OnFailover); go-redis
 // itself reloads only on redirects and every ClusterStateReloadInterval.
 // The Store also asks a master for the slot map every second, and reloads
@@ -507,19 +507,23 @@ func (s *Store) Reset(ctx context.Context, key string, limit sluice.Limit) error
 		}
 		return nil
 	}
+	if s.closed.Load() {
+		return fmt.Errorf("redisstore: reset: %w", replyErr(redis.ErrClosed))
+	}
 	if err := s.reload.awaitMap(ctx); err != nil {
 		return fmt.Errorf("redisstore: reset: %w", err)
 	}
-	del := keyed(redis.NewIntCmd(ctx, "del", s.redisKey(key, limit.Algorithm)))
+	rkey := s.redisKey(key, limit.Algorithm)
+	del := keyed(redis.NewIntCmd(ctx, "del", rkey))
 	del.SetFirstKeyPos(1)
 	var err error
 	if berr := bounded(ctx, make(chan struct{}, 1), func() {
 		err = s.client.Process(ctx, del)
 	}); berr != nil {
-		return fmt.Errorf("redisstore: reset: %w", berr)
+		err = berr
 	}
 	if err != nil {
-		return fmt.Errorf("redisstore: reset: %w", replyErr(err))
+		return fmt.Errorf("redisstore: reset: %w", s.failed(rkey, err))
 	}
 	return nil
 }
@@ -606,8 +610,7 @@ func (s *Store) run(ctx context.Context, c *call) ([]int64, error) {
 		return nil, replyErr(redis.ErrClosed)
 	}
 	if err := s.reload.awaitMap(ctx); err != nil {
-		s.reload.failed(err)
-		return nil, err // never sent
+		return nil, s.failed(c.callKey(), err) // never sent
 	}
 	var err error
 	var retry tryAgain
@@ -654,11 +657,7 @@ func (s *Store) run(ctx context.Context, c *call) ([]int64, error) {
 		err = ended(ctx)
 	}
 	if err != nil {
-		if errors.Is(err, redis.ErrClosed) {
-			s.noteClosed(ctx, c)
-		}
-		s.reload.failed(err)
-		return nil, replyErr(err)
+		return nil, s.failed(c.callKey(), err)
 	}
 	s.reload.succeeded()
 	return c.val, nil
