@@ -79,6 +79,8 @@ type breaker struct {
 
 	// probeKey is a key found on the partition, for Probe; "": none yet.
 	probeKey string
+	// confirming: Store.confirm's probes run.
+	confirming atomic.Bool
 }
 
 // windowSlices is how many parts the failure-rate window is kept in: the window
@@ -283,20 +285,26 @@ func (b *breaker) reopen(now time.Time, why string, err error) {
 	b.set(now, sluice.BreakerOpen, why, err)
 }
 
-// release ends a call that taught nothing about the backend (the caller
-// gave up, or sent bad input). A probe gives its turn to the next call.
 // answered records a call sent at sent that the backend answered. A probe
-// that wrote nothing (a peek, a denial) proves reads only: a backend that
-// refuses writes (out of memory, a replica) answers those. It neither
-// closes nor opens the breaker, and the next call probes.
-func (b *breaker) answered(t turn, sent time.Time, wrote bool) {
+// that wrote nothing (a peek, a denial, a release of a slot not held)
+// proves reads only: a backend that refuses writes (out of memory, a
+// replica) answers those. It neither closes nor opens the breaker, and
+// gives its turn to the next call; it reports true, so that the caller
+// sends a probe that writes at once (Store.confirm): a backend that
+// answered most likely works, and calls that only read (releases retried
+// with nothing else calling) would otherwise never close it.
+func (b *breaker) answered(t turn, sent time.Time, wrote bool) (confirm bool) {
 	if t.probe && !wrote {
 		b.answeredAt(sent)
 		b.release(t)
-		return
+		return true
 	}
 	b.success(t, sent)
+	return false
 }
+
+// release ends a call that taught nothing about the backend (the caller
+// gave up, or sent bad input). A probe gives its turn to the next call.
 
 func (b *breaker) release(t turn) {
 	if !t.probe {

@@ -116,7 +116,7 @@ func (s *Store) Acquire(ctx context.Context, key string, l sluice.InFlightLimit,
 		return bs.Acquire(ctx, key, l, weight, holder)
 	})
 	if err == nil {
-		b.answered(tn, now, d.Allowed) // a denial wrote nothing
+		s.answered(b, tn, now, d.Allowed) // a denial wrote nothing
 		s.observe("acquire", key, sluice.SourceBackend, lat, nil)
 		if d.Allowed { // a resend, now held by the backend: free its fallback slot
 			ref := slotRef{key, holder}
@@ -354,7 +354,7 @@ func (s *Store) onSlot(ctx context.Context, op, key, holder string, hold, rememb
 	}
 	a, lat, err := bounded(ctx, s.timeout, s.inline, func(ctx context.Context) (slotAnswer, error) { return fn(ctx, bs) })
 	if err == nil {
-		b.answered(tn, now, a.held) // a holder not held: nothing written
+		s.answered(b, tn, now, a.held) // a holder not held: nothing written
 		s.observe(op, key, sluice.SourceBackend, lat, nil)
 		return a, nil
 	}

@@ -276,6 +276,33 @@ func (s *Store) probeOne(ctx context.Context, b *breaker) (bool, error) {
 	return true, err
 }
 
+// answered is b.answered, and sends the probes that write which a probe
+// that wrote nothing asks for (confirm).
+func (s *Store) answered(b *breaker, t turn, sent time.Time, wrote bool) {
+	if b.answered(t, sent, wrote) {
+		s.confirm(b)
+	}
+}
+
+// confirm sends b's probes (Probe's, which write) on a goroutine of its
+// own, one after another, until b closes, a probe fails or another call
+// holds the probe: a backend that answered a probe without writing closes
+// the breaker within a few round trips if it takes writes, and opens it
+// again for ProbeInterval if it does not. One runs per breaker at a time.
+func (s *Store) confirm(b *breaker) {
+	if !b.confirming.CompareAndSwap(false, true) {
+		return
+	}
+	go func() {
+		defer b.confirming.Store(false)
+		for b.current() != sluice.BreakerClosed {
+			if sent, err := s.probeOne(context.Background(), b); !sent || err != nil {
+				return
+			}
+		}
+	}()
+}
+
 // ProbeNow is for a backend known to have recovered (a Redis Cluster
 // whose replica was promoted: redisstore.Store.OnFailover): each open
 // breaker's probe is due at once rather than after ProbeInterval, and

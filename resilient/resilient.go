@@ -578,7 +578,7 @@ func (s *Store) decide(ctx context.Context, op, key string, limit sluice.Limit, 
 		return fn(ctx, key, limit, cost)
 	})
 	if err == nil {
-		b.answered(tn, now, take && d.Allowed)
+		s.answered(b, tn, now, take && d.Allowed)
 		if s.cache != nil {
 			switch {
 			case !d.Allowed && d.Source != sluice.SourceFailClosed: // a wrapped resilient store's made-up denial is no state
@@ -819,7 +819,7 @@ func (m *MultiStore) TakeAll(ctx context.Context, reqs []sluice.Request) ([]slui
 	}
 	if err == nil {
 		for _, g := range gs {
-			g.b.answered(g.t, now, allowedAll(ds))
+			s.answered(g.b, g.t, now, allowedAll(ds))
 		}
 		if s.cache != nil {
 			took := allowedAll(ds)

@@ -1,0 +1,48 @@
+package resilient
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/redisstore"
+)
+
+// A probe the backend answered without writing (a release of a slot not
+// held) proves reads only, and a backend refusing writes answers those:
+// it does not close the breaker, but sends at once the probes that write,
+// which do. Before, with nothing but such calls, it stayed half-open.
+func TestAnsweredProbeClosesBreaker(t *testing.T) {
+	srv := redistest.StartServer(t)
+	client := redis.NewClient(&redis.Options{Addr: srv.Addr, MaxRetries: -1})
+	t.Cleanup(func() { client.Close() })
+	backend := redisstore.New(client, &redisstore.Options{Prefix: redistest.Prefix(t)})
+	s, err := New(backend, &Options{Logger: discard, ProbeInterval: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	srv.Pause(t)
+	for i := 0; s.State() != sluice.BreakerOpen; i++ {
+		if i > 100 {
+			srv.Resume(t)
+			t.Fatalf("breaker %v after %d failed releases", s.State(), i)
+		}
+		s.Release(ctx, "k", sluice.NewHolderID())
+	}
+	srv.Resume(t)
+	time.Sleep(200 * time.Millisecond) // a probe is due
+	if held, err := s.Release(ctx, "k", sluice.NewHolderID()); err != nil || held {
+		t.Fatalf("release of a holder never held: %v, %v", held, err)
+	}
+	deadline := time.Now().Add(2 * time.Second)
+	for s.State() != sluice.BreakerClosed {
+		if time.Now().After(deadline) {
+			t.Fatalf("breaker %v 2s after a probe answered, with nothing else calling; want closed", s.State())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
