@@ -267,6 +267,11 @@ var (
 	// ErrNoSlots: Acquire, Extend or Release on a Store whose granter keeps
 	// no in-flight slots (is not a sluice.Slots).
 	ErrNoSlots = errors.New("lease: the granter keeps no in-flight slots")
+	// ErrNotReturned: Close could not give some leases' unused units back
+	// to the store (unreachable, or a failure policy held the returns
+	// back); the error says how many, and wraps the first failure. Those
+	// units are spent for their windows, as a lease that ends unspent.
+	ErrNotReturned = errors.New("lease: unused units not returned")
 )
 
 // MinStaleness is the shortest maximum staleness: the stores' clocks count
@@ -2355,19 +2360,32 @@ func (s *Store) Len() int {
 	return int(s.keys.Load())
 }
 
-// Close returns every lease's unused units to the store, and forgets the
-// leases. The Store still answers afterwards.
+// closeReturns is how many leases Close gives back at once.
+const closeReturns = 16
+
+// Close gives every lease's unused units back to the store, up to
+// closeReturns (16) leases at once, and forgets the leases; the Store
+// still answers afterwards. Once a return fails (the store unreachable,
+// ctx ended, or a failure policy holding returns back), Close sends no
+// more: with Redis stopped it returns after about one return's time (the
+// client's timeouts, 7 s with go-redis's defaults, unless ctx ends
+// sooner), not one per lease; the returns still out then are abandoned
+// (one may still reach the store). Units not known given back are spent
+// for their windows, as those of a lease that ends unspent: Close then
+// returns ErrNotReturned, saying how many units of how many leases,
+// wrapping the first failure.
 func (s *Store) Close(ctx context.Context) error {
 	if s == nil {
 		return nil
 	}
-	ctx = ctxutil.OrBackground(ctx)
+	ctx, cancel := context.WithCancel(ctxutil.OrBackground(ctx))
+	defer cancel()
 	s.stopSweep()
-	var errs []error
+	var leases []*lease
 	for i := range s.shards {
 		sh := &s.shards[i]
 		sh.mu.Lock()
-		var leases []*lease
+		n := len(leases)
 		for i := range sh.leases.Slots() {
 			if sh.leases.Live(i) {
 				h := sh.leases.At(i)
@@ -2376,19 +2394,59 @@ func (s *Store) Close(ctx context.Context) error {
 			}
 		}
 		sh.leases = table.Table[hot]{}
-		s.keys.Add(int64(-len(leases)))
+		s.keys.Add(int64(-(len(leases) - n)))
 		sh.mu.Unlock()
-		for _, l := range leases {
-			l.refill.Lock()
-			sh.mu.Lock()
-			g, unused := l.grant, l.gone.units
-			l.gone.units = 0
-			sh.mu.Unlock()
-			if held, err := s.giveBack(ctx, l.key, l.limit, g, unused); !held {
-				errs = append(errs, err)
-			}
-			l.refill.Unlock()
+	}
+	var (
+		mu          sync.Mutex
+		first       error
+		units, kept int64
+		wg          sync.WaitGroup
+		turns       = make(chan struct{}, closeReturns)
+		failed      atomic.Bool
+	)
+	keep := func(unused int64, err error) {
+		mu.Lock()
+		defer mu.Unlock()
+		units += unused
+		kept++
+		if first == nil {
+			first = err
 		}
 	}
-	return errors.Join(errs...)
+	for _, l := range leases {
+		l.refill.Lock()
+		l.sh.mu.Lock()
+		g, unused := l.grant, l.gone.units
+		l.gone.units = 0
+		l.sh.mu.Unlock()
+		if unused == 0 {
+			l.refill.Unlock()
+			continue
+		}
+		turns <- struct{}{}
+		if failed.Load() {
+			<-turns
+			l.refill.Unlock()
+			keep(unused, nil)
+			continue
+		}
+		wg.Go(func() {
+			defer func() { <-turns; l.refill.Unlock() }()
+			// A return a failure policy held back is no error of a
+			// request's (giveBack reports it held), but its units did
+			// not go back.
+			if _, err := s.giveBack(ctx, l.key, l.limit, g, unused); err != nil {
+				if !failed.Swap(true) {
+					cancel() // the returns still out wait on the same store
+				}
+				keep(unused, err)
+			}
+		})
+	}
+	wg.Wait()
+	if kept == 0 {
+		return nil
+	}
+	return fmt.Errorf("%w: %d units of %d leases: %w", ErrNotReturned, units, kept, first)
 }
