@@ -6,6 +6,8 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	mrand "math/rand/v2"
+	"reflect"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -298,6 +300,15 @@ const (
 	retryMax   = 3 * time.Second
 )
 
+// retryJitter: each wait of RetryRelease is shortened by up to
+// 1/retryJitter of it at random. Releases that failed together (an
+// outage) would otherwise be tried again together, forever: behind a
+// half-open circuit breaker (package resilient's) one was let through and
+// the others refused, to wait a whole backoff more, so that they drained
+// one per 3 s. And a retry waiting ends when a release to its store is
+// answered (the store is back), tried within retryFirst at random.
+const retryJitter = 2
+
 // ErrRetriesFull: MaxBackgroundReleases releases are already at work in
 // the background; the slot frees at its hold timeout.
 var ErrRetriesFull = errors.New("sluice: too many releases being retried")
@@ -307,8 +318,11 @@ var ErrRetriesFull = errors.New("sluice: too many releases being retried")
 // leaving the outcome unknown), so that the slot does not stay held, and
 // refuse others, until its hold timeout. until is when the store frees it
 // anyway: the hold's end, as last acquired or extended. It returns at
-// once, and tries 100ms later, then at waits doubling up to 3s, each try
-// bounded by 5s, until the store answers (held or not: a release whose
+// once, and tries 100ms later, then at waits doubling up to 3s, each
+// shortened by up to half at random (releases that failed together are
+// not tried together) and ended early, within 100ms at random, when the
+// store answers another release (it is back), each try bounded by 5s,
+// until the store answers (held or not: a release whose
 // answer came is never sent again), fails with ErrStoreNotBuilt or
 // ErrStoreClosed (no try ever will succeed), or until has passed. Sending
 // a release again is safe because a holder id is never reused
@@ -363,20 +377,33 @@ func releaseLater(slots chan struct{}, store Slots, key, holder string, first ti
 	background.add()
 	go func() {
 		defer func() { <-slots; background.done() }()
+		// A retry's waits are jittered, and end when a release to the
+		// same store is answered (see retryJitter).
+		retry := wakeable
 		wait := first
 		for try := 0; ; try++ {
 			if wait > 0 {
-				var woken <-chan struct{}
+				var woken, answered <-chan struct{}
 				if wakeable {
 					woken = background.wakes()
 				}
-				t := time.NewTimer(wait)
+				leave := func() {}
+				sleep := wait
+				if retry {
+					answered, leave = background.answers(store)
+					sleep -= mrand.N(wait/retryJitter + 1)
+				}
+				t := time.NewTimer(sleep)
 				select {
 				case <-t.C:
 				case <-woken:
 					t.Stop()
 					wakeable = false
+				case <-answered:
+					t.Stop()
+					time.Sleep(mrand.N(retryFirst)) // not all at once
 				}
+				leave()
 			}
 			deadline := time.Now().Add(releaseTry)
 			if !until.IsZero() && until.Before(deadline) {
@@ -385,6 +412,9 @@ func releaseLater(slots chan struct{}, store Slots, key, holder string, first ti
 			ctx, cancel := context.WithDeadline(context.Background(), deadline)
 			held, err := store.Release(ctx, key, holder)
 			cancel()
+			if err == nil {
+				background.answer(store)
+			}
 			var more bool
 			if wait, more = again(try, wait, held, err); !more {
 				if err == nil && done != nil {
@@ -407,6 +437,57 @@ type pendingReleases struct {
 	n    int
 	idle chan struct{} // closed when n drops to 0; nil while 0
 	wake chan struct{} // closed by WaitReleases; nil until asked for
+	// back holds, for each store with retries waiting, the channel
+	// closed when a release to it is answered.
+	back map[Slots]*storeBack
+}
+
+// storeBack is what the retries of one store wait on: ch, closed when the
+// store answers a release, and how many wait.
+type storeBack struct {
+	ch      chan struct{}
+	waiting int
+}
+
+// answers returns the channel closed when a release to store is next
+// answered, and the function to call once done waiting on it. Only stores
+// that are pointers are told apart (any other could panic as a map key):
+// for others the channel is nil.
+func (p *pendingReleases) answers(store Slots) (<-chan struct{}, func()) {
+	if reflect.TypeOf(store).Kind() != reflect.Pointer {
+		return nil, func() {}
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.back == nil {
+		p.back = make(map[Slots]*storeBack)
+	}
+	b := p.back[store]
+	if b == nil {
+		b = &storeBack{ch: make(chan struct{})}
+		p.back[store] = b
+	}
+	b.waiting++
+	return b.ch, func() {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		if b.waiting--; b.waiting == 0 && p.back[store] == b {
+			delete(p.back, store)
+		}
+	}
+}
+
+// answer wakes the retries waiting on store: it answered a release.
+func (p *pendingReleases) answer(store Slots) {
+	if reflect.TypeOf(store).Kind() != reflect.Pointer {
+		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if b := p.back[store]; b != nil {
+		close(b.ch)
+		delete(p.back, store)
+	}
 }
 
 // wakes returns the channel the next WaitReleases closes.
