@@ -305,7 +305,6 @@ func (b *breaker) answered(t turn, sent time.Time, wrote bool) (confirm bool) {
 
 // release ends a call that taught nothing about the backend (the caller
 // gave up, or sent bad input). A probe gives its turn to the next call.
-
 func (b *breaker) release(t turn) {
 	if !t.probe {
 		return
