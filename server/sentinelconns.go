@@ -29,7 +29,7 @@ const (
 	replacedMasterMsg = "redis: on a master the Sentinels replaced: its connections closed"
 	refusedMasterMsg  = "redis: the Sentinel still names the master the Sentinels replaced: not deciding on it"
 	agreedMasterMsg   = "redis: on the master the Sentinels announced"
-	disagreeMasterMsg = "redis: the Sentinel names the replaced master long after the switch: deciding on it (a switch back unheard?)"
+	disagreeMasterMsg = "redis: the Sentinel names a master replaced earlier: deciding on it (a failover back to it, or a switch back not heard)"
 )
 
 // masterConns dials a Sentinel client's connections and tracks them by
@@ -102,7 +102,10 @@ func (m *masterConns) Dial(ctx context.Context, network, addr string) (net.Conn,
 			}
 			return nil, fmt.Errorf("%w: %s, replaced by %s %v ago", errReplacedMaster, from, to, ago.Round(time.Millisecond))
 		}
-		m.log.Warn(disagreeMasterMsg, "master", addr, "announced", m.to, "since", ago.Round(time.Millisecond))
+		// Most often a failover back to it (its replacement failed), whose
+		// +switch-master comes moments after the client's own Sentinel
+		// named it: nothing wrong, so not a warning.
+		m.log.Info(disagreeMasterMsg, "master", addr, "announced", m.to, "since", ago.Round(time.Millisecond))
 		m.from, m.moving, m.refusing = "", false, false
 		m.mu.Unlock()
 		m.tell("")
