@@ -44,7 +44,7 @@ var (
 	redisAOFDesc = prometheus.NewDesc("sluice_redis_aof_enabled",
 		"1 if the node writes an append-only file (INFO persistence aof_enabled); 0: a restart loses the decisions since its last RDB snapshot, if any, and those limits start afresh.", []string{"node"}, nil)
 	redisEvictedDesc = prometheus.NewDesc("sluice_redis_evicted_keys_total",
-		"Keys Redis evicted under maxmemory (INFO stats); sluice's keys among them lose their limits' state.", []string{"node"}, nil)
+		"Keys Redis evicted under maxmemory, as this instance saw them: the growth of INFO stats evicted_keys between its reads, summed over the servers under the node's name and their restarts (a failover's new master counts from the switch); sluice's keys among them lose their limits' state.", []string{"node"}, nil)
 	redisRestartsDesc = prometheus.NewDesc("sluice_redis_restarts_total",
 		"Restarts of the Redis node seen by this instance (a new run_id, started since the last look): the limits whose state Redis had not saved start afresh.", []string{"node"}, nil)
 	redisScriptCallsDesc = prometheus.NewDesc("sluice_redis_script_calls_total",
@@ -61,7 +61,9 @@ func newRedisInfo(client redis.UniversalClient, timeout time.Duration) *redisInf
 	if timeout <= 0 {
 		timeout = redisInfoTimeout
 	}
-	return &redisInfo{client: client, timeout: timeout}
+	// A watch of its own, so that evictions are counted without a
+	// service's (which replaces it).
+	return &redisInfo{client: client, timeout: timeout, evictions: newEvictionWatch(slog.New(slog.DiscardHandler), DefaultStoreCheckInterval)}
 }
 
 // Describe implements prometheus.Collector.
@@ -126,7 +128,9 @@ func (c *redisInfo) collectNode(ctx context.Context, ch chan<- prometheus.Metric
 	}
 	gauge(redisUsedDesc, "used_memory", prometheus.GaugeValue)
 	gauge(redisMaxDesc, "maxmemory", prometheus.GaugeValue)
-	gauge(redisEvictedDesc, "evicted_keys", prometheus.CounterValue)
+	if n, ok := c.evictions.evicted(node); ok {
+		ch <- prometheus.MustNewConstMetric(redisEvictedDesc, prometheus.CounterValue, float64(n), node)
+	}
 	gauge(redisAOFDesc, "aof_enabled", prometheus.GaugeValue)
 	if n, ok := c.evictions.restarts(node); ok {
 		ch <- prometheus.MustNewConstMetric(redisRestartsDesc, prometheus.CounterValue, float64(n), node)
@@ -183,9 +187,12 @@ func commandStat(v string) map[string]string {
 // answers) and each /metrics scrape. A count grown since the node's last
 // read starts an episode, logged once at WARN with the count; one that
 // stays put for evictionQuietPolls polls ends it, logged at INFO with the
-// episode's total. The first read of a node, and one after its count went
-// down (a restart, CONFIG RESETSTAT), only sets where counting starts.
-// Readiness does not change: Redis still answers.
+// episode's total. The first read of a node, and the first of another
+// server under its name (a Sentinel failover), only set where counting
+// starts: that server's evicted_keys is of its own past. After a restart
+// or a CONFIG RESETSTAT the whole count is new. The sum of the growth is
+// sluice_redis_evicted_keys_total, which never goes down. Readiness does
+// not change: Redis still answers.
 //
 // It also tells a restart of a node (see restarted), from INFO server.
 type evictionWatch struct {
@@ -205,6 +212,9 @@ type evictedNode struct {
 	since time.Time // the episode's start; zero between episodes
 	last  time.Time // the episode's last growth
 	total int64     // evicted in the episode
+	// evicted sums the growth of evicted_keys seen, on every server under
+	// the node's name: sluice_redis_evicted_keys_total.
+	evicted int64
 
 	runID    string    // the server's run_id at the last read
 	read     time.Time // the last read
@@ -234,12 +244,22 @@ func (w *evictionWatch) observe(node string, info map[string]string, now time.Ti
 		w.restarted(node, n, info, now)
 		return
 	}
-	w.restarted(node, n, info, now)
-	switch {
-	case count < n.count: // counted afresh
-		n.count = count
-		return
-	case count == n.count:
+	// evicted_keys is the server's own, since its start or CONFIG
+	// RESETSTAT: only its growth on one server is evictions since the
+	// last read.
+	grown := count - n.count
+	switch w.restarted(node, n, info, now) {
+	case restartedServer:
+		grown = count // all since its start, after the last read
+	case otherServer:
+		grown = 0 // a Sentinel failover: the new master's past
+	default:
+		if count < n.count {
+			grown = count // CONFIG RESETSTAT since the last read
+		}
+	}
+	n.count = count
+	if grown == 0 {
 		if !n.since.IsZero() && now.Sub(n.last) >= w.quiet {
 			w.log.Info("Redis no longer evicting keys", "node", node, "evicted", n.total,
 				"lasted", n.last.Sub(n.since).Round(time.Millisecond))
@@ -247,8 +267,8 @@ func (w *evictionWatch) observe(node string, info map[string]string, now time.Ti
 		}
 		return
 	}
-	grown := count - n.count
-	n.count, n.last = count, now
+	n.evicted += grown
+	n.last = now
 	if !n.since.IsZero() {
 		n.total += grown
 		return
@@ -258,25 +278,34 @@ func (w *evictionWatch) observe(node string, info map[string]string, now time.Ti
 		"node", node, "evicted", grown, "maxmemory_policy", info["maxmemory_policy"], "maxmemory", info["maxmemory"])
 }
 
+// What restarted found: the same server as at the last read (or none
+// known), the server restarted since, or another server under the node's
+// name.
+const (
+	sameServer = iota
+	restartedServer
+	otherServer
+)
+
 // restarted tells a restart of node: a new run_id whose server started
 // since the last read (uptime_in_seconds). A new run_id on an older
 // server is another server under the node's name (a Sentinel failover,
 // told by its own lines), not a restart. Redis keeps nothing it had not
 // written to its AOF or last RDB save: the limits of the keys it lost
 // start afresh, each admitting up to its whole limit again. w.mu is held.
-func (w *evictionWatch) restarted(node string, n *evictedNode, info map[string]string, now time.Time) {
+func (w *evictionWatch) restarted(node string, n *evictedNode, info map[string]string, now time.Time) int {
 	id := info["run_id"]
 	if id == "" {
-		return // INFO without its server section
+		return sameServer // INFO without its server section
 	}
 	prev, read := n.runID, n.read
 	n.runID, n.read = id, now
 	if prev == "" || id == prev {
-		return
+		return sameServer
 	}
 	up, err := strconv.ParseInt(info["uptime_in_seconds"], 10, 64)
 	if err != nil || time.Duration(up)*time.Second > now.Sub(read)+time.Second {
-		return
+		return otherServer
 	}
 	n.restarts++
 	args := []any{"node", node, "uptime", time.Duration(up) * time.Second, "aof_enabled", info["aof_enabled"]}
@@ -288,6 +317,23 @@ func (w *evictionWatch) restarted(node string, n *evictedNode, info map[string]s
 		msg += "; appendonly yes keeps them"
 	}
 	w.log.Warn(msg, args...)
+	return restartedServer
+}
+
+// evicted returns the evictions the watch has seen on node, summed over
+// the servers under its name, and whether it has read node at all. A nil
+// watch knows nothing.
+func (w *evictionWatch) evicted(node string) (int64, bool) {
+	if w == nil {
+		return 0, false
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	n := w.nodes[node]
+	if n == nil {
+		return 0, false
+	}
+	return n.evicted, true
 }
 
 // restarts returns how many restarts of node the watch has seen, and
