@@ -3,6 +3,9 @@ package server
 import (
 	"bufio"
 	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
 	"log/slog"
 	"strconv"
 	"strings"
@@ -47,6 +50,8 @@ var (
 		"Keys Redis evicted under maxmemory, as this instance saw them: the growth of INFO stats evicted_keys between its reads, summed over the servers under the node's name and their restarts (a failover's new master counts from the switch); sluice's keys among them lose their limits' state.", []string{"node"}, nil)
 	redisRestartsDesc = prometheus.NewDesc("sluice_redis_restarts_total",
 		"Restarts of the Redis node seen by this instance (a new run_id, started since the last look): the limits whose state Redis had not saved start afresh.", []string{"node"}, nil)
+	redisFlushesDesc = prometheus.NewDesc("sluice_redis_flushes_total",
+		"Times this instance found sluice's marker key gone from a node that did not restart (FLUSHALL, FLUSHDB, or sluice's keys deleted): every limit on the node started afresh.", []string{"node"}, nil)
 	redisScriptCallsDesc = prometheus.NewDesc("sluice_redis_script_calls_total",
 		"Script calls Redis ran (INFO commandstats), by command: evalsha, eval.", []string{"node", "command"}, nil)
 	redisScriptSecondsDesc = prometheus.NewDesc("sluice_redis_script_seconds_total",
@@ -69,7 +74,7 @@ func newRedisInfo(client redis.UniversalClient, timeout time.Duration) *redisInf
 // Describe implements prometheus.Collector.
 func (c *redisInfo) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{redisUpDesc, redisUsedDesc, redisMaxDesc, redisMayEvictDesc,
-		redisAOFDesc, redisEvictedDesc, redisRestartsDesc, redisScriptCallsDesc, redisScriptSecondsDesc, redisScriptPerCallDesc} {
+		redisAOFDesc, redisEvictedDesc, redisRestartsDesc, redisFlushesDesc, redisScriptCallsDesc, redisScriptSecondsDesc, redisScriptPerCallDesc} {
 		ch <- d
 	}
 }
@@ -135,6 +140,9 @@ func (c *redisInfo) collectNode(ctx context.Context, ch chan<- prometheus.Metric
 	if n, ok := c.evictions.restarts(node); ok {
 		ch <- prometheus.MustNewConstMetric(redisRestartsDesc, prometheus.CounterValue, float64(n), node)
 	}
+	if n, ok := c.evictions.flushes(node); ok {
+		ch <- prometheus.MustNewConstMetric(redisFlushesDesc, prometheus.CounterValue, float64(n), node)
+	}
 	if p := info["maxmemory_policy"]; p != "" {
 		v := 0.0
 		if redisstore.MayEvict(p, info["maxmemory"]) {
@@ -197,9 +205,11 @@ func commandStat(v string) map[string]string {
 // It also tells a restart of a node (see restarted), from INFO server.
 type evictionWatch struct {
 	log   *slog.Logger
+	every time.Duration // the poll interval
 	quiet time.Duration // evictionQuietPolls polls
 	mu    sync.Mutex
 	nodes map[string]*evictedNode
+	keys  map[string]string // each Cluster master's marker key, by address
 }
 
 // evictionQuietPolls is how many polls without an eviction end an
@@ -219,10 +229,16 @@ type evictedNode struct {
 	runID    string    // the server's run_id at the last read
 	read     time.Time // the last read
 	restarts int64     // restarts seen
+	grewAt   time.Time // the last read that found evictions
+
+	// The marker key (see marker): its value at the last look, the
+	// server's run_id then, and the flushes it told.
+	marker, markerRun, markerKey string
+	flushes                      int64
 }
 
 func newEvictionWatch(log *slog.Logger, every time.Duration) *evictionWatch {
-	return &evictionWatch{log: log, quiet: evictionQuietPolls * every, nodes: map[string]*evictedNode{}}
+	return &evictionWatch{log: log, every: every, quiet: evictionQuietPolls * every, nodes: map[string]*evictedNode{}, keys: map[string]string{}}
 }
 
 // observe takes a node's INFO fields, read at now. A nil watch does
@@ -268,7 +284,7 @@ func (w *evictionWatch) observe(node string, info map[string]string, now time.Ti
 		return
 	}
 	n.evicted += grown
-	n.last = now
+	n.last, n.grewAt = now, now
 	if !n.since.IsZero() {
 		n.total += grown
 		return
@@ -368,9 +384,117 @@ func (w *evictionWatch) watch(stop <-chan struct{}, every time.Duration, client 
 		ctx, cancel := context.WithTimeout(context.Background(), min(every, redisInfoTimeout))
 		eachNode(ctx, client, func(ctx context.Context, node *redis.Client, name string) {
 			if raw, err := node.Info(ctx, "server", "persistence", "stats", "memory").Result(); err == nil {
-				w.observe(name, parseInfo(raw), time.Now())
+				info, now := parseInfo(raw), time.Now()
+				w.observe(name, info, now)
+				w.marker(ctx, client, node, name, info["run_id"], now)
 			}
 		})
 		cancel()
 	}
+}
+
+// flushes returns how many flushes of node the watch has told, and whether
+// it knows node's run_id at all. A nil watch knows nothing.
+func (w *evictionWatch) flushes(node string) (int64, bool) {
+	if w == nil {
+		return 0, false
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	n := w.nodes[node]
+	if n == nil || n.runID == "" {
+		return 0, false
+	}
+	return n.flushes, true
+}
+
+// markerPrefix starts the marker key: under sluice's key prefix, so that
+// its ACL user may write it, and apart from the limits' keys (the prefix
+// then "{" or "[").
+const markerPrefix = "sluice:marker"
+
+// marker tells a FLUSHALL or FLUSHDB (or sluice's keys deleted), which
+// starts every limit afresh and which Redis reports nowhere: on every poll
+// it sets a key without a TTL, if absent, to a value of its own (SET NX
+// GET: one round trip), and reads the value there. A value other than the
+// last one read, on the same server (run_id), is a flush: the key was
+// gone and this instance or another wrote it again. A restart or a
+// failover (another run_id) is told by their own lines; a key maybe
+// evicted (evictions in this read or the one before) is told as
+// evictions. On a Cluster each
+// master has its own key, in one of its slots. Errors (a replica, a
+// refused write) leave it unchanged.
+func (w *evictionWatch) marker(ctx context.Context, client redis.UniversalClient, node *redis.Client, name, runID string, now time.Time) {
+	if runID == "" {
+		return
+	}
+	key := w.markerKey(ctx, client, name)
+	if key == "" {
+		return
+	}
+	var b [8]byte
+	rand.Read(b[:])
+	mine := hex.EncodeToString(b[:])
+	found, err := node.SetArgs(ctx, key, mine, redis.SetArgs{Mode: "NX", Get: true}).Result()
+	switch {
+	case errors.Is(err, redis.Nil):
+		found = mine // it was absent: now it holds ours
+	case err != nil:
+		if strings.HasPrefix(err.Error(), "MOVED ") {
+			w.mu.Lock()
+			delete(w.keys, name) // its slot moved: find another
+			w.mu.Unlock()
+		}
+		return
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	n := w.nodes[name]
+	if n == nil {
+		return
+	}
+	prev, prevRun, prevKey := n.marker, n.markerRun, n.markerKey
+	n.marker, n.markerRun, n.markerKey = found, runID, key
+	if prev == "" || prev == found || prevRun != runID || prevKey != key || now.Sub(n.grewAt) <= 2*w.every {
+		return
+	}
+	n.flushes++
+	w.log.Warn("Redis flushed: sluice's keys are gone without a restart (FLUSHALL, FLUSHDB, or sluice's keys deleted); every limit starts afresh, each may admit up to its whole limit again",
+		"node", name)
+}
+
+// markerKey returns the marker key of node name: on a Cluster, a key in
+// one of that master's slots ("" if none is found), else markerPrefix.
+func (w *evictionWatch) markerKey(ctx context.Context, client redis.UniversalClient, name string) string {
+	cc, ok := client.(*redis.ClusterClient)
+	if !ok {
+		return markerPrefix
+	}
+	w.mu.Lock()
+	key, ok := w.keys[name]
+	w.mu.Unlock()
+	if ok {
+		return key
+	}
+	// The slot map in memory routes each candidate; about 170,000 fill
+	// every slot, and most masters are found in a few.
+	found := map[string]string{}
+	for i := 0; i < 1<<18 && found[name] == ""; i++ {
+		k := markerPrefix + "{" + strconv.Itoa(i) + "}"
+		m, err := cc.MasterForKey(ctx, k)
+		if err != nil {
+			return ""
+		}
+		if a := m.Options().Addr; found[a] == "" {
+			found[a] = k
+		}
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for a, k := range found {
+		if _, ok := w.keys[a]; !ok {
+			w.keys[a] = k
+		}
+	}
+	return w.keys[name]
 }
