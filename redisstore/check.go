@@ -29,7 +29,9 @@ const MinVersion = "7.0"
 var (
 	// ErrMisconfigured matches every permanent kind below.
 	ErrMisconfigured = errors.New("redisstore: Redis misconfigured")
-	// ErrAuth: WRONGPASS, NOAUTH, or a password sent to a server without one.
+	// ErrAuth: WRONGPASS, NOAUTH, or a password sent to a server without one
+	// (Check reports a Sentinel that refuses the credentials as
+	// ErrTopology).
 	ErrAuth = errors.New("redisstore: Redis authentication failed")
 	// ErrDatabase: the URL's database index is beyond the server's
 	// databases setting.
@@ -312,11 +314,11 @@ func Check(ctx context.Context, c redis.UniversalClient) (*CheckReport, error) {
 		// failure, not a Cluster that cannot be used.
 		rep.Cluster = true
 		if err := awaitClientMap(ctx, cc); err != nil {
-			return nil, Classify(err)
+			return nil, sentinelBehindAuth(ctx, c, Classify(err))
 		}
 		masters, err := clusterMasters(ctx, cc, "")
 		if err != nil {
-			return nil, err
+			return nil, sentinelBehindAuth(ctx, c, err)
 		}
 		for _, m := range masters {
 			rep.Masters = append(rep.Masters, m.addr)
@@ -337,7 +339,7 @@ func Check(ctx context.Context, c redis.UniversalClient) (*CheckReport, error) {
 		if tlsErr := plainAgainstTLS(ctx, c, err); tlsErr != nil {
 			return nil, tlsErr
 		}
-		return nil, Classify(err)
+		return nil, sentinelBehindAuth(ctx, c, Classify(err))
 	}
 	// Nodes that answered INFO and whose probe script has not completed:
 	// a deadline then is a stalled Redis, not an unreachable one.
@@ -406,6 +408,50 @@ const (
 	sentinelHint = "the server is a Sentinel: use redis+sentinel://host:port?master_name=NAME, NAME the master it monitors"
 	dataNodeHint = "the server is a Redis data node, not a Sentinel: use redis:// (or redis+cluster:// for a Cluster node) with its address"
 )
+
+// sentinelBehindAuth tells a Sentinel from wrong credentials: a Sentinel
+// refuses a data node's user and password (WRONGPASS), which read as
+// ErrAuth though the cause is the address. After ErrAuth from a client
+// with credentials it asks each of the client's addresses, without them,
+// whether it is a Sentinel (INFO's redis_mode), within what is left of
+// ctx and a second at most; any other answer leaves err as it is.
+func sentinelBehindAuth(ctx context.Context, c redis.UniversalClient, err error) error {
+	if !errors.Is(err, ErrAuth) || ctx.Err() != nil {
+		return err
+	}
+	var addrs []string
+	var conf *tls.Config
+	switch c := c.(type) {
+	case *redis.Client:
+		o := c.Options()
+		if o.Username == "" && o.Password == "" {
+			return err
+		}
+		addrs, conf = []string{o.Addr}, o.TLSConfig
+	case *redis.ClusterClient:
+		o := c.Options()
+		if o.Username == "" && o.Password == "" {
+			return err
+		}
+		addrs, conf = o.Addrs, o.TLSConfig
+	default:
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	for _, addr := range addrs {
+		if !hostPort(addr) {
+			continue
+		}
+		probe := redis.NewClient(&redis.Options{Addr: addr, TLSConfig: conf, MaxRetries: -1, ContextTimeoutEnabled: true, DisableIdentity: true})
+		info, ierr := probe.Info(ctx, "server").Result()
+		probe.Close()
+		if ierr == nil && infoFields(info)["redis_mode"] == "sentinel" {
+			return checkErr(ErrTopology, sentinelHint, err)
+		}
+	}
+	return err
+}
 
 // unknownCommand reports whether msg is Redis's reply to a command it does
 // not have: "ERR unknown command 'name', with args beginning with: ...".

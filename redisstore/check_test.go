@@ -259,6 +259,22 @@ func TestCheckTopology(t *testing.T) {
 		_, err := redisstore.Check(checkCtx(t), c)
 		wantKind(t, err, redisstore.ErrTopology, "redis+sentinel://")
 	})
+	// With a data node's credentials, which the Sentinel refuses
+	// (WRONGPASS): the address is wrong, not the password.
+	t.Run("standalone client with credentials on a Sentinel", func(t *testing.T) {
+		_, err := redisstore.Check(checkCtx(t), newClient(t, &redis.Options{Addr: sentinel.Addr, Username: "sluice", Password: "pw"}))
+		wantKind(t, err, redisstore.ErrTopology, "redis+sentinel://")
+	})
+	t.Run("Cluster client with credentials on a Sentinel", func(t *testing.T) {
+		c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{sentinel.Addr}, Username: "sluice", Password: "pw", MaxRetries: -1})
+		t.Cleanup(func() { c.Close() })
+		_, err := redisstore.Check(checkCtx(t), c)
+		wantKind(t, err, redisstore.ErrTopology, "redis+sentinel://")
+	})
+	t.Run("wrong password on a data node", func(t *testing.T) {
+		_, err := redisstore.Check(checkCtx(t), newClient(t, &redis.Options{Addr: standalone.Addr, Username: "sluice", Password: "pw"}))
+		wantKind(t, err, redisstore.ErrAuth, "user and password")
+	})
 	t.Run("Sentinel client on a data node", func(t *testing.T) {
 		c := redis.NewFailoverClient(&redis.FailoverOptions{MasterName: "m", SentinelAddrs: []string{standalone.Addr}, MaxRetries: -1})
 		t.Cleanup(func() { c.Close() })

@@ -281,8 +281,13 @@ func TestServeRefusesSentinelMixUp(t *testing.T) {
 		{"redis+sentinel://" + node.Addr + "?master_name=m", "not a Sentinel: use redis://"},
 		{"redis://" + sentinel.Addr, "is a Sentinel: use redis+sentinel://"},
 		{"redis+cluster://" + sentinel.Addr, "is a Sentinel: use redis+sentinel://"},
+		// A data node's credentials, which the Sentinel refuses: not an
+		// authentication failure.
+		{"redis://sluice:pw@" + sentinel.Addr, "is a Sentinel: use redis+sentinel://"},
+		{"redis://:pw@" + sentinel.Addr, "is a Sentinel: use redis+sentinel://"},
+		{"redis+cluster://sluice:pw@" + sentinel.Addr, "is a Sentinel: use redis+sentinel://"},
 	} {
-		t.Run(strings.SplitN(tc.url, ":", 2)[0], func(t *testing.T) {
+		t.Run(strings.SplitN(tc.url, "@", 2)[0], func(t *testing.T) {
 			t.Parallel()
 			cmd := sluiceCmd(nil, "serve", "--redis", tc.url, "--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0")
 			var stderr syncBuffer
