@@ -56,7 +56,8 @@ var (
 	ErrUnreachable = errors.New("redisstore: Redis unreachable")
 	// ErrStalled: Redis answers (PING, INFO) but a write does not complete
 	// in time: writes paused (CLIENT PAUSE ... WRITE, as during a manual
-	// failover), or a long script or command ahead of it. Check and
+	// failover, or a SHUTDOWN waiting for the replicas, which Check names
+	// when INFO says so), or a long script or command ahead of it. Check and
 	// CheckAccess report it; Classify cannot tell it from a timeout (see
 	// Stalled). Worth retrying.
 	ErrStalled = errors.New("redisstore: Redis stalled")
@@ -126,7 +127,7 @@ func (e *CheckError) Is(target error) bool {
 // transient reports whether a kind can pass without a configuration change.
 func transient(kind error) bool {
 	switch kind {
-	case ErrUnreachable, ErrStalled, ErrEviction, ErrNoPersistence, ErrReplicas, ErrOOM, ErrMaxClients, ErrResharding:
+	case ErrUnreachable, ErrStalled, ErrEviction, ErrNoPersistence, ErrReplicas, ErrOOM, ErrMaxClients, ErrResharding, ErrNotReplicated:
 		return true
 	}
 	return false
@@ -143,8 +144,9 @@ func checkErr(kind error, hint string, err error) *CheckError {
 	return &CheckError{Kind: kind, Hint: hint, Err: err}
 }
 
-// Classify turns a client error into a *CheckError of the matching kind;
-// anything unrecognised is ErrUnreachable. Classify(nil) is nil.
+// Classify turns a client error into a *CheckError of the matching kind
+// (ErrNotReplicated too, transient); anything unrecognised is
+// ErrUnreachable. Classify(nil) is nil.
 func Classify(err error) error {
 	if err == nil {
 		return nil
@@ -156,6 +158,9 @@ func Classify(err error) error {
 	var ce *CheckError
 	if errors.As(err, &ce) {
 		return ce
+	}
+	if errors.Is(err, ErrNotReplicated) {
+		return checkErr(ErrNotReplicated, notReplicatedHint, err)
 	}
 	msg := err.Error()
 	// Redis's own reply, matched by its start: err's text begins with
@@ -228,7 +233,26 @@ const maxClientsHint = "it has maxclients connections open and refuses more (con
 
 // stalledHint is what ErrStalled says: Redis is there, and what holds its
 // writes.
-const stalledHint = "it answers but a write did not complete in time (writes paused by CLIENT PAUSE, as in a manual failover, or a long script or command ahead): retrying"
+const stalledHint = "it answers but a write did not complete in time (writes held: by CLIENT PAUSE, as in a manual failover; by a SHUTDOWN waiting for its replicas; or behind a long script or command): retrying"
+
+// shutdownHint is ErrStalled's hint for a server whose INFO says it is
+// shutting down: Redis holds writes while its replicas catch up.
+const shutdownHint = "it is shutting down (SHUTDOWN or SIGTERM) and holds writes while its replicas catch up, for up to its shutdown-timeout; then it stops: retrying"
+
+// notReplicatedHint is what ErrNotReplicated says: Redis answered, the
+// replicas did not acknowledge in time.
+const notReplicatedHint = "the master took the call but fewer than wait_replicas replicas acknowledged it within wait_timeout (WAIT; the call stays charged): check the replicas' links and lag; retrying"
+
+// stalledOn is Stalled for a server whose INFO said it was shutting down
+// (shutdown): a stall then names the shutdown.
+func stalledOn(err error, shutdown bool) error {
+	err = Stalled(err)
+	var ce *CheckError
+	if shutdown && errors.As(err, &ce) && ce.Kind == ErrStalled && ce.Hint == stalledHint {
+		return checkErr(ErrStalled, shutdownHint, ce.Err)
+	}
+	return err
+}
 
 // Stalled is Classify for a caller who knows that the server answered just
 // before err: a timeout is then ErrStalled, not ErrUnreachable. Other errors
@@ -344,19 +368,20 @@ func Check(ctx context.Context, c redis.UniversalClient) (*CheckReport, error) {
 	// Nodes that answered INFO and whose probe script has not completed:
 	// a deadline then is a stalled Redis, not an unreachable one.
 	var scripting atomic.Int32
+	var shutdown atomic.Bool
 	err := boundedErr(ctx, func() error {
 		node, ok := c.(*redis.Client)
 		if !ok {
 			return nil
 		}
 		var r CheckReport
-		err := checkNode(ctx, node, false, &r, &scripting)
+		err := checkNode(ctx, node, false, &r, &scripting, &shutdown)
 		merge(&r)
 		return err
 	})
 	if err != nil {
 		if ctx.Err() != nil && scripting.Load() > 0 {
-			return nil, Stalled(err)
+			return nil, stalledOn(err, shutdown.Load())
 		}
 		return nil, Classify(err)
 	}
@@ -379,13 +404,14 @@ func checkMaster(ctx context.Context, m clusterMaster, answered func(), merge fu
 	defer cancel()
 	var r CheckReport
 	var scripting atomic.Int32
+	var shutdown atomic.Bool
 	var ferr, err error // ferr, r: the check's, read once it has ended
 	berr := bounded(mctx, make(chan struct{}, 1), func() {
 		if ferr = m.node.Ping(mctx).Err(); ferr != nil {
 			return
 		}
 		answered()
-		ferr = checkNode(mctx, m.node, true, &r, &scripting)
+		ferr = checkNode(mctx, m.node, true, &r, &scripting, &shutdown)
 	})
 	if berr == nil {
 		merge(&r)
@@ -398,7 +424,7 @@ func checkMaster(ctx context.Context, m clusterMaster, answered func(), merge fu
 		err = fmt.Errorf("no answer from %s %s: %w", m.addr, when, berr)
 	}
 	if err != nil && scripting.Load() > 0 {
-		return Stalled(err)
+		return stalledOn(err, shutdown.Load())
 	}
 	return Classify(err)
 }
@@ -497,7 +523,7 @@ func MayEvict(policy, maxmemory string) bool {
 // and every sluice script reads the clock.
 const probeScript = "redis.call('TIME') return 1"
 
-func checkNode(ctx context.Context, node *redis.Client, cluster bool, rep *CheckReport, scripting *atomic.Int32) error {
+func checkNode(ctx context.Context, node *redis.Client, cluster bool, rep *CheckReport, scripting *atomic.Int32, shutdown *atomic.Bool) error {
 	info, err := node.Info(ctx, "server", "cluster", "memory", "replication", "persistence").Result()
 	switch {
 	case err != nil && strings.Contains(err.Error(), "NOPERM"):
@@ -506,6 +532,8 @@ func checkNode(ctx context.Context, node *redis.Client, cluster bool, rep *Check
 		return err
 	default:
 		fields := infoFields(info)
+		// Present only while it shuts down (Redis 7.0 and later).
+		shutdown.Store(fields["shutdown_in_milliseconds"] != "")
 		if fields["redis_mode"] == "sentinel" {
 			return checkErr(ErrTopology, sentinelHint, nil)
 		}
@@ -542,10 +570,10 @@ func checkNode(ctx context.Context, node *redis.Client, cluster bool, rep *Check
 	scripting.Add(1)
 	sha, err := node.ScriptLoad(ctx, probeScript).Result()
 	if err != nil {
-		return Stalled(err)
+		return stalledOn(err, shutdown.Load())
 	}
 	if err := node.EvalSha(ctx, sha, nil).Err(); err != nil {
-		return Stalled(err)
+		return stalledOn(err, shutdown.Load())
 	}
 	scripting.Add(-1)
 	return nil
@@ -584,10 +612,11 @@ func (s *Store) CheckAccess(ctx context.Context) error {
 	key := s.prefix + "check"
 	// PING the server first, so that a script timing out on a server that
 	// answers is told from one out of reach.
-	if err := boundedErr(ctx, func() error { return s.client.Ping(ctx).Err() }); err != nil {
+	var shutdown bool
+	if err := boundedErr(ctx, func() (err error) { shutdown, err = pingShutdown(ctx, s.client); return err }); err != nil {
 		return Classify(err)
 	}
-	return Stalled(boundedErr(ctx, func() error { return s.runAccess(ctx, key) }))
+	return stalledOn(boundedErr(ctx, func() error { return s.runAccess(ctx, key) }), shutdown)
 }
 
 // checkAccessMasters is CheckAccess on a Cluster: on every master of the
@@ -604,12 +633,30 @@ func (s *Store) checkAccessMasters(ctx context.Context, cc *redis.ClusterClient)
 	// A periodic check tells a failover no call told (OnFailover).
 	defer s.reload.look(true)
 	return eachMaster(ctx, masters, func(ctx context.Context, m clusterMaster, answered func()) error {
-		if err := m.node.Ping(ctx).Err(); err != nil {
+		shutdown, err := pingShutdown(ctx, m.node)
+		if err != nil {
 			return Classify(err)
 		}
 		answered()
-		return Stalled(s.runAccess(ctx, m.key))
+		return stalledOn(s.runAccess(ctx, m.key), shutdown)
 	})
+}
+
+// pingShutdown sends PING and INFO server in one round trip: PING's error,
+// and whether INFO says the server is shutting down (its
+// shutdown_in_milliseconds, Redis 7.0 and later), so that a stall after it
+// is named as the shutdown. INFO refused (an ACL) reads as not.
+func pingShutdown(ctx context.Context, c redis.Cmdable) (bool, error) {
+	var ping *redis.StatusCmd
+	var info *redis.StringCmd
+	c.Pipelined(ctx, func(p redis.Pipeliner) error {
+		ping, info = p.Ping(ctx), p.Info(ctx, "server")
+		return nil
+	})
+	if err := ping.Err(); err != nil {
+		return false, err
+	}
+	return strings.Contains(info.Val(), "shutdown_in_milliseconds:"), nil
 }
 
 // runAccess runs the access script on key, as decisions are sent: EVALSHA,

@@ -640,3 +640,63 @@ func TestCheckAccessOutOfMemory(t *testing.T) {
 		t.Errorf("CheckAccess with memory to spare: %v", err)
 	}
 }
+
+// A master shutting down holds writes while its replicas catch up, and
+// answers PING and INFO meanwhile: a stall, named as the shutdown (INFO's
+// shutdown_in_milliseconds), not as CLIENT PAUSE or a long script.
+func TestCheckShuttingDown(t *testing.T) {
+	t.Parallel()
+	master := redistest.StartServer(t, "--repl-diskless-sync-delay", "0") // the replica online at once
+	replica := redistest.StartServer(t, "--replicaof", "127.0.0.1", strings.Split(master.Addr, ":")[1])
+	admin := newClient(t, &redis.Options{Addr: master.Addr})
+	ctx := context.Background()
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		info, _ := admin.Info(ctx, "replication").Result()
+		if strings.Contains(info, "state=online") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the replica never came online:\n%s", info)
+		}
+	}
+	if err := admin.Set(ctx, "k", "v", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	replica.Pause(t) // its acknowledgement never comes
+	t.Cleanup(func() { replica.Resume(t) })
+	go admin.Shutdown(context.Background()) // answers when it stops
+	c := newClient(t, &redis.Options{Addr: master.Addr, MaxRetries: -1, ContextTimeoutEnabled: true})
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		info, _ := c.Info(ctx, "server").Result()
+		if strings.Contains(info, "shutdown_in_milliseconds") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the master never said it was shutting down")
+		}
+	}
+	short, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	_, err := redisstore.Check(short, c)
+	wantKind(t, err, redisstore.ErrStalled, "shutting down")
+	if strings.Contains(err.Error(), "CLIENT PAUSE") {
+		t.Errorf("message %q: a shutdown named as something else", err)
+	}
+	// The access check, which the service runs every second, too.
+	short, cancel = context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	err = redisstore.New(c, nil).CheckAccess(short)
+	wantKind(t, err, redisstore.ErrStalled, "shutting down")
+}
+
+// A take the replicas did not acknowledge in time is named so, not "Redis
+// unreachable": Redis answered.
+func TestClassifyNotReplicated(t *testing.T) {
+	err := redisstore.Classify(fmt.Errorf("%w: 0 of 1 replicas acknowledged within 20 ms", redisstore.ErrNotReplicated))
+	if !errors.Is(err, redisstore.ErrNotReplicated) || errors.Is(err, redisstore.ErrUnreachable) || errors.Is(err, redisstore.ErrMisconfigured) {
+		t.Fatalf("Classify = %v: want ErrNotReplicated, transient", err)
+	}
+	if msg := err.Error(); strings.Contains(msg, "unreachable") || !strings.Contains(msg, "wait_replicas") {
+		t.Errorf("message %q: want the replicas named, not Redis unreachable", msg)
+	}
+}

@@ -438,6 +438,9 @@ func TestWaitReplicasWarnings(t *testing.T) {
 	if !strings.Contains(reasons, "calls failed: not_replicated: ") {
 		t.Errorf("reasons %s: want the cause not_replicated", reasons)
 	}
+	if strings.Contains(reasons, "unreachable") || !strings.Contains(reasons, "replicas acknowledged it within wait_timeout") {
+		t.Errorf("reasons %s: want the replicas named, not Redis unreachable", reasons)
+	}
 }
 
 // TestFleetFailedStartNotCounted: `sluice serve` runs that cannot start
