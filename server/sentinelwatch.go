@@ -96,18 +96,85 @@ func watchSwitchMaster(o *redis.FailoverOptions, log *slog.Logger, ping, probe f
 			}
 		}
 	}
-	for _, addr := range o.SentinelAddrs {
+	opts := func(addr string) *redis.Options {
+		return &redis.Options{
+			Addr: addr, Username: o.SentinelUsername, Password: o.SentinelPassword,
+			TLSConfig: o.TLSConfig, Dialer: o.Dialer, DialTimeout: o.DialTimeout,
+			MaxRetries: -1, PoolSize: 1, // retries are the loop's, with backoff
+		}
+	}
+	var (
+		smu        sync.Mutex
+		subscribed = map[string]bool{}
+	)
+	// subscribe runs while wg counts the caller (the start, or discover's
+	// goroutine), so its wg.Add never races stop's Wait.
+	subscribe := func(addr string) {
+		smu.Lock()
+		defer smu.Unlock()
+		if subscribed[addr] || ctx.Err() != nil {
+			return
+		}
+		subscribed[addr] = true
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			subscribeSwitches(ctx, &redis.Options{
-				Addr: addr, Username: o.SentinelUsername, Password: o.SentinelPassword,
-				TLSConfig: o.TLSConfig, Dialer: o.Dialer, DialTimeout: o.DialTimeout,
-				MaxRetries: -1, PoolSize: 1, // retries are the loop's, with backoff
-			}, onSwitch)
+			subscribeSwitches(ctx, opts(addr), onSwitch)
 		}()
 	}
+	known := func() []string {
+		smu.Lock()
+		defer smu.Unlock()
+		addrs := make([]string, 0, len(subscribed))
+		for a := range subscribed {
+			addrs = append(addrs, a)
+		}
+		return addrs
+	}
+	for _, addr := range o.SentinelAddrs {
+		subscribe(addr)
+	}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		discoverSentinels(ctx, o.MasterName, opts, known, subscribe)
+	}()
 	return func() { cancel(); wg.Wait() }
+}
+
+// sentinelDiscoverEvery is how often the Sentinels a --redis URL names are
+// asked for the others that monitor its master.
+const sentinelDiscoverEvery = 30 * time.Second
+
+// discoverSentinels subscribes to every Sentinel that monitors master, as
+// the known ones list it (SENTINEL SENTINELS), now and every
+// sentinelDiscoverEvery until ctx ends. A URL often names one Sentinel:
+// if it leads a planned failover it announces the switch seconds after
+// the others, and the instance would hear of it late.
+func discoverSentinels(ctx context.Context, master string, opts func(string) *redis.Options, known func() []string, subscribe func(string)) {
+	for {
+		for _, addr := range known() {
+			sc := redis.NewSentinelClient(opts(addr))
+			qctx, cancel := context.WithTimeout(ctx, sentinelPingTimeout)
+			others, err := sc.Sentinels(qctx, master).Result()
+			cancel()
+			sc.Close()
+			if err != nil {
+				continue // down, or not knowing master: the next one, or the next round
+			}
+			for _, o := range others {
+				if ip, port := o["ip"], o["port"]; ip != "" && port != "" {
+					subscribe(net.JoinHostPort(ip, port))
+				}
+			}
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(sentinelDiscoverEvery):
+		}
+	}
 }
 
 // subscribeSwitches delivers the +switch-master payloads of one Sentinel

@@ -93,3 +93,28 @@ func TestWatchSwitchMaster(t *testing.T) {
 		t.Errorf("no new master in the log:\n%s", buf.String())
 	}
 }
+
+// A URL naming one Sentinel: the watch subscribes on the others too, as
+// that one lists them (SENTINEL SENTINELS). If the one named leads a
+// planned failover it announces the switch seconds after the others.
+func TestWatchSwitchMasterDiscoversSentinels(t *testing.T) {
+	set := redistest.StartSentinel(t, nil)
+	ctx := context.Background()
+	nop := func(context.Context) error { return nil }
+	stop := watchSwitchMaster(&redis.FailoverOptions{MasterName: redistest.SentinelMaster, SentinelAddrs: []string{set.Sentinels[0].Addr}},
+		slog.New(slog.DiscardHandler), nop, nop, func(string, string) {})
+	defer stop()
+	subscribed := func(addr string) bool {
+		c := redis.NewClient(&redis.Options{Addr: addr})
+		defer c.Close()
+		list, err := c.ClientList(ctx).Result()
+		return err == nil && strings.Contains(list, "cmd=subscribe")
+	}
+	for _, s := range set.Sentinels {
+		for deadline := time.Now().Add(5 * time.Second); !subscribed(s.Addr); time.Sleep(50 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("no subscription to +switch-master on Sentinel %s (the URL named %s)", s.Addr, set.Sentinels[0].Addr)
+			}
+		}
+	}
+}
