@@ -30,6 +30,7 @@ var (
 // It implements resilient.Roster. Build one with Store.Membership.
 type Membership struct {
 	client redis.UniversalClient
+	store  *Store // whose closed flag the calls share; nil for a nil Store
 	key    string
 	bad    error // the Store's refusal of its Options, if any
 }
@@ -41,7 +42,7 @@ func (s *Store) Membership() *Membership {
 	if s == nil {
 		return &Membership{key: "{fleet}"}
 	}
-	return &Membership{client: s.client, key: s.prefix + "{fleet}", bad: s.bad}
+	return &Membership{client: s.client, store: s, key: s.prefix + "{fleet}", bad: s.bad}
 }
 
 // Key returns the Redis key of the registry ("" for a nil Membership).
@@ -126,9 +127,13 @@ func callErr(call string, err error) error {
 
 // run runs a fleet script on the registry's two keys. It returns ctx.Err()
 // as soon as ctx ends, as the Store's calls do; the abandoned script may
-// still run (a heartbeat or leave, which the next one repeats).
+// still run (a heartbeat or leave, which the next one repeats). Once the
+// Store knows its client closed, it fails at once, as the Store's calls do.
 func (m *Membership) run(ctx context.Context, s *script, member string, d time.Duration) (any, error) {
 	ctx = ctxutil.OrBackground(ctx)
+	if m.store != nil && m.store.closed.Load() {
+		return nil, replyErr(redis.ErrClosed)
+	}
 	keys := []string{m.key, m.key + ":left"}
 	args := []any{member, d.Microseconds()}
 	var v any
@@ -143,9 +148,24 @@ func (m *Membership) run(ctx context.Context, s *script, member string, d time.D
 		return err
 	})
 	if err != nil {
-		return nil, closedErr(err) // v may still be written by an abandoned send
+		return nil, m.failed(err) // v may still be written by an abandoned send
 	}
 	return v, nil
+}
+
+// failed is the error of a call that failed with err: on a Cluster client
+// its owner closed, sluice.ErrStoreClosed whatever err is, noted in the
+// Store so that every later call fails at once (see Store.failed: go-redis
+// takes 100–150 ms to fail each, longer than short deadlines). Unlike a
+// decision call's, a failure starts no slot-map reload.
+func (m *Membership) failed(err error) error {
+	if s := m.store; s != nil && s.reload != nil && s.reload.clientClosed(m.key) {
+		s.closed.Store(true)
+		if !errors.Is(err, redis.ErrClosed) {
+			err = fmt.Errorf("%w: %w", err, redis.ErrClosed)
+		}
+	}
+	return closedErr(err)
 }
 
 // stringList reads a script's array of strings.
