@@ -169,6 +169,11 @@ type Fleet struct {
 	once    sync.Once
 	started sync.Once // Start, or Close before it
 	joined  atomic.Bool
+
+	// stopping ends at Close: a heartbeat under way (a registry not
+	// answering) is cut, not waited for, so Leave keeps its ctx's bound.
+	stopping context.Context
+	stopNow  context.CancelFunc
 }
 
 // NewFleet registers this process in reg, counts the fleet once (bounded
@@ -215,6 +220,7 @@ func NewFleet(reg Membership, opts *FleetOptions) (*Fleet, error) {
 		gone:     map[string]time.Time{},
 	}
 	f.timeout = orDefault(o.Timeout, f.refresh)
+	f.stopping, f.stopNow = context.WithCancel(context.Background())
 	if f.ttl <= f.refresh {
 		return nil, fmt.Errorf("%w: fleet TTL %v must exceed refresh %v", ErrInvalidOptions, f.ttl, f.refresh)
 	}
@@ -299,7 +305,7 @@ func (f *Fleet) Close() error {
 	if f == nil || f.stop == nil {
 		return nil
 	}
-	f.once.Do(func() { close(f.stop) })
+	f.once.Do(func() { f.stopNow(); close(f.stop) })
 	f.started.Do(func() { close(f.done) }) // never started: no loop to end
 	<-f.done
 	return nil
@@ -329,15 +335,21 @@ func (f *Fleet) loop() {
 // beat renews the registration and applies the count at now. It reports
 // whether the registry answered.
 func (f *Fleet) beat(now time.Time) bool {
-	ctx, cancel := context.WithTimeout(context.Background(), f.timeout)
+	ctx, cancel := context.WithTimeout(f.stopping, f.timeout)
 	defer cancel()
 	r, ok := f.reg.(Roster)
 	if !ok {
 		n, err := f.reg.Heartbeat(ctx, f.member, f.ttl)
+		if f.stopping.Err() != nil {
+			return false // cut by Close: nothing learnt
+		}
 		f.apply(now, n, err, 0)
 		return err == nil
 	}
 	alive, left, err := r.Roster(ctx, f.member, f.ttl)
+	if f.stopping.Err() != nil {
+		return false
+	}
 	f.apply(now, len(alive), err, f.roster(now, alive, left))
 	return err == nil
 }

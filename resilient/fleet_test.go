@@ -634,3 +634,26 @@ func TestFleetUnbuiltMembershipAndNil(t *testing.T) {
 		t.Errorf("a fleet of one on real Redis: size %d", real.Size())
 	}
 }
+
+// Close with a heartbeat under way on a Redis that does not answer cuts
+// it: Leave then keeps its own context's bound (sluice serve gives it 2 s)
+// instead of waiting for the heartbeat's Timeout first.
+func TestFleetCloseCutsHeartbeat(t *testing.T) {
+	srv := redistest.StartServer(t)
+	client := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	defer client.Close()
+	f, err := NewFleet(redisstore.New(client, &redisstore.Options{Prefix: redistest.Prefix(t)}).Membership(),
+		&FleetOptions{Refresh: 50 * time.Millisecond, TTL: time.Minute, Timeout: 5 * time.Second, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.Start()
+	srv.Pause(t)
+	defer srv.Resume(t)
+	time.Sleep(200 * time.Millisecond) // a heartbeat is waiting on Redis
+	start := time.Now()
+	f.Close()
+	if d := time.Since(start); d > time.Second {
+		t.Errorf("Close took %v with a heartbeat under way; want it cut at once", d)
+	}
+}
