@@ -88,8 +88,10 @@ func TestFaultStoreLostIdleAtOnce(t *testing.T) {
 	const trials, outage = 5, 1500 * time.Millisecond
 	for i := range trials {
 		time.Sleep(rand.N(time.Second))
-		r.Stop()
+		// Before Stop: it returns once the process is gone and its port
+		// held, by when a check may have met the refused dial.
 		killed := time.Now()
+		r.Stop()
 		for count("store lost") < i+1 {
 			if time.Since(killed) > 5*time.Second {
 				t.Fatalf("no store lost line 5s after Redis was killed:\n%s", p.stderr.String())
