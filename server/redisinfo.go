@@ -133,15 +133,14 @@ func (c *redisInfo) collectNode(ctx context.Context, ch chan<- prometheus.Metric
 	}
 	gauge(redisUsedDesc, "used_memory", prometheus.GaugeValue)
 	gauge(redisMaxDesc, "maxmemory", prometheus.GaugeValue)
-	if n, ok := c.evictions.evicted(node); ok {
-		ch <- prometheus.MustNewConstMetric(redisEvictedDesc, prometheus.CounterValue, float64(n), node)
+	counts := c.evictions.counts(node)
+	if counts.read {
+		ch <- prometheus.MustNewConstMetric(redisEvictedDesc, prometheus.CounterValue, float64(counts.evicted), node)
 	}
 	gauge(redisAOFDesc, "aof_enabled", prometheus.GaugeValue)
-	if n, ok := c.evictions.restarts(node); ok {
-		ch <- prometheus.MustNewConstMetric(redisRestartsDesc, prometheus.CounterValue, float64(n), node)
-	}
-	if n, ok := c.evictions.flushes(node); ok {
-		ch <- prometheus.MustNewConstMetric(redisFlushesDesc, prometheus.CounterValue, float64(n), node)
+	if counts.known {
+		ch <- prometheus.MustNewConstMetric(redisRestartsDesc, prometheus.CounterValue, float64(counts.restarts), node)
+		ch <- prometheus.MustNewConstMetric(redisFlushesDesc, prometheus.CounterValue, float64(counts.flushes), node)
 	}
 	if p := info["maxmemory_policy"]; p != "" {
 		v := 0.0
@@ -336,35 +335,27 @@ func (w *evictionWatch) restarted(node string, n *evictedNode, info map[string]s
 	return restartedServer
 }
 
-// evicted returns the evictions the watch has seen on node, summed over
-// the servers under its name, and whether it has read node at all. A nil
-// watch knows nothing.
-func (w *evictionWatch) evicted(node string) (int64, bool) {
+// nodeCounts are an evictionWatch's counters of one node.
+type nodeCounts struct {
+	evicted  int64 // evictions seen, summed over the servers under its name
+	restarts int64 // restarts told
+	flushes  int64 // flushes told
+	read     bool  // the node was read at all: evicted is known
+	known    bool  // its run_id is known: restarts and flushes are
+}
+
+// counts returns node's counters. A nil watch knows nothing.
+func (w *evictionWatch) counts(node string) nodeCounts {
 	if w == nil {
-		return 0, false
+		return nodeCounts{}
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	n := w.nodes[node]
 	if n == nil {
-		return 0, false
+		return nodeCounts{}
 	}
-	return n.evicted, true
-}
-
-// restarts returns how many restarts of node the watch has seen, and
-// whether it knows node's run_id at all. A nil watch knows nothing.
-func (w *evictionWatch) restarts(node string) (int64, bool) {
-	if w == nil {
-		return 0, false
-	}
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	n := w.nodes[node]
-	if n == nil || n.runID == "" {
-		return 0, false
-	}
-	return n.restarts, true
+	return nodeCounts{evicted: n.evicted, restarts: n.restarts, flushes: n.flushes, read: true, known: n.runID != ""}
 }
 
 // watch reads every node's INFO every interval until stop is closed,
@@ -391,21 +382,6 @@ func (w *evictionWatch) watch(stop <-chan struct{}, every time.Duration, client 
 		})
 		cancel()
 	}
-}
-
-// flushes returns how many flushes of node the watch has told, and whether
-// it knows node's run_id at all. A nil watch knows nothing.
-func (w *evictionWatch) flushes(node string) (int64, bool) {
-	if w == nil {
-		return 0, false
-	}
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	n := w.nodes[node]
-	if n == nil || n.runID == "" {
-		return 0, false
-	}
-	return n.flushes, true
 }
 
 // markerPrefix starts the marker key: under sluice's key prefix, so that

@@ -54,7 +54,7 @@ func TestEvictionWatchCountsAfterRestart(t *testing.T) {
 	w.observe("n", info("a", "110", "601"), now.Add(time.Second)) // +10
 	w.observe("n", info("b", "4", "0"), now.Add(2*time.Second))   // restarted: +4
 	w.observe("n", info("b", "2", "1"), now.Add(3*time.Second))   // CONFIG RESETSTAT: +2
-	if got, _ := w.evicted("n"); got != 16 {
+	if got := w.counts("n").evicted; got != 16 {
 		t.Errorf("evicted %d, want 16", got)
 	}
 }
