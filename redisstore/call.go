@@ -312,15 +312,25 @@ func isTryAgain(err error) bool {
 // cut it first, every time. Other failures may mean a node is gone: the
 // slot map is reloaded (reloader.failed), never for a closed client.
 func (s *Store) failed(key string, err error) error {
-	if s.reload != nil && s.reload.clientClosed(key) {
-		s.closed.Store(true)
-		if !errors.Is(err, redis.ErrClosed) {
-			err = fmt.Errorf("%w: %w", err, redis.ErrClosed)
-		}
-		return replyErr(err)
+	closed, err := s.closedBy(key, err)
+	if !closed {
+		s.reload.failed(err)
 	}
-	s.reload.failed(err)
 	return replyErr(err)
+}
+
+// closedBy reports whether the Store's Cluster client is closed (asked of
+// key's master, with no round trip), and then records it, so that every
+// later call fails at once, and makes err wrap redis.ErrClosed.
+func (s *Store) closedBy(key string, err error) (bool, error) {
+	if s.reload == nil || !s.reload.clientClosed(key) {
+		return false, err
+	}
+	s.closed.Store(true)
+	if !errors.Is(err, redis.ErrClosed) {
+		err = fmt.Errorf("%w: %w", err, redis.ErrClosed)
+	}
+	return true, err
 }
 
 // callKey is the key c's script runs on, which names its master.

@@ -17,6 +17,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"github.com/sluicehq/sluice/internal/ctxutil"
+	"github.com/sluicehq/sluice/internal/nilclient"
 )
 
 // MinVersion is the oldest Redis the scripts are written and tested for.
@@ -310,7 +311,7 @@ type CheckReport struct {
 // the client's timeouts, with an error that wraps ctx.Err().
 func Check(ctx context.Context, c redis.UniversalClient) (*CheckReport, error) {
 	ctx = ctxutil.OrBackground(ctx)
-	if c = orNil(c); c == nil {
+	if c = nilclient.Or(c); c == nil {
 		return nil, ErrNoClient
 	}
 	// TLS spoken to a plaintext port hangs until the dial timeout: ask in

@@ -159,11 +159,8 @@ func (m *Membership) run(ctx context.Context, s *script, member string, d time.D
 // takes 100–150 ms to fail each, longer than short deadlines). Unlike a
 // decision call's, a failure starts no slot-map reload.
 func (m *Membership) failed(err error) error {
-	if s := m.store; s != nil && s.reload != nil && s.reload.clientClosed(m.key) {
-		s.closed.Store(true)
-		if !errors.Is(err, redis.ErrClosed) {
-			err = fmt.Errorf("%w: %w", err, redis.ErrClosed)
-		}
+	if m.store != nil {
+		_, err = m.store.closedBy(m.key, err)
 	}
 	return closedErr(err)
 }

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice/internal/nilclient"
 )
 
 // maxClientsReply is what Redis sends a connection it refuses for having
@@ -35,7 +37,7 @@ func (e *refusedError) Error() string { return "redis refused the connection: " 
 // it costs no round trip. Over TLS Redis refuses a connection before the
 // handshake, without a word: that still fails with EOF (ErrUnreachable).
 func DetectRefusals(c redis.UniversalClient) {
-	switch c := orNil(c).(type) {
+	switch c := nilclient.Or(c).(type) {
 	case *redis.ClusterClient:
 		c.OnNewNode(func(n *redis.Client) { n.AddHook(refusalHook{}) })
 	case *redis.Client: // a failover client too

@@ -110,6 +110,7 @@ import (
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/ctxutil"
+	"github.com/sluicehq/sluice/internal/nilclient"
 )
 
 var (
@@ -249,7 +250,7 @@ type Store struct {
 // New returns a Store using client. opts may be nil. The Store does not own
 // client: closing it is the caller's job.
 func New(client redis.UniversalClient, opts *Options) *Store {
-	client = orNil(client)
+	client = nilclient.Or(client)
 	s := &Store{client: client, prefix: "sluice:"}
 	o := Options{MaxBatch: DefaultMaxBatch, MaxInFlight: DefaultMaxInFlight,
 		WaitTimeout: DefaultWaitTimeout, ReloadInterval: DefaultReloadInterval, Logger: slog.Default()}
