@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/sluicehq/sluice/internal/tick"
 	"github.com/sluicehq/sluice/redisstore"
 )
 
@@ -361,18 +362,12 @@ func (w *evictionWatch) counts(node string) nodeCounts {
 // watch reads every node's INFO every interval until stop is closed,
 // skipping the polls when down reports the store lost.
 func (w *evictionWatch) watch(stop <-chan struct{}, every time.Duration, client redis.UniversalClient, down func() bool) {
-	tick := time.NewTicker(every)
-	defer tick.Stop()
-	for {
-		select {
-		case <-stop:
-			return
-		case <-tick.C:
-		}
+	tick.Every(stop, every, func() {
 		if down() {
-			continue
+			return
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), min(every, redisInfoTimeout))
+		defer cancel()
 		eachNode(ctx, client, func(ctx context.Context, node *redis.Client, name string) {
 			if raw, err := node.Info(ctx, "server", "persistence", "stats", "memory").Result(); err == nil {
 				info, now := parseInfo(raw), time.Now()
@@ -380,8 +375,7 @@ func (w *evictionWatch) watch(stop <-chan struct{}, every time.Duration, client 
 				w.marker(ctx, client, node, name, info["run_id"], now)
 			}
 		})
-		cancel()
-	}
+	})
 }
 
 // markerPrefix starts the marker key: under sluice's key prefix, so that
