@@ -80,14 +80,14 @@ func TestFaultServeSentinelPlannedFailover(t *testing.T) {
 		return 0
 	}
 	evalsha := func() int64 { return evalshaOf(old) }
-	// The Sentinel the service's client listens to is the one with a
-	// subscription to two channels (go-redis's: +switch-master and
-	// +replica-reconf-done); the service's own watch subscribes to one.
+	// The Sentinel the service's client listens to is the one with two
+	// subscribed connections: go-redis's and the service's own watch,
+	// which subscribes on every Sentinel.
 	var leader string
 	for deadline := time.Now().Add(5 * time.Second); leader == ""; time.Sleep(50 * time.Millisecond) {
 		for _, s := range set.Sentinels {
 			list, err := node(s.Addr).ClientList(ctx).Result()
-			if err == nil && strings.Contains(list, " sub=2 ") {
+			if err == nil && strings.Count(list, "cmd=subscribe") == 2 {
 				leader = s.Addr
 			}
 		}

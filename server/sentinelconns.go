@@ -3,7 +3,6 @@ package server
 import (
 	"context"
 	"crypto/tls"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -12,54 +11,51 @@ import (
 	"time"
 )
 
-// errReplacedMaster is wrapped by the error of a dial that a Sentinel
-// client refuses: its Sentinel names a master that another Sentinel
-// announced replaced moments ago (sentinelReplacedFor). The store reports
-// it as unreachable: transient.
-var errReplacedMaster = errors.New("the client's Sentinel names a Redis master the Sentinels replaced")
-
-// sentinelReplacedFor is how long after a +switch-master a dial to the old
-// master is refused. A Sentinel learns a new master from the others' hello
-// messages, sent every 2 s, and the one leading the failover names the new
-// one from the promotion on; a Sentinel that names the old one later than
-// this means a switch back went unheard, and the Sentinels are followed.
+// sentinelReplacedFor is how long after a switch was announced a dial to
+// the old master goes to the new one instead. A Sentinel learns a new
+// master from the others' hello messages, sent every 2 s, and the one
+// leading the failover names the new one from the promotion on; a
+// Sentinel that names the old one later than this means a switch back
+// went unheard, and the Sentinels are followed.
 const sentinelReplacedFor = 10 * time.Second
 
 const (
-	replacedMasterMsg = "redis: on a master the Sentinels replaced: its connections closed"
-	refusedMasterMsg  = "redis: the Sentinel still names the master the Sentinels replaced: not deciding on it"
-	agreedMasterMsg   = "redis: on the master the Sentinels announced"
-	disagreeMasterMsg = "redis: the Sentinel names a master replaced earlier: deciding on it (a failover back to it, or a switch back not heard)"
+	replacedMasterMsg   = "redis: on a master the Sentinels replaced: its connections closed"
+	redirectedMasterMsg = "redis: the Sentinel still names the master the Sentinels replaced: dialling the new one"
+	agreedMasterMsg     = "redis: on the master the Sentinels announced"
+	disagreeMasterMsg   = "redis: the Sentinel names a master replaced earlier: deciding on it (a failover back to it, or a switch back not heard)"
 )
 
 // masterConns dials a Sentinel client's connections and tracks them by
 // the address dialled. go-redis's failover client follows one Sentinel's
-// +switch-master, and the one leading a planned failover announces it only
-// once the other replicas have resynced (seconds later), while the old
-// master, still a master until then, answers every pooled connection: an
-// instance would decide on it while the rest of the fleet decides on the
-// new one. On a switch any Sentinel announced, switched closes the
-// connections to the old master: go-redis dials again, asking its
-// Sentinel, which names the new one. Calls under way on them fail, as on
-// any lost connection (the store never sends a script twice). The
-// Sentinels' own connections pass through too; no master has their
-// addresses.
+// +switch-master, which comes a second or more after the promotion (the
+// one leading a planned failover announces it only once the other
+// replicas have resynced, seconds later), while the old master, still a
+// master until then, answers every pooled connection: an instance would
+// decide on it while the rest of the fleet decides on the new one, and
+// its takes there are lost when it becomes a replica. On a switch any
+// Sentinel announced (its promotion, or +switch-master), switched closes
+// the connections to the old master: go-redis dials again, asking its
+// Sentinel, which may still name the old one; that dial goes to the new
+// master (redirect). Calls under way on them fail, as on any lost
+// connection (the store never sends a script twice). The Sentinels' own
+// connections pass through too; no master has their addresses.
 type masterConns struct {
 	dial func(ctx context.Context, network, addr string) (net.Conn, error)
 	log  *slog.Logger
 	// reason tells Health the client's master differs from the one
 	// announced ("" once they agree); counted counts a closing or a
-	// refusal. Either may be nil.
+	// redirection. Either may be nil.
 	reason  func(string)
 	counted func(how string)
 	now     func() time.Time
 
-	mu       sync.Mutex
-	conns    map[string]map[*trackedConn]struct{}
-	from, to string    // the last switch announced
-	at       time.Time // when
-	moving   bool      // connections to from closed, none to to yet
-	refusing bool      // a dial to from refused since
+	mu          sync.Mutex
+	conns       map[string]map[*trackedConn]struct{}
+	from, to    string    // the last switch announced
+	at          time.Time // when
+	moving      bool      // connections to from closed, none to to yet
+	redirecting bool      // a dial to from sent to to since
 }
 
 func newMasterConns(log *slog.Logger, reason func(string), counted func(string)) *masterConns {
@@ -82,74 +78,109 @@ func (m *masterConns) count(how string) {
 	}
 }
 
-// Dial is the client's FailoverOptions.Dialer: the master's address, from
-// the client's Sentinel, or a Sentinel's.
-func (m *masterConns) Dial(ctx context.Context, network, addr string) (net.Conn, error) {
-	m.mu.Lock()
-	if addr == m.from && addr != m.to {
-		ago := m.now().Sub(m.at)
-		if ago < sentinelReplacedFor {
-			first := !m.refusing
-			m.refusing = true
-			from, to := m.from, m.to
-			m.mu.Unlock()
-			reason := fmt.Sprintf("the client's Sentinel names Redis master %s, which a Sentinel announced replaced by %s %v ago: decisions do not use it (the failure policy answers) until the Sentinels agree",
-				from, to, ago.Round(time.Millisecond))
-			if first {
-				m.log.Warn(refusedMasterMsg, "old", from, "new", to, "since", ago.Round(time.Millisecond))
-				m.count("refused")
-				m.tell(reason)
-			}
-			return nil, fmt.Errorf("%w: %s, replaced by %s %v ago", errReplacedMaster, from, to, ago.Round(time.Millisecond))
-		}
-		// Most often a failover back to it (its replacement failed), whose
-		// +switch-master comes moments after the client's own Sentinel
-		// named it: nothing wrong, so not a warning.
-		m.log.Info(disagreeMasterMsg, "master", addr, "announced", m.to, "since", ago.Round(time.Millisecond))
-		m.from, m.moving, m.refusing = "", false, false
-		m.mu.Unlock()
-		m.tell("")
-	} else {
-		m.mu.Unlock()
+// replaced reports whether addr is a master a switch replaced less than
+// sentinelReplacedFor ago, and for how long; m.mu is held.
+func (m *masterConns) replaced(addr string) (bool, time.Duration) {
+	if addr != m.from || addr == m.to {
+		return false, 0
 	}
-	conn, err := m.dial(ctx, network, addr)
-	if err != nil {
-		return nil, err
-	}
-	tc := &trackedConn{Conn: conn, m: m, addr: addr, raw: conn}
-	if t, ok := conn.(*tls.Conn); ok {
-		tc.raw = t.NetConn() // closing a TLS connection would wait for a write under way
-	}
-	m.mu.Lock()
-	set := m.conns[addr]
-	if set == nil {
-		set = map[*trackedConn]struct{}{}
-		m.conns[addr] = set
-	}
-	set[tc] = struct{}{}
-	agreed := addr == m.to && (m.moving || m.refusing)
-	var took time.Duration
-	if agreed {
-		m.moving, m.refusing, took = false, false, m.now().Sub(m.at)
-	}
-	m.mu.Unlock()
-	if agreed {
-		m.log.Info(agreedMasterMsg, "master", addr, "after", took.Round(time.Millisecond))
-		m.tell("")
-	}
-	if sc, ok := conn.(syscall.Conn); ok {
-		// go-redis checks a pooled connection's health through its
-		// descriptor: a closed one is then dropped, not used.
-		return &trackedSysConn{tc, sc}, nil
-	}
-	return tc, nil
+	ago := m.now().Sub(m.at)
+	return ago < sentinelReplacedFor, ago
 }
 
-// switched is told a Sentinel announced the master moved from from to to:
-// it closes the connections to from, if any.
+// Dial is the client's FailoverOptions.Dialer: the master's address, from
+// the client's Sentinel, or a Sentinel's.
+//
+// A dial to a master replaced moments ago goes to its replacement, not
+// refused: the replacement is a master (a Sentinel announces a promotion
+// only once the replica reported role master, and the failover is
+// committed from then on) and the other Sentinels will name it within
+// seconds, so the instance decides on Redis, on the master the rest of
+// the fleet uses, rather than on the failure policy. Its role is not
+// asked again here: the connection is not go-redis's yet (no AUTH, no
+// HELLO), and were it a replica after all (a failover back not heard) the
+// store's scripts would fail on it with READONLY (replica-read-only, the
+// default), answered by the failure policy.
+func (m *masterConns) Dial(ctx context.Context, network, addr string) (net.Conn, error) {
+	for {
+		target := m.route(addr)
+		conn, err := m.dial(ctx, network, target)
+		if err != nil {
+			return nil, err
+		}
+		tc := &trackedConn{Conn: conn, m: m, addr: target, raw: conn}
+		if t, ok := conn.(*tls.Conn); ok {
+			tc.raw = t.NetConn() // closing a TLS connection would wait for a write under way
+		}
+		m.mu.Lock()
+		if late, _ := m.replaced(target); late {
+			// A switch announced while the dial was under way: its
+			// closing did not see this connection.
+			m.mu.Unlock()
+			conn.Close()
+			continue
+		}
+		set := m.conns[target]
+		if set == nil {
+			set = map[*trackedConn]struct{}{}
+			m.conns[target] = set
+		}
+		set[tc] = struct{}{}
+		agreed := target == m.to && m.moving
+		var took time.Duration
+		if agreed {
+			m.moving, took = false, m.now().Sub(m.at)
+		}
+		m.mu.Unlock()
+		if agreed {
+			m.log.Info(agreedMasterMsg, "master", target, "after", took.Round(time.Millisecond))
+			m.tell("")
+		}
+		if sc, ok := conn.(syscall.Conn); ok {
+			// go-redis checks a pooled connection's health through its
+			// descriptor: a closed one is then dropped, not used.
+			return &trackedSysConn{tc, sc}, nil
+		}
+		return tc, nil
+	}
+}
+
+// route returns the address a dial to addr goes to: addr, or the master
+// that replaced it moments ago.
+func (m *masterConns) route(addr string) string {
+	m.mu.Lock()
+	replaced, ago := m.replaced(addr)
+	if replaced {
+		first := !m.redirecting
+		m.redirecting = true
+		to := m.to
+		m.mu.Unlock()
+		if first {
+			m.log.Info(redirectedMasterMsg, "old", addr, "new", to, "since", ago.Round(time.Millisecond))
+			m.count("redirected")
+		}
+		return to
+	}
+	if addr != m.from || addr == m.to {
+		m.mu.Unlock()
+		return addr
+	}
+	// Most often a failover back to it (its replacement failed), whose
+	// announcement comes moments after the client's own Sentinel named
+	// it: nothing wrong, so not a warning.
+	m.log.Info(disagreeMasterMsg, "master", addr, "announced", m.to, "since", ago.Round(time.Millisecond))
+	m.from, m.moving, m.redirecting = "", false, false
+	m.mu.Unlock()
+	m.tell("")
+	return addr
+}
+
+// switched is told a Sentinel announced the master moved from from to to
+// (the promotion of to, or the switch): it closes the connections to
+// from, if any.
 func (m *masterConns) switched(from, to string) {
 	m.mu.Lock()
-	m.from, m.to, m.at, m.refusing = from, to, m.now(), false
+	m.from, m.to, m.at, m.redirecting = from, to, m.now(), false
 	old := m.conns[from]
 	delete(m.conns, from)
 	m.moving = len(old) > 0

@@ -55,14 +55,11 @@ func (tc *testConns) lastReason() string {
 }
 
 // TestMasterConnsSwitch: a switch closes the connections to the old master
-// and no other; a dial to it is then refused (one log line, one count, a
-// reason) until a dial to the new one, which ends the reason, and for
-// sentinelReplacedFor at most: after that the Sentinel is followed.
+// and no other; a dial to it then goes to the new one (one log line, one
+// count) for sentinelReplacedFor at most: after that the Sentinel is
+// followed.
 func TestMasterConnsSwitch(t *testing.T) {
-	srv := redistest.StartServer(t)
-	old := srv.Addr
-	_, port, _ := net.SplitHostPort(old)
-	other := net.JoinHostPort("localhost", port) // the same server, another address
+	old, other := redistest.StartServer(t).Addr, redistest.StartServer(t).Addr
 	tc := newTestConns()
 	ctx := context.Background()
 
@@ -91,26 +88,20 @@ func TestMasterConnsSwitch(t *testing.T) {
 	// The client's Sentinel still names the old master.
 	tc.advance(time.Second)
 	for range 3 {
-		if _, err := tc.Dial(ctx, "tcp", old); !errors.Is(err, errReplacedMaster) {
-			t.Fatalf("dial to the replaced master: %v, want errReplacedMaster", err)
+		c, err := tc.Dial(ctx, "tcp", old)
+		if err != nil {
+			t.Fatalf("dial to the replaced master: %v", err)
 		}
+		if got := c.RemoteAddr().String(); got != other {
+			t.Errorf("dial to the replaced master reached %s, want the new one, %s", got, other)
+		}
+		c.Close()
 	}
-	if tc.counts["refused"] != 1 || strings.Count(tc.log.String(), refusedMasterMsg) != 1 {
-		t.Errorf("three refusals: counts %v, log:\n%s\nwant one refusal counted and logged", tc.counts, tc.log.String())
+	if tc.counts["redirected"] != 1 || strings.Count(tc.log.String(), redirectedMasterMsg) != 1 {
+		t.Errorf("three dials to the old master: counts %v, log:\n%s\nwant one redirection counted and logged", tc.counts, tc.log.String())
 	}
-	if r := tc.lastReason(); !strings.Contains(r, "names Redis master "+old) {
-		t.Errorf("reason %q", r)
-	}
-	c, err := tc.Dial(ctx, "tcp", other)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c.Close()
 	if r := tc.lastReason(); r != "" || !strings.Contains(tc.log.String(), agreedMasterMsg) {
 		t.Errorf("on the new master: reason %q, log:\n%s", r, tc.log.String())
-	}
-	if _, err := tc.Dial(ctx, "tcp", old); !errors.Is(err, errReplacedMaster) {
-		t.Fatalf("dial to the replaced master after one to the new: %v, want refused still", err)
 	}
 
 	// Long after, a Sentinel naming it means a switch back went unheard.
@@ -119,9 +110,63 @@ func TestMasterConnsSwitch(t *testing.T) {
 	if err != nil {
 		t.Fatalf("dial %v after the switch: %v, want the Sentinel followed", sentinelReplacedFor, err)
 	}
+	if got := d.RemoteAddr().String(); got != old {
+		t.Errorf("dial %v after the switch reached %s, want the old master, %s", sentinelReplacedFor, got, old)
+	}
 	d.Close()
 	if !strings.Contains(tc.log.String(), disagreeMasterMsg) || tc.lastReason() != "" {
 		t.Errorf("reason %q, log:\n%s", tc.lastReason(), tc.log.String())
+	}
+}
+
+// TestMasterConnsSwitchBack: a failover back to the old master, announced
+// moments after the first, is followed: the connections to the master it
+// replaces closed, dials to the old one no longer sent elsewhere.
+func TestMasterConnsSwitchBack(t *testing.T) {
+	old, other := redistest.StartServer(t).Addr, redistest.StartServer(t).Addr
+	tc := newTestConns()
+	ctx := context.Background()
+	tc.switched(old, other)
+	b, err := tc.Dial(ctx, "tcp", old) // the client's Sentinel not told yet: to other, tracked as other's
+	if err != nil {
+		t.Fatal(err)
+	}
+	tc.advance(time.Second)
+	tc.switched(other, old)
+	b.SetReadDeadline(time.Now().Add(time.Second))
+	if _, err := b.Read(make([]byte, 1)); !errors.Is(err, net.ErrClosed) {
+		t.Errorf("connection to the master replaced in turn: read %v, want closed", err)
+	}
+	c, err := tc.Dial(ctx, "tcp", old)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if got := c.RemoteAddr().String(); got != old {
+		t.Errorf("dial after the switch back reached %s, want %s", got, old)
+	}
+}
+
+// TestMasterConnsSwitchDuringDial: a switch announced while a dial to the
+// old master is under way (its closing cannot see that connection) sends
+// the dial to the new master.
+func TestMasterConnsSwitchDuringDial(t *testing.T) {
+	old, other := redistest.StartServer(t).Addr, redistest.StartServer(t).Addr
+	tc := newTestConns()
+	dial := tc.dial
+	var once sync.Once
+	tc.dial = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := dial(ctx, network, addr)
+		once.Do(func() { tc.switched(old, other) }) // announced before the first dial returns
+		return c, err
+	}
+	c, err := tc.Dial(context.Background(), "tcp", old)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if got := c.RemoteAddr().String(); got != other {
+		t.Errorf("dial under way at the switch reached %s, want the new master, %s", got, other)
 	}
 }
 

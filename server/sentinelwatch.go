@@ -45,37 +45,60 @@ func sentinelFailoverOptions(rawURL string) *redis.FailoverOptions {
 	return o
 }
 
-// watchSwitchMaster subscribes to +switch-master on every Sentinel of o
-// and, when one announces a new master for o.MasterName, calls probe once
-// ping (the service's client) reaches it: the breaker then probes at once
-// instead of after its probe interval, as on a Cluster
-// (redisstore.Store.OnFailover). Every Sentinel, not one, since
-// the one that is down may be the one a single subscription used, and
-// the one leading a planned failover announces it last; a switch seen
-// twice is acted on once, and told to switched (old and new master's
-// addresses) once, before the ping. The returned stop ends the
-// subscriptions.
+// sentinelSwitchChannels are the Sentinel events that tell a master
+// replaced: the promotion, published by the Sentinel leading the
+// failover as soon as it saw the replica report role master, a second or
+// more before any +switch-master (the others learn the new master from
+// its hello messages); and the switch, which a Sentinel that missed the
+// promotion (subscribed late, or not the leader's) still announces.
+var sentinelSwitchChannels = []string{"+promoted-slave", "+switch-master"}
+
+// parseSwitch reads a payload of one of sentinelSwitchChannels: the
+// master's name, its old address and its new one.
+func parseSwitch(channel, payload string) (name, from, to string, ok bool) {
+	f := strings.Fields(payload)
+	switch {
+	case channel == "+switch-master" && len(f) == 5:
+		// <master-name> <old-ip> <old-port> <new-ip> <new-port>
+		return f[0], net.JoinHostPort(f[1], f[2]), net.JoinHostPort(f[3], f[4]), true
+	case channel != "+switch-master" && len(f) == 8 && f[0] == "slave" && f[4] == "@":
+		// slave <ip:port> <ip> <port> @ <master-name> <master-ip> <master-port>
+		return f[5], net.JoinHostPort(f[6], f[7]), net.JoinHostPort(f[2], f[3]), true
+	}
+	return "", "", "", false
+}
+
+// watchSwitchMaster subscribes to the promotions and switches
+// (sentinelSwitchChannels) on every Sentinel of o and, when one announces
+// a new master for o.MasterName, calls probe once ping (the service's
+// client) reaches it: the breaker then probes at once instead of after
+// its probe interval, as on a Cluster (redisstore.Store.OnFailover).
+// Every Sentinel, not one, since the one that is down may be the one a
+// single subscription used, and the one leading a planned failover
+// announces the switch last (its promotion first). A change told several
+// times (the promotion, then each Sentinel's switch) is acted on once,
+// and told to switched (old and new master's addresses) once, before the
+// ping. The returned stop ends the subscriptions.
 func watchSwitchMaster(o *redis.FailoverOptions, log *slog.Logger, ping, probe func(context.Context) error, switched func(from, to string)) (stop func()) {
 	ctx, cancel := context.WithCancel(context.Background())
 	var (
 		wg   sync.WaitGroup
 		mu   sync.Mutex
-		last string // the payload last acted on
+		last [2]string // the change last acted on: from, to
 	)
-	onSwitch := func(payload string) {
-		f := strings.Fields(payload)
-		if len(f) != 5 || f[0] != o.MasterName {
+	onSwitch := func(channel, payload string) {
+		name, from, to, ok := parseSwitch(channel, payload)
+		if !ok || name != o.MasterName {
 			return
 		}
 		mu.Lock()
-		again := payload == last
-		last = payload
+		again := last == [2]string{from, to}
+		last = [2]string{from, to}
 		mu.Unlock()
 		if again {
 			return
 		}
-		from, to := net.JoinHostPort(f[1], f[2]), net.JoinHostPort(f[3], f[4])
-		log.Info(sentinelSwitchMsg, "master_name", f[0], "from", from, "to", to)
+		log.Info(sentinelSwitchMsg, "master_name", name, "from", from, "to", to, "event", channel)
 		switched(from, to)
 		// Until the service's client has dialled the new master, a probe
 		// would fail and reopen the breaker: go-redis's pool, having
@@ -177,16 +200,16 @@ func discoverSentinels(ctx context.Context, master string, opts func(string) *re
 	}
 }
 
-// subscribeSwitches delivers the +switch-master payloads of one Sentinel
-// until ctx ends, subscribing again with backoff after a failure (an
+// subscribeSwitches delivers the events of sentinelSwitchChannels of one
+// Sentinel (channel and payload) until ctx ends, subscribing again with backoff after a failure (an
 // unreachable Sentinel is not worth a log line: the decisions' store
 // reports Redis's own state).
-func subscribeSwitches(ctx context.Context, opt *redis.Options, fn func(string)) {
+func subscribeSwitches(ctx context.Context, opt *redis.Options, fn func(channel, payload string)) {
 	sc := redis.NewSentinelClient(opt)
 	defer sc.Close()
 	backoff := sentinelRetryMin
 	for ctx.Err() == nil {
-		ps := sc.Subscribe(ctx, "+switch-master")
+		ps := sc.Subscribe(ctx, sentinelSwitchChannels...)
 		unblock := context.AfterFunc(ctx, func() { ps.Close() }) // a pending read ends with the connection
 		pinged := false
 		for {
@@ -204,7 +227,7 @@ func subscribeSwitches(ctx context.Context, opt *redis.Options, fn func(string))
 			pinged = false
 			backoff = sentinelRetryMin
 			if msg, ok := m.(*redis.Message); ok {
-				fn(msg.Payload)
+				fn(msg.Channel, msg.Payload)
 			}
 		}
 		unblock()

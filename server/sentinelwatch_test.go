@@ -5,7 +5,9 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -16,9 +18,10 @@ import (
 )
 
 // TestWatchSwitchMaster: a Redis stands in for a Sentinel (PUBLISH on
-// +switch-master), next to an address nothing listens on. A switch of
-// another master is ignored; one of ours, published twice, probes once,
-// after the ping succeeds; another switch probes again; each is logged
+// +promoted-slave and +switch-master), next to an address nothing listens
+// on. A promotion or a switch of another master is ignored; one of ours,
+// its promotion then its switch published twice, probes once, after the
+// ping succeeds; a failover back probes again; each is logged and told
 // once; and stop returns at once, the dead address notwithstanding.
 func TestWatchSwitchMaster(t *testing.T) {
 	rdb := redistest.Client(t)
@@ -26,7 +29,11 @@ func TestWatchSwitchMaster(t *testing.T) {
 	dead := redistest.DeadAddr(t)
 
 	var buf bytes.Buffer
-	var pings, probes, switches atomic.Int32
+	var pings, probes atomic.Int32
+	var (
+		mu       sync.Mutex
+		switches []string
+	)
 	ping := func(context.Context) error {
 		if pings.Add(1) <= 2 {
 			return errors.New("not yet") // the client still on the old master
@@ -35,7 +42,11 @@ func TestWatchSwitchMaster(t *testing.T) {
 	}
 	probe := func(context.Context) error { probes.Add(1); return nil }
 	stop := watchSwitchMaster(&redis.FailoverOptions{MasterName: "m", SentinelAddrs: []string{dead, redistest.Addr(t)}},
-		slog.New(slog.NewTextHandler(&buf, nil)), ping, probe, func(string, string) { switches.Add(1) })
+		slog.New(slog.NewTextHandler(&buf, nil)), ping, probe, func(from, to string) {
+			mu.Lock()
+			switches = append(switches, from+">"+to)
+			mu.Unlock()
+		})
 	stopped := false
 	defer func() {
 		if !stopped {
@@ -44,12 +55,12 @@ func TestWatchSwitchMaster(t *testing.T) {
 	}()
 
 	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-		n, err := rdb.PubSubNumSub(ctx, "+switch-master").Result()
-		if err == nil && n["+switch-master"] > 0 {
+		n, err := rdb.PubSubNumSub(ctx, "+switch-master", "+promoted-slave").Result()
+		if err == nil && n["+switch-master"] > 0 && n["+promoted-slave"] > 0 {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatal("no subscription to +switch-master")
+			t.Fatalf("subscriptions %v, want +switch-master and +promoted-slave", n)
 		}
 	}
 	await := func(want int32) {
@@ -64,14 +75,17 @@ func TestWatchSwitchMaster(t *testing.T) {
 			t.Fatalf("%d probes, want %d", got, want)
 		}
 	}
+	rdb.Publish(ctx, "+promoted-slave", "slave 127.0.0.1:2 127.0.0.1 2 @ other 127.0.0.1 1")
 	rdb.Publish(ctx, "+switch-master", "other 127.0.0.1 1 127.0.0.1 2")
+	rdb.Publish(ctx, "+promoted-slave", "slave 127.0.0.1:2 127.0.0.1 2 @ m 127.0.0.1 1")
 	rdb.Publish(ctx, "+switch-master", "m 127.0.0.1 1 127.0.0.1 2")
 	rdb.Publish(ctx, "+switch-master", "m 127.0.0.1 1 127.0.0.1 2")
 	await(1)
 	if pings.Load() != 3 {
 		t.Errorf("%d pings, want 3 (two failed, then the probe)", pings.Load())
 	}
-	rdb.Publish(ctx, "+switch-master", "m 127.0.0.1 2 127.0.0.1 3")
+	rdb.Publish(ctx, "+promoted-slave", "slave 127.0.0.1:1 127.0.0.1 1 @ m 127.0.0.1 2")
+	rdb.Publish(ctx, "+switch-master", "m 127.0.0.1 2 127.0.0.1 1")
 	await(2)
 
 	start := time.Now()
@@ -80,17 +94,19 @@ func TestWatchSwitchMaster(t *testing.T) {
 	if d := time.Since(start); d > time.Second {
 		t.Errorf("stop took %v", d)
 	}
-	if n, _ := rdb.PubSubNumSub(ctx, "+switch-master").Result(); n["+switch-master"] != 0 {
-		t.Errorf("%d subscriptions left after stop", n["+switch-master"])
+	if n, _ := rdb.PubSubNumSub(ctx, "+switch-master", "+promoted-slave").Result(); n["+switch-master"]+n["+promoted-slave"] != 0 {
+		t.Errorf("subscriptions left after stop: %v", n)
 	}
 	if got := strings.Count(buf.String(), sentinelSwitchMsg); got != 2 {
 		t.Errorf("%d switch lines, want 2; log:\n%s", got, buf.String())
 	}
-	if got := switches.Load(); got != 2 {
-		t.Errorf("%d switches told, want 2 (one per new master, the other name's none)", got)
+	mu.Lock()
+	defer mu.Unlock()
+	if want := []string{"127.0.0.1:1>127.0.0.1:2", "127.0.0.1:2>127.0.0.1:1"}; !slices.Equal(switches, want) {
+		t.Errorf("switches told %q, want %q (one per change, the other name's none)", switches, want)
 	}
-	if !strings.Contains(buf.String(), "to=127.0.0.1:3") {
-		t.Errorf("no new master in the log:\n%s", buf.String())
+	if !strings.Contains(buf.String(), "from=127.0.0.1:1 to=127.0.0.1:2 event=+promoted-slave") {
+		t.Errorf("no promotion in the log:\n%s", buf.String())
 	}
 }
 
