@@ -47,11 +47,33 @@ func sentinelFailoverOptions(rawURL string) *redis.FailoverOptions {
 
 // sentinelSwitchChannels are the Sentinel events that tell a master
 // replaced: the promotion, published by the Sentinel leading the
-// failover as soon as it saw the replica report role master, a second or
-// more before any +switch-master (the others learn the new master from
-// its hello messages); and the switch, which a Sentinel that missed the
-// promotion (subscribed late, or not the leader's) still announces.
-var sentinelSwitchChannels = []string{"+promoted-slave", "+switch-master"}
+// failover once its INFO of the replica reports role master, before any
+// +switch-master (the others learn the new master from its hello
+// messages); and the switch, which a Sentinel that missed the promotion
+// (subscribed late, or not the leader's) still announces. Before both,
+// the leader's +failover-state-wait-promotion: it has just sent the
+// replica SLAVEOF NO ONE (sentinelPromotionEvent).
+var sentinelSwitchChannels = []string{sentinelPromotionEvent, "+promoted-slave", "+switch-master"}
+
+// sentinelPromotionEvent is published by the Sentinel leading a failover
+// once it has sent the chosen replica SLAVEOF NO ONE. The replica is a
+// master a round trip later, but the leader sees it only on its next
+// INFO of the replica, one a second: its +promoted-slave came 0.9 s after
+// the replica's role changed (TestFaultServeSentinelPromotion), and the
+// old master, still a master, took writes meanwhile that were lost. So
+// the watch asks the replica its role itself (sentinelRoleEvery), and
+// acts as on +promoted-slave once it answers master.
+const sentinelPromotionEvent = "+failover-state-wait-promotion"
+
+// How often, and how long, the replica a Sentinel is promoting is asked
+// its role. Past sentinelRoleFor the leader's +promoted-slave is waited
+// for instead.
+const (
+	sentinelRoleEvery = 5 * time.Millisecond
+	sentinelRoleFor   = 2 * time.Second
+)
+
+const sentinelRoleMsg = "redis: cannot ask the replica a Sentinel is promoting its role (INFO replication): leaving the old master at the Sentinel's +promoted-slave"
 
 // parseSwitch reads a payload of one of sentinelSwitchChannels: the
 // master's name, its old address and its new one.
@@ -86,11 +108,7 @@ func watchSwitchMaster(o *redis.FailoverOptions, log *slog.Logger, ping, probe f
 		mu   sync.Mutex
 		last [2]string // the change last acted on: from, to
 	)
-	onSwitch := func(channel, payload string) {
-		name, from, to, ok := parseSwitch(channel, payload)
-		if !ok || name != o.MasterName {
-			return
-		}
+	act := func(event, from, to string) {
 		mu.Lock()
 		again := last == [2]string{from, to}
 		last = [2]string{from, to}
@@ -98,12 +116,12 @@ func watchSwitchMaster(o *redis.FailoverOptions, log *slog.Logger, ping, probe f
 		if again {
 			return
 		}
-		log.Info(sentinelSwitchMsg, "master_name", name, "from", from, "to", to, "event", channel)
+		log.Info(sentinelSwitchMsg, "master_name", o.MasterName, "from", from, "to", to, "event", event)
 		switched(from, to)
-		// Until the service's client has dialled the new master, a probe
-		// would fail and reopen the breaker: go-redis's pool, having
-		// failed to dial the old one, dials again only once a second. A
-		// ping, which the breaker does not see, waits for that dial.
+		// Until the service's client has a connection to the new master,
+		// a probe could fail and reopen the breaker (go-redis's pool,
+		// having failed to dial, dials again only once a second). A ping,
+		// which the breaker does not see, waits for that connection.
 		for range sentinelPingTries {
 			pctx, cancel := context.WithTimeout(ctx, sentinelPingTimeout)
 			err := ping(pctx)
@@ -118,6 +136,63 @@ func watchSwitchMaster(o *redis.FailoverOptions, log *slog.Logger, ping, probe f
 			case <-time.After(sentinelPingGap):
 			}
 		}
+	}
+	acted := func(from, to string) bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return last == [2]string{from, to}
+	}
+	// awaitRole asks the replica being promoted its role until it answers
+	// master, then acts; it stops early once the change is acted on (the
+	// leader's +promoted-slave came first), or when the replica refuses
+	// the question (an ACL without ROLE: logged).
+	awaitRole := func(from, to string) {
+		rc := redis.NewClient(&redis.Options{
+			Addr: to, Username: o.Username, Password: o.Password, Protocol: o.Protocol,
+			TLSConfig: o.TLSConfig, DialTimeout: o.DialTimeout,
+			MaxRetries: -1, PoolSize: 1,
+		})
+		defer rc.Close()
+		for deadline := time.Now().Add(sentinelRoleFor); ctx.Err() == nil && time.Now().Before(deadline) && !acted(from, to); {
+			// INFO, not ROLE: the user sluice's docs give has +info, and
+			// ROLE is in @admin.
+			rctx, cancel := context.WithTimeout(ctx, sentinelPingTimeout)
+			info, err := rc.Info(rctx, "replication").Result()
+			cancel()
+			if err == nil && strings.Contains(info, "role:master\r\n") {
+				act("role", from, to)
+				return
+			}
+			var rerr redis.Error
+			if errors.As(err, &rerr) {
+				log.Warn(sentinelRoleMsg, "replica", to, "err", err)
+				return
+			}
+			select {
+			case <-ctx.Done():
+			case <-time.After(sentinelRoleEvery):
+			}
+		}
+	}
+	var awaiting sync.Map // from, to: the promotions whose replica is asked
+	onSwitch := func(channel, payload string) {
+		name, from, to, ok := parseSwitch(channel, payload)
+		if !ok || name != o.MasterName {
+			return
+		}
+		if channel != sentinelPromotionEvent {
+			act(channel, from, to)
+			return
+		}
+		if _, dup := awaiting.LoadOrStore([2]string{from, to}, true); dup || acted(from, to) {
+			return
+		}
+		wg.Add(1) // under the subscription's count: never races stop's Wait
+		go func() {
+			defer wg.Done()
+			defer awaiting.Delete([2]string{from, to})
+			awaitRole(from, to)
+		}()
 	}
 	opts := func(addr string) *redis.Options {
 		return &redis.Options{

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"net"
 	"slices"
 	"strings"
 	"sync"
@@ -131,6 +132,116 @@ func TestWatchSwitchMasterDiscoversSentinels(t *testing.T) {
 			if time.Now().After(deadline) {
 				t.Fatalf("no subscription to +switch-master on Sentinel %s (the URL named %s)", s.Addr, set.Sentinels[0].Addr)
 			}
+		}
+	}
+}
+
+// TestWatchSwitchMasterRole: on a Sentinel's +failover-state-wait-promotion
+// the watch asks the replica its role, and acts once it answers master,
+// before the Sentinel's +promoted-slave (which its INFO of the replica
+// makes most of a second late); that event and the switch, for the same
+// change, are then not acted on again.
+func TestWatchSwitchMasterRole(t *testing.T) {
+	rdb := redistest.Client(t) // stands in for a Sentinel
+	replica := redistest.StartServer(t)
+	ctx := context.Background()
+	admin := replica.Client(t)
+	_, deadPort, _ := net.SplitHostPort(redistest.DeadAddr(t))
+	if err := admin.Do(ctx, "replicaof", "127.0.0.1", deadPort).Err(); err != nil {
+		t.Fatal(err)
+	}
+	var buf syncBuffer
+	var mu sync.Mutex
+	var switches []string
+	nop := func(context.Context) error { return nil }
+	stop := watchSwitchMaster(&redis.FailoverOptions{MasterName: "m", SentinelAddrs: []string{redistest.Addr(t)}},
+		slog.New(slog.NewTextHandler(&buf, nil)), nop, nop, func(from, to string) {
+			mu.Lock()
+			switches = append(switches, from+">"+to)
+			mu.Unlock()
+		})
+	defer stop()
+	told := func() []string {
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Clone(switches)
+	}
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		n, err := rdb.PubSubNumSub(ctx, sentinelPromotionEvent).Result()
+		if err == nil && n[sentinelPromotionEvent] > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no subscription to %s", sentinelPromotionEvent)
+		}
+	}
+	host, port, _ := net.SplitHostPort(replica.Addr)
+	event := "slave " + replica.Addr + " " + host + " " + port + " @ m 127.0.0.1 1"
+	rdb.Publish(ctx, sentinelPromotionEvent, event)
+	rdb.Publish(ctx, sentinelPromotionEvent, event) // asked once
+	time.Sleep(200 * time.Millisecond)
+	if got := told(); len(got) != 0 {
+		t.Fatalf("switches told %q while the replica is one", got)
+	}
+	if err := admin.Do(ctx, "replicaof", "no", "one").Err(); err != nil {
+		t.Fatal(err)
+	}
+	promoted := time.Now()
+	want := []string{"127.0.0.1:1>" + replica.Addr}
+	for !slices.Equal(told(), want) {
+		if time.Since(promoted) > time.Second {
+			t.Fatalf("switches told %q, want %q", told(), want)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	t.Logf("told %v after the replica became a master", time.Since(promoted))
+	rdb.Publish(ctx, "+promoted-slave", event)
+	rdb.Publish(ctx, "+switch-master", "m 127.0.0.1 1 "+host+" "+port)
+	time.Sleep(200 * time.Millisecond)
+	if got := told(); !slices.Equal(got, want) {
+		t.Errorf("switches told %q, want %q: the promotion and switch acted on again", got, want)
+	}
+	if !strings.Contains(buf.String(), "event=role") || strings.Count(buf.String(), sentinelSwitchMsg) != 1 {
+		t.Errorf("log:\n%s\nwant one switch line, on the replica's role", buf.String())
+	}
+}
+
+// TestWatchSwitchMasterRoleRefused: a replica that refuses INFO (an ACL
+// user without it) is logged once, and the change waits for the
+// Sentinel's +promoted-slave.
+func TestWatchSwitchMasterRoleRefused(t *testing.T) {
+	rdb := redistest.Client(t)
+	replica := redistest.StartServer(t)
+	ctx := context.Background()
+	if err := replica.Client(t).Do(ctx, "acl", "setuser", "norole", "on", ">pw", "~*", "+@all", "-info").Err(); err != nil {
+		t.Fatal(err)
+	}
+	var buf syncBuffer
+	var switches atomic.Int32
+	nop := func(context.Context) error { return nil }
+	stop := watchSwitchMaster(&redis.FailoverOptions{MasterName: "m", SentinelAddrs: []string{redistest.Addr(t)}, Username: "norole", Password: "pw"},
+		slog.New(slog.NewTextHandler(&buf, nil)), nop, nop, func(string, string) { switches.Add(1) })
+	defer stop()
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		n, err := rdb.PubSubNumSub(ctx, sentinelPromotionEvent).Result()
+		if err == nil && n[sentinelPromotionEvent] > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no subscription to %s", sentinelPromotionEvent)
+		}
+	}
+	host, port, _ := net.SplitHostPort(replica.Addr)
+	event := "slave " + replica.Addr + " " + host + " " + port + " @ m 127.0.0.1 1"
+	rdb.Publish(ctx, sentinelPromotionEvent, event)
+	time.Sleep(300 * time.Millisecond)
+	if n := switches.Load(); n != 0 || strings.Count(buf.String(), sentinelRoleMsg) != 1 || !strings.Contains(buf.String(), "NOPERM") {
+		t.Fatalf("%d switches told, log:\n%s\nwant none, and the refusal logged once", n, buf.String())
+	}
+	rdb.Publish(ctx, "+promoted-slave", event)
+	for deadline := time.Now().Add(time.Second); switches.Load() != 1; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the +promoted-slave that followed was not acted on")
 		}
 	}
 }
