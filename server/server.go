@@ -293,7 +293,7 @@ func (s *Server) openStore() (sluice.Store, error) {
 		if sentinelFailoverOptions(redisURL) != nil {
 			replaced := prometheus.NewCounterVec(prometheus.CounterOpts{
 				Name: "sluice_redis_replaced_master_total",
-				Help: "Sentinel only: times the client was on a master a Sentinel announced replaced (+promoted-slave, +switch-master), how=closed: its connections closed, so that it dials the new one; how=redirected: its Sentinel still named the old one, and the client's dials went to the new one until the Sentinels agreed.",
+				Help: "Sentinel only: times the client was on a master a Sentinel announced replaced (its replica promoted, +switch-master), how=closed: its connections closed, so that it dials the new one; how=redirected: its Sentinel still named the old one, and the client's dials went to the new one until the Sentinels agreed.",
 			}, []string{"how"})
 			replaced.WithLabelValues("closed")
 			replaced.WithLabelValues("redirected")
@@ -355,7 +355,7 @@ func (s *Server) openStore() (sluice.Store, error) {
 		// breaker probes the new master at once (probe, set below).
 		failovers := prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sluice_redis_failovers_total",
-			Help: "Redis master changes seen: kind cluster (the masters of the slot map changed), sentinel (+promoted-slave or +switch-master, once per change). Writes the old master had not replicated are lost with it: the limits they counted start partly afresh.",
+			Help: "Redis master changes seen: kind cluster (the masters of the slot map changed), sentinel (the promoted replica reporting master, +promoted-slave or +switch-master, once per change). Writes the old master had not replicated are lost with it: the limits they counted start partly afresh.",
 		}, []string{"kind"})
 		s.metrics.reg.MustRegister(failovers)
 		var probe atomic.Pointer[func(context.Context) error]
