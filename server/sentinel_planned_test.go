@@ -1,11 +1,8 @@
 package server
 
 import (
-	"bytes"
 	"context"
 	"net"
-	"net/http"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -44,41 +41,11 @@ func TestFaultServeSentinelPlannedFailover(t *testing.T) {
 	p := startSluice(t, nil, "--config", config, "--redis", set.URL(), "--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0",
 		"--failure-policy", "local", "--decision-timeout", "200ms", "--watch-interval", "0")
 
-	// Takes from a few workers until stop.
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	client := &http.Client{Timeout: 2 * time.Second}
-	for range 4 {
-		wg.Go(func() {
-			for {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				resp, err := client.Post("http://"+p.http+"/v1/check", "application/json", bytes.NewBufferString(`{"policy":"hot","key":"k"}`))
-				if err == nil {
-					resp.Body.Close()
-				}
-			}
-		})
-	}
-	defer func() { close(stop); wg.Wait() }()
+	// Takes from a few workers until the test ends.
+	t.Cleanup(postChecks(p.http, 4))
 
 	old := node(set.Master.Addr)
-	evalshaOf := func(c *redis.Client) int64 {
-		info, err := c.Info(ctx, "commandstats").Result()
-		if err != nil {
-			t.Fatalf("%s: %v", c.Options().Addr, err)
-		}
-		for line := range strings.Lines(info) {
-			if rest, ok := strings.CutPrefix(line, "cmdstat_evalsha:calls="); ok {
-				n, _ := strconv.ParseInt(rest[:strings.IndexByte(rest, ',')], 10, 64)
-				return n
-			}
-		}
-		return 0
-	}
+	evalshaOf := func(c *redis.Client) int64 { return scriptCalls(t, c) }
 	evalsha := func() int64 { return evalshaOf(old) }
 	// The Sentinel the service's client listens to is the one with two
 	// subscribed connections: go-redis's and the service's own watch,
