@@ -333,6 +333,33 @@ func (s *Store) closedBy(key string, err error) (bool, error) {
 	return true, err
 }
 
+// CheckClosed returns an error wrapping sluice.ErrStoreClosed when the
+// Store's client was closed by its owner, else nil, with no round trip.
+// A call on a closed Cluster client fails only after go-redis's retries
+// (100–145 ms): a wrapper whose own timeout cut it (package resilient)
+// asks here, so that it returns the closure rather than count an outage.
+func (s *Store) CheckClosed() error {
+	if s == nil || s.client == nil {
+		return nil
+	}
+	if s.closed.Load() {
+		return replyErr(redis.ErrClosed)
+	}
+	if s.reload != nil {
+		if closed, err := s.closedBy("", redis.ErrClosed); closed {
+			return replyErr(err)
+		}
+		return nil
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := s.client.Ping(ctx).Err(); errors.Is(err, redis.ErrClosed) {
+		s.closed.Store(true)
+		return replyErr(err)
+	}
+	return nil
+}
+
 // callKey is the key c's script runs on, which names its master.
 func (c *call) callKey() string {
 	if len(c.args) > argKey {

@@ -144,3 +144,27 @@ func goroutines(fn string) int {
 	}
 	return count
 }
+
+// CheckClosed tells a closed client, standalone or Cluster, with no round
+// trip, and nothing for an open one.
+func TestCheckClosed(t *testing.T) {
+	cl := redistest.StartCluster(t, &redistest.ClusterOptions{Masters: 2})
+	for name, c := range map[string]redis.UniversalClient{
+		"standalone": redis.NewClient(&redis.Options{Addr: redistest.Addr(t)}),
+		"cluster":    cl.Client(t),
+	} {
+		t.Run(name, func(t *testing.T) {
+			store := redisstore.New(c, &redisstore.Options{Prefix: redistest.Prefix(t)})
+			if _, err := store.Take(context.Background(), "k", sluice.PerSecond(10), 1); err != nil {
+				t.Fatal(err)
+			}
+			if err := store.CheckClosed(); err != nil {
+				t.Fatalf("CheckClosed on an open client = %v", err)
+			}
+			c.Close()
+			if err := store.CheckClosed(); !errors.Is(err, sluice.ErrStoreClosed) {
+				t.Errorf("CheckClosed on a closed client = %v, want sluice.ErrStoreClosed", err)
+			}
+		})
+	}
+}

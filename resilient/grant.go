@@ -164,7 +164,7 @@ func backendErr(err error) error {
 // backend through the breaker, and counts its outcome there as any call's.
 func pass[T any](ctx context.Context, s *Store, op, key string, fn func(context.Context) (T, error)) (T, error) {
 	var zero T
-	if err := ended(ctx, op); err != nil {
+	if err := s.ended(ctx, op); err != nil {
 		return zero, err
 	}
 	now := s.clock()
@@ -174,6 +174,11 @@ func pass[T any](ctx context.Context, s *Store, op, key string, fn func(context.
 		return zero, fmt.Errorf("%w: %w: %s: breaker %v", ErrNoGrant, ErrNotSent, op, b.current())
 	}
 	v, lat, err := bounded(ctx, s.timeout, s.inline, fn)
+	if err != nil && !badInput(err) {
+		if cerr := s.backendClosed(err); cerr != nil {
+			err = cerr // badInput now
+		}
+	}
 	switch {
 	case err == nil:
 		b.success(tn, now)

@@ -102,7 +102,7 @@ func (s *Store) Acquire(ctx context.Context, key string, l sluice.InFlightLimit,
 	if err != nil {
 		return sluice.SlotDecision{}, err
 	}
-	if err := ended(ctx, "acquire"); err != nil {
+	if err := s.ended(ctx, "acquire"); err != nil {
 		return sluice.SlotDecision{}, err
 	}
 	now := s.clock()
@@ -295,7 +295,7 @@ func (s *Store) onSlot(ctx context.Context, op, key, holder string, hold, rememb
 	if err != nil {
 		return slotAnswer{}, err
 	}
-	if err := ended(ctx, op); err != nil {
+	if err := s.ended(ctx, op); err != nil {
 		return slotAnswer{}, err
 	}
 	now := s.clock()

@@ -396,6 +396,7 @@ type Store struct {
 	evict  *evictWatch // the owned fallback's evictions; nil without one
 	slots  policySlots // holders the policy granted (inflight.go)
 	sent   policySlots // holders whose backend Acquire failed: it may have run (AbandonSlot)
+	closed atomic.Bool // Close was called
 }
 
 // MultiStore is a Store over a sluice.MultiStore backend: it also checks
@@ -514,11 +515,14 @@ func NewMulti(backend sluice.MultiStore, opts *Options) (*MultiStore, error) {
 
 // Close writes the pending line for decisions the failure policy answered
 // while the breaker was closed, if any, and releases the default fallback
-// store. The backend is the caller's to close.
+// store. The backend is the caller's to close. Every call made after Close
+// fails with an error wrapping sluice.ErrStoreClosed, and no policy
+// answers it.
 func (s *Store) Close() error {
 	if s == nil {
 		return nil
 	}
+	s.closed.Store(true)
 	for _, b := range s.breakers() {
 		b.closed.flush()
 	}
@@ -550,7 +554,7 @@ func (s *Store) refuse(ctx context.Context, op, key string, limit sluice.Limit, 
 	if s == nil || s.backend == nil {
 		return ErrZeroStore
 	}
-	return ended(ctx, op)
+	return s.ended(ctx, op)
 }
 
 func (s *Store) decide(ctx context.Context, op, key string, limit sluice.Limit, cost int64, take bool) (sluice.Decision, error) {
@@ -736,7 +740,7 @@ func (s *Store) Reset(ctx context.Context, key string, limit sluice.Limit) error
 	if s == nil || s.backend == nil {
 		return ErrZeroStore
 	}
-	if err := ended(ctx, "reset"); err != nil {
+	if err := s.ended(ctx, "reset"); err != nil {
 		return err
 	}
 	if s.cache != nil {
@@ -773,7 +777,7 @@ func (m *MultiStore) TakeAll(ctx context.Context, reqs []sluice.Request) ([]slui
 	if s == nil || m.multi == nil {
 		return nil, ErrZeroStore
 	}
-	if err := ended(ctx, "take_all"); err != nil {
+	if err := s.ended(ctx, "take_all"); err != nil {
 		return nil, err
 	}
 	now := s.clock()
@@ -956,19 +960,44 @@ func badInput(err error) bool {
 }
 
 // ended returns the error of a call whose context has already ended, as
-// callerFault words it, and nil otherwise. It is checked before the deny
-// cache, the breaker and the policy, so that such a call fails alike
-// whatever would have answered it, and spends no probe.
-func ended(ctx context.Context, op string) error {
+// callerFault words it, or of one made after Close (sluice.ErrStoreClosed),
+// and nil otherwise. It is checked before the deny cache, the breaker and
+// the policy, so that such a call fails alike whatever would have
+// answered it, and spends no probe.
+func (s *Store) ended(ctx context.Context, op string) error {
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("resilient: %s: %w", op, err)
+	}
+	if s.closed.Load() {
+		return fmt.Errorf("resilient: %s: %w", op, sluice.ErrStoreClosed)
+	}
+	return nil
+}
+
+// closedChecker is a backend that tells, with no round trip, that its
+// client was closed by its owner (redisstore.Store).
+type closedChecker interface{ CheckClosed() error }
+
+// backendClosed returns err as the backend's closure when its client was
+// closed, else nil. A call on a closed Redis Cluster client fails only
+// after go-redis's retries, 100–145 ms, so the timeout cuts it first and
+// err does not say so: without asking, the first calls after the close
+// would count as an outage and be answered by the policy.
+func (s *Store) backendClosed(err error) error {
+	c, ok := s.backend.(closedChecker)
+	if !ok {
+		return nil
+	}
+	if cerr := c.CheckClosed(); cerr != nil {
+		return fmt.Errorf("%w: %w", cerr, err)
 	}
 	return nil
 }
 
 // callerFault returns the error to return as it is, with the probe
 // released, when a failed backend call was the caller's doing (its context
-// ended, or bad input), and nil when the backend failed.
+// ended, bad input, or a backend whose client is closed), and nil when
+// the backend failed.
 func (s *Store) callerFault(ctx context.Context, op string, err error, gs ...gate) error {
 	if cerr := ctx.Err(); cerr != nil {
 		release(gs)
@@ -977,6 +1006,10 @@ func (s *Store) callerFault(ctx context.Context, op string, err error, gs ...gat
 	if badInput(err) {
 		release(gs)
 		return err
+	}
+	if cerr := s.backendClosed(err); cerr != nil {
+		release(gs)
+		return cerr
 	}
 	return nil
 }

@@ -1,0 +1,103 @@
+package resilient
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/redisstore"
+)
+
+// policyAnswers keeps the first store event the policy answered.
+type policyAnswers struct{ first atomic.Value }
+
+func (o *policyAnswers) ObserveDecision(sluice.DecisionEvent) {}
+func (o *policyAnswers) ObserveBreaker(sluice.BreakerEvent)   {}
+
+func (o *policyAnswers) ObserveStore(e sluice.StoreEvent) {
+	if e.Source != sluice.SourceBackend {
+		o.first.CompareAndSwap(nil, e)
+	}
+}
+
+// closedCalls are one of each call a resilient store takes, on key.
+func closedCalls(m *MultiStore, key string) []func(context.Context) error {
+	l := sluice.PerSecond(1_000_000)
+	in := sluice.Concurrent(100, time.Minute)
+	return []func(context.Context) error{
+		func(ctx context.Context) error { _, err := m.Take(ctx, key, l, 1); return err },
+		func(ctx context.Context) error { _, err := m.Peek(ctx, key, l, 1); return err },
+		func(ctx context.Context) error {
+			_, err := m.TakeAll(ctx, []sluice.Request{{Key: key, Limit: l, Cost: 1}})
+			return err
+		},
+		func(ctx context.Context) error { _, err := m.Acquire(ctx, key, in, 1, "h9"); return err },
+		func(ctx context.Context) error { _, err := m.Extend(ctx, key, in, "h0"); return err },
+		func(ctx context.Context) error { _, err := m.Release(ctx, key, "h1"); return err },
+		func(ctx context.Context) error { _, _, err := m.ReleaseOnce(ctx, key, "h2", time.Minute); return err },
+		func(ctx context.Context) error { _, err := m.Grant(ctx, key, l, 5); return err },
+		func(ctx context.Context) error { return m.Reset(ctx, key, l) },
+	}
+}
+
+// After its Redis Cluster client is closed, every call through a resilient
+// store with its default 50 ms timeout fails with sluice.ErrStoreClosed,
+// the first too, and no policy answers nor does the breaker move: a call on
+// a closed Cluster client takes go-redis 100–145 ms to fail, so the timeout
+// cut the first calls, which were counted as an outage.
+func TestClosedClusterClientNoPolicy(t *testing.T) {
+	cl := redistest.StartCluster(t, nil)
+	for _, p := range policies {
+		t.Run(p.String(), func(t *testing.T) {
+			own := cl.Client(t)
+			obs := &policyAnswers{}
+			m := newMultiStore(t, redisstore.New(own, &redisstore.Options{Prefix: redistest.Prefix(t)}),
+				&Options{Policy: p, Nodes: 1, FailureThreshold: 1, Observer: obs, Logger: discard})
+			ctx := context.Background()
+			in := sluice.Concurrent(100, time.Minute)
+			for _, h := range []string{"h0", "h1", "h2"} {
+				if d, err := m.Acquire(ctx, "k", in, 1, h); err != nil || !d.Allowed {
+					t.Fatal(d, err)
+				}
+			}
+			own.Close()
+			for i, call := range closedCalls(m, "k") {
+				start := time.Now()
+				if err := call(ctx); !errors.Is(err, sluice.ErrStoreClosed) {
+					t.Errorf("call %d after the client's Close: %v after %v, want sluice.ErrStoreClosed", i, err, time.Since(start))
+				}
+			}
+			if e, ok := obs.first.Load().(sluice.StoreEvent); ok {
+				t.Errorf("the policy answered a call on a closed client: %+v", e)
+			}
+			if st := m.State(); st != sluice.BreakerClosed {
+				t.Errorf("breaker %v after calls on a closed client, want closed", st)
+			}
+		})
+	}
+}
+
+// After the resilient store's own Close every call fails with
+// sluice.ErrStoreClosed, though its backend would still answer.
+func TestClosedStoreRefuses(t *testing.T) {
+	t.Parallel()
+	c := redis.NewClient(&redis.Options{Addr: redistest.Addr(t)})
+	t.Cleanup(func() { c.Close() })
+	m := newMultiStore(t, redisstore.New(c, &redisstore.Options{Prefix: redistest.Prefix(t)}), &Options{Logger: discard})
+	if err := m.Close(); err != nil {
+		t.Fatal(err)
+	}
+	for i, call := range closedCalls(m, "k") {
+		if err := call(context.Background()); !errors.Is(err, sluice.ErrStoreClosed) {
+			t.Errorf("call %d after Close = %v, want sluice.ErrStoreClosed", i, err)
+		}
+	}
+	if _, err := m.TakeByPolicy(context.Background(), "k", sluice.PerMinute(1), 1, nil); !errors.Is(err, sluice.ErrStoreClosed) {
+		t.Errorf("TakeByPolicy after Close = %v, want sluice.ErrStoreClosed", err)
+	}
+}
