@@ -156,11 +156,16 @@ func (m *Membership) run(ctx context.Context, s *script, member string, d time.D
 // failed is the error of a call that failed with err: on a Cluster client
 // its owner closed, sluice.ErrStoreClosed whatever err is, noted in the
 // Store so that every later call fails at once (see Store.failed: go-redis
-// takes 100–150 ms to fail each, longer than short deadlines). Unlike a
-// decision call's, a failure starts no slot-map reload.
+// takes 100–150 ms to fail each, longer than short deadlines). Otherwise,
+// as a decision call's, a failure that may mean a node is gone starts the
+// slot-map reloads: a process whose only calls are heartbeats would dial
+// a failed-over master until go-redis's own reload, a minute later.
 func (m *Membership) failed(err error) error {
 	if m.store != nil {
-		_, err = m.store.closedBy(m.key, err)
+		var closed bool
+		if closed, err = m.store.closedBy(m.key, err); !closed {
+			m.store.reload.failed(err)
+		}
 	}
 	return closedErr(err)
 }
