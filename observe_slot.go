@@ -23,8 +23,10 @@ const (
 	// (freed, or freed before when Again), OutcomeDenied (not held:
 	// expired or never acquired; nothing freed) or OutcomeError (the
 	// release failed: the middleware sends it again in the background,
-	// RetryRelease, and reports the answer as one more SlotRelease, with
-	// a SlotExpire when nothing was held; failing that, or with
+	// RetryRelease, and reports the answer as one more SlotRelease:
+	// Again when nothing was held though the hold could not have passed
+	// yet (the failed try ran, its answer lost), else not held with a
+	// SlotExpire; failing that, or with
 	// NotRetried when too many were being sent again, the store frees the
 	// slot at its hold timeout).
 	SlotRelease

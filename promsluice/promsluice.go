@@ -143,7 +143,7 @@ func New(opts *Options) *Collector {
 			"In-flight slot acquires by policy, the request's priority (critical, normal, sheddable) and outcome: allowed, denied (the key's slots are full: 429), shed (the priority's share is full: 503) or error.",
 			"policy", "priority", "outcome"),
 		slotCalls: counter("inflight_calls_total",
-			"In-flight slot extends and releases by policy, call (extend, release) and outcome: extended, released, released_before (a repeated release), not_held (expired or never acquired: nothing freed), error (a release is sent again in the background until the store answers or its hold passes, an extend tried again at the next round) or not_retried (a failed release not sent again, too many being sent already: the store frees the slot at its hold timeout).",
+			"In-flight slot extends and releases by policy, call (extend, release) and outcome: extended, released, released_before (a repeated release, or one sent again whose failed first try had freed the slot), not_held (expired or never acquired: nothing freed), error (a release is sent again in the background until the store answers or its hold passes, an extend tried again at the next round) or not_retried (a failed release not sent again, too many being sent already: the store frees the slot at its hold timeout).",
 			"policy", "call", "outcome"),
 		evicted: counter("fallback_evicted_keys_total",
 			"Keys a wrapped store's default fallback evicted to stay within its bound; each starts its limit afresh.", "store"),

@@ -301,6 +301,11 @@ type slotHold struct {
 	// from the answer of its acquire or last extend): how long a failed
 	// release is worth sending again.
 	until atomic.Int64
+	// sure is the hold counted from when its acquire or last extend was
+	// sent (Unix ns): before then the store cannot have freed the slot at
+	// its hold timeout, so a release answered "not held" before then was
+	// freed by an earlier try whose answer was lost, and is no expiry.
+	sure atomic.Int64
 	// lost: an extend found the slot no longer held (keep's alone).
 	lost bool
 	// With an observer, a store-backed hold reports a sluice.SlotExpire
@@ -358,6 +363,7 @@ func (rs *SlotRules[R]) Acquire(ctx context.Context, req R, p sluice.Priority) (
 		if h == nil {
 			h = &Held{ctx: context.WithoutCancel(ctx), env: rs.env, priority: p}
 		}
+		sent := time.Now()
 		sh, d, err := rs.acquire(ctx, i, key, weight, p)
 		if d.ReleaseDropped {
 			rs.abandonDropped(s.Name, p)
@@ -386,6 +392,7 @@ func (rs *SlotRules[R]) Acquire(ctx context.Context, req R, p sluice.Priority) (
 		if sh.slot != nil {
 			hold := s.Limit.Hold
 			sh.until.Store(time.Now().Add(hold).UnixNano())
+			sh.sure.Store(sent.Add(hold).UnixNano())
 			if h.every == 0 || hold/3 < h.every {
 				h.every = max(hold/3, minKeep)
 			}
@@ -427,11 +434,12 @@ func (h *Held) extend() {
 		if sh.slot == nil || sh.lost {
 			continue
 		}
+		sent := time.Now()
 		err := sh.slot.Extend(ctx)
 		if h.done.Load() {
 			break // released meanwhile: a "not held" is the release's doing
 		}
-		h.extended(sh, err)
+		h.extended(sh, sent, err)
 	}
 	cancel()
 	k := &h.env.keep
@@ -442,12 +450,13 @@ func (h *Held) extend() {
 	k.schedule(h) // its slots' expiries too, moved by the extends
 }
 
-// extended reports the outcome of sh's extend.
-func (h *Held) extended(sh *slotHold, err error) {
+// extended reports the outcome of sh's extend, sent at sent.
+func (h *Held) extended(sh *slotHold, sent time.Time, err error) {
 	switch {
 	case err == nil:
 		hold := sh.slot.Limit().Hold
 		sh.until.Store(time.Now().Add(hold).UnixNano())
+		sh.sure.Store(sent.Add(hold).UnixNano())
 		h.env.observe(sh.name, sluice.SlotExtend, sluice.OutcomeAllowed, h.priority, sh.weight)
 	case errors.Is(err, sluice.ErrSlotLost):
 		sh.lost = true
@@ -567,18 +576,24 @@ func (h *Held) Release() {
 }
 
 // retryRelease hands sh's failed release to sluice.RetryRelease, whose
-// answer is reported as one more release (or, not held, as an expiry). It
-// reports false when the release is not sent again: too many are.
+// answer is reported as one more release: freed now; freed before (Again)
+// when not held though its hold cannot have passed (sure), the failed try
+// having run (or the store having lost it), and no expiry; else not held,
+// and an expiry. It reports false when the release is not sent again:
+// too many are.
 func (h *Held) retryRelease(sh *slotHold, err error) bool {
 	var done func(bool)
 	if sh.state != nil {
 		done = func(held bool) {
-			if held {
+			before := !held && time.Now().UnixNano() < sh.sure.Load()
+			if held || before {
 				weight := sh.weight
 				if !sh.state.CompareAndSwap(0, 1) {
 					weight = 0 // past its hold: reported held no more then
 				}
-				h.env.observe(sh.name, sluice.SlotRelease, sluice.OutcomeAllowed, h.priority, weight)
+				if h.env.observer != nil {
+					h.env.observer.ObserveSlot(sluice.SlotEvent{Policy: sh.name, Op: sluice.SlotRelease, Outcome: sluice.OutcomeAllowed, Priority: h.priority, Weight: weight, Again: before})
+				}
 				return
 			}
 			h.env.observe(sh.name, sluice.SlotRelease, sluice.OutcomeDenied, h.priority, 0)
