@@ -255,6 +255,19 @@ func stalledOn(err error, shutdown bool) error {
 	return err
 }
 
+// ShuttingDown reports whether err is a stall named as the server's
+// shutdown: what Check and CheckAccess return for a master that holds
+// writes while its replicas catch up (INFO's shutdown_in_milliseconds).
+func ShuttingDown(err error) bool {
+	var ce *CheckError
+	return errors.As(err, &ce) && ce.Kind == ErrStalled && ce.Hint == shutdownHint
+}
+
+// StalledOnShutdown is Stalled for a call on a server a check found
+// shutting down (ShuttingDown): a stall is named as the shutdown, which
+// the call's own error cannot tell from CLIENT PAUSE.
+func StalledOnShutdown(err error) error { return stalledOn(err, true) }
+
 // Stalled is Classify for a caller who knows that the server answered just
 // before err: a timeout is then ErrStalled, not ErrUnreachable. Other errors
 // are Classify's.
@@ -349,8 +362,8 @@ func Check(ctx context.Context, c redis.UniversalClient) (*CheckReport, error) {
 			rep.Masters = append(rep.Masters, m.addr)
 		}
 		slices.Sort(rep.Masters)
-		err = eachMaster(ctx, masters, func(ctx context.Context, m clusterMaster, answered func()) error {
-			return checkMaster(ctx, m, answered, merge)
+		err = eachMaster(ctx, masters, func(ctx context.Context, m clusterMaster, answered func(), shutdown *atomic.Bool) error {
+			return checkMaster(ctx, m, answered, shutdown, merge)
 		})
 		if errors.Is(err, ErrPartial) {
 			return rep, err
@@ -400,19 +413,19 @@ const CheckMasterTimeout = time.Second
 // checkMaster is Check on one master of a Cluster, within
 // CheckMasterTimeout. merge takes the master's report once its check has
 // ended; a check cut short may still be running, so it gives none.
-func checkMaster(ctx context.Context, m clusterMaster, answered func(), merge func(*CheckReport)) error {
+// shutdown is set once INFO says the master is shutting down.
+func checkMaster(ctx context.Context, m clusterMaster, answered func(), shutdown *atomic.Bool, merge func(*CheckReport)) error {
 	mctx, cancel := context.WithTimeout(ctx, CheckMasterTimeout)
 	defer cancel()
 	var r CheckReport
 	var scripting atomic.Int32
-	var shutdown atomic.Bool
 	var ferr, err error // ferr, r: the check's, read once it has ended
 	berr := bounded(mctx, make(chan struct{}, 1), func() {
 		if ferr = m.node.Ping(mctx).Err(); ferr != nil {
 			return
 		}
 		answered()
-		ferr = checkNode(mctx, m.node, true, &r, &scripting, &shutdown)
+		ferr = checkNode(mctx, m.node, true, &r, &scripting, shutdown)
 	})
 	if berr == nil {
 		merge(&r)
@@ -633,13 +646,14 @@ func (s *Store) checkAccessMasters(ctx context.Context, cc *redis.ClusterClient)
 	}
 	// A periodic check tells a failover no call told (OnFailover).
 	defer s.reload.look(true)
-	return eachMaster(ctx, masters, func(ctx context.Context, m clusterMaster, answered func()) error {
-		shutdown, err := pingShutdown(ctx, m.node)
+	return eachMaster(ctx, masters, func(ctx context.Context, m clusterMaster, answered func(), shutdown *atomic.Bool) error {
+		down, err := pingShutdown(ctx, m.node)
 		if err != nil {
 			return Classify(err)
 		}
+		shutdown.Store(down)
 		answered()
-		return stalledOn(s.runAccess(ctx, m.key), shutdown)
+		return stalledOn(s.runAccess(ctx, m.key), down)
 	})
 }
 

@@ -213,19 +213,21 @@ func clusterMasters(ctx context.Context, cc *redis.ClusterClient, prefix string)
 
 // eachMaster runs check on every master at once and joins the results
 // (mastersErr). It returns as soon as ctx ends: a master whose check has
-// not ended then fails as stalled if it answered (check called answered),
-// else as unreachable, each wrapping ctx's error, so that the masters that
-// passed are still told from a stopped one.
-func eachMaster(ctx context.Context, masters []clusterMaster, check func(ctx context.Context, m clusterMaster, answered func()) error) error {
+// not ended then fails as stalled if it answered (check called answered;
+// named as its shutdown if check set shutdown, from INFO), else as
+// unreachable, each wrapping ctx's error, so that the masters that passed
+// are still told from a stopped one.
+func eachMaster(ctx context.Context, masters []clusterMaster, check func(ctx context.Context, m clusterMaster, answered func(), shutdown *atomic.Bool) error) error {
 	type result struct {
 		i   int
 		err error
 	}
 	results := make(chan result, len(masters))
 	answered := make([]atomic.Bool, len(masters))
+	shutdown := make([]atomic.Bool, len(masters))
 	for i, m := range masters {
 		go func() {
-			results <- result{i, check(ctx, m, func() { answered[i].Store(true) })}
+			results <- result{i, check(ctx, m, func() { answered[i].Store(true) }, &shutdown[i])}
 		}()
 	}
 	errs := make(map[string]error, len(masters))
@@ -242,7 +244,7 @@ func eachMaster(ctx context.Context, masters []clusterMaster, check func(ctx con
 			}
 			err := fmt.Errorf("no answer from %s before the check's end: %w", m.addr, ctx.Err())
 			if answered[i].Load() {
-				errs[m.addr] = Stalled(err)
+				errs[m.addr] = stalledOn(err, shutdown[i].Load())
 			} else {
 				errs[m.addr] = Classify(err)
 			}

@@ -1042,6 +1042,7 @@ func (h *Health) Status() Status {
 	if parts := st.OpenPartitions; len(parts) > 0 && !h.fallback && h.storeErr == nil {
 		why := ""
 		if err := h.parts[parts[0]]; err != nil {
+			err = h.shutdownNamedLocked(parts[0], err)
 			why = " (calls failed: " + cause(err) + ": " + err.Error() + ")"
 		}
 		whose := "the breaker of Redis Cluster master " + parts[0] + " is open"
@@ -1085,6 +1086,17 @@ func (h *Health) Status() Status {
 			why, h.policy, h.partialN, time.Since(h.partialAt).Round(time.Millisecond)))
 	}
 	return st
+}
+
+// shutdownNamedLocked is why, the error that opened master addr's
+// breaker, its stall named as the shutdown the service's checks found
+// that master in: a call cannot tell a shutdown from CLIENT PAUSE, the
+// check asks INFO.
+func (h *Health) shutdownNamedLocked(addr string, why error) error {
+	if m, ok := h.masters[addr]; ok && redisstore.ShuttingDown(m.err) && errors.Is(why, redisstore.ErrStalled) {
+		return redisstore.StalledOnShutdown(why)
+	}
+	return why
 }
 
 // ready answers /readyz and /v1/status. Without a failure policy it asks
