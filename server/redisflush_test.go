@@ -2,6 +2,10 @@ package server
 
 import (
 	"context"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -89,5 +93,95 @@ func TestServerRedisFlushToldCluster(t *testing.T) {
 		if got := scrapedMetric(t, p, `sluice_redis_flushes_total{node="`+a+`"}`); got != want {
 			t.Errorf("sluice_redis_flushes_total{node=%q} = %q, want %s", a, got, want)
 		}
+	}
+}
+
+// TestServerRedisFlushSoonAfterStartTold: a FLUSHALL before the watch's
+// first poll (a second after the start, at the default interval) is told:
+// the watch reads the marker at once when it starts. Before, the first
+// poll found no marker read before it, wrote one, and told nothing.
+func TestServerRedisFlushSoonAfterStartTold(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	r := redistest.StartServer(t)
+	admin := r.Client(t)
+	fp, _, err := ParseFailurePolicy("local")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var logs syncBuffer
+	runServer(t, Options{ConfigFile: "testdata/envoy-example.yaml", RedisURL: "redis://" + r.Addr,
+		FailurePolicy: fp, StoreCheckInterval: time.Second, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	time.Sleep(300 * time.Millisecond)
+	if err := admin.FlushAll(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	logged(t, &logs, "Redis flushed", "node="+r.Addr)
+}
+
+// TestServerRedisFlushDuringEvictions: a FLUSHALL while Redis evicts keys
+// is told as a flush, not taken for an eviction of the marker key: under
+// a volatile-* policy, which never evicts a key without a TTL, whatever
+// was evicted; under allkeys-*, which may evict it, because INFO
+// commandstats counted the FLUSHALL. The marker deleted under allkeys-*
+// while keys are evicted, which no FLUSHALL or FLUSHDB explains, is left
+// to the evictions: it may have been one.
+func TestServerRedisFlushDuringEvictions(t *testing.T) {
+	t.Parallel()
+	for _, policy := range []string{"volatile-lru", "allkeys-lru"} {
+		t.Run(policy, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			r := redistest.StartServer(t)
+			admin := r.Client(t)
+			var logs syncBuffer
+			startOnRedis(t, "redis://"+r.Addr, "local", &logs) // a poll every 50 ms
+			if !eventually(func() bool { return admin.Exists(ctx, markerPrefix).Val() == 1 }) {
+				t.Fatal("no marker key written")
+			}
+			used, _ := strconv.ParseInt(parseInfo(admin.Info(ctx, "memory").Val())["used_memory"], 10, 64)
+			if err := admin.ConfigSet(ctx, "maxmemory", strconv.FormatInt(used+2<<20, 10)).Err(); err != nil {
+				t.Fatal(err)
+			}
+			if err := admin.ConfigSet(ctx, "maxmemory-policy", policy).Err(); err != nil {
+				t.Fatal(err)
+			}
+			// Keys with a TTL, which either policy evicts, written until
+			// the end: evictions on every poll.
+			stop := make(chan struct{})
+			filled := make(chan struct{})
+			go func() {
+				defer close(filled)
+				value := strings.Repeat("x", 10<<10)
+				for round := 0; ; round++ {
+					select {
+					case <-stop:
+						return
+					default:
+					}
+					pipe := admin.Pipeline()
+					for i := range 50 {
+						pipe.Set(ctx, fmt.Sprintf("fill:%d:%d", round, i), value, time.Hour)
+					}
+					pipe.Exec(ctx)
+					time.Sleep(5 * time.Millisecond)
+				}
+			}()
+			defer func() { close(stop); <-filled }()
+			logged(t, &logs, "Redis evicting keys")
+			if policy == "allkeys-lru" {
+				if err := admin.Del(ctx, markerPrefix).Err(); err != nil {
+					t.Fatal(err)
+				}
+				time.Sleep(300 * time.Millisecond) // polls that find it gone, and write it again
+				if n := countLines(&logs, "Redis flushed"); n != 0 {
+					t.Fatalf("the marker deleted while allkeys-lru evicts told as a flush:\n%s", logs.String())
+				}
+			}
+			if err := admin.FlushAll(ctx).Err(); err != nil {
+				t.Fatal(err)
+			}
+			logged(t, &logs, "Redis flushed", "node="+r.Addr)
+		})
 	}
 }

@@ -232,9 +232,10 @@ type evictedNode struct {
 	grewAt   time.Time // the last read that found evictions
 
 	// The marker key (see marker): its value at the last look, the
-	// server's run_id then, and the flushes it told.
+	// server's run_id then, and the flushes it told; flushCalls is the
+	// FLUSHALL and FLUSHDB calls INFO commandstats counted then.
 	marker, markerRun, markerKey string
-	flushes                      int64
+	flushes, flushCalls          int64
 }
 
 func newEvictionWatch(log *slog.Logger, every time.Duration) *evictionWatch {
@@ -359,23 +360,27 @@ func (w *evictionWatch) counts(node string) nodeCounts {
 	return nodeCounts{evicted: n.evicted, restarts: n.restarts, flushes: n.flushes, read: true, known: n.runID != ""}
 }
 
-// watch reads every node's INFO every interval until stop is closed,
-// skipping the polls when down reports the store lost.
+// watch reads every node's INFO at once, then every interval until stop
+// is closed, skipping the polls when down reports the store lost. The
+// first read sets the marker key at start: a flush before the first poll
+// would find no marker read before it, and be missed.
 func (w *evictionWatch) watch(stop <-chan struct{}, every time.Duration, client redis.UniversalClient, down func() bool) {
-	tick.Every(stop, every, func() {
+	poll := func() {
 		if down() {
 			return
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), min(every, redisInfoTimeout))
 		defer cancel()
 		eachNode(ctx, client, func(ctx context.Context, node *redis.Client, name string) {
-			if raw, err := node.Info(ctx, "server", "persistence", "stats", "memory").Result(); err == nil {
+			if raw, err := node.Info(ctx, "server", "persistence", "stats", "memory", "commandstats").Result(); err == nil {
 				info, now := parseInfo(raw), time.Now()
 				w.observe(name, info, now)
-				w.marker(ctx, client, node, name, info["run_id"], now)
+				w.marker(ctx, client, node, name, info, now)
 			}
 		})
-	})
+	}
+	poll()
+	tick.Every(stop, every, poll)
 }
 
 // markerPrefix starts the marker key: under sluice's key prefix, so that
@@ -389,12 +394,16 @@ const markerPrefix = "sluice:marker"
 // GET: one round trip), and reads the value there. A value other than the
 // last one read, on the same server (run_id), is a flush: the key was
 // gone and this instance or another wrote it again. A restart or a
-// failover (another run_id) is told by their own lines; a key maybe
-// evicted (evictions in this read or the one before) is told as
-// evictions. On a Cluster each
+// failover (another run_id) is told by their own lines. The key has no
+// TTL, so only an allkeys-* maxmemory-policy may evict it: there, with
+// evictions in this read or the one before, its loss is a flush only if
+// INFO commandstats counted a FLUSHALL or FLUSHDB since the last read,
+// and told as evictions otherwise; under the other policies (volatile-*,
+// noeviction) it is a flush whatever was evicted. On a Cluster each
 // master has its own key, in one of its slots. Errors (a replica, a
 // refused write) leave it unchanged.
-func (w *evictionWatch) marker(ctx context.Context, client redis.UniversalClient, node *redis.Client, name, runID string, now time.Time) {
+func (w *evictionWatch) marker(ctx context.Context, client redis.UniversalClient, node *redis.Client, name string, info map[string]string, now time.Time) {
+	runID := info["run_id"]
 	if runID == "" {
 		return
 	}
@@ -423,14 +432,39 @@ func (w *evictionWatch) marker(ctx context.Context, client redis.UniversalClient
 	if n == nil {
 		return
 	}
-	prev, prevRun, prevKey := n.marker, n.markerRun, n.markerKey
-	n.marker, n.markerRun, n.markerKey = found, runID, key
-	if prev == "" || prev == found || prevRun != runID || prevKey != key || now.Sub(n.grewAt) <= 2*w.every {
+	prev, prevRun, prevKey, prevCalls := n.marker, n.markerRun, n.markerKey, n.flushCalls
+	calls := flushCalls(info)
+	n.marker, n.markerRun, n.markerKey, n.flushCalls = found, runID, key, calls
+	if prev == "" || prev == found || prevRun != runID || prevKey != key {
+		return
+	}
+	// calls below the last read's: CONFIG RESETSTAT since, and calls
+	// made after it.
+	flushed := calls > prevCalls || (calls < prevCalls && calls > 0)
+	if now.Sub(n.grewAt) <= 2*w.every && mayEvictMarker(info["maxmemory_policy"]) && !flushed {
 		return
 	}
 	n.flushes++
 	w.log.Warn("Redis flushed: sluice's keys are gone without a restart (FLUSHALL, FLUSHDB, or sluice's keys deleted); every limit starts afresh, each may admit up to its whole limit again",
 		"node", name)
+}
+
+// flushCalls is the FLUSHALL and FLUSHDB calls INFO commandstats counts
+// (0 without them: none made, or the section refused).
+func flushCalls(info map[string]string) int64 {
+	var n int64
+	for _, cmd := range []string{"cmdstat_flushall", "cmdstat_flushdb"} {
+		c, _ := strconv.ParseInt(commandStat(info[cmd])["calls"], 10, 64)
+		n += c
+	}
+	return n
+}
+
+// mayEvictMarker reports whether maxmemory-policy policy may evict the
+// marker key, which has no TTL: the allkeys-* policies, or one INFO did
+// not say.
+func mayEvictMarker(policy string) bool {
+	return policy == "" || strings.HasPrefix(policy, "allkeys-")
 }
 
 // markerKey returns the marker key of node name: on a Cluster, a key in
