@@ -139,7 +139,7 @@ type Health struct {
 	// evicts start afresh, though still ready.
 	evicting string
 	// sentinel is the reason while a Sentinel client is on a master the
-	// Sentinels replaced (see masterConns), "" otherwise.
+	// Sentinels replaced (see redisstore.FollowOptions.OnDegraded), "" otherwise.
 	sentinel string
 	// memory reads the memory store's figures for /v1/status, without
 	// mu; nil without a memory store.

@@ -289,23 +289,60 @@ func (s *Server) openStore() (sluice.Store, error) {
 		if err != nil {
 			return nil, err
 		}
-		var conns *masterConns
-		if sentinelFailoverOptions(redisURL) != nil {
-			replaced := prometheus.NewCounterVec(prometheus.CounterOpts{
-				Name: "sluice_redis_replaced_master_total",
-				Help: "Sentinel only: times the client was on a master a Sentinel announced replaced (its replica promoted, +switch-master), how=closed: its connections closed, so that it dials the new one; how=redirected: its Sentinel still named the old one, and the client's dials went to the new one until the Sentinels agreed.",
-			}, []string{"how"})
-			replaced.WithLabelValues("closed")
-			replaced.WithLabelValues("redirected")
-			s.metrics.reg.MustRegister(replaced)
-			conns = newMasterConns(s.log, s.health.setSentinel, func(how string) { replaced.WithLabelValues(how).Inc() })
+		// A Sentinel client follows every Sentinel's announcements
+		// (redisstore.FollowSentinels): on a switch its connections to
+		// the old master close, and once it reaches the new one the
+		// breaker probes at once, as on a Cluster (probe, set below).
+		replaced := prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sluice_redis_replaced_master_total",
+			Help: "Sentinel only: times the client was on a master a Sentinel announced replaced (its replica promoted, +switch-master), how=closed: its connections closed, so that it dials the new one; how=redirected: its Sentinel still named the old one, and the client's dials went to the new one until the Sentinels agreed.",
+		}, []string{"how"})
+		failovers := prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sluice_redis_failovers_total",
+			Help: "Redis master changes seen: kind cluster (the masters of the slot map changed), sentinel (the promoted replica reporting master, +promoted-slave or +switch-master, once per change). Writes the old master had not replicated are lost with it: the limits they counted start partly afresh.",
+		}, []string{"kind"})
+		var probe atomic.Pointer[func(context.Context) error]
+		probeNow := func(ctx context.Context) error {
+			if p := probe.Load(); p != nil {
+				return (*p)(ctx)
+			}
+			return nil
 		}
-		client, err := newRedisClient(redisURL, s.opts.DecisionTimeout, conns)
+		var (
+			client   redis.UniversalClient
+			built    = make(chan struct{}) // client is set
+			follower *redisstore.SentinelFollower
+		)
+		follow := func(o *redis.FailoverOptions) {
+			switches := failovers.WithLabelValues("sentinel")
+			follower = redisstore.FollowSentinels(o, &redisstore.FollowOptions{
+				Logger:     s.log,
+				OnDegraded: s.health.setSentinel,
+				OnReplaced: func(how string) { replaced.WithLabelValues(how).Inc() },
+				OnSwitch: func(ctx context.Context, from, to string) {
+					switches.Inc()
+					select {
+					case <-built:
+					case <-ctx.Done():
+						return
+					}
+					probeAfterSwitch(ctx, func(ctx context.Context) error { return client.Ping(ctx).Err() }, probeNow)
+				},
+			})
+		}
+		client, err = newRedisClient(redisURL, s.opts.DecisionTimeout, follow)
 		if err != nil {
 			return nil, err
 		}
+		close(built)
 		redisstore.DetectRefusals(client) // Redis at maxclients: its words, not a broken pipe
 		s.closers = append(s.closers, func() { client.Close() })
+		if follower != nil {
+			replaced.WithLabelValues("closed")
+			replaced.WithLabelValues("redirected")
+			s.metrics.reg.MustRegister(replaced)
+			s.closers = append(s.closers, follower.Close)
+		}
 		if err := s.checkRedis(client); err != nil {
 			return nil, err
 		}
@@ -353,26 +390,9 @@ func (s *Server) openStore() (sluice.Store, error) {
 		}, func() float64 { return rs.RoundTrip().Seconds() }))
 		// A failover is counted whatever the failure policy; with one, its
 		// breaker probes the new master at once (probe, set below).
-		failovers := prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "sluice_redis_failovers_total",
-			Help: "Redis master changes seen: kind cluster (the masters of the slot map changed), sentinel (the promoted replica reporting master, +promoted-slave or +switch-master, once per change). Writes the old master had not replicated are lost with it: the limits they counted start partly afresh.",
-		}, []string{"kind"})
 		s.metrics.reg.MustRegister(failovers)
-		var probe atomic.Pointer[func(context.Context) error]
-		probeNow := func(ctx context.Context) error {
-			if p := probe.Load(); p != nil {
-				return (*p)(ctx)
-			}
-			return nil
-		}
 		clusterFailovers := failovers.WithLabelValues("cluster")
 		rs.OnFailover(func() { clusterFailovers.Inc(); probeNow(context.Background()) })
-		if o := sentinelFailoverOptions(redisURL); o != nil {
-			switches := failovers.WithLabelValues("sentinel")
-			s.closers = append(s.closers, watchSwitchMaster(o, s.log,
-				func(ctx context.Context) error { return client.Ping(ctx).Err() }, probeNow,
-				func(from, to string) { switches.Inc(); conns.switched(from, to) }))
-		}
 		fleet, err := s.startFleet(rs)
 		if err != nil {
 			return nil, err

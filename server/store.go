@@ -104,10 +104,10 @@ func coverTimeout(d time.Duration, timeouts ...*time.Duration) {
 }
 
 // newRedisClient is NewRedisClient whose timeouts the URL does not set
-// last at least the decision timeout d. A Sentinel client dials through
-// conns, when not nil, so that a switch any Sentinel announces can move it
-// (masterConns).
-func newRedisClient(rawURL string, d time.Duration, conns *masterConns) (redis.UniversalClient, error) {
+// last at least the decision timeout d. A Sentinel client's options are
+// given to follow, when not nil, before the client is built from them
+// (redisstore.FollowSentinels).
+func newRedisClient(rawURL string, d time.Duration, follow func(*redis.FailoverOptions)) (redis.UniversalClient, error) {
 	u, err := url.Parse(rawURL)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrRedisURL, redactErr(err, rawURL))
@@ -129,10 +129,8 @@ func newRedisClient(rawURL string, d time.Duration, conns *masterConns) (redis.U
 		}
 		o.ContextTimeoutEnabled = true
 		coverTimeout(d, &o.DialTimeout, &o.ReadTimeout, &o.WriteTimeout)
-		if conns != nil {
-			// go-redis's own dial, which a Dialer replaces.
-			conns.dial = redis.NewDialer(&redis.Options{DialTimeout: cmp.Or(o.DialTimeout, redisDefaultTimeout), TLSConfig: o.TLSConfig})
-			o.Dialer = conns.Dial
+		if follow != nil {
+			follow(o)
 		}
 		return redis.NewFailoverClient(o), nil
 	case variant == "cluster" || (variant == "" && q.Has("addr")):

@@ -1,4 +1,4 @@
-package server
+package redisstore
 
 import (
 	"bytes"
@@ -6,7 +6,6 @@ import (
 	"errors"
 	"log/slog"
 	"net"
-	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -16,7 +15,6 @@ import (
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/redistest"
-	"github.com/sluicehq/sluice/redisstore"
 )
 
 // testConns is a masterConns on a fake clock, recording what it tells.
@@ -31,10 +29,10 @@ type testConns struct {
 
 func newTestConns() *testConns {
 	tc := &testConns{counts: map[string]int{}, clock: time.Now()}
-	tc.masterConns = newMasterConns(slog.New(slog.NewTextHandler(&tc.log, nil)),
+	tc.masterConns = newMasterConns((&net.Dialer{Timeout: time.Second}).DialContext,
+		slog.New(slog.NewTextHandler(&tc.log, nil)),
 		func(r string) { tc.mu.Lock(); tc.reasons = append(tc.reasons, r); tc.mu.Unlock() },
 		func(how string) { tc.mu.Lock(); tc.counts[how]++; tc.mu.Unlock() })
-	tc.dial = (&net.Dialer{Timeout: time.Second}).DialContext
 	tc.now = func() time.Time { tc.mu.Lock(); defer tc.mu.Unlock(); return tc.clock }
 	return tc
 }
@@ -178,7 +176,7 @@ func TestMasterConnsMidCall(t *testing.T) {
 	tc := newTestConns()
 	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr, Dialer: tc.Dial})
 	defer rdb.Close()
-	s := redisstore.New(rdb, &redisstore.Options{Prefix: redistest.Prefix(t)})
+	s := New(rdb, &Options{Prefix: redistest.Prefix(t)})
 	ctx := context.Background()
 	limit := sluice.PerHour(100)
 	if _, err := s.Take(ctx, "k", limit, 1); err != nil {
@@ -216,19 +214,5 @@ func TestMasterConnsMidCall(t *testing.T) {
 	}
 	if got := limit.Rate - d.Remaining; got != 1 {
 		t.Errorf("%d taken, want 1: the take on the closed connection ran", got)
-	}
-}
-
-// TestHealthSentinelReason: a Sentinel client on a replaced master makes
-// the instance degraded, with the reason, until it is told otherwise.
-func TestHealthSentinelReason(t *testing.T) {
-	h := newHealth(healthOptions{policy: "local", withPolicy: true, store: "redis"})
-	h.setSentinel("Redis master a was replaced by b")
-	if st := h.Status(); !st.Degraded || !st.Ready || !slices.Contains(st.Reasons, "Redis master a was replaced by b") {
-		t.Errorf("status %+v, want ready, degraded, with the reason", st)
-	}
-	h.setSentinel("")
-	if st := h.Status(); st.Degraded || len(st.Reasons) != 0 {
-		t.Errorf("status %+v, want not degraded", st)
 	}
 }

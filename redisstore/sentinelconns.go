@@ -1,4 +1,4 @@
-package server
+package redisstore
 
 import (
 	"context"
@@ -31,7 +31,7 @@ const (
 // +switch-master, which comes a second or more after the promotion (the
 // one leading a planned failover announces it only once the other
 // replicas have resynced, seconds later), while the old master, still a
-// master until then, answers every pooled connection: an instance would
+// master until then, answers every pooled connection: a process would
 // decide on it while the rest of the fleet decides on the new one, and
 // its takes there are lost when it becomes a replica. On a switch any
 // Sentinel announced (its promotion, or +switch-master), switched closes
@@ -43,9 +43,9 @@ const (
 type masterConns struct {
 	dial func(ctx context.Context, network, addr string) (net.Conn, error)
 	log  *slog.Logger
-	// reason tells Health the client's master differs from the one
-	// announced ("" once they agree); counted counts a closing or a
-	// redirection. Either may be nil.
+	// reason tells the client's master differs from the one announced
+	// ("" once they agree); counted counts a closing or a redirection.
+	// Either may be nil.
 	reason  func(string)
 	counted func(how string)
 	now     func() time.Time
@@ -58,11 +58,11 @@ type masterConns struct {
 	redirecting bool      // a dial to from sent to to since
 }
 
-func newMasterConns(log *slog.Logger, reason func(string), counted func(string)) *masterConns {
+func newMasterConns(dial func(ctx context.Context, network, addr string) (net.Conn, error), log *slog.Logger, reason func(string), counted func(string)) *masterConns {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &masterConns{log: log, reason: reason, counted: counted, now: time.Now,
+	return &masterConns{dial: dial, log: log, reason: reason, counted: counted, now: time.Now,
 		conns: map[string]map[*trackedConn]struct{}{}}
 }
 
@@ -95,12 +95,12 @@ func (m *masterConns) replaced(addr string) (bool, time.Duration) {
 // refused: the replacement is a master (a Sentinel announces a promotion
 // only once the replica reported role master, and the failover is
 // committed from then on) and the other Sentinels will name it within
-// seconds, so the instance decides on Redis, on the master the rest of
-// the fleet uses, rather than on the failure policy. Its role is not
+// seconds, so the client decides on Redis, on the master the rest of
+// the fleet uses, rather than failing (or a failure policy answering). Its role is not
 // asked again here: the connection is not go-redis's yet (no AUTH, no
 // HELLO), and were it a replica after all (a failover back not heard) the
 // store's scripts would fail on it with READONLY (replica-read-only, the
-// default), answered by the failure policy.
+// default), answered by any failure policy.
 func (m *masterConns) Dial(ctx context.Context, network, addr string) (net.Conn, error) {
 	for {
 		target := m.route(addr)

@@ -1,0 +1,276 @@
+package redisstore
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Backoff between subscriptions to a Sentinel that is down or refused.
+const (
+	sentinelRetryMin = 100 * time.Millisecond
+	sentinelRetryMax = 10 * time.Second
+	sentinelPing     = 15 * time.Second // idle time before a subscription is checked
+	// sentinelAskTimeout bounds a question to a Sentinel or to the
+	// replica being promoted.
+	sentinelAskTimeout = 250 * time.Millisecond
+)
+
+const sentinelSwitchMsg = "redis: sentinel switched master"
+
+// sentinelSwitchChannels are the Sentinel events that tell a master
+// replaced: the promotion, published by the Sentinel leading the
+// failover once its INFO of the replica reports role master, before any
+// +switch-master (the others learn the new master from its hello
+// messages); and the switch, which a Sentinel that missed the promotion
+// (subscribed late, or not the leader's) still announces. Before both,
+// the leader's +failover-state-wait-promotion: it has just sent the
+// replica SLAVEOF NO ONE (sentinelPromotionEvent).
+var sentinelSwitchChannels = []string{sentinelPromotionEvent, "+promoted-slave", "+switch-master"}
+
+// sentinelPromotionEvent is published by the Sentinel leading a failover
+// once it has sent the chosen replica SLAVEOF NO ONE. The replica is a
+// master a round trip later, but the leader sees it only on its next
+// INFO of the replica, one a second: its +promoted-slave came 0.9 s after
+// the replica's role changed (TestFaultServeSentinelPromotion), and the
+// old master, still a master, took writes meanwhile that were lost. So
+// the watch asks the replica its role itself (sentinelRoleEvery), and
+// acts as on +promoted-slave once it answers master.
+const sentinelPromotionEvent = "+failover-state-wait-promotion"
+
+// How often, and how long, the replica a Sentinel is promoting is asked
+// its role. Past sentinelRoleFor the leader's +promoted-slave is waited
+// for instead.
+const (
+	sentinelRoleEvery = 5 * time.Millisecond
+	sentinelRoleFor   = 2 * time.Second
+)
+
+const sentinelRoleMsg = "redis: cannot ask the replica a Sentinel is promoting its role (INFO replication): leaving the old master at the Sentinel's +promoted-slave"
+
+// parseSwitch reads a payload of one of sentinelSwitchChannels: the
+// master's name, its old address and its new one.
+func parseSwitch(channel, payload string) (name, from, to string, ok bool) {
+	f := strings.Fields(payload)
+	switch {
+	case channel == "+switch-master" && len(f) == 5:
+		// <master-name> <old-ip> <old-port> <new-ip> <new-port>
+		return f[0], net.JoinHostPort(f[1], f[2]), net.JoinHostPort(f[3], f[4]), true
+	case channel != "+switch-master" && len(f) == 8 && f[0] == "slave" && f[4] == "@":
+		// slave <ip:port> <ip> <port> @ <master-name> <master-ip> <master-port>
+		return f[5], net.JoinHostPort(f[6], f[7]), net.JoinHostPort(f[2], f[3]), true
+	}
+	return "", "", "", false
+}
+
+// watchSwitchMaster subscribes to the promotions and switches
+// (sentinelSwitchChannels) on every Sentinel of o and, when one announces
+// a new master for o.MasterName, tells switched (old and new master's
+// addresses, and a context that ends with the watch). Every Sentinel, not
+// one, since the one that is down may be the one a single subscription
+// used, and the one leading a planned failover announces the switch last
+// (its promotion first). A change told several times (the promotion, then
+// each Sentinel's switch) is acted on once. o.Dialer, if set, dials the
+// Sentinels and the replica being promoted. The returned stop ends the
+// subscriptions, and waits for a switched under way.
+func watchSwitchMaster(o *redis.FailoverOptions, log *slog.Logger, switched func(ctx context.Context, from, to string)) (stop func()) {
+	ctx, cancel := context.WithCancel(context.Background())
+	var (
+		wg   sync.WaitGroup
+		mu   sync.Mutex
+		last [2]string // the change last acted on: from, to
+	)
+	act := func(event, from, to string) {
+		mu.Lock()
+		again := last == [2]string{from, to}
+		last = [2]string{from, to}
+		mu.Unlock()
+		if again {
+			return
+		}
+		log.Info(sentinelSwitchMsg, "master_name", o.MasterName, "from", from, "to", to, "event", event)
+		switched(ctx, from, to)
+	}
+	acted := func(from, to string) bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return last == [2]string{from, to}
+	}
+	// awaitRole asks the replica being promoted its role until it answers
+	// master, then acts; it stops early once the change is acted on (the
+	// leader's +promoted-slave came first), or when the replica refuses
+	// the question (an ACL without ROLE: logged).
+	awaitRole := func(from, to string) {
+		rc := redis.NewClient(&redis.Options{
+			Addr: to, Username: o.Username, Password: o.Password, Protocol: o.Protocol,
+			TLSConfig: o.TLSConfig, Dialer: o.Dialer, DialTimeout: o.DialTimeout,
+			MaxRetries: -1, PoolSize: 1,
+		})
+		defer rc.Close()
+		for deadline := time.Now().Add(sentinelRoleFor); ctx.Err() == nil && time.Now().Before(deadline) && !acted(from, to); {
+			// INFO, not ROLE: the user sluice's docs give has +info, and
+			// ROLE is in @admin.
+			rctx, cancel := context.WithTimeout(ctx, sentinelAskTimeout)
+			info, err := rc.Info(rctx, "replication").Result()
+			cancel()
+			if err == nil && strings.Contains(info, "role:master\r\n") {
+				act("role", from, to)
+				return
+			}
+			var rerr redis.Error
+			if errors.As(err, &rerr) {
+				log.Warn(sentinelRoleMsg, "replica", to, "err", err)
+				return
+			}
+			select {
+			case <-ctx.Done():
+			case <-time.After(sentinelRoleEvery):
+			}
+		}
+	}
+	var awaiting sync.Map // from, to: the promotions whose replica is asked
+	onSwitch := func(channel, payload string) {
+		name, from, to, ok := parseSwitch(channel, payload)
+		if !ok || name != o.MasterName {
+			return
+		}
+		if channel != sentinelPromotionEvent {
+			act(channel, from, to)
+			return
+		}
+		if _, dup := awaiting.LoadOrStore([2]string{from, to}, true); dup || acted(from, to) {
+			return
+		}
+		wg.Add(1) // under the subscription's count: never races stop's Wait
+		go func() {
+			defer wg.Done()
+			defer awaiting.Delete([2]string{from, to})
+			awaitRole(from, to)
+		}()
+	}
+	opts := func(addr string) *redis.Options {
+		return &redis.Options{
+			Addr: addr, Username: o.SentinelUsername, Password: o.SentinelPassword,
+			TLSConfig: o.TLSConfig, Dialer: o.Dialer, DialTimeout: o.DialTimeout,
+			MaxRetries: -1, PoolSize: 1, // retries are the loop's, with backoff
+		}
+	}
+	var (
+		smu        sync.Mutex
+		subscribed = map[string]bool{}
+	)
+	// subscribe runs while wg counts the caller (the start, or discover's
+	// goroutine), so its wg.Add never races stop's Wait.
+	subscribe := func(addr string) {
+		smu.Lock()
+		defer smu.Unlock()
+		if subscribed[addr] || ctx.Err() != nil {
+			return
+		}
+		subscribed[addr] = true
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			subscribeSwitches(ctx, opts(addr), onSwitch)
+		}()
+	}
+	known := func() []string {
+		smu.Lock()
+		defer smu.Unlock()
+		addrs := make([]string, 0, len(subscribed))
+		for a := range subscribed {
+			addrs = append(addrs, a)
+		}
+		return addrs
+	}
+	for _, addr := range o.SentinelAddrs {
+		subscribe(addr)
+	}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		discoverSentinels(ctx, o.MasterName, opts, known, subscribe)
+	}()
+	return func() { cancel(); wg.Wait() }
+}
+
+// sentinelDiscoverEvery is how often the Sentinels the options name are
+// asked for the others that monitor its master.
+const sentinelDiscoverEvery = 30 * time.Second
+
+// discoverSentinels subscribes to every Sentinel that monitors master, as
+// the known ones list it (SENTINEL SENTINELS), now and every
+// sentinelDiscoverEvery until ctx ends. Options often name one Sentinel:
+// if it leads a planned failover it announces the switch seconds after
+// the others, and the client would hear of it late.
+func discoverSentinels(ctx context.Context, master string, opts func(string) *redis.Options, known func() []string, subscribe func(string)) {
+	for {
+		for _, addr := range known() {
+			sc := redis.NewSentinelClient(opts(addr))
+			qctx, cancel := context.WithTimeout(ctx, sentinelAskTimeout)
+			others, err := sc.Sentinels(qctx, master).Result()
+			cancel()
+			sc.Close()
+			if err != nil {
+				continue // down, or not knowing master: the next one, or the next round
+			}
+			for _, o := range others {
+				if ip, port := o["ip"], o["port"]; ip != "" && port != "" {
+					subscribe(net.JoinHostPort(ip, port))
+				}
+			}
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(sentinelDiscoverEvery):
+		}
+	}
+}
+
+// subscribeSwitches delivers the events of sentinelSwitchChannels of one
+// Sentinel (channel and payload) until ctx ends, subscribing again with backoff after a failure (an
+// unreachable Sentinel is not worth a log line: the store reports Redis's
+// own state).
+func subscribeSwitches(ctx context.Context, opt *redis.Options, fn func(channel, payload string)) {
+	sc := redis.NewSentinelClient(opt)
+	defer sc.Close()
+	backoff := sentinelRetryMin
+	for ctx.Err() == nil {
+		ps := sc.Subscribe(ctx, sentinelSwitchChannels...)
+		unblock := context.AfterFunc(ctx, func() { ps.Close() }) // a pending read ends with the connection
+		pinged := false
+		for {
+			m, err := ps.ReceiveTimeout(ctx, sentinelPing)
+			if err != nil {
+				// A quiet connection is pinged once: a Sentinel gone
+				// without a word leaves the read waiting for good.
+				var ne net.Error
+				if !pinged && errors.As(err, &ne) && ne.Timeout() && ps.Ping(ctx) == nil {
+					pinged = true
+					continue
+				}
+				break
+			}
+			pinged = false
+			backoff = sentinelRetryMin
+			if msg, ok := m.(*redis.Message); ok {
+				fn(msg.Channel, msg.Payload)
+			}
+		}
+		unblock()
+		ps.Close()
+		select {
+		case <-ctx.Done():
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, sentinelRetryMax)
+	}
+}
