@@ -1,0 +1,238 @@
+package redisstore_test
+
+import (
+	"context"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/race"
+	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/redisstore"
+)
+
+// TestFaultSentinelFollow: a Store on go-redis's failover client whose
+// Sentinel leads a planned SENTINEL FAILOVER, under takes from a few
+// goroutines. That Sentinel announces +switch-master only once the other
+// replica has resynced from the new master (delayed here by
+// repl-diskless-sync-delay), while the old master, a master until then,
+// answers the client, and the takes it acknowledges meanwhile are lost.
+// With FollowSentinels the client leaves it at the promotion: no take on
+// it later than followBound after the replica first answers ROLE master.
+// Without, it stays on it for a second or more (the scenario shown).
+func TestFaultSentinelFollow(t *testing.T) {
+	race.SkipTiming(t)
+	const (
+		followBound  = 150 * time.Millisecond
+		aloneAtLeast = time.Second
+	)
+	t.Run("followed", func(t *testing.T) {
+		var switches, closed atomic.Int32
+		last, lost := plannedFailover(t, &redisstore.FollowOptions{
+			OnSwitch: func(context.Context, string, string) { switches.Add(1) },
+			OnReplaced: func(how string) {
+				if how == "closed" {
+					closed.Add(1)
+				}
+			},
+		})
+		t.Logf("FollowSentinels: last take on the old master %v after the promotion, %d takes on it since", last, lost)
+		if last > followBound {
+			t.Errorf("takes on the old master until %v after the promotion, want within %v", last, followBound)
+		}
+		if switches.Load() != 1 || closed.Load() != 1 {
+			t.Errorf("OnSwitch called %d times, connections closed %d times; want once each", switches.Load(), closed.Load())
+		}
+	})
+	t.Run("alone", func(t *testing.T) {
+		last, lost := plannedFailover(t, nil)
+		t.Logf("go-redis alone: last take on the old master %v after the promotion, %d takes on it since", last, lost)
+		if last < aloneAtLeast {
+			t.Errorf("go-redis alone left the old master %v after the promotion: want %v or more, else this test shows nothing", last, aloneAtLeast)
+		}
+	})
+}
+
+// plannedFailover runs a planned SENTINEL FAILOVER led by the Sentinel a
+// Store's failover client asks, followed with follow unless nil, under
+// takes from 4 goroutines. It returns when the last take on the old
+// master was, from the promotion (a replica's first ROLE master), and how
+// many it took since.
+func plannedFailover(t *testing.T, follow *redisstore.FollowOptions) (last time.Duration, lost int64) {
+	set := redistest.StartSentinel(t, &redistest.SentinelOptions{Replicas: 2})
+	ctx := context.Background()
+	node := func(addr string) *redis.Client {
+		c := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1})
+		t.Cleanup(func() { c.Close() })
+		return c
+	}
+	// The leader announces +switch-master only once the other replica
+	// has resynced, after this delay.
+	for _, r := range set.Replicas {
+		if err := node(r.Addr).ConfigSet(ctx, "repl-diskless-sync-delay", "2").Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	leader := set.Sentinels[0].Addr
+	o := &redis.FailoverOptions{MasterName: redistest.SentinelMaster, SentinelAddrs: []string{leader}}
+	if follow != nil {
+		f := redisstore.FollowSentinels(o, follow)
+		t.Cleanup(f.Close)
+	}
+	c := redis.NewFailoverClient(o)
+	t.Cleanup(func() { c.Close() })
+	s := redisstore.New(c, &redisstore.Options{Prefix: redistest.Prefix(t)})
+	limit := sluice.PerHour(1_000_000_000)
+	if _, err := s.Take(ctx, "k", limit, 1); err != nil {
+		t.Fatal(err)
+	}
+	if follow != nil {
+		// The follower subscribed on every Sentinel, once discovered.
+		for _, sn := range set.Sentinels {
+			for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+				list, err := node(sn.Addr).ClientList(ctx).Result()
+				if err == nil && strings.Contains(list, "cmd=subscribe") {
+					break
+				} else if time.Now().After(deadline) {
+					t.Fatalf("Sentinel %s: no subscription (%v)", sn.Addr, err)
+				}
+			}
+		}
+	}
+
+	done := make(chan struct{})
+	var workers sync.WaitGroup
+	for range 4 {
+		workers.Go(func() {
+			for {
+				select {
+				case <-done:
+					return
+				default:
+				}
+				tctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+				s.Take(tctx, "k", limit, 1)
+				cancel()
+			}
+		})
+	}
+	t.Cleanup(func() { close(done); workers.Wait() })
+	old := node(set.Master.Addr)
+	before := scriptCalls(t, old)
+	time.Sleep(300 * time.Millisecond)
+	if scriptCalls(t, old) == before {
+		t.Fatal("the takes do not reach the master")
+	}
+
+	// When the leader announces the switch.
+	sc := redis.NewSentinelClient(&redis.Options{Addr: leader})
+	ps := sc.Subscribe(ctx, "+switch-master")
+	if _, err := ps.Receive(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ps.Close(); sc.Close() })
+	var announced atomic.Pointer[time.Time]
+	go func() {
+		for range ps.Channel() {
+			at := time.Now()
+			announced.CompareAndSwap(nil, &at)
+		}
+	}()
+	// When a replica first says it is a master (every 2 ms), and the old
+	// master's script calls (every 5 ms), until stopped.
+	type sample struct {
+		at    time.Time
+		calls int64
+	}
+	var (
+		samples  []sample
+		roleAt   time.Time
+		sampling = make(chan struct{})
+		sampled  sync.WaitGroup
+	)
+	sampled.Go(func() {
+		replicas := []*redis.Client{node(set.Replicas[0].Addr), node(set.Replicas[1].Addr)}
+		for roleAt.IsZero() {
+			for _, r := range replicas {
+				if role, _ := r.Do(ctx, "role").Slice(); len(role) > 0 && role[0] == "master" {
+					roleAt = time.Now()
+				}
+			}
+			select {
+			case <-sampling:
+				return
+			case <-time.After(2 * time.Millisecond):
+			}
+		}
+	})
+	sampled.Go(func() {
+		for {
+			samples = append(samples, sample{time.Now(), scriptCalls(t, old)})
+			select {
+			case <-sampling:
+				return
+			case <-time.After(5 * time.Millisecond):
+			}
+		}
+	})
+
+	if err := sc.Failover(ctx, redistest.SentinelMaster).Err(); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if at := announced.Load(); at != nil && time.Since(*at) > 300*time.Millisecond {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the leader did not announce the switch within 10 s")
+		}
+	}
+	close(sampling)
+	sampled.Wait()
+	if roleAt.IsZero() {
+		t.Fatal("no replica said it was a master")
+	}
+	var moved time.Time // the last sample the old master's calls grew in
+	for i := 1; i < len(samples); i++ {
+		if samples[i].calls > samples[i-1].calls {
+			moved = samples[i].at
+		}
+		if !samples[i].at.Before(roleAt) && lost == 0 {
+			lost = samples[len(samples)-1].calls - samples[i-1].calls
+		}
+	}
+	t.Logf("the leader's +switch-master %v after the promotion", announced.Load().Sub(roleAt))
+	return moved.Sub(roleAt), lost
+}
+
+// scriptCalls is a server's count of EVALSHA calls: the store's takes.
+// A Sentinel reconfiguring a server kills its normal clients (CLIENT
+// KILL TYPE normal after SLAVEOF): the question is asked again then.
+func scriptCalls(t *testing.T, c *redis.Client) int64 {
+	var (
+		info string
+		err  error
+	)
+	for range 3 {
+		if info, err = c.Info(context.Background(), "commandstats").Result(); err == nil {
+			break
+		}
+	}
+	if err != nil {
+		t.Errorf("%s: %v", c.Options().Addr, err)
+		return 0
+	}
+	for line := range strings.Lines(info) {
+		if rest, ok := strings.CutPrefix(line, "cmdstat_evalsha:calls="); ok {
+			n, _ := strconv.ParseInt(rest[:strings.IndexByte(rest, ',')], 10, 64)
+			return n
+		}
+	}
+	return 0
+}
