@@ -52,6 +52,27 @@ const (
 	sentinelRoleFor   = 2 * time.Second
 )
 
+// sentinelConfirmFor is how long a change acted on at the replica's role
+// waits for a Sentinel to announce it (+promoted-slave, +switch-master)
+// before the old master is used again. The leader announces it on its
+// next INFO of the replica, one a second during a failover.
+const sentinelConfirmFor = 2 * time.Second
+
+// sentinelRoleEvent names, in the switch's log line, a change acted on at
+// the replica's answer; "unconfirmed", a change back for want of a
+// Sentinel's word on it.
+const sentinelRoleEvent = "role"
+
+// unconfirmed is a change acted on at the replica's role that no Sentinel
+// has announced yet; done is closed once one has, or once a newer change
+// is acted on.
+type unconfirmed struct {
+	change [2]string
+	done   chan struct{}
+}
+
+const sentinelUnconfirmedMsg = "redis: no Sentinel announced the promotion acted on at the replica's role: back to the old master"
+
 const sentinelRoleMsg = "redis: cannot ask the replica a Sentinel is promoting its role (INFO replication): leaving the old master at the Sentinel's +promoted-slave"
 
 // parseSwitch reads a payload of one of sentinelSwitchChannels: the
@@ -82,17 +103,63 @@ func parseSwitch(channel, payload string) (name, from, to string, ok bool) {
 func watchSwitchMaster(o *redis.FailoverOptions, log *slog.Logger, switched func(ctx context.Context, from, to string)) (stop func()) {
 	ctx, cancel := context.WithCancel(context.Background())
 	var (
-		wg   sync.WaitGroup
-		mu   sync.Mutex
-		last [2]string // the change last acted on: from, to
+		wg      sync.WaitGroup
+		mu      sync.Mutex
+		last    [2]string    // the change last acted on: from, to
+		pending *unconfirmed // acted on at the replica's role, no Sentinel's word yet
 	)
-	act := func(event, from, to string) {
+	var act func(event, from, to string)
+	// confirm waits for a Sentinel to announce the change p acted on at
+	// the replica's role, and goes back to the old master when none does
+	// in sentinelConfirmFor: a leader lost between SLAVEOF NO ONE and its
+	// next INFO of the replica never commits the failover, the others keep
+	// the old master and make the replica one again, and what was decided
+	// on it meanwhile is lost (10 s of takes, measured, before this).
+	confirm := func(p *unconfirmed) {
+		select {
+		case <-ctx.Done():
+			return
+		case <-p.done:
+			return
+		case <-time.After(sentinelConfirmFor):
+		}
 		mu.Lock()
-		again := last == [2]string{from, to}
-		last = [2]string{from, to}
+		still := pending == p
+		if still {
+			pending = nil
+		}
+		mu.Unlock()
+		if still {
+			log.Warn(sentinelUnconfirmedMsg, "master_name", o.MasterName, "replica", p.change[1], "master", p.change[0], "after", sentinelConfirmFor)
+			act("unconfirmed", p.change[1], p.change[0])
+		}
+	}
+	act = func(event, from, to string) {
+		change := [2]string{from, to}
+		mu.Lock()
+		again := last == change
+		// A Sentinel's word on the change confirms it; another change
+		// supersedes it.
+		if pending != nil && (pending.change != change || event != sentinelRoleEvent) {
+			close(pending.done)
+			pending = nil
+		}
+		last = change
+		var p *unconfirmed
+		if !again && event == sentinelRoleEvent {
+			p = &unconfirmed{change: change, done: make(chan struct{})}
+			pending = p
+		}
 		mu.Unlock()
 		if again {
 			return
+		}
+		if p != nil {
+			wg.Add(1) // under the caller's count: never races stop's Wait
+			go func() {
+				defer wg.Done()
+				confirm(p)
+			}()
 		}
 		log.Info(sentinelSwitchMsg, "master_name", o.MasterName, "from", from, "to", to, "event", event)
 		switched(ctx, from, to)
@@ -120,7 +187,7 @@ func watchSwitchMaster(o *redis.FailoverOptions, log *slog.Logger, switched func
 			info, err := rc.Info(rctx, "replication").Result()
 			cancel()
 			if err == nil && strings.Contains(info, "role:master\r\n") {
-				act("role", from, to)
+				act(sentinelRoleEvent, from, to)
 				return
 			}
 			var rerr redis.Error

@@ -197,9 +197,10 @@ func TestWatchSwitchMasterRole(t *testing.T) {
 	t.Logf("told %v after the replica became a master", time.Since(promoted))
 	rdb.Publish(ctx, "+promoted-slave", event)
 	rdb.Publish(ctx, "+switch-master", "m 127.0.0.1 1 "+host+" "+port)
-	time.Sleep(200 * time.Millisecond)
+	// Past sentinelConfirmFor: confirmed, so not undone.
+	time.Sleep(sentinelConfirmFor + 300*time.Millisecond)
 	if got := told(); !slices.Equal(got, want) {
-		t.Errorf("switches told %q, want %q: the promotion and switch acted on again", got, want)
+		t.Errorf("switches told %q, want %q: the promotion and switch acted on again, or the change undone", got, want)
 	}
 	if !strings.Contains(buf.String(), "event=role") || strings.Count(buf.String(), sentinelSwitchMsg) != 1 {
 		t.Errorf("log:\n%s\nwant one switch line, on the replica's role", buf.String())
@@ -242,5 +243,71 @@ func TestWatchSwitchMasterRoleRefused(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatal("the +promoted-slave that followed was not acted on")
 		}
+	}
+}
+
+// TestWatchSwitchMasterRoleUnconfirmed: a change acted on at the replica's
+// role that no Sentinel announces within sentinelConfirmFor (its leader
+// lost before its next INFO of the replica: the failover never commits)
+// is undone, the old master used again, with a WARN; a +promoted-slave
+// that comes later still moves the instance.
+func TestWatchSwitchMasterRoleUnconfirmed(t *testing.T) {
+	rdb := redistest.Client(t) // stands in for a Sentinel
+	replica := redistest.StartServer(t)
+	ctx := context.Background()
+	var buf logtest.Log
+	var mu sync.Mutex
+	var switches []string
+	stop := watchSwitchMaster(&redis.FailoverOptions{MasterName: "m", SentinelAddrs: []string{redistest.Addr(t)}},
+		buf.TextLogger(), func(_ context.Context, from, to string) {
+			mu.Lock()
+			switches = append(switches, from+">"+to)
+			mu.Unlock()
+		})
+	defer stop()
+	told := func() []string {
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Clone(switches)
+	}
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		n, err := rdb.PubSubNumSub(ctx, sentinelPromotionEvent).Result()
+		if err == nil && n[sentinelPromotionEvent] > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no subscription to %s", sentinelPromotionEvent)
+		}
+	}
+	host, port, _ := net.SplitHostPort(replica.Addr)
+	event := "slave " + replica.Addr + " " + host + " " + port + " @ m 127.0.0.1 1"
+	start := time.Now()
+	rdb.Publish(ctx, sentinelPromotionEvent, event) // the replica answers master at once
+	there, back := "127.0.0.1:1>"+replica.Addr, replica.Addr+">127.0.0.1:1"
+	for !slices.Equal(told(), []string{there}) {
+		if time.Since(start) > time.Second {
+			t.Fatalf("switches told %q, want %q", told(), there)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	acted := time.Now()
+	for !slices.Equal(told(), []string{there, back}) {
+		if time.Since(acted) > sentinelConfirmFor+time.Second {
+			t.Fatalf("switches told %q, want %q then %q: the unconfirmed change not undone", told(), there, back)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if d := time.Since(acted); d < sentinelConfirmFor-50*time.Millisecond {
+		t.Errorf("undone %v after it was acted on, want %v", d, sentinelConfirmFor)
+	}
+	if got := strings.Count(buf.String(), sentinelUnconfirmedMsg); got != 1 {
+		t.Errorf("%d %q lines, want 1; log:\n%s", got, sentinelUnconfirmedMsg, buf.String())
+	}
+	rdb.Publish(ctx, "+promoted-slave", event)
+	for !slices.Equal(told(), []string{there, back, there}) {
+		if time.Since(acted) > sentinelConfirmFor+3*time.Second {
+			t.Fatalf("switches told %q: the late +promoted-slave not acted on", told())
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
 }
