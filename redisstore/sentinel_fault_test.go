@@ -2,7 +2,6 @@ package redisstore_test
 
 import (
 	"context"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -124,9 +123,9 @@ func plannedFailover(t *testing.T, follow *redisstore.FollowOptions) (last time.
 	}
 	t.Cleanup(func() { close(done); workers.Wait() })
 	old := node(set.Master.Addr)
-	before := scriptCalls(t, old)
+	before := redistest.ScriptCalls(t, old)
 	time.Sleep(300 * time.Millisecond)
-	if scriptCalls(t, old) == before {
+	if redistest.ScriptCalls(t, old) == before {
 		t.Fatal("the takes do not reach the master")
 	}
 
@@ -144,43 +143,7 @@ func plannedFailover(t *testing.T, follow *redisstore.FollowOptions) (last time.
 			announced.CompareAndSwap(nil, &at)
 		}
 	}()
-	// When a replica first says it is a master (every 2 ms), and the old
-	// master's script calls (every 5 ms), until stopped.
-	type sample struct {
-		at    time.Time
-		calls int64
-	}
-	var (
-		samples  []sample
-		roleAt   time.Time
-		sampling = make(chan struct{})
-		sampled  sync.WaitGroup
-	)
-	sampled.Go(func() {
-		replicas := []*redis.Client{node(set.Replicas[0].Addr), node(set.Replicas[1].Addr)}
-		for roleAt.IsZero() {
-			for _, r := range replicas {
-				if role, _ := r.Do(ctx, "role").Slice(); len(role) > 0 && role[0] == "master" {
-					roleAt = time.Now()
-				}
-			}
-			select {
-			case <-sampling:
-				return
-			case <-time.After(2 * time.Millisecond):
-			}
-		}
-	})
-	sampled.Go(func() {
-		for {
-			samples = append(samples, sample{time.Now(), scriptCalls(t, old)})
-			select {
-			case <-sampling:
-				return
-			case <-time.After(5 * time.Millisecond):
-			}
-		}
-	})
+	watch := set.WatchPromotion(t)
 
 	if err := sc.Failover(ctx, redistest.SentinelMaster).Err(); err != nil {
 		t.Fatal(err)
@@ -193,46 +156,7 @@ func plannedFailover(t *testing.T, follow *redisstore.FollowOptions) (last time.
 			t.Fatal("the leader did not announce the switch within 10 s")
 		}
 	}
-	close(sampling)
-	sampled.Wait()
-	if roleAt.IsZero() {
-		t.Fatal("no replica said it was a master")
-	}
-	var moved time.Time // the last sample the old master's calls grew in
-	for i := 1; i < len(samples); i++ {
-		if samples[i].calls > samples[i-1].calls {
-			moved = samples[i].at
-		}
-		if !samples[i].at.Before(roleAt) && lost == 0 {
-			lost = samples[len(samples)-1].calls - samples[i-1].calls
-		}
-	}
+	roleAt, last, lost := watch.Stop()
 	t.Logf("the leader's +switch-master %v after the promotion", announced.Load().Sub(roleAt))
-	return moved.Sub(roleAt), lost
-}
-
-// scriptCalls is a server's count of EVALSHA calls: the store's takes.
-// A Sentinel reconfiguring a server kills its normal clients (CLIENT
-// KILL TYPE normal after SLAVEOF): the question is asked again then.
-func scriptCalls(t *testing.T, c *redis.Client) int64 {
-	var (
-		info string
-		err  error
-	)
-	for range 3 {
-		if info, err = c.Info(context.Background(), "commandstats").Result(); err == nil {
-			break
-		}
-	}
-	if err != nil {
-		t.Errorf("%s: %v", c.Options().Addr, err)
-		return 0
-	}
-	for line := range strings.Lines(info) {
-		if rest, ok := strings.CutPrefix(line, "cmdstat_evalsha:calls="); ok {
-			n, _ := strconv.ParseInt(rest[:strings.IndexByte(rest, ',')], 10, 64)
-			return n
-		}
-	}
-	return 0
+	return last, lost
 }

@@ -137,37 +137,28 @@ func TestWatchSwitchMasterDiscoversSentinels(t *testing.T) {
 	}
 }
 
-// TestWatchSwitchMasterRole: on a Sentinel's +failover-state-wait-promotion
-// the watch asks the replica its role, and acts once it answers master,
-// before the Sentinel's +promoted-slave (which its INFO of the replica
-// makes most of a second late); that event and the switch, for the same
-// change, are then not acted on again.
-func TestWatchSwitchMasterRole(t *testing.T) {
-	rdb := redistest.Client(t) // stands in for a Sentinel
-	replica := redistest.StartServer(t)
-	ctx := context.Background()
-	admin := replica.Client(t)
-	_, deadPort, _ := net.SplitHostPort(redistest.DeadAddr(t))
-	if err := admin.Do(ctx, "replicaof", "127.0.0.1", deadPort).Err(); err != nil {
-		t.Fatal(err)
-	}
-	var buf logtest.Log
-	var mu sync.Mutex
-	var switches []string
-	stop := watchSwitchMaster(&redis.FailoverOptions{MasterName: "m", SentinelAddrs: []string{redistest.Addr(t)}},
-		buf.TextLogger(), func(_ context.Context, from, to string) {
-			mu.Lock()
-			switches = append(switches, from+">"+to)
-			mu.Unlock()
-		})
-	defer stop()
-	told := func() []string {
-		mu.Lock()
-		defer mu.Unlock()
-		return slices.Clone(switches)
-	}
+// roleWatch is a watch of master "m" whose Sentinel a Redis stands in
+// for (rdb, on which the test publishes), with the switches it tells
+// (told) and its log; event is the payload of a promotion of replica.
+type roleWatch struct {
+	rdb   *redis.Client
+	log   *logtest.Log
+	event string
+	mu    sync.Mutex
+	tells []string
+}
+
+func startRoleWatch(t *testing.T, replica string, o *redis.FailoverOptions) *roleWatch {
+	w := &roleWatch{rdb: redistest.Client(t), log: &logtest.Log{}}
+	o.MasterName, o.SentinelAddrs = "m", []string{redistest.Addr(t)}
+	stop := watchSwitchMaster(o, w.log.TextLogger(), func(_ context.Context, from, to string) {
+		w.mu.Lock()
+		w.tells = append(w.tells, from+">"+to)
+		w.mu.Unlock()
+	})
+	t.Cleanup(stop)
 	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-		n, err := rdb.PubSubNumSub(ctx, sentinelPromotionEvent).Result()
+		n, err := w.rdb.PubSubNumSub(context.Background(), sentinelPromotionEvent).Result()
 		if err == nil && n[sentinelPromotionEvent] > 0 {
 			break
 		}
@@ -175,8 +166,33 @@ func TestWatchSwitchMasterRole(t *testing.T) {
 			t.Fatalf("no subscription to %s", sentinelPromotionEvent)
 		}
 	}
+	host, port, _ := net.SplitHostPort(replica)
+	w.event = "slave " + replica + " " + host + " " + port + " @ m 127.0.0.1 1"
+	return w
+}
+
+func (w *roleWatch) told() []string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return slices.Clone(w.tells)
+}
+
+// TestWatchSwitchMasterRole: on a Sentinel's +failover-state-wait-promotion
+// the watch asks the replica its role, and acts once it answers master,
+// before the Sentinel's +promoted-slave (which its INFO of the replica
+// makes most of a second late); that event and the switch, for the same
+// change, are then not acted on again.
+func TestWatchSwitchMasterRole(t *testing.T) {
+	replica := redistest.StartServer(t)
+	ctx := context.Background()
+	admin := replica.Client(t)
+	_, deadPort, _ := net.SplitHostPort(redistest.DeadAddr(t))
+	if err := admin.Do(ctx, "replicaof", "127.0.0.1", deadPort).Err(); err != nil {
+		t.Fatal(err)
+	}
+	w := startRoleWatch(t, replica.Addr, &redis.FailoverOptions{})
+	rdb, buf, told, event := w.rdb, w.log, w.told, w.event
 	host, port, _ := net.SplitHostPort(replica.Addr)
-	event := "slave " + replica.Addr + " " + host + " " + port + " @ m 127.0.0.1 1"
 	rdb.Publish(ctx, sentinelPromotionEvent, event)
 	rdb.Publish(ctx, sentinelPromotionEvent, event) // asked once
 	time.Sleep(200 * time.Millisecond)
@@ -211,35 +227,21 @@ func TestWatchSwitchMasterRole(t *testing.T) {
 // user without it) is logged once, and the change waits for the
 // Sentinel's +promoted-slave.
 func TestWatchSwitchMasterRoleRefused(t *testing.T) {
-	rdb := redistest.Client(t)
 	replica := redistest.StartServer(t)
 	ctx := context.Background()
 	if err := replica.Client(t).Do(ctx, "acl", "setuser", "norole", "on", ">pw", "~*", "+@all", "-info").Err(); err != nil {
 		t.Fatal(err)
 	}
-	var buf logtest.Log
-	var switches atomic.Int32
-	stop := watchSwitchMaster(&redis.FailoverOptions{MasterName: "m", SentinelAddrs: []string{redistest.Addr(t)}, Username: "norole", Password: "pw"},
-		buf.TextLogger(), func(context.Context, string, string) { switches.Add(1) })
-	defer stop()
-	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-		n, err := rdb.PubSubNumSub(ctx, sentinelPromotionEvent).Result()
-		if err == nil && n[sentinelPromotionEvent] > 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no subscription to %s", sentinelPromotionEvent)
-		}
-	}
-	host, port, _ := net.SplitHostPort(replica.Addr)
-	event := "slave " + replica.Addr + " " + host + " " + port + " @ m 127.0.0.1 1"
+	w := startRoleWatch(t, replica.Addr, &redis.FailoverOptions{Username: "norole", Password: "pw"})
+	rdb, buf, event := w.rdb, w.log, w.event
+	switches := func() int { return len(w.told()) }
 	rdb.Publish(ctx, sentinelPromotionEvent, event)
 	time.Sleep(300 * time.Millisecond)
-	if n := switches.Load(); n != 0 || strings.Count(buf.String(), sentinelRoleMsg) != 1 || !strings.Contains(buf.String(), "NOPERM") {
+	if n := switches(); n != 0 || strings.Count(buf.String(), sentinelRoleMsg) != 1 || !strings.Contains(buf.String(), "NOPERM") {
 		t.Fatalf("%d switches told, log:\n%s\nwant none, and the refusal logged once", n, buf.String())
 	}
 	rdb.Publish(ctx, "+promoted-slave", event)
-	for deadline := time.Now().Add(time.Second); switches.Load() != 1; time.Sleep(5 * time.Millisecond) {
+	for deadline := time.Now().Add(time.Second); switches() != 1; time.Sleep(5 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatal("the +promoted-slave that followed was not acted on")
 		}
@@ -252,35 +254,10 @@ func TestWatchSwitchMasterRoleRefused(t *testing.T) {
 // is undone, the old master used again, with a WARN; a +promoted-slave
 // that comes later still moves the instance.
 func TestWatchSwitchMasterRoleUnconfirmed(t *testing.T) {
-	rdb := redistest.Client(t) // stands in for a Sentinel
 	replica := redistest.StartServer(t)
 	ctx := context.Background()
-	var buf logtest.Log
-	var mu sync.Mutex
-	var switches []string
-	stop := watchSwitchMaster(&redis.FailoverOptions{MasterName: "m", SentinelAddrs: []string{redistest.Addr(t)}},
-		buf.TextLogger(), func(_ context.Context, from, to string) {
-			mu.Lock()
-			switches = append(switches, from+">"+to)
-			mu.Unlock()
-		})
-	defer stop()
-	told := func() []string {
-		mu.Lock()
-		defer mu.Unlock()
-		return slices.Clone(switches)
-	}
-	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-		n, err := rdb.PubSubNumSub(ctx, sentinelPromotionEvent).Result()
-		if err == nil && n[sentinelPromotionEvent] > 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no subscription to %s", sentinelPromotionEvent)
-		}
-	}
-	host, port, _ := net.SplitHostPort(replica.Addr)
-	event := "slave " + replica.Addr + " " + host + " " + port + " @ m 127.0.0.1 1"
+	w := startRoleWatch(t, replica.Addr, &redis.FailoverOptions{})
+	rdb, buf, told, event := w.rdb, w.log, w.told, w.event
 	start := time.Now()
 	rdb.Publish(ctx, sentinelPromotionEvent, event) // the replica answers master at once
 	there, back := "127.0.0.1:1>"+replica.Addr, replica.Addr+">127.0.0.1:1"

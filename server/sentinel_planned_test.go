@@ -45,7 +45,7 @@ func TestFaultServeSentinelPlannedFailover(t *testing.T) {
 	t.Cleanup(postChecks(p.http, 4))
 
 	old := node(set.Master.Addr)
-	evalshaOf := func(c *redis.Client) int64 { return scriptCalls(t, c) }
+	evalshaOf := func(c *redis.Client) int64 { return redistest.ScriptCalls(t, c) }
 	evalsha := func() int64 { return evalshaOf(old) }
 	// The Sentinel the service's client listens to is the one with two
 	// subscribed connections: go-redis's and the service's own watch,

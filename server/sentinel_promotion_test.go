@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"net/http"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -39,32 +38,6 @@ func postChecks(addr string, workers int) (stop func()) {
 		})
 	}
 	return func() { close(done); wg.Wait() }
-}
-
-// scriptCalls is a server's count of EVALSHA calls: the store's takes.
-// A Sentinel reconfiguring a server kills its normal clients (CLIENT
-// KILL TYPE normal after SLAVEOF): the question is asked again then.
-func scriptCalls(t *testing.T, c *redis.Client) int64 {
-	var (
-		info string
-		err  error
-	)
-	for range 3 {
-		if info, err = c.Info(context.Background(), "commandstats").Result(); err == nil {
-			break
-		}
-	}
-	if err != nil {
-		t.Errorf("%s: %v", c.Options().Addr, err)
-		return 0
-	}
-	for line := range strings.Lines(info) {
-		if rest, ok := strings.CutPrefix(line, "cmdstat_evalsha:calls="); ok {
-			n, _ := strconv.ParseInt(rest[:strings.IndexByte(rest, ',')], 10, 64)
-			return n
-		}
-	}
-	return 0
 }
 
 // TestFaultServeSentinelPromotion: three instances, each on its own
@@ -120,9 +93,9 @@ func TestFaultServeSentinelPromotion(t *testing.T) {
 		t.Cleanup(postChecks(p.http, 2))
 	}
 	old := node(set.Master.Addr)
-	before := scriptCalls(t, old)
+	before := redistest.ScriptCalls(t, old)
 	time.Sleep(300 * time.Millisecond)
-	if scriptCalls(t, old) == before {
+	if redistest.ScriptCalls(t, old) == before {
 		t.Fatal("the load does not reach the master")
 	}
 
@@ -156,43 +129,7 @@ func TestFaultServeSentinelPromotion(t *testing.T) {
 			}
 		}()
 	}
-	// When a replica first says it is a master (every 2 ms), and the old
-	// master's script calls (every 5 ms), until stopped.
-	type sample struct {
-		at    time.Time
-		calls int64
-	}
-	var (
-		samples  []sample
-		roleAt   time.Time
-		sampling = make(chan struct{})
-		sampled  sync.WaitGroup
-	)
-	sampled.Go(func() {
-		replicas := []*redis.Client{node(set.Replicas[0].Addr), node(set.Replicas[1].Addr)}
-		for roleAt.IsZero() {
-			for _, r := range replicas {
-				if role, _ := r.Do(ctx, "role").Slice(); len(role) > 0 && role[0] == "master" {
-					roleAt = time.Now()
-				}
-			}
-			select {
-			case <-sampling:
-				return
-			case <-time.After(2 * time.Millisecond):
-			}
-		}
-	})
-	sampled.Go(func() {
-		for {
-			samples = append(samples, sample{time.Now(), scriptCalls(t, old)})
-			select {
-			case <-sampling:
-				return
-			case <-time.After(5 * time.Millisecond):
-			}
-		}
-	})
+	watch := set.WatchPromotion(t)
 
 	if err := redis.NewSentinelClient(&redis.Options{Addr: leader}).Failover(ctx, redistest.SentinelMaster).Err(); err != nil {
 		t.Fatal(err)
@@ -216,31 +153,15 @@ func TestFaultServeSentinelPromotion(t *testing.T) {
 			t.Fatalf("the leader announced the promotion at %v, the Sentinels the switch at %v: not all within 10 s", promoted, announced)
 		}
 	}
-	close(sampling)
-	sampled.Wait()
+	roleAt, last, lost := watch.Stop()
 	mu.Lock()
 	defer mu.Unlock()
-	if roleAt.IsZero() {
-		t.Fatal("no replica said it was a master")
-	}
-	var (
-		moved time.Time // the last sample the old master's calls grew in
-		lost  int64     // its calls since the promotion
-	)
-	for i := 1; i < len(samples); i++ {
-		if samples[i].calls > samples[i-1].calls {
-			moved = samples[i].at
-		}
-		if !samples[i].at.Before(roleAt) && lost == 0 {
-			lost = samples[len(samples)-1].calls - samples[i-1].calls
-		}
-	}
 	t.Logf("after the promotion (a replica's ROLE): the leader's +promoted-slave %v, the first +switch-master %v, the leader's %v",
 		promoted.Sub(roleAt), first.Sub(roleAt), announced[leader].Sub(roleAt))
-	t.Logf("last take on the old master %v after the promotion, %v after +promoted-slave; %d script calls on it since the promotion (%d in all)",
-		moved.Sub(roleAt), moved.Sub(promoted), lost, samples[len(samples)-1].calls)
-	if moved.Sub(roleAt) > promotionBound {
-		t.Errorf("takes on the old master until %v after the promotion, want within %v", moved.Sub(roleAt), promotionBound)
+	t.Logf("last take on the old master %v after the promotion, %v after +promoted-slave; %d script calls on it since the promotion",
+		last, roleAt.Add(last).Sub(promoted), lost)
+	if last > promotionBound {
+		t.Errorf("takes on the old master until %v after the promotion, want within %v", last, promotionBound)
 	}
 	for i, p := range procs {
 		for series, want := range map[string]string{
