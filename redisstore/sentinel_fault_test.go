@@ -64,19 +64,12 @@ func TestFaultSentinelFollow(t *testing.T) {
 // master was, from the promotion (a replica's first ROLE master), and how
 // many it took since.
 func plannedFailover(t *testing.T, follow *redisstore.FollowOptions) (last time.Duration, lost int64) {
-	set := redistest.StartSentinel(t, &redistest.SentinelOptions{Replicas: 2})
+	set := redistest.StartSentinel(t, &redistest.SentinelOptions{Replicas: 2, SyncDelay: 2 * time.Second})
 	ctx := context.Background()
 	node := func(addr string) *redis.Client {
 		c := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1})
 		t.Cleanup(func() { c.Close() })
 		return c
-	}
-	// The leader announces +switch-master only once the other replica
-	// has resynced, after this delay.
-	for _, r := range set.Replicas {
-		if err := node(r.Addr).ConfigSet(ctx, "repl-diskless-sync-delay", "2").Err(); err != nil {
-			t.Fatal(err)
-		}
 	}
 	leader := set.Sentinels[0].Addr
 	o := &redis.FailoverOptions{MasterName: redistest.SentinelMaster, SentinelAddrs: []string{leader}}

@@ -23,19 +23,12 @@ import (
 // first announcement, and send the old master no take after that.
 func TestFaultServeSentinelPlannedFailover(t *testing.T) {
 	race.SkipTiming(t)
-	set := redistest.StartSentinel(t, &redistest.SentinelOptions{Replicas: 2})
+	set := redistest.StartSentinel(t, &redistest.SentinelOptions{Replicas: 2, SyncDelay: 4 * time.Second})
 	ctx := context.Background()
 	node := func(addr string) *redis.Client {
 		c := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1})
 		t.Cleanup(func() { c.Close() })
 		return c
-	}
-	// Redis's default delay before a diskless full sync: the leader's
-	// announcement waits for it.
-	for _, r := range set.Replicas {
-		if err := node(r.Addr).ConfigSet(ctx, "repl-diskless-sync-delay", "4").Err(); err != nil {
-			t.Fatal(err)
-		}
 	}
 	config := writeConfig(t, "domain: planned\npolicies:\n  - name: hot\n    limit: fixed_window 1000000000/1h\n")
 	p := startSluice(t, nil, "--config", config, "--redis", set.URL(), "--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0",

@@ -55,19 +55,12 @@ func postChecks(addr string, workers int) (stop func()) {
 func TestFaultServeSentinelPromotion(t *testing.T) {
 	race.SkipTiming(t)
 	const promotionBound = 150 * time.Millisecond
-	set := redistest.StartSentinel(t, &redistest.SentinelOptions{Replicas: 2})
+	set := redistest.StartSentinel(t, &redistest.SentinelOptions{Replicas: 2, SyncDelay: 2 * time.Second})
 	ctx := context.Background()
 	node := func(addr string) *redis.Client {
 		c := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1})
 		t.Cleanup(func() { c.Close() })
 		return c
-	}
-	// The leader announces +switch-master only once the other replica
-	// has resynced, after this delay: the other Sentinels announce first.
-	for _, r := range set.Replicas {
-		if err := node(r.Addr).ConfigSet(ctx, "repl-diskless-sync-delay", "2").Err(); err != nil {
-			t.Fatal(err)
-		}
 	}
 	config := writeConfig(t, "domain: promotion\npolicies:\n  - name: hot\n    limit: fixed_window 1000000000/1h\n")
 	procs := make([]*proc, len(set.Sentinels))

@@ -486,6 +486,18 @@ type SentinelOptions struct {
 	// DownAfter is down-after-milliseconds: how long the master may be
 	// silent before a Sentinel calls it down. Default 1 s.
 	DownAfter time.Duration
+	// SyncDelay is the replicas' repl-diskless-sync-delay, whole seconds
+	// (default 0): once one is promoted, the others' full resync waits
+	// for it, and so does the +switch-master of the Sentinel leading a
+	// planned failover, seconds after the other Sentinels'.
+	SyncDelay time.Duration
+}
+
+func (o *SentinelOptions) syncDelay() time.Duration {
+	if o == nil {
+		return 0
+	}
+	return o.SyncDelay
 }
 
 // SentinelSet is a private master, its replicas and the Sentinels watching
@@ -525,7 +537,7 @@ func StartSentinel(t testing.TB, opts *SentinelOptions) *SentinelSet {
 	host, port, _ := net.SplitHostPort(s.Master.Addr)
 	for range o.Replicas {
 		s.Replicas = append(s.Replicas, startNode(t, "redis-server", "", func() []string {
-			return append(data(), "--replicaof", host, port)
+			return append(data(), "--replicaof", host, port, "--repl-diskless-sync-delay", strconv.Itoa(int(opts.syncDelay().Seconds())))
 		}))
 	}
 	// Sentinels that start after the replicas are in sync find them in
