@@ -25,7 +25,8 @@ type FollowOptions struct {
 	// closed, with the old and new master's addresses. It runs on the
 	// goroutine of the subscription that told the change, holding it, so
 	// two different changes told by two Sentinels may run at once. ctx
-	// ends at Close, which waits for it to return.
+	// ends at Close, which waits for it to return: OnSwitch must not call
+	// Close.
 	OnSwitch func(ctx context.Context, from, to string)
 
 	// OnReplaced, when set, is called with "closed" each time the
@@ -110,9 +111,11 @@ func FollowSentinels(o *redis.FailoverOptions, opts *FollowOptions) *SentinelFol
 	return &SentinelFollower{stop: stop}
 }
 
-// Close ends the subscriptions, waiting for an OnSwitch under way. The
-// client's dials still go through the follower, which no longer hears of
-// changes: close the client too. Close is idempotent.
+// Close ends the subscriptions, waiting for an OnSwitch under way (and,
+// for a Sentinel that takes connections but never answers, for at most
+// one question's timeout, 250 ms). The client's dials still go through
+// the follower, which no longer hears of changes: close the client too.
+// Close is idempotent.
 func (f *SentinelFollower) Close() {
 	if f == nil {
 		return

@@ -2,6 +2,7 @@ package redisstore_test
 
 import (
 	"context"
+	"log/slog"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -152,4 +153,24 @@ func plannedFailover(t *testing.T, follow *redisstore.FollowOptions) (last time.
 	roleAt, last, lost := watch.Stop()
 	t.Logf("the leader's +switch-master %v after the promotion", announced.Load().Sub(roleAt))
 	return last, lost
+}
+
+// TestFaultFollowSentinelsHungSentinel: a Sentinel that takes connections
+// and never answers (a stopped process, a hung host) holds the follower's
+// Close no longer than one question's timeout; it held it 4 s, go-redis's
+// default read timeout and more, on the subscription's handshake and the
+// question for the other Sentinels.
+func TestFaultFollowSentinelsHungSentinel(t *testing.T) {
+	race.SkipTiming(t)
+	hung := redistest.Listen(t) // connections complete in the backlog, never answered
+	f := redisstore.FollowSentinels(&redis.FailoverOptions{MasterName: "m", SentinelAddrs: []string{hung.Addr().String()}},
+		&redisstore.FollowOptions{Logger: slog.New(slog.DiscardHandler)})
+	time.Sleep(time.Second) // subscribing, and asking for the other Sentinels
+	start := time.Now()
+	f.Close()
+	d := time.Since(start)
+	t.Logf("Close took %v", d)
+	if d > 600*time.Millisecond {
+		t.Errorf("Close took %v with a Sentinel that never answers, want within 600ms", d)
+	}
 }

@@ -178,6 +178,7 @@ func watchSwitchMaster(o *redis.FailoverOptions, log *slog.Logger, switched func
 			Addr: to, Username: o.Username, Password: o.Password, Protocol: o.Protocol,
 			TLSConfig: o.TLSConfig, Dialer: o.Dialer, DialTimeout: o.DialTimeout,
 			MaxRetries: -1, PoolSize: 1,
+			ReadTimeout: sentinelAskTimeout, WriteTimeout: sentinelAskTimeout,
 		})
 		defer rc.Close()
 		for deadline := time.Now().Add(sentinelRoleFor); ctx.Err() == nil && time.Now().Before(deadline) && !acted(from, to); {
@@ -226,6 +227,10 @@ func watchSwitchMaster(o *redis.FailoverOptions, log *slog.Logger, switched func
 			Addr: addr, Username: o.SentinelUsername, Password: o.SentinelPassword,
 			TLSConfig: o.TLSConfig, Dialer: o.Dialer, DialTimeout: o.DialTimeout,
 			MaxRetries: -1, PoolSize: 1, // retries are the loop's, with backoff
+			// A Sentinel that takes connections and never answers would
+			// hold a subscription's handshake, or a question, for
+			// go-redis's 3 s default, and Close with it.
+			ReadTimeout: sentinelAskTimeout, WriteTimeout: sentinelAskTimeout,
 		}
 	}
 	var (
