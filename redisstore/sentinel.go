@@ -17,7 +17,8 @@ type FollowOptions struct {
 	// switched master"), per closing of the connections to a replaced
 	// master (WARN), on the first dial per change redirected to its
 	// replacement (INFO), and when the replica being promoted refuses
-	// INFO (WARN). Default slog.Default().
+	// INFO (WARN), and when a change acted on at the replica's answer is
+	// undone (WARN). Default slog.Default().
 	Logger *slog.Logger
 
 	// OnSwitch, when set, is called once per master change a Sentinel
@@ -67,7 +68,9 @@ type SentinelFollower struct {
 // SENTINELS, asked at once and every 30 s), to +switch-master,
 // +promoted-slave and +failover-state-wait-promotion; on the last it
 // asks the replica being promoted INFO replication every 5 ms, for up to
-// 2 s, until it reports role master. At the first of these that tells a
+// 2 s, until it reports role master (a change acted on at that answer
+// that no Sentinel announces within 2 s is undone: its leader was lost
+// before it committed the failover). At the first of these that tells a
 // change, once per change, it closes the client's connections to the old
 // master (calls under way on them fail, as on any lost connection; the
 // store never sends a script twice). The client then dials again, asking
