@@ -174,21 +174,11 @@ func pass[T any](ctx context.Context, s *Store, op, key string, fn func(context.
 		return zero, fmt.Errorf("%w: %w: %s: breaker %v", ErrNoGrant, ErrNotSent, op, b.current())
 	}
 	v, lat, err := bounded(ctx, s.timeout, s.inline, fn)
-	if err != nil && !badInput(err) {
-		if cerr := s.backendClosed(err); cerr != nil {
-			err = cerr // badInput now
-		}
-	}
-	switch {
-	case err == nil:
+	if err == nil {
 		b.success(tn, now)
-	case ctx.Err() != nil:
-		b.release(tn)
-		return zero, fmt.Errorf("resilient: %s: %w", op, ctx.Err())
-	case badInput(err):
-		b.release(tn)
-		return zero, err
-	default:
+	} else if ferr := s.callerFault(ctx, op, err, gate{b, tn}); ferr != nil {
+		return zero, ferr
+	} else {
 		b.failure(tn, now, s.clock(), err)
 	}
 	s.observe(op, key, sluice.SourceBackend, lat, err)
