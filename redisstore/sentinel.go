@@ -18,7 +18,10 @@ type FollowOptions struct {
 	// master (WARN), on the first dial per change redirected to its
 	// replacement (INFO), and when the replica being promoted refuses
 	// INFO (WARN), and when a change acted on at the replica's answer is
-	// undone (WARN). Default slog.Default().
+	// undone (WARN), and per +switch-master ignored as older than the
+	// change acted on (INFO; with a WARN if the client's connections to
+	// the master it names are closed, and an INFO on the first dial there
+	// redirected). Default slog.Default().
 	Logger *slog.Logger
 
 	// OnSwitch, when set, is called once per master change a Sentinel
@@ -34,6 +37,7 @@ type FollowOptions struct {
 	// client's connections to a replaced master are closed, and with
 	// "redirected" the first time after a change that the client's own
 	// Sentinel still named the old master and its dial went to the new one.
+	// The same for a master an ignored, older +switch-master named.
 	OnReplaced func(how string)
 
 	// OnDegraded, when set, is called with a reason when the client's
@@ -75,8 +79,12 @@ type SentinelFollower struct {
 // master (calls under way on them fail, as on any lost connection; the
 // store never sends a script twice). The client then dials again, asking
 // its Sentinel, which may still name the old master: such a dial in the
-// next 10 s goes to the new master instead. docs/redis.md ("Failover")
-// has the measurements.
+// next 10 s goes to the new master instead. A +switch-master whose
+// config epoch (SENTINEL MASTER, asked of the Sentinel that announced it)
+// is older than the last one acted on is ignored: a failover's leader
+// announces it late, once it has reconfigured the replicas; a dial to the
+// master it names, in the next 10 s, goes to the one acted on.
+// docs/redis.md ("Failover") has the measurements.
 //
 // It sets o.Dialer, wrapping the one already set (or dialling as go-redis
 // does, with o.DialTimeout and o.TLSConfig): call it once o is otherwise
@@ -110,7 +118,7 @@ func FollowSentinels(o *redis.FailoverOptions, opts *FollowOptions) *SentinelFol
 		if fo.OnSwitch != nil {
 			fo.OnSwitch(ctx, from, to)
 		}
-	})
+	}, watchHooks{check: conns.check, stale: conns.staleSwitch})
 	return &SentinelFollower{stop: stop}
 }
 

@@ -3,6 +3,7 @@ package redisstore_test
 import (
 	"context"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -12,6 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/logtest"
 	"github.com/sluicehq/sluice/internal/race"
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/redisstore"
@@ -86,17 +88,7 @@ func plannedFailover(t *testing.T, follow *redisstore.FollowOptions) (last time.
 		t.Fatal(err)
 	}
 	if follow != nil {
-		// The follower subscribed on every Sentinel, once discovered.
-		for _, sn := range set.Sentinels {
-			for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-				list, err := node(sn.Addr).ClientList(ctx).Result()
-				if err == nil && strings.Contains(list, "cmd=subscribe") {
-					break
-				} else if time.Now().After(deadline) {
-					t.Fatalf("Sentinel %s: no subscription (%v)", sn.Addr, err)
-				}
-			}
-		}
+		awaitFollowing(t, set)
 	}
 
 	done := make(chan struct{})
@@ -172,5 +164,131 @@ func TestFaultFollowSentinelsHungSentinel(t *testing.T) {
 	t.Logf("Close took %v", d)
 	if d > 600*time.Millisecond {
 		t.Errorf("Close took %v with a Sentinel that never answers, want within 600ms", d)
+	}
+}
+
+// awaitFollowing waits until every Sentinel of set has a subscriber: the
+// follower's, once it has discovered them all.
+func awaitFollowing(t *testing.T, set *redistest.SentinelSet) {
+	t.Helper()
+	for _, sn := range set.Sentinels {
+		c := redis.NewClient(&redis.Options{Addr: sn.Addr, MaxRetries: -1})
+		for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+			list, err := c.ClientList(context.Background()).Result()
+			if err == nil && strings.Contains(list, "cmd=subscribe") {
+				break
+			} else if time.Now().After(deadline) {
+				c.Close()
+				t.Fatalf("Sentinel %s: no subscription (%v)", sn.Addr, err)
+			}
+		}
+		c.Close()
+	}
+}
+
+// TestFaultSentinelStaleSwitch: a Sentinel announcing a change older than
+// the one the follower acted on (a failover's leader finishing late, after
+// a newer failover was announced) is not followed. Sentinel A adopts
+// replica R2 at config epoch 6, then Sentinel B, the client's own, R1 at
+// epoch 5 and announces +switch-master to it. The follower stays on R2,
+// and so do the takes, although go-redis follows B to R1 until B hears of
+// epoch 6 (R1 and R2 are made masters of their own first, so that a take
+// on either counts there).
+func TestFaultSentinelStaleSwitch(t *testing.T) {
+	race.SkipTiming(t)
+	set := redistest.StartSentinel(t, &redistest.SentinelOptions{Replicas: 2})
+	ctx := context.Background()
+	m, r1, r2 := set.Master.Addr, set.Replicas[0], set.Replicas[1]
+	a, b := set.Sentinels[0], set.Sentinels[1]
+	var (
+		mu       sync.Mutex
+		switches []string
+	)
+	told := func() []string { mu.Lock(); defer mu.Unlock(); return slices.Clone(switches) }
+	o := &redis.FailoverOptions{MasterName: redistest.SentinelMaster, SentinelAddrs: []string{b.Addr}}
+	var logs logtest.Log
+	f := redisstore.FollowSentinels(o, &redisstore.FollowOptions{
+		Logger: logs.TextLogger(),
+		OnSwitch: func(_ context.Context, from, to string) {
+			mu.Lock()
+			switches = append(switches, from+">"+to)
+			mu.Unlock()
+		},
+	})
+	t.Cleanup(f.Close)
+	c := redis.NewFailoverClient(o)
+	t.Cleanup(func() { c.Close() })
+	s := redisstore.New(c, &redisstore.Options{Prefix: redistest.Prefix(t)})
+	limit := sluice.PerHour(1_000_000_000)
+	if _, err := s.Take(ctx, "k", limit, 1); err != nil {
+		t.Fatal(err)
+	}
+	awaitFollowing(t, set)
+	node := func(n *redistest.Node) *redis.Client {
+		c := redis.NewClient(&redis.Options{Addr: n.Addr, MaxRetries: -1})
+		t.Cleanup(func() { c.Close() })
+		return c
+	}
+	c1, c2 := node(r1), node(r2)
+	for _, c := range []*redis.Client{c1, c2} {
+		if err := c.Do(ctx, "replicaof", "no", "one").Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	done := make(chan struct{})
+	var workers sync.WaitGroup
+	for range 2 {
+		workers.Go(func() {
+			for {
+				select {
+				case <-done:
+					return
+				default:
+				}
+				tctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+				s.Take(tctx, "k", limit, 1)
+				cancel()
+			}
+		})
+	}
+	t.Cleanup(func() { close(done); workers.Wait() })
+	sc := redis.NewSentinelClient(&redis.Options{Addr: b.Addr})
+	ps := sc.Subscribe(ctx, "+switch-master")
+	if _, err := ps.Receive(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ps.Close(); sc.Close() })
+
+	set.AnnounceConfig(t, a, r2, 6)
+	newest := []string{m + ">" + r2.Addr}
+	for deadline := time.Now().Add(2 * time.Second); !slices.Equal(told(), newest); time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("switches told %q, want %q", told(), newest)
+		}
+	}
+	time.Sleep(200 * time.Millisecond) // the client on R2
+	before1, before2 := redistest.ScriptCalls(t, c1), redistest.ScriptCalls(t, c2)
+	set.AnnounceConfig(t, b, r1, 5)
+	select {
+	case msg := <-ps.Channel():
+		if !strings.HasSuffix(msg.Payload, strings.Replace(r1.Addr, ":", " ", 1)) {
+			t.Fatalf("Sentinel B announced %q, want the switch to R1 (%s): it heard of epoch 6 first", msg.Payload, r1.Addr)
+		}
+	case <-time.After(2 * time.Second):
+		t.Fatal("Sentinel B did not announce the switch to R1")
+	}
+	// B hears A's hello, epoch 6, within 2 s, and switches to R2 in turn.
+	time.Sleep(2500 * time.Millisecond)
+	after1, after2 := redistest.ScriptCalls(t, c1), redistest.ScriptCalls(t, c2)
+	t.Logf("after the stale switch: %d takes on R1, %d on R2", after1-before1, after2-before2)
+	if got := told(); !slices.Equal(got, newest) {
+		t.Errorf("switches told %q, want %q alone: the stale one followed", got, newest)
+	}
+	if after1 != before1 {
+		t.Errorf("%d takes on R1 after the stale switch to it, want none; log:\n%s", after1-before1, logs.String())
+	}
+	if after2 == before2 {
+		t.Error("no take on R2 after the stale switch")
 	}
 }

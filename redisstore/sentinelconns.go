@@ -24,6 +24,8 @@ const (
 	redirectedMasterMsg = "redis: the Sentinel still names the master the Sentinels replaced: dialling the new one"
 	agreedMasterMsg     = "redis: on the master the Sentinels announced"
 	disagreeMasterMsg   = "redis: the Sentinel names a master replaced earlier: deciding on it (a failover back to it, or a switch back not heard)"
+	staleMasterMsg      = "redis: the Sentinel names a master of an older configuration: dialling the one acted on"
+	staleConnsMsg       = "redis: on a master of an older configuration a Sentinel announced: its connections closed"
 )
 
 // masterConns dials a Sentinel client's connections and tracks them by
@@ -56,6 +58,15 @@ type masterConns struct {
 	at          time.Time // when
 	moving      bool      // connections to from closed, none to to yet
 	redirecting bool      // a dial to from sent to to since
+
+	// A master a stale +switch-master named (stale), the one acted on
+	// instead (staleTo), when (staleAt), and whether a dial was sent there.
+	stale, staleTo string
+	staleAt        time.Time
+	staleSent      bool
+	// checking are the masters +switch-master named whose config epoch
+	// is being asked: a dial to one waits for the answer.
+	checking map[string]chan struct{}
 }
 
 func newMasterConns(dial func(ctx context.Context, network, addr string) (net.Conn, error), log *slog.Logger, reason func(string), counted func(string)) *masterConns {
@@ -63,7 +74,7 @@ func newMasterConns(dial func(ctx context.Context, network, addr string) (net.Co
 		log = slog.New(slog.DiscardHandler)
 	}
 	return &masterConns{dial: dial, log: log, reason: reason, counted: counted, now: time.Now,
-		conns: map[string]map[*trackedConn]struct{}{}}
+		conns: map[string]map[*trackedConn]struct{}{}, checking: map[string]chan struct{}{}}
 }
 
 func (m *masterConns) tell(reason string) {
@@ -102,6 +113,18 @@ func (m *masterConns) replaced(addr string) (bool, time.Duration) {
 // store's scripts would fail on it with READONLY (replica-read-only, the
 // default), answered by any failure policy.
 func (m *masterConns) Dial(ctx context.Context, network, addr string) (net.Conn, error) {
+	m.mu.Lock()
+	checked := m.checking[addr]
+	m.mu.Unlock()
+	if checked != nil {
+		// The client's Sentinel may have announced it too, and go-redis
+		// follows at once: the dial waits to know whether it is stale.
+		select {
+		case <-checked:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
 	for {
 		target := m.route(addr)
 		conn, err := m.dial(ctx, network, target)
@@ -146,9 +169,21 @@ func (m *masterConns) Dial(ctx context.Context, network, addr string) (net.Conn,
 }
 
 // route returns the address a dial to addr goes to: addr, or the master
-// that replaced it moments ago.
+// that replaced it moments ago, or the one acted on instead of it when a
+// stale switch named it moments ago.
 func (m *masterConns) route(addr string) string {
 	m.mu.Lock()
+	if addr == m.stale && addr != m.to && m.now().Sub(m.staleAt) < sentinelReplacedFor {
+		first := !m.staleSent
+		m.staleSent = true
+		to := m.staleTo
+		m.mu.Unlock()
+		if first {
+			m.log.Info(staleMasterMsg, "stale", addr, "master", to)
+			m.count("redirected")
+		}
+		return to
+	}
 	replaced, ago := m.replaced(addr)
 	if replaced {
 		first := !m.redirecting
@@ -173,6 +208,47 @@ func (m *masterConns) route(addr string) string {
 	m.mu.Unlock()
 	m.tell("")
 	return addr
+}
+
+// check holds dials to addr until the returned done is called: a
+// +switch-master named it, whose config epoch is being asked.
+func (m *masterConns) check(addr string) (done func()) {
+	ch := make(chan struct{})
+	m.mu.Lock()
+	m.checking[addr] = ch // a dial already waiting on another check waits for that one
+	m.mu.Unlock()
+	return func() {
+		m.mu.Lock()
+		if m.checking[addr] == ch {
+			delete(m.checking, addr)
+		}
+		m.mu.Unlock()
+		close(ch)
+	}
+}
+
+// staleSwitch is told a Sentinel announced a switch to to older than the
+// change acted on, to current. A client whose Sentinel it is follows it
+// (go-redis closes its other connections and dials to): such a dial in
+// the next sentinelReplacedFor goes to current instead, and those made
+// before the switch was known stale are closed.
+func (m *masterConns) staleSwitch(to, current string) {
+	if current == "" || to == current {
+		return
+	}
+	m.mu.Lock()
+	m.stale, m.staleTo, m.staleAt, m.staleSent = to, current, m.now(), false
+	old := m.conns[to]
+	delete(m.conns, to)
+	m.mu.Unlock()
+	if len(old) == 0 {
+		return
+	}
+	m.log.Warn(staleConnsMsg, "stale", to, "master", current, "conns", len(old))
+	m.count("closed")
+	for c := range old {
+		c.raw.Close()
+	}
 }
 
 // switched is told a Sentinel announced the master moved from from to to

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"log/slog"
 	"net"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -63,6 +64,15 @@ const sentinelConfirmFor = 2 * time.Second
 // Sentinel's word on it.
 const sentinelRoleEvent = "role"
 
+// watchHooks, when set, are told: check, a +switch-master to to whose
+// config epoch is being asked, until the done it returns is called (after
+// switched or stale); stale, a +switch-master older than the change acted
+// on (to is the master it names, current the one acted on).
+type watchHooks struct {
+	check func(to string) (done func())
+	stale func(to, current string)
+}
+
 // unconfirmed is a change acted on at the replica's role that no Sentinel
 // has announced yet; done is closed once one has, or once a newer change
 // is acted on.
@@ -72,6 +82,8 @@ type unconfirmed struct {
 }
 
 const sentinelUnconfirmedMsg = "redis: no Sentinel announced the promotion acted on at the replica's role: back to the old master"
+
+const sentinelStaleMsg = "redis: a Sentinel announced a master change older than the one acted on: ignored"
 
 const sentinelRoleMsg = "redis: cannot ask the replica a Sentinel is promoting its role (INFO replication): leaving the old master at the Sentinel's +promoted-slave"
 
@@ -100,15 +112,16 @@ func parseSwitch(channel, payload string) (name, from, to string, ok bool) {
 // each Sentinel's switch) is acted on once. o.Dialer, if set, dials the
 // Sentinels and the replica being promoted. The returned stop ends the
 // subscriptions, and waits for a switched under way.
-func watchSwitchMaster(o *redis.FailoverOptions, log *slog.Logger, switched func(ctx context.Context, from, to string)) (stop func()) {
+func watchSwitchMaster(o *redis.FailoverOptions, log *slog.Logger, switched func(ctx context.Context, from, to string), hooks watchHooks) (stop func()) {
 	ctx, cancel := context.WithCancel(context.Background())
 	var (
 		wg      sync.WaitGroup
 		mu      sync.Mutex
-		last    [2]string    // the change last acted on: from, to
-		pending *unconfirmed // acted on at the replica's role, no Sentinel's word yet
+		last    [2]string         // the change last acted on: from, to
+		epoch   int64        = -1 // the config epoch of the last +switch-master acted on; -1: none known
+		pending *unconfirmed      // acted on at the replica's role, no Sentinel's word yet
 	)
-	var act func(event, from, to string)
+	var act func(event, from, to string, ep switchEpoch)
 	// confirm waits for a Sentinel to announce the change p acted on at
 	// the replica's role, and goes back to the old master when none does
 	// in sentinelConfirmFor: a leader lost between SLAVEOF NO ONE and its
@@ -131,13 +144,30 @@ func watchSwitchMaster(o *redis.FailoverOptions, log *slog.Logger, switched func
 		mu.Unlock()
 		if still {
 			log.Warn(sentinelUnconfirmedMsg, "master_name", o.MasterName, "replica", p.change[1], "master", p.change[0], "after", sentinelConfirmFor)
-			act("unconfirmed", p.change[1], p.change[0])
+			act("unconfirmed", p.change[1], p.change[0], noEpoch)
 		}
 	}
-	act = func(event, from, to string) {
+	act = func(event, from, to string, ep switchEpoch) {
 		change := [2]string{from, to}
+		e := ep.e
 		mu.Lock()
-		again := last == change
+		if e >= 0 && epoch >= 0 && (e < epoch || e == epoch && to != last[1]) {
+			// Older than the change acted on: its leader finished late,
+			// or the Sentinel heard of it late.
+			current := last[1]
+			mu.Unlock()
+			log.Info(sentinelStaleMsg, "master_name", o.MasterName, "from", from, "to", to, "config_epoch", e, "acted_epoch", epoch, "master", current)
+			if hooks.stale != nil {
+				hooks.stale(to, current)
+			}
+			return
+		}
+		if !ep.exact {
+			e = -1 // not this announcement's: unknown
+		}
+		// The same configuration told again, from an older address.
+		again := last == change || e >= 0 && e == epoch && to == last[1]
+		epoch = max(epoch, e)
 		// A Sentinel's word on the change confirms it; another change
 		// supersedes it.
 		if pending != nil && (pending.change != change || event != sentinelRoleEvent) {
@@ -161,7 +191,11 @@ func watchSwitchMaster(o *redis.FailoverOptions, log *slog.Logger, switched func
 				confirm(p)
 			}()
 		}
-		log.Info(sentinelSwitchMsg, "master_name", o.MasterName, "from", from, "to", to, "event", event)
+		attrs := []any{"master_name", o.MasterName, "from", from, "to", to, "event", event}
+		if e >= 0 {
+			attrs = append(attrs, "config_epoch", e)
+		}
+		log.Info(sentinelSwitchMsg, attrs...)
 		switched(ctx, from, to)
 	}
 	acted := func(from, to string) bool {
@@ -188,7 +222,7 @@ func watchSwitchMaster(o *redis.FailoverOptions, log *slog.Logger, switched func
 			info, err := rc.Info(rctx, "replication").Result()
 			cancel()
 			if err == nil && strings.Contains(info, "role:master\r\n") {
-				act(sentinelRoleEvent, from, to)
+				act(sentinelRoleEvent, from, to, noEpoch)
 				return
 			}
 			var rerr redis.Error
@@ -203,13 +237,21 @@ func watchSwitchMaster(o *redis.FailoverOptions, log *slog.Logger, switched func
 		}
 	}
 	var awaiting sync.Map // from, to: the promotions whose replica is asked
-	onSwitch := func(channel, payload string) {
+	// onSwitch handles an event of the Sentinel ask answers for.
+	onSwitch := func(ask *redis.SentinelClient, channel, payload string) {
 		name, from, to, ok := parseSwitch(channel, payload)
 		if !ok || name != o.MasterName {
 			return
 		}
+		if channel == "+switch-master" {
+			if hooks.check != nil {
+				defer hooks.check(to)()
+			}
+			act(channel, from, to, askEpoch(ctx, ask, o.MasterName, to))
+			return
+		}
 		if channel != sentinelPromotionEvent {
-			act(channel, from, to)
+			act(channel, from, to, noEpoch)
 			return
 		}
 		if _, dup := awaiting.LoadOrStore([2]string{from, to}, true); dup || acted(from, to) {
@@ -249,7 +291,9 @@ func watchSwitchMaster(o *redis.FailoverOptions, log *slog.Logger, switched func
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			subscribeSwitches(ctx, opts(addr), onSwitch)
+			ask := redis.NewSentinelClient(opts(addr))
+			defer ask.Close()
+			subscribeSwitches(ctx, opts(addr), func(channel, payload string) { onSwitch(ask, channel, payload) })
 		}()
 	}
 	known := func() []string {
@@ -270,6 +314,34 @@ func watchSwitchMaster(o *redis.FailoverOptions, log *slog.Logger, switched func
 		discoverSentinels(ctx, o.MasterName, opts, known, subscribe)
 	}()
 	return func() { cancel(); wg.Wait() }
+}
+
+// switchEpoch is the config epoch of a +switch-master, as the Sentinel
+// that announced it tells it (SENTINEL MASTER): announcements carry none,
+// and a failover's leader announces the switch only once it has
+// reconfigured the replicas, possibly after a newer failover was
+// announced.
+type switchEpoch struct {
+	e     int64 // -1: unknown (no answer)
+	exact bool  // e is the announcement's; else at most e: the Sentinel names another master since
+}
+
+var noEpoch = switchEpoch{e: -1}
+
+// askEpoch asks the Sentinel that announced a +switch-master to to the
+// config epoch of master.
+func askEpoch(ctx context.Context, ask *redis.SentinelClient, master, to string) switchEpoch {
+	qctx, cancel := context.WithTimeout(ctx, sentinelAskTimeout)
+	defer cancel()
+	m, err := ask.Master(qctx, master).Result()
+	if err != nil {
+		return noEpoch
+	}
+	e, err := strconv.ParseInt(m["config-epoch"], 10, 64)
+	if err != nil || e < 0 {
+		return noEpoch
+	}
+	return switchEpoch{e: e, exact: net.JoinHostPort(m["ip"], m["port"]) == to}
 }
 
 // sentinelDiscoverEvery is how often the Sentinels the options name are

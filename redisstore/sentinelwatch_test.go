@@ -51,7 +51,7 @@ func TestWatchSwitchMaster(t *testing.T) {
 				<-ctx.Done()
 				ended.Store(true)
 			}
-		})
+		}, watchHooks{})
 	stopped := false
 	defer func() {
 		if !stopped {
@@ -120,7 +120,7 @@ func TestWatchSwitchMasterDiscoversSentinels(t *testing.T) {
 	set := redistest.StartSentinel(t, nil)
 	ctx := context.Background()
 	stop := watchSwitchMaster(&redis.FailoverOptions{MasterName: redistest.SentinelMaster, SentinelAddrs: []string{set.Sentinels[0].Addr}},
-		slog.New(slog.DiscardHandler), func(context.Context, string, string) {})
+		slog.New(slog.DiscardHandler), func(context.Context, string, string) {}, watchHooks{})
 	defer stop()
 	subscribed := func(addr string) bool {
 		c := redis.NewClient(&redis.Options{Addr: addr})
@@ -155,7 +155,7 @@ func startRoleWatch(t *testing.T, replica string, o *redis.FailoverOptions) *rol
 		w.mu.Lock()
 		w.tells = append(w.tells, from+">"+to)
 		w.mu.Unlock()
-	})
+	}, watchHooks{})
 	t.Cleanup(stop)
 	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
 		n, err := w.rdb.PubSubNumSub(context.Background(), sentinelPromotionEvent).Result()

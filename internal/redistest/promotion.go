@@ -2,6 +2,8 @@ package redistest
 
 import (
 	"context"
+	"fmt"
+	"net"
 	"strconv"
 	"strings"
 	"sync"
@@ -117,4 +119,24 @@ func (w *PromotionWatch) Stop() (promoted time.Time, last time.Duration, since i
 		}
 	}
 	return w.roleAt, moved.Sub(w.roleAt), since
+}
+
+// AnnounceConfig has sentinel adopt master as SentinelMaster's master at
+// config epoch epoch, as a hello message from another Sentinel would: one
+// that knows an older epoch switches at once, announcing +switch-master;
+// one that knows this epoch or a newer one ignores it. The hello names a
+// Sentinel at a dead address, which sentinel then lists among the others.
+func (s *SentinelSet) AnnounceConfig(t testing.TB, sentinel, master *Node, epoch int64) {
+	t.Helper()
+	s.helloOnce.Do(func() {
+		host, port, _ := net.SplitHostPort(DeadAddr(t))
+		s.helloFrom = host + "," + port + "," + strings.Repeat("5", 40)
+	})
+	host, port, _ := net.SplitHostPort(master.Addr)
+	hello := fmt.Sprintf("%s,%d,%s,%s,%s,%d", s.helloFrom, epoch, SentinelMaster, host, port, epoch)
+	c := sentinel.client()
+	defer c.Close()
+	if err := c.Publish(context.Background(), "__sentinel__:hello", hello).Err(); err != nil {
+		t.Fatalf("redistest: hello to Sentinel %s: %v", sentinel.Addr, err)
+	}
 }

@@ -509,6 +509,9 @@ type SentinelSet struct {
 	Replicas []*Node
 	// Sentinels watch Master under the name SentinelMaster.
 	Sentinels []*Node
+
+	helloOnce sync.Once
+	helloFrom string // AnnounceConfig's Sentinel: ip,port,runid
 }
 
 // StartSentinel starts a master, its replicas and Sentinels on private
