@@ -46,6 +46,12 @@ type FollowOptions struct {
 	// Sentinel names the old one again more than 10 s later: most often
 	// a failover back to it).
 	OnDegraded func(reason string)
+
+	// OnRoleRefused, when set, is called with the replica's address each
+	// time the replica a Sentinel is promoting refuses INFO (an ACL user
+	// without +info): the change then waits for the Sentinel's
+	// +promoted-slave, most of a second later. It comes with the WARN line.
+	OnRoleRefused func(replica string)
 }
 
 // SentinelFollower is what FollowSentinels started: subscriptions to
@@ -118,7 +124,7 @@ func FollowSentinels(o *redis.FailoverOptions, opts *FollowOptions) *SentinelFol
 		if fo.OnSwitch != nil {
 			fo.OnSwitch(ctx, from, to)
 		}
-	}, watchHooks{check: conns.check, stale: conns.staleSwitch})
+	}, watchHooks{check: conns.check, stale: conns.staleSwitch, roleRefused: fo.OnRoleRefused})
 	return &SentinelFollower{stop: stop}
 }
 

@@ -67,10 +67,12 @@ const sentinelRoleEvent = "role"
 // watchHooks, when set, are told: check, a +switch-master to to whose
 // config epoch is being asked, until the done it returns is called (after
 // switched or stale); stale, a +switch-master older than the change acted
-// on (to is the master it names, current the one acted on).
+// on (to is the master it names, current the one acted on); roleRefused,
+// the replica being promoted refusing INFO.
 type watchHooks struct {
-	check func(to string) (done func())
-	stale func(to, current string)
+	check       func(to string) (done func())
+	stale       func(to, current string)
+	roleRefused func(replica string)
 }
 
 // unconfirmed is a change acted on at the replica's role that no Sentinel
@@ -228,6 +230,9 @@ func watchSwitchMaster(o *redis.FailoverOptions, log *slog.Logger, switched func
 			var rerr redis.Error
 			if errors.As(err, &rerr) {
 				log.Warn(sentinelRoleMsg, "replica", to, "err", err)
+				if hooks.roleRefused != nil {
+					hooks.roleRefused(to)
+				}
 				return
 			}
 			select {

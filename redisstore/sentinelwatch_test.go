@@ -146,6 +146,8 @@ type roleWatch struct {
 	event string
 	mu    sync.Mutex
 	tells []string
+	// refused counts the replica's refusals of INFO told.
+	refused atomic.Int32
 }
 
 func startRoleWatch(t *testing.T, replica string, o *redis.FailoverOptions) *roleWatch {
@@ -155,7 +157,7 @@ func startRoleWatch(t *testing.T, replica string, o *redis.FailoverOptions) *rol
 		w.mu.Lock()
 		w.tells = append(w.tells, from+">"+to)
 		w.mu.Unlock()
-	}, watchHooks{})
+	}, watchHooks{roleRefused: func(string) { w.refused.Add(1) }})
 	t.Cleanup(stop)
 	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
 		n, err := w.rdb.PubSubNumSub(context.Background(), sentinelPromotionEvent).Result()
@@ -224,8 +226,8 @@ func TestWatchSwitchMasterRole(t *testing.T) {
 }
 
 // TestWatchSwitchMasterRoleRefused: a replica that refuses INFO (an ACL
-// user without it) is logged once, and the change waits for the
-// Sentinel's +promoted-slave.
+// user without it) is logged once, and counted, and the change waits for
+// the Sentinel's +promoted-slave.
 func TestWatchSwitchMasterRoleRefused(t *testing.T) {
 	replica := redistest.StartServer(t)
 	ctx := context.Background()
@@ -239,6 +241,9 @@ func TestWatchSwitchMasterRoleRefused(t *testing.T) {
 	time.Sleep(300 * time.Millisecond)
 	if n := switches(); n != 0 || strings.Count(buf.String(), sentinelRoleMsg) != 1 || !strings.Contains(buf.String(), "NOPERM") {
 		t.Fatalf("%d switches told, log:\n%s\nwant none, and the refusal logged once", n, buf.String())
+	}
+	if n := w.refused.Load(); n != 1 {
+		t.Errorf("refusal told %d times, want once, with its log line", n)
 	}
 	rdb.Publish(ctx, "+promoted-slave", event)
 	for deadline := time.Now().Add(time.Second); switches() != 1; time.Sleep(5 * time.Millisecond) {

@@ -177,4 +177,7 @@ func TestFaultServeSentinelPlannedFailover(t *testing.T) {
 	if got := scrapedMetric(t, p, `sluice_redis_replaced_master_total{how="closed"}`); got != "1" {
 		t.Errorf(`sluice_redis_replaced_master_total{how="closed"} = %q, want 1`, got)
 	}
+	if got := scrapedMetric(t, p, "sluice_redis_sentinel_role_refused_total"); got != "0" {
+		t.Errorf("sluice_redis_sentinel_role_refused_total = %q, want 0 (exposed; no replica refused INFO)", got)
+	}
 }

@@ -301,6 +301,10 @@ func (s *Server) openStore() (sluice.Store, error) {
 			Name: "sluice_redis_failovers_total",
 			Help: "Redis master changes seen: kind cluster (the masters of the slot map changed), sentinel (the promoted replica reporting master, +promoted-slave or +switch-master, once per change). Writes the old master had not replicated are lost with it: the limits they counted start partly afresh.",
 		}, []string{"kind"})
+		roleRefused := prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "sluice_redis_sentinel_role_refused_total",
+			Help: "Sentinel only: times the replica a Sentinel was promoting refused INFO replication (an ACL user without +info), so the instance left the old master only at the Sentinel's +promoted-slave, most of a second later.",
+		})
 		var probe atomic.Pointer[func(context.Context) error]
 		probeNow := func(ctx context.Context) error {
 			if p := probe.Load(); p != nil {
@@ -316,9 +320,10 @@ func (s *Server) openStore() (sluice.Store, error) {
 		follow := func(o *redis.FailoverOptions) {
 			switches := failovers.WithLabelValues("sentinel")
 			follower = redisstore.FollowSentinels(o, &redisstore.FollowOptions{
-				Logger:     s.log,
-				OnDegraded: s.health.setSentinel,
-				OnReplaced: func(how string) { replaced.WithLabelValues(how).Inc() },
+				Logger:        s.log,
+				OnDegraded:    s.health.setSentinel,
+				OnReplaced:    func(how string) { replaced.WithLabelValues(how).Inc() },
+				OnRoleRefused: func(string) { roleRefused.Inc() },
 				OnSwitch: func(ctx context.Context, from, to string) {
 					switches.Inc()
 					select {
@@ -340,7 +345,7 @@ func (s *Server) openStore() (sluice.Store, error) {
 		if follower != nil {
 			replaced.WithLabelValues("closed")
 			replaced.WithLabelValues("redirected")
-			s.metrics.reg.MustRegister(replaced)
+			s.metrics.reg.MustRegister(replaced, roleRefused)
 			s.closers = append(s.closers, follower.Close)
 		}
 		if err := s.checkRedis(client); err != nil {
