@@ -40,11 +40,14 @@ type FollowOptions struct {
 	// The same for a master an ignored, older +switch-master named.
 	OnReplaced func(how string)
 
-	// OnDegraded, when set, is called with a reason when the client's
-	// connections to a replaced master are closed, and with "" once it
-	// has dialled the master the Sentinels announced (or once its
-	// Sentinel names the old one again more than 10 s later: most often
-	// a failover back to it).
+	// OnDegraded, when set, is called with a reason at each master
+	// change acted on, before OnSwitch, when the client's connections to
+	// the old master are closed, or when it has none to close (in an
+	// unplanned failover calls failed on them with the master) nor any to
+	// the new one; and with "" once it has dialled the master the Sentinels
+	// announced (or once its Sentinel names the old one again more than
+	// 10 s later: most often a failover back to it). A client that makes
+	// no call dials nothing: the reason stays until its next call.
 	OnDegraded func(reason string)
 
 	// OnRoleRefused, when set, is called with the replica's address each

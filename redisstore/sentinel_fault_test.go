@@ -292,3 +292,62 @@ func TestFaultSentinelStaleSwitch(t *testing.T) {
 		t.Error("no take on R2 after the stale switch")
 	}
 }
+
+// TestFaultFollowSentinelsUnplanned: in an unplanned failover (the master
+// killed) the client has no connection left to the dead master when the
+// switch comes, calls having failed on them; OnDegraded still tells the
+// change, with a reason, until the client has dialled the new master,
+// as it does when it closes connections: a status wired to it shows the
+// switch, as OnSwitch does.
+func TestFaultFollowSentinelsUnplanned(t *testing.T) {
+	set := redistest.StartSentinel(t, nil)
+	ctx := context.Background()
+	var (
+		mu     sync.Mutex
+		events []string
+	)
+	record := func(e string) { mu.Lock(); events = append(events, e); mu.Unlock() }
+	told := func() []string { mu.Lock(); defer mu.Unlock(); return slices.Clone(events) }
+	o := &redis.FailoverOptions{MasterName: redistest.SentinelMaster, SentinelAddrs: set.SentinelAddrs()}
+	f := redisstore.FollowSentinels(o, &redisstore.FollowOptions{
+		Logger:   slog.New(slog.DiscardHandler),
+		OnSwitch: func(context.Context, string, string) { record("switch") },
+		OnDegraded: func(reason string) {
+			if reason == "" {
+				record("agreed")
+			} else {
+				record("degraded")
+			}
+		},
+	})
+	t.Cleanup(f.Close)
+	c := redis.NewFailoverClient(o)
+	t.Cleanup(func() { c.Close() })
+	s := redisstore.New(c, &redisstore.Options{Prefix: redistest.Prefix(t)})
+	limit := sluice.PerHour(1_000_000_000)
+	if _, err := s.Take(ctx, "k", limit, 1); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	var workers sync.WaitGroup
+	workers.Go(func() {
+		for {
+			select {
+			case <-done:
+				return
+			case <-time.After(20 * time.Millisecond):
+			}
+			tctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+			s.Take(tctx, "k", limit, 1)
+			cancel()
+		}
+	})
+	t.Cleanup(func() { close(done); workers.Wait() })
+	set.Master.Kill()
+	want := []string{"degraded", "switch", "agreed"}
+	for deadline := time.Now().Add(15 * time.Second); !slices.Equal(told(), want); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("told %q, want %q", told(), want)
+		}
+	}
+}

@@ -253,20 +253,28 @@ func (m *masterConns) staleSwitch(to, current string) {
 
 // switched is told a Sentinel announced the master moved from from to to
 // (the promotion of to, or the switch): it closes the connections to
-// from, if any.
+// from, if any, and tells the reason until the client has dialled to:
+// with none to close (an unplanned failover: calls failed on them with
+// the master) too, unless it has connections to to already.
 func (m *masterConns) switched(from, to string) {
 	m.mu.Lock()
 	m.from, m.to, m.at, m.redirecting = from, to, m.now(), false
 	old := m.conns[from]
 	delete(m.conns, from)
-	m.moving = len(old) > 0
+	m.moving = len(old) > 0 || len(m.conns[to]) == 0
+	moving := m.moving
 	m.mu.Unlock()
-	if len(old) == 0 {
-		return
+	if len(old) > 0 {
+		m.log.Warn(replacedMasterMsg, "old", from, "new", to, "conns", len(old))
+		m.count("closed")
 	}
-	m.log.Warn(replacedMasterMsg, "old", from, "new", to, "conns", len(old))
-	m.count("closed")
-	m.tell(fmt.Sprintf("Redis master %s was replaced by %s: its connections closed, the client dials the new one", from, to))
+	if moving {
+		how := "the client dials the new one"
+		if len(old) > 0 {
+			how = "its connections closed, " + how
+		}
+		m.tell(fmt.Sprintf("Redis master %s was replaced by %s: %s", from, to, how))
+	}
 	for c := range old {
 		c.raw.Close()
 	}
