@@ -65,6 +65,12 @@ type SentinelFollower struct {
 	once sync.Once
 }
 
+// followed holds the live followers by the options they set up: a second
+// FollowSentinels on them returns the first's follower.
+var followed sync.Map // *redis.FailoverOptions → *SentinelFollower
+
+const followedMsg = "redis: FollowSentinels called again on options it follows: the follower already started is returned; these FollowOptions are not used"
+
 // FollowSentinels makes the failover client built from o (with
 // redis.NewFailoverClient, after this call) leave a replaced master as
 // soon as any Sentinel monitoring it announces its replacement, rather
@@ -104,6 +110,16 @@ type SentinelFollower struct {
 // the change then waits for the Sentinel's +promoted-slave. A nil o, or one
 // without MasterName, is left alone, and the follower returned is nil.
 // Close the follower when done with the client.
+//
+// Called again on the same o before the follower's Close, it starts
+// nothing and leaves o alone: it returns the follower already started
+// (which serves every client built from o), whose FollowOptions stay in
+// force, with a WARN line; a second follower would subscribe again and
+// wrap the first's Dialer, splitting the hooks' calls between the two.
+// Once the follower is closed, a call on o starts a new one (o.Dialer,
+// the closed follower's, then dials straight through). A copy of o made
+// after the call carries the follower's Dialer: follow the original
+// options, not a copy.
 func FollowSentinels(o *redis.FailoverOptions, opts *FollowOptions) *SentinelFollower {
 	if o == nil || o.MasterName == "" {
 		return nil
@@ -113,6 +129,11 @@ func FollowSentinels(o *redis.FailoverOptions, opts *FollowOptions) *SentinelFol
 		fo = *opts
 	}
 	log := cmp.Or(fo.Logger, slog.Default())
+	f := &SentinelFollower{}
+	if first, loaded := followed.LoadOrStore(o, f); loaded {
+		log.Warn(followedMsg, "master_name", o.MasterName)
+		return first.(*SentinelFollower)
+	}
 	watched := *o
 	watched.SentinelAddrs = slices.Clone(o.SentinelAddrs)
 	dial := o.Dialer
@@ -128,14 +149,18 @@ func FollowSentinels(o *redis.FailoverOptions, opts *FollowOptions) *SentinelFol
 			fo.OnSwitch(ctx, from, to)
 		}
 	}, watchHooks{check: conns.check, stale: conns.staleSwitch, roleRefused: fo.OnRoleRefused})
-	return &SentinelFollower{stop: stop}
+	f.stop = func() {
+		stop()
+		conns.closed.Store(true)
+		followed.CompareAndDelete(o, f)
+	}
+	return f
 }
 
 // Close ends the subscriptions, waiting for an OnSwitch under way (and,
 // for a Sentinel that takes connections but never answers, for at most
-// one question's timeout, 250 ms). The client's dials still go through
-// the follower, which no longer hears of changes: close the client too.
-// Close is idempotent.
+// one question's timeout, 250 ms). The client's dials then go straight
+// to the address asked, as without the follower. Close is idempotent.
 func (f *SentinelFollower) Close() {
 	if f == nil {
 		return

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -140,4 +141,72 @@ func TestFollowSentinelsNoMaster(t *testing.T) {
 	}
 	f.Close()
 	redisstore.FollowSentinels(nil, nil).Close()
+}
+
+// TestFollowSentinelsTwice: a second call on the same options, while the
+// first follower runs, returns that follower and starts nothing: one
+// subscription, the first's hooks alone called, with a WARN line. Once it
+// is closed, a call starts a new follower, whose dials reach the server
+// asked through the closed one's Dialer.
+func TestFollowSentinelsTwice(t *testing.T) {
+	fake := redistest.StartServer(t)
+	old, next := redistest.StartServer(t).Addr, redistest.StartServer(t).Addr
+	ctx := context.Background()
+	admin := fake.Client(t)
+	subscribers := func(want int64) {
+		t.Helper()
+		var n map[string]int64
+		for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+			if n, _ = admin.PubSubNumSub(ctx, "+switch-master").Result(); n["+switch-master"] == want {
+				time.Sleep(100 * time.Millisecond) // and no more
+				if n, _ = admin.PubSubNumSub(ctx, "+switch-master").Result(); n["+switch-master"] == want {
+					return
+				}
+			}
+		}
+		t.Fatalf("%d subscriptions to +switch-master, want %d", n["+switch-master"], want)
+	}
+	var first, second atomic.Int32
+	var logs logtest.Log
+	o := &redis.FailoverOptions{MasterName: "m", SentinelAddrs: []string{fake.Addr}}
+	f1 := redisstore.FollowSentinels(o, &redisstore.FollowOptions{Logger: logs.TextLogger(),
+		OnSwitch: func(context.Context, string, string) { first.Add(1) }})
+	f2 := redisstore.FollowSentinels(o, &redisstore.FollowOptions{Logger: logs.TextLogger(),
+		OnSwitch: func(context.Context, string, string) { second.Add(1) }})
+	if f1 != f2 {
+		t.Error("a second call on the same options started another follower")
+	}
+	if n := strings.Count(logs.String(), "FollowSentinels called again"); n != 1 {
+		t.Errorf("%d WARN lines for the second call, want 1; log:\n%s", n, logs.String())
+	}
+	subscribers(1)
+	oh, op, _ := net.SplitHostPort(old)
+	nh, np, _ := net.SplitHostPort(next)
+	admin.Publish(ctx, "+switch-master", strings.Join([]string{"m", oh, op, nh, np}, " "))
+	for deadline := time.Now().Add(3 * time.Second); first.Load() == 0; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the switch was not told")
+		}
+	}
+	time.Sleep(100 * time.Millisecond)
+	if a, b := first.Load(), second.Load(); a != 1 || b != 0 {
+		t.Errorf("OnSwitch: the first call's %d times, the second's %d; want once, never", a, b)
+	}
+
+	f1.Close()
+	subscribers(0)
+	f3 := redisstore.FollowSentinels(o, nil)
+	defer f3.Close()
+	if f3 == f1 {
+		t.Fatal("a call after Close returned the closed follower")
+	}
+	subscribers(1)
+	c, err := o.Dialer(ctx, "tcp", old) // the closed follower would have sent it to next
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if got := c.RemoteAddr().String(); got != old {
+		t.Errorf("a dial through the closed follower's Dialer reached %s, want %s", got, old)
+	}
 }

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 )
@@ -51,6 +52,8 @@ type masterConns struct {
 	reason  func(string)
 	counted func(how string)
 	now     func() time.Time
+	// closed: the follower is closed, its dials go straight through.
+	closed atomic.Bool
 
 	mu          sync.Mutex
 	conns       map[string]map[*trackedConn]struct{}
@@ -113,6 +116,9 @@ func (m *masterConns) replaced(addr string) (bool, time.Duration) {
 // store's scripts would fail on it with READONLY (replica-read-only, the
 // default), answered by any failure policy.
 func (m *masterConns) Dial(ctx context.Context, network, addr string) (net.Conn, error) {
+	if m.closed.Load() {
+		return m.dial(ctx, network, addr)
+	}
 	m.mu.Lock()
 	checked := m.checking[addr]
 	m.mu.Unlock()
