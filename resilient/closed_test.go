@@ -104,3 +104,61 @@ func TestClosedStoreRefuses(t *testing.T) {
 		t.Errorf("TakeByPolicy after Close = %v, want sluice.ErrStoreClosed", err)
 	}
 }
+
+// After Close, Probe and ProbeNow send no probe, though one is due, and
+// TryAbandonSlot starts no release of a holder whose backend Acquire
+// failed: each returns sluice.ErrStoreClosed, as every decision does, and
+// the backend hears nothing. Before, all three went on calling it.
+func TestClosedStoreSendsNothing(t *testing.T) {
+	t.Parallel()
+	f := newSlotFixture(t, Options{Policy: FailClosed, Logger: discard})
+	s, b, ctx := f.s, f.b, context.Background()
+	l := sluice.Concurrent(2, 10*time.Minute)
+	b.mode.Store(1)
+	for _, h := range []string{"h1", "h2", "h3", "h4"} { // sent, failed: each may hold a backend slot
+		if _, err := s.Acquire(ctx, "k", l, 1, h); err != nil {
+			t.Fatal(err)
+		}
+		f.clk.Advance(200 * time.Millisecond)
+	}
+	if st := s.State(); st != sluice.BreakerOpen {
+		t.Fatalf("breaker %v after failed acquires, want open", st)
+	}
+	b.mode.Store(0)
+	f.clk.Advance(2 * time.Second) // a probe is due
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	calls := b.calls.Load()
+	if sent, err := s.Probe(ctx); sent || !errors.Is(err, sluice.ErrStoreClosed) {
+		t.Errorf("Probe after Close = %v, %v; want nothing sent, sluice.ErrStoreClosed", sent, err)
+	}
+	if err := s.ProbeNow(ctx); !errors.Is(err, sluice.ErrStoreClosed) {
+		t.Errorf("ProbeNow after Close = %v, want sluice.ErrStoreClosed", err)
+	}
+	if err := s.TryAbandonSlot("k", "h1"); !errors.Is(err, sluice.ErrStoreClosed) {
+		t.Errorf("TryAbandonSlot of a sent holder after Close = %v, want sluice.ErrStoreClosed", err)
+	}
+	if err := s.TryAbandonSlot("k", "never"); err != nil {
+		t.Errorf("TryAbandonSlot of a holder never sent after Close = %v, want nil (nothing to send)", err)
+	}
+	s.AbandonSlot("k", "h2")
+	m := &MultiStore{Store: s}
+	m.AbandonSlot("k", "h3")
+	if sent, err := m.Probe(ctx); sent || !errors.Is(err, sluice.ErrStoreClosed) {
+		t.Errorf("MultiStore.Probe after Close = %v, %v; want nothing sent, sluice.ErrStoreClosed", sent, err)
+	}
+	if err := m.ProbeNow(ctx); !errors.Is(err, sluice.ErrStoreClosed) {
+		t.Errorf("MultiStore.ProbeNow after Close = %v, want sluice.ErrStoreClosed", err)
+	}
+	if err := sluice.TryReleaseAbandoned(s, "k", "h4"); !errors.Is(err, sluice.ErrStoreClosed) {
+		t.Errorf("sluice.TryReleaseAbandoned after Close = %v, want sluice.ErrStoreClosed", err)
+	}
+	time.Sleep(100 * time.Millisecond) // for a background release to show
+	if got := b.calls.Load() - calls; got != 0 {
+		t.Errorf("%d backend calls after Close, want none", got)
+	}
+	if st := s.State(); st != sluice.BreakerOpen {
+		t.Errorf("breaker %v after Close, want open still (no probe)", st)
+	}
+}

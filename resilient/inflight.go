@@ -146,16 +146,22 @@ func (s *Store) Acquire(ctx context.Context, key string, l sluice.InFlightLimit,
 // (sluice.ReleaseAbandoned), not through the breaker, which during the
 // outage it is meant for would refuse it, or count it as one more failure.
 // A holder the breaker kept from the backend never reached it: nothing is
-// sent. On a zero or nil Store it does nothing. It does not say when the
-// release could not be started: TryAbandonSlot does.
+// sent. On a zero or nil Store it does nothing, and after Close it sends
+// nothing either, as Release is refused then: a slot the backend may hold
+// frees at its hold timeout. It does not say when the release could not
+// be started: TryAbandonSlot does.
 func (s *Store) AbandonSlot(key, holder string) {
 	_ = s.TryAbandonSlot(key, holder)
 }
 
 // TryAbandonSlot is AbandonSlot that reports a release it could not
 // start: sluice.ErrRetriesFull when sluice.MaxBackgroundReleases are at
-// work already (sluice.TryReleaseAbandoned), for the caller to count and
-// log. sluice.ReleaseAbandoned and sluice.TryReleaseAbandoned call it.
+// work already (sluice.TryReleaseAbandoned), and an error wrapping
+// sluice.ErrStoreClosed after Close, for the caller to count and log. A
+// holder with nothing to send (the breaker kept its Acquire from the
+// backend) is no error, closed or not: the caller has no release to
+// count as dropped. sluice.ReleaseAbandoned and sluice.TryReleaseAbandoned
+// call it.
 func (s *Store) TryAbandonSlot(key, holder string) error {
 	if s == nil || s.backend == nil {
 		return nil
@@ -165,6 +171,9 @@ func (s *Store) TryAbandonSlot(key, holder string) error {
 		return nil
 	}
 	s.sent.forget(ref)
+	if s.closed.Load() {
+		return fmt.Errorf("resilient: abandon slot: %w", sluice.ErrStoreClosed)
+	}
 	bs, err := s.slotBackend()
 	if err != nil {
 		return nil

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"strconv"
 	"time"
@@ -209,11 +210,15 @@ func (s *Store) probeKeyFor(b *breaker) (string, bool) {
 // master failed over, or its slots moved) is forgotten, closed first, with
 // its line, if it was not. Probe sends nothing for a closed breaker or one
 // with no probe due, and reports whether it sent a probe and the first
-// error.
+// error. After Close it sends nothing and returns an error wrapping
+// sluice.ErrStoreClosed.
 func (s *Store) Probe(ctx context.Context) (bool, error) {
 	ctx = ctxutil.OrBackground(ctx)
 	if s == nil || s.backend == nil {
 		return false, nil
+	}
+	if s.closed.Load() {
+		return false, fmt.Errorf("resilient: probe: %w", sluice.ErrStoreClosed)
 	}
 	s.evict.check(s.clock())
 	sent := false
@@ -285,8 +290,8 @@ func (s *Store) answered(b *breaker, t turn, sent time.Time, wrote bool) {
 }
 
 // confirm sends b's probes (Probe's, which write) on a goroutine of its
-// own, one after another, until b closes, a probe fails or another call
-// holds the probe: a backend that answered a probe without writing closes
+// own, one after another, until b closes, the Store is closed, a probe
+// fails or another call holds the probe: a backend that answered a probe without writing closes
 // the breaker within a few round trips if it takes writes, and opens it
 // again for ProbeInterval if it does not. One runs per breaker at a time.
 func (s *Store) confirm(b *breaker) {
@@ -295,7 +300,7 @@ func (s *Store) confirm(b *breaker) {
 	}
 	go func() {
 		defer b.confirming.Store(false)
-		for b.current() != sluice.BreakerClosed {
+		for !s.closed.Load() && b.current() != sluice.BreakerClosed {
 			if sent, err := s.probeOne(context.Background(), b); !sent || err != nil {
 				return
 			}
@@ -310,10 +315,14 @@ func (s *Store) confirm(b *breaker) {
 // probe fails (its breaker opens for another ProbeInterval), or none is
 // sent (another is in flight: a request's, whose successors go on
 // probing). It does nothing when every breaker is closed, and returns the
-// error of a failed probe.
+// error of a failed probe. After Close it does nothing and returns an
+// error wrapping sluice.ErrStoreClosed.
 func (s *Store) ProbeNow(ctx context.Context) error {
 	if s == nil || s.backend == nil {
 		return nil
+	}
+	if s.closed.Load() {
+		return fmt.Errorf("resilient: probe now: %w", sluice.ErrStoreClosed)
 	}
 	now := s.clock()
 	for _, b := range s.breakers() {

@@ -517,7 +517,8 @@ func NewMulti(backend sluice.MultiStore, opts *Options) (*MultiStore, error) {
 // while the breaker was closed, if any, and releases the default fallback
 // store. The backend is the caller's to close. Every call made after Close
 // fails with an error wrapping sluice.ErrStoreClosed, and no policy
-// answers it.
+// answers it: Probe and ProbeNow send no probe, and AbandonSlot sends no
+// release (TryAbandonSlot returns the error when it had one to send).
 func (s *Store) Close() error {
 	if s == nil {
 		return nil
