@@ -83,6 +83,28 @@ func TestClosedClusterClientNoPolicy(t *testing.T) {
 			}
 		})
 	}
+	// Each call, as the first after the close, cut by the timeout before
+	// the backend has recorded it: Reset's returned the timeout alone.
+	t.Run("each first", func(t *testing.T) {
+		for i := range closedCalls(nil, "k") {
+			own := cl.Client(t)
+			obs := &policyAnswers{}
+			backend := redisstore.New(own, &redisstore.Options{Prefix: redistest.Prefix(t)})
+			m := newMultiStore(t, backend, &Options{Nodes: 1, Observer: obs, Logger: discard})
+			// A client in use: one with no slot map yet fails at once.
+			if _, err := backend.Take(context.Background(), "k", sluice.PerSecond(1_000_000), 1); err != nil {
+				t.Fatal(err)
+			}
+			own.Close()
+			start := time.Now()
+			if err := closedCalls(m, "k")[i](context.Background()); !errors.Is(err, sluice.ErrStoreClosed) {
+				t.Errorf("call %d, the first after the client's Close: %v after %v, want sluice.ErrStoreClosed", i, err, time.Since(start))
+			}
+			if e, ok := obs.first.Load().(sluice.StoreEvent); ok {
+				t.Errorf("call %d: the policy answered it: %+v", i, e)
+			}
+		}
+	})
 }
 
 // After the resilient store's own Close every call fails with
