@@ -10,6 +10,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -53,7 +54,10 @@ type Health struct {
 	// quick asks the store, ahead of every check (quickCheck), without
 	// retrying a dial or a command (quickPing); nil: none.
 	quick func(context.Context) error
-	m     *healthMetrics
+	// refusals ends a check early, with the error of a dial of the
+	// store's client refused while it runs (refusedDials); nil: none.
+	refusals func(context.Context) (context.Context, func() error)
+	m        *healthMetrics
 	// breaker sends the failure policy's breaker probe when one is due
 	// (resilient.Store.Probe); nil without a policy. The watch calls it
 	// after each check the store passed, so an instance no request
@@ -244,9 +248,13 @@ func cause(err error) string {
 // check asks the store whether it answers and records the result.
 func (h *Health) check(ctx context.Context) error {
 	n, start := h.startCheck(), time.Now()
-	err := h.quickCheck(ctx)
+	rctx, refused := h.watchRefusals(ctx)
+	err := h.quickCheck(rctx)
 	if err == nil {
-		err = h.probe(ctx)
+		err = h.probe(rctx)
+	}
+	if r := refused(); r != nil && err != nil {
+		err = r
 	}
 	if err != nil && errors.Is(ctx.Err(), context.Canceled) {
 		return err // the caller left: nothing learned about the store
@@ -1125,15 +1133,31 @@ func (h *Health) liveCheck(ctx context.Context) {
 	ctx, cancel := context.WithTimeout(ctx, h.live)
 	defer cancel()
 	n, start := h.startCheck(), time.Now()
-	if err := h.quickCheck(ctx); err != nil || cutShort(ctx) {
-		if err != nil {
-			h.checked(n, start, err)
+	ctx, refused := h.watchRefusals(ctx)
+	err, cut := h.quickCheck(ctx), false
+	if err == nil {
+		if cut = cutShort(ctx); !cut {
+			err = h.probe(ctx)
+			cut = err != nil && cutShort(ctx)
 		}
-		return
 	}
-	if err := h.probe(ctx); err == nil || !cutShort(ctx) {
+	// A refused dial is an answer, whatever the bound.
+	if r := refused(); r != nil && (err != nil || cut) {
+		err, cut = r, false
+	}
+	if !cut {
 		h.checked(n, start, err)
 	}
+}
+
+// watchRefusals returns ctx, ended early when a dial of the store's
+// client is refused (refusals), and a func to call once the check is done,
+// which returns that dial's error, nil if none.
+func (h *Health) watchRefusals(ctx context.Context) (context.Context, func() error) {
+	if h.refusals == nil {
+		return ctx, func() error { return nil }
+	}
+	return h.refusals(ctx)
 }
 
 // quickCheck runs the quick ping, if any, and returns its error when it
@@ -1315,6 +1339,75 @@ func quickPing(c redis.UniversalClient) (ping func(context.Context) error, close
 		conn.Close()
 		return nil
 	}, func() { q.Close() }
+}
+
+// refusedDials returns Health.refusals for c (standalone, or the master a
+// Sentinel names; nil for a Cluster, where one master refusing is not the
+// store lost). A check whose call meets Redis killed mid-way gets no
+// answer from go-redis for about a second: it retries the call, redials
+// (refused, retried) and then fails each retry at once with the last dial
+// error, until the check's own deadline, which then reads as a stall. The
+// first refused redial, within milliseconds of the kill, is certain: this
+// hook ends the checks under way with it.
+func refusedDials(c redis.UniversalClient) func(context.Context) (context.Context, func() error) {
+	rc, ok := c.(*redis.Client)
+	if !ok {
+		return nil
+	}
+	d := &dialRefusals{waits: map[*refusalWait]struct{}{}}
+	rc.AddHook(d)
+	return d.during
+}
+
+// dialRefusals is a go-redis hook that ends the checks under way when a
+// dial is refused.
+type dialRefusals struct {
+	mu    sync.Mutex
+	waits map[*refusalWait]struct{}
+}
+
+type refusalWait struct {
+	cancel context.CancelCauseFunc
+	err    error // the refused dial's; guarded by dialRefusals.mu
+}
+
+func (d *dialRefusals) during(ctx context.Context) (context.Context, func() error) {
+	ctx, cancel := context.WithCancelCause(ctx)
+	w := &refusalWait{cancel: cancel}
+	d.mu.Lock()
+	d.waits[w] = struct{}{}
+	d.mu.Unlock()
+	return ctx, func() error {
+		d.mu.Lock()
+		delete(d.waits, w)
+		err := w.err
+		d.mu.Unlock()
+		cancel(nil)
+		return err
+	}
+}
+
+func (d *dialRefusals) DialHook(next redis.DialHook) redis.DialHook {
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := next(ctx, network, addr)
+		if err != nil && errors.Is(err, syscall.ECONNREFUSED) {
+			d.mu.Lock()
+			for w := range d.waits {
+				if w.err == nil {
+					w.err = err
+					w.cancel(err)
+				}
+			}
+			d.mu.Unlock()
+		}
+		return c, err
+	}
+}
+
+func (*dialRefusals) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+
+func (*dialRefusals) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
 }
 
 // recheckChecks: a Redis that answers is checked in full

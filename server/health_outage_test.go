@@ -3,7 +3,9 @@
 package server
 
 import (
+	"context"
 	"io"
+	"log/slog"
 	"math/rand/v2"
 	"net/http"
 	"slices"
@@ -12,6 +14,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/internal/race"
+	"github.com/sluicehq/sluice/redisstore"
 )
 
 // TestFaultDownForFromFirstFailure: Redis frozen (SIGSTOP) or killed
@@ -77,9 +80,11 @@ func TestFaultDownForFromFirstFailure(t *testing.T) {
 // TestFaultStoreLostIdleAtOnce: under the error policy an instance no
 // request reaches learns that Redis was killed from the watch's next
 // check, which says so as it starts (a refused dial), not once go-redis
-// has retried for its 1 s timeout; /v1/status's since is that check's
-// start, so `store back`'s down_for counts from it: the outage less up to
-// one check interval at its start, plus up to one at its end.
+// has retried for its 1 s timeout; one in flight at the kill says so as
+// soon as its redial is refused (TestFaultStoreLostMidCheck). /v1/status's
+// since is that check's start, so `store back`'s down_for counts from it:
+// the outage less up to one check interval at its start, plus up to one
+// at its end.
 func TestFaultStoreLostIdleAtOnce(t *testing.T) {
 	race.SkipTiming(t)
 	r := startRedis(t)
@@ -104,9 +109,15 @@ func TestFaultStoreLostIdleAtOnce(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		// The watch checks every second; its check is told at once.
-		if after, told := since.Sub(killed), seen.Sub(since); after < 0 || after > 1300*time.Millisecond || told > 300*time.Millisecond {
-			t.Errorf("trial %d: since %v after the kill, store lost seen %v after since; want within [0, 1.3s] and 300ms", i, after, told)
+		// The watch checks every second; its check is told at once. A
+		// check that started before the kill met it mid-call: since is
+		// its start, and it is told once the redial is refused.
+		after, told := since.Sub(killed), seen.Sub(killed)
+		if after > 0 {
+			told = seen.Sub(since)
+		}
+		if after < -100*time.Millisecond || after > 1300*time.Millisecond || told > 300*time.Millisecond {
+			t.Errorf("trial %d: since %v after the kill, store lost seen %v after the later of since and the kill; want within [-100ms, 1.3s] and 300ms", i, after, told)
 		}
 		time.Sleep(outage - time.Since(killed))
 		r.restart(t)
@@ -116,6 +127,65 @@ func TestFaultStoreLostIdleAtOnce(t *testing.T) {
 			}
 			time.Sleep(10 * time.Millisecond)
 		}
+	}
+}
+
+// TestFaultStoreLostMidCheck: Redis killed while a check's call is in
+// flight (its writes paused, so that the check's pings passed and its
+// access script waits) is told by that check as soon as the redial is
+// refused: store lost, unreachable. go-redis alone retries the cut call
+// and the refused dial until the check's 1 s deadline, which reads as a
+// stall. The watch is off (an hour): the test runs the checks.
+func TestFaultStoreLostMidCheck(t *testing.T) {
+	race.SkipTiming(t)
+	r := startRedis(t)
+	var logs syncBuffer
+	srv := runServer(t, Options{
+		ConfigFile: "testdata/envoy-example.yaml", RedisURL: r.url(), NoFailurePolicy: true,
+		StoreCheckInterval: time.Hour, Logger: slog.New(slog.NewTextHandler(&logs, nil)),
+	})
+	type result struct {
+		err error
+		at  time.Time // when it ended
+	}
+	check := func() result {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second) // the watch's
+		defer cancel()
+		err := srv.health.check(ctx)
+		return result{err, time.Now()}
+	}
+	const trials = 3
+	for i := range trials {
+		admin := r.client()
+		if err := admin.Do(context.Background(), "client", "pause", 5000, "write").Err(); err != nil {
+			t.Fatal(err)
+		}
+		admin.Close()
+		done := make(chan result, 1)
+		go func() { done <- check() }()
+		time.Sleep(200 * time.Millisecond)
+		select {
+		case res := <-done:
+			t.Fatalf("trial %d: the check ended with Redis's writes paused (%v): its script was not held", i, res.err)
+		default:
+		}
+		killed := time.Now()
+		r.Stop()
+		res := <-done
+		t.Logf("trial %d: the check in flight at the kill ended %v after it: %v", i, res.at.Sub(killed), res.err)
+		if took := res.at.Sub(killed); took > 200*time.Millisecond || res.err == nil || cause(redisstore.Classify(res.err)) != "unreachable" {
+			t.Errorf("trial %d: the check in flight at the kill ended %v after it with %v; want unreachable within 200ms", i, took, res.err)
+		}
+		if n := countLines(&logs, "store lost"); n != i+1 {
+			t.Errorf("trial %d: %d store lost lines, want %d:\n%s", i, n, i+1, logs.String())
+		}
+		r.restart(t)
+		if res := check(); res.err != nil {
+			t.Fatalf("trial %d: check after the restart: %v", i, res.err)
+		}
+	}
+	if strings.Contains(logs.String(), "cause=stalled") {
+		t.Errorf("a killed Redis told as stalled:\n%s", logs.String())
 	}
 }
 

@@ -355,6 +355,7 @@ func (s *Server) openStore() (sluice.Store, error) {
 			// Only the error policy's /readyz asks Redis itself.
 			var closeQuick func()
 			s.health.quick, closeQuick = quickPing(client)
+			s.health.refusals = refusedDials(client)
 			s.closers = append(s.closers, closeQuick)
 		}
 		s.checkWait(client, storeOpts)
