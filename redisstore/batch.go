@@ -113,12 +113,13 @@ func newBatcher(client redis.UniversalClient, maxBatch, inFlight int) *batcher {
 	return b
 }
 
-// stallLog returns the stall lines of a lane of node ("": the one server).
-func (b *batcher) stallLog(node string) *stallLog {
+// stallLog returns the stall lines of a lane of node ("": the one server),
+// which ask sends a script to (nil: none, see stallLog.ask).
+func (b *batcher) stallLog(node string, ask func(context.Context) error) *stallLog {
 	if b.log == nil {
 		return nil
 	}
-	return &stallLog{log: b.log, count: b.stalls, node: node}
+	return &stallLog{log: b.log, count: b.stalls, node: node, ask: ask}
 }
 
 // poolSize is how many connections client keeps to a server (each node, on
@@ -264,7 +265,7 @@ func (l *lane) seen(d time.Duration, err error) bool {
 		return now-int64(d) >= l.resumed.Load()
 	case timedOut(err):
 		if !l.stalled.Load() && l.stalled.CompareAndSwap(false, true) {
-			l.stall.stalled()
+			l.suspect(d)
 		} else {
 			l.stall.cut()
 		}
@@ -369,7 +370,7 @@ func (b *batcher) addLane(node *redis.Client) *lane {
 		})
 		b.kept = b.nLanes
 	}
-	l := &lane{node: node, stall: b.stallLog(node.Options().Addr)}
+	l := &lane{node: node, stall: b.stallLog(node.Options().Addr, askScript(node))}
 	b.lanes.Store(node, l)
 	b.nLanes++
 	return l

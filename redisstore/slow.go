@@ -3,8 +3,11 @@ package redisstore
 import (
 	"context"
 	"log/slog"
+	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // slowLog's line is written once hurried calls have gone on for
@@ -109,7 +112,8 @@ func (b *batcher) masters() map[any]bool {
 const mastersTimeout = 100 * time.Millisecond
 
 // stallLog tells a lane's switches into and out of stalled (see lane):
-// a WARN line when its sends start being cut off unanswered, an INFO line
+// a WARN line when its sends start being cut off unanswered (and Redis
+// leaves it unanswered for stallWait: see lane.suspect), an INFO line
 // when one is answered again. Lines start at most once every stallEvery
 // per lane, so that a flapping link does not flood the log; Stalls counts
 // every switch. A nil *stallLog writes and counts nothing.
@@ -120,6 +124,107 @@ type stallLog struct {
 	next  atomic.Int64  // Unix ns before which no WARN line is written
 	since atomic.Int64  // Unix ns of the WARN line whose INFO line is due; 0: none
 	cutAt atomic.Int64  // Unix ns of the stall's latest send cut off unanswered
+	// ask sends the lane's server a script and returns its error (see
+	// askScript); nil: no one server to ask (a Cluster's calls whose
+	// master is not known), the lane's own answers tell.
+	ask func(context.Context) error
+	// The lane's suspected stalls (lane.suspect), numbered; settled: the
+	// last one told or found answered; asking: lane.confirm runs.
+	mu                 sync.Mutex
+	suspected, settled uint64
+	asking             bool
+}
+
+// A send cut off unanswered is a stall once Redis has left the lane
+// unanswered for stallWait from the send's start: stallAfter, or lateRTTs
+// of its answered round trips if longer. Most sends last that long (a 50
+// ms caller's, 150 ms), and are told at once; one cut sooner, by its
+// caller's short deadline, may have had its reply on the way.
+const stallAfter = 50 * time.Millisecond
+
+func stallWait(rtt time.Duration) time.Duration { return max(stallAfter, lateRTTs*rtt) }
+
+// askScript returns stallLog.ask for c: a script, not a PING, so that
+// what holds the lane's calls (CLIENT PAUSE WRITE) holds it too. Nil for
+// no client and for a Cluster, which has no one server to ask.
+func askScript(c redis.UniversalClient) func(context.Context) error {
+	if c == nil {
+		return nil
+	}
+	if _, ok := c.(*redis.ClusterClient); ok {
+		return nil
+	}
+	return func(ctx context.Context) error { return c.Eval(ctx, "return 1", nil).Err() }
+}
+
+// suspect settles the stall that a send cut off unanswered after d may
+// have started (l has just switched to stalled): told at once when d is
+// stallWait or more; else only if Redis leaves the lane unanswered for
+// the rest of that time (confirm). A caller's own deadline shorter than
+// a healthy Redis's reply (50 µs) cut its send, and was told as Redis
+// stopping. The lane goes one batch at a time at once either way.
+func (l *lane) suspect(d time.Duration) {
+	w := l.stall
+	if w == nil {
+		return
+	}
+	wait := stallWait(l.answeredRTT()) - d
+	w.mu.Lock()
+	w.suspected++
+	if wait <= 0 {
+		w.settled = w.suspected
+	}
+	start := wait > 0 && !w.asking
+	w.asking = w.asking || start
+	w.mu.Unlock()
+	switch {
+	case wait <= 0:
+		w.stalled()
+	case start:
+		go l.confirm(wait)
+	}
+}
+
+// confirm settles l's suspected stalls, one at a time: the latest is told
+// if l is still stalled once Redis has left a script of the lane's
+// unanswered for wait; one answered ends l's stall.
+func (l *lane) confirm(wait time.Duration) {
+	w := l.stall
+	for {
+		w.mu.Lock()
+		n := w.suspected
+		if n == w.settled {
+			w.asking = false
+			w.mu.Unlock()
+			return
+		}
+		w.mu.Unlock()
+		answered := l.stalled.Load() && w.answers(wait)
+		if answered {
+			l.seen(0, nil)
+		}
+		w.mu.Lock()
+		w.settled = max(w.settled, n)
+		tell := !answered && l.stalled.Load() && n == w.suspected
+		w.mu.Unlock()
+		if tell {
+			w.stalled()
+		}
+		wait = stallWait(l.answeredRTT())
+	}
+}
+
+// answers reports whether Redis answered the lane's script within wait,
+// an error reply included. Without a script to send it only waits: the
+// lane's own answers, if any, end the stall meanwhile.
+func (w *stallLog) answers(wait time.Duration) bool {
+	if w.ask == nil {
+		time.Sleep(wait)
+		return false
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), wait)
+	defer cancel()
+	return !connLost(boundedErr(ctx, func() error { return w.ask(ctx) }))
 }
 
 // stallEvery: at most one WARN line per lane this often.
@@ -177,8 +282,11 @@ func (w *stallLog) attrs(kv ...any) []any {
 
 // Stalls returns how many times a Redis server (a Cluster master) stopped
 // answering the Store's calls: a send cut off at its deadline unanswered
-// after one was answered. While it lasts the Store sends that server one
-// batch at a time (see the package doc).
+// after one was answered, and nothing answered for 50 ms (or 8 of its
+// round trips, if longer) from that send's start; a send cut sooner by its
+// caller's deadline is followed by a script of the Store's own, sent to
+// learn whether Redis answers. While it lasts the Store sends that server
+// one batch at a time (see the package doc).
 func (s *Store) Stalls() int64 {
 	if s == nil {
 		return 0

@@ -388,7 +388,7 @@ func (s *Server) openStore() (sluice.Store, error) {
 		}, func() float64 { return float64(rs.ClusterReloads()) }))
 		s.metrics.reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name: "sluice_redis_stalls_total",
-			Help: "Times a Redis server (a Cluster master) stopped answering the store's calls: a send cut off unanswered after one was answered. While it lasts the store sends it one batch at a time.",
+			Help: "Times a Redis server (a Cluster master) stopped answering the store's calls: a send cut off unanswered after one was answered, and nothing answered for 50ms from its start (a send cut sooner by its caller's deadline, Redis answering, is none). While it lasts the store sends it one batch at a time.",
 		}, func() float64 { return float64(rs.Stalls()) }))
 		s.metrics.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "sluice_redis_round_trip_seconds",
