@@ -159,7 +159,14 @@
 // calls nothing; none sends another call in turn to a store that is not
 // answering, so a stall costs a request at most the one call it waited for
 // (one timeout, as an unleased request's, not one per request queued
-// before it). A Peek whose return of an ended lease's units was held back
+// before it). A TakeAll too: after its first call that failed, its
+// checks are answered by their live leases or, without a call, by the
+// policy, not by a grant each and then the store's TakeAll; the policy's
+// answers are Peeked first when there are several, and taken only when
+// every check admits; a lease that ended meanwhile has the policy answer
+// for its units too, and a check that another denies puts its units back
+// into its lease, not to the store (stranded when the lease was granted
+// again meanwhile). A Peek whose return of an ended lease's units was held back
 // or failed is answered likewise, by resilient.Store.PeekByPolicy. A
 // request that waited for a grant that others then spent
 // goes to the store's Take, not to a grant of its own in turn. A
@@ -1057,7 +1064,7 @@ func (s *Store) Take(ctx context.Context, key string, limit sluice.Limit, cost i
 		if s.fast(&d, key, limit, cost, stale) {
 			return d, nil
 		}
-		d, l, _, left, exact, err := s.spend(ctx, key, limit, cost, stale, false, true, false)
+		d, l, _, left, exact, err := s.spend(ctx, key, limit, cost, stale, false, true, false, false)
 		if left.units > 0 {
 			return s.topUp(ctx, l, left, key, limit, cost, stale)
 		}
@@ -1075,11 +1082,12 @@ func (s *Store) Take(ctx context.Context, key string, limit sluice.Limit, cost i
 }
 
 // errGrantFailed: the store did not answer this key's grant or return,
-// during this request or while it waited for one (it is exact too). A
-// single Take then goes to the granter's failure policy without another
-// wait for the store when the granter can do that (policyTaker), so that a
-// request waits for a store that does not answer once, not twice; a
-// TakeAll's checks go to the store's TakeAll, all or nothing.
+// during this request or while it waited for one (it is exact too). The
+// request then goes to the granter's failure policy without another wait
+// for the store when the granter can do that (policyTaker; for a TakeAll,
+// policyAnswerer, see takeAllByPolicy), so that a request waits for a
+// store that does not answer once, not twice; otherwise to the store's
+// Take (a TakeAll's checks to its TakeAll, all or nothing).
 var errGrantFailed = errors.New("lease: the store did not answer the key's grant")
 
 // policyAnswers is errGrantFailed carrying the store's error that made it,
@@ -1148,8 +1156,10 @@ func (s *Store) fast(d *sluice.Decision, key string, limit sluice.Limit, cost in
 // when it was made. topUp lets the lease's last units be spent on the
 // request with the store's (see refill): a TakeAll's only over a
 // MultiStore, whose TakeAll takes the rest all or nothing with the other
-// checks. left: see refill.
-func (s *Store) spend(ctx context.Context, key string, limit sluice.Limit, cost int64, stale time.Duration, force, topUp, layered bool) (_ sluice.Decision, _ *lease, got, left leftover, exact bool, _ error) {
+// checks. left: see refill. local: the lease alone answers, without a
+// store call or a wait for another request's; what it cannot answer is
+// errGrantFailed's, for a TakeAll whose grant the store just failed.
+func (s *Store) spend(ctx context.Context, key string, limit sluice.Limit, cost int64, stale time.Duration, force, topUp, layered, local bool) (_ sluice.Decision, _ *lease, got, left leftover, exact bool, _ error) {
 	s.sweepIfDue()
 	sh, tag := s.locate(key)
 	id := s.knownID(limit)
@@ -1179,11 +1189,14 @@ func (s *Store) spend(ctx context.Context, key string, limit sluice.Limit, cost 
 	if !ok || !d.Allowed {
 		l.asked += cost // not spent from units, which counts itself
 	}
-	if ok {
+	if ok || local {
 		if made {
 			l.refill.Unlock()
 		}
 		sh.mu.Unlock()
+		if !ok {
+			return sluice.Decision{}, l, leftover{}, leftover{}, true, &policyAnswers{}
+		}
 		return d, l, got, leftover{}, false, nil
 	}
 	failed, grants := l.failed, l.gen
@@ -1846,6 +1859,9 @@ func (s *Store) giveBack(ctx context.Context, key string, limit sluice.Limit, g 
 // MultiStore, when other checks deny for D or longer, a GCRA or bucket
 // check's lease gives its units back at once, and for D that key's refills
 // in TakeAlls are the store's Take with the others, not grants (see quiet).
+// Over a failure policy (resilient), a TakeAll sends no call after one the
+// store did not answer: the policy answers what the leases cannot (see
+// "Failure policies" in the package doc).
 func (s *Store) TakeAll(ctx context.Context, reqs []sluice.Request) ([]sluice.Decision, error) {
 	ctx = ctxutil.OrBackground(ctx)
 	if err := ctx.Err(); err != nil {
@@ -1878,6 +1894,14 @@ func (s *Store) TakeAll(ctx context.Context, reqs []sluice.Request) ([]sluice.De
 	asked := make([]*lease, len(reqs)) // each leased check's lease, whose demand its cost counts in
 	held := make([]*lease, len(reqs))
 	spent := make([]leftover, len(reqs)) // the units each held lease's check took
+	// stalled: the store did not answer a call of this TakeAll's (a
+	// grant or return it sent or waited for), and each call more would
+	// wait another timeout.
+	// The policy then answers what the leases cannot (takeAllByPolicy),
+	// and units go back into their leases only (putBackHere).
+	pol, _ := s.granter.(policyAnswerer)
+	stalled := false
+	var cause error // the failed call's error, for the policy's answers
 	// putBack puts back the units the held leases' checks took: into
 	// their lease, or, when it was regranted meanwhile (by requests
 	// answered while this one's store call was out), to the store under
@@ -1887,7 +1911,7 @@ func (s *Store) TakeAll(ctx context.Context, reqs []sluice.Request) ([]sluice.De
 		var errs []error
 		for i, l := range held {
 			if l != nil {
-				errs = append(errs, s.putBack(ctx, l, spent[i], reqs[i].Key, reqs[i].Limit))
+				errs = append(errs, s.putBackOnce(ctx, stalled, l, spent[i], reqs[i].Key, reqs[i].Limit))
 				out[i].Remaining += reqs[i].Cost
 			}
 		}
@@ -1907,7 +1931,7 @@ func (s *Store) TakeAll(ctx context.Context, reqs []sluice.Request) ([]sluice.De
 	putLeft := func() error {
 		var errs []error
 		for _, t := range tops {
-			errs = append(errs, s.putBack(ctx, t.l, t.left, t.req.Key, t.req.Limit))
+			errs = append(errs, s.putBackOnce(ctx, stalled, t.l, t.left, t.req.Key, t.req.Limit))
 		}
 		return errors.Join(errs...)
 	}
@@ -1919,13 +1943,18 @@ func (s *Store) TakeAll(ctx context.Context, reqs []sluice.Request) ([]sluice.De
 			// with the other exact checks, as Take spends them: returned,
 			// young as they are, the return rule would keep one per
 			// Interval of their age (at a high rate, all of them).
-			d, l, got, left, ex, err := s.spend(ctx, r.Key, r.Limit, r.Cost, stale[i], multi == nil, multi != nil, true)
+			d, l, got, left, ex, err := s.spend(ctx, r.Key, r.Limit, r.Cost, stale[i], multi == nil, multi != nil, true, stalled)
 			asked[i] = l
 			if left.units > 0 {
 				tops, topAt = append(tops, topped{req: r, l: l, left: left, stale: stale[i]}), append(topAt, i)
 				r.Cost -= left.units
 			}
 			if errors.Is(err, errGrantFailed) {
+				if pol != nil && !stalled {
+					// The checks after it are answered by their leases
+					// or, without a call, by the policy.
+					stalled, cause = true, causeOf(err)
+				}
 				ex, err = true, nil
 			}
 			if err != nil {
@@ -1940,6 +1969,22 @@ func (s *Store) TakeAll(ctx context.Context, reqs []sluice.Request) ([]sluice.De
 			}
 		}
 		exact, at = append(exact, r), append(at, i)
+	}
+	var holds []topped // the leases' units the admitted checks hold
+	for i, l := range held {
+		if l != nil {
+			holds = append(holds, topped{req: reqs[i], l: l, left: spent[i], stale: stale[i], at: i})
+		}
+	}
+	if stalled {
+		// A top-up's check goes to the policy whole, its units back into
+		// its lease: the policy's units and a lease's do not make one
+		// decision.
+		for k, i := range topAt {
+			s.putBackHere(tops[k].l, tops[k].left)
+			exact[slices.Index(at, i)].Cost = reqs[i].Cost
+		}
+		return s.takeAllByPolicy(ctx, pol, cause, reqs, out, asked, at, exact, holds, all)
 	}
 	sent := s.now()
 	ds, err := s.exactly(ctx, multi, exact, all)
@@ -1978,8 +2023,8 @@ func (s *Store) TakeAll(ctx context.Context, reqs []sluice.Request) ([]sluice.De
 	// those of a lease that ended while the store's call, or another
 	// check's grant, was out (see finish).
 	late := false
-	for i, l := range held {
-		late = late || l != nil && back > spent[i].stop
+	for _, h := range holds {
+		late = late || back > h.left.stop
 	}
 	for _, t := range tops {
 		late = late || back > t.left.stop
@@ -1987,18 +2032,12 @@ func (s *Store) TakeAll(ctx context.Context, reqs []sluice.Request) ([]sluice.De
 	if !late {
 		return out, nil
 	}
-	var ts []topped
-	for i, l := range held {
-		if l != nil {
-			ts = append(ts, topped{req: reqs[i], l: l, left: spent[i], stale: stale[i], at: i})
-		}
-	}
 	for k, i := range topAt {
 		t := tops[k]
 		t.first, t.at = span{sent, back, out[i].ResetAfter}, i
-		ts = append(ts, t)
+		holds = append(holds, t)
 	}
-	ok, err := s.finish(ctx, multi, ts, out, back)
+	ok, err := s.finish(ctx, multi, holds, out, back)
 	if err != nil {
 		return nil, err
 	}
@@ -2014,6 +2053,114 @@ func (s *Store) TakeAll(ctx context.Context, reqs []sluice.Request) ([]sluice.De
 		s.lost.Add(uint64(lost))
 	}
 	return out, nil
+}
+
+// policyAnswerer is a granter whose failure policy answers takes and
+// peeks without calling its backend: resilient.Store.
+type policyAnswerer interface {
+	policyTaker
+	policyPeeker
+}
+
+// takeAllByPolicy ends a TakeAll while the store does not answer (see
+// TakeAll's stalled), with no store call: the failure policy answers the
+// checks at (need[j] for reqs[at[j]]), taken when admit holds, else
+// Peeked; holds are the admitted checks' leases' units. While every
+// check admits, a lease that has ended by then cannot spend its units:
+// they go back into it and the policy answers for them, in turn. Denied,
+// every lease's units go back into it. cause is the failed call's error.
+func (s *Store) takeAllByPolicy(ctx context.Context, pol policyAnswerer, cause error, reqs []sluice.Request, out []sluice.Decision, asked []*lease, at []int, need []sluice.Request, holds []topped, admit bool) ([]sluice.Decision, error) {
+	for {
+		ds, err := policyAnswer(ctx, pol, need, admit, cause)
+		if err != nil {
+			for _, h := range holds {
+				s.putBackHere(h.l, h.left)
+			}
+			return nil, err
+		}
+		for j, i := range at {
+			out[i], admit = ds[j], admit && ds[j].Allowed
+		}
+		if !admit {
+			break
+		}
+		at, need = nil, nil
+		now := s.now()
+		live := holds[:0]
+		for _, h := range holds {
+			if now <= h.left.stop {
+				live = append(live, h)
+				continue
+			}
+			s.putBackHere(h.l, h.left)
+			r := h.req
+			r.Cost = h.left.units
+			at, need = append(at, h.at), append(need, r)
+		}
+		holds = live
+		if len(at) == 0 {
+			return out, nil
+		}
+	}
+	for _, h := range holds {
+		s.putBackHere(h.l, h.left)
+		out[h.at].Remaining += h.left.units // as Peek counts them
+	}
+	unask(asked, reqs)
+	return out, nil
+}
+
+// policyAnswer answers reqs by the failure policy, which calls nothing:
+// Peeked, or with take Taken all or nothing as far as the policy allows:
+// several are Peeked first, and Taken only when all admit, one at a time.
+// Should another request take between, a denial Peeks the rest, and what
+// the policy took before it is lost with the request (its own units, in
+// this process: that can only lower admissions).
+func policyAnswer(ctx context.Context, pol policyAnswerer, reqs []sluice.Request, take bool, cause error) ([]sluice.Decision, error) {
+	out := make([]sluice.Decision, len(reqs))
+	ask := func(peek bool) error {
+		for i, r := range reqs {
+			var err error
+			if peek || !take {
+				out[i], err = pol.PeekByPolicy(ctx, r.Key, r.Limit, r.Cost, cause)
+			} else {
+				out[i], err = pol.TakeByPolicy(ctx, r.Key, r.Limit, r.Cost, cause)
+			}
+			if err != nil {
+				return err
+			}
+			take = take && out[i].Allowed
+		}
+		return nil
+	}
+	if take && len(reqs) > 1 {
+		if err := ask(true); err != nil {
+			return nil, err
+		}
+		if !take {
+			return out, nil
+		}
+	}
+	if err := ask(false); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// putBackHere puts left's units back into l when it still holds their
+// grant, and otherwise leaves them out of the store, with no call to it
+// (it is not answering): that can only lower admissions.
+func (s *Store) putBackHere(l *lease, left leftover) {
+	l.restore(left.gen, left.units, left.local)
+}
+
+// putBackOnce is putBack, or putBackHere while the store does not answer.
+func (s *Store) putBackOnce(ctx context.Context, stalled bool, l *lease, left leftover, key string, limit sluice.Limit) error {
+	if stalled {
+		s.putBackHere(l, left)
+		return nil
+	}
+	return s.putBack(ctx, l, left, key, limit)
 }
 
 // quietAll quiets (see quiet) the GCRA and bucket leases of a denied

@@ -1565,6 +1565,128 @@ func TestFailedGrantAnsweredByPolicy(t *testing.T) {
 	}
 }
 
+// stallGrant is a memory store whose grants and regrants fail, while fail
+// is set, as a resilient store's do when the backend does not answer, with
+// a failure policy that answers alone (TakeByPolicy, PeekByPolicy),
+// admitting every key but those in deny. It counts the grants sent, the
+// other calls that reach the store, and the policy's answers.
+type stallGrant struct {
+	*memory.Store
+	fail                     atomic.Bool
+	deny                     map[string]bool
+	grants, calls            atomic.Int64
+	policyTakes, policyPeeks atomic.Int64
+}
+
+var errStalled = fmt.Errorf("%w: timed out", resilient.ErrNoGrant)
+
+func (g *stallGrant) Grant(ctx context.Context, key string, l sluice.Limit, n int64) (sluice.Grant, error) {
+	g.grants.Add(1)
+	if g.fail.Load() {
+		return sluice.Grant{}, errStalled
+	}
+	return g.Store.Grant(ctx, key, l, n)
+}
+
+func (g *stallGrant) Regrant(ctx context.Context, key string, l sluice.Limit, old sluice.Grant, unused, n int64) (int64, sluice.Grant, error) {
+	g.grants.Add(1)
+	if g.fail.Load() {
+		return 0, sluice.Grant{}, errStalled
+	}
+	return g.Store.Regrant(ctx, key, l, old, unused, n)
+}
+
+func (g *stallGrant) Take(ctx context.Context, key string, l sluice.Limit, cost int64) (sluice.Decision, error) {
+	g.calls.Add(1)
+	return g.Store.Take(ctx, key, l, cost)
+}
+
+func (g *stallGrant) Peek(ctx context.Context, key string, l sluice.Limit, cost int64) (sluice.Decision, error) {
+	g.calls.Add(1)
+	return g.Store.Peek(ctx, key, l, cost)
+}
+
+func (g *stallGrant) TakeAll(ctx context.Context, reqs []sluice.Request) ([]sluice.Decision, error) {
+	g.calls.Add(1)
+	return g.Store.TakeAll(ctx, reqs)
+}
+
+func (g *stallGrant) Return(ctx context.Context, key string, l sluice.Limit, old sluice.Grant, unused int64) (int64, error) {
+	g.calls.Add(1)
+	return g.Store.Return(ctx, key, l, old, unused)
+}
+
+func (g *stallGrant) TakeByPolicy(_ context.Context, key string, l sluice.Limit, _ int64, _ error) (sluice.Decision, error) {
+	g.policyTakes.Add(1)
+	return sluice.Decision{Allowed: !g.deny[key], Limit: l, Source: sluice.SourceFallback}, nil
+}
+
+func (g *stallGrant) PeekByPolicy(_ context.Context, key string, l sluice.Limit, _ int64, _ error) (sluice.Decision, error) {
+	g.policyPeeks.Add(1)
+	return sluice.Decision{Allowed: !g.deny[key], Limit: l, Source: sluice.SourceFallback}, nil
+}
+
+// A TakeAll whose grant fails is answered, for the checks no live lease
+// answers, by the failure policy, with no call to the store after it: no
+// other grant, and no TakeAll of the checks (each a timeout more on a
+// store that does not answer). All or nothing: when the policy denies
+// one, it takes nothing for the others (it is asked first), and the
+// units a lease answered a check with go back into it.
+func TestTakeAllFailedGrantAnsweredByPolicy(t *testing.T) {
+	t.Parallel()
+	clock := storetest.NewClock(storetest.T0)
+	g := &stallGrant{Store: newMemory(t, clock), deny: map[string]bool{}}
+	s, err := lease.New(g, &lease.Options{Size: 10, Clock: clock.Now, For: func(key string, _ sluice.Limit) time.Duration {
+		if key == "x" {
+			return 0 // not leased: the store's TakeAll would answer it
+		}
+		return time.Second
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := sluice.PerSecond(100)
+	take(t, s, "a", l, 1) // a's lease holds 9 units
+	g.fail.Store(true)
+	reqs := []sluice.Request{{Key: "a", Limit: l, Cost: 1}, {Key: "b", Limit: l, Cost: 1}, {Key: "c", Limit: l, Cost: 1}, {Key: "x", Limit: l, Cost: 1}}
+	ds, err := s.TakeAll(ctx, reqs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !ds[0].Allowed || ds[0].Source != sluice.SourceLease {
+		t.Errorf("a: %+v, want its lease's admission", ds[0])
+	}
+	for i, d := range ds[1:] {
+		if !d.Allowed || d.Source != sluice.SourceFallback {
+			t.Errorf("%s: %+v, want the policy's admission", reqs[i+1].Key, d)
+		}
+	}
+	if gr, c, pt := g.grants.Load(), g.calls.Load(), g.policyTakes.Load(); gr != 2 || c != 0 || pt != 3 {
+		t.Errorf("%d grants, %d other store calls, %d policy takes; want 2 (a's, then b's that failed), 0, 3 (b, c, x)", gr, c, pt)
+	}
+
+	g.deny["x"] = true
+	local, peeks := s.Stats().Local, g.policyPeeks.Load()
+	if ds, err = s.TakeAll(ctx, reqs); err != nil {
+		t.Fatal(err)
+	}
+	if ds[3].Allowed || !ds[0].Allowed || !ds[1].Allowed || !ds[2].Allowed {
+		t.Errorf("TakeAll with x denied by the policy: %+v; want x alone denied", ds)
+	}
+	if pt, pp := g.policyTakes.Load(), g.policyPeeks.Load(); pt != 3 || pp != peeks+3 {
+		t.Errorf("x denied: %d policy takes, %d peeks; want none taken, 3 peeked", pt-3, pp-peeks)
+	}
+	if c := g.calls.Load(); c != 0 {
+		t.Errorf("%d calls to the store after the failed grant, want none", c)
+	}
+	if got := s.Stats().Local; got != local {
+		t.Errorf("Stats.Local %d after a denied TakeAll, want %d: a's unit was not spent", got, local)
+	}
+	if d := take(t, s, "a", l, 8); !d.Allowed || d.Source != sluice.SourceLease {
+		t.Errorf("a's last 8 units: %+v; want them still in its lease", d)
+	}
+}
+
 // slowGrant is a granter whose every grant takes a round trip during which
 // one interval of the limit passes: the store refills a unit per grant.
 type slowGrant struct {

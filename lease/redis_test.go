@@ -1203,3 +1203,91 @@ func TestFaultLeasePeekStallOneTimeout(t *testing.T) {
 		t.Errorf("Peek with Redis stopped: p90 %v, max %v; want p90 ≤ %v, max ≤ %v (one timeout, %v)", p90, worst, timeout*7/4, 5*timeout, timeout)
 	}
 }
+
+// A TakeAll of 1 to 4 leased checks, with Redis stopped (SIGSTOP) and a
+// breaker that does not open (as before DeadAfter, or under a partial
+// stall), waits for one timeout, as a Take does: the first grant that
+// fails leaves the checks whose leases cannot answer to the failure
+// policy, which calls nothing. Before, each check's grant waited its own
+// timeout, and the store's TakeAll of the checks whose grants failed one
+// more: 2 to 5 timeouts. 8 goroutines on shared keys, so that some wait
+// for another's grant; the timeout is long beside a loaded machine's
+// delays, so that one timeout and two stay apart.
+func TestFaultLeaseTakeAllStallOneTimeout(t *testing.T) {
+	race.SkipTiming(t)
+	srv := redistest.StartServer(t)
+	client := redis.NewClient(&redis.Options{Addr: srv.Addr, ContextTimeoutEnabled: true})
+	t.Cleanup(func() { client.Close() })
+	prefix := redistest.Prefix(t)
+	const (
+		timeout    = 200 * time.Millisecond
+		d          = 20 * time.Millisecond
+		goroutines = 8
+		rounds     = 4
+	)
+	l := sluice.PerSecond(100_000)
+	for checks := 1; checks <= 4; checks++ {
+		// A Store each, so that no breaker history carries over.
+		rs, err := resilient.NewMulti(redisstore.New(client, &redisstore.Options{Prefix: prefix}), &resilient.Options{
+			Timeout: timeout, DeadAfter: 5 * time.Second, MinCalls: 100_000,
+			Logger: slog.New(slog.DiscardHandler),
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		s, err := lease.New(rs, &lease.Options{MaxStaleness: d, Size: 10})
+		if err != nil {
+			t.Fatal(err)
+		}
+		reqs := make([]sluice.Request, checks)
+		for i := range reqs {
+			reqs[i] = sluice.Request{Key: fmt.Sprintf("all%d-%d", checks, i), Limit: l, Cost: 1}
+		}
+		if ds, err := s.TakeAll(ctx, reqs); err != nil || ds[0].Source != sluice.SourceBackend {
+			t.Fatalf("%d checks: first TakeAll = %+v, %v; want grants", checks, ds, err)
+		}
+		srv.Pause(t)
+		time.Sleep(2 * d) // the leases end: every check needs a grant
+		var (
+			mu   sync.Mutex
+			lat  []time.Duration
+			errs []string
+			wg   sync.WaitGroup
+		)
+		for range goroutines {
+			wg.Go(func() {
+				for range rounds {
+					t0 := time.Now()
+					ds, err := s.TakeAll(ctx, reqs)
+					took := time.Since(t0)
+					mu.Lock()
+					lat = append(lat, took)
+					if err != nil {
+						errs = append(errs, err.Error())
+					} else {
+						for _, dec := range ds {
+							if !dec.Allowed || dec.Source != sluice.SourceFallback {
+								errs = append(errs, fmt.Sprintf("%+v", ds))
+								break
+							}
+						}
+					}
+					mu.Unlock()
+				}
+			})
+		}
+		wg.Wait()
+		srv.Resume(t)
+		s.Close(ctx)
+		rs.Close()
+		if len(errs) > 0 {
+			t.Fatalf("%d checks, Redis stopped: %d TakeAlls not answered by the failure policy, first %s", checks, len(errs), errs[0])
+		}
+		slices.Sort(lat)
+		p50, p90, worst := lat[len(lat)/2], lat[len(lat)*9/10], lat[len(lat)-1]
+		t.Logf("TakeAll of %d checks with Redis stopped, timeout %v: median %v, p90 %v, max %v", checks, timeout, p50, p90, worst)
+		if p90 > timeout*7/4 || worst > 5*timeout {
+			t.Errorf("TakeAll of %d checks with Redis stopped: p90 %v, max %v; want p90 ≤ %v, max ≤ %v (one timeout, %v)", checks, p90, worst, timeout*7/4, 5*timeout, timeout)
+		}
+	}
+}
