@@ -159,7 +159,8 @@
 // calls nothing; none sends another call in turn to a store that is not
 // answering, so a stall costs a request at most the one call it waited for
 // (one timeout, as an unleased request's, not one per request queued
-// before it). A TakeAll too: after its first call that failed, its
+// before it). A TakeAll too: after its first call that failed (or the
+// store's TakeAll of its other checks, when the policy answered it), its
 // checks are answered by their live leases or, without a call, by the
 // policy, not by a grant each and then the store's TakeAll; the policy's
 // answers are Peeked first when there are several, and taken only when
@@ -1895,8 +1896,8 @@ func (s *Store) TakeAll(ctx context.Context, reqs []sluice.Request) ([]sluice.De
 	held := make([]*lease, len(reqs))
 	spent := make([]leftover, len(reqs)) // the units each held lease's check took
 	// stalled: the store did not answer a call of this TakeAll's (a
-	// grant or return it sent or waited for), and each call more would
-	// wait another timeout.
+	// grant or return it sent or waited for, or the call the failure
+	// policy answered), and each call more would wait another timeout.
 	// The policy then answers what the leases cannot (takeAllByPolicy),
 	// and units go back into their leases only (putBackHere).
 	pol, _ := s.granter.(policyAnswerer)
@@ -1995,6 +1996,7 @@ func (s *Store) TakeAll(ctx context.Context, reqs []sluice.Request) ([]sluice.De
 	for j, d := range ds {
 		out[at[j]], all = d, all && d.Allowed
 	}
+	stalled = pol != nil && byPolicy(ds)
 	if !all {
 		if err := errors.Join(putBack(), putLeft()); err != nil {
 			return nil, err
@@ -2002,17 +2004,20 @@ func (s *Store) TakeAll(ctx context.Context, reqs []sluice.Request) ([]sluice.De
 		unask(asked, reqs)
 		for k, i := range topAt {
 			t := tops[k]
-			if out[i].Allowed {
-				out[i].Remaining += t.left.units // a Peek of the rest: as Peek counts them
+			if out[i].Allowed || stalled {
+				// A Peek of the rest, as Peek counts them; or the policy's
+				// answer, the store not asked again for the wait.
+				out[i].Remaining += t.left.units
 				continue
 			}
 			if out[i], err = s.withUnits(ctx, out[i], t.req.Key, t.req.Limit, t.req.Cost, t.left.units); err != nil {
 				return nil, err
 			}
 		}
-		if multi != nil {
+		if multi != nil && !stalled {
 			// (Without a MultiStore a check must be leased: a lease given
-			// back would be granted again at the next request.)
+			// back would be granted again at the next request. A policy's
+			// denial says nothing of the store's keys.)
 			if err := s.quietAll(ctx, reqs, stale, asked, out); err != nil {
 				return nil, err
 			}
@@ -2037,6 +2042,11 @@ func (s *Store) TakeAll(ctx context.Context, reqs []sluice.Request) ([]sluice.De
 		t.first, t.at = span{sent, back, out[i].ResetAfter}, i
 		holds = append(holds, t)
 	}
+	if stalled {
+		// The policy answered the store's call: it answers for the ended
+		// leases' units too, rather than a Take of them from the store.
+		return s.takeAllByPolicy(ctx, pol, nil, reqs, out, asked, nil, nil, holds, true)
+	}
 	ok, err := s.finish(ctx, multi, holds, out, back)
 	if err != nil {
 		return nil, err
@@ -2060,6 +2070,18 @@ func (s *Store) TakeAll(ctx context.Context, reqs []sluice.Request) ([]sluice.De
 type policyAnswerer interface {
 	policyTaker
 	policyPeeker
+}
+
+// byPolicy reports whether a failure policy made any of ds: the store's
+// call for them failed or was held back.
+func byPolicy(ds []sluice.Decision) bool {
+	for _, d := range ds {
+		switch d.Source {
+		case sluice.SourceFallback, sluice.SourceFailOpen, sluice.SourceFailClosed:
+			return true
+		}
+	}
+	return false
 }
 
 // takeAllByPolicy ends a TakeAll while the store does not answer (see

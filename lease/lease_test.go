@@ -1566,9 +1566,10 @@ func TestFailedGrantAnsweredByPolicy(t *testing.T) {
 }
 
 // stallGrant is a memory store whose grants and regrants fail, while fail
-// is set, as a resilient store's do when the backend does not answer, with
-// a failure policy that answers alone (TakeByPolicy, PeekByPolicy),
-// admitting every key but those in deny. It counts the grants sent, the
+// is set, as a resilient store's do when the backend does not answer, and
+// whose Takes and TakeAlls the policy answers then, as after a timeout; the
+// policy answers alone too (TakeByPolicy, PeekByPolicy), admitting every
+// key but those in deny (for a minute). It counts the grants sent, the
 // other calls that reach the store, and the policy's answers.
 type stallGrant struct {
 	*memory.Store
@@ -1598,6 +1599,9 @@ func (g *stallGrant) Regrant(ctx context.Context, key string, l sluice.Limit, ol
 
 func (g *stallGrant) Take(ctx context.Context, key string, l sluice.Limit, cost int64) (sluice.Decision, error) {
 	g.calls.Add(1)
+	if g.fail.Load() {
+		return g.policy(key, l), nil
+	}
 	return g.Store.Take(ctx, key, l, cost)
 }
 
@@ -1608,7 +1612,21 @@ func (g *stallGrant) Peek(ctx context.Context, key string, l sluice.Limit, cost 
 
 func (g *stallGrant) TakeAll(ctx context.Context, reqs []sluice.Request) ([]sluice.Decision, error) {
 	g.calls.Add(1)
+	if g.fail.Load() {
+		ds := make([]sluice.Decision, len(reqs))
+		for i, r := range reqs {
+			ds[i] = g.policy(r.Key, r.Limit)
+		}
+		return ds, nil
+	}
 	return g.Store.TakeAll(ctx, reqs)
+}
+
+func (g *stallGrant) policy(key string, l sluice.Limit) sluice.Decision {
+	if g.deny[key] {
+		return sluice.Decision{Limit: l, RetryAfter: time.Minute, Source: sluice.SourceFallback}
+	}
+	return sluice.Decision{Allowed: true, Limit: l, Source: sluice.SourceFallback}
 }
 
 func (g *stallGrant) Return(ctx context.Context, key string, l sluice.Limit, old sluice.Grant, unused int64) (int64, error) {
@@ -1618,12 +1636,12 @@ func (g *stallGrant) Return(ctx context.Context, key string, l sluice.Limit, old
 
 func (g *stallGrant) TakeByPolicy(_ context.Context, key string, l sluice.Limit, _ int64, _ error) (sluice.Decision, error) {
 	g.policyTakes.Add(1)
-	return sluice.Decision{Allowed: !g.deny[key], Limit: l, Source: sluice.SourceFallback}, nil
+	return g.policy(key, l), nil
 }
 
 func (g *stallGrant) PeekByPolicy(_ context.Context, key string, l sluice.Limit, _ int64, _ error) (sluice.Decision, error) {
 	g.policyPeeks.Add(1)
-	return sluice.Decision{Allowed: !g.deny[key], Limit: l, Source: sluice.SourceFallback}, nil
+	return g.policy(key, l), nil
 }
 
 // A TakeAll whose grant fails is answered, for the checks no live lease
@@ -1684,6 +1702,39 @@ func TestTakeAllFailedGrantAnsweredByPolicy(t *testing.T) {
 	}
 	if d := take(t, s, "a", l, 8); !d.Allowed || d.Source != sluice.SourceLease {
 		t.Errorf("a's last 8 units: %+v; want them still in its lease", d)
+	}
+}
+
+// A TakeAll whose store call the failure policy answered (the store did
+// not) sends no other: a lease's units that the policy's denial puts back
+// go into the lease, not to the store, even when the denial is for longer
+// than D (where a store's denial gives them back young, see quiet): the
+// return would wait for the store again.
+func TestTakeAllPolicyDenialNoReturn(t *testing.T) {
+	t.Parallel()
+	clock := storetest.NewClock(storetest.T0)
+	g := &stallGrant{Store: newMemory(t, clock), deny: map[string]bool{"x": true}}
+	s, err := lease.New(g, &lease.Options{Size: 10, Clock: clock.Now, For: func(key string, _ sluice.Limit) time.Duration {
+		if key == "x" {
+			return 0
+		}
+		return time.Second
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := sluice.PerSecond(100)
+	take(t, s, "a", l, 1) // a's lease holds 9 units
+	g.fail.Store(true)
+	ds, err := s.TakeAll(ctx, []sluice.Request{{Key: "a", Limit: l, Cost: 1}, {Key: "x", Limit: l, Cost: 1}})
+	if err != nil || !ds[0].Allowed || ds[1].Allowed {
+		t.Fatalf("TakeAll = %+v, %v; want x denied by the policy", ds, err)
+	}
+	if c := g.calls.Load(); c != 1 {
+		t.Errorf("%d store calls, want 1: the one the policy answered, no return", c)
+	}
+	if d := take(t, s, "a", l, 9); !d.Allowed || d.Source != sluice.SourceLease {
+		t.Errorf("a's 9 units: %+v; want them still in its lease", d)
 	}
 }
 

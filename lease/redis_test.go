@@ -1291,3 +1291,57 @@ func TestFaultLeaseTakeAllStallOneTimeout(t *testing.T) {
 		}
 	}
 }
+
+// A TakeAll of a check its live lease answers and one the store answers
+// (not leased), with Redis stopped (SIGSTOP) and a breaker that does not
+// open: the store's TakeAll times out and the failure policy answers it,
+// after the lease has ended; the policy then answers for the lease's
+// units too, which cannot be spent. Before, the store was asked for them,
+// a second timeout.
+func TestFaultLeaseTakeAllEndedLeaseOneTimeout(t *testing.T) {
+	race.SkipTiming(t)
+	srv := redistest.StartServer(t)
+	client := redis.NewClient(&redis.Options{Addr: srv.Addr, ContextTimeoutEnabled: true})
+	t.Cleanup(func() { client.Close() })
+	const timeout, d, samples = 200 * time.Millisecond, 50 * time.Millisecond, 12
+	rs, err := resilient.NewMulti(redisstore.New(client, &redisstore.Options{Prefix: redistest.Prefix(t)}), &resilient.Options{
+		Timeout: timeout, DeadAfter: time.Minute, MinCalls: 100_000,
+		Logger: slog.New(slog.DiscardHandler),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { rs.Close() })
+	s, err := lease.New(rs, &lease.Options{Size: 10, For: func(key string, _ sluice.Limit) time.Duration {
+		if strings.HasPrefix(key, "exact") {
+			return 0
+		}
+		return d
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := sluice.PerSecond(100_000)
+	var lat []time.Duration
+	for i := range samples {
+		reqs := []sluice.Request{{Key: fmt.Sprint("leased", i), Limit: l, Cost: 1}, {Key: fmt.Sprint("exact", i), Limit: l, Cost: 1}}
+		if dec := take(t, s, reqs[0].Key, l, 1); dec.Source != sluice.SourceBackend {
+			t.Fatalf("first take = %+v; want a grant", dec)
+		}
+		srv.Pause(t)
+		t0 := time.Now()
+		ds, err := s.TakeAll(ctx, reqs)
+		took := time.Since(t0)
+		srv.Resume(t)
+		if err != nil || !ds[0].Allowed || !ds[1].Allowed || ds[1].Source != sluice.SourceFallback {
+			t.Fatalf("TakeAll %d with Redis stopped = %+v, %v; want the failure policy's admission", i, ds, err)
+		}
+		lat = append(lat, took)
+	}
+	slices.Sort(lat)
+	p90, worst := lat[len(lat)*9/10], lat[len(lat)-1]
+	t.Logf("TakeAll with Redis stopped, timeout %v: median %v, p90 %v, max %v", timeout, lat[len(lat)/2], p90, worst)
+	if p90 > timeout*7/4 || worst > 5*timeout {
+		t.Errorf("TakeAll with Redis stopped: p90 %v, max %v; want p90 ≤ %v, max ≤ %v (one timeout, %v)", p90, worst, timeout*7/4, 5*timeout, timeout)
+	}
+}
