@@ -501,7 +501,7 @@ func unknownCommand(msg, name string) bool {
 
 // oomHint is what to do about a Redis out of memory. Not an evicting
 // policy: evicted keys are reset limits.
-const oomHint = "used memory is over maxmemory and the policy (noeviction) refuses writes: raise maxmemory, or free memory (an evicting maxmemory-policy would let writes on but evict sluice's keys, resetting their limits)"
+const oomHint = "used memory is over maxmemory and Redis refuses writes (under noeviction, or under an evicting maxmemory-policy with nothing left it may evict: keys without a TTL under volatile-*, memory that is not keys, such as client buffers): raise maxmemory, or free memory (an evicting policy lets writes on by evicting sluice's keys, resetting their limits)"
 
 // What to do about a standalone URL naming a replica: one that refuses
 // every write (READONLY), one that takes writes (replica-read-only no),
