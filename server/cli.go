@@ -287,13 +287,32 @@ func parseServe(args []string, look lookupEnv, out io.Writer) (serveSettings, er
 	if *watch < 0 || (*watch > 0 && *watch < minWatchInterval) {
 		return bad("bad flag", "--watch-interval %v: want 0 (never) or at least %v", *watch, minWatchInterval)
 	}
+	for _, l := range []struct {
+		name  string
+		files TLSFiles
+	}{{"http", st.httpTLS}, {"grpc", st.grpcTLS}} {
+		if f := l.files; f.enabled() && (f.CertFile == "" || f.KeyFile == "") {
+			var given []string
+			for _, g := range []struct{ flag, file string }{{"cert", f.CertFile}, {"key", f.KeyFile}, {"client-ca", f.ClientCAFile}} {
+				if g.file != "" {
+					given = append(given, "--"+l.name+"-tls-"+g.flag)
+				}
+			}
+			missing := "key"
+			if f.CertFile == "" {
+				missing = "cert"
+			}
+			return bad("bad flag", "%s without --%s-tls-%s: TLS needs both --%[2]s-tls-cert and --%[2]s-tls-key (and --%[2]s-tls-client-ca beside them asks clients for certificates)",
+				strings.Join(given, " and "), l.name, missing)
+		}
+	}
 	if *fleetShrink < 0 {
 		msg, name := look.source(fs, "fleet-shrink", "SLUICE_FLEET_SHRINK")
 		return bad(msg, "%s %v: want a positive duration (0 or unset: %v)", name, *fleetShrink, resilient.DefaultFleetShrink)
 	}
 	if *fleetSize < 0 {
 		msg, name := look.source(fs, "fleet-size", "SLUICE_FLEET_SIZE")
-		return bad(msg, "%s %d: want 1 or more", name, *fleetSize)
+		return bad(msg, "%s %d: want 1 or more (0 or unset: discovered through Redis)", name, *fleetSize)
 	}
 	if *maxConns < 1 {
 		msg, name := look.source(fs, "max-connections", "SLUICE_MAX_CONNECTIONS")
@@ -456,6 +475,10 @@ var emptyRefused = []struct{ flag, env, def string }{
 	{"http-tls-key", "", "plain HTTP"},
 	{"grpc-tls-cert", "", "plain gRPC"},
 	{"grpc-tls-key", "", "plain gRPC"},
+	// An empty client CA would serve TLS without asking for a client
+	// certificate: mutual TLS silently off.
+	{"http-tls-client-ca", "", "no client certificate asked for"},
+	{"grpc-tls-client-ca", "", "no client certificate asked for"},
 }
 
 // emptySetting reports the first setting of emptyRefused given an empty

@@ -69,7 +69,7 @@ func TestCLIEmptySettingsRefused(t *testing.T) {
 		}
 	}
 	for _, flag := range []string{"config", "redis", "http", "grpc", "failure-policy", "admin-token", "decision-token", "log-format", "log-level",
-		"http-tls-cert", "http-tls-key", "grpc-tls-cert", "grpc-tls-key"} {
+		"http-tls-cert", "http-tls-key", "grpc-tls-cert", "grpc-tls-key", "http-tls-client-ca", "grpc-tls-client-ca"} {
 		t.Run("--"+flag, func(t *testing.T) {
 			code, stderr := runSluice(t, nil, append([]string{"serve", "--" + flag + "="}, without(flag)...)...)
 			if code != 2 || !strings.Contains(stderr, "--"+flag+" is empty") {
@@ -133,6 +133,10 @@ func TestBadSettingNamesItsSource(t *testing.T) {
 		{"SLUICE_LOG_FORMAT=xml", nil, []string{`msg="bad environment"`, `SLUICE_LOG_FORMAT: `, `want text or json`}},
 		{"", []string{"--log-format", "xml"}, []string{`msg="bad flag"`, `--log-format: `}},
 		{"SLUICE_LOG_LEVEL=loud", nil, []string{`msg="bad environment"`, `SLUICE_LOG_LEVEL: `, `want debug, info, warn or error`}},
+		// A TLS file without its pair is the flags' mistake, not the files'.
+		{"", []string{"--http-tls-client-ca", "ca.pem"}, []string{`msg="bad flag"`, `--http-tls-client-ca without --http-tls-cert`}},
+		{"", []string{"--http-tls-cert", "c.pem"}, []string{`msg="bad flag"`, `--http-tls-cert without --http-tls-key`}},
+		{"", []string{"--grpc-tls-key", "k.pem", "--grpc-tls-client-ca", "ca.pem"}, []string{`msg="bad flag"`, `--grpc-tls-key and --grpc-tls-client-ca without --grpc-tls-cert`}},
 	} {
 		t.Run(tt.env+strings.Join(tt.args, " "), func(t *testing.T) {
 			var env []string
