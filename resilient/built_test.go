@@ -107,6 +107,7 @@ type zeroStore interface {
 	CheckLimit(sluice.Limit) error
 	TakeByPolicy(ctx context.Context, key string, limit sluice.Limit, cost int64, cause error) (sluice.Decision, error)
 	PeekByPolicy(ctx context.Context, key string, limit sluice.Limit, cost int64, cause error) (sluice.Decision, error)
+	TakeAllByPolicy(ctx context.Context, reqs []sluice.Request, cause error) ([]sluice.Decision, error)
 	AbandonSlot(key, holder string)
 	State() sluice.BreakerState
 	Probe(context.Context) (bool, error)
@@ -136,6 +137,9 @@ func TestNilStore(t *testing.T) {
 		}
 		if _, err := s.PeekByPolicy(ctx, "k", limit, 1, nil); !errors.Is(err, ErrZeroStore) {
 			t.Errorf("%s: PeekByPolicy err = %v, want ErrZeroStore", tc.name, err)
+		}
+		if _, err := s.TakeAllByPolicy(ctx, []sluice.Request{{Key: "k", Limit: limit, Cost: 1}}, nil); !errors.Is(err, ErrZeroStore) {
+			t.Errorf("%s: TakeAllByPolicy err = %v, want ErrZeroStore", tc.name, err)
 		}
 		if _, err := s.Peek(ctx, "k", limit, 1); !errors.Is(err, ErrZeroStore) {
 			t.Errorf("%s: Peek err = %v, want ErrZeroStore", tc.name, err)

@@ -125,6 +125,9 @@ func TestClosedStoreRefuses(t *testing.T) {
 	if _, err := m.TakeByPolicy(context.Background(), "k", sluice.PerMinute(1), 1, nil); !errors.Is(err, sluice.ErrStoreClosed) {
 		t.Errorf("TakeByPolicy after Close = %v, want sluice.ErrStoreClosed", err)
 	}
+	if _, err := m.TakeAllByPolicy(context.Background(), []sluice.Request{{Key: "k", Limit: sluice.PerMinute(1), Cost: 1}}, nil); !errors.Is(err, sluice.ErrStoreClosed) {
+		t.Errorf("TakeAllByPolicy after Close = %v, want sluice.ErrStoreClosed", err)
+	}
 }
 
 // After Close, Probe and ProbeNow send no probe, though one is due, and

@@ -144,6 +144,113 @@ func (s *Store) PeekByPolicy(ctx context.Context, key string, limit sluice.Limit
 	return s.failOne(ctx, s.breakerFor(key), "peek", key, limit, cost, false, 0, cause, cause != nil)
 }
 
+// TakeAllByPolicy answers a TakeAll by the failure policy without calling
+// the backend, all or nothing, as a TakeAll the breaker held back: for
+// package lease's TakeAll, whose grant of one check has just failed, so
+// that the checks no live lease answers wait no more for the backend.
+// Under FallbackLocal the fallback's own TakeAll takes them in one step,
+// so that requests racing for its last units never take one check's and
+// not another's (a Fallback that is no sluice.MultiStore takes them one at
+// a time, each Peeked first, and a race can lose the units taken before a
+// denial); FailOpen admits every one and FailClosed denies every one, as
+// for TakeAll. Each request is one Observer event, op "take", as from
+// TakeByPolicy: one request's answer is TakeByPolicy's. cause: see
+// TakeByPolicy.
+func (s *Store) TakeAllByPolicy(ctx context.Context, reqs []sluice.Request, cause error) ([]sluice.Decision, error) {
+	ctx = ctxutil.OrBackground(ctx)
+	for i, r := range reqs {
+		if err := sluice.ValidateRequest(r.Key, r.Limit, r.Cost); err != nil {
+			return nil, fmt.Errorf("request %d: %w", i, err)
+		}
+	}
+	if s == nil || s.backend == nil {
+		return nil, ErrZeroStore
+	}
+	if err := s.ended(ctx, "take"); err != nil {
+		return nil, err
+	}
+	cause = backendErr(cause)
+	switch len(reqs) {
+	case 0:
+		return []sluice.Decision{}, nil
+	case 1:
+		d, err := s.failOne(ctx, s.breakerFor(reqs[0].Key), "take", reqs[0].Key, reqs[0].Limit, reqs[0].Cost, true, 0, cause, cause != nil)
+		if err != nil {
+			return nil, err
+		}
+		return []sluice.Decision{d}, nil
+	}
+	src := s.policySource()
+	for _, r := range reqs {
+		s.breakerFor(r.Key).policyAnswered(cause)
+		if s.observer != nil {
+			s.observer.ObserveStore(sluice.StoreEvent{Store: s.name, Op: "take", Key: r.Key, Source: src, Err: cause, Reported: cause != nil})
+		}
+	}
+	out := make([]sluice.Decision, len(reqs))
+	switch src {
+	case sluice.SourceFailOpen:
+		for i, r := range reqs {
+			out[i] = openDecision(r.Limit, r.Cost, true)
+		}
+		return out, nil
+	case sluice.SourceFailClosed:
+		for i, r := range reqs {
+			out[i] = s.closedDecision(r.Limit)
+		}
+		return out, nil
+	}
+	n := s.fleetSize()
+	local := make([]sluice.Request, len(reqs))
+	for i, r := range reqs {
+		local[i] = sluice.Request{Key: r.Key, Limit: r.Limit, Cost: localCost(r.Limit, r.Cost, n)}
+	}
+	var ds []sluice.Decision
+	var err error
+	if fb, ok := s.fallback.(sluice.MultiStore); ok {
+		ds, err = fb.TakeAll(ctx, local)
+	} else {
+		ds, err = takeInTurn(ctx, s.fallback, local)
+	}
+	s.evict.check(s.clock())
+	if err != nil {
+		return nil, err
+	}
+	if len(ds) != len(reqs) {
+		return nil, fmt.Errorf("resilient: fallback returned %d decisions for %d requests", len(ds), len(reqs))
+	}
+	for i, r := range reqs {
+		out[i] = share(ds[i], r.Limit, n, r.Cost)
+	}
+	return out, nil
+}
+
+// takeInTurn is a TakeAll from a store that has none: every request
+// Peeked, then, when all admit, each Taken until one denies, the rest
+// then Peeked.
+func takeInTurn(ctx context.Context, st sluice.Store, reqs []sluice.Request) ([]sluice.Decision, error) {
+	out := make([]sluice.Decision, len(reqs))
+	take := true
+	for i, r := range reqs {
+		d, err := st.Peek(ctx, r.Key, r.Limit, r.Cost)
+		if err != nil {
+			return nil, err
+		}
+		out[i], take = d, take && d.Allowed
+	}
+	for i, r := range reqs {
+		if !take {
+			break
+		}
+		d, err := st.Take(ctx, r.Key, r.Limit, r.Cost)
+		if err != nil {
+			return nil, err
+		}
+		out[i], take = d, d.Allowed
+	}
+	return out, nil
+}
+
 // backendErr is the backend's own error in err, a call's error as pass
 // returns it: nil when the call was not sent (the breaker was open), so
 // that a decision the policy answers for it reports the failure the

@@ -3,10 +3,14 @@ package resilient
 import (
 	"context"
 	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/memory"
 	"github.com/sluicehq/sluice/storetest"
 )
 
@@ -192,5 +196,165 @@ func TestRegrant(t *testing.T) {
 	}
 	if b.calls.Load() != calls {
 		t.Fatal("the open breaker let a regrant through")
+	}
+}
+
+// events records the store events it sees.
+type events struct {
+	mu sync.Mutex
+	ev []sluice.StoreEvent
+}
+
+func (r *events) ObserveDecision(sluice.DecisionEvent) {}
+func (r *events) ObserveBreaker(sluice.BreakerEvent)   {}
+func (r *events) ObserveStore(e sluice.StoreEvent) {
+	r.mu.Lock()
+	r.ev = append(r.ev, e)
+	r.mu.Unlock()
+}
+
+// take returns and forgets the events recorded so far.
+func (r *events) take() []sluice.StoreEvent {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	ev := r.ev
+	r.ev = nil
+	return ev
+}
+
+// TakeAllByPolicy answers without the backend, all or nothing: under
+// FallbackLocal from the fallback's TakeAll, so that a check the fallback
+// denies leaves the others' units in it; one event per check, op "take"
+// (no Peeks), and for one check exactly what TakeByPolicy answers and
+// tells.
+func TestTakeAllByPolicy(t *testing.T) {
+	t.Parallel()
+	l := sluice.PerMinute(3)
+	cause := fmt.Errorf("%w: grant: %w", ErrNoGrant, errDown)
+	for _, p := range []Policy{FallbackLocal, FailOpen, FailClosed} {
+		t.Run(p.String(), func(t *testing.T) {
+			t.Parallel()
+			rec, twin := &events{}, &events{}
+			b, s, _ := newGranting(t, &Options{Policy: p, Observer: rec})
+			_, s2, _ := newGranting(t, &Options{Policy: p, Observer: twin})
+			rec.take()
+			twin.take()
+			one := []sluice.Request{{Key: "a", Limit: l, Cost: 2}}
+			ds, err := s.TakeAllByPolicy(ctx, one, cause)
+			d, err2 := s2.TakeByPolicy(ctx, "a", l, 2, cause)
+			if err != nil || err2 != nil || len(ds) != 1 || ds[0] != d {
+				t.Fatalf("one check: TakeAllByPolicy = %+v, %v; TakeByPolicy = %+v, %v; want the same", ds, err, d, err2)
+			}
+			if got, want := rec.take(), twin.take(); len(got) != 1 || len(want) != 1 || got[0] != want[0] || got[0].Op != "take" || !got[0].Reported || got[0].Err != errDown {
+				t.Errorf("one check: events %+v; want TakeByPolicy's %+v (op take, the backend's error, reported)", got, want)
+			}
+
+			two := []sluice.Request{{Key: "b", Limit: l, Cost: 1}, {Key: "a", Limit: l, Cost: 2}}
+			ds, err = s.TakeAllByPolicy(ctx, two, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ev := rec.take()
+			if len(ev) != 2 {
+				t.Fatalf("two checks: events %+v; want one each", ev)
+			}
+			for i, e := range ev {
+				if e.Op != "take" || e.Key != two[i].Key || e.Source != ds[i].Source || e.Err != nil || e.Reported {
+					t.Errorf("two checks: event %d %+v; want op take of %s, source %v, no error", i, e, two[i].Key, ds[i].Source)
+				}
+			}
+			switch p {
+			case FallbackLocal:
+				// a has 1 unit left: denied, b's unit stays in the fallback.
+				if !ds[0].Allowed || ds[1].Allowed {
+					t.Errorf("a's fallback spent: %+v; want b allowing, a denied, nothing taken", ds)
+				}
+				if ds[0].Remaining != 3 {
+					t.Errorf("b's verdict %+v; want Remaining 3, as a Peek (nothing taken)", ds[0])
+				}
+				ds, err = s.TakeAllByPolicy(ctx, []sluice.Request{{Key: "b", Limit: l, Cost: 3}, {Key: "a", Limit: l, Cost: 1}}, nil)
+				if err != nil || !ds[0].Allowed || !ds[1].Allowed || ds[0].Source != sluice.SourceFallback {
+					t.Errorf("b's 3 units and a's last: %+v, %v; want both from the fallback", ds, err)
+				}
+			case FailOpen:
+				if !ds[0].Allowed || !ds[1].Allowed || ds[0].Source != sluice.SourceFailOpen {
+					t.Errorf("fail-open: %+v; want both admitted", ds)
+				}
+			case FailClosed:
+				if ds[0].Allowed || ds[1].Allowed || ds[0].Source != sluice.SourceFailClosed {
+					t.Errorf("fail-closed: %+v; want both denied", ds)
+				}
+			}
+			if c := b.calls.Load(); c != 0 {
+				t.Errorf("%d backend calls, want none", c)
+			}
+		})
+	}
+}
+
+// Requests racing for a fallback's last units through TakeAllByPolicy,
+// their checks in either order, never take one check's units and not the
+// other's: the fallback's TakeAll takes both in one step.
+func TestTakeAllByPolicyRace(t *testing.T) {
+	t.Parallel()
+	const capacity, goroutines, rounds = 50, 8, 20
+	l := sluice.PerHour(capacity)
+	_, s, _ := newGranting(t, nil)
+	var admitted atomic.Int64
+	var wg sync.WaitGroup
+	for g := range goroutines {
+		reqs := []sluice.Request{{Key: "a", Limit: l, Cost: 1}, {Key: "b", Limit: l, Cost: 1}}
+		if g%2 == 1 {
+			reqs[0], reqs[1] = reqs[1], reqs[0]
+		}
+		wg.Go(func() {
+			for range rounds {
+				ds, err := s.TakeAllByPolicy(ctx, reqs, nil)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if ds[0].Allowed && ds[1].Allowed {
+					admitted.Add(1)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	for _, key := range []string{"a", "b"} {
+		d, err := s.fallback.Peek(ctx, key, l, 1)
+		if err != nil || d.Remaining != 0 {
+			t.Errorf("fallback's %s after the race: %+v, %v; want every unit spent", key, d, err)
+		}
+	}
+	if n := admitted.Load(); n != capacity {
+		t.Errorf("%d admitted, want %d", n, capacity)
+	}
+}
+
+// A Store whose fallback has no TakeAll answers a TakeAllByPolicy from
+// its Peeks and Takes: a check it denies takes nothing for the others.
+func TestTakeAllByPolicyPlainFallback(t *testing.T) {
+	t.Parallel()
+	clk := storetest.NewClock(t0)
+	fb := memory.New(&memory.Options{Clock: clk.Now})
+	t.Cleanup(func() { fb.Close() })
+	b := newFlaky(clk.Now)
+	t.Cleanup(func() { b.Close() })
+	s := newStore(t, b, &Options{Clock: clk.Now, Logger: discard, Fallback: onlyStore{fb}})
+	l := sluice.PerMinute(2)
+	reqs := []sluice.Request{{Key: "a", Limit: l, Cost: 1}, {Key: "b", Limit: l, Cost: 2}}
+	if ds, err := s.TakeAllByPolicy(ctx, reqs, nil); err != nil || !ds[0].Allowed || !ds[1].Allowed {
+		t.Fatalf("TakeAllByPolicy = %+v, %v; want both admitted", ds, err)
+	}
+	ds, err := s.TakeAllByPolicy(ctx, reqs, nil)
+	if err != nil || ds[1].Allowed {
+		t.Fatalf("TakeAllByPolicy with b spent = %+v, %v; want b denied", ds, err)
+	}
+	if d, _ := fb.Peek(ctx, "a", l, 1); d.Remaining != 1 {
+		t.Errorf("a in the fallback: %+v; want its last unit still there", d)
+	}
+	if c := b.calls.Load(); c != 0 {
+		t.Errorf("%d backend calls, want none", c)
 	}
 }

@@ -30,6 +30,11 @@ func (m *MultiStore) TakeByPolicy(ctx context.Context, key string, limit sluice.
 	return m.store().TakeByPolicy(ctx, key, limit, cost, cause)
 }
 
+// TakeAllByPolicy is Store.TakeAllByPolicy.
+func (m *MultiStore) TakeAllByPolicy(ctx context.Context, reqs []sluice.Request, cause error) ([]sluice.Decision, error) {
+	return m.store().TakeAllByPolicy(ctx, reqs, cause)
+}
+
 // PeekByPolicy is Store.PeekByPolicy.
 func (m *MultiStore) PeekByPolicy(ctx context.Context, key string, limit sluice.Limit, cost int64, cause error) (sluice.Decision, error) {
 	return m.store().PeekByPolicy(ctx, key, limit, cost, cause)

@@ -52,7 +52,11 @@
 // A Store is a sluice.Regranter for package lease: grants, returns and
 // regrants pass through to a backend that grants while the breaker lets
 // calls through, and fail with ErrNoGrant otherwise; the failure policy
-// never grants.
+// never grants. After such a call failed, TakeByPolicy, PeekByPolicy and
+// TakeAllByPolicy answer by the policy without another call, so that a
+// request waits for a backend that does not answer once; TakeAllByPolicy
+// all or nothing in one step (under FallbackLocal, the fallback's TakeAll),
+// so that requests racing for the fallback's last units lose none.
 //
 // # Bounds when the backend fails
 //
