@@ -162,8 +162,9 @@
 // before it). A TakeAll too: after its first call that failed (or the
 // store's TakeAll of its other checks, when the policy answered it), its
 // checks are answered by their live leases or, without a call, by the
-// policy, not by a grant each and then the store's TakeAll; the policy's
-// answers are Peeked first when there are several, and taken only when
+// policy, not by a grant each and then the store's TakeAll; the policy
+// answers them all or nothing in one step
+// (resilient.Store.TakeAllByPolicy), and lease units are spent only when
 // every check admits; a lease that ended meanwhile has the policy answer
 // for its units too, and a check that another denies puts its units back
 // into its lease, not to the store (stranded when the lease was granted
@@ -2065,11 +2066,12 @@ func (s *Store) TakeAll(ctx context.Context, reqs []sluice.Request) ([]sluice.De
 	return out, nil
 }
 
-// policyAnswerer is a granter whose failure policy answers takes and
-// peeks without calling its backend: resilient.Store.
+// policyAnswerer is a granter whose failure policy answers takes, peeks
+// and TakeAlls without calling its backend: resilient.Store.
 type policyAnswerer interface {
 	policyTaker
 	policyPeeker
+	TakeAllByPolicy(ctx context.Context, reqs []sluice.Request, cause error) ([]sluice.Decision, error)
 }
 
 // byPolicy reports whether a failure policy made any of ds: the store's
@@ -2086,43 +2088,50 @@ func byPolicy(ds []sluice.Decision) bool {
 
 // takeAllByPolicy ends a TakeAll while the store does not answer (see
 // TakeAll's stalled), with no store call: the failure policy answers the
-// checks at (need[j] for reqs[at[j]]), taken when admit holds, else
-// Peeked; holds are the admitted checks' leases' units. While every
-// check admits, a lease that has ended by then cannot spend its units:
-// they go back into it and the policy answers for them, in turn. Denied,
-// every lease's units go back into it. cause is the failed call's error.
+// checks at (need[j] for reqs[at[j]]), taken all or nothing when admit
+// holds, else Peeked; holds are the admitted checks' leases' units. While
+// every check admits, a lease that has ended cannot spend its units: they
+// go back into it and the policy answers for them, with the others (or in
+// turn, for a lease that ended during the policy's answer: what the policy
+// took before is then lost if it denies, which can only lower admissions).
+// Denied, every lease's units go back into it. cause is the failed call's
+// error.
 func (s *Store) takeAllByPolicy(ctx context.Context, pol policyAnswerer, cause error, reqs []sluice.Request, out []sluice.Decision, asked []*lease, at []int, need []sluice.Request, holds []topped, admit bool) ([]sluice.Decision, error) {
 	for {
-		ds, err := policyAnswer(ctx, pol, need, admit, cause)
-		if err != nil {
+		if admit {
+			now := s.now()
+			live := holds[:0]
 			for _, h := range holds {
+				if now <= h.left.stop {
+					live = append(live, h)
+					continue
+				}
 				s.putBackHere(h.l, h.left)
+				r := h.req
+				r.Cost = h.left.units
+				at, need = append(at, h.at), append(need, r)
 			}
-			return nil, err
+			holds = live
 		}
-		for j, i := range at {
-			out[i], admit = ds[j], admit && ds[j].Allowed
+		if len(need) > 0 {
+			ds, err := policyAnswer(ctx, pol, need, admit, cause)
+			if err != nil {
+				for _, h := range holds {
+					s.putBackHere(h.l, h.left)
+				}
+				return nil, err
+			}
+			for j, i := range at {
+				out[i], admit = ds[j], admit && ds[j].Allowed
+			}
 		}
 		if !admit {
 			break
 		}
-		at, need = nil, nil
-		now := s.now()
-		live := holds[:0]
-		for _, h := range holds {
-			if now <= h.left.stop {
-				live = append(live, h)
-				continue
-			}
-			s.putBackHere(h.l, h.left)
-			r := h.req
-			r.Cost = h.left.units
-			at, need = append(at, h.at), append(need, r)
-		}
-		holds = live
-		if len(at) == 0 {
+		if len(need) == 0 {
 			return out, nil
 		}
+		at, need = nil, nil
 	}
 	for _, h := range holds {
 		s.putBackHere(h.l, h.left)
@@ -2133,38 +2142,18 @@ func (s *Store) takeAllByPolicy(ctx context.Context, pol policyAnswerer, cause e
 }
 
 // policyAnswer answers reqs by the failure policy, which calls nothing:
-// Peeked, or with take Taken all or nothing as far as the policy allows:
-// several are Peeked first, and Taken only when all admit, one at a time.
-// Should another request take between, a denial Peeks the rest, and what
-// the policy took before it is lost with the request (its own units, in
-// this process: that can only lower admissions).
+// with take, all or nothing in one step (TakeAllByPolicy: no other
+// request takes between its checks), else each Peeked.
 func policyAnswer(ctx context.Context, pol policyAnswerer, reqs []sluice.Request, take bool, cause error) ([]sluice.Decision, error) {
-	out := make([]sluice.Decision, len(reqs))
-	ask := func(peek bool) error {
-		for i, r := range reqs {
-			var err error
-			if peek || !take {
-				out[i], err = pol.PeekByPolicy(ctx, r.Key, r.Limit, r.Cost, cause)
-			} else {
-				out[i], err = pol.TakeByPolicy(ctx, r.Key, r.Limit, r.Cost, cause)
-			}
-			if err != nil {
-				return err
-			}
-			take = take && out[i].Allowed
-		}
-		return nil
+	if take {
+		return pol.TakeAllByPolicy(ctx, reqs, cause)
 	}
-	if take && len(reqs) > 1 {
-		if err := ask(true); err != nil {
+	out := make([]sluice.Decision, len(reqs))
+	for i, r := range reqs {
+		var err error
+		if out[i], err = pol.PeekByPolicy(ctx, r.Key, r.Limit, r.Cost, cause); err != nil {
 			return nil, err
 		}
-		if !take {
-			return out, nil
-		}
-	}
-	if err := ask(false); err != nil {
-		return nil, err
 	}
 	return out, nil
 }

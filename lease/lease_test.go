@@ -1568,15 +1568,17 @@ func TestFailedGrantAnsweredByPolicy(t *testing.T) {
 // stallGrant is a memory store whose grants and regrants fail, while fail
 // is set, as a resilient store's do when the backend does not answer, and
 // whose Takes and TakeAlls the policy answers then, as after a timeout; the
-// policy answers alone too (TakeByPolicy, PeekByPolicy), admitting every
-// key but those in deny (for a minute). It counts the grants sent, the
-// other calls that reach the store, and the policy's answers.
+// policy answers alone too (TakeByPolicy, PeekByPolicy, TakeAllByPolicy),
+// admitting every key but those in deny (for a minute). It counts the
+// grants sent, the other calls that reach the store, and the policy's
+// answers.
 type stallGrant struct {
 	*memory.Store
 	fail                     atomic.Bool
 	deny                     map[string]bool
 	grants, calls            atomic.Int64
-	policyTakes, policyPeeks atomic.Int64
+	policyTakes, policyPeeks atomic.Int64 // the checks taken and peeked
+	policyAlls               atomic.Int64 // the TakeAllByPolicy calls
 }
 
 var errStalled = fmt.Errorf("%w: timed out", resilient.ErrNoGrant)
@@ -1644,12 +1646,27 @@ func (g *stallGrant) PeekByPolicy(_ context.Context, key string, l sluice.Limit,
 	return g.policy(key, l), nil
 }
 
+// TakeAllByPolicy takes all of reqs or, when one is denied, none.
+func (g *stallGrant) TakeAllByPolicy(_ context.Context, reqs []sluice.Request, _ error) ([]sluice.Decision, error) {
+	g.policyAlls.Add(1)
+	ds := make([]sluice.Decision, len(reqs))
+	all := true
+	for i, r := range reqs {
+		ds[i] = g.policy(r.Key, r.Limit)
+		all = all && ds[i].Allowed
+	}
+	if all {
+		g.policyTakes.Add(int64(len(reqs)))
+	}
+	return ds, nil
+}
+
 // A TakeAll whose grant fails is answered, for the checks no live lease
 // answers, by the failure policy, with no call to the store after it: no
 // other grant, and no TakeAll of the checks (each a timeout more on a
 // store that does not answer). All or nothing: when the policy denies
-// one, it takes nothing for the others (it is asked first), and the
-// units a lease answered a check with go back into it.
+// one, it takes nothing for the others (one TakeAllByPolicy, no Peeks),
+// and the units a lease answered a check with go back into it.
 func TestTakeAllFailedGrantAnsweredByPolicy(t *testing.T) {
 	t.Parallel()
 	clock := storetest.NewClock(storetest.T0)
@@ -1679,8 +1696,8 @@ func TestTakeAllFailedGrantAnsweredByPolicy(t *testing.T) {
 			t.Errorf("%s: %+v, want the policy's admission", reqs[i+1].Key, d)
 		}
 	}
-	if gr, c, pt := g.grants.Load(), g.calls.Load(), g.policyTakes.Load(); gr != 2 || c != 0 || pt != 3 {
-		t.Errorf("%d grants, %d other store calls, %d policy takes; want 2 (a's, then b's that failed), 0, 3 (b, c, x)", gr, c, pt)
+	if gr, c, pt, pa := g.grants.Load(), g.calls.Load(), g.policyTakes.Load(), g.policyAlls.Load(); gr != 2 || c != 0 || pt != 3 || pa != 1 {
+		t.Errorf("%d grants, %d other store calls, %d policy takes in %d TakeAllByPolicy; want 2 (a's, then b's that failed), 0, 3 (b, c, x) in 1", gr, c, pt, pa)
 	}
 
 	g.deny["x"] = true
@@ -1691,8 +1708,8 @@ func TestTakeAllFailedGrantAnsweredByPolicy(t *testing.T) {
 	if ds[3].Allowed || !ds[0].Allowed || !ds[1].Allowed || !ds[2].Allowed {
 		t.Errorf("TakeAll with x denied by the policy: %+v; want x alone denied", ds)
 	}
-	if pt, pp := g.policyTakes.Load(), g.policyPeeks.Load(); pt != 3 || pp != peeks+3 {
-		t.Errorf("x denied: %d policy takes, %d peeks; want none taken, 3 peeked", pt-3, pp-peeks)
+	if pt, pp, pa := g.policyTakes.Load(), g.policyPeeks.Load(), g.policyAlls.Load(); pt != 3 || pp != peeks || pa != 2 {
+		t.Errorf("x denied: %d policy takes, %d peeks, %d TakeAllByPolicy; want none taken, none peeked, 1", pt-3, pp-peeks, pa-1)
 	}
 	if c := g.calls.Load(); c != 0 {
 		t.Errorf("%d calls to the store after the failed grant, want none", c)

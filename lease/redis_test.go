@@ -1345,3 +1345,100 @@ func TestFaultLeaseTakeAllEndedLeaseOneTimeout(t *testing.T) {
 		t.Errorf("TakeAll with Redis stopped: p90 %v, max %v; want p90 ≤ %v, max ≤ %v (one timeout, %v)", p90, worst, timeout*7/4, 5*timeout, timeout)
 	}
 }
+
+// Layered checks that the failure policy answers, after a grant the
+// stopped Redis did not answer, are taken all or nothing in one step:
+// requests that race for the fallback's last units never take one check's
+// units and lose them when the other check denies. 16 goroutines send
+// TakeAlls of two keys (in either order) whose fallback limit is 24 while
+// Redis is stopped (SIGSTOP), with a breaker that does not open: exactly 24
+// are admitted, and the fallback spent 24 units of each key, no more.
+// Before, the policy Peeked the checks and then Took them one by one, and
+// a request taking between lost the units of the first (the fallback's
+// calls are slowed so that the machine's scheduling cannot hide it).
+func TestLeaseTakeAllPolicyAtomic(t *testing.T) {
+	t.Parallel()
+	srv := redistest.StartServer(t)
+	client := redis.NewClient(&redis.Options{Addr: srv.Addr, ContextTimeoutEnabled: true})
+	t.Cleanup(func() { client.Close() })
+	prefix := redistest.Prefix(t)
+	const (
+		timeout    = 20 * time.Millisecond
+		d          = 20 * time.Millisecond
+		goroutines = 16
+		rounds     = 8
+		capacity   = 24
+	)
+	l := sluice.PerHour(capacity)
+	for trial := range 4 {
+		fb := slowFallback{memory.New(nil)}
+		t.Cleanup(func() { fb.Close() })
+		rs, err := resilient.NewMulti(redisstore.New(client, &redisstore.Options{Prefix: prefix}), &resilient.Options{
+			Timeout: timeout, DeadAfter: 5 * time.Second, MinCalls: 100_000, Fallback: fb,
+			Logger: slog.New(slog.DiscardHandler),
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		s, err := lease.New(rs, &lease.Options{MaxStaleness: d, Size: 4})
+		if err != nil {
+			t.Fatal(err)
+		}
+		a, b := fmt.Sprint("a", trial), fmt.Sprint("b", trial)
+		srv.Pause(t)
+		var admitted atomic.Int64
+		var wg sync.WaitGroup
+		for g := range goroutines {
+			reqs := []sluice.Request{{Key: a, Limit: l, Cost: 1}, {Key: b, Limit: l, Cost: 1}}
+			if g%2 == 1 {
+				reqs[0], reqs[1] = reqs[1], reqs[0]
+			}
+			wg.Go(func() {
+				for range rounds {
+					ds, err := s.TakeAll(ctx, reqs)
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					if ds[0].Allowed && ds[1].Allowed {
+						admitted.Add(1)
+					}
+				}
+			})
+		}
+		wg.Wait()
+		srv.Resume(t)
+		s.Close(ctx)
+		rs.Close()
+		spent := func(key string) int64 {
+			dec, err := fb.Peek(ctx, key, l, 1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return capacity - dec.Remaining
+		}
+		if n, sa, sb := admitted.Load(), spent(a), spent(b); n != capacity || sa != capacity || sb != capacity {
+			t.Errorf("trial %d: %d TakeAlls admitted by the failure policy, the fallback spent %d and %d units of the keys; want %d each (none lost)", trial, n, sa, sb, capacity)
+		}
+	}
+}
+
+// slowFallback is a memory store whose calls return a millisecond late,
+// as under a loaded machine's scheduling: a decision made of several calls
+// then has others' takes between them.
+type slowFallback struct{ *memory.Store }
+
+func (s slowFallback) Take(ctx context.Context, key string, l sluice.Limit, cost int64) (sluice.Decision, error) {
+	defer time.Sleep(time.Millisecond)
+	return s.Store.Take(ctx, key, l, cost)
+}
+
+func (s slowFallback) Peek(ctx context.Context, key string, l sluice.Limit, cost int64) (sluice.Decision, error) {
+	defer time.Sleep(time.Millisecond)
+	return s.Store.Peek(ctx, key, l, cost)
+}
+
+func (s slowFallback) TakeAll(ctx context.Context, reqs []sluice.Request) ([]sluice.Decision, error) {
+	defer time.Sleep(time.Millisecond)
+	return s.Store.TakeAll(ctx, reqs)
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -198,6 +199,77 @@ func TestRedisByPolicyCarriesLeaseError(t *testing.T) {
 		got, _ := promtest.Value(t, reg, "sluice_store_errors_total", map[string]string{"store": "redis", "op": op})
 		if got != want {
 			t.Errorf("sluice_store_errors_total{op=%q} = %v, want %v", op, got, want)
+		}
+	}
+}
+
+// A lease TakeAll whose grant Redis refuses (an ACL, the breaker closed)
+// has its checks answered by the failure policy in one TakeAllByPolicy:
+// one "take" event per check, carrying the grant's error, and no "peek",
+// as for one check. Before, each of several checks was Peeked by the
+// policy first, an extra sluice_store_calls_total{op="peek"} each.
+func TestRedisLeaseTakeAllByPolicyEvents(t *testing.T) {
+	t.Parallel()
+	r := redistest.StartServer(t)
+	admin := r.Client(t)
+	if err := admin.Do(context.Background(), "acl", "setuser", "leaser", "on", ">pw", "resetkeys", "~t:*good*", "&*", "+@all").Err(); err != nil {
+		t.Fatal(err)
+	}
+	c := redis.NewClient(&redis.Options{Addr: r.Addr, Username: "leaser", Password: "pw"})
+	t.Cleanup(func() { c.Close() })
+	rec := &storeEvents{}
+	reg := prometheus.NewRegistry()
+	col := promsluice.New(nil)
+	reg.MustRegister(col)
+	res, err := resilient.NewMulti(redisstore.New(c, &redisstore.Options{Prefix: "t:"}), &resilient.Options{
+		Name: "redis", Logger: slog.New(slog.DiscardHandler), Observer: multiObserver{rec, col}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { res.Close() })
+	ls, err := lease.New(res, &lease.Options{Size: 10, For: func(string, sluice.Limit) time.Duration { return 50 * time.Millisecond }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	limit := sluice.PerSecond(1000)
+	rec.take()
+	for _, keys := range [][]string{{"one"}, {"b1", "b2", "b3"}} {
+		reqs := make([]sluice.Request, len(keys))
+		for i, k := range keys {
+			reqs[i] = sluice.Request{Key: k, Limit: limit, Cost: 1}
+		}
+		ds, err := ls.TakeAll(context.Background(), reqs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, d := range ds {
+			if !d.Allowed || d.Source != sluice.SourceFallback {
+				t.Errorf("%s: %+v; want the failure policy's admission", keys[i], d)
+			}
+		}
+		var grant error
+		var taken []string
+		for _, e := range rec.take() {
+			switch {
+			case e.Source == sluice.SourceBackend && e.Op == "grant" && grant == nil:
+				grant = e.Err
+			case e.Source == sluice.SourceFallback && e.Op == "take":
+				taken = append(taken, e.Key)
+				if !e.Reported || e.Err == nil || e.Err != grant {
+					t.Errorf("%s answered by the policy: Err %v, Reported %v; want the failed grant's error (%v), reported", e.Key, e.Err, e.Reported, grant)
+				}
+			default:
+				t.Errorf("%d checks: unexpected event %+v", len(keys), e)
+			}
+		}
+		if !slices.Equal(taken, keys) {
+			t.Errorf("%d checks: policy takes of %v; want one each, %v", len(keys), taken, keys)
+		}
+	}
+	for op, want := range map[string]float64{"take": 4, "peek": 0} {
+		got, _ := promtest.Value(t, reg, "sluice_store_calls_total", map[string]string{"store": "redis", "op": op, "source": "fallback"})
+		if got != want {
+			t.Errorf(`sluice_store_calls_total{op=%q,source="fallback"} = %v, want %v`, op, got, want)
 		}
 	}
 }
