@@ -168,7 +168,11 @@
 // every check admits; a lease that ended meanwhile has the policy answer
 // for its units too, and a check that another denies puts its units back
 // into its lease, not to the store (stranded when the lease was granted
-// again meanwhile). A Peek whose return of an ended lease's units was held back
+// again meanwhile). So does a Take whose cost went to the store's Take with
+// a live lease's last units and whose Take the policy answered: denied,
+// the units go back into the lease; admitted after the lease ended, the
+// policy answers for its units too, not the store's Take of the whole
+// cost again. A Peek whose return of an ended lease's units was held back
 // or failed is answered likewise, by resilient.Store.PeekByPolicy. A
 // request that waited for a grant that others then spent
 // goes to the store's Take, not to a grant of its own in turn. A
@@ -1495,6 +1499,18 @@ func (s *Store) topUp(ctx context.Context, l *lease, left leftover, key string, 
 	t := topped{req: sluice.Request{Key: key, Limit: limit, Cost: cost}, l: l, left: left, stale: stale}
 	t.first.sent = s.now()
 	d, err := s.granter.Take(ctx, key, limit, cost-left.units)
+	if pol, ok := s.granter.(policyAnswerer); ok && err == nil && byPolicy([]sluice.Decision{d}) {
+		// The store did not answer: asking it again (a return, finish's
+		// Take, a sliding window counter's wait) would wait once more.
+		if !d.Allowed {
+			s.putBackHere(l, left)
+			d.Remaining += left.units // as Peek counts them
+			return d, nil
+		}
+		ds := []sluice.Decision{d}
+		t.at = 0
+		return oneOf(s.takeAllByPolicy(ctx, pol, nil, []sluice.Request{t.req}, ds, nil, nil, nil, []topped{t}, true))
+	}
 	if err != nil || !d.Allowed {
 		perr := s.putBack(ctx, l, left, key, limit) // still the lease's, for smaller requests
 		if err != nil {
@@ -1511,6 +1527,14 @@ func (s *Store) topUp(ctx context.Context, l *lease, left leftover, key string, 
 	}
 	ds := []sluice.Decision{d}
 	if _, err := s.finish(ctx, nil, []topped{t}, ds, t.first.back); err != nil {
+		return sluice.Decision{}, err
+	}
+	return ds[0], nil
+}
+
+// oneOf is the one decision of ds, or err.
+func oneOf(ds []sluice.Decision, err error) (sluice.Decision, error) {
+	if err != nil {
 		return sluice.Decision{}, err
 	}
 	return ds[0], nil

@@ -1579,6 +1579,7 @@ type stallGrant struct {
 	grants, calls            atomic.Int64
 	policyTakes, policyPeeks atomic.Int64 // the checks taken and peeked
 	policyAlls               atomic.Int64 // the TakeAllByPolicy calls
+	during                   func()       // when set, called by each Take the policy answers
 }
 
 var errStalled = fmt.Errorf("%w: timed out", resilient.ErrNoGrant)
@@ -1602,6 +1603,9 @@ func (g *stallGrant) Regrant(ctx context.Context, key string, l sluice.Limit, ol
 func (g *stallGrant) Take(ctx context.Context, key string, l sluice.Limit, cost int64) (sluice.Decision, error) {
 	g.calls.Add(1)
 	if g.fail.Load() {
+		if g.during != nil {
+			g.during()
+		}
 		return g.policy(key, l), nil
 	}
 	return g.Store.Take(ctx, key, l, cost)
@@ -1752,6 +1756,45 @@ func TestTakeAllPolicyDenialNoReturn(t *testing.T) {
 	}
 	if d := take(t, s, "a", l, 9); !d.Allowed || d.Source != sluice.SourceLease {
 		t.Errorf("a's 9 units: %+v; want them still in its lease", d)
+	}
+}
+
+// A Take whose cost goes to the store's Take with a live lease's last
+// units, when the failure policy answers that Take (the store did not),
+// asks the store nothing more. Denied, the units go back into the lease,
+// and a sliding window counter's wait is not asked of the store's Peek;
+// admitted after the lease ended (the store's call outlasting it), the
+// policy answers for the lease's units, which cannot be spent, rather
+// than the store's Take of the whole cost again: each a second timeout.
+func TestTakeTopUpAnsweredByPolicy(t *testing.T) {
+	t.Parallel()
+	clock := storetest.NewClock(storetest.T0)
+	g := &stallGrant{Store: newMemory(t, clock), deny: map[string]bool{"x": true}}
+	s, err := lease.New(g, &lease.Options{Size: 10, Clock: clock.Now, For: func(string, sluice.Limit) time.Duration { return time.Second }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := sluice.PerSecond(100).WithAlgorithm(sluice.SlidingWindowCounter)
+	take(t, s, "x", l, 8) // x's lease holds 2 units
+	take(t, s, "a", l, 8)
+	g.fail.Store(true)
+	if d := take(t, s, "x", l, 3); d.Allowed || d.Source != sluice.SourceFallback {
+		t.Errorf("x's 3 units, the policy denying: %+v; want its denial", d)
+	}
+	if c := g.calls.Load(); c != 1 {
+		t.Errorf("%d store calls, want 1: the Take the policy answered, no Peek for the wait", c)
+	}
+	if d := take(t, s, "x", l, 2); !d.Allowed || d.Source != sluice.SourceLease {
+		t.Errorf("x's 2 units: %+v; want them still in its lease", d)
+	}
+
+	g.during = func() { clock.Advance(2 * time.Second) } // the lease ends meanwhile
+	d := take(t, s, "a", l, 3)
+	if !d.Allowed || d.Source != sluice.SourceFallback {
+		t.Errorf("a's 3 units, the policy admitting after the lease ended: %+v; want its admission", d)
+	}
+	if c, pa := g.calls.Load(), g.policyAlls.Load(); c != 2 || pa != 1 {
+		t.Errorf("%d store calls, %d policy answers; want 2 (the Takes the policy answered), 1 (for the lease's 2 units)", c, pa)
 	}
 }
 

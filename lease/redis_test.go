@@ -1346,6 +1346,58 @@ func TestFaultLeaseTakeAllEndedLeaseOneTimeout(t *testing.T) {
 	}
 }
 
+// A Take of cost 1 to 8 whose key's live lease holds cost − 1 units, with
+// Redis stopped (SIGSTOP) and a breaker that does not open: the rest goes
+// to the store's Take with the lease's units, and times out after the
+// lease has ended; the failure policy, which answered that Take, answers
+// for the lease's units too. Before, the store was asked for the whole
+// cost again, a second timeout.
+func TestFaultLeaseTakeTopUpOneTimeout(t *testing.T) {
+	race.SkipTiming(t)
+	srv := redistest.StartServer(t)
+	client := redis.NewClient(&redis.Options{Addr: srv.Addr, ContextTimeoutEnabled: true})
+	t.Cleanup(func() { client.Close() })
+	const timeout, d, samples = 200 * time.Millisecond, 50 * time.Millisecond, 16
+	rs, err := resilient.New(redisstore.New(client, &redisstore.Options{Prefix: redistest.Prefix(t)}), &resilient.Options{
+		Timeout: timeout, DeadAfter: 5 * time.Second, MinCalls: 100_000,
+		Logger: slog.New(slog.DiscardHandler),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { rs.Close() })
+	s, err := lease.New(rs, &lease.Options{MaxStaleness: d, Size: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := sluice.PerSecond(100_000)
+	var lat []time.Duration
+	for i := range samples {
+		key, cost := fmt.Sprint("topup", i), int64(1+i%8)
+		if dec := take(t, s, key, l, 1); dec.Source != sluice.SourceBackend {
+			t.Fatalf("first take = %+v; want a grant", dec)
+		}
+		if dec := take(t, s, key, l, 10-cost); dec.Source != sluice.SourceLease {
+			t.Fatalf("take of %d = %+v; want the lease's", 10-cost, dec)
+		}
+		srv.Pause(t)
+		t0 := time.Now()
+		dec, err := s.Take(ctx, key, l, cost)
+		took := time.Since(t0)
+		srv.Resume(t)
+		if err != nil || !dec.Allowed || dec.Source != sluice.SourceFallback {
+			t.Fatalf("Take of %d with Redis stopped = %+v, %v; want the failure policy's admission", cost, dec, err)
+		}
+		lat = append(lat, took)
+	}
+	slices.Sort(lat)
+	p90, worst := lat[len(lat)*9/10], lat[len(lat)-1]
+	t.Logf("Take of 1-8 with Redis stopped, timeout %v: median %v, p90 %v, max %v", timeout, lat[len(lat)/2], p90, worst)
+	if p90 > timeout*7/4 || worst > 5*timeout {
+		t.Errorf("Take with Redis stopped: p90 %v, max %v; want p90 ≤ %v, max ≤ %v (one timeout, %v)", p90, worst, timeout*7/4, 5*timeout, timeout)
+	}
+}
+
 // Layered checks that the failure policy answers, after a grant the
 // stopped Redis did not answer, are taken all or nothing in one step:
 // requests that race for the fallback's last units never take one check's
