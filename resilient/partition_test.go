@@ -178,6 +178,9 @@ func TestPartitionBreakerClusterMasterDown(t *testing.T) {
 // spanning it and a stopped master keeps its breaker closed: each call
 // runs out of time on the stopped master, and its error says so.
 func TestFaultSpanningTrafficChargesStoppedMaster(t *testing.T) {
+	// The live master's calls must end within the timeout: under -race on
+	// a loaded machine they did not, once in two runs of the package.
+	race.SkipTiming(t)
 	t.Parallel()
 	cl, rs := startPartialCluster(t, 0)
 	s := newMultiStore(t, rs, &Options{Name: "redis", Logger: discard, ProbeInterval: 200 * time.Millisecond})
