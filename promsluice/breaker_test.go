@@ -106,3 +106,24 @@ func TestBreakerTransitionsCounted(t *testing.T) {
 		}
 	}
 }
+
+// A breaker's transition series exist at 0 from its build on, before any
+// transition: a series born at 1 at the first opening shows Prometheus no
+// increase, and increase(...{to="open"}[10m]) > 0 missed that opening.
+// A partition's breaker has them from its announcement too.
+func TestBreakerTransitionsFromZero(t *testing.T) {
+	rs := redisstore.New(redistest.Client(t), &redisstore.Options{Prefix: redistest.Prefix(t)})
+	c, reg := registered(t, nil)
+	s, err := resilient.New(rs, &resilient.Options{Name: "redis", Observer: c, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	const m = "10.0.0.2:6379"
+	c.ObserveBreaker(sluice.BreakerEvent{Store: "redis", Partition: m})
+	for _, partition := range []string{"", m} {
+		for _, to := range []string{"closed", "half_open", "open"} {
+			promtest.Expect(t, reg, "sluice_breaker_transitions_total", map[string]string{"store": "redis", "partition": partition, "to": to}, 0)
+		}
+	}
+}

@@ -9,7 +9,7 @@
 //	sluice_store_errors_total{store,op}         backend failures (timeouts included); {store,op,cause} with Options.Cause
 //	sluice_store_latency_seconds{store,op}      backend latency, when the backend was called
 //	sluice_breaker_state{store,partition,state} 1 for the current state (closed, half_open, open), 0 for the others; from resilient.New on, which reports the initial state; partition: a Redis Cluster master's address for its breaker, "" for the store's own; a master's series go when its breaker is forgotten (no key maps to it any more)
-//	sluice_breaker_transitions_total{store,partition,to}     each change of a breaker's state (to: closed, half_open, open), so that an episode shorter than a scrape interval still shows (a forgotten master's counts stay)
+//	sluice_breaker_transitions_total{store,partition,to}     each change of a breaker's state (to: closed, half_open, open), so that an episode shorter than a scrape interval still shows (a forgotten master's counts stay); 0 from the breaker's build on
 //	sluice_inflight_acquires_total{policy,priority,outcome}  outcome: allowed, denied, shed, error
 //	sluice_inflight_calls_total{policy,call,outcome}         call: extend, release; outcome: extended, released, released_before, not_held, error, not_retried
 //	sluice_inflight_held{policy}                             weight this process holds now
@@ -22,11 +22,19 @@
 //
 // Label values come from configuration (rule and store names), never from
 // requests, so cardinality stays bounded.
+//
+// A counter series that appears only at its first event appears at 1, and
+// Prometheus's increase() and rate() see no increase in it: an alert such
+// as increase(x[10m]) > 0 would miss that event. So series start at 0 as
+// soon as what they count can happen: a breaker's transitions when it is
+// built (resilient announces it), a policy's decision and in-flight series
+// at its first event of any kind, or before with AddPolicy.
 package promsluice
 
 import (
 	"math"
 	"slices"
+	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -85,7 +93,17 @@ type Collector struct {
 	expired      *prometheus.CounterVec
 	evicted      *prometheus.CounterVec
 	exhausted    *prometheus.CounterVec
+	// policies holds the names of the policies whose series exist (as
+	// policyKinds), so that an event makes them once.
+	policies sync.Map
 }
+
+// policyKinds are the bits of a policies entry: which of a policy's
+// series exist.
+const (
+	rateSeries uint8 = 1 << iota
+	slotSeries
+)
 
 // New returns a Collector. Register it with a prometheus.Registerer.
 func New(opts *Options) *Collector {
@@ -175,6 +193,7 @@ func (c *Collector) ObserveDecision(e sluice.DecisionEvent) {
 	if c == nil || c.decisions == nil {
 		return // a zero Collector
 	}
+	c.known(e.Policy, false)
 	c.decisions.WithLabelValues(e.Policy, e.Outcome.String()).Inc()
 	if e.Outcome == sluice.OutcomeAllowed && float64(e.Decision.Remaining) <= c.ratio*float64(e.Decision.Limit.Capacity()) {
 		c.nearLimit.WithLabelValues(e.Policy).Inc()
@@ -188,8 +207,59 @@ func (c *Collector) ForgetPolicy(name string) {
 	if c == nil || c.decisions == nil {
 		return // a zero Collector
 	}
+	c.policies.Delete(name)
 	for _, v := range []*prometheus.MetricVec{c.decisions.MetricVec, c.nearLimit.MetricVec, c.acquires.MetricVec, c.slotCalls.MetricVec, c.held.MetricVec, c.expired.MetricVec} {
 		v.DeletePartialMatch(prometheus.Labels{"policy": name})
+	}
+}
+
+// AddPolicy makes the series of a policy at 0: its decision series, or
+// with inFlight its in-flight ones, every outcome (and priority) of them.
+// The Collector makes them at the policy's first event anyway; calling
+// AddPolicy when the policy is configured makes them exist before it, so
+// that an alert on increase() or rate() sees even the first event (a
+// series born at 1 shows no increase). ForgetPolicy drops them.
+func (c *Collector) AddPolicy(name string, inFlight bool) {
+	if c == nil || c.decisions == nil {
+		return // a zero Collector
+	}
+	c.known(name, inFlight)
+}
+
+// known makes policy's series of the kind given, unless they exist.
+func (c *Collector) known(policy string, inFlight bool) {
+	kind := rateSeries
+	if inFlight {
+		kind = slotSeries
+	}
+	if v, ok := c.policies.Load(policy); ok && v.(uint8)&kind != 0 {
+		return
+	}
+	if inFlight {
+		for _, p := range [...]sluice.Priority{sluice.PriorityCritical, sluice.PriorityNormal, sluice.PrioritySheddable} {
+			for _, o := range [...]sluice.Outcome{sluice.OutcomeAllowed, sluice.OutcomeDenied, sluice.OutcomeShed, sluice.OutcomeError} {
+				c.acquires.WithLabelValues(policy, p.String(), o.String())
+			}
+		}
+		for _, o := range [...]string{"extended", "not_held", "error"} {
+			c.slotCalls.WithLabelValues(policy, sluice.SlotExtend.String(), o)
+		}
+		for _, o := range [...]string{"released", "released_before", "not_held", "error", "not_retried"} {
+			c.slotCalls.WithLabelValues(policy, sluice.SlotRelease.String(), o)
+		}
+		c.held.WithLabelValues(policy)
+		c.expired.WithLabelValues(policy)
+	} else {
+		for _, o := range [...]sluice.Outcome{sluice.OutcomeAllowed, sluice.OutcomeDenied, sluice.OutcomeShadowDenied, sluice.OutcomeError} {
+			c.decisions.WithLabelValues(policy, o.String())
+		}
+		c.nearLimit.WithLabelValues(policy)
+	}
+	for {
+		v, loaded := c.policies.LoadOrStore(policy, kind)
+		if !loaded || c.policies.CompareAndSwap(policy, v, v.(uint8)|kind) {
+			return
+		}
 	}
 }
 
@@ -198,6 +268,7 @@ func (c *Collector) ObserveSlot(e sluice.SlotEvent) {
 	if c == nil || c.decisions == nil {
 		return // a zero Collector
 	}
+	c.known(e.Policy, true)
 	switch e.Op {
 	case sluice.SlotAcquire:
 		c.acquires.WithLabelValues(e.Policy, e.Priority.String(), e.Outcome.String()).Inc()
@@ -269,6 +340,9 @@ func (c *Collector) ObserveBreaker(e sluice.BreakerEvent) {
 			c.breaker.DeleteLabelValues(e.Store, e.Partition, s.String())
 			continue
 		}
+		// Its transitions from 0, before the first: a series born at 1
+		// shows no increase.
+		c.breakerMoves.WithLabelValues(e.Store, e.Partition, s.String())
 		v := 0.0
 		if s == e.To {
 			v = 1

@@ -183,6 +183,8 @@ func Example() {
 	// Output:
 	// sluice_decisions_total{outcome=allowed,policy=api} 3
 	// sluice_decisions_total{outcome=denied,policy=api} 2
+	// sluice_decisions_total{outcome=error,policy=api} 0
+	// sluice_decisions_total{outcome=shadow_denied,policy=api} 0
 	// sluice_near_limit_total{policy=api} 1
 }
 

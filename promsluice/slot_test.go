@@ -122,3 +122,57 @@ func TestCollectorSlots(t *testing.T) {
 	var zero promsluice.Collector
 	zero.ObserveSlot(sluice.SlotEvent{Policy: "p"})
 }
+
+// A policy's series exist at 0 before their first event: from AddPolicy,
+// or from the policy's first event of any kind. A series born at 1 shows
+// Prometheus no increase: increase(...{outcome="error"}[10m]) > 0 missed
+// the first failed release, and a denial ratio compared with an hour
+// before had nothing to compare with while a policy had never denied.
+func TestPolicySeriesFromZero(t *testing.T) {
+	t.Parallel()
+	c, reg := registered(t, nil)
+	c.AddPolicy("exports", true)
+	c.AddPolicy("api", false)
+	zero := func(policy string) {
+		t.Helper()
+		for _, o := range []string{"allowed", "denied", "shed", "error"} {
+			for _, p := range []string{"critical", "normal", "sheddable"} {
+				promtest.Expect(t, reg, "sluice_inflight_acquires_total", map[string]string{"policy": policy, "priority": p, "outcome": o}, 0)
+			}
+		}
+		for call, outcomes := range map[string][]string{"extend": {"extended", "not_held", "error"}, "release": {"released", "released_before", "not_held", "error", "not_retried"}} {
+			for _, o := range outcomes {
+				promtest.Expect(t, reg, "sluice_inflight_calls_total", map[string]string{"policy": policy, "call": call, "outcome": o}, 0)
+			}
+		}
+		promtest.Expect(t, reg, "sluice_inflight_expired_total", map[string]string{"policy": policy}, 0)
+		promtest.Expect(t, reg, "sluice_inflight_held", map[string]string{"policy": policy}, 0)
+	}
+	zero("exports")
+	for _, o := range []string{"allowed", "denied", "shadow_denied", "error"} {
+		promtest.Expect(t, reg, "sluice_decisions_total", map[string]string{"policy": "api", "outcome": o}, 0)
+	}
+	promtest.Expect(t, reg, "sluice_near_limit_total", map[string]string{"policy": "api"}, 0)
+	if _, ok := promtest.Value(t, reg, "sluice_decisions_total", map[string]string{"policy": "exports"}); ok {
+		t.Error("an in-flight policy has decision series")
+	}
+
+	// Without AddPolicy: from the first event, and again after a
+	// ForgetPolicy.
+	for range 2 {
+		c.ObserveSlot(sluice.SlotEvent{Policy: "uploads", Op: sluice.SlotAcquire, Outcome: sluice.OutcomeAllowed, Weight: 1})
+		promtest.Expect(t, reg, "sluice_inflight_calls_total", map[string]string{"policy": "uploads", "call": "release", "outcome": "error"}, 0)
+		promtest.Expect(t, reg, "sluice_inflight_acquires_total", map[string]string{"policy": "uploads", "priority": "critical", "outcome": "allowed"}, 1)
+		c.ForgetPolicy("uploads")
+		if _, ok := promtest.Value(t, reg, "sluice_inflight_calls_total", map[string]string{"policy": "uploads"}); ok {
+			t.Fatal("a forgotten policy's series stay")
+		}
+	}
+	c.ObserveDecision(sluice.DecisionEvent{Policy: "search", Outcome: sluice.OutcomeAllowed})
+	promtest.Expect(t, reg, "sluice_decisions_total", map[string]string{"policy": "search", "outcome": "denied"}, 0)
+
+	var zc promsluice.Collector
+	zc.AddPolicy("api", false) // a zero Collector observes nothing
+	var nc *promsluice.Collector
+	nc.AddPolicy("api", true)
+}
