@@ -20,6 +20,7 @@ import (
 	"github.com/sluicehq/sluice/promsluice"
 	"github.com/sluicehq/sluice/redisstore"
 	"github.com/sluicehq/sluice/resilient"
+	"github.com/sluicehq/sluice/server/config"
 )
 
 // Metrics are the service's Prometheus metrics: package promsluice's
@@ -166,6 +167,18 @@ func (m *Metrics) forget(policies []string) {
 		m.obs.ForgetPolicy(p)
 	}
 	m.health.forget(policies)
+}
+
+// configured makes the series of policies (a configuration's, as they
+// load) at 0, before their first event: a series born at 1 shows an
+// alert's increase() nothing.
+func (m *Metrics) configured(policies []*config.Policy) {
+	if m == nil {
+		return
+	}
+	for _, p := range policies {
+		m.obs.AddPolicy(p.Name, p.InFlight != nil)
+	}
 }
 
 // watchSlots makes h the held slots swept at each collection.

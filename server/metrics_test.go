@@ -40,6 +40,33 @@ func TestMetricsErrorsAndForget(t *testing.T) {
 	}
 }
 
+// A configured policy's series exist at 0 from its load, a reload's too,
+// before any request: a series born at 1 shows Prometheus no increase, so
+// SluiceInFlightReleaseErrors missed a process's first failed release and
+// SluiceDenialRatioJump had no share an hour before to compare with while
+// a policy had never denied.
+func TestMetricsPolicySeriesFromLoad(t *testing.T) {
+	m := NewMetrics()
+	mem := memory.New(nil)
+	t.Cleanup(func() { mem.Close() })
+	svc := NewService(mem, mustConfig(t, "policies:\n  - name: api\n    limit: 1/s\n  - name: exports\n    key: \"{user}\"\n    in_flight: {max: 2, hold: 30s}\n"), &ServiceOptions{Metrics: m})
+	zero := func(name string, labels map[string]string) {
+		t.Helper()
+		if got := metricValue(t, m.Registry(), name, labels); got != 0 {
+			t.Errorf("%s%v = %v before any request, want 0 (-1: no series)", name, labels, got)
+		}
+	}
+	zero("sluice_decisions_total", map[string]string{"policy": "api", "outcome": "denied"})
+	zero("sluice_inflight_calls_total", map[string]string{"policy": "exports", "call": "release", "outcome": "error"})
+	zero("sluice_inflight_calls_total", map[string]string{"policy": "exports", "call": "release", "outcome": "not_retried"})
+	zero("sluice_inflight_expired_total", map[string]string{"policy": "exports"})
+	svc.SetConfig(mustConfig(t, "policies:\n  - name: uploads\n    key: \"{user}\"\n    in_flight: {max: 2, hold: 30s}\n"))
+	zero("sluice_inflight_calls_total", map[string]string{"policy": "uploads", "call": "release", "outcome": "error"})
+	if got := decisionCount(t, m, "api", "denied"); got != -1 {
+		t.Errorf("policy api's series survive its removal: %v", got)
+	}
+}
+
 // Requests are counted and timed per API and endpoint; Envoy requests
 // for an unknown domain and descriptors no rule matches are counted; the
 // build is described.

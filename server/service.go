@@ -256,6 +256,7 @@ func (s *Service) SetConfig(cfg *config.Config) {
 		s.forgetShadows(gone)
 		s.mon.top.forget(gone)
 	}
+	s.metrics.configured(counted)
 	snap := &snapshot{cfg: cfg, bases: make(map[*config.Policy]string, len(cfg.Policies)), stems: map[*enforce.Rule]string{},
 		policies: make(map[string]string, len(cfg.Policies)), version: s.version.Add(1)}
 	snap.rings = s.stats.setPolicies(counted)
