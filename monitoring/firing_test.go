@@ -534,3 +534,26 @@ func parseInfoInt(info, field string) int64 {
 	return 0
 }
 
+// SluiceBreakerOpened fires for a Cluster master's breaker whose series is
+// born at 1: the breaker is built at the master's first key, which may
+// open it before any scrape reads its 0.
+func TestBreakerOpenedOnNewPartition(t *testing.T) {
+	var opened []alertRule
+	for _, a := range alertRules(t) {
+		if a.name == "SluiceBreakerOpened" {
+			opened = append(opened, a)
+		}
+	}
+	if len(opened) != 1 {
+		t.Fatalf("%d SluiceBreakerOpened alerts", len(opened))
+	}
+	series := func(partition string, v float64) sample {
+		return sample{labels.FromStrings("__name__", "sluice_breaker_transitions_total", "job", "sluice", "instance", "a:8080",
+			"store", "redis", "partition", partition, "to", "open"), v}
+	}
+	before := []sample{series("", 0)}
+	after := []sample{series("", 0), series("10.0.0.2:6379", 1)}
+	if fired, _ := firing(t, opened, before, after); len(fired) != 1 {
+		t.Error("SluiceBreakerOpened does not fire for a partition's series born at 1")
+	}
+}
