@@ -372,10 +372,29 @@ func (w *evictionWatch) watch(stop <-chan struct{}, every time.Duration, client 
 		ctx, cancel := context.WithTimeout(context.Background(), min(every, redisInfoTimeout))
 		defer cancel()
 		eachNode(ctx, client, func(ctx context.Context, node *redis.Client, name string) {
-			if raw, err := node.Info(ctx, "server", "persistence", "stats", "memory", "commandstats").Result(); err == nil {
-				info, now := parseInfo(raw), time.Now()
-				w.observe(name, info, now)
-				w.marker(ctx, client, node, name, info, now)
+			// INFO and the marker's SET in one pipeline, on one connection:
+			// both answered by one server. Apart, a restart between them
+			// had the SET reach the restarted server, which had lost the
+			// key, and compared with the killed one's run_id: a flush.
+			key := w.markerKey(ctx, client, name)
+			var b [8]byte
+			rand.Read(b[:])
+			mine := hex.EncodeToString(b[:])
+			pipe := node.Pipeline()
+			infoCmd := pipe.Info(ctx, "server", "persistence", "stats", "memory", "commandstats")
+			var set *redis.StatusCmd
+			if key != "" {
+				set = pipe.SetArgs(ctx, key, mine, redis.SetArgs{Mode: "NX", Get: true})
+			}
+			pipe.Exec(ctx) // each command's error is its own
+			raw, err := infoCmd.Result()
+			if err != nil {
+				return
+			}
+			info, now := parseInfo(raw), time.Now()
+			w.observe(name, info, now)
+			if set != nil {
+				w.marker(name, key, mine, set, info, now)
 			}
 		})
 	}
@@ -391,7 +410,7 @@ const markerPrefix = "sluice:marker"
 // marker tells a FLUSHALL or FLUSHDB (or sluice's keys deleted), which
 // starts every limit afresh and which Redis reports nowhere: on every poll
 // it sets a key without a TTL, if absent, to a value of its own (SET NX
-// GET: one round trip), and reads the value there. A value other than the
+// GET, in the poll's INFO pipeline), and reads the value there. A value other than the
 // last one read, on the same server (run_id), is a flush: the key was
 // gone and this instance or another wrote it again. A restart or a
 // failover (another run_id) is told by their own lines. The key has no
@@ -401,20 +420,14 @@ const markerPrefix = "sluice:marker"
 // and told as evictions otherwise; under the other policies (volatile-*,
 // noeviction) it is a flush whatever was evicted. On a Cluster each
 // master has its own key, in one of its slots. Errors (a replica, a
-// refused write) leave it unchanged.
-func (w *evictionWatch) marker(ctx context.Context, client redis.UniversalClient, node *redis.Client, name string, info map[string]string, now time.Time) {
+// refused write) leave it unchanged. set is the SET NX GET of mine at
+// key, sent with the INFO read that gave info (see watch).
+func (w *evictionWatch) marker(name, key, mine string, set *redis.StatusCmd, info map[string]string, now time.Time) {
 	runID := info["run_id"]
 	if runID == "" {
 		return
 	}
-	key := w.markerKey(ctx, client, name)
-	if key == "" {
-		return
-	}
-	var b [8]byte
-	rand.Read(b[:])
-	mine := hex.EncodeToString(b[:])
-	found, err := node.SetArgs(ctx, key, mine, redis.SetArgs{Mode: "NX", Get: true}).Result()
+	found, err := set.Result()
 	switch {
 	case errors.Is(err, redis.Nil):
 		found = mine // it was absent: now it holds ours

@@ -1,0 +1,103 @@
+package server
+
+import (
+	"context"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice/internal/redistest"
+)
+
+// markerHook calls at before a command writing the marker key is sent,
+// alone or in a pipeline: the point of the watch's cycle after it read
+// INFO and before its marker call reaches Redis.
+type markerHook struct{ at func() }
+
+func (markerHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h markerHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		h.before([]redis.Cmder{cmd})
+		return next(ctx, cmd)
+	}
+}
+
+func (h markerHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		h.before(cmds)
+		return next(ctx, cmds)
+	}
+}
+
+func (h markerHook) before(cmds []redis.Cmder) {
+	for _, c := range cmds {
+		if args := c.Args(); len(args) > 1 && c.Name() == "set" {
+			if k, _ := args[1].(string); strings.HasPrefix(k, markerPrefix) {
+				h.at()
+				return
+			}
+		}
+	}
+}
+
+// TestFaultRedisRestartAtMarkerNotFlush: Redis killed and restarted
+// between the watch's INFO read and its marker call is a restart, never a
+// flush. Before, the marker call reached the restarted server, which had
+// lost the key, and was compared with the run_id of the INFO read from the
+// killed one: "Redis flushed ... without a restart", and a restart too on
+// the next poll.
+func TestFaultRedisRestartAtMarkerNotFlush(t *testing.T) {
+	t.Parallel()
+	const restarts = 5
+	r := redistest.StartServer(t)
+	var logs syncBuffer
+	w := newEvictionWatch(logs.TextLogger(), 50*time.Millisecond)
+	c := redis.NewClient(&redis.Options{Addr: r.Addr})
+	t.Cleanup(func() { c.Close() })
+	var armed atomic.Bool
+	at, done, stop := make(chan struct{}), make(chan struct{}), make(chan struct{})
+	c.AddHook(markerHook{at: func() {
+		if armed.CompareAndSwap(true, false) {
+			select {
+			case at <- struct{}{}:
+				select {
+				case <-done:
+				case <-stop:
+				}
+			case <-stop:
+			}
+		}
+	}})
+	ended := make(chan struct{})
+	go func() {
+		defer close(ended)
+		w.watch(stop, 50*time.Millisecond, c, func() bool { return false })
+	}()
+	t.Cleanup(func() { close(stop); <-ended })
+	// The marker read once on this server, then killed and restarted at
+	// the chosen point, each time.
+	for i := 1; i <= restarts; i++ {
+		time.Sleep(150 * time.Millisecond)
+		armed.Store(true)
+		select {
+		case <-at:
+		case <-time.After(5 * time.Second):
+			t.Fatalf("restart %d: no marker call in 5s:\n%s", i, logs.String())
+		}
+		r.Stop()
+		r.Start(t)
+		done <- struct{}{}
+		if !eventually(func() bool { return w.counts(r.Addr).restarts == int64(i) }) {
+			t.Fatalf("restart %d: %d restarts told:\n%s", i, w.counts(r.Addr).restarts, logs.String())
+		}
+	}
+	time.Sleep(200 * time.Millisecond) // a few more polls
+	if n := w.counts(r.Addr); n.flushes != 0 || n.restarts != restarts || countLines(&logs, "Redis flushed") != 0 {
+		t.Errorf("%d restarts between INFO and the marker call: %d flushes, %d restarts told, want 0 and %d:\n%s",
+			restarts, n.flushes, n.restarts, restarts, logs.String())
+	}
+}
