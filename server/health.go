@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"slices"
 	"strings"
@@ -86,6 +87,10 @@ type Health struct {
 	// failure policy answers their keys, the others' decide on Redis.
 	// Degraded while it has any.
 	parts map[string]error
+	// allParts: parts holds every known master, so the failure policy
+	// answers every decision, as with the store's breaker open (see
+	// partsLocked).
+	allParts bool
 	// masters: the Redis Cluster masters (by address) that fail the
 	// service's checks while others pass them, each with its error
 	// (classified) and since when. Degraded while it has any.
@@ -197,7 +202,7 @@ func newHealthMetrics(reg *prometheus.Registry) *healthMetrics {
 		degraded:        newGauge("sluice_degraded", "1 while decisions are degraded: the store does not answer, or the failure policy answers for it, or a Redis Cluster master fails the checks (sluice_store_node_up), or the memory store evicts keys (each starting its limit afresh), or a Sentinel client is on a master the Sentinels replaced."),
 		storeUp:         newGauge("sluice_store_up", "1 while the store (Redis) answers the service's checks."),
 		storeChanges:    newCounterVec("sluice_store_transitions_total", "Store state changes: to=down (with the cause: unreachable, stalled, auth, tls, database, sentinel_master, permission, topology, version, replicas, oom, maxclients, resharding, not_replicated) or to=up.", "to", "cause"),
-		fallbackChanges: newCounterVec("sluice_fallback_transitions_total", "Failure policy changes: to=on when the breaker opens, to=off when it closes.", "to"),
+		fallbackChanges: newCounterVec("sluice_fallback_transitions_total", "Failure policy changes: to=on when the breaker opens (or the last Redis Cluster master's of all), to=off when it closes (or one master's).", "to"),
 		partialChanges:  newCounterVec("sluice_partial_failure_transitions_total", "Partial store failures (store calls failing while the breaker stays closed and the store answers the checks): to=on with the cause (as sluice_store_transitions_total's) when one starts, to=off when it ends (a transient cause: 10s without a failed call; a permanent one: the store answering every policy that failed; or the breaker or a lost store taking over).", "to", "cause"),
 		nodeUp: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "sluice_store_node_up",
 			Help: "Redis Cluster only: 1 while the master (node: its address) passes the service's checks, 0 while it fails them (its keys' calls fail; the others' decide on Redis, unless all fail: sluice_store_up 0)."}, []string{"node"}),
@@ -421,6 +426,7 @@ func (h *Health) mastersLocked(part *redisstore.PartialError, err error) {
 			h.nodeUp(a, true)
 		}
 	}
+	h.partsLocked()
 }
 
 // setMasters records the Cluster's masters, by address, as a full check of
@@ -444,6 +450,7 @@ func (h *Health) setMasters(addrs []string) {
 			h.nodeUp(a, !failing && h.storeErr == nil)
 		}
 	}
+	h.partsLocked()
 }
 
 func (h *Health) knowLocked(addr string) {
@@ -507,7 +514,8 @@ func (h *Health) count(to, cause string) {
 // keys (resilient's per-partition breakers): on when it leaves closed,
 // off when it closes. Unlike the store's own breaker, it leaves
 // FallbackActive off (the failure policy answers only that master's
-// keys) but the instance degraded, the master named in the status.
+// keys) but the instance degraded, the master named in the status;
+// unless every master's is open (partsLocked).
 func (h *Health) partitionBreaker(partition string, on bool, why error) {
 	if h == nil {
 		return
@@ -529,6 +537,7 @@ func (h *Health) partitionBreaker(partition string, on bool, why error) {
 	}
 	if on != was {
 		h.publishLocked()
+		h.partsLocked()
 	}
 }
 
@@ -554,7 +563,23 @@ func (h *Health) fallbackActive(on bool, why error) {
 	if on == h.fallback {
 		return
 	}
+	was := h.breakerOpenLocked()
 	h.fallback = on
+	h.fallbackChangedLocked(was)
+}
+
+// breakerOpenLocked reports whether breakers keep every decision off the
+// store: the store's own, or every known Cluster master's.
+func (h *Health) breakerOpenLocked() bool { return h.fallback || h.allParts }
+
+// fallbackChangedLocked counts a change of breakerOpenLocked from was, and
+// publishes it.
+func (h *Health) fallbackChangedLocked(was bool) {
+	on := h.breakerOpenLocked()
+	if on == was {
+		h.publishLocked()
+		return
+	}
 	h.endPartialLocked()
 	to := "off"
 	if on {
@@ -564,6 +589,36 @@ func (h *Health) fallbackActive(on bool, why error) {
 		h.m.fallbackChanges.WithLabelValues(to).Inc()
 	}
 	h.publishLocked()
+}
+
+// partsLocked sets allParts: on once every master the checks know has
+// its breaker open (a Cluster down, or in a failover that took every
+// master), off when one closes or the checks find another master. The
+// failure policy then answers every decision, so FallbackActive and
+// sluice_fallback_active say so, as for the store's breaker: an alert on
+// them must not miss a whole Cluster's. One line per change: package
+// resilient logs each master's breaker, not all of them.
+func (h *Health) partsLocked() {
+	all := len(h.known) > 0
+	for a := range h.known {
+		if _, open := h.parts[a]; !open {
+			all = false
+			break
+		}
+	}
+	if all == h.allParts {
+		return
+	}
+	was := h.breakerOpenLocked()
+	h.allParts = all
+	if all {
+		h.log.Warn("every Redis Cluster master's breaker is open: the failure policy answers every decision",
+			"store", h.store, "masters", strings.Join(slices.Sorted(maps.Keys(h.known)), ","), "failure_policy", h.policy)
+	} else {
+		h.log.Info("not every Redis Cluster master's breaker is open any more: the closed ones' keys decide on Redis again",
+			"store", h.store, "open", strings.Join(slices.Sorted(maps.Keys(h.parts)), ","), "masters", len(h.known))
+	}
+	h.fallbackChangedLocked(was)
 }
 
 // setGRPC makes g's health follow readiness, for the whole server and for
@@ -619,8 +674,8 @@ func (h *Health) failed(now time.Time, policy string, err error, answered int64)
 	err = h.callErr(err)
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if h.fallback || h.storeErr != nil {
-		return // the breaker or the watch tells this failure
+	if h.breakerOpenLocked() || h.storeErr != nil {
+		return // the breakers or the watch tell this failure
 	}
 	h.runErr = err
 	h.cleared = false
@@ -664,7 +719,7 @@ func (h *Health) confirmPartial() {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.confirming = false
-	if h.runErr == nil || h.partial || h.fallback || h.storeErr != nil {
+	if h.runErr == nil || h.partial || h.breakerOpenLocked() || h.storeErr != nil {
 		return // the run ended meanwhile, or another line tells it
 	}
 	h.startPartialLocked(h.runLast)
@@ -709,7 +764,7 @@ func (h *Health) decided(policy string, src sluice.Source) {
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if h.fallback || h.storeErr != nil {
+	if h.breakerOpenLocked() || h.storeErr != nil {
 		return
 	}
 	switch src {
@@ -736,7 +791,7 @@ func (h *Health) storeAnswered(key string) {
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if h.fallback || h.storeErr != nil {
+	if h.breakerOpenLocked() || h.storeErr != nil {
 		return
 	}
 	h.answeredByLocked(policy, time.Now())
@@ -902,9 +957,10 @@ func (h *Health) fleetCounted(counted, registered bool) {
 }
 
 // answeringLocked reports whether the failure policy answers decisions:
-// the breaker keeps them off the store, or the store does not answer.
+// the breaker (or every Cluster master's) keeps them off the store, or
+// the store does not answer.
 func (h *Health) answeringLocked() bool {
-	return h.withPolicy && (h.fallback || h.storeErr != nil)
+	return h.withPolicy && (h.breakerOpenLocked() || h.storeErr != nil)
 }
 
 // policyAnswer says what the failure policy does with a decision.
@@ -919,7 +975,7 @@ func (h *Health) policyAnswer() string {
 }
 
 func (h *Health) publishLocked() {
-	h.answering.Store(h.fallback || h.storeErr != nil)
+	h.answering.Store(h.breakerOpenLocked() || h.storeErr != nil)
 	ready := h.readyLocked()
 	if h.m != nil {
 		h.m.degraded.Set(b2f(h.degradedLocked()))
@@ -987,12 +1043,14 @@ type Status struct {
 	// FailurePolicy is local, open, closed or error.
 	FailurePolicy string `json:"failure_policy"`
 	// FallbackActive: the failure policy answers decisions (the breaker
-	// is open, or the store does not answer).
+	// is open, or every Redis Cluster master's, or the store does not
+	// answer).
 	FallbackActive bool `json:"fallback_active"`
 	// OpenPartitions names the Redis Cluster masters (by address) whose
 	// own breakers are open or half-open: the failure policy answers
 	// their keys while the other masters' keys decide on Redis
-	// (FallbackActive stays false for that).
+	// (FallbackActive stays false for that, unless every master's is
+	// open).
 	OpenPartitions []string `json:"open_partitions,omitempty"`
 	// FailingMasters names the Redis Cluster masters (by address) that
 	// fail the service's checks while the others pass them: their keys'
@@ -1057,7 +1115,11 @@ func (h *Health) Status() Status {
 		if len(parts) > 1 {
 			whose = "the breakers of Redis Cluster masters " + strings.Join(parts, ", ") + " are open"
 		}
-		st.Reasons = append(st.Reasons, whose+why+": for their keys, "+h.policyAnswer()+" until a probe succeeds; the other masters' keys decide on Redis")
+		if h.allParts {
+			st.Reasons = append(st.Reasons, "the breakers of every Redis Cluster master ("+strings.Join(parts, ", ")+") are open"+why+": "+h.policyAnswer()+" for every decision until a probe succeeds")
+		} else {
+			st.Reasons = append(st.Reasons, whose+why+": for their keys, "+h.policyAnswer()+" until a probe succeeds; the other masters' keys decide on Redis")
+		}
 	}
 	for a := range h.masters {
 		st.FailingMasters = append(st.FailingMasters, a)
@@ -1085,7 +1147,7 @@ func (h *Health) Status() Status {
 	if h.sentinel != "" {
 		st.Reasons = append(st.Reasons, h.sentinel)
 	}
-	if h.partial && !h.fallback && h.storeErr == nil {
+	if h.partial && !h.breakerOpenLocked() && h.storeErr == nil {
 		why := "part of the store down?"
 		if h.runErr != nil {
 			why = cause(h.runErr) + ": " + h.runErr.Error()

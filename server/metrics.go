@@ -69,7 +69,7 @@ func NewMetrics() *Metrics {
 	m := &Metrics{
 		reg:        prometheus.NewRegistry(),
 		storeName:  "memory",
-		fallback:   newGauge("sluice_fallback_active", "1 while the failure policy answers decisions: the circuit breaker keeps them off Redis (open or half-open), or Redis does not answer the service's checks."),
+		fallback:   newGauge("sluice_fallback_active", "1 while the failure policy answers decisions: the circuit breaker keeps them off Redis (open or half-open), or every Redis Cluster master's does, or Redis does not answer the service's checks."),
 		reloads:    newCounterVec("sluice_config_reloads_total", "Configuration reloads by result (success, failure); the load at start is no reload.", "result"),
 		configTime: newGauge("sluice_config_last_reload_success_timestamp_seconds", "When the configuration in force was loaded."),
 		requests:   newCounterVec("sluice_api_requests_total", "Requests served, by API (grpc, http), endpoint (gRPC method or HTTP route) and code (gRPC status or HTTP status).", "api", "endpoint", "code"),

@@ -91,11 +91,11 @@ type StoreHealth struct {
 	// "half_open" or "open"; empty without a failure policy.
 	Breaker string `json:"breaker,omitempty"`
 	// FallbackActive is true while the failure policy decides instead of
-	// Redis (the breaker open or half-open).
+	// Redis (the breaker open or half-open, or every Cluster master's).
 	FallbackActive bool `json:"fallback_active"`
 	// OpenPartitions names the Redis Cluster masters (by address) whose
 	// own breakers are open or half-open: the failure policy decides
-	// their keys only.
+	// their keys only (every key once all are: FallbackActive).
 	OpenPartitions []string `json:"open_partitions,omitempty"`
 }
 

@@ -4,7 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
+	"maps"
+	"net/http"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -322,5 +326,124 @@ func TestFaultServeStartsWithClusterMasterStopped(t *testing.T) {
 	}
 	if _, st := p.getJSON(t, "/v1/status"); !strings.Contains(fmt.Sprint(st["reasons"]), stopped.Addr) {
 		t.Errorf("status %v: want the stopped master named", st)
+	}
+}
+
+// TestFaultServeClusterEveryBreakerOpen: every master of three stops
+// (SIGSTOP) while the service's checks, an hour apart, have not found the
+// store lost: each master's breaker opens, and once all are open the
+// failure policy answers every decision, which /v1/status
+// (fallback_active), sluice_fallback_active and
+// sluice_fallback_transitions_total say, with one line, as for the store's
+// own breaker. Masters back: their breakers close and they say so again.
+// Before, fallback_active stayed false throughout, and an alert on
+// sluice_fallback_active missed a whole Cluster's fallback.
+func TestFaultServeClusterEveryBreakerOpen(t *testing.T) {
+	race.SkipTiming(t)
+	cl := redistest.StartCluster(t, &redistest.ClusterOptions{Args: []string{"--cluster-require-full-coverage", "no"}})
+	const limit = "fixed_window 1000000000/1h"
+	config := writeConfig(t, "domain: d\npolicies:\n  - name: api\n    limit: "+limit+"\n")
+	fp, _, err := ParseFailurePolicy("local")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var logs syncBuffer
+	srv := runServer(t, Options{ConfigFile: config, RedisURL: cl.URL(), FailurePolicy: fp, StoreCheckInterval: time.Hour,
+		DecisionTimeout: 50 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	p := &proc{http: srv.HTTPAddr(), grpc: srv.GRPCAddr()}
+	logged(t, &logs, "Redis checked")
+	// Keys on every master, under load throughout.
+	const keys = 30
+	masters := map[string]bool{}
+	for i := range keys {
+		masters[cl.MasterOf(t, redisHashTag(t, "api", limit, fmt.Sprint("k", i))).Addr] = true
+	}
+	if len(masters) != 3 {
+		t.Fatalf("%d keys on masters %v, want all three", keys, masters)
+	}
+	stop := keepCalling(6, 5*time.Millisecond, func(w int) {
+		for i := w; i < keys; i += 6 {
+			sendKey(p, "api", fmt.Sprint("k", i))
+		}
+	})
+	defer stop()
+	status := func() map[string]any {
+		_, st := p.getJSON(t, "/v1/status")
+		return st
+	}
+	if st := status(); st["fallback_active"] != false {
+		t.Fatalf("status %v with every master up, want fallback_active false", st)
+	}
+	resumed := map[*redistest.Node]bool{}
+	for _, n := range cl.Nodes {
+		n.Pause(t)
+	}
+	t.Cleanup(func() {
+		for _, n := range cl.Nodes {
+			if !resumed[n] {
+				n.Resume(t)
+			}
+		}
+	})
+	var st map[string]any
+	for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		if st = status(); fmt.Sprint(st["open_partitions"]) == fmt.Sprint(slices.Sorted(maps.Keys(masters))) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("every master stopped for 15s under load: status %v, want every breaker open", st)
+		}
+	}
+	st = status()
+	if st["fallback_active"] != true || fmt.Sprint(st["store"].(map[string]any)["up"]) != "true" {
+		t.Errorf("status %v: want fallback_active true, the store not lost (no check since the start)", st)
+	}
+	if !strings.Contains(fmt.Sprint(st["reasons"]), "the breakers of every Redis Cluster master") {
+		t.Errorf("status reasons %v: want every master's breaker named open", st["reasons"])
+	}
+	for series, want := range map[string]string{"sluice_fallback_active": "1",
+		`sluice_fallback_transitions_total{to="on"}`: "1", `sluice_fallback_transitions_total{to="off"}`: "0"} {
+		if got := scrapedMetric(t, p, series); got != want {
+			t.Errorf("%s = %q with every master's breaker open, want %s", series, got, want)
+		}
+	}
+	logged(t, &logs, "every Redis Cluster master's breaker is open", "level=WARN", "failure_policy=local")
+
+	// Two masters back (one alone, a minority, answers CLUSTERDOWN).
+	for _, n := range cl.Nodes[:2] {
+		n.Resume(t)
+		resumed[n] = true
+	}
+	stopped := cl.Nodes[2].Addr
+	for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		if st = status(); st["fallback_active"] == false {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("two masters back for 15s under load: status %v, want fallback_active false", st)
+		}
+	}
+	// One closed breaker is enough: the other may await its probes.
+	if parts, _ := st["open_partitions"].([]any); len(parts) == 0 || len(parts) > 2 || !slices.Contains(parts, any(stopped)) {
+		t.Errorf("open_partitions %v with two masters back, want %s's and at most one other", parts, stopped)
+	}
+	for series, want := range map[string]string{"sluice_fallback_active": "0",
+		`sluice_fallback_transitions_total{to="on"}`: "1", `sluice_fallback_transitions_total{to="off"}`: "1"} {
+		if got := scrapedMetric(t, p, series); got != want {
+			t.Errorf("%s = %q with masters' breakers closed, want %s", series, got, want)
+		}
+	}
+	logged(t, &logs, "not every Redis Cluster master's breaker is open any more", "level=INFO")
+	if n := countLines(&logs, `msg="every Redis Cluster master's breaker is open`); n != 1 {
+		t.Errorf("%d lines for one whole-Cluster fallback, want 1:\n%s", n, logs.String())
+	}
+}
+
+// sendKey posts a check of key under policy to p and drops the answer.
+func sendKey(p *proc, policy, key string) {
+	resp, err := http.Post("http://"+p.http+"/v1/check", "application/json", strings.NewReader(`{"policy":"`+policy+`","key":"`+key+`"}`))
+	if err == nil {
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
 	}
 }
