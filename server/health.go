@@ -76,10 +76,13 @@ type Health struct {
 	// evidence; else when it came back (or the service started).
 	since time.Time
 	// firstFail is the start of the earliest failed check or store call
-	// since answeredAt, the start of the last check the store passed:
-	// the watch declares the store lost a check or more after its first
-	// failure, and the outage is counted from there.
+	// since answeredAt, the start of the last check the store passed or
+	// of the last call it answered (once a failure awaited): the watch
+	// declares the store lost a check or more after its first failure,
+	// and the outage is counted from there. failPending mirrors
+	// !firstFail.IsZero() for callAnswered, off the lock.
 	firstFail, answeredAt time.Time
+	failPending           atomic.Bool
 	fallback              bool
 	openedBy              error // the call error that opened the breaker, while open
 	// parts: the Redis Cluster masters (by address) whose own breakers
@@ -312,6 +315,7 @@ func (h *Health) checked(n uint64, start time.Time, err error) {
 		}
 		if h.firstFail.Before(start) {
 			h.firstFail = time.Time{}
+			h.failPending.Store(false)
 		}
 	} else {
 		h.failedAtLocked(start)
@@ -345,6 +349,7 @@ func (h *Health) checked(n uint64, start time.Time, err error) {
 			h.since = h.firstFail
 		}
 		h.firstFail = time.Time{}
+		h.failPending.Store(false)
 	}
 	h.publishLocked()
 	h.log.Log(context.Background(), causeLevel(err), msg, "store", h.store, "cause", cause(err),
@@ -491,6 +496,29 @@ func (h *Health) failedAtLocked(t time.Time) {
 	}
 	if h.firstFail.IsZero() || t.Before(h.firstFail) {
 		h.firstFail = t
+		h.failPending.Store(true)
+	}
+}
+
+// callAnswered records a store call Redis answered, which took latency:
+// a failure that started before it was an isolated one (a timeout under
+// load, Redis answering the next calls), not an outage's first, as a
+// check passed since would say. Without it, a timeout between two checks
+// stayed the outage's start if Redis went before the next check. No lock
+// unless a failure awaits.
+func (h *Health) callAnswered(latency time.Duration) {
+	if h == nil || !h.failPending.Load() {
+		return
+	}
+	start := time.Now().Add(-latency)
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if start.After(h.answeredAt) {
+		h.answeredAt = start
+	}
+	if !h.firstFail.IsZero() && h.firstFail.Before(start) {
+		h.firstFail = time.Time{}
+		h.failPending.Store(false)
 	}
 }
 
@@ -1610,6 +1638,7 @@ func (o healthObserver) ObserveStore(e sluice.StoreEvent) {
 	case e.Err == nil:
 		if e.Source == sluice.SourceBackend {
 			o.h.storeAnswered(e.Key)
+			o.h.callAnswered(e.Latency)
 		}
 	case byPolicy && (e.Op == "take" || e.Op == "peek" || e.Op == "take_all" || e.Op == "acquire"):
 		o.h.failedCall(time.Now(), o.h.policyKey(e.Key), e.Err)

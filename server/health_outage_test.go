@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/internal/race"
+	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/redisstore"
 )
 
@@ -247,4 +248,63 @@ func serveErrorPolicy(t *testing.T, r *redisProc) *proc {
 	t.Helper()
 	return startSluice(t, nil, "--config", "testdata/envoy-example.yaml", "--redis", r.url(),
 		"--failure-policy", "error", "--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0", "--watch-interval", "0")
+}
+
+// TestFaultIsolatedTimeoutNotOutageStart: a decision that timed out while
+// Redis went on answering (CLIENT PAUSE of 150 ms, against a 50 ms
+// decision timeout) is not the start of an outage that comes later
+// without a check between: once Redis is killed, the store lost's since,
+// and the store back's down_for, count from the kill's failures. Before,
+// they counted from that timeout, as TestFaultDownForFromFirstFailure/kill
+// once saw under load (a timeout 260 ms before the kill, down_for over its
+// bound).
+func TestFaultIsolatedTimeoutNotOutageStart(t *testing.T) {
+	race.SkipTiming(t)
+	r := redistest.StartServer(t)
+	config := writeConfig(t, "domain: d\npolicies:\n  - name: api\n    limit: fixed_window 1000000000/1h\n")
+	fp, _, err := ParseFailurePolicy("local")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var logs syncBuffer
+	// No check of the watch's in the test's span: the test checks, as
+	// the watch would, when it means to.
+	srv := runServer(t, Options{ConfigFile: config, RedisURL: "redis://" + r.Addr, FailurePolicy: fp, StoreCheckInterval: time.Hour,
+		DecisionTimeout: 50 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	p := &proc{http: srv.HTTPAddr(), grpc: srv.GRPCAddr()}
+	stop := keepCalling(2, 2*time.Millisecond, func(int) { sendKey(p, "api", "k") })
+	defer stop()
+	time.Sleep(300 * time.Millisecond)
+	if err := r.Client(t).Do(context.Background(), "CLIENT", "PAUSE", "150", "ALL").Err(); err != nil {
+		t.Fatal(err)
+	}
+	logged(t, &logs, "failure policy answered failed calls (breaker still closed)")
+	time.Sleep(500 * time.Millisecond) // Redis answers the decisions again
+	killed := time.Now()
+	r.Stop()
+	time.Sleep(200 * time.Millisecond) // decisions fail
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	if err := srv.health.check(ctx); err == nil {
+		t.Fatal("the check passed with Redis killed")
+	}
+	st := srv.health.Status()
+	// The decisions in flight at the kill started within the decision
+	// timeout before it.
+	if early := killed.Sub(st.Store.Since); st.Store.Up || early > 100*time.Millisecond {
+		t.Errorf("store up %v, since %v before the kill, want lost, since at most 100ms before it (the pause's timeouts were over 500ms before):\n%s",
+			st.Store.Up, early, logs.String())
+	}
+	r.Start(t)
+	if err := srv.health.check(ctx); err != nil {
+		t.Fatalf("check with Redis back: %v", err)
+	}
+	line := logged(t, &logs, `msg="store back"`)
+	downFor, err := time.ParseDuration(logValue(line, "down_for"))
+	if err != nil {
+		t.Fatalf("store back line %q: %v", line, err)
+	}
+	if hi := time.Since(killed); downFor > hi {
+		t.Errorf("down_for=%v, want at most %v, the kill to the line", downFor, hi)
+	}
 }
