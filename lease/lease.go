@@ -173,7 +173,9 @@
 // the units go back into the lease; admitted after the lease ended, the
 // policy answers for its units too, not the store's Take of the whole
 // cost again. A Peek whose return of an ended lease's units was held back
-// or failed is answered likewise, by resilient.Store.PeekByPolicy. A
+// or failed is answered likewise, by resilient.Store.PeekByPolicy, and a
+// Peek beyond a live lease's units whose store Peek the policy denied is
+// that denial (the store is not asked again for the wait). A
 // request that waited for a grant that others then spent
 // goes to the store's Take, not to a grant of its own in turn. A
 // return held back or failed is not resent (a resent return would make
@@ -2355,7 +2357,9 @@ func (s *Store) Peek(ctx context.Context, key string, limit sluice.Limit, cost i
 	// which the store would take back k, or spend k of them with the
 	// store's: count them, as that Take would.
 	d, err := s.granter.Peek(ctx, key, limit, cost-k)
-	if err != nil || d.Allowed {
+	if err != nil || d.Allowed || byPolicy([]sluice.Decision{d}) {
+		// A policy's denial is the answer: the store did not answer, and
+		// asking it for the wait would wait once more.
 		d.Remaining += k
 		return d, err
 	}

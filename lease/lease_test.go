@@ -1613,6 +1613,9 @@ func (g *stallGrant) Take(ctx context.Context, key string, l sluice.Limit, cost 
 
 func (g *stallGrant) Peek(ctx context.Context, key string, l sluice.Limit, cost int64) (sluice.Decision, error) {
 	g.calls.Add(1)
+	if g.fail.Load() {
+		return g.policy(key, l), nil
+	}
 	return g.Store.Peek(ctx, key, l, cost)
 }
 
@@ -1795,6 +1798,31 @@ func TestTakeTopUpAnsweredByPolicy(t *testing.T) {
 	}
 	if c, pa := g.calls.Load(), g.policyAlls.Load(); c != 2 || pa != 1 {
 		t.Errorf("%d store calls, %d policy answers; want 2 (the Takes the policy answered), 1 (for the lease's 2 units)", c, pa)
+	}
+}
+
+// A Peek of more than a live lease's units, when the failure policy
+// answers the store's Peek of the rest with a denial, is that denial: a
+// sliding window counter's wait is not asked of the store's Peek (a
+// second timeout on a store that does not answer).
+func TestPeekLiveUnitsAnsweredByPolicy(t *testing.T) {
+	t.Parallel()
+	clock := storetest.NewClock(storetest.T0)
+	g := &stallGrant{Store: newMemory(t, clock), deny: map[string]bool{"x": true}}
+	s, err := lease.New(g, &lease.Options{Size: 10, Clock: clock.Now, For: func(string, sluice.Limit) time.Duration { return time.Second }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := sluice.PerSecond(100).WithAlgorithm(sluice.SlidingWindowCounter)
+	take(t, s, "x", l, 1) // x's lease holds 9 units
+	g.fail.Store(true)
+	calls := g.calls.Load()
+	d, err := s.Peek(ctx, "x", l, 12)
+	if err != nil || d.Allowed || d.Source != sluice.SourceFallback || d.Remaining != 9 {
+		t.Errorf("Peek of 12, the policy denying: %+v, %v; want its denial, 9 remaining (the lease's)", d, err)
+	}
+	if c := g.calls.Load() - calls; c != 1 {
+		t.Errorf("%d store calls, want 1: the Peek the policy answered, none for the wait", c)
 	}
 }
 

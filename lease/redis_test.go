@@ -1204,6 +1204,54 @@ func TestFaultLeasePeekStallOneTimeout(t *testing.T) {
 	}
 }
 
+// A Peek of a sliding window counter's key whose live lease holds fewer
+// units than the cost, with Redis stopped (SIGSTOP) and a breaker that
+// does not open: the store's Peek of the rest times out and the failure
+// policy denies (FailClosed), which is the answer. Before, the wait for
+// the whole cost was asked of the store's Peek too: a second timeout.
+func TestFaultLeasePeekLiveUnitsOneTimeout(t *testing.T) {
+	race.SkipTiming(t)
+	srv := redistest.StartServer(t)
+	client := redis.NewClient(&redis.Options{Addr: srv.Addr, ContextTimeoutEnabled: true})
+	t.Cleanup(func() { client.Close() })
+	const timeout, d, samples = 200 * time.Millisecond, 500 * time.Millisecond, 12
+	rs, err := resilient.New(redisstore.New(client, &redisstore.Options{Prefix: redistest.Prefix(t)}), &resilient.Options{
+		Timeout: timeout, DeadAfter: 5 * time.Second, MinCalls: 100_000, Policy: resilient.FailClosed,
+		Logger: slog.New(slog.DiscardHandler),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { rs.Close() })
+	s, err := lease.New(rs, &lease.Options{MaxStaleness: d, Size: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := sluice.PerSecond(100_000).WithAlgorithm(sluice.SlidingWindowCounter)
+	var lat []time.Duration
+	for i := range samples {
+		key, cost := fmt.Sprint("peeklive", i), int64(10+i%8)
+		if dec := take(t, s, key, l, 1); dec.Source != sluice.SourceBackend {
+			t.Fatalf("first take = %+v; want a grant", dec)
+		}
+		srv.Pause(t)
+		t0 := time.Now()
+		dec, err := s.Peek(ctx, key, l, cost) // the lease holds 9
+		took := time.Since(t0)
+		srv.Resume(t)
+		if err != nil || dec.Allowed || dec.Source != sluice.SourceFailClosed {
+			t.Fatalf("Peek of %d with Redis stopped = %+v, %v; want the failure policy's denial", cost, dec, err)
+		}
+		lat = append(lat, took)
+	}
+	slices.Sort(lat)
+	p90, worst := lat[len(lat)*9/10], lat[len(lat)-1]
+	t.Logf("Peek beside a live lease with Redis stopped, timeout %v: median %v, p90 %v, max %v", timeout, lat[len(lat)/2], p90, worst)
+	if p90 > timeout*7/4 || worst > 5*timeout {
+		t.Errorf("Peek with Redis stopped: p90 %v, max %v; want p90 ≤ %v, max ≤ %v (one timeout, %v)", p90, worst, timeout*7/4, 5*timeout, timeout)
+	}
+}
+
 // A TakeAll of 1 to 4 leased checks, with Redis stopped (SIGSTOP) and a
 // breaker that does not open (as before DeadAfter, or under a partial
 // stall), waits for one timeout, as a Take does: the first grant that
