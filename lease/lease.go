@@ -511,6 +511,7 @@ type lease struct {
 	end      int64        // window algorithms: spendable while now < end; 0: no end
 	deny     int64        // a zero grant is remembered until then: at most D
 	quiet    int64        // until then a TakeAll's refill is the store's Take (see Store.quiet)
+	forTake  bool         // the current grant was made for a Take, not a TakeAll's check
 	retry    int64        // when that grant's store expected a unit again
 	short    int64        // a grant could not cover this cost: such costs go to the store
 	shortEnd int64        // until then, D after that grant's send
@@ -1437,6 +1438,7 @@ func (s *Store) refill(ctx context.Context, l *lease, key string, limit sluice.L
 	l.grant, h.rest = g, g.Remaining
 	l.setUnits(h, g.Granted)
 	l.sent, l.until, l.end = sent, sent+int64(stale), 0
+	l.forTake = !layered
 	if g.Window > 0 {
 		l.end = sent + int64(g.Window)
 	}
@@ -1885,8 +1887,9 @@ func (s *Store) giveBack(ctx context.Context, key string, limit sluice.Limit, g 
 // met after the Store's 2^20th is never leased, see the package doc). Two
 // checks on one key under one algorithm are sluice.ErrInvalidKey. Over a
 // MultiStore, when other checks deny for D or longer, a GCRA or bucket
-// check's lease gives its units back at once, and for D that key's refills
-// in TakeAlls are the store's Take with the others, not grants (see quiet).
+// check's lease gives its units back at once (not one granted for a Take:
+// the key's single requests spend it), and for D that key's refills in
+// TakeAlls are the store's Take with the others, not grants (see quiet).
 // Over a failure policy (resilient), a TakeAll sends no call after one the
 // store did not answer: the policy answers what the leases cannot (see
 // "Failure policies" in the package doc).
@@ -2234,7 +2237,8 @@ func (s *Store) quietAll(ctx context.Context, reqs []sluice.Request, stale []tim
 // every D, each process's refill for a request the window then denied.
 // So its units go back now, young, and for D its TakeAlls' refills are
 // the store's Take, all or nothing with the other checks, not grants.
-// Returns keep the bound (see "The bound"); exact Takes are exact.
+// A lease granted for a Take keeps them: the key's single requests
+// spend it. Returns keep the bound (see "The bound"); exact Takes are exact.
 func (s *Store) quiet(ctx context.Context, l *lease, key string, limit sluice.Limit, stale time.Duration) error {
 	sh := l.sh
 	sh.mu.Lock()
@@ -2245,7 +2249,9 @@ func (s *Store) quiet(ctx context.Context, l *lease, key string, limit sluice.Li
 		return nil
 	}
 	l.quiet = max(l.quiet, now+int64(stale))
-	if h.units == 0 || l.granting {
+	if h.units == 0 || l.granting || l.forTake {
+		// A Take's lease is spent by the key's Takes: given back young at
+		// every such denial, it lost a unit per Interval of its age.
 		sh.mu.Unlock()
 		return nil
 	}

@@ -2379,20 +2379,21 @@ func TestTakeAllSpendsLastUnits(t *testing.T) {
 		t.Fatalf("store: %+v, %v; want 8 left", p, err)
 	}
 	// b is spent: the next TakeAll is denied, and a's lease keeps its
-	// units (a grant of the store's 8, 2 spent by a request of 2) while
-	// they can be spent: b denies for a minute, longer than the lease
-	// lives, so they go back to the store at once, all of them at age 0
-	// (see TestSiblingDenialReturnsLease).
+	// units (a grant of the store's 8, 2 spent by a request of 2). b
+	// denies for a minute, longer than the lease lives, but the lease was
+	// granted for a Take: its units stay for the key's Takes (see
+	// TestSiblingDenialKeepsTakesLease; one granted for a TakeAll goes
+	// back at once, TestSiblingDenialReturnsLease).
 	take(t, s, "a", la, 2)
 	reqs[0].Cost = 9
 	if ds, err := s.TakeAll(ctx, reqs); err != nil || ds[1].Allowed {
 		t.Fatalf("TakeAll = %+v, %v; want b denied", ds, err)
 	}
-	if d, err := s.Peek(ctx, "a", la, 6); err != nil || !d.Allowed {
-		t.Fatalf("a after the denial: %+v, %v; want its lease's 6 kept", d, err)
+	if d, err := m.Peek(ctx, "a", la, 1); err != nil || d.Allowed {
+		t.Fatalf("the store after the denial: %+v, %v; want nothing back", d, err)
 	}
-	if d, err := m.Peek(ctx, "a", la, 6); err != nil || !d.Allowed {
-		t.Fatalf("the store after the denial: %+v, %v; want the lease's 6 back", d, err)
+	if d := take(t, s, "a", la, 6); !d.Allowed || d.Source != sluice.SourceLease {
+		t.Fatalf("a after the denial: %+v; want its lease's 6 kept", d)
 	}
 }
 
