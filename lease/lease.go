@@ -175,7 +175,8 @@
 // cost again. A Peek whose return of an ended lease's units was held back
 // or failed is answered likewise, by resilient.Store.PeekByPolicy, and a
 // Peek beyond a live lease's units whose store Peek the policy denied is
-// that denial (the store is not asked again for the wait). A
+// that denial (no wait after a policy's denial is asked of the store, a
+// Take's top-up included). A
 // request that waited for a grant that others then spent
 // goes to the store's Take, not to a grant of its own in turn. A
 // return held back or failed is not resent (a resent return would make
@@ -2386,6 +2387,11 @@ func (s *Store) withUnits(ctx context.Context, d sluice.Decision, key string, li
 func (s *Store) waitFor(ctx context.Context, d sluice.Decision, key string, limit sluice.Limit, cost, k int64) (sluice.Decision, error) {
 	switch limit.Algorithm {
 	case sluice.SlidingWindowCounter:
+		if byPolicy([]sluice.Decision{d}) {
+			// The store did not answer: asking it for the wait would wait
+			// once more. The policy's answer stands.
+			break
+		}
 		// When cost units will be there depends on the previous window's
 		// count: the store's wait for all of them is an upper bound.
 		full, err := s.granter.Peek(ctx, key, limit, cost)

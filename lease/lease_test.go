@@ -1580,6 +1580,7 @@ type stallGrant struct {
 	policyTakes, policyPeeks atomic.Int64 // the checks taken and peeked
 	policyAlls               atomic.Int64 // the TakeAllByPolicy calls
 	during                   func()       // when set, called by each Take the policy answers
+	answered                 func()       // when set, called by each Take the store answers
 }
 
 var errStalled = fmt.Errorf("%w: timed out", resilient.ErrNoGrant)
@@ -1607,6 +1608,9 @@ func (g *stallGrant) Take(ctx context.Context, key string, l sluice.Limit, cost 
 			g.during()
 		}
 		return g.policy(key, l), nil
+	}
+	if g.answered != nil {
+		defer g.answered()
 	}
 	return g.Store.Take(ctx, key, l, cost)
 }
@@ -1798,6 +1802,37 @@ func TestTakeTopUpAnsweredByPolicy(t *testing.T) {
 	}
 	if c, pa := g.calls.Load(), g.policyAlls.Load(); c != 2 || pa != 1 {
 		t.Errorf("%d store calls, %d policy answers; want 2 (the Takes the policy answered), 1 (for the lease's 2 units)", c, pa)
+	}
+}
+
+// A Take topped up from a lease that ended while the store took the rest,
+// whose next Take of the rest the failure policy denies, is that denial:
+// a sliding window counter's wait is not asked of the store's Peek (a
+// second timeout on a store that does not answer).
+func TestTakeRestDeniedByPolicyNoWait(t *testing.T) {
+	t.Parallel()
+	clock := storetest.NewClock(storetest.T0)
+	g := &stallGrant{Store: newMemory(t, clock), deny: map[string]bool{"x": true}}
+	s, err := lease.New(g, &lease.Options{Size: 10, Clock: clock.Now, For: func(string, sluice.Limit) time.Duration { return time.Second }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := sluice.PerMinute(6000).WithAlgorithm(sluice.SlidingWindowCounter) // a window longer than the lease
+	take(t, s, "x", l, 8)                                                  // x's lease holds 2 units until 1s
+	clock.Advance(900 * time.Millisecond)
+	g.answered = func() {
+		// The lease ends while the store takes the rest; then the store
+		// stops answering.
+		g.answered = nil
+		clock.Advance(200 * time.Millisecond)
+		g.fail.Store(true)
+	}
+	calls := g.calls.Load()
+	if d := take(t, s, "x", l, 3); d.Allowed || d.Source != sluice.SourceFallback {
+		t.Errorf("x's 3 units, the policy denying the rest: %+v; want its denial", d)
+	}
+	if c := g.calls.Load() - calls; c != 2 {
+		t.Errorf("%d store calls, want 2: the Take the store answered, the one the policy answered, no Peek for the wait", c)
 	}
 }
 
