@@ -143,21 +143,42 @@ func TestFaultServeSlowRedisStaysInUse(t *testing.T) {
 	}
 }
 
-// TestFaultServeColdStartWarm: `sluice serve` started on a Redis 40ms away
-// (round trip), its script cache empty, decision timeout 50ms: its first
-// decisions, 8 at once, are Redis's and its breaker never opens, since the
-// store is warmed (connections dialled, scripts loaded) before it serves.
-// Cold, every one of the first calls paid a handshake or a NOSCRIPT and
-// EVAL over the timeout, and the breaker opened once at start.
+// TestFaultServeColdStartWarm: `sluice serve` started on a Redis 200ms
+// away (round trip), its script cache empty, decision timeout 300ms: its
+// first decisions, 8 at once, are Redis's, none meets a NOSCRIPT or dials
+// a connection, and its breaker never opens, since the store is warmed
+// (connections dialled, scripts loaded) before it serves. Cold, every one
+// of the first calls paid a handshake or a NOSCRIPT and EVAL, two round
+// trips or more, over the timeout, and the breaker opened once at start.
+//
+// The timeout is 1.5 round trips, so that a warm call has half a round
+// trip to spare and a cold one overshoots by as much: with 40ms and 50ms a
+// loaded machine's 10ms of scheduling delay sent a whole batch of warm
+// calls to the fallback.
 func TestFaultServeColdStartWarm(t *testing.T) {
 	race.SkipTiming(t)
 	srv := redistest.StartServer(t)
-	srv.Client(t).ScriptFlush(t.Context())
+	rc := srv.Client(t)
+	rc.ScriptFlush(t.Context())
 	proxy := redistest.StartDelayProxy(t, srv.Addr)
-	proxy.SetDelay(20 * time.Millisecond)
+	proxy.SetDelay(100 * time.Millisecond)
 	file := writeConfig(t, slowRedisConfig)
 	p := startSluice(t, nil, "--config", file, "--redis", "redis://"+proxy.Addr, "--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0",
-		"--watch-interval", "0", "--failure-policy", "local", "--decision-timeout", "50ms")
+		"--watch-interval", "0", "--failure-policy", "local", "--decision-timeout", "300ms")
+	// The start's own access check meets one NOSCRIPT, before the warm-up.
+	noScript := func() string {
+		info, err := rc.Info(t.Context(), "errorstats").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for line := range strings.Lines(info) {
+			if rest, ok := strings.CutPrefix(strings.TrimSpace(line), "errorstat_NOSCRIPT:"); ok {
+				return rest
+			}
+		}
+		return "count=0"
+	}
+	scripts, dialled := noScript(), proxy.Accepted()
 	var mu sync.Mutex
 	sources := map[string]int{}
 	var wg sync.WaitGroup
@@ -174,6 +195,12 @@ func TestFaultServeColdStartWarm(t *testing.T) {
 	wg.Wait()
 	if sources[""] != 40 {
 		t.Errorf("first 40 decisions by source %v, want all 40 from Redis", sources)
+	}
+	if got := noScript(); got != scripts {
+		t.Errorf("NOSCRIPT errors at Redis %s after the first decisions, %s before: a script was not loaded by the warm-up", got, scripts)
+	}
+	if got := proxy.Accepted() - dialled; got != 0 {
+		t.Errorf("the first decisions dialled %d Redis connections, want none: the warm-up dials them", got)
 	}
 	if got := scrapedMetric(t, p, `sluice_breaker_transitions_total{partition="",store="redis",to="open"}`); got != "" && got != "0" {
 		t.Errorf("the breaker opened %s times at start", got)
