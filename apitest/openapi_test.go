@@ -464,6 +464,7 @@ func TestClusterFieldsDocumented(t *testing.T) {
 			Ready: true, Degraded: true, Reasons: []string{"a master"}, FailurePolicy: "local",
 			OpenPartitions: masters, FailingMasters: masters,
 			Store: server.StoreStatus{Kind: "redis", Up: true, Since: time.Now()}, Admin: "token",
+			Config: &server.ConfigStatus{Version: 1, LoadedAt: time.Now()},
 		},
 		"StoreHealth": server.StoreHealth{Store: "redis", Mode: "cluster", Breaker: "open", OpenPartitions: masters},
 	} {
@@ -476,4 +477,60 @@ func TestClusterFieldsDocumented(t *testing.T) {
 			t.Errorf("%s %s does not match the document: %s", name, body, describe(errs))
 		}
 	}
+}
+
+// A rejected reload's config object in /v1/status matches the document, and
+// the next good reload's does too.
+func TestRejectedReloadDocumented(t *testing.T) {
+	v, _ := loadDocument(t)
+	file := filepath.Join(t.TempDir(), "sluice.yaml")
+	write := func(s string) {
+		t.Helper()
+		if err := os.WriteFile(file, []byte(s), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write(config)
+	srv, err := server.New(server.Options{ConfigFile: file, HTTPAddr: "127.0.0.1:0", GRPCAddr: "127.0.0.1:0",
+		WatchInterval: -1, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Shutdown(context.Background()) })
+	base := "http://" + srv.HTTPAddr()
+	status := func(t *testing.T, want string) {
+		t.Helper()
+		req, resp, body := send(t, base, exchange{name: "status", method: "GET", path: "/v1/status", status: 200, valid: true})
+		if ok, errs := v.ValidateHttpResponse(req, resp); !ok {
+			t.Errorf("%d response does not match the document: %s\n%s", resp.StatusCode, describe(errs), truncate(body))
+		}
+		if !strings.Contains(string(body), want) {
+			t.Errorf("status %s lacks %s", body, want)
+		}
+	}
+	for _, bad := range []string{
+		"policies:\n  - name: a\n    limit: 5/fortnight\n  - name: b\n    limit: x\n", // two positioned problems
+		"policies: []\n", // a problem of the file as a whole
+	} {
+		write(bad)
+		if err := srv.Reload(); err == nil {
+			t.Fatalf("%q reloaded", bad)
+		}
+		status(t, `"rejected":`)
+	}
+	if err := os.Remove(file); err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Reload(); err == nil {
+		t.Fatal("a missing file reloaded")
+	}
+	status(t, `"rejected":`)
+	write(config)
+	if err := srv.Reload(); err != nil {
+		t.Fatal(err)
+	}
+	status(t, `"config":{"version":2,`)
 }

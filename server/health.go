@@ -1089,6 +1089,9 @@ type Status struct {
 	// Admin says whether admin endpoints (reset) are enabled, and how:
 	// "token", "loopback", "insecure" or "disabled".
 	Admin string `json:"admin"`
+	// Config is the configuration in force and a rejected reload's errors
+	// (set by the handler, not by Health).
+	Config *ConfigStatus `json:"config,omitempty"`
 }
 
 // Status reports the current state.

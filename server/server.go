@@ -608,6 +608,7 @@ func (s *Server) Reload() error {
 	}
 	if err != nil {
 		s.metrics.reload(false)
+		s.svc.rejectConfig(s.opts.ConfigFile, err)
 		s.log.Error("config reload rejected; keeping the configuration in force", "err", err)
 		return err
 	}
@@ -629,6 +630,7 @@ func (s *Server) watch() {
 			if err.Error() != listErr {
 				listErr = err.Error()
 				s.metrics.reload(false)
+				s.svc.rejectConfig(s.opts.ConfigFile, err)
 				s.log.Error("config reload rejected; keeping the configuration in force", "file", s.opts.ConfigFile, "err", err)
 			}
 			return

@@ -112,6 +112,11 @@ type Service struct {
 	shadowMu      sync.Mutex
 	shadowFailing map[string]bool
 	shadowN       atomic.Int32
+
+	// rejected: why the configuration files on disk are not the one in
+	// force; nil once SetConfig swaps one in.
+	rejectedMu sync.Mutex
+	rejected   *ConfigRejection
 }
 
 // maxUnknownDomains bounds the unknown domains remembered (each is logged
@@ -216,6 +221,7 @@ type snapshot struct {
 	// version travels with cfg, so whoever reads it can rely on
 	// Config returning that configuration or a newer one.
 	version uint64
+	loaded  time.Time // when SetConfig swapped it in
 }
 
 // Config returns the configuration in force (an empty one for a zero
@@ -258,7 +264,7 @@ func (s *Service) SetConfig(cfg *config.Config) {
 	}
 	s.metrics.configured(counted)
 	snap := &snapshot{cfg: cfg, bases: make(map[*config.Policy]string, len(cfg.Policies)), stems: map[*enforce.Rule]string{},
-		policies: make(map[string]string, len(cfg.Policies)), version: s.version.Add(1)}
+		policies: make(map[string]string, len(cfg.Policies)), version: s.version.Add(1), loaded: s.clock()}
 	snap.rings = s.stats.setPolicies(counted)
 	s.mon.setPolicies(cfg.Policies)
 	for _, p := range cfg.Policies {
@@ -275,7 +281,104 @@ func (s *Service) SetConfig(cfg *config.Config) {
 			snap.leases[snap.bases[p]] = p.Lease
 		}
 	}
+	// Under rejectedMu, so that a rejection recorded after this swap is
+	// never cleared by it.
+	s.rejectedMu.Lock()
 	s.snap.Store(snap)
+	s.rejected = nil
+	s.rejectedMu.Unlock()
+}
+
+// ConfigStatus is the configuration part of /v1/status: the one in force
+// and, while the files on disk are rejected, why.
+type ConfigStatus struct {
+	// Version is /v1/stats's config_version of the configuration in force.
+	Version uint64 `json:"version"`
+	// LoadedAt is when it was loaded (at start or by a reload).
+	LoadedAt time.Time `json:"loaded_at"`
+	// Rejected is set while the last reload was rejected: the files on
+	// disk are not what runs. The next successful reload clears it.
+	Rejected *ConfigRejection `json:"rejected,omitempty"`
+}
+
+// ConfigRejection is why the configuration on disk is not in force.
+type ConfigRejection struct {
+	// At is when the last reload was rejected; Since when the first one
+	// since the configuration in force was loaded was.
+	At    time.Time `json:"at"`
+	Since time.Time `json:"since"`
+	// Error is the reload's error as logged; Errors the same, one problem
+	// each, with its position when it has one.
+	Error  string        `json:"error"`
+	Errors []ConfigError `json:"errors"`
+}
+
+// ConfigError is one problem of a rejected configuration.
+type ConfigError struct {
+	File string `json:"file,omitempty"`
+	// Line and Column are 1-based; absent for a problem of the file as a
+	// whole (missing, unreadable, no policies).
+	Line    int    `json:"line,omitempty"`
+	Column  int    `json:"column,omitempty"`
+	Message string `json:"message"`
+}
+
+// ConfigStatus reports the configuration in force and the last reload's
+// rejection, if the files on disk are still rejected.
+func (s *Service) ConfigStatus() ConfigStatus {
+	if s == nil || s.engine == nil {
+		return ConfigStatus{}
+	}
+	s.rejectedMu.Lock()
+	defer s.rejectedMu.Unlock()
+	snap := s.snap.Load()
+	st := ConfigStatus{Version: snap.version, LoadedAt: snap.loaded}
+	if r := s.rejected; r != nil {
+		c := *r
+		c.Errors = slices.Clone(r.Errors)
+		st.Rejected = &c
+	}
+	return st
+}
+
+// rejectConfig records a reload of file that failed with err: the
+// configuration in force stays, and ConfigStatus says why until SetConfig
+// swaps in another.
+func (s *Service) rejectConfig(file string, err error) {
+	if s == nil || s.engine == nil || err == nil {
+		return
+	}
+	now := s.clock()
+	r := &ConfigRejection{At: now, Since: now, Error: err.Error(), Errors: configErrors(file, err)}
+	s.rejectedMu.Lock()
+	defer s.rejectedMu.Unlock()
+	if s.rejected != nil {
+		r.Since = s.rejected.Since
+	}
+	s.rejected = r
+}
+
+// configErrors splits a configuration error into its problems: the loader
+// joins one *config.Error per problem; anything else is one problem of
+// file.
+func configErrors(file string, err error) []ConfigError {
+	var out []ConfigError
+	var walk func(error)
+	walk = func(err error) {
+		if j, ok := err.(interface{ Unwrap() []error }); ok {
+			for _, e := range j.Unwrap() {
+				walk(e)
+			}
+			return
+		}
+		if ce, ok := err.(*config.Error); ok {
+			out = append(out, ConfigError{File: ce.File, Line: ce.Line, Column: ce.Column, Message: ce.Msg})
+			return
+		}
+		out = append(out, ConfigError{File: file, Message: err.Error()})
+	}
+	walk(err)
+	return out
 }
 
 // policyOf names the policy whose store key key is (a rate, in-flight or

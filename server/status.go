@@ -29,10 +29,13 @@ func (a *api) readyz(w http.ResponseWriter, r *http.Request) {
 }
 
 // status serves /v1/status: readiness, degradation and its reasons, the
-// store's state and the admin mode, for operators and the dashboard.
+// store's state, the admin mode and the configuration in force (with a
+// rejected reload's errors), for operators and the dashboard.
 func (a *api) status(w http.ResponseWriter, r *http.Request) {
 	st := a.health.ready(r.Context())
 	st.Admin = a.adminMode
+	cs := a.svc.ConfigStatus()
+	st.Config = &cs
 	writeJSON(w, http.StatusOK, st)
 }
 
