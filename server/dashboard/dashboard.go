@@ -16,8 +16,9 @@
 //	                    sent with every request, as is a decision token)
 //	GET  /v1/stats      the overview and the charts, polled every two
 //	                    seconds; a new config_version reloads the cards
-//	GET  /v1/status     the health banner (not ready, degraded) and
-//	                    whether Reset is shown
+//	GET  /v1/status     the health banner (not ready, degraded), a
+//	                    rejected reload's warning and whether Reset is
+//	                    shown
 //	GET  /v1/top        the top keys, after each poll (admin)
 //
 // Mount Handler at "/" beside the API; the API's more specific patterns win.

@@ -211,6 +211,7 @@
   let cardSeq = 0;
   let loading = null; // the policies request in flight
   let seenConfig = null; // config_version of /v1/stats the cards were last loaded for
+  let configRejected = false; // /v1/status's last answer: the files on disk were rejected
 
   const $ = (id) => document.getElementById(id);
 
@@ -510,6 +511,33 @@
     }));
   }
 
+  // utc renders an RFC 3339 time as "2030-01-02 03:04:05 UTC", "" if it is none.
+  function utc(text) {
+    const at = text ? new Date(text) : null;
+    return at && !isNaN(at) ? at.toISOString().replace("T", " ").slice(0, 19) + " UTC" : "";
+  }
+
+  // renderConfig shows /v1/status's config: while the last reload was
+  // rejected, what runs is not the files on disk, and the overview's
+  // version and load time are those of the configuration still in force.
+  function renderConfig(cfg) {
+    const r = cfg && typeof cfg === "object" ? cfg.rejected : null;
+    const el = $("config-rejected");
+    configRejected = !!(r && typeof r === "object");
+    document.body.dataset.config = configRejected ? "rejected" : "ok";
+    if (!configRejected) {
+      el.hidden = true;
+      $("config-rejected-text").textContent = "";
+      $("config-rejected-error").textContent = "";
+      return;
+    }
+    const loaded = utc(cfg.loaded_at);
+    $("config-rejected-text").textContent = `Configuration reload rejected${r.at ? " at " + utc(r.at) : ""}: ` +
+      `still serving version ${cfg.version}${loaded ? ", loaded " + loaded : ""}. Fix the file and reload.`;
+    $("config-rejected-error").textContent = String(r.error || "");
+    el.hidden = false;
+  }
+
   function renderOverview(data) {
     const o = data.overview;
     if (!o) return;
@@ -525,9 +553,9 @@
     $("ov-error-ratio").textContent = formatRatio(o.error_ratio || 0);
     $("ov-errors").textContent = String(o.errors || 0);
     $("store-health").textContent = describeStore(data.store);
-    const at = data.config_loaded_at ? new Date(data.config_loaded_at) : null;
-    $("config-info").textContent = `version ${data.config_version}` +
-      (at && !isNaN(at) ? ` \u00b7 loaded ${at.toISOString().replace("T", " ").slice(0, 19)} UTC` : "");
+    const at = utc(data.config_loaded_at);
+    $("config-info").textContent = `version ${data.config_version}` + (at ? ` \u00b7 loaded ${at}` : "") +
+      (configRejected ? " \u00b7 reload rejected" : "");
     fillRows($("policy-figures"), (o.policies || []).map((p) =>
       [p.policy, String(p.allowed), String(p.denied), formatLatency(p.latency_p50_ms), formatLatency(p.latency_p99_ms),
         p.in_flight ? String(p.held || 0) : "\u2013", p.in_flight ? "\u2013" : String(p.local || 0), String(p.errors || 0)]));
@@ -701,6 +729,7 @@
       banner.textContent = "";
     }
     document.body.dataset.health = !st.ready ? "not-ready" : st.degraded ? "degraded" : "ok";
+    renderConfig(st.config);
     const off = st.admin === "disabled";
     // The top keys' note depends on it: a refusal noted before this answer
     // came (a slow status) is shown again with the right words.
