@@ -36,6 +36,7 @@ type Metrics struct {
 	fallback   prometheus.Gauge
 	reloads    *prometheus.CounterVec
 	configTime prometheus.Gauge
+	configOK   prometheus.Gauge
 	requests   *prometheus.CounterVec
 	duration   *prometheus.HistogramVec
 	unknown    prometheus.Counter
@@ -72,6 +73,7 @@ func NewMetrics() *Metrics {
 		fallback:   newGauge("sluice_fallback_active", "1 while the failure policy answers decisions: the circuit breaker keeps them off Redis (open or half-open), or every Redis Cluster master's does, or Redis does not answer the service's checks."),
 		reloads:    newCounterVec("sluice_config_reloads_total", "Configuration reloads by result (success, failure); the load at start is no reload.", "result"),
 		configTime: newGauge("sluice_config_last_reload_success_timestamp_seconds", "When the configuration in force was loaded."),
+		configOK:   newGauge("sluice_config_last_reload_successful", "1 when the last load of the configuration succeeded; 0 while the file on disk is rejected and the previous configuration stays in force."),
 		requests:   newCounterVec("sluice_api_requests_total", "Requests served, by API (grpc, http), endpoint (gRPC method or HTTP route) and code (gRPC status or HTTP status).", "api", "endpoint", "code"),
 		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "sluice_api_request_duration_seconds",
@@ -101,7 +103,7 @@ func NewMetrics() *Metrics {
 		}
 		return cause(m.health.callErr(err))
 	}})
-	m.reg.MustRegister(m.obs, m.fallback, m.reloads, m.configTime, m.requests, m.duration, m.unknown, m.unmatched, m.timeout, m.connRefused,
+	m.reg.MustRegister(m.obs, m.fallback, m.reloads, m.configTime, m.configOK, m.requests, m.duration, m.unknown, m.unmatched, m.timeout, m.connRefused,
 		ReadBuildInfo().collector(),
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m.reloads.WithLabelValues("success")
@@ -193,6 +195,7 @@ func (m *Metrics) watchSlots(h *heldSlots) {
 func (m *Metrics) loaded() {
 	if m != nil {
 		m.configTime.SetToCurrentTime()
+		m.configOK.Set(1)
 	}
 }
 
@@ -204,8 +207,10 @@ func (m *Metrics) reload(ok bool) {
 	if ok {
 		m.reloads.WithLabelValues("success").Inc()
 		m.configTime.SetToCurrentTime()
+		m.configOK.Set(1)
 	} else {
 		m.reloads.WithLabelValues("failure").Inc()
+		m.configOK.Set(0)
 	}
 }
 

@@ -257,6 +257,14 @@ func TestWatchMissingFile(t *testing.T) {
 	if n := strings.Count(logs.String(), fmt.Sprintf(rejected, file)); n != 1 || failures() != 1 {
 		t.Errorf("missing file: %d lines, %v failures counted; want 1 and 1:\n%s", n, failures(), logs.String())
 	}
+	// The alert on a rejected file lasts while it is rejected.
+	successful := func() float64 {
+		v, _ := promtest.Value(t, srv.Metrics().Registry(), "sluice_config_last_reload_successful", nil)
+		return v
+	}
+	if v := successful(); v != 0 {
+		t.Errorf("sluice_config_last_reload_successful = %v with the file missing, want 0", v)
+	}
 	if n := len(srv.Service().Config().Policies); n != 1 {
 		t.Errorf("%d policies in force, want the 1 loaded", n)
 	}
@@ -266,6 +274,9 @@ func TestWatchMissingFile(t *testing.T) {
 	waitFor(t, func() bool { return strings.Contains(logs.String(), "config reloaded") })
 	if n := strings.Count(logs.String(), "config reload rejected"); n != 1 || failures() != 1 {
 		t.Errorf("after the file came back: %d rejections, %v failures:\n%s", n, failures(), logs.String())
+	}
+	if v := successful(); v != 1 {
+		t.Errorf("sluice_config_last_reload_successful = %v after the file came back, want 1", v)
 	}
 }
 
@@ -293,6 +304,9 @@ func TestReloadsCountReloads(t *testing.T) {
 	}
 	if at := value("sluice_config_last_reload_success_timestamp_seconds", nil); at <= 0 {
 		t.Errorf("last successful load at %v, want the start's time", at)
+	}
+	if ok := value("sluice_config_last_reload_successful", nil); ok != 1 {
+		t.Errorf("sluice_config_last_reload_successful = %v after start, want 1", ok)
 	}
 	if err := os.WriteFile(file, []byte("policies:\n  - name: a\n    limit: 6/s\n"), 0o600); err != nil {
 		t.Fatal(err)
