@@ -119,7 +119,7 @@ func eachNode(ctx context.Context, client redis.UniversalClient, f func(ctx cont
 }
 
 func (c *redisInfo) collectNode(ctx context.Context, ch chan<- prometheus.Metric, cl redis.Cmdable, node string) {
-	raw, err := cl.Info(ctx, "server", "persistence", "memory", "stats", "commandstats").Result()
+	raw, err := cl.Info(ctx, "server", "persistence", "memory", "stats", "commandstats", "keyspace").Result()
 	if err != nil {
 		ch <- prometheus.MustNewConstMetric(redisUpDesc, prometheus.GaugeValue, 0, node)
 		return
@@ -164,18 +164,25 @@ func (c *redisInfo) collectNode(ctx context.Context, ch chan<- prometheus.Metric
 	}
 }
 
-// parseInfo reads INFO's "field:value" lines, skipping "# Section" ones.
+// parseInfo reads INFO's "field:value" lines. A "# Section" line is kept
+// as a key of its own, without a value: an empty section (Keyspace, with
+// no keys) has no other line to say it was read.
 func parseInfo(raw string) map[string]string {
 	m := map[string]string{}
 	sc := bufio.NewScanner(strings.NewReader(raw))
 	for sc.Scan() {
 		line := strings.TrimSpace(sc.Text())
-		if k, v, ok := strings.Cut(line, ":"); ok && !strings.HasPrefix(line, "#") {
+		if strings.HasPrefix(line, "#") {
+			m[line] = ""
+		} else if k, v, ok := strings.Cut(line, ":"); ok {
 			m[k] = v
 		}
 	}
 	return m
 }
+
+// keyspaceSection is INFO keyspace's header, as parseInfo keeps it.
+const keyspaceSection = "# Keyspace"
 
 // commandStat reads a commandstats value: "calls=3,usec=40,usec_per_call=13.33,…".
 func commandStat(v string) map[string]string {
@@ -326,8 +333,14 @@ func (w *evictionWatch) restarted(node string, n *evictedNode, info map[string]s
 	}
 	n.restarts++
 	args := []any{"node", node, "uptime", time.Duration(up) * time.Second, "aof_enabled", info["aof_enabled"]}
-	if k := info["rdb_last_load_keys_loaded"]; k != "" {
-		args = append(args, "keys_loaded", k)
+	// The keyspace's count, not rdb_last_load_keys_loaded: under a
+	// multi-part AOF that counts only the base RDB, not the keys replayed
+	// from the incremental files.
+	if k, ok := keyspaceKeys(info); ok {
+		args = append(args, "keyspace_keys", k)
+	}
+	if info["loading"] == "1" {
+		args = append(args, "loading", true) // still loading: more keys to come
 	}
 	msg := "Redis restarted: sluice's keys it had not saved are gone and their limits start afresh (each may admit up to its whole limit again)"
 	if info["aof_enabled"] != "1" {
@@ -335,6 +348,24 @@ func (w *evictionWatch) restarted(node string, n *evictedNode, info map[string]s
 	}
 	w.log.Warn(msg, args...)
 	return restartedServer
+}
+
+// keyspaceKeys sums the keys of every database in INFO keyspace's
+// "dbN:keys=…,expires=…" lines; ok is false without the section (its
+// header alone, with no database listed, is an empty keyspace).
+func keyspaceKeys(info map[string]string) (n int64, ok bool) {
+	if _, ok := info[keyspaceSection]; !ok {
+		return 0, false
+	}
+	for k, v := range info {
+		if db, found := strings.CutPrefix(k, "db"); found {
+			if _, err := strconv.Atoi(db); err == nil {
+				c, _ := strconv.ParseInt(commandStat(v)["keys"], 10, 64)
+				n += c
+			}
+		}
+	}
+	return n, true
 }
 
 // nodeCounts are an evictionWatch's counters of one node.
@@ -381,7 +412,7 @@ func (w *evictionWatch) watch(stop <-chan struct{}, every time.Duration, client 
 			rand.Read(b[:])
 			mine := hex.EncodeToString(b[:])
 			pipe := node.Pipeline()
-			infoCmd := pipe.Info(ctx, "server", "persistence", "stats", "memory", "commandstats")
+			infoCmd := pipe.Info(ctx, "server", "persistence", "stats", "memory", "commandstats", "keyspace")
 			var set *redis.StatusCmd
 			if key != "" {
 				set = pipe.SetArgs(ctx, key, mine, redis.SetArgs{Mode: "NX", Get: true})

@@ -2,6 +2,8 @@ package server
 
 import (
 	"context"
+	"fmt"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -99,5 +101,44 @@ func TestFaultRedisRestartAtMarkerNotFlush(t *testing.T) {
 	if n := w.counts(r.Addr); n.flushes != 0 || n.restarts != restarts || countLines(&logs, "Redis flushed") != 0 {
 		t.Errorf("%d restarts between INFO and the marker call: %d flushes, %d restarts told, want 0 and %d:\n%s",
 			restarts, n.flushes, n.restarts, restarts, logs.String())
+	}
+}
+
+// TestRedisRestartAOFKeys: a Redis with appendonly yes, killed and
+// restarted, loads every key from its AOF, and the `Redis restarted` line
+// says how many keys it holds. Before, it gave rdb_last_load_keys_loaded,
+// which under Redis 7's multi-part AOF counts only the base RDB (empty
+// here): keys_loaded=0 with every key back.
+func TestRedisRestartAOFKeys(t *testing.T) {
+	t.Parallel()
+	const keys = 210
+	r := redistest.StartServer(t, "--appendonly", "yes", "--appendfsync", "always")
+	var logs syncBuffer
+	w := newEvictionWatch(logs.TextLogger(), 50*time.Millisecond)
+	c := redis.NewClient(&redis.Options{Addr: r.Addr})
+	t.Cleanup(func() { c.Close() })
+	ctx := context.Background()
+	pipe := c.Pipeline()
+	for i := range keys {
+		pipe.Set(ctx, fmt.Sprintf("k%d", i), "v", 0)
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		t.Fatal(err)
+	}
+	stop, ended := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(ended)
+		w.watch(stop, 50*time.Millisecond, c, func() bool { return false })
+	}()
+	t.Cleanup(func() { close(stop); <-ended })
+	time.Sleep(150 * time.Millisecond) // a few polls on the first server
+	r.Stop()
+	r.Start(t)
+	line := logged(t, &logs, "Redis restarted")
+	if n, err := c.DBSize(ctx).Result(); err != nil || n != keys+1 { // and the marker key
+		t.Fatalf("DBSIZE after the restart = %d, %v; want %d: the AOF lost keys", n, err, keys+1)
+	}
+	if !slices.Contains(strings.Fields(line), fmt.Sprintf("keyspace_keys=%d", keys+1)) || strings.Contains(line, "keys_loaded") {
+		t.Errorf("Redis restarted line %q: want keyspace_keys=%d (the keys, the marker's among them), no keys_loaded", line, keys+1)
 	}
 }
