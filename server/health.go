@@ -1362,13 +1362,14 @@ func (s *Server) checkRedis(c redis.UniversalClient) error {
 			return c.Ping(ctx).Err()
 		}
 		// Coming back must mean usable: the full check, not a ping;
-		// its warnings again, as at start (a Redis back from a failover
-		// or a restart may now evict keys). While up, every
-		// recheckChecks-th check is the full one, for a CONFIG SET made
-		// at runtime.
+		// its warnings logged as they change (a Redis back from a
+		// failover or a restart may now evict keys), not again at each
+		// back: a flapping Redis repeated them at every one. While up,
+		// every recheckChecks-th check is the full one, for a CONFIG SET
+		// made at runtime.
 		rep, err := redisstore.Check(ctx, c)
 		if rep != nil { // passed, or some Cluster masters did
-			w.log(s.log, rep.Warnings, down && err == nil, err == nil)
+			w.log(s.log, rep.Warnings, err == nil)
 			s.health.setMasters(rep.Masters)
 		}
 		return err
@@ -1396,7 +1397,7 @@ func (s *Server) checkRedis(c redis.UniversalClient) error {
 		s.health.storeResult(err)
 		return nil
 	}
-	w.log(s.log, rep.Warnings, true, true)
+	w.log(s.log, rep.Warnings, true)
 	s.log.Info("Redis checked", "version", rep.Version, "cluster", rep.Cluster)
 	return nil
 }
@@ -1524,20 +1525,20 @@ func (w *checkWarnings) due(now time.Time) bool {
 	return !now.Before(w.next)
 }
 
-// log logs the warnings of a full check: every one if all, else those
-// new since the last check, and a line naming those of the last check
-// that are gone (others may stay: a Redis without appendonly keeps its
+// log logs the warnings of a full check new since the last one (all of
+// them at the first, or after they cleared), and a line naming those of
+// the last check that are gone (others may stay: a Redis without appendonly keeps its
 // warning while an eviction policy is set right). A check that not every
 // Cluster master passed (not complete) reports only the others' warnings:
 // those of the failing ones are not gone, only unasked.
-func (w *checkWarnings) log(l *slog.Logger, ws []error, all, complete bool) {
+func (w *checkWarnings) log(l *slog.Logger, ws []error, complete bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.next = time.Now().Add(w.every)
 	now := make([]string, len(ws))
 	for i, e := range ws {
 		now[i] = e.Error()
-		if all || !slices.Contains(w.last, now[i]) {
+		if !slices.Contains(w.last, now[i]) {
 			l.Warn("Redis check", "warning", e)
 		}
 	}

@@ -702,6 +702,32 @@ func TestServerEvictionSetAtRuntime(t *testing.T) {
 	}
 }
 
+// TestServerEvictionWarningOnceAcrossOutages: a Redis whose
+// maxmemory-policy may evict sluice's keys, lost and back three times,
+// is warned of once: each store back runs the full check, which logged
+// every warning again (3 times in 6 s while Redis flapped).
+func TestServerEvictionWarningOnceAcrossOutages(t *testing.T) {
+	t.Parallel()
+	r := redistest.StartServer(t, "--maxmemory", "1gb", "--maxmemory-policy", "allkeys-lru")
+	var logs syncBuffer
+	startOnRedis(t, "redis://"+r.Addr, "local", &logs)
+	logged(t, &logs, "Redis check", "maxmemory-policy allkeys-lru may evict")
+	const outages = 3
+	for i := 1; i <= outages; i++ {
+		r.Stop()
+		if !eventually(func() bool { return countLines(&logs, `msg="store lost"`) == i }) {
+			t.Fatalf("outage %d: no store lost line:\n%s", i, logs.String())
+		}
+		r.Start(t)
+		if !eventually(func() bool { return countLines(&logs, `msg="store back"`) == i }) {
+			t.Fatalf("outage %d: no store back line:\n%s", i, logs.String())
+		}
+	}
+	if n := countLines(&logs, "allkeys-lru may evict"); n != 1 {
+		t.Errorf("the eviction warning logged %d times over %d outages, want once:\n%s", n, outages, logs.String())
+	}
+}
+
 // TestServerPermissionRevoked: a Redis user that loses EVALSHA (or TIME,
 // which every script calls) at runtime is a lost store with its cause, and
 // under the error policy not ready: the watch checks what decisions use.

@@ -142,17 +142,17 @@ func TestCheckWarningsLog(t *testing.T) {
 	l := slog.New(slog.NewTextHandler(&logs, nil))
 	var w checkWarnings
 	a, b := errors.New("node a: appendonly no"), errors.New("node b: appendonly no")
-	w.log(l, []error{a, b}, true, true)  // start
-	w.log(l, []error{a}, false, false)   // b unasked
-	w.log(l, []error{a}, false, false)   // again
-	w.log(l, []error{a, b}, false, true) // b back
+	w.log(l, []error{a, b}, true) // start
+	w.log(l, []error{a}, false)   // b unasked
+	w.log(l, []error{a}, false)   // again
+	w.log(l, []error{a, b}, true) // b back
 	if got := strings.Count(logs.String(), "node a: appendonly no"); got != 1 {
 		t.Errorf("a logged %d times, want 1:\n%s", got, logs.String())
 	}
 	if got := strings.Count(logs.String(), "node b: appendonly no"); got != 1 || strings.Contains(logs.String(), "cleared") {
 		t.Errorf("b logged %d times, want 1, never cleared:\n%s", got, logs.String())
 	}
-	w.log(l, []error{b}, false, true) // a's setting fixed
+	w.log(l, []error{b}, true) // a's setting fixed
 	if !strings.Contains(logs.String(), `msg="Redis check: warnings cleared" were="node a: appendonly no"`) {
 		t.Errorf("a's warning gone while b's stays: want a line naming a:\n%s", logs.String())
 	}
