@@ -182,34 +182,40 @@ func alertRules(t *testing.T) []alertRule {
 }
 
 // firing evaluates every alert with Prometheus's PromQL engine at each
-// scrapeStep, over before's scrape repeated scrapeRuns times, then
-// after's, and holds each result for the alert's for: as Prometheus's
-// rule manager does; it returns the alerts that reached firing, and of
-// those the ones that fired on before's scrapes already, and fails t on
-// an evaluation error. (Prometheus's rules package would bring its
-// notifier's cloud SDKs into this module: the hold is done here.)
-func firing(t *testing.T, alerts []alertRule, before, after []sample) (fired, firedBefore []string) {
+// scrapeStep, over each of scrapes repeated scrapeRuns times in turn (a
+// scrape before an event, any made during it, the one after), and holds
+// each result for the alert's for: as Prometheus's rule manager does; it
+// returns the alerts that reached firing, and of those the ones that fired
+// before the last scrape's turn, and fails t on an evaluation error.
+// (Prometheus's rules package would bring its notifier's cloud SDKs into
+// this module: the hold is done here.)
+func firing(t *testing.T, alerts []alertRule, scrapes ...[]sample) (fired, firedBefore []string) {
 	t.Helper()
 	t0 := time.Unix(1_700_000_000, 0)
 	at := func(i int) int64 { return t0.Add(time.Duration(i) * scrapeStep).UnixMilli() }
 	points := map[string][]chunks.Sample{}
 	series := map[string]labels.Labels{}
-	for i := range 2 * scrapeRuns {
-		scr := before
-		if i >= scrapeRuns {
-			scr = after
+	runs := len(scrapes) * scrapeRuns
+	last := (len(scrapes) - 1) * scrapeRuns
+	for i := range runs {
+		scr := scrapes[i/scrapeRuns]
+		// A series this scrape lacks ends at its turn's start, as
+		// Prometheus marks it.
+		if i > 0 && i%scrapeRuns == 0 {
+			in := map[string]bool{}
+			for _, s := range scr {
+				in[s.lbls.String()] = true
+			}
+			for k, ps := range points {
+				if n := len(ps); !in[k] && !value.IsStaleNaN(ps[n-1].F()) {
+					points[k] = append(ps, point{at(i), math.Float64frombits(value.StaleNaN)})
+				}
+			}
 		}
 		for _, s := range scr {
 			k := s.lbls.String()
 			series[k] = s.lbls
 			points[k] = append(points[k], point{at(i), s.v})
-		}
-	}
-	// A series after's scrape lacks ends there, as Prometheus marks it.
-	for _, s := range before {
-		k := s.lbls.String()
-		if n := len(points[k]); points[k][n-1].T() < at(scrapeRuns) {
-			points[k] = append(points[k], point{at(scrapeRuns), math.Float64frombits(value.StaleNaN)})
 		}
 	}
 	var all []storage.Series
@@ -223,7 +229,7 @@ func firing(t *testing.T, alerts []alertRule, before, after []sample) (fired, fi
 alerts:
 	for _, a := range alerts {
 		active := map[string]int64{} // each result's first evaluation in a row
-		for i := range 2 * scrapeRuns {
+		for i := range runs {
 			q, err := engine.NewInstantQuery(ctx, st, nil, a.rule.Expr, time.UnixMilli(at(i)))
 			if err != nil {
 				t.Fatalf("%s: %v", a.name, err)
@@ -244,7 +250,7 @@ alerts:
 				}
 				now[k] = since
 				if at(i)-since >= time.Duration(a.rule.For).Milliseconds() {
-					if i < scrapeRuns {
+					if i < last {
 						firedBefore = append(firedBefore, a.name)
 					}
 					fired = append(fired, a.name)
@@ -369,12 +375,14 @@ func TestAlertsFireOnFirstEvent(t *testing.T) {
 	var memAddr string
 
 	// Each step makes its event between two scrapes of serve (srv's
-	// unless it says); want are the alerts that must fire.
+	// unless it says), after an outage, scraped while it lasts, if it has
+	// one; want are the alerts that must fire.
 	steps := []struct {
-		name  string
-		serve func(t *testing.T) string
-		event func(t *testing.T)
-		want  []string
+		name   string
+		serve  func(t *testing.T) string
+		outage func(t *testing.T)
+		event  func(t *testing.T)
+		want   []string
 	}{{
 		name: "a configuration reload rejected",
 		event: func(t *testing.T) {
@@ -427,6 +435,21 @@ func TestAlertsFireOnFirstEvent(t *testing.T) {
 			r.Stop()
 			r.Start(t)
 			await(t, "the restart seen", func() bool { return metric("sluice_redis_restarts_total", nil) > 0 })
+		},
+		want: []string{"SluiceRedisRestarted"},
+	}, {
+		// Down for longer than the alert's range: its count must still be
+		// scraped while Redis does not answer, or increase() finds no
+		// sample before the restart's.
+		name: "Redis restarted after a long outage",
+		outage: func(t *testing.T) {
+			r.Stop()
+			await(t, "Redis seen down", func() bool { return metric("sluice_redis_up", nil) == 0 })
+		},
+		event: func(t *testing.T) {
+			was := metric("sluice_redis_restarts_total", nil)
+			r.Start(t)
+			await(t, "the restart seen", func() bool { return metric("sluice_redis_restarts_total", nil) > was })
 		},
 		want: []string{"SluiceRedisRestarted"},
 	}, {
@@ -497,10 +520,14 @@ func TestAlertsFireOnFirstEvent(t *testing.T) {
 				at = st.serve(t)
 				memAddr = at
 			}
-			before := scrape(t, at)
+			scrapes := [][]sample{scrape(t, at)}
+			if st.outage != nil {
+				st.outage(t)
+				scrapes = append(scrapes, scrape(t, at))
+			}
 			st.event(t)
-			after := scrape(t, at)
-			fired, early := firing(t, alerts, before, after)
+			scrapes = append(scrapes, scrape(t, at))
+			fired, early := firing(t, alerts, scrapes...)
 			for _, w := range st.want {
 				if slices.Contains(early, w) {
 					t.Errorf("%s fires before the event", w)

@@ -122,6 +122,10 @@ func (c *redisInfo) collectNode(ctx context.Context, ch chan<- prometheus.Metric
 	raw, err := cl.Info(ctx, "server", "persistence", "memory", "stats", "commandstats", "keyspace").Result()
 	if err != nil {
 		ch <- prometheus.MustNewConstMetric(redisUpDesc, prometheus.GaugeValue, 0, node)
+		// The counts seen so far stay while the node is down: a series
+		// gone for longer than an alert's range shows no increase() at
+		// the restart that ends the outage.
+		c.collectCounts(ch, node)
 		return
 	}
 	ch <- prometheus.MustNewConstMetric(redisUpDesc, prometheus.GaugeValue, 1, node)
@@ -134,15 +138,8 @@ func (c *redisInfo) collectNode(ctx context.Context, ch chan<- prometheus.Metric
 	}
 	gauge(redisUsedDesc, "used_memory", prometheus.GaugeValue)
 	gauge(redisMaxDesc, "maxmemory", prometheus.GaugeValue)
-	counts := c.evictions.counts(node)
-	if counts.read {
-		ch <- prometheus.MustNewConstMetric(redisEvictedDesc, prometheus.CounterValue, float64(counts.evicted), node)
-	}
 	gauge(redisAOFDesc, "aof_enabled", prometheus.GaugeValue)
-	if counts.known {
-		ch <- prometheus.MustNewConstMetric(redisRestartsDesc, prometheus.CounterValue, float64(counts.restarts), node)
-		ch <- prometheus.MustNewConstMetric(redisFlushesDesc, prometheus.CounterValue, float64(counts.flushes), node)
-	}
+	c.collectCounts(ch, node)
 	if p := info["maxmemory_policy"]; p != "" {
 		v := 0.0
 		if redisstore.MayEvict(p, info["maxmemory"]) {
@@ -161,6 +158,20 @@ func (c *redisInfo) collectNode(ctx context.Context, ch chan<- prometheus.Metric
 		ch <- prometheus.MustNewConstMetric(redisScriptCallsDesc, prometheus.CounterValue, calls, node, cmd)
 		ch <- prometheus.MustNewConstMetric(redisScriptSecondsDesc, prometheus.CounterValue, usec/1e6, node, cmd)
 		ch <- prometheus.MustNewConstMetric(redisScriptPerCallDesc, prometheus.GaugeValue, perCall/1e6, node, cmd)
+	}
+}
+
+// collectCounts sends node's counters as the eviction watch knows them:
+// evictions once the node was read, restarts and flushes once its run_id
+// is known.
+func (c *redisInfo) collectCounts(ch chan<- prometheus.Metric, node string) {
+	counts := c.evictions.counts(node)
+	if counts.read {
+		ch <- prometheus.MustNewConstMetric(redisEvictedDesc, prometheus.CounterValue, float64(counts.evicted), node)
+	}
+	if counts.known {
+		ch <- prometheus.MustNewConstMetric(redisRestartsDesc, prometheus.CounterValue, float64(counts.restarts), node)
+		ch <- prometheus.MustNewConstMetric(redisFlushesDesc, prometheus.CounterValue, float64(counts.flushes), node)
 	}
 }
 
