@@ -78,8 +78,8 @@ func TestFaultDownForFromFirstFailure(t *testing.T) {
 	}
 }
 
-// TestFaultStoreLostIdleAtOnce: under the error policy an instance no
-// request reaches learns that Redis was killed from the watch's next
+// TestFaultStoreLostIdleAtOnce: under every failure policy an instance
+// no request reaches learns that Redis was killed from the watch's next
 // check, which says so as it starts (a refused dial), not once go-redis
 // has retried for its 1 s timeout; one in flight at the kill says so as
 // soon as its redial is refused (TestFaultStoreLostMidCheck). /v1/status's
@@ -88,8 +88,15 @@ func TestFaultDownForFromFirstFailure(t *testing.T) {
 // at its end.
 func TestFaultStoreLostIdleAtOnce(t *testing.T) {
 	race.SkipTiming(t)
+	for _, policy := range []string{"error", "local"} {
+		t.Run(policy, func(t *testing.T) { storeLostIdleAtOnce(t, policy) })
+	}
+}
+
+func storeLostIdleAtOnce(t *testing.T, policy string) {
 	r := startRedis(t)
-	p := serveErrorPolicy(t, r)
+	p := startSluice(t, nil, "--config", "testdata/envoy-example.yaml", "--redis", r.url(),
+		"--failure-policy", policy, "--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0", "--watch-interval", "0")
 	count := func(msg string) int { return strings.Count(p.stderr.String(), `msg="`+msg+`"`) }
 	const trials, outage = 5, 1500 * time.Millisecond
 	for i := range trials {
@@ -117,6 +124,7 @@ func TestFaultStoreLostIdleAtOnce(t *testing.T) {
 		if after > 0 {
 			told = seen.Sub(since)
 		}
+		t.Logf("trial %d: since %v after the kill, store lost seen %v after the later of since and the kill", i, after, told)
 		if after < -100*time.Millisecond || after > 1300*time.Millisecond || told > 300*time.Millisecond {
 			t.Errorf("trial %d: since %v after the kill, store lost seen %v after the later of since and the kill; want within [-100ms, 1.3s] and 300ms", i, after, told)
 		}

@@ -351,13 +351,14 @@ func (s *Server) openStore() (sluice.Store, error) {
 		if err := s.checkRedis(client); err != nil {
 			return nil, err
 		}
-		if s.opts.NoFailurePolicy {
-			// Only the error policy's /readyz asks Redis itself.
-			var closeQuick func()
-			s.health.quick, closeQuick = quickPing(client)
-			s.health.refusals = refusedDials(client)
-			s.closers = append(s.closers, closeQuick)
-		}
+		// Under every policy: /readyz asks Redis only under error, but the
+		// watch's checks tell a killed Redis (the store lost line,
+		// /v1/status, sluice_store_up) at the first refused dial, not a
+		// second later; the cost is one more connection per instance.
+		var closeQuick func()
+		s.health.quick, closeQuick = quickPing(client)
+		s.health.refusals = refusedDials(client)
+		s.closers = append(s.closers, closeQuick)
 		s.checkWait(client, storeOpts)
 		s.redis = client
 		s.health.connected = watchDials(client)
