@@ -254,6 +254,7 @@ type evictedNode struct {
 	// FLUSHALL and FLUSHDB calls INFO commandstats counted then.
 	marker, markerRun, markerKey string
 	flushes, flushCalls          int64
+	markerAt                     time.Time // the last look at the marker
 }
 
 func newEvictionWatch(log *slog.Logger, every time.Duration) *evictionWatch {
@@ -487,16 +488,20 @@ func (w *evictionWatch) marker(name, key, mine string, set *redis.StatusCmd, inf
 	if n == nil {
 		return
 	}
-	prev, prevRun, prevKey, prevCalls := n.marker, n.markerRun, n.markerKey, n.flushCalls
+	prev, prevRun, prevKey, prevCalls, prevAt := n.marker, n.markerRun, n.markerKey, n.flushCalls, n.markerAt
 	calls := flushCalls(info)
-	n.marker, n.markerRun, n.markerKey, n.flushCalls = found, runID, key, calls
+	n.marker, n.markerRun, n.markerKey, n.flushCalls, n.markerAt = found, runID, key, calls, now
 	if prev == "" || prev == found || prevRun != runID || prevKey != key {
 		return
 	}
 	// calls below the last read's: CONFIG RESETSTAT since, and calls
 	// made after it.
 	flushed := calls > prevCalls || (calls < prevCalls && calls > 0)
-	if now.Sub(n.grewAt) <= 2*w.every && mayEvictMarker(info["maxmemory_policy"]) && !flushed {
+	// Evictions seen since the marker was last there, by this watch or a
+	// scrape (which may see them first, the watch's next look coming late
+	// on a busy machine), or just before.
+	evicting := !n.grewAt.Before(prevAt) || now.Sub(n.grewAt) <= 2*w.every
+	if evicting && mayEvictMarker(info["maxmemory_policy"]) && !flushed {
 		return
 	}
 	n.flushes++

@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"net"
 	"slices"
 	"strconv"
@@ -284,5 +285,34 @@ func TestFaultRedisInfoStoppedReplica(t *testing.T) {
 		if took := time.Since(start); took > 500*time.Millisecond {
 			t.Errorf("scrape %d took %v with only a replica stopped", i, took)
 		}
+	}
+}
+
+// A marker found gone under allkeys-* after evictions that a scrape saw
+// first is evictions, however late the watch's next look comes: evictions
+// seen since the marker was last there. None since: a flush.
+func TestMarkerEvictedSeenByScrapeFirst(t *testing.T) {
+	var logs syncBuffer
+	w := newEvictionWatch(slog.New(slog.NewTextHandler(&logs, nil)), time.Second)
+	t0 := time.Unix(1_800_000_000, 0)
+	info := func(evicted int) map[string]string {
+		return map[string]string{"evicted_keys": strconv.Itoa(evicted), "run_id": "r1", "uptime_in_seconds": "100", "maxmemory_policy": "allkeys-lru"}
+	}
+	look := func(found string, evicted int, at time.Time) {
+		w.observe("n", info(evicted), at)
+		set := redis.NewStatusCmd(context.Background())
+		set.SetVal(found)
+		w.marker("n", "sluice:marker", "mine", set, info(evicted), at)
+	}
+	look("a", 0, t0)
+	look("a", 0, t0.Add(time.Second))
+	w.observe("n", info(5), t0.Add(1500*time.Millisecond)) // a scrape sees the evictions
+	look("b", 5, t0.Add(4500*time.Millisecond))            // the watch's next look, 3 s late
+	if n := w.nodes["n"].flushes; n != 0 {
+		t.Errorf("%d flushes told for a marker evicted, want 0:\n%s", n, logs.String())
+	}
+	look("c", 5, t0.Add(5500*time.Millisecond)) // gone again, nothing evicted since
+	if n := w.nodes["n"].flushes; n != 1 {
+		t.Errorf("%d flushes told for a marker gone with no evictions since its last look, want 1:\n%s", n, logs.String())
 	}
 }
