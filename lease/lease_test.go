@@ -1672,6 +1672,28 @@ func (g *stallGrant) TakeAllByPolicy(_ context.Context, reqs []sluice.Request, _
 	return ds, nil
 }
 
+// stallLease returns a lease store (Size 10, D a second, on a test clock)
+// over a stallGrant whose policy denies the keys in deny; the keys in exact
+// are not leased.
+func stallLease(t *testing.T, deny []string, exact ...string) (*storetest.Clock, *stallGrant, *lease.Store) {
+	t.Helper()
+	clock := storetest.NewClock(storetest.T0)
+	g := &stallGrant{Store: newMemory(t, clock), deny: map[string]bool{}}
+	for _, k := range deny {
+		g.deny[k] = true
+	}
+	s, err := lease.New(g, &lease.Options{Size: 10, Clock: clock.Now, For: func(key string, _ sluice.Limit) time.Duration {
+		if slices.Contains(exact, key) {
+			return 0
+		}
+		return time.Second
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return clock, g, s
+}
+
 // A TakeAll whose grant fails is answered, for the checks no live lease
 // answers, by the failure policy, with no call to the store after it: no
 // other grant, and no TakeAll of the checks (each a timeout more on a
@@ -1680,17 +1702,7 @@ func (g *stallGrant) TakeAllByPolicy(_ context.Context, reqs []sluice.Request, _
 // and the units a lease answered a check with go back into it.
 func TestTakeAllFailedGrantAnsweredByPolicy(t *testing.T) {
 	t.Parallel()
-	clock := storetest.NewClock(storetest.T0)
-	g := &stallGrant{Store: newMemory(t, clock), deny: map[string]bool{}}
-	s, err := lease.New(g, &lease.Options{Size: 10, Clock: clock.Now, For: func(key string, _ sluice.Limit) time.Duration {
-		if key == "x" {
-			return 0 // not leased: the store's TakeAll would answer it
-		}
-		return time.Second
-	}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, g, s := stallLease(t, nil, "x") // x not leased: the store's TakeAll would answer it
 	l := sluice.PerSecond(100)
 	take(t, s, "a", l, 1) // a's lease holds 9 units
 	g.fail.Store(true)
@@ -1740,17 +1752,7 @@ func TestTakeAllFailedGrantAnsweredByPolicy(t *testing.T) {
 // return would wait for the store again.
 func TestTakeAllPolicyDenialNoReturn(t *testing.T) {
 	t.Parallel()
-	clock := storetest.NewClock(storetest.T0)
-	g := &stallGrant{Store: newMemory(t, clock), deny: map[string]bool{"x": true}}
-	s, err := lease.New(g, &lease.Options{Size: 10, Clock: clock.Now, For: func(key string, _ sluice.Limit) time.Duration {
-		if key == "x" {
-			return 0
-		}
-		return time.Second
-	}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, g, s := stallLease(t, []string{"x"}, "x")
 	l := sluice.PerSecond(100)
 	take(t, s, "a", l, 1) // a's lease holds 9 units
 	g.fail.Store(true)
@@ -1775,12 +1777,7 @@ func TestTakeAllPolicyDenialNoReturn(t *testing.T) {
 // than the store's Take of the whole cost again: each a second timeout.
 func TestTakeTopUpAnsweredByPolicy(t *testing.T) {
 	t.Parallel()
-	clock := storetest.NewClock(storetest.T0)
-	g := &stallGrant{Store: newMemory(t, clock), deny: map[string]bool{"x": true}}
-	s, err := lease.New(g, &lease.Options{Size: 10, Clock: clock.Now, For: func(string, sluice.Limit) time.Duration { return time.Second }})
-	if err != nil {
-		t.Fatal(err)
-	}
+	clock, g, s := stallLease(t, []string{"x"})
 	l := sluice.PerSecond(100).WithAlgorithm(sluice.SlidingWindowCounter)
 	take(t, s, "x", l, 8) // x's lease holds 2 units
 	take(t, s, "a", l, 8)
@@ -1811,12 +1808,7 @@ func TestTakeTopUpAnsweredByPolicy(t *testing.T) {
 // second timeout on a store that does not answer).
 func TestTakeRestDeniedByPolicyNoWait(t *testing.T) {
 	t.Parallel()
-	clock := storetest.NewClock(storetest.T0)
-	g := &stallGrant{Store: newMemory(t, clock), deny: map[string]bool{"x": true}}
-	s, err := lease.New(g, &lease.Options{Size: 10, Clock: clock.Now, For: func(string, sluice.Limit) time.Duration { return time.Second }})
-	if err != nil {
-		t.Fatal(err)
-	}
+	clock, g, s := stallLease(t, []string{"x"})
 	l := sluice.PerMinute(6000).WithAlgorithm(sluice.SlidingWindowCounter) // a window longer than the lease
 	take(t, s, "x", l, 8)                                                  // x's lease holds 2 units until 1s
 	clock.Advance(900 * time.Millisecond)
@@ -1842,12 +1834,7 @@ func TestTakeRestDeniedByPolicyNoWait(t *testing.T) {
 // second timeout on a store that does not answer).
 func TestPeekLiveUnitsAnsweredByPolicy(t *testing.T) {
 	t.Parallel()
-	clock := storetest.NewClock(storetest.T0)
-	g := &stallGrant{Store: newMemory(t, clock), deny: map[string]bool{"x": true}}
-	s, err := lease.New(g, &lease.Options{Size: 10, Clock: clock.Now, For: func(string, sluice.Limit) time.Duration { return time.Second }})
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, g, s := stallLease(t, []string{"x"})
 	l := sluice.PerSecond(100).WithAlgorithm(sluice.SlidingWindowCounter)
 	take(t, s, "x", l, 1) // x's lease holds 9 units
 	g.fail.Store(true)
