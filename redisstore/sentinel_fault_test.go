@@ -69,46 +69,18 @@ func TestFaultSentinelFollow(t *testing.T) {
 func plannedFailover(t *testing.T, follow *redisstore.FollowOptions) (last time.Duration, lost int64) {
 	set := redistest.StartSentinel(t, &redistest.SentinelOptions{Replicas: 2, SyncDelay: 2 * time.Second})
 	ctx := context.Background()
-	node := func(addr string) *redis.Client {
-		c := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1})
-		t.Cleanup(func() { c.Close() })
-		return c
-	}
 	leader := set.Sentinels[0].Addr
 	o := &redis.FailoverOptions{MasterName: redistest.SentinelMaster, SentinelAddrs: []string{leader}}
 	if follow != nil {
 		f := redisstore.FollowSentinels(o, follow)
 		t.Cleanup(f.Close)
 	}
-	c := redis.NewFailoverClient(o)
-	t.Cleanup(func() { c.Close() })
-	s := redisstore.New(c, &redisstore.Options{Prefix: redistest.Prefix(t)})
-	limit := sluice.PerHour(1_000_000_000)
-	if _, err := s.Take(ctx, "k", limit, 1); err != nil {
-		t.Fatal(err)
-	}
+	s, limit := failoverStore(t, o)
 	if follow != nil {
 		awaitFollowing(t, set)
 	}
-
-	done := make(chan struct{})
-	var workers sync.WaitGroup
-	for range 4 {
-		workers.Go(func() {
-			for {
-				select {
-				case <-done:
-					return
-				default:
-				}
-				tctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
-				s.Take(tctx, "k", limit, 1)
-				cancel()
-			}
-		})
-	}
-	t.Cleanup(func() { close(done); workers.Wait() })
-	old := node(set.Master.Addr)
+	keepTaking(t, s, limit, 4)
+	old := newClient(t, &redis.Options{Addr: set.Master.Addr})
 	before := redistest.ScriptCalls(t, old)
 	time.Sleep(300 * time.Millisecond)
 	if redistest.ScriptCalls(t, old) == before {
@@ -116,12 +88,7 @@ func plannedFailover(t *testing.T, follow *redisstore.FollowOptions) (last time.
 	}
 
 	// When the leader announces the switch.
-	sc := redis.NewSentinelClient(&redis.Options{Addr: leader})
-	ps := sc.Subscribe(ctx, "+switch-master")
-	if _, err := ps.Receive(ctx); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ps.Close(); sc.Close() })
+	sc, ps := switchesOf(t, leader)
 	var announced atomic.Pointer[time.Time]
 	go func() {
 		for range ps.Channel() {
@@ -186,6 +153,67 @@ func awaitFollowing(t *testing.T, set *redistest.SentinelSet) {
 	}
 }
 
+// failoverStore returns a Store on a failover client with o, closed at
+// cleanup, and a limit that never denies during a test, once a take of key
+// "k" has reached the master.
+func failoverStore(t *testing.T, o *redis.FailoverOptions) (*redisstore.Store, sluice.Limit) {
+	t.Helper()
+	c := redis.NewFailoverClient(o)
+	t.Cleanup(func() { c.Close() })
+	s := redisstore.New(c, &redisstore.Options{Prefix: redistest.Prefix(t)})
+	limit := sluice.PerHour(1_000_000_000)
+	if _, err := s.Take(context.Background(), "k", limit, 1); err != nil {
+		t.Fatal(err)
+	}
+	return s, limit
+}
+
+// keepTaking has goroutines take from key "k" of s back to back, each take
+// bounded by 200 ms, until the test's cleanup.
+func keepTaking(t *testing.T, s *redisstore.Store, l sluice.Limit, goroutines int) {
+	done := make(chan struct{})
+	var workers sync.WaitGroup
+	for range goroutines {
+		workers.Go(func() {
+			for {
+				select {
+				case <-done:
+					return
+				default:
+				}
+				ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+				s.Take(ctx, "k", l, 1)
+				cancel()
+			}
+		})
+	}
+	t.Cleanup(func() { close(done); workers.Wait() })
+}
+
+// switchesOf returns a client of the Sentinel at addr and its subscription
+// to +switch-master, confirmed, both closed at cleanup.
+func switchesOf(t *testing.T, addr string) (*redis.SentinelClient, *redis.PubSub) {
+	t.Helper()
+	sc := redis.NewSentinelClient(&redis.Options{Addr: addr})
+	ps := sc.Subscribe(context.Background(), "+switch-master")
+	t.Cleanup(func() { ps.Close(); sc.Close() })
+	if _, err := ps.Receive(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	return sc, ps
+}
+
+// heard records what callbacks tell, in order, for a test to read as they
+// run.
+type heard struct {
+	mu  sync.Mutex
+	got []string
+}
+
+func (r *heard) add(e string) { r.mu.Lock(); r.got = append(r.got, e); r.mu.Unlock() }
+
+func (r *heard) list() []string { r.mu.Lock(); defer r.mu.Unlock(); return slices.Clone(r.got) }
+
 // TestFaultSentinelStaleSwitch: a Sentinel announcing a change older than
 // the one the follower acted on (a failover's leader finishing late, after
 // a newer failover was announced) is not followed. Sentinel A adopts
@@ -200,71 +228,31 @@ func TestFaultSentinelStaleSwitch(t *testing.T) {
 	ctx := context.Background()
 	m, r1, r2 := set.Master.Addr, set.Replicas[0], set.Replicas[1]
 	a, b := set.Sentinels[0], set.Sentinels[1]
-	var (
-		mu       sync.Mutex
-		switches []string
-	)
-	told := func() []string { mu.Lock(); defer mu.Unlock(); return slices.Clone(switches) }
+	var switches heard
 	o := &redis.FailoverOptions{MasterName: redistest.SentinelMaster, SentinelAddrs: []string{b.Addr}}
 	var logs logtest.Log
 	f := redisstore.FollowSentinels(o, &redisstore.FollowOptions{
-		Logger: logs.TextLogger(),
-		OnSwitch: func(_ context.Context, from, to string) {
-			mu.Lock()
-			switches = append(switches, from+">"+to)
-			mu.Unlock()
-		},
+		Logger:   logs.TextLogger(),
+		OnSwitch: func(_ context.Context, from, to string) { switches.add(from + ">" + to) },
 	})
 	t.Cleanup(f.Close)
-	c := redis.NewFailoverClient(o)
-	t.Cleanup(func() { c.Close() })
-	s := redisstore.New(c, &redisstore.Options{Prefix: redistest.Prefix(t)})
-	limit := sluice.PerHour(1_000_000_000)
-	if _, err := s.Take(ctx, "k", limit, 1); err != nil {
-		t.Fatal(err)
-	}
+	s, limit := failoverStore(t, o)
 	awaitFollowing(t, set)
-	node := func(n *redistest.Node) *redis.Client {
-		c := redis.NewClient(&redis.Options{Addr: n.Addr, MaxRetries: -1})
-		t.Cleanup(func() { c.Close() })
-		return c
-	}
-	c1, c2 := node(r1), node(r2)
+	c1, c2 := newClient(t, &redis.Options{Addr: r1.Addr}), newClient(t, &redis.Options{Addr: r2.Addr})
 	for _, c := range []*redis.Client{c1, c2} {
 		if err := c.Do(ctx, "replicaof", "no", "one").Err(); err != nil {
 			t.Fatal(err)
 		}
 	}
 
-	done := make(chan struct{})
-	var workers sync.WaitGroup
-	for range 2 {
-		workers.Go(func() {
-			for {
-				select {
-				case <-done:
-					return
-				default:
-				}
-				tctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
-				s.Take(tctx, "k", limit, 1)
-				cancel()
-			}
-		})
-	}
-	t.Cleanup(func() { close(done); workers.Wait() })
-	sc := redis.NewSentinelClient(&redis.Options{Addr: b.Addr})
-	ps := sc.Subscribe(ctx, "+switch-master")
-	if _, err := ps.Receive(ctx); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ps.Close(); sc.Close() })
+	keepTaking(t, s, limit, 2)
+	_, ps := switchesOf(t, b.Addr)
 
 	set.AnnounceConfig(t, a, r2, 6)
 	newest := []string{m + ">" + r2.Addr}
-	for deadline := time.Now().Add(2 * time.Second); !slices.Equal(told(), newest); time.Sleep(5 * time.Millisecond) {
+	for deadline := time.Now().Add(2 * time.Second); !slices.Equal(switches.list(), newest); time.Sleep(5 * time.Millisecond) {
 		if time.Now().After(deadline) {
-			t.Fatalf("switches told %q, want %q", told(), newest)
+			t.Fatalf("switches told %q, want %q", switches.list(), newest)
 		}
 	}
 	time.Sleep(200 * time.Millisecond) // the client on R2
@@ -282,7 +270,7 @@ func TestFaultSentinelStaleSwitch(t *testing.T) {
 	time.Sleep(2500 * time.Millisecond)
 	after1, after2 := redistest.ScriptCalls(t, c1), redistest.ScriptCalls(t, c2)
 	t.Logf("after the stale switch: %d takes on R1, %d on R2", after1-before1, after2-before2)
-	if got := told(); !slices.Equal(got, newest) {
+	if got := switches.list(); !slices.Equal(got, newest) {
 		t.Errorf("switches told %q, want %q alone: the stale one followed", got, newest)
 	}
 	if after1 != before1 {
@@ -301,53 +289,27 @@ func TestFaultSentinelStaleSwitch(t *testing.T) {
 // switch, as OnSwitch does.
 func TestFaultFollowSentinelsUnplanned(t *testing.T) {
 	set := redistest.StartSentinel(t, nil)
-	ctx := context.Background()
-	var (
-		mu     sync.Mutex
-		events []string
-	)
-	record := func(e string) { mu.Lock(); events = append(events, e); mu.Unlock() }
-	told := func() []string { mu.Lock(); defer mu.Unlock(); return slices.Clone(events) }
+	var events heard
 	o := &redis.FailoverOptions{MasterName: redistest.SentinelMaster, SentinelAddrs: set.SentinelAddrs()}
 	f := redisstore.FollowSentinels(o, &redisstore.FollowOptions{
 		Logger:   slog.New(slog.DiscardHandler),
-		OnSwitch: func(context.Context, string, string) { record("switch") },
+		OnSwitch: func(context.Context, string, string) { events.add("switch") },
 		OnDegraded: func(reason string) {
 			if reason == "" {
-				record("agreed")
+				events.add("agreed")
 			} else {
-				record("degraded")
+				events.add("degraded")
 			}
 		},
 	})
 	t.Cleanup(f.Close)
-	c := redis.NewFailoverClient(o)
-	t.Cleanup(func() { c.Close() })
-	s := redisstore.New(c, &redisstore.Options{Prefix: redistest.Prefix(t)})
-	limit := sluice.PerHour(1_000_000_000)
-	if _, err := s.Take(ctx, "k", limit, 1); err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan struct{})
-	var workers sync.WaitGroup
-	workers.Go(func() {
-		for {
-			select {
-			case <-done:
-				return
-			case <-time.After(20 * time.Millisecond):
-			}
-			tctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
-			s.Take(tctx, "k", limit, 1)
-			cancel()
-		}
-	})
-	t.Cleanup(func() { close(done); workers.Wait() })
+	s, limit := failoverStore(t, o)
+	t.Cleanup(takeEach(s, []string{"k"}, limit, 20*time.Millisecond))
 	set.Master.Kill()
 	want := []string{"degraded", "switch", "agreed"}
-	for deadline := time.Now().Add(15 * time.Second); !slices.Equal(told(), want); time.Sleep(20 * time.Millisecond) {
+	for deadline := time.Now().Add(15 * time.Second); !slices.Equal(events.list(), want); time.Sleep(20 * time.Millisecond) {
 		if time.Now().After(deadline) {
-			t.Fatalf("told %q, want %q", told(), want)
+			t.Fatalf("told %q, want %q", events.list(), want)
 		}
 	}
 }
