@@ -1,6 +1,11 @@
 package resilient
 
-import "time"
+import (
+	"sync"
+	"time"
+
+	"github.com/sluicehq/sluice"
+)
 
 // ClosedMsg is the line closedAnswers writes, for external tests.
 const ClosedMsg = closedMsg
@@ -10,4 +15,28 @@ const ClosedMsg = closedMsg
 // two such lines, for tests that cannot wait a minute.
 func PaceClosedLines(s *Store, gather, quiet time.Duration) {
 	s.br.closed.pace.Gather, s.br.closed.pace.Every = gather, quiet
+}
+
+// StoreEvents records the store events it observes, for the tests in and
+// outside the package.
+type StoreEvents struct {
+	mu sync.Mutex
+	ev []sluice.StoreEvent
+}
+
+func (r *StoreEvents) ObserveDecision(sluice.DecisionEvent) {}
+func (r *StoreEvents) ObserveBreaker(sluice.BreakerEvent)   {}
+func (r *StoreEvents) ObserveStore(e sluice.StoreEvent) {
+	r.mu.Lock()
+	r.ev = append(r.ev, e)
+	r.mu.Unlock()
+}
+
+// Take returns and forgets the events recorded so far.
+func (r *StoreEvents) Take() []sluice.StoreEvent {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	ev := r.ev
+	r.ev = nil
+	return ev
 }

@@ -199,29 +199,6 @@ func TestRegrant(t *testing.T) {
 	}
 }
 
-// events records the store events it sees.
-type events struct {
-	mu sync.Mutex
-	ev []sluice.StoreEvent
-}
-
-func (r *events) ObserveDecision(sluice.DecisionEvent) {}
-func (r *events) ObserveBreaker(sluice.BreakerEvent)   {}
-func (r *events) ObserveStore(e sluice.StoreEvent) {
-	r.mu.Lock()
-	r.ev = append(r.ev, e)
-	r.mu.Unlock()
-}
-
-// take returns and forgets the events recorded so far.
-func (r *events) take() []sluice.StoreEvent {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	ev := r.ev
-	r.ev = nil
-	return ev
-}
-
 // TakeAllByPolicy answers without the backend, all or nothing: under
 // FallbackLocal from the fallback's TakeAll, so that a check the fallback
 // denies leaves the others' units in it; one event per check, op "take"
@@ -234,18 +211,18 @@ func TestTakeAllByPolicy(t *testing.T) {
 	for _, p := range []Policy{FallbackLocal, FailOpen, FailClosed} {
 		t.Run(p.String(), func(t *testing.T) {
 			t.Parallel()
-			rec, twin := &events{}, &events{}
+			rec, twin := &StoreEvents{}, &StoreEvents{}
 			b, s, _ := newGranting(t, &Options{Policy: p, Observer: rec})
 			_, s2, _ := newGranting(t, &Options{Policy: p, Observer: twin})
-			rec.take()
-			twin.take()
+			rec.Take()
+			twin.Take()
 			one := []sluice.Request{{Key: "a", Limit: l, Cost: 2}}
 			ds, err := s.TakeAllByPolicy(ctx, one, cause)
 			d, err2 := s2.TakeByPolicy(ctx, "a", l, 2, cause)
 			if err != nil || err2 != nil || len(ds) != 1 || ds[0] != d {
 				t.Fatalf("one check: TakeAllByPolicy = %+v, %v; TakeByPolicy = %+v, %v; want the same", ds, err, d, err2)
 			}
-			if got, want := rec.take(), twin.take(); len(got) != 1 || len(want) != 1 || got[0] != want[0] || got[0].Op != "take" || !got[0].Reported || got[0].Err != errDown {
+			if got, want := rec.Take(), twin.Take(); len(got) != 1 || len(want) != 1 || got[0] != want[0] || got[0].Op != "take" || !got[0].Reported || got[0].Err != errDown {
 				t.Errorf("one check: events %+v; want TakeByPolicy's %+v (op take, the backend's error, reported)", got, want)
 			}
 
@@ -254,7 +231,7 @@ func TestTakeAllByPolicy(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			ev := rec.take()
+			ev := rec.Take()
 			if len(ev) != 2 {
 				t.Fatalf("two checks: events %+v; want one each", ev)
 			}

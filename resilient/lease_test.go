@@ -6,7 +6,6 @@ import (
 	"log/slog"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -96,29 +95,6 @@ func TestRedisLeaseGrantUnsupportedNotAFailure(t *testing.T) {
 	takeBackend(t, s, "api", sluice.PerMinute(100))
 }
 
-// storeEvents records a store's Observer events.
-type storeEvents struct {
-	mu sync.Mutex
-	ev []sluice.StoreEvent
-}
-
-func (r *storeEvents) ObserveDecision(sluice.DecisionEvent) {}
-func (r *storeEvents) ObserveBreaker(sluice.BreakerEvent)   {}
-func (r *storeEvents) ObserveStore(e sluice.StoreEvent) {
-	r.mu.Lock()
-	r.ev = append(r.ev, e)
-	r.mu.Unlock()
-}
-
-// take returns and forgets the events recorded so far.
-func (r *storeEvents) take() []sluice.StoreEvent {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	ev := r.ev
-	r.ev = nil
-	return ev
-}
-
 // A decision the failure policy answers for a lease call that failed
 // (TakeByPolicy after a grant, PeekByPolicy after a return) is reported
 // with that call's error, marked Reported, so that observers count the
@@ -137,7 +113,7 @@ func TestRedisByPolicyCarriesLeaseError(t *testing.T) {
 	acl("~*")
 	c := redis.NewClient(&redis.Options{Addr: r.Addr, Username: "leaser", Password: "pw"})
 	t.Cleanup(func() { c.Close() })
-	rec := &storeEvents{}
+	rec := &resilient.StoreEvents{}
 	reg := prometheus.NewRegistry()
 	col := promsluice.New(nil)
 	reg.MustRegister(col)
@@ -156,7 +132,7 @@ func TestRedisByPolicyCarriesLeaseError(t *testing.T) {
 		t.Fatalf("take with every key allowed: %+v, %v; want Redis's lease", d, err)
 	}
 	acl("~t:*good*")
-	rec.take()
+	rec.Take()
 
 	d, err := ls.Take(context.Background(), "bad", limit, 1)
 	if err != nil || d.Source != sluice.SourceFallback {
@@ -168,7 +144,7 @@ func TestRedisByPolicyCarriesLeaseError(t *testing.T) {
 	}
 	var grant, ret error
 	answered := 0
-	for _, e := range rec.take() {
+	for _, e := range rec.Take() {
 		switch {
 		case e.Source == sluice.SourceBackend && e.Op == "grant":
 			grant = e.Err
@@ -217,7 +193,7 @@ func TestRedisLeaseTakeAllByPolicyEvents(t *testing.T) {
 	}
 	c := redis.NewClient(&redis.Options{Addr: r.Addr, Username: "leaser", Password: "pw"})
 	t.Cleanup(func() { c.Close() })
-	rec := &storeEvents{}
+	rec := &resilient.StoreEvents{}
 	reg := prometheus.NewRegistry()
 	col := promsluice.New(nil)
 	reg.MustRegister(col)
@@ -232,7 +208,7 @@ func TestRedisLeaseTakeAllByPolicyEvents(t *testing.T) {
 		t.Fatal(err)
 	}
 	limit := sluice.PerSecond(1000)
-	rec.take()
+	rec.Take()
 	for _, keys := range [][]string{{"one"}, {"b1", "b2", "b3"}} {
 		reqs := make([]sluice.Request, len(keys))
 		for i, k := range keys {
@@ -249,7 +225,7 @@ func TestRedisLeaseTakeAllByPolicyEvents(t *testing.T) {
 		}
 		var grant error
 		var taken []string
-		for _, e := range rec.take() {
+		for _, e := range rec.Take() {
 			switch {
 			case e.Source == sluice.SourceBackend && e.Op == "grant" && grant == nil:
 				grant = e.Err
