@@ -95,6 +95,48 @@ func TestRedisLeaseGrantUnsupportedNotAFailure(t *testing.T) {
 	takeBackend(t, s, "api", sluice.PerMinute(100))
 }
 
+// refusingLease is a lease store (Size 10, D 50 ms) over a resilient
+// store named "redis" over a Redis of its own, as a user whose keys acl
+// sets (keys to begin with). The resilient store's events go to rec and to
+// a collector registered in reg.
+type refusingLease struct {
+	acl func(keys string)
+	rec *resilient.StoreEvents
+	reg *prometheus.Registry
+	res *resilient.MultiStore
+	ls  *lease.Store
+}
+
+func newRefusingLease(t *testing.T, keys string) *refusingLease {
+	t.Helper()
+	r := redistest.StartServer(t)
+	admin := r.Client(t)
+	rl := &refusingLease{rec: &resilient.StoreEvents{}, reg: prometheus.NewRegistry()}
+	rl.acl = func(keys string) {
+		t.Helper()
+		if err := admin.Do(context.Background(), "acl", "setuser", "leaser", "on", ">pw", "resetkeys", keys, "&*", "+@all").Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rl.acl(keys)
+	c := redis.NewClient(&redis.Options{Addr: r.Addr, Username: "leaser", Password: "pw"})
+	t.Cleanup(func() { c.Close() })
+	col := promsluice.New(nil)
+	rl.reg.MustRegister(col)
+	var err error
+	rl.res, err = resilient.NewMulti(redisstore.New(c, &redisstore.Options{Prefix: "t:"}), &resilient.Options{
+		Name: "redis", Policy: resilient.FallbackLocal, Logger: slog.New(slog.DiscardHandler), Observer: multiObserver{rl.rec, col}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { rl.res.Close() })
+	rl.ls, err = lease.New(rl.res, &lease.Options{Size: 10, For: func(string, sluice.Limit) time.Duration { return 50 * time.Millisecond }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rl
+}
+
 // A decision the failure policy answers for a lease call that failed
 // (TakeByPolicy after a grant, PeekByPolicy after a return) is reported
 // with that call's error, marked Reported, so that observers count the
@@ -102,36 +144,13 @@ func TestRedisLeaseGrantUnsupportedNotAFailure(t *testing.T) {
 // refuses the keys (an ACL) while the breaker stays closed.
 func TestRedisByPolicyCarriesLeaseError(t *testing.T) {
 	t.Parallel()
-	r := redistest.StartServer(t)
-	admin := r.Client(t)
-	acl := func(keys string) {
-		t.Helper()
-		if err := admin.Do(context.Background(), "acl", "setuser", "leaser", "on", ">pw", "resetkeys", keys, "&*", "+@all").Err(); err != nil {
-			t.Fatal(err)
-		}
-	}
-	acl("~*")
-	c := redis.NewClient(&redis.Options{Addr: r.Addr, Username: "leaser", Password: "pw"})
-	t.Cleanup(func() { c.Close() })
-	rec := &resilient.StoreEvents{}
-	reg := prometheus.NewRegistry()
-	col := promsluice.New(nil)
-	reg.MustRegister(col)
-	res, err := resilient.NewMulti(redisstore.New(c, &redisstore.Options{Prefix: "t:"}), &resilient.Options{
-		Name: "redis", Policy: resilient.FallbackLocal, Logger: slog.New(slog.DiscardHandler), Observer: multiObserver{rec, col}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { res.Close() })
-	ls, err := lease.New(res, &lease.Options{Size: 10, For: func(string, sluice.Limit) time.Duration { return 50 * time.Millisecond }})
-	if err != nil {
-		t.Fatal(err)
-	}
+	rl := newRefusingLease(t, "~*")
+	rec, reg, res, ls := rl.rec, rl.reg, rl.res, rl.ls
 	limit := sluice.PerSecond(1000)
 	if d, err := ls.Take(context.Background(), "peeked", limit, 1); err != nil || d.Source == sluice.SourceFallback {
 		t.Fatalf("take with every key allowed: %+v, %v; want Redis's lease", d, err)
 	}
-	acl("~t:*good*")
+	rl.acl("~t:*good*")
 	rec.Take()
 
 	d, err := ls.Take(context.Background(), "bad", limit, 1)
@@ -186,27 +205,8 @@ func TestRedisByPolicyCarriesLeaseError(t *testing.T) {
 // policy first, an extra sluice_store_calls_total{op="peek"} each.
 func TestRedisLeaseTakeAllByPolicyEvents(t *testing.T) {
 	t.Parallel()
-	r := redistest.StartServer(t)
-	admin := r.Client(t)
-	if err := admin.Do(context.Background(), "acl", "setuser", "leaser", "on", ">pw", "resetkeys", "~t:*good*", "&*", "+@all").Err(); err != nil {
-		t.Fatal(err)
-	}
-	c := redis.NewClient(&redis.Options{Addr: r.Addr, Username: "leaser", Password: "pw"})
-	t.Cleanup(func() { c.Close() })
-	rec := &resilient.StoreEvents{}
-	reg := prometheus.NewRegistry()
-	col := promsluice.New(nil)
-	reg.MustRegister(col)
-	res, err := resilient.NewMulti(redisstore.New(c, &redisstore.Options{Prefix: "t:"}), &resilient.Options{
-		Name: "redis", Logger: slog.New(slog.DiscardHandler), Observer: multiObserver{rec, col}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { res.Close() })
-	ls, err := lease.New(res, &lease.Options{Size: 10, For: func(string, sluice.Limit) time.Duration { return 50 * time.Millisecond }})
-	if err != nil {
-		t.Fatal(err)
-	}
+	rl := newRefusingLease(t, "~t:*good*")
+	rec, reg, ls := rl.rec, rl.reg, rl.ls
 	limit := sluice.PerSecond(1000)
 	rec.Take()
 	for _, keys := range [][]string{{"one"}, {"b1", "b2", "b3"}} {
