@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/lease"
 	"github.com/sluicehq/sluice/memory"
 	"github.com/sluicehq/sluice/storetest"
 )
@@ -154,29 +155,14 @@ func TestTopUpKeepsLease(t *testing.T) {
 // limiter's units (TestLayeredClosedLoop, SLUICE_LAYERED_PHASE=0).
 func TestSiblingDenialReturnsLease(t *testing.T) {
 	t.Parallel()
-	clock := storetest.NewClock(storetest.T0) // a window's start
-	m := newMemory(t, clock)
 	const d = 50 * time.Millisecond
-	s := newLease(t, m, clock, d, 10)
+	clock, m, s, lf := spentWindow(t, d)
 	lg := sluice.PerSecond(100) // one unit per 10 ms
-	lf := sluice.Limit{Algorithm: sluice.FixedWindow, Rate: 10, Period: time.Second}
-	if d, err := m.Take(ctx, "f", lf, 10); err != nil || !d.Allowed {
-		t.Fatal(d, err) // the window is spent until T0 + 1s
-	}
 	if d, err := m.Take(ctx, "g", lg, 100); err != nil || !d.Allowed {
 		t.Fatal(d, err) // the GCRA is empty
 	}
 	clock.Advance(100 * time.Millisecond) // 10 units back in the GCRA
-	reqs := []sluice.Request{{Key: "g", Limit: lg, Cost: 1}, {Key: "f", Limit: lf, Cost: 1}}
-	for range 3 {
-		ds, err := s.TakeAll(ctx, reqs)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if !ds[0].Allowed || ds[1].Allowed {
-			t.Fatalf("TakeAll: %+v, want the GCRA's verdict allowed and the window's denied", ds)
-		}
-	}
+	deniedBySibling(t, s, lg, lf)
 	if st := s.Stats(); st.Grants != 2 || st.Granted != 10 || st.Returned != 10 {
 		t.Fatalf("%+v: want a grant of 10 units for the GCRA, all of them back at once, and one grant of nothing for the window", st)
 	}
@@ -194,27 +180,25 @@ func TestSiblingDenialReturnsLease(t *testing.T) {
 	}
 }
 
-// A GCRA lease granted for a Take stays when a spent fixed window denies a
-// TakeAll of the same key: the key's single requests spend it. Given back
-// at once, young, it lost a unit per Interval of its age, at every such
-// denial; with single requests on the key beside layered ones, 4 lease
-// Stores over one Redis lost 1.8-3.5 % of the GCRA's units
-// (TestLayeredMixedClosedLoop), and through the service up to 12 %.
-func TestSiblingDenialKeepsTakesLease(t *testing.T) {
-	t.Parallel()
-	clock := storetest.NewClock(storetest.T0) // a window's start
+// spentWindow returns a lease store (D d, Size 10) over a memory store on
+// a test clock at a window's start, and a fixed window limit whose key "f"
+// is spent there until T0 + 1s.
+func spentWindow(t *testing.T, d time.Duration) (*storetest.Clock, *memory.Store, *lease.Store, sluice.Limit) {
+	t.Helper()
+	clock := storetest.NewClock(storetest.T0)
 	m := newMemory(t, clock)
-	const d = 50 * time.Millisecond
 	s := newLease(t, m, clock, d, 10)
-	lg := sluice.PerSecond(1000) // one unit per ms
 	lf := sluice.Limit{Algorithm: sluice.FixedWindow, Rate: 10, Period: time.Second}
 	if d, err := m.Take(ctx, "f", lf, 10); err != nil || !d.Allowed {
-		t.Fatal(d, err) // the window is spent until T0 + 1s
+		t.Fatal(d, err)
 	}
-	if d := take(t, s, "g", lg, 1); d.Source != sluice.SourceBackend {
-		t.Fatalf("first Take: %+v, want a grant", d) // the lease holds 9
-	}
-	clock.Advance(5 * time.Millisecond)
+	return clock, m, s, lf
+}
+
+// deniedBySibling sends 3 TakeAlls of a unit of "g" under lg and of "f"
+// under lf, spent: each wants g's verdict allowed and f's denied.
+func deniedBySibling(t *testing.T, s *lease.Store, lg, lf sluice.Limit) {
+	t.Helper()
 	reqs := []sluice.Request{{Key: "g", Limit: lg, Cost: 1}, {Key: "f", Limit: lf, Cost: 1}}
 	for range 3 {
 		ds, err := s.TakeAll(ctx, reqs)
@@ -225,6 +209,23 @@ func TestSiblingDenialKeepsTakesLease(t *testing.T) {
 			t.Fatalf("TakeAll: %+v, want the GCRA's verdict allowed and the window's denied", ds)
 		}
 	}
+}
+
+// A GCRA lease granted for a Take stays when a spent fixed window denies a
+// TakeAll of the same key: the key's single requests spend it. Given back
+// at once, young, it lost a unit per Interval of its age, at every such
+// denial; with single requests on the key beside layered ones, 4 lease
+// Stores over one Redis lost 1.8-3.5 % of the GCRA's units
+// (TestLayeredMixedClosedLoop), and through the service up to 12 %.
+func TestSiblingDenialKeepsTakesLease(t *testing.T) {
+	t.Parallel()
+	clock, _, s, lf := spentWindow(t, 50*time.Millisecond)
+	lg := sluice.PerSecond(1000) // one unit per ms
+	if d := take(t, s, "g", lg, 1); d.Source != sluice.SourceBackend {
+		t.Fatalf("first Take: %+v, want a grant", d) // the lease holds 9
+	}
+	clock.Advance(5 * time.Millisecond)
+	deniedBySibling(t, s, lg, lf)
 	for i := range 9 {
 		if d := take(t, s, "g", lg, 1); !d.Allowed || d.Source != sluice.SourceLease {
 			t.Fatalf("Take %d after the denials: %+v, want the lease's", i, d)
