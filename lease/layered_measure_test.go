@@ -128,6 +128,29 @@ func (c *tally) TakeAll(ctx context.Context, reqs []sluice.Request) ([]sluice.De
 	return ds, err
 }
 
+// fleetOver returns procs lease Stores over g, as a fleet's processes
+// (FleetSize procs), leasing for 50 ms.
+func fleetOver(t *testing.T, g sluice.Granter, procs int) []*lease.Store {
+	stores := make([]*lease.Store, procs)
+	for p := range stores {
+		s, err := lease.New(g, &lease.Options{MaxStaleness: 50 * time.Millisecond, FleetSize: func() int { return procs }})
+		if err != nil {
+			t.Fatal(err)
+		}
+		stores[p] = s
+	}
+	return stores
+}
+
+// awaitPhase waits until SLUICE_LAYERED_PHASE ms into a fixed window, on
+// this host's clock, where that is set.
+func awaitPhase() {
+	if ms, err := strconv.Atoi(os.Getenv("SLUICE_LAYERED_PHASE")); err == nil {
+		into := time.Duration(ms) * time.Millisecond % time.Second
+		time.Sleep((into - time.Duration(time.Now().UnixNano())%time.Second + time.Second) % time.Second)
+	}
+}
+
 // TestLayeredClosedLoop measures layered checks under closed-loop
 // overload: 3 lease Stores over one Redis (SLUICE_REDIS_ADDR), each with
 // SLUICE_LAYERED_CLIENTS goroutines sending TakeAlls of a GCRA 200/s and
@@ -153,25 +176,13 @@ func TestLayeredClosedLoop(t *testing.T) {
 	gcra := sluice.PerSecond(200)
 	fw := sluice.Limit{Algorithm: sluice.FixedWindow, Rate: 300, Period: time.Second}
 	run := 5 * time.Second
-	stores := make([]*lease.Store, procs)
 	counted := newTally(redisstore.New(client, &redisstore.Options{Prefix: prefix}))
-	for p := range stores {
-		s, err := lease.New(counted, &lease.Options{MaxStaleness: 50 * time.Millisecond, FleetSize: func() int { return procs }})
-		if err != nil {
-			t.Fatal(err)
-		}
-		stores[p] = s
-	}
+	stores := fleetOver(t, counted, procs)
 	exact := redisstore.New(client, &redisstore.Options{Prefix: prefix + "exact:"})
 	var leasedUnits, exactUnits, leasedReqs, exactReqs atomic.Int64
 	var deniedG, deniedF, deniedBoth [8]atomic.Int64
 	var leasedPerSec, exactPerSec [6]atomic.Int64 // units admitted in each second of the run
-	if ms, err := strconv.Atoi(os.Getenv("SLUICE_LAYERED_PHASE")); err == nil {
-		into := time.Duration(ms) * time.Millisecond % time.Second
-		now := time.Now()
-		wait := (into - time.Duration(now.UnixNano())%time.Second + time.Second) % time.Second
-		time.Sleep(wait)
-	}
+	awaitPhase()
 	start := time.Now()
 	var wg sync.WaitGroup
 	for p := range procs {
@@ -275,27 +286,15 @@ func TestLayeredMixedClosedLoop(t *testing.T) {
 	gcra := sluice.PerSecond(1000).WithBurst(100)
 	fw := sluice.Limit{Algorithm: sluice.FixedWindow, Rate: 300, Period: time.Second}
 	run := 5 * time.Second
-	stores := make([]*lease.Store, procs)
 	counted := newTally(redisstore.New(client, &redisstore.Options{Prefix: prefix}))
 	counted.delay, _ = time.ParseDuration(os.Getenv("SLUICE_LAYERED_DELAY"))
-	for p := range stores {
-		s, err := lease.New(counted, &lease.Options{MaxStaleness: 50 * time.Millisecond, FleetSize: func() int { return procs }})
-		if err != nil {
-			t.Fatal(err)
-		}
-		stores[p] = s
-	}
+	stores := fleetOver(t, counted, procs)
 	exact := newTally(redisstore.New(client, &redisstore.Options{Prefix: prefix + "exact:"}))
 	exact.delay = counted.delay
 	// [leased][layered][second]: GCRA units admitted
 	var perSec [2][2][6]atomic.Int64
 	var denied [2][2][8]atomic.Int64 // [leased][layered][source]: requests denied
-	if ms, err := strconv.Atoi(os.Getenv("SLUICE_LAYERED_PHASE")); err == nil {
-		into := time.Duration(ms) * time.Millisecond % time.Second
-		now := time.Now()
-		wait := (into - time.Duration(now.UnixNano())%time.Second + time.Second) % time.Second
-		time.Sleep(wait)
-	}
+	awaitPhase()
 	start := time.Now()
 	var wg sync.WaitGroup
 	for p := range procs {
@@ -383,13 +382,7 @@ func TestLayeredMixedClosedLoop(t *testing.T) {
 	}
 	var sum lease.Stats
 	for _, s := range stores {
-		st := s.Stats()
-		sum.Local += st.Local
-		sum.Grants += st.Grants
-		sum.Granted += st.Granted
-		sum.Returned += st.Returned
-		sum.Lost += st.Lost
-		sum.Forfeited += st.Forfeited
+		sum = addStats(sum, s.Stats())
 	}
 	t.Logf("  stores: %+v", sum)
 	for _, st := range stores {

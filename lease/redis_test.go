@@ -243,6 +243,18 @@ type fleetStats struct {
 	decisions int64
 }
 
+// addStats returns the sum of two Stores' counters (not the gauges Keys
+// and Leased).
+func addStats(a, b lease.Stats) lease.Stats {
+	a.Local += b.Local
+	a.Grants += b.Grants
+	a.Granted += b.Granted
+	a.Returned += b.Returned
+	a.Lost += b.Lost
+	a.Forfeited += b.Forfeited
+	return a
+}
+
 // fleetResult is what a fleet run's workers report.
 type fleetResult struct {
 	admitted     []admission
@@ -303,12 +315,7 @@ func runFleet(t *testing.T, job fleetJob) fleetResult {
 				}
 				sum := res.stats[name]
 				sum.decisions += st.decisions
-				sum.Local += st.Local
-				sum.Grants += st.Grants
-				sum.Granted += st.Granted
-				sum.Returned += st.Returned
-				sum.Forfeited += st.Forfeited
-				sum.Lost += st.Lost
+				sum.Stats = addStats(sum.Stats, st.Stats)
 				res.stats[name] = sum
 				continue
 			}
