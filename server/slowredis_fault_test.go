@@ -199,8 +199,10 @@ func TestFaultServeColdStartWarm(t *testing.T) {
 	if got := noScript(); got != scripts {
 		t.Errorf("NOSCRIPT errors at Redis %s after the first decisions, %s before: a script was not loaded by the warm-up", got, scripts)
 	}
-	if got := proxy.Accepted() - dialled; got != 0 {
-		t.Errorf("the first decisions dialled %d Redis connections, want none: the warm-up dials them", got)
+	// The store check's quick ping keeps one connection of its own, which
+	// its first check dials, maybe meanwhile; cold, the decisions dialled 12.
+	if got := proxy.Accepted() - dialled; got > 1 {
+		t.Errorf("%d Redis connections dialled during the first decisions, want at most the store check's one: the warm-up dials the decisions'", got)
 	}
 	if got := scrapedMetric(t, p, `sluice_breaker_transitions_total{partition="",store="redis",to="open"}`); got != "" && got != "0" {
 		t.Errorf("the breaker opened %s times at start", got)
