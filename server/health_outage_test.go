@@ -88,8 +88,13 @@ func TestFaultDownForFromFirstFailure(t *testing.T) {
 // at its end.
 func TestFaultStoreLostIdleAtOnce(t *testing.T) {
 	race.SkipTiming(t)
+	// Each policy has its Redis and process of their own, and the trials
+	// mostly wait out outages: run side by side, the test takes one's time.
 	for _, policy := range []string{"error", "local"} {
-		t.Run(policy, func(t *testing.T) { storeLostIdleAtOnce(t, policy) })
+		t.Run(policy, func(t *testing.T) {
+			t.Parallel()
+			storeLostIdleAtOnce(t, policy)
+		})
 	}
 }
 
