@@ -28,7 +28,9 @@
 // as increase(x[10m]) > 0 would miss that event. So series start at 0 as
 // soon as what they count can happen: a breaker's transitions when it is
 // built (resilient announces it), a policy's decision and in-flight series
-// at its first event of any kind, or before with AddPolicy.
+// at its first event of any kind, or before with AddPolicy (which
+// httplimit and grpclimit call for their rules when built with the
+// Collector as their Observer, and sluice serve at each configuration).
 package promsluice
 
 import (

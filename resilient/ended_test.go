@@ -3,6 +3,7 @@ package resilient
 import (
 	"context"
 	"errors"
+	"slices"
 	"testing"
 	"time"
 
@@ -10,6 +11,7 @@ import (
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/redisstore"
+	"github.com/sluicehq/sluice/storetest"
 )
 
 // A backend whose client was closed is no outage: its error
@@ -33,6 +35,45 @@ func TestClosedBackendIsReturned(t *testing.T) {
 	}
 	if st := s.State(); st != sluice.BreakerClosed {
 		t.Errorf("breaker %v after calls on a closed backend, want closed", st)
+	}
+}
+
+// A probe on a backend whose client its owner closed (the breaker open on
+// a dead Redis, the client then closed at shutdown) says nothing of the
+// backend's health: Probe returns sluice.ErrStoreClosed and the breaker
+// stays half-open with its probe given back, as after any call the
+// caller's own doing. Before, it counted as a failed probe: the breaker
+// reopened for another ProbeInterval, with its line and transition.
+func TestProbeOnClosedBackendIsNoFailure(t *testing.T) {
+	t.Parallel()
+	clk := storetest.NewClock(t0)
+	rec := &recorder{}
+	c := redis.NewClient(&redis.Options{Addr: redistest.DeadAddr(t), MaxRetries: -1})
+	s := newStore(t, redisstore.New(c, nil), &Options{
+		Clock: clk.Now, Observer: rec, Logger: discard, Timeout: time.Second,
+		FailureThreshold: 1, DeadAfter: time.Millisecond, ProbeInterval: time.Second,
+	})
+	for range 2 {
+		s.Take(context.Background(), "k", sluice.PerMinute(10), 1)
+		clk.Advance(10 * time.Millisecond)
+	}
+	if st := s.State(); st != sluice.BreakerOpen {
+		t.Fatalf("breaker %v after calls on a dead Redis, want open", st)
+	}
+	c.Close()
+	clk.Advance(2 * time.Second) // the probe is due
+	if sent, err := s.Probe(context.Background()); !sent || !errors.Is(err, sluice.ErrStoreClosed) {
+		t.Fatalf("Probe on a closed backend = %v, %v; want sent, sluice.ErrStoreClosed", sent, err)
+	}
+	rec.mu.Lock()
+	got := slices.Clone(rec.breakers)
+	rec.mu.Unlock()
+	if want := []sluice.BreakerState{sluice.BreakerOpen, sluice.BreakerHalfOpen}; !slices.Equal(got, want) {
+		t.Errorf("breaker transitions %v, want %v: a probe on a closed client is no failure", got, want)
+	}
+	// The probe was given back: the next call may probe at once.
+	if sent, err := s.Probe(context.Background()); !sent || !errors.Is(err, sluice.ErrStoreClosed) {
+		t.Errorf("second Probe = %v, %v; want sent, sluice.ErrStoreClosed", sent, err)
 	}
 }
 

@@ -273,9 +273,10 @@ func (s *Store) probeOne(ctx context.Context, b *breaker) (bool, error) {
 		b.success(tn, now)
 		return true, nil
 	}
-	if cerr := ctx.Err(); cerr != nil {
-		b.release(tn)
-		return true, cerr
+	// A probe cut by its caller, or sent on a backend whose client its
+	// owner closed, says nothing of the backend's health, as for any call.
+	if ferr := s.callerFault(ctx, "probe", err, gate{b, tn}); ferr != nil {
+		return true, ferr
 	}
 	b.failure(tn, now, s.clock(), err)
 	return true, err

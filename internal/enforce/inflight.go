@@ -208,6 +208,7 @@ func NewSlotRules[R any](store sluice.Store, specs []SlotSpec[R], prefix string,
 		}
 		rs.store, rs.env.store = slots, slots
 	}
+	addPolicies(observer, true, len(rs.specs), func(i int) string { return rs.specs[i].Name })
 	return rs, nil
 }
 

@@ -54,7 +54,27 @@ func NewRules[R any](store sluice.Store, specs []Spec[R], prefix string, hashKey
 		rs.specs[i].Rule = rules[i] // as Setup prepared it
 		rs.bases[i] = keyer.LimitStem(keyer.Base(rules[i].Name), rules[i].Limit)
 	}
+	addPolicies(observer, false, len(rules), func(i int) string { return rules[i].Name })
 	return rs, nil
+}
+
+// policyAdder is an Observer that makes a policy's series before its
+// first event (promsluice.Collector), so that alerts on increase() see
+// that event too.
+type policyAdder interface {
+	AddPolicy(name string, inFlight bool)
+}
+
+// addPolicies tells observer, if it is a policyAdder, of n policies named
+// by name, of the kind inFlight says.
+func addPolicies(observer sluice.Observer, inFlight bool, n int, name func(i int) string) {
+	a, ok := observer.(policyAdder)
+	if !ok {
+		return
+	}
+	for i := range n {
+		a.AddPolicy(name(i), inFlight)
+	}
 }
 
 // Len returns the number of rules.
