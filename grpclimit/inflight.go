@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -65,27 +66,45 @@ type PriorityOptions = enforce.PriorityOptions
 // metadata ("critical", "normal" or "sheddable") from trusted proxies
 // only, its last value (a proxy that appends has the last word). A bad
 // value from a trusted proxy is the default priority, not an
-// error. It fails on a bad CIDR, or a Default that names no priority
-// (sluice.ErrInvalidPriority).
+// error. It fails with ErrInvalidConfig on a bad CIDR, or a Default that
+// names no priority (then sluice.ErrInvalidPriority too).
 func PriorityMetadata(name string, opts *PriorityOptions) (PriorityFunc, error) {
 	f, err := enforce.TrustedPriority("grpclimit", opts, peerAddr, func(c call) string {
 		md, _ := metadata.FromIncomingContext(c.ctx)
 		return enforce.LastValue(md.Get(name))
 	})
-	return fromSharedPriority(f), err
+	if err != nil {
+		return nil, configError{err}
+	}
+	return fromSharedPriority(f), nil
 }
 
 // PriorityFrom returns a PriorityFunc reading the priority's name with
 // key (say, ContextValue of the account's tier). ErrNoKey, another key
 // error or a name that is no priority gives def ("" for "normal"). It
-// fails when def names no priority (sluice.ErrInvalidPriority).
+// fails with ErrInvalidConfig and sluice.ErrInvalidPriority when def
+// names no priority.
 func PriorityFrom(key KeyFunc, def string) (PriorityFunc, error) {
 	if key == nil {
 		return nil, fmt.Errorf("%w: PriorityFrom was given a nil KeyFunc", ErrInvalidConfig)
 	}
 	f, err := enforce.PriorityFrom("grpclimit", key.keyFunc(), def)
-	return fromSharedPriority(f), err
+	if err != nil {
+		return nil, configError{err}
+	}
+	return fromSharedPriority(f), nil
 }
+
+// configError is a construction error of the shared code, which names the
+// package already, as one of ErrInvalidConfig: errors.Is finds both, and
+// the message names the package once.
+type configError struct{ err error }
+
+func (e configError) Error() string {
+	return ErrInvalidConfig.Error() + ": " + strings.TrimPrefix(e.err.Error(), "grpclimit: ")
+}
+
+func (e configError) Unwrap() []error { return []error{ErrInvalidConfig, e.err} }
 
 func fromSharedPriority(f enforce.PriorityFunc[call]) PriorityFunc {
 	if f == nil {

@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync/atomic"
 
 	"github.com/sluicehq/sluice"
@@ -77,26 +78,46 @@ type PriorityOptions = enforce.PriorityOptions
 // to the header rather than sets it still has the last word over the
 // client. A bad value from a trusted proxy is the
 // default priority, not an error: the proxy is ours to fix, the client
-// should not pay for it. It fails on a bad CIDR, or a Default that names
-// no priority (sluice.ErrInvalidPriority).
+// should not pay for it. It fails with ErrInvalidConfig on a bad CIDR, or
+// a Default that names no priority (then sluice.ErrInvalidPriority too).
 func PriorityHeader(name string, opts *PriorityOptions) (PriorityFunc, error) {
 	name = http.CanonicalHeaderKey(name)
-	return enforce.TrustedPriority("httplimit", opts, remoteAddr, func(r *http.Request) string {
+	f, err := enforce.TrustedPriority("httplimit", opts, remoteAddr, func(r *http.Request) string {
 		return enforce.LastValue(r.Header[name])
 	})
+	if err != nil {
+		return nil, configError{err}
+	}
+	return f, nil
 }
 
 // PriorityFrom returns a PriorityFunc reading the priority's name with
 // key, such as ContextValue(tierKey) after an authentication middleware
 // has put the account's tier in the context. ErrNoKey, another key error
 // or a name that is no priority gives def ("" for "normal"). It fails
-// when def names no priority (sluice.ErrInvalidPriority).
+// with ErrInvalidConfig and sluice.ErrInvalidPriority when def names no
+// priority.
 func PriorityFrom(key KeyFunc, def string) (PriorityFunc, error) {
 	if key == nil {
 		return nil, fmt.Errorf("%w: PriorityFrom was given a nil KeyFunc", ErrInvalidConfig)
 	}
-	return enforce.PriorityFrom("httplimit", key, def)
+	f, err := enforce.PriorityFrom("httplimit", key, def)
+	if err != nil {
+		return nil, configError{err}
+	}
+	return f, nil
 }
+
+// configError is a construction error of the shared code, which names the
+// package already, as one of ErrInvalidConfig: errors.Is finds both, and
+// the message names the package once.
+type configError struct{ err error }
+
+func (e configError) Error() string {
+	return ErrInvalidConfig.Error() + ": " + strings.TrimPrefix(e.err.Error(), "httplimit: ")
+}
+
+func (e configError) Unwrap() []error { return []error{ErrInvalidConfig, e.err} }
 
 // setupSlots prepares the in-flight and shedding rules of o, named apart
 // from the rate rules.
