@@ -388,8 +388,8 @@ func headers(set HeaderSet, policy string, d sluice.Decision, now time.Time, noW
 
 // denial is the ResourceExhausted status for a denied call.
 func denial(policy string, d sluice.Decision) error {
-	secs := max((d.RetryAfter+time.Second-1)/time.Second, 1)
-	msg := "grpclimit: rate limit " + strconv.Quote(policy) + " exceeded; retry in " + strconv.FormatInt(int64(secs), 10) + "s"
+	secs := max(header.CeilSeconds(d.RetryAfter), 1)
+	msg := "grpclimit: rate limit " + strconv.Quote(policy) + " exceeded; retry in " + strconv.FormatInt(secs, 10) + "s"
 	return refusal(codes.ResourceExhausted, msg, d.RetryAfter, policy, "rate limit "+d.Limit.String()+" exceeded")
 }
 

@@ -209,7 +209,7 @@ func policyField(quoted string, l sluice.Limit) string {
 		if windowed(l.Algorithm) {
 			// At most MaxRate × 1s/MinPeriod: no overflow.
 			q = q * int64(time.Second) / int64(l.Period)
-		} else {
+		} else if iv > 0 { // 0 only for a limit that is not valid
 			q = int64(time.Second / iv)
 		}
 	}
@@ -245,7 +245,11 @@ func CeilSeconds(d time.Duration) int64 {
 	if d <= 0 {
 		return 0
 	}
-	return int64((d + time.Second - 1) / time.Second)
+	s := int64(d / time.Second)
+	if d%time.Second != 0 { // not d+1s-1: that wraps for the longest waits
+		s++
+	}
+	return s
 }
 
 // resetUnix is now+after in Unix seconds, rounded up.

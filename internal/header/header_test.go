@@ -126,3 +126,34 @@ func TestQuoteDistinct(t *testing.T) {
 		}
 	}
 }
+
+// Set is exported (httplimit.SetHeaders) for decisions built outside the
+// middleware: one whose limit is not valid (an Interval of 0) must still
+// be written, not panic, and a wait too long for a Duration's arithmetic
+// must not wrap around to a short one.
+func TestSetOutsideValidLimits(t *testing.T) {
+	t.Parallel()
+	now := time.Unix(1_700_000_000, 0)
+	for _, d := range []sluice.Decision{
+		{Limit: sluice.Limit{Rate: 1 << 40, Period: time.Nanosecond}},
+		{Allowed: true, Limit: sluice.Limit{Rate: 5_000_000, Period: time.Millisecond}},
+	} {
+		func() {
+			defer func() {
+				if p := recover(); p != nil {
+					t.Errorf("Set(%v) panicked: %v", d.Limit, p)
+				}
+			}()
+			All.Set(http.Header{}, "p", d, now)
+		}()
+	}
+	long := time.Duration(1<<63 - 1)
+	if got, want := CeilSeconds(long), int64(long/time.Second)+1; got != want {
+		t.Errorf("CeilSeconds(%v) = %d, want %d", long, got, want)
+	}
+	h := http.Header{}
+	All.Set(h, "p", sluice.Decision{Limit: sluice.PerMinute(1), RetryAfter: long}, now)
+	if got, want := h.Get(RetryAfter), strconv.FormatInt(int64(long/time.Second)+1, 10); got != want {
+		t.Errorf("Retry-After for a wait of %v: %q, want %q", long, got, want)
+	}
+}
