@@ -55,7 +55,11 @@ type IPOptions struct {
 
 // ClientIP returns a KeyFunc for the client's IP address (or its IPv6
 // prefix), spoof-proof as IPOptions describes. It fails on a bad CIDR or
-// prefix length.
+// prefix length. A request whose peer is not an IP address (a server
+// listening on a Unix socket, whose requests' RemoteAddr is "@") cannot
+// be keyed by it, whatever the headers say: it fails with ErrKey (500 by
+// default). Key such servers with a KeyFunc of your own, such as Header
+// of a field the proxy in front sets.
 func ClientIP(opts *IPOptions) (KeyFunc, error) {
 	var o IPOptions
 	if opts != nil {
@@ -78,7 +82,8 @@ func headerLines(name string) func(*http.Request) []string {
 }
 
 // PeerIP returns a KeyFunc for the direct peer's address, IPv6 grouped by
-// /64: ClientIP with no trusted proxies.
+// /64: ClientIP with no trusted proxies (so a Unix socket's peer fails
+// with ErrKey, as there).
 func PeerIP() KeyFunc {
 	f, _ := ClientIP(nil) // the defaults cannot fail
 	return f
