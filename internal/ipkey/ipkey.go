@@ -68,7 +68,13 @@ func New(trusted []string, header string, v4, v6 int) (*Resolver, error) {
 			p = netip.PrefixFrom(a, a.BitLen())
 		}
 		if p.Addr().Is4In6() {
-			p = netip.PrefixFrom(p.Addr().Unmap(), max(p.Bits()-96, 0))
+			// Peers are compared unmapped, as IPv4. A mapped prefix shorter
+			// than /96 spans IPv6 addresses too; clamped, it became
+			// 0.0.0.0/0 and trusted every IPv4 peer.
+			if p.Bits() < 96 {
+				return nil, fmt.Errorf("%w: trusted proxy %q: an IPv4-mapped prefix needs /96 or longer (write it as an IPv4 CIDR, e.g. %s)", ErrConfig, s, netip.PrefixFrom(p.Addr().Unmap(), 8).Masked())
+			}
+			p = netip.PrefixFrom(p.Addr().Unmap(), p.Bits()-96)
 		}
 		r.trusted = append(r.trusted, p.Masked())
 	}

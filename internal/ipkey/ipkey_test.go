@@ -149,10 +149,21 @@ func TestNewErrors(t *testing.T) {
 		{nil, "", 33, 0},
 		{nil, "", 0, 129},
 		{nil, "", -1, 0},
+		// Clamped to 0.0.0.0/0, it trusted every IPv4 peer.
+		{[]string{"::ffff:10.0.0.0/90"}, "", 0, 0},
+		{[]string{"::ffff:0.0.0.0/0"}, "", 0, 0},
 	} {
 		if _, err := New(tt.trusted, tt.header, tt.v4, tt.v6); !errors.Is(err, ErrConfig) {
 			t.Errorf("New(%v, %q, %d, %d) = %v, want ErrConfig", tt.trusted, tt.header, tt.v4, tt.v6, err)
 		}
+	}
+	// A mapped /96 or longer is its IPv4 prefix.
+	r, err := New([]string{"::ffff:10.0.0.0/104"}, "", 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !r.Trusts(netip.MustParseAddr("10.9.9.9")) || r.Trusts(netip.MustParseAddr("11.0.0.1")) {
+		t.Errorf("::ffff:10.0.0.0/104 trusts %v", r.trusted)
 	}
 }
 
