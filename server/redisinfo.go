@@ -119,6 +119,7 @@ func eachNode(ctx context.Context, client redis.UniversalClient, f func(ctx cont
 }
 
 func (c *redisInfo) collectNode(ctx context.Context, ch chan<- prometheus.Metric, cl redis.Cmdable, node string) {
+	asked := time.Now()
 	raw, err := cl.Info(ctx, "server", "persistence", "memory", "stats", "commandstats", "keyspace").Result()
 	if err != nil {
 		ch <- prometheus.MustNewConstMetric(redisUpDesc, prometheus.GaugeValue, 0, node)
@@ -130,7 +131,7 @@ func (c *redisInfo) collectNode(ctx context.Context, ch chan<- prometheus.Metric
 	}
 	ch <- prometheus.MustNewConstMetric(redisUpDesc, prometheus.GaugeValue, 1, node)
 	info := parseInfo(raw)
-	c.evictions.observe(node, info, time.Now())
+	c.evictions.observe(node, info, asked)
 	gauge := func(d *prometheus.Desc, field string, t prometheus.ValueType) {
 		if v, err := strconv.ParseFloat(info[field], 64); err == nil {
 			ch <- prometheus.MustNewConstMetric(d, t, v, node)
@@ -246,6 +247,7 @@ type evictedNode struct {
 
 	runID    string    // the server's run_id at the last read
 	read     time.Time // the last read
+	asked    time.Time // when the last read observed was asked for
 	restarts int64     // restarts seen
 	grewAt   time.Time // the last read that found evictions
 
@@ -261,8 +263,11 @@ func newEvictionWatch(log *slog.Logger, every time.Duration) *evictionWatch {
 	return &evictionWatch{log: log, every: every, quiet: evictionQuietPolls * every, nodes: map[string]*evictedNode{}, keys: map[string]string{}}
 }
 
-// observe takes a node's INFO fields, read at now. A nil watch does
-// nothing.
+// observe takes a node's INFO fields, asked for at now. A read asked for
+// before the last one observed is past news and ignored: a scrape's INFO
+// answered by a server about to restart, observed after the watch's from
+// the restarted one, set the old run_id back, and the next read counted
+// the restart again. A nil watch does nothing.
 func (w *evictionWatch) observe(node string, info map[string]string, now time.Time) {
 	if w == nil {
 		return
@@ -275,11 +280,15 @@ func (w *evictionWatch) observe(node string, info map[string]string, now time.Ti
 	defer w.mu.Unlock()
 	n := w.nodes[node]
 	if n == nil {
-		n = &evictedNode{count: count}
+		n = &evictedNode{count: count, asked: now}
 		w.nodes[node] = n
 		w.restarted(node, n, info, now)
 		return
 	}
+	if now.Before(n.asked) {
+		return
+	}
+	n.asked = now
 	// evicted_keys is the server's own, since its start or CONFIG
 	// RESETSTAT: only its growth on one server is evictions since the
 	// last read.
@@ -429,13 +438,14 @@ func (w *evictionWatch) watch(stop <-chan struct{}, every time.Duration, client 
 			if key != "" {
 				set = pipe.SetArgs(ctx, key, mine, redis.SetArgs{Mode: "NX", Get: true})
 			}
+			asked := time.Now()
 			pipe.Exec(ctx) // each command's error is its own
 			raw, err := infoCmd.Result()
 			if err != nil {
 				return
 			}
 			info, now := parseInfo(raw), time.Now()
-			w.observe(name, info, now)
+			w.observe(name, info, asked)
 			if set != nil {
 				w.marker(name, key, mine, set, info, now)
 			}

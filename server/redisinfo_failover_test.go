@@ -154,3 +154,21 @@ type collectorFunc func(ch chan<- prometheus.Metric)
 
 func (collectorFunc) Describe(chan<- *prometheus.Desc)      {}
 func (f collectorFunc) Collect(ch chan<- prometheus.Metric) { f(ch) }
+
+// A scrape's INFO asked for just before a restart and observed after the
+// watch's read of the restarted server is past news: it used to set the
+// old run_id back, and the next read counted the restart a second time.
+func TestLateReadCountsNoSecondRestart(t *testing.T) {
+	w := newEvictionWatch(slog.New(slog.DiscardHandler), time.Second)
+	now := time.Now()
+	info := func(id, uptime string) map[string]string {
+		return map[string]string{"run_id": id, "evicted_keys": "0", "uptime_in_seconds": uptime}
+	}
+	w.observe("n", info("a", "600"), now)
+	w.observe("n", info("b", "0"), now.Add(2*time.Second))            // the watch: restarted
+	w.observe("n", info("a", "601"), now.Add(1900*time.Millisecond)) // the scrape, asked before, observed late
+	w.observe("n", info("b", "1"), now.Add(3*time.Second))
+	if got := w.counts("n").restarts; got != 1 {
+		t.Errorf("restarts %d, want 1", got)
+	}
+}
