@@ -69,6 +69,9 @@ type PriorityOptions = enforce.PriorityOptions
 // error. It fails with ErrInvalidConfig on a bad CIDR, or a Default that
 // names no priority (then sluice.ErrInvalidPriority too).
 func PriorityMetadata(name string, opts *PriorityOptions) (PriorityFunc, error) {
+	if strings.TrimSpace(name) == "" {
+		return nil, configError{errors.New("priority metadata key: no name")}
+	}
 	f, err := enforce.TrustedPriority("grpclimit", opts, peerAddr, func(c call) string {
 		md, _ := metadata.FromIncomingContext(c.ctx)
 		return enforce.LastValue(md.Get(name))

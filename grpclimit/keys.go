@@ -104,7 +104,13 @@ func PeerIP() KeyFunc {
 // Metadata returns a KeyFunc for the first value of the named incoming
 // metadata key, such as an API key. Missing or empty is ErrNoKey. The
 // value's '%', '{' and '}' are written %25, %7B and %7D (see KeyFunc).
+// An empty name fails every call with Internal (ErrInvalidConfig), where
+// a key named "" would never be found and the rule never applied.
 func Metadata(name string) KeyFunc {
+	if strings.TrimSpace(name) == "" {
+		err := fmt.Errorf("%w: Metadata(\"\"): no name", ErrInvalidConfig)
+		return func(context.Context, string) (string, error) { return "", err }
+	}
 	name = strings.ToLower(name)
 	return func(ctx context.Context, _ string) (string, error) {
 		md, _ := metadata.FromIncomingContext(ctx)

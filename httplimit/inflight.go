@@ -81,6 +81,9 @@ type PriorityOptions = enforce.PriorityOptions
 // should not pay for it. It fails with ErrInvalidConfig on a bad CIDR, or
 // a Default that names no priority (then sluice.ErrInvalidPriority too).
 func PriorityHeader(name string, opts *PriorityOptions) (PriorityFunc, error) {
+	if strings.TrimSpace(name) == "" {
+		return nil, configError{errors.New("priority header: no name")}
+	}
 	name = http.CanonicalHeaderKey(name)
 	f, err := enforce.TrustedPriority("httplimit", opts, remoteAddr, func(r *http.Request) string {
 		return enforce.LastValue(r.Header[name])

@@ -92,8 +92,13 @@ func PeerIP() KeyFunc {
 // Header returns a KeyFunc for the first value of the named request header,
 // such as an API key. A missing or empty header is ErrNoKey. The value's
 // '%', '{' and '}' are written %25, %7B and %7D, so that a client cannot
-// choose its key's Redis Cluster slot (see KeyFunc).
+// choose its key's Redis Cluster slot (see KeyFunc). An empty name fails
+// every request with ErrKey and ErrInvalidConfig (a 500), where a header
+// named "" would never be found and the rule never applied.
 func Header(name string) KeyFunc {
+	if strings.TrimSpace(name) == "" {
+		return unnamed("Header")
+	}
 	name = http.CanonicalHeaderKey(name)
 	return func(r *http.Request) (string, error) {
 		if v := r.Header[name]; len(v) > 0 && v[0] != "" {
@@ -105,8 +110,11 @@ func Header(name string) KeyFunc {
 
 // Cookie returns a KeyFunc for the value of the named cookie, such as a
 // session id. A missing or empty cookie is ErrNoKey. Its '%', '{' and '}'
-// are escaped as Header's are.
+// are escaped as Header's are; an empty name fails as Header's does.
 func Cookie(name string) KeyFunc {
+	if strings.TrimSpace(name) == "" {
+		return unnamed("Cookie")
+	}
 	return func(r *http.Request) (string, error) {
 		c, err := r.Cookie(name)
 		if err != nil || c.Value == "" {
@@ -156,3 +164,11 @@ func Global() KeyFunc { return enforce.Global[*http.Request]() }
 // ErrNoKey (or another error), so is the whole. Parts are length-prefixed,
 // so no two different combinations can produce the same key.
 func Compose(fns ...KeyFunc) KeyFunc { return enforce.Compose("httplimit", fns...) }
+
+// unnamed is the KeyFunc of fn given no name: every request fails with
+// ErrKey and ErrInvalidConfig, loud at the first one, rather than a rule
+// that never finds a key and so never limits.
+func unnamed(fn string) KeyFunc {
+	err := fmt.Errorf("%w: %s(\"\"): no name", ErrInvalidConfig, fn)
+	return func(*http.Request) (string, error) { return "", err }
+}
