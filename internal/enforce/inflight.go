@@ -99,7 +99,21 @@ type holdEnv struct {
 	logger   *slog.Logger // nil: slog.Default()
 	pace     logpace.Pacer
 	keep     keeper
+	// clock and epoch are the keeper's clock (now): time.Now, and when
+	// the rules were built.
+	clock func() time.Time
+	epoch time.Time
 }
+
+// now is the time on the keeper's clock, in nanoseconds since epoch, read
+// on the monotonic clock: a step of the wall clock (NTP, an operator)
+// must neither hold back the extends of running requests, whose slots the
+// store would free while they run (it counts on its own clock), nor make
+// their expiries due at once.
+func (e *holdEnv) now() int64 { return int64(e.clock().Sub(e.epoch)) }
+
+// at is the time of t, a time on the keeper's clock.
+func (e *holdEnv) at(t int64) time.Time { return e.epoch.Add(time.Duration(t)) }
 
 // SetLogger sets where a slot lost while its request runs, and a release
 // that failed, are logged: default slog.Default(). Call it before use.
@@ -157,7 +171,8 @@ func NewSlotRules[R any](store sluice.Store, specs []SlotSpec[R], prefix string,
 	if len(specs) == 0 {
 		return nil, nil
 	}
-	rs := &SlotRules[R]{specs: append([]SlotSpec[R](nil), specs...), noKey: noKey, env: &holdEnv{}}
+	rs := &SlotRules[R]{specs: append([]SlotSpec[R](nil), specs...), noKey: noKey, env: &holdEnv{clock: time.Now, epoch: time.Now()}}
+	rs.env.keep.now = rs.env.now
 	rs.env.observer, _ = observer.(sluice.SlotObserver)
 	seen := make(map[string]bool, len(specs)+n)
 	for i := range n {
@@ -285,9 +300,9 @@ type Held struct {
 	// every is about how often the store-backed slots are extended; 0
 	// with none.
 	every time.Duration
-	// Under env.keep.mu: when the next round of extends is due (Unix ns),
-	// when the keeper looks at h next, h's place in its heap (+1; 0: not
-	// in it), and whether a round runs.
+	// Under env.keep.mu: when the next round of extends is due and when
+	// the keeper looks at h next (on its clock, holdEnv.now), h's place in
+	// its heap (+1; 0: not in it), and whether a round runs.
 	next, at  int64
 	index     int
 	extending bool
@@ -298,14 +313,15 @@ type slotHold struct {
 	slot   *sluice.Slot  // store-backed rules
 	count  *atomic.Int64 // Worker rules
 	weight int64
-	// until is when the store frees the slot unless extended (Unix ns,
-	// from the answer of its acquire or last extend): how long a failed
-	// release is worth sending again.
+	// until is when the store frees the slot unless extended (on the
+	// keeper's clock, holdEnv.now; from the answer of its acquire or last
+	// extend): how long a failed release is worth sending again.
 	until atomic.Int64
 	// sure is the hold counted from when its acquire or last extend was
-	// sent (Unix ns): before then the store cannot have freed the slot at
-	// its hold timeout, so a release answered "not held" before then was
-	// freed by an earlier try whose answer was lost, and is no expiry.
+	// sent (holdEnv.now): before then the store cannot have freed the
+	// slot at its hold timeout, so a release answered "not held" before
+	// then was freed by an earlier try whose answer was lost, and is no
+	// expiry.
 	sure atomic.Int64
 	// lost: an extend found the slot no longer held (keep's alone).
 	lost bool
@@ -364,7 +380,7 @@ func (rs *SlotRules[R]) Acquire(ctx context.Context, req R, p sluice.Priority) (
 		if h == nil {
 			h = &Held{ctx: context.WithoutCancel(ctx), env: rs.env, priority: p}
 		}
-		sent := time.Now()
+		sent := rs.env.now()
 		sh, d, err := rs.acquire(ctx, i, key, weight, p)
 		if d.ReleaseDropped {
 			rs.abandonDropped(s.Name, p)
@@ -392,8 +408,8 @@ func (rs *SlotRules[R]) Acquire(ctx context.Context, req R, p sluice.Priority) (
 		rs.observe(s.Name, sluice.SlotAcquire, sluice.OutcomeAllowed, p, weight, d)
 		if sh.slot != nil {
 			hold := s.Limit.Hold
-			sh.until.Store(time.Now().Add(hold).UnixNano())
-			sh.sure.Store(sent.Add(hold).UnixNano())
+			sh.until.Store(rs.env.now() + int64(hold))
+			sh.sure.Store(sent + int64(hold))
 			if h.every == 0 || hold/3 < h.every {
 				h.every = max(hold/3, minKeep)
 			}
@@ -406,7 +422,7 @@ func (rs *SlotRules[R]) Acquire(ctx context.Context, req R, p sluice.Priority) (
 	if h != nil && h.every > 0 {
 		k := &rs.env.keep
 		k.mu.Lock()
-		h.next = time.Now().Add(h.wait()).UnixNano()
+		h.next = rs.env.now() + int64(h.wait())
 		k.schedule(h)
 		k.mu.Unlock()
 	}
@@ -426,7 +442,7 @@ func (h *Held) wait() time.Duration {
 // is reported and logged, and extended no more: the request goes on. A
 // failure is reported, and tried again at the next round.
 func (h *Held) extend() {
-	start := time.Now()
+	start := h.env.now()
 	ctx, cancel := context.WithTimeout(h.ctx, releaseTimeout)
 	for _, sh := range h.holds {
 		if h.done.Load() {
@@ -435,7 +451,7 @@ func (h *Held) extend() {
 		if sh.slot == nil || sh.lost {
 			continue
 		}
-		sent := time.Now()
+		sent := h.env.now()
 		err := sh.slot.Extend(ctx)
 		if h.done.Load() {
 			break // released meanwhile: a "not held" is the release's doing
@@ -447,17 +463,18 @@ func (h *Held) extend() {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	h.extending = false
-	h.next = time.Now().Add(max(h.wait()-time.Since(start), minKeep)).UnixNano()
+	now := h.env.now()
+	h.next = now + int64(max(h.wait()-time.Duration(now-start), minKeep))
 	k.schedule(h) // its slots' expiries too, moved by the extends
 }
 
 // extended reports the outcome of sh's extend, sent at sent.
-func (h *Held) extended(sh *slotHold, sent time.Time, err error) {
+func (h *Held) extended(sh *slotHold, sent int64, err error) {
 	switch {
 	case err == nil:
 		hold := sh.slot.Limit().Hold
-		sh.until.Store(time.Now().Add(hold).UnixNano())
-		sh.sure.Store(sent.Add(hold).UnixNano())
+		sh.until.Store(h.env.now() + int64(hold))
+		sh.sure.Store(sent + int64(hold))
 		h.env.observe(sh.name, sluice.SlotExtend, sluice.OutcomeAllowed, h.priority, sh.weight)
 	case errors.Is(err, sluice.ErrSlotLost):
 		sh.lost = true
@@ -586,7 +603,7 @@ func (h *Held) retryRelease(sh *slotHold, err error) bool {
 	var done func(bool)
 	if sh.state != nil {
 		done = func(held bool) {
-			before := !held && time.Now().UnixNano() < sh.sure.Load()
+			before := !held && h.env.now() < sh.sure.Load()
 			if held || before {
 				weight := sh.weight
 				if !sh.state.CompareAndSwap(0, 1) {
@@ -603,7 +620,7 @@ func (h *Held) retryRelease(sh *slotHold, err error) bool {
 			}
 		}
 	}
-	until := time.Unix(0, sh.until.Load())
+	until := h.env.at(sh.until.Load())
 	attrs := []any{"error", err.Error(), "held_until", until.UTC().Format(time.RFC3339Nano)}
 	if rerr := sluice.RetryRelease(h.env.store, sh.slot.Key(), sh.slot.Holder(), until, done); rerr != nil {
 		// A line of its own: the failures' line is paced per rule, and one

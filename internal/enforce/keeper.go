@@ -17,8 +17,9 @@ import (
 type keeper struct {
 	mu    sync.Mutex
 	heap  heldHeap
-	timer *time.Timer // nil until first armed
-	armed int64       // when timer fires (Unix ns); 0: not armed
+	timer *time.Timer  // nil until first armed
+	armed int64        // when timer fires (holdEnv.now); 0: not armed
+	now   func() int64 // holdEnv.now
 }
 
 // schedule puts h in the heap at its next due time, or takes it out when
@@ -50,7 +51,7 @@ func (k *keeper) arm() {
 		return
 	}
 	k.armed = at
-	d := time.Until(time.Unix(0, at))
+	d := time.Duration(at - k.now())
 	if k.timer == nil {
 		k.timer = time.AfterFunc(d, k.fire)
 	} else {
@@ -72,7 +73,7 @@ func (k *keeper) fire() {
 	)
 	k.mu.Lock()
 	k.armed = 0
-	now := time.Now().UnixNano()
+	now := k.now()
 	for len(k.heap) > 0 && k.heap[0].at <= now {
 		h := k.heap[0]
 		for _, sh := range h.holds {

@@ -100,8 +100,8 @@ func TestRetriedReleaseAfterHoldIsExpiry(t *testing.T) {
 		t.Fatal(err)
 	}
 	sh := &slotHold{name: "one", slot: slot, weight: 1, state: new(atomic.Int32)}
-	sh.until.Store(time.Now().Add(time.Minute).UnixNano())
-	sh.sure.Store(time.Now().Add(-time.Millisecond).UnixNano())
+	sh.until.Store(rs.env.now() + int64(time.Minute))
+	sh.sure.Store(rs.env.now() - int64(time.Millisecond))
 	h := &Held{ctx: ctx, env: rs.env, priority: sluice.PriorityCritical}
 	if !h.retryRelease(sh, errors.New("lost")) {
 		t.Fatal("not sent again")
