@@ -100,6 +100,10 @@ type fleetPolicy struct {
 	// InFlight and Held: as PolicyFigures'.
 	InFlight bool  `json:"in_flight,omitempty"`
 	Held     int64 `json:"held,omitempty"`
+	// HeldEnds is Held by when it ends (heldSlots.heldEnds), so that
+	// readers count each weight no longer than its hold (absent from an
+	// instance that predates it: Held counts until the report expires).
+	HeldEnds []heldEnd `json:"held_ends,omitempty"`
 }
 
 // NewFleet returns svc's Fleet over client. Call it before svc serves:
@@ -202,15 +206,21 @@ func (f *Fleet) report() instanceReport {
 	snap := stats.Snapshot()
 	o := f.mon.local(snap)
 	const n = int(OverviewWindow / StatsBucket)
+	now := f.mon.svc.clock()
+	ends := f.mon.svc.holds.heldEnds(now)
 	r := instanceReport{
-		Instance: f.mon.instance, AtMS: f.mon.svc.clock().UnixMilli(), Bucket: bucket,
+		Instance: f.mon.instance, AtMS: now.UnixMilli(), Bucket: bucket,
 		Top: f.mon.top.Lists(2 * TopN), // more than shown, so the fleet's merge ranks well
 	}
 	for i, s := range snap {
 		p := fleetPolicy{Policy: s.Policy, Allowed: s.Allowed[len(s.Allowed)-n:], Denied: s.Denied[len(s.Denied)-n:], Local: s.Local[len(s.Local)-n:], Errors: s.Errors[len(s.Errors)-n:]}
 		if i < len(o.Policies) && o.Policies[i].Policy == s.Policy {
 			p.Latency = o.Policies[i].latency
-			p.InFlight, p.Held = o.Policies[i].InFlight, o.Policies[i].Held
+			p.InFlight = o.Policies[i].InFlight
+			if p.InFlight {
+				p.HeldEnds = ends[s.Policy]
+				p.Held = heldAfter(p.HeldEnds, 0)
+			}
 		}
 		r.Policies = append(r.Policies, p)
 	}
@@ -311,6 +321,7 @@ func (f *Fleet) overview(own Overview) Overview {
 		at[p.Policy] = i
 	}
 	last := f.mon.svc.Stats().now()
+	nowMS := f.mon.svc.clock().UnixMilli()
 	const n = int64(OverviewWindow / StatsBucket)
 	for _, r := range others {
 		for _, p := range r.Policies {
@@ -335,7 +346,11 @@ func (f *Fleet) overview(own Overview) Overview {
 				}
 			}
 			f.InFlight = f.InFlight || p.InFlight
-			f.Held += p.Held
+			if p.HeldEnds != nil {
+				f.Held += heldAfter(p.HeldEnds, nowMS-r.AtMS)
+			} else {
+				f.Held += p.Held
+			}
 			for j := range min(len(p.Latency), len(f.latency)) {
 				f.latency[j] += p.Latency[j]
 			}

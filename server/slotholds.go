@@ -1,6 +1,7 @@
 package server
 
 import (
+	"slices"
 	"sync"
 	"time"
 
@@ -147,4 +148,57 @@ func (h *heldSlots) forget(policies []string) {
 			delete(h.holds, id)
 		}
 	}
+}
+
+// heldEnd is weight held until a time: [ms after a fleet report's at_ms,
+// weight].
+type heldEnd [2]int64
+
+// maxHeldEnds bounds the ends a report gives per policy: beyond it they
+// are rounded up to coarser steps.
+const maxHeldEnds = 64
+
+// heldEnds returns, by policy, the weight held by when its holds end, in
+// ms after now rounded up (to 100 ms, or a coarser step where a policy
+// has more than maxHeldEnds of them), in order. A fleet report carries
+// them so that the others stop counting a slot at its hold timeout, when
+// the store frees it, also once this instance has crashed and its last
+// report lingers.
+func (h *heldSlots) heldEnds(now time.Time) map[string][]heldEnd {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.sweep()
+	ms := map[string][]heldEnd{}
+	for _, s := range h.holds {
+		ms[s.policy] = append(ms[s.policy], heldEnd{max(s.until.Sub(now).Milliseconds(), 0), s.weight})
+	}
+	for p, all := range ms {
+		for step := int64(100); ; step *= 2 {
+			byEnd := map[int64]int64{}
+			for _, e := range all {
+				byEnd[(e[0]/step+1)*step] += e[1]
+			}
+			if len(byEnd) <= maxHeldEnds {
+				ends := make([]heldEnd, 0, len(byEnd))
+				for end, w := range byEnd {
+					ends = append(ends, heldEnd{end, w})
+				}
+				slices.SortFunc(ends, func(a, b heldEnd) int { return int(a[0] - b[0]) })
+				ms[p] = ends
+				break
+			}
+		}
+	}
+	return ms
+}
+
+// heldAfter is the weight of ends still held age ms after their report.
+func heldAfter(ends []heldEnd, age int64) int64 {
+	var w int64
+	for _, e := range ends {
+		if e[0] > age {
+			w += e[1]
+		}
+	}
+	return w
 }
