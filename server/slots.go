@@ -467,6 +467,13 @@ func (s *Service) retryRelease(t slotToken, p *config.Policy, skey string, faile
 		s.retrying.Delete(t.holder)
 		if !st.before {
 			s.released(t, p, held, false)
+			return
+		}
+		// Freed by an earlier release: the one that failed here (Redis ran
+		// it, its answer lost), counted now, or the client's resend,
+		// counted then (nothing is left here to drop).
+		if w := s.releasedBefore(t); w > 0 {
+			observer{s}.ObserveSlot(sluice.SlotEvent{Policy: p.Name, Op: sluice.SlotRelease, Outcome: sluice.OutcomeAllowed, Again: true, Weight: w})
 		}
 	})
 	if err == nil {
@@ -533,9 +540,7 @@ func (o *onceSlots) Release(ctx context.Context, key, holder string) (bool, erro
 func (s *Service) released(t slotToken, p *config.Policy, now, before bool) error {
 	switch {
 	case before:
-		// Still counted here when the release that freed it failed here
-		// (its answer lost).
-		w := s.holds.release(t.holder, false).weight
+		w := s.releasedBefore(t)
 		observer{s}.ObserveSlot(sluice.SlotEvent{Policy: p.Name, Op: sluice.SlotRelease, Outcome: sluice.OutcomeAllowed, Again: true, Weight: w})
 		return nil
 	case now:
@@ -549,6 +554,21 @@ func (s *Service) released(t slotToken, p *config.Policy, now, before bool) erro
 	s.notHeld(t)
 	s.observeSlot(SlotResult{Policy: p}, sluice.SlotRelease, sluice.OutcomeDenied)
 	return fmt.Errorf("%w: expired at its hold timeout, lost by the store (a Redis restart without persistence), or never acquired", ErrSlotNotHeld)
+}
+
+// releasedBefore stops counting t's slot, which an earlier release of its
+// token freed, and returns the weight counted here: still counted when
+// the release that freed it failed here (its answer lost). A slot counted
+// elsewhere (acquired through another instance, released through this one
+// with its answer lost) is told to the fleet, as a release now is: else
+// that instance would count it until its hold timeout. Only a holder the
+// store remembers a release of gets here, never a forged token's.
+func (s *Service) releasedBefore(t slotToken) int64 {
+	w := s.holds.release(t.holder, false).weight
+	if w == 0 && t.member == "" { // a fallback slot is counted where its token says
+		s.tellFleet(slotNote{holder: t.holder})
+	}
+	return w
 }
 
 // notHeld stops counting t's slot, which the store found not held
