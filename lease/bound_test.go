@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -66,15 +67,19 @@ func (f *fleet) now() int64 { return f.clock.Now().Sub(storetest.T0).Microsecond
 // fleet's clock (none once delay is spent), and it notes when each key's
 // last grant of units was sent and, while took is set, the keys the store
 // took units of.
+// A TakeAll's grants go out together, each taking its own delay in turn.
 type stepped struct {
 	*memory.Store
 	f       *fleet
+	mu      sync.Mutex // a TakeAll's grants are concurrent
 	delay   []int64
 	granted map[string]int64
 	took    map[string]bool
 }
 
 func (c *stepped) wait() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	if len(c.delay) > 0 {
 		c.f.clock.Advance(time.Duration(c.delay[0]) * time.Microsecond)
 		c.delay = c.delay[1:]
@@ -82,9 +87,17 @@ func (c *stepped) wait() {
 }
 
 func (c *stepped) taken(key string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	if c.took != nil {
 		c.took[key] = true
 	}
+}
+
+func (c *stepped) sentAt(key string, sent int64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.granted[key] = sent
 }
 
 func (c *stepped) Take(ctx context.Context, key string, l sluice.Limit, cost int64) (sluice.Decision, error) {
@@ -106,7 +119,7 @@ func (c *stepped) Grant(ctx context.Context, key string, l sluice.Limit, n int64
 	c.wait()
 	g, err := c.Store.Grant(ctx, key, l, n)
 	if g.Granted > 0 {
-		c.granted[key] = sent
+		c.sentAt(key, sent)
 	}
 	return g, err
 }
@@ -116,7 +129,7 @@ func (c *stepped) Regrant(ctx context.Context, key string, l sluice.Limit, old s
 	c.wait()
 	back, g, err := c.Store.Regrant(ctx, key, l, old, unused, n)
 	if g.Granted > 0 {
-		c.granted[key] = sent
+		c.sentAt(key, sent)
 	}
 	return back, g, err
 }

@@ -159,10 +159,10 @@
 // calls nothing; none sends another call in turn to a store that is not
 // answering, so a stall costs a request at most the one call it waited for
 // (one timeout, as an unleased request's, not one per request queued
-// before it). A TakeAll too: after its first call that failed (or the
-// store's TakeAll of its other checks, when the policy answered it), its
-// checks are answered by their live leases or, without a call, by the
-// policy, not by a grant each and then the store's TakeAll; the policy
+// before it). A TakeAll too: its grants go out together, and once one
+// failed (or the policy answered the store's TakeAll of its other
+// checks), its checks are answered by their live leases or, without a
+// call, by the policy, not by the store's TakeAll; the policy
 // answers them all or nothing in one step
 // (resilient.Store.TakeAllByPolicy), and lease units are spent only when
 // every check admits; a lease that ended meanwhile has the policy answer
@@ -241,6 +241,7 @@
 package lease
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -1074,7 +1075,7 @@ func (s *Store) Take(ctx context.Context, key string, limit sluice.Limit, cost i
 		if s.fast(&d, key, limit, cost, stale) {
 			return d, nil
 		}
-		d, l, _, left, exact, err := s.spend(ctx, key, limit, cost, stale, false, true, false, false)
+		d, l, _, left, exact, err := s.spend(ctx, key, limit, cost, stale, false, true, false)
 		if left.units > 0 {
 			return s.topUp(ctx, l, left, key, limit, cost, stale)
 		}
@@ -1166,10 +1167,8 @@ func (s *Store) fast(d *sluice.Decision, key string, limit sluice.Limit, cost in
 // when it was made. topUp lets the lease's last units be spent on the
 // request with the store's (see refill): a TakeAll's only over a
 // MultiStore, whose TakeAll takes the rest all or nothing with the other
-// checks. left: see refill. local: the lease alone answers, without a
-// store call or a wait for another request's; what it cannot answer is
-// errGrantFailed's, for a TakeAll whose grant the store just failed.
-func (s *Store) spend(ctx context.Context, key string, limit sluice.Limit, cost int64, stale time.Duration, force, topUp, layered, local bool) (_ sluice.Decision, _ *lease, got, left leftover, exact bool, _ error) {
+// checks. left: see refill.
+func (s *Store) spend(ctx context.Context, key string, limit sluice.Limit, cost int64, stale time.Duration, force, topUp, layered bool) (_ sluice.Decision, _ *lease, got, left leftover, exact bool, _ error) {
 	s.sweepIfDue()
 	sh, tag := s.locate(key)
 	id := s.knownID(limit)
@@ -1199,14 +1198,11 @@ func (s *Store) spend(ctx context.Context, key string, limit sluice.Limit, cost 
 	if !ok || !d.Allowed {
 		l.asked += cost // not spent from units, which counts itself
 	}
-	if ok || local {
+	if ok {
 		if made {
 			l.refill.Unlock()
 		}
 		sh.mu.Unlock()
-		if !ok {
-			return sluice.Decision{}, l, leftover{}, leftover{}, true, &policyAnswers{}
-		}
 		return d, l, got, leftover{}, false, nil
 	}
 	failed, grants := l.failed, l.gen
@@ -1891,9 +1887,12 @@ func (s *Store) giveBack(ctx context.Context, key string, limit sluice.Limit, g 
 // check's lease gives its units back at once (not one granted for a Take:
 // the key's single requests spend it), and for D that key's refills in
 // TakeAlls are the store's Take with the others, not grants (see quiet).
-// Over a failure policy (resilient), a TakeAll sends no call after one the
-// store did not answer: the policy answers what the leases cannot (see
-// "Failure policies" in the package doc).
+// The checks that need a grant (or a refill) send theirs at once, so a
+// batching store sends them together: one round trip or so for all, not
+// one per check (see spendAll). Over a failure policy (resilient), a
+// TakeAll sends no call after those grants once one failed: the policy
+// answers what the leases cannot (see "Failure policies" in the package
+// doc).
 func (s *Store) TakeAll(ctx context.Context, reqs []sluice.Request) ([]sluice.Decision, error) {
 	ctx = ctxutil.OrBackground(ctx)
 	if err := ctx.Err(); err != nil {
@@ -1968,14 +1967,16 @@ func (s *Store) TakeAll(ctx context.Context, reqs []sluice.Request) ([]sluice.De
 		return errors.Join(errs...)
 	}
 	all := true
+	// With a MultiStore, a live lease's last units too few for the check
+	// go with the store's Take of the rest, all or nothing with the other
+	// exact checks, as Take spends them: returned, young as they are, the
+	// return rule would keep one per Interval of their age (at a high
+	// rate, all of them).
+	res := s.spendAll(ctx, reqs, stale, multi)
+	var failed error // the first check's error: every check's units go back
 	for i, r := range reqs {
 		if stale[i] > 0 {
-			// With a MultiStore, a live lease's last units too few for the
-			// check go with the store's Take of the rest, all or nothing
-			// with the other exact checks, as Take spends them: returned,
-			// young as they are, the return rule would keep one per
-			// Interval of their age (at a high rate, all of them).
-			d, l, got, left, ex, err := s.spend(ctx, r.Key, r.Limit, r.Cost, stale[i], multi == nil, multi != nil, true, stalled)
+			d, l, got, left, ex, err := res[i].d, res[i].l, res[i].got, res[i].left, res[i].exact, res[i].err
 			asked[i] = l
 			if left.units > 0 {
 				tops, topAt = append(tops, topped{req: r, l: l, left: left, stale: stale[i]}), append(topAt, i)
@@ -1990,7 +1991,8 @@ func (s *Store) TakeAll(ctx context.Context, reqs []sluice.Request) ([]sluice.De
 				ex, err = true, nil
 			}
 			if err != nil {
-				return nil, errors.Join(err, putBack(), putLeft())
+				failed = cmp.Or(failed, err)
+				continue
 			}
 			if !ex {
 				out[i], all = d, all && d.Allowed
@@ -2001,6 +2003,9 @@ func (s *Store) TakeAll(ctx context.Context, reqs []sluice.Request) ([]sluice.De
 			}
 		}
 		exact, at = append(exact, r), append(at, i)
+	}
+	if failed != nil {
+		return nil, errors.Join(failed, putBack(), putLeft())
 	}
 	var holds []topped // the leases' units the admitted checks hold
 	for i, l := range held {
@@ -2094,6 +2099,76 @@ func (s *Store) TakeAll(ctx context.Context, reqs []sluice.Request) ([]sluice.De
 		s.lost.Add(uint64(lost))
 	}
 	return out, nil
+}
+
+// spent is what spend reported for one of a TakeAll's checks.
+type spent struct {
+	d         sluice.Decision
+	l         *lease
+	got, left leftover
+	exact     bool
+	err       error
+}
+
+// spendAll spends each of reqs with a staleness above zero (see spend),
+// for TakeAll: first from the leases alone, then, for the checks that
+// need a store call, all at once: each a call of its own, so a batching
+// store sends them together, and a layered request waits about one round
+// trip for its grants rather than one per check. Each call is still sent
+// once, and a check that another denies puts its units back (TakeAll);
+// a store that does not answer costs the calls one wait, side by side.
+func (s *Store) spendAll(ctx context.Context, reqs []sluice.Request, stale []time.Duration, multi sluice.MultiStore) []spent {
+	res := make([]spent, len(reqs))
+	var calls []int // the checks that need the store
+	for i, r := range reqs {
+		if stale[i] == 0 {
+			continue
+		}
+		if d, l, got, ok := s.fromLease(r.Key, r.Limit, r.Cost, stale[i]); ok {
+			res[i] = spent{d: d, l: l, got: got}
+			continue
+		}
+		calls = append(calls, i)
+	}
+	one := func(i int) {
+		r := &reqs[i]
+		d, l, got, left, ex, err := s.spend(ctx, r.Key, r.Limit, r.Cost, stale[i], multi == nil, multi != nil, true)
+		res[i] = spent{d, l, got, left, ex, err}
+	}
+	if len(calls) == 1 {
+		one(calls[0])
+		return res
+	}
+	var wg sync.WaitGroup
+	for _, i := range calls {
+		wg.Go(func() { one(i) })
+	}
+	wg.Wait()
+	return res
+}
+
+// fromLease answers a check from its key's lease alone, as spend does
+// before any store call: a live lease that holds cost units, taking them
+// (got), or a remembered denial. ok is false, with nothing changed, when
+// the check needs spend's refill (or its validation).
+func (s *Store) fromLease(key string, limit sluice.Limit, cost int64, stale time.Duration) (_ sluice.Decision, _ *lease, got leftover, ok bool) {
+	s.sweepIfDue()
+	id := s.knownID(limit)
+	if id == 0 || cost < 1 || stale < MinStaleness || stale > limit.Period {
+		return sluice.Decision{}, nil, leftover{}, false
+	}
+	sh, tag := s.locate(key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	h := sh.leases.FindKind(tag, id, key)
+	if h == nil || cost > h.l.capacity {
+		return sluice.Decision{}, nil, leftover{}, false
+	}
+	d, got, ok := s.answer(h, cost, s.now(), false)
+	if ok && !d.Allowed {
+		h.l.asked += cost // as spend counts it
+	}
+	return d, h.l, got, ok
 }
 
 // policyAnswerer is a granter whose failure policy answers takes, peeks

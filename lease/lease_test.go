@@ -1694,9 +1694,9 @@ func stallLease(t *testing.T, deny []string, exact ...string) (*storetest.Clock,
 	return clock, g, s
 }
 
-// A TakeAll whose grant fails is answered, for the checks no live lease
-// answers, by the failure policy, with no call to the store after it: no
-// other grant, and no TakeAll of the checks (each a timeout more on a
+// A TakeAll whose grants fail (sent together) is answered, for the checks
+// no live lease answers, by the failure policy, with no call to the store
+// after them: no TakeAll of the checks (a timeout more on a
 // store that does not answer). All or nothing: when the policy denies
 // one, it takes nothing for the others (one TakeAllByPolicy, no Peeks),
 // and the units a lease answered a check with go back into it.
@@ -1719,8 +1719,8 @@ func TestTakeAllFailedGrantAnsweredByPolicy(t *testing.T) {
 			t.Errorf("%s: %+v, want the policy's admission", reqs[i+1].Key, d)
 		}
 	}
-	if gr, c, pt, pa := g.grants.Load(), g.calls.Load(), g.policyTakes.Load(), g.policyAlls.Load(); gr != 2 || c != 0 || pt != 3 || pa != 1 {
-		t.Errorf("%d grants, %d other store calls, %d policy takes in %d TakeAllByPolicy; want 2 (a's, then b's that failed), 0, 3 (b, c, x) in 1", gr, c, pt, pa)
+	if gr, c, pt, pa := g.grants.Load(), g.calls.Load(), g.policyTakes.Load(), g.policyAlls.Load(); gr != 3 || c != 0 || pt != 3 || pa != 1 {
+		t.Errorf("%d grants, %d other store calls, %d policy takes in %d TakeAllByPolicy; want 3 (a's, then b's and c's together, which failed), 0, 3 (b, c, x) in 1", gr, c, pt, pa)
 	}
 
 	g.deny["x"] = true

@@ -4,12 +4,17 @@ package search_test
 // clock before and/or after the memory store answers, and runs other
 // requests (other processes', and the same process's when the lease's
 // refill lock is not held: Take, TakeAll and Peek) while the call is out.
+// A TakeAll's grants go out together, on goroutines of their own: a top
+// level op's calls take turns (the world's lock, which the first to come
+// holds while its nested ops run), so the hook goes to either.
 
 import (
 	"context"
 	"fmt"
 	"math/rand/v2"
 	"sort"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -26,7 +31,8 @@ type hook struct {
 }
 
 type iworld struct {
-	now     int64
+	mu      sync.Mutex   // a top-level op's store calls, which a TakeAll sends at once
+	now     atomic.Int64 // µs after T0; the leases' clocks read it from the grants' goroutines
 	mem     *memory.Store
 	procs   []*lease.Store
 	admit   []int64
@@ -45,15 +51,23 @@ type wrap struct {
 	proc int
 }
 
-func (g *wrap) call(lockFree bool, f func()) {
+// nested marks the context of a nested op's calls, which run while the
+// call that runs them holds the world's lock.
+type nested struct{}
+
+func (g *wrap) call(ctx context.Context, lockFree bool, f func()) {
 	w := g.w
+	if ctx.Value(nested{}) == nil {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+	}
 	var h *hook
 	if n := len(w.hooks); n > 0 && w.hooks[n-1] != nil && w.hooks[n-1].owner == g.proc {
 		h = w.hooks[n-1]
 		w.hooks[n-1] = nil // one-shot
 	}
 	if h != nil {
-		w.now += h.pre
+		w.now.Add(h.pre)
 	}
 	f()
 	if h != nil {
@@ -61,61 +75,61 @@ func (g *wrap) call(lockFree bool, f func()) {
 			if o.proc == g.proc && !lockFree {
 				continue // would wait for the refill lock this call holds
 			}
-			w.exec(o)
+			w.execIn(context.WithValue(ctx, nested{}, true), iop{op: o})
 		}
-		w.now += h.post
+		w.now.Add(h.post)
 	}
 }
 
 func (g *wrap) Take(ctx context.Context, key string, l sluice.Limit, cost int64) (d sluice.Decision, err error) {
-	g.call(true, func() {
+	g.call(ctx, true, func() {
 		d, err = g.w.mem.Take(ctx, key, l, cost)
 		if key == "k" {
-			g.w.lastTk[len(g.w.lastTk)-1] = g.w.now
+			g.w.lastTk[len(g.w.lastTk)-1] = g.w.now.Load()
 		}
 	})
 	return
 }
 func (g *wrap) Peek(ctx context.Context, key string, l sluice.Limit, cost int64) (d sluice.Decision, err error) {
-	g.call(true, func() { d, err = g.w.mem.Peek(ctx, key, l, cost) })
+	g.call(ctx, true, func() { d, err = g.w.mem.Peek(ctx, key, l, cost) })
 	return
 }
 func (g *wrap) Reset(ctx context.Context, key string, l sluice.Limit) error {
 	return g.w.mem.Reset(ctx, key, l)
 }
 func (g *wrap) TakeAll(ctx context.Context, reqs []sluice.Request) (ds []sluice.Decision, err error) {
-	g.call(true, func() {
+	g.call(ctx, true, func() {
 		ds, err = g.w.mem.TakeAll(ctx, reqs)
 		for _, r := range reqs {
 			if r.Key == "k" {
-				g.w.lastTk[len(g.w.lastTk)-1] = g.w.now
+				g.w.lastTk[len(g.w.lastTk)-1] = g.w.now.Load()
 			}
 		}
 	})
 	return
 }
 func (g *wrap) Grant(ctx context.Context, key string, l sluice.Limit, n int64) (gr sluice.Grant, err error) {
-	g.call(false, func() { gr, err = g.w.mem.Grant(ctx, key, l, n) })
+	g.call(ctx, false, func() { gr, err = g.w.mem.Grant(ctx, key, l, n) })
 	return
 }
 func (g *wrap) Return(ctx context.Context, key string, l sluice.Limit, gr sluice.Grant, unused int64) (n int64, err error) {
-	g.call(false, func() { n, err = g.w.mem.Return(ctx, key, l, gr, unused) })
+	g.call(ctx, false, func() { n, err = g.w.mem.Return(ctx, key, l, gr, unused) })
 	return
 }
 func (g *wrap) Regrant(ctx context.Context, key string, l sluice.Limit, gr sluice.Grant, unused, n int64) (b int64, next sluice.Grant, err error) {
-	g.call(false, func() { b, next, err = g.w.mem.Regrant(ctx, key, l, gr, unused, n) })
+	g.call(ctx, false, func() { b, next, err = g.w.mem.Regrant(ctx, key, l, gr, unused, n) })
 	return
 }
 
 func newIWorld(t testing.TB, c cfg, l, l2 sluice.Limit) *iworld {
 	w := &iworld{t: t, l: l, l2: l2}
-	w.mem = memory.New(&memory.Options{Clock: func() time.Time { return storetest.T0.Add(time.Duration(w.now) * time.Microsecond) }, SweepInterval: -1})
+	w.mem = memory.New(&memory.Options{Clock: func() time.Time { return storetest.T0.Add(time.Duration(w.now.Load()) * time.Microsecond) }, SweepInterval: -1})
 	t.Cleanup(func() { w.mem.Close() })
 	for i, size := range c.sizes {
 		off, fs := c.offs[i], c.fleet[i]
 		s, err := lease.New(&wrap{w, i}, &lease.Options{MaxStaleness: c.d, Size: size,
 			FleetSize: func() int { return fs },
-			Clock:     func() time.Time { return storetest.T0.Add(time.Duration(w.now+off) * time.Microsecond) }})
+			Clock:     func() time.Time { return storetest.T0.Add(time.Duration(w.now.Load()+off) * time.Microsecond) }})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -129,12 +143,12 @@ type iop struct {
 	h *hook
 }
 
-func (w *iworld) exec(o op) { w.execH(iop{op: o}) }
+func (w *iworld) execH(o iop) { w.execIn(ctx, o) }
 
-func (w *iworld) execH(o iop) {
+func (w *iworld) execIn(ctx context.Context, o iop) {
 	t := w.t
-	w.now = max(w.now, o.at)
-	start := w.now
+	w.now.Store(max(w.now.Load(), o.at))
+	start := w.now.Load()
 	if o.h != nil {
 		o.h.owner = o.proc
 	}
@@ -152,7 +166,7 @@ func (w *iworld) execH(o iop) {
 		if tk := w.lastTk[len(w.lastTk)-1]; tk >= 0 {
 			return tk
 		}
-		return w.now // spent from a grant on its return
+		return w.now.Load() // spent from a grant on its return
 	}
 	rec := func(ok bool, at int64, cost int64) {
 		if ok {
@@ -177,7 +191,7 @@ func (w *iworld) execH(o iop) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		pnow := w.now
+		pnow := w.now.Load()
 		w.lastTk[len(w.lastTk)-1] = -1
 		d, err := p.Take(ctx, "k", w.l, o.cost)
 		if err != nil {
@@ -201,7 +215,7 @@ func (w *iworld) execH(o iop) {
 		}
 		at := when(ds[0].Source)
 		if ds[0].Source == sluice.SourceLease {
-			at = w.now // spent when the request is admitted, after k2's calls
+			at = w.now.Load() // spent when the request is admitted, after k2's calls
 		}
 		if w.trace {
 			t.Logf("%v @%d all -> %v %v src %v at %d", o.op, start, ds[0].Allowed, ds[1].Allowed, ds[0].Source, at)
@@ -215,7 +229,7 @@ func (w *iworld) execH(o iop) {
 		if err := p.Reset(ctx, "k", w.l); err != nil {
 			t.Fatal(err)
 		}
-		w.resets = append(w.resets, w.now)
+		w.resets = append(w.resets, w.now.Load())
 		if w.trace {
 			t.Logf("%v @%d reset", o.op, start)
 		}
