@@ -58,14 +58,15 @@ func (g *gated) Regrant(ctx context.Context, key string, l sluice.Limit, old slu
 // A layered check's units put back while its lease's next grant is out go
 // back to the store: put into the lease, the grant's units replaced them,
 // and they were lost. Under closed-loop overload (TestLayeredClosedLoop)
-// that lost 40-60 % of the units the store granted.
+// that lost 40-60 % of the units the store granted. (While the lease
+// lives, its refills are the store's Take instead: TestTakeAllHoldKeepsLease.)
 func TestPutBackDuringGrant(t *testing.T) {
 	t.Parallel()
 	clock := storetest.NewClock(storetest.T0)
 	m := newMemory(t, clock)
 	g := &gated{Store: m, gates: map[string]chan struct{}{}, held: make(chan string)}
-	s := newLease(t, g, clock, time.Second, 4)
-	lg := sluice.PerSecond(100)
+	s := newLease(t, g, clock, 50*time.Millisecond, 4)
+	lg := sluice.PerSecond(10) // one unit per 100 ms
 	lf := sluice.Limit{Algorithm: sluice.FixedWindow, Rate: 10, Period: time.Second}
 	take(t, s, "g", lg, 1) // a lease of 4, 3 left
 	if d, err := m.Take(ctx, "f", lf, 10); err != nil || !d.Allowed {
@@ -84,8 +85,9 @@ func TestPutBackDuringGrant(t *testing.T) {
 	if k := <-g.held; k != "f" { // g's 3 units are held for the TakeAll
 		t.Fatalf("held %s's grant, want f's", k)
 	}
+	clock.Advance(60 * time.Millisecond) // g's lease has ended
 	one := make(chan sluice.Decision)
-	go func() { one <- take(t, s, "g", lg, 1) }() // the lease is empty: a grant
+	go func() { one <- take(t, s, "g", lg, 1) }() // a grant
 	if k := <-g.held; k != "g" {
 		t.Fatalf("held %s's grant, want g's", k)
 	}
@@ -100,9 +102,57 @@ func TestPutBackDuringGrant(t *testing.T) {
 	if err := s.Close(ctx); err != nil {
 		t.Fatal(err)
 	}
-	// Two units admitted on a frozen clock, every unused one given back.
-	if d, err := m.Peek(ctx, "g", lg, 1); err != nil || d.Remaining != 98 {
-		t.Fatalf("g in the store after Close: %+v, %v; want 98 left (100 less the 2 admitted)", d, err)
+	// The 3 units went back 60 ms old, less the Interval begun (2), the
+	// second lease's 3 at Close: 2 admitted, 1 forfeited.
+	if st := s.Stats(); st.Returned != 5 || st.Forfeited != 1 {
+		t.Fatalf("%+v: want 5 units given back, 1 forfeited", st)
+	}
+}
+
+// While a TakeAll's check holds units of a live lease, until the other
+// checks' store calls are back, the key's refills are the store's Take:
+// when another check denies, the units go back into the lease. A new grant
+// replaced the lease, and they went back to the store less one unit per
+// Interval of their age: through the service, with a GCRA key that single
+// requests share, most of the units returns forfeited.
+func TestTakeAllHoldKeepsLease(t *testing.T) {
+	t.Parallel()
+	clock := storetest.NewClock(storetest.T0)
+	m := newMemory(t, clock)
+	g := &gated{Store: m, gates: map[string]chan struct{}{}, held: make(chan string)}
+	s := newLease(t, g, clock, time.Second, 4)
+	lg := sluice.PerSecond(100) // one unit per 10 ms
+	lf := sluice.Limit{Algorithm: sluice.FixedWindow, Rate: 10, Period: time.Second}
+	take(t, s, "g", lg, 1) // a lease of 4, 3 left
+	if d, err := m.Take(ctx, "f", lf, 10); err != nil || !d.Allowed {
+		t.Fatal(d, err) // f is spent: its grant will be nothing
+	}
+	gf := make(chan struct{})
+	g.gates["f"] = gf
+	all := make(chan []sluice.Decision)
+	go func() {
+		ds, err := s.TakeAll(ctx, []sluice.Request{{Key: "g", Limit: lg, Cost: 3}, {Key: "f", Limit: lf, Cost: 1}})
+		if err != nil {
+			t.Error(err)
+		}
+		all <- ds
+	}()
+	if k := <-g.held; k != "f" { // g's 3 units are held for the TakeAll
+		t.Fatalf("held %s's grant, want f's", k)
+	}
+	clock.Advance(15 * time.Millisecond)
+	if d := take(t, s, "g", lg, 1); !d.Allowed || d.Source != sluice.SourceBackend {
+		t.Fatalf("a take while the TakeAll holds the lease's units: %+v, want the store's", d)
+	}
+	close(gf)
+	if ds := <-all; ds[0].Allowed && ds[1].Allowed {
+		t.Fatalf("TakeAll: %+v, want denied by f", ds)
+	}
+	if st := s.Stats(); st.Grants != 2 || st.Forfeited != 0 {
+		t.Fatalf("%+v: want g's first grant and f's, nothing forfeited", st)
+	}
+	if d := take(t, s, "g", lg, 3); !d.Allowed || d.Source != sluice.SourceLease {
+		t.Fatalf("after the TakeAll: %+v, want the lease's 3 units", d)
 	}
 }
 

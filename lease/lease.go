@@ -522,7 +522,7 @@ type lease struct {
 	failErr  error        // the last failure's error
 	byPolicy bool         // a failure policy answers for it (resilient.ErrNoGrant)
 	granting bool         // a grant is out: its units will replace the lease's (see restore)
-	out      int64        // units of grant outGen that top-ups have out
+	out      int64        // units of grant outGen that top-ups and TakeAlls have out
 	outGen   uint64
 	// asked is the units asked since folded, not yet in demand, but those
 	// spent from units since mark was set: the local path counts nothing,
@@ -1198,6 +1198,9 @@ func (s *Store) spend(ctx context.Context, key string, limit sluice.Limit, cost 
 	if !ok || !d.Allowed {
 		l.asked += cost // not spent from units, which counts itself
 	}
+	if layered {
+		l.holdOut(got)
+	}
 	if ok {
 		if made {
 			l.refill.Unlock()
@@ -1262,6 +1265,9 @@ func (s *Store) refill(ctx context.Context, l *lease, key string, limit sluice.L
 	now := s.now()
 	h := l.hot()
 	if d, got, ok := s.answer(h, cost, now, true); ok {
+		if layered {
+			l.holdOut(got)
+		}
 		sh.mu.Unlock()
 		return d, got, leftover{}, false, nil
 	}
@@ -1302,10 +1308,11 @@ func (s *Store) refill(ctx context.Context, l *lease, key string, limit sluice.L
 	// lose units to the return rule each time, and such a request could
 	// wait forever. After D the key is leased again.
 	short := !force && l.short > 0 && cost >= l.short && now < l.shortEnd
-	// While a top-up (below) has the live lease's last units out, the
-	// store's Take answers: a new grant would replace the lease, and the
-	// units, when the store denies the rest, would go back less the return
-	// rule's share (under overload, all of them).
+	// While a top-up (below) has the live lease's last units out, or a
+	// TakeAll's check units it may put back (holdOut), the store's Take
+	// answers: a new grant would replace the lease, and the units, when
+	// the store denies the rest, would go back less the return rule's
+	// share (under overload, all of them).
 	pending := l.out > 0 && l.outGen == l.gen && now <= h.stop
 	// While another check of its TakeAlls denies (see quiet), the store's
 	// Take answers a TakeAll's check with the others, all or nothing: a
@@ -1465,7 +1472,11 @@ func (s *Store) refill(ctx context.Context, l *lease, key string, limit sluice.L
 	l.mark -= cost // counted in asked by spend
 	d := h.local(limit, now, true)
 	d.Source = sluice.SourceBackend
-	return d, leftover{cost, l.gen, h.stop, g, false}, leftover{}, false, nil
+	got = leftover{cost, l.gen, h.stop, g, false}
+	if layered {
+		l.holdOut(got)
+	}
+	return d, got, leftover{}, false, nil
 }
 
 // stranded reports whether h, at now, holds units that a request of cost
@@ -1871,8 +1882,11 @@ func (s *Store) giveBack(ctx context.Context, key string, limit sluice.Limit, g 
 // TakeAll implements sluice.MultiStore, all-or-nothing: a leased check's
 // units are taken from its lease first and put back when another check
 // denies, and the checks not leased go to the granter's TakeAll, only once
-// every leased one admits (otherwise they are Peeked). Units put back after
-// their lease was regranted go back to the store under the return rule. A live lease whose units
+// every leased one admits (otherwise they are Peeked). While a check holds
+// a live lease's units, the key's refills are the store's Take (see
+// holdOut), so that they go back into that lease; units put back after
+// their lease was regranted (it had ended) go back to the store under the
+// return rule. A live lease whose units
 // are too few for its check spends them with the store's Take of the rest,
 // as Take does (see refill), in that TakeAll: when it denies, the lease
 // keeps them. The leases' units are spent when the request is admitted,
@@ -1973,6 +1987,13 @@ func (s *Store) TakeAll(ctx context.Context, reqs []sluice.Request) ([]sluice.De
 	// return rule would keep one per Interval of their age (at a high
 	// rate, all of them).
 	res := s.spendAll(ctx, reqs, stale, multi)
+	defer func() {
+		for _, r := range res {
+			if r.got.units > 0 {
+				r.l.toppedUp(r.got)
+			}
+		}
+	}()
 	var failed error // the first check's error: every check's units go back
 	for i, r := range reqs {
 		if stale[i] > 0 {
@@ -2168,6 +2189,7 @@ func (s *Store) fromLease(key string, limit sluice.Limit, cost int64, stale time
 	if ok && !d.Allowed {
 		h.l.asked += cost // as spend counts it
 	}
+	h.l.holdOut(got)
 	return d, h.l, got, ok
 }
 
@@ -2567,11 +2589,22 @@ func (s *Store) settle(ctx context.Context, l *lease, key string, limit sluice.L
 	return held, err
 }
 
-// fail records that a grant, regrant or return of l's failed with err
-// (byPolicy: a failure policy answers it, and reports err as the cause),
-// for the requests waiting for l's
-// refill lock, which the caller holds. A call that failed for its own context
-// says nothing of the store: those waiting call it themselves.
+// holdOut records that a TakeAll's check took got's units out of l, whose
+// shard must be locked, until the TakeAll admits or puts them back
+// (toppedUp): meanwhile l's refills are the store's Take (see refill's
+// pending). A grant would replace the lease, and the units, when another
+// check denies, would go back to the store less the return rule's unit
+// per Interval of their age: on a fast limit, all of them.
+func (l *lease) holdOut(got leftover) {
+	if got.units == 0 {
+		return
+	}
+	if l.outGen != got.gen {
+		l.out = 0
+	}
+	l.out, l.outGen = l.out+got.units, got.gen
+}
+
 // toppedUp records that a top-up's units, left, are spent or put back.
 func (l *lease) toppedUp(left leftover) {
 	l.sh.mu.Lock()
@@ -2588,6 +2621,11 @@ func (l *lease) doneGranting() {
 	l.sh.mu.Unlock()
 }
 
+// fail records that a grant, regrant or return of l's failed with err
+// (byPolicy: a failure policy answers it, and reports err as the cause),
+// for the requests waiting for l's
+// refill lock, which the caller holds. A call that failed for its own context
+// says nothing of the store: those waiting call it themselves.
 func (l *lease) fail(ctx context.Context, err error, byPolicy bool) {
 	if !byPolicy && ctx.Err() != nil {
 		return
