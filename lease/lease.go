@@ -1903,7 +1903,8 @@ func (s *Store) giveBack(ctx context.Context, key string, limit sluice.Limit, g 
 // TakeAlls are the store's Take with the others, not grants (see quiet).
 // The checks that need a grant (or a refill) send theirs at once, so a
 // batching store sends them together: one round trip or so for all, not
-// one per check (see spendAll). Over a failure policy (resilient), a
+// one per check; the checks their leases answer take their units once
+// those calls are back, not holding them meanwhile (see spendAll). Over a failure policy (resilient), a
 // TakeAll sends no call after those grants once one failed: the policy
 // answers what the leases cannot (see "Failure policies" in the package
 // doc).
@@ -1986,7 +1987,14 @@ func (s *Store) TakeAll(ctx context.Context, reqs []sluice.Request) ([]sluice.De
 	// exact checks, as Take spends them: returned, young as they are, the
 	// return rule would keep one per Interval of their age (at a high
 	// rate, all of them).
-	res := s.spendAll(ctx, reqs, stale, multi)
+	var buf [4]spendResult
+	var res []spendResult
+	if len(reqs) <= len(buf) {
+		res = buf[:len(reqs)]
+	} else {
+		res = make([]spendResult, len(reqs))
+	}
+	s.spendAll(ctx, reqs, stale, multi, res)
 	defer func() {
 		for _, r := range res {
 			if r.got.units > 0 {
@@ -2122,8 +2130,8 @@ func (s *Store) TakeAll(ctx context.Context, reqs []sluice.Request) ([]sluice.De
 	return out, nil
 }
 
-// spent is what spend reported for one of a TakeAll's checks.
-type spent struct {
+// spendResult is what spend reported for one of a TakeAll's checks.
+type spendResult struct {
 	d         sluice.Decision
 	l         *lease
 	got, left leftover
@@ -2132,40 +2140,98 @@ type spent struct {
 }
 
 // spendAll spends each of reqs with a staleness above zero (see spend),
-// for TakeAll: first from the leases alone, then, for the checks that
-// need a store call, all at once: each a call of its own, so a batching
-// store sends them together, and a layered request waits about one round
-// trip for its grants rather than one per check. Each call is still sent
-// once, and a check that another denies puts its units back (TakeAll);
-// a store that does not answer costs the calls one wait, side by side.
-func (s *Store) spendAll(ctx context.Context, reqs []sluice.Request, stale []time.Duration, multi sluice.MultiStore) []spent {
-	res := make([]spent, len(reqs))
-	var calls []int // the checks that need the store
+// for TakeAll: from the leases alone when they can answer every check;
+// otherwise the checks that need a store call send them all at once, each
+// a call of its own, so a batching store sends them together, and a
+// layered request waits about one round trip for its grants rather than
+// one per check, and the others are answered from their leases after.
+// Each call is still sent once, and a check that another denies puts its
+// units back (TakeAll); a store that does not answer costs the calls one
+// wait, side by side.
+func (s *Store) spendAll(ctx context.Context, reqs []sluice.Request, stale []time.Duration, multi sluice.MultiStore, res []spendResult) {
+	var buf [4]int
+	calls := buf[:0] // the checks that need the store
 	for i, r := range reqs {
 		if stale[i] == 0 {
 			continue
 		}
 		if d, l, got, ok := s.fromLease(r.Key, r.Limit, r.Cost, stale[i]); ok {
-			res[i] = spent{d: d, l: l, got: got}
+			res[i] = spendResult{d: d, l: l, got: got}
 			continue
 		}
 		calls = append(calls, i)
 	}
-	one := func(i int) {
-		r := &reqs[i]
-		d, l, got, left, ex, err := s.spend(ctx, r.Key, r.Limit, r.Cost, stale[i], multi == nil, multi != nil, true)
-		res[i] = spent{d, l, got, left, ex, err}
+	if len(calls) == 0 {
+		return
+	}
+	// The units the leases answered with go back into them until the calls
+	// are back, and are taken then: held meanwhile, the leases looked short
+	// to the key's other requests, which went to the store (see holdOut).
+	var lbuf [4]int
+	again := lbuf[:0]
+	for i := range res {
+		if r := &res[i]; r.got.units > 0 && r.l.untake(r.got) {
+			*r = spendResult{}
+			again = append(again, i)
+		}
 	}
 	if len(calls) == 1 {
-		one(calls[0])
-		return res
+		res[calls[0]] = s.spendOne(ctx, reqs[calls[0]], stale[calls[0]], multi)
+	} else {
+		s.spendTogether(ctx, reqs, stale, multi, calls, res)
 	}
+	for _, i := range again {
+		r := reqs[i]
+		if d, l, got, ok := s.fromLease(r.Key, r.Limit, r.Cost, stale[i]); ok {
+			res[i] = spendResult{d: d, l: l, got: got}
+			continue
+		}
+		if denied(res, stale) {
+			// Spent meanwhile, for a request another check denies: the
+			// store's Peek says what it would have said (TakeAll).
+			res[i] = spendResult{exact: true}
+			continue
+		}
+		res[i] = s.spendOne(ctx, r, stale[i], multi) // spent meanwhile: a call of its own
+	}
+}
+
+// denied reports whether a leased check of res is denied.
+func denied(res []spendResult, stale []time.Duration) bool {
+	for j, r := range res {
+		if stale[j] > 0 && r.err == nil && !r.exact && r.l != nil && !r.d.Allowed {
+			return true
+		}
+	}
+	return false
+}
+
+// spendTogether is spendAll's calls, each on a goroutine of its own (kept
+// apart, with copies of what they read, so that a TakeAll its leases
+// answer allocates nothing for them).
+func (s *Store) spendTogether(ctx context.Context, reqs []sluice.Request, stale []time.Duration, multi sluice.MultiStore, calls []int, res []spendResult) {
+	type call struct {
+		r     sluice.Request
+		stale time.Duration
+		got   spendResult
+	}
+	cs := make([]call, len(calls))
 	var wg sync.WaitGroup
-	for _, i := range calls {
-		wg.Go(func() { one(i) })
+	for j, i := range calls {
+		c := &cs[j]
+		c.r, c.stale = reqs[i], stale[i]
+		wg.Go(func() { c.got = s.spendOne(ctx, c.r, c.stale, multi) })
 	}
 	wg.Wait()
-	return res
+	for j, i := range calls {
+		res[i] = cs[j].got
+	}
+}
+
+// spendOne is spend for one of TakeAll's checks.
+func (s *Store) spendOne(ctx context.Context, r sluice.Request, stale time.Duration, multi sluice.MultiStore) spendResult {
+	d, l, got, left, ex, err := s.spend(ctx, r.Key, r.Limit, r.Cost, stale, multi == nil, multi != nil, true)
+	return spendResult{d, l, got, left, ex, err}
 }
 
 // fromLease answers a check from its key's lease alone, as spend does
@@ -2603,6 +2669,25 @@ func (l *lease) holdOut(got leftover) {
 		l.out = 0
 	}
 	l.out, l.outGen = l.out+got.units, got.gen
+}
+
+// untake puts back got's units, which fromLease took (a local decision,
+// counted in holdOut), as if they had not been taken, and reports whether
+// it did: only while l still holds their grant.
+func (l *lease) untake(got leftover) bool {
+	l.sh.mu.Lock()
+	defer l.sh.mu.Unlock()
+	if l.gen != got.gen || l.granting || l.gone != nil {
+		return false
+	}
+	l.hot().units += got.units
+	if got.local {
+		l.sh.local--
+	}
+	if l.outGen == got.gen {
+		l.out -= got.units
+	}
+	return true
 }
 
 // toppedUp records that a top-up's units, left, are spent or put back.

@@ -2545,18 +2545,23 @@ func TestTakeAllLeaseEndsBeforeReturn(t *testing.T) {
 	t.Run("grant", func(t *testing.T) {
 		t.Parallel()
 		// No MultiStore, and another leased check's grant out past a's
-		// lease: a's 2 are the store's Take.
+		// lease: a's lease answers after that grant, not before it, and
+		// has ended by then: a's 2 are its refill's (its 9 back less 4
+		// Intervals, 10 granted).
 		clock, c, s := counted(t, 0, d, 10)
 		take(t, s, "a", la, 1)
 		clock.Set(storetest.T0.Add(d - 5*time.Millisecond))
 		c.delay = 10 * time.Millisecond
 		ds, err := s.TakeAll(ctx, []sluice.Request{{Key: "a", Limit: la, Cost: 2}, {Key: "c", Limit: la, Cost: 1}})
 		if err != nil || !ds[0].Allowed || !ds[1].Allowed || ds[0].Source != sluice.SourceBackend {
-			t.Fatalf("TakeAll = %+v, %v; want both admitted, a by the store", ds, err)
+			t.Fatalf("TakeAll = %+v, %v; want both admitted, a by its refill", ds, err)
 		}
-		// 10 + 3 refilled − 2 at 305ms.
-		if p, err := c.Granter.Peek(ctx, "a", la, 1); err != nil || p.Remaining != 11 {
-			t.Fatalf("store: %+v, %v; want 11 left", p, err)
+		// 10 + 3 refilled + 5 returned − 10 granted at 315ms.
+		if p, err := c.Granter.Peek(ctx, "a", la, 1); err != nil || p.Remaining != 8 {
+			t.Fatalf("store: %+v, %v; want 8 left", p, err)
+		}
+		if st := s.Stats(); st.Returned != 5 || st.Local != 0 {
+			t.Fatalf("stats %+v: want a's 9 returned less 4 Intervals (5), no local decision", st)
 		}
 	})
 	// Without a MultiStore, two leases that end while the one exact check
