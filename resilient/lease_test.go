@@ -198,11 +198,12 @@ func TestRedisByPolicyCarriesLeaseError(t *testing.T) {
 	}
 }
 
-// A lease TakeAll whose grant Redis refuses (an ACL, the breaker closed)
+// A lease TakeAll whose grants Redis refuses (an ACL, the breaker closed)
 // has its checks answered by the failure policy in one TakeAllByPolicy:
-// one "take" event per check, carrying the grant's error, and no "peek",
-// as for one check. Before, each of several checks was Peeked by the
-// policy first, an extra sluice_store_calls_total{op="peek"} each.
+// one "take" event per check, carrying the first check's grant's error
+// (its grants go out together, one event each), and no "peek", as for one
+// check. Before, each of several checks was Peeked by the policy first, an
+// extra sluice_store_calls_total{op="peek"} each.
 func TestRedisLeaseTakeAllByPolicyEvents(t *testing.T) {
 	t.Parallel()
 	rl := newRefusingLease(t, "~t:*good*")
@@ -223,20 +224,23 @@ func TestRedisLeaseTakeAllByPolicyEvents(t *testing.T) {
 				t.Errorf("%s: %+v; want the failure policy's admission", keys[i], d)
 			}
 		}
-		var grant error
+		grants := map[string]error{}
 		var taken []string
 		for _, e := range rec.Take() {
 			switch {
-			case e.Source == sluice.SourceBackend && e.Op == "grant" && grant == nil:
-				grant = e.Err
+			case e.Source == sluice.SourceBackend && e.Op == "grant" && slices.Contains(keys, e.Key) && grants[e.Key] == nil:
+				grants[e.Key] = e.Err
 			case e.Source == sluice.SourceFallback && e.Op == "take":
 				taken = append(taken, e.Key)
-				if !e.Reported || e.Err == nil || e.Err != grant {
-					t.Errorf("%s answered by the policy: Err %v, Reported %v; want the failed grant's error (%v), reported", e.Key, e.Err, e.Reported, grant)
+				if grant := grants[keys[0]]; !e.Reported || e.Err == nil || e.Err != grant {
+					t.Errorf("%s answered by the policy: Err %v, Reported %v; want the first check's failed grant's error (%v), reported", e.Key, e.Err, e.Reported, grant)
 				}
 			default:
 				t.Errorf("%d checks: unexpected event %+v", len(keys), e)
 			}
+		}
+		if len(grants) != len(keys) {
+			t.Errorf("%d checks: grants of %v; want one each, sent together", len(keys), grants)
 		}
 		if !slices.Equal(taken, keys) {
 			t.Errorf("%d checks: policy takes of %v; want one each, %v", len(keys), taken, keys)
