@@ -165,7 +165,7 @@ func TestLateReadCountsNoSecondRestart(t *testing.T) {
 		return map[string]string{"run_id": id, "evicted_keys": "0", "uptime_in_seconds": uptime}
 	}
 	w.observe("n", info("a", "600"), now)
-	w.observe("n", info("b", "0"), now.Add(2*time.Second))            // the watch: restarted
+	w.observe("n", info("b", "0"), now.Add(2*time.Second))           // the watch: restarted
 	w.observe("n", info("a", "601"), now.Add(1900*time.Millisecond)) // the scrape, asked before, observed late
 	w.observe("n", info("b", "1"), now.Add(3*time.Second))
 	if got := w.counts("n").restarts; got != 1 {
