@@ -491,20 +491,25 @@ func TestFaultRoundTripStoppedMaster(t *testing.T) {
 	before := s.RoundTrip()
 	masters[0].Pause(t)
 	defer masters[0].Resume(t)
-	var slowest time.Duration
+	// Answered from memory, each call takes microseconds; a busy host
+	// may still deschedule one: the 90th percentile is held to the bound,
+	// the slowest to under the 100 ms a call asking the stopped master
+	// waited.
+	took := make([]time.Duration, calls)
 	for i := range calls {
 		start := time.Now()
 		rtt := s.RoundTrip()
-		took := time.Since(start)
-		slowest = max(slowest, took)
-		if took > bound {
-			t.Fatalf("RoundTrip %d of %d with a master stopped took %v, want under %v", i+1, calls, took, bound)
-		}
+		took[i] = time.Since(start)
 		if rtt <= 0 || rtt >= bound {
 			t.Fatalf("RoundTrip %d of %d with a master stopped: %v, want the calls' figure (%v before the stop)", i+1, calls, rtt, before)
 		}
 	}
-	t.Logf("RoundTrip %v before the stop; with a master stopped, %d calls answered in at most %v", before, calls, slowest)
+	slices.Sort(took)
+	p90, slowest := took[calls*9/10-1], took[calls-1]
+	if p90 > bound || slowest >= 90*time.Millisecond {
+		t.Errorf("RoundTrip with a master stopped: p90 %v, slowest %v; want under %v and 90ms", p90, slowest, bound)
+	}
+	t.Logf("RoundTrip %v before the stop; with a master stopped, %d calls answered in p90 %v, at most %v", before, calls, p90, slowest)
 }
 
 // TestFaultColdStartWarm: resilient over a Store started cold (a new
