@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/race"
 	"github.com/sluicehq/sluice/lease"
 	"github.com/sluicehq/sluice/memory"
 	"github.com/sluicehq/sluice/storetest"
@@ -348,5 +349,67 @@ func TestTakeAllLeasesAnswerAfterCalls(t *testing.T) {
 	}
 	if st := s.Stats(); st.Grants != 3 || st.Forfeited != 0 {
 		t.Fatalf("%+v: want a's two grants and c's, nothing forfeited", st)
+	}
+}
+
+// A TakeAll whose leases answer every check makes no call and allocates
+// only its answer's slices; one that a check's remembered denial answers
+// takes no lease's units, in either order: the other check's verdict is
+// its lease's, as a Peek's, and its lease holds what it held.
+func TestTakeAllLocal(t *testing.T) {
+	clock := storetest.NewClock(storetest.T0)
+	plenty := sluice.Limit{Rate: 1e9, Period: time.Hour}
+	// 2 units an hour, spent below: the grant of nothing is remembered for
+	// half an hour, under the staleness (an hour), so b's lease is not
+	// given back for it (quiet).
+	scarce := sluice.Limit{Rate: 2, Period: time.Hour}
+	for _, c := range []struct {
+		name string
+		reqs []sluice.Request
+		deny int // the check its remembered denial answers, −1 none
+	}{
+		{"leased", []sluice.Request{{Key: "a", Limit: plenty, Cost: 1}, {Key: "b", Limit: plenty, Cost: 1}}, -1},
+		{"denied first", []sluice.Request{{Key: "a", Limit: scarce, Cost: 1}, {Key: "b", Limit: plenty, Cost: 1}}, 0},
+		{"denied last", []sluice.Request{{Key: "b", Limit: plenty, Cost: 1}, {Key: "a", Limit: scarce, Cost: 1}}, 1},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			s := newLease(t, newMemory(t, clock), clock, time.Hour, 1000)
+			for range 3 {
+				if _, err := s.TakeAll(ctx, c.reqs); err != nil {
+					t.Fatal(err)
+				}
+			}
+			other := 1 - max(c.deny, 0)
+			before := s.Stats()
+			peek, err := s.Peek(ctx, c.reqs[other].Key, c.reqs[other].Limit, 1)
+			if err != nil || peek.Source != sluice.SourceLease {
+				t.Fatalf("Peek = %+v, %v; want answered from its lease", peek, err)
+			}
+			ds, err := s.TakeAll(ctx, c.reqs)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if c.deny >= 0 {
+				if d := ds[c.deny]; d.Allowed || d.Source != sluice.SourceDenyCache {
+					t.Fatalf("check %d: %+v, want its remembered denial", c.deny, d)
+				}
+				if ds[other] != peek {
+					t.Fatalf("check %d: %+v, want its Peek's %+v", other, ds[other], peek)
+				}
+				if again, _ := s.Peek(ctx, c.reqs[other].Key, c.reqs[other].Limit, 1); again != peek {
+					t.Fatalf("Peek after = %+v, want %+v: the lease lost units", again, peek)
+				}
+			} else if !ds[0].Allowed || !ds[1].Allowed {
+				t.Fatalf("TakeAll = %+v, want both admitted", ds)
+			}
+			if !race.Enabled {
+				if n := testing.AllocsPerRun(100, func() { s.TakeAll(ctx, c.reqs) }); n > 2 {
+					t.Errorf("%v allocations per TakeAll, want at most 2", n)
+				}
+			}
+			if st := s.Stats(); st.Grants != before.Grants || c.deny >= 0 && st.Local != before.Local {
+				t.Fatalf("Stats() = %+v after %+v: want no grant, and no local decision when denied", st, before)
+			}
+		})
 	}
 }

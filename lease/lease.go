@@ -1904,7 +1904,9 @@ func (s *Store) giveBack(ctx context.Context, key string, limit sluice.Limit, g 
 // The checks that need a grant (or a refill) send theirs at once, so a
 // batching store sends them together: one round trip or so for all, not
 // one per check; the checks their leases answer take their units once
-// those calls are back, not holding them meanwhile (see spendAll). Over a failure policy (resilient), a
+// those calls are back, not holding them meanwhile (see spendAll); with
+// no call, a check's remembered denial answers the TakeAll without taking
+// any lease's units (see allLocal). Over a failure policy (resilient), a
 // TakeAll sends no call after those grants once one failed: the policy
 // answers what the leases cannot (see "Failure policies" in the package
 // doc).
@@ -1937,9 +1939,16 @@ func (s *Store) TakeAll(ctx context.Context, reqs []sluice.Request) ([]sluice.De
 		return nil, ErrNoTakeAll
 	}
 	out := make([]sluice.Decision, len(reqs))
-	asked := make([]*lease, len(reqs)) // each leased check's lease, whose demand its cost counts in
-	held := make([]*lease, len(reqs))
+	asked := make([]*lease, len(reqs))   // each leased check's lease, whose demand its cost counts in
 	spent := make([]leftover, len(reqs)) // the units each held lease's check took
+	if unleased == 0 {
+		if ok, err := s.allLocal(ctx, reqs, stale, multi, out, asked, spent); err != nil {
+			return nil, err
+		} else if ok {
+			return out, nil
+		}
+	}
+	held := make([]*lease, len(reqs))
 	// stalled: the store did not answer a call of this TakeAll's (a
 	// grant or return it sent or waited for, or the call the failure
 	// policy answered), and each call more would wait another timeout.
@@ -2155,7 +2164,7 @@ func (s *Store) spendAll(ctx context.Context, reqs []sluice.Request, stale []tim
 		if stale[i] == 0 {
 			continue
 		}
-		if d, l, got, ok := s.fromLease(r.Key, r.Limit, r.Cost, stale[i]); ok {
+		if d, l, got, ok := s.fromLease(r.Key, r.Limit, r.Cost, stale[i], fromHeld); ok {
 			res[i] = spendResult{d: d, l: l, got: got}
 			continue
 		}
@@ -2170,7 +2179,7 @@ func (s *Store) spendAll(ctx context.Context, reqs []sluice.Request, stale []tim
 	var lbuf [4]int
 	again := lbuf[:0]
 	for i := range res {
-		if r := &res[i]; r.got.units > 0 && r.l.untake(r.got) {
+		if r := &res[i]; r.got.units > 0 && r.l.untake(r.got, true) {
 			*r = spendResult{}
 			again = append(again, i)
 		}
@@ -2182,7 +2191,7 @@ func (s *Store) spendAll(ctx context.Context, reqs []sluice.Request, stale []tim
 	}
 	for _, i := range again {
 		r := reqs[i]
-		if d, l, got, ok := s.fromLease(r.Key, r.Limit, r.Cost, stale[i]); ok {
+		if d, l, got, ok := s.fromLease(r.Key, r.Limit, r.Cost, stale[i], fromHeld); ok {
 			res[i] = spendResult{d: d, l: l, got: got}
 			continue
 		}
@@ -2234,11 +2243,19 @@ func (s *Store) spendOne(ctx context.Context, r sluice.Request, stale time.Durat
 	return spendResult{d, l, got, left, ex, err}
 }
 
+// How fromLease answers a check from its lease.
+const (
+	fromHeld   = iota // taking the units, held out (holdOut); a denial counted as spend counts it
+	fromTaken         // taking them, not held out, a denial not counted (see allLocal)
+	fromPeeked        // taking nothing: an admission's verdict is a Peek's
+)
+
 // fromLease answers a check from its key's lease alone, as spend does
 // before any store call: a live lease that holds cost units, taking them
-// (got), or a remembered denial. ok is false, with nothing changed, when
-// the check needs spend's refill (or its validation).
-func (s *Store) fromLease(key string, limit sluice.Limit, cost int64, stale time.Duration) (_ sluice.Decision, _ *lease, got leftover, ok bool) {
+// (got) unless how is fromPeeked, or a remembered denial. ok is false, with
+// nothing changed, when the check needs spend's refill (or its
+// validation).
+func (s *Store) fromLease(key string, limit sluice.Limit, cost int64, stale time.Duration, how int) (_ sluice.Decision, _ *lease, got leftover, ok bool) {
 	s.sweepIfDue()
 	id := s.knownID(limit)
 	if id == 0 || cost < 1 || stale < MinStaleness || stale > limit.Period {
@@ -2251,12 +2268,89 @@ func (s *Store) fromLease(key string, limit sluice.Limit, cost int64, stale time
 	if h == nil || cost > h.l.capacity {
 		return sluice.Decision{}, nil, leftover{}, false
 	}
-	d, got, ok := s.answer(h, cost, s.now(), false)
-	if ok && !d.Allowed {
-		h.l.asked += cost // as spend counts it
+	now := s.now()
+	if how == fromPeeked {
+		if h.live(now) && h.units >= cost {
+			return h.local(limit, now, true), h.l, leftover{}, true
+		}
+		d, ok := h.remembered(cost, now)
+		return d, h.l, leftover{}, ok
 	}
-	h.l.holdOut(got)
+	d, got, ok := s.answer(h, cost, now, false)
+	if how == fromHeld {
+		if ok && !d.Allowed {
+			h.l.asked += cost // as spend counts it
+		}
+		h.l.holdOut(got)
+	}
 	return d, h.l, got, ok
+}
+
+// allLocal answers a TakeAll whose checks are all leased from their leases
+// alone, with no call, when they can: every check admitted from its live
+// lease, the units spent at once (none held out: no call comes between
+// the take and the admission); or a check that a remembered denial
+// answers, and then the TakeAll is denied without taking any lease's
+// units: the checks before it put theirs back, those after it are
+// answered as a Peek would, and no check counts in its key's demand (a
+// denied TakeAll counts none, see unask). ok is false, with nothing
+// changed (its units put back, as a denied TakeAll's), when a check needs
+// the store, or a lease ended before the last check's answer: TakeAll's
+// other path answers then. got and ls are scratch of len(reqs).
+func (s *Store) allLocal(ctx context.Context, reqs []sluice.Request, stale []time.Duration, multi sluice.MultiStore, out []sluice.Decision, ls []*lease, got []leftover) (ok bool, err error) {
+	deny := -1 // the first check a remembered denial answers
+	stop := int64(math.MaxInt64)
+	n := len(reqs)
+	for i, r := range reqs {
+		how := fromTaken
+		if deny >= 0 {
+			how = fromPeeked
+		}
+		d, l, g, ok := s.fromLease(r.Key, r.Limit, r.Cost, stale[i], how)
+		if !ok {
+			n = i
+			break
+		}
+		out[i], ls[i], got[i] = d, l, g
+		if g.units > 0 {
+			stop = min(stop, g.stop)
+		}
+		if !d.Allowed && deny < 0 {
+			deny = i
+		}
+	}
+	if n == len(reqs) && deny < 0 && s.now() <= stop {
+		return true, nil
+	}
+	// Denied, or answered elsewhere: the units go back as they came.
+	for i := range n {
+		g := got[i]
+		if g.units == 0 {
+			continue
+		}
+		out[i].Remaining += g.units
+		if ls[i].untake(g, false) {
+			continue
+		}
+		// The lease ended or was granted again meanwhile: back as a denied
+		// TakeAll's units go back, not counted in demand.
+		if err := s.putBack(ctx, ls[i], g, reqs[i].Key, reqs[i].Limit); err != nil {
+			return false, err
+		}
+		unask(ls[i:i+1], reqs[i:i+1])
+	}
+	if n < len(reqs) || deny < 0 {
+		clear(out)
+		clear(ls)
+		clear(got)
+		return false, nil
+	}
+	if multi != nil {
+		if err := s.quietAll(ctx, reqs, stale, ls, out); err != nil {
+			return false, err
+		}
+	}
+	return true, nil
 }
 
 // policyAnswerer is a granter whose failure policy answers takes, peeks
@@ -2672,9 +2766,9 @@ func (l *lease) holdOut(got leftover) {
 }
 
 // untake puts back got's units, which fromLease took (a local decision,
-// counted in holdOut), as if they had not been taken, and reports whether
-// it did: only while l still holds their grant.
-func (l *lease) untake(got leftover) bool {
+// counted in holdOut when held), as if they had not been taken, and
+// reports whether it did: only while l still holds their grant.
+func (l *lease) untake(got leftover, held bool) bool {
 	l.sh.mu.Lock()
 	defer l.sh.mu.Unlock()
 	if l.gen != got.gen || l.granting || l.gone != nil {
@@ -2684,7 +2778,7 @@ func (l *lease) untake(got leftover) bool {
 	if got.local {
 		l.sh.local--
 	}
-	if l.outGen == got.gen {
+	if held && l.outGen == got.gen {
 		l.out -= got.units
 	}
 	return true
