@@ -188,16 +188,7 @@ func TestFleetSlotsReleasedElsewhere(t *testing.T) {
 	await("before", 0)
 	// Listening starts with serving; a note sent before b listens would be
 	// lost, so wait for both listeners.
-	c := r.Client(t)
-	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-		n, _ := c.PubSubNumSub(context.Background(), "{sluice:fleet}:slots").Result()
-		if n["{sluice:fleet}:slots"] == 2 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("listeners: %v, want 2", n)
-		}
-	}
+	awaitSlotListeners(t, r.Client(t), 2)
 	code, body := a.post(t, "/v1/acquire", `{"policy":"jobs","key":"k","weight":4}`)
 	if code != 200 {
 		t.Fatalf("acquire: %d %v", code, body)
@@ -362,4 +353,19 @@ func TestReleasesRememberedBounded(t *testing.T) {
 			t.Errorf("released again past the bound: %v, want ErrSlotNotHeld", err)
 		}
 	})
+}
+
+// awaitSlotListeners waits until want instances listen for the fleet's
+// slot notes: a note sent before one listens is lost to it.
+func awaitSlotListeners(t *testing.T, c *redis.Client, want int64) {
+	t.Helper()
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		n, _ := c.PubSubNumSub(context.Background(), "{sluice:fleet}:slots").Result()
+		if n["{sluice:fleet}:slots"] == want {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("listeners: %v, want %d", n, want)
+		}
+	}
 }

@@ -1,7 +1,6 @@
 package server
 
 import (
-	"context"
 	"encoding/json"
 	"testing"
 	"time"
@@ -78,16 +77,7 @@ func TestFleetSlotReleasedBeforeElsewhere(t *testing.T) {
 		}
 		return 0
 	}
-	c := r.Client(t)
-	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-		n, _ := c.PubSubNumSub(context.Background(), "{sluice:fleet}:slots").Result()
-		if n["{sluice:fleet}:slots"] == 2 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("listeners: %v, want 2", n)
-		}
-	}
+	awaitSlotListeners(t, r.Client(t), 2)
 	code, body := a.post(t, "/v1/acquire", `{"policy":"jobs","key":"k","weight":4}`)
 	if code != 200 {
 		t.Fatalf("acquire: %d %v", code, body)
