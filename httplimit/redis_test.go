@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -165,6 +166,31 @@ func TestRedisUnavailable(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// With Redis down and resilient's FailOpen answering, the rate-limit
+// headers say what a fresh key's first request would: the unit taken
+// comes back in 6s (t=6, X-RateLimit-Reset 6s on), not at once (t=0).
+func TestRedisFailOpenHeaders(t *testing.T) {
+	t.Parallel()
+	client := downClient(t)
+	clk := storetest.NewClock(t0)
+	rs, err := resilient.NewMulti(redisstore.New(client, nil), &resilient.Options{Policy: resilient.FailOpen, Clock: clk.Now, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { rs.Close() })
+	e := newEnvStore(t, clk, rs, []Rule{{Name: "api", Limit: sluice.PerMinute(10), Key: PeerIP()}}, &Options{AllowedHeaders: AllHeaders})
+	r := e.get("/")
+	if r.status != http.StatusOK {
+		t.Fatalf("status %d, want 200", r.status)
+	}
+	if got, want := r.header.Get(HeaderRateLimit), `"api";r=9;t=6`; got != want {
+		t.Errorf("RateLimit %q, want %q", got, want)
+	}
+	if got, want := r.header.Get(HeaderReset), strconv.FormatInt(t0.Add(6*time.Second).Unix(), 10); got != want {
+		t.Errorf("X-RateLimit-Reset %q, want %q", got, want)
 	}
 }
 

@@ -190,8 +190,9 @@ func (s *Store) TakeAllByPolicy(ctx context.Context, reqs []sluice.Request, caus
 	out := make([]sluice.Decision, len(reqs))
 	switch src {
 	case sluice.SourceFailOpen:
+		now := s.clock()
 		for i, r := range reqs {
-			out[i] = openDecision(r.Limit, r.Cost, true)
+			out[i] = openDecision(r.Limit, r.Cost, true, now)
 		}
 		return out, nil
 	case sluice.SourceFailClosed:

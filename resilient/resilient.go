@@ -5,7 +5,8 @@
 //   - FallbackLocal (the default): a local memory store enforces the same
 //     limits, each process a share of them (Options.Nodes, or the size a
 //     Fleet discovers), until the backend answers again.
-//   - FailOpen: requests are allowed.
+//   - FailOpen: requests are allowed, each decision reporting what a
+//     fresh key's would (see FailOpen).
 //   - FailClosed: requests are denied.
 //
 // Every backend call is bounded by a timeout (default 50ms), so a dead or
@@ -193,7 +194,12 @@ const (
 	// FallbackLocal enforces the same limits in a local store, each divided
 	// by Options.Nodes, until the backend is back. The zero value.
 	FallbackLocal Policy = iota
-	// FailOpen allows every request, reporting Remaining as for a fresh key.
+	// FailOpen allows every request, reporting what a fresh key would:
+	// Remaining is the capacity less the cost, and ResetAfter the time
+	// those units take to come back (cost × Interval for GCRA and the
+	// buckets, Period for the sliding window log, to the end of the window
+	// for the fixed window and to the end of the next for the sliding
+	// window counter). A Peek reports the capacity and no ResetAfter.
 	FailOpen
 	// FailClosed denies every request, with RetryAfter set to
 	// Options.ProbeInterval.
@@ -624,7 +630,7 @@ func (s *Store) failOne(ctx context.Context, b *breaker, op, key string, limit s
 	}
 	switch src {
 	case sluice.SourceFailOpen:
-		return openDecision(limit, cost, take), nil
+		return openDecision(limit, cost, take, s.clock()), nil
 	case sluice.SourceFailClosed:
 		return s.closedDecision(limit), nil
 	}
@@ -692,13 +698,40 @@ func share(d sluice.Decision, limit sluice.Limit, n, cost int64) sluice.Decision
 	return d
 }
 
-// openDecision is what FailOpen reports: as for a fresh key.
-func openDecision(limit sluice.Limit, cost int64, take bool) sluice.Decision {
+// openDecision is what FailOpen reports: the decision a store makes on a
+// fresh key at now, exactly as the memory store's. A take reports the
+// time its units take to come back as ResetAfter, not 0: the rate-limit
+// headers would otherwise tell the client its budget is whole again at
+// once (t=0) right after a unit was notionally taken. A peek takes
+// nothing, so the key stays fresh.
+func openDecision(limit sluice.Limit, cost int64, take bool, now time.Time) sluice.Decision {
 	d := sluice.Decision{Allowed: true, Limit: limit, Remaining: limit.Capacity(), Source: sluice.SourceFailOpen}
 	if take {
 		d.Remaining -= cost
+		d.ResetAfter = freshReset(limit, cost, now)
 	}
 	return d
+}
+
+// freshReset is ResetAfter after cost units (at least 1) are taken from a
+// fresh key at now: what the memory store's algorithms compute (see
+// memory/*.go). The windows are calendar windows of Period from the Unix
+// epoch, in µs, as there.
+func freshReset(limit sluice.Limit, cost int64, now time.Time) time.Duration {
+	period := limit.Period.Microseconds()
+	into := now.UnixMicro() % period
+	if into < 0 {
+		into += period
+	}
+	switch limit.Algorithm {
+	case sluice.FixedWindow: // to the end of the window the units count in
+		return time.Duration(period-into) * time.Microsecond
+	case sluice.SlidingWindowCounter: // they weigh on the next window too
+		return time.Duration(2*period-into) * time.Microsecond
+	case sluice.SlidingWindowLog: // the entries logged now leave after a period
+		return limit.Period
+	}
+	return time.Duration(cost) * limit.Interval() // GCRA and the buckets: one interval per unit
 }
 
 func (s *Store) closedDecision(limit sluice.Limit) sluice.Decision {
@@ -796,7 +829,7 @@ func (m *MultiStore) TakeAll(ctx context.Context, reqs []sluice.Request) ([]slui
 		for i, r := range reqs {
 			d, ok := s.cache.get(r.Key, r.Limit, r.Cost, now)
 			if !ok {
-				d = openDecision(r.Limit, r.Cost, false)
+				d = openDecision(r.Limit, r.Cost, false, now)
 				d.Source = sluice.SourceDenyCache
 			}
 			hit = hit || ok
@@ -872,8 +905,9 @@ func (m *MultiStore) failAll(ctx context.Context, gs []gate, reqs []sluice.Reque
 	switch s.policyNow() {
 	case FailOpen:
 		s.observe("take_all", "", sluice.SourceFailOpen, lat, berr)
+		now := s.clock()
 		for i, r := range reqs {
-			out[i] = openDecision(r.Limit, r.Cost, true)
+			out[i] = openDecision(r.Limit, r.Cost, true, now)
 		}
 		return out, nil
 	case FailClosed:
