@@ -40,7 +40,8 @@ type ShedRule struct {
 	// every kind. Required.
 	Name string
 	// Capacity is the fleet's: the most weight in progress at once across
-	// every process sharing the store. Set either Capacity or Workers.
+	// every process sharing the store. Set either Capacity or Workers:
+	// New refuses a rule with neither or both (ErrInvalidConfig).
 	Capacity sluice.InFlightLimit
 	// Workers is this process's capacity. Set either Capacity or Workers.
 	Workers int64

@@ -3,6 +3,7 @@ package grpclimit
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -193,6 +194,23 @@ func TestShedUnavailableAndTrustedPriority(t *testing.T) {
 	}
 	if _, err := New(slotStore(t), nil, &Options{Shed: []ShedRule{{Name: "s", Workers: 4, Reserve: sluice.Reserve{Normal: 2}}}}); !errors.Is(err, sluice.ErrInvalidPriority) || !errors.Is(err, ErrInvalidConfig) {
 		t.Errorf("bad reserve: %v", err)
+	}
+}
+
+// A shedding rule with neither Capacity nor Workers is refused by New
+// saying so, named by its place in Options.Shed (it read "in-flight rule
+// 1 ... in-flight max 0").
+func TestShedNeitherMessage(t *testing.T) {
+	t.Parallel()
+	_, err := New(slotStore(t), nil, &Options{
+		InFlight: []InFlightRule{{Name: "per-key", Limit: sluice.Concurrent(1, time.Minute), Key: Global()}},
+		Shed:     []ShedRule{{Name: "s"}},
+	})
+	if !errors.Is(err, ErrInvalidConfig) || !errors.Is(err, sluice.ErrInvalidLimit) {
+		t.Fatalf("%v, want ErrInvalidConfig and sluice.ErrInvalidLimit", err)
+	}
+	if want := `shed rule 0: invalid rule: "s": neither Capacity (the fleet's) nor Workers (this process's) is set`; !strings.Contains(err.Error(), want) {
+		t.Errorf("%q does not say %q", err, want)
 	}
 }
 

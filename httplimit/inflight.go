@@ -45,7 +45,8 @@ type ShedRule struct {
 	Name string
 	// Capacity is the fleet's: the most weight in progress at once across
 	// every process sharing the store, each slot held at most Hold. Set
-	// either Capacity or Workers.
+	// either Capacity or Workers: New refuses a rule with neither or both
+	// (ErrInvalidConfig).
 	Capacity sluice.InFlightLimit
 	// Workers is this process's capacity: the most weight in progress at
 	// once here. Set either Capacity or Workers.

@@ -324,6 +324,43 @@ func TestPriorityFromUntrustedIgnored(t *testing.T) {
 	}
 }
 
+// A shedding rule that sets neither Capacity nor Workers, or a bad
+// Workers, is refused by New with an error that says so and names the
+// rule by its place in Options.Shed. It said "in-flight rule 1 ... in-flight
+// max 0" behind an in-flight rule: neither what the rule is nor what it
+// lacks.
+func TestShedConfigMessages(t *testing.T) {
+	t.Parallel()
+	store := fakeSlots(t)
+	lim := sluice.Concurrent(10, time.Minute)
+	inFlight := []InFlightRule{{Name: "per-key", Limit: lim, Key: Global()}}
+	for _, tt := range []struct {
+		name string
+		opts Options
+		want []string
+	}{
+		{"neither", Options{InFlight: inFlight, Shed: []ShedRule{{Name: "ok", Workers: 1}, {Name: "s"}}},
+			[]string{`shed rule 1: `, `"s": neither Capacity (the fleet's) nor Workers (this process's) is set`}},
+		{"both", Options{InFlight: inFlight, Shed: []ShedRule{{Name: "s", Capacity: lim, Workers: 4}}},
+			[]string{`shed rule 0: `, `"s": set Capacity or Workers, not both`}},
+		{"workers", Options{InFlight: inFlight, Shed: []ShedRule{{Name: "s", Workers: -1}}},
+			[]string{`shed rule 0: `, `"s": sluice: invalid limit: Workers -1 outside 1..`}},
+		{"in-flight", Options{InFlight: append(inFlight, InFlightRule{Name: "a", Key: Global()}), Shed: []ShedRule{{Name: "s", Workers: 1}}},
+			[]string{`in-flight rule 1: `, `"a": sluice: invalid limit: in-flight max 0`}},
+	} {
+		_, err := New(store, nil, &tt.opts)
+		if !errors.Is(err, ErrInvalidConfig) || !errors.Is(err, sluice.ErrInvalidLimit) && tt.name != "both" {
+			t.Errorf("%s: %v, want ErrInvalidConfig and sluice.ErrInvalidLimit", tt.name, err)
+			continue
+		}
+		for _, w := range tt.want {
+			if !strings.Contains(err.Error(), w) {
+				t.Errorf("%s: %q does not say %q", tt.name, err, w)
+			}
+		}
+	}
+}
+
 func TestInFlightConfigErrors(t *testing.T) {
 	t.Parallel()
 	store := fakeSlots(t)

@@ -181,16 +181,33 @@ func NewSlotRules[R any](store sluice.Store, specs []SlotSpec[R], prefix string,
 	keyer := NewKeyer(prefix, hashKey)
 	rs.keyer = keyer
 	needStore := false
+	inFlight, shed := 0, 0 // rules of each kind so far
 	for i := range rs.specs {
 		s := &rs.specs[i]
-		if s.Kind == Shed && s.Workers != 0 {
-			if s.Limit != (sluice.InFlightLimit{}) {
-				return nil, fmt.Errorf("%w: %q: set a capacity or workers, not both", ErrInvalidRule, s.Name)
+		// Errors name a rule by its index among the rules of its kind: a
+		// front end lists its in-flight rules, then its shedding rules,
+		// so that is its index in the Options slice it came from.
+		var what string
+		if s.Kind == PerKey {
+			what, inFlight = fmt.Sprintf("in-flight rule %d", inFlight), inFlight+1
+		} else {
+			what, shed = fmt.Sprintf("shed rule %d", shed), shed+1
+		}
+		if s.Kind == Shed {
+			switch {
+			case s.Workers != 0 && s.Limit != (sluice.InFlightLimit{}):
+				return nil, fmt.Errorf("%s: %w: %q: set Capacity or Workers, not both", what, ErrInvalidRule, s.Name)
+			case s.Workers != 0:
+				s.Kind, s.Limit = Worker, sluice.InFlightLimit{Max: s.Workers}
+			case s.Limit == (sluice.InFlightLimit{}):
+				// Else reported as a capacity of 0: the rule would say
+				// nothing of what it lacks.
+				return nil, fmt.Errorf("%s: %w: %q: neither Capacity (the fleet's) nor Workers (this process's) is set: a shedding rule needs one (%w)",
+					what, ErrInvalidRule, s.Name, sluice.ErrInvalidLimit)
 			}
-			s.Kind, s.Limit = Worker, sluice.InFlightLimit{Max: s.Workers}
 		}
 		if err := s.validate(); err != nil {
-			return nil, fmt.Errorf("in-flight rule %d: %w", i, err)
+			return nil, fmt.Errorf("%s: %w", what, err)
 		}
 		if seen[s.Name] {
 			return nil, fmt.Errorf("two rules named %q", s.Name)
@@ -245,7 +262,7 @@ func (s *SlotSpec[R]) validate() error {
 		if s.Kind == Shed {
 			err = s.Limit.Validate()
 		} else if s.Limit.Max <= 0 || s.Limit.Max > sluice.MaxInFlight {
-			err = fmt.Errorf("%w: capacity %d outside 1..%d", sluice.ErrInvalidLimit, s.Limit.Max, sluice.MaxInFlight)
+			err = fmt.Errorf("%w: Workers %d outside 1..%d", sluice.ErrInvalidLimit, s.Limit.Max, sluice.MaxInFlight)
 		}
 		if err == nil {
 			err = s.Reserve.Validate()
