@@ -14,9 +14,10 @@ import (
 // Behind a load balancer a slot's release or extend may reach another
 // instance than the one that acquired it, which counts the slot in its held
 // figures (heldSlots) until it hears otherwise. So the instance that served
-// such a call tells the fleet: it batches the holder ids for up to
-// noteEvery and publishes them on the fleet's channel, where every instance
-// listens and applies the notes on the slots it counts. Notes are figures,
+// such a call tells the fleet: it batches the slots (holder, policy and
+// key, as a token names them) for up to noteEvery and publishes them on
+// the fleet's channel, where every instance listens and applies the notes
+// on the slots it counts. Notes are figures,
 // never decisions: one lost (Redis away, a listener reconnecting, the queue
 // full) leaves the slot counted until its hold timeout, as without them,
 // and is counted in sluice_fleet_slot_notes_dropped_total.
@@ -31,9 +32,9 @@ const (
 // through this instance, which did not acquire it; open for a grant of the
 // open failure policy, which applies only to a slot held as one.
 type slotNote struct {
-	holder string
-	hold   time.Duration
-	open   bool
+	slot slotID
+	hold time.Duration
+	open bool
 }
 
 // noteOpen ends an open grant's note. Instances that predate it refuse
@@ -41,12 +42,18 @@ type slotNote struct {
 // expire at their hold rather than take them for a store's slot.
 const noteOpen = "o"
 
-// String is the note's line in a message: "r HOLDER" or "e HOLDER
-// HOLD_µs", followed by " o" for an open grant.
+// String is the note's line in a message: "r SLOT" or "e SLOT HOLD_µs",
+// followed by " o" for an open grant. SLOT is a token's first three
+// parts, HOLDER.POLICY.KEY: a note about a holder alone would move the
+// figures of its slot for a call that named another key, and freed
+// nothing. Instances that predate this sent the holder alone: their
+// notes are refused, as ours are by them (they count no such holder), and
+// those slots stay counted until their hold timeout, as with a lost note.
 func (n slotNote) String() string {
-	s := "r " + n.holder
+	slot := slotToken{holder: n.slot.holder, policy: n.slot.policy, key: n.slot.key}.String()
+	s := "r " + slot
 	if n.hold != 0 {
-		s = "e " + n.holder + " " + strconv.FormatInt(n.hold.Microseconds(), 10)
+		s = "e " + slot + " " + strconv.FormatInt(n.hold.Microseconds(), 10)
 	}
 	if n.open {
 		s += " " + noteOpen
@@ -61,16 +68,23 @@ func parseNote(line string) (slotNote, bool) {
 	if len(f) > 2 && f[len(f)-1] == noteOpen {
 		f, n.open = f[:len(f)-1], true
 	}
+	if len(f) < 2 {
+		return slotNote{}, false
+	}
+	t, err := parseToken(f[1])
+	if err != nil || t.open || t.member != "" {
+		return slotNote{}, false
+	}
+	n.slot = t.id()
 	switch {
 	case len(f) == 2 && f[0] == "r":
-		n.holder = f[1]
 		return n, true
 	case len(f) == 3 && f[0] == "e":
 		us, err := strconv.ParseInt(f[2], 10, 64)
 		if err != nil || us <= 0 {
 			return slotNote{}, false
 		}
-		n.holder, n.hold = f[1], time.Duration(us)*time.Microsecond
+		n.hold = time.Duration(us) * time.Microsecond
 		return n, true
 	}
 	return slotNote{}, false
@@ -156,7 +170,7 @@ func (f *Fleet) listen(stop <-chan struct{}) {
 	}
 }
 
-// apply applies one message's notes; holders this instance does not count
+// apply applies one message's notes; slots this instance does not count
 // (its own notes among them) are ignored.
 func (f *Fleet) apply(msg string) {
 	svc := f.mon.svc
@@ -168,9 +182,9 @@ func (f *Fleet) apply(msg string) {
 		switch {
 		case !ok:
 		case n.hold == 0:
-			svc.holds.drop(n.holder, n.open)
+			svc.holds.drop(n.slot, n.open)
 		default:
-			svc.holds.extend(n.holder, n.open, svc.clock().Add(n.hold))
+			svc.holds.extend(n.slot, n.open, svc.clock(), n.hold)
 		}
 	}
 }

@@ -17,12 +17,18 @@ import (
 )
 
 func TestSlotNotes(t *testing.T) {
-	for _, n := range []slotNote{{holder: "0123456789abcdef0123456789abcdef"}, {holder: "h", hold: 1500 * time.Millisecond}, {holder: "h", open: true}, {holder: "h", hold: time.Second, open: true}} {
+	slot := slotID{holder: "0123456789abcdef0123456789abcdef", policy: "jobs", key: "a b.c"}
+	for _, n := range []slotNote{{slot: slot}, {slot: slot, hold: 1500 * time.Millisecond}, {slot: slot, open: true}, {slot: slot, hold: time.Second, open: true}} {
 		if got, ok := parseNote(n.String()); !ok || got != n {
 			t.Errorf("parseNote(%q) = %+v, %v; want %+v", n.String(), got, ok, n)
 		}
 	}
-	for _, bad := range []string{"", "r", "x h", "e h", "e h 0", "e h -5", "e h x", "r h extra", "r h o o", "e h o", "x h o"} {
+	const h = "0123456789abcdef0123456789abcdef.am9icw.YQ"
+	for _, bad := range []string{"", "r", "x " + h, "e " + h, "e " + h + " 0", "e " + h + " -5", "e " + h + " x", "r " + h + " extra",
+		"r " + h + " o o", "e " + h + " o", "x " + h + " o",
+		// A holder alone (an older instance's note), a token's member or
+		// open mark: not a slot.
+		"r 0123456789abcdef0123456789abcdef", "r " + h + ".-", "r " + h + ".bQ"} {
 		if n, ok := parseNote(bad); ok {
 			t.Errorf("parseNote(%q) = %+v, want refused", bad, n)
 		}
@@ -35,27 +41,29 @@ func TestSlotNotes(t *testing.T) {
 func TestHeldSlotsOpenApart(t *testing.T) {
 	_, svc, _ := newSlotsService(t)
 	h := svc.holds
-	until := svc.clock().Add(time.Minute)
-	h.add("real", heldSlot{policy: "exports", weight: 2, until: until})
-	h.add("open", heldSlot{policy: "exports", weight: 1, until: until, open: true, storeHolder: "s"})
-	if h.extend("real", true, until) || h.extend("open", false, until) {
+	now := svc.clock()
+	until := now.Add(time.Minute)
+	stored, grant := slotID{holder: "real", policy: "exports", key: "k"}, slotID{holder: "open", policy: "exports", key: "k"}
+	h.add(stored, heldSlot{weight: 2, until: until})
+	h.add(grant, heldSlot{weight: 1, until: until, open: true, storeHolder: "s"})
+	if h.extend(stored, true, now, time.Minute) || h.extend(grant, false, now, time.Minute) {
 		t.Error("extend of a slot as the other kind counted it")
 	}
-	if got := h.release("real", true); got.weight != 0 {
+	if got := h.release(stored, true); got.weight != 0 {
 		t.Errorf("open release of a store slot released %+v", got)
 	}
-	if got := h.release("open", false); got.weight != 0 {
+	if got := h.release(grant, false); got.weight != 0 {
 		t.Errorf("store release of an open grant released %+v", got)
 	}
-	h.drop("real", true)
-	h.drop("open", false)
+	h.drop(stored, true)
+	h.drop(grant, false)
 	if got := h.held()["exports"]; got != 3 {
 		t.Fatalf("held %d after calls of the other kind, want 3", got)
 	}
-	if got := h.release("open", true); got.weight != 1 || got.storeHolder != "s" {
+	if got := h.release(grant, true); got.weight != 1 || got.storeHolder != "s" {
 		t.Errorf("open release of the open grant: %+v", got)
 	}
-	h.drop("real", false)
+	h.drop(stored, false)
 	if got := h.held()["exports"]; got != 0 {
 		t.Errorf("held %d, want 0", got)
 	}

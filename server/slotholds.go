@@ -20,17 +20,22 @@ import (
 // until its hold timeout. A grant of the open failure policy is held as
 // open, and only calls and notes about an open grant touch it, and only
 // those: a store holder's token marked open must not move a real slot's
-// figures.
+// figures. Each slot is known by its holder under its policy and key
+// (slotID), as the store knows it: a token naming a real holder beside
+// another key frees and extends nothing in the store, and so moves
+// nothing here.
 type heldSlots struct {
 	clock   func() time.Time
 	obs     sluice.SlotObserver // told of each hold sweep drops
 	mu      sync.Mutex
-	holds   map[string]heldSlot // by holder id
-	sweepAt int                 // sweep on add when holds grows past this
+	holds   map[slotID]heldSlot
+	sweepAt int // sweep on add when holds grows past this
 }
 
+// slotID names a slot: its holder, under its policy's key (the client's).
+type slotID struct{ holder, policy, key string }
+
 type heldSlot struct {
-	policy   string
 	priority sluice.Priority
 	weight   int64
 	until    time.Time
@@ -45,61 +50,68 @@ type heldSlot struct {
 const minSweep = 1024
 
 func newHeldSlots(clock func() time.Time, obs sluice.SlotObserver) *heldSlots {
-	return &heldSlots{clock: clock, obs: obs, holds: map[string]heldSlot{}, sweepAt: minSweep}
+	return &heldSlots{clock: clock, obs: obs, holds: map[slotID]heldSlot{}, sweepAt: minSweep}
 }
 
-func (h *heldSlots) add(holder string, s heldSlot) {
+func (h *heldSlots) add(id slotID, s heldSlot) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	h.holds[holder] = s
+	h.holds[id] = s
 	if len(h.holds) > h.sweepAt {
 		h.sweep()
 		h.sweepAt = max(minSweep, 2*len(h.holds))
 	}
 }
 
-// extend moves holder's timeout to until and reports whether this
-// instance counts holder's slot as an open grant (open) or a store's.
-func (h *heldSlots) extend(holder string, open bool, until time.Time) bool {
+// extend moves id's timeout to hold after at, when the store extended
+// it, and reports whether this instance counts id's slot as an open grant
+// (open) or a store's.
+func (h *heldSlots) extend(id slotID, open bool, at time.Time, hold time.Duration) bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	s, ok := h.holds[holder]
+	s, ok := h.holds[id]
 	ok = ok && s.open == open
 	if ok {
-		s.until = until
-		h.holds[holder] = s
+		s.until = at.Add(hold)
+		h.holds[id] = s
 	}
 	return ok
 }
 
-// drop stops counting holder's slot, released through another instance
-// or found not held by the store, and reports it as a sluice.SlotExpire:
+// drop stops counting id's slot, released through another instance or
+// found not held by the store, and reports it as a sluice.SlotExpire:
 // held no more, with no release through this instance. open says which
 // kind of slot the call or note is about. It reports whether this instance
 // counted the slot.
-func (h *heldSlots) drop(holder string, open bool) bool {
+func (h *heldSlots) drop(id slotID, open bool) bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	s, ok := h.holds[holder]
+	s, ok := h.holds[id]
 	if !ok || s.open != open {
 		return false
 	}
-	delete(h.holds, holder)
-	h.obs.ObserveSlot(sluice.SlotEvent{Policy: s.policy, Op: sluice.SlotExpire, Outcome: sluice.OutcomeAllowed, Priority: s.priority, Weight: s.weight})
+	h.expired(id, s)
 	return true
 }
 
-// release stops tracking holder's slot of that kind (open or not) and
+// expired stops counting id's slot s, reporting it as a
+// sluice.SlotExpire. The caller holds h.mu.
+func (h *heldSlots) expired(id slotID, s heldSlot) {
+	delete(h.holds, id)
+	h.obs.ObserveSlot(sluice.SlotEvent{Policy: id.policy, Op: sluice.SlotExpire, Outcome: sluice.OutcomeAllowed, Priority: s.priority, Weight: s.weight})
+}
+
+// release stops tracking id's slot of that kind (open or not) and
 // returns it, weight 0 for a slot acquired through another instance, or
 // swept.
-func (h *heldSlots) release(holder string, open bool) heldSlot {
+func (h *heldSlots) release(id slotID, open bool) heldSlot {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	s, ok := h.holds[holder]
+	s, ok := h.holds[id]
 	if !ok || s.open != open {
 		return heldSlot{}
 	}
-	delete(h.holds, holder)
+	delete(h.holds, id)
 	return s
 }
 
@@ -116,8 +128,7 @@ func (h *heldSlots) sweep() {
 	now := h.clock()
 	for id, s := range h.holds {
 		if !now.Before(s.until) {
-			delete(h.holds, id)
-			h.obs.ObserveSlot(sluice.SlotEvent{Policy: s.policy, Op: sluice.SlotExpire, Outcome: sluice.OutcomeAllowed, Priority: s.priority, Weight: s.weight})
+			h.expired(id, s)
 		}
 	}
 }
@@ -128,8 +139,8 @@ func (h *heldSlots) held() map[string]int64 {
 	defer h.mu.Unlock()
 	h.sweep()
 	held := map[string]int64{}
-	for _, s := range h.holds {
-		held[s.policy] += s.weight
+	for id, s := range h.holds {
+		held[id.policy] += s.weight
 	}
 	return held
 }
@@ -143,8 +154,8 @@ func (h *heldSlots) forget(policies []string) {
 	for _, p := range policies {
 		gone[p] = true
 	}
-	for id, s := range h.holds {
-		if gone[s.policy] {
+	for id := range h.holds {
+		if gone[id.policy] {
 			delete(h.holds, id)
 		}
 	}
@@ -169,8 +180,8 @@ func (h *heldSlots) heldEnds(now time.Time) map[string][]heldEnd {
 	defer h.mu.Unlock()
 	h.sweep()
 	ms := map[string][]heldEnd{}
-	for _, s := range h.holds {
-		ms[s.policy] = append(ms[s.policy], heldEnd{max(s.until.Sub(now).Milliseconds(), 0), s.weight})
+	for id, s := range h.holds {
+		ms[id.policy] = append(ms[id.policy], heldEnd{max(s.until.Sub(now).Milliseconds(), 0), s.weight})
 	}
 	for p, all := range ms {
 		for step := int64(100); ; step *= 2 {

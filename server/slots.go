@@ -117,6 +117,9 @@ func (t slotToken) String() string {
 	return s
 }
 
+// id is the slot t names, as the store knows it.
+func (t slotToken) id() slotID { return slotID{holder: t.holder, policy: t.policy, key: t.key} }
+
 // parseToken reads a token as String writes it.
 func parseToken(s string) (slotToken, error) {
 	parts := strings.Split(s, ".")
@@ -224,7 +227,7 @@ func (s *Service) Acquire(ctx context.Context, policy, key string, weight int64,
 	switch {
 	case d.Allowed:
 		t := slotToken{holder: slot.Holder(), policy: p.Name, key: key}
-		held := heldSlot{policy: p.Name, priority: prio, weight: weight, until: s.clock().Add(f.Limit.Hold)}
+		held := heldSlot{priority: prio, weight: weight, until: s.clock().Add(f.Limit.Hold)}
 		switch d.Source {
 		case sluice.SourceFallback:
 			t.member = s.mon.instance
@@ -233,7 +236,7 @@ func (s *Service) Acquire(ctx context.Context, policy, key string, weight int64,
 			t.holder = newOpenHolder()
 		}
 		res.Token = t.String()
-		s.holds.add(t.holder, held)
+		s.holds.add(t.id(), held)
 		s.observeSlot(res, sluice.SlotAcquire, sluice.OutcomeAllowed)
 	case !madeUp && d.InUse+weight <= f.Limit.Max:
 		res.Shed = true
@@ -288,8 +291,8 @@ func (s *Service) extendOpen(t slotToken, p *config.Policy) (time.Duration, erro
 	if err := s.openGrant(t, p, sluice.SlotExtend); err != nil {
 		return 0, err
 	}
-	if !s.holds.extend(t.holder, true, s.clock().Add(p.InFlight.Limit.Hold)) {
-		s.tellFleet(slotNote{holder: t.holder, hold: p.InFlight.Limit.Hold, open: true})
+	if !s.holds.extend(t.id(), true, s.clock(), p.InFlight.Limit.Hold) {
+		s.tellFleet(slotNote{slot: t.id(), hold: p.InFlight.Limit.Hold, open: true})
 	}
 	s.observeSlot(SlotResult{Policy: p}, sluice.SlotExtend, sluice.OutcomeAllowed)
 	return p.InFlight.Limit.Hold, nil
@@ -322,8 +325,8 @@ func (s *Service) extend(ctx context.Context, t slotToken, p *config.Policy) (ti
 		s.observeSlot(res, sluice.SlotExtend, sluice.OutcomeDenied)
 		return 0, fmt.Errorf("%w: expired at its hold timeout, released, lost by the store (a Redis restart without persistence), or never acquired", ErrSlotNotHeld)
 	}
-	if !s.holds.extend(t.holder, false, s.clock().Add(p.InFlight.Limit.Hold)) {
-		s.tellFleet(slotNote{holder: t.holder, hold: p.InFlight.Limit.Hold})
+	if !s.holds.extend(t.id(), false, s.clock(), p.InFlight.Limit.Hold) {
+		s.tellFleet(slotNote{slot: t.id(), hold: p.InFlight.Limit.Hold})
 	}
 	s.observeSlot(res, sluice.SlotExtend, sluice.OutcomeAllowed)
 	return p.InFlight.Limit.Hold, nil
@@ -354,7 +357,7 @@ func (s *Service) releaseOpen(t slotToken, p *config.Policy) error {
 	if err := s.openGrant(t, p, sluice.SlotRelease); err != nil {
 		return err
 	}
-	held := s.holds.release(t.holder, true)
+	held := s.holds.release(t.id(), true)
 	if a, ok := s.slots.(interface {
 		TryAbandonSlot(key, holder string) error
 	}); ok && held.storeHolder != "" {
@@ -365,7 +368,7 @@ func (s *Service) releaseOpen(t slotToken, p *config.Policy) error {
 	}
 	res := SlotResult{Policy: p, Weight: held.weight}
 	if res.Weight == 0 {
-		s.tellFleet(slotNote{holder: t.holder, open: true})
+		s.tellFleet(slotNote{slot: t.id(), open: true})
 	}
 	s.observeSlot(res, sluice.SlotRelease, sluice.OutcomeAllowed)
 	return nil
@@ -545,8 +548,8 @@ func (s *Service) released(t slotToken, p *config.Policy, now, before bool) erro
 		return nil
 	case now:
 		res := SlotResult{Policy: p}
-		if res.Weight = s.holds.release(t.holder, false).weight; res.Weight == 0 {
-			s.tellFleet(slotNote{holder: t.holder})
+		if res.Weight = s.holds.release(t.id(), false).weight; res.Weight == 0 {
+			s.tellFleet(slotNote{slot: t.id()})
 		}
 		s.observeSlot(res, sluice.SlotRelease, sluice.OutcomeAllowed)
 		return nil
@@ -564,9 +567,9 @@ func (s *Service) released(t slotToken, p *config.Policy, now, before bool) erro
 // that instance would count it until its hold timeout. Only a holder the
 // store remembers a release of gets here, never a forged token's.
 func (s *Service) releasedBefore(t slotToken) int64 {
-	w := s.holds.release(t.holder, false).weight
+	w := s.holds.release(t.id(), false).weight
 	if w == 0 && t.member == "" { // a fallback slot is counted where its token says
-		s.tellFleet(slotNote{holder: t.holder})
+		s.tellFleet(slotNote{slot: t.id()})
 	}
 	return w
 }
@@ -580,10 +583,10 @@ func (s *Service) releasedBefore(t slotToken) int64 {
 // push out the notes of real releases and extends. A fallback slot's
 // token names the instance that holds it: nobody else counts it.
 func (s *Service) notHeld(t slotToken) {
-	if s.holds.drop(t.holder, false) || t.member != "" {
+	if s.holds.drop(t.id(), false) || t.member != "" {
 		return
 	}
 	if len(s.notes) <= cap(s.notes)/2 {
-		s.tellFleet(slotNote{holder: t.holder})
+		s.tellFleet(slotNote{slot: t.id()})
 	}
 }

@@ -1,7 +1,6 @@
 package server
 
 import (
-	"encoding/json"
 	"testing"
 	"time"
 
@@ -63,20 +62,7 @@ func TestFleetSlotReleasedBeforeElsewhere(t *testing.T) {
 	cfg := writeConfig(t, "policies:\n  - name: jobs\n    in_flight: {max: 10, hold: 60s}\n")
 	env := []string{"SLUICE_HTTP_ADDR=127.0.0.1:0", "SLUICE_GRPC_ADDR=127.0.0.1:0", "SLUICE_REDIS_URL=redis://" + r.Addr + "/0"}
 	a, b := startSluice(t, env, "--config", cfg, "--failure-policy", "error"), startSluice(t, env, "--config", cfg, "--failure-policy", "error")
-	held := func(p *proc) int64 {
-		t.Helper()
-		_, body := p.get(t, "/v1/stats")
-		var st struct{ Overview Overview }
-		if err := json.Unmarshal([]byte(body), &st); err != nil {
-			t.Fatalf("stats %q: %v", body, err)
-		}
-		for _, pol := range st.Overview.Policies {
-			if pol.Policy == "jobs" {
-				return pol.Held
-			}
-		}
-		return 0
-	}
+	held := func(p *proc) int64 { return heldOn(t, p, "jobs") }
 	awaitSlotListeners(t, r.Client(t), 2)
 	code, body := a.post(t, "/v1/acquire", `{"policy":"jobs","key":"k","weight":4}`)
 	if code != 200 {
