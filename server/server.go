@@ -725,14 +725,15 @@ func (s *Server) Shutdown(ctx context.Context) error {
 // of ctx, while the store and the fleet's channel are still open: once the
 // process is gone, their slots stay held to their hold timeout. Requests
 // have stopped, so no more start but those forwarded by the fleet. It
-// waits at most maxReleaseWait, within ctx.
+// waits at most maxReleaseWait, within ctx, and no longer than their
+// slots' holds: past its hold's end a slot is free anyway.
 func (s *Server) waitReleases(ctx context.Context) {
 	if s.svc == nil {
 		return
 	}
 	// This service's own: the process's (sluice.WaitReleases) may be
 	// another service's in the same process, which its stop waits for.
-	n := s.svc.pendingReleases()
+	n, _ := s.svc.pendingReleases()
 	if n == 0 {
 		return
 	}
@@ -741,15 +742,24 @@ func (s *Server) waitReleases(ctx context.Context) {
 	start := time.Now()
 	tick := time.NewTicker(20 * time.Millisecond)
 	defer tick.Stop()
-	for left := n; left > 0; left = s.svc.pendingReleases() {
+	ended := 0
+	for left := n; left > 0; {
 		select {
 		case <-ctx.Done():
 			s.log.Warn("in-flight releases not sent before stop; their slots free at their hold timeout", "releases", left, "waited", time.Since(start))
 			return
 		case <-tick.C:
 		}
+		var e int
+		left, e = s.svc.pendingReleases()
+		ended += e
 	}
-	s.log.Info("in-flight releases sent before stop", "releases", n, "waited", time.Since(start))
+	if ended > 0 {
+		s.log.Info("in-flight releases not sent before stop, their holds ended: Redis freed their slots", "releases", ended, "waited", time.Since(start))
+	}
+	if sent := n - ended; sent > 0 {
+		s.log.Info("in-flight releases sent before stop", "releases", sent, "waited", time.Since(start))
+	}
 }
 
 // maxReleaseWait bounds waitReleases: time for a retry or two once Redis

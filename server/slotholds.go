@@ -78,6 +78,16 @@ func (h *heldSlots) extend(id slotID, open bool, at time.Time, hold time.Duratio
 	return ok
 }
 
+// until returns when the hold of id's store slot ends, if this instance
+// counts it: as last acquired or extended through this instance, or
+// extended through another that said so.
+func (h *heldSlots) until(id slotID) (time.Time, bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	s, ok := h.holds[id]
+	return s.until, ok && !s.open
+}
+
 // drop stops counting id's slot, released through another instance or
 // found not held by the store, and reports it as a sluice.SlotExpire:
 // held no more, with no release through this instance. open says which

@@ -464,7 +464,7 @@ func (s *Service) release(ctx context.Context, t slotToken, p *config.Policy) er
 // middleware's.
 func (s *Service) retryRelease(t slotToken, p *config.Policy, skey string, failed error) bool {
 	st := &onceSlots{Slots: s.slots, remember: min(p.InFlight.Limit.Hold, rememberRelease)}
-	until := time.Now().Add(p.InFlight.Limit.Hold)
+	until := s.holdEnd(t, p)
 	s.retrying.Store(t.holder, until)
 	err := sluice.RetryRelease(st, skey, t.holder, until, func(held bool) {
 		s.retrying.Delete(t.holder)
@@ -490,6 +490,23 @@ func (s *Service) retryRelease(t slotToken, p *config.Policy, skey string, faile
 	return false
 }
 
+// holdEnd returns when the store frees t's slot by itself, on the wall
+// clock (RetryRelease's): its hold's end as this instance counts it, when
+// it does (acquired or extended here, or extended through another instance
+// that said so), else a whole hold from now, the latest any extend can
+// have set. A release retried past it frees nothing, and would hold a
+// stop (Server.waitReleases) for nothing.
+func (s *Service) holdEnd(t slotToken, p *config.Policy) time.Time {
+	now := time.Now()
+	latest := now.Add(p.InFlight.Limit.Hold)
+	if until, ok := s.holds.until(t.id()); ok {
+		if end := now.Add(until.Sub(s.clock())); end.Before(latest) {
+			return end
+		}
+	}
+	return latest
+}
+
 // abandonDropped reports the release of an abandoned acquire (failed, or
 // answered by the failure policy, perhaps after running on Redis) that
 // was not sent (sluice.ErrRetriesFull): counted as not_retried and logged
@@ -505,19 +522,21 @@ func (s *Service) abandonDropped(p *config.Policy, prio sluice.Priority) {
 
 // pendingReleases counts this service's releases being sent again in the
 // background (retryRelease) whose answer has not come and whose hold has
-// not passed (RetryRelease gives up then). sluice.PendingReleases counts
-// the whole process's, another service's too.
-func (s *Service) pendingReleases() int {
-	n, now := 0, time.Now()
+// not passed (RetryRelease gives up then), and those it finds whose hold
+// has passed since it was last called (ended: Redis freed their slots,
+// unanswered). sluice.PendingReleases counts the whole process's, another
+// service's too.
+func (s *Service) pendingReleases() (n, ended int) {
+	now := time.Now()
 	s.retrying.Range(func(k, v any) bool {
 		if now.Before(v.(time.Time)) {
 			n++
-		} else {
-			s.retrying.Delete(k)
+		} else if _, ok := s.retrying.LoadAndDelete(k); ok {
+			ended++
 		}
 		return true
 	})
-	return n
+	return n, ended
 }
 
 // onceSlots releases through ReleaseOnce when the store has it, so that a

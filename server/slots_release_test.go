@@ -9,6 +9,7 @@ import (
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/enforce"
+	"github.com/sluicehq/sluice/internal/race"
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/internal/releasetest"
 )
@@ -172,4 +173,59 @@ func slotsOnOwnRedis(t *testing.T) (*redistest.Server, *Server, *syncBuffer) {
 	srv := runServer(t, Options{ConfigFile: cfg, RedisURL: "redis://" + r.Addr + "/0", NoFailurePolicy: true,
 		Logger: slog.New(slog.NewTextHandler(logs, nil))})
 	return r, srv, logs
+}
+
+// TestReleaseRetryEndsAtHold: a release that fails (Redis stalled) for a
+// slot whose hold ends soon is sent again until that hold ends, not a
+// whole hold after the failure: past it Redis has freed the slot anyway.
+// A stop waits for it no longer either. Before, the retry went on, and a
+// stop waited, until a hold after the failure (here 2 s past the slot's
+// hold). Not parallel: the background releases are the process's.
+func TestReleaseRetryEndsAtHold(t *testing.T) {
+	race.SkipTiming(t)
+	const hold = 3 * time.Second
+	defer func() {
+		ctx, cancel := context.WithTimeout(context.Background(), hold+5*time.Second)
+		defer cancel()
+		sluice.WaitReleases(ctx) // not to count in the next test's
+	}()
+	cfg := writeConfig(t, strings.Replace(slotsConfig, "hold: 30s", "hold: 3s", 1))
+	r := redistest.StartServer(t)
+	logs := new(syncBuffer)
+	srv := runServer(t, Options{ConfigFile: cfg, RedisURL: "redis://" + r.Addr + "/0", NoFailurePolicy: true,
+		Logger: slog.New(slog.NewTextHandler(logs, nil))})
+	base := "http://" + srv.HTTPAddr()
+	code, body, _ := post(t, base, "/v1/acquire", `{"policy":"exports","key":"ann","weight":10}`)
+	if code != 200 {
+		t.Fatalf("acquire: %d %v", code, body)
+	}
+	holdEnd := time.Now().Add(hold) // Redis's is before: it answered first
+	time.Sleep(2 * time.Second)
+	r.Pause(t)
+	defer r.Resume(t)
+	if code, body, _ := post(t, base, "/v1/release", tokenBody(body["token"])); code != 503 {
+		t.Fatalf("release with Redis stalled: %d %v, want 503", code, body)
+	}
+	if n, _ := srv.svc.pendingReleases(); n != 1 {
+		t.Fatalf("%d releases sent again after the 503, want 1", n)
+	}
+	// The stop's wait for the releases sent again, Redis still stalled.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	srv.waitReleases(ctx)
+	const slack = 500 * time.Millisecond
+	if late := time.Since(holdEnd); late > slack {
+		t.Errorf("the stop waited for the release sent again until %v past the slot's hold end, want at most %v", late, slack)
+	}
+	want := `msg="in-flight releases not sent before stop, their holds ended: Redis freed their slots" releases=1`
+	if !strings.Contains(logs.String(), want) {
+		t.Errorf("no %q in:\n%s", want, logs)
+	}
+	// The retry itself stops at the hold end: its try then is cut there.
+	for sluice.PendingReleases() != 0 {
+		if late := time.Since(holdEnd); late > slack {
+			t.Fatalf("the release still sent again %v past the slot's hold end", late)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }
