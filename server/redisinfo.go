@@ -2,6 +2,7 @@ package server
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -51,6 +52,8 @@ var (
 		"Keys Redis evicted under maxmemory, as this instance saw them: the growth of INFO stats evicted_keys between its reads, summed over the servers under the node's name and their restarts (a failover's new master counts from the switch); sluice's keys among them lose their limits' state.", []string{"node"}, nil)
 	redisRestartsDesc = prometheus.NewDesc("sluice_redis_restarts_total",
 		"Restarts of the Redis node seen by this instance (a new run_id, started since the last look): the limits whose state Redis had not saved start afresh.", []string{"node"}, nil)
+	redisSlotsLostDesc = prometheus.NewDesc("sluice_redis_slots_lost_total",
+		"In-flight slots acquired through this instance that a restart of the Redis node lost (they were held there, unsaved): no longer counted as held.", []string{"node"}, nil)
 	redisFlushesDesc = prometheus.NewDesc("sluice_redis_flushes_total",
 		"Times this instance found sluice's marker key gone from a node that did not restart (FLUSHALL, FLUSHDB, or sluice's keys deleted): every limit on the node started afresh.", []string{"node"}, nil)
 	redisScriptCallsDesc = prometheus.NewDesc("sluice_redis_script_calls_total",
@@ -75,7 +78,7 @@ func newRedisInfo(client redis.UniversalClient, timeout time.Duration) *redisInf
 // Describe implements prometheus.Collector.
 func (c *redisInfo) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{redisUpDesc, redisUsedDesc, redisMaxDesc, redisMayEvictDesc,
-		redisAOFDesc, redisEvictedDesc, redisRestartsDesc, redisFlushesDesc, redisScriptCallsDesc, redisScriptSecondsDesc, redisScriptPerCallDesc} {
+		redisAOFDesc, redisEvictedDesc, redisRestartsDesc, redisSlotsLostDesc, redisFlushesDesc, redisScriptCallsDesc, redisScriptSecondsDesc, redisScriptPerCallDesc} {
 		ch <- d
 	}
 }
@@ -172,6 +175,7 @@ func (c *redisInfo) collectCounts(ch chan<- prometheus.Metric, node string) {
 	}
 	if counts.known {
 		ch <- prometheus.MustNewConstMetric(redisRestartsDesc, prometheus.CounterValue, float64(counts.restarts), node)
+		ch <- prometheus.MustNewConstMetric(redisSlotsLostDesc, prometheus.CounterValue, float64(counts.slotsLost), node)
 		ch <- prometheus.MustNewConstMetric(redisFlushesDesc, prometheus.CounterValue, float64(counts.flushes), node)
 	}
 }
@@ -223,7 +227,11 @@ func commandStat(v string) map[string]string {
 //
 // It also tells a restart of a node (see restarted), from INFO server.
 type evictionWatch struct {
-	log   *slog.Logger
+	log *slog.Logger
+	// lost, if set, is told each restart of a node, whose server started
+	// at started, and returns how many in-flight slots it lost
+	// (Server.slotsLost). Set before the watch runs.
+	lost  func(node string, started time.Time) int64
 	every time.Duration // the poll interval
 	quiet time.Duration // evictionQuietPolls polls
 	mu    sync.Mutex
@@ -249,7 +257,9 @@ type evictedNode struct {
 	read     time.Time // the last read
 	asked    time.Time // when the last read observed was asked for
 	restarts int64     // restarts seen
-	grewAt   time.Time // the last read that found evictions
+	// slotsLost sums what lost returned at its restarts.
+	slotsLost int64
+	grewAt    time.Time // the last read that found evictions
 
 	// The marker key (see marker): its value at the last look, the
 	// server's run_id then, and the flushes it told; flushCalls is the
@@ -368,6 +378,13 @@ func (w *evictionWatch) restarted(node string, n *evictedNode, info map[string]s
 		msg += "; appendonly yes keeps them"
 	}
 	w.log.Warn(msg, args...)
+	// Without an AOF, and with no RDB loaded (none was saved), it started
+	// empty: every in-flight slot held there is gone. Slots an RDB kept
+	// cannot be told apart, and stay counted to their hold. Its start is
+	// up to a second before now less its uptime, which is whole seconds.
+	if w.lost != nil && info["aof_enabled"] != "1" && cmp.Or(info["rdb_last_load_keys_loaded"], "0") == "0" {
+		n.slotsLost += w.lost(node, now.Add(-time.Duration(up)*time.Second))
+	}
 	return restartedServer
 }
 
@@ -394,8 +411,10 @@ type nodeCounts struct {
 	evicted  int64 // evictions seen, summed over the servers under its name
 	restarts int64 // restarts told
 	flushes  int64 // flushes told
-	read     bool  // the node was read at all: evicted is known
-	known    bool  // its run_id is known: restarts and flushes are
+	// slotsLost: in-flight slots its restarts lost (evictionWatch.lost)
+	slotsLost int64
+	read      bool // the node was read at all: evicted is known
+	known     bool // its run_id is known: restarts and flushes are
 }
 
 // counts returns node's counters. A nil watch knows nothing.
@@ -409,7 +428,7 @@ func (w *evictionWatch) counts(node string) nodeCounts {
 	if n == nil {
 		return nodeCounts{}
 	}
-	return nodeCounts{evicted: n.evicted, restarts: n.restarts, flushes: n.flushes, read: true, known: n.runID != ""}
+	return nodeCounts{evicted: n.evicted, restarts: n.restarts, flushes: n.flushes, slotsLost: n.slotsLost, read: true, known: n.runID != ""}
 }
 
 // watch reads every node's INFO at once, then every interval until stop

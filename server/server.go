@@ -265,7 +265,26 @@ func New(opts Options) (*Server, error) {
 	}
 	s.metrics.loaded()
 	s.watchFleet(store)
+	if s.evictions != nil {
+		s.evictions.lost = s.slotsLost
+	}
 	return s, nil
+}
+
+// slotsLost stops counting the in-flight slots that a restart of node,
+// whose server started at started, lost (Service.storeRestarted): on a
+// Cluster those of its keys, by the slot map; else every one.
+func (s *Server) slotsLost(node string, started time.Time) int64 {
+	on := func(string) bool { return true }
+	if cc, ok := s.redis.(*redis.ClusterClient); ok {
+		on = func(skey string) bool {
+			ctx, cancel := context.WithTimeout(context.Background(), redisInfoTimeout)
+			defer cancel()
+			m, err := cc.MasterForKey(ctx, skey)
+			return err == nil && m.Options().Addr == node
+		}
+	}
+	return s.svc.storeRestarted(node, started, on)
 }
 
 func (s *Server) loadConfig() (*config.Config, error) {

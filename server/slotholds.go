@@ -39,11 +39,16 @@ type heldSlot struct {
 	priority sluice.Priority
 	weight   int64
 	until    time.Time
+	// since is when the store last answered for it (its acquire, or an
+	// extend): a Redis that started after it has lost it.
+	since time.Time
 	// open: granted by the open failure policy, under the token's holder
 	// id; storeHolder is the id the store was asked with (its acquire may
 	// have run on Redis all the same).
 	open        bool
 	storeHolder string
+	// fallback: held in this instance's fallback store, not on Redis.
+	fallback bool
 }
 
 // minSweep is the fewest tracked holds that make an add sweep.
@@ -72,7 +77,7 @@ func (h *heldSlots) extend(id slotID, open bool, at time.Time, hold time.Duratio
 	s, ok := h.holds[id]
 	ok = ok && s.open == open
 	if ok {
-		s.until = at.Add(hold)
+		s.until, s.since = at.Add(hold), at
 		h.holds[id] = s
 	}
 	return ok
@@ -123,6 +128,24 @@ func (h *heldSlots) release(id slotID, open bool) heldSlot {
 	}
 	delete(h.holds, id)
 	return s
+}
+
+// lose stops counting the slots held on a Redis server that started at
+// started, as expired: those the store last answered for before then,
+// on that server (on), are gone with its restart. Open grants and the
+// fallback's slots were never on Redis. It returns how many it dropped
+// and their weight.
+func (h *heldSlots) lose(started time.Time, on func(slotID) bool) (slots int, weight int64) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for id, s := range h.holds {
+		if !s.open && !s.fallback && s.since.Before(started) && on(id) {
+			h.expired(id, s)
+			slots++
+			weight += s.weight
+		}
+	}
+	return slots, weight
 }
 
 // expire drops the holds past their timeout, reporting each.

@@ -227,10 +227,11 @@ func (s *Service) Acquire(ctx context.Context, policy, key string, weight int64,
 	switch {
 	case d.Allowed:
 		t := slotToken{holder: slot.Holder(), policy: p.Name, key: key}
-		held := heldSlot{priority: prio, weight: weight, until: s.clock().Add(f.Limit.Hold)}
+		now := s.clock()
+		held := heldSlot{priority: prio, weight: weight, until: now.Add(f.Limit.Hold), since: now}
 		switch d.Source {
 		case sluice.SourceFallback:
-			t.member = s.mon.instance
+			t.member, held.fallback = s.mon.instance, true
 		case sluice.SourceFailOpen:
 			t.open, held.open, held.storeHolder = true, true, t.holder
 			t.holder = newOpenHolder()
@@ -591,6 +592,24 @@ func (s *Service) releasedBefore(t slotToken) int64 {
 		s.tellFleet(slotNote{slot: t.id()})
 	}
 	return w
+}
+
+// storeRestarted stops counting the slots that a Redis server that
+// started at started (wall clock) lost, node by node: those on it (on
+// tells whether a store key is) that the store last answered for before
+// then. Nothing would else drop them before their hold timeout: their
+// holders may never call again. It logs them and returns how many.
+func (s *Service) storeRestarted(node string, started time.Time, on func(skey string) bool) int64 {
+	cfg := s.Config()
+	slots, weight := s.holds.lose(s.clock().Add(time.Until(started)), func(id slotID) bool {
+		p := cfg.Policy(id.policy)
+		return p != nil && p.InFlight != nil && on(s.slotKey(p, id.key))
+	})
+	if slots > 0 {
+		s.log.Warn("Redis restarted: the in-flight slots acquired here that it held are gone; no longer counted as held",
+			"node", node, "slots", slots, "weight", weight)
+	}
+	return int64(slots)
 }
 
 // notHeld stops counting t's slot, which the store found not held
