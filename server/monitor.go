@@ -6,9 +6,13 @@ import (
 	"fmt"
 	"net/http"
 	"os"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/redis/go-redis/v9"
 
@@ -180,6 +184,34 @@ func instanceID() string {
 	var b [3]byte
 	rand.Read(b[:])
 	return fmt.Sprintf("%s:%d:%s", host, os.Getpid(), hex.EncodeToString(b[:]))
+}
+
+// isInstanceID reports whether id has instanceID's form: a host of UTF-8
+// text without control characters, a process id and 6 lower-case hex
+// digits. A token naming anything else was never issued.
+func isInstanceID(id string) bool {
+	rest, suffix, ok := cutLast(id)
+	if !ok || len(suffix) != 6 || strings.ToLower(suffix) != suffix {
+		return false
+	}
+	if _, err := hex.DecodeString(suffix); err != nil {
+		return false
+	}
+	host, pid, ok := cutLast(rest)
+	if !ok || host == "" || !utf8.ValidString(host) || strings.ContainsFunc(host, unicode.IsControl) {
+		return false
+	}
+	_, err := strconv.ParseUint(pid, 10, 63)
+	return err == nil
+}
+
+// cutLast splits s around its last ':'.
+func cutLast(s string) (before, after string, found bool) {
+	i := strings.LastIndexByte(s, ':')
+	if i < 0 {
+		return s, "", false
+	}
+	return s[:i], s[i+1:], true
 }
 
 // setPolicies keeps the latency of policies that survive a reload and

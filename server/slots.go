@@ -131,7 +131,8 @@ func parseToken(s string) (slotToken, error) {
 	}
 	policy, err1 := b64.DecodeString(parts[1])
 	key, err2 := b64.DecodeString(parts[2])
-	if err1 != nil || err2 != nil || len(policy) == 0 || len(key) == 0 {
+	// A key Acquire refuses was never issued: not a slot that is not held.
+	if err1 != nil || err2 != nil || len(policy) == 0 || sluice.ValidateKey(string(key)) != nil {
 		return slotToken{}, fmt.Errorf("%w: want the token acquire returned", ErrBadToken)
 	}
 	t := slotToken{holder: parts[0], policy: string(policy), key: string(key)}
@@ -139,7 +140,7 @@ func parseToken(s string) (slotToken, error) {
 		t.open = true
 	} else if len(parts) == 4 {
 		member, err := b64.DecodeString(parts[3])
-		if err != nil || len(member) == 0 {
+		if err != nil || !isInstanceID(string(member)) {
 			return slotToken{}, fmt.Errorf("%w: want the token acquire returned", ErrBadToken)
 		}
 		t.member = string(member)

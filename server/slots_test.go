@@ -195,6 +195,11 @@ func TestSlotsAPIBadInput(t *testing.T) {
 		{"malformed token", "/v1/release", `{"token":"abc"}`, 400, "token is not one acquire returned"},
 		{"empty token", "/v1/extend", `{"token":""}`, 400, "token is not one acquire returned"},
 		{"token of an unknown policy", "/v1/release", tokenBody(slotToken{holder: sluice.NewHolderID(), policy: "nope", key: "k"}.String()), 404, "nothing was freed"},
+		// A fourth part that names no instance was never issued: not a
+		// stopped instance's slot (404), nor a second's wait for it.
+		{"token naming no instance", "/v1/release", tokenBody(slotToken{holder: sluice.NewHolderID(), policy: "exports", key: "k", member: "e\x96Y"}.String()), 400, "token is not one acquire returned"},
+		{"token naming no instance (extend)", "/v1/extend", tokenBody(slotToken{holder: sluice.NewHolderID(), policy: "exports", key: "k", member: "host-1"}.String()), 400, "token is not one acquire returned"},
+		{"token with a key acquire refuses", "/v1/release", tokenBody(slotToken{holder: sluice.NewHolderID(), policy: "exports", key: strings.Repeat("k", sluice.MaxKeyLen+1)}.String()), 400, "token is not one acquire returned"},
 		{"unknown field", "/v1/release", `{"token":"x","slot":1}`, 400, "unknown field"},
 	}
 	for _, tt := range tests {
@@ -214,7 +219,7 @@ func TestSlotsAPIBadInput(t *testing.T) {
 
 func TestParseToken(t *testing.T) {
 	tok := slotToken{holder: sluice.NewHolderID(), policy: "p.1", key: "user=a,b"}
-	for _, tok := range []slotToken{tok, {holder: tok.holder, policy: "p", key: "k", member: "host-1"}, {holder: tok.holder, policy: "p", key: "k", open: true}} {
+	for _, tok := range []slotToken{tok, {holder: tok.holder, policy: "p", key: "k", member: instanceID()}, {holder: tok.holder, policy: "p", key: "k", member: "web-7:1:0a1b2c"}, {holder: tok.holder, policy: "p", key: "k", open: true}} {
 		got, err := parseToken(tok.String())
 		if err != nil || got != tok {
 			t.Errorf("round trip: %+v, %v; want %+v", got, err, tok)
@@ -227,7 +232,11 @@ func TestParseToken(t *testing.T) {
 	if isOpenHolder(tok.holder) {
 		t.Errorf("store holder %q passes for an open grant's", tok.holder)
 	}
-	for _, bad := range []string{"", "a.b.c", tok.holder + ".." + "eA", strings.ToUpper(tok.holder) + tok.String()[32:], "zz" + tok.String()[2:], tok.String() + ".x"} {
+	for _, bad := range []string{"", "a.b.c", tok.holder + ".." + "eA", strings.ToUpper(tok.holder) + tok.String()[32:], "zz" + tok.String()[2:], tok.String() + ".x",
+		tok.String() + "." + b64.EncodeToString([]byte("host-1")), tok.String() + "." + b64.EncodeToString([]byte("h:1:0A1B2C")),
+		tok.String() + "." + b64.EncodeToString([]byte("h\x96:1:0a1b2c")), tok.String() + "." + b64.EncodeToString([]byte("h\n:1:0a1b2c")),
+		tok.String() + "." + b64.EncodeToString([]byte(":1:0a1b2c")), tok.String() + "." + b64.EncodeToString([]byte("h:x:0a1b2c")),
+		tok.holder + "." + b64.EncodeToString([]byte("p")) + "." + b64.EncodeToString([]byte(strings.Repeat("k", sluice.MaxKeyLen+1)))} {
 		if _, err := parseToken(bad); !errors.Is(err, ErrBadToken) {
 			t.Errorf("parseToken(%q) = %v, want ErrBadToken", bad, err)
 		}
