@@ -158,14 +158,42 @@ func (a *api) authorize(w http.ResponseWriter, r *http.Request, what string, tok
 // asking, never JSON.
 func jsonOnly(next http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type"))
+		mt, params, err := mime.ParseMediaType(r.Header.Get("Content-Type"))
 		if err != nil || mt != "application/json" {
 			w.Header().Set("Accept-Post", "application/json")
 			problem(w, http.StatusUnsupportedMediaType, "send the body as Content-Type: application/json")
 			return
 		}
+		// JSON is UTF-8 (RFC 8259): a body in another charset would be read
+		// as UTF-8 all the same, its keys other bytes than the client's.
+		if cs, ok := params["charset"]; ok && !strings.EqualFold(cs, "utf-8") {
+			w.Header().Set("Accept-Post", "application/json")
+			problem(w, http.StatusUnsupportedMediaType, "charset "+clipQuoted(cs, logClip)+": send the body in UTF-8 (application/json; charset=utf-8, or no charset)")
+			return
+		}
+		if !unencoded(w, r) {
+			return
+		}
 		next(w, r)
 	}
+}
+
+// unencoded refuses a body sent with a content coding (gzip, br...) with
+// 415 and Accept-Encoding: identity (RFC 9110, 15.5.16), and reports
+// whether the body may be read. The service decodes none: a compressed
+// body would be read as its compressed bytes, and a plain one marked
+// compressed is not what its client meant to send.
+func unencoded(w http.ResponseWriter, r *http.Request) bool {
+	for _, v := range r.Header.Values("Content-Encoding") {
+		for c := range strings.SplitSeq(v, ",") {
+			if c = strings.TrimSpace(c); c != "" && !strings.EqualFold(c, "identity") {
+				w.Header().Set("Accept-Encoding", "identity")
+				problem(w, http.StatusUnsupportedMediaType, "Content-Encoding "+clipQuoted(c, logClip)+": send the body uncompressed, without Content-Encoding")
+				return false
+			}
+		}
+	}
+	return true
 }
 
 // crossOrigin refuses unsafe requests (POST...) a browser sends from

@@ -1,6 +1,8 @@
 package server
 
 import (
+	"bytes"
+	"compress/gzip"
 	"context"
 	"io"
 	"log/slog"
@@ -38,6 +40,66 @@ func TestAPIMutationsJSONOnly(t *testing.T) {
 	w := e.do(t, "POST", "/v1/check", `{"policy":"fw","key":"k"}`, map[string]string{"Content-Type": "application/json; charset=utf-8"}, "")
 	if w.Code != 200 {
 		t.Errorf("application/json with a charset: %d %s", w.Code, w.Body.String())
+	}
+}
+
+// A body the service would read as other than it was sent is refused,
+// not decided on: compressed (the gzip bytes are no JSON, and a plain body
+// marked compressed is not what its client sent) or in a charset other
+// than UTF-8 (keys are compared byte for byte).
+func TestAPIBodyEncodingRefused(t *testing.T) {
+	base := serveHTTP(t, newAPI(t, nil).svc)
+	send := func(path, body string, hdr map[string]string) (int, string, string) {
+		t.Helper()
+		req, err := http.NewRequest("POST", base+path, strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for k, v := range hdr {
+			req.Header.Set(k, v)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, resp.Header.Get("Content-Type"), string(b)
+	}
+	var gz bytes.Buffer
+	zw := gzip.NewWriter(&gz)
+	io.WriteString(zw, `{"policy":"fw","key":"k"}`)
+	zw.Close()
+	envoy := `{"domain":"web","descriptors":[{"entries":[{"key":"k","value":"v"}]}]}`
+	tests := []struct {
+		name, path, body string
+		hdr              map[string]string
+		detail           string
+	}{
+		{"gzip", "/v1/check", gz.String(), map[string]string{"Content-Type": "application/json", "Content-Encoding": "gzip"}, "Content-Encoding"},
+		{"plain body marked gzip", "/v1/check", `{"policy":"fw","key":"k"}`, map[string]string{"Content-Type": "application/json", "Content-Encoding": "gzip"}, "Content-Encoding"},
+		{"two codings", "/v1/reset", `{"policy":"fw","key":"k"}`, map[string]string{"Content-Type": "application/json", "Content-Encoding": "identity, br"}, "Content-Encoding"},
+		{"latin-1", "/v1/check", `{"policy":"fw","key":"k"}`, map[string]string{"Content-Type": "application/json; charset=iso-8859-1"}, "UTF-8"},
+		{"/json gzip", "/json", envoy, map[string]string{"Content-Encoding": "gzip"}, "Content-Encoding"},
+	}
+	for _, tt := range tests {
+		code, ct, body := send(tt.path, tt.body, tt.hdr)
+		if code != http.StatusUnsupportedMediaType || ct != "application/problem+json" || !strings.Contains(body, tt.detail) {
+			t.Errorf("%s: %d %s %s, want 415 problem+json naming %s", tt.name, code, ct, body, tt.detail)
+		}
+	}
+	// The identity coding is no coding; UTF-8 is the charset in any case.
+	for _, hdr := range []map[string]string{
+		{"Content-Type": "application/json", "Content-Encoding": "identity"},
+		{"Content-Type": "application/json; charset=UTF-8"},
+	} {
+		if code, _, body := send("/v1/check", `{"policy":"fw","key":"k2"}`, hdr); code != http.StatusOK {
+			t.Errorf("POST /v1/check with %v: %d %s, want 200", hdr, code, body)
+		}
+	}
+	// Nothing refused was taken: fw's key k has its whole limit left.
+	if _, _, body := send("/v1/peek", `{"policy":"fw","key":"k"}`, map[string]string{"Content-Type": "application/json"}); !strings.Contains(body, `"remaining":3`) {
+		t.Errorf("after the refused requests: %s, want the whole limit left", body)
 	}
 }
 

@@ -411,7 +411,7 @@ func keyAt(msg string, body []byte) string {
 // envoyJSON is ShouldRateLimit with a JSON body, as envoyproxy/ratelimit's
 // /json endpoint: 200 when OK, 429 when over the limit.
 func (a *api) envoyJSON(w http.ResponseWriter, r *http.Request) {
-	if !a.decision(w, r) {
+	if !a.decision(w, r) || !unencoded(w, r) {
 		return
 	}
 	var req rlsv3.RateLimitRequest
