@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"sync/atomic"
 	"time"
 
 	"github.com/sluicehq/sluice"
@@ -20,7 +21,9 @@ const reclaimSample = 8
 // for decision: a key's holders with their weight and hold deadline (µs);
 // a holder whose deadline is at or before now has expired. Only Acquire
 // removes expired holders, and reports their weight; Extend and Release
-// take an expired holder for gone and leave it.
+// take an expired holder for gone and leave it. A release that finds no
+// live holder leaves a tombstone of its id, which refuses that id's next
+// acquire while it lives (inflight_release.lua says why).
 
 // slotKey is one key's holders. An empty one stays until swept, so that a
 // busy key's acquire and release allocate nothing.
@@ -37,7 +40,15 @@ type slotKey struct {
 	// forgetAt is the size of released at which the releases no longer
 	// remembered are next dropped.
 	forgetAt int
+	// tombs are the tombstones: holder → µs until which its acquire is
+	// refused. Ended ones are dropped when more than tombMax are kept,
+	// and by the sweep; live ones beyond tombMax, the one ending first.
+	tombs map[string]int64
 }
+
+// tombMax bounds the live tombstones of a key, as TOMBS in
+// inflight_release.lua.
+const tombMax = 1024
 
 type slotHolder struct {
 	weight  int64
@@ -69,8 +80,11 @@ func (k *slotKey) set(holder string, h slotHolder) {
 	k.next = min(k.next, h.expires)
 }
 
-// live returns holder's slot if it holds at now.
+// live returns holder's slot if it holds at now; a nil k holds none.
 func (k *slotKey) live(holder string, now int64) (slotHolder, bool) {
+	if k == nil {
+		return slotHolder{}, false
+	}
 	h, ok := k.holders[holder]
 	return h, ok && now < h.expires
 }
@@ -86,6 +100,7 @@ func (s *Store) Acquire(ctx context.Context, key string, l sluice.InFlightLimit,
 	if s.zero() {
 		return sluice.SlotDecision{}, ErrZeroStore
 	}
+	cover(&s.tombLife, l.Hold)
 	sh := s.shard(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
@@ -100,14 +115,22 @@ func (s *Store) Acquire(ctx context.Context, key string, l sluice.InFlightLimit,
 		}
 	}
 	d.Expired = k.prune(now)
-	if h, ok := k.holders[holder]; ok { // a resent acquire
+	end, buried := k.tombs[holder]
+	if buried { // found once, live or not
+		delete(k.tombs, holder)
+	}
+	switch h, held := k.holders[holder]; {
+	case buried && now < end:
+		// Released before this acquire came: refused, as nobody would
+		// release it.
+	case held: // a resent acquire
 		k.set(holder, slotHolder{weight: h.weight, expires: expires})
 		d.Allowed = true
-	} else if k.inUse+weight <= l.Max {
+	case k.inUse+weight <= l.Max:
 		k.set(holder, slotHolder{weight: weight, expires: expires})
 		k.inUse += weight
 		d.Allowed = true
-	} else {
+	default:
 		d.RetryAfter = time.Duration(retryEstimate(k, k.inUse+weight-l.Max)-now) * time.Microsecond
 	}
 	d.InUse = k.inUse
@@ -170,21 +193,105 @@ func (s *Store) Extend(ctx context.Context, key string, l sluice.InFlightLimit, 
 	if err := ctxErr(ctx); err != nil {
 		return false, err
 	}
+	if sluice.ValidateSlot(key, l, 1, holder) == nil && !s.zero() {
+		cover(&s.tombLife, l.Hold)
+	}
 	return s.onHolder(key, l, holder, func(k *slotKey, h slotHolder, now int64) {
 		h.expires = now + l.Hold.Microseconds()
 		k.set(holder, h)
 	})
 }
 
-// Release implements sluice.Slots.
+// Release implements sluice.Slots. A release that finds no live holder
+// leaves a tombstone of holder until now plus the longest hold the Store
+// has acquired or extended with (none before any): see bury.
 func (s *Store) Release(ctx context.Context, key string, holder string) (bool, error) {
 	if err := ctxErr(ctx); err != nil {
 		return false, err
 	}
-	return s.onHolder(key, sluice.InFlightLimit{Max: 1, Hold: time.Microsecond}, holder, func(k *slotKey, h slotHolder, _ int64) {
-		delete(k.holders, holder)
-		k.inUse -= h.weight
+	held := false
+	life := s.tombstoneLife()
+	err := s.atKey(key, sluice.InFlightLimit{Max: 1, Hold: time.Microsecond}, holder, func(sh *shard, k *slotKey, now int64) {
+		if k != nil {
+			if h, ok := k.live(holder, now); ok {
+				delete(k.holders, holder)
+				k.inUse -= h.weight
+				held = true
+				return
+			}
+		}
+		sh.bury(key, k, holder, now, life)
 	})
+	return held, err
+}
+
+// bury leaves a tombstone of holder in key's state (k, nil if it has none)
+// until now+life, so that holder's acquire, should it come later (it
+// timed out, and this is its abandoned release), is refused rather than
+// held for a hold nobody ends. Beyond tombMax live tombstones the one
+// ending first goes (of two, the lesser id), as in Redis. No tombstone
+// when life is 0, nor when the shard is at MaxKeys without one to spare.
+// The caller holds sh.mu.
+func (sh *shard) bury(key string, k *slotKey, holder string, now, life int64) {
+	if life <= 0 {
+		return
+	}
+	if k == nil {
+		var err error
+		if k, err = sh.addSlotKey(key, now); err != nil {
+			return
+		}
+	}
+	if k.tombs == nil {
+		k.tombs = make(map[string]int64, 1)
+	}
+	k.tombs[holder] = now + life
+	if len(k.tombs) > tombMax {
+		k.buried(now)
+	}
+	if len(k.tombs) <= tombMax {
+		return
+	}
+	first, end := "", int64(math.MaxInt64)
+	for h, e := range k.tombs {
+		if e < end || e == end && h < first {
+			first, end = h, e
+		}
+	}
+	delete(k.tombs, first)
+}
+
+// buried drops the tombstones ended at now, reporting whether any are
+// left.
+func (k *slotKey) buried(now int64) bool {
+	for h, end := range k.tombs {
+		if end <= now {
+			delete(k.tombs, h)
+		}
+	}
+	return len(k.tombs) > 0
+}
+
+// tombstoneLife returns how long a tombstone lives, µs: the longest hold
+// the Store's acquires and extends have asked for, so that it outlives
+// the hold of any acquire the Store may have abandoned (0, no tombstone,
+// on a zero Store or before any).
+func (s *Store) tombstoneLife() int64 {
+	if s.zero() {
+		return 0
+	}
+	return s.tombLife.Load()
+}
+
+// cover raises *life, µs, to hold if hold is longer.
+func cover(life *atomic.Int64, hold time.Duration) {
+	us := hold.Microseconds()
+	for {
+		old := life.Load()
+		if old >= us || life.CompareAndSwap(old, us) {
+			return
+		}
+	}
 }
 
 // ReleaseOnce is Release that also remembers, for remember, a release
@@ -199,17 +306,20 @@ func (s *Store) ReleaseOnce(ctx context.Context, key, holder string, remember ti
 	if err := ctxErr(ctx); err != nil {
 		return false, false, err
 	}
-	err = s.atKey(key, sluice.Concurrent(1, remember), holder, func(k *slotKey, now int64) {
-		if k == nil {
-			return
-		}
+	life := s.tombstoneLife()
+	err = s.atKey(key, sluice.Concurrent(1, remember), holder, func(sh *shard, k *slotKey, now int64) {
 		if h, ok := k.live(holder, now); ok {
 			delete(k.holders, holder)
 			k.inUse -= h.weight
-		} else if until, ok := k.released[holder]; ok && now < until {
-			before = true
 		} else {
-			return
+			sh.bury(key, k, holder, now, life)
+			if k = sh.slots[key]; k == nil {
+				return
+			}
+			if until, ok := k.released[holder]; !ok || now >= until {
+				return
+			}
+			before = true
 		}
 		released = true
 		k.remember(holder, now+remember.Microseconds(), now)
@@ -246,10 +356,7 @@ func (k *slotKey) forget(now int64) bool {
 // it, reporting whether there was one.
 func (s *Store) onHolder(key string, l sluice.InFlightLimit, holder string, f func(k *slotKey, h slotHolder, now int64)) (bool, error) {
 	held := false
-	err := s.atKey(key, l, holder, func(k *slotKey, now int64) {
-		if k == nil {
-			return
-		}
+	err := s.atKey(key, l, holder, func(_ *shard, k *slotKey, now int64) {
 		if h, ok := k.live(holder, now); ok {
 			f(k, h, now)
 			held = true
@@ -260,7 +367,7 @@ func (s *Store) onHolder(key string, l sluice.InFlightLimit, holder string, f fu
 
 // atKey runs f on key's in-flight state (nil if it has none) under its
 // shard's lock, after the checks every call about one holder makes.
-func (s *Store) atKey(key string, l sluice.InFlightLimit, holder string, f func(k *slotKey, now int64)) error {
+func (s *Store) atKey(key string, l sluice.InFlightLimit, holder string, f func(sh *shard, k *slotKey, now int64)) error {
 	if err := sluice.ValidateSlot(key, l, 1, holder); err != nil {
 		return err
 	}
@@ -270,7 +377,7 @@ func (s *Store) atKey(key string, l sluice.InFlightLimit, holder string, f func(
 	sh := s.shard(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	f(sh.slots[key], s.now())
+	f(sh, sh.slots[key], s.now())
 	return nil
 }
 
@@ -280,7 +387,9 @@ func (s *Store) atKey(key string, l sluice.InFlightLimit, holder string, f func(
 // met, one deleted is not (the language's rule for a range loop).
 func (sh *shard) sweepSlots(now int64, h *sweepHold) {
 	for key, k := range sh.slots {
-		if k.prune(now); len(k.holders) == 0 && !k.forget(now) {
+		k.prune(now)
+		kept := k.buried(now)
+		if len(k.holders) == 0 && !k.forget(now) && !kept {
 			delete(sh.slots, key)
 		}
 		h.walked(1)

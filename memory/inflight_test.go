@@ -131,8 +131,9 @@ func BenchmarkInFlight(b *testing.B) {
 }
 
 // The sweeper keeps a key whose holders are all gone while it remembers a
-// release of one (a repeat is still told released before), and drops it
-// once it remembers none.
+// release of one (a repeat is still told released before) or keeps a
+// tombstone (the repeat found no holder), and drops it once neither is
+// left.
 func TestInFlightReleaseOnceSweep(t *testing.T) {
 	t.Parallel()
 	s, clock := newClocked(t, memory.Options{})
@@ -153,8 +154,13 @@ func TestInFlightReleaseOnceSweep(t *testing.T) {
 	}
 	clock.Advance(5 * time.Second)
 	s.Sweep()
+	if n := s.HeldKeys(); n != 1 {
+		t.Errorf("HeldKeys = %d once no release is remembered, its tombstone live, want 1", n)
+	}
+	clock.Advance(5 * time.Second) // the tombstone, of the 10s hold from 4s, ends
+	s.Sweep()
 	if n := s.HeldKeys(); n != 0 {
-		t.Errorf("HeldKeys = %d once no release is remembered, want 0", n)
+		t.Errorf("HeldKeys = %d once no release is remembered and no tombstone kept, want 0", n)
 	}
 	if released, before, err := s.ReleaseOnce(ctx, "k", "h", 5*time.Second); err != nil || released || before {
 		t.Errorf("ReleaseOnce once forgotten = %v, %v, %v; want not held", released, before, err)

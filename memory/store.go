@@ -98,6 +98,11 @@ type Store struct {
 	once    sync.Once
 
 	sweepPaused func(walked int) // tests: called between a sweep's chunks, the lock released
+
+	// tombLife is the longest hold, µs, the Store's acquires and extends
+	// have asked for: how long a release that finds no holder keeps its
+	// tombstone (inflight.go).
+	tombLife atomic.Int64
 }
 
 type shard struct {

@@ -242,9 +242,12 @@ type Store struct {
 	params  atomic.Pointer[map[sluice.Limit]params]
 	paramMu sync.Mutex
 	young   youngHolders
-	stalls  atomic.Int64 // see Stalls
-	closed  atomic.Bool  // the client is closed (noteClosed)
-	bad     error        // New's options were invalid: client is nil
+	// tombLife: how long a release that finds no holder leaves a
+	// tombstone (inflight.go).
+	tombLife holdCover
+	stalls   atomic.Int64 // see Stalls
+	closed   atomic.Bool  // the client is closed (noteClosed)
+	bad      error        // New's options were invalid: client is nil
 }
 
 // New returns a Store using client. opts may be nil. The Store does not own

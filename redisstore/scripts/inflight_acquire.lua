@@ -14,15 +14,20 @@
 --            holder has expired, so nothing is scanned; none when no
 --            holder is left
 --   't'      -(the time the key expires at): the latest deadline plus
---            that hold again, so that the TTL is set about once a hold
--- The weight held is ZCARD, less those of '', 'n' and 't' present, plus
--- the sum in '': a holder of weight 1 is one member, one of weight w two
+--            that hold again, so that the TTL is set about once a hold,
+--            or the latest tombstone's end if later
+--   'x'..id  a tombstone (inflight_release.lua): TOMB + the time, µs, until
+--            which an acquire of holder id is refused
+--   'X'      -(the number of tombstones), only when there are some
+-- The weight held is ZCARD, less those of '', 'n', 't' and 'X' present
+-- and the tombstones, plus the sum in '': a holder of weight 1 is one member, one of weight w two
 -- members and w − 2 in ''. So a holder of weight 1 can be released by one
 -- ZREM of its 'h' member, without a script (redisstore's Release, while
 -- its hold is young), which can never take part of a heavier holder of
 -- the same id away; a key it leaves without holders expires with its TTL. Deadlines are
--- above zero (now ≥ 0) and every other score is at most zero, so the
--- expired holders are the members scored in (0, now]. The key expires
+-- in (0, TOMB) (now ≥ 0, and below 2^52 µs, past the year 2100), the
+-- tombstones above TOMB and every other score at most zero, so the expired
+-- holders are the members scored in (0, now]. The key expires
 -- after every hold has ended, so a key whose holders all crashed vanishes
 -- by itself. Only acquire removes expired holders, and reports their
 -- weight: extend and release take an expired holder for gone and leave it
@@ -40,7 +45,11 @@
 --            was added (not held before) else 0}
 --
 -- A holder already held (a resent acquire) has its deadline refreshed and
--- counts once, with its first weight.
+-- counts once, with its first weight. An acquire that finds a live
+-- tombstone of its holder is refused (retry 0), and removes it: the holder
+-- was released before its acquire ran here (an acquire that timed out,
+-- delayed on its way, whose abandoned release came first), and nobody
+-- waits for this answer or would release what it held.
 
 local key = KEYS[1]
 local max = tonumber(ARGV[2])
@@ -49,14 +58,20 @@ local weight = tonumber(ARGV[4])
 local deadline = now + hold
 local id = ARGV[5]
 
-local m = redis.call('ZMSCORE', key, '', 't', 'n', 'h' .. id, 'H' .. id)
+local TOMB = 4503599627370496 -- 2^52
+local below = '(4503599627370496' -- holders only, as a range's end
+local m = redis.call('ZMSCORE', key, '', 't', 'n', 'h' .. id, 'H' .. id, 'X', 'x' .. id)
 local extra = -(tonumber(m[1]) or 0)
 local was = extra
-local inuse = redis.call('ZCARD', key) + extra
+local tombs = -(tonumber(m[6]) or 0)
+local inuse = redis.call('ZCARD', key) + extra - tombs
 for i = 1, 3 do
   if m[i] then
     inuse = inuse - 1
   end
+end
+if m[6] then
+  inuse = inuse - 1
 end
 local last = -(tonumber(m[2]) or 0)
 local first = m[3] and -tonumber(m[3])
@@ -92,7 +107,7 @@ if first and first <= now then
     gone = redis.call('ZRANGEBYSCORE', key, '(0', nows, 'LIMIT', 0, 1000)
   end
   inuse = inuse - expired
-  first = tonumber(redis.call('ZRANGEBYSCORE', key, '(0', '+inf', 'WITHSCORES', 'LIMIT', 0, 1)[2])
+  first = tonumber(redis.call('ZRANGEBYSCORE', key, '(0', below, 'WITHSCORES', 'LIMIT', 0, 1)[2])
   if first then
     z = {-first, 'n'}
   else
@@ -104,7 +119,20 @@ if first and first <= now then
 end
 
 local allowed, retry = 1, 0
-if held or inuse + weight <= max then
+local refused = false
+if m[7] then -- a tombstone, live or not, is found once
+  refused = tonumber(m[7]) - TOMB > now
+  tombs = tombs - 1
+  if tombs == 0 then
+    redis.call('ZREM', key, 'x' .. id, 'X')
+  else
+    redis.call('ZREM', key, 'x' .. id)
+    z[#z + 1], z[#z + 2] = -tombs, 'X'
+  end
+end
+if refused then
+  allowed = 0
+elseif held or inuse + weight <= max then
   if not held then
     inuse = inuse + weight
     member = 'h' .. id
@@ -128,7 +156,7 @@ else
   local need = inuse + weight - max
   local freed, from = 0, 0
   while retry == 0 do
-    local hs = redis.call('ZRANGEBYSCORE', key, '(0', '+inf', 'WITHSCORES', 'LIMIT', from, 1000)
+    local hs = redis.call('ZRANGEBYSCORE', key, '(0', below, 'WITHSCORES', 'LIMIT', from, 1000)
     if #hs == 0 then
       error({err = 'ERR sluice: corrupt in-flight state in ' .. key})
     end

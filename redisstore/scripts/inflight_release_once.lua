@@ -9,13 +9,14 @@
 --            KEYS[1]'s hash slot
 --   ARGV[1]  now, µs; "" reads the server's TIME
 --   ARGV[2]  holder id
---   ARGV[3]  how long to remember a release, µs
+--   ARGV[3]  how long a tombstone lives, µs (inflight_release.lua)
+--   ARGV[4]  how long to remember a release, µs
 --   Returns  {1} released now, {2} released before (the record is
 --            renewed), {0} neither: not held, or expired
 
 local rec = KEYS[2]
 local member = ARGV[2]
-local remember = tonumber(ARGV[3])
+local remember = tonumber(ARGV[4])
 local r = release(KEYS, ARGV)[1]
 if r == 0 then
   local kept = tonumber(redis.call('ZSCORE', rec, member))
