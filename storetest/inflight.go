@@ -116,6 +116,37 @@ func slotTables() []slotTable {
 			{at: 3 * second, op: acquire, holder: "b", ok: true, inUse: 1},
 		},
 	}, {
+		// A release that finds no holder leaves a tombstone of its id,
+		// living the longest hold the store has acquired with (10s here):
+		// that id's acquire is refused (RetryAfter 0, nothing held) and
+		// removes it, so that an acquire that ran after its abandoned
+		// release holds nothing. Other ids are not refused.
+		name: "tombstone", limit: sluice.Concurrent(2, 10*second), steps: []slotStep{
+			{at: 0, op: acquire, holder: "a", ok: true, inUse: 1},
+			{at: 1 * second, op: release, holder: "late"},
+			{at: 1 * second, op: acquire, holder: "late", inUse: 1},
+			{at: 1 * second, op: acquire, holder: "b", ok: true, inUse: 2},
+			{at: 1 * second, op: acquire, holder: "late", inUse: 2, retry: 9 * second},
+			{at: 2 * second, op: release, holder: "a", ok: true},
+			{at: 2 * second, op: release, holder: "b", ok: true},
+			{at: 3 * second, op: release, holder: "c"},
+			{at: 3 * second, op: release, holder: "d"},
+			{at: 3 * second, op: acquire, holder: "x", weight: 2, ok: true, inUse: 2},
+			{at: 4 * second, op: release, holder: "x", ok: true},
+			{at: 4 * second, op: extend, holder: "c"},
+			{at: 13*second - time.Microsecond, op: acquire, holder: "c", weight: 2, inUse: 0},
+			{at: 13 * second, op: acquire, holder: "d", weight: 2, ok: true, inUse: 2},
+		},
+	}, {
+		// An expired holder's release leaves a tombstone too: the id,
+		// resent, is refused.
+		name: "tombstone_expired", limit: sluice.Concurrent(1, 10*second), steps: []slotStep{
+			{at: 0, op: acquire, holder: "a", ok: true, inUse: 1},
+			{at: 10 * second, op: release, holder: "a"},
+			{at: 11 * second, op: acquire, holder: "a", inUse: 0, expired: 1},
+			{at: 11 * second, op: acquire, holder: "b", ok: true, inUse: 1},
+		},
+	}, {
 		// Each acquire holds for its own limit's Hold.
 		name: "mixed_holds", limit: sluice.Concurrent(2, 10*second), steps: []slotStep{
 			{at: 0, op: acquire, holder: "a", hold: 5 * second, ok: true, inUse: 1},
@@ -144,6 +175,76 @@ func RunInFlight(t *testing.T, newSlots NewSlots) {
 	t.Run("independence", func(t *testing.T) { t.Parallel(); testSlotIndependence(t, newSlots) })
 	t.Run("release_once", func(t *testing.T) { t.Parallel(); testSlotReleaseOnce(t, newSlots) })
 	t.Run("release_once_racing", func(t *testing.T) { t.Parallel(); testSlotReleaseOnceRacing(t, newSlots) })
+	t.Run("tombstones_bounded", func(t *testing.T) { t.Parallel(); testSlotTombstonesBounded(t, newSlots) })
+	t.Run("tombstones_others", func(t *testing.T) { t.Parallel(); testSlotTombstonesOthers(t, newSlots) })
+}
+
+// A key keeps at most 1024 live tombstones: beyond them, the one ending
+// first goes (its id's acquire is admitted); the others still refuse.
+// ReleaseOnce leaves them as Release does.
+func testSlotTombstonesBounded(t *testing.T, newSlots NewSlots) {
+	clock, st, key := slotSetup(t, newSlots)
+	ctx := context.Background()
+	l := sluice.Concurrent(3, 10*second)
+	if d, err := st.Acquire(ctx, key, l, 1, "a"); err != nil || !d.Allowed {
+		t.Fatalf("Acquire(a) = %+v, %v", d, err)
+	}
+	r, once := st.(onceReleaser)
+	const n = 1025
+	for i := range n {
+		clock.Advance(time.Microsecond)
+		h := fmt.Sprintf("t%04d", i)
+		var held bool
+		var err error
+		if once && i%2 == 1 {
+			held, _, err = r.ReleaseOnce(ctx, key, h, second)
+		} else {
+			held, err = st.Release(ctx, key, h)
+		}
+		if err != nil || held {
+			t.Fatalf("Release(%s) = %v, %v; want not held", h, held, err)
+		}
+	}
+	for _, c := range []struct {
+		holder  string
+		allowed bool
+	}{{"t0000", true}, {"t0001", false}, {fmt.Sprintf("t%04d", n-1), false}} {
+		d, err := st.Acquire(ctx, key, l, 1, c.holder)
+		if err != nil || d.Allowed != c.allowed {
+			t.Errorf("after %d tombstones, Acquire(%s) = %+v, %v; want allowed %v", n, c.holder, d, err, c.allowed)
+		}
+	}
+}
+
+// A tombstone refuses its own id alone: releases of forged ids, and of
+// ids a byte away from another's, never refuse the acquires of fresh ids
+// (AcquireSlot's, 128 random bits each), nor of those others.
+func testSlotTombstonesOthers(t *testing.T, newSlots NewSlots) {
+	_, st, key := slotSetup(t, newSlots)
+	ctx := context.Background()
+	l := sluice.Concurrent(64, 10*second)
+	if d, err := st.Acquire(ctx, key, l, 1, "first"); err != nil || !d.Allowed {
+		t.Fatalf("Acquire(first) = %+v, %v", d, err)
+	}
+	for _, h := range []string{"Ab", "ab ", "a", "b", "hab", "Hab", "wab", "xab", "X", "n", "t"} {
+		if ok, err := st.Release(ctx, key, h); err != nil || ok {
+			t.Fatalf("Release(%q) = %v, %v; want not held", h, ok, err)
+		}
+	}
+	for _, h := range []string{"ab", "bX", "xa"} {
+		if d, err := st.Acquire(ctx, key, l, 2, h); err != nil || !d.Allowed {
+			t.Errorf("beside others' tombstones, Acquire(%q) = %+v, %v; want allowed", h, d, err)
+		}
+	}
+	for range 16 {
+		if ok, err := st.Release(ctx, key, sluice.NewHolderID()); err != nil || ok {
+			t.Fatalf("Release of a forged id = %v, %v; want not held", ok, err)
+		}
+		s, d, err := sluice.AcquireSlot(ctx, st, key, l, 1)
+		if err != nil || s == nil {
+			t.Fatalf("AcquireSlot beside forged tombstones = %v, %+v, %v; want allowed", s, d, err)
+		}
+	}
 }
 
 // onceReleaser is a store that remembers a release with it
