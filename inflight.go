@@ -128,7 +128,9 @@ type SlotDecision struct {
 	InUse int64
 	// Remaining is Max − InUse, never below zero. Example: 2.
 	Remaining int64
-	// RetryAfter is zero when Allowed. Otherwise it is an ESTIMATE: the wait
+	// RetryAfter is zero when Allowed, and when a release of this holder
+	// came first (the store's tombstone refused it). Otherwise it is an
+	// ESTIMATE: the wait
 	// until enough held weight reaches its hold timeout for this request
 	// to fit, were no holder to release or extend. Holders usually release
 	// sooner (a slot may free at any instant) and may extend, so it is
@@ -178,7 +180,9 @@ type Slots interface {
 	Extend(ctx context.Context, key string, limit InFlightLimit, holder string) (bool, error)
 	// Release frees holder's slot. It reports false, freeing nothing, if
 	// holder does not hold: an unknown or forged id never frees another's
-	// slot.
+	// slot. The memory and Redis stores then leave a tombstone of holder,
+	// which refuses its next acquire (an acquire that reaches the store
+	// after its abandoned release holds nothing): see docs/inflight.md.
 	Release(ctx context.Context, key string, holder string) (bool, error)
 }
 
@@ -249,7 +253,9 @@ const releaseTry = 5 * time.Second
 // returns at once and releases in the background, with a timeout of its
 // own, and once more a second later if nothing was held yet (the acquire
 // may reach the store after the first release; an abandoned id is never
-// reused, so a second release cannot free a later holder). At most
+// reused, so a second release cannot free a later holder). A release that
+// finds nothing leaves a tombstone in the memory and Redis stores, so that
+// the acquire, reaching the store only after it, is refused. At most
 // MaxBackgroundReleases run at once, with RetryRelease's; beyond that, and
 // if both releases fail, the slot frees at its hold timeout. A closed
 // store (ErrStoreClosed) is not sent the second. A process that stops
