@@ -168,7 +168,13 @@ func ReturnAllowance(l Limit, unused, age int64) int64 {
 	if iv <= 0 { // an invalid limit: nothing can be given back by rule
 		return 0
 	}
-	return max(0, unused-(age+iv-1)/iv)
+	// Intervals begun, rounded up without adding to age, which an age near
+	// MaxInt64 would wrap into a negative count: all of unused and more.
+	begun := age / iv
+	if age%iv != 0 {
+		begun++
+	}
+	return max(0, unused-begun)
 }
 
 // ReturnHorizon is how long after a grant under l a Return can still give

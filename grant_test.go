@@ -2,6 +2,7 @@ package sluice_test
 
 import (
 	"errors"
+	"math"
 	"testing"
 	"time"
 
@@ -29,6 +30,11 @@ func TestReturnAllowance(t *testing.T) {
 		if got := sluice.ReturnAllowance(l, c.unused, c.age.Microseconds()); got != c.want {
 			t.Errorf("ReturnAllowance(%d unused, age %v) = %d, want %d", c.unused, c.age, got, c.want)
 		}
+	}
+	// An age near MaxInt64 µs must not wrap into a negative count of
+	// intervals, which would give back more than was unused.
+	if got := sluice.ReturnAllowance(l, 8, math.MaxInt64); got != 0 {
+		t.Errorf("ReturnAllowance(8 unused, age MaxInt64 µs) = %d, want 0", got)
 	}
 }
 
