@@ -289,6 +289,9 @@ var (
 	// back); the error says how many, and wraps the first failure. Those
 	// units are spent for their windows, as a lease that ends unspent.
 	ErrNotReturned = errors.New("lease: unused units not returned")
+	// ErrInvalidOptions: New was given an option out of range (a negative
+	// Size).
+	ErrInvalidOptions = errors.New("lease: invalid options")
 )
 
 // MinStaleness is the shortest maximum staleness: the stores' clocks count
@@ -322,7 +325,7 @@ type Options struct {
 	// Size, when positive, is how many units each grant asks for, capped
 	// at a limit's Capacity and raised to a request's cost, for every key,
 	// hot or not. Default: 0, sized by demand (see "Lease size" in the
-	// package doc).
+	// package doc). A negative Size is refused (ErrInvalidOptions).
 	Size int64
 
 	// FleetSize returns how many processes share the store's limits (a
@@ -607,7 +610,8 @@ func (l refillLock) TryLock() bool {
 
 // New returns a Store that leases from g. opts must set MaxStaleness or
 // For. A nil g, or one never built (a nil pointer, a zero memory.Store:
-// see sluice.CheckBuilt), is refused with ErrNoGranter.
+// see sluice.CheckBuilt), is refused with ErrNoGranter, a negative
+// Options.Size with ErrInvalidOptions.
 func New(g sluice.Granter, opts *Options) (*Store, error) {
 	if g == nil {
 		return nil, ErrNoGranter
@@ -622,6 +626,10 @@ func New(g sluice.Granter, opts *Options) (*Store, error) {
 	}
 	if o.For == nil && o.MaxStaleness < MinStaleness {
 		return nil, fmt.Errorf("%w: %v must be at least %v", ErrInvalidStaleness, o.MaxStaleness, MinStaleness)
+	}
+	if o.Size < 0 {
+		// Taken for 0, it would size leases by demand: not what was asked.
+		return nil, fmt.Errorf("%w: Size %d is negative (0 sizes leases by demand)", ErrInvalidOptions, o.Size)
 	}
 	base := time.Now()
 	s := &Store{granter: g, staleness: o.MaxStaleness, stale: o.For, size: o.Size, fleet: o.FleetSize, clock: o.Clock, base: base, baseNS: base.UnixNano(), seed: maphash.MakeSeed(), shards: make([]shard, shardCount), ids: map[sluice.Limit]*limitID{}}

@@ -97,6 +97,9 @@ func TestBadInput(t *testing.T) {
 	if _, err := lease.New(m, nil); !errors.Is(err, lease.ErrInvalidStaleness) {
 		t.Errorf("nil options: err = %v, want ErrInvalidStaleness", err)
 	}
+	if _, err := lease.New(m, &lease.Options{MaxStaleness: time.Second, Size: -1}); !errors.Is(err, lease.ErrInvalidOptions) {
+		t.Errorf("Size -1: err = %v, want ErrInvalidOptions", err)
+	}
 	if _, err := lease.New(nil, &lease.Options{MaxStaleness: time.Second}); !errors.Is(err, lease.ErrNoGranter) {
 		t.Errorf("nil granter: err = %v, want ErrNoGranter", err)
 	}
