@@ -161,10 +161,14 @@ const (
 // Options configures a Store. A nil *Options gives every default, as does
 // 0 for a number or duration; a negative one is refused (ErrInvalidOptions).
 type Options struct {
-	// Prefix of every Redis key. Default "sluice:". A "{" in it decides
-	// every key's hash slot in place of the keys' own hash tags; an empty
-	// tag (the first "{" followed by "}", as in "rl{}:") is refused with
-	// ErrInvalidOptions, since Redis then hashes each whole key.
+	// Prefix of every Redis key. Default "sluice:". A complete hash tag
+	// in it (a "{" with a "}" after it, as in "rl{app}:") decides every
+	// key's hash slot in place of the keys' own hash tags. A "{" with no
+	// "}" after it in the prefix opens a tag that the stored key closes,
+	// so each key's slot then depends on the key (a key's own Redis keys
+	// still share one). An empty tag (the first "{" followed by "}", as
+	// in "rl{}:") is refused with ErrInvalidOptions, since Redis then
+	// hashes each whole key.
 	Prefix string
 	// Clock, when non-nil, supplies "now" from the caller (for managed Redis
 	// that rejects TIME, and for deterministic tests). Nil (the default)
