@@ -41,8 +41,9 @@ import (
 // small decision does, so this roughly halves Redis's work per decision.
 type batcher struct {
 	client   redis.UniversalClient
-	max      int // calls per batch
-	inFlight int // batches at once, per lane
+	store    *Store // told the calls' errors, its shut ends their waits; nil: none
+	max      int    // calls per batch
+	inFlight int    // batches at once, per lane
 	group    func(key string) string
 
 	slow *slowLog // nil: no line for hurried calls
@@ -397,10 +398,10 @@ func (b *batcher) doIn(ctx context.Context, l *lane, c *call) error {
 		if ahead {
 			go l.ahead(budget)
 		}
-		return c.await(ctx, func() {
+		return c.await(ctx, b.shut(), func() {
 			sctx, cancel := sendContext(ctx, budget, l.answeredRTT())
 			start := time.Now()
-			runOne(sctx, b.client, c)
+			runOne(sctx, b.client, b.store, c)
 			l.observe(time.Since(start), c.err)
 			cancel()
 			b.release(l)
@@ -412,19 +413,31 @@ func (b *batcher) doIn(ctx context.Context, l *lane, c *call) error {
 	c.budget = budget
 	l.queue = append(l.queue, c)
 	l.mu.Unlock()
+	var err error
 	select {
 	case <-c.done:
 		return nil
 	case <-ctx.Done():
-		l.mu.Lock()
-		if i := slices.Index(l.queue, c); i >= 0 {
-			l.queue = slices.Delete(l.queue, i, i+1) // never sent
-		} else {
-			c.gone = true // in flight: its sender still holds it
-		}
-		l.mu.Unlock()
-		return ctx.Err()
+		err = ctx.Err()
+	case <-b.shut():
+		err = redis.ErrClosed
 	}
+	l.mu.Lock()
+	if i := slices.Index(l.queue, c); i >= 0 {
+		l.queue = slices.Delete(l.queue, i, i+1) // never sent
+	} else {
+		c.gone = true // in flight: its sender still holds it
+	}
+	l.mu.Unlock()
+	return err
+}
+
+// shut is the Store's shut, nil without one.
+func (b *batcher) shut() <-chan struct{} {
+	if b.store == nil {
+		return nil
+	}
+	return b.store.shut
 }
 
 // slots is how many slots a lane's calls take before they queue.
@@ -609,7 +622,7 @@ func (b *batcher) exec(ctx context.Context, units []*unit) {
 			if eval {
 				args = evalArgs(u.script, args)
 			}
-			u.cmd = newCmd(ctx, args)
+			u.cmd = newCmd(ctx, b.store, args)
 		}
 		if len(units) == 1 {
 			// One command (a batch merged into one script run, as on one

@@ -63,16 +63,41 @@ func (c *call) recycle() {
 // twice. NoRetry stops that on every client type; redirects (MOVED, ASK)
 // and a READONLY node, which mean the command did not run, are still
 // followed, and NOSCRIPT and TRYAGAIN are retried here.
-type scriptCmd struct{ *redis.IntSliceCmd }
+//
+// Its errors are told to the Store that sent it (see Store.sawErr).
+type scriptCmd struct {
+	*redis.IntSliceCmd
+	s *Store // nil: none to tell
+}
 
 // NoRetry implements redis.Cmder.
 func (scriptCmd) NoRetry() bool { return true }
 
-func newCmd(ctx context.Context, args []any) scriptCmd {
+// SetErr implements redis.Cmder, telling the Store each error as go-redis
+// sets it, on every try.
+func (c scriptCmd) SetErr(err error) {
+	c.IntSliceCmd.SetErr(err)
+	c.s.sawErr(err)
+}
+
+// intCmd is an IntCmd whose errors are told to s (nil: none), as
+// scriptCmd's are.
+type intCmd struct {
+	*redis.IntCmd
+	s *Store
+}
+
+// SetErr implements redis.Cmder, as scriptCmd's does.
+func (c intCmd) SetErr(err error) {
+	c.IntCmd.SetErr(err)
+	c.s.sawErr(err)
+}
+
+func newCmd(ctx context.Context, s *Store, args []any) scriptCmd {
 	cmd := redis.NewIntSliceCmd(ctx, args...)
 	cmd.SetFirstKeyPos(3) // a cluster routes by the first key, after numkeys
 	cmd.SetStepCount(1)   // see keyed
-	return scriptCmd{cmd}
+	return scriptCmd{cmd, s}
 }
 
 // keyed marks cmd with its key step, as newCmd does: go-redis's Cluster
@@ -155,12 +180,12 @@ func budgetOf(ctx context.Context) time.Duration {
 }
 
 // runOne sends c on its own, on ctx: EVALSHA, and EVAL if the server has
-// lost the script.
-func runOne(ctx context.Context, client redis.UniversalClient, c *call) {
-	cmd := newCmd(ctx, c.args)
+// lost the script; s (nil: none) is told its errors.
+func runOne(ctx context.Context, client redis.UniversalClient, s *Store, c *call) {
+	cmd := newCmd(ctx, s, c.args)
 	err := client.Process(ctx, cmd)
 	if isNoScript(err) {
-		cmd = newCmd(ctx, evalArgs(c.script, c.args))
+		cmd = newCmd(ctx, s, evalArgs(c.script, c.args))
 		err = client.Process(ctx, cmd)
 	}
 	c.val, c.err = cmd.Val(), err
@@ -175,7 +200,9 @@ func runOne(ctx context.Context, client redis.UniversalClient, c *call) {
 // still be charged. send always
 // runs. done (buffered, empty) receives one signal when send returns. A
 // context that can never end costs no goroutine: send runs on the caller's.
-func bounded(ctx context.Context, done chan struct{}, send func()) error {
+// Once shut is closed (nil: never), it returns redis.ErrClosed at once,
+// leaving send to go-redis's retries (see Store.sawErr).
+func bounded(ctx context.Context, shut <-chan struct{}, done chan struct{}, send func()) error {
 	if ctx == nil || ctx.Done() == nil {
 		send()
 		return nil
@@ -189,6 +216,8 @@ func bounded(ctx context.Context, done chan struct{}, send func()) error {
 		return nil
 	case <-ctx.Done():
 		return ctx.Err()
+	case <-shut:
+		return redis.ErrClosed
 	}
 }
 
@@ -226,7 +255,7 @@ func atEnd(ctx context.Context, err error) error {
 // has ended is not a success (a heartbeat past its deadline is stale).
 func boundedErr(ctx context.Context, f func() error) error {
 	var err error
-	if berr := bounded(ctx, make(chan struct{}, 1), func() { err = f() }); berr != nil {
+	if berr := bounded(ctx, nil, make(chan struct{}, 1), func() { err = f() }); berr != nil {
 		return berr
 	}
 	if err != nil {
@@ -235,12 +264,13 @@ func boundedErr(ctx context.Context, f func() error) error {
 	return ended(ctx)
 }
 
-// await is bounded for c: on ctx's end, c is left to its sender.
-func (c *call) await(ctx context.Context, send func()) error {
+// await is bounded for c: on ctx's end, or shut's, c is left to its
+// sender.
+func (c *call) await(ctx context.Context, shut <-chan struct{}, send func()) error {
 	if c.done == nil {
 		c.done = make(chan struct{}, 1)
 	}
-	err := bounded(ctx, c.done, send)
+	err := bounded(ctx, shut, c.done, send)
 	if err != nil {
 		c.gone = true
 	}
@@ -320,17 +350,44 @@ func (s *Store) failed(key string, err error) error {
 }
 
 // closedBy reports whether the Store's Cluster client is closed (asked of
-// key's master, with no round trip), and then records it, so that every
-// later call fails at once, and makes err wrap redis.ErrClosed.
+// key's master, with no round trip), and then records it (noteClosed),
+// and makes err wrap redis.ErrClosed.
 func (s *Store) closedBy(key string, err error) (bool, error) {
 	if s.reload == nil || !s.reload.clientClosed(key) {
 		return false, err
 	}
-	s.closed.Store(true)
+	s.noteClosed()
 	if !errors.Is(err, redis.ErrClosed) {
 		err = fmt.Errorf("%w: %w", err, redis.ErrClosed)
 	}
 	return true, err
+}
+
+// sawErr is told each error go-redis sets on the Store's script calls, at
+// every try, and notes a Cluster client its owner closed at the first
+// try: go-redis fails each try on a closed client at once, but takes it
+// for a node a reload dropped and tries again after its retry backoff,
+// three times, so its caller would learn of the close only 100–145 ms
+// later (resilient's 50 ms timeout cut it first). A closed client's
+// error is rare, so the question (clientClosed, no round trip) is asked
+// only then: a node's client that a reload closed fails so too, its key's
+// master then being another.
+func (s *Store) sawErr(err error) {
+	if s == nil || s.reload == nil || err == nil || s.closed.Load() || !errors.Is(err, redis.ErrClosed) {
+		return
+	}
+	if s.reload.clientClosed("") {
+		s.noteClosed()
+	}
+}
+
+// noteClosed records that the Store's client is closed: every later call
+// fails at once, and every call waiting on it returns (shut).
+func (s *Store) noteClosed() {
+	s.closed.Store(true)
+	if s.shut != nil {
+		s.shutOnce.Do(func() { close(s.shut) })
+	}
 }
 
 // CheckClosed returns an error wrapping sluice.ErrStoreClosed when the

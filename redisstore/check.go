@@ -420,7 +420,7 @@ func checkMaster(ctx context.Context, m clusterMaster, answered func(), shutdown
 	var r CheckReport
 	var scripting atomic.Int32
 	var ferr, err error // ferr, r: the check's, read once it has ended
-	berr := bounded(mctx, make(chan struct{}, 1), func() {
+	berr := bounded(mctx, nil, make(chan struct{}, 1), func() {
 		if ferr = m.node.Ping(mctx).Err(); ferr != nil {
 			return
 		}

@@ -20,8 +20,9 @@ import (
 // (sluice.ErrStoreClosed) under deadlines shorter than go-redis's own
 // 100–145 ms to fail a call on a closed Cluster client: resilient's
 // default 50 ms cut every call first, so the Store never learnt it, and
-// resilient answered by its failure policy. Nor does a deliberate Close
-// start the slot-map reloads and their warning.
+// resilient answered by its failure policy. The first call fails at once
+// too, rather than at its deadline. Nor does a deliberate Close start the
+// slot-map reloads and their warning.
 func TestClosedClusterShortDeadline(t *testing.T) {
 	seed := redistest.ClusterClient(t)
 	l := sluice.PerSecond(1_000_000)
@@ -65,7 +66,13 @@ func TestClosedClusterShortDeadline(t *testing.T) {
 				if !errors.Is(err, sluice.ErrStoreClosed) {
 					t.Errorf("call %d after Close, 50ms deadline: %v after %v, want sluice.ErrStoreClosed", i, err, took[i])
 				}
-				if i > 0 && took[i] > 10*time.Millisecond {
+				// The first too (it asks go-redis, which fails its first
+				// try at once), though not by the recorded close.
+				most := 10 * time.Millisecond
+				if i == 0 {
+					most = 25 * time.Millisecond
+				}
+				if took[i] > most {
 					t.Errorf("call %d after Close took %v, want it to fail at once", i, took[i])
 				}
 			}

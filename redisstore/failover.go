@@ -739,7 +739,7 @@ func (s *Store) runWaited(ctx context.Context, c *call) {
 	args := c.args
 	for {
 		pipe := conn.Pipeline()
-		cmd := newCmd(ctx, args)
+		cmd := newCmd(ctx, s, args)
 		wait := redis.NewIntCmd(ctx, s.wait...)
 		_ = pipe.Process(ctx, cmd)
 		_ = pipe.Process(ctx, wait)

@@ -224,9 +224,9 @@ func (s *Store) releaseYoung(ctx context.Context, key, holder string) (bool, err
 	if err := s.reload.awaitMap(ctx); err != nil {
 		return false, fmt.Errorf("redisstore: in-flight release: %w", s.failed(slot, err))
 	}
-	cmd := plainCmd{keyed(redis.NewIntCmd(ctx, "zrem", slot, "h"+holder))}
+	cmd := plainCmd{intCmd{keyed(redis.NewIntCmd(ctx, "zrem", slot, "h"+holder)), s}}
 	cmd.SetFirstKeyPos(1)
-	err := c.await(ctx, func() {
+	err := c.await(ctx, s.shut, func() {
 		sctx, cancel := sendContext(ctx, budgetOf(ctx), s.answeredRTT())
 		_ = s.client.Process(sctx, cmd)
 		cancel()
@@ -246,7 +246,7 @@ func (s *Store) releaseYoung(ctx context.Context, key, holder string) (bool, err
 
 // plainCmd is a command go-redis must never send twice, as scriptCmd: a
 // resent ZREM would report a slot it freed as not held.
-type plainCmd struct{ *redis.IntCmd }
+type plainCmd struct{ intCmd }
 
 // NoRetry implements redis.Cmder.
 func (plainCmd) NoRetry() bool { return true }

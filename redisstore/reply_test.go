@@ -88,7 +88,7 @@ func TestReplyErr(t *testing.T) {
 		{"script error", []any{"eval", "return redis.error_reply('ERR boom')", "1", key}, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			cmd := newCmd(ctx, tc.args)
+			cmd := newCmd(ctx, nil, tc.args)
 			err := c.Process(ctx, cmd)
 			if err == nil {
 				t.Fatalf("no error, reply %v", cmd.Val())

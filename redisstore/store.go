@@ -251,7 +251,11 @@ type Store struct {
 	tombLife holdCover
 	stalls   atomic.Int64 // see Stalls
 	closed   atomic.Bool  // the client is closed (noteClosed)
-	bad      error        // New's options were invalid: client is nil
+	// shut is closed when closed is set on a Cluster client, waking the
+	// calls that wait on it (nil on other clients, which fail at once).
+	shut     chan struct{}
+	shutOnce sync.Once
+	bad      error // New's options were invalid: client is nil
 }
 
 // New returns a Store using client. opts may be nil. The Store does not own
@@ -288,12 +292,14 @@ func New(client redis.UniversalClient, opts *Options) *Store {
 	s.solo.probe = make(chan struct{}, 1)
 	if client != nil && o.MaxBatch > 1 {
 		s.batch = newBatcher(client, o.MaxBatch, o.MaxInFlight)
+		s.batch.store = s
 		s.batch.slow = s.slow
 		s.batch.log, s.batch.stalls = o.Logger, &s.stalls
 		s.batch.lane.stall = s.batch.stallLog("", askScript(client))
 	}
 	if cc, ok := client.(*redis.ClusterClient); ok {
 		s.reload = &reloader{cluster: cc, every: o.ReloadInterval, log: o.Logger, quit: make(chan struct{}), watching: new(atomic.Bool)}
+		s.shut = make(chan struct{})
 		// The watch stops once the Store is garbage (or its client closed).
 		runtime.AddCleanup(s, func(quit chan struct{}) { close(quit) }, s.reload.quit)
 	}
@@ -525,8 +531,8 @@ func (s *Store) Reset(ctx context.Context, key string, limit sluice.Limit) error
 	del := keyed(redis.NewIntCmd(ctx, "del", rkey))
 	del.SetFirstKeyPos(1)
 	var err error
-	if berr := bounded(ctx, make(chan struct{}, 1), func() {
-		err = s.client.Process(ctx, del)
+	if berr := bounded(ctx, s.shut, make(chan struct{}, 1), func() {
+		err = s.client.Process(ctx, intCmd{del, s})
 	}); berr != nil {
 		err = berr
 	}
@@ -630,7 +636,7 @@ func (s *Store) run(ctx context.Context, c *call) ([]int64, error) {
 			budget := budgetOf(ctx)
 			var sent func()
 			if sent, err = s.solo.gate(ctx); err == nil {
-				err = c.await(ctx, func() {
+				err = c.await(ctx, s.shut, func() {
 					sctx, cancel := s.sendAlone(ctx, budget)
 					s.runWaited(sctx, c)
 					s.solo.seen(0, c.err)
@@ -642,10 +648,10 @@ func (s *Store) run(ctx context.Context, c *call) ([]int64, error) {
 			budget := budgetOf(ctx)
 			var sent func()
 			if sent, err = s.solo.gate(ctx); err == nil {
-				err = c.await(ctx, func() {
+				err = c.await(ctx, s.shut, func() {
 					sctx, cancel := s.sendAlone(ctx, budget)
 					start := time.Now()
-					runOne(sctx, s.client, c)
+					runOne(sctx, s.client, s, c)
 					s.solo.observe(time.Since(start), c.err)
 					cancel()
 					sent()

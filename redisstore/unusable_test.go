@@ -108,7 +108,9 @@ func closedStore(t *testing.T, c redis.UniversalClient, opts redisstore.Options)
 // closed fail with sluice.ErrStoreClosed at once, used before the Close or
 // not. go-redis, holding a slot map, tried each call again three times
 // after its retry backoff: 100–145 ms each. The first call after the Close
-// still pays that once (nothing cheaper tells a closed Cluster client).
+// still pays that once when its context can never end, as here (its send
+// runs on the caller's goroutine, in go-redis's backoff); one that can
+// end fails at once (TestClosedClusterShortDeadline).
 func TestClosedClusterFailsAtOnce(t *testing.T) {
 	race.SkipTiming(t)
 	seed := redistest.ClusterClient(t)

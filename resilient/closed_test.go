@@ -49,7 +49,8 @@ func closedCalls(m *MultiStore, key string) []func(context.Context) error {
 // store with its default 50 ms timeout fails with sluice.ErrStoreClosed,
 // the first too, and no policy answers nor does the breaker move: a call on
 // a closed Cluster client takes go-redis 100–145 ms to fail, so the timeout
-// cut the first calls, which were counted as an outage.
+// cut the first calls, which were counted as an outage. The first fails at
+// once too: it waited out the whole timeout.
 func TestClosedClusterClientNoPolicy(t *testing.T) {
 	cl := redistest.StartCluster(t, nil)
 	for _, p := range policies {
@@ -97,14 +98,67 @@ func TestClosedClusterClientNoPolicy(t *testing.T) {
 			}
 			own.Close()
 			start := time.Now()
-			if err := closedCalls(m, "k")[i](context.Background()); !errors.Is(err, sluice.ErrStoreClosed) {
-				t.Errorf("call %d, the first after the client's Close: %v after %v, want sluice.ErrStoreClosed", i, err, time.Since(start))
+			err := closedCalls(m, "k")[i](context.Background())
+			took := time.Since(start)
+			if !errors.Is(err, sluice.ErrStoreClosed) {
+				t.Errorf("call %d, the first after the client's Close: %v after %v, want sluice.ErrStoreClosed", i, err, took)
+			}
+			if took > DefaultTimeout/2 {
+				t.Errorf("call %d, the first after the client's Close, took %v, want it to fail at once, not near the %v timeout", i, took, DefaultTimeout)
 			}
 			if e, ok := obs.first.Load().(sluice.StoreEvent); ok {
 				t.Errorf("call %d: the policy answered it: %+v", i, e)
 			}
 		}
 	})
+}
+
+// A Sentinel-routed client closed by its owner is refused as a Cluster
+// client is: every call fails at once with sluice.ErrStoreClosed, the
+// first too, and neither the policy nor the breaker hears of it. A
+// failover client is one server's and failed at once already; a
+// failover Cluster client (routing reads by Sentinel) is a Cluster
+// client, whose first call waited out the 50 ms timeout.
+func TestClosedSentinelClientNoPolicy(t *testing.T) {
+	set := redistest.StartSentinel(t, &redistest.SentinelOptions{Sentinels: 1, Quorum: 1})
+	opts := func(random bool) *redis.FailoverOptions {
+		return &redis.FailoverOptions{MasterName: redistest.SentinelMaster, SentinelAddrs: set.SentinelAddrs(), RouteRandomly: random}
+	}
+	for name, client := range map[string]func() redis.UniversalClient{
+		"failover":         func() redis.UniversalClient { return redis.NewFailoverClient(opts(false)) },
+		"failover cluster": func() redis.UniversalClient { return redis.NewFailoverClusterClient(opts(true)) },
+	} {
+		t.Run(name, func(t *testing.T) {
+			for i := range closedCalls(nil, "k") {
+				own := client()
+				t.Cleanup(func() { own.Close() })
+				obs := &policyAnswers{}
+				backend := redisstore.New(own, &redisstore.Options{Prefix: redistest.Prefix(t)})
+				m := newMultiStore(t, backend, &Options{Nodes: 1, FailureThreshold: 1, Observer: obs, Logger: discard})
+				if _, err := backend.Take(context.Background(), "k", sluice.PerSecond(1_000_000), 1); err != nil {
+					t.Fatal(err)
+				}
+				own.Close()
+				for n := range 3 {
+					start := time.Now()
+					err := closedCalls(m, "k")[i](context.Background())
+					took := time.Since(start)
+					if !errors.Is(err, sluice.ErrStoreClosed) {
+						t.Errorf("call %d, #%d after the client's Close: %v after %v, want sluice.ErrStoreClosed", i, n, err, took)
+					}
+					if took > DefaultTimeout/2 {
+						t.Errorf("call %d, #%d after the client's Close, took %v, want it to fail at once", i, n, took)
+					}
+				}
+				if e, ok := obs.first.Load().(sluice.StoreEvent); ok {
+					t.Errorf("call %d: the policy answered it: %+v", i, e)
+				}
+				if st := m.State(); st != sluice.BreakerClosed {
+					t.Errorf("call %d: breaker %v after calls on a closed client, want closed", i, st)
+				}
+			}
+		})
+	}
 }
 
 // After the resilient store's own Close every call fails with
