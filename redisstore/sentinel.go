@@ -55,6 +55,12 @@ type FollowOptions struct {
 	// without +info): the change then waits for the Sentinel's
 	// +promoted-slave, most of a second later. It comes with the WARN line.
 	OnRoleRefused func(replica string)
+
+	// OnStaleSwitch, when set, is called once per +switch-master ignored
+	// as older than the change acted on, with the master it named and
+	// the one acted on. It comes with the INFO line, so that what is
+	// ignored can be counted as well as read.
+	OnStaleSwitch func(named, master string)
 }
 
 // SentinelFollower is what FollowSentinels started: subscriptions to
@@ -148,7 +154,12 @@ func FollowSentinels(o *redis.FailoverOptions, opts *FollowOptions) *SentinelFol
 		if fo.OnSwitch != nil {
 			fo.OnSwitch(ctx, from, to)
 		}
-	}, watchHooks{check: conns.check, stale: conns.staleSwitch, roleRefused: fo.OnRoleRefused})
+	}, watchHooks{check: conns.check, stale: func(to, current string) {
+		conns.staleSwitch(to, current)
+		if fo.OnStaleSwitch != nil {
+			fo.OnStaleSwitch(to, current)
+		}
+	}, roleRefused: fo.OnRoleRefused})
 	f.stop = func() {
 		stop()
 		conns.closed.Store(true)

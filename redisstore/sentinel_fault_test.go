@@ -221,19 +221,21 @@ func (r *heard) list() []string { r.mu.Lock(); defer r.mu.Unlock(); return slice
 // epoch 5 and announces +switch-master to it. The follower stays on R2,
 // and so do the takes, although go-redis follows B to R1 until B hears of
 // epoch 6 (R1 and R2 are made masters of their own first, so that a take
-// on either counts there).
+// on either counts there). The ignored switch is told to OnStaleSwitch,
+// once, as well as logged: it was a log line alone.
 func TestFaultSentinelStaleSwitch(t *testing.T) {
 	race.SkipTiming(t)
 	set := redistest.StartSentinel(t, &redistest.SentinelOptions{Replicas: 2})
 	ctx := context.Background()
 	m, r1, r2 := set.Master.Addr, set.Replicas[0], set.Replicas[1]
 	a, b := set.Sentinels[0], set.Sentinels[1]
-	var switches heard
+	var switches, stale heard
 	o := &redis.FailoverOptions{MasterName: redistest.SentinelMaster, SentinelAddrs: []string{b.Addr}}
 	var logs logtest.Log
 	f := redisstore.FollowSentinels(o, &redisstore.FollowOptions{
-		Logger:   logs.TextLogger(),
-		OnSwitch: func(_ context.Context, from, to string) { switches.add(from + ">" + to) },
+		Logger:        logs.TextLogger(),
+		OnSwitch:      func(_ context.Context, from, to string) { switches.add(from + ">" + to) },
+		OnStaleSwitch: func(named, master string) { stale.add(named + " for " + master) },
 	})
 	t.Cleanup(f.Close)
 	s, limit := failoverStore(t, o)
@@ -278,6 +280,9 @@ func TestFaultSentinelStaleSwitch(t *testing.T) {
 	}
 	if after2 == before2 {
 		t.Error("no take on R2 after the stale switch")
+	}
+	if got, want := stale.list(), []string{r1.Addr + " for " + r2.Addr}; !slices.Equal(got, want) {
+		t.Errorf("OnStaleSwitch told %q, want %q", got, want)
 	}
 }
 

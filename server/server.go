@@ -324,6 +324,10 @@ func (s *Server) openStore() (sluice.Store, error) {
 			Name: "sluice_redis_sentinel_role_refused_total",
 			Help: "Sentinel only: times the replica a Sentinel was promoting refused INFO replication (an ACL user without +info), so the instance left the old master only at the Sentinel's +promoted-slave, most of a second later.",
 		})
+		staleSwitches := prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "sluice_redis_sentinel_stale_switches_total",
+			Help: "Sentinel only: +switch-master announcements ignored as older (by config epoch) than the master change acted on: a failover's leader finishing late, or a Sentinel hearing of it late. Each is also an INFO line.",
+		})
 		var probe atomic.Pointer[func(context.Context) error]
 		probeNow := func(ctx context.Context) error {
 			if p := probe.Load(); p != nil {
@@ -343,6 +347,7 @@ func (s *Server) openStore() (sluice.Store, error) {
 				OnDegraded:    s.health.setSentinel,
 				OnReplaced:    func(how string) { replaced.WithLabelValues(how).Inc() },
 				OnRoleRefused: func(string) { roleRefused.Inc() },
+				OnStaleSwitch: func(string, string) { staleSwitches.Inc() },
 				OnSwitch: func(ctx context.Context, from, to string) {
 					switches.Inc()
 					select {
@@ -364,7 +369,7 @@ func (s *Server) openStore() (sluice.Store, error) {
 		if follower != nil {
 			replaced.WithLabelValues("closed")
 			replaced.WithLabelValues("redirected")
-			s.metrics.reg.MustRegister(replaced, roleRefused)
+			s.metrics.reg.MustRegister(replaced, roleRefused, staleSwitches)
 			s.closers = append(s.closers, follower.Close)
 		}
 		if err := s.checkRedis(client); err != nil {
