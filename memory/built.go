@@ -8,7 +8,7 @@ var _ sluice.BuildChecker = (*Store)(nil)
 // nil Store, nil for one made by New.
 func (s *Store) CheckBuilt() error {
 	if s.zero() {
-		return ErrZeroStore
+		return s.unbuilt()
 	}
 	return nil
 }

@@ -19,7 +19,7 @@ func (s *Store) Grant(ctx context.Context, key string, limit sluice.Limit, n int
 		return sluice.Grant{}, err
 	}
 	if s.zero() {
-		return sluice.Grant{}, ErrZeroStore
+		return sluice.Grant{}, s.unbuilt()
 	}
 	p := newParams(limit)
 	sh, tag, now := s.lock(key, limit.Algorithm)
@@ -36,7 +36,7 @@ func (s *Store) Return(ctx context.Context, key string, limit sluice.Limit, g sl
 		return 0, err
 	}
 	if s.zero() {
-		return 0, ErrZeroStore
+		return 0, s.unbuilt()
 	}
 	p := newParams(limit)
 	sh, tag, now := s.lock(key, limit.Algorithm)
@@ -54,7 +54,7 @@ func (s *Store) Regrant(ctx context.Context, key string, limit sluice.Limit, g s
 		return 0, sluice.Grant{}, err
 	}
 	if s.zero() {
-		return 0, sluice.Grant{}, ErrZeroStore
+		return 0, sluice.Grant{}, s.unbuilt()
 	}
 	p := newParams(limit)
 	sh, tag, now := s.lock(key, limit.Algorithm)

@@ -98,7 +98,7 @@ func (s *Store) Acquire(ctx context.Context, key string, l sluice.InFlightLimit,
 		return sluice.SlotDecision{}, err
 	}
 	if s.zero() {
-		return sluice.SlotDecision{}, ErrZeroStore
+		return sluice.SlotDecision{}, s.unbuilt()
 	}
 	cover(&s.tombLife, l.Hold)
 	sh := s.shard(key)
@@ -372,7 +372,7 @@ func (s *Store) atKey(key string, l sluice.InFlightLimit, holder string, f func(
 		return err
 	}
 	if s.zero() {
-		return ErrZeroStore
+		return s.unbuilt()
 	}
 	sh := s.shard(key)
 	sh.mu.Lock()

@@ -17,7 +17,7 @@ func (s *Store) TakeAll(ctx context.Context, reqs []sluice.Request) ([]sluice.De
 		return nil, err
 	}
 	if s.zero() {
-		return nil, ErrZeroStore
+		return nil, s.unbuilt()
 	}
 	if err := sluice.ValidateRequests(reqs); err != nil {
 		return nil, err

@@ -30,6 +30,12 @@ var _ sluice.Store = (*Store)(nil)
 // it holds no keys.
 var ErrZeroStore = fmt.Errorf("memory: zero Store: make one with New: %w", sluice.ErrStoreNotBuilt)
 
+// ErrInvalidOptions: New was given a negative MaxKeys or Shards (0 means
+// the default). The Store it returned refuses every decision with it
+// (which is also sluice.ErrStoreNotBuilt), as a zero Store does with
+// ErrZeroStore, so a limiter built on it fails at NewLimiter.
+var ErrInvalidOptions = fmt.Errorf("memory: invalid options: %w", sluice.ErrStoreNotBuilt)
+
 // ErrFull: Acquire found MaxKeys keys with in-flight state in the key's
 // shard, none of a small sample without live holders, and refused to add
 // another. A key with live holders is never dropped: that would free slots
@@ -62,7 +68,8 @@ type Options struct {
 	// number: at the cap, a new key takes the place of a sampled key
 	// without live holders, or its Acquire fails with ErrFull; a key with
 	// live holders is never dropped. Any positive int is valid, up to
-	// math.MaxInt (in effect no bound). Default: 1,000,000. A rate-limited
+	// math.MaxInt (in effect no bound); a negative one is refused
+	// (ErrInvalidOptions). Default (0): 1,000,000. A rate-limited
 	// key costs a 64-byte slot in a table kept 41 % to 81 % full, 79 to
 	// 158 bytes besides its string; the sliding window log adds its log.
 	// A sweep that leaves a shard's table less than an eighth full
@@ -70,8 +77,8 @@ type Options struct {
 	MaxKeys int
 
 	// Shards is the number of independently locked partitions, rounded up
-	// to a power of two, at most MaxShards (a larger value is MaxShards).
-	// Default: 64.
+	// to a power of two, at most MaxShards (a larger value is MaxShards);
+	// a negative one is refused (ErrInvalidOptions). Default (0): 64.
 	Shards int
 
 	// SweepInterval is how often expired keys are removed. Default: one
@@ -83,7 +90,8 @@ type Options struct {
 // Store is an in-memory sluice.Store, safe for concurrent use. Build one
 // with New and Close it when done to stop its sweeper. The zero value, and
 // a nil *Store alike, refuses every decision with ErrZeroStore (its Len is
-// 0; Close and Sweep do nothing).
+// 0; Close and Sweep do nothing); one New was given invalid options
+// refuses them with ErrInvalidOptions, naming the option.
 type Store struct {
 	maxKeys int              // Options.MaxKeys, or its default
 	clock   func() time.Time // Options.Clock; nil reads the monotonic clock
@@ -97,6 +105,7 @@ type Store struct {
 	done    sync.WaitGroup
 	once    sync.Once
 
+	bad         error            // New's options were invalid: shards is nil
 	sweepPaused func(walked int) // tests: called between a sweep's chunks, the lock released
 
 	// tombLife is the longest hold, µs, the Store's acquires and extends
@@ -171,10 +180,13 @@ func New(opts *Options) *Store {
 	if opts != nil {
 		o = *opts
 	}
-	if o.MaxKeys <= 0 {
+	if o.MaxKeys < 0 || o.Shards < 0 {
+		return &Store{bad: fmt.Errorf("%w: MaxKeys %d, Shards %d: neither may be negative (0 means the default)", ErrInvalidOptions, o.MaxKeys, o.Shards)}
+	}
+	if o.MaxKeys == 0 {
 		o.MaxKeys = DefaultMaxKeys
 	}
-	if o.Shards <= 0 {
+	if o.Shards == 0 {
 		o.Shards = 64
 	}
 	// Clamped first: rounding a larger value up to a power of two would
@@ -273,6 +285,15 @@ func (s *Store) Evictions() Evictions {
 // zero reports whether s is a zero or nil Store, which holds nothing.
 func (s *Store) zero() bool { return s == nil || s.shards == nil }
 
+// unbuilt is what a zero Store's calls return: why New refused its
+// options, else ErrZeroStore.
+func (s *Store) unbuilt() error {
+	if s != nil && s.bad != nil {
+		return s.bad
+	}
+	return ErrZeroStore
+}
+
 func (s *Store) shardIndex(key string) uint64 { return maphash.String(s.seed, key) & s.mask }
 
 func (s *Store) shard(key string) *shard { return &s.shards[s.shardIndex(key)] }
@@ -307,7 +328,7 @@ func (s *Store) check(key string, limit sluice.Limit, cost int64) (*params, erro
 		if err := sluice.ValidateRequest(key, limit, cost); err != nil {
 			return nil, err
 		}
-		return nil, ErrZeroStore
+		return nil, s.unbuilt()
 	}
 	if err := sluice.ValidateKey(key); err != nil {
 		return nil, err
@@ -320,7 +341,7 @@ func (s *Store) check(key string, limit sluice.Limit, cost int64) (*params, erro
 		return nil, limit.ValidateCost(cost)
 	}
 	if s.shards == nil {
-		return nil, ErrZeroStore
+		return nil, s.unbuilt()
 	}
 	return p, nil
 }
@@ -426,7 +447,7 @@ func (s *Store) Reset(ctx context.Context, key string, limit sluice.Limit) error
 		return err
 	}
 	if s.zero() {
-		return ErrZeroStore
+		return s.unbuilt()
 	}
 	sh, tag := s.locate(key, limit.Algorithm)
 	sh.mu.Lock()
