@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
+	"path"
 	"reflect"
 	"regexp"
 	"slices"
@@ -132,7 +134,7 @@ func newHandler(s *Service, opts *HandlerOptions) http.Handler {
 		// it owns every path the API does not, answers every method itself,
 		// and gets the connection's writer, Flush and all.
 		mux.Handle("/", dash)
-		return routes{crossOrigin(mux), mux}
+		return newRoutes(mux, o.Metrics != nil)
 	}
 	mux.Handle("/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		// The dashboard's pages take GET alone, whatever the dashboard
@@ -146,20 +148,98 @@ func newHandler(s *Service, opts *HandlerOptions) http.Handler {
 			dw.WriteHeader(http.StatusOK) // it wrote nothing: an empty 200
 		}
 	}))
-	return routes{crossOrigin(mux), mux}
+	return newRoutes(mux, o.Metrics != nil)
 }
 
 // routes is the service's handler, which can name a request's route
 // without serving it.
 type routes struct {
 	http.Handler
-	mux *http.ServeMux
+	mux     *http.ServeMux
+	metrics bool // /metrics is served
+}
+
+func newRoutes(mux *http.ServeMux, metrics bool) routes {
+	h := routes{mux: mux, metrics: metrics}
+	h.Handler = crossOrigin(http.HandlerFunc(h.serve))
+	return h
+}
+
+// serve answers a request for an endpoint on a path that is not the
+// endpoint's own (//v1/check, /v1/./check, /v1) with a 404 naming the
+// path to send, where ServeMux would redirect it (307, as text/html):
+// an API client must learn its URL is wrong, not have its POST sent
+// again behind its back by some clients, refused or turned into a GET
+// by others, and counted under the endpoint it never reached. The
+// dashboard's pages keep ServeMux's redirect, which browsers follow.
+func (h routes) serve(w http.ResponseWriter, r *http.Request) {
+	if canonical, ok := h.misnamed(r); ok {
+		detail := "no such endpoint: " + asked(r) + ": a path is taken as sent, neither cleaned nor redirected"
+		if h.isRoute(r, canonical) {
+			detail += ": send " + canonical
+		} else {
+			detail += ": GET /v1/ lists the endpoints"
+		}
+		problem(w, http.StatusNotFound, detail)
+		return
+	}
+	h.mux.ServeHTTP(w, r)
+}
+
+// misnamed reports whether r asks for one of the service's endpoints (the
+// API, /json, the probes, /metrics) on a path ServeMux would redirect, and
+// the path it would redirect to.
+func (h routes) misnamed(r *http.Request) (string, bool) {
+	sent := r.URL.EscapedPath()
+	if sent == "/v1" { // ServeMux adds the slash, for any method
+		return "/v1/", true
+	}
+	if r.Method == http.MethodConnect { // ServeMux matches its path as sent
+		return "", false
+	}
+	clean := cleanPath(sent)
+	if clean == sent {
+		return "", false
+	}
+	switch base := strings.TrimSuffix(clean, "/"); {
+	case base == "/v1", strings.HasPrefix(base, "/v1/"), strings.HasPrefix(sent, "/v1/"),
+		base == "/json", base == "/healthz", base == "/readyz", base == "/metrics" && h.metrics:
+		return clean, true
+	}
+	return "", false
+}
+
+// isRoute reports whether to names one of the service's endpoints (for
+// any method), not a path only the catch-alls take.
+func (h routes) isRoute(r *http.Request, to string) bool {
+	probe := &http.Request{Method: r.Method, Host: r.Host, URL: &url.URL{Path: to}}
+	_, p := h.mux.Handler(probe)
+	if _, pathOnly, ok := strings.Cut(p, " "); ok { // after a method
+		p = pathOnly
+	}
+	return p != "" && p != "/v1/" && p != "/"
+}
+
+// cleanPath is path as ServeMux routes it: rooted, without . and ..
+// elements or repeated slashes, keeping a trailing slash.
+func cleanPath(p string) string {
+	if !strings.HasPrefix(p, "/") {
+		p = "/" + p
+	}
+	clean := path.Clean(p)
+	if strings.HasSuffix(p, "/") && clean != "/" {
+		clean += "/"
+	}
+	return clean
 }
 
 // pattern is the route r would take, as ServeMux sets r.Pattern: for a
 // request refused before it is routed (probesOnly), so that the metrics
-// still label it with its endpoint.
+// still label it with its endpoint. A misnamed endpoint's is none.
 func (h routes) pattern(r *http.Request) string {
+	if _, ok := h.misnamed(r); ok {
+		return ""
+	}
 	_, p := h.mux.Handler(r)
 	return p
 }
