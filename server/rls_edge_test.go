@@ -449,3 +449,37 @@ descriptors:
 		t.Errorf("the block's key not among the top denials, 3 times: %+v", top.Denials)
 	}
 }
+
+// A descriptor entry with an empty value is counted under that empty
+// value, as envoyproxy/ratelimit counts it: every request sending it shares
+// one budget, so an empty value never escapes the limit (docs/service.md).
+func TestRLSEmptyValueSharesOneBudget(t *testing.T) {
+	clock := newFakeClock()
+	svc := newMemService(t, `
+domain: edge
+descriptors:
+  - key: remote_address
+    rate_limit: {unit: minute, requests_per_unit: 2}
+  - key: tier
+    descriptors:
+      - key: user
+        rate_limit: {unit: minute, requests_per_unit: 1}
+`, clock)
+	c := serveRLS(t, svc)
+	for i, want := range []string{"OK: OK/1", "OK: OK/0", "OVER_LIMIT: OVER/0"} {
+		if got := render(call(t, c, rlsRequest("edge", desc("remote_address=")))); got != want {
+			t.Errorf("empty remote_address, request %d: got %q, want %q", i+1, got, want)
+		}
+		if i == 0 {
+			if got := render(call(t, c, rlsRequest("edge", desc("tier=gold", "user=")))); got != "OK: OK/0" {
+				t.Errorf("empty user: got %q, want OK/0", got)
+			}
+		}
+	}
+	if got := render(call(t, c, rlsRequest("edge", desc("tier=gold", "user=")))); got != "OVER_LIMIT: OVER/0" {
+		t.Errorf("empty user, second request: got %q, want OVER/0", got)
+	}
+	if got := render(call(t, c, rlsRequest("edge", desc("remote_address=10.0.0.1")))); got != "OK: OK/1" {
+		t.Errorf("another address: got %q, want its own budget (OK/1)", got)
+	}
+}
