@@ -25,7 +25,7 @@ import (
 // defaults), and says how many units it could not give back, over a
 // failure policy too (which held every return back, and Close said
 // nothing).
-func TestCloseRedisStopped(t *testing.T) {
+func TestFaultCloseRedisStopped(t *testing.T) {
 	race.SkipTiming(t)
 	for _, over := range []string{"redisstore", "resilient"} {
 		t.Run(over, func(t *testing.T) {

@@ -18,7 +18,7 @@ import (
 // through at a time, the retries all came in the same instant, and those
 // refused waited a whole backoff), and a probe answered "not held" never
 // closed the breaker, so the rest waited out their holds (15 s).
-func TestRetriedReleasesDrainAfterOutage(t *testing.T) {
+func TestFaultRetriedReleasesDrainAfterOutage(t *testing.T) {
 	race.SkipTiming(t)
 	srv := redistest.StartServer(t)
 	client := redis.NewClient(&redis.Options{Addr: srv.Addr, MaxRetries: -1})

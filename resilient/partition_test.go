@@ -480,7 +480,7 @@ func TestSpanningProbeFailureChargesProbed(t *testing.T) {
 // own breaker; once its replica is promoted, its keys decide on Redis
 // through the new master's breaker, closed from the start, and Probe
 // closes the dead master's breaker and forgets it.
-func TestPartitionBreakerFollowsFailover(t *testing.T) {
+func TestFaultPartitionBreakerFollowsFailover(t *testing.T) {
 	race.SkipTiming(t)
 	t.Parallel()
 	cl, rs := startPartialCluster(t, 1)

@@ -175,13 +175,13 @@ func slotsOnOwnRedis(t *testing.T) (*redistest.Server, *Server, *syncBuffer) {
 	return r, srv, logs
 }
 
-// TestReleaseRetryEndsAtHold: a release that fails (Redis stalled) for a
+// TestFaultReleaseRetryEndsAtHold: a release that fails (Redis stalled) for a
 // slot whose hold ends soon is sent again until that hold ends, not a
 // whole hold after the failure: past it Redis has freed the slot anyway.
 // A stop waits for it no longer either. Before, the retry went on, and a
 // stop waited, until a hold after the failure (here 2 s past the slot's
 // hold). Not parallel: the background releases are the process's.
-func TestReleaseRetryEndsAtHold(t *testing.T) {
+func TestFaultReleaseRetryEndsAtHold(t *testing.T) {
 	race.SkipTiming(t)
 	const hold = 3 * time.Second
 	defer func() {
