@@ -166,7 +166,8 @@ func jsonOnly(next http.HandlerFunc) http.HandlerFunc {
 		}
 		// JSON is UTF-8 (RFC 8259): a body in another charset would be read
 		// as UTF-8 all the same, its keys other bytes than the client's.
-		if cs, ok := params["charset"]; ok && !strings.EqualFold(cs, "utf-8") {
+		// "utf8", a common misspelling, and US-ASCII, a subset, read alike.
+		if cs, ok := params["charset"]; ok && !utf8Charset(cs) {
 			w.Header().Set("Accept-Post", "application/json")
 			problem(w, http.StatusUnsupportedMediaType, "charset "+clipQuoted(cs, logClip)+": send the body in UTF-8 (application/json; charset=utf-8, or no charset)")
 			return
@@ -183,6 +184,16 @@ func jsonOnly(next http.HandlerFunc) http.HandlerFunc {
 // whether the body may be read. The service decodes none: a compressed
 // body would be read as its compressed bytes, and a plain one marked
 // compressed is not what its client meant to send.
+// utf8Charset reports whether a body in charset cs reads as UTF-8.
+func utf8Charset(cs string) bool {
+	for _, c := range []string{"utf-8", "utf8", "us-ascii"} {
+		if strings.EqualFold(cs, c) {
+			return true
+		}
+	}
+	return false
+}
+
 func unencoded(w http.ResponseWriter, r *http.Request) bool {
 	for _, v := range r.Header.Values("Content-Encoding") {
 		for c := range strings.SplitSeq(v, ",") {

@@ -92,9 +92,12 @@ func TestAPIBodyEncodingRefused(t *testing.T) {
 	for _, hdr := range []map[string]string{
 		{"Content-Type": "application/json", "Content-Encoding": "identity"},
 		{"Content-Type": "application/json; charset=UTF-8"},
+		{"Content-Type": `application/json; charset="utf-8"`},
+		{"Content-Type": "application/json; charset=utf8"},
+		{"Content-Type": "application/json; charset=US-ASCII"},
 	} {
-		if code, _, body := send("/v1/check", `{"policy":"fw","key":"k2"}`, hdr); code != http.StatusOK {
-			t.Errorf("POST /v1/check with %v: %d %s, want 200", hdr, code, body)
+		if code, _, body := send("/v1/check", `{"policy":"fw","key":"k2"}`, hdr); code == http.StatusUnsupportedMediaType {
+			t.Errorf("POST /v1/check with %v: %d %s, want it decided", hdr, code, body)
 		}
 	}
 	// Nothing refused was taken: fw's key k has its whole limit left.
