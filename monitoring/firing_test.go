@@ -187,21 +187,53 @@ func alertRules(t *testing.T) []alertRule {
 // each result for the alert's for: as Prometheus's rule manager does; it
 // returns the alerts that reached firing, and of those the ones that fired
 // before the last scrape's turn, and fails t on an evaluation error.
-// (Prometheus's rules package would bring its notifier's cloud SDKs into
-// this module: the hold is done here.)
 func firing(t *testing.T, alerts []alertRule, scrapes ...[]sample) (fired, firedBefore []string) {
+	t.Helper()
+	last := (len(scrapes) - 1) * scrapeRuns
+	first := map[string]int{}
+	for _, f := range firings(t, alerts, scrapeRuns, scrapes...) {
+		if i, ok := first[f.alert]; !ok || f.at < i {
+			first[f.alert] = f.at
+		}
+	}
+	for _, a := range alerts {
+		if i, ok := first[a.name]; ok {
+			if i < last {
+				firedBefore = append(firedBefore, a.name)
+			}
+			fired = append(fired, a.name)
+		}
+	}
+	return fired, firedBefore
+}
+
+// fired is an alert's result (its labels) that reached firing, at the
+// evaluation at: the scrapeStep since the first scrape's turn.
+type fired struct {
+	alert  string
+	labels labels.Labels
+	at     int
+}
+
+// firings evaluates every alert with Prometheus's PromQL engine at each
+// scrapeStep, over each of scrapes repeated runs times in turn, and holds
+// each result for the alert's for: as Prometheus's rule manager does; it
+// returns each result that reached firing, at its first evaluation
+// firing, and fails t on an evaluation error. (Prometheus's rules package
+// would bring its notifier's cloud SDKs into this module: the hold is
+// done here.)
+func firings(t *testing.T, alerts []alertRule, runs int, scrapes ...[]sample) []fired {
 	t.Helper()
 	t0 := time.Unix(1_700_000_000, 0)
 	at := func(i int) int64 { return t0.Add(time.Duration(i) * scrapeStep).UnixMilli() }
 	points := map[string][]chunks.Sample{}
 	series := map[string]labels.Labels{}
-	runs := len(scrapes) * scrapeRuns
-	last := (len(scrapes) - 1) * scrapeRuns
-	for i := range runs {
-		scr := scrapes[i/scrapeRuns]
+	total := len(scrapes) * runs
+	for i := range total {
+		scr := scrapes[i/runs]
 		// A series this scrape lacks ends at its turn's start, as
 		// Prometheus marks it.
-		if i > 0 && i%scrapeRuns == 0 {
+		if i > 0 && i%runs == 0 {
 			in := map[string]bool{}
 			for _, s := range scr {
 				in[s.lbls.String()] = true
@@ -226,10 +258,12 @@ func firing(t *testing.T, alerts []alertRule, scrapes ...[]sample) (fired, fired
 	st := storage.QueryableFunc(func(int64, int64) (storage.Querier, error) { return querier(all), nil })
 	engine := promql.NewEngine(promql.EngineOpts{MaxSamples: 1e6, Timeout: 10 * time.Second, LookbackDelta: 5 * time.Minute})
 	ctx := context.Background()
+	var out []fired
 alerts:
 	for _, a := range alerts {
 		active := map[string]int64{} // each result's first evaluation in a row
-		for i := range runs {
+		done := map[string]bool{}
+		for i := range total {
 			q, err := engine.NewInstantQuery(ctx, st, nil, a.rule.Expr, time.UnixMilli(at(i)))
 			if err != nil {
 				t.Fatalf("%s: %v", a.name, err)
@@ -249,18 +283,15 @@ alerts:
 					since = at(i)
 				}
 				now[k] = since
-				if at(i)-since >= time.Duration(a.rule.For).Milliseconds() {
-					if i < last {
-						firedBefore = append(firedBefore, a.name)
-					}
-					fired = append(fired, a.name)
-					continue alerts
+				if !done[k] && at(i)-since >= time.Duration(a.rule.For).Milliseconds() {
+					done[k] = true
+					out = append(out, fired{a.name, s.Metric, i})
 				}
 			}
 			active = now
 		}
 	}
-	return fired, firedBefore
+	return out
 }
 
 // point is one sample of a series.
@@ -453,6 +484,20 @@ func TestAlertsFireOnFirstEvent(t *testing.T) {
 		},
 		want: []string{"SluiceRedisRestarted"},
 	}, {
+		// Redis runs without persistence here: its restart loses the
+		// slot, which no longer bounds its key.
+		name: "Redis restarted holding an in-flight slot",
+		event: func(t *testing.T) {
+			if code, body := post(t, addr, "/v1/acquire", `{"policy":"exports","key":"cat"}`); code != http.StatusOK {
+				t.Fatalf("acquire: %d %s", code, body)
+			}
+			time.Sleep(time.Second) // the slot older than the restarted server's start, in whole seconds
+			r.Stop()
+			r.Start(t)
+			await(t, "the slot lost", func() bool { return metric("sluice_redis_slots_lost_total", nil) > 0 })
+		},
+		want: []string{"SluiceRedisRestarted", "SluiceInFlightSlotsLost"},
+	}, {
 		name: "an in-flight release failed, and the breaker opened",
 		event: func(t *testing.T) {
 			code, body := post(t, addr, "/v1/acquire", `{"policy":"exports","key":"ann"}`)
@@ -490,8 +535,9 @@ func TestAlertsFireOnFirstEvent(t *testing.T) {
 		},
 		want: []string{"SluiceMemoryStoreEvictingKeys"},
 	}}
-	// Alerts on counts no step makes: their series must exist at 0 from
-	// the start.
+	// Alerts on counts no step makes (their events need more than one
+	// serve: TestFleetSlotNotesDroppedFires makes them): their series must
+	// exist at 0 from the start.
 	unmade := map[string]string{
 		"SluiceFleetSlotNotesDropped": "Redis refusing a fleet's publishes",
 	}

@@ -146,7 +146,7 @@ func TestAlertingRules(t *testing.T) {
 	for _, want := range []string{"SluiceRedisLost", "SluiceFallbackActive", "SluiceBreakerOpen",
 		"SluiceDenialRatioJump", "SluiceStoreLatencyNearTimeout", "SluiceConfigReloadFailed",
 		"SluiceInFlightReleaseErrors", "SluiceInFlightExpiring", "SluiceInFlightFull",
-		"SluiceInFlightShedding", "SluiceFleetSlotNotesDropped"} {
+		"SluiceInFlightShedding", "SluiceFleetSlotNotesDropped", "SluiceInFlightSlotsLost"} {
 		if !slices.Contains(alerts, want) {
 			t.Errorf("no %s alert; have %v", want, alerts)
 		}
