@@ -413,6 +413,7 @@ func TestAlertsFireOnFirstEvent(t *testing.T) {
 		serve  func(t *testing.T) string
 		outage func(t *testing.T)
 		event  func(t *testing.T)
+		undo   func(t *testing.T) // after the scrapes, so the next step starts clear
 		want   []string
 	}{{
 		name: "a configuration reload rejected",
@@ -424,6 +425,11 @@ func TestAlertsFireOnFirstEvent(t *testing.T) {
 				t.Fatal("a bad configuration reloaded")
 			}
 			if err := os.WriteFile(cfgFile, []byte(firingConfig), 0o600); err != nil {
+				t.Fatal(err)
+			}
+		},
+		undo: func(t *testing.T) {
+			if err := srv.Reload(); err != nil {
 				t.Fatal(err)
 			}
 		},
@@ -575,6 +581,9 @@ func TestAlertsFireOnFirstEvent(t *testing.T) {
 			}
 			st.event(t)
 			scrapes = append(scrapes, scrape(t, at))
+			if st.undo != nil {
+				st.undo(t)
+			}
 			fired, early := firing(t, alerts, scrapes...)
 			for _, w := range st.want {
 				if slices.Contains(early, w) {
