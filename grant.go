@@ -124,6 +124,45 @@ type Regranter interface {
 	Regrant(ctx context.Context, key string, limit Limit, g Grant, unused, n int64) (returned int64, next Grant, _ error)
 }
 
+// GrantAller is implemented by Regranters that can send several grants
+// at once: package lease sends the grants of a TakeAll's checks through
+// it, so that a layered request waits one round trip for them, not one
+// per check or per batch the store has room for.
+//
+// Contract, beside Regranter's: GrantAll makes each of reqs exactly the
+// call it names (Grant, or Regrant when its Unused is above 0), reported
+// in the result of the same index; the calls are independent (not all or
+// nothing: each may succeed or fail alone) and each is sent at most once.
+// Bad input fails its own call and changes nothing. It returns
+// len(reqs) results.
+type GrantAller interface {
+	Regranter
+
+	// GrantAll makes each of reqs' calls, sent together.
+	GrantAll(ctx context.Context, reqs []GrantRequest) []GrantResult
+}
+
+// GrantRequest is one call of a GrantAll: Grant(Key, Limit, N) or, when
+// Unused is above 0, Regrant(Key, Limit, Grant, Unused, N).
+type GrantRequest struct {
+	Key   string
+	Limit Limit
+	N     int64 // units asked for, as Grant's n
+	// Grant and Unused are a Regrant's return: Unused units of Grant, a
+	// grant of Key under Limit, given back first. Unused 0: none, a Grant.
+	Grant  Grant
+	Unused int64
+}
+
+// GrantResult is what one call of a GrantAll reported: Returned is a
+// Regrant's units given back (0 for a Grant), Grant the new grant, Err
+// the call's error, as that call alone would report them.
+type GrantResult struct {
+	Returned int64
+	Grant    Grant
+	Err      error
+}
+
 // ValidateRegrant checks a Regrant call as stores do before touching their
 // backend: the return's input, then the grant's.
 func ValidateRegrant(key string, l Limit, g Grant, unused, n int64) error {

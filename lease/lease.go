@@ -1083,7 +1083,7 @@ func (s *Store) Take(ctx context.Context, key string, limit sluice.Limit, cost i
 		if s.fast(&d, key, limit, cost, stale) {
 			return d, nil
 		}
-		d, l, _, left, exact, err := s.spend(ctx, key, limit, cost, stale, false, true, false)
+		d, l, _, left, exact, err := s.spend(ctx, key, limit, cost, stale, false, true, false, nil)
 		if left.units > 0 {
 			return s.topUp(ctx, l, left, key, limit, cost, stale)
 		}
@@ -1176,7 +1176,7 @@ func (s *Store) fast(d *sluice.Decision, key string, limit sluice.Limit, cost in
 // request with the store's (see refill): a TakeAll's only over a
 // MultiStore, whose TakeAll takes the rest all or nothing with the other
 // checks. left: see refill.
-func (s *Store) spend(ctx context.Context, key string, limit sluice.Limit, cost int64, stale time.Duration, force, topUp, layered bool) (_ sluice.Decision, _ *lease, got, left leftover, exact bool, _ error) {
+func (s *Store) spend(ctx context.Context, key string, limit sluice.Limit, cost int64, stale time.Duration, force, topUp, layered bool, turn *grantTurn) (_ sluice.Decision, _ *lease, got, left leftover, exact bool, _ error) {
 	s.sweepIfDue()
 	sh, tag := s.locate(key)
 	id := s.knownID(limit)
@@ -1218,7 +1218,7 @@ func (s *Store) spend(ctx context.Context, key string, limit sluice.Limit, cost 
 	}
 	failed, grants := l.failed, l.gen
 	sh.mu.Unlock()
-	d, got, left, exact, err := s.refill(ctx, l, key, limit, cost, stale, force, topUp, layered, made, failed, grants)
+	d, got, left, exact, err := s.refill(ctx, l, key, limit, cost, stale, force, topUp, layered, made, failed, grants, turn)
 	return d, l, got, left, exact, err
 }
 
@@ -1255,8 +1255,11 @@ func (h *hot) remembered(cost, now int64) (sluice.Decision, bool) {
 // got: the lease's units an admission spent. held: the caller made l and
 // holds its refill already. failed and grants are l.failed and l.gen when
 // the request began to wait.
-func (s *Store) refill(ctx context.Context, l *lease, key string, limit sluice.Limit, cost int64, stale time.Duration, force, topUp, layered, held bool, failed, grants uint64) (_ sluice.Decision, got, _ leftover, exact bool, _ error) {
-	if !held {
+func (s *Store) refill(ctx context.Context, l *lease, key string, limit sluice.Limit, cost int64, stale time.Duration, force, topUp, layered, held bool, failed, grants uint64, turn *grantTurn) (_ sluice.Decision, got, _ leftover, exact bool, _ error) {
+	if !held && !l.refill.TryLock() {
+		// Another request's grant holds the key: the TakeAll's other
+		// grants go without this one (see grantBatch).
+		turn.leave()
 		if err := l.refill.lockCtx(ctx); err != nil {
 			return sluice.Decision{}, leftover{}, leftover{}, false, fmt.Errorf("lease: waiting for the key's grant: %w", err)
 		}
@@ -1365,6 +1368,9 @@ func (s *Store) refill(ctx context.Context, l *lease, key string, limit sluice.L
 	// queued behind it) would wait for two.
 	rg, one := s.granter.(sluice.Regranter)
 	one = one && unused > 0 && !toStore
+	if toStore {
+		turn.leave() // no grant: the others go without waiting for its return
+	}
 	if !one {
 		held, err := s.giveBack(ctx, key, limit, old, unused)
 		if held || err != nil {
@@ -1387,7 +1393,18 @@ func (s *Store) refill(ctx context.Context, l *lease, key string, limit sluice.L
 	sent := s.now()
 	var g sluice.Grant
 	var err error
-	if one {
+	if turn.joined() {
+		// With the TakeAll's other grants, in one call (see grantBatch):
+		// a regrant when it has units to give back, as below.
+		var back int64
+		back, g, err = turn.grant(sluice.GrantRequest{Key: key, Limit: limit, N: max(n, cost), Grant: old, Unused: unused})
+		if one {
+			s.returned.Add(uint64(back))
+			if err == nil {
+				s.forfeited.Add(uint64(max(unused-back, 0)))
+			}
+		}
+	} else if one {
 		var back int64
 		back, g, err = rg.Regrant(ctx, key, limit, old, unused, max(n, cost))
 		s.returned.Add(uint64(back))
@@ -2193,7 +2210,7 @@ func (s *Store) spendAll(ctx context.Context, reqs []sluice.Request, stale []tim
 		}
 	}
 	if len(calls) == 1 {
-		res[calls[0]] = s.spendOne(ctx, reqs[calls[0]], stale[calls[0]], multi)
+		res[calls[0]] = s.spendOne(ctx, reqs[calls[0]], stale[calls[0]], multi, nil)
 	} else {
 		s.spendTogether(ctx, reqs, stale, multi, calls, res)
 	}
@@ -2209,7 +2226,7 @@ func (s *Store) spendAll(ctx context.Context, reqs []sluice.Request, stale []tim
 			res[i] = spendResult{exact: true}
 			continue
 		}
-		res[i] = s.spendOne(ctx, r, stale[i], multi) // spent meanwhile: a call of its own
+		res[i] = s.spendOne(ctx, r, stale[i], multi, nil) // spent meanwhile: a call of its own
 	}
 }
 
@@ -2225,19 +2242,35 @@ func denied(res []spendResult, stale []time.Duration) bool {
 
 // spendTogether is spendAll's calls, each on a goroutine of its own (kept
 // apart, with copies of what they read, so that a TakeAll its leases
-// answer allocates nothing for them).
+// answer allocates nothing for them). Over a sluice.GrantAller their
+// grants go in one call of it (see grantBatch).
 func (s *Store) spendTogether(ctx context.Context, reqs []sluice.Request, stale []time.Duration, multi sluice.MultiStore, calls []int, res []spendResult) {
 	type call struct {
 		r     sluice.Request
 		stale time.Duration
+		turn  *grantTurn
 		got   spendResult
 	}
 	cs := make([]call, len(calls))
+	ga, _ := s.granter.(sluice.GrantAller)
+	var batch *grantBatch
+	if ga != nil {
+		batch = newGrantBatch(len(calls))
+	}
 	var wg sync.WaitGroup
 	for j, i := range calls {
 		c := &cs[j]
 		c.r, c.stale = reqs[i], stale[i]
-		wg.Go(func() { c.got = s.spendOne(ctx, c.r, c.stale, multi) })
+		if batch != nil {
+			c.turn = &grantTurn{b: batch}
+		}
+		wg.Go(func() {
+			defer c.turn.leave()
+			c.got = s.spendOne(ctx, c.r, c.stale, multi, c.turn)
+		})
+	}
+	if batch != nil {
+		batch.send(ctx, ga)
 	}
 	wg.Wait()
 	for j, i := range calls {
@@ -2245,9 +2278,10 @@ func (s *Store) spendTogether(ctx context.Context, reqs []sluice.Request, stale 
 	}
 }
 
-// spendOne is spend for one of TakeAll's checks.
-func (s *Store) spendOne(ctx context.Context, r sluice.Request, stale time.Duration, multi sluice.MultiStore) spendResult {
-	d, l, got, left, ex, err := s.spend(ctx, r.Key, r.Limit, r.Cost, stale, multi == nil, multi != nil, true)
+// spendOne is spend for one of TakeAll's checks; turn: its grant's place
+// in the TakeAll's grantBatch (nil: none).
+func (s *Store) spendOne(ctx context.Context, r sluice.Request, stale time.Duration, multi sluice.MultiStore, turn *grantTurn) spendResult {
+	d, l, got, left, ex, err := s.spend(ctx, r.Key, r.Limit, r.Cost, stale, multi == nil, multi != nil, true, turn)
 	return spendResult{d, l, got, left, ex, err}
 }
 

@@ -413,6 +413,78 @@ func (b *batcher) doIn(ctx context.Context, l *lane, c *call) error {
 	c.budget = budget
 	l.queue = append(l.queue, c)
 	l.mu.Unlock()
+	return b.wait(ctx, l, c)
+}
+
+// doAll sends cs, calls independent of one another, together: the calls
+// of each lane (on a cluster, each master's) as one batch, in a slot of
+// their own when the lane would give one call a slot, else queued together
+// for the next batch, the lanes side by side. Each call is sent once. It
+// returns when each call has its reply, or with ctx's error (or the
+// Store's shut's) for each call it stopped waiting for, as do does.
+func (b *batcher) doAll(ctx context.Context, cs []*call) []error {
+	budget := budgetOf(ctx)
+	lanes := make([]*lane, len(cs))
+	for i, c := range cs {
+		lanes[i] = &b.lane
+		if b.cluster != nil {
+			lanes[i] = b.laneOf(ctx, c)
+		}
+		if c.done == nil {
+			c.done = make(chan struct{}, 1)
+		}
+		c.budget = budget
+	}
+	var batch []*call
+	for i, l := range lanes {
+		if slices.Index(lanes, l) != i {
+			continue // its calls went with its first
+		}
+		batch = batch[:0]
+		for j := i; j < len(cs); j++ {
+			if lanes[j] == l {
+				batch = append(batch, cs[j])
+			}
+		}
+		b.enqueue(l, batch, budget)
+	}
+	errs := make([]error, len(cs))
+	for i, c := range cs {
+		errs[i] = b.wait(ctx, lanes[i], c)
+		if errs[i] == nil && c.err == nil && b.cluster != nil && !b.ready.Load() {
+			b.ready.Store(true)
+		}
+	}
+	return errs
+}
+
+// enqueue sends cs in lane l as one batch (up to max calls, the rest
+// queued behind it) in a slot of its own when a call of budget would take
+// one (see doIn), or queues them all together for the lane's next batch.
+func (b *batcher) enqueue(l *lane, cs []*call, budget time.Duration) {
+	hurried := l.hurried(budget)
+	if hurried && b.slow != nil {
+		b.slow.hurried(budget)
+	}
+	stalled := l.stalled.Load()
+	l.mu.Lock()
+	if l.busy < b.slots(stalled) || (hurried && !stalled && l.busy < b.most()) {
+		l.busy++
+		n := min(len(cs), b.max)
+		first := slices.Clone(cs[:n])
+		l.queue = append(l.queue, cs[n:]...)
+		l.mu.Unlock()
+		go b.loop(l, first)
+		return
+	}
+	l.queue = append(l.queue, cs...)
+	l.mu.Unlock()
+}
+
+// wait waits for c's reply, queued or sent in l: nil once it has one, or
+// ctx's error (the Store's shut's) first, c then taken off the queue if
+// it is still there, never sent, or left to its sender.
+func (b *batcher) wait(ctx context.Context, l *lane, c *call) error {
 	var err error
 	select {
 	case <-c.done:

@@ -8,7 +8,10 @@ import (
 	"github.com/sluicehq/sluice"
 )
 
-var _ sluice.Regranter = (*Store)(nil)
+var (
+	_ sluice.Regranter  = (*Store)(nil)
+	_ sluice.GrantAller = (*Store)(nil)
+)
 
 // grantScripts is indexed by sluice.Algorithm: each algorithm's script
 // wrapped as a function, then grant.lua (see its header); nil for the
@@ -69,6 +72,56 @@ func (s *Store) Regrant(ctx context.Context, key string, limit sluice.Limit, g s
 	if err != nil {
 		return 0, sluice.Grant{}, err
 	}
+	return regrantReply(limit, unused, n, v)
+}
+
+// GrantAll implements sluice.GrantAller: each of reqs is the one script
+// call its Grant or Regrant would be, never resent, and they are sent
+// together, as one batch in one round trip; on a ClusterClient one batch
+// per master, the masters' side by side. Without batching (MaxBatch 1,
+// WaitReplicas) each goes on its own, side by side.
+func (s *Store) GrantAll(ctx context.Context, reqs []sluice.GrantRequest) []sluice.GrantResult {
+	out := make([]sluice.GrantResult, len(reqs))
+	cs := make([]*call, 0, len(reqs))
+	at := make([]int, 0, len(reqs))
+	for i, r := range reqs {
+		var c *call
+		var err error
+		if r.Unused > 0 {
+			if err = sluice.ValidateRegrant(r.Key, r.Limit, r.Grant, r.Unused, r.N); err == nil {
+				c, err = s.grantCall(modeRegrant, r.Key, r.Limit, r.Unused, r.Grant.At, returnInterval(r.Limit), r.Grant.Epoch, r.N, horizonMS(r.Limit))
+			}
+		} else if err = sluice.ValidateGrant(r.Key, r.Limit, r.N); err == nil {
+			c, err = s.grantCall(modeGrant, r.Key, r.Limit, r.N, horizonMS(r.Limit))
+		}
+		if err != nil {
+			out[i].Err = err
+			continue
+		}
+		cs, at = append(cs, c), append(at, i)
+	}
+	errs := s.runAll(ctx, cs)
+	for j, i := range at {
+		r, res := reqs[i], &out[i]
+		mode := modeGrant
+		if r.Unused > 0 {
+			mode = modeRegrant
+		}
+		switch {
+		case errs[j] != nil:
+			res.Err = fmt.Errorf("redisstore: %v %s: %w", r.Limit.Algorithm, mode, errs[j])
+		case mode == modeRegrant:
+			res.Returned, res.Grant, res.Err = regrantReply(r.Limit, r.Unused, r.N, cs[j].val)
+		default:
+			res.Grant, res.Err = grantReply(r.Limit, modeGrant, r.N, cs[j].val)
+		}
+	}
+	return out
+}
+
+// regrantReply reads a regrant's reply: the units given back of unused,
+// then the grant of up to n.
+func regrantReply(limit sluice.Limit, unused, n int64, v []int64) (int64, sluice.Grant, error) {
 	if len(v) < 1 || v[0] < 0 || v[0] > unused {
 		return 0, sluice.Grant{}, fmt.Errorf("redisstore: %v regrant: %w: %v", limit.Algorithm, ErrUnexpectedReply, v)
 	}
@@ -111,6 +164,19 @@ func returnInterval(limit sluice.Limit) int64 {
 // return's at, interval and epoch; a regrant's those of a return, then
 // the grant's n and horizon).
 func (s *Store) runGrant(ctx context.Context, mode, key string, l sluice.Limit, n int64, extra ...any) ([]int64, error) {
+	c, err := s.grantCall(mode, key, l, n, extra...)
+	if err != nil {
+		return nil, err
+	}
+	v, err := s.run(ctx, c)
+	if err != nil {
+		return nil, fmt.Errorf("redisstore: %v %s: %w", l.Algorithm, mode, err)
+	}
+	return v, nil
+}
+
+// grantCall builds runGrant's call.
+func (s *Store) grantCall(mode, key string, l sluice.Limit, n int64, extra ...any) (*call, error) {
 	now, err := s.now()
 	if err != nil {
 		return nil, err
@@ -121,11 +187,7 @@ func (s *Store) runGrant(ctx context.Context, mode, key string, l sluice.Limit, 
 	// waits for it, as for a take.
 	c := &call{script: sc, alg: -1}
 	c.args = append([]any{"evalsha", sc.sha, "2", s.redisKey(key, l.Algorithm), s.resetKey(key, l.Algorithm), now, mode, p[0], p[1], n}, extra...)
-	v, err := s.run(ctx, c)
-	if err != nil {
-		return nil, fmt.Errorf("redisstore: %v %s: %w", l.Algorithm, mode, err)
-	}
-	return v, nil
+	return c, nil
 }
 
 // resetScript deletes a key's state and marks the Reset (reset.lua).

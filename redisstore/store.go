@@ -662,6 +662,15 @@ func (s *Store) run(ctx context.Context, c *call) ([]int64, error) {
 			break
 		}
 	}
+	if err := s.settle(ctx, c, err); err != nil {
+		return nil, err
+	}
+	return c.val, nil
+}
+
+// settle is the outcome of c, sent on ctx: err, the send's own (the
+// caller stopped waiting), or c's reply's.
+func (s *Store) settle(ctx context.Context, c *call, err error) error {
 	if err == nil {
 		err = atEnd(ctx, c.err)
 	}
@@ -671,8 +680,67 @@ func (s *Store) run(ctx context.Context, c *call) ([]int64, error) {
 		err = ended(ctx)
 	}
 	if err != nil {
-		return nil, s.failed(c.callKey(), err)
+		return s.failed(c.callKey(), err)
 	}
 	s.reload.succeeded()
-	return c.val, nil
+	return nil
+}
+
+// runAll sends cs, calls independent of one another, together: with
+// batching, each lane's (each master's) as one batch, the lanes side by
+// side (batcher.doAll); without, each on its own, side by side. It
+// returns each call's error, as run would; each call's reply is in its
+// val. Each is sent once, but for the answers that mean it did not run
+// (see run).
+func (s *Store) runAll(ctx context.Context, cs []*call) []error {
+	errs := make([]error, len(cs))
+	if s.batch == nil || len(cs) < 2 {
+		var wg sync.WaitGroup
+		for i, c := range cs {
+			wg.Go(func() { _, errs[i] = s.run(ctx, c) })
+		}
+		wg.Wait()
+		return errs
+	}
+	ctx = ctxutil.OrBackground(ctx)
+	var early error
+	switch {
+	case ctx.Err() != nil:
+		early = ctx.Err() // never sent
+	case s.closed.Load():
+		early = replyErr(redis.ErrClosed)
+	default:
+		if err := s.reload.awaitMap(ctx); err != nil {
+			for i, c := range cs {
+				errs[i] = s.failed(c.callKey(), err) // never sent
+			}
+			return errs
+		}
+	}
+	if early != nil {
+		for i := range errs {
+			errs[i] = early
+		}
+		return errs
+	}
+	sent := s.batch.doAll(ctx, cs)
+	var wg sync.WaitGroup
+	for i, c := range cs {
+		if sent[i] == nil && isTryAgain(c.err) {
+			// Not run (a slot in migration): sent again alone, as run
+			// sends it, after its backoff.
+			wg.Go(func() {
+				var retry tryAgain
+				if !retry.again(ctx, c) {
+					errs[i] = s.settle(ctx, c, nil)
+					return
+				}
+				_, errs[i] = s.run(ctx, c)
+			})
+			continue
+		}
+		errs[i] = s.settle(ctx, c, sent[i])
+	}
+	wg.Wait()
+	return errs
 }

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
+	"time"
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/ctxutil"
@@ -282,16 +284,115 @@ func pass[T any](ctx context.Context, s *Store, op, key string, fn func(context.
 		return zero, fmt.Errorf("%w: %w: %s: breaker %v", ErrNoGrant, ErrNotSent, op, b.current())
 	}
 	v, lat, err := bounded(ctx, s.timeout, s.inline, fn)
+	if err := s.passed(ctx, op, key, gate{b, tn}, now, lat, err); err != nil {
+		return zero, err
+	}
+	return v, nil
+}
+
+// passed counts the outcome of a call for key that pass sent through
+// breaker turn g at now, which took lat and ended in err, and returns the
+// call's error as pass does.
+func (s *Store) passed(ctx context.Context, op, key string, g gate, now time.Time, lat time.Duration, err error) error {
 	if err == nil {
-		b.success(tn, now)
-	} else if ferr := s.callerFault(ctx, op, err, gate{b, tn}); ferr != nil {
-		return zero, ferr
+		g.b.success(g.t, now)
+	} else if ferr := s.callerFault(ctx, op, err, g); ferr != nil {
+		return ferr
 	} else {
-		b.failure(tn, now, s.clock(), err)
+		g.b.failure(g.t, now, s.clock(), err)
 	}
 	s.observe(op, key, sluice.SourceBackend, lat, err)
 	if err != nil {
-		return zero, fmt.Errorf("%w: %s: %w", ErrNoGrant, op, err)
+		return fmt.Errorf("%w: %s: %w", ErrNoGrant, op, err)
 	}
-	return v, nil
+	return nil
+}
+
+// GrantAll implements sluice.GrantAller: each of reqs is its Grant or
+// Regrant, passed as that call is (through its key's breaker, bounded by
+// Options.Timeout, its outcome counted there, never resent), and those
+// the breakers let through go to the backend together, in one GrantAll
+// when it is a sluice.GrantAller, else each on its own, side by side. A
+// backend that does not answer costs them one Timeout, each counted a
+// failed call.
+func (s *Store) GrantAll(ctx context.Context, reqs []sluice.GrantRequest) []sluice.GrantResult {
+	ctx = ctxutil.OrBackground(ctx)
+	out := make([]sluice.GrantResult, len(reqs))
+	g, err := s.granter()
+	ga, ok := g.(sluice.GrantAller)
+	if err != nil || !ok || len(reqs) < 2 {
+		var wg sync.WaitGroup
+		for i, r := range reqs {
+			wg.Go(func() {
+				res := &out[i]
+				if r.Unused > 0 {
+					res.Returned, res.Grant, res.Err = s.Regrant(ctx, r.Key, r.Limit, r.Grant, r.Unused, r.N)
+				} else {
+					res.Grant, res.Err = s.Grant(ctx, r.Key, r.Limit, r.N)
+				}
+			})
+		}
+		wg.Wait()
+		return out
+	}
+	now := s.clock()
+	sent := make([]sluice.GrantRequest, 0, len(reqs))
+	at := make([]int, 0, len(reqs))
+	gates := make([]gate, 0, len(reqs))
+	for i, r := range reqs {
+		op := opOf(r)
+		if r.Unused > 0 {
+			err = sluice.ValidateRegrant(r.Key, r.Limit, r.Grant, r.Unused, r.N)
+		} else {
+			err = sluice.ValidateGrant(r.Key, r.Limit, r.N)
+		}
+		if err == nil {
+			err = s.ended(ctx, op)
+		}
+		if err != nil {
+			out[i].Err = err
+			continue
+		}
+		b := s.breakerFor(r.Key)
+		call, tn := b.allow(now)
+		if !call {
+			out[i].Err = fmt.Errorf("%w: %w: %s: breaker %v", ErrNoGrant, ErrNotSent, op, b.current())
+			continue
+		}
+		sent, at, gates = append(sent, r), append(at, i), append(gates, gate{b, tn})
+	}
+	if len(sent) == 0 {
+		return out
+	}
+	res, lat, err := bounded(ctx, s.timeout, s.inline, func(ctx context.Context) ([]sluice.GrantResult, error) {
+		return ga.GrantAll(ctx, sent), nil
+	})
+	if err == nil && len(res) != len(sent) {
+		err = fmt.Errorf("resilient: backend's GrantAll returned %d results for %d grants", len(res), len(sent))
+	}
+	for j, i := range at {
+		r := sent[j]
+		var got sluice.GrantResult
+		if err == nil {
+			got = res[j]
+		} else {
+			got.Err = err
+		}
+		if perr := s.passed(ctx, opOf(r), r.Key, gates[j], now, lat, got.Err); perr != nil {
+			got = sluice.GrantResult{Err: perr}
+		}
+		if got.Returned > 0 && s.cache != nil {
+			s.cache.forget(r.Key, r.Limit)
+		}
+		out[i] = got
+	}
+	return out
+}
+
+// opOf is the op a GrantAll's request is passed as.
+func opOf(r sluice.GrantRequest) string {
+	if r.Unused > 0 {
+		return "regrant"
+	}
+	return "grant"
 }

@@ -50,8 +50,8 @@
 // not answered a call sent since it. State is the worst of the breakers;
 // Breakers lists each.
 //
-// A Store is a sluice.Regranter for package lease: grants, returns and
-// regrants pass through to a backend that grants while the breaker lets
+// A Store is a sluice.Regranter and sluice.GrantAller for package lease:
+// grants, returns and regrants (and a GrantAll's, together) pass through to a backend that grants while the breaker lets
 // calls through, and fail with ErrNoGrant otherwise; the failure policy
 // never grants. After such a call failed, TakeByPolicy, PeekByPolicy and
 // TakeAllByPolicy answer by the policy without another call, so that a
@@ -159,6 +159,8 @@ var (
 	_ sluice.MultiStore   = (*MultiStore)(nil)
 	_ sluice.Regranter    = (*Store)(nil) // grant.go
 	_ sluice.Regranter    = (*MultiStore)(nil)
+	_ sluice.GrantAller   = (*Store)(nil) // grant.go
+	_ sluice.GrantAller   = (*MultiStore)(nil)
 	_ sluice.Slots        = (*Store)(nil) // inflight.go
 	_ sluice.LimitChecker = (*Store)(nil)
 )
