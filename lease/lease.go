@@ -1926,9 +1926,9 @@ func (s *Store) giveBack(ctx context.Context, key string, limit sluice.Limit, g 
 // check's lease gives its units back at once (not one granted for a Take:
 // the key's single requests spend it), and for D that key's refills in
 // TakeAlls are the store's Take with the others, not grants (see quiet).
-// The checks that need a grant (or a refill) send theirs at once, so a
-// batching store sends them together: one round trip or so for all, not
-// one per check; the checks their leases answer take their units once
+// The checks that need a grant (or a refill) send theirs at once, in one
+// GrantAll over a sluice.GrantAller (see grantBatch), so a batching store
+// sends them together: one round trip for all, not one per check; the checks their leases answer take their units once
 // those calls are back, not holding them meanwhile (see spendAll); with
 // no call, a check's remembered denial answers the TakeAll without taking
 // any lease's units (see allLocal). Over a failure policy (resilient), a
