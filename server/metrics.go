@@ -335,7 +335,10 @@ func timedStore(store sluice.Store, m *Metrics) sluice.Store {
 	multi, isMulti := store.(sluice.MultiStore)
 	g, isGranter := store.(sluice.Granter)
 	rg, isRegranter := store.(sluice.Regranter)
+	ga, isGrantAller := store.(sluice.GrantAller)
 	switch {
+	case isGrantAller && isMulti:
+		return timedGrantAllerMulti{timedRegranterMulti{timedRegranter{timedGranter{t, g}, ga}, multi}, ga}
 	case isRegranter && isMulti:
 		return timedRegranterMulti{timedRegranter{timedGranter{t, g}, rg}, multi}
 	case isRegranter:
@@ -449,4 +452,26 @@ type timedRegranterMulti struct {
 
 func (t timedRegranterMulti) TakeAll(ctx context.Context, reqs []sluice.Request) ([]sluice.Decision, error) {
 	return timedMulti{t.timed, t.multi}.TakeAll(ctx, reqs)
+}
+
+// timedGrantAllerMulti keeps a store's GrantAll, so that a layered leased
+// request's grants still go in one call (package lease), each timed as
+// Grant or Regrant alone would be: the call's time, its own error.
+type timedGrantAllerMulti struct {
+	timedRegranterMulti
+	ga sluice.GrantAller
+}
+
+func (t timedGrantAllerMulti) GrantAll(ctx context.Context, reqs []sluice.GrantRequest) []sluice.GrantResult {
+	start := time.Now()
+	res := t.ga.GrantAll(ctx, reqs)
+	took := time.Since(start)
+	for i, r := range res {
+		op := "grant"
+		if reqs[i].Unused > 0 {
+			op = "regrant"
+		}
+		t.m.store(op, took, r.Err)
+	}
+	return res
 }
