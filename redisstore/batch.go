@@ -377,17 +377,29 @@ func (b *batcher) addLane(node *redis.Client) *lane {
 	return l
 }
 
-// doIn is do in lane l.
-func (b *batcher) doIn(ctx context.Context, l *lane, c *call) error {
-	budget := budgetOf(ctx)
-	hurried := l.hurried(budget)
+// takeSlot locks l.mu, and takes one of l's slots (l.busy) when a call
+// of budget would get one now: below the lane's slots, or a hurried call
+// below the most there may be while the lane is not stalled. It returns
+// with l.mu held either way, and whether the call is hurried and the lane
+// stalled.
+func (b *batcher) takeSlot(l *lane, budget time.Duration) (slot, hurried, stalled bool) {
+	hurried = l.hurried(budget)
 	if hurried && b.slow != nil {
 		b.slow.hurried(budget)
 	}
-	stalled := l.stalled.Load()
+	stalled = l.stalled.Load()
 	l.mu.Lock()
 	if l.busy < b.slots(stalled) || (hurried && !stalled && l.busy < b.most()) {
 		l.busy++
+		return true, hurried, stalled
+	}
+	return false, hurried, stalled
+}
+
+// doIn is do in lane l.
+func (b *batcher) doIn(ctx context.Context, l *lane, c *call) error {
+	budget := budgetOf(ctx)
+	if slot, hurried, stalled := b.takeSlot(l, budget); slot {
 		// Only a hurried call's deadline is shorter than a handshake.
 		ahead := false
 		if hurried && !stalled && l.busy > l.peak && l.node != nil {
@@ -462,14 +474,7 @@ func (b *batcher) doAll(ctx context.Context, cs []*call) []error {
 // queued behind it) in a slot of its own when a call of budget would take
 // one (see doIn), or queues them all together for the lane's next batch.
 func (b *batcher) enqueue(l *lane, cs []*call, budget time.Duration) {
-	hurried := l.hurried(budget)
-	if hurried && b.slow != nil {
-		b.slow.hurried(budget)
-	}
-	stalled := l.stalled.Load()
-	l.mu.Lock()
-	if l.busy < b.slots(stalled) || (hurried && !stalled && l.busy < b.most()) {
-		l.busy++
+	if slot, _, _ := b.takeSlot(l, budget); slot {
 		n := min(len(cs), b.max)
 		first := slices.Clone(cs[:n])
 		l.queue = append(l.queue, cs[n:]...)
