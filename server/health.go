@@ -120,6 +120,9 @@ type Health struct {
 	// confirming: a check of the store runs before a partial failure
 	// starts (confirmPartial).
 	confirming bool
+	// rechecking: a check runs because the breaker closed while the last
+	// check had the store lost (recheckLocked).
+	rechecking bool
 	// failing: the policies whose store calls failed (a decision the
 	// failure policy answered, a lease's or a slot's call), since the last
 	// one Redis answered; cleared: Redis has answered the last of them
@@ -594,6 +597,29 @@ func (h *Health) fallbackActive(on bool, why error) {
 	was := h.breakerOpenLocked()
 	h.fallback = on
 	h.fallbackChangedLocked(was)
+	if !on && h.storeErr != nil {
+		h.recheckLocked()
+	}
+}
+
+// recheckLocked checks the store now, on a goroutine of its own: the
+// breaker closed on probes Redis answered while the last check had the
+// store lost, and until the watch's next check (a second later by
+// default) /readyz, /v1/status, sluice_store_up and sluice_fallback_active
+// would tell the failure policy answering the decisions Redis answers.
+func (h *Health) recheckLocked() {
+	if h.probe == nil || h.rechecking {
+		return
+	}
+	h.rechecking = true
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second) // the watch's
+		defer cancel()
+		h.check(ctx)
+		h.mu.Lock()
+		h.rechecking = false
+		h.mu.Unlock()
+	}()
 }
 
 // breakerOpenLocked reports whether breakers keep every decision off the

@@ -1,0 +1,73 @@
+//go:build unix
+
+package server
+
+import (
+	"context"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/internal/race"
+	"github.com/sluicehq/sluice/internal/redistest"
+)
+
+// TestFaultStatusBackWithBreaker: Redis killed under load, the store
+// lost by a check, then Redis restarted: the decisions' probes close the
+// breaker and Redis answers them again. /v1/status, /readyz and
+// sluice_fallback_active then say so at once, not at the watch's next
+// check (an hour here; a second by default, when `store back` came
+// 0.75–0.85s after `breaker closed` in a Sentinel failover).
+func TestFaultStatusBackWithBreaker(t *testing.T) {
+	race.SkipTiming(t)
+	r := redistest.StartServer(t)
+	config := writeConfig(t, "domain: d\npolicies:\n  - name: api\n    limit: fixed_window 1000000000/1h\n")
+	fp, _, err := ParseFailurePolicy("local")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var logs syncBuffer
+	// The watch never checks in the test's span: the test checks once,
+	// as the watch would, to have the store lost.
+	srv := runServer(t, Options{ConfigFile: config, RedisURL: "redis://" + r.Addr, FailurePolicy: fp, StoreCheckInterval: time.Hour,
+		DecisionTimeout: 50 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	p := &proc{http: srv.HTTPAddr(), grpc: srv.GRPCAddr()}
+	stop := keepCalling(2, 2*time.Millisecond, func(int) { sendKey(p, "api", "k") })
+	defer stop()
+	time.Sleep(200 * time.Millisecond)
+	r.Stop()
+	logged(t, &logs, "resilient: breaker open")
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	if err := srv.health.check(ctx); err == nil {
+		t.Fatal("the check passed with Redis killed")
+	}
+	if st := srv.health.Status(); st.Store.Up || !st.FallbackActive {
+		t.Fatalf("Redis killed and checked: store up %v, fallback active %v; want lost, the failure policy answering", st.Store.Up, st.FallbackActive)
+	}
+	r.Start(t)
+	logged(t, &logs, "resilient: breaker closed")
+	closed := time.Now()
+	var st Status
+	for {
+		st = srv.health.Status()
+		if st.Store.Up && !st.FallbackActive && !st.Degraded {
+			break
+		}
+		if time.Since(closed) > 500*time.Millisecond {
+			t.Fatalf("500ms after the breaker closed on Redis's answers: store up %v, fallback active %v, degraded %v (%q); want up, not answering, not degraded:\n%s",
+				st.Store.Up, st.FallbackActive, st.Degraded, st.Reasons, logs.String())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	t.Logf("status up %v after the breaker closed", time.Since(closed))
+	if code, body := p.get(t, "/readyz"); code != 200 || body != "ok\n" && body != "ok" {
+		t.Errorf("/readyz %d %q, want 200 ok", code, body)
+	}
+	if v := scrapedMetric(t, p, "sluice_fallback_active"); v != "0" {
+		t.Errorf("sluice_fallback_active %q, want 0", v)
+	}
+	if n := countLines(&logs, `msg="store back"`); n != 1 {
+		t.Errorf("%d store back lines, want 1:\n%s", n, logs.String())
+	}
+}
