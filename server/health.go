@@ -120,6 +120,10 @@ type Health struct {
 	// confirming: a check of the store runs before a partial failure
 	// starts (confirmPartial).
 	confirming bool
+	// mastersBack counts the Cluster masters that passed the checks
+	// again after failing them: the watch then probes every open breaker
+	// at once (watchOnce).
+	mastersBack atomic.Uint64
 	// rechecking: a check runs because the breaker closed while the last
 	// check had the store lost (recheckLocked).
 	rechecking bool
@@ -426,6 +430,7 @@ func (h *Health) mastersLocked(part *redisstore.PartialError, err error) {
 			continue
 		}
 		h.nodeUp(a, true)
+		h.mastersBack.Add(1)
 		h.publishLocked()
 		h.log.Info("Redis Cluster master passes the service's checks again", "store", h.store, "node", a, "down_for", downFor)
 	}
@@ -1315,26 +1320,36 @@ func (h *Health) watch(stop <-chan struct{}, interval time.Duration) {
 	if h == nil || h.probe == nil {
 		return
 	}
-	tick.Every(stop, interval, func() {
+	tick.Every(stop, interval, func() { h.watchOnce(interval) })
+}
+
+// watchOnce is one of the watch's checks, and the probes after it.
+func (h *Health) watchOnce(interval time.Duration) {
+	ctx, cancel := context.WithTimeout(context.Background(), max(interval, time.Second))
+	// A Cluster master that passes the checks again is Redis back for
+	// its keys' breaker, as the store back is for every breaker.
+	wasDown, backs := h.storeDown(), h.mastersBack.Load()
+	err := h.check(ctx)
+	h.refresh(time.Now())
+	back := wasDown || h.mastersBack.Load() != backs
+	switch {
+	case err == nil && back && h.breakerNow != nil:
+		h.breakerNow(ctx)
+	case err == nil && h.breaker != nil:
+		h.breaker(ctx)
+	}
+	cancel()
+	if errors.Is(err, redisstore.ErrPartial) && h.breaker != nil {
+		// The live masters' breakers are still probed, on a time of
+		// their own: a stopped master held the check to its end.
 		ctx, cancel := context.WithTimeout(context.Background(), max(interval, time.Second))
-		wasDown := h.storeDown()
-		err := h.check(ctx)
-		h.refresh(time.Now())
-		switch {
-		case err == nil && wasDown && h.breakerNow != nil:
+		if back && h.breakerNow != nil {
 			h.breakerNow(ctx)
-		case err == nil && h.breaker != nil:
+		} else {
 			h.breaker(ctx)
 		}
 		cancel()
-		if errors.Is(err, redisstore.ErrPartial) && h.breaker != nil {
-			// The live masters' breakers are still probed, on a time of
-			// their own: a stopped master held the check to its end.
-			ctx, cancel := context.WithTimeout(context.Background(), max(interval, time.Second))
-			h.breaker(ctx)
-			cancel()
-		}
-	})
+	}
 }
 
 // policyName names the failure policy in logs and /v1/status.

@@ -5,6 +5,7 @@ package server
 import (
 	"context"
 	"log/slog"
+	"slices"
 	"testing"
 	"time"
 
@@ -69,5 +70,60 @@ func TestFaultStatusBackWithBreaker(t *testing.T) {
 	}
 	if n := countLines(&logs, `msg="store back"`); n != 1 {
 		t.Errorf("%d store back lines, want 1:\n%s", n, logs.String())
+	}
+}
+
+// TestFaultClusterMasterBackProbedAtOnce: one Cluster master stopped
+// (SIGSTOP, no failover) under load, its breaker open and the checks
+// failing it; once it runs again, the check that finds it passing probes
+// its breaker at once, as the check that finds the whole store back
+// does, so its keys leave the failure policy with the check, not up to
+// ProbeInterval (1s, plus a quarter) later: measured through `sluice
+// serve`, the breaker closed 1.05s after the check found the master back.
+func TestFaultClusterMasterBackProbedAtOnce(t *testing.T) {
+	race.SkipTiming(t)
+	cl := redistest.StartCluster(t, &redistest.ClusterOptions{NodeTimeout: 30 * time.Second, Args: []string{"--cluster-require-full-coverage", "no"}})
+	const limit = "fixed_window 1000000000/1h"
+	config := writeConfig(t, "domain: d\npolicies:\n  - name: api\n    limit: "+limit+"\n")
+	fp, _, err := ParseFailurePolicy("local")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var logs syncBuffer
+	// The watch never checks in the test's span: the test runs its checks.
+	srv := runServer(t, Options{ConfigFile: config, RedisURL: cl.URL(), FailurePolicy: fp, StoreCheckInterval: time.Hour,
+		DecisionTimeout: 50 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	p := &proc{http: srv.HTTPAddr(), grpc: srv.GRPCAddr()}
+	stopped := cl.MasterOf(t, redisHashTag(t, "api", limit, "k"))
+	stop := keepCalling(2, 2*time.Millisecond, func(int) { sendKey(p, "api", "k") })
+	time.Sleep(200 * time.Millisecond)
+	stopped.Pause(t)
+	resumed := false
+	t.Cleanup(func() {
+		if !resumed {
+			stopped.Resume(t)
+		}
+	})
+	logged(t, &logs, "resilient: breaker open", "partition="+stopped.Addr)
+	srv.health.watchOnce(time.Second)
+	if st := srv.health.Status(); !slices.Contains(st.FailingMasters, stopped.Addr) || !slices.Contains(st.OpenPartitions, stopped.Addr) {
+		t.Fatalf("master %s stopped and checked: failing %v, open %v; want it in both", stopped.Addr, st.FailingMasters, st.OpenPartitions)
+	}
+	stop()
+	// A probe fails just before the master runs again: its breaker is
+	// open for another ProbeInterval, whatever the load's probes did.
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	srv.health.breakerNow(ctx)
+	if st := srv.health.Status(); !slices.Contains(st.OpenPartitions, stopped.Addr) {
+		t.Fatalf("master %s stopped and probed: open %v, want it", stopped.Addr, st.OpenPartitions)
+	}
+	stopped.Resume(t)
+	resumed = true
+	srv.health.watchOnce(time.Second)
+	st := srv.health.Status()
+	if len(st.FailingMasters) > 0 || len(st.OpenPartitions) > 0 || st.Degraded {
+		t.Errorf("the check after the master ran again: failing %v, open %v, degraded %v (%q); want none, its breaker probed at once:\n%s",
+			st.FailingMasters, st.OpenPartitions, st.Degraded, st.Reasons, logs.String())
 	}
 }
