@@ -733,7 +733,7 @@ func (h *Health) failed(now time.Time, policy string, err error, answered int64)
 	err = h.callErr(err)
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if h.breakerOpenLocked() || h.storeErr != nil {
+	if h.breakerOpenLocked() || h.storeErr != nil || h.masterToldLocked(err) {
 		return // the breakers or the watch tell this failure
 	}
 	h.runErr = err
@@ -778,10 +778,25 @@ func (h *Health) confirmPartial() {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.confirming = false
-	if h.runErr == nil || h.partial || h.breakerOpenLocked() || h.storeErr != nil {
+	if h.runErr == nil || h.partial || h.breakerOpenLocked() || h.storeErr != nil || h.masterToldLocked(h.runErr) {
 		return // the run ended meanwhile, or another line tells it
 	}
 	h.startPartialLocked(h.runLast)
+}
+
+// masterToldLocked reports whether err, classified, has the cause of a
+// Redis Cluster master failing the checks: calls failing so are that
+// master's keys', which its own line and reason tell, and which end when
+// it passes the checks again. As a partial failure of their own they
+// would be told twice at the start and, for a permanent cause (OOM, an
+// ACL), stay degraded for partialWindow after the master recovered.
+func (h *Health) masterToldLocked(err error) bool {
+	for _, fm := range h.masters {
+		if cause(fm.err) == cause(err) {
+			return true
+		}
+	}
+	return false
 }
 
 // startPartialLocked starts a partial failure whose last failed call came

@@ -4,10 +4,13 @@ package server
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"slices"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice/internal/race"
 	"github.com/sluicehq/sluice/internal/redistest"
@@ -125,5 +128,59 @@ func TestFaultClusterMasterBackProbedAtOnce(t *testing.T) {
 	if len(st.FailingMasters) > 0 || len(st.OpenPartitions) > 0 || st.Degraded {
 		t.Errorf("the check after the master ran again: failing %v, open %v, degraded %v (%q); want none, its breaker probed at once:\n%s",
 			st.FailingMasters, st.OpenPartitions, st.Degraded, st.Reasons, logs.String())
+	}
+}
+
+// TestFaultClusterMasterOOMToldOnce: one Cluster master of three over its
+// maxmemory (noeviction) under load. Its checks fail (cause oom) and its
+// breaker opens: its keys' failed calls are that master's failure, not
+// a partial failure of their own, which before was a second ERROR line at
+// the start and, its cause permanent, kept the instance degraded for 10s
+// after the master took writes again (9s through `sluice serve`).
+func TestFaultClusterMasterOOMToldOnce(t *testing.T) {
+	race.SkipTiming(t)
+	cl := redistest.StartCluster(t, nil)
+	const limit = "fixed_window 1000000000/1h"
+	config := writeConfig(t, "domain: d\npolicies:\n  - name: api\n    limit: "+limit+"\n")
+	fp, _, err := ParseFailurePolicy("local")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var logs syncBuffer
+	// The watch never checks in the test's span: the test runs its checks.
+	srv := runServer(t, Options{ConfigFile: config, RedisURL: cl.URL(), FailurePolicy: fp, StoreCheckInterval: time.Hour,
+		DecisionTimeout: 50 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	p := &proc{http: srv.HTTPAddr(), grpc: srv.GRPCAddr()}
+	full := cl.MasterOf(t, redisHashTag(t, "api", limit, "k0"))
+	admin := redis.NewClient(&redis.Options{Addr: full.Addr})
+	defer admin.Close()
+	ctx := context.Background()
+	stop := keepCalling(2, 2*time.Millisecond, func(w int) {
+		for i := range 6 {
+			sendKey(p, "api", fmt.Sprint("k", w*6+i))
+		}
+	})
+	defer stop()
+	time.Sleep(200 * time.Millisecond)
+	if err := admin.ConfigSet(ctx, "maxmemory-policy", "noeviction").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := admin.ConfigSet(ctx, "maxmemory", "1").Err(); err != nil {
+		t.Fatal(err)
+	}
+	logged(t, &logs, "Redis Cluster master failing the service's checks", "node="+full.Addr, "cause=oom")
+	logged(t, &logs, "resilient: breaker open", "partition="+full.Addr)
+	time.Sleep(time.Second) // its keys' calls go on failing, its breaker's probes too
+	if err := admin.ConfigSet(ctx, "maxmemory", "0").Err(); err != nil {
+		t.Fatal(err)
+	}
+	srv.health.watchOnce(time.Second)
+	st := srv.health.Status()
+	if len(st.FailingMasters) > 0 || len(st.OpenPartitions) > 0 || st.Degraded {
+		t.Errorf("the check after the master took writes again: failing %v, open %v, degraded %v (%q); want none:\n%s",
+			st.FailingMasters, st.OpenPartitions, st.Degraded, st.Reasons, logs.String())
+	}
+	if n := countLines(&logs, "store calls failing while the breaker is closed"); n != 0 {
+		t.Errorf("%d partial failure lines for one master's OOM, want none (the master's own line tells it):\n%s", n, logs.String())
 	}
 }
