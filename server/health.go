@@ -575,6 +575,9 @@ func (h *Health) partitionBreaker(partition string, on bool, why error) {
 		h.publishLocked()
 		h.partsLocked()
 	}
+	if _, failing := h.masters[partition]; !on && was && failing {
+		h.recheckLocked()
+	}
 }
 
 // fallbackActive records the breaker: on when it leaves closed (the
@@ -609,9 +612,10 @@ func (h *Health) fallbackActive(on bool, why error) {
 
 // recheckLocked checks the store now, on a goroutine of its own: the
 // breaker closed on probes Redis answered while the last check had the
-// store lost, and until the watch's next check (a second later by
-// default) /readyz, /v1/status, sluice_store_up and sluice_fallback_active
-// would tell the failure policy answering the decisions Redis answers.
+// store lost (or a Cluster master's, that master failing), and until the
+// watch's next check (a second later by default) /readyz, /v1/status,
+// sluice_store_up and sluice_fallback_active (sluice_store_node_up) would
+// tell the failure policy answering the decisions Redis answers.
 func (h *Health) recheckLocked() {
 	if h.probe == nil || h.rechecking {
 		return

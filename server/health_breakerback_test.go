@@ -184,3 +184,56 @@ func TestFaultClusterMasterOOMToldOnce(t *testing.T) {
 		t.Errorf("%d partial failure lines for one master's OOM, want none (the master's own line tells it):\n%s", n, logs.String())
 	}
 }
+
+// TestFaultClusterMasterBackWithBreaker: one Cluster master stopped under
+// load, failing the checks, then running again: the load's probes close
+// its breaker, and the status stops naming it as failing the checks at
+// once, not at the watch's next check (an hour here).
+func TestFaultClusterMasterBackWithBreaker(t *testing.T) {
+	race.SkipTiming(t)
+	cl := redistest.StartCluster(t, &redistest.ClusterOptions{NodeTimeout: 30 * time.Second, Args: []string{"--cluster-require-full-coverage", "no"}})
+	const limit = "fixed_window 1000000000/1h"
+	config := writeConfig(t, "domain: d\npolicies:\n  - name: api\n    limit: "+limit+"\n")
+	fp, _, err := ParseFailurePolicy("local")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var logs syncBuffer
+	srv := runServer(t, Options{ConfigFile: config, RedisURL: cl.URL(), FailurePolicy: fp, StoreCheckInterval: time.Hour,
+		DecisionTimeout: 50 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	p := &proc{http: srv.HTTPAddr(), grpc: srv.GRPCAddr()}
+	stopped := cl.MasterOf(t, redisHashTag(t, "api", limit, "k"))
+	stop := keepCalling(2, 2*time.Millisecond, func(int) { sendKey(p, "api", "k") })
+	defer stop()
+	time.Sleep(200 * time.Millisecond)
+	stopped.Pause(t)
+	resumed := false
+	t.Cleanup(func() {
+		if !resumed {
+			stopped.Resume(t)
+		}
+	})
+	logged(t, &logs, "resilient: breaker open", "partition="+stopped.Addr)
+	srv.health.watchOnce(time.Second)
+	if st := srv.health.Status(); !slices.Contains(st.FailingMasters, stopped.Addr) {
+		t.Fatalf("master %s stopped and checked: failing %v, want it", stopped.Addr, st.FailingMasters)
+	}
+	stopped.Resume(t)
+	resumed = true
+	logged(t, &logs, "resilient: breaker closed", "partition="+stopped.Addr)
+	closed := time.Now()
+	for {
+		st := srv.health.Status()
+		if len(st.FailingMasters) == 0 && len(st.OpenPartitions) == 0 && !st.Degraded {
+			break
+		}
+		if time.Since(closed) > 500*time.Millisecond {
+			t.Fatalf("500ms after the master's breaker closed: failing %v, open %v, degraded %v (%q); want none:\n%s",
+				st.FailingMasters, st.OpenPartitions, st.Degraded, st.Reasons, logs.String())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if n := countLines(&logs, "Redis Cluster master passes the service's checks again"); n != 1 {
+		t.Errorf("%d lines of the master passing again, want 1:\n%s", n, logs.String())
+	}
+}
