@@ -170,23 +170,28 @@ func TestServerClusterReshardingCause(t *testing.T) {
 		t.Fatalf("the key was never leased:\n%s", logs.String())
 	}
 
-	// The lease's state key, and the node that holds it.
+	// The lease's state key, and the node that holds it. A grant's state
+	// lives about as long as its units take to refill (a few hundred ms
+	// here), so a slow machine may find it gone: lease again and look.
 	var state string
 	var src *redistest.Node
-	for _, n := range cl.Nodes {
-		c := redis.NewClient(&redis.Options{Addr: n.Addr})
-		keys, err := c.Keys(ctx, "*").Result()
-		c.Close()
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, k := range keys {
-			if strings.Contains(k, "hot") && !strings.HasSuffix(k, "-reset") {
-				state, src = k, n
+	find := func() bool {
+		for _, n := range cl.Nodes {
+			c := redis.NewClient(&redis.Options{Addr: n.Addr})
+			keys, err := c.Keys(ctx, "*").Result()
+			c.Close()
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, k := range keys {
+				if strings.Contains(k, "hot") && !strings.HasSuffix(k, "-reset") {
+					state, src = k, n
+				}
 			}
 		}
+		return state != ""
 	}
-	if state == "" {
+	if !eventually(func() bool { return find() || check() == 200 && find() }) {
 		t.Fatal("the lease wrote no state key")
 	}
 	dst := cl.Nodes[0]
