@@ -344,7 +344,7 @@ func isTryAgain(err error) bool {
 func (s *Store) failed(key string, err error) error {
 	closed, err := s.closedBy(key, err)
 	if !closed {
-		s.reload.failed(err)
+		s.reload.failed(key, err)
 	}
 	return replyErr(err)
 }

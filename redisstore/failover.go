@@ -42,6 +42,12 @@ type reloader struct {
 	inFlight atomic.Int32
 	// onFailover is Store.OnFailover's hook.
 	onFailover atomic.Pointer[func()]
+	// runMu guards runs: per master address, its calls' timeouts since it
+	// last answered one (isolated). runCount is len(runs), read without
+	// the lock by answered.
+	runMu    sync.Mutex
+	runs     map[string]timeoutRun
+	runCount atomic.Int32
 	// lookMu guards masters, the masters the slot map in memory named
 	// when last looked at (look), and samples, a key of each.
 	lookMu  sync.Mutex
@@ -161,9 +167,12 @@ func (r *reloader) setMapped() {
 // logged a pair of lines every reload for as long as it stayed dead.
 const recoveredAfter = 5 * time.Second
 
-// failed starts an episode of reloads if err says a node may be gone.
-func (r *reloader) failed(err error) {
-	if r == nil || !nodeTrouble(err) {
+// failed starts an episode of reloads if err, a call's on key, says a
+// node may be gone: at once for a refused dial, a lost connection,
+// CLUSTERDOWN, MASTERDOWN or MOVED (nodeTrouble), and for a timeout only
+// when it is not isolated (see isolated).
+func (r *reloader) failed(key string, err error) {
+	if r == nil || !nodeTrouble(err) || (timedOut(err) && r.isolated(key, time.Now())) {
 		return
 	}
 	r.lastBad.Store(time.Now().UnixNano())
@@ -173,6 +182,89 @@ func (r *reloader) failed(err error) {
 	if !r.polling.Swap(true) {
 		go r.poll()
 	}
+}
+
+// A timeout is node trouble only once its master has timed out calls for
+// outageSpan with none of its calls answered in between, and no gap of
+// more than outageGap between two of its timeouts; before that it is
+// isolated. A master that is gone or cut off (a partition, a hung host)
+// times out call after call; a busy machine (2 CPUs under load, a GC
+// pause) times out a call here and there, or a burst of calls at one
+// moment, while the master answers the calls around them. Counted as node
+// trouble, each such timeout started an episode or put its end
+// (recoveredAfter) 5 s further away: on a loaded 2-CPU host one episode
+// lasted over 2 minutes, 352 reloads, while calls succeeded. The figures
+// are resilient's breaker's defaults (DeadAfter 500 ms, over at least
+// FailureThreshold calls in a row) and server's partialGap: a run of
+// timeouts that opens a master's breaker starts the reloads too, and the
+// breaker's next probe (a second later) keeps the run going. A timeout's
+// master is its key's in the map in memory; with no map yet, every
+// timeout counts, as before.
+const (
+	outageSpan = 500 * time.Millisecond
+	outageGap  = recoveredAfter
+)
+
+// timeoutRun is a master's timeouts since it last answered a call.
+type timeoutRun struct {
+	first, last time.Time
+}
+
+// isolated records a timeout, at now, of a call on key, and reports
+// whether it is isolated: its master has not timed out calls for
+// outageSpan, with none answered in between (see outageSpan).
+func (r *reloader) isolated(key string, now time.Time) bool {
+	addr := r.masterOf(key)
+	if addr == "" {
+		return false
+	}
+	r.runMu.Lock()
+	defer r.runMu.Unlock()
+	if r.runs == nil {
+		r.runs = make(map[string]timeoutRun)
+	}
+	for a, run := range r.runs { // masters that left the map keep no run
+		if now.Sub(run.last) > outageGap {
+			delete(r.runs, a)
+		}
+	}
+	run, ok := r.runs[addr]
+	if !ok {
+		run.first = now
+	}
+	run.last = now
+	r.runs[addr] = run
+	r.runCount.Store(int32(len(r.runs)))
+	return now.Sub(run.first) < outageSpan
+}
+
+// answered notes that key's master answered a call: its timeouts so far
+// were isolated. No lookup unless some master has timed out.
+func (r *reloader) answered(key string) {
+	if r == nil || r.runCount.Load() == 0 {
+		return
+	}
+	addr := r.masterOf(key)
+	if addr == "" {
+		return
+	}
+	r.runMu.Lock()
+	defer r.runMu.Unlock()
+	delete(r.runs, addr)
+	r.runCount.Store(int32(len(r.runs)))
+}
+
+// masterOf returns the address of key's master in the client's slot map
+// in memory, or "" with no map yet (no round trip).
+func (r *reloader) masterOf(key string) string {
+	if !r.mapped.Load() {
+		return ""
+	}
+	node, err := r.cluster.MasterForKey(context.Background(), key)
+	if err != nil {
+		return ""
+	}
+	return node.Options().Addr
 }
 
 // quietAfter is how long an episode's reloads go on with no call failing:
@@ -648,11 +740,13 @@ func loopbackHost(host string) bool {
 	return host == "localhost" || strings.HasSuffix(host, ".docker.internal")
 }
 
-// succeeded ends an episode of failures, once no node has failed for
-// recoveredAfter, and looks at the slot map.
-func (r *reloader) succeeded() {
+// succeeded notes that a call on key succeeded: it ends an episode of
+// failures, once no node has failed for recoveredAfter, and looks at the
+// slot map.
+func (r *reloader) succeeded(key string) {
 	if r != nil {
 		r.setMapped()
+		r.answered(key)
 	}
 	r.look(false)
 	if r != nil && r.failing.Load() && time.Now().UnixNano()-r.lastBad.Load() >= int64(recoveredAfter) && r.failing.Swap(false) {

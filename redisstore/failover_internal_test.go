@@ -26,8 +26,8 @@ func TestReloaderEpisode(t *testing.T) {
 	r := &reloader{cluster: c, log: slog.New(slog.NewTextHandler(&logs, nil))}
 	down := errors.New("dial tcp 127.0.0.1:7001: connect: connection refused")
 	for range 20 {
-		r.failed(down)
-		r.succeeded()
+		r.failed("", down)
+		r.succeeded("")
 	}
 	if n := strings.Count(logs.String(), "cluster calls failing"); n != 1 {
 		t.Errorf("%d failing lines, want 1:\n%s", n, logs.String())
@@ -36,7 +36,7 @@ func TestReloaderEpisode(t *testing.T) {
 		t.Errorf("the episode ended while a node still failed:\n%s", logs.String())
 	}
 	r.lastBad.Store(time.Now().Add(-recoveredAfter).UnixNano())
-	r.succeeded()
+	r.succeeded("")
 	if n := strings.Count(logs.String(), "succeeding again"); n != 1 {
 		t.Errorf("%d succeeding lines after %v without failure, want 1:\n%s", n, recoveredAfter, logs.String())
 	}
@@ -50,7 +50,7 @@ func TestReloaderQuiet(t *testing.T) {
 	defer c.Close()
 	r := &reloader{cluster: c, every: 20 * time.Millisecond, quiet: 200 * time.Millisecond, log: slog.New(slog.DiscardHandler)}
 	down := errors.New("dial tcp 127.0.0.1:7001: connect: connection refused")
-	r.failed(down)
+	r.failed("", down)
 	waitFor := func(polling bool) {
 		t.Helper()
 		for deadline := time.Now().Add(5 * time.Second); r.polling.Load() != polling; {
@@ -61,7 +61,7 @@ func TestReloaderQuiet(t *testing.T) {
 		}
 	}
 	waitFor(false)
-	r.failed(down)
+	r.failed("", down)
 	if !r.polling.Load() {
 		t.Fatal("a failure after a quiet stop did not start the reloads again")
 	}
@@ -85,7 +85,7 @@ func TestLookOffCaller(t *testing.T) {
 	}
 	done := make(chan struct{})
 	go func() {
-		r.succeeded()
+		r.succeeded("")
 		close(done)
 	}()
 	select {

@@ -150,6 +150,9 @@ func (m *Membership) run(ctx context.Context, s *script, member string, d time.D
 	if err != nil {
 		return nil, m.failed(err) // v may still be written by an abandoned send
 	}
+	if m.store != nil {
+		m.store.reload.answered(m.key)
+	}
 	return v, nil
 }
 
@@ -164,7 +167,7 @@ func (m *Membership) failed(err error) error {
 	if m.store != nil {
 		var closed bool
 		if closed, err = m.store.closedBy(m.key, err); !closed {
-			m.store.reload.failed(err)
+			m.store.reload.failed(m.key, err)
 		}
 	}
 	return closedErr(err)

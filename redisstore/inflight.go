@@ -240,7 +240,7 @@ func (s *Store) releaseYoung(ctx context.Context, key, holder string) (bool, err
 	if err != nil {
 		return false, fmt.Errorf("redisstore: in-flight release: %w", s.failed(slot, err))
 	}
-	s.reload.succeeded()
+	s.reload.succeeded(slot)
 	return cmd.Val() == 1, nil
 }
 

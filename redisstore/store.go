@@ -682,7 +682,7 @@ func (s *Store) settle(ctx context.Context, c *call, err error) error {
 	if err != nil {
 		return s.failed(c.callKey(), err)
 	}
-	s.reload.succeeded()
+	s.reload.succeeded(c.callKey())
 	return nil
 }
 

@@ -1,0 +1,133 @@
+package redisstore_test
+
+import (
+	"bytes"
+	"context"
+	"log/slog"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice/internal/race"
+	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/redisstore"
+)
+
+// TestFaultIsolatedTimeoutsNoReloads: a Cluster master that stops
+// answering for 80 ms every 600 ms (CLIENT PAUSE: a busy host, not a
+// failed node) times out some of its 50 ms calls and answers the calls
+// around them. Those timeouts are isolated: no reload episode starts, or
+// one ends within recoveredAfter (5 s) of the last pause. Each timeout
+// started an episode or pushed its end 5 s further away: over 6 s of
+// pauses the episode never ended and reloaded the slot map 4 times a
+// second.
+func TestFaultIsolatedTimeoutsNoReloads(t *testing.T) {
+	race.SkipTiming(t)
+	const (
+		deadline = 50 * time.Millisecond
+		pause    = 80 * time.Millisecond
+		every    = 600 * time.Millisecond
+		pauses   = 10
+		// An episode reloads every 250 ms for at least 5 s.
+		maxReloads = 8
+	)
+	cl := redistest.StartCluster(t, nil)
+	logs := &syncBuffer{}
+	s := redisstore.New(cl.Client(t), &redisstore.Options{Prefix: redistest.Prefix(t),
+		Logger: slog.New(slog.NewTextHandler(logs, nil))})
+	keys, masters := keyPerMaster(t, cl, s, failoverLimit)
+	for _, key := range keys {
+		if _, err := s.Take(context.Background(), key, failoverLimit, 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	admin := redis.NewClient(&redis.Options{Addr: masters[0].Addr})
+	t.Cleanup(func() { admin.Close() })
+
+	var timeouts, calls atomic.Int64
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	for _, key := range keys {
+		for range 2 {
+			wg.Go(func() {
+				for {
+					select {
+					case <-done:
+						return
+					case <-time.After(5 * time.Millisecond):
+					}
+					ctx, cancel := context.WithTimeout(context.Background(), deadline)
+					_, err := s.Take(ctx, key, failoverLimit, 1)
+					cancel()
+					calls.Add(1)
+					if err != nil {
+						timeouts.Add(1)
+					}
+				}
+			})
+		}
+	}
+	stop := func() { close(done); wg.Wait() }
+	defer func() {
+		if done != nil {
+			stop()
+		}
+	}()
+
+	for range pauses {
+		time.Sleep(every - pause)
+		if err := admin.ClientPause(context.Background(), pause).Err(); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(pause)
+	}
+	last := time.Now()
+	// An episode, if one started, ends within recoveredAfter of the last
+	// timeout, at a call that succeeds.
+	for !episodeOver(logs.String()) && time.Since(last) < 7*time.Second {
+		time.Sleep(50 * time.Millisecond)
+	}
+	stop()
+	done = nil
+
+	out := logs.String()
+	started := strings.Count(out, "cluster calls failing")
+	t.Logf("%d of %d calls failed over %d pauses; %d episodes, %d slot-map reloads",
+		timeouts.Load(), calls.Load(), pauses, started, s.ClusterReloads())
+	if timeouts.Load() == 0 {
+		t.Fatal("no call timed out: the pauses did not show")
+	}
+	if !episodeOver(out) {
+		t.Errorf("the reload episode still ran %v after the last pause:\n%s", time.Since(last).Round(time.Millisecond), out)
+	}
+	if n := s.ClusterReloads(); n > maxReloads {
+		t.Errorf("%d slot-map reloads for isolated timeouts, want at most %d:\n%s", n, maxReloads, out)
+	}
+}
+
+// episodeOver reports whether every reload episode the log shows ended.
+func episodeOver(log string) bool {
+	return strings.Count(log, "cluster calls failing") == strings.Count(log, "cluster calls succeeding again")
+}
+
+// syncBuffer is a bytes.Buffer safe for a logger's concurrent writes.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
