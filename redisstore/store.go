@@ -70,9 +70,11 @@
 // send would otherwise take a connection until its cut, and the next dial
 // a new one. See Stalls.
 //
-// On a ClusterClient, a connection error or a timed-out call makes the
-// Store reload the client's slot map every ReloadInterval until calls
-// succeed again (or the client is closed), so that a failed-over master is left for its promoted
+// On a ClusterClient, a connection error, or timeouts of one master's
+// calls over 500 ms with none of them answered (an isolated timeout on a
+// busy host does not count), makes the Store reload the client's slot map
+// every ReloadInterval until calls succeed again (or the client is
+// closed), so that a failed-over master is left for its promoted
 // replica within a reload of the promotion (see OnFailover); go-redis
 // itself reloads only on redirects and every ClusterStateReloadInterval.
 // The Store also asks a master for the slot map every second, and reloads

@@ -109,6 +109,69 @@ func TestFaultIsolatedTimeoutsNoReloads(t *testing.T) {
 	}
 }
 
+// TestFaultTimeoutRunReloads: a master that times out call after call (a
+// hung host, a partition: CLIENT PAUSE here, so that no failover comes)
+// still starts the reloads, once its calls have timed out for 500 ms with
+// none answered; within a second of the stop.
+func TestFaultTimeoutRunReloads(t *testing.T) {
+	race.SkipTiming(t)
+	const (
+		deadline = 50 * time.Millisecond
+		hang     = 1500 * time.Millisecond
+		within   = time.Second
+	)
+	// A node timeout longer than the hang: the master is never flagged.
+	cl := redistest.StartCluster(t, &redistest.ClusterOptions{NodeTimeout: 5 * time.Second})
+	logs := &syncBuffer{}
+	s := redisstore.New(cl.Client(t), &redisstore.Options{Prefix: redistest.Prefix(t),
+		Logger: slog.New(slog.NewTextHandler(logs, nil))})
+	keys, masters := keyPerMaster(t, cl, s, failoverLimit)
+	for _, key := range keys {
+		if _, err := s.Take(context.Background(), key, failoverLimit, 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	admin := redis.NewClient(&redis.Options{Addr: masters[0].Addr})
+	t.Cleanup(func() { admin.Close() })
+
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	for _, key := range keys {
+		wg.Go(func() {
+			for {
+				select {
+				case <-done:
+					return
+				case <-time.After(5 * time.Millisecond):
+				}
+				ctx, cancel := context.WithTimeout(context.Background(), deadline)
+				_, _ = s.Take(ctx, key, failoverLimit, 1)
+				cancel()
+			}
+		})
+	}
+	defer func() { close(done); wg.Wait() }()
+	time.Sleep(200 * time.Millisecond)
+	if strings.Contains(logs.String(), "cluster calls failing") {
+		t.Fatalf("an episode before the hang:\n%s", logs.String())
+	}
+	start := time.Now()
+	if err := admin.ClientPause(context.Background(), hang).Err(); err != nil {
+		t.Fatal(err)
+	}
+	for !strings.Contains(logs.String(), "cluster calls failing") {
+		if time.Since(start) > hang {
+			t.Fatalf("no reload episode %v into a master's hang:\n%s", hang, logs.String())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	took := time.Since(start)
+	t.Logf("reload episode started %v into the hang", took.Round(time.Millisecond))
+	if took > within {
+		t.Errorf("reload episode started %v into the hang, want within %v", took, within)
+	}
+}
+
 // episodeOver reports whether every reload episode the log shows ended.
 func episodeOver(log string) bool {
 	return strings.Count(log, "cluster calls failing") == strings.Count(log, "cluster calls succeeding again")
