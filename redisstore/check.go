@@ -58,9 +58,11 @@ var (
 	// ErrStalled: Redis answers (PING, INFO) but a write does not complete
 	// in time: writes paused (CLIENT PAUSE ... WRITE, as during a manual
 	// failover, or a SHUTDOWN waiting for the replicas, which Check names
-	// when INFO says so), or a long script or command ahead of it. Check and
-	// CheckAccess report it; Classify cannot tell it from a timeout (see
-	// Stalled). Worth retrying.
+	// when INFO says so), or a long script or command ahead of it; or it
+	// accepts connections but answers nothing (a stopped or frozen
+	// process: see Unanswered). Check and CheckAccess report the first;
+	// Classify cannot tell either from a timeout (see Stalled). Worth
+	// retrying.
 	ErrStalled = errors.New("redisstore: Redis stalled")
 	// ErrReplicas: Redis refuses writes for want of replicas
 	// (min-replicas-to-write, NOREPLICAS): reachable, and back when its
@@ -285,6 +287,28 @@ func Stalled(err error) error {
 		}
 	}
 	return Classify(err)
+}
+
+// unansweredHint is ErrStalled's hint for a server known to accept
+// connections, not to answer.
+const unansweredHint = "it accepts connections but did not answer in time (a stopped or frozen process, writes held by CLIENT PAUSE, or a long script or command ahead): retrying"
+
+// Unanswered is Classify for a caller who knows that the server accepted
+// a connection when err timed out: a timeout is then ErrStalled, not
+// ErrUnreachable. A stopped (SIGSTOP) or frozen Redis still accepts
+// connections, the kernel completing the handshake, and answers nothing;
+// a killed one refuses them. Other errors, and a stall already told
+// (Check's, of a server that answered INFO), are Stalled's.
+func Unanswered(err error) error {
+	if errors.Is(err, ErrStalled) {
+		return Stalled(err)
+	}
+	err = Stalled(err)
+	var ce *CheckError
+	if errors.As(err, &ce) && ce.Kind == ErrStalled && ce.Hint == stalledHint {
+		return checkErr(ErrStalled, unansweredHint, ce.Err)
+	}
+	return err
 }
 
 // isTimeout reports whether err is a deadline that passed: the context's,

@@ -150,9 +150,10 @@ type Health struct {
 	setFallback func(bool)
 	// setStalled tells the metrics whether the store is down as stalled.
 	setStalled func(bool)
-	// connected reports whether the client holds an established
-	// connection to the store; nil: unknown.
-	connected func() bool
+	// connected reports whether the store accepted the client's last
+	// connection: the last dial to addr (a Cluster master), or to any
+	// node for ""; nil: unknown (see watchDials).
+	connected func(addr string) bool
 	// evicting is the reason while the memory store evicts keys (see
 	// memoryWatch), "" otherwise: degraded, as the limits of the keys it
 	// evicts start afresh, though still ready.
@@ -298,7 +299,7 @@ func (h *Health) storeResult(err error) {
 // check that started later was recorded already. A change (down, a new
 // cause while down, up again) is logged once and counted.
 func (h *Health) checked(n uint64, start time.Time, err error) {
-	err = redisstore.Classify(err)
+	err = h.checkErr(err)
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if n <= h.applied {
@@ -557,7 +558,7 @@ func (h *Health) partitionBreaker(partition string, on bool, why error) {
 		return
 	}
 	if why != nil {
-		why = h.callErr(why)
+		why = h.callErrAt(why, partition)
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -938,15 +939,61 @@ func (h *Health) answeredLocked(now time.Time) {
 func permanent(err error) bool { return err != nil && causeLevel(err) >= slog.LevelError }
 
 // callErr classifies a failed store call. A timeout is the store out of
-// reach only if no connection to it is established: a timeout on one is a
-// store that holds its answer (writes paused, a long script, a frozen
-// process), which the watch may not have classified yet.
-func (h *Health) callErr(err error) error {
-	if h != nil && callTimeout(err) && h.connected != nil && !h.storeDown() && h.connected() {
-		return redisstore.Stalled(fmt.Errorf("%w (%w)", err, context.DeadlineExceeded))
+// reach only if it refuses connections: one that accepts them holds its
+// answer (writes paused, a long script, a stopped or frozen process).
+// While the watch has the store lost, a timeout has the watch's cause:
+// the breaker's reopenings and the errors' counts then say what the
+// `store lost` line says.
+func (h *Health) callErr(err error) error { return h.callErrAt(err, "") }
+
+// callErrAt is callErr for a call to addr (a Cluster master; "" for any).
+func (h *Health) callErrAt(err error, addr string) error {
+	if h == nil || !callTimeout(err) {
+		return redisstore.Classify(err)
+	}
+	err = fmt.Errorf("%w (%w)", err, context.DeadlineExceeded)
+	h.mu.Lock()
+	down := h.storeErr
+	h.mu.Unlock()
+	switch {
+	case down != nil && errors.Is(down, redisstore.ErrStalled),
+		down == nil && h.accepted(addr):
+		return redisstore.Unanswered(err)
 	}
 	return redisstore.Classify(err)
 }
+
+// checkErr classifies a failed check of the store as callErr does a
+// call: a timeout against a Redis that accepted the connection is a
+// stall, not the store out of reach (a stopped Redis accepts connections
+// and answers nothing; a killed one refuses them), so that the `store
+// lost` line and the breaker's calls name one cause for one event. On a
+// Cluster each failing master is judged by its own dials.
+func (h *Health) checkErr(err error) error {
+	err = redisstore.Classify(err)
+	var part *redisstore.PartialError
+	if errors.As(err, &part) {
+		failed := make(map[string]error, len(part.Failed))
+		for a, e := range part.Failed {
+			failed[a] = h.unanswered(e, a)
+		}
+		return &redisstore.PartialError{Failed: failed, Answered: part.Answered}
+	}
+	return h.unanswered(err, "")
+}
+
+// unanswered is err, classified, as a stall if it is a timeout and addr
+// ("" for any node) accepted the client's last connection.
+func (h *Health) unanswered(err error, addr string) error {
+	if errors.Is(err, redisstore.ErrUnreachable) && callTimeout(err) && h.accepted(addr) {
+		return redisstore.Unanswered(err)
+	}
+	return err
+}
+
+// accepted reports whether addr ("" for any node) accepted the client's
+// last connection; false when unknown.
+func (h *Health) accepted(addr string) bool { return h.connected != nil && h.connected(addr) }
 
 // callTimeout reports whether a store call failed for want of an answer in
 // time: the failure policy's timeout, or a deadline in the client.
@@ -1744,17 +1791,34 @@ func (o healthObserver) ObserveBreaker(e sluice.BreakerEvent) {
 }
 
 // dialWatch is a go-redis hook that remembers whether the last dial to
-// Redis succeeded: go-redis closes a connection whose call timed out and
-// dials another, so the pool's size says nothing, but a dial that
-// succeeds says the server is there.
-type dialWatch struct{ ok atomic.Bool }
+// Redis succeeded, and the last to each address: go-redis closes a
+// connection whose call timed out and dials another, so the pool's size
+// says nothing, but a dial that succeeds says the server is there.
+type dialWatch struct {
+	ok     atomic.Bool
+	byAddr sync.Map // address → bool: its last dial succeeded
+}
 
 func (d *dialWatch) DialHook(next redis.DialHook) redis.DialHook {
 	return func(ctx context.Context, network, addr string) (net.Conn, error) {
 		c, err := next(ctx, network, addr)
 		d.ok.Store(err == nil)
+		d.byAddr.Store(addr, err == nil)
 		return c, err
 	}
+}
+
+// connected reports whether the last dial to addr succeeded ("": to any
+// node). An address not dialed since the hook was added counts as
+// connected: the start's check connected, or says otherwise.
+func (d *dialWatch) connected(addr string) bool {
+	if addr == "" {
+		return d.ok.Load()
+	}
+	if ok, dialed := d.byAddr.Load(addr); dialed {
+		return ok.(bool)
+	}
+	return true
 }
 
 func (*dialWatch) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
@@ -1764,8 +1828,8 @@ func (*dialWatch) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Proc
 }
 
 // watchDials hooks c's dials (every node's, on a Cluster) and returns
-// Health.connected: true while the last dial succeeded.
-func watchDials(c redis.UniversalClient) func() bool {
+// Health.connected: true while the last dial (to an address) succeeded.
+func watchDials(c redis.UniversalClient) func(addr string) bool {
 	d := &dialWatch{}
 	d.ok.Store(true) // the start's check connected, or says otherwise
 	switch c := c.(type) {
@@ -1777,5 +1841,5 @@ func watchDials(c redis.UniversalClient) func() bool {
 	case *redis.Client:
 		c.AddHook(d)
 	}
-	return d.ok.Load
+	return d.connected
 }
