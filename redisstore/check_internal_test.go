@@ -1,6 +1,12 @@
 package redisstore
 
-import "testing"
+import (
+	"context"
+	"errors"
+	"net"
+	"syscall"
+	"testing"
+)
 
 // The version rule, as a table: only redis-server 7.0 and later are
 // installed to test against, so an older server's refusal is proved here
@@ -16,5 +22,34 @@ func TestVersionAtLeast(t *testing.T) {
 		if got := versionAtLeast(tc.v, MinVersion); got != tc.want {
 			t.Errorf("versionAtLeast(%q, %q) = %v, want %v", tc.v, MinVersion, got, tc.want)
 		}
+	}
+}
+
+// Unanswered: a timeout from a server known to accept connections is a
+// stall named as such; a refusal stays unreachable, and a stall Check
+// already named keeps its words.
+func TestUnanswered(t *testing.T) {
+	refused := &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}
+	for _, tc := range []struct {
+		name string
+		err  error
+		kind error
+		hint string
+	}{
+		{"deadline", context.DeadlineExceeded, ErrStalled, unansweredHint},
+		{"classified deadline", Classify(context.DeadlineExceeded), ErrStalled, unansweredHint},
+		{"refused", refused, ErrUnreachable, "retrying"},
+		{"check's stall", checkErr(ErrStalled, shutdownHint, context.DeadlineExceeded), ErrStalled, shutdownHint},
+		{"auth", errors.New("WRONGPASS invalid username-password pair"), ErrAuth, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var ce *CheckError
+			if err := Unanswered(tc.err); !errors.As(err, &ce) || ce.Kind != tc.kind || (tc.hint != "" && ce.Hint != tc.hint) {
+				t.Errorf("Unanswered(%v) = %v, want kind %v, hint %q", tc.err, err, tc.kind, tc.hint)
+			}
+		})
+	}
+	if Unanswered(nil) != nil {
+		t.Error("Unanswered(nil) is not nil")
 	}
 }
