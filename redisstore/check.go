@@ -251,7 +251,7 @@ const notReplicatedHint = "the master took the call but fewer than wait_replicas
 func stalledOn(err error, shutdown bool) error {
 	err = Stalled(err)
 	var ce *CheckError
-	if shutdown && errors.As(err, &ce) && ce.Kind == ErrStalled && ce.Hint == stalledHint {
+	if shutdown && errors.As(err, &ce) && ce.Kind == ErrStalled && (ce.Hint == stalledHint || ce.Hint == unansweredHint) {
 		return checkErr(ErrStalled, shutdownHint, ce.Err)
 	}
 	return err

@@ -53,3 +53,11 @@ func TestUnanswered(t *testing.T) {
 		t.Error("Unanswered(nil) is not nil")
 	}
 }
+
+// A stall Unanswered named is named as the shutdown a check found, as
+// Stalled's is: a call cannot tell one from the other.
+func TestUnansweredOnShutdown(t *testing.T) {
+	if err := StalledOnShutdown(Unanswered(context.DeadlineExceeded)); !ShuttingDown(err) {
+		t.Errorf("StalledOnShutdown(Unanswered(timeout)) = %v, want the shutdown named", err)
+	}
+}
