@@ -25,22 +25,13 @@ import (
 func TestFaultStatusBackWithBreaker(t *testing.T) {
 	race.SkipTiming(t)
 	r := redistest.StartServer(t)
-	config := writeConfig(t, "domain: d\npolicies:\n  - name: api\n    limit: fixed_window 1000000000/1h\n")
-	fp, _, err := ParseFailurePolicy("local")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var logs syncBuffer
-	// The watch never checks in the test's span: the test checks once,
-	// as the watch would, to have the store lost.
-	srv := runServer(t, Options{ConfigFile: config, RedisURL: "redis://" + r.Addr, FailurePolicy: fp, StoreCheckInterval: time.Hour,
-		DecisionTimeout: 50 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
-	p := &proc{http: srv.HTTPAddr(), grpc: srv.GRPCAddr()}
+	// The test checks once, as the watch would, to have the store lost.
+	srv, p, logs := serveChecked(t, "redis://"+r.Addr)
 	stop := keepCalling(2, 2*time.Millisecond, func(int) { sendKey(p, "api", "k") })
 	defer stop()
 	time.Sleep(200 * time.Millisecond)
 	r.Stop()
-	logged(t, &logs, "resilient: breaker open")
+	logged(t, logs, "resilient: breaker open")
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	if err := srv.health.check(ctx); err == nil {
@@ -50,7 +41,7 @@ func TestFaultStatusBackWithBreaker(t *testing.T) {
 		t.Fatalf("Redis killed and checked: store up %v, fallback active %v; want lost, the failure policy answering", st.Store.Up, st.FallbackActive)
 	}
 	r.Start(t)
-	logged(t, &logs, "resilient: breaker closed")
+	logged(t, logs, "resilient: breaker closed")
 	closed := time.Now()
 	var st Status
 	for {
@@ -71,7 +62,7 @@ func TestFaultStatusBackWithBreaker(t *testing.T) {
 	if v := scrapedMetric(t, p, "sluice_fallback_active"); v != "0" {
 		t.Errorf("sluice_fallback_active %q, want 0", v)
 	}
-	if n := countLines(&logs, `msg="store back"`); n != 1 {
+	if n := countLines(logs, `msg="store back"`); n != 1 {
 		t.Errorf("%d store back lines, want 1:\n%s", n, logs.String())
 	}
 }
@@ -86,28 +77,12 @@ func TestFaultStatusBackWithBreaker(t *testing.T) {
 func TestFaultClusterMasterBackProbedAtOnce(t *testing.T) {
 	race.SkipTiming(t)
 	cl := redistest.StartCluster(t, &redistest.ClusterOptions{NodeTimeout: 30 * time.Second, Args: []string{"--cluster-require-full-coverage", "no"}})
-	const limit = "fixed_window 1000000000/1h"
-	config := writeConfig(t, "domain: d\npolicies:\n  - name: api\n    limit: "+limit+"\n")
-	fp, _, err := ParseFailurePolicy("local")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var logs syncBuffer
-	// The watch never checks in the test's span: the test runs its checks.
-	srv := runServer(t, Options{ConfigFile: config, RedisURL: cl.URL(), FailurePolicy: fp, StoreCheckInterval: time.Hour,
-		DecisionTimeout: 50 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
-	p := &proc{http: srv.HTTPAddr(), grpc: srv.GRPCAddr()}
-	stopped := cl.MasterOf(t, redisHashTag(t, "api", limit, "k"))
+	srv, p, logs := serveChecked(t, cl.URL())
+	stopped := cl.MasterOf(t, redisHashTag(t, "api", apiLimit, "k"))
 	stop := keepCalling(2, 2*time.Millisecond, func(int) { sendKey(p, "api", "k") })
 	time.Sleep(200 * time.Millisecond)
-	stopped.Pause(t)
-	resumed := false
-	t.Cleanup(func() {
-		if !resumed {
-			stopped.Resume(t)
-		}
-	})
-	logged(t, &logs, "resilient: breaker open", "partition="+stopped.Addr)
+	resume := pauseMaster(t, stopped)
+	logged(t, logs, "resilient: breaker open", "partition="+stopped.Addr)
 	srv.health.watchOnce(time.Second)
 	if st := srv.health.Status(); !slices.Contains(st.FailingMasters, stopped.Addr) || !slices.Contains(st.OpenPartitions, stopped.Addr) {
 		t.Fatalf("master %s stopped and checked: failing %v, open %v; want it in both", stopped.Addr, st.FailingMasters, st.OpenPartitions)
@@ -121,8 +96,7 @@ func TestFaultClusterMasterBackProbedAtOnce(t *testing.T) {
 	if st := srv.health.Status(); !slices.Contains(st.OpenPartitions, stopped.Addr) {
 		t.Fatalf("master %s stopped and probed: open %v, want it", stopped.Addr, st.OpenPartitions)
 	}
-	stopped.Resume(t)
-	resumed = true
+	resume()
 	srv.health.watchOnce(time.Second)
 	st := srv.health.Status()
 	if len(st.FailingMasters) > 0 || len(st.OpenPartitions) > 0 || st.Degraded {
@@ -140,18 +114,8 @@ func TestFaultClusterMasterBackProbedAtOnce(t *testing.T) {
 func TestFaultClusterMasterOOMToldOnce(t *testing.T) {
 	race.SkipTiming(t)
 	cl := redistest.StartCluster(t, nil)
-	const limit = "fixed_window 1000000000/1h"
-	config := writeConfig(t, "domain: d\npolicies:\n  - name: api\n    limit: "+limit+"\n")
-	fp, _, err := ParseFailurePolicy("local")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var logs syncBuffer
-	// The watch never checks in the test's span: the test runs its checks.
-	srv := runServer(t, Options{ConfigFile: config, RedisURL: cl.URL(), FailurePolicy: fp, StoreCheckInterval: time.Hour,
-		DecisionTimeout: 50 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
-	p := &proc{http: srv.HTTPAddr(), grpc: srv.GRPCAddr()}
-	full := cl.MasterOf(t, redisHashTag(t, "api", limit, "k0"))
+	srv, p, logs := serveChecked(t, cl.URL())
+	full := cl.MasterOf(t, redisHashTag(t, "api", apiLimit, "k0"))
 	admin := redis.NewClient(&redis.Options{Addr: full.Addr})
 	defer admin.Close()
 	ctx := context.Background()
@@ -168,8 +132,8 @@ func TestFaultClusterMasterOOMToldOnce(t *testing.T) {
 	if err := admin.ConfigSet(ctx, "maxmemory", "1").Err(); err != nil {
 		t.Fatal(err)
 	}
-	logged(t, &logs, "Redis Cluster master failing the service's checks", "node="+full.Addr, "cause=oom")
-	logged(t, &logs, "resilient: breaker open", "partition="+full.Addr)
+	logged(t, logs, "Redis Cluster master failing the service's checks", "node="+full.Addr, "cause=oom")
+	logged(t, logs, "resilient: breaker open", "partition="+full.Addr)
 	time.Sleep(time.Second) // its keys' calls go on failing, its breaker's probes too
 	if err := admin.ConfigSet(ctx, "maxmemory", "0").Err(); err != nil {
 		t.Fatal(err)
@@ -180,7 +144,7 @@ func TestFaultClusterMasterOOMToldOnce(t *testing.T) {
 		t.Errorf("the check after the master took writes again: failing %v, open %v, degraded %v (%q); want none:\n%s",
 			st.FailingMasters, st.OpenPartitions, st.Degraded, st.Reasons, logs.String())
 	}
-	if n := countLines(&logs, "store calls failing while the breaker is closed"); n != 0 {
+	if n := countLines(logs, "store calls failing while the breaker is closed"); n != 0 {
 		t.Errorf("%d partial failure lines for one master's OOM, want none (the master's own line tells it):\n%s", n, logs.String())
 	}
 }
@@ -192,35 +156,19 @@ func TestFaultClusterMasterOOMToldOnce(t *testing.T) {
 func TestFaultClusterMasterBackWithBreaker(t *testing.T) {
 	race.SkipTiming(t)
 	cl := redistest.StartCluster(t, &redistest.ClusterOptions{NodeTimeout: 30 * time.Second, Args: []string{"--cluster-require-full-coverage", "no"}})
-	const limit = "fixed_window 1000000000/1h"
-	config := writeConfig(t, "domain: d\npolicies:\n  - name: api\n    limit: "+limit+"\n")
-	fp, _, err := ParseFailurePolicy("local")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var logs syncBuffer
-	srv := runServer(t, Options{ConfigFile: config, RedisURL: cl.URL(), FailurePolicy: fp, StoreCheckInterval: time.Hour,
-		DecisionTimeout: 50 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
-	p := &proc{http: srv.HTTPAddr(), grpc: srv.GRPCAddr()}
-	stopped := cl.MasterOf(t, redisHashTag(t, "api", limit, "k"))
+	srv, p, logs := serveChecked(t, cl.URL())
+	stopped := cl.MasterOf(t, redisHashTag(t, "api", apiLimit, "k"))
 	stop := keepCalling(2, 2*time.Millisecond, func(int) { sendKey(p, "api", "k") })
 	defer stop()
 	time.Sleep(200 * time.Millisecond)
-	stopped.Pause(t)
-	resumed := false
-	t.Cleanup(func() {
-		if !resumed {
-			stopped.Resume(t)
-		}
-	})
-	logged(t, &logs, "resilient: breaker open", "partition="+stopped.Addr)
+	resume := pauseMaster(t, stopped)
+	logged(t, logs, "resilient: breaker open", "partition="+stopped.Addr)
 	srv.health.watchOnce(time.Second)
 	if st := srv.health.Status(); !slices.Contains(st.FailingMasters, stopped.Addr) {
 		t.Fatalf("master %s stopped and checked: failing %v, want it", stopped.Addr, st.FailingMasters)
 	}
-	stopped.Resume(t)
-	resumed = true
-	logged(t, &logs, "resilient: breaker closed", "partition="+stopped.Addr)
+	resume()
+	logged(t, logs, "resilient: breaker closed", "partition="+stopped.Addr)
 	closed := time.Now()
 	for {
 		st := srv.health.Status()
@@ -233,7 +181,43 @@ func TestFaultClusterMasterBackWithBreaker(t *testing.T) {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
-	if n := countLines(&logs, "Redis Cluster master passes the service's checks again"); n != 1 {
+	if n := countLines(logs, "Redis Cluster master passes the service's checks again"); n != 1 {
 		t.Errorf("%d lines of the master passing again, want 1:\n%s", n, logs.String())
+	}
+}
+
+// apiLimit is the limit of policy api in the services serveChecked
+// starts: one no load reaches.
+const apiLimit = "fixed_window 1000000000/1h"
+
+// serveChecked runs the service on redisURL with policy api (apiLimit)
+// under the local failure policy and a 50ms decision timeout, its watch
+// never checking in a test's span: the test runs the checks it means to.
+func serveChecked(t *testing.T, redisURL string) (*Server, *proc, *syncBuffer) {
+	t.Helper()
+	config := writeConfig(t, "domain: d\npolicies:\n  - name: api\n    limit: "+apiLimit+"\n")
+	fp, _, err := ParseFailurePolicy("local")
+	if err != nil {
+		t.Fatal(err)
+	}
+	logs := new(syncBuffer)
+	srv := runServer(t, Options{ConfigFile: config, RedisURL: redisURL, FailurePolicy: fp, StoreCheckInterval: time.Hour,
+		DecisionTimeout: 50 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(logs, nil))})
+	return srv, &proc{http: srv.HTTPAddr(), grpc: srv.GRPCAddr()}, logs
+}
+
+// pauseMaster stops n (SIGSTOP) and returns what runs it again; the test's
+// end runs it again if the test did not.
+func pauseMaster(t *testing.T, n *redistest.Node) (resume func()) {
+	n.Pause(t)
+	resumed := false
+	t.Cleanup(func() {
+		if !resumed {
+			n.Resume(t)
+		}
+	})
+	return func() {
+		n.Resume(t)
+		resumed = true
 	}
 }

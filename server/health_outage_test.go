@@ -274,24 +274,14 @@ func serveErrorPolicy(t *testing.T, r *redisProc) *proc {
 func TestFaultIsolatedTimeoutNotOutageStart(t *testing.T) {
 	race.SkipTiming(t)
 	r := redistest.StartServer(t)
-	config := writeConfig(t, "domain: d\npolicies:\n  - name: api\n    limit: fixed_window 1000000000/1h\n")
-	fp, _, err := ParseFailurePolicy("local")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var logs syncBuffer
-	// No check of the watch's in the test's span: the test checks, as
-	// the watch would, when it means to.
-	srv := runServer(t, Options{ConfigFile: config, RedisURL: "redis://" + r.Addr, FailurePolicy: fp, StoreCheckInterval: time.Hour,
-		DecisionTimeout: 50 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
-	p := &proc{http: srv.HTTPAddr(), grpc: srv.GRPCAddr()}
+	srv, p, logs := serveChecked(t, "redis://"+r.Addr)
 	stop := keepCalling(2, 2*time.Millisecond, func(int) { sendKey(p, "api", "k") })
 	defer stop()
 	time.Sleep(300 * time.Millisecond)
 	if err := r.Client(t).Do(context.Background(), "CLIENT", "PAUSE", "150", "ALL").Err(); err != nil {
 		t.Fatal(err)
 	}
-	logged(t, &logs, "failure policy answered failed calls (breaker still closed)")
+	logged(t, logs, "failure policy answered failed calls (breaker still closed)")
 	time.Sleep(500 * time.Millisecond) // Redis answers the decisions again
 	killed := time.Now()
 	r.Stop()
@@ -312,7 +302,7 @@ func TestFaultIsolatedTimeoutNotOutageStart(t *testing.T) {
 	if err := srv.health.check(ctx); err != nil {
 		t.Fatalf("check with Redis back: %v", err)
 	}
-	line := logged(t, &logs, `msg="store back"`)
+	line := logged(t, logs, `msg="store back"`)
 	downFor, err := time.ParseDuration(logValue(line, "down_for"))
 	if err != nil {
 		t.Fatalf("store back line %q: %v", line, err)
