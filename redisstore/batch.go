@@ -429,9 +429,10 @@ func (b *batcher) doIn(ctx context.Context, l *lane, c *call) error {
 }
 
 // doAll sends cs, calls independent of one another, together: the calls
-// of each lane (on a cluster, each master's) as one batch, in a slot of
-// their own when the lane would give one call a slot, else queued together
-// for the next batch, the lanes side by side. Each call is sent once. It
+// of each lane (on a cluster, each master's) as one batch (past max
+// calls, as many as its free slots take: see enqueue), in a slot of their
+// own when the lane would give one call a slot, else queued together for
+// the next batch, the lanes side by side. Each call is sent once. It
 // returns when each call has its reply, or with ctx's error (or the
 // Store's shut's) for each call it stopped waiting for, as do does.
 func (b *batcher) doAll(ctx context.Context, cs []*call) []error {
@@ -470,20 +471,37 @@ func (b *batcher) doAll(ctx context.Context, cs []*call) []error {
 	return errs
 }
 
-// enqueue sends cs in lane l as one batch (up to max calls, the rest
-// queued behind it) in a slot of its own when a call of budget would take
-// one (see doIn), or queues them all together for the lane's next batch.
+// enqueue sends cs in lane l as one batch in a slot of its own when a
+// call of budget would take one (see doIn), or queues them all together
+// for the lane's next batch. Past max calls, the rest go as further
+// batches in the lane's free slots, side by side, and what no free slot
+// takes is queued: queued behind the first batch while a slot was free,
+// it waited a round trip for nothing, and calls that came after it went
+// first (a slot is free only while nobody waits).
 func (b *batcher) enqueue(l *lane, cs []*call, budget time.Duration) {
-	if slot, _, _ := b.takeSlot(l, budget); slot {
-		n := min(len(cs), b.max)
-		first := slices.Clone(cs[:n])
-		l.queue = append(l.queue, cs[n:]...)
+	slot, _, stalled := b.takeSlot(l, budget)
+	if !slot {
+		l.queue = append(l.queue, cs...)
 		l.mu.Unlock()
-		go b.loop(l, first)
 		return
 	}
-	l.queue = append(l.queue, cs...)
+	var batches [][]*call
+	for {
+		n := min(len(cs), b.max)
+		batches = append(batches, slices.Clone(cs[:n]))
+		if cs = cs[n:]; len(cs) == 0 {
+			break
+		}
+		if l.busy >= b.slots(stalled) {
+			l.queue = append(l.queue, cs...)
+			break
+		}
+		l.busy++
+	}
 	l.mu.Unlock()
+	for _, batch := range batches {
+		go b.loop(l, batch)
+	}
 }
 
 // wait waits for c's reply, queued or sent in l: nil once it has one, or

@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"net"
 	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -128,6 +130,87 @@ func (h *sendCount) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pr
 		h.sends++
 		h.cmds += len(cmds)
 		h.mu.Unlock()
+		return next(ctx, cmds)
+	}
+}
+
+// TestGrantAllPastMaxBatch: a GrantAll of more requests than MaxBatch
+// answers each once, in batches of MaxBatch that go side by side while
+// the lane has free slots. The rest was queued behind the first batch, to
+// wait for its round trip with a slot free.
+func TestGrantAllPastMaxBatch(t *testing.T) {
+	ctx := context.Background()
+	c := redis.NewClient(&redis.Options{Addr: redistest.Addr(t)})
+	t.Cleanup(func() { c.Close() })
+	h := &sendCount{}
+	meet := &pipelineMeet{met: make(chan struct{})}
+	c.AddHook(h)
+	c.AddHook(meet)
+	s := New(c, &Options{Prefix: redistest.Prefix(t), MaxBatch: 4, MaxInFlight: 2})
+	l := sluice.PerMinute(10)
+	reqs := make([]sluice.GrantRequest, 10)
+	for i := range reqs {
+		reqs[i] = sluice.GrantRequest{Key: fmt.Sprint("w", i), Limit: l, N: 2}
+	}
+	s.GrantAll(ctx, reqs) // the script loaded, the connections dialled
+	for i := range reqs {
+		reqs[i].Key = fmt.Sprint("k", i)
+	}
+	h.reset()
+	meet.armed.Store(true)
+	for i, r := range s.GrantAll(ctx, reqs) {
+		if r.Err != nil || r.Grant.Granted != 2 {
+			t.Errorf("grant %d = %+v", i, r)
+		}
+	}
+	meet.armed.Store(false)
+	// 4 and 4 side by side, then the last 2 on the first slot to finish.
+	if sends, cmds := h.get(); sends != 3 || cmds != 10 {
+		t.Errorf("%d sends of %d commands; want 3 of 10", sends, cmds)
+	}
+	if meet.alone.Load() {
+		t.Error("the second batch waited for the first with a slot free")
+	}
+	for _, r := range reqs {
+		d, err := s.Peek(ctx, r.Key, l, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d.Remaining != 8 {
+			t.Errorf("%s: %d left; want 8 (granted once)", r.Key, d.Remaining)
+		}
+	}
+}
+
+// pipelineMeet is a go-redis hook that, while armed, holds each pipeline
+// of scripts until a second one is under way beside it (met closed), or
+// for 2 s (alone).
+type pipelineMeet struct {
+	armed atomic.Bool
+	alone atomic.Bool
+	mu    sync.Mutex
+	in    int
+	met   chan struct{}
+}
+
+func (m *pipelineMeet) DialHook(next redis.DialHook) redis.DialHook          { return next }
+func (m *pipelineMeet) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+
+func (m *pipelineMeet) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		if !m.armed.Load() || cmds[0].Name() != "evalsha" {
+			return next(ctx, cmds)
+		}
+		m.mu.Lock()
+		if m.in++; m.in == 2 {
+			close(m.met)
+		}
+		m.mu.Unlock()
+		select {
+		case <-m.met:
+		case <-time.After(2 * time.Second):
+			m.alone.Store(true)
+		}
 		return next(ctx, cmds)
 	}
 }
