@@ -183,9 +183,10 @@ func TestGrantAllPastMaxBatch(t *testing.T) {
 }
 
 // pipelineMeet is a go-redis hook that, while armed, holds each pipeline
-// of scripts until a second one is under way beside it (met closed), or
-// for 2 s (alone).
+// of scripts until want of them (0: 2) are under way side by side (met
+// closed), or for 2 s (alone).
 type pipelineMeet struct {
+	want  int
 	armed atomic.Bool
 	alone atomic.Bool
 	mu    sync.Mutex
@@ -202,7 +203,7 @@ func (m *pipelineMeet) ProcessPipelineHook(next redis.ProcessPipelineHook) redis
 			return next(ctx, cmds)
 		}
 		m.mu.Lock()
-		if m.in++; m.in == 2 {
+		if m.in++; m.in == max(m.want, 2) {
 			close(m.met)
 		}
 		m.mu.Unlock()
