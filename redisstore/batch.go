@@ -115,12 +115,13 @@ func newBatcher(client redis.UniversalClient, maxBatch, inFlight int) *batcher {
 }
 
 // stallLog returns the stall lines of a lane of node ("": the one server),
-// which ask sends a script to (nil: none, see stallLog.ask).
-func (b *batcher) stallLog(node string, ask func(context.Context) error) *stallLog {
+// which ask sends a script to (nil: none, see stallLog.ask) and refuses
+// dials (nil: not known, see stallLog.refuses).
+func (b *batcher) stallLog(node string, ask func(context.Context) error, refuses func() bool) *stallLog {
 	if b.log == nil {
 		return nil
 	}
-	return &stallLog{log: b.log, count: b.stalls, node: node, ask: ask}
+	return &stallLog{log: b.log, count: b.stalls, node: node, ask: ask, refuses: refuses}
 }
 
 // poolSize is how many connections client keeps to a server (each node, on
@@ -371,7 +372,7 @@ func (b *batcher) addLane(node *redis.Client) *lane {
 		})
 		b.kept = b.nLanes
 	}
-	l := &lane{node: node, stall: b.stallLog(node.Options().Addr, askScript(node))}
+	l := &lane{node: node, stall: b.stallLog(node.Options().Addr, askScript(node), refusesOf(node))}
 	b.lanes.Store(node, l)
 	b.nLanes++
 	return l

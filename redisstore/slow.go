@@ -128,6 +128,9 @@ type stallLog struct {
 	// askScript); nil: no one server to ask (a Cluster's calls whose
 	// master is not known), the lane's own answers tell.
 	ask func(context.Context) error
+	// refuses reports whether the lane's server refuses a connection now
+	// (see refusesOf); nil: not known, a stall is told.
+	refuses func() bool
 	// The lane's suspected stalls (lane.suspect), numbered; settled: the
 	// last one told or found answered; asking: lane.confirm runs.
 	mu                 sync.Mutex
@@ -143,6 +146,39 @@ type stallLog struct {
 const stallAfter = 50 * time.Millisecond
 
 func stallWait(rtt time.Duration) time.Duration { return max(stallAfter, lateRTTs*rtt) }
+
+// refusesOf returns stallLog.refuses for c: a dial as c's own (its
+// Dialer: TLS and a Sentinel's master alike), bounded by refuseWait, that
+// fails other than by a timeout. A killed Redis refuses connections and
+// its calls time out in the client's dial retries, as a stopped one's do
+// unanswered: only a stopped or frozen one (the kernel completes the
+// handshake) or held writes are a stall. A dial that times out (a host
+// that drops packets, a stopped Redis's TLS handshake) is not told apart,
+// and reads as a stall. Nil for no client and for a Cluster, whose lanes
+// each have their master's.
+func refusesOf(c redis.UniversalClient) func() bool {
+	n, ok := c.(*redis.Client)
+	if !ok || n == nil {
+		return nil
+	}
+	o := n.Options()
+	if o.Dialer == nil {
+		return nil
+	}
+	return func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), refuseWait)
+		defer cancel()
+		conn, err := o.Dialer(ctx, o.Network, o.Addr)
+		if err != nil {
+			return !timedOut(err)
+		}
+		conn.Close()
+		return false
+	}
+}
+
+// refuseWait bounds refusesOf's dial.
+const refuseWait = time.Second
 
 // askScript returns stallLog.ask for c: a script, not a PING, so that
 // what holds the lane's calls (CLIENT PAUSE WRITE) holds it too. Nil for
@@ -179,7 +215,7 @@ func (l *lane) suspect(d time.Duration) {
 	w.mu.Unlock()
 	switch {
 	case wait <= 0:
-		w.stalled()
+		go l.tell()
 	case start:
 		go l.confirm(wait)
 	}
@@ -208,7 +244,7 @@ func (l *lane) confirm(wait time.Duration) {
 		tell := !answered && l.stalled.Load() && n == w.suspected
 		w.mu.Unlock()
 		if tell {
-			w.stalled()
+			l.tell()
 		}
 		wait = stallWait(l.answeredRTT())
 	}
@@ -225,6 +261,18 @@ func (w *stallLog) answers(wait time.Duration) bool {
 	ctx, cancel := context.WithTimeout(context.Background(), wait)
 	defer cancel()
 	return !connLost(boundedErr(ctx, func() error { return w.ask(ctx) }))
+}
+
+// tell tells l's stall, unless its server refuses connections: a Redis
+// that is down, not stalled, which its calls' errors and the caller's
+// checks tell as unreachable. It may dial (refusesOf), so it runs outside
+// the send that found the stall.
+func (l *lane) tell() {
+	w := l.stall
+	if w == nil || (w.refuses != nil && w.refuses()) || !l.stalled.Load() {
+		return
+	}
+	w.stalled()
 }
 
 // stallEvery: at most one WARN line per lane this often.
@@ -285,7 +333,9 @@ func (w *stallLog) attrs(kv ...any) []any {
 // after one was answered, and nothing answered for 50 ms (or 8 of its
 // round trips, if longer) from that send's start; a send cut sooner by its
 // caller's deadline is followed by a script of the Store's own, sent to
-// learn whether Redis answers. While it lasts the Store sends that server
+// learn whether Redis answers. A server that refuses connections then
+// (killed, or down) is unreachable, not stalled: it counts none, and
+// writes no line. While it lasts the Store sends that server
 // one batch at a time (see the package doc).
 func (s *Store) Stalls() int64 {
 	if s == nil {
