@@ -1491,10 +1491,18 @@ func (s *Server) checkRedis(c redis.UniversalClient) error {
 		s.health.setMasters(rep.Masters)
 	}
 	if err != nil {
+		// A timeout against a Redis that accepted the connection (the
+		// check's dial, watched) is a stall, as it is after the start: a
+		// stopped Redis was told as unreachable here, and in the metric
+		// and /v1/status.
+		classified := redisstore.Classify(err)
+		err = s.health.checkErr(err)
 		msg := "Redis unreachable at start; serving under the failure policy and retrying"
 		switch {
 		case errors.Is(err, redisstore.ErrPartial):
 			msg = "some Redis Cluster masters fail at start; their keys' calls fail, the others' decide on Redis; retrying"
+		case errors.Is(err, redisstore.ErrStalled) && !errors.Is(classified, redisstore.ErrStalled):
+			msg = "Redis not answering at start (it accepts connections, but answers nothing in time: stopped, frozen, or behind a long command); serving under the failure policy and retrying"
 		case errors.Is(err, redisstore.ErrStalled):
 			msg = "Redis stalled at start (it answers, but a write does not complete); serving under the failure policy and retrying"
 		case errors.Is(err, redisstore.ErrMaxClients):

@@ -1458,3 +1458,37 @@ func TestHealthLiveCheckCutShort(t *testing.T) {
 		t.Errorf("50 live checks cut short by their bound: store %+v; want up, nothing learned:\n%s", st.Store, logs.String())
 	}
 }
+
+// TestFaultServeRedisStoppedAtStart: a Redis stopped (SIGSTOP) before
+// `sluice serve` starts accepts its connections and answers nothing: the
+// start says so, and the store is lost as stalled in the line, the
+// metric and /v1/status, as after the start. Before, no dial was watched
+// before the start's check, and the timeout read as unreachable: "Redis
+// unreachable at start", cause=unreachable. A killed one is still
+// unreachable (TestServerRedisUnreachableAtStart).
+func TestFaultServeRedisStoppedAtStart(t *testing.T) {
+	race.SkipTiming(t)
+	r := redistest.StartServer(t)
+	r.Pause(t)
+	t.Cleanup(func() { r.Resume(t) })
+	p := startSluice(t, nil, "--redis", "redis://"+r.Addr, "--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0", "--watch-interval", "200ms")
+	log := p.stderr.String()
+	if !strings.Contains(log, "Redis not answering at start") || strings.Contains(log, "Redis unreachable at start") {
+		t.Errorf("start with Redis stopped: want it told as not answering, log:\n%s", log)
+	}
+	if !strings.Contains(log, "cause=stalled") || strings.Contains(log, "cause=unreachable") {
+		t.Errorf("start with Redis stopped: want cause=stalled only, log:\n%s", log)
+	}
+	if _, st := p.getJSON(t, "/v1/status"); st["store"].(map[string]any)["cause"] != "stalled" {
+		t.Errorf("status with Redis stopped at start: %v, want the store's cause stalled", st["store"])
+	}
+	if got := scrapedMetric(t, p, `sluice_store_transitions_total{cause="stalled",to="down"}`); got != "1" {
+		t.Errorf(`sluice_store_transitions_total{cause="stalled",to="down"} %q, want 1; metrics:\n%s`, got, metricsBody(t, p))
+	}
+}
+
+func metricsBody(t *testing.T, p *proc) string {
+	t.Helper()
+	_, body := p.get(t, "/metrics")
+	return grepLines(body, "sluice_store")
+}

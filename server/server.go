@@ -372,6 +372,10 @@ func (s *Server) openStore() (sluice.Store, error) {
 			s.metrics.reg.MustRegister(replaced, roleRefused, staleSwitches)
 			s.closers = append(s.closers, follower.Close)
 		}
+		// Before the start's check: its dials say whether a check that
+		// timed out met a Redis that accepts connections (stalled) or
+		// none (unreachable).
+		s.health.connected = watchDials(client)
 		if err := s.checkRedis(client); err != nil {
 			return nil, err
 		}
@@ -385,7 +389,6 @@ func (s *Server) openStore() (sluice.Store, error) {
 		s.closers = append(s.closers, closeQuick)
 		s.checkWait(client, storeOpts)
 		s.redis = client
-		s.health.connected = watchDials(client)
 		s.metrics.storeName = "redis"
 		info := newRedisInfo(client, 0)
 		info.evictions = newEvictionWatch(s.log, s.opts.StoreCheckInterval)
