@@ -44,7 +44,8 @@ type breaker struct {
 	policy     Policy
 	observer   sluice.Observer
 	log        *slog.Logger
-	jitter     func() float64 // in [0, 1); nil: none (tests)
+	cause      func(error) string // Options.Cause; nil: none
+	jitter     func() float64     // in [0, 1); nil: none (tests)
 
 	// state is generation<<8 | sluice.BreakerState, read without the
 	// lock on the hot path: one word, so that a turn's generation is
@@ -107,6 +108,7 @@ func newBreaker(o *Options, name string) breaker {
 		policy:     o.Policy,
 		observer:   o.Observer,
 		log:        log,
+		cause:      o.Cause,
 		jitter:     rand.Float64,
 		closed:     closedAnswers{log: log, store: name, policy: o.Policy, pace: logpace.Pacer{Gather: closedGather, Every: closedQuiet}},
 	}
@@ -388,6 +390,9 @@ func (b *breaker) set(now time.Time, to sluice.BreakerState, why string, err err
 	attrs := b.attrs("from", from.String(), "reason", why)
 	if err != nil {
 		attrs = append(attrs, "error", err)
+		if b.cause != nil && !quiet {
+			attrs = append(attrs, "cause", b.cause(err))
+		}
 	}
 	switch {
 	case quiet:

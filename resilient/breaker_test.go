@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -453,5 +454,27 @@ func TestProbeNowWhileProbing(t *testing.T) {
 			t.Fatalf("still %v after %d calls with the backend back; want the next probes due at once", s.State(), i)
 		}
 		s.Take(context.Background(), "k", lim, 1)
+	}
+}
+
+// With Options.Cause, a transition's line names the error's cause beside
+// it, as the metrics that take the same function do.
+func TestBreakerLogsCause(t *testing.T) {
+	t.Parallel()
+	clk := storetest.NewClock(t0)
+	b := newFlaky(clk.Now)
+	log := &lines{}
+	s := newStore(t, b, &Options{Name: "redis", Clock: clk.Now, Timeout: slow, Logger: slog.New(log),
+		Cause: func(error) string { return "stalled" }})
+	s.br.jitter = nil
+	b.mode.Store(1)
+	for range 30 {
+		if _, err := s.Take(context.Background(), "k", sluice.PerSecond(1000), 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want := "resilient: breaker open store=redis from=closed error=backend down cause=stalled"
+	if got := log.all(); !slices.Contains(got, want) {
+		t.Errorf("log lines:\n%s\nwant among them: %s", strings.Join(got, "\n"), want)
 	}
 }

@@ -331,6 +331,13 @@ type Options struct {
 	// slog.New(slog.DiscardHandler).
 	Logger *slog.Logger
 
+	// Cause, if set, names the kind of a backend failure in the breaker's
+	// transition lines: a cause attribute beside the error, such as
+	// promsluice.Options.Cause gives sluice_store_errors_total, so that
+	// the line names what the metrics do ("stalled", "unreachable").
+	// Called once per line, not per call. Default: none.
+	Cause func(error) string
+
 	// DenyCacheSize bounds the deny cache's entries. Default: 100,000. A
 	// negative value disables the cache. Cached denials are exact unless
 	// the backend refunds units after the fact (a non-atomic TakeAll, as

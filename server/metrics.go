@@ -89,20 +89,7 @@ func NewMetrics() *Metrics {
 		if h := m.holds.Load(); h != nil {
 			h.expire()
 		}
-	}, Cause: func(err error) string {
-		// The causes of sluice_store_transitions_total; a memory store
-		// fails only on a caller's mistake.
-		if m.storeName != "redis" {
-			return "other"
-		}
-		if m.stalled.Load() {
-			if errors.Is(err, resilient.ErrTimeout) {
-				return "stalled"
-			}
-			return cause(redisstore.Stalled(err))
-		}
-		return cause(m.health.callErr(err))
-	}})
+	}, Cause: m.cause})
 	m.reg.MustRegister(m.obs, m.fallback, m.reloads, m.configTime, m.configOK, m.requests, m.duration, m.unknown, m.unmatched, m.timeout, m.connRefused,
 		ReadBuildInfo().collector(),
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -474,4 +461,21 @@ func (t timedGrantAllerMulti) GrantAll(ctx context.Context, reqs []sluice.GrantR
 		t.m.store(op, took, r.Err)
 	}
 	return res
+}
+
+// cause names the kind of a failed store call: the causes of
+// sluice_store_errors_total and of the breaker's transition lines.
+func (m *Metrics) cause(err error) string {
+	// The causes of sluice_store_transitions_total; a memory store
+	// fails only on a caller's mistake.
+	if m.storeName != "redis" {
+		return "other"
+	}
+	if m.stalled.Load() {
+		if errors.Is(err, resilient.ErrTimeout) {
+			return "stalled"
+		}
+		return cause(redisstore.Stalled(err))
+	}
+	return cause(m.health.callErr(err))
 }

@@ -445,7 +445,7 @@ func (s *Server) openStore() (sluice.Store, error) {
 		}
 		store, err := resilient.NewMulti(budgetStore{rs, 0}, &resilient.Options{
 			Name: "redis", Policy: s.opts.FailurePolicy, Timeout: s.opts.DecisionTimeout, Observer: healthObserver{s.metrics, s.health},
-			Fleet: fleet, Logger: s.log, // a line per breaker transition and per failure policy switch
+			Fleet: fleet, Logger: s.log, Cause: s.metrics.cause, // a line per breaker transition and per failure policy switch
 			DenyCacheFor: s.leaseFor, Fallback: local,
 		})
 		if err != nil {
