@@ -161,11 +161,13 @@ func refusesOf(c redis.UniversalClient) func() bool {
 	if !ok || n == nil {
 		return nil
 	}
-	o := n.Options()
-	if o.Dialer == nil {
-		return nil
-	}
 	return func() bool {
+		// Read here, not when the Store is made: a zero redis.Client has
+		// no options, and New must not panic on it.
+		o := n.Options()
+		if o == nil || o.Dialer == nil {
+			return false
+		}
 		ctx, cancel := context.WithTimeout(context.Background(), refuseWait)
 		defer cancel()
 		conn, err := o.Dialer(ctx, o.Network, o.Addr)
