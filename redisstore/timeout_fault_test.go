@@ -35,18 +35,7 @@ func TestFaultIsolatedTimeoutsNoReloads(t *testing.T) {
 		// An episode reloads every 250 ms for at least 5 s.
 		maxReloads = 8
 	)
-	cl := redistest.StartCluster(t, nil)
-	logs := &syncBuffer{}
-	s := redisstore.New(cl.Client(t), &redisstore.Options{Prefix: redistest.Prefix(t),
-		Logger: slog.New(slog.NewTextHandler(logs, nil))})
-	keys, masters := keyPerMaster(t, cl, s, failoverLimit)
-	for _, key := range keys {
-		if _, err := s.Take(context.Background(), key, failoverLimit, 1); err != nil {
-			t.Fatal(err)
-		}
-	}
-	admin := redis.NewClient(&redis.Options{Addr: masters[0].Addr})
-	t.Cleanup(func() { admin.Close() })
+	s, logs, keys, admin := clusterTaken(t, nil)
 
 	var timeouts, calls atomic.Int64
 	done := make(chan struct{})
@@ -121,18 +110,7 @@ func TestFaultTimeoutRunReloads(t *testing.T) {
 		within   = time.Second
 	)
 	// A node timeout longer than the hang: the master is never flagged.
-	cl := redistest.StartCluster(t, &redistest.ClusterOptions{NodeTimeout: 5 * time.Second})
-	logs := &syncBuffer{}
-	s := redisstore.New(cl.Client(t), &redisstore.Options{Prefix: redistest.Prefix(t),
-		Logger: slog.New(slog.NewTextHandler(logs, nil))})
-	keys, masters := keyPerMaster(t, cl, s, failoverLimit)
-	for _, key := range keys {
-		if _, err := s.Take(context.Background(), key, failoverLimit, 1); err != nil {
-			t.Fatal(err)
-		}
-	}
-	admin := redis.NewClient(&redis.Options{Addr: masters[0].Addr})
-	t.Cleanup(func() { admin.Close() })
+	s, logs, keys, admin := clusterTaken(t, &redistest.ClusterOptions{NodeTimeout: 5 * time.Second})
 
 	done := make(chan struct{})
 	var wg sync.WaitGroup
@@ -193,4 +171,24 @@ func (b *syncBuffer) String() string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.buf.String()
+}
+
+// clusterTaken starts a Cluster and a Store on it that logs to logs, with
+// one key per master (keys, each taken once, in masters' order) and a
+// client of the first master (admin).
+func clusterTaken(t *testing.T, opts *redistest.ClusterOptions) (*redisstore.Store, *syncBuffer, []string, *redis.Client) {
+	t.Helper()
+	cl := redistest.StartCluster(t, opts)
+	logs := &syncBuffer{}
+	s := redisstore.New(cl.Client(t), &redisstore.Options{Prefix: redistest.Prefix(t),
+		Logger: slog.New(slog.NewTextHandler(logs, nil))})
+	keys, masters := keyPerMaster(t, cl, s, failoverLimit)
+	for _, key := range keys {
+		if _, err := s.Take(context.Background(), key, failoverLimit, 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	admin := redis.NewClient(&redis.Options{Addr: masters[0].Addr})
+	t.Cleanup(func() { admin.Close() })
+	return s, logs, keys, admin
 }
