@@ -1393,26 +1393,23 @@ func (s *Store) refill(ctx context.Context, l *lease, key string, limit sluice.L
 	sent := s.now()
 	var g sluice.Grant
 	var err error
-	if turn.joined() {
+	var back int64
+	switch {
+	case turn.joined():
 		// With the TakeAll's other grants, in one call (see grantBatch):
-		// a regrant when it has units to give back, as below.
-		var back int64
+		// a regrant when it has units to give back (a GrantAller is a
+		// Regranter, so unused is 0 here unless one), as below.
 		back, g, err = turn.grant(sluice.GrantRequest{Key: key, Limit: limit, N: max(n, cost), Grant: old, Unused: unused})
-		if one {
-			s.returned.Add(uint64(back))
-			if err == nil {
-				s.forfeited.Add(uint64(max(unused-back, 0)))
-			}
-		}
-	} else if one {
-		var back int64
+	case one:
 		back, g, err = rg.Regrant(ctx, key, limit, old, unused, max(n, cost))
+	default:
+		g, err = s.granter.Grant(ctx, key, limit, max(n, cost))
+	}
+	if one {
 		s.returned.Add(uint64(back))
 		if err == nil {
 			s.forfeited.Add(uint64(max(unused-back, 0)))
 		}
-	} else {
-		g, err = s.granter.Grant(ctx, key, limit, max(n, cost))
 	}
 	if err != nil {
 		l.doneGranting()
