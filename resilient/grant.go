@@ -274,20 +274,31 @@ func backendErr(err error) error {
 // backend through the breaker, and counts its outcome there as any call's.
 func pass[T any](ctx context.Context, s *Store, op, key string, fn func(context.Context) (T, error)) (T, error) {
 	var zero T
-	if err := s.ended(ctx, op); err != nil {
+	now := s.clock()
+	g, err := s.admit(ctx, op, key, now)
+	if err != nil {
 		return zero, err
 	}
-	now := s.clock()
-	b := s.breakerFor(key)
-	call, tn := b.allow(now)
-	if !call {
-		return zero, fmt.Errorf("%w: %w: %s: breaker %v", ErrNoGrant, ErrNotSent, op, b.current())
-	}
 	v, lat, err := bounded(ctx, s.timeout, s.inline, fn)
-	if err := s.passed(ctx, op, key, gate{b, tn}, now, lat, err); err != nil {
+	if err := s.passed(ctx, op, key, g, now, lat, err); err != nil {
 		return zero, err
 	}
 	return v, nil
+}
+
+// admit is pass's gate for a call for key at now: the caller's context
+// not ended, and key's breaker letting the call through (ErrNotSent
+// otherwise).
+func (s *Store) admit(ctx context.Context, op, key string, now time.Time) (gate, error) {
+	if err := s.ended(ctx, op); err != nil {
+		return gate{}, err
+	}
+	b := s.breakerFor(key)
+	call, tn := b.allow(now)
+	if !call {
+		return gate{}, fmt.Errorf("%w: %w: %s: breaker %v", ErrNoGrant, ErrNotSent, op, b.current())
+	}
+	return gate{b, tn}, nil
 }
 
 // passed counts the outcome of a call for key that pass sent through
@@ -346,20 +357,15 @@ func (s *Store) GrantAll(ctx context.Context, reqs []sluice.GrantRequest) []slui
 		} else {
 			err = sluice.ValidateGrant(r.Key, r.Limit, r.N)
 		}
+		var g gate
 		if err == nil {
-			err = s.ended(ctx, op)
+			g, err = s.admit(ctx, op, r.Key, now)
 		}
 		if err != nil {
 			out[i].Err = err
 			continue
 		}
-		b := s.breakerFor(r.Key)
-		call, tn := b.allow(now)
-		if !call {
-			out[i].Err = fmt.Errorf("%w: %w: %s: breaker %v", ErrNoGrant, ErrNotSent, op, b.current())
-			continue
-		}
-		sent, at, gates = append(sent, r), append(at, i), append(gates, gate{b, tn})
+		sent, at, gates = append(sent, r), append(at, i), append(gates, g)
 	}
 	if len(sent) == 0 {
 		return out
