@@ -495,6 +495,7 @@ type hot struct {
 	stop  int64 // spendable while now ≤ stop: until, and before end
 	rest  int64 // the store's Remaining after the last grant
 	reset int64 // the last grant's send plus its ResetAfter
+	_     int64 // a slot of a whole cache line (internal/table)
 }
 
 // lease is one key's lease under one limit in this process. Its shard's

@@ -9,11 +9,14 @@ import (
 	"github.com/sluicehq/sluice"
 )
 
-// A state stays 40 bytes, so that a table slot is one cache line (see
-// internal/table): fill lives beside the 32-bit previous count.
+// A state stays 48 bytes, so that a table slot is one cache line (see
+// internal/table), and a GCRA key's 16, so that its slot is half a line.
 func TestStateSize(t *testing.T) {
-	if n := unsafe.Sizeof(state{}); n != 40 {
-		t.Errorf("state is %d bytes, want 40", n)
+	if n := unsafe.Sizeof(state{}); n != 48 {
+		t.Errorf("state is %d bytes, want 48", n)
+	}
+	if n := unsafe.Sizeof(gcraState{}); n != 16 {
+		t.Errorf("gcraState is %d bytes, want 16", n)
 	}
 }
 
@@ -72,7 +75,7 @@ func TestEvictOrder(t *testing.T) {
 			seed := maphash.MakeSeed()
 			sh := &shard{maxKeys: len(c.keys)}
 			for _, k := range c.keys {
-				sh.insert(tagOf(maphash.String(seed, k.name), sluice.GCRA), k.name, state{fill: k.fill, expires: k.expires}, now)
+				sh.insert(tagOf(maphash.String(seed, k.name), sluice.TokenBucket), k.name, sluice.TokenBucket, &state{fill: k.fill, expires: k.expires}, now)
 			}
 			var keep []sluice.Request
 			if c.keep != "" {
@@ -83,11 +86,36 @@ func TestEvictOrder(t *testing.T) {
 				t.Fatalf("%d keys left, want %d", sh.n, len(c.keys)-1)
 			}
 			for _, k := range c.keys {
-				tag := tagOf(maphash.String(seed, k.name), sluice.GCRA)
+				tag := tagOf(maphash.String(seed, k.name), sluice.TokenBucket)
 				if gone := sh.tab.Find(tag, k.name) == nil; gone != (k.name == c.want) {
 					t.Errorf("%s gone=%v; want %s evicted", k.name, gone, c.want)
 				}
 			}
 		})
+	}
+}
+
+// Eviction samples GCRA's keys and every other algorithm's alike, though
+// they live in tables of their own: in proportion to the keys each holds.
+func TestEvictSamplesBothTables(t *testing.T) {
+	const now = int64(1_000_000)
+	seed := maphash.MakeSeed()
+	gone := map[bool]int{}
+	for range 400 {
+		sh := &shard{maxKeys: 40}
+		for i := range 40 {
+			a := sluice.TokenBucket
+			if i%4 == 0 { // a quarter of the keys are GCRA's
+				a = sluice.GCRA
+			}
+			key := string(rune('a'+i%26)) + string(rune('0'+i/26))
+			sh.insert(tagOf(maphash.String(seed, key), a), key, a, &state{a: now + 1, expires: now + 1, fill: 7}, now)
+		}
+		g := sh.gcra.Len()
+		sh.evict(now, nil)
+		gone[sh.gcra.Len() < g]++
+	}
+	if gone[true] < 60 || gone[true] > 140 {
+		t.Errorf("a GCRA key evicted %d times in 400, want about 100 (a quarter)", gone[true])
 	}
 }

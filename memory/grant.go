@@ -65,22 +65,23 @@ func (s *Store) Regrant(ctx context.Context, key string, limit sluice.Limit, g s
 
 // grant is Grant at now on sh, which must be locked.
 func (sh *shard) grant(tag uint32, key string, limit sluice.Limit, p *params, n, now int64) sluice.Grant {
-	st := sh.tab.Find(tag, key)
-	if st != nil && st.expires <= now { // expired but not yet swept: fresh again
-		st.a, st.b, st.c, st.fill, st.expires = 0, 0, 0, 0, 0
+	e := sh.find(tag, key, p.alg)
+	var st state
+	if e.found() {
+		if st = e.get(); st.expires <= now { // expired but not yet swept: fresh again
+			st.a, st.b, st.c, st.fill, st.expires = 0, 0, 0, 0, 0
+		}
 	}
-	fresh := st == nil
-	if fresh {
-		st = new(state)
-	}
-	r, granted := grant(st, now, p, n)
+	r, granted := grant(&st, now, p, n)
 	epoch := sh.epoch(key, limit, now, granted > 0)
 	at := now
 	if granted > 0 {
 		st.expires = now + r.reset
 		st.fill = fillOf(&r, p)
-		if fresh {
-			sh.insert(tag, key, *st, now)
+		if e.found() {
+			e.set(&st)
+		} else {
+			sh.insert(tag, key, p.alg, &st, now)
 		}
 		if windowed(limit.Algorithm) {
 			at = max(now, st.a*p.period) // charged in a newer window: as at its start
@@ -98,19 +99,24 @@ func (sh *shard) giveBack(tag uint32, key string, limit sluice.Limit, p *params,
 	if !windowed(limit.Algorithm) {
 		give = sluice.ReturnAllowance(limit, unused, now-g.At)
 	}
-	st := sh.tab.Find(tag, key)
-	if give == 0 || st == nil || st.expires <= now || sh.epoch(key, limit, now, false) != g.Epoch {
+	e := sh.find(tag, key, p.alg)
+	if give == 0 || !e.found() {
+		return 0
+	}
+	st := e.get()
+	if st.expires <= now || sh.epoch(key, limit, now, false) != g.Epoch {
 		return 0 // a fresh or reset key has nothing to give back into
 	}
 	// Report what the key took back: what a take could have more now.
-	before := decide(st, now, p, 1, false).remaining
+	before := decide(&st, now, p, 1, false).remaining
 	after := p.capacity
-	if refund(st, now, p, give, g.At) {
-		sh.tab.Remove(tag, key)
+	if refund(&st, now, p, give, g.At) {
+		sh.remove(tag, key, p.alg)
 		sh.n--
 	} else {
-		r := decide(st, now, p, 1, false)
+		r := decide(&st, now, p, 1, false)
 		after, st.fill = r.remaining, fillOf(&r, p)
+		e.set(&st)
 	}
 	return min(give, max(after-before, 0))
 }

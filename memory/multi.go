@@ -46,8 +46,10 @@ func (s *Store) TakeAll(ctx context.Context, reqs []sluice.Request) ([]sluice.De
 		params[i] = newParams(r.Limit)
 		var cp state
 		sh, tag := s.locate(r.Key, r.Limit.Algorithm)
-		if st := sh.tab.Find(tag, r.Key); st != nil && st.expires > now {
-			cp = *st
+		if e := sh.find(tag, r.Key, r.Limit.Algorithm); e.found() {
+			if cp = e.get(); cp.expires <= now {
+				cp = state{}
+			}
 		}
 		res := decide(&cp, now, &params[i], r.Cost, false)
 		res.fill(&out[i], r.Limit)
@@ -58,15 +60,18 @@ func (s *Store) TakeAll(ctx context.Context, reqs []sluice.Request) ([]sluice.De
 	}
 	for i, r := range reqs {
 		sh, tag := s.locate(r.Key, r.Limit.Algorithm)
-		st := sh.tab.Find(tag, r.Key)
-		if st == nil {
-			st = sh.insertKeeping(tag, r.Key, state{}, now, reqs)
-		} else if st.expires <= now {
+		e := sh.find(tag, r.Key, r.Limit.Algorithm)
+		if !e.found() {
+			e = sh.insertKeeping(tag, r.Key, r.Limit.Algorithm, &state{}, now, reqs)
+		}
+		st := e.get()
+		if st.expires <= now {
 			st.clear()
 		}
-		res := decide(st, now, &params[i], r.Cost, true)
+		res := decide(&st, now, &params[i], r.Cost, true)
 		st.expires = now + res.reset
 		st.fill = fillOf(&res, &params[i])
+		e.set(&st)
 		res.fill(&out[i], r.Limit)
 	}
 	return out, nil

@@ -70,8 +70,10 @@ type Options struct {
 	// live holders is never dropped. Any positive int is valid, up to
 	// math.MaxInt (in effect no bound); a negative one is refused
 	// (ErrInvalidOptions). Default (0): 1,000,000. A rate-limited
-	// key costs a 64-byte slot in a table kept 41 % to 81 % full, 79 to
-	// 158 bytes besides its string; the sliding window log adds its log.
+	// key costs a slot in a table kept 41 % to 81 % full: under GCRA (the
+	// default algorithm) a 32-byte slot, 40 to 79 bytes besides its string;
+	// under another a 64-byte one, 79 to 158 bytes; the sliding window log
+	// adds its log.
 	// A sweep that leaves a shard's table less than an eighth full
 	// shrinks it, so a burst of keys gives its memory back once expired.
 	MaxKeys int
@@ -116,8 +118,9 @@ type Store struct {
 
 type shard struct {
 	mu      sync.Mutex
-	tab     table.Table[state] // every algorithm's keys, tagged by tagOf
-	n       int                // live keys in tab
+	gcra    table.Table[gcraState] // GCRA's keys (entry.go), tagged by tagOf
+	tab     table.Table[state]     // every other algorithm's keys, tagged by tagOf
+	n       int                    // live keys in both
 	maxKeys int
 	slots   map[string]*slotKey // in-flight holders by key (inflight.go)
 	resets  map[resetKey]mark   // recent Resets, which returns must not undo (grant.go)
@@ -131,17 +134,19 @@ type shard struct {
 // expires is when the state is fresh again (µs); zero marks a fresh state,
 // the in-memory twin of a missing Redis key.
 //
-// The log is behind a pointer so that every other algorithm's state, the
-// common case, takes 40 bytes, not 80: fewer cache lines per decision.
+// The log is behind a pointer so that every other algorithm's state takes
+// 48 bytes, not 88: with the table's 16 bytes, one cache line per slot.
+// A GCRA key's table keeps only a and fill (gcraState).
 //
 // c is the sliding window counter's previous count, at most sluice.MaxRate,
-// so 32 bits hold it and leave room for fill within the 40 bytes.
+// so 32 bits hold it and leave room for fill.
 type state struct {
 	a, b    int64
 	c       int32
 	fill    uint32 // the share of its limit the key had taken (see fillOf)
 	expires int64
 	log     *ring // sliding_window_log only; nil until it logs a unit
+	_       int64 // a slot of a whole cache line (internal/table)
 }
 
 // clear makes st fresh, keeping the log's buffer.
@@ -305,7 +310,11 @@ func (s *Store) shard(key string) *shard { return &s.shards[s.shardIndex(key)] }
 func (s *Store) locate(key string, a sluice.Algorithm) (*shard, uint32) {
 	h := maphash.String(s.seed, key)
 	sh, tag := &s.shards[h&s.mask], tagOf(h, a)
-	sh.tab.Prefetch(tag)
+	if a == sluice.GCRA {
+		sh.gcra.Prefetch(tag)
+	} else {
+		sh.tab.Prefetch(tag)
+	}
 	return sh, tag
 }
 
@@ -375,7 +384,9 @@ func (s *Store) Take(ctx context.Context, key string, limit sluice.Limit, cost i
 	sh.mu.Lock()
 	now := s.now()
 	var r result
-	if st := sh.tab.Find(tag, key); st != nil {
+	if p.alg == sluice.GCRA {
+		r = sh.takeGCRA(tag, key, now, p, cost)
+	} else if st := sh.tab.Find(tag, key); st != nil {
 		if st.expires <= now { // expired but not yet swept: fresh again
 			st.clear()
 		}
@@ -390,6 +401,22 @@ func (s *Store) Take(ctx context.Context, key string, limit sluice.Limit, cost i
 	sh.mu.Unlock()
 	r.fill(&d, limit)
 	return d, nil
+}
+
+// takeGCRA is Take's decision on a GCRA key, in its compact slot. The
+// caller holds sh.mu.
+func (sh *shard) takeGCRA(tag uint32, key string, now int64, p *params, cost int64) result {
+	g := sh.gcra.Find(tag, key)
+	if g == nil {
+		return sh.takeFresh(tag, key, now, p, cost)
+	}
+	var st state
+	if g.tat > now { // else expired but not yet swept: fresh again
+		st.a, st.expires = g.tat, g.tat
+	}
+	r := gcra(&st, now, p, cost, true)
+	g.tat, g.fill = st.a, fillOf(&r, p)
+	return r
 }
 
 // lookup is s.limits.lookup, nil for a nil s.
@@ -408,7 +435,7 @@ func (sh *shard) takeFresh(tag uint32, key string, now int64, p *params, cost in
 	if r.allowed {
 		fresh.expires = now + r.reset
 		fresh.fill = fillOf(&r, p)
-		sh.insert(tag, key, fresh, now)
+		sh.insert(tag, key, p.alg, &fresh, now)
 	}
 	return r
 }
@@ -426,8 +453,10 @@ func (s *Store) Peek(ctx context.Context, key string, limit sluice.Limit, cost i
 	sh.mu.Lock()
 	now := s.now()
 	var cp state
-	if st := sh.tab.Find(tag, key); st != nil && st.expires > now {
-		cp = *st // the log is only read when commit is false
+	if e := sh.find(tag, key, p.alg); e.found() {
+		if cp = e.get(); cp.expires <= now { // the log is only read when commit is false
+			cp = state{}
+		}
 	}
 	r := decide(&cp, now, p, cost, false)
 	sh.mu.Unlock()
@@ -451,7 +480,7 @@ func (s *Store) Reset(ctx context.Context, key string, limit sluice.Limit) error
 	}
 	sh, tag := s.locate(key, limit.Algorithm)
 	sh.mu.Lock()
-	if sh.tab.Remove(tag, key) {
+	if sh.remove(tag, key, limit.Algorithm) {
 		sh.n--
 		sh.markReset(key, limit, s.now())
 	}
@@ -459,21 +488,21 @@ func (s *Store) Reset(ctx context.Context, key string, limit sluice.Limit) error
 	return nil
 }
 
-// insert adds st under key, evicting first if the shard is full, and
-// returns where it now lives (valid until the next insert).
-func (sh *shard) insert(tag uint32, key string, st state, now int64) *state {
-	return sh.insertKeeping(tag, key, st, now, nil)
+// insert adds st under key and algorithm a, evicting first if the shard
+// is full, and returns where it now lives (valid until the next insert).
+func (sh *shard) insert(tag uint32, key string, a sluice.Algorithm, st *state, now int64) ref {
+	return sh.insertKeeping(tag, key, a, st, now, nil)
 }
 
 // insertKeeping is insert, evicting none of keep's keys: a TakeAll's own
 // keys, whose takes an eviction would forget. With none other to evict,
 // the shard holds more than maxKeys, by fewer keys than the call has.
-func (sh *shard) insertKeeping(tag uint32, key string, st state, now int64, keep []sluice.Request) *state {
+func (sh *shard) insertKeeping(tag uint32, key string, a sluice.Algorithm, st *state, now int64, keep []sluice.Request) ref {
 	if sh.n >= sh.maxKeys {
 		sh.evict(now, keep)
 	}
 	sh.n++
-	return sh.tab.Add(tag, key, st)
+	return sh.add(tag, key, a, st)
 }
 
 // evict removes one key not in keep: of a small random sample, the one
@@ -495,35 +524,36 @@ func (sh *shard) insertKeeping(tag uint32, key string, st state, now int64, keep
 // sample of a TakeAll's own keys and a denied key evicted the denied key,
 // though the shard held keys that had taken next to nothing.
 func (sh *shard) evict(now int64, keep []sluice.Request) {
-	victim := -1
+	var victim candidate
 	var v *state
-	var seen [table.SampleSize]int
+	found := false
+	var seen [table.SampleSize]candidate
 	n := 0
 draw:
 	for range evictRounds {
-		idx, m := sh.tab.Sample()
-		for _, i := range idx[:m] {
-			if kept(keep, sh.tab.Key(i)) || slices.Contains(seen[:n], i) {
+		cs, m := sh.sample()
+		for _, c := range cs[:m] {
+			if kept(keep, sh.key(c)) || slices.Contains(seen[:n], c) {
 				continue
 			}
 			if n < len(seen) {
-				seen[n] = i
+				seen[n] = c
 				n++
 			}
-			st := sh.tab.At(i)
+			st := sh.at(c)
 			if st.expires <= now {
-				victim, v = i, nil
+				victim, v, found = c, nil, true
 				break draw
 			}
 			if v == nil || st.fill < v.fill || st.fill == v.fill && st.expires < v.expires {
-				victim, v = i, st
+				victim, v, found = c, &st, true
 			}
 		}
 		if keep == nil || n >= len(seen) {
 			break
 		}
 	}
-	if victim < 0 || v != nil && v.fill >= fillFull && keep != nil && n < len(seen) {
+	if !found || v != nil && v.fill >= fillFull && keep != nil && n < len(seen) {
 		return
 	}
 	if v != nil { // not expired: its limit starts afresh
@@ -532,7 +562,7 @@ draw:
 			sh.exhausted.Add(1)
 		}
 	}
-	sh.tab.Bury(victim)
+	sh.drop(victim)
 	sh.n--
 }
 
@@ -586,21 +616,28 @@ func (sh *shard) sweep(s *Store) {
 	h := sweepHold{s: s, sh: sh}
 	sh.sweepSlots(now, &h)
 	sh.sweepResets(now, &h)
+	sweepTable(&sh.gcra, func(g *gcraState) bool { return g.tat <= now }, &h)
+	sweepTable(&sh.tab, func(st *state) bool { return st.expires <= now }, &h)
+}
+
+// sweepTable removes the keys of t that expired says have, a chunk at a
+// time (h), and shrinks t if they leave it less than an eighth full.
+func sweepTable[V any](t *table.Table[V], expired func(*V) bool, h *sweepHold) {
 	var c table.Cursor
 	for {
-		from, to, _, ok := sh.tab.Chunk(&c, sweepChunk-h.n)
+		from, to, _, ok := t.Chunk(&c, sweepChunk-h.n)
 		if !ok {
 			break
 		}
 		for i := from; i < to; i++ {
-			if sh.tab.Live(i) && sh.tab.At(i).expires <= now {
-				sh.tab.Bury(i)
-				sh.n--
+			if t.Live(i) && expired(t.At(i)) {
+				t.Bury(i)
+				h.sh.n--
 			}
 		}
 		h.walked(to - from)
 	}
-	sh.tab.Fit()
+	t.Fit()
 }
 
 // sweepHold counts what a sweep walked under one hold of a shard's lock.

@@ -32,7 +32,7 @@ func TestSweepChunks(t *testing.T) {
 	}
 	clock.Advance(2 * time.Second) // short-*, the holds and the marks have expired
 	sh := &s.shards[0]
-	slots := sh.tab.Slots()
+	slots := sh.gcra.Slots() // the limits are GCRA's
 	pauses, made := 0, 0
 	s.sweepPaused = func(walked int) {
 		if walked > sweepChunk {
@@ -51,15 +51,15 @@ func TestSweepChunks(t *testing.T) {
 	if min := (2000 + slots) / sweepChunk; pauses < min {
 		t.Errorf("%d pauses, want at least %d", pauses, min)
 	}
-	if made == 0 || sh.tab.Slots() <= slots {
-		t.Fatalf("%d keys made during the sweep, %d slots (%d before): the table did not grow", made, sh.tab.Slots(), slots)
+	if made == 0 || sh.gcra.Slots() <= slots {
+		t.Fatalf("%d keys made during the sweep, %d slots (%d before): the table did not grow", made, sh.gcra.Slots(), slots)
 	}
 	if got, want := s.Len(), 1000+made; got != want {
 		t.Errorf("Len %d after the sweep, want %d (the long keys and those made during it)", got, want)
 	}
 	for i := range 1000 {
 		key := fmt.Sprint("short-", i)
-		if _, tag := s.locate(key, short.Algorithm); sh.tab.Find(tag, key) != nil {
+		if _, tag := s.locate(key, short.Algorithm); sh.find(tag, key, short.Algorithm).found() {
 			t.Fatalf("%s, expired, is still held", key)
 		}
 	}
@@ -80,7 +80,7 @@ func TestSweepGivesSlotsBack(t *testing.T) {
 	defer s.Close()
 	slots := func() (n int) {
 		for i := range s.shards {
-			n += s.shards[i].tab.Slots()
+			n += s.shards[i].gcra.Slots() + s.shards[i].tab.Slots()
 		}
 		return n
 	}

@@ -5,9 +5,16 @@
 // then an entry elsewhere. The key's hash, which the caller has already
 // computed to pick a shard, is not computed again: the caller passes a
 // 32-bit tag taken from it. A Table is not safe for concurrent use.
+//
+// A slot holds its key as a pointer to the key's bytes, its length in the
+// slot's meta word beside the tag: 16 bytes and the value, so that a
+// 16-byte value makes a 32-byte slot, two to a cache line. Over many keys
+// the table is what a lookup misses in the cache, and the smaller it is
+// the more of it the cache keeps.
 package table
 
 import (
+	"fmt"
 	"math/rand/v2"
 	"slices"
 	"sync/atomic"
@@ -39,12 +46,12 @@ func (t *Table[V]) Prefetch(tag uint32) {
 }
 
 // A slot is empty (meta 0), a tombstone (a deleted key, which probes pass
-// over; meta tombstone) or live (meta tag<<32 | kind). With a 40-byte value
-// (the memory store's state, a lease's spendable part) a slot is 64 bytes:
-// one cache line.
+// over; meta tombstone) or live (meta tag<<32 | len(key)<<22 | kind, its
+// key's bytes at key). A value of 16 bytes makes a 32-byte slot, one of 48
+// a 64-byte slot: a slot never straddles two cache lines.
 type slot[V any] struct {
 	meta uint64
-	key  string
+	key  unsafe.Pointer // the key's bytes
 	v    V
 }
 
@@ -54,9 +61,20 @@ func live(meta uint64) bool { return meta != 0 && meta != tombstone }
 
 // A kind tells apart entries of one key, as a lease store's limits: 1 ≤
 // kind ≤ MaxKind. Find, Add and Remove use kind 1.
-const MaxKind = 1<<32 - 2
+const MaxKind = 1<<22 - 1
 
-func metaOf(tag, kind uint32) uint64 { return uint64(tag)<<32 | uint64(kind) }
+// MaxKeyLen is the longest key a Table holds: its length has 10 bits of
+// the meta word. Every caller's keys are shorter (sluice.MaxKeyLen).
+const MaxKeyLen = 1<<10 - 1
+
+func metaOf(tag, kind uint32, key string) uint64 {
+	return uint64(tag)<<32 | uint64(len(key))<<22 | uint64(kind)
+}
+
+// keyOf is the key a live slot's meta and key pointer hold.
+func keyOf(meta uint64, p unsafe.Pointer) string {
+	return unsafe.String((*byte)(p), int(meta>>22)&MaxKeyLen)
+}
 
 // Find returns key's value, or nil. The pointer is valid until the next
 // Add.
@@ -76,13 +94,13 @@ func (t *Table[V]) lookup(tag, kind uint32, key string) int {
 		return -1
 	}
 	mask := len(t.slots) - 1
-	m := metaOf(tag, kind)
+	m := metaOf(tag, kind, key)
 	for i := int(tag) & mask; ; i = (i + 1) & mask {
 		s := &t.slots[i]
 		if s.meta == 0 {
 			return -1
 		}
-		if s.meta == m && s.key == key {
+		if s.meta == m && unsafe.String((*byte)(s.key), len(key)) == key { // the lengths match, in m
 			return i
 		}
 	}
@@ -92,13 +110,17 @@ func (t *Table[V]) lookup(tag, kind uint32, key string) int {
 // lives (valid until the next Add).
 func (t *Table[V]) Add(tag uint32, key string, v V) *V { return t.AddKind(tag, 1, key, v) }
 
-// AddKind is Add for key's entry of that kind.
+// AddKind is Add for key's entry of that kind. A key longer than MaxKeyLen,
+// or a kind out of range, is a bug in the caller: it panics.
 func (t *Table[V]) AddKind(tag, kind uint32, key string, v V) *V {
+	if len(key) > MaxKeyLen || kind < 1 || kind > MaxKind {
+		panic(fmt.Sprintf("table: key of %d bytes (at most %d), kind %d (1 to %d)", len(key), MaxKeyLen, kind, MaxKind))
+	}
 	if 16*(t.used+1) > 13*len(t.slots) {
 		t.rehash()
 	}
 	s := t.place(tag)
-	s.meta, s.key, s.v = metaOf(tag, kind), key, v
+	s.meta, s.key, s.v = metaOf(tag, kind, key), unsafe.Pointer(unsafe.StringData(key)), v
 	t.n++
 	return &s.v
 }
@@ -136,7 +158,7 @@ func (t *Table[V]) RemoveKind(tag, kind uint32, key string) bool {
 // it goes.
 func (t *Table[V]) Bury(i int) {
 	s := &t.slots[i]
-	s.key, s.v = "", *new(V) // let the collector have them
+	s.key, s.v = nil, *new(V) // let the collector have them
 	t.n--
 	if t.slots[(i+1)&(len(t.slots)-1)].meta == 0 {
 		s.meta = 0
@@ -151,7 +173,7 @@ func (t *Table[V]) Bury(i int) {
 // for a key that is absent then passes about 15 slots on average, one
 // that finds its key about 3, and those are adjacent lines the hardware
 // prefetches; a lower load costs more memory, and memory that leaves the
-// cache costs every lookup a miss (at 3/4, the table over 100,000 keys
+// cache costs every lookup a miss (at 3/4, a table of 64-byte slots over 100,000 keys
 // took 16 MB, not 8).
 func (t *Table[V]) rehash() {
 	n := 16
@@ -228,7 +250,7 @@ func (t *Table[V]) Live(i int) bool { return live(t.slots[i].meta) }
 func (t *Table[V]) At(i int) *V { return &t.slots[i].v }
 
 // Key returns the key in slot i, which must be live.
-func (t *Table[V]) Key(i int) string { return t.slots[i].key }
+func (t *Table[V]) Key(i int) string { s := &t.slots[i]; return keyOf(s.meta, s.key) }
 
 // SampleSize is how many keys Sample returns at most, as Redis's
 // maxmemory-samples does for eviction.

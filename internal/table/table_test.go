@@ -5,6 +5,7 @@ import (
 	"math/rand/v2"
 	"sync"
 	"testing"
+	"unsafe"
 )
 
 // TestTableMatchesMap replays a seeded random mix of adds, finds and
@@ -255,5 +256,16 @@ func TestCursor(t *testing.T) {
 		if !seen[i] {
 			t.Fatalf("key %d, present throughout, not visited", i)
 		}
+	}
+}
+
+// A slot is 16 bytes and its value: a 16-byte value (the memory store's
+// GCRA state) makes half a cache line, a 48-byte one a whole line.
+func TestSlotSize(t *testing.T) {
+	if n := unsafe.Sizeof(slot[[2]int64]{}); n != 32 {
+		t.Errorf("a slot of a 16-byte value is %d bytes, want 32", n)
+	}
+	if n := unsafe.Sizeof(slot[[6]int64]{}); n != 64 {
+		t.Errorf("a slot of a 48-byte value is %d bytes, want 64", n)
 	}
 }
