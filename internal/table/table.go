@@ -35,14 +35,20 @@ type Table[V any] struct {
 	base, mask atomic.Uintptr
 }
 
-// Prefetch starts loading the slot where tag's probe begins. It is safe
-// without the lock that guards every other method: it reads only base and
-// mask, and an address made stale by a concurrent rehash only wastes the
-// hint (a prefetch never faults). A caller prefetches, then takes its lock
-// and reads its clock while the line arrives.
+// Prefetch starts loading the slot where tag's probe begins, and the
+// cache line after it, where a probe that finds its key past the first
+// slots goes on (at the load the table keeps, a successful probe passes
+// 2.6 slots on average): both misses are then paid at once, not one after
+// the other. It is safe without the lock that guards every other method:
+// it reads only base and mask, and an address made stale by a concurrent
+// rehash, or past the table's end, only wastes the hint (a prefetch never
+// faults). A caller prefetches, then takes its lock and reads its clock
+// while the lines arrive.
 func (t *Table[V]) Prefetch(tag uint32) {
 	var s slot[V]
-	prefetch.Line(t.base.Load() + (uintptr(tag)&t.mask.Load())*unsafe.Sizeof(s))
+	addr := t.base.Load() + (uintptr(tag)&t.mask.Load())*unsafe.Sizeof(s)
+	prefetch.Line(addr)
+	prefetch.Line(addr + 64)
 }
 
 // A slot is empty (meta 0), a tombstone (a deleted key, which probes pass
