@@ -488,14 +488,14 @@ type shard struct {
 // hot is the part of a lease that a local decision reads and writes, kept
 // in the lease's table slot: the decision touches the slot's cache line and
 // no other (a lease object of its own cost a second miss on every call).
-// units lives only here; the rest of the lease is behind l.
+// units lives only here; the rest of the lease is behind l. 32 bytes, a
+// 48-byte slot: units and rest are at most a capacity, sluice.MaxRate.
 type hot struct {
 	l     *lease
-	units int64 // left to spend
 	stop  int64 // spendable while now ≤ stop: until, and before end
-	rest  int64 // the store's Remaining after the last grant
 	reset int64 // the last grant's send plus its ResetAfter
-	_     int64 // a slot of a whole cache line (internal/table)
+	units int32 // left to spend: at most the limit's capacity, sluice.MaxRate
+	rest  int32 // the store's Remaining after the last grant, as units
 }
 
 // lease is one key's lease under one limit in this process. Its shard's
@@ -555,8 +555,8 @@ func (h *hot) leave() {
 // setUnits sets l's units to n, first counting what the local path spent
 // since mark as asked.
 func (l *lease) setUnits(h *hot, n int64) {
-	l.asked += l.mark - h.units
-	h.units, l.mark = n, n
+	l.asked += l.mark - int64(h.units)
+	h.units, l.mark = int32(n), n
 }
 
 // setStop derives h.stop from l's until and end.
@@ -1037,10 +1037,10 @@ func (h *hot) live(now int64) bool {
 // request's cost is already in asked (the local path's is not, and reads
 // nothing behind h.l).
 func (h *hot) spendLocal(d *sluice.Decision, sh *shard, limit sluice.Limit, cost, now int64, counted bool) bool {
-	if !h.live(now) || h.units < cost {
+	if !h.live(now) || int64(h.units) < cost {
 		return false
 	}
-	h.units -= cost
+	h.units -= int32(cost)
 	if counted {
 		h.l.mark -= cost
 	}
@@ -1062,7 +1062,7 @@ func (h *hot) local(limit sluice.Limit, now int64, allowed bool) sluice.Decision
 func (h *hot) fill(d *sluice.Decision, limit sluice.Limit, now int64, allowed bool) {
 	d.Allowed = allowed
 	d.Limit = limit
-	d.Remaining = h.rest + h.units
+	d.Remaining = int64(h.rest) + int64(h.units)
 	d.RetryAfter = 0
 	d.ResetAfter = max(time.Duration(h.reset-now), 0)
 	d.Source = sluice.SourceLease
@@ -1160,7 +1160,7 @@ func (s *Store) fast(d *sluice.Decision, key string, limit sluice.Limit, cost in
 	sh.mu.Lock()
 	now := s.now() // while the slot locate prefetched arrives
 	ok := false
-	if h := sh.leases.FindKind(tag, id, key); h != nil && cost <= h.units && now < s.sweepDue.Load() {
+	if h := sh.leases.FindKind(tag, id, key); h != nil && cost <= int64(h.units) && now < s.sweepDue.Load() {
 		ok = h.spendLocal(d, sh, limit, cost, now, false)
 	}
 	sh.mu.Unlock()
@@ -1344,7 +1344,7 @@ func (s *Store) refill(ctx context.Context, l *lease, key string, limit sluice.L
 	// the Take after it does.
 	strand := stranded(h, limit, cost, now)
 	if strand && topUp {
-		left := leftover{h.units, l.gen, h.stop, l.grant, false}
+		left := leftover{int64(h.units), l.gen, h.stop, l.grant, false}
 		if l.outGen != l.gen {
 			l.out = 0
 		}
@@ -1360,7 +1360,7 @@ func (s *Store) refill(ctx context.Context, l *lease, key string, limit sluice.L
 	}
 	// The lease's units go back before an exact Take too: left out, they
 	// would make the store deny what an exact limiter admits.
-	old, unused := l.grant, h.units
+	old, unused := l.grant, int64(h.units)
 	l.setUnits(h, 0)
 	l.granting = !toStore
 	sh.mu.Unlock()
@@ -1462,7 +1462,7 @@ func (s *Store) refill(ctx context.Context, l *lease, key string, limit sluice.L
 		l.short = 0
 	}
 	l.gen++
-	l.grant, h.rest = g, g.Remaining
+	l.grant, h.rest = g, int32(g.Remaining)
 	l.setUnits(h, g.Granted)
 	l.sent, l.until, l.end = sent, sent+int64(stale), 0
 	l.forTake = !layered
@@ -1470,12 +1470,12 @@ func (s *Store) refill(ctx context.Context, l *lease, key string, limit sluice.L
 		l.end = sent + int64(g.Window)
 	}
 	l.setStop(h)
-	if h.units >= cost && !h.live(now) {
+	if int64(h.units) >= cost && !h.live(now) {
 		// The grant came back after its lease's end: its units stay for
 		// the return rule, and the store answers this request exactly.
 		return sluice.Decision{}, leftover{}, leftover{}, true, nil
 	}
-	if !h.live(now) || h.units < cost {
+	if !h.live(now) || int64(h.units) < cost {
 		if exactWait(limit, cost) && !force {
 			// The granted units stay in the lease for smaller requests.
 			return sluice.Decision{}, leftover{}, leftover{}, true, nil
@@ -1491,7 +1491,7 @@ func (s *Store) refill(ctx context.Context, l *lease, key string, limit sluice.L
 		d.Source = sluice.SourceBackend
 		return d, leftover{}, leftover{}, false, nil
 	}
-	h.units -= cost
+	h.units -= int32(cost)
 	l.mark -= cost // counted in asked by spend
 	d := h.local(limit, now, true)
 	d.Source = sluice.SourceBackend
@@ -1509,7 +1509,7 @@ func (s *Store) refill(ctx context.Context, l *lease, key string, limit sluice.L
 // and the store's answer would no longer be the one Peek counted on.
 // h's shard must be locked.
 func stranded(h *hot, limit sluice.Limit, cost, now int64) bool {
-	return h.live(now) && h.units < cost
+	return h.live(now) && int64(h.units) < cost
 }
 
 // leftover is units taken out of a lease for a request: a live lease's
@@ -1810,7 +1810,7 @@ func (l *lease) restore(gen uint64, cost int64, local bool) bool {
 		return false
 	}
 	h := l.hot()
-	h.units += cost
+	h.units += int32(cost)
 	l.mark += cost // still asked
 	return true
 }
@@ -1825,7 +1825,7 @@ const hotUnits = 4
 // keeps the weight e^(−dt/d) and the rate seen over the gap, scaled to d,
 // takes the rest; a gap of zero adds what was asked.
 func (l *lease) fold(h *hot, now int64, d time.Duration) {
-	l.setUnits(h, h.units)
+	l.setUnits(h, int64(h.units))
 	dt := time.Duration(now - l.folded)
 	switch {
 	case l.folded == 0:
@@ -1867,7 +1867,7 @@ func (s *Store) sizeFor(h *hot, limit sluice.Limit, cost int64) int64 {
 		fleet = max(s.fleet(), 1)
 	}
 	n := min(int64(math.Ceil(l.demand)), max(limit.Capacity()/int64(2*fleet), 1))
-	if l.gen > 0 && h.rest < limit.Capacity()/2 {
+	if l.gen > 0 && int64(h.rest) < limit.Capacity()/2 {
 		n = int64(math.Ceil(float64(n) * scarce))
 	}
 	if n < 2*cost {
@@ -2310,7 +2310,7 @@ func (s *Store) fromLease(key string, limit sluice.Limit, cost int64, stale time
 	}
 	now := s.now()
 	if how == fromPeeked {
-		if h.live(now) && h.units >= cost {
+		if h.live(now) && int64(h.units) >= cost {
 			return h.local(limit, now, true), h.l, leftover{}, true
 		}
 		d, ok := h.remembered(cost, now)
@@ -2553,7 +2553,7 @@ func (s *Store) quiet(ctx context.Context, l *lease, key string, limit sluice.Li
 		sh.mu.Unlock()
 		return nil
 	}
-	old, unused := l.grant, h.units
+	old, unused := l.grant, int64(h.units)
 	l.setUnits(h, 0)
 	sh.mu.Unlock()
 	if _, err := s.giveBack(ctx, key, limit, old, unused); err != nil && !errors.Is(err, resilient.ErrNoGrant) {
@@ -2721,7 +2721,7 @@ func (s *Store) peekLease(key string, limit sluice.Limit, cost int64) (_ sluice.
 	if h != nil {
 		// As a Take would answer: from a live lease that holds cost units,
 		// else from a remembered denial.
-		if h.live(now) && h.units >= cost {
+		if h.live(now) && int64(h.units) >= cost {
 			return h.local(limit, now, true), 0, nil, true
 		}
 		if d, ok := h.remembered(cost, now); ok {
@@ -2734,9 +2734,9 @@ func (s *Store) peekLease(key string, limit sluice.Limit, cost int64) (_ sluice.
 		ended = h.l
 	case stranded(h, limit, cost, now):
 		// Spent with the store's (see refill).
-		k = h.units
+		k = int64(h.units)
 	default:
-		k = sluice.ReturnAllowance(limit, h.units, (now-h.l.sent)/1e3)
+		k = sluice.ReturnAllowance(limit, int64(h.units), (now-h.l.sent)/1e3)
 	}
 	return sluice.Decision{}, k, ended, false
 }
@@ -2776,7 +2776,7 @@ func (s *Store) settle(ctx context.Context, l *lease, key string, limit sluice.L
 		sh.mu.Unlock()
 		return false, nil
 	}
-	old, unused := l.grant, h.units
+	old, unused := l.grant, int64(h.units)
 	l.setUnits(h, 0)
 	sh.mu.Unlock()
 	held, err := s.giveBack(ctx, key, limit, old, unused)
@@ -2814,7 +2814,7 @@ func (l *lease) untake(got leftover, held bool) bool {
 	if l.gen != got.gen || l.granting || l.gone != nil {
 		return false
 	}
-	l.hot().units += got.units
+	l.hot().units += int32(got.units)
 	if got.local {
 		l.sh.local--
 	}
@@ -2947,7 +2947,7 @@ func (s *Store) Close(ctx context.Context) error {
 	for _, l := range leases {
 		l.refill.Lock()
 		l.sh.mu.Lock()
-		g, unused := l.grant, l.gone.units
+		g, unused := l.grant, int64(l.gone.units)
 		l.gone.units = 0
 		l.sh.mu.Unlock()
 		if unused == 0 {
