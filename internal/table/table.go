@@ -66,8 +66,9 @@ const tombstone = ^uint64(0)
 func live(meta uint64) bool { return meta != 0 && meta != tombstone }
 
 // A kind tells apart entries of one key, as a lease store's limits: 1 ≤
-// kind ≤ MaxKind. Find, Add and Remove use kind 1.
-const MaxKind = 1<<22 - 1
+// kind ≤ MaxKind (below the kind bits all set, so that no live meta is a
+// tombstone's). Find, Add and Remove use kind 1.
+const MaxKind = 1<<22 - 2
 
 // MaxKeyLen is the longest key a Table holds: its length has 10 bits of
 // the meta word. Every caller's keys are shorter (sluice.MaxKeyLen).

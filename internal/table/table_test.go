@@ -3,6 +3,7 @@ package table
 import (
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"testing"
 	"unsafe"
@@ -268,4 +269,34 @@ func TestSlotSize(t *testing.T) {
 	if n := unsafe.Sizeof(slot[[6]int64]{}); n != 64 {
 		t.Errorf("a slot of a 48-byte value is %d bytes, want 64", n)
 	}
+}
+
+// Keys are told apart by their bytes and length, not by where the bytes
+// lie: substrings of one buffer, the same bytes at two addresses, and a
+// key of MaxKeyLen bytes; a longer key is a caller's bug and panics.
+func TestKeysByBytes(t *testing.T) {
+	var tab Table[int64]
+	buf := strings.Repeat("ab", MaxKeyLen)
+	keys := []string{buf[0:3], buf[1:4], buf[0:4], buf[:MaxKeyLen]}
+	for i, k := range keys {
+		tab.Add(7, k, int64(i)) // one tag: every key probes past the others
+	}
+	for i, k := range keys {
+		copied := string([]byte(k)) // the same bytes elsewhere
+		if v := tab.Find(7, copied); v == nil || *v != int64(i) {
+			t.Fatalf("key %d (%d bytes) not found by its bytes", i, len(k))
+		}
+	}
+	if v := tab.Find(7, "aba"+"b"); v == nil || *v != 2 {
+		t.Error(`"abab" not found`)
+	}
+	if tab.Find(7, "bab") == nil || tab.Find(7, "ba") != nil {
+		t.Error("a key found by a prefix of it, or lost")
+	}
+	defer func() {
+		if recover() == nil {
+			t.Error("a key longer than MaxKeyLen was added")
+		}
+	}()
+	tab.Add(7, buf[:MaxKeyLen+1], 9)
 }
