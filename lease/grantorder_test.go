@@ -34,10 +34,12 @@ func TestLeaseTakeAllOppositeOrders(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Windows of a day, so that units neither come back with time nor go
-	// stale within the test: b's run out part way, so that checks deny too.
-	la := sluice.Limit{Algorithm: sluice.FixedWindow, Rate: 1_000_000, Period: 24 * time.Hour}
-	lb := sluice.Limit{Algorithm: sluice.FixedWindow, Rate: 900, Period: 24 * time.Hour}
+	// Windows of the longest period, so that units neither come back with
+	// time nor go stale within the test (with windows of a day, a run across
+	// UTC midnight counted two windows): b's run out part way, so that
+	// checks deny too.
+	la := sluice.Limit{Algorithm: sluice.FixedWindow, Rate: 1_000_000, Period: sluice.MaxPeriod}
+	lb := sluice.Limit{Algorithm: sluice.FixedWindow, Rate: 900, Period: sluice.MaxPeriod}
 	orders := [][]sluice.Request{
 		{{Key: "a", Limit: la, Cost: 1}, {Key: "b", Limit: lb, Cost: 1}},
 		{{Key: "b", Limit: lb, Cost: 1}, {Key: "a", Limit: la, Cost: 1}},
