@@ -134,9 +134,9 @@ type shard struct {
 // expires is when the state is fresh again (µs); zero marks a fresh state,
 // the in-memory twin of a missing Redis key.
 //
-// The log is behind a pointer so that every other algorithm's state takes
-// 48 bytes, not 88: with the table's 16 bytes, one cache line per slot.
-// A GCRA key's table keeps only a and fill (gcraState).
+// The log is behind a pointer so that a state, padded to 48 bytes, and
+// the table's 16 make one cache line per slot. A GCRA key's table keeps
+// only a and fill (gcraState): half a line.
 //
 // c is the sliding window counter's previous count, at most sluice.MaxRate,
 // so 32 bits hold it and leave room for fill.
