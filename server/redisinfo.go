@@ -53,7 +53,7 @@ var (
 	redisRestartsDesc = prometheus.NewDesc("sluice_redis_restarts_total",
 		"Restarts of the Redis node seen by this instance (a new run_id, started since the last look): the limits whose state Redis had not saved start afresh.", []string{"node"}, nil)
 	redisSlotsLostDesc = prometheus.NewDesc("sluice_redis_slots_lost_total",
-		"In-flight slots acquired through this instance that a restart of the Redis node lost (they were held there, unsaved): no longer counted as held.", []string{"node"}, nil)
+		"In-flight slots acquired through this instance that the Redis node lost (they were held there) in a restart without persistence or a flush: no longer counted as held.", []string{"node"}, nil)
 	redisFlushesDesc = prometheus.NewDesc("sluice_redis_flushes_total",
 		"Times this instance found sluice's marker key gone from a node that did not restart (FLUSHALL, FLUSHDB, or sluice's keys deleted): every limit on the node started afresh.", []string{"node"}, nil)
 	redisScriptCallsDesc = prometheus.NewDesc("sluice_redis_script_calls_total",
@@ -228,10 +228,12 @@ func commandStat(v string) map[string]string {
 // It also tells a restart of a node (see restarted), from INFO server.
 type evictionWatch struct {
 	log *slog.Logger
-	// lost, if set, is told each restart of a node, whose server started
-	// at started, and returns how many in-flight slots it lost
+	// lost, if set, is told each restart without persistence of a node
+	// (what "restarted", before its server's start) and each flush (what
+	// "flushed", before the last look that found the marker there), and
+	// returns how many in-flight slots, written before before, it lost
 	// (Server.slotsLost). Set before the watch runs.
-	lost  func(node string, started time.Time) int64
+	lost  func(node, what string, before time.Time) int64
 	every time.Duration // the poll interval
 	quiet time.Duration // evictionQuietPolls polls
 	mu    sync.Mutex
@@ -257,7 +259,7 @@ type evictedNode struct {
 	read     time.Time // the last read
 	asked    time.Time // when the last read observed was asked for
 	restarts int64     // restarts seen
-	// slotsLost sums what lost returned at its restarts.
+	// slotsLost sums what lost returned at its restarts and flushes.
 	slotsLost int64
 	grewAt    time.Time // the last read that found evictions
 
@@ -267,6 +269,7 @@ type evictedNode struct {
 	marker, markerRun, markerKey string
 	flushes, flushCalls          int64
 	markerAt                     time.Time // the last look at the marker
+	markerAsked                  time.Time // when that look was sent
 }
 
 func newEvictionWatch(log *slog.Logger, every time.Duration) *evictionWatch {
@@ -383,7 +386,7 @@ func (w *evictionWatch) restarted(node string, n *evictedNode, info map[string]s
 	// cannot be told apart, and stay counted to their hold. Its start is
 	// up to a second before now less its uptime, which is whole seconds.
 	if w.lost != nil && info["aof_enabled"] != "1" && cmp.Or(info["rdb_last_load_keys_loaded"], "0") == "0" {
-		n.slotsLost += w.lost(node, now.Add(-time.Duration(up)*time.Second))
+		n.slotsLost += w.lost(node, "restarted", now.Add(-time.Duration(up)*time.Second))
 	}
 	return restartedServer
 }
@@ -411,7 +414,8 @@ type nodeCounts struct {
 	evicted  int64 // evictions seen, summed over the servers under its name
 	restarts int64 // restarts told
 	flushes  int64 // flushes told
-	// slotsLost: in-flight slots its restarts lost (evictionWatch.lost)
+	// slotsLost: in-flight slots its restarts and flushes lost
+	// (evictionWatch.lost)
 	slotsLost int64
 	read      bool // the node was read at all: evicted is known
 	known     bool // its run_id is known: restarts and flushes are
@@ -466,7 +470,7 @@ func (w *evictionWatch) watch(stop <-chan struct{}, every time.Duration, client 
 			info, now := parseInfo(raw), time.Now()
 			w.observe(name, info, asked)
 			if set != nil {
-				w.marker(name, key, mine, set, info, now)
+				w.marker(name, key, mine, set, info, asked, now)
 			}
 		})
 	}
@@ -493,8 +497,12 @@ const markerPrefix = "sluice:marker"
 // noeviction) it is a flush whatever was evicted. On a Cluster each
 // master has its own key, in one of its slots. Errors (a replica, a
 // refused write) leave it unchanged. set is the SET NX GET of mine at
-// key, sent with the INFO read that gave info (see watch).
-func (w *evictionWatch) marker(name, key, mine string, set *redis.StatusCmd, info map[string]string, now time.Time) {
+// key, sent at asked with the INFO read that gave info, answered by now
+// (see watch). A flush also erased the in-flight slots held there: those
+// the store answered for before the last look was sent stop being
+// counted (lost), as at a restart without persistence; those since may
+// have been acquired after the flush, and stay counted to their hold.
+func (w *evictionWatch) marker(name, key, mine string, set *redis.StatusCmd, info map[string]string, asked, now time.Time) {
 	runID := info["run_id"]
 	if runID == "" {
 		return
@@ -517,9 +525,9 @@ func (w *evictionWatch) marker(name, key, mine string, set *redis.StatusCmd, inf
 	if n == nil {
 		return
 	}
-	prev, prevRun, prevKey, prevCalls, prevAt := n.marker, n.markerRun, n.markerKey, n.flushCalls, n.markerAt
+	prev, prevRun, prevKey, prevCalls, prevAt, prevAsked := n.marker, n.markerRun, n.markerKey, n.flushCalls, n.markerAt, n.markerAsked
 	calls := flushCalls(info)
-	n.marker, n.markerRun, n.markerKey, n.flushCalls, n.markerAt = found, runID, key, calls, now
+	n.marker, n.markerRun, n.markerKey, n.flushCalls, n.markerAt, n.markerAsked = found, runID, key, calls, now, asked
 	if prev == "" || prev == found || prevRun != runID || prevKey != key {
 		return
 	}
@@ -536,6 +544,9 @@ func (w *evictionWatch) marker(name, key, mine string, set *redis.StatusCmd, inf
 	n.flushes++
 	w.log.Warn("Redis flushed: sluice's keys are gone without a restart (FLUSHALL, FLUSHDB, or sluice's keys deleted); every limit starts afresh, each may admit up to its whole limit again",
 		"node", name)
+	if w.lost != nil {
+		n.slotsLost += w.lost(name, "flushed", prevAsked)
+	}
 }
 
 // flushCalls is the FLUSHALL and FLUSHDB calls INFO commandstats counts

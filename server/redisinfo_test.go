@@ -302,7 +302,7 @@ func TestMarkerEvictedSeenByScrapeFirst(t *testing.T) {
 		w.observe("n", info(evicted), at)
 		set := redis.NewStatusCmd(context.Background())
 		set.SetVal(found)
-		w.marker("n", "sluice:marker", "mine", set, info(evicted), at)
+		w.marker("n", "sluice:marker", "mine", set, info(evicted), at, at)
 	}
 	look("a", 0, t0)
 	look("a", 0, t0.Add(time.Second))

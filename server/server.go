@@ -271,10 +271,11 @@ func New(opts Options) (*Server, error) {
 	return s, nil
 }
 
-// slotsLost stops counting the in-flight slots that a restart of node,
-// whose server started at started, lost (Service.storeRestarted): on a
-// Cluster those of its keys, by the slot map; else every one.
-func (s *Server) slotsLost(node string, started time.Time) int64 {
+// slotsLost stops counting the in-flight slots that node lost, a restart
+// or a flush (what) having erased the keys written before before
+// (Service.storeLost): on a Cluster those of its keys, by the slot map;
+// else every one.
+func (s *Server) slotsLost(node, what string, before time.Time) int64 {
 	on := func(string) bool { return true }
 	if cc, ok := s.redis.(*redis.ClusterClient); ok {
 		on = func(skey string) bool {
@@ -284,7 +285,7 @@ func (s *Server) slotsLost(node string, started time.Time) int64 {
 			return err == nil && m.Options().Addr == node
 		}
 	}
-	return s.svc.storeRestarted(node, started, on)
+	return s.svc.storeLost(node, what, before, on)
 }
 
 func (s *Server) loadConfig() (*config.Config, error) {

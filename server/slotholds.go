@@ -130,16 +130,16 @@ func (h *heldSlots) release(id slotID, open bool) heldSlot {
 	return s
 }
 
-// lose stops counting the slots held on a Redis server that started at
-// started, as expired: those the store last answered for before then,
-// on that server (on), are gone with its restart. Open grants and the
-// fallback's slots were never on Redis. It returns how many it dropped
-// and their weight.
-func (h *heldSlots) lose(started time.Time, on func(slotID) bool) (slots int, weight int64) {
+// lose stops counting the slots held on a Redis server whose keys written
+// before before are gone (it started then, or was flushed after), as
+// expired: those the store last answered for before then, on that server
+// (on). Open grants and the fallback's slots were never on Redis. It
+// returns how many it dropped and their weight.
+func (h *heldSlots) lose(before time.Time, on func(slotID) bool) (slots int, weight int64) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	for id, s := range h.holds {
-		if !s.open && !s.fallback && s.since.Before(started) && on(id) {
+		if !s.open && !s.fallback && s.since.Before(before) && on(id) {
 			h.expired(id, s)
 			slots++
 			weight += s.weight

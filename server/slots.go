@@ -595,19 +595,20 @@ func (s *Service) releasedBefore(t slotToken) int64 {
 	return w
 }
 
-// storeRestarted stops counting the slots that a Redis server that
-// started at started (wall clock) lost, node by node: those on it (on
-// tells whether a store key is) that the store last answered for before
-// then. Nothing would else drop them before their hold timeout: their
-// holders may never call again. It logs them and returns how many.
-func (s *Service) storeRestarted(node string, started time.Time, on func(skey string) bool) int64 {
+// storeLost stops counting the slots that Redis node lost, its keys gone
+// by a restart without persistence or a flush (what says which, for the
+// log), node by node: those on it (on tells whether a store key is) that
+// the store last answered for before before (wall clock). Nothing would
+// else drop them before their hold timeout: their holders may never call
+// again. It logs them and returns how many.
+func (s *Service) storeLost(node, what string, before time.Time, on func(skey string) bool) int64 {
 	cfg := s.Config()
-	slots, weight := s.holds.lose(s.clock().Add(time.Until(started)), func(id slotID) bool {
+	slots, weight := s.holds.lose(s.clock().Add(time.Until(before)), func(id slotID) bool {
 		p := cfg.Policy(id.policy)
 		return p != nil && p.InFlight != nil && on(s.slotKey(p, id.key))
 	})
 	if slots > 0 {
-		s.log.Warn("Redis restarted: the in-flight slots acquired here that it held are gone; no longer counted as held",
+		s.log.Warn("Redis "+what+": the in-flight slots acquired here that it held are gone; no longer counted as held",
 			"node", node, "slots", slots, "weight", weight)
 	}
 	return int64(slots)
