@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"math"
 	"slices"
-	"sync/atomic"
 	"time"
 
 	"github.com/sluicehq/sluice"
@@ -100,7 +99,7 @@ func (s *Store) Acquire(ctx context.Context, key string, l sluice.InFlightLimit,
 	if s.zero() {
 		return sluice.SlotDecision{}, s.unbuilt()
 	}
-	cover(&s.tombLife, l.Hold)
+	s.tombLife.Cover(l.Hold)
 	sh := s.shard(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
@@ -194,7 +193,7 @@ func (s *Store) Extend(ctx context.Context, key string, l sluice.InFlightLimit, 
 		return false, err
 	}
 	if sluice.ValidateSlot(key, l, 1, holder) == nil && !s.zero() {
-		cover(&s.tombLife, l.Hold)
+		s.tombLife.Cover(l.Hold)
 	}
 	return s.onHolder(key, l, holder, func(k *slotKey, h slotHolder, now int64) {
 		h.expires = now + l.Hold.Microseconds()
@@ -280,18 +279,7 @@ func (s *Store) tombstoneLife() int64 {
 	if s.zero() {
 		return 0
 	}
-	return s.tombLife.Load()
-}
-
-// cover raises *life, µs, to hold if hold is longer.
-func cover(life *atomic.Int64, hold time.Duration) {
-	us := hold.Microseconds()
-	for {
-		old := life.Load()
-		if old >= us || life.CompareAndSwap(old, us) {
-			return
-		}
-	}
+	return s.tombLife.Micros()
 }
 
 // ReleaseOnce is Release that also remembers, for remember, a release

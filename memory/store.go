@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice"
+	"github.com/sluicehq/sluice/internal/holdmax"
 	"github.com/sluicehq/sluice/internal/table"
 	"github.com/sluicehq/sluice/internal/tick"
 )
@@ -110,10 +111,10 @@ type Store struct {
 	bad         error            // New's options were invalid: shards is nil
 	sweepPaused func(walked int) // tests: called between a sweep's chunks, the lock released
 
-	// tombLife is the longest hold, µs, the Store's acquires and extends
-	// have asked for: how long a release that finds no holder keeps its
+	// tombLife is the longest hold the Store's acquires and extends have
+	// asked for: how long a release that finds no holder keeps its
 	// tombstone (inflight.go).
-	tombLife atomic.Int64
+	tombLife holdmax.Max
 }
 
 type shard struct {

@@ -56,7 +56,7 @@ func (s *Store) Acquire(ctx context.Context, key string, l sluice.InFlightLimit,
 	if err != nil {
 		return sluice.SlotDecision{}, fmt.Errorf("redisstore: in-flight acquire: %w", err)
 	}
-	s.tombLife.cover(l.Hold)
+	s.tombLife.Cover(l.Hold)
 	defer c.recycle()
 	c.argv[5], c.argv[6], c.argv[7], c.argv[8] = a.max, a.hold, weight, holder
 	sent := s.young.clock()
@@ -94,7 +94,7 @@ func (s *Store) Extend(ctx context.Context, key string, l sluice.InFlightLimit, 
 		return false, fmt.Errorf("redisstore: in-flight extend: %w", err)
 	}
 	defer c.recycle()
-	s.tombLife.cover(l.Hold)
+	s.tombLife.Cover(l.Hold)
 	c.argv[5], c.argv[6] = slotArgsOf(l).hold, holder
 	sent := s.young.clock()
 	ok, err := s.held(ctx, "extend", c, 7)
@@ -131,45 +131,8 @@ func (s *Store) Release(ctx context.Context, key string, holder string) (bool, e
 		return false, fmt.Errorf("redisstore: in-flight release: %w", err)
 	}
 	defer c.recycle()
-	c.argv[5], c.argv[6] = holder, s.tombLife.arg()
+	c.argv[5], c.argv[6] = holder, s.tombLife.Arg()
 	return s.held(ctx, "release", c, 7)
-}
-
-// holdCover is the longest hold a Store's acquires and extends have asked
-// for: how long a release that finds no holder keeps its tombstone
-// (inflight_release.lua), so that it outlives the hold of any acquire this
-// Store may have abandoned. Raised rarely, so it is read without a lock
-// and its argument boxed once.
-type holdCover struct {
-	p atomic.Pointer[holdArg]
-}
-
-type holdArg struct {
-	us  int64
-	arg any
-}
-
-// cover raises the longest hold to hold if it is longer.
-func (h *holdCover) cover(hold time.Duration) {
-	us := hold.Microseconds()
-	for {
-		old := h.p.Load()
-		if old != nil && old.us >= us {
-			return
-		}
-		if h.p.CompareAndSwap(old, &holdArg{us, strconv.FormatInt(us, 10)}) {
-			return
-		}
-	}
-}
-
-// arg returns the longest hold, µs, as a script argument: "0" (no
-// tombstone) before any.
-func (h *holdCover) arg() any {
-	if a := h.p.Load(); a != nil {
-		return a.arg
-	}
-	return "0"
 }
 
 // ReleaseOnce is Release that also remembers, for remember, a release
@@ -195,7 +158,7 @@ func (s *Store) ReleaseOnce(ctx context.Context, key, holder string, remember ti
 	defer c.recycle()
 	// Two keys: the released holders' go between the ZSET and now.
 	c.argv[2], c.argv[4], c.argv[5] = "2", s.releasedKey(key), c.argv[4]
-	c.argv[6], c.argv[7], c.argv[8] = holder, s.tombLife.arg(), remember.Microseconds()
+	c.argv[6], c.argv[7], c.argv[8] = holder, s.tombLife.Arg(), remember.Microseconds()
 	v, err := s.runSlot(ctx, c, 9, 1)
 	if err != nil || v[0] < 0 || v[0] > 2 {
 		return false, false, slotErr("release", v, err)

@@ -112,6 +112,7 @@ import (
 
 	"github.com/sluicehq/sluice"
 	"github.com/sluicehq/sluice/internal/ctxutil"
+	"github.com/sluicehq/sluice/internal/holdmax"
 	"github.com/sluicehq/sluice/internal/nilclient"
 )
 
@@ -250,7 +251,7 @@ type Store struct {
 	young   youngHolders
 	// tombLife: how long a release that finds no holder leaves a
 	// tombstone (inflight.go).
-	tombLife holdCover
+	tombLife holdmax.Max
 	stalls   atomic.Int64 // see Stalls
 	closed   atomic.Bool  // the client is closed (noteClosed)
 	// shut is closed when closed is set on a Cluster client, waking the
