@@ -50,7 +50,9 @@ type Grant struct {
 	Window time.Duration
 
 	// At is the store's time of the grant, µs since the Unix epoch. Return
-	// measures the lease's age from it. Example: 1767225600000000.
+	// measures the lease's age from it: an At set far in the past, down to
+	// math.MinInt64, is a grant as old, which gives nothing back. Example:
+	// 1767225600000000.
 	At int64
 
 	// Epoch names the key's state the units were taken from among its

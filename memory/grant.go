@@ -2,6 +2,7 @@ package memory
 
 import (
 	"context"
+	"math"
 	"time"
 
 	"github.com/sluicehq/sluice"
@@ -97,7 +98,7 @@ func (sh *shard) grant(tag uint32, key string, limit sluice.Limit, p *params, n,
 func (sh *shard) giveBack(tag uint32, key string, limit sluice.Limit, p *params, g sluice.Grant, unused, now int64) int64 {
 	give := unused
 	if !windowed(limit.Algorithm) {
-		give = sluice.ReturnAllowance(limit, unused, now-g.At)
+		give = sluice.ReturnAllowance(limit, unused, grantAge(now, g.At))
 	}
 	e := sh.find(tag, key, p.alg)
 	if give == 0 || !e.found() {
@@ -119,6 +120,23 @@ func (sh *shard) giveBack(tag uint32, key string, limit sluice.Limit, p *params,
 		e.set(&st)
 	}
 	return min(give, max(after-before, 0))
+}
+
+// grantAge is the age at now of a grant made at, µs. At is the caller's
+// to forge: one so far in the past that now-at wraps (near
+// math.MinInt64) is as old as can be, nothing to give back, as redisstore
+// (whose script computes in floats) finds it, not a negative age, which
+// ReturnAllowance reads as 0 and gave every unit back; so far in the
+// future, as young as can be.
+func grantAge(now, at int64) int64 {
+	age := now - at
+	if (now^at)&(now^age) < 0 { // wrapped: now and at of unlike signs, age of at's
+		if at < 0 {
+			return math.MaxInt64
+		}
+		return math.MinInt64
+	}
+	return age
 }
 
 // refund returns u units to st, taken at µs (the window algorithms'

@@ -3,6 +3,7 @@ package storetest
 import (
 	"context"
 	"errors"
+	"math"
 	"math/rand/v2"
 	"testing"
 	"time"
@@ -12,7 +13,8 @@ import (
 
 // RunGrant runs the conformance suite of sluice.Granter against the stores
 // newStore returns, which must implement it: partial grants, the return
-// rule, window returns and bad input; and, for a sluice.Regranter, that a
+// rule, window returns, bad input and a grant time set far in the past;
+// and, for a sluice.Regranter, that a
 // Regrant is a Return followed by a Grant.
 func RunGrant(t *testing.T, newStore NewStore) {
 	t.Run("grant_buckets", func(t *testing.T) {
@@ -31,6 +33,14 @@ func RunGrant(t *testing.T, newStore NewStore) {
 			t.Run(a.String(), func(t *testing.T) {
 				t.Parallel()
 				testRegrant(t, newStore, a)
+			})
+		}
+	})
+	t.Run("return_forged_at", func(t *testing.T) {
+		for _, a := range []sluice.Algorithm{sluice.GCRA, sluice.TokenBucket, sluice.LeakyBucket, sluice.FixedWindow, sluice.SlidingWindowCounter} {
+			t.Run(a.String(), func(t *testing.T) {
+				t.Parallel()
+				testReturnForgedAt(t, newStore, a)
 			})
 		}
 	})
@@ -133,6 +143,39 @@ func testReturnAfterReset(t *testing.T, newStore NewStore, a sluice.Algorithm) {
 	}
 	if got, err := s.Return(ctx, fresh, l, g, 3); err != nil || got != 3 {
 		t.Fatalf("return on a key reset while fresh = %d, %v; want 3", got, err)
+	}
+}
+
+// testReturnForgedAt: a grant whose At is the caller's forgery, however
+// far in the past (down to math.MinInt64, where the grant's age overflows
+// an int64), is a grant too old to give anything back: by the return rule
+// for the buckets and GCRA, its window gone for the window algorithms.
+// Nothing is given back, the key is unchanged, and a Regrant still grants.
+func testReturnForgedAt(t *testing.T, newStore NewStore, a sluice.Algorithm) {
+	ctx := context.Background()
+	_, s, l, key := grantSetup(t, newStore, a, "forged-at")
+	for _, at := range []int64{math.MinInt64, math.MinInt64 + 1, -T0.UnixMicro(), -1 << 62, 0, T0.UnixMicro() - 1<<40} {
+		g, err := s.Grant(ctx, key, l, 10)
+		if err != nil || g.Granted != 10 {
+			t.Fatalf("At %d: grant 10 = %+v, %v", at, g, err)
+		}
+		forged := g
+		forged.At = at
+		if got, err := s.Return(ctx, key, l, forged, 10); err != nil || got != 0 {
+			t.Errorf("return of 10 with At %d = %d, %v; want 0", at, got, err)
+		}
+		checkPeek(t, s, key, l, 0)
+		if rg, ok := s.(sluice.Regranter); ok {
+			back, next, err := rg.Regrant(ctx, key, l, forged, 10, 1)
+			if err != nil || back != 0 || next.Granted != 0 {
+				t.Errorf("regrant of 10 with At %d = %d, %+v, %v; want 0 back, none granted", at, back, next, err)
+			}
+		}
+		checkPeek(t, s, key, l, 0)
+		// Give the grant back by its own At, for the next forgery.
+		if got, err := s.Return(ctx, key, l, g, 10); err != nil || got != 10 {
+			t.Fatalf("return of 10 with its own At = %d, %v; want 10", got, err)
+		}
 	}
 }
 
