@@ -51,6 +51,9 @@ type batcher struct {
 	// counts their switches.
 	log    *slog.Logger
 	stalls *atomic.Int64
+	// dials is the client's record of dials, which each lane's stall log
+	// asks (dials.refuses); nil: no client.
+	dials *dials
 
 	// most is how many slots a lane may take, hurried calls' included;
 	// read from the client at the first hurried call (New does not touch
@@ -105,7 +108,7 @@ type pinger interface {
 }
 
 func newBatcher(client redis.UniversalClient, maxBatch, inFlight int) *batcher {
-	b := &batcher{client: client, max: maxBatch, inFlight: inFlight, group: groupOf(client)}
+	b := &batcher{client: client, max: maxBatch, inFlight: inFlight, group: groupOf(client), dials: dialsOf(client)}
 	b.most = sync.OnceValue(func() int { return max(poolSize(client), inFlight) })
 	b.cluster, _ = client.(*redis.ClusterClient)
 	if b.cluster == nil {
@@ -372,7 +375,7 @@ func (b *batcher) addLane(node *redis.Client) *lane {
 		})
 		b.kept = b.nLanes
 	}
-	l := &lane{node: node, stall: b.stallLog(node.Options().Addr, askScript(node), refusesOf(node))}
+	l := &lane{node: node, stall: b.stallLog(node.Options().Addr, askScript(node), b.dials.refuses(node))}
 	b.lanes.Store(node, l)
 	b.nLanes++
 	return l

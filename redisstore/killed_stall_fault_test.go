@@ -19,20 +19,30 @@ import (
 // its calls time out in the client's dial retries as a stopped one's do
 // unanswered; only the stopped one is a stall (the WARN line, Stalls).
 // Before, 50 ms takes on a killed Redis wrote "Redis stopped answering"
-// and counted a stall, batched or not.
+// and counted a stall, batched or not. A Redis whose host drops packets
+// (behind a proxy gone dark: connects time out, no refusal) is
+// unreachable too; it was told as a stall, as its dial timed out.
 func TestFaultKilledRedisIsNoStall(t *testing.T) {
 	race.SkipTiming(t)
 	for _, tc := range []struct {
 		name     string
 		maxBatch int
 		killed   bool
+		dropped  bool // killed by its host dropping packets, not by a kill
 	}{
-		{"killed", 0, true}, {"killed MaxBatch 1", 1, true},
-		{"stopped", 0, false}, {"stopped MaxBatch 1", 1, false},
+		{"killed", 0, true, false}, {"killed MaxBatch 1", 1, true, false},
+		{"dropped", 0, true, true}, {"dropped MaxBatch 1", 1, true, true},
+		{"stopped", 0, false, false}, {"stopped MaxBatch 1", 1, false, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			srv := redistest.StartServer(t)
-			c := timedClient(t, redis.Options{Addr: srv.Addr})
+			addr := srv.Addr
+			var p *redistest.DelayProxy
+			if tc.dropped {
+				p = redistest.StartDelayProxy(t, srv.Addr)
+				addr = p.Addr
+			}
+			c := timedClient(t, redis.Options{Addr: addr})
 			var logs logtest.Log
 			s := redisstore.New(c, &redisstore.Options{Prefix: redistest.Prefix(t), MaxBatch: tc.maxBatch, Logger: logs.TextLogger()})
 			l := sluice.PerSecond(1_000_000)
@@ -45,9 +55,12 @@ func TestFaultKilledRedisIsNoStall(t *testing.T) {
 			if err := take(time.Second); err != nil {
 				t.Fatal(err)
 			}
-			if tc.killed {
+			switch {
+			case tc.dropped:
+				p.Drop(t)
+			case tc.killed:
 				srv.Stop()
-			} else {
+			default:
 				srv.Pause(t)
 				t.Cleanup(func() { srv.Resume(t) })
 			}
@@ -63,7 +76,11 @@ func TestFaultKilledRedisIsNoStall(t *testing.T) {
 				}
 				time.Sleep(10 * time.Millisecond)
 			}
-			time.Sleep(300 * time.Millisecond) // any confirmation under way ends
+			settle := 300 * time.Millisecond // any confirmation under way ends
+			if tc.dropped {
+				settle += time.Second // and the Store's dial, which times out
+			}
+			time.Sleep(settle)
 			told := strings.Contains(logs.String(), "Redis stopped answering")
 			t.Logf("%d stalls, log:\n%s", s.Stalls(), logs.String())
 			switch {

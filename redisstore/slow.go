@@ -129,7 +129,7 @@ type stallLog struct {
 	// master is not known), the lane's own answers tell.
 	ask func(context.Context) error
 	// refuses reports whether the lane's server refuses a connection now
-	// (see refusesOf); nil: not known, a stall is told.
+	// (see dials.refuses); nil: not known, a stall is told.
 	refuses func() bool
 	// The lane's suspected stalls (lane.suspect), numbered; settled: the
 	// last one told or found answered; asking: lane.confirm runs.
@@ -146,41 +146,6 @@ type stallLog struct {
 const stallAfter = 50 * time.Millisecond
 
 func stallWait(rtt time.Duration) time.Duration { return max(stallAfter, lateRTTs*rtt) }
-
-// refusesOf returns stallLog.refuses for c: a dial as c's own (its
-// Dialer: TLS and a Sentinel's master alike), bounded by refuseWait, that
-// fails other than by a timeout. A killed Redis refuses connections and
-// its calls time out in the client's dial retries, as a stopped one's do
-// unanswered: only a stopped or frozen one (the kernel completes the
-// handshake) or held writes are a stall. A dial that times out (a host
-// that drops packets, a stopped Redis's TLS handshake) is not told apart,
-// and reads as a stall. Nil for no client and for a Cluster, whose lanes
-// each have their master's.
-func refusesOf(c redis.UniversalClient) func() bool {
-	n, ok := c.(*redis.Client)
-	if !ok || n == nil {
-		return nil
-	}
-	return func() bool {
-		// Read here, not when the Store is made: a zero redis.Client has
-		// no options, and New must not panic on it.
-		o := n.Options()
-		if o == nil || o.Dialer == nil {
-			return false
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), refuseWait)
-		defer cancel()
-		conn, err := o.Dialer(ctx, o.Network, o.Addr)
-		if err != nil {
-			return !timedOut(err)
-		}
-		conn.Close()
-		return false
-	}
-}
-
-// refuseWait bounds refusesOf's dial.
-const refuseWait = time.Second
 
 // askScript returns stallLog.ask for c: a script, not a PING, so that
 // what holds the lane's calls (CLIENT PAUSE WRITE) holds it too. Nil for
@@ -267,7 +232,7 @@ func (w *stallLog) answers(wait time.Duration) bool {
 
 // tell tells l's stall, unless its server refuses connections: a Redis
 // that is down, not stalled, which its calls' errors and the caller's
-// checks tell as unreachable. It may dial (refusesOf), so it runs outside
+// checks tell as unreachable. It may dial (dials.refuses), so it runs outside
 // the send that found the stall.
 func (l *lane) tell() {
 	w := l.stall

@@ -291,14 +291,15 @@ func New(client redis.UniversalClient, opts *Options) *Store {
 		o.MaxBatch = 1
 	}
 	s.slow = &slowLog{log: o.Logger, rtt: s.RoundTrip}
-	s.solo.stall = &stallLog{log: o.Logger, count: &s.stalls, ask: askScript(client), refuses: refusesOf(client)}
+	dials := dialsOf(client)
+	s.solo.stall = &stallLog{log: o.Logger, count: &s.stalls, ask: askScript(client), refuses: dials.refuses(client)}
 	s.solo.probe = make(chan struct{}, 1)
 	if client != nil && o.MaxBatch > 1 {
 		s.batch = newBatcher(client, o.MaxBatch, o.MaxInFlight)
 		s.batch.store = s
 		s.batch.slow = s.slow
 		s.batch.log, s.batch.stalls = o.Logger, &s.stalls
-		s.batch.lane.stall = s.batch.stallLog("", askScript(client), refusesOf(client))
+		s.batch.lane.stall = s.batch.stallLog("", askScript(client), dials.refuses(client))
 	}
 	if cc, ok := client.(*redis.ClusterClient); ok {
 		s.reload = &reloader{cluster: cc, every: o.ReloadInterval, log: o.Logger, quit: make(chan struct{}), watching: new(atomic.Bool)}

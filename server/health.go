@@ -152,7 +152,7 @@ type Health struct {
 	setStalled func(bool)
 	// connected reports whether the store accepted the client's last
 	// connection: the last dial to addr (a Cluster master), or to any
-	// node for ""; nil: unknown (see watchDials).
+	// node for ""; nil: unknown (see redisstore.WatchDials).
 	connected func(addr string) bool
 	// evicting is the reason while the memory store evicts keys (see
 	// memoryWatch), "" otherwise: degraded, as the limits of the keys it
@@ -1796,58 +1796,4 @@ func (o healthObserver) ObserveBreaker(e sluice.BreakerEvent) {
 		return
 	}
 	o.h.fallbackActive(e.To != sluice.BreakerClosed, e.Err)
-}
-
-// dialWatch is a go-redis hook that remembers whether the last dial to
-// Redis succeeded, and the last to each address: go-redis closes a
-// connection whose call timed out and dials another, so the pool's size
-// says nothing, but a dial that succeeds says the server is there.
-type dialWatch struct {
-	ok     atomic.Bool
-	byAddr sync.Map // address → bool: its last dial succeeded
-}
-
-func (d *dialWatch) DialHook(next redis.DialHook) redis.DialHook {
-	return func(ctx context.Context, network, addr string) (net.Conn, error) {
-		c, err := next(ctx, network, addr)
-		d.ok.Store(err == nil)
-		d.byAddr.Store(addr, err == nil)
-		return c, err
-	}
-}
-
-// connected reports whether the last dial to addr succeeded ("": to any
-// node). An address not dialed since the hook was added counts as
-// connected: the start's check connected, or says otherwise.
-func (d *dialWatch) connected(addr string) bool {
-	if addr == "" {
-		return d.ok.Load()
-	}
-	if ok, dialed := d.byAddr.Load(addr); dialed {
-		return ok.(bool)
-	}
-	return true
-}
-
-func (*dialWatch) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
-
-func (*dialWatch) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
-}
-
-// watchDials hooks c's dials (every node's, on a Cluster) and returns
-// Health.connected: true while the last dial (to an address) succeeded.
-func watchDials(c redis.UniversalClient) func(addr string) bool {
-	d := &dialWatch{}
-	d.ok.Store(true) // the start's check connected, or says otherwise
-	switch c := c.(type) {
-	case *redis.ClusterClient:
-		c.OnNewNode(func(n *redis.Client) { n.AddHook(d) })
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		defer cancel()
-		c.ForEachShard(ctx, func(_ context.Context, n *redis.Client) error { n.AddHook(d); return nil })
-	case *redis.Client:
-		c.AddHook(d)
-	}
-	return d.connected
 }

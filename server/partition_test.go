@@ -317,7 +317,7 @@ func TestFaultServeStartsWithClusterMasterStopped(t *testing.T) {
 	p := startSluice(t, nil, "--redis", cl.URL(), "--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0", "--watch-interval", "200ms")
 	took := time.Since(start)
 	t.Logf("started %v after its launch", took.Round(time.Millisecond))
-	// The check's bound per master, a second for watchDials (its slot map
+	// The check's bound per master, a second for redisstore.WatchDials (its slot map
 	// reload may ask the stopped master first), then partialStartTimeout
 	// twice, with 2.5s to spare for a busy machine: the check's or either
 	// step's full 5s would pass it.

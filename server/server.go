@@ -376,7 +376,7 @@ func (s *Server) openStore() (sluice.Store, error) {
 		// Before the start's check: its dials say whether a check that
 		// timed out met a Redis that accepts connections (stalled) or
 		// none (unreachable).
-		s.health.connected = watchDials(client)
+		s.health.connected = redisstore.WatchDials(client)
 		if err := s.checkRedis(client); err != nil {
 			return nil, err
 		}

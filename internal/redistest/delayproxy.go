@@ -22,6 +22,7 @@ type DelayProxy struct {
 	target   string
 	ln       net.Listener
 	delay    atomic.Int64 // each way, ns
+	dark     atomic.Bool  // Drop: bytes are taken, never passed on
 	accepted atomic.Int64
 	open     atomic.Int64
 
@@ -153,6 +154,9 @@ func (p *DelayProxy) pipe(dst, src net.Conn, ended func()) {
 	for c := range ch {
 		if d := time.Until(c.due); d > 0 {
 			time.Sleep(d)
+		}
+		if p.dark.Load() {
+			continue
 		}
 		if _, err := dst.Write(c.b); err != nil {
 			break
