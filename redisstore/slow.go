@@ -301,8 +301,9 @@ func (w *stallLog) attrs(kv ...any) []any {
 // round trips, if longer) from that send's start; a send cut sooner by its
 // caller's deadline is followed by a script of the Store's own, sent to
 // learn whether Redis answers. A server that refuses connections then
-// (killed, or down) is unreachable, not stalled: it counts none, and
-// writes no line. While it lasts the Store sends that server
+// (killed, or down), or whose TCP connect times out (its host drops
+// packets, or is gone), is unreachable, not stalled: it counts none, and
+// writes no line (see WatchDials). While it lasts the Store sends that server
 // one batch at a time (see the package doc).
 func (s *Store) Stalls() int64 {
 	if s == nil {
