@@ -53,7 +53,7 @@ type batcher struct {
 	stalls *atomic.Int64
 	// dials is the client's record of dials, which each lane's stall log
 	// asks (dials.refuses); nil: no client.
-	dials *dials
+	dials *Dials
 
 	// most is how many slots a lane may take, hurried calls' included;
 	// read from the client at the first hurried call (New does not touch
@@ -107,8 +107,8 @@ type pinger interface {
 	PoolStats() *redis.PoolStats
 }
 
-func newBatcher(client redis.UniversalClient, maxBatch, inFlight int) *batcher {
-	b := &batcher{client: client, max: maxBatch, inFlight: inFlight, group: groupOf(client), dials: dialsOf(client)}
+func newBatcher(client redis.UniversalClient, maxBatch, inFlight int, dials *Dials) *batcher {
+	b := &batcher{client: client, max: maxBatch, inFlight: inFlight, group: groupOf(client), dials: dials}
 	b.most = sync.OnceValue(func() int { return max(poolSize(client), inFlight) })
 	b.cluster, _ = client.(*redis.ClusterClient)
 	if b.cluster == nil {

@@ -539,7 +539,7 @@ func TestLanesPruned(t *testing.T) {
 	dead := redistest.DeadAddr(t) // nothing is dialled
 	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{dead}})
 	t.Cleanup(func() { cc.Close() })
-	b := newBatcher(cc, DefaultMaxBatch, DefaultMaxInFlight)
+	b := newBatcher(cc, DefaultMaxBatch, DefaultMaxInFlight, newDials())
 	node := func() *redis.Client {
 		n := redis.NewClient(&redis.Options{Addr: dead})
 		t.Cleanup(func() { n.Close() })

@@ -4,11 +4,9 @@ import (
 	"context"
 	"errors"
 	"net"
-	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
-	"weak"
 
 	"github.com/redis/go-redis/v9"
 
@@ -33,31 +31,33 @@ func dialReached(err error) bool {
 	return timedOut(err)
 }
 
-// dials is a client's record of its dials, per address, whichever dialled:
-// the client's own (dialHook) or the Store's, asking whether a server
-// that stopped answering still takes connections (refuses). One record
-// per client (dialsOf), so that the Store's stall log and the service's
-// checks tell one outage the same way.
-type dials struct {
-	hooked atomic.Bool // WatchDials hooked the client's dials
+// Dials is a client's record of its dials, per address, whichever dialled:
+// the client's own (WatchDials hooks them) or a Store's, asking whether a
+// server that stopped answering still takes connections. A Store given
+// the record (Options.Dials) and the service's checks, reading it, tell
+// one outage the same way.
+type Dials struct {
 	last   atomic.Bool // the last dial to any address reached its server
 	byAddr sync.Map    // address → bool: its last dial reached its server
 }
 
 // note records a dial to addr that ended in err, and returns whether it
 // reached its server.
-func (d *dials) note(addr string, err error) bool {
+func (d *Dials) note(addr string, err error) bool {
 	ok := dialReached(err)
 	d.last.Store(ok)
 	d.byAddr.Store(addr, ok)
 	return ok
 }
 
-// reached reports whether the last dial to addr ("": to any address)
-// reached its server. An address not dialled since the record began
-// counts as reached: the client connected before, or its calls say
-// otherwise.
-func (d *dials) reached(addr string) bool {
+// Reached reports whether the last dial to addr ("": to any address)
+// reached its server (see WatchDials). An address not dialled since the
+// record began counts as reached: the client connected before, or its
+// calls say otherwise; so does every address for a nil record.
+func (d *Dials) Reached(addr string) bool {
+	if d == nil {
+		return true
+	}
 	if addr == "" {
 		return d.last.Load()
 	}
@@ -75,7 +75,7 @@ func (d *dials) reached(addr string) bool {
 // or frozen one (the kernel completes the handshake) or held writes are a
 // stall. Nil for no record, and for a client that is no one server's (a
 // Cluster's, whose lanes each have their master's).
-func (d *dials) refuses(c redis.UniversalClient) func() bool {
+func (d *Dials) refuses(c redis.UniversalClient) func() bool {
 	n, ok := nilclient.Or(c).(*redis.Client)
 	if d == nil || !ok {
 		return nil
@@ -101,7 +101,7 @@ func (d *dials) refuses(c redis.UniversalClient) func() bool {
 const refuseWait = time.Second
 
 // dialHook notes each dial of a client in its record.
-type dialHook struct{ d *dials }
+type dialHook struct{ d *Dials }
 
 func (h dialHook) DialHook(next redis.DialHook) redis.DialHook {
 	return func(ctx context.Context, network, addr string) (net.Conn, error) {
@@ -117,60 +117,29 @@ func (dialHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Proces
 	return next
 }
 
-// records holds each client's record of dials, by a weak pointer to the
-// client (Client or ClusterClient): the service watches a client's dials
-// before its Store is made (its start's check), and both must read one
-// record. An entry goes with its client.
-var records sync.Map
-
-// dialsOf returns c's record of dials; nil for no client, and for a
-// client neither a Client nor a ClusterClient. It hooks nothing: a Store
-// notes only its own dials there, unless WatchDials hooks c's.
-func dialsOf(c redis.UniversalClient) *dials {
-	switch c := nilclient.Or(c).(type) {
-	case *redis.ClusterClient:
-		return recordOf(c)
-	case *redis.Client: // a failover client too
-		return recordOf(c)
-	}
-	return nil
-}
-
-func recordOf[C any](c *C) *dials {
-	k := weak.Make(c)
-	if d, ok := records.Load(k); ok {
-		return d.(*dials)
-	}
-	d := &dials{}
+// newDials returns an empty record.
+func newDials() *Dials {
+	d := &Dials{}
 	d.last.Store(true) // connected before, or its calls say otherwise
-	if v, loaded := records.LoadOrStore(k, d); loaded {
-		return v.(*dials)
-	}
-	runtime.AddCleanup(c, func(k weak.Pointer[C]) { records.Delete(k) }, k)
 	return d
 }
 
-// WatchDials records c's dials (every node's, on a Cluster, by the address
-// dialled), and returns whether the last dial to addr ("": to any node)
-// reached its server. A dial reaches it when its TCP connect succeeds,
+// WatchDials hooks c's dials (every node's, on a Cluster, by the address
+// dialled) and returns their record, whose Reached says whether the last
+// dial to addr ("": to any node) reached its server. A dial reaches it when its TCP connect succeeds,
 // even if a TLS handshake then times out; one refused, or whose connect
 // times out, does not. An address not dialled since the record began
-// counts as reached. A Store made on c notes its own dials there too:
-// those that ask whether a Redis that stopped answering takes connections.
+// counts as reached. A Store made on c with the record (Options.Dials)
+// notes its own dials there too: those that ask whether a Redis that
+// stopped answering takes connections.
 // For a timed-out call, reached tells a stalled Redis (stopped, frozen,
 // writes paused) from an unreachable one (killed, its host gone). Call it
 // once, before c's first command, so that a Cluster's nodes are all
 // watched. For no client, and a client neither a Client nor a
-// ClusterClient, every address counts as reached.
-func WatchDials(c redis.UniversalClient) func(addr string) bool {
-	d := dialsOf(c)
-	if d == nil {
-		return func(string) bool { return true }
-	}
-	if !d.hooked.CompareAndSwap(false, true) {
-		return d.reached
-	}
-	switch c := c.(type) {
+// ClusterClient, it returns nil, whose every address counts as reached.
+func WatchDials(c redis.UniversalClient) *Dials {
+	d := newDials()
+	switch c := nilclient.Or(c).(type) {
 	case *redis.ClusterClient:
 		c.OnNewNode(func(n *redis.Client) { n.AddHook(dialHook{d}) })
 		// The nodes made already; not a reload's worth of waiting.
@@ -180,8 +149,10 @@ func WatchDials(c redis.UniversalClient) func(addr string) bool {
 			n.AddHook(dialHook{d})
 			return nil
 		})
-	case *redis.Client:
+	case *redis.Client: // a failover client too
 		c.AddHook(dialHook{d})
+	default:
+		return nil
 	}
-	return d.reached
+	return d
 }

@@ -43,7 +43,7 @@ func TestWatchDials(t *testing.T) {
 			}
 			c := redis.NewClient(o)
 			t.Cleanup(func() { c.Close() })
-			reached := redisstore.WatchDials(c)
+			reached := redisstore.WatchDials(c).Reached
 			if !reached(tc.addr) || !reached("") {
 				t.Fatal("an address not dialled yet reads as not reached")
 			}

@@ -222,6 +222,12 @@ type Options struct {
 	// with connection errors (and the Store starts reloading the slot map)
 	// and one when they succeed again. Default slog.Default().
 	Logger *slog.Logger
+	// Dials is the record WatchDials keeps of the client's dials. Given
+	// it, the Store notes there the dials it makes to ask whether a Redis
+	// that stopped answering still takes connections, so that whoever
+	// reads the record (a service's health checks) and the Store's stall
+	// log tell one outage alike. Default: a record of the Store's own.
+	Dials *Dials
 }
 
 // Store is a sluice.Store and sluice.MultiStore on Redis. It is safe for
@@ -291,11 +297,14 @@ func New(client redis.UniversalClient, opts *Options) *Store {
 		o.MaxBatch = 1
 	}
 	s.slow = &slowLog{log: o.Logger, rtt: s.RoundTrip}
-	dials := dialsOf(client)
+	dials := o.Dials
+	if dials == nil {
+		dials = newDials()
+	}
 	s.solo.stall = &stallLog{log: o.Logger, count: &s.stalls, ask: askScript(client), refuses: dials.refuses(client)}
 	s.solo.probe = make(chan struct{}, 1)
 	if client != nil && o.MaxBatch > 1 {
-		s.batch = newBatcher(client, o.MaxBatch, o.MaxInFlight)
+		s.batch = newBatcher(client, o.MaxBatch, o.MaxInFlight, dials)
 		s.batch.store = s
 		s.batch.slow = s.slow
 		s.batch.log, s.batch.stalls = o.Logger, &s.stalls

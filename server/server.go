@@ -376,7 +376,9 @@ func (s *Server) openStore() (sluice.Store, error) {
 		// Before the start's check: its dials say whether a check that
 		// timed out met a Redis that accepts connections (stalled) or
 		// none (unreachable).
-		s.health.connected = redisstore.WatchDials(client)
+		dials := redisstore.WatchDials(client)
+		s.health.connected = dials.Reached
+		storeOpts.Dials = dials // the Store's own dials, asking, in one record
 		if err := s.checkRedis(client); err != nil {
 			return nil, err
 		}
