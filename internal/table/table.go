@@ -95,9 +95,13 @@ func (t *Table[V]) FindKind(tag, kind uint32, key string) *V {
 	return nil
 }
 
-// lookup returns the slot of key's entry of kind, or -1.
+// lookup returns the slot of key's entry of kind, or -1. A key longer
+// than MaxKeyLen is in no slot, and must not be looked for: its length
+// would spill from the meta word's 10 bits into the tag, and match a
+// shorter key's meta under another tag, whose bytes the comparison would
+// then read past their end.
 func (t *Table[V]) lookup(tag, kind uint32, key string) int {
-	if t.slots == nil {
+	if t.slots == nil || len(key) > MaxKeyLen {
 		return -1
 	}
 	mask := len(t.slots) - 1

@@ -300,3 +300,30 @@ func TestKeysByBytes(t *testing.T) {
 	}()
 	tab.Add(7, buf[:MaxKeyLen+1], 9)
 }
+
+// A key longer than MaxKeyLen is never found, and Find, FindKind and
+// Remove read no key's bytes past its end for it. Its length overflows
+// the meta word's 10 bits into the tag: looked up under tag 2, a key of
+// 1029 bytes had the meta of a 5-byte key under tag 3, and was found as
+// that key when the bytes after it matched (here, where the 5 bytes lie
+// in a longer string; elsewhere, bytes past the key's end). The lease
+// store's local path looks keys up before it validates them.
+func TestLongKeyNotFound(t *testing.T) {
+	var tab Table[int64]
+	long := "abcde" + strings.Repeat("x", MaxKeyLen+1)
+	if len(long) != 1029 || metaOf(2, 1, long) != metaOf(3, 1, long[:5]) {
+		t.Fatal("the metas do not alias: the test would prove nothing")
+	}
+	tab.Add(2, "z", 1)        // in tag 2's first slot: the probe goes on to 3's
+	tab.Add(3, long[:5], 2)   // its bytes followed by long's
+	tab.AddKind(3, 9, "q", 3) // another kind, unrelated
+	if v := tab.Find(2, long); v != nil {
+		t.Errorf("a key of %d bytes found as %q's (value %d)", len(long), long[:5], *v)
+	}
+	if tab.Remove(2, long) {
+		t.Errorf("a key of %d bytes removed %q", len(long), long[:5])
+	}
+	if v := tab.Find(3, long[:5]); v == nil || *v != 2 {
+		t.Errorf("%q lost", long[:5])
+	}
+}
