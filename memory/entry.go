@@ -79,19 +79,42 @@ type candidate struct {
 	i int
 }
 
-// sample returns up to table.SampleSize live keys of one of sh's tables,
-// picked in proportion to the keys each holds, so that every key is as
-// likely to be sampled.
+// sample returns up to table.SampleSize live keys of sh, drawn from both
+// tables: each pick is a GCRA key or another in proportion to the keys
+// left in each, in random order, so that every key is as likely to be
+// sampled, and a sample of one table holds the other's keys too. Drawn
+// from one table alone (a table picked per sample), a sample was all a
+// small table's keys whenever it was that table's: a flood of GCRA keys
+// into a full shard evicted the few token-bucket keys that had taken
+// their whole limit, one sample in every few dozen.
 func (sh *shard) sample() (c [table.SampleSize]candidate, n int) {
-	g := sh.gcra.Len() > 0 && rand.IntN(sh.gcra.Len()+sh.tab.Len()) < sh.gcra.Len()
-	var idx [table.SampleSize]int
-	if g {
-		idx, n = sh.gcra.Sample()
-	} else {
-		idx, n = sh.tab.Sample()
+	ng, nw := sh.gcra.Len(), sh.tab.Len()
+	var fromG [table.SampleSize]bool
+	k := 0 // GCRA picks
+	for i := range min(table.SampleSize, ng+nw) {
+		// Without replacement: ng-k GCRA keys of the ng+nw-i left.
+		fromG[i] = rand.IntN(ng+nw-i) < ng-k
+		if fromG[i] {
+			k++
+		}
+		n++
 	}
-	for j := range n {
-		c[j] = candidate{g, idx[j]}
+	var gi, wi [table.SampleSize]int
+	if k > 0 {
+		gi, _ = sh.gcra.Sample() // min(SampleSize, ng) ≥ k keys
+	}
+	if k < n {
+		wi, _ = sh.tab.Sample() // min(SampleSize, nw) ≥ n-k keys
+	}
+	g, w := 0, 0
+	for i := range n {
+		if fromG[i] {
+			c[i] = candidate{true, gi[g]}
+			g++
+		} else {
+			c[i] = candidate{false, wi[w]}
+			w++
+		}
 	}
 	return c, n
 }

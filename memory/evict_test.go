@@ -15,52 +15,67 @@ import (
 // never the keys it wants afresh: keys that have taken their whole limit.
 // With four exhausted keys in a one-shard store, every sample of five keys
 // holds a flood key, which has taken less; so no exhausted key may go,
-// under any algorithm. (Evicting the sample's soonest to expire, as before,
-// evicted them under the window algorithms and the log, where the keys
-// taken first expire first.)
+// under any algorithm, the flood's the same or another: GCRA's keys and
+// the others' live in tables of their own, and a sample drawn from one
+// table alone was all victims whenever it was theirs (1 in 50 here).
+// (Evicting the sample's soonest to expire, as before, evicted them under
+// the window algorithms and the log, where the keys taken first expire
+// first.)
 func TestFloodKeepsExhaustedKeys(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
 	for _, a := range sluice.Algorithms() {
-		t.Run(a.String(), func(t *testing.T) {
-			t.Parallel()
-			const maxKeys = 200
-			s, clock := newClocked(t, memory.Options{MaxKeys: maxKeys, Shards: 1})
-			l := sluice.Limit{Algorithm: a, Rate: 5, Period: 15 * time.Minute}
-			victims := []string{"victim-0", "victim-1", "victim-2", "victim-3"}
-			for _, v := range victims {
-				for i := range 6 {
-					d, err := s.Take(ctx, v, l, 1)
-					if err != nil {
-						t.Fatal(err)
-					}
-					if d.Allowed != (i < 5) {
-						t.Fatalf("%s take %d: allowed=%v under 5/15m", v, i+1, d.Allowed)
-					}
-				}
+		other := sluice.GCRA // the flood's algorithm, in the other table
+		if a == sluice.GCRA {
+			other = sluice.TokenBucket
+		}
+		for _, fa := range []sluice.Algorithm{a, other} {
+			t.Run(a.String()+"_flood_"+fa.String(), func(t *testing.T) {
+				t.Parallel()
+				testFloodKeepsExhaustedKeys(t, a, fa)
+			})
+		}
+	}
+}
+
+// testFloodKeepsExhaustedKeys floods victims of algorithm a with keys of fa.
+func testFloodKeepsExhaustedKeys(t *testing.T, a, fa sluice.Algorithm) {
+	ctx := context.Background()
+	const maxKeys = 200
+	s, clock := newClocked(t, memory.Options{MaxKeys: maxKeys, Shards: 1})
+	l := sluice.Limit{Algorithm: a, Rate: 5, Period: 15 * time.Minute}
+	flood := l.WithAlgorithm(fa)
+	victims := []string{"victim-0", "victim-1", "victim-2", "victim-3"}
+	for _, v := range victims {
+		for i := range 6 {
+			d, err := s.Take(ctx, v, l, 1)
+			if err != nil {
+				t.Fatal(err)
 			}
-			for i := range 10 * maxKeys {
-				clock.Advance(50 * time.Millisecond) // 100 s in all: no unit comes back (one in 3 min)
-				if _, err := s.Take(ctx, fmt.Sprint("flood-", i), l, 1); err != nil {
-					t.Fatal(err)
-				}
-				if i%10 != 0 {
-					continue
-				}
-				for _, v := range victims {
-					if d, err := s.Peek(ctx, v, l, 1); err != nil || d.Allowed {
-						t.Fatalf("after %d flood keys %s is admitted again (%+v, %v): evicted", i+1, v, d, err)
-					}
-				}
+			if d.Allowed != (i < 5) {
+				t.Fatalf("%s take %d: allowed=%v under 5/15m", v, i+1, d.Allowed)
 			}
-			if n := s.Len(); n != maxKeys {
-				t.Errorf("holding %d keys, want %d", n, maxKeys)
+		}
+	}
+	for i := range 10 * maxKeys {
+		clock.Advance(50 * time.Millisecond) // 100 s in all: no unit comes back (one in 3 min)
+		if _, err := s.Take(ctx, fmt.Sprint("flood-", i), flood, 1); err != nil {
+			t.Fatal(err)
+		}
+		if i%10 != 0 {
+			continue
+		}
+		for _, v := range victims {
+			if d, err := s.Peek(ctx, v, l, 1); err != nil || d.Allowed {
+				t.Fatalf("after %d flood keys %s is admitted again (%+v, %v): evicted", i+1, v, d, err)
 			}
-			want := memory.Evictions{Keys: uint64(len(victims) + 10*maxKeys - maxKeys)}
-			if got := s.Evictions(); got != want {
-				t.Errorf("Evictions() = %+v, want %+v: every flood key past the bound, none exhausted", got, want)
-			}
-		})
+		}
+	}
+	if n := s.Len(); n != maxKeys {
+		t.Errorf("holding %d keys, want %d", n, maxKeys)
+	}
+	want := memory.Evictions{Keys: uint64(len(victims) + 10*maxKeys - maxKeys)}
+	if got := s.Evictions(); got != want {
+		t.Errorf("Evictions() = %+v, want %+v: every flood key past the bound, none exhausted", got, want)
 	}
 }
 
