@@ -348,15 +348,22 @@ func (b *breaker) count(now time.Time, failed bool) (calls, fails int64) {
 
 // set changes state under b.mu and reports the change: one log line for
 // the transition (with the error of the call that opened it, so that a
-// cause such as NOPERM is on the line), one more when the failure policy
-// starts or stops answering, and an Observer event.
+// cause such as NOPERM is on the line) and an Observer event. The failure
+// policy starts answering every call as the breaker leaves closed and
+// stops as it closes: the same moment, so that transition's line names the
+// policy (policy) rather than a line of its own saying so, and the
+// opening one counts the decisions the policy answered while the breaker
+// was still closed (answered_while_closed), whose own line would be
+// pending then.
 func (b *breaker) set(now time.Time, to sluice.BreakerState, why string, err error) {
 	from := b.current()
 	if from == to {
 		return
 	}
+	var answered int64
+	var firstErr error
 	if from == sluice.BreakerClosed {
-		b.closed.flush() // the answers before it opened, told before it
+		answered, firstErr = b.closed.take()
 	}
 	// An outage probes every ProbeInterval: after its first probe cycle
 	// (half_open, open again) is logged, the next ones are logged at most
@@ -394,6 +401,16 @@ func (b *breaker) set(now time.Time, to sluice.BreakerState, why string, err err
 			attrs = append(attrs, "cause", b.cause(err))
 		}
 	}
+	if from == sluice.BreakerClosed || to == sluice.BreakerClosed {
+		attrs = append(attrs, "policy", b.policy.String())
+	}
+	if answered > 0 {
+		attrs = append(attrs, "answered_while_closed", answered)
+		if firstErr != nil && (err == nil || firstErr.Error() != err.Error()) {
+			attrs = append(attrs, "first_error", firstErr)
+		}
+	}
+	// Leaving closed and closing are never quiet: only probe cycles are.
 	switch {
 	case quiet:
 		b.unlogged++
@@ -406,12 +423,6 @@ func (b *breaker) set(now time.Time, to sluice.BreakerState, why string, err err
 	}
 	if to == sluice.BreakerClosed {
 		b.cycles = 0
-	}
-	switch {
-	case from == sluice.BreakerClosed:
-		b.log.Log(ctx, slog.LevelWarn, "resilient: failure policy on", b.attrs("policy", b.policy.String())...)
-	case to == sluice.BreakerClosed:
-		b.log.Log(ctx, slog.LevelInfo, "resilient: failure policy off", b.attrs("policy", b.policy.String())...)
 	}
 	if b.observer != nil {
 		b.observer.ObserveBreaker(sluice.BreakerEvent{Store: b.name, Partition: b.partition, From: from, To: to, Err: err})

@@ -174,10 +174,11 @@ func (l *lines) all() []string {
 	return append([]string(nil), l.got...)
 }
 
-// A flap is logged as one line per transition, plus one as the failure
-// policy starts and one as it stops, and before the opening one for the
-// calls that failed while the breaker was closed; nothing else, however
-// many calls. An opening names the error of the call that opened it.
+// A flap is logged as one line per transition; nothing else, however
+// many calls. The opening and the closing lines name the failure policy
+// that starts and stops answering then, and the opening one counts the
+// calls that failed while the breaker was closed, which has no line of its
+// own; it names the error of the call that opened it.
 func TestBreakerLogsFlap(t *testing.T) {
 	t.Parallel()
 	clk := storetest.NewClock(t0)
@@ -202,14 +203,12 @@ func TestBreakerLogsFlap(t *testing.T) {
 	clk.Advance(time.Second)
 	take(10) // two good probes close it
 	want := []string{
-		closedMsg + " store=redis policy=local decisions=9 error=backend down", // the 9 before the opening
-		"resilient: breaker open store=redis from=closed error=backend down",   // the cause, on the line
-		"resilient: failure policy on store=redis policy=local",
+		// The cause, and the 9 the policy answered before the opening.
+		"resilient: breaker open store=redis from=closed error=backend down policy=local answered_while_closed=9",
 		"resilient: breaker half_open store=redis from=open",
 		"resilient: breaker open store=redis from=half_open error=backend down",
 		"resilient: breaker half_open store=redis from=open",
-		"resilient: breaker closed store=redis from=half_open",
-		"resilient: failure policy off store=redis policy=local",
+		"resilient: breaker closed store=redis from=half_open policy=local",
 	}
 	if got := log.all(); !equal(got, want) {
 		t.Errorf("log lines:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
@@ -351,7 +350,7 @@ func TestBreakerLogsLongOutage(t *testing.T) {
 	if len(got) > 30 {
 		t.Errorf("%d lines over a 10-minute outage, want about one a minute:\n%s", len(got), strings.Join(got, "\n"))
 	}
-	if last := got[len(got)-2]; !strings.Contains(last, "breaker closed") || !strings.Contains(last, "transitions_not_logged=") {
+	if last := got[len(got)-1]; !strings.Contains(last, "breaker closed") || !strings.Contains(last, "transitions_not_logged=") {
 		t.Errorf("closing line %q: want the unlogged transitions counted", last)
 	}
 	rec.mu.Lock()
@@ -473,7 +472,7 @@ func TestBreakerLogsCause(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	want := "resilient: breaker open store=redis from=closed error=backend down cause=stalled"
+	want := "resilient: breaker open store=redis from=closed error=backend down cause=stalled policy=local answered_while_closed=19"
 	if got := log.all(); !slices.Contains(got, want) {
 		t.Errorf("log lines:\n%s\nwant among them: %s", strings.Join(got, "\n"), want)
 	}

@@ -29,9 +29,10 @@ const closedMsg = "resilient: failure policy answered failed calls (breaker stil
 // host, a key a Cluster node refuses), which no breaker transition tells.
 // The first answer of an episode starts a line, written gather later (and
 // no sooner than quiet after the last one) with the number of answers
-// since the last line and the first of their errors; the breaker writes
-// any pending line before its own when it opens, and Close before the
-// Store goes. Times are the real clock's: they pace lines, not limits.
+// since the last line and the first of their errors; the breaker takes
+// any pending line's count into its own when it opens (the same news: the
+// policy answering), and Close writes it before the Store goes. Times are
+// the real clock's: they pace lines, not limits.
 type closedAnswers struct {
 	log       *slog.Logger
 	store     string
@@ -40,7 +41,14 @@ type closedAnswers struct {
 	pace      logpace.Pacer // Gather: closedGather; Every: closedQuiet
 
 	mu    sync.Mutex
-	first error // the first error since the last line (nil: none had one)
+	first error         // the first error since the last line (nil: none had one)
+	into  *takenAnswers // non-nil: take is collecting the pending line
+}
+
+// takenAnswers is a pending line that take collected instead of writing.
+type takenAnswers struct {
+	n     int64
+	first error
 }
 
 // note counts one answer, for a call that failed with err.
@@ -56,11 +64,36 @@ func (c *closedAnswers) note(err error) {
 // flush writes the pending line now, if there is one.
 func (c *closedAnswers) flush() { c.pace.Flush() }
 
+// take returns the pending line's count of answers and first error, and
+// drops the line (0, nil: none pending). The pacing goes on as if it had
+// been written.
+func (c *closedAnswers) take() (n int64, first error) {
+	var got takenAnswers
+	c.mu.Lock()
+	c.into = &got
+	c.mu.Unlock()
+	c.pace.Flush()
+	c.mu.Lock()
+	c.into = nil
+	c.mu.Unlock()
+	return got.n, got.first
+}
+
 // write writes the line for n answers.
 func (c *closedAnswers) write(n int64) {
 	c.mu.Lock()
 	first := c.first
 	c.first = nil
+	if c.into != nil {
+		// A line its timer writes while take runs is taken too: the
+		// breaker's line, about to be written, tells it.
+		c.into.n += n
+		if c.into.first == nil {
+			c.into.first = first
+		}
+		c.mu.Unlock()
+		return
+	}
 	c.mu.Unlock()
 	attrs := []any{"store", c.store}
 	if c.partition != "" {

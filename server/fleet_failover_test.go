@@ -104,7 +104,7 @@ func checkFallbackEpisode(t *testing.T, f *fleet) {
 	t.Helper()
 	for i, p := range f.procs {
 		log := p.stderr.String()
-		if !strings.Contains(log, "resilient: failure policy on") || !strings.Contains(log, "resilient: failure policy off") {
+		if !strings.Contains(log, "resilient: breaker open") || !strings.Contains(log, "resilient: breaker closed") {
 			t.Errorf("instance %d: no fallback episode logged; log:\n%s", i, log)
 		}
 	}

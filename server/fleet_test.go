@@ -103,7 +103,7 @@ func TestFleetBoundRedisPaused(t *testing.T) {
 	l.finish()
 	checkFleetBound(t, l)
 	// Loud: one line each as the outage starts and ends.
-	f.awaitLogs(t, 5*time.Second, "resilient: failure policy on", "resilient: failure policy off",
+	f.awaitLogs(t, 5*time.Second, `msg="resilient: breaker open" store=redis from=closed`, `msg="resilient: breaker closed"`,
 		"resilient: fleet registry lost", "resilient: fleet registry back")
 }
 
@@ -149,7 +149,7 @@ func TestFleetBoundRedisSlow(t *testing.T) {
 	checkFleetBound(t, l)
 	// Slow is not down: the calls that timed out fell back alone.
 	for i, p := range f.procs {
-		if log := p.stderr.String(); strings.Contains(log, "resilient: failure policy on") {
+		if log := p.stderr.String(); strings.Contains(log, "resilient: breaker open") {
 			t.Errorf("instance %d: the breaker opened; log:\n%s", i, log)
 		}
 	}

@@ -763,7 +763,8 @@ func TestServerPermissionRevoked(t *testing.T) {
 }
 
 // TestServerBreakerTransitionsLogged: the failure policy switching on and
-// off is one line (package resilient's) and one count each.
+// off is told on the breaker's opening and closing lines (package
+// resilient's), naming the policy, and counted once each.
 func TestServerBreakerTransitionsLogged(t *testing.T) {
 	t.Parallel()
 	r := redistest.StartServer(t)
@@ -772,9 +773,9 @@ func TestServerBreakerTransitionsLogged(t *testing.T) {
 	r.Stop()
 	eventually(func() bool {
 		p.post(t, "/v1/check", `{"policy":"rl.foo","key":"foo=b"}`)
-		return countLines(&logs, "failure policy on") > 0
+		return countLines(&logs, "breaker open") > 0
 	})
-	logged(t, &logs, "level=WARN", "resilient: failure policy on", "policy=local")
+	logged(t, &logs, "level=WARN", "resilient: breaker open", "from=closed", "policy=local")
 	if got := scrapedMetric(t, p, `sluice_fallback_transitions_total{to="on"}`); got != "1" {
 		t.Errorf("fallback transitions on %q, want 1", got)
 	}
@@ -785,12 +786,11 @@ func TestServerBreakerTransitionsLogged(t *testing.T) {
 	// The breaker probes after its interval (1s); decisions bring it back.
 	eventually(func() bool {
 		p.post(t, "/v1/check", `{"policy":"rl.foo","key":"foo=b"}`)
-		return countLines(&logs, "failure policy off") > 0
+		return countLines(&logs, "breaker closed") > 0
 	})
-	logged(t, &logs, "level=INFO", "resilient: failure policy off", "policy=local")
-	logged(t, &logs, "resilient: breaker closed")
-	if n := countLines(&logs, "failure policy on"); n != 1 {
-		t.Errorf("%d 'failure policy on' lines, want 1 for one outage", n)
+	logged(t, &logs, "level=INFO", "resilient: breaker closed", "policy=local")
+	if n := countLines(&logs, "from=closed"); n != 1 {
+		t.Errorf("%d lines of the breaker leaving closed, want 1 for one outage:\n%s", n, logs.String())
 	}
 	if got := scrapedMetric(t, p, `sluice_fallback_transitions_total{to="off"}`); got != "1" {
 		t.Errorf("fallback transitions off %q, want 1", got)
