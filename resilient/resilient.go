@@ -21,10 +21,10 @@
 // only that reads work, and the next call probes instead. Each transition
 // is one log line (Options.Logger) and an Observer BreakerEvent; the
 // failure policy starts answering every call when the breaker leaves
-// closed and stops when it closes. The outcome of a call sent before the
-// breaker's last transition is ignored: calls sent before it opened that
-// fail after probes closed it (still dialling a master that failed over)
-// do not reopen it.
+// closed and stops when it closes, which those two lines tell (policy).
+// The outcome of a call sent before the breaker's last transition is
+// ignored: calls sent before it opened that fail after probes closed it
+// (still dialling a master that failed over) do not reopen it.
 //
 // With the breaker closed, the policy answers each call that failed on its
 // own (one timeout on a starved host). No transition tells those, so they
@@ -32,9 +32,10 @@
 // failed calls (breaker still closed)": a second after the first such
 // answer, with how many decisions the policy answered since the last such
 // line (decisions), the policy, the store and the first of their errors
-// (error); then at most one a minute while they go on, and at once, before
-// the breaker's own line, if it opens, or at Close. A burst is thus one
-// line, not one per decision. Every decision the policy answers, the
+// (error); then at most one a minute while they go on, and at Close. One
+// pending when the breaker opens is told on the opening line instead
+// (answered_while_closed, and first_error if it differs from the
+// opener's). A burst is thus one line, not one per decision. Every decision the policy answers, the
 // breaker closed or not, is also an Observer StoreEvent whose Source is
 // the policy's: promsluice counts them in
 // sluice_store_calls_total{source="fallback"} (or fail_open, fail_closed).
@@ -324,10 +325,10 @@ type Options struct {
 	// reopening needs new evidence. Default: 3.
 	CloseAfter int
 
-	// Logger receives one line per breaker transition and per switch of the
-	// failure policy on and off, and one for the decisions the policy
-	// answered while the breaker stayed closed, at most once a minute (see
-	// the package doc). Default: slog.Default(); for none, pass
+	// Logger receives one line per breaker transition (those that switch
+	// the failure policy on and off name it), and one for the decisions the
+	// policy answered while the breaker stayed closed, at most once a minute
+	// (see the package doc). Default: slog.Default(); for none, pass
 	// slog.New(slog.DiscardHandler).
 	Logger *slog.Logger
 
