@@ -150,6 +150,32 @@ func TestRedisRestartAOFKeys(t *testing.T) {
 // Before, they stayed in the held figures (the dashboard, /v1/stats,
 // sluice_inflight_held) until their hold timeout, here 30 s.
 func TestRedisRestartDropsHeldSlots(t *testing.T) {
+	checkSlotsLost(t, "restarted", func(r *redistest.Server) {
+		time.Sleep(time.Second) // the slots older than the restarted server's start, in whole seconds
+		r.Stop()
+		r.Start(t)
+	})
+}
+
+// TestRedisFlushDropsHeldSlots: a FLUSHALL erases the in-flight slots
+// Redis held, as a restart without persistence does; the instance that
+// acquired them stops counting them as held when its watch finds the
+// marker gone. Before, the flush was told but they stayed in the held
+// figures until their hold timeout, here 30 s.
+func TestRedisFlushDropsHeldSlots(t *testing.T) {
+	checkSlotsLost(t, "flushed", func(r *redistest.Server) {
+		time.Sleep(300 * time.Millisecond) // the watch has looked at the marker since
+		if err := r.Client(t).FlushAll(context.Background()).Err(); err != nil {
+			t.Fatal(err)
+		}
+	})
+}
+
+// checkSlotsLost holds two slots (weight 7) through a service on a Redis
+// without persistence, has lose make Redis lose them, and checks that the
+// service stops counting them, in one WARN line saying Redis was event
+// and in sluice_redis_slots_lost_total, and counts a slot acquired since.
+func checkSlotsLost(t *testing.T, event string, lose func(*redistest.Server)) {
 	r := redistest.StartServer(t) // --save '' --appendonly no
 	logs := new(syncBuffer)
 	srv := runServer(t, Options{ConfigFile: writeConfig(t, slotsConfig), RedisURL: "redis://" + r.Addr + "/0", NoFailurePolicy: true,
@@ -171,17 +197,15 @@ func TestRedisRestartDropsHeldSlots(t *testing.T) {
 		t.Fatalf("held %d after the acquires, want 7", n)
 	}
 	if v := lost(); v != 0 {
-		t.Fatalf("sluice_redis_slots_lost_total %v before the restart, want 0", v)
+		t.Fatalf("sluice_redis_slots_lost_total %v before Redis was %s, want 0", v, event)
 	}
-	time.Sleep(time.Second) // the slots older than the restarted server's start, in whole seconds
-	r.Stop()
-	r.Start(t)
+	lose(r)
 	for deadline := time.Now().Add(5 * time.Second); held() != 0; time.Sleep(20 * time.Millisecond) {
 		if time.Now().After(deadline) {
-			t.Fatalf("held %d 5 s after Redis restarted without persistence, want 0 (its slots are gone); log:\n%s", held(), logs)
+			t.Fatalf("held %d 5 s after Redis was %s, want 0 (its slots are gone); log:\n%s", held(), event, logs)
 		}
 	}
-	want := `level=WARN msg="Redis restarted: the in-flight slots acquired here that it held are gone; no longer counted as held" node=` + r.Addr + ` slots=2 weight=7`
+	want := `level=WARN msg="Redis ` + event + `: the in-flight slots acquired here that it held are gone; no longer counted as held" node=` + r.Addr + ` slots=2 weight=7`
 	if got := logs.String(); strings.Count(got, want) != 1 {
 		t.Errorf("log:\n%s\nwant one %q", got, want)
 	}
@@ -191,66 +215,10 @@ func TestRedisRestartDropsHeldSlots(t *testing.T) {
 	if v := metricValue(t, srv.Metrics().Registry(), "sluice_inflight_held", map[string]string{"policy": "exports"}); v != 0 {
 		t.Errorf("sluice_inflight_held %v, want 0", v)
 	}
-	// The restarted server holds the slots acquired since: they count.
+	// The server holds the slots acquired since: they count.
 	acquire("ann", 2)
 	time.Sleep(200 * time.Millisecond) // a few polls more
 	if n := held(); n != 2 {
-		t.Errorf("held %d after an acquire on the restarted Redis, want 2", n)
-	}
-}
-
-// TestRedisFlushDropsHeldSlots: a FLUSHALL erases the in-flight slots
-// Redis held, as a restart without persistence does; the instance that
-// acquired them stops counting them as held when its watch finds the
-// marker gone (one WARN line, sluice_redis_slots_lost_total), and counts
-// those acquired since. Before, the flush was told but they stayed in the
-// held figures until their hold timeout, here 30 s.
-func TestRedisFlushDropsHeldSlots(t *testing.T) {
-	r := redistest.StartServer(t)
-	admin := r.Client(t)
-	logs := new(syncBuffer)
-	srv := runServer(t, Options{ConfigFile: writeConfig(t, slotsConfig), RedisURL: "redis://" + r.Addr + "/0", NoFailurePolicy: true,
-		StoreCheckInterval: 50 * time.Millisecond, Logger: logs.TextLogger()})
-	base := "http://" + srv.HTTPAddr()
-	acquire := func(key string, weight int) {
-		t.Helper()
-		if code, body, _ := post(t, base, "/v1/acquire", fmt.Sprintf(`{"policy":"exports","key":%q,"weight":%d}`, key, weight)); code != 200 {
-			t.Fatalf("acquire %s: %d %v", key, code, body)
-		}
-	}
-	held := func() int64 { return srv.svc.holds.held()["exports"] }
-	lost := func() float64 {
-		return metricValue(t, srv.Metrics().Registry(), "sluice_redis_slots_lost_total", map[string]string{"node": r.Addr})
-	}
-	acquire("ann", 4)
-	acquire("bob", 3)
-	if n := held(); n != 7 {
-		t.Fatalf("held %d after the acquires, want 7", n)
-	}
-	time.Sleep(300 * time.Millisecond) // the watch has looked at the marker since
-	if err := admin.FlushAll(context.Background()).Err(); err != nil {
-		t.Fatal(err)
-	}
-	logged(t, logs, "Redis flushed", "node="+r.Addr)
-	for deadline := time.Now().Add(5 * time.Second); held() != 0; time.Sleep(20 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("held %d 5 s after Redis was flushed, want 0 (its slots are gone); log:\n%s", held(), logs)
-		}
-	}
-	want := `level=WARN msg="Redis flushed: the in-flight slots acquired here that it held are gone; no longer counted as held" node=` + r.Addr + ` slots=2 weight=7`
-	if got := logs.String(); strings.Count(got, want) != 1 {
-		t.Errorf("log:\n%s\nwant one %q", got, want)
-	}
-	if v := lost(); v != 2 {
-		t.Errorf("sluice_redis_slots_lost_total %v, want 2", v)
-	}
-	if v := metricValue(t, srv.Metrics().Registry(), "sluice_inflight_held", map[string]string{"policy": "exports"}); v != 0 {
-		t.Errorf("sluice_inflight_held %v, want 0", v)
-	}
-	// The flushed server holds the slots acquired since: they count.
-	acquire("ann", 2)
-	time.Sleep(200 * time.Millisecond) // a few polls more
-	if n := held(); n != 2 {
-		t.Errorf("held %d after an acquire on the flushed Redis, want 2", n)
+		t.Errorf("held %d after an acquire on the %s Redis, want 2", n, event)
 	}
 }

@@ -19,14 +19,9 @@ import (
 // (the port's old accept queue) is retried. Connections already
 // established on the port are left as they are. close releases the port.
 func dropSYNs(port int) (close func(), err error) {
-	syscall.ForkLock.RLock()
-	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM, 0)
-	if err == nil {
-		syscall.CloseOnExec(fd)
-	}
-	syscall.ForkLock.RUnlock()
+	fd, err := tcpSocket()
 	if err != nil {
-		return nil, os.NewSyscallError("socket", err)
+		return nil, err
 	}
 	// Connections the port's last listener accepted may still be open.
 	if err := syscall.SetsockoptInt(fd, syscall.SOL_SOCKET, syscall.SO_REUSEADDR, 1); err != nil {
