@@ -61,7 +61,25 @@ func TestFaultServeSentinelStaleSwitchCounted(t *testing.T) {
 	if _, err := ps.Receive(ctx); err != nil {
 		t.Fatal(err)
 	}
-	set.AnnounceConfig(t, a, set.Replicas[1], 6)
+	// A Sentinel tells the others its configuration in a hello every 2 s:
+	// A's could tell B of epoch 6 before the test's epoch 5 reaches it
+	// (under load, in one CI run of four). A waits a minute between hellos
+	// until B has announced the stale switch; every Sentinel but B is told
+	// epoch 6 by the test, so that none hears B's 5 first.
+	ca := redis.NewClient(&redis.Options{Addr: a.Addr})
+	t.Cleanup(func() { ca.Close() })
+	helloEvery := func(ms string) {
+		t.Helper()
+		if err := ca.Do(ctx, "SENTINEL", "DEBUG", "PUBLISH-PERIOD", ms).Err(); err != nil {
+			t.Fatalf("SENTINEL DEBUG PUBLISH-PERIOD %s on A: %v", ms, err)
+		}
+	}
+	helloEvery("60000")
+	for _, s := range set.Sentinels {
+		if s != b {
+			set.AnnounceConfig(t, s, set.Replicas[1], 6)
+		}
+	}
 	await(`sluice_redis_failovers_total{kind="sentinel"}`, "1")
 	set.AnnounceConfig(t, b, set.Replicas[0], 5)
 	select {
@@ -73,6 +91,7 @@ func TestFaultServeSentinelStaleSwitchCounted(t *testing.T) {
 		t.Fatal("Sentinel B did not announce the switch to R1")
 	}
 	await(stale, "1")
+	helloEvery("2000")                  // Redis's default
 	time.Sleep(2500 * time.Millisecond) // B hears of epoch 6 and follows: no stale switch
 	if got := scrapedMetric(t, p, stale); got != "1" {
 		t.Errorf("%s = %q, want 1", stale, got)
